@@ -1,0 +1,23 @@
+"""holoflow: OneFlow's design in Python on PyTorch's kernels. ``import holoflow as flow``."""
+from __future__ import annotations
+
+from .core.dtype import (bfloat16, bool, cdouble, cfloat, complex64, complex128, double, dtype,  # noqa: A004
+                         finfo, float, float16, float32, float64, get_default_dtype, half, iinfo,
+                         int, int8, int16, int32, int64, long, promote_types, set_default_dtype,
+                         short, uint8)
+from .core.device import device
+from .core.grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+from .core.tensor import Tensor, is_tensor
+from .core.errors import HoloflowError
+from .ops.creation import *  # noqa: F403
+from .ops.creation import Generator
+from .ops.elementwise import *  # noqa: F403
+from .ops.elementwise import _FUNCS as _ELEMENTWISE
+from .ops.conversion import clone
+from .ops import methods as _methods  # noqa: F401  (binds operators)
+from .ops import _all as _more_ops  # noqa: F401
+from .ops._all import *  # noqa: F403
+from . import autograd
+
+globals().update(_ELEMENTWISE)
+__version__ = "0.1.0"

@@ -1,0 +1,239 @@
+"""The autograd engine: nodes recorded by dispatch, and a dependency-counting backward pass.
+
+The engine knows no op: a node holds its op, and the op's ``grad`` rule (written in holoflow
+ops) maps output gradients to input gradients. Running those rules with grad enabled
+(``create_graph=True``) records a new graph, which is how double backward works.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Sequence
+
+from . import grad_mode
+from .errors import HoloflowError
+
+_SEQ = itertools.count()
+_FREED = object()
+
+
+class Node:
+    """One recorded op application; also the ``ctx`` its grad rule reads."""
+
+    __slots__ = ("op", "edges", "attrs", "shapes", "dtypes", "_saved", "_versions", "_outs",
+                 "out_metas", "hooks", "seq", "__weakref__")
+
+    def __init__(self, op, edges: tuple, attrs: dict, shapes: tuple, dtypes: tuple) -> None:
+        self.op, self.edges, self.attrs = op, edges, attrs
+        self.shapes, self.dtypes = shapes, dtypes
+        self._saved = self._outs = self._versions = None
+        self.out_metas = None
+        self.hooks = None
+        self.seq = next(_SEQ)
+
+    # -- what grad rules read --------------------------------------------------------------
+    def __getattr__(self, name: str):
+        try:
+            return self.attrs[name] if name in self.attrs else self.op.defaults[name]
+        except (KeyError, TypeError):
+            raise AttributeError(f"grad ctx of {self.op.name!r} has no attribute {name!r}") from None
+
+    @property
+    def needs_grad(self) -> tuple[bool, ...]:
+        return tuple(e is not None for e in self.edges)
+
+    @property
+    def inputs(self) -> tuple:
+        self._check_saved()
+        return self._saved
+
+    @property
+    def outs(self) -> tuple:
+        from .tensor import Tensor
+        self._check_saved()
+        create = grad_mode.STATE.enabled
+        return tuple(Tensor._make(d, grad_fn=self if create else None, out_idx=i)
+                     for i, d in enumerate(self._outs))
+
+    @property
+    def out(self):
+        return self.outs[0]
+
+    def _check_saved(self) -> None:
+        if self._saved is _FREED:
+            raise RuntimeError(
+                f"holoflow: trying to backward through the graph a second time (or to read the "
+                f"saved tensors of {self.name()} after they were freed). Pass retain_graph=True "
+                f"to the first backward() or autograd.grad() call if you need to do that.")
+        if self._versions is None:
+            return
+        for t, v in self._versions:
+            if t._version != v:
+                raise RuntimeError(
+                    f"holoflow: one of the tensors needed for gradient computation has been "
+                    f"modified by an in-place operation: a tensor of shape {tuple(t.shape)} saved by "
+                    f"{self.name()} is at version {t._version}; expected version {v}. Use an "
+                    f"out-of-place op (e.g. x = x + y instead of x += y) before this point.")
+
+    def save(self, inputs: tuple | None, outs: tuple | None) -> None:
+        """Keeps what the grad rule reads, with storage versions to detect in-place changes."""
+        versions = []
+        if inputs is not None:
+            self._saved = inputs
+            versions += [(x._data, x._data._version) for x in inputs if hasattr(x, "_data")]
+        else:
+            self._saved = ()
+        if outs is not None:
+            self._outs = outs
+            versions += [(d, d._version) for d in outs]
+        self._versions = versions or None
+
+    def release(self) -> None:
+        if self.op.save:
+            self._saved, self._outs, self._versions = _FREED, None, None
+
+    @property
+    def n_outputs(self) -> int:
+        return 1 if self.out_metas is None else len(self.out_metas)
+
+    def name(self) -> str:
+        return f"<{self.op.name.title().replace('_', '')}Backward>"
+
+    def register_hook(self, idx: int, fn: Callable) -> None:
+        if self.hooks is None:
+            self.hooks = {}
+        self.hooks.setdefault(idx, []).append(fn)
+
+    def __repr__(self) -> str:
+        return self.name()
+
+
+# -- the backward pass ------------------------------------------------------------------------
+
+def _accumulate(old, new):
+    return new if old is None else old + new
+
+
+def _dependencies(roots: Sequence[Node]) -> dict[Node, int]:
+    deps: dict[Node, int] = {n: 0 for n in roots}
+    stack = list(deps)
+    while stack:
+        node = stack.pop()
+        for e in node.edges:
+            if type(e) is tuple:
+                child = e[0]
+                if child in deps:
+                    deps[child] += 1
+                else:
+                    deps[child] = 1
+                    stack.append(child)
+    return deps
+
+
+def _zeros_for(meta):
+    from .tensor import Tensor
+    import torch
+    shape, dtype, dev = meta
+    return Tensor._make(torch.zeros(shape, dtype=dtype, device=dev))
+
+
+def _call_grad(node: Node, grads: list) -> tuple:
+    if node.out_metas is not None:
+        grads = [g if g is not None else _zeros_for(m) for g, m in zip(grads, node.out_metas)]
+    result = node.op.grad(node, *grads)
+    if not isinstance(result, tuple):
+        result = (result,)
+    if len(result) != len(node.edges):
+        raise HoloflowError(f"grad rule of {node.op.name!r} returned {len(result)} gradients for "
+                            f"{len(node.edges)} inputs")
+    return result
+
+
+def _apply_hooks(hooks, g):
+    for h in hooks:
+        r = h(g)
+        if r is not None:
+            g = r
+    return g
+
+
+def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_graph: bool,
+                 capture: Sequence | None = None, accumulate: bool = True) -> list | None:
+    """Backpropagates ``grads`` from ``tensors``; accumulates into leaves' ``.grad`` and/or
+    returns the gradients of the ``capture`` tensors (``autograd.grad``)."""
+    from .tensor import Tensor
+    captured: dict = {}
+    cap_keys = {}
+    for i, t in enumerate(capture or ()):
+        cap_keys[(t.grad_fn, t._out_idx) if t.grad_fn is not None else id(t)] = i
+    buffers: dict[Node, list] = {}
+    handed: set[int] = set()
+
+    def to_leaf(t, g):
+        if t._hooks:
+            g = _apply_hooks(t._hooks, g)
+        key = id(t)
+        if key in cap_keys:
+            captured[key] = _accumulate(captured.get(key), g)
+        if not accumulate:
+            return
+        if not create_graph:
+            g = g.detach()
+            if g._data._base is not None or id(g._data) in handed:
+                g = Tensor._make(g._data.clone())
+            handed.add(id(g._data))
+        if t._global is not None and g._global is not None:
+            g = t._box_grad(g)
+        t.grad = g if t.grad is None else t.grad + g
+
+    roots = []
+    for t, g in zip(tensors, grads):
+        if t.grad_fn is None:
+            to_leaf(t, g)
+            continue
+        node = t.grad_fn
+        buf = buffers.get(node)
+        if buf is None:
+            buf = buffers[node] = [None] * node.n_outputs
+            roots.append(node)
+        buf[t._out_idx] = _accumulate(buf[t._out_idx], g)
+
+    deps = _dependencies(roots)
+    ready = [n for n in roots if deps[n] == 0]
+    with grad_mode.set_grad_enabled(create_graph):
+        while ready:
+            node = ready.pop()
+            gs = buffers.pop(node)
+            if node.hooks:
+                gs = [_apply_hooks(node.hooks.get(i, ()), g) if g is not None else g
+                      for i, g in enumerate(gs)]
+            if cap_keys:
+                for i, g in enumerate(gs):
+                    key = (node, i)
+                    if key in cap_keys and g is not None:
+                        captured[key] = _accumulate(captured.get(key), g)
+            if all(g is None for g in gs):
+                in_grads = (None,) * len(node.edges)
+            else:
+                in_grads = _call_grad(node, gs)
+                if not retain_graph:
+                    node.release()
+            for e, g in zip(node.edges, in_grads):
+                if e is None:
+                    continue
+                if type(e) is tuple:
+                    child, idx = e
+                    buf = buffers.get(child)
+                    if buf is None:
+                        buf = buffers[child] = [None] * child.n_outputs
+                    if g is not None:
+                        buf[idx] = _accumulate(buf[idx], g)
+                    deps[child] -= 1
+                    if deps[child] == 0:
+                        ready.append(child)
+                elif g is not None:
+                    to_leaf(e, g)
+    if capture is None:
+        return None
+    keys = {v: k for k, v in cap_keys.items()}
+    return [captured.get(keys[i]) for i in range(len(capture))]
+

@@ -1,0 +1,150 @@
+"""The one function every op goes through (DESIGN §6).
+
+``apply(op, *inputs, **attrs)``: positional inputs are holoflow Tensors (or Python scalars, as
+constants); attrs are keyword arguments passed to the kernel unchanged.
+
+1. a graph trace is active -> the tracer records the op and returns lazy tensors;
+2. any input is global -> the global dispatcher (distributed layer) chooses a signature,
+   boxes, and runs this same function on the local shards;
+3. otherwise the torch kernel runs on the storages;
+4. grad mode is on and an input requires grad -> a Node with the op's grad rule is recorded.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import grad_mode
+from .autograd import Node
+from .errors import HoloflowError, describe
+from .registry import Op, infer_metas
+from .tensor import Tensor
+
+
+class Hooks:
+    """Entry points the upper layers install (the core never imports them)."""
+
+    trace = None          # graph tracing: (op, inputs, attrs) -> outputs
+    global_apply = None   # global tensors: (op, inputs, attrs) -> outputs
+    pre = None            # amp casts, test recorders: (op, inputs, attrs) -> inputs
+
+
+def apply(op: Op, *inputs, **attrs):
+    """Runs ``op`` on ``inputs`` eagerly (or records it while tracing); see module doc."""
+    if Hooks.trace is not None:
+        return Hooks.trace(op, inputs, attrs)
+    if Hooks.pre is not None:
+        inputs = Hooks.pre(op, inputs, attrs)
+    datas = []
+    needs_grad = False
+    for x in inputs:
+        if isinstance(x, Tensor):
+            if x._global is not None:
+                return Hooks.global_apply(op, inputs, attrs)
+            needs_grad = needs_grad or x._rg
+            datas.append(x._data)
+        else:
+            datas.append(x)
+    try:
+        out = op.kernel(*datas, **attrs)
+    except Exception as e:  # a user mistake surfaces as holoflow's error, never torch's bare one
+        raise op_error(op, inputs, attrs, e) from e
+    record = needs_grad and op.grad is not None and grad_mode.STATE.enabled
+    return wrap(op, inputs, attrs, out, record)
+
+
+def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool):
+    """Wraps kernel outputs as Tensors and, if ``record``, links them to a new grad node."""
+    if isinstance(out, torch.Tensor):
+        res = Tensor._make(out)
+        if record:
+            node = _record(op, inputs, attrs, (out,))
+            if out.dtype.is_floating_point or out.dtype.is_complex:
+                res._rg, res.grad_fn = True, node
+        return res
+    outs = tuple(out)
+    wrapped = [Tensor._make(o) for o in outs]
+    if record:
+        node = _record(op, inputs, attrs, outs)
+        node.out_metas = tuple((o.shape, o.dtype, o.device) for o in outs)
+        for i, (w, o) in enumerate(zip(wrapped, outs)):
+            if o.dtype.is_floating_point or o.dtype.is_complex:
+                w._rg, w.grad_fn, w._out_idx = True, node, i
+    return op.out_type(*wrapped) if op.out_type is not None else tuple(wrapped)
+
+
+def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple) -> Node:
+    edges, shapes, dtypes = [], [], []
+    for x in inputs:
+        if isinstance(x, Tensor):
+            shapes.append(x._data.shape)
+            dtypes.append(x._data.dtype)
+            edges.append(((x.grad_fn, x._out_idx) if x.grad_fn is not None else x) if x._rg else None)
+        else:
+            shapes.append(None)
+            dtypes.append(None)
+            edges.append(None)
+    node = Node(op, tuple(edges), attrs, tuple(shapes), tuple(dtypes))
+    if op.save:
+        node.save(inputs if op.saves_inputs else None, outs if op.saves_output else None)
+    return node
+
+
+def op_error(op: Op, inputs: tuple, attrs: dict, err: Exception) -> Exception:
+    """Builds the error a user sees: the op's own shape rule if it has one, else torch's reason
+    with the op name and what it was given."""
+    if isinstance(err, HoloflowError) or str(err).startswith("holoflow"):
+        return err
+    if op.shape is not None:
+        try:
+            infer_metas(op, tuple(x._data if isinstance(x, Tensor) else x for x in inputs), attrs)
+        except Exception as rule_err:  # the rule's message is the better one
+            if "holoflow" in str(rule_err):
+                return rule_err
+    reason = str(err).split("\n")[0]
+    args = ", ".join(describe(x) for x in inputs)
+    extra = "".join(f", {k}={describe(v)}" for k, v in attrs.items())
+    msg = f"holoflow.{op.name}({args}{extra}): {reason}"
+    cls = type(err) if type(err) in _PLAIN else RuntimeError
+    return cls(msg)
+
+
+_PLAIN = (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError)
+
+
+def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
+    """Runs ``op`` writing its result into ``x`` (``x.add_(y)``), keeping views of ``x`` aliased.
+
+    With autograd, the out-of-place op is recorded and ``x`` takes over its grad_fn; when the
+    op's grad reads its input, that input is a copy of ``x`` taken before the write.
+    """
+    grad_on = grad_mode.STATE.enabled and (x._rg or any(isinstance(r, Tensor) and r._rg for r in rest))
+    if Hooks.trace is None and x._global is None and not grad_on and op.inplace_kernel is not None:
+        datas = [r._data if isinstance(r, Tensor) else r for r in rest]
+        try:
+            op.inplace_kernel(x._data, *datas, **attrs)
+        except Exception as e:
+            raise op_error(op, (x, *rest), attrs, e) from e
+        return x
+    if grad_on and x._rg and x.grad_fn is None:
+        raise RuntimeError(f"holoflow.{op.name}_: a leaf tensor that requires grad is being used in "
+                           f"an in-place operation; do it under holoflow.no_grad() or out of place")
+    src = x
+    if grad_on and op.saves_inputs:
+        src = Tensor._make(x._data.clone(), x.grad_fn, x._out_idx)
+        src._rg = x._rg
+    out = apply(op, src, *rest, **attrs)
+    return assign(x, out, op.name)
+
+
+def assign(x: Tensor, out: Tensor, name: str) -> Tensor:
+    """Writes ``out`` into ``x``'s storage and takes over its autograd history."""
+    if tuple(out._data.shape) != tuple(x._data.shape):
+        raise RuntimeError(f"holoflow.{name}_: the result has shape {tuple(out.shape)}, which "
+                           f"doesn't match the in-place target's shape {tuple(x.shape)}")
+    if Hooks.trace is not None:
+        x._data = out._data
+    else:
+        x._data.copy_(out._data)
+    if out.grad_fn is not None:
+        x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True
+    return x

@@ -1,0 +1,92 @@
+"""holoflow dtypes: thin named handles over torch dtypes (the kernels' dtypes)."""
+from __future__ import annotations
+
+import builtins
+
+import torch
+
+
+class dtype:
+    """A tensor element type, e.g. ``holoflow.float32``; compares by identity like torch's."""
+
+    __slots__ = ("name", "torch", "is_floating_point", "is_complex", "is_signed", "itemsize")
+
+    def __init__(self, name: str, torch_dtype: torch.dtype) -> None:
+        self.name = name
+        self.torch = torch_dtype
+        self.is_floating_point = torch_dtype.is_floating_point
+        self.is_complex = torch_dtype.is_complex
+        self.is_signed = torch_dtype.is_signed
+        self.itemsize = torch_dtype.itemsize
+
+    def __repr__(self) -> str:
+        return f"holoflow.{self.name}"
+
+    def __reduce__(self):  # pickles by name so dtypes survive worker processes
+        return (_by_name, (self.name,))
+
+
+float32 = dtype("float32", torch.float32)
+float64 = dtype("float64", torch.float64)
+float16 = dtype("float16", torch.float16)
+bfloat16 = dtype("bfloat16", torch.bfloat16)
+complex64 = dtype("complex64", torch.complex64)
+complex128 = dtype("complex128", torch.complex128)
+int8 = dtype("int8", torch.int8)
+int16 = dtype("int16", torch.int16)
+int32 = dtype("int32", torch.int32)
+int64 = dtype("int64", torch.int64)
+uint8 = dtype("uint8", torch.uint8)
+bool = dtype("bool", torch.bool)  # noqa: A001 - torch's name
+float, double, half = float32, float64, float16  # noqa: A001
+int, long, short = int32, int64, int16  # noqa: A001
+cfloat, cdouble = complex64, complex128
+
+ALL = (float32, float64, float16, bfloat16, complex64, complex128, int8, int16, int32, int64, uint8, bool)
+_FROM_TORCH = {d.torch: d for d in ALL}
+_NAMES = {d.name: d for d in ALL}
+
+
+def _by_name(name: str) -> dtype:
+    return _NAMES[name]
+
+
+_PY_TYPES = {builtins.float: None, builtins.int: torch.int64, builtins.bool: torch.bool,
+             builtins.complex: torch.complex64}
+
+
+def to_torch(d) -> torch.dtype | None:
+    """Accepts a holoflow dtype, a torch dtype, a Python type, a name or None."""
+    if d is None or isinstance(d, torch.dtype):
+        return d
+    if isinstance(d, dtype):
+        return d.torch
+    if d in _PY_TYPES:
+        return _PY_TYPES[d] or torch.get_default_dtype()
+    if isinstance(d, str) and d in _NAMES:
+        return _NAMES[d].torch
+    raise TypeError(f"holoflow: {d!r} is not a dtype; use one of holoflow.float32, holoflow.int64, ...")
+
+
+def from_torch(d: torch.dtype) -> dtype:
+    return _FROM_TORCH[d]
+
+
+def get_default_dtype() -> dtype:
+    return _FROM_TORCH[torch.get_default_dtype()]
+
+
+def set_default_dtype(d) -> None:
+    torch.set_default_dtype(to_torch(d))
+
+
+def finfo(d=None) -> torch.finfo:
+    return torch.finfo(to_torch(d) if d is not None else torch.get_default_dtype())
+
+
+def iinfo(d) -> torch.iinfo:
+    return torch.iinfo(to_torch(d))
+
+
+def promote_types(a, b) -> dtype:
+    return from_torch(torch.promote_types(to_torch(a), to_torch(b)))

@@ -1,0 +1,75 @@
+"""Grad-mode switches: ``no_grad``, ``enable_grad``, ``set_grad_enabled``, ``inference_mode``."""
+from __future__ import annotations
+
+import functools
+import threading
+
+
+class _State(threading.local):
+    enabled = True
+
+
+STATE = _State()
+
+
+def is_grad_enabled() -> bool:
+    return STATE.enabled
+
+
+class _GradMode:
+    """Context manager and decorator that sets grad mode, restoring it on exit."""
+
+    mode = True
+
+    def __enter__(self) -> None:
+        self._prev, STATE.enabled = STATE.enabled, self.mode
+
+    def __exit__(self, *exc) -> None:
+        STATE.enabled = self._prev
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with self.__class__():
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+class no_grad(_GradMode):
+    """Disables gradient recording: ``with flow.no_grad(): ...`` or ``@flow.no_grad()``."""
+
+    mode = False
+
+
+class enable_grad(_GradMode):
+    """Enables gradient recording inside a ``no_grad`` block."""
+
+    mode = True
+
+
+class set_grad_enabled(_GradMode):
+    """Sets grad mode to ``mode``; takes effect at construction, like torch's."""
+
+    def __init__(self, mode: bool) -> None:
+        self.mode = mode
+        self._prev, STATE.enabled = STATE.enabled, mode
+
+    def __enter__(self) -> None:
+        pass
+
+    def __call__(self, fn):
+        STATE.enabled = self._prev
+        mode = self.mode
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with set_grad_enabled(mode):
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+class inference_mode(_GradMode):
+    """Like ``no_grad`` (holoflow keeps no separate inference tensors)."""
+
+    def __init__(self, mode: bool = True) -> None:
+        self.mode = not mode

@@ -1,0 +1,106 @@
+"""The op registry: one declaration per op, holding everything the engines need.
+
+An :class:`Op` is plain data. Engines (dispatch, autograd, boxing, graph passes) look ops up in
+``REGISTRY`` and call their rules; none of them knows any particular op.
+
+Rules, all optional except the kernel:
+
+- ``kernel(*torch_inputs, **attrs)``: local compute on torch tensors.
+- ``grad(ctx, *dys) -> tuple``: one gradient (or None) per positional input, written in holoflow
+  ops so it runs eagerly, on global tensors and inside a trace. ``ctx`` exposes ``inputs``,
+  ``out``/``outs`` (when saved), ``shapes``, ``dtypes``, ``needs_grad`` and the attrs by name.
+- ``shape(metas, attrs) -> metas``: pure shape/dtype rule; raises a clear error for bad input.
+  Without one, the kernel run on torch "meta" tensors is the rule (same code as eager).
+- ``sbp(metas, attrs) -> list[(in_sbps, out_sbps)]``: legal signatures for ONE mesh axis.
+- ``local_attrs(attrs, metas, local_metas, in_sbps) -> attrs``: attrs for a shard's kernel,
+  e.g. a reshape's target shape on a split tensor.
+"""
+from __future__ import annotations
+
+import inspect
+from collections import namedtuple
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What graph mode and shape rules know of a tensor: shape, dtype, device."""
+
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device = torch.device("cpu")
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "Meta":
+        return Meta(tuple(t.shape), t.dtype, t.device)
+
+    def empty(self) -> torch.Tensor:
+        return torch.empty(self.shape, dtype=self.dtype, device="meta")
+
+
+@dataclass(eq=False)
+class Op:
+    name: str
+    kernel: Callable
+    grad: Callable | None = None
+    shape: Callable | None = None
+    sbp: Callable | None = None
+    local_attrs: Callable | None = None
+    save: str = ""                       # "", "inputs", "output" or "both": what grad reads
+    outputs: tuple[str, ...] | None = None  # field names of a multi-output op
+    family: str = "other"
+    random: bool = False                  # reads the RNG: replayed by seed, not by value
+    differentiable: bool = True
+    inplace_kernel: Callable | None = None
+    out_type: Any = field(default=None, repr=False)
+    defaults: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.kernel is not None:
+            self.defaults = _keyword_defaults(self.kernel)
+        if self.outputs:
+            self.out_type = namedtuple(f"{self.name}_return", self.outputs)
+
+    @property
+    def saves_inputs(self) -> bool:
+        return self.save in ("inputs", "both")
+
+    @property
+    def saves_output(self) -> bool:
+        return self.save in ("output", "both")
+
+    def __repr__(self) -> str:
+        return f"<op {self.name}>"
+
+
+def _keyword_defaults(fn: Callable) -> dict:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature
+        return {}
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+REGISTRY: dict[str, Op] = {}
+
+
+def defop(name: str, kernel: Callable, **rules) -> Op:
+    """Declares an op once; a second declaration under the same name is a bug."""
+    if name in REGISTRY:
+        raise ValueError(f"holoflow: op {name!r} is declared twice")
+    op = REGISTRY[name] = Op(name, kernel, **rules)
+    return op
+
+
+def infer_metas(op: Op, inputs: tuple, attrs: dict) -> tuple[Meta, ...]:
+    """The shape rule of ``op``: its own, or its kernel run on meta tensors."""
+    metas = [Meta.of(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+    if op.shape is not None:
+        return tuple(op.shape(metas, attrs))
+    fake = [m.empty() if isinstance(m, Meta) else m for m in metas]
+    out = op.kernel(*fake, **attrs)
+    outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+    return tuple(Meta(tuple(o.shape), o.dtype) for o in outs)

@@ -1,0 +1,350 @@
+"""``holoflow.Tensor``: a torch tensor as storage, holoflow's own autograd and global view.
+
+The Tensor never subclasses ``torch.Tensor``. Math methods and operators are attached by the ops
+layer (``holoflow/ops/methods.py``) from the op registry; this file holds what is not an op.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from . import device as _device
+from . import dtype as _dtype
+
+
+class Tensor:
+    """A multi-dimensional array with autograd, like ``torch.Tensor``.
+
+    ``Tensor(data)`` copies ``data`` as float (torch's legacy constructor); ``Tensor(2, 3)`` is
+    an uninitialised 2x3 float tensor. Prefer :func:`holoflow.tensor` and friends.
+    """
+
+    __slots__ = ("_data", "_rg", "grad", "grad_fn", "_out_idx", "_hooks", "_global",
+                 "__weakref__", "__dict__")
+
+    def __init__(self, *args, **kwargs) -> None:
+        dev = _device.to_torch(kwargs.pop("device", None))
+        if kwargs:
+            raise TypeError(f"holoflow.Tensor(): unexpected arguments {sorted(kwargs)}")
+        if len(args) == 1 and not isinstance(args[0], int):
+            data = _as_torch(args[0], torch.get_default_dtype(), dev)
+        else:
+            data = torch.empty(args, device=dev)
+        _init(self, data)
+
+    @classmethod
+    def _make(cls, data: torch.Tensor, grad_fn=None, out_idx: int = 0) -> "Tensor":
+        t = object.__new__(cls)
+        t._data, t._rg, t.grad, t.grad_fn = data, grad_fn is not None, None, grad_fn
+        t._out_idx, t._hooks, t._global = out_idx, None, None
+        return t
+
+    # -- metadata --------------------------------------------------------------------------
+    @property
+    def shape(self) -> torch.Size:
+        return self._global.shape if self._global is not None else self._data.shape
+
+    def size(self, dim: int | None = None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    ndim = property(dim)
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    nelement = numel
+
+    def element_size(self) -> int:
+        return self._data.element_size()
+
+    @property
+    def dtype(self) -> _dtype.dtype:
+        return _dtype._FROM_TORCH[self._data.dtype]
+
+    @property
+    def device(self) -> _device.device:
+        return _device.from_torch(self._data.device)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self._data.is_cuda
+
+    def is_floating_point(self) -> bool:
+        return self._data.is_floating_point()
+
+    def is_complex(self) -> bool:
+        return self._data.is_complex()
+
+    def is_contiguous(self, memory_format=torch.contiguous_format) -> bool:
+        return self._data.is_contiguous(memory_format=memory_format)
+
+    def stride(self, dim: int | None = None):
+        return self._data.stride() if dim is None else self._data.stride(dim)
+
+    def data_ptr(self) -> int:
+        return self._data.data_ptr()
+
+    @property
+    def _version(self) -> int:
+        return self._data._version
+
+    # -- global view (filled by the distributed layer) ---------------------------------------
+    @property
+    def is_global(self) -> bool:
+        return self._global is not None
+
+    @property
+    def is_local(self) -> bool:
+        return self._global is None
+
+    @property
+    def placement(self):
+        if self._global is None:
+            raise RuntimeError("holoflow: .placement of a local tensor; call .to_global(placement, sbp) first")
+        return self._global.placement
+
+    @property
+    def sbp(self):
+        if self._global is None:
+            raise RuntimeError("holoflow: .sbp of a local tensor; call .to_global(placement, sbp) first")
+        return self._global.sbp
+
+    def _box_grad(self, g: "Tensor") -> "Tensor":
+        return g  # replaced by the distributed layer
+
+    # -- autograd --------------------------------------------------------------------------
+    @property
+    def requires_grad(self) -> bool:
+        return self._rg
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        if value and not (self._data.is_floating_point() or self._data.is_complex()):
+            raise RuntimeError(f"holoflow: only tensors of floating point or complex dtype can "
+                               f"require gradients; this one is {self.dtype}")
+        if not value and self.grad_fn is not None:
+            raise RuntimeError("holoflow: requires_grad can only be turned off on leaf tensors; "
+                               "use .detach() for a non-leaf")
+        self._rg = bool(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        self.requires_grad = requires_grad
+        return self
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.grad_fn is None
+
+    @property
+    def data(self) -> "Tensor":
+        return self.detach()
+
+    @data.setter
+    def data(self, value: "Tensor") -> None:
+        self._data = value._data if isinstance(value, Tensor) else value
+        if isinstance(value, Tensor):
+            self._global = value._global
+
+    def detach(self) -> "Tensor":
+        t = Tensor._make(self._data.detach())
+        t._global = self._global
+        return t
+
+    def detach_(self) -> "Tensor":
+        self.grad_fn, self._rg, self._out_idx = None, False, 0
+        return self
+
+    def backward(self, gradient: "Tensor | None" = None, retain_graph: bool | None = None,
+                 create_graph: bool = False, inputs=None) -> None:
+        """Computes gradients of this tensor w.r.t. graph leaves, like ``torch.Tensor.backward``."""
+        from .. import autograd
+        autograd.backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+
+    def register_hook(self, hook: Callable) -> Any:
+        """Calls ``hook(grad)`` when this tensor's gradient is computed; it may return a new one."""
+        if not self._rg:
+            raise RuntimeError("holoflow: cannot register a hook on a tensor that doesn't require grad")
+        if self.grad_fn is None:
+            if self._hooks is None:
+                self._hooks = []
+            self._hooks.append(hook)
+            hooks = self._hooks
+        else:
+            self.grad_fn.register_hook(self._out_idx, hook)
+            hooks = self.grad_fn.hooks[self._out_idx]
+        return _RemovableHandle(hooks, hook)
+
+    def retain_grad(self) -> None:
+        """Keeps ``.grad`` of a non-leaf tensor after backward."""
+        if self.grad_fn is None:
+            return
+        import weakref
+        ref = weakref.ref(self)
+
+        def keep(g):
+            t = ref()
+            if t is not None:
+                t.grad = g.detach() if t.grad is None else t.grad + g.detach()
+        self.grad_fn.register_hook(self._out_idx, keep)
+
+    # -- conversion to Python / numpy --------------------------------------------------------
+    def item(self):
+        if self.numel() != 1:
+            raise RuntimeError(f"holoflow: item() needs a tensor with one element, this one has "
+                               f"shape {tuple(self.shape)}")
+        return self._local_full().item()
+
+    def tolist(self):
+        return self._local_full().tolist()
+
+    def numpy(self) -> np.ndarray:
+        if self._rg:
+            raise RuntimeError("holoflow: can't call numpy() on a tensor that requires grad; "
+                               "use tensor.detach().numpy()")
+        return self._local_full().cpu().numpy()
+
+    def __array__(self, dtype=None, copy=None):
+        a = self._local_full().detach().cpu().numpy()
+        return a.astype(dtype) if dtype is not None else a
+
+    def _local_full(self) -> torch.Tensor:
+        """The whole logical tensor as a torch tensor (a global one is gathered)."""
+        if self._global is None:
+            return self._data
+        return self._global.full(self)
+
+    def to_torch(self) -> torch.Tensor:
+        """This tensor's values as a plain ``torch.Tensor`` (no autograd link)."""
+        return self._local_full().detach()
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._local_full().detach().__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._data.__dlpack_device__()
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("holoflow: len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("holoflow: iteration over a 0-d tensor")
+        return iter(self.unbind(0))
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise RuntimeError(f"holoflow: the truth value of a tensor with {self.numel()} elements "
+                               f"is ambiguous; use .any() or .all()")
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self._data.is_floating_point() or self.numel() != 1:
+            raise TypeError("holoflow: only integer tensors of a single element can be used as an index")
+        return int(self.item())
+
+    def __complex__(self) -> complex:
+        return complex(self.item())
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        if self._global is not None:
+            return self._global.repr(self)
+        return _repr_with(repr(self._data.detach()), self)
+
+    def __format__(self, spec: str) -> str:
+        if self.dim() == 0:
+            return self.item().__format__(spec)
+        return object.__format__(self, spec)
+
+    def __reduce_ex__(self, protocol):
+        return (_rebuild, (self._local_full().detach().cpu(), self._rg))
+
+    def __deepcopy__(self, memo):
+        t = Tensor._make(self._data.clone())
+        t._rg, t._global = self._rg, self._global
+        if self.grad is not None:
+            t.grad = self.grad.__deepcopy__(memo)
+        memo[id(self)] = t
+        return t
+
+
+def _init(t: Tensor, data: torch.Tensor) -> None:
+    t._data, t._rg, t.grad, t.grad_fn = data, False, None, None
+    t._out_idx, t._hooks, t._global = 0, None, None
+
+
+def _rebuild(data: torch.Tensor, requires_grad: bool) -> Tensor:
+    t = Tensor._make(data)
+    t._rg = requires_grad
+    return t
+
+
+def _repr_with(text: str, t: Tensor) -> str:
+    text = text.replace("dtype=torch.", "dtype=holoflow.")
+    if t.grad_fn is not None:
+        return text[:-1] + f", grad_fn={t.grad_fn.name()})"
+    if t._rg:
+        return text[:-1] + ", requires_grad=True)"
+    return text
+
+
+def _as_torch(data, dtype: torch.dtype | None, dev: torch.device | None) -> torch.Tensor:
+    """Converts Python data, numpy arrays, torch tensors and holoflow Tensors to torch."""
+    if isinstance(data, Tensor):
+        return data._local_full().detach().to(device=dev, dtype=dtype)
+    if isinstance(data, torch.Tensor):
+        return data.detach().to(device=dev, dtype=dtype)
+    if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flat(data)):
+        data = _unwrap_nested(data)
+    try:
+        return torch.tensor(data, dtype=dtype, device=dev)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise type(e)(f"holoflow.tensor: cannot build a tensor from {type(data).__name__}: {e}") from e
+
+
+def _flat(xs):
+    for x in xs:
+        if isinstance(x, (list, tuple)):
+            yield from _flat(x)
+        else:
+            yield x
+
+
+def _unwrap_nested(x):
+    if isinstance(x, Tensor):
+        return x.tolist()
+    if isinstance(x, (list, tuple)):
+        return [_unwrap_nested(v) for v in x]
+    return x
+
+
+class _RemovableHandle:
+    def __init__(self, hooks: list, hook: Callable) -> None:
+        self._hooks, self._hook = hooks, hook
+
+    def remove(self) -> None:
+        if self._hook in self._hooks:
+            self._hooks.remove(self._hook)
+
+
+def is_tensor(x) -> bool:
+    return isinstance(x, Tensor)
+
+

@@ -1,0 +1,1 @@
+"""Op declarations: the only place that knows individual ops (DESIGN §3)."""

@@ -1,0 +1,93 @@
+"""Copies and conversions: ``to`` (dtype/device), ``clone``, ``contiguous`` and the dtype methods."""
+from __future__ import annotations
+
+import torch
+
+from ..core import device as _device
+from ..core import dtype as _dtype
+from ..core.dispatch import apply
+from ..core.tensor import Tensor
+from .family import defop, elementwise_sbp
+
+
+def _to_grad(ctx, dy):
+    return (apply(TO, dy, dtype=ctx.dtypes[0], device=ctx.src_device, src_device=ctx.device),)
+
+
+TO = defop("to", lambda x, dtype, device, src_device: x.to(device=device, dtype=dtype),
+           grad=_to_grad, sbp=elementwise_sbp(("P",)), family="elementwise")
+CLONE = defop("clone", lambda x, memory_format=torch.preserve_format: x.clone(memory_format=memory_format),
+              grad=lambda ctx, dy: (dy,), sbp=elementwise_sbp(("P",)), family="elementwise")
+
+
+def _parse_to(self: Tensor, args, kwargs):
+    dev, dt = kwargs.pop("device", None), kwargs.pop("dtype", None)
+    for a in args:
+        if isinstance(a, Tensor):
+            dev, dt = a.device, a.dtype
+        elif isinstance(a, (_dtype.dtype, torch.dtype)) or a in (float, int, bool):
+            dt = a
+        elif a is not None:
+            dev = a
+    for k in ("non_blocking", "copy", "memory_format"):
+        kwargs.pop(k, None)
+    if kwargs:
+        raise TypeError(f"holoflow.Tensor.to: unexpected arguments {sorted(kwargs)}")
+    return _device.to_torch(dev), _dtype.to_torch(dt)
+
+
+def to(self: Tensor, *args, **kwargs) -> Tensor:
+    """Returns this tensor on another device and/or dtype (itself when nothing changes)."""
+    copy = kwargs.get("copy", False)
+    dev, dt = _parse_to(self, args, kwargs)
+    cur = self._data
+    if dev is not None and dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else dev
+    same_dev = dev is None or dev == cur.device
+    same_dt = dt is None or dt == cur.dtype
+    if same_dev and same_dt and not copy:
+        return self
+    return apply(TO, self, dtype=dt or cur.dtype, device=dev or cur.device, src_device=cur.device)
+
+
+def clone(input: Tensor, *, memory_format=torch.preserve_format) -> Tensor:
+    return apply(CLONE, input, memory_format=memory_format)
+
+
+def contiguous(self: Tensor, memory_format=torch.contiguous_format) -> Tensor:
+    if self._data.is_contiguous(memory_format=memory_format):
+        return self
+    return apply(CLONE, self, memory_format=memory_format)
+
+
+def _cast(dt):
+    def method(self: Tensor, memory_format=None) -> Tensor:
+        return to(self, dt)
+    return method
+
+
+def type_as(self: Tensor, other: Tensor) -> Tensor:
+    return to(self, other.dtype)
+
+
+def type_(self: Tensor, dtype=None, non_blocking=False):
+    if dtype is None:
+        return f"holoflow.{self.dtype.name.capitalize()}Tensor"
+    return to(self, dtype)
+
+
+def cpu(self: Tensor) -> Tensor:
+    return to(self, "cpu")
+
+
+def cuda(self: Tensor, device=None, non_blocking: bool = False) -> Tensor:
+    return to(self, "cuda" if device is None else _device.to_torch(device if not isinstance(device, int) else device))
+
+
+for _name, _dt in [("float", _dtype.float32), ("double", _dtype.float64), ("half", _dtype.float16),
+                   ("bfloat16", _dtype.bfloat16), ("long", _dtype.int64), ("int", _dtype.int32),
+                   ("short", _dtype.int16), ("char", _dtype.int8), ("byte", _dtype.uint8),
+                   ("bool", _dtype.bool)]:
+    setattr(Tensor, _name, _cast(_dt))
+Tensor.to, Tensor.clone, Tensor.contiguous, Tensor.type_as = to, clone, contiguous, type_as
+Tensor.type, Tensor.cpu, Tensor.cuda = type_, cpu, cuda

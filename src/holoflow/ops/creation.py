@@ -1,0 +1,260 @@
+"""Tensor creation: ``tensor, zeros, ones, full, arange, rand, randn, ...`` and ``*_like``.
+
+Every function takes ``dtype, device, requires_grad`` like torch, and ``placement, sbp`` for a
+global tensor (handled by the distributed layer through ``GLOBAL_MAKER``).
+"""
+from __future__ import annotations
+
+
+
+import numpy as np
+import torch
+
+from ..core import device as _device
+from ..core import dtype as _dtype
+from ..core.tensor import Tensor, _as_torch
+
+GLOBAL_MAKER = [None]  # set by holoflow.distributed: (torch_full_tensor, placement, sbp) -> Tensor
+
+
+def _sizes(size) -> tuple:
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    for s in size:
+        if not isinstance(s, int) or isinstance(s, bool) or s < 0:
+            raise ValueError(f"holoflow: sizes must be non-negative ints, got {tuple(size)}")
+    return tuple(size)
+
+
+def _finish(data: torch.Tensor, requires_grad: bool = False, placement=None, sbp=None) -> Tensor:
+    t = Tensor._make(data)
+    if placement is not None or sbp is not None:
+        if placement is None or sbp is None:
+            raise ValueError("holoflow: a global tensor needs both placement= and sbp=")
+        t = GLOBAL_MAKER[0](data, placement, sbp)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _kw(dtype, device) -> dict:
+    return {"dtype": _dtype.to_torch(dtype), "device": _device.to_torch(device)}
+
+
+def tensor(data, dtype=None, device=None, requires_grad: bool = False, placement=None,
+           sbp=None, pin_memory: bool = False) -> Tensor:
+    """Copies ``data`` (lists, numbers, numpy arrays, tensors) into a new tensor."""
+    return _finish(_as_torch(data, _dtype.to_torch(dtype), _device.to_torch(device)).clone()
+                   if isinstance(data, (Tensor, torch.Tensor)) else
+                   _as_torch(data, _dtype.to_torch(dtype), _device.to_torch(device)),
+                   requires_grad, placement, sbp)
+
+
+def as_tensor(data, dtype=None, device=None) -> Tensor:
+    """Like :func:`tensor`, but shares memory with a numpy array or tensor when it can."""
+    if isinstance(data, Tensor) and dtype is None and device is None:
+        return data
+    if isinstance(data, np.ndarray):
+        return Tensor._make(torch.as_tensor(data, dtype=_dtype.to_torch(dtype), device=_device.to_torch(device)))
+    return Tensor._make(_as_torch(data, _dtype.to_torch(dtype), _device.to_torch(device)))
+
+
+def from_numpy(a: np.ndarray) -> Tensor:
+    """A tensor sharing memory with the numpy array ``a``."""
+    return Tensor._make(torch.from_numpy(a))
+
+
+def from_torch(t: torch.Tensor) -> Tensor:
+    """A holoflow tensor sharing storage with the torch tensor ``t`` (autograd not carried)."""
+    return Tensor._make(t.detach())
+
+
+def from_dlpack(ext) -> Tensor:
+    return Tensor._make(torch.from_dlpack(ext))
+
+
+def _filled(fn):
+    def make(*size, dtype=None, device=None, requires_grad=False, placement=None, sbp=None,
+             out=None, layout=None, pin_memory=False):
+        return _finish(fn(_sizes(size), **_kw(dtype, device)), requires_grad, placement, sbp)
+    make.__name__ = fn.__name__
+    make.__doc__ = f"A new tensor of the given size, as ``torch.{fn.__name__}``."
+    return make
+
+
+zeros = _filled(torch.zeros)
+ones = _filled(torch.ones)
+empty = _filled(torch.empty)
+
+
+def full(size, fill_value, *, dtype=None, device=None, requires_grad=False, placement=None,
+         sbp=None) -> Tensor:
+    if isinstance(fill_value, Tensor):
+        fill_value = fill_value.item()
+    return _finish(torch.full(_sizes((size,)), fill_value, **_kw(dtype, device)), requires_grad,
+                   placement, sbp)
+
+
+def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=False,
+           placement=None, sbp=None) -> Tensor:
+    if end is None:
+        start, end = 0, start
+    try:
+        data = torch.arange(start, end, step, **_kw(dtype, device))
+    except RuntimeError as e:
+        raise ValueError(f"holoflow.arange(start={start}, end={end}, step={step}): {e}") from e
+    return _finish(data, requires_grad, placement, sbp)
+
+
+def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad=False,
+             placement=None, sbp=None) -> Tensor:
+    return _finish(torch.linspace(start, end, steps, **_kw(dtype, device)), requires_grad, placement, sbp)
+
+
+def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, device=None) -> Tensor:
+    return Tensor._make(torch.logspace(start, end, steps, base, **_kw(dtype, device)))
+
+
+def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad=False,
+        placement=None, sbp=None) -> Tensor:
+    return _finish(torch.eye(n, n if m is None else m, **_kw(dtype, device)), requires_grad,
+                   placement, sbp)
+
+
+def _random(fn):
+    def make(*size, generator=None, dtype=None, device=None, requires_grad=False,
+             placement=None, sbp=None):
+        g = generator.torch if generator is not None else None
+        return _finish(fn(_sizes(size), generator=g, **_kw(dtype, device)), requires_grad,
+                       placement, sbp)
+    make.__name__ = fn.__name__
+    make.__doc__ = (f"Random tensor, as ``torch.{fn.__name__}``; a global one holds the same "
+                    f"logical values as the single-process call with the same seed.")
+    return make
+
+
+rand = _random(torch.rand)
+randn = _random(torch.randn)
+
+
+def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None,
+            placement=None, sbp=None) -> Tensor:
+    if high is None:
+        low, high = 0, low
+    if size is None:
+        raise TypeError("holoflow.randint: size= is required, e.g. randint(0, 10, (3,))")
+    g = generator.torch if generator is not None else None
+    kw = _kw(dtype or _dtype.int64, device)
+    return _finish(torch.randint(low, high, _sizes((size,)), generator=g, **kw), False, placement, sbp)
+
+
+def randperm(n: int, *, generator=None, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
+    g = generator.torch if generator is not None else None
+    return _finish(torch.randperm(n, generator=g, **_kw(dtype or _dtype.int64, device)), False,
+                   placement, sbp)
+
+
+def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=None,
+           requires_grad=False) -> Tensor:
+    """Samples N(mean, std); ``mean``/``std`` may be tensors (then ``size`` comes from them)."""
+    g = generator.torch if generator is not None else None
+    if isinstance(mean, Tensor) or isinstance(std, Tensor):
+        m = mean._data if isinstance(mean, Tensor) else mean
+        s = std._data if isinstance(std, Tensor) else std
+        return Tensor._make(torch.normal(m, s, generator=g))
+    if size is None:
+        raise TypeError("holoflow.normal: size= is required when mean and std are numbers")
+    return _finish(torch.normal(mean, std, _sizes((size,)), generator=g, **_kw(dtype, device)),
+                   requires_grad)
+
+
+def _like(fn_name: str):
+    fn = getattr(torch, fn_name)
+
+    def make(input: Tensor, *args, dtype=None, device=None, requires_grad=False,
+             memory_format=None, **kwargs):
+        kw = _kw(dtype, device)
+        kw = {k: v for k, v in kw.items() if v is not None}
+        data = fn(input._data, *args, **kw, **kwargs)
+        out = _finish(data, requires_grad)
+        if input._global is not None and GLOBAL_MAKER[0] is not None:
+            out._global = input._global
+        return out
+    make.__name__ = fn_name
+    make.__doc__ = f"As ``torch.{fn_name}``: shape (and dtype, device) of ``input``."
+    return make
+
+
+zeros_like, ones_like, empty_like, full_like = (_like(n) for n in ("zeros_like", "ones_like",
+                                                                   "empty_like", "full_like"))
+rand_like, randn_like, randint_like = (_like(n) for n in ("rand_like", "randn_like", "randint_like"))
+
+
+def _new(fn):
+    def method(self: Tensor, *size, dtype=None, device=None, requires_grad=False):
+        kw = {"dtype": dtype or self.dtype, "device": device or self.device}
+        return fn(*size, requires_grad=requires_grad, **kw)
+    return method
+
+
+def _new_full(self: Tensor, size, fill_value, *, dtype=None, device=None, requires_grad=False):
+    return full(size, fill_value, dtype=dtype or self.dtype, device=device or self.device,
+                requires_grad=requires_grad)
+
+
+def _new_tensor(self: Tensor, data, *, dtype=None, device=None, requires_grad=False):
+    return tensor(data, dtype=dtype or self.dtype, device=device or self.device,
+                  requires_grad=requires_grad)
+
+
+Tensor.new_zeros = _new(zeros)
+Tensor.new_ones = _new(ones)
+Tensor.new_empty = _new(empty)
+Tensor.new_full = _new_full
+Tensor.new_tensor = _new_tensor
+
+
+def manual_seed(seed: int):
+    """Seeds every RNG holoflow's kernels use (CPU and CUDA)."""
+    return torch.manual_seed(seed)
+
+
+def seed() -> int:
+    return torch.seed()
+
+
+def initial_seed() -> int:
+    return torch.initial_seed()
+
+
+def get_rng_state() -> Tensor:
+    return Tensor._make(torch.get_rng_state())
+
+
+def set_rng_state(state: Tensor) -> None:
+    torch.set_rng_state(state._data if isinstance(state, Tensor) else state)
+
+
+class Generator:
+    """A random generator, as ``torch.Generator``."""
+
+    def __init__(self, device="cpu") -> None:
+        self.torch = torch.Generator(device=_device.to_torch(device))
+
+    def manual_seed(self, seed: int) -> "Generator":
+        self.torch.manual_seed(seed)
+        return self
+
+    def seed(self) -> int:
+        return self.torch.seed()
+
+    def initial_seed(self) -> int:
+        return self.torch.initial_seed()
+
+    def get_state(self) -> Tensor:
+        return Tensor._make(self.torch.get_state())
+
+    def set_state(self, state) -> None:
+        self.torch.set_state(state._data if isinstance(state, Tensor) else state)
+
+

@@ -1,0 +1,308 @@
+"""Elementwise ops: one line each; shape (broadcasting), SBP and in-place forms come from the
+family (ops/family.py). Grad rules are written in holoflow ops."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..core.dispatch import apply
+from ..core.tensor import Tensor
+from .family import binary, needs, reduce_grad, unary
+
+
+def _zeros(ctx, dy):
+    return (apply(ZEROS_LIKE, dy),)
+
+
+def _x(ctx):
+    return ctx.inputs[0]
+
+
+# -- unary math: name, kernel, grad (dy -> dx), what the grad reads --------------------------
+ZEROS_LIKE = unary("zeros_like", torch.zeros_like, differentiable=False)
+NEG = unary("neg", torch.neg, lambda c, dy: (-dy,), partial=("P",))
+ABS = unary("abs", torch.abs, lambda c, dy: (dy * _x(c).sign(),), "inputs")
+SIGN = unary("sign", torch.sign, _zeros)
+FLOOR = unary("floor", torch.floor, _zeros)
+CEIL = unary("ceil", torch.ceil, _zeros)
+TRUNC = unary("trunc", torch.trunc, _zeros)
+FRAC = unary("frac", torch.frac, lambda c, dy: (dy,))
+ROUND = unary("round", lambda x, decimals=0: torch.round(x, decimals=decimals), _zeros)
+EXP = unary("exp", torch.exp, lambda c, dy: (dy * c.out,), "output")
+EXP2 = unary("exp2", torch.exp2, lambda c, dy: (dy * c.out * math.log(2.0),), "output")
+EXPM1 = unary("expm1", torch.expm1, lambda c, dy: (dy * (c.out + 1),), "output")
+LOG = unary("log", torch.log, lambda c, dy: (dy / _x(c),), "inputs")
+LOG2 = unary("log2", torch.log2, lambda c, dy: (dy / (_x(c) * math.log(2.0)),), "inputs")
+LOG10 = unary("log10", torch.log10, lambda c, dy: (dy / (_x(c) * math.log(10.0)),), "inputs")
+LOG1P = unary("log1p", torch.log1p, lambda c, dy: (dy / (_x(c) + 1),), "inputs")
+SQRT = unary("sqrt", torch.sqrt, lambda c, dy: (dy * 0.5 / c.out,), "output")
+RSQRT = unary("rsqrt", torch.rsqrt, lambda c, dy: (dy * -0.5 * c.out ** 3,), "output")
+SQUARE = unary("square", torch.square, lambda c, dy: (dy * 2 * _x(c),), "inputs")
+RECIPROCAL = unary("reciprocal", torch.reciprocal, lambda c, dy: (-dy * c.out * c.out,), "output")
+SIN = unary("sin", torch.sin, lambda c, dy: (dy * _x(c).cos(),), "inputs")
+COS = unary("cos", torch.cos, lambda c, dy: (-dy * _x(c).sin(),), "inputs")
+TAN = unary("tan", torch.tan, lambda c, dy: (dy * (1 + c.out * c.out),), "output")
+ASIN = unary("asin", torch.asin, lambda c, dy: (dy * (1 - _x(c) ** 2).rsqrt(),), "inputs")
+ACOS = unary("acos", torch.acos, lambda c, dy: (-dy * (1 - _x(c) ** 2).rsqrt(),), "inputs")
+ATAN = unary("atan", torch.atan, lambda c, dy: (dy / (1 + _x(c) ** 2),), "inputs")
+SINH = unary("sinh", torch.sinh, lambda c, dy: (dy * _x(c).cosh(),), "inputs")
+COSH = unary("cosh", torch.cosh, lambda c, dy: (dy * _x(c).sinh(),), "inputs")
+TANH = unary("tanh", torch.tanh, lambda c, dy: (dy * (1 - c.out * c.out),), "output")
+SIGMOID = unary("sigmoid", torch.sigmoid, lambda c, dy: (dy * c.out * (1 - c.out),), "output")
+ERF = unary("erf", torch.erf,
+            lambda c, dy: (dy * (2 / math.sqrt(math.pi)) * (-_x(c) * _x(c)).exp(),), "inputs")
+ERFINV = unary("erfinv", torch.erfinv,
+               lambda c, dy: (dy * (math.sqrt(math.pi) / 2) * (c.out * c.out).exp(),), "output")
+LOGICAL_NOT = unary("logical_not", torch.logical_not)
+BITWISE_NOT = unary("bitwise_not", torch.bitwise_not)
+ISNAN = unary("isnan", torch.isnan)
+ISINF = unary("isinf", torch.isinf)
+ISFINITE = unary("isfinite", torch.isfinite)
+NAN_TO_NUM = unary("nan_to_num", torch.nan_to_num,
+                   lambda c, dy: (dy * _x(c).isfinite(),), "inputs")
+CLAMP = unary("clamp", lambda x, min=None, max=None: torch.clamp(x, min, max),  # noqa: A002
+              lambda c, dy: (dy * _clamp_mask(_x(c), c.min, c.max),), "inputs")
+
+
+def _clamp_mask(x, lo, hi):
+    mask = None
+    if lo is not None:
+        mask = x >= lo
+    if hi is not None:
+        mask = (x <= hi) if mask is None else mask.logical_and(x <= hi)
+    return mask
+
+
+# -- binary math -------------------------------------------------------------------------------
+
+def _add_grad(c, dy):
+    return (reduce_grad(dy, c, 0) if needs(c, 0) else None,
+            reduce_grad(dy if c.alpha == 1 else dy * c.alpha, c, 1) if needs(c, 1) else None)
+
+
+def _sub_grad(c, dy):
+    return (reduce_grad(dy, c, 0) if needs(c, 0) else None,
+            reduce_grad(-dy if c.alpha == 1 else dy * -c.alpha, c, 1) if needs(c, 1) else None)
+
+
+def _mul_grad(c, dy):
+    a, b = c.inputs
+    return (reduce_grad(dy * b, c, 0) if needs(c, 0) else None,
+            reduce_grad(dy * a, c, 1) if needs(c, 1) else None)
+
+
+def _div_grad(c, dy):
+    a, b = c.inputs
+    if c.rounding_mode is not None:
+        return (reduce_grad(dy * 0, c, 0) if needs(c, 0) else None,
+                reduce_grad(dy * 0, c, 1) if needs(c, 1) else None)
+    ga = dy / b
+    return (reduce_grad(ga, c, 0) if needs(c, 0) else None,
+            reduce_grad(-ga * a / b, c, 1) if needs(c, 1) else None)
+
+
+def _pow_grad(c, dy):
+    a, b = c.inputs
+    ga = gb = None
+    if needs(c, 0):
+        ga = reduce_grad(dy * b * a ** (b - 1) if isinstance(b, Tensor) else
+                         (dy * b * a ** (b - 1) if b != 0 else dy * 0), c, 0)
+    if needs(c, 1):
+        out = a ** b
+        log_a = a.log() if isinstance(a, Tensor) else math.log(a) if a > 0 else float("nan")
+        gb = reduce_grad(dy * out * log_a, c, 1)
+    return ga, gb
+
+
+def _minmax_grad(pick):
+    def grad(c, dy):
+        a, b = c.inputs
+        win = pick(a, b).to(dy.dtype) + (a == b).to(dy.dtype) * 0.5
+        return (reduce_grad(dy * win, c, 0) if needs(c, 0) else None,
+                reduce_grad(dy * (1 - win), c, 1) if needs(c, 1) else None)
+    return grad
+
+
+def _atan2_grad(c, dy):
+    a, b = c.inputs
+    den = a * a + b * b
+    return (reduce_grad(dy * b / den, c, 0) if needs(c, 0) else None,
+            reduce_grad(-dy * a / den, c, 1) if needs(c, 1) else None)
+
+
+def _rem_grad(rounding):
+    def grad(c, dy):
+        a, b = c.inputs
+        return (reduce_grad(dy, c, 0) if needs(c, 0) else None,
+                reduce_grad(-dy * getattr(a / b, rounding)(), c, 1) if needs(c, 1) else None)
+    return grad
+
+
+ADD = binary("add", lambda a, b, alpha=1: torch.add(a, b, alpha=alpha), _add_grad, partial=("PP",))
+SUB = binary("sub", lambda a, b, alpha=1: torch.sub(a, b, alpha=alpha), _sub_grad, partial=("PP",))
+MUL = binary("mul", torch.mul, _mul_grad, "inputs", partial=("PB", "BP", "P-", "-P"))
+DIV = binary("div", lambda a, b, rounding_mode=None: torch.div(a, b, rounding_mode=rounding_mode),
+             _div_grad, "inputs", partial=lambda attrs: ("PB", "P-") if attrs.get("rounding_mode") is None else ())
+POW = binary("pow", torch.pow, _pow_grad, "inputs")
+MAXIMUM = binary("maximum", torch.maximum, _minmax_grad(lambda a, b: a > b), "inputs", tensors_only=True)
+MINIMUM = binary("minimum", torch.minimum, _minmax_grad(lambda a, b: a < b), "inputs", tensors_only=True)
+ATAN2 = binary("atan2", torch.atan2, _atan2_grad, "inputs", tensors_only=True)
+FMOD = binary("fmod", torch.fmod, _rem_grad("trunc"), "inputs")
+REMAINDER = binary("remainder", torch.remainder, _rem_grad("floor"), "inputs")
+EQ = binary("eq", torch.eq)
+NE = binary("ne", torch.ne)
+LT = binary("lt", torch.lt)
+LE = binary("le", torch.le)
+GT = binary("gt", torch.gt)
+GE = binary("ge", torch.ge)
+LOGICAL_AND = binary("logical_and", torch.logical_and)
+LOGICAL_OR = binary("logical_or", torch.logical_or)
+LOGICAL_XOR = binary("logical_xor", torch.logical_xor)
+BITWISE_AND = binary("bitwise_and", torch.bitwise_and)
+BITWISE_OR = binary("bitwise_or", torch.bitwise_or)
+BITWISE_XOR = binary("bitwise_xor", torch.bitwise_xor)
+
+
+def _where_grad(c, dy):
+    cond = c.inputs[0]
+    zero = apply(ZEROS_LIKE, dy)
+    return (None,
+            reduce_grad(where(cond, dy, zero), c, 1) if needs(c, 1) else None,
+            reduce_grad(where(cond, zero, dy), c, 2) if needs(c, 2) else None)
+
+
+def _where_kernel(cond, a, b):
+    if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+        a = torch.tensor(a, device=cond.device)
+    return torch.where(cond, a, b)
+
+
+from .family import defop, elementwise_shape, elementwise_sbp  # noqa: E402
+
+WHERE = defop("where", _where_kernel, grad=_where_grad, save="inputs", family="elementwise",
+              shape=elementwise_shape("where", _where_kernel), sbp=elementwise_sbp(("BPP",)))
+
+
+# -- public functions ----------------------------------------------------------------------------
+def _unary_fn(op):
+    def fn(input: Tensor) -> Tensor:
+        return apply(op, input)
+    fn.__name__ = fn.__qualname__ = op.name
+    fn.__doc__ = f"Elementwise ``{op.name}``, as ``torch.{op.name}``."
+    return fn
+
+
+def _binary_fn(op):
+    def fn(input, other) -> Tensor:
+        return apply(op, input, other)
+    fn.__name__ = fn.__qualname__ = op.name
+    fn.__doc__ = f"Elementwise ``{op.name}`` with broadcasting, as ``torch.{op.name}``."
+    return fn
+
+
+UNARY = [NEG, ABS, SIGN, FLOOR, CEIL, TRUNC, FRAC, EXP, EXP2, EXPM1, LOG, LOG2, LOG10, LOG1P,
+         SQRT, RSQRT, SQUARE, RECIPROCAL, SIN, COS, TAN, ASIN, ACOS, ATAN, SINH, COSH, TANH,
+         SIGMOID, ERF, ERFINV, LOGICAL_NOT, BITWISE_NOT, ISNAN, ISINF, ISFINITE]
+BINARY = [MUL, POW, MAXIMUM, MINIMUM, ATAN2, FMOD, REMAINDER, EQ, NE, LT, LE, GT, GE,
+          LOGICAL_AND, LOGICAL_OR, LOGICAL_XOR, BITWISE_AND, BITWISE_OR, BITWISE_XOR]
+_FUNCS = {op.name: _unary_fn(op) for op in UNARY} | {op.name: _binary_fn(op) for op in BINARY}
+globals().update(_FUNCS)
+negative, absolute, multiply, greater, less, equal = (_FUNCS["neg"], _FUNCS["abs"], _FUNCS["mul"],
+                                                      _FUNCS["gt"], _FUNCS["lt"], _FUNCS["eq"])
+greater_equal, less_equal, not_equal, arctan2 = _FUNCS["ge"], _FUNCS["le"], _FUNCS["ne"], _FUNCS["atan2"]
+
+
+def add(input, other, *, alpha=1) -> Tensor:
+    """``input + alpha * other`` with broadcasting."""
+    return apply(ADD, input, other, alpha=alpha)
+
+
+def sub(input, other, *, alpha=1) -> Tensor:
+    """``input - alpha * other`` with broadcasting."""
+    return apply(SUB, input, other, alpha=alpha)
+
+
+subtract = sub
+
+
+def div(input, other, *, rounding_mode: str | None = None) -> Tensor:
+    """True division (or ``"trunc"``/``"floor"`` rounding), with broadcasting."""
+    return apply(DIV, input, other, rounding_mode=rounding_mode)
+
+
+divide = true_divide = div
+
+
+def floor_divide(input, other) -> Tensor:
+    return apply(DIV, input, other, rounding_mode="floor")
+
+
+def round(input: Tensor, *, decimals: int = 0) -> Tensor:  # noqa: A001 - torch's name
+    return apply(ROUND, input, decimals=decimals)
+
+
+def nan_to_num(input: Tensor, nan: float = 0.0, posinf=None, neginf=None) -> Tensor:
+    return apply(NAN_TO_NUM, input, nan=nan, posinf=posinf, neginf=neginf)
+
+
+def clamp(input: Tensor, min=None, max=None) -> Tensor:  # noqa: A002
+    """Clamps into ``[min, max]``; ``min``/``max`` may be numbers or tensors."""
+    if min is None and max is None:
+        raise ValueError("holoflow.clamp: at least one of min and max must be given")
+    if isinstance(min, Tensor) or isinstance(max, Tensor):
+        out = input
+        if min is not None:
+            out = apply(MAXIMUM, out, min if isinstance(min, Tensor) else _scalar_like(min, input))
+        if max is not None:
+            out = apply(MINIMUM, out, max if isinstance(max, Tensor) else _scalar_like(max, input))
+        return out
+    return apply(CLAMP, input, min=min, max=max)
+
+
+clip = clamp
+
+
+def clamp_min(input: Tensor, min) -> Tensor:  # noqa: A002
+    return clamp(input, min=min)
+
+
+def clamp_max(input: Tensor, max) -> Tensor:  # noqa: A002
+    return clamp(input, max=max)
+
+
+def _scalar_like(v, like: Tensor) -> Tensor:
+    return Tensor._make(torch.tensor(v, dtype=like._data.dtype, device=like._data.device))
+
+
+def where(condition: Tensor, input=None, other=None):
+    """``input`` where ``condition`` else ``other``; ``where(cond)`` is ``nonzero(as_tuple=True)``."""
+    if input is None and other is None:
+        return condition.nonzero(as_tuple=True)
+    return apply(WHERE, condition, input, other)
+
+
+def lerp(input: Tensor, end: Tensor, weight) -> Tensor:
+    return input + (end - input) * weight
+
+
+def addcmul(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
+    return input + tensor1 * tensor2 * value
+
+
+def addcdiv(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
+    return input + tensor1 / tensor2 * value
+
+
+def float_power(input, exponent) -> Tensor:
+    return apply(POW, input.double() if isinstance(input, Tensor) else input,
+                 exponent.double() if isinstance(exponent, Tensor) else exponent)
+
+
+def logaddexp(input: Tensor, other: Tensor) -> Tensor:
+    m = apply(MAXIMUM, input, other).detach()
+    return m + ((input - m).exp() + (other - m).exp()).log()
+
+
+def xlogy(input, other) -> Tensor:
+    return where(input == 0, 0.0 * input, input * other.log())

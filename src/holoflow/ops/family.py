@@ -1,0 +1,175 @@
+"""Op families: shape and SBP rules derived once, shared by every member.
+
+A family member is declared in one line; its rules come from here. SBP rules are written for
+ONE mesh axis and returned as data: a list of ``(input_sbps, output_sbps)`` pairs.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import torch
+
+from ..core.dispatch import apply
+from ..core.errors import ShapeError
+from ..core.registry import Meta, Op, defop
+from ..core.sbp import B, P, S
+from ..core.tensor import Tensor
+
+
+def tensor_metas(metas: Sequence) -> list[Meta]:
+    return [m for m in metas if isinstance(m, Meta)]
+
+
+def broadcast_shapes(op: str, shapes: Sequence[tuple]) -> tuple:
+    """NumPy broadcasting; a clear error names the op and every shape."""
+    nd = max((len(s) for s in shapes), default=0)
+    out = []
+    for axis in range(nd):
+        size = 1
+        for s in shapes:
+            d = s[axis - nd + len(s)] if axis - nd + len(s) >= 0 else 1
+            if d != 1:
+                if size not in (1, d):
+                    shown = " and ".join(str(tuple(x)) for x in shapes)
+                    raise ShapeError(
+                        f"holoflow.{op}: shapes {shown} cannot be broadcast: at dim {axis - nd} "
+                        f"sizes {size} and {d} differ and neither is 1")
+                size = d
+        out.append(size)
+    return tuple(out)
+
+
+def elementwise_shape(name: str, kernel: Callable) -> Callable:
+    """Broadcast shape rule (clear errors), with the result dtype from torch's promotion."""
+    def rule(metas, attrs):
+        tens = tensor_metas(metas)
+        shape = broadcast_shapes(name, [m.shape for m in tens])
+        fake = [m.empty() if isinstance(m, Meta) else m for m in metas]
+        out = kernel(*fake, **attrs)
+        return [Meta(shape, out.dtype, tens[0].device if tens else torch.device("cpu"))]
+    return rule
+
+
+def elementwise_sbp(partial: Sequence[str] | Callable = ()) -> Callable:
+    """Signatures of an elementwise op: every tensor input split on the same logical axis
+    (broadcast where it is broadcast), or all broadcast; plus the partial-sum patterns in
+    ``partial``, which hold because the op is linear there. A pattern has one letter per
+    operand: P (partial), B (broadcast) or - (a Python scalar). So add's "PP" never applies to
+    ``x + 1`` (not linear in x), while mul's "P-" covers ``x * 2``. ``partial`` may be a
+    function of the attrs (div is linear only without rounding)."""
+    def rule(metas, attrs):
+        tens = tensor_metas(metas)
+        n = len(tens)
+        out_shape = broadcast_shapes("elementwise", [m.shape for m in tens])
+        nd = len(out_shape)
+        sigs = [((B,) * n, (B,))]
+        for axis in range(nd):
+            ins = []
+            for m in tens:
+                a = axis - nd + len(m.shape)
+                ins.append(S(a) if a >= 0 and m.shape[a] == out_shape[axis] else B)
+            sigs.append((tuple(ins), (S(axis),)))
+        kinds = "".join("-" if not isinstance(m, Meta) else "T" for m in metas)
+        for pat in (partial(attrs) if callable(partial) else partial):
+            if len(pat) == len(kinds) and all((c == "-") == (k == "-") for c, k in zip(pat, kinds)):
+                sigs.append((tuple(P if c == "P" else B for c in pat if c != "-"), (P,)))
+        return sigs
+    return rule
+
+
+def reduce_grad(g: Tensor, ctx, i: int) -> Tensor:
+    """Sums a broadcast gradient back to input ``i``'s shape and casts it to its dtype."""
+    shape, dtype = ctx.shapes[i], ctx.dtypes[i]
+    if g.shape != shape:
+        g = apply(SUM_TO, g, shape=shape)
+    if g._data.dtype != dtype and dtype.is_floating_point:
+        g = apply(CAST, g, dtype=dtype)
+    return g
+
+
+def _expand_grad(ctx, dy):
+    return (reduce_grad(dy, ctx, 0),)
+
+
+def _sum_to_grad(ctx, dy):
+    return (apply(EXPAND, dy, shape=ctx.shapes[0]),)
+
+
+def _expand_sbp(metas, attrs):
+    m = metas[0]
+    shape = tuple(attrs["shape"])
+    lead = len(shape) - len(m.shape)
+    sigs = [((B,), (B,)), ((P,), (P,))]
+    for a, d in enumerate(m.shape):
+        if d == shape[lead + a] or shape[lead + a] == -1:
+            sigs.append(((S(a),), (S(lead + a),)))
+    return sigs
+
+
+def _sum_to_sbp(metas, attrs):
+    m = metas[0]
+    shape = tuple(attrs["shape"])
+    lead = len(m.shape) - len(shape)
+    sigs = [((B,), (B,)), ((P,), (P,))]
+    for a, d in enumerate(m.shape):
+        kept = a >= lead and shape[a - lead] == d
+        sigs.append(((S(a),), (S(a - lead),) if kept else (P,)))
+    return sigs
+
+
+def _shape_attr_local(attrs, metas, local_metas, in_sbps):
+    """A shape attr follows its input's split: the split axis takes the shard's size."""
+    shape = list(attrs["shape"])
+    lead = len(shape) - len(metas[0].shape)
+    for a, (g, l) in enumerate(zip(metas[0].shape, local_metas[0].shape)):
+        if g != l and 0 <= a + lead < len(shape):
+            shape[a + lead] = l
+    return {**attrs, "shape": tuple(shape)}
+
+
+def _sum_to_local(attrs, metas, local_metas, in_sbps):
+    shape = list(attrs["shape"])
+    lead = len(metas[0].shape) - len(shape)
+    for a, (g, l) in enumerate(zip(metas[0].shape, local_metas[0].shape)):
+        if a >= lead and g != l and shape[a - lead] == g:
+            shape[a - lead] = l
+    return {**attrs, "shape": tuple(shape)}
+
+
+EXPAND = defop("expand", lambda x, shape: x.expand(shape), grad=_expand_grad, sbp=_expand_sbp,
+               local_attrs=_shape_attr_local, family="broadcast")
+SUM_TO = defop("sum_to_size", lambda x, shape: x.sum_to_size(shape), grad=_sum_to_grad,
+               sbp=_sum_to_sbp, local_attrs=_sum_to_local, family="reduction")
+CAST = defop("cast", lambda x, dtype: x.to(dtype),
+             grad=lambda ctx, dy: (apply(CAST, dy, dtype=ctx.dtypes[0]),),
+             sbp=elementwise_sbp(("P",)), family="elementwise")
+
+
+def unary(name: str, kernel: Callable, grad: Callable | None = None, save: str = "",
+          partial: Sequence[str] = (), **rules) -> Op:
+    """Declares an elementwise unary op (with an in-place kernel if torch has one)."""
+    return defop(name, kernel, grad=grad, save=save, family="elementwise",
+                 shape=elementwise_shape(name, kernel), sbp=elementwise_sbp(partial),
+                 inplace_kernel=getattr(torch.Tensor, name + "_", None), **rules)
+
+
+def binary(name: str, kernel: Callable, grad: Callable | None = None, save: str = "",
+           partial: Sequence[str] | Callable = (), tensors_only: bool = False, **rules) -> Op:
+    """Declares an elementwise binary op with broadcasting and torch's type promotion; a Python
+    scalar in first position (as in ``2 - x``), or anywhere for a ``tensors_only`` kernel such
+    as ``torch.maximum``, is wrapped as a 0-d tensor (which promotes like a scalar)."""
+    @functools.wraps(kernel)
+    def k(a, b, **attrs):
+        if not isinstance(a, torch.Tensor):
+            a = torch.tensor(a, device=b.device)
+        elif tensors_only and not isinstance(b, torch.Tensor):
+            b = torch.tensor(b, device=a.device)
+        return kernel(a, b, **attrs)
+    return defop(name, k, grad=grad, save=save, family="elementwise",
+                 shape=elementwise_shape(name, k), sbp=elementwise_sbp(partial),
+                 inplace_kernel=getattr(torch.Tensor, name + "_", None), **rules)
+
+
+def needs(ctx, i: int) -> bool:
+    return ctx.edges[i] is not None

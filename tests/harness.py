@@ -1,0 +1,326 @@
+"""The op-table harness: every op against torch (forward, backward, gradcheck) and every SBP
+signature against the unsharded result on simulated ranks (DESIGN §10).
+
+A test module declares ``CASES = [Case(...), ...]`` and calls :func:`parametrize(CASES)`; the
+SBP coverage test (tests/ops/test_sbp_coverage.py) gathers every module's cases.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+import torch
+
+import holoflow as flow
+from holoflow.core.dispatch import Hooks
+from holoflow.core.registry import REGISTRY, Meta
+from holoflow.core.sbp import B, P, S, short
+
+F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
+
+
+@dataclass
+class Case:
+    """One call of a public function, run under holoflow and under torch with equal inputs.
+
+    ``make(dtype, gen)`` returns ``(args, kwargs)`` of torch tensors / plain values; floating
+    tensors become differentiable inputs when ``grad`` is set.
+    """
+
+    name: str
+    flow_fn: Callable
+    torch_fn: Callable
+    make: Callable[[torch.dtype, torch.Generator], tuple]
+    grad: bool = True
+    dtypes: tuple = (F32, F64)
+    atol: float | None = None
+    rtol: float | None = None
+    random: bool = False          # compare shapes/statistics only, under one seed
+    gradcheck: bool = True
+    sbp: bool = True              # validate the SBP signatures of the ops it calls
+    meta: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def randn(*shape, gen=None, dtype=F32, low=None):
+    t = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+    return t if low is None else t.abs() + low
+
+
+def positive(*shape, gen=None, dtype=F32):
+    return torch.rand(shape, generator=gen, dtype=torch.float64).add(0.5).to(dtype)
+
+
+def to_flow(x, grad: bool):
+    if isinstance(x, torch.Tensor):
+        t = flow.from_torch(x.detach().clone())
+        if grad and x.is_floating_point():
+            t.requires_grad_(True)
+        return t
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_flow(v, grad) for v in x)
+    if isinstance(x, dict):
+        return {k: to_flow(v, grad) for k, v in x.items()}
+    return x
+
+
+def to_torch_leaf(x, grad: bool):
+    if isinstance(x, torch.Tensor):
+        t = x.detach().clone()
+        if grad and x.is_floating_point():
+            t.requires_grad_(True)
+        return t
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_torch_leaf(v, grad) for v in x)
+    if isinstance(x, dict):
+        return {k: to_torch_leaf(v, grad) for k, v in x.items()}
+    return x
+
+
+def leaves(x) -> list:
+    if isinstance(x, (torch.Tensor, flow.Tensor)):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in leaves(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in leaves(v)]
+    return []
+
+
+def as_torch(x):
+    return x.to_torch() if isinstance(x, flow.Tensor) else x
+
+
+def tolerances(case: Case, dtype) -> dict:
+    base = {F64: (1e-7, 1e-7), F32: (1e-5, 1e-4), BF16: (2e-2, 2e-2), torch.float16: (1e-2, 1e-2)}
+    atol, rtol = base.get(dtype, (0, 0))
+    return {"atol": case.atol if case.atol is not None and dtype != F64 else atol,
+            "rtol": case.rtol if case.rtol is not None and dtype != F64 else rtol}
+
+
+def assert_close(got, want, tol: dict, what: str) -> None:
+    got, want = as_torch(got), as_torch(want)
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{what}: expected a tensor, got {type(got)}"
+        assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != torch {tuple(want.shape)}"
+        assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != torch {want.dtype}"
+        if want.is_floating_point() or want.is_complex():
+            torch.testing.assert_close(got, want, equal_nan=True, **tol, msg=lambda m: f"{what}: {m}")
+        else:
+            assert torch.equal(got, want), f"{what}: values differ from torch"
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), f"{what}: {len(got)} outputs != torch {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_close(g, w, tol, f"{what}[{i}]")
+    else:
+        assert got == want, f"{what}: {got!r} != torch {want!r}"
+
+
+def run_case(case: Case, dtype) -> None:
+    """Forward values and dtypes, then input gradients for a random upstream gradient."""
+    gen = torch.Generator().manual_seed(0)
+    args, kwargs = case.make(dtype, gen)
+    fargs, fkw = to_flow(args, case.grad), to_flow(kwargs, case.grad)
+    targs, tkw = to_torch_leaf(args, case.grad), to_torch_leaf(kwargs, case.grad)
+    if case.random:
+        flow.manual_seed(1)
+        got = case.flow_fn(*fargs, **fkw)
+        torch.manual_seed(1)
+        want = case.torch_fn(*targs, **tkw)
+    else:
+        got = case.flow_fn(*fargs, **fkw)
+        want = case.torch_fn(*targs, **tkw)
+    tol = tolerances(case, dtype)
+    assert_close(got, want, tol, f"{case.name} forward")
+    if not case.grad:
+        return
+    t_outs = [o for o in leaves(want) if o.requires_grad]
+    f_outs = [o for o in leaves(got) if o.requires_grad]
+    t_ins = [x for x in leaves((targs, tkw)) if x.requires_grad]
+    f_ins = [x for x in leaves((fargs, fkw)) if x.requires_grad]
+    assert len(f_outs) == len(t_outs), f"{case.name}: {len(f_outs)} differentiable outputs vs torch {len(t_outs)}"
+    if not t_outs or not t_ins:
+        return
+    ups = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype) for o in t_outs]
+    t_grads = torch.autograd.grad(t_outs, t_ins, ups, allow_unused=True)
+    f_grads = flow.autograd.grad(f_outs, f_ins, [flow.from_torch(u) for u in ups], allow_unused=True)
+    for i, (fg, tg) in enumerate(zip(f_grads, t_grads)):
+        if tg is None:
+            assert fg is None or torch.count_nonzero(fg.to_torch()) == 0, f"{case.name}: grad {i} should be None/zero"
+            continue
+        assert fg is not None, f"{case.name}: holoflow gave no gradient for input {i}"
+        assert_close(fg, tg, tol, f"{case.name} grad of input {i}")
+
+
+def gradcheck(case: Case, eps: float = 1e-6, trials: int = 2) -> None:
+    """Finite differences in float64: <v, J u> from central differences equals <grad(v), u>."""
+    gen = torch.Generator().manual_seed(0)
+    args, kwargs = case.make(F64, gen)
+    fargs, fkw = to_flow(args, True), to_flow(kwargs, True)
+    ins = [x for x in leaves((fargs, fkw)) if x.requires_grad]
+    for _ in range(trials if ins else 0):
+        outs = [o for o in leaves(case.flow_fn(*fargs, **fkw)) if o.requires_grad]
+        if not outs:
+            return
+        vs = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in outs]
+        us = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in ins]
+        grads = flow.autograd.grad(outs, ins, [flow.from_torch(v) for v in vs], allow_unused=True)
+        analytic = sum(float((g.to_torch() * u).sum()) for g, u in zip(grads, us) if g is not None)
+
+        def f(sign):
+            with flow.no_grad():
+                for x, u in zip(ins, us):
+                    x._data.add_(sign * eps * u)
+                o = [q.to_torch() for q in leaves(case.flow_fn(*fargs, **fkw)) if q.is_floating_point()]
+                for x, u in zip(ins, us):
+                    x._data.sub_(sign * eps * u)
+            return sum(float((a * v).sum()) for a, v in zip(o, vs))
+        numeric = (f(1) - f(-1)) / (2 * eps)
+        assert abs(numeric - analytic) <= 1e-5 * max(1.0, abs(numeric)), \
+            f"{case.name}: gradcheck failed: finite differences {numeric} vs autograd {analytic}"
+
+
+# -- SBP validation on simulated ranks ---------------------------------------------------------
+
+def record_ops(case: Case) -> list[tuple]:
+    """Runs the case under holoflow and returns every (op, torch inputs, attrs) it dispatched."""
+    calls = []
+
+    def pre(op, inputs, attrs):
+        datas = tuple(x._data.detach().clone() if isinstance(x, flow.Tensor) else x for x in inputs)
+        calls.append((op, datas, dict(attrs)))
+        return inputs
+    gen = torch.Generator().manual_seed(0)
+    args, kwargs = case.make(F64 if F64 in case.dtypes else case.dtypes[0], gen)
+    Hooks.pre = pre
+    try:
+        with flow.no_grad():
+            case.flow_fn(*to_flow(args, False), **to_flow(kwargs, False))
+    finally:
+        Hooks.pre = None
+    return calls
+
+
+def shard(x: torch.Tensor, sbp, p: int, gen: torch.Generator) -> list:
+    if isinstance(sbp, S):
+        return list(torch.tensor_split(x, p, dim=sbp.axis))
+    if sbp == B:
+        return [x] * p
+    parts = [torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x.dtype) for _ in range(p - 1)]
+    return parts + [x - sum(parts)]
+
+
+def combine(outs: list, sbp) -> torch.Tensor:
+    if isinstance(sbp, S):
+        return torch.cat(outs, dim=sbp.axis)
+    if sbp == B:
+        for o in outs[1:]:
+            if not torch.allclose(o.double(), outs[0].double(), atol=1e-6, equal_nan=True) if o.is_floating_point() else not torch.equal(o, outs[0]):
+                raise AssertionError("ranks disagree on a broadcast output")
+        return outs[0]
+    return sum(outs[1:], outs[0])
+
+
+def signatures(op, datas: tuple, attrs: dict) -> list:
+    metas = [Meta.of(d) if isinstance(d, torch.Tensor) else d for d in datas]
+    return op.sbp(metas, attrs)
+
+
+def check_signature(op, datas: tuple, attrs: dict, sig, p: int) -> str | None:
+    """Returns None if the signature holds on ``p`` simulated ranks, else why it does not."""
+    gen = torch.Generator().manual_seed(p)
+    in_sbps, out_sbps = sig
+    tens = [i for i, d in enumerate(datas) if isinstance(d, torch.Tensor)]
+    if len(in_sbps) != len(tens):
+        return f"signature has {len(in_sbps)} input SBPs for {len(tens)} tensor inputs"
+    for i, s in zip(tens, in_sbps):
+        if s == P and not datas[i].is_floating_point():
+            return None  # partial-sum of integers/bools is never produced; nothing to check
+        if isinstance(s, S) and s.axis >= datas[i].dim():
+            return f"split axis {s.axis} out of range for input {i} of dim {datas[i].dim()}"
+    want = op.kernel(*datas, **attrs)
+    wants = [want] if isinstance(want, torch.Tensor) else list(want)
+    shards = {i: shard(datas[i], s, p, gen) for i, s in zip(tens, in_sbps)}
+    metas = [Meta.of(d) if isinstance(d, torch.Tensor) else d for d in datas]
+    per_rank = []
+    for r in range(p):
+        local = list(datas)
+        for i in tens:
+            local[i] = shards[i][r]
+        a = attrs
+        if op.local_attrs is not None:
+            lm = [Meta.of(d) if isinstance(d, torch.Tensor) else d for d in local]
+            a = op.local_attrs(attrs, metas, lm, in_sbps)
+        try:
+            o = op.kernel(*local, **a)
+        except Exception as e:  # a legal signature must run on every shard
+            return f"rank {r} kernel failed: {str(e).splitlines()[0]}"
+        per_rank.append([o] if isinstance(o, torch.Tensor) else list(o))
+    if len(out_sbps) != len(wants):
+        return f"signature has {len(out_sbps)} output SBPs for {len(wants)} outputs"
+    for j, (s, w) in enumerate(zip(out_sbps, wants)):
+        try:
+            got = combine([pr[j] for pr in per_rank], s)
+        except (AssertionError, RuntimeError) as e:
+            return f"output {j}: {e}"
+        if got.shape != w.shape:
+            return f"output {j}: combined shape {tuple(got.shape)} != {tuple(w.shape)}"
+        ok = torch.allclose(got.double(), w.double(), atol=1e-6, rtol=1e-5, equal_nan=True) \
+            if w.is_floating_point() else torch.equal(got, w)
+        if not ok:
+            return f"output {j}: combined values differ from the unsharded result"
+    return None
+
+
+def sig_str(sig) -> str:
+    ins, outs = sig
+    return f"({', '.join(map(short, ins))}) -> ({', '.join(map(short, outs))})"
+
+
+VALIDATED: dict[str, int] = {}
+
+
+def check_sbp(case: Case) -> None:
+    """Every declared signature of every op the case dispatches, on 2 and 3 simulated ranks."""
+    failures = []
+    for op, datas, attrs in record_ops(case):
+        assert op.sbp is not None, f"op {op.name!r} declares no SBP signatures (missing rule)"
+        sigs = signatures(op, datas, attrs)
+        assert sigs, f"op {op.name!r} declares an empty signature list for {case.name}"
+        if op.random:
+            VALIDATED[op.name] = VALIDATED.get(op.name, 0) + len(sigs)
+            continue  # values are seed-dependent: random ops are checked by their own tests
+        for sig, p in itertools.product(sigs, (2, 3)):
+            why = check_signature(op, datas, attrs, sig, p)
+            if why:
+                failures.append(f"{op.name} {sig_str(sig)} on {p} ranks: {why}")
+        VALIDATED[op.name] = VALIDATED.get(op.name, 0) + len(sigs)
+    assert not failures, "wrong SBP rules:\n" + "\n".join(failures)
+
+
+def parametrize(cases: list[Case]) -> dict[str, Any]:
+    """Test functions for a module's cases: import them into the test module's namespace."""
+    fwd = [pytest.param(c, d, id=f"{c.name}-{str(d).split('.')[-1]}") for c in cases for d in c.dtypes]
+
+    @pytest.mark.parametrize("case,dtype", fwd)
+    def test_vs_torch(case, dtype):
+        run_case(case, dtype)
+
+    @pytest.mark.parametrize("case", [c for c in cases if c.grad and c.gradcheck and not c.random], ids=repr)
+    def test_gradcheck(case):
+        gradcheck(case)
+
+    @pytest.mark.parametrize("case", [c for c in cases if c.sbp], ids=repr)
+    def test_sbp_rules(case):
+        check_sbp(case)
+
+    return {"test_vs_torch": test_vs_torch, "test_gradcheck": test_gradcheck,
+            "test_sbp_rules": test_sbp_rules}
+
+
+def registry():
+    return REGISTRY
