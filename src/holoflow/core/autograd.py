@@ -14,6 +14,12 @@ from .errors import HoloflowError
 
 _SEQ = itertools.count()
 _FREED = object()
+FINAL_CALLBACKS: list[Callable[[], None]] = []  # run once when the current backward pass ends
+
+
+def queue_callback(fn: Callable[[], None]) -> None:
+    """Runs ``fn`` at the end of the backward pass in progress (DDP waits for its buckets here)."""
+    FINAL_CALLBACKS.append(fn)
 
 
 class Node:
@@ -184,6 +190,10 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
         if t._global is not None and g._global is not None:
             g = t._box_grad(g)
         t.grad = g if t.grad is None else t.grad + g
+        post = t.__dict__.get("_post_acc_hooks")
+        if post:
+            for h in post:
+                h(t)
 
     roots = []
     for t, g in zip(tensors, grads):
@@ -232,6 +242,8 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
                         ready.append(child)
                 elif g is not None:
                     to_leaf(e, g)
+    while FINAL_CALLBACKS:
+        FINAL_CALLBACKS.pop(0)()
     if capture is None:
         return None
     keys = {v: k for k, v in cap_keys.items()}

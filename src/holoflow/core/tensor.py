@@ -182,6 +182,14 @@ class Tensor:
             hooks = self.grad_fn.hooks[self._out_idx]
         return _RemovableHandle(hooks, hook)
 
+    def register_post_accumulate_grad_hook(self, hook: Callable) -> Any:
+        """Calls ``hook(tensor)`` after a backward pass accumulated into this leaf's ``.grad``."""
+        if self.grad_fn is not None:
+            raise RuntimeError("holoflow: post-accumulate-grad hooks are for leaf tensors only")
+        hooks = self.__dict__.setdefault("_post_acc_hooks", [])
+        hooks.append(hook)
+        return _RemovableHandle(hooks, hook)
+
     def retain_grad(self) -> None:
         """Keeps ``.grad`` of a non-leaf tensor after backward."""
         if self.grad_fn is None:
