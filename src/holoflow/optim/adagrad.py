@@ -1,0 +1,62 @@
+"""``Adagrad`` (lr_decay, initial_accumulator_value, weight decay, maximize), torch's formulas."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from ..core.tensor import Tensor
+from ..ops import creation as C
+from .optimizer import Optimizer, new_step, step_values, storages
+
+__all__ = ["Adagrad"]
+
+
+class Adagrad(Optimizer):
+    """Adagrad, as ``torch.optim.Adagrad``: ``s += g*g``; ``p -= clr * g / (sqrt(s) + eps)`` with
+    ``clr = lr / (1 + (t - 1) * lr_decay)``. State is created for every parameter up front."""
+
+    def __init__(self, params: Iterable, lr: float = 1e-2, lr_decay: float = 0, weight_decay: float = 0,
+                 initial_accumulator_value: float = 0, eps: float = 1e-10, foreach: bool | None = None,
+                 *, maximize: bool = False, differentiable: bool = False,
+                 fused: bool | None = None) -> None:
+        for name, val in (("learning rate", lr), ("lr_decay", lr_decay), ("weight_decay", weight_decay),
+                          ("initial_accumulator_value", initial_accumulator_value), ("epsilon", eps)):
+            if val < 0.0:
+                raise ValueError(f"holoflow.optim.Adagrad: invalid {name} {val}")
+        defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
+                        initial_accumulator_value=initial_accumulator_value, foreach=foreach,
+                        maximize=maximize, differentiable=differentiable, fused=fused)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._state_of(p, group)
+
+    def _init_state(self, p: Tensor, group: dict) -> dict:
+        return {"step": new_step(), "sum": C.full_like(p, group["initial_accumulator_value"])}
+
+    def _step_foreach(self, group: dict, params: list, grads: list, states: list) -> None:
+        lr, wd, decay, eps = float(group["lr"]), group["weight_decay"], group["lr_decay"], group["eps"]
+        ps, gs = storages(params), storages(grads)
+        steps = step_values([st["step"]._data for st in states])
+        if group["maximize"]:
+            gs = torch._foreach_neg(gs)
+        if wd != 0:
+            gs = torch._foreach_add(gs, ps, alpha=wd)
+        sums = [st["sum"]._data for st in states]
+        torch._foreach_addcmul_(sums, gs, gs, value=1)
+        std = torch._foreach_sqrt(sums)
+        torch._foreach_add_(std, eps)
+        torch._foreach_addcdiv_(ps, gs, std, [-(lr / (1 + (t - 1) * decay)) for t in steps])
+
+    def _step_ops(self, group: dict, params: list, grads: list, states: list) -> None:
+        lr, wd, decay, eps = float(group["lr"]), group["weight_decay"], group["lr_decay"], group["eps"]
+        for p, g, st in zip(params, grads, states):
+            st["step"].add_(1)
+            t = st["step"].item()
+            if group["maximize"]:
+                g = -g
+            if wd != 0:
+                g = g.add(p, alpha=wd)
+            s = st["sum"].add_(g * g)
+            p.add_(g / s.sqrt().add_(eps), alpha=-(lr / (1 + (t - 1) * decay)))

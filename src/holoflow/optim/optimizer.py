@@ -1,0 +1,242 @@
+"""``Optimizer``: param groups, per-parameter state, ``state_dict`` in torch's format, ``step``.
+
+An algorithm subclasses :class:`Optimizer` and writes three methods:
+
+- ``_init_state(p, group) -> dict``: the fresh state of one parameter (``step`` is a float32
+  scalar tensor, as torch stores it);
+- ``_step_foreach(group, params, grads, states)``: the fast path, ``torch._foreach_*`` calls on
+  the parameters' storages (local tensors, eager mode);
+- ``_step_ops(group, params, grads, states)``: the reference path, holoflow ops on holoflow
+  tensors, so it also runs on global tensors and inside a graph trace.
+
+Both update parameters in place (``Parameter`` identity holds) and follow torch's single-tensor
+formulas, so results equal torch's on the same gradients.
+"""
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from typing import Any, Callable, Iterable
+
+import torch
+
+from ..core import grad_mode
+from ..core.dispatch import Hooks
+from ..core.errors import UnsupportedError
+from ..core.tensor import Tensor
+
+__all__ = ["Optimizer"]
+
+_UNSUPPORTED_FLAGS = ("capturable", "differentiable")
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "<required parameter>"
+
+
+required = _Required()
+
+
+class Optimizer:
+    """Base class of holoflow's optimizers, API-compatible with ``torch.optim.Optimizer``.
+
+    >>> opt = flow.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    >>> loss.backward(); opt.step(); opt.zero_grad()
+    """
+
+    def __init__(self, params: Iterable, defaults: dict[str, Any]) -> None:
+        for flag in _UNSUPPORTED_FLAGS:
+            if defaults.get(flag):
+                raise UnsupportedError(f"holoflow.optim.{type(self).__name__}: {flag}=True is not "
+                                       f"supported; leave it False")
+        self.defaults = defaults
+        self.state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
+        self.param_groups: list[dict[str, Any]] = []
+        if isinstance(params, Tensor):
+            raise TypeError("holoflow.optim: params should be an iterable of Tensors or dicts, "
+                            "got a Tensor; pass [tensor] or model.parameters()")
+        groups = list(params)
+        if not groups:
+            raise ValueError("holoflow.optim: optimizer got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for g in groups:
+            self.add_param_group(g)
+        self._step_count = 0
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for i, g in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            lines += [f"    {k}: {v}" for k, v in sorted(g.items()) if k not in ("params", "param_names")]
+        return "\n".join(lines + [")"])
+
+    def __getstate__(self) -> dict:
+        return self.__dict__
+
+    # -- groups ----------------------------------------------------------------------------
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Adds a group of parameters with its own hyper-parameters (missing ones from defaults)."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"holoflow.optim: a param group must be a dict, got {type(param_group).__name__}")
+        group = dict(param_group)
+        params = group["params"]
+        if isinstance(params, Tensor):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError("holoflow.optim: params must be an ordered collection, not a set")
+        params = list(params)
+        if params and isinstance(params[0], tuple):
+            group["param_names"] = [name for name, _ in params]
+            params = [p for _, p in params]
+        for p in params:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"holoflow.optim: can only optimize holoflow Tensors, got {type(p).__name__}")
+            if not p.is_leaf:
+                raise ValueError("holoflow.optim: can't optimize a non-leaf Tensor")
+        group["params"] = params
+        for k, v in self.defaults.items():
+            if v is required and k not in group:
+                raise ValueError(f"holoflow.optim: parameter group didn't specify a value of required "
+                                 f"optimization parameter {k}")
+            group.setdefault(k, v)
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in seen for p in params) or len({id(p) for p in params}) != len(params):
+            raise ValueError("holoflow.optim: some parameters appear in more than one parameter group")
+        self.param_groups.append(group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Resets the gradients of all optimized tensors (to ``None`` by default, as torch)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad = p.grad.detach()
+                    p.grad._data.zero_()
+
+    # -- step ------------------------------------------------------------------------------
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Performs one update; ``closure`` (re-evaluating the loss) runs first with grad enabled."""
+        loss = None
+        if closure is not None:
+            with grad_mode.enable_grad():
+                loss = closure()
+        prev, grad_mode.STATE.enabled = grad_mode.STATE.enabled, False
+        try:
+            for group in self.param_groups:
+                params = [p for p in group["params"] if p.grad is not None]
+                if not params:
+                    continue
+                grads = [p.grad for p in params]
+                states = [self._state_of(p, group) for p in params]
+                if self._use_foreach(group, params, grads):
+                    self._step_foreach(group, params, grads, states)
+                else:
+                    self._step_ops(group, params, grads, states)
+        finally:
+            grad_mode.STATE.enabled = prev
+        self._step_count += 1
+        self._opt_called = True
+        return loss
+
+    def _state_of(self, p: Tensor, group: dict) -> dict:
+        st = self.state[p]
+        if not st:
+            st.update(self._init_state(p, group))
+        return st
+
+    @staticmethod
+    def _use_foreach(group: dict, params: list, grads: list) -> bool:
+        """The torch fast path runs on local eager tensors; global tensors and traces take ops."""
+        foreach = group.get("foreach")
+        if foreach is False:
+            return False
+        local = Hooks.trace is None and all(p._global is None for p in params) and \
+            all(g._global is None for g in grads)
+        if foreach and not local:
+            raise UnsupportedError("holoflow.optim: foreach=True needs local tensors in eager mode; "
+                                   "use foreach=None (auto) or False for global tensors / nn.Graph")
+        return local
+
+    def _init_state(self, p: Tensor, group: dict) -> dict:
+        return {}
+
+    def _step_foreach(self, group: dict, params: list, grads: list, states: list) -> None:
+        raise NotImplementedError
+
+    def _step_ops(self, group: dict, params: list, grads: list, states: list) -> None:
+        raise NotImplementedError
+
+    # -- state dict ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{'state': {idx: {...}}, 'param_groups': [{..., 'params': [idx, ...]}]}``, as torch."""
+        index: dict[int, int] = {}
+        groups = []
+        for g in self.param_groups:
+            for p in g["params"]:
+                index.setdefault(id(p), len(index))
+            packed = {k: v for k, v in g.items() if k != "params"}
+            packed["params"] = [index[id(p)] for p in g["params"]]
+            groups.append(packed)
+        state = {index[id(p)]: s for p, s in self.state.items() if id(p) in index}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a state written by :meth:`state_dict` (holoflow's or torch's: torch tensors are
+        converted). State tensors are copied and cast to their parameter's dtype/device, except
+        ``step``."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"holoflow.optim: loaded state dict has {len(saved_groups)} parameter "
+                             f"groups, this optimizer has {len(self.param_groups)}")
+        for i, (g, s) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(g["params"]) != len(s["params"]):
+                raise ValueError(f"holoflow.optim: loaded state dict's group {i} has {len(s['params'])} "
+                                 f"parameters, this optimizer's has {len(g['params'])}")
+        id_map = {old: p for g, s in zip(self.param_groups, saved_groups)
+                  for old, p in zip(s["params"], g["params"])}
+        self.state = defaultdict(dict)
+        for k, v in state_dict["state"].items():
+            if k in id_map:
+                p = id_map[k]
+                self.state[p] = {name: _cast_state(name, val, p) for name, val in v.items()}
+        new_groups = []
+        for g, s in zip(self.param_groups, saved_groups):
+            ng = {k: copy.deepcopy(v) for k, v in s.items() if k != "params"}
+            ng["params"] = g["params"]
+            if "param_names" in g and "param_names" not in ng:
+                ng["param_names"] = g["param_names"]
+            new_groups.append(ng)
+        self.param_groups = new_groups
+
+
+def _cast_state(name: str, value: Any, p: Tensor) -> Any:
+    if isinstance(value, torch.Tensor):
+        value = Tensor._make(value.detach())
+    if not isinstance(value, Tensor):
+        return copy.deepcopy(value)
+    if name == "step":
+        return value.clone()
+    dtype = p.dtype if p.is_floating_point() else None
+    return value.to(dtype=dtype, device=p.device).clone() if dtype is not None else \
+        value.to(device=p.device).clone()
+
+
+def storages(tensors: list[Tensor]) -> list[torch.Tensor]:
+    """The torch storages of local tensors, for the ``torch._foreach_*`` fast path."""
+    return [t._data for t in tensors]
+
+
+def new_step() -> Tensor:
+    """A fresh ``step`` counter: a float32 scalar tensor, as torch keeps it."""
+    return Tensor._make(torch.zeros((), dtype=torch.float32))
+
+
+def step_values(steps: list[torch.Tensor]) -> list[float]:
+    """Increments the step counters in place and returns them as Python floats (as torch does)."""
+    torch._foreach_add_(steps, 1)
+    return [s.item() for s in steps]
