@@ -1,0 +1,636 @@
+"""Indexing: ``Tensor.__getitem__``/``__setitem__`` (basic and advanced), narrow/select, gather,
+scatter, index_select/index_add/index_fill, masked_fill/masked_select, nonzero.
+
+An index is split in two: its tensors (positional op inputs, so graph tracing sees them) and a
+``spec`` attr, the index with each tensor replaced by the placeholder ``"T"``.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..core.dispatch import apply, apply_inplace
+from ..core.errors import normalize_dim
+from ..core.registry import Meta
+from ..core.sbp import B, P, S
+from ..core.tensor import Tensor
+from . import elementwise as E
+from .family import broadcast_shapes, defop, elementwise_sbp, needs, reduce_grad
+from .shape import RESHAPE
+
+__all__ = ["narrow", "select", "gather", "scatter", "scatter_add", "index_select", "index_add",
+           "index_fill", "masked_fill", "masked_select", "nonzero", "take_along_dim"]
+
+T = "T"  # placeholder for a tensor inside an index spec
+
+
+# -- index specs --------------------------------------------------------------------------------
+
+def _as_index_tensor(v) -> Tensor:
+    if isinstance(v, Tensor):
+        t = v
+    elif isinstance(v, torch.Tensor):
+        t = Tensor._make(v)
+    elif isinstance(v, (list, tuple)) and len(v) == 0:
+        t = Tensor._make(torch.zeros(0, dtype=torch.int64))
+    else:
+        t = Tensor._make(torch.as_tensor(v))
+    if t._data.is_floating_point() or t._data.is_complex():
+        raise IndexError("holoflow.getitem: tensors used as indices must be long, int, byte or bool "
+                         f"tensors, got {t.dtype}")
+    return t
+
+
+def parse_index(index, shape: tuple) -> tuple[tuple, list]:
+    """(spec, index tensors) of a Python index; checks int bounds with a clear IndexError."""
+    items = index if isinstance(index, tuple) else (index,)
+    spec, tensors = [], []
+    for it in items:
+        raw = it._data if isinstance(it, Tensor) else it
+        if isinstance(raw, torch.Tensor) and raw.dim() == 0 and not raw.is_floating_point() and raw.dtype != torch.bool:
+            spec.append(int(raw))                     # a 0-d integer tensor indexes like an int
+        elif isinstance(it, (Tensor, torch.Tensor, list, tuple, np.ndarray)):
+            tensors.append(_as_index_tensor(it))
+            spec.append(T)
+        elif isinstance(it, bool) or it is None or it is Ellipsis:
+            spec.append(it)
+        elif isinstance(it, slice):
+            spec.append(slice(*(None if v is None else int(v) for v in (it.start, it.stop, it.step))))
+        elif hasattr(it, "__index__"):
+            spec.append(int(it))
+        else:
+            raise IndexError(f"holoflow.getitem: unsupported index {it!r} of type {type(it).__name__}")
+    _check_bounds(tuple(spec), [t for t in tensors], shape)
+    return tuple(spec), tensors
+
+
+def _consumed(item, tensor_ndim: int) -> int:
+    if item is T:
+        return tensor_ndim
+    return 0 if item is None or item is Ellipsis or isinstance(item, bool) else 1
+
+
+def _tensor_ndims(tensors) -> list[int]:
+    return [t.dim() if _is_bool(t) else 1 for t in tensors]
+
+
+def _is_bool(t) -> bool:
+    d = t._data.dtype if isinstance(t, Tensor) else t.dtype
+    return d in (torch.bool, torch.uint8)
+
+
+def _start_dims(spec: tuple, ndims: list[int], ndim: int) -> list[int]:
+    """The input dim at which each spec item starts."""
+    if sum(1 for s in spec if s is Ellipsis) > 1:
+        raise IndexError("holoflow.getitem: an index can only have a single ellipsis ('...')")
+    k, used = 0, 0
+    for s in spec:
+        used += _consumed(s, ndims[k] if s is T else 0)
+        k += s is T
+    if used > ndim:
+        raise IndexError(f"holoflow.getitem: too many indices for a tensor of dimension {ndim} "
+                         f"(the index uses {used} dims)")
+    starts, d, k = [], 0, 0
+    for s in spec:
+        starts.append(d)
+        d += (ndim - used) if s is Ellipsis else _consumed(s, ndims[k] if s is T else 0)
+        k += s is T
+    return starts
+
+
+def _check_bounds(spec: tuple, tensors: list, shape: tuple) -> None:
+    starts = _start_dims(spec, _tensor_ndims(tensors), len(shape))
+    for s, d in zip(spec, starts):
+        if isinstance(s, int) and not isinstance(s, bool) and not -shape[d] <= s < shape[d]:
+            raise IndexError(f"holoflow.getitem: index {s} is out of bounds for dim {d} with size {shape[d]}")
+
+
+def _check_tensor_bounds(spec: tuple, tensors: tuple, shape: tuple) -> None:
+    starts = _start_dims(spec, _tensor_ndims(tensors), len(shape))
+    k = 0
+    for s, d in zip(spec, starts):
+        if s is not T:
+            continue
+        t = tensors[k]
+        k += 1
+        if _is_bool(t) or t.device.type == "meta" or t.numel() == 0:
+            continue
+        n = shape[d]
+        bad = t[(t >= n) | (t < -n)]
+        if bad.numel():
+            raise IndexError(f"holoflow.getitem: index {int(bad[0])} is out of bounds for dim {d} with size {n}")
+
+
+def build_index(spec: tuple, tensors: Sequence) -> tuple:
+    it = iter(tensors)
+    return tuple(next(it) if s is T else s for s in spec)
+
+
+def axis_map(spec: tuple, tensors: Sequence, ndim: int) -> tuple[dict, int, int, int] | None:
+    """Where the untouched (full-slice) input dims land in the result, as torch lays it out
+    (ints select first; advanced dims go where the first index tensor is when the index tensors
+    are adjacent, else in front): ({input dim: output dim}, position of the advanced dims, their
+    count, the result's ndim). None when the index holds a Python bool or a 0-d mask."""
+    ndims = [len(m.shape) if _is_bool_meta(m) else 1 for m in tensors]
+    if any(isinstance(s, bool) for s in spec) or any(_is_bool_meta(m) and not m.shape for m in tensors):
+        return None
+    used = _used(spec, ndims)
+    entries, k, d = [], 0, 0
+    for s in spec:
+        if s is Ellipsis:
+            entries += [("s", a, True) for a in range(d, d + ndim - used)]
+            d += ndim - used
+        elif s is None:
+            entries.append(("n",))
+        elif isinstance(s, slice):
+            entries.append(("s", d, s == slice(None)))
+            d += 1
+        elif s is T:
+            entries += [("a",)] * ndims[k]
+            d += ndims[k]
+            k += 1
+        else:
+            d += 1
+    entries += [("s", a, True) for a in range(d, ndim)]
+    adv = [i for i, e in enumerate(entries) if e[0] == "a"]
+    nb = max((len(m.shape) if not _is_bool_meta(m) else 1 for m in tensors), default=0)
+    if adv and adv == list(range(adv[0], adv[0] + len(adv))):
+        start, rest = adv[0], entries[:adv[0]] + entries[adv[-1] + 1:]
+    else:
+        start, rest = 0, [e for e in entries if e[0] != "a"]
+    out = {}
+    for i, e in enumerate(rest):
+        if e[0] == "s" and e[2]:
+            out[e[1]] = i + (nb if adv and i >= start else 0)
+    return out, start, nb, len(rest) + nb
+
+
+def _used(spec: tuple, ndims: list[int]) -> int:
+    k, used = 0, 0
+    for s in spec:
+        used += _consumed(s, ndims[k] if s is T else 0)
+        k += s is T
+    return used
+
+
+def _is_bool_meta(m) -> bool:
+    return m.dtype in (torch.bool, torch.uint8)
+
+
+# -- getitem (basic) -----------------------------------------------------------------------------
+
+def _split_sigs(mapping: dict, n_idx: int, reverse: bool = False) -> list:
+    return [(((S(b),) if reverse else (S(a),)) + (B,) * n_idx, ((S(a),) if reverse else (S(b),)))
+            for a, b in mapping.items()]
+
+
+def _getitem_sbp(metas, attrs):
+    m = axis_map(attrs["spec"], [], len(metas[0].shape))
+    return [((B,), (B,)), ((P,), (P,))] + (_split_sigs(m[0], 0) if m else [])
+
+
+def _getitem_backward_kernel(dy, spec, shape):
+    z = dy.new_zeros(shape)
+    z[spec] = dy
+    return z
+
+
+def _getitem_backward_sbp(metas, attrs):
+    m = axis_map(attrs["spec"], [], len(attrs["shape"]))
+    return [((B,), (B,)), ((P,), (P,))] + (_split_sigs(m[0], 0, reverse=True) if m else [])
+
+
+def _backward_local(attrs, metas, local_metas, in_sbps):
+    """The grad ops' ``shape`` attr follows the split of dy (input 0) back to the input dim."""
+    s = in_sbps[0]
+    if not isinstance(s, S):
+        return attrs
+    idx_metas = [m for m in metas[1:] if isinstance(m, Meta)]
+    mapping = axis_map(attrs["spec"], idx_metas, len(attrs["shape"]))[0]
+    shape = list(attrs["shape"])
+    for a, b in mapping.items():
+        if b == s.axis:
+            shape[a] = local_metas[0].shape[b]
+    return {**attrs, "shape": tuple(shape)}
+
+
+GETITEM = defop("getitem", lambda x, spec: x[spec], sbp=_getitem_sbp, family="indexing",
+                grad=lambda ctx, dy: (apply(GETITEM_BACKWARD, dy, spec=ctx.spec, shape=tuple(ctx.shapes[0])),))
+GETITEM_BACKWARD = defop("getitem_backward", _getitem_backward_kernel, sbp=_getitem_backward_sbp,
+                         local_attrs=_backward_local, family="indexing",
+                         grad=lambda ctx, dy: (apply(GETITEM, dy, spec=ctx.spec),))
+
+
+# -- index (advanced) -----------------------------------------------------------------------------
+
+def _index_kernel(x, *tensors, spec):
+    _check_tensor_bounds(spec, tensors, tuple(x.shape))
+    return x[build_index(spec, tensors)]
+
+
+def _index_sbp(metas, attrs):
+    x, idx = metas[0], list(metas[1:])
+    n = len(idx)
+    sigs = [((B,) * (n + 1), (B,)), ((P,) + (B,) * n, (P,))]
+    m = axis_map(attrs["spec"], idx, len(x.shape))
+    if m is None:
+        return sigs
+    sigs += _split_sigs(m[0], n)
+    if n == 1 and not _is_bool_meta(idx[0]):   # embedding-like: split the index itself
+        sigs += [((B, S(k)), (S(m[1] + k),)) for k in range(len(idx[0].shape))]
+    return sigs
+
+
+def _index_backward_kernel(dy, *tensors, spec, shape):
+    numel = 1
+    for s in shape:
+        numel *= s
+    pos = torch.arange(numel, device=dy.device).view(shape)[build_index(spec, tensors)]
+    flat = dy.new_zeros(numel).index_add_(0, pos.reshape(-1), dy.reshape(-1))
+    return flat.view(shape)
+
+
+def _index_backward_sbp(metas, attrs):
+    idx = list(metas[1:])
+    n = len(idx)
+    sigs = [((B,) * (n + 1), (B,)), ((P,) + (B,) * n, (P,))]
+    m = axis_map(attrs["spec"], idx, len(attrs["shape"]))
+    if m is None:
+        return sigs
+    sigs += _split_sigs(m[0], n, reverse=True)
+    if n == 1 and not _is_bool_meta(idx[0]):
+        sigs += [((S(m[1] + k), S(k)), (P,)) for k in range(len(idx[0].shape))]
+    return sigs
+
+
+INDEX = defop("index", _index_kernel, sbp=_index_sbp, save="inputs", family="indexing",
+              grad=lambda ctx, dy: (apply(INDEX_BACKWARD, dy, *ctx.inputs[1:], spec=ctx.spec,
+                                          shape=tuple(ctx.shapes[0])),) + (None,) * (len(ctx.edges) - 1))
+INDEX_BACKWARD = defop("index_backward", _index_backward_kernel, sbp=_index_backward_sbp, save="inputs",
+                       local_attrs=_backward_local, family="indexing",
+                       grad=lambda ctx, dy: (apply(INDEX, dy, *ctx.inputs[1:], spec=ctx.spec),)
+                       + (None,) * (len(ctx.edges) - 1))
+
+
+def getitem(input: Tensor, index) -> Tensor:
+    """``input[index]`` with torch's semantics: ints, slices (with steps), None, ``...``, bool
+    masks and integer tensors/lists (advanced indexing)."""
+    spec, tensors = parse_index(index, tuple(input.shape))
+    if tensors:
+        return apply(INDEX, input, *tensors, spec=spec)
+    return apply(GETITEM, input, spec=spec)
+
+
+# -- setitem (index_put) -----------------------------------------------------------------------------
+
+def _index_put_kernel(x, v, *tensors, spec):
+    out = x.clone()
+    _index_put_inplace(out, v, *tensors, spec=spec)
+    return out
+
+
+def _index_put_inplace(x, v, *tensors, spec):
+    _check_tensor_bounds(spec, tensors, tuple(x.shape))
+    x[build_index(spec, tensors)] = v
+    return x
+
+
+def _index_put_grad(ctx, dy):
+    spec, idx = ctx.spec, ctx.inputs[2:]
+    gx = apply(INDEX_PUT, dy, 0.0, *idx, spec=spec) if needs(ctx, 0) else None
+    gv = None
+    if needs(ctx, 1):
+        gv = apply(INDEX, dy, *idx, spec=spec) if idx else apply(GETITEM, dy, spec=spec)
+        vshape = tuple(ctx.shapes[1])
+        if len(vshape) > gv.dim():   # a value with extra leading 1s, as torch allows
+            gv = apply(RESHAPE, gv, shape=(1,) * (len(vshape) - gv.dim()) + tuple(gv.shape))
+        gv = reduce_grad(gv, ctx, 1)
+    return (gx, gv) + (None,) * len(idx)
+
+
+def _index_put_sbp(metas, attrs):
+    x, v, idx = metas[0], metas[1], [m for m in metas[2:]]
+    vt = isinstance(v, Meta)
+    n = len(idx)
+    sigs = [((B,) * (n + 1 + vt), (B,))]
+    if vt:
+        sigs.append(((P, P) + (B,) * n, (P,)))
+    m = axis_map(attrs["spec"], idx, len(x.shape))
+    if m is None:
+        return sigs
+    mapping, n_res = m[0], m[3]
+    for a, r in mapping.items():
+        vs = ()
+        if vt:
+            k = r - (n_res - len(v.shape))
+            if k >= 0 and v.shape[k] == x.shape[a]:
+                vs = (S(k),)
+            elif k < 0 or v.shape[k] == 1:
+                vs = (B,)
+            else:
+                continue
+        sigs.append(((S(a),) + vs + (B,) * n, (S(a),)))
+    return sigs
+
+
+INDEX_PUT = defop("index_put", _index_put_kernel, grad=_index_put_grad, sbp=_index_put_sbp, save="inputs",
+                  inplace_kernel=_index_put_inplace, family="indexing")
+
+
+def setitem(input: Tensor, index, value) -> None:
+    """``input[index] = value`` (a number or a tensor broadcast to the indexed shape)."""
+    spec, tensors = parse_index(index, tuple(input.shape))
+    if isinstance(value, (list, tuple, np.ndarray)):
+        value = Tensor._make(torch.as_tensor(value, dtype=input._data.dtype, device=input._data.device))
+    apply_inplace(INDEX_PUT, input, value, *tensors, spec=spec)
+
+
+Tensor.__getitem__ = getitem
+Tensor.__setitem__ = setitem
+
+
+def narrow(input: Tensor, dim: int, start, length: int) -> Tensor:
+    """The ``length`` entries of dim ``dim`` from ``start`` (a view)."""
+    d = normalize_dim("narrow", dim, input.dim())
+    n, start = input.shape[d], int(start)
+    start = start + n if start < 0 else start
+    if not (0 <= start <= n and 0 <= length and start + length <= n):
+        raise IndexError(f"holoflow.narrow: start {start} + length {length} exceeds dim {d} of size {n}")
+    return apply(GETITEM, input, spec=(slice(None),) * d + (slice(start, start + length),))
+
+
+def select(input: Tensor, dim: int, index: int) -> Tensor:
+    """The slice at ``index`` of dim ``dim``, with that dim removed."""
+    d = normalize_dim("select", dim, input.dim())
+    return getitem(input, (slice(None),) * d + (int(index),))
+
+
+# -- gather / scatter --------------------------------------------------------------------------------
+
+def _gather_sbp(metas, attrs):
+    x, idx, d = metas[0], metas[1], attrs["dim"]
+    sigs = [((B, B), (B,)), ((P, B), (P,)), ((B, S(d)), (S(d),))]
+    return sigs + [((S(a), S(a)), (S(a),)) for a in range(len(x.shape))
+                   if a != d and x.shape[a] == idx.shape[a]]
+
+
+def _gather_backward_sbp(metas, attrs):
+    dy, d, shape = metas[0], attrs["dim"], attrs["shape"]
+    sigs = [((B, B), (B,)), ((P, B), (P,)), ((S(d), S(d)), (P,))]
+    return sigs + [((S(a), S(a)), (S(a),)) for a in range(len(shape)) if a != d and shape[a] == dy.shape[a]]
+
+
+def _shape_follows_dy(attrs, metas, local_metas, in_sbps):
+    s = in_sbps[0]
+    if not isinstance(s, S) or s.axis == attrs["dim"]:
+        return attrs
+    shape = list(attrs["shape"])
+    shape[s.axis] = local_metas[0].shape[s.axis]
+    return {**attrs, "shape": tuple(shape)}
+
+
+GATHER = defop("gather", lambda x, index, dim: torch.gather(x, dim, index), sbp=_gather_sbp, save="inputs",
+               family="indexing",
+               grad=lambda ctx, dy: (apply(GATHER_BACKWARD, dy, ctx.inputs[1], dim=ctx.dim,
+                                           shape=tuple(ctx.shapes[0])), None))
+GATHER_BACKWARD = defop("gather_backward",
+                        lambda dy, index, dim, shape: dy.new_zeros(shape).scatter_add_(dim, index, dy),
+                        sbp=_gather_backward_sbp, local_attrs=_shape_follows_dy, save="inputs",
+                        family="indexing",
+                        grad=lambda ctx, dy: (apply(GATHER, dy, ctx.inputs[1], dim=ctx.dim), None))
+
+
+def gather(input: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> Tensor:
+    """``out[i][j] = input[index[i][j]][j]`` for dim 0 (and likewise for other dims)."""
+    return apply(GATHER, input, index, dim=normalize_dim("gather", dim, input.dim()))
+
+
+def take_along_dim(input: Tensor, indices: Tensor, dim: int) -> Tensor:
+    return gather(input, dim, indices)
+
+
+def _scatter_sbp(metas, attrs):
+    x, idx, src, d = metas[0], metas[1], metas[2], attrs["dim"]
+    st = isinstance(src, Meta)
+    sigs = [((B,) * (2 + st), (B,))]
+    if st or src == 0:
+        sigs.append(((P, B) + (P,) * st, (P,)))
+    for a in range(len(x.shape)):
+        if a != d and x.shape[a] == idx.shape[a] and (not st or src.shape[a] == idx.shape[a]):
+            sigs.append(((S(a), S(a)) + (S(a),) * st, (S(a),)))
+    return sigs
+
+
+def _scatter_grad(ctx, dy):
+    idx = ctx.inputs[1]
+    gx = apply(SCATTER, dy, idx, 0.0, dim=ctx.dim) if needs(ctx, 0) else None
+    gs = _gather_src(ctx, dy, idx) if needs(ctx, 2) else None
+    return gx, None, gs
+
+
+def _gather_src(ctx, dy, idx):
+    g = apply(GATHER, dy, idx, dim=ctx.dim)
+    if tuple(g.shape) != tuple(ctx.shapes[2]):   # src larger than index: the rest gets zeros
+        pad = []
+        for gs, ss in zip(reversed(g.shape), reversed(ctx.shapes[2])):
+            pad += [0, ss - gs]
+        from .shape import pad as _pad
+        g = _pad(g, pad)
+    return g
+
+
+SCATTER = defop("scatter", lambda x, index, src, dim: torch.scatter(x, dim, index, src), sbp=_scatter_sbp,
+                grad=_scatter_grad, save="inputs", family="indexing",
+                inplace_kernel=lambda x, index, src, dim: x.scatter_(dim, index, src))
+SCATTER_ADD = defop("scatter_add", lambda x, index, src, dim: torch.scatter_add(x, dim, index, src),
+                    sbp=_scatter_sbp, save="inputs", family="indexing",
+                    inplace_kernel=lambda x, index, src, dim: x.scatter_add_(dim, index, src),
+                    grad=lambda ctx, dy: (dy if needs(ctx, 0) else None, None,
+                                          _gather_src(ctx, dy, ctx.inputs[1]) if needs(ctx, 2) else None))
+
+
+def scatter(input: Tensor, dim: int, index: Tensor, src=None, *, value=None, reduce=None) -> Tensor:
+    """Writes ``src`` (a tensor, or the number ``value``) into ``input`` at ``index`` along ``dim``."""
+    if reduce is not None:
+        raise NotImplementedError("holoflow.scatter: reduce= is not supported; use scatter_add")
+    src = value if src is None else src
+    return apply(SCATTER, input, index, src, dim=normalize_dim("scatter", dim, input.dim()))
+
+
+def scatter_add(input: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    """Adds ``src`` into ``input`` at ``index`` along ``dim`` (duplicates accumulate)."""
+    return apply(SCATTER_ADD, input, index, src, dim=normalize_dim("scatter_add", dim, input.dim()))
+
+
+# -- index_select / index_add / index_fill --------------------------------------------------------------
+
+def _index_select_sbp(metas, attrs):
+    nd, d = len(metas[0].shape), attrs["dim"]
+    sigs = [((B, B), (B,)), ((P, B), (P,))]
+    if len(metas[1].shape) == 1:
+        sigs.append(((B, S(0)), (S(d),)))
+    return sigs + [((S(a), B), (S(a),)) for a in range(nd) if a != d]
+
+
+def _index_select_backward_sbp(metas, attrs):
+    nd, d = len(attrs["shape"]), attrs["dim"]
+    sigs = [((B, B), (B,)), ((P, B), (P,))]
+    if len(metas[1].shape) == 1:
+        sigs.append(((S(d), S(0)), (P,)))
+    return sigs + [((S(a), B), (S(a),)) for a in range(nd) if a != d]
+
+
+INDEX_SELECT = defop("index_select", lambda x, index, dim: torch.index_select(x, dim, index),
+                     sbp=_index_select_sbp, save="inputs", family="indexing",
+                     grad=lambda ctx, dy: (apply(INDEX_SELECT_BACKWARD, dy, ctx.inputs[1], dim=ctx.dim,
+                                                 shape=tuple(ctx.shapes[0])), None))
+INDEX_SELECT_BACKWARD = defop(
+    "index_select_backward",
+    lambda dy, index, dim, shape: dy.new_zeros(shape).index_add_(dim, index.reshape(-1), dy),
+    sbp=_index_select_backward_sbp, local_attrs=_shape_follows_dy, save="inputs", family="indexing",
+    grad=lambda ctx, dy: (apply(INDEX_SELECT, dy, ctx.inputs[1], dim=ctx.dim), None))
+
+
+def index_select(input: Tensor, dim: int, index: Tensor) -> Tensor:
+    """The entries ``index`` (1-d) of dim ``dim``."""
+    return apply(INDEX_SELECT, input, index, dim=normalize_dim("index_select", dim, input.dim()))
+
+
+def _index_add_sbp(metas, attrs):
+    nd, d = len(metas[0].shape), attrs["dim"]
+    sigs = [((B, B, B), (B,)), ((P, B, P), (P,))]
+    return sigs + [((S(a), B, S(a)), (S(a),)) for a in range(nd) if a != d]
+
+
+def _index_add_grad(ctx, dy):
+    gs = None
+    if needs(ctx, 2):
+        gs = apply(INDEX_SELECT, dy, ctx.inputs[1], dim=ctx.dim)
+        gs = gs if ctx.alpha == 1 else gs * ctx.alpha
+    return (dy if needs(ctx, 0) else None, None, gs)
+
+
+INDEX_ADD = defop("index_add", lambda x, index, src, dim, alpha: torch.index_add(x, dim, index, src, alpha=alpha),
+                  sbp=_index_add_sbp, grad=_index_add_grad, save="inputs", family="indexing",
+                  inplace_kernel=lambda x, index, src, dim, alpha: x.index_add_(dim, index, src, alpha=alpha))
+
+
+def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha=1) -> Tensor:
+    """Adds ``alpha * source`` into the entries ``index`` of dim ``dim`` (duplicates accumulate)."""
+    return apply(INDEX_ADD, input, index, source, dim=normalize_dim("index_add", dim, input.dim()), alpha=alpha)
+
+
+def _index_fill_sbp(metas, attrs):
+    nd, d = len(metas[0].shape), attrs["dim"]
+    sigs = [((B, B), (B,))] + ([((P, B), (P,))] if attrs["value"] == 0 else [])
+    return sigs + [((S(a), B), (S(a),)) for a in range(nd) if a != d]
+
+
+INDEX_FILL = defop("index_fill", lambda x, index, dim, value: torch.index_fill(x, dim, index, value),
+                   sbp=_index_fill_sbp, save="inputs", family="indexing",
+                   inplace_kernel=lambda x, index, dim, value: x.index_fill_(dim, index, value),
+                   grad=lambda ctx, dy: (apply(INDEX_FILL, dy, ctx.inputs[1], dim=ctx.dim, value=0.0), None))
+
+
+def index_fill(input: Tensor, dim: int, index: Tensor, value: float) -> Tensor:
+    """Sets the entries ``index`` of dim ``dim`` to the number ``value``."""
+    return apply(INDEX_FILL, input, index, dim=normalize_dim("index_fill", dim, input.dim()), value=value)
+
+
+# -- masked ops ---------------------------------------------------------------------------------------
+
+def _masked_fill_grad(ctx, dy):
+    mask = ctx.inputs[1]
+    gx = reduce_grad(apply(MASKED_FILL, dy, mask, 0.0), ctx, 0) if needs(ctx, 0) else None
+    gv = reduce_grad(E.where(mask, dy, 0.0), ctx, 2) if len(ctx.edges) > 2 and needs(ctx, 2) else None
+    return gx, None, gv
+
+
+def _masked_fill_kernel(x, mask, value):
+    if isinstance(value, torch.Tensor) and value.dim() != 0:
+        raise ValueError(f"holoflow.masked_fill: value must be a number or a 0-d tensor, got a tensor of "
+                         f"shape {tuple(value.shape)}")
+    return torch.masked_fill(x, mask, value)
+
+
+MASKED_FILL = defop("masked_fill", _masked_fill_kernel, grad=_masked_fill_grad, save="inputs",
+                    sbp=elementwise_sbp(("PBP",)), family="elementwise",
+                    inplace_kernel=lambda x, mask, value: x.masked_fill_(mask, value))
+
+
+def masked_fill(input: Tensor, mask: Tensor, value) -> Tensor:
+    """``value`` (a number or 0-d tensor) where ``mask`` is true, ``input`` elsewhere."""
+    return apply(MASKED_FILL, input, mask, value)
+
+
+def _masked_select_sbp(metas, attrs):
+    x, mask = metas
+    sigs = [((B, B), (B,)), ((P, B), (P,))]
+    if len(x.shape) == len(mask.shape) >= 1 and x.shape[0] == mask.shape[0]:
+        sigs.append(((S(0), S(0)), (S(0),)))
+    return sigs
+
+
+def _masked_select_backward_kernel(dy, mask, shape):
+    return dy.new_zeros(shape).masked_scatter_(mask.expand(shape), dy)
+
+
+MASKED_SELECT = defop("masked_select", lambda x, mask: torch.masked_select(x, mask), sbp=_masked_select_sbp,
+                      save="inputs", family="indexing",
+                      grad=lambda ctx, dy: (reduce_grad(apply(
+                          MASKED_SELECT_BACKWARD, dy, ctx.inputs[1],
+                          shape=broadcast_shapes("masked_select", ctx.shapes[:2])), ctx, 0), None))
+MASKED_SELECT_BACKWARD = defop("masked_select_backward", _masked_select_backward_kernel, save="inputs",
+                               sbp=lambda metas, attrs: [((B, B), (B,)), ((P, B), (P,))], family="indexing",
+                               grad=lambda ctx, dy: (apply(MASKED_SELECT, dy, ctx.inputs[1]), None))
+
+
+def masked_select(input: Tensor, mask: Tensor) -> Tensor:
+    """The 1-d tensor of ``input``'s entries where ``mask`` (broadcast) is true."""
+    return apply(MASKED_SELECT, input, mask)
+
+
+# -- nonzero ---------------------------------------------------------------------------------------------
+
+NONZERO = defop("nonzero", lambda x: torch.nonzero(x), sbp=lambda metas, attrs: [((B,), (B,))],
+                family="indexing", differentiable=False)
+
+
+def nonzero(input: Tensor, *, as_tuple: bool = False):
+    """Indices of the non-zero entries: an (n, ndim) tensor, or one 1-d tensor per dim."""
+    out = apply(NONZERO, input)
+    if not as_tuple:
+        return out
+    if input.dim() == 0:
+        return (apply(RESHAPE, out, shape=(out.shape[0],)),)
+    return out.unbind(1)
+
+
+# -- Tensor methods -----------------------------------------------------------------------------------------
+
+def _inplace(op, name: str):
+    def method(self: Tensor, dim: int, index: Tensor, *args, **attrs) -> Tensor:
+        d = normalize_dim(name, dim, self.dim())
+        return apply_inplace(op, self, index, *args, dim=d, **attrs)
+    method.__name__ = name + "_"
+    return method
+
+
+for _name in ("narrow", "select", "gather", "scatter", "scatter_add", "index_select", "index_add",
+              "index_fill", "masked_fill", "masked_select", "nonzero", "take_along_dim"):
+    setattr(Tensor, _name, globals()[_name])
+Tensor.scatter_ = lambda self, dim, index, src=None, *, value=None: _inplace(SCATTER, "scatter")(
+    self, dim, index, value if src is None else src)
+Tensor.scatter_add_ = _inplace(SCATTER_ADD, "scatter_add")
+Tensor.index_add_ = lambda self, dim, index, source, *, alpha=1: _inplace(INDEX_ADD, "index_add")(
+    self, dim, index, source, alpha=alpha)
+Tensor.index_fill_ = lambda self, dim, index, value: _inplace(INDEX_FILL, "index_fill")(
+    self, dim, index, value=value)
+Tensor.masked_fill_ = lambda self, mask, value: apply_inplace(MASKED_FILL, self, mask, value)
+
+from . import sorting as _sorting  # noqa: E402  (sort/topk/unique: kept in their own module)
+from .sorting import *  # noqa: E402,F401,F403
+
+__all__ += _sorting.__all__

@@ -1,0 +1,704 @@
+"""Shape ops: views (reshape, permute, squeeze, ...), expand/repeat, cat/stack/split, and the
+layout ops tril/triu, roll, flip, diagonal, pad.
+
+Every public function resolves its arguments (``-1`` sizes, negative dims, tuples) into concrete
+attrs before ``apply`` so kernels, grad rules and SBP rules see plain data.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..core.dispatch import apply
+from ..core.errors import ShapeError, normalize_dim
+from ..core.registry import Meta
+from ..core.sbp import B, P, S
+from ..core.tensor import Tensor
+from .family import EXPAND, SUM_TO, defop, tensor_metas
+
+__all__ = ["reshape", "view", "view_as", "reshape_as", "permute", "transpose", "swapaxes", "swapdims",
+           "t", "movedim", "moveaxis", "flatten", "unflatten", "squeeze", "unsqueeze", "expand",
+           "expand_as", "broadcast_to", "repeat", "tile", "repeat_interleave", "cat", "concat",
+           "concatenate", "stack", "hstack", "vstack", "split", "chunk", "tensor_split", "unbind",
+           "tril", "triu", "roll", "flip", "fliplr", "flipud", "diagonal", "diag", "pad"]
+
+
+def _sizes(args: tuple) -> tuple:
+    """``f(2, 3)`` and ``f((2, 3))`` alike."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
+        args = tuple(args[0])
+    return tuple(int(a) for a in args)
+
+
+def _fmt(shape) -> str:
+    return str(tuple(shape))
+
+
+# -- reshape / view ---------------------------------------------------------------------------
+
+def infer_shape(op: str, src: Sequence[int], shape: Sequence[int]) -> tuple:
+    """Resolves one ``-1`` in ``shape``; raises a clear error when the sizes can't match."""
+    numel = math.prod(src)
+    shape = tuple(shape)
+    if shape.count(-1) > 1 or any(s < -1 for s in shape):
+        raise ShapeError(f"holoflow.{op}: invalid target shape {_fmt(shape)}: sizes must be >= 0 "
+                         f"with at most one -1")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if known == 0 or numel % known:
+            raise ShapeError(f"holoflow.{op}: cannot reshape a tensor of shape {_fmt(src)} ({numel} "
+                             f"elements) into {_fmt(shape)}: {numel} is not a multiple of {known}")
+        shape = tuple(numel // known if s == -1 else s for s in shape)
+    elif known != numel:
+        raise ShapeError(f"holoflow.{op}: cannot reshape a tensor of shape {_fmt(src)} ({numel} "
+                         f"elements) into {_fmt(shape)} ({known} elements)")
+    return shape
+
+
+def reshape_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list, list]]:
+    """Minimal groups of input/output dims with equal products (both shapes without zeros)."""
+    groups, i, j = [], 0, 0
+    while i < len(src) or j < len(dst):
+        if i < len(src) and src[i] == 1 and (j >= len(dst) or dst[j] != 1):
+            groups.append(([i], []))
+            i += 1
+            continue
+        if j < len(dst) and dst[j] == 1 and (i >= len(src) or src[i] != 1):
+            groups.append(([], [j]))
+            j += 1
+            continue
+        ins, outs, pi, pj = [i], [j], src[i], dst[j]
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj:
+                ins.append(i)
+                pi *= src[i]
+                i += 1
+            else:
+                outs.append(j)
+                pj *= dst[j]
+                j += 1
+        groups.append((ins, outs))
+    return groups
+
+
+def _reshape_splits(src: tuple, dst: tuple) -> dict[int, int]:
+    """Input axis -> output axis that can carry its split: the axis leads its group and its
+    output axis is made of whole units of it (unchanged, or the first dim of a merge)."""
+    if 0 in src:
+        return {}
+    out = {}
+    for ins, outs in reshape_groups(src, dst):
+        if ins and outs and src[ins[0]] != 1 and dst[outs[0]] % src[ins[0]] == 0:
+            out[ins[0]] = outs[0]
+    return out
+
+
+def _reshape_sbp(metas, attrs):
+    src, dst = metas[0].shape, tuple(attrs["shape"])
+    sigs = [((B,), (B,)), ((P,), (P,))]
+    sigs += [((S(a),), (S(b),)) for a, b in _reshape_splits(src, dst).items()]
+    return sigs
+
+
+def _reshape_local(attrs, metas, local_metas, in_sbps):
+    s = in_sbps[0]
+    if not isinstance(s, S):
+        return attrs
+    src, dst = metas[0].shape, list(attrs["shape"])
+    b = _reshape_splits(src, tuple(dst))[s.axis]
+    dst[b] = local_metas[0].shape[s.axis] * dst[b] // src[s.axis]
+    return {**attrs, "shape": tuple(dst)}
+
+
+RESHAPE = defop("reshape", lambda x, shape: x.reshape(shape),
+                grad=lambda ctx, dy: (apply(RESHAPE, dy, shape=tuple(ctx.shapes[0])),),
+                sbp=_reshape_sbp, local_attrs=_reshape_local, family="shape")
+
+
+def reshape(input: Tensor, *shape) -> Tensor:
+    """Same data with a new shape (a view when possible); one size may be -1."""
+    target = infer_shape("reshape", tuple(input.shape), _sizes(shape))
+    return apply(RESHAPE, input, shape=target)
+
+
+def view(input: Tensor, *shape) -> Tensor:
+    """A view with a new shape; fails (suggesting reshape) when the strides don't allow one."""
+    target = infer_shape("view", tuple(input.shape), _sizes(shape))
+    if input.is_local:
+        try:
+            input._data.view(target)
+        except RuntimeError:
+            raise RuntimeError(f"holoflow.view: a tensor of shape {_fmt(input.shape)} with strides "
+                               f"{tuple(input.stride())} is not contiguous enough to view as "
+                               f"{_fmt(target)}; use .reshape(...) (which copies) instead") from None
+    return apply(RESHAPE, input, shape=target)
+
+
+def view_as(input: Tensor, other: Tensor) -> Tensor:
+    return view(input, tuple(other.shape))
+
+
+def reshape_as(input: Tensor, other: Tensor) -> Tensor:
+    return reshape(input, tuple(other.shape))
+
+
+def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """Merges dims ``start_dim..end_dim`` into one (a 0-d tensor becomes 1-d)."""
+    shape = tuple(input.shape)
+    if not shape:
+        return apply(RESHAPE, input, shape=(1,))
+    s, e = normalize_dim("flatten", start_dim, len(shape)), normalize_dim("flatten", end_dim, len(shape))
+    if s > e:
+        raise ValueError(f"holoflow.flatten: start_dim {start_dim} comes after end_dim {end_dim}")
+    return apply(RESHAPE, input, shape=shape[:s] + (math.prod(shape[s:e + 1]),) + shape[e + 1:])
+
+
+def unflatten(input: Tensor, dim: int, sizes: Sequence[int]) -> Tensor:
+    """Splits dim ``dim`` into ``sizes`` (one may be -1)."""
+    shape = tuple(input.shape)
+    d = normalize_dim("unflatten", dim, len(shape))
+    inner = infer_shape("unflatten", (shape[d],), tuple(sizes))
+    return apply(RESHAPE, input, shape=shape[:d] + inner + shape[d + 1:])
+
+
+def squeeze(input: Tensor, dim: int | Sequence[int] | None = None) -> Tensor:
+    """Removes size-1 dims (all, or those among ``dim``)."""
+    shape = tuple(input.shape)
+    if dim is None:
+        dims = set(range(len(shape)))
+    else:
+        dims = {normalize_dim("squeeze", d, len(shape)) for d in ((dim,) if isinstance(dim, int) else dim)}
+    return apply(RESHAPE, input, shape=tuple(s for i, s in enumerate(shape) if not (i in dims and s == 1)))
+
+
+def unsqueeze(input: Tensor, dim: int) -> Tensor:
+    """Inserts a size-1 dim at ``dim``."""
+    shape = tuple(input.shape)
+    d = normalize_dim("unsqueeze", dim, len(shape) + 1)
+    return apply(RESHAPE, input, shape=shape[:d] + (1,) + shape[d:])
+
+
+# -- permute ----------------------------------------------------------------------------------
+
+def _permute_sbp(metas, attrs):
+    dims = attrs["dims"]
+    return [((B,), (B,)), ((P,), (P,))] + [((S(a),), (S(j),)) for j, a in enumerate(dims)]
+
+
+def _permute_grad(ctx, dy):
+    inv = [0] * len(ctx.dims)
+    for j, a in enumerate(ctx.dims):
+        inv[a] = j
+    return (apply(PERMUTE, dy, dims=tuple(inv)),)
+
+
+PERMUTE = defop("permute", lambda x, dims: x.permute(dims), grad=_permute_grad, sbp=_permute_sbp,
+                family="shape")
+
+
+def permute(input: Tensor, *dims) -> Tensor:
+    """Reorders dims: output dim j is input dim ``dims[j]``."""
+    dims = _sizes(dims)
+    nd = input.dim()
+    norm = tuple(normalize_dim("permute", d, nd) for d in dims)
+    if len(dims) != nd or sorted(norm) != list(range(nd)):
+        raise ValueError(f"holoflow.permute: dims {dims} are not a permutation of the {nd} dims of a "
+                         f"tensor of shape {_fmt(input.shape)}")
+    return apply(PERMUTE, input, dims=norm)
+
+
+def transpose(input: Tensor, dim0: int, dim1: int) -> Tensor:
+    """Swaps two dims."""
+    nd = input.dim()
+    a, b = normalize_dim("transpose", dim0, nd), normalize_dim("transpose", dim1, nd)
+    dims = list(range(nd))
+    dims[a], dims[b] = dims[b], dims[a]
+    return apply(PERMUTE, input, dims=tuple(dims))
+
+
+swapaxes = swapdims = transpose
+
+
+def t(input: Tensor) -> Tensor:
+    """Transpose of a matrix; 0-d and 1-d tensors are returned as they are."""
+    if input.dim() > 2:
+        raise ValueError(f"holoflow.t: expects a tensor with <= 2 dims, got shape {_fmt(input.shape)}")
+    return transpose(input, 0, 1) if input.dim() == 2 else input
+
+
+def movedim(input: Tensor, source, destination) -> Tensor:
+    """Moves dims ``source`` to positions ``destination`` (ints or sequences)."""
+    nd = input.dim()
+    src = [source] if isinstance(source, int) else list(source)
+    dst = [destination] if isinstance(destination, int) else list(destination)
+    if len(src) != len(dst):
+        raise ValueError(f"holoflow.movedim: source {source} and destination {destination} differ in length")
+    src = [normalize_dim("movedim", d, nd) for d in src]
+    dst = [normalize_dim("movedim", d, nd) for d in dst]
+    dims = [-1] * nd
+    for s, d in zip(src, dst):
+        dims[d] = s
+    rest = iter(a for a in range(nd) if a not in src)
+    return apply(PERMUTE, input, dims=tuple(d if d != -1 else next(rest) for d in dims))
+
+
+moveaxis = movedim
+
+
+# -- expand / repeat ---------------------------------------------------------------------------
+
+def expand(input: Tensor, *sizes) -> Tensor:
+    """Broadcasts size-1 dims to ``sizes`` (-1 keeps a dim) without copying."""
+    sizes, shape = _sizes(sizes), tuple(input.shape)
+    lead = len(sizes) - len(shape)
+    if lead < 0:
+        raise ShapeError(f"holoflow.expand: target {sizes} has fewer dims than the tensor's shape {_fmt(shape)}")
+    out = []
+    for i, s in enumerate(sizes):
+        cur = shape[i - lead] if i >= lead else None
+        if s == -1:
+            if cur is None:
+                raise ShapeError(f"holoflow.expand: -1 is not allowed for the new leading dim {i} in {sizes}")
+            s = cur
+        if cur is not None and cur != s and cur != 1:
+            raise ShapeError(f"holoflow.expand: cannot expand shape {_fmt(shape)} to {sizes}: dim {i} "
+                             f"has size {cur}, which is neither 1 nor {s}")
+        out.append(s)
+    return apply(EXPAND, input, shape=tuple(out))
+
+
+def expand_as(input: Tensor, other: Tensor) -> Tensor:
+    return expand(input, tuple(other.shape))
+
+
+def broadcast_to(input: Tensor, size: Sequence[int]) -> Tensor:
+    return expand(input, tuple(size))
+
+
+def _repeat_grad(ctx, dy):
+    reps, shape = ctx.sizes, tuple(ctx.shapes[0])
+    full = (1,) * (len(reps) - len(shape)) + shape
+    pairs = tuple(v for r, s in zip(reps, full) for v in (r, s))
+    g = apply(RESHAPE, dy, shape=pairs)
+    g = apply(SUM_TO, g, shape=tuple(v for s in full for v in (1, s)))
+    return (apply(RESHAPE, g, shape=shape),)
+
+
+def _repeat_sbp(metas, attrs):
+    reps, nd = attrs["sizes"], len(metas[0].shape)
+    lead = len(reps) - nd
+    return [((B,), (B,)), ((P,), (P,))] + [((S(a),), (S(a + lead),)) for a in range(nd) if reps[a + lead] == 1]
+
+
+REPEAT = defop("repeat", lambda x, sizes: x.repeat(sizes), grad=_repeat_grad, sbp=_repeat_sbp, family="shape")
+
+
+def repeat(input: Tensor, *sizes) -> Tensor:
+    """Tiles the tensor ``sizes[i]`` times along each dim (``len(sizes) >= ndim``)."""
+    sizes = _sizes(sizes)
+    if len(sizes) < input.dim():
+        raise ShapeError(f"holoflow.repeat: {len(sizes)} repeat sizes for a tensor of shape "
+                         f"{_fmt(input.shape)}; give at least one per dim")
+    return apply(REPEAT, input, sizes=sizes)
+
+
+def tile(input: Tensor, dims: Sequence[int]) -> Tensor:
+    """Like repeat; missing leading repeat counts are 1."""
+    dims = _sizes((dims,))
+    return apply(REPEAT, input, sizes=(1,) * (input.dim() - len(dims)) + dims)
+
+
+def _repeat_interleave_grad(ctx, dy):
+    shape, r, d = tuple(ctx.shapes[0]), ctx.repeats, ctx.dim
+    if d is None:
+        g = apply(SUM_TO, apply(RESHAPE, dy, shape=(math.prod(shape), r)), shape=(math.prod(shape), 1))
+    else:
+        g = apply(RESHAPE, dy, shape=shape[:d] + (shape[d], r) + shape[d + 1:])
+        g = apply(SUM_TO, g, shape=shape[:d] + (shape[d], 1) + shape[d + 1:])
+    return (apply(RESHAPE, g, shape=shape),)
+
+
+def _repeat_interleave_sbp(metas, attrs):
+    nd = len(metas[0].shape)
+    axes = range(nd) if attrs["dim"] is not None else range(min(nd, 1))
+    return [((B,), (B,)), ((P,), (P,))] + [((S(a),), (S(a),)) for a in axes]
+
+
+REPEAT_INTERLEAVE = defop("repeat_interleave", lambda x, repeats, dim: torch.repeat_interleave(x, repeats, dim),
+                          grad=_repeat_interleave_grad, sbp=_repeat_interleave_sbp, family="shape")
+
+
+def repeat_interleave(input: Tensor, repeats: int, dim: int | None = None, *, output_size=None) -> Tensor:
+    """Repeats each element ``repeats`` times along ``dim`` (of the flattened tensor if None)."""
+    if not isinstance(repeats, int):
+        raise TypeError("holoflow.repeat_interleave: only an int `repeats` is supported")
+    d = None if dim is None else normalize_dim("repeat_interleave", dim, input.dim())
+    return apply(REPEAT_INTERLEAVE, input, repeats=repeats, dim=d)
+
+
+# -- cat / stack / split / unbind ----------------------------------------------------------------
+
+def _legacy_empty(m: Meta) -> bool:
+    return tuple(m.shape) == (0,)
+
+
+def _cat_shape(metas, attrs):
+    tens, d = tensor_metas(metas), attrs["dim"]
+    real = [(i, m) for i, m in enumerate(tens) if not _legacy_empty(m)]
+    if real:
+        i0, ref = real[0]
+        for i, m in real[1:]:
+            bad = len(m.shape) != len(ref.shape) or any(
+                a != b for k, (a, b) in enumerate(zip(m.shape, ref.shape)) if k != d)
+            if bad:
+                raise ShapeError(f"holoflow.cat: tensor {i} has shape {_fmt(m.shape)} but tensor {i0} has "
+                                 f"shape {_fmt(ref.shape)}; all sizes must match except in dim {d}")
+    out = torch.cat([m.empty() for m in tens], d)
+    return [Meta(tuple(out.shape), out.dtype, tens[0].device)]
+
+
+def _cat_sbp(metas, attrs):
+    tens, d = tensor_metas(metas), attrs["dim"]
+    n = len(tens)
+    sigs = [((B,) * n, (B,)), ((P,) * n, (P,))]
+    if not any(_legacy_empty(m) for m in tens):
+        sigs += [((S(a),) * n, (S(a),)) for a in range(len(tens[0].shape)) if a != d]
+    return sigs
+
+
+def _cat_grad(ctx, dy):
+    d = ctx.dim
+    sizes = [0 if tuple(s) == (0,) and dy.dim() != 1 else s[d] for s in ctx.shapes]
+    parts = apply(SPLIT, dy, sizes=tuple(sizes), dim=d)
+    return tuple(p if tuple(p.shape) == tuple(s) else apply(RESHAPE, p, shape=tuple(s))
+                 for p, s in zip(parts, ctx.shapes))
+
+
+CAT = defop("cat", lambda *xs, dim: torch.cat(xs, dim), grad=_cat_grad, shape=_cat_shape, sbp=_cat_sbp,
+            family="shape")
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """Concatenates tensors along an existing dim."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("holoflow.cat: expected a non-empty list of tensors")
+    ref = next((x for x in tensors if tuple(x.shape) != (0,)), tensors[0])
+    d = normalize_dim("cat", dim, ref.dim())
+    return apply(CAT, *tensors, dim=d)
+
+
+concat = concatenate = cat
+
+
+def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """Joins equally shaped tensors along a new dim."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("holoflow.stack: expected a non-empty list of tensors")
+    ref = tuple(tensors[0].shape)
+    for i, x in enumerate(tensors[1:], 1):
+        if tuple(x.shape) != ref:
+            raise ShapeError(f"holoflow.stack: tensor {i} has shape {_fmt(x.shape)} but tensor 0 has shape "
+                             f"{_fmt(ref)}; stack needs equal shapes")
+    d = normalize_dim("stack", dim, len(ref) + 1)
+    return cat([unsqueeze(x, d) for x in tensors], d)
+
+
+def hstack(tensors: Sequence[Tensor]) -> Tensor:
+    tensors = [x if x.dim() else reshape(x, 1) for x in tensors]
+    return cat(tensors, 0 if tensors[0].dim() == 1 else 1)
+
+
+def vstack(tensors: Sequence[Tensor]) -> Tensor:
+    return cat([x if x.dim() >= 2 else reshape(x, 1, -1) for x in tensors], 0)
+
+
+def _split_sbp(metas, attrs):
+    nd, d, n = len(metas[0].shape), attrs["dim"], len(attrs["sizes"])
+    return [((B,), (B,) * n), ((P,), (P,) * n)] + [((S(a),), (S(a),) * n) for a in range(nd) if a != d]
+
+
+SPLIT = defop("split", lambda x, sizes, dim: torch.split(x, list(sizes), dim),
+              grad=lambda ctx, *dys: (apply(CAT, *dys, dim=ctx.dim),), sbp=_split_sbp, family="shape")
+
+
+def _split_by(input: Tensor, dim: int, parts: tuple) -> tuple:
+    d = normalize_dim("split", dim, input.dim())
+    sizes = tuple(p.shape[d] for p in parts)
+    return tuple(apply(SPLIT, input, sizes=sizes, dim=d))
+
+
+def split(tensor: Tensor, split_size_or_sections, dim: int = 0) -> tuple:
+    """Pieces of ``split_size`` along ``dim`` (the last may be smaller), or of the given sizes."""
+    d = normalize_dim("split", dim, tensor.dim())
+    if isinstance(split_size_or_sections, int):
+        size = tensor.shape[d]
+        step = split_size_or_sections
+        if step <= 0 and size:
+            raise ValueError(f"holoflow.split: split_size must be positive, got {step}")
+        sizes = tuple(min(step, size - i) for i in range(0, size, step)) if size else (0,)
+    else:
+        sizes = tuple(int(s) for s in split_size_or_sections)
+        if sum(sizes) != tensor.shape[d]:
+            raise ShapeError(f"holoflow.split: sizes {list(sizes)} sum to {sum(sizes)}, but dim {d} of "
+                             f"shape {_fmt(tensor.shape)} has size {tensor.shape[d]}")
+    return tuple(apply(SPLIT, tensor, sizes=sizes, dim=d))
+
+
+def chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple:
+    """At most ``chunks`` pieces of equal size (the last may be smaller), as ``torch.chunk``."""
+    d = normalize_dim("chunk", dim, input.dim())
+    return _split_by(input, d, torch.empty(tuple(input.shape), device="meta").chunk(chunks, d))
+
+
+def tensor_split(input: Tensor, indices_or_sections, dim: int = 0) -> tuple:
+    """``sections`` nearly equal pieces, or pieces cut at ``indices``, as ``torch.tensor_split``."""
+    d = normalize_dim("tensor_split", dim, input.dim())
+    arg = indices_or_sections
+    arg = arg.tolist() if isinstance(arg, Tensor) else arg
+    return _split_by(input, d, torch.empty(tuple(input.shape), device="meta").tensor_split(arg, d))
+
+
+def _unbind_sbp(metas, attrs):
+    nd, d = len(metas[0].shape), attrs["dim"]
+    n = metas[0].shape[d]
+    sigs = [((B,), (B,) * n), ((P,), (P,) * n)]
+    return sigs + [((S(a),), (S(a if a < d else a - 1),) * n) for a in range(nd) if a != d]
+
+
+UNBIND = defop("unbind", lambda x, dim: torch.unbind(x, dim), sbp=_unbind_sbp, family="shape",
+               grad=lambda ctx, *dys: (stack(list(dys), ctx.dim),))
+
+
+def unbind(input: Tensor, dim: int = 0) -> tuple:
+    """The slices along ``dim``, with that dim removed."""
+    return tuple(apply(UNBIND, input, dim=normalize_dim("unbind", dim, input.dim())))
+
+
+# -- triangles, roll, flip, diagonal ---------------------------------------------------------------
+
+def _batch_sbp(keep: int):
+    """Splits on the leading dims except the last ``keep``; linear (P passes)."""
+    def rule(metas, attrs):
+        nd = len(metas[0].shape)
+        return [((B,), (B,)), ((P,), (P,))] + [((S(a),), (S(a),)) for a in range(nd - keep)]
+    return rule
+
+
+TRIL = defop("tril", lambda x, diagonal: torch.tril(x, diagonal), sbp=_batch_sbp(2), family="shape",
+             grad=lambda ctx, dy: (apply(TRIL, dy, diagonal=ctx.diagonal),))
+TRIU = defop("triu", lambda x, diagonal: torch.triu(x, diagonal), sbp=_batch_sbp(2), family="shape",
+             grad=lambda ctx, dy: (apply(TRIU, dy, diagonal=ctx.diagonal),))
+
+
+def tril(input: Tensor, diagonal: int = 0) -> Tensor:
+    """Lower triangle of the last two dims (the rest zero)."""
+    if input.dim() < 2:
+        raise ShapeError(f"holoflow.tril: needs at least 2 dims, got shape {_fmt(input.shape)}")
+    return apply(TRIL, input, diagonal=diagonal)
+
+
+def triu(input: Tensor, diagonal: int = 0) -> Tensor:
+    """Upper triangle of the last two dims (the rest zero)."""
+    if input.dim() < 2:
+        raise ShapeError(f"holoflow.triu: needs at least 2 dims, got shape {_fmt(input.shape)}")
+    return apply(TRIU, input, diagonal=diagonal)
+
+
+def _untouched_sbp(key: str):
+    """Splits on every axis not in ``attrs[key]`` (None means all axes are touched)."""
+    def rule(metas, attrs):
+        nd, dims = len(metas[0].shape), attrs[key]
+        sigs = [((B,), (B,)), ((P,), (P,))]
+        if dims is not None:
+            sigs += [((S(a),), (S(a),)) for a in range(nd) if a not in dims]
+        return sigs
+    return rule
+
+
+ROLL = defop("roll", lambda x, shifts, dims: torch.roll(x, shifts, dims if dims is not None else ()),
+             sbp=_untouched_sbp("dims"), family="shape",
+             grad=lambda ctx, dy: (apply(ROLL, dy, shifts=tuple(-s for s in ctx.shifts), dims=ctx.dims),))
+FLIP = defop("flip", lambda x, dims: torch.flip(x, dims), sbp=_untouched_sbp("dims"), family="shape",
+             grad=lambda ctx, dy: (apply(FLIP, dy, dims=ctx.dims),))
+
+
+def roll(input: Tensor, shifts, dims=None) -> Tensor:
+    """Rolls elements along ``dims`` (of the flattened tensor when None)."""
+    shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    if dims is not None:
+        dims = (dims,) if isinstance(dims, int) else tuple(dims)
+        dims = tuple(normalize_dim("roll", d, input.dim()) for d in dims)
+        if len(dims) != len(shifts):
+            raise ValueError(f"holoflow.roll: {len(shifts)} shifts for {len(dims)} dims")
+    return apply(ROLL, input, shifts=shifts, dims=dims)
+
+
+def flip(input: Tensor, *dims) -> Tensor:
+    """Reverses the order of elements along ``dims``."""
+    dims = _sizes(dims)
+    return apply(FLIP, input, dims=tuple(normalize_dim("flip", d, input.dim()) for d in dims))
+
+
+def fliplr(input: Tensor) -> Tensor:
+    return flip(input, 1)
+
+
+def flipud(input: Tensor) -> Tensor:
+    return flip(input, 0)
+
+
+def _rest_axes(nd: int, d1: int, d2: int) -> list[int]:
+    return [a for a in range(nd) if a not in (d1, d2)]
+
+
+def _diagonal_sbp(metas, attrs):
+    rest = _rest_axes(len(metas[0].shape), attrs["dim1"], attrs["dim2"])
+    return [((B,), (B,)), ((P,), (P,))] + [((S(a),), (S(k),)) for k, a in enumerate(rest)]
+
+
+def _diagonal_backward_kernel(dy, shape, offset, dim1, dim2):
+    z = dy.new_zeros(shape)
+    torch.diagonal(z, offset, dim1, dim2).copy_(dy)
+    return z
+
+
+def _diagonal_backward_sbp(metas, attrs):
+    rest = _rest_axes(len(attrs["shape"]), attrs["dim1"], attrs["dim2"])
+    return [((B,), (B,)), ((P,), (P,))] + [((S(k),), (S(a),)) for k, a in enumerate(rest)]
+
+
+def _diagonal_backward_local(attrs, metas, local_metas, in_sbps):
+    s = in_sbps[0]
+    if not isinstance(s, S):
+        return attrs
+    shape = list(attrs["shape"])
+    shape[_rest_axes(len(shape), attrs["dim1"], attrs["dim2"])[s.axis]] = local_metas[0].shape[s.axis]
+    return {**attrs, "shape": tuple(shape)}
+
+
+_DIAG_ATTRS = ("offset", "dim1", "dim2")
+DIAGONAL = defop("diagonal", lambda x, offset, dim1, dim2: torch.diagonal(x, offset, dim1, dim2),
+                 sbp=_diagonal_sbp, family="shape",
+                 grad=lambda ctx, dy: (apply(DIAGONAL_BACKWARD, dy, shape=tuple(ctx.shapes[0]),
+                                             **{k: getattr(ctx, k) for k in _DIAG_ATTRS}),))
+DIAGONAL_BACKWARD = defop("diagonal_backward", _diagonal_backward_kernel, sbp=_diagonal_backward_sbp,
+                          local_attrs=_diagonal_backward_local, family="shape",
+                          grad=lambda ctx, dy: (apply(DIAGONAL, dy, **{k: getattr(ctx, k) for k in _DIAG_ATTRS}),))
+
+
+def diagonal(input: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The diagonal of the (dim1, dim2) planes, appended as the last dim."""
+    nd = input.dim()
+    d1, d2 = normalize_dim("diagonal", dim1, nd), normalize_dim("diagonal", dim2, nd)
+    if d1 == d2:
+        raise ValueError(f"holoflow.diagonal: dim1 and dim2 are the same dim {d1}")
+    return apply(DIAGONAL, input, offset=offset, dim1=d1, dim2=d2)
+
+
+DIAG = defop("diag", lambda x, diagonal: torch.diag(x, diagonal), family="shape",
+             sbp=lambda metas, attrs: [((B,), (B,)), ((P,), (P,))],
+             grad=lambda ctx, dy: (apply(DIAGONAL, dy, offset=ctx.diagonal, dim1=0, dim2=1),))
+
+
+def diag(input: Tensor, diagonal: int = 0) -> Tensor:
+    """A 1-d tensor -> a square matrix with it on a diagonal; a matrix -> that diagonal."""
+    if input.dim() == 1:
+        return apply(DIAG, input, diagonal=diagonal)
+    if input.dim() == 2:
+        return apply(DIAGONAL, input, offset=diagonal, dim1=0, dim2=1)
+    raise ShapeError(f"holoflow.diag: expects a 1-d or 2-d tensor, got shape {_fmt(input.shape)}")
+
+
+# -- pad ------------------------------------------------------------------------------------------
+
+def _pad_pairs(pad: tuple, nd: int) -> dict[int, tuple[int, int]]:
+    """{dim: (before, after)} from torch's last-dim-first pad list."""
+    return {nd - 1 - k: (pad[2 * k], pad[2 * k + 1]) for k in range(len(pad) // 2)}
+
+
+def _pad_sbp(metas, attrs):
+    nd = len(metas[0].shape)
+    padded = {d for d, p in _pad_pairs(attrs["pad"], nd).items() if p != (0, 0)}
+    sigs = [((B,), (B,))]
+    if attrs["mode"] != "constant" or attrs["value"] == 0:
+        sigs.append(((P,), (P,)))
+    return sigs + [((S(a),), (S(a),)) for a in range(nd) if a not in padded]
+
+
+def _source_index(n: int, lo: int, hi: int, mode: str, device) -> torch.Tensor:
+    """For each padded position along a dim, the input position it copies (non-constant modes)."""
+    src = torch.arange(-lo, n + hi, device=device)
+    if mode == "reflect":
+        src = src.abs()
+        return torch.where(src >= n, 2 * (n - 1) - src, src)
+    if mode == "replicate":
+        return src.clamp(0, n - 1)
+    return src.remainder(n)
+
+
+def _pad_backward_kernel(dy, pad, mode):
+    g = dy
+    for d, (lo, hi) in _pad_pairs(pad, dy.dim()).items():
+        n = g.shape[d] - lo - hi
+        shape = list(g.shape)
+        shape[d] = n
+        g = g.new_zeros(shape).index_add_(d, _source_index(n, lo, hi, mode, g.device), g)
+    return g
+
+
+def _pad_grad(ctx, dy):
+    if ctx.mode == "constant":
+        return (apply(PAD, dy, pad=tuple(-p for p in ctx.pad), mode="constant", value=0.0),)
+    return (apply(PAD_BACKWARD, dy, pad=ctx.pad, mode=ctx.mode),)
+
+
+PAD = defop("pad", lambda x, pad, mode, value: F.pad(x, pad, mode, value if mode == "constant" else None),
+            grad=_pad_grad, sbp=_pad_sbp, family="shape")
+PAD_BACKWARD = defop("pad_backward", _pad_backward_kernel, family="shape",
+                     sbp=lambda metas, attrs: _pad_sbp(metas, {**attrs, "value": 0}),
+                     grad=lambda ctx, dy: (apply(PAD, dy, pad=ctx.pad, mode=ctx.mode, value=0.0),))
+
+
+def pad(input: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
+    """Pads the last ``len(pad) // 2`` dims, as ``torch.nn.functional.pad``: ``pad`` lists
+    (before, after) pairs starting from the last dim; modes constant/reflect/replicate/circular."""
+    pad = tuple(int(p) for p in pad)
+    if len(pad) % 2 or len(pad) // 2 > input.dim():
+        raise ValueError(f"holoflow.pad: pad {list(pad)} must have an even length of at most 2 * ndim "
+                         f"for a tensor of shape {_fmt(input.shape)}")
+    if mode not in ("constant", "reflect", "replicate", "circular"):
+        raise ValueError(f"holoflow.pad: unknown mode {mode!r}; use constant, reflect, replicate or circular")
+    if mode != "constant" and value not in (None, 0, 0.0):
+        raise ValueError(f"holoflow.pad: value={value} only applies to mode='constant'")
+    return apply(PAD, input, pad=pad, mode=mode, value=0.0 if value is None else value)
+
+
+# -- Tensor methods ---------------------------------------------------------------------------------
+
+def _method_sizes(fn):
+    return lambda self, *sizes: fn(self, *sizes)
+
+
+for _name in ("reshape", "view", "permute", "expand", "repeat"):
+    setattr(Tensor, _name, _method_sizes(globals()[_name]))
+for _name in ("view_as", "reshape_as", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis",
+              "flatten", "unflatten", "squeeze", "unsqueeze", "expand_as", "tile", "repeat_interleave",
+              "split", "chunk", "tensor_split", "unbind", "tril", "triu", "roll", "flip", "fliplr",
+              "flipud", "diagonal", "diag", "broadcast_to"):
+    setattr(Tensor, _name, globals()[_name])
+Tensor.T = property(lambda self: apply(PERMUTE, self, dims=tuple(range(self.dim() - 1, -1, -1))))
+Tensor.mT = property(lambda self: transpose(self, -2, -1))
+Tensor.tril_ = lambda self, diagonal=0: _inplace(TRIL, self, diagonal=diagonal)
+Tensor.triu_ = lambda self, diagonal=0: _inplace(TRIU, self, diagonal=diagonal)
+
+
+def _inplace(op, x: Tensor, **attrs) -> Tensor:
+    from ..core.dispatch import apply_inplace
+    return apply_inplace(op, x, **attrs)
+

@@ -1,0 +1,100 @@
+"""Sorting: sort, argsort, topk, unique, searchsorted (imported by ops/indexing.py)."""
+from __future__ import annotations
+
+import torch
+
+from ..core.dispatch import apply
+from ..core.errors import normalize_dim
+from ..core.sbp import B, S
+from ..core.tensor import Tensor
+from .family import defop
+
+__all__ = ["sort", "argsort", "topk", "unique", "searchsorted", "msort"]
+
+
+def _along_dim_sbp(metas, attrs):
+    """Outputs computed along ``dim``: split on any other axis (every output split alike)."""
+    nd, d, n = len(metas[0].shape), attrs["dim"], 2
+    return [((B,), (B,) * n)] + [((S(a),), (S(a),) * n) for a in range(nd) if a != d]
+
+
+def _scatter_back_grad(ctx, dy, _unused_indices_grad=None):
+    from .indexing import GATHER_BACKWARD
+    return (apply(GATHER_BACKWARD, dy, ctx.outs[1], dim=ctx.dim, shape=tuple(ctx.shapes[0])),)
+
+
+SORT = defop("sort", lambda x, dim, descending, stable: torch.sort(x, dim=dim, descending=descending, stable=stable),
+             grad=_scatter_back_grad, sbp=_along_dim_sbp, save="output", outputs=("values", "indices"),
+             family="sorting")
+TOPK = defop("topk", lambda x, k, dim, largest, sorted: torch.topk(x, k, dim, largest, sorted),  # noqa: A006
+             grad=_scatter_back_grad, sbp=_along_dim_sbp, save="output", outputs=("values", "indices"),
+             family="sorting")
+
+
+def _dim(op: str, dim: int, x: Tensor) -> int:
+    return normalize_dim(op, dim, x.dim()) if x.dim() else 0
+
+
+def sort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):
+    """Sorted values along ``dim`` and their indices, as a (values, indices) namedtuple."""
+    return apply(SORT, input, dim=_dim("sort", dim, input), descending=descending, stable=stable)
+
+
+def argsort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+    """The indices that sort ``input`` along ``dim``."""
+    return sort(input, dim, descending, stable).indices
+
+
+def msort(input: Tensor) -> Tensor:
+    return sort(input, 0).values
+
+
+def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):  # noqa: A002
+    """The ``k`` largest (or smallest) entries along ``dim`` and their indices (a namedtuple)."""
+    d = _dim("topk", dim, input)
+    size = input.shape[d] if input.dim() else 1
+    if not 0 <= k <= size:
+        raise IndexError(f"holoflow.topk: k={k} is out of range for dim {d} of size {size}")
+    return apply(TOPK, input, k=k, dim=d, largest=largest, sorted=sorted)
+
+
+UNIQUE = defop("unique", lambda x, sorted, dim: torch.unique(x, sorted, True, True, dim),  # noqa: A006
+               sbp=lambda metas, attrs: [((B,), (B, B, B))], family="sorting", differentiable=False)
+
+
+def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False,  # noqa: A002
+           return_counts: bool = False, dim: int | None = None):
+    """The distinct values (or slices along ``dim``), optionally with the inverse map and counts."""
+    d = None if dim is None else normalize_dim("unique", dim, input.dim())
+    values, inverse, counts = apply(UNIQUE, input, sorted=sorted, dim=d)
+    out = (values,) + ((inverse,) if return_inverse else ()) + ((counts,) if return_counts else ())
+    return out[0] if len(out) == 1 else out
+
+
+def _searchsorted_sbp(metas, attrs):
+    seq, vals = metas
+    sigs = [((B, B), (B,))]
+    if len(seq.shape) == 1:
+        return sigs + [((B, S(a)), (S(a),)) for a in range(len(vals.shape))]
+    return sigs + [((S(a), S(a)), (S(a),)) for a in range(len(seq.shape) - 1)]
+
+
+SEARCHSORTED = defop("searchsorted",
+                     lambda seq, vals, out_int32, right: torch.searchsorted(seq, vals, out_int32=out_int32,
+                                                                             right=right),
+                     sbp=_searchsorted_sbp, family="sorting", differentiable=False)
+
+
+def searchsorted(sorted_sequence: Tensor, input: Tensor, *, out_int32: bool = False, right: bool = False,
+                 side: str | None = None) -> Tensor:
+    """Insertion points of ``input`` into the last dim of ``sorted_sequence``."""
+    if side is not None:
+        right = side == "right"
+    return apply(SEARCHSORTED, sorted_sequence, input, out_int32=out_int32, right=right)
+
+
+Tensor.sort = sort
+Tensor.argsort = argsort
+Tensor.msort = msort
+Tensor.topk = topk
+Tensor.unique = unique
