@@ -1,0 +1,98 @@
+"""Actors: each task (and the source and sink) is an actor owning its produced regsts.
+
+Act rule (DESIGN §8): act while every inbox holds a piece and every produced regst has a free slot.
+After acting, announce each new piece to its consumers (a reference, never a copy) and return each
+consumed piece to its producer. Everything runs on the actor's stream thread, triggered by messages.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .errors import TaskError
+from .regst import Inbox, Regst
+from .streams import Stream
+from .trace import Act
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+
+class Actor:
+    """One actor: ``call(args, iteration) -> tuple`` produces one value per regst in ``regsts``."""
+
+    def __init__(self, name: str, stream: Stream, call: Callable[[list, int], tuple], runtime: Runtime,
+                 lane: list | None) -> None:
+        self.name = name
+        self.stream = stream
+        self.call = call
+        self.rt = runtime
+        self.inboxes: list[Inbox] = []
+        self.regsts: list[Regst] = []
+        self.acted = 0                    # iterations done: the next act is iteration ``acted``
+        self._lane = lane                 # the trace lane of our stream, or None
+
+    def on_ready(self, inbox: int, value: Any) -> None:
+        """Message: a piece of a consumed regst is readable."""
+        self.inboxes[inbox].pieces.append(value)
+        self.try_act()
+
+    def on_free(self, regst: int, consumer: int) -> None:
+        """Message: a consumer returned its oldest piece of one of our regsts."""
+        self.regsts[regst].give_back(consumer)
+        self.try_act()
+
+    def ready(self) -> bool:
+        """The act rule."""
+        for box in self.inboxes:
+            if not box.pieces:
+                return False
+        for r in self.regsts:
+            if r.free() <= 0:
+                return False
+        return True
+
+    def try_act(self) -> None:
+        """Acts as long as the act rule holds (and the run has not failed)."""
+        rt = self.rt
+        while not rt.failed and self.ready():
+            self._act()
+
+    def _act(self) -> None:
+        i = self.acted
+        values = [box.pieces.popleft() for box in self.inboxes]
+        args = [v for v, box in zip(values, self.inboxes) if box.passed]
+        t0 = time.perf_counter()
+        try:
+            out = self.call(args, i)
+        except TaskError as e:
+            self.rt.fail(e)
+            return
+        if self._lane is not None:
+            t1, base = time.perf_counter(), self.rt.tracer.t0
+            self._lane.append(Act(self.name, self.stream.name, i, t0 - base, t1 - base))
+        self.acted = i + 1
+        for regst, value in zip(self.regsts, out):
+            regst.produced += 1
+            regst.last = value
+            for consumer, k in regst.consumers:
+                self._send(consumer, (consumer.on_ready, k, value))
+        for box in self.inboxes:
+            if box.producer is not None:
+                self._send(box.producer, (box.producer.on_free, box.regst, box.consumer))
+        if self.acted == self.rt.target:
+            self.rt.results.put(("done", self.name, self.acted))
+
+    def _send(self, to: Actor, msg: tuple) -> None:
+        if to.stream is self.stream:
+            to.stream.local.append(msg)
+        else:
+            to.stream.queue.put(msg)
+
+    def waiting_for(self) -> str:
+        """What keeps this actor from acting, for stall reports (read racily from another thread)."""
+        empty = [b.producer.regsts[b.regst].name if b.producer else "feed" for b in self.inboxes if not b.pieces]
+        full = [r.name for r in self.regsts if r.free() <= 0]
+        why = (f"inputs {empty} empty " if empty else "") + (f"no free slot in {full}" if full else "")
+        return f"{self.name} (stream {self.stream.name!r}, acted {self.acted}): {why or 'ready'}"

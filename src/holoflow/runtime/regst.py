@@ -1,0 +1,61 @@
+"""Regsts: a producer's slots (`Regst`) and a consumer's view of them (`Inbox`).
+
+Pieces of a regst (one per iteration) are numbered in order; piece ``p`` lives in slot
+``p % register_num``. Every consumer reads and returns pieces in order, so counters are enough:
+a slot is free again when the slowest consumer has returned the piece in it.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .actor import Actor
+
+
+class Regst:
+    """The producer side: ``register_num`` slots, the consumers to notify, return counters."""
+
+    __slots__ = ("name", "register_num", "consumers", "produced", "returned", "least", "last")
+
+    def __init__(self, name: str, register_num: int) -> None:
+        self.name = name
+        self.register_num = register_num
+        self.consumers: list[tuple[Actor, int]] = []    # (consumer actor, index of its inbox)
+        self.produced = 0                               # pieces written, the initial one included
+        self.returned: list[int] = []                   # per consumer: pieces it has returned
+        self.least = 0                                  # min(returned): pieces returned by all
+        self.last: Any = None                           # the newest piece (read as state after a run)
+
+    def free(self) -> int:
+        """Slots not holding a piece some consumer still reads."""
+        least = self.least if self.returned else self.produced
+        return self.register_num - (self.produced - least)
+
+    def add_consumer(self, actor: Actor, inbox: int, skip_first: bool) -> int:
+        """Registers a consumer; ``skip_first`` marks piece 0 as already returned by it (the sink
+        reads a loop-carried regst from piece 1: the value produced in iteration 0)."""
+        self.consumers.append((actor, inbox))
+        self.returned.append(int(skip_first))
+        self.least = min(self.returned)
+        return len(self.returned) - 1
+
+    def give_back(self, consumer: int) -> None:
+        """Consumer number ``consumer`` returned its oldest piece."""
+        old = self.returned[consumer]
+        self.returned[consumer] = old + 1
+        if old == self.least:
+            self.least = min(self.returned)
+
+
+class Inbox:
+    """The consumer side: pieces announced and not yet read, and where to return them."""
+
+    __slots__ = ("pieces", "producer", "regst", "consumer", "passed")
+
+    def __init__(self, producer: Actor, regst: int, consumer: int, passed: bool) -> None:
+        self.pieces: deque = deque()
+        self.producer = producer          # the actor owning the regst
+        self.regst = regst                # index of the regst in the producer's regsts
+        self.consumer = consumer          # this reader's number in that regst's consumer list
+        self.passed = passed              # whether the value is an argument of fn (the tick is not)
