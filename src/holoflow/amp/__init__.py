@@ -1,0 +1,6 @@
+"""Automatic mixed precision: ``autocast`` (casts at dispatch) and ``GradScaler`` (loss scaling)."""
+from .autocast import autocast, get_autocast_dtype, is_autocast_enabled
+from .grad_scaler import GradScaler
+from .policy import POLICIES
+
+__all__ = ["autocast", "GradScaler", "get_autocast_dtype", "is_autocast_enabled", "POLICIES"]

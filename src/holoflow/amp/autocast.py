@@ -1,0 +1,183 @@
+"""``autocast``: mixed precision by casting op inputs at dispatch, through ``Hooks.pre``.
+
+Entering an autocast region installs a pre-dispatch hook that looks each op up by name in the
+policy table of the input's device type (amp/policy.py) and casts its floating inputs with
+holoflow's own ``to``, so the cast is an op on the autograd tape and gradients come back in the
+input's original dtype. A hook installed by someone else (a recorder, a tracer helper) stays
+chained behind it; nested regions replace the outer region's setting for their device type and
+restore it on exit::
+
+    with flow.autocast("cpu"):                  # bfloat16
+        y = model(x)                            # matmuls in bf16, losses in fp32
+        with flow.autocast("cpu", enabled=False):
+            z = head(y.float())                 # fp32 again
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from ..core import dtype as _dtype
+from ..core import grad_mode
+from ..core.dispatch import Hooks
+from ..core.tensor import Tensor
+from .policy import DEFAULT_DTYPE, FP32, LOWER, OPT_DTYPE, POLICIES, PROMOTE
+
+_LOW = (torch.float16, torch.bfloat16)
+_ALLOWED = {"cpu": (torch.bfloat16, torch.float16), "cuda": (torch.float16, torch.bfloat16)}
+
+
+class _CastCache:
+    """Casts of leaf parameters, reused within the outermost autocast region (torch's cache):
+    a weight used by several matmuls is cast once per forward."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self.depth = 0
+
+    def cast(self, x: Tensor, dt: torch.dtype, enabled: bool) -> Tensor:
+        if not (enabled and x._rg and x.grad_fn is None):
+            return x.to(dt)
+        key = (id(x), dt, grad_mode.STATE.enabled)
+        hit = self.entries.get(key)
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        out = x.to(dt)
+        self.entries[key] = (x, out)  # holds x so its id is not reused while cached
+        return out
+
+
+_CACHE = _CastCache()
+
+
+class _AmpHook:
+    """The installed pre-dispatch hook: per device type, the low dtype (or None when disabled)."""
+
+    __slots__ = ("modes", "cache", "inner")
+
+    def __init__(self, modes: dict[str, torch.dtype | None], cache: bool, inner: Callable | None) -> None:
+        self.modes, self.cache, self.inner = modes, cache, inner
+
+    def __call__(self, op, inputs: tuple, attrs: dict) -> tuple:
+        inputs = self.cast(op, inputs, attrs)
+        return inputs if self.inner is None else self.inner(op, inputs, attrs)
+
+    def cast(self, op, inputs: tuple, attrs: dict) -> tuple:
+        for x in inputs:
+            if isinstance(x, Tensor):
+                devtype = x._data.device.type
+                break
+        else:
+            return inputs
+        low = self.modes.get(devtype)
+        if low is None:
+            return inputs
+        kind = POLICIES.get(devtype, POLICIES["cuda"]).get(op.name)
+        if kind is None:
+            return inputs
+        if kind == LOWER:
+            return tuple(self._to(x, low, devtype, _eligible_for_lower) for x in inputs)
+        if kind == FP32:
+            if op.name in OPT_DTYPE and attrs.get("dtype") is not None:
+                return inputs
+            return tuple(self._to(x, torch.float32, devtype, _is_low) for x in inputs)
+        assert kind == PROMOTE
+        return _promote(inputs, devtype)
+
+    def _to(self, x, dt: torch.dtype, devtype: str, eligible: Callable) -> Any:
+        if not isinstance(x, Tensor):
+            return x
+        d = x._data
+        if d.dtype == dt or not eligible(d.dtype) or d.device.type != devtype:
+            return x
+        return _CACHE.cast(x, dt, self.cache)
+
+
+def _eligible_for_lower(dt: torch.dtype) -> bool:
+    return dt.is_floating_point and dt != torch.float64  # float64 is never lowered, as in torch
+
+
+def _is_low(dt: torch.dtype) -> bool:
+    return dt in _LOW
+
+
+def _promote(inputs: tuple, devtype: str) -> tuple:
+    floats = [x._data.dtype for x in inputs if isinstance(x, Tensor) and x._data.dtype.is_floating_point
+              and x._data.device.type == devtype]
+    if len(set(floats)) < 2:
+        return inputs
+    wide = functools.reduce(torch.promote_types, floats)
+    return tuple(x.to(wide) if isinstance(x, Tensor) and x._data.dtype.is_floating_point
+                 and x._data.device.type == devtype else x for x in inputs)
+
+
+def _current() -> _AmpHook | None:
+    return Hooks.pre if isinstance(Hooks.pre, _AmpHook) else None
+
+
+class autocast:
+    """Runs ops of a region in mixed precision, like ``torch.autocast``.
+
+    ``device_type`` is ``"cpu"`` (default dtype bfloat16) or ``"cuda"`` (default float16;
+    bfloat16 also allowed). Works as a context manager and as a decorator; regions nest, and
+    ``enabled=False`` turns casting off inside an enabled region. ``cache_enabled`` reuses the
+    cast of each parameter within the outermost region.
+
+    >>> with flow.autocast("cpu"):
+    ...     y = x @ w            # bfloat16
+    """
+
+    def __init__(self, device_type: str, dtype=None, enabled: bool = True, cache_enabled: bool = True) -> None:
+        if not isinstance(device_type, str):
+            raise ValueError(f"holoflow.autocast: device_type must be a string such as 'cpu' or 'cuda', "
+                             f"got {device_type!r}")
+        self.device_type = torch.device(device_type).type
+        dt = _dtype.to_torch(dtype) if dtype is not None else getattr(
+            torch, DEFAULT_DTYPE.get(self.device_type, "float16"))
+        allowed = _ALLOWED.get(self.device_type, _LOW)
+        if enabled and dt not in allowed:
+            raise ValueError(f"holoflow.autocast({self.device_type!r}): dtype {dt} is not supported; "
+                             f"use one of {[str(a).replace('torch.', 'holoflow.') for a in allowed]}")
+        self.fast_dtype, self.enabled, self.cache_enabled = dt, bool(enabled), bool(cache_enabled)
+        self._prev = None
+
+    def __enter__(self) -> "autocast":
+        self._prev = Hooks.pre
+        outer = _current()
+        modes = dict(outer.modes) if outer else {}
+        modes[self.device_type] = self.fast_dtype if self.enabled else None
+        inner = outer.inner if outer else self._prev
+        cache = self.cache_enabled and (outer.cache if outer else True)
+        Hooks.pre = _AmpHook(modes, cache, inner)
+        _CACHE.depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        Hooks.pre = self._prev
+        _CACHE.depth -= 1
+        if _CACHE.depth == 0:
+            _CACHE.entries.clear()
+
+    def __call__(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with autocast(self.device_type, self.fast_dtype, self.enabled, self.cache_enabled):
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+def is_autocast_enabled(device_type: str = "cuda") -> bool:
+    """Whether ops on ``device_type`` tensors are autocast right now."""
+    hook = _current()
+    return hook is not None and hook.modes.get(torch.device(device_type).type) is not None
+
+
+def get_autocast_dtype(device_type: str) -> _dtype.dtype:
+    """The low-precision dtype autocast uses for ``device_type`` (its default when inactive)."""
+    hook = _current()
+    dt = hook.modes.get(torch.device(device_type).type) if hook else None
+    if dt is None:
+        dt = getattr(torch, DEFAULT_DTYPE.get(torch.device(device_type).type, "float16"))
+    return _dtype.from_torch(dt)

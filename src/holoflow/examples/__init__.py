@@ -1,0 +1,1 @@
+"""Example programs: a character-level GPT (``python -m holoflow.examples.gpt``) and a small CNN."""
