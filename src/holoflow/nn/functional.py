@@ -1,0 +1,47 @@
+"""``holoflow.nn.functional``: torch.nn.functional's names over holoflow ops.
+
+The nn/loss/random ops are imported directly; names owned by other op modules (``linear``,
+``pad``, ...) are looked up on ``holoflow`` when first used, so import order never matters.
+"""
+from __future__ import annotations
+
+from ..ops.attention import scaled_dot_product_attention
+from ..ops.conv import (adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, conv3d, conv_transpose1d,
+                        conv_transpose2d, interpolate, max_pool2d, upsample)
+from ..ops.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, huber_loss,
+                        kl_div, l1_loss, mse_loss, nll_loss, smooth_l1_loss, soft_margin_loss)
+from ..ops.nn_ops import (batch_norm, cosine_similarity, elu, embedding, gelu, group_norm, hardsigmoid,
+                          hardswish, hardtanh, instance_norm, layer_norm, leaky_relu, log_softmax, logsigmoid,
+                          mish, normalize, one_hot, relu, relu6, relu_, rms_norm, selu, silu, softmax, softmin,
+                          softplus)
+from ..ops.random_ops import dropout
+
+# name here -> name on holoflow (resolved at call time)
+_FORWARDED = {"linear": "linear", "bilinear": "bilinear", "pad": "pad", "sigmoid": "sigmoid", "tanh": "tanh",
+              "unfold": "unfold", "fold": "fold", "pixel_shuffle": "pixel_shuffle",
+              "pairwise_distance": "pairwise_distance", "pdist": "pdist", "cdist": "cdist"}
+
+
+def __getattr__(name: str):
+    if name in _FORWARDED:
+        import holoflow
+        try:
+            return getattr(holoflow, _FORWARDED[name])
+        except AttributeError:
+            raise AttributeError(f"holoflow.nn.functional.{name}: holoflow.{_FORWARDED[name]} is not "
+                                 f"available (its op module is not part of this build)") from None
+    raise AttributeError(f"module 'holoflow.nn.functional' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_FORWARDED))
+
+
+__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "binary_cross_entropy",
+           "binary_cross_entropy_with_logits", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+           "conv_transpose2d", "cosine_similarity", "cross_entropy", "dropout", "elu", "embedding", "gelu",
+           "group_norm", "hardsigmoid", "hardswish", "hardtanh", "huber_loss", "instance_norm", "interpolate",
+           "kl_div", "l1_loss", "layer_norm", "leaky_relu", "log_softmax", "logsigmoid", "max_pool2d", "mish",
+           "mse_loss", "nll_loss", "normalize", "one_hot", "relu", "relu6", "relu_", "rms_norm",
+           "scaled_dot_product_attention", "selu", "silu", "smooth_l1_loss", "soft_margin_loss", "softmax",
+           "softmin", "softplus", "upsample"]

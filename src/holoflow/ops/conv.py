@@ -1,0 +1,360 @@
+"""Convolution, pooling and interpolation: primitives on ATen kernels with dedicated backward ops.
+
+One ``convolution`` op serves conv1d/2d/3d and the transposed forms. Padding 'same' with an
+even receptive field pads one extra element at the end (``extra``), as torch does; the kernels
+apply it and slice it off the input gradient. The linear backward ops (avg pooling,
+interpolation) get their own grad rules (double backward); the others' grads raise.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as TF
+
+from ..core.dispatch import apply
+from ..core.errors import ShapeError, UnsupportedError
+from ..core.registry import Meta, defop
+from ..core.sbp import B, P, S
+from ..core.tensor import Tensor
+
+
+def _no_double(name: str):
+    def grad(ctx, *dys):
+        raise UnsupportedError(f"holoflow.{name}: double backward is not implemented")
+    return grad
+
+
+def _pad_extra(x: torch.Tensor, extra) -> torch.Tensor:
+    if not extra or not any(extra):
+        return x
+    arg = []
+    for e in reversed(extra):
+        arg += [0, e]
+    return TF.pad(x, arg)
+
+
+def _unbatched(x: torch.Tensor, w: torch.Tensor) -> bool:
+    return x.dim() == w.dim() - 1
+
+
+# -- convolution ---------------------------------------------------------------------------------
+
+def _conv_kernel(x, w, b, stride, padding, dilation, transposed, output_padding, groups, extra):
+    unb = _unbatched(x, w)
+    if unb:
+        x = x.unsqueeze(0)
+    out = torch.ops.aten.convolution(_pad_extra(x, extra), w, b, stride, padding, dilation, transposed,
+                                     output_padding, groups)
+    return out.squeeze(0) if unb else out
+
+
+def _zeros(shape, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros((), dtype=like.dtype, device=like.device).expand(shape)
+
+
+def _conv_bwd_kernel(dy, x, w, stride, padding, dilation, transposed, output_padding, groups, extra,
+                     has_bias, output_mask):
+    unb = _unbatched(x, w)
+    x4, dy4 = (x.unsqueeze(0), dy.unsqueeze(0)) if unb else (x, dy)
+    xp = _pad_extra(x4, extra)
+    c_out = w.shape[1] * groups if transposed else w.shape[0]
+    dx, dw, db = torch.ops.aten.convolution_backward(
+        dy4, xp, w, [c_out] if has_bias else None, stride, padding, dilation, transposed, output_padding,
+        groups, [output_mask[0], output_mask[1], has_bias and output_mask[2]])
+    if dx is None:
+        dx = _zeros(x.shape, x)
+    else:
+        if xp is not x4:
+            for d, n in enumerate(x4.shape[2:]):
+                dx = dx.narrow(d + 2, 0, n)
+        dx = dx.squeeze(0) if unb else dx
+    return dx, dw if dw is not None else _zeros(w.shape, w), db if db is not None else _zeros((c_out,), w)
+
+
+def _conv_sbp(metas, attrs):
+    """Batch split -> batch split (weight B); out-channel split of the weight -> channel split of
+    the output; in-channel split of input and weight -> partial sum (the bias then must be P so
+    it is added once). Both operands are linear: P in one (bias P too) -> P."""
+    x, w = metas[0], metas[1]
+    has_b = isinstance(metas[2], Meta)
+    ws, wb = (1, 0) if attrs["transposed"] else (0, 1)      # weight axes: out-, in-channel
+    cax = len(x.shape) - len(w.shape) + 1
+    bias = lambda s: (s,) if has_b else ()
+    sigs = [((B, B) + bias(B), (B,))]
+    if cax == 1:
+        sigs.append(((S(0), B) + bias(B), (S(0),)))
+    if attrs["groups"] == 1:
+        sigs.append(((B, S(ws)) + bias(S(0)), (S(cax),)))
+        sigs.append(((S(cax), S(wb)) + bias(P), (P,)))
+    sigs += [((P, B) + bias(P), (P,)), ((B, P) + bias(P), (P,))]
+    return sigs
+
+
+def _conv_bwd_sbp(metas, attrs):
+    dy, x, w = metas
+    ws, wb = (1, 0) if attrs["transposed"] else (0, 1)
+    cax = len(x.shape) - len(w.shape) + 1
+    sigs = [((B, B, B), (B, B, B)), ((P, B, B), (P, P, P))]
+    if cax == 1:
+        sigs.append(((S(0), S(0), B), (S(0), P, P)))
+    if attrs["groups"] == 1:
+        sigs.append(((S(cax), B, S(ws)), (P, S(ws), S(0))))
+        sigs.append(((B, S(cax), S(wb)), (S(cax), S(wb), B)))
+    return sigs
+
+
+CONV_ATTRS = ("stride", "padding", "dilation", "transposed", "output_padding", "groups", "extra")
+
+
+def _conv_grad(c, dy):
+    x, w, b = c.inputs
+    mask = [c.needs_grad[0], c.needs_grad[1], b is not None and c.needs_grad[2]]
+    attrs = {k: c.attrs[k] for k in CONV_ATTRS}
+    dx, dw, db = apply(CONV_BWD, dy, x, w, has_bias=b is not None, output_mask=mask, **attrs)
+    return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
+
+
+CONV_BWD = defop("convolution_backward", _conv_bwd_kernel, sbp=_conv_bwd_sbp,
+                 grad=_no_double("convolution_backward"), family="conv")
+CONV = defop("convolution", _conv_kernel, grad=_conv_grad, save="inputs", sbp=_conv_sbp, family="conv")
+
+
+def _tuple(v, n: int, what: str, name: str) -> tuple:
+    t = tuple(v) if isinstance(v, (list, tuple)) else (v,) * n
+    if len(t) != n:
+        raise ValueError(f"holoflow.{name}: {what} must be an int or {n} ints, got {v!r}")
+    return tuple(int(i) for i in t)
+
+
+def _check_conv(name: str, x: Tensor, w: Tensor, b, k: int, groups: int, transposed: bool) -> None:
+    if w.dim() != k + 2 or x.dim() not in (k + 1, k + 2):
+        raise ShapeError(f"holoflow.{name}: expected a {k + 1}-D (unbatched) or {k + 2}-D input and a "
+                         f"{k + 2}-D weight, got input {tuple(x.shape)} and weight {tuple(w.shape)}")
+    cax = x.dim() - k - 1
+    want = w.shape[0] if transposed else w.shape[1] * groups
+    if x.shape[cax] != want:
+        raise ShapeError(f"holoflow.{name}: input of shape {tuple(x.shape)} has {x.shape[cax]} channels "
+                         f"(dim {cax}), but weight of shape {tuple(w.shape)} with groups={groups} expects "
+                         f"{want} input channels")
+    c_out = w.shape[1] * groups if transposed else w.shape[0]
+    if b is not None and tuple(b.shape) != (c_out,):
+        raise ShapeError(f"holoflow.{name}: bias of shape {tuple(b.shape)} should be ({c_out},) for weight "
+                         f"of shape {tuple(w.shape)}")
+
+
+def _conv(name: str, k: int, input: Tensor, weight: Tensor, bias, stride, padding, dilation, groups) -> Tensor:
+    _check_conv(name, input, weight, bias, k, groups, False)
+    stride, dilation = _tuple(stride, k, "stride", name), _tuple(dilation, k, "dilation", name)
+    extra = None
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = (0,) * k
+        elif padding == "same":
+            if any(s != 1 for s in stride):
+                raise ValueError(f"holoflow.{name}: padding='same' is not supported for strided convolutions")
+            total = [d * (n - 1) for d, n in zip(dilation, weight.shape[2:])]
+            padding = tuple(t // 2 for t in total)
+            extra = tuple(t - 2 * (t // 2) for t in total)
+            extra = extra if any(extra) else None
+        else:
+            raise ValueError(f"holoflow.{name}: padding must be 'valid', 'same' or ints, got {padding!r}")
+    padding = _tuple(padding, k, "padding", name)
+    return apply(CONV, input, weight, bias, stride=stride, padding=padding, dilation=dilation,
+                 transposed=False, output_padding=(0,) * k, groups=groups, extra=extra)
+
+
+def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
+           groups: int = 1) -> Tensor:
+    """1-D convolution over an ``(N, C, L)`` input, as ``torch.nn.functional.conv1d``."""
+    return _conv("conv1d", 1, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
+           groups: int = 1) -> Tensor:
+    """2-D convolution over an ``(N, C, H, W)`` input; ``padding`` may be 'same' or 'valid'."""
+    return _conv("conv2d", 2, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
+           groups: int = 1) -> Tensor:
+    return _conv("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
+
+
+def _conv_transpose(name: str, k: int, input, weight, bias, stride, padding, output_padding, groups,
+                    dilation) -> Tensor:
+    _check_conv(name, input, weight, bias, k, groups, True)
+    return apply(CONV, input, weight, bias, stride=_tuple(stride, k, "stride", name),
+                 padding=_tuple(padding, k, "padding", name), dilation=_tuple(dilation, k, "dilation", name),
+                 transposed=True, output_padding=_tuple(output_padding, k, "output_padding", name),
+                 groups=groups, extra=None)
+
+
+def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
+                     output_padding=0, groups: int = 1, dilation=1) -> Tensor:
+    return _conv_transpose("conv_transpose1d", 1, input, weight, bias, stride, padding, output_padding,
+                           groups, dilation)
+
+
+def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
+                     output_padding=0, groups: int = 1, dilation=1) -> Tensor:
+    """Transposed 2-D convolution (the gradient of conv2d w.r.t. its input); weight is
+    ``(C_in, C_out / groups, kH, kW)``."""
+    return _conv_transpose("conv_transpose2d", 2, input, weight, bias, stride, padding, output_padding,
+                           groups, dilation)
+
+
+# -- pooling --------------------------------------------------------------------------------------
+
+def _lead_sbp(linear_in: Sequence[int] = (), n_out: int = 1):
+    """Split on the non-spatial leading axes (N and C of a 4-D input, C of a 3-D one), every
+    tensor operand alike; P through the operands in ``linear_in`` (others B)."""
+    def rule(metas, attrs):
+        tens = [m for m in metas if isinstance(m, Meta)]
+        n = len(tens)
+        lead = len(tens[-1].shape) - 2 if n > 1 else len(tens[0].shape) - 2
+        sigs = [((B,) * n, (B,) * n_out)]
+        sigs += [((S(a),) * n, (S(a),) * n_out) for a in range(lead)]
+        for i in linear_in:
+            sigs.append((tuple(P if j == i else B for j in range(n)), (P,) * n_out))
+        return sigs
+    return rule
+
+
+def _max_pool_bwd_kernel(dy, x, idx, kernel_size, stride, padding, dilation, ceil_mode):
+    return torch.ops.aten.max_pool2d_with_indices_backward(dy, x, kernel_size, stride, padding, dilation,
+                                                           ceil_mode, idx)
+
+
+POOL_ATTRS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
+MAX_POOL2D_BWD = defop("max_pool2d_backward", _max_pool_bwd_kernel, sbp=_lead_sbp((0,)),
+                       grad=_no_double("max_pool2d_backward"), family="pool")
+MAX_POOL2D = defop("max_pool2d", lambda x, kernel_size, stride, padding, dilation, ceil_mode:
+                   torch.ops.aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode),
+                   grad=lambda c, dy, _di: (apply(MAX_POOL2D_BWD, dy, c.inputs[0], c.outs[1],
+                                                  **{k: c.attrs[k] for k in POOL_ATTRS}),),
+                   save="both", sbp=_lead_sbp(n_out=2), outputs=("out", "indices"), family="pool")
+
+
+def _pool_args(name, kernel_size, stride, padding, dilation=1) -> dict:
+    k = _tuple(kernel_size, 2, "kernel_size", name)
+    s = k if stride is None or (isinstance(stride, (list, tuple)) and not stride) else _tuple(stride, 2, "stride", name)
+    return {"kernel_size": k, "stride": s, "padding": _tuple(padding, 2, "padding", name),
+            "dilation": _tuple(dilation, 2, "dilation", name)}
+
+
+def _check_pool(name: str, x: Tensor) -> None:
+    if x.dim() not in (3, 4):
+        raise ShapeError(f"holoflow.{name}: expected a 3-D (C, H, W) or 4-D (N, C, H, W) input, got "
+                         f"shape {tuple(x.shape)}")
+
+
+def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+               return_indices: bool = False):
+    """Max over ``kernel_size`` windows; with ``return_indices`` also the flat H*W argmax."""
+    _check_pool("max_pool2d", input)
+    out, idx = apply(MAX_POOL2D, input, ceil_mode=bool(ceil_mode),
+                     **_pool_args("max_pool2d", kernel_size, stride, padding, dilation))
+    return (out, idx) if return_indices else out
+
+
+def _avg_bwd_grad(c, ddx):
+    attrs = {k: c.attrs[k] for k in ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
+                                     "divisor_override")}
+    return apply(AVG_POOL2D, ddx, **attrs), None
+
+
+AVG_POOL2D_BWD = defop("avg_pool2d_backward",
+                       lambda dy, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override:
+                       torch.ops.aten.avg_pool2d_backward(dy, x, kernel_size, stride, padding, ceil_mode,
+                                                          count_include_pad, divisor_override),
+                       grad=_avg_bwd_grad, sbp=_lead_sbp((0,)), family="pool")
+AVG_POOL2D = defop("avg_pool2d", lambda x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                   divisor_override: torch.ops.aten.avg_pool2d(x, kernel_size, stride, padding, ceil_mode,
+                                                               count_include_pad, divisor_override),
+                   grad=lambda c, dy: (apply(AVG_POOL2D_BWD, dy, c.inputs[0], **c.attrs),), save="inputs",
+                   sbp=_lead_sbp((0,)), family="pool")
+
+
+def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
+    """Mean over ``kernel_size`` windows, as ``torch.nn.functional.avg_pool2d``."""
+    _check_pool("avg_pool2d", input)
+    a = _pool_args("avg_pool2d", kernel_size, stride, padding)
+    del a["dilation"]
+    return apply(AVG_POOL2D, input, ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad),
+                 divisor_override=divisor_override, **a)
+
+
+ADAPTIVE_AVG_POOL2D_BWD = defop(
+    "adaptive_avg_pool2d_backward", lambda dy, x: torch.ops.aten._adaptive_avg_pool2d_backward(dy, x),
+    grad=lambda c, ddx: (apply(ADAPTIVE_AVG_POOL2D, ddx, output_size=tuple(c.shapes[0][-2:])), None),
+    sbp=_lead_sbp((0,)), family="pool")
+ADAPTIVE_AVG_POOL2D = defop(
+    "adaptive_avg_pool2d", lambda x, output_size: torch.ops.aten._adaptive_avg_pool2d(x, output_size),
+    grad=lambda c, dy: (apply(ADAPTIVE_AVG_POOL2D_BWD, dy, c.inputs[0]),), save="inputs",
+    sbp=_lead_sbp((0,)), family="pool")
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
+    """Mean pooling to a fixed ``output_size`` (None keeps that input size)."""
+    _check_pool("adaptive_avg_pool2d", input)
+    size = output_size if isinstance(output_size, (list, tuple)) else (output_size, output_size)
+    size = tuple(int(input.shape[-2 + i]) if s is None else int(s) for i, s in enumerate(size))
+    return apply(ADAPTIVE_AVG_POOL2D, input, output_size=size)
+
+
+# -- interpolate ---------------------------------------------------------------------------------
+
+_MODES = {("nearest", 1): "upsample_nearest1d", ("nearest", 2): "upsample_nearest2d",
+          ("linear", 1): "upsample_linear1d", ("bilinear", 2): "upsample_bilinear2d"}
+
+
+def _interp_kernel(x, size, scale_factor, mode, align_corners):
+    return TF.interpolate(x, size=size, scale_factor=scale_factor, mode=mode, align_corners=align_corners)
+
+
+def _interp_bwd_kernel(dy, x, size, scale_factor, mode, align_corners):
+    k = x.dim() - 2
+    fn = getattr(torch.ops.aten, _MODES[(mode, k)] + "_backward")
+    scales = list(scale_factor) if scale_factor is not None else [None] * k
+    extra = [align_corners] if mode != "nearest" else []
+    return fn(dy, list(dy.shape[2:]), list(x.shape), *extra, *scales)
+
+
+INTERPOLATE_BWD = defop("interpolate_backward", _interp_bwd_kernel, sbp=_lead_sbp((0,)), family="resize",
+                        grad=lambda c, ddx: (apply(INTERPOLATE, ddx, **c.attrs), None))
+INTERPOLATE = defop("interpolate", _interp_kernel, save="inputs", sbp=_lead_sbp((0,)), family="resize",
+                    grad=lambda c, dy: (apply(INTERPOLATE_BWD, dy, c.inputs[0], **c.attrs),))
+
+
+def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "nearest", align_corners=None,
+                recompute_scale_factor=None, antialias: bool = False) -> Tensor:
+    """Resizes the spatial dims of an ``(N, C, *)`` input: mode 'nearest' (1-D/2-D), 'linear'
+    (1-D) or 'bilinear' (2-D), to ``size`` or by ``scale_factor``."""
+    k = input.dim() - 2
+    if (mode, k) not in _MODES or antialias or recompute_scale_factor:
+        raise UnsupportedError(f"holoflow.interpolate: mode={mode!r} on a {input.dim()}-D input (antialias="
+                               f"{antialias}, recompute_scale_factor={recompute_scale_factor}) is not supported; "
+                               f"supported: {sorted(set(m for m, _ in _MODES))} on 3-D/4-D inputs")
+    if (size is None) == (scale_factor is None):
+        raise ValueError("holoflow.interpolate: give exactly one of size and scale_factor")
+    if mode == "nearest" and align_corners is not None:
+        raise ValueError("holoflow.interpolate: align_corners only applies to linear modes")
+    if size is not None:
+        size = _tuple(size, k, "size", "interpolate")
+    else:
+        scale_factor = tuple(float(s) for s in (scale_factor if isinstance(scale_factor, (list, tuple))
+                                                else (scale_factor,) * k))
+    ac = None if mode == "nearest" else bool(align_corners)
+    return apply(INTERPOLATE, input, size=size, scale_factor=scale_factor, mode=mode, align_corners=ac)
+
+
+def upsample(input: Tensor, size=None, scale_factor=None, mode: str = "nearest", align_corners=None) -> Tensor:
+    return interpolate(input, size, scale_factor, mode, align_corners)
+
+
+_ = math
+__all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
+           "adaptive_avg_pool2d", "interpolate", "upsample"]

@@ -1,0 +1,284 @@
+"""Losses. ``cross_entropy`` and ``nll_loss`` are primitives (torch's fused kernel forward, a
+closed-form backward op); the others are composites of elementwise ops and ``sum_to_size``, so
+they need no gradient code and their SBP comes from their parts."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as TF
+
+from ..core.dispatch import apply
+from ..core.errors import DTypeError, ShapeError, UnsupportedError
+from ..core.registry import Meta, defop
+from ..core.sbp import B, P, S
+from ..core.tensor import Tensor
+from . import elementwise as E
+from .family import SUM_TO
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _reduction(name: str, reduction: str, size_average=None, reduce=None) -> str:
+    if size_average is not None or reduce is not None:  # torch's legacy arguments
+        size_average = True if size_average is None else size_average
+        reduction = "none" if reduce is False else ("mean" if size_average else "sum")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"holoflow.{name}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    return reduction
+
+
+def reduce_loss(loss: Tensor, reduction: str) -> Tensor:
+    """'none' -> as is; 'sum' -> total; 'mean' -> total / numel (nan for an empty loss)."""
+    if reduction == "none":
+        return loss
+    total = apply(SUM_TO, loss, shape=())
+    return total if reduction == "sum" else total / loss.numel() if loss.numel() else total * float("nan")
+
+
+# -- cross_entropy / nll_loss primitives ------------------------------------------------------------
+
+def _acc(dt: torch.dtype) -> torch.dtype:
+    return torch.float32 if dt in (torch.bfloat16, torch.float16) else dt
+
+
+def _class_coeffs(x, t, w, ignore_index, ls, cdim, acc):
+    """For class-index targets: the coefficients ``a[n, c]`` with loss_n = -sum_c a log p, and
+    the 'mean' denominator (total weight of the non-ignored targets), as torch defines them."""
+    valid = t != ignore_index
+    ts = torch.where(valid, t, torch.zeros_like(t))
+    onehot = torch.zeros(x.shape, dtype=acc, device=x.device).scatter_(cdim, ts.unsqueeze(cdim), 1.0)
+    wt = (w.to(acc)[ts] if w is not None else torch.ones(t.shape, dtype=acc, device=x.device)) * valid
+    a = onehot * wt.unsqueeze(cdim) * (1 - ls)
+    if ls > 0:
+        shape = [1] * x.dim()
+        shape[cdim] = x.shape[cdim]
+        wc = w.to(acc).view(shape) if w is not None else 1.0
+        a = a + (ls / x.shape[cdim]) * wc * valid.unsqueeze(cdim)
+    return a, wt.sum()
+
+
+def _scale(dy, reduction, denom, cdim, acc):
+    dy = dy.to(acc)
+    if reduction == "none":
+        return dy.unsqueeze(cdim)
+    return dy / denom if reduction == "mean" else dy
+
+
+def _ce_bwd_kernel(dy, x, t, w, ignore_index, reduction, label_smoothing):
+    acc, cdim = _acc(x.dtype), 1 if x.dim() >= 2 else 0
+    logp = torch.log_softmax(x.to(acc), cdim)
+    ls, n_cls = label_smoothing, x.shape[cdim]
+    if t.is_floating_point():
+        shape = [1] * x.dim()
+        shape[cdim] = n_cls
+        wc = w.to(acc).view(shape) if w is not None else 1.0
+        tt = t.to(acc) * (1 - ls) + ls / n_cls if ls > 0 else t.to(acc)
+        a = tt * wc
+        s = _scale(dy, reduction, x.numel() / n_cls if x.numel() else float("nan"), cdim, acc)
+        dt = (-s * logp * wc * (1 - ls)).to(t.dtype)
+    else:
+        a, denom = _class_coeffs(x, t, w, ignore_index, ls, cdim, acc)
+        s = _scale(dy, reduction, denom, cdim, acc)
+        dt = torch.zeros((), dtype=x.dtype, device=x.device).expand(0)
+    dx = s * (logp.exp() * a.sum(cdim, keepdim=True) - a)
+    return dx.to(x.dtype), dt
+
+
+def _nll_bwd_kernel(dy, x, t, w, ignore_index, reduction):
+    acc, cdim = _acc(x.dtype), 1 if x.dim() >= 2 else 0
+    a, denom = _class_coeffs(x, t, w, ignore_index, 0.0, cdim, acc)
+    return (-_scale(dy, reduction, denom, cdim, acc) * a).to(x.dtype)
+
+
+def _class_loss_sbp(metas, attrs):
+    """Reduction 'none': split on the batch or a spatial axis (the class axis never: softmax).
+    'sum': the same splits give a partial sum. 'mean': only broadcast (the denominator is global).
+    For the backward ops (dy first) the same splits, dy following the loss's split."""
+    is_bwd = len(metas) == 4
+    x, t = (metas[1], metas[2]) if is_bwd else (metas[0], metas[1])
+    has_w = isinstance(metas[-1], Meta)
+    n_out = (2 if "label_smoothing" in attrs else 1) if is_bwd else 1
+    n_in = (1 if is_bwd else 0) + 2 + has_w
+    sigs = [((B,) * n_in, (B,) * n_out)]
+    red = attrs["reduction"]
+    if len(x.shape) < 2 or red == "mean":
+        return sigs
+    prob = t.dtype.is_floating_point
+    for a in [0] + list(range(2, len(x.shape))):
+        ta = a if prob or a == 0 else a - 1
+        ins = (S(a), S(ta)) + ((B,) if has_w else ())
+        if is_bwd:
+            dy = S(ta) if red == "none" else B
+            outs = (S(a),) + ((S(ta) if prob else B,) if n_out == 2 else ())
+            sigs.append(((dy,) + ins, outs))
+        else:
+            sigs.append((ins, (S(ta) if red == "none" else P,)))
+    return sigs
+
+
+def _ce_grad(c, dy):
+    x, t, w = c.inputs
+    dx, dt = apply(CROSS_ENTROPY_BWD, dy, x, t, w, ignore_index=c.ignore_index, reduction=c.reduction,
+                   label_smoothing=c.label_smoothing)
+    return dx, dt if t.is_floating_point() else None, None
+
+
+def _nll_grad(c, dy):
+    x, t, w = c.inputs
+    return apply(NLL_LOSS_BWD, dy, x, t, w, ignore_index=c.ignore_index, reduction=c.reduction), None, None
+
+
+def _no_double(name):
+    def grad(ctx, *dys):
+        raise UnsupportedError(f"holoflow.{name}: double backward is not implemented")
+    return grad
+
+
+CROSS_ENTROPY_BWD = defop("cross_entropy_backward", _ce_bwd_kernel, sbp=_class_loss_sbp, family="loss",
+                          grad=_no_double("cross_entropy_backward"))
+CROSS_ENTROPY = defop("cross_entropy", lambda x, t, w, ignore_index, reduction, label_smoothing:
+                      TF.cross_entropy(x, t, w, ignore_index=ignore_index, reduction=reduction,
+                                       label_smoothing=label_smoothing),
+                      grad=_ce_grad, save="inputs", sbp=_class_loss_sbp, family="loss")
+NLL_LOSS_BWD = defop("nll_loss_backward", _nll_bwd_kernel, sbp=_class_loss_sbp, family="loss",
+                     grad=_no_double("nll_loss_backward"))
+NLL_LOSS = defop("nll_loss", lambda x, t, w, ignore_index, reduction:
+                 TF.nll_loss(x, t, w, ignore_index=ignore_index, reduction=reduction),
+                 grad=_nll_grad, save="inputs", sbp=_class_loss_sbp, family="loss")
+
+
+def _check_class_target(name: str, input: Tensor, target: Tensor, weight, allow_prob: bool) -> None:
+    x, t = tuple(input.shape), tuple(target.shape)
+    if input.dim() == 0:
+        raise ShapeError(f"holoflow.{name}: input must have a class dim, got a 0-d tensor")
+    n_cls = x[1] if len(x) >= 2 else x[0]
+    if target.is_floating_point():
+        if not allow_prob:
+            raise DTypeError(f"holoflow.{name}: target must hold class indices (int64), got {target.dtype}")
+        if t != x:
+            raise ShapeError(f"holoflow.{name}: a probability target (dtype {target.dtype}) must have the "
+                             f"input's shape {x}, got {t}")
+    else:
+        if target.dtype != torch.int64:
+            raise DTypeError(f"holoflow.{name}: class-index target must be int64 (long), got {target.dtype}"
+                             + (" (or a floating target of probabilities)" if allow_prob else ""))
+        want = x[:1] + x[2:] if len(x) >= 2 else ()
+        if t != want:
+            raise ShapeError(f"holoflow.{name}: input of shape {x} (classes on dim {1 if len(x) >= 2 else 0}) "
+                             f"needs a class-index target of shape {want}, got {t}")
+    if weight is not None and tuple(weight.shape) != (n_cls,):
+        raise ShapeError(f"holoflow.{name}: weight of shape {tuple(weight.shape)} should be ({n_cls},)")
+
+
+def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average=None,
+                  ignore_index: int = -100, reduce=None, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """``nll_loss(log_softmax(input, 1), target)`` for class indices, or ``-sum(target * log_softmax)``
+    for class probabilities; input is ``(C,)``, ``(N, C)`` or ``(N, C, d1, ...)``."""
+    reduction = _reduction("cross_entropy", reduction, size_average, reduce)
+    _check_class_target("cross_entropy", input, target, weight, True)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"holoflow.cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    return apply(CROSS_ENTROPY, input, target, weight, ignore_index=ignore_index, reduction=reduction,
+                 label_smoothing=float(label_smoothing))
+
+
+def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average=None,
+             ignore_index: int = -100, reduce=None, reduction: str = "mean") -> Tensor:
+    """Negative log-likelihood of log-probabilities ``input`` at the ``target`` classes."""
+    reduction = _reduction("nll_loss", reduction, size_average, reduce)
+    _check_class_target("nll_loss", input, target, weight, False)
+    return apply(NLL_LOSS, input, target, weight, ignore_index=ignore_index, reduction=reduction)
+
+
+# -- composites ------------------------------------------------------------------------------------
+
+def _pair(name: str, input: Tensor, target: Tensor, same_shape: bool = False) -> None:
+    if same_shape and tuple(input.shape) != tuple(target.shape):
+        raise ShapeError(f"holoflow.{name}: target of shape {tuple(target.shape)} must have the input's "
+                         f"shape {tuple(input.shape)}")
+
+
+def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
+             weight=None) -> Tensor:
+    """Mean squared error ``(input - target)^2``, reduced."""
+    d = input - target
+    return reduce_loss(d * d, _reduction("mse_loss", reduction, size_average, reduce))
+
+
+def l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
+    """Mean absolute error ``|input - target|``, reduced."""
+    return reduce_loss((input - target).abs(), _reduction("l1_loss", reduction, size_average, reduce))
+
+
+def smooth_l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
+                   beta: float = 1.0) -> Tensor:
+    """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (L1 for ``beta == 0``)."""
+    reduction = _reduction("smooth_l1_loss", reduction, size_average, reduce)
+    d = (input - target).abs()
+    if beta == 0:
+        return reduce_loss(d, reduction)
+    return reduce_loss(E.where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta), reduction)
+
+
+def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
+    """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)``."""
+    d = (input - target).abs()
+    return reduce_loss(E.where(d < delta, d * d * 0.5, (d - 0.5 * delta) * delta),
+                       _reduction("huber_loss", reduction))
+
+
+def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average=None,
+                         reduce=None, reduction: str = "mean") -> Tensor:
+    """``-(t log x + (1 - t) log(1 - x))`` for probabilities ``x``, the logs clamped at -100 as
+    torch does; ``weight`` rescales each element."""
+    _pair("binary_cross_entropy", input, target, same_shape=True)
+    loss = -(target * input.log().clamp_min(-100.0) + (1 - target) * (1 - input).log().clamp_min(-100.0))
+    if weight is not None:
+        loss = loss * weight
+    return reduce_loss(loss, _reduction("binary_cross_entropy", reduction, size_average, reduce))
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                                     size_average=None, reduce=None, reduction: str = "mean",
+                                     pos_weight: Tensor | None = None) -> Tensor:
+    """``binary_cross_entropy(sigmoid(input), target)`` computed stably from logits;
+    ``pos_weight`` weighs the positive term (broadcast along the class dim)."""
+    _pair("binary_cross_entropy_with_logits", input, target, same_shape=True)
+    # log(1 + exp(-x)) = max(-x, 0) + log(exp(-max) + exp(-x - max)), as torch writes it
+    max_val = (-input).clamp_min(0.0)
+    log_sig = ((-max_val).exp() + (-input - max_val).exp()).log() + max_val
+    if pos_weight is not None:
+        loss = (1 - target) * input + ((pos_weight - 1) * target + 1) * log_sig
+    else:
+        loss = (1 - target) * input + log_sig
+    if weight is not None:
+        loss = loss * weight
+    return reduce_loss(loss, _reduction("binary_cross_entropy_with_logits", reduction, size_average, reduce))
+
+
+def kl_div(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
+           log_target: bool = False) -> Tensor:
+    """``target * (log target - input)`` with ``input`` log-probabilities (``target`` too when
+    ``log_target``); reduction 'batchmean' divides the sum by the batch size."""
+    if reduction == "batchmean":
+        red = "batchmean"
+    else:
+        red = _reduction("kl_div", reduction, size_average, reduce)
+    if log_target:
+        loss = target.exp() * (target - input)
+    else:
+        loss = E.xlogy(target, target) - target * input
+    if red == "batchmean":
+        total = reduce_loss(loss, "sum")
+        return total / input.shape[0] if input.dim() else total
+    return reduce_loss(loss, red)
+
+
+def soft_margin_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    """``log(1 + exp(-target * input))``."""
+    z = -target * input
+    return reduce_loss(z.clamp_min(0.0) + ((-z.abs()).exp() + 1).log(), _reduction("soft_margin_loss", reduction))
+
+
+__all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+           "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "soft_margin_loss"]

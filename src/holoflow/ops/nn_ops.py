@@ -1,0 +1,578 @@
+"""Neural-network ops: activations, softmax, normalization, embedding, one_hot, normalize.
+
+Activations are elementwise family members (shape, SBP, in-place form from ops/family.py).
+softmax, log_softmax, gelu, layer_norm, group_norm, batch_norm and embedding are primitives for
+speed: each has a dedicated backward op whose kernel is ATen's backward. Double backward is
+written where it is a few lines (softmax, log_softmax, gelu 'none', embedding); elsewhere the
+backward op's grad raises ``UnsupportedError`` naming the op, so it never silently gives zero.
+Convolution/pooling/interpolation live in ops/conv.py, attention in ops/attention.py; their
+public names are re-exported here so ops/_all.py picks them up.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as TF
+
+from ..core.dispatch import apply, apply_inplace, assign
+from ..core.errors import ShapeError, UnsupportedError, normalize_dim
+from ..core.registry import Meta, defop
+from ..core.sbp import B, P, S
+from ..core.tensor import Tensor
+from . import elementwise as E
+from .family import SUM_TO, binary, elementwise_sbp, needs, unary
+
+# -- shared helpers ------------------------------------------------------------------------------
+
+
+def sum_keep(x: Tensor, dims: Sequence[int]) -> Tensor:
+    """Sum over ``dims`` keeping them as size 1 (via the family's ``sum_to_size`` op, so it
+    needs no reduction module and carries its SBP rule: a split summed axis gives P)."""
+    dims = {d % max(x.dim(), 1) for d in dims}
+    shape = tuple(1 if i in dims else s for i, s in enumerate(x.shape))
+    return apply(SUM_TO, x, shape=shape)
+
+
+def no_double_backward(name: str):
+    """Grad rule of a backward op without a second derivative: fails loudly, never zero."""
+    def grad(ctx, *dys):
+        raise UnsupportedError(f"holoflow.{name}: double backward is not implemented; compute the "
+                               f"second derivative with a composite form of the op instead")
+    return grad
+
+
+def split_sigs(metas: Sequence, axes_of: callable, n_out: int, extra: Sequence = ()) -> list:
+    """All-broadcast plus, per logical axis ``a`` of the first input in ``axes_of``, the
+    signature giving each tensor input ``axes_of(a)[i]`` and every output ``S(out_axis)``."""
+    n_in = sum(isinstance(m, Meta) for m in metas)
+    sigs = [((B,) * n_in, (B,) * n_out)]
+    for ins, outs in axes_of:
+        sigs.append((tuple(ins), tuple(outs) if isinstance(outs, (list, tuple)) else (outs,) * n_out))
+    return sigs + list(extra)
+
+
+def _tensor_flags(metas) -> list[bool]:
+    return [isinstance(m, Meta) for m in metas]
+
+
+# -- activations (elementwise family) -----------------------------------------------------------
+
+def _x(c):
+    return c.inputs[0]
+
+
+def _gelu_bwd_grad(c, ddx):
+    dy, x = c.inputs
+    if c.approximate != "none":
+        raise UnsupportedError("holoflow.gelu_backward: double backward of gelu(approximate='tanh') "
+                               "is not implemented; use approximate='none'")
+    pdf = (x * x * -0.5).exp() * (1 / math.sqrt(2 * math.pi))
+    return (apply(GELU_BWD, ddx, x, approximate="none") if needs(c, 0) else None,
+            ddx * dy * pdf * (2 - x * x) if needs(c, 1) else None)
+
+
+GELU_BWD = binary("gelu_backward", lambda dy, x, approximate="none":
+                  torch.ops.aten.gelu_backward(dy, x, approximate=approximate),
+                  _gelu_bwd_grad, "inputs", partial=("PB",))
+GELU = unary("gelu", lambda x, approximate="none": TF.gelu(x, approximate=approximate),
+             lambda c, dy: (apply(GELU_BWD, dy, _x(c), approximate=c.approximate),), "inputs")
+RELU = unary("relu", torch.relu, lambda c, dy: (dy * (c.out > 0),), "output")
+LEAKY_RELU = unary("leaky_relu", lambda x, negative_slope=0.01: TF.leaky_relu(x, negative_slope),
+                   lambda c, dy: (E.where(_x(c) > 0, dy, dy * c.negative_slope),), "inputs")
+
+
+def _silu_grad(c, dy):
+    x = _x(c)
+    s = x.sigmoid()
+    return (dy * s * (1 + x * (1 - s)),)
+
+
+SILU = unary("silu", TF.silu, _silu_grad, "inputs")
+
+
+def _softplus_grad(c, dy):
+    z = _x(c) * c.beta
+    return (E.where(z > c.threshold, dy, dy * z.sigmoid()),)
+
+
+SOFTPLUS = unary("softplus", lambda x, beta=1.0, threshold=20.0: TF.softplus(x, beta, threshold),
+                 _softplus_grad, "inputs")
+
+
+def _elu_grad(c, dy):
+    x, out = c.inputs[0], c.outs[0]
+    return (E.where(x > 0, dy, dy * (out + c.alpha)),)
+
+
+ELU = unary("elu", lambda x, alpha=1.0: TF.elu(x, alpha), _elu_grad, "both")
+
+
+def _hardswish_grad(c, dy):
+    x = _x(c)
+    return (E.where(x < -3, dy * 0, E.where(x <= 3, dy * (x / 3 + 0.5), dy)),)
+
+
+HARDSWISH = unary("hardswish", TF.hardswish, _hardswish_grad, "inputs")
+HARDSIGMOID = unary("hardsigmoid", TF.hardsigmoid,
+                    lambda c, dy: (dy * ((_x(c) > -3).logical_and(_x(c) < 3)) / 6,), "inputs")
+
+
+def _maybe_inplace(op, input: Tensor, inplace: bool, **attrs) -> Tensor:
+    return apply_inplace(op, input, **attrs) if inplace else apply(op, input, **attrs)
+
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
+    """``max(x, 0)``, as ``torch.nn.functional.relu``."""
+    return _maybe_inplace(RELU, input, inplace)
+
+
+def relu_(input: Tensor) -> Tensor:
+    return apply_inplace(RELU, input)
+
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    """``x`` if ``x > 0`` else ``negative_slope * x``."""
+    return _maybe_inplace(LEAKY_RELU, input, inplace, negative_slope=negative_slope)
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
+    """Gaussian error linear unit; ``approximate='tanh'`` for the tanh approximation."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"holoflow.gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return apply(GELU, input, approximate=approximate)
+
+
+def silu(input: Tensor, inplace: bool = False) -> Tensor:
+    """``x * sigmoid(x)`` (swish)."""
+    return _maybe_inplace(SILU, input, inplace)
+
+
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """``log(1 + exp(beta x)) / beta``, linear above ``threshold``."""
+    return apply(SOFTPLUS, input, beta=beta, threshold=threshold)
+
+
+def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+    """``x`` if ``x > 0`` else ``alpha * (exp(x) - 1)``."""
+    return _maybe_inplace(ELU, input, inplace, alpha=alpha)
+
+
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+
+
+def selu(input: Tensor, inplace: bool = False) -> Tensor:
+    """``scale * elu(x, alpha)`` with the self-normalizing constants (a composite)."""
+    out = apply(ELU, input, alpha=_SELU_ALPHA) * _SELU_SCALE
+    return assign(input, out, "selu") if inplace else out
+
+
+def hardswish(input: Tensor, inplace: bool = False) -> Tensor:
+    """``x * relu6(x + 3) / 6``."""
+    return _maybe_inplace(HARDSWISH, input, inplace)
+
+
+def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor:
+    """``relu6(x + 3) / 6``."""
+    return _maybe_inplace(HARDSIGMOID, input, inplace)
+
+
+def relu6(input: Tensor, inplace: bool = False) -> Tensor:
+    """``min(max(x, 0), 6)`` (a composite of clamp)."""
+    return input.clamp_(0.0, 6.0) if inplace else E.clamp(input, 0.0, 6.0)
+
+
+def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
+    return input.clamp_(min_val, max_val) if inplace else E.clamp(input, min_val, max_val)
+
+
+def mish(input: Tensor, inplace: bool = False) -> Tensor:
+    """``x * tanh(softplus(x))`` (a composite)."""
+    out = input * apply(SOFTPLUS, input, beta=1.0, threshold=20.0).tanh()
+    return assign(input, out, "mish") if inplace else out
+
+
+def logsigmoid(input: Tensor) -> Tensor:
+    """``log(sigmoid(x)) = -softplus(-x)`` (a composite)."""
+    return -apply(SOFTPLUS, -input, beta=1.0, threshold=20.0)
+
+
+# -- softmax / log_softmax ----------------------------------------------------------------------
+
+def _softmax_sbp(metas, attrs):
+    """Split on any axis but the softmax dim, on every tensor operand alike; the backward ops
+    are also linear in their first operand (dy), hence (P, B) -> P for them."""
+    n = sum(isinstance(m, Meta) for m in metas)
+    nd = len(metas[0].shape)
+    dim = attrs["dim"] % max(nd, 1)
+    sigs = [((B,) * n, (B,))]
+    sigs += [((S(a),) * n, (S(a),)) for a in range(nd) if a != dim]
+    if n == 2:
+        sigs.append(((P, B), (P,)))
+    return sigs
+
+
+def _softmax_bwd_grad(c, ddx):
+    dy, y = c.inputs
+    gdy = apply(SOFTMAX_BWD, ddx, y, dim=c.dim) if needs(c, 0) else None
+    gy = None
+    if needs(c, 1):
+        gy = ddx * (dy - sum_keep(dy * y, [c.dim])) - dy * sum_keep(ddx * y, [c.dim])
+    return gdy, gy
+
+
+def _log_softmax_bwd_grad(c, ddx):
+    dy, y = c.inputs
+    p = y.exp()
+    gdy = ddx - sum_keep(ddx * p, [c.dim]) if needs(c, 0) else None
+    gy = -ddx * p * sum_keep(dy, [c.dim]) if needs(c, 1) else None
+    return gdy, gy
+
+
+SOFTMAX_BWD = defop("softmax_backward", lambda dy, y, dim: torch._softmax_backward_data(dy, y, dim, y.dtype),
+                    grad=_softmax_bwd_grad, save="inputs", sbp=_softmax_sbp, family="softmax")
+LOG_SOFTMAX_BWD = defop("log_softmax_backward",
+                        lambda dy, y, dim: torch._log_softmax_backward_data(dy, y, dim, y.dtype),
+                        grad=_log_softmax_bwd_grad, save="inputs", sbp=_softmax_sbp, family="softmax")
+SOFTMAX = defop("softmax", lambda x, dim: torch.softmax(x, dim), save="output", sbp=_softmax_sbp,
+                grad=lambda c, dy: (apply(SOFTMAX_BWD, dy, c.out, dim=c.dim),), family="softmax")
+LOG_SOFTMAX = defop("log_softmax", lambda x, dim: torch.log_softmax(x, dim), save="output",
+                    sbp=_softmax_sbp, family="softmax",
+                    grad=lambda c, dy: (apply(LOG_SOFTMAX_BWD, dy, c.out, dim=c.dim),))
+
+
+def _softmax_dim(name: str, input: Tensor, dim: int | None) -> int:
+    if dim is None:  # torch's legacy implicit choice
+        dim = 0 if input.dim() in (0, 1, 3) else 1
+    return normalize_dim(name, dim, input.dim())
+
+
+def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype=None) -> Tensor:
+    """``exp(x) / sum(exp(x), dim)``; ``dtype`` casts the input first (as torch does)."""
+    if dtype is not None:
+        input = input.to(dtype)
+    return apply(SOFTMAX, input, dim=_softmax_dim("softmax", input, dim))
+
+
+def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype=None) -> Tensor:
+    """``log(softmax(x, dim))``, computed stably."""
+    if dtype is not None:
+        input = input.to(dtype)
+    return apply(LOG_SOFTMAX, input, dim=_softmax_dim("log_softmax", input, dim))
+
+
+def softmin(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype=None) -> Tensor:
+    return softmax(-input, dim, dtype=dtype)
+
+
+# -- layer_norm / group_norm / rms_norm --------------------------------------------------------
+
+def _norm_sbp(lead_axes):
+    """x, mean, rstd (and dy, dx) split on an axis the norm doesn't reduce; weight/bias B; the
+    backward's dweight/dbias are then partial sums."""
+    def rule(metas, attrs):
+        flags = _tensor_flags(metas)
+        nd = len(metas[0].shape)
+        n_out = 3
+        is_bwd = "output_mask" in attrs
+        sigs = [((B,) * sum(flags), (B,) * n_out)]
+        for a in lead_axes(nd, attrs, metas):
+            ins = tuple(S(a) if i < (4 if is_bwd else 1) else B for i, f in enumerate(flags) if f)
+            outs = (S(a), P, P) if is_bwd else (S(a),) * 3
+            sigs.append((ins, outs))
+        return sigs
+    return rule
+
+
+def _ln_axes(nd, attrs, metas):
+    return range(nd - len(attrs["normalized_shape"]))
+
+
+def _opt(t, like: torch.Tensor, n: int) -> torch.Tensor:
+    return t if t is not None else like.new_zeros(n)
+
+
+def _ln_bwd_kernel(dy, x, mean, rstd, w, b, normalized_shape, output_mask):
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward(dy, x, normalized_shape, mean, rstd, w, b,
+                                                           output_mask)
+    return dx, _opt(dw, x, 0), _opt(db, x, 0)
+
+
+LAYER_NORM_BWD = defop("layer_norm_backward", _ln_bwd_kernel, sbp=_norm_sbp(_ln_axes),
+                       grad=no_double_backward("layer_norm_backward"), family="norm")
+
+
+def _ln_grad(c, dy, _dmean, _drstd):
+    x, w, b = c.inputs
+    _, mean, rstd = c.outs
+    mask = [needs(c, 0), w is not None and needs(c, 1), b is not None and needs(c, 2)]
+    dx, dw, db = apply(LAYER_NORM_BWD, dy, x, mean, rstd, w, b,
+                       normalized_shape=c.normalized_shape, output_mask=mask)
+    return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
+
+
+LAYER_NORM = defop("layer_norm", lambda x, w, b, normalized_shape, eps:
+                   torch.ops.aten.native_layer_norm(x, normalized_shape, w, b, eps),
+                   grad=_ln_grad, save="both", sbp=_norm_sbp(_ln_axes), outputs=("out", "mean", "rstd"),
+                   family="norm")
+
+
+def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalizes over the last ``len(normalized_shape)`` dims, then scales and shifts."""
+    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if tuple(input.shape[input.dim() - len(ns):]) != ns or len(ns) > input.dim():
+        raise ShapeError(f"holoflow.layer_norm: input of shape {tuple(input.shape)} does not end with "
+                         f"normalized_shape {ns}")
+    return apply(LAYER_NORM, input, weight, bias, normalized_shape=ns, eps=eps).out
+
+
+def _gn_dims(x: torch.Tensor) -> tuple:
+    n, c = x.shape[0], x.shape[1]
+    hxw = x[0, 0].numel() if n and c else math.prod(x.shape[2:])
+    return n, c, hxw
+
+
+def _gn_kernel(x, w, b, num_groups, eps):
+    n, c, hxw = _gn_dims(x)
+    return torch.ops.aten.native_group_norm(x, w, b, n, c, hxw, num_groups, eps)
+
+
+def _gn_bwd_kernel(dy, x, mean, rstd, w, num_groups, output_mask):
+    n, c, hxw = _gn_dims(x)
+    dx, dw, db = torch.ops.aten.native_group_norm_backward(dy, x, mean, rstd, w, n, c, hxw, num_groups,
+                                                           output_mask)
+    return dx, _opt(dw, x, 0), _opt(db, x, 0)
+
+
+def _gn_axes(nd, attrs, metas):
+    return (0,)
+
+
+GROUP_NORM_BWD = defop("group_norm_backward", _gn_bwd_kernel, sbp=_norm_sbp(_gn_axes),
+                       grad=no_double_backward("group_norm_backward"), family="norm")
+
+
+def _gn_grad(c, dy, _dmean, _drstd):
+    x, w, b = c.inputs
+    _, mean, rstd = c.outs
+    mask = [needs(c, 0), w is not None and needs(c, 1), b is not None and needs(c, 2)]
+    dx, dw, db = apply(GROUP_NORM_BWD, dy, x, mean, rstd, w, num_groups=c.num_groups, output_mask=mask)
+    return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
+
+
+GROUP_NORM = defop("group_norm", _gn_kernel, grad=_gn_grad, save="both", sbp=_norm_sbp(_gn_axes),
+                   outputs=("out", "mean", "rstd"), family="norm")
+
+
+def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalizes each of ``num_groups`` channel groups of an ``(N, C, *)`` input."""
+    if input.dim() < 2 or input.shape[1] % num_groups:
+        raise ShapeError(f"holoflow.group_norm: input of shape {tuple(input.shape)} needs a channel dim 1 "
+                         f"divisible by num_groups={num_groups}")
+    return apply(GROUP_NORM, input, weight, bias, num_groups=num_groups, eps=eps).out
+
+
+def rms_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing ``normalized_shape`` dims (a
+    composite; reduced precision inputs are computed in float32, as torch does)."""
+    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if tuple(input.shape[input.dim() - len(ns):]) != ns or len(ns) > input.dim():
+        raise ShapeError(f"holoflow.rms_norm: input of shape {tuple(input.shape)} does not end with "
+                         f"normalized_shape {ns}")
+    dt = input.dtype
+    x = input.float() if dt in (torch.bfloat16, torch.float16) else input
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    dims = list(range(input.dim() - len(ns), input.dim()))
+    ms = sum_keep(x * x, dims) / max(math.prod(ns), 1)
+    out = (x * (ms + eps).rsqrt()).to(dt)
+    return out * weight if weight is not None else out
+
+
+# -- batch_norm -----------------------------------------------------------------------------------
+
+def _bn_sbp(metas, attrs):
+    """Channel split: x S(1), every per-channel tensor S(0). Splitting other axes of x is legal
+    only in eval (training reads batch statistics over them)."""
+    flags = _tensor_flags(metas)
+    is_bwd = "output_mask" in attrs
+    n_out = 3
+    sigs = [((B,) * sum(flags), (B,) * n_out)]
+    if len(metas[0].shape) < 2:
+        return sigs
+    channel_inputs = 2 if is_bwd else 1     # (dy, x) or (x,)
+    ins = tuple(S(1) if i < channel_inputs else S(0) for i, f in enumerate(flags) if f)
+    sigs.append((ins, (S(1), S(0), S(0)) if is_bwd else (S(1), S(0), S(0))))
+    if not attrs["training"]:
+        for a in [0] + list(range(2, len(metas[0].shape))):
+            ins = tuple(S(a) if i < channel_inputs else B for i, f in enumerate(flags) if f)
+            sigs.append((ins, (S(a), P, P) if is_bwd else (S(a), B, B)))
+    return sigs
+
+
+def _bn_bwd_kernel(dy, x, w, rm, rv, save_mean, save_invstd, training, eps, output_mask):
+    dx, dw, db = torch.ops.aten.native_batch_norm_backward(dy, x, w, rm, rv, save_mean, save_invstd,
+                                                           training, eps, output_mask)
+    c = x.shape[1] if x.dim() > 1 else 0
+    return (dx if dx is not None else torch.zeros((), dtype=x.dtype).expand(x.shape),
+            _opt(dw, x, c), _opt(db, x, c))
+
+
+BATCH_NORM_BWD = defop("batch_norm_backward", _bn_bwd_kernel, sbp=_bn_sbp,
+                       grad=no_double_backward("batch_norm_backward"), family="norm")
+
+
+def _bn_grad(c, dy, _dm, _dv):
+    x, w, b, rm, rv = c.inputs
+    _, save_mean, save_invstd = c.outs
+    mask = [needs(c, 0), w is not None and needs(c, 1), b is not None and needs(c, 2)]
+    dx, dw, db = apply(BATCH_NORM_BWD, dy, x, w, rm, rv, save_mean, save_invstd,
+                       training=c.training, eps=c.eps, output_mask=mask)
+    return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None, None, None
+
+
+BATCH_NORM = defop("batch_norm", lambda x, w, b, rm, rv, training, momentum, eps:
+                   torch.ops.aten.native_batch_norm(x, w, b, rm, rv, training, momentum, eps),
+                   grad=_bn_grad, save="both", sbp=_bn_sbp, outputs=("out", "save_mean", "save_invstd"),
+                   family="norm")
+
+
+def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
+               weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Normalizes each channel (dim 1) over the batch and spatial dims. In training the running
+    statistics are updated in place (``running = (1 - momentum) * running + momentum * batch``,
+    unbiased variance), as torch does."""
+    if not training and (running_mean is None or running_var is None):
+        raise ValueError("holoflow.batch_norm: running_mean and running_var are required when training=False")
+    c = input.shape[1] if input.dim() > 1 else None
+    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
+                    ("bias", bias)):
+        if t is not None and tuple(t.shape) != (c,):
+            raise ShapeError(f"holoflow.batch_norm: {name} has shape {tuple(t.shape)} but input of shape "
+                             f"{tuple(input.shape)} has {c} channels (dim 1)")
+    if training and input.numel() // max(c or 1, 1) <= 1:
+        raise ValueError(f"holoflow.batch_norm: expected more than 1 value per channel when training, "
+                         f"got input of shape {tuple(input.shape)}")
+    return apply(BATCH_NORM, input, weight, bias, running_mean, running_var,
+                 training=bool(training), momentum=float(momentum), eps=float(eps)).out
+
+
+def instance_norm(input: Tensor, running_mean=None, running_var=None, weight=None, bias=None,
+                  use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Per-sample, per-channel normalization: group_norm with one group per channel."""
+    if not use_input_stats or running_mean is not None:
+        raise UnsupportedError("holoflow.instance_norm: only use_input_stats=True without running stats")
+    return group_norm(input, input.shape[1], weight, bias, eps)
+
+
+# -- embedding, one_hot --------------------------------------------------------------------------
+
+def _emb_sbp(metas, attrs):
+    idx, w = metas
+    sigs = [((B, B), (B,))]
+    sigs += [((S(a), B), (S(a),)) for a in range(len(idx.shape))]
+    sigs.append(((B, S(1)), (S(len(idx.shape)),)))
+    return sigs
+
+
+def _emb_bwd_sbp(metas, attrs):
+    dy, idx = metas
+    nd = len(idx.shape)
+    sigs = [((B, B), (B,)), ((P, B), (P,))]
+    sigs += [((S(a), S(a)), (P,)) for a in range(nd)]
+    sigs.append(((S(nd), B), (S(1),)))
+    return sigs
+
+
+def _emb_bwd_grad(c, ddw):
+    idx = c.inputs[1]
+    if c.padding_idx >= 0:  # the padding row got no gradient, so it passes none back
+        keep = torch.ones(c.num_weights, 1, dtype=ddw._data.dtype, device=ddw._data.device)
+        keep[c.padding_idx] = 0
+        ddw = ddw * Tensor._make(keep)
+    return apply(EMBEDDING, idx, ddw, padding_idx=-1), None
+
+
+EMBEDDING_BWD = defop("embedding_backward", lambda dy, idx, num_weights, padding_idx:
+                      torch.ops.aten.embedding_dense_backward(dy, idx, num_weights, padding_idx, False),
+                      grad=_emb_bwd_grad, save="inputs", sbp=_emb_bwd_sbp, family="embedding")
+EMBEDDING = defop("embedding", lambda idx, w, padding_idx: torch.embedding(w, idx, padding_idx),
+                  grad=lambda c, dy: (None, apply(EMBEDDING_BWD, dy, c.inputs[0], num_weights=c.shapes[1][0],
+                                                  padding_idx=c.padding_idx)),
+                  save="inputs", sbp=_emb_sbp, family="embedding")
+
+
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max_norm=None,
+              norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
+    """Rows of ``weight`` picked by the integer ``input``; the ``padding_idx`` row gets no gradient."""
+    if max_norm is not None or scale_grad_by_freq or sparse:
+        raise UnsupportedError("holoflow.embedding: max_norm, scale_grad_by_freq and sparse are not supported")
+    if input.is_floating_point():
+        raise TypeError(f"holoflow.embedding: indices must be an integer tensor, got {input.dtype}")
+    n = weight.shape[0]
+    if padding_idx is not None:
+        if not -n <= padding_idx < n:
+            raise IndexError(f"holoflow.embedding: padding_idx {padding_idx} out of range for {n} embeddings")
+        padding_idx %= n
+    return apply(EMBEDDING, input, weight, padding_idx=-1 if padding_idx is None else padding_idx)
+
+
+def _one_hot_sbp(metas, attrs):
+    if attrs["num_classes"] < 0:  # inferred from the max: a shard would infer its own
+        return [((B,), (B,))]
+    return [((B,), (B,))] + [((S(a),), (S(a),)) for a in range(len(metas[0].shape))]
+
+
+ONE_HOT = defop("one_hot", lambda x, num_classes: TF.one_hot(x, num_classes), sbp=_one_hot_sbp,
+                differentiable=False, family="embedding")
+
+
+def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
+    """An int64 tensor with one more trailing dim of size ``num_classes`` holding ones at the
+    positions given by ``tensor``."""
+    return apply(ONE_HOT, tensor, num_classes=num_classes)
+
+
+# -- composites: normalize, cosine_similarity, pairwise_distance -----------------------------------
+
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """``x / max(||x||_p, eps)`` along ``dim`` (a composite)."""
+    dim = normalize_dim("normalize", dim, input.dim())
+    if p == 2:
+        norm = sum_keep(input * input, [dim]).sqrt()
+    else:
+        norm = sum_keep(input.abs() ** p, [dim]) ** (1.0 / p)
+    return input / norm.clamp_min(eps)
+
+
+def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
+    """``x1 . x2 / sqrt(max(|x1|^2 |x2|^2, eps^2))`` along ``dim`` (a composite), as torch."""
+    prod = x1 * x2
+    nd = prod.dim()
+    d = normalize_dim("cosine_similarity", dim, nd)
+    import holoflow  # reductions live in ops/reduction.py (looked up at call time)
+    sq = lambda t: sum_keep(t * t, [d - nd + t.dim()])
+    num = sum_keep(prod, [d])
+    den = (sq(x1) * sq(x2)).clamp_min(eps * eps).sqrt()
+    return holoflow.sum(num / den, d)
+
+
+Tensor.relu = relu
+Tensor.relu_ = relu_
+Tensor.softmax = lambda self, dim=None, dtype=None: softmax(self, dim, dtype=dtype)
+Tensor.log_softmax = lambda self, dim=None, dtype=None: log_softmax(self, dim, dtype=dtype)
+
+from .conv import *  # noqa: E402,F401,F403
+from .conv import __all__ as _conv_all  # noqa: E402
+from .attention import *  # noqa: E402,F401,F403
+from .attention import __all__ as _attention_all  # noqa: E402
+
+__all__ = ["relu", "relu_", "leaky_relu", "gelu", "silu", "softplus", "elu", "selu", "hardswish",
+           "hardsigmoid", "relu6", "hardtanh", "mish", "logsigmoid", "softmax", "log_softmax", "softmin",
+           "layer_norm", "group_norm", "rms_norm", "batch_norm", "instance_norm", "embedding", "one_hot",
+           "normalize", "cosine_similarity", *_conv_all, *_attention_all]
+_ = elementwise_sbp  # the family's rule is what the activations above use

@@ -1,0 +1,156 @@
+"""Random ops on torch's generator (so ``holoflow.manual_seed(s)`` reproduces torch's draws under
+``torch.manual_seed(s)``): dropout, bernoulli, multinomial and the in-place samplers
+``normal_``, ``uniform_``, ``random_``, ``exponential_``, ``bernoulli_``; plus ``fill_``.
+
+Each kernel draws exactly as torch's own CPU kernel does (dropout: ``bernoulli_(1 - p)`` on a
+tensor like the input, divided by ``1 - p``), which is what makes the values match.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..core.dispatch import apply, apply_inplace
+from ..core.registry import Meta, defop
+from ..core.sbp import B, S
+from ..core.tensor import Tensor
+from .family import elementwise_sbp
+
+
+def _gen(generator):
+    return getattr(generator, "torch", generator)
+
+
+def _dropout_kernel(x, p):
+    if x.is_cuda:  # torch's CUDA dropout is the fused native kernel
+        out, mask = torch.ops.aten.native_dropout(x, p, True)
+        return out, mask.to(x.dtype) * (1.0 / (1.0 - p))
+    noise = torch.empty_like(x).bernoulli_(1 - p).div_(1 - p)
+    return x * noise, noise
+
+
+def _same_split_sbp(n_out: int):
+    def rule(metas, attrs):
+        tens = [m for m in metas if isinstance(m, Meta)]
+        nd = len(tens[0].shape)
+        return [((B,) * len(tens), (B,) * n_out)] + [((S(a),) * len(tens), (S(a),) * n_out) for a in range(nd)]
+    return rule
+
+
+DROPOUT = defop("dropout", _dropout_kernel, grad=lambda c, dy, _dm: (dy * c.outs[1],), save="output",
+                sbp=_same_split_sbp(2), outputs=("out", "mask"), random=True, family="random")
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Zeroes each element with probability ``p`` and scales the rest by ``1 / (1 - p)``
+    (identity when not ``training``)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"holoflow.dropout: p must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return input
+    if p == 1.0:
+        out = input * 0.0
+    else:
+        out = apply(DROPOUT, input, p=float(p)).out
+    if inplace:
+        from ..core.dispatch import assign
+        return assign(input, out, "dropout")
+    return out
+
+
+BERNOULLI = defop("bernoulli", lambda x, p, generator: torch.bernoulli(x, generator=generator) if p is None
+                  else torch.bernoulli(x, p, generator=generator),
+                  sbp=_same_split_sbp(1), random=True, differentiable=False, family="random")
+
+
+def bernoulli(input: Tensor, p: float | None = None, *, generator=None) -> Tensor:
+    """Draws 0/1 with probability ``input`` (or the constant ``p``) per element."""
+    return apply(BERNOULLI, input, p=p, generator=_gen(generator))
+
+
+def _multinomial_sbp(metas, attrs):
+    sigs = [((B,), (B,))]
+    if len(metas[0].shape) == 2:
+        sigs.append(((S(0),), (S(0),)))
+    return sigs
+
+
+MULTINOMIAL = defop("multinomial", lambda x, num_samples, replacement, generator:
+                    torch.multinomial(x, num_samples, replacement, generator=generator),
+                    sbp=_multinomial_sbp, random=True, differentiable=False, family="random")
+
+
+def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *, generator=None) -> Tensor:
+    """Samples ``num_samples`` class indices per row from the (unnormalized) weights ``input``."""
+    if not replacement and num_samples > input.shape[-1]:
+        raise ValueError(f"holoflow.multinomial: cannot draw {num_samples} samples without replacement from "
+                         f"{input.shape[-1]} categories")
+    return apply(MULTINOMIAL, input, num_samples=int(num_samples), replacement=bool(replacement),
+                 generator=_gen(generator))
+
+
+# -- in-place samplers and fill_ --------------------------------------------------------------------
+
+def _sampler(name: str, draw) -> object:
+    """An in-place sampler: ``draw(t, *args)`` fills the torch tensor ``t``. The out-of-place
+    kernel draws into a fresh tensor like the input, consuming the generator identically. The
+    result does not depend on the old values: its gradient is none."""
+    return defop(name, lambda x, *rest, **attrs: draw(torch.empty_like(x), *rest, **attrs),
+                 inplace_kernel=lambda x, *rest, **attrs: draw(x, *rest, **attrs),
+                 grad=lambda c, dy: (None,) * len(c.edges), sbp=elementwise_sbp(), random=True, family="random")
+
+
+NORMAL_ = _sampler("normal_", lambda t, mean, std, generator: t.normal_(mean, std, generator=generator))
+UNIFORM_ = _sampler("uniform_", lambda t, low, high, generator: t.uniform_(low, high, generator=generator))
+RANDOM_ = _sampler("random_", lambda t, bounds, generator: t.random_(*bounds, generator=generator))
+EXPONENTIAL_ = _sampler("exponential_", lambda t, lambd, generator: t.exponential_(lambd, generator=generator))
+BERNOULLI_ = _sampler("bernoulli_", lambda t, p, generator: t.bernoulli_(p, generator=generator))
+FILL_ = defop("fill_", lambda x, value: torch.full_like(x, value), inplace_kernel=lambda x, value: x.fill_(value),
+              grad=lambda c, dy: (None,), sbp=elementwise_sbp(), family="creation")
+
+
+def normal_(self: Tensor, mean: float = 0.0, std: float = 1.0, *, generator=None) -> Tensor:
+    """Fills ``self`` with samples of N(mean, std^2)."""
+    return apply_inplace(NORMAL_, self, mean=float(mean), std=float(std), generator=_gen(generator))
+
+
+def uniform_(self: Tensor, a: float = 0.0, b: float = 1.0, *, generator=None) -> Tensor:
+    """Fills ``self`` with samples of U[a, b)."""
+    return apply_inplace(UNIFORM_, self, low=float(a), high=float(b), generator=_gen(generator))
+
+
+def random_(self: Tensor, from_: int = 0, to: int | None = None, *, generator=None, **kw) -> Tensor:
+    """Fills ``self`` with integers in ``[from, to)`` (``random_(to)`` is ``[0, to)``; no bound:
+    ``[0, 2^mantissa]``), as ``torch.Tensor.random_``."""
+    from_ = kw.pop("from", from_)
+    if kw:
+        raise TypeError(f"holoflow.Tensor.random_: unexpected arguments {sorted(kw)}")
+    bounds = () if (from_ == 0 and to is None) else ((from_,) if to is None else (from_, to))
+    return apply_inplace(RANDOM_, self, bounds=bounds, generator=_gen(generator))
+
+
+def exponential_(self: Tensor, lambd: float = 1.0, *, generator=None) -> Tensor:
+    """Fills ``self`` with samples of Exp(lambd)."""
+    return apply_inplace(EXPONENTIAL_, self, lambd=float(lambd), generator=_gen(generator))
+
+
+def bernoulli_(self: Tensor, p=0.5, *, generator=None) -> Tensor:
+    """Fills ``self`` with 0/1 draws of probability ``p`` (a number or a broadcastable tensor)."""
+    return apply_inplace(BERNOULLI_, self, p, generator=_gen(generator))
+
+
+def fill_(self: Tensor, value) -> Tensor:
+    """Sets every element to ``value``."""
+    if isinstance(value, Tensor):
+        value = value.item()
+    return apply_inplace(FILL_, self, value=value)
+
+
+def _bernoulli_method(self: Tensor, p: float | None = None, *, generator=None) -> Tensor:
+    return bernoulli(self, p, generator=generator)
+
+
+Tensor.normal_, Tensor.uniform_, Tensor.random_ = normal_, uniform_, random_
+Tensor.exponential_, Tensor.bernoulli_, Tensor.fill_ = exponential_, bernoulli_, fill_
+Tensor.bernoulli, Tensor.multinomial = _bernoulli_method, multinomial
+
+__all__ = ["dropout", "bernoulli", "multinomial"]
