@@ -18,6 +18,7 @@ from .ops import methods as _methods  # noqa: F401  (binds operators)
 from .ops import _all as _more_ops  # noqa: F401
 from .ops._all import *  # noqa: F403
 from . import autograd
+from . import nn
 
 globals().update(_ELEMENTWISE)
 __version__ = "0.1.0"
