@@ -658,7 +658,16 @@ def _pad_grad(ctx, dy):
     return (apply(PAD_BACKWARD, dy, pad=ctx.pad, mode=ctx.mode),)
 
 
-PAD = defop("pad", lambda x, pad, mode, value: F.pad(x, pad, mode, value if mode == "constant" else None),
+def _pad_kernel(x, pad, mode, value):
+    if x.numel() == 0 and mode != "constant":   # torch refuses empty non-batch dims (an empty shard)
+        shape = list(x.shape)
+        for d, (lo, hi) in _pad_pairs(pad, x.dim()).items():
+            shape[d] += lo + hi
+        return x.new_empty(shape)
+    return F.pad(x, pad, mode, value if mode == "constant" else None)
+
+
+PAD = defop("pad", _pad_kernel,
             grad=_pad_grad, sbp=_pad_sbp, family="shape")
 PAD_BACKWARD = defop("pad_backward", _pad_backward_kernel, family="shape",
                      sbp=lambda metas, attrs: _pad_sbp(metas, {**attrs, "value": 0}),
