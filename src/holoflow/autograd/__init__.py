@@ -40,6 +40,9 @@ def _seed_grads(outputs: list, grads) -> list:
         elif tuple(g.shape) != tuple(t.shape):
             raise RuntimeError(f"holoflow.autograd: gradient has shape {tuple(g.shape)} but the output "
                                f"has shape {tuple(t.shape)}; they must match")
+        if t._global is not None:
+            from ..distributed.global_tensor import seed_grad
+            g = seed_grad(t, g)
         seeded.append(g)
     return seeded
 
@@ -62,6 +65,8 @@ def backward(tensors, grad_tensors=None, retain_graph: bool | None = None,
     got = run_backward(outputs, grads, retain, create_graph, capture=inputs, accumulate=False)
     for t, g in zip(inputs, got):
         if g is not None:
+            if t._global is not None:
+                g = t._box_grad(g)
             g = g if create_graph else g.detach()
             t.grad = g if t.grad is None else t.grad + g
 
@@ -77,6 +82,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
     grads = _seed_grads(outputs, grad_outputs)
     retain = create_graph if retain_graph is None else retain_graph
     got = run_backward(outputs, grads, retain, create_graph, capture=inputs, accumulate=False)
+    got = [t._box_grad(g) if g is not None and t._global is not None else g for t, g in zip(inputs, got)]
     result = []
     for i, (t, g) in enumerate(zip(inputs, got)):
         if g is None:

@@ -187,7 +187,7 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
             if g._data._base is not None or id(g._data) in handed:
                 g = Tensor._make(g._data.clone())
             handed.add(id(g._data))
-        if t._global is not None and g._global is not None:
+        if t._global is not None:  # a local gradient of SBP dual(t.sbp): box it for .grad
             g = t._box_grad(g)
         t.grad = g if t.grad is None else t.grad + g
         post = t.__dict__.get("_post_acc_hooks")

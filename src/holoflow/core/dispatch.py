@@ -52,19 +52,40 @@ def apply(op: Op, *inputs, **attrs):
     return wrap(op, inputs, attrs, out, record)
 
 
-def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool):
+def run_local(op: Op, inputs: tuple, attrs: dict, saved: tuple | None = None):
+    """The local path of :func:`apply` for tensors whose ``_data`` is a shard: runs the kernel
+    on the storages and records autograd against ``inputs``, saving ``saved`` (local aliases of
+    global inputs) for the grad rule. Used by the global dispatcher and boxing."""
+    datas = [x._data if isinstance(x, Tensor) else x for x in inputs]
+    try:
+        out = op.kernel(*datas, **attrs)
+    except Exception as e:
+        raise op_error(op, inputs, attrs, e) from e
+    record = (op.grad is not None and grad_mode.STATE.enabled
+              and any(isinstance(x, Tensor) and x._rg for x in inputs))
+    return wrap(op, inputs, attrs, out, record, saved)
+
+
+def local_alias(x: Tensor) -> Tensor:
+    """A local view of a global tensor: same storage and autograd history, no global meta."""
+    t = Tensor._make(x._data, x.grad_fn, x._out_idx)
+    t._rg = x._rg
+    return t
+
+
+def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | None = None):
     """Wraps kernel outputs as Tensors and, if ``record``, links them to a new grad node."""
     if isinstance(out, torch.Tensor):
         res = Tensor._make(out)
         if record:
-            node = _record(op, inputs, attrs, (out,))
+            node = _record(op, inputs, attrs, (out,), saved)
             if out.dtype.is_floating_point or out.dtype.is_complex:
                 res._rg, res.grad_fn = True, node
         return res
     outs = tuple(out)
     wrapped = [Tensor._make(o) for o in outs]
     if record:
-        node = _record(op, inputs, attrs, outs)
+        node = _record(op, inputs, attrs, outs, saved)
         node.out_metas = tuple((o.shape, o.dtype, o.device) for o in outs)
         for i, (w, o) in enumerate(zip(wrapped, outs)):
             if o.dtype.is_floating_point or o.dtype.is_complex:
@@ -72,7 +93,7 @@ def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool):
     return op.out_type(*wrapped) if op.out_type is not None else tuple(wrapped)
 
 
-def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple) -> Node:
+def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None = None) -> Node:
     edges, shapes, dtypes = [], [], []
     for x in inputs:
         if isinstance(x, Tensor):
@@ -85,7 +106,7 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple) -> Node:
             edges.append(None)
     node = Node(op, tuple(edges), attrs, tuple(shapes), tuple(dtypes))
     if op.save:
-        node.save(inputs if op.saves_inputs else None, outs if op.saves_output else None)
+        node.save((saved or inputs) if op.saves_inputs else None, outs if op.saves_output else None)
     return node
 
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 
 
+import dataclasses
+
 import numpy as np
 import torch
 
 from ..core import device as _device
 from ..core import dtype as _dtype
+from ..core.sbp import B, P
 from ..core.tensor import Tensor, _as_torch
 
 GLOBAL_MAKER = [None]  # set by holoflow.distributed: (torch_full_tensor, placement, sbp) -> Tensor
@@ -177,8 +180,9 @@ def _like(fn_name: str):
         kw = {k: v for k, v in kw.items() if v is not None}
         data = fn(input._data, *args, **kw, **kwargs)
         out = _finish(data, requires_grad)
-        if input._global is not None and GLOBAL_MAKER[0] is not None:
-            out._global = input._global
+        if input._global is not None:  # a constant is never partial: P becomes B
+            sbp = tuple(B if s == P else s for s in input._global.sbp)
+            out._global = dataclasses.replace(input._global, sbp=sbp, grad_sbp=None)
         return out
     make.__name__ = fn_name
     make.__doc__ = f"As ``torch.{fn_name}``: shape (and dtype, device) of ``input``."

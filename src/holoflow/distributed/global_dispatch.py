@@ -1,0 +1,165 @@
+"""Eager dispatch of an op on global tensors (DESIGN §6, step 3).
+
+Choose the nd-signature with the least boxing cost from the inputs' nd-SBPs (signatures are
+declared for one mesh axis and expanded per axis), box the inputs, run the kernel on the local
+shards with attrs mapped to local shapes, and wrap the outputs with their nd-SBP.
+"""
+from __future__ import annotations
+
+import itertools
+
+
+
+from ..core.dispatch import local_alias, run_local
+from ..core.errors import HoloflowError, UnsupportedError
+from ..core.registry import Meta, Op, infer_metas
+from ..core.sbp import B
+from ..core.tensor import Tensor
+from . import world
+from .boxing import apply_box, cost
+from .global_tensor import make_global
+from .layout import local_shape, nd_str
+
+_CHOICES: dict = {}
+
+
+def _placement_of(op: Op, inputs: tuple):
+    place = None
+    for x in inputs:
+        if isinstance(x, Tensor):
+            if x._global is None:
+                raise HoloflowError(
+                    f"holoflow.{op.name}: mixes a local tensor of shape {tuple(x.shape)} with global "
+                    f"tensors; make it global first with .to_global(placement, sbp)")
+            if place is None:
+                place = x._global.placement
+            elif x._global.placement != place:
+                raise HoloflowError(
+                    f"holoflow.{op.name}: operands are on different placements: {place} and "
+                    f"{x._global.placement}; move one with .to_global(placement=...)")
+    return place
+
+
+def nd_signatures(op: Op, metas: list, attrs: dict, ndim: int) -> list[tuple]:
+    """The op's 1-D signatures expanded to an N-D mesh, each axis chosen independently."""
+    if op.sbp is None:
+        raise UnsupportedError(
+            f"holoflow.{op.name} has no SBP rule, so it cannot run on global tensors; call "
+            f".to_local() on the inputs (or box them to broadcast) and use the local op")
+    one = op.sbp(metas, attrs)
+    sigs = []
+    for combo in itertools.product(one, repeat=ndim):
+        ins = tuple(tuple(c[0][i] for c in combo) for i in range(len(one[0][0])))
+        outs = tuple(tuple(c[1][j] for c in combo) for j in range(len(one[0][1])))
+        sigs.append((ins, outs))
+    return sigs
+
+
+def choose(op: Op, metas: list, attrs: dict, cur: list[tuple], place) -> tuple:
+    """The signature with the least boxing cost; ties prefer no boxing at all, then the first
+    declared (the one cost function of DESIGN §4)."""
+    tens = [m for m in metas if isinstance(m, Meta)]
+    nbytes = [_numel(m.shape) * m.dtype.itemsize for m in tens]
+    best, best_key = None, None
+    for sig in nd_signatures(op, metas, attrs, place.ndim):
+        c = sum(cost(s, d, place.hierarchy, n) for s, d, n in zip(cur, sig[0], nbytes))
+        moves = sum(s != d for s, d in zip(cur, sig[0]))
+        key = (c, moves)
+        if best_key is None or key < best_key:
+            best, best_key = sig, key
+    return best
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _key(op: Op, metas: list, attrs: dict, cur: list, place):
+    try:
+        k = (op.name, tuple(metas), tuple(sorted(attrs.items())), tuple(cur), place)
+        hash(k)
+        return k
+    except TypeError:
+        return None
+
+
+def local_attrs(op: Op, attrs: dict, metas: list, sig_in: tuple, place, rank: int) -> dict:
+    """Maps attrs to this rank's shard, one mesh axis at a time."""
+    if op.local_attrs is None:
+        return attrs
+    tens_idx = [i for i, m in enumerate(metas) if isinstance(m, Meta)]
+    cur_metas = list(metas)
+    prefix: list[list] = [[] for _ in tens_idx]
+    for axis in range(place.ndim):
+        nxt = list(cur_metas)
+        in_sbps = tuple(sig_in[j][axis] for j in range(len(tens_idx)))
+        for j, i in enumerate(tens_idx):
+            prefix[j].append(sig_in[j][axis])
+            full = tuple(prefix[j]) + (B,) * (place.ndim - axis - 1)
+            nxt[i] = Meta(local_shape(metas[i].shape, full, place, rank), metas[i].dtype, metas[i].device)
+        attrs = op.local_attrs(attrs, cur_metas, nxt, in_sbps)
+        cur_metas = nxt
+    return attrs
+
+
+def global_apply(op: Op, inputs: tuple, attrs: dict):
+    place = _placement_of(op, inputs)
+    metas = [Meta(tuple(x.shape), x._data.dtype, x._data.device) if isinstance(x, Tensor) else x
+             for x in inputs]
+    cur = [x._global.sbp for x in inputs if isinstance(x, Tensor)]
+    key = _key(op, metas, attrs, cur, place)
+    hit = _CHOICES.get(key) if key is not None else None
+    if hit is None:
+        sig = choose(op, metas, attrs, cur, place)
+        logical = infer_metas(op, tuple(m.empty() if isinstance(m, Meta) else m for m in metas), attrs)
+        hit = (sig, logical)
+        if key is not None:
+            _CHOICES[key] = hit
+    sig, logical = hit
+    rank = world.rank()
+    if place.coords(rank) is None:
+        raise HoloflowError(f"holoflow.{op.name}: rank {rank} is not in {place}; run global ops "
+                            f"only on the ranks of their placement")
+    comm = world.comm()
+    local_in, saved, j = [], [], 0
+    for x in inputs:
+        if isinstance(x, Tensor):
+            want = sig[0][j]
+            y = apply_box(x, place, x._global.sbp, want, x.shape, rank, comm) \
+                if want != x._global.sbp else x
+            local_in.append(y)
+            saved.append(local_alias(y) if y._global is not None else y)
+            j += 1
+        else:
+            local_in.append(x)
+            saved.append(x)
+    la = local_attrs(op, attrs, metas, sig[0], place, rank)
+    out = run_local(op, tuple(local_in), la, tuple(saved))
+    outs = (out,) if isinstance(out, Tensor) else tuple(out)
+    for o, nd, m in zip(outs, sig[1], logical):
+        make_global(o, place, nd, m.shape)
+        _check_local(op, o, place, nd, m.shape, rank)
+    return out
+
+
+def _check_local(op: Op, o: Tensor, place, nd, shape, rank) -> None:
+    want = local_shape(shape, nd, place, rank)
+    if tuple(o._data.shape) != tuple(want):
+        raise HoloflowError(
+            f"holoflow.{op.name}: internal SBP error: the shard has shape {tuple(o._data.shape)} but "
+            f"logical shape {tuple(shape)} with sbp {nd_str(nd)} gives {want} on rank {rank}. "
+            f"This is a bug in the op's SBP rule or local_attrs; please report it.")
+
+
+def describe_choice(op: Op, inputs: tuple, attrs: dict) -> str:
+    """For explain tools and tests: the chosen signature as text."""
+    place = _placement_of(op, inputs)
+    metas = [Meta(tuple(x.shape), x._data.dtype) if isinstance(x, Tensor) else x for x in inputs]
+    cur = [x._global.sbp for x in inputs if isinstance(x, Tensor)]
+    ins, outs = choose(op, metas, attrs, cur, place)
+    return f"{op.name}: " + ", ".join(nd_str(s) for s in ins) + " -> " + ", ".join(nd_str(s) for s in outs)
+
+

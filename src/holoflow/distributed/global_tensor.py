@@ -1,0 +1,181 @@
+"""Global tensors: a Tensor whose ``_data`` is this rank's shard and whose ``_global`` says how
+the logical tensor maps onto the placement (DESIGN §4).
+
+``x.to_global(placement, sbp)`` makes a global tensor from a local one (the local tensor becomes
+this rank's shard; with broadcast, the first rank's data is what every rank holds) or boxes a
+global one; ``x.to_local()`` returns the shard. Autograd runs on the local shards: every global
+op records a local node, boxing is a differentiable op, and a gradient arriving at a tensor of
+SBP s has SBP dual(s) — which is boxed to the leaf's SBP (or ``grad_sbp``) at accumulation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..core.dispatch import local_alias
+from ..core.errors import HoloflowError
+from ..core.sbp import B, P
+from ..core.tensor import Tensor, _repr_with
+from . import world
+from .boxing import apply_box
+from .layout import dual, local_shape, nd_str, normalize_sbp, shard_of
+from .placement import placement
+
+
+@dataclass(frozen=True)
+class GlobalMeta:
+    placement: placement
+    sbp: tuple
+    shape: torch.Size
+    grad_sbp: tuple | None = None
+
+    def full(self, t: Tensor) -> torch.Tensor:
+        """The whole logical tensor on this rank (boxes a copy to broadcast)."""
+        if all(s == B for s in self.sbp):
+            return t._data
+        r = world.rank()
+        out = apply_box(local_alias(t).detach(), self.placement, self.sbp, (B,) * len(self.sbp),
+                        self.shape, r, world.comm())
+        return out._data
+
+    def repr(self, t: Tensor) -> str:
+        body = repr(self.full(t).detach()) if self.placement.coords(world.rank()) is not None \
+            else f"tensor(<not on this rank>, shape={tuple(self.shape)})"
+        body = body[:-1] + f", placement={self.placement}, sbp={self.sbp})"
+        return _repr_with(body, t)
+
+
+def make_global(local: Tensor, place: placement, nd: tuple, shape, grad_sbp=None) -> Tensor:
+    local._global = GlobalMeta(place, nd, torch.Size(shape), grad_sbp)
+    return local
+
+
+def _check_rank(place: placement, what: str) -> int:
+    r = world.rank()
+    if place.coords(r) is None:
+        raise HoloflowError(f"holoflow.{what}: rank {r} is not in {place}; only its ranks "
+                            f"{list(place.flat_ranks)} hold shards")
+    return r
+
+
+def _from_local(x: Tensor, place: placement, nd: tuple, check_meta: bool, grad_sbp) -> Tensor:
+    r = world.rank()
+    data = x._data
+    if place.coords(r) is None:
+        raise HoloflowError(f"holoflow.to_global: rank {r} is not in {place}; create the local "
+                            f"tensor only on its ranks {list(place.flat_ranks)}")
+    comm = world.comm()
+    shape = list(data.shape)
+    if check_meta or any(not (s == B or s == P) for s in nd):
+        shapes = comm.all_gather_shapes((tuple(data.shape), str(data.dtype)), place.flat_ranks)
+        if check_meta and len({(len(s), d) for s, d in shapes}) != 1:
+            raise HoloflowError(f"holoflow.to_global: ranks disagree on the local tensor's rank or "
+                                f"dtype: {dict(zip(place.flat_ranks, shapes))}")
+        shape = _logical_shape(shapes, place, nd, check_meta)
+    if any(s == B for s in nd):
+        for axis, s in enumerate(nd):
+            if s == B:
+                group = place.axis_group(r, axis)
+                data = comm.broadcast(data.contiguous(), group[0], group)
+    out = Tensor._make(data, x.grad_fn if data is x._data else None, x._out_idx)
+    out._rg = x._rg
+    return make_global(out, place, nd, shape, grad_sbp)
+
+
+def _logical_shape(shapes: list, place: placement, nd: tuple, check: bool) -> list:
+    """Logical shape from every rank's local shape: split dims add up along their mesh axis."""
+    by_rank = dict(zip(place.flat_ranks, [s for s, _ in shapes]))
+    r0 = place.flat_ranks[0]
+    shape = list(by_rank[r0])
+    for axis, s in enumerate(nd):
+        if hasattr(s, "axis"):
+            group = place.axis_group(r0, axis)
+            shape[s.axis] = sum(by_rank[g][s.axis] for g in group)
+    if check:
+        for rk, got in by_rank.items():
+            want = local_shape(shape, nd, place, rk)
+            if tuple(got) != tuple(want):
+                raise HoloflowError(
+                    f"holoflow.to_global: rank {rk} holds a local tensor of shape {tuple(got)}, but "
+                    f"a logical shape {tuple(shape)} with sbp {nd_str(nd)} on {place} gives it "
+                    f"{tuple(want)}; shards must be balanced (the first n % p ranks one larger)")
+    return shape
+
+
+def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_meta: bool = True,
+              copy: bool = False) -> Tensor:
+    """Makes this tensor global (from a local shard) or converts a global one (boxing)."""
+    if self._global is None:
+        if placement is None or sbp is None:
+            raise HoloflowError("holoflow.to_global: a local tensor needs both placement= and sbp=")
+        nd = normalize_sbp(sbp, placement, self.dim())
+        gs = normalize_sbp(grad_sbp, placement, self.dim()) if grad_sbp is not None else None
+        return _from_local(self, placement, nd, check_meta, gs)
+    g = self._global
+    place = placement or g.placement
+    nd = normalize_sbp(sbp, place, self.dim()) if sbp is not None else g.sbp
+    gs = normalize_sbp(grad_sbp, place, self.dim()) if grad_sbp is not None else None
+    if place != g.placement:
+        return _move(self, place, nd, gs)
+    if nd == g.sbp and not copy and gs is None:
+        return self
+    r = _check_rank(place, "to_global")
+    out = apply_box(self, place, g.sbp, nd, g.shape, r, world.comm())
+    if out is self:
+        out = local_alias(self)
+    return make_global(out, place, nd, g.shape, gs)
+
+
+def _move(x: Tensor, place: placement, nd: tuple, gs) -> Tensor:
+    """Between placements: gather to broadcast on the source, hand the whole tensor to the
+    destination ranks, shard there. (Not differentiable yet: it detaches, and says so.)"""
+    from .moves import move
+    return move(x, place, nd, gs)
+
+
+def to_local(self: Tensor, *, copy: bool = False) -> Tensor:
+    """This rank's shard as a local tensor (autograd continues through it)."""
+    if self._global is None:
+        return self
+    _check_rank(self._global.placement, "to_local")
+    t = local_alias(self)
+    return t.clone() if copy else t
+
+
+def _box_grad(self: Tensor, g: Tensor) -> Tensor:
+    """A local gradient arriving at this leaf has SBP dual(sbp); box it to grad_sbp or sbp."""
+    meta = self._global
+    target = meta.grad_sbp or meta.sbp
+    src = dual(meta.sbp)
+    r = world.rank()
+    out = apply_box(g, meta.placement, src, target, meta.shape, r, world.comm())
+    if out is g:
+        out = Tensor._make(g._data)
+    return make_global(out, meta.placement, target, meta.shape)
+
+
+def seed_grad(t: Tensor, g: Tensor) -> Tensor:
+    """Turns a gradient given for a global output into the local value backward starts from."""
+    meta = t._global
+    if g._global is None:
+        raise HoloflowError("holoflow.backward: the gradient for a global tensor must be global "
+                            "(same placement); use gradient.to_global(...)")
+    g = to_global(g, meta.placement, None)
+    out = apply_box(g, meta.placement, g._global.sbp, dual(meta.sbp), meta.shape, world.rank(),
+                    world.comm())
+    return Tensor._make(out._data) if out is g else out
+
+
+def from_full(data: torch.Tensor, place: placement, sbp) -> Tensor:
+    """A global tensor from the logical tensor every rank computed identically (creation ops)."""
+    nd = normalize_sbp(sbp, place, data.dim())
+    r = world.rank()
+    return make_global(Tensor._make(shard_of(data, nd, place, r)), place, nd, data.shape)
+
+
+def install() -> None:
+    Tensor.to_global = to_global
+    Tensor.to_local = to_local
+    Tensor._box_grad = _box_grad
+    Tensor.global_to_global = to_global

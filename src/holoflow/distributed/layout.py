@@ -1,0 +1,80 @@
+"""Pure layout math of global tensors: nd-SBP normalisation, balanced splits, local shapes.
+
+Splitting is hierarchical: mesh axis 0 splits first, axis 1 splits each piece further, ... A
+size ``n`` split over ``p`` ranks is balanced: the first ``n % p`` ranks get one more element.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..core.errors import HoloflowError
+from ..core.sbp import SBP, B, P, S, short
+from .placement import placement
+
+
+def normalize_sbp(sbp, place: placement, ndim: int | None = None, what: str = "to_global") -> tuple:
+    """A single SBP or a sequence -> an nd-SBP tuple with one entry per mesh axis."""
+    nd = tuple(sbp) if isinstance(sbp, (list, tuple)) else (sbp,)
+    if len(nd) != place.ndim:
+        raise HoloflowError(f"holoflow.{what}: the placement is a {place.ndim}-D mesh "
+                            f"{place.hierarchy}, so sbp needs {place.ndim} value(s); got {len(nd)}: "
+                            f"{nd}")
+    for s in nd:
+        if not isinstance(s, SBP):
+            raise HoloflowError(f"holoflow.{what}: {s!r} is not an SBP; use holoflow.sbp.split(i), "
+                                f".broadcast or .partial_sum")
+        if ndim is not None and isinstance(s, S) and s.axis >= max(ndim, 1):
+            raise HoloflowError(f"holoflow.{what}: sbp split(dim={s.axis}) is out of range for a "
+                                f"tensor with {ndim} dimension(s); legal split dims are 0..{ndim - 1}")
+    return nd
+
+
+def nd_str(nd: Sequence[SBP]) -> str:
+    return "(" + ", ".join(short(s) for s in nd) + ")"
+
+
+def balanced(n: int, p: int, i: int) -> tuple[int, int]:
+    """(start, size) of part ``i`` when ``n`` items are split over ``p`` parts."""
+    base, extra = divmod(n, p)
+    return i * base + min(i, extra), base + (1 if i < extra else 0)
+
+
+def local_ranges(shape: Sequence[int], nd: Sequence[SBP], place: placement,
+                 coords: Sequence[int]) -> list[tuple[int, int]]:
+    """(start, size) per logical dim of the shard held at mesh ``coords``."""
+    ranges = [(0, d) for d in shape]
+    for axis, s in enumerate(nd):
+        if isinstance(s, S):
+            start, size = ranges[s.axis]
+            off, n = balanced(size, place.hierarchy[axis], coords[axis])
+            ranges[s.axis] = (start + off, n)
+    return ranges
+
+
+def local_shape(shape: Sequence[int], nd: Sequence[SBP], place: placement, rank: int) -> tuple:
+    coords = place.coords(rank)
+    if coords is None:
+        return (0,) * len(shape)
+    return tuple(n for _, n in local_ranges(shape, nd, place, coords))
+
+
+def shard_of(full: torch.Tensor, nd: Sequence[SBP], place: placement, rank: int) -> torch.Tensor:
+    """This rank's local tensor of the logical ``full`` tensor: a slice for S, the whole for B,
+    and for P the value on the first rank along each partial axis with zeros elsewhere."""
+    coords = place.coords(rank)
+    if coords is None:
+        return full.new_empty((0,))
+    local = full
+    for dim, (start, size) in enumerate(local_ranges(full.shape, nd, place, coords)):
+        if size != full.shape[dim]:
+            local = local.narrow(dim, start, size)
+    if any(s == P and coords[a] != 0 for a, s in enumerate(nd)):
+        return torch.zeros_like(local)
+    return local
+
+
+def dual(nd: Sequence[SBP]) -> tuple:
+    """The SBP of a gradient: broadcast <-> partial_sum, split stays split."""
+    return tuple(P if s == B else B if s == P else s for s in nd)

@@ -1,0 +1,132 @@
+"""Who am I and how do I talk: this rank and the communicator boxing uses.
+
+Normally the rank comes from ``holoflow.env`` and collectives from ``holoflow.distributed.comm``
+(torch.distributed). ``simulate(world_size)`` runs a function once per rank in threads of one
+process, with an in-memory communicator: the whole global view can be exercised without
+processes (tests, the explain tools); real multi-process tests check the same code on Gloo.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import torch
+
+
+class _Local(threading.local):
+    rank: int | None = None
+    comm: Any = None
+
+
+_LOCAL = _Local()
+
+
+def rank() -> int:
+    if _LOCAL.rank is not None:
+        return _LOCAL.rank
+    from . import env
+    return env.get_rank()
+
+
+def comm():
+    if _LOCAL.comm is not None:
+        return _LOCAL.comm
+    return _torch_comm()
+
+
+_TORCH_COMM = []
+
+
+def _torch_comm():
+    if not _TORCH_COMM:
+        from .torch_comm import TorchComm
+        _TORCH_COMM.append(TorchComm())
+    return _TORCH_COMM[0]
+
+
+class SimComm:
+    """Collectives among threads of one process: each call deposits this rank's tensor, waits
+    for the group, and computes the result from everyone's deposits."""
+
+    def __init__(self, world_size: int, timeout: float = 60.0) -> None:
+        self.world_size, self.timeout = world_size, timeout
+        self._cv = threading.Condition()
+        self._slots: dict = {}
+        self._seq: dict = {}
+        self.calls: list[tuple[str, tuple, int]] = []
+
+    def _exchange(self, kind: str, group: tuple, value) -> dict:
+        r = rank()
+        with self._cv:
+            seq = self._seq.get((group, r), 0)
+            self._seq[(group, r)] = seq + 1
+            key = (group, seq)
+            box = self._slots.setdefault(key, {})
+            box[r] = value
+            if r == group[0]:
+                nbytes = sum(v.numel() * v.element_size() for v in _tensors(value))
+                self.calls.append((kind, group, nbytes))
+            self._cv.notify_all()
+            if not self._cv.wait_for(lambda: len(box) == len(group), self.timeout):
+                missing = sorted(set(group) - set(box))
+                raise RuntimeError(f"holoflow (simulated): {kind} over ranks {group} timed out; "
+                                   f"ranks {missing} did not arrive")
+            return dict(box)
+
+    def all_gather(self, t, group, dim, sizes):
+        got = self._exchange("all_gather", group, t)
+        return torch.cat([got[g] for g in group], dim=dim)
+
+    def all_reduce(self, t, group):
+        got = self._exchange("all_reduce", group, t)
+        return sum((got[g] for g in group[1:]), got[group[0]].clone())
+
+    def reduce_scatter(self, t, group, dim, sizes):
+        got = self._exchange("reduce_scatter", group, t)
+        total = sum((got[g] for g in group[1:]), got[group[0]].clone())
+        i = group.index(rank())
+        return total.narrow(dim, sum(sizes[:i]), sizes[i]).contiguous()
+
+    def all_to_all(self, chunks, group):
+        got = self._exchange("all_to_all", group, list(chunks))
+        i = group.index(rank())
+        return [got[g][i] for g in group]
+
+    def broadcast(self, t, src, group):
+        got = self._exchange("broadcast", group, t)
+        return got[src].clone()
+
+    def all_gather_shapes(self, shape: tuple, group) -> list[tuple]:
+        got = self._exchange("meta", group, shape)
+        return [got[g] for g in group]
+
+
+def _tensors(v):
+    return [v] if isinstance(v, torch.Tensor) else [x for x in v if isinstance(x, torch.Tensor)] \
+        if isinstance(v, (list, tuple)) else []
+
+
+def simulate(world_size: int, fn: Callable[[int], Any], timeout: float = 60.0) -> list:
+    """Runs ``fn(rank)`` for every rank in threads sharing a :class:`SimComm`; returns results."""
+    comm_ = SimComm(world_size, timeout)
+    results: list = [None] * world_size
+    errors: list = [None] * world_size
+
+    def run(r: int) -> None:
+        _LOCAL.rank, _LOCAL.comm = r, comm_
+        try:
+            results[r] = fn(r)
+        except BaseException as e:  # reported to the caller below
+            errors[r] = e
+        finally:
+            _LOCAL.rank = _LOCAL.comm = None
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    for r, e in enumerate(errors):
+        if e is not None:
+            raise RuntimeError(f"simulated rank {r} failed: {e}") from e
+    simulate.last_comm = comm_
+    return results

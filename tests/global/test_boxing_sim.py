@@ -1,0 +1,124 @@
+"""Boxing and global dispatch on simulated ranks (threads of one process, in-memory collectives).
+The same code runs on Gloo in tests/dist; here every pair is cheap enough to check exhaustively."""
+import itertools
+
+import pytest
+import torch
+
+import holoflow as flow
+from holoflow.distributed import world
+from holoflow.distributed.boxing import plan
+from holoflow.distributed.global_tensor import from_full
+from holoflow.distributed.layout import shard_of
+from holoflow.sbp import B, P, S
+
+ONE_D = [S(0), S(1), B, P]
+
+
+def _box_roundtrip(place, src, dst, full):
+    def fn(r):
+        x = from_full(full, place, src) if P not in src else _partial(full, place, src, r)
+        y = x.to_global(sbp=dst)
+        z = y.to_global(sbp=(B,) * place.ndim)
+        return y.to_local().to_torch(), z.to_local().to_torch(), tuple(y.sbp)
+    return world.simulate(place.size, fn)
+
+
+def _partial(full, place, nd, r):
+    """A P tensor whose shards differ but sum to ``full``: along each partial mesh axis, the
+    shard at coord c carries weight (c + 1) / (1 + 2 + ... + p)."""
+    from holoflow.distributed.global_tensor import make_global
+    local = shard_of(full, tuple(B if s == P else s for s in nd), place, r).clone()
+    coords = place.coords(r)
+    for a, s in enumerate(nd):
+        if s == P:
+            p = place.hierarchy[a]
+            local *= (coords[a] + 1) / (p * (p + 1) / 2)
+    return make_global(flow.from_torch(local), place, nd, full.shape)
+
+
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("src,dst", list(itertools.product(ONE_D, ONE_D)))
+def test_boxing_1d_every_pair(p, src, dst):
+    place = flow.placement("cpu", list(range(p)))
+    full = torch.randn(5, 7, dtype=torch.float64)
+    out = _box_roundtrip(place, (src,), (dst,), full)
+    for r, (local, whole, sbp) in enumerate(out):
+        assert sbp == (dst,)
+        torch.testing.assert_close(whole, full)
+        if dst != P:
+            torch.testing.assert_close(local, shard_of(full, (dst,), place, r))
+    if dst == P:
+        torch.testing.assert_close(sum(o[0] for o in out), full)
+
+
+@pytest.mark.parametrize("src,dst", list(itertools.product(itertools.product(ONE_D, ONE_D), repeat=2)))
+def test_boxing_2d_every_pair(src, dst):
+    place = flow.placement("cpu", [[0, 1], [2, 3]])
+    full = torch.randn(5, 6, dtype=torch.float64)
+    out = _box_roundtrip(place, src, dst, full)
+    for r, (local, whole, sbp) in enumerate(out):
+        assert sbp == dst
+        torch.testing.assert_close(whole, full)
+        if P not in dst:
+            torch.testing.assert_close(local, shard_of(full, dst, place, r))
+
+
+def test_plan_uses_one_collective_per_axis():
+    assert [s.kind for s in plan((S(0),), (B,), (2,))] == ["all_gather"]
+    assert [s.kind for s in plan((P,), (B,), (2,))] == ["all_reduce"]
+    assert [s.kind for s in plan((P,), (S(1),), (2,))] == ["reduce_scatter"]
+    assert [s.kind for s in plan((S(0),), (S(1),), (2,))] == ["all_to_all"]
+    assert [s.kind for s in plan((B,), (S(0),), (2,))] == ["slice"]
+    assert [s.kind for s in plan((B,), (P,), (2,))] == ["zero"]
+    assert [s.kind for s in plan((S(0), P), (S(0), B), (2, 2))] == ["all_reduce"]
+
+
+def test_counts_p_to_b_is_one_all_reduce():
+    place = flow.placement("cpu", [0, 1])
+    full = torch.randn(4, 3)
+
+    def fn(r):
+        x = from_full(full, place, P)
+        return x.to_global(sbp=B).to_local().to_torch()
+    outs = world.simulate(2, fn)
+    kinds = [c[0] for c in world.simulate.last_comm.calls]
+    assert kinds == ["all_reduce"], kinds
+    for o in outs:
+        torch.testing.assert_close(o, full)
+
+
+def test_elementwise_split_times_broadcast_communicates_nothing():
+    place = flow.placement("cpu", [0, 1])
+    a, b = torch.randn(5, 3), torch.randn(3)
+
+    def fn(r):
+        x = from_full(a, place, S(0))
+        w = from_full(b, place, B)
+        y = (x * w + 1).exp()
+        return tuple(y.sbp), y.to_global(sbp=B).to_local().to_torch()
+    outs = world.simulate(2, fn)
+    kinds = [c[0] for c in world.simulate.last_comm.calls]
+    assert kinds == ["all_gather"], kinds  # only the final check's S -> B
+    for sbp, full in outs:
+        assert sbp == (S(0),)
+        torch.testing.assert_close(full, (a * b + 1).exp())
+
+
+def test_grad_of_broadcast_weight_is_partial_then_allreduced():
+    place = flow.placement("cpu", [0, 1])
+    a, b = torch.randn(5, 3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    ta, tb = a.clone().requires_grad_(), b.clone().requires_grad_()
+    ((ta * tb).exp()).backward(torch.ones(5, 3, dtype=torch.float64))
+
+    def fn(r):
+        x = from_full(a, place, S(0))
+        w = from_full(b, place, B).requires_grad_()
+        x.requires_grad_()
+        y = (x * w).exp()
+        y.backward(flow.ones(5, 3, dtype=flow.float64, placement=place, sbp=B))
+        return tuple(w.grad.sbp), w.grad.to_local().to_torch(), x.grad.to_global(sbp=B).to_local().to_torch()
+    for sbp, wg, xg in world.simulate(2, fn):
+        assert sbp == (B,)
+        torch.testing.assert_close(wg, tb.grad)
+        torch.testing.assert_close(xg, ta.grad)
