@@ -1,0 +1,47 @@
+"""``holoflow.linalg``: norms and products, as ``torch.linalg`` (composites of holoflow ops)."""
+from __future__ import annotations
+
+from .core.errors import UnsupportedError, normalize_dim
+from .core.tensor import Tensor
+from .ops.linalg import matmul, vecdot
+from .ops.reduction import amax, amin, vector_norm
+
+__all__ = ["vector_norm", "matrix_norm", "norm", "matmul", "vecdot"]
+
+
+def matrix_norm(A: Tensor, ord="fro", dim=(-2, -1), keepdim: bool = False, *, dtype=None) -> Tensor:  # noqa: A002
+    """Frobenius (``'fro'``) or induced 1/inf (and -1/-inf) norm over the two dims ``dim``.
+
+    >>> holoflow.linalg.matrix_norm(holoflow.ones(2, 3), 1).item()
+    2.0
+    """
+    if len(dim) != 2:
+        raise ValueError(f"holoflow.linalg.matrix_norm: dim must be a pair of dims, got {dim!r}")
+    d0, d1 = (normalize_dim("linalg.matrix_norm", d, A.dim()) for d in dim)
+    if d0 == d1:
+        raise ValueError(f"holoflow.linalg.matrix_norm: dims {dim!r} name the same dimension")
+    if dtype is not None:
+        A = A.to(dtype)
+    if ord == "fro":
+        return vector_norm(A, 2, (d0, d1), keepdim)
+    if ord not in (1, -1, float("inf"), float("-inf")):
+        raise UnsupportedError(f"holoflow.linalg.matrix_norm: ord={ord!r} is not supported (it needs an "
+                               f"SVD); supported: 'fro', 1, -1, inf, -inf")
+    summed, rest = (d0, d1) if abs(ord) == 1 else (d1, d0)   # 1: max column sum; inf: max row sum
+    sums = A.abs().sum(summed, keepdim=keepdim)
+    rest = rest if keepdim else rest - (summed < rest)
+    return (amax if ord > 0 else amin)(sums, rest, keepdim)
+
+
+def norm(A: Tensor, ord=None, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:  # noqa: A002
+    """A vector norm (dim an int, or a 1-D input) or a matrix norm (dim a pair, or a 2-D input);
+    with ``ord`` and ``dim`` both None, the 2-norm of the flattened input."""
+    if isinstance(dim, int):
+        dim = (dim,)
+    if ord is None and dim is None:
+        return vector_norm(A, 2, None, keepdim, dtype=dtype)
+    if (dim is not None and len(dim) == 2) or (dim is None and A.dim() == 2):
+        return matrix_norm(A, "fro" if ord is None else ord, dim or (-2, -1), keepdim, dtype=dtype)
+    if isinstance(ord, str):
+        raise ValueError(f"holoflow.linalg.norm: ord={ord!r} needs a matrix (a 2-D input or a pair of dims)")
+    return vector_norm(A, 2 if ord is None else ord, dim, keepdim, dtype=dtype)

@@ -1,0 +1,377 @@
+"""Products: matmul (mm, bmm, dot), einsum (outer), addmm, baddbmm, linear.
+
+One helper, :func:`einsum_signatures`, turns a subscript string into SBP signatures (one mesh
+axis) for every op here; each op only says which subscripts its shapes mean. Every grad is an
+einsum of the upstream gradient with the other operands, so double backward composes.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..core.dispatch import apply
+from ..core.errors import DTypeError, ShapeError
+from ..core.registry import Meta, defop
+from ..core.sbp import B, P, S
+from ..core.tensor import Tensor
+from .family import broadcast_shapes, needs, reduce_grad
+
+__all__ = ["matmul", "mm", "bmm", "einsum", "outer", "ger", "dot", "inner", "addmm", "baddbmm", "linear",
+           "vecdot"]
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+# -- subscripts -> signatures -------------------------------------------------------------------
+
+def einsum_signatures(ins: Sequence[str], out: str, shapes: Sequence[tuple],
+                      addend: tuple | None = None, addend_first: bool = False) -> list:
+    """Legal signatures of ``ins -> out`` for one mesh axis, as data.
+
+    - all B -> B;
+    - an index kept in the output, split in every operand that carries it -> S of the output
+      (a batch index, or an index of one operand only; a size-1 broadcast carrier stays B);
+    - a contracted index split in every operand that carries it -> P;
+    - P in one operand, B elsewhere -> P (the op is linear in each operand).
+    ``addend`` is the shape of a tensor added to the output (addmm's input, linear's bias): it is
+    split like the output on kept indexes and must be P wherever the output is P.
+    """
+    size: dict[str, int] = {}
+    for sub, shape in zip(ins, shapes):
+        for c, d in zip(sub, shape):
+            size[c] = d if d != 1 else size.get(c, 1)
+    add_sub = out[len(out) - len(addend):] if addend is not None else ""
+
+    def carrier(sub: str, shape: tuple, c: str):
+        return S(sub.index(c)) if c in sub and shape[sub.index(c)] == size[c] else B
+
+    def sig(ops: list, add, res):
+        if addend is None:
+            return (tuple(ops), (res,))
+        return ((add, *ops) if addend_first else (*ops, add), (res,))
+
+    n = len(ins)
+    sigs = [sig([B] * n, B, B)]
+    for c in dict.fromkeys("".join(ins)):
+        if any(sub.count(c) > 1 for sub in ins):
+            continue  # a diagonal: one tensor cannot be split on two axes at once
+        ops = [carrier(sub, shape, c) for sub, shape in zip(ins, shapes)]
+        if c in out:
+            sigs.append(sig(ops, carrier(add_sub, addend, c) if addend is not None else B, S(out.index(c))))
+        else:
+            sigs.append(sig(ops, P, P))
+    for i in range(n):
+        sigs.append(sig([P if j == i else B for j in range(n)], P, P))
+    return sigs
+
+
+def parse_einsum(equation: str, shapes: Sequence[tuple]) -> tuple[list[str], str]:
+    """The explicit form of ``equation``: ellipses spelled out with fresh letters, the implicit
+    output (ellipsis dims, then letters seen once, sorted) made explicit."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    ins = lhs.split(",")
+    if len(ins) != len(shapes):
+        raise ShapeError(f"holoflow.einsum: {equation!r} names {len(ins)} operands but {len(shapes)} were given")
+    fresh = [c for c in _LETTERS if c not in eq]
+    n_ell = max((len(s) - len(sub) + 3 for sub, s in zip(ins, shapes) if "..." in sub), default=0)
+    ell = "".join(fresh[:n_ell])
+    explicit = []
+    for i, (sub, shape) in enumerate(zip(ins, shapes)):
+        if "..." in sub:
+            sub = sub.replace("...", ell[n_ell - (len(shape) - len(sub) + 3):])
+        if len(sub) != len(shape) or not sub.isalpha() and sub:
+            raise ShapeError(f"holoflow.einsum: operand {i} has shape {tuple(shape)} but subscripts "
+                             f"{ins[i]!r} name {len(sub)} dims")
+        explicit.append(sub)
+    if arrow:
+        out = rhs.replace("...", ell)
+    else:
+        seen = "".join(explicit)
+        out = ell + "".join(sorted(c for c in set(seen) if seen.count(c) == 1 and c not in ell))
+    return explicit, out
+
+
+def _shapes(metas) -> list[tuple]:
+    return [tuple(m.shape) for m in metas if isinstance(m, Meta)]
+
+
+# -- einsum, and the gradient of one operand of any product --------------------------------------
+
+def _const(fill: torch.Tensor, like: Tensor) -> Tensor:
+    return Tensor._make(fill.to(dtype=like._data.dtype, device=like._data.device))
+
+
+def operand_grad(ins: Sequence[str], out: str, operands: Sequence[Tensor], dy: Tensor, i: int) -> Tensor:
+    """d(einsum(ins -> out))/d operand i, contracted with ``dy``: an einsum of ``dy`` with the
+    other operands; identity matrices restore a diagonal (a repeated index), a ones vector an
+    index summed in operand i alone. Broadcast (size-1) dims are summed back by the caller."""
+    fresh = iter(c for c in _LETTERS if c not in "".join(ins) + out)
+    size = {c: d for sub, x in zip(ins, operands) for c, d in zip(sub, x.shape) if d != 1}
+    target, subs, ops = "", [out] + [s for j, s in enumerate(ins) if j != i], \
+        [dy] + [x for j, x in enumerate(operands) if j != i]
+    for c, d in zip(ins[i], operands[i].shape):
+        if c in target:
+            f = next(fresh)
+            subs.append(c + f)
+            ops.append(_const(torch.eye(size.get(c, d)), dy))
+            c = f
+        target += c
+    missing = "".join(c for c in target if c not in "".join(subs))
+    if missing:
+        subs.append(missing)
+        ops.append(_const(torch.ones([size.get(c, operands[i].shape[target.index(c)]) for c in missing]), dy))
+    return apply(EINSUM, *ops, equation=",".join(subs) + "->" + target)
+
+
+def _einsum_sbp(metas, attrs):
+    ins, out = parse_einsum(attrs["equation"], _shapes(metas))
+    return einsum_signatures(ins, out, _shapes(metas))
+
+
+def _einsum_grad(c, dy):
+    ins, out = parse_einsum(c.equation, [tuple(s) for s in c.shapes])
+    return tuple(reduce_grad(operand_grad(ins, out, c.inputs, dy, i), c, i) if needs(c, i) else None
+                 for i in range(len(ins)))
+
+
+EINSUM = defop("einsum", lambda *ops, equation: torch.einsum(equation, *ops), grad=_einsum_grad,
+               save="inputs", sbp=_einsum_sbp, family="einsum")
+
+
+# -- matmul ---------------------------------------------------------------------------------------
+
+def matmul_subscripts(sa: tuple, sb: tuple) -> tuple[list[str], str]:
+    """torch.matmul's cases as einsum subscripts: 1-D operands are vectors, leading dims batch."""
+    nb = max(len(sa) - 2, len(sb) - 2, 0)
+    batch = _LETTERS[:nb]
+    a = batch[nb - len(sa) + 2:] + "mk" if len(sa) > 1 else "k"
+    b = batch[nb - len(sb) + 2:] + "kn" if len(sb) > 1 else "k"
+    return [a, b], batch + ("m" if len(sa) > 1 else "") + ("n" if len(sb) > 1 else "")
+
+
+def _same_dtype(name: str, *metas) -> torch.dtype:
+    dts = {m.dtype for m in metas if isinstance(m, Meta)}
+    if len(dts) > 1:
+        shown = " and ".join(str(d).replace("torch.", "holoflow.") for d in dts)
+        raise DTypeError(f"holoflow.{name}: operands have dtypes {shown}; they must match (cast one)")
+    return dts.pop()
+
+
+def matmul_shape(name: str, sa: tuple, sb: tuple) -> tuple:
+    """The result shape of ``matmul(a, b)``, or a clear error naming both shapes."""
+    if not sa or not sb:
+        raise ShapeError(f"holoflow.{name}: both operands need at least 1 dim, got shapes {sa} and {sb}")
+    ka, kb = sa[-1], sb[-2] if len(sb) > 1 else sb[0]
+    if ka != kb:
+        raise ShapeError(f"holoflow.{name}: shapes {sa} and {sb} cannot be multiplied: the contracted "
+                         f"dims are {ka} and {kb}; they must match")
+    try:
+        batch = broadcast_shapes(name, [sa[:-2], sb[:-2]])
+    except ShapeError:
+        raise ShapeError(f"holoflow.{name}: shapes {sa} and {sb} cannot be multiplied: their batch dims "
+                         f"{sa[:-2]} and {sb[:-2]} cannot be broadcast") from None
+    return batch + sa[-2:-1] * (len(sa) > 1) + sb[-1:] * (len(sb) > 1)
+
+
+def _matmul_shape(metas, attrs):
+    a, b = metas
+    dt = _same_dtype("matmul", a, b)
+    return [Meta(matmul_shape("matmul", tuple(a.shape), tuple(b.shape)), dt, a.device)]
+
+
+def _matmul_sbp(metas, attrs):
+    shapes = _shapes(metas)
+    return einsum_signatures(*matmul_subscripts(*shapes), shapes)
+
+
+def _matmul_grad(c, dy):
+    ins, out = matmul_subscripts(*[tuple(s) for s in c.shapes])
+    return tuple(reduce_grad(operand_grad(ins, out, c.inputs, dy, i), c, i) if needs(c, i) else None
+                 for i in range(2))
+
+
+MATMUL = defop("matmul", torch.matmul, grad=_matmul_grad, save="inputs", shape=_matmul_shape,
+               sbp=_matmul_sbp, family="einsum")
+
+
+# -- addmm, baddbmm: beta * input + alpha * (m1 @ m2) ------------------------------------------
+
+def _addmm_family(name: str, kernel, ins: list[str], out: str, nd: int):
+    def shape(metas, attrs):
+        inp, a, b = metas
+        dt = _same_dtype(name, inp, a, b)
+        if len(a.shape) != nd or len(b.shape) != nd:
+            raise ShapeError(f"holoflow.{name}: the two matrices must have {nd} dims, got shapes "
+                             f"{tuple(a.shape)} and {tuple(b.shape)}")
+        if nd == 3 and a.shape[0] != b.shape[0]:
+            raise ShapeError(f"holoflow.{name}: batch sizes of {tuple(a.shape)} and {tuple(b.shape)} differ")
+        res = matmul_shape(name, tuple(a.shape), tuple(b.shape))
+        if broadcast_shapes(name, [tuple(inp.shape), res]) != res:
+            raise ShapeError(f"holoflow.{name}: input of shape {tuple(inp.shape)} does not broadcast "
+                             f"to the product's shape {res}")
+        return [Meta(res, dt, a.device)]
+
+    def sbp(metas, attrs):
+        inp, a, b = _shapes(metas)
+        return einsum_signatures(ins, out, [a, b], addend=inp, addend_first=True)
+
+    def grad(c, dy):
+        inp, a, b = c.inputs
+        g_in = reduce_grad(dy * c.beta, c, 0) if needs(c, 0) else None
+        g = [reduce_grad(operand_grad(ins, out, (a, b), dy, i) * c.alpha, c, i + 1) if needs(c, i + 1)
+             else None for i in range(2)]
+        return (g_in, *g)
+    return defop(name, kernel, grad=grad, save="inputs", shape=shape, sbp=sbp, family="einsum")
+
+
+ADDMM = _addmm_family("addmm", lambda i, a, b, beta, alpha: torch.addmm(i, a, b, beta=beta, alpha=alpha),
+                      ["ik", "kj"], "ij", 2)
+BADDBMM = _addmm_family("baddbmm", lambda i, a, b, beta, alpha: torch.baddbmm(i, a, b, beta=beta, alpha=alpha),
+                        ["bik", "bkj"], "bij", 3)
+
+
+# -- linear: x @ w.T + b as one op ---------------------------------------------------------------
+
+def linear_subscripts(sx: tuple, sw: tuple) -> tuple[list[str], str]:
+    batch = _LETTERS[:max(len(sx) - 1, 0)]
+    w = "nk" if len(sw) == 2 else "k"
+    return [batch + "k", w], batch + ("n" if len(sw) == 2 else "")
+
+
+def _linear_shape(metas, attrs):
+    x, w, b = metas
+    dt = _same_dtype("linear", x, w, b)
+    sx, sw = tuple(x.shape), tuple(w.shape)
+    if not sx or len(sw) not in (1, 2) or sx[-1] != sw[-1]:
+        raise ShapeError(f"holoflow.linear: input {sx} and weight {sw} cannot be multiplied: the input's "
+                         f"last dim must equal the weight's in_features (its last dim), and the weight "
+                         f"must have 1 or 2 dims")
+    res = sx[:-1] + sw[:1] * (len(sw) == 2)
+    if isinstance(b, Meta) and broadcast_shapes("linear", [tuple(b.shape), res]) != res:
+        raise ShapeError(f"holoflow.linear: bias of shape {tuple(b.shape)} does not broadcast to the "
+                         f"output's shape {res}")
+    return [Meta(res, dt, x.device)]
+
+
+def _linear_sbp(metas, attrs):
+    x, w, b = metas
+    ins, out = linear_subscripts(tuple(x.shape), tuple(w.shape))
+    bias = tuple(b.shape) if isinstance(b, Meta) else None
+    return einsum_signatures(ins, out, [tuple(x.shape), tuple(w.shape)], addend=bias)
+
+
+def _linear_grad(c, dy):
+    x, w, _ = c.inputs
+    ins, out = linear_subscripts(tuple(c.shapes[0]), tuple(c.shapes[1]))
+    return (operand_grad(ins, out, (x, w), dy, 0) if needs(c, 0) else None,
+            operand_grad(ins, out, (x, w), dy, 1) if needs(c, 1) else None,
+            reduce_grad(dy, c, 2) if needs(c, 2) else None)
+
+
+LINEAR = defop("linear", F.linear, grad=_linear_grad, save="inputs", shape=_linear_shape,
+               sbp=_linear_sbp, family="einsum")
+
+
+# -- public functions ---------------------------------------------------------------------------
+
+def matmul(input: Tensor, other: Tensor) -> Tensor:
+    """Matrix product with torch's rules: 1-D operands are vectors, leading dims broadcast.
+
+    >>> holoflow.matmul(holoflow.ones(2, 3), holoflow.ones(3)).tolist()
+    [3.0, 3.0]
+    """
+    return apply(MATMUL, input, other)
+
+
+def _need_dims(name: str, nd: int, *xs: Tensor) -> None:
+    if any(x.dim() != nd for x in xs):
+        shown = " and ".join(str(tuple(x.shape)) for x in xs)
+        raise ShapeError(f"holoflow.{name}: expects {nd}-D operands, got shapes {shown}")
+
+
+def mm(input: Tensor, mat2: Tensor) -> Tensor:
+    """Product of two matrices (no broadcasting)."""
+    _need_dims("mm", 2, input, mat2)
+    matmul_shape("mm", tuple(input.shape), tuple(mat2.shape))
+    return apply(MATMUL, input, mat2)
+
+
+def bmm(input: Tensor, mat2: Tensor) -> Tensor:
+    """Batched product of ``(b, n, k)`` and ``(b, k, m)`` (no broadcasting)."""
+    _need_dims("bmm", 3, input, mat2)
+    if input.shape[0] != mat2.shape[0]:
+        raise ShapeError(f"holoflow.bmm: batch sizes of {tuple(input.shape)} and {tuple(mat2.shape)} differ")
+    matmul_shape("bmm", tuple(input.shape), tuple(mat2.shape))
+    return apply(MATMUL, input, mat2)
+
+
+def dot(input: Tensor, other: Tensor) -> Tensor:
+    """Inner product of two 1-D tensors of equal length."""
+    _need_dims("dot", 1, input, other)
+    matmul_shape("dot", tuple(input.shape), tuple(other.shape))
+    return apply(MATMUL, input, other)
+
+
+def inner(input: Tensor, other: Tensor) -> Tensor:
+    """Sum over the last dims of both (``a @ b.mT``-like for any dims)."""
+    if input.dim() == 0 or other.dim() == 0:
+        return input * other
+    if input.shape[-1] != other.shape[-1]:
+        raise ShapeError(f"holoflow.inner: the last dims of {tuple(input.shape)} and {tuple(other.shape)} differ")
+    return apply(EINSUM, input, other, equation=_inner_eq(input.dim(), other.dim()))
+
+
+def _inner_eq(na: int, nb: int) -> str:
+    a, b = _LETTERS[:na - 1], _LETTERS[na - 1:na + nb - 2]
+    return f"{a}z,{b}z->{a}{b}"
+
+
+def einsum(equation: str, *operands) -> Tensor:
+    """Einstein summation, as ``torch.einsum`` (operands as arguments or one list).
+
+    >>> holoflow.einsum("ij,jk->ik", a, b)   # matmul
+    """
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    ins, out = parse_einsum(equation, [tuple(x.shape) for x in operands])
+    return apply(EINSUM, *operands, equation=",".join(ins) + "->" + out)
+
+
+def outer(input: Tensor, vec2: Tensor) -> Tensor:
+    """Outer product of two 1-D tensors."""
+    _need_dims("outer", 1, input, vec2)
+    return apply(EINSUM, input, vec2, equation="i,j->ij")
+
+
+ger = outer
+
+
+def vecdot(x: Tensor, y: Tensor, *, dim: int = -1) -> Tensor:
+    """Dot product over ``dim`` with broadcasting (real tensors)."""
+    return (x * y).sum(dim)
+
+
+def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta=1, alpha=1) -> Tensor:
+    """``beta * input + alpha * (mat1 @ mat2)``."""
+    return apply(ADDMM, input, mat1, mat2, beta=beta, alpha=alpha)
+
+
+def baddbmm(input: Tensor, batch1: Tensor, batch2: Tensor, *, beta=1, alpha=1) -> Tensor:
+    """``beta * input + alpha * bmm(batch1, batch2)``."""
+    return apply(BADDBMM, input, batch1, batch2, beta=beta, alpha=alpha)
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``input @ weight.T + bias`` (``torch.nn.functional.linear``), one op."""
+    return apply(LINEAR, input, weight, bias)
+
+
+for _name in ("matmul", "mm", "bmm", "dot", "inner", "outer", "ger", "addmm", "baddbmm"):
+    setattr(Tensor, _name, globals()[_name])
+Tensor.__matmul__ = matmul
+Tensor.__rmatmul__ = lambda self, other: matmul(other, self)
+
+from .. import linalg as _linalg_namespace  # noqa: E402,F401  (binds holoflow.linalg)

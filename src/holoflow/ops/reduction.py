@@ -1,0 +1,490 @@
+"""Reductions: sum, mean, prod, amax/amin, max/min (values, indices), argmax/argmin, var, std,
+logsumexp, vector norms, all/any, count_nonzero; scans (cumsum, cumprod) in ``scan.py``.
+
+Every reduction carries its reduced dims as a normalized tuple attr ``dim`` (or an int/None where
+torch's kernel only takes one dim) plus ``keepdim``. One SBP rule serves the family: a split on a
+kept axis stays split (renumbered when the reduced axes are dropped); a split on a reduced axis
+gives partial-sum only for ops linear in their input (sum, mean, count_nonzero); broadcast is
+always legal. Grad rules are holoflow ops; max/min/amax/amin send gradients only to the winners.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+from typing import Sequence
+
+import torch
+
+from ..core import dtype as _dtype
+from ..core.dispatch import apply
+from ..core.errors import normalize_dim
+from ..core.registry import defop
+from ..core.sbp import B, P, S
+from ..core.tensor import Tensor
+from . import elementwise as E
+from .family import CAST
+
+__all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "aminmax",
+           "var", "std", "var_mean", "std_mean", "logsumexp", "norm", "all", "any",
+           "count_nonzero", "nansum"]
+
+_sum, _all, _any, _max, _min = sum, all, any, max, min  # Python's, before the torch-named ones
+
+
+# -- dims --------------------------------------------------------------------------------------
+
+def reduce_dims(op: str, dim, ndim: int) -> tuple[int, ...]:
+    """Normalized, sorted reduced dims; ``None`` or ``()`` means every dim (as torch's sum)."""
+    if dim is None or (not isinstance(dim, int) and len(dim) == 0):
+        return tuple(range(ndim))
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    out = tuple(sorted(normalize_dim(op, d, ndim) for d in dims))
+    if len(set(out)) != len(out):
+        raise RuntimeError(f"holoflow.{op}: dim {dim} names a dimension more than once")
+    return out if ndim else ()
+
+
+def one_dim(op: str, dim, ndim: int) -> int | None:
+    """A single dim (or None) for kernels that take one: prod, argmax, cumsum..."""
+    if dim is None:
+        return None
+    if not isinstance(dim, int):
+        raise TypeError(f"holoflow.{op}: dim must be an int or None, got {dim!r}")
+    return normalize_dim(op, dim, ndim)
+
+
+def _reduced(ndim: int, attrs: dict) -> set[int]:
+    dim = attrs.get("dim")
+    if dim is None or dim == ():
+        return set(range(ndim))
+    return {dim} if isinstance(dim, int) else set(dim)
+
+
+def _out_axis(a: int, reduced: set, keepdim: bool) -> int:
+    return a if keepdim else a - _sum(d < a for d in reduced)
+
+
+def reduce_sbp(linear: bool = False, n_out: int = 1):
+    """The family's SBP rule (one mesh axis): S on kept axes -> S (renumbered); S on a reduced
+    axis -> P and P -> P when the op is linear in its input; B -> B."""
+    def rule(metas, attrs):
+        ndim = len(metas[0].shape)
+        reduced, keep = _reduced(ndim, attrs), attrs.get("keepdim", False)
+        sigs = [((B,), (B,) * n_out)]
+        for a in range(ndim):
+            if a not in reduced:
+                sigs.append(((S(a),), (S(_out_axis(a, reduced, keep)),) * n_out))
+            elif linear:
+                sigs.append(((S(a),), (P,) * n_out))
+        if linear:
+            sigs.append(((P,), (P,) * n_out))
+        return sigs
+    return rule
+
+
+# -- grad helpers: broadcast a reduced gradient back, scatter/gather at indices ----------------
+
+def _unreduce_kernel(dy, shape, dim, keepdim):
+    if not keepdim:
+        for d in sorted(dim):
+            dy = dy.unsqueeze(d)
+    return dy.expand(shape)
+
+
+def _unreduce_map(attrs, out_ndim: int) -> list[int]:
+    """Output axis of each input axis of ``unreduce`` (the kept axes, in order)."""
+    dims = set(attrs["dim"]) if attrs["dim"] else set(range(out_ndim))
+    if attrs["keepdim"]:
+        return list(range(out_ndim))
+    return [a for a in range(out_ndim) if a not in dims]
+
+
+def _unreduce_sbp(metas, attrs):
+    shape = tuple(attrs["shape"])
+    axes = _unreduce_map(attrs, len(shape))
+    sigs = [((B,), (B,)), ((P,), (P,))]
+    for a, d in enumerate(metas[0].shape):
+        if d == shape[axes[a]]:
+            sigs.append(((S(a),), (S(axes[a]),)))
+    return sigs
+
+
+def _unreduce_local(attrs, metas, local_metas, in_sbps):
+    shape = list(attrs["shape"])
+    axes = _unreduce_map(attrs, len(shape))
+    for a, (g, l) in enumerate(zip(metas[0].shape, local_metas[0].shape)):
+        if g != l:
+            shape[axes[a]] = l
+    return {**attrs, "shape": tuple(shape)}
+
+
+UNREDUCE = defop("unreduce", _unreduce_kernel, sbp=_unreduce_sbp, local_attrs=_unreduce_local,
+                 grad=lambda c, g: (apply(SUM, g, dim=c.dim, keepdim=c.keepdim, dtype=None),),
+                 family="broadcast")
+
+
+def unreduce(dy: Tensor, shape: Sequence[int], dim: tuple, keepdim: bool) -> Tensor:
+    """Broadcasts a reduction's output (or gradient) back to the input ``shape``."""
+    return apply(UNREDUCE, dy, shape=tuple(shape), dim=tuple(dim), keepdim=keepdim)
+
+
+def _at_index_scatter(dy, idx, shape, dim, keepdim):
+    if not shape:
+        return dy.clone()
+    if not keepdim:
+        dy, idx = dy.unsqueeze(dim), idx.unsqueeze(dim)
+    return torch.zeros(shape, dtype=dy.dtype, device=dy.device).scatter(dim, idx, dy)
+
+
+def _at_index_gather(x, idx, dim, keepdim):
+    if x.dim() == 0:
+        return x.clone()
+    out = x.gather(dim, idx if keepdim else idx.unsqueeze(dim))
+    return out if keepdim else out.squeeze(dim)
+
+
+def _index_axes(ndim: int, dim: int, keepdim: bool) -> list[tuple[int, int]]:
+    """(full-shape axis, index-shape axis) for each axis other than ``dim``."""
+    return [(a, a if keepdim else a - (a > dim)) for a in range(ndim) if a != dim]
+
+
+def _scatter_sbp(metas, attrs):
+    sigs = [((B, B), (B,)), ((P, B), (P,))]
+    for full, small in _index_axes(len(attrs["shape"]), attrs["dim"], attrs["keepdim"]):
+        sigs.append(((S(small), S(small)), (S(full),)))
+    return sigs
+
+
+def _gather_sbp(metas, attrs):
+    sigs = [((B, B), (B,)), ((P, B), (P,))]
+    for full, small in _index_axes(len(metas[0].shape), attrs["dim"], attrs["keepdim"]):
+        sigs.append(((S(full), S(small)), (S(small),)))
+    return sigs
+
+
+def _scatter_local(attrs, metas, local_metas, in_sbps):
+    shape = list(attrs["shape"])
+    for full, small in _index_axes(len(shape), attrs["dim"], attrs["keepdim"]):
+        shape[full] = local_metas[0].shape[small]
+    return {**attrs, "shape": tuple(shape)}
+
+
+AT_INDEX_SCATTER = defop(
+    "at_index_scatter", _at_index_scatter, sbp=_scatter_sbp, local_attrs=_scatter_local,
+    save="inputs", family="indexing",
+    grad=lambda c, g: (apply(AT_INDEX_GATHER, g, c.inputs[1], dim=c.dim, keepdim=c.keepdim), None))
+AT_INDEX_GATHER = defop(
+    "at_index_gather", _at_index_gather, sbp=_gather_sbp, save="inputs", family="indexing",
+    grad=lambda c, g: (apply(AT_INDEX_SCATTER, g, c.inputs[1], shape=tuple(c.shapes[0]), dim=c.dim,
+                             keepdim=c.keepdim), None))
+
+
+def _cast_to(g: Tensor, dtype: torch.dtype) -> Tensor:
+    return g if g._data.dtype == dtype else apply(CAST, g, dtype=dtype)
+
+
+def _all_dims(c) -> tuple:
+    return tuple(sorted(_reduced(len(c.shapes[0]), c.attrs)))
+
+
+def _back(c, t: Tensor) -> Tensor:
+    """``t`` (shaped like the op's output) broadcast to the input's shape."""
+    return unreduce(t, c.shapes[0], _all_dims(c), c.keepdim)
+
+
+# -- the ops ----------------------------------------------------------------------------------
+
+def _sum_grad(c, dy):
+    return (_cast_to(_back(c, dy), c.dtypes[0]),)
+
+
+def _mean_kernel(x, dim, keepdim, dtype, count):
+    """Local sum over the GLOBAL count, so a shard of a split reduced axis gives a partial sum."""
+    local = 1
+    for d in (dim if x.dim() else ()):
+        local *= x.shape[d]
+    if local == count:
+        return torch.mean(x, dim, keepdim=keepdim, dtype=dtype)
+    return torch.sum(x, dim, keepdim=keepdim, dtype=dtype) / count
+
+
+def _mean_grad(c, dy):
+    return (_cast_to(_back(c, dy) / c.count, c.dtypes[0]),)
+
+
+def _extreme_grad(c, dy):
+    """amax/amin: torch splits the gradient evenly among ties."""
+    x = c.inputs[0]
+    mask = apply(CAST, x == _back(c, c.out), dtype=dy._data.dtype)
+    count = apply(SUM, mask, dim=_all_dims(c), keepdim=True, dtype=None)
+    return (_back(c, dy) * mask / count,)
+
+
+def _at_index_grad(c, dy, _):
+    idx = c.outs[1]
+    if not c.shapes[0]:
+        return (dy,)
+    return (apply(AT_INDEX_SCATTER, dy, idx, shape=tuple(c.shapes[0]), dim=c.dim, keepdim=c.keepdim),)
+
+
+def _prod_grad(c, dy):
+    """Product of the other elements, exact with zeros: where x == 0 it is the product of the
+    non-zeros if x is the only zero, else 0; elsewhere prod/x (0 if another element is 0)."""
+    x = c.inputs[0]
+    dims = _all_dims(c)
+    zero = x == 0
+    safe = E.where(zero, 1.0, x)
+    p1 = apply(PROD, safe, dim=dims, keepdim=True, dtype=None)
+    nz = apply(SUM, zero, dim=dims, keepdim=True, dtype=None)
+    g = E.where(zero, p1 * (nz == 1), p1 / safe * (nz == 0))
+    return (_cast_to(_back(c, dy) * g, c.dtypes[0]),)
+
+
+def _prod_kernel(x, dim, keepdim, dtype):
+    if len(dim) == x.dim() and not keepdim:
+        return torch.prod(x, dtype=dtype)
+    for d in sorted(dim, reverse=True):
+        x, dtype = torch.prod(x, d, keepdim=keepdim, dtype=dtype), None
+    return x
+
+
+def _var_grad(c, dy):
+    x = c.inputs[0]
+    dims = _all_dims(c)
+    n = 1
+    for d in dims:
+        n *= c.shapes[0][d]
+    mu = apply(MEAN, x, dim=dims, keepdim=True, dtype=None, count=n)
+    scale = 2.0 / (n - c.correction) if n != c.correction else float("inf")
+    return (_back(c, dy) * (x - mu) * scale,)
+
+
+def _logsumexp_grad(c, dy):
+    x = c.inputs[0]
+    return (_back(c, dy) * (x - _back(c, c.out)).exp(),)
+
+
+def _norm_kernel(x, ord, dim, keepdim, dtype):  # noqa: A002
+    return torch.linalg.vector_norm(x, ord, dim, keepdim, dtype=dtype)
+
+
+def _norm_grad(c, dy):
+    x, p = c.inputs[0], c.ord
+    out_b, dy_b = _back(c, c.out), _back(c, dy)
+    if p == 0:
+        return (x * 0,)
+    if p in (float("inf"), float("-inf")):
+        mask = apply(CAST, x.abs() == out_b, dtype=dy._data.dtype)
+        count = apply(SUM, mask, dim=_all_dims(c), keepdim=True, dtype=None)
+        return (_cast_to(dy_b * x.sign() * mask / count, c.dtypes[0]),)
+    if p == 1:
+        g = x.sign()
+    elif p == 2:
+        g = x / out_b
+    else:
+        g = x.sign() * x.abs() ** (p - 1) / out_b ** (p - 1)
+    g = E.where(out_b == 0, 0.0, g) if p != 1 else g
+    return (_cast_to(dy_b * g, c.dtypes[0]),)
+
+
+_RED = dict(family="reduction")
+SUM = defop("sum", lambda x, dim, keepdim, dtype: torch.sum(x, dim, keepdim=keepdim, dtype=dtype),
+            grad=_sum_grad, sbp=reduce_sbp(linear=True), **_RED)
+MEAN = defop("mean", _mean_kernel, grad=_mean_grad, sbp=reduce_sbp(linear=True), **_RED)
+PROD = defop("prod", _prod_kernel, grad=_prod_grad, save="inputs", sbp=reduce_sbp(), **_RED)
+AMAX = defop("amax", lambda x, dim, keepdim: torch.amax(x, dim, keepdim), grad=_extreme_grad,
+             save="both", sbp=reduce_sbp(), **_RED)
+AMIN = defop("amin", lambda x, dim, keepdim: torch.amin(x, dim, keepdim), grad=_extreme_grad,
+             save="both", sbp=reduce_sbp(), **_RED)
+MAX = defop("max", lambda x, dim, keepdim: torch.max(x, dim, keepdim), grad=_at_index_grad,
+            save="output", outputs=("values", "indices"), sbp=reduce_sbp(n_out=2), **_RED)
+MIN = defop("min", lambda x, dim, keepdim: torch.min(x, dim, keepdim), grad=_at_index_grad,
+            save="output", outputs=("values", "indices"), sbp=reduce_sbp(n_out=2), **_RED)
+ARGMAX = defop("argmax", lambda x, dim, keepdim: torch.argmax(x, dim, keepdim), sbp=reduce_sbp(), **_RED)
+ARGMIN = defop("argmin", lambda x, dim, keepdim: torch.argmin(x, dim, keepdim), sbp=reduce_sbp(), **_RED)
+VAR = defop("var", lambda x, dim, correction, keepdim: torch.var(x, dim or None, correction=correction,
+                                                                   keepdim=keepdim),
+            grad=_var_grad, save="inputs", sbp=reduce_sbp(), **_RED)
+LOGSUMEXP = defop("logsumexp", lambda x, dim, keepdim: torch.logsumexp(x, dim, keepdim),
+                  grad=_logsumexp_grad, save="both", sbp=reduce_sbp(), **_RED)
+VECTOR_NORM = defop("vector_norm", _norm_kernel, grad=_norm_grad, save="both", sbp=reduce_sbp(), **_RED)
+ALL = defop("all", lambda x, dim, keepdim: torch.all(x, dim, keepdim=keepdim), sbp=reduce_sbp(), **_RED)
+ANY = defop("any", lambda x, dim, keepdim: torch.any(x, dim, keepdim=keepdim), sbp=reduce_sbp(), **_RED)
+COUNT_NONZERO = defop("count_nonzero", lambda x, dim: torch.count_nonzero(x, dim),
+                      sbp=lambda metas, attrs: [s for s in reduce_sbp(linear=True)(metas, attrs)
+                                                if s[0] != (P,)], **_RED)
+
+
+# -- public functions -------------------------------------------------------------------------
+
+def _tdtype(dtype):
+    return _dtype.to_torch(dtype) if dtype is not None else None
+
+
+def sum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:  # noqa: A001
+    """Sum over ``dim`` (an int, a tuple, or None for all), as ``torch.sum``.
+
+    >>> holoflow.sum(holoflow.ones(2, 3), dim=1).tolist()
+    [3.0, 3.0]
+    """
+    dims = reduce_dims("sum", dim, input.dim())
+    return apply(SUM, input, dim=dims, keepdim=keepdim, dtype=_tdtype(dtype))
+
+
+def nansum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
+    """Sum treating NaN as zero."""
+    return sum(E.where(input.isnan(), 0.0, input), dim, keepdim, dtype=dtype)
+
+
+def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
+    """Mean over ``dim``, as ``torch.mean`` (floating inputs, or pass ``dtype``)."""
+    dims = reduce_dims("mean", dim, input.dim())
+    count = 1
+    for d in dims:
+        count *= input.shape[d]
+    return apply(MEAN, input, dim=dims, keepdim=keepdim, dtype=_tdtype(dtype), count=count)
+
+
+def prod(input: Tensor, dim: int | None = None, keepdim: bool = False, *, dtype=None) -> Tensor:
+    """Product of all elements, or over one ``dim``, as ``torch.prod``."""
+    dims = reduce_dims("prod", one_dim("prod", dim, input.dim()), input.dim())
+    return apply(PROD, input, dim=dims, keepdim=keepdim, dtype=_tdtype(dtype))
+
+
+def amax(input: Tensor, dim=(), keepdim: bool = False) -> Tensor:
+    """Maximum over ``dim`` (all dims by default); the gradient is shared evenly among ties."""
+    return apply(AMAX, input, dim=reduce_dims("amax", dim, input.dim()), keepdim=keepdim)
+
+
+def amin(input: Tensor, dim=(), keepdim: bool = False) -> Tensor:
+    """Minimum over ``dim`` (all dims by default); the gradient is shared evenly among ties."""
+    return apply(AMIN, input, dim=reduce_dims("amin", dim, input.dim()), keepdim=keepdim)
+
+
+def _extreme(name: str, full_op, dim_op, binary_fn, input: Tensor, dim, keepdim: bool):
+    if isinstance(dim, Tensor):
+        return binary_fn(input, dim)
+    if dim is None:
+        if keepdim:
+            raise TypeError(f"holoflow.{name}: keepdim needs a dim")
+        return apply(full_op, input, dim=tuple(range(input.dim())), keepdim=False)
+    return apply(dim_op, input, dim=one_dim(name, dim, input.dim()), keepdim=keepdim)
+
+
+def max(input: Tensor, dim=None, keepdim: bool = False):  # noqa: A001
+    """``max(x)``: the largest element; ``max(x, dim)``: (values, indices); ``max(x, other)``:
+    elementwise maximum, as ``torch.max``."""
+    return _extreme("max", AMAX, MAX, E.maximum, input, dim, keepdim)
+
+
+def min(input: Tensor, dim=None, keepdim: bool = False):  # noqa: A001
+    """``min(x)``, ``min(x, dim)`` -> (values, indices), or ``min(x, other)``, as ``torch.min``."""
+    return _extreme("min", AMIN, MIN, E.minimum, input, dim, keepdim)
+
+
+def argmax(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """Index of the maximum (flattened when ``dim`` is None)."""
+    return apply(ARGMAX, input, dim=one_dim("argmax", dim, input.dim()), keepdim=keepdim)
+
+
+def argmin(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """Index of the minimum (flattened when ``dim`` is None)."""
+    return apply(ARGMIN, input, dim=one_dim("argmin", dim, input.dim()), keepdim=keepdim)
+
+
+_aminmax = namedtuple("aminmax", ("min", "max"))
+
+
+def aminmax(input: Tensor, *, dim: int | None = None, keepdim: bool = False):
+    """(min, max) over ``dim`` or all elements."""
+    dims = () if dim is None else one_dim("aminmax", dim, input.dim())
+    return _aminmax(amin(input, dims, keepdim), amax(input, dims, keepdim))
+
+
+def _correction(name: str, unbiased, correction) -> float:
+    if unbiased is not None and correction is not None:
+        raise TypeError(f"holoflow.{name}: pass either unbiased or correction, not both")
+    if correction is not None:
+        return correction
+    return 1 if unbiased is None or unbiased else 0
+
+
+def _var_args(name, input, dim, unbiased, keepdim, correction):
+    if isinstance(dim, bool):  # torch's var(x, unbiased) positional form
+        dim, unbiased = None, dim
+    return (reduce_dims(name, dim, input.dim()), _correction(name, unbiased, correction), keepdim)
+
+
+def var(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *,
+        correction=None) -> Tensor:
+    """Variance with Bessel's ``correction`` (1 by default, or ``unbiased=False`` for 0)."""
+    dims, corr, keep = _var_args("var", input, dim, unbiased, keepdim, correction)
+    return apply(VAR, input, dim=dims, correction=corr, keepdim=keep)
+
+
+def std(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *,
+        correction=None) -> Tensor:
+    """Standard deviation: ``sqrt(var(...))``."""
+    return var(input, dim, unbiased, keepdim, correction=correction).sqrt()
+
+
+def var_mean(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *,
+             correction=None) -> tuple[Tensor, Tensor]:
+    """``(var, mean)`` over ``dim``."""
+    dims, _, _ = _var_args("var_mean", input, dim, unbiased, keepdim, correction)
+    return var(input, dim, unbiased, keepdim, correction=correction), mean(input, dims or None, keepdim)
+
+
+def std_mean(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *,
+             correction=None) -> tuple[Tensor, Tensor]:
+    """``(std, mean)`` over ``dim``."""
+    v, m = var_mean(input, dim, unbiased, keepdim, correction=correction)
+    return v.sqrt(), m
+
+
+def logsumexp(input: Tensor, dim, keepdim: bool = False) -> Tensor:
+    """``log(sum(exp(x)))`` over ``dim``, computed stably."""
+    return apply(LOGSUMEXP, input, dim=reduce_dims("logsumexp", dim, input.dim()), keepdim=keepdim)
+
+
+def vector_norm(x: Tensor, ord: float = 2, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:  # noqa: A002
+    """``(sum |x|^ord)^(1/ord)`` over ``dim`` (inf/-inf: max/min of |x|; 0: count of non-zeros)."""
+    return apply(VECTOR_NORM, x, ord=float(ord), dim=reduce_dims("linalg.vector_norm", dim, x.dim()),
+                 keepdim=keepdim, dtype=_tdtype(dtype))
+
+
+def norm(input: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) -> Tensor:
+    """``torch.norm``: a vector norm of the flattened tensor or over ``dim`` (``'fro'`` is 2)."""
+    if p == "fro" or p is None:
+        p = 2
+    if isinstance(p, str):
+        from ..core.errors import UnsupportedError
+        raise UnsupportedError(f"holoflow.norm: p={p!r} is not supported; use p='fro', a number, inf or -inf")
+    return vector_norm(input, p, dim, keepdim, dtype=dtype)
+
+
+def all(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001
+    """True where every element over ``dim`` is non-zero."""
+    dims = None if dim is None else reduce_dims("all", dim, input.dim())
+    return apply(ALL, input, dim=dims, keepdim=keepdim)
+
+
+def any(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001
+    """True where some element over ``dim`` is non-zero."""
+    dims = None if dim is None else reduce_dims("any", dim, input.dim())
+    return apply(ANY, input, dim=dims, keepdim=keepdim)
+
+
+def count_nonzero(input: Tensor, dim=None) -> Tensor:
+    """Number of non-zero elements over ``dim`` (int64)."""
+    dims = None if dim is None else reduce_dims("count_nonzero", dim, input.dim())
+    return apply(COUNT_NONZERO, input, dim=dims)
+
+
+for _name in ("sum", "nansum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin",
+              "aminmax", "var", "std", "logsumexp", "norm", "all", "any", "count_nonzero"):
+    setattr(Tensor, _name, globals()[_name])
+
+from . import scan  # noqa: E402,F401  (cumsum, cumprod: their own module)
+from .scan import cumprod, cumsum  # noqa: E402
+
+__all__ += ["cumsum", "cumprod"]
