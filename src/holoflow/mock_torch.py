@@ -1,0 +1,171 @@
+"""``holoflow.mock_torch``: run code written for PyTorch on holoflow without editing it.
+
+>>> from holoflow import mock_torch
+>>> mock_torch.enable()            # as oneflow.mock_torch.enable()
+>>> import torch                    # holoflow
+>>> import torch.nn.functional as F # holoflow.nn.functional
+>>> mock_torch.disable()           # the real torch is back
+
+Both also work as context managers (``with mock_torch.enable(): ...``), restoring the previous
+state on exit. ``torch.X.Y`` maps to ``holoflow.X.Y``; what holoflow lacks raises
+``AttributeError("holoflow (mock_torch): torch.X is not implemented in holoflow")``.
+
+How: ``enable`` wraps ``builtins.__import__`` and ``importlib.import_module`` so that an import
+of ``torch*`` made by code outside holoflow/torch (and the few packages in ``REAL_TORCH_USERS``)
+returns a mock module forwarding to holoflow; holoflow's and torch's own imports, lazy ones
+included, get the real torch. ``sys.modules`` keeps the real torch modules: torch's C++ reads
+``sys.modules["torch"]`` directly (``PyImport_ImportModule``), so swapping them out breaks kernels.
+Code that reads ``sys.modules["torch"]`` itself therefore sees the real torch.
+"""
+from __future__ import annotations
+
+import builtins
+import importlib
+import sys
+import threading
+import types
+from typing import Any
+
+__all__ = ["enable", "disable", "is_enabled"]
+
+REAL_TORCH_USERS = {"holoflow", "torch", "torchgen", "functorch", "safetensors", "torchvision"}
+
+_LOCK = threading.Lock()
+_ORIG_IMPORT = builtins.__import__
+_ORIG_IMPORT_MODULE = importlib.import_module
+
+
+class _State:
+    enabled = False
+    mocks: dict[str, "_MockModule"] = {}
+
+
+def _is_torch(name: str) -> bool:
+    return name == "torch" or name.startswith("torch.")
+
+
+def _missing(name: str) -> str:
+    return f"holoflow (mock_torch): {name} is not implemented in holoflow"
+
+
+class _MockModule(types.ModuleType):
+    """``torch[.X]`` forwarding attribute reads to ``holoflow[.X]``."""
+
+    def __init__(self, name: str, target: types.ModuleType) -> None:
+        super().__init__(name, getattr(target, "__doc__", None))
+        self.__dict__["_holoflow_target"] = target
+        self.__path__: list[str] = []
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        target = self.__dict__["_holoflow_target"]
+        if hasattr(target, attr):
+            value = getattr(target, attr)
+        else:
+            sub = f"{target.__name__}.{attr}"
+            try:
+                value = _ORIG_IMPORT_MODULE(sub)
+            except ModuleNotFoundError as e:
+                if e.name != sub:
+                    raise
+                raise AttributeError(_missing(f"{self.__name__}.{attr}")) from None
+        if isinstance(value, types.ModuleType) and value.__name__.startswith("holoflow"):
+            return _mock(f"{self.__name__}.{attr}", value)
+        return value
+
+    def __dir__(self) -> list[str]:
+        return dir(self.__dict__["_holoflow_target"])
+
+
+def _mock(name: str, target: types.ModuleType) -> _MockModule:
+    m = _State.mocks.get(name)
+    if m is None or m.__dict__["_holoflow_target"] is not target:
+        m = _State.mocks[name] = _MockModule(name, target)
+    return m
+
+
+def _resolve(name: str) -> _MockModule:
+    """The mock for ``torch.X.Y`` (holoflow.X.Y), or ModuleNotFoundError naming what's missing."""
+    if name in _State.mocks:
+        return _State.mocks[name]
+    target = "holoflow" + name[len("torch"):]
+    try:
+        return _mock(name, _ORIG_IMPORT_MODULE(target))
+    except ModuleNotFoundError as e:
+        if e.name is None or not target.startswith(e.name):
+            raise
+        raise ModuleNotFoundError(_missing(name), name=name) from None
+
+
+def _internal(module_name: str | None) -> bool:
+    return bool(module_name) and module_name.partition(".")[0] in REAL_TORCH_USERS
+
+
+def _torch_target(name: str, fromlist) -> Any:
+    """What ``import torch.X`` (fromlist empty) or ``from torch.X import a`` gives under the mock."""
+    mod = _resolve(name)
+    return mod if fromlist else _resolve("torch")
+
+
+def _import(name, globals=None, locals=None, fromlist=(), level=0):
+    if level == 0 and _is_torch(name) and not _internal((globals or {}).get("__name__")):
+        return _torch_target(name, fromlist)
+    return _ORIG_IMPORT(name, globals, locals, fromlist, level)
+
+
+def _import_module(name: str, package: str | None = None):
+    if _is_torch(name) and not _internal(sys._getframe(1).f_globals.get("__name__")):
+        return _resolve(name)
+    return _ORIG_IMPORT_MODULE(name, package)
+
+
+class _Switch:
+    """Returned by enable()/disable(): used as a context manager, restores the previous state."""
+
+    def __init__(self, was_enabled: bool) -> None:
+        self._was = was_enabled
+
+    def __enter__(self) -> "_Switch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        (_on if self._was else _off)()
+
+
+def _on() -> None:
+    with _LOCK:
+        if _State.enabled:
+            return
+        builtins.__import__ = _import
+        importlib.import_module = _import_module
+        _State.enabled = True
+
+
+def _off() -> None:
+    with _LOCK:
+        if not _State.enabled:
+            return
+        builtins.__import__ = _ORIG_IMPORT
+        importlib.import_module = _ORIG_IMPORT_MODULE
+        _State.enabled = False
+
+
+def enable(lazy: bool = False, verbose: bool = False, extra_dict: dict | None = None) -> _Switch:
+    """Makes ``import torch[...]`` resolve to holoflow (``lazy``/``verbose``/``extra_dict`` are
+    accepted for OneFlow compatibility). ``with enable(): ...`` restores the previous state."""
+    was = _State.enabled
+    _on()
+    return _Switch(was)
+
+
+def disable() -> _Switch:
+    """Restores the real torch modules. ``with disable(): ...`` re-enables on exit if it was on."""
+    was = _State.enabled
+    _off()
+    return _Switch(was)
+
+
+def is_enabled() -> bool:
+    """Whether ``import torch`` currently gives holoflow."""
+    return _State.enabled

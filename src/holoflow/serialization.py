@@ -1,0 +1,329 @@
+"""``holoflow.save`` / ``holoflow.load``: checkpoints that load without running code.
+
+File format
+-----------
+One `safetensors <https://github.com/huggingface/safetensors>`_ file. Its tensors are named
+``"0"``, ``"1"``, ...; its string metadata holds one key, ``"holoflow"``: a JSON manifest
+
+    {"format": "holoflow", "version": 1, "root": NODE}
+
+where a NODE is one of
+
+    {"t": "value", "v": <null | bool | int | float | str>}
+    {"t": "tensor", "key": "<tensor name>", "codec": "local", "requires_grad": bool, ...codec info}
+    {"t": "list" | "tuple", "items": [NODE, ...]}
+    {"t": "dict" | "odict", "items": [[KEY_NODE, NODE], ...]}     (keys: values or tuples)
+
+A tensor object that appears several times is stored once and loads as one object again.
+Saving writes a temporary file in the target's directory, fsyncs it and ``os.replace``-s it over
+the target, so a crash mid-save leaves the previous checkpoint intact.
+
+``load`` also reads a plain safetensors file (a dict of tensors) and files written by
+``torch.save`` (through ``torch.load(weights_only=True)``: no code runs), converting torch tensors
+to holoflow tensors. Anything else — a pickle with code in it, a truncated file, a bad manifest —
+raises :class:`CheckpointError` naming the file and the problem.
+
+Extension point: how a tensor is stored is decided by a :class:`TensorCodec` in ``CODECS``
+(first match wins). The default ``local`` codec stores the storage as is; the distributed layer
+registers a codec for global tensors (``register_codec``) to save/load shards with placement and
+SBP in the codec info. Without one, saving a global tensor is an error, never a silent gather.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from collections import OrderedDict
+from typing import Any, Protocol
+
+import safetensors
+import safetensors.torch
+import torch
+
+from .core.errors import HoloflowError, UnsupportedError
+from .core.tensor import Tensor
+
+__all__ = ["save", "load", "CheckpointError", "TensorCodec", "register_codec", "CODECS"]
+
+FORMAT, VERSION, META_KEY = "holoflow", 1, "holoflow"
+
+
+class CheckpointError(HoloflowError, ValueError):
+    """A file that is not a checkpoint holoflow can load safely."""
+
+
+class TensorCodec(Protocol):
+    """How one kind of tensor is written to and read from a checkpoint."""
+
+    name: str
+
+    def claims(self, t: Tensor) -> bool: ...
+
+    def encode(self, t: Tensor) -> tuple[torch.Tensor, dict]: ...
+
+    def decode(self, data: torch.Tensor, info: dict) -> Tensor: ...
+
+
+class LocalCodec:
+    """A local tensor: its storage, as is."""
+
+    name = "local"
+
+    def claims(self, t: Tensor) -> bool:
+        return t.is_local
+
+    def encode(self, t: Tensor) -> tuple[torch.Tensor, dict]:
+        return t._data.detach(), {}
+
+    def decode(self, data: torch.Tensor, info: dict) -> Tensor:
+        return Tensor._make(data)
+
+
+CODECS: list = [LocalCodec()]
+
+
+def register_codec(codec: TensorCodec) -> None:
+    """Adds a codec, tried before those already registered (e.g. global tensors)."""
+    CODECS.insert(0, codec)
+
+
+# -- save ------------------------------------------------------------------------------------
+class _Encoder:
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.seen: dict[int, str] = {}
+        self.storages: set[int] = set()
+        self.keep: list = []   # holds encoded objects alive so ids stay unique
+
+    def node(self, obj: Any, where: str) -> dict:
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return {"t": "value", "v": obj}
+        if isinstance(obj, torch.Tensor):
+            obj = Tensor._make(obj.detach())
+        if isinstance(obj, Tensor):
+            return self.tensor(obj, where)
+        if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+            kind = "list" if isinstance(obj, list) else "tuple"
+            return {"t": kind, "items": [self.node(v, f"{where}[{i}]") for i, v in enumerate(obj)]}
+        if isinstance(obj, dict):
+            kind = "odict" if isinstance(obj, OrderedDict) else "dict"
+            return {"t": kind, "items": [[self.key(k, where), self.node(v, f"{where}[{k!r}]")]
+                                         for k, v in obj.items()]}
+        raise TypeError(f"holoflow.save: can't save {type(obj).__name__} at {where}; checkpoints hold "
+                        f"tensors, dicts, lists, tuples, and None/bool/int/float/str")
+
+    def key(self, k: Any, where: str) -> dict:
+        if k is None or isinstance(k, (bool, int, float, str)):
+            return {"t": "value", "v": k}
+        if isinstance(k, tuple):
+            return {"t": "tuple", "items": [self.key(v, where) for v in k]}
+        raise TypeError(f"holoflow.save: can't save a dict key of type {type(k).__name__} in {where}")
+
+    def tensor(self, t: Tensor, where: str) -> dict:
+        codec = next((c for c in CODECS if c.claims(t)), None)
+        if codec is None:
+            raise UnsupportedError(f"holoflow.save: no checkpoint codec for the global tensor at {where}; "
+                                   f"holoflow.distributed registers one, or save t.to_local()")
+        name = self.seen.get(id(t))
+        data, info = codec.encode(t)
+        if name is None:
+            name = self.seen[id(t)] = str(len(self.tensors))
+            self.keep.append(t)
+            data = data.cpu()
+            ptr = data.untyped_storage().data_ptr() if data.numel() else None
+            if ptr in self.storages or not data.is_contiguous():
+                data = data.contiguous().clone()   # safetensors refuses tensors sharing memory
+            if ptr is not None:
+                self.storages.add(ptr)
+            self.tensors[name] = data
+        return {"t": "tensor", "key": name, "codec": codec.name, "requires_grad": t.requires_grad, **info}
+
+
+def save(obj: Any, path: str | os.PathLike) -> None:
+    """Saves tensors and nested dicts/lists/tuples of tensors and plain values to ``path``
+    (atomically: the previous file survives a crash). See the module doc for the format.
+
+    >>> flow.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": 10}, "ckpt.hf")
+    """
+    enc = _Encoder()
+    manifest = {"format": FORMAT, "version": VERSION, "root": enc.node(obj, "obj")}
+    metadata = {META_KEY: json.dumps(manifest)}
+    if hasattr(path, "write"):
+        path.write(safetensors.torch.save(enc.tensors, metadata=metadata))
+        return
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        _write(enc.tensors, tmp, metadata)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(directory)
+
+
+def _write(tensors: dict, path: str, metadata: dict) -> None:
+    safetensors.torch.save_file(tensors, path, metadata=metadata)
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# -- load ------------------------------------------------------------------------------------
+def load(path: str | os.PathLike, map_location=None, weights_only: bool = True) -> Any:
+    """Loads what :func:`save` wrote (or a safetensors / ``torch.save`` file) without running any
+    code. ``map_location``: a device (``"cpu"``, ``"cuda:0"``, a holoflow/torch device) or a dict
+    ``{"cuda:0": "cpu"}`` moving tensors saved on one device to another.
+
+    >>> ckpt = flow.load("ckpt.hf", map_location="cpu")
+    """
+    if not weights_only:
+        raise UnsupportedError("holoflow.load: weights_only=False is not supported; loading never unpickles code")
+    name = repr(getattr(path, "name", path)) if hasattr(path, "read") else repr(os.fspath(path))
+    data = path.read() if hasattr(path, "read") else None
+    if data is None:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(16)
+        except OSError as e:
+            raise FileNotFoundError(f"holoflow.load({name}): {e.strerror}") from e
+    else:
+        head = data[:16]
+    if not head:
+        raise CheckpointError(f"holoflow.load({name}): the file is empty")
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+        return _load_torch(path if data is None else data, name, map_location)
+    return _load_safetensors(path, data, name, map_location)
+
+
+def _move(t: torch.Tensor, map_location) -> torch.Tensor:
+    if map_location is None:
+        return t
+    if isinstance(map_location, dict):
+        target = map_location.get(str(t.device))
+        return t if target is None else t.to(str(target))
+    return t.to(str(map_location))
+
+
+def _load_safetensors(path, data: bytes | None, name: str, map_location) -> Any:
+    try:
+        if data is None:
+            with safetensors.safe_open(os.fspath(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        else:
+            meta = _header(data).get("__metadata__") or {}
+            tensors = safetensors.torch.load(data)
+    except (safetensors.SafetensorError, ValueError, OSError, struct.error) as e:
+        raise CheckpointError(f"holoflow.load({name}): not a valid checkpoint (safetensors, torch.save "
+                              f"zip or pickle): {e}") from e
+    tensors = {k: _move(v, map_location) for k, v in tensors.items()}
+    if META_KEY not in meta:
+        return {k: Tensor._make(v) for k, v in tensors.items()}   # a plain safetensors file
+    try:
+        manifest = json.loads(meta[META_KEY])
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"holoflow.load({name}): the manifest is not valid JSON: {e}") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or "root" not in manifest:
+        raise CheckpointError(f"holoflow.load({name}): the manifest is not a holoflow manifest")
+    if manifest.get("version", 0) > VERSION:
+        raise CheckpointError(f"holoflow.load({name}): format version {manifest['version']} is newer than "
+                              f"this holoflow reads ({VERSION}); upgrade holoflow")
+    return _Decoder(tensors, name).node(manifest["root"])
+
+
+def _header(data: bytes) -> dict:
+    (n,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8:8 + n])
+
+
+class _Decoder:
+    def __init__(self, tensors: dict[str, torch.Tensor], name: str) -> None:
+        self.tensors, self.name, self.made = tensors, name, {}
+
+    def bad(self, what: str) -> CheckpointError:
+        return CheckpointError(f"holoflow.load({self.name}): corrupt manifest: {what}")
+
+    def node(self, n: Any) -> Any:
+        kind = n.get("t") if isinstance(n, dict) else None
+        if kind == "value":
+            v = n.get("v")
+            if v is not None and not isinstance(v, (bool, int, float, str)):
+                raise self.bad(f"a value node holds {type(v).__name__}")
+            return v
+        if kind == "tensor":
+            return self.tensor(n)
+        if kind in ("list", "tuple") and isinstance(n.get("items"), list):
+            items = [self.node(v) for v in n["items"]]
+            return items if kind == "list" else tuple(items)
+        if kind in ("dict", "odict") and isinstance(n.get("items"), list):
+            out = OrderedDict() if kind == "odict" else {}
+            for pair in n["items"]:
+                if not isinstance(pair, list) or len(pair) != 2:
+                    raise self.bad("a dict item is not a [key, value] pair")
+                out[self.node(pair[0])] = self.node(pair[1])
+            return out
+        raise self.bad(f"unknown node {str(n)[:80]}")
+
+    def tensor(self, n: dict) -> Tensor:
+        key = n.get("key")
+        if key in self.made:
+            return self.made[key]
+        if key not in self.tensors:
+            raise self.bad(f"tensor {key!r} is referenced but not stored in the file")
+        codec = next((c for c in CODECS if c.name == n.get("codec")), None)
+        if codec is None:
+            raise self.bad(f"unknown tensor codec {n.get('codec')!r} (saved by a layer not loaded here?)")
+        info = {k: v for k, v in n.items() if k not in ("t", "key", "codec", "requires_grad")}
+        t = codec.decode(self.tensors[key], info)
+        if n.get("requires_grad"):
+            t.requires_grad_(True)
+        self.made[key] = t
+        return t
+
+
+def _load_torch(src, name: str, map_location) -> Any:
+    import io
+    if isinstance(map_location, dict):
+        map_location = {str(k): str(v) for k, v in map_location.items()}
+    elif map_location is not None:
+        map_location = str(map_location)
+    try:
+        obj = torch.load(io.BytesIO(src) if isinstance(src, bytes) else src,
+                         map_location=map_location, weights_only=True)
+    except Exception as e:  # UnpicklingError for code, RuntimeError/EOFError for truncation
+        reason = str(e).split("\n")[0]
+        raise CheckpointError(f"holoflow.load({name}): refused: a torch.save/pickle file that "
+                              f"torch.load(weights_only=True) can't load safely ({type(e).__name__}: "
+                              f"{reason})") from e
+    return _from_torch(obj)
+
+
+def _from_torch(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        t = Tensor._make(obj.detach())
+        if obj.requires_grad:
+            t.requires_grad_(True)
+        return t
+    if isinstance(obj, dict):
+        kind = OrderedDict if isinstance(obj, OrderedDict) else dict
+        return kind((k, _from_torch(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_from_torch(v) for v in obj)
+    return obj
