@@ -22,3 +22,5 @@ from . import nn
 
 globals().update(_ELEMENTWISE)
 __version__ = "0.1.0"
+from . import optim, utils, mock_torch
+from .serialization import save, load
