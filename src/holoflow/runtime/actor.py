@@ -72,7 +72,6 @@ class Actor:
         if self._lane is not None:
             t1, base = time.perf_counter(), self.rt.tracer.t0
             self._lane.append(Act(self.name, self.stream.name, i, t0 - base, t1 - base))
-        self.acted = i + 1
         for regst, value in zip(self.regsts, out):
             regst.produced += 1
             regst.last = value
@@ -81,6 +80,7 @@ class Actor:
         for box in self.inboxes:
             if box.producer is not None:
                 self._send(box.producer, (box.producer.on_free, box.regst, box.consumer))
+        self.acted = i + 1          # last: a caller seeing it may read ``regst.last`` as final state
         if self.acted == self.rt.target:
             self.rt.results.put(("done", self.name, self.acted))
 
