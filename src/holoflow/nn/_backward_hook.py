@@ -1,0 +1,77 @@
+"""``register_full_backward_hook`` support: identity Functions around a module call.
+
+The identity on the outputs records ``grad_output``; the identity on the inputs receives
+``grad_input``, calls the hooks, and passes on what they return.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..autograd import Function
+from ..core.tensor import Tensor
+
+
+def _alias(t: Tensor) -> Tensor:
+    out = Tensor._make(t._data)
+    out._global = t._global
+    return out
+
+
+class _Identity(Function):
+    @staticmethod
+    def forward(ctx: Any, hook: "BackwardHook", on_input: bool, *tensors: Tensor) -> tuple:
+        ctx.hook, ctx.on_input = hook, on_input
+        return tuple(_alias(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple:
+        grads = tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[2:]))
+        if ctx.on_input:
+            grads = ctx.hook.run(grads)
+        else:
+            ctx.hook.grad_output = grads
+            if not ctx.hook.n_inputs:
+                ctx.hook.run(())
+        return (None, None) + tuple(grads)
+
+
+class BackwardHook:
+    """Wraps one module call: ``setup_input`` before forward, ``setup_output`` after."""
+
+    def __init__(self, module: Any, hooks: list[Callable]) -> None:
+        self.module, self.hooks = module, hooks
+        self.grad_output: tuple = ()
+        self.n_inputs = 0
+
+    def _wrap(self, values: tuple, on_input: bool) -> tuple:
+        idx = [i for i, v in enumerate(values) if isinstance(v, Tensor)]
+        if not idx or not any(values[i].requires_grad for i in idx):
+            return values
+        if on_input:
+            self.n_inputs = len(idx)
+        new = _Identity.apply(self, on_input, *[values[i] for i in idx])
+        out = list(values)
+        for i, t in zip(idx, new):
+            out[i] = t
+        return tuple(out)
+
+    def setup_input(self, args: tuple) -> tuple:
+        return self._wrap(args, True)
+
+    def setup_output(self, result: Any) -> Any:
+        if isinstance(result, Tensor):
+            return self._wrap((result,), False)[0]
+        if isinstance(result, tuple):
+            return self._wrap(result, False)
+        return result
+
+    def run(self, grad_input: tuple) -> tuple:
+        for hook in self.hooks:
+            res = hook(self.module, grad_input, self.grad_output)
+            if res is not None:
+                res = res if isinstance(res, tuple) else (res,)
+                if len(res) != len(grad_input):
+                    raise RuntimeError(f"Backward hook returned an invalid number of grad_input, got "
+                                       f"{len(res)}, but expected {len(grad_input)}")
+                grad_input = res
+        return grad_input
