@@ -114,6 +114,8 @@ class GradScaler:
                         continue
                     if g.dtype.torch == torch.float16:
                         raise ValueError("Attempting to unscale FP16 gradients.")
+                    if not g.is_contiguous():  # e.g. an expanded grad of sum(): densify before mul_
+                        p.grad = g = g.contiguous()
                     dev = str(g.device)
                     if dev not in found:
                         found[dev] = zeros((), dtype=torch.float32, device=g.device)

@@ -1,0 +1,202 @@
+"""autocast: output dtypes per op class against torch.autocast("cpu", bfloat16), gradients, nesting."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import holoflow as flow
+from holoflow.core.dispatch import Hooks
+
+BF, F32, F64 = torch.bfloat16, torch.float32, torch.float64
+
+
+def _f(name: str):
+    """holoflow's function called ``name`` (top level, else nn.functional)."""
+    if hasattr(flow, name):
+        return getattr(flow, name)
+    import holoflow.nn.functional as F
+    return getattr(F, name)
+
+
+def _t(name: str):
+    return getattr(torch, name) if hasattr(torch, name) else getattr(TF, name)
+
+
+def _rand(*shape, dtype=F32):
+    return torch.randn(*shape, generator=_GEN).to(dtype)
+
+
+_GEN = torch.Generator().manual_seed(0)
+
+# name, inputs (torch tensors), kwargs; the op is called as lib.<name>(*inputs, **kwargs)
+CASES = [
+    # lower-precision ops: float32 in -> bfloat16 out
+    ("matmul", lambda: (_rand(4, 8), _rand(8, 3)), {}),
+    ("matmul", lambda: (_rand(4, 8, dtype=BF), _rand(8, 3)), {}),
+    ("matmul", lambda: (_rand(4, 8, dtype=F64), _rand(8, 3, dtype=F64)), {}),  # float64 is never lowered
+    ("mm", lambda: (_rand(4, 8), _rand(8, 3)), {}),
+    ("bmm", lambda: (_rand(2, 4, 8), _rand(2, 8, 3)), {}),
+    ("addmm", lambda: (_rand(4, 3), _rand(4, 8), _rand(8, 3)), {}),
+    ("baddbmm", lambda: (_rand(2, 4, 3), _rand(2, 4, 8), _rand(2, 8, 3)), {}),
+    ("linear", lambda: (_rand(4, 8), _rand(3, 8), _rand(3)), {}),
+    ("conv1d", lambda: (_rand(2, 3, 10), _rand(4, 3, 3)), {}),
+    ("conv2d", lambda: (_rand(2, 3, 6, 6), _rand(4, 3, 3, 3), _rand(4)), {"padding": 1}),
+    ("conv_transpose2d", lambda: (_rand(2, 3, 5, 5), _rand(3, 4, 3, 3)), {}),
+    ("scaled_dot_product_attention", lambda: (_rand(2, 2, 5, 4), _rand(2, 2, 5, 4), _rand(2, 2, 5, 4)),
+     {"is_causal": True}),
+    # ops torch's CPU list leaves alone: they run in their inputs' dtype
+    ("softmax", lambda: (_rand(3, 5, dtype=BF),), {"dim": -1}),
+    ("softmax", lambda: (_rand(3, 5),), {"dim": -1}),
+    ("log_softmax", lambda: (_rand(3, 5, dtype=BF),), {"dim": -1}),
+    ("layer_norm", lambda: (_rand(3, 5, dtype=BF), (5,)), {}),
+    ("exp", lambda: (_rand(3, 5, dtype=BF),), {}),
+    ("sum", lambda: (_rand(3, 5, dtype=BF),), {}),
+    ("mean", lambda: (_rand(3, 5),), {}),
+    ("gelu", lambda: (_rand(3, 5, dtype=BF),), {}),
+    # float32 ops on CPU: bfloat16 in -> float32 out
+    ("prod", lambda: (_rand(3, 5, dtype=BF),), {}),
+    ("cross_entropy", lambda: (_rand(4, 5, dtype=BF), torch.tensor([0, 1, 4, 2])), {}),
+    ("nll_loss", lambda: (_rand(4, 5, dtype=BF), torch.tensor([0, 1, 4, 2])), {}),
+    ("mse_loss", lambda: (_rand(4, 5, dtype=BF), _rand(4, 5, dtype=BF)), {}),
+    ("binary_cross_entropy_with_logits", lambda: (_rand(4, dtype=BF), torch.rand(4, generator=_GEN)), {}),
+    # promote ops and ordinary type promotion: the widest input dtype
+    ("cat", lambda: ([_rand(2, 3, dtype=BF), _rand(2, 3)],), {}),
+    ("stack", lambda: ([_rand(2, 3, dtype=BF), _rand(2, 3)],), {}),
+    ("add", lambda: (_rand(2, 3, dtype=BF), _rand(2, 3)), {}),
+    ("mul", lambda: (_rand(2, 3, dtype=BF), _rand(2, 3)), {}),
+    ("where", lambda: (torch.tensor([True, False, True]), _rand(3, dtype=BF), _rand(3)), {}),
+    ("addcmul", lambda: (_rand(3), _rand(3, dtype=BF), _rand(3)), {}),
+]
+
+
+def _to_flow(x):
+    if isinstance(x, torch.Tensor):
+        return flow.tensor(x)
+    if isinstance(x, list):
+        return [_to_flow(v) for v in x]
+    return x
+
+
+def _dtype_name(out) -> str:
+    out = out[0] if isinstance(out, tuple) else out
+    return str(out.dtype).split(".")[-1]
+
+
+@pytest.mark.parametrize("name,make,kwargs", CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_output_dtype_matches_torch_autocast(name, make, kwargs):
+    inputs = make()
+    with torch.autocast("cpu", dtype=BF):
+        expected = _dtype_name(_t(name)(*inputs, **kwargs))
+    with flow.autocast("cpu", dtype=flow.bfloat16):
+        got = _dtype_name(_f(name)(*[_to_flow(x) for x in inputs], **kwargs))
+    assert got == expected, f"{name}: holoflow gives {got} under autocast, torch gives {expected}"
+    # and outside the region nothing is cast (mixed-dtype matmuls are errors again)
+    try:
+        expected = _dtype_name(_t(name)(*inputs, **kwargs))
+    except RuntimeError:
+        with pytest.raises(RuntimeError):
+            _f(name)(*[_to_flow(x) for x in inputs], **kwargs)
+        return
+    assert _dtype_name(_f(name)(*[_to_flow(x) for x in inputs], **kwargs)) == expected
+
+
+def test_grads_come_back_in_float32_and_match_torch():
+    x, w, b = _rand(4, 8), _rand(3, 8), _rand(3)
+    tw, tb = w.clone().requires_grad_(), b.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=BF):
+        ty = TF.linear(x, tw, tb)
+        tloss = TF.cross_entropy(ty, torch.tensor([0, 2, 1, 1]))
+    tloss.backward()
+    fw, fb = flow.tensor(w, requires_grad=True), flow.tensor(b, requires_grad=True)
+    with flow.autocast("cpu"):
+        fy = _f("linear")(flow.tensor(x), fw, fb)
+        assert fy.dtype == flow.bfloat16
+        floss = _f("cross_entropy")(fy, flow.tensor([0, 2, 1, 1]))
+    floss.backward()
+    assert fw.grad.dtype == flow.float32 and fb.grad.dtype == flow.float32
+    torch.testing.assert_close(fw.grad.to_torch(), tw.grad, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(fb.grad.to_torch(), tb.grad, rtol=1e-2, atol=1e-2)
+
+
+def test_nested_and_disabled_regions():
+    a, b = flow.randn(4, 4), flow.randn(4, 4)
+    assert flow.matmul(a, b).dtype == flow.float32
+    with flow.autocast("cpu"):
+        assert flow.is_autocast_enabled("cpu") and not flow.is_autocast_enabled("cuda")
+        assert flow.matmul(a, b).dtype == flow.bfloat16
+        with flow.autocast("cpu", enabled=False):
+            assert not flow.is_autocast_enabled("cpu")
+            assert flow.matmul(a, b).dtype == flow.float32
+        with flow.autocast("cpu", dtype=flow.float16):
+            assert flow.matmul(a, b).dtype == flow.float16
+            assert flow.get_autocast_dtype("cpu") == flow.float16
+        with flow.autocast("cuda", enabled=False):  # another device type leaves CPU casting on
+            assert flow.matmul(a, b).dtype == flow.bfloat16
+        assert flow.matmul(a, b).dtype == flow.bfloat16
+    assert flow.matmul(a, b).dtype == flow.float32
+    assert not flow.is_autocast_enabled("cpu")
+
+
+def test_decorator_and_exception_restore_state():
+    @flow.autocast("cpu")
+    def f(a, b):
+        return flow.matmul(a, b)
+
+    a = flow.randn(2, 2)
+    assert f(a, a).dtype == flow.bfloat16
+    assert flow.matmul(a, a).dtype == flow.float32
+    with pytest.raises(KeyError):
+        with flow.autocast("cpu"):
+            raise KeyError("boom")
+    assert Hooks.pre is None or not flow.is_autocast_enabled("cpu")
+    with pytest.raises(ValueError, match="not supported"):
+        flow.autocast("cpu", dtype=flow.float64)
+
+
+def test_chains_with_an_existing_hook_and_restores_it():
+    seen = []
+
+    def recorder(op, inputs, attrs):
+        seen.append((op.name, [str(x.dtype) for x in inputs if isinstance(x, flow.Tensor)]))
+        return inputs
+
+    prev = Hooks.pre
+    Hooks.pre = recorder
+    try:
+        a = flow.randn(2, 2)
+        with flow.autocast("cpu"):
+            with flow.autocast("cpu", enabled=False):
+                flow.matmul(a, a)
+            flow.matmul(a, a)
+        assert Hooks.pre is recorder
+        matmuls = [dts for name, dts in seen if name == "matmul"]
+        # the recorder runs after the casts: it sees what the kernel gets
+        assert matmuls == [["holoflow.float32"] * 2, ["holoflow.bfloat16"] * 2]
+    finally:
+        Hooks.pre = prev
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_weight_cast_cache(cache):
+    casts = []
+
+    def recorder(op, inputs, attrs):
+        if op.name == "to":
+            casts.append(op.name)
+        return inputs
+
+    prev = Hooks.pre
+    Hooks.pre = recorder
+    try:
+        w = flow.randn(4, 4, requires_grad=True)
+        x = flow.randn(2, 4)
+        with flow.autocast("cpu", cache_enabled=cache):
+            y = flow.matmul(flow.matmul(x, w), w)
+    finally:
+        Hooks.pre = prev
+    y.float().sum().backward()
+    # x and the first product are cast once each... w once with the cache, twice without
+    assert len(casts) == (2 if cache else 3)
+    assert w.grad.dtype == flow.float32 and w.grad.shape == (4, 4)
