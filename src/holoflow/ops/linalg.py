@@ -137,7 +137,17 @@ def _einsum_grad(c, dy):
                  for i in range(len(ins)))
 
 
-EINSUM = defop("einsum", lambda *ops, equation: torch.einsum(equation, *ops), grad=_einsum_grad,
+def _einsum_kernel(*ops, equation):
+    """torch.einsum, never aliasing an operand (``ij->ji``, ``ii->i`` are views in torch)."""
+    out = torch.einsum(equation, *ops)
+    if out.device.type != "meta" and out._base is not None:
+        ptr = out.untyped_storage().data_ptr()
+        if any(x.untyped_storage().data_ptr() == ptr for x in ops):
+            out = out.clone()
+    return out
+
+
+EINSUM = defop("einsum", _einsum_kernel, grad=_einsum_grad,
                save="inputs", sbp=_einsum_sbp, family="einsum")
 
 
