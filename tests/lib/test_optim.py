@@ -1,0 +1,161 @@
+"""Optimizers vs torch.optim: same weights, same grads, several steps; state_dict format."""
+import pytest
+import torch
+
+import holoflow as flow
+from holoflow import optim
+
+CASES = [
+    ("SGD", dict(lr=0.1)),
+    ("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.05)),
+    ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True)),
+    ("SGD", dict(lr=0.1, momentum=0.5, dampening=0.3, maximize=True)),
+    ("Adam", dict(lr=0.05)),
+    ("Adam", dict(lr=0.05, betas=(0.8, 0.9), weight_decay=0.1, amsgrad=True)),
+    ("Adam", dict(lr=0.05, maximize=True, eps=1e-3)),
+    ("AdamW", dict(lr=0.05)),
+    ("AdamW", dict(lr=0.05, weight_decay=0.3, amsgrad=True)),
+    ("RMSprop", dict(lr=0.01)),
+    ("RMSprop", dict(lr=0.01, alpha=0.9, centered=True, momentum=0.8, weight_decay=0.1)),
+    ("Adagrad", dict(lr=0.1)),
+    ("Adagrad", dict(lr=0.1, lr_decay=0.05, initial_accumulator_value=0.2, weight_decay=0.1)),
+]
+IDS = [f"{n}-{i}" for i, (n, _) in enumerate(CASES)]
+
+
+def _pair(name, kw, foreach, dtype=torch.float64, groups=False):
+    g = torch.Generator().manual_seed(0)
+    init = [torch.randn(3, 4, generator=g, dtype=dtype), torch.randn(5, generator=g, dtype=dtype),
+            torch.randn(2, 2, generator=g, dtype=dtype)]
+    tp = [torch.nn.Parameter(w.clone()) for w in init]
+    fp = [flow.from_torch(w.clone()).requires_grad_() for w in init]
+    if groups:
+        tp = [{"params": tp[:2]}, {"params": tp[2:], "lr": 0.003}]
+        fp = [{"params": fp[:2]}, {"params": fp[2:], "lr": 0.003}]
+    return getattr(torch.optim, name)(tp, **kw), getattr(optim, name)(fp, foreach=foreach, **kw)
+
+
+def _params(opt):
+    return [p for grp in opt.param_groups for p in grp["params"]]
+
+
+def _steps(topt, fopt, n, seed=1, skip=None):
+    g = torch.Generator().manual_seed(seed)
+    for step in range(n):
+        for i, (tp, fp) in enumerate(zip(_params(topt), _params(fopt))):
+            if skip is not None and step == 0 and i == skip:   # a param without grad this step
+                tp.grad, fp.grad = None, None
+                continue
+            grad = torch.randn(tp.shape, generator=g, dtype=tp.dtype)
+            tp.grad, fp.grad = grad.clone(), flow.from_torch(grad.clone())
+        topt.step()
+        fopt.step()
+
+
+def _assert_same(topt, fopt, exact):
+    tol = dict(rtol=0, atol=0) if exact else dict(rtol=1e-12, atol=1e-13)
+    for tp, fp in zip(_params(topt), _params(fopt)):
+        torch.testing.assert_close(fp.to_torch(), tp.detach(), **tol)
+    for tp, fp in zip(_params(topt), _params(fopt)):
+        ts, fs = topt.state[tp], fopt.state[fp]
+        assert sorted(ts) == sorted(fs)
+        for k in ts:
+            torch.testing.assert_close(fs[k].to_torch(), ts[k], **tol)
+            assert fs[k].dtype == flow.float32 if k == "step" else fs[k].dtype == fp.dtype
+
+
+@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
+def test_foreach_path_matches_torch_exactly(name, kw):
+    topt, fopt = _pair(name, kw, foreach=None)
+    _steps(topt, fopt, 6, skip=1)
+    _assert_same(topt, fopt, exact=True)
+
+
+@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
+def test_op_path_matches_torch(name, kw):
+    topt, fopt = _pair(name, kw, foreach=False)
+    _steps(topt, fopt, 6, skip=1)
+    _assert_same(topt, fopt, exact=False)
+
+
+@pytest.mark.parametrize("name,kw", CASES[1::2], ids=IDS[1::2])
+def test_param_groups_with_different_lrs(name, kw):
+    topt, fopt = _pair(name, kw, foreach=None, groups=True)
+    _steps(topt, fopt, 4)
+    _assert_same(topt, fopt, exact=True)
+    assert [g["lr"] for g in fopt.param_groups] == [g["lr"] for g in topt.param_groups]
+
+
+@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
+def test_state_dict_format_and_round_trip(name, kw):
+    topt, fopt = _pair(name, kw, foreach=None, groups=True)
+    _steps(topt, fopt, 3)
+    tsd, fsd = topt.state_dict(), fopt.state_dict()
+    assert sorted(fsd) == ["param_groups", "state"]
+    assert sorted(fsd["state"]) == sorted(tsd["state"])
+    for k in tsd["state"]:
+        assert sorted(fsd["state"][k]) == sorted(tsd["state"][k])
+    for tg, fg in zip(tsd["param_groups"], fsd["param_groups"]):
+        assert fg == {k: v for k, v in tg.items()}, (fg, tg)
+    # a fresh optimizer loaded from the state continues exactly like torch's
+    fresh_t, fresh_f = _pair(name, kw, foreach=None, groups=True)
+    for a, b in zip(_params(fresh_t), _params(topt)):
+        a.data.copy_(b.data)
+    for a, b in zip(_params(fresh_f), _params(fopt)):
+        a._data.copy_(b._data)
+    fresh_t.load_state_dict(tsd)
+    fresh_f.load_state_dict(fsd)
+    assert fresh_f.state[_params(fresh_f)[0]] is not fopt.state[_params(fopt)[0]]
+    _steps(fresh_t, fresh_f, 2, seed=7)
+    _assert_same(fresh_t, fresh_f, exact=True)
+
+
+def test_load_torch_state_dict_into_holoflow():
+    topt, fopt = _pair("Adam", dict(lr=0.01), foreach=None)
+    _steps(topt, fopt, 2)
+    fopt2 = optim.Adam([flow.from_torch(p.detach().clone()).requires_grad_() for p in _params(topt)], lr=0.01)
+    fopt2.load_state_dict(topt.state_dict())     # torch tensors in the state are converted
+    _steps(topt, fopt2, 2, seed=3)
+    _assert_same(topt, fopt2, exact=True)
+
+
+def test_float32_params_and_closure():
+    topt, fopt = _pair("Adam", dict(lr=0.01), foreach=None, dtype=torch.float32)
+    _steps(topt, fopt, 3)
+    _assert_same(topt, fopt, exact=True)
+    calls = []
+    loss = fopt.step(lambda: calls.append(flow.is_grad_enabled()) or 1.5)
+    assert loss == 1.5 and calls == [True]
+
+
+def test_parameter_identity_and_zero_grad():
+    p = flow.from_torch(torch.ones(3)).requires_grad_()
+    data = p._data
+    opt = optim.SGD([p], lr=0.5)
+    p.grad = flow.ones(3)
+    opt.step()
+    assert p._data is data and p.tolist() == [0.5, 0.5, 0.5]
+    opt.zero_grad(set_to_none=False)
+    assert p.grad.tolist() == [0.0, 0.0, 0.0]
+    opt.zero_grad()
+    assert p.grad is None
+
+
+def test_errors():
+    p = flow.ones(2, requires_grad=True)
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        optim.SGD([{"params": [p]}, {"params": [p]}], lr=0.1)
+    with pytest.raises(ValueError, match="empty parameter list"):
+        optim.Adam([], lr=0.1)
+    with pytest.raises(ValueError, match="nesterov"):
+        optim.SGD([p], lr=0.1, nesterov=True)
+    opt = optim.SGD([p], lr=0.1)
+    with pytest.raises(ValueError, match="parameter groups"):
+        opt.load_state_dict({"state": {}, "param_groups": []})
+
+
+def test_add_param_group_gets_defaults():
+    a, b = flow.ones(2, requires_grad=True), flow.ones(3, requires_grad=True)
+    opt = optim.Adam([a], lr=0.1, betas=(0.5, 0.6))
+    opt.add_param_group({"params": b, "lr": 0.2})
+    assert opt.param_groups[1]["betas"] == (0.5, 0.6) and opt.param_groups[1]["lr"] == 0.2
