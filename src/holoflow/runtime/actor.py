@@ -32,6 +32,7 @@ class Actor:
         self.regsts: list[Regst] = []
         self.acted = 0                    # iterations done: the next act is iteration ``acted``
         self._lane = lane                 # the trace lane of our stream, or None
+        self.busy_since: float | None = None   # perf_counter when the running act began
 
     def on_ready(self, inbox: int, value: Any) -> None:
         """Message: a piece of a consumed regst is readable."""
@@ -63,12 +64,14 @@ class Actor:
         i = self.acted
         values = [box.pieces.popleft() for box in self.inboxes]
         args = [v for v, box in zip(values, self.inboxes) if box.passed]
-        t0 = time.perf_counter()
+        t0 = self.busy_since = time.perf_counter()
         try:
             out = self.call(args, i)
         except TaskError as e:
             self.rt.fail(e)
             return
+        finally:
+            self.busy_since = None
         if self._lane is not None:
             t1, base = time.perf_counter(), self.rt.tracer.t0
             self._lane.append(Act(self.name, self.stream.name, i, t0 - base, t1 - base))
@@ -92,7 +95,11 @@ class Actor:
 
     def waiting_for(self) -> str:
         """What keeps this actor from acting, for stall reports (read racily from another thread)."""
+        head = f"{self.name} (stream {self.stream.name!r}, acted {self.acted}): "
+        since = self.busy_since
+        if since is not None:
+            return head + f"running iteration {self.acted} for {time.perf_counter() - since:.1f}s"
         empty = [b.producer.regsts[b.regst].name if b.producer else "feed" for b in self.inboxes if not b.pieces]
         full = [r.name for r in self.regsts if r.free() <= 0]
-        why = (f"inputs {empty} empty " if empty else "") + (f"no free slot in {full}" if full else "")
-        return f"{self.name} (stream {self.stream.name!r}, acted {self.acted}): {why or 'ready'}"
+        why = ([f"waits for {empty}"] if empty else []) + ([f"no free slot in {full}"] if full else [])
+        return head + ("; ".join(why) or "ready")
