@@ -80,7 +80,7 @@ def _searchsorted_sbp(metas, attrs):
 
 
 SEARCHSORTED = defop("searchsorted",
-                     lambda seq, vals, out_int32, right: torch.searchsorted(seq, vals, out_int32=out_int32,
+                     lambda seq, vals, out_int32, right: torch.searchsorted(seq, vals.contiguous(), out_int32=out_int32,
                                                                              right=right),
                      sbp=_searchsorted_sbp, family="sorting", differentiable=False)
 
