@@ -88,22 +88,50 @@ def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any 
 
 def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
                   generator: Any = None) -> Tensor:
-    """Fills ``tensor`` from N(mean, std²) truncated to [a, b] (inverse-CDF method, as torch)."""
+    """Fills ``tensor`` from N(mean, std²) truncated to [a, b], by rejection sampling as torch
+    does (normal draws when [a, b] holds most of the mass, uniform proposals otherwise)."""
     def norm_cdf(x: float) -> float:
         return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
 
     if (mean < a - 2 * std) or (mean > b + 2 * std):
         warnings.warn("mean is more than 2 std from [a, b] in nn.init.trunc_normal_. "
                       "The distribution of values may be incorrect.", stacklevel=2)
-    lo, hi = norm_cdf((a - mean) / std), norm_cdf((b - mean) / std)
+    t, g = _storage(tensor), _gen(generator)
     with torch.no_grad():
-        t = _storage(tensor)
-        t.uniform_(2 * lo - 1, 2 * hi - 1, generator=_gen(generator))
-        t.erfinv_()
-        t.mul_(std * math.sqrt(2.0))
-        t.add_(mean)
-        t.clamp_(min=a, max=b)
+        if norm_cdf((b - mean) / std) - norm_cdf((a - mean) / std) > 0.3:
+            _trunc_by_normal(t, mean, std, a, b, g)
+        else:
+            _trunc_by_uniform(t, mean, std, a, b, g)
     return tensor
+
+
+def _trunc_by_normal(t: torch.Tensor, mean: float, std: float, a: float, b: float, g: Any) -> None:
+    lo, hi = t.new_tensor(a, device="cpu").item(), t.new_tensor(b, device="cpu").item()
+    result = t.normal_(mean, std, generator=g)
+    while True:
+        mask = (result < lo) | (result > hi)
+        if not mask.any():
+            break
+        result = torch.where(mask, torch.empty_like(result).normal_(mean, std, generator=g), result)
+    if t is not result:
+        t.copy_(result)
+
+
+def _trunc_by_uniform(t: torch.Tensor, mean: float, std: float, a: float, b: float, g: Any) -> None:
+    log_peak = -0.5 * ((max(a, min(mean, b)) - mean) / std) ** 2
+    candidates, accept = torch.empty_like(t), torch.empty_like(t)
+    t.uniform_(a, b, generator=g)
+    candidates.copy_(t)
+    candidates.sub_(mean).div_(std).pow_(2).mul_(-0.5).sub_(log_peak)
+    pending = accept.uniform_(generator=g).log_().gt(candidates)
+    result = t
+    while pending.any():
+        candidates.uniform_(a, b, generator=g)
+        result = torch.where(pending, candidates, result)
+        candidates.sub_(mean).div_(std).pow_(2).mul_(-0.5).sub_(log_peak)
+        pending = torch.where(pending, accept.uniform_(generator=g).log_().gt(candidates), pending)
+    if result is not t:
+        t.copy_(result)
 
 
 def constant_(tensor: Tensor, val: float) -> Tensor:
