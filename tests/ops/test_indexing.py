@@ -152,6 +152,28 @@ CASES += [
     setitem_case("step-none", (slice(None, None, 2), None, 1), (2, 1, 5)),
 ]
 
+
+
+def put(index):
+    def run(x, v):
+        y = x.clone()
+        y[index] = v
+        return y
+    return run
+
+
+# index_put (setitem's op) called directly: under no_grad setitem writes in place without dispatch
+_IP = torch.tensor([3, 0])
+CASES += [
+    Case("index_put-slices", lambda x, v: apply(I.INDEX_PUT, x, v, spec=(slice(None), slice(1, 3))),
+         put((slice(None), slice(1, 3))), lambda dt, g: ((randn(3, 4, 5, gen=g, dtype=dt), randn(3, 2, 5, gen=g, dtype=dt)), {})),
+    Case("index_put-adv-broadcast", lambda x, v, i: apply(I.INDEX_PUT, x, v, i, spec=(slice(None), "T")),
+         lambda x, v, i: put((slice(None), i))(x, v),
+         lambda dt, g: ((randn(3, 4, 5, gen=g, dtype=dt), randn(5, gen=g, dtype=dt), _IP), {})),
+    Case("index_put-scalar", lambda x, i: apply(I.INDEX_PUT, x, 2.0, i, spec=(Ellipsis, "T")),
+         lambda x, i: put((Ellipsis, i))(x, 2.0), lambda dt, g: ((randn(3, 4, 5, gen=g, dtype=dt), _IP), {})),
+]
+
 # the grad ops, called directly with torch equivalents, so every signature they declare is validated
 _G = torch.Generator().manual_seed(3)
 CASES += [
