@@ -33,7 +33,7 @@ MAKERS = [
     lambda l: l.ZeroPad2d(1), lambda l: l.ConstantPad1d(2, 1.0), lambda l: l.ReflectionPad2d(1),
     lambda l: l.PixelShuffle(2),
     lambda l: l.MultiheadAttention(8, 2), lambda l: l.TransformerEncoderLayer(8, 2, 16, norm_first=True),
-    lambda l: l.TransformerEncoder(l.TransformerEncoderLayer(8, 2, 16), 3, norm=l.LayerNorm(8)),
+    lambda l: l.TransformerEncoder(l.TransformerEncoderLayer(8, 2, 16), 3, norm=l.LayerNorm(8), enable_nested_tensor=False),
     lambda l: l.Sequential(l.Linear(2, 3), l.ReLU(), l.Sequential(l.Linear(3, 3), l.Tanh())),
     lambda l: l.Sequential(OrderedDict(fc=l.Linear(2, 2), act=l.GELU())),
     lambda l: l.ModuleList([l.Linear(2, 2), l.Linear(2, 2), l.ReLU(), l.Linear(2, 2)]),
@@ -48,8 +48,7 @@ def test_repr_equals_torch(i):
 
 def test_parameter_list_dict_repr():
     pl = nn.ParameterList([nn.Parameter(flow.ones(2, 3)), flow.zeros(4)])
-    assert repr(pl) == ("ParameterList(\n  (0): Parameter containing: [holoflow.FloatTensor of size 2x3]\n"
-                        "  (1): Parameter containing: [holoflow.FloatTensor of size 4]\n)")
+    assert "(0): Parameter containing: [holoflow.float32 of size 2x3]" in repr(pl)
     tpl = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(2, 3)), torch.zeros(4)])
     assert repr(pl).replace("holoflow.", "torch.") == repr(tpl)
     pd = nn.ParameterDict({"a": flow.ones(2)})

@@ -279,7 +279,7 @@ class ParameterList(Module):
         return self
 
     def extra_repr(self) -> str:
-        return "\n".join(f"({k}): {_describe(p)}" for k, p in enumerate(self))
+        return "\n".join(f"  ({k}): {_describe(p, by_dtype=True)}" for k, p in enumerate(self))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("ParameterList should not be called.")
@@ -343,13 +343,14 @@ class ParameterDict(Module):
             self[k] = v
 
     def extra_repr(self) -> str:
-        return "\n".join(f"({k}): {_describe(p)}" for k, p in self.items())
+        return "\n".join(f"  ({k}): {_describe(p, by_dtype=False)}" for k, p in self.items())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("ParameterDict should not be called.")
 
 
-def _describe(p: Any) -> str:
+def _describe(p: Any, by_dtype: bool) -> str:
+    """torch's wording: ParameterList names the dtype, ParameterDict the legacy type name."""
     if not isinstance(p, Tensor):
         return "Object of type: " + type(p).__name__
     size_str = "x".join(str(s) for s in p.size())
@@ -358,4 +359,5 @@ def _describe(p: Any) -> str:
                 "bfloat16": "BFloat16Tensor", "int64": "LongTensor", "int32": "IntTensor"}.get(
         str(p._data.dtype).replace("torch.", ""), "Tensor")
     kind = "Parameter" if isinstance(p, Parameter) else "Tensor"
-    return f"{kind} containing: [holoflow.{typename} of size {size_str}{device_str}]"
+    what = str(p.dtype) if by_dtype else f"holoflow.{typename}"
+    return f"{kind} containing: [{what} of size {size_str}{device_str}]"
