@@ -4,6 +4,8 @@ import pytest
 import torch
 
 import holoflow as flow
+from holoflow.core.dispatch import apply
+from holoflow.ops.reduction import AT_INDEX_GATHER
 from harness import BF16, F32, F64, Case, parametrize, positive, randn
 
 ALL3 = (F32, F64, BF16)
@@ -153,6 +155,11 @@ for name, f in SECOND.items():
                       lambda dt, g, f=f: ((randn(3, 4, 5, gen=g, dtype=dt),
                                            randn(*f(torch, torch.zeros(3, 4, 5)).shape, gen=g, dtype=dt)), {}),
                       gradcheck=name not in ("amax", "max-dim", "min-dim-keep")))
+
+# max/min's grad scatters at the returned indices; its own grad gathers there (second order)
+_at_index_gather = lambda x, i: apply(AT_INDEX_GATHER, x, i, dim=1, keepdim=False)  # noqa: E731
+CASES.append(Case("at_index_gather", _at_index_gather, lambda x, i: x.gather(1, i.unsqueeze(1)).squeeze(1),
+                  lambda dt, g: ((randn(3, 4, 2, gen=g, dtype=dt), torch.randint(0, 4, (3, 2), generator=g)), {})))
 
 globals().update(parametrize(CASES))
 
