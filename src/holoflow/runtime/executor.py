@@ -17,6 +17,8 @@ def call_task(task: TaskSpec, values: tuple | list, iteration: int) -> tuple:
     becomes a `TaskError` naming the task, stream, iteration and source line."""
     try:
         out = task.fn(*values)
+        if type(out) is tuple and len(out) == len(task.produces):      # the fast path
+            return out
         if not isinstance(out, (tuple, list)) or len(out) != len(task.produces):
             got = f"a {type(out).__name__} of length {len(out)}" if isinstance(out, (tuple, list)) \
                 else f"a {type(out).__name__}"
@@ -29,6 +31,8 @@ def call_task(task: TaskSpec, values: tuple | list, iteration: int) -> tuple:
 
 def check_feed(plan: Plan, feed: Mapping[str, Any], iteration: int) -> None:
     """Raises `PlanError` unless ``feed`` holds exactly the plan's inputs."""
+    if type(feed) is dict and len(feed) == len(plan.inputs) and all(r in feed for r in plan.inputs):
+        return
     if not isinstance(feed, Mapping) or set(feed) != set(plan.inputs):
         keys = sorted(feed) if isinstance(feed, Mapping) else type(feed).__name__
         raise PlanError(f"feed for iteration {iteration} must be a dict with exactly the inputs "
@@ -63,14 +67,15 @@ class SequentialExecutor:
         check_feed(self.plan, feed, i)
         env: dict[str, Any] = {**self._state, **feed}
         carried: dict[str, Any] = {}
+        tracer = self.tracer
         for task in self._order:
-            t0 = time.perf_counter()
+            t0 = time.perf_counter() if tracer else 0.0
             out = call_task(task, [env[r] for r in task.consumes], i)
             for r, v in zip(task.produces, out):
                 (carried if r in self._state else env)[r] = v
-            if self.tracer:
-                self._lanes[task.stream].append(Act(task.name, task.stream, i, t0 - self.tracer.t0,
-                                                    time.perf_counter() - self.tracer.t0))
+            if tracer:
+                self._lanes[task.stream].append(Act(task.name, task.stream, i, t0 - tracer.t0,
+                                                    time.perf_counter() - tracer.t0))
         self._state.update(carried)
         self.iteration += 1
         return {r: carried[r] if r in carried else env[r] for r in self.plan.outputs}
