@@ -27,7 +27,7 @@ __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmi
            "var", "std", "var_mean", "std_mean", "logsumexp", "norm", "all", "any",
            "count_nonzero", "nansum"]
 
-_sum, _all, _any, _max, _min = sum, all, any, max, min  # Python's, before the torch-named ones
+_sum = sum  # Python's, before the torch-named one
 
 
 # -- dims --------------------------------------------------------------------------------------
