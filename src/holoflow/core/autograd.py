@@ -209,6 +209,27 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
 
     deps = _dependencies(roots)
     ready = [n for n in roots if deps[n] == 0]
+    PHASE.backward += 1  # tracers tag what backward records
+    try:
+        _drain(ready, buffers, deps, cap_keys, captured, retain_graph, create_graph, to_leaf)
+    finally:
+        PHASE.backward -= 1
+    while FINAL_CALLBACKS:
+        FINAL_CALLBACKS.pop(0)()
+    if capture is None:
+        return None
+    keys = {v: k for k, v in cap_keys.items()}
+    return [captured.get(keys[i]) for i in range(len(capture))]
+
+
+class _Phase:
+    backward = 0
+
+
+PHASE = _Phase()
+
+
+def _drain(ready, buffers, deps, cap_keys, captured, retain_graph, create_graph, to_leaf) -> None:
     with grad_mode.set_grad_enabled(create_graph):
         while ready:
             node = ready.pop()
@@ -242,10 +263,4 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
                         ready.append(child)
                 elif g is not None:
                     to_leaf(e, g)
-    while FINAL_CALLBACKS:
-        FINAL_CALLBACKS.pop(0)()
-    if capture is None:
-        return None
-    keys = {v: k for k, v in cap_keys.items()}
-    return [captured.get(keys[i]) for i in range(len(capture))]
 

@@ -150,7 +150,7 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
         raise RuntimeError(f"holoflow.{op.name}_: a leaf tensor that requires grad is being used in "
                            f"an in-place operation; do it under holoflow.no_grad() or out of place")
     src = x
-    if grad_on and op.saves_inputs:
+    if grad_on and op.saves_inputs and Hooks.trace is None:
         src = Tensor._make(x._data.clone(), x.grad_fn, x._out_idx)
         src._rg = x._rg
     out = apply(op, src, *rest, **attrs)
@@ -159,13 +159,15 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
 
 def assign(x: Tensor, out: Tensor, name: str) -> Tensor:
     """Writes ``out`` into ``x``'s storage and takes over its autograd history."""
+    if x._global is not None and out._global is not None and out._global.sbp != x._global.sbp:
+        out = out.to_global(sbp=x._global.sbp)
     if tuple(out._data.shape) != tuple(x._data.shape):
         raise RuntimeError(f"holoflow.{name}_: the result has shape {tuple(out.shape)}, which "
                            f"doesn't match the in-place target's shape {tuple(x.shape)}")
     if Hooks.trace is not None:
-        x._data = out._data
-    else:
-        x._data.copy_(out._data)
+        Hooks.trace.assign(x, out)
+        return x
+    x._data.copy_(out._data)
     if out.grad_fn is not None:
         x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True
     return x

@@ -71,7 +71,10 @@ class Tensor:
 
     @property
     def device(self) -> _device.device:
-        return _device.from_torch(self._data.device)
+        d = self._data.device
+        if d.type == "meta" and "_v" in self.__dict__:  # a lazy tensor of a graph trace
+            d = self.__dict__["_v"].device
+        return _device.from_torch(d)
 
     @property
     def is_cuda(self) -> bool:
@@ -156,6 +159,8 @@ class Tensor:
     def detach(self) -> "Tensor":
         t = Tensor._make(self._data.detach())
         t._global = self._global
+        if "_v" in self.__dict__:  # a lazy tensor of a graph trace: same value, no history
+            t.__dict__["_v"] = self.__dict__["_v"]
         return t
 
     def detach_(self) -> "Tensor":
@@ -205,6 +210,9 @@ class Tensor:
 
     # -- conversion to Python / numpy --------------------------------------------------------
     def item(self):
+        if self._data.device.type == "meta":
+            raise RuntimeError("holoflow.nn.Graph: .item() reads a value, but inside build() tensors "
+                               "are symbolic; return the tensor from build() and read it outside")
         if self.numel() != 1:
             raise RuntimeError(f"holoflow: item() needs a tensor with one element, this one has "
                                f"shape {tuple(self.shape)}")

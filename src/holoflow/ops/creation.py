@@ -14,10 +14,35 @@ import torch
 
 from ..core import device as _device
 from ..core import dtype as _dtype
+from ..core.dispatch import Hooks, apply
+from ..core.registry import defop
 from ..core.sbp import B, P
 from ..core.tensor import Tensor, _as_torch
 
 GLOBAL_MAKER = [None]  # set by holoflow.distributed: (torch_full_tensor, placement, sbp) -> Tensor
+
+
+# -- creation inside a graph trace: recorded as ops (eager calls torch directly) --------------
+def _no_input_sbp(metas, attrs):
+    return [((), (B,))]
+
+
+_CREATE: dict = {}
+
+
+def _create_op(name: str, fn):
+    op = _CREATE.get(name)
+    if op is None:
+        op = _CREATE[name] = defop(f"create_{name}", fn, sbp=_no_input_sbp, differentiable=False,
+                                   random=name.startswith("rand") or name == "normal", family="creation")
+    return op
+
+
+def _traced(name: str, fn, *args, **attrs) -> Tensor | None:
+    """Under a graph trace, records the creation as an op; otherwise None (run it eagerly)."""
+    if Hooks.trace is None:
+        return None
+    return apply(_create_op(name, fn), *args, **attrs)
 
 
 def _sizes(size) -> tuple:
@@ -79,6 +104,9 @@ def from_dlpack(ext) -> Tensor:
 def _filled(fn):
     def make(*size, dtype=None, device=None, requires_grad=False, placement=None, sbp=None,
              out=None, layout=None, pin_memory=False):
+        t = _traced(fn.__name__, fn, size=_sizes(size), **_kw(dtype, device))
+        if t is not None:
+            return t
         return _finish(fn(_sizes(size), **_kw(dtype, device)), requires_grad, placement, sbp)
     make.__name__ = fn.__name__
     make.__doc__ = f"A new tensor of the given size, as ``torch.{fn.__name__}``."
@@ -94,6 +122,9 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False, plac
          sbp=None) -> Tensor:
     if isinstance(fill_value, Tensor):
         fill_value = fill_value.item()
+    t = _traced("full", torch.full, size=_sizes((size,)), fill_value=fill_value, **_kw(dtype, device))
+    if t is not None:
+        return t
     return _finish(torch.full(_sizes((size,)), fill_value, **_kw(dtype, device)), requires_grad,
                    placement, sbp)
 
@@ -102,6 +133,9 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=Fa
            placement=None, sbp=None) -> Tensor:
     if end is None:
         start, end = 0, start
+    t = _traced("arange", torch.arange, start=start, end=end, step=step, **_kw(dtype, device))
+    if t is not None:
+        return t
     try:
         data = torch.arange(start, end, step, **_kw(dtype, device))
     except RuntimeError as e:
@@ -128,6 +162,9 @@ def _random(fn):
     def make(*size, generator=None, dtype=None, device=None, requires_grad=False,
              placement=None, sbp=None):
         g = generator.torch if generator is not None else None
+        t = _traced(fn.__name__, fn, size=_sizes(size), **_kw(dtype, device))
+        if t is not None:
+            return t
         return _finish(fn(_sizes(size), generator=g, **_kw(dtype, device)), requires_grad,
                        placement, sbp)
     make.__name__ = fn.__name__
@@ -178,6 +215,9 @@ def _like(fn_name: str):
              memory_format=None, **kwargs):
         kw = _kw(dtype, device)
         kw = {k: v for k, v in kw.items() if v is not None}
+        t = _traced(fn_name, fn, input, *args, **kw, **kwargs)
+        if t is not None:
+            return t
         data = fn(input._data, *args, **kw, **kwargs)
         out = _finish(data, requires_grad)
         if input._global is not None:  # a constant is never partial: P becomes B

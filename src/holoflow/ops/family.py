@@ -45,7 +45,10 @@ def elementwise_shape(name: str, kernel: Callable) -> Callable:
     def rule(metas, attrs):
         tens = tensor_metas(metas)
         shape = broadcast_shapes(name, [m.shape for m in tens])
-        fake = [m.empty() if isinstance(m, Meta) else m for m in metas]
+        # dtype from tiny real tensors of the same rank (rank matters to promotion); meta
+        # tensors would do, but their first use imports torch._dynamo (seconds)
+        fake = [torch.zeros((1,) * len(m.shape), dtype=m.dtype) if isinstance(m, Meta) else m
+                for m in metas]
         out = kernel(*fake, **attrs)
         return [Meta(shape, out.dtype, tens[0].device if tens else torch.device("cpu"))]
     return rule

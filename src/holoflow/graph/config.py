@@ -1,0 +1,55 @@
+"""``graph.config``: OneFlow's names for what the passes do."""
+from __future__ import annotations
+
+from ..core import dtype as _dtype
+
+
+class GraphConfig:
+    """Switches read by the passes (graph/passes/*) and the lowering."""
+
+    def __init__(self) -> None:
+        self.amp = False
+        self.amp_dtype = _dtype.bfloat16
+        self.grad_acc_steps = 1
+        self.fuse_add_to_output = False
+        self.fuse_model_update = False
+        self.fuse_elementwise = False
+        self.zero_stage = 0
+        self.executor = "actor"   # or "sequential" (the reference executor)
+
+    def enable_amp(self, mode: bool = True, *, dtype=None) -> None:
+        """Mixed precision: matmul-like ops in ``dtype`` (bfloat16 on CPU, float16 on CUDA)."""
+        self.amp = mode
+        if dtype is not None:
+            self.amp_dtype = dtype
+
+    def set_gradient_accumulation_steps(self, value: int) -> None:
+        """Splits each batch into ``value`` micro-batches, summing their gradients (as eager
+        would with ``(loss / value).backward()`` per micro-batch) before one update."""
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"holoflow.nn.Graph: gradient accumulation steps must be an int >= 1, got {value!r}")
+        self.grad_acc_steps = value
+
+    def allow_fuse_add_to_output(self, mode: bool = True) -> None:
+        self.fuse_add_to_output = mode
+
+    def allow_fuse_model_update_ops(self, mode: bool = True) -> None:
+        self.fuse_model_update = mode
+
+    def allow_fuse_elementwise(self, mode: bool = True) -> None:
+        """Fuses chains of elementwise ops into one generated kernel (torch.compile)."""
+        self.fuse_elementwise = mode
+
+    def enable_zero(self, mode: bool = True, *, stage: int = 1, shard_min_size: int = 1024,
+                    shard_restore_level: int = 1) -> None:
+        """ZeRO for global graphs: optimizer state (1), gradients (2), parameters (3) sharded."""
+        self.zero_stage = stage if mode else 0
+
+    def set_executor(self, name: str) -> None:
+        if name not in ("actor", "sequential"):
+            raise ValueError(f"holoflow.nn.Graph: executor must be 'actor' or 'sequential', got {name!r}")
+        self.executor = name
+
+    def __repr__(self) -> str:
+        on = {k: v for k, v in vars(self).items() if v not in (False, 0, 1) or k == "executor"}
+        return f"GraphConfig({', '.join(f'{k}={v}' for k, v in on.items())})"

@@ -1,0 +1,166 @@
+"""Tracing: ``build()`` runs through the normal dispatch with lazy tensors (meta storage), and
+every op application — forward, the backward that ``loss.backward()`` runs, in-place updates —
+is recorded as an IR node (DESIGN §7). The same grad rules as eager build the backward graph."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import torch
+
+from ..core import grad_mode
+from ..core.dispatch import Hooks, wrap
+from ..core.errors import HoloflowError
+from ..core.registry import Meta, Op
+from ..core.tensor import Tensor
+from .ir import Graph, Node, Value
+
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def user_line() -> str:
+    """``file:line`` of the innermost frame outside holoflow (the user's source line)."""
+    f = sys._getframe(2)
+    while f is not None:
+        path = os.path.abspath(f.f_code.co_filename)
+        if not path.startswith(_PKG):
+            return f"{os.path.basename(path)}:{f.f_lineno}"
+        f = f.f_back
+    return ""
+
+
+def _as_meta(t: torch.Tensor) -> torch.Tensor:
+    return t if t.device.type == "meta" else torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+
+def _device_of(ins: tuple, attrs: dict) -> torch.device:
+    """The real device of a node's outputs: a device attr, else its first tensor input's."""
+    d = attrs.get("device")
+    if isinstance(d, torch.device) and d.type != "meta":
+        return d
+    for v in ins:
+        if isinstance(v, Value):
+            return v.device
+    return torch.device("cpu")
+
+
+class Tracer:
+    """Installed as ``Hooks.trace`` while a graph traces; records nodes in order."""
+
+    def __init__(self, names: dict[int, str] | None = None) -> None:
+        self.nodes: list[Node] = []
+        self.state: dict[int, tuple[Value, Tensor]] = {}
+        self.current: dict[int, Value] = {}   # id(real tensor) -> its latest value (in-place writes)
+        self.updates: dict[int, tuple[Tensor, Value]] = {}
+        self.names = names or {}
+        self.scope: list[str] = []
+        self.feeds: list[Value] = []
+        self.by_data: dict[int, tuple] = {}     # id(meta storage) -> (Value, storage): saved outputs
+
+    # -- values --------------------------------------------------------------------------------
+    def feed(self, t: torch.Tensor, name: str) -> Tensor:
+        v = Value.like(t, name)
+        self.feeds.append(v)
+        return self.lazy(torch.empty(t.shape, dtype=t.dtype, device="meta"), v)
+
+    def lazy(self, meta: torch.Tensor, v: Value) -> Tensor:
+        t = Tensor._make(meta)
+        self.bind(t, v)
+        return t
+
+    def bind(self, t: Tensor, v: Value) -> None:
+        t.__dict__["_v"] = v
+        self.by_data[id(t._data)] = (v, t._data)
+
+    def value_of(self, x: Tensor) -> Value:
+        v = x.__dict__.get("_v")
+        if v is not None:
+            return v
+        key = id(x)
+        if key in self.current:
+            return self.current[key]
+        if x._data.device.type == "meta":
+            hit = self.by_data.get(id(x._data))
+            if hit is not None and hit[1] is x._data:  # a saved output re-wrapped by a grad rule
+                return hit[0]
+            raise HoloflowError("holoflow.nn.Graph: a lazy tensor from another trace was used here; "
+                                "tensors created inside build() cannot outlive it")
+        v = Value.like(x._data, self.names.get(key, f"c{len(self.state)}"))
+        self.state[key] = (v, x)
+        self.current[key] = v
+        return v
+
+    @staticmethod
+    def meta_of(x: Tensor) -> torch.Tensor:
+        d = x._data
+        return d if d.device.type == "meta" else torch.empty(d.shape, dtype=d.dtype, device="meta")
+
+    # -- recording -----------------------------------------------------------------------------
+    def __call__(self, op: Op, inputs: tuple, attrs: dict):
+        ins = tuple(self.value_of(x) if isinstance(x, Tensor) else x for x in inputs)
+        metas = [self.meta_of(x) if isinstance(x, Tensor) else x for x in inputs]
+        try:
+            if op.shape is not None:
+                ms = op.shape([Meta.of(m) if isinstance(m, torch.Tensor) else m for m in metas], attrs)
+                outs_ = [torch.empty(m.shape, dtype=m.dtype, device="meta") for m in ms]
+                out = outs_[0] if len(outs_) == 1 and op.outputs is None else \
+                    (op.out_type(*outs_) if op.out_type is not None else tuple(outs_))
+            else:
+                out = op.kernel(*metas, **attrs)
+        except NotImplementedError as e:
+            raise HoloflowError(f"holoflow.nn.Graph: op {op.name!r} cannot be traced ({e}); its output "
+                                f"shape depends on data. Compute it outside the graph.") from e
+        except Exception as e:
+            from ..core.dispatch import op_error
+            raise op_error(op, inputs, attrs, e) from e
+        if isinstance(out, torch.Tensor):
+            out = _as_meta(out)
+        else:
+            out = type(out)(*(_as_meta(o) for o in out)) if hasattr(out, "_fields") else \
+                tuple(_as_meta(o) for o in out)
+        needs = any(isinstance(x, Tensor) and x._rg for x in inputs)
+        record = needs and op.grad is not None and grad_mode.STATE.enabled
+        res = wrap(op, inputs, attrs, out, record)
+        outs = (res,) if isinstance(res, Tensor) else tuple(res)
+        dev = _device_of(ins, attrs)
+        vals = tuple(Value(tuple(o._data.shape), o._data.dtype, dev) for o in outs)
+        for o, v in zip(outs, vals):
+            self.bind(o, v)
+        self.nodes.append(Node(op.name, ins, dict(attrs), vals, user_line(), "/".join(self.scope)))
+        return res
+
+    def assign(self, x: Tensor, out: Tensor) -> None:
+        """An in-place write: a lazy tensor takes the new value; a real (state) tensor is
+        recorded as updated and reads after this point see the new value."""
+        v = self.value_of(out)
+        if "_v" in x.__dict__ or x._data.device.type == "meta":
+            x._data = out._data
+            self.bind(x, v)
+        else:
+            self.value_of(x)  # registers it as state if first seen
+            self.current[id(x)] = v
+            self.updates[id(x)] = (x, v)
+        if out.grad_fn is not None:
+            x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True
+
+    def effect(self, op: str, inputs: tuple, attrs: dict, kernel: Any) -> None:
+        """Records a node run for its side effect on state (e.g. the optimizer update)."""
+        ins = tuple(self.value_of(x) if isinstance(x, Tensor) else x for x in inputs)
+        self.nodes.append(Node(op, ins, attrs, (), user_line(), effect=True, kernel=kernel))
+
+    def graph(self, outputs: tuple, out_spec: Any) -> Graph:
+        outs = tuple(self.value_of(o) if isinstance(o, Tensor) else o for o in outputs)
+        return Graph(tuple(self.feeds), tuple(self.state.values()), tuple(self.nodes), outs,
+                     tuple(self.updates.values()), out_spec)
+
+    # -- install ---------------------------------------------------------------------------------
+    def __enter__(self) -> "Tracer":
+        if Hooks.trace is not None:
+            raise HoloflowError("holoflow.nn.Graph: a graph is already tracing; nn.Graph calls "
+                                "cannot be nested inside build()")
+        Hooks.trace = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        Hooks.trace = None
