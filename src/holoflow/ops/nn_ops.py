@@ -111,7 +111,7 @@ ELU = unary("elu", lambda x, alpha=1.0: TF.elu(x, alpha), _elu_grad, "both")
 
 def _hardswish_grad(c, dy):
     x = _x(c)
-    return (E.where(x < -3, dy * 0, E.where(x <= 3, dy * (x / 3 + 0.5), dy)),)
+    return (E.where(x <= -3, dy * 0, E.where(x < 3, dy * (x / 3 + 0.5), dy)),)  # torch's boundaries
 
 
 HARDSWISH = unary("hardswish", TF.hardswish, _hardswish_grad, "inputs")
@@ -294,6 +294,7 @@ def _opt(t, like: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _ln_bwd_kernel(dy, x, mean, rstd, w, b, normalized_shape, output_mask):
+    dy, x, mean, rstd = (t.contiguous() for t in (dy, x, mean, rstd))  # strided shards read wrongly
     dx, dw, db = torch.ops.aten.native_layer_norm_backward(dy, x, normalized_shape, mean, rstd, w, b,
                                                            output_mask)
     return dx, _opt(dw, x, 0), _opt(db, x, 0)
@@ -382,10 +383,10 @@ def rms_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, eps:
     if tuple(input.shape[input.dim() - len(ns):]) != ns or len(ns) > input.dim():
         raise ShapeError(f"holoflow.rms_norm: input of shape {tuple(input.shape)} does not end with "
                          f"normalized_shape {ns}")
-    dt = input.dtype
+    dt = input._data.dtype
     x = input.float() if dt in (torch.bfloat16, torch.float16) else input
     if eps is None:
-        eps = torch.finfo(x.dtype).eps
+        eps = torch.finfo(x._data.dtype).eps
     dims = list(range(input.dim() - len(ns), input.dim()))
     ms = sum_keep(x * x, dims) / max(math.prod(ns), 1)
     out = (x * (ms + eps).rsqrt()).to(dt)
