@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..core import grad_mode
+from ..core.autograd import PHASE
 from ..core.dispatch import Hooks, wrap
 from ..core.errors import HoloflowError
 from ..core.registry import Meta, Op
@@ -127,7 +128,9 @@ class Tracer:
         vals = tuple(Value(tuple(o._data.shape), o._data.dtype, dev) for o in outs)
         for o, v in zip(outs, vals):
             self.bind(o, v)
-        self.nodes.append(Node(op.name, ins, dict(attrs), vals, user_line(), "/".join(self.scope)))
+        tags = frozenset({"bw"}) if PHASE.backward else frozenset()
+        self.nodes.append(Node(op.name, ins, dict(attrs), vals, user_line(), "/".join(self.scope),
+                               tags=tags))
         return res
 
     def assign(self, x: Tensor, out: Tensor) -> None:
