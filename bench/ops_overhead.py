@@ -1,0 +1,91 @@
+"""Per-op overhead of holoflow vs PyTorch on tiny tensors, where framework time dominates.
+
+    python bench/ops_overhead.py            # the table
+    python bench/ops_overhead.py --profile  # + cProfile of holoflow's matmul fwd+bwd loop
+
+Each row times one call (min over repeats of the mean of ``number`` calls, timeit), for holoflow
+and torch in the same process, and prints holoflow / torch. Not a timed test: numbers depend on
+the machine; the ratios are what to watch. Findings are in bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import timeit
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+import holoflow as flow  # noqa: E402
+
+
+def best_us(fn: Callable[[], object], number: int, repeat: int) -> float:
+    """Min over ``repeat`` runs of the mean time of one call, in microseconds."""
+    fn()
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+
+
+def cases(lib) -> dict[str, Callable[[], object]]:
+    """The measured snippets, written once for ``lib`` (torch or holoflow)."""
+    lib.manual_seed(0)
+    a, b = lib.randn(16), lib.randn(16)
+    m, n = lib.randn(8, 8), lib.randn(8, 8)
+    ga, gb = lib.randn(16, requires_grad=True), lib.randn(16, requires_grad=True)
+    gm, gn = lib.randn(8, 8, requires_grad=True), lib.randn(8, 8, requires_grad=True)
+
+    def add_fwd_bwd():
+        (ga + gb).sum().backward()
+
+    def matmul_fwd_bwd():
+        (gm @ gn).sum().backward()
+
+    return {
+        "add 16 (no grad)": lambda: a + b,
+        "matmul 8x8 (no grad)": lambda: m @ n,
+        "add 16 + sum, fwd+bwd": add_fwd_bwd,
+        "matmul 8x8 + sum, fwd+bwd": matmul_fwd_bwd,
+    }
+
+
+def table(number: int, repeat: int) -> list[tuple[str, float, float]]:
+    torch.set_num_threads(1)
+    fcases, tcases = cases(flow), cases(torch)
+    rows = []
+    for name in fcases:
+        t_flow = best_us(fcases[name], number, repeat)
+        t_torch = best_us(tcases[name], number, repeat)
+        rows.append((name, t_flow, t_torch))
+    return rows
+
+
+def profile(n: int = 3000, top: int = 18) -> None:
+    """cProfile of holoflow's matmul forward+backward loop; prints the top functions by own time."""
+    fn = cases(flow)["matmul 8x8 + sum, fwd+bwd"]
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        fn()
+    prof.disable()
+    pstats.Stats(prof).strip_dirs().sort_stats("tottime").print_stats(top)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--number", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args(argv)
+    rows = table(args.number, args.repeat)
+    print(f"{'op':<28}{'holoflow us':>13}{'torch us':>11}{'ratio':>8}")
+    for name, tf, tt in rows:
+        print(f"{name:<28}{tf:>13.1f}{tt:>11.1f}{tf / tt:>8.1f}")
+    if args.profile:
+        profile()
+
+
+if __name__ == "__main__":
+    main()
