@@ -47,3 +47,21 @@ def test_side_effect_tasks_finish_before_run_returns():
     with Runtime(plan) as rt:
         assert rt.run({"x": i} for i in range(5)) == [{}] * 5
         assert log == [0, 1, 2, 3, 4]
+
+
+def test_intermediates_are_not_kept_alive_after_a_run():
+    import gc
+    import weakref
+    made = []
+
+    def mid(x):
+        y = x * 2
+        made.append(weakref.ref(y))
+        return (y,)
+    plan = Plan([TaskSpec("mid", "compute", mid, ("x",), ("y",), register_num=2),
+                 TaskSpec("end", "comm", lambda y: (y.sum(),), ("y",), ("s",))],
+                inputs=("x",), outputs=("s",))
+    with Runtime(plan) as rt:
+        rt.run({"x": torch.ones(3)} for _ in range(4))
+        gc.collect()
+        assert len(made) == 4 and all(r() is None for r in made)

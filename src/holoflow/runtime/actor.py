@@ -77,7 +77,8 @@ class Actor:
             self._lane.append(Act(self.name, self.stream.name, i, t0 - base, t1 - base))
         for regst, value in zip(self.regsts, out):
             regst.produced += 1
-            regst.last = value
+            if regst.keep:
+                regst.last = value
             for consumer, k in regst.consumers:
                 self._send(consumer, (consumer.on_ready, k, value))
         for box in self.inboxes:

@@ -16,16 +16,17 @@ if TYPE_CHECKING:
 class Regst:
     """The producer side: ``register_num`` slots, the consumers to notify, return counters."""
 
-    __slots__ = ("name", "register_num", "consumers", "produced", "returned", "least", "last")
+    __slots__ = ("name", "register_num", "consumers", "produced", "returned", "least", "keep", "last")
 
-    def __init__(self, name: str, register_num: int) -> None:
+    def __init__(self, name: str, register_num: int, keep: bool = False) -> None:
         self.name = name
         self.register_num = register_num
         self.consumers: list[tuple[Actor, int]] = []    # (consumer actor, index of its inbox)
         self.produced = 0                               # pieces written, the initial one included
         self.returned: list[int] = []                   # per consumer: pieces it has returned
         self.least = 0                                  # min(returned): pieces returned by all
-        self.last: Any = None                           # the newest piece (read as state after a run)
+        self.keep = keep                                # loop-carried: remember the newest piece
+        self.last: Any = None                           # the newest piece, if ``keep`` (read as state)
 
     def free(self) -> int:
         """Slots not holding a piece some consumer still reads."""

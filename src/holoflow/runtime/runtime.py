@@ -81,9 +81,8 @@ class Runtime:
                     consumer.inboxes[k].pieces.append(value)
         return [self.source, *tasks, self.sink]
 
-    @staticmethod
-    def _regst(actor: Actor, name: str, register_num: int) -> Regst:
-        regst = Regst(name, register_num)
+    def _regst(self, actor: Actor, name: str, register_num: int) -> Regst:
+        regst = Regst(name, register_num, keep=name in self.plan.initial)
         actor.regsts.append(regst)
         return regst
 
@@ -135,13 +134,18 @@ class Runtime:
                 yielded += 1
                 yield out
             self._quiesce()
-        finally:
-            self._running = False
+        except (Exception, GeneratorExit):
             if yielded < self.iteration and not self._closed:    # left early: finish what was fed
                 while yielded < self.iteration:
                     self._next_output(yielded)
                     yielded += 1
                 self._quiesce()
+            raise
+        except BaseException:                                     # KeyboardInterrupt: stop now
+            self.close()
+            raise
+        finally:
+            self._running = False
 
     def run(self, feeds: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The outputs of every iteration, in order (`stream` collected)."""
