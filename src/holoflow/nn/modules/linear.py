@@ -75,7 +75,8 @@ class Bilinear(Module):
             init.uniform_(self.bias, -bound, bound)
 
     def forward(self, input1: flow.Tensor, input2: flow.Tensor) -> flow.Tensor:
-        return F.bilinear(input1, input2, self.weight, self.bias)
+        out = flow.einsum("...i,oij,...j->...o", input1, self.weight, input2)
+        return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
         return (f"in1_features={self.in1_features}, in2_features={self.in2_features}, "
