@@ -8,7 +8,8 @@ import holoflow as flow
 from harness import BF16, F32, F64, Case, parametrize, randn
 from holoflow.core.dispatch import apply
 from holoflow.ops import indexing as I
-from holoflow.ops import shape as SH
+from holoflow.ops import layout as SH
+from holoflow.ops import scatter as SC
 
 ALL = (F32, F64, BF16)
 LONG = torch.int64
@@ -186,10 +187,10 @@ CASES += [
     Case("index_backward-mask", lambda d, m: apply(I.INDEX_BACKWARD, d, m, spec=("T",), shape=(3, 4)),
          lambda d, m: torch.zeros(3, 4, dtype=d.dtype).masked_scatter(m, d),
          lambda dt, g: ((randn(int(MASK.sum()), gen=g, dtype=dt), MASK), {})),
-    Case("gather_backward", lambda d, i: apply(I.GATHER_BACKWARD, d, i, dim=1, shape=(3, 4)),
+    Case("gather_backward", lambda d, i: apply(SC.GATHER_BACKWARD, d, i, dim=1, shape=(3, 4)),
          lambda d, i: torch.zeros(3, 4, dtype=d.dtype).scatter_add(1, i, d),
          lambda dt, g: ((randn(3, 6, gen=g, dtype=dt), torch.randint(0, 4, (3, 6), generator=g)), {})),
-    Case("index_select_backward", lambda d, i: apply(I.INDEX_SELECT_BACKWARD, d, i, dim=1, shape=(3, 4)),
+    Case("index_select_backward", lambda d, i: apply(SC.INDEX_SELECT_BACKWARD, d, i, dim=1, shape=(3, 4)),
          lambda d, i: torch.zeros(3, 4, dtype=d.dtype).index_add(1, i, d),
          lambda dt, g: ((randn(3, 5, gen=g, dtype=dt), idx(3, 0, 3, 1, 0)), {})),
     Case("masked_select_backward", lambda d, m: apply(I.MASKED_SELECT_BACKWARD, d, m, shape=(3, 4)),

@@ -1,5 +1,5 @@
-"""Shape ops: views (reshape, permute, squeeze, ...), expand/repeat, cat/stack/split, and the
-layout ops tril/triu, roll, flip, diagonal, pad.
+"""Shape ops: views (reshape, permute, squeeze, ...), expand/repeat, cat/stack/split (the layout
+ops tril/triu, roll, flip, diagonal, pad live in ops/layout.py and are re-exported here).
 
 Every public function resolves its arguments (``-1`` sizes, negative dims, tuples) into concrete
 attrs before ``apply`` so kernels, grad rules and SBP rules see plain data.
@@ -10,7 +10,6 @@ import math
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ..core.dispatch import apply
 from ..core.errors import ShapeError, normalize_dim
@@ -22,8 +21,7 @@ from .family import EXPAND, SUM_TO, defop, tensor_metas
 __all__ = ["reshape", "view", "view_as", "reshape_as", "permute", "transpose", "swapaxes", "swapdims",
            "t", "movedim", "moveaxis", "flatten", "unflatten", "squeeze", "unsqueeze", "expand",
            "expand_as", "broadcast_to", "repeat", "tile", "repeat_interleave", "cat", "concat",
-           "concatenate", "stack", "hstack", "vstack", "split", "chunk", "tensor_split", "unbind",
-           "tril", "triu", "roll", "flip", "fliplr", "flipud", "diagonal", "diag", "pad"]
+           "concatenate", "stack", "hstack", "vstack", "split", "chunk", "tensor_split", "unbind"]
 
 
 def _sizes(args: tuple) -> tuple:
@@ -480,214 +478,6 @@ def unbind(input: Tensor, dim: int = 0) -> tuple:
     return tuple(apply(UNBIND, input, dim=normalize_dim("unbind", dim, input.dim())))
 
 
-# -- triangles, roll, flip, diagonal ---------------------------------------------------------------
-
-def _batch_sbp(keep: int):
-    """Splits on the leading dims except the last ``keep``; linear (P passes)."""
-    def rule(metas, attrs):
-        nd = len(metas[0].shape)
-        return [((B,), (B,)), ((P,), (P,))] + [((S(a),), (S(a),)) for a in range(nd - keep)]
-    return rule
-
-
-TRIL = defop("tril", lambda x, diagonal: torch.tril(x, diagonal), sbp=_batch_sbp(2), family="shape",
-             grad=lambda ctx, dy: (apply(TRIL, dy, diagonal=ctx.diagonal),))
-TRIU = defop("triu", lambda x, diagonal: torch.triu(x, diagonal), sbp=_batch_sbp(2), family="shape",
-             grad=lambda ctx, dy: (apply(TRIU, dy, diagonal=ctx.diagonal),))
-
-
-def tril(input: Tensor, diagonal: int = 0) -> Tensor:
-    """Lower triangle of the last two dims (the rest zero)."""
-    if input.dim() < 2:
-        raise ShapeError(f"holoflow.tril: needs at least 2 dims, got shape {_fmt(input.shape)}")
-    return apply(TRIL, input, diagonal=diagonal)
-
-
-def triu(input: Tensor, diagonal: int = 0) -> Tensor:
-    """Upper triangle of the last two dims (the rest zero)."""
-    if input.dim() < 2:
-        raise ShapeError(f"holoflow.triu: needs at least 2 dims, got shape {_fmt(input.shape)}")
-    return apply(TRIU, input, diagonal=diagonal)
-
-
-def _untouched_sbp(key: str):
-    """Splits on every axis not in ``attrs[key]`` (None means all axes are touched)."""
-    def rule(metas, attrs):
-        nd, dims = len(metas[0].shape), attrs[key]
-        sigs = [((B,), (B,)), ((P,), (P,))]
-        if dims is not None:
-            sigs += [((S(a),), (S(a),)) for a in range(nd) if a not in dims]
-        return sigs
-    return rule
-
-
-ROLL = defop("roll", lambda x, shifts, dims: torch.roll(x, shifts, dims if dims is not None else ()),
-             sbp=_untouched_sbp("dims"), family="shape",
-             grad=lambda ctx, dy: (apply(ROLL, dy, shifts=tuple(-s for s in ctx.shifts), dims=ctx.dims),))
-FLIP = defop("flip", lambda x, dims: torch.flip(x, dims), sbp=_untouched_sbp("dims"), family="shape",
-             grad=lambda ctx, dy: (apply(FLIP, dy, dims=ctx.dims),))
-
-
-def roll(input: Tensor, shifts, dims=None) -> Tensor:
-    """Rolls elements along ``dims`` (of the flattened tensor when None)."""
-    shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
-    if dims is not None:
-        dims = (dims,) if isinstance(dims, int) else tuple(dims)
-        dims = tuple(normalize_dim("roll", d, input.dim()) for d in dims)
-        if len(dims) != len(shifts):
-            raise ValueError(f"holoflow.roll: {len(shifts)} shifts for {len(dims)} dims")
-    return apply(ROLL, input, shifts=shifts, dims=dims)
-
-
-def flip(input: Tensor, *dims) -> Tensor:
-    """Reverses the order of elements along ``dims``."""
-    dims = _sizes(dims)
-    return apply(FLIP, input, dims=tuple(normalize_dim("flip", d, input.dim()) for d in dims))
-
-
-def fliplr(input: Tensor) -> Tensor:
-    return flip(input, 1)
-
-
-def flipud(input: Tensor) -> Tensor:
-    return flip(input, 0)
-
-
-def _rest_axes(nd: int, d1: int, d2: int) -> list[int]:
-    return [a for a in range(nd) if a not in (d1, d2)]
-
-
-def _diagonal_sbp(metas, attrs):
-    rest = _rest_axes(len(metas[0].shape), attrs["dim1"], attrs["dim2"])
-    return [((B,), (B,)), ((P,), (P,))] + [((S(a),), (S(k),)) for k, a in enumerate(rest)]
-
-
-def _diagonal_backward_kernel(dy, shape, offset, dim1, dim2):
-    z = dy.new_zeros(shape)
-    torch.diagonal(z, offset, dim1, dim2).copy_(dy)
-    return z
-
-
-def _diagonal_backward_sbp(metas, attrs):
-    rest = _rest_axes(len(attrs["shape"]), attrs["dim1"], attrs["dim2"])
-    return [((B,), (B,)), ((P,), (P,))] + [((S(k),), (S(a),)) for k, a in enumerate(rest)]
-
-
-def _diagonal_backward_local(attrs, metas, local_metas, in_sbps):
-    s = in_sbps[0]
-    if not isinstance(s, S):
-        return attrs
-    shape = list(attrs["shape"])
-    shape[_rest_axes(len(shape), attrs["dim1"], attrs["dim2"])[s.axis]] = local_metas[0].shape[s.axis]
-    return {**attrs, "shape": tuple(shape)}
-
-
-_DIAG_ATTRS = ("offset", "dim1", "dim2")
-DIAGONAL = defop("diagonal", lambda x, offset, dim1, dim2: torch.diagonal(x, offset, dim1, dim2),
-                 sbp=_diagonal_sbp, family="shape",
-                 grad=lambda ctx, dy: (apply(DIAGONAL_BACKWARD, dy, shape=tuple(ctx.shapes[0]),
-                                             **{k: getattr(ctx, k) for k in _DIAG_ATTRS}),))
-DIAGONAL_BACKWARD = defop("diagonal_backward", _diagonal_backward_kernel, sbp=_diagonal_backward_sbp,
-                          local_attrs=_diagonal_backward_local, family="shape",
-                          grad=lambda ctx, dy: (apply(DIAGONAL, dy, **{k: getattr(ctx, k) for k in _DIAG_ATTRS}),))
-
-
-def diagonal(input: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
-    """The diagonal of the (dim1, dim2) planes, appended as the last dim."""
-    nd = input.dim()
-    d1, d2 = normalize_dim("diagonal", dim1, nd), normalize_dim("diagonal", dim2, nd)
-    if d1 == d2:
-        raise ValueError(f"holoflow.diagonal: dim1 and dim2 are the same dim {d1}")
-    return apply(DIAGONAL, input, offset=offset, dim1=d1, dim2=d2)
-
-
-DIAG = defop("diag", lambda x, diagonal: torch.diag(x, diagonal), family="shape",
-             sbp=lambda metas, attrs: [((B,), (B,)), ((P,), (P,))],
-             grad=lambda ctx, dy: (apply(DIAGONAL, dy, offset=ctx.diagonal, dim1=0, dim2=1),))
-
-
-def diag(input: Tensor, diagonal: int = 0) -> Tensor:
-    """A 1-d tensor -> a square matrix with it on a diagonal; a matrix -> that diagonal."""
-    if input.dim() == 1:
-        return apply(DIAG, input, diagonal=diagonal)
-    if input.dim() == 2:
-        return apply(DIAGONAL, input, offset=diagonal, dim1=0, dim2=1)
-    raise ShapeError(f"holoflow.diag: expects a 1-d or 2-d tensor, got shape {_fmt(input.shape)}")
-
-
-# -- pad ------------------------------------------------------------------------------------------
-
-def _pad_pairs(pad: tuple, nd: int) -> dict[int, tuple[int, int]]:
-    """{dim: (before, after)} from torch's last-dim-first pad list."""
-    return {nd - 1 - k: (pad[2 * k], pad[2 * k + 1]) for k in range(len(pad) // 2)}
-
-
-def _pad_sbp(metas, attrs):
-    nd = len(metas[0].shape)
-    padded = {d for d, p in _pad_pairs(attrs["pad"], nd).items() if p != (0, 0)}
-    sigs = [((B,), (B,))]
-    if attrs["mode"] != "constant" or attrs["value"] == 0:
-        sigs.append(((P,), (P,)))
-    return sigs + [((S(a),), (S(a),)) for a in range(nd) if a not in padded]
-
-
-def _source_index(n: int, lo: int, hi: int, mode: str, device) -> torch.Tensor:
-    """For each padded position along a dim, the input position it copies (non-constant modes)."""
-    src = torch.arange(-lo, n + hi, device=device)
-    if mode == "reflect":
-        src = src.abs()
-        return torch.where(src >= n, 2 * (n - 1) - src, src)
-    if mode == "replicate":
-        return src.clamp(0, n - 1)
-    return src.remainder(n)
-
-
-def _pad_backward_kernel(dy, pad, mode):
-    g = dy
-    for d, (lo, hi) in _pad_pairs(pad, dy.dim()).items():
-        n = g.shape[d] - lo - hi
-        shape = list(g.shape)
-        shape[d] = n
-        g = g.new_zeros(shape).index_add_(d, _source_index(n, lo, hi, mode, g.device), g)
-    return g
-
-
-def _pad_grad(ctx, dy):
-    if ctx.mode == "constant":
-        return (apply(PAD, dy, pad=tuple(-p for p in ctx.pad), mode="constant", value=0.0),)
-    return (apply(PAD_BACKWARD, dy, pad=ctx.pad, mode=ctx.mode),)
-
-
-def _pad_kernel(x, pad, mode, value):
-    if x.numel() == 0 and mode != "constant":   # torch refuses empty non-batch dims (an empty shard)
-        shape = list(x.shape)
-        for d, (lo, hi) in _pad_pairs(pad, x.dim()).items():
-            shape[d] += lo + hi
-        return x.new_empty(shape)
-    return F.pad(x, pad, mode, value if mode == "constant" else None)
-
-
-PAD = defop("pad", _pad_kernel,
-            grad=_pad_grad, sbp=_pad_sbp, family="shape")
-PAD_BACKWARD = defop("pad_backward", _pad_backward_kernel, family="shape",
-                     sbp=lambda metas, attrs: _pad_sbp(metas, {**attrs, "value": 0}),
-                     grad=lambda ctx, dy: (apply(PAD, dy, pad=ctx.pad, mode=ctx.mode, value=0.0),))
-
-
-def pad(input: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
-    """Pads the last ``len(pad) // 2`` dims, as ``torch.nn.functional.pad``: ``pad`` lists
-    (before, after) pairs starting from the last dim; modes constant/reflect/replicate/circular."""
-    pad = tuple(int(p) for p in pad)
-    if len(pad) % 2 or len(pad) // 2 > input.dim():
-        raise ValueError(f"holoflow.pad: pad {list(pad)} must have an even length of at most 2 * ndim "
-                         f"for a tensor of shape {_fmt(input.shape)}")
-    if mode not in ("constant", "reflect", "replicate", "circular"):
-        raise ValueError(f"holoflow.pad: unknown mode {mode!r}; use constant, reflect, replicate or circular")
-    if mode != "constant" and value not in (None, 0, 0.0):
-        raise ValueError(f"holoflow.pad: value={value} only applies to mode='constant'")
-    return apply(PAD, input, pad=pad, mode=mode, value=0.0 if value is None else value)
-
-
 # -- Tensor methods ---------------------------------------------------------------------------------
 
 def _method_sizes(fn):
@@ -698,16 +488,13 @@ for _name in ("reshape", "view", "permute", "expand", "repeat"):
     setattr(Tensor, _name, _method_sizes(globals()[_name]))
 for _name in ("view_as", "reshape_as", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis",
               "flatten", "unflatten", "squeeze", "unsqueeze", "expand_as", "tile", "repeat_interleave",
-              "split", "chunk", "tensor_split", "unbind", "tril", "triu", "roll", "flip", "fliplr",
-              "flipud", "diagonal", "diag", "broadcast_to"):
+              "split", "chunk", "tensor_split", "unbind", "broadcast_to"):
     setattr(Tensor, _name, globals()[_name])
 Tensor.T = property(lambda self: apply(PERMUTE, self, dims=tuple(range(self.dim() - 1, -1, -1))))
 Tensor.mT = property(lambda self: transpose(self, -2, -1))
-Tensor.tril_ = lambda self, diagonal=0: _inplace(TRIL, self, diagonal=diagonal)
-Tensor.triu_ = lambda self, diagonal=0: _inplace(TRIU, self, diagonal=diagonal)
 
+from . import layout as _layout  # noqa: E402  (tril/triu, roll, flip, diagonal, pad: their own module)
+from .layout import *  # noqa: E402,F401,F403
 
-def _inplace(op, x: Tensor, **attrs) -> Tensor:
-    from ..core.dispatch import apply_inplace
-    return apply_inplace(op, x, **attrs)
+__all__ += _layout.__all__
 

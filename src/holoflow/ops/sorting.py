@@ -19,7 +19,7 @@ def _along_dim_sbp(metas, attrs):
 
 
 def _scatter_back_grad(ctx, dy, _unused_indices_grad=None):
-    from .indexing import GATHER_BACKWARD
+    from .scatter import GATHER_BACKWARD
     return (apply(GATHER_BACKWARD, dy, ctx.outs[1], dim=ctx.dim, shape=tuple(ctx.shapes[0])),)
 
 
