@@ -80,7 +80,7 @@ def test_a_failing_feed_iterator_still_leaves_a_consistent_runtime():
 
 
 def test_stall_is_reported_instead_of_hanging():
-    plan = Plan([TaskSpec("sleepy", "compute", lambda x: (time.sleep(0.8), (x,))[1], ("x",), ("y",))],
+    plan = Plan([TaskSpec("sleepy", "compute", lambda x: (time.sleep(1.5), (x,))[1], ("x",), ("y",))],
                 inputs=("x",), outputs=("y",))
     rt = Runtime(plan, timeout=0.3)
     with pytest.raises(RuntimeStall, match=r"(?s)no actor acted for 0.3s.*sleepy \(stream 'compute', acted 0\): running iteration 0"):

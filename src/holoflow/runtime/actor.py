@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .errors import TaskError
+from .executor import as_result
 from .regst import Inbox, Regst
 from .streams import Stream
 from .trace import Act
@@ -20,13 +21,15 @@ if TYPE_CHECKING:
 
 
 class Actor:
-    """One actor: ``call(args, iteration) -> tuple`` produces one value per regst in ``regsts``."""
+    """One actor: ``fn(*args) -> tuple`` produces one value per regst in ``regsts``; ``source`` is
+    the user's source line quoted when fn fails."""
 
-    def __init__(self, name: str, stream: Stream, call: Callable[[list, int], tuple], runtime: Runtime,
-                 lane: list | None) -> None:
+    def __init__(self, name: str, stream: Stream, fn: Callable[..., tuple], runtime: Runtime,
+                 lane: list | None, source: str | None = None) -> None:
         self.name = name
         self.stream = stream
-        self.call = call
+        self.fn = fn
+        self.source = source
         self.rt = runtime
         self.inboxes: list[Inbox] = []
         self.regsts: list[Regst] = []
@@ -66,9 +69,11 @@ class Actor:
         args = [v for v, box in zip(values, self.inboxes) if box.passed]
         t0 = self.busy_since = time.perf_counter()
         try:
-            out = self.call(args, i)
-        except TaskError as e:
-            self.rt.fail(e)
+            out = self.fn(*args)
+            if type(out) is not tuple or len(out) != len(self.regsts):
+                out = as_result(out, tuple(r.name for r in self.regsts))
+        except Exception as e:
+            self.rt.fail(TaskError(self.name, self.stream.name, i, self.source, e))
             return
         finally:
             self.busy_since = None

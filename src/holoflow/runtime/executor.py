@@ -17,16 +17,20 @@ def call_task(task: TaskSpec, values: tuple | list, iteration: int) -> tuple:
     becomes a `TaskError` naming the task, stream, iteration and source line."""
     try:
         out = task.fn(*values)
-        if type(out) is tuple and len(out) == len(task.produces):      # the fast path
-            return out
-        if not isinstance(out, (tuple, list)) or len(out) != len(task.produces):
-            got = f"a {type(out).__name__} of length {len(out)}" if isinstance(out, (tuple, list)) \
-                else f"a {type(out).__name__}"
-            raise TypeError(f"fn must return a tuple of {len(task.produces)} value(s) for "
-                            f"{list(task.produces)}, got {got}")
+        if type(out) is not tuple or len(out) != len(task.produces):
+            out = as_result(out, task.produces)
     except Exception as e:
         raise TaskError(task.name, task.stream, iteration, task.source, e) from e
-    return tuple(out)
+    return out
+
+
+def as_result(out: Any, produces: tuple[str, ...]) -> tuple:
+    """``out`` as a tuple of one value per produced regst, or a TypeError saying what fn returned."""
+    if isinstance(out, (tuple, list)) and len(out) == len(produces):
+        return tuple(out)
+    got = f"a {type(out).__name__} of length {len(out)}" if isinstance(out, (tuple, list)) \
+        else f"a {type(out).__name__}"
+    raise TypeError(f"fn must return a tuple of {len(produces)} value(s) for {list(produces)}, got {got}")
 
 
 def check_feed(plan: Plan, feed: Mapping[str, Any], iteration: int) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 from .actor import Actor
 from .errors import RuntimeStall, TaskError
-from .executor import call_task, check_feed
-from .plan import SINK, SOURCE, SOURCE_STREAM, TICK, Plan, TaskSpec
+from .executor import check_feed
+from .plan import SINK, SOURCE, SOURCE_STREAM, TICK, Plan
 from .regst import Inbox, Regst
 from .streams import Stream
 from .trace import Tracer
@@ -50,19 +50,19 @@ class Runtime:
             s.start()
 
     # -- wiring -----------------------------------------------------------------------------
-    def _actor(self, name: str, stream: str, call: Any) -> Actor:
+    def _actor(self, name: str, stream: str, fn: Any, source: str | None = None) -> Actor:
         lane = self.tracer.lane(stream) if self.tracer else None
-        return Actor(name, self.streams[stream], call, self, lane)
+        return Actor(name, self.streams[stream], fn, self, lane, source)
 
     def _build(self) -> list[Actor]:
         plan = self.plan
         inputs = plan.inputs
-        self.source = self._actor(SOURCE, SOURCE_STREAM, lambda a, i: (*(a[0][r] for r in inputs), i))
+        self.source = self._actor(SOURCE, SOURCE_STREAM, lambda feed: (*(feed[r] for r in inputs), None))
         self.source.inboxes.append(Inbox(None, -1, -1, True))          # feeds, posted by the caller
         owner: dict[str, tuple[Actor, Regst]] = {}
         for r in (*inputs, TICK):
             owner[r] = (self.source, self._regst(self.source, r, plan.input_register_num))
-        tasks = [self._actor(t.name, t.stream, _caller(t)) for t in plan.tasks]
+        tasks = [self._actor(t.name, t.stream, t.fn, t.source) for t in plan.tasks]
         for t, a in zip(plan.tasks, tasks):
             for r in t.produces:
                 owner[r] = (a, self._regst(a, r, t.register_num))
@@ -92,8 +92,8 @@ class Runtime:
         k = regst.add_consumer(consumer, len(consumer.inboxes), skip_first)
         consumer.inboxes.append(Inbox(producer, producer.regsts.index(regst), k, passed))
 
-    def _deliver(self, values: list, i: int) -> tuple:
-        self.results.put(("out", i, dict(zip(self.plan.outputs, values))))
+    def _deliver(self, *values: Any) -> tuple:
+        self.results.put(("out", self.sink.acted, dict(zip(self.plan.outputs, values))))
         return ()
 
     # -- failure ----------------------------------------------------------------------------
@@ -249,10 +249,6 @@ class Runtime:
 
 
 _END = object()
-
-
-def _caller(task: TaskSpec) -> Any:
-    return lambda args, i: call_task(task, args, i)
 
 
 def _newest(actors: list[Actor], regst: str) -> Any:
