@@ -157,7 +157,7 @@ class MultiheadAttention(Module):
         else:
             if attn_mask is not None:
                 attn_mask = (attn_mask.unsqueeze(0) if attn_mask.shape[0] == 1
-                             else attn_mask.reshape(bsz, H, tgt_len, src_len))
+                             else attn_mask.reshape(bsz, H, -1, src_len))
             out = F.scaled_dot_product_attention(q.reshape(bsz, H, tgt_len, hd), k.reshape(bsz, H, src_len, hd),
                                                  v.reshape(bsz, H, src_len, hd), attn_mask, dropout_p)
             out = out.reshape(bsz * H, tgt_len, hd)

@@ -1,0 +1,89 @@
+"""MultiheadAttention and TransformerEncoder against torch with equal weights."""
+import pytest
+import torch
+
+import holoflow as flow
+from holoflow import nn
+
+from .helpers import compare, twin
+
+F32, F64 = torch.float32, torch.float64
+
+
+def _inputs(dtype, batch_first, L=5, S=5, N=3, E=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shape = (lambda n: (N, n, E)) if batch_first else (lambda n: (n, N, E))
+    return [torch.randn(*shape(L), generator=g, dtype=dtype), torch.randn(*shape(S), generator=g, dtype=dtype),
+            torch.randn(*shape(S), generator=g, dtype=dtype)]
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("need_weights,average", [(True, True), (True, False), (False, True)])
+def test_mha_matches_torch(dtype, batch_first, need_weights, average):
+    make = lambda l: l.MultiheadAttention(8, 2, batch_first=batch_first)
+    fm, tm = twin(lambda: make(nn), lambda: make(torch.nn), dtype)
+    q, k, v = _inputs(dtype, batch_first, S=4)
+    kpm = torch.tensor([[False, False, True, False], [False] * 4, [False, True, False, True]])  # no fully masked row
+    mask = torch.triu(torch.ones(5, 4, dtype=torch.bool), diagonal=1)
+    kw = dict(key_padding_mask=kpm, attn_mask=mask, need_weights=need_weights, average_attn_weights=average)
+    compare(fm, tm, [q, k, v], dtype, out_index=0, **kw)
+    if need_weights:
+        fw = fm(*[flow.from_torch(x) for x in (q, k, v)], **{**kw, "key_padding_mask": flow.from_torch(kpm),
+                                                            "attn_mask": flow.from_torch(mask)})[1]
+        tw = tm(q, k, v, **kw)[1]
+        torch.testing.assert_close(fw.to_torch(), tw.detach(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["kdim-vdim", "bias-kv-zero-attn", "float-mask", "unbatched", "nobias"])
+def test_mha_variants(variant):
+    kw = {"kdim-vdim": dict(kdim=6, vdim=5), "bias-kv-zero-attn": dict(add_bias_kv=True, add_zero_attn=True),
+          "nobias": dict(bias=False)}.get(variant, {})
+    make = lambda l: l.MultiheadAttention(8, 4, **kw)
+    fm, tm = twin(lambda: make(nn), lambda: make(torch.nn), F64)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(5, 2, 8, generator=g, dtype=F64)
+    k = torch.randn(4, 2, kw.get("kdim", 8), generator=g, dtype=F64)
+    v = torch.randn(4, 2, kw.get("vdim", 8), generator=g, dtype=F64)
+    call = {}
+    if variant == "float-mask":
+        call["attn_mask"] = torch.randn(5, 4, generator=g, dtype=F64)
+    if variant == "unbatched":
+        q, k, v = q[:, 0], k[:, 0], v[:, 0]
+    if variant == "bias-kv-zero-attn":
+        call["key_padding_mask"] = torch.tensor([[False, True, False, False], [False] * 4])
+    compare(fm, tm, [q, k, v], F64, out_index=0, **call)
+    assert list(fm.state_dict()) == list(tm.state_dict())
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_encoder_layer_matches_torch(dtype, norm_first, activation, batch_first):
+    make = lambda l: l.TransformerEncoderLayer(8, 2, 16, dropout=0.1, activation=activation,
+                                               batch_first=batch_first, norm_first=norm_first)
+    fm, tm = twin(lambda: make(nn), lambda: make(torch.nn), dtype)
+    fm.eval(), tm.eval()  # dropout off (holoflow's dropout masks are not torch's)
+    x = _inputs(dtype, batch_first)[0]
+    kpm = torch.tensor([[False] * 4 + [True], [False] * 5, [False] * 5])
+    compare(fm, tm, [x], dtype, src_key_padding_mask=kpm)
+
+
+def test_encoder_stack_matches_torch_and_dropout_zero_train():
+    def make(l):
+        layer = l.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        return l.TransformerEncoder(layer, 3, norm=l.LayerNorm(8), **({"enable_nested_tensor": False} if l is torch.nn else {}))
+    fm, tm = twin(lambda: make(nn), lambda: make(torch.nn), F64)
+    assert list(fm.state_dict()) == list(tm.state_dict())
+    x = _inputs(F64, True)[0]
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(5, dtype=F64)
+    compare(fm, tm, [x], F64, mask=mask)
+
+
+def test_torch_mha_state_dict_loads():
+    tm = torch.nn.MultiheadAttention(8, 2)
+    fm = nn.MultiheadAttention(8, 2)
+    assert fm.load_state_dict(tm.state_dict()).missing_keys == []
+    assert [n for n, _ in fm.named_parameters()] == ["in_proj_weight", "in_proj_bias", "out_proj.weight",
+                                                     "out_proj.bias"]
