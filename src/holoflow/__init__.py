@@ -24,3 +24,4 @@ globals().update(_ELEMENTWISE)
 __version__ = "0.1.0"
 from . import optim, utils, mock_torch
 from .serialization import save, load
+from . import distributed, comm, env

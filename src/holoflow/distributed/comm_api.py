@@ -1,0 +1,144 @@
+"""``holoflow.comm``: collectives on local holoflow Tensors, with torch.distributed's signatures.
+
+``group`` is ``None`` (the world) or a sequence of global ranks; in-place where torch is in
+place. These work on the local storage of a tensor (``._data``) and record no autograd.
+
+>>> x = flow.ones(4) * (flow.env.get_rank() + 1)
+>>> flow.comm.all_reduce(x)            # x == 3 on both ranks of a world of two
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..core.errors import HoloflowError
+from ..core.tensor import Tensor
+from . import comm as _c
+from . import env
+from .comm_track import CommCount, CommError, Handle, count, set_tracking
+
+ReduceOp = dist.ReduceOp
+_OP_NAMES = {"SUM": "sum", "MAX": "max", "MIN": "min", "PRODUCT": "prod", "AVG": "avg"}
+
+
+def _op(op) -> str:
+    if isinstance(op, str):
+        return op.lower()
+    name = getattr(op, "name", None) or str(op).split(".")[-1]
+    if name.upper() not in _OP_NAMES:
+        raise HoloflowError(f"holoflow.comm: reduce op {op} is not supported; use sum, avg, max, min or prod")
+    return _OP_NAMES[name.upper()]
+
+
+def _local(t: Tensor, fn: str) -> torch.Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"holoflow.comm.{fn}: expected a holoflow Tensor, got {type(t).__name__}")
+    if t.is_global:
+        raise HoloflowError(f"holoflow.comm.{fn}: works on local tensors; this one is global "
+                            f"(sbp={t.sbp}); use .to_global(...) to change its SBP, or .to_local()")
+    return t._data
+
+
+def _set(dst: Tensor, value: torch.Tensor) -> None:
+    if dst._data.shape == value.shape and dst._data.dtype == value.dtype:
+        dst._data.copy_(value)
+    else:
+        dst._data = value
+
+
+def all_reduce(tensor: Tensor, op=ReduceOp.SUM, group: Sequence[int] | None = None,
+               async_op: bool = False) -> Handle | None:
+    """Reduces ``tensor`` in place across ``group`` (sum by default)."""
+    h = _c.all_reduce(_local(tensor, "all_reduce"), group, _op(op), async_op=async_op)
+    return h if async_op else None
+
+
+def all_gather(tensor_list: list[Tensor], tensor: Tensor, group: Sequence[int] | None = None,
+               async_op: bool = False) -> None:
+    """Fills ``tensor_list[i]`` with rank ``group[i]``'s ``tensor`` (sizes along dim 0 may differ:
+    entries of another shape are resized)."""
+    if async_op:
+        raise HoloflowError("holoflow.comm.all_gather: async_op=True is not supported; use all_reduce for overlap")
+    t = _local(tensor, "all_gather")
+    sizes = None
+    if tensor_list and all(x.dim() == t.dim() and x.dim() > 0 for x in tensor_list):
+        sizes = [x.shape[0] for x in tensor_list]
+    got = _c.all_gather(t, group, 0, sizes)
+    if len(tensor_list) != len(got):
+        raise HoloflowError(f"holoflow.comm.all_gather: tensor_list has {len(tensor_list)} entries for a "
+                            f"group of {len(got)}")
+    for dst, v in zip(tensor_list, got):
+        _set(dst, v)
+
+
+def reduce_scatter(output: Tensor, input_list: list[Tensor], op=ReduceOp.SUM,
+                   group: Sequence[int] | None = None, async_op: bool = False) -> None:
+    """``output`` = sum over ranks of ``input_list[i]`` on rank ``group[i]`` (only sum)."""
+    if _op(op) != "sum" or async_op:
+        raise HoloflowError("holoflow.comm.reduce_scatter: only op=SUM, async_op=False is supported")
+    res = _c.reduce_scatter_chunks([_local(x, "reduce_scatter") for x in input_list], group)
+    _set(output, res)
+
+
+def broadcast(tensor: Tensor, src: int, group: Sequence[int] | None = None, async_op: bool = False) -> None:
+    """Overwrites ``tensor`` with global rank ``src``'s, on every rank of ``group``."""
+    _c.broadcast(_local(tensor, "broadcast"), src, group)
+
+
+def all_to_all(output_tensor_list: list[Tensor], input_tensor_list: list[Tensor],
+               group: Sequence[int] | None = None, async_op: bool = False) -> None:
+    """Sends ``input_tensor_list[i]`` to ``group[i]``; receives into ``output_tensor_list[i]``
+    (whose shapes say what arrives; sizes may differ)."""
+    got = _c.all_to_all([_local(x, "all_to_all") for x in input_tensor_list], group,
+                        [tuple(x.shape) for x in output_tensor_list])
+    for dst, v in zip(output_tensor_list, got):
+        _set(dst, v)
+
+
+def send(tensor: Tensor, dst: int) -> None:
+    """Sends ``tensor`` to global rank ``dst``."""
+    _c.send(_local(tensor, "send"), dst)
+
+
+def recv(tensor: Tensor, src: int) -> Tensor:
+    """Receives into ``tensor`` from global rank ``src``."""
+    _c.recv(_local(tensor, "recv"), src)
+    return tensor
+
+
+def barrier(group: Sequence[int] | None = None) -> None:
+    """Waits until every rank of ``group`` arrives."""
+    _c.barrier(group)
+
+
+def gather(tensor: Tensor, gather_list: list[Tensor] | None = None, dst: int = 0,
+           group: Sequence[int] | None = None) -> None:
+    """Fills ``gather_list`` on ``dst`` with every rank's ``tensor`` (via all-gather)."""
+    got = _c.all_gather(_local(tensor, "gather"), group)
+    if env.get_rank() == dst:
+        if gather_list is None or len(gather_list) != len(got):
+            raise HoloflowError(f"holoflow.comm.gather: rank {dst} needs a gather_list of {len(got)} tensors")
+        for d, v in zip(gather_list, got):
+            _set(d, v)
+
+
+def scatter(tensor: Tensor, scatter_list: list[Tensor] | None = None, src: int = 0,
+            group: Sequence[int] | None = None) -> None:
+    """Fills ``tensor`` on rank ``group[i]`` with ``scatter_list[i]`` from ``src`` (via all-to-all)."""
+    r = _c._ranks(group)
+    t = _local(tensor, "scatter")
+    if env.get_rank() == src:
+        if scatter_list is None or len(scatter_list) != len(r):
+            raise HoloflowError(f"holoflow.comm.scatter: rank {src} needs a scatter_list of {len(r)} tensors")
+        ins = [x._data for x in scatter_list]
+    else:
+        ins = [t.new_empty(0) for _ in r]
+    shapes = [tuple(t.shape) if x == src else (0,) for x in r]
+    got = _c.all_to_all(ins, r, shapes)
+    _set(tensor, got[r.index(src)])
+
+
+__all__ = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv", "barrier",
+           "gather", "scatter", "count", "CommCount", "CommError", "Handle", "ReduceOp", "set_tracking"]

@@ -1,0 +1,215 @@
+"""Bookkeeping around every collective: counting, sequence tracking, timeouts, clear errors.
+
+Each collective goes through :func:`run`: it records the call in every active
+:func:`count` context, writes ``"<seq> <kind>"`` under ``holoflow/seq/<group>/<rank>`` in the
+c10d store (one ``store.set``, a few microseconds; off with ``HOLOFLOW_COMM_TRACK=0``), launches
+the torch collective asynchronously and waits with the configured timeout. On timeout or a
+peer's failure it reads the peers' keys and raises :class:`CommError` naming the collective, the
+group, the ranks that did not arrive, and peers whose processes are gone.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from ..core.errors import HoloflowError
+from . import env
+
+
+class CommError(HoloflowError):
+    """A collective that timed out or whose peers failed; the message names the laggards."""
+
+
+# -- counting --------------------------------------------------------------------------------
+
+@dataclass
+class CommCount:
+    """What :func:`count` saw: ``counts[kind]``, ``bytes[kind]``, ``calls`` and ``total``."""
+
+    counts: Counter = field(default_factory=Counter)
+    bytes: Counter = field(default_factory=Counter)
+    calls: list[tuple[str, int, int]] = field(default_factory=list)  # (kind, bytes, group size)
+
+    @property
+    def total(self) -> int:
+        """The number of collectives recorded (all kinds)."""
+        return sum(self.counts.values())
+
+    def add(self, kind: str, nbytes: int, size: int) -> None:
+        self.counts[kind] += 1
+        self.bytes[kind] += nbytes
+        self.calls.append((kind, nbytes, size))
+
+
+_COUNTERS: list[CommCount] = []
+FAILURES = 0  # collectives that failed in this process (after one, a group may be out of step)
+
+
+@contextlib.contextmanager
+def count() -> Iterator[CommCount]:
+    """Records every collective this rank takes part in, by kind, with bytes and group size.
+
+    >>> with flow.comm.count() as c:
+    ...     y = x.to_global(sbp=flow.sbp.broadcast)   # from partial_sum
+    >>> c.counts["all_reduce"], c.total
+    (1, 1)
+
+    ``bytes`` is this rank's input payload. Shape exchanges needed by uneven collectives whose
+    sizes were not given are recorded under the kind ``"meta"``.
+    """
+    c = CommCount()
+    _COUNTERS.append(c)
+    try:
+        yield c
+    finally:
+        _COUNTERS.remove(c)
+
+
+# -- sequence tracking -----------------------------------------------------------------------
+
+TRACK = os.environ.get("HOLOFLOW_COMM_TRACK", "1") != "0"
+_SEQ: Counter = Counter()
+
+
+def set_tracking(on: bool) -> None:
+    """Turns sequence tracking in the store on or off (HOLOFLOW_COMM_TRACK=0 starts it off)."""
+    global TRACK
+    TRACK = bool(on)
+
+
+@dataclass
+class CallInfo:
+    kind: str
+    ranks: tuple[int, ...]  # sorted group key
+    seq: int
+    start: float
+
+
+def _key(ranks: tuple[int, ...]) -> str:
+    return "-".join(map(str, ranks))
+
+
+def begin(kind: str, ranks: tuple[int, ...], nbytes: int) -> CallInfo:
+    """Counts the call and records this rank's arrival in the store."""
+    for c in _COUNTERS:
+        c.add(kind, nbytes, len(ranks))
+    _SEQ[ranks] += 1
+    seq = _SEQ[ranks]
+    if TRACK and len(ranks) > 1:
+        env.store().set(f"holoflow/seq/{_key(ranks)}/{env.get_rank()}", f"{seq} {kind}")
+    return CallInfo(kind, ranks, seq, time.monotonic())
+
+
+def run(kind: str, ranks: tuple[int, ...], nbytes: int, launch: Callable[[], Any]) -> None:
+    """Begins, launches (``launch()`` returns a torch Work) and waits with the timeout."""
+    info = begin(kind, ranks, nbytes)
+    Handle(launch_checked(info, launch), info).wait()
+
+
+def launch_checked(info: CallInfo, launch: Callable[[], Any]):
+    try:
+        return launch()
+    except Exception as e:  # noqa: BLE001 - every backend error becomes a CommError
+        raise failure(info, e) from e
+
+
+class Handle:
+    """An asynchronous collective: ``wait()`` blocks with the timeout, then runs ``finish``."""
+
+    def __init__(self, work, info: CallInfo | None, finish: Callable[[], Any] | None = None) -> None:
+        self.work, self.info, self.finish = work, info, finish
+        self._done = False
+        self._result = None
+
+    def is_completed(self) -> bool:
+        return self._done or self.work is None or self.work.is_completed()
+
+    def wait(self) -> Any:
+        if self._done:
+            return self._result
+        if self.work is not None:
+            try:
+                self.work.wait(timeout=env.comm_timeout())
+            except Exception as e:  # noqa: BLE001
+                raise failure(self.info, e) from e
+        self._done = True
+        self._result = self.finish() if self.finish is not None else None
+        return self._result
+
+
+# -- failure reports -------------------------------------------------------------------------
+
+def _read(store, key: str) -> str | None:
+    if not store.check([key]):
+        return None
+    return store.get(key).decode()
+
+
+def _gone(store, rank: int) -> str | None:
+    """``"pid N on host"`` if rank's process ran on this host and is no longer alive."""
+    v = _read(store, f"holoflow/proc/{rank}")
+    if v is None:
+        return None
+    host, pid = v.split()
+    if host != socket.gethostname():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return f"pid {pid} on {host}"
+    except PermissionError:
+        return None
+    return None
+
+
+def laggards(info: CallInfo) -> str:
+    """Reads the peers' sequence keys: who did not arrive, who called something else, who died."""
+    me = env.get_rank()
+    behind, other, dead = [], [], []
+    try:
+        store = env.store()
+        for r in info.ranks:
+            if r == me:
+                continue
+            v = _read(store, f"holoflow/seq/{_key(info.ranks)}/{r}") if TRACK else None
+            seq, kind = (int(v.split()[0]), v.split()[1]) if v else (0, "nothing")
+            if TRACK and seq < info.seq:
+                behind.append(f"{r} (last entered call #{seq}: {kind})" if seq else f"{r} (never entered one)")
+            elif TRACK and seq == info.seq and kind != info.kind:
+                other.append(f"{r} (called {kind} instead)")
+            g = _gone(store, r)
+            if g:
+                dead.append(f"{r} ({g})")
+    except Exception as e:  # noqa: BLE001 - the store itself may be gone with rank 0
+        return f" Could not read the peers' state from the store ({type(e).__name__}: {e}); the rank " \
+               f"hosting it (rank 0) may have died."
+    parts = []
+    if dead:
+        parts.append(f"ranks whose process is gone: {', '.join(dead)}")
+    if behind:
+        parts.append(f"ranks that did not arrive: {', '.join(behind)}")
+    if other:
+        parts.append(f"ranks in a different collective at this point: {', '.join(other)}")
+    if not TRACK:
+        parts.append("(sequence tracking is off: HOLOFLOW_COMM_TRACK=0)")
+    return (" " + "; ".join(parts) + ".") if parts else " Every peer entered this collective."
+
+
+def failure(info: CallInfo | None, cause: BaseException) -> CommError:
+    """A CommError for ``cause`` naming the collective, its group and the laggards."""
+    global FAILURES
+    FAILURES += 1
+    if info is None:
+        return CommError(f"holoflow.comm: collective failed: {cause}")
+    waited = time.monotonic() - info.start
+    text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    what = "timed out" if "timed out" in text.lower() or "timeout" in text.lower() else "failed"
+    return CommError(
+        f"holoflow.comm.{info.kind} (call #{info.seq} on group {list(info.ranks)}, seen from rank "
+        f"{env.get_rank()}) {what} after {waited:.1f}s (timeout {env.get_comm_timeout():g}s).{laggards(info)} "
+        f"Cause: {text}")

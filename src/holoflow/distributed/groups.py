@@ -1,0 +1,121 @@
+"""Process groups named by their global ranks, created once and cached.
+
+A group is identified by a sorted tuple of global ranks (``(0, 1)``, ``(1, 3)``...). Groups are
+created with *local synchronization*: only the member ranks take part in creating a group, so a
+rank never has to call :func:`group_for` for a group it does not belong to.
+
+Contract (what every rank must keep):
+
+* the ranks of one group must create it in the same relative order with respect to the other
+  groups they share — which holds automatically when groups are created on first use by a
+  program whose collectives are themselves issued in the same order on every rank (any program
+  that does not deadlock);
+* :func:`groups_for_mesh` creates, on every rank, the groups of every mesh axis that contain
+  the rank, in a fixed order (axis by axis, fixed coordinates in row-major order); calling it when
+  a placement is first used keeps creation in lock-step across ranks.
+
+The full world maps to torch's default group; a one-rank group needs no process group at all.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterable
+
+import numpy as np
+import torch.distributed as dist
+
+from ..core.errors import HoloflowError
+from . import env
+
+_GROUPS: dict[tuple[tuple[int, ...], str | None], Any] = {}
+
+
+def normalize(ranks: Iterable[int]) -> tuple[int, ...]:
+    """A group's key: its global ranks, sorted, without duplicates."""
+    key = tuple(sorted({int(r) for r in ranks}))
+    if not key:
+        raise HoloflowError("holoflow.distributed: a process group needs at least one rank")
+    ws = env.get_world_size()
+    bad = [r for r in key if not 0 <= r < ws]
+    if bad:
+        raise HoloflowError(f"holoflow.distributed: ranks {bad} are outside the world of {ws} "
+                            f"process(es) (ranks 0..{ws - 1})")
+    return key
+
+
+def group_for(ranks: Iterable[int], backend: str | None = None):
+    """The torch process group over ``ranks`` (global ranks), created on first use.
+
+    Only members may call it. Returns ``None`` for a one-rank group (nothing to communicate) and
+    torch's default group for the whole world. ``backend=None`` uses the world's backend.
+    """
+    key = normalize(ranks)
+    if len(key) == 1:
+        return None
+    me = env.get_rank()
+    if me not in key:
+        raise HoloflowError(f"holoflow.distributed: rank {me} asked for the group {key} it is not a member of")
+    env.ensure_initialized()
+    if backend is None and len(key) == env.get_world_size():
+        return dist.group.WORLD
+    cached = _GROUPS.get((key, backend))
+    if cached is None:
+        cached = _GROUPS[(key, backend)] = _new_group(key, backend)
+    return cached
+
+
+def _new_group(key: tuple[int, ...], backend: str | None):
+    """``dist.new_group`` with local synchronization and a name that is the same on every member.
+
+    torch names a locally synchronized group by a hash of its ranks *and the number of groups
+    this process already has*, which differs between ranks that created different groups before;
+    members would then rendezvous under different store keys and hang. We name it by its ranks
+    and backend instead (patching torch's private namer for the duration of the call).
+    """
+    c10d = dist.distributed_c10d
+    name = f"holoflow:{backend or 'default'}:{'_'.join(map(str, key))}"
+    namer = c10d._process_group_name
+    c10d._process_group_name = lambda ranks, use_hashed_name: name
+    try:
+        return dist.new_group(list(key), timeout=env.comm_timeout(), backend=backend,
+                              use_local_synchronization=True)
+    finally:
+        c10d._process_group_name = namer
+
+
+def mesh_subgroups(ranks_nd) -> dict[tuple[int, tuple[int, ...]], tuple[int, ...]]:
+    """The sub-groups of a rank mesh: ``(axis, fixed coords) -> ranks`` varying along ``axis``.
+
+    ``fixed coords`` are the mesh coordinates of the other axes, in axis order. For the mesh
+    ``[[0, 1], [2, 3]]``: ``(0, (0,)) -> (0, 2)``, ``(0, (1,)) -> (1, 3)``, ``(1, (0,)) -> (0, 1)``...
+    """
+    arr = np.asarray(ranks_nd, dtype=np.int64)
+    out: dict[tuple[int, tuple[int, ...]], tuple[int, ...]] = {}
+    for axis in range(arr.ndim):
+        moved = np.moveaxis(arr, axis, -1)
+        for fixed in itertools.product(*(range(n) for n in moved.shape[:-1])):
+            out[(axis, tuple(fixed))] = tuple(int(r) for r in moved[fixed])
+    return out
+
+
+def groups_for_mesh(ranks_nd, backend: str | None = None) -> dict[tuple[int, tuple[int, ...]], tuple[int, ...]]:
+    """Creates every sub-group of the mesh this rank belongs to, in a fixed order, and returns
+    :func:`mesh_subgroups` (group keys are rank tuples, which every comm function accepts).
+
+    Call it on every rank of the mesh when a placement is first used.
+    """
+    subs = mesh_subgroups(ranks_nd)
+    if env.get_world_size() > 1:
+        me = env.get_rank()
+        for ranks in subs.values():
+            if me in ranks:
+                group_for(ranks, backend)
+    return subs
+
+
+def clear() -> None:
+    """Forgets cached groups (after the default group is destroyed)."""
+    _GROUPS.clear()
+
+
+__all__ = ["group_for", "groups_for_mesh", "mesh_subgroups", "normalize", "clear"]
