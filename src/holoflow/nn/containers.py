@@ -338,7 +338,14 @@ class ParameterDict(Module):
             del self[k]
 
     def update(self, parameters: Any) -> None:
-        items = parameters.items() if isinstance(parameters, Mapping) else parameters
+        """Adds entries: in order from an OrderedDict/ParameterDict/pairs, sorted from a dict
+        (torch's rule)."""
+        if isinstance(parameters, (OrderedDict, ParameterDict)):
+            items = parameters.items()
+        elif isinstance(parameters, Mapping):
+            items = sorted(parameters.items())
+        else:
+            items = parameters
         for k, v in items:
             self[k] = v
 
