@@ -75,12 +75,16 @@ def _ce_bwd_kernel(dy, x, t, w, ignore_index, reduction, label_smoothing):
         a = tt * wc
         s = _scale(dy, reduction, x.numel() / n_cls if x.numel() else float("nan"), cdim, acc)
         dt = (-s * logp * wc * (1 - ls)).to(t.dtype)
+        dw = None if w is None else (-s * logp * tt).sum_to_size(shape).reshape(w.shape).to(w.dtype)
     else:
+        dw = None
         a, denom = _class_coeffs(x, t, w, ignore_index, ls, cdim, acc)
         s = _scale(dy, reduction, denom, cdim, acc)
         dt = torch.zeros((), dtype=x.dtype, device=x.device).expand(0)
     dx = s * (logp.exp() * a.sum(cdim, keepdim=True) - a)
-    return dx.to(x.dtype), dt
+    if dw is None:
+        dw = torch.zeros((), dtype=x.dtype, device=x.device).expand(0)
+    return dx.to(x.dtype), dt, dw
 
 
 def _nll_bwd_kernel(dy, x, t, w, ignore_index, reduction):
@@ -96,7 +100,7 @@ def _class_loss_sbp(metas, attrs):
     is_bwd = len(metas) == 4
     x, t = (metas[1], metas[2]) if is_bwd else (metas[0], metas[1])
     has_w = isinstance(metas[-1], Meta)
-    n_out = (2 if "label_smoothing" in attrs else 1) if is_bwd else 1
+    n_out = (3 if "label_smoothing" in attrs else 1) if is_bwd else 1
     n_in = (1 if is_bwd else 0) + 2 + has_w
     sigs = [((B,) * n_in, (B,) * n_out)]
     red = attrs["reduction"]
@@ -104,22 +108,24 @@ def _class_loss_sbp(metas, attrs):
         return sigs
     prob = t.dtype.is_floating_point
     for a in [0] + list(range(2, len(x.shape))):
-        ta = a if prob or a == 0 else a - 1
+        la = a if a == 0 else a - 1          # the loss has no class axis
+        ta = a if prob else la
         ins = (S(a), S(ta)) + ((B,) if has_w else ())
         if is_bwd:
-            dy = S(ta) if red == "none" else B
-            outs = (S(a),) + ((S(ta) if prob else B,) if n_out == 2 else ())
+            dy = S(la) if red == "none" else B
+            outs = (S(a),) + ((S(ta) if prob else B, P if prob and has_w else B) if n_out == 3 else ())
             sigs.append(((dy,) + ins, outs))
         else:
-            sigs.append((ins, (S(ta) if red == "none" else P,)))
+            sigs.append((ins, (S(la) if red == "none" else P,)))
     return sigs
 
 
 def _ce_grad(c, dy):
     x, t, w = c.inputs
-    dx, dt = apply(CROSS_ENTROPY_BWD, dy, x, t, w, ignore_index=c.ignore_index, reduction=c.reduction,
-                   label_smoothing=c.label_smoothing)
-    return dx, dt if t.is_floating_point() else None, None
+    dx, dt, dw = apply(CROSS_ENTROPY_BWD, dy, x, t, w, ignore_index=c.ignore_index, reduction=c.reduction,
+                       label_smoothing=c.label_smoothing)
+    prob = t.is_floating_point()  # only the probability form is differentiable in target and weight (as torch)
+    return dx, dt if prob else None, dw if prob and w is not None else None
 
 
 def _nll_grad(c, dy):
@@ -158,7 +164,7 @@ def _check_class_target(name: str, input: Tensor, target: Tensor, weight, allow_
             raise ShapeError(f"holoflow.{name}: a probability target (dtype {target.dtype}) must have the "
                              f"input's shape {x}, got {t}")
     else:
-        if target.dtype != torch.int64:
+        if target._data.dtype != torch.int64:
             raise DTypeError(f"holoflow.{name}: class-index target must be int64 (long), got {target.dtype}"
                              + (" (or a floating target of probabilities)" if allow_prob else ""))
         want = x[:1] + x[2:] if len(x) >= 2 else ()

@@ -415,6 +415,10 @@ def _bn_sbp(metas, attrs):
 
 
 def _bn_bwd_kernel(dy, x, w, rm, rv, save_mean, save_invstd, training, eps, output_mask):
+    if x.numel() == 0:  # aten's kernel divides by the element count (SIGFPE on an empty shard)
+        c = x.shape[1] if x.dim() > 1 else 0
+        z = x.new_zeros((c,))
+        return x.new_zeros(x.shape), z, z.clone()
     dx, dw, db = torch.ops.aten.native_batch_norm_backward(dy, x, w, rm, rv, save_mean, save_invstd,
                                                            training, eps, output_mask)
     c = x.shape[1] if x.dim() > 1 else 0
