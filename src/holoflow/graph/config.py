@@ -1,6 +1,8 @@
 """``graph.config``: OneFlow's names for what the passes do."""
 from __future__ import annotations
 
+import copy
+
 from ..core import dtype as _dtype
 
 
@@ -16,6 +18,10 @@ class GraphConfig:
         self.fuse_elementwise = False
         self.zero_stage = 0
         self.executor = "actor"   # or "sequential" (the reference executor)
+        self.checkpointed_scopes: set[str] = set()   # module paths recomputed in backward
+        self.stages: dict[str, tuple] = {}           # module path -> (stage_id, placement)
+        self.profiling = False
+        self.profile_path: str | None = None
 
     def enable_amp(self, mode: bool = True, *, dtype=None) -> None:
         """Mixed precision: matmul-like ops in ``dtype`` (bfloat16 on CPU, float16 on CUDA)."""
@@ -45,11 +51,28 @@ class GraphConfig:
         """ZeRO for global graphs: optimizer state (1), gradients (2), parameters (3) sharded."""
         self.zero_stage = stage if mode else 0
 
+    def enable_profiling(self, mode: bool = True, path: str | None = None) -> None:
+        """Times every node of the generated code and records every actor act; after running,
+        ``graph.profile_table()`` gives the per-op table and ``graph.write_trace(path)`` the
+        Chrome/Perfetto trace (written to ``path`` by ``graph.print_profile()``). Read at compile
+        time: plans compiled before are recompiled."""
+        self.profiling, self.profile_path = bool(mode), path
+
+    def for_passes(self, flagged: set[str]) -> "GraphConfig":
+        """The config the passes see: amp and gradient accumulation are already applied while
+        tracing (so eager's casts and micro-batches are reproduced exactly); modules flagged with
+        ``activation_checkpointing = True`` join ``checkpointed_scopes``."""
+        c = copy.copy(self)
+        c.amp, c.grad_acc_steps = False, 1
+        c.checkpointed_scopes = set(self.checkpointed_scopes) | set(flagged)
+        return c
+
     def set_executor(self, name: str) -> None:
         if name not in ("actor", "sequential"):
             raise ValueError(f"holoflow.nn.Graph: executor must be 'actor' or 'sequential', got {name!r}")
         self.executor = name
 
     def __repr__(self) -> str:
-        on = {k: v for k, v in vars(self).items() if v not in (False, 0, 1) or k == "executor"}
+        on = {k: v for k, v in vars(self).items()
+              if (v not in (False, 0, 1, None) and v != set() and v != {}) or k == "executor"}
         return f"GraphConfig({', '.join(f'{k}={v}' for k, v in on.items())})"

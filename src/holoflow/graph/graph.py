@@ -1,27 +1,39 @@
 """``holoflow.nn.Graph``: the same modules, traced once into an IR, optimised by passes, lowered
-to a plan and run by the actor runtime (DESIGN §7), with OneFlow's API."""
+to a plan and run by the actor runtime (DESIGN §7), with OneFlow's API.
+
+While ``build()`` is traced, ``loss.backward()`` (a scalar loss) records the backward — divided
+by the gradient-accumulation steps and multiplied by the grad scaler's live scale, as eager code
+would write it — and the optimizers, grad scaler and LR schedulers become effect nodes run after
+each iteration (graph/optimizer.py). ``config.enable_amp`` traces under autocast and
+``set_gradient_accumulation_steps(n)`` traces ``build`` on ``n`` micro-batches (dim 0 of every
+tensor input); both therefore give eager's numbers exactly.
+"""
 from __future__ import annotations
 
+import contextlib
+import itertools
 import time
-from typing import Any
-
-
+from typing import Any, Iterable, Iterator
 
 from ..core import grad_mode
+from ..core.dispatch import Hooks
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from . import passes
 from .config import GraphConfig
-from .ir import Graph as IRGraph
 from .ir import to_python
-from .lower import lower
+from .lower import Compiled, lower
 from .optimizer import add_optimizer_updates
 from .pytree import flatten, unflatten
-from .trace import Tracer
+from .trace import Tracer, is_user_file, user_line
+
+
+class GraphBuildError(HoloflowError):
+    """``build()`` raised while being traced; names the user's line."""
 
 
 class Graph:
-    """Subclass, assign modules, override ``build()``; the first call compiles.
+    """Subclass, assign modules, override ``build()``; the first call (per input signature) compiles.
 
     >>> class TrainGraph(flow.nn.Graph):
     ...     def __init__(self):
@@ -38,6 +50,7 @@ class Graph:
         object.__setattr__(self, "_modules", {})
         self._optimizers: list = []
         self._grad_scaler = None
+        self._scale_t: Tensor | None = None
         self.config = GraphConfig()
         self._compiled: dict = {}
         self._debug = 0
@@ -54,15 +67,26 @@ class Graph:
         raise NotImplementedError("holoflow.nn.Graph: subclasses must define build(self, ...)")
 
     def add_optimizer(self, optim, *, lr_sch=None, is_sparse: bool = False) -> None:
-        """Adds an optimizer (and scheduler): ``loss.backward()`` in build also updates."""
+        """Adds an optimizer (and its LR scheduler, stepped once per call after the update)."""
         self._optimizers.append((optim, lr_sch))
 
     def set_grad_scaler(self, grad_scaler) -> None:
+        """A ``holoflow.amp.GradScaler``: the traced loss is scaled before backward; the update
+        unscales the gradients, skips the step on inf/nan and adapts the scale, as eager does."""
         self._grad_scaler = grad_scaler
 
     def debug(self, v_level: int = 0, *, ranks=None, max_py_stack_depth: int = 2) -> None:
-        """``v_level >= 1`` prints each compile's passes; ``>= 2`` also prints the IR."""
+        """``v_level >= 1`` prints each compile's summary and passes; ``>= 2`` also the IR."""
         self._debug = v_level
+
+    def graph_module(self, module_or_path: Any) -> "GraphModule":
+        """OneFlow's per-module settings: ``g.graph_module(g.model.blocks[0]).activation_checkpointing = True``."""
+        from .passes.checkpointing import _module_paths
+        paths = _module_paths(self)
+        path = module_or_path if isinstance(module_or_path, str) else paths.get(id(module_or_path))
+        if path not in paths.values():
+            raise HoloflowError(f"holoflow.nn.Graph: {module_or_path!r} is not a module of this graph")
+        return GraphModule(self, path)
 
     @property
     def training(self) -> bool:
@@ -70,6 +94,7 @@ class Graph:
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self, destination=None) -> dict:
+        """Modules, optimizers, schedulers and the grad scaler, by name."""
         out = {} if destination is None else destination
         for name, m in self._modules.items():
             out[name] = m.state_dict()
@@ -77,9 +102,13 @@ class Graph:
             out[f"optimizer{i}"] = opt.state_dict()
             if sch is not None:
                 out[f"lr_scheduler{i}"] = sch.state_dict()
+        if self._grad_scaler is not None:
+            out["grad_scaler"] = self._grad_scaler.state_dict()
         return out
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Restores what :meth:`state_dict` returned; compiled plans keep working (they read the
+        live tensors)."""
         for name, m in self._modules.items():
             if name in state:
                 m.load_state_dict(state[name], strict=strict)
@@ -90,35 +119,75 @@ class Graph:
                 opt.load_state_dict(state[f"optimizer{i}"])
             if sch is not None and f"lr_scheduler{i}" in state:
                 sch.load_state_dict(state[f"lr_scheduler{i}"])
+        if self._grad_scaler is not None and state.get("grad_scaler"):
+            self._grad_scaler.load_state_dict(state["grad_scaler"])
+            if self._scale_t is not None:
+                self._scale_t._data.fill_(self._grad_scaler.get_scale())
 
-    # -- compile and run -------------------------------------------------------------------------
+    # -- run -------------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         leaves, spec = flatten((args, kwargs))
-        key = _cache_key(leaves, spec)
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            compiled = self._compiled[key] = self._compile(leaves, spec)
-        feeds = {n: t._data for n, t in zip(compiled.feed_names, (x for x in leaves if isinstance(x, Tensor)))}
-        result = compiled.run(feeds)
-        for _, sch in self._optimizers:
-            if sch is not None:
-                sch.step()
-        return result
+        c = self._get(leaves, spec)
+        return unflatten(c.run(c.feeds(leaves)), c.ir.out_spec)
 
-    def _compile(self, leaves: list, spec) -> "Compiled":
+    def stream(self, batches: Iterable) -> Iterator:
+        """Streams batches through the actor runtime: the source prefetches batch i+1 while i
+        runs. Each batch is a tuple of ``build``'s positional arguments (or one tensor); yields
+        what ``graph(*batch)`` would return, in order, with the same numbers.
+
+        >>> losses = [l.item() for l in g.stream((x, y) for x, y in loader)]
+        """
+        def keyed():
+            for b in batches:
+                leaves, spec = flatten((b if isinstance(b, tuple) else (b,), {}))
+                yield _cache_key(leaves, spec, self._flags()), leaves, spec
+        for _, group in itertools.groupby(keyed(), key=lambda k: k[0]):
+            _, leaves, spec = first = next(group)
+            c = self._get(leaves, spec)  # compiled between runs: never while a plan executes
+            for out in c.stream(c.feeds(lv) for _, lv, _ in itertools.chain([first], group)):
+                yield unflatten(out, c.ir.out_spec)
+
+    def _get(self, leaves: list, spec) -> Compiled:
+        key = _cache_key(leaves, spec, self._flags())
+        c = self._compiled.get(key)
+        if c is None:
+            c = self._compiled[key] = self._compile(leaves, spec)
+        return c
+
+    def _flags(self) -> tuple:
+        """Module train/eval flags and profiling: a change traces a new plan."""
+        return (self.config.profiling, self.config.executor,
+                tuple(m.training for root in self._modules.values() for m in root.modules()))
+
+    # -- compile ---------------------------------------------------------------------------------
+    def _compile(self, leaves: list, spec) -> Compiled:
         t0 = time.perf_counter()
-        names = self._state_names()
-        tracer = Tracer(names)
-        lazy = [tracer.feed(x._data, f"input{i}") if isinstance(x, Tensor) else x
-                for i, x in enumerate(leaves)]
+        tracer = Tracer(self._state_names())
+        dev = next((x._data.device for x in leaves if isinstance(x, Tensor)), None)
+        tracer.device_type = dev.type if dev is not None else "cpu"
+        lazy = [tracer.feed(x._data, f"input{i}") if isinstance(x, Tensor) else x for i, x in enumerate(leaves)]
         args, kwargs = unflatten(lazy, spec)
+        scale = self._scale_tensor(dev)
         hooks = self._scope_hooks(tracer)
         saved_grads = {id(p): p.grad for p in self._all_params()}
+        train = bool(self._optimizers)
         try:
-            with tracer, grad_mode.enable_grad():
-                out = self.build(*args, **kwargs)
-                if self._optimizers:
-                    add_optimizer_updates(tracer, self._optimizers, self.config)
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(tracer)
+                stack.enter_context(grad_mode.enable_grad() if train else grad_mode.no_grad())
+                if self.config.amp:
+                    from ..amp import autocast
+                    stack.enter_context(autocast(tracer.device_type, dtype=self.config.amp_dtype))
+                stack.enter_context(self._backward_rule(tracer, scale))
+                out = self._trace_build(args, kwargs)
+                if train:
+                    add_optimizer_updates(tracer, self._optimizers, self._grad_scaler if scale is not None else None,
+                                          scale)
+        except GraphBuildError:
+            raise
+        except Exception as e:
+            raise GraphBuildError(f"holoflow.nn.Graph {type(self).__name__}: build() failed while tracing"
+                                  f"{_user_frame(e)}: {type(e).__name__}: {e}") from e
         finally:
             for h in hooks:
                 h.remove()
@@ -127,28 +196,80 @@ class Graph:
         out_leaves, out_spec = flatten(out)
         ir = tracer.graph(tuple(out_leaves), out_spec)
         self._log = []
-        ir = passes.run(ir, self.config, self._log)
-        lowered = lower(ir, ir.frees)
-        compiled = Compiled(ir, lowered, self.config.executor, time.perf_counter() - t0)
+        from .passes.checkpointing import flagged_paths
+        ir = passes.run(ir, self.config.for_passes(flagged_paths(self)), self._log)
+        lowered = lower(ir, ir.frees, profile=self.config.profiling)
+        c = Compiled(ir, lowered, self.config.executor, time.perf_counter() - t0, self.config.profiling)
         if self._debug >= 1:
-            print(self._summary(compiled))
+            print(self._summary(c))
         if self._debug >= 2:
             print(to_python(ir))
-        return compiled
+        return c
+
+    def _trace_build(self, args: tuple, kwargs: dict):
+        n = self.config.grad_acc_steps
+        if n == 1 or not self._optimizers:
+            return self.build(*args, **kwargs)
+        leaves, spec = flatten((args, kwargs))
+        chunks = []
+        for x in leaves:
+            if isinstance(x, Tensor) and x.dim() > 0:
+                if x.shape[0] % n:
+                    raise GraphBuildError(f"holoflow.nn.Graph: gradient accumulation over {n} micro-batches needs "
+                                          f"every input's dim 0 divisible by {n}; got shape {tuple(x.shape)}")
+                chunks.append(x.chunk(n, 0))
+            else:
+                chunks.append([x] * n)
+        outs = []
+        for i in range(n):
+            a, k = unflatten([c[i] for c in chunks], spec)
+            outs.append(self.build(*a, **k))
+        return _merge_micro_batches(outs)
+
+    def _scale_tensor(self, device) -> Tensor | None:
+        """The live scale the traced loss multiplies by (None without an enabled grad scaler)."""
+        s = self._grad_scaler
+        if s is None or not s.is_enabled():
+            return None
+        if self._scale_t is None:
+            from .. import full
+            if s._scale is None:
+                s._lazy_init(device)
+            self._scale_t = full((), s.get_scale(), dtype=s._scale.dtype, device=device)
+        return self._scale_t
+
+    @contextlib.contextmanager
+    def _backward_rule(self, tracer: Tracer, scale: Tensor | None):
+        """``loss.backward()`` inside build: a scalar loss, divided by the micro-batch count and
+        scaled by the grad scaler before the traced backward."""
+        orig, graph = Tensor.backward, self
+
+        def backward(t, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+            if Hooks.trace is not tracer:
+                return orig(t, gradient, retain_graph, create_graph, inputs)
+            if not graph._optimizers:
+                raise GraphBuildError(f"holoflow.nn.Graph: loss.backward() at {user_line()} in an inference "
+                                      f"graph; call self.add_optimizer(opt) in __init__ to train")
+            if t.numel() != 1:
+                raise GraphBuildError(f"holoflow.nn.Graph: loss.backward() at {user_line()} needs a scalar loss, "
+                                      f"got shape {tuple(t.shape)}; reduce it first (e.g. loss.mean())")
+            loss = t / graph.config.grad_acc_steps if graph.config.grad_acc_steps > 1 else t
+            loss = loss * scale if scale is not None else loss
+            return orig(loss, gradient, retain_graph, create_graph, inputs)
+        Tensor.backward = backward
+        try:
+            yield
+        finally:
+            Tensor.backward = orig
 
     def _all_params(self) -> list:
         seen, out = set(), []
-        for m in self._modules.values():
-            for p in m.parameters():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    out.append(p)
-        for opt, _ in self._optimizers:
-            for g in opt.param_groups:
-                for p in g["params"]:
-                    if id(p) not in seen:
-                        seen.add(id(p))
-                        out.append(p)
+        params = [p for m in self._modules.values() for p in m.parameters()]
+        params += [p for opt, _ in self._optimizers for g in opt.param_groups for p in g["params"]]
+        for p in params:
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
         return out
 
     def _state_names(self) -> dict[int, str]:
@@ -174,23 +295,59 @@ class Graph:
                 handles.append(m.register_forward_hook(post))
         return handles
 
-    # -- printing ----------------------------------------------------------------------------------
-    def _summary(self, c: "Compiled") -> str:
+    # -- profiling -------------------------------------------------------------------------------
+    def profile_table(self) -> str:
+        """Per-op time per iteration and the actors' acts, for each plan compiled with
+        ``config.enable_profiling()``."""
+        return "\n".join(f"plan {i}:\n{c.profile_table()}" for i, c in enumerate(self._compiled.values())
+                         if c.profile)
+
+    def write_trace(self, path: str) -> None:
+        """The actors' acts of the most recently compiled plan as a Chrome/Perfetto trace."""
+        ex = next(reversed(self._compiled.values())).executor
+        ex.write_trace(path)
+
+    def print_profile(self) -> None:
+        print(self.profile_table())
+        if self.config.profile_path:
+            self.write_trace(self.config.profile_path)
+            print(f"(GRAPH:{type(self).__name__}) trace written to {self.config.profile_path}")
+
+    # -- printing --------------------------------------------------------------------------------
+    def _notes(self) -> list[str]:
+        notes = []
+        if self.config.zero_stage and not any(p._global is not None for p in self._all_params()):
+            notes.append(f"enable_zero(stage={self.config.zero_stage}) has no effect on a local graph")
+        passes.load_all()
+        for flag, name in (("fuse_add_to_output", "fuse_add_to_output"), ("fuse_model_update", "fuse_update")):
+            if getattr(self.config, flag) and not any(p.name == name for p in passes.PIPELINE):
+                notes.append(f"{flag} is recorded; no pass implements it yet")
+        if self.config.stages:
+            notes.append(f"stages recorded {self.config.stages}; no pipeline parallelism yet")
+        return notes
+
+    def _summary(self, c: Compiled) -> str:
         lines = [f"(GRAPH:{type(self).__name__}) compiled in {c.compile_s:.2f}s: {len(c.ir.nodes)} nodes, "
                  f"{len(c.lowered.tasks)} tasks, planned peak {c.peak_bytes / 2**20:.2f} MiB"]
         for name, before, after, dt in self._log:
             lines.append(f"  pass {name:<20} {before:>5} -> {after:<5} nodes  {dt * 1e3:7.1f} ms")
+        lines += [f"  note: {n}" for n in self._notes()]
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         lines = [f"(GRAPH:{type(self).__name__}):"]
         for name, m in self._modules.items():
-            body = repr(m).replace("\n", "\n    ")
-            lines.append(f"  (MODULE:{name}): {body}")
+            lines.append(f"  (MODULE:{name}): " + repr(m).replace("\n", "\n    "))
         lines.append(f"  (CONFIG): {self.config}")
+        lines += [f"  (NOTE): {n}" for n in self._notes()]
         for c in self._compiled.values():
-            lines.append(f"  (IR): {len(c.ir.nodes)} nodes, {len(c.ir.feeds)} feeds, "
-                         f"{len(c.ir.state)} state tensors, {len(c.lowered.tasks)} tasks")
+            ops: dict[str, int] = {}
+            for n in c.ir.nodes:
+                ops[n.op] = ops.get(n.op, 0) + 1
+            top = ", ".join(f"{k}x{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:8])
+            lines.append(f"  (IR): {len(c.ir.nodes)} nodes, {len(c.ir.feeds)} feeds, {len(c.ir.state)} state "
+                         f"tensors, {len(c.lowered.tasks)} tasks, planned peak {c.peak_bytes / 2**20:.2f} MiB; "
+                         f"ops: {top}")
         return "\n".join(lines)
 
     def close(self) -> None:
@@ -205,34 +362,55 @@ class Graph:
             pass
 
 
-class Compiled:
-    """One compiled plan (per input signature) and its executor."""
+class GraphModule:
+    """A module's graph-level settings (OneFlow's ``nn.graph.GraphModule``), by module path."""
 
-    def __init__(self, ir: IRGraph, lowered, executor: str, compile_s: float) -> None:
-        from ..runtime import Runtime, SequentialExecutor
-        from .passes.memory_plan import peak_bytes
-        self.ir, self.lowered, self.compile_s = ir, lowered, compile_s
-        self.feed_names = lowered.feed_names
-        self.peak_bytes = peak_bytes(ir, ir.frees)
-        self.executor = Runtime(lowered.plan) if executor == "actor" else SequentialExecutor(lowered.plan)
+    def __init__(self, graph: Graph, path: str) -> None:
+        self.graph, self.path = graph, path
 
-    def run(self, feeds: dict):
-        got = self.executor(feeds)
-        outs = []
-        for o in self.ir.outputs:
-            if hasattr(o, "id"):
-                outs.append(Tensor._make(got[f"v{o.id}"]))
-            else:
-                outs.append(o)
-        return unflatten(outs, self.ir.out_spec)
+    @property
+    def activation_checkpointing(self) -> bool:
+        return self.path in self.graph.config.checkpointed_scopes
 
-    def close(self) -> None:
-        close = getattr(self.executor, "close", None)
-        if close is not None:
-            close()
+    @activation_checkpointing.setter
+    def activation_checkpointing(self, on: bool) -> None:
+        from .passes.checkpointing import set_activation_checkpointing
+        set_activation_checkpointing(self.graph, self.path, bool(on))
+
+    def set_stage(self, stage_id: int, placement: Any = None) -> None:
+        """Records the pipeline stage (no pipeline parallelism yet; ``debug`` says so)."""
+        self.graph.config.stages[self.path] = (stage_id, placement)
+
+    @property
+    def stage_id(self) -> int | None:
+        return self.graph.config.stages.get(self.path, (None,))[0]
 
 
-def _cache_key(leaves: list, spec) -> tuple:
+def _merge_micro_batches(outs: list):
+    """Micro-batch outputs as one: scalars averaged (the full batch's mean loss), others
+    concatenated on dim 0, non-tensors from the last micro-batch."""
+    from .. import cat, stack
+    flat = [flatten(o) for o in outs]
+    merged = []
+    for vals in zip(*(f[0] for f in flat)):
+        if isinstance(vals[0], Tensor):
+            merged.append(stack(list(vals)).mean(0) if vals[0].dim() == 0 else cat(list(vals), 0))
+        else:
+            merged.append(vals[-1])
+    return unflatten(merged, flat[-1][1])
+
+
+def _user_frame(e: BaseException) -> str:
+    tb, hit = e.__traceback__, ""
+    while tb is not None:
+        if is_user_file(tb.tb_frame.f_code.co_filename):
+            import os
+            hit = f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return hit
+
+
+def _cache_key(leaves: list, spec, flags: tuple = ()) -> tuple:
     parts = []
     for x in leaves:
         if isinstance(x, Tensor):
@@ -243,6 +421,4 @@ def _cache_key(leaves: list, spec) -> tuple:
                 parts.append(("C", x))
             except TypeError:
                 parts.append(("C", repr(x)))
-    return (spec, tuple(parts))
-
-
+    return (spec, tuple(parts), flags)

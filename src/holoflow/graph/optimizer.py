@@ -1,6 +1,14 @@
-"""The optimizer inside a graph: one effect node per param group that runs the optimizer's own
-multi-tensor (foreach) update on the live parameter and state storages, reading the group's
-hyper-parameters (the scheduler's lr) at run time. Eager and graph share one update rule."""
+"""The optimizer inside a graph: effect nodes that run the optimizer's own update on the live
+parameter and state storages, reading hyper-parameters (the scheduler's lr) at run time, so eager
+and graph share one update rule.
+
+- without a grad scaler: one effect per param group, the optimizer's multi-tensor (foreach) update;
+- with a grad scaler: one effect that hands the gradients to ``scaler.step(opt)`` (unscale, skip
+  the step on inf/nan) and ``scaler.update()``, then publishes the new scale to the tensor the
+  traced loss scaling reads;
+- one effect per LR scheduler, after the updates: OneFlow steps it once per graph call, and doing
+  it in the update task keeps that order when iterations stream.
+"""
 from __future__ import annotations
 
 from ..core import grad_mode
@@ -28,17 +36,45 @@ def _group_update(opt, group_index: int, params: list):
     return update
 
 
-def add_optimizer_updates(tracer, optimizers: list, config) -> None:
-    """Records the updates of every optimizer for the parameters that received a gradient."""
-    for opt, _ in optimizers:
-        for gi, group in enumerate(opt.param_groups):
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            for p in params:
-                if "_v" not in p.grad.__dict__:
-                    raise HoloflowError("holoflow.nn.Graph: a parameter's .grad was set outside build(); "
-                                        "call optimizer.zero_grad(set_to_none=True) before the graph runs")
-            grads = [p.grad for p in params]
-            tracer.effect(f"{type(opt).__name__.lower()}_update", tuple(grads),
-                          {}, _group_update(opt, gi, params))
+def _scaler_update(scaler, optimizers: list, params: list, scale: Tensor):
+    """Eager's ``scaler.step(opt); scaler.update()`` on the graph's gradients."""
+    def update(*grads):
+        saved = [p.grad for p in params]
+        for p, g in zip(params, grads):
+            p.grad = Tensor._make(g)
+        try:
+            for opt in optimizers:
+                scaler.step(opt)
+            scaler.update()
+        finally:
+            for p, g in zip(params, saved):
+                p.grad = g
+        scale._data.copy_(scaler._scale._data)
+    return update
+
+
+def _graph_grads(params: list) -> list:
+    for p in params:
+        if "_v" not in p.grad.__dict__:
+            raise HoloflowError("holoflow.nn.Graph: a parameter's .grad was set outside build(); "
+                                "call optimizer.zero_grad(set_to_none=True) before the graph runs")
+    return [p.grad for p in params]
+
+
+def add_optimizer_updates(tracer, optimizers: list, scaler=None, scale: Tensor | None = None) -> None:
+    """Records the updates of every optimizer for the parameters that received a gradient, then
+    the scheduler steps. ``optimizers`` holds ``(optimizer, lr_scheduler or None)`` pairs."""
+    if scaler is not None:
+        params = [p for opt, _ in optimizers for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        tracer.effect("grad_scaler_update", tuple(_graph_grads(params)), {},
+                      _scaler_update(scaler, [o for o, _ in optimizers], params, scale))
+    else:
+        for opt, _ in optimizers:
+            for gi, group in enumerate(opt.param_groups):
+                params = [p for p in group["params"] if p.grad is not None]
+                if params:
+                    tracer.effect(f"{type(opt).__name__.lower()}_update", tuple(_graph_grads(params)),
+                                  {}, _group_update(opt, gi, params))
+    for _, sch in optimizers:
+        if sch is not None:
+            tracer.effect("lr_scheduler_step", (), {}, lambda _s=sch: _s.step())

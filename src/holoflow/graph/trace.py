@@ -18,14 +18,20 @@ from ..core.tensor import Tensor
 from .ir import Graph, Node, Value
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_USER = (os.path.join(_PKG, "examples"),)   # holoflow's own example models count as user code
+
+
+def is_user_file(path: str) -> bool:
+    path = os.path.abspath(path)
+    return not path.startswith(_PKG) or path.startswith(_USER)
 
 
 def user_line() -> str:
     """``file:line`` of the innermost frame outside holoflow (the user's source line)."""
     f = sys._getframe(2)
     while f is not None:
-        path = os.path.abspath(f.f_code.co_filename)
-        if not path.startswith(_PKG):
+        path = f.f_code.co_filename
+        if is_user_file(path):
             return f"{os.path.basename(path)}:{f.f_lineno}"
         f = f.f_back
     return ""
@@ -46,6 +52,19 @@ def _device_of(ins: tuple, attrs: dict) -> torch.device:
     return torch.device("cpu")
 
 
+def _amp_cast(pre: Any, op: Op, inputs: tuple, attrs: dict, device_type: str) -> tuple:
+    """Autocast while tracing: lazy tensors live on ``meta``, so the region's setting and policy
+    for the real device type are applied as if ``meta`` were that device (same casts as eager)."""
+    from ..amp.autocast import _AmpHook
+    from ..amp.policy import POLICIES
+    if not isinstance(pre, _AmpHook) or pre.modes.get(device_type) is None:
+        return inputs
+    POLICIES.setdefault("meta", POLICIES.get(device_type, POLICIES["cuda"]))
+    if POLICIES["meta"] is not POLICIES.get(device_type, POLICIES["cuda"]):
+        POLICIES["meta"] = POLICIES.get(device_type, POLICIES["cuda"])
+    return _AmpHook({"meta": pre.modes[device_type]}, pre.cache, None).cast(op, inputs, attrs)
+
+
 class Tracer:
     """Installed as ``Hooks.trace`` while a graph traces; records nodes in order."""
 
@@ -58,6 +77,7 @@ class Tracer:
         self.scope: list[str] = []
         self.feeds: list[Value] = []
         self.by_data: dict[int, tuple] = {}     # id(meta storage) -> (Value, storage): saved outputs
+        self.device_type: str | None = None     # the feeds' device type: autocast reads its policy
 
     # -- values --------------------------------------------------------------------------------
     def feed(self, t: torch.Tensor, name: str) -> Tensor:
@@ -99,6 +119,8 @@ class Tracer:
 
     # -- recording -----------------------------------------------------------------------------
     def __call__(self, op: Op, inputs: tuple, attrs: dict):
+        if Hooks.pre is not None and self.device_type is not None:
+            inputs = _amp_cast(Hooks.pre, op, inputs, attrs, self.device_type)
         ins = tuple(self.value_of(x) if isinstance(x, Tensor) else x for x in inputs)
         metas = [self.meta_of(x) if isinstance(x, Tensor) else x for x in inputs]
         try:
