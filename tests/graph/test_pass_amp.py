@@ -1,0 +1,109 @@
+"""AMP as an IR pass: matmuls in bf16, losses in fp32, fp32 gradients into the update; the
+losses and parameters track eager training under ``flow.autocast('cpu', bf16)``."""
+import torch
+
+import holoflow as flow
+from holoflow import nn
+from holoflow.amp import autocast
+from holoflow.graph.graph import Graph
+from holoflow.graph.ir import Graph as IR
+from holoflow.graph.ir import Node, Value, check
+from holoflow.graph.passes.amp import amp
+
+BF16 = torch.bfloat16
+
+
+def make():
+    flow.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 5))
+    return m, flow.optim.SGD(m.parameters(), lr=0.5)
+
+
+class Train(Graph):
+    def __init__(self, m, opt, use_amp=True):
+        super().__init__()
+        self.model = m
+        self.add_optimizer(opt)
+        self.config.enable_amp(use_amp, dtype=flow.bfloat16)
+
+    def build(self, x, y):
+        loss = nn.functional.cross_entropy(self.model(x), y)
+        loss.backward()
+        return loss
+
+
+def data():
+    flow.manual_seed(1)
+    return flow.randn(8, 16), flow.softmax(flow.randn(8, 5), dim=1)  # probability targets
+
+
+def test_matches_eager_autocast():
+    x, y = data()
+    m1, o1 = make()
+    init = [p.detach().numpy().copy() for p in m1.parameters()]
+    g = Train(m1, o1)
+    graph_losses = [g(x, y) for _ in range(4)]
+    m2, o2 = make()
+    eager_losses = []
+    for _ in range(4):
+        with autocast("cpu", dtype=flow.bfloat16):
+            loss = nn.functional.cross_entropy(m2(x), y)
+        o2.zero_grad()
+        loss.backward()
+        o2.step()
+        eager_losses.append(loss)
+    for a, b in zip(graph_losses, eager_losses):
+        assert a.dtype == b.dtype == flow.float32
+        torch.testing.assert_close(a._data, b._data, rtol=2e-2, atol=2e-2)
+    for p, q, p0 in zip(m1.parameters(), m2.parameters(), init):
+        assert p.dtype == flow.float32
+        assert not torch.equal(p._data, torch.from_numpy(p0))  # updated
+        torch.testing.assert_close(p._data, q._data, rtol=2e-2, atol=2e-2)
+    assert graph_losses[-1].item() < graph_losses[0].item()
+
+
+def test_ir_dtypes():
+    x, y = data()
+    m, o = make()
+    g = Train(m, o)
+    g(x, y)
+    ir = next(iter(g._compiled.values())).ir
+    mm = [n for n in ir.nodes if n.op in ("linear", "einsum")]
+    assert len(mm) == 5 and all(v.dtype == BF16 for n in mm for v in n.inputs if isinstance(v, Value))
+    assert all(n.outputs[0].dtype == BF16 for n in mm)
+    ce = next(n for n in ir.nodes if n.op == "cross_entropy")
+    assert ce.inputs[0].dtype == torch.float32
+    update = next(n for n in ir.nodes if n.effect)
+    assert len(update.inputs) == 4 and all(v.dtype == torch.float32 for v in update.inputs)
+    assert any(n.op == "cast" and n.attrs["dtype"] == BF16 for n in ir.nodes)
+    # off: no casts at all
+    m, o = make()
+    g = Train(m, o, use_amp=False)
+    g(x, y)
+    assert not any(n.op == "cast" for n in next(iter(g._compiled.values())).ir.nodes)
+
+
+class Cfg:
+    amp = True
+    amp_dtype = flow.bfloat16
+
+
+def test_promote_keep_float64_and_update_writeback():
+    x, w = Value((2, 3), torch.float32, name="x"), Value((3, 3), torch.float32, name="w")
+    h, c, e = Value((2, 3), torch.float32), Value((4, 3), torch.float32), Value((2, 3), torch.float32)
+    state = torch.zeros(2, 3)
+    nodes = (Node("matmul", (x, w), {}, (h,)),
+             Node("cat", (h, x), {"dim": 0}, (c,)),        # bf16 + f32 -> promoted to f32
+             Node("exp", (h,), {}, (e,)))
+    g = check(IR((x,), ((w, torch.eye(3)),), nodes, (c, e), ((state, e),)))
+    h2 = check(amp(g, Cfg()))
+    ops = [n.op for n in h2.nodes]
+    assert ops.count("cast") == 4 and ops[-1] == "cast"       # x, w -> bf16; h -> f32 for cat; e -> f32 for state
+    mm = next(n for n in h2.nodes if n.op == "matmul")
+    cat = next(n for n in h2.nodes if n.op == "cat")
+    assert mm.outputs[0].dtype == BF16 and mm.outputs[0] is not h
+    assert [v.dtype for v in cat.inputs] == [torch.float32, torch.float32] and cat.inputs[1] is x
+    assert h2.outputs[1].dtype == BF16 and h2.updates[0][1].dtype == torch.float32
+    x64, y64 = Value((3, 3), torch.float64), Value((3, 3), torch.float64)
+    g64 = check(IR((x64,), (), (Node("matmul", (x64, x64), {}, (y64,)),), (y64,)))
+    assert amp(g64, Cfg()).nodes == g64.nodes                  # float64 is never lowered
