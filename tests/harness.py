@@ -175,7 +175,7 @@ def gradcheck(case: Case, eps: float = 1e-6, trials: int = 2) -> None:
             with flow.no_grad():
                 for x, u in zip(ins, us):
                     x._data.add_(sign * eps * u)
-                o = [q.to_torch() for q in leaves(case.flow_fn(*fargs, **fkw)) if q.is_floating_point()]
+                o = [q.to_torch().clone() for q in leaves(case.flow_fn(*fargs, **fkw)) if q.is_floating_point()]
                 for x, u in zip(ins, us):
                     x._data.sub_(sign * eps * u)
             return sum(float((a * v).sum()) for a, v in zip(o, vs))
@@ -196,10 +196,13 @@ def record_ops(case: Case) -> list[tuple]:
         return inputs
     gen = torch.Generator().manual_seed(0)
     args, kwargs = case.make(F64 if F64 in case.dtypes else case.dtypes[0], gen)
+    fargs, fkw = to_flow(args, case.grad), to_flow(kwargs, case.grad)
     Hooks.pre = pre
-    try:
-        with flow.no_grad():
-            case.flow_fn(*to_flow(args, False), **to_flow(kwargs, False))
+    try:  # the forward ops and, for differentiable cases, the grad ops backward dispatches
+        outs = [o for o in leaves(case.flow_fn(*fargs, **fkw)) if o.requires_grad]
+        ins = [x for x in leaves((fargs, fkw)) if x.requires_grad]
+        if case.grad and outs and ins and not case.random:
+            flow.autograd.grad(outs, ins, [flow.ones_like(o) for o in outs], allow_unused=True)
     finally:
         Hooks.pre = None
     return calls

@@ -124,7 +124,15 @@ def run_step(t: torch.Tensor, step: Step, shape, place: placement, rank: int, co
         n = t.shape[step.dim2]
         p = place.hierarchy[axis]
         chunks = [t.narrow(step.dim2, *balanced(n, p, c)).contiguous() for c in range(p)]
-        got = comm.all_to_all(chunks, group)
+        mine = balanced(n, p, coords[axis])[1]
+        shapes = []
+        for c in range(p):  # member c's shard (before the step) narrowed to my chunk of dim2
+            member = list(coords)
+            member[axis] = c
+            s_ = [sz for _, sz in local_ranges(shape, step.src, place, member)]
+            s_[step.dim2] = mine
+            shapes.append(tuple(s_))
+        got = comm.all_to_all(chunks, group, shapes)
         return torch.cat(got, dim=step.dim)
     if kind == "slice":
         return t.narrow(step.dim, *balanced(t.shape[step.dim], place.hierarchy[axis], coords[axis]))

@@ -21,8 +21,8 @@ class TorchComm:
     def reduce_scatter(self, t: torch.Tensor, group: tuple, dim: int, sizes) -> torch.Tensor:
         return comm.reduce_scatter(t.contiguous(), group, dim)
 
-    def all_to_all(self, chunks: list, group: tuple) -> list:
-        return comm.all_to_all(chunks, group)
+    def all_to_all(self, chunks: list, group: tuple, out_shapes=None) -> list:
+        return comm.all_to_all(chunks, group, out_shapes)
 
     def broadcast(self, t: torch.Tensor, src: int, group: tuple) -> torch.Tensor:
         return comm.broadcast(t.clone(memory_format=torch.contiguous_format), src, group)

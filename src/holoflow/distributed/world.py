@@ -87,7 +87,7 @@ class SimComm:
         i = group.index(rank())
         return total.narrow(dim, sum(sizes[:i]), sizes[i]).contiguous()
 
-    def all_to_all(self, chunks, group):
+    def all_to_all(self, chunks, group, out_shapes=None):
         got = self._exchange("all_to_all", group, list(chunks))
         i = group.index(rank())
         return [got[g][i] for g in group]
