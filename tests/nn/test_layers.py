@@ -34,6 +34,7 @@ LAYERS = {
     "conv2d-dilated": (lambda l: l.Conv2d(2, 4, 3, stride=2, dilation=2), [r(2, 2, 9, 9)]),
     "convtranspose2d": (lambda l: l.ConvTranspose2d(3, 2, 3, stride=2, padding=1, output_padding=1),
                         [r(2, 3, 4, 4)]),
+    "convtranspose1d": (lambda l: l.ConvTranspose1d(3, 2, 3, stride=2), [r(2, 3, 5)]),
     "batchnorm1d": (lambda l: l.BatchNorm1d(3), [r(6, 3)]),
     "batchnorm1d-3d": (lambda l: l.BatchNorm1d(3, momentum=None), [r(4, 3, 5)]),
     "batchnorm2d": (lambda l: l.BatchNorm2d(3), [r(2, 3, 4, 4)]),

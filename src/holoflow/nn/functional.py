@@ -10,10 +10,10 @@ from ..ops.conv import (adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, conv3d,
                         conv_transpose2d, interpolate, max_pool2d, upsample)
 from ..ops.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, huber_loss,
                         kl_div, l1_loss, mse_loss, nll_loss, smooth_l1_loss, soft_margin_loss)
-from ..ops.nn_ops import (batch_norm, cosine_similarity, elu, embedding, gelu, group_norm, hardsigmoid,
-                          hardswish, hardtanh, instance_norm, layer_norm, leaky_relu, log_softmax, logsigmoid,
-                          mish, normalize, one_hot, relu, relu6, relu_, rms_norm, selu, silu, softmax, softmin,
-                          softplus)
+from ..ops.nn_ops import (cosine_similarity, elu, embedding, gelu, hardsigmoid, hardswish, hardtanh, leaky_relu,
+                          log_softmax, logsigmoid, mish, normalize, one_hot, relu, relu6, relu_, selu, silu, softmax,
+                          softmin, softplus)
+from ..ops.norm import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
 from ..ops.random_ops import dropout
 
 # name here -> name on holoflow (resolved at call time)
