@@ -1,0 +1,88 @@
+"""Eager training-step time, holoflow / torch, on the example models (same code, import swap).
+
+    python bench/eager.py              # table of step times and ratios
+    python bench/eager.py --profile    # + cProfile of holoflow's GPT step (top by own time)
+
+Models: the GPT of holoflow.examples.gpt at 2 layers, d=64, seq 32, batch 8, and the digits
+ResNet of holoflow.examples.cnn (width 16, batch 64). Each step is forward + backward + AdamW.
+Min over repeats of the mean of ``number`` steps, both libraries in the same process, one
+intra-op thread by default (``--threads``) so shared machines give steadier numbers. Not a
+timed test. Findings are in bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import timeit
+from typing import Callable
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+import holoflow as flow  # noqa: E402
+import holoflow.nn  # noqa: E402,F401
+import holoflow.optim  # noqa: E402,F401
+from holoflow.examples import cnn, corpus, gpt  # noqa: E402
+
+
+def gpt_step(lib) -> Callable[[], float]:
+    cfg = gpt.Config(n_layer=2, n_embd=64, n_head=4, block_size=32, batch_size=8)
+    model = gpt.make_model(lib, cfg)
+    opt = gpt.make_optimizer(lib, model, cfg)
+    rng = np.random.default_rng(0)
+    data = corpus.encode(corpus.load_text(50_000))
+    xb, yb = corpus.get_batch(data, cfg.block_size, cfg.batch_size, rng)
+    x, y = lib.from_numpy(xb), lib.from_numpy(yb)
+    return lambda: gpt.train_step(lib, model, opt, x, y, 1e-3, cfg)
+
+
+def cnn_step(lib) -> Callable[[], float]:
+    cfg = cnn.Config(width=16)
+    model = cnn.make_model(lib, cfg)
+    opt = lib.optim.AdamW(model.parameters(), lr=1e-3)
+    rng = np.random.default_rng(0)
+    x = lib.from_numpy(rng.random((64, 1, 8, 8), dtype=np.float32))
+    y = lib.from_numpy(rng.integers(0, 10, 64))
+    return lambda: cnn.train_step(lib, model, opt, x, y)
+
+
+def best_ms(fn: Callable[[], object], number: int, repeat: int) -> float:
+    for _ in range(3):
+        fn()
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e3
+
+
+def profile_step(make: Callable, steps: int = 30, top: int = 20) -> None:
+    fn = make(flow)
+    fn()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        fn()
+    prof.disable()
+    pstats.Stats(prof).strip_dirs().sort_stats("tottime").print_stats(top)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--number", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"{'training step':<34}{'holoflow ms':>12}{'torch ms':>10}{'ratio':>8}")
+    for name, make in [("GPT-mini 2x64, seq 32, batch 8", gpt_step), ("digits ResNet w16, batch 64", cnn_step)]:
+        tf = best_ms(make(flow), args.number, args.repeat)
+        tt = best_ms(make(torch), args.number, args.repeat)
+        print(f"{name:<34}{tf:>12.2f}{tt:>10.2f}{tf / tt:>8.2f}")
+    if args.profile:
+        profile_step(gpt_step)
+
+
+if __name__ == "__main__":
+    main()
