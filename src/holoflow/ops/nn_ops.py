@@ -5,7 +5,8 @@ softmax, log_softmax, gelu, layer_norm, group_norm, batch_norm and embedding are
 speed: each has a dedicated backward op whose kernel is ATen's backward. Double backward is
 written where it is a few lines (softmax, log_softmax, gelu 'none', embedding); elsewhere the
 backward op's grad raises ``UnsupportedError`` naming the op, so it never silently gives zero.
-Convolution/pooling/interpolation live in ops/conv.py, attention in ops/attention.py; their
+Normalization lives in ops/norm.py, convolution/pooling/interpolation in ops/conv.py,
+attention in ops/attention.py; their
 public names are re-exported here so ops/_all.py picks them up.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as TF
 
 from ..core.dispatch import apply, apply_inplace, assign
-from ..core.errors import ShapeError, UnsupportedError, normalize_dim
+from ..core.errors import UnsupportedError, normalize_dim
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
@@ -266,214 +267,6 @@ def softmin(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype=N
     return softmax(-input, dim, dtype=dtype)
 
 
-# -- layer_norm / group_norm / rms_norm --------------------------------------------------------
-
-def _norm_sbp(lead_axes):
-    """x, mean, rstd (and dy, dx) split on an axis the norm doesn't reduce; weight/bias B; the
-    backward's dweight/dbias are then partial sums."""
-    def rule(metas, attrs):
-        flags = _tensor_flags(metas)
-        nd = len(metas[0].shape)
-        n_out = 3
-        is_bwd = "output_mask" in attrs
-        sigs = [((B,) * sum(flags), (B,) * n_out)]
-        for a in lead_axes(nd, attrs, metas):
-            ins = tuple(S(a) if i < (4 if is_bwd else 1) else B for i, f in enumerate(flags) if f)
-            outs = (S(a), P, P) if is_bwd else (S(a),) * 3
-            sigs.append((ins, outs))
-        return sigs
-    return rule
-
-
-def _ln_axes(nd, attrs, metas):
-    return range(nd - len(attrs["normalized_shape"]))
-
-
-def _opt(t, like: torch.Tensor, n: int) -> torch.Tensor:
-    return t if t is not None else like.new_zeros(n)
-
-
-def _ln_bwd_kernel(dy, x, mean, rstd, w, b, normalized_shape, output_mask):
-    dy, x, mean, rstd = (t.contiguous() for t in (dy, x, mean, rstd))  # strided shards read wrongly
-    dx, dw, db = torch.ops.aten.native_layer_norm_backward(dy, x, normalized_shape, mean, rstd, w, b,
-                                                           output_mask)
-    return dx, _opt(dw, x, 0), _opt(db, x, 0)
-
-
-LAYER_NORM_BWD = defop("layer_norm_backward", _ln_bwd_kernel, sbp=_norm_sbp(_ln_axes),
-                       grad=no_double_backward("layer_norm_backward"), family="norm")
-
-
-def _ln_grad(c, dy, _dmean, _drstd):
-    x, w, b = c.inputs
-    _, mean, rstd = c.outs
-    mask = [needs(c, 0), w is not None and needs(c, 1), b is not None and needs(c, 2)]
-    dx, dw, db = apply(LAYER_NORM_BWD, dy, x, mean, rstd, w, b,
-                       normalized_shape=c.normalized_shape, output_mask=mask)
-    return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
-
-
-LAYER_NORM = defop("layer_norm", lambda x, w, b, normalized_shape, eps:
-                   torch.ops.aten.native_layer_norm(x, normalized_shape, w, b, eps),
-                   grad=_ln_grad, save="both", sbp=_norm_sbp(_ln_axes), outputs=("out", "mean", "rstd"),
-                   family="norm")
-
-
-def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
-               eps: float = 1e-5) -> Tensor:
-    """Normalizes over the last ``len(normalized_shape)`` dims, then scales and shifts."""
-    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if tuple(input.shape[input.dim() - len(ns):]) != ns or len(ns) > input.dim():
-        raise ShapeError(f"holoflow.layer_norm: input of shape {tuple(input.shape)} does not end with "
-                         f"normalized_shape {ns}")
-    return apply(LAYER_NORM, input, weight, bias, normalized_shape=ns, eps=eps).out
-
-
-def _gn_dims(x: torch.Tensor) -> tuple:
-    n, c = x.shape[0], x.shape[1]
-    hxw = x[0, 0].numel() if n and c else math.prod(x.shape[2:])
-    return n, c, hxw
-
-
-def _gn_kernel(x, w, b, num_groups, eps):
-    n, c, hxw = _gn_dims(x)
-    return torch.ops.aten.native_group_norm(x, w, b, n, c, hxw, num_groups, eps)
-
-
-def _gn_bwd_kernel(dy, x, mean, rstd, w, num_groups, output_mask):
-    n, c, hxw = _gn_dims(x)
-    dx, dw, db = torch.ops.aten.native_group_norm_backward(dy, x, mean, rstd, w, n, c, hxw, num_groups,
-                                                           output_mask)
-    return dx, _opt(dw, x, 0), _opt(db, x, 0)
-
-
-def _gn_axes(nd, attrs, metas):
-    return (0,)
-
-
-GROUP_NORM_BWD = defop("group_norm_backward", _gn_bwd_kernel, sbp=_norm_sbp(_gn_axes),
-                       grad=no_double_backward("group_norm_backward"), family="norm")
-
-
-def _gn_grad(c, dy, _dmean, _drstd):
-    x, w, b = c.inputs
-    _, mean, rstd = c.outs
-    mask = [needs(c, 0), w is not None and needs(c, 1), b is not None and needs(c, 2)]
-    dx, dw, db = apply(GROUP_NORM_BWD, dy, x, mean, rstd, w, num_groups=c.num_groups, output_mask=mask)
-    return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
-
-
-GROUP_NORM = defop("group_norm", _gn_kernel, grad=_gn_grad, save="both", sbp=_norm_sbp(_gn_axes),
-                   outputs=("out", "mean", "rstd"), family="norm")
-
-
-def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
-               eps: float = 1e-5) -> Tensor:
-    """Normalizes each of ``num_groups`` channel groups of an ``(N, C, *)`` input."""
-    if input.dim() < 2 or input.shape[1] % num_groups:
-        raise ShapeError(f"holoflow.group_norm: input of shape {tuple(input.shape)} needs a channel dim 1 "
-                         f"divisible by num_groups={num_groups}")
-    return apply(GROUP_NORM, input, weight, bias, num_groups=num_groups, eps=eps).out
-
-
-def rms_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing ``normalized_shape`` dims (a
-    composite; reduced precision inputs are computed in float32, as torch does)."""
-    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if tuple(input.shape[input.dim() - len(ns):]) != ns or len(ns) > input.dim():
-        raise ShapeError(f"holoflow.rms_norm: input of shape {tuple(input.shape)} does not end with "
-                         f"normalized_shape {ns}")
-    dt = input._data.dtype
-    x = input.float() if dt in (torch.bfloat16, torch.float16) else input
-    if eps is None:
-        eps = torch.finfo(x._data.dtype).eps
-    dims = list(range(input.dim() - len(ns), input.dim()))
-    ms = sum_keep(x * x, dims) / max(math.prod(ns), 1)
-    out = (x * (ms + eps).rsqrt()).to(dt)
-    return out * weight if weight is not None else out
-
-
-# -- batch_norm -----------------------------------------------------------------------------------
-
-def _bn_sbp(metas, attrs):
-    """Channel split: x S(1), every per-channel tensor S(0). Splitting other axes of x is legal
-    only in eval (training reads batch statistics over them)."""
-    flags = _tensor_flags(metas)
-    is_bwd = "output_mask" in attrs
-    n_out = 3
-    sigs = [((B,) * sum(flags), (B,) * n_out)]
-    if len(metas[0].shape) < 2:
-        return sigs
-    channel_inputs = 2 if is_bwd else 1     # (dy, x) or (x,)
-    ins = tuple(S(1) if i < channel_inputs else S(0) for i, f in enumerate(flags) if f)
-    sigs.append((ins, (S(1), S(0), S(0)) if is_bwd else (S(1), S(0), S(0))))
-    if not attrs["training"]:
-        for a in [0] + list(range(2, len(metas[0].shape))):
-            ins = tuple(S(a) if i < channel_inputs else B for i, f in enumerate(flags) if f)
-            sigs.append((ins, (S(a), P, P) if is_bwd else (S(a), B, B)))
-    return sigs
-
-
-def _bn_bwd_kernel(dy, x, w, rm, rv, save_mean, save_invstd, training, eps, output_mask):
-    if x.numel() == 0:  # aten's kernel divides by the element count (SIGFPE on an empty shard)
-        c = x.shape[1] if x.dim() > 1 else 0
-        z = x.new_zeros((c,))
-        return x.new_zeros(x.shape), z, z.clone()
-    dx, dw, db = torch.ops.aten.native_batch_norm_backward(dy, x, w, rm, rv, save_mean, save_invstd,
-                                                           training, eps, output_mask)
-    c = x.shape[1] if x.dim() > 1 else 0
-    return (dx if dx is not None else torch.zeros((), dtype=x.dtype).expand(x.shape),
-            _opt(dw, x, c), _opt(db, x, c))
-
-
-BATCH_NORM_BWD = defop("batch_norm_backward", _bn_bwd_kernel, sbp=_bn_sbp,
-                       grad=no_double_backward("batch_norm_backward"), family="norm")
-
-
-def _bn_grad(c, dy, _dm, _dv):
-    x, w, b, rm, rv = c.inputs
-    _, save_mean, save_invstd = c.outs
-    mask = [needs(c, 0), w is not None and needs(c, 1), b is not None and needs(c, 2)]
-    dx, dw, db = apply(BATCH_NORM_BWD, dy, x, w, rm, rv, save_mean, save_invstd,
-                       training=c.training, eps=c.eps, output_mask=mask)
-    return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None, None, None
-
-
-BATCH_NORM = defop("batch_norm", lambda x, w, b, rm, rv, training, momentum, eps:
-                   torch.ops.aten.native_batch_norm(x, w, b, rm, rv, training, momentum, eps),
-                   grad=_bn_grad, save="both", sbp=_bn_sbp, outputs=("out", "save_mean", "save_invstd"),
-                   family="norm")
-
-
-def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
-               weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
-               momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
-    """Normalizes each channel (dim 1) over the batch and spatial dims. In training the running
-    statistics are updated in place (``running = (1 - momentum) * running + momentum * batch``,
-    unbiased variance), as torch does."""
-    if not training and (running_mean is None or running_var is None):
-        raise ValueError("holoflow.batch_norm: running_mean and running_var are required when training=False")
-    c = input.shape[1] if input.dim() > 1 else None
-    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
-                    ("bias", bias)):
-        if t is not None and tuple(t.shape) != (c,):
-            raise ShapeError(f"holoflow.batch_norm: {name} has shape {tuple(t.shape)} but input of shape "
-                             f"{tuple(input.shape)} has {c} channels (dim 1)")
-    if training and input.numel() // max(c or 1, 1) <= 1:
-        raise ValueError(f"holoflow.batch_norm: expected more than 1 value per channel when training, "
-                         f"got input of shape {tuple(input.shape)}")
-    return apply(BATCH_NORM, input, weight, bias, running_mean, running_var,
-                 training=bool(training), momentum=float(momentum), eps=float(eps)).out
-
-
-def instance_norm(input: Tensor, running_mean=None, running_var=None, weight=None, bias=None,
-                  use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
-    """Per-sample, per-channel normalization: group_norm with one group per channel."""
-    if not use_input_stats or running_mean is not None:
-        raise UnsupportedError("holoflow.instance_norm: only use_input_stats=True without running stats")
-    return group_norm(input, input.shape[1], weight, bias, eps)
-
-
 # -- embedding, one_hot --------------------------------------------------------------------------
 
 def _emb_sbp(metas, attrs):
@@ -571,6 +364,8 @@ Tensor.relu_ = relu_
 Tensor.softmax = lambda self, dim=None, dtype=None: softmax(self, dim, dtype=dtype)
 Tensor.log_softmax = lambda self, dim=None, dtype=None: log_softmax(self, dim, dtype=dtype)
 
+from .norm import *  # noqa: E402,F401,F403
+from .norm import __all__ as _norm_all  # noqa: E402
 from .conv import *  # noqa: E402,F401,F403
 from .conv import __all__ as _conv_all  # noqa: E402
 from .attention import *  # noqa: E402,F401,F403
@@ -578,6 +373,5 @@ from .attention import __all__ as _attention_all  # noqa: E402
 
 __all__ = ["relu", "relu_", "leaky_relu", "gelu", "silu", "softplus", "elu", "selu", "hardswish",
            "hardsigmoid", "relu6", "hardtanh", "mish", "logsigmoid", "softmax", "log_softmax", "softmin",
-           "layer_norm", "group_norm", "rms_norm", "batch_norm", "instance_norm", "embedding", "one_hot",
-           "normalize", "cosine_similarity", *_conv_all, *_attention_all]
+           "embedding", "one_hot", "normalize", "cosine_similarity", *_norm_all, *_conv_all, *_attention_all]
 _ = elementwise_sbp  # the family's rule is what the activations above use
