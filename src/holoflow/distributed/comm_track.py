@@ -197,7 +197,8 @@ def laggards(info: CallInfo) -> str:
         parts.append(f"ranks in a different collective at this point: {', '.join(other)}")
     if not TRACK:
         parts.append("(sequence tracking is off: HOLOFLOW_COMM_TRACK=0)")
-    return (" " + "; ".join(parts) + ".") if parts else " Every peer entered this collective."
+    text = "; ".join(parts)
+    return f" {text[0].upper()}{text[1:]}." if parts else " Every peer entered this collective."
 
 
 def failure(info: CallInfo | None, cause: BaseException) -> CommError:

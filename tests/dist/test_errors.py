@@ -1,0 +1,115 @@
+"""Collectives never hang: timeouts and dead peers raise CommError naming the collective, the
+group and the ranks that did not arrive; the pool reports failing ranks and recovers."""
+import os
+import time
+
+import pytest
+import torch
+
+from holoflow.distributed import comm, comm_track, env
+from pool import fresh_world
+
+
+def _timeouts(rank):
+    """Three broken collectives at once, each on its own group so one world restart covers them:
+    (0, 1): rank 1 skips an all-reduce; (2, 3): the same with tracking off; then (1, 2): rank 1
+    all-reduces while rank 2 broadcasts."""
+    env.set_comm_timeout(2.0)
+    out = {}
+    pair = (0, 1) if rank < 2 else (2, 3)
+    comm_track.set_tracking(rank < 2)
+    comm.all_reduce(torch.ones(2), pair)  # call #1 on the pair, made by both
+    if rank in (0, 2):
+        t0 = time.monotonic()
+        try:
+            comm.all_reduce(torch.ones(2), pair)  # the partner never comes
+            out["skip"] = "no error"
+        except comm.CommError as e:
+            out["skip"] = (str(e), time.monotonic() - t0)
+    comm_track.set_tracking(True)
+    if rank in (1, 2):
+        try:
+            if rank == 1:
+                comm.all_reduce(torch.ones(2), (1, 2))
+            else:
+                comm.broadcast(torch.ones(2), 2, (1, 2))
+            out["mismatch"] = "no error"
+        except comm.CommError as e:
+            out["mismatch"] = str(e)
+    return out
+
+
+def test_timeouts_name_the_laggards(world4):
+    res = world4.run(_timeouts)
+    msg, waited = res[0]["skip"]
+    assert 1.5 < waited < 10, waited
+    assert "holoflow.comm.all_reduce (call #2 on group [0, 1], seen from rank 0) timed out" in msg, msg
+    assert "Ranks that did not arrive: 1 (last entered call #1: all_reduce)" in msg, msg
+    msg, waited = res[2]["skip"]
+    assert "holoflow.comm.all_reduce (call #2 on group [2, 3], seen from rank 2) timed out" in msg, msg
+    assert "HOLOFLOW_COMM_TRACK=0" in msg and "did not arrive" not in msg, msg
+    msg = res[1]["mismatch"]
+    assert "holoflow.comm.all_reduce (call #1 on group [1, 2], seen from rank 1)" in msg, msg
+    assert "in a different collective at this point: 2 (called broadcast instead)" in msg, msg
+    assert "holoflow.comm.broadcast" in res[2]["mismatch"], res[2]
+    assert world4.run(_world_size) == [4] * 4  # restarted, and works
+
+
+def _world_size(rank):
+    x = torch.ones(1)
+    comm.all_reduce(x)
+    return int(x.item())
+
+
+def _die_in_collective(rank):
+    env.set_comm_timeout(20.0)
+    comm.barrier()
+    if rank == 1:
+        time.sleep(0.5)
+        os._exit(7)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(torch.ones(4))
+    except comm.CommError as e:
+        return str(e), time.monotonic() - t0
+    return "no error", 0.0
+
+
+def test_killed_rank_raises_on_the_others():
+    w = fresh_world(2, timeout=60)
+    try:
+        replies = w.run_raw(_die_in_collective)
+    finally:
+        w.close()
+    assert replies[1][0] == "dead" and replies[1][1] == 7, replies[1]
+    status, (msg, waited), _ = replies[0]
+    assert status == "ok"
+    assert waited < 20, waited
+    assert "holoflow.comm.all_reduce" in msg and "group [0, 1]" in msg, msg
+    assert "Ranks whose process is gone: 1 (pid" in msg, msg
+
+
+def _fails_on_rank_1(rank):
+    assert rank != 1, "rank 1 is unhappy"
+    return rank
+
+
+def test_pool_reports_failing_rank_and_recovers(world2):
+    world2.run(_world_size)
+    starts = world2.starts
+    with pytest.raises(AssertionError, match=r"(?s)rank 1:.*rank 1 is unhappy"):
+        world2.run(_fails_on_rank_1)
+    assert world2.run(_world_size) == [2, 2]
+    assert world2.starts == starts + 1
+
+
+def _hang(rank):
+    if rank == 0:
+        time.sleep(8)
+    return rank
+
+
+def test_pool_call_timeout(world2):
+    with pytest.raises(AssertionError, match="rank 0: no answer within 3"):
+        world2.run(_hang, timeout=3)
+    assert world2.run(_world_size) == [2, 2]
