@@ -25,3 +25,5 @@ __version__ = "0.1.0"
 from . import optim, utils, mock_torch
 from .serialization import save, load
 from . import distributed, comm, env
+from . import amp
+from .amp import autocast, get_autocast_dtype, is_autocast_enabled
