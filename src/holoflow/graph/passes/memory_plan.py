@@ -1,21 +1,57 @@
 """Memory planning: free every value right after its last use (the caching allocator then
-reuses the block), and report the planned peak bytes of activations.
+reuses the block), run elementwise ops in place where the buffer of their first input is dead,
+and report the planned peak bytes of activations.
 
 The plan is a dict ``id(node) -> values to free after it``, stored on the graph as
-``graph.frees`` for lowering; ``peak_bytes(graph)`` simulates live bytes node by node.
+``graph.frees`` for lowering; ``peak_bytes(graph)`` simulates live buffers node by node.
+
+In-place reuse: ``out = f(x, ...)`` becomes ``x.f_(...)`` (the op's ``inplace_kernel``; the node
+is tagged ``inplace``) when
+
+- the op is elementwise with an in-place kernel, the node has one output of ``x``'s shape, dtype
+  and device, and the in-place kernel gives the same result on a small probe (signatures differ
+  for some ops: ``atan2_`` rejects a Python scalar);
+- ``x`` is not a feed, state, graph output or state update, and was produced by an op known to
+  return a fresh dense buffer (a view, an expand or ``x.to(same dtype)`` may share memory);
+- every value that may share ``x``'s memory (its *alias group*: values joined through any op
+  not known to return a fresh buffer — reshape, transpose, getitem, expand, ...) is dead after
+  this node, and no other input of the node is in that group (``x.add_(x.t())`` would read
+  elements it has already written);
+- producer and consumer run in the same task (lowering's task split), so no other task holds
+  the buffer.
 """
 from __future__ import annotations
 
-from ..ir import Graph, Value
+import torch
+
+from ...core.registry import REGISTRY
+from ..ir import Graph, Node, Value
 from . import register
+
+#: families whose kernels always allocate their outputs (never a view of an input)
+FRESH_FAMILIES = frozenset({"elementwise", "softmax", "norm", "conv", "pool", "einsum", "loss",
+                            "attention", "embedding"})
+#: members of those families that may return their input itself (``x.to(x.dtype)`` is ``x``)
+MAY_RETURN_INPUT = frozenset({"to", "cast", "contiguous", "type_as"})
+#: ops outside the families above whose outputs are fresh buffers
+FRESH_OPS = frozenset({"matmul", "linear", "mean", "sum", "amax", "amin", "prod", "cat", "stack"})
+
+
+def execution_order(g: Graph) -> list[Node]:
+    """Nodes in the order lowering runs them: effect nodes (optimizer updates) last."""
+    return [n for n in g.nodes if not n.effect] + [n for n in g.nodes if n.effect]
+
+
+def _keep(g: Graph) -> set:
+    return {o for o in g.outputs if isinstance(o, Value)} | {v for _, v in g.updates} | \
+        {v for v, _ in g.state} | set(g.feeds)
 
 
 def last_uses(g: Graph) -> dict:
     """``id(node) -> [values whose last reader is that node]`` (outputs and state never freed)."""
-    keep = {o for o in g.outputs if isinstance(o, Value)} | {v for _, v in g.updates} | \
-        {v for v, _ in g.state} | set(g.feeds)
+    keep = _keep(g)
     last: dict = {}
-    for n in g.nodes:
+    for n in execution_order(g):
         for v in n.value_inputs():
             last[v] = n
         for v in n.outputs:  # a value nobody reads dies where it is born
@@ -28,16 +64,196 @@ def last_uses(g: Graph) -> dict:
 
 
 def peak_bytes(g: Graph, frees: dict | None = None) -> int:
-    """Peak bytes of live intermediate values when freed at last use (``frees``) or never."""
+    """Peak bytes of live intermediate buffers when freed at last use (``frees``) or never.
+
+    A node tagged ``inplace`` writes into its first input's buffer and a broadcast is a view of
+    it, so their outputs add nothing; a buffer is released when the last value living in it is
+    freed.
+    """
+    buf: dict = {}       # value -> buffer id
+    refs: dict = {}      # buffer id -> number of live values in it
+    size: dict = {}      # buffer id -> bytes
     live = peak = 0
     for n in g.nodes:
-        live += sum(v.nbytes for v in n.outputs)
+        for i, v in enumerate(n.outputs):
+            if i == 0 and _shares_first_input(n):
+                b = buf.get(n.inputs[0], n.inputs[0])  # a feed's or state's memory: not counted
+                size.setdefault(b, 0)
+            else:
+                b = v
+                size[b] = v.nbytes
+                live += v.nbytes
+            buf[v] = b
+            refs[b] = refs.get(b, 0) + 1
         peak = max(peak, live)
-        if frees is not None:
-            live -= sum(v.nbytes for v in frees.get(id(n), ()))
+        for v in (frees or {}).get(id(n), ()):
+            b = buf.get(v)
+            if b is None:
+                continue
+            refs[b] -= 1
+            if refs[b] == 0:
+                live -= size[b]
     return peak
+
+
+def _shares_first_input(n: Node) -> bool:
+    """In-place nodes and broadcasts (``expand``, ``unreduce``: stride-0 views) add no memory."""
+    if not n.inputs or not isinstance(n.inputs[0], Value):
+        return False
+    op = REGISTRY.get(n.op)
+    return "inplace" in n.tags or (op is not None and n.kernel is None and op.family == "broadcast")
+
+
+def may_alias(n: Node) -> bool:
+    """Whether an output of ``n`` may share memory with one of its inputs."""
+    if "fresh" in n.tags:
+        return False
+    if "inplace" in n.tags:
+        return True
+    op = REGISTRY.get(n.op)
+    if op is None or n.kernel is not None:
+        return True
+    if n.op in FRESH_OPS:
+        return False
+    return op.family not in FRESH_FAMILIES or n.op in MAY_RETURN_INPUT
+
+
+class _Groups:
+    """Union-find over values: one set per group of values that may share memory."""
+
+    def __init__(self) -> None:
+        self.parent: dict = {}
+
+    def find(self, v: Value) -> Value:
+        p = self.parent.get(v, v)
+        if p is v:
+            return v
+        root = self.find(p)
+        self.parent[v] = root
+        return root
+
+    def union(self, a: Value, b: Value) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra is not rb:
+            self.parent[ra] = rb
+
+
+def _small(v: Value, gen: torch.Generator) -> torch.Tensor:
+    """A small tensor broadcasting like ``v``, drawn from a private generator (the global RNG
+    belongs to the program: drawing from it here would change its random numbers)."""
+    shape = tuple(min(d, 2) for d in v.shape)
+    if v.dtype == torch.bool:
+        return torch.rand(shape, generator=gen) > 0.5
+    if v.dtype.is_floating_point or v.dtype.is_complex:
+        return (torch.rand(shape, generator=gen) + 0.5).to(v.dtype)
+    return torch.randint(1, 4, shape, generator=gen).to(v.dtype)
+
+
+_PROBED: dict = {}
+
+
+def inplace_agrees(n: Node) -> bool:
+    """Runs the op and its in-place kernel on small tensors shaped like ``n``'s inputs; cached
+    per op, attrs and input kinds."""
+    from .cse import const_key
+    kinds = tuple((len(x.shape), tuple(d == 1 for d in x.shape), x.dtype) if isinstance(x, Value)
+                  else const_key(x) for x in n.inputs)
+    key = (n.op, const_key(n.attrs), kinds)
+    if key not in _PROBED:
+        op = REGISTRY[n.op]
+        try:
+            gen = torch.Generator().manual_seed(0)
+            args = [_small(x, gen) if isinstance(x, Value) else x for x in n.inputs]
+            want = op.kernel(*args, **n.attrs)
+            x0 = args[0].clone()
+            got = op.inplace_kernel(x0, *args[1:], **n.attrs)
+            _PROBED[key] = got is not None and got.dtype == want.dtype and \
+                torch.equal(x0, want) and torch.equal(got, want)
+        except Exception:  # a signature the in-place kernel does not take: keep out-of-place
+            _PROBED[key] = False
+    return _PROBED[key]
+
+
+def _task_of(g: Graph) -> dict:
+    from ..lower import split_tasks
+    return {id(n): i for i, t in enumerate(split_tasks(g)) for n in t.nodes}
+
+
+#: ops whose two tensor inputs may be swapped exactly, so the second one's buffer can be reused
+COMMUTATIVE = frozenset({"mul", "add", "maximum", "minimum"})
+
+
+def _orders(n: Node) -> list[Node]:
+    """``n``, and ``n`` with its inputs swapped when that is exact (``add`` only with alpha 1)."""
+    if n.op in COMMUTATIVE and len(n.inputs) == 2 and n.attrs.get("alpha", 1) == 1 and \
+            isinstance(n.inputs[1], Value) and n.inputs[1] is not n.inputs[0]:
+        return [n, n.with_(inputs=(n.inputs[1], n.inputs[0]))]
+    return [n]
+
+
+def _candidate(n: Node, keep: set) -> bool:
+    op = REGISTRY.get(n.op)
+    if op is None or n.effect or n.kernel is not None or op.random or op.inplace_kernel is None:
+        return False
+    if op.family != "elementwise" or n.op in MAY_RETURN_INPUT or len(n.outputs) != 1:
+        return False
+    x, out = n.inputs[0] if n.inputs else None, n.outputs[0]
+    return isinstance(x, Value) and x not in keep and x.shape == out.shape and \
+        x.dtype == out.dtype and x.device == out.device
+
+
+def _reusable(n: Node, i: int, where, keep, producer, task, groups, members, last) -> bool:
+    """Whether ``n`` (at position ``i`` of task ``where``) may write into its first input."""
+    if not _candidate(n, keep):
+        return False
+    x = n.inputs[0]
+    p = producer.get(x)
+    if p is None or may_alias(p) or task.get(id(p)) != where:
+        return False
+    if any(m in keep or last[m] > i for m in members[groups.find(x)]):
+        return False
+    if any(y is not x and groups.find(y) is groups.find(x) for y in n.value_inputs()):
+        return False
+    return inplace_agrees(n)
+
+
+def plan_inplace(g: Graph) -> Graph:
+    """Rewrites the nodes that can run in place (see the module docstring)."""
+    keep, order = _keep(g), execution_order(g)
+    pos = {id(n): i for i, n in enumerate(order)}
+    last: dict = {}
+    for n in order:
+        for v in n.value_inputs():
+            last[v] = pos[id(n)]
+        for v in n.outputs:
+            last.setdefault(v, pos[id(n)])
+    groups = _Groups()
+    members: dict = {}
+    producer: dict = {}
+    for n in order:
+        for v in n.outputs:
+            producer[v] = n
+        if may_alias(n):
+            for v in n.outputs:
+                for x in n.value_inputs():
+                    groups.union(v, x)
+    for v in last:
+        members.setdefault(groups.find(v), []).append(v)
+    task = _task_of(g)
+    new: dict = {}
+    for n in order:
+        for m in _orders(n):
+            if _reusable(m, pos[id(n)], task.get(id(n)), keep, producer, task, groups, members, last):
+                new[id(n)] = m.with_(kernel=REGISTRY[n.op].inplace_kernel, tags=n.tags | {"inplace"})
+                break
+    if not new:
+        return g
+    return g.with_(nodes=tuple(new.get(id(n), n) for n in g.nodes))
 
 
 @register("memory_plan")
 def memory_plan(g: Graph, config=None) -> Graph:
+    """In-place reuse (unless ``config.inplace_reuse`` is False), then free at last use."""
+    if getattr(config, "inplace_reuse", True):
+        g = plan_inplace(g)
     return g.with_(frees=last_uses(g))
