@@ -1,0 +1,104 @@
+"""DistributedDataParallel on 2 and 4 ranks == single-process training on the whole batch."""
+import pytest
+
+import holoflow as flow
+from holoflow.nn.parallel import DistributedDataParallel as DDP
+
+
+def _mlp(seed):
+    flow.manual_seed(seed)
+    return flow.nn.Sequential(flow.nn.Linear(5, 16), flow.nn.Tanh(), flow.nn.Linear(16, 16), flow.nn.Tanh(),
+                              flow.nn.Linear(16, 3))
+
+
+def _close(a, b):
+    return (a - b).abs().max().item() < 1e-5
+
+
+def _train(rank, bucket_cap_mb, steps):
+    n = flow.env.get_world_size()
+    model = DDP(_mlp(100 + rank), bucket_cap_mb=bucket_cap_mb)  # different inits: rank 0's must win
+    ref = _mlp(0)
+    ref.load_state_dict(model.module.state_dict())
+    opt = flow.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = flow.optim.SGD(ref.parameters(), lr=0.1)
+    flow.manual_seed(7)
+    n_buckets = len(model.reducer.buckets)
+    for _ in range(steps):
+        x, y = flow.randn(4 * n, 5), flow.randn(4 * n, 3)
+        mine = slice(4 * rank, 4 * rank + 4)
+        opt.zero_grad()
+        with flow.comm.count() as c:
+            ((model(x[mine]) - y[mine]) ** 2).mean().backward()
+        ref_opt.zero_grad()
+        ((ref(x) - y) ** 2).mean().backward()
+        assert c.counts["all_reduce"] == n_buckets and c.total == n_buckets, dict(c.counts)
+        for p, q in zip(model.module.parameters(), ref.parameters()):
+            assert _close(p.grad, q.grad), (p.grad, q.grad)
+        opt.step()
+        ref_opt.step()
+    for p, q in zip(model.module.parameters(), ref.parameters()):
+        assert _close(p, q)
+    return n_buckets
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.0005])
+def test_ddp_matches_single_process(world2, bucket_cap_mb):
+    buckets = world2.run(_train, bucket_cap_mb, 3)
+    assert buckets == [1, 1] if bucket_cap_mb == 25.0 else buckets[0] > 2
+
+
+def test_ddp_world4(world4):
+    assert world4.run(_train, 0.0005, 2)[0] > 2
+
+
+def _no_sync(rank):
+    n = flow.env.get_world_size()
+    model = DDP(_mlp(3 + rank), bucket_cap_mb=0.0005)
+    ref = _mlp(0)
+    ref.load_state_dict(model.module.state_dict())
+    flow.manual_seed(11)
+    x = flow.randn(4 * n, 5)
+    halves = [x[:2 * n], x[2 * n:]]
+    with flow.comm.count() as c:
+        with model.no_sync():
+            model(halves[0][2 * rank:2 * rank + 2]).sum().backward()
+        assert c.total == 0
+        model(halves[1][2 * rank:2 * rank + 2]).sum().backward()
+    ref(x).sum().backward()
+    for p, q in zip(model.module.parameters(), ref.parameters()):
+        assert _close(p.grad * n, q.grad)  # sums of per-rank sums, averaged over n ranks
+    return c.counts["all_reduce"]
+
+
+def test_ddp_no_sync(world2):
+    counts = world2.run(_no_sync)
+    assert counts[0] == counts[1] > 2
+
+
+def _shared_weight(rank):
+    lin = flow.nn.Linear(4, 4)
+    model = DDP(lin)
+    x = flow.ones(2, 4) * (rank + 1)
+    model(model(x)).sum().backward()  # the same parameters used twice in one backward
+    ref = flow.nn.Linear(4, 4)
+    ref.load_state_dict(lin.state_dict())
+    g = 0
+    for r in range(flow.env.get_world_size()):
+        ref.zero_grad()
+        ref(ref(flow.ones(2, 4) * (r + 1))).sum().backward()
+        g = g + ref.weight.grad
+    assert _close(lin.weight.grad, g / flow.env.get_world_size())
+    return True
+
+
+def test_ddp_parameter_used_twice(world2):
+    assert world2.run(_shared_weight) == [True, True]
+
+
+def test_ddp_single_process():
+    """A world of one: no communication, plain gradients."""
+    model = DDP(_mlp(0))
+    with flow.comm.count() as c:
+        model(flow.randn(2, 5)).sum().backward()
+    assert c.total == 0 and all(p.grad is not None for p in model.parameters())
