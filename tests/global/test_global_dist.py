@@ -28,7 +28,7 @@ def _check_pairs(results, ranks, shape, nd):
                 want = {} if src == dst else EXPECTED[(_kind(src[0]), _kind(dst[0]))]
                 assert counts == want, f"{src}->{dst}: collectives {counts}, expected {want}"
     if nd == 1:
-        for i, (src, dst, *_rest) in enumerate(results[0]):
+        for i, (_src, dst, *_rest) in enumerate(results[0]):
             if dst == (P,):
                 torch.testing.assert_close(sum(r[i][2] for r in results), full)
 

@@ -152,7 +152,7 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     src = x
     if grad_on and op.saves_inputs and Hooks.trace is None:
         src = Tensor._make(x._data.clone(), x.grad_fn, x._out_idx)
-        src._rg = x._rg
+        src._rg, src._global = x._rg, x._global
     out = apply(op, src, *rest, **attrs)
     return assign(x, out, op.name)
 

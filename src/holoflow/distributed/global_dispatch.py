@@ -10,6 +10,8 @@ import itertools
 
 
 
+import torch
+
 from ..core.dispatch import local_alias, run_local
 from ..core.errors import HoloflowError, UnsupportedError
 from ..core.registry import Meta, Op, infer_metas
@@ -55,19 +57,45 @@ def nd_signatures(op: Op, metas: list, attrs: dict, ndim: int) -> list[tuple]:
     return sigs
 
 
-def choose(op: Op, metas: list, attrs: dict, cur: list[tuple], place) -> tuple:
+def choose(op: Op, metas: list, attrs: dict, cur: list[tuple], place, logical=None) -> tuple:
     """The signature with the least boxing cost; ties prefer no boxing at all, then the first
-    declared (the one cost function of DESIGN §4)."""
+    declared (the one cost function of DESIGN §4). For ops whose attrs follow the shards
+    (``local_attrs``), a signature is legal only if every rank's shard computes exactly its
+    balanced piece of the output (e.g. a reshape merging an unevenly split dim is not)."""
     tens = [m for m in metas if isinstance(m, Meta)]
     nbytes = [_numel(m.shape) * m.dtype.itemsize for m in tens]
-    best, best_key = None, None
-    for sig in nd_signatures(op, metas, attrs, place.ndim):
+    ranked = []
+    for i, sig in enumerate(nd_signatures(op, metas, attrs, place.ndim)):
         c = sum(cost(s, d, place.hierarchy, n) for s, d, n in zip(cur, sig[0], nbytes))
         moves = sum(s != d for s, d in zip(cur, sig[0]))
-        key = (c, moves)
-        if best_key is None or key < best_key:
-            best, best_key = sig, key
-    return best
+        ranked.append(((c, moves, i), sig))
+    ranked.sort(key=lambda t: t[0])
+    for _, sig in ranked:
+        if logical is None:  # data-dependent output shape: only broadcast outputs are knowable
+            if all(s == B for nd in sig[1] for s in nd):
+                return sig
+        elif op.local_attrs is None or _consistent(op, metas, attrs, sig, place, logical):
+            return sig
+    raise HoloflowError(f"holoflow.{op.name}: no signature computes balanced shards for inputs "
+                        f"{[tuple(m.shape) for m in tens]} on {place}; box the inputs to broadcast")
+
+
+def _consistent(op: Op, metas: list, attrs: dict, sig: tuple, place, logical) -> bool:
+    tens_idx = [i for i, m in enumerate(metas) if isinstance(m, Meta)]
+    for rank in place.flat_ranks:
+        la = local_attrs(op, attrs, metas, sig[0], place, rank)
+        fake = list(metas)
+        for j, i in enumerate(tens_idx):
+            m = metas[i]
+            fake[i] = torch.empty(local_shape(m.shape, sig[0][j], place, rank), dtype=m.dtype, device="meta")
+        try:
+            outs = infer_metas(op, tuple(fake), la)
+        except Exception:  # the shard's kernel rejects it: not a legal signature here
+            return False
+        for o, nd, m in zip(outs, sig[1], logical):
+            if tuple(o.shape) != tuple(local_shape(m.shape, nd, place, rank)):
+                return False
+    return True
 
 
 def _numel(shape) -> int:
@@ -113,8 +141,11 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
     key = _key(op, metas, attrs, cur, place)
     hit = _CHOICES.get(key) if key is not None else None
     if hit is None:
-        sig = choose(op, metas, attrs, cur, place)
-        logical = infer_metas(op, tuple(m.empty() if isinstance(m, Meta) else m for m in metas), attrs)
+        try:
+            logical = infer_metas(op, tuple(m.empty() if isinstance(m, Meta) else m for m in metas), attrs)
+        except NotImplementedError:  # a data-dependent output shape (nonzero, unique, ...)
+            logical = None
+        sig = choose(op, metas, attrs, cur, place, logical)
         hit = (sig, logical)
         if key is not None:
             _CHOICES[key] = hit
@@ -139,6 +170,11 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
     la = local_attrs(op, attrs, metas, sig[0], place, rank)
     out = run_local(op, tuple(local_in), la, tuple(saved))
     outs = (out,) if isinstance(out, Tensor) else tuple(out)
+    if logical is None:
+        if any(s != B for nd in sig[1] for s in nd):
+            raise UnsupportedError(f"holoflow.{op.name}: its output shape depends on the data, so it "
+                                   f"runs on global tensors only with broadcast inputs; box them to B")
+        logical = [Meta(tuple(o._data.shape), o._data.dtype) for o in outs]
     for o, nd, m in zip(outs, sig[1], logical):
         make_global(o, place, nd, m.shape)
         _check_local(op, o, place, nd, m.shape, rank)

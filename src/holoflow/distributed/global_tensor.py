@@ -151,7 +151,7 @@ def _box_grad(self: Tensor, g: Tensor) -> Tensor:
     r = world.rank()
     out = apply_box(g, meta.placement, src, target, meta.shape, r, world.comm())
     if out is g:
-        out = Tensor._make(g._data)
+        out = local_alias(g)  # keeps g's history (double backward)
     return make_global(out, meta.placement, target, meta.shape)
 
 
@@ -164,7 +164,7 @@ def seed_grad(t: Tensor, g: Tensor) -> Tensor:
     g = to_global(g, meta.placement, None)
     out = apply_box(g, meta.placement, g._global.sbp, dual(meta.sbp), meta.shape, world.rank(),
                     world.comm())
-    return Tensor._make(out._data) if out is g else out
+    return local_alias(out) if out._global is not None else out
 
 
 def from_full(data: torch.Tensor, place: placement, sbp) -> Tensor:

@@ -47,7 +47,7 @@ def elementwise_shape(name: str, kernel: Callable) -> Callable:
         shape = broadcast_shapes(name, [m.shape for m in tens])
         # dtype from tiny real tensors of the same rank (rank matters to promotion); meta
         # tensors would do, but their first use imports torch._dynamo (seconds)
-        fake = [torch.zeros((1,) * len(m.shape), dtype=m.dtype) if isinstance(m, Meta) else m
+        fake = [torch.ones((1,) * len(m.shape), dtype=m.dtype) if isinstance(m, Meta) else m
                 for m in metas]
         out = kernel(*fake, **attrs)
         return [Meta(shape, out.dtype, tens[0].device if tens else torch.device("cpu"))]

@@ -279,6 +279,8 @@ def getitem(input: Tensor, index) -> Tensor:
     masks and integer tensors/lists (advanced indexing)."""
     spec, tensors = parse_index(index, tuple(input.shape))
     if tensors:
+        if input._global is not None:
+            tensors = [_like_global(t, input) for t in tensors]
         return apply(INDEX, input, *tensors, spec=spec)
     return apply(GETITEM, input, spec=spec)
 
@@ -339,11 +341,23 @@ INDEX_PUT = defop("index_put", _index_put_kernel, grad=_index_put_grad, sbp=_ind
                   inplace_kernel=_index_put_inplace, family="indexing")
 
 
+def _like_global(t, like: Tensor):
+    """Index tensors and values built from Python data on a global tensor's ranks are the same
+    everywhere: they join its placement as broadcast constants (no communication)."""
+    if like._global is None or not isinstance(t, Tensor) or t._global is not None:
+        return t
+    from .creation import GLOBAL_MAKER
+    return GLOBAL_MAKER[0](t._data, like._global.placement, (B,) * like._global.placement.ndim)
+
+
 def setitem(input: Tensor, index, value) -> None:
     """``input[index] = value`` (a number or a tensor broadcast to the indexed shape)."""
     spec, tensors = parse_index(index, tuple(input.shape))
     if isinstance(value, (list, tuple, np.ndarray)):
         value = Tensor._make(torch.as_tensor(value, dtype=input._data.dtype, device=input._data.device))
+    if input._global is not None:
+        tensors = [_like_global(t, input) for t in tensors]
+        value = _like_global(value, input)
     apply_inplace(INDEX_PUT, input, value, *tensors, spec=spec)
 
 
