@@ -14,16 +14,16 @@ from .ops.creation import Generator
 from .ops.elementwise import *  # noqa: F403
 from .ops.elementwise import _FUNCS as _ELEMENTWISE
 from .ops.conversion import clone
-from .ops import methods as _methods  # noqa: F401  (binds operators)
-from .ops import _all as _more_ops  # noqa: F401
+from .ops import methods as _methods  # binds Python operators to Tensor
 from .ops._all import *  # noqa: F403
-from . import autograd
-from . import nn
+from . import autograd, linalg, sbp
+from .distributed.placement import placement
+from .distributed import global_view as _global_view
+from . import nn, optim, utils, amp, mock_torch
+from . import distributed, comm, env
+from .amp import autocast, get_autocast_dtype, is_autocast_enabled
+from .serialization import save, load
 
+_global_view.install()
 globals().update(_ELEMENTWISE)
 __version__ = "0.1.0"
-from . import optim, utils, mock_torch
-from .serialization import save, load
-from . import distributed, comm, env
-from . import amp
-from .amp import autocast, get_autocast_dtype, is_autocast_enabled

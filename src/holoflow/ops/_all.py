@@ -1,17 +1,12 @@
-"""Imports every op module so the registry is full and their public functions are exported."""
+"""Imports every op module so the registry is full; each module's ``__all__`` becomes
+``holoflow.<name>``. Modules that sub-modules re-export (scan, layout, scatter, sorting, norm,
+conv, attention) come in through their parents."""
 from __future__ import annotations
 
-import importlib
+from . import indexing, linalg, loss, nn_ops, random_ops, reduction, shape
 
-_MODULES = ["reduction", "linalg", "shape", "indexing", "nn_ops", "loss", "random_ops"]
 __all__: list[str] = []
-for _m in _MODULES:
-    try:
-        _mod = importlib.import_module(f"holoflow.ops.{_m}")
-    except ModuleNotFoundError as e:
-        if e.name != f"holoflow.ops.{_m}":
-            raise
-        continue
-    for _name in getattr(_mod, "__all__", ()):
+for _mod in (reduction, linalg, shape, indexing, nn_ops, loss, random_ops):
+    for _name in _mod.__all__:
         globals()[_name] = getattr(_mod, _name)
         __all__.append(_name)
