@@ -275,10 +275,59 @@ def _linear_sbp(metas, attrs):
 
 def _linear_grad(c, dy):
     x, w, _ = c.inputs
+    if len(c.shapes[1]) == 2 and len(c.shapes[0]) >= 1:  # the common case: one mm per operand
+        return (apply(LINEAR_GRAD_INPUT, dy, w) if needs(c, 0) else None,
+                apply(LINEAR_GRAD_WEIGHT, dy, x) if needs(c, 1) else None,
+                reduce_grad(dy, c, 2) if needs(c, 2) else None)
     ins, out = linear_subscripts(tuple(c.shapes[0]), tuple(c.shapes[1]))
     return (operand_grad(ins, out, (x, w), dy, 0) if needs(c, 0) else None,
             operand_grad(ins, out, (x, w), dy, 1) if needs(c, 1) else None,
             reduce_grad(dy, c, 2) if needs(c, 2) else None)
+
+
+# linear's gradients as their own ops (torch's linear backward: one mm each), closed under
+# differentiation: for y = x @ w.T, dx = dy @ w and dw = dy.T @ x over the flattened batch.
+def _lgi_kernel(dy, w):
+    return torch.matmul(dy, w)
+
+
+def _lgw_kernel(dy, x):
+    o, i = dy.shape[-1], x.shape[-1]
+    return torch.mm(dy.reshape(-1, o).t(), x.reshape(-1, i))
+
+
+def _lgi_grad(c, g):  # out = dy @ w
+    dy, w = c.inputs
+    return (apply(LINEAR, g, w, None) if needs(c, 0) else None,
+            apply(LINEAR_GRAD_WEIGHT, dy, g) if needs(c, 1) else None)
+
+
+def _lgw_grad(c, g):  # out = dy.T @ x, g has the weight's shape (o, i)
+    dy, x = c.inputs
+    return (apply(LINEAR, x, g, None) if needs(c, 0) else None,
+            apply(LINEAR_GRAD_INPUT, dy, g) if needs(c, 1) else None)
+
+
+def _lg_subscripts(nd: int) -> str:
+    return _LETTERS[:max(nd - 1, 0)]
+
+
+def _lgi_sbp(metas, attrs):
+    dy, w = metas
+    b = _lg_subscripts(len(dy.shape))
+    return einsum_signatures([b + "n", "nk"], b + "k", [tuple(dy.shape), tuple(w.shape)])
+
+
+def _lgw_sbp(metas, attrs):
+    dy, x = metas
+    b = _lg_subscripts(len(dy.shape))
+    return einsum_signatures([b + "n", b + "k"], "nk", [tuple(dy.shape), tuple(x.shape)])
+
+
+LINEAR_GRAD_INPUT = defop("linear_grad_input", _lgi_kernel, grad=_lgi_grad, save="inputs",
+                          sbp=_lgi_sbp, family="einsum")
+LINEAR_GRAD_WEIGHT = defop("linear_grad_weight", _lgw_kernel, grad=_lgw_grad, save="inputs",
+                           sbp=_lgw_sbp, family="einsum")
 
 
 LINEAR = defop("linear", F.linear, grad=_linear_grad, save="inputs", shape=_linear_shape,
