@@ -59,11 +59,11 @@ class GraphConfig:
         self.profiling, self.profile_path = bool(mode), path
 
     def for_passes(self, flagged: set[str]) -> "GraphConfig":
-        """The config the passes see: amp and gradient accumulation are already applied while
-        tracing (so eager's casts and micro-batches are reproduced exactly); modules flagged with
+        """The config the passes see: gradient accumulation is already applied while tracing
+        (micro-batches traced as eager runs them); modules flagged with
         ``activation_checkpointing = True`` join ``checkpointed_scopes``."""
         c = copy.copy(self)
-        c.amp, c.grad_acc_steps = False, 1
+        c.grad_acc_steps = 1
         c.checkpointed_scopes = set(self.checkpointed_scopes) | set(flagged)
         return c
 

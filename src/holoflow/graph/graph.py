@@ -4,9 +4,10 @@ to a plan and run by the actor runtime (DESIGN §7), with OneFlow's API.
 While ``build()`` is traced, ``loss.backward()`` (a scalar loss) records the backward — divided
 by the gradient-accumulation steps and multiplied by the grad scaler's live scale, as eager code
 would write it — and the optimizers, grad scaler and LR schedulers become effect nodes run after
-each iteration (graph/optimizer.py). ``config.enable_amp`` traces under autocast and
-``set_gradient_accumulation_steps(n)`` traces ``build`` on ``n`` micro-batches (dim 0 of every
-tensor input); both therefore give eager's numbers exactly.
+each iteration (graph/optimizer.py). ``set_gradient_accumulation_steps(n)`` traces ``build`` on
+``n`` micro-batches (dim 0 of every tensor input), giving eager's numbers exactly;
+``config.enable_amp`` is the amp pass (passes/amp.py), while an ``autocast`` region written inside
+``build`` is applied as it is traced.
 """
 from __future__ import annotations
 
@@ -175,9 +176,6 @@ class Graph:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(tracer)
                 stack.enter_context(grad_mode.enable_grad() if train else grad_mode.no_grad())
-                if self.config.amp:
-                    from ..amp import autocast
-                    stack.enter_context(autocast(tracer.device_type, dtype=self.config.amp_dtype))
                 stack.enter_context(self._backward_rule(tracer, scale))
                 out = self._trace_build(args, kwargs)
                 if train:
@@ -255,7 +253,18 @@ class Graph:
                                       f"got shape {tuple(t.shape)}; reduce it first (e.g. loss.mean())")
             loss = t / graph.config.grad_acc_steps if graph.config.grad_acc_steps > 1 else t
             loss = loss * scale if scale is not None else loss
-            return orig(loss, gradient, retain_graph, create_graph, inputs)
+            # earlier micro-batches' grads are set aside and added after (same order as eager):
+            # autograd's own accumulation may copy a gradient with raw torch, which no trace sees
+            params = graph._all_params()
+            held = [p.grad for p in params]
+            for p in params:
+                p.grad = None
+            try:
+                orig(loss, gradient, retain_graph, create_graph, inputs)
+            finally:
+                for p, old in zip(params, held):
+                    if old is not None:
+                        p.grad = old if p.grad is None else old + p.grad
         Tensor.backward = backward
         try:
             yield

@@ -37,8 +37,16 @@ def user_line() -> str:
     return ""
 
 
+_META = torch.device("meta")
+
+
 def _as_meta(t: torch.Tensor) -> torch.Tensor:
-    return t if t.device.type == "meta" else torch.empty(t.shape, dtype=t.dtype, device="meta")
+    """A fresh meta tensor with ``t``'s strides: never a view, since eager code (autograd's
+    "clone a view gradient" path) may copy a view's storage with raw torch, which a trace
+    cannot follow."""
+    if t.device.type == "meta" and t._base is None:
+        return t
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
 def _device_of(ins: tuple, attrs: dict) -> torch.device:
@@ -55,14 +63,23 @@ def _device_of(ins: tuple, attrs: dict) -> torch.device:
 def _amp_cast(pre: Any, op: Op, inputs: tuple, attrs: dict, device_type: str) -> tuple:
     """Autocast while tracing: lazy tensors live on ``meta``, so the region's setting and policy
     for the real device type are applied as if ``meta`` were that device (same casts as eager)."""
-    from ..amp.autocast import _AmpHook
+    import importlib
+    ac = importlib.import_module("holoflow.amp.autocast")  # the module (the package exports the class)
     from ..amp.policy import POLICIES
-    if not isinstance(pre, _AmpHook) or pre.modes.get(device_type) is None:
+    if not isinstance(pre, ac._AmpHook) or pre.modes.get(device_type) is None:
         return inputs
-    POLICIES.setdefault("meta", POLICIES.get(device_type, POLICIES["cuda"]))
-    if POLICIES["meta"] is not POLICIES.get(device_type, POLICIES["cuda"]):
-        POLICIES["meta"] = POLICIES.get(device_type, POLICIES["cuda"])
-    return _AmpHook({"meta": pre.modes[device_type]}, pre.cache, None).cast(op, inputs, attrs)
+
+    class _TraceAmp(ac._AmpHook):
+        __slots__ = ()
+
+        def _to(self, x, dt, devtype, eligible):  # lazy (meta) and state (real) tensors alike
+            if not isinstance(x, Tensor) or x._data.dtype == dt or not eligible(x._data.dtype):
+                return x
+            return ac._CACHE.cast(x, dt, self.cache)
+    POLICIES["meta"] = POLICIES.get(device_type, POLICIES["cuda"])
+    probe = next((x for x in inputs if isinstance(x, Tensor)), None)
+    key = probe._data.device.type if probe is not None else "meta"
+    return _TraceAmp({key: pre.modes[device_type]}, pre.cache, None).cast(op, inputs, attrs)
 
 
 class Tracer:
@@ -129,8 +146,8 @@ class Tracer:
                 outs_ = [torch.empty(m.shape, dtype=m.dtype, device="meta") for m in ms]
                 out = outs_[0] if len(outs_) == 1 and op.outputs is None else \
                     (op.out_type(*outs_) if op.out_type is not None else tuple(outs_))
-            else:
-                out = op.kernel(*metas, **attrs)
+            else:  # real-device attrs (``to(device=cpu)``) become meta: shapes only
+                out = op.kernel(*metas, **{k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})
         except NotImplementedError as e:
             raise HoloflowError(f"holoflow.nn.Graph: op {op.name!r} cannot be traced ({e}); its output "
                                 f"shape depends on data. Compute it outside the graph.") from e
@@ -151,7 +168,9 @@ class Tracer:
         for o, v in zip(outs, vals):
             self.bind(o, v)
         tags = frozenset({"bw"}) if PHASE.backward else frozenset()
-        self.nodes.append(Node(op.name, ins, dict(attrs), vals, user_line(), "/".join(self.scope),
+        # a lazy tensor's ``x.to(x.device)`` names meta: at run time that is the input's device
+        attrs = {k: dev if isinstance(v, torch.device) and v.type == "meta" else v for k, v in attrs.items()}
+        self.nodes.append(Node(op.name, ins, attrs, vals, user_line(), "/".join(self.scope),
                                tags=tags))
         return res
 
