@@ -19,3 +19,4 @@ try:  # written alongside this package; the layers look it up when they run
 except ModuleNotFoundError as _e:
     if _e.name != __name__ + ".functional":
         raise
+from . import global_module as _global_module  # noqa: E402,F401 - attaches Module.to_global

@@ -1,4 +1,5 @@
-"""``holoflow.utils``: data loading (``utils.data``) and interop (``utils.dlpack``)."""
-from . import data, dlpack
+"""``holoflow.utils``: data loading (``utils.data``), interop (``utils.dlpack``) and the global view
+over containers (``utils.global_view``)."""
+from . import data, dlpack, global_view
 
-__all__ = ["data", "dlpack"]
+__all__ = ["data", "dlpack", "global_view"]
