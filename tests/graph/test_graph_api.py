@@ -1,0 +1,175 @@
+"""nn.Graph API: executors, errors with the user's line, plan cache, nested I/O, state_dict,
+streaming and profiling."""
+import copy
+import json
+
+import pytest
+import torch
+
+import holoflow as flow
+from holoflow import nn
+from holoflow.graph import Graph, GraphBuildError, GraphRunError
+
+
+def make(seed=0):
+    flow.manual_seed(seed)
+    m = nn.Sequential(nn.Linear(6, 12), nn.GELU(), nn.Linear(12, 3))
+    return m, flow.optim.Adam(m.parameters(), lr=1e-2)
+
+
+class Train(Graph):
+    def __init__(self, m, opt):
+        super().__init__()
+        self.model = m
+        self.add_optimizer(opt)
+
+    def build(self, x):
+        loss = self.model(x).square().mean()
+        loss.backward()
+        return loss
+
+
+class Infer(Graph):
+    def __init__(self, m):
+        super().__init__()
+        self.model = m
+
+    def build(self, x):
+        return self.model(x)
+
+
+def data(n=4, b=8):
+    flow.manual_seed(1)
+    return [flow.randn(b, 6) for _ in range(n)]
+
+
+def params(m):
+    return [p._data.clone() for p in m.parameters()]
+
+
+def test_actor_and_sequential_bit_identical():
+    xs = data()
+    runs = []
+    for ex in ("actor", "sequential"):
+        m, opt = make()
+        g = Train(m, opt)
+        g.config.set_executor(ex)
+        runs.append(([g(x)._data for x in xs], params(m)))
+    for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1]):
+        assert torch.equal(a, b)
+
+
+def test_stream_equals_repeated_calls():
+    xs = data(6)
+    m, opt = make()
+    calls = [Train(m, opt)(x)._data for x in xs]
+    m2, opt2 = make()
+    streamed = [out._data for out in Train(m2, opt2).stream(xs)]
+    assert all(torch.equal(a, b) for a, b in zip(calls, streamed))
+    assert all(torch.equal(a, b) for a, b in zip(params(m), params(m2)))
+
+
+def test_error_in_build_names_user_line():
+    class Bad(Infer):
+        def build(self, x):
+            return self.model(x) @ flow.ones(5, 2)   # (8, 3) @ (5, 2)
+
+    with pytest.raises(GraphBuildError, match=r"test_graph_api.py:\d+"):
+        Bad(make()[0])(data(1)[0])
+
+
+def test_error_at_run_time_names_op_and_line():
+    class Bad(Infer):
+        def build(self, x, i):
+            return self.model(x).index_select(0, i)
+
+    g = Bad(make()[0])
+    x = data(1)[0]
+    assert g(x, flow.tensor([0, 1])).shape == (2, 3)
+    with pytest.raises(GraphRunError, match=r"index_select.*\n.*source: test_graph_api.py:\d+"):
+        g(x, flow.tensor([0, 99]))                    # out of range only at run time
+    assert g(x, flow.tensor([1, 0])).shape == (2, 3)  # and the graph still runs after it
+
+
+def test_backward_rules():
+    class NonScalar(Train):
+        def build(self, x):
+            y = self.model(x)
+            y.backward()
+            return y
+
+    with pytest.raises(GraphBuildError, match="scalar loss, got shape \\(8, 3\\)"):
+        NonScalar(*make())(data(1)[0])
+
+    class InferBackward(Infer):
+        def build(self, x):
+            y = self.model(x).sum()
+            y.backward()
+            return y
+    with pytest.raises(GraphBuildError, match="inference graph"):
+        InferBackward(make()[0])(data(1)[0])
+
+
+def test_new_shape_compiles_new_plan():
+    m, opt = make()
+    g = Train(m, opt)
+    g(flow.randn(8, 6))
+    g(flow.randn(8, 6))
+    assert len(g._compiled) == 1
+    g(flow.randn(5, 6))
+    assert len(g._compiled) == 2
+    m.eval()
+    Infer(m)(flow.randn(5, 6))
+    assert "(IR):" in repr(g) and "(MODULE:model)" in repr(g) and "(CONFIG)" in repr(g)
+
+
+def test_nested_inputs_and_outputs():
+    class Nested(Graph):
+        def __init__(self, m):
+            super().__init__()
+            self.model = m
+
+        def build(self, batch, scale=2.0):
+            a, (b,) = batch["pair"]
+            ya, yb = self.model(a), self.model(b)
+            return {"sum": [ya + yb, scale], "parts": (ya, yb)}
+
+    m = make()[0]
+    a, b = data(2)
+    out = Nested(m)({"pair": (a, [b])}, scale=3.0)
+    with flow.no_grad():
+        ya, yb = m(a), m(b)
+    assert out["sum"][1] == 3.0
+    assert torch.equal(out["sum"][0]._data, (ya + yb)._data)
+    assert torch.equal(out["parts"][1]._data, yb._data)
+
+
+def test_state_dict_round_trip():
+    xs = data(3)
+    m, opt = make()
+    g = Train(m, opt)
+    g(xs[0])
+    state = copy.deepcopy(g.state_dict())   # live references, as in torch
+    snapshot = {k: v._data.clone() for k, v in m.state_dict().items()}
+    after = [g(x)._data for x in xs[1:]]
+    m2, opt2 = make(seed=5)
+    g2 = Train(m2, opt2)
+    g2(xs[0])                       # compiled, then restored
+    g2.load_state_dict(state)
+    assert all(torch.equal(snapshot[k], v._data) for k, v in m2.state_dict().items())
+    again = [g2(x)._data for x in xs[1:]]
+    assert all(torch.equal(a, b) for a, b in zip(after, again))
+
+
+def test_profiling_table_and_trace(tmp_path, capsys):
+    m, opt = make()
+    g = Train(m, opt)
+    path = str(tmp_path / "trace.json")
+    g.config.enable_profiling(True, path)
+    for x in data(3):
+        g(x)
+    g.print_profile()
+    out = capsys.readouterr().out
+    assert "linear" in out and "ms/iter" in out and "adam_update" in out and "actors:" in out
+    events = json.load(open(path))["traceEvents"]
+    assert {e["name"] for e in events if e.get("ph") == "X"} >= {"compute0", "update1"}
