@@ -13,13 +13,17 @@ from ..ops.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, 
 from ..ops.nn_ops import (cosine_similarity, elu, embedding, gelu, hardsigmoid, hardswish, hardtanh, leaky_relu,
                           log_softmax, logsigmoid, mish, normalize, one_hot, relu, relu6, relu_, selu, silu, softmax,
                           softmin, softplus)
+from ..ops.nn_extra import (adaptive_avg_pool1d, adaptive_max_pool1d, adaptive_max_pool2d, alpha_dropout,
+                            avg_pool1d, bilinear, celu, cosine_embedding_loss, dropout1d, dropout2d, dropout3d,
+                            feature_alpha_dropout, gaussian_nll_loss, glu, hardshrink, local_response_norm,
+                            margin_ranking_loss, max_pool1d, pairwise_distance, pixel_shuffle, pixel_unshuffle,
+                            poisson_nll_loss, prelu, softshrink, softsign, tanhshrink)
 from ..ops.norm import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
 from ..ops.random_ops import dropout
 
 # name here -> name on holoflow (resolved at call time)
-_FORWARDED = {"linear": "linear", "bilinear": "bilinear", "pad": "pad", "sigmoid": "sigmoid", "tanh": "tanh",
-              "unfold": "unfold", "fold": "fold", "pixel_shuffle": "pixel_shuffle",
-              "pairwise_distance": "pairwise_distance", "pdist": "pdist", "cdist": "cdist"}
+_FORWARDED = {"linear": "linear", "pad": "pad", "sigmoid": "sigmoid", "tanh": "tanh",
+              "unfold": "unfold", "fold": "fold", "pdist": "pdist", "cdist": "cdist"}
 
 
 def __getattr__(name: str):
@@ -37,11 +41,15 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_FORWARDED))
 
 
-__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "binary_cross_entropy",
-           "binary_cross_entropy_with_logits", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
-           "conv_transpose2d", "cosine_similarity", "cross_entropy", "dropout", "elu", "embedding", "gelu",
-           "group_norm", "hardsigmoid", "hardswish", "hardtanh", "huber_loss", "instance_norm", "interpolate",
-           "kl_div", "l1_loss", "layer_norm", "leaky_relu", "log_softmax", "logsigmoid", "max_pool2d", "mish",
-           "mse_loss", "nll_loss", "normalize", "one_hot", "relu", "relu6", "relu_", "rms_norm",
-           "scaled_dot_product_attention", "selu", "silu", "smooth_l1_loss", "soft_margin_loss", "softmax",
-           "softmin", "softplus", "upsample"]
+__all__ = ["adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool1d", "adaptive_max_pool2d",
+           "alpha_dropout", "avg_pool1d", "avg_pool2d", "batch_norm", "bilinear", "binary_cross_entropy",
+           "binary_cross_entropy_with_logits", "celu", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+           "conv_transpose2d", "cosine_embedding_loss", "cosine_similarity", "cross_entropy", "dropout", "dropout1d",
+           "dropout2d", "dropout3d", "elu", "embedding", "feature_alpha_dropout", "gaussian_nll_loss", "gelu", "glu",
+           "group_norm", "hardshrink", "hardsigmoid", "hardswish", "hardtanh", "huber_loss", "instance_norm",
+           "interpolate", "kl_div", "l1_loss", "layer_norm", "leaky_relu", "local_response_norm", "log_softmax",
+           "logsigmoid", "margin_ranking_loss", "max_pool1d", "max_pool2d", "mish", "mse_loss", "nll_loss",
+           "normalize", "one_hot", "pairwise_distance", "pixel_shuffle", "pixel_unshuffle", "poisson_nll_loss",
+           "prelu", "relu", "relu6", "relu_", "rms_norm", "scaled_dot_product_attention", "selu", "silu",
+           "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin", "softplus", "softshrink", "softsign",
+           "tanhshrink", "upsample"]

@@ -370,8 +370,11 @@ from .conv import *  # noqa: E402,F401,F403
 from .conv import __all__ as _conv_all  # noqa: E402
 from .attention import *  # noqa: E402,F401,F403
 from .attention import __all__ as _attention_all  # noqa: E402
+from .nn_extra import *  # noqa: E402,F401,F403
+from .nn_extra import __all__ as _extra_all  # noqa: E402
 
 __all__ = ["relu", "relu_", "leaky_relu", "gelu", "silu", "softplus", "elu", "selu", "hardswish",
            "hardsigmoid", "relu6", "hardtanh", "mish", "logsigmoid", "softmax", "log_softmax", "softmin",
-           "embedding", "one_hot", "normalize", "cosine_similarity", *_norm_all, *_conv_all, *_attention_all]
+           "embedding", "one_hot", "normalize", "cosine_similarity", *_norm_all, *_conv_all, *_attention_all,
+           *_extra_all]
 _ = elementwise_sbp  # the family's rule is what the activations above use
