@@ -1,0 +1,34 @@
+"""examples/gpt_parallel.py: data x tensor parallel GPT training equals single-process training."""
+from dataclasses import asdict
+
+import pytest
+import torch
+
+import holoflow as flow
+from holoflow.core.sbp import B, S
+from holoflow.examples import gpt, gpt_parallel
+
+import gpt_parallel_fns
+
+CFG = gpt.Config(steps=3, batch_size=4, block_size=8, n_layer=1, n_embd=16, n_head=4, warmup=1,
+                 corpus_chars=20_000)
+
+
+def test_param_sbp_is_megatron_column_then_row():
+    model = gpt.make_model(flow, CFG)
+    got = {n: gpt_parallel.param_sbp(n, p) for n, p in model.named_parameters()}
+    assert got["blocks.0.attn.qkv.weight"] == (B, S(0)) and got["blocks.0.mlp.fc.bias"] == (B, S(0))
+    assert got["blocks.0.attn.proj.weight"] == (B, S(1)) and got["blocks.0.mlp.proj.weight"] == (B, S(1))
+    assert got["blocks.0.attn.proj.bias"] == (B, B) and got["tok.weight"] == (B, B)
+    with pytest.raises(ValueError, match="does not divide"):
+        gpt_parallel.mesh(4, 3)
+
+
+def test_2x2_data_and_tensor_parallel_matches_single_process(world4):
+    want = gpt.train(flow, CFG, evaluate_every=False)["train"]
+    results = world4.run(gpt_parallel_fns.train_losses, asdict(CFG), 2, timeout=240)
+    for losses, comms in results:
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-4, atol=0)
+        # the row-parallel sums and the data-parallel gradient reductions really happen
+        assert comms.get("all_reduce", 0) > 0
+    assert want[-1] < want[0]
