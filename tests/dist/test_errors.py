@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from holoflow.distributed import comm, comm_track, env
+from holoflow.distributed import comm, comm_track, env, groups
 from pool import fresh_world
 
 
@@ -15,8 +15,10 @@ def _timeouts(rank):
     (0, 1): rank 1 skips an all-reduce; (2, 3): the same with tracking off; then (1, 2): rank 1
     all-reduces while rank 2 broadcasts."""
     env.set_comm_timeout(2.0)
-    out = {}
     pair = (0, 1) if rank < 2 else (2, 3)
+    out = {"seq": {k: comm_track._SEQ[k] for k in [pair, (1, 2)]}}  # calls made on these groups before
+    if rank in (1, 2):
+        groups.group_for((1, 2))  # created while everyone is healthy (creation is collective too)
     comm_track.set_tracking(rank < 2)
     comm.all_reduce(torch.ones(2), pair)  # call #1 on the pair, made by both
     if rank in (0, 2):
@@ -28,6 +30,7 @@ def _timeouts(rank):
             out["skip"] = (str(e), time.monotonic() - t0)
     comm_track.set_tracking(True)
     if rank in (1, 2):
+        env.set_comm_timeout(8.0 if rank == 1 else 2.0)  # rank 2 comes late, from its own timeout
         try:
             if rank == 1:
                 comm.all_reduce(torch.ones(2), (1, 2))
@@ -36,22 +39,31 @@ def _timeouts(rank):
             out["mismatch"] = "no error"
         except comm.CommError as e:
             out["mismatch"] = str(e)
+    if rank == 0:  # rank 3 never creates the group (0, 3)
+        env.set_comm_timeout(2.0)
+        try:
+            comm.all_reduce(torch.ones(1), (0, 3))
+            out["create"] = "no error"
+        except comm.CommError as e:
+            out["create"] = str(e)
     return out
 
 
 def test_timeouts_name_the_laggards(world4):
     res = world4.run(_timeouts)
+    s01, s23, s12 = res[0]["seq"][(0, 1)], res[2]["seq"][(2, 3)], res[1]["seq"][(1, 2)]
     msg, waited = res[0]["skip"]
     assert 1.5 < waited < 10, waited
-    assert "holoflow.comm.all_reduce (call #2 on group [0, 1], seen from rank 0) timed out" in msg, msg
-    assert "Ranks that did not arrive: 1 (last entered call #1: all_reduce)" in msg, msg
+    assert f"holoflow.comm.all_reduce (call #{s01 + 2} on group [0, 1], seen from rank 0) timed out" in msg, msg
+    assert f"Ranks that did not arrive: 1 (last entered call #{s01 + 1}: all_reduce)" in msg, msg
     msg, waited = res[2]["skip"]
-    assert "holoflow.comm.all_reduce (call #2 on group [2, 3], seen from rank 2) timed out" in msg, msg
+    assert f"holoflow.comm.all_reduce (call #{s23 + 2} on group [2, 3], seen from rank 2) timed out" in msg, msg
     assert "HOLOFLOW_COMM_TRACK=0" in msg and "did not arrive" not in msg, msg
     msg = res[1]["mismatch"]
-    assert "holoflow.comm.all_reduce (call #1 on group [1, 2], seen from rank 1)" in msg, msg
+    assert f"holoflow.comm.all_reduce (call #{s12 + 1} on group [1, 2], seen from rank 1)" in msg, msg
     assert "in a different collective at this point: 2 (called broadcast instead)" in msg, msg
     assert "holoflow.comm.broadcast" in res[2]["mismatch"], res[2]
+    assert "creating the process group [0, 3] failed on rank 0 (timeout 2s)" in res[0]["create"], res[0]
     assert world4.run(_world_size) == [4] * 4  # restarted, and works
 
 

@@ -201,10 +201,15 @@ def laggards(info: CallInfo) -> str:
     return f" {text[0].upper()}{text[1:]}." if parts else " Every peer entered this collective."
 
 
-def failure(info: CallInfo | None, cause: BaseException) -> CommError:
-    """A CommError for ``cause`` naming the collective, its group and the laggards."""
+def count_failure() -> None:
+    """Notes that a collective failed here (the process's groups may now be out of step)."""
     global FAILURES
     FAILURES += 1
+
+
+def failure(info: CallInfo | None, cause: BaseException) -> CommError:
+    """A CommError for ``cause`` naming the collective, its group and the laggards."""
+    count_failure()
     if info is None:
         return CommError(f"holoflow.comm: collective failed: {cause}")
     waited = time.monotonic() - info.start

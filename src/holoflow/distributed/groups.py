@@ -79,6 +79,13 @@ def _new_group(key: tuple[int, ...], backend: str | None):
     try:
         return dist.new_group(list(key), timeout=env.comm_timeout(), backend=backend,
                               use_local_synchronization=True)
+    except Exception as e:  # noqa: BLE001 - a rendezvous timeout, a dead peer...
+        from .comm_track import CommError, count_failure
+        count_failure()
+        raise CommError(f"holoflow.comm: creating the process group {list(key)} failed on rank {env.get_rank()} "
+                        f"(timeout {env.get_comm_timeout():g}s): every member must reach its first collective on "
+                        f"this group. Cause: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
+                        ) from e
     finally:
         c10d._process_group_name = namer
 
