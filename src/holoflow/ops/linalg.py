@@ -2,7 +2,9 @@
 
 One helper, :func:`einsum_signatures`, turns a subscript string into SBP signatures (one mesh
 axis) for every op here; each op only says which subscripts its shapes mean. Every grad is an
-einsum of the upstream gradient with the other operands, so double backward composes.
+einsum of the upstream gradient with the other operands, so double backward composes; the common
+cases (linear, matmul without broadcasting) use dedicated mm ops instead, closed under
+differentiation, as torch's backward does.
 """
 from __future__ import annotations
 
@@ -198,13 +200,55 @@ def _matmul_sbp(metas, attrs):
 
 
 def _matmul_grad(c, dy):
-    ins, out = matmul_subscripts(*[tuple(s) for s in c.shapes])
+    sa, sb = (tuple(s) for s in c.shapes)
+    a, b = c.inputs
+    if len(sa) >= 2 and len(sb) >= 2 and sa[:-2] == sb[:-2]:  # mm / bmm, no broadcasting
+        return (apply(MATMUL_GRAD_A, dy, b) if needs(c, 0) else None,
+                apply(MATMUL_GRAD_B, a, dy) if needs(c, 1) else None)
+    ins, out = matmul_subscripts(sa, sb)
     return tuple(reduce_grad(operand_grad(ins, out, c.inputs, dy, i), c, i) if needs(c, i) else None
                  for i in range(2))
 
 
 MATMUL = defop("matmul", torch.matmul, grad=_matmul_grad, save="inputs", shape=_matmul_shape,
                sbp=_matmul_sbp, family="einsum")
+
+
+# matmul's gradients for y = a @ b with equal batch dims (torch's mm/bmm backward), as their own
+# ops, closed under differentiation with MATMUL: da = dy @ b^T, db = a^T @ dy.
+def _mga_kernel(dy, b):
+    return torch.matmul(dy, b.mT)
+
+
+def _mgb_kernel(a, dy):
+    return torch.matmul(a.mT, dy)
+
+
+def _mga_grad(c, g):  # out = dy @ b^T, g has a's shape
+    dy, b = c.inputs
+    return (apply(MATMUL, g, b) if needs(c, 0) else None,
+            apply(MATMUL_GRAD_B, g, dy) if needs(c, 1) else None)
+
+
+def _mgb_grad(c, g):  # out = a^T @ dy, g has b's shape
+    a, dy = c.inputs
+    return (apply(MATMUL_GRAD_A, dy, g) if needs(c, 0) else None,
+            apply(MATMUL, a, g) if needs(c, 1) else None)
+
+
+def _mg_sbp(subs: tuple[str, str, str]):
+    """The SBP rule of a matmul gradient whose operands/output are ``...<subs>`` over shared batch dims."""
+    def sbp(metas, attrs):
+        shapes = _shapes(metas)
+        batch = _LETTERS[:len(shapes[0]) - 2]
+        return einsum_signatures([batch + subs[0], batch + subs[1]], batch + subs[2], shapes)
+    return sbp
+
+
+MATMUL_GRAD_A = defop("matmul_grad_a", _mga_kernel, grad=_mga_grad, save="inputs",
+                      sbp=_mg_sbp(("mn", "kn", "mk")), family="einsum")
+MATMUL_GRAD_B = defop("matmul_grad_b", _mgb_kernel, grad=_mgb_grad, save="inputs",
+                      sbp=_mg_sbp(("mk", "mn", "kn")), family="einsum")
 
 
 # -- addmm, baddbmm: beta * input + alpha * (m1 @ m2) ------------------------------------------
