@@ -113,18 +113,17 @@ def feature_alpha_dropout(input: Tensor, p: float = 0.5, training: bool = False,
 
 def prelu(input: Tensor, weight: Tensor) -> Tensor:
     """``x`` if ``x > 0`` else ``weight * x``; ``weight`` has one entry, or one per channel (dim 1;
-    dim 0 of a 1-D input)."""
+    inputs of fewer than 2 dims have one channel)."""
     n = weight.numel()
     if weight.dim() > 1:
         raise ShapeError(f"holoflow.prelu: weight must be 1-D, got shape {tuple(weight.shape)}")
     if n == 1:
         w = weight.reshape(())
     else:
-        cdim = 1 if input.dim() >= 2 else 0
-        if input.dim() == 0 or input.shape[cdim] != n:
-            raise ShapeError(f"holoflow.prelu: weight of {n} entries needs {n} channels in dim {cdim} of the "
+        if input.dim() < 2 or input.shape[1] != n:
+            raise ShapeError(f"holoflow.prelu: weight of {n} entries needs {n} channels in dim 1 of the "
                              f"input, got input of shape {tuple(input.shape)}")
-        w = weight.reshape((n,) + (1,) * (input.dim() - cdim - 1))
+        w = weight.reshape((n,) + (1,) * (input.dim() - 2))
     return E.where(input > 0, input, w * input)
 
 
@@ -224,8 +223,14 @@ def _amp2d_grad(c, dy, _didx) -> tuple:
     return (dx.reshape(c.shapes[0]),)
 
 
-ADAPTIVE_MAX_POOL2D = defop("adaptive_max_pool2d", lambda x, output_size:
-                            torch.ops.aten.adaptive_max_pool2d(x, output_size), grad=_amp2d_grad, save="both",
+def _amp2d_kernel(x: torch.Tensor, output_size: tuple) -> tuple:
+    if 0 in x.shape[:-2]:  # aten rejects an empty channel dim, which an uneven shard can have
+        shape = tuple(x.shape[:-2]) + tuple(output_size)
+        return x.new_empty(shape), torch.empty(shape, dtype=torch.int64, device=x.device)
+    return torch.ops.aten.adaptive_max_pool2d(x, output_size)
+
+
+ADAPTIVE_MAX_POOL2D = defop("adaptive_max_pool2d", _amp2d_kernel, grad=_amp2d_grad, save="both",
                             sbp=_lead_sbp(n_out=2), outputs=("out", "indices"), family="pool")
 
 
@@ -290,17 +295,20 @@ def pairwise_distance(x1: Tensor, x2: Tensor, p: float = 2.0, eps: float = 1e-6,
 
 
 def local_response_norm(input: Tensor, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> Tensor:
-    """``x / (k + alpha * mean of x^2 over `size` neighbouring channels)^beta`` (zero-padded, as
-    torch: an average pool over the channel axis of an ``(N, 1, C, rest)`` view)."""
+    """``x / (k + alpha * mean of x^2 over `size` neighbouring channels)^beta``, the window
+    zero-padded as torch pads it. The window sum is ``size`` shifted slices of the channel axis
+    (an average pool over it would fail on a shard with an empty leading dim)."""
     if input.dim() < 3:
         raise ShapeError(f"holoflow.local_response_norm: expected a 3-D or higher input, got shape "
                          f"{tuple(input.shape)}")
     if input.numel() == 0:
         return input
-    n, c = input.shape[0], input.shape[1]
-    div = pad((input * input).reshape(n, 1, c, -1), (0, 0, size // 2, (size - 1) // 2))
-    div = avg_pool2d(div, (size, 1), stride=1).reshape(input.shape)
-    return input / (div * alpha + k) ** beta
+    c = input.shape[1]
+    sq = pad(input * input, [0, 0] * (input.dim() - 2) + [size // 2, (size - 1) // 2])
+    div = sq.narrow(1, 0, c)
+    for i in range(1, size):
+        div = div + sq.narrow(1, i, c)
+    return input / (div / size * alpha + k) ** beta
 
 
 # -- losses ------------------------------------------------------------------------------------------
