@@ -106,10 +106,12 @@ def test_launch_translates_arguments():
 
 
 SCRIPT = """
+import os
 import holoflow as flow
 x = flow.ones(3) * (flow.env.get_rank() + 1)
 flow.comm.all_reduce(x)
-print(f"rank {flow.env.get_rank()}/{flow.env.get_world_size()} local {flow.env.get_local_rank()}: {x.tolist()}", flush=True)
+line = f"rank {flow.env.get_rank()}/{flow.env.get_world_size()} local {flow.env.get_local_rank()}: {x.tolist()}"
+os.write(1, (line + "\n").encode())  # one write: the ranks share stdout
 """
 
 
