@@ -1,6 +1,7 @@
 """holoflow.env in workers and in a plain process; the public flow.comm API on holoflow Tensors;
 the launcher end to end."""
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -122,5 +123,5 @@ def test_launcher_end_to_end(tmp_path):
     out = subprocess.run([sys.executable, "-m", "holoflow.distributed.launch", "--nproc_per_node", "2", str(script)],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank"))
+    lines = sorted(re.findall(r"rank \d/\d local \d: \[[^\]]*\]", out.stdout))
     assert lines == ["rank 0/2 local 0: [3.0, 3.0, 3.0]", "rank 1/2 local 1: [3.0, 3.0, 3.0]"], out.stdout

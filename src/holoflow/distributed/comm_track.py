@@ -159,16 +159,34 @@ def _gone(store, rank: int) -> str | None:
     if host != socket.gethostname():
         return None
     try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return f"pid {pid} on {host}"
-    except PermissionError:
-        return None
-    return None
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        alive = state not in ("Z", "X")  # a zombie has exited; its parent just hasn't reaped it
+    except FileNotFoundError:
+        alive = False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(int(pid), 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:
+            alive = True
+    return None if alive else f"pid {pid} on {host}"
 
 
-def laggards(info: CallInfo) -> str:
-    """Reads the peers' sequence keys: who did not arrive, who called something else, who died."""
+def laggards(info: CallInfo, peer_lost: bool = False) -> str:
+    """Reads the peers' sequence keys: who did not arrive, who called something else, who died.
+    ``peer_lost``: a connection closed, so give a dying peer a moment to disappear."""
+    text = _laggards(info)
+    deadline = time.monotonic() + (2.0 if peer_lost else 0.0)
+    while "process is gone" not in text and time.monotonic() < deadline:
+        time.sleep(0.1)
+        text = _laggards(info)
+    return text
+
+
+def _laggards(info: CallInfo) -> str:
     me = env.get_rank()
     behind, other, dead = [], [], []
     try:
@@ -214,8 +232,9 @@ def failure(info: CallInfo | None, cause: BaseException) -> CommError:
         return CommError(f"holoflow.comm: collective failed: {cause}")
     waited = time.monotonic() - info.start
     text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    lost = "closed" in text.lower() or "reset by peer" in text.lower()
     what = "timed out" if "timed out" in text.lower() or "timeout" in text.lower() else "failed"
     return CommError(
         f"holoflow.comm.{info.kind} (call #{info.seq} on group {list(info.ranks)}, seen from rank "
-        f"{env.get_rank()}) {what} after {waited:.1f}s (timeout {env.get_comm_timeout():g}s).{laggards(info)} "
+        f"{env.get_rank()}) {what} after {waited:.1f}s (timeout {env.get_comm_timeout():g}s).{laggards(info, lost)} "
         f"Cause: {text}")
