@@ -1,8 +1,12 @@
 """``scaled_dot_product_attention`` as a primitive.
 
-Forward runs torch's fused kernel (flash/memory-efficient where available). The backward op
-recomputes the attention matrix (as flash attention's backward does) and applies the math
-backward, so nothing of size L x S is kept between forward and backward. With ``dropout_p > 0``
+Without a mask and with equal head sizes, forward and backward are torch's fused flash kernels
+(``_scaled_dot_product_flash_attention_for_cpu[_backward]``): the forward also returns the
+per-row logsumexp, which the fused backward takes with the output. Otherwise (masks, differing
+value head size) the forward is torch's dispatcher and the backward op recomputes the attention
+matrix and applies the math backward, so nothing of size L x S is kept between forward and
+backward; on CUDA the fused-case ops run that math too. Double backward of either backward op
+raises UnsupportedError. With ``dropout_p > 0``
 the forward is the math path (as torch's CPU kernel is), returning the scaled keep-mask that the
 backward reuses; that op is declared ``random``.
 """
@@ -16,7 +20,7 @@ import torch.nn.functional as TF
 from ..core.dispatch import apply
 from ..core.errors import ShapeError, UnsupportedError
 from ..core.registry import Meta, defop
-from ..core.sbp import B, S
+from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 
 
@@ -33,8 +37,49 @@ def _scores(q, k, mask, is_causal, scale):
     return scores, scale, acc
 
 
+def _fusable(q_shape: tuple, k_shape: tuple, v_shape: tuple, has_mask: bool) -> bool:
+    """Whether torch's fused flash kernel computes this attention: no mask, equal head sizes, and
+    non-empty L, S and E (batch dims may be empty: shards of uneven splits are)."""
+    return not has_mask and q_shape[:-2] == k_shape[:-2] == v_shape[:-2] and q_shape[-1] == v_shape[-1] \
+        and min(q_shape[-2], k_shape[-2], q_shape[-1]) > 0
+
+
+def _as_4d(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-3] if x.dim() > 2 else 1, *x.shape[-2:])
+
+
+def _lse_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
+
+
 def _sdpa_kernel(q, k, v, mask, is_causal, scale):
-    return TF.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+    """(out, logsumexp): torch's fused flash kernel where :func:`_fusable` (logsumexp of the
+    scaled scores per query row, what the fused backward needs); otherwise torch's dispatcher
+    and an empty logsumexp (the math backward recomputes the scores)."""
+    if not _fusable(q.shape, k.shape, v.shape, mask is not None):
+        out = TF.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+        return out, q.new_empty((0,), dtype=_lse_dtype(q))
+    if q.numel() == 0:  # the CPU kernel does not take empty batches
+        return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q))
+    if q.device.type == "cuda":  # no CPU kernel there; logsumexp by the math path
+        scores, _, _ = _scores(q, k, None, is_causal, scale)
+        out = TF.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+        return out, torch.logsumexp(scores, -1)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        _as_4d(q), _as_4d(k), _as_4d(v), 0.0, is_causal, scale=scale)
+    return out.reshape(q.shape), lse.reshape(q.shape[:-1])
+
+
+def _sdpa_fused_bwd_kernel(dy, q, k, v, out, lse, is_causal, scale):
+    """(dq, dk, dv) of the fused forward: torch's flash backward on CPU, the math backward elsewhere."""
+    if q.numel() == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if q.device.type == "cuda":
+        return _sdpa_bwd_kernel(dy, q, k, v, None, None, is_causal, scale)[:3]
+    grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        _as_4d(dy), _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(out), lse.reshape(_as_4d(q).shape[:-1]), 0.0,
+        is_causal, scale=scale)
+    return tuple(g.reshape(x.shape) for g, x in zip(grads, (q, k, v)))
 
 
 def _sdpa_dropout_kernel(q, k, v, mask, is_causal, scale, dropout_p):
@@ -66,35 +111,52 @@ def _sdpa_bwd_kernel(dy, q, k, v, mask, keep, is_causal, scale):
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask
 
 
+def _batch_axes(q: Meta, k: Meta, v: Meta) -> list[int]:
+    """The batch axes (heads included) that q, k and v share: the axes attention may be split on."""
+    if not len(k.shape) == len(v.shape) == len(q.shape):
+        return []
+    return [a for a in range(len(q.shape) - 2) if q.shape[a] == k.shape[a] == v.shape[a]]
+
+
+def _follow(m, q: Meta, a: int):
+    """A mask (or keep-mask) follows q's split on axis ``a`` where it has that axis, else B."""
+    if not isinstance(m, Meta):
+        return B
+    off = len(m.shape) - len(q.shape) + a
+    return S(off) if off >= 0 and m.shape[off] == q.shape[a] and m.shape[off] > 1 else B
+
+
 def _sdpa_sbp(metas, attrs):
-    """Split on any batch axis (heads included) that q, k and v share; a mask follows where it
-    has that axis (else B); the backward's dmask is then split too or a partial sum."""
-    q, k, v = metas[:3]
-    rest = [m for m in metas[3:] if isinstance(m, Meta)]
-    is_bwd = "keep_given" in attrs
-    if is_bwd:
-        dy, q, k, v = metas[:4]
-        rest = [m for m in metas[4:] if isinstance(m, Meta)]
-    nb = len(q.shape) - 2
-    n_in = (4 if is_bwd else 3) + len(rest)
-    n_out = 4 if is_bwd else (2 if "dropout_p" in attrs else 1)
-    sigs = [((B,) * n_in, (B,) * n_out)]
-    for a in range(nb):
-        if not (len(k.shape) == len(v.shape) == len(q.shape) and q.shape[a] == k.shape[a] == v.shape[a]):
-            continue
-        ins = [S(a)] * (4 if is_bwd else 3)
-        for m in rest:  # mask (and keep): broadcast along a -> B
-            off = len(m.shape) - len(q.shape) + a
-            ins.append(S(off) if off >= 0 and m.shape[off] == q.shape[a] and m.shape[off] > 1 else B)
-        outs = [S(a)] * n_out
-        if is_bwd:
-            outs = [S(a)] * 3 + [_dmask_sbp(metas[4], q, a)]
-        sigs.append((tuple(ins), tuple(outs)))
+    """Split on any shared batch axis: q, k, v and out; a mask where it has that axis (else B);
+    the logsumexp too when the fused kernel made it (else it is an empty placeholder, B), and
+    the dropout keep-mask like a mask."""
+    q, k, v, mask = metas[:4]
+    real_second = "dropout_p" in attrs or _fusable(q.shape, k.shape, v.shape, isinstance(mask, Meta))
+    masks = [mask] if isinstance(mask, Meta) else []
+    sigs = [((B,) * (3 + len(masks)), (B, B))]
+    for a in _batch_axes(q, k, v):
+        sigs.append(((S(a), S(a), S(a), *(_follow(m, q, a) for m in masks)), (S(a), S(a) if real_second else B)))
     return sigs
 
 
+def _sdpa_bwd_sbp(metas, attrs):
+    """The math backward (dy, q, k, v, mask, keep): split like the forward; dmask is split too
+    where the mask has the axis, else a partial sum."""
+    dy, q, k, v, mask, keep = metas
+    extra = [m for m in (mask, keep) if isinstance(m, Meta)]  # absent ones are not tensor inputs
+    sigs = [((B,) * (4 + len(extra)), (B,) * 4)]
+    for a in _batch_axes(q, k, v):
+        sigs.append(((S(a),) * 4 + tuple(_follow(m, q, a) for m in extra), (S(a),) * 3 + (_dmask_sbp(mask, q, a),)))
+    return sigs
+
+
+def _sdpa_fused_bwd_sbp(metas, attrs):
+    """The fused backward (dy, q, k, v, out, lse): everything split on a shared batch axis."""
+    q, k, v = metas[1:4]
+    return [((B,) * 6, (B,) * 3)] + [((S(a),) * 6, (S(a),) * 3) for a in _batch_axes(q, k, v)]
+
+
 def _dmask_sbp(mask, q, a):
-    from ..core.sbp import P
     if not isinstance(mask, Meta) or not mask.dtype.is_floating_point:
         return B  # an empty placeholder
     off = len(mask.shape) - len(q.shape) + a
@@ -102,25 +164,39 @@ def _dmask_sbp(mask, q, a):
 
 
 def _no_double(ctx, *dys):
-    raise UnsupportedError("holoflow.scaled_dot_product_attention_backward: double backward is not implemented")
+    raise UnsupportedError(f"holoflow.{ctx.op.name}: double backward is not implemented (differentiate "
+                           f"a math attention written with matmul/softmax instead)")
 
 
-def _sdpa_grad(c, *dys):
+def _math_grad(c, dy, keep):
     q, k, v, mask = c.inputs[:4]
-    keep = c.outs[1] if len(dys) > 1 else None
-    dq, dk, dv, dmask = apply(SDPA_BWD, dys[0], q, k, v, mask, keep, is_causal=c.is_causal, scale=c.scale,
+    dq, dk, dv, dmask = apply(SDPA_BWD, dy, q, k, v, mask, keep, is_causal=c.is_causal, scale=c.scale,
                               keep_given=keep is not None)
     want_mask = mask is not None and c.needs_grad[3]
     return dq, dk, dv, dmask if want_mask else None
 
 
+def _sdpa_grad(c, dy, _dlse):
+    q, k, v, mask = c.inputs[:4]
+    if not _fusable(tuple(q.shape), tuple(k.shape), tuple(v.shape), mask is not None):
+        return _math_grad(c, dy, None)
+    out, lse = c.outs
+    return (*apply(SDPA_FUSED_BWD, dy, q, k, v, out, lse, is_causal=c.is_causal, scale=c.scale), None)
+
+
+def _sdpa_dropout_grad(c, dy, _dkeep):
+    return _math_grad(c, dy, c.outs[1])
+
+
 SDPA_BWD = defop("scaled_dot_product_attention_backward",
                  lambda dy, q, k, v, mask, keep, is_causal, scale, keep_given:
                  _sdpa_bwd_kernel(dy, q, k, v, mask, keep, is_causal, scale),
-                 grad=_no_double, sbp=_sdpa_sbp, family="attention")
-SDPA = defop("scaled_dot_product_attention", _sdpa_kernel, grad=_sdpa_grad, save="inputs", sbp=_sdpa_sbp,
-             family="attention")
-SDPA_DROPOUT = defop("scaled_dot_product_attention_dropout", _sdpa_dropout_kernel, grad=_sdpa_grad,
+                 grad=_no_double, sbp=_sdpa_bwd_sbp, family="attention")
+SDPA_FUSED_BWD = defop("scaled_dot_product_attention_fused_backward", _sdpa_fused_bwd_kernel, grad=_no_double,
+                       sbp=_sdpa_fused_bwd_sbp, family="attention")
+SDPA = defop("scaled_dot_product_attention", _sdpa_kernel, grad=_sdpa_grad, save="both", sbp=_sdpa_sbp,
+             outputs=("out", "logsumexp"), family="attention")
+SDPA_DROPOUT = defop("scaled_dot_product_attention_dropout", _sdpa_dropout_kernel, grad=_sdpa_dropout_grad,
                      save="both", sbp=_sdpa_sbp, outputs=("out", "keep"), random=True, family="attention")
 
 
@@ -141,7 +217,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     if dropout_p > 0:
         return apply(SDPA_DROPOUT, query, key, value, attn_mask, is_causal=is_causal, scale=scale,
                      dropout_p=float(dropout_p)).out
-    return apply(SDPA, query, key, value, attn_mask, is_causal=is_causal, scale=scale)
+    return apply(SDPA, query, key, value, attn_mask, is_causal=is_causal, scale=scale).out
 
 
 __all__ = ["scaled_dot_product_attention"]
