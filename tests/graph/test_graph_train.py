@@ -160,9 +160,7 @@ def autocast_loss(m, x, y):
 
 
 @pytest.mark.parametrize("mode", [
-    pytest.param("config", marks=pytest.mark.xfail(strict=True, reason="passes/amp.py: layer_norm_backward gets "
-                                                   "a bf16 dy with fp32 saved inputs (RuntimeError at run time)")),
-    "autocast_in_build"])
+    "config", "autocast_in_build"])
 def test_amp_bf16_close_to_eager_autocast(mode):
     x, y = gpt_data()
     e = eager(make_gpt, gpt_loss, x, y, 3, amp=True)

@@ -68,7 +68,7 @@ def test_ir_dtypes():
     g = Train(m, o)
     g(x, y)
     ir = next(iter(g._compiled.values())).ir
-    mm = [n for n in ir.nodes if n.op in ("linear", "einsum")]
+    mm = [n for n in ir.nodes if n.op in ("linear", "einsum", "linear_grad_input", "linear_grad_weight")]
     assert len(mm) == 5 and all(v.dtype == BF16 for n in mm for v in n.inputs if isinstance(v, Value))
     assert all(n.outputs[0].dtype == BF16 for n in mm)
     ce = next(n for n in ir.nodes if n.op == "cross_entropy")

@@ -22,6 +22,7 @@ conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d conv_transpose3d
 prelu addmm addbmm baddbmm bmm mm matmul linear linalg_vecdot scaled_dot_product_attention
 scaled_dot_product_attention_dropout
 einsum
+linear_grad_input linear_grad_weight matmul_grad_a matmul_grad_b convolution_backward
 """
 
 _CUDA_ONLY_LOWER = """

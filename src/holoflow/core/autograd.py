@@ -9,6 +9,8 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Sequence
 
+import torch
+
 from . import grad_mode
 from .errors import HoloflowError
 
@@ -182,10 +184,12 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
             captured[key] = _accumulate(captured.get(key), g)
         if not accumulate:
             return
-        if not create_graph:
+        if not create_graph:  # own a dense buffer: in-place updates of .grad must be safe
             g = g.detach()
-            if g._data._base is not None or id(g._data) in handed:
-                g = Tensor._make(g._data.clone())
+            d = g._data
+            if d._base is not None or id(d) in handed or not d.is_contiguous():
+                g = Tensor._make(d.clone(memory_format=torch.contiguous_format))
+                g._global = None
             handed.add(id(g._data))
         if t._global is not None:  # a local gradient of SBP dual(t.sbp): box it for .grad
             g = t._box_grad(g)

@@ -3,8 +3,6 @@
 Layers call :mod:`holoflow.nn.functional` (resolved when they run), so model code written for
 ``torch.nn`` ports by changing the import.
 """
-import importlib as _importlib
-
 from . import init, utils
 from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from .hooks import RemovableHandle
@@ -14,9 +12,13 @@ from .modules.transformer import generate_square_subsequent_mask as _causal_mask
 from .parameter import Buffer, Parameter
 from ._state import _IncompatibleKeys
 
-try:  # written alongside this package; the layers look it up when they run
-    functional = _importlib.import_module(".functional", __name__)
-except ModuleNotFoundError as _e:
-    if _e.name != __name__ + ".functional":
-        raise
+from . import functional, parallel
 from . import global_module as _global_module  # noqa: E402,F401 - attaches Module.to_global
+
+
+def __getattr__(name: str):
+    """``nn.Graph`` lives in holoflow.graph (which imports nn): resolved on first use."""
+    if name in ("Graph", "GraphModule", "GraphConfig"):
+        from .. import graph
+        return getattr(graph, name)
+    raise AttributeError(f"holoflow.nn has no attribute {name!r}")

@@ -73,6 +73,13 @@ class _Rewriter:
             self.nodes.append(n.with_(inputs=tuple(ins)) if _changed(ins, n.inputs) else n)
             return
         ins = self.policy_inputs(n, ins)
+        floats = {x.dtype for x in ins if _is_float(x)}
+        if POLICIES.get(_device(n), POLICIES["cuda"]).get(n.op) is None and len(floats) > 1:
+            # an op on no list that the rewrite left with mixed float dtypes (e.g. a bf16
+            # gradient from a lowered matmul reaching layer_norm_backward with fp32 saved
+            # inputs) runs in the dtypes it was traced with, as eager's promotion would
+            ins = [self.cast(x, o.dtype, n) if isinstance(x, Value) and isinstance(o, Value)
+                   and x.dtype != o.dtype else x for x, o in zip(ins, n.inputs)]
         if not _changed(ins, n.inputs):
             self.nodes.append(n)
             return
@@ -82,6 +89,11 @@ class _Rewriter:
                      Value(tuple(m.shape), m.dtype, o.device, o.name) for o, m in zip(n.outputs, metas))
         self.env.update((o, w) for o, w in zip(n.outputs, outs) if o is not w)
         self.nodes.append(n.with_(inputs=tuple(ins), outputs=outs))
+
+
+def _device(n: Node) -> str:
+    vals = [x for x in n.inputs if isinstance(x, Value)]
+    return vals[0].device.type if vals else "cpu"
 
 
 def _changed(ins: list, old: tuple) -> bool:
