@@ -123,7 +123,7 @@ def run_step(t: torch.Tensor, step: Step, shape, place: placement, rank: int, co
     if kind == "all_to_all":
         n = t.shape[step.dim2]
         p = place.hierarchy[axis]
-        chunks = [t.narrow(step.dim2, *balanced(n, p, c)).contiguous() for c in range(p)]
+        chunks = [t.narrow(step.dim2, *balanced(n, p, c)) for c in range(p)]  # comm packs them
         mine = balanced(n, p, coords[axis])[1]
         shapes = []
         for c in range(p):  # member c's shard (before the step) narrowed to my chunk of dim2
@@ -133,12 +133,24 @@ def run_step(t: torch.Tensor, step: Step, shape, place: placement, rank: int, co
             s_[step.dim2] = mine
             shapes.append(tuple(s_))
         got = comm.all_to_all(chunks, group, shapes)
-        return torch.cat(got, dim=step.dim)
+        return _cat(got, step.dim)
     if kind == "slice":
         return t.narrow(step.dim, *balanced(t.shape[step.dim], place.hierarchy[axis], coords[axis]))
     if kind == "zero":
         return t if coords[axis] == 0 else torch.zeros_like(t)
     raise AssertionError(kind)
+
+
+def _cat(parts: list, dim: int) -> torch.Tensor:
+    """``torch.cat(parts, dim)``, or a view when they already lie back to back along dim 0."""
+    first = parts[0]
+    if dim == 0 and len(parts) > 1 and all(x.is_contiguous() for x in parts) and all(
+            x.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for x in parts):
+        size = first.element_size()
+        if all(b.data_ptr() == a.data_ptr() + a.numel() * size for a, b in zip(parts, parts[1:])):
+            rows = sum(x.shape[0] for x in parts)
+            return first.as_strided((rows,) + tuple(first.shape[1:]), first.stride())
+    return torch.cat(parts, dim=dim)
 
 
 def _box_kernel(t, place, src, dst, shape, rank, comm):

@@ -1,28 +1,77 @@
 """The communicator boxing uses in a real multi-process world: holoflow.distributed.comm
-(torch.distributed, counted, with timeouts) behind the small interface of ``world.SimComm``."""
+(torch.distributed, counted, with timeouts) behind the small interface of ``world.SimComm``.
+
+Even splits over a group listed in rank order (the common case) take fast paths that run the
+flat torch collective straight into the result's storage: no padding buffer, no per-rank clones,
+no concatenation (bench/boxing.py measures them against raw torch.distributed). Everything else
+goes through :mod:`.comm`'s general collectives.
+"""
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
 from . import comm
-from .groups import group_for
+from .comm_track import run
+from .groups import group_for, normalize
+
+
+def _sorted_group(group: tuple) -> bool:
+    """Is ``group`` already its key's order (so position i is the i-th rank of the torch group)?"""
+    return len(group) > 1 and tuple(group) == normalize(group)
 
 
 class TorchComm:
     """Boxing's collectives; inputs are never modified (shards belong to their tensors)."""
 
     def all_gather(self, t: torch.Tensor, group: tuple, dim: int, sizes) -> torch.Tensor:
+        if _sorted_group(group) and t.dim() > 0 and all(s == t.shape[dim] for s in sizes):
+            return self._all_gather_even(t, group, dim)
         return torch.cat(comm.all_gather(t.contiguous(), group, dim, sizes), dim=dim)
+
+    def _all_gather_even(self, t: torch.Tensor, group: tuple, dim: int) -> torch.Tensor:
+        p, d = len(group), dim % t.dim()
+        src = t.contiguous()
+        # gathered rank-major: (p, *shape); for dim 0 that is already the result's layout
+        out = src.new_empty((p,) + tuple(src.shape))
+        g = group_for(group)
+        run("all_gather", tuple(group), src.numel() * src.element_size(),
+            lambda: comm._ALL_GATHER(out.view(-1), src.view(-1), group=g, async_op=True))
+        if d == 0:
+            return out.view((p * src.shape[0],) + tuple(src.shape[1:]))
+        return out.movedim(0, d).reshape(src.shape[:d] + (p * src.shape[d],) + src.shape[d + 1:])
 
     def all_reduce(self, t: torch.Tensor, group: tuple) -> torch.Tensor:
         return comm.all_reduce(t.clone(memory_format=torch.contiguous_format), group)
 
     def reduce_scatter(self, t: torch.Tensor, group: tuple, dim: int, sizes) -> torch.Tensor:
+        d = dim % max(t.dim(), 1)
+        if _sorted_group(group) and d == 0 and t.is_contiguous() and all(s == sizes[0] for s in sizes) \
+                and sizes[0] * len(group) == t.shape[0]:
+            out = t.new_empty((sizes[0],) + tuple(t.shape[1:]))
+            g = group_for(group)
+            run("reduce_scatter", tuple(group), t.numel() * t.element_size(),
+                lambda: comm._REDUCE_SCATTER(out.view(-1), t.view(-1), group=g, async_op=True))
+            return out
         return comm.reduce_scatter(t.contiguous(), group, dim)
 
     def all_to_all(self, chunks: list, group: tuple, out_shapes=None) -> list:
-        return comm.all_to_all(chunks, group, out_shapes)
+        if _sorted_group(group) and out_shapes is not None:
+            return self._all_to_all_packed(chunks, group, out_shapes)
+        return comm.all_to_all([c.contiguous() for c in chunks], group, out_shapes)
+
+    def _all_to_all_packed(self, chunks: list, group: tuple, out_shapes) -> list:
+        """One copy packs the (possibly strided) chunks; results are views of one buffer."""
+        in_splits = [c.numel() for c in chunks]
+        out_splits = [int(torch.Size(s).numel()) for s in out_shapes]
+        send = chunks[0].new_empty(sum(in_splits))
+        for c, part in zip(chunks, send.split(in_splits)):
+            part.view(c.shape).copy_(c)
+        recv = send.new_empty(sum(out_splits))
+        g = group_for(group)
+        run("all_to_all", tuple(group), send.numel() * send.element_size(),
+            lambda: dist.all_to_all_single(recv, send, out_splits, in_splits, group=g, async_op=True))
+        return [part.view(tuple(s)) for part, s in zip(recv.split(out_splits), out_shapes)]
 
     def broadcast(self, t: torch.Tensor, src: int, group: tuple) -> torch.Tensor:
         return comm.broadcast(t.clone(memory_format=torch.contiguous_format), src, group)
