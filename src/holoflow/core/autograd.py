@@ -174,7 +174,7 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
     for i, t in enumerate(capture or ()):
         cap_keys[(t.grad_fn, t._out_idx) if t.grad_fn is not None else id(t)] = i
     buffers: dict[Node, list] = {}
-    handed: set[int] = set()
+    handed: dict[int, torch.Tensor] = {}
 
     def to_leaf(t, g):
         if t._hooks:
@@ -187,10 +187,9 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
         if not create_graph:  # own a dense buffer: in-place updates of .grad must be safe
             g = g.detach()
             d = g._data
-            if d._base is not None or id(d) in handed or not d.is_contiguous():
-                g = Tensor._make(d.clone(memory_format=torch.contiguous_format))
-                g._global = None
-            handed.add(id(g._data))
+            if d.device.type != "meta" and (d._base is not None or id(d) in handed or not d.is_contiguous()):
+                g = Tensor._make(d.clone(memory_format=torch.contiguous_format))  # (a trace is SSA: no aliasing)
+            handed[id(g._data)] = g._data  # held, so an id is never reused within this pass
         if t._global is not None:  # a local gradient of SBP dual(t.sbp): box it for .grad
             g = t._box_grad(g)
         t.grad = g if t.grad is None else t.grad + g
