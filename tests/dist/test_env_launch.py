@@ -112,7 +112,7 @@ import holoflow as flow
 x = flow.ones(3) * (flow.env.get_rank() + 1)
 flow.comm.all_reduce(x)
 line = f"rank {flow.env.get_rank()}/{flow.env.get_world_size()} local {flow.env.get_local_rank()}: {x.tolist()}"
-os.write(1, (line + "\n").encode())  # one write: the ranks share stdout
+os.write(1, (line + "\\n").encode())  # one write: the ranks share stdout
 """
 
 
