@@ -18,6 +18,7 @@ from ..core.errors import ShapeError, UnsupportedError
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
+from .family import empty_safe
 
 
 def _no_double(name: str):
@@ -358,3 +359,10 @@ def upsample(input: Tensor, size=None, scale_factor=None, mode: str = "nearest",
 _ = math
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
            "adaptive_avg_pool2d", "interpolate", "upsample"]
+
+
+# aten's pooling and resize kernels refuse empty channel/batch dims, which a split smaller than
+# the mesh produces on some ranks: give them the empty-shard fallback
+for _op in (MAX_POOL2D, MAX_POOL2D_BWD, AVG_POOL2D, AVG_POOL2D_BWD, ADAPTIVE_AVG_POOL2D,
+            ADAPTIVE_AVG_POOL2D_BWD, INTERPOLATE, INTERPOLATE_BWD):
+    _op.kernel = empty_safe(_op.kernel)

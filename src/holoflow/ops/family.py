@@ -149,6 +149,33 @@ CAST = defop("cast", lambda x, dtype: x.to(dtype),
              sbp=elementwise_sbp(("P",)), family="elementwise")
 
 
+def empty_safe(kernel: Callable) -> Callable:
+    """Wraps a pooling/resize-style kernel (tensor inputs laid out as (N, C, ...), outputs too)
+    so that an empty shard — a batch or channel split smaller than the mesh — gives empty
+    outputs of the right shape instead of aten's refusal of empty dims: the kernel runs with
+    those dims at size 1 and the outputs are cut back to 0 there. No cost when it succeeds."""
+    @functools.wraps(kernel)
+    def k(*args, **attrs):
+        try:
+            return kernel(*args, **attrs)
+        except RuntimeError:
+            empty = {i for a in args if isinstance(a, torch.Tensor) for i, d in enumerate(a.shape[:2]) if d == 0}
+            if not empty:
+                raise
+            grown = [a.new_zeros([1 if i in empty else d for i, d in enumerate(a.shape)])
+                     if isinstance(a, torch.Tensor) and a.numel() == 0 else a for a in args]
+            out = kernel(*grown, **attrs)
+
+            def cut(o):
+                if not isinstance(o, torch.Tensor):
+                    return o
+                for i in empty:
+                    o = o.narrow(i, 0, 0) if o.dim() > i else o
+                return o
+            return cut(out) if isinstance(out, torch.Tensor) else type(out)(cut(o) for o in out)
+    return k
+
+
 def unary(name: str, kernel: Callable, grad: Callable | None = None, save: str = "",
           partial: Sequence[str] = (), **rules) -> Op:
     """Declares an elementwise unary op (with an in-place kernel if torch has one)."""
