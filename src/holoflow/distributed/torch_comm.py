@@ -77,8 +77,4 @@ class TorchComm:
         return comm.broadcast(t.clone(memory_format=torch.contiguous_format), src, group)
 
     def all_gather_shapes(self, obj, group: tuple) -> list:
-        if len(group) == 1:
-            return [obj]
-        out: list = [None] * len(group)
-        dist.all_gather_object(out, obj, group=group_for(group))
-        return out
+        return comm.all_gather_object(obj, group)
