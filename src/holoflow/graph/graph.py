@@ -166,6 +166,9 @@ class Graph:
         tracer = Tracer(self._state_names())
         dev = next((x._data.device for x in leaves if isinstance(x, Tensor)), None)
         tracer.device_type = dev.type if dev is not None else "cpu"
+        for x in leaves:
+            if isinstance(x, Tensor) and x._global is not None:
+                tracer.value_of(x)  # raises: global graphs are not supported yet
         lazy = [tracer.feed(x._data, f"input{i}") if isinstance(x, Tensor) else x for i, x in enumerate(leaves)]
         args, kwargs = unflatten(lazy, spec)
         scale = self._scale_tensor(dev)

@@ -33,6 +33,7 @@ def _group_update(opt, group_index: int, params: list):
             grad_mode.STATE.enabled = prev
         opt._step_count = getattr(opt, "_step_count", 0) + 1
     update.__name__ = f"{type(opt).__name__.lower()}_update"
+    update.opt, update.group_index, update.params = opt, group_index, params  # for passes/fuse_update
     return update
 
 

@@ -118,6 +118,12 @@ class Tracer:
         key = id(x)
         if key in self.current:
             return self.current[key]
+        if x._global is not None:
+            from ..core.errors import UnsupportedError
+            raise UnsupportedError(
+                f"holoflow.nn.Graph: a global tensor (shape {tuple(x.shape)}, sbp {x._global.sbp}) "
+                f"reached the trace; graphs of global tensors are not supported yet — run this "
+                f"model eagerly (the global view works op by op), or use local tensors in the graph")
         if x._data.device.type == "meta":
             hit = self.by_data.get(id(x._data))
             if hit is not None and hit[1] is x._data:  # a saved output re-wrapped by a grad rule

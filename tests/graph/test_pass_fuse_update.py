@@ -1,0 +1,80 @@
+"""fuse_update: the Adam/AdamW effect node becomes torch's fused multi-tensor kernel, with the
+numbers of torch.optim (eager) over several steps."""
+import copy
+
+import pytest
+import torch
+
+import holoflow as flow
+
+
+class Net(flow.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = flow.nn.Linear(6, 12), flow.nn.Linear(12, 3)
+
+    def forward(self, x):
+        return self.b(flow.nn.functional.gelu(self.a(x))).pow(2).mean()
+
+
+class Train(flow.nn.Graph):
+    def __init__(self, m, opt, fuse):
+        super().__init__()
+        self.m = m
+        self.add_optimizer(opt)
+        self.config.allow_fuse_model_update_ops(fuse)
+
+    def build(self, x):
+        loss = self.m(x)
+        loss.backward()
+        return loss
+
+
+@pytest.mark.parametrize("cls,kw", [(flow.optim.Adam, {}), (flow.optim.AdamW, {"weight_decay": 0.1}),
+                                    (flow.optim.Adam, {"amsgrad": True, "weight_decay": 0.01})])
+def test_fused_update_matches_torch_adam(cls, kw):
+    flow.manual_seed(0)
+    m = Net()
+    tm = torch.nn.Sequential()  # torch twin with the same weights
+    tm.a, tm.b = torch.nn.Linear(6, 12), torch.nn.Linear(12, 3)
+    tm.load_state_dict({k: v.to_torch() for k, v in m.state_dict().items()})
+    opt = cls(m.parameters(), lr=1e-2, **kw)
+    topt = getattr(torch.optim, cls.__name__)(tm.parameters(), lr=1e-2, **kw)
+    g = Train(m, opt, fuse=True)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        x = torch.randn(5, 6, generator=gen)
+        loss = g(flow.from_torch(x))
+        tloss = tm.b(torch.nn.functional.gelu(tm.a(x))).pow(2).mean()
+        topt.zero_grad()
+        tloss.backward()
+        topt.step()
+        torch.testing.assert_close(loss.to_torch(), tloss.detach(), rtol=1e-5, atol=1e-6)
+    for (k, v), (_tk, tv) in zip(m.state_dict().items(), tm.state_dict().items()):
+        torch.testing.assert_close(v.to_torch(), tv, rtol=1e-5, atol=1e-6, msg=lambda s, k=k: f"{k}: {s}")
+    ir = next(iter(g._compiled.values())).ir
+    assert [n.op for n in ir.nodes if n.effect] == [f"fused_{cls.__name__.lower()}_update"]
+
+
+def test_off_keeps_foreach_update_and_sgd_is_untouched():
+    m = Net()
+    g = Train(m, flow.optim.Adam(m.parameters()), fuse=False)
+    g(flow.randn(5, 6))
+    assert [n.op for n in next(iter(g._compiled.values())).ir.nodes if n.effect] == ["adam_update"]
+    m2 = copy.deepcopy(m)
+    g2 = Train(m2, flow.optim.SGD(m2.parameters(), lr=0.1), fuse=True)
+    g2(flow.randn(5, 6))
+    assert [n.op for n in next(iter(g2._compiled.values())).ir.nodes if n.effect] == ["sgd_update"]
+
+
+def test_global_tensors_in_a_graph_fail_clearly():
+    from holoflow.distributed import world
+
+    def fn(r):
+        m = Net()
+        g = Train(m, flow.optim.Adam(m.parameters()), fuse=False)
+        x = flow.randn(4, 6).to_global(flow.placement("cpu", [0, 1]), flow.sbp.broadcast)
+        with pytest.raises(flow.core.errors.UnsupportedError, match="global tensors are not supported"):
+            g(x)
+        return True
+    assert world.simulate(2, fn) == [True, True]
