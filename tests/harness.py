@@ -145,7 +145,7 @@ def run_case(case: Case, dtype) -> None:
     assert len(f_outs) == len(t_outs), f"{case.name}: {len(f_outs)} differentiable outputs vs torch {len(t_outs)}"
     if not t_outs or not t_ins:
         return
-    ups = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype) for o in t_outs]
+    ups = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype).to(o.device) for o in t_outs]
     t_grads = torch.autograd.grad(t_outs, t_ins, ups, allow_unused=True)
     f_grads = flow.autograd.grad(f_outs, f_ins, [flow.from_torch(u) for u in ups], allow_unused=True)
     for i, (fg, tg) in enumerate(zip(f_grads, t_grads)):

@@ -22,6 +22,9 @@ def fused_adam_update(opt, group_index: int, params: list):
 
     def update(*grads):
         states = [opt._state_of(p, group) for p in params]
+        for p, st in zip(params, states):  # fused kernels want the counters on the params' device
+            if st["step"]._data.device != p._data.device:
+                st["step"]._data = st["step"]._data.to(p._data.device)
         steps = [st["step"]._data for st in states]
         torch._foreach_add_(steps, 1)
         b1, b2 = group["betas"]
