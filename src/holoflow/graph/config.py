@@ -59,11 +59,9 @@ class GraphConfig:
         self.profiling, self.profile_path = bool(mode), path
 
     def for_passes(self, flagged: set[str]) -> "GraphConfig":
-        """The config the passes see: gradient accumulation is already applied while tracing
-        (micro-batches traced as eager runs them); modules flagged with
-        ``activation_checkpointing = True`` join ``checkpointed_scopes``."""
+        """The config the passes see: modules flagged with ``activation_checkpointing = True``
+        join ``checkpointed_scopes``."""
         c = copy.copy(self)
-        c.grad_acc_steps = 1
         c.checkpointed_scopes = set(self.checkpointed_scopes) | set(flagged)
         return c
 

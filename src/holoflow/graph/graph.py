@@ -208,24 +208,8 @@ class Graph:
         return c
 
     def _trace_build(self, args: tuple, kwargs: dict):
-        n = self.config.grad_acc_steps
-        if n == 1 or not self._optimizers:
-            return self.build(*args, **kwargs)
-        leaves, spec = flatten((args, kwargs))
-        chunks = []
-        for x in leaves:
-            if isinstance(x, Tensor) and x.dim() > 0:
-                if x.shape[0] % n:
-                    raise GraphBuildError(f"holoflow.nn.Graph: gradient accumulation over {n} micro-batches needs "
-                                          f"every input's dim 0 divisible by {n}; got shape {tuple(x.shape)}")
-                chunks.append(x.chunk(n, 0))
-            else:
-                chunks.append([x] * n)
-        outs = []
-        for i in range(n):
-            a, k = unflatten([c[i] for c in chunks], spec)
-            outs.append(self.build(*a, **k))
-        return _merge_micro_batches(outs)
+        # gradient accumulation is an IR pass (passes/grad_acc.py): build is traced once
+        return self.build(*args, **kwargs)
 
     def _scale_tensor(self, device) -> Tensor | None:
         """The live scale the traced loss multiplies by (None without an enabled grad scaler)."""
@@ -254,8 +238,7 @@ class Graph:
             if t.numel() != 1:
                 raise GraphBuildError(f"holoflow.nn.Graph: loss.backward() at {user_line()} needs a scalar loss, "
                                       f"got shape {tuple(t.shape)}; reduce it first (e.g. loss.mean())")
-            loss = t / graph.config.grad_acc_steps if graph.config.grad_acc_steps > 1 else t
-            loss = loss * scale if scale is not None else loss
+            loss = t * scale if scale is not None else t
             # earlier micro-batches' grads are set aside and added after (same order as eager):
             # autograd's own accumulation may copy a gradient with raw torch, which no trace sees
             params = graph._all_params()
@@ -396,20 +379,6 @@ class GraphModule:
     @property
     def stage_id(self) -> int | None:
         return self.graph.config.stages.get(self.path, (None,))[0]
-
-
-def _merge_micro_batches(outs: list):
-    """Micro-batch outputs as one: scalars averaged (the full batch's mean loss), others
-    concatenated on dim 0, non-tensors from the last micro-batch."""
-    from .. import cat, stack
-    flat = [flatten(o) for o in outs]
-    merged = []
-    for vals in zip(*(f[0] for f in flat)):
-        if isinstance(vals[0], Tensor):
-            merged.append(stack(list(vals)).mean(0) if vals[0].dim() == 0 else cat(list(vals), 0))
-        else:
-            merged.append(vals[-1])
-    return unflatten(merged, flat[-1][1])
 
 
 def _user_frame(e: BaseException) -> str:
