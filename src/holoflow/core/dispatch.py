@@ -40,7 +40,8 @@ def apply(op: Op, *inputs, **attrs):
         if isinstance(x, Tensor):
             if x._global is not None:
                 return Hooks.global_apply(op, inputs, attrs)
-            needs_grad = needs_grad or x._rg
+            if x._rg:
+                needs_grad = True
             datas.append(x._data)
         else:
             datas.append(x)
@@ -48,8 +49,16 @@ def apply(op: Op, *inputs, **attrs):
         out = op.kernel(*datas, **attrs)
     except Exception as e:  # a user mistake surfaces as holoflow's error, never torch's bare one
         raise op_error(op, inputs, attrs, e) from e
-    record = needs_grad and op.grad is not None and grad_mode.STATE.enabled
+    record = needs_grad and op.grad is not None and _STATE.enabled
+    if not record and type(out) is torch.Tensor:  # the hot path, inlined
+        t = _new(Tensor)
+        t._data, t._rg, t.grad, t.grad_fn, t._out_idx, t._hooks, t._global = out, False, None, None, 0, None, None
+        return t
     return wrap(op, inputs, attrs, out, record)
+
+
+_STATE = grad_mode.STATE
+_new = object.__new__
 
 
 def run_local(op: Op, inputs: tuple, attrs: dict, saved: tuple | None = None):

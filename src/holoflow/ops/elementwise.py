@@ -139,8 +139,16 @@ def _rem_grad(rounding):
     return grad
 
 
-ADD = binary("add", lambda a, b, alpha=1: torch.add(a, b, alpha=alpha), _add_grad, partial=("PP",))
-SUB = binary("sub", lambda a, b, alpha=1: torch.sub(a, b, alpha=alpha), _sub_grad, partial=("PP",))
+def _add(a, b, alpha=1):
+    return a + b if alpha == 1 else torch.add(a, b, alpha=alpha)
+
+
+def _sub(a, b, alpha=1):
+    return a - b if alpha == 1 else torch.sub(a, b, alpha=alpha)
+
+
+ADD = binary("add", _add, _add_grad, partial=("PP",))
+SUB = binary("sub", _sub, _sub_grad, partial=("PP",))
 MUL = binary("mul", torch.mul, _mul_grad, "inputs", partial=("PB", "BP", "P-", "-P"))
 DIV = binary("div", lambda a, b, rounding_mode=None: torch.div(a, b, rounding_mode=rounding_mode),
              _div_grad, "inputs", partial=lambda attrs: ("PB", "P-") if attrs.get("rounding_mode") is None else ())
@@ -215,12 +223,12 @@ greater_equal, less_equal, not_equal, arctan2 = _FUNCS["ge"], _FUNCS["le"], _FUN
 
 def add(input, other, *, alpha=1) -> Tensor:
     """``input + alpha * other`` with broadcasting."""
-    return apply(ADD, input, other, alpha=alpha)
+    return apply(ADD, input, other) if alpha == 1 else apply(ADD, input, other, alpha=alpha)
 
 
 def sub(input, other, *, alpha=1) -> Tensor:
     """``input - alpha * other`` with broadcasting."""
-    return apply(SUB, input, other, alpha=alpha)
+    return apply(SUB, input, other) if alpha == 1 else apply(SUB, input, other, alpha=alpha)
 
 
 subtract = sub

@@ -196,7 +196,11 @@ def binary(name: str, kernel: Callable, grad: Callable | None = None, save: str 
         elif tensors_only and not isinstance(b, torch.Tensor):
             b = torch.tensor(b, device=a.device)
         return kernel(a, b, **attrs)
-    return defop(name, k, grad=grad, save=save, family="elementwise",
+
+    def fast(a, b, **attrs):  # the common case, tensor first: no wrapper frame
+        return kernel(a, b, **attrs) if isinstance(a, torch.Tensor) else k(a, b, **attrs)
+    fast.__wrapped__ = kernel
+    return defop(name, k if tensors_only else fast, grad=grad, save=save, family="elementwise",
                  shape=elementwise_shape(name, k), sbp=elementwise_sbp(partial),
                  inplace_kernel=getattr(torch.Tensor, name + "_", None), **rules)
 
