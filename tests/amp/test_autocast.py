@@ -58,9 +58,8 @@ CASES = [
     ("prod", lambda: (_rand(3, 5, dtype=BF),), {}),
     ("cross_entropy", lambda: (_rand(4, 5, dtype=BF), torch.tensor([0, 1, 4, 2])), {}),
     ("nll_loss", lambda: (_rand(4, 5, dtype=BF), torch.tensor([0, 1, 4, 2])), {}),
-    pytest.param("mse_loss", lambda: (_rand(4, 5, dtype=BF), _rand(4, 5, dtype=BF)), {},
-                 marks=pytest.mark.xfail(strict=True, reason="mse_loss is a composite in ops/loss.py, so "
-                                         "dispatch (and amp's policy) never sees an op named mse_loss")),
+    ("mse_loss", lambda: (_rand(4, 5, dtype=BF), _rand(4, 5, dtype=BF)), {}),
+    ("l1_loss", lambda: (_rand(4, 5, dtype=BF), _rand(4, 5, dtype=BF)), {}),
     ("binary_cross_entropy_with_logits", lambda: (_rand(4, dtype=BF), torch.rand(4, generator=_GEN)), {}),
     # promote ops and ordinary type promotion: the widest input dtype
     ("cat", lambda: ([_rand(2, 3, dtype=BF), _rand(2, 3)],), {}),

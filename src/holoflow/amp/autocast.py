@@ -86,6 +86,10 @@ class _AmpHook:
         assert kind == PROMOTE
         return _promote(inputs, devtype)
 
+    def composite(self, name: str, inputs: tuple) -> tuple:
+        """The policy of a composite op (mse_loss, l1_loss, ...): the name torch lists it under."""
+        return self.cast(_Named(name), inputs, {})
+
     def _to(self, x, dt: torch.dtype, devtype: str, eligible: Callable) -> Any:
         if not isinstance(x, Tensor):
             return x
@@ -93,6 +97,13 @@ class _AmpHook:
         if d.dtype == dt or not eligible(d.dtype) or d.device.type != devtype:
             return x
         return _CACHE.cast(x, dt, self.cache)
+
+
+class _Named:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
 def _eligible_for_lower(dt: torch.dtype) -> bool:
@@ -151,11 +162,14 @@ class autocast:
         inner = outer.inner if outer else self._prev
         cache = self.cache_enabled and (outer.cache if outer else True)
         Hooks.pre = _AmpHook(modes, cache, inner)
+        self._prev_composite = Hooks.composite
+        Hooks.composite = Hooks.pre.composite
         _CACHE.depth += 1
         return self
 
     def __exit__(self, *exc) -> None:
         Hooks.pre = self._prev
+        Hooks.composite = self._prev_composite
         _CACHE.depth -= 1
         if _CACHE.depth == 0:
             _CACHE.entries.clear()

@@ -26,6 +26,7 @@ class Hooks:
     trace = None          # graph tracing: (op, inputs, attrs) -> outputs
     global_apply = None   # global tensors: (op, inputs, attrs) -> outputs
     pre = None            # amp casts, test recorders: (op, inputs, attrs) -> inputs
+    composite = None      # amp casts for ops written as composites: (name, inputs) -> inputs
 
 
 def apply(op: Op, *inputs, **attrs):

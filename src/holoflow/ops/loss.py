@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as TF
 
-from ..core.dispatch import apply
+from ..core.dispatch import Hooks, apply
 from ..core.errors import DTypeError, ShapeError, UnsupportedError
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
@@ -204,21 +204,30 @@ def _pair(name: str, input: Tensor, target: Tensor, same_shape: bool = False) ->
                          f"shape {tuple(input.shape)}")
 
 
+def _composite(name: str, *inputs):
+    """Lets autocast apply ``name``'s policy to a loss written from other ops (torch lists
+    these losses as float32 ops)."""
+    return Hooks.composite(name, inputs) if Hooks.composite is not None else inputs
+
+
 def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
              weight=None) -> Tensor:
     """Mean squared error ``(input - target)^2``, reduced."""
+    input, target = _composite("mse_loss", input, target)
     d = input - target
     return reduce_loss(d * d, _reduction("mse_loss", reduction, size_average, reduce))
 
 
 def l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
     """Mean absolute error ``|input - target|``, reduced."""
+    input, target = _composite("l1_loss", input, target)
     return reduce_loss((input - target).abs(), _reduction("l1_loss", reduction, size_average, reduce))
 
 
 def smooth_l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
                    beta: float = 1.0) -> Tensor:
     """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (L1 for ``beta == 0``)."""
+    input, target = _composite("smooth_l1_loss", input, target)
     reduction = _reduction("smooth_l1_loss", reduction, size_average, reduce)
     d = (input - target).abs()
     if beta == 0:
@@ -228,6 +237,7 @@ def smooth_l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None
 
 def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
     """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)``."""
+    input, target = _composite("huber_loss", input, target)
     d = (input - target).abs()
     return reduce_loss(E.where(d < delta, d * d * 0.5, (d - 0.5 * delta) * delta),
                        _reduction("huber_loss", reduction))
@@ -237,6 +247,7 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
                          reduce=None, reduction: str = "mean") -> Tensor:
     """``-(t log x + (1 - t) log(1 - x))`` for probabilities ``x``, the logs clamped at -100 as
     torch does; ``weight`` rescales each element."""
+    input, target = _composite("binary_cross_entropy", input, target)
     _pair("binary_cross_entropy", input, target, same_shape=True)
     loss = -(target * input.log().clamp_min(-100.0) + (1 - target) * (1 - input).log().clamp_min(-100.0))
     if weight is not None:
@@ -266,6 +277,7 @@ def kl_div(input: Tensor, target: Tensor, size_average=None, reduce=None, reduct
            log_target: bool = False) -> Tensor:
     """``target * (log target - input)`` with ``input`` log-probabilities (``target`` too when
     ``log_target``); reduction 'batchmean' divides the sum by the batch size."""
+    input, target = _composite("kl_div", input, target)
     if reduction == "batchmean":
         red = "batchmean"
     else:
