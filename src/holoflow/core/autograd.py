@@ -28,14 +28,14 @@ class Node:
     """One recorded op application; also the ``ctx`` its grad rule reads."""
 
     __slots__ = ("op", "edges", "attrs", "shapes", "dtypes", "_saved", "_versions", "_outs",
-                 "out_metas", "hooks", "seq", "__weakref__")
+                 "out_metas", "hooks", "retains", "seq", "__weakref__")
 
     def __init__(self, op, edges: tuple, attrs: dict, shapes: tuple, dtypes: tuple) -> None:
         self.op, self.edges, self.attrs = op, edges, attrs
         self.shapes, self.dtypes = shapes, dtypes
         self._saved = self._outs = self._versions = None
         self.out_metas = None
-        self.hooks = None
+        self.hooks = self.retains = None
         self.seq = next(_SEQ)
 
     # -- what grad rules read --------------------------------------------------------------
@@ -240,6 +240,10 @@ def _drain(ready, buffers, deps, cap_keys, captured, retain_graph, create_graph,
             if node.hooks:
                 gs = [_apply_hooks(node.hooks.get(i, ()), g) if g is not None else g
                       for i, g in enumerate(gs)]
+            if node.retains:  # after every other hook, as torch does
+                for i, keep in node.retains.items():
+                    if gs[i] is not None:
+                        keep(gs[i])
             if cap_keys:
                 for i, g in enumerate(gs):
                     key = (node, i)

@@ -196,7 +196,7 @@ class Tensor:
         return _RemovableHandle(hooks, hook)
 
     def retain_grad(self) -> None:
-        """Keeps ``.grad`` of a non-leaf tensor after backward."""
+        """Keeps ``.grad`` of a non-leaf tensor after backward (after its other hooks ran)."""
         if self.grad_fn is None:
             return
         import weakref
@@ -206,7 +206,10 @@ class Tensor:
             t = ref()
             if t is not None:
                 t.grad = g.detach() if t.grad is None else t.grad + g.detach()
-        self.grad_fn.register_hook(self._out_idx, keep)
+        node = self.grad_fn
+        if node.retains is None:
+            node.retains = {}
+        node.retains[self._out_idx] = keep
 
     # -- conversion to Python / numpy --------------------------------------------------------
     def item(self):

@@ -1,0 +1,188 @@
+"""The autograd engine against torch's: backward/grad arguments, accumulation, hooks, grad
+modes, custom Functions, double backward and torch's errors (freed graph, in-place changes)."""
+import pytest
+import torch
+
+import holoflow as flow
+
+
+def both(fn):
+    """Runs ``fn(lib)`` under torch and holoflow; returns the two results as torch tensors."""
+    def conv(x):
+        if isinstance(x, flow.Tensor):
+            return x.to_torch()
+        if isinstance(x, (list, tuple)):
+            return type(x)(conv(v) for v in x)
+        return x
+    return conv(fn(torch)), conv(fn(flow))
+
+
+def close(a, b):
+    if isinstance(a, (list, tuple)):
+        for x, y in zip(a, b):
+            close(x, y)
+    elif a is None or b is None:
+        assert a is None and b is None
+    else:
+        torch.testing.assert_close(b, a)
+
+
+X0 = [[0.3, -1.2, 0.7], [1.5, 0.1, -0.4]]
+
+
+def test_backward_with_gradient_and_accumulation():
+    def f(lib):
+        x = lib.tensor(X0, requires_grad=True)
+        y = (x * x).sin()
+        y.backward(lib.ones_like(y) * 0.5, retain_graph=True)
+        y.backward(lib.full_like(y, 2.0))      # accumulates into .grad
+        return x.grad
+    close(*both(f))
+
+
+def test_autograd_grad_allow_unused_and_create_graph():
+    def f(lib):
+        x = lib.tensor(X0, requires_grad=True)
+        z = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        y = (x.exp() * x).sum()
+        (gx, gz) = lib.autograd.grad(y, [x, z], create_graph=True, allow_unused=True)
+        (ggx,) = lib.autograd.grad(gx.sum(), x)   # double backward
+        return gx, gz, ggx
+    close(*both(f))
+
+
+def test_double_backward_through_matmul_and_tanh():
+    def f(lib):
+        a = lib.tensor(X0, requires_grad=True)
+        w = lib.tensor([[0.2, -0.3], [0.5, 0.1], [-0.7, 0.4]], requires_grad=True)
+        y = (a @ w).tanh().pow(2).sum()
+        (ga,) = lib.autograd.grad(y, a, create_graph=True)
+        (ga * ga).sum().backward()
+        return a.grad, w.grad
+    close(*both(f))
+
+
+def test_hooks_on_leaf_and_non_leaf_and_retain_grad():
+    def f(lib):
+        x = lib.tensor(X0, requires_grad=True)
+        x.register_hook(lambda g: g * 3)
+        h = x * 2
+        h.retain_grad()
+        h.register_hook(lambda g: g + 1)
+        h.exp().sum().backward()
+        return x.grad, h.grad
+    close(*both(f))
+
+
+def test_removable_hook():
+    x = flow.tensor(X0, requires_grad=True)
+    handle = x.register_hook(lambda g: g * 10)
+    handle.remove()
+    (x * 1).sum().backward()
+    assert x.grad.tolist() == [[1.0] * 3] * 2
+
+
+def test_grad_modes():
+    x = flow.tensor(X0, requires_grad=True)
+    with flow.no_grad():
+        assert not (x * 2).requires_grad
+        with flow.enable_grad():
+            assert (x * 2).requires_grad
+    with flow.set_grad_enabled(False):
+        assert not (x * 2).requires_grad
+    assert flow.is_grad_enabled()
+    with flow.inference_mode():
+        assert not (x * 2).requires_grad
+
+    @flow.no_grad()
+    def g():
+        return x * 2
+    assert not g().requires_grad and (x * 2).requires_grad
+
+
+def test_detach_and_leaf_properties():
+    x = flow.tensor(X0, requires_grad=True)
+    y = x * 2
+    assert x.is_leaf and not y.is_leaf and y.grad_fn is not None
+    d = y.detach()
+    assert d.is_leaf and not d.requires_grad
+    d[0, 0] = 5.0  # shares storage, as torch
+    assert y[0, 0].item() == 5.0
+
+
+class Cube(flow.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 * x * x
+
+
+class TorchCube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 * x * x
+
+
+def test_custom_function_matches_torch():
+    def f(lib):
+        x = lib.tensor(X0, requires_grad=True)
+        (Cube if lib is flow else TorchCube).apply(x).sin().sum().backward()
+        return x.grad
+    close(*both(f))
+
+
+def test_backward_through_freed_graph_raises_like_torch():
+    for lib in (torch, flow):
+        x = lib.tensor(X0, requires_grad=True)
+        y = (x.exp() * x).sum()
+        y.backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            y.backward()
+
+
+def test_inplace_change_of_saved_tensor_raises_like_torch():
+    for lib in (torch, flow):
+        x = lib.tensor(X0, requires_grad=True)
+        y = x.sigmoid()
+        z = y * y
+        y.mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an in-?place operation"):
+            z.sum().backward()
+
+
+def test_clear_errors():
+    x = flow.tensor(X0, requires_grad=True)
+    with pytest.raises(RuntimeError, match="only for scalar outputs.*shape \\(2, 3\\)"):
+        (x * 2).backward()
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        flow.tensor(X0).sum().backward()
+    with pytest.raises(RuntimeError, match="floating point"):
+        flow.tensor([1, 2]).requires_grad_()
+    with pytest.raises(RuntimeError, match="gradient has shape"):
+        (x * 2).backward(flow.ones(3))
+    with pytest.raises(RuntimeError, match="was not used"):
+        flow.autograd.grad((x * 2).sum(), [x, flow.ones(2, requires_grad=True)])
+    with pytest.raises(RuntimeError, match="holoflow.add.*\\(2, 3\\).*\\(4,\\)"):
+        x + flow.ones(4)
+    with pytest.raises(IndexError, match="holoflow.*out of range|holoflow.*out of bounds"):
+        x.sum(dim=5)
+
+
+def test_grads_of_broadcast_and_mixed_dtypes_match_torch():
+    def f(lib):
+        a = lib.tensor([[1.0], [2.0]], requires_grad=True)
+        b = lib.tensor([0.5, -1.0, 2.0], dtype=lib.float64, requires_grad=True)
+        (a * b + a).pow(2).sum().backward()
+        return a.grad, b.grad
+    close(*both(f))
