@@ -19,6 +19,14 @@ def _as_list(x) -> list:
     return [x] if isinstance(x, Tensor) else list(x)
 
 
+def _no_global_double_backward(tensors: list, create_graph: bool) -> None:
+    if create_graph and any(t._global is not None for t in tensors):
+        from ..core.errors import UnsupportedError
+        raise UnsupportedError("holoflow.autograd: create_graph=True (double backward) through global "
+                               "tensors is not supported yet; take higher derivatives on local tensors "
+                               "(x.to_local()) or run the model on one device")
+
+
 def _seed_grads(outputs: list, grads) -> list:
     grads = [None] * len(outputs) if grads is None else _as_list(grads) if not isinstance(grads, Tensor) else [grads]
     if len(grads) != len(outputs):
@@ -56,6 +64,7 @@ def backward(tensors, grad_tensors=None, retain_graph: bool | None = None,
              create_graph: bool = False, inputs=None) -> None:
     """Accumulates gradients of ``tensors`` into the ``.grad`` of graph leaves."""
     outputs = _as_list(tensors)
+    _no_global_double_backward(outputs, create_graph)
     grads = _seed_grads(outputs, grad_tensors)
     retain = create_graph if retain_graph is None else retain_graph
     if inputs is None:
@@ -76,6 +85,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
          materialize_grads: bool = False) -> tuple:
     """Returns the gradients of ``outputs`` w.r.t. ``inputs`` without touching ``.grad``."""
     outputs, inputs = _as_list(outputs), _as_list(inputs)
+    _no_global_double_backward(outputs + inputs, create_graph)
     for i, t in enumerate(inputs):
         if not t.requires_grad:
             raise RuntimeError(f"holoflow.autograd.grad: input {i} does not require grad")
