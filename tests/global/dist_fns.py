@@ -172,3 +172,41 @@ def mlp_step(rank: int, mode: str, steps: int, data):
     def whole(p):
         return (p.to_global(sbp=(B,) * place.ndim).to_local() if place is not None else p).to_torch()
     return losses, whole(p1), whole(p2)
+
+
+def move_pairs(rank: int, cases, shape):
+    """Moves between placements (tests/global/test_moves_and_errors.py): for each
+    (src ranks, src nd-SBP, dst ranks, dst nd-SBP), what this rank holds after the move — its
+    shard and the whole boxed to broadcast on destination ranks, the to_local error elsewhere."""
+    gen = torch.Generator().manual_seed(1)
+    full = torch.randn(shape, generator=gen, dtype=torch.float64)
+    out = []
+    for src_ranks, src, dst_ranks, dst in cases:
+        sp, dp = flow.placement("cpu", src_ranks), flow.placement("cpu", dst_ranks)
+        x = partial_of(full, sp, src, rank) if sp.coords(rank) is not None else \
+            make_global(flow.from_torch(full.new_empty((0,))), sp, src, full.shape)
+        y = x.to_global(placement=dp, sbp=dst)
+        got = {"placement": y.placement, "sbp": tuple(y.sbp), "shape": tuple(y.shape),
+               "numel": y._data.numel()}
+        if dp.coords(rank) is not None:
+            got["local"] = y.to_local().to_torch()
+            got["whole"] = y.to_global(sbp=(B,) * dp.ndim).to_local().to_torch()
+        else:
+            try:
+                y.to_local()
+            except flow.HoloflowError as e:
+                got["error"] = str(e)
+        out.append(got)
+    return full, out
+
+
+def check_meta_mismatch(rank: int, ranks):
+    """Ranks pass local tensors of different dtypes with check_meta=True: every rank gets the
+    same clear error (no hang, no collective left half-done)."""
+    place = flow.placement("cpu", ranks)
+    local = torch.zeros(2, 3, dtype=torch.float64 if rank == ranks[-1] else torch.float32)
+    try:
+        flow.from_torch(local).to_global(place, S(0), check_meta=True)
+    except flow.HoloflowError as e:
+        return str(e)
+    return None

@@ -114,6 +114,10 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
         return _from_local(self, placement, nd, check_meta, gs)
     g = self._global
     place = placement or g.placement
+    if sbp is None and len(g.sbp) != place.ndim:
+        raise HoloflowError(f"holoflow.to_global: moving from a {g.placement.ndim}-D to a "
+                            f"{place.ndim}-D placement {place} needs sbp= with {place.ndim} "
+                            f"value(s); the source's sbp {nd_str(g.sbp)} doesn't fit the mesh")
     nd = normalize_sbp(sbp, place, self.dim()) if sbp is not None else g.sbp
     gs = normalize_sbp(grad_sbp, place, self.dim()) if grad_sbp is not None else None
     if place != g.placement:

@@ -25,9 +25,11 @@ def normalize_sbp(sbp, place: placement, ndim: int | None = None, what: str = "t
         if not isinstance(s, SBP):
             raise HoloflowError(f"holoflow.{what}: {s!r} is not an SBP; use holoflow.sbp.split(i), "
                                 f".broadcast or .partial_sum")
-        if ndim is not None and isinstance(s, S) and s.axis >= max(ndim, 1):
+        if ndim is not None and isinstance(s, S) and s.axis >= ndim:
+            legal = f"legal split dims are 0..{ndim - 1}" if ndim else \
+                "a 0-dim tensor can't be split; use broadcast or partial_sum"
             raise HoloflowError(f"holoflow.{what}: sbp split(dim={s.axis}) is out of range for a "
-                                f"tensor with {ndim} dimension(s); legal split dims are 0..{ndim - 1}")
+                                f"tensor with {ndim} dimension(s); {legal}")
     return nd
 
 
