@@ -153,6 +153,22 @@ def _shape(normalized_shape: Any) -> tuple:
     return tuple(normalized_shape)
 
 
+def _affine(m: Module, shape: tuple, affine: bool, bias: bool, device: Any, dtype: Any) -> None:
+    """A norm layer's weight and bias of ``shape`` (initialised to ones and zeros), each
+    registered as None when switched off, as torch does."""
+    m.register_parameter("weight", Parameter(flow.empty(*shape, device=device, dtype=dtype)) if affine else None)
+    m.register_parameter("bias", Parameter(flow.empty(*shape, device=device, dtype=dtype))
+                         if affine and bias else None)
+    _reset_affine(m)
+
+
+def _reset_affine(m: Module) -> None:
+    if m.weight is not None:
+        init.ones_(m.weight)
+    if m.bias is not None:
+        init.zeros_(m.bias)
+
+
 class LayerNorm(Module):
     """Normalises over the last ``len(normalized_shape)`` dims, with elementwise affine."""
 
@@ -161,22 +177,10 @@ class LayerNorm(Module):
         super().__init__()
         self.normalized_shape = _shape(normalized_shape)
         self.eps, self.elementwise_affine = eps, elementwise_affine
-        if elementwise_affine:
-            self.weight = Parameter(flow.empty(*self.normalized_shape, device=device, dtype=dtype))
-            if bias:
-                self.bias = Parameter(flow.empty(*self.normalized_shape, device=device, dtype=dtype))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        _affine(self, self.normalized_shape, elementwise_affine, bias, device, dtype)
 
     def reset_parameters(self) -> None:
-        if self.elementwise_affine:
-            init.ones_(self.weight)
-            if self.bias is not None:
-                init.zeros_(self.bias)
+        _reset_affine(self)
 
     def forward(self, input: flow.Tensor) -> flow.Tensor:
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -195,22 +199,10 @@ class GroupNorm(Module):
         if num_channels % num_groups != 0:
             raise ValueError("num_channels must be divisible by num_groups")
         self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
-        if affine:
-            self.weight = Parameter(flow.empty(num_channels, device=device, dtype=dtype))
-            if bias:
-                self.bias = Parameter(flow.empty(num_channels, device=device, dtype=dtype))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        _affine(self, (num_channels,), affine, bias, device, dtype)
 
     def reset_parameters(self) -> None:
-        if self.affine:
-            init.ones_(self.weight)
-            if self.bias is not None:
-                init.zeros_(self.bias)
+        _reset_affine(self)
 
     def forward(self, input: flow.Tensor) -> flow.Tensor:
         return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
