@@ -27,3 +27,12 @@ from .serialization import save, load
 _global_view.install()
 globals().update(_ELEMENTWISE)
 __version__ = "0.1.0"
+
+
+import torch as _real_torch  # noqa: E402  (bound now: mock_torch may redirect later imports)
+
+
+def __getattr__(name: str):
+    """A name torch has and holoflow lacks fails loudly, naming it."""
+    raise AttributeError(f"holoflow has no attribute {name!r}" + (
+        f": torch.{name} is not implemented in holoflow yet" if name in vars(_real_torch) else ""))
