@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import holoflow as flow
+from dist_fns import partial_of
 from holoflow.distributed import world
 from holoflow.distributed.boxing import plan
 from holoflow.distributed.global_tensor import from_full
@@ -17,24 +18,11 @@ ONE_D = [S(0), S(1), B, P]
 
 def _box_roundtrip(place, src, dst, full):
     def fn(r):
-        x = from_full(full, place, src) if P not in src else _partial(full, place, src, r)
+        x = from_full(full, place, src) if P not in src else partial_of(full, place, src, r)
         y = x.to_global(sbp=dst)
         z = y.to_global(sbp=(B,) * place.ndim)
         return y.to_local().to_torch(), z.to_local().to_torch(), tuple(y.sbp)
     return world.simulate(place.size, fn)
-
-
-def _partial(full, place, nd, r):
-    """A P tensor whose shards differ but sum to ``full``: along each partial mesh axis, the
-    shard at coord c carries weight (c + 1) / (1 + 2 + ... + p)."""
-    from holoflow.distributed.global_tensor import make_global
-    local = shard_of(full, tuple(B if s == P else s for s in nd), place, r).clone()
-    coords = place.coords(r)
-    for a, s in enumerate(nd):
-        if s == P:
-            p = place.hierarchy[a]
-            local *= (coords[a] + 1) / (p * (p + 1) / 2)
-    return make_global(flow.from_torch(local), place, nd, full.shape)
 
 
 @pytest.mark.parametrize("p", [2, 3])

@@ -363,6 +363,18 @@ class _RemovableHandle:
             self._hooks.remove(self._hook)
 
 
+def clear_grads(tensors, set_to_none: bool = True) -> None:
+    """``zero_grad`` of modules and optimizers: drop each ``.grad``, or zero it in place."""
+    for p in tensors:
+        if p.grad is None:
+            continue
+        if set_to_none:
+            p.grad = None
+        else:
+            p.grad = p.grad.detach()
+            p.grad._data.zero_()
+
+
 def is_tensor(x) -> bool:
     return isinstance(x, Tensor)
 

@@ -18,7 +18,21 @@ def _index(idx: int, size: int, kind: str) -> int:
     return idx % size if size else idx
 
 
-class Sequential(Module):
+class _IndexedModules(Module):
+    """What Sequential and ModuleList share: length, iteration, and renumbering after a delete
+    (torch keeps the keys "0", "1", ... contiguous)."""
+
+    def _renumber(self) -> None:
+        self._modules = OrderedDict((str(i), m) for i, m in enumerate(self._modules.values()))
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+
+class Sequential(_IndexedModules):
     """Runs its modules in order: ``Sequential(a, b)`` or ``Sequential(OrderedDict(name=a))``."""
 
     def __init__(self, *args: Any) -> None:
@@ -50,14 +64,7 @@ class Sequential(Module):
                 delattr(self, key)
         else:
             delattr(self, self._get_item_by_idx(self._modules.keys(), idx))
-        str_indices = [str(i) for i in range(len(self._modules))]
-        self._modules = OrderedDict(zip(str_indices, self._modules.values()))
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
+        self._renumber()
 
     def __add__(self, other: "Sequential") -> "Sequential":
         if not isinstance(other, Sequential):
@@ -100,7 +107,7 @@ class Sequential(Module):
         return input
 
 
-class ModuleList(Module):
+class ModuleList(_IndexedModules):
     """A list of modules, registered as children ``0, 1, ...``."""
 
     def __init__(self, modules: Iterable[Module] | None = None) -> None:
@@ -122,14 +129,7 @@ class ModuleList(Module):
                 delattr(self, str(k))
         else:
             delattr(self, str(_index(idx, len(self), "ModuleList")))
-        str_indices = [str(i) for i in range(len(self._modules))]
-        self._modules = OrderedDict(zip(str_indices, self._modules.values()))
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
+        self._renumber()
 
     def __iadd__(self, modules: Iterable[Module]) -> "ModuleList":
         return self.extend(modules)

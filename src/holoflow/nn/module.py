@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable, Iterator
 
-from ..core.tensor import Tensor
+from ..core.tensor import Tensor, clear_grads
 from ._state import StateMixin
 from .hooks import RemovableHandle
 from .parameter import Buffer, Parameter
@@ -290,14 +290,7 @@ class Module(StateMixin):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clears every parameter's ``.grad`` (to ``None``, or to zeros)."""
-        for p in self.parameters():
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                p.grad = p.grad.detach()
-                p.grad._data.zero_()
+        clear_grads(self.parameters(), set_to_none)
 
     def apply(self, fn: Callable[["Module"], None]) -> "Module":
         """Calls ``fn`` on every child (recursively), then on ``self``."""

@@ -23,7 +23,7 @@ import torch
 from ..core import grad_mode
 from ..core.dispatch import Hooks
 from ..core.errors import UnsupportedError
-from ..core.tensor import Tensor
+from ..core.tensor import Tensor, clear_grads
 
 __all__ = ["Optimizer"]
 
@@ -108,15 +108,7 @@ class Optimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Resets the gradients of all optimized tensors (to ``None`` by default, as torch)."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    p.grad = p.grad.detach()
-                    p.grad._data.zero_()
+        clear_grads((p for g in self.param_groups for p in g["params"]), set_to_none)
 
     # -- step ------------------------------------------------------------------------------
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
