@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import holoflow as flow
+from ...core.tensor import Tensor
+from ...ops.creation import empty
 
 from .. import init
 from ..module import Module
@@ -20,7 +21,7 @@ class _Inplace(Module):
         super().__init__()
         self.inplace = inplace
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return getattr(F, self._fn)(input, inplace=self.inplace)
 
     def extra_repr(self) -> str:
@@ -80,7 +81,7 @@ class _Plain(Module):
 
     _fn = "tanh"
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return getattr(F, self._fn)(input)
 
 
@@ -111,7 +112,7 @@ class LeakyReLU(Module):
         super().__init__()
         self.negative_slope, self.inplace = negative_slope, inplace
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.leaky_relu(input, self.negative_slope, self.inplace)
 
     def extra_repr(self) -> str:
@@ -127,7 +128,7 @@ class ELU(Module):
         super().__init__()
         self.alpha, self.inplace = alpha, inplace
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return getattr(F, self._fn)(input, self.alpha, self.inplace)
 
     def extra_repr(self) -> str:
@@ -145,7 +146,7 @@ class GELU(Module):
         super().__init__()
         self.approximate = approximate
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.gelu(input, approximate=self.approximate)
 
     def extra_repr(self) -> str:
@@ -159,7 +160,7 @@ class Softplus(Module):
         super().__init__()
         self.beta, self.threshold = beta, threshold
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.softplus(input, self.beta, self.threshold)
 
     def extra_repr(self) -> str:
@@ -175,7 +176,7 @@ class Hardtanh(Module):
             raise ValueError("max_val must be greater than min_val")
         self.min_val, self.max_val, self.inplace = min_val, max_val, inplace
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.hardtanh(input, self.min_val, self.max_val, self.inplace)
 
     def extra_repr(self) -> str:
@@ -188,13 +189,13 @@ class PReLU(Module):
     def __init__(self, num_parameters: int = 1, init: float = 0.25, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         self.num_parameters, self.init = num_parameters, init
-        self.weight = Parameter(flow.empty(num_parameters, device=device, dtype=dtype))
+        self.weight = Parameter(empty(num_parameters, device=device, dtype=dtype))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         init.constant_(self.weight, self.init)
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.prelu(input, self.weight)
 
     def extra_repr(self) -> str:
@@ -208,7 +209,7 @@ class GLU(Module):
         super().__init__()
         self.dim = dim
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.glu(input, self.dim)
 
     def extra_repr(self) -> str:
@@ -227,7 +228,7 @@ class _SoftmaxBase(Module):
         if not hasattr(self, "dim"):
             self.dim = None
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return getattr(F, self._fn)(input, self.dim)
 
     def extra_repr(self) -> str:

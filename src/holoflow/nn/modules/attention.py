@@ -4,7 +4,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import holoflow as flow
+from ...core import dtype as _dtype
+from ...core.tensor import Tensor
+from ...ops.creation import empty, zeros
+from ...ops.linalg import matmul
+from ...ops.shape import cat
 
 from .. import init
 from ..module import Module
@@ -12,15 +16,14 @@ from ..parameter import Parameter
 from ._functional import F
 from .linear import NonDynamicallyQuantizableLinear
 
-Tensor = flow.Tensor
 
 
 def _float_mask(mask: Tensor | None, dtype: Any, name: str) -> Tensor | None:
     """A boolean mask (True = not allowed) becomes an additive float mask of ``-inf``/``0``."""
     if mask is None:
         return None
-    if mask.dtype == flow.bool:
-        return flow.zeros(*mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
+    if mask.dtype == _dtype.bool:
+        return zeros(*mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
     if not mask.is_floating_point():
         raise AssertionError(f"only bool and floating types of {name} are supported")
     return mask.to(dtype)
@@ -51,23 +54,23 @@ class MultiheadAttention(Module):
         if self.head_dim * num_heads != embed_dim:
             raise AssertionError("embed_dim must be divisible by num_heads")
         if not self._qkv_same_embed_dim:
-            self.q_proj_weight = Parameter(flow.empty(embed_dim, embed_dim, **kw))
-            self.k_proj_weight = Parameter(flow.empty(embed_dim, self.kdim, **kw))
-            self.v_proj_weight = Parameter(flow.empty(embed_dim, self.vdim, **kw))
+            self.q_proj_weight = Parameter(empty(embed_dim, embed_dim, **kw))
+            self.k_proj_weight = Parameter(empty(embed_dim, self.kdim, **kw))
+            self.v_proj_weight = Parameter(empty(embed_dim, self.vdim, **kw))
             self.register_parameter("in_proj_weight", None)
         else:
-            self.in_proj_weight = Parameter(flow.empty(3 * embed_dim, embed_dim, **kw))
+            self.in_proj_weight = Parameter(empty(3 * embed_dim, embed_dim, **kw))
             self.register_parameter("q_proj_weight", None)
             self.register_parameter("k_proj_weight", None)
             self.register_parameter("v_proj_weight", None)
         if bias:
-            self.in_proj_bias = Parameter(flow.empty(3 * embed_dim, **kw))
+            self.in_proj_bias = Parameter(empty(3 * embed_dim, **kw))
         else:
             self.register_parameter("in_proj_bias", None)
         self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **kw)
         if add_bias_kv:
-            self.bias_k = Parameter(flow.empty(1, 1, embed_dim, **kw))
-            self.bias_v = Parameter(flow.empty(1, 1, embed_dim, **kw))
+            self.bias_k = Parameter(empty(1, 1, embed_dim, **kw))
+            self.bias_v = Parameter(empty(1, 1, embed_dim, **kw))
         else:
             self.bias_k = self.bias_v = None
         self.add_zero_attn = add_zero_attn
@@ -129,16 +132,16 @@ class MultiheadAttention(Module):
         if attn_mask is not None and attn_mask.dim() == 2:
             attn_mask = attn_mask.unsqueeze(0)
         if self.bias_k is not None:
-            k = flow.cat([k, self.bias_k.repeat(1, bsz, 1)])
-            v = flow.cat([v, self.bias_v.repeat(1, bsz, 1)])
+            k = cat([k, self.bias_k.repeat(1, bsz, 1)])
+            v = cat([v, self.bias_v.repeat(1, bsz, 1)])
             attn_mask = F.pad(attn_mask, (0, 1)) if attn_mask is not None else None
             key_padding_mask = F.pad(key_padding_mask, (0, 1)) if key_padding_mask is not None else None
         q = q.reshape(tgt_len, bsz * H, hd).transpose(0, 1)
         k = k.reshape(k.shape[0], bsz * H, hd).transpose(0, 1)
         v = v.reshape(v.shape[0], bsz * H, hd).transpose(0, 1)
         if self.add_zero_attn:
-            k = flow.cat([k, flow.zeros(bsz * H, 1, hd, dtype=k.dtype, device=k.device)], dim=1)
-            v = flow.cat([v, flow.zeros(bsz * H, 1, hd, dtype=v.dtype, device=v.device)], dim=1)
+            k = cat([k, zeros(bsz * H, 1, hd, dtype=k.dtype, device=k.device)], dim=1)
+            v = cat([v, zeros(bsz * H, 1, hd, dtype=v.dtype, device=v.device)], dim=1)
             attn_mask = F.pad(attn_mask, (0, 1)) if attn_mask is not None else None
             key_padding_mask = F.pad(key_padding_mask, (0, 1)) if key_padding_mask is not None else None
         src_len = k.shape[1]
@@ -147,13 +150,13 @@ class MultiheadAttention(Module):
             attn_mask = kpm if attn_mask is None else attn_mask + kpm
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
-            scores = flow.matmul(q * (1.0 / math.sqrt(hd)), k.transpose(-2, -1))
+            scores = matmul(q * (1.0 / math.sqrt(hd)), k.transpose(-2, -1))
             if attn_mask is not None:
                 scores = scores + attn_mask
             weights = F.softmax(scores, dim=-1)
             if dropout_p > 0.0:
                 weights = F.dropout(weights, p=dropout_p)
-            out = flow.matmul(weights, v)
+            out = matmul(weights, v)
         else:
             if attn_mask is not None:
                 attn_mask = (attn_mask.unsqueeze(0) if attn_mask.shape[0] == 1

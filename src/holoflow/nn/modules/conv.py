@@ -4,7 +4,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import holoflow as flow
+from ...core.tensor import Tensor
+from ...ops.creation import empty
 
 from .. import init
 from ..module import Module
@@ -53,9 +54,9 @@ class _ConvNd(Module):
         self._reversed_padding_repeated_twice = self._reversed_padding()
         shape = ((in_channels, out_channels // groups) if transposed else
                  (out_channels, in_channels // groups)) + self.kernel_size
-        self.weight = Parameter(flow.empty(*shape, device=device, dtype=dtype))
+        self.weight = Parameter(empty(*shape, device=device, dtype=dtype))
         if bias:
-            self.bias = Parameter(flow.empty(out_channels, device=device, dtype=dtype))
+            self.bias = Parameter(empty(out_channels, device=device, dtype=dtype))
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
@@ -110,14 +111,14 @@ class _Conv(_ConvNd):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, False, 0,
                          groups, bias, padding_mode, device, dtype)
 
-    def _conv_forward(self, input: flow.Tensor, weight: flow.Tensor, bias: flow.Tensor | None) -> flow.Tensor:
+    def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         conv = getattr(F, self._fn)
         if self.padding_mode != "zeros":
             input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
             return conv(input, weight, bias, self.stride, 0, self.dilation, self.groups)
         return conv(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return self._conv_forward(input, self.weight, self.bias)
 
 
@@ -150,7 +151,7 @@ class _ConvTranspose(_ConvNd):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, True,
                          output_padding, groups, bias, padding_mode, device, dtype)
 
-    def _output_padding(self, input: flow.Tensor, output_size: Any) -> tuple:
+    def _output_padding(self, input: Tensor, output_size: Any) -> tuple:
         if output_size is None:
             return self.output_padding
         n = self._n
@@ -170,7 +171,7 @@ class _ConvTranspose(_ConvNd):
             res.append(output_size[d] - smallest)
         return tuple(res)
 
-    def forward(self, input: flow.Tensor, output_size: Any = None) -> flow.Tensor:
+    def forward(self, input: Tensor, output_size: Any = None) -> Tensor:
         output_padding = self._output_padding(input, output_size)
         return getattr(F, self._fn)(input, self.weight, self.bias, self.stride, self.padding,
                                     output_padding, self.groups, self.dilation)

@@ -1,7 +1,7 @@
 """Dropout layers: active in training mode, the identity in eval mode."""
 from __future__ import annotations
 
-import holoflow as flow
+from ...core.tensor import Tensor
 
 from ..module import Module
 from ._functional import F
@@ -16,7 +16,7 @@ class _DropoutNd(Module):
             raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
         self.p, self.inplace = p, inplace
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return getattr(F, self._fn)(input, self.p, self.training, self.inplace)
 
     def extra_repr(self) -> str:

@@ -4,7 +4,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import holoflow as flow
+from ...core.tensor import Tensor
+from ...ops.creation import empty
+from ...ops.linalg import einsum
 
 from .. import init
 from ..module import Module
@@ -29,9 +31,9 @@ class Linear(Module):
                  dtype: Any = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.weight = Parameter(flow.empty(out_features, in_features, device=device, dtype=dtype))
+        self.weight = Parameter(empty(out_features, in_features, device=device, dtype=dtype))
         if bias:
-            self.bias = Parameter(flow.empty(out_features, device=device, dtype=dtype))
+            self.bias = Parameter(empty(out_features, device=device, dtype=dtype))
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
@@ -43,7 +45,7 @@ class Linear(Module):
             bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
             init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.linear(input, self.weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -61,9 +63,9 @@ class Bilinear(Module):
                  device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         self.in1_features, self.in2_features, self.out_features = in1_features, in2_features, out_features
-        self.weight = Parameter(flow.empty(out_features, in1_features, in2_features, device=device, dtype=dtype))
+        self.weight = Parameter(empty(out_features, in1_features, in2_features, device=device, dtype=dtype))
         if bias:
-            self.bias = Parameter(flow.empty(out_features, device=device, dtype=dtype))
+            self.bias = Parameter(empty(out_features, device=device, dtype=dtype))
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
@@ -74,8 +76,8 @@ class Bilinear(Module):
         if self.bias is not None:
             init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, input1: flow.Tensor, input2: flow.Tensor) -> flow.Tensor:
-        out = flow.einsum("...i,oij,...j->...o", input1, self.weight, input2)
+    def forward(self, input1: Tensor, input2: Tensor) -> Tensor:
+        out = einsum("...i,oij,...j->...o", input1, self.weight, input2)
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:

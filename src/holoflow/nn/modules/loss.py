@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import holoflow as flow
+from ...core.tensor import Tensor
 
 from ..module import Module
 from ._functional import F
@@ -26,7 +26,7 @@ class _Loss(Module):
 
 
 class _WeightedLoss(_Loss):
-    def __init__(self, weight: flow.Tensor | None = None, size_average: bool | None = None,
+    def __init__(self, weight: Tensor | None = None, size_average: bool | None = None,
                  reduce: bool | None = None, reduction: str = "mean") -> None:
         super().__init__(size_average, reduce, reduction)
         self.register_buffer("weight", weight)
@@ -35,14 +35,14 @@ class _WeightedLoss(_Loss):
 class L1Loss(_Loss):
     """Mean absolute error."""
 
-    def forward(self, input: flow.Tensor, target: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.l1_loss(input, target, reduction=self.reduction)
 
 
 class MSELoss(_Loss):
     """Mean squared error."""
 
-    def forward(self, input: flow.Tensor, target: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.mse_loss(input, target, reduction=self.reduction)
 
 
@@ -54,7 +54,7 @@ class SmoothL1Loss(_Loss):
         super().__init__(size_average, reduce, reduction)
         self.beta = beta
 
-    def forward(self, input: flow.Tensor, target: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
 
 
@@ -65,19 +65,19 @@ class HuberLoss(_Loss):
         super().__init__(reduction=reduction)
         self.delta = delta
 
-    def forward(self, input: flow.Tensor, target: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
 
 
 class NLLLoss(_WeightedLoss):
     """Negative log-likelihood of log-probabilities ``input`` at class indices ``target``."""
 
-    def __init__(self, weight: flow.Tensor | None = None, size_average: bool | None = None,
+    def __init__(self, weight: Tensor | None = None, size_average: bool | None = None,
                  ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean") -> None:
         super().__init__(weight, size_average, reduce, reduction)
         self.ignore_index = ignore_index
 
-    def forward(self, input: flow.Tensor, target: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.nll_loss(input, target, weight=self.weight, ignore_index=self.ignore_index,
                           reduction=self.reduction)
 
@@ -85,13 +85,13 @@ class NLLLoss(_WeightedLoss):
 class CrossEntropyLoss(_WeightedLoss):
     """Cross entropy of logits ``input`` against class indices or probabilities ``target``."""
 
-    def __init__(self, weight: flow.Tensor | None = None, size_average: bool | None = None,
+    def __init__(self, weight: Tensor | None = None, size_average: bool | None = None,
                  ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean",
                  label_smoothing: float = 0.0) -> None:
         super().__init__(weight, size_average, reduce, reduction)
         self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
 
-    def forward(self, input: flow.Tensor, target: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.cross_entropy(input, target, weight=self.weight, ignore_index=self.ignore_index,
                                reduction=self.reduction, label_smoothing=self.label_smoothing)
 
@@ -99,21 +99,21 @@ class CrossEntropyLoss(_WeightedLoss):
 class BCELoss(_WeightedLoss):
     """Binary cross entropy of probabilities."""
 
-    def forward(self, input: flow.Tensor, target: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.binary_cross_entropy(input, target, weight=self.weight, reduction=self.reduction)
 
 
 class BCEWithLogitsLoss(_Loss):
     """Binary cross entropy of logits (sigmoid fused), with optional ``pos_weight``."""
 
-    def __init__(self, weight: flow.Tensor | None = None, size_average: bool | None = None,
+    def __init__(self, weight: Tensor | None = None, size_average: bool | None = None,
                  reduce: bool | None = None, reduction: str = "mean",
-                 pos_weight: flow.Tensor | None = None) -> None:
+                 pos_weight: Tensor | None = None) -> None:
         super().__init__(size_average, reduce, reduction)
         self.register_buffer("weight", weight)
         self.register_buffer("pos_weight", pos_weight)
 
-    def forward(self, input: flow.Tensor, target: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.binary_cross_entropy_with_logits(input, target, self.weight, pos_weight=self.pos_weight,
                                                   reduction=self.reduction)
 
@@ -126,14 +126,14 @@ class KLDivLoss(_Loss):
         super().__init__(size_average, reduce, reduction)
         self.log_target = log_target
 
-    def forward(self, input: flow.Tensor, target: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
 
 
 class SoftMarginLoss(_Loss):
     """Two-class logistic loss ``log(1 + exp(-y * x))``."""
 
-    def forward(self, input: flow.Tensor, target: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.soft_margin_loss(input, target, reduction=self.reduction)
 
 
@@ -145,7 +145,7 @@ class MarginRankingLoss(_Loss):
         super().__init__(size_average, reduce, reduction)
         self.margin = margin
 
-    def forward(self, input1: flow.Tensor, input2: flow.Tensor, target: flow.Tensor) -> flow.Tensor:
+    def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
         return F.margin_ranking_loss(input1, input2, target, margin=self.margin, reduction=self.reduction)
 
 
@@ -157,7 +157,7 @@ class CosineEmbeddingLoss(_Loss):
         super().__init__(size_average, reduce, reduction)
         self.margin = margin
 
-    def forward(self, input1: flow.Tensor, input2: flow.Tensor, target: flow.Tensor) -> flow.Tensor:
+    def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
         return F.cosine_embedding_loss(input1, input2, target, margin=self.margin, reduction=self.reduction)
 
 
@@ -168,7 +168,7 @@ class GaussianNLLLoss(_Loss):
         super().__init__(reduction=reduction)
         self.full, self.eps = full, eps
 
-    def forward(self, input: flow.Tensor, target: flow.Tensor, var: Any) -> flow.Tensor:
+    def forward(self, input: Tensor, target: Tensor, var: Any) -> Tensor:
         return F.gaussian_nll_loss(input, target, var, full=self.full, eps=self.eps, reduction=self.reduction)
 
 
@@ -180,6 +180,6 @@ class PoissonNLLLoss(_Loss):
         super().__init__(size_average, reduce, reduction)
         self.log_input, self.full, self.eps = log_input, full, eps
 
-    def forward(self, log_input: flow.Tensor, target: flow.Tensor) -> flow.Tensor:
+    def forward(self, log_input: Tensor, target: Tensor) -> Tensor:
         return F.poisson_nll_loss(log_input, target, log_input=self.log_input, full=self.full,
                                   eps=self.eps, reduction=self.reduction)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import holoflow as flow
+from ...core.tensor import Tensor
 
 from ..module import Module
 from ._functional import F
@@ -17,7 +17,7 @@ class Flatten(Module):
         super().__init__()
         self.start_dim, self.end_dim = start_dim, end_dim
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return input.flatten(self.start_dim, self.end_dim)
 
     def extra_repr(self) -> str:
@@ -31,7 +31,7 @@ class Unflatten(Module):
         super().__init__()
         self.dim, self.unflattened_size = dim, unflattened_size
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return input.unflatten(self.dim, self.unflattened_size)
 
     def extra_repr(self) -> str:
@@ -53,7 +53,7 @@ class Upsample(Module):
         self.mode, self.align_corners = mode, align_corners
         self.recompute_scale_factor = recompute_scale_factor
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.interpolate(input, self.size, self.scale_factor, self.mode, self.align_corners,
                              recompute_scale_factor=self.recompute_scale_factor)
 
@@ -80,7 +80,7 @@ class PixelShuffle(Module):
         super().__init__()
         self.upscale_factor = upscale_factor
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.pixel_shuffle(input, self.upscale_factor)
 
     def extra_repr(self) -> str:
@@ -94,7 +94,7 @@ class PixelUnshuffle(Module):
         super().__init__()
         self.downscale_factor = downscale_factor
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.pixel_unshuffle(input, self.downscale_factor)
 
     def extra_repr(self) -> str:
@@ -109,7 +109,7 @@ class _ConstantPad(Module):
         self.padding = tuple(padding) if isinstance(padding, (tuple, list)) else (padding,) * (2 * self._n)
         self.value = value
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.pad(input, self.padding, "constant", self.value)
 
     def extra_repr(self) -> str:
@@ -147,7 +147,7 @@ class _ModePad(Module):
         super().__init__()
         self.padding = tuple(padding) if isinstance(padding, (tuple, list)) else (padding,) * (2 * self._n)
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.pad(input, self.padding, self._mode)
 
     def extra_repr(self) -> str:
@@ -177,7 +177,7 @@ class CosineSimilarity(Module):
         super().__init__()
         self.dim, self.eps = dim, eps
 
-    def forward(self, x1: flow.Tensor, x2: flow.Tensor) -> flow.Tensor:
+    def forward(self, x1: Tensor, x2: Tensor) -> Tensor:
         return F.cosine_similarity(x1, x2, self.dim, self.eps)
 
 
@@ -188,5 +188,5 @@ class PairwiseDistance(Module):
         super().__init__()
         self.norm, self.eps, self.keepdim = p, eps, keepdim
 
-    def forward(self, x1: flow.Tensor, x2: flow.Tensor) -> flow.Tensor:
+    def forward(self, x1: Tensor, x2: Tensor) -> Tensor:
         return F.pairwise_distance(x1, x2, self.norm, self.eps, self.keepdim)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-import holoflow as flow
+from ...core import dtype as _dtype
+from ...core.tensor import Tensor
+from ...ops.creation import empty, ones, tensor, zeros
 
 from .. import init
 from ..module import Module
@@ -25,18 +27,18 @@ class _NormBase(Module):
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
         if affine:
-            self.weight = Parameter(flow.empty(num_features, device=device, dtype=dtype))
+            self.weight = Parameter(empty(num_features, device=device, dtype=dtype))
             if bias:
-                self.bias = Parameter(flow.empty(num_features, device=device, dtype=dtype))
+                self.bias = Parameter(empty(num_features, device=device, dtype=dtype))
             else:
                 self.register_parameter("bias", None)
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
         if track_running_stats:
-            self.register_buffer("running_mean", flow.zeros(num_features, device=device, dtype=dtype))
-            self.register_buffer("running_var", flow.ones(num_features, device=device, dtype=dtype))
-            self.register_buffer("num_batches_tracked", flow.tensor(0, dtype=flow.long, device=device))
+            self.register_buffer("running_mean", zeros(num_features, device=device, dtype=dtype))
+            self.register_buffer("running_var", ones(num_features, device=device, dtype=dtype))
+            self.register_buffer("num_batches_tracked", tensor(0, dtype=_dtype.long, device=device))
         else:
             self.register_buffer("running_mean", None)
             self.register_buffer("running_var", None)
@@ -56,7 +58,7 @@ class _NormBase(Module):
             if self.bias is not None:
                 init.zeros_(self.bias)
 
-    def _check_input_dim(self, input: flow.Tensor) -> None:
+    def _check_input_dim(self, input: Tensor) -> None:
         raise NotImplementedError
 
     def extra_repr(self) -> str:
@@ -71,13 +73,13 @@ class _NormBase(Module):
             key = prefix + "num_batches_tracked"
             if key not in state_dict:  # checkpoints older than the counter
                 state_dict[key] = (self.num_batches_tracked if self.num_batches_tracked is not None
-                                   else flow.tensor(0, dtype=flow.long))
+                                   else tensor(0, dtype=_dtype.long))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
 
 
 class _BatchNorm(_NormBase):
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
@@ -94,7 +96,7 @@ class _BatchNorm(_NormBase):
 class BatchNorm1d(_BatchNorm):
     """Batch norm over ``(N, C)`` or ``(N, C, L)`` input."""
 
-    def _check_input_dim(self, input: flow.Tensor) -> None:
+    def _check_input_dim(self, input: Tensor) -> None:
         if input.dim() not in (2, 3):
             raise ValueError(f"expected 2D or 3D input (got {input.dim()}D input)")
 
@@ -102,7 +104,7 @@ class BatchNorm1d(_BatchNorm):
 class BatchNorm2d(_BatchNorm):
     """Batch norm over ``(N, C, H, W)`` input."""
 
-    def _check_input_dim(self, input: flow.Tensor) -> None:
+    def _check_input_dim(self, input: Tensor) -> None:
         if input.dim() != 4:
             raise ValueError(f"expected 4D input (got {input.dim()}D input)")
 
@@ -110,7 +112,7 @@ class BatchNorm2d(_BatchNorm):
 class BatchNorm3d(_BatchNorm):
     """Batch norm over ``(N, C, D, H, W)`` input."""
 
-    def _check_input_dim(self, input: flow.Tensor) -> None:
+    def _check_input_dim(self, input: Tensor) -> None:
         if input.dim() != 5:
             raise ValueError(f"expected 5D input (got {input.dim()}D input)")
 
@@ -123,7 +125,7 @@ class _InstanceNorm(_NormBase):
                  dtype: Any = None, *, bias: bool = True) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         if input.dim() not in (self._ndim + 1, self._ndim + 2):
             raise ValueError(f"expected {self._ndim + 1}D or {self._ndim + 2}D input (got {input.dim()}D input)")
         unbatched = input.dim() == self._ndim + 1
@@ -156,8 +158,8 @@ def _shape(normalized_shape: Any) -> tuple:
 def _affine(m: Module, shape: tuple, affine: bool, bias: bool, device: Any, dtype: Any) -> None:
     """A norm layer's weight and bias of ``shape`` (initialised to ones and zeros), each
     registered as None when switched off, as torch does."""
-    m.register_parameter("weight", Parameter(flow.empty(*shape, device=device, dtype=dtype)) if affine else None)
-    m.register_parameter("bias", Parameter(flow.empty(*shape, device=device, dtype=dtype))
+    m.register_parameter("weight", Parameter(empty(*shape, device=device, dtype=dtype)) if affine else None)
+    m.register_parameter("bias", Parameter(empty(*shape, device=device, dtype=dtype))
                          if affine and bias else None)
     _reset_affine(m)
 
@@ -182,7 +184,7 @@ class LayerNorm(Module):
     def reset_parameters(self) -> None:
         _reset_affine(self)
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
@@ -204,7 +206,7 @@ class GroupNorm(Module):
     def reset_parameters(self) -> None:
         _reset_affine(self)
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
@@ -221,7 +223,7 @@ class RMSNorm(Module):
         self.normalized_shape = _shape(normalized_shape)
         self.eps, self.elementwise_affine = eps, elementwise_affine
         if elementwise_affine:
-            self.weight = Parameter(flow.empty(*self.normalized_shape, device=device, dtype=dtype))
+            self.weight = Parameter(empty(*self.normalized_shape, device=device, dtype=dtype))
         else:
             self.register_parameter("weight", None)
         self.reset_parameters()
@@ -230,7 +232,7 @@ class RMSNorm(Module):
         if self.elementwise_affine:
             init.ones_(self.weight)
 
-    def forward(self, x: flow.Tensor) -> flow.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
     def extra_repr(self) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import holoflow as flow
+from ...core.tensor import Tensor
 
 from ..module import Module
 from ._functional import F
@@ -20,7 +20,7 @@ class _MaxPoolNd(Module):
         self.padding, self.dilation = padding, dilation
         self.return_indices, self.ceil_mode = return_indices, ceil_mode
 
-    def forward(self, input: flow.Tensor) -> Any:
+    def forward(self, input: Tensor) -> Any:
         return getattr(F, self._fn)(input, self.kernel_size, self.stride, self.padding, self.dilation,
                                     ceil_mode=self.ceil_mode, return_indices=self.return_indices)
 
@@ -53,7 +53,7 @@ class AvgPool1d(Module):
         self.padding = one(padding)
         self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.avg_pool1d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
                             self.count_include_pad)
 
@@ -72,7 +72,7 @@ class AvgPool2d(Module):
         self.padding, self.ceil_mode = padding, ceil_mode
         self.count_include_pad, self.divisor_override = count_include_pad, divisor_override
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
                             self.count_include_pad, self.divisor_override)
 
@@ -89,7 +89,7 @@ class _AdaptivePool(Module):
         if "max" in self._fn:
             self.return_indices = return_indices
 
-    def forward(self, input: flow.Tensor) -> Any:
+    def forward(self, input: Tensor) -> Any:
         if "max" in self._fn:
             return getattr(F, self._fn)(input, self.output_size, self.return_indices)
         return getattr(F, self._fn)(input, self.output_size)

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import holoflow as flow
+from ...core.grad_mode import no_grad
+from ...core.tensor import Tensor
+from ...ops.creation import empty
 
 from .. import init
 from ..module import Module
@@ -16,7 +18,7 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
                  max_norm: float | None = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
-                 sparse: bool = False, _weight: flow.Tensor | None = None, _freeze: bool = False,
+                 sparse: bool = False, _weight: Tensor | None = None, _freeze: bool = False,
                  device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
@@ -30,7 +32,7 @@ class Embedding(Module):
         self.padding_idx, self.max_norm, self.norm_type = padding_idx, max_norm, norm_type
         self.scale_grad_by_freq, self.sparse = scale_grad_by_freq, sparse
         if _weight is None:
-            self.weight = Parameter(flow.empty(num_embeddings, embedding_dim, device=device, dtype=dtype),
+            self.weight = Parameter(empty(num_embeddings, embedding_dim, device=device, dtype=dtype),
                                     requires_grad=not _freeze)
             self.reset_parameters()
         else:
@@ -44,10 +46,10 @@ class Embedding(Module):
 
     def _fill_padding_idx_with_zero(self) -> None:
         if self.padding_idx is not None:
-            with flow.no_grad():
+            with no_grad():
                 self.weight._data[self.padding_idx].fill_(0)
 
-    def forward(self, input: flow.Tensor) -> flow.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return F.embedding(input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
                            self.scale_grad_by_freq, self.sparse)
 
@@ -66,7 +68,7 @@ class Embedding(Module):
         return s.format(**self.__dict__)
 
     @classmethod
-    def from_pretrained(cls, embeddings: flow.Tensor, freeze: bool = True, padding_idx: int | None = None,
+    def from_pretrained(cls, embeddings: Tensor, freeze: bool = True, padding_idx: int | None = None,
                         max_norm: float | None = None, norm_type: float = 2.0,
                         scale_grad_by_freq: bool = False, sparse: bool = False) -> "Embedding":
         """An Embedding whose weight shares ``embeddings``' storage (frozen unless ``freeze=False``)."""

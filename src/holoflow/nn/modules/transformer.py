@@ -4,7 +4,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable
 
-import holoflow as flow
+from ...core.tensor import Tensor
+from ...ops.creation import full
+from ...ops.layout import triu
 
 from ..containers import ModuleList
 from ..module import Module
@@ -14,7 +16,6 @@ from .linear import Linear
 from .norm import LayerNorm
 from ._functional import F
 
-Tensor = flow.Tensor
 
 
 def _get_activation_fn(activation: str) -> Callable[[Tensor], Tensor]:
@@ -31,7 +32,7 @@ def _get_clones(module: Module, n: int) -> ModuleList:
 
 def generate_square_subsequent_mask(sz: int, device: Any = None, dtype: Any = None) -> Tensor:
     """A ``(sz, sz)`` float mask with ``-inf`` above the diagonal (causal attention)."""
-    return flow.triu(flow.full((sz, sz), float("-inf"), dtype=dtype, device=device), diagonal=1)
+    return triu(full((sz, sz), float("-inf"), dtype=dtype, device=device), diagonal=1)
 
 
 class TransformerEncoderLayer(Module):

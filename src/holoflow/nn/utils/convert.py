@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typing import Iterable
 
-import holoflow as flow
-from holoflow.core.tensor import Tensor
+from ...core.tensor import Tensor
+from ...ops.shape import cat
 
 
 def parameters_to_vector(parameters: Iterable[Tensor]) -> Tensor:
     """All parameters flattened and concatenated into one 1-D tensor."""
-    return flow.cat([p.reshape(-1) for p in parameters])
+    return cat([p.reshape(-1) for p in parameters])
 
 
 def vector_to_parameters(vec: Tensor, parameters: Iterable[Tensor]) -> None:
