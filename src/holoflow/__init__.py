@@ -20,6 +20,7 @@ from . import autograd, linalg, sbp
 from .distributed.placement import placement
 from .distributed import global_view as _global_view
 from . import nn, optim, utils, amp, mock_torch
+from . import graph  # publishes nn.Graph
 from . import distributed, comm, env
 from .amp import autocast, get_autocast_dtype, is_autocast_enabled
 from .serialization import save, load

@@ -15,11 +15,19 @@ where a NODE is one of
     {"t": "dict" | "odict", "items": [[KEY_NODE, NODE], ...]}     (keys: values or tuples)
 
 A tensor object that appears several times is stored once and loads as one object again.
-Saving writes a temporary file in the target's directory, fsyncs it and ``os.replace``-s it over
-the target, so a crash mid-save leaves the previous checkpoint intact.
+Saving writes a temporary file ``<target>.holoflow-tmp-<pid>`` next to the target, fsyncs it and
+``os.replace``-s it over the target, so a crash mid-save leaves the previous checkpoint intact. A
+temp file left by a killed process (its pid is gone) is deleted by the next save of that target.
 
-``load`` also reads a plain safetensors file (a dict of tensors) and files written by
-``torch.save`` (through ``torch.load(weights_only=True)``: no code runs), converting torch tensors
+Global tensors: a tree holding them is saved by every rank together into a *directory* (one
+safetensors file per rank plus a manifest) and loads resharded to another layout; see
+:mod:`holoflow.checkpoint.sharded` (registered through ``register_sharded``). ``global_dst_rank``
+/ ``global_src_rank`` are OneFlow's form: one rank writes / reads whole tensors.
+
+``load`` recognises the format by content: a safetensors file is one whose header parses as JSON
+with tensor entries inside the file; a torch zip starts with the zip signature; a legacy
+``torch.save`` file is a pickle (first byte 0x80). It also reads a plain safetensors file (a dict
+of tensors) and files written by ``torch.save`` (through ``torch.load(weights_only=True)``: no code runs), converting torch tensors
 to holoflow tensors. Anything else — a pickle with code in it, a truncated file, a bad manifest —
 raises :class:`CheckpointError` naming the file and the problem.
 
@@ -32,8 +40,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import struct
-import tempfile
 from collections import OrderedDict
 from typing import Any, Protocol
 
@@ -44,7 +53,7 @@ import torch
 from .core.errors import HoloflowError, UnsupportedError
 from .core.tensor import Tensor
 
-__all__ = ["save", "load", "CheckpointError", "TensorCodec", "register_codec", "CODECS"]
+__all__ = ["save", "load", "CheckpointError", "TensorCodec", "register_codec", "CODECS", "register_sharded"]
 
 FORMAT, VERSION, META_KEY = "holoflow", 1, "holoflow"
 
@@ -140,12 +149,27 @@ class _Encoder:
         return {"t": "tensor", "key": name, "codec": codec.name, "requires_grad": t.requires_grad, **info}
 
 
-def save(obj: Any, path: str | os.PathLike) -> None:
+def save(obj: Any, path: str | os.PathLike, global_dst_rank: int | None = None) -> None:
     """Saves tensors and nested dicts/lists/tuples of tensors and plain values to ``path``
     (atomically: the previous file survives a crash). See the module doc for the format.
 
+    A tree holding global tensors is saved by every rank together: into the directory ``path``
+    (each rank writes its own shards), or, with ``global_dst_rank=r``, as one ordinary file that
+    rank ``r`` alone writes with whole tensors (OneFlow's form).
+
     >>> flow.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": 10}, "ckpt.hf")
     """
+    if global_dst_rank is not None or _has_global(obj):
+        if _SHARDED is None:
+            raise UnsupportedError("holoflow.save: saving global tensors needs holoflow.checkpoint "
+                                   "(import holoflow); or save t.to_local()")
+        _SHARDED.save(obj, path, global_dst_rank)
+        return
+    save_file(obj, path)
+
+
+def save_file(obj: Any, path: str | os.PathLike) -> None:
+    """:func:`save` of a tree of local tensors into one file (or file object)."""
     enc = _Encoder()
     manifest = {"format": FORMAT, "version": VERSION, "root": enc.node(obj, "obj")}
     metadata = {META_KEY: json.dumps(manifest)}
@@ -153,9 +177,12 @@ def save(obj: Any, path: str | os.PathLike) -> None:
         path.write(safetensors.torch.save(enc.tensors, metadata=metadata))
         return
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"holoflow.save: {path!r} is a directory (a sharded checkpoint?); "
+                                f"a tree of local tensors is saved to a file")
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    os.close(fd)
+    clean_stale_temps(path)
+    tmp = temp_path(path)
     try:
         _write(enc.tensors, tmp, metadata)
         with open(tmp, "rb") as f:
@@ -165,14 +192,77 @@ def save(obj: Any, path: str | os.PathLike) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
+
+
+def _has_global(obj: Any) -> bool:
+    if isinstance(obj, Tensor):
+        return obj._global is not None
+    if isinstance(obj, dict):
+        return any(_has_global(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_has_global(v) for v in obj)
+    return False
+
+
+# -- temp files ------------------------------------------------------------------------------
+TEMP_TAG = ".holoflow-tmp-"
+
+
+def temp_path(target: str) -> str:
+    """A fresh temp name next to ``target``: ``<target>.holoflow-tmp-<pid>`` (``-<n>`` added
+    while that exists, e.g. another thread of this process saving the same target)."""
+    base = f"{target}{TEMP_TAG}{os.getpid()}"
+    tmp, n = base, 0
+    while os.path.lexists(tmp):
+        n += 1
+        tmp = f"{base}-{n}"
+    return tmp
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True   # someone else's live process (or a pid we can't check): keep its file
+    return True
+
+
+def clean_stale_temps(target: str) -> list[str]:
+    """Deletes ``<target>.holoflow-tmp-<pid>[-n]`` files/directories whose process is gone (a
+    save killed mid-way); returns what it deleted. Temps of live processes are left alone."""
+    directory = os.path.dirname(os.path.abspath(target)) or "."
+    prefix = os.path.basename(target) + TEMP_TAG
+    pattern = re.compile(re.escape(prefix) + r"(\d+)(-\d+)?$")
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = pattern.match(name)
+        if m is None or _pid_alive(int(m.group(1))):
+            continue
+        full = os.path.join(directory, name)
+        try:
+            if os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full)
+            else:
+                os.unlink(full)
+            removed.append(full)
+        except FileNotFoundError:
+            pass   # another process cleaned it first
+    return removed
 
 
 def _write(tensors: dict, path: str, metadata: dict) -> None:
     safetensors.torch.save_file(tensors, path, metadata=metadata)
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
+    """Makes a rename inside ``directory`` durable (best effort)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -185,31 +275,131 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+# -- sharded (global-tensor) checkpoints: registered by holoflow.checkpoint ------------------
+class ShardedFormat(Protocol):
+    """Saves/loads trees of global tensors (directories, one file per rank)."""
+
+    def save(self, obj: Any, path: Any, global_dst_rank: int | None) -> None: ...
+
+    def load(self, path: Any, map_location: Any, global_src_rank: int | None, like: Any) -> Any: ...
+
+    def is_sharded(self, path: Any) -> bool: ...
+
+    def relayout(self, obj: Any, like: Any) -> Any: ...
+
+
+_SHARDED: ShardedFormat | None = None
+
+
+def register_sharded(fmt: ShardedFormat) -> None:
+    """Installs the global-tensor checkpoint format (done by holoflow.checkpoint)."""
+    global _SHARDED
+    _SHARDED = fmt
+
+
 # -- load ------------------------------------------------------------------------------------
-def load(path: str | os.PathLike, map_location=None, weights_only: bool = True) -> Any:
+def load(path: str | os.PathLike, map_location=None, weights_only: bool = True, *,
+         global_src_rank: int | None = None, like: Any = None) -> Any:
     """Loads what :func:`save` wrote (or a safetensors / ``torch.save`` file) without running any
     code. ``map_location``: a device (``"cpu"``, ``"cuda:0"``, a holoflow/torch device) or a dict
     ``{"cuda:0": "cpu"}`` moving tensors saved on one device to another.
 
+    Global tensors: ``like`` is a tree shaped like the saved one (a state dict, a module, an
+    optimizer, ...) whose global tensors give each loaded tensor its placement and SBP; each
+    rank reads only its shard. ``global_src_rank=r`` (OneFlow's form): rank ``r`` alone reads,
+    and tensors load as global tensors broadcast on ``placement([r])`` (then ``like``'s layout).
+
     >>> ckpt = flow.load("ckpt.hf", map_location="cpu")
+    >>> ckpt = flow.load("ckpt_dir", like={"model": model, "optim": opt})
     """
     if not weights_only:
         raise UnsupportedError("holoflow.load: weights_only=False is not supported; loading never unpickles code")
+    if global_src_rank is not None or (_SHARDED is not None and _SHARDED.is_sharded(path)):
+        if _SHARDED is None:
+            raise UnsupportedError("holoflow.load: global checkpoints need holoflow.checkpoint (import holoflow)")
+        return _SHARDED.load(path, map_location, global_src_rank, like)
+    obj = load_file(path, map_location)
+    if like is not None and _SHARDED is not None:
+        obj = _SHARDED.relayout(obj, like)
+    return obj
+
+
+def load_file(path, map_location=None) -> Any:
+    """:func:`load` of one file or file object (no global layout)."""
     name = repr(getattr(path, "name", path)) if hasattr(path, "read") else repr(os.fspath(path))
     data = path.read() if hasattr(path, "read") else None
     if data is None:
+        if os.path.isdir(path):
+            raise CheckpointError(f"holoflow.load({name}): a directory without a holoflow manifest "
+                                  f"(manifest.json); not a checkpoint")
         try:
             with open(path, "rb") as f:
-                head = f.read(16)
+                kind = _sniff(f, os.fstat(f.fileno()).st_size)
         except OSError as e:
             raise FileNotFoundError(f"holoflow.load({name}): {e.strerror}") from e
     else:
-        head = data[:16]
-    if not head:
+        import io
+        kind = _sniff(io.BytesIO(data), len(data))
+    if kind == "empty":
         raise CheckpointError(f"holoflow.load({name}): the file is empty")
-    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+    if kind in ("zip", "pickle"):
         return _load_torch(path if data is None else data, name, map_location)
+    if kind != "safetensors":
+        raise CheckpointError(f"holoflow.load({name}): not a valid checkpoint (safetensors, torch.save "
+                              f"zip or pickle): {kind}")
     return _load_safetensors(path, data, name, map_location)
+
+
+_MAX_HEADER = 100 * 1024 * 1024   # safetensors' own limit on the JSON header
+
+
+def _sniff(f, size: int) -> str:
+    """The format of an open file by content: 'safetensors', 'zip', 'pickle', 'empty' or a
+    sentence saying why it is none of them. A safetensors file is recognised only if its
+    header is JSON whose entries lie inside the file; only then is anything else ruled out."""
+    head = f.read(8)
+    if not head:
+        return "empty"
+    st_error = None
+    if len(head) == 8:
+        (n,) = struct.unpack("<Q", head)
+        if 2 <= n <= min(_MAX_HEADER, size - 8):
+            is_json, st_error = _check_st_header(f.read(n), size - 8 - n)
+            if st_error is None:
+                return "safetensors"
+            if is_json:   # a JSON header: a (damaged) safetensors file, whatever its first byte
+                return st_error
+        else:
+            st_error = f"the first 8 bytes give a header length of {n} for a file of {size} bytes"
+    else:
+        st_error = f"only {size} bytes"
+    if head.startswith(b"PK\x03\x04"):
+        return "zip"
+    if head[:1] == b"\x80":
+        return "pickle"
+    return st_error
+
+
+def _check_st_header(raw: bytes, body: int) -> tuple[bool, str | None]:
+    """(is it a JSON object, None or what is wrong): is ``raw`` a safetensors header whose
+    tensors lie in a body of ``body`` bytes?"""
+    try:
+        header = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return False, "the safetensors header is not JSON"
+    if not isinstance(header, dict):
+        return False, "the safetensors header is not a JSON object"
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        offs = v.get("data_offsets") if isinstance(v, dict) else None
+        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)
+                and 0 <= offs[0] <= offs[1]):
+            return True, f"safetensors tensor {k!r} has no valid data_offsets"
+        if offs[1] > body:
+            return True, (f"truncated safetensors file: tensor {k!r} ends at byte {offs[1]} of the data, "
+                          f"but the file holds only {body} data bytes")
+    return True, None
 
 
 def _move(t: torch.Tensor, map_location) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch
 
 from ..core import grad_mode
 from ..core.tensor import Tensor
+from ..ops.creation import full, zeros
 
 
 class _Stage(Enum):
@@ -77,7 +78,6 @@ class GradScaler:
         raise ValueError("holoflow.amp.GradScaler.scale: outputs must be a Tensor or an iterable of Tensors")
 
     def _lazy_init(self, dev) -> None:
-        from .. import full
         self._scale = full((), self._init_scale, dtype=torch.float32, device=dev)
         self._growth_tracker = self._init_growth_tracker
 
@@ -104,7 +104,6 @@ class GradScaler:
         state["stage"] = _Stage.UNSCALED
 
     def _unscale_grads(self, optimizer, inv_scale: Tensor) -> dict[str, Tensor]:
-        from .. import zeros
         found: dict[str, Tensor] = {}
         with grad_mode.no_grad():
             for group in optimizer.param_groups:
@@ -186,7 +185,6 @@ class GradScaler:
             self._growth_tracker = successful
 
     def _set_scale(self, value: float) -> None:
-        from .. import full
         self._scale = full((), value, dtype=torch.float32, device=self._scale.device)
 
     # -- accessors ---------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.errors import HoloflowError
+from . import env
 
 
 class placement:
@@ -30,7 +31,6 @@ class placement:
     @staticmethod
     def all(type: str = "cpu") -> "placement":  # noqa: A002
         """Every rank of the world, as a 1-D mesh."""
-        from .. import env
         return placement(type, list(range(env.get_world_size())))
 
     @property

@@ -1,7 +1,11 @@
 """Static graphs (DESIGN §7): ``Graph`` (``holoflow.nn.Graph``), its ``GraphConfig``, and
 ``GraphModule`` for per-module settings (activation checkpointing, pipeline stage)."""
+from .. import nn as _nn
 from .config import GraphConfig
 from .graph import Graph, GraphBuildError, GraphModule
 from .lower import GraphRunError
 
 __all__ = ["Graph", "GraphBuildError", "GraphConfig", "GraphModule", "GraphRunError"]
+
+# ``holoflow.nn.Graph`` is OneFlow's public name; graph sits above nn, so graph publishes it there
+_nn.Graph, _nn.GraphModule, _nn.GraphConfig = Graph, GraphModule, GraphConfig

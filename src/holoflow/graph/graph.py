@@ -217,7 +217,7 @@ class Graph:
         if s is None or not s.is_enabled():
             return None
         if self._scale_t is None:
-            from .. import full
+            from ..ops.creation import full
             if s._scale is None:
                 s._lazy_init(device)
             self._scale_t = full((), s.get_scale(), dtype=s._scale.dtype, device=device)

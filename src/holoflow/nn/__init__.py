@@ -1,7 +1,9 @@
 """``holoflow.nn``: modules, parameters, containers, init and utilities, with torch's API.
 
 Layers call :mod:`holoflow.nn.functional` (resolved when they run), so model code written for
-``torch.nn`` ports by changing the import.
+``torch.nn`` ports by changing the import. ``nn.Graph`` (with ``GraphModule`` and ``GraphConfig``)
+is defined in :mod:`holoflow.graph`, a layer above nn, which publishes those names here when it is
+imported (the ``holoflow`` facade imports it): nn never imports graph.
 """
 from . import init, utils
 from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
@@ -17,8 +19,4 @@ from . import global_module as _global_module  # noqa: E402,F401 - attaches Modu
 
 
 def __getattr__(name: str):
-    """``nn.Graph`` lives in holoflow.graph (which imports nn): resolved on first use."""
-    if name in ("Graph", "GraphModule", "GraphConfig"):
-        from .. import graph
-        return getattr(graph, name)
     raise AttributeError(f"holoflow.nn has no attribute {name!r}")

@@ -1,11 +1,14 @@
 """``holoflow.nn.functional``: torch.nn.functional's names over holoflow ops.
 
-The nn/loss/random ops are imported directly; names owned by other op modules (``linear``,
-``pad``, ...) are looked up on ``holoflow`` when first used, so import order never matters.
+Every name is imported from the op module that defines it (nn imports ops, never the
+``holoflow`` facade: docs/architecture.md, "Layers").
 """
 from __future__ import annotations
 
 from ..ops.attention import scaled_dot_product_attention
+from ..ops.elementwise import sigmoid, tanh
+from ..ops.layout import pad
+from ..ops.linalg import linear
 from ..ops.conv import (adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, conv3d, conv_transpose1d,
                         conv_transpose2d, interpolate, max_pool2d, upsample)
 from ..ops.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, huber_loss,
@@ -21,24 +24,10 @@ from ..ops.nn_extra import (adaptive_avg_pool1d, adaptive_max_pool1d, adaptive_m
 from ..ops.norm import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
 from ..ops.random_ops import dropout
 
-# name here -> name on holoflow (resolved at call time)
-_FORWARDED = {"linear": "linear", "pad": "pad", "sigmoid": "sigmoid", "tanh": "tanh",
-              "unfold": "unfold", "fold": "fold", "pdist": "pdist", "cdist": "cdist"}
-
 
 def __getattr__(name: str):
-    if name in _FORWARDED:
-        import holoflow
-        try:
-            return getattr(holoflow, _FORWARDED[name])
-        except AttributeError:
-            raise AttributeError(f"holoflow.nn.functional.{name}: holoflow.{_FORWARDED[name]} is not "
-                                 f"available (its op module is not part of this build)") from None
-    raise AttributeError(f"module 'holoflow.nn.functional' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_FORWARDED))
+    raise AttributeError(f"holoflow.nn.functional has no attribute {name!r} (torch.nn.functional.{name} "
+                         f"is not implemented in holoflow yet)")
 
 
 __all__ = ["adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool1d", "adaptive_max_pool2d",
@@ -52,4 +41,4 @@ __all__ = ["adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool1d", 
            "normalize", "one_hot", "pairwise_distance", "pixel_shuffle", "pixel_unshuffle", "poisson_nll_loss",
            "prelu", "relu", "relu6", "relu_", "rms_norm", "scaled_dot_product_attention", "selu", "silu",
            "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin", "softplus", "softshrink", "softsign",
-           "tanhshrink", "upsample"]
+           "tanhshrink", "upsample"] + ["linear", "pad", "sigmoid", "tanh"]

@@ -476,5 +476,3 @@ for _name in ("matmul", "mm", "bmm", "dot", "inner", "outer", "ger", "addmm", "b
     setattr(Tensor, _name, globals()[_name])
 Tensor.__matmul__ = matmul
 Tensor.__rmatmul__ = lambda self, other: matmul(other, self)
-
-from .. import linalg as _linalg_namespace  # noqa: E402,F401  (binds holoflow.linalg)

@@ -352,11 +352,11 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -
     prod = x1 * x2
     nd = prod.dim()
     d = normalize_dim("cosine_similarity", dim, nd)
-    import holoflow  # reductions live in ops/reduction.py (looked up at call time)
+    from .reduction import sum as reduce_sum
     sq = lambda t: sum_keep(t * t, [d - nd + t.dim()])
     num = sum_keep(prod, [d])
     den = (sq(x1) * sq(x2)).clamp_min(eps * eps).sqrt()
-    return holoflow.sum(num / den, d)
+    return reduce_sum(num / den, d)
 
 
 Tensor.relu = relu

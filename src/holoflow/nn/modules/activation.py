@@ -9,7 +9,7 @@ from ...ops.creation import empty
 from .. import init
 from ..module import Module
 from ..parameter import Parameter
-from ._functional import F
+from .. import functional as F
 
 
 class _Inplace(Module):

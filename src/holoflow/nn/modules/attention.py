@@ -13,7 +13,7 @@ from ...ops.shape import cat
 from .. import init
 from ..module import Module
 from ..parameter import Parameter
-from ._functional import F
+from .. import functional as F
 from .linear import NonDynamicallyQuantizableLinear
 
 

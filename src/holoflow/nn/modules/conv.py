@@ -10,7 +10,7 @@ from ...ops.creation import empty
 from .. import init
 from ..module import Module
 from ..parameter import Parameter
-from ._functional import F
+from .. import functional as F
 
 
 def _ntuple(n: int):

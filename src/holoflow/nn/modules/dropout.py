@@ -4,7 +4,7 @@ from __future__ import annotations
 from ...core.tensor import Tensor
 
 from ..module import Module
-from ._functional import F
+from .. import functional as F
 
 
 class _DropoutNd(Module):

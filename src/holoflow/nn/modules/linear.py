@@ -11,7 +11,7 @@ from ...ops.linalg import einsum
 from .. import init
 from ..module import Module
 from ..parameter import Parameter
-from ._functional import F
+from .. import functional as F
 
 
 class Identity(Module):

@@ -6,7 +6,7 @@ from typing import Any
 from ...core.tensor import Tensor
 
 from ..module import Module
-from ._functional import F
+from .. import functional as F
 
 
 def _legacy_reduction(size_average: bool | None, reduce: bool | None) -> str:

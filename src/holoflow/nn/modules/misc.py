@@ -7,7 +7,7 @@ from typing import Any
 from ...core.tensor import Tensor
 
 from ..module import Module
-from ._functional import F
+from .. import functional as F
 
 
 class Flatten(Module):

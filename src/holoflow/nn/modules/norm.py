@@ -12,7 +12,7 @@ from ...ops.creation import empty, ones, tensor, zeros
 from .. import init
 from ..module import Module
 from ..parameter import Parameter
-from ._functional import F
+from .. import functional as F
 
 
 class _NormBase(Module):

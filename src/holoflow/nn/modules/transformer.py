@@ -14,7 +14,7 @@ from .attention import MultiheadAttention
 from .dropout import Dropout
 from .linear import Linear
 from .norm import LayerNorm
-from ._functional import F
+from .. import functional as F
 
 
 

@@ -12,7 +12,10 @@ from typing import Iterable
 
 import torch
 
-import holoflow as flow
+from holoflow.core.grad_mode import no_grad
+from holoflow.ops.creation import tensor
+from holoflow.ops.elementwise import isfinite
+from holoflow.ops.shape import stack
 from holoflow.core.dispatch import Hooks
 from holoflow.core.tensor import Tensor
 
@@ -57,7 +60,7 @@ def _total_norm_fast(datas: list[torch.Tensor], norm_type: float) -> torch.Tenso
     return torch.linalg.vector_norm(torch.stack(norms), norm_type)
 
 
-@flow.no_grad()
+@no_grad()
 def get_total_norm(tensors: Tensor | Iterable[Tensor], norm_type: float = 2.0, error_if_nonfinite: bool = False,
                    foreach: bool | None = None) -> Tensor:
     """The ``norm_type``-norm of all ``tensors`` together (the norm of their norms).
@@ -68,18 +71,18 @@ def get_total_norm(tensors: Tensor | Iterable[Tensor], norm_type: float = 2.0, e
     tensors = _tensors(tensors)
     norm_type = float(norm_type)
     if not tensors:
-        return flow.tensor(0.0)
+        return tensor(0.0)
     if _local(tensors, foreach):
         total = Tensor._make(_total_norm_fast([t._data for t in tensors], norm_type))
     else:
         norms = [_norm(t, norm_type) for t in tensors]
-        total = _norm(flow.stack([n.to(norms[0].dtype) for n in norms]), norm_type)
-    if error_if_nonfinite and not bool(flow.isfinite(total)):
+        total = _norm(stack([n.to(norms[0].dtype) for n in norms]), norm_type)
+    if error_if_nonfinite and not bool(isfinite(total)):
         raise _nonfinite_error(norm_type)
     return total
 
 
-@flow.no_grad()
+@no_grad()
 def clip_grads_with_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, total_norm: Tensor,
                           foreach: bool | None = None) -> None:
     """Scales every ``.grad`` by ``min(1, max_norm / (total_norm + 1e-6))`` in place."""
@@ -113,7 +116,7 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     return total
 
 
-@flow.no_grad()
+@no_grad()
 def clip_grad_value_(parameters: Tensor | Iterable[Tensor], clip_value: float, foreach: bool | None = None) -> None:
     """Clamps every ``.grad`` to ``[-clip_value, clip_value]`` in place."""
     clip_value = float(clip_value)

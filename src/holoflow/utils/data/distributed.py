@@ -6,16 +6,13 @@ from typing import Iterator
 
 import torch
 
+from ...distributed import env
 from .sampler import Sampler
 
 __all__ = ["DistributedSampler"]
 
 
 def _world() -> tuple[int, int]:
-    import holoflow
-    env = getattr(holoflow, "env", None)
-    if env is None:
-        return 1, 0
     return env.get_world_size(), env.get_rank()
 
 
