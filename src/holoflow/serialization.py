@@ -27,9 +27,10 @@ safetensors file per rank plus a manifest) and loads resharded to another layout
 ``load`` recognises the format by content: a safetensors file is one whose header parses as JSON
 with tensor entries inside the file; a torch zip starts with the zip signature; a legacy
 ``torch.save`` file is a pickle (first byte 0x80). It also reads a plain safetensors file (a dict
-of tensors) and files written by ``torch.save`` (through ``torch.load(weights_only=True)``: no code runs), converting torch tensors
-to holoflow tensors. Anything else — a pickle with code in it, a truncated file, a bad manifest —
-raises :class:`CheckpointError` naming the file and the problem.
+of tensors) and files written by ``torch.save`` (through ``torch.load(weights_only=True)``: no
+code runs), converting torch tensors to holoflow tensors. Anything else — a pickle with code in
+it, a truncated file, a bad manifest — raises :class:`CheckpointError` naming the file and the
+problem.
 
 Extension point: how a tensor is stored is decided by a :class:`TensorCodec` in ``CODECS``
 (first match wins). The default ``local`` codec stores the storage as is; the distributed layer
