@@ -1,6 +1,8 @@
 """Python operators and the elementwise methods of Tensor (other op modules bind their own)."""
 from __future__ import annotations
 
+import torch
+
 from ..core.dispatch import apply, apply_inplace
 from ..core.tensor import Tensor
 from . import elementwise as E
@@ -14,7 +16,27 @@ def _inplace(op, **fixed):
 
 
 def _reflect(op, **attrs):
-    return lambda self, other: apply(op, other, self, **attrs)
+    """``scalar OP self``. A Python float meeting a float64/complex128 tensor is wrapped at that
+    precision (the binary kernels wrap a leading scalar at the default float32 otherwise); at
+    lower precisions the kernel's wrapping already rounds as torch's wrapped numbers do."""
+    def method(self, other):
+        if isinstance(other, (float, complex)) and self._global is None:
+            dt = torch.result_type(self._data, other)
+            if dt in (torch.float64, torch.complex128):
+                other = Tensor._make(torch.tensor(other, dtype=dt, device=self._data.device))
+        return apply(op, other, self, **attrs)
+    return method
+
+
+def _commute(op):
+    """``scalar OP self`` for a commutative op computes ``self OP scalar``, as torch's
+    ``__radd__``/``__rmul__`` do (the scalar stays a wrapped number: bf16 rounds as torch)."""
+    return lambda self, other: apply(op, self, other)
+
+
+def _rtruediv(self, other):
+    """``other / self`` as torch's ``Tensor.__rtruediv__``: ``self.reciprocal() * other``."""
+    return apply(E.MUL, apply(E.RECIPROCAL, self), other)
 
 
 def _forward(op, **attrs):
@@ -22,10 +44,10 @@ def _forward(op, **attrs):
 
 
 OPERATORS = {
-    "__add__": _forward(E.ADD), "__radd__": _reflect(E.ADD), "__iadd__": _inplace(E.ADD),
+    "__add__": _forward(E.ADD), "__radd__": _commute(E.ADD), "__iadd__": _inplace(E.ADD),
     "__sub__": _forward(E.SUB), "__rsub__": _reflect(E.SUB), "__isub__": _inplace(E.SUB),
-    "__mul__": _forward(E.MUL), "__rmul__": _reflect(E.MUL), "__imul__": _inplace(E.MUL),
-    "__truediv__": _forward(E.DIV), "__rtruediv__": _reflect(E.DIV), "__itruediv__": _inplace(E.DIV),
+    "__mul__": _forward(E.MUL), "__rmul__": _commute(E.MUL), "__imul__": _inplace(E.MUL),
+    "__truediv__": _forward(E.DIV), "__rtruediv__": _rtruediv, "__itruediv__": _inplace(E.DIV),
     "__floordiv__": _forward(E.DIV, rounding_mode="floor"),
     "__rfloordiv__": _reflect(E.DIV, rounding_mode="floor"),
     "__ifloordiv__": _inplace(E.DIV, rounding_mode="floor"),

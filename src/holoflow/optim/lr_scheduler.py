@@ -497,3 +497,7 @@ class OneCycleLR(LRScheduler):
                 start = ph["end_step"]
         return lrs
 
+
+from .lr_scheduler_cyclic import CosineAnnealingWarmRestarts, CyclicLR  # noqa: E402 - needs LRScheduler
+
+__all__ += ["CyclicLR", "CosineAnnealingWarmRestarts"]
