@@ -24,6 +24,7 @@ from . import graph  # publishes nn.Graph
 from . import distributed, comm, env
 from .amp import autocast, get_autocast_dtype, is_autocast_enabled
 from .serialization import save, load
+from . import checkpoint  # installs the sharded (global-tensor) format into save/load
 
 _global_view.install()
 globals().update(_ELEMENTWISE)

@@ -288,6 +288,8 @@ class ShardedFormat(Protocol):
 
     def relayout(self, obj: Any, like: Any) -> Any: ...
 
+    def missing_hint(self, path: Any) -> str | None: ...
+
 
 _SHARDED: ShardedFormat | None = None
 
@@ -337,7 +339,9 @@ def load_file(path, map_location=None) -> Any:
             with open(path, "rb") as f:
                 kind = _sniff(f, os.fstat(f.fileno()).st_size)
         except OSError as e:
-            raise FileNotFoundError(f"holoflow.load({name}): {e.strerror}") from e
+            hint = _SHARDED.missing_hint(path) if _SHARDED is not None and not os.path.exists(path) else None
+            hint = f"; a save replacing it was interrupted: the previous checkpoint is {hint!r}" if hint else ""
+            raise FileNotFoundError(f"holoflow.load({name}): {e.strerror}{hint}") from e
     else:
         import io
         kind = _sniff(io.BytesIO(data), len(data))

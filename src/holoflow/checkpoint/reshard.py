@@ -1,0 +1,398 @@
+"""Loading checkpoints of global tensors into a (possibly different) layout; see sharded.py.
+
+Target layout of each loaded tensor, first match wins:
+
+1. ``like``: a tree walked alongside the saved one. A global tensor there gives placement and
+   SBP (the logical shapes must agree); a local tensor there asks for the whole tensor, local. A
+   module stands for its ``state_dict()``; an optimizer for its state, each state tensor shaped
+   like its parameter taking the parameter's layout.
+2. The saved layout, when this world has all of its ranks.
+3. In a world of one process, the whole tensor as a local tensor.
+
+Otherwise loading fails, naming the tensor and asking for ``like``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import OrderedDict
+from typing import Any
+
+import safetensors
+import torch
+
+from ..core.grad_mode import no_grad
+from ..core.sbp import B, P
+from ..core.tensor import Tensor
+from ..distributed.global_tensor import from_full, make_global
+from ..distributed.layout import local_ranges
+from ..distributed.placement import placement
+from ..serialization import CheckpointError, _move, load_file
+from .sharded import FORMAT, MANIFEST, OLD_TAG, VERSION, _ctx, _dtype_from, _gather, _map_tensors, _sbp_from
+
+
+class _ParamLike:
+    """Stands for an optimizer state entry of parameter ``p``: tensors shaped like ``p`` take
+    its layout, others keep their default."""
+
+    def __init__(self, p: Tensor) -> None:
+        self.p = p
+
+
+def _like_view(like: Any) -> Any:
+    if like is None or isinstance(like, (Tensor, _ParamLike, dict, list, tuple)):
+        return like
+    if hasattr(like, "param_groups") and hasattr(like, "state"):   # an optimizer
+        index: dict = {}
+        for g in like.param_groups:
+            for p in g["params"]:
+                index.setdefault(id(p), (len(index), p))
+        return {"state": {i: _ParamLike(p) for i, p in index.values()}}
+    if hasattr(like, "state_dict") and callable(like.state_dict):   # a module
+        return like.state_dict()
+    return None
+
+
+def _like_child(like: Any, key: Any) -> Any:
+    like = _like_view(like)
+    if isinstance(like, _ParamLike):
+        return like
+    if isinstance(like, dict):
+        return _like_view(like.get(key))
+    if isinstance(like, (list, tuple)) and isinstance(key, int) and 0 <= key < len(like):
+        return _like_view(like[key])
+    return None
+
+
+def _like_tensor(like: Any, shape: list, where: str) -> Tensor | None:
+    like = _like_view(like)
+    if isinstance(like, _ParamLike):
+        like = like.p if list(like.p.shape) == list(shape) else None
+    if not isinstance(like, Tensor):
+        return None
+    if list(like.shape) != list(shape):
+        raise CheckpointError(f"holoflow.load: {where} has shape {tuple(shape)} in the checkpoint, but like= "
+                              f"gives a tensor of shape {tuple(like.shape)}")
+    return like
+
+
+def _walk(obj: Any, like: Any, fn, where: str = "obj") -> Any:
+    """``obj`` with each tensor replaced by ``fn(tensor, like leaf, where)``."""
+    if isinstance(obj, (Tensor, _Pending)):
+        return fn(obj, like, where)
+    if isinstance(obj, dict):
+        items = ((k, _walk(v, _like_child(like, k), fn, f"{where}[{k!r}]")) for k, v in obj.items())
+        return OrderedDict(items) if isinstance(obj, OrderedDict) else dict(items)
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_walk(v, _like_child(like, i), fn, f"{where}[{i}]") for i, v in enumerate(obj))
+    return obj
+
+
+# -- directory checkpoints -------------------------------------------------------------------
+class _Pending:
+    """A tensor node of the manifest, read once its target layout is known."""
+
+    def __init__(self, node: dict) -> None:
+        self.node = node
+
+
+class _Tree:
+    """The manifest's tree with tensors left as :class:`_Pending` (one object per saved tensor)."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.pending = name, {}
+
+    def bad(self, what: str) -> CheckpointError:
+        return CheckpointError(f"holoflow.load({self.name}): corrupt manifest: {what}")
+
+    def node(self, n: Any, depth: int = 0) -> Any:
+        if depth > 200:
+            raise self.bad("nested more than 200 levels")
+        kind = n.get("t") if isinstance(n, dict) else None
+        if kind == "value":
+            v = n.get("v")
+            if v is not None and not isinstance(v, (bool, int, float, str)):
+                raise self.bad(f"a value node holds {type(v).__name__}")
+            return v
+        if kind == "tensor":
+            key = n.get("key")
+            if not isinstance(key, str):
+                raise self.bad(f"a tensor node without a key: {str(n)[:80]}")
+            return self.pending.setdefault(key, _Pending(n))
+        if kind in ("list", "tuple") and isinstance(n.get("items"), list):
+            items = [self.node(v, depth + 1) for v in n["items"]]
+            return items if kind == "list" else tuple(items)
+        if kind in ("dict", "odict") and isinstance(n.get("items"), list):
+            out = OrderedDict() if kind == "odict" else {}
+            for pair in n["items"]:
+                if not isinstance(pair, list) or len(pair) != 2:
+                    raise self.bad("a dict item is not a [key, value] pair")
+                out[self.node(pair[0], depth + 1)] = self.node(pair[1], depth + 1)
+            return out
+        raise self.bad(f"unknown node {str(n)[:80]}")
+
+
+class _Reader:
+    """Reads boxes of saved tensors from the rank files (opened once, on first use)."""
+
+    def __init__(self, directory: str, name: str) -> None:
+        self.dir, self.name, self.files = directory, name, {}
+
+    def bad(self, what: str) -> CheckpointError:
+        return CheckpointError(f"holoflow.load({self.name}): {what}")
+
+    def file(self, fname: Any):
+        if not isinstance(fname, str) or os.path.basename(fname) != fname or not fname.endswith(".safetensors"):
+            raise self.bad(f"corrupt manifest: bad shard file name {fname!r}")
+        if fname not in self.files:
+            full = os.path.join(self.dir, fname)
+            try:
+                self.files[fname] = safetensors.safe_open(full, framework="pt")
+            except (OSError, safetensors.SafetensorError) as e:
+                raise self.bad(f"shard file {fname} is missing or unreadable: {e}") from e
+        return self.files[fname]
+
+    def read(self, n: dict, box: list[tuple[int, int]], where: str) -> torch.Tensor:
+        """The box ``[(start, size)] per dim`` of the saved tensor ``n``."""
+        dtype = _dtype_from(n.get("dtype"), self.name)
+        out = torch.empty([s for _, s in box], dtype=dtype)
+        if out.numel() == 0:
+            return out
+        covered = 0
+        shards = n.get("shards")
+        if not isinstance(shards, list):
+            raise self.bad(f"corrupt manifest: {where} lists no shards")
+        for sh in shards:
+            off, size = (sh.get("offset"), sh.get("size")) if isinstance(sh, dict) else (None, None)
+            if not (isinstance(off, list) and isinstance(size, list) and len(off) == len(size) == len(box)):
+                raise self.bad(f"corrupt manifest: a shard of {where} has a bad offset/size: {str(sh)[:80]}")
+            lo = [max(a, o) for (a, _), o in zip(box, off)]
+            hi = [min(a + s, o + z) for (a, s), o, z in zip(box, off, size)]
+            if any(h <= l for l, h in zip(lo, hi)):
+                continue
+            f = self.file(sh.get("file"))
+            try:
+                sl = f.get_slice(n["key"])
+            except Exception as e:  # noqa: BLE001 - safetensors raises several kinds
+                raise self.bad(f"shard file {sh.get('file')} lacks {where} (key {n['key']!r}): {e}") from e
+            if list(sl.get_shape()) != list(size):
+                raise self.bad(f"shard of {where} in {sh.get('file')} has shape {sl.get_shape()}, the manifest "
+                               f"says {size}")
+            src = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, off))
+            part = sl[src] if src else f.get_tensor(n["key"])
+            dst = tuple(slice(l - a, h - a) for l, h, (a, _) in zip(lo, hi, box))
+            out[dst] = part.to(dtype)
+            covered += math.prod(h - l for l, h in zip(lo, hi))
+        if covered != out.numel():
+            raise self.bad(f"the shards of {where} cover {covered} of the {out.numel()} elements this rank needs; "
+                           f"the checkpoint is incomplete")
+        return out
+
+
+def _target(n: dict, like: Any, where: str, name: str) -> tuple | None:
+    """(placement, nd-SBP) for a saved tensor node, or None for a local whole tensor."""
+    shape = n.get("shape")
+    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        raise CheckpointError(f"holoflow.load({name}): corrupt manifest: bad shape {shape!r} for {where}")
+    lk = _like_tensor(like, shape, where)
+    if lk is not None:
+        return (lk._global.placement, tuple(lk._global.sbp)) if lk._global is not None else None
+    saved = n.get("placement")
+    if saved is None:
+        return None
+    try:
+        place = placement(saved["type"], saved["ranks"])
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"holoflow.load({name}): corrupt manifest: bad placement for {where}: {e}") from e
+    sbp = n.get("sbp")
+    if not isinstance(sbp, list) or len(sbp) != place.ndim:
+        raise CheckpointError(f"holoflow.load({name}): corrupt manifest: bad sbp {sbp!r} for {where}")
+    nd = tuple(_sbp_from(s, name) for s in sbp)
+    _, world_size = _ctx()
+    if max(place.flat_ranks) < world_size:
+        return place, nd
+    if world_size == 1:
+        return None
+    raise CheckpointError(f"holoflow.load({name}): {where} was saved on {place}, but this world has "
+                          f"{world_size} ranks; pass like= (a tree of global tensors, a module or an "
+                          f"optimizer) to choose its layout here")
+
+
+def _build(data: torch.Tensor | None, n: dict, target: tuple | None, map_location) -> Tensor:
+    r, _ = _ctx()
+    if target is None:
+        t = Tensor._make(_move(data, map_location))
+    else:
+        place, nd = target
+        local = data.to(place.device_for(r)) if data is not None else torch.empty((0,), dtype=_dtype_from(
+            n.get("dtype"), "manifest"))
+        t = make_global(Tensor._make(local), place, nd, n["shape"])
+    if n.get("requires_grad"):
+        t.requires_grad_(True)
+    return t
+
+
+def load_sharded(path: Any, map_location=None, like: Any = None) -> Any:
+    """Each rank reads its boxes of a directory checkpoint; see the module doc."""
+    directory = os.path.abspath(os.fspath(path))
+    name = repr(os.fspath(path))
+    try:
+        with open(os.path.join(directory, MANIFEST)) as f:
+            manifest = json.load(f)
+    except ValueError as e:
+        raise CheckpointError(f"holoflow.load({name}): {MANIFEST} is not valid JSON: {e}") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or "root" not in manifest:
+        raise CheckpointError(f"holoflow.load({name}): {MANIFEST} is not a holoflow sharded manifest")
+    if not isinstance(manifest.get("version"), int) or manifest["version"] > VERSION:
+        raise CheckpointError(f"holoflow.load({name}): format version {manifest.get('version')!r} is not one "
+                              f"this holoflow reads ({VERSION}); upgrade holoflow")
+    tree = _Tree(name).node(manifest["root"])
+    reader = _Reader(directory, name)
+    r, _ = _ctx()
+    made: dict = {}
+
+    def load_one(p: _Pending, like: Any, where: str) -> Tensor:
+        if id(p) in made:
+            return made[id(p)]
+        n = p.node
+        target = _target(n, like, where, name)
+        if target is None:
+            data = reader.read(n, [(0, d) for d in n["shape"]], where)
+        else:
+            place, nd = target
+            coords = place.coords(r)
+            data = None
+            if coords is not None:
+                data = reader.read(n, local_ranges(n["shape"], nd, place, coords), where)
+                if any(s == P and coords[a] != 0 for a, s in enumerate(nd)):
+                    data.zero_()   # a partial sum: the value lives on the first rank of each P axis
+        t = made[id(p)] = _build(data, n, target, map_location)
+        return t
+    try:
+        return _walk(tree, like, load_one)
+    finally:
+        reader.files.clear()
+
+
+def missing_hint(path: Any) -> str | None:
+    """If a save replacing ``path`` was interrupted, where the previous checkpoint went."""
+    p = os.path.abspath(os.fspath(path))
+    d, base = os.path.dirname(p), os.path.basename(p) + OLD_TAG
+    try:
+        olds = [x for x in os.listdir(d) if x.startswith(base)]
+    except OSError:
+        return None
+    return os.path.join(d, olds[0]) if olds else None
+
+
+# -- file checkpoints and OneFlow's global_src_rank --------------------------------------------
+def relayout(obj: Any, like: Any) -> Any:
+    """A tree of local (whole) tensors given ``like``'s layout: each rank keeps its slice."""
+    memo: dict = {}
+
+    def one(t: Tensor, lk: Any, where: str) -> Tensor:
+        if id(t) in memo:
+            return memo[id(t)]
+        lk = _like_tensor(lk, list(t.shape), where)
+        out = t
+        if lk is not None and lk._global is not None and t._global is None:
+            g = lk._global
+            with no_grad():
+                out = from_full(t._data, g.placement, g.sbp)
+            if t.requires_grad:
+                out.requires_grad_(True)
+        memo[id(t)] = out
+        return out
+    return _walk(obj, like, one)
+
+
+class _Spec:
+    """What other ranks learn of a tensor rank ``global_src_rank`` read."""
+
+    def __init__(self, shape: list, dtype: str, requires_grad: bool) -> None:
+        self.shape, self.dtype, self.requires_grad = shape, dtype, requires_grad
+
+
+def load_from_rank(path: Any, src: int, map_location=None, like: Any = None) -> Any:
+    """OneFlow's ``load(path, global_src_rank=src)``: rank ``src`` reads whole tensors; they come
+    back global, broadcast on ``placement([src])`` — then moved to ``like``'s layout if given.
+    Every rank calls it."""
+    r, n = _ctx()
+    if not 0 <= src < n:
+        raise ValueError(f"holoflow.load: global_src_rank={src} is not a rank of this world of {n}")
+    obj, skeleton, err = None, None, None
+    if r == src:
+        try:
+            obj = load_sharded(path, map_location) if _is_dir(path) else load_file(path, map_location)
+            obj = _map_tensors(obj, lambda t: t if t._global is None else Tensor._make(t._local_full()), {})
+            skeleton = _map_tensors(obj, lambda t: _Spec(list(t.shape), str(t._data.dtype).replace("torch.", ""),
+                                                         t.requires_grad), {})
+        except Exception as e:  # noqa: BLE001 - every rank raises
+            err = e
+    skeleton, err_text = _gather((skeleton, None if err is None else f"{type(err).__name__}: {err}"), n)[src]
+    if err is not None:
+        raise err
+    if err_text:
+        raise CheckpointError(f"holoflow.load({os.fspath(path)!r}, global_src_rank={src}): rank {src} failed: "
+                              f"{err_text}")
+    place = placement("cpu", [src])
+    globals_: dict = {}   # id(spec) -> the tensor, global on placement([src])
+    for t, spec in zip(_flatten(obj if r == src else skeleton), _flatten(skeleton)):
+        if id(spec) not in globals_:
+            data = t._data if r == src else torch.empty((0,), dtype=_dtype_from(spec.dtype, "manifest"))
+            globals_[id(spec)] = (make_global(Tensor._make(data), place, (B,), spec.shape), spec)
+
+    def finish(spec: Any, lk: Any, where: str) -> Tensor:
+        g, spec = globals_[id(spec)]
+        lk = _like_tensor(lk, spec.shape, where)
+        if lk is not None and lk._global is not None:
+            tg = lk._global
+            union = set(tg.placement.flat_ranks) | {src}
+            with no_grad():
+                if r in union:
+                    g = g.to_global(placement=tg.placement, sbp=tg.sbp)
+                else:
+                    g = make_global(Tensor._make(torch.empty((0,), dtype=g._data.dtype)), tg.placement,
+                                    tuple(tg.sbp), spec.shape)
+        if spec.requires_grad:
+            g.requires_grad_(True)
+        return g
+    return _walk_specs(skeleton, like, finish)
+
+
+def _is_dir(path: Any) -> bool:
+    return not hasattr(path, "read") and os.path.isdir(os.fspath(path))
+
+
+def _flatten(obj: Any) -> list:
+    out: list = []
+
+    def visit(x: Any) -> None:
+        if isinstance(x, (Tensor, _Spec)):
+            out.append(x)
+        elif isinstance(x, dict):
+            for v in x.values():
+                visit(v)
+        elif isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+            for v in x:
+                visit(v)
+    visit(obj)
+    return out
+
+
+def _walk_specs(obj: Any, like: Any, fn, where: str = "obj") -> Any:
+    memo: dict = {}
+
+    def go(x: Any, lk: Any, w: str) -> Any:
+        if isinstance(x, _Spec):
+            if id(x) not in memo:
+                memo[id(x)] = fn(x, lk, w)
+            return memo[id(x)]
+        if isinstance(x, dict):
+            items = ((k, go(v, _like_child(lk, k), f"{w}[{k!r}]")) for k, v in x.items())
+            return OrderedDict(items) if isinstance(x, OrderedDict) else dict(items)
+        if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+            return type(x)(go(v, _like_child(lk, i), f"{w}[{i}]") for i, v in enumerate(x))
+        return x
+    return go(obj, like, where)

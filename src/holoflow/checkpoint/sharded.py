@@ -1,0 +1,267 @@
+"""Checkpoints of global tensors: a directory written by every rank at once, resharded on load.
+
+Layout of ``flow.save(tree_with_global_tensors, "ckpt")``::
+
+    ckpt/manifest.json              the tree (as holoflow's file manifest) + per tensor: dtype,
+                                    logical shape, placement, SBP and its shards
+    ckpt/rank-00003.safetensors     the shards rank 3 owns, each named by its tensor key
+
+A shard is a box of the logical tensor (an offset and a size per dim). Each distinct box is
+written once, by the first rank holding it (broadcast copies are not repeated); a partial-sum
+tensor is reduced (P -> B) before saving. Local tensors in the tree are rank 0's.
+
+Atomic as a whole: the ranks write into ``ckpt.holoflow-tmp-<pid of rank 0>``, report to each
+other (a collective with the communication timeout), and rank 0 writes the manifest last and
+renames the directory into place. A directory without ``manifest.json`` is never loaded.
+
+Load: each tensor gets a target layout — from ``like`` (a tree of global tensors, a module, an
+optimizer), else the saved one if the world still has its ranks, else (a world of one process)
+a local tensor. Each rank reads, with ``safe_open(...).get_slice``, only the byte ranges of the
+shards overlapping its own box: nothing is gathered, no collective runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import OrderedDict
+from typing import Any
+
+import safetensors
+import safetensors.torch
+import torch
+
+from ..core.grad_mode import no_grad
+from ..core.sbp import B, P, SBP, short, split
+from ..core.tensor import Tensor
+from ..distributed import env, world
+from ..distributed.layout import local_ranges
+from ..distributed.placement import placement
+from ..serialization import (CheckpointError, _Encoder, clean_stale_temps, fsync_dir, save_file, temp_path)
+
+FORMAT, VERSION, MANIFEST = "holoflow-sharded", 1, "manifest.json"
+OLD_TAG = ".holoflow-old-"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.safetensors"
+
+
+def _ctx() -> tuple[int, int]:
+    """(this rank, world size) — real processes or ``world.simulate`` threads."""
+    n = getattr(world.comm(), "world_size", None) if env.get_world_size() == 1 else None
+    return world.rank(), n or env.get_world_size()
+
+
+def _gather(obj: Any, n: int) -> list:
+    """Every rank's ``obj`` (a collective with the communication timeout; also the barrier)."""
+    if n == 1:
+        return [obj]
+    return world.comm().all_gather_shapes(obj, tuple(range(n)))
+
+
+def _raise_failed(errs: list, what: str) -> None:
+    bad = [(r, e) for r, e in enumerate(errs) if e]
+    if bad:
+        raise CheckpointError(f"holoflow.save({what}): " + "; ".join(f"rank {r}: {e}" for r, e in bad))
+
+
+def _sbp_from(text: Any, where: str) -> SBP:
+    if text == "B":
+        return B
+    if text == "P":
+        return P
+    if isinstance(text, str) and text.startswith("S(") and text.endswith(")") and text[2:-1].isdigit():
+        return split(int(text[2:-1]))
+    raise CheckpointError(f"holoflow.load({where}): corrupt manifest: bad SBP {text!r}")
+
+
+def _dtype_from(text: Any, where: str) -> torch.dtype:
+    dt = getattr(torch, text, None) if isinstance(text, str) else None
+    if not isinstance(dt, torch.dtype):
+        raise CheckpointError(f"holoflow.load({where}): corrupt manifest: bad dtype {text!r}")
+    return dt
+
+
+# -- save ------------------------------------------------------------------------------------
+class _ShardEncoder(_Encoder):
+    """Walks the tree like the file encoder; a tensor becomes a node listing its shards, and
+    this rank keeps the shards it owns in ``self.tensors``."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank, self.nodes = rank, {}
+
+    def _store(self, name: str, data: torch.Tensor) -> None:
+        data = data.detach().cpu()
+        ptr = data.untyped_storage().data_ptr() if data.numel() else None
+        if ptr in self.storages or not data.is_contiguous():
+            data = data.contiguous().clone()   # safetensors refuses tensors sharing memory
+        if ptr is not None:
+            self.storages.add(ptr)
+        self.tensors[name] = data
+
+    def tensor(self, t: Tensor, where: str) -> dict:
+        name = self.seen.get(id(t))
+        if name is not None:
+            return self.nodes[name]
+        name = self.seen[id(t)] = str(len(self.seen))
+        self.keep.append(t)
+        node = {"t": "tensor", "key": name, "codec": "sharded", "requires_grad": t.requires_grad,
+                "dtype": str(t._data.dtype).replace("torch.", "")}
+        g = t._global
+        if g is None:
+            shape = list(t._data.shape)
+            node.update(shape=shape, placement=None, sbp=None,
+                        shards=[{"file": rank_file(0), "offset": [0] * len(shape), "size": shape}])
+            if self.rank == 0:
+                self._store(name, t._data)
+        else:
+            node.update(self._global(t, name, g))
+        self.nodes[name] = node
+        return node
+
+    def _global(self, t: Tensor, name: str, g) -> dict:
+        place, shape = g.placement, list(g.shape)
+        nd = tuple(B if s == P else s for s in g.sbp)   # partial sums are reduced before saving
+        owners: dict = {}
+        for rk in place.flat_ranks:
+            box = tuple(local_ranges(shape, nd, place, place.coords(rk)))
+            if box not in owners and all(n > 0 for _, n in box):
+                owners[box] = rk
+        coords = place.coords(self.rank)
+        if coords is not None and owners.get(tuple(local_ranges(shape, nd, place, coords))) == self.rank:
+            x = t.detach()
+            if nd != tuple(g.sbp):
+                with no_grad():
+                    x = x.to_global(sbp=nd)
+            self._store(name, x._data)
+        elif coords is not None and nd != tuple(g.sbp):
+            with no_grad():
+                t.detach().to_global(sbp=nd)   # every rank of the placement joins the reduction
+        return {"shape": shape, "placement": {"type": place.type, "ranks": place.ranks.tolist()},
+                "sbp": [short(s) for s in g.sbp],
+                "shards": [{"file": rank_file(rk), "offset": [a for a, _ in box], "size": [n for _, n in box]}
+                           for box, rk in owners.items()]}
+
+
+def save_sharded(obj: Any, path: str | os.PathLike) -> None:
+    """Every rank calls it: writes ``path`` (a directory) atomically; see the module doc."""
+    path = os.path.abspath(os.fspath(path))
+    r, n = _ctx()
+    enc = _ShardEncoder(r)
+    root = enc.node(obj, "obj")
+    tmp = err = None
+    if r == 0:
+        try:
+            if os.path.isfile(path):
+                raise CheckpointError(f"{path!r} is a file; a checkpoint of global tensors is a directory")
+            clean_stale_temps(path)
+            tmp = temp_path(path)
+            os.makedirs(tmp)
+        except Exception as e:  # noqa: BLE001 - reported on every rank
+            err = f"{type(e).__name__}: {e}"
+    tmp, err0 = _gather((tmp, err), n)[0]
+    if err0:
+        raise CheckpointError(f"holoflow.save({path!r}): rank 0 could not start: {err0}")
+    err = None
+    try:
+        if enc.tensors:
+            _write_synced(tmp, rank_file(r), enc.tensors)
+    except Exception as e:  # noqa: BLE001
+        err = f"{type(e).__name__}: {e}"
+    errs = _gather(err, n)
+    err = None
+    if r == 0:
+        try:
+            if any(errs):
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                manifest = {"format": FORMAT, "version": VERSION, "world_size": n, "root": root}
+                _write_synced(tmp, MANIFEST, manifest)
+                _commit(tmp, path)
+        except Exception as e:  # noqa: BLE001
+            err = f"{type(e).__name__}: {e}"
+    _raise_failed(errs, repr(path))
+    _raise_failed([e if i == 0 else None for i, e in enumerate(_gather(err, n))], repr(path))
+
+
+def _write_synced(directory: str, name: str, content: Any) -> None:
+    full = os.path.join(directory, name)
+    if isinstance(content, dict) and name == MANIFEST:
+        with open(full, "w") as f:
+            json.dump(content, f)
+    else:
+        safetensors.torch.save_file(content, full, metadata={FORMAT: name})
+    with open(full, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _commit(tmp: str, path: str) -> None:
+    fsync_dir(tmp)
+    if os.path.lexists(path):   # replacing a checkpoint: move the old one aside, then delete it
+        old = f"{path}{OLD_TAG}{os.getpid()}"
+        os.rename(path, old)
+        os.rename(tmp, path)
+        if os.path.isdir(old) and not os.path.islink(old):
+            shutil.rmtree(old)
+        else:
+            os.unlink(old)
+    else:
+        os.rename(tmp, path)
+    fsync_dir(os.path.dirname(path))
+
+
+def save_to_rank(obj: Any, path: str | os.PathLike, dst: int) -> None:
+    """OneFlow's ``save(obj, path, global_dst_rank=dst)``: global tensors are gathered whole to
+    rank ``dst``, which alone writes one ordinary checkpoint file. Every rank calls it."""
+    r, n = _ctx()
+    if not 0 <= dst < n:
+        raise ValueError(f"holoflow.save: global_dst_rank={dst} is not a rank of this world of {n}")
+    memo: dict = {}
+
+    def whole(t: Tensor) -> Tensor | None:
+        g = t._global
+        if g is None:
+            return t
+        if r not in g.placement.flat_ranks and r != dst:
+            return None
+        with no_grad():
+            if dst in g.placement.flat_ranks:
+                x = t.detach().to_global(sbp=(B,) * g.placement.ndim)
+            else:
+                x = t.detach().to_global(placement=placement(g.placement.type, [dst]), sbp=(B,))
+        out = Tensor._make(x._data.clone()) if r == dst else None
+        if out is not None and t.requires_grad:
+            out.requires_grad_(True)
+        return out
+    tree = _map_tensors(obj, whole, memo)
+    err = None
+    if r == dst:
+        try:
+            save_file(tree, path)
+        except Exception as e:  # noqa: BLE001
+            err = f"{type(e).__name__}: {e}"
+    _raise_failed([e if i == dst else None for i, e in enumerate(_gather(err, n))], repr(os.fspath(path)))
+
+
+def _map_tensors(obj: Any, fn, memo: dict) -> Any:
+    """``obj`` with every Tensor replaced by ``fn(tensor)`` (one call per tensor object)."""
+    if isinstance(obj, Tensor):
+        if id(obj) not in memo:
+            memo[id(obj)] = fn(obj)
+        return memo[id(obj)]
+    if isinstance(obj, dict):
+        return type(obj)((k, _map_tensors(v, fn, memo)) for k, v in obj.items()) \
+            if isinstance(obj, OrderedDict) else {k: _map_tensors(v, fn, memo) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_map_tensors(v, fn, memo) for v in obj)
+    return obj
+
+
+# -- load ------------------------------------------------------------------------------------
+def is_sharded(path: Any) -> bool:
+    if hasattr(path, "read"):
+        return False
+    p = os.fspath(path)
+    return os.path.isdir(p) and os.path.isfile(os.path.join(p, MANIFEST))
