@@ -35,6 +35,19 @@ def _as_storage(value: Any) -> torch.Tensor | None:
     return None
 
 
+def _in_layout_of(param: Tensor, value: Tensor) -> Tensor:
+    """``value`` (local whole, or global in any layout) in global ``param``'s placement and SBP:
+    sliced locally or boxed (a collective: every rank loads the same state dict)."""
+    from ..distributed.global_tensor import from_full
+    g = param._global
+    with no_grad():
+        if value._global is None:
+            return from_full(value._data, g.placement, g.sbp)
+        if value._global.placement == g.placement and tuple(value._global.sbp) == tuple(g.sbp):
+            return value
+        return value.detach().to_global(placement=g.placement, sbp=g.sbp)
+
+
 def _parse_to(args: tuple, kwargs: dict) -> tuple[torch.device | None, torch.dtype | None]:
     dev, dt = kwargs.pop("device", None), kwargs.pop("dtype", None)
     kwargs.pop("non_blocking", None)
@@ -149,6 +162,14 @@ class StateMixin:
 
     def _load_one(self, name: str, key: str, param: Tensor, value: Any, assign: bool,
                   error_msgs: list) -> None:
+        if param._global is not None and not assign and isinstance(value, Tensor) and value.shape == param.shape:
+            try:   # a global param copies its own shard of the value in its layout
+                with no_grad():
+                    param._data.copy_(_in_layout_of(param, value)._data)
+            except Exception as ex:
+                error_msgs.append(f'While copying the global parameter named "{key}" ({param._global.placement}, '
+                                  f"sbp {param._global.sbp}), an exception occurred : {ex.args}.")
+            return
         src = _as_storage(value)
         if src is None:
             error_msgs.append(f'While copying the parameter named "{key}", expected torch.Tensor or '
