@@ -18,11 +18,12 @@ import torch.distributed as dist
 
 from ..core.errors import HoloflowError
 from . import env
-from .comm_track import CommError, Handle, begin, count, launch_checked, run
+from .comm_check import call_site
+from .comm_track import ALL_GATHER, CommError, Handle, begin, count, launch_checked, run
 from .groups import group_for, normalize
 
 # torch >= 2.13 renamed the flat collectives
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_ALL_GATHER = ALL_GATHER
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _OPS = {"sum": "SUM", "max": "MAX", "min": "MIN", "prod": "PRODUCT", "product": "PRODUCT", "avg": "SUM"}
 
@@ -66,9 +67,9 @@ def all_reduce(t: torch.Tensor, ranks: Sequence[int] | None = None, op: str = "s
     if n == 1:
         return Handle(None, None, finish) if async_op else t
     key = normalize(r)
-    info = begin("all_reduce", key, _nbytes(t))
-    g = group_for(key)
     buf = t if t.is_contiguous() else t.contiguous()
+    info = begin("all_reduce", key, _nbytes(t), buf, detail=op)
+    g = group_for(key)
     work = launch_checked(info, lambda: dist.all_reduce(buf, getattr(dist.ReduceOp, _OPS[op]), group=g,
                                                         async_op=True))
 
@@ -87,17 +88,17 @@ def _exchange_shapes(t: torch.Tensor, r: tuple[int, ...]) -> list[torch.Size]:
     if t.dim() > 8:
         raise HoloflowError(f"holoflow.comm: tensors of more than 8 dims are not supported (got {t.dim()})")
     pad[:meta.numel()] = meta
-    got = _gather_equal(pad, r, "meta")
+    got = _gather_equal(pad, r, "meta", "all_gather")
     return [torch.Size(g[1:1 + int(g[0])].tolist()) for g in got]
 
 
-def _gather_equal(t: torch.Tensor, r: tuple[int, ...], kind: str) -> list[torch.Tensor]:
+def _gather_equal(t: torch.Tensor, r: tuple[int, ...], kind: str, detail: str = "") -> list[torch.Tensor]:
     """All-gathers same-shaped tensors; result indexed by position in ``r``."""
     key = normalize(r)
     flat = t.contiguous().view(-1)
     out = flat.new_empty(len(key) * flat.numel())
     g = group_for(key)
-    run(kind, key, _nbytes(t), lambda: _ALL_GATHER(out, flat, group=g, async_op=True))
+    run(kind, key, _nbytes(t), lambda: _ALL_GATHER(out, flat, group=g, async_op=True), t, detail=detail)
     out = out.view((len(key),) + tuple(t.shape))
     return [out[key.index(x)] for x in r]
 
@@ -146,7 +147,7 @@ def reduce_scatter_chunks(chunks: Sequence[torch.Tensor], ranks: Sequence[int] |
     out = c0.new_empty(m)
     g = group_for(key)
     run("reduce_scatter", key, _nbytes(buf),
-        lambda: _REDUCE_SCATTER(out, buf.view(-1), group=g, async_op=True))
+        lambda: _REDUCE_SCATTER(out, buf.view(-1), group=g, async_op=True), buf)
     mine = chunks[me]
     return out[:mine.numel()].view(mine.shape)
 
@@ -169,7 +170,8 @@ def broadcast(t: torch.Tensor, src: int, ranks: Sequence[int] | None = None) -> 
     key = normalize(r)
     buf = t if t.is_contiguous() else t.contiguous()
     g = group_for(key)
-    run("broadcast", key, _nbytes(buf), lambda: dist.broadcast(buf, src, group=g, async_op=True))
+    run("broadcast", key, _nbytes(buf), lambda: dist.broadcast(buf, src, group=g, async_op=True), buf,
+        detail=f"src={src}")
     if buf is not t:
         t.copy_(buf)
     return t
@@ -201,7 +203,8 @@ def all_to_all(tensors: Sequence[torch.Tensor], ranks: Sequence[int] | None = No
     recv = send.new_empty(sum(out_splits))
     g = group_for(key)
     run("all_to_all", key, _nbytes(send),
-        lambda: dist.all_to_all_single(recv, send, out_splits, in_splits, group=g, async_op=True))
+        lambda: dist.all_to_all_single(recv, send, out_splits, in_splits, group=g, async_op=True), send,
+        splits=(in_splits, out_splits))
     parts = dict(zip(order, recv.split(out_splits)))
     return [parts[i].view(tuple(out_shapes[i])) for i in range(len(r))]
 
@@ -224,7 +227,8 @@ def _a2a_shapes(tensors, r, key) -> list[torch.Size]:
     send = torch.cat([metas[i] for i in order])
     recv = torch.empty_like(send)
     g = group_for(key)
-    run("meta", key, _nbytes(send), lambda: dist.all_to_all_single(recv, send, group=g, async_op=True))
+    run("meta", key, _nbytes(send), lambda: dist.all_to_all_single(recv, send, group=g, async_op=True), send,
+        detail="all_to_all")
     got = dict(zip(order, recv.view(len(key), 9)))
     return [torch.Size(got[i][1:1 + int(got[i][0])].tolist()) for i in range(len(r))]
 
@@ -236,7 +240,7 @@ def send(t: torch.Tensor, dst: int) -> None:
     key = normalize((env.get_rank(), dst))
     buf = t.contiguous()
     env.ensure_initialized()
-    run("send", key, _nbytes(buf), lambda: dist.isend(buf, dst))
+    run("send", key, _nbytes(buf), lambda: dist.isend(buf, dst), buf, peer=dst)
 
 
 def recv(t: torch.Tensor, src: int) -> torch.Tensor:
@@ -244,7 +248,7 @@ def recv(t: torch.Tensor, src: int) -> torch.Tensor:
     key = normalize((env.get_rank(), src))
     buf = t if t.is_contiguous() else t.contiguous()
     env.ensure_initialized()
-    run("recv", key, _nbytes(buf), lambda: dist.irecv(buf, src))
+    run("recv", key, _nbytes(buf), lambda: dist.irecv(buf, src), buf, peer=src)
     if buf is not t:
         t.copy_(buf)
     return t
@@ -299,4 +303,5 @@ def transfer(t: torch.Tensor | None, src: int, dst_ranks: Sequence[int], shape: 
 
 
 __all__ = ["all_reduce", "all_gather", "reduce_scatter", "reduce_scatter_chunks", "broadcast", "all_to_all",
-           "all_gather_object", "send", "recv", "barrier", "transfer", "balanced_sizes", "count", "CommError", "Handle"]
+           "all_gather_object", "send", "recv", "barrier", "transfer", "balanced_sizes", "count", "call_site",
+           "CommError", "Handle"]

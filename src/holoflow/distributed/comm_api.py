@@ -17,6 +17,7 @@ from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from . import comm as _c
 from . import env
+from .comm_check import call_site
 from .comm_track import CommCount, CommError, Handle, count, set_tracking
 
 ReduceOp = dist.ReduceOp
@@ -141,4 +142,4 @@ def scatter(tensor: Tensor, scatter_list: list[Tensor] | None = None, src: int =
 
 
 __all__ = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv", "barrier",
-           "gather", "scatter", "count", "CommCount", "CommError", "Handle", "ReduceOp", "set_tracking"]
+           "gather", "scatter", "count", "call_site", "CommCount", "CommError", "Handle", "ReduceOp", "set_tracking"]

@@ -1,10 +1,12 @@
-"""Bookkeeping around every collective: counting, sequence tracking, timeouts, clear errors.
+"""Bookkeeping around every collective: counting, sequence tracking, fingerprints, timeouts, clear errors.
 
-Each collective goes through :func:`run`: it records the call in every active
-:func:`count` context, writes ``"<seq> <kind>"`` under ``holoflow/seq/<group>/<rank>`` in the
-c10d store (one ``store.set``, a few microseconds; off with ``HOLOFLOW_COMM_TRACK=0``), launches
-the torch collective asynchronously and waits with the configured timeout. On timeout or a
-peer's failure it reads the peers' keys and raises :class:`CommError` naming the collective, the
+Each collective goes through :func:`run` (or :func:`begin` + :func:`launch_checked`): it records
+the call in every active :func:`count` context, writes ``"<seq> <kind>"`` under
+``holoflow/seq/<group>/<rank>`` in the c10d store (one ``store.set``, a few microseconds; off with
+``HOLOFLOW_COMM_TRACK=0``), verifies the call's fingerprint with its peers (always on, see
+:mod:`.comm_check`: a mismatch raises :class:`CommError` on every rank before any payload moves),
+launches the torch collective asynchronously and waits with the configured timeout. On timeout or
+a peer's failure it reads the peers' keys and raises :class:`CommError` naming the collective, the
 group, the ranks that did not arrive, and peers whose processes are gone.
 """
 from __future__ import annotations
@@ -17,8 +19,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+import torch
+import torch.distributed as dist
+
 from ..core.errors import HoloflowError
-from . import env
+from . import comm_check, env
 
 
 class CommError(HoloflowError):
@@ -88,26 +93,69 @@ class CallInfo:
     ranks: tuple[int, ...]  # sorted group key
     seq: int
     start: float
+    site: str = ""
 
 
 def _key(ranks: tuple[int, ...]) -> str:
     return "-".join(map(str, ranks))
 
 
-def begin(kind: str, ranks: tuple[int, ...], nbytes: int) -> CallInfo:
-    """Counts the call and records this rank's arrival in the store."""
+# torch >= 2.13 renamed the flat all-gather
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def begin(kind: str, ranks: tuple[int, ...], nbytes: int, tensor: torch.Tensor | None = None, *,
+          detail: str = "", splits: tuple | None = None, peer: int | None = None) -> CallInfo:
+    """Counts the call, records this rank's arrival in the store, and verifies the call's
+    fingerprint with the peers (raising :class:`CommError` on every rank on a mismatch).
+
+    ``tensor`` is the payload this rank sends (its dtype and shape must match the peers');
+    ``detail`` distinguishes variants that must agree too (the reduce op, the broadcast source);
+    ``splits`` are all_to_all's (send, receive) element counts per rank in group order, checked
+    against the peers' instead of the shape; ``peer`` makes it a point-to-point call with that rank.
+    """
     for c in _COUNTERS:
         c.add(kind, nbytes, len(ranks))
     _SEQ[ranks] += 1
     seq = _SEQ[ranks]
+    site = comm_check.user_site()
     if TRACK and len(ranks) > 1:
         env.store().set(f"holoflow/seq/{_key(ranks)}/{env.get_rank()}", f"{seq} {kind}")
-    return CallInfo(kind, ranks, seq, time.monotonic())
+    info = CallInfo(kind, ranks, seq, time.monotonic(), site)
+    if len(ranks) > 1:
+        _verify(info, tensor, f"{kind}[{detail}]" if detail else kind, splits, peer)
+    return info
 
 
-def run(kind: str, ranks: tuple[int, ...], nbytes: int, launch: Callable[[], Any]) -> None:
-    """Begins, launches (``launch()`` returns a torch Work) and waits with the timeout."""
-    info = begin(kind, ranks, nbytes)
+def _verify(info: CallInfo, t: torch.Tensor | None, kind: str, splits, peer: int | None) -> None:
+    """Exchanges fingerprints with the peers (same size on every rank: this can never mismatch)."""
+    from .groups import group_for
+    me = env.get_rank()
+    n = len(info.ranks)
+    fp = comm_check.fingerprint(info.seq, kind, t, info.site, n, splits)
+    if peer is None:
+        out = fp.new_empty(n * fp.numel())
+        g = group_for(info.ranks)
+        Handle(launch_checked(info, lambda: ALL_GATHER(out, fp, group=g, async_op=True)), info).wait()
+        rows = out.view(n, -1).tolist()
+    else:
+        other = torch.empty_like(fp)
+        works = launch_checked(info, lambda: (dist.isend(fp, peer, tag=comm_check.P2P_TAG),
+                                              dist.irecv(other, peer, tag=comm_check.P2P_TAG)))
+        for w in works:
+            Handle(w, info).wait()
+        rows = [fp.tolist(), other.tolist()] if me < peer else [other.tolist(), fp.tolist()]
+    reason = comm_check.mismatch(rows, info.ranks, me, p2p=peer is not None)
+    if reason is not None:
+        count_failure()
+        raise comm_check.mismatch_error(reason, rows, info.ranks, me, info.seq)
+
+
+def run(kind: str, ranks: tuple[int, ...], nbytes: int, launch: Callable[[], Any],
+        tensor: torch.Tensor | None = None, **check: Any) -> None:
+    """Begins (see :func:`begin` for ``tensor`` and ``check``), launches (``launch()`` returns a
+    torch Work) and waits with the timeout."""
+    info = begin(kind, ranks, nbytes, tensor, **check)
     Handle(launch_checked(info, launch), info).wait()
 
 

@@ -36,7 +36,7 @@ class TorchComm:
         out = src.new_empty((p,) + tuple(src.shape))
         g = group_for(group)
         run("all_gather", tuple(group), src.numel() * src.element_size(),
-            lambda: comm._ALL_GATHER(out.view(-1), src.view(-1), group=g, async_op=True))
+            lambda: comm._ALL_GATHER(out.view(-1), src.view(-1), group=g, async_op=True), src)
         if d == 0:
             return out.view((p * src.shape[0],) + tuple(src.shape[1:]))
         return out.movedim(0, d).reshape(src.shape[:d] + (p * src.shape[d],) + src.shape[d + 1:])
@@ -51,7 +51,7 @@ class TorchComm:
             out = t.new_empty((sizes[0],) + tuple(t.shape[1:]))
             g = group_for(group)
             run("reduce_scatter", tuple(group), t.numel() * t.element_size(),
-                lambda: comm._REDUCE_SCATTER(out.view(-1), t.view(-1), group=g, async_op=True))
+                lambda: comm._REDUCE_SCATTER(out.view(-1), t.view(-1), group=g, async_op=True), t)
             return out
         return comm.reduce_scatter(t.contiguous(), group, dim)
 
@@ -73,7 +73,8 @@ class TorchComm:
         # even splits take the backend's plain all-to-all (Gloo's alltoallv path is much slower)
         o, i = (None, None) if even else (out_splits, in_splits)
         run("all_to_all", tuple(group), send.numel() * send.element_size(),
-            lambda: dist.all_to_all_single(recv, send, o, i, group=g, async_op=True))
+            lambda: dist.all_to_all_single(recv, send, o, i, group=g, async_op=True), send,
+            splits=(in_splits, out_splits))
         return [part.view(tuple(s)) for part, s in zip(recv.split(out_splits), out_shapes)]
 
     def broadcast(self, t: torch.Tensor, src: int, group: tuple) -> torch.Tensor:
