@@ -45,3 +45,8 @@ def norm(A: Tensor, ord=None, dim=None, keepdim: bool = False, *, dtype=None) ->
     if isinstance(ord, str):
         raise ValueError(f"holoflow.linalg.norm: ord={ord!r} needs a matrix (a 2-D input or a pair of dims)")
     return vector_norm(A, 2 if ord is None else ord, dim, keepdim, dtype=dtype)
+
+# decompositions (issue 12): primitives with ATen's derivatives, in ops/decomp.py
+from .ops.decomp import eigh, eigvalsh, linalg_qr as qr, linalg_svd as svd, svdvals  # noqa: E402
+
+__all__ += ["svd", "svdvals", "qr", "eigh", "eigvalsh"]

@@ -42,3 +42,12 @@ __all__ = ["adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool1d", 
            "prelu", "relu", "relu6", "relu_", "rms_norm", "scaled_dot_product_attention", "selu", "silu",
            "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin", "softplus", "softshrink", "softsign",
            "tanhshrink", "upsample"] + ["linear", "pad", "sigmoid", "tanh"]
+
+# issue 12: 3-d pooling, patches, sampling, bags, CTC
+from ..ops.decomp import cdist  # noqa: E402
+from ..ops.pool3d import adaptive_avg_pool3d, avg_pool3d, max_pool3d  # noqa: E402
+from ..ops.sampling import fold, grid_sample, unfold  # noqa: E402
+from ..ops.sequence import ctc_loss, embedding_bag  # noqa: E402
+
+__all__ += ["cdist", "adaptive_avg_pool3d", "avg_pool3d", "max_pool3d", "fold", "grid_sample", "unfold", "ctc_loss",
+            "embedding_bag"]

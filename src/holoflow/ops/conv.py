@@ -309,7 +309,8 @@ def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
 # -- interpolate ---------------------------------------------------------------------------------
 
 _MODES = {("nearest", 1): "upsample_nearest1d", ("nearest", 2): "upsample_nearest2d",
-          ("linear", 1): "upsample_linear1d", ("bilinear", 2): "upsample_bilinear2d"}
+          ("linear", 1): "upsample_linear1d", ("bilinear", 2): "upsample_bilinear2d",
+          ("bicubic", 2): "upsample_bicubic2d"}
 
 
 def _interp_kernel(x, size, scale_factor, mode, align_corners):
@@ -333,7 +334,7 @@ INTERPOLATE = defop("interpolate", _interp_kernel, save="inputs", sbp=_lead_sbp(
 def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "nearest", align_corners=None,
                 recompute_scale_factor=None, antialias: bool = False) -> Tensor:
     """Resizes the spatial dims of an ``(N, C, *)`` input: mode 'nearest' (1-D/2-D), 'linear'
-    (1-D) or 'bilinear' (2-D), to ``size`` or by ``scale_factor``."""
+    (1-D), 'bilinear' or 'bicubic' (2-D), to ``size`` or by ``scale_factor``."""
     k = input.dim() - 2
     if (mode, k) not in _MODES or antialias or recompute_scale_factor:
         raise UnsupportedError(f"holoflow.interpolate: mode={mode!r} on a {input.dim()}-D input (antialias="

@@ -1,0 +1,161 @@
+"""Bag and sequence ops: ``embedding_bag`` and ``ctc_loss``.
+
+Both are primitives on ATen kernels with ATen's derivative (ops/torch_vjp.py), so empty bags,
+``padding_idx``, ``per_sample_weights``, impossible alignments and ``zero_infinity`` behave as
+torch's. ``ctc_loss``'s op computes the per-sample loss; the reduction is a composite.
+SBP: the batch (bags, samples) splits everything batched; ``embedding_bag`` also splits the
+embedding dim of the weight.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as TF
+
+from ..core.dispatch import apply
+from ..core.errors import DTypeError, ShapeError, UnsupportedError
+from ..core.registry import Meta
+from ..core.sbp import B, P, S
+from ..core.tensor import Tensor
+from .creation import tensor as _tensor
+from .loss import _reduction
+from .torch_vjp import defop_vjp
+
+__all__: list[str] = []   # nn.functional names
+
+# -- embedding_bag --------------------------------------------------------------------------------
+
+
+def _bag_kernel(input, weight, offsets, per_sample_weights, mode, scale_grad_by_freq, include_last_offset,
+                padding_idx):
+    return TF.embedding_bag(input, weight, offsets, None, 2.0, scale_grad_by_freq, mode, False,
+                            per_sample_weights, include_last_offset, padding_idx)
+
+
+def _present(metas) -> list[bool]:
+    return [isinstance(m, Meta) for m in metas[:4]]
+
+
+def _bag_sbp(metas, attrs):
+    """Per present tensor (input, weight, offsets, per_sample_weights): all B; bags split (a 2-D
+    input without offsets, and its weights) -> rows of the output; the weight's embedding dim
+    -> columns; P through the weight in sum/mean mode and through the sample weights."""
+    has = _present(metas)
+
+    def sig(per, out):
+        return (tuple(s for s, h in zip(per, has) if h), (out,))
+    sigs = [sig((B, B, B, B), B), sig((B, S(1), B, B), S(1))]
+    if not has[2] and len(metas[0].shape) == 2:
+        sigs.append(sig((S(0), B, B, S(0)), S(0)))
+    if attrs["mode"] != "max":
+        sigs.append(sig((B, P, B, B), P))
+        if has[3]:
+            sigs.append(sig((B, B, B, P), P))
+    return sigs
+
+
+def _bag_bwd_sbp(metas, attrs):
+    """``(input, weight, offsets, psw, dy) -> grads of attrs['diff']`` (weight 1, psw 3)."""
+    has = _present(metas)
+    diff = attrs["diff"]
+
+    def sig(per, dy, grads):
+        return (tuple(s for s, h in zip(per, has) if h) + (dy,), tuple(grads[i] for i in diff))
+    sigs = [sig((B, B, B, B), B, {1: B, 3: B}), sig((B, S(1), B, B), S(1), {1: S(1), 3: P})]
+    if not has[2] and len(metas[0].shape) == 2 and not attrs["scale_grad_by_freq"]:  # counts span all bags
+        sigs.append(sig((S(0), B, B, S(0)), S(0), {1: P, 3: S(0)}))
+    return sigs
+
+
+EMBEDDING_BAG = defop_vjp("embedding_bag", _bag_kernel, sbp=_bag_sbp, bwd_sbp=_bag_bwd_sbp, family="embedding")
+
+
+def embedding_bag(input: Tensor, weight: Tensor, offsets: Tensor | None = None, max_norm=None,
+                  norm_type: float = 2, scale_grad_by_freq: bool = False, mode: str = "mean",
+                  sparse: bool = False, per_sample_weights: Tensor | None = None,
+                  include_last_offset: bool = False, padding_idx: int | None = None) -> Tensor:
+    """Sums, means or maxes of bags of embeddings, as ``torch.nn.functional.embedding_bag``: a
+    2-D ``input`` is one bag per row; a 1-D one is cut into bags at ``offsets``."""
+    if max_norm is not None or sparse:
+        raise UnsupportedError("holoflow.embedding_bag: max_norm and sparse are not supported")
+    if mode not in ("sum", "mean", "max"):
+        raise ValueError(f"holoflow.embedding_bag: mode must be 'sum', 'mean' or 'max', got {mode!r}")
+    if input.is_floating_point():
+        raise TypeError(f"holoflow.embedding_bag: indices must be an integer tensor, got {input.dtype}")
+    if weight.dim() != 2:
+        raise ShapeError(f"holoflow.embedding_bag: weight must be 2-D (num_embeddings, dim), got {tuple(weight.shape)}")
+    if input.dim() == 2 and offsets is not None:
+        raise ValueError("holoflow.embedding_bag: if input is 2-D, then offsets has to be None, as input is "
+                         "treated as a mini-batch of fixed length sequences")
+    if input.dim() == 1 and offsets is None:
+        raise ValueError("holoflow.embedding_bag: offsets has to be a 1-D tensor for a 1-D input")
+    if input.dim() not in (1, 2):
+        raise ShapeError(f"holoflow.embedding_bag: input has to be 1-D or 2-D, got shape {tuple(input.shape)}")
+    if per_sample_weights is not None:
+        if mode != "sum":
+            raise NotImplementedError(f"holoflow.embedding_bag: per_sample_weights was not None; only mode='sum' "
+                                      f"supports them, got mode={mode!r}")
+        if tuple(per_sample_weights.shape) != tuple(input.shape):
+            raise ShapeError(f"holoflow.embedding_bag: per_sample_weights of shape {tuple(per_sample_weights.shape)} "
+                             f"must have the input's shape {tuple(input.shape)}")
+    n = weight.shape[0]
+    if padding_idx is not None:
+        if not -n <= padding_idx < n:
+            raise IndexError(f"holoflow.embedding_bag: padding_idx {padding_idx} out of range for {n} embeddings")
+        padding_idx %= n
+    return apply(EMBEDDING_BAG, input, weight, offsets, per_sample_weights, mode=mode,
+                 scale_grad_by_freq=bool(scale_grad_by_freq), include_last_offset=bool(include_last_offset),
+                 padding_idx=padding_idx)
+
+
+# -- ctc_loss ----------------------------------------------------------------------------------------
+
+def _ctc_kernel(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
+    return TF.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, "none", zero_infinity)
+
+
+def _ctc_shape(metas, attrs):
+    lp = metas[0]
+    return [Meta((lp.shape[1],) if len(lp.shape) == 3 else (), lp.dtype, lp.device)]
+
+
+def _ctc_sbp(metas, attrs):
+    sigs = [((B, B, B, B), (B,))]
+    if len(metas[0].shape) == 3 and len(metas[1].shape) == 2:
+        sigs.append(((S(1), S(0), S(0), S(0)), (S(0),)))
+    return sigs
+
+
+def _ctc_bwd_sbp(metas, attrs):
+    sigs = [((B,) * 5, (B,))]
+    if len(metas[0].shape) == 3 and len(metas[1].shape) == 2:
+        sigs.append(((S(1), S(0), S(0), S(0), S(0)), (S(1),)))
+    return sigs
+
+
+CTC_LOSS = defop_vjp("ctc_loss", _ctc_kernel, sbp=_ctc_sbp, bwd_sbp=_ctc_bwd_sbp, family="loss", shape=_ctc_shape)
+
+
+def _lengths(name: str, v, what: str) -> Tensor:
+    if isinstance(v, Tensor):
+        if v.is_floating_point():
+            raise DTypeError(f"holoflow.ctc_loss: {what} must be integers, got {v.dtype}")
+        return v
+    return _tensor(list(v) if isinstance(v, (list, tuple)) else v, dtype=torch.int64)
+
+
+def ctc_loss(log_probs: Tensor, targets: Tensor, input_lengths, target_lengths, blank: int = 0,
+             reduction: str = "mean", zero_infinity: bool = False) -> Tensor:
+    """Connectionist temporal classification loss of ``log_probs`` ``(T, N, C)`` against
+    ``targets`` (``(N, S)`` padded or 1-D concatenated), as ``torch.nn.functional.ctc_loss``;
+    'mean' divides each loss by its target length, then averages over the batch."""
+    red = _reduction("ctc_loss", reduction)
+    if log_probs.dim() not in (2, 3):
+        raise ShapeError(f"holoflow.ctc_loss: log_probs must be (T, N, C) or (T, C), got {tuple(log_probs.shape)}")
+    il, tl = _lengths("ctc_loss", input_lengths, "input_lengths"), _lengths("ctc_loss", target_lengths,
+                                                                            "target_lengths")
+    loss = apply(CTC_LOSS, log_probs, targets, il, tl, blank=int(blank), zero_infinity=bool(zero_infinity))
+    if red == "none":
+        return loss
+    if red == "sum":
+        return loss.sum()
+    return (loss / tl.clamp_min(1).to(loss.dtype)).mean()
