@@ -102,3 +102,28 @@ def test_ddp_single_process():
     with flow.comm.count() as c:
         model(flow.randn(2, 5)).sum().backward()
     assert c.total == 0 and all(p.grad is not None for p in model.parameters())
+
+
+def _ddp_different_models(rank):
+    """Rank 1's hidden layer is wider; then rank 1 has an extra layer: both fail at construction."""
+    out = []
+    for width, extra in ((16, False), (16, True)):
+        flow.manual_seed(0)
+        w = width if rank == 0 else width * 2 if not extra else width
+        layers = [flow.nn.Linear(5, w), flow.nn.Tanh(), flow.nn.Linear(w, 3)]
+        if extra and rank == 1:
+            layers.append(flow.nn.Linear(3, 3))
+        try:
+            DDP(flow.nn.Sequential(*layers))
+            out.append("no error")
+        except RuntimeError as e:  # torch raises RuntimeError too
+            out.append(f"{type(e).__name__}: {e}")
+    return out
+
+
+def test_ddp_different_shapes_fail_at_construction(world2):
+    for r, (shapes, count) in enumerate(world2.run(_ddp_different_models)):
+        assert "HoloflowError: holoflow.nn.parallel.DistributedDataParallel: every rank must hold the same " \
+               "model, but '0.weight' is float32[16, 5] on rank 0 and '0.weight' is float32[32, 5] on rank 1" \
+               in shapes, (r, shapes)
+        assert "rank 0 has 4 parameters/buffers and rank 1 has 6" in count and "'3.weight'" in count, (r, count)

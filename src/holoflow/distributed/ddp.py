@@ -15,6 +15,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ..core.autograd import queue_callback
+from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from . import comm, env
 
@@ -119,6 +120,32 @@ class GradReducer:
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
+
+
+def verify_same_model(named: Sequence[tuple[str, Tensor]], ranks: Sequence[int] | None = None,
+                      who: str = "holoflow.nn.parallel.DistributedDataParallel") -> None:
+    """Checks that every rank of ``ranks`` holds tensors of the same names, shapes and dtypes (as
+    torch's DDP does at construction); raises a ``HoloflowError`` naming the first difference and
+    the ranks, on every rank, before any gradient is reduced."""
+    r = tuple(range(env.get_world_size())) if ranks is None else tuple(ranks)
+    if len(r) == 1:
+        return
+    mine = [(n, tuple(t.shape), str(t.dtype).split('.')[-1]) for n, t in named]
+    every = comm.all_gather_object(mine, r)
+    first = every[0]
+    for rank, theirs in zip(r[1:], every[1:]):
+        if theirs == first:
+            continue
+        if len(theirs) != len(first):
+            names = {n for n, _, _ in first} ^ {n for n, _, _ in theirs}
+            raise HoloflowError(f"{who}: every rank must hold the same model, but rank {r[0]} has "
+                                f"{len(first)} parameters/buffers and rank {rank} has {len(theirs)} "
+                                f"(present on one only: {sorted(names)[:8]})")
+        for (n0, s0, d0), (n1, s1, d1) in zip(first, theirs):
+            if (n0, s0, d0) != (n1, s1, d1):
+                raise HoloflowError(f"{who}: every rank must hold the same model, but {n0!r} is "
+                                    f"{d0}{list(s0)} on rank {r[0]} and {n1!r} is "
+                                    f"{d1}{list(s1)} on rank {rank}")
 
 
 def _grad_or_zeros(p: Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ import contextlib
 from typing import Any, Iterator, Sequence
 
 from ...distributed import env
-from ...distributed.ddp import GradReducer
+from ...distributed.ddp import GradReducer, verify_same_model
 from ..module import Module
 
 
@@ -32,6 +32,8 @@ class DistributedDataParallel(Module):
         self.broadcast_buffers = broadcast_buffers
         ranks = tuple(process_group) if process_group is not None else tuple(range(env.get_world_size()))
         self.process_group = ranks
+        named = [*module.named_parameters(), *((n, b) for n, b in module.named_buffers() if b is not None)]
+        verify_same_model(named, ranks)
         self.reducer = GradReducer(list(module.parameters()), ranks, bucket_cap_mb)
         self.reducer.broadcast_from_first(list(module.parameters()) + list(module.buffers()))
 
