@@ -126,7 +126,7 @@ def test_trace_has_one_complete_event_per_act(tmp_path):
     assert set(names) == {"source", "s0", "s1", "s2"}
     assert {e["tid"] for e in xs if e["name"] == "stage1"} == {names["s1"]}
     assert sorted(e["args"]["iteration"] for e in xs if e["name"] == "stage0") == list(range(n))
-    stats = rt.tracer.stats()
+    stats = rt.timeline.stats()
     assert stats["stage1"].count == n and stats["stage1"].total >= n * 0.001
     assert 0 < stats["stage1"].percent_of_wall <= 100
     rows = table.splitlines()[1:]

@@ -13,7 +13,7 @@ S = 0.012
 
 def acts_of(rt: Runtime) -> dict[str, dict[int, tuple[float, float]]]:
     by: dict[str, dict[int, tuple[float, float]]] = {}
-    for a in rt.tracer.acts():
+    for a in rt.timeline.acts():
         by.setdefault(a.actor, {})[a.iteration] = (a.start, a.end)
     return by
 

@@ -61,6 +61,24 @@ class Op:
     def __post_init__(self) -> None:
         if self.kernel is not None:
             self.defaults = _keyword_defaults(self.kernel)
+    # outputs may share input 0's storage (reshape, permute, slicing, split, ...): those that
+    # do become views of it, with torch's in-place semantics (core/views.py)
+    view: bool = False
+    # what graph passes ask of an op (never its name). A family's members share defaults
+    # (FAMILY_DEFAULTS, filled by ops/family.py); a declaration may override them.
+    # elementwise: out[i] = f(in[i], ...) with broadcasting, on one device (fusible, in-place-able)
+    elementwise: bool = False
+    # fresh: outputs are always new buffers: never an input's memory, never the input itself
+    # (a view, or ``x.to(x.dtype)`` returning x, is not fresh)
+    fresh: bool = False
+    # commutative: inputs 0 and 1 may be swapped with a bit-identical result; a function of
+    # the attrs where that depends on them (add only with alpha == 1)
+    commutative: bool | Callable = False
+    # axpy: the op computes ``inputs[0] + alpha * inputs[1]`` (attr ``alpha``, default 1)
+    axpy: bool = False
+    # add_to_output(shapes, beta, alpha) -> kernel(*inputs, r) computing ``beta * r + alpha *
+    # op(*inputs)`` in one call (addmm-style), or None for these input shapes (None: no tensor)
+    add_to_output: Callable | None = None
         if self.outputs:
             self.out_type = namedtuple(f"{self.name}_return", self.outputs)
 

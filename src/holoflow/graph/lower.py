@@ -28,9 +28,7 @@ def _name(v) -> str:
 
 
 def _stream(n: Node) -> str:
-    if n.effect:
-        return "update"
-    return "comm" if "comm" in n.tags else "compute"
+    return "update" if n.effect else "compute"
 
 
 @dataclass
@@ -289,7 +287,7 @@ class Compiled:
     def profile_table(self) -> str:
         table = profile_table(self.lowered.tasks, self.iterations)
         ex = self._executor
-        if ex is not None and getattr(ex, "tracer", None) is not None:
+        if ex is not None and getattr(ex, "timeline", None) is not None:
             table += "\nactors:\n" + ex.trace_table()
         return table
 

@@ -141,12 +141,12 @@ def _sum_to_local(attrs, metas, local_metas, in_sbps):
 
 
 EXPAND = defop("expand", lambda x, shape: x.expand(shape), grad=_expand_grad, sbp=_expand_sbp,
-               local_attrs=_shape_attr_local, family="broadcast")
+               local_attrs=_shape_attr_local, family="broadcast", view=True)
 SUM_TO = defop("sum_to_size", lambda x, shape: x.sum_to_size(shape), grad=_sum_to_grad,
-               sbp=_sum_to_sbp, local_attrs=_sum_to_local, family="reduction")
+               sbp=_sum_to_sbp, local_attrs=_sum_to_local, family="reduction", view=True)
 CAST = defop("cast", lambda x, dtype: x.to(dtype),
              grad=lambda ctx, dy: (apply(CAST, dy, dtype=ctx.dtypes[0]),),
-             sbp=elementwise_sbp(("P",)), family="elementwise")
+             sbp=elementwise_sbp(("P",)), family="elementwise", view=True)
 
 
 def empty_safe(kernel: Callable) -> Callable:

@@ -21,9 +21,9 @@ The plan format
   0). This is how parameters flow: ``update(w, g) -> (w,)`` feeds the next iteration's forward.
   Every initial regst needs a producer; a cycle is legal only through a regst with an initial value.
 - ``outputs`` are returned per iteration (for an initial regst: the value produced in that
-  iteration). ``stream`` names the thread a task runs on ('compute', 'comm', 'h2d', ...); the
-  source and sink run on stream ``'source'``. ``source`` is the user's source line for errors;
-  ``meta`` is free-form data for tools.
+  iteration). ``stream`` names the thread a task runs on (any name; graph lowering uses
+  'compute' and 'update'); the source and sink run on stream ``'source'``. ``source`` is the
+  user's source line for errors; ``meta`` is free-form data for tools.
 
 Executors
 ---------
@@ -32,9 +32,10 @@ Executors
 regst has a readable piece and every produced regst a free slot; then announce the new pieces and
 return the consumed ones), one thread per stream, streaming iterations with back-pressure.
 Both offer ``run(feeds) -> list[dict]``, ``stream(feeds) -> Iterator[dict]``, ``__call__(feed)``,
-``state`` (loop-carried values between runs), ``write_trace(path)``, ``trace_table()``, ``close()``
-and the context-manager protocol. A failing fn raises `TaskError` naming the task, stream,
-iteration and source line, with the original exception as ``__cause__``; the runtime then shuts down.
+``state`` (loop-carried values between runs), ``timeline`` (the recorded acts, with ``trace=True``),
+``write_trace(path)``, ``trace_table()``, ``close()`` and the context-manager protocol. A failing
+fn raises `TaskError` naming the task, stream, iteration and source line, with the original
+exception as ``__cause__``; the runtime then shuts down.
 
 >>> plan = Plan([TaskSpec("fwd", "compute", lambda x, w: (x @ w,), ("x", "w"), ("y",)),
 ...              TaskSpec("upd", "compute", lambda w: (w * 0.9,), ("w",), ("w",), register_num=2)],
@@ -46,7 +47,7 @@ from .errors import RuntimeStall, TaskError
 from .executor import SequentialExecutor
 from .plan import SINK, SOURCE, SOURCE_STREAM, Plan, PlanError, TaskSpec, check_plan
 from .runtime import Runtime
-from .trace import Act, TaskStats, Tracer
+from .timeline import Act, TaskStats, Timeline
 
 __all__ = ["Act", "Plan", "PlanError", "Runtime", "RuntimeStall", "SequentialExecutor", "SINK", "SOURCE",
-           "SOURCE_STREAM", "TaskError", "TaskSpec", "TaskStats", "Tracer", "check_plan"]
+           "SOURCE_STREAM", "TaskError", "TaskSpec", "TaskStats", "Timeline", "check_plan"]

@@ -14,7 +14,7 @@ from .errors import TaskError
 from .executor import as_result
 from .regst import Inbox, Regst
 from .streams import Stream
-from .trace import Act
+from .timeline import Act
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -78,7 +78,7 @@ class Actor:
         finally:
             self.busy_since = None
         if self._lane is not None:
-            t1, base = time.perf_counter(), self.rt.tracer.t0
+            t1, base = time.perf_counter(), self.rt.timeline.t0
             self._lane.append(Act(self.name, self.stream.name, i, t0 - base, t1 - base))
         for regst, value in zip(self.regsts, out):
             regst.produced += 1

@@ -9,7 +9,7 @@ from typing import Any
 
 from .errors import TaskError
 from .plan import SOURCE_STREAM, Plan, PlanError, TaskSpec
-from .trace import Act, Tracer
+from .timeline import Act, Timeline
 
 
 def call_task(task: TaskSpec, values: tuple | list, iteration: int) -> tuple:
@@ -56,9 +56,9 @@ class SequentialExecutor:
         self._order = plan.topo_order()
         self._state: dict[str, Any] = dict(plan.initial)
         self.iteration = 0
-        self.tracer: Tracer | None = Tracer() if trace else None
-        self._lanes = {s: self.tracer.lane(s) for s in (SOURCE_STREAM, *(t.stream for t in plan.tasks))} \
-            if self.tracer else {}
+        self.timeline: Timeline | None = Timeline() if trace else None
+        self._lanes = {s: self.timeline.lane(s) for s in (SOURCE_STREAM, *(t.stream for t in plan.tasks))} \
+            if self.timeline else {}
 
     @property
     def state(self) -> dict[str, Any]:
@@ -71,15 +71,15 @@ class SequentialExecutor:
         check_feed(self.plan, feed, i)
         env: dict[str, Any] = {**self._state, **feed}
         carried: dict[str, Any] = {}
-        tracer = self.tracer
+        timeline = self.timeline
         for task in self._order:
-            t0 = time.perf_counter() if tracer else 0.0
+            t0 = time.perf_counter() if timeline else 0.0
             out = call_task(task, [env[r] for r in task.consumes], i)
             for r, v in zip(task.produces, out):
                 (carried if r in self._state else env)[r] = v
-            if tracer:
-                self._lanes[task.stream].append(Act(task.name, task.stream, i, t0 - tracer.t0,
-                                                    time.perf_counter() - tracer.t0))
+            if timeline:
+                self._lanes[task.stream].append(Act(task.name, task.stream, i, t0 - timeline.t0,
+                                                    time.perf_counter() - timeline.t0))
         self._state.update(carried)
         self.iteration += 1
         return {r: carried[r] if r in carried else env[r] for r in self.plan.outputs}
@@ -97,11 +97,11 @@ class SequentialExecutor:
 
     def write_trace(self, path: str) -> None:
         """Writes the recorded acts as a Chrome/Perfetto trace (needs ``trace=True``)."""
-        _need(self.tracer).write(path)
+        _need(self.timeline).write(path)
 
     def trace_table(self) -> str:
         """Per-task count, total, mean and share of wall time (needs ``trace=True``)."""
-        return _need(self.tracer).table()
+        return _need(self.timeline).table()
 
     def close(self) -> None:
         """Nothing to release; here so both executors are interchangeable."""
@@ -113,7 +113,7 @@ class SequentialExecutor:
         self.close()
 
 
-def _need(tracer: Tracer | None) -> Tracer:
-    if tracer is None:
+def _need(timeline: Timeline | None) -> Timeline:
+    if timeline is None:
         raise RuntimeError("no trace recorded: construct the executor with trace=True")
-    return tracer
+    return timeline

@@ -17,7 +17,7 @@ from .executor import check_feed
 from .plan import SINK, SOURCE, SOURCE_STREAM, TICK, Plan
 from .regst import Inbox, Regst
 from .streams import Stream
-from .trace import Tracer
+from .timeline import Timeline
 
 _POLL_S = 0.2          # how often a waiting caller checks for stalls and dead threads
 
@@ -35,7 +35,7 @@ class Runtime:
     def __init__(self, plan: Plan, *, trace: bool = False, timeout: float | None = 300.0) -> None:
         self.plan = plan
         self.timeout = timeout
-        self.tracer: Tracer | None = Tracer() if trace else None
+        self.timeline: Timeline | None = Timeline() if trace else None
         self.results: queue.SimpleQueue = queue.SimpleQueue()   # ("out", i, dict) | ("error", e) | ("done", ...)
         self.failed = False
         self.target = -1              # actors report ("done", name, n) when they reach n acts
@@ -51,7 +51,7 @@ class Runtime:
 
     # -- wiring -----------------------------------------------------------------------------
     def _actor(self, name: str, stream: str, fn: Any, source: str | None = None) -> Actor:
-        lane = self.tracer.lane(stream) if self.tracer else None
+        lane = self.timeline.lane(stream) if self.timeline else None
         return Actor(name, self.streams[stream], fn, self, lane, source)
 
     def _build(self) -> list[Actor]:
@@ -220,11 +220,11 @@ class Runtime:
     # -- profiling --------------------------------------------------------------------------
     def write_trace(self, path: str) -> None:
         """Writes every act as a Chrome/Perfetto trace JSON (needs ``trace=True``)."""
-        _need(self.tracer).write(path)
+        _need(self.timeline).write(path)
 
     def trace_table(self) -> str:
         """Per-actor count, total, mean and share of wall time (needs ``trace=True``)."""
-        return _need(self.tracer).table()
+        return _need(self.timeline).table()
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self, join_timeout: float = 10.0) -> None:
@@ -259,7 +259,7 @@ def _newest(actors: list[Actor], regst: str) -> Any:
     raise KeyError(regst)
 
 
-def _need(tracer: Tracer | None) -> Tracer:
-    if tracer is None:
+def _need(timeline: Timeline | None) -> Timeline:
+    if timeline is None:
         raise RuntimeError("no trace recorded: construct the runtime with trace=True")
-    return tracer
+    return timeline

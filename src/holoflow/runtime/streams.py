@@ -1,4 +1,4 @@
-"""Stream threads: one thread and one message queue per stream ('compute', 'comm', 'h2d', 'source').
+"""Stream threads: one thread and one message queue per stream named in the plan (and 'source').
 
 Messages are ``(handler, a, b)`` tuples, run as ``handler(a, b)`` on the stream's thread; ``None``
 is the poison that ends the thread. Messages between actors of the same stream skip the queue

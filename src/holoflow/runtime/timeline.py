@@ -1,4 +1,4 @@
-"""Profiling: every act as (actor, stream, iteration, start, end), written as a Chrome/Perfetto trace.
+"""The timeline: every act as (actor, stream, iteration, start, end), written as a Chrome/Perfetto trace.
 
 Each stream thread appends to its own list (no lock on the hot path); readers merge after the run.
 Open the JSON in https://ui.perfetto.dev or chrome://tracing: one row (tid) per stream.
@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 
 class Act(NamedTuple):
-    """One recorded act; times in seconds from the tracer's start."""
+    """One recorded act; times in seconds from the timeline's start."""
 
     actor: str
     stream: str
@@ -31,8 +31,9 @@ class TaskStats:
     percent_of_wall: float
 
 
-class Tracer:
-    """Collects acts; ``record`` is called from the stream threads."""
+class Timeline:
+    """The acts of one run (``Runtime(plan, trace=True).timeline``): each stream thread appends to
+    its own ``lane``; ``acts``, ``stats``, ``table`` and ``write`` read them after the run."""
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
