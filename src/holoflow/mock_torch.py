@@ -9,6 +9,9 @@
 Both also work as context managers (``with mock_torch.enable(): ...``), restoring the previous
 state on exit. ``torch.X.Y`` maps to ``holoflow.X.Y``; what holoflow lacks raises
 ``AttributeError("holoflow (mock_torch): torch.X is not implemented in holoflow")``.
+While enabled, ``str(x.dtype)`` reads ``'torch.float32'`` and ``x.type()`` ``'torch.FloatTensor'``
+(code compares them), and ``torch.__version__`` is the installed torch's version string: holoflow
+follows the API of the torch it runs on, so a script's version checks choose the matching paths.
 
 How: ``enable`` wraps ``builtins.__import__`` and ``importlib.import_module`` so that an import
 of ``torch*`` made by code outside holoflow/torch (and the few packages in ``REAL_TORCH_USERS``)
@@ -57,6 +60,8 @@ class _MockModule(types.ModuleType):
         self.__path__: list[str] = []
 
     def __getattr__(self, attr: str) -> Any:
+        if attr == "__version__" and self.__name__ == "torch":
+            return _real_torch_version()
         if attr.startswith("__") and attr.endswith("__"):
             raise AttributeError(attr)
         target = self.__dict__["_holoflow_target"]
@@ -74,8 +79,22 @@ class _MockModule(types.ModuleType):
             return _mock(f"{self.__name__}.{attr}", value)
         return value
 
+    def __setattr__(self, attr: str, value: Any) -> None:
+        """``torch.backends.cudnn.benchmark = True`` sets holoflow's (there: torch's) switch."""
+        if attr.startswith("_") or attr in self.__dict__:
+            super().__setattr__(attr, value)
+        else:
+            setattr(self.__dict__["_holoflow_target"], attr, value)
+
     def __dir__(self) -> list[str]:
         return dir(self.__dict__["_holoflow_target"])
+
+
+def _real_torch_version() -> Any:
+    """``torch.__version__`` under the mock is the installed torch's version (a TorchVersion,
+    comparable with strings and tuples): holoflow implements torch's API as of the torch whose
+    kernels it runs on, so version checks in scripts pick the code paths that match it."""
+    return sys.modules["torch"].__version__
 
 
 def _mock(name: str, target: types.ModuleType) -> _MockModule:
@@ -133,12 +152,19 @@ class _Switch:
         (_on if self._was else _off)()
 
 
+def _display(name: str) -> None:
+    """dtypes and tensor types print as ``torch.float32`` / ``torch.FloatTensor`` under the mock."""
+    from .core import dtype
+    dtype.DISPLAY[0] = name
+
+
 def _on() -> None:
     with _LOCK:
         if _State.enabled:
             return
         builtins.__import__ = _import
         importlib.import_module = _import_module
+        _display("torch")
         _State.enabled = True
 
 
@@ -148,6 +174,7 @@ def _off() -> None:
             return
         builtins.__import__ = _ORIG_IMPORT
         importlib.import_module = _ORIG_IMPORT_MODULE
+        _display("holoflow")
         _State.enabled = False
 
 

@@ -5,6 +5,10 @@ import builtins
 
 import torch
 
+# The package name dtypes and tensor types print with: "holoflow", or "torch" while
+# holoflow.mock_torch is enabled (code written for torch compares str(x.dtype) == "torch.float32").
+DISPLAY = ["holoflow"]
+
 
 class dtype:
     """A tensor element type, e.g. ``holoflow.float32``; compares by identity like torch's."""
@@ -20,7 +24,7 @@ class dtype:
         self.itemsize = torch_dtype.itemsize
 
     def __repr__(self) -> str:
-        return f"holoflow.{self.name}"
+        return f"{DISPLAY[0]}.{self.name}"
 
     def __reduce__(self):  # pickles by name so dtypes survive worker processes
         return (_by_name, (self.name,))
@@ -66,6 +70,22 @@ def to_torch(d) -> torch.dtype | None:
     if isinstance(d, str) and d in _NAMES:
         return _NAMES[d].torch
     raise TypeError(f"holoflow: {d!r} is not a dtype; use one of holoflow.float32, holoflow.int64, ...")
+
+
+def type_name(t: torch.Tensor) -> str:
+    """torch's legacy type string of a tensor (``FloatTensor``, ``cuda.LongTensor``) under the
+    display name: ``holoflow.FloatTensor``, or ``torch.FloatTensor`` under mock_torch."""
+    return DISPLAY[0] + t.type()[len("torch"):]
+
+
+def from_type_name(name: str) -> dtype:
+    """The dtype of a legacy type string (``"torch.LongTensor"``, ``"holoflow.cuda.FloatTensor"``)."""
+    base = name.rsplit(".", 1)[-1]
+    probe = torch.empty(0, dtype=torch.float32)
+    for d in ALL:
+        if probe.to(d.torch).type().rsplit(".", 1)[-1] == base:
+            return d
+    raise TypeError(f"holoflow: {name!r} is not a tensor type; use e.g. 'torch.FloatTensor' or a dtype")
 
 
 def from_torch(d: torch.dtype) -> dtype:

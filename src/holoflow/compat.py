@@ -1,0 +1,111 @@
+"""torch names that scripts use around the model: global switches, ``compile``, ``_assert``,
+the legacy typed-tensor constructors (``torch.LongTensor([...])``), memory formats, and the
+``is_xpu``-style device queries. Switches that steer torch's kernels (matmul precision,
+deterministic algorithms, thread counts) are torch's own, since holoflow's kernels are torch's.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .core import dtype as _dtype
+from .core.tensor import Tensor
+from .ops.creation import empty, tensor
+
+__all__ = ["set_float32_matmul_precision", "get_float32_matmul_precision", "use_deterministic_algorithms",
+           "are_deterministic_algorithms_enabled", "set_num_threads", "get_num_threads",
+           "set_num_interop_threads", "get_num_interop_threads", "compile", "_assert",
+           "channels_last", "channels_last_3d", "contiguous_format", "preserve_format", "memory_format",
+           "FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor",
+           "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor"]
+
+set_float32_matmul_precision = torch.set_float32_matmul_precision
+get_float32_matmul_precision = torch.get_float32_matmul_precision
+use_deterministic_algorithms = torch.use_deterministic_algorithms
+are_deterministic_algorithms_enabled = torch.are_deterministic_algorithms_enabled
+set_num_threads, get_num_threads = torch.set_num_threads, torch.get_num_threads
+set_num_interop_threads, get_num_interop_threads = torch.set_num_interop_threads, torch.get_num_interop_threads
+channels_last, channels_last_3d = torch.channels_last, torch.channels_last_3d
+contiguous_format, preserve_format, memory_format = torch.contiguous_format, torch.preserve_format, torch.memory_format
+
+
+def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: bool | None = None,
+            backend: Any = "inductor", mode: str | None = None, options: dict | None = None,
+            disable: bool = False) -> Any:  # noqa: A001 - torch's name
+    """``torch.compile`` as a pass-through: returns the module or function itself (eager
+    holoflow), so compiled and uncompiled code give the same numbers. Works bare
+    (``compile(model)``), as ``@compile`` and as ``@compile(mode=...)``. For a static graph use
+    ``holoflow.nn.Graph``."""
+    if model is None:
+        return lambda fn: fn
+    if not callable(model):
+        raise TypeError(f"holoflow.compile: expected a module or a function, got {type(model).__name__}")
+    return model
+
+
+def _assert(condition: Any, message: str) -> None:
+    """``torch._assert``: raises AssertionError(message) unless ``condition`` holds."""
+    if not bool(condition):
+        raise AssertionError(message)
+
+
+class _TypedTensorMeta(type):
+    """``isinstance(x, LongTensor)``: a CPU tensor of that dtype, as torch's legacy types."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, Tensor) and obj.dtype is cls._dtype and not obj.is_cuda
+
+
+def _typed(name: str, dt: _dtype.dtype) -> type:
+    def new(cls, *args, device=None):
+        if len(args) == 1 and not isinstance(args[0], int):
+            src = args[0]
+            if isinstance(src, torch.Size):
+                return empty(*src, dtype=dt, device=device)
+            return tensor(src, dtype=dt, device=device)
+        if not all(isinstance(a, int) for a in args):
+            raise TypeError(f"holoflow.{name}(): expected a sequence of data or integer sizes, got "
+                            f"{tuple(type(a).__name__ for a in args)}")
+        return empty(*(args or (0,)), dtype=dt, device=device)
+    new.__doc__ = f"``{name}(data)`` copies data as {dt}; ``{name}(*sizes)`` is uninitialized."
+    return _TypedTensorMeta(name, (), {"__new__": new, "_dtype": dt, "dtype": dt, "__doc__": new.__doc__})
+
+
+FloatTensor = _typed("FloatTensor", _dtype.float32)
+DoubleTensor = _typed("DoubleTensor", _dtype.float64)
+HalfTensor = _typed("HalfTensor", _dtype.float16)
+BFloat16Tensor = _typed("BFloat16Tensor", _dtype.bfloat16)
+LongTensor = _typed("LongTensor", _dtype.int64)
+IntTensor = _typed("IntTensor", _dtype.int32)
+ShortTensor = _typed("ShortTensor", _dtype.int16)
+CharTensor = _typed("CharTensor", _dtype.int8)
+ByteTensor = _typed("ByteTensor", _dtype.uint8)
+BoolTensor = _typed("BoolTensor", _dtype.bool)
+
+
+def _device_query(kind: str) -> property:
+    return property(lambda self: self._data.device.type == kind, doc=f"Whether the tensor is on {kind}.")
+
+
+for _kind in ("xpu", "mps", "meta"):
+    if not hasattr(Tensor, f"is_{_kind}"):
+        setattr(Tensor, f"is_{_kind}", _device_query(_kind))
+for _flag in ("is_sparse", "is_quantized", "is_mkldnn", "is_nested"):
+    if not hasattr(Tensor, _flag):
+        setattr(Tensor, _flag, property(lambda self: False, doc="Always False in holoflow."))
+
+
+def _type(self: Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+    """``x.type()``: torch's type string (``holoflow.FloatTensor``; ``torch.FloatTensor`` under
+    mock_torch); ``x.type(t)`` casts to a dtype, a type string or a legacy type (``LongTensor``)."""
+    if dtype is None:
+        return _dtype.type_name(self._data)
+    if isinstance(dtype, str):
+        dtype = _dtype.from_type_name(dtype)
+    elif isinstance(dtype, _TypedTensorMeta):
+        dtype = dtype._dtype
+    return self.to(dtype)
+
+
+Tensor.type = _type  # replaces ops/conversion.py's type_ (whose string was holoflow.Float32Tensor)

@@ -1,0 +1,118 @@
+"""``holoflow.utils.checkpoint``: activation checkpointing in eager mode, as torch's.
+
+``checkpoint(fn, *args)`` runs ``fn`` without recording its graph, keeping only the inputs; the
+backward pass re-runs ``fn`` on detached copies of them (with the CPU/CUDA RNG state and autocast
+settings of the first run, so dropout masks and bf16 casts repeat) and backpropagates through the
+recomputed graph. Gradients equal those of running ``fn`` directly (and torch's).
+
+The recomputation hangs off a node that needs at least one differentiable input. When no tensor
+argument requires grad, the parameters of ``fn`` (a Module, or a bound method of one) serve; when
+there are none of those either (a closure over parameters), ``fn`` simply runs with its graph
+recorded: the gradients are still right, only the memory is not saved.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import torch
+
+from ..amp.autocast import autocast, get_autocast_dtype, is_autocast_enabled
+from ..autograd import Function
+from ..autograd import backward as _backward
+from ..core import grad_mode
+from ..core.tensor import Tensor
+
+__all__ = ["checkpoint", "checkpoint_sequential"]
+
+
+def _owner_params(fn: Callable) -> list[Tensor]:
+    owner = getattr(fn, "__self__", fn)
+    params = getattr(owner, "parameters", None)
+    return [p for p in params() if p.requires_grad] if callable(params) else []
+
+
+def _autocast_state() -> list[tuple[str, Any]]:
+    return [(dev, get_autocast_dtype(dev)) for dev in ("cpu", "cuda") if is_autocast_enabled(dev)]
+
+
+def _cuda_devices(args: tuple) -> list[int]:
+    return sorted({a._data.device.index or 0 for a in args if isinstance(a, Tensor) and a.is_cuda})
+
+
+class _Recompute(Function):
+    @staticmethod
+    def forward(ctx, run: Callable, preserve_rng: bool, n_args: int, *args):
+        ctx.run, ctx.preserve_rng, ctx.n_args = run, preserve_rng, n_args
+        ctx.devices = _cuda_devices(args[:n_args])
+        ctx.cpu_state = torch.get_rng_state() if preserve_rng else None
+        ctx.cuda_states = [torch.cuda.get_rng_state(d) for d in ctx.devices] if preserve_rng else []
+        ctx.autocast = _autocast_state()
+        ctx.args, ctx.n_anchors = args[:n_args], len(args) - n_args
+        ctx.save_for_backward(*[a for a in args[:n_args] if isinstance(a, Tensor)])
+        return run(*args[:n_args])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.saved_tensors  # noqa: B018 - raises if an input was modified in place since forward
+        inputs = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, Tensor) else a
+                       for a in ctx.args)
+        with torch.random.fork_rng(devices=ctx.devices, enabled=ctx.preserve_rng):
+            if ctx.preserve_rng:
+                torch.set_rng_state(ctx.cpu_state)
+                for d, st in zip(ctx.devices, ctx.cuda_states):
+                    torch.cuda.set_rng_state(st, d)
+            with grad_mode.enable_grad(), contextlib.ExitStack() as stack:
+                for dev, dt in ctx.autocast:
+                    stack.enter_context(autocast(dev, dtype=dt))
+                outs = ctx.run(*inputs)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        pairs = [(o, g) for o, g in zip(outs, grads)
+                 if isinstance(o, Tensor) and o.requires_grad and g is not None]
+        if pairs:
+            _backward([o for o, _ in pairs], [g for _, g in pairs])
+        # the anchors' (parameters') gradients were accumulated by the backward above
+        return (None, None, None) + tuple(i.grad if isinstance(i, Tensor) and i.requires_grad else None
+                                          for i in inputs) + (None,) * ctx.n_anchors
+
+
+def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None,
+               context_fn: Callable | None = None, determinism_check: str = "default",
+               debug: bool = False, preserve_rng_state: bool = True, **kwargs: Any) -> Any:
+    """Runs ``function(*args, **kwargs)`` without keeping its activations; they are recomputed
+    in backward. Same results and gradients as calling ``function`` directly.
+
+    >>> y = checkpoint(block, x, use_reentrant=False)
+    """
+    if context_fn is not None:
+        raise NotImplementedError("holoflow.utils.checkpoint: context_fn is not supported; leave it None")
+    run = (lambda *a: function(*a, **kwargs)) if kwargs else function
+    if not grad_mode.is_grad_enabled():
+        return run(*args)
+    needs = any(isinstance(a, Tensor) and a.requires_grad for a in args)
+    anchors = [] if needs else _owner_params(function)
+    if not needs and not anchors:
+        return run(*args)
+    return _Recompute.apply(run, preserve_rng_state, len(args), *args, *anchors)
+
+
+def checkpoint_sequential(functions: Any, segments: int, input: Any, use_reentrant: bool | None = None,
+                          **kwargs: Any) -> Any:
+    """Splits a Sequential (or list of modules) into ``segments`` chunks and checkpoints all but
+    the last, as torch."""
+    fns = list(functions.children()) if hasattr(functions, "children") else list(functions)
+    size = len(fns) // segments
+
+    def run_range(start: int, end: int) -> Callable:
+        def forward(x):
+            for j in range(start, end + 1):
+                x = fns[j](x)
+            return x
+        forward.parameters = lambda: (p for f in fns[start:end + 1] for p in f.parameters())  # type: ignore[attr-defined]
+        return forward
+
+    end = -1
+    for start in range(0, size * (segments - 1), size):
+        end = start + size - 1
+        input = checkpoint(run_range(start, end), input, use_reentrant=use_reentrant, **kwargs)
+    return run_range(end + 1, len(fns) - 1)(input)
