@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import holoflow as flow
-from holoflow.core.dispatch import Hooks
+from holoflow.core.interpret import Observe, pushed
 from holoflow.core.registry import REGISTRY, Meta
 from holoflow.core.sbp import B, P, S, short
 
@@ -197,14 +197,11 @@ def record_ops(case: Case) -> list[tuple]:
     gen = torch.Generator().manual_seed(0)
     args, kwargs = case.make(F64 if F64 in case.dtypes else case.dtypes[0], gen)
     fargs, fkw = to_flow(args, case.grad), to_flow(kwargs, case.grad)
-    Hooks.pre = pre
-    try:  # the forward ops and, for differentiable cases, the grad ops backward dispatches
+    with pushed(Observe(pre)):  # the forward ops and, for differentiable cases, the grad ops backward dispatches
         outs = [o for o in leaves(case.flow_fn(*fargs, **fkw)) if o.requires_grad]
         ins = [x for x in leaves((fargs, fkw)) if x.requires_grad]
         if case.grad and outs and ins and not case.random:
             flow.autograd.grad(outs, ins, [flow.ones_like(o) for o in outs], allow_unused=True)
-    finally:
-        Hooks.pre = None
     return calls
 
 

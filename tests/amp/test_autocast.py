@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as TF
 
 import holoflow as flow
-from holoflow.core.dispatch import Hooks
+from holoflow.core import interpret
 
 BF, F32, F64 = torch.bfloat16, torch.float32, torch.float64
 
@@ -151,32 +151,37 @@ def test_decorator_and_exception_restore_state():
     with pytest.raises(KeyError):
         with flow.autocast("cpu"):
             raise KeyError("boom")
-    assert Hooks.pre is None or not flow.is_autocast_enabled("cpu")
+    assert not flow.is_autocast_enabled("cpu") and interpret.stack() == [interpret.current()]
     with pytest.raises(ValueError, match="not supported"):
         flow.autocast("cpu", dtype=flow.float64)
 
 
-def test_chains_with_an_existing_hook_and_restores_it():
+def test_composes_with_an_interpreter_below_and_restores_the_stack():
     seen = []
 
     def recorder(op, inputs, attrs):
         seen.append((op.name, [str(x.dtype) for x in inputs if isinstance(x, flow.Tensor)]))
-        return inputs
 
-    prev = Hooks.pre
-    Hooks.pre = recorder
-    try:
+    with interpret.pushed(interpret.Observe(recorder)) as rec:
         a = flow.randn(2, 2)
         with flow.autocast("cpu"):
             with flow.autocast("cpu", enabled=False):
                 flow.matmul(a, a)
             flow.matmul(a, a)
-        assert Hooks.pre is recorder
-        matmuls = [dts for name, dts in seen if name == "matmul"]
-        # the recorder runs after the casts: it sees what the kernel gets
-        assert matmuls == [["holoflow.float32"] * 2, ["holoflow.bfloat16"] * 2]
-    finally:
-        Hooks.pre = prev
+        assert interpret.current() is rec
+    matmuls = [dts for name, dts in seen if name == "matmul"]
+    # the recorder sits below autocast: it sees what the kernel gets
+    assert matmuls == [["holoflow.float32"] * 2, ["holoflow.bfloat16"] * 2]
+
+
+def test_an_interpreter_above_autocast_sees_the_uncast_inputs():
+    seen = []
+    a = flow.randn(2, 2)
+    with flow.autocast("cpu"):
+        with interpret.pushed(interpret.Observe(
+                lambda op, inputs, attrs: seen.append([str(x.dtype) for x in inputs]))):
+            flow.matmul(a, a)
+    assert seen[0] == ["holoflow.float32"] * 2
 
 
 @pytest.mark.parametrize("cache", [True, False])
@@ -186,17 +191,12 @@ def test_weight_cast_cache(cache):
     def recorder(op, inputs, attrs):
         if op.name == "to":
             casts.append(op.name)
-        return inputs
 
-    prev = Hooks.pre
-    Hooks.pre = recorder
-    try:
+    with interpret.pushed(interpret.Observe(recorder)):
         w = flow.randn(4, 4, requires_grad=True)
         x = flow.randn(2, 4)
         with flow.autocast("cpu", cache_enabled=cache):
             y = flow.matmul(flow.matmul(x, w), w)
-    finally:
-        Hooks.pre = prev
     y.float().sum().backward()
     # x and the first product are cast once each... w once with the cache, twice without
     assert len(casts) == (2 if cache else 3)

@@ -94,7 +94,7 @@ def _ir_with_dropout():
     nodes = (Node("exp", (x,), {}, (h,), scope="m/m.blk"),
              Node("dropout", (h,), {"p": 0.5, "training": True, "generator": None}, (d, mask), scope="m/m.blk"),
              Node("mul", (d, h), {}, (y,), scope="m/m.blk"),
-             Node("create_ones_like", (y,), {}, (gy,)),
+             Node("exp", (y,), {}, (gy,)),  # stands for the seed gradient
              Node("mul", (gy, d), {}, (gx,), tags=frozenset({"bw"})),
              Node("mul", (gx, h), {}, (Value((4,), torch.float32),), tags=frozenset({"bw"})))
     return check(IR((x,), (), nodes, (y, nodes[-1].outputs[0])))

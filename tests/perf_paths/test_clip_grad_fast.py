@@ -7,7 +7,7 @@ import torch
 
 import holoflow as flow
 from holoflow import nn
-from holoflow.core.dispatch import Hooks
+from holoflow.core.interpret import Observe, pushed
 
 F32, F64 = torch.float32, torch.float64
 
@@ -28,21 +28,18 @@ def _params(lib, grads):
 
 
 class _Count:
-    """Counts dispatched ops through ``Hooks.pre``."""
+    """Counts dispatched ops through an observing interpreter."""
 
     def __init__(self):
         self.ops: list[str] = []
 
-    def __call__(self, op, inputs, attrs):
-        self.ops.append(op.name)
-        return inputs
-
     def __enter__(self):
-        self.prev, Hooks.pre = Hooks.pre, self
+        self._ctx = pushed(Observe(lambda op, inputs, attrs: self.ops.append(op.name)))
+        self._ctx.__enter__()
         return self
 
     def __exit__(self, *exc):
-        Hooks.pre = self.prev
+        self._ctx.__exit__(*exc)
 
 
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, 0.0, 3.0, math.inf, -math.inf])

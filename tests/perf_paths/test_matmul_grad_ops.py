@@ -6,7 +6,7 @@ from harness import F32, F64, Case, parametrize, randn
 from ops.test_linalg import grad_of
 
 import holoflow as flow
-from holoflow.core.dispatch import Hooks
+from holoflow.core.interpret import Observe, pushed
 
 
 def ins(*shapes):
@@ -31,14 +31,8 @@ def _backward_ops(sa: tuple, sb: tuple) -> list[str]:
     y = flow.matmul(a, b)
     seen: list[str] = []
 
-    def record(op, inputs, attrs):
-        seen.append(op.name)
-        return inputs
-    prev, Hooks.pre = Hooks.pre, record
-    try:
+    with pushed(Observe(lambda op, inputs, attrs: seen.append(op.name))):
         flow.autograd.grad([y], [a, b], [flow.ones_like(y)])
-    finally:
-        Hooks.pre = prev
     return seen
 
 

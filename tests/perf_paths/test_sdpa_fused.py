@@ -8,7 +8,7 @@ from harness import F32, F64, Case, parametrize, randn
 
 import holoflow as flow
 import holoflow.nn.functional as HF
-from holoflow.core.dispatch import Hooks
+from holoflow.core.interpret import Observe, pushed
 from holoflow.core.errors import UnsupportedError
 
 
@@ -42,14 +42,8 @@ def _backward_ops(mask: bool) -> list[str]:
     y = HF.scaled_dot_product_attention(q, k, v, m)
     seen: list[str] = []
 
-    def record(op, inputs, attrs):
-        seen.append(op.name)
-        return inputs
-    prev, Hooks.pre = Hooks.pre, record
-    try:
+    with pushed(Observe(lambda op, inputs, attrs: seen.append(op.name))):
         flow.autograd.grad([y], [q, k, v], [flow.ones_like(y)])
-    finally:
-        Hooks.pre = prev
     return seen
 
 

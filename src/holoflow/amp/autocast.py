@@ -1,11 +1,11 @@
-"""``autocast``: mixed precision by casting op inputs at dispatch, through ``Hooks.pre``.
+"""``autocast``: mixed precision as an interpreter that casts op inputs, then binds on.
 
-Entering an autocast region installs a pre-dispatch hook that looks each op up by name in the
-policy table of the input's device type (amp/policy.py) and casts its floating inputs with
-holoflow's own ``to``, so the cast is an op on the autograd tape and gradients come back in the
-input's original dtype. A hook installed by someone else (a recorder, a tracer helper) stays
-chained behind it; nested regions replace the outer region's setting for their device type and
-restore it on exit::
+Entering an autocast region pushes an :class:`Autocast` interpreter (core/interpret.py) that
+looks each op up by name in the policy table of the input's device type (amp/policy.py) and casts
+its floating inputs with holoflow's own ``to``, so the cast is an op on the autograd tape and
+gradients come back in the input's original dtype. Nested regions shadow the outer region (their
+modes start from its modes) and restore it on exit; a graph traced inside a region keeps casting
+(``above_trace``)::
 
     with flow.autocast("cpu"):                  # bfloat16
         y = model(x)                            # matmuls in bf16, losses in fp32
@@ -21,7 +21,8 @@ import torch
 
 from ..core import dtype as _dtype
 from ..core import grad_mode
-from ..core.dispatch import Hooks
+from ..core import interpret
+from ..core.interpret import Interpreter
 from ..core.tensor import Tensor
 from .policy import DEFAULT_DTYPE, FP32, LOWER, OPT_DTYPE, POLICIES, PROMOTE
 
@@ -35,10 +36,9 @@ class _CastCache:
 
     def __init__(self) -> None:
         self.entries: dict[tuple, tuple[Tensor, Tensor]] = {}
-        self.depth = 0
 
-    def cast(self, x: Tensor, dt: torch.dtype, enabled: bool) -> Tensor:
-        if not (enabled and x._rg and x.grad_fn is None):
+    def cast(self, x: Tensor, dt: torch.dtype) -> Tensor:
+        if not (x._rg and x.grad_fn is None):
             return x.to(dt)
         key = (id(x), dt, grad_mode.STATE.enabled)
         hit = self.entries.get(key)
@@ -49,25 +49,32 @@ class _CastCache:
         return out
 
 
-_CACHE = _CastCache()
+class Autocast(Interpreter):
+    """The interpreter of an autocast region: per device type, the low dtype (or None when
+    disabled). An inner region shadows the outer one (its modes already include the outer's)."""
 
+    def __init__(self, modes: dict[str, torch.dtype | None], cache: _CastCache | None) -> None:
+        super().__init__()
+        self.modes, self.cache, self.shadowed = modes, cache, False
 
-class _AmpHook:
-    """The installed pre-dispatch hook: per device type, the low dtype (or None when disabled)."""
+    def bind(self, op, inputs: tuple, attrs: dict):
+        if not self.shadowed:
+            inputs = self.cast(op, inputs, attrs)
+        return self.parent.bind(op, inputs, attrs)
 
-    __slots__ = ("modes", "cache", "inner")
+    def composite(self, name: str, inputs: tuple) -> tuple:
+        """The policy of a composite op (mse_loss, l1_loss, ...): the name torch lists it under."""
+        if not self.shadowed:
+            inputs = self.cast(_Named(name), inputs, {})
+        return self.parent.composite(name, inputs)
 
-    def __init__(self, modes: dict[str, torch.dtype | None], cache: bool, inner: Callable | None) -> None:
-        self.modes, self.cache, self.inner = modes, cache, inner
-
-    def __call__(self, op, inputs: tuple, attrs: dict) -> tuple:
-        inputs = self.cast(op, inputs, attrs)
-        return inputs if self.inner is None else self.inner(op, inputs, attrs)
+    def above_trace(self, device_type: str) -> "Autocast | None":
+        return None if self.shadowed else Autocast(self.modes, self.cache)
 
     def cast(self, op, inputs: tuple, attrs: dict) -> tuple:
         for x in inputs:
             if isinstance(x, Tensor):
-                devtype = x._data.device.type
+                devtype = self.parent.device_type_of(x)
                 break
         else:
             return inputs
@@ -84,19 +91,25 @@ class _AmpHook:
                 return inputs
             return tuple(self._to(x, torch.float32, devtype, _is_low) for x in inputs)
         assert kind == PROMOTE
-        return _promote(inputs, devtype)
-
-    def composite(self, name: str, inputs: tuple) -> tuple:
-        """The policy of a composite op (mse_loss, l1_loss, ...): the name torch lists it under."""
-        return self.cast(_Named(name), inputs, {})
+        return self._promote(inputs, devtype)
 
     def _to(self, x, dt: torch.dtype, devtype: str, eligible: Callable) -> Any:
         if not isinstance(x, Tensor):
             return x
         d = x._data
-        if d.dtype == dt or not eligible(d.dtype) or d.device.type != devtype:
+        if d.dtype == dt or not eligible(d.dtype) or self.parent.device_type_of(x) != devtype:
             return x
-        return _CACHE.cast(x, dt, self.cache)
+        return self.cache.cast(x, dt) if self.cache is not None else x.to(dt)
+
+    def _promote(self, inputs: tuple, devtype: str) -> tuple:
+        def mine(x) -> bool:
+            return isinstance(x, Tensor) and x._data.dtype.is_floating_point and \
+                self.parent.device_type_of(x) == devtype
+        floats = [x._data.dtype for x in inputs if mine(x)]
+        if len(set(floats)) < 2:
+            return inputs
+        wide = functools.reduce(torch.promote_types, floats)
+        return tuple(x.to(wide) if mine(x) else x for x in inputs)
 
 
 class _Named:
@@ -114,18 +127,12 @@ def _is_low(dt: torch.dtype) -> bool:
     return dt in _LOW
 
 
-def _promote(inputs: tuple, devtype: str) -> tuple:
-    floats = [x._data.dtype for x in inputs if isinstance(x, Tensor) and x._data.dtype.is_floating_point
-              and x._data.device.type == devtype]
-    if len(set(floats)) < 2:
-        return inputs
-    wide = functools.reduce(torch.promote_types, floats)
-    return tuple(x.to(wide) if isinstance(x, Tensor) and x._data.dtype.is_floating_point
-                 and x._data.device.type == devtype else x for x in inputs)
-
-
-def _current() -> _AmpHook | None:
-    return Hooks.pre if isinstance(Hooks.pre, _AmpHook) else None
+def _current() -> Autocast | None:
+    """The autocast region in force in this context (the innermost unshadowed one)."""
+    for it in interpret.stack():
+        if isinstance(it, Autocast) and not it.shadowed:
+            return it
+    return None
 
 
 class autocast:
@@ -155,24 +162,21 @@ class autocast:
         self._prev = None
 
     def __enter__(self) -> "autocast":
-        self._prev = Hooks.pre
         outer = _current()
         modes = dict(outer.modes) if outer else {}
         modes[self.device_type] = self.fast_dtype if self.enabled else None
-        inner = outer.inner if outer else self._prev
-        cache = self.cache_enabled and (outer.cache if outer else True)
-        Hooks.pre = _AmpHook(modes, cache, inner)
-        self._prev_composite = Hooks.composite
-        Hooks.composite = Hooks.pre.composite
-        _CACHE.depth += 1
+        cache = (outer.cache if outer else _CastCache()) if self.cache_enabled else None
+        if outer is not None:
+            outer.shadowed = True
+        self._outer = outer
+        self._ctx = interpret.pushed(Autocast(modes, cache))
+        self._ctx.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        Hooks.pre = self._prev
-        Hooks.composite = self._prev_composite
-        _CACHE.depth -= 1
-        if _CACHE.depth == 0:
-            _CACHE.entries.clear()
+        self._ctx.__exit__(*exc)
+        if self._outer is not None:
+            self._outer.shadowed = False
 
     def __call__(self, fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -184,14 +188,14 @@ class autocast:
 
 def is_autocast_enabled(device_type: str = "cuda") -> bool:
     """Whether ops on ``device_type`` tensors are autocast right now."""
-    hook = _current()
-    return hook is not None and hook.modes.get(torch.device(device_type).type) is not None
+    region = _current()
+    return region is not None and region.modes.get(torch.device(device_type).type) is not None
 
 
 def get_autocast_dtype(device_type: str) -> _dtype.dtype:
     """The low-precision dtype autocast uses for ``device_type`` (its default when inactive)."""
-    hook = _current()
-    dt = hook.modes.get(torch.device(device_type).type) if hook else None
+    region = _current()
+    dt = region.modes.get(torch.device(device_type).type) if region else None
     if dt is None:
         dt = getattr(torch, DEFAULT_DTYPE.get(torch.device(device_type).type, "float16"))
     return _dtype.from_torch(dt)

@@ -6,22 +6,71 @@ ops) maps output gradients to input gradients. Running those rules with grad ena
 """
 from __future__ import annotations
 
+import contextvars
 import itertools
+import threading
 from typing import Callable, Sequence
 
 import torch
 
 from . import grad_mode
-from .errors import HoloflowError
+from .errors import HoloflowError, UnsupportedError
 
 _SEQ = itertools.count()
 _FREED = object()
-FINAL_CALLBACKS: list[Callable[[], None]] = []  # run once when the current backward pass ends
+_CALLBACKS: contextvars.ContextVar[list | None] = contextvars.ContextVar("holoflow_backward_callbacks",
+                                                                         default=None)
+_ACC_LOCK = threading.Lock()
 
 
 def queue_callback(fn: Callable[[], None]) -> None:
     """Runs ``fn`` at the end of the backward pass in progress (DDP waits for its buckets here)."""
-    FINAL_CALLBACKS.append(fn)
+    pending = _CALLBACKS.get()
+    if pending is None:
+        raise RuntimeError("holoflow.autograd: queue_callback() called outside a backward pass")
+    pending.append(fn)
+
+
+def accumulate_grad(t, g) -> None:
+    """``t.grad += g`` atomically: concurrent backward passes on a shared leaf lose nothing."""
+    with _ACC_LOCK:
+        t.grad = g if t.grad is None else t.grad + g
+
+
+def seed_grads(outputs: list, grads: list) -> list:
+    """Checks ``grads`` against ``outputs`` (None: ones for a scalar output) and turns a global
+    output's gradient into the local value backward starts from."""
+    if len(grads) != len(outputs):
+        raise RuntimeError(f"holoflow.autograd: got {len(grads)} gradients for {len(outputs)} outputs")
+    from .tensor import Tensor
+    seeded = []
+    for i, (t, g) in enumerate(zip(outputs, grads)):
+        if not t.requires_grad:
+            raise RuntimeError(f"holoflow.autograd: element {i} of tensors does not require grad and "
+                               f"does not have a grad_fn; call .requires_grad_() on the inputs you "
+                               f"differentiate with respect to")
+        if g is None:
+            if t.numel() != 1:
+                raise RuntimeError(f"holoflow.autograd: grad can be implicitly created only for "
+                                   f"scalar outputs; this output has shape {tuple(t.shape)}. Pass "
+                                   f"gradient= a tensor of that shape (e.g. ones_like(output))")
+            g = t.detach().new_ones(tuple(t.shape)) if t._global is None else None
+        elif not isinstance(g, Tensor):
+            g = Tensor._make(torch.as_tensor(g, dtype=t._data.dtype, device=t._data.device))
+        elif tuple(g.shape) != tuple(t.shape):
+            raise RuntimeError(f"holoflow.autograd: gradient has shape {tuple(g.shape)} but the output "
+                               f"has shape {tuple(t.shape)}; they must match")
+        if t._global is not None:
+            g = t._global.seed_grad(t, g)
+        seeded.append(g)
+    return seeded
+
+
+def no_global_double_backward(tensors: list, create_graph: bool) -> None:
+    if create_graph and any(t._global is not None for t in tensors):
+        raise UnsupportedError("holoflow.autograd: create_graph=True (double backward) through global "
+                               "tensors is not supported yet; take higher derivatives on local tensors "
+                               "(x.to_local()) or run the model on one device")
 
 
 class Node:
@@ -59,8 +108,8 @@ class Node:
         from .tensor import Tensor
         self._check_saved()
         create = grad_mode.STATE.enabled
-        return tuple(Tensor._make(d, grad_fn=self if create else None, out_idx=i)
-                     for i, d in enumerate(self._outs))
+        return tuple(Tensor._make(d, grad_fn=self if create else None, out_idx=i) if d is not None
+                     else None for i, d in enumerate(self._outs))
 
     @property
     def out(self):
@@ -92,7 +141,7 @@ class Node:
             self._saved = ()
         if outs is not None:
             self._outs = outs
-            versions += [(d, d._version) for d in outs]
+            versions += [(d, d._version) for d in outs if d is not None]
         self._versions = versions or None
 
     def release(self) -> None:
@@ -191,8 +240,8 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
                 g = Tensor._make(d.clone(memory_format=torch.contiguous_format))  # (a trace is SSA: no aliasing)
             handed[id(g._data)] = g._data  # held, so an id is never reused within this pass
         if t._global is not None:  # a local gradient of SBP dual(t.sbp): box it for .grad
-            g = t._box_grad(g)
-        t.grad = g if t.grad is None else t.grad + g
+            g = t._global.box_grad(t, g)
+        accumulate_grad(t, g)
         post = t.__dict__.get("_post_acc_hooks")
         if post:
             for h in post:
@@ -212,24 +261,18 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
 
     deps = _dependencies(roots)
     ready = [n for n in roots if deps[n] == 0]
-    PHASE.backward += 1  # tracers tag what backward records
+    pending: list = []
+    token = _CALLBACKS.set(pending)
     try:
         _drain(ready, buffers, deps, cap_keys, captured, retain_graph, create_graph, to_leaf)
+        while pending:
+            pending.pop(0)()
     finally:
-        PHASE.backward -= 1
-    while FINAL_CALLBACKS:
-        FINAL_CALLBACKS.pop(0)()
+        _CALLBACKS.reset(token)
     if capture is None:
         return None
     keys = {v: k for k, v in cap_keys.items()}
     return [captured.get(keys[i]) for i in range(len(capture))]
-
-
-class _Phase:
-    backward = 0
-
-
-PHASE = _Phase()
 
 
 def _drain(ready, buffers, deps, cap_keys, captured, retain_graph, create_graph, to_leaf) -> None:

@@ -1,46 +1,83 @@
-"""The one function every op goes through (DESIGN §6).
+"""``apply``: the one function every op goes through, and the eager interpreter beneath it.
 
 ``apply(op, *inputs, **attrs)``: positional inputs are holoflow Tensors (or Python scalars, as
-constants); attrs are keyword arguments passed to the kernel unchanged.
+constants); attrs are keyword arguments passed to the kernel unchanged. It hands the op to the
+innermost interpreter of the stack (core/interpret.py). At the bottom, :class:`Eager`:
 
-1. a graph trace is active -> the tracer records the op and returns lazy tensors;
-2. any input is global -> the global dispatcher (distributed layer) chooses a signature,
-   boxes, and runs this same function on the local shards;
-3. otherwise the torch kernel runs on the storages;
-4. grad mode is on and an input requires grad -> a Node with the op's grad rule is recorded.
+1. an input is global -> the global tensor's own interpreter takes over (it boxes and binds the
+   local shards back here);
+2. otherwise the torch kernel runs on the storages;
+3. grad mode is on and an input requires grad -> a Node with the op's grad rule is recorded;
+4. outputs of a view op that alias the input remember their base (core/views.py).
 """
 from __future__ import annotations
 
 import torch
 
-from . import grad_mode
-from .autograd import Node
-from .errors import HoloflowError, describe
+from . import grad_mode, interpret
+from .autograd import Node, accumulate_grad, run_backward, seed_grads
+from .errors import HoloflowError, UnsupportedError, describe
+from .interpret import Interpreter
 from .registry import Op, infer_metas
 from .tensor import Tensor
+from .views import VIEW_SCATTER, aliases, make_view, replay, stamp_of
 
 
-class Hooks:
-    """Entry points the upper layers install (the core never imports them)."""
+class Eager(Interpreter):
+    """The bottom of the stack: runs kernels now and records autograd."""
 
-    trace = None          # graph tracing: (op, inputs, attrs) -> outputs
-    global_apply = None   # global tensors: (op, inputs, attrs) -> outputs
-    pre = None            # amp casts, test recorders: (op, inputs, attrs) -> inputs
-    composite = None      # amp casts for ops written as composites: (name, inputs) -> inputs
+    def bind(self, op: Op, inputs: tuple, attrs: dict):
+        return _eager(op, inputs, attrs)
+
+    def assign(self, x: Tensor, out: Tensor, name: str) -> Tensor:
+        x._data.copy_(out._data)
+        take_history(x, out, name)
+        return x
+
+    def backward(self, tensors: list, grads: list, retain_graph: bool, create_graph: bool, inputs):
+        grads = seed_grads(tensors, grads)
+        if inputs is None:
+            run_backward(tensors, grads, retain_graph, create_graph)
+            return
+        got = run_backward(tensors, grads, retain_graph, create_graph, capture=inputs, accumulate=False)
+        for t, g in zip(inputs, got):
+            if g is not None:
+                if t._global is not None:
+                    g = t._global.box_grad(t, g)
+                accumulate_grad(t, g if create_graph else g.detach())
+
+    def composite(self, name: str, inputs: tuple) -> tuple:
+        return inputs
+
+    def value_token(self, x) -> object:
+        return None
+
+    def device_type_of(self, x) -> str:
+        return x._data.device.type
+
+
+EAGER = Eager()
+interpret._BOTTOM.append(EAGER)
+_CURRENT = interpret._CURRENT
+_STATE = grad_mode.STATE
+_new = object.__new__
 
 
 def apply(op: Op, *inputs, **attrs):
-    """Runs ``op`` on ``inputs`` eagerly (or records it while tracing); see module doc."""
-    if Hooks.trace is not None:
-        return Hooks.trace(op, inputs, attrs)
-    if Hooks.pre is not None:
-        inputs = Hooks.pre(op, inputs, attrs)
+    """Runs ``op`` on ``inputs`` with the active interpreters; see the module doc."""
+    top = _CURRENT.get()
+    if top is not None:
+        return top.bind(op, inputs, attrs)
+    return _eager(op, inputs, attrs)
+
+
+def _eager(op: Op, inputs: tuple, attrs: dict):
     datas = []
     needs_grad = False
     for x in inputs:
         if isinstance(x, Tensor):
             if x._global is not None:
-                return Hooks.global_apply(op, inputs, attrs)
+                return x._global.interpreter.bind(op, inputs, attrs)
             if x._rg:
                 needs_grad = True
             datas.append(x._data)
@@ -51,21 +88,17 @@ def apply(op: Op, *inputs, **attrs):
     except Exception as e:  # a user mistake surfaces as holoflow's error, never torch's bare one
         raise op_error(op, inputs, attrs, e) from e
     record = needs_grad and op.grad is not None and _STATE.enabled
-    if not record and type(out) is torch.Tensor:  # the hot path, inlined
+    if not record and not op.view and type(out) is torch.Tensor:  # the hot path, inlined
         t = _new(Tensor)
         t._data, t._rg, t.grad, t.grad_fn, t._out_idx, t._hooks, t._global = out, False, None, None, 0, None, None
         return t
     return wrap(op, inputs, attrs, out, record)
 
 
-_STATE = grad_mode.STATE
-_new = object.__new__
-
-
 def run_local(op: Op, inputs: tuple, attrs: dict, saved: tuple | None = None):
-    """The local path of :func:`apply` for tensors whose ``_data`` is a shard: runs the kernel
-    on the storages and records autograd against ``inputs``, saving ``saved`` (local aliases of
-    global inputs) for the grad rule. Used by the global dispatcher and boxing."""
+    """The eager path for tensors whose ``_data`` is a shard: runs the kernel on the storages and
+    records autograd against ``inputs``, saving ``saved`` (local aliases of global inputs) for
+    the grad rule. Used by the global interpreter and boxing."""
     datas = [x._data if isinstance(x, Tensor) else x for x in inputs]
     try:
         out = op.kernel(*datas, **attrs)
@@ -73,7 +106,7 @@ def run_local(op: Op, inputs: tuple, attrs: dict, saved: tuple | None = None):
         raise op_error(op, inputs, attrs, e) from e
     record = (op.grad is not None and grad_mode.STATE.enabled
               and any(isinstance(x, Tensor) and x._rg for x in inputs))
-    return wrap(op, inputs, attrs, out, record, saved)
+    return wrap(op, inputs, attrs, out, record, saved, track_views=False)
 
 
 def local_alias(x: Tensor) -> Tensor:
@@ -83,23 +116,27 @@ def local_alias(x: Tensor) -> Tensor:
     return t
 
 
-def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | None = None):
-    """Wraps kernel outputs as Tensors and, if ``record``, links them to a new grad node."""
-    if isinstance(out, torch.Tensor):
-        res = Tensor._make(out)
-        if record:
-            node = _record(op, inputs, attrs, (out,), saved)
-            if out.dtype.is_floating_point or out.dtype.is_complex:
-                res._rg, res.grad_fn = True, node
-        return res
-    outs = tuple(out)
+def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | None = None,
+         track_views: bool = True, views: tuple | None = None):
+    """Wraps kernel outputs as Tensors and, if ``record``, links them to a new grad node.
+    Outputs of a view op that alias input 0 (or those flagged in ``views``) become its views."""
+    single = isinstance(out, torch.Tensor)
+    outs = (out,) if single else tuple(out)
     wrapped = [Tensor._make(o) for o in outs]
     if record:
         node = _record(op, inputs, attrs, outs, saved)
-        node.out_metas = tuple((o.shape, o.dtype, o.device) for o in outs)
+        if not single:
+            node.out_metas = tuple((o.shape, o.dtype, o.device) for o in outs)
         for i, (w, o) in enumerate(zip(wrapped, outs)):
             if o.dtype.is_floating_point or o.dtype.is_complex:
                 w._rg, w.grad_fn, w._out_idx = True, node, i
+    if op.view and track_views:
+        x = inputs[0]
+        for i, (w, o) in enumerate(zip(wrapped, outs)):
+            if (views[i] if views is not None else aliases(o, x._data)):
+                make_view(w, x, op, attrs, None if single else i)
+    if single:
+        return wrapped[0]
     return op.out_type(*wrapped) if op.out_type is not None else tuple(wrapped)
 
 
@@ -107,6 +144,8 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None
     edges, shapes, dtypes = [], [], []
     for x in inputs:
         if isinstance(x, Tensor):
+            if x._view is not None:
+                refresh(x)
             shapes.append(x._data.shape)
             dtypes.append(x._data.dtype)
             edges.append(((x.grad_fn, x._out_idx) if x.grad_fn is not None else x) if x._rg else None)
@@ -116,8 +155,27 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None
             edges.append(None)
     node = Node(op, tuple(edges), attrs, tuple(shapes), tuple(dtypes))
     if op.save:
-        node.save((saved or inputs) if op.saves_inputs else None, outs if op.saves_output else None)
+        node.save(*op.to_save(saved or inputs, outs, node.needs_grad))
     return node
+
+
+def refresh(v: Tensor) -> None:
+    """Re-derives a view from its base when the base changed since (an in-place write to the
+    base or to another of its views): the view's history, and while tracing its value."""
+    vi = v._view
+    base = vi.base
+    if stamp_of(base) == vi.stamp:
+        return
+    vi.stamp = stamp_of(base)
+    if not (base._rg or "_v" in base.__dict__ or "_v" in v.__dict__):
+        return
+    with grad_mode.set_grad_enabled(base._rg):
+        fresh = replay(vi.chain, base, lambda op, x, attrs: apply(op, x, **attrs))
+    if fresh.grad_fn is not None:
+        v.grad_fn, v._out_idx, v._rg = fresh.grad_fn, fresh._out_idx, True
+    if "_v" in fresh.__dict__:  # a trace: the view's symbolic value is the re-derived one
+        v._data = fresh._data
+        v.__dict__["_v"] = fresh.__dict__["_v"]
 
 
 def op_error(op: Op, inputs: tuple, attrs: dict, err: Exception) -> Exception:
@@ -142,29 +200,53 @@ def op_error(op: Op, inputs: tuple, attrs: dict, err: Exception) -> Exception:
 _PLAIN = (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError)
 
 
+# -- in-place ops ---------------------------------------------------------------------------------
+
 def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     """Runs ``op`` writing its result into ``x`` (``x.add_(y)``), keeping views of ``x`` aliased.
 
-    With autograd, the out-of-place op is recorded and ``x`` takes over its grad_fn; when the
-    op's grad reads its input, that input is a copy of ``x`` taken before the write.
+    With autograd, the out-of-place op is recorded and ``x`` takes over its grad_fn (a view's
+    base is rebased, core/views.py); when the op's grad reads its input, that input is a copy of
+    ``x`` taken before the write.
     """
     grad_on = grad_mode.STATE.enabled and (x._rg or any(isinstance(r, Tensor) and r._rg for r in rest))
-    if Hooks.trace is None and x._global is None and not grad_on and op.inplace_kernel is not None:
+    top = _CURRENT.get()
+    if top is None and x._global is None and not grad_on and op.inplace_kernel is not None:
         datas = [r._data if isinstance(r, Tensor) else r for r in rest]
         try:
             op.inplace_kernel(x._data, *datas, **attrs)
         except Exception as e:
             raise op_error(op, (x, *rest), attrs, e) from e
         return x
-    if grad_on and x._rg and x.grad_fn is None:
-        raise RuntimeError(f"holoflow.{op.name}_: a leaf tensor that requires grad is being used in "
-                           f"an in-place operation; do it under holoflow.no_grad() or out of place")
+    if grad_on:
+        check_inplace_target(x, op.name)
     src = x
-    if grad_on and op.saves_inputs and Hooks.trace is None:
+    if grad_on and op.saves_inputs and top is None:
+        if x._view is not None:
+            refresh(x)
         src = Tensor._make(x._data.clone(), x.grad_fn, x._out_idx)
         src._rg, src._global = x._rg, x._global
     out = apply(op, src, *rest, **attrs)
     return assign(x, out, op.name)
+
+
+def check_inplace_target(x: Tensor, name: str) -> None:
+    if x._rg and x.grad_fn is None and x._view is None:
+        raise RuntimeError(f"holoflow.{name}_: a leaf tensor that requires grad is being used in "
+                           f"an in-place operation; do it under holoflow.no_grad() or out of place")
+    vi = x._view
+    if vi is not None and vi.base._rg and vi.base.grad_fn is None:
+        raise RuntimeError(f"holoflow.{name}_: a view of a leaf tensor that requires grad is being "
+                           f"used in an in-place operation; do it under holoflow.no_grad(), or "
+                           f"clone the leaf first")
+    if vi is not None and any(idx is not None for _, _, idx in vi.chain):
+        raise RuntimeError(f"holoflow.{name}_: this tensor is one of several views returned by "
+                           f"{next(op.name for op, _, idx in vi.chain if idx is not None)}; such views "
+                           f"can't be modified in place while autograd records (as in torch): use an "
+                           f"out-of-place op, or .clone() the piece first")
+    if vi is not None and vi.base._global is not None:
+        raise UnsupportedError(f"holoflow.{name}_: an in-place op with autograd on a view of a global "
+                               f"tensor is not supported; write out of place (x = x.{name}(...))")
 
 
 def assign(x: Tensor, out: Tensor, name: str) -> Tensor:
@@ -174,10 +256,26 @@ def assign(x: Tensor, out: Tensor, name: str) -> Tensor:
     if tuple(out._data.shape) != tuple(x._data.shape):
         raise RuntimeError(f"holoflow.{name}_: the result has shape {tuple(out.shape)}, which "
                            f"doesn't match the in-place target's shape {tuple(x.shape)}")
-    if Hooks.trace is not None:
-        Hooks.trace.assign(x, out)
-        return x
-    x._data.copy_(out._data)
-    if out.grad_fn is not None:
-        x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True
-    return x
+    top = _CURRENT.get()
+    return (top if top is not None else EAGER).assign(x, out, name)
+
+
+def take_history(x: Tensor, out: Tensor, name: str) -> None:
+    """``x`` now holds ``out``'s value: it takes over ``out``'s history; if ``x`` is a view, its
+    base's history is rebased onto a ``view_scatter`` node (torch's CopySlices)."""
+    if out.grad_fn is None:
+        return
+    vi = x._view
+    if vi is not None:
+        base = vi.base
+        edge = ((base.grad_fn, base._out_idx) if base.grad_fn is not None else base) if base._rg else None
+        node = Node(VIEW_SCATTER, (edge, (out.grad_fn, out._out_idx)), {"chain": vi.chain},
+                    (base._data.shape, out._data.shape), (base._data.dtype, out._data.dtype))
+        base.grad_fn, base._out_idx, base._rg = node, 0, True
+        vi.stamp = stamp_of(base)
+    x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True
+
+
+def replay_on(base: Tensor, chain: tuple) -> Tensor:
+    """The view described by ``chain`` taken afresh from ``base`` (through the interpreters)."""
+    return replay(chain, base, lambda op, x, attrs: apply(op, x, **attrs))

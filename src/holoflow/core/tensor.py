@@ -12,6 +12,8 @@ import torch
 
 from . import device as _device
 from . import dtype as _dtype
+from . import interpret
+from .autograd import no_global_double_backward
 
 
 class Tensor:
@@ -23,6 +25,7 @@ class Tensor:
 
     __slots__ = ("_data", "_rg", "grad", "grad_fn", "_out_idx", "_hooks", "_global",
                  "__weakref__", "__dict__")
+    _view = None  # a view's ViewInfo (core/views.py), set in the instance dict of views only
 
     def __init__(self, *args, **kwargs) -> None:
         dev = _device.to_torch(kwargs.pop("device", None))
@@ -120,9 +123,6 @@ class Tensor:
             raise RuntimeError("holoflow: .sbp of a local tensor; call .to_global(placement, sbp) first")
         return self._global.sbp
 
-    def _box_grad(self, g: "Tensor") -> "Tensor":
-        return g  # replaced by the distributed layer
-
     # -- autograd --------------------------------------------------------------------------
     @property
     def requires_grad(self) -> bool:
@@ -170,8 +170,10 @@ class Tensor:
     def backward(self, gradient: "Tensor | None" = None, retain_graph: bool | None = None,
                  create_graph: bool = False, inputs=None) -> None:
         """Computes gradients of this tensor w.r.t. graph leaves, like ``torch.Tensor.backward``."""
-        from .. import autograd
-        autograd.backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+        no_global_double_backward([self], create_graph)
+        retain = create_graph if retain_graph is None else retain_graph
+        ins = None if inputs is None else ([inputs] if isinstance(inputs, Tensor) else list(inputs))
+        interpret.current().backward([self], [gradient], retain, create_graph, ins)
 
     def register_hook(self, hook: Callable) -> Any:
         """Calls ``hook(grad)`` when this tensor's gradient is computed; it may return a new one."""

@@ -1,4 +1,4 @@
-"""Eager dispatch of an op on global tensors (DESIGN §6, step 3).
+"""The global interpreter: an op on global tensors (docs/architecture.md, "Global view").
 
 Choose the nd-signature with the least boxing cost from the inputs' nd-SBPs (signatures are
 declared for one mesh axis and expanded per axis), box the inputs, run the kernel on the local
@@ -12,15 +12,17 @@ import itertools
 
 import torch
 
-from ..core.dispatch import local_alias, run_local
+from ..core.dispatch import EAGER, local_alias, run_local
 from ..core.errors import HoloflowError, UnsupportedError
+from ..core.interpret import Interpreter
 from ..core.registry import Meta, Op, infer_metas
 from ..core.sbp import B
 from ..core.tensor import Tensor
 from . import world
 from .boxing import apply_box, cost
-from .global_tensor import make_global
+from .global_tensor import GlobalMeta, from_full, make_global
 from .layout import local_shape, nd_str
+from .placement import placement
 
 _CHOICES: dict = {}
 
@@ -199,3 +201,26 @@ def describe_choice(op: Op, inputs: tuple, attrs: dict) -> str:
     return f"{op.name}: " + ", ".join(nd_str(s) for s in ins) + " -> " + ", ".join(nd_str(s) for s in outs)
 
 
+
+
+class GlobalInterpreter(Interpreter):
+    """Evaluates ops whose inputs are global: chooses the signature, boxes, binds the local
+    shards to the eager interpreter. Global tensors point at it (``x._global.interpreter``), and
+    placements too, so creation ops with ``placement=`` build their shards here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parent = EAGER
+
+    def bind(self, op: Op, inputs: tuple, attrs: dict):
+        return global_apply(op, inputs, attrs)
+
+    @staticmethod
+    def from_full(data: torch.Tensor, place: placement, sbp) -> Tensor:
+        """A global tensor from the logical tensor every rank computed identically."""
+        return from_full(data, place, sbp)
+
+
+GLOBAL = GlobalInterpreter()
+GlobalMeta.interpreter = GLOBAL  # a global tensor knows the interpreter of its kind (JAX's tracer.trace)
+placement.interpreter = GLOBAL

@@ -10,6 +10,7 @@ SBP s has SBP dual(s) — which is boxed to the leaf's SBP (or ``grad_sbp``) at 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
@@ -25,10 +26,20 @@ from .placement import placement
 
 @dataclass(frozen=True)
 class GlobalMeta:
+    """What makes a tensor global: its placement, nd-SBP and logical shape. The class attribute
+    ``interpreter`` (set in global_dispatch.py) evaluates ops on such tensors."""
+
     placement: placement
     sbp: tuple
     shape: torch.Size
     grad_sbp: tuple | None = None
+    interpreter: ClassVar[Any]
+
+    def box_grad(self, t: Tensor, g: Tensor) -> Tensor:
+        return box_grad(t, g)
+
+    def seed_grad(self, t: Tensor, g: Tensor | None) -> Tensor:
+        return seed_grad(t, g)
 
     def full(self, t: Tensor) -> torch.Tensor:
         """The whole logical tensor on this rank (boxes a copy to broadcast)."""
@@ -147,7 +158,7 @@ def to_local(self: Tensor, *, copy: bool = False) -> Tensor:
     return t.clone() if copy else t
 
 
-def _box_grad(self: Tensor, g: Tensor) -> Tensor:
+def box_grad(self: Tensor, g: Tensor) -> Tensor:
     """A local gradient arriving at this leaf has SBP dual(sbp); box it to grad_sbp or sbp."""
     meta = self._global
     target = meta.grad_sbp or meta.sbp
@@ -159,9 +170,13 @@ def _box_grad(self: Tensor, g: Tensor) -> Tensor:
     return make_global(out, meta.placement, target, meta.shape)
 
 
-def seed_grad(t: Tensor, g: Tensor) -> Tensor:
-    """Turns a gradient given for a global output into the local value backward starts from."""
+def seed_grad(t: Tensor, g: Tensor | None) -> Tensor:
+    """Turns a gradient given for a global output (None: ones) into the local value backward
+    starts from."""
     meta = t._global
+    if g is None:
+        ones = torch.ones(tuple(meta.shape), dtype=t._data.dtype, device=t._data.device)
+        g = from_full(ones, meta.placement, (B,) * len(meta.sbp))
     if g._global is None:
         raise HoloflowError("holoflow.backward: the gradient for a global tensor must be global "
                             "(same placement); use gradient.to_global(...)")
@@ -181,5 +196,4 @@ def from_full(data: torch.Tensor, place: placement, sbp) -> Tensor:
 def install() -> None:
     Tensor.to_global = to_global
     Tensor.to_local = to_local
-    Tensor._box_grad = _box_grad
     Tensor.global_to_global = to_global

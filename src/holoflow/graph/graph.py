@@ -17,7 +17,6 @@ import time
 from typing import Any, Iterable, Iterator
 
 from ..core import grad_mode
-from ..core.dispatch import Hooks
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from . import passes
@@ -177,9 +176,9 @@ class Graph:
         train = bool(self._optimizers)
         try:
             with contextlib.ExitStack() as stack:
+                tracer.backward_rule = self._backward_rule(scale)
                 stack.enter_context(tracer)
                 stack.enter_context(grad_mode.enable_grad() if train else grad_mode.no_grad())
-                stack.enter_context(self._backward_rule(tracer, scale))
                 out = self._trace_build(args, kwargs)
                 if train:
                     add_optimizer_updates(tracer, self._optimizers, self._grad_scaler if scale is not None else None,
@@ -223,39 +222,30 @@ class Graph:
             self._scale_t = full((), s.get_scale(), dtype=s._scale.dtype, device=device)
         return self._scale_t
 
-    @contextlib.contextmanager
-    def _backward_rule(self, tracer: Tracer, scale: Tensor | None):
-        """``loss.backward()`` inside build: a scalar loss, divided by the micro-batch count and
-        scaled by the grad scaler before the traced backward."""
-        orig, graph = Tensor.backward, self
-
-        def backward(t, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-            if Hooks.trace is not tracer:
-                return orig(t, gradient, retain_graph, create_graph, inputs)
-            if not graph._optimizers:
+    def _backward_rule(self, scale: Tensor | None):
+        """``loss.backward()`` inside build (the tracer calls this rule): a scalar loss, scaled by
+        the grad scaler before the traced backward."""
+        def rule(tensors: list, grads: list, run) -> None:
+            if not self._optimizers:
                 raise GraphBuildError(f"holoflow.nn.Graph: loss.backward() at {user_line()} in an inference "
                                       f"graph; call self.add_optimizer(opt) in __init__ to train")
-            if t.numel() != 1:
+            if len(tensors) != 1 or tensors[0].numel() != 1:
                 raise GraphBuildError(f"holoflow.nn.Graph: loss.backward() at {user_line()} needs a scalar loss, "
-                                      f"got shape {tuple(t.shape)}; reduce it first (e.g. loss.mean())")
-            loss = t * scale if scale is not None else t
+                                      f"got shape {tuple(tensors[0].shape)}; reduce it first (e.g. loss.mean())")
+            loss = tensors[0] * scale if scale is not None else tensors[0]
             # earlier micro-batches' grads are set aside and added after (same order as eager):
             # autograd's own accumulation may copy a gradient with raw torch, which no trace sees
-            params = graph._all_params()
+            params = self._all_params()
             held = [p.grad for p in params]
             for p in params:
                 p.grad = None
             try:
-                orig(loss, gradient, retain_graph, create_graph, inputs)
+                run([loss], grads)
             finally:
                 for p, old in zip(params, held):
                     if old is not None:
                         p.grad = old if p.grad is None else old + p.grad
-        Tensor.backward = backward
-        try:
-            yield
-        finally:
-            Tensor.backward = orig
+        return rule
 
     def _all_params(self) -> list:
         seen, out = set(), []

@@ -9,9 +9,10 @@ from typing import Any
 
 import torch
 
-from ..core import grad_mode
-from ..core.autograd import PHASE
-from ..core.dispatch import Hooks, wrap
+from ..core import grad_mode, interpret
+from ..core.dispatch import apply, refresh, take_history, wrap
+from ..core.interpret import Interpreter
+from ..core.views import VIEW_SCATTER, aliases, stamp_of
 from ..core.errors import HoloflowError
 from ..core.registry import Meta, Op
 from ..core.tensor import Tensor
@@ -60,32 +61,18 @@ def _device_of(ins: tuple, attrs: dict) -> torch.device:
     return torch.device("cpu")
 
 
-def _amp_cast(pre: Any, op: Op, inputs: tuple, attrs: dict, device_type: str) -> tuple:
-    """Autocast while tracing: lazy tensors live on ``meta``, so the region's setting and policy
-    for the real device type are applied as if ``meta`` were that device (same casts as eager)."""
-    import importlib
-    ac = importlib.import_module("holoflow.amp.autocast")  # the module (the package exports the class)
-    from ..amp.policy import POLICIES
-    if not isinstance(pre, ac._AmpHook) or pre.modes.get(device_type) is None:
-        return inputs
+class Tracer(Interpreter):
+    """The interpreter of a graph trace: records every op as an IR node, in order, and returns
+    lazy tensors (meta storage). ``loss.backward()`` runs the eager engine's grad rules, which bind
+    back here, so backward is recorded too (tagged ``bw``)."""
 
-    class _TraceAmp(ac._AmpHook):
-        __slots__ = ()
-
-        def _to(self, x, dt, devtype, eligible):  # lazy (meta) and state (real) tensors alike
-            if not isinstance(x, Tensor) or x._data.dtype == dt or not eligible(x._data.dtype):
-                return x
-            return ac._CACHE.cast(x, dt, self.cache)
-    POLICIES["meta"] = POLICIES.get(device_type, POLICIES["cuda"])
-    probe = next((x for x in inputs if isinstance(x, Tensor)), None)
-    key = probe._data.device.type if probe is not None else "meta"
-    return _TraceAmp({key: pre.modes[device_type]}, pre.cache, None).cast(op, inputs, attrs)
-
-
-class Tracer:
-    """Installed as ``Hooks.trace`` while a graph traces; records nodes in order."""
+    lazy = True
 
     def __init__(self, names: dict[int, str] | None = None) -> None:
+        super().__init__()
+        self.backward_rule: Any = None        # nn.Graph's checks and loss scaling for backward()
+        self.in_backward = 0
+        self._ctx: list = []
         self.nodes: list[Node] = []
         self.state: dict[int, tuple[Value, Tensor]] = {}
         self.current: dict[int, Value] = {}   # id(real tensor) -> its latest value (in-place writes)
@@ -104,14 +91,16 @@ class Tracer:
 
     def lazy(self, meta: torch.Tensor, v: Value) -> Tensor:
         t = Tensor._make(meta)
-        self.bind(t, v)
+        self.bind_value(t, v)
         return t
 
-    def bind(self, t: Tensor, v: Value) -> None:
+    def bind_value(self, t: Tensor, v: Value) -> None:
         t.__dict__["_v"] = v
         self.by_data[id(t._data)] = (v, t._data)
 
     def value_of(self, x: Tensor) -> Value:
+        if x._view is not None:
+            refresh(x)
         v = x.__dict__.get("_v")
         if v is not None:
             return v
@@ -140,10 +129,30 @@ class Tracer:
         d = x._data
         return d if d.device.type == "meta" else torch.empty(d.shape, dtype=d.dtype, device="meta")
 
-    # -- recording -----------------------------------------------------------------------------
-    def __call__(self, op: Op, inputs: tuple, attrs: dict):
-        if Hooks.pre is not None and self.device_type is not None:
-            inputs = _amp_cast(Hooks.pre, op, inputs, attrs, self.device_type)
+    # -- the interpreter protocol ------------------------------------------------------------------
+    def value_token(self, x: Tensor) -> object:
+        return x.__dict__.get("_v") or self.current.get(id(x))
+
+    def device_type_of(self, x: Tensor) -> str:
+        d = x._data.device
+        return (self.device_type or "cpu") if d.type == "meta" else d.type
+
+    def composite(self, name: str, inputs: tuple) -> tuple:
+        return inputs
+
+    def backward(self, tensors: list, grads: list, retain_graph: bool, create_graph: bool, inputs):
+        def run(tensors: list, grads: list) -> None:
+            self.in_backward += 1
+            try:
+                self.parent.backward(tensors, grads, retain_graph, create_graph, inputs)
+            finally:
+                self.in_backward -= 1
+        if self.backward_rule is None:
+            run(tensors, grads)
+        else:
+            self.backward_rule(tensors, grads, run)
+
+    def bind(self, op: Op, inputs: tuple, attrs: dict):
         ins = tuple(self.value_of(x) if isinstance(x, Tensor) else x for x in inputs)
         metas = [self.meta_of(x) if isinstance(x, Tensor) else x for x in inputs]
         try:
@@ -160,6 +169,10 @@ class Tracer:
         except Exception as e:
             from ..core.dispatch import op_error
             raise op_error(op, inputs, attrs, e) from e
+        views = None
+        if op.view:  # which outputs alias the input (meta tensors know it) before _as_meta forgets
+            x0 = metas[0]
+            views = tuple(aliases(o, x0) for o in ((out,) if isinstance(out, torch.Tensor) else out))
         if isinstance(out, torch.Tensor):
             out = _as_meta(out)
         else:
@@ -167,32 +180,46 @@ class Tracer:
                 tuple(_as_meta(o) for o in out)
         needs = any(isinstance(x, Tensor) and x._rg for x in inputs)
         record = needs and op.grad is not None and grad_mode.STATE.enabled
-        res = wrap(op, inputs, attrs, out, record)
+        res = wrap(op, inputs, attrs, out, record, views=views)
         outs = (res,) if isinstance(res, Tensor) else tuple(res)
         dev = _device_of(ins, attrs)
         vals = tuple(Value(tuple(o._data.shape), o._data.dtype, dev) for o in outs)
         for o, v in zip(outs, vals):
-            self.bind(o, v)
-        tags = frozenset({"bw"}) if PHASE.backward else frozenset()
+            self.bind_value(o, v)
+        tags = frozenset({"bw"}) if self.in_backward else frozenset()
         # a lazy tensor's ``x.to(x.device)`` names meta: at run time that is the input's device
         attrs = {k: dev if isinstance(v, torch.device) and v.type == "meta" else v for k, v in attrs.items()}
         self.nodes.append(Node(op.name, ins, attrs, vals, user_line(), "/".join(self.scope),
                                tags=tags))
         return res
 
-    def assign(self, x: Tensor, out: Tensor) -> None:
-        """An in-place write: a lazy tensor takes the new value; a real (state) tensor is
-        recorded as updated and reads after this point see the new value."""
+    def assign(self, x: Tensor, out: Tensor, name: str) -> Tensor:
+        """An in-place write, recorded functionally: ``x`` takes the new value; a view's base
+        takes a ``view_scatter`` of it (other views of the base re-derive from that)."""
+        vi = x._view
+        if vi is not None:
+            self.value_of(x)  # re-derives x first if its base changed
+            base = vi.base
+            with grad_mode.no_grad():  # the value only: take_history links the autograd side
+                new_base = apply(VIEW_SCATTER, base, out, chain=vi.chain)
+            self._set(base, new_base)
+        self._set(x, out)
+        take_history(x, out, name)
+        if vi is not None:
+            vi.stamp = stamp_of(vi.base)
+        return x
+
+    def _set(self, x: Tensor, out: Tensor) -> None:
+        """``x`` holds ``out``'s value from here on: a lazy tensor is rebound; a real (state)
+        tensor is recorded as updated, and reads after this point see the new value."""
         v = self.value_of(out)
         if "_v" in x.__dict__ or x._data.device.type == "meta":
             x._data = out._data
-            self.bind(x, v)
+            self.bind_value(x, v)
         else:
             self.value_of(x)  # registers it as state if first seen
             self.current[id(x)] = v
             self.updates[id(x)] = (x, v)
-        if out.grad_fn is not None:
-            x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True
 
     def effect(self, op: str, inputs: tuple, attrs: dict, kernel: Any) -> None:
         """Records a node run for its side effect on state (e.g. the optimizer update)."""
@@ -204,13 +231,23 @@ class Tracer:
         return Graph(tuple(self.feeds), tuple(self.state.values()), tuple(self.nodes), outs,
                      tuple(self.updates.values()), out_spec)
 
-    # -- install ---------------------------------------------------------------------------------
+    # -- entering ----------------------------------------------------------------------------------
     def __enter__(self) -> "Tracer":
-        if Hooks.trace is not None:
+        if interpret.is_lazy():
             raise HoloflowError("holoflow.nn.Graph: a graph is already tracing; nn.Graph calls "
                                 "cannot be nested inside build()")
-        Hooks.trace = self
+        below = interpret.stack()
+        self._ctx = [interpret.pushed(self)]
+        # interpreters active around the graph call (autocast) keep working on traced values
+        for it in reversed(below):
+            again = it.above_trace(self.device_type or "cpu")
+            if again is not None:
+                self._ctx.append(interpret.pushed(again))
+        for c in self._ctx:
+            c.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        Hooks.trace = None
+        for c in reversed(self._ctx):
+            c.__exit__(*exc)
+        self._ctx = []

@@ -5,7 +5,8 @@ import torch
 
 from ..core import device as _device
 from ..core import dtype as _dtype
-from ..core.dispatch import apply
+from ..core import grad_mode
+from ..core.dispatch import apply, assign, check_inplace_target
 from ..core.tensor import Tensor
 from .family import defop, elementwise_sbp
 
@@ -15,7 +16,8 @@ def _to_grad(ctx, dy):
 
 
 TO = defop("to", lambda x, dtype, device, src_device: x.to(device=device, dtype=dtype),
-           grad=_to_grad, sbp=elementwise_sbp(("P",)), family="elementwise")
+           grad=_to_grad, sbp=elementwise_sbp(("P",)), family="elementwise", view=True,
+           elementwise=False, fresh=False)  # may move devices; x.to(x.dtype) is x
 CLONE = defop("clone", lambda x, memory_format=torch.preserve_format: x.clone(memory_format=memory_format),
               grad=lambda ctx, dy: (dy,), sbp=elementwise_sbp(("P",)), family="elementwise")
 
@@ -91,3 +93,24 @@ for _name, _dt in [("float", _dtype.float32), ("double", _dtype.float64), ("half
     setattr(Tensor, _name, _cast(_dt))
 Tensor.to, Tensor.clone, Tensor.contiguous, Tensor.type_as = to, clone, contiguous, type_as
 Tensor.type, Tensor.cpu, Tensor.cuda = type_, cpu, cuda
+
+
+def copy_(self: Tensor, src, non_blocking: bool = False) -> Tensor:
+    """Copies ``src`` (broadcast, cast to this tensor's dtype and device) into this tensor; the
+    gradient flows to ``src``, as ``torch.Tensor.copy_``."""
+    if not isinstance(src, Tensor):
+        src = Tensor._make(torch.as_tensor(src, dtype=self._data.dtype, device=self._data.device))
+    out = to(src, device=self._data.device, dtype=self._data.dtype)
+    if tuple(out.shape) != tuple(self.shape):
+        try:
+            torch.broadcast_shapes(tuple(out.shape), tuple(self.shape))
+        except RuntimeError:
+            raise RuntimeError(f"holoflow.copy_: the source of shape {tuple(src.shape)} can't be broadcast "
+                               f"to the destination's shape {tuple(self.shape)}") from None
+    out = out.expand(*self.shape)  # always an op: even a leaf source is linked into the history
+    if grad_mode.is_grad_enabled() and (self._rg or out._rg):
+        check_inplace_target(self, "copy")
+    return assign(self, out, "copy")
+
+
+Tensor.copy_ = copy_

@@ -1,7 +1,7 @@
 """Tensor creation: ``tensor, zeros, ones, full, arange, rand, randn, ...`` and ``*_like``.
 
 Every function takes ``dtype, device, requires_grad`` like torch, and ``placement, sbp`` for a
-global tensor (handled by the distributed layer through ``GLOBAL_MAKER``).
+global tensor (built by the placement's interpreter: the global view, distributed layer).
 """
 from __future__ import annotations
 
@@ -14,13 +14,11 @@ import torch
 
 from ..core import device as _device
 from ..core import dtype as _dtype
-from ..core.dispatch import Hooks, apply
+from ..core.dispatch import apply
+from ..core.interpret import is_lazy
 from ..core.registry import defop
 from ..core.sbp import B, P
 from ..core.tensor import Tensor, _as_torch
-
-GLOBAL_MAKER = [None]  # set by holoflow.distributed: (torch_full_tensor, placement, sbp) -> Tensor
-
 
 # -- creation inside a graph trace: recorded as ops (eager calls torch directly) --------------
 def _no_input_sbp(metas, attrs):
@@ -40,7 +38,7 @@ def _create_op(name: str, fn):
 
 def _traced(name: str, fn, *args, **attrs) -> Tensor | None:
     """Under a graph trace, records the creation as an op; otherwise None (run it eagerly)."""
-    if Hooks.trace is None:
+    if not is_lazy():
         return None
     return apply(_create_op(name, fn), *args, **attrs)
 
@@ -59,7 +57,7 @@ def _finish(data: torch.Tensor, requires_grad: bool = False, placement=None, sbp
     if placement is not None or sbp is not None:
         if placement is None or sbp is None:
             raise ValueError("holoflow: a global tensor needs both placement= and sbp=")
-        t = GLOBAL_MAKER[0](data, placement, sbp)
+        t = placement.interpreter.from_full(data, placement, sbp)
     if requires_grad:
         t.requires_grad_(True)
     return t

@@ -216,7 +216,7 @@ def _backward_local(attrs, metas, local_metas, in_sbps):
     return {**attrs, "shape": tuple(shape)}
 
 
-GETITEM = defop("getitem", lambda x, spec: x[spec], sbp=_getitem_sbp, family="indexing",
+GETITEM = defop("getitem", lambda x, spec: x[spec], sbp=_getitem_sbp, family="indexing", view=True,
                 grad=lambda ctx, dy: (apply(GETITEM_BACKWARD, dy, spec=ctx.spec, shape=tuple(ctx.shapes[0])),))
 GETITEM_BACKWARD = defop("getitem_backward", _getitem_backward_kernel, sbp=_getitem_backward_sbp,
                          local_attrs=_backward_local, family="indexing",
@@ -346,8 +346,8 @@ def _like_global(t, like: Tensor):
     everywhere: they join its placement as broadcast constants (no communication)."""
     if like._global is None or not isinstance(t, Tensor) or t._global is not None:
         return t
-    from .creation import GLOBAL_MAKER
-    return GLOBAL_MAKER[0](t._data, like._global.placement, (B,) * like._global.placement.ndim)
+    place = like._global.placement
+    return place.interpreter.from_full(t._data, place, (B,) * place.ndim)
 
 
 def setitem(input: Tensor, index, value) -> None:

@@ -130,7 +130,7 @@ def _diagonal_backward_local(attrs, metas, local_metas, in_sbps):
 
 _DIAG_ATTRS = ("offset", "dim1", "dim2")
 DIAGONAL = defop("diagonal", lambda x, offset, dim1, dim2: torch.diagonal(x, offset, dim1, dim2),
-                 sbp=_diagonal_sbp, family="shape",
+                 sbp=_diagonal_sbp, family="shape", view=True,
                  grad=lambda ctx, dy: (apply(DIAGONAL_BACKWARD, dy, shape=tuple(ctx.shapes[0]),
                                              **{k: getattr(ctx, k) for k in _DIAG_ATTRS}),))
 DIAGONAL_BACKWARD = defop("diagonal_backward", _diagonal_backward_kernel, sbp=_diagonal_backward_sbp,

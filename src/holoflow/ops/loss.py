@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as TF
 
-from ..core.dispatch import Hooks, apply
+from ..core import interpret
+from ..core.dispatch import apply
 from ..core.errors import DTypeError, ShapeError, UnsupportedError
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
@@ -207,7 +208,7 @@ def _pair(name: str, input: Tensor, target: Tensor, same_shape: bool = False) ->
 def _composite(name: str, *inputs):
     """Lets autocast apply ``name``'s policy to a loss written from other ops (torch lists
     these losses as float32 ops)."""
-    return Hooks.composite(name, inputs) if Hooks.composite is not None else inputs
+    return interpret.current().composite(name, inputs)
 
 
 def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",

@@ -114,7 +114,7 @@ def _reshape_local(attrs, metas, local_metas, in_sbps):
 
 RESHAPE = defop("reshape", lambda x, shape: x.reshape(shape),
                 grad=lambda ctx, dy: (apply(RESHAPE, dy, shape=tuple(ctx.shapes[0])),),
-                sbp=_reshape_sbp, local_attrs=_reshape_local, family="shape")
+                sbp=_reshape_sbp, local_attrs=_reshape_local, family="shape", view=True)
 
 
 def reshape(input: Tensor, *shape) -> Tensor:
@@ -195,7 +195,7 @@ def _permute_grad(ctx, dy):
 
 
 PERMUTE = defop("permute", lambda x, dims: x.permute(dims), grad=_permute_grad, sbp=_permute_sbp,
-                family="shape")
+                family="shape", view=True)
 
 
 def permute(input: Tensor, *dims) -> Tensor:
@@ -377,7 +377,7 @@ def _cat_grad(ctx, dy):
 
 
 CAT = defop("cat", lambda *xs, dim: torch.cat(xs, dim), grad=_cat_grad, shape=_cat_shape, sbp=_cat_sbp,
-            family="shape")
+            family="shape", fresh=True)
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
@@ -422,7 +422,8 @@ def _split_sbp(metas, attrs):
 
 
 SPLIT = defop("split", lambda x, sizes, dim: torch.split(x, list(sizes), dim),
-              grad=lambda ctx, *dys: (apply(CAT, *dys, dim=ctx.dim),), sbp=_split_sbp, family="shape")
+              grad=lambda ctx, *dys: (apply(CAT, *dys, dim=ctx.dim),), sbp=_split_sbp, family="shape",
+              view=True)
 
 
 def _split_by(input: Tensor, dim: int, parts: tuple) -> tuple:
@@ -469,7 +470,7 @@ def _unbind_sbp(metas, attrs):
     return sigs + [((S(a),), (S(a if a < d else a - 1),) * n) for a in range(nd) if a != d]
 
 
-UNBIND = defop("unbind", lambda x, dim: torch.unbind(x, dim), sbp=_unbind_sbp, family="shape",
+UNBIND = defop("unbind", lambda x, dim: torch.unbind(x, dim), sbp=_unbind_sbp, family="shape", view=True,
                grad=lambda ctx, *dys: (stack(list(dys), ctx.dim),))
 
 

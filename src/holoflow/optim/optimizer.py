@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from ..core import grad_mode
-from ..core.dispatch import Hooks
+from ..core.interpret import is_lazy
 from ..core.errors import UnsupportedError
 from ..core.tensor import Tensor, clear_grads
 
@@ -147,7 +147,7 @@ class Optimizer:
         foreach = group.get("foreach")
         if foreach is False:
             return False
-        local = Hooks.trace is None and all(p._global is None for p in params) and \
+        local = not is_lazy() and all(p._global is None for p in params) and \
             all(g._global is None for g in grads)
         if foreach and not local:
             raise UnsupportedError("holoflow.optim: foreach=True needs local tensors in eager mode; "

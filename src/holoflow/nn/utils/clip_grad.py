@@ -16,7 +16,7 @@ from holoflow.core.grad_mode import no_grad
 from holoflow.ops.creation import tensor
 from holoflow.ops.elementwise import isfinite
 from holoflow.ops.shape import stack
-from holoflow.core.dispatch import Hooks
+from holoflow.core.interpret import is_lazy
 from holoflow.core.tensor import Tensor
 
 
@@ -26,7 +26,7 @@ def _tensors(parameters: Tensor | Iterable[Tensor]) -> list[Tensor]:
 
 def _local(tensors: list[Tensor], foreach: bool | None) -> bool:
     """Whether the torch fast path applies: eager, local tensors, and ``foreach`` not False."""
-    return foreach is not False and Hooks.trace is None and all(t._global is None for t in tensors)
+    return foreach is not False and not is_lazy() and all(t._global is None for t in tensors)
 
 
 def _by_device_dtype(datas: list[torch.Tensor]) -> dict[tuple, list[torch.Tensor]]:

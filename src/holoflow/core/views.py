@@ -1,0 +1,99 @@
+"""Views and in-place writes, with torch's autograd semantics.
+
+An op declared ``view=True`` (reshape, permute, slicing, split, ...) returns tensors that share
+storage with its input when the kernel could alias it. Such an output remembers its *base* (the
+tensor that owns the storage, never itself a view) and the chain of view ops that leads from the
+base to it, so the view can be re-derived.
+
+An in-place op on a view changes the base too. Autograd follows torch: the base's history is
+*rebased* onto a ``view_scatter`` node (torch's CopySlices) whose gradient sends the view's
+region to the in-place op and the rest to the base's old history; other views of the base see
+that their base changed and re-derive their history (torch regenerates a view's grad_fn from its
+base the same way). Inside a graph trace the same write is recorded as a functional update of the
+base (a ``view_scatter`` node), and stale views are re-derived as nodes. See
+docs/architecture.md, "Views and in-place ops".
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from . import interpret
+from .registry import Op, defop
+
+
+class ViewInfo:
+    """How a view tensor derives from its base: ``chain`` of ``(op, attrs, out_index)``
+    (``out_index`` None for single-output ops)."""
+
+    __slots__ = ("base", "chain", "stamp")
+
+    def __init__(self, base, chain: tuple, stamp) -> None:
+        self.base, self.chain, self.stamp = base, chain, stamp
+
+
+def aliases(out: torch.Tensor, data: torch.Tensor) -> bool:
+    """Whether a kernel output shares ``data``'s storage (a view, or ``data`` itself)."""
+    b = out._base
+    return out is data or (b is not None and (b is data or b is data._base))
+
+
+def stamp_of(base) -> tuple:
+    """What a view's derivation depends on: its base's autograd history and (while tracing)
+    its current symbolic value; when this changes, the view is re-derived."""
+    return base.grad_fn, base._out_idx, interpret.current().value_token(base)
+
+
+def make_view(out, x, op: Op, attrs: dict, idx: int) -> None:
+    """Marks ``out`` (output ``idx`` of view op ``op`` on ``x``; None if the op has one output)
+    as a view of ``x``'s base."""
+    vi = x._view
+    if vi is None:
+        out._view = ViewInfo(x, ((op, attrs, idx),), stamp_of(x))
+    else:
+        out._view = ViewInfo(vi.base, vi.chain + ((op, attrs, idx),), vi.stamp)
+
+
+def replay(chain: tuple, x, run: Callable):
+    """Applies the view ops of ``chain`` to ``x`` with ``run(op, x, attrs)``; ``idx`` picks one
+    output of a multi-output view op (None for single-output ops)."""
+    for op, attrs, idx in chain:
+        x = run(op, x, attrs)
+        if idx is not None:
+            x = x[idx]
+    return x
+
+
+def _kernel_run(op: Op, x: torch.Tensor, attrs: dict):
+    return op.kernel(x, **attrs)
+
+
+def _view_scatter_kernel(base: torch.Tensor, src, chain: tuple) -> torch.Tensor:
+    out = base.clone()
+    region = replay(chain, out, _kernel_run)
+    if isinstance(src, torch.Tensor):
+        region.copy_(src)
+    else:
+        region.fill_(src)
+    return out
+
+
+def _view_scatter_grad(ctx, dy):
+    from .dispatch import apply
+    g_base = apply(VIEW_SCATTER, dy, 0.0, chain=ctx.chain) if ctx.needs_grad[0] else None
+    g_src = None
+    if ctx.needs_grad[1]:
+        g_src = replay(ctx.chain, dy, lambda op, x, attrs: apply(op, x, **attrs))
+    return g_base, g_src
+
+
+def _view_scatter_sbp(metas, attrs):
+    from .sbp import B, P
+    if isinstance(metas[1], (int, float)):
+        return [((B,), (B,)), ((P,), (P,))] if metas[1] == 0 else [((B,), (B,))]
+    return [((B, B), (B,)), ((P, P), (P,))]
+
+
+VIEW_SCATTER = defop("view_scatter", _view_scatter_kernel, grad=_view_scatter_grad, sbp=_view_scatter_sbp,
+                     family="view")

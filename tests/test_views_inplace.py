@@ -1,0 +1,252 @@
+"""Views x in-place ops, against torch: values and gradients, eager and nn.Graph.
+
+Every view op is combined with every in-place family: the write goes through the view into its
+base, and autograd follows torch (the base's history is rebased onto the write; other views of
+the base see it). The same programs compiled as an inference nn.Graph give torch's values.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import holoflow as flow
+
+# a view of a 12-element base (reshaped to 3x4 first where the view needs 2-d)
+VIEWS = {
+    "slice": lambda b: b[1:],
+    "step_slice": lambda b: b[::2],
+    "index": lambda b: b.view(3, 4)[1],
+    "narrow": lambda b: b.narrow(0, 2, 6),
+    "select": lambda b: b.view(3, 4).select(1, 2),
+    "view": lambda b: b.view(3, 4),
+    "reshape": lambda b: b.reshape(2, 6),
+    "t": lambda b: b.view(3, 4).t(),
+    "transpose": lambda b: b.view(2, 2, 3).transpose(0, 2),
+    "permute": lambda b: b.view(2, 2, 3).permute(2, 0, 1),
+    "unsqueeze": lambda b: b.unsqueeze(0),
+    "squeeze": lambda b: b.view(1, 12, 1).squeeze(),
+    "flatten": lambda b: b.view(3, 4).flatten(),
+    "diagonal": lambda b: b.view(3, 4).diagonal(),
+    "split": lambda b: b.split(5)[1],
+    "chunk": lambda b: b.view(3, 4).chunk(2, dim=1)[1],
+    "unbind": lambda b: b.view(3, 4).unbind(0)[2],
+    "view_of_view": lambda b: b.view(2, 6)[1:].t()[2:],
+}
+
+# in-place writes on a view v; c is another input that requires grad (same shape as v)
+INPLACE = {
+    "mul_scalar": lambda v, c: v.mul_(2.0),
+    "add_tensor": lambda v, c: v.add_(c * 5),
+    "mul_tensor": lambda v, c: v.mul_(c),
+    "exp": lambda v, c: v.exp_(),
+    "sigmoid": lambda v, c: v.sigmoid_(),
+    "clamp": lambda v, c: v.clamp_(min=-0.5, max=0.5),
+    "zero": lambda v, c: v.zero_(),
+    "fill": lambda v, c: v.fill_(3.0),
+    "div_tensor": lambda v, c: v.div_(c.abs() + 1),
+    "neg": lambda v, c: v.neg_(),
+    "setitem": lambda v, c: v.__setitem__(0, c[0] * 3),
+    "copy": lambda v, c: v.copy_(c * 2),
+    "iadd": lambda v, c: v.__iadd__(c),
+}
+
+
+def _program(lib, view, write, a, c_full):
+    """b = a * 1 (a non-leaf base); write through a view; a later view sees it; reduce."""
+    b = a * 1
+    v = VIEWS[view](b)
+    other = b[:3]                       # a view taken before the write
+    c = c_full[: v.numel()].reshape(v.shape)
+    INPLACE[write](v, c)
+    return (b * b).sum() + (v * 3).sum() + other.sum()
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(12, generator=g, dtype=torch.float64), torch.randn(12, generator=g, dtype=torch.float64)
+
+
+def _torch_run(view, write):
+    a0, c0 = _inputs()
+    a, c = a0.clone().requires_grad_(), c0.clone().requires_grad_()
+    out = _program(torch, view, write, a, c)
+    out.backward()
+    return out.detach().numpy(), a.grad.numpy(), c.grad.numpy() if c.grad is not None else None
+
+
+def _flow_run(view, write):
+    a0, c0 = _inputs()
+    a = flow.tensor(a0.numpy(), requires_grad=True)
+    c = flow.tensor(c0.numpy(), requires_grad=True)
+    out = _program(flow, view, write, a, c)
+    out.backward()
+    return out.detach().numpy(), a.grad.numpy(), c.grad.numpy() if c.grad is not None else None
+
+
+MULTI_OUTPUT = {"split", "chunk", "unbind"}   # torch forbids in-place writes on these with autograd
+
+
+@pytest.mark.parametrize("write", sorted(INPLACE))
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_eager_values_and_grads_match_torch(view, write):
+    if view in MULTI_OUTPUT:
+        with pytest.raises(RuntimeError):
+            _torch_run(view, write)
+        with pytest.raises(RuntimeError, match="several views"):
+            _flow_run(view, write)
+        return
+    want = _torch_run(view, write)
+    got = _flow_run(view, write)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-10, atol=1e-12)
+    if want[2] is None:
+        assert got[2] is None or not np.any(got[2])
+    else:
+        np.testing.assert_allclose(got[2], want[2], rtol=1e-10, atol=1e-12)
+
+
+def _inference_program(lib, view, write, a, c_full):
+    b = a * 1
+    v = VIEWS[view](b)
+    other = b[:3]
+    c = c_full[: v.numel()].reshape(v.shape)
+    INPLACE[write](v, c)
+    return b * 1, other * 1, v * 1
+
+
+@pytest.mark.parametrize("write", sorted(INPLACE))
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_graph_values_match_torch(view, write):
+    a0, c0 = _inputs()
+    want = _inference_program(torch, view, write, a0.clone(), c0.clone())
+
+    class G(flow.nn.Graph):
+        def build(self, a, c):
+            return _inference_program(flow, view, write, a, c)
+    got = G()(flow.tensor(a0.numpy()), flow.tensor(c0.numpy()))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("write", ["mul_scalar", "add_tensor", "exp", "setitem", "copy"])
+@pytest.mark.parametrize("view", ["slice", "t", "view_of_view", "narrow", "diagonal"])
+def test_graph_training_grads_match_torch(view, write):
+    """A parameter's gradient through an in-place write on a view, compiled as a train graph."""
+    a0, c0 = _inputs()
+    ta = torch.nn.Parameter(a0.clone())
+    tc = torch.nn.Parameter(c0.clone())
+    _program(torch, view, write, ta, tc).backward()
+
+    class M(flow.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = flow.nn.Parameter(flow.tensor(a0.numpy()))
+            self.c = flow.nn.Parameter(flow.tensor(c0.numpy()))
+
+        def forward(self):
+            return _program(flow, view, write, self.a, self.c)
+    m = M()
+    opt = flow.optim.SGD(m.parameters(), lr=1.0)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+
+        def build(self):
+            loss = self.m()
+            loss.backward()
+            return loss
+    G()()
+    # SGD with lr=1: the step moved each parameter by exactly minus its gradient
+    np.testing.assert_allclose(a0.numpy() - m.a.detach().numpy(), ta.grad.numpy(), rtol=1e-9, atol=1e-12)
+    tc_grad = tc.grad.numpy() if tc.grad is not None else np.zeros(12)   # c unused by the write
+    np.testing.assert_allclose(c0.numpy() - m.c.detach().numpy(), tc_grad, rtol=1e-9, atol=1e-12)
+
+
+def test_issue_examples():
+    a = flow.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    b = a * 1
+    b[1:].mul_(2)
+    b.sum().backward()
+    assert a.grad.tolist() == [1.0, 2.0, 2.0, 2.0]
+
+    a = flow.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    c = flow.tensor([1.0, 1.0], requires_grad=True)
+    b = a * 1
+    b[1:3].add_(c * 5)
+    b.sum().backward()
+    assert c.grad.tolist() == [5.0, 5.0]
+
+
+def test_inference_graph_example_from_the_issue():
+    class G(flow.nn.Graph):
+        def build(self, a):
+            b = a * 1
+            b[1:].mul_(2)
+            b[0] = 100.0
+            return b
+    assert G()(flow.ones(4)).tolist() == [100.0, 2.0, 2.0, 2.0]
+
+
+def test_errors_where_torch_errors():
+    leaf = flow.ones(4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="view of a leaf"):
+        leaf[1:].mul_(2)
+    with pytest.raises(RuntimeError, match="leaf tensor"):
+        leaf.mul_(2)
+    t_leaf = torch.ones(4, requires_grad=True)
+    with pytest.raises(RuntimeError):
+        t_leaf[1:].mul_(2)
+    # exp saves its output: writing into it afterwards breaks exp's backward, in both
+    for lib in (torch, flow):
+        x = lib.ones(4, requires_grad=True)
+        y = x.exp()
+        y[1:].mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation|modified by an in-place"):
+            y.sum().backward()
+
+
+def test_no_grad_write_through_a_view_changes_the_base_only():
+    a = flow.ones(4, requires_grad=True)
+    b = a * 1
+    with flow.no_grad():
+        b[1:].mul_(3)
+    assert b.tolist() == [1.0, 3.0, 3.0, 3.0]
+    b.sum().backward()
+    assert a.grad.tolist() == [1.0, 1.0, 1.0, 1.0]   # torch: the no_grad write is not recorded
+
+
+def test_write_into_a_base_that_needs_no_grad_makes_it_require_grad():
+    for lib in (torch, flow):
+        c = lib.tensor([2.0, 3.0], requires_grad=True)
+        b = lib.zeros(4)
+        b[1:3].mul_(c)
+        assert b.requires_grad
+        (b * lib.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
+        assert c.grad.tolist() == [0.0, 0.0]
+    c = flow.tensor([2.0, 3.0], requires_grad=True)
+    b = flow.ones(4)
+    b[1:3].mul_(c)
+    (b * flow.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
+    assert c.grad.tolist() == [2.0, 3.0]
+
+
+def test_concurrent_backward_on_a_shared_leaf_loses_nothing():
+    import threading
+    w = flow.ones(256, requires_grad=True)
+    n_threads, n_iter = 4, 25
+
+    def work():
+        for _ in range(n_iter):
+            (w * 2).sum().backward()
+    for _ in range(3):
+        w.grad = None
+        threads = [threading.Thread(target=work) for _ in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert w.grad.tolist() == [2.0 * n_threads * n_iter] * 256
