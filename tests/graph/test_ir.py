@@ -1,10 +1,22 @@
-"""The IR checker names the first broken invariant; the IR prints as readable Python."""
+"""The IR checker names the first broken invariant; the IR prints as the Python program that
+runs (exec'd, it gives the compiled graph's numbers); every node keeps its user source line; the
+pass log keeps the IR after every pass."""
+import os
+import re
+
+import numpy as np
 import pytest
 import torch
 
-import holoflow  # noqa: F401  (declares the ops)
+import holoflow as flow
+from holoflow import nn
 from holoflow.core.errors import HoloflowError
-from holoflow.graph.ir import Graph, Node, Value, check, to_python
+from holoflow.core.registry import REGISTRY
+from holoflow.core.tensor import Tensor
+from holoflow.graph.graph import Graph as NNGraph
+from holoflow.graph.ir import Graph, Node, Value, check, program, to_python
+
+HERE = os.path.basename(__file__)
 
 
 def val(*shape, name=""):
@@ -64,19 +76,157 @@ def test_non_value_output():
         check(Graph((x,), (), (Node("exp", (x,), {}, (3,)),), (x,)))
 
 
-def test_printing():
-    x, w, y, z = val(2, 3, name="x"), val(3, name="w"), val(2, 3), val(2, 3)
+def test_missing_source_line_when_required():
+    x, a = val(2), val(2)
+    g = Graph((x,), (), (Node("exp", (x,), {}, (a,), source="m.py:1"), Node("neg", (a,), {}, (val(2),))), (a,))
+    check(g)
+    with pytest.raises(HoloflowError, match=r"after mypass: node 1 \(neg\) has no source line"):
+        check(g, "mypass", sources=True)
+
+
+def test_program_of_a_hand_built_graph():
+    x, w, y, z, u = val(2, 3, name="x"), val(3, name="model.w"), val(2, 3), val(2, 3), val(2, 3)
+    w_t, s_t = Tensor._make(torch.arange(3.0)), Tensor._make(torch.zeros(2, 3))
+    seen = []
     nodes = (Node("mul", (x, w), {}, (y,), source="model.py:7"),
-             Node("add", (y, 1.5), {"alpha": 2, "_hidden": 0}, (z,)),
-             Node("sgd_update", (z,), {}, (), effect=True, kernel=lambda g: None))
-    g = Graph((x,), ((w, torch.ones(3)),), nodes, (z,), ((torch.ones(2, 3), z),))
+             Node("add", (y, 1.5), {"alpha": 2}, (z,), source="model.py:8"),
+             Node("where", (torch.tensor([True, False, True]), z, float("inf")), {}, (u,), source="model.py:9"),
+             Node("sgd_update", (u,), {}, (), source="model.py:10", effect=True, kernel=seen.append))
+    g = check(Graph((x,), ((w, w_t),), nodes, (z, None, u), ((s_t, z),)))
     text = str(g)
-    assert text.splitlines()[0] == "def graph(x):"
-    assert "    w = state()  # (3,) float32" in text
-    assert f"    {y!r} = mul(x, w)  # (2, 3)  @ model.py:7" in text
-    assert f"    {z!r} = add({y!r}, 1.5, alpha=2)  # (2, 3)" in text and "_hidden" not in text
-    assert f"    _ = sgd_update({z!r})  # " in text and "[effect]" in text
-    assert f"    assign(state, {z!r})" in text
-    assert text.splitlines()[-1] == f"    return {z!r}"
-    short = to_python(g, max_nodes=1)
-    assert "# 2 more nodes" in short and "add(" not in short
+    assert text == to_python(g) == program(g).source
+    compile(text, "printed", "exec")  # valid Python
+    lines = text.splitlines()
+    assert "    model_w = state['model_w']._data  # state f32[3]" in lines
+    assert f"    {y!r} = mul(x, model_w)  # model.py:7  f32[2, 3]" in lines
+    assert f"    {z!r} = add({y!r}, 1.5, alpha=2)  # model.py:8  f32[2, 3]" in lines
+    assert f"    {u!r} = where(const0, {z!r}, const1)  # model.py:9  f32[2, 3]" in lines
+    assert "#   const0 = tensor b8[3]" in lines and "#   const1 = inf" in lines
+    assert f"    sgd_update({u!r})  # model.py:10" in lines
+    assert f"    assign(state['updated'], {z!r})  # model.py:8" in lines
+    assert lines[-1] == f"    return ({z!r}, None, {u!r})" and "def program(x):" in lines
+    xs = torch.randn(2, 3)
+    ns = program(g).load()
+    got = ns["program"](xs)
+    want_z = xs * torch.arange(3.0) + 2 * 1.5
+    assert torch.equal(got[0], want_z) and got[1] is None
+    assert torch.equal(got[2], torch.where(torch.tensor([True, False, True]), want_z, float("inf")))
+    assert torch.equal(seen[0], got[2]) and torch.equal(s_t._data, want_z)   # effect ran, state written
+
+
+# -- nn.Graph: the printed program, source lines, the pass log --------------------------------------------
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(nn.functional.gelu(self.fc1(x)))
+
+
+class Net(nn.Module):
+    def __init__(self, d=8, bn=False):
+        super().__init__()
+        self.block = Block(d)
+        self.norm = nn.BatchNorm1d(d) if bn else nn.LayerNorm(d)
+
+    def forward(self, x):
+        return (self.norm(self.block(x)).tanh() * 2 + 1).sum(-1)
+
+
+class Train(NNGraph):
+    def __init__(self, m, opt):
+        super().__init__()
+        self.model = m
+        self.add_optimizer(opt)
+
+    def build(self, x):
+        loss = (self.model(x) ** 2).mean()
+        loss.backward()
+        return loss, x.shape[0]
+
+
+def _case(bn=False):
+    flow.manual_seed(0)
+    m = Net(bn=bn)
+    return m, flow.optim.Adam(m.parameters(), lr=1e-2)
+
+
+def _batch():
+    return flow.tensor(np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32))
+
+
+def _all_passes(g):
+    g.config.set_gradient_accumulation_steps(2)
+    g.graph_module(g.model.block).activation_checkpointing = True
+    g.config.allow_fuse_add_to_output(True)
+    g.config.allow_fuse_elementwise(True)
+    g.config.fuse_elementwise_compile = "off"
+    g.config.allow_fuse_model_update_ops(True)
+    return g
+
+
+def test_printed_program_runs_as_the_compiled_graph(capsys):
+    x = _batch()
+    g = Train(*_case(bn=True))
+    g.debug(2)
+    first = g(x)
+    printed = capsys.readouterr().out
+    c = next(iter(g._compiled.values()))
+    assert c.program.source in printed                       # debug(2) shows the executed source verbatim
+    text = printed[printed.index("# holoflow program"):]
+    assert "assign(state[" in text                           # BatchNorm's running stats are written back
+    ns = dict(c.program.namespace)
+    for name, fn in ns.items():                              # op kernels are the registry's, by op name
+        if name in REGISTRY:
+            assert fn is REGISTRY[name].kernel
+    exec(compile(text, "printed program", "exec"), ns)
+    second = ns["program"](x._data)                          # the printed text, run by hand: step 2
+    third = g(x)
+    ref = Train(*_case(bn=True))                             # the same model run by the graph 3 times
+    want = [ref(x) for _ in range(3)]
+    for got, w in zip([first[0]._data, second[0], third[0]._data], want):
+        assert torch.equal(got, w[0]._data)
+    assert second[1] == first[1] == 6
+    for p, q in zip(g.model.state_dict().values(), ref.model.state_dict().values()):
+        assert torch.equal(p._data, q._data)
+
+
+def test_every_node_has_a_source_line_in_this_file():
+    g = _all_passes(Train(*_case()))
+    g(_batch())
+    lines = open(__file__).read().splitlines()
+    for rec in g.passes_log:
+        assert rec.graph.nodes
+        for n in rec.graph.nodes:
+            m = re.fullmatch(rf"{re.escape(HERE)}:(\d+)", n.source)
+            assert m, (rec.name, n.op, n.source)
+            assert lines[int(m.group(1)) - 1].strip(), (rec.name, n.op, n.source)
+    prog = next(iter(g._compiled.values())).program
+    src = prog.source.splitlines()
+    assert prog.lines and all(src[i - 1].split("  # ")[1].startswith(f"{HERE}:") for i in prog.lines)
+
+
+def test_pass_log_keeps_the_ir_after_every_pass():
+    g = _all_passes(Train(*_case()))
+    g(_batch())
+    log = g.passes_log
+    assert [r.name for r in log] == ["trace", "grad_acc", "checkpointing", "cse", "dce", "fuse_add_to_output",
+                                     "fuse_elementwise", "fuse_update", "memory_plan"]
+    for prev, rec in zip(log, log[1:]):
+        assert rec.before == len(prev.graph.nodes) and rec.after == len(rec.graph.nodes)
+        assert rec.seconds >= 0
+        check(rec.graph, rec.name)
+        compile(str(rec), rec.name, "exec")                  # each step prints as valid Python
+    by = {r.name: r for r in log}
+    assert by["grad_acc"].after > by["grad_acc"].before
+    assert dict(by["fuse_elementwise"].ops)["fused_elementwise"] > 0
+    assert dict(by["fuse_add_to_output"].ops)["add"] < 0
+    assert any(n.op.startswith("fused_") and n.op.endswith("update") for n in by["fuse_update"].graph.nodes)
+    assert by["memory_plan"].graph.frees is not None and by["memory_plan"].rewritten > 0
+    text = g.explain()
+    assert "pass fuse_elementwise" in text and next(iter(g._compiled.values())).program.source in text
+    plain = Train(*_case())
+    plain(_batch())
+    assert [r.name for r in plain.passes_log] == ["trace", "cse", "dce", "memory_plan"]

@@ -21,7 +21,6 @@ from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from . import passes
 from .config import GraphConfig
-from .ir import to_python
 from .lower import Compiled, lower
 from .optimizer import add_optimizer_updates
 from .pytree import flatten, unflatten
@@ -76,8 +75,24 @@ class Graph:
         self._grad_scaler = grad_scaler
 
     def debug(self, v_level: int = 0, *, ranks=None, max_py_stack_depth: int = 2) -> None:
-        """``v_level >= 1`` prints each compile's summary and passes; ``>= 2`` also the IR."""
+        """What each compile prints: ``v_level >= 1`` a summary and what every pass did; ``>= 2``
+        also the program that runs (the Python source the plan executes, verbatim); ``>= 3`` also
+        the IR after every pass. ``passes_log`` and :meth:`explain` give the same afterwards."""
         self._debug = v_level
+
+    @property
+    def passes_log(self) -> list:
+        """The most recent compile's pipeline: a ``PassRecord`` (name, ``graph`` = the IR after it,
+        ``seconds``, node counts, per-op changes) for the trace and each pass that ran;
+        ``print(record)`` shows the IR after that pass as Python."""
+        return list(self._log)
+
+    def explain(self) -> str:
+        """The most recent compile's summary, what each pass did, and the program that runs."""
+        if not self._compiled:
+            return f"(GRAPH:{type(self).__name__}) not compiled yet: call it once first"
+        c = next(reversed(self._compiled.values()))
+        return f"{self._summary(c)}\n{c.program.source}"
 
     def graph_module(self, module_or_path: Any) -> "GraphModule":
         """OneFlow's per-module settings: ``g.graph_module(g.model.blocks[0]).activation_checkpointing = True``."""
@@ -195,15 +210,18 @@ class Graph:
                 p.grad = saved_grads.get(id(p))
         out_leaves, out_spec = flatten(out)
         ir = tracer.graph(tuple(out_leaves), out_spec)
-        self._log = []
+        log = [passes.record("trace", ir.with_(nodes=()), ir, time.perf_counter() - t0)]
         from .passes.checkpointing import flagged_paths
-        ir = passes.run(ir, self.config.for_passes(flagged_paths(self)), self._log)
-        lowered = lower(ir, ir.frees, profile=self.config.profiling)
-        c = Compiled(ir, lowered, self.config.executor, time.perf_counter() - t0, self.config.profiling)
+        ir = passes.run(ir, self.config.for_passes(flagged_paths(self)), log)
+        lowered = lower(ir, profile=self.config.profiling)
+        c = Compiled(ir, lowered, self.config.executor, time.perf_counter() - t0, self.config.profiling, log)
+        self._log = log
         if self._debug >= 1:
             print(self._summary(c))
+        if self._debug >= 3:
+            print("\n\n".join(map(str, log)))
         if self._debug >= 2:
-            print(to_python(ir))
+            print(c.program.source)
         return c
 
     def _trace_build(self, args: tuple, kwargs: dict):
@@ -314,8 +332,7 @@ class Graph:
     def _summary(self, c: Compiled) -> str:
         lines = [f"(GRAPH:{type(self).__name__}) compiled in {c.compile_s:.2f}s: {len(c.ir.nodes)} nodes, "
                  f"{len(c.lowered.tasks)} tasks, planned peak {c.peak_bytes / 2**20:.2f} MiB"]
-        for name, before, after, dt in self._log:
-            lines.append(f"  pass {name:<20} {before:>5} -> {after:<5} nodes  {dt * 1e3:7.1f} ms")
+        lines += [f"  {r.summary()}" for r in c.passes_log]
         lines += [f"  note: {n}" for n in self._notes()]
         return "\n".join(lines)
 

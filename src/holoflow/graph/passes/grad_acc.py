@@ -2,7 +2,7 @@
 micro-batches and the optimizer updates once with the full batch's gradient.
 
 The micro-batches are ranks of a 1-D "time" mesh, and the rewrite is the one a data-parallel
-graph would get, reusing every op's SBP rule (DESIGN §4): each feed is split along dim 0
+graph would get, reusing every op's SBP rule (docs/architecture.md): each feed is split along dim 0
 (``S(0)``), state is broadcast (``B``); every node is replicated ``n`` times on the local pieces,
 with the signature whose input SBPs match (the op's ``local_attrs`` mapping shape attrs such as
 a reshape's target or a mean's count to the piece); outputs take the signature's SBPs. A value
@@ -153,13 +153,14 @@ def grad_acc(g: Graph, config) -> Graph:
     """Splits the batch into ``config.grad_acc_steps`` micro-batches; see the module docstring."""
     n = config.grad_acc_steps
     r = _Rewriter(n)
+    users, producer = g.users(), g.producers()
     for f in g.feeds:
         if not f.shape or f.shape[0] % n:
             raise HoloflowError(
                 f"holoflow.nn.Graph: gradient accumulation splits every input along dim 0 into {n} "
                 f"micro-batches, but input {f!r} has shape {tuple(f.shape)}; pass a batch whose size is a "
                 f"multiple of {n} (or set_gradient_accumulation_steps to a divisor of it)")
-        r.define(f, S(0), _split_feed(r, f))
+        r.define(f, S(0), _split_feed(r, f, users[f][0].source if f in users else ""))
         r.whole[f] = f  # the whole of a feed is the feed
     for v, _t in g.state:
         r.define(v, B, [v] * n)
@@ -170,14 +171,20 @@ def grad_acc(g: Graph, config) -> Graph:
         else:
             r.node(node)
     tail = [e.with_(inputs=tuple(r.to_b(x, e) if isinstance(x, Value) else x for x in e.inputs)) for e in effects]
-    end = Node("output", (), {}, (), "gradient accumulation")
-    outputs = tuple(r.to_b(o, end) if isinstance(o, Value) else o for o in g.outputs)
-    updates = tuple((t, r.to_b(v, end)) for t, v in g.updates)
+    outputs = tuple(r.to_b(o, _end(o, producer)) if isinstance(o, Value) else o for o in g.outputs)
+    updates = tuple((t, r.to_b(v, _end(v, producer))) for t, v in g.updates)
     return g.with_(nodes=tuple(_schedule(r.nodes) + tail), outputs=outputs, updates=updates)
 
 
-def _split_feed(r: _Rewriter, f: Value) -> list:
+def _split_feed(r: _Rewriter, f: Value, source: str) -> list:
+    """Splits a feed into micro-batches (the node gets the line of the feed's first reader)."""
     sizes = piece_sizes(f.shape[0], r.n)
     outs = tuple(Value((s,) + tuple(f.shape[1:]), f.dtype, f.device, f"{f.name}_mb{k}") for k, s in enumerate(sizes))
-    r.emit(Node("split", (f,), {"sizes": sizes, "dim": 0}, outs, "gradient accumulation"))
+    r.emit(Node("split", (f,), {"sizes": sizes, "dim": 0}, outs, source))
     return list(outs)
+
+
+def _end(v: Value, producer: dict) -> Node:
+    """Where a graph output or state update is boxed back whole: at the line that made it."""
+    p = producer.get(v)
+    return Node("output", (), {}, (), p.source if p is not None else "")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from ...core.registry import REGISTRY
-from ..ir import Graph, Node, Value
+from ..ir import Graph, Node, Value, split_tasks
 from . import register
 
 #: families whose kernels always allocate their outputs (never a view of an input)
@@ -175,7 +175,6 @@ def inplace_agrees(n: Node) -> bool:
 
 
 def _task_of(g: Graph) -> dict:
-    from ..lower import split_tasks
     return {id(n): i for i, t in enumerate(split_tasks(g)) for n in t.nodes}
 
 
