@@ -55,12 +55,6 @@ class Op:
     random: bool = False                  # reads the RNG: replayed by seed, not by value
     differentiable: bool = True
     inplace_kernel: Callable | None = None
-    out_type: Any = field(default=None, repr=False)
-    defaults: dict = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.kernel is not None:
-            self.defaults = _keyword_defaults(self.kernel)
     # outputs may share input 0's storage (reshape, permute, slicing, split, ...): those that
     # do become views of it, with torch's in-place semantics (core/views.py)
     view: bool = False
@@ -79,6 +73,12 @@ class Op:
     # add_to_output(shapes, beta, alpha) -> kernel(*inputs, r) computing ``beta * r + alpha *
     # op(*inputs)`` in one call (addmm-style), or None for these input shapes (None: no tensor)
     add_to_output: Callable | None = None
+    out_type: Any = field(default=None, repr=False)
+    defaults: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.kernel is not None:
+            self.defaults = _keyword_defaults(self.kernel)
         if self.outputs:
             self.out_type = namedtuple(f"{self.name}_return", self.outputs)
 
