@@ -210,8 +210,8 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     ``x`` taken before the write.
     """
     grad_on = grad_mode.STATE.enabled and (x._rg or any(isinstance(r, Tensor) and r._rg for r in rest))
-    top = _CURRENT.get()
-    if top is None and x._global is None and not grad_on and op.inplace_kernel is not None:
+    lazy = _CURRENT.get() is not None and interpret.is_lazy()
+    if not lazy and x._global is None and not grad_on and op.inplace_kernel is not None:
         datas = [r._data if isinstance(r, Tensor) else r for r in rest]
         try:
             op.inplace_kernel(x._data, *datas, **attrs)
@@ -221,7 +221,7 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     if grad_on:
         check_inplace_target(x, op.name)
     src = x
-    if grad_on and op.saves_inputs and top is None:
+    if grad_on and op.saves_inputs and not lazy:  # (a trace is SSA: the old value stays a value)
         if x._view is not None:
             refresh(x)
         src = Tensor._make(x._data.clone(), x.grad_fn, x._out_idx)

@@ -4,10 +4,13 @@ from __future__ import annotations
 import copy
 
 from ..core import dtype as _dtype
+from ..core.errors import UnsupportedError
 
 
 class GraphConfig:
-    """Switches read by the passes (graph/passes/*) and the lowering."""
+    """Switches read by the passes (graph/passes/*) and the lowering. A switch whose feature is not
+    built yet (ZeRO, pipeline stages) raises ``UnsupportedError`` instead of being recorded and
+    ignored."""
 
     def __init__(self) -> None:
         self.amp = False
@@ -16,10 +19,8 @@ class GraphConfig:
         self.fuse_add_to_output = False
         self.fuse_model_update = False
         self.fuse_elementwise = False
-        self.zero_stage = 0
         self.executor = "actor"   # or "sequential" (the reference executor)
         self.checkpointed_scopes: set[str] = set()   # module paths recomputed in backward
-        self.stages: dict[str, tuple] = {}           # module path -> (stage_id, placement)
         self.profiling = False
         self.profile_path: str | None = None
 
@@ -48,8 +49,14 @@ class GraphConfig:
 
     def enable_zero(self, mode: bool = True, *, stage: int = 1, shard_min_size: int = 1024,
                     shard_restore_level: int = 1) -> None:
-        """ZeRO for global graphs: optimizer state (1), gradients (2), parameters (3) sharded."""
-        self.zero_stage = stage if mode else 0
+        """ZeRO (optimizer state, gradients, parameters sharded across data-parallel ranks) needs
+        graphs of global tensors, which are not built yet: ``enable_zero(True)`` raises instead of
+        being recorded and ignored; ``enable_zero(False)`` is what a graph does anyway."""
+        if mode:
+            raise UnsupportedError(
+                f"holoflow.nn.Graph: config.enable_zero(True, stage={stage}) is not supported yet: ZeRO "
+                f"shards the optimizer state, gradients and parameters of a graph of global tensors, and "
+                f"nn.Graph runs local tensors only so far; drop the call (every rank keeps the full state)")
 
     def enable_profiling(self, mode: bool = True, path: str | None = None) -> None:
         """Times every node of the generated code and records every actor act; after running,

@@ -17,7 +17,7 @@ import time
 from typing import Any, Iterable, Iterator
 
 from ..core import grad_mode
-from ..core.errors import HoloflowError
+from ..core.errors import HoloflowError, UnsupportedError
 from ..core.tensor import Tensor
 from . import passes
 from .config import GraphConfig
@@ -319,14 +319,10 @@ class Graph:
     # -- printing --------------------------------------------------------------------------------
     def _notes(self) -> list[str]:
         notes = []
-        if self.config.zero_stage and not any(p._global is not None for p in self._all_params()):
-            notes.append(f"enable_zero(stage={self.config.zero_stage}) has no effect on a local graph")
         passes.load_all()
         for flag, name in (("fuse_add_to_output", "fuse_add_to_output"), ("fuse_model_update", "fuse_update")):
             if getattr(self.config, flag) and not any(p.name == name for p in passes.PIPELINE):
                 notes.append(f"{flag} is recorded; no pass implements it yet")
-        if self.config.stages:
-            notes.append(f"stages recorded {self.config.stages}; no pipeline parallelism yet")
         return notes
 
     def _summary(self, c: Compiled) -> str:
@@ -380,12 +376,10 @@ class GraphModule:
         set_activation_checkpointing(self.graph, self.path, bool(on))
 
     def set_stage(self, stage_id: int, placement: Any = None) -> None:
-        """Records the pipeline stage (no pipeline parallelism yet; ``debug`` says so)."""
-        self.graph.config.stages[self.path] = (stage_id, placement)
-
-    @property
-    def stage_id(self) -> int | None:
-        return self.graph.config.stages.get(self.path, (None,))[0]
+        """Pipeline stages are not built yet: raises instead of recording a stage nothing reads."""
+        raise UnsupportedError(f"holoflow.nn.Graph: set_stage({stage_id}, ...) on {self.path!r} is not supported "
+                               f"yet: pipeline parallelism (stages on their own placements, micro-batches, "
+                               f"1F1B) needs graphs of global tensors; drop the call to run the graph whole")
 
 
 def _user_frame(e: BaseException) -> str:

@@ -13,7 +13,7 @@ from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from .family import defop
 
-__all__ = ["tril", "triu", "roll", "flip", "fliplr", "flipud", "diagonal", "diag", "pad"]
+__all__ = ["tril", "triu", "roll", "flip", "fliplr", "flipud", "diagonal", "diag", "pad", "as_strided"]
 
 
 def _fmt(shape) -> str:
@@ -235,7 +235,59 @@ def pad(input: Tensor, pad: Sequence[int], mode: str = "constant", value: float 
 
 
 
-for _name in ("tril", "triu", "roll", "flip", "fliplr", "flipud", "diagonal", "diag"):
+# -- as_strided: a view with explicit sizes and strides --------------------------------------------
+
+def _strided_index(shape: tuple, size: tuple, stride: tuple, offset: int, device) -> torch.Tensor:
+    """For each element of the strided view, its flat position in a contiguous ``shape``."""
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.arange(n, device=device).as_strided(size, stride, offset)
+
+
+def _as_strided_backward_kernel(dy, shape, size, stride, offset):
+    idx = _strided_index(shape, size, stride, offset, dy.device)
+    flat = dy.new_zeros(int(torch.tensor(shape).prod()) if shape else 1)
+    flat.index_add_(0, idx.reshape(-1), dy.reshape(-1))  # overlapping windows add up, as torch
+    return flat.view(shape)
+
+
+def _as_strided_grad(ctx, dy):
+    return (apply(AS_STRIDED_BACKWARD, dy, shape=tuple(ctx.shapes[0]), size=ctx.size, stride=ctx.stride,
+                  offset=ctx.offset),)
+
+
+def _broadcast_only(metas, attrs):
+    return [((B,), (B,))]
+
+
+AS_STRIDED = defop("as_strided", lambda x, size, stride, offset: x.as_strided(size, stride, x.storage_offset() + offset),
+                   grad=_as_strided_grad, sbp=_broadcast_only, family="shape", view=True)
+AS_STRIDED_BACKWARD = defop("as_strided_backward", _as_strided_backward_kernel, sbp=_broadcast_only, family="shape",
+                            grad=lambda ctx, dy: (apply(AS_STRIDED, dy, size=ctx.size, stride=ctx.stride,
+                                                        offset=ctx.offset),))
+
+
+def as_strided(input: Tensor, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None) -> Tensor:
+    """A view of ``input``'s elements with the given sizes and strides, as ``torch.as_strided``.
+    Offsets and strides are counted in elements of ``input`` laid out contiguously (holoflow
+    requires a contiguous input, so the view and its gradient mean the same thing everywhere)."""
+    size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
+    if len(size) != len(stride):
+        raise RuntimeError(f"holoflow.as_strided: size {list(size)} and stride {list(stride)} must have the "
+                           f"same length")
+    if not input.is_contiguous():
+        raise RuntimeError(f"holoflow.as_strided: needs a contiguous input (this one has shape "
+                           f"{_fmt(input.shape)} and strides {tuple(input.stride())}); call .contiguous() first")
+    offset = 0 if storage_offset is None else int(storage_offset) - input._data.storage_offset()
+    last = offset + sum((n - 1) * st for n, st in zip(size, stride) if n > 0)
+    if offset < 0 or (all(size) and last >= input.numel()):
+        raise RuntimeError(f"holoflow.as_strided: size {list(size)}, stride {list(stride)} and offset "
+                           f"{storage_offset} reach outside the {input.numel()} elements of the input")
+    return apply(AS_STRIDED, input, size=size, stride=stride, offset=offset)
+
+
+for _name in ("tril", "triu", "roll", "flip", "fliplr", "flipud", "diagonal", "diag", "as_strided"):
     setattr(Tensor, _name, globals()[_name])
 Tensor.tril_ = lambda self, diagonal=0: apply_inplace(TRIL, self, diagonal=diagonal)
 Tensor.triu_ = lambda self, diagonal=0: apply_inplace(TRIU, self, diagonal=diagonal)

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import torch
 
+from ..core import dtype as _dtype
 from ..core.dispatch import apply
 from ..core.errors import ShapeError, normalize_dim
 from ..core.registry import Meta
@@ -123,8 +124,21 @@ def reshape(input: Tensor, *shape) -> Tensor:
     return apply(RESHAPE, input, shape=target)
 
 
+def _view_dtype_sbp(metas, attrs):
+    nd = len(metas[0].shape)
+    same = metas[0].dtype.itemsize == attrs["dtype"].itemsize
+    return [((B,), (B,))] + [((S(a),), (S(a),)) for a in range(nd) if same or a != nd - 1]
+
+
+VIEW_DTYPE = defop("view_dtype", lambda x, dtype: x.view(dtype), sbp=_view_dtype_sbp, family="shape",
+                   view=True, differentiable=False)
+
+
 def view(input: Tensor, *shape) -> Tensor:
-    """A view with a new shape; fails (suggesting reshape) when the strides don't allow one."""
+    """A view with a new shape; fails (suggesting reshape) when the strides don't allow one.
+    ``view(dtype)`` reinterprets the bits as another dtype (not differentiable)."""
+    if len(shape) == 1 and _is_dtype(shape[0]):
+        return apply(VIEW_DTYPE, input, dtype=_dtype.to_torch(shape[0]))
     target = infer_shape("view", tuple(input.shape), _sizes(shape))
     if input.is_local:
         try:
@@ -134,6 +148,10 @@ def view(input: Tensor, *shape) -> Tensor:
                                f"{tuple(input.stride())} is not contiguous enough to view as "
                                f"{_fmt(target)}; use .reshape(...) (which copies) instead") from None
     return apply(RESHAPE, input, shape=target)
+
+
+def _is_dtype(x) -> bool:
+    return isinstance(x, (torch.dtype, _dtype.dtype))
 
 
 def view_as(input: Tensor, other: Tensor) -> Tensor:
