@@ -10,7 +10,7 @@ import torch
 import holoflow as flow
 from holoflow.checkpoint import sharded
 from holoflow.distributed.global_tensor import from_full
-from holoflow.distributed.layout import shard_of
+from holoflow.distributed.sharding import shard_of
 from holoflow.distributed.world import simulate
 from holoflow.sbp import B, P, S
 from holoflow.serialization import CheckpointError

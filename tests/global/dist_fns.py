@@ -6,7 +6,7 @@ import torch
 import holoflow as flow
 from holoflow.distributed.comm_track import count
 from holoflow.distributed.global_tensor import make_global
-from holoflow.distributed.layout import shard_of
+from holoflow.distributed.sharding import shard_of
 from holoflow.sbp import B, P, S
 
 

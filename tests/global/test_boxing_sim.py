@@ -10,7 +10,7 @@ from dist_fns import partial_of
 from holoflow.distributed import world
 from holoflow.distributed.boxing import plan
 from holoflow.distributed.global_tensor import from_full
-from holoflow.distributed.layout import shard_of
+from holoflow.distributed.sharding import shard_of
 from holoflow.sbp import B, P, S
 
 ONE_D = [S(0), S(1), B, P]

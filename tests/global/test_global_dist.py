@@ -1,7 +1,7 @@
 """The global view on real multi-process Gloo worlds (2 and 4 ranks, started once per session)."""
 import torch
 
-from holoflow.distributed.layout import shard_of
+from holoflow.distributed.sharding import shard_of
 import holoflow as flow
 from holoflow.sbp import B, P, S
 

@@ -11,7 +11,7 @@ import holoflow as flow
 from holoflow.core.errors import HoloflowError, UnsupportedError
 from holoflow.distributed import world
 from holoflow.distributed.global_tensor import from_full, make_global
-from holoflow.distributed.layout import local_ranges, shard_of
+from holoflow.distributed.sharding import local_ranges, shard_of
 from holoflow.sbp import B, P, S
 
 QUICK = 10.0  # simulated collective timeout: a hang fails fast instead of stalling the suite

@@ -26,7 +26,7 @@ from ..core.grad_mode import no_grad
 from ..core.sbp import B, P
 from ..core.tensor import Tensor
 from ..distributed.global_tensor import from_full, make_global
-from ..distributed.layout import local_ranges
+from ..distributed.sharding import local_ranges
 from ..distributed.placement import placement
 from ..serialization import CheckpointError, _move, load_file
 from .sharded import FORMAT, MANIFEST, OLD_TAG, VERSION, _ctx, _dtype_from, _gather, _map_tensors, _sbp_from

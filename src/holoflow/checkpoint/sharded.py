@@ -35,7 +35,7 @@ from ..core.grad_mode import no_grad
 from ..core.sbp import B, P, SBP, short, split
 from ..core.tensor import Tensor
 from ..distributed import env, world
-from ..distributed.layout import local_ranges
+from ..distributed.sharding import local_ranges
 from ..distributed.placement import placement
 from ..serialization import (CheckpointError, _Encoder, clean_stale_temps, fsync_dir, save_file, temp_path)
 

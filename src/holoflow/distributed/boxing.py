@@ -20,7 +20,7 @@ import torch
 from ..core.dispatch import run_local
 from ..core.registry import defop
 from ..core.sbp import B, P, S
-from .layout import balanced, dual, local_ranges, shard_of
+from .sharding import balanced, dual, local_ranges, shard_of
 from .placement import placement
 
 

@@ -21,7 +21,7 @@ from ..core.tensor import Tensor
 from . import world
 from .boxing import apply_box, cost
 from .global_tensor import GlobalMeta, from_full, make_global
-from .layout import local_shape, nd_str
+from .sharding import local_shape, nd_str
 from .placement import placement
 
 _CHOICES: dict = {}

@@ -20,7 +20,7 @@ from ..core.sbp import B, P
 from ..core.tensor import Tensor, _repr_with
 from . import world
 from .boxing import apply_box
-from .layout import dual, local_shape, nd_str, normalize_sbp, shard_of
+from .sharding import dual, local_shape, nd_str, normalize_sbp, shard_of
 from .placement import placement
 
 

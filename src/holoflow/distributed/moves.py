@@ -15,7 +15,7 @@ from ..core.sbp import B
 from ..core.tensor import Tensor
 from . import world
 from .boxing import apply_box
-from .layout import shard_of
+from .sharding import shard_of
 
 
 def move(x: Tensor, place, nd: tuple, grad_sbp) -> Tensor:

@@ -30,7 +30,7 @@ def _convert(t: Tensor, place, sbp, broadcast: bool) -> tuple:
     """(local shard, GlobalMeta) of ``t`` under ``place``/``sbp``; ``t`` itself is untouched."""
     from ..distributed import world
     from ..distributed.global_tensor import GlobalMeta
-    from ..distributed.layout import normalize_sbp, shard_of
+    from ..distributed.sharding import normalize_sbp, shard_of
     if t._global is not None:
         out = t.detach().to_global(place or t._global.placement, sbp)
         return out._data, out._global

@@ -1,4 +1,5 @@
-"""Pure layout math of global tensors: nd-SBP normalisation, balanced splits, local shapes.
+"""Sharding math of global tensors (which part of the logical tensor each rank holds): nd-SBP
+normalisation, balanced splits, local shapes.
 
 Splitting is hierarchical: mesh axis 0 splits first, axis 1 splits each piece further, ... A
 size ``n`` split over ``p`` ranks is balanced: the first ``n % p`` ranks get one more element.
