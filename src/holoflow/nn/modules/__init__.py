@@ -18,3 +18,7 @@ from .pooling import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, A
                       AvgPool1d, AvgPool2d, MaxPool1d, MaxPool2d)
 from .sparse import Embedding
 from .transformer import TransformerEncoder, TransformerEncoderLayer
+from .compat import (AdaptiveAvgPool3d, AvgPool3d, CTCLoss, DataParallel, EmbeddingBag, Fold, MaxPool3d,
+                     SyncBatchNorm, Unfold)
+from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
+from .transformer_decoder import Transformer, TransformerDecoder, TransformerDecoderLayer

@@ -2,3 +2,7 @@
 from .distributed import DistributedDataParallel
 
 __all__ = ["DistributedDataParallel"]
+
+from ..modules.compat import DataParallel  # noqa: E402
+
+__all__ += ["DataParallel"]

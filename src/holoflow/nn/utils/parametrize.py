@@ -1,0 +1,177 @@
+"""``holoflow.nn.utils.parametrize``: a tensor of a module computed from other tensors each time
+it is read, as ``torch.nn.utils.parametrize``.
+
+``register_parametrization(m, "weight", p)`` moves ``m.weight`` into
+``m.parametrizations.weight.original`` (or ``original0, original1, ...`` when ``p.right_inverse``
+returns several tensors), and swaps ``m``'s class for a subclass with a ``weight`` property
+returning ``p(original...)``; state-dict keys are torch's.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+from ...core.grad_mode import no_grad
+from ...core.tensor import Tensor
+from ..containers import ModuleDict, ModuleList
+from ..module import Module
+from ..parameter import Parameter
+
+__all__ = ["register_parametrization", "remove_parametrizations", "is_parametrized", "cached",
+           "ParametrizationList", "type_before_parametrizations"]
+
+_CACHE: dict | None = None
+
+
+@contextlib.contextmanager
+def cached() -> Iterator[None]:
+    """Within the block each parametrized tensor is computed once, on first read."""
+    global _CACHE
+    outer, _CACHE = _CACHE, ({} if _CACHE is None else _CACHE)
+    try:
+        yield
+    finally:
+        _CACHE = outer
+
+
+class ParametrizationList(ModuleList):
+    """The parametrizations of one tensor, applied in order, and the unparametrized original(s)."""
+
+    def __init__(self, modules: list, original: Tensor, unsafe: bool = False) -> None:
+        super().__init__(modules)
+        self.unsafe = unsafe
+        new: Any = original
+        with no_grad():
+            for m in reversed(list(self)):
+                if hasattr(m, "right_inverse"):
+                    new = m.right_inverse(new)
+        self.is_tensor = isinstance(new, Tensor)
+        self.ntensors = 1 if self.is_tensor else len(new)
+        rg = original.requires_grad
+        if self.is_tensor:
+            if new is not original:
+                with no_grad():
+                    original._data = new.detach()._data.clone()
+            self._register(("original",), [original], rg)
+        else:
+            self._register([f"original{i}" for i in range(len(new))], list(new), rg)
+        if not unsafe:   # torch evaluates the parametrization once to check it (a spectral norm
+            z = self()   # in training takes a power-iteration step here, as in torch)
+            if tuple(z.shape) != tuple(original.shape) or z.dtype != original.dtype:
+                raise ValueError(f"Registering a parametrization may not change the shape or dtype of the tensor, "
+                                 f"unless the `unsafe` flag is enabled: {tuple(original.shape)} {original.dtype} "
+                                 f"became {tuple(z.shape)} {z.dtype}")
+
+    def _register(self, names, values, rg: bool) -> None:
+        for name, v in zip(names, values):
+            if isinstance(v, Parameter):
+                self.register_parameter(name, v)
+            else:
+                self.register_parameter(name, Parameter(v.detach(), requires_grad=rg))
+
+    def right_inverse(self, value: Tensor) -> None:
+        with no_grad():
+            for m in reversed(list(self)):
+                if hasattr(m, "right_inverse"):
+                    value = m.right_inverse(value)
+            if self.is_tensor:
+                self.original._data.copy_(value._data)
+            else:
+                for i, v in enumerate(value):
+                    getattr(self, f"original{i}")._data.copy_(v._data)
+
+    def forward(self) -> Tensor:
+        if self.is_tensor:
+            x = self[0](self.original)
+        else:
+            x = self[0](*(getattr(self, f"original{i}") for i in range(self.ntensors)))
+        for m in list(self)[1:]:
+            x = m(x)
+        return x
+
+
+def _inject_class(module: Module) -> None:
+    cls = module.__class__
+    module.__class__ = type(f"Parametrized{cls.__name__}", (cls,), {"_holoflow_original_class": cls})
+
+
+def _inject_property(module: Module, name: str) -> None:
+    def get(self: Module) -> Tensor:
+        plist = self.parametrizations[name]
+        if _CACHE is None:
+            return plist()
+        key = (id(self), name)
+        if key not in _CACHE:
+            _CACHE[key] = plist()
+        return _CACHE[key]
+
+    def put(self: Module, value: Tensor) -> None:
+        self.parametrizations[name].right_inverse(value)
+
+    setattr(module.__class__, name, property(get, put))
+
+
+def is_parametrized(module: Module, tensor_name: str | None = None) -> bool:
+    plist = module.__dict__.get("_modules", {}).get("parametrizations")
+    if plist is None or not isinstance(plist, ModuleDict):
+        return False
+    return tensor_name is None or tensor_name in plist
+
+
+def type_before_parametrizations(module: Module) -> type:
+    return getattr(type(module), "_holoflow_original_class", type(module))
+
+
+def register_parametrization(module: Module, tensor_name: str, parametrization: Module,
+                             *, unsafe: bool = False) -> Module:
+    """Parametrizes ``module.<tensor_name>`` by ``parametrization`` (chained if already
+    parametrized) and returns ``module``."""
+    parametrization.train(module.training)
+    if is_parametrized(module, tensor_name):
+        module.parametrizations[tensor_name].append(parametrization)
+        return module
+    if tensor_name in module._parameters or tensor_name in module._buffers:
+        original = getattr(module, tensor_name)
+        if tensor_name in module._parameters:
+            del module._parameters[tensor_name]
+        else:
+            del module._buffers[tensor_name]
+            original = Parameter(original, requires_grad=False)
+    else:
+        raise ValueError(f"Module '{module}' does not have a parameter, a buffer, or a parametrized element with "
+                         f"name '{tensor_name}'")
+    plist = ParametrizationList([parametrization], original, unsafe=unsafe)
+    if not is_parametrized(module):
+        _inject_class(module)
+        module.parametrizations = ModuleDict()
+    module.parametrizations[tensor_name] = plist
+    _inject_property(module, tensor_name)
+    return module
+
+
+def remove_parametrizations(module: Module, tensor_name: str, leave_parametrized: bool = True) -> Module:
+    """Undoes :func:`register_parametrization`: ``module.<tensor_name>`` becomes a parameter
+    again, holding the parametrized value (``leave_parametrized``) or the original."""
+    if not is_parametrized(module, tensor_name):
+        raise ValueError(f"Module {module} does not have a parametrization on {tensor_name}")
+    plist = module.parametrizations[tensor_name]
+    if leave_parametrized:
+        with no_grad():
+            value = getattr(module, tensor_name)
+        if plist.is_tensor:
+            orig = plist.original
+            orig._data = value.detach()._data.clone()
+        else:
+            orig = Parameter(value.detach(), requires_grad=plist.original0.requires_grad)
+    else:
+        if not plist.is_tensor:
+            raise ValueError("Cannot leave unparametrized (`leave_parametrized=False`) a tensor that is "
+                             "parametrized in terms of a sequence of tensors.")
+        orig = plist.original
+    delattr(module.__class__, tensor_name)
+    del module.parametrizations[tensor_name]
+    module.register_parameter(tensor_name, orig)
+    if len(module.parametrizations) == 0:
+        del module.parametrizations
+        module.__class__ = type_before_parametrizations(module)
+    return module
