@@ -1,5 +1,5 @@
 """The op-table harness: every op against torch (forward, backward, gradcheck) and every SBP
-signature against the unsharded result on simulated ranks (DESIGN §10).
+signature against the unsharded result on simulated ranks (docs/architecture.md, "Testing").
 
 A test module declares ``CASES = [Case(...), ...]`` and calls :func:`parametrize(CASES)`; the
 SBP coverage test (tests/ops/test_sbp_coverage.py) gathers every module's cases.

@@ -1,4 +1,4 @@
-"""Boxing: converting a global tensor between nd-SBPs (DESIGN §5).
+"""Boxing: converting a global tensor between nd-SBPs (docs/architecture.md, "Boxing").
 
 ``plan(shape, src, dst, placement)`` is a small, cached planner returning steps; each step is
 one collective over the ranks that vary along one mesh axis (or a free local slice). The
@@ -175,8 +175,9 @@ def apply_box(local, place: placement, src: tuple, dst: tuple, shape: Sequence[i
 
 
 def cost(src: tuple, dst: tuple, hierarchy: tuple, nbytes: int) -> float:
-    """Bytes over links for boxing (DESIGN §4 table): S->B and P->S T(p-1), P->B 2T(p-1),
-    S(i)->S(j) T(p-1)/p, B->S and B->P free; T is the tensor's bytes per rank at that level."""
+    """Bytes over links for boxing (docs/architecture.md, "SBP and the global view"): S->B and
+    P->S T(p-1), P->B 2T(p-1), S(i)->S(j) T(p-1)/p, B->S and B->P free; T is the tensor's bytes
+    per rank at that level."""
     total, level = 0.0, float(nbytes)
     for step in plan(src, dst, hierarchy):
         if step.kind == "reshard":

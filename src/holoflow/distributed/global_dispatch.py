@@ -61,9 +61,10 @@ def nd_signatures(op: Op, metas: list, attrs: dict, ndim: int) -> list[tuple]:
 
 def choose(op: Op, metas: list, attrs: dict, cur: list[tuple], place, logical=None) -> tuple:
     """The signature with the least boxing cost; ties prefer no boxing at all, then the first
-    declared (the one cost function of DESIGN §4). For ops whose attrs follow the shards
-    (``local_attrs``), a signature is legal only if every rank's shard computes exactly its
-    balanced piece of the output (e.g. a reshape merging an unevenly split dim is not)."""
+    declared (the one cost function: docs/architecture.md, "SBP and the global view"). For ops
+    whose attrs follow the shards (``local_attrs``), a signature is legal only if every rank's
+    shard computes exactly its balanced piece of the output (e.g. a reshape merging an unevenly
+    split dim is not)."""
     tens = [m for m in metas if isinstance(m, Meta)]
     nbytes = [_numel(m.shape) * m.dtype.itemsize for m in tens]
     ranked = []

@@ -1,5 +1,5 @@
 """Global tensors: a Tensor whose ``_data`` is this rank's shard and whose ``_global`` says how
-the logical tensor maps onto the placement (DESIGN §4).
+the logical tensor maps onto the placement (docs/architecture.md, "SBP and the global view").
 
 ``x.to_global(placement, sbp)`` makes a global tensor from a local one (the local tensor becomes
 this rank's shard; with broadcast, the first rank's data is what every rank holds) or boxes a

@@ -1,4 +1,4 @@
-"""Static graphs (DESIGN §7): ``Graph`` (``holoflow.nn.Graph``), its ``GraphConfig``, and
+"""Static graphs (docs/architecture.md, "Graph"): ``Graph`` (``holoflow.nn.Graph``), its ``GraphConfig``, and
 ``GraphModule`` for per-module settings (activation checkpointing, pipeline stage)."""
 from .. import nn as _nn
 from .config import GraphConfig

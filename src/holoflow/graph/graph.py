@@ -1,5 +1,5 @@
 """``holoflow.nn.Graph``: the same modules, traced once into an IR, optimised by passes, lowered
-to a plan and run by the actor runtime (DESIGN §7), with OneFlow's API.
+to a plan and run by the actor runtime (docs/architecture.md, "Graph"), with OneFlow's API.
 
 While ``build()`` is traced, ``loss.backward()`` (a scalar loss) records the backward — divided
 by the gradient-accumulation steps and multiplied by the grad scaler's live scale, as eager code

@@ -1,6 +1,6 @@
 """Tracing: ``build()`` runs through the normal dispatch with lazy tensors (meta storage), and
 every op application — forward, the backward that ``loss.backward()`` runs, in-place updates —
-is recorded as an IR node (DESIGN §7). The same grad rules as eager build the backward graph."""
+is recorded as an IR node (docs/architecture.md, "Graph"). The same grad rules as eager build the backward graph."""
 from __future__ import annotations
 
 import os

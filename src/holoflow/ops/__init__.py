@@ -1,1 +1,1 @@
-"""Op declarations: the only place that knows individual ops (DESIGN §3)."""
+"""Op declarations: the only place that knows individual ops (docs/architecture.md, "The op declaration")."""

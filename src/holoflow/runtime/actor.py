@@ -1,8 +1,9 @@
 """Actors: each task (and the source and sink) is an actor owning its produced regsts.
 
-Act rule (DESIGN §8): act while every inbox holds a piece and every produced regst has a free slot.
-After acting, announce each new piece to its consumers (a reference, never a copy) and return each
-consumed piece to its producer. Everything runs on the actor's stream thread, triggered by messages.
+Act rule (docs/architecture.md, "Runtime"): act while every inbox holds a piece and every produced
+regst has a free slot. After acting, announce each new piece to its consumers (a reference, never
+a copy) and return each consumed piece to its producer. Everything runs on the actor's stream
+thread, triggered by messages.
 """
 from __future__ import annotations
 
