@@ -48,5 +48,3 @@ def short(s: SBP) -> str:
     """Compact form for tables and debug views: S(0), B, P."""
     return f"S({s.axis})" if isinstance(s, split) else ("B" if s == broadcast else "P")
 
-
-Signature = tuple  # (tuple[SBP, ...] inputs, tuple[SBP, ...] outputs)

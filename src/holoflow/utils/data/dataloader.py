@@ -166,7 +166,6 @@ class _MultiProcessIter:
 
     def reset(self, sampler_iter, first: bool = False) -> None:
         self.sampler_iter, self.buffer, self.active = sampler_iter, {}, [True] * self.n
-        self._start = self._send_idx
         self._rcvd_idx = self._send_idx
         self._next_worker = itertools.cycle(range(self.n))
         if not first and self.loader._iterable:
