@@ -50,6 +50,12 @@ class Op:
     sbp: Callable | None = None
     local_attrs: Callable | None = None
     save: str = ""                       # "", "inputs", "output" or "both": what grad reads
+    # of those, the positions grad reads (None: all; for inputs also a function of the
+    # needs_grad flags: mul's grad for a reads b). What is saved is version-checked in backward,
+    # so an op saves exactly what torch's saves: an in-place change of anything else
+    # (batch_norm's output, dropout's result, topk's values) must stay legal
+    saved_inputs: tuple[int, ...] | Callable | None = None
+    saved_outputs: tuple[int, ...] | None = None
     outputs: tuple[str, ...] | None = None  # field names of a multi-output op
     family: str = "other"
     random: bool = False                  # reads the RNG: replayed by seed, not by value
@@ -90,8 +96,20 @@ class Op:
     def saves_output(self) -> bool:
         return self.save in ("output", "both")
 
+    def to_save(self, inputs: tuple, outs: tuple, needs: tuple) -> tuple[tuple | None, tuple | None]:
+        """What a grad node keeps of one application (``needs``: which inputs need a gradient):
+        ``(inputs, outs)``, each None when the op reads none of them, positions it does not read
+        replaced by None."""
+        keep = self.saved_inputs(needs) if callable(self.saved_inputs) else self.saved_inputs
+        return (_select(inputs, keep) if self.saves_inputs else None,
+                _select(outs, self.saved_outputs) if self.saves_output else None)
+
     def __repr__(self) -> str:
         return f"<op {self.name}>"
+
+
+def _select(xs: tuple, keep: tuple[int, ...] | None) -> tuple:
+    return xs if keep is None else tuple(x if i in keep else None for i, x in enumerate(xs))
 
 
 def _keyword_defaults(fn: Callable) -> dict:

@@ -235,7 +235,8 @@ MAX_POOL2D = defop("max_pool2d", lambda x, kernel_size, stride, padding, dilatio
                    torch.ops.aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode),
                    grad=lambda c, dy, _di: (apply(MAX_POOL2D_BWD, dy, c.inputs[0], c.outs[1],
                                                   **{k: c.attrs[k] for k in POOL_ATTRS}),),
-                   save="both", sbp=_lead_sbp(n_out=2), outputs=("out", "indices"), family="pool")
+                   save="both", saved_outputs=(1,), sbp=_lead_sbp(n_out=2), outputs=("out", "indices"),
+                   family="pool")
 
 
 def _pool_args(name, kernel_size, stride, padding, dilation=1) -> dict:

@@ -8,7 +8,7 @@ import torch
 
 from ..core.dispatch import apply
 from ..core.tensor import Tensor
-from .family import binary, needs, reduce_grad, unary
+from .family import binary, needs, reads_other, reads_quotient, reduce_grad, unary
 
 
 def _zeros(ctx, dy):
@@ -149,9 +149,10 @@ def _sub(a, b, alpha=1):
 
 ADD = binary("add", _add, _add_grad, partial=("PP",))
 SUB = binary("sub", _sub, _sub_grad, partial=("PP",))
-MUL = binary("mul", torch.mul, _mul_grad, "inputs", partial=("PB", "BP", "P-", "-P"))
+MUL = binary("mul", torch.mul, _mul_grad, "inputs", partial=("PB", "BP", "P-", "-P"), saved_inputs=reads_other)
 DIV = binary("div", lambda a, b, rounding_mode=None: torch.div(a, b, rounding_mode=rounding_mode),
-             _div_grad, "inputs", partial=lambda attrs: ("PB", "P-") if attrs.get("rounding_mode") is None else ())
+             _div_grad, "inputs", partial=lambda attrs: ("PB", "P-") if attrs.get("rounding_mode") is None else (),
+             saved_inputs=reads_quotient)
 POW = binary("pow", torch.pow, _pow_grad, "inputs")
 MAXIMUM = binary("maximum", torch.maximum, _minmax_grad(lambda a, b: a > b), "inputs", tensors_only=True)
 MINIMUM = binary("minimum", torch.minimum, _minmax_grad(lambda a, b: a < b), "inputs", tensors_only=True)

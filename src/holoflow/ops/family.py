@@ -205,5 +205,15 @@ def binary(name: str, kernel: Callable, grad: Callable | None = None, save: str 
                  inplace_kernel=getattr(torch.Tensor, name + "_", None), **rules)
 
 
+def reads_other(needs: tuple) -> tuple[int, ...]:
+    """``saved_inputs`` of a product: the gradient of each input reads the other one only."""
+    return tuple(j for j, i in ((1, 0), (0, 1)) if needs[i])
+
+
+def reads_quotient(needs: tuple) -> tuple[int, ...]:
+    """``saved_inputs`` of a quotient: both gradients read the divisor, the divisor's the dividend."""
+    return (0, 1) if needs[1] else (1,)
+
+
 def needs(ctx, i: int) -> bool:
     return ctx.edges[i] is not None

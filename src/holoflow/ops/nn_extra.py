@@ -231,6 +231,7 @@ def _amp2d_kernel(x: torch.Tensor, output_size: tuple) -> tuple:
 
 
 ADAPTIVE_MAX_POOL2D = defop("adaptive_max_pool2d", _amp2d_kernel, grad=_amp2d_grad, save="both",
+                            saved_outputs=(1,),
                             sbp=_lead_sbp(n_out=2), outputs=("out", "indices"), family="pool")
 
 

@@ -103,11 +103,11 @@ SOFTPLUS = unary("softplus", lambda x, beta=1.0, threshold=20.0: TF.softplus(x, 
 
 
 def _elu_grad(c, dy):
-    x, out = c.inputs[0], c.outs[0]
-    return (E.where(x > 0, dy, dy * (out + c.alpha)),)
+    x = c.inputs[0]
+    return (E.where(x > 0, dy, dy * (x.exp() * c.alpha)),)
 
 
-ELU = unary("elu", lambda x, alpha=1.0: TF.elu(x, alpha), _elu_grad, "both")
+ELU = unary("elu", lambda x, alpha=1.0: TF.elu(x, alpha), _elu_grad, "inputs")
 
 
 def _hardswish_grad(c, dy):

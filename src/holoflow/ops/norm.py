@@ -64,8 +64,8 @@ def _ln_grad(c, dy, _dmean, _drstd):
 
 LAYER_NORM = defop("layer_norm", lambda x, w, b, normalized_shape, eps:
                    torch.ops.aten.native_layer_norm(x, normalized_shape, w, b, eps),
-                   grad=_ln_grad, save="both", sbp=_norm_sbp(_ln_axes), outputs=("out", "mean", "rstd"),
-                   family="norm")
+                   grad=_ln_grad, save="both", saved_outputs=(1, 2), sbp=_norm_sbp(_ln_axes),
+                   outputs=("out", "mean", "rstd"), family="norm")
 
 
 def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
@@ -105,15 +105,16 @@ GROUP_NORM_BWD = defop("group_norm_backward", _gn_bwd_kernel, sbp=_norm_sbp(_gn_
 
 
 def _gn_grad(c, dy, _dmean, _drstd):
-    x, w, b = c.inputs
+    x, w, _ = c.inputs
     _, mean, rstd = c.outs
-    mask = [needs(c, 0), w is not None and needs(c, 1), b is not None and needs(c, 2)]
+    mask = [needs(c, 0), w is not None and needs(c, 1), c.shapes[2] is not None and needs(c, 2)]
     dx, dw, db = apply(GROUP_NORM_BWD, dy, x, mean, rstd, w, num_groups=c.num_groups, output_mask=mask)
     return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
 
 
-GROUP_NORM = defop("group_norm", _gn_kernel, grad=_gn_grad, save="both", sbp=_norm_sbp(_gn_axes),
-                   outputs=("out", "mean", "rstd"), family="norm")
+GROUP_NORM = defop("group_norm", _gn_kernel, grad=_gn_grad, save="both", saved_inputs=(0, 1),
+                   saved_outputs=(1, 2), sbp=_norm_sbp(_gn_axes), outputs=("out", "mean", "rstd"),
+                   family="norm")
 
 
 def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
@@ -180,9 +181,9 @@ BATCH_NORM_BWD = defop("batch_norm_backward", _bn_bwd_kernel, sbp=_bn_sbp,
 
 
 def _bn_grad(c, dy, _dm, _dv):
-    x, w, b, rm, rv = c.inputs
+    x, w, _, rm, rv = c.inputs
     _, save_mean, save_invstd = c.outs
-    mask = [needs(c, 0), w is not None and needs(c, 1), b is not None and needs(c, 2)]
+    mask = [needs(c, 0), w is not None and needs(c, 1), c.shapes[2] is not None and needs(c, 2)]
     dx, dw, db = apply(BATCH_NORM_BWD, dy, x, w, rm, rv, save_mean, save_invstd,
                        training=c.training, eps=c.eps, output_mask=mask)
     return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None, None, None
@@ -190,8 +191,8 @@ def _bn_grad(c, dy, _dm, _dv):
 
 BATCH_NORM = defop("batch_norm", lambda x, w, b, rm, rv, training, momentum, eps:
                    torch.ops.aten.native_batch_norm(x, w, b, rm, rv, training, momentum, eps),
-                   grad=_bn_grad, save="both", sbp=_bn_sbp, outputs=("out", "save_mean", "save_invstd"),
-                   family="norm")
+                   grad=_bn_grad, save="both", saved_inputs=(0, 1, 3, 4), saved_outputs=(1, 2), sbp=_bn_sbp,
+                   outputs=("out", "save_mean", "save_invstd"), family="norm")
 
 
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,

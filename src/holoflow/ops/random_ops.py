@@ -37,6 +37,7 @@ def _same_split_sbp(n_out: int):
 
 
 DROPOUT = defop("dropout", _dropout_kernel, grad=lambda c, dy, _dm: (dy * c.outs[1],), save="output",
+                saved_outputs=(1,),
                 sbp=_same_split_sbp(2), outputs=("out", "mask"), random=True, family="random")
 
 

@@ -296,9 +296,11 @@ AMAX = defop("amax", lambda x, dim, keepdim: torch.amax(x, dim, keepdim), grad=_
 AMIN = defop("amin", lambda x, dim, keepdim: torch.amin(x, dim, keepdim), grad=_extreme_grad,
              save="both", sbp=reduce_sbp(), **_RED)
 MAX = defop("max", lambda x, dim, keepdim: torch.max(x, dim, keepdim), grad=_at_index_grad,
-            save="output", outputs=("values", "indices"), sbp=reduce_sbp(n_out=2), **_RED)
+            save="output", saved_outputs=(1,), outputs=("values", "indices"), sbp=reduce_sbp(n_out=2),
+            **_RED)
 MIN = defop("min", lambda x, dim, keepdim: torch.min(x, dim, keepdim), grad=_at_index_grad,
-            save="output", outputs=("values", "indices"), sbp=reduce_sbp(n_out=2), **_RED)
+            save="output", saved_outputs=(1,), outputs=("values", "indices"), sbp=reduce_sbp(n_out=2),
+            **_RED)
 ARGMAX = defop("argmax", lambda x, dim, keepdim: torch.argmax(x, dim, keepdim), sbp=reduce_sbp(), **_RED)
 ARGMIN = defop("argmin", lambda x, dim, keepdim: torch.argmin(x, dim, keepdim), sbp=reduce_sbp(), **_RED)
 VAR = defop("var", lambda x, dim, correction, keepdim: torch.var(x, dim or None, correction=correction,

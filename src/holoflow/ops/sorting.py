@@ -24,10 +24,12 @@ def _scatter_back_grad(ctx, dy, _unused_indices_grad=None):
 
 
 SORT = defop("sort", lambda x, dim, descending, stable: torch.sort(x, dim=dim, descending=descending, stable=stable),
-             grad=_scatter_back_grad, sbp=_along_dim_sbp, save="output", outputs=("values", "indices"),
+             grad=_scatter_back_grad, sbp=_along_dim_sbp, save="output", saved_outputs=(1,),
+             outputs=("values", "indices"),
              family="sorting")
 TOPK = defop("topk", lambda x, k, dim, largest, sorted: torch.topk(x, k, dim, largest, sorted),  # noqa: A006
-             grad=_scatter_back_grad, sbp=_along_dim_sbp, save="output", outputs=("values", "indices"),
+             grad=_scatter_back_grad, sbp=_along_dim_sbp, save="output", saved_outputs=(1,),
+             outputs=("values", "indices"),
              family="sorting")
 
 
