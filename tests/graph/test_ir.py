@@ -13,6 +13,7 @@ from holoflow import nn
 from holoflow.core.errors import HoloflowError
 from holoflow.core.registry import REGISTRY
 from holoflow.core.tensor import Tensor
+from holoflow.graph import GraphRunError
 from holoflow.graph.graph import Graph as NNGraph
 from holoflow.graph.ir import Graph, Node, Value, check, program, to_python
 
@@ -230,3 +231,21 @@ def test_pass_log_keeps_the_ir_after_every_pass():
     plain = Train(*_case())
     plain(_batch())
     assert [r.name for r in plain.passes_log] == ["trace", "cse", "dce", "memory_plan"]
+
+
+def test_run_time_error_names_the_program_line():
+    class Pick(NNGraph):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def build(self, x, i):
+            return self.lin(x).index_select(0, i)
+
+    g, x = Pick(), flow.randn(4, 3)
+    assert g(x, flow.tensor([0, 1])).shape == (2, 3)
+    with pytest.raises(GraphRunError, match=rf"source: {HERE}:\d+\n  program line \d+: ") as e:
+        g(x, flow.tensor([0, 9]))
+    k = int(re.search(r"program line (\d+): (.*)", str(e.value)).group(1))
+    line = next(iter(g._compiled.values())).program.source.splitlines()[k - 1]
+    assert "= index_select(" in line and line.strip() in str(e.value)

@@ -16,16 +16,16 @@ from typing import Iterable, Iterator
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from ..runtime import Plan, TaskError, TaskSpec
-from .ir import TOKEN, Graph, Node, Program, Value, program
+from .ir import TOKEN, Graph, Program, Value, program
 from .passes.memory_plan import peak_bytes
 
 
-def failing_node(prog: Program, error: BaseException) -> Node | None:
-    """The node whose kernel raised ``error``: the innermost program line in the traceback."""
+def failing_line(prog: Program, error: BaseException) -> int | None:
+    """The program line whose kernel call raised ``error`` (innermost in the traceback)."""
     tb, hit = error.__traceback__, None
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename == prog.filename:
-            hit = prog.lines.get(tb.tb_lineno, hit)
+        if tb.tb_frame.f_code.co_filename == prog.filename and tb.tb_lineno in prog.lines:
+            hit = tb.tb_lineno
         tb = tb.tb_next
     return hit
 
@@ -133,11 +133,13 @@ class Compiled:
 
     def error(self, e: TaskError) -> BaseException:
         cause = e.__cause__ or e
-        n = failing_node(self.program, cause)
-        if n is None:
+        k = failing_line(self.program, cause)
+        if k is None:
             return e
+        n = self.program.lines[k]
         scope = f" in module {n.scope!r}" if n.scope else ""
         where = f"\n  source: {n.source}" if n.source else ""
+        where += f"\n  program line {k}: {self.program.source.splitlines()[k - 1].strip()}"
         return GraphRunError(f"holoflow.nn.Graph: op {n.op!r}{scope} failed at run time (task {e.task!r}, "
                              f"iteration {e.iteration}): {type(cause).__name__}: {cause}{where}")
 
