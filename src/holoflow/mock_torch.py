@@ -31,7 +31,10 @@ from typing import Any
 
 __all__ = ["enable", "disable", "is_enabled"]
 
-REAL_TORCH_USERS = {"holoflow", "torch", "torchgen", "functorch", "safetensors", "torchvision"}
+# (pickle and multiprocessing import torch's reductions by name while moving tensors between
+# processes: they must get the real modules)
+REAL_TORCH_USERS = {"holoflow", "torch", "torchgen", "functorch", "safetensors", "torchvision",
+                    "multiprocessing", "pickle", "copyreg", "copy"}
 
 _LOCK = threading.Lock()
 _ORIG_IMPORT = builtins.__import__

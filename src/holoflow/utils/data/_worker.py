@@ -1,10 +1,12 @@
 """What runs inside a DataLoader worker process: fetch, collate to torch, send back."""
 from __future__ import annotations
 
+import pickle
 import random
 import sys
 import traceback
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
 import numpy as np
@@ -33,8 +35,13 @@ class ExceptionWrapper:
 
     def __init__(self, where: str) -> None:
         exc_type, exc, _ = sys.exc_info()
-        self.exc_type, self.where = exc_type, where
+        self.where = where
         self.msg = "".join(traceback.format_exception(exc_type, exc, exc.__traceback__))
+        try:  # a class the main process cannot unpickle (defined in a function) becomes RuntimeError
+            pickle.loads(pickle.dumps(exc_type))
+            self.exc_type = exc_type
+        except Exception:
+            self.exc_type = RuntimeError
 
     def reraise(self):
         msg = f"Caught {self.exc_type.__name__} {self.where}.\nOriginal {self.msg}"
@@ -43,6 +50,30 @@ class ExceptionWrapper:
         except Exception:
             err = RuntimeError(msg)
         raise err
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A result pickled by the worker itself, so that a batch that cannot be pickled fails in
+    the worker (and is reported) instead of in the queue's feeder thread, whose errors the
+    main process never sees."""
+
+    worker_id: int
+    payload: bytes
+
+    def unpack(self) -> Any:
+        return ForkingPickler.loads(self.payload)
+
+
+def pack(data: Any, worker_id: int) -> Packed:
+    """Pickles ``data`` for the main process; a pickling failure is sent as an ExceptionWrapper."""
+    try:
+        return Packed(worker_id, bytes(ForkingPickler.dumps(data)))
+    except Exception:
+        err = ExceptionWrapper(f"in DataLoader worker process {worker_id} while pickling its batch for "
+                               f"the main process (a collate_fn or dataset returned something "
+                               f"that cannot be pickled)")
+        return Packed(worker_id, bytes(ForkingPickler.dumps(err)))
 
 
 class IterableEnd:
@@ -110,10 +141,10 @@ def worker_loop(fetcher: Fetcher, index_q, result_q, worker_id: int, num_workers
             continue
         idx, request = msg
         if init_error is not None:
-            result_q.put((idx, init_error))
+            result_q.put((idx, pack(init_error, worker_id)))
             continue
         if exhausted:
-            result_q.put((idx, IterableEnd(worker_id)))
+            result_q.put((idx, pack(IterableEnd(worker_id), worker_id)))
             continue
         try:
             data = fetcher.fetch(request)
@@ -122,4 +153,4 @@ def worker_loop(fetcher: Fetcher, index_q, result_q, worker_id: int, num_workers
             data = IterableEnd(worker_id)
         except Exception:
             data = ExceptionWrapper(f"in DataLoader worker process {worker_id}")
-        result_q.put((idx, data))
+        result_q.put((idx, pack(data, worker_id)))

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ._worker import ExceptionWrapper, Fetcher, IterableEnd, worker_loop
+from ._worker import ExceptionWrapper, Fetcher, IterableEnd, Packed, worker_loop
 from .collate import default_collate, default_convert
 from .dataset import Dataset, IterableDataset, torch_generator
 from .sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
@@ -221,19 +221,31 @@ class _MultiProcessIter:
                 break
             except queue.Empty:
                 waited += _POLL_S
-                dead = [w.pid for w in self.workers if not w.is_alive()]
+                dead = [f"worker {wid} (pid {w.pid}, exit code {w.exitcode})"
+                        for wid, w in enumerate(self.workers) if not w.is_alive()]
                 if dead:
                     self.shutdown()
-                    raise RuntimeError(f"holoflow.utils.data.DataLoader: worker (pid {dead}) exited "
-                                       "unexpectedly") from None
+                    raise RuntimeError(f"holoflow.utils.data.DataLoader: {', '.join(dead)} exited "
+                                       "unexpectedly (killed, out of memory, or os._exit in the dataset)") from None
                 if self.loader.timeout and waited >= self.loader.timeout:
                     self.shutdown()
                     raise RuntimeError(f"holoflow.utils.data.DataLoader: timed out after {waited:.0f}s "
                                        f"waiting for a batch from the workers") from None
+        data = self._unpack(data)
         if idx == self._rcvd_idx:
             return data
         self.buffer[idx] = data
         return _PENDING
+
+    def _unpack(self, data: Any) -> Any:
+        if not isinstance(data, Packed):
+            return data
+        try:
+            return data.unpack()
+        except Exception as e:
+            self.shutdown()
+            raise RuntimeError(f"holoflow.utils.data.DataLoader: the batch from worker {data.worker_id} "
+                               f"could not be unpickled in the main process: {type(e).__name__}: {e}") from e
 
     def shutdown(self) -> None:
         if not self.alive:
