@@ -87,6 +87,13 @@ class Op:
             self.defaults = _keyword_defaults(self.kernel)
         if self.outputs:
             self.out_type = namedtuple(f"{self.name}_return", self.outputs)
+        if self.view:
+            self.fresh = False
+
+    def swaps(self, attrs: dict) -> bool:
+        """Whether inputs 0 and 1 may be swapped exactly under ``attrs``."""
+        c = self.commutative
+        return bool(c(attrs) if callable(c) else c)
 
     @property
     def saves_inputs(self) -> bool:
@@ -123,10 +130,16 @@ def _keyword_defaults(fn: Callable) -> dict:
 REGISTRY: dict[str, Op] = {}
 
 
+#: family -> properties its members share (ops/family.py fills it before any op is declared)
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {}
+
+
 def defop(name: str, kernel: Callable, **rules) -> Op:
-    """Declares an op once; a second declaration under the same name is a bug."""
+    """Declares an op once (its family's defaults under its own rules); a second declaration
+    under the same name is a bug."""
     if name in REGISTRY:
         raise ValueError(f"holoflow: op {name!r} is declared twice")
+    rules = {**FAMILY_DEFAULTS.get(rules.get("family", "other"), {}), **rules}
     op = REGISTRY[name] = Op(name, kernel, **rules)
     return op
 

@@ -147,15 +147,19 @@ def _sub(a, b, alpha=1):
     return a - b if alpha == 1 else torch.sub(a, b, alpha=alpha)
 
 
-ADD = binary("add", _add, _add_grad, partial=("PP",))
+ADD = binary("add", _add, _add_grad, partial=("PP",), axpy=True,
+             commutative=lambda attrs: attrs.get("alpha", 1) == 1)
 SUB = binary("sub", _sub, _sub_grad, partial=("PP",))
-MUL = binary("mul", torch.mul, _mul_grad, "inputs", partial=("PB", "BP", "P-", "-P"), saved_inputs=reads_other)
+MUL = binary("mul", torch.mul, _mul_grad, "inputs", partial=("PB", "BP", "P-", "-P"), saved_inputs=reads_other,
+             commutative=True)
 DIV = binary("div", lambda a, b, rounding_mode=None: torch.div(a, b, rounding_mode=rounding_mode),
              _div_grad, "inputs", partial=lambda attrs: ("PB", "P-") if attrs.get("rounding_mode") is None else (),
              saved_inputs=reads_quotient)
 POW = binary("pow", torch.pow, _pow_grad, "inputs")
-MAXIMUM = binary("maximum", torch.maximum, _minmax_grad(lambda a, b: a > b), "inputs", tensors_only=True)
-MINIMUM = binary("minimum", torch.minimum, _minmax_grad(lambda a, b: a < b), "inputs", tensors_only=True)
+MAXIMUM = binary("maximum", torch.maximum, _minmax_grad(lambda a, b: a > b), "inputs", tensors_only=True,
+                 commutative=True)
+MINIMUM = binary("minimum", torch.minimum, _minmax_grad(lambda a, b: a < b), "inputs", tensors_only=True,
+                 commutative=True)
 ATAN2 = binary("atan2", torch.atan2, _atan2_grad, "inputs", tensors_only=True)
 FMOD = binary("fmod", torch.fmod, _rem_grad("trunc"), "inputs")
 REMAINDER = binary("remainder", torch.remainder, _rem_grad("floor"), "inputs")

@@ -12,9 +12,15 @@ import torch
 
 from ..core.dispatch import apply
 from ..core.errors import ShapeError
-from ..core.registry import Meta, Op, defop
+from ..core.registry import FAMILY_DEFAULTS, Meta, Op, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
+
+# what the members of a family share (graph passes ask these properties, core/registry.py):
+# these families' kernels always allocate their outputs; elementwise ones also fuse and run in place
+FAMILY_DEFAULTS.update({"elementwise": {"elementwise": True, "fresh": True}})
+FAMILY_DEFAULTS.update({f: {"fresh": True} for f in ("softmax", "norm", "conv", "pool", "einsum", "loss",
+                                                     "attention", "embedding", "reduction", "scan")})
 
 
 def tensor_metas(metas: Sequence) -> list[Meta]:

@@ -210,8 +210,20 @@ def _matmul_grad(c, dy):
                  for i in range(2))
 
 
+def _matmul_add_to_output(shapes: tuple, beta, alpha):
+    """``beta * r + alpha * (a @ b)`` as one ``addmm`` (2-D) or ``baddbmm`` (3-D) call; None for
+    vectors or broadcast batch dims, which have no such kernel (graph/passes/fuse_add_to_output.py)."""
+    if len(shapes) != 2 or None in shapes or len(shapes[0]) != len(shapes[1]):
+        return None
+    if len(shapes[0]) == 2:
+        return lambda a, b, r: torch.addmm(r, a, b, beta=beta, alpha=alpha)
+    if len(shapes[0]) == 3 and shapes[0][0] == shapes[1][0]:
+        return lambda a, b, r: torch.baddbmm(r, a, b, beta=beta, alpha=alpha)
+    return None
+
+
 MATMUL = defop("matmul", torch.matmul, grad=_matmul_grad, save="inputs", shape=_matmul_shape,
-               sbp=_matmul_sbp, family="einsum")
+               sbp=_matmul_sbp, family="einsum", add_to_output=_matmul_add_to_output)
 
 
 # matmul's gradients for y = a @ b with equal batch dims (torch's mm/bmm backward), as their own
@@ -374,8 +386,21 @@ LINEAR_GRAD_WEIGHT = defop("linear_grad_weight", _lgw_kernel, grad=_lgw_grad, sa
                            sbp=_lgw_sbp, family="einsum")
 
 
+def _linear_add_to_output(shapes: tuple, beta, alpha):
+    """``beta * r + alpha * linear(x, w, bias)`` as ``addmm(r, x, w.t())`` on the flattened batch,
+    then the bias added (the unfused order is ``(x @ w.T + bias) + r``: equal to rounding)."""
+    if not shapes[0] or shapes[1] is None or len(shapes[1]) != 2:
+        return None
+
+    def linear_add(x, w, bias, r):
+        out = torch.addmm(r.reshape(-1, r.shape[-1]), x.reshape(-1, x.shape[-1]), w.t(),
+                          beta=beta, alpha=alpha).reshape(r.shape)
+        return out if bias is None else out.add_(bias, alpha=alpha)
+    return linear_add
+
+
 LINEAR = defop("linear", F.linear, grad=_linear_grad, save="inputs", shape=_linear_shape,
-               sbp=_linear_sbp, family="einsum")
+               sbp=_linear_sbp, family="einsum", add_to_output=_linear_add_to_output)
 
 
 # -- public functions ---------------------------------------------------------------------------

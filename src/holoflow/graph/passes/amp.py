@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from ...amp.policy import FP32, LOWER, OPT_DTYPE, POLICIES, PROMOTE
+from ...amp.policy import FP32, LOWER, POLICIES, PROMOTE
 from ...core import dtype as _dtype
 from ...core.registry import REGISTRY, infer_metas
 from ..ir import Graph, Node, Value
@@ -57,7 +57,7 @@ class _Rewriter:
         kind = POLICIES.get(vals[0].device.type, POLICIES["cuda"]).get(n.op)
         if kind == LOWER:
             return [self.cast(x, self.low, n) if _lowerable(x) else x for x in ins]
-        if kind == FP32 and not (n.op in OPT_DTYPE and n.attrs.get("dtype") is not None):
+        if kind == FP32 and n.attrs.get("dtype") is None:  # an explicit output dtype wins
             return [self.cast(x, torch.float32, n) if _is_low(x) else x for x in ins]
         if kind == PROMOTE:
             floats = [x.dtype for x in vals if x.dtype.is_floating_point]

@@ -5,8 +5,9 @@ kernels, compiled by ``torch.compile`` (Inductor, ``dynamic=False, fullgraph=Tru
 Regions grow along single-reader edges: a node joins the region of the producer of one of its
 inputs when it is that value's only reader (so the region is a tree rooted at its one output)
 and both carry the same tags (a checkpoint's ``recompute`` copy never merges with the original).
-Forward and backward nodes are alike here. Random ops, ``to`` (device moves), effect nodes and
-nodes carrying their own kernel stay outside.
+Forward and backward nodes are alike here. Members are the ops declared ``elementwise``
+(core/registry.py: one device, so ``to`` is not one); random ops, effect nodes and nodes carrying
+their own kernel stay outside.
 
 Compilation (``config.fuse_elementwise_compile``):
 
@@ -36,7 +37,6 @@ from . import register
 from .cse import const_key
 
 LOG = logging.getLogger("holoflow.graph")
-EXCLUDED = frozenset({"to"})   # may move devices: not a pure elementwise kernel
 _torch_compile: Callable | None = getattr(torch, "compile", None)
 _WARNED: set = set()
 _CACHE: dict = {}              # structure key -> _Entry
@@ -45,8 +45,8 @@ _LOCK = threading.Lock()
 
 def fusible(n: Node) -> bool:
     op = REGISTRY.get(n.op)
-    return (op is not None and op.family == "elementwise" and not op.random and not n.effect
-            and n.kernel is None and len(n.outputs) == 1 and n.op not in EXCLUDED)
+    return (op is not None and op.elementwise and not op.random and not n.effect
+            and n.kernel is None and len(n.outputs) == 1)
 
 
 def regions(g: Graph) -> list[list[Node]]:

@@ -8,15 +8,15 @@ The plan is a dict ``id(node) -> values to free after it``, stored on the graph 
 In-place reuse: ``out = f(x, ...)`` becomes ``x.f_(...)`` (the op's ``inplace_kernel``; the node
 is tagged ``inplace``) when
 
-- the op is elementwise with an in-place kernel, the node has one output of ``x``'s shape, dtype
-  and device, and the in-place kernel gives the same result on a small probe (signatures differ
-  for some ops: ``atan2_`` rejects a Python scalar);
-- ``x`` is not a feed, state, graph output or state update, and was produced by an op known to
-  return a fresh dense buffer (a view, an expand or ``x.to(same dtype)`` may share memory);
+- the op is declared ``elementwise`` and ``fresh`` with an in-place kernel, the node has one
+  output of ``x``'s shape, dtype and device, and the in-place kernel gives the same result on a
+  small probe (signatures differ for some ops: ``atan2_`` rejects a Python scalar);
+- ``x`` is not a feed, state, graph output or state update, and was produced by an op declared
+  ``fresh`` (a new dense buffer: a view, an expand or ``x.to(same dtype)`` may share memory);
 - every value that may share ``x``'s memory (its *alias group*: values joined through any op
-  not known to return a fresh buffer — reshape, transpose, getitem, expand, ...) is dead after
-  this node, and no other input of the node is in that group (``x.add_(x.t())`` would read
-  elements it has already written);
+  not declared ``fresh`` — reshape, transpose, getitem, expand, ...) is dead after this node, and
+  no other input of the node is in that group (``x.add_(x.t())`` would read elements it has
+  already written);
 - producer and consumer run in the same task (lowering's task split), so no other task holds
   the buffer.
 """
@@ -27,14 +27,6 @@ import torch
 from ...core.registry import REGISTRY
 from ..ir import Graph, Node, Value, split_tasks
 from . import register
-
-#: families whose kernels always allocate their outputs (never a view of an input)
-FRESH_FAMILIES = frozenset({"elementwise", "softmax", "norm", "conv", "pool", "einsum", "loss",
-                            "attention", "embedding"})
-#: members of those families that may return their input itself (``x.to(x.dtype)`` is ``x``)
-MAY_RETURN_INPUT = frozenset({"to", "cast", "contiguous", "type_as"})
-#: ops outside the families above whose outputs are fresh buffers
-FRESH_OPS = frozenset({"matmul", "linear", "mean", "sum", "amax", "amin", "prod", "cat", "stack"})
 
 
 def execution_order(g: Graph) -> list[Node]:
@@ -111,11 +103,7 @@ def may_alias(n: Node) -> bool:
     if "inplace" in n.tags:
         return True
     op = REGISTRY.get(n.op)
-    if op is None or n.kernel is not None:
-        return True
-    if n.op in FRESH_OPS:
-        return False
-    return op.family not in FRESH_FAMILIES or n.op in MAY_RETURN_INPUT
+    return op is None or n.kernel is not None or not op.fresh
 
 
 class _Groups:
@@ -178,13 +166,11 @@ def _task_of(g: Graph) -> dict:
     return {id(n): i for i, t in enumerate(split_tasks(g)) for n in t.nodes}
 
 
-#: ops whose two tensor inputs may be swapped exactly, so the second one's buffer can be reused
-COMMUTATIVE = frozenset({"mul", "add", "maximum", "minimum"})
-
-
 def _orders(n: Node) -> list[Node]:
-    """``n``, and ``n`` with its inputs swapped when that is exact (``add`` only with alpha 1)."""
-    if n.op in COMMUTATIVE and len(n.inputs) == 2 and n.attrs.get("alpha", 1) == 1 and \
+    """``n``, and ``n`` with its inputs swapped when the op declares that exact (so the second
+    input's buffer can be reused too)."""
+    op = REGISTRY.get(n.op)
+    if op is not None and len(n.inputs) == 2 and op.swaps(n.attrs) and \
             isinstance(n.inputs[1], Value) and n.inputs[1] is not n.inputs[0]:
         return [n, n.with_(inputs=(n.inputs[1], n.inputs[0]))]
     return [n]
@@ -194,7 +180,7 @@ def _candidate(n: Node, keep: set) -> bool:
     op = REGISTRY.get(n.op)
     if op is None or n.effect or n.kernel is not None or op.random or op.inplace_kernel is None:
         return False
-    if op.family != "elementwise" or n.op in MAY_RETURN_INPUT or len(n.outputs) != 1:
+    if not (op.elementwise and op.fresh) or len(n.outputs) != 1:
         return False
     x, out = n.inputs[0] if n.inputs else None, n.outputs[0]
     return isinstance(x, Value) and x not in keep and x.shape == out.shape and \
