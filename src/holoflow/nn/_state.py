@@ -14,6 +14,9 @@ from ..core import device as _device
 from ..core import dtype as _dtype
 from ..core.grad_mode import no_grad
 from ..core.tensor import Tensor
+from ..distributed.global_tensor import from_full
+from .hooks import RemovableHandle
+from .parameter import Parameter
 
 
 class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
@@ -35,10 +38,9 @@ def _as_storage(value: Any) -> torch.Tensor | None:
     return None
 
 
-def _in_layout_of(param: Tensor, value: Tensor) -> Tensor:
-    """``value`` (local whole, or global in any layout) in global ``param``'s placement and SBP:
+def _placed_like(param: Tensor, value: Tensor) -> Tensor:
+    """``value`` (local whole, or global with any SBP) in global ``param``'s placement and SBP:
     sliced locally or boxed (a collective: every rank loads the same state dict)."""
-    from ..distributed.global_tensor import from_full
     g = param._global
     with no_grad():
         if value._global is None:
@@ -115,14 +117,12 @@ class StateMixin:
 
     def register_state_dict_hook(self, hook: Callable) -> Any:
         """``hook(module, state_dict, prefix, local_metadata)`` runs after this module's entries."""
-        from .hooks import RemovableHandle
         handle = RemovableHandle(self._state_dict_hooks)
         self._state_dict_hooks[handle.id] = hook
         return handle
 
     def register_load_state_dict_pre_hook(self, hook: Callable) -> Any:
         """``hook(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors)``."""
-        from .hooks import RemovableHandle
         handle = RemovableHandle(self._load_state_dict_pre_hooks)
         self._load_state_dict_pre_hooks[handle.id] = hook
         return handle
@@ -163,9 +163,9 @@ class StateMixin:
     def _load_one(self, name: str, key: str, param: Tensor, value: Any, assign: bool,
                   error_msgs: list) -> None:
         if param._global is not None and not assign and isinstance(value, Tensor) and value.shape == param.shape:
-            try:   # a global param copies its own shard of the value in its layout
+            try:   # a global param copies its own shard of the value (its placement and SBP)
                 with no_grad():
-                    param._data.copy_(_in_layout_of(param, value)._data)
+                    param._data.copy_(_placed_like(param, value)._data)
             except Exception as ex:
                 error_msgs.append(f'While copying the global parameter named "{key}" ({param._global.placement}, '
                                   f"sbp {param._global.sbp}), an exception occurred : {ex.args}.")
@@ -184,7 +184,6 @@ class StateMixin:
         try:
             with no_grad():
                 if assign:
-                    from .parameter import Parameter
                     new = Tensor._make(src.detach())
                     if isinstance(param, Parameter):
                         new = Parameter(new, requires_grad=param.requires_grad)

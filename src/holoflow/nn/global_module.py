@@ -19,8 +19,12 @@ from __future__ import annotations
 from typing import Callable, Union
 
 from ..core.errors import HoloflowError
-from ..core.sbp import SBP
+from ..core.sbp import SBP, B
 from ..core.tensor import Tensor
+from ..distributed import world
+from ..distributed.global_tensor import GlobalMeta
+from ..distributed.sharding import normalize_sbp, shard_of
+from ..utils.global_view import current_global_mode
 from .module import Module
 
 SbpSpec = Union[SBP, tuple, list, Callable[[str, Tensor], object]]
@@ -28,9 +32,6 @@ SbpSpec = Union[SBP, tuple, list, Callable[[str, Tensor], object]]
 
 def _convert(t: Tensor, place, sbp, broadcast: bool) -> tuple:
     """(local shard, GlobalMeta) of ``t`` under ``place``/``sbp``; ``t`` itself is untouched."""
-    from ..distributed import world
-    from ..distributed.global_tensor import GlobalMeta
-    from ..distributed.sharding import normalize_sbp, shard_of
     if t._global is not None:
         out = t.detach().to_global(place or t._global.placement, sbp)
         return out._data, out._global
@@ -74,7 +75,6 @@ def module_to_global(self: Module, placement=None, sbp: SbpSpec | None = None, *
     dropped. Missing placement/sbp come from an enclosing ``utils.global_view.global_mode``.
     Returns ``self``.
     """
-    from ..utils.global_view import current_global_mode
     mode = current_global_mode()
     if mode.is_enabled:
         placement = placement if placement is not None else mode.placement
@@ -102,7 +102,6 @@ def module_to_global(self: Module, placement=None, sbp: SbpSpec | None = None, *
 def module_to_local(self: Module) -> Module:
     """The inverse for tensors held broadcast: every global parameter/buffer becomes its full
     value on this rank (a gather where split; partial sums are reduced). In place."""
-    from ..core.sbp import B
     for t in list(self.parameters()) + [b for b in self.buffers() if b is not None]:
         if t._global is None:
             continue
