@@ -53,6 +53,7 @@ import torch
 
 from .core.errors import HoloflowError, UnsupportedError
 from .core.tensor import Tensor
+from . import serialization_module as _whole
 
 __all__ = ["save", "load", "CheckpointError", "TensorCodec", "register_codec", "CODECS", "register_sharded"]
 
@@ -120,6 +121,8 @@ class _Encoder:
             kind = "odict" if isinstance(obj, OrderedDict) else "dict"
             return {"t": kind, "items": [[self.key(k, where), self.node(v, f"{where}[{k!r}]")]
                                          for k, v in obj.items()]}
+        if _whole.is_module(obj):   # a whole module: see serialization_module.py
+            return _whole.encode_module(self.tensor, obj, where)
         raise TypeError(f"holoflow.save: can't save {type(obj).__name__} at {where}; checkpoints hold "
                         f"tensors, dicts, lists, tuples, and None/bool/int/float/str")
 
@@ -315,8 +318,9 @@ def load(path: str | os.PathLike, map_location=None, weights_only: bool = True, 
     >>> ckpt = flow.load("ckpt.hf", map_location="cpu")
     >>> ckpt = flow.load("ckpt_dir", like={"model": model, "optim": opt})
     """
-    if not weights_only:
-        raise UnsupportedError("holoflow.load: weights_only=False is not supported; loading never unpickles code")
+    if not weights_only:   # modules saved whole may be rebuilt (their code runs), as torch.load
+        with _whole.allowing_code(True):
+            return load_file(path, map_location)
     if global_src_rank is not None or (_SHARDED is not None and _SHARDED.is_sharded(path)):
         if _SHARDED is None:
             raise UnsupportedError("holoflow.load: global checkpoints need holoflow.checkpoint (import holoflow)")
@@ -474,6 +478,8 @@ class _Decoder:
                     raise self.bad("a dict item is not a [key, value] pair")
                 out[self.node(pair[0])] = self.node(pair[1])
             return out
+        if kind == "module":
+            return _whole.decode_module(self.tensor, n, self.name)
         raise self.bad(f"unknown node {str(n)[:80]}")
 
     def tensor(self, n: dict) -> Tensor:
