@@ -117,10 +117,25 @@ def init() -> bool:
                             f"launch with `python -m holoflow.distributed.launch --nproc_per_node N script.py`")
     if torch.cuda.is_available():
         torch.cuda.set_device(get_local_rank() % max(1, torch.cuda.device_count()))
-    dist.init_process_group(backend(), rank=_int_env("RANK", 0), world_size=ws, timeout=comm_timeout())
+    rank = _int_env("RANK", 0)
+    dist.init_process_group(backend(), rank=rank, world_size=ws, timeout=comm_timeout(),
+                            store=_restart_store(rank, ws))
     # who runs each rank, so a failed collective can say which peer process is gone
     store().set(f"holoflow/proc/{dist.get_rank()}", f"{socket.gethostname()} {os.getpid()}")
     return True
+
+
+def _restart_store(rank: int, ws: int):
+    """After a restart by the launcher (``--max_restarts``), a store whose keys are this
+    attempt's: torch's agent store keeps the dead attempt's Gloo addresses, and the new group
+    would connect to them ("Connection refused"). None (torch's own env:// store) otherwise."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt in ("", "0"):
+        return None
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), ws,
+                         is_master=rank == 0 and not agent_hosts, timeout=comm_timeout())
+    return dist.PrefixStore(f"holoflow/attempt_{attempt}", base)
 
 
 def ensure_initialized() -> None:
