@@ -126,6 +126,9 @@ def _tuple(v, n: int, what: str, name: str) -> tuple:
     t = tuple(v) if isinstance(v, (list, tuple)) else (v,) * n
     if len(t) != n:
         raise ValueError(f"holoflow.{name}: {what} must be an int or {n} ints, got {v!r}")
+    if not all(isinstance(i, int) or (hasattr(i, "__index__") and not isinstance(i, bool)) for i in t):
+        raise TypeError(f"holoflow.{name}: {what} must be an int or {n} ints, got {v!r} "
+                        f"({', '.join(sorted({type(i).__name__ for i in t}))})")
     return tuple(int(i) for i in t)
 
 

@@ -296,6 +296,11 @@ def where(condition: Tensor, input=None, other=None):
 
 
 def lerp(input: Tensor, end: Tensor, weight) -> Tensor:
+    """``input + weight * (end - input)``, as ``torch.lerp`` (floating point inputs)."""
+    for name, v in (("input", input), ("end", end), ("weight", weight)):
+        if isinstance(v, Tensor) and not (v.is_floating_point() or v.is_complex()):
+            raise NotImplementedError(f"holoflow.lerp: {name} has dtype {v.dtype}; lerp needs floating point "
+                                      f"or complex tensors")
     return input + (end - input) * weight
 
 

@@ -81,7 +81,8 @@ def roll(input: Tensor, shifts, dims=None) -> Tensor:
         dims = (dims,) if isinstance(dims, int) else tuple(dims)
         dims = tuple(normalize_dim("roll", d, input.dim()) for d in dims)
         if len(dims) != len(shifts):
-            raise ValueError(f"holoflow.roll: {len(shifts)} shifts for {len(dims)} dims")
+            raise RuntimeError(f"holoflow.roll: shifts and dims must align: {len(shifts)} shifts {list(shifts)} "
+                               f"for {len(dims)} dims {list(dims)}")
     return apply(ROLL, input, shifts=shifts, dims=dims)
 
 
@@ -225,7 +226,7 @@ def pad(input: Tensor, pad: Sequence[int], mode: str = "constant", value: float 
     (before, after) pairs starting from the last dim; modes constant/reflect/replicate/circular."""
     pad = tuple(int(p) for p in pad)
     if len(pad) % 2 or len(pad) // 2 > input.dim():
-        raise ValueError(f"holoflow.pad: pad {list(pad)} must have an even length of at most 2 * ndim "
+        raise RuntimeError(f"holoflow.pad: pad {list(pad)} must have an even length of at most 2 * ndim "
                          f"for a tensor of shape {_fmt(input.shape)}")
     if mode not in ("constant", "reflect", "replicate", "circular"):
         raise ValueError(f"holoflow.pad: unknown mode {mode!r}; use constant, reflect, replicate or circular")

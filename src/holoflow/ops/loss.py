@@ -250,6 +250,13 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
     torch does; ``weight`` rescales each element."""
     input, target = _composite("binary_cross_entropy", input, target)
     _pair("binary_cross_entropy", input, target, same_shape=True)
+    if not interpret.is_lazy() and not input.is_global:  # a value check: eager local tensors only
+        inside = (input >= 0) & (input <= 1)  # NaN is outside too, as in torch
+        if not bool(inside.all()):
+            bad = input.detach()[~inside]
+            raise RuntimeError(f"holoflow.binary_cross_entropy: all elements of input should be between 0 and 1 "
+                               f"(probabilities); {bad.numel()} are not, e.g. {float(bad.reshape(-1)[0])}; for "
+                               f"logits use binary_cross_entropy_with_logits")
     loss = -(target * input.log().clamp_min(-100.0) + (1 - target) * (1 - input).log().clamp_min(-100.0))
     if weight is not None:
         loss = loss * weight

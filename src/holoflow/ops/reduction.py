@@ -36,7 +36,9 @@ def reduce_dims(op: str, dim, ndim: int) -> tuple[int, ...]:
     """Normalized, sorted reduced dims; ``None`` or ``()`` means every dim (as torch's sum)."""
     if dim is None or (not isinstance(dim, int) and len(dim) == 0):
         return tuple(range(ndim))
-    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    dims = (dim,) if isinstance(dim, int) else tuple(dim) if isinstance(dim, (tuple, list)) else None
+    if dims is None or [d for d in dims if not isinstance(d, int)]:
+        raise TypeError(f"holoflow.{op}: dim must be an int, a tuple of ints or None, got {dim!r}")
     out = tuple(sorted(normalize_dim(op, d, ndim) for d in dims))
     if len(set(out)) != len(out):
         raise RuntimeError(f"holoflow.{op}: dim {dim} names a dimension more than once")
@@ -368,6 +370,9 @@ def _extreme(name: str, full_op, dim_op, binary_fn, input: Tensor, dim, keepdim:
     if dim is None:
         if keepdim:
             raise TypeError(f"holoflow.{name}: keepdim needs a dim")
+        if input.numel() == 0:
+            raise RuntimeError(f"holoflow.{name}: the input of shape {tuple(input.shape)} has no elements; "
+                               f"give a dim to reduce over (a non-empty one), as torch requires")
         return apply(full_op, input, dim=tuple(range(input.dim())), keepdim=False)
     return apply(dim_op, input, dim=one_dim(name, dim, input.dim()), keepdim=keepdim)
 
