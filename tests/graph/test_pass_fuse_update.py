@@ -78,3 +78,29 @@ def test_global_tensors_in_a_graph_fail_clearly():
             g(x)
         return True
     assert world.simulate(2, fn) == [True, True]
+
+
+class _AdamSign(flow.optim.Adam):
+    """A subclass that rewrites Adam's rule: Adam's fused kernel no longer implements it."""
+
+    def _update(self, V, group, params, grads, states):
+        super()._update(V, group, params, [g.sign() for g in grads], states)
+
+
+class _Halving(flow.optim.SGD):
+    """An optimizer declaring its own fused lowering (here: a plain torch call)."""
+
+    @staticmethod
+    def fused_update(group, params, grads, states):
+        torch._foreach_add_([p._data for p in params], [g._data for g in grads], alpha=-group["lr"])
+
+
+def test_the_pass_asks_the_declared_lowering_not_the_class():
+    m = Net()
+    g = Train(m, _Halving(m.parameters(), lr=0.1), fuse=True)
+    g(flow.randn(5, 6))
+    assert [n.op for n in next(iter(g._compiled.values())).ir.nodes if n.effect] == ["fused__halving_update"]
+    m2 = Net()
+    g2 = Train(m2, _AdamSign(m2.parameters()), fuse=True)
+    g2(flow.randn(5, 6))
+    assert [n.op for n in next(iter(g2._compiled.values())).ir.nodes if n.effect] == ["_adamsign_update"]

@@ -159,3 +159,51 @@ def test_add_param_group_gets_defaults():
     opt = optim.Adam([a], lr=0.1, betas=(0.5, 0.6))
     opt.add_param_group({"params": b, "lr": 0.2})
     assert opt.param_groups[1]["betas"] == (0.5, 0.6) and opt.param_groups[1]["lr"] == 0.2
+
+
+class _PlainSGD(optim.Optimizer):
+    """A new optimizer written once, as an update rule over a lowering's list operations."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, dict(lr=lr, foreach=None))
+
+    def _update(self, V, group, params, grads, states):
+        V.add_(V.of(params), V.of(grads), alpha=-group["lr"])
+
+
+@pytest.mark.parametrize("foreach", [None, False])
+def test_one_update_rule_runs_with_either_lowering(foreach):
+    """``_update`` alone gives a working optimizer: the foreach lowering (torch storages) and the
+    op lowering (holoflow ops) both run it, to torch.optim.SGD's numbers."""
+    topt, _ = _pair("SGD", dict(lr=0.1), foreach=None)
+    fopt = _PlainSGD([flow.from_torch(p.detach().clone()).requires_grad_() for p in _params(topt)], lr=0.1)
+    fopt.param_groups[0]["foreach"] = foreach
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        for tp, fp in zip(_params(topt), _params(fopt)):
+            grad = torch.randn(tp.shape, generator=g, dtype=tp.dtype)
+            tp.grad, fp.grad = grad.clone(), flow.from_torch(grad.clone())
+        topt.step()
+        fopt.step()
+    for tp, fp in zip(_params(topt), _params(fopt)):
+        torch.testing.assert_close(fp.to_torch(), tp.detach(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name,kw", [c for c in CASES if c[0] in ("Adam", "AdamW")][:3])
+def test_declared_fused_lowering_matches_torch_fused(name, kw):
+    """Adam declares torch's fused kernel as a lowering of its rule: run directly it gives
+    torch.optim's fused=True numbers."""
+    topt, fopt = _pair(name, kw, foreach=None)
+    topt = getattr(torch.optim, name)(_params(topt), fused=True, **kw)
+    fused = type(fopt).fused_update
+    assert fused is not None
+    g = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        for tp, fp in zip(_params(topt), _params(fopt)):
+            grad = torch.randn(tp.shape, generator=g, dtype=tp.dtype)
+            tp.grad, fp.grad = grad.clone(), flow.from_torch(grad.clone())
+        topt.step()
+        group = fopt.param_groups[0]
+        params = group["params"]
+        fused(group, params, [p.grad for p in params], [fopt._state_of(p, group) for p in params])
+    _assert_same(topt, fopt, exact=True)

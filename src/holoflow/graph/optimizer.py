@@ -2,7 +2,9 @@
 parameter and state storages, reading hyper-parameters (the scheduler's lr) at run time, so eager
 and graph share one update rule.
 
-- without a grad scaler: one effect per param group, the optimizer's multi-tensor (foreach) update;
+- without a grad scaler: one effect per param group, the optimizer's own update rule run with its
+  multi-tensor (foreach) lowering (optim/lowering.py; passes/fuse_update.py may swap in the
+  optimizer's fused lowering);
 - with a grad scaler: one effect that hands the gradients to ``scaler.step(opt)`` (unscale, skip
   the step on inf/nan) and ``scaler.update()``, then publishes the new scale to the tensor the
   traced loss scaling reads;

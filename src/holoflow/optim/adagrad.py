@@ -3,11 +3,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-import torch
-
 from ..core.tensor import Tensor
 from ..ops import creation as C
-from .optimizer import Optimizer, new_step, step_values, storages
+from .optimizer import Optimizer, new_step, step_values
 
 __all__ = ["Adagrad"]
 
@@ -35,28 +33,16 @@ class Adagrad(Optimizer):
     def _init_state(self, p: Tensor, group: dict) -> dict:
         return {"step": new_step(), "sum": C.full_like(p, group["initial_accumulator_value"])}
 
-    def _step_foreach(self, group: dict, params: list, grads: list, states: list) -> None:
+    def _update(self, V, group: dict, params: list, grads: list, states: list) -> None:
         lr, wd, decay, eps = float(group["lr"]), group["weight_decay"], group["lr_decay"], group["eps"]
-        ps, gs = storages(params), storages(grads)
+        ps, gs = V.of(params), V.of(grads)
         steps = step_values([st["step"]._data for st in states])
         if group["maximize"]:
-            gs = torch._foreach_neg(gs)
+            gs = V.neg(gs)
         if wd != 0:
-            gs = torch._foreach_add(gs, ps, alpha=wd)
-        sums = [st["sum"]._data for st in states]
-        torch._foreach_addcmul_(sums, gs, gs, value=1)
-        std = torch._foreach_sqrt(sums)
-        torch._foreach_add_(std, eps)
-        torch._foreach_addcdiv_(ps, gs, std, [-(lr / (1 + (t - 1) * decay)) for t in steps])
-
-    def _step_ops(self, group: dict, params: list, grads: list, states: list) -> None:
-        lr, wd, decay, eps = float(group["lr"]), group["weight_decay"], group["lr_decay"], group["eps"]
-        for p, g, st in zip(params, grads, states):
-            st["step"].add_(1)
-            t = st["step"].item()
-            if group["maximize"]:
-                g = -g
-            if wd != 0:
-                g = g.add(p, alpha=wd)
-            s = st["sum"].add_(g * g)
-            p.add_(g / s.sqrt().add_(eps), alpha=-(lr / (1 + (t - 1) * decay)))
+            gs = V.add(gs, ps, alpha=wd)
+        sums = V.of([st["sum"] for st in states])
+        V.addcmul_(sums, gs, gs, 1)
+        std = V.sqrt(sums)
+        V.add_(std, eps)
+        V.addcdiv_(ps, gs, std, [-(lr / (1 + (t - 1) * decay)) for t in steps])

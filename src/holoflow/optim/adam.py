@@ -7,10 +7,26 @@ import torch
 
 from ..core.tensor import Tensor
 from ..ops import creation as C
-from ..ops import elementwise as E
-from .optimizer import Optimizer, new_step, step_values, storages
+from .optimizer import Optimizer, new_step, step_values
 
 __all__ = ["Adam", "AdamW"]
+
+
+def _fused_adam(group: dict, params: list, grads: list, states: list) -> None:
+    """Adam's update as one ``torch._fused_adam_`` / ``_fused_adamw_`` call (a lowering of
+    :meth:`Adam._update`: torch's kernel, the same hyper-parameters)."""
+    for p, st in zip(params, states):  # fused kernels want the counters on the params' device
+        if st["step"]._data.device != p._data.device:
+            st["step"]._data = st["step"]._data.to(p._data.device)
+    steps = [st["step"]._data for st in states]
+    torch._foreach_add_(steps, 1)
+    b1, b2 = group["betas"]
+    kernel = torch._fused_adamw_ if group["decoupled_weight_decay"] else torch._fused_adam_
+    kernel([p._data for p in params], [g._data.contiguous() for g in grads],
+           [st["exp_avg"]._data for st in states], [st["exp_avg_sq"]._data for st in states],
+           [st["max_exp_avg_sq"]._data for st in states] if group["amsgrad"] else [],
+           steps, lr=float(group["lr"]), beta1=b1, beta2=b2, weight_decay=group["weight_decay"],
+           eps=group["eps"], amsgrad=group["amsgrad"], maximize=group["maximize"])
 
 
 class Adam(Optimizer):
@@ -19,6 +35,8 @@ class Adam(Optimizer):
     ``m = lerp(m, g, 1 - b1)``, ``v = b2 * v + (1 - b2) * g * g``,
     ``p -= lr / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)``.
     """
+
+    fused_update = staticmethod(_fused_adam) if hasattr(torch, "_fused_adam_") else None
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False, *,
@@ -46,51 +64,29 @@ class Adam(Optimizer):
             st["max_exp_avg_sq"] = C.zeros_like(p)
         return st
 
-    def _step_foreach(self, group: dict, params: list, grads: list, states: list) -> None:
+    def _update(self, V, group: dict, params: list, grads: list, states: list) -> None:
         (b1, b2), lr, wd, eps = group["betas"], float(group["lr"]), group["weight_decay"], group["eps"]
-        ps, gs = storages(params), storages(grads)
-        ms = [st["exp_avg"]._data for st in states]
-        vs = [st["exp_avg_sq"]._data for st in states]
+        ps, gs = V.of(params), V.of(grads)
+        ms, vs = V.of([st["exp_avg"] for st in states]), V.of([st["exp_avg_sq"] for st in states])
         steps = step_values([st["step"]._data for st in states])
         if group["maximize"]:
-            gs = torch._foreach_neg(gs)
+            gs = V.neg(gs)
         if wd != 0:
             if group["decoupled_weight_decay"]:
-                torch._foreach_mul_(ps, 1 - lr * wd)
+                V.mul_(ps, 1 - lr * wd)
             else:
-                gs = torch._foreach_add(gs, ps, alpha=wd)
-        torch._foreach_lerp_(ms, gs, 1 - b1)
-        torch._foreach_mul_(vs, b2)
-        torch._foreach_addcmul_(vs, gs, gs, 1 - b2)
+                gs = V.add(gs, ps, alpha=wd)
+        V.lerp_(ms, gs, 1 - b1)
+        V.mul_(vs, b2)
+        V.addcmul_(vs, gs, gs, 1 - b2)
         if group["amsgrad"]:
-            maxes = [st["max_exp_avg_sq"]._data for st in states]
-            torch._foreach_maximum_(maxes, vs)
+            maxes = V.of([st["max_exp_avg_sq"] for st in states])
+            V.maximum_(maxes, vs)
             vs = maxes
-        step_size = [-(lr / (1 - b1 ** t)) for t in steps]
-        denom = torch._foreach_sqrt(vs)
-        torch._foreach_div_(denom, [(1 - b2 ** t) ** 0.5 for t in steps])
-        torch._foreach_add_(denom, eps)
-        torch._foreach_addcdiv_(ps, ms, denom, step_size)
-
-    def _step_ops(self, group: dict, params: list, grads: list, states: list) -> None:
-        (b1, b2), lr, wd, eps = group["betas"], float(group["lr"]), group["weight_decay"], group["eps"]
-        for p, g, st in zip(params, grads, states):
-            st["step"].add_(1)
-            t = st["step"].item()
-            if group["maximize"]:
-                g = -g
-            if wd != 0:
-                if group["decoupled_weight_decay"]:
-                    p.mul_(1 - lr * wd)
-                else:
-                    g = g.add(p, alpha=wd)
-            m, v = st["exp_avg"], st["exp_avg_sq"]
-            m.add_(g - m, alpha=1 - b1)
-            v.mul_(b2).add_(g * g, alpha=1 - b2)
-            if group["amsgrad"]:
-                v = st["max_exp_avg_sq"] = E.maximum(st["max_exp_avg_sq"], v)
-            denom = (v.sqrt() / (1 - b2 ** t) ** 0.5).add_(eps)
-            p.add_(m / denom, alpha=-(lr / (1 - b1 ** t)))
+        denom = V.sqrt(vs)
+        V.div_(denom, [(1 - b2 ** t) ** 0.5 for t in steps])
+        V.add_(denom, eps)
+        V.addcdiv_(ps, ms, denom, [-(lr / (1 - b1 ** t)) for t in steps])
 
 
 class AdamW(Adam):

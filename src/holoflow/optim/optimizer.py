@@ -1,16 +1,19 @@
 """``Optimizer``: param groups, per-parameter state, ``state_dict`` in torch's format, ``step``.
 
-An algorithm subclasses :class:`Optimizer` and writes three methods:
+An algorithm subclasses :class:`Optimizer` and writes two methods:
 
 - ``_init_state(p, group) -> dict``: the fresh state of one parameter (``step`` is a float32
   scalar tensor, as torch stores it);
-- ``_step_foreach(group, params, grads, states)``: the fast path, ``torch._foreach_*`` calls on
-  the parameters' storages (local tensors, eager mode);
-- ``_step_ops(group, params, grads, states)``: the reference path, holoflow ops on holoflow
-  tensors, so it also runs on global tensors and inside a graph trace.
+- ``_update(V, group, params, grads, states)``: its update rule, written ONCE in the list
+  operations of a lowering ``V`` (optim/lowering.py): ``V.of(tensors)`` gives the elements to
+  work on, ``V.lerp_(ms, gs, 1 - b1)`` ... update them in place, following torch's formulas, so
+  results equal torch's on the same gradients (``Parameter`` identity holds).
 
-Both update parameters in place (``Parameter`` identity holds) and follow torch's single-tensor
-formulas, so results equal torch's on the same gradients.
+``step()`` runs the rule with :data:`~.lowering.FOREACH` (one ``torch._foreach_*`` call per
+operation, on local tensors in eager mode; ``_step_foreach``) or :data:`~.lowering.OPS` (holoflow
+ops per element, for global tensors and ``foreach=False``; ``_step_ops``). A class may declare
+``fused_update``, one torch kernel for the whole rule, which graph mode selects as a lowering
+(graph/passes/fuse_update.py). A subclass may still override ``_step_foreach``/``_step_ops``.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from ..core import grad_mode
 from ..core.interpret import is_lazy
 from ..core.errors import UnsupportedError
 from ..core.tensor import Tensor, clear_grads
+from .lowering import FOREACH, OPS
 
 __all__ = ["Optimizer"]
 
@@ -44,6 +48,10 @@ class Optimizer:
     >>> opt = flow.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     >>> loss.backward(); opt.step(); opt.zero_grad()
     """
+
+    #: ``(group, params, grads, states) -> None``: the update as one fused torch kernel, a
+    #: lowering graph mode may choose (graph/passes/fuse_update.py); None where torch has none
+    fused_update: Callable | None = None
 
     def __init__(self, params: Iterable, defaults: dict[str, Any]) -> None:
         for flag in _UNSUPPORTED_FLAGS:
@@ -157,11 +165,15 @@ class Optimizer:
     def _init_state(self, p: Tensor, group: dict) -> dict:
         return {}
 
+    def _update(self, V, group: dict, params: list, grads: list, states: list) -> None:
+        """The update rule, in the list operations of lowering ``V`` (see the module doc)."""
+        raise NotImplementedError(f"holoflow.optim.{type(self).__name__}: no update rule (_update)")
+
     def _step_foreach(self, group: dict, params: list, grads: list, states: list) -> None:
-        raise NotImplementedError
+        self._update(FOREACH, group, params, grads, states)
 
     def _step_ops(self, group: dict, params: list, grads: list, states: list) -> None:
-        raise NotImplementedError
+        self._update(OPS, group, params, grads, states)
 
     # -- state dict ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -3,11 +3,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-import torch
-
 from ..core.tensor import Tensor
 from ..ops import creation as C
-from .optimizer import Optimizer, new_step, step_values, storages
+from .optimizer import Optimizer, new_step, step_values
 
 __all__ = ["RMSprop"]
 
@@ -38,53 +36,30 @@ class RMSprop(Optimizer):
             st["grad_avg"] = C.zeros_like(p)
         return st
 
-    def _step_foreach(self, group: dict, params: list, grads: list, states: list) -> None:
+    def _update(self, V, group: dict, params: list, grads: list, states: list) -> None:
         lr, a, eps, wd, mom = (float(group["lr"]), group["alpha"], group["eps"],
                                group["weight_decay"], group["momentum"])
-        ps, gs = storages(params), storages(grads)
+        ps, gs = V.of(params), V.of(grads)
         step_values([st["step"]._data for st in states])
         if group["maximize"]:
-            gs = torch._foreach_neg(gs)
+            gs = V.neg(gs)
         if wd != 0:
-            gs = torch._foreach_add(gs, ps, alpha=wd)
-        vs = [st["square_avg"]._data for st in states]
-        torch._foreach_mul_(vs, a)
-        torch._foreach_addcmul_(vs, gs, gs, value=1 - a)
+            gs = V.add(gs, ps, alpha=wd)
+        vs = V.of([st["square_avg"] for st in states])
+        V.mul_(vs, a)
+        V.addcmul_(vs, gs, gs, 1 - a)
         if group["centered"]:
-            mg = [st["grad_avg"]._data for st in states]
-            torch._foreach_lerp_(mg, gs, 1 - a)
-            avg = torch._foreach_addcmul(vs, mg, mg, value=-1)
-            torch._foreach_sqrt_(avg)
+            mg = V.of([st["grad_avg"] for st in states])
+            V.lerp_(mg, gs, 1 - a)
+            avg = V.addcmul(vs, mg, mg, -1)
+            V.sqrt_(avg)
         else:
-            avg = torch._foreach_sqrt(vs)
-        torch._foreach_add_(avg, eps)
+            avg = V.sqrt(vs)
+        V.add_(avg, eps)
         if mom > 0:
-            bufs = [st["momentum_buffer"]._data for st in states]
-            torch._foreach_mul_(bufs, mom)
-            torch._foreach_addcdiv_(bufs, gs, avg)
-            torch._foreach_add_(ps, bufs, alpha=-lr)
+            bufs = V.of([st["momentum_buffer"] for st in states])
+            V.mul_(bufs, mom)
+            V.addcdiv_(bufs, gs, avg)
+            V.add_(ps, bufs, alpha=-lr)
         else:
-            torch._foreach_addcdiv_(ps, gs, avg, value=-lr)
-
-    def _step_ops(self, group: dict, params: list, grads: list, states: list) -> None:
-        lr, a, eps, wd, mom = (float(group["lr"]), group["alpha"], group["eps"],
-                               group["weight_decay"], group["momentum"])
-        for p, g, st in zip(params, grads, states):
-            st["step"].add_(1)
-            if group["maximize"]:
-                g = -g
-            if wd != 0:
-                g = g.add(p, alpha=wd)
-            v = st["square_avg"].mul_(a).add_(g * g, alpha=1 - a)
-            if group["centered"]:
-                mg = st["grad_avg"]
-                mg.add_(g - mg, alpha=1 - a)
-                avg = (v - mg * mg).sqrt()
-            else:
-                avg = v.sqrt()
-            avg = avg.add_(eps)
-            if mom > 0:
-                buf = st["momentum_buffer"].mul_(mom).add_(g / avg)
-                p.add_(buf, alpha=-lr)
-            else:
-                p.add_(g / avg, alpha=-lr)
+            V.addcdiv_(ps, gs, avg, -lr)

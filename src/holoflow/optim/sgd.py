@@ -3,10 +3,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-import torch
-
 from ..core.tensor import Tensor
-from .optimizer import Optimizer, required, storages
+from .optimizer import Optimizer, required
 
 __all__ = ["SGD"]
 
@@ -39,42 +37,22 @@ class SGD(Optimizer):
         # torch keeps no SGD state without momentum, and creates the buffer on the first step
         return self.state[p] if group["momentum"] != 0 else {}
 
-    def _step_foreach(self, group: dict, params: list, grads: list, states: list) -> None:
-        ps, gs = storages(params), storages(grads)
+    def _update(self, V, group: dict, params: list, grads: list, states: list) -> None:
+        ps, gs = V.of(params), V.of(grads)
         lr, wd, mom = float(group["lr"]), group["weight_decay"], group["momentum"]
         if group["maximize"]:
-            gs = torch._foreach_neg(gs)
+            gs = V.neg(gs)
         if wd != 0:
-            gs = torch._foreach_add(gs, ps, alpha=wd)
+            gs = V.add(gs, ps, alpha=wd)
         if mom != 0:
-            bufs, old = [], []
-            for st, g in zip(states, gs):
-                if "momentum_buffer" not in st:
-                    st["momentum_buffer"] = Tensor._make(g.detach().clone())
-                    bufs.append(None)
-                else:
-                    old.append(st["momentum_buffer"]._data)
-                    bufs.append(old[-1])
-            if old:
-                new_g = [g for b, g in zip(bufs, gs) if b is not None]
-                torch._foreach_mul_(old, mom)
-                torch._foreach_add_(old, new_g, alpha=1 - group["dampening"])
-            bufs = [st["momentum_buffer"]._data for st in states]
-            gs = torch._foreach_add(gs, bufs, alpha=mom) if group["nesterov"] else bufs
-        torch._foreach_add_(ps, gs, alpha=-lr)
-
-    def _step_ops(self, group: dict, params: list, grads: list, states: list) -> None:
-        lr, wd, mom = float(group["lr"]), group["weight_decay"], group["momentum"]
-        for p, g, st in zip(params, grads, states):
-            if group["maximize"]:
-                g = -g
-            if wd != 0:
-                g = g.add(p, alpha=wd)
-            if mom != 0:
-                buf = st.get("momentum_buffer")
-                if buf is None:
-                    buf = st["momentum_buffer"] = g.detach().clone()
-                else:
-                    buf.mul_(mom).add_(g, alpha=1 - group["dampening"])
-                g = g.add(buf, alpha=mom) if group["nesterov"] else buf
-            p.add_(g, alpha=-lr)
+            fresh = [i for i, st in enumerate(states) if "momentum_buffer" not in st]
+            old = [i for i, st in enumerate(states) if "momentum_buffer" in st]
+            if old:  # torch's first step takes the gradient itself as the buffer
+                bufs = V.of([states[i]["momentum_buffer"] for i in old])
+                V.mul_(bufs, mom)
+                V.add_(bufs, [gs[i] for i in old], alpha=1 - group["dampening"])
+            for i, b in zip(fresh, V.clone([gs[i] for i in fresh])):
+                states[i]["momentum_buffer"] = V.tensor(b)
+            bufs = V.of([st["momentum_buffer"] for st in states])
+            gs = V.add(gs, bufs, alpha=mom) if group["nesterov"] else bufs
+        V.add_(ps, gs, alpha=-lr)
