@@ -209,10 +209,14 @@ def test_every_node_has_a_source_line_in_this_file():
     assert prog.lines and all(src[i - 1].split("  # ")[1].startswith(f"{HERE}:") for i in prog.lines)
 
 
-def test_pass_log_keeps_the_ir_after_every_pass():
+def test_pass_log_keeps_the_ir_after_every_pass(capsys):
     g = _all_passes(Train(*_case()))
+    g.debug(3)
     g(_batch())
     log = g.passes_log
+    printed = capsys.readouterr().out
+    for rec in log:                                          # debug(3): the IR after every pass, as Python
+        assert f"  {rec.summary()}" in printed and str(rec) in printed
     assert [r.name for r in log] == ["trace", "grad_acc", "checkpointing", "cse", "dce", "fuse_add_to_output",
                                      "fuse_elementwise", "fuse_update", "memory_plan"]
     for prev, rec in zip(log, log[1:]):
