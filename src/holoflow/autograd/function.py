@@ -1,6 +1,8 @@
 """``holoflow.autograd.Function``: user-defined ops with their own forward and backward."""
 from __future__ import annotations
 
+import torch
+
 from ..core import grad_mode
 from ..core.autograd import Node
 from ..core.registry import Op
@@ -43,7 +45,35 @@ def _function_grad(node: Node, *dys):
     if len(grads) < n:
         raise RuntimeError(f"holoflow: {fn.__name__}.backward returned {len(grads)} gradients, "
                            f"but forward took {n} inputs")
-    return tuple(grads[:n])
+    metas = node.attrs["ctx"]._input_metas
+    return tuple(_validate(fn.__name__, i, g, metas[i]) if node.edges[i] is not None else g
+                 for i, g in enumerate(grads[:n]))
+
+
+def _validate(name: str, i: int, g, meta):
+    """torch's checks on a custom backward's gradient: a gradient the input's shape can expand to
+    is summed back to it, another shape raises; the dtype becomes the input's."""
+    if g is None or meta is None:
+        return g
+    if not isinstance(g, Tensor):
+        raise TypeError(f"holoflow: {name}.backward returned a {type(g).__name__} as gradient {i}; "
+                        f"expected a Tensor or None")
+    shape, dt = meta
+    if tuple(g.shape) != shape:
+        try:
+            expandable = torch.broadcast_shapes(shape, tuple(g.shape)) == tuple(g.shape)
+        except RuntimeError:
+            expandable = False
+        if not expandable:
+            raise RuntimeError(f"holoflow: Function {name}Backward returned an invalid gradient at index "
+                               f"{i} - got {list(g.shape)} but expected shape compatible with {list(shape)}")
+        lead = g.dim() - len(shape)
+        if lead:
+            g = g.sum(dim=tuple(range(lead)))
+        ones = tuple(d for d, s in enumerate(shape) if s == 1 and g.shape[d] != 1)
+        if ones:
+            g = g.sum(dim=ones, keepdim=True)
+    return g if g.dtype is dt else g.to(dt)
 
 
 class Function:
@@ -55,6 +85,7 @@ class Function:
     def apply(cls, *args):
         ctx = FunctionCtx()
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        ctx._input_metas = [(tuple(a.shape), a.dtype) if isinstance(a, Tensor) else None for a in args]
         with grad_mode.no_grad():
             out = cls.forward(ctx, *args)
         if not (any(ctx.needs_input_grad) and grad_mode.is_grad_enabled()):

@@ -55,4 +55,5 @@ def to_torch(d) -> torch.device | None:
     try:
         return torch.device(d)
     except (RuntimeError, TypeError) as e:
-        raise ValueError(f"holoflow: {d!r} is not a device; expected 'cpu', 'cuda' or 'cuda:N'") from e
+        from .errors import ArgValueError   # torch: RuntimeError; a ValueError too, as before
+        raise ArgValueError(f"holoflow: {d!r} is not a device; expected 'cpu', 'cuda' or 'cuda:N'") from e

@@ -1,6 +1,8 @@
 """Error helpers: every user mistake names the op, what it got, and what would be legal."""
 from __future__ import annotations
 
+import operator
+
 
 class HoloflowError(RuntimeError):
     """Base class for holoflow's own errors (a RuntimeError, as torch raises)."""
@@ -39,3 +41,52 @@ def normalize_dim(op: str, dim: int, ndim: int) -> int:
         raise IndexError(f"holoflow.{op}: dim {dim} is out of range for a tensor with {ndim} "
                          f"dimension(s); legal dims are {lo}..{hi}")
     return dim % max(ndim, 1)
+
+
+class ArgValueError(HoloflowError, ValueError):
+    """A bad argument value that torch reports as RuntimeError (a bad device string, ...)."""
+
+
+class ArgTypeError(TypeError, ValueError):
+    """An argument of the wrong type: torch raises TypeError (also a ValueError, which holoflow
+    raised before, so older ``except ValueError`` clauses keep working)."""
+
+
+def int_sizes(op: str, sizes: tuple, allow_negative: bool = True) -> tuple[int, ...]:
+    """Sizes as ints, as torch reads them: anything with ``__index__`` (ints, numpy ints, integer
+    0-d tensors); a float (``reshape(3.7)``) or a string is an :class:`ArgTypeError` naming the op,
+    not truncated. ``allow_negative=False`` (creation): a negative size is a :class:`ShapeError`
+    (torch: RuntimeError)."""
+    out = []
+    for i, s in enumerate(sizes):
+        if isinstance(s, bool):
+            raise ArgTypeError(f"holoflow.{op}(): size must be a tuple of ints, but found a bool at pos {i}")
+        try:
+            out.append(operator.index(s))
+        except TypeError:
+            raise ArgTypeError(f"holoflow.{op}(): size must be a tuple of ints, but found element of type "
+                               f"{type(s).__name__} at pos {i} (got {describe(tuple(sizes))})") from None
+        if not allow_negative and out[-1] < 0:
+            raise ShapeError(f"holoflow.{op}(): trying to create a tensor with negative dimension {out[-1]} "
+                             f"(size {tuple(out)}...); sizes must be >= 0")
+    return tuple(out)
+
+
+def check_grad_assignment(t, g) -> None:
+    """What torch checks on ``t.grad = g``: None or a tensor of ``t``'s shape, dtype and device
+    type (RuntimeError otherwise; TypeError for a non-tensor). Call it from the ``grad`` setter."""
+    if g is None:
+        return
+    from .tensor import Tensor
+    if not isinstance(g, Tensor):
+        raise TypeError(f"holoflow: assigned grad expected to be a Tensor or None but got grad of type "
+                        f"{type(g).__name__}")
+    if tuple(g.shape) != tuple(t.shape):
+        raise RuntimeError(f"holoflow: assigned grad has data of a different size: grad {tuple(g.shape)}, "
+                           f"tensor {tuple(t.shape)}")
+    if g.dtype is not t.dtype:
+        raise RuntimeError(f"holoflow: assigned grad has data of a different type: grad {g.dtype}, "
+                           f"tensor {t.dtype}")
+    if g._data.device.type != t._data.device.type:
+        raise RuntimeError(f"holoflow: assigned grad has data located on a different device: grad on "
+                           f"{g._data.device}, tensor on {t._data.device}")

@@ -15,6 +15,7 @@ import torch
 from ..core import device as _device
 from ..core import dtype as _dtype
 from ..core.dispatch import apply
+from ..core.errors import int_sizes
 from ..core.interpret import is_lazy
 from ..core.registry import defop
 from ..core.sbp import B, P
@@ -46,10 +47,7 @@ def _traced(name: str, fn, *args, **attrs) -> Tensor | None:
 def _sizes(size) -> tuple:
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
-    for s in size:
-        if not isinstance(s, int) or isinstance(s, bool) or s < 0:
-            raise ValueError(f"holoflow: sizes must be non-negative ints, got {tuple(size)}")
-    return tuple(size)
+    return int_sizes("tensor creation", size, allow_negative=False)  # torch's TypeError/RuntimeError
 
 
 def _finish(data: torch.Tensor, requires_grad: bool = False, placement=None, sbp=None) -> Tensor:

@@ -13,7 +13,7 @@ import torch
 
 from ..core import dtype as _dtype
 from ..core.dispatch import apply
-from ..core.errors import ShapeError, normalize_dim
+from ..core.errors import ShapeError, int_sizes, normalize_dim
 from ..core.registry import Meta
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
@@ -29,7 +29,7 @@ def _sizes(args: tuple) -> tuple:
     """``f(2, 3)`` and ``f((2, 3))`` alike."""
     if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
         args = tuple(args[0])
-    return tuple(int(a) for a in args)
+    return int_sizes("reshape/view/expand", args)   # 3.7 raises TypeError (torch), never truncates
 
 
 def _fmt(shape) -> str:
