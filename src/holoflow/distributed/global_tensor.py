@@ -36,7 +36,17 @@ class GlobalMeta:
     interpreter: ClassVar[Any]
 
     def box_grad(self, t: Tensor, g: Tensor) -> Tensor:
+        if g._global is not None:  # a gradient traced as a logical global value has its own SBP
+            return g._global.box_to(g, self.grad_sbp or self.sbp)
         return box_grad(t, g)
+
+    def box_to(self, t: Tensor, nd: tuple, grad_sbp=None) -> Tensor:
+        """``t`` (of this meta) redistributed to ``nd`` on the same placement."""
+        r = _check_rank(self.placement, "to_global")
+        out = apply_box(t, self.placement, self.sbp, nd, self.shape, r, world.comm())
+        if out is t:
+            out = local_alias(t)
+        return make_global(out, self.placement, nd, self.shape, grad_sbp)
 
     def seed_grad(self, t: Tensor, g: Tensor | None) -> Tensor:
         return seed_grad(t, g)
@@ -135,11 +145,7 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
         return _move(self, place, nd, gs)
     if nd == g.sbp and not copy and gs is None:
         return self
-    r = _check_rank(place, "to_global")
-    out = apply_box(self, place, g.sbp, nd, g.shape, r, world.comm())
-    if out is self:
-        out = local_alias(self)
-    return make_global(out, place, nd, g.shape, gs)
+    return g.box_to(self, nd, gs)
 
 
 def _move(x: Tensor, place: placement, nd: tuple, gs) -> Tensor:

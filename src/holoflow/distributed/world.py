@@ -130,3 +130,18 @@ def simulate(world_size: int, fn: Callable[[int], Any], timeout: float = 60.0) -
             raise RuntimeError(f"simulated rank {r} failed: {e}") from e
     simulate.last_comm = comm_
     return results
+
+
+class acting_as:
+    """Runs a block as ``rank`` talking through ``comm`` (a plan's kernels on a runtime thread
+    of a simulated rank: collectives there must know whose deposit they make)."""
+
+    def __init__(self, rank_: int, comm_: Any) -> None:
+        self.rank, self.comm = rank_, comm_
+
+    def __enter__(self) -> None:
+        self.prev = _LOCAL.rank, _LOCAL.comm
+        _LOCAL.rank, _LOCAL.comm = self.rank, self.comm
+
+    def __exit__(self, *exc) -> None:
+        _LOCAL.rank, _LOCAL.comm = self.prev

@@ -24,6 +24,9 @@ from .config import GraphConfig
 from .lower import Compiled, lower
 from .optimizer import add_optimizer_updates
 from .pytree import flatten, unflatten
+from ..distributed import world
+from .global_graph import explain as explain_boxing
+from .global_graph import boxing_points, is_global, localize
 from .trace import Tracer, is_user_file, user_line
 
 
@@ -92,7 +95,15 @@ class Graph:
         if not self._compiled:
             return f"(GRAPH:{type(self).__name__}) not compiled yet: call it once first"
         c = next(reversed(self._compiled.values()))
-        return f"{self._summary(c)}\n{c.program.source}"
+        boxing = f"\n{explain_boxing(c.logical)}" if is_global(c.logical) else ""
+        return f"{self._summary(c)}{boxing}\n{c.program.source}"
+
+    def boxing(self) -> list:
+        """Every redistribution of the most recent compile of a global graph: ``BoxingPoint``s
+        with the node (and its user source line), SBP before -> after, the collectives, bytes."""
+        if not self._compiled:
+            raise HoloflowError(f"holoflow.nn.Graph {type(self).__name__}: not compiled yet: call it once first")
+        return boxing_points(next(reversed(self._compiled.values())).logical)
 
     def graph_module(self, module_or_path: Any) -> "GraphModule":
         """OneFlow's per-module settings: ``g.graph_module(g.model.blocks[0]).activation_checkpointing = True``."""
@@ -180,10 +191,7 @@ class Graph:
         tracer = Tracer(self._state_names())
         dev = next((x._data.device for x in leaves if isinstance(x, Tensor)), None)
         tracer.device_type = dev.type if dev is not None else "cpu"
-        for x in leaves:
-            if isinstance(x, Tensor) and x._global is not None:
-                tracer.value_of(x)  # raises: global graphs are not supported yet
-        lazy = [tracer.feed(x._data, f"input{i}") if isinstance(x, Tensor) else x for i, x in enumerate(leaves)]
+        lazy = [tracer.feed(x, f"input{i}") if isinstance(x, Tensor) else x for i, x in enumerate(leaves)]
         args, kwargs = unflatten(lazy, spec)
         scale = self._scale_tensor(dev)
         hooks = self._scope_hooks(tracer)
@@ -213,8 +221,12 @@ class Graph:
         log = [passes.record("trace", ir.with_(nodes=()), ir, time.perf_counter() - t0)]
         from .passes.checkpointing import flagged_paths
         ir = passes.run(ir, self.config.for_passes(flagged_paths(self)), log)
+        logical = ir
+        if is_global(ir):  # this rank's plan, derived from the logical graph without communication
+            ir = localize(ir, world.rank())
         lowered = lower(ir, profile=self.config.profiling)
-        c = Compiled(ir, lowered, self.config.executor, time.perf_counter() - t0, self.config.profiling, log)
+        c = Compiled(ir, lowered, self.config.executor, time.perf_counter() - t0, self.config.profiling, log,
+                     logical=logical)
         self._log = log
         if self._debug >= 1:
             print(self._summary(c))
@@ -396,7 +408,9 @@ def _cache_key(leaves: list, spec, flags: tuple = ()) -> tuple:
     parts = []
     for x in leaves:
         if isinstance(x, Tensor):
-            parts.append(("T", tuple(x.shape), x._data.dtype, x._data.device))
+            g = x._global   # a global input of another placement or SBP compiles another plan
+            parts.append(("T", tuple(x.shape), x._data.dtype, x._data.device) +
+                         ((g.placement, g.sbp) if g is not None else ()))
         else:
             try:
                 hash(x)

@@ -33,13 +33,16 @@ _IDS = itertools.count()
 
 @dataclass(frozen=True, eq=False)
 class Value:
-    """One SSA value: its meta (shape, dtype, device) and a readable name."""
+    """One SSA value: its meta (shape, dtype, device) and a readable name. A global value also
+    has a placement and an nd-SBP, and ``shape`` is its logical shape (graph/global_graph.py)."""
 
     shape: tuple
     dtype: torch.dtype
     device: torch.device = torch.device("cpu")
     name: str = ""
     id: int = field(default_factory=lambda: next(_IDS))
+    placement: Any = None
+    sbp: tuple | None = None
 
     def __repr__(self) -> str:
         return self.name or f"v{self.id}"
@@ -74,6 +77,7 @@ class Node:
     effect: bool = False
     kernel: Any = None
     tags: frozenset = frozenset()
+    sbp: tuple | None = None   # a global node's chosen signature: (input nd-SBPs, output nd-SBPs)
 
     def fn(self):
         return self.kernel if self.kernel is not None else REGISTRY[self.op].kernel

@@ -16,6 +16,7 @@ from typing import Iterable, Iterator
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from ..runtime import Plan, TaskError, TaskSpec
+from .global_graph import wrap_outputs
 from .ir import TOKEN, Graph, Program, Value, program
 from .passes.memory_plan import peak_bytes
 
@@ -91,8 +92,9 @@ class Compiled:
     """
 
     def __init__(self, ir: Graph, lowered: Lowered, executor: str, compile_s: float, profile: bool,
-                 passes_log: list | None = None) -> None:
+                 passes_log: list | None = None, logical: Graph | None = None) -> None:
         self.ir, self.lowered, self.compile_s = ir, lowered, compile_s
+        self.logical = logical if logical is not None else ir   # a global graph before localize
         self.program = lowered.program
         self.passes_log = passes_log or []
         self.kind, self.profile = executor, profile
@@ -116,7 +118,8 @@ class Compiled:
 
     def outputs(self, got: dict) -> list:
         name = self.program.names
-        return [Tensor._make(got[name[o]]) if isinstance(o, Value) else o for o in self.ir.outputs]
+        outs = [Tensor._make(got[name[o]]) if isinstance(o, Value) else o for o in self.ir.outputs]
+        return wrap_outputs(self.logical, outs) if self.logical is not self.ir else outs
 
     def run(self, feeds: dict) -> list:
         return list(self.stream([feeds]))[0]

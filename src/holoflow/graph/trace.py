@@ -13,7 +13,11 @@ from ..core import grad_mode, interpret
 from ..core.dispatch import apply, refresh, take_history, wrap
 from ..core.interpret import Interpreter
 from ..core.views import VIEW_SCATTER, aliases, stamp_of
-from ..core.errors import HoloflowError
+from ..core.errors import HoloflowError, UnsupportedError
+from ..core.registry import infer_metas
+from ..core.sbp import B
+from ..distributed.global_dispatch import choose
+from .global_graph import GLOBAL_BOX, GLOBAL_TAG, LazyGlobal
 from ..core.registry import Meta, Op
 from ..core.tensor import Tensor
 from .ir import Graph, Node, Value
@@ -61,6 +65,32 @@ def _device_of(ins: tuple, attrs: dict) -> torch.device:
     return torch.device("cpu")
 
 
+def _value_like(x: Tensor, name: str) -> Value:
+    """The IR value of a real tensor: a global one by its logical shape, placement and SBP."""
+    d, g = x._data, x._global
+    if g is None:
+        return Value.like(d, name)
+    return Value(tuple(g.shape), d.dtype, d.device, name, placement=g.placement, sbp=g.sbp)
+
+
+def _placement(op: Op, inputs: tuple):
+    """The placement of an op's global inputs (None if all are local); mixing raises."""
+    place = None
+    for x in inputs:
+        if isinstance(x, Tensor) and x._global is not None:
+            if place is not None and x._global.placement != place:
+                raise HoloflowError(f"holoflow.nn.Graph: {op.name} at {user_line()} mixes placements "
+                                    f"{place} and {x._global.placement}; move one with .to_global(placement=...)")
+            place = x._global.placement
+    if place is not None:
+        for x in inputs:
+            if isinstance(x, Tensor) and x._global is None:
+                raise HoloflowError(f"holoflow.nn.Graph: {op.name} at {user_line()} mixes a local tensor of "
+                                    f"shape {tuple(x.shape)} with global tensors on {place}; make it global "
+                                    f"first (.to_global(placement, sbp)) or create it with placement=/sbp=")
+    return place
+
+
 class Tracer(Interpreter):
     """The interpreter of a graph trace: records every op as an IR node, in order, and returns
     lazy tensors (meta storage). ``loss.backward()`` runs the eager engine's grad rules, which bind
@@ -84,10 +114,15 @@ class Tracer(Interpreter):
         self.device_type: str | None = None     # the feeds' device type: autocast reads its policy
 
     # -- values --------------------------------------------------------------------------------
-    def feed(self, t: torch.Tensor, name: str) -> Tensor:
-        v = Value.like(t, name)
+    def feed(self, x: Tensor, name: str) -> Tensor:
+        """A lazy tensor standing for graph input ``x`` (a global input keeps its placement and
+        SBP, with its logical shape)."""
+        v = _value_like(x, name)
         self.feeds.append(v)
-        return self.lazy(torch.empty(t.shape, dtype=t.dtype, device="meta"), v)
+        t = self.lazy(torch.empty(v.shape, dtype=v.dtype, device="meta"), v)
+        if x._global is not None:
+            t._global = LazyGlobal(x._global.placement, x._global.sbp, x._global.shape, tracer=self)
+        return t
 
     def lazy(self, meta: torch.Tensor, v: Value) -> Tensor:
         t = Tensor._make(meta)
@@ -107,19 +142,13 @@ class Tracer(Interpreter):
         key = id(x)
         if key in self.current:
             return self.current[key]
-        if x._global is not None:
-            from ..core.errors import UnsupportedError
-            raise UnsupportedError(
-                f"holoflow.nn.Graph: a global tensor (shape {tuple(x.shape)}, sbp {x._global.sbp}) "
-                f"reached the trace; graphs of global tensors are not supported yet — run this "
-                f"model eagerly (the global view works op by op), or use local tensors in the graph")
         if x._data.device.type == "meta":
             hit = self.by_data.get(id(x._data))
             if hit is not None and hit[1] is x._data:  # a saved output re-wrapped by a grad rule
                 return hit[0]
             raise HoloflowError("holoflow.nn.Graph: a lazy tensor from another trace was used here; "
                                 "tensors created inside build() cannot outlive it")
-        v = Value.like(x._data, self.names.get(key, f"c{len(self.state)}"))
+        v = _value_like(x, self.names.get(key, f"c{len(self.state)}"))
         self.state[key] = (v, x)
         self.current[key] = v
         return v
@@ -127,7 +156,7 @@ class Tracer(Interpreter):
     @staticmethod
     def meta_of(x: Tensor) -> torch.Tensor:
         d = x._data
-        return d if d.device.type == "meta" else torch.empty(d.shape, dtype=d.dtype, device="meta")
+        return d if d.device.type == "meta" else torch.empty(tuple(x.shape), dtype=d.dtype, device="meta")
 
     # -- the interpreter protocol ------------------------------------------------------------------
     def value_token(self, x: Tensor) -> object:
@@ -153,6 +182,58 @@ class Tracer(Interpreter):
             self.backward_rule(tensors, grads, run)
 
     def bind(self, op: Op, inputs: tuple, attrs: dict):
+        for x in inputs:
+            if isinstance(x, Tensor) and x._global is None and x._data.device.type == "meta":
+                self._adopt(x)
+        place = _placement(op, inputs)
+        if place is None:
+            return self._record(op, inputs, attrs)
+        return self._bind_global(op, inputs, attrs, place)
+
+    def _bind_global(self, op: Op, inputs: tuple, attrs: dict, place):
+        """An op on global values: the signature eager would choose; inputs whose SBP differs
+        are boxed by recorded ``global_box`` nodes; outputs are global values of that SBP."""
+        metas = [Meta(tuple(x.shape), x._data.dtype) if isinstance(x, Tensor) else x for x in inputs]
+        cur = [x._global.sbp for x in inputs if isinstance(x, Tensor)]
+        try:
+            logical = infer_metas(op, tuple(m.empty() if isinstance(m, Meta) else m for m in metas),
+                                  {k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})
+        except NotImplementedError as e:
+            raise HoloflowError(f"holoflow.nn.Graph: op {op.name!r} at {user_line()} cannot be traced on "
+                                f"global tensors ({e}); its output shape depends on data") from e
+        sig = choose(op, metas, attrs, cur, place, logical)
+        boxed, j = [], 0
+        for x in inputs:
+            if isinstance(x, Tensor):
+                if sig[0][j] != x._global.sbp:
+                    x = self.box(x, sig[0][j])
+                j += 1
+            boxed.append(x)
+        return self._record(op, tuple(boxed), attrs, (place, sig))
+
+    def _adopt(self, x: Tensor) -> None:
+        """A saved output re-wrapped by a grad rule (``ctx.out``) gets its value's global meta back."""
+        hit = self.by_data.get(id(x._data))
+        if hit is not None and hit[1] is x._data and hit[0].placement is not None:
+            v = hit[0]
+            x._global = LazyGlobal(v.placement, v.sbp, torch.Size(v.shape), tracer=self)
+
+    def box(self, x: Tensor, nd: tuple) -> Tensor:
+        """Records the redistribution of global value ``x`` to ``nd`` (same placement)."""
+        g = x._global
+        if tuple(nd) == tuple(g.sbp):
+            return x
+        attrs = {"place": g.placement, "src": g.sbp, "dst": tuple(nd), "shape": tuple(g.shape)}
+        return self._record(GLOBAL_BOX, (x,), attrs, (g.placement, ((g.sbp,), (tuple(nd),))))
+
+    def make_global(self, x: Tensor, place, nd: tuple) -> Tensor:
+        """A local traced value that every rank computes identically, as a broadcast global one."""
+        if any(s != B for s in nd):
+            raise UnsupportedError("holoflow.nn.Graph: inside build(), a local tensor becomes global "
+                                   "only as broadcast; make inputs global before calling the graph")
+        return self._record(GLOBAL_TAG, (x,), {}, (place, (((),), (tuple(nd),))))
+
+    def _record(self, op: Op, inputs: tuple, attrs: dict, glob: tuple | None = None):
         ins = tuple(self.value_of(x) if isinstance(x, Tensor) else x for x in inputs)
         metas = [self.meta_of(x) if isinstance(x, Tensor) else x for x in inputs]
         try:
@@ -183,14 +264,21 @@ class Tracer(Interpreter):
         res = wrap(op, inputs, attrs, out, record, views=views)
         outs = (res,) if isinstance(res, Tensor) else tuple(res)
         dev = _device_of(ins, attrs)
-        vals = tuple(Value(tuple(o._data.shape), o._data.dtype, dev) for o in outs)
+        if glob is None:
+            vals = tuple(Value(tuple(o._data.shape), o._data.dtype, dev) for o in outs)
+        else:
+            place, sig = glob
+            vals = tuple(Value(tuple(o._data.shape), o._data.dtype, dev, placement=place, sbp=nd)
+                         for o, nd in zip(outs, sig[1]))
+            for o, nd in zip(outs, sig[1]):
+                o._global = LazyGlobal(place, nd, o._data.shape, tracer=self)
         for o, v in zip(outs, vals):
             self.bind_value(o, v)
         tags = frozenset({"bw"}) if self.in_backward else frozenset()
         # a lazy tensor's ``x.to(x.device)`` names meta: at run time that is the input's device
         attrs = {k: dev if isinstance(v, torch.device) and v.type == "meta" else v for k, v in attrs.items()}
         self.nodes.append(Node(op.name, ins, attrs, vals, user_line(), "/".join(self.scope),
-                               tags=tags))
+                               tags=tags, sbp=None if glob is None or op is GLOBAL_TAG else glob[1]))
         return res
 
     def assign(self, x: Tensor, out: Tensor, name: str) -> Tensor:

@@ -1,0 +1,199 @@
+"""Graphs of global tensors: tracing on logical shapes, boxing as IR nodes, one plan per rank.
+
+While a graph traces, a global tensor is a lazy tensor of its *logical* shape whose ``_global``
+is a :class:`LazyGlobal` (placement, nd-SBP, logical shape, and the tracer that records it). An
+op on such inputs chooses its nd-signature with the same cost function eager uses
+(``global_dispatch.choose``); an input whose SBP differs from the chosen one is boxed by a
+``global_box`` node, so every redistribution is a node of the IR, with its bytes. Gradients are
+logical values too: the backward graph is traced from the same grad rules, and a leaf's gradient
+is boxed to the parameter's SBP (a data-parallel weight's partial sums become an all-reduce).
+
+:func:`localize` turns the logical graph into rank ``r``'s graph: values get their local shapes,
+attrs their local values (the op's ``local_attrs``), boxing nodes the rank and communicator.
+Every rank derives its own plan from the same logical graph, with no communication to agree.
+See docs/architecture.md, "Global graphs".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from ..core.errors import HoloflowError
+from ..core.registry import REGISTRY, Meta, defop
+from ..core.tensor import Tensor
+from ..distributed import world
+from ..distributed.boxing import cost, plan as box_plan, run_step
+from ..distributed.global_dispatch import local_attrs
+from ..distributed.global_tensor import GlobalMeta, make_global
+from ..distributed.sharding import local_shape, nd_str
+from .ir import Graph, Node, Value
+
+
+def _global_box_kernel(t: torch.Tensor, place, src, dst, shape, rank: int, comm) -> torch.Tensor:
+    with world.acting_as(rank, comm):   # runtime threads of a simulated rank say whose turn it is
+        for step in box_plan(src, dst, place.hierarchy):
+            t = run_step(t, step, shape, place, rank, comm)
+    return t
+
+
+# Boxing changes how a logical value is laid out, not the value: its gradient is the gradient
+# (whatever its SBP; whoever consumes it boxes it as needed).
+def _same_meta(metas, attrs):
+    return [metas[0]]
+
+
+GLOBAL_BOX = defop("global_box", _global_box_kernel, grad=lambda ctx, dy: (dy,), shape=_same_meta, family="boxing")
+# a local traced value every rank computes identically, taken as a broadcast global value
+GLOBAL_TAG = defop("global_tag", lambda x: x, grad=lambda ctx, dy: (dy,), shape=_same_meta, family="boxing")
+
+
+@dataclass(frozen=True)
+class LazyGlobal(GlobalMeta):
+    """The global meta of a traced value: conversions record boxing nodes instead of running."""
+
+    tracer: Any = None
+
+    def box_to(self, t: Tensor, nd: tuple, grad_sbp=None) -> Tensor:
+        return self.tracer.box(t, nd)
+
+    def box_grad(self, t: Tensor, g: Tensor) -> Tensor:
+        return self.tracer.box(g, self.grad_sbp or self.sbp)
+
+    def seed_grad(self, t: Tensor, g: Tensor | None) -> Tensor:
+        if g is None:
+            g = t.detach().new_ones(tuple(self.shape))
+        if g._global is None:   # the same ones on every rank: a broadcast value
+            g = self.tracer.make_global(g, self.placement, (_B(),) * len(self.sbp))
+        return g
+
+    def full(self, t: Tensor) -> torch.Tensor:
+        raise HoloflowError("holoflow.nn.Graph: a global tensor's value is not known inside build(); "
+                            "return it from build() and read it outside")
+
+    def repr(self, t: Tensor) -> str:
+        return f"tensor(<traced>, shape={tuple(self.shape)}, placement={self.placement}, sbp={nd_str(self.sbp)})"
+
+
+def _B():
+    from ..core.sbp import B
+    return B
+
+
+def value_sbp(x: Tensor) -> tuple[Any, tuple] | None:
+    """(placement, nd-SBP) of a global tensor, else None."""
+    g = x._global
+    return None if g is None else (g.placement, g.sbp)
+
+
+# -- per-rank lowering --------------------------------------------------------------------------------
+
+def is_global(g: Graph) -> bool:
+    return any(v.placement is not None for v in g.feeds) or any(v.placement is not None for v, _ in g.state)
+
+
+def localize(g: Graph, rank: int, comm: Any = None) -> Graph:
+    """Rank ``rank``'s graph: local shapes, local attrs, boxing nodes bound to the communicator."""
+    comm = comm if comm is not None else world.comm()
+    vals: dict[Value, Value] = {}
+
+    def loc(v: Any) -> Any:
+        if not isinstance(v, Value):
+            return v
+        hit = vals.get(v)
+        if hit is None:
+            shape = v.shape if v.placement is None else tuple(local_shape(v.shape, v.sbp, v.placement, rank))
+            hit = vals[v] = replace(v, shape=shape)
+        return hit
+
+    nodes = []
+    node_map: dict[int, Node] = {}
+    for n in g.nodes:
+        attrs = n.attrs
+        if n.op == GLOBAL_BOX.name:
+            attrs = {**attrs, "rank": rank, "comm": comm}
+        elif n.sbp is not None:
+            place = next(v.placement for v in n.value_inputs() if v.placement is not None)
+            metas = [Meta(v.shape, v.dtype, v.device) if isinstance(v, Value) else v for v in n.inputs]
+            attrs = local_attrs(REGISTRY[n.op], attrs, metas, n.sbp[0], place, rank)
+        new = n.with_(inputs=tuple(loc(v) for v in n.inputs), outputs=tuple(loc(v) for v in n.outputs),
+                      attrs=attrs)
+        node_map[id(n)] = new
+        nodes.append(new)
+    frees = None
+    if g.frees is not None:  # the memory plan (values dead after each node), on the new nodes
+        frees = {id(node_map[k]): [loc(v) for v in vs] for k, vs in g.frees.items() if k in node_map}
+    return g.with_(feeds=tuple(loc(v) for v in g.feeds), state=tuple((loc(v), t) for v, t in g.state),
+                   nodes=tuple(nodes), outputs=tuple(loc(v) for v in g.outputs),
+                   updates=tuple((t, loc(v)) for t, v in g.updates), frees=frees)
+
+
+def wrap_outputs(g: Graph, outs: list) -> list:
+    """The local results of rank's plan as global tensors of the logical graph's outputs."""
+    res = []
+    for v, o in zip(g.outputs, outs):
+        if isinstance(v, Value) and v.placement is not None and isinstance(o, Tensor):
+            o = make_global(o, v.placement, v.sbp, torch.Size(v.shape))
+        res.append(o)
+    return res
+
+
+# -- explain ------------------------------------------------------------------------------------------
+
+_COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all")
+
+
+@dataclass(frozen=True)
+class BoxingPoint:
+    """One redistribution in a global graph, with what caused it."""
+
+    node: Node
+    src: tuple
+    dst: tuple
+    nbytes: int          # the logical tensor's bytes
+    comm_bytes: float    # bytes over links per rank, from the one cost function
+    steps: tuple         # the collectives, in order
+
+    def payload_bytes(self, rank: int) -> int:
+        """The bytes rank ``rank`` hands to the collectives (what ``flow.comm.count`` measures)."""
+        v, place = self.node.inputs[0], self.node.attrs["place"]
+        total = 0
+        for step in self.steps:
+            if step.kind in _COLLECTIVES and rank in place.axis_group(rank, step.axis):
+                n = 1
+                for d in local_shape(v.shape, step.src, place, rank):
+                    n *= d
+                total += n * v.dtype.itemsize
+        return total
+
+    def __str__(self) -> str:
+        v = self.node.inputs[0]
+        where = self.node.source or "?"
+        steps = " + ".join(s.kind for s in self.steps) or "local"
+        return (f"{where:<28} {nd_str(self.src)} -> {nd_str(self.dst)}  {steps:<28} "
+                f"{tuple(v.shape)} {str(v.dtype).replace('torch.', '')}  {self.comm_bytes / 1e6:.3f} MB/rank"
+                + ("  [backward]" if "bw" in self.node.tags else ""))
+
+
+def boxing_points(g: Graph) -> list[BoxingPoint]:
+    """Every boxing node of a global graph: source line, SBP before -> after, bytes."""
+    out = []
+    for n in g.nodes:
+        if n.op != GLOBAL_BOX.name:
+            continue
+        v, a = n.inputs[0], n.attrs
+        place = a["place"]
+        out.append(BoxingPoint(n, a["src"], a["dst"], v.nbytes, cost(a["src"], a["dst"], place.hierarchy, v.nbytes),
+                               tuple(s for s in box_plan(a["src"], a["dst"], place.hierarchy) if s.kind != "reshard")))
+    return out
+
+
+def explain(g: Graph) -> str:
+    """A table of every boxing node: the user's line that caused it, SBP, collectives, bytes."""
+    pts = boxing_points(g)
+    if not pts:
+        return "no boxing: every op ran in the SBP its inputs already had"
+    total = sum(p.comm_bytes for p in pts)
+    return "\n".join([f"{len(pts)} boxing node(s), {total / 1e6:.3f} MB over links per rank per step:"] +
+                     [f"  {p}" for p in pts])

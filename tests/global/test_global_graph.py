@@ -1,0 +1,99 @@
+"""nn.Graph of global tensors: traced on logical shapes, boxing as IR nodes, one plan per rank.
+Training under DP, Megatron TP and a 2-D mesh equals single-process training; the explain table's
+predicted bytes equal what flow.comm.count measures."""
+import pytest
+import torch
+
+import holoflow as flow
+from holoflow.core.sbp import B, P, S
+from holoflow.distributed import world
+
+import graph_fns
+
+DATA = graph_fns.data()
+
+
+def _close(got, want):
+    losses, w1, w2, _ = got
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(want[0]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w1, want[1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w2, want[2], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("executor", ["actor", "sequential"])
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+@pytest.mark.parametrize("mode,n", [("dp", 2), ("tp", 2), ("2d", 4)])
+def test_training_on_simulated_ranks_equals_single_process(mode, n, opt, executor):
+    want = graph_fns.mlp_graph_step(0, "single", 3, DATA, opt)
+    for got in world.simulate(n, lambda r: graph_fns.mlp_graph_step(r, mode, 3, DATA, opt, executor)):
+        _close(got, want)
+
+
+def test_data_parallel_gradients_are_all_reduced_where_the_loss_is_written():
+    got = world.simulate(2, lambda r: graph_fns.mlp_graph_step(r, "dp", 1, DATA))[0]
+    boxing = got[3]
+    reduces = [(src, dst) for src, dst, _, _ in boxing if src == (P,)]
+    assert reduces == [((P,), (B,)), ((P,), (B,))]         # one per weight, in backward
+    assert all(line.startswith("graph_fns.py:") for _, _, line, _ in boxing)
+
+
+def test_gloo_worlds_train_like_single_process(world2, world4):
+    for opt in ("sgd", "adamw"):
+        want = graph_fns.mlp_graph_step(0, "single", 3, DATA, opt)
+        for world_, mode in ((world2, "dp"), (world2, "tp"), (world4, "2d")):
+            for got in world_.run(graph_fns.mlp_graph_step, mode, 3, DATA, opt):
+                _close(got, want)
+
+
+def test_predicted_collectives_and_bytes_equal_measured_on_gloo(world2):
+    for rank, (counts, predicted_counts, predicted_bytes, measured_bytes) in enumerate(world2.run(_predicted_and_measured)):
+        assert counts == predicted_counts and counts, (rank, counts, predicted_counts)
+        assert predicted_bytes == measured_bytes > 0, (rank, predicted_bytes, measured_bytes)
+
+
+def _predicted_and_measured(rank: int):
+    counts, measured, boxing, _ = graph_fns.inference_counts(rank)
+    kinds = [k for _, _, steps, _ in boxing for k in steps]
+    predicted_counts = {k: kinds.count(k) for k in set(kinds)}
+    return ({k: n for k, n in counts.items() if k != "meta"}, predicted_counts,
+            sum(pb for *_, pb in boxing), sum(v for k, v in measured.items() if k != "meta"))
+
+
+def test_inference_values_equal_eager_and_explain_names_the_line():
+    def run(rank):
+        place = flow.placement("cpu", [0, 1])
+        flow.manual_seed(0)
+        x = flow.randn(8, 6, placement=place, sbp=S(0))
+        w = flow.randn(6, 4, placement=place, sbp=S(1))
+
+        class Infer(flow.nn.Graph):
+            def build(self, x):
+                return (x @ w).softmax(dim=-1).sum(dim=0)
+        g = Infer()
+        y = g(x)
+        eager = (x @ w).softmax(dim=-1).sum(dim=0)
+        torch.testing.assert_close(y.to_global(sbp=B).to_local().to_torch(), eager.to_global(sbp=B).to_local().to_torch())
+        return g.explain()
+    text = world.simulate(2, run)[0]
+    assert "boxing node(s)" in text and "test_global_graph.py:" in text
+
+
+def test_another_sbp_compiles_another_plan_and_mixing_local_raises():
+    def run(rank):
+        place = flow.placement("cpu", [0, 1])
+        w = flow.ones(4, 4, placement=place, sbp=B)
+
+        class G(flow.nn.Graph):
+            def build(self, x):
+                return x @ w
+        g = G()
+        a = g(flow.ones(6, 4, placement=place, sbp=S(0)))
+        b = g(flow.ones(6, 4, placement=place, sbp=B))
+        assert a.sbp == (S(0),) and b.sbp == (B,) and len(g._compiled) == 2
+
+        class Mixed(flow.nn.Graph):
+            def build(self, x):
+                return x + flow.ones(6, 4)
+        with pytest.raises(Exception, match=r"add at test_global_graph.py:\d+ mixes a local tensor of shape \(6, 4\)"):
+            Mixed()(flow.ones(6, 4, placement=place, sbp=S(0)))
+    world.simulate(2, run)
