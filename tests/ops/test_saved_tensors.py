@@ -76,6 +76,10 @@ PROGRAMS = {
         L.F.dropout(h := x * 1, 0.3, True), lambda: h.add_(1))).pow(2).sum(),
     "topk_input_modified": lambda L, x, w, b: _after(
         L.lib.topk(h := x.flatten(1) * 1, 3).values, lambda: h.add_(1)).pow(2).sum(),
+    "embedding_weight_modified": lambda L, x, w, b: _after(
+        L.F.embedding(_idx(L), h := w.expand(4, 5) * 1), lambda: h.add_(1)).pow(2).sum(),
+    "where_branch_modified": lambda L, x, w, b: _after(
+        L.lib.where(x > 0, h := x * 1, x * 2), lambda: h.add_(1)).pow(2).sum(),
     # -- and nothing saved: free to change -------------------------------------------------
     "add_then_add_": lambda L, x, w, b: (x + 1).add_(x).mul_(2).pow(2).sum(),
     "relu_of_relu_": lambda L, x, w, b: L.F.relu(L.F.relu(x * 1), inplace=True).sum(),
@@ -84,6 +88,10 @@ PROGRAMS = {
 
 def torch_like(L, x, kind: str, n: int):
     return getattr(L.lib, kind)(n, dtype=x.dtype)
+
+
+def _idx(L):
+    return L.lib.tensor([1, 0, 3, 3])
 
 
 def _iadd(a, b):
@@ -198,21 +206,40 @@ def _mlp(nn):
     return Mlp()
 
 
-def _train(lib, model, xs, ys, steps: int = 3) -> list[float]:
+def _train(lib, model, xs, ys, steps: int = 3, graph: bool = False) -> list[float]:
     opt = lib.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = _graph_step(model, opt) if graph else None
     losses = []
     for i in range(steps):
         lib.manual_seed(i)
-        loss = lib.nn.functional.cross_entropy(model(xs[i]), ys[i])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        if step is not None:
+            loss = step(xs[i], ys[i])
+        else:
+            loss = lib.nn.functional.cross_entropy(model(xs[i]), ys[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
         losses.append(float(loss.item()))
     return losses
 
 
+def _graph_step(model, opt):
+    class Step(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(opt)
+
+        def build(self, x, y):
+            loss = flow.nn.functional.cross_entropy(self.model(x), y)
+            loss.backward()
+            return loss
+    return Step()
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("make,shape", [(_block, (2, 4, 5, 5)), (_mlp, (5, 6))], ids=["resnet_block", "mlp"])
-def test_inplace_after_norm_trains_like_torch(make, shape):
+def test_inplace_after_norm_trains_like_torch(make, shape, graph):
     tm = make(torch.nn)
     flow.manual_seed(0)
     fm = make(flow.nn)
@@ -221,7 +248,7 @@ def test_inplace_after_norm_trains_like_torch(make, shape):
     xs = [torch.randn(shape, generator=gen) for _ in range(3)]
     ys = [torch.randint(0, 3, (shape[0],), generator=gen) for _ in range(3)]
     want = _train(torch, tm, xs, ys)
-    got = _train(flow, fm, [flow.from_torch(x) for x in xs], [flow.from_torch(y) for y in ys])
+    got = _train(flow, fm, [flow.from_torch(x) for x in xs], [flow.from_torch(y) for y in ys], graph=graph)
     assert len(set(want)) == 3  # the weights moved
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
     for (k, v), (_, tv) in zip(fm.state_dict().items(), tm.state_dict().items()):

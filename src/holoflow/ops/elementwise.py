@@ -193,7 +193,7 @@ def _where_kernel(cond, a, b):
 
 from .family import defop, elementwise_shape, elementwise_sbp  # noqa: E402
 
-WHERE = defop("where", _where_kernel, grad=_where_grad, save="inputs", family="elementwise",
+WHERE = defop("where", _where_kernel, grad=_where_grad, save="inputs", saved_inputs=(0,), family="elementwise",
               shape=elementwise_shape("where", _where_kernel), sbp=elementwise_sbp(("BPP",)))
 
 

@@ -301,7 +301,7 @@ EMBEDDING_BWD = defop("embedding_backward", lambda dy, idx, num_weights, padding
 EMBEDDING = defop("embedding", lambda idx, w, padding_idx: torch.embedding(w, idx, padding_idx),
                   grad=lambda c, dy: (None, apply(EMBEDDING_BWD, dy, c.inputs[0], num_weights=c.shapes[1][0],
                                                   padding_idx=c.padding_idx)),
-                  save="inputs", sbp=_emb_sbp, family="embedding")
+                  save="inputs", saved_inputs=(0,), sbp=_emb_sbp, family="embedding")  # indices only
 
 
 def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max_norm=None,
