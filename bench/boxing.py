@@ -2,6 +2,7 @@
 
     python -m holoflow.distributed.launch --nproc_per_node 2 bench/boxing.py
     python bench/boxing.py            # starts the 2-rank launcher itself
+    python bench/boxing.py --fingerprint-only   # just the cost of the collective fingerprints
 
 For each boxing kind and logical size (float32, 64 KB .. 16 MB) rank 0 prints the median time
 of ``x.to_global(sbp=dst)`` (holoflow, sequence tracking on — the default — and off), the median
@@ -103,6 +104,41 @@ def bench_boxing(rank: int) -> list[tuple]:
     return rows_out
 
 
+def _spread(ts: list[float]) -> float:
+    """Half the interquartile range: the run-to-run noise of a timing."""
+    q = statistics.quantiles(ts, n=4)
+    return (q[2] - q[0]) / 2
+
+
+def bench_fingerprint(rank: int) -> list[tuple]:
+    """(collective, MB, on ms, off ms, noise ms, fingerprint-alone ms): the cost of the collective
+    fingerprints (distributed/comm_check.py) at 1, 4 and 16 MB, on vs off, interleaved, against
+    the noise of the collective itself (half the IQR of the fingerprint-off times)."""
+    from holoflow.distributed import comm
+    place = flow.placement("cpu", [0, 1])
+    rows = []
+    for mb in (1, 4, 16):
+        n = mb << 18  # float32 elements
+        full = torch.randn(n)
+        s0 = _global(torch.randn(n // 2 // COLS, COLS), place, (S(0),), (n // COLS, COLS))
+        for name, fn in (("all_reduce (comm)", lambda: comm.all_reduce(full)),
+                         ("S(0)->B all_gather (boxing)", lambda: s0.to_global(sbp=B))):
+            on, off = [], []
+            with flow.no_grad():
+                for _ in range(2):
+                    fn()
+                for i in range(max(9, _iters(mb << 20))):
+                    for flag, acc in ((True, on), (False, off)) if i % 2 else ((False, off), (True, on)):
+                        comm_track.FINGERPRINTS = flag
+                        acc.append(_timed(fn))
+            comm_track.FINGERPRINTS = True
+            rows.append((name, mb, statistics.median(on), statistics.median(off), _spread(off)))
+    probe = []  # the fingerprint exchange alone: a barrier's fingerprint minus a raw barrier
+    for _ in range(30):
+        probe.append(_timed(lambda: comm.barrier()) - _timed(lambda: dist.barrier()))
+    return rows, statistics.median(probe)
+
+
 def bench_eager(rank: int) -> list[tuple]:
     """(op, shape, global us, local us): a global op vs the same op on the local shards."""
     place = flow.placement("cpu", [0, 1])
@@ -131,7 +167,7 @@ def bench_eager(rank: int) -> list[tuple]:
 
 def main() -> None:
     if "RANK" not in os.environ:  # not launched: launch ourselves on 2 ranks
-        cmd = [sys.executable, "-m", "holoflow.distributed.launch", "--nproc_per_node", "2", __file__]
+        cmd = [sys.executable, "-m", "holoflow.distributed.launch", "--nproc_per_node", "2", __file__, *sys.argv[1:]]
         env = dict(os.environ, OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "src"),
                                                os.environ.get("PYTHONPATH", "")]))
@@ -139,6 +175,19 @@ def main() -> None:
     torch.set_num_threads(1)
     flow.env.init()
     rank = flow.env.get_rank()
+    fp, fp_alone = bench_fingerprint(rank)
+    if rank == 0:
+        print("Collective fingerprints (always on): median ms with them on and off, interleaved; noise = half "
+              "the IQR of the off times")
+        print("| collective | size | fingerprint on ms | off ms | overhead ms | noise ms | overhead / noise |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for name, mb, t_on, t_off, noise in fp:
+            print(f"| {name} | {mb} MB | {t_on * 1e3:.3f} | {t_off * 1e3:.3f} | {(t_on - t_off) * 1e3:+.3f} | "
+                  f"{noise * 1e3:.3f} | {(t_on - t_off) / noise if noise else float('inf'):+.2f} |")
+        print(f"The fingerprint exchange alone (a barrier through holoflow minus a raw barrier): "
+              f"{fp_alone * 1e3:.3f} ms\n")
+    if "--fingerprint-only" in sys.argv:
+        return
     box = bench_boxing(rank)
     eager = bench_eager(rank)
     if rank != 0:

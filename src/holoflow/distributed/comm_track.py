@@ -12,9 +12,11 @@ group, the ranks that did not arrive, and peers whose processes are gone.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import socket
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -78,6 +80,7 @@ def count() -> Iterator[CommCount]:
 # -- sequence tracking -----------------------------------------------------------------------
 
 TRACK = os.environ.get("HOLOFLOW_COMM_TRACK", "1") != "0"
+FINGERPRINTS = True  # always on; bench/boxing.py turns it off only to measure what it costs
 _SEQ: Counter = Counter()
 
 
@@ -122,7 +125,7 @@ def begin(kind: str, ranks: tuple[int, ...], nbytes: int, tensor: torch.Tensor |
     if TRACK and len(ranks) > 1:
         env.store().set(f"holoflow/seq/{_key(ranks)}/{env.get_rank()}", f"{seq} {kind}")
     info = CallInfo(kind, ranks, seq, time.monotonic(), site)
-    if len(ranks) > 1:
+    if FINGERPRINTS and len(ranks) > 1:
         _verify(info, tensor, f"{kind}[{detail}]" if detail else kind, splits, peer)
     return info
 
@@ -166,6 +169,26 @@ def launch_checked(info: CallInfo, launch: Callable[[], Any]):
         raise failure(info, e) from e
 
 
+_PENDING: "weakref.WeakSet[Handle]" = weakref.WeakSet()  # launched, not yet waited (drained at exit)
+
+
+def drain(timeout_s: float) -> list[str]:
+    """Waits (at most ``timeout_s`` in all) for collectives launched but never waited; returns the
+    ones that did not finish. Called at exit, before the process groups are destroyed."""
+    deadline = time.monotonic() + timeout_s
+    stuck = []
+    for h in list(_PENDING):
+        w = h.work
+        try:
+            left = max(0.1, deadline - time.monotonic())
+            if w is not None and not w.is_completed():
+                w.wait(timeout=datetime.timedelta(seconds=left))
+        except Exception:  # noqa: BLE001 - a peer is gone or late: report it, destroy nothing it uses
+            stuck.append(f"{h.info.kind} #{h.info.seq} on {list(h.info.ranks)}" if h.info else "a collective")
+    _PENDING.clear()
+    return stuck
+
+
 class Handle:
     """An asynchronous collective: ``wait()`` blocks with the timeout, then runs ``finish``."""
 
@@ -173,6 +196,8 @@ class Handle:
         self.work, self.info, self.finish = work, info, finish
         self._done = False
         self._result = None
+        if work is not None:
+            _PENDING.add(self)
 
     def is_completed(self) -> bool:
         return self._done or self.work is None or self.work.is_completed()
@@ -185,6 +210,8 @@ class Handle:
                 self.work.wait(timeout=env.comm_timeout())
             except Exception as e:  # noqa: BLE001
                 raise failure(self.info, e) from e
+            finally:
+                _PENDING.discard(self)
         self._done = True
         self._result = self.finish() if self.finish is not None else None
         return self._result

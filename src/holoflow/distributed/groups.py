@@ -15,10 +15,18 @@ Contract (what every rank must keep):
   a placement is first used keeps creation in lock-step across ranks.
 
 The full world maps to torch's default group; a one-rank group needs no process group at all.
+
+At interpreter exit (:func:`shutdown_at_exit`, registered when this module is imported, so it runs
+after atexit handlers registered later, e.g. the user's) the collectives still in flight are
+waited for and every process group is destroyed while the interpreter is still whole. Without it,
+Gloo's worker threads were torn down during finalization and some runs aborted with "terminate
+called without an active exception".
 """
 from __future__ import annotations
 
+import atexit
 import itertools
+import logging
 from typing import Any, Iterable
 
 import numpy as np
@@ -125,4 +133,32 @@ def clear() -> None:
     _GROUPS.clear()
 
 
-__all__ = ["group_for", "groups_for_mesh", "mesh_subgroups", "normalize", "clear"]
+_EXIT_DRAIN_S = 10.0
+
+
+def shutdown_at_exit() -> None:
+    """Waits for collectives launched but never waited (at most 10 s), then destroys the
+    sub-groups and the default group, in that order. If something is still in flight (a peer is
+    gone), the groups are left alone: destroying them would block on that work."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    from .comm_track import drain
+    stuck = drain(min(_EXIT_DRAIN_S, env.get_comm_timeout()))
+    if stuck:
+        logging.getLogger("holoflow").warning(
+            f"holoflow: at exit, rank {env.get_rank()} still had collectives in flight ({', '.join(stuck)}); "
+            f"not destroying its process groups")
+        return
+    try:
+        for pg in list(_GROUPS.values()):
+            dist.destroy_process_group(pg)
+        clear()
+        dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001 - exiting anyway; say why the teardown was incomplete
+        logging.getLogger("holoflow").warning(f"holoflow: destroying the process groups at exit failed: {e}")
+
+
+atexit.register(shutdown_at_exit)
+
+
+__all__ = ["group_for", "groups_for_mesh", "mesh_subgroups", "normalize", "clear", "shutdown_at_exit"]
