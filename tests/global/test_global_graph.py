@@ -97,3 +97,31 @@ def test_another_sbp_compiles_another_plan_and_mixing_local_raises():
         with pytest.raises(Exception, match=r"add at test_global_graph.py:\d+ mixes a local tensor of shape \(6, 4\)"):
             Mixed()(flow.ones(6, 4, placement=place, sbp=S(0)))
     world.simulate(2, run)
+
+
+def test_global_mode_makes_creation_ops_global_in_eager_and_in_graphs():
+    from holoflow.utils.global_view import global_mode
+
+    def run(rank):
+        place = flow.placement("cpu", [0, 1])
+        with global_mode(True, placement=place, sbp=B):
+            a, z, r = flow.arange(6), flow.zeros(4, 2), flow.tensor([1.0, 2.0])
+            with global_mode(False):
+                local = flow.ones(3)
+        assert a.is_global and a.sbp == (B,) and tuple(a.shape) == (6,) and z.is_global and r.is_global
+        assert not local.is_global and not flow.ones(2).is_global
+        with global_mode(True, placement=place, sbp=S(0)):
+            s = flow.arange(6)
+        assert s.sbp == (S(0),) and s.to_local().tolist() == [[0, 1, 2], [3, 4, 5]][rank]
+        x = flow.randn(4, 6, placement=place, sbp=S(0))
+
+        class G(flow.nn.Graph):
+            def build(self, x):
+                with global_mode(True, placement=place, sbp=B):
+                    pos = flow.arange(6)
+                    mask = flow.ones(4, 6).tril()
+                return x * pos * mask
+        y = G()(x)
+        want = x.to_global(sbp=B).to_local().to_torch() * torch.arange(6) * torch.ones(4, 6).tril()
+        torch.testing.assert_close(y.to_global(sbp=B).to_local().to_torch(), want)
+    world.simulate(2, run)

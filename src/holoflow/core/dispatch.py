@@ -55,6 +55,12 @@ class Eager(Interpreter):
     def device_type_of(self, x) -> str:
         return x._data.device.type
 
+    def creation_default(self) -> tuple | None:
+        return None
+
+    def globalize(self, t: Tensor, placement, sbp) -> Tensor:
+        return placement.interpreter.from_full(t._data, placement, sbp)
+
 
 EAGER = Eager()
 interpret._BOTTOM.append(EAGER)

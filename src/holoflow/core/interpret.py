@@ -66,6 +66,16 @@ class Interpreter:
         views compare it to notice that their base was rewritten."""
         return self.parent.value_token(x)
 
+    def creation_default(self) -> tuple | None:
+        """``(placement, sbp)`` that creation ops without ``placement=`` use (a ``global_mode``
+        scope), or None: create local tensors."""
+        return self.parent.creation_default()
+
+    def globalize(self, t, placement, sbp):
+        """A new tensor ``t`` that every rank created identically, as a global tensor of
+        ``placement`` and ``sbp`` (``t`` is the logical value)."""
+        return self.parent.globalize(t, placement, sbp)
+
     def above_trace(self, device_type: str) -> "Interpreter | None":
         """The interpreter to re-enter above a graph trace started while this one is active
         (autocast keeps casting lazy values as if they lived on ``device_type``); None to stay

@@ -17,6 +17,7 @@ from ..core.errors import HoloflowError, UnsupportedError
 from ..core.registry import infer_metas
 from ..core.sbp import B
 from ..distributed.global_dispatch import choose
+from ..distributed.sharding import normalize_sbp
 from .global_graph import GLOBAL_BOX, GLOBAL_TAG, LazyGlobal
 from ..core.registry import Meta, Op
 from ..core.tensor import Tensor
@@ -168,6 +169,10 @@ class Tracer(Interpreter):
 
     def composite(self, name: str, inputs: tuple) -> tuple:
         return inputs
+
+    def globalize(self, t: Tensor, placement, sbp) -> Tensor:
+        nd = normalize_sbp(sbp, placement, t.dim())
+        return self.box(self.make_global(t, placement, (B,) * placement.ndim), nd)
 
     def backward(self, tensors: list, grads: list, retain_graph: bool, create_graph: bool, inputs):
         def run(tensors: list, grads: list) -> None:

@@ -16,14 +16,20 @@ from ..core import device as _device
 from ..core import dtype as _dtype
 from ..core.dispatch import apply
 from ..core.errors import int_sizes
+from ..core import interpret
 from ..core.interpret import is_lazy
 from ..core.registry import defop
-from ..core.sbp import B, P
+from ..core.sbp import B, P, S
 from ..core.tensor import Tensor, _as_torch
 
 # -- creation inside a graph trace: recorded as ops (eager calls torch directly) --------------
 def _no_input_sbp(metas, attrs):
     return [((), (B,))]
+
+
+def _like_sbp(metas, attrs):
+    """``zeros_like(x)``: laid out like ``x`` (a constant is never partial: P gives B)."""
+    return [((B,), (B,)), ((P,), (B,))] + [((S(a),), (S(a),)) for a in range(len(metas[0].shape))]
 
 
 _CREATE: dict = {}
@@ -32,16 +38,34 @@ _CREATE: dict = {}
 def _create_op(name: str, fn):
     op = _CREATE.get(name)
     if op is None:
-        op = _CREATE[name] = defop(f"create_{name}", fn, sbp=_no_input_sbp, differentiable=False,
+        op = _CREATE[name] = defop(f"create_{name}", fn, differentiable=False,
+                                   sbp=_like_sbp if name.endswith("_like") else _no_input_sbp,
                                    random=name.startswith("rand") or name == "normal", family="creation")
     return op
 
 
-def _traced(name: str, fn, *args, **attrs) -> Tensor | None:
-    """Under a graph trace, records the creation as an op; otherwise None (run it eagerly)."""
+def _traced(name: str, fn, *args, placement=None, sbp=None, **attrs) -> Tensor | None:
+    """Under a graph trace, records the creation as an op (global with ``placement``/``sbp`` or
+    inside ``global_mode``); otherwise None (run it eagerly)."""
     if not is_lazy():
         return None
-    return apply(_create_op(name, fn), *args, **attrs)
+    t = apply(_create_op(name, fn), *args, **attrs)
+    placement, sbp = _where(placement, sbp)
+    return t if placement is None else interpret.current().globalize(t, placement, sbp)
+
+
+class _Local(interpret.Interpreter):
+    def creation_default(self) -> None:
+        return None
+
+
+def _where(placement, sbp) -> tuple:
+    """The placement and SBP a creation op uses: its arguments, else a ``global_mode`` scope's."""
+    if placement is None and sbp is None:
+        return interpret.current().creation_default() or (None, None)
+    if placement is None or sbp is None:
+        raise ValueError("holoflow: a global tensor needs both placement= and sbp=")
+    return placement, sbp
 
 
 def _sizes(size) -> tuple:
@@ -52,10 +76,9 @@ def _sizes(size) -> tuple:
 
 def _finish(data: torch.Tensor, requires_grad: bool = False, placement=None, sbp=None) -> Tensor:
     t = Tensor._make(data)
-    if placement is not None or sbp is not None:
-        if placement is None or sbp is None:
-            raise ValueError("holoflow: a global tensor needs both placement= and sbp=")
-        t = placement.interpreter.from_full(data, placement, sbp)
+    placement, sbp = _where(placement, sbp)
+    if placement is not None:
+        t = interpret.current().globalize(t, placement, sbp)
     if requires_grad:
         t.requires_grad_(True)
     return t
@@ -100,7 +123,7 @@ def from_dlpack(ext) -> Tensor:
 def _filled(fn):
     def make(*size, dtype=None, device=None, requires_grad=False, placement=None, sbp=None,
              out=None, layout=None, pin_memory=False):
-        t = _traced(fn.__name__, fn, size=_sizes(size), **_kw(dtype, device))
+        t = _traced(fn.__name__, fn, size=_sizes(size), placement=placement, sbp=sbp, **_kw(dtype, device))
         if t is not None:
             return t
         return _finish(fn(_sizes(size), **_kw(dtype, device)), requires_grad, placement, sbp)
@@ -118,7 +141,8 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False, plac
          sbp=None) -> Tensor:
     if isinstance(fill_value, Tensor):
         fill_value = fill_value.item()
-    t = _traced("full", torch.full, size=_sizes((size,)), fill_value=fill_value, **_kw(dtype, device))
+    t = _traced("full", torch.full, size=_sizes((size,)), fill_value=fill_value, placement=placement, sbp=sbp,
+                **_kw(dtype, device))
     if t is not None:
         return t
     return _finish(torch.full(_sizes((size,)), fill_value, **_kw(dtype, device)), requires_grad,
@@ -129,7 +153,8 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=Fa
            placement=None, sbp=None) -> Tensor:
     if end is None:
         start, end = 0, start
-    t = _traced("arange", torch.arange, start=start, end=end, step=step, **_kw(dtype, device))
+    t = _traced("arange", torch.arange, start=start, end=end, step=step, placement=placement, sbp=sbp,
+                **_kw(dtype, device))
     if t is not None:
         return t
     try:
@@ -158,7 +183,7 @@ def _random(fn):
     def make(*size, generator=None, dtype=None, device=None, requires_grad=False,
              placement=None, sbp=None):
         g = generator.torch if generator is not None else None
-        t = _traced(fn.__name__, fn, size=_sizes(size), **_kw(dtype, device))
+        t = _traced(fn.__name__, fn, size=_sizes(size), placement=placement, sbp=sbp, **_kw(dtype, device))
         if t is not None:
             return t
         return _finish(fn(_sizes(size), generator=g, **_kw(dtype, device)), requires_grad,
@@ -215,7 +240,9 @@ def _like(fn_name: str):
         if t is not None:
             return t
         data = fn(input._data, *args, **kw, **kwargs)
-        out = _finish(data, requires_grad)
+        out = Tensor._make(data)   # like its input: local, or global below (never global_mode's)
+        if requires_grad:
+            out.requires_grad_(True)
         if input._global is not None:  # a constant is never partial: P becomes B
             sbp = tuple(B if s == P else s for s in input._global.sbp)
             out._global = dataclasses.replace(input._global, sbp=sbp, grad_sbp=None)
@@ -233,7 +260,8 @@ rand_like, randn_like, randint_like = (_like(n) for n in ("rand_like", "randn_li
 def _new(fn):
     def method(self: Tensor, *size, dtype=None, device=None, requires_grad=False):
         kw = {"dtype": dtype or self.dtype, "device": device or self.device}
-        return fn(*size, requires_grad=requires_grad, **kw)
+        with interpret.pushed(_Local()):  # a new local tensor, even inside global_mode
+            return fn(*size, requires_grad=requires_grad, **kw)
     return method
 
 

@@ -10,8 +10,10 @@ back with :func:`current_global_mode`::
         batch = global_view.to_global({"x": x, "y": y})   # each rank's shard of the batch
 
 A local leaf becomes global as ``Tensor.to_global`` does (this rank's shard; broadcast takes the
-first rank's data); a global leaf is boxed. Unlike OneFlow's ``global_mode``, creation ops
-inside the scope still make local tensors: pass ``placement=``/``sbp=`` to them.
+first rank's data); a global leaf is boxed. As in OneFlow, creation ops inside an enabled scope
+(``arange``, ``zeros``, ``ones``, ``full``, ``randn``, ``tensor``, ...) make global tensors of
+the scope's placement and SBP (the given size is the logical size), eagerly and inside
+``nn.Graph.build``, so model code that builds position ids or masks runs unchanged.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from ..core import interpret
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 
@@ -65,9 +68,21 @@ def global_mode(enabled: bool, placement=None, sbp=None) -> Iterator[GlobalMode]
     mode = GlobalMode(bool(enabled), placement if enabled else None, nd if enabled else ())
     _stack().append(mode)
     try:
-        yield mode
+        with interpret.pushed(_CreationDefaults(mode)):
+            yield mode
     finally:
         _stack().pop()
+
+
+class _CreationDefaults(interpret.Interpreter):
+    """What creation ops without ``placement=`` make inside a ``global_mode`` scope."""
+
+    def __init__(self, mode: GlobalMode) -> None:
+        super().__init__()
+        self.mode = mode
+
+    def creation_default(self) -> tuple | None:
+        return (self.mode.placement, self.mode.sbp) if self.mode.is_enabled else None
 
 
 def _map(tree: Any, fn: Callable[[Tensor], Tensor], warn: bool, what: str) -> Any:
