@@ -58,6 +58,7 @@ from . import serialization_module as _whole
 __all__ = ["save", "load", "CheckpointError", "TensorCodec", "register_codec", "CODECS", "register_sharded"]
 
 FORMAT, VERSION, META_KEY = "holoflow", 1, "holoflow"
+MAX_DEPTH = 200   # nesting a manifest may have (deeper is corrupt or hostile)
 
 
 class CheckpointError(HoloflowError, ValueError):
@@ -394,7 +395,7 @@ def _check_st_header(raw: bytes, body: int) -> tuple[bool, str | None]:
     tensors lie in a body of ``body`` bytes?"""
     try:
         header = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return False, "the safetensors header is not JSON"
     if not isinstance(header, dict):
         return False, "the safetensors header is not a JSON object"
@@ -439,8 +440,13 @@ def _load_safetensors(path, data: bytes | None, name: str, map_location) -> Any:
         manifest = json.loads(meta[META_KEY])
     except json.JSONDecodeError as e:
         raise CheckpointError(f"holoflow.load({name}): the manifest is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise CheckpointError(f"holoflow.load({name}): corrupt manifest: nested too deeply") from e
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or "root" not in manifest:
         raise CheckpointError(f"holoflow.load({name}): the manifest is not a holoflow manifest")
+    if not isinstance(manifest.get("version", 0), int):
+        raise CheckpointError(f"holoflow.load({name}): corrupt manifest: version {manifest['version']!r} is not "
+                              f"an int")
     if manifest.get("version", 0) > VERSION:
         raise CheckpointError(f"holoflow.load({name}): format version {manifest['version']} is newer than "
                               f"this holoflow reads ({VERSION}); upgrade holoflow")
@@ -459,7 +465,9 @@ class _Decoder:
     def bad(self, what: str) -> CheckpointError:
         return CheckpointError(f"holoflow.load({self.name}): corrupt manifest: {what}")
 
-    def node(self, n: Any) -> Any:
+    def node(self, n: Any, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH:
+            raise self.bad(f"nested more than {MAX_DEPTH} levels")
         kind = n.get("t") if isinstance(n, dict) else None
         if kind == "value":
             v = n.get("v")
@@ -469,14 +477,19 @@ class _Decoder:
         if kind == "tensor":
             return self.tensor(n)
         if kind in ("list", "tuple") and isinstance(n.get("items"), list):
-            items = [self.node(v) for v in n["items"]]
+            items = [self.node(v, depth + 1) for v in n["items"]]
             return items if kind == "list" else tuple(items)
         if kind in ("dict", "odict") and isinstance(n.get("items"), list):
             out = OrderedDict() if kind == "odict" else {}
             for pair in n["items"]:
                 if not isinstance(pair, list) or len(pair) != 2:
                     raise self.bad("a dict item is not a [key, value] pair")
-                out[self.node(pair[0])] = self.node(pair[1])
+                k = self.node(pair[0], depth + 1)
+                try:
+                    hash(k)
+                except TypeError:
+                    raise self.bad(f"a dict key holds a list: {str(k)[:60]} (keys are values or tuples)") from None
+                out[k] = self.node(pair[1], depth + 1)
             return out
         if kind == "module":
             return _whole.decode_module(self.tensor, n, self.name)
@@ -484,6 +497,8 @@ class _Decoder:
 
     def tensor(self, n: dict) -> Tensor:
         key = n.get("key")
+        if not isinstance(key, str):
+            raise self.bad(f"a tensor node's key is {key!r}, not a string")
         if key in self.made:
             return self.made[key]
         if key not in self.tensors:
@@ -494,6 +509,9 @@ class _Decoder:
         info = {k: v for k, v in n.items() if k not in ("t", "key", "codec", "requires_grad")}
         t = codec.decode(self.tensors[key], info)
         if n.get("requires_grad"):
+            if not (t.is_floating_point() or t.is_complex()):
+                raise self.bad(f"tensor {key!r} of dtype {t.dtype} is marked requires_grad (only floating "
+                               f"point and complex tensors can be)")
             t.requires_grad_(True)
         self.made[key] = t
         return t

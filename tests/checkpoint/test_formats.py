@@ -137,3 +137,34 @@ def test_sigkill_mid_save_leaves_named_temp_that_next_save_cleans(tmp_path):
     flow.save({"w": flow.ones(2)}, target)
     assert _temps(tmp_path) == [live.name] and other.exists()
     assert flow.load(target)["w"].tolist() == [1.0, 1.0]
+
+
+def _deep(levels):
+    return '{"t": "list", "items": [' * levels + '{"t": "value", "v": 1}' + "]}" * levels
+
+
+BAD_MANIFESTS = [   # (manifest text, stored dtype, what the error must say)
+    ('{"format": "holoflow", "version": 1, "root": ' + _deep(3000) + "}", torch.float32, "nested too deeply"),
+    ('{"format": "holoflow", "version": 1, "root": ' + _deep(300) + "}", torch.float32, "nested more than 200"),
+    ('{"format": "holoflow", "version": 1, "root": ' + "[" * 100000 + "]" * 100000 + "}", torch.float32,
+     "nested too deeply"),
+    ('{"format": "holoflow", "version": 1, "root": {"t": "dict", "items": [[{"t": "list", "items": []}, '
+     '{"t": "value", "v": 1}]]}}', torch.float32, "a dict key holds a list"),
+    ('{"format": "holoflow", "version": 1, "root": {"t": "dict", "items": [[{"t": "tuple", "items": '
+     '[{"t": "list", "items": []}]}, {"t": "value", "v": 1}]]}}', torch.float32, "a dict key holds a list"),
+    ('{"format": "holoflow", "version": 1, "root": {"t": "tensor", "key": ["0"], "codec": "local"}}',
+     torch.float32, r"key is \['0'\], not a string"),
+    ('{"format": "holoflow", "version": "x", "root": {"t": "value", "v": 1}}', torch.float32,
+     "version 'x' is not an int"),
+    ('{"format": "holoflow", "version": 1, "root": {"t": "tensor", "key": "0", "codec": "local", '
+     '"requires_grad": true}}', torch.int64, "int64 is marked requires_grad"),
+]
+
+
+@pytest.mark.parametrize("text,dtype,message", BAD_MANIFESTS)
+def test_bad_manifests_raise_checkpoint_errors(tmp_path, text, dtype, message):
+    import safetensors.torch
+    path = tmp_path / "m.hf"
+    safetensors.torch.save_file({"0": torch.ones(1, dtype=dtype)}, str(path), metadata={"holoflow": text})
+    with pytest.raises(S.CheckpointError, match=r"m\.hf.*" + message):
+        flow.load(path)

@@ -235,3 +235,48 @@ def test_corrupt_sharded_checkpoints_raise_naming_the_problem(tmp_path):
         flow.load(path)
     with pytest.raises(RuntimeError, match=r"not to a file object"):
         simulate(1, lambda r: flow.save({"x": from_full(torch.ones(2), _place("1"), B)}, __import__("io").BytesIO()))
+
+
+def test_each_rank_opens_only_the_files_overlapping_its_shard(tmp_path, monkeypatch):
+    from holoflow.checkpoint import reshard
+    path = str(tmp_path / "ck")
+    _save(path, 2, "2", (S(0),))
+    opened = {}
+    real = reshard._Reader.file
+
+    def spy(self, fname):
+        opened.setdefault(__import__("holoflow").distributed.world.rank(), set()).add(fname)
+        return real(self, fname)
+    monkeypatch.setattr(reshard._Reader, "file", spy)
+    place = _place("4")
+    simulate(4, lambda r: flow.load(path, like={"i64": from_full(torch.zeros(6, 2, dtype=torch.int64), place,
+                                                                 S(0))}))
+    # the other tensors keep the saved layout (S(0) on ranks 0, 1; a 0-d one is B there), i64's 6
+    # rows go 2, 2, 1, 1 over 4 ranks; the saved files hold rows 0-2 (rank 0) and 3-5 (rank 1)
+    want = {0: {"rank-00000.safetensors"}, 1: {"rank-00000.safetensors", "rank-00001.safetensors"},
+            2: {"rank-00001.safetensors"}, 3: {"rank-00001.safetensors"}}
+    assert opened == want
+
+
+def test_sharded_manifest_with_lying_shapes_is_refused_before_allocating(tmp_path):
+    path = str(tmp_path / "ck")
+    _save(path, 2, "2", (S(0),))
+    man_path = os.path.join(path, "manifest.json")
+    man = json.load(open(man_path))
+    node = next(v for k, v in man["root"]["items"] if k["v"] == "f32")
+    node["shape"] = [10 ** 12, 7]
+    json.dump(man, open(man_path, "w"))
+    with pytest.raises(CheckpointError, match=r"cover .* of the 7000000000000 elements|bad offset/size"):
+        flow.load(path)
+    node["shape"] = [5, 7]
+    node["shards"][0]["size"] = [2, 7]
+    json.dump(man, open(man_path, "w"))
+    with pytest.raises(CheckpointError, match=r"has shape \[3, 7\], the manifest says \[2, 7\]"):
+        flow.load(path)
+    node["shards"][0]["size"] = [3, 7]
+    node["requires_grad"] = True
+    inode = next(v for k, v in man["root"]["items"] if k["v"] == "i64")
+    inode["requires_grad"] = True
+    json.dump(man, open(man_path, "w"))
+    with pytest.raises(CheckpointError, match=r"int64 is marked requires_grad"):
+        flow.load(path)

@@ -128,7 +128,12 @@ class _Tree:
             for pair in n["items"]:
                 if not isinstance(pair, list) or len(pair) != 2:
                     raise self.bad("a dict item is not a [key, value] pair")
-                out[self.node(pair[0], depth + 1)] = self.node(pair[1], depth + 1)
+                k = self.node(pair[0], depth + 1)
+                try:
+                    hash(k)
+                except TypeError:
+                    raise self.bad(f"a dict key holds a list: {str(k)[:60]} (keys are values or tuples)") from None
+                out[k] = self.node(pair[1], depth + 1)
             return out
         raise self.bad(f"unknown node {str(n)[:80]}")
 
@@ -156,16 +161,17 @@ class _Reader:
     def read(self, n: dict, box: list[tuple[int, int]], where: str) -> torch.Tensor:
         """The box ``[(start, size)] per dim`` of the saved tensor ``n``."""
         dtype = _dtype_from(n.get("dtype"), self.name)
-        out = torch.empty([s for _, s in box], dtype=dtype)
-        if out.numel() == 0:
-            return out
-        covered = 0
+        if math.prod(size for _, size in box) == 0:
+            return torch.empty([s for _, s in box], dtype=dtype)
         shards = n.get("shards")
         if not isinstance(shards, list):
             raise self.bad(f"corrupt manifest: {where} lists no shards")
+        parts, covered = [], 0   # checked against the files' headers before anything is allocated
         for sh in shards:
             off, size = (sh.get("offset"), sh.get("size")) if isinstance(sh, dict) else (None, None)
-            if not (isinstance(off, list) and isinstance(size, list) and len(off) == len(size) == len(box)):
+            if not (isinstance(off, list) and isinstance(size, list) and len(off) == len(size) == len(box)
+                    and all(isinstance(v, int) and v >= 0 for v in off + size)
+                    and all(o + z <= d for o, z, d in zip(off, size, n["shape"]))):
                 raise self.bad(f"corrupt manifest: a shard of {where} has a bad offset/size: {str(sh)[:80]}")
             lo = [max(a, o) for (a, _), o in zip(box, off)]
             hi = [min(a + s, o + z) for (a, s), o, z in zip(box, off, size)]
@@ -179,14 +185,18 @@ class _Reader:
             if list(sl.get_shape()) != list(size):
                 raise self.bad(f"shard of {where} in {sh.get('file')} has shape {sl.get_shape()}, the manifest "
                                f"says {size}")
+            parts.append((f, sl, lo, hi, off))
+            covered += math.prod(h - l for l, h in zip(lo, hi))
+        need = math.prod(s for _, s in box)
+        if covered != need:
+            raise self.bad(f"the shards of {where} cover {covered} of the {need} elements this rank needs; "
+                           f"the checkpoint is incomplete or corrupt")
+        out = torch.empty([s for _, s in box], dtype=dtype)
+        for f, sl, lo, hi, off in parts:
             src = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, off))
             part = sl[src] if src else f.get_tensor(n["key"])
             dst = tuple(slice(l - a, h - a) for l, h, (a, _) in zip(lo, hi, box))
             out[dst] = part.to(dtype)
-            covered += math.prod(h - l for l, h in zip(lo, hi))
-        if covered != out.numel():
-            raise self.bad(f"the shards of {where} cover {covered} of the {out.numel()} elements this rank needs; "
-                           f"the checkpoint is incomplete")
         return out
 
 
@@ -229,6 +239,9 @@ def _build(data: torch.Tensor | None, n: dict, target: tuple | None, map_locatio
             n.get("dtype"), "manifest"))
         t = make_global(Tensor._make(local), place, nd, n["shape"])
     if n.get("requires_grad"):
+        if not (t.is_floating_point() or t.is_complex()):
+            raise CheckpointError(f"holoflow.load: corrupt manifest: tensor {n['key']!r} of dtype {t.dtype} is "
+                                  f"marked requires_grad (only floating point and complex tensors can be)")
         t.requires_grad_(True)
     return t
 
@@ -242,6 +255,8 @@ def load_sharded(path: Any, map_location=None, like: Any = None) -> Any:
             manifest = json.load(f)
     except ValueError as e:
         raise CheckpointError(f"holoflow.load({name}): {MANIFEST} is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise CheckpointError(f"holoflow.load({name}): {MANIFEST} is nested too deeply") from e
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or "root" not in manifest:
         raise CheckpointError(f"holoflow.load({name}): {MANIFEST} is not a holoflow sharded manifest")
     if not isinstance(manifest.get("version"), int) or manifest["version"] > VERSION:
