@@ -161,7 +161,7 @@ BAD_MANIFESTS = [   # (manifest text, stored dtype, what the error must say)
 ]
 
 
-@pytest.mark.parametrize("text,dtype,message", BAD_MANIFESTS)
+@pytest.mark.parametrize("text,dtype,message", BAD_MANIFESTS, ids=[f"bad{i}" for i in range(len(BAD_MANIFESTS))])
 def test_bad_manifests_raise_checkpoint_errors(tmp_path, text, dtype, message):
     import safetensors.torch
     path = tmp_path / "m.hf"

@@ -5,6 +5,14 @@ MASTER_ADDR and MASTER_PORT set, which ``holoflow.env`` reads. Multi-node (``--n
 ``--node_rank``, ``--master_addr``, ``--master_port``), restarts (``--max_restarts``) and
 everything else come from ``torch.distributed.run``; options holoflow does not know are passed to
 it unchanged (e.g. ``--rdzv_backend c10d --rdzv_endpoint host:port`` for elastic jobs).
+
+Restarts: when a worker dies, the whole group is restarted (TORCHELASTIC_RESTART_COUNT counts
+attempts; ``holoflow.env.init`` keys its process group by the attempt). The program resumes from
+its last checkpoint, e.g. with ``holoflow.checkpoint.CheckpointManager``; the loop is in
+tests/checkpoint/train_script.py. Multi-node on one machine (loopback)::
+
+    python -m holoflow.distributed.launch --nnodes 2 --node_rank 0 --master_port 29500 train.py &
+    python -m holoflow.distributed.launch --nnodes 2 --node_rank 1 --master_port 29500 train.py
 """
 from __future__ import annotations
 
