@@ -69,7 +69,8 @@ def user_site() -> str:
         skip = _SKIP.get(code)
         if skip is None:
             fn = os.path.abspath(code.co_filename)
-            skip = _SKIP[code] = fn.startswith((_PKG + os.sep, _TORCH + os.sep)) or code.co_filename.startswith("<")
+            skip = _SKIP[code] = fn.startswith((_PKG + os.sep, _TORCH + os.sep)) \
+                or code.co_filename.startswith("<frozen")
         if not skip:
             return f"{_short(code.co_filename)}:{f.f_lineno}"
         last = last or f
