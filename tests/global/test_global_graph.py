@@ -125,3 +125,60 @@ def test_global_mode_makes_creation_ops_global_in_eager_and_in_graphs():
         want = x.to_global(sbp=B).to_local().to_torch() * torch.arange(6) * torch.ones(4, 6).tril()
         torch.testing.assert_close(y.to_global(sbp=B).to_local().to_torch(), want)
     world.simulate(2, run)
+
+
+XS = [torch.randn(8, 8, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+
+def _mlp_graph(place, amp=False, ckpt=False, acc=1):
+    flow.manual_seed(0)
+    m = flow.nn.Sequential(flow.nn.Linear(8, 16), flow.nn.GELU(), flow.nn.Linear(16, 8), flow.nn.LayerNorm(8))
+    if place is not None:
+        m.to_global(place, B)
+    opt = flow.optim.AdamW(m.parameters(), lr=0.01)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+            self.config.enable_amp(amp)
+            if acc > 1:
+                self.config.set_gradient_accumulation_steps(acc)
+            if ckpt:
+                self.graph_module(self.m[0]).activation_checkpointing = True
+
+        def build(self, x):
+            loss = self.m(x).square().mean()
+            loss.backward()
+            return loss
+    return G()
+
+
+def _losses(place, **kw):
+    g = _mlp_graph(place, **kw)
+    out = []
+    for x in XS:
+        x = flow.from_torch(x.clone())
+        if place is not None:
+            x = x.to_global(place, B).to_global(sbp=S(0))
+        loss = g(x)
+        out.append((loss.to_global(sbp=B).to_local() if place is not None else loss).item())
+    return out
+
+
+@pytest.mark.parametrize("kw,tol", [(dict(amp=True), 1e-4), (dict(ckpt=True), 1e-6), (dict(amp=True, ckpt=True), 1e-4)])
+def test_amp_and_checkpointing_work_on_global_graphs(kw, tol):
+    want = _losses(None, **kw)
+    place = flow.placement("cpu", [0, 1])
+    for got in world.simulate(2, lambda r: _losses(place, **kw)):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=tol, atol=tol)
+
+
+def test_gradient_accumulation_on_a_global_graph_says_it_is_not_supported():
+    place = flow.placement("cpu", [0, 1])
+
+    def run(rank):
+        with pytest.raises(Exception, match="gradient accumulation .* global tensors is not supported"):
+            _losses(place, acc=2)
+    world.simulate(2, run)

@@ -96,6 +96,7 @@ def is_global(g: Graph) -> bool:
 def localize(g: Graph, rank: int, comm: Any = None) -> Graph:
     """Rank ``rank``'s graph: local shapes, local attrs, boxing nodes bound to the communicator."""
     comm = comm if comm is not None else world.comm()
+    layout = _layouts(g)
     vals: dict[Value, Value] = {}
 
     def loc(v: Any) -> Any:
@@ -103,8 +104,9 @@ def localize(g: Graph, rank: int, comm: Any = None) -> Graph:
             return v
         hit = vals.get(v)
         if hit is None:
-            shape = v.shape if v.placement is None else tuple(local_shape(v.shape, v.sbp, v.placement, rank))
-            hit = vals[v] = replace(v, shape=shape)
+            place, nd = layout.get(v, (None, None))
+            shape = v.shape if place is None else tuple(local_shape(v.shape, nd, place, rank))
+            hit = vals[v] = replace(v, shape=shape, placement=place, sbp=nd)
         return hit
 
     nodes = []
@@ -114,7 +116,7 @@ def localize(g: Graph, rank: int, comm: Any = None) -> Graph:
         if n.op == GLOBAL_BOX.name:
             attrs = {**attrs, "rank": rank, "comm": comm}
         elif n.sbp is not None:
-            place = next(v.placement for v in n.value_inputs() if v.placement is not None)
+            place = next(layout[v][0] for v in n.value_inputs() if v in layout)
             metas = [Meta(v.shape, v.dtype, v.device) if isinstance(v, Value) else v for v in n.inputs]
             attrs = local_attrs(REGISTRY[n.op], attrs, metas, n.sbp[0], place, rank)
         new = n.with_(inputs=tuple(loc(v) for v in n.inputs), outputs=tuple(loc(v) for v in n.outputs),
@@ -127,6 +129,35 @@ def localize(g: Graph, rank: int, comm: Any = None) -> Graph:
     return g.with_(feeds=tuple(loc(v) for v in g.feeds), state=tuple((loc(v), t) for v, t in g.state),
                    nodes=tuple(nodes), outputs=tuple(loc(v) for v in g.outputs),
                    updates=tuple((t, loc(v)) for t, v in g.updates), frees=frees)
+
+
+def _layouts(g: Graph) -> dict:
+    """Placement and nd-SBP of every global value. A node a pass made after tracing (an AMP cast,
+    a fused elementwise region, a recomputed copy) carries no signature: its outputs take the
+    layout of its first global input, which is right exactly when the op's attrs need no
+    mapping to shards (no ``local_attrs``) and it keeps shapes; anything else is an error."""
+    out = {v: (v.placement, v.sbp) for v in (*g.feeds, *(v for v, _ in g.state)) if v.placement is not None}
+    for n in g.nodes:
+        for v in n.outputs:
+            if v.placement is not None:
+                out[v] = (v.placement, v.sbp)
+        ins = [out[v] for v in n.value_inputs() if v in out]
+        missing = [v for v in n.outputs if v not in out]
+        if not ins or not missing:
+            continue
+        if n.sbp is not None:   # a traced node whose outputs a pass re-made (AMP's dtypes): its signature
+            for i, v in enumerate(n.outputs):
+                out.setdefault(v, (ins[0][0], n.sbp[1][i]))
+            continue
+        op = REGISTRY.get(n.op)
+        first = next(v for v in n.value_inputs() if v in out)
+        if (op is not None and op.local_attrs is not None) or any(v.shape != first.shape for v in missing):
+            raise HoloflowError(f"holoflow.nn.Graph: node {n.op!r} ({n.source or 'made by a pass'}) has global "
+                                f"inputs but no SBP signature, and its attrs or shapes depend on the layout; "
+                                f"the pass that made it does not support global graphs yet")
+        for v in missing:
+            out[v] = ins[0]
+    return out
 
 
 def wrap_outputs(g: Graph, outs: list) -> list:

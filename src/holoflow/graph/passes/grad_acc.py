@@ -22,7 +22,7 @@ import heapq
 
 import torch
 
-from ...core.errors import HoloflowError
+from ...core.errors import HoloflowError, UnsupportedError
 from ...core.registry import REGISTRY, Meta, infer_metas
 from ...core.sbp import B, P, S, split
 from ..ir import Graph, Node, Value
@@ -152,6 +152,11 @@ def _schedule(items: list) -> list:
 def grad_acc(g: Graph, config) -> Graph:
     """Splits the batch into ``config.grad_acc_steps`` micro-batches; see the module docstring."""
     n = config.grad_acc_steps
+    if any(v.placement is not None for v in (*g.feeds, *(v for v, _ in g.state))):
+        raise UnsupportedError(
+            "holoflow.nn.Graph: gradient accumulation (set_gradient_accumulation_steps) in a graph of "
+            "global tensors is not supported yet; accumulate eagerly, or train the global graph with "
+            "the whole batch per step")
     r = _Rewriter(n)
     users, producer = g.users(), g.producers()
     for f in g.feeds:
