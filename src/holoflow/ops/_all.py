@@ -4,7 +4,7 @@ conv, attention) come in through their parents."""
 from __future__ import annotations
 
 from . import indexing, linalg, loss, nn_ops, random_ops, reduction, shape
-from . import decomp, pool3d, sampling, sequence  # noqa: F401 - new op modules (issue 12)
+from . import decomp, pool3d, rnn, sampling, sequence  # noqa: F401 - new op modules (issue 12)
 
 __all__: list[str] = []
 for _mod in (reduction, linalg, shape, indexing, nn_ops, loss, random_ops, decomp):

@@ -1,10 +1,10 @@
 """``RNN``, ``LSTM``, ``GRU`` and their cells, with torch's parameters, init and equations.
 
-The layers are composites of holoflow ops, so autograd, AMP and graph tracing need nothing new:
-each layer/direction projects the whole input sequence once (``x W_ih^T + b_ih``), then steps
-through time with the hidden projection and the gate math of ATen's CPU kernels. Packed input
-(:class:`~holoflow.nn.utils.rnn.PackedSequence`) runs the shrinking batch of each time step, as
-torch does, so final hidden states are each sequence's last real step.
+Each layer and direction is one ``rnn_layer`` op (ops/rnn.py: the time loop in one kernel, with
+ATen's cell math and derivatives); dropout between layers and the bidirectional concatenation
+are holoflow ops. Packed input (:class:`~holoflow.nn.utils.rnn.PackedSequence`) runs the
+shrinking batch of each time step, as torch does, so final hidden states are each sequence's
+last real step. The cells are composites of holoflow ops (one step: nothing to fuse).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from ...core.tensor import Tensor
 from ...ops.creation import empty, zeros
 from ...ops.linalg import linear
 from ...ops.random_ops import dropout
+from ...ops.rnn import rnn_layer
 from ...ops.shape import cat, stack
 from .. import init
 from ..module import Module
@@ -48,55 +49,6 @@ def _gru_step(xw: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Tensor | None, 
     r, z = (rx + rh).sigmoid(), (zx + zh).sigmoid()
     n = (nx + r * nh).tanh()
     return (h - n) * z + n, None
-
-
-_STEP = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN_TANH": _rnn_step, "RNN_RELU": _rnn_step}
-
-
-def _run(mode: str, x: Tensor, h0: Tensor, c0: Any, w: dict, reverse: bool, batch_sizes: list | None):
-    """One layer, one direction. ``x`` is ``(T, B, in)``, or packed rows with ``batch_sizes``.
-    Returns (output rows like ``x``, final h, final c)."""
-    step, relu = _STEP[mode], mode == "RNN_RELU"
-    xw = linear(x, w["w_ih"], w["b_ih"])
-    args = (w["w_hh"], w["b_hh"], w.get("w_hr"), relu)
-    outs = []
-    if batch_sizes is None:
-        h, c = h0, c0
-        for t in (range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])):
-            h, c = step(xw[t], h, c, *args)
-            outs.append(h)
-        if reverse:
-            outs.reverse()
-        return stack(outs, 0) if outs else xw.narrow(-1, 0, 0), h, c
-    offsets = [0]
-    for n in batch_sizes:
-        offsets.append(offsets[-1] + n)
-    if not reverse:
-        h, c, done_h, done_c = h0, c0, [], []
-        for t, n in enumerate(batch_sizes):
-            if n < h.shape[0]:   # sequences that ended: their state is final
-                done_h.append(h.narrow(0, n, h.shape[0] - n))
-                h = h.narrow(0, 0, n)
-                if c is not None:
-                    done_c.append(c.narrow(0, n, c.shape[0] - n))
-                    c = c.narrow(0, 0, n)
-            h, c = step(xw.narrow(0, offsets[t], n), h, c, *args)
-            outs.append(h)
-        h = cat([h] + done_h[::-1], 0)
-        c = cat([c] + done_c[::-1], 0) if c is not None else None
-        return cat(outs, 0), h, c
-    last = batch_sizes[-1]
-    h = h0.narrow(0, 0, last)
-    c = c0.narrow(0, 0, last) if c0 is not None else None
-    for t in range(len(batch_sizes) - 1, -1, -1):
-        n = batch_sizes[t]
-        if n > h.shape[0]:       # sequences that start here (their last element) from h0
-            h = cat([h, h0.narrow(0, h.shape[0], n - h.shape[0])], 0)
-            if c is not None:
-                c = cat([c, c0.narrow(0, c.shape[0], n - c.shape[0])], 0)
-        h, c = step(xw.narrow(0, offsets[t], n), h, c, *args)
-        outs.append(h)
-    return cat(outs[::-1], 0), h, c
 
 
 # -- the layers -----------------------------------------------------------------------------------------
@@ -233,8 +185,9 @@ class RNNBase(Module):
             outs = []
             for d in range(dirs):
                 k = layer * dirs + d
-                out, h, c = _run(self.mode, layer_in, h0[k], c0[k] if c0 is not None else None,
-                                 self._weights(layer, d), d == 1, bs)
+                w = self._weights(layer, d)
+                out, h, c = rnn_layer(self.mode, layer_in, h0[k], c0[k] if c0 is not None else None, w["w_ih"],
+                                      w["w_hh"], w["b_ih"], w["b_hh"], w["w_hr"], d == 1, bs)
                 outs.append(out)
                 hs.append(h)
                 cs.append(c)

@@ -1,0 +1,128 @@
+"""Recurrent layers: one op runs one layer in one direction over a whole sequence.
+
+Stepping through time with holoflow ops costs a dozen dispatches per step (and as many grad
+nodes); one primitive per layer-direction runs ATen's RNN kernel (``torch.lstm``/``gru``/
+``rnn_tanh``/``rnn_relu`` with one layer) instead, with ATen's derivatives for the backward
+(ops/torch_vjp.py), so values and gradients are ``torch.nn.LSTM``/``GRU``/``RNN``'s. Packed
+input gives ``batch_sizes`` (an attr: static shapes): the rows of step ``t`` are
+``x[offset_t : offset_t + batch_sizes[t]]``, and a sequence's final state is its state after its
+own last step.
+
+SBP: without packing, the batch axis splits everything batched (x on axis 1, states on 0)
+while the weights stay broadcast; in the backward the weight gradients are then partial sums.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..core.dispatch import apply
+from ..core.errors import DTypeError
+from ..core.registry import Meta
+from ..core.sbp import B, P, S
+from ..core.tensor import Tensor
+from .torch_vjp import defop_vjp
+
+__all__: list[str] = []   # used by holoflow.nn.RNN/LSTM/GRU
+
+MODES = ("RNN_TANH", "RNN_RELU", "LSTM", "GRU")
+
+
+_ATEN = {"LSTM": torch.lstm, "GRU": torch.gru, "RNN_TANH": torch.rnn_tanh, "RNN_RELU": torch.rnn_relu}
+
+
+def _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode: str, reverse: bool, batch_sizes):
+    """One layer, one direction, on ATen's kernel: (output rows like x, final h, final c).
+    The reverse direction of a padded sequence is the forward one over the time-flipped input;
+    of a packed one, the second half of a bidirectional call whose halves share the weights."""
+    fn = _ATEN[mode]
+    has_bias = b_ih is not None
+    params = [w_ih, w_hh] + ([b_ih, b_hh] if has_bias else []) + ([w_hr] if w_hr is not None else [])
+    lstm = mode == "LSTM"
+    if batch_sizes is not None and reverse:
+        h2 = torch.stack([h0, h0])
+        hx = (h2, torch.stack([c0, c0])) if lstm else h2
+        res = fn(x, torch.tensor(batch_sizes), hx, params + params, has_bias, 1, 0.0, False, True)
+        out = res[0].narrow(-1, res[0].shape[-1] // 2, res[0].shape[-1] // 2)
+        return out, res[1][1], res[2][1] if lstm else None
+    hx = (h0.unsqueeze(0), c0.unsqueeze(0)) if lstm else h0.unsqueeze(0)
+    if batch_sizes is not None:
+        res = fn(x, torch.tensor(batch_sizes), hx, params, has_bias, 1, 0.0, False, False)
+        out = res[0]
+    else:
+        res = fn(x.flip(0) if reverse else x, hx, params, has_bias, 1, 0.0, False, False, False)
+        out = res[0].flip(0) if reverse else res[0]
+    return out, res[1][0], res[2][0] if lstm else None
+
+
+def _lstm_kernel(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse, batch_sizes):
+    return _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse, batch_sizes)
+
+
+def _rnn_kernel(x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse, batch_sizes):
+    out, h, _ = _layer(x, h0, None, w_ih, w_hh, b_ih, b_hh, None, mode, reverse, batch_sizes)
+    return out, h
+
+
+def _roles(metas, lstm: bool) -> list[str]:
+    """The role of each present tensor input: 'x', 'state' or 'weight'."""
+    names = ["x", "state", "state"] if lstm else ["x", "state"]
+    names += ["weight"] * (len(metas) - len(names))
+    return [n for n, m in zip(names, metas) if isinstance(m, Meta)]
+
+
+def _layer_sbp(lstm: bool):
+    n_out = 3 if lstm else 2
+
+    def rule(metas, attrs):
+        roles = _roles(metas, lstm)
+        sigs = [((B,) * len(roles), (B,) * n_out)]
+        if attrs["batch_sizes"] is None:
+            per = {"x": S(1), "state": S(0), "weight": B}
+            sigs.append((tuple(per[r] for r in roles), (S(1),) + (S(0),) * (n_out - 1)))
+        return sigs
+    return rule
+
+
+def _layer_bwd_sbp(lstm: bool):
+    n_out = 3 if lstm else 2
+
+    def rule(metas, attrs):
+        n_in = attrs["n_in"]
+        roles = _roles(list(metas[:n_in]), lstm)
+        diff = attrs["diff"]
+        all_roles = (["x", "state", "state"] if lstm else ["x", "state"])
+        all_roles += ["weight"] * (n_in - len(all_roles))
+        sigs = [((B,) * (len(roles) + n_out), (B,) * len(diff))]
+        if attrs["batch_sizes"] is None:
+            per_in = {"x": S(1), "state": S(0), "weight": B}
+            per_grad = {"x": S(1), "state": S(0), "weight": P}
+            ins = tuple(per_in[r] for r in roles) + (S(1),) + (S(0),) * (n_out - 1)
+            sigs.append((ins, tuple(per_grad[all_roles[i]] for i in diff)))
+        return sigs
+    return rule
+
+
+LSTM_LAYER = defop_vjp("lstm_layer", _lstm_kernel, sbp=_layer_sbp(True), bwd_sbp=_layer_bwd_sbp(True),
+                       family="rnn", outputs=("output", "h_n", "c_n"))
+RNN_LAYER = defop_vjp("rnn_layer", _rnn_kernel, sbp=_layer_sbp(False), bwd_sbp=_layer_bwd_sbp(False),
+                      family="rnn", outputs=("output", "h_n"))
+
+
+def rnn_layer(mode: str, x: Tensor, h0: Tensor, c0: Tensor | None, w_ih: Tensor, w_hh: Tensor,
+              b_ih: Tensor | None = None, b_hh: Tensor | None = None, w_hr: Tensor | None = None,
+              reverse: bool = False, batch_sizes: tuple | None = None) -> tuple:
+    """One recurrent layer in one direction: ``x`` ``(T, B, in)`` (or packed rows with
+    ``batch_sizes``), states ``(B, H)``; returns ``(output, h_n)`` or, for LSTM, ``(output, h_n, c_n)``."""
+    if mode not in MODES:
+        raise ValueError(f"holoflow.rnn_layer: mode must be one of {MODES}, got {mode!r}")
+    for name, t in (("h0", h0), ("c0", c0), ("weight_ih", w_ih), ("weight_hh", w_hh), ("bias_ih", b_ih),
+                    ("bias_hh", b_hh), ("weight_hr", w_hr)):
+        if t is not None and t.dtype != x.dtype:
+            raise DTypeError(f"holoflow.nn.{mode.split('_')[0]}: input must have the type {x.dtype}, got {name} of "
+                             f"type {t.dtype}")
+    bs = tuple(int(b) for b in batch_sizes) if batch_sizes is not None else None
+    if mode == "LSTM":
+        return tuple(apply(LSTM_LAYER, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode=mode, reverse=bool(reverse),
+                           batch_sizes=bs))
+    return tuple(apply(RNN_LAYER, x, h0, w_ih, w_hh, b_ih, b_hh, mode=mode, reverse=bool(reverse),
+                       batch_sizes=bs)) + (None,)
