@@ -182,3 +182,17 @@ def test_gradient_accumulation_on_a_global_graph_says_it_is_not_supported():
         with pytest.raises(Exception, match="gradient accumulation .* global tensors is not supported"):
             _losses(place, acc=2)
     world.simulate(2, run)
+
+
+def test_ranks_that_trace_different_programs_fail_on_every_rank_naming_them():
+    def run(rank):
+        place = flow.placement("cpu", [0, 1])
+        w = flow.ones(4, 4, placement=place, sbp=B)
+
+        class G(flow.nn.Graph):
+            def build(self, x):
+                y = x @ w
+                return y.relu() if rank == 0 else y.sigmoid()   # a rank-dependent branch
+        with pytest.raises(Exception, match=r"traced different programs .*ranks \[0\].*ranks \[1\]"):
+            G()(flow.ones(6, 4, placement=place, sbp=S(0)))
+    world.simulate(2, run)

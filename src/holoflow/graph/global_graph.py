@@ -15,6 +15,7 @@ See docs/architecture.md, "Global graphs".
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -129,6 +130,36 @@ def localize(g: Graph, rank: int, comm: Any = None) -> Graph:
     return g.with_(feeds=tuple(loc(v) for v in g.feeds), state=tuple((loc(v), t) for v, t in g.state),
                    nodes=tuple(nodes), outputs=tuple(loc(v) for v in g.outputs),
                    updates=tuple((t, loc(v)) for t, v in g.updates), frees=frees)
+
+
+def fingerprint(g: Graph) -> str:
+    """A digest of what a global graph does (ops, shapes, dtypes, SBPs, simple attrs), equal on
+    every rank exactly when the ranks traced the same program."""
+    h = hashlib.sha256()
+    for n in g.nodes:
+        attrs = sorted((k, repr(v)) for k, v in n.attrs.items() if isinstance(v, (int, float, str, bool, tuple)))
+        sig = [(v.shape, str(v.dtype), v.sbp) if isinstance(v, Value) else repr(v) for v in (*n.inputs, *n.outputs)]
+        h.update(repr((n.op, sig, attrs)).encode())
+    return h.hexdigest()[:16]
+
+
+def check_same_program(g: Graph) -> None:
+    """Compares the graph's fingerprint across the ranks of its placement before anything runs:
+    a rank that traced another program (a data-dependent branch, another model) fails on every
+    rank, naming the ranks, instead of issuing mismatched collectives."""
+    place = next((v.placement for v in (*g.feeds, *(v for v, _ in g.state)) if v.placement is not None), None)
+    if place is None or len(place.flat_ranks) < 2:
+        return
+    mine = fingerprint(g)
+    got = world.comm().all_gather_shapes(mine, place.flat_ranks)
+    if len(set(got)) > 1:
+        by: dict = {}
+        for r, f in zip(place.flat_ranks, got):
+            by.setdefault(f, []).append(r)
+        groups = "; ".join(f"ranks {rs}: {f}" for f, rs in by.items())
+        raise HoloflowError(f"holoflow.nn.Graph: the ranks of {place} traced different programs "
+                            f"(graph fingerprints {groups}); every rank must build the same graph — "
+                            f"look for branches on rank-dependent values or different models/inputs")
 
 
 def _layouts(g: Graph) -> dict:

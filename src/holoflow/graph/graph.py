@@ -26,7 +26,7 @@ from .optimizer import add_optimizer_updates
 from .pytree import flatten, unflatten
 from ..distributed import world
 from .global_graph import explain as explain_boxing
-from .global_graph import boxing_points, is_global, localize
+from .global_graph import boxing_points, check_same_program, is_global, localize
 from .trace import Tracer, is_user_file, user_line
 
 
@@ -223,6 +223,7 @@ class Graph:
         ir = passes.run(ir, self.config.for_passes(flagged_paths(self)), log)
         logical = ir
         if is_global(ir):  # this rank's plan, derived from the logical graph without communication
+            check_same_program(ir)
             ir = localize(ir, world.rank())
         lowered = lower(ir, profile=self.config.profiling)
         c = Compiled(ir, lowered, self.config.executor, time.perf_counter() - t0, self.config.profiling, log,
