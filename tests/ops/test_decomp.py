@@ -101,3 +101,12 @@ def test_decompositions_trace_in_graph_mode():
 
 
 _ = F32, F64
+
+
+def test_tensor_methods_svd_and_qr_match_torch():
+    a = torch.randn(5, 3, dtype=torch.float64)
+    fa = flow.from_torch(a.clone())
+    for got, want in zip(fa.svd(), a.svd()):
+        torch.testing.assert_close(got.to_torch(), want)
+    for got, want in zip(fa.qr(some=False), a.qr(some=False)):
+        torch.testing.assert_close(got.to_torch(), want)

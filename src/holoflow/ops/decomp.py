@@ -127,6 +127,10 @@ def eigvalsh(A: Tensor, UPLO: str = "L") -> Tensor:
     return apply(EIGVALSH, A, UPLO=_uplo("linalg.eigvalsh", UPLO))
 
 
+Tensor.svd = svd
+Tensor.qr = qr
+
+
 # -- cdist -------------------------------------------------------------------------------------------------
 
 def _cdist_sbp(metas, attrs):

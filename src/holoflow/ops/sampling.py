@@ -1,6 +1,7 @@
 """Sampling and patch ops: ``grid_sample``, ``unfold`` (im2col) and ``fold`` (col2im).
 
-``grid_sample`` is a primitive with ATen's derivative (ops/torch_vjp.py). ``unfold`` and ``fold``
+``grid_sample`` is a primitive with ATen's derivative (ops/torch_vjp.py), named ``grid_sampler``
+as ATen's op, so autocast's op lists (amp/policy.py) apply to it as in torch. ``unfold`` and ``fold``
 are linear and adjoint to each other, so each one's gradient is the other: double backward
 composes. SBP: batch split (N) everywhere; the input's channel axis for ``grid_sample``; partial
 sums through the linear ops.
@@ -35,7 +36,7 @@ def _gs_bwd_sbp(metas, attrs):
             ((S(1), B, S(1)), pick((S(1), P)))]
 
 
-GRID_SAMPLE = defop_vjp("grid_sample", lambda x, grid, mode, padding_mode, align_corners:
+GRID_SAMPLE = defop_vjp("grid_sampler", lambda x, grid, mode, padding_mode, align_corners:
                         TF.grid_sample(x, grid, mode, padding_mode, align_corners),
                         sbp=_gs_sbp, bwd_sbp=_gs_bwd_sbp, family="resize")
 
