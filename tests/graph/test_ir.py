@@ -3,6 +3,7 @@ runs (exec'd, it gives the compiled graph's numbers); every node keeps its user 
 pass log keeps the IR after every pass."""
 import os
 import re
+import traceback
 
 import numpy as np
 import pytest
@@ -253,3 +254,5 @@ def test_run_time_error_names_the_program_line():
     k = int(re.search(r"program line (\d+): (.*)", str(e.value)).group(1))
     line = next(iter(g._compiled.values())).program.source.splitlines()[k - 1]
     assert "= index_select(" in line and line.strip() in str(e.value)
+    tb = "".join(traceback.format_exception(e.value.__cause__))   # the traceback quotes the program's line
+    assert line.strip() in tb

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import keyword
+import linecache
 import math
 import re
 import time
@@ -290,7 +291,9 @@ class Program:
         return self.source
 
     def load(self) -> dict:
-        """Executes the source in a copy of the namespace; returns it (tasks and ``program``)."""
+        """Executes the source in a copy of the namespace; returns it (tasks and ``program``).
+        Tracebacks through the program show its lines (the source is registered with linecache)."""
+        linecache.cache[self.filename] = (len(self.source), None, self.source.splitlines(True), self.filename)
         ns = dict(self.namespace)
         exec(compile(self.source, self.filename, "exec"), ns)
         return ns
