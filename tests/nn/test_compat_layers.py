@@ -379,3 +379,18 @@ def test_hook_weight_norm_matches_torch():
     torch.nn.utils.remove_weight_norm(tm)
     assert list(fm.state_dict()) == list(tm.state_dict())
     torch.testing.assert_close(fm.weight.to_torch(), tm.weight.detach(), **TOL)
+
+
+def test_hook_spectral_norm_matches_torch_over_training_steps():
+    fm, tm = build(lambda lib: lib.utils.spectral_norm(lib.Conv2d(2, 3, 3)))
+    assert list(fm.state_dict()) == ["bias", "weight_orig", "weight_u", "weight_v"]
+    for _ in range(3):   # one power-iteration step per training forward
+        check(fm, tm, (x64(2, 2, 5, 5),))
+        for k, v in tm.state_dict().items():
+            torch.testing.assert_close(fm.state_dict()[k].to_torch(), v, **TOL)
+    fm.eval(), tm.eval()
+    check(fm, tm, (x64(1, 2, 4, 4),))
+    nn.utils.remove_spectral_norm(fm)
+    torch.nn.utils.remove_spectral_norm(tm)
+    assert list(fm.state_dict()) == list(tm.state_dict())
+    torch.testing.assert_close(fm.weight.to_torch(), tm.weight.detach(), **TOL)
