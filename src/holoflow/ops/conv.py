@@ -163,7 +163,7 @@ def _conv(name: str, k: int, input: Tensor, weight: Tensor, bias, stride, paddin
             extra = tuple(t - 2 * (t // 2) for t in total)
             extra = extra if any(extra) else None
         else:
-            raise ValueError(f"holoflow.{name}: padding must be 'valid', 'same' or ints, got {padding!r}")
+            raise RuntimeError(f"holoflow.{name}: padding must be 'valid', 'same' or ints, got {padding!r}")
     padding = _tuple(padding, k, "padding", name)
     return apply(CONV, input, weight, bias, stride=stride, padding=padding, dilation=dilation,
                  transposed=False, output_padding=(0,) * k, groups=groups, extra=extra)

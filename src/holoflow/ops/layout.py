@@ -144,7 +144,7 @@ def diagonal(input: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Te
     nd = input.dim()
     d1, d2 = normalize_dim("diagonal", dim1, nd), normalize_dim("diagonal", dim2, nd)
     if d1 == d2:
-        raise ValueError(f"holoflow.diagonal: dim1 and dim2 are the same dim {d1}")
+        raise RuntimeError(f"holoflow.diagonal: dim1 and dim2 are the same dim {d1}; they must differ")
     return apply(DIAGONAL, input, offset=offset, dim1=d1, dim2=d2)
 
 

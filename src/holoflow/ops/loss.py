@@ -184,7 +184,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
     reduction = _reduction("cross_entropy", reduction, size_average, reduce)
     _check_class_target("cross_entropy", input, target, weight, True)
     if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"holoflow.cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+        raise RuntimeError(f"holoflow.cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     return apply(CROSS_ENTROPY, input, target, weight, ignore_index=ignore_index, reduction=reduction,
                  label_smoothing=float(label_smoothing))
 
@@ -230,6 +230,8 @@ def smooth_l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None
     """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (L1 for ``beta == 0``)."""
     input, target = _composite("smooth_l1_loss", input, target)
     reduction = _reduction("smooth_l1_loss", reduction, size_average, reduce)
+    if beta < 0:
+        raise RuntimeError(f"holoflow.smooth_l1_loss: beta must be non-negative, got {beta}")
     d = (input - target).abs()
     if beta == 0:
         return reduce_loss(d, reduction)
@@ -239,6 +241,8 @@ def smooth_l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None
 def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
     """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)``."""
     input, target = _composite("huber_loss", input, target)
+    if delta <= 0:
+        raise RuntimeError(f"holoflow.huber_loss: delta must be positive, got {delta}")
     d = (input - target).abs()
     return reduce_loss(E.where(d < delta, d * d * 0.5, (d - 0.5 * delta) * delta),
                        _reduction("huber_loss", reduction))

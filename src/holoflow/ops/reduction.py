@@ -455,6 +455,8 @@ def logsumexp(input: Tensor, dim, keepdim: bool = False) -> Tensor:
 
 def vector_norm(x: Tensor, ord: float = 2, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:  # noqa: A002
     """``(sum |x|^ord)^(1/ord)`` over ``dim`` (inf/-inf: max/min of |x|; 0: count of non-zeros)."""
+    if isinstance(ord, bool) or not isinstance(ord, (int, float)):
+        raise TypeError(f"holoflow.linalg.vector_norm: ord must be a number (2, 1, inf, 0...), got {ord!r}")
     return apply(VECTOR_NORM, x, ord=float(ord), dim=reduce_dims("linalg.vector_norm", dim, x.dim()),
                  keepdim=keepdim, dtype=_tdtype(dtype))
 
