@@ -224,6 +224,25 @@ def test_lstm_traces_in_graph_mode():
     torch.testing.assert_close(G()(to_flow(x)).to_torch(), (out.sum() + h.sum() + c.sum()).detach(), **TOL)
 
 
+def test_packed_gru_traces_in_graph_mode():
+    fm, tm = build(lambda lib: lib.GRU(3, 4, bidirectional=True))
+    x, lengths = x64(5, 3, 3, grad=False), [2, 5, 3]
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = fm
+
+        def build(self, x):
+            packed = nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+            out, h = self.m(packed)
+            return nn.utils.rnn.pad_packed_sequence(out)[0].sum() + h.sum()
+
+    out, h = tm(torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False))
+    want = torch.nn.utils.rnn.pad_packed_sequence(out)[0].sum() + h.sum()
+    torch.testing.assert_close(G()(to_flow(x)).to_torch(), want.detach(), **TOL)
+
+
 # -- Transformer -------------------------------------------------------------------------------------------
 
 def test_transformer_matches_torch_with_masks():

@@ -22,7 +22,7 @@ from ...ops.shape import cat, stack
 from .. import init
 from ..module import Module
 from ..parameter import Parameter
-from ..utils.rnn import PackedSequence
+from ..utils.rnn import PackedSequence, batch_sizes_of
 
 __all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
 
@@ -144,7 +144,7 @@ class RNNBase(Module):
         packed = isinstance(input, PackedSequence)
         if packed:
             x, batch_sizes, sorted_idx, unsorted_idx = input
-            bs = [int(v) for v in batch_sizes.tolist()]
+            bs = batch_sizes_of(input)
             batch, batched = bs[0], True
         else:
             if input.dim() not in (2, 3):
@@ -200,7 +200,7 @@ class RNNBase(Module):
             h_n = h_n.index_select(1, unsorted_idx)
             c_n = c_n.index_select(1, unsorted_idx) if c_n is not None else None
         if packed:
-            output: Any = PackedSequence(layer_in, batch_sizes, sorted_idx, unsorted_idx)
+            output: Any = input.with_data(layer_in)
         else:
             output = layer_in
             if not batched:

@@ -15,10 +15,10 @@ import torch
 from ...core.tensor import Tensor
 from ...ops.creation import full, tensor
 from ...ops.shape import cat, stack
-from ...ops.sorting import argsort, sort
+from ...ops.sorting import argsort
 
-__all__ = ["PackedSequence", "pack_padded_sequence", "pad_packed_sequence", "pad_sequence", "pack_sequence",
-           "unpad_sequence", "unpack_sequence", "invert_permutation"]
+__all__ = ["PackedSequence", "batch_sizes_of", "pack_padded_sequence", "pad_packed_sequence", "pad_sequence",
+           "pack_sequence", "unpad_sequence", "unpack_sequence", "invert_permutation"]
 
 
 class PackedSequence(namedtuple("PackedSequence", ["data", "batch_sizes", "sorted_indices", "unsorted_indices"])):
@@ -34,13 +34,18 @@ class PackedSequence(namedtuple("PackedSequence", ["data", "batch_sizes", "sorte
                              "pack_padded_sequence or pack_sequence to build one)")
         return super().__new__(cls, data, batch_sizes, sorted_indices, unsorted_indices)
 
+    def with_data(self, data: Tensor) -> "PackedSequence":
+        """The same packing around new ``data`` rows."""
+        out = type(self)(data, self.batch_sizes, self.sorted_indices, self.unsorted_indices)
+        out._sizes = getattr(self, "_sizes", None)
+        return out
+
     def to(self, *args: Any, **kwargs: Any) -> "PackedSequence":
         data = self.data.to(*args, **kwargs)
-        return self if data is self.data else type(self)(data, self.batch_sizes, self.sorted_indices,
-                                                           self.unsorted_indices)
+        return self if data is self.data else self.with_data(data)
 
     def _cast(self, name: str) -> "PackedSequence":
-        return type(self)(getattr(self.data, name)(), self.batch_sizes, self.sorted_indices, self.unsorted_indices)
+        return self.with_data(getattr(self.data, name)())
 
     def float(self) -> "PackedSequence":
         return self._cast("float")
@@ -63,6 +68,13 @@ class PackedSequence(namedtuple("PackedSequence", ["data", "batch_sizes", "sorte
 
     def is_pinned(self) -> bool:
         return False
+
+
+def batch_sizes_of(sequence: PackedSequence) -> list[int]:
+    """The batch sizes as Python ints: kept from packing (so graph tracing, where the tensor's
+    values are not known, still has them), else read from the tensor."""
+    sizes = getattr(sequence, "_sizes", None)
+    return list(sizes) if sizes is not None else [int(v) for v in sequence.batch_sizes.tolist()]
 
 
 def invert_permutation(permutation: Tensor | None) -> Tensor | None:
@@ -101,8 +113,11 @@ def pack_padded_sequence(input: Tensor, lengths: Any, batch_first: bool = False,
                                "this requirement if you do not need ONNX exportability.")
         sorted_indices = None
     else:
-        lt, sorted_indices = sort(tensor(lens, dtype=torch.int64), descending=True)
+        # host-side metadata, sorted by torch's own call so ties order as in torch (and graph
+        # tracing, where tensors have no values, still knows the permutation)
+        lt, order = torch.sort(torch.as_tensor(lens, dtype=torch.int64), descending=True)
         lens = [int(v) for v in lt.tolist()]
+        sorted_indices = tensor(order.tolist(), dtype=torch.int64)
         input = input.index_select(bdim, sorted_indices)
     if lens and lens[-1] <= 0:
         raise RuntimeError("holoflow.nn.utils.rnn.pack_padded_sequence: Length of all samples has to be greater "
@@ -115,16 +130,18 @@ def pack_padded_sequence(input: Tensor, lengths: Any, batch_first: bool = False,
     steps = lens[0] if lens else 0
     batch_sizes = [sum(1 for n in lens if n > t) for t in range(steps)]
     data = cat([input[t].narrow(0, 0, bs) for t, bs in enumerate(batch_sizes)], 0)
-    return PackedSequence(data, tensor(batch_sizes, dtype=torch.int64), sorted_indices,
-                          invert_permutation(sorted_indices))
+    out = PackedSequence(data, tensor(batch_sizes, dtype=torch.int64), sorted_indices,
+                         invert_permutation(sorted_indices))
+    out._sizes = batch_sizes
+    return out
 
 
 def pad_packed_sequence(sequence: PackedSequence, batch_first: bool = False, padding_value: float = 0.0,
                         total_length: int | None = None) -> tuple[Tensor, Tensor]:
     """The inverse of :func:`pack_padded_sequence`: ``(padded, lengths)``, in the original batch
     order; ``total_length`` pads the time axis further."""
-    data, batch_sizes, _, unsorted = sequence
-    bs = [int(v) for v in batch_sizes.tolist()]
+    data, _, _, unsorted = sequence
+    bs = batch_sizes_of(sequence)
     steps = len(bs)
     if total_length is not None:
         if total_length < steps:
