@@ -130,9 +130,26 @@ def test_global_mode_makes_creation_ops_global_in_eager_and_in_graphs():
 XS = [torch.randn(8, 8, generator=torch.Generator().manual_seed(i)) for i in range(3)]
 
 
-def _mlp_graph(place, amp=False, ckpt=False, acc=1):
+def _seeded(make):
+    """A model whose weights were drawn once, here: simulated ranks are threads sharing torch's
+    default generator, so drawing inside them would interleave."""
     flow.manual_seed(0)
-    m = flow.nn.Sequential(flow.nn.Linear(8, 16), flow.nn.GELU(), flow.nn.Linear(16, 8), flow.nn.LayerNorm(8))
+    init = {k: v.detach().clone() for k, v in make().state_dict().items()}
+
+    def build():
+        m = make()
+        m.load_state_dict(init)
+        return m
+    return build
+
+
+_MLP = _seeded(lambda: flow.nn.Sequential(flow.nn.Linear(8, 16), flow.nn.GELU(), flow.nn.Linear(16, 8),
+                                          flow.nn.LayerNorm(8)))
+_ZERO_MLP = _seeded(lambda: flow.nn.Sequential(flow.nn.Linear(16, 64), flow.nn.GELU(), flow.nn.Linear(64, 16)))
+
+
+def _mlp_graph(place, amp=False, ckpt=False, acc=1):
+    m = _MLP()
     if place is not None:
         m.to_global(place, B)
     opt = flow.optim.AdamW(m.parameters(), lr=0.01)
@@ -196,3 +213,61 @@ def test_ranks_that_trace_different_programs_fail_on_every_rank_naming_them():
         with pytest.raises(Exception, match=r"traced different programs .*ranks \[0\].*ranks \[1\]"):
             G()(flow.ones(6, 4, placement=place, sbp=S(0)))
     world.simulate(2, run)
+
+
+def _zero_run(place, stage, opt_kind):
+    m = _ZERO_MLP()
+    if place is not None:
+        m.to_global(place, B)
+    opt = flow.optim.AdamW(m.parameters(), lr=0.01) if opt_kind == "adamw" else \
+        flow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+            if stage:
+                self.config.enable_zero(True, stage=stage, shard_min_size=64)
+
+        def build(self, x):
+            loss = self.m(x).square().mean()
+            loss.backward()
+            return loss
+    g = G()
+    losses = []
+    for i in range(3):
+        x = flow.from_torch(torch.randn(8, 16, generator=torch.Generator().manual_seed(i)))
+        if place is not None:
+            x = x.to_global(place, B).to_global(sbp=S(0))
+        loss = g(x)
+        losses.append((loss.to_global(sbp=B).to_local() if place is not None else loss).item())
+    whole = [(p.to_global(sbp=B).to_local() if place is not None else p).detach().to_torch() for p in m.parameters()]
+    from holoflow.graph.zero import state_bytes
+    boxes = [(b.src, b.dst) for b in g.boxing()] if place is not None else []
+    return losses, whole, state_bytes(opt), boxes
+
+
+@pytest.mark.parametrize("opt_kind", ["adamw", "sgd"])
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_shards_state_and_gradients_and_trains_like_single_process(stage, opt_kind):
+    want_losses, want_params, full_state, _ = _zero_run(None, 0, opt_kind)
+    place = flow.placement("cpu", [0, 1])
+    for losses, params, state, boxes in world.simulate(2, lambda r: _zero_run(place, stage, opt_kind)):
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-7)
+        for got, want in zip(params, want_params):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        # the three params of >= 64 elements keep half their per-element state (AdamW: two fp32
+        # moments, SGD: one momentum buffer); the 16-element bias and step counters stay whole
+        per_elem = 8 if opt_kind == "adamw" else 4
+        assert state == full_state - per_elem * (16 * 64 + 64 + 64 * 16) // 2, (state, full_state)
+        reduce_scatters = [b for b in boxes if b == ((P,), (S(0),))]
+        assert len(reduce_scatters) == (3 if stage == 2 else 0)
+
+
+def test_zero_stage_3_says_it_is_not_built_yet():
+    class G(flow.nn.Graph):
+        def build(self, x):
+            return x
+    with pytest.raises(NotImplementedError, match="ZeRO stage 3"):
+        G().config.enable_zero(True, stage=3)

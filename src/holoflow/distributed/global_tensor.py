@@ -37,8 +37,12 @@ class GlobalMeta:
 
     def box_grad(self, t: Tensor, g: Tensor) -> Tensor:
         if g._global is not None:  # a gradient traced as a logical global value has its own SBP
-            return g._global.box_to(g, self.grad_sbp or self.sbp)
+            return g._global.leaf_grad(t, g)
         return box_grad(t, g)
+
+    def leaf_grad(self, t: Tensor, g: Tensor) -> Tensor:
+        """Gradient ``g`` (of this meta) of leaf ``t``, in the SBP ``t``'s ``.grad`` takes."""
+        return self.box_to(g, t._global.grad_sbp or t._global.sbp)
 
     def box_to(self, t: Tensor, nd: tuple, grad_sbp=None) -> Tensor:
         """``t`` (of this meta) redistributed to ``nd`` on the same placement."""

@@ -5,11 +5,12 @@ import copy
 
 from ..core import dtype as _dtype
 from ..core.errors import UnsupportedError
+from .zero import Zero
 
 
 class GraphConfig:
     """Switches read by the passes (graph/passes/*) and the lowering. A switch whose feature is not
-    built yet (ZeRO, pipeline stages) raises ``UnsupportedError`` instead of being recorded and
+    built yet (ZeRO stage 3, pipeline stages) raises ``UnsupportedError`` instead of being recorded and
     ignored."""
 
     def __init__(self) -> None:
@@ -23,6 +24,7 @@ class GraphConfig:
         self.checkpointed_scopes: set[str] = set()   # module paths recomputed in backward
         self.profiling = False
         self.profile_path: str | None = None
+        self.zero: Zero | None = None   # config.enable_zero (graph/zero.py)
 
     def enable_amp(self, mode: bool = True, *, dtype=None) -> None:
         """Mixed precision: matmul-like ops in ``dtype`` (bfloat16 on CPU, float16 on CUDA)."""
@@ -49,14 +51,10 @@ class GraphConfig:
 
     def enable_zero(self, mode: bool = True, *, stage: int = 1, shard_min_size: int = 1024,
                     shard_restore_level: int = 1) -> None:
-        """ZeRO (optimizer state, gradients, parameters sharded across data-parallel ranks) needs
-        graphs of global tensors, which are not built yet: ``enable_zero(True)`` raises instead of
-        being recorded and ignored; ``enable_zero(False)`` is what a graph does anyway."""
-        if mode:
-            raise UnsupportedError(
-                f"holoflow.nn.Graph: config.enable_zero(True, stage={stage}) is not supported yet: ZeRO "
-                f"shards the optimizer state, gradients and parameters of a graph of global tensors, and "
-                f"nn.Graph runs local tensors only so far; drop the call (every rank keeps the full state)")
+        """ZeRO for graphs of global tensors (graph/zero.py): data-parallel parameters of at least
+        ``shard_min_size`` elements get their optimizer state (stage 1) and gradients (stage 2)
+        sharded along dim 0 across the ranks. Stage 3 raises (not built yet)."""
+        self.zero = Zero(stage, shard_min_size) if mode else None
 
     def enable_profiling(self, mode: bool = True, path: str | None = None) -> None:
         """Times every node of the generated code and records every actor act; after running,

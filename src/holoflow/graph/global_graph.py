@@ -62,6 +62,9 @@ class LazyGlobal(GlobalMeta):
     def box_grad(self, t: Tensor, g: Tensor) -> Tensor:
         return self.tracer.box(g, self.grad_sbp or self.sbp)
 
+    def leaf_grad(self, t: Tensor, g: Tensor) -> Tensor:
+        return self.tracer.box(g, self.tracer.leaf_grad_sbp(t))
+
     def seed_grad(self, t: Tensor, g: Tensor | None) -> Tensor:
         if g is None:
             g = t.detach().new_ones(tuple(self.shape))

@@ -200,12 +200,13 @@ class Graph:
         try:
             with contextlib.ExitStack() as stack:
                 tracer.backward_rule = self._backward_rule(scale)
+                tracer.zero = self.config.zero
                 stack.enter_context(tracer)
                 stack.enter_context(grad_mode.enable_grad() if train else grad_mode.no_grad())
                 out = self._trace_build(args, kwargs)
                 if train:
                     add_optimizer_updates(tracer, self._optimizers, self._grad_scaler if scale is not None else None,
-                                          scale)
+                                          scale, self.config.zero)
         except GraphBuildError:
             raise
         except Exception as e:

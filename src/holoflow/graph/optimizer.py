@@ -14,8 +14,9 @@ and graph share one update rule.
 from __future__ import annotations
 
 from ..core import grad_mode
-from ..core.errors import HoloflowError
+from ..core.errors import HoloflowError, UnsupportedError
 from ..core.tensor import Tensor
+from .zero import sharded_update
 
 
 def _group_update(opt, group_index: int, params: list):
@@ -64,9 +65,14 @@ def _graph_grads(params: list) -> list:
     return [p.grad for p in params]
 
 
-def add_optimizer_updates(tracer, optimizers: list, scaler=None, scale: Tensor | None = None) -> None:
+def add_optimizer_updates(tracer, optimizers: list, scaler=None, scale: Tensor | None = None,
+                          zero=None) -> None:
     """Records the updates of every optimizer for the parameters that received a gradient, then
-    the scheduler steps. ``optimizers`` holds ``(optimizer, lr_scheduler or None)`` pairs."""
+    the scheduler steps. ``optimizers`` holds ``(optimizer, lr_scheduler or None)`` pairs;
+    ``zero`` (graph/zero.py) shards the updates of data-parallel parameters."""
+    if zero is not None and scaler is not None:
+        raise UnsupportedError("holoflow.nn.Graph: ZeRO with a grad scaler is not supported yet; "
+                               "use bfloat16 autocast (no scaler) or drop enable_zero")
     if scaler is not None:
         params = [p for opt, _ in optimizers for g in opt.param_groups for p in g["params"] if p.grad is not None]
         tracer.effect("grad_scaler_update", tuple(_graph_grads(params)), {},
@@ -76,8 +82,9 @@ def add_optimizer_updates(tracer, optimizers: list, scaler=None, scale: Tensor |
             for gi, group in enumerate(opt.param_groups):
                 params = [p for p in group["params"] if p.grad is not None]
                 if params:
-                    tracer.effect(f"{type(opt).__name__.lower()}_update", tuple(_graph_grads(params)),
-                                  {}, _group_update(opt, gi, params))
+                    update = sharded_update(opt, gi, params, zero) if zero is not None and any(
+                        zero.sharded(p) for p in params) else _group_update(opt, gi, params)
+                    tracer.effect(update.__name__, tuple(_graph_grads(params)), {}, update)
     for _, sch in optimizers:
         if sch is not None:
             tracer.effect("lr_scheduler_step", (), {}, lambda _s=sch: _s.step())

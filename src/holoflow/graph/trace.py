@@ -102,6 +102,7 @@ class Tracer(Interpreter):
     def __init__(self, names: dict[int, str] | None = None) -> None:
         super().__init__()
         self.backward_rule: Any = None        # nn.Graph's checks and loss scaling for backward()
+        self.zero: Any = None                 # graph/zero.py's Zero when config.enable_zero
         self.in_backward = 0
         self._ctx: list = []
         self.nodes: list[Node] = []
@@ -222,6 +223,12 @@ class Tracer(Interpreter):
         if hit is not None and hit[1] is x._data and hit[0].placement is not None:
             v = hit[0]
             x._global = LazyGlobal(v.placement, v.sbp, torch.Size(v.shape), tracer=self)
+
+    def leaf_grad_sbp(self, t: Tensor) -> tuple:
+        """The SBP leaf ``t``'s gradient is boxed to: its ``grad_sbp`` or SBP, unless ZeRO
+        shards it (graph/zero.py)."""
+        nd = self.zero.grad_sbp(t) if self.zero is not None else None
+        return nd or t._global.grad_sbp or t._global.sbp
 
     def box(self, x: Tensor, nd: tuple) -> Tensor:
         """Records the redistribution of global value ``x`` to ``nd`` (same placement)."""

@@ -1,0 +1,106 @@
+"""ZeRO for graphs of global tensors, expressed as SBP (``config.enable_zero``).
+
+A data-parallel parameter (broadcast on a 1-D placement, at least ``shard_min_size`` elements
+and one row per rank) is *sharded* along dim 0 across the ranks:
+
+- stage 1: its optimizer state is S(0): each rank keeps and updates only its rows, then the
+  updated rows are all-gathered into the parameter;
+- stage 2: also its gradient: the partial sums are reduce-scattered to S(0) (a P->S(0) boxing
+  node) instead of all-reduced, so each rank receives just its rows.
+
+The optimizer's own update rule runs on the shard (views of the parameter's rows and shard-sized
+state); the parameter stays whole between steps (stage 3, parameters kept S(0) and gathered
+before each use, is not built yet). See docs/architecture.md, "Global graphs".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..core import grad_mode
+from ..core.errors import UnsupportedError
+from ..core.sbp import B, S
+from ..core.tensor import Tensor
+from ..distributed import world
+from ..distributed.sharding import balanced
+
+
+@dataclass(frozen=True)
+class Zero:
+    stage: int
+    shard_min_size: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.stage not in (1, 2):
+            raise UnsupportedError(f"holoflow.nn.Graph: ZeRO stage {self.stage} is not supported yet "
+                                   f"(stages 1 and 2 are: optimizer state, and gradients, sharded)")
+
+    def sharded(self, p: Tensor) -> bool:
+        """Whether ZeRO shards parameter ``p``: data parallel (broadcast on a 1-D placement),
+        large enough, and with at least one row per rank."""
+        g = p._global
+        if g is None or g.placement.ndim != 1 or tuple(g.sbp) != (B,):
+            return False
+        return p.numel() >= self.shard_min_size and p.dim() >= 1 and p.shape[0] >= len(g.placement.flat_ranks)
+
+    def grad_sbp(self, p: Tensor) -> tuple | None:
+        """The SBP a sharded parameter's gradient is boxed to (stage 2: its rows, S(0))."""
+        return (S(0),) if self.stage >= 2 and self.sharded(p) else None
+
+
+def _rows(p: Tensor, rank: int) -> tuple[int, int]:
+    ranks = p._global.placement.flat_ranks
+    return balanced(p.shape[0], len(ranks), ranks.index(rank))
+
+
+def sharded_update(opt, group_index: int, params: list, zero: Zero):
+    """The update effect of one param group under ZeRO: the optimizer's rule on each sharded
+    parameter's rows (shard-sized state), then the rows all-gathered back into the parameter."""
+    group = opt.param_groups[group_index]
+    rank, comm = world.rank(), world.comm()
+    sharded = [zero.sharded(p) for p in params]
+    rows = [_rows(p, rank) if s else None for p, s in zip(params, sharded)]
+    views = [Tensor._make(p._data.narrow(0, *r)) if r else p for p, r in zip(params, rows)]
+
+    def update(*grads):
+        gs = []
+        for g, r, s in zip(grads, rows, sharded):
+            if s and zero.stage == 1:   # a whole (all-reduced) gradient: this rank's rows of it
+                g = g.narrow(0, *r)
+            gs.append(Tensor._make(g))
+        states = []
+        for p, v in zip(params, views):   # keyed by the parameter (state_dict), sized by the shard
+            st = opt.state[p]
+            if not st:
+                st.update(opt._init_state(v, group))
+            states.append(st)
+        prev, grad_mode.STATE.enabled = grad_mode.STATE.enabled, False
+        try:
+            opt._step_foreach(group, views, gs, states) if group.get("foreach") is not False \
+                and hasattr(opt, "_step_foreach") else opt._step_ops(group, views, gs, states)
+        finally:
+            grad_mode.STATE.enabled = prev
+        opt._step_count = getattr(opt, "_step_count", 0) + 1
+        with world.acting_as(rank, comm):
+            for p, v, s in zip(params, views, sharded):
+                if s:
+                    ranks = p._global.placement.flat_ranks
+                    sizes = [balanced(p.shape[0], len(ranks), i)[1] for i in range(len(ranks))]
+                    whole = comm.all_gather(v._data.contiguous(), tuple(ranks), 0, sizes)
+                    if whole.data_ptr() != p._data.data_ptr():
+                        p._data.copy_(whole)
+    update.__name__ = f"{type(opt).__name__.lower()}_zero{zero.stage}_update"
+    return update
+
+
+def state_bytes(opt) -> int:
+    """Bytes of this rank's optimizer state tensors (what ZeRO shards)."""
+    total = 0
+    for st in opt.state.values():
+        for v in st.values():
+            if isinstance(v, Tensor):
+                total += v._data.numel() * v._data.element_size()
+            elif isinstance(v, torch.Tensor):
+                total += v.numel() * v.element_size()
+    return total
