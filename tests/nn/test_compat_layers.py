@@ -155,6 +155,39 @@ def test_rnn_on_packed_sequences_of_unequal_lengths(kind, kw, enforce_sorted):
         assert not x.grad[n:, b].any()
 
 
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_packed_unsorted_with_initial_state_matches_torch(kind):
+    """h_0 is given in the caller's batch order: it must be permuted like the packed batch, and
+    h_n permuted back."""
+    fm, tm = build(lambda lib: getattr(lib, kind)(3, 4, num_layers=2, bidirectional=True))
+    lengths = [3, 5, 1, 4]
+    x = x64(5, 4, 3)
+    h = x64(4, 4, 4, seed=5)
+    hx = (h, x64(4, 4, 4, seed=6)) if kind == "LSTM" else h
+
+    class Run(nn.Module):
+        def __init__(self, rnn, lib):
+            super().__init__()
+            self.rnn, self.lib = rnn, lib
+
+        def forward(self, x, hx):
+            packed = self.lib.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+            out, hn = self.rnn(packed, hx)
+            return self.lib.nn.utils.rnn.pad_packed_sequence(out)[0], hn
+
+    class TRun(torch.nn.Module):
+        def __init__(self, rnn):
+            super().__init__()
+            self.rnn = rnn
+
+        def forward(self, x, hx):
+            packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+            out, hn = self.rnn(packed, hx)
+            return torch.nn.utils.rnn.pad_packed_sequence(out)[0], hn
+
+    check(Run(fm, flow), TRun(tm), (x, hx))
+
+
 def test_pack_pad_utilities_match_torch():
     seqs = [x64(n, 3, seed=n) for n in (2, 5, 3)]
     fseqs = [to_flow(s) for s in seqs]
