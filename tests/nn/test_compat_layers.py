@@ -446,3 +446,21 @@ def test_hook_spectral_norm_matches_torch_over_training_steps():
     torch.nn.utils.remove_spectral_norm(tm)
     assert list(fm.state_dict()) == list(tm.state_dict())
     torch.testing.assert_close(fm.weight.to_torch(), tm.weight.detach(), **TOL)
+
+
+REPRS = [
+    lambda l: l.LSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True, dropout=0.1),
+    lambda l: l.LSTM(3, 4, proj_size=2), lambda l: l.GRU(3, 4, bias=False), lambda l: l.RNN(3, 4, nonlinearity="relu"),
+    lambda l: l.LSTMCell(3, 4), lambda l: l.GRUCell(3, 4, bias=False), lambda l: l.RNNCell(3, 4, nonlinearity="relu"),
+    lambda l: l.EmbeddingBag(10, 3, mode="sum"), lambda l: l.EmbeddingBag(10, 3, padding_idx=2, max_norm=1.0),
+    lambda l: l.MaxPool3d(3, 2, 1, ceil_mode=True), lambda l: l.AvgPool3d(3, 1, 1), lambda l: l.AdaptiveAvgPool3d(2),
+    lambda l: l.Fold((4, 5), 2), lambda l: l.Unfold(2, padding=1), lambda l: l.CTCLoss(), lambda l: l.SyncBatchNorm(3),
+    lambda l: l.DataParallel(l.Linear(2, 3)), lambda l: l.TransformerDecoderLayer(8, 2, 16),
+    lambda l: l.utils.parametrizations.weight_norm(l.Linear(2, 3)),
+    lambda l: l.utils.parametrizations.spectral_norm(l.Linear(2, 3)),
+]
+
+
+@pytest.mark.parametrize("i", range(len(REPRS)))
+def test_repr_matches_torch(i):
+    assert repr(REPRS[i](nn)) == repr(REPRS[i](torch.nn))
