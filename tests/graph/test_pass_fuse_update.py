@@ -67,18 +67,32 @@ def test_off_keeps_foreach_update_and_sgd_is_untouched():
     assert [n.op for n in next(iter(g2._compiled.values())).ir.nodes if n.effect] == ["sgd_update"]
 
 
-def test_global_tensors_in_a_graph_fail_clearly():
+def test_fused_update_on_a_global_graph_equals_local():
+    """On two simulated ranks (broadcast weights, a batch split in two) the fused AdamW update
+    trains to the numbers of one process's fused graph."""
     from holoflow.distributed import world
+    flow.manual_seed(0)
+    init = Net().state_dict()
+    xs = [torch.randn(4, 6, generator=torch.Generator().manual_seed(i)) for i in range(3)]
 
-    def fn(r):
+    def losses(place):
         m = Net()
-        g = Train(m, flow.optim.Adam(m.parameters()), fuse=False)
-        x = flow.randn(4, 6).to_global(flow.placement("cpu", [0, 1]), flow.sbp.broadcast)
-        with pytest.raises(flow.core.errors.UnsupportedError, match="global tensors are not supported"):
-            g(x)
-        return True
-    assert world.simulate(2, fn) == [True, True]
-
+        m.load_state_dict(init)
+        if place is not None:
+            m.to_global(place, flow.sbp.broadcast)
+        g = Train(m, flow.optim.AdamW(m.parameters(), lr=1e-2), fuse=True)
+        out = []
+        for x in xs:
+            x = flow.from_torch(x.clone())
+            if place is not None:
+                x = x.to_global(place, flow.sbp.broadcast).to_global(sbp=flow.sbp.split(0))
+            loss = g(x)
+            out.append((loss.to_global(sbp=flow.sbp.broadcast).to_local() if place is not None else loss).item())
+        assert [n.op for n in next(iter(g._compiled.values())).ir.nodes if n.effect] == ["fused_adamw_update"]
+        return out
+    want = losses(None)
+    for got in world.simulate(2, lambda r: losses(flow.placement("cpu", [0, 1]))):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
 
 class _AdamSign(flow.optim.Adam):
     """A subclass that rewrites Adam's rule: Adam's fused kernel no longer implements it."""

@@ -4,30 +4,42 @@ fused and swapped as its declaration says."""
 import pathlib
 import re
 
+import pytest
 import torch
 
 import holoflow.graph.passes as graph_passes
-from holoflow.core.registry import defop
+from holoflow.core.registry import REGISTRY, defop
 from holoflow.graph.ir import Graph, Node, Value, check
 from holoflow.graph.passes.fuse_add_to_output import fuse_add_to_output
 from holoflow.graph.passes.fuse_elementwise import regions
 from holoflow.graph.passes.memory_plan import memory_plan
 
-# an elementwise family member: fresh, fusible, in-place-able by family default
-TWICE = defop("test_props_twice", lambda x: x * 2, family="elementwise", inplace_kernel=lambda x: x.mul_(2))
-# the same kernel declared as possibly returning its input: never written in place
-TWICE_ALIAS = defop("test_props_twice_alias", lambda x: x * 2, family="elementwise", fresh=False,
-                    inplace_kernel=lambda x: x.mul_(2))
-# not elementwise (e.g. a device move): outside fused regions
-TWICE_MOVE = defop("test_props_twice_move", lambda x: x * 2, family="elementwise", elementwise=False)
-# a commutative binary op: its second input's buffer may be reused by swapping
-HYPOT = defop("test_props_hypot", torch.hypot, family="elementwise", commutative=True,
-              inplace_kernel=torch.Tensor.hypot_)
-# a matmul that knows its add-to-output kernel, and an axpy op
-MM = defop("test_props_mm", torch.mm, family="einsum",
-           add_to_output=lambda shapes, beta, alpha: lambda a, b, r: torch.addmm(r, a, b, beta=beta, alpha=alpha))
-AXPY = defop("test_props_axpy", lambda a, b, alpha=1: a + alpha * b, family="elementwise", axpy=True)
+def _declare() -> list:
+    return [
+        # an elementwise family member: fresh, fusible, in-place-able by family default
+        defop("test_props_twice", lambda x: x * 2, family="elementwise", inplace_kernel=lambda x: x.mul_(2)),
+        # the same kernel declared as possibly returning its input: never written in place
+        defop("test_props_twice_alias", lambda x: x * 2, family="elementwise", fresh=False,
+              inplace_kernel=lambda x: x.mul_(2)),
+        # not elementwise (e.g. a device move): outside fused regions
+        defop("test_props_twice_move", lambda x: x * 2, family="elementwise", elementwise=False),
+        # a commutative binary op: its second input's buffer may be reused by swapping
+        defop("test_props_hypot", torch.hypot, family="elementwise", commutative=True,
+              inplace_kernel=torch.Tensor.hypot_),
+        # a matmul that knows its add-to-output kernel, and an axpy op
+        defop("test_props_mm", torch.mm, family="einsum", add_to_output=lambda shapes, beta, alpha:
+              lambda a, b, r: torch.addmm(r, a, b, beta=beta, alpha=alpha)),
+        defop("test_props_axpy", lambda a, b, alpha=1: a + alpha * b, family="elementwise", axpy=True),
+    ]
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _test_ops():
+    """The ops exist only while these tests run (the registry-wide SBP coverage test never sees them)."""
+    ops = _declare()
+    yield
+    for op in ops:
+        del REGISTRY[op.name]
 
 def val(*shape):
     return Value(tuple(shape), torch.float32)
