@@ -12,13 +12,17 @@ import torch
 from .core import dtype as _dtype
 from .core.tensor import Tensor
 from .ops.creation import empty, tensor
+from .ops.elementwise import ABS, LE, MUL, SUB
+from .core.dispatch import apply
 
 __all__ = ["set_float32_matmul_precision", "get_float32_matmul_precision", "use_deterministic_algorithms",
            "are_deterministic_algorithms_enabled", "set_num_threads", "get_num_threads",
            "set_num_interop_threads", "get_num_interop_threads", "compile", "_assert",
            "channels_last", "channels_last_3d", "contiguous_format", "preserve_format", "memory_format",
            "FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor",
-           "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor"]
+           "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor", "allclose", "isclose", "numel",
+           "is_floating_point", "is_complex", "is_nonzero", "is_same_size", "result_type", "can_cast",
+           "broadcast_shapes", "broadcast_tensors", "meshgrid", "ravel", "detach", "set_printoptions"]
 
 set_float32_matmul_precision = torch.set_float32_matmul_precision
 get_float32_matmul_precision = torch.get_float32_matmul_precision
@@ -109,3 +113,90 @@ def _type(self: Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs:
 
 
 Tensor.type = _type  # replaces ops/conversion.py's type_ (whose string was holoflow.Float32Tensor)
+
+
+# -- tensor helpers scripts call as torch.X: predicates, dtype rules, broadcasting, meshgrid ----
+can_cast, set_printoptions = torch.can_cast, torch.set_printoptions
+
+
+def _data(x: Any) -> Any:
+    return x._data if isinstance(x, Tensor) else x
+
+
+def allclose(input: Tensor, other: Tensor, rtol: float = 1e-05, atol: float = 1e-08,
+             equal_nan: bool = False) -> bool:
+    """``|input - other| <= atol + rtol * |other|`` everywhere (a Python bool), as torch."""
+    return bool(torch.allclose(_data(input), _data(other), rtol=rtol, atol=atol, equal_nan=equal_nan))
+
+
+def isclose(input: Tensor, other: Any, rtol: float = 1e-05, atol: float = 1e-08,
+            equal_nan: bool = False) -> Tensor:
+    """Elementwise closeness (a bool tensor, not differentiable)."""
+    if equal_nan or not (isinstance(input, Tensor) and isinstance(other, Tensor)):
+        return Tensor._make(torch.isclose(_data(input), _data(other), rtol=rtol, atol=atol, equal_nan=equal_nan))
+    diff = apply(ABS, apply(SUB, input, other))
+    return apply(LE, diff, apply(MUL, apply(ABS, other), rtol) + atol)
+
+
+def numel(input: Tensor) -> int:
+    return input.numel()
+
+
+def is_floating_point(input: Tensor) -> bool:
+    return input.is_floating_point()
+
+
+def is_complex(input: Tensor) -> bool:
+    return input.is_complex()
+
+
+def is_nonzero(input: Tensor) -> bool:
+    return bool(torch.is_nonzero(_data(input)))
+
+
+def is_same_size(input: Tensor, other: Tensor) -> bool:
+    return tuple(input.shape) == tuple(other.shape)
+
+
+def result_type(tensor1: Any, tensor2: Any) -> _dtype.dtype:
+    """The dtype torch's type promotion gives ``tensor1 op tensor2``."""
+    return _dtype.from_torch(torch.result_type(_data(tensor1), _data(tensor2)))
+
+
+def broadcast_shapes(*shapes: Any) -> torch.Size:
+    return torch.broadcast_shapes(*shapes)
+
+
+def broadcast_tensors(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """Each tensor expanded to the common shape (views; gradients sum back)."""
+    shape = torch.broadcast_shapes(*[tuple(t.shape) for t in tensors])
+    return tuple(t.expand(shape) for t in tensors)
+
+
+def meshgrid(*tensors: Any, indexing: str | None = None) -> tuple[Tensor, ...]:
+    """Coordinate grids from 1-d tensors (``indexing='ij'`` by default, as torch; or ``'xy'``)."""
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+        tensors = tuple(tensors[0])
+    if indexing not in (None, "ij", "xy"):
+        raise ValueError(f"holoflow.meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+    ts = list(tensors)
+    swap = indexing == "xy" and len(ts) >= 2
+    if swap:
+        ts[0], ts[1] = ts[1], ts[0]
+    shape = [t.numel() for t in ts]
+    grids = []
+    for i, t in enumerate(ts):
+        view = [1] * len(ts)
+        view[i] = -1
+        grids.append(t.reshape(view).expand(shape))
+    if swap:   # 'xy': the first two grids come back in the caller's order
+        grids[0], grids[1] = grids[1], grids[0]
+    return tuple(grids)
+
+
+def ravel(input: Tensor) -> Tensor:
+    return input.reshape(-1)
+
+
+def detach(input: Tensor) -> Tensor:
+    return input.detach()

@@ -142,3 +142,21 @@ def test_checkpoint_sequential_and_no_grad():
     torch.testing.assert_close(fm[0].weight.grad.to_torch(), tm[0].weight.grad)
     with flow.no_grad():
         assert not checkpoint(fm, fx).requires_grad
+
+
+def test_tensor_helpers_match_torch():
+    a, b = torch.randn(3, 1), torch.randn(4)
+    fa, fb = flow.from_torch(a.clone()), flow.from_torch(b.clone())
+    assert flow.allclose(fa, fa + 1e-9) and not flow.allclose(fa, fa + 1)
+    assert torch.equal(flow.isclose(fa, fa * 1.000001).to_torch(), torch.isclose(a, a * 1.000001))
+    assert flow.numel(fa) == 3 and flow.is_floating_point(fa) and not flow.is_complex(fa)
+    assert flow.result_type(flow.ones(1, dtype=flow.int64), 2.5) is flow.float32
+    for (t, f) in zip(torch.broadcast_tensors(a, b), flow.broadcast_tensors(fa, fb)):
+        assert torch.equal(f.to_torch(), t)
+    x, y = torch.arange(3.0), torch.arange(4.0)
+    for ind in ("ij", "xy"):
+        for t, f in zip(torch.meshgrid(x, y, indexing=ind), flow.meshgrid(flow.arange(3.0), flow.arange(4.0), indexing=ind)):
+            assert torch.equal(f.to_torch(), t)
+    fa.requires_grad_()
+    sum(g.sum() for g in flow.broadcast_tensors(fa, fb)).backward()
+    assert fa.grad.tolist() == [[4.0], [4.0], [4.0]]
