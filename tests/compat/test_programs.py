@@ -14,7 +14,7 @@ from holoflow import mock_torch
 
 PROGRAMS = sorted((Path(__file__).parent / "programs").glob("*.py"))
 # per-program tolerances where mixed precision or long recurrences round differently
-TOL = {"gpt_checkpoint_bf16": dict(loss=2e-2, grad=(5e-2, 5e-2))}
+TOL = {"gpt_checkpoint_bf16": dict(loss=1e-3, grad=(5e-2, 5e-2))}
 DEFAULT = dict(loss=2e-4, grad=(2e-3, 2e-4))
 
 
