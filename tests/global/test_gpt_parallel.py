@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import holoflow as flow
-from holoflow.core.sbp import B, S
+from holoflow.core.sbp import B, P, S
 from holoflow.examples import gpt, gpt_parallel
 
 import gpt_parallel_fns
@@ -31,3 +31,16 @@ def test_2x2_data_and_tensor_parallel_matches_single_process(world4):
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-4, atol=0)
         # the row-parallel sums and the data-parallel gradient reductions really happen
         assert comms.get("all_reduce", 0) > 0
+
+
+@pytest.mark.parametrize("tp,zero", [(2, 0), (1, 2)])
+def test_graph_of_global_tensors_matches_single_process(world4, tp, zero):
+    """--graph: the step as an nn.Graph (2x2 DP x TP mesh, or 4-way DP with ZeRO-2) gives the
+    single-process losses; every boxing node names a line of the model or the training step."""
+    want = gpt.train(flow, CFG, evaluate_every=False)["train"]
+    for losses, boxing in world4.run(gpt_parallel_fns.graph_losses, asdict(CFG), tp, zero, timeout=240):
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-4, atol=0)
+        assert boxing and all(src and (line.startswith("gpt.py:") or line.startswith("gpt_parallel.py:"))
+                              for src, _, line in boxing), boxing
+        if zero == 2:
+            assert any(src[0] == P and dst[0] == S(0) for src, dst, _ in boxing)   # reduce-scattered grads

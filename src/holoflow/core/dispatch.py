@@ -123,14 +123,15 @@ def local_alias(x: Tensor) -> Tensor:
 
 
 def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | None = None,
-         track_views: bool = True, views: tuple | None = None):
+         track_views: bool = True, views: tuple | None = None, logical: bool = False):
     """Wraps kernel outputs as Tensors and, if ``record``, links them to a new grad node.
-    Outputs of a view op that alias input 0 (or those flagged in ``views``) become its views."""
+    Outputs of a view op that alias input 0 (or those flagged in ``views``) become its views.
+    ``logical``: the node's grad rule sees global inputs by their logical shapes (a trace)."""
     single = isinstance(out, torch.Tensor)
     outs = (out,) if single else tuple(out)
     wrapped = [Tensor._make(o) for o in outs]
     if record:
-        node = _record(op, inputs, attrs, outs, saved)
+        node = _record(op, inputs, attrs, outs, saved, logical)
         if not single:
             node.out_metas = tuple((o.shape, o.dtype, o.device) for o in outs)
         for i, (w, o) in enumerate(zip(wrapped, outs)):
@@ -146,13 +147,14 @@ def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | N
     return op.out_type(*wrapped) if op.out_type is not None else tuple(wrapped)
 
 
-def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None = None) -> Node:
+def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None = None,
+            logical: bool = False) -> Node:
     edges, shapes, dtypes = [], [], []
     for x in inputs:
         if isinstance(x, Tensor):
             if x._view is not None:
                 refresh(x)
-            shapes.append(x._data.shape)
+            shapes.append(x.shape if logical else x._data.shape)
             dtypes.append(x._data.dtype)
             edges.append(((x.grad_fn, x._out_idx) if x.grad_fn is not None else x) if x._rg else None)
         else:

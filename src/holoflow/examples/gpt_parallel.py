@@ -1,6 +1,11 @@
 """The example GPT trained with data x tensor parallelism on a 2-D mesh of ranks, in the global view.
 
     python -m holoflow.distributed.launch --nproc_per_node 4 -m holoflow.examples.gpt_parallel --steps 50
+    python -m holoflow.distributed.launch --nproc_per_node 4 -m holoflow.examples.gpt_parallel --graph --zero 2
+
+``--graph`` compiles the same training step as an ``nn.Graph`` of global tensors (boxing as graph
+nodes, one plan per rank; ``--zero 1|2`` shards the optimizer state / gradients of the
+data-parallel parameters); ``--tp 1`` is plain data parallelism.
 
 The model, corpus, optimizer and training step are :mod:`holoflow.examples.gpt`'s, unchanged; only
 the layout is new. The world forms a ``dp x tp`` mesh (``--tp``, default 2: a 2x2 mesh on 4
@@ -56,9 +61,11 @@ def param_sbp(name: str, t: Any) -> tuple:
     return (B, B)
 
 
-def make_parallel_model(cfg: gpt.Config, place: flow.placement):
+def make_parallel_model(cfg: gpt.Config, place: flow.placement, graph: bool = False):
     """gpt's model (same seed on every rank), its tensors laid out by :func:`param_sbp`."""
     model = gpt.make_model(flow, cfg).to_global(place, param_sbp)
+    if graph:   # position ids come from global_mode inside the graph's build
+        return model
     # forward() makes its position ids with arange, a local tensor identical on every rank:
     # hand the embedding the global (broadcast) version of it
     broadcast = (B,) * place.ndim
@@ -88,10 +95,49 @@ def train(cfg: gpt.Config, place: flow.placement, data: tuple | None = None) -> 
     return {"train": losses, "comms": comms, "model": model}
 
 
+def train_graph(cfg: gpt.Config, place: flow.placement, data: tuple | None = None, zero: int = 0,
+                steps: int | None = None) -> dict[str, Any]:
+    """The same training as :func:`train`, compiled as an ``nn.Graph`` of global tensors; the
+    learning rate is set per step as in gpt's loop (the update reads it at run time)."""
+    train_data, _ = data if data is not None else corpus.splits(cfg.corpus_chars)
+    model = make_parallel_model(cfg, place, graph=True)
+    opt = gpt.make_optimizer(flow, model, cfg)
+    broadcast = (B,) * place.ndim
+
+    class TrainStep(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(opt)
+            if zero:
+                self.config.enable_zero(True, stage=zero)
+
+        def build(self, x, y):
+            with flow.utils.global_view.global_mode(True, placement=place, sbp=broadcast), \
+                    gpt.autocast_ctx(flow, cfg):
+                _, loss = self.model(x, y)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                flow.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            return loss
+    step_fn = TrainStep()
+    rng = np.random.default_rng(cfg.seed)
+    losses = []
+    for step in range(cfg.steps if steps is None else steps):
+        xb, yb = corpus.get_batch(train_data, cfg.block_size, cfg.batch_size, rng)
+        for g in opt.param_groups:
+            g["lr"] = gpt.lr_at(step, cfg)
+        loss = step_fn(global_batch(xb, place), global_batch(yb, place))
+        losses.append(loss.to_global(sbp=broadcast).to_local().item())
+    return {"train": losses, "model": model, "graph": step_fn}
+
+
 def parse_args(argv: Sequence[str] | None) -> tuple[gpt.Config, argparse.Namespace]:
     ap = argparse.ArgumentParser(prog="holoflow-gpt-parallel", description=__doc__.split("\n")[0])
     ap.add_argument("--tp", type=int, default=2, help="ranks per tensor-parallel group (mesh axis 1)")
     ap.add_argument("--json", default=None, help="rank 0 writes the losses here")
+    ap.add_argument("--graph", action="store_true", help="compile the step as an nn.Graph of global tensors")
+    ap.add_argument("--zero", type=int, default=0, choices=(0, 1, 2), help="ZeRO stage of the graph (--graph)")
     ap.add_argument("--corpus-chars", type=int, default=gpt.Config.corpus_chars)
     ns, rest = ap.parse_known_args(argv)
     cfg = gpt.parse_args(rest)
@@ -109,15 +155,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"holoflow GPT, data x tensor parallel on a {place.hierarchy[0]}x{place.hierarchy[1]} mesh: "
               f"{cfg.n_layer} layers, d={cfg.n_embd}, {cfg.n_head} heads, batch {cfg.batch_size}, "
               f"{cfg.steps} steps")
-    out = train(cfg, place)
+    out = train_graph(cfg, place, zero=ns.zero) if ns.graph else train(cfg, place)
+    if rank == 0 and ns.graph:
+        print(out["graph"].explain().split("# holoflow program")[0])
     if rank == 0:
         for i, loss in enumerate(out["train"]):
             if i % max(1, cfg.steps // 20) == 0 or i == cfg.steps - 1:
                 print(f"step {i}: loss {loss:.4f}")
-        print(f"collectives per step (rank 0): {out['comms']}")
+        if "comms" in out:
+            print(f"collectives per step (rank 0): {out['comms']}")
         if ns.json:
             with open(ns.json, "w") as f:
-                json.dump({"train": out["train"], "comms": out["comms"]}, f)
+                json.dump({"train": out["train"], "comms": out.get("comms", {})}, f)
     return out
 
 

@@ -273,7 +273,7 @@ class Tracer(Interpreter):
                 tuple(_as_meta(o) for o in out)
         needs = any(isinstance(x, Tensor) and x._rg for x in inputs)
         record = needs and op.grad is not None and grad_mode.STATE.enabled
-        res = wrap(op, inputs, attrs, out, record, views=views)
+        res = wrap(op, inputs, attrs, out, record, views=views, logical=glob is not None)
         outs = (res,) if isinstance(res, Tensor) else tuple(res)
         dev = _device_of(ins, attrs)
         if glob is None:

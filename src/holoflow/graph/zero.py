@@ -37,16 +37,24 @@ class Zero:
                                    f"(stages 1 and 2 are: optimizer state, and gradients, sharded)")
 
     def sharded(self, p: Tensor) -> bool:
-        """Whether ZeRO shards parameter ``p``: data parallel (broadcast on a 1-D placement),
-        large enough, and with at least one row per rank."""
+        """Whether ZeRO shards parameter ``p``: data parallel (broadcast on a placement whose
+        ranks lie along one mesh axis), large enough, and with at least one row per rank."""
         g = p._global
-        if g is None or g.placement.ndim != 1 or tuple(g.sbp) != (B,):
+        if g is None or any(s != B for s in g.sbp) or len(_axes(g.placement)) != 1:
             return False
         return p.numel() >= self.shard_min_size and p.dim() >= 1 and p.shape[0] >= len(g.placement.flat_ranks)
 
     def grad_sbp(self, p: Tensor) -> tuple | None:
         """The SBP a sharded parameter's gradient is boxed to (stage 2: its rows, S(0))."""
-        return (S(0),) if self.stage >= 2 and self.sharded(p) else None
+        if not (self.stage >= 2 and self.sharded(p)):
+            return None
+        axis = _axes(p._global.placement)[0]
+        return tuple(S(0) if i == axis else B for i in range(p._global.placement.ndim))
+
+
+def _axes(place) -> list[int]:
+    """The mesh axes with more than one rank."""
+    return [i for i, n in enumerate(place.hierarchy) if n > 1]
 
 
 def _rows(p: Tensor, rank: int) -> tuple[int, int]:
