@@ -122,16 +122,21 @@ def begin(kind: str, ranks: tuple[int, ...], nbytes: int, tensor: torch.Tensor |
     _SEQ[ranks] += 1
     seq = _SEQ[ranks]
     site = comm_check.user_site()
+    info = CallInfo(kind, ranks, seq, time.monotonic(), site)
+    check = None
+    if FINGERPRINTS and len(ranks) > 1:  # launched first: the store write below overlaps it
+        check = _launch_fingerprint(info, tensor, f"{kind}[{detail}]" if detail else kind, splits, peer)
     if TRACK and len(ranks) > 1:
         env.store().set(f"holoflow/seq/{_key(ranks)}/{env.get_rank()}", f"{seq} {kind}")
-    info = CallInfo(kind, ranks, seq, time.monotonic(), site)
-    if FINGERPRINTS and len(ranks) > 1:
-        _verify(info, tensor, f"{kind}[{detail}]" if detail else kind, splits, peer)
+    if check is not None:
+        check()
     return info
 
 
-def _verify(info: CallInfo, t: torch.Tensor | None, kind: str, splits, peer: int | None) -> None:
-    """Exchanges fingerprints with the peers (same size on every rank: this can never mismatch)."""
+def _launch_fingerprint(info: CallInfo, t: torch.Tensor | None, kind: str, splits,
+                        peer: int | None) -> Callable[[], None]:
+    """Launches the fingerprint exchange with the peers (the same size on every rank: it can never
+    mismatch); returns the function that waits for it and raises on a mismatch."""
     from .groups import group_for
     me = env.get_rank()
     n = len(info.ranks)
@@ -139,16 +144,25 @@ def _verify(info: CallInfo, t: torch.Tensor | None, kind: str, splits, peer: int
     if peer is None:
         out = fp.new_empty(n * fp.numel())
         g = group_for(info.ranks)
-        Handle(launch_checked(info, lambda: ALL_GATHER(out, fp, group=g, async_op=True)), info).wait()
-        rows = out.view(n, -1).tolist()
+        works = (launch_checked(info, lambda: ALL_GATHER(out, fp, group=g, async_op=True)),)
     else:
         other = torch.empty_like(fp)
         works = launch_checked(info, lambda: (dist.isend(fp, peer, tag=comm_check.P2P_TAG),
                                               dist.irecv(other, peer, tag=comm_check.P2P_TAG)))
+
+    def check() -> None:
         for w in works:
             Handle(w, info).wait()
-        rows = [fp.tolist(), other.tolist()] if me < peer else [other.tolist(), fp.tolist()]
-    reason = comm_check.mismatch(rows, info.ranks, me, p2p=peer is not None)
+        if peer is None:
+            rows = out.view(n, -1).tolist()
+        else:
+            rows = [fp.tolist(), other.tolist()] if me < peer else [other.tolist(), fp.tolist()]
+        _raise_on_mismatch(info, rows, me, peer is not None)
+    return check
+
+
+def _raise_on_mismatch(info: CallInfo, rows: list, me: int, p2p: bool) -> None:
+    reason = comm_check.mismatch(rows, info.ranks, me, p2p=p2p)
     if reason is not None:
         count_failure()
         raise comm_check.mismatch_error(reason, rows, info.ranks, me, info.seq)
