@@ -55,7 +55,8 @@ def _pair(s1, s2, dup=False):
     return make
 
 
-for s1, s2 in [((4, 3), (5, 3)), ((2, 3, 4), (2, 6, 4)), ((0, 3), (2, 3)), ((30, 3), (27, 3))]:
+for s1, s2 in [((4, 3), (5, 3)), ((2, 3, 4), (2, 6, 4)), ((0, 3), (2, 3)), ((30, 3), (27, 3)),
+               ((2, 1, 3, 4), (3, 5, 4)), ((3, 4), (2, 5, 4))]:   # the last two broadcast batch dims
     for p in (2.0, 1.0, 3.0, float("inf")):
         CASES.append(Case(f"cdist-p{p}{list(s1)}{list(s2)}", lambda a, b, p=p: HF.cdist(a, b, p),
                           lambda a, b, p=p: torch.cdist(a, b, p), _pair(s1, s2), gradcheck=p != float("inf")))

@@ -161,10 +161,18 @@ _MODES = ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist", "dono
 def cdist(x1: Tensor, x2: Tensor, p: float = 2.0, compute_mode: str = "use_mm_for_euclid_dist_if_necessary") -> Tensor:
     """p-norm distances between the rows of ``x1`` ``(*, P, M)`` and of ``x2`` ``(*, R, M)``:
     ``(*, P, R)``, as ``torch.cdist`` (its gradient is 0 at zero distance)."""
-    if x1.dim() < 2 or x2.dim() < 2 or x1.shape[-1] != x2.shape[-1] or x1.dim() != x2.dim() \
-            or tuple(x1.shape[:-2]) != tuple(x2.shape[:-2]):
-        raise ShapeError(f"holoflow.cdist: expected x1 (*, P, M) and x2 (*, R, M) with equal batch dims and M, "
-                         f"got {tuple(x1.shape)} and {tuple(x2.shape)}")
+    if x1.dim() < 2 or x2.dim() < 2 or x1.shape[-1] != x2.shape[-1]:
+        raise ShapeError(f"holoflow.cdist: expected x1 (*, P, M) and x2 (*, R, M) with equal M, got {tuple(x1.shape)} "
+                         f"and {tuple(x2.shape)}")
+    try:
+        batch = tuple(torch.broadcast_shapes(tuple(x1.shape[:-2]), tuple(x2.shape[:-2])))
+    except RuntimeError:
+        raise ShapeError(f"holoflow.cdist: the batch dims of x1 {tuple(x1.shape)} and x2 {tuple(x2.shape)} cannot be "
+                         f"broadcast") from None
+    if tuple(x1.shape[:-2]) != batch:   # broadcast batch dims as torch does (expand: gradients sum back)
+        x1 = x1.expand(*batch, *x1.shape[-2:])
+    if tuple(x2.shape[:-2]) != batch:
+        x2 = x2.expand(*batch, *x2.shape[-2:])
     if p < 0:
         raise ValueError(f"holoflow.cdist: p must be non-negative, got {p}")
     if compute_mode not in _MODES:
