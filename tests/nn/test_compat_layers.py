@@ -464,3 +464,29 @@ REPRS = [
 @pytest.mark.parametrize("i", range(len(REPRS)))
 def test_repr_matches_torch(i):
     assert repr(REPRS[i](nn)) == repr(REPRS[i](torch.nn))
+
+
+def test_lstm_on_a_global_batch_split_matches_torch():
+    """Data parallel on global tensors: the batch axis of x (axis 1) split over 2 simulated
+    ranks, weights broadcast; outputs and weight gradients are torch's whole-batch ones."""
+    from holoflow.distributed import world
+    from holoflow.distributed.global_tensor import from_full
+    from holoflow.sbp import B, S
+    fm, tm = build(lambda lib: lib.LSTM(3, 4, num_layers=2, bidirectional=True))
+    x = x64(5, 4, 3, grad=False)
+    out, (h, c) = tm(x)
+    (out.sum() + h.sum() + c.sum()).backward()
+    sd = {k: v.to_torch() for k, v in fm.state_dict().items()}
+
+    def fn(r):
+        place = flow.placement("cpu", [0, 1])
+        m = nn.LSTM(3, 4, num_layers=2, bidirectional=True).double()
+        m.load_state_dict({k: flow.from_torch(v.clone()) for k, v in sd.items()})
+        m.to_global(place, B)
+        o, (hn, cn) = m(from_full(x, place, S(1)))
+        (o.sum() + hn.sum() + cn.sum()).backward()
+        g = m.weight_hh_l1_reverse.grad.to_global(sbp=B).to_local().to_torch()
+        return o.to_global(sbp=B).to_local().to_torch(), g
+    for o, g in world.simulate(2, fn):
+        torch.testing.assert_close(o, out.detach(), **TOL)
+        torch.testing.assert_close(g, tm.weight_hh_l1_reverse.grad, **TOL)

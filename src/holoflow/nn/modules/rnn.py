@@ -13,6 +13,7 @@ import numbers
 import warnings
 from typing import Any
 
+from ...core.sbp import B
 from ...core.tensor import Tensor
 from ...ops.creation import empty, zeros
 from ...ops.linalg import linear
@@ -49,6 +50,12 @@ def _gru_step(xw: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Tensor | None, 
     r, z = (rx + rh).sigmoid(), (zx + zh).sigmoid()
     n = (nx + r * nh).tanh()
     return (h - n) * z + n, None
+
+
+def _zeros_like_layout(shape: tuple, x: Tensor) -> Tensor:
+    """Zero initial states on ``x``'s device, broadcast over ``x``'s placement when it is global."""
+    z = zeros(*shape, dtype=x.dtype, device=x.device)
+    return z if x._global is None else z.to_global(x.placement, (B,) * len(x.sbp))
 
 
 # -- the layers -----------------------------------------------------------------------------------------
@@ -160,8 +167,8 @@ class RNNBase(Module):
                                f"Expected {self.input_size}, got {x.shape[-1]}")
         h_shape, c_shape = self._state_shapes(batch if batched else None)
         if hx is None:
-            h0 = zeros(*self._state_shapes(batch)[0], dtype=x.dtype, device=x.device)
-            c0 = zeros(*self._state_shapes(batch)[1], dtype=x.dtype, device=x.device) if is_lstm else None
+            h0 = _zeros_like_layout(self._state_shapes(batch)[0], x)
+            c0 = _zeros_like_layout(self._state_shapes(batch)[1], x) if is_lstm else None
         else:
             if is_lstm:
                 if not isinstance(hx, (tuple, list)) or len(hx) != 2:
@@ -290,7 +297,7 @@ class RNNCellBase(Module):
         x = input if batched else input.unsqueeze(0)
         want = (x.shape[0], self.hidden_size)
         if hx is None:
-            states = [zeros(*want, dtype=x.dtype, device=x.device) for _ in range(n_states)]
+            states = [_zeros_like_layout(want, x) for _ in range(n_states)]
         else:
             states = list(hx) if n_states == 2 else [hx]
             for s in states:
