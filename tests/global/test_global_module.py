@@ -140,10 +140,11 @@ def test_global_mode_supplies_defaults():
 
     def fn(r):
         place = flow.placement("cpu", [0, 1])
+        local = flow.ones(2, 3) * (r + 1)   # (inside the scope, creation ops make global tensors)
         with gv.global_mode(True, placement=place, sbp=S(0)) as mode:
             assert gv.current_global_mode() is mode and mode.sbp == (S(0),)
-            x = gv.to_global([flow.ones(2, 3) * (r + 1)])[0]
-            m = _mlp().to_global()  # the scope's placement and split(0)
+            x = gv.to_global([local])[0]
+            m = _mlp().to_global()  # built global in the scope's placement and split(0)
             with gv.global_mode(False):
                 assert not gv.current_global_mode().is_enabled
                 with pytest.raises(HoloflowError, match="needs both"):
@@ -161,3 +162,20 @@ def test_partial_sum_is_accepted_for_buffers():
     for sbp, var in simulate(2, fn):
         assert sbp == (P,)
         torch.testing.assert_close(var, torch.ones(4))
+
+
+def test_a_model_built_inside_global_mode_starts_from_the_single_process_weights():
+    import threading
+    flow.manual_seed(3)
+    want = [p.detach().to_torch().clone() for p in _mlp().parameters()]
+    lock = threading.Lock()   # simulated ranks share torch's generator: draw one rank at a time
+
+    def fn(r):
+        with lock, gv.global_mode(True, placement=flow.placement("cpu", [0, 1]), sbp=S(0)):
+            flow.manual_seed(3)
+            m = _mlp()
+        return [(p.sbp, _full(p)) for p in m.parameters()]
+    for got in simulate(2, fn):
+        for (sbp, full), w in zip(got, want):
+            assert sbp == (S(0),)
+            torch.testing.assert_close(full, w)

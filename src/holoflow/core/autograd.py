@@ -144,6 +144,14 @@ class Node:
             versions += [(d, d._version) for d in outs if d is not None]
         self._versions = versions or None
 
+    def moved_output(self, old, new) -> None:
+        """An in-place op's result ``old`` now lives in ``new`` (the tensor it wrote to): a saved
+        output follows it, so a later in-place change of ``new`` is caught as torch catches it."""
+        if self._outs is None or self._outs is _FREED or not any(d is old for d in self._outs):
+            return
+        self._outs = tuple(new if d is old else d for d in self._outs)
+        self._versions = [(new, new._version) if t is old else (t, v) for t, v in self._versions or ()] or None
+
     def release(self) -> None:
         if self.op.save:
             self._saved, self._outs, self._versions = _FREED, None, None

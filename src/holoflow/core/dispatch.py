@@ -31,6 +31,8 @@ class Eager(Interpreter):
 
     def assign(self, x: Tensor, out: Tensor, name: str) -> Tensor:
         x._data.copy_(out._data)
+        if out.grad_fn is not None:
+            out.grad_fn.moved_output(out._data, x._data)
         take_history(x, out, name)
         return x
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import copy
 
 from ..core import dtype as _dtype
-from ..core.errors import UnsupportedError
 from .zero import Zero
 
 

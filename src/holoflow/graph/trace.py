@@ -121,12 +121,12 @@ class Tracer(Interpreter):
         SBP, with its logical shape)."""
         v = _value_like(x, name)
         self.feeds.append(v)
-        t = self.lazy(torch.empty(v.shape, dtype=v.dtype, device="meta"), v)
+        t = self.lazy_tensor(torch.empty(v.shape, dtype=v.dtype, device="meta"), v)
         if x._global is not None:
             t._global = LazyGlobal(x._global.placement, x._global.sbp, x._global.shape, tracer=self)
         return t
 
-    def lazy(self, meta: torch.Tensor, v: Value) -> Tensor:
+    def lazy_tensor(self, meta: torch.Tensor, v: Value) -> Tensor:
         t = Tensor._make(meta)
         self.bind_value(t, v)
         return t

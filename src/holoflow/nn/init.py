@@ -6,9 +6,10 @@ values are torch's exactly.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -27,10 +28,25 @@ def _gen(generator: Any) -> torch.Generator | None:
 def _storage(tensor: Tensor) -> torch.Tensor:
     if not isinstance(tensor, Tensor):
         raise TypeError(f"holoflow.nn.init: expected a holoflow Tensor, got {type(tensor).__name__}")
-    if tensor._global is not None:
-        raise NotImplementedError("holoflow.nn.init: initialise the local tensor, then call "
-                                  ".to_global(placement, sbp) (global init is not supported yet)")
     return tensor._data
+
+
+def _global_aware(fn: Callable) -> Callable:
+    """A global tensor is initialised as its logical whole (the same random draws as the single
+    process), then each rank keeps its shard: a model built inside ``global_mode`` starts from
+    the single-process weights."""
+    @functools.wraps(fn)
+    def init(tensor, *args, **kwargs):
+        g = tensor._global if isinstance(tensor, Tensor) else None
+        if g is None:
+            return fn(tensor, *args, **kwargs)
+        whole = Tensor._make(torch.empty(tuple(g.shape), dtype=tensor._data.dtype, device=tensor._data.device))
+        fn(whole, *args, **kwargs)
+        shard = g.placement.interpreter.from_full(whole._data, g.placement, g.sbp)
+        with torch.no_grad():
+            tensor._data.copy_(shard._data)
+        return tensor
+    return init
 
 
 def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
@@ -243,3 +259,8 @@ uniform, normal, constant = _deprecated(uniform_), _deprecated(normal_), _deprec
 xavier_uniform, xavier_normal = _deprecated(xavier_uniform_), _deprecated(xavier_normal_)
 kaiming_uniform, kaiming_normal = _deprecated(kaiming_uniform_), _deprecated(kaiming_normal_)
 orthogonal = _deprecated(orthogonal_)
+
+
+for _name in ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+              "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_"):
+    globals()[_name] = _global_aware(globals()[_name])

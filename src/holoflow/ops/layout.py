@@ -262,9 +262,14 @@ def _broadcast_only(metas, attrs):
     return [((B,), (B,))]
 
 
-AS_STRIDED = defop("as_strided", lambda x, size, stride, offset: x.as_strided(size, stride, x.storage_offset() + offset),
-                   grad=_as_strided_grad, sbp=_broadcast_only, family="shape", view=True)
-AS_STRIDED_BACKWARD = defop("as_strided_backward", _as_strided_backward_kernel, sbp=_broadcast_only, family="shape",
+def _as_strided_kernel(x, size, stride, offset):
+    return x.as_strided(size, stride, x.storage_offset() + offset)   # offset from the input's start
+
+
+AS_STRIDED = defop("as_strided", _as_strided_kernel, grad=_as_strided_grad, sbp=_broadcast_only, family="shape",
+                   view=True)
+AS_STRIDED_BACKWARD = defop("as_strided_backward", _as_strided_backward_kernel, sbp=_broadcast_only,
+                            family="shape",
                             grad=lambda ctx, dy: (apply(AS_STRIDED, dy, size=ctx.size, stride=ctx.stride,
                                                         offset=ctx.offset),))
 
