@@ -18,7 +18,8 @@ from .ops import methods as _methods  # binds Python operators to Tensor
 from .ops._all import *  # noqa: F403
 from . import autograd, linalg, sbp
 from .distributed.placement import placement
-from .distributed import global_view as _global_view
+from .distributed import global_dispatch as _global_dispatch  # noqa: F401  (the global interpreter)
+from .distributed import global_tensor as _global_tensor
 from . import nn, optim, utils, amp, mock_torch
 from . import graph  # publishes nn.Graph
 from . import distributed, comm, env
@@ -28,7 +29,7 @@ from . import checkpoint  # installs the sharded (global-tensor) format into sav
 from . import accelerator, backends, cuda, distributions, fft, hub, jit, onnx, testing, version  # torch's
 from .compat import *  # noqa: F403  (torch's switches, compile, _assert, LongTensor, channels_last)
 
-_global_view.install()
+_global_tensor.install()
 globals().update(_ELEMENTWISE)
 __version__ = "0.1.0"
 

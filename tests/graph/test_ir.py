@@ -16,7 +16,7 @@ from holoflow.core.registry import REGISTRY
 from holoflow.core.tensor import Tensor
 from holoflow.graph import GraphRunError
 from holoflow.graph.graph import Graph as NNGraph
-from holoflow.graph.ir import Graph, Node, Value, check, program, to_python
+from holoflow.graph.ir import IRGraph, Node, Value, check, program, to_python
 
 HERE = os.path.basename(__file__)
 
@@ -27,13 +27,13 @@ def val(*shape, name=""):
 
 def test_valid_graph_passes():
     x, w, y = val(2, name="x"), val(2, name="w"), val(2)
-    g = Graph((x,), ((w, torch.ones(2)),), (Node("mul", (x, w), {}, (y,)),), (y,))
+    g = IRGraph((x,), ((w, torch.ones(2)),), (Node("mul", (x, w), {}, (y,)),), (y,))
     assert check(g) is g
 
 
 def test_use_before_def():
     x, a, b = val(2), val(2), val(2)
-    g = Graph((x,), (), (Node("exp", (a,), {}, (b,)), Node("exp", (x,), {}, (a,))), (b,))
+    g = IRGraph((x,), (), (Node("exp", (a,), {}, (b,)), Node("exp", (x,), {}, (a,))), (b,))
     with pytest.raises(HoloflowError, match=r"node 0 \(exp\) reads .* before it is defined"):
         check(g, "mypass")
     with pytest.raises(HoloflowError, match="after mypass"):
@@ -42,45 +42,45 @@ def test_use_before_def():
 
 def test_redefinition_is_not_ssa():
     x, a = val(2), val(2)
-    g = Graph((x,), (), (Node("exp", (x,), {}, (a,)), Node("neg", (x,), {}, (a,))), (a,))
+    g = IRGraph((x,), (), (Node("exp", (x,), {}, (a,)), Node("neg", (x,), {}, (a,))), (a,))
     with pytest.raises(HoloflowError, match=r"node 1 \(neg\) redefines"):
         check(g)
     with pytest.raises(HoloflowError, match="redefines"):
-        check(Graph((x,), (), (Node("exp", (x,), {}, (x,)),), (x,)))
+        check(IRGraph((x,), (), (Node("exp", (x,), {}, (x,)),), (x,)))
 
 
 def test_feed_defined_twice():
     x = val(2)
     with pytest.raises(HoloflowError, match="defined twice"):
-        check(Graph((x,), ((x, torch.ones(2)),), (), (x,)))
+        check(IRGraph((x,), ((x, torch.ones(2)),), (), (x,)))
 
 
 def test_unknown_op_without_kernel():
     x, a = val(2), val(2)
     with pytest.raises(HoloflowError, match="unknown op 'no_such_op'"):
-        check(Graph((x,), (), (Node("no_such_op", (x,), {}, (a,)),), (a,)))
-    check(Graph((x,), (), (Node("no_such_op", (x,), {}, (a,), kernel=torch.neg),), (a,)))
+        check(IRGraph((x,), (), (Node("no_such_op", (x,), {}, (a,)),), (a,)))
+    check(IRGraph((x,), (), (Node("no_such_op", (x,), {}, (a,), kernel=torch.neg),), (a,)))
 
 
 def test_undefined_output_and_update():
     x, a = val(2), val(2)
     with pytest.raises(HoloflowError, match="output .* never defined"):
-        check(Graph((x,), (), (), (a,)))
+        check(IRGraph((x,), (), (), (a,)))
     with pytest.raises(HoloflowError, match="state update reads undefined"):
-        check(Graph((x,), (), (), (x,), ((torch.ones(2), a),)))
+        check(IRGraph((x,), (), (), (x,), ((torch.ones(2), a),)))
     with pytest.raises(HoloflowError, match="shape"):
-        check(Graph((x,), (), (), (x,), ((torch.ones(3), x),)))
+        check(IRGraph((x,), (), (), (x,), ((torch.ones(3), x),)))
 
 
 def test_non_value_output():
     x = val(2)
     with pytest.raises(HoloflowError, match="non-Value output"):
-        check(Graph((x,), (), (Node("exp", (x,), {}, (3,)),), (x,)))
+        check(IRGraph((x,), (), (Node("exp", (x,), {}, (3,)),), (x,)))
 
 
 def test_missing_source_line_when_required():
     x, a = val(2), val(2)
-    g = Graph((x,), (), (Node("exp", (x,), {}, (a,), source="m.py:1"), Node("neg", (a,), {}, (val(2),))), (a,))
+    g = IRGraph((x,), (), (Node("exp", (x,), {}, (a,), source="m.py:1"), Node("neg", (a,), {}, (val(2),))), (a,))
     check(g)
     with pytest.raises(HoloflowError, match=r"after mypass: node 1 \(neg\) has no source line"):
         check(g, "mypass", sources=True)
@@ -94,7 +94,7 @@ def test_program_of_a_hand_built_graph():
              Node("add", (y, 1.5), {"alpha": 2}, (z,), source="model.py:8"),
              Node("where", (torch.tensor([True, False, True]), z, float("inf")), {}, (u,), source="model.py:9"),
              Node("sgd_update", (u,), {}, (), source="model.py:10", effect=True, kernel=seen.append))
-    g = check(Graph((x,), ((w, w_t),), nodes, (z, None, u), ((s_t, z),)))
+    g = check(IRGraph((x,), ((w, w_t),), nodes, (z, None, u), ((s_t, z),)))
     text = str(g)
     assert text == to_python(g) == program(g).source
     compile(text, "printed", "exec")  # valid Python

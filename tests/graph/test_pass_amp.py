@@ -6,7 +6,7 @@ import holoflow as flow
 from holoflow import nn
 from holoflow.amp import autocast
 from holoflow.graph.graph import Graph
-from holoflow.graph.ir import Graph as IR
+from holoflow.graph.ir import IRGraph as IR
 from holoflow.graph.ir import Node, Value, check
 from holoflow.graph.passes.amp import amp
 

@@ -7,7 +7,7 @@ import holoflow as flow
 from holoflow import nn
 from holoflow.core.errors import HoloflowError
 from holoflow.graph.graph import Graph
-from holoflow.graph.ir import Graph as IR
+from holoflow.graph.ir import IRGraph as IR
 from holoflow.graph.ir import Node, Value, check
 from holoflow.graph.passes.checkpointing import (RECOMPUTE, checkpointing, flagged_paths, region_of,
                                                   set_activation_checkpointing)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import holoflow  # noqa: F401  (declares the ops)
-from holoflow.graph.ir import Graph, Node, Value, check
+from holoflow.graph.ir import IRGraph, Node, Value, check
 from holoflow.graph.passes.cse import const_key, cse
 
 
@@ -13,7 +13,7 @@ def val(*shape, dtype=torch.float32, name=""):
     return Value(tuple(shape), dtype, name=name)
 
 
-def run(g: Graph, feeds: dict) -> list:
+def run(g: IRGraph, feeds: dict) -> list:
     """The reference interpreter: a short loop over the equations."""
     env = {v: t for v, t in feeds.items()}
     env.update({v: t for v, t in g.state})
@@ -35,7 +35,7 @@ def test_merges_duplicates_and_rewires_outputs_effects_updates():
              Node("exp", (a2,), {}, (b2,)),            # duplicate once a2 -> a1
              Node("add", (b1, b2), {"alpha": 1}, (s,)),
              Node("sgd_update", (b2,), {}, (), effect=True, kernel=lambda g: got.append(g)))
-    g = check(Graph((x,), ((w, torch.full((3,), 2.0)),), nodes, (s, b2), ((target, a2),)))
+    g = check(IRGraph((x,), ((w, torch.full((3,), 2.0)),), nodes, (s, b2), ((target, a2),)))
     h = check(cse(g))
     assert [n.op for n in h.nodes] == ["mul", "exp", "add", "sgd_update"]
     assert h.outputs == (s, b1)
@@ -56,16 +56,16 @@ def test_keeps_random_effects_and_different_attrs():
              Node("mul", (x, 2.0), {}, (o[3],)),       # 2 vs 2.0: different result dtype for ints
              Node("add", (x, x), {"alpha": 1}, (o[4],)),
              Node("add", (x, x), {"alpha": 2}, (o[5],)))
-    g = check(Graph((x,), (), nodes, tuple(o)))
+    g = check(IRGraph((x,), (), nodes, tuple(o)))
     assert len(cse(g).nodes) == len(nodes)
 
 
 def test_recompute_copies_are_not_merged_with_originals():
     x, a, b = val(2), val(2), val(2)
     nodes = (Node("exp", (x,), {}, (a,)), Node("exp", (x,), {}, (b,), tags=frozenset({"bw", "recompute"})))
-    assert len(cse(Graph((x,), (), nodes, (a, b))).nodes) == 2
+    assert len(cse(IRGraph((x,), (), nodes, (a, b))).nodes) == 2
     nodes = (Node("exp", (x,), {}, (a,)), Node("exp", (x,), {}, (b,), tags=frozenset({"bw"})))
-    assert len(cse(Graph((x,), (), nodes, (a, b))).nodes) == 1
+    assert len(cse(IRGraph((x,), (), nodes, (a, b))).nodes) == 1
 
 
 def test_const_key_is_exact():
@@ -87,7 +87,7 @@ def test_unhashable_and_tensor_attrs_merge_only_when_identical():
     nodes = (Node("mul", (x, t), {}, (o[0],)),
              Node("mul", (x, t), {}, (o[1],)),
              Node("mul", (x, torch.tensor([1.0, 2.0])), {}, (o[2],)))
-    h = check(cse(Graph((x,), (), nodes, tuple(o))))
+    h = check(cse(IRGraph((x,), (), nodes, tuple(o))))
     assert len(h.nodes) == 2 and h.outputs == (o[0], o[0], o[2])
 
 
@@ -95,5 +95,5 @@ def test_unhashable_and_tensor_attrs_merge_only_when_identical():
 def test_no_change_returns_same_graph(n):
     x = val(2)
     nodes = tuple(Node("exp", (x,), {}, (val(2),), tags=frozenset({f"t{i}"})) for i in range(n))
-    g = Graph((x,), (), nodes, tuple(nd.outputs[0] for nd in nodes))
+    g = IRGraph((x,), (), nodes, tuple(nd.outputs[0] for nd in nodes))
     assert cse(g) is g

@@ -3,7 +3,7 @@ import torch
 
 import holoflow as flow
 from holoflow.graph.graph import Graph as NNGraph
-from holoflow.graph.ir import Graph, Node, Value, check
+from holoflow.graph.ir import IRGraph, Node, Value, check
 from holoflow.graph.passes.fuse_add_to_output import fuse_add_to_output
 
 
@@ -11,7 +11,7 @@ def val(*shape, name=""):
     return Value(tuple(shape), torch.float32, name=name)
 
 
-def run(g: Graph, feeds: dict) -> list:
+def run(g: IRGraph, feeds: dict) -> list:
     env = dict(feeds)
     for n in g.nodes:
         out = n.fn()(*(env[x] if isinstance(x, Value) else x for x in n.inputs), **n.attrs)
@@ -20,7 +20,7 @@ def run(g: Graph, feeds: dict) -> list:
 
 
 def _check_case(nodes, feeds, outputs, fused_op):
-    g = check(Graph(tuple(feeds), (), nodes, outputs))
+    g = check(IRGraph(tuple(feeds), (), nodes, outputs))
     h = check(fuse_add_to_output(g))
     assert [n.op for n in h.nodes] == [fused_op] and len(h.nodes) == len(nodes) - 1
     ts = {v: torch.randn(v.shape, dtype=torch.float64).float() for v in feeds}
@@ -53,10 +53,10 @@ def test_not_fused_when_output_is_shared_or_broadcast():
     a, b, r, o, s, t = val(5, 3), val(3, 4), val(5, 4), val(5, 4), val(5, 4), val(5, 4)
     shared = (Node("matmul", (a, b), {}, (o,)), Node("add", (o, r), {"alpha": 1}, (s,)),
               Node("exp", (o,), {}, (t,)))
-    g = Graph((a, b, r), (), shared, (s, t))
+    g = IRGraph((a, b, r), (), shared, (s, t))
     assert fuse_add_to_output(g) is g
     row, s2, o2 = val(4), val(5, 4), val(5, 4)  # broadcast residual: not the output's shape
-    g = Graph((a, b, row), (), (Node("matmul", (a, b), {}, (o2,)), Node("add", (o2, row), {"alpha": 1}, (s2,))), (s2,))
+    g = IRGraph((a, b, row), (), (Node("matmul", (a, b), {}, (o2,)), Node("add", (o2, row), {"alpha": 1}, (s2,))), (s2,))
     assert fuse_add_to_output(g) is g
 
 

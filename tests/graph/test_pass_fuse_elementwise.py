@@ -7,7 +7,7 @@ import torch
 
 import holoflow as flow
 from holoflow.graph.graph import Graph as NNGraph
-from holoflow.graph.ir import Graph, Node, Value, check
+from holoflow.graph.ir import IRGraph, Node, Value, check
 from holoflow.graph.passes import fuse_elementwise as fe
 
 
@@ -69,7 +69,7 @@ def test_regions_keep_shared_values_and_outputs_outside():
              Node("add", (a, b), {"alpha": 1}, (c,)),
              Node("sin", (c,), {}, (d,)),
              Node("cos", (d,), {}, (e,)))        # d is a graph output: stays outside
-    g = check(Graph((x,), (), nodes, (d, e)))
+    g = check(IRGraph((x,), (), nodes, (d, e)))
     h = check(fe.fuse_elementwise(g, type("C", (), {"fuse_elementwise_compile": "off"})()))
     assert [n.op for n in h.nodes] == ["exp", "fused_elementwise", "cos"]
     assert h.nodes[1].outputs == (d,) and set(h.nodes[1].inputs) == {a}
@@ -86,7 +86,7 @@ def test_equal_regions_share_one_kernel_entry():
     a1, b1, a2, b2 = val(4), val(4), val(4), val(4)
     nodes = (Node("exp", (x,), {}, (a1,)), Node("sin", (a1,), {}, (b1,)),
              Node("exp", (y,), {}, (a2,)), Node("sin", (a2,), {}, (b2,)))
-    h = fe.fuse_elementwise(Graph((x, y), (), nodes, (b1, b2)), None)
+    h = fe.fuse_elementwise(IRGraph((x, y), (), nodes, (b1, b2)), None)
     assert len(h.nodes) == 2 and h.nodes[0].kernel.entry is h.nodes[1].kernel.entry
 
 

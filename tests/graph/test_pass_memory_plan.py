@@ -4,7 +4,7 @@ import torch
 
 import holoflow as flow
 from holoflow.graph.graph import Graph as NNGraph
-from holoflow.graph.ir import Graph, Node, Value, check
+from holoflow.graph.ir import IRGraph, Node, Value, check
 from holoflow.graph.passes.memory_plan import last_uses, memory_plan, peak_bytes
 
 
@@ -12,7 +12,7 @@ def val(*shape, dtype=torch.float32, name=""):
     return Value(tuple(shape), dtype, name=name)
 
 
-def run(g: Graph, feeds: dict) -> list:
+def run(g: IRGraph, feeds: dict) -> list:
     """The reference interpreter, deleting values as the plan says (as lowering does)."""
     env = dict(feeds)
     env.update({v: t for v, t in g.state})
@@ -25,7 +25,7 @@ def run(g: Graph, feeds: dict) -> list:
     return [env[o] for o in g.outputs]
 
 
-def inplace_ops(g: Graph) -> list:
+def inplace_ops(g: IRGraph) -> list:
     return [n.op for n in g.nodes if "inplace" in n.tags]
 
 
@@ -36,7 +36,7 @@ def test_chain_runs_in_place_and_lowers_peak():
              Node("mul", (a, 2), {}, (b,)),
              Node("add", (b, 1), {"alpha": 1}, (c,)),
              Node("sin", (c,), {}, (d,)))
-    g = check(Graph((x,), (), nodes, (d,)))
+    g = check(IRGraph((x,), (), nodes, (d,)))
     h = check(memory_plan(g))
     assert inplace_ops(h) == ["mul", "add", "sin"]  # exp reads the feed: never in place
     plain = g.with_(frees=last_uses(g))
@@ -55,7 +55,7 @@ def test_viewed_input_is_not_reused():
              Node("permute", (a,), {"dims": (1, 0)}, (t,)),
              Node("mul", (a, 2), {}, (b,)),
              Node("add", (b, t), {"alpha": 1}, (c,)))
-    g = check(Graph((x,), (), nodes, (c,)))
+    g = check(IRGraph((x,), (), nodes, (c,)))
     h = check(memory_plan(g))
     assert "mul" not in inplace_ops(h)
     assert inplace_ops(h) == ["add"]  # b is private; t is another buffer's view, only read
@@ -69,7 +69,7 @@ def test_input_read_through_a_view_at_the_same_node_is_not_reused():
     nodes = (Node("exp", (x,), {}, (a,)),
              Node("permute", (a,), {"dims": (1, 0)}, (t,)),
              Node("add", (a, t), {"alpha": 1}, (b,)))      # a.add_(a.T) would be wrong
-    g = check(Graph((x,), (), nodes, (b,)))
+    g = check(IRGraph((x,), (), nodes, (b,)))
     h = check(memory_plan(g))
     assert inplace_ops(h) == []
     xs = torch.randn(4, 4)
@@ -85,7 +85,7 @@ def test_outputs_state_dtype_changes_and_odd_signatures_stay_out_of_place():
              Node("gt", (c, 0.0), {}, (d,)),            # bool result from a float input
              Node("exp", (b,), {}, (e,)),               # in place: b is private and dies here
              Node("atan2", (e, 2.0), {}, (f,)))         # atan2_ rejects a scalar: probed, kept
-    g = check(Graph((x,), ((w, torch.full((3,), 2.0)),), nodes, (a, d, f)))
+    g = check(IRGraph((x,), ((w, torch.full((3,), 2.0)),), nodes, (a, d, f)))
     h = check(memory_plan(g))
     assert inplace_ops(h) == ["exp"] and h.nodes[4].op == "exp" and "inplace" in h.nodes[4].tags
     xs = torch.randn(3)
@@ -98,7 +98,7 @@ def test_disabled_by_config():
     class Cfg:
         inplace_reuse = False
     x, a, b = val(2, name="x"), val(2), val(2)
-    g = Graph((x,), (), (Node("exp", (x,), {}, (a,)), Node("exp", (a,), {}, (b,))), (b,))
+    g = IRGraph((x,), (), (Node("exp", (x,), {}, (a,)), Node("exp", (a,), {}, (b,))), (b,))
     assert inplace_ops(memory_plan(g, Cfg())) == [] and inplace_ops(memory_plan(g)) == ["exp"]
 
 

@@ -9,7 +9,7 @@ import torch
 
 import holoflow.graph.passes as graph_passes
 from holoflow.core.registry import REGISTRY, defop
-from holoflow.graph.ir import Graph, Node, Value, check
+from holoflow.graph.ir import IRGraph, Node, Value, check
 from holoflow.graph.passes.fuse_add_to_output import fuse_add_to_output
 from holoflow.graph.passes.fuse_elementwise import regions
 from holoflow.graph.passes.memory_plan import memory_plan
@@ -45,10 +45,10 @@ def val(*shape):
     return Value(tuple(shape), torch.float32)
 
 
-def _chain(op: str) -> Graph:
+def _chain(op: str) -> IRGraph:
     """``op(exp(x))``: exp's output dies at ``op``, which may write into it."""
     x, a, b = val(4, 4), val(4, 4), val(4, 4)
-    return check(Graph((x,), (), (Node("exp", (x,), {}, (a,)), Node(op, (a,), {}, (b,))), (b,)))
+    return check(IRGraph((x,), (), (Node("exp", (x,), {}, (a,)), Node(op, (a,), {}, (b,))), (b,)))
 
 
 def test_memory_plan_asks_elementwise_and_fresh():
@@ -63,7 +63,7 @@ def test_memory_plan_asks_elementwise_and_fresh():
 def test_memory_plan_swaps_declared_commutative_inputs():
     x, a, b, c = val(4, 4), val(4, 4), val(4, 4), val(4, 4)
     # hypot(x, a): x is a feed (never written), a dies here: only the swapped order reuses a
-    g = check(Graph((x,), (), (Node("exp", (x,), {}, (a,)), Node("test_props_hypot", (x, a), {}, (b,)),
+    g = check(IRGraph((x,), (), (Node("exp", (x,), {}, (a,)), Node("test_props_hypot", (x, a), {}, (b,)),
                               Node("sin", (b,), {}, (c,))), (c,)))
     n = memory_plan(g).nodes[1]
     assert "inplace" in n.tags and n.inputs[0] is a
@@ -74,15 +74,15 @@ def test_memory_plan_swaps_declared_commutative_inputs():
 def test_fuse_elementwise_asks_elementwise():
     x, a, b, c = val(4, 4), val(4, 4), val(4, 4), val(4, 4)
     nodes = (Node("exp", (x,), {}, (a,)), Node("test_props_twice", (a,), {}, (b,)), Node("sin", (b,), {}, (c,)))
-    assert [[n.op for n in r] for r in regions(check(Graph((x,), (), nodes, (c,))))] == \
+    assert [[n.op for n in r] for r in regions(check(IRGraph((x,), (), nodes, (c,))))] == \
         [["exp", "test_props_twice", "sin"]]
     nodes = (Node("exp", (x,), {}, (a,)), Node("test_props_twice_move", (a,), {}, (b,)), Node("sin", (b,), {}, (c,)))
-    assert regions(check(Graph((x,), (), nodes, (c,)))) == []
+    assert regions(check(IRGraph((x,), (), nodes, (c,)))) == []
 
 
 def test_fuse_add_to_output_asks_add_to_output_and_axpy():
     a, b, r, o, s = val(3, 4), val(4, 5), val(3, 5), val(3, 5), val(3, 5)
-    g = check(Graph((a, b, r), (), (Node("test_props_mm", (a, b), {}, (o,)),
+    g = check(IRGraph((a, b, r), (), (Node("test_props_mm", (a, b), {}, (o,)),
                                     Node("test_props_axpy", (r, o), {"alpha": 0.5}, (s,))), (s,)))
     h = fuse_add_to_output(g)
     assert [n.op for n in h.nodes] == ["fused_test_props_mm_add"]

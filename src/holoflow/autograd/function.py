@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..core import grad_mode
-from ..core.autograd import Node
+from ..core.autograd import GradNode
 from ..core.registry import Op
 from ..core.tensor import Tensor
 
@@ -37,7 +37,7 @@ class FunctionCtx:
         self._materialize = value
 
 
-def _function_grad(node: Node, *dys):
+def _function_grad(node: GradNode, *dys):
     fn, ctx = node.attrs["fn"], node.attrs["ctx"]
     grads = fn.backward(ctx, *dys)
     grads = grads if isinstance(grads, tuple) else (grads,)
@@ -94,7 +94,7 @@ class Function:
             cls._op = Op(cls.__name__, kernel=None, grad=_function_grad, save="inputs")
         edges = tuple(((a.grad_fn, a._out_idx) if a.grad_fn is not None else a)
                       if isinstance(a, Tensor) and a.requires_grad else None for a in args)
-        node = Node(cls._op, edges, {"fn": cls, "ctx": ctx}, (), ())
+        node = GradNode(cls._op, edges, {"fn": cls, "ctx": ctx}, (), ())
         outs = out if isinstance(out, tuple) else (out,)
         if len(outs) > 1:
             node.out_metas = tuple((o._data.shape, o._data.dtype, o._data.device) for o in outs)

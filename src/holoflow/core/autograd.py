@@ -73,7 +73,7 @@ def no_global_double_backward(tensors: list, create_graph: bool) -> None:
                                "(x.to_local()) or run the model on one device")
 
 
-class Node:
+class GradNode:
     """One recorded op application; also the ``ctx`` its grad rule reads."""
 
     __slots__ = ("op", "edges", "attrs", "shapes", "dtypes", "_saved", "_versions", "_outs",
@@ -178,8 +178,8 @@ def _accumulate(old, new):
     return new if old is None else old + new
 
 
-def _dependencies(roots: Sequence[Node]) -> dict[Node, int]:
-    deps: dict[Node, int] = {n: 0 for n in roots}
+def _dependencies(roots: Sequence[GradNode]) -> dict[GradNode, int]:
+    deps: dict[GradNode, int] = {n: 0 for n in roots}
     stack = list(deps)
     while stack:
         node = stack.pop()
@@ -201,7 +201,7 @@ def _zeros_for(meta):
     return Tensor._make(torch.zeros(shape, dtype=dtype, device=dev))
 
 
-def _call_grad(node: Node, grads: list) -> tuple:
+def _call_grad(node: GradNode, grads: list) -> tuple:
     if node.out_metas is not None:
         grads = [g if g is not None else _zeros_for(m) for g, m in zip(grads, node.out_metas)]
     result = node.op.grad(node, *grads)
@@ -230,7 +230,7 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
     cap_keys = {}
     for i, t in enumerate(capture or ()):
         cap_keys[(t.grad_fn, t._out_idx) if t.grad_fn is not None else id(t)] = i
-    buffers: dict[Node, list] = {}
+    buffers: dict[GradNode, list] = {}
     handed: dict[int, torch.Tensor] = {}
 
     def to_leaf(t, g):

@@ -7,7 +7,7 @@ innermost interpreter of the stack (core/interpret.py). At the bottom, :class:`E
 1. an input is global -> the global tensor's own interpreter takes over (it boxes and binds the
    local shards back here);
 2. otherwise the torch kernel runs on the storages;
-3. grad mode is on and an input requires grad -> a Node with the op's grad rule is recorded;
+3. grad mode is on and an input requires grad -> a GradNode with the op's grad rule is recorded;
 4. outputs of a view op that alias the input remember their base (core/views.py).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from . import grad_mode, interpret
-from .autograd import Node, accumulate_grad, run_backward, seed_grads
+from .autograd import GradNode, accumulate_grad, run_backward, seed_grads
 from .errors import HoloflowError, UnsupportedError, describe
 from .interpret import Interpreter
 from .registry import Op, infer_metas
@@ -150,7 +150,7 @@ def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | N
 
 
 def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None = None,
-            logical: bool = False) -> Node:
+            logical: bool = False) -> GradNode:
     edges, shapes, dtypes = [], [], []
     for x in inputs:
         if isinstance(x, Tensor):
@@ -163,7 +163,7 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None
             shapes.append(None)
             dtypes.append(None)
             edges.append(None)
-    node = Node(op, tuple(edges), attrs, tuple(shapes), tuple(dtypes))
+    node = GradNode(op, tuple(edges), attrs, tuple(shapes), tuple(dtypes))
     if op.save:
         node.save(*op.to_save(saved or inputs, outs, node.needs_grad))
     return node
@@ -279,13 +279,8 @@ def take_history(x: Tensor, out: Tensor, name: str) -> None:
     if vi is not None:
         base = vi.base
         edge = ((base.grad_fn, base._out_idx) if base.grad_fn is not None else base) if base._rg else None
-        node = Node(VIEW_SCATTER, (edge, (out.grad_fn, out._out_idx)), {"chain": vi.chain},
+        node = GradNode(VIEW_SCATTER, (edge, (out.grad_fn, out._out_idx)), {"chain": vi.chain},
                     (base._data.shape, out._data.shape), (base._data.dtype, out._data.dtype))
         base.grad_fn, base._out_idx, base._rg = node, 0, True
         vi.stamp = stamp_of(base)
     x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True
-
-
-def replay_on(base: Tensor, chain: tuple) -> Tensor:
-    """The view described by ``chain`` taken afresh from ``base`` (through the interpreters)."""
-    return replay(chain, base, lambda op, x, attrs: apply(op, x, **attrs))

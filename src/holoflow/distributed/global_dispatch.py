@@ -193,17 +193,6 @@ def _check_local(op: Op, o: Tensor, place, nd, shape, rank) -> None:
             f"This is a bug in the op's SBP rule or local_attrs; please report it.")
 
 
-def describe_choice(op: Op, inputs: tuple, attrs: dict) -> str:
-    """For explain tools and tests: the chosen signature as text."""
-    place = _placement_of(op, inputs)
-    metas = [Meta(tuple(x.shape), x._data.dtype) if isinstance(x, Tensor) else x for x in inputs]
-    cur = [x._global.sbp for x in inputs if isinstance(x, Tensor)]
-    ins, outs = choose(op, metas, attrs, cur, place)
-    return f"{op.name}: " + ", ".join(nd_str(s) for s in ins) + " -> " + ", ".join(nd_str(s) for s in outs)
-
-
-
-
 class GlobalInterpreter(Interpreter):
     """Evaluates ops whose inputs are global: chooses the signature, boxes, binds the local
     shards to the eager interpreter. Global tensors point at it (``x._global.interpreter``), and

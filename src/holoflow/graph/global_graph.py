@@ -29,7 +29,7 @@ from ..distributed.boxing import cost, plan as box_plan, run_step
 from ..distributed.global_dispatch import local_attrs
 from ..distributed.global_tensor import GlobalMeta, make_global
 from ..distributed.sharding import local_shape, nd_str
-from .ir import Graph, Node, Value
+from .ir import IRGraph, Node, Value
 
 
 def _global_box_kernel(t: torch.Tensor, place, src, dst, shape, rank: int, comm) -> torch.Tensor:
@@ -93,11 +93,11 @@ def value_sbp(x: Tensor) -> tuple[Any, tuple] | None:
 
 # -- per-rank lowering --------------------------------------------------------------------------------
 
-def is_global(g: Graph) -> bool:
+def is_global(g: IRGraph) -> bool:
     return any(v.placement is not None for v in g.feeds) or any(v.placement is not None for v, _ in g.state)
 
 
-def localize(g: Graph, rank: int, comm: Any = None) -> Graph:
+def localize(g: IRGraph, rank: int, comm: Any = None) -> IRGraph:
     """Rank ``rank``'s graph: local shapes, local attrs, boxing nodes bound to the communicator."""
     comm = comm if comm is not None else world.comm()
     layout = _layouts(g)
@@ -135,7 +135,7 @@ def localize(g: Graph, rank: int, comm: Any = None) -> Graph:
                    updates=tuple((t, loc(v)) for t, v in g.updates), frees=frees)
 
 
-def fingerprint(g: Graph) -> str:
+def fingerprint(g: IRGraph) -> str:
     """A digest of what a global graph does (ops, shapes, dtypes, SBPs, simple attrs), equal on
     every rank exactly when the ranks traced the same program."""
     h = hashlib.sha256()
@@ -146,7 +146,7 @@ def fingerprint(g: Graph) -> str:
     return h.hexdigest()[:16]
 
 
-def check_same_program(g: Graph) -> None:
+def check_same_program(g: IRGraph) -> None:
     """Compares the graph's fingerprint across the ranks of its placement before anything runs:
     a rank that traced another program (a data-dependent branch, another model) fails on every
     rank, naming the ranks, instead of issuing mismatched collectives."""
@@ -165,7 +165,7 @@ def check_same_program(g: Graph) -> None:
                             f"look for branches on rank-dependent values or different models/inputs")
 
 
-def _layouts(g: Graph) -> dict:
+def _layouts(g: IRGraph) -> dict:
     """Placement and nd-SBP of every global value. A node a pass made after tracing (an AMP cast,
     a fused elementwise region, a recomputed copy) carries no signature: its outputs take the
     layout of its first global input, which is right exactly when the op's attrs need no
@@ -194,7 +194,7 @@ def _layouts(g: Graph) -> dict:
     return out
 
 
-def wrap_outputs(g: Graph, outs: list) -> list:
+def wrap_outputs(g: IRGraph, outs: list) -> list:
     """The local results of rank's plan as global tensors of the logical graph's outputs."""
     res = []
     for v, o in zip(g.outputs, outs):
@@ -241,7 +241,7 @@ class BoxingPoint:
                 + ("  [backward]" if "bw" in self.node.tags else ""))
 
 
-def boxing_points(g: Graph) -> list[BoxingPoint]:
+def boxing_points(g: IRGraph) -> list[BoxingPoint]:
     """Every boxing node of a global graph: source line, SBP before -> after, bytes."""
     out = []
     for n in g.nodes:
@@ -254,7 +254,7 @@ def boxing_points(g: Graph) -> list[BoxingPoint]:
     return out
 
 
-def explain(g: Graph) -> str:
+def explain(g: IRGraph) -> str:
     """A table of every boxing node: the user's line that caused it, SBP, collectives, bytes."""
     pts = boxing_points(g)
     if not pts:

@@ -1,7 +1,7 @@
 """The graph IR: a list of equations in SSA form (docs/architecture.md), and the one
 Python program it lowers to.
 
-A :class:`Graph` has ``feeds`` (values given per call), ``state`` (values read from live tensors:
+A :class:`IRGraph` has ``feeds`` (values given per call), ``state`` (values read from live tensors:
 parameters, buffers, optimizer state, captured constants), ``nodes`` (``outs = op(ins, attrs)``)
 and ``outputs``; ``updates`` writes values back into state tensors after a step. Values are
 immutable and carry their meta; every node carries the user's source line it was traced from
@@ -91,7 +91,7 @@ class Node:
 
 
 @dataclass(frozen=True, eq=False)
-class Graph:
+class IRGraph:
     feeds: tuple
     state: tuple          # (Value, tensor object) pairs
     nodes: tuple
@@ -100,7 +100,7 @@ class Graph:
     out_spec: Any = None  # how to rebuild the user's nested output structure
     frees: Any = None     # memory plan: id(node) -> values dead after it (set by memory_plan)
 
-    def with_(self, **changes) -> "Graph":
+    def with_(self, **changes) -> "IRGraph":
         return replace(self, **changes)
 
     def __str__(self) -> str:
@@ -117,7 +117,7 @@ class Graph:
         return out
 
 
-def check(g: Graph, where: str = "", sources: bool = False) -> Graph:
+def check(g: IRGraph, where: str = "", sources: bool = False) -> IRGraph:
     """Verifies SSA and meta invariants; raises naming the first broken node. Returns ``g``.
 
     With ``sources``, every node must also carry a user source line (a pass that makes a node
@@ -170,7 +170,7 @@ def stream_of(n: Node) -> str:
     return "update" if n.effect else "compute"
 
 
-def execution_order(g: Graph) -> list[Node]:
+def execution_order(g: IRGraph) -> list[Node]:
     """The nodes in the order the program runs them: effect nodes gathered last (they only read
     values, so this keeps the meaning), then one ``assign`` node per state update."""
     producer = g.producers()
@@ -196,7 +196,7 @@ class Task:
         return next((n.source for n in self.nodes if n.source), "")
 
 
-def split_tasks(g: Graph) -> list[Task]:
+def split_tasks(g: IRGraph) -> list[Task]:
     """Cuts the execution order into straight-line runs on one stream."""
     tasks: list[Task] = []
     for n in execution_order(g):
@@ -306,19 +306,19 @@ class Program:
 _FILES = itertools.count()
 
 
-def program(g: Graph, profile: bool = False) -> Program:
+def program(g: IRGraph, profile: bool = False) -> Program:
     """The program of ``g`` (frees after last use as ``g.frees`` plans; per-node timing into
     ``Program.prof`` with ``profile``)."""
     return _Gen(g, profile).build()
 
 
-def to_python(g: Graph) -> str:
+def to_python(g: IRGraph) -> str:
     """The source of :func:`program` — what lowering executes."""
     return program(g).source
 
 
 class _Gen:
-    def __init__(self, g: Graph, profile: bool) -> None:
+    def __init__(self, g: IRGraph, profile: bool) -> None:
         self.g, self.profile, self.frees = g, profile, g.frees or {}
         self.tasks = split_tasks(g)
         self.names = _Names(_RESERVED)

@@ -17,7 +17,7 @@ from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from ..runtime import Plan, TaskError, TaskSpec
 from .global_graph import wrap_outputs
-from .ir import TOKEN, Graph, Program, Value, program
+from .ir import TOKEN, IRGraph, Program, Value, program
 from .passes.memory_plan import peak_bytes
 
 
@@ -52,7 +52,7 @@ def profile_table(prog: Program, iterations: int, top: int = 25) -> str:
 
 @dataclass
 class Lowered:
-    graph: Graph
+    graph: IRGraph
     program: Program
     plan: Plan
     feed_names: tuple
@@ -63,7 +63,7 @@ class Lowered:
         return self.program.tasks
 
 
-def lower(g: Graph, register_num: int = 2, profile: bool = False) -> Lowered:
+def lower(g: IRGraph, register_num: int = 2, profile: bool = False) -> Lowered:
     """The graph's program, executed, its task functions wired into a runtime Plan."""
     prog = program(g, profile)
     ns = prog.load()
@@ -91,8 +91,8 @@ class Compiled:
     ``program`` is the source that runs, ``passes_log`` the IR after each pass (passes.PassRecord).
     """
 
-    def __init__(self, ir: Graph, lowered: Lowered, executor: str, compile_s: float, profile: bool,
-                 passes_log: list | None = None, logical: Graph | None = None) -> None:
+    def __init__(self, ir: IRGraph, lowered: Lowered, executor: str, compile_s: float, profile: bool,
+                 passes_log: list | None = None, logical: IRGraph | None = None) -> None:
         self.ir, self.lowered, self.compile_s = ir, lowered, compile_s
         self.logical = logical if logical is not None else ir   # a global graph before localize
         self.program = lowered.program

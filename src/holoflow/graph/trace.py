@@ -1,6 +1,7 @@
 """Tracing: ``build()`` runs through the normal dispatch with lazy tensors (meta storage), and
 every op application — forward, the backward that ``loss.backward()`` runs, in-place updates —
-is recorded as an IR node (docs/architecture.md, "Graph"). The same grad rules as eager build the backward graph."""
+is recorded as an IR node (docs/architecture.md, "Graph"). The same grad rules as eager build the backward
+graph."""
 from __future__ import annotations
 
 import os
@@ -21,7 +22,7 @@ from ..distributed.sharding import normalize_sbp
 from .global_graph import GLOBAL_BOX, GLOBAL_TAG, LazyGlobal
 from ..core.registry import Meta, Op
 from ..core.tensor import Tensor
-from .ir import Graph, Node, Value
+from .ir import IRGraph, Node, Value
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _USER = (os.path.join(_PKG, "examples"),)   # holoflow's own example models count as user code
@@ -326,9 +327,9 @@ class Tracer(Interpreter):
         ins = tuple(self.value_of(x) if isinstance(x, Tensor) else x for x in inputs)
         self.nodes.append(Node(op, ins, attrs, (), user_line(), effect=True, kernel=kernel))
 
-    def graph(self, outputs: tuple, out_spec: Any) -> Graph:
+    def graph(self, outputs: tuple, out_spec: Any) -> IRGraph:
         outs = tuple(self.value_of(o) if isinstance(o, Tensor) else o for o in outputs)
-        return Graph(tuple(self.feeds), tuple(self.state.values()), tuple(self.nodes), outs,
+        return IRGraph(tuple(self.feeds), tuple(self.state.values()), tuple(self.nodes), outs,
                      tuple(self.updates.values()), out_spec)
 
     # -- entering ----------------------------------------------------------------------------------

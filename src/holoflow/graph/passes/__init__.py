@@ -1,4 +1,4 @@
-"""Graph passes: pure functions ``Graph -> Graph``, one file each, run in a fixed pipeline.
+"""IRGraph passes: pure functions ``IRGraph -> IRGraph``, one file each, run in a fixed pipeline.
 
 Each pass is registered with :func:`register` under its name with the config flag that turns it
 on; :func:`run` applies the enabled ones in order, checks the IR after each (``ir.check``; a pass
@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from ..ir import Graph, check
+from ..ir import IRGraph, check
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class PassRecord:
     ``rewritten`` the nodes it made or changed, ``ops`` the change in node count per op."""
 
     name: str
-    graph: Graph
+    graph: IRGraph
     seconds: float
     before: int
     after: int
@@ -45,7 +45,7 @@ class PassRecord:
         return f"# after {self.summary()}\n{self.graph}"
 
 
-def record(name: str, before: Graph, after: Graph, seconds: float) -> PassRecord:
+def record(name: str, before: IRGraph, after: IRGraph, seconds: float) -> PassRecord:
     """What a pass did: node counts, nodes it rewrote, per-op count changes."""
     old = {id(n) for n in before.nodes}
     delta = Counter(n.op for n in after.nodes)
@@ -77,7 +77,7 @@ def load_all() -> None:
                 raise
 
 
-def run(g: Graph, config, log: list | None = None) -> Graph:
+def run(g: IRGraph, config, log: list | None = None) -> IRGraph:
     """The enabled passes in order, each checked; appends a :class:`PassRecord` per pass to ``log``."""
     load_all()
     sources = all(n.source for n in g.nodes)   # a traced graph's nodes all have one: keep it so

@@ -24,7 +24,7 @@ import torch
 from ...amp.policy import FP32, LOWER, POLICIES, PROMOTE
 from ...core import dtype as _dtype
 from ...core.registry import REGISTRY, infer_metas
-from ..ir import Graph, Node, Value
+from ..ir import IRGraph, Node, Value
 from . import register
 
 
@@ -113,7 +113,7 @@ def _is_low(x) -> bool:
 
 
 @register("amp", enabled=lambda cfg: bool(getattr(cfg, "amp", False)))
-def amp(g: Graph, config) -> Graph:
+def amp(g: IRGraph, config) -> IRGraph:
     """Casts around allow-/deny-listed ops; see the module docstring."""
     r = _Rewriter(_dtype.to_torch(config.amp_dtype))
     for n in g.nodes:

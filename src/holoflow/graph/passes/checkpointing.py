@@ -21,7 +21,7 @@ from typing import Any
 
 from ...core.errors import HoloflowError
 from ...core.registry import REGISTRY
-from ..ir import Graph, Node, Value
+from ..ir import IRGraph, Node, Value
 from . import register
 
 RECOMPUTE = "recompute"
@@ -81,7 +81,7 @@ def _recomputable(n: Node | None, region: str | None, scopes: set) -> bool:
     return op is not None and not op.random and n.kernel is None and region_of(n, scopes) == region
 
 
-def _region_outputs(g: Graph, scopes: set, producer: dict) -> set:
+def _region_outputs(g: IRGraph, scopes: set, producer: dict) -> set:
     """Values made inside a checkpointed module and read by forward code outside it (or returned)."""
     out = {o for o in g.outputs if isinstance(o, Value)}
     for n in g.nodes:
@@ -93,7 +93,7 @@ def _region_outputs(g: Graph, scopes: set, producer: dict) -> set:
 
 
 @register("checkpointing", enabled=lambda cfg: bool(getattr(cfg, "checkpointed_scopes", None)))
-def checkpointing(g: Graph, config=None) -> Graph:
+def checkpointing(g: IRGraph, config=None) -> IRGraph:
     """Recomputes checkpointed forward values for the backward; see the module docstring."""
     scopes = set(getattr(config, "checkpointed_scopes", None) or ())
     producer = g.producers()

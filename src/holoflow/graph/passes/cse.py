@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ...core.registry import REGISTRY
-from ..ir import Graph, Node, Value
+from ..ir import IRGraph, Node, Value
 from . import register
 
 
@@ -58,7 +58,7 @@ def _sub(x: Any, repl: dict) -> Any:
 
 
 @register("cse")
-def cse(g: Graph, config=None) -> Graph:
+def cse(g: IRGraph, config=None) -> IRGraph:
     """Merges equal nodes; see the module docstring."""
     seen: dict[tuple, Node] = {}
     repl: dict[Value, Value] = {}

@@ -2,12 +2,12 @@
 feed something are kept; a dropped random op changes no observable value)."""
 from __future__ import annotations
 
-from ..ir import Graph, Value
+from ..ir import IRGraph, Value
 from . import register
 
 
 @register("dce")
-def dce(g: Graph, config=None) -> Graph:
+def dce(g: IRGraph, config=None) -> IRGraph:
     live: set = {o for o in g.outputs if isinstance(o, Value)} | {v for _, v in g.updates}
     kept = []
     for n in reversed(g.nodes):

@@ -11,7 +11,7 @@ has no add-to-output convolution on CPU) and stay unfused.
 from __future__ import annotations
 
 from ...core.registry import REGISTRY
-from ..ir import Graph, Node, Value
+from ..ir import IRGraph, Node, Value
 from . import register
 
 
@@ -41,7 +41,7 @@ def _match(p: Node, n: Node) -> Node | None:
 
 
 @register("fuse_add_to_output", enabled=lambda cfg: getattr(cfg, "fuse_add_to_output", False))
-def fuse_add_to_output(g: Graph, config=None) -> Graph:
+def fuse_add_to_output(g: IRGraph, config=None) -> IRGraph:
     """Fuses residual adds into the matmul-like node before them (see the module docstring)."""
     users = g.users()
     keep = {o for o in g.outputs if isinstance(o, Value)} | {v for _, v in g.updates}

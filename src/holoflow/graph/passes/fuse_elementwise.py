@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from ...core.registry import REGISTRY
-from ..ir import Graph, Node, Value
+from ..ir import IRGraph, Node, Value
 from . import register
 from .cse import const_key
 
@@ -49,7 +49,7 @@ def fusible(n: Node) -> bool:
             and n.kernel is None and len(n.outputs) == 1)
 
 
-def regions(g: Graph) -> list[list[Node]]:
+def regions(g: IRGraph) -> list[list[Node]]:
     """Groups of fusible nodes (in program order); each group's intermediates stay inside."""
     users = g.users()
     outside = {o for o in g.outputs if isinstance(o, Value)} | {v for _, v in g.updates}
@@ -188,7 +188,7 @@ def fuse(region: list[Node], mode: str) -> Node:
 
 
 @register("fuse_elementwise", enabled=lambda cfg: getattr(cfg, "fuse_elementwise", False))
-def fuse_elementwise(g: Graph, config=None) -> Graph:
+def fuse_elementwise(g: IRGraph, config=None) -> IRGraph:
     """Replaces each elementwise region by one fused node (see the module docstring)."""
     mode = getattr(config, "fuse_elementwise_compile", "background")
     if mode not in ("background", "sync", "off"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ...core.tensor import Tensor
-from ..ir import Graph
+from ..ir import IRGraph
 from . import register
 
 
@@ -38,7 +38,7 @@ def fused_update(opt, group_index: int, params: list, fused: Callable):
 
 
 @register("fuse_update", enabled=lambda cfg: bool(getattr(cfg, "fuse_model_update", False)))
-def fuse_update(g: Graph, config=None) -> Graph:
+def fuse_update(g: IRGraph, config=None) -> IRGraph:
     nodes = []
     for n in g.nodes:
         k = n.kernel

@@ -25,7 +25,7 @@ import torch
 from ...core.errors import HoloflowError, UnsupportedError
 from ...core.registry import REGISTRY, Meta, infer_metas
 from ...core.sbp import B, P, S, split
-from ..ir import Graph, Node, Value
+from ..ir import IRGraph, Node, Value
 from . import register
 
 
@@ -149,7 +149,7 @@ def _schedule(items: list) -> list:
 
 
 @register("grad_acc", enabled=lambda cfg: getattr(cfg, "grad_acc_steps", 1) > 1)
-def grad_acc(g: Graph, config) -> Graph:
+def grad_acc(g: IRGraph, config) -> IRGraph:
     """Splits the batch into ``config.grad_acc_steps`` micro-batches; see the module docstring."""
     n = config.grad_acc_steps
     if any(v.placement is not None for v in (*g.feeds, *(v for v, _ in g.state))):

@@ -25,21 +25,21 @@ from __future__ import annotations
 import torch
 
 from ...core.registry import REGISTRY
-from ..ir import Graph, Node, Value, split_tasks
+from ..ir import IRGraph, Node, Value, split_tasks
 from . import register
 
 
-def execution_order(g: Graph) -> list[Node]:
+def execution_order(g: IRGraph) -> list[Node]:
     """Nodes in the order lowering runs them: effect nodes (optimizer updates) last."""
     return [n for n in g.nodes if not n.effect] + [n for n in g.nodes if n.effect]
 
 
-def _keep(g: Graph) -> set:
+def _keep(g: IRGraph) -> set:
     return {o for o in g.outputs if isinstance(o, Value)} | {v for _, v in g.updates} | \
         {v for v, _ in g.state} | set(g.feeds)
 
 
-def last_uses(g: Graph) -> dict:
+def last_uses(g: IRGraph) -> dict:
     """``id(node) -> [values whose last reader is that node]`` (outputs and state never freed)."""
     keep = _keep(g)
     last: dict = {}
@@ -55,7 +55,7 @@ def last_uses(g: Graph) -> dict:
     return frees
 
 
-def peak_bytes(g: Graph, frees: dict | None = None) -> int:
+def peak_bytes(g: IRGraph, frees: dict | None = None) -> int:
     """Peak bytes of live intermediate buffers when freed at last use (``frees``) or never.
 
     A node tagged ``inplace`` writes into its first input's buffer and a broadcast is a view of
@@ -162,7 +162,7 @@ def inplace_agrees(n: Node) -> bool:
     return _PROBED[key]
 
 
-def _task_of(g: Graph) -> dict:
+def _task_of(g: IRGraph) -> dict:
     return {id(n): i for i, t in enumerate(split_tasks(g)) for n in t.nodes}
 
 
@@ -202,7 +202,7 @@ def _reusable(n: Node, i: int, where, keep, producer, task, groups, members, las
     return inplace_agrees(n)
 
 
-def plan_inplace(g: Graph) -> Graph:
+def plan_inplace(g: IRGraph) -> IRGraph:
     """Rewrites the nodes that can run in place (see the module docstring)."""
     keep, order = _keep(g), execution_order(g)
     pos = {id(n): i for i, n in enumerate(order)}
@@ -237,7 +237,7 @@ def plan_inplace(g: Graph) -> Graph:
 
 
 @register("memory_plan")
-def memory_plan(g: Graph, config=None) -> Graph:
+def memory_plan(g: IRGraph, config=None) -> IRGraph:
     """In-place reuse (unless ``config.inplace_reuse`` is False), then free at last use."""
     if getattr(config, "inplace_reuse", True):
         g = plan_inplace(g)
