@@ -17,8 +17,10 @@ def _timeouts(rank):
     env.set_comm_timeout(2.0)
     pair = (0, 1) if rank < 2 else (2, 3)
     out = {"seq": {k: comm_track._SEQ[k] for k in [pair, (1, 2)]}}  # calls made on these groups before
-    if rank in (1, 2):
-        groups.group_for((1, 2))  # created while everyone is healthy (creation is collective too)
+    if rank in (1, 2):  # created while everyone is healthy (creation is collective too), with Gloo's
+        env.set_comm_timeout(8.0)  # own timeout long enough for rank 2, which comes 2 s late
+        groups.group_for((1, 2))
+        env.set_comm_timeout(2.0)
     comm_track.set_tracking(rank < 2)
     comm.all_reduce(torch.ones(2), pair)  # call #1 on the pair, made by both
     if rank in (0, 2):

@@ -82,6 +82,8 @@ def count() -> Iterator[CommCount]:
 TRACK = os.environ.get("HOLOFLOW_COMM_TRACK", "1") != "0"
 FINGERPRINTS = True  # always on; bench/boxing.py turns it off only to measure what it costs
 _SEQ: Counter = Counter()
+_VERIFIED: dict[tuple[int, ...], tuple[int, str]] = {}  # group -> (seq, kind) every member entered
+_GRACE_S = 0.05  # a fingerprint exchange done within this needs no arrival record in the store
 
 
 def set_tracking(on: bool) -> None:
@@ -124,12 +126,15 @@ def begin(kind: str, ranks: tuple[int, ...], nbytes: int, tensor: torch.Tensor |
     site = comm_check.user_site()
     info = CallInfo(kind, ranks, seq, time.monotonic(), site)
     check = None
-    if FINGERPRINTS and len(ranks) > 1:  # launched first: the store write below overlaps it
+    if FINGERPRINTS and len(ranks) > 1:
         check = _launch_fingerprint(info, tensor, f"{kind}[{detail}]" if detail else kind, splits, peer)
-    if TRACK and len(ranks) > 1:
+    # the arrival record (read by peers that time out) is written only when the peers are not all
+    # here within a short grace: a completed fingerprint exchange already proves everyone arrived
+    if TRACK and len(ranks) > 1 and (check is None or not check.arrived(_GRACE_S)):
         env.store().set(f"holoflow/seq/{_key(ranks)}/{env.get_rank()}", f"{seq} {kind}")
     if check is not None:
         check()
+        _VERIFIED[ranks] = (seq, kind)
     return info
 
 
@@ -150,6 +155,15 @@ def _launch_fingerprint(info: CallInfo, t: torch.Tensor | None, kind: str, split
         works = launch_checked(info, lambda: (dist.isend(fp, peer, tag=comm_check.P2P_TAG),
                                               dist.irecv(other, peer, tag=comm_check.P2P_TAG)))
 
+    def arrived(grace_s: float) -> bool:
+        """Polls (at most ``grace_s``) whether the exchange completed: every peer is here."""
+        deadline = time.monotonic() + grace_s
+        while not all(w.is_completed() for w in works):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0001)
+        return True
+
     def check() -> None:
         for w in works:
             Handle(w, info).wait()
@@ -158,6 +172,7 @@ def _launch_fingerprint(info: CallInfo, t: torch.Tensor | None, kind: str, split
         else:
             rows = [fp.tolist(), other.tolist()] if me < peer else [other.tolist(), fp.tolist()]
         _raise_on_mismatch(info, rows, me, peer is not None)
+    check.arrived = arrived
     return check
 
 
@@ -285,6 +300,7 @@ def _laggards(info: CallInfo) -> str:
                 continue
             v = _read(store, f"holoflow/seq/{_key(info.ranks)}/{r}") if TRACK else None
             seq, kind = (int(v.split()[0]), v.split()[1]) if v else (0, "nothing")
+            seq, kind = max((seq, kind), _VERIFIED.get(info.ranks, (0, "nothing")))  # entered by all
             if TRACK and seq < info.seq:
                 behind.append(f"{r} (last entered call #{seq}: {kind})" if seq else f"{r} (never entered one)")
             elif TRACK and seq == info.seq and kind != info.kind:
