@@ -85,3 +85,36 @@ def inference_counts(rank: int):
         y = graph(x)
     boxing = [(b.src, b.dst, [s.kind for s in b.steps], b.payload_bytes(rank)) for b in graph.boxing()]
     return dict(c.counts), dict(c.bytes), boxing, y.to_global(sbp=B).to_local().to_torch()
+
+
+def dp_step_collectives(rank: int, bucket_mb: float, steps: int = 2):
+    """A data-parallel MLP graph step's measured collectives, its bucket nodes, and the losses."""
+    x_all, y_all, w1, w2 = data(steps)
+    place = flow.placement("cpu", [0, 1])
+
+    def g(t, sbp):
+        return flow.from_torch(t.clone()).to_global(place, B).to_global(sbp=sbp)
+    m = MLP(g(w1, B), g(w2, B))
+    opt = flow.optim.SGD(m.parameters(), lr=0.1)
+
+    class Train(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+            self.config.set_allreduce_bucket_mb(bucket_mb)
+
+        def build(self, x, y):
+            loss = ((self.m(x) - y) ** 2).mean()
+            loss.backward()
+            return loss
+    train = Train()
+    losses, counts = [], {}
+    for i in range(steps):
+        with flow.comm.count() as c:
+            loss = train(g(x_all[i], S(0)), g(y_all[i], S(0)))
+        counts = {k: n for k, n in c.counts.items() if k != "meta"}
+        losses.append(loss.to_global(sbp=B).to_local().item())
+    c = next(reversed(train._compiled.values()))
+    buckets = [n for n in c.logical.nodes if n.op == "global_box_bucket"]
+    return losses, counts, len(buckets), [t.stream for t in c.program.tasks]

@@ -271,3 +271,16 @@ def test_zero_stage_3_says_it_is_not_built_yet():
             return x
     with pytest.raises(NotImplementedError, match="ZeRO stage 3"):
         G().config.enable_zero(True, stage=3)
+
+
+def test_gradient_all_reduces_are_bucketed_on_the_comm_stream(world2):
+    bucketed = world2.run(graph_fns.dp_step_collectives, 25.0)
+    alone = world2.run(graph_fns.dp_step_collectives, 0.0)
+    want = graph_fns.mlp_graph_step(0, "single", 2, graph_fns.data(2))[0]
+    for (losses, counts, n_buckets, streams), (losses0, counts0, n0, _) in zip(bucketed, alone):
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.tensor(losses0), torch.tensor(want), rtol=1e-5, atol=1e-6)
+        # two weights: one bucket (one all-reduce) instead of two
+        assert n_buckets == 1 and counts["all_reduce"] == 1, counts
+        assert n0 == 0 and counts0["all_reduce"] == 2, counts0
+        assert "comm" in streams and "compute" in streams

@@ -12,6 +12,7 @@ from holoflow.core.registry import REGISTRY
 NOT_IN_OP_TABLES = {
     "box": "boxing itself: tests/global (every 1-D/2-D pair, simulated and on Gloo)",
     "global_box": "a global graph's boxing node (the same collectives as box): tests/global/test_global_graph.py",
+    "global_box_bucket": "a global graph's bucket of gradient all-reduces: tests/global/test_global_graph.py",
     "global_tag": "a global graph's broadcast tag of an identical local value: tests/global/test_global_graph.py",
 }
 # Random ops: the in-place fills take the in-place kernel path (no dispatch to record) and

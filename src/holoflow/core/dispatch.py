@@ -98,7 +98,7 @@ def _eager(op: Op, inputs: tuple, attrs: dict):
     record = needs_grad and op.grad is not None and _STATE.enabled
     if not record and not op.view and type(out) is torch.Tensor:  # the hot path, inlined
         t = _new(Tensor)
-        t._data, t._rg, t.grad, t.grad_fn, t._out_idx, t._hooks, t._global = out, False, None, None, 0, None, None
+        t._data, t._rg, t._grad, t.grad_fn, t._out_idx, t._hooks, t._global = out, False, None, None, 0, None, None
         return t
     return wrap(op, inputs, attrs, out, record)
 

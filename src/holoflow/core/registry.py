@@ -64,6 +64,9 @@ class Op:
     # outputs may share input 0's storage (reshape, permute, slicing, split, ...): those that
     # do become views of it, with torch's in-place semantics (core/views.py)
     view: bool = False
+    # a collective: in a graph its kernel also takes ``rank`` and ``comm`` (bound per rank when a
+    # global graph is localized) and runs on the "comm" stream, overlapping compute
+    collective: bool = False
     # what graph passes ask of an op (never its name). A family's members share defaults
     # (FAMILY_DEFAULTS, filled by ops/family.py); a declaration may override them.
     # elementwise: out[i] = f(in[i], ...) with broadcasting, on one device (fusible, in-place-able)

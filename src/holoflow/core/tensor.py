@@ -14,6 +14,7 @@ from . import device as _device
 from . import dtype as _dtype
 from . import interpret
 from .autograd import no_global_double_backward
+from .errors import check_grad_assignment
 
 
 class Tensor:
@@ -23,7 +24,7 @@ class Tensor:
     an uninitialised 2x3 float tensor. Prefer :func:`holoflow.tensor` and friends.
     """
 
-    __slots__ = ("_data", "_rg", "grad", "grad_fn", "_out_idx", "_hooks", "_global",
+    __slots__ = ("_data", "_rg", "_grad", "grad_fn", "_out_idx", "_hooks", "_global",
                  "__weakref__", "__dict__")
     _view = None  # a view's ViewInfo (core/views.py), set in the instance dict of views only
 
@@ -40,7 +41,7 @@ class Tensor:
     @classmethod
     def _make(cls, data: torch.Tensor, grad_fn=None, out_idx: int = 0) -> "Tensor":
         t = object.__new__(cls)
-        t._data, t._rg, t.grad, t.grad_fn = data, grad_fn is not None, None, grad_fn
+        t._data, t._rg, t._grad, t.grad_fn = data, grad_fn is not None, None, grad_fn
         t._out_idx, t._hooks, t._global = out_idx, None, None
         return t
 
@@ -141,6 +142,17 @@ class Tensor:
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
         self.requires_grad = requires_grad
         return self
+
+    @property
+    def grad(self) -> "Tensor | None":
+        """The gradient accumulated by backward (leaves, and non-leaves after ``retain_grad``)."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: "Tensor | None") -> None:
+        if value is not None and value._data.device.type != "meta":   # (a trace's values are symbolic)
+            check_grad_assignment(self, value)
+        self._grad = value
 
     @property
     def is_leaf(self) -> bool:
@@ -307,7 +319,7 @@ class Tensor:
 
 
 def _init(t: Tensor, data: torch.Tensor) -> None:
-    t._data, t._rg, t.grad, t.grad_fn = data, False, None, None
+    t._data, t._rg, t._grad, t.grad_fn = data, False, None, None
     t._out_idx, t._hooks, t._global = 0, None, None
 
 

@@ -24,6 +24,15 @@ class GraphConfig:
         self.profiling = False
         self.profile_path: str | None = None
         self.zero: Zero | None = None   # config.enable_zero (graph/zero.py)
+        self.allreduce_bucket_mb = 25.0  # global graphs: gradient all-reduces bucketed (0: one each)
+
+    def set_allreduce_bucket_mb(self, mb: float) -> None:
+        """Global graphs: backward's gradient all-reduces are grouped into buckets of at most
+        ``mb`` MB (default 25, like DDP's ``bucket_cap_mb``), each one collective on the
+        communication stream as soon as its gradients exist; 0 reduces each gradient alone."""
+        if mb < 0:
+            raise ValueError(f"holoflow.nn.Graph: allreduce bucket size must be >= 0 MB, got {mb}")
+        self.allreduce_bucket_mb = float(mb)
 
     def enable_amp(self, mode: bool = True, *, dtype=None) -> None:
         """Mixed precision: matmul-like ops in ``dtype`` (bfloat16 on CPU, float16 on CUDA)."""

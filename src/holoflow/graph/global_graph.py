@@ -45,7 +45,22 @@ def _same_meta(metas, attrs):
     return [metas[0]]
 
 
-GLOBAL_BOX = defop("global_box", _global_box_kernel, grad=lambda ctx, dy: (dy,), shape=_same_meta, family="boxing")
+GLOBAL_BOX = defop("global_box", _global_box_kernel, grad=lambda ctx, dy: (dy,), shape=_same_meta, family="boxing",
+                   collective=True)
+
+
+def _bucket_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm) -> tuple:
+    """Several values boxed by one collective over their concatenation (all-reduce steps only)."""
+    flat = torch.cat([t.reshape(-1) for t in ts])
+    with world.acting_as(rank, comm):
+        for step in box_plan(src, dst, place.hierarchy):
+            flat = run_step(flat, step, tuple(flat.shape), place, rank, comm)
+    return tuple(p.view(t.shape) for p, t in zip(flat.split([t.numel() for t in ts]), ts))
+
+
+# gradient all-reduces bucketed by passes/bucket_grads.py (DDP's buckets): one collective each
+GLOBAL_BOX_BUCKET = defop("global_box_bucket", _bucket_kernel, family="boxing", collective=True,
+                          grad=lambda ctx, *dys: dys, shape=lambda metas, attrs: list(metas))
 # a local traced value every rank computes identically, taken as a broadcast global value
 GLOBAL_TAG = defop("global_tag", lambda x: x, grad=lambda ctx, dy: (dy,), shape=_same_meta, family="boxing")
 
@@ -117,12 +132,13 @@ def localize(g: IRGraph, rank: int, comm: Any = None) -> IRGraph:
     node_map: dict[int, Node] = {}
     for n in g.nodes:
         attrs = n.attrs
-        if n.op == GLOBAL_BOX.name:
+        op = REGISTRY.get(n.op)
+        if op is not None and op.collective:
             attrs = {**attrs, "rank": rank, "comm": comm}
         elif n.sbp is not None:
             place = next(layout[v][0] for v in n.value_inputs() if v in layout)
             metas = [Meta(v.shape, v.dtype, v.device) if isinstance(v, Value) else v for v in n.inputs]
-            attrs = local_attrs(REGISTRY[n.op], attrs, metas, n.sbp[0], place, rank)
+            attrs = local_attrs(op, attrs, metas, n.sbp[0], place, rank)
         new = n.with_(inputs=tuple(loc(v) for v in n.inputs), outputs=tuple(loc(v) for v in n.outputs),
                       attrs=attrs)
         node_map[id(n)] = new
@@ -242,15 +258,19 @@ class BoxingPoint:
 
 
 def boxing_points(g: IRGraph) -> list[BoxingPoint]:
-    """Every boxing node of a global graph: source line, SBP before -> after, bytes."""
+    """Every redistribution of a global graph (each member of a bucket too): source line, SBP
+    before -> after, bytes."""
     out = []
     for n in g.nodes:
-        if n.op != GLOBAL_BOX.name:
+        if n.op not in (GLOBAL_BOX.name, GLOBAL_BOX_BUCKET.name):
             continue
-        v, a = n.inputs[0], n.attrs
+        a = n.attrs
         place = a["place"]
-        out.append(BoxingPoint(n, a["src"], a["dst"], v.nbytes, cost(a["src"], a["dst"], place.hierarchy, v.nbytes),
-                               tuple(s for s in box_plan(a["src"], a["dst"], place.hierarchy) if s.kind != "reshard")))
+        steps = tuple(s for s in box_plan(a["src"], a["dst"], place.hierarchy) if s.kind != "reshard")
+        for v in n.value_inputs():
+            member = n if n.op == GLOBAL_BOX.name else n.with_(inputs=(v,))
+            out.append(BoxingPoint(member, a["src"], a["dst"], v.nbytes,
+                                   cost(a["src"], a["dst"], place.hierarchy, v.nbytes), steps))
     return out
 
 

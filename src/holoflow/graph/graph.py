@@ -221,7 +221,9 @@ class Graph:
         ir = tracer.graph(tuple(out_leaves), out_spec)
         log = [passes.record("trace", ir.with_(nodes=()), ir, time.perf_counter() - t0)]
         from .passes.checkpointing import flagged_paths
-        ir = passes.run(ir, self.config.for_passes(flagged_paths(self)), log)
+        cfg = self.config.for_passes(flagged_paths(self))
+        cfg.global_graph = is_global(ir)
+        ir = passes.run(ir, cfg, log)
         logical = ir
         if is_global(ir):  # this rank's plan, derived from the logical graph without communication
             check_same_program(ir)

@@ -166,8 +166,12 @@ def assign(target, value) -> None:
 
 
 def stream_of(n: Node) -> str:
-    """``update`` for effect nodes (optimizer updates, state write-backs), else ``compute``."""
-    return "update" if n.effect else "compute"
+    """``update`` for effect nodes (optimizer updates, state write-backs), ``comm`` for
+    collectives (global graphs' boxing), else ``compute``."""
+    if n.effect:
+        return "update"
+    op = REGISTRY.get(n.op) if n.kernel is None else None
+    return "comm" if op is not None and op.collective else "compute"
 
 
 def execution_order(g: IRGraph) -> list[Node]:

@@ -72,12 +72,6 @@ def type_as(self: Tensor, other: Tensor) -> Tensor:
     return to(self, other.dtype)
 
 
-def type_(self: Tensor, dtype=None, non_blocking=False):
-    if dtype is None:
-        return f"holoflow.{self.dtype.name.capitalize()}Tensor"
-    return to(self, dtype)
-
-
 def cpu(self: Tensor) -> Tensor:
     return to(self, "cpu")
 
@@ -92,7 +86,7 @@ for _name, _dt in [("float", _dtype.float32), ("double", _dtype.float64), ("half
                    ("bool", _dtype.bool)]:
     setattr(Tensor, _name, _cast(_dt))
 Tensor.to, Tensor.clone, Tensor.contiguous, Tensor.type_as = to, clone, contiguous, type_as
-Tensor.type, Tensor.cpu, Tensor.cuda = type_, cpu, cuda
+Tensor.cpu, Tensor.cuda = cpu, cuda   # (Tensor.type: holoflow/compat.py)
 
 
 def copy_(self: Tensor, src, non_blocking: bool = False) -> Tensor:

@@ -19,6 +19,7 @@ from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
 from .family import broadcast_shapes, defop, elementwise_sbp, needs, reduce_grad
+from .range_index import expand_ranges
 from .shape import RESHAPE
 
 __all__ = ["narrow", "select", "masked_fill", "masked_select", "nonzero"]
@@ -277,7 +278,7 @@ INDEX_BACKWARD = defop("index_backward", _index_backward_kernel, sbp=_index_back
 def getitem(input: Tensor, index) -> Tensor:
     """``input[index]`` with torch's semantics: ints, slices (with steps), None, ``...``, bool
     masks and integer tensors/lists (advanced indexing)."""
-    spec, tensors = parse_index(index, tuple(input.shape))
+    spec, tensors = parse_index(expand_ranges(index), tuple(input.shape))
     if tensors:
         if input._global is not None:
             tensors = [_like_global(t, input) for t in tensors]
@@ -352,7 +353,7 @@ def _like_global(t, like: Tensor):
 
 def setitem(input: Tensor, index, value) -> None:
     """``input[index] = value`` (a number or a tensor broadcast to the indexed shape)."""
-    spec, tensors = parse_index(index, tuple(input.shape))
+    spec, tensors = parse_index(expand_ranges(index), tuple(input.shape))
     if isinstance(value, (list, tuple, np.ndarray)):
         value = Tensor._make(torch.as_tensor(value, dtype=input._data.dtype, device=input._data.device))
     if input._global is not None:

@@ -1,0 +1,70 @@
+"""bucket_grads: the gradient all-reduces of a global graph, grouped into buckets (DDP's).
+
+Backward's boxing nodes that only all-reduce (``P -> B`` on a mesh axis) are grouped, in the
+order backward produces them, into buckets of at most ``config.allreduce_bucket_mb`` MB (same
+placement and SBPs); each bucket is one ``global_box_bucket`` node: one collective over the
+concatenated gradients. Collectives run on the ``comm`` stream (ir.stream_of), so a bucket is
+reduced as soon as its gradients exist while backward goes on. A bucket closes early when a
+member's result is needed before the next gradient is ready, so the order stays topological.
+"""
+from __future__ import annotations
+
+from ...core.registry import REGISTRY
+from ...distributed.boxing import plan as box_plan
+from ..global_graph import GLOBAL_BOX_BUCKET
+from ..ir import IRGraph, Node
+from . import register
+
+
+def _all_reduce_only(n: Node) -> bool:
+    a = n.attrs
+    steps = [s for s in box_plan(a["src"], a["dst"], a["place"].hierarchy) if s.kind != "reshard"]
+    return bool(steps) and all(s.kind == "all_reduce" for s in steps)
+
+
+def _candidate(n: Node) -> bool:
+    """A backward collective boxing one value by all-reduces only (a gradient's)."""
+    op = REGISTRY.get(n.op)
+    return (op is not None and op.collective and len(n.inputs) == 1 and "bw" in n.tags
+            and _all_reduce_only(n))
+
+
+@register("bucket_grads", enabled=lambda cfg: getattr(cfg, "global_graph", False)
+          and getattr(cfg, "allreduce_bucket_mb", 0) > 0)
+def bucket_grads(g: IRGraph, config) -> IRGraph:
+    limit = config.allreduce_bucket_mb * 2 ** 20
+    first_use: dict = {}
+    for i, n in enumerate(g.nodes):
+        for v in n.value_inputs():
+            first_use.setdefault(v, i)
+    buckets: list[list[int]] = []
+    open_: dict = {}   # (placement, src, dst) -> (member indices, bytes, earliest use of a member's result)
+    for i, n in enumerate(g.nodes):
+        if not _candidate(n):
+            continue
+        key = (n.attrs["place"], n.attrs["src"], n.attrs["dst"])
+        out = n.outputs[0]
+        cur = open_.get(key)
+        if cur is not None and (cur[1] + out.nbytes > limit or cur[2] < i):
+            buckets.append(cur[0])
+            cur = None
+        if cur is None:
+            cur = ([], 0, len(g.nodes))
+        open_[key] = (cur[0] + [i], cur[1] + out.nbytes, min(cur[2], first_use.get(out, len(g.nodes))))
+    buckets += [b[0] for b in open_.values()]
+    merged: dict[int, Node] = {}
+    dropped: set[int] = set()
+    for members in buckets:
+        if len(members) < 2:
+            continue
+        nodes = [g.nodes[i] for i in members]
+        last = nodes[-1]
+        a = last.attrs
+        merged[members[-1]] = Node(GLOBAL_BOX_BUCKET.name, tuple(n.inputs[0] for n in nodes),
+                                   {"place": a["place"], "src": a["src"], "dst": a["dst"]},
+                                   tuple(n.outputs[0] for n in nodes), last.source, last.scope, tags=last.tags,
+                                   sbp=(tuple(a["src"] for _ in nodes), tuple(a["dst"] for _ in nodes)))
+        dropped.update(members[:-1])
+    if not merged:
+        return g
+    return g.with_(nodes=tuple(merged.get(i, n) for i, n in enumerate(g.nodes) if i not in dropped))
