@@ -498,8 +498,6 @@ XFAIL: dict[str, str] = {
     "manual-seed-str": "lead: ops/creation.py: raise TypeError naming manual_seed and the str, not a raw int() ValueError",
     "int-multi": "lead: core/tensor.py: raise ValueError (torch's class) from int() of a multi-element tensor",
     "float-multi": "lead: core/tensor.py: raise ValueError (torch's class) from float() of a multi-element tensor",
-    "grad-assign-shape": "lead: core/tensor.py: reject assigning a .grad of another shape (RuntimeError)",
-    "grad-assign-dtype": "lead: core/tensor.py: reject assigning a .grad of another dtype (RuntimeError)",
     "retain-grad-no-grad": "lead: core/tensor.py: retain_grad() on a tensor without requires_grad raises RuntimeError",
     "topk-k": "H1: ops/sorting.py: raise RuntimeError, not IndexError, for k > size",
     "topk-empty": "H1: ops/sorting.py: raise RuntimeError, not IndexError, for k > size",
