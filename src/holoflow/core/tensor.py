@@ -211,6 +211,8 @@ class Tensor:
 
     def retain_grad(self) -> None:
         """Keeps ``.grad`` of a non-leaf tensor after backward (after its other hooks ran)."""
+        if not self._rg:
+            raise RuntimeError("holoflow.retain_grad: can't retain_grad on a tensor that has requires_grad=False")
         if self.grad_fn is None:
             return
         import weakref
@@ -281,10 +283,17 @@ class Tensor:
         return bool(self.item())
 
     def __float__(self) -> float:
+        self._one_element("float")
         return float(self.item())
 
     def __int__(self) -> int:
+        self._one_element("int")
         return int(self.item())
+
+    def _one_element(self, what: str) -> None:
+        if self.numel() != 1:   # torch's class for a Python conversion: ValueError
+            raise ValueError(f"holoflow: only one-element tensors can be converted to Python scalars by "
+                             f"{what}(); this one has {self.numel()} elements (shape {tuple(self.shape)})")
 
     def __index__(self) -> int:
         if self._data.is_floating_point() or self.numel() != 1:
@@ -344,8 +353,12 @@ def _as_torch(data, dtype: torch.dtype | None, dev: torch.device | None) -> torc
         return data._local_full().detach().to(device=dev, dtype=dtype)
     if isinstance(data, torch.Tensor):
         return data.detach().to(device=dev, dtype=dtype)
-    if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flat(data)):
-        data = _unwrap_nested(data)
+    try:
+        if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flat(data)):
+            data = _unwrap_nested(data)
+    except RecursionError:
+        raise ValueError("holoflow.tensor: too many dimensions: the data nests deeper than any tensor "
+                         "(a list that contains itself?)") from None
     try:
         return torch.tensor(data, dtype=dtype, device=dev)
     except (TypeError, ValueError, RuntimeError) as e:

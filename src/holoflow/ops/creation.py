@@ -15,7 +15,7 @@ import torch
 from ..core import device as _device
 from ..core import dtype as _dtype
 from ..core.dispatch import apply
-from ..core.errors import int_sizes
+from ..core.errors import ArgTypeError, int_sizes
 from ..core import interpret
 from ..core.interpret import is_lazy
 from ..core.registry import defop
@@ -68,10 +68,21 @@ def _where(placement, sbp) -> tuple:
     return placement, sbp
 
 
-def _sizes(size) -> tuple:
+def _sizes(size, op: str = "tensor creation") -> tuple:
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
-    return int_sizes("tensor creation", size, allow_negative=False)  # torch's TypeError/RuntimeError
+    return int_sizes(op, size, allow_negative=False)  # torch's TypeError/RuntimeError
+
+
+def _torch_call(op: str, fn, *args, **kwargs) -> torch.Tensor:
+    """``fn(*args, **kwargs)`` with torch's failure re-raised in torch's class, naming ``op`` and
+    what it was given."""
+    try:
+        return fn(*args, **kwargs)
+    except (RuntimeError, ValueError) as e:
+        given = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items() if k != "generator"])
+        cls = type(e) if type(e) in (RuntimeError, NotImplementedError, ValueError) else RuntimeError
+        raise cls(f"holoflow.{op}({given}): {str(e).splitlines()[0]}") from e
 
 
 def _finish(data: torch.Tensor, requires_grad: bool = False, placement=None, sbp=None) -> Tensor:
@@ -123,10 +134,11 @@ def from_dlpack(ext) -> Tensor:
 def _filled(fn):
     def make(*size, dtype=None, device=None, requires_grad=False, placement=None, sbp=None,
              out=None, layout=None, pin_memory=False):
-        t = _traced(fn.__name__, fn, size=_sizes(size), placement=placement, sbp=sbp, **_kw(dtype, device))
+        t = _traced(fn.__name__, fn, size=_sizes(size, fn.__name__), placement=placement, sbp=sbp,
+                    **_kw(dtype, device))
         if t is not None:
             return t
-        return _finish(fn(_sizes(size), **_kw(dtype, device)), requires_grad, placement, sbp)
+        return _finish(fn(_sizes(size, fn.__name__), **_kw(dtype, device)), requires_grad, placement, sbp)
     make.__name__ = fn.__name__
     make.__doc__ = f"A new tensor of the given size, as ``torch.{fn.__name__}``."
     return make
@@ -157,16 +169,14 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=Fa
                 **_kw(dtype, device))
     if t is not None:
         return t
-    try:
-        data = torch.arange(start, end, step, **_kw(dtype, device))
-    except RuntimeError as e:
-        raise ValueError(f"holoflow.arange(start={start}, end={end}, step={step}): {e}") from e
+    data = _torch_call("arange", torch.arange, start, end, step, **_kw(dtype, device))
     return _finish(data, requires_grad, placement, sbp)
 
 
 def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad=False,
              placement=None, sbp=None) -> Tensor:
-    return _finish(torch.linspace(start, end, steps, **_kw(dtype, device)), requires_grad, placement, sbp)
+    return _finish(_torch_call("linspace", torch.linspace, start, end, steps, **_kw(dtype, device)), requires_grad,
+                   placement, sbp)
 
 
 def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, device=None) -> Tensor:
@@ -183,10 +193,12 @@ def _random(fn):
     def make(*size, generator=None, dtype=None, device=None, requires_grad=False,
              placement=None, sbp=None):
         g = generator.torch if generator is not None else None
-        t = _traced(fn.__name__, fn, size=_sizes(size), placement=placement, sbp=sbp, **_kw(dtype, device))
+        t = _traced(fn.__name__, fn, size=_sizes(size, fn.__name__), placement=placement, sbp=sbp,
+                    **_kw(dtype, device))
         if t is not None:
             return t
-        return _finish(fn(_sizes(size), generator=g, **_kw(dtype, device)), requires_grad,
+        return _finish(_torch_call(fn.__name__, fn, _sizes(size, fn.__name__), generator=g, **_kw(dtype, device)),
+                       requires_grad,
                        placement, sbp)
     make.__name__ = fn.__name__
     make.__doc__ = (f"Random tensor, as ``torch.{fn.__name__}``; a global one holds the same "
@@ -206,7 +218,8 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
         raise TypeError("holoflow.randint: size= is required, e.g. randint(0, 10, (3,))")
     g = generator.torch if generator is not None else None
     kw = _kw(dtype or _dtype.int64, device)
-    return _finish(torch.randint(low, high, _sizes((size,)), generator=g, **kw), False, placement, sbp)
+    return _finish(_torch_call("randint", torch.randint, low, high, _sizes((size,), "randint"), generator=g, **kw),
+                   False, placement, sbp)
 
 
 def randperm(n: int, *, generator=None, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
@@ -284,6 +297,9 @@ Tensor.new_tensor = _new_tensor
 
 def manual_seed(seed: int):
     """Seeds every RNG holoflow's kernels use (CPU and CUDA)."""
+    if isinstance(seed, (str, bytes)) or not hasattr(seed, "__index__") and not isinstance(seed, float):
+        raise ArgTypeError(f"holoflow.manual_seed: the seed must be an int, got {seed!r} of type "
+                           f"{type(seed).__name__}")   # torch: ValueError (int('a')); also a TypeError
     return torch.manual_seed(seed)
 
 

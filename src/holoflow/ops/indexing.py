@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..core.dispatch import apply, apply_inplace
-from ..core.errors import normalize_dim
+from ..core.errors import ShapeError, normalize_dim
 from ..core.registry import Meta
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
@@ -61,8 +61,10 @@ def parse_index(index, shape: tuple) -> tuple[tuple, list]:
             spec.append(slice(*(None if v is None else int(v) for v in (it.start, it.stop, it.step))))
         elif hasattr(it, "__index__"):
             spec.append(int(it))
-        else:
-            raise IndexError(f"holoflow.getitem: unsupported index {it!r} of type {type(it).__name__}")
+        else:   # torch's classes: a str is a TypeError, a float an IndexError
+            cls = TypeError if isinstance(it, (str, bytes)) else IndexError
+            raise cls(f"holoflow.getitem: unsupported index {it!r} of type {type(it).__name__}; use ints, "
+                      f"slices, None, ..., bool masks or integer tensors")
     _check_bounds(tuple(spec), [t for t in tensors], shape)
     return tuple(spec), tensors
 
@@ -372,14 +374,17 @@ def narrow(input: Tensor, dim: int, start, length: int) -> Tensor:
     n, start = input.shape[d], int(start)
     start = start + n if start < 0 else start
     if not (0 <= start <= n and 0 <= length and start + length <= n):
-        raise IndexError(f"holoflow.narrow: start {start} + length {length} exceeds dim {d} of size {n}")
+        raise ShapeError(f"holoflow.narrow: start {start} + length {length} exceeds dim {d} of size {n}")
     return apply(GETITEM, input, spec=(slice(None),) * d + (slice(start, start + length),))
 
 
 def select(input: Tensor, dim: int, index: int) -> Tensor:
     """The slice at ``index`` of dim ``dim``, with that dim removed."""
     d = normalize_dim("select", dim, input.dim())
-    return getitem(input, (slice(None),) * d + (int(index),))
+    n, index = input.shape[d], int(index)
+    if not -n <= index < n:
+        raise IndexError(f"holoflow.select: index {index} is out of range for dim {d} of size {n}")
+    return getitem(input, (slice(None),) * d + (index,))
 
 
 # -- masked ops ---------------------------------------------------------------------------------------

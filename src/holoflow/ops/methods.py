@@ -43,6 +43,16 @@ def _forward(op, **attrs):
     return lambda self, other: apply(op, self, other, **attrs)
 
 
+def _equality(op, unequal: bool):
+    """``==``/``!=``: against something that is neither a tensor nor a number (a str, None, a
+    list of strs) torch answers False/True instead of raising."""
+    def compare(self, other):
+        if isinstance(other, (str, bytes, type(None))):
+            return unequal
+        return apply(op, self, other)
+    return compare
+
+
 OPERATORS = {
     "__add__": _forward(E.ADD), "__radd__": _commute(E.ADD), "__iadd__": _inplace(E.ADD),
     "__sub__": _forward(E.SUB), "__rsub__": _reflect(E.SUB), "__isub__": _inplace(E.SUB),
@@ -58,7 +68,7 @@ OPERATORS = {
     "__or__": _forward(E.BITWISE_OR), "__ror__": _reflect(E.BITWISE_OR), "__ior__": _inplace(E.BITWISE_OR),
     "__xor__": _forward(E.BITWISE_XOR), "__rxor__": _reflect(E.BITWISE_XOR),
     "__ixor__": _inplace(E.BITWISE_XOR),
-    "__eq__": _forward(E.EQ), "__ne__": _forward(E.NE), "__lt__": _forward(E.LT),
+    "__eq__": _equality(E.EQ, False), "__ne__": _equality(E.NE, True), "__lt__": _forward(E.LT),
     "__le__": _forward(E.LE), "__gt__": _forward(E.GT), "__ge__": _forward(E.GE),
     "__neg__": lambda self: apply(E.NEG, self), "__pos__": lambda self: self,
     "__abs__": lambda self: apply(E.ABS, self), "__invert__": lambda self: apply(E.BITWISE_NOT, self),

@@ -37,7 +37,7 @@ def reduce_dims(op: str, dim, ndim: int) -> tuple[int, ...]:
     if dim is None or (not isinstance(dim, int) and len(dim) == 0):
         return tuple(range(ndim))
     dims = (dim,) if isinstance(dim, int) else tuple(dim) if isinstance(dim, (tuple, list)) else None
-    if dims is None or [d for d in dims if not isinstance(d, int)]:
+    if dims is None or [d for d in dims if not isinstance(d, int)]:  # (all/any are ops here)
         raise TypeError(f"holoflow.{op}: dim must be an int, a tuple of ints or None, got {dim!r}")
     out = tuple(sorted(normalize_dim(op, d, ndim) for d in dims))
     if len(set(out)) != len(out):

@@ -169,7 +169,7 @@ def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         return apply(RESHAPE, input, shape=(1,))
     s, e = normalize_dim("flatten", start_dim, len(shape)), normalize_dim("flatten", end_dim, len(shape))
     if s > e:
-        raise ValueError(f"holoflow.flatten: start_dim {start_dim} comes after end_dim {end_dim}")
+        raise ShapeError(f"holoflow.flatten: start_dim {start_dim} comes after end_dim {end_dim}")
     return apply(RESHAPE, input, shape=shape[:s] + (math.prod(shape[s:e + 1]),) + shape[e + 1:])
 
 
@@ -222,13 +222,16 @@ def permute(input: Tensor, *dims) -> Tensor:
     nd = input.dim()
     norm = tuple(normalize_dim("permute", d, nd) for d in dims)
     if len(dims) != nd or sorted(norm) != list(range(nd)):
-        raise ValueError(f"holoflow.permute: dims {dims} are not a permutation of the {nd} dims of a "
+        raise ShapeError(f"holoflow.permute: dims {dims} are not a permutation of the {nd} dims of a "
                          f"tensor of shape {_fmt(input.shape)}")
     return apply(PERMUTE, input, dims=norm)
 
 
 def transpose(input: Tensor, dim0: int, dim1: int) -> Tensor:
     """Swaps two dims."""
+    for d in (dim0, dim1):
+        if not isinstance(d, int) and not hasattr(d, "__index__"):
+            raise TypeError(f"holoflow.transpose: dims must be ints, got {d!r} of type {type(d).__name__}")
     nd = input.dim()
     a, b = normalize_dim("transpose", dim0, nd), normalize_dim("transpose", dim1, nd)
     dims = list(range(nd))
@@ -400,9 +403,12 @@ CAT = defop("cat", lambda *xs, dim: torch.cat(xs, dim), grad=_cat_grad, shape=_c
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Concatenates tensors along an existing dim."""
+    if isinstance(tensors, Tensor):
+        raise TypeError(f"holoflow.cat: expects a sequence of tensors, got a tensor of shape {_fmt(tensors.shape)}; "
+                        f"wrap it in a list: cat([x, ...])")
     tensors = list(tensors)
     if not tensors:
-        raise ValueError("holoflow.cat: expected a non-empty list of tensors")
+        raise ShapeError("holoflow.cat: expected a non-empty list of tensors")
     ref = next((x for x in tensors if tuple(x.shape) != (0,)), tensors[0])
     d = normalize_dim("cat", dim, ref.dim())
     return apply(CAT, *tensors, dim=d)
@@ -415,7 +421,7 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Joins equally shaped tensors along a new dim."""
     tensors = list(tensors)
     if not tensors:
-        raise ValueError("holoflow.stack: expected a non-empty list of tensors")
+        raise ShapeError("holoflow.stack: expected a non-empty list of tensors")
     ref = tuple(tensors[0].shape)
     for i, x in enumerate(tensors[1:], 1):
         if tuple(x.shape) != ref:
@@ -457,7 +463,7 @@ def split(tensor: Tensor, split_size_or_sections, dim: int = 0) -> tuple:
         size = tensor.shape[d]
         step = split_size_or_sections
         if step <= 0 and size:
-            raise ValueError(f"holoflow.split: split_size must be positive, got {step}")
+            raise ShapeError(f"holoflow.split: split_size must be positive, got {step}")
         sizes = tuple(min(step, size - i) for i in range(0, size, step)) if size else (0,)
     else:
         sizes = tuple(int(s) for s in split_size_or_sections)
