@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing as mp
 import queue
+import time
 from typing import Any, Callable, Iterator
 
 import torch
@@ -243,7 +244,19 @@ class _MultiProcessIter:
         try:
             return data.unpack()
         except Exception as e:
+            # a worker that died after sending (its shared-memory handles gone with it) shows up
+            # here as a reset connection: name the death, which is the cause
+            dead: list = []
+            for _ in range(40):   # up to 2 s for the dying worker to be reaped
+                dead = [f"worker {wid} (pid {w.pid}, exit code {w.exitcode})"
+                        for wid, w in enumerate(self.workers) if not w.is_alive()]
+                if dead or not isinstance(e, (ConnectionError, EOFError, OSError)):
+                    break
+                time.sleep(0.05)
             self.shutdown()
+            if dead:
+                raise RuntimeError(f"holoflow.utils.data.DataLoader: {', '.join(dead)} exited unexpectedly "
+                                   f"(killed, out of memory, or os._exit in the dataset)") from e
             raise RuntimeError(f"holoflow.utils.data.DataLoader: the batch from worker {data.worker_id} "
                                f"could not be unpickled in the main process: {type(e).__name__}: {e}") from e
 
