@@ -33,8 +33,8 @@ def queue_callback(fn: Callable[[], None]) -> None:
 
 def accumulate_grad(t, g) -> None:
     """``t.grad += g`` atomically: concurrent backward passes on a shared leaf lose nothing."""
-    with _ACC_LOCK:
-        t.grad = g if t.grad is None else t.grad + g
+    with _ACC_LOCK:   # (the engine's gradients have the leaf's shape: no assignment check)
+        t._grad = g if t._grad is None else t._grad + g
 
 
 def seed_grads(outputs: list, grads: list) -> list:

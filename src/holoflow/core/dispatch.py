@@ -96,9 +96,11 @@ def _eager(op: Op, inputs: tuple, attrs: dict):
     except Exception as e:  # a user mistake surfaces as holoflow's error, never torch's bare one
         raise op_error(op, inputs, attrs, e) from e
     record = needs_grad and op.grad is not None and _STATE.enabled
-    if not record and not op.view and type(out) is torch.Tensor:  # the hot path, inlined
+    if not record and type(out) is torch.Tensor:  # the hot path, inlined
         t = _new(Tensor)
         t._data, t._rg, t._grad, t.grad_fn, t._out_idx, t._hooks, t._global = out, False, None, None, 0, None, None
+        if op.view and aliases(out, datas[0]):
+            make_view(t, inputs[0], op, attrs, None)
         return t
     return wrap(op, inputs, attrs, out, record)
 
