@@ -54,7 +54,13 @@ def seed_grads(outputs: list, grads: list) -> list:
                 raise RuntimeError(f"holoflow.autograd: grad can be implicitly created only for "
                                    f"scalar outputs; this output has shape {tuple(t.shape)}. Pass "
                                    f"gradient= a tensor of that shape (e.g. ones_like(output))")
-            g = t.detach().new_ones(tuple(t.shape)) if t._global is None else None
+            d = t._data
+            if t._global is not None:
+                g = None
+            elif d.device.type == "meta":   # a traced value: the ones are a recorded op
+                g = t.detach().new_ones(tuple(t.shape))
+            else:
+                g = Tensor._make(torch.ones(d.shape, dtype=d.dtype, device=d.device))
         elif not isinstance(g, Tensor):
             g = Tensor._make(torch.as_tensor(g, dtype=t._data.dtype, device=t._data.device))
         elif tuple(g.shape) != tuple(t.shape):

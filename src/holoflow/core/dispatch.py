@@ -133,7 +133,7 @@ def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | N
     ``logical``: the node's grad rule sees global inputs by their logical shapes (a trace)."""
     single = isinstance(out, torch.Tensor)
     outs = (out,) if single else tuple(out)
-    wrapped = [Tensor._make(o) for o in outs]
+    wrapped = [Tensor._make(out)] if single else [Tensor._make(o) for o in outs]
     if record:
         node = _record(op, inputs, attrs, outs, saved, logical)
         if not single:

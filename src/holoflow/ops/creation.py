@@ -54,13 +54,13 @@ def _traced(name: str, fn, *args, placement=None, sbp=None, **attrs) -> Tensor |
     return t if placement is None else interpret.current().globalize(t, placement, sbp)
 
 
-class _Local(interpret.Interpreter):
-    def creation_default(self) -> None:
-        return None
+LOCAL = object()   # placement=LOCAL: a local tensor whatever global_mode says (Tensor.new_*)
 
 
 def _where(placement, sbp) -> tuple:
     """The placement and SBP a creation op uses: its arguments, else a ``global_mode`` scope's."""
+    if placement is LOCAL:
+        return None, None
     if placement is None and sbp is None:
         return interpret.current().creation_default() or (None, None)
     if placement is None or sbp is None:
@@ -273,19 +273,19 @@ rand_like, randn_like, randint_like = (_like(n) for n in ("rand_like", "randn_li
 def _new(fn):
     def method(self: Tensor, *size, dtype=None, device=None, requires_grad=False):
         kw = {"dtype": dtype or self.dtype, "device": device or self.device}
-        with interpret.pushed(_Local()):  # a new local tensor, even inside global_mode
-            return fn(*size, requires_grad=requires_grad, **kw)
+        # a new local tensor, even inside global_mode
+        return fn(*size, requires_grad=requires_grad, placement=LOCAL, sbp=LOCAL, **kw)
     return method
 
 
 def _new_full(self: Tensor, size, fill_value, *, dtype=None, device=None, requires_grad=False):
     return full(size, fill_value, dtype=dtype or self.dtype, device=device or self.device,
-                requires_grad=requires_grad)
+                requires_grad=requires_grad, placement=LOCAL, sbp=LOCAL)
 
 
 def _new_tensor(self: Tensor, data, *, dtype=None, device=None, requires_grad=False):
     return tensor(data, dtype=dtype or self.dtype, device=device or self.device,
-                  requires_grad=requires_grad)
+                  requires_grad=requires_grad, placement=LOCAL, sbp=LOCAL)
 
 
 Tensor.new_zeros = _new(zeros)
