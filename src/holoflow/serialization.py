@@ -458,6 +458,28 @@ def _header(data: bytes) -> dict:
     return json.loads(data[8:8 + n])
 
 
+CONTAINERS = ("list", "tuple", "dict", "odict")
+
+
+def decode_container(dec: Any, kind: str, items: list, depth: int) -> Any:
+    """A list, tuple or (ordered) dict node of a manifest tree; ``dec.node`` decodes the items and
+    ``dec.bad`` makes the error for a malformed one (shared by plain and sharded checkpoints)."""
+    if kind in ("list", "tuple"):
+        out = [dec.node(v, depth + 1) for v in items]
+        return out if kind == "list" else tuple(out)
+    d = OrderedDict() if kind == "odict" else {}
+    for pair in items:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise dec.bad("a dict item is not a [key, value] pair")
+        k = dec.node(pair[0], depth + 1)
+        try:
+            hash(k)
+        except TypeError:
+            raise dec.bad(f"a dict key holds a list: {str(k)[:60]} (keys are values or tuples)") from None
+        d[k] = dec.node(pair[1], depth + 1)
+    return d
+
+
 class _Decoder:
     def __init__(self, tensors: dict[str, torch.Tensor], name: str) -> None:
         self.tensors, self.name, self.made = tensors, name, {}
@@ -476,21 +498,8 @@ class _Decoder:
             return v
         if kind == "tensor":
             return self.tensor(n)
-        if kind in ("list", "tuple") and isinstance(n.get("items"), list):
-            items = [self.node(v, depth + 1) for v in n["items"]]
-            return items if kind == "list" else tuple(items)
-        if kind in ("dict", "odict") and isinstance(n.get("items"), list):
-            out = OrderedDict() if kind == "odict" else {}
-            for pair in n["items"]:
-                if not isinstance(pair, list) or len(pair) != 2:
-                    raise self.bad("a dict item is not a [key, value] pair")
-                k = self.node(pair[0], depth + 1)
-                try:
-                    hash(k)
-                except TypeError:
-                    raise self.bad(f"a dict key holds a list: {str(k)[:60]} (keys are values or tuples)") from None
-                out[k] = self.node(pair[1], depth + 1)
-            return out
+        if kind in CONTAINERS and isinstance(n.get("items"), list):
+            return decode_container(self, kind, n["items"], depth)
         if kind == "module":
             return _whole.decode_module(self.tensor, n, self.name)
         raise self.bad(f"unknown node {str(n)[:80]}")

@@ -28,7 +28,7 @@ from ..core.tensor import Tensor
 from ..distributed.global_tensor import from_full, make_global
 from ..distributed.sharding import local_ranges
 from ..distributed.placement import placement
-from ..serialization import CheckpointError, _move, load_file
+from ..serialization import CONTAINERS, CheckpointError, _move, decode_container, load_file
 from .sharded import FORMAT, MANIFEST, OLD_TAG, VERSION, _ctx, _dtype_from, _gather, _map_tensors, _sbp_from
 
 
@@ -120,21 +120,8 @@ class _Tree:
             if not isinstance(key, str):
                 raise self.bad(f"a tensor node without a key: {str(n)[:80]}")
             return self.pending.setdefault(key, _Pending(n))
-        if kind in ("list", "tuple") and isinstance(n.get("items"), list):
-            items = [self.node(v, depth + 1) for v in n["items"]]
-            return items if kind == "list" else tuple(items)
-        if kind in ("dict", "odict") and isinstance(n.get("items"), list):
-            out = OrderedDict() if kind == "odict" else {}
-            for pair in n["items"]:
-                if not isinstance(pair, list) or len(pair) != 2:
-                    raise self.bad("a dict item is not a [key, value] pair")
-                k = self.node(pair[0], depth + 1)
-                try:
-                    hash(k)
-                except TypeError:
-                    raise self.bad(f"a dict key holds a list: {str(k)[:60]} (keys are values or tuples)") from None
-                out[k] = self.node(pair[1], depth + 1)
-            return out
+        if kind in CONTAINERS and isinstance(n.get("items"), list):
+            return decode_container(self, kind, n["items"], depth)
         raise self.bad(f"unknown node {str(n)[:80]}")
 
 
