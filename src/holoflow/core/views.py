@@ -21,6 +21,7 @@ import torch
 
 from . import interpret
 from .registry import Op, defop
+from .sbp import B, P
 
 
 class ViewInfo:
@@ -90,7 +91,6 @@ def _view_scatter_grad(ctx, dy):
 
 
 def _view_scatter_sbp(metas, attrs):
-    from .sbp import B, P
     if isinstance(metas[1], (int, float)):
         return [((B,), (B,)), ((P,), (P,))] if metas[1] == 0 else [((B,), (B,))]
     return [((B, B), (B,)), ((P, P), (P,))]

@@ -23,6 +23,7 @@ import torch
 
 from ..core.errors import HoloflowError
 from ..core.registry import REGISTRY, Meta, defop
+from ..core.sbp import B
 from ..core.tensor import Tensor
 from ..distributed import world
 from ..distributed.boxing import cost, plan as box_plan, run_step
@@ -84,7 +85,7 @@ class LazyGlobal(GlobalMeta):
         if g is None:
             g = t.detach().new_ones(tuple(self.shape))
         if g._global is None:   # the same ones on every rank: a broadcast value
-            g = self.tracer.make_global(g, self.placement, (_B(),) * len(self.sbp))
+            g = self.tracer.make_global(g, self.placement, (B,) * len(self.sbp))
         return g
 
     def full(self, t: Tensor) -> torch.Tensor:
@@ -93,17 +94,6 @@ class LazyGlobal(GlobalMeta):
 
     def repr(self, t: Tensor) -> str:
         return f"tensor(<traced>, shape={tuple(self.shape)}, placement={self.placement}, sbp={nd_str(self.sbp)})"
-
-
-def _B():
-    from ..core.sbp import B
-    return B
-
-
-def value_sbp(x: Tensor) -> tuple[Any, tuple] | None:
-    """(placement, nd-SBP) of a global tensor, else None."""
-    g = x._global
-    return None if g is None else (g.placement, g.sbp)
 
 
 # -- per-rank lowering --------------------------------------------------------------------------------
