@@ -22,6 +22,12 @@ def _x(ctx):
 # -- unary math: name, kernel, grad (dy -> dx), what the grad reads --------------------------
 ZEROS_LIKE = unary("zeros_like", torch.zeros_like, differentiable=False)
 NEG = unary("neg", torch.neg, lambda c, dy: (-dy,), partial=("P",))
+CONJ = unary("conj", torch.conj_physical, lambda c, dy: (apply(CONJ, dy),), partial=("P",))
+
+
+def _conj(x):
+    """``x``'s complex conjugate; real tensors are their own (no op recorded)."""
+    return apply(CONJ, x) if isinstance(x, Tensor) and x._data.is_complex() else x
 ABS = unary("abs", torch.abs, lambda c, dy: (dy * _x(c).sign(),), "inputs")
 SIGN = unary("sign", torch.sign, _zeros)
 FLOOR = unary("floor", torch.floor, _zeros)
@@ -86,10 +92,10 @@ def _sub_grad(c, dy):
             reduce_grad(-dy if c.alpha == 1 else dy * -c.alpha, c, 1) if needs(c, 1) else None)
 
 
-def _mul_grad(c, dy):
+def _mul_grad(c, dy):   # complex: torch's convention, the gradient w.r.t. a is dy * conj(b)
     a, b = c.inputs
-    return (reduce_grad(dy * b, c, 0) if needs(c, 0) else None,
-            reduce_grad(dy * a, c, 1) if needs(c, 1) else None)
+    return (reduce_grad(dy * _conj(b), c, 0) if needs(c, 0) else None,
+            reduce_grad(dy * _conj(a), c, 1) if needs(c, 1) else None)
 
 
 def _div_grad(c, dy):
@@ -97,9 +103,9 @@ def _div_grad(c, dy):
     if c.rounding_mode is not None:
         return (reduce_grad(dy * 0, c, 0) if needs(c, 0) else None,
                 reduce_grad(dy * 0, c, 1) if needs(c, 1) else None)
-    ga = dy / b
+    ga = dy / _conj(b)
     return (reduce_grad(ga, c, 0) if needs(c, 0) else None,
-            reduce_grad(-ga * a / b, c, 1) if needs(c, 1) else None)
+            reduce_grad(-ga * _conj(a / b), c, 1) if needs(c, 1) else None)
 
 
 def _pow_grad(c, dy):
@@ -214,7 +220,7 @@ def _binary_fn(op):
     return fn
 
 
-UNARY = [NEG, ABS, SIGN, FLOOR, CEIL, TRUNC, FRAC, EXP, EXP2, EXPM1, LOG, LOG2, LOG10, LOG1P,
+UNARY = [NEG, CONJ, ABS, SIGN, FLOOR, CEIL, TRUNC, FRAC, EXP, EXP2, EXPM1, LOG, LOG2, LOG10, LOG1P,
          SQRT, RSQRT, SQUARE, RECIPROCAL, SIN, COS, TAN, ASIN, ACOS, ATAN, SINH, COSH, TANH,
          SIGMOID, ERF, ERFINV, LOGICAL_NOT, BITWISE_NOT, ISNAN, ISINF, ISFINITE]
 BINARY = [MUL, POW, MAXIMUM, MINIMUM, ATAN2, FMOD, REMAINDER, EQ, NE, LT, LE, GT, GE,
