@@ -53,7 +53,7 @@ def _class_coeffs(x, t, w, ignore_index, ls, cdim, acc):
         shape = [1] * x.dim()
         shape[cdim] = x.shape[cdim]
         wc = w.to(acc).view(shape) if w is not None else 1.0
-        a = a + (ls / x.shape[cdim]) * wc * valid.unsqueeze(cdim)
+        a = a + (ls / x.shape[cdim]) * wc * valid.unsqueeze(cdim).to(acc)   # a bool mask times a float is float32
     return a, wt.sum()
 
 
@@ -96,7 +96,8 @@ def _nll_bwd_kernel(dy, x, t, w, ignore_index, reduction):
 
 def _class_loss_sbp(metas, attrs):
     """Reduction 'none': split on the batch or a spatial axis (the class axis never: softmax).
-    'sum': the same splits give a partial sum. 'mean': only broadcast (the denominator is global).
+    'sum': the same splits give a partial sum. 'mean': only broadcast (the denominator is global;
+    ``cross_entropy``/``nll_loss`` of a global input compute it as sum / ``class_weight_total``).
     For the backward ops (dy first) the same splits, dy following the loss's split."""
     is_bwd = len(metas) == 4
     x, t = (metas[1], metas[2]) if is_bwd else (metas[0], metas[1])
@@ -153,6 +154,40 @@ NLL_LOSS = defop("nll_loss", lambda x, t, w, ignore_index, reduction:
                  grad=_nll_grad, save="inputs", sbp=_class_loss_sbp, family="loss")
 
 
+def _weight_total_kernel(t, w, ignore_index, dtype):
+    valid = t != ignore_index
+    if w is None:
+        return valid.sum().to(dtype)
+    acc = _acc(w.dtype)
+    return (w.to(acc)[torch.where(valid, t, torch.zeros_like(t))] * valid).sum().to(dtype)
+
+
+def _weight_total_sbp(metas, attrs):
+    """The total is a sum over targets: a split target gives partial sums (weights broadcast)."""
+    w = (B,) if isinstance(metas[1], Meta) else ()
+    return [((B,) + w, (B,))] + [((S(a),) + w, (P,)) for a in range(len(metas[0].shape))]
+
+
+# the 'mean' denominator of a class-index loss: the total weight of the non-ignored targets
+CLASS_WEIGHT_TOTAL = defop("class_weight_total", _weight_total_kernel, sbp=_weight_total_sbp, family="loss",
+                           differentiable=False, shape=lambda metas, attrs: [Meta((), attrs["dtype"],
+                                                                                 metas[0].device)])
+
+
+def _split_mean(op, input: Tensor, target: Tensor, weight, **attrs) -> Tensor | None:
+    """'mean' of a global (N, C, ...) input as ``sum / denominator``: both are sums over the batch,
+    so a batch-split input gives two partial-sum scalars to all-reduce instead of gathering the
+    input (the fused kernel's 'mean' needs the global denominator). None: use the fused kernel."""
+    if not input.is_global or input.dim() < 2:
+        return None
+    total = apply(op, input, target, weight, reduction="sum", **attrs)
+    if target.is_floating_point():   # class probabilities: torch divides by the element count
+        n = input.numel() // input.shape[1]
+        return total / n if n else total * float("nan")
+    return total / apply(CLASS_WEIGHT_TOTAL, target, weight, ignore_index=attrs["ignore_index"],
+                         dtype=input._data.dtype)
+
+
 def _check_class_target(name: str, input: Tensor, target: Tensor, weight, allow_prob: bool) -> None:
     x, t = tuple(input.shape), tuple(target.shape)
     if input.dim() == 0:
@@ -185,6 +220,11 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
     _check_class_target("cross_entropy", input, target, weight, True)
     if not 0.0 <= label_smoothing <= 1.0:
         raise RuntimeError(f"holoflow.cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if reduction == "mean":
+        out = _split_mean(CROSS_ENTROPY, input, target, weight, ignore_index=ignore_index,
+                          label_smoothing=float(label_smoothing))
+        if out is not None:
+            return out
     return apply(CROSS_ENTROPY, input, target, weight, ignore_index=ignore_index, reduction=reduction,
                  label_smoothing=float(label_smoothing))
 
@@ -194,6 +234,10 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
     """Negative log-likelihood of log-probabilities ``input`` at the ``target`` classes."""
     reduction = _reduction("nll_loss", reduction, size_average, reduce)
     _check_class_target("nll_loss", input, target, weight, False)
+    if reduction == "mean":
+        out = _split_mean(NLL_LOSS, input, target, weight, ignore_index=ignore_index)
+        if out is not None:
+            return out
     return apply(NLL_LOSS, input, target, weight, ignore_index=ignore_index, reduction=reduction)
 
 
