@@ -1,14 +1,21 @@
 """``scaled_dot_product_attention`` as a primitive.
 
-Without a mask and with equal head sizes, forward and backward are torch's fused flash kernels
-(``_scaled_dot_product_flash_attention_for_cpu[_backward]``): the forward also returns the
-per-row logsumexp, which the fused backward takes with the output. Otherwise (masks, differing
-value head size) the forward is torch's dispatcher and the backward op recomputes the attention
-matrix and applies the math backward, so nothing of size L x S is kept between forward and
-backward; on CUDA the fused-case ops run that math too. Double backward of either backward op
-raises UnsupportedError. With ``dropout_p > 0``
-the forward is the math path (as torch's CPU kernel is), returning the scaled keep-mask that the
-backward reuses; that op is declared ``random``.
+On CPU, without a mask and with equal head sizes, forward and backward are torch's fused flash
+kernels (``_scaled_dot_product_flash_attention_for_cpu[_backward]``): the forward also returns
+the per-row logsumexp, which the fused backward takes with the output. Otherwise (masks,
+differing value head size) the forward is torch's dispatcher and the backward op recomputes the
+attention matrix and applies the math backward, so nothing of size L x S is kept between forward
+and backward.
+
+On CUDA (``FUSED_VJP_DEVICES``) the forward is torch's dispatcher, which picks its fused kernels
+(flash, cuDNN or memory-efficient) in the inputs' dtype — the autocast dtype under autocast, as
+the op is on autocast's lower-precision list (amp/policy.py) — and both backward ops run torch's
+vector-Jacobian product of that same call (recompute the fused forward, then the fused backward
+kernel, in that dtype; no float32 score matrix, no ``masked_fill``). The logsumexp output is
+then a placeholder of its shape that no kernel reads. Double backward of either backward op
+raises UnsupportedError. With ``dropout_p > 0`` the forward is the math path (as torch's CPU
+kernel is), returning the scaled keep-mask that the backward reuses; that op is declared
+``random``.
 """
 from __future__ import annotations
 
@@ -22,6 +29,10 @@ from ..core.errors import ShapeError, UnsupportedError
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
+
+# Devices whose backward is torch's VJP of its own dispatcher call (fused kernels, any dtype);
+# a module constant so CPU tests can run that path too.
+FUSED_VJP_DEVICES = {"cuda"}
 
 
 def _scores(q, k, mask, is_causal, scale):
@@ -61,10 +72,9 @@ def _sdpa_kernel(q, k, v, mask, is_causal, scale):
         return out, q.new_empty((0,), dtype=_lse_dtype(q))
     if q.numel() == 0:  # the CPU kernel does not take empty batches
         return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q))
-    if q.device.type == "cuda":  # no CPU kernel there; logsumexp by the math path
-        scores, _, _ = _scores(q, k, None, is_causal, scale)
+    if q.device.type in FUSED_VJP_DEVICES:  # torch's fused kernels; the backward recomputes
         out = TF.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
-        return out, torch.logsumexp(scores, -1)
+        return out, q.new_empty(q.shape[:-1], dtype=_lse_dtype(q))
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         _as_4d(q), _as_4d(k), _as_4d(v), 0.0, is_causal, scale=scale)
     return out.reshape(q.shape), lse.reshape(q.shape[:-1])
@@ -74,8 +84,8 @@ def _sdpa_fused_bwd_kernel(dy, q, k, v, out, lse, is_causal, scale):
     """(dq, dk, dv) of the fused forward: torch's flash backward on CPU, the math backward elsewhere."""
     if q.numel() == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    if q.device.type == "cuda":
-        return _sdpa_bwd_kernel(dy, q, k, v, None, None, is_causal, scale)[:3]
+    if q.device.type in FUSED_VJP_DEVICES:
+        return _torch_vjp(dy, q, k, v, None, is_causal, scale)[:3]
     grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         _as_4d(dy), _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(out), lse.reshape(_as_4d(q).shape[:-1]), 0.0,
         is_causal, scale=scale)
@@ -89,9 +99,29 @@ def _sdpa_dropout_kernel(q, k, v, mask, is_causal, scale, dropout_p):
     return torch.matmul((attn * keep).to(q.dtype), v), keep
 
 
+def _no_mask_grad(q: torch.Tensor) -> torch.Tensor:
+    return torch.zeros((), dtype=q.dtype, device=q.device).expand(0)
+
+
+def _torch_vjp(dy, q, k, v, mask, is_causal, scale):
+    """(dq, dk, dv, dmask) by torch's VJP of its own ``scaled_dot_product_attention``: the fused
+    forward recomputed and the fused backward kernel of the backend torch picks, in q's dtype."""
+    diff_mask = mask is not None and mask.is_floating_point()
+    with torch.enable_grad():
+        q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+        m_ = mask.detach().requires_grad_() if diff_mask else mask
+        out = TF.scaled_dot_product_attention(q_, k_, v_, attn_mask=m_, is_causal=is_causal, scale=scale)
+        wrt = (q_, k_, v_, m_) if diff_mask else (q_, k_, v_)
+        grads = torch.autograd.grad(out, wrt, dy.to(out.dtype))
+    return (*grads[:3], grads[3].to(mask.dtype) if diff_mask else _no_mask_grad(q))
+
+
 def _sdpa_bwd_kernel(dy, q, k, v, mask, keep, is_causal, scale):
     """Math backward of softmax(q k^T * scale + mask) [* keep] @ v, computed in float32 for
-    reduced precision; returns (dq, dk, dv, dmask) with dmask reduced to the mask's shape."""
+    reduced precision; returns (dq, dk, dv, dmask) with dmask reduced to the mask's shape.
+    Without dropout on ``FUSED_VJP_DEVICES``: torch's fused backward (:func:`_torch_vjp`)."""
+    if keep is None and q.device.type in FUSED_VJP_DEVICES:
+        return _torch_vjp(dy, q, k, v, mask, is_causal, scale)
     scores, scale, acc = _scores(q, k, mask, is_causal, scale)
     attn = torch.softmax(scores, -1)
     dy_, v_ = dy.to(acc), v.to(acc)
@@ -107,7 +137,7 @@ def _sdpa_bwd_kernel(dy, q, k, v, mask, keep, is_causal, scale):
     if mask is not None and mask.is_floating_point():
         dmask = ds.sum_to_size(mask.shape).to(mask.dtype)
     else:
-        dmask = torch.zeros((), dtype=q.dtype, device=q.device).expand(0)
+        dmask = _no_mask_grad(q)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask
 
 
