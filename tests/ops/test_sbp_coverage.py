@@ -14,6 +14,11 @@ NOT_IN_OP_TABLES = {
     "global_box": "a global graph's boxing node (the same collectives as box): tests/global/test_global_graph.py",
     "global_box_bucket": "a global graph's bucket of gradient all-reduces: tests/global/test_global_graph.py",
     "global_tag": "a global graph's broadcast tag of an identical local value: tests/global/test_global_graph.py",
+    "move": "a move between placements: tests/global/test_one_program.py, test_moves_and_errors.py",
+    "move_idle": "a move on a rank in neither placement: tests/global/test_one_program.py",
+    "global_alias": "to_local / a no-op to_global of a leaf: tests/global/test_one_program.py",
+    "absent": "an op skipped on a rank outside its placement: tests/global/test_one_program.py",
+    "from_local": "a local tensor made global: tests/global/test_one_program.py",
 }
 # Random ops: the in-place fills take the in-place kernel path (no dispatch to record) and
 # attention dropout's cases run with sbp=False; values are seed-dependent, so their tests

@@ -20,7 +20,8 @@ from ..core.sbp import B
 from ..core.tensor import Tensor
 from . import world
 from .boxing import apply_box, cost
-from .global_tensor import GlobalMeta, from_full, make_global
+from .comm_check import user_site
+from .global_tensor import GlobalMeta, absent_outputs, from_full, make_global
 from .sharding import local_shape, nd_str
 from .placement import placement
 
@@ -39,8 +40,9 @@ def _placement_of(op: Op, inputs: tuple):
                 place = x._global.placement
             elif x._global.placement != place:
                 raise HoloflowError(
-                    f"holoflow.{op.name}: operands are on different placements: {place} and "
-                    f"{x._global.placement}; move one with .to_global(placement=...)")
+                    f"holoflow.{op.name} at {user_site()}: operands are on different placements: "
+                    f"{place} and {x._global.placement} (a stage boundary crossed without a move); "
+                    f"move one with .to_global(placement=...)")
     return place
 
 
@@ -155,8 +157,7 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
     sig, logical = hit
     rank = world.rank()
     if place.coords(rank) is None:
-        raise HoloflowError(f"holoflow.{op.name}: rank {rank} is not in {place}; run global ops "
-                            f"only on the ranks of their placement")
+        return _absent_apply(op, inputs, attrs, metas, sig, logical, place)
     comm = world.comm()
     local_in, saved, j = [], [], 0
     for x in inputs:
@@ -182,6 +183,33 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
         make_global(o, place, nd, m.shape)
         _check_local(op, o, place, nd, m.shape, rank)
     return out
+
+
+def _absent_apply(op: Op, inputs: tuple, attrs: dict, metas: list, sig: tuple, logical, place):
+    """A rank outside the placement skips the kernel: empty outputs that know their logical
+    shape, placement and SBP (docs/architecture.md, "Ranks outside a placement")."""
+    if logical is None:
+        raise UnsupportedError(f"holoflow.{op.name}: its output shape depends on the data, which rank "
+                               f"{world.rank()} outside {place} does not hold; box the result to a "
+                               f"placement containing every rank first")
+    tensors = tuple(x for x in inputs if isinstance(x, Tensor))
+    single = _returns_single(op, metas, attrs, logical)
+    out = absent_outputs(tensors, tuple(m.dtype for m in logical), single)
+    outs = (out,) if single else tuple(out)
+    for o, nd, m in zip(outs, sig[1], logical):
+        make_global(o, place, nd, m.shape)
+    if single:
+        return out
+    return op.out_type(*outs) if op.out_type is not None else outs
+
+
+def _returns_single(op: Op, metas: list, attrs: dict, logical) -> bool:
+    """Whether ``op`` returns one tensor (not a sequence): its kernel on meta tensors says."""
+    try:
+        out = op.kernel(*(m.empty() if isinstance(m, Meta) else m for m in metas), **attrs)
+    except Exception:  # a kernel that can't run on meta tensors: its output count says
+        return len(logical) == 1 and op.out_type is None
+    return isinstance(out, torch.Tensor)
 
 
 def _check_local(op: Op, o: Tensor, place, nd, shape, rank) -> None:

@@ -6,6 +6,11 @@ this rank's shard; with broadcast, the first rank's data is what every rank hold
 global one; ``x.to_local()`` returns the shard. Autograd runs on the local shards: every global
 op records a local node, boxing is a differentiable op, and a gradient arriving at a tensor of
 SBP s has SBP dual(s) — which is boxed to the leaf's SBP (or ``grad_sbp``) at accumulation.
+
+One program on every rank (docs/architecture.md, "Ranks outside a placement"): on a rank that
+is not in a tensor's placement the tensor is *absent*: its local tensor is empty, its logical
+shape, placement and SBP are known, ops on it skip their kernels (an ``absent`` node keeps the
+autograd graph's shape, so a move's backward still runs on every rank it involves).
 """
 from __future__ import annotations
 
@@ -14,12 +19,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..core.dispatch import local_alias
+from ..core import grad_mode
+from ..core.dispatch import local_alias, run_local
 from ..core.errors import HoloflowError
+from ..core.registry import defop
 from ..core.sbp import B, P
 from ..core.tensor import Tensor, _repr_with
 from . import world
 from .boxing import apply_box
+from .moves import move
 from .sharding import dual, local_shape, nd_str, normalize_sbp, shard_of
 from .placement import placement
 
@@ -35,7 +43,11 @@ class GlobalMeta:
     grad_sbp: tuple | None = None
     interpreter: ClassVar[Any]
 
-    def box_grad(self, t: Tensor, g: Tensor) -> Tensor:
+    def box_grad(self, t: Tensor, g: Tensor) -> Tensor | None:
+        if g._global is not None and hasattr(g._global, "tracer"):  # traced: every rank holds the logical graph
+            return g._global.leaf_grad(t, g)
+        if self.placement.coords(world.rank()) is None:
+            return None  # an absent leaf gets no gradient (an optimizer skips it)
         if g._global is not None:  # a gradient traced as a logical global value has its own SBP
             return g._global.leaf_grad(t, g)
         return box_grad(t, g)
@@ -45,18 +57,27 @@ class GlobalMeta:
         return self.box_to(g, t._global.grad_sbp or t._global.sbp)
 
     def box_to(self, t: Tensor, nd: tuple, grad_sbp=None) -> Tensor:
-        """``t`` (of this meta) redistributed to ``nd`` on the same placement."""
-        r = _check_rank(self.placement, "to_global")
+        """``t`` (of this meta) redistributed to ``nd`` on the same placement (an absent ``t``
+        stays absent: nothing to send)."""
+        r = world.rank()
         out = apply_box(t, self.placement, self.sbp, nd, self.shape, r, world.comm())
         if out is t:
-            out = local_alias(t)
+            out = linked_alias(t)
         return make_global(out, self.placement, nd, self.shape, grad_sbp)
+
+    def move_to(self, t: Tensor, place: placement, nd: tuple, grad_sbp=None) -> Tensor:
+        """``t`` (of this meta) moved to another placement; differentiable (moves.py)."""
+        out = move(t, self.placement, self.sbp, place, nd, self.shape, world.rank(), world.comm())
+        return make_global(out, place, nd, self.shape, grad_sbp)
 
     def seed_grad(self, t: Tensor, g: Tensor | None) -> Tensor:
         return seed_grad(t, g)
 
     def full(self, t: Tensor) -> torch.Tensor:
-        """The whole logical tensor on this rank (boxes a copy to broadcast)."""
+        """The whole logical tensor on this rank (boxes a copy to broadcast); empty on a rank
+        outside the placement, which holds none of it."""
+        if self.placement.coords(world.rank()) is None:
+            return t._data
         if all(s == B for s in self.sbp):
             return t._data
         r = world.rank()
@@ -76,20 +97,69 @@ def make_global(local: Tensor, place: placement, nd: tuple, shape, grad_sbp=None
     return local
 
 
-def _check_rank(place: placement, what: str) -> int:
-    r = world.rank()
-    if place.coords(r) is None:
-        raise HoloflowError(f"holoflow.{what}: rank {r} is not in {place}; only its ranks "
-                            f"{list(place.flat_ranks)} hold shards")
-    return r
+# -- autograd links of conversions -------------------------------------------------------------
+
+def _alias_grad(ctx, dy):
+    return (dy,)
+
+
+def _absent_kernel(*inputs, dtypes: tuple, device, single: bool):
+    outs = tuple(torch.empty((0,), dtype=d, device=device) for d in dtypes)
+    return outs[0] if single else outs
+
+
+def _absent_grad(ctx, *dys):
+    """Inputs of an op skipped on this rank get empty gradients (zeros for a real local input,
+    whose value the op never read), so the backward pass still reaches every move."""
+    dev = next(d._data.device for d in dys if d is not None)
+    return tuple(None if s is None else Tensor._make(torch.zeros(s, dtype=dt, device=dev))
+                 for s, dt in zip(ctx.shapes, ctx.dtypes))
+
+
+def _from_local_kernel(t, place, nd, rank, comm, shape):
+    for axis, s in enumerate(nd):  # broadcast axes take the first rank's data (OneFlow's rule)
+        if s == B:
+            group = place.axis_group(rank, axis)
+            t = comm.broadcast(t.contiguous(), group[0], group)
+    return t
+
+
+def _from_local_grad(ctx, dy):
+    """The local gradient arrives as dual(nd); the local tensor's gradient is its piece of the
+    logical gradient: a split keeps its shard, a broadcast (partial sum) replica gets the whole
+    (all-reduced, as OneFlow boxes it to the forward's SBP), a partial-sum piece the whole."""
+    whole = tuple(s if hasattr(s, "axis") else B for s in ctx.nd)
+    return (apply_box(dy, ctx.place, dual(ctx.nd), whole, ctx.shape, ctx.rank, ctx.comm),)
+
+
+# a global tensor's local view linked to it in autograd (to_local, a no-op to_global of a leaf)
+ALIAS = defop("global_alias", lambda t: t, grad=_alias_grad, family="boxing")
+# what an op on tensors absent from this rank records: empty outputs, no kernel
+ABSENT = defop("absent", _absent_kernel, grad=_absent_grad, family="boxing")
+# a local tensor taken as this rank's component of a global one
+FROM_LOCAL = defop("from_local", _from_local_kernel, grad=_from_local_grad, family="boxing")
+
+
+def linked_alias(x: Tensor) -> Tensor:
+    """A local view of global ``x`` whose gradient reaches ``x`` (a leaf too)."""
+    if x._rg and x.grad_fn is None and grad_mode.STATE.enabled:
+        return run_local(ALIAS, (x,), {})
+    return local_alias(x)
+
+
+def absent_outputs(inputs: tuple, dtypes: tuple, single: bool):
+    """Empty local outputs of an op this rank skips, recorded against ``inputs``."""
+    dev = next((x._data.device for x in inputs if isinstance(x, Tensor)), torch.device("cpu"))
+    return run_local(ABSENT, inputs, {"dtypes": tuple(dtypes), "device": dev, "single": single})
 
 
 def _from_local(x: Tensor, place: placement, nd: tuple, check_meta: bool, grad_sbp) -> Tensor:
     r = world.rank()
     data = x._data
-    if place.coords(r) is None:
-        raise HoloflowError(f"holoflow.to_global: rank {r} is not in {place}; create the local "
-                            f"tensor only on its ranks {list(place.flat_ranks)}")
+    if place.coords(r) is None:  # absent here: the logical shape from this rank's local shape
+        shape = _outside_shape(tuple(data.shape), place, nd)
+        out = absent_outputs((x,), (data.dtype,), True)
+        return make_global(out, place, nd, shape, grad_sbp)
     comm = world.comm()
     shape = list(data.shape)
     if check_meta or any(not (s == B or s == P) for s in nd):
@@ -98,14 +168,19 @@ def _from_local(x: Tensor, place: placement, nd: tuple, check_meta: bool, grad_s
             raise HoloflowError(f"holoflow.to_global: ranks disagree on the local tensor's rank or "
                                 f"dtype: {dict(zip(place.flat_ranks, shapes))}")
         shape = _logical_shape(shapes, place, nd, check_meta)
-    if any(s == B for s in nd):
-        for axis, s in enumerate(nd):
-            if s == B:
-                group = place.axis_group(r, axis)
-                data = comm.broadcast(data.contiguous(), group[0], group)
-    out = Tensor._make(data, x.grad_fn if data is x._data else None, x._out_idx)
-    out._rg = x._rg
+    attrs = {"place": place, "nd": nd, "rank": r, "comm": comm, "shape": tuple(shape)}
+    out = run_local(FROM_LOCAL, (x,), attrs)
     return make_global(out, place, nd, shape, grad_sbp)
+
+
+def _outside_shape(local: tuple, place: placement, nd: tuple) -> list:
+    """A rank outside the placement sees no shard: as OneFlow's one-program premise has every
+    rank pass a local tensor of the same shape, a split dim is that size times its mesh axis."""
+    shape = list(local)
+    for axis, s in enumerate(nd):
+        if hasattr(s, "axis"):
+            shape[s.axis] *= place.hierarchy[axis]
+    return shape
 
 
 def _logical_shape(shapes: list, place: placement, nd: tuple, check: bool) -> list:
@@ -146,25 +221,25 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
     nd = normalize_sbp(sbp, place, self.dim()) if sbp is not None else g.sbp
     gs = normalize_sbp(grad_sbp, place, self.dim()) if grad_sbp is not None else None
     if place != g.placement:
-        return _move(self, place, nd, gs)
-    if nd == g.sbp and not copy and gs is None:
+        out = g.move_to(self, place, nd, gs)
+    elif nd == g.sbp and not copy and gs is None:
         return self
-    return g.box_to(self, nd, gs)
-
-
-def _move(x: Tensor, place: placement, nd: tuple, gs) -> Tensor:
-    """Between placements: gather to broadcast on the source, hand the whole tensor to the
-    destination ranks, shard there. (Not differentiable yet: it detaches, and says so.)"""
-    from .moves import move
-    return move(x, place, nd, gs)
+    else:
+        out = g.box_to(self, nd, gs)
+    if copy and out._data.untyped_storage().data_ptr() == self._data.untyped_storage().data_ptr() \
+            and out._data.numel():
+        meta = out._global
+        out = local_alias(out).clone()
+        out._global = meta
+    return out
 
 
 def to_local(self: Tensor, *, copy: bool = False) -> Tensor:
-    """This rank's shard as a local tensor (autograd continues through it)."""
+    """This rank's shard as a local tensor (autograd continues through it, to a leaf too); an
+    empty tensor on a rank outside the placement."""
     if self._global is None:
         return self
-    _check_rank(self._global.placement, "to_local")
-    t = local_alias(self)
+    t = linked_alias(self)
     return t.clone() if copy else t
 
 
@@ -184,6 +259,8 @@ def seed_grad(t: Tensor, g: Tensor | None) -> Tensor:
     """Turns a gradient given for a global output (None: ones) into the local value backward
     starts from."""
     meta = t._global
+    if meta.placement.coords(world.rank()) is None:  # absent: an empty seed reaches the moves
+        return Tensor._make(torch.empty((0,), dtype=t._data.dtype, device=t._data.device))
     if g is None:
         ones = torch.ones(tuple(meta.shape), dtype=t._data.dtype, device=t._data.device)
         g = from_full(ones, meta.placement, (B,) * len(meta.sbp))

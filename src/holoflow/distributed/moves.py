@@ -1,41 +1,65 @@
 """Moving a global tensor to another placement (subset, superset, disjoint, 1-D <-> N-D).
 
-The source ranks box to broadcast, the first source rank broadcasts the whole tensor over the
-union of both rank sets, and the destination ranks take their shards. Simple and correct for
-every pair; it moves the whole tensor once (a direct shard-to-shard plan is a later
-optimisation). It is not differentiable yet: the result is detached, and an input that
-requires grad raises instead of silently cutting the graph.
+The source ranks box to broadcast, the first source rank hands the whole tensor to the
+destination ranks (a send/recv for one destination, a broadcast over ``{root} | dst``
+otherwise), and the destination ranks take their shards. Simple and correct for every pair; it
+moves the whole tensor once (a direct shard-to-shard plan is a later optimisation).
+
+``MOVE`` is an op, so a move is differentiable: its gradient is the move of the gradient back,
+from the destination (SBP dual(dst)) to the source (SBP dual(src)). A rank in neither placement
+takes no part; a rank on one side only holds an empty local tensor on the other
+(docs/architecture.md, "Ranks outside a placement").
 """
 from __future__ import annotations
 
 import torch
 
-from ..core.errors import UnsupportedError
+from ..core.dispatch import run_local
+from ..core.registry import defop
 from ..core.sbp import B
 from ..core.tensor import Tensor
-from . import world
-from .boxing import apply_box
-from .sharding import shard_of
+from .boxing import _box_kernel
+from .placement import placement
+from .sharding import dual, shard_of
 
 
-def move(x: Tensor, place, nd: tuple, grad_sbp) -> Tensor:
-    from .global_tensor import make_global
-    src = x._global
-    if x.requires_grad and __import__("holoflow").is_grad_enabled():
-        raise UnsupportedError(
-            f"holoflow.to_global: moving a tensor that requires grad from {src.placement} to {place} "
-            f"is not differentiable yet; detach() it or move it before it joins the graph")
-    r = world.rank()
-    comm = world.comm()
-    union = tuple(sorted(set(src.placement.flat_ranks) | set(place.flat_ranks)))
-    if r not in union:
-        raise UnsupportedError(f"holoflow.to_global: rank {r} is in neither placement")
-    full = None
-    if src.placement.coords(r) is not None:
-        full = apply_box(x.detach(), src.placement, src.sbp, (B,) * src.placement.ndim, src.shape, r, comm)._data
+def _move_kernel(t: torch.Tensor, src_place: placement, src: tuple, dst_place: placement, dst: tuple,
+                 shape: tuple, rank: int, comm) -> torch.Tensor:
+    root = src_place.flat_ranks[0]
+    group = tuple(sorted({root} | set(dst_place.flat_ranks)))
+    in_src, in_dst = src_place.coords(rank) is not None, dst_place.coords(rank) is not None
+    if in_src:  # every source rank takes part in gathering the whole tensor
+        full = _box_kernel(t, src_place, src, (B,) * src_place.ndim, shape, rank, comm)
     else:
-        full = torch.empty(tuple(src.shape), dtype=x._data.dtype, device=x._data.device)
-    root = src.placement.flat_ranks[0]
-    full = comm.broadcast(full, root, union)
-    local = shard_of(full, nd, place, r) if place.coords(r) is not None else full.new_empty((0,))
-    return make_global(Tensor._make(local.contiguous()), place, nd, src.shape, grad_sbp)
+        full = t.new_empty(shape)
+    if rank not in group:  # a source rank that is not the root and receives nothing
+        return t.new_empty((0,))
+    if len(group) > 1:
+        full = comm.broadcast(full.contiguous(), root, group)
+    if not in_dst:
+        return t.new_empty((0,))
+    local = shard_of(full, dst, dst_place, rank)
+    return local if local.is_contiguous() else local.contiguous()
+
+
+def _move_grad(ctx, dy):
+    return (move(dy, ctx.dst_place, dual(ctx.dst), ctx.src_place, dual(ctx.src), ctx.shape,
+                 ctx.rank, ctx.comm),)
+
+
+MOVE = defop("move", _move_kernel, grad=_move_grad, family="boxing")
+
+
+def move(x: Tensor, src_place: placement, src: tuple, dst_place: placement, dst: tuple, shape,
+         rank: int, comm) -> Tensor:
+    """The local tensor, on this rank, of ``x`` (local tensor of a global one on ``src_place``
+    with SBP ``src``) moved to ``dst_place`` with SBP ``dst``; differentiable. Every rank of
+    either placement must call it (one program on every rank)."""
+    if src_place.coords(rank) is None and dst_place.coords(rank) is None:
+        return run_local(_IDLE, (x,), {})
+    return run_local(MOVE, (x,), {"src_place": src_place, "src": src, "dst_place": dst_place,
+                                  "dst": dst, "shape": tuple(shape), "rank": rank, "comm": comm})
+
+
+# a rank in neither placement: nothing to send or receive, the (empty) value passes through
+_IDLE = defop("move_idle", lambda t: t, grad=lambda ctx, dy: (dy,), family="boxing")

@@ -1,0 +1,112 @@
+"""One program on every rank (tests/global/test_one_program*.py): functions run unchanged on
+simulated ranks (``world.simulate``) and on real Gloo worlds (``world2.run`` / ``world4.run``).
+Each returns plain torch values (or None where the rank holds nothing) for the test to compare
+with single-process torch."""
+from __future__ import annotations
+
+import torch
+
+import holoflow as flow
+from holoflow.distributed.global_tensor import from_full
+from holoflow.sbp import B, P, S
+
+
+def _whole(t) -> torch.Tensor | None:
+    """The logical value of global ``t`` on ranks of its placement (None elsewhere)."""
+    full = t.detach().numpy()   # every rank calls it: outside ranks get an empty array
+    return torch.from_numpy(full) if full.size or not t.numel() else None
+
+
+def pipeline_data(steps: int = 3, seed: int = 0):
+    """One batch repeated ``steps`` times (so the loss must decrease) and the two weights."""
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
+    return (x.expand(steps, 8, 6).clone(), y.expand(steps, 8, 3).clone(),
+            torch.randn(6, 10, generator=g) * 0.3, torch.randn(10, 3, generator=g) * 0.3)
+
+
+def two_stage_pipeline(rank: int, data, steps: int, single: bool = False):
+    """OneFlow's documented eager 2-stage pipeline (placements [0] and [1], ``cpu`` for
+    ``cuda``): stage 0 on P0, ``out.to_global(placement=P1, sbp=B)``, stage 1 on P1, backward,
+    one SGD optimizer over both stages. ``single``: the same model in one process, no placement.
+    Returns the losses (on the rank holding them) and the final weights of both stages."""
+    xs, ys, w1, w2 = data
+    p0 = None if single else flow.placement("cpu", [0])
+    p1 = None if single else flow.placement("cpu", [1])
+    stage0 = flow.nn.Sequential(flow.nn.Linear(6, 10), flow.nn.ReLU())
+    stage1 = flow.nn.Linear(10, 3)
+    with flow.no_grad():
+        stage0[0].weight.copy_(flow.from_torch(w1.t().contiguous()))
+        stage0[0].bias.fill_(0.1)
+        stage1.weight.copy_(flow.from_torch(w2.t().contiguous()))
+        stage1.bias.fill_(-0.1)
+    if not single:
+        stage0.to_global(placement=p0, sbp=B)
+        stage1.to_global(placement=p1, sbp=B)
+    opt = flow.optim.SGD(list(stage0.parameters()) + list(stage1.parameters()), lr=0.1, momentum=0.9)
+    losses = []
+    for i in range(steps):
+        x, y = flow.from_torch(xs[i].clone()), flow.from_torch(ys[i].clone())
+        if not single:
+            x = x.to_global(placement=p0, sbp=B)
+            y = y.to_global(placement=p1, sbp=B)
+        out = stage0(x)
+        if not single:
+            out = out.to_global(placement=p1, sbp=B)
+        loss = flow.nn.functional.mse_loss(stage1(out), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(_whole(loss))
+    params = [_whole(p) if not single else p.detach().to_torch()
+              for p in list(stage0.parameters()) + list(stage1.parameters())]
+    return losses, params
+
+
+def moves_with_grads(rank: int, cases, shape, seed: int = 0):
+    """For each (src ranks, src sbp, dst ranks, dst sbp): a leaf x on the source, moved to the
+    destination, loss = sum(moved * w) there; returns (x's gradient's whole, its sbp, the moved
+    value's whole) on the ranks that hold them."""
+    g = torch.Generator().manual_seed(seed)
+    full = torch.randn(shape, generator=g, dtype=torch.float64)
+    w = torch.randn(shape, generator=g, dtype=torch.float64)
+    out = []
+    for src_ranks, src, dst_ranks, dst in cases:
+        sp, dp = flow.placement("cpu", src_ranks), flow.placement("cpu", dst_ranks)
+        x = from_full(full, sp, src).requires_grad_()
+        y = x.to_global(placement=dp, sbp=dst)
+        loss = (y * from_full(w, dp, (B,) * dp.ndim)).sum()
+        loss.backward()
+        grad = None if x.grad is None else _whole(x.grad)
+        out.append((grad, None if x.grad is None else tuple(x.grad.sbp), _whole(y)))
+    return full, w, out
+
+
+def local_leaves(rank: int, n: int, seed: int = 0):
+    """Local leaves made global, and global leaves converted (grad_sbp, copy, to_local): the
+    gradients each rank's leaves receive (compared with torch by the test)."""
+    g = torch.Generator().manual_seed(seed)
+    locals_ = torch.randn(n, 3, 4, generator=g, dtype=torch.float64)
+    w = torch.randn(n * 3, 4, generator=g, dtype=torch.float64)
+    c = torch.randn(n, n * 3, 4, generator=g, dtype=torch.float64)
+    place = flow.placement("cpu", list(range(n)))
+    got = {}
+    for name, sbp in (("S0", S(0)), ("B", B), ("P", P)):
+        a = flow.from_torch(locals_[rank].clone()).requires_grad_()
+        y = a.to_global(placement=place, sbp=sbp)
+        wy = w if sbp == S(0) else w[:3]
+        (y * from_full(wy, place, B)).sum().backward()
+        got[name] = None if a.grad is None else a.grad.to_torch()
+    wg = from_full(w, place, B)
+    for name, kw in (("grad_sbp", {"sbp": S(0), "grad_sbp": B}), ("copy", {"sbp": S(0), "copy": True}),
+                     ("grad_sbp_box", {"sbp": B, "grad_sbp": S(0)})):
+        x = from_full(w, place, S(0)).requires_grad_()
+        y = x.to_global(**kw)
+        (y * wg).sum().backward()
+        got[name] = (_whole(x.grad), tuple(x.grad.sbp))
+    for name, sbp in (("to_local_S0", S(0)), ("to_local_B", B)):
+        x = from_full(w, place, sbp).requires_grad_()
+        local = x.to_local()
+        (local * flow.from_torch(c[rank][:local.shape[0]].clone())).sum().backward()
+        got[name] = (_whole(x.grad), tuple(x.grad.sbp))
+    return got

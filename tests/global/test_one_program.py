@@ -1,0 +1,193 @@
+"""One program on every rank (docs/architecture.md, "Ranks outside a placement"): global ops,
+conversions, creation, to_local and numpy() on ranks outside a placement hold no data and
+raise nothing; moves between placements are differentiable; converted leaves get their
+gradients; Module.to_global keeps replicas identical. Simulated ranks and real Gloo worlds,
+single-process torch as the oracle."""
+import pytest
+import torch
+
+import one_program_fns as fns
+import holoflow as flow
+from holoflow.core.errors import HoloflowError
+from holoflow.distributed import world
+from holoflow.distributed.global_tensor import from_full
+from holoflow.sbp import B, P, S
+
+QUICK = 20.0
+
+
+def test_ops_creation_to_local_numpy_outside_the_placement():
+    place = flow.placement("cpu", [1, 3])
+    flow.manual_seed(3)
+    want_x = torch.randn(5, 7)
+
+    def fn(r):
+        flow.manual_seed(3)
+        x = flow.randn(5, 7, placement=place, sbp=S(0), requires_grad=True)
+        y = (x * 2).sum(1)
+        lin = flow.nn.Linear(7, 2)
+        lin.to_global(place, B)
+        z = lin(x)
+        vals, idx = x.detach().max(dim=1)
+        assert tuple(y.shape) == (5,) and y.placement == place and tuple(y.sbp) == (S(0),)
+        assert tuple(z.shape) == (5, 2) and idx.dtype == flow.int64 and tuple(vals.shape) == (5,)
+        y.sum().backward()
+        return (x.to_local().to_torch().detach(), y.detach().numpy(), x._data.numel(),
+                None if x.grad is None else x.grad.detach().numpy())
+    outs = world.simulate(4, fn, timeout=QUICK)
+    for r in (0, 2):  # outside: empty local tensors, empty numpy arrays, no gradient
+        local, y, numel, grad = outs[r]
+        assert tuple(local.shape) == (0,) and y.shape == (0,) and numel == 0 and grad is None
+    for r, rows in ((1, slice(0, 3)), (3, slice(3, 5))):
+        local, y, _, grad = outs[r]
+        torch.testing.assert_close(local, want_x[rows])
+        torch.testing.assert_close(torch.from_numpy(y), want_x.sum(1) * 2)
+        torch.testing.assert_close(torch.from_numpy(grad), torch.full((5, 7), 2.0))
+
+
+MOVES = [  # (src ranks, src sbp, dst ranks, dst sbp)
+    ([0], (B,), [1], (B,)),
+    ([0], (B,), [1], (S(0),)),
+    ([0, 1], (S(0),), [2, 3], (S(1),)),
+    ([0, 1], (P,), [2, 3], (B,)),
+    ([0, 1], (S(1),), [1, 2, 3], (P,)),
+    ([0, 1, 2, 3], (S(0),), [[0, 1], [2, 3]], (S(1), B)),
+    ([[0, 1], [2, 3]], (B, S(0)), [0, 1, 2, 3], (S(1),)),
+    ([[0, 1], [2, 3]], (P, S(1)), [1, 3], (S(0),)),
+]
+
+
+def _check_moves(full, w, outs_per_rank):
+    for r, per_rank in enumerate(outs_per_rank):
+        for (src_ranks, src, dst_ranks, dst), (grad, gsbp, moved) in zip(MOVES, per_rank):
+            sp, dp = flow.placement("cpu", src_ranks), flow.placement("cpu", dst_ranks)
+            if sp.coords(r) is None:
+                assert grad is None, f"rank {r} outside {sp} got a gradient"
+            else:  # d/dx sum(move(x) * w) = w, in x's own SBP
+                torch.testing.assert_close(grad, w, msg=lambda m: f"{src_ranks}{src}->{dst_ranks}{dst}: {m}")
+                assert gsbp == src
+            if dp.coords(r) is not None:
+                torch.testing.assert_close(moved, full)
+            else:
+                assert moved is None
+
+
+def test_moves_are_differentiable_simulated():
+    results = world.simulate(4, lambda r: fns.moves_with_grads(r, MOVES, (5, 6)), timeout=QUICK)
+    _check_moves(results[0][0], results[0][1], [out for _, _, out in results])
+
+
+def test_moves_are_differentiable_on_gloo(world4):
+    results = world4.run(fns.moves_with_grads, MOVES, (5, 6))
+    _check_moves(results[0][0], results[0][1], [out for _, _, out in results])
+
+
+def _check_leaves(n, outs):
+    g = torch.Generator().manual_seed(0)
+    locals_ = torch.randn(n, 3, 4, generator=g, dtype=torch.float64)
+    w = torch.randn(n * 3, 4, generator=g, dtype=torch.float64)
+    c = torch.randn(n, n * 3, 4, generator=g, dtype=torch.float64)
+    for r, got in enumerate(outs):
+        # torch: the logical tensor built from the locals, loss = sum(logical * w)
+        a = locals_.clone().requires_grad_()
+        (torch.cat(list(a)) * w).sum().backward()          # split(0): concatenated shards
+        torch.testing.assert_close(got["S0"], a.grad[r])
+        a = locals_.clone().requires_grad_()
+        (a.sum(0) * w[:3]).sum().backward()                 # partial_sum: the sum of the locals
+        torch.testing.assert_close(got["P"], a.grad[r])
+        torch.testing.assert_close(got["B"], w[:3])         # broadcast: every replica gets the whole
+        for name, want_sbp in (("grad_sbp", (S(0),)), ("copy", (S(0),)), ("grad_sbp_box", (S(0),))):
+            grad, sbp = got[name]
+            torch.testing.assert_close(grad, w)
+            assert sbp == want_sbp, (name, sbp)
+        x = w.clone().requires_grad_()                      # every rank's local loss, summed
+        sum((x[3 * k:3 * k + 3] * c[k][:3]).sum() for k in range(n)).backward()
+        torch.testing.assert_close(got["to_local_S0"][0], x.grad)
+        assert got["to_local_S0"][1] == (S(0),)
+        x = w.clone().requires_grad_()
+        sum((x * c[k]).sum() for k in range(n)).backward()
+        torch.testing.assert_close(got["to_local_B"][0], x.grad)
+        assert got["to_local_B"][1] == (B,)
+
+
+def test_converted_leaves_receive_their_gradients_simulated():
+    _check_leaves(2, world.simulate(2, lambda r: fns.local_leaves(r, 2), timeout=QUICK))
+
+
+def test_converted_leaves_receive_their_gradients_on_gloo(world2, world4):
+    _check_leaves(2, world2.run(fns.local_leaves, 2))
+    _check_leaves(4, world4.run(fns.local_leaves, 4))
+
+
+def _check_pipeline(results, steps):
+    data = fns.pipeline_data(steps)
+    want_losses, want_params = fns.two_stage_pipeline(0, data, steps, single=True)
+    losses0, params0 = results[0]
+    losses1, params1 = results[1]
+    assert all(x is None for x in losses0)                  # rank 0 doesn't hold the loss
+    for got, want in zip(losses1, want_losses):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    assert want_losses[-1].item() < want_losses[0].item()
+    for i, want in enumerate(want_params):                  # stage 0 lives on rank 0, stage 1 on 1
+        got = (params0 if i < 2 else params1)[i]
+        other = (params1 if i < 2 else params0)[i]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+        assert other is None
+
+
+def test_two_stage_pipeline_eager_simulated():
+    steps = 3
+    data = fns.pipeline_data(steps)
+    _check_pipeline(world.simulate(2, lambda r: fns.two_stage_pipeline(r, data, steps), timeout=QUICK), steps)
+
+
+def test_two_stage_pipeline_eager_on_gloo(world2):
+    steps = 3
+    _check_pipeline(world2.run(fns.two_stage_pipeline, fns.pipeline_data(steps), steps), steps)
+
+
+def test_module_to_global_makes_replicas_identical_and_to_local_gives_shards():
+    models = [flow.nn.Linear(4, 6) for _ in range(2)]      # unseeded: the ranks differ
+    want = models[0].weight.to_torch().clone()
+    place = flow.placement("cpu", [0, 1])
+
+    def fn(r):
+        m = models[r].to_global(place, B)
+        got = m.weight.to_local().to_torch().clone()
+        m.to_global(sbp=S(0))
+        m.to_local()
+        return got, m.weight.to_torch().clone(), m.weight.is_global
+    for r, (got, shard, is_global) in enumerate(world.simulate(2, fn, timeout=QUICK)):
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(shard, want[3 * r:3 * r + 3])
+        assert not is_global
+
+    def differ(r):
+        return flow.nn.Linear(4, 6).to_global(place, B, broadcast=False)
+    with pytest.raises(RuntimeError, match=r"broadcast=False.*ranks \[1\] differ"):
+        world.simulate(2, differ, timeout=QUICK)
+
+
+def test_module_to_global_on_a_rank_outside_the_placement():
+    place = flow.placement("cpu", [1])
+
+    def fn(r):
+        m = flow.nn.Linear(3, 2).to_global(place, B)
+        out = m(flow.ones(4, 3, placement=place, sbp=B))
+        return m.weight._data.numel(), tuple(m.weight.shape), tuple(out.shape), out._data.numel()
+    outs = world.simulate(2, fn, timeout=QUICK)
+    assert outs[0] == (0, (2, 3), (4, 2), 0) and outs[1] == (6, (2, 3), (4, 2), 8)
+
+
+def test_stage_boundary_without_a_move_names_both_placements_and_the_line():
+    p0, p1 = flow.placement("cpu", [0]), flow.placement("cpu", [1])
+
+    def fn(r):
+        a, b = from_full(torch.ones(2), p0, B), from_full(torch.ones(2), p1, B)
+        try:
+            a + b
+        except HoloflowError as e:
+            return str(e)
+    for msg in world.simulate(2, fn, timeout=QUICK):
+        assert msg is not None and str(p0) in msg and str(p1) in msg, msg
+        assert "test_one_program.py:" in msg, msg
