@@ -37,7 +37,7 @@ def _batch(corpus, cfg, rank: int, step: int):
     return corpus.get_batch(data, cfg.block_size, cfg.batch_size, rng)
 
 
-def run_variant(variant: str, steps: int, warmup: int) -> float:
+def run_variant(variant: str, steps: int, warmup: int, bucket_mb: float = 25.0) -> float:
     """One launched rank's mean step time (s) after warm-up."""
     import torch
     from holoflow.examples import corpus, gpt
@@ -78,6 +78,7 @@ def run_variant(variant: str, steps: int, warmup: int) -> float:
                     super().__init__()
                     self.model = model
                     self.add_optimizer(opt)
+                    self.config.set_allreduce_bucket_mb(bucket_mb)
 
                 def build(self, x, y):
                     if dp:
@@ -108,11 +109,12 @@ def run_variant(variant: str, steps: int, warmup: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def launch(variant: str, steps: int, warmup: int) -> float:
+def launch(variant: str, steps: int, warmup: int, bucket_mb: float = 25.0) -> float:
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "t.json")
         cmd = [sys.executable, "-m", "holoflow.distributed.launch", "--nproc_per_node", "2", __file__,
-               "--variant", variant, "--steps", str(steps), "--warmup", str(warmup), "--out", out]
+               "--variant", variant, "--steps", str(steps), "--warmup", str(warmup), "--out", out,
+               "--bucket-mb", str(bucket_mb)]
         subprocess.run(cmd, check=True, capture_output=True, timeout=900)
         with open(out) as f:
             return json.load(f)["step_s"]
@@ -125,21 +127,26 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out")
+    ap.add_argument("--bucket-mb", type=float, default=25.0, help="the graph's gradient bucket size")
+    ap.add_argument("--only", nargs="+", choices=VARIANTS, help="run these variants only")
     a = ap.parse_args()
     if a.variant:   # inside a launched rank
-        t = run_variant(a.variant, a.steps, a.warmup)
+        t = run_variant(a.variant, a.steps, a.warmup, a.bucket_mb)
         if int(os.environ.get("RANK", "0")) == 0 and a.out:
             with open(a.out, "w") as f:
                 json.dump({"step_s": t}, f)
         return
+    variants = a.only or VARIANTS
     best = {v: float("inf") for v in VARIANTS}
     for r in range(a.rounds):
-        for v in VARIANTS:
-            best[v] = min(best[v], launch(v, a.steps, a.warmup))
+        for v in variants:
+            best[v] = min(best[v], launch(v, a.steps, a.warmup, a.bucket_mb))
             print(f"round {r}: {v:<18} {best[v] * 1e3:8.1f} ms/step", flush=True)
     print(f"\n{'framework':<16} {'limit ms':>9} {'dp ms':>9} {'limit/dp':>9}")
     for name, lim, dp in (("torch DDP", "torch-limit", "torch-ddp"), ("holoflow eager", "flow-eager-limit",
                           "flow-eager-ddp"), ("holoflow graph", "flow-graph-limit", "flow-graph-dp")):
+        if lim not in variants or dp not in variants:
+            continue
         print(f"{name:<16} {best[lim] * 1e3:9.1f} {best[dp] * 1e3:9.1f} {best[lim] / best[dp]:9.2f}")
 
 

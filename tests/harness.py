@@ -244,6 +244,8 @@ def check_signature(op, datas: tuple, attrs: dict, sig, p: int) -> str | None:
             return f"split axis {s.axis} out of range for input {i} of dim {datas[i].dim()}"
     want = op.kernel(*datas, **attrs)
     wants = [want] if isinstance(want, torch.Tensor) else list(want)
+    if op.local_attrs is not None and not _balanced(op, datas, attrs, sig, p, wants):
+        return None  # shards not whole pieces of the output at p ranks: the chooser never offers it there
     shards = {i: shard(datas[i], s, p, gen) for i, s in zip(tens, in_sbps)}
     metas = [Meta.of(d) if isinstance(d, torch.Tensor) else d for d in datas]
     per_rank = []
@@ -274,6 +276,15 @@ def check_signature(op, datas: tuple, attrs: dict, sig, p: int) -> str | None:
         if not ok:
             return f"output {j}: combined values differ from the unsharded result"
     return None
+
+
+def _balanced(op, datas: tuple, attrs: dict, sig, p: int, wants: list) -> bool:
+    """Whether ``global_dispatch.choose`` would offer ``sig`` on ``p`` ranks (every shard computes
+    its balanced piece of the output)."""
+    from holoflow.distributed.global_dispatch import _consistent
+    metas = [Meta.of(d) if isinstance(d, torch.Tensor) else d for d in datas]
+    nd = (tuple((s,) for s in sig[0]), tuple((s,) for s in sig[1]))
+    return _consistent(op, metas, attrs, nd, flow.placement("cpu", list(range(p))), [Meta.of(w) for w in wants])
 
 
 def sig_str(sig) -> str:

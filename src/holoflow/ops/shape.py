@@ -86,12 +86,15 @@ def reshape_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list, l
 
 def _reshape_splits(src: tuple, dst: tuple) -> dict[int, int]:
     """Input axis -> output axis that can carry its split: the axis leads its group and its
-    output axis is made of whole units of it (unchanged, or the first dim of a merge)."""
+    output axis is made of whole units of it (unchanged, or the first dim of a merge) or divides
+    it (the first dim of a split: (2048,) -> (32, 64), a merge's gradient); shards that are not
+    balanced pieces of the output are refused per rank by ``global_dispatch.choose``."""
     if 0 in src:
         return {}
     out = {}
     for ins, outs in reshape_groups(src, dst):
-        if ins and outs and src[ins[0]] != 1 and dst[outs[0]] % src[ins[0]] == 0:
+        a, b = (src[ins[0]], dst[outs[0]]) if ins and outs else (1, 1)
+        if a != 1 and (b % a == 0 or a % b == 0):
             out[ins[0]] = outs[0]
     return out
 
