@@ -1,22 +1,42 @@
-"""All CUDA checks in one run (the device machine is lent briefly): op tables on CUDA against
-torch, a GPT trained on CUDA under holoflow eager and nn.Graph against torch, and step times.
+"""Every CUDA figure of issue 11 in one run (the device machine is lent briefly):
 
-    PYTHONPATH=src:tests python bench/gpu_check.py
+1. op tables on CUDA against torch on CUDA (float32, forward + backward): the pass count;
+2. attention on CUDA: holoflow's sdpa against torch's (bf16 autocast; causal, bool mask, float
+   mask), max differences of values and grads, and the aten kernels its backward ran (fused
+   flash / cuDNN / memory-efficient backward expected, no float32 math path);
+3. the GPT-2-small training step (12 layers, d=768, 12 heads, T=1024, B=8, vocab 50304, bf16
+   autocast, fused AdamW) — torch eager, torch.compile, holoflow eager, nn.Graph — each variant
+   in its own process: ms/step, ratios (holoflow eager / torch eager, target <= 1.15; graph /
+   torch.compile, target <= 1.0), MFU (target >= 47%, aim 55%), peak memory
+   (``torch.cuda.max_memory_allocated``; target: graph and eager <= torch eager's), and the
+   first losses of each (the same weights and batch, so they must agree to bf16 noise).
+
+    PYTHONPATH=src:tests python bench/gpu_check.py                 # everything (~5-8 min on an H200)
+    PYTHONPATH=src:tests python bench/gpu_check.py attn gpt        # parts: ops, attn, gpt
+    PYTHONPATH=src:tests python bench/gpu_check.py gpt --small     # GPT-mini shapes (a quick try)
+
+MFU counts 6 N + 12 L T d flops per token (N: parameters without the position embedding, the
+tied head once; PaLM's estimate, as nanoGPT) against ``--peak-tflops`` (989: H100/H200 SXM dense
+bf16).
 """
 from __future__ import annotations
 
+import argparse
 import importlib
+import json
+import os
+import subprocess
 import sys
 import time
 
 import numpy as np
 import torch
 
-import holoflow as flow
-from holoflow.examples import gpt
-
+VARIANTS = ("torch_eager", "torch_compile", "holoflow_eager", "holoflow_graph")
 MODULES = ["ops.test_elementwise", "ops.test_reduction", "ops.test_linalg", "ops.test_shape",
-           "ops.test_indexing", "ops.test_nn_ops", "ops.test_loss", "ops.test_nn_extra"]
+           "ops.test_indexing", "ops.test_nn_ops", "ops.test_loss", "ops.test_nn_extra", "perf_paths.test_sdpa_fused"]
+SHAPES = {"gpt2s": dict(L=12, D=768, H=12, T=1024, B=8, V=50304),
+          "small": dict(L=2, D=64, H=4, T=32, B=8, V=65)}
 
 
 def cuda(x):
@@ -52,66 +72,166 @@ def op_tables() -> None:
         print("   ", f)
 
 
-def step_time(fn, steps: int) -> float:
-    for _ in range(3):
-        fn()
+def attention_check() -> None:
+    """holoflow's sdpa vs torch's on CUDA under bf16 autocast, and the kernels its backward runs."""
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import holoflow as flow
+
+    class Aten(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, H, T, E = 4, 12, 1024, 64
+    q, k, v = (torch.randn(B, H, T, E, device="cuda", generator=g) for _ in range(3))
+    masks = {"causal": None, "bool mask": torch.rand(T, T, device="cuda", generator=g) > 0.2,
+             "float mask": torch.randn(1, H, T, T, device="cuda", generator=g)}
+    for name, mask in masks.items():
+        causal = mask is None
+        tt = [x.clone().requires_grad_() for x in (q, k, v)]
+        ft = [flow.from_torch(x.clone()).requires_grad_() for x in (q, k, v)]
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            want = F.scaled_dot_product_attention(*tt, attn_mask=mask, is_causal=causal)
+        fm = None if mask is None else flow.from_torch(mask)
+        with flow.autocast("cuda", dtype=flow.bfloat16):
+            got = flow.nn.functional.scaled_dot_product_attention(*ft, attn_mask=fm, is_causal=causal)
+        dy = torch.randn(want.shape, device="cuda", generator=g).to(want.dtype)
+        want.backward(dy)
+        aten = Aten()
+        with aten:
+            got.backward(flow.from_torch(dy))
+        torch.cuda.synchronize()
+        dout = (got.to_torch().float() - want.float()).abs().max().item()
+        dgrad = max((f.grad.to_torch().float() - t.grad.float()).abs().max().item() for f, t in zip(ft, tt))
+        kernels = sorted({o for o in aten.ops if "attention" in o or o in ("logsumexp", "masked_fill", "_softmax")})
+        print(f"sdpa {name:<10} bf16: dtype {got.dtype} (torch {want.dtype}), max |dout| {dout:.3g}, "
+              f"max |dgrad| {dgrad:.3g}; backward kernels {kernels}")
+
+
+def gpt_flops_per_step(s: dict, n_params: int) -> float:
+    per_token = 6 * (n_params - s["T"] * s["D"]) + 12 * s["L"] * s["T"] * s["D"]
+    return per_token * s["B"] * s["T"]
+
+
+def run_variant(variant: str, shape: str, steps: int) -> dict:
+    """One variant in this process: step time, peak memory, first losses."""
+    import holoflow as flow
+    from holoflow.examples import gpt
+    s = SHAPES[shape]
+    lib = torch if variant.startswith("torch") else flow
+    torch.backends.cuda.matmul.allow_tf32 = True
+    lib.manual_seed(0)
+    m = gpt.build(lib)(s["V"], s["T"], s["L"], s["D"], s["H"]).cuda()
+    n_params = sum(p.numel() for p in m.parameters())
+    opt = lib.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
+    rng = np.random.default_rng(0)
+    x, y = (lib.tensor(rng.integers(0, s["V"], (s["B"], s["T"]))).cuda() for _ in range(2))
+
+    def step():
+        with lib.autocast("cuda", dtype=lib.bfloat16):
+            _, loss = m(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+    t0 = time.perf_counter()
+    if variant == "torch_compile":
+        step = torch.compile(step)
+    elif variant == "holoflow_graph":
+        class Train(flow.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+                self.add_optimizer(opt)
+                self.config.enable_amp(True, dtype=flow.bfloat16)
+                self.config.allow_fuse_model_update_ops(True)
+                self.config.allow_fuse_add_to_output(True)
+
+            def build(self, x, y):
+                _, loss = self.m(x, y)
+                loss.backward()
+                return loss
+        graph = Train()
+
+        def step():
+            return graph(x, y)
+    losses = [float(step().detach()) for _ in range(3)]
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t0
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(2):
+        step()
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(steps):
-        fn()
+        step()
     torch.cuda.synchronize()
-    return (time.perf_counter() - t) / steps * 1e3
+    ms = (time.perf_counter() - t) / steps * 1e3
+    return dict(variant=variant, ms=ms, peak=torch.cuda.max_memory_allocated(), losses=losses, first_s=first,
+                flops=gpt_flops_per_step(s, n_params), params=n_params)
 
 
-def gpt_cuda() -> None:
-    rng = np.random.default_rng(0)
-    for (L, D, T, Bsz) in [(2, 64, 32, 8), (6, 384, 256, 32)]:
-        res = {}
-        xs, ys = rng.integers(0, 65, (Bsz, T)), rng.integers(0, 65, (Bsz, T))
-        for name, lib in (("torch", torch), ("holoflow", flow)):
-            lib.manual_seed(0)
-            m = gpt.build(lib)(65, T, L, D, 6 if D % 6 == 0 else 4).cuda()
-            opt = lib.optim.AdamW(m.parameters(), lr=1e-3)
-            x, y = lib.tensor(xs).cuda(), lib.tensor(ys).cuda()
+def gpt_table(shape: str, steps: int, peak_tflops: float, timeout: int) -> None:
+    res = {}
+    for v in VARIANTS:
+        cmd = [sys.executable, __file__, "--variant", v, "--shape", shape, "--steps", str(steps)]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ)
+        except subprocess.TimeoutExpired:
+            print(f"  {v}: timed out after {timeout}s")
+            continue
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        if p.returncode or not line:
+            print(f"  {v}: failed (rc {p.returncode}): {(p.stderr or p.stdout).strip()[-1500:]}")
+            continue
+        res[v] = json.loads(line[-1][7:])
+    s = SHAPES[shape]
+    print(f"GPT {shape} (L={s['L']} d={s['D']} T={s['T']} B={s['B']} V={s['V']}), bf16 autocast, fused AdamW, "
+          f"each variant in its own process, {steps} steps:")
+    print(f"  {'variant':<16}{'ms/step':>9}{'MFU %':>8}{'peak GiB':>10}{'first s':>9}  first losses")
+    for v, r in res.items():
+        mfu = r["flops"] / (r["ms"] * 1e-3) / (peak_tflops * 1e12) * 100
+        print(f"  {v:<16}{r['ms']:>9.2f}{mfu:>8.1f}{r['peak'] / 2**30:>10.2f}{r['first_s']:>9.1f}  "
+              f"{np.round(r['losses'], 4).tolist()}")
 
-            def step(m=m, opt=opt, x=x, y=y, lib=lib):
-                with lib.autocast("cuda", dtype=lib.bfloat16):
-                    _, loss = m(x, y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                return loss
-            losses = [float(step()) for _ in range(5)]
-            res[name] = (losses, step_time(step, 20))
-            if lib is flow:
-                class G(flow.nn.Graph):
-                    def __init__(s):
-                        super().__init__()
-                        s.m = m
-                        s.add_optimizer(opt)
-                        s.config.enable_amp(True, dtype=flow.bfloat16)
-                        s.config.allow_fuse_model_update_ops(True)
+    def ratio(a: str, b: str, key: str) -> str:
+        return f"{res[a][key] / res[b][key]:.2f}" if a in res and b in res else "n/a"
+    print(f"  holoflow eager / torch eager     = {ratio('holoflow_eager', 'torch_eager', 'ms')}  (target <= 1.15)")
+    print(f"  nn.Graph / torch.compile         = {ratio('holoflow_graph', 'torch_compile', 'ms')}  (target <= 1.0)")
+    print(f"  nn.Graph / torch eager           = {ratio('holoflow_graph', 'torch_eager', 'ms')}")
+    print(f"  peak memory eager / torch eager  = {ratio('holoflow_eager', 'torch_eager', 'peak')}  (target <= 1.0)")
+    print(f"  peak memory graph / torch eager  = {ratio('holoflow_graph', 'torch_eager', 'peak')}  (target <= 1.0)")
 
-                    def build(s, x, y):
-                        _, loss = s.m(x, y)
-                        loss.backward()
-                        return loss
-                g = G()
-                t0 = time.perf_counter()
-                g(x, y)
-                compile_s = time.perf_counter() - t0
-                res["graph"] = ([float(g(x, y)) for _ in range(3)], step_time(lambda: g(x, y), 20))
-                print(f"  graph first call {compile_s:.2f}s")
-        (tl, tt), (hl, ht), (gl, gt) = res["torch"], res["holoflow"], res["graph"]
-        print(f"GPT L={L} d={D} T={T} B={Bsz} bf16 on CUDA: step ms torch {tt:.2f} holoflow eager {ht:.2f} "
-              f"(ratio {ht / tt:.2f}) graph {gt:.2f} (graph/torch {gt / tt:.2f})")
-        print(f"  first 5 losses torch {np.round(tl, 4).tolist()} holoflow {np.round(hl, 4).tolist()}")
-        print(f"  graph losses (after eager steps) {np.round(gl, 4).tolist()}")
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("parts", nargs="*", default=["ops", "attn", "gpt"])
+    ap.add_argument("--small", action="store_true", help="GPT-mini shapes instead of GPT-2 small")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per GPT variant process")
+    ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--shape", default="gpt2s", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.variant:
+        print("RESULT " + json.dumps(run_variant(a.variant, a.shape, a.steps)))
+        return
+    print(torch.__version__, torch.cuda.get_device_name(0))
+    t = time.time()
+    for part in a.parts:
+        t0 = time.time()
+        {"ops": op_tables, "attn": attention_check,
+         "gpt": lambda: gpt_table("small" if a.small else "gpt2s", a.steps, a.peak_tflops, a.timeout)}[part]()
+        print(f"  ({part}: {time.time() - t0:.1f}s)")
+    print(f"total {time.time() - t:.1f}s")
 
 
 if __name__ == "__main__":
-    print(torch.__version__, torch.cuda.get_device_name(0))
-    t = time.time()
-    for part in sys.argv[1:] or ["ops", "gpt"]:
-        {"ops": op_tables, "gpt": gpt_cuda}[part]()
-    print(f"total {time.time() - t:.1f}s")
+    main()
