@@ -1,5 +1,7 @@
 """Static graphs (docs/architecture.md, "Graph"): ``Graph`` (``holoflow.nn.Graph``), its ``GraphConfig``, and
 ``GraphModule`` for per-module settings (activation checkpointing, pipeline stage)."""
+import sys as _sys
+
 from .. import nn as _nn
 from .config import GraphConfig
 from .graph import Graph, GraphBuildError, GraphModule
@@ -9,3 +11,4 @@ __all__ = ["Graph", "GraphBuildError", "GraphConfig", "GraphModule", "GraphRunEr
 
 # ``holoflow.nn.Graph`` is OneFlow's public name; graph sits above nn, so graph publishes it there
 _nn.Graph, _nn.GraphModule, _nn.GraphConfig = Graph, GraphModule, GraphConfig
+_nn.graph = _sys.modules[__name__]   # OneFlow's ``nn.graph.GraphModule``

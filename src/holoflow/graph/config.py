@@ -9,7 +9,7 @@ from .zero import Zero
 
 class GraphConfig:
     """Switches read by the passes (graph/passes/*) and the lowering. A switch whose feature is not
-    built yet (ZeRO stage 3, pipeline stages) raises ``UnsupportedError`` instead of being recorded and
+    built yet (ZeRO stage 3) raises ``UnsupportedError`` instead of being recorded and
     ignored."""
 
     def __init__(self) -> None:
@@ -25,6 +25,7 @@ class GraphConfig:
         self.profile_path: str | None = None
         self.zero: Zero | None = None   # config.enable_zero (graph/zero.py)
         self.allreduce_bucket_mb = 25.0  # global graphs: gradient all-reduces bucketed (0: one each)
+        self.pipeline_schedule = "1f1b"  # pipeline stages: "1f1b" or "gpipe" (graph/pipeline.py)
 
     def set_allreduce_bucket_mb(self, mb: float) -> None:
         """Global graphs: backward's gradient all-reduces are grouped into buckets of at most
@@ -46,6 +47,14 @@ class GraphConfig:
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"holoflow.nn.Graph: gradient accumulation steps must be an int >= 1, got {value!r}")
         self.grad_acc_steps = value
+
+    def set_pipeline_schedule(self, name: str) -> None:
+        """Pipeline stages (graph/pipeline.py): ``"1f1b"`` (default: a stage holds at most its
+        ``p - stage`` micro-batches in flight) or ``"gpipe"`` (all ``m`` forwards, then backwards).
+        The order emerges from the forward task's register count, not from a scheduler loop."""
+        if name not in ("1f1b", "gpipe"):
+            raise ValueError(f"holoflow.nn.Graph: pipeline schedule must be '1f1b' or 'gpipe', got {name!r}")
+        self.pipeline_schedule = name
 
     def allow_fuse_add_to_output(self, mode: bool = True) -> None:
         self.fuse_add_to_output = mode

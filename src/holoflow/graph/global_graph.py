@@ -81,6 +81,9 @@ class LazyGlobal(GlobalMeta):
     def leaf_grad(self, t: Tensor, g: Tensor) -> Tensor:
         return self.tracer.box(g, self.tracer.leaf_grad_sbp(t))
 
+    def move_to(self, t: Tensor, place, nd: tuple, grad_sbp=None) -> Tensor:
+        return self.tracer.move(t, place, nd)   # a pipeline stage boundary (graph/pipeline.py)
+
     def seed_grad(self, t: Tensor, g: Tensor | None) -> Tensor:
         if g is None:
             g = t.detach().new_ones(tuple(self.shape))

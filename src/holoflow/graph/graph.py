@@ -28,6 +28,8 @@ from ..distributed import world
 from .global_graph import explain as explain_boxing
 from .global_graph import boxing_points, check_same_program, is_global, localize
 from .trace import Tracer, is_user_file, user_line
+from . import pipeline
+from .passes.stages import implicit_placements, tag_update_nodes
 
 
 class GraphBuildError(HoloflowError):
@@ -63,6 +65,7 @@ class Graph:
         from ..nn import Module
         if isinstance(value, Module):
             self._modules[name] = value
+            pipeline.attach_configs(self, name, value)   # OneFlow's module.config (set_stage, ...)
         object.__setattr__(self, name, value)
 
     def build(self, *args, **kwargs):
@@ -191,15 +194,21 @@ class Graph:
         tracer = Tracer(self._state_names())
         dev = next((x._data.device for x in leaves if isinstance(x, Tensor)), None)
         tracer.device_type = dev.type if dev is not None else "cpu"
-        lazy = [tracer.feed(x, f"input{i}") if isinstance(x, Tensor) else x for i, x in enumerate(leaves)]
+        # stages, or micro-batches of a global graph: graph/pipeline.py (traced on one micro-batch)
+        stages = pipeline.resolve_stages(self)
+        m = self.config.grad_acc_steps
+        piped = stages is not None or (m > 1 and any(
+            x._global is not None for x in (*leaves, *self._all_params()) if isinstance(x, Tensor)))
+        traced = pipeline.micro_protos(leaves, m) if piped else leaves
+        lazy = [tracer.feed(x, f"input{i}") if isinstance(x, Tensor) else x for i, x in enumerate(traced)]
         args, kwargs = unflatten(lazy, spec)
         scale = self._scale_tensor(dev)
-        hooks = self._scope_hooks(tracer)
+        hooks = self._scope_hooks(tracer) + (pipeline.stage_hooks(self, stages) if stages is not None else [])
         saved_grads = {id(p): p.grad for p in self._all_params()}
         train = bool(self._optimizers)
         try:
             with contextlib.ExitStack() as stack:
-                tracer.backward_rule = self._backward_rule(scale)
+                tracer.backward_rule = self._backward_rule(scale, tracer, m if piped else 1)
                 tracer.zero = self.config.zero
                 stack.enter_context(tracer)
                 stack.enter_context(grad_mode.enable_grad() if train else grad_mode.no_grad())
@@ -223,6 +232,8 @@ class Graph:
         from .passes.checkpointing import flagged_paths
         cfg = self.config.for_passes(flagged_paths(self))
         cfg.global_graph = is_global(ir)
+        if piped:
+            return self._compile_pipeline(ir, cfg, log, stages, m, t0, getattr(tracer, "pp_mark", len(ir.nodes)))
         ir = passes.run(ir, cfg, log)
         logical = ir
         if is_global(ir):  # this rank's plan, derived from the logical graph without communication
@@ -236,6 +247,27 @@ class Graph:
             print(self._summary(c))
         if self._debug >= 3:
             print("\n\n".join(map(str, log)))
+        if self._debug >= 2:
+            print(c.program.source)
+        return c
+
+    def _compile_pipeline(self, ir, cfg, log: list, stages, m: int, t0: float, mark: int):
+        """Stages / micro-batches (graph/pipeline.py): micro-batches are the runtime's iterations,
+        so the grad_acc pass is off; gradient reductions run once per step in the update task."""
+        if not is_global(ir):
+            raise UnsupportedError(f"holoflow.nn.Graph {type(self).__name__}: pipeline stages need global tensors: "
+                                   f"module.to_global(placement, sbp) for each stage's modules and global inputs")
+        ir = tag_update_nodes(ir, mark)
+        cfg.grad_acc_steps, cfg.allreduce_bucket_mb = 1, 0
+        ir = passes.run(ir, cfg, log)
+        placements = stages.placements if stages is not None else implicit_placements(ir)
+        pipeline.check_same_program(ir, placements)
+        c = pipeline.PipelineCompiled(ir, placements, m, self.config.pipeline_schedule, rank=world.rank(),
+                                      comm=world.comm(), passes_log=log, compile_s=time.perf_counter() - t0,
+                                      profile=self.config.profiling)
+        self._log = log
+        if self._debug >= 1:
+            print(self._summary(c))
         if self._debug >= 2:
             print(c.program.source)
         return c
@@ -256,9 +288,10 @@ class Graph:
             self._scale_t = full((), s.get_scale(), dtype=s._scale.dtype, device=device)
         return self._scale_t
 
-    def _backward_rule(self, scale: Tensor | None):
+    def _backward_rule(self, scale: Tensor | None, tracer: Tracer | None = None, micro: int = 1):
         """``loss.backward()`` inside build (the tracer calls this rule): a scalar loss, scaled by
-        the grad scaler before the traced backward."""
+        the grad scaler before the traced backward (and by 1/m when build is traced on one of m
+        micro-batches, as OneFlow does)."""
         def rule(tensors: list, grads: list, run) -> None:
             if not self._optimizers:
                 raise GraphBuildError(f"holoflow.nn.Graph: loss.backward() at {user_line()} in an inference "
@@ -267,6 +300,8 @@ class Graph:
                 raise GraphBuildError(f"holoflow.nn.Graph: loss.backward() at {user_line()} needs a scalar loss, "
                                       f"got shape {tuple(tensors[0].shape)}; reduce it first (e.g. loss.mean())")
             loss = tensors[0] * scale if scale is not None else tensors[0]
+            if micro > 1:
+                loss = loss / micro
             # earlier micro-batches' grads are set aside and added after (same order as eager):
             # autograd's own accumulation may copy a gradient with raw torch, which no trace sees
             params = self._all_params()
@@ -279,6 +314,8 @@ class Graph:
                 for p, old in zip(params, held):
                     if old is not None:
                         p.grad = old if p.grad is None else old + p.grad
+                if tracer is not None:
+                    tracer.pp_mark = len(tracer.nodes)   # what follows reads backward's results
         return rule
 
     def _all_params(self) -> list:
@@ -323,8 +360,11 @@ class Graph:
 
     def write_trace(self, path: str) -> None:
         """The actors' acts of the most recently compiled plan as a Chrome/Perfetto trace."""
-        ex = next(reversed(self._compiled.values())).executor
-        ex.write_trace(path)
+        c = next(reversed(self._compiled.values()))
+        if isinstance(c, pipeline.PipelineCompiled):   # every rank's acts in one file (collective)
+            c.write_trace(path)
+            return
+        c.executor.write_trace(path)
 
     def print_profile(self) -> None:
         print(self.profile_table())
@@ -379,23 +419,49 @@ class Graph:
 class GraphModule:
     """A module's graph-level settings (OneFlow's ``nn.graph.GraphModule``), by module path."""
 
-    def __init__(self, graph: Graph, path: str) -> None:
-        self.graph, self.path = graph, path
+    def __init__(self, graph: Graph | None, path: str, module: Any = None) -> None:
+        self.graph, self.path, self.module = graph, path, module
+
+    @classmethod
+    def for_module(cls, module: Any) -> "GraphModule":
+        """``module.to(nn.graph.GraphModule)``: the module's graph-level settings."""
+        return cls(None, "", module)
+
+    def _module(self) -> Any:
+        if self.module is None:
+            self.module = pipeline.graph_module_at(self.graph, self.path)
+        return self.module
 
     @property
     def activation_checkpointing(self) -> bool:
+        if self.graph is None:
+            cfg = self._module().__dict__.get("config")
+            return bool(cfg is not None and cfg.activation_checkpointing)
         return self.path in self.graph.config.checkpointed_scopes
 
     @activation_checkpointing.setter
     def activation_checkpointing(self, on: bool) -> None:
+        if self.graph is None:
+            cfg = self._module().__dict__.get("config")
+            if cfg is None:
+                raise HoloflowError("holoflow.nn.Graph: activation_checkpointing needs the module in a graph")
+            cfg.activation_checkpointing = on
+            return
         from .passes.checkpointing import set_activation_checkpointing
         set_activation_checkpointing(self.graph, self.path, bool(on))
 
-    def set_stage(self, stage_id: int, placement: Any = None) -> None:
-        """Pipeline stages are not built yet: raises instead of recording a stage nothing reads."""
-        raise UnsupportedError(f"holoflow.nn.Graph: set_stage({stage_id}, ...) on {self.path!r} is not supported "
-                               f"yet: pipeline parallelism (stages on their own placements, micro-batches, "
-                               f"1F1B) needs graphs of global tensors; drop the call to run the graph whole")
+    def set_stage(self, stage_id: int | None = None, placement: Any = None) -> None:
+        """Puts the module on pipeline stage ``stage_id`` with ``placement`` (default: its
+        parameters'); its global inputs are moved there (graph/pipeline.py)."""
+        pipeline.set_stage(self._module(), stage_id, placement)
+
+    @property
+    def stage_id(self) -> int | None:
+        return pipeline.stage_of(self._module())
+
+    @stage_id.setter
+    def stage_id(self, value: int) -> None:
+        pipeline.set_stage(self._module(), value, None)
 
 
 def _user_frame(e: BaseException) -> str:

@@ -23,6 +23,7 @@ from .global_graph import GLOBAL_BOX, GLOBAL_TAG, LazyGlobal
 from ..core.registry import Meta, Op
 from ..core.tensor import Tensor
 from .ir import IRGraph, Node, Value
+from .pipeline import trace_move
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _USER = (os.path.join(_PKG, "examples"),)   # holoflow's own example models count as user code
@@ -238,6 +239,10 @@ class Tracer(Interpreter):
             return x
         attrs = {"place": g.placement, "src": g.sbp, "dst": tuple(nd), "shape": tuple(g.shape)}
         return self._record(GLOBAL_BOX, (x,), attrs, (g.placement, ((g.sbp,), (tuple(nd),))))
+
+    def move(self, x: Tensor, place, nd: tuple) -> Tensor:
+        """Records global value ``x`` moved to another placement (graph/pipeline.py)."""
+        return trace_move(self, x, place, tuple(nd), user_line())
 
     def make_global(self, x: Tensor, place, nd: tuple) -> Tensor:
         """A local traced value that every rank computes identically, as a broadcast global one."""

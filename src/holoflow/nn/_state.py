@@ -257,7 +257,10 @@ class StateMixin:
 
     def to(self, *args: Any, **kwargs: Any) -> Any:
         """Moves/casts parameters and buffers: ``to(device)``, ``to(dtype)``, ``to(tensor)``.
-        Only floating-point (and complex) tensors change dtype."""
+        Only floating-point (and complex) tensors change dtype. ``to(nn.graph.GraphModule)`` gives
+        the module's graph settings (OneFlow's spelling; the class says how, via ``for_module``)."""
+        if len(args) == 1 and not kwargs and isinstance(args[0], type) and hasattr(args[0], "for_module"):
+            return args[0].for_module(self)
         dev, dt = _parse_to(args, dict(kwargs))
 
         def convert(t: torch.Tensor) -> torch.Tensor:

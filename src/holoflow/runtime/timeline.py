@@ -86,3 +86,58 @@ class Timeline:
         lines += [f"{k:<24} {s.count:>7} {s.total * 1e3:>10.3f} {s.mean * 1e3:>9.4f} {s.percent_of_wall:>7.1f}"
                   for k, s in rows]
         return "\n".join(lines)
+
+
+# -- several ranks in one trace (pipelines) ---------------------------------------------------------------
+
+def merged_chrome_trace(acts: list[dict]) -> dict:
+    """One Chrome/Perfetto trace of several ranks' acts: a process row per rank ("stage s · rank
+    r", ordered by stage), a thread lane per stream (``compute``, ``comm.*``, ``update``), each
+    act named by its task and micro-batch. ``acts`` are dicts with ``task, lane, phase, mb,
+    step, start, end, rank, stage`` (absolute seconds on one clock, e.g. perf_counter)."""
+    if not acts:
+        return {"traceEvents": [], "displayTimeUnit": "ms"}
+    t0 = min(a["start"] for a in acts)
+    events: list[dict] = []
+    lanes: dict[tuple, int] = {}
+    ranks = sorted({(a["stage"], a["rank"]) for a in acts}, key=lambda sr: (sr[0] is None, sr))
+    for stage, rank in ranks:
+        events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
+                       "args": {"name": f"stage {stage} · rank {rank}"}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
+                       "args": {"sort_index": (stage or 0) * 1000 + rank}})
+    order = {"compute": 0, "update": 9}
+    for a in sorted(acts, key=lambda a: a["start"]):
+        key = (a["rank"], a["lane"])
+        if key not in lanes:
+            lanes[key] = tid = order.get(a["lane"], 1 + len([k for k in lanes if k[0] == a["rank"]]))
+            events.append({"name": "thread_name", "ph": "M", "pid": a["rank"], "tid": tid,
+                           "args": {"name": a["lane"]}})
+        label = {"F": "F", "B": "B", "U": "update"}.get(a["phase"], a["task"])
+        events.append({"name": f"{label} mb{a['mb']}" if a["phase"] != "U" else label, "cat": a["lane"],
+                       "ph": "X", "pid": a["rank"], "tid": lanes[key], "ts": (a["start"] - t0) * 1e6,
+                       "dur": (a["end"] - a["start"]) * 1e6,
+                       "args": {"task": a["task"], "micro_batch": a["mb"], "step": a["step"], "stage": a["stage"]}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_merged(path: str, acts: list[dict]) -> None:
+    """Writes :func:`merged_chrome_trace` as JSON to ``path`` (open it in https://ui.perfetto.dev)."""
+    with open(path, "w") as f:
+        json.dump(merged_chrome_trace(acts), f)
+
+
+def bubble_fractions(acts: list[dict], phases: tuple = ("F", "B")) -> dict:
+    """Per rank, the idle fraction of its compute lane over each step's makespan (first forward
+    anywhere to last backward anywhere), averaged over steps: ``1 - busy / span``."""
+    steps: dict[int, list] = {}
+    for a in acts:
+        if a["phase"] in phases:
+            steps.setdefault(a["step"], []).append(a)
+    out: dict = {}
+    for xs in steps.values():
+        span = max(a["end"] for a in xs) - min(a["start"] for a in xs)
+        for r in {a["rank"] for a in xs}:
+            busy = sum(a["end"] - a["start"] for a in xs if a["rank"] == r)
+            out.setdefault(r, []).append(1 - busy / span if span > 0 else 0.0)
+    return {r: sum(v) / len(v) for r, v in out.items()}

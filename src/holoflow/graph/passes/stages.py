@@ -1,0 +1,188 @@
+"""Pipeline partition of a traced global graph (graph/pipeline.py; docs/architecture.md,
+"Pipeline stages and schedules"): which stage each node runs on, which phase (forward ``F``,
+backward ``B``, once-per-step update ``U``), and rank r's share of the graph.
+
+- ``U``: effect nodes (optimizer updates), nodes traced after ``loss.backward()`` that read its
+  results (gradient clipping), and backward collectives whose results only ``U`` reads (the
+  data-parallel gradient all-reduce runs once per step on the summed gradients, as OneFlow does).
+- ``B``: backward nodes and what reads them; ``F``: the rest.
+
+Not a registered pass: the pipeline lowering calls these functions on the logical graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...core.errors import HoloflowError
+from ...core.registry import REGISTRY
+from ..ir import IRGraph, Node, Value
+from ..optimizer import _group_update
+
+MOVE = "stage_move"
+
+
+def tag_update_nodes(g: IRGraph, mark: int) -> IRGraph:
+    """Tags ``upd`` the nodes traced after backward (index >= ``mark``) that read backward's values."""
+    bw: set = set()
+    nodes = []
+    for i, n in enumerate(g.nodes):
+        dep = any(v in bw for v in n.value_inputs())
+        if "bw" in n.tags or dep:
+            bw.update(n.outputs)
+        if i >= mark and "bw" not in n.tags and (dep or n.effect):
+            n = n.with_(tags=n.tags | {"upd"})
+        nodes.append(n)
+    return g.with_(nodes=tuple(nodes))
+
+
+def _collective(n: Node) -> bool:
+    op = REGISTRY.get(n.op) if n.kernel is None else None
+    return op is not None and op.collective
+
+
+def phases(g: IRGraph) -> dict[int, str]:
+    """``id(node) -> 'F' | 'B' | 'U'`` (see the module docstring)."""
+    prod = g.producers()
+    ph: dict[int, str] = {}
+    for n in g.nodes:
+        srcs = {ph[id(prod[v])] for v in n.value_inputs() if v in prod}
+        if n.effect or "upd" in n.tags or "U" in srcs:
+            ph[id(n)] = "U"
+        elif "bw" in n.tags or "B" in srcs:
+            ph[id(n)] = "B"
+        else:
+            ph[id(n)] = "F"
+    users = g.users()
+    outs = {o for o in g.outputs if isinstance(o, Value)} | {v for _, v in g.updates}
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(g.nodes):
+            if ph[id(n)] == "B" and n.op != MOVE and _collective(n) and n.outputs and all(
+                    v not in outs and users.get(v) and all(ph[id(u)] == "U" for u in users[v]) for v in n.outputs):
+                ph[id(n)] = "U"
+                changed = True
+    return ph
+
+
+def node_placement(n: Node):
+    for v in (*n.outputs, *n.value_inputs()):
+        if v.placement is not None:
+            return v.placement
+    return None
+
+
+def implicit_placements(g: IRGraph) -> list:
+    """Stages when no module has one: each placement the graph computes on, in order of first use."""
+    seen: list = []
+    for n in g.nodes:
+        p = n.attrs["src"] if n.op == MOVE else node_placement(n)
+        if p is not None and p not in seen and not n.effect:
+            seen.append(p)
+    for v in (*g.feeds, *(v for v, _ in g.state)):
+        if v.placement is not None and v.placement not in seen:
+            seen.append(v.placement)
+    return seen
+
+
+def check_stages(g: IRGraph, placements: list, ph: dict) -> None:
+    """Every global node sits on a stage's placement; forward moves go to later stages and
+    backward moves to earlier ones (anything else is a cycle between stages)."""
+    index = {p: i for i, p in enumerate(placements)}
+    for n in g.nodes:
+        if n.op == MOVE:
+            s, d = index.get(n.attrs["src"]), index.get(n.attrs["dst"])
+            if s is None or d is None:
+                bad = n.attrs["src"] if s is None else n.attrs["dst"]
+                raise HoloflowError(f"holoflow.nn.Graph: a tensor moves to {bad} at {n.source or '?'}, which is no "
+                                    f"stage's placement (stages: {', '.join(map(str, placements))})")
+            fwd = ph[id(n)] == "F"
+            if (fwd and d <= s) or (not fwd and d >= s):
+                raise HoloflowError(
+                    f"holoflow.nn.Graph: impossible stage assignment: at {n.source or '?'} a "
+                    f"{'forward' if fwd else 'backward'} "
+                    f"value moves from stage {s} ({n.attrs['src']}) to stage {d} ({n.attrs['dst']}); "
+                    f"forward data must flow to later stages (a cycle between stages cannot be pipelined)")
+            continue
+        p = node_placement(n)
+        if p is not None and p not in index and not n.effect:
+            raise HoloflowError(f"holoflow.nn.Graph: op {n.op!r} at {n.source or '?'} runs on {p}, which is no "
+                                f"stage's placement (stages: {', '.join(map(str, placements))})")
+
+
+def _effect_share(n: Node, mine) -> Node | None:
+    """An optimizer effect over parameters of several stages, restricted to this stage's: the
+    optimizer's own update on those parameters (None if it has none)."""
+    vals = n.value_inputs()
+    here = [i for i, v in enumerate(n.inputs) if isinstance(v, Value) and v.placement in (None, mine)]
+    if len(here) == len(n.inputs) or not vals:
+        return n
+    if not here:
+        return None
+    k = n.kernel
+    if getattr(k, "params", None) is None or len(k.params) != len(n.inputs):
+        raise HoloflowError(f"holoflow.nn.Graph: the update {n.op!r} reads gradients of several pipeline stages "
+                            f"and cannot be split by stage (a grad scaler or ZeRO with stages is not supported yet)")
+    part = _group_update(k.opt, k.group_index, [k.params[i] for i in here])
+    return n.with_(inputs=tuple(n.inputs[i] for i in here), kernel=part)
+
+
+@dataclass
+class RankGraph:
+    """Rank r's share: its nodes by phase, what it receives and sends per channel, its feeds."""
+
+    graph: IRGraph                 # feeds = (my feeds, received values); outputs = see `exports`
+    phase: dict                    # id(node) -> phase, for graph.nodes
+    feeds: list                    # indices into the logical graph's feeds that this rank reads
+    recv: dict = field(default_factory=dict)   # (phase, src stage, dst stage) -> [values received]
+    send: dict = field(default_factory=dict)   # (phase, src stage, dst stage) -> [values sent]
+    outputs: list = field(default_factory=list)   # indices of logical outputs produced here
+
+
+def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int) -> RankGraph | None:
+    """The logical graph restricted to ``rank``'s stage (None if the rank is on no stage): its
+    nodes, local values its nodes need, moves turned into send/recv channels."""
+    mine = next((p for p in placements if rank in p.flat_ranks), None)
+    if mine is None:
+        return None
+    index = {p: i for i, p in enumerate(placements)}
+    ph = dict(ph)
+    keep: list[Node] = []
+    recv: dict = {}
+    send: dict = {}
+    for n in g.nodes:
+        if n.op == MOVE:
+            key = (ph[id(n)], index[n.attrs["src"]], index[n.attrs["dst"]])
+            if n.attrs["src"] == mine:
+                send.setdefault(key, []).append(n.inputs[0])
+            elif n.attrs["dst"] == mine:
+                recv.setdefault(key, []).append(n.outputs[0])
+            continue
+        if n.effect:
+            n = _effect_share(n, mine)
+            if n is not None:
+                ph[id(n)] = "U"
+                keep.append(n)
+            continue
+        p = node_placement(n)
+        if p == mine or p is None:
+            keep.append(n)
+    # local nodes (no placement) only where this rank's nodes need them
+    need = {v for vs in send.values() for v in vs}
+    need |= {o for o in g.outputs if isinstance(o, Value) and o.placement in (None, mine)}
+    need |= {v for _, v in g.updates if v.placement == mine}
+    out: list[Node] = []
+    for n in reversed(keep):
+        if node_placement(n) is None and not n.effect and not any(v in need for v in n.outputs):
+            continue
+        need.update(n.value_inputs())
+        out.append(n)
+    out.reverse()
+    feeds = [i for i, f in enumerate(g.feeds) if f.placement == mine or (f.placement is None and f in need)]
+    received = [v for vs in recv.values() for v in vs]
+    state = tuple((v, t) for v, t in g.state if v.placement in (None, mine))
+    outputs = [i for i, o in enumerate(g.outputs) if isinstance(o, Value) and o.placement in (None, mine)]
+    sub = g.with_(feeds=tuple(g.feeds[i] for i in feeds) + tuple(received), state=state, nodes=tuple(out),
+                  outputs=tuple(g.outputs[i] for i in outputs),
+                  updates=tuple((t, v) for t, v in g.updates if v.placement == mine), frees=None)
+    return RankGraph(sub, {id(n): ph[id(n)] for n in out}, feeds, recv, send, outputs)

@@ -1,0 +1,138 @@
+"""Pipelined nn.Graph training on one rank of a world (simulated ranks or Gloo workers), and the
+single-process full-batch reference it must equal (tests/global/test_pipeline*.py)."""
+import torch
+
+import holoflow as flow
+from holoflow.core.sbp import B, S
+
+D_IN, D_H, D_OUT = 6, 8, 4
+
+
+def data(batch: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, D_IN, generator=g), torch.randint(0, D_OUT, (batch,), generator=g)
+
+
+class Stage0(flow.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = flow.nn.Linear(D_IN, D_H)
+        self.act = flow.nn.Tanh()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+class Stage1(flow.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = flow.nn.Linear(D_H, D_H)
+        self.fc2 = flow.nn.Linear(D_H, D_OUT)
+
+    def forward(self, h):
+        return self.fc2(torch_relu(self.fc1(h)))
+
+
+def torch_relu(x):
+    return flow.nn.functional.relu(x)
+
+
+class Net(flow.nn.Module):
+    def __init__(self, p0=None, p1=None, sbp=None, explicit_move=True, init=None):
+        super().__init__()
+        self.s0, self.s1 = Stage0(), Stage1()
+        self.p1, self.sbp, self.explicit = p1, sbp, explicit_move
+        if init is not None:   # the same start on every (simulated) rank: threads share one RNG
+            self.load_state_dict({k: flow.tensor(v) for k, v in init.items()})
+        if p0 is not None:
+            self.s0.to_global(placement=p0, sbp=[B] * p0.ndim)
+            self.s1.to_global(placement=p1, sbp=[B] * p1.ndim)
+
+    def forward(self, x):
+        h = self.s0(x)
+        if self.p1 is not None and self.explicit:
+            h = h.to_global(placement=self.p1, sbp=self.sbp)
+        return self.s1(h)
+
+
+def make(seed: int = 0, **kw):
+    flow.manual_seed(seed)
+    return Net(**kw)
+
+
+def reference(steps: int = 3, lr: float = 0.1, batch: int = 16, opt: str = "sgd"):
+    """Single-process full-batch training: final parameters and losses."""
+    net = make()
+    o = _opt(opt, net.parameters(), lr)
+    losses = []
+    for s in range(steps):
+        x, y = data(batch, s)
+        loss = flow.nn.functional.cross_entropy(net(flow.tensor(x)), flow.tensor(y))
+        o.zero_grad()
+        loss.backward()
+        o.step()
+        losses.append(loss.item())
+    return {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}, losses
+
+
+def _opt(name, params, lr):
+    return flow.optim.SGD(params, lr=lr, momentum=0.9) if name == "sgd" else flow.optim.AdamW(params, lr=lr)
+
+
+def init_state(seed: int = 0):
+    return {k: v.detach().numpy().copy() for k, v in make(seed).state_dict().items()}
+
+
+def pipelined(rank: int, init: dict, steps: int = 3, m: int = 4, lr: float = 0.1, batch: int = 16, dp: int = 1,
+              schedule: str = "1f1b", spelling: str = "to", opt: str = "sgd", explicit_move: bool = True,
+              trace: str | None = None):
+    """This rank's share of pipelined training on ``2 * dp`` ranks: stage 0 on ranks [0..dp),
+    stage 1 on [dp..2dp), batch split S(0) over each stage's ranks (broadcast when dp == 1).
+    Returns the full parameters (gathered) on every rank, the losses (per micro-batch, on stage 1
+    ranks), and the pipeline's memory record."""
+    p0 = flow.placement("cpu", ranks=list(range(dp)))
+    p1 = flow.placement("cpu", ranks=list(range(dp, 2 * dp)))
+    sbp = [S(0)] if dp > 1 else [B]
+    net = Net(p0=p0, p1=p1, sbp=sbp, explicit_move=explicit_move, init=init)
+    o = _opt(opt, net.parameters(), lr)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+            if spelling == "to":
+                self.net.s0.to(flow.nn.graph.GraphModule).set_stage(stage_id=0, placement=p0)
+                self.net.s1.to(flow.nn.graph.GraphModule).set_stage(stage_id=1, placement=p1)
+            elif spelling == "config":
+                self.net.s0.config.set_stage(stage_id=0, placement=p0)
+                self.net.s1.config.set_stage(stage_id=1, placement=p1)
+            elif spelling == "stage_id":
+                self.net.s0.config.stage_id = 0
+                self.net.s1.config.stage_id = 1
+            self.config.set_gradient_accumulation_steps(m)
+            self.config.set_pipeline_schedule(schedule)
+            self.add_optimizer(o)
+
+        def build(self, x, y):
+            loss = flow.nn.functional.cross_entropy(self.net(x), y)
+            loss.backward()
+            return loss
+
+    g = G()
+    losses = []
+    for s in range(steps):
+        x, y = data(batch, s)
+        xg = flow.tensor(x).to_global(placement=p0, sbp=sbp)
+        yg = flow.tensor(y).to_global(placement=p1, sbp=sbp)
+        loss = g(xg, yg)
+        if rank in p1.flat_ranks:
+            losses.append(loss.to_local().numpy().copy())
+    if trace is not None:
+        g.write_trace(trace)
+    c = next(iter(g._compiled.values()))
+    params = {}
+    for k, v in net.state_dict().items():
+        place = p0 if k.startswith("s0") else p1
+        full = v.to_global(placement=place, sbp=[B]).to_local() if rank in place.flat_ranks else None
+        params[k] = full.numpy().copy() if full is not None else None
+    return params, losses, dict(c.mem), c.stage

@@ -1,0 +1,200 @@
+"""Pipeline parallelism in nn.Graph (graph/pipeline.py): stages x micro-batches train exactly like
+single-process full-batch training; 1F1B / GPipe in-flight bounds come from register counts; the
+merged trace; errors at compile time."""
+import json
+
+import numpy as np
+import pytest
+
+import holoflow as flow
+from holoflow.core.errors import HoloflowError
+from holoflow.core.sbp import B
+from holoflow.distributed import world
+
+import pipeline_fns as F
+
+INIT = F.init_state()
+
+
+def _rel(got: dict, want: dict) -> float:
+    return max(float(np.abs(v - want[k]).max() / max(np.abs(want[k]).max(), 1e-12))
+               for k, v in got.items() if v is not None)
+
+
+def _check(results, want, want_losses, dp: int = 1):
+    for params, losses, mem, stage in results:
+        assert _rel(params, want) < 1e-5
+        if stage == 1:
+            # per micro-batch losses (OneFlow's pack): their mean is the full-batch loss; with
+            # DP the stage's ranks each hold a partial sum
+            if dp == 1:
+                np.testing.assert_allclose([float(np.mean(l)) for l in losses], want_losses, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spelling", ["to", "config", "stage_id"])
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+def test_two_stages_four_micro_batches_equal_full_batch(spelling, opt):
+    want, want_losses = F.reference(steps=3, opt=opt)
+    res = world.simulate(2, lambda r: F.pipelined(r, INIT, steps=3, m=4, spelling=spelling, opt=opt))
+    _check(res, want, want_losses)
+    assert [r[3] for r in res] == [0, 1]
+    assert all(len(l) == 4 for l in res[1][1])   # one loss per micro-batch
+
+
+def test_inputs_of_a_staged_module_move_to_its_placement():
+    """OneFlow: set_stage moves a staged module's inputs; no explicit to_global needed."""
+    want, want_losses = F.reference(steps=2)
+    _check(world.simulate(2, lambda r: F.pipelined(r, INIT, steps=2, explicit_move=False)), want, want_losses)
+
+
+@pytest.mark.parametrize("schedule,m,bound", [("1f1b", 4, (2, 1)), ("1f1b", 8, (2, 1)), ("gpipe", 4, (4, None))])
+def test_in_flight_micro_batches_are_bounded_by_register_counts(schedule, m, bound):
+    want, want_losses = F.reference(steps=2, batch=16)
+    res = world.simulate(2, lambda r: F.pipelined(r, INIT, steps=2, m=m, schedule=schedule))
+    _check(res, want, want_losses)
+    s0, s1 = res[0][2], res[1][2]
+    assert s0["peak_in_flight"] == bound[0], s0          # stage 0 of 2: p - 0 = 2 under 1F1B, m under GPipe
+    if bound[1] is not None:
+        assert s1["peak_in_flight"] == bound[1], s1      # the last stage alternates F, B
+    assert s0["in_flight"] == s1["in_flight"] == 0
+
+
+def test_pp2_x_dp2_on_four_ranks_equals_full_batch():
+    want, want_losses = F.reference(steps=3)
+    res = world.simulate(4, lambda r: F.pipelined(r, INIT, steps=3, m=2, dp=2))
+    _check(res, want, want_losses, dp=2)
+    assert [r[3] for r in res] == [0, 0, 1, 1]
+    # the two DP ranks of the last stage hold partial losses whose sum is the micro-batch loss
+    sums = np.asarray(res[2][1]) + np.asarray(res[3][1])
+    np.testing.assert_allclose(sums.mean(axis=1), want_losses, rtol=1e-5)
+
+
+def test_gradient_accumulation_on_a_global_graph_without_stages():
+    """m micro-batches of a data-parallel global graph: loss scaled by 1/m, one update per step."""
+    want, want_losses = F.reference(steps=2)
+
+    def run(rank):
+        p = flow.placement("cpu", ranks=[0, 1])
+        net = F.Net(init=INIT)
+        net.to_global(placement=p, sbp=[B])
+        o = F._opt("sgd", net.parameters(), 0.1)
+
+        class G(flow.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.net = net
+                self.config.set_gradient_accumulation_steps(4)
+                self.add_optimizer(o)
+
+            def build(self, x, y):
+                loss = flow.nn.functional.cross_entropy(self.net(x), y)
+                loss.backward()
+                return loss
+        g = G()
+        losses = []
+        for s in range(2):
+            x, y = F.data(16, s)
+            loss = g(flow.tensor(x).to_global(placement=p, sbp=[flow.sbp.split(0)]),
+                     flow.tensor(y).to_global(placement=p, sbp=[flow.sbp.split(0)]))
+            losses.append(loss.to_global(sbp=[B]).to_local().numpy())
+        return {k: v.to_local().numpy() for k, v in net.state_dict().items()}, losses
+    for params, losses in world.simulate(2, run):
+        assert _rel(params, want) < 1e-5
+        assert all(np.asarray(l).shape == (4,) for l in losses)
+        np.testing.assert_allclose([np.mean(l) for l in losses], want_losses, rtol=1e-5)
+
+
+def test_write_trace_merges_every_rank(tmp_path):
+    path = str(tmp_path / "pipe.json")
+    world.simulate(2, lambda r: F.pipelined(r, INIT, steps=2, m=4, trace=path))
+    ev = json.load(open(path))["traceEvents"]
+    rows = {e["args"]["name"] for e in ev if e.get("name") == "process_name"}
+    assert rows == {"stage 0 · rank 0", "stage 1 · rank 1"}
+    lanes = {(e["pid"], e["args"]["name"]) for e in ev if e.get("name") == "thread_name"}
+    assert (0, "compute") in lanes and (1, "compute") in lanes
+    assert any(name.startswith("comm.") for _, name in lanes)
+    acts = [e for e in ev if e.get("ph") == "X"]
+    assert {e["args"]["micro_batch"] for e in acts} == {0, 1, 2, 3}
+    assert {e["args"]["step"] for e in acts} == {0, 1}
+    fwd0 = [e for e in acts if e["pid"] == 0 and e["name"].startswith("F ")]
+    assert [e["name"] for e in fwd0[:4]] == ["F mb0", "F mb1", "F mb2", "F mb3"]
+
+
+# -- errors ----------------------------------------------------------------------------------------------
+
+def _graph_of(net, p0, p1, stage0=0, stage1=1):
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+            self.net.s0.config.set_stage(stage0, p0)
+            self.net.s1.config.set_stage(stage1, p1)
+            self.config.set_gradient_accumulation_steps(2)
+            self.add_optimizer(flow.optim.SGD(net.parameters(), lr=0.1))
+
+        def build(self, x, y):
+            loss = flow.nn.functional.cross_entropy(self.net(x), y)
+            loss.backward()
+            return loss
+    return G()
+
+
+def _inputs(p0, p1):
+    x, y = F.data(8)
+    return flow.tensor(x).to_global(placement=p0, sbp=[B]), flow.tensor(y).to_global(placement=p1, sbp=[B])
+
+
+def test_crossing_a_stage_boundary_without_a_move_names_both_placements_and_the_line():
+    def run(rank):
+        p0, p1 = flow.placement("cpu", ranks=[0]), flow.placement("cpu", ranks=[1])
+        net = F.Net(p0=p0, p1=p1, sbp=[B], explicit_move=False, init=INIT)
+
+        class G(flow.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.net = net
+                self.add_optimizer(flow.optim.SGD(net.parameters(), lr=0.1))
+
+            def build(self, x, y):
+                loss = flow.nn.functional.cross_entropy(self.net(x), y)
+                loss.backward()
+                return loss
+        with pytest.raises(HoloflowError) as e:
+            G()(*_inputs(p0, p1))
+        return str(e.value)
+    for msg in world.simulate(2, run):
+        assert "ranks=[0]" in msg and "ranks=[1]" in msg and "pipeline_fns.py:" in msg, msg
+
+
+def test_a_module_on_two_stages_raises_at_compile_time():
+    def run(rank):
+        p0, p1 = flow.placement("cpu", ranks=[0]), flow.placement("cpu", ranks=[1])
+        net = F.Net(p0=p0, p1=p1, sbp=[B], init=INIT)
+        g = _graph_of(net, p0, p1)
+        g.net.s0.fc.config.set_stage(1, p1)     # inside stage 0's module
+        with pytest.raises(HoloflowError, match="one stage|one pipeline stage"):
+            g(*_inputs(p0, p1))
+        return True
+    assert all(world.simulate(2, run))
+
+
+def test_a_cycle_between_stages_raises_at_compile_time():
+    def run(rank):
+        p0, p1 = flow.placement("cpu", ranks=[0]), flow.placement("cpu", ranks=[1])
+        net = F.Net(p0=p0, p1=p1, sbp=[B], init=INIT)
+        g = _graph_of(net, p0, p1, stage0=1, stage1=0)   # forward data would flow from stage 1 to 0
+        with pytest.raises(HoloflowError, match="impossible stage assignment") as e:
+            g(*_inputs(p0, p1))
+        assert "pipeline_fns.py:" in str(e.value)
+        return True
+    assert all(world.simulate(2, run))
+
+
+def test_bad_stage_settings_raise():
+    m = flow.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="stage_id"):
+        m.to(flow.nn.graph.GraphModule).set_stage(-1)
+    with pytest.raises(TypeError, match="placement"):
+        m.to(flow.nn.graph.GraphModule).set_stage(0, placement=[0])
+    with pytest.raises(ValueError, match="1f1b"):
+        flow.nn.Graph().config.set_pipeline_schedule("zigzag")
