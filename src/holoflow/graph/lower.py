@@ -3,19 +3,28 @@ kernel calls per task (no dispatch, no autograd at run time) — is executed, an
 wired into a runtime ``Plan`` (docs/architecture.md).
 
 Streams: ordinary nodes run on ``compute``; effect nodes (the optimizer update) and state
-write-backs form the ``update`` task. Tasks that read state wait
+write-backs form the ``update`` task; collectives run on ``comm``. Tasks that read state wait
 for the previous iteration's update through a loop-carried token regst, so parameters are never
 read while being written, while the source prefetches the next iteration's feeds. The source the
 plan runs is kept verbatim on :class:`Compiled` (``compiled.program.source``).
+
+Threads (`make_executor`): on a CPU device every stream but ``comm`` runs on the caller's thread
+(one thread launches the device's kernels, one intra-op pool, no hand-off per act); ``comm``
+waits on other processes and keeps a thread of its own. On a CUDA device every stream is a CUDA
+stream ordered by events (graph/cuda_streams.py), all launched from the caller's thread, and a
+``copy`` task moves the next batch to the device while the current one computes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+import torch
+
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
-from ..runtime import Plan, TaskError, TaskSpec
+from ..runtime import CALLER, SOURCE_STREAM, Plan, Runtime, SequentialExecutor, TaskError, TaskSpec
+from .cuda_streams import cuda_streams, with_h2d_copies
 from .global_graph import wrap_outputs
 from .ir import TOKEN, IRGraph, Program, Value, program
 from .passes.memory_plan import peak_bytes
@@ -57,6 +66,7 @@ class Lowered:
     plan: Plan
     feed_names: tuple
     output_names: tuple
+    device: torch.device = torch.device("cpu")
 
     @property
     def tasks(self) -> list:
@@ -77,8 +87,36 @@ def lower(g: IRGraph, register_num: int = 2, profile: bool = False) -> Lowered:
     feeds = tuple(prog.name(v) for v in g.feeds)
     outs = tuple(dict.fromkeys(prog.name(o) for o in g.outputs if isinstance(o, Value)))
     has_update = any(t.stream == "update" for t in prog.tasks)
-    plan = Plan(tuple(specs), inputs=feeds, outputs=outs, initial={TOKEN: None} if has_update else {})
-    return Lowered(g, prog, plan, feeds, outs)
+    device = device_of(g)
+    inputs = feeds
+    if device.type == "cuda":
+        specs, inputs = with_h2d_copies(specs, feeds, device, register_num)
+    plan = Plan(tuple(specs), inputs=inputs, outputs=outs, initial={TOKEN: None} if has_update else {})
+    return Lowered(g, prog, plan, inputs, outs, device)
+
+
+def device_of(g: IRGraph) -> torch.device:
+    """The device a graph computes on: its feeds' and state's (the CPU when it has neither)."""
+    for v in (*g.feeds, *(v for v, _ in g.state)):
+        if v.device.type != "cpu":
+            return torch.device(v.device)
+    return torch.device("cpu")
+
+
+OWN_THREAD = ("comm",)      # streams that wait on other processes: a thread of their own on a CPU device
+
+
+def make_executor(plan: Plan, kind: str = "actor", trace: bool = False,
+                  device: torch.device | None = None) -> Runtime | SequentialExecutor:
+    """The executor of a lowered plan: the sequential reference, or the actor runtime with the
+    threads (and, on CUDA, the device streams) of the module docstring."""
+    if kind == "sequential":
+        return SequentialExecutor(plan, trace=trace)
+    streams = tuple(dict.fromkeys((SOURCE_STREAM, *(t.stream for t in plan.tasks))))
+    if device is not None and device.type == "cuda":
+        return Runtime(plan, trace=trace, threads={s: CALLER for s in streams},
+                       devices=cuda_streams(streams, device))
+    return Runtime(plan, trace=trace, threads={s: CALLER for s in streams if s not in OWN_THREAD})
 
 
 class GraphRunError(HoloflowError):
@@ -104,13 +142,10 @@ class Compiled:
         self._executor = None
 
     @property
-    def executor(self):
-        from ..runtime import Runtime, SequentialExecutor
+    def executor(self) -> Runtime | SequentialExecutor:
         ex = self._executor
         if ex is None or getattr(ex, "_closed", False):
-            plan = self.lowered.plan
-            ex = self._executor = Runtime(plan, trace=self.profile) if self.kind == "actor" else \
-                SequentialExecutor(plan, trace=self.profile)
+            ex = self._executor = make_executor(self.lowered.plan, self.kind, self.profile, self.lowered.device)
         return ex
 
     def feeds(self, leaves: list) -> dict:

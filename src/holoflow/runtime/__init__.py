@@ -28,9 +28,13 @@ The plan format
 Executors
 ---------
 ``SequentialExecutor(plan)`` runs tasks in topological order on the calling thread: the reference.
-``Runtime(plan, trace=False, timeout=300.0)`` runs each task as an actor (act when every consumed
-regst has a readable piece and every produced regst a free slot; then announce the new pieces and
-return the consumed ones), one thread per stream, streaming iterations with back-pressure.
+``Runtime(plan, trace=False, timeout=300.0, threads=None, devices=None)`` runs each task as an
+actor (act when every consumed regst has a readable piece and every produced regst a free slot;
+then announce the new pieces and return the consumed ones), streaming iterations with
+back-pressure. Actors run on workers: one thread per stream by default; ``threads`` maps streams
+onto shared workers, `CALLER` being the caller's own thread (it runs them while it waits: no
+hand-off). ``devices`` maps every stream to a `DeviceStream` (a CUDA stream): acts are then
+ordered by events on the device, not by the host waiting.
 Both offer ``run(feeds) -> list[dict]``, ``stream(feeds) -> Iterator[dict]``, ``__call__(feed)``,
 ``state`` (loop-carried values between runs), ``timeline`` (the recorded acts, with ``trace=True``),
 ``write_trace(path)``, ``trace_table()``, ``close()`` and the context-manager protocol. A failing
@@ -47,7 +51,8 @@ from .errors import RuntimeStall, TaskError
 from .executor import SequentialExecutor
 from .plan import SINK, SOURCE, SOURCE_STREAM, Plan, PlanError, TaskSpec, check_plan
 from .runtime import Runtime
+from .streams import CALLER, DeviceStream
 from .timeline import Act, TaskStats, Timeline
 
-__all__ = ["Act", "Plan", "PlanError", "Runtime", "RuntimeStall", "SequentialExecutor", "SINK", "SOURCE",
-           "SOURCE_STREAM", "TaskError", "TaskSpec", "TaskStats", "Timeline", "check_plan"]
+__all__ = ["Act", "CALLER", "DeviceStream", "Plan", "PlanError", "Runtime", "RuntimeStall", "SequentialExecutor",
+           "SINK", "SOURCE", "SOURCE_STREAM", "TaskError", "TaskSpec", "TaskStats", "Timeline", "check_plan"]

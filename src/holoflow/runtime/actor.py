@@ -2,8 +2,12 @@
 
 Act rule (docs/architecture.md, "Runtime"): act while every inbox holds a piece and every produced
 regst has a free slot. After acting, announce each new piece to its consumers (a reference, never
-a copy) and return each consumed piece to its producer. Everything runs on the actor's stream
-thread, triggered by messages.
+a copy) and return each consumed piece to its producer. Everything runs on the actor's worker,
+triggered by messages; a message to an actor of the same worker is a deque append, not a wake-up.
+
+`DeviceActor` is the same actor on a device stream (`streams.DeviceStream`): its pieces travel
+with the event recorded after the act that made them, and a consumer on another stream waits for
+that event on the device instead of the host waiting for the kernels.
 """
 from __future__ import annotations
 
@@ -14,21 +18,25 @@ from typing import TYPE_CHECKING, Any
 from .errors import TaskError
 from .executor import as_result
 from .regst import Inbox, Regst
-from .streams import Stream
+from .streams import DeviceStream, Worker
 from .timeline import Act
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
+_now = time.perf_counter
+
 
 class Actor:
     """One actor: ``fn(*args) -> tuple`` produces one value per regst in ``regsts``; ``source`` is
-    the user's source line quoted when fn fails."""
+    the user's source line quoted when fn fails. ``stream`` is the plan's stream name, ``worker``
+    the worker running it."""
 
-    def __init__(self, name: str, stream: Stream, fn: Callable[..., tuple], runtime: Runtime,
+    def __init__(self, name: str, stream: str, worker: Worker, fn: Callable[..., tuple], runtime: Runtime,
                  lane: list | None, source: str | None = None) -> None:
         self.name = name
         self.stream = stream
+        self.worker = worker
         self.fn = fn
         self.source = source
         self.rt = runtime
@@ -37,16 +45,31 @@ class Actor:
         self.acted = 0                    # iterations done: the next act is iteration ``acted``
         self._lane = lane                 # the trace lane of our stream, or None
         self.busy_since: float | None = None   # perf_counter when the running act began
+        self._args: Callable[[list], list] = list      # which popped pieces are fn arguments
+
+    def wired(self) -> None:
+        """Called once every inbox and regst is connected: precomputes the hot path."""
+        passed = [b.passed for b in self.inboxes]
+        if not all(passed):
+            self._args = lambda values: [v for v, p in zip(values, passed) if p]
 
     def on_ready(self, inbox: int, value: Any) -> None:
         """Message: a piece of a consumed regst is readable."""
         self.inboxes[inbox].pieces.append(value)
-        self.try_act()
+        if not self.rt.failed:
+            while self.ready():
+                self._act()
+                if self.rt.failed:
+                    return
 
     def on_free(self, regst: int, consumer: int) -> None:
         """Message: a consumer returned its oldest piece of one of our regsts."""
         self.regsts[regst].give_back(consumer)
-        self.try_act()
+        if not self.rt.failed:
+            while self.ready():
+                self._act()
+                if self.rt.failed:
+                    return
 
     def ready(self) -> bool:
         """The act rule."""
@@ -64,49 +87,100 @@ class Actor:
         while not rt.failed and self.ready():
             self._act()
 
-    def _act(self) -> None:
-        i = self.acted
-        values = [box.pieces.popleft() for box in self.inboxes]
-        args = [v for v, box in zip(values, self.inboxes) if box.passed]
-        t0 = self.busy_since = time.perf_counter()
+    def _call(self, i: int, args: list) -> tuple | None:
+        """fn(*args) as a checked tuple, or None after reporting the failure."""
+        self.busy_since = _now()
         try:
             out = self.fn(*args)
             if type(out) is not tuple or len(out) != len(self.regsts):
                 out = as_result(out, tuple(r.name for r in self.regsts))
         except Exception as e:
-            self.rt.fail(TaskError(self.name, self.stream.name, i, self.source, e))
-            return
+            self.rt.fail(TaskError(self.name, self.stream, i, self.source, e))
+            return None
         finally:
-            self.busy_since = None
+            t0, self.busy_since = self.busy_since, None
         if self._lane is not None:
-            t1, base = time.perf_counter(), self.rt.timeline.t0
-            self._lane.append(Act(self.name, self.stream.name, i, t0 - base, t1 - base))
+            base = self.rt.timeline.t0
+            self._lane.append(Act(self.name, self.stream, i, t0 - base, _now() - base))
+        return out
+
+    def _act(self) -> None:
+        i = self.acted
+        out = self._call(i, self._args([box.pieces.popleft() for box in self.inboxes]))
+        if out is None:
+            return
+        self._announce(i, out)
+
+    def _announce(self, i: int, out: tuple) -> None:
+        """Sends the new pieces to their consumers and the consumed ones back to their producers."""
+        worker = self.worker
+        local = worker.local.append
         for regst, value in zip(self.regsts, out):
             regst.produced += 1
             if regst.keep:
                 regst.last = value
-            for consumer, k in regst.consumers:
-                self._send(consumer, (consumer.on_ready, k, value))
+            for handler, k, w in regst.targets:
+                if w is worker:
+                    local((handler, k, value))
+                else:
+                    w.queue.put((handler, k, value))
         for box in self.inboxes:
-            if box.producer is not None:
-                self._send(box.producer, (box.producer.on_free, box.regst, box.consumer))
+            w = box.ret_worker
+            if w is worker:
+                local(box.ret)
+            elif w is not None:
+                w.queue.put(box.ret)
         self.acted = i + 1          # last: a caller seeing it may read ``regst.last`` as final state
         if self.acted == self.rt.target:
-            self.rt.results.put(("done", self.name, self.acted))
-
-    def _send(self, to: Actor, msg: tuple) -> None:
-        if to.stream is self.stream:
-            to.stream.local.append(msg)
-        else:
-            to.stream.queue.put(msg)
+            self.rt.note(("done", self.name, self.acted), worker)
 
     def waiting_for(self) -> str:
         """What keeps this actor from acting, for stall reports (read racily from another thread)."""
-        head = f"{self.name} (stream {self.stream.name!r}, acted {self.acted}): "
+        head = f"{self.name} (stream {self.stream!r}, acted {self.acted}): "
         since = self.busy_since
         if since is not None:
-            return head + f"running iteration {self.acted} for {time.perf_counter() - since:.1f}s"
+            return head + f"running iteration {self.acted} for {_now() - since:.1f}s"
         empty = [b.producer.regsts[b.regst].name if b.producer else "feed" for b in self.inboxes if not b.pieces]
         full = [r.name for r in self.regsts if r.free() <= 0]
         why = ([f"waits for {empty}"] if empty else []) + ([f"no free slot in {full}"] if full else [])
         return head + ("; ".join(why) or "ready")
+
+
+class DeviceActor(Actor):
+    """An actor on a device stream: pieces are ``(value, event, stream)``; an act waits (on the
+    device) for the events of inputs made on other streams, runs with its stream current, and
+    records one event for everything it produced. The caller's feeds arrive as plain values."""
+
+    def __init__(self, *args: Any, device: DeviceStream, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.device = device
+
+    def _act(self) -> None:
+        i, dev = self.acted, self.device
+        values = []
+        for box in self.inboxes:
+            piece = box.pieces.popleft()
+            if box.producer is None:                  # a feed from the caller: made on its stream
+                values.append(piece)
+                continue
+            value, event, made_on = piece
+            if made_on is not dev:
+                if event is not None:
+                    dev.wait(event)
+                dev.keep(value)
+            values.append(value)
+        with dev.activate():
+            out = self._call(i, self._args(values))
+            if out is None:
+                return
+            event = dev.record()
+        self._announce(i, tuple((v, event, dev) for v in out))
+
+    def unwrap(self, value: Any, on: DeviceStream) -> Any:
+        """A piece's value, made safe to use on stream ``on`` (the caller's) from now on."""
+        v, event, made_on = value
+        if made_on is not on:
+            if event is not None:
+                on.wait(event)
+            on.keep(v)
+        return v

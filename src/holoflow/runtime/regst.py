@@ -16,12 +16,13 @@ if TYPE_CHECKING:
 class Regst:
     """The producer side: ``register_num`` slots, the consumers to notify, return counters."""
 
-    __slots__ = ("name", "register_num", "consumers", "produced", "returned", "least", "keep", "last")
+    __slots__ = ("name", "register_num", "consumers", "targets", "produced", "returned", "least", "keep", "last")
 
     def __init__(self, name: str, register_num: int, keep: bool = False) -> None:
         self.name = name
         self.register_num = register_num
         self.consumers: list[tuple[Actor, int]] = []    # (consumer actor, index of its inbox)
+        self.targets: list[tuple] = []                  # (consumer.on_ready, inbox index, its worker)
         self.produced = 0                               # pieces written, the initial one included
         self.returned: list[int] = []                   # per consumer: pieces it has returned
         self.least = 0                                  # min(returned): pieces returned by all
@@ -37,6 +38,7 @@ class Regst:
         """Registers a consumer; ``skip_first`` marks piece 0 as already returned by it (the sink
         reads a loop-carried regst from piece 1: the value produced in iteration 0)."""
         self.consumers.append((actor, inbox))
+        self.targets.append((actor.on_ready, inbox, actor.worker))
         self.returned.append(int(skip_first))
         self.least = min(self.returned)
         return len(self.returned) - 1
@@ -52,11 +54,14 @@ class Regst:
 class Inbox:
     """The consumer side: pieces announced and not yet read, and where to return them."""
 
-    __slots__ = ("pieces", "producer", "regst", "consumer", "passed")
+    __slots__ = ("pieces", "producer", "regst", "consumer", "passed", "ret", "ret_worker")
 
-    def __init__(self, producer: Actor, regst: int, consumer: int, passed: bool) -> None:
+    def __init__(self, producer: Actor | None, regst: int, consumer: int, passed: bool) -> None:
         self.pieces: deque = deque()
         self.producer = producer          # the actor owning the regst
         self.regst = regst                # index of the regst in the producer's regsts
         self.consumer = consumer          # this reader's number in that regst's consumer list
         self.passed = passed              # whether the value is an argument of fn (the tick is not)
+        # the message returning a piece, and the worker to send it to (None: the caller's feeds)
+        self.ret = (producer.on_free, regst, consumer) if producer is not None else None
+        self.ret_worker = producer.worker if producer is not None else None

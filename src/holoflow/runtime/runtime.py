@@ -1,22 +1,27 @@
-"""The actor runtime: one actor per task, one thread per stream, no central scheduler.
+"""The actor runtime: one actor per task, workers running the actors of their streams, no central
+scheduler.
 
-The caller's thread only posts feeds to the source actor and collects what the sink actor delivers;
-every act happens on a stream thread in reaction to a message (see `actor.py`).
+Every act happens on a worker in reaction to a message (see `actor.py`): a thread per stream by
+default; ``threads`` maps streams onto shared workers, and the worker `CALLER` is the caller's own
+thread, which runs its actors while it waits for outputs (the graph lowering puts a CPU device's
+streams there: one thread runs its kernels, one intra-op pool, no hand-off per act). ``devices``
+makes streams device streams ordered by events (`streams.DeviceStream`).
 """
 from __future__ import annotations
 
 import queue
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from .actor import Actor
+from .actor import Actor, DeviceActor
 from .errors import RuntimeStall, TaskError
 from .executor import check_feed
 from .plan import SINK, SOURCE, SOURCE_STREAM, TICK, Plan
 from .regst import Inbox, Regst
-from .streams import Stream
+from .streams import CALLER, DeviceStream, Worker
 from .timeline import Timeline
 
 _POLL_S = 0.2          # how often a waiting caller checks for stalls and dead threads
@@ -30,29 +35,46 @@ class Runtime:
     ...     print(rt.trace_table()); rt.write_trace("trace.json")
 
     ``timeout``: seconds without any act, while a run waits, before `RuntimeStall` (None: never).
+    ``threads``: stream name -> worker name (default: a thread per stream, named after it; the
+    source and sink run on stream ``'source'``); `CALLER` runs a stream on the caller's thread.
+    ``devices``: stream name -> `DeviceStream`, for every stream and ``'source'`` (the caller's
+    stream), or None for host streams. ``on_start`` runs first on every worker thread (to size
+    its intra-op pool, say).
     """
 
-    def __init__(self, plan: Plan, *, trace: bool = False, timeout: float | None = 300.0) -> None:
+    def __init__(self, plan: Plan, *, trace: bool = False, timeout: float | None = 300.0,
+                 threads: Mapping[str, str] | None = None, devices: Mapping[str, DeviceStream] | None = None,
+                 on_start: Callable[[], None] | None = None) -> None:
         self.plan = plan
         self.timeout = timeout
         self.timeline: Timeline | None = Timeline() if trace else None
-        self.results: queue.SimpleQueue = queue.SimpleQueue()   # ("out", i, dict) | ("error", e) | ("done", ...)
+        self.results: deque = deque()  # ("out", i, dict) | ("error", e) | ("done", name, n), on the caller
         self.failed = False
         self.target = -1              # actors report ("done", name, n) when they reach n acts
         self.iteration = 0            # iterations fed so far
         self._error: BaseException | None = None
         self._closed = False
         self._running = False
-        names = dict.fromkeys([SOURCE_STREAM, *(t.stream for t in plan.tasks)])
-        self.streams = {s: Stream(s, self._crash) for s in names}
+        streams = list(dict.fromkeys([SOURCE_STREAM, *(t.stream for t in plan.tasks)]))
+        self.threads = _check_threads(streams, threads or {})
+        self.devices = _check_devices(streams, devices)
+        self.caller = Worker(CALLER, self._crash)
+        self.workers = {CALLER: self.caller}
+        for s in streams:
+            w = self.threads[s]
+            if w not in self.workers:
+                self.workers[w] = Worker(w, self._crash, on_start)
         self.actors = self._build()
-        for s in self.streams.values():
-            s.start()
+        for w in self.workers.values():
+            w.start()
 
     # -- wiring -----------------------------------------------------------------------------
     def _actor(self, name: str, stream: str, fn: Any, source: str | None = None) -> Actor:
         lane = self.timeline.lane(stream) if self.timeline else None
-        return Actor(name, self.streams[stream], fn, self, lane, source)
+        worker = self.workers[self.threads[stream]]
+        if self.devices is not None:
+            return DeviceActor(name, stream, worker, fn, self, lane, source, device=self.devices[stream])
+        return Actor(name, stream, worker, fn, self, lane, source)
 
     def _build(self) -> list[Actor]:
         plan = self.plan
@@ -75,11 +97,15 @@ class Runtime:
             self._connect(owner[r], self.sink, passed=r != TICK, skip_first=r in plan.initial)
         for r, value in plan.initial.items():
             actor, regst = owner[r]
-            regst.produced, regst.last = 1, value
+            piece = value if self.devices is None else (value, None, None)
+            regst.produced, regst.last = 1, piece
             for consumer, k in regst.consumers:
                 if consumer is not self.sink:
-                    consumer.inboxes[k].pieces.append(value)
-        return [self.source, *tasks, self.sink]
+                    consumer.inboxes[k].pieces.append(piece)
+        actors = [self.source, *tasks, self.sink]
+        for a in actors:
+            a.wired()
+        return actors
 
     def _regst(self, actor: Actor, name: str, register_num: int) -> Regst:
         regst = Regst(name, register_num, keep=name in self.plan.initial)
@@ -93,14 +119,21 @@ class Runtime:
         consumer.inboxes.append(Inbox(producer, producer.regsts.index(regst), k, passed))
 
     def _deliver(self, *values: Any) -> tuple:
-        self.results.put(("out", self.sink.acted, dict(zip(self.plan.outputs, values))))
+        self.note(("out", self.sink.acted, dict(zip(self.plan.outputs, values))), self.sink.worker)
         return ()
+
+    def note(self, msg: tuple, worker: Worker) -> None:
+        """A message for the waiting caller, sent from an actor running on ``worker``."""
+        if worker is self.caller:
+            self.results.append(msg)
+        else:
+            self.caller.queue.put((_note, self.results, msg))
 
     # -- failure ----------------------------------------------------------------------------
     def fail(self, error: BaseException) -> None:
-        """Called on a stream thread when an act fails: stop acting, tell the waiting caller."""
+        """Called on a worker when an act fails: stop acting, tell the waiting caller."""
         self.failed = True
-        self.results.put(("error", error))
+        self.caller.queue.put((_note, self.results, ("error", error)))
 
     def _crash(self, stream: str, e: BaseException) -> None:
         err = RuntimeError(f"holoflow runtime: internal error on stream {stream!r}: {type(e).__name__}: {e}")
@@ -117,6 +150,7 @@ class Runtime:
         self._check_usable()
         self._running = True
         it, start = iter(feeds), self.iteration
+        caller, source_worker, on_feed = self.caller, self.source.worker, self.source.on_ready
         yielded, exhausted, window = start, False, self.window
         try:
             while True:
@@ -126,7 +160,10 @@ class Runtime:
                         exhausted = True
                         break
                     check_feed(self.plan, feed, self.iteration)
-                    self.source.stream.queue.put((self.source.on_ready, 0, feed))
+                    if source_worker is caller:
+                        caller.local.append((on_feed, 0, feed))
+                    else:
+                        source_worker.queue.put((on_feed, 0, feed))
                     self.iteration += 1
                 if yielded == self.iteration:
                     break
@@ -166,7 +203,10 @@ class Runtime:
         """The loop-carried regsts as the next iteration will read them (between runs)."""
         if self._running:
             raise RuntimeError("Runtime.state is only defined between runs")
-        return {r: _newest(self.actors, r) for r in self.plan.initial}
+        state = {r: _newest(self.actors, r) for r in self.plan.initial}
+        if self.devices is None:
+            return state
+        return {r: self.sink.unwrap(v, self.devices[SOURCE_STREAM]) for r, v in state.items()}
 
     def _next_output(self, i: int) -> dict[str, Any]:
         msg = self._wait(lambda m: m[0] == "out")
@@ -182,26 +222,40 @@ class Runtime:
             done.add(msg[1])
 
     def _wait(self, wanted: Any) -> tuple:
-        """The next wanted message; raises the actors' error, or `RuntimeStall` when nothing acts."""
+        """The next wanted message; raises the actors' error, or `RuntimeStall` when nothing acts.
+        Meanwhile the caller runs the messages of its own worker's actors."""
+        results, local, get = self.results, self.caller.local, self.caller.queue.get
         last, since = -1, time.monotonic()
         while True:
+            while results:
+                msg = results.popleft()
+                if msg[0] == "error":
+                    self._raise(msg[1])
+                if wanted(msg):
+                    return msg
+            if local:
+                m = local.popleft()
+            else:
+                try:
+                    m = get(timeout=_POLL_S)
+                except queue.Empty:
+                    acts = sum(a.acted for a in self.actors)
+                    if acts != last:
+                        last, since = acts, time.monotonic()
+                    elif self.timeout is not None and time.monotonic() - since > self.timeout:
+                        self._raise(RuntimeStall(f"no actor acted for {self.timeout}s; waiting:\n  " +
+                                                 "\n  ".join(a.waiting_for() for a in self.actors)))
+                    dead = [w.name for w in self.workers.values() if not w.alive()]
+                    if dead:
+                        self._raise(RuntimeError(f"holoflow runtime: stream thread(s) {dead} died"))
+                    continue
             try:
-                msg = self.results.get(timeout=_POLL_S)
-            except queue.Empty:
-                acts = sum(a.acted for a in self.actors)
-                if acts != last:
-                    last, since = acts, time.monotonic()
-                elif self.timeout is not None and time.monotonic() - since > self.timeout:
-                    self._raise(RuntimeStall(f"no actor acted for {self.timeout}s; waiting:\n  " +
-                                             "\n  ".join(a.waiting_for() for a in self.actors)))
-                dead = [s.name for s in self.streams.values() if not s.thread.is_alive()]
-                if dead:
-                    self._raise(RuntimeError(f"holoflow runtime: stream thread(s) {dead} died"))
-                continue
-            if msg[0] == "error":
-                self._raise(msg[1])
-            if wanted(msg):
-                return msg
+                m[0](m[1], m[2])
+            except Exception as e:       # a bug in the runtime itself, on the caller's worker
+                err = RuntimeError(f"holoflow runtime: internal error on the caller's thread: "
+                                   f"{type(e).__name__}: {e}")
+                err.__cause__ = e
+                self._raise(err)
 
     def _raise(self, error: BaseException) -> None:
         self._error = error
@@ -228,15 +282,16 @@ class Runtime:
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self, join_timeout: float = 10.0) -> None:
-        """Stops the stream threads and joins them; idempotent."""
+        """Stops the worker threads and joins them; idempotent."""
         if self._closed:
             return
         self._closed = self.failed = True
-        for s in self.streams.values():
-            s.stop()
-        for s in self.streams.values():
-            s.thread.join(join_timeout)
-        alive = [s.name for s in self.streams.values() if s.thread.is_alive()]
+        for w in self.workers.values():
+            w.stop()
+        threads = [w.thread for w in self.workers.values() if w.thread is not None]
+        for t in threads:
+            t.join(join_timeout)
+        alive = [t.name for t in threads if t.is_alive()]
         if alive:       # a task fn that never returns; the threads are daemons and die with the process
             warnings.warn(f"holoflow runtime: stream thread(s) {alive} did not stop within {join_timeout}s",
                           RuntimeWarning, stacklevel=2)
@@ -249,6 +304,30 @@ class Runtime:
 
 
 _END = object()
+
+
+def _note(results: deque, msg: tuple) -> None:
+    results.append(msg)
+
+
+def _check_threads(streams: list[str], threads: Mapping[str, str]) -> dict[str, str]:
+    unknown = sorted(set(threads) - set(streams))
+    if unknown:
+        raise ValueError(f"Runtime(threads=...): {unknown} name no stream of the plan; streams: {streams}")
+    bad = {s: w for s, w in threads.items() if not isinstance(w, str) or not w}
+    if bad:
+        raise ValueError(f"Runtime(threads=...): worker names must be non-empty strings, got {bad}")
+    return {s: threads.get(s, s if s != CALLER else f"{s}-stream") for s in streams}
+
+
+def _check_devices(streams: list[str], devices: Mapping[str, DeviceStream] | None) -> dict | None:
+    if devices is None:
+        return None
+    missing = [s for s in streams if s not in devices]
+    if missing:
+        raise ValueError(f"Runtime(devices=...): every stream needs a device stream (the source's is "
+                         f"the caller's stream); missing {missing}")
+    return dict(devices)
 
 
 def _newest(actors: list[Actor], regst: str) -> Any:
