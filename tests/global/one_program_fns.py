@@ -4,11 +4,17 @@ Each returns plain torch values (or None where the rank holds nothing) for the t
 with single-process torch."""
 from __future__ import annotations
 
+import threading
+
 import torch
 
 import holoflow as flow
 from holoflow.distributed.global_tensor import from_full
 from holoflow.sbp import B, P, S
+
+# simulated ranks are threads sharing torch's generator: seeding and drawing happen under a lock
+# (never around a collective), so every rank draws what one process would
+SEED_LOCK = threading.Lock()
 
 
 def _whole(t) -> torch.Tensor | None:
@@ -110,3 +116,76 @@ def local_leaves(rank: int, n: int, seed: int = 0):
         (local * flow.from_torch(c[rank][:local.shape[0]].clone())).sum().backward()
         got[name] = (_whole(x.grad), tuple(x.grad.sbp))
     return got
+
+
+# -- OneFlow's documented pipeline example, eager, ``cpu`` for ``cuda`` -----------------------------
+
+class Stage0Module(flow.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.flatten = flow.nn.Flatten()
+        self.linear0 = flow.nn.Linear(28 * 28, 64)
+        self.relu0 = flow.nn.ReLU()
+
+    def forward(self, x):
+        return self.relu0(self.linear0(self.flatten(x)))
+
+
+class Stage1Module(flow.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear1 = flow.nn.Linear(64, 64)
+        self.relu1 = flow.nn.ReLU()
+        self.linear2 = flow.nn.Linear(64, 10)
+        self.relu2 = flow.nn.ReLU()
+
+    def forward(self, x):
+        return self.relu2(self.linear2(self.relu1(self.linear1(x))))
+
+
+class PipelineModule(flow.nn.Module):
+    """The doc's module: stage 0 on ``p0``, stage 1 on ``p1``, the activation moved between them
+    (``None`` placements: the same model in one process)."""
+
+    def __init__(self, p0, p1, sbp):
+        super().__init__()
+        self.p1, self.sbp = p1, sbp
+        with SEED_LOCK:
+            flow.manual_seed(0)
+            self.m_stage0 = Stage0Module()
+            self.m_stage1 = Stage1Module()
+        if p0 is not None:
+            self.m_stage0.to_global(placement=p0, sbp=B)
+            self.m_stage1.to_global(placement=p1, sbp=B)
+
+    def forward(self, x):
+        out_stage0 = self.m_stage0(x)
+        if self.p1 is not None:
+            out_stage0 = out_stage0.to_global(placement=self.p1, sbp=self.sbp)
+        return self.m_stage1(out_stage0)
+
+
+def oneflow_pipeline(rank: int, stages, steps: int, data_sbp=B):
+    """Trains the documented example ``steps`` SGD steps on one batch (16 images): ``stages``
+    are the two stages' rank lists (None: one process). Data is ``data_sbp`` on each stage (S(0)
+    with two ranks a stage adds data parallelism). Returns the losses and every parameter whole
+    (None where this rank holds none of it)."""
+    g = torch.Generator().manual_seed(0)
+    x_t, y_t = torch.randn(16, 1, 28, 28, generator=g), torch.randint(0, 10, (16,), generator=g)
+    p0, p1 = (None, None) if stages is None else (flow.placement("cpu", stages[0]), flow.placement("cpu", stages[1]))
+    model = PipelineModule(p0, p1, data_sbp)
+    loss_fn = flow.nn.CrossEntropyLoss()
+    opt = flow.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for _ in range(steps):
+        x, y = flow.from_torch(x_t.clone()), flow.from_torch(y_t.clone())
+        if p0 is not None:
+            x = x.to_global(placement=p0, sbp=B).to_global(sbp=data_sbp)
+            y = y.to_global(placement=p1, sbp=B).to_global(sbp=data_sbp)
+        loss = loss_fn(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(_whole(loss) if p0 is not None else loss.detach().to_torch())
+    params = [_whole(p) if p0 is not None else p.detach().to_torch() for p in model.parameters()]
+    return losses, params

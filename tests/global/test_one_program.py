@@ -22,10 +22,11 @@ def test_ops_creation_to_local_numpy_outside_the_placement():
     want_x = torch.randn(5, 7)
 
     def fn(r):
-        flow.manual_seed(3)
-        x = flow.randn(5, 7, placement=place, sbp=S(0), requires_grad=True)
+        with fns.SEED_LOCK:
+            flow.manual_seed(3)
+            x = flow.randn(5, 7, placement=place, sbp=S(0), requires_grad=True)
+            lin = flow.nn.Linear(7, 2)
         y = (x * 2).sum(1)
-        lin = flow.nn.Linear(7, 2)
         lin.to_global(place, B)
         z = lin(x)
         vals, idx = x.detach().max(dim=1)
@@ -191,3 +192,33 @@ def test_stage_boundary_without_a_move_names_both_placements_and_the_line():
     for msg in world.simulate(2, fn, timeout=QUICK):
         assert msg is not None and str(p0) in msg and str(p1) in msg, msg
         assert "test_one_program.py:" in msg, msg
+
+
+def _check_oneflow_pipeline(results, stages, steps):
+    want_losses, want_params = fns.oneflow_pipeline(0, None, steps)
+    assert want_losses[-1].item() < want_losses[0].item()   # it trains
+    for r, (losses, params) in enumerate(results):
+        if r in stages[1]:
+            for got, want in zip(losses, want_losses):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        else:
+            assert all(x is None for x in losses)
+        for i, (got, want) in enumerate(zip(params, want_params)):
+            if r in stages[0 if i < 2 else 1]:  # linear0's weight and bias are stage 0's
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+            else:
+                assert got is None
+
+
+def test_oneflow_pipeline_example_simulated_2_stages_and_pp2_dp2():
+    steps = 3
+    for n, stages, sbp in ((2, ([0], [1]), B), (4, ([0, 1], [2, 3]), S(0))):
+        results = world.simulate(n, lambda r: fns.oneflow_pipeline(r, stages, steps, sbp), timeout=QUICK)
+        _check_oneflow_pipeline(results, stages, steps)
+
+
+def test_oneflow_pipeline_example_on_gloo(world2, world4):
+    steps = 3
+    _check_oneflow_pipeline(world2.run(fns.oneflow_pipeline, ([0], [1]), steps), ([0], [1]), steps)
+    stages = ([0, 1], [2, 3])
+    _check_oneflow_pipeline(world4.run(fns.oneflow_pipeline, stages, steps, S(0)), stages, steps)

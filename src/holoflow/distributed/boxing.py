@@ -167,8 +167,9 @@ BOX = defop("box", _box_kernel, grad=_box_grad, family="boxing")
 
 
 def apply_box(local, place: placement, src: tuple, dst: tuple, shape: Sequence[int], rank: int, comm):
-    """Boxes a local shard (a holoflow Tensor) from ``src`` to ``dst``; differentiable."""
-    if src == dst:
+    """Boxes a local shard (a holoflow Tensor) from ``src`` to ``dst``; differentiable. A rank
+    outside ``place`` holds no shard: nothing to box (its empty tensor is returned as is)."""
+    if src == dst or place.coords(rank) is None:
         return local
     return run_local(BOX, (local,), {"place": place, "src": src, "dst": dst, "shape": tuple(shape),
                                      "rank": rank, "comm": comm})
