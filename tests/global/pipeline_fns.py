@@ -136,3 +136,10 @@ def pipelined(rank: int, init: dict, steps: int = 3, m: int = 4, lr: float = 0.1
         full = v.to_global(placement=place, sbp=[B]).to_local() if rank in place.flat_ranks else None
         params[k] = full.numpy().copy() if full is not None else None
     return params, losses, dict(c.mem), c.stage
+
+
+def run_example(rank: int, iterations: int = 20, trace: str | None = None):
+    """holoflow/examples/pipeline.py (OneFlow's documented example, cpu for cuda) on this rank."""
+    from holoflow.examples import pipeline as example
+    flow.manual_seed(1)
+    return example.main(iterations, trace, verbose=False)

@@ -113,8 +113,8 @@ def merged_chrome_trace(acts: list[dict]) -> dict:
             lanes[key] = tid = order.get(a["lane"], 1 + len([k for k in lanes if k[0] == a["rank"]]))
             events.append({"name": "thread_name", "ph": "M", "pid": a["rank"], "tid": tid,
                            "args": {"name": a["lane"]}})
-        label = {"F": "F", "B": "B", "U": "update"}.get(a["phase"], a["task"])
-        events.append({"name": f"{label} mb{a['mb']}" if a["phase"] != "U" else label, "cat": a["lane"],
+        label = a["phase"] if a["lane"] == "compute" and a["phase"] in ("F", "B") else a["task"]
+        events.append({"name": f"{label} mb{a['mb']}" if a["phase"] != "U" else "update", "cat": a["lane"],
                        "ph": "X", "pid": a["rank"], "tid": lanes[key], "ts": (a["start"] - t0) * 1e6,
                        "dur": (a["end"] - a["start"]) * 1e6,
                        "args": {"task": a["task"], "micro_batch": a["mb"], "step": a["step"], "stage": a["stage"]}})
@@ -132,7 +132,7 @@ def bubble_fractions(acts: list[dict], phases: tuple = ("F", "B")) -> dict:
     anywhere to last backward anywhere), averaged over steps: ``1 - busy / span``."""
     steps: dict[int, list] = {}
     for a in acts:
-        if a["phase"] in phases:
+        if a["phase"] in phases and a["lane"] == "compute":
             steps.setdefault(a["step"], []).append(a)
     out: dict = {}
     for xs in steps.values():
