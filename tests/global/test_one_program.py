@@ -36,9 +36,9 @@ def test_ops_creation_to_local_numpy_outside_the_placement():
         return (x.to_local().to_torch().detach(), y.detach().numpy(), x._data.numel(),
                 None if x.grad is None else x.grad.detach().numpy())
     outs = world.simulate(4, fn, timeout=QUICK)
-    for r in (0, 2):  # outside: empty local tensors, empty numpy arrays, no gradient
+    for r in (0, 2):  # outside: empty local tensors, empty numpy arrays, an empty gradient
         local, y, numel, grad = outs[r]
-        assert tuple(local.shape) == (0,) and y.shape == (0,) and numel == 0 and grad is None
+        assert tuple(local.shape) == (0,) and y.shape == (0,) and numel == 0 and grad.shape == (0,)
     for r, rows in ((1, slice(0, 3)), (3, slice(3, 5))):
         local, y, _, grad = outs[r]
         torch.testing.assert_close(local, want_x[rows])
@@ -173,11 +173,33 @@ def test_module_to_global_on_a_rank_outside_the_placement():
     place = flow.placement("cpu", [1])
 
     def fn(r):
-        m = flow.nn.Linear(3, 2).to_global(place, B)
-        out = m(flow.ones(4, 3, placement=place, sbp=B))
-        return m.weight._data.numel(), tuple(m.weight.shape), tuple(out.shape), out._data.numel()
+        with fns.SEED_LOCK:
+            flow.manual_seed(0)
+            m = flow.nn.Linear(3, 2)
+        m.to_global(place, B)
+        x = flow.ones(4, 3, placement=place, sbp=B, requires_grad=True)
+        out = m(x)
+        gx, = flow.autograd.grad(out.sum(), [x])              # absent here, known shape and SBP
+        opt = flow.optim.Adam(m.parameters(), lr=0.1)
+        m(x).pow(2).sum().backward()
+        g = m.weight.grad
+        opt.step()
+        sd = m.state_dict()
+        m2 = flow.nn.Linear(3, 2).to_global(place, B)
+        m2.load_state_dict(sd)
+        return (m.weight._data.numel(), tuple(m.weight.shape), tuple(out.shape), out._data.numel(),
+                tuple(gx.shape), gx._data.numel(), tuple(g.shape), g.placement == place, tuple(g.sbp),
+                m2.weight.detach().numpy())
     outs = world.simulate(2, fn, timeout=QUICK)
-    assert outs[0] == (0, (2, 3), (4, 2), 0) and outs[1] == (6, (2, 3), (4, 2), 8)
+    assert outs[0][:9] == (0, (2, 3), (4, 2), 0, (4, 3), 0, (2, 3), True, (B,))
+    assert outs[1][:9] == (6, (2, 3), (4, 2), 8, (4, 3), 12, (2, 3), True, (B,))
+    assert outs[0][9].shape == (0,)
+    flow.manual_seed(0)                                       # rank 1 trained as one process would
+    ref = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(ref.parameters(), lr=0.1)
+    ref(torch.ones(4, 3)).pow(2).sum().backward()
+    opt.step()
+    torch.testing.assert_close(torch.from_numpy(outs[1][9]), ref.weight.detach())
 
 
 def test_stage_boundary_without_a_move_names_both_placements_and_the_line():

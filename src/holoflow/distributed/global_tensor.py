@@ -43,11 +43,12 @@ class GlobalMeta:
     grad_sbp: tuple | None = None
     interpreter: ClassVar[Any]
 
-    def box_grad(self, t: Tensor, g: Tensor) -> Tensor | None:
+    def box_grad(self, t: Tensor, g: Tensor) -> Tensor:
         if g._global is not None and hasattr(g._global, "tracer"):  # traced: every rank holds the logical graph
             return g._global.leaf_grad(t, g)
-        if self.placement.coords(world.rank()) is None:
-            return None  # an absent leaf gets no gradient (an optimizer skips it)
+        if self.placement.coords(world.rank()) is None:  # an absent leaf's gradient is absent too
+            empty = Tensor._make(torch.empty((0,), dtype=g._data.dtype, device=g._data.device))
+            return make_global(empty, self.placement, self.grad_sbp or self.sbp, self.shape)
         if g._global is not None:  # a gradient traced as a logical global value has its own SBP
             return g._global.leaf_grad(t, g)
         return box_grad(t, g)
