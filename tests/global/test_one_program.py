@@ -55,6 +55,9 @@ MOVES = [  # (src ranks, src sbp, dst ranks, dst sbp)
     ([0, 1, 2, 3], (S(0),), [[0, 1], [2, 3]], (S(1), B)),
     ([[0, 1], [2, 3]], (B, S(0)), [0, 1, 2, 3], (S(1),)),
     ([[0, 1], [2, 3]], (P, S(1)), [1, 3], (S(0),)),
+    ([0, 1], (S(0),), [2, 3], (S(0),)),                     # same mesh and SBP: shard to shard
+    ([0, 1], (P,), [1, 2], (P,)),                           # ... with overlapping placements
+    ([[0, 1], [2, 3]], (S(0), B), [[3, 2], [1, 0]], (S(0), B)),
 ]
 
 
@@ -76,6 +79,33 @@ def _check_moves(full, w, outs_per_rank):
 def test_moves_are_differentiable_simulated():
     results = world.simulate(4, lambda r: fns.moves_with_grads(r, MOVES, (5, 6)), timeout=QUICK)
     _check_moves(results[0][0], results[0][1], [out for _, _, out in results])
+
+
+def test_a_stage_boundary_moves_each_shard_once():
+    """[0, 1] -> [2, 3] with S(0) on both sides: two point-to-point transfers of half the tensor
+    each (forward), the same back for the gradient; no gather."""
+    full = torch.randn(6, 4, dtype=torch.float64)
+    sp, dp = flow.placement("cpu", [0, 1]), flow.placement("cpu", [2, 3])
+
+    def fn(r):
+        x = from_full(full, sp, S(0)).requires_grad_()
+        y = x.to_global(placement=dp, sbp=S(0))
+        (y * 3).sum().backward()
+        return _np(y), _np(x.grad)
+    outs = world.simulate(4, fn, timeout=QUICK)
+    calls = world.simulate.last_comm.calls
+    moves = [(k, g, n) for k, g, n in calls if k == "broadcast"]
+    assert sorted(g for _, g, _ in moves) == [(0, 2), (0, 2), (1, 3), (1, 3)], calls
+    assert all(n == 3 * 4 * 8 for _, _, n in moves), moves            # half the tensor each time
+    for r in (2, 3):
+        torch.testing.assert_close(outs[r][0], full)
+    for r in (0, 1):
+        torch.testing.assert_close(outs[r][1], torch.full_like(full, 3.0))
+
+
+def _np(t):
+    a = t.detach().numpy()
+    return torch.from_numpy(a) if a.size else None
 
 
 def test_moves_are_differentiable_on_gloo(world4):

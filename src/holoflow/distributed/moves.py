@@ -1,9 +1,10 @@
 """Moving a global tensor to another placement (subset, superset, disjoint, 1-D <-> N-D).
 
-The source ranks box to broadcast, the first source rank hands the whole tensor to the
-destination ranks (a send/recv for one destination, a broadcast over ``{root} | dst``
-otherwise), and the destination ranks take their shards. Simple and correct for every pair; it
-moves the whole tensor once (a direct shard-to-shard plan is a later optimisation).
+Between meshes of the same shape with the same SBP (a pipeline stage boundary, also under data
+parallelism) each shard goes straight to the rank at the same mesh position. Otherwise the
+source ranks box to broadcast, the first source rank hands the whole tensor to the destination
+ranks (a broadcast over ``{root} | dst``: a send/recv for one destination), and the destination
+ranks take their shards: correct for every pair, moving the whole tensor once.
 
 ``MOVE`` is an op, so a move is differentiable: its gradient is the move of the gradient back,
 from the destination (SBP dual(dst)) to the source (SBP dual(src)). A rank in neither placement
@@ -20,11 +21,13 @@ from ..core.sbp import B
 from ..core.tensor import Tensor
 from .boxing import _box_kernel
 from .placement import placement
-from .sharding import dual, shard_of
+from .sharding import dual, local_shape, shard_of
 
 
 def _move_kernel(t: torch.Tensor, src_place: placement, src: tuple, dst_place: placement, dst: tuple,
                  shape: tuple, rank: int, comm) -> torch.Tensor:
+    if src == dst and src_place.hierarchy == dst_place.hierarchy:
+        return _pairwise(t, src_place, dst_place, local_shape(shape, dst, dst_place, rank), rank, comm)
     root = src_place.flat_ranks[0]
     group = tuple(sorted({root} | set(dst_place.flat_ranks)))
     in_src, in_dst = src_place.coords(rank) is not None, dst_place.coords(rank) is not None
@@ -40,6 +43,23 @@ def _move_kernel(t: torch.Tensor, src_place: placement, src: tuple, dst_place: p
         return t.new_empty((0,))
     local = shard_of(full, dst, dst_place, rank)
     return local if local.is_contiguous() else local.contiguous()
+
+
+def _pairwise(t: torch.Tensor, src_place: placement, dst_place: placement, mine: tuple, rank: int,
+              comm) -> torch.Tensor:
+    """Same mesh shape and SBP: the rank at each mesh position sends its shard to the rank at the
+    same position of the destination (a stage boundary of PP x DP moves each shard once). Pairs
+    run in one global order, so a rank in two pairs (overlapping placements) never deadlocks."""
+    out = t.new_empty((0,))
+    for s_r, d_r in zip(src_place.flat_ranks, dst_place.flat_ranks):
+        if rank == s_r == d_r:
+            out = t
+        elif rank in (s_r, d_r):
+            buf = t if rank == s_r else t.new_empty(mine)
+            got = comm.broadcast(buf.contiguous(), s_r, (min(s_r, d_r), max(s_r, d_r)))
+            if rank == d_r:
+                out = got
+    return out
 
 
 def _move_grad(ctx, dy):
