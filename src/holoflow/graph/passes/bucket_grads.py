@@ -2,9 +2,11 @@
 
 Backward's boxing nodes that only all-reduce (``P -> B`` on a mesh axis) are grouped, in the
 order backward produces them, into buckets of at most ``config.allreduce_bucket_mb`` MB (same
-placement and SBPs); each bucket is one ``global_box_bucket`` node: one collective over the
-concatenated gradients. Collectives run on the ``comm`` stream (ir.stream_of), so a bucket is
-reduced as soon as its gradients exist while backward goes on. A bucket closes early when a
+placement and SBPs; the first bucket at most 1 MiB, as DDP's, so that reducing the last layers'
+gradients starts early and overlaps the rest of backward); each bucket is one
+``global_box_bucket`` node: one collective over the concatenated gradients. Collectives run on
+the ``comm`` stream (ir.stream_of), so a bucket is reduced as soon as its gradients exist while
+backward goes on. A bucket closes early when a
 member's result is needed before the next gradient is ready, so the order stays topological.
 """
 from __future__ import annotations
@@ -14,6 +16,8 @@ from ...distributed.boxing import plan as box_plan
 from ..global_graph import GLOBAL_BOX_BUCKET
 from ..ir import IRGraph, Node
 from . import register
+
+FIRST_BUCKET_BYTES = 2 ** 20   # DDP's first bucket
 
 
 def _all_reduce_only(n: Node) -> bool:
@@ -33,11 +37,12 @@ def _candidate(n: Node) -> bool:
           and getattr(cfg, "allreduce_bucket_mb", 0) > 0)
 def bucket_grads(g: IRGraph, config) -> IRGraph:
     limit = config.allreduce_bucket_mb * 2 ** 20
+    first = min(limit, FIRST_BUCKET_BYTES)
     first_use: dict = {}
     for i, n in enumerate(g.nodes):
         for v in n.value_inputs():
             first_use.setdefault(v, i)
-    buckets: list[list[int]] = []
+    buckets: list[tuple] = []   # (key, member indices)
     open_: dict = {}   # (placement, src, dst) -> (member indices, bytes, earliest use of a member's result)
     for i, n in enumerate(g.nodes):
         if not _candidate(n):
@@ -45,16 +50,17 @@ def bucket_grads(g: IRGraph, config) -> IRGraph:
         key = (n.attrs["place"], n.attrs["src"], n.attrs["dst"])
         out = n.outputs[0]
         cur = open_.get(key)
-        if cur is not None and (cur[1] + out.nbytes > limit or cur[2] < i):
-            buckets.append(cur[0])
+        cap = limit if any(k == key for k, _ in buckets) else first
+        if cur is not None and (cur[1] + out.nbytes > cap or cur[2] < i):
+            buckets.append((key, cur[0]))
             cur = None
         if cur is None:
             cur = ([], 0, len(g.nodes))
         open_[key] = (cur[0] + [i], cur[1] + out.nbytes, min(cur[2], first_use.get(out, len(g.nodes))))
-    buckets += [b[0] for b in open_.values()]
+    buckets += [(k, b[0]) for k, b in open_.items()]
     merged: dict[int, Node] = {}
     dropped: set[int] = set()
-    for members in buckets:
+    for _, members in buckets:
         if len(members) < 2:
             continue
         nodes = [g.nodes[i] for i in members]

@@ -1,0 +1,76 @@
+"""Data-parallel global graphs: gradient buckets in backward order (the first one small, as DDP's)
+placed where their last gradient is produced, so the comm stream reduces them while backward
+goes on; training equals single-process training."""
+import torch
+
+import holoflow as flow
+from holoflow.distributed import world
+from holoflow.graph.passes.bucket_grads import FIRST_BUCKET_BYTES
+from holoflow.sbp import B, S
+
+D = 256   # a D x D float32 weight is 1/4 MiB
+
+
+def _train(rank: int | None, bucket_mb: float, steps: int = 2):
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(D, D, generator=g) / D ** 0.5 for _ in range(6)]
+    xs = [torch.randn(8, D, generator=g) for _ in range(steps)]
+    place = flow.placement("cpu", [0, 1])
+    layers = []
+    for w in ws:
+        lin = flow.nn.Linear(D, D, bias=False)
+        with flow.no_grad():
+            lin.weight.copy_(flow.from_torch(w))
+        layers += [lin, flow.nn.Tanh()]
+    model = flow.nn.Sequential(*layers)
+    if rank is not None:
+        model.to_global(place, B)
+    opt = flow.optim.SGD(model.parameters(), lr=0.5)
+
+    class Train(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(opt)
+            self.config.set_allreduce_bucket_mb(bucket_mb)
+
+        def build(self, x):
+            loss = (self.model(x) ** 2).mean()
+            loss.backward()
+            return loss
+    train = Train()
+    losses = []
+    for x in xs:
+        x = flow.from_torch(x)
+        if rank is not None:
+            x = x.to_global(place, B).to_global(sbp=S(0))
+        losses.append(train(x).to_global(sbp=B).to_local().item() if rank is not None else train(x).item())
+    if rank is None:
+        return losses, [lin.weight.to_torch() for lin in model[::2]], None
+    c = next(reversed(train._compiled.values()))
+    nodes = list(c.logical.nodes)
+    buckets = [n for n in nodes if n.op == "global_box_bucket"]
+    # per task: its stream and whether it holds a bucket (the localized nodes are new objects)
+    tasks = [(t.stream, any(n.op == "global_box_bucket" for n in t.nodes)) for t in c.program.tasks]
+    weights = [lin.weight.to_global(sbp=B).to_local().to_torch() for lin in model[::2]]
+    return losses, weights, ([sum(v.nbytes for v in b.inputs) for b in buckets], tasks)
+
+
+def test_first_bucket_is_small_and_reduced_while_backward_goes_on():
+    want_losses, want_w, _ = _train(None, 25.0)
+    for losses, weights, (sizes, tasks) in world.simulate(2, lambda r: _train(r, 25.0)):
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-6)
+        for w, ww in zip(weights, want_w):
+            torch.testing.assert_close(w, ww, rtol=1e-5, atol=1e-6)
+        # 6 gradients of 1/4 MiB in backward order: the first bucket takes 4 (1 MiB), the next the rest
+        assert sizes == [FIRST_BUCKET_BYTES, 2 * D * D * 4], sizes
+        # the two buckets are separate comm tasks with backward compute between them: the first
+        # is reduced (on the comm thread) while the compute stream goes on
+        at = [i for i, (stream, has) in enumerate(tasks) if has]
+        assert len(at) == 2 and all(tasks[i][0] == "comm" for i in at), tasks
+        assert any(stream == "compute" for stream, _ in tasks[at[0] + 1:at[1]]), tasks
+
+
+def test_bucket_size_caps_every_bucket():
+    for *_, (sizes, _tasks) in world.simulate(2, lambda r: _train(r, 0.5)):
+        assert sizes == [2 * D * D * 4] * 3, sizes
