@@ -445,29 +445,36 @@ class PipelineCompiled:
         by = {t.name.rstrip("_0123456789"): t for t in tasks}
         ft, bt = by.get("fwd"), by.get("bwd")
         saved = [i for i, v in enumerate(ft.outputs) if bt is not None and v in bt.inputs] if ft else []
+        kept = [i for i, v in enumerate(ft.inputs) if bt is not None and v in bt.inputs] if ft else []
+
+        link = ft is not None and bt is not None   # F -> B: the slot that bounds micro-batches in flight
 
         def fwd(*args, _f=ns[ft.name] if ft else None):
             out = _f(*args)
-            nb = sum(out[i].numel() * out[i].element_size() for i in saved if isinstance(out[i], torch.Tensor))
-            if bt is not None:
+            # activation bytes this micro-batch keeps for backward: made here or received (or fed)
+            nb = sum(t.numel() * t.element_size() for t in [*(out[i] for i in saved), *(args[i] for i in kept)]
+                     if isinstance(t, torch.Tensor))
+            if link:
                 with lock:
                     fifo.append(nb)
                     mem["in_flight"] += 1
                     mem["bytes"] += nb
                     mem["peak_in_flight"] = max(mem["peak_in_flight"], mem["in_flight"])
                     mem["peak_bytes"] = max(mem["peak_bytes"], mem["bytes"])
-            return out
+            return (*out, None) if link else out
 
         def bwd(*args, _f=ns[bt.name] if bt else None):
-            out = _f(*args)
+            out = _f(*args[:-1] if link else args)
             with lock:
                 mem["in_flight"] -= 1
                 mem["bytes"] -= fifo.popleft()
             return out
-        for t, fn, rn in ((ft, fwd, w), (bt, bwd, 2)):
+        token = (f"{ft.name}_done",) if link else ()
+        for t, fn, rn, ins, outs in ((ft, fwd, w, (), token), (bt, bwd, 2, token, ())):
             if t is not None:
-                specs.append(TaskSpec(t.name, "compute", fn, tuple(name(v) for v in t.inputs),
-                                      tuple(name(v) for v in t.outputs), register_num=rn, source=t.source or None,
+                specs.append(TaskSpec(t.name, "compute", fn, tuple(name(v) for v in t.inputs) + ins,
+                                      tuple(name(v) for v in t.outputs) + outs, register_num=rn,
+                                      source=t.source or None,
                                       meta={"nodes": len(t.nodes), "phase": "F" if t is ft else "B"}))
         mine = self.placements[self.stage]
         for key, vals in rg.recv.items():
@@ -475,7 +482,8 @@ class PipelineCompiled:
             lv = [L[v] for v in vals]
             specs.append(TaskSpec(f"recv_{key[0]}{key[1]}{key[2]}", f"comm.recv_{key[0]}",
                                   _recv_fn(self.comm, lv, peer, self.rank, _tag(key)), (),
-                                  tuple(name(v) for v in lv), register_num=2, meta={"phase": key[0], "peer": peer}))
+                                  tuple(name(v) for v in lv), register_num=w + 1 if key[0] == "F" else 2,
+                                  meta={"phase": key[0], "peer": peer}))   # backward reads received activations
         for key, vals in rg.send.items():
             peer = self.placements[key[2]].flat_ranks[mine.flat_ranks.index(self.rank)]
             lv = [L[v] for v in vals]

@@ -1,0 +1,147 @@
+"""Pipeline schedules of nn.Graph (graph/pipeline.py), measured from the actor runtime's trace.
+
+    python bench/pipeline.py                      # p=2 (m=4, 8) and p=4 (m=8), 1F1B and GPipe
+    python bench/pipeline.py --kernel matmul      # real compute instead of timed kernels
+    python bench/pipeline.py --trace pipe.json    # also one merged Perfetto trace (last config)
+
+Balanced synthetic stages on simulated ranks (one thread per rank): each stage is a Linear(16, 16)
+(parameters and gradients, so the optimizer and the gradient accumulation run) and a synthetic
+kernel taking ``--ms`` in forward and twice that in backward. With ``--kernel sleep`` (default)
+the kernel waits (no CPU), so the figures are the schedule's own on any machine; with
+``--kernel matmul`` it multiplies ``--d`` x ``--d`` matrices (then the stages share this machine's
+cores, and p > cores distorts the figures).
+
+Per stage, the bubble is the idle fraction of its compute lane over each step's makespan (first
+forward anywhere to last backward anywhere), read from the runtime's recorded acts, averaged over
+the steps after the first, best of ``--rounds`` runs (other load on the machine only adds idle
+time); the ideal is (p-1)/(m+p-1) for both 1F1B and GPipe. Memory: the most
+micro-batches a stage held in flight (forward done, backward not yet) and their activation bytes,
+from the runtime: 1F1B holds at most p - stage, GPipe up to m. Not a timed test.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+import torch  # noqa: E402
+
+import holoflow as flow  # noqa: E402
+from holoflow.core.dispatch import apply  # noqa: E402
+from holoflow.core.sbp import B  # noqa: E402
+from holoflow.distributed import world  # noqa: E402
+from holoflow.ops.family import unary  # noqa: E402
+from holoflow.runtime.timeline import bubble_fractions  # noqa: E402
+
+KERNEL = {"kind": "sleep", "d": 512}
+
+
+def _work(x: torch.Tensor, ms: float = 0.0) -> torch.Tensor:
+    if x.device.type != "meta" and ms > 0:
+        if KERNEL["kind"] == "sleep":
+            time.sleep(ms / 1000)
+        else:   # about ms of matmuls
+            a = torch.ones(KERNEL["d"], KERNEL["d"])
+            t_end = time.perf_counter() + ms / 1000
+            while time.perf_counter() < t_end:
+                a = a @ a * 1e-3
+    return x.clone()
+
+
+WORK = unary("bench_pipeline_work", _work, grad=lambda ctx, dy: (apply(WORK, dy, ms=2 * ctx.ms),))
+
+
+class Stage(flow.nn.Module):
+    def __init__(self, ms: float):
+        super().__init__()
+        self.fc, self.ms = flow.nn.Linear(16, 16), ms
+
+    def forward(self, x):
+        return apply(WORK, self.fc(x), ms=self.ms)
+
+
+def run_rank(rank: int, p: int, m: int, schedule: str, ms: float, steps: int, batch: int, trace: str | None):
+    places = [flow.placement("cpu", ranks=[s]) for s in range(p)]
+    flow.manual_seed(0)
+    stages = [Stage(ms) for _ in range(p)]
+    for st, pl in zip(stages, places):
+        st.to_global(placement=pl, sbp=[B])
+    seq = flow.nn.Sequential(*stages)
+    opt = flow.optim.SGD(seq.parameters(), lr=0.01)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.seq = seq
+            for i, pl in enumerate(places):
+                self.seq[i].to(flow.nn.graph.GraphModule).set_stage(i, pl)
+            self.config.set_gradient_accumulation_steps(m)
+            self.config.set_pipeline_schedule(schedule)
+            self.add_optimizer(opt)
+
+        def build(self, x):
+            loss = self.seq(x).square().mean()
+            loss.backward()
+            return loss
+
+    g = G()
+    x = flow.tensor(torch.randn(batch, 16)).to_global(placement=places[0], sbp=[B])
+    for _ in range(steps):
+        g(x)
+    c = next(iter(g._compiled.values()))
+    if trace:
+        g.write_trace(trace)
+    return c.acts(), dict(c.mem), c.stage
+
+
+def measure(p: int, m: int, schedule: str, ms: float, steps: int, batch: int, trace: str | None = None) -> dict:
+    res = world.simulate(p, lambda r: run_rank(r, p, m, schedule, ms, steps, batch, trace), timeout=600)
+    acts = [a for part, _, _ in res for a in part if a["step"] >= 1]   # step 0 compiles and warms up
+    bubbles = bubble_fractions(acts)
+    return {"bubble": [bubbles[r] for r in range(p)], "mem": [mem for _, mem, _ in res],
+            "ideal": (p - 1) / (m + p - 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kernel", choices=["sleep", "matmul"], default="sleep")
+    ap.add_argument("--ms", type=float, default=10.0, help="forward ms per stage per micro-batch (backward 2x)")
+    ap.add_argument("--d", type=int, default=256, help="matmul size for --kernel matmul")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3, help="runs per config; the best is printed")
+    ap.add_argument("--configs", default="2:4,2:8,4:8", help="p:m pairs")
+    ap.add_argument("--trace", default=None)
+    args = ap.parse_args()
+    KERNEL.update(kind=args.kernel, d=args.d)
+    torch.set_num_threads(1)
+    print(f"pipeline bench: {args.kernel} kernels, {args.ms} ms forward / {2 * args.ms} ms backward per stage "
+          f"and micro-batch, {args.steps} steps (first dropped), simulated ranks, best of {args.rounds} rounds")
+    print(f"{'p':>2} {'m':>2} {'schedule':<8} {'ideal':>6}  {'bubble per stage':<28} {'worst dev':>9}  "
+          f"{'in flight per stage':<20} activation bytes per stage")
+    ok = True
+    configs = [tuple(int(v) for v in c.split(":")) for c in args.configs.split(",")]
+    for i, (p, m) in enumerate(configs):
+        for schedule in ("1f1b", "gpipe"):
+            last = i == len(configs) - 1 and schedule == "1f1b"
+            rounds = [measure(p, m, schedule, args.ms, args.steps, 8 * m, args.trace if last else None)
+                      for _ in range(args.rounds)]
+            r = min(rounds, key=lambda x: max(x["bubble"]))   # best round: load only adds idle time
+            dev = max(abs(b - r["ideal"]) / r["ideal"] for b in r["bubble"])
+            flight = [mm["peak_in_flight"] for mm in r["mem"]]
+            nbytes = [mm["peak_bytes"] for mm in r["mem"]]
+            bound = [min(m, p - s) if schedule == "1f1b" else m for s in range(p)]
+            within = dev <= 0.10 and all(f <= b for f, b in zip(flight, bound))
+            ok &= within
+            print(f"{p:>2} {m:>2} {schedule:<8} {r['ideal']:>6.3f}  "
+                  f"{' '.join(f'{b:.3f}' for b in r['bubble']):<28} {100 * dev:>8.1f}%  "
+                  f"{str(flight):<20} {nbytes}  (bound {bound}) {'ok' if within else 'OUT OF BOUNDS'}")
+    if args.trace:
+        print(f"trace of the last 1F1B config written to {args.trace}: open it at https://ui.perfetto.dev")
+    print("all within 10% of (p-1)/(m+p-1) and in-flight bounds" if ok else "SOME FIGURES OUT OF BOUNDS")
+
+
+if __name__ == "__main__":
+    main()
