@@ -44,14 +44,15 @@ class Actor:
         self.regsts: list[Regst] = []
         self.acted = 0                    # iterations done: the next act is iteration ``acted``
         self._lane = lane                 # the trace lane of our stream, or None
-        self.busy_since: float | None = None   # perf_counter when the running act began
-        self._args: Callable[[list], list] = list      # which popped pieces are fn arguments
+        self.busy_since: float | None = None   # while an act runs: its start (perf_counter), or not None
+        self._args: Callable[[list], list] | None = None   # which popped pieces are fn arguments (None: all)
 
     def wired(self) -> None:
         """Called once every inbox and regst is connected: precomputes the hot path."""
         passed = [b.passed for b in self.inboxes]
         if not all(passed):
             self._args = lambda values: [v for v, p in zip(values, passed) if p]
+        self._n_out = len(self.regsts)
 
     def on_ready(self, inbox: int, value: Any) -> None:
         """Message: a piece of a consumed regst is readable."""
@@ -106,9 +107,24 @@ class Actor:
 
     def _act(self) -> None:
         i = self.acted
-        out = self._call(i, self._args([box.pieces.popleft() for box in self.inboxes]))
-        if out is None:
-            return
+        args = [box.pieces.popleft() for box in self.inboxes]
+        if self._args is not None:
+            args = self._args(args)
+        if self._lane is None:          # the hot path: _call inlined, no timing
+            self.busy_since = i
+            try:
+                out = self.fn(*args)
+                if type(out) is not tuple or len(out) != self._n_out:
+                    out = as_result(out, tuple(r.name for r in self.regsts))
+            except Exception as e:
+                self.rt.fail(TaskError(self.name, self.stream, i, self.source, e))
+                return
+            finally:
+                self.busy_since = None
+        else:
+            out = self._call(i, args)
+            if out is None:
+                return
         self._announce(i, out)
 
     def _announce(self, i: int, out: tuple) -> None:
@@ -139,7 +155,8 @@ class Actor:
         head = f"{self.name} (stream {self.stream!r}, acted {self.acted}): "
         since = self.busy_since
         if since is not None:
-            return head + f"running iteration {self.acted} for {_now() - since:.1f}s"
+            return head + f"running iteration {self.acted}" + \
+                (f" for {_now() - since:.1f}s" if isinstance(since, float) else "")
         empty = [b.producer.regsts[b.regst].name if b.producer else "feed" for b in self.inboxes if not b.pieces]
         full = [r.name for r in self.regsts if r.free() <= 0]
         why = ([f"waits for {empty}"] if empty else []) + ([f"no free slot in {full}"] if full else [])
@@ -170,7 +187,7 @@ class DeviceActor(Actor):
                 dev.keep(value)
             values.append(value)
         with dev.activate():
-            out = self._call(i, self._args(values))
+            out = self._call(i, values if self._args is None else self._args(values))
             if out is None:
                 return
             event = dev.record()
