@@ -192,13 +192,22 @@ def test_amp_and_checkpointing_work_on_global_graphs(kw, tol):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=tol, atol=tol)
 
 
-def test_gradient_accumulation_on_a_global_graph_says_it_is_not_supported():
+def test_gradient_accumulation_on_a_global_graph_equals_the_local_graph():
+    """OneFlow's semantics on global graphs (graph/pipeline.py): one loss per micro-batch (their
+    mean is the local graph's full-batch loss), one update per step."""
+    want = _losses(None, acc=2)
     place = flow.placement("cpu", [0, 1])
 
     def run(rank):
-        with pytest.raises(Exception, match="gradient accumulation .* global tensors is not supported"):
-            _losses(place, acc=2)
-    world.simulate(2, run)
+        g, out = _mlp_graph(place, acc=2), []
+        for x in XS:
+            loss = g(flow.from_torch(x.clone()).to_global(place, B).to_global(sbp=S(0)))
+            per_micro_batch = loss.to_global(sbp=B).to_local()
+            assert tuple(per_micro_batch.shape) == (2,)
+            out.append(per_micro_batch.mean().item())
+        return out
+    for got in world.simulate(2, run):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
 
 
 def test_ranks_that_trace_different_programs_fail_on_every_rank_naming_them():

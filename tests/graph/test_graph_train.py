@@ -6,7 +6,7 @@ import torch
 
 import holoflow as flow
 from holoflow.amp import GradScaler, autocast
-from holoflow.core.errors import UnsupportedError
+from holoflow.core.errors import HoloflowError, UnsupportedError
 from holoflow.examples import cnn, gpt
 from holoflow.graph import Graph
 
@@ -213,8 +213,12 @@ def test_graph_module_checkpointing_and_unbuilt_switches():
     gm.activation_checkpointing = True
     assert g.config.checkpointed_scopes == {"model.blocks.1"}
     # switches whose feature is not built yet raise, naming it, instead of being recorded and ignored
-    with pytest.raises(UnsupportedError, match=r"set_stage\(1, \.\.\.\) on 'model.blocks.1'.*pipeline parallelism"):
-        gm.set_stage(1, None)
+    # a pipeline stage needs a placement (graph/pipeline.py): recorded, refused when the graph compiles
+    gm.set_stage(1, None)
+    assert gm.stage_id == 1
+    with pytest.raises(HoloflowError, match=r"'model.blocks.1' is on stage 1 but has no placement"):
+        g(x, y)
+    gm.set_stage(None)
     with pytest.raises(UnsupportedError, match=r"ZeRO stage 3 is not supported yet"):
         g.config.enable_zero(True, stage=3)
     g.config.enable_zero(False)          # what a graph does anyway: accepted

@@ -62,8 +62,9 @@ _STAGES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def set_stage(module: Any, stage_id: int | None, placement: Any = None) -> None:
-    """Records ``module``'s pipeline stage (checked when a graph compiles)."""
+    """Records ``module``'s pipeline stage (checked when a graph compiles); ``None`` unstages it."""
     if stage_id is None:
+        _STAGES.pop(module, None)
         return
     if isinstance(stage_id, bool) or not isinstance(stage_id, int) or stage_id < 0:
         raise ValueError(f"holoflow.nn.Graph: set_stage: stage_id must be an int >= 0, got {stage_id!r}")
