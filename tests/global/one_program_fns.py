@@ -1,7 +1,6 @@
 """One program on every rank (tests/global/test_one_program*.py): functions run unchanged on
 simulated ranks (``world.simulate``) and on real Gloo worlds (``world2.run`` / ``world4.run``).
-Each returns plain torch values (or None where the rank holds nothing) for the test to compare
-with single-process torch."""
+Each returns plain torch values for the test to compare with single-process torch."""
 from __future__ import annotations
 
 import threading
@@ -17,10 +16,10 @@ from holoflow.sbp import B, P, S
 SEED_LOCK = threading.Lock()
 
 
-def _whole(t) -> torch.Tensor | None:
-    """The logical value of global ``t`` on ranks of its placement (None elsewhere)."""
-    full = t.detach().numpy()   # every rank calls it: outside ranks get an empty array
-    return torch.from_numpy(full) if full.size or not t.numel() else None
+def _whole(t) -> torch.Tensor:
+    """The logical value of global ``t`` on every rank (OneFlow's ``numpy()``: a collective that
+    every rank calls, ranks outside the placement included)."""
+    return torch.from_numpy(t.detach().numpy())
 
 
 def pipeline_data(steps: int = 3, seed: int = 0):
@@ -35,7 +34,7 @@ def two_stage_pipeline(rank: int, data, steps: int, single: bool = False):
     """OneFlow's documented eager 2-stage pipeline (placements [0] and [1], ``cpu`` for
     ``cuda``): stage 0 on P0, ``out.to_global(placement=P1, sbp=B)``, stage 1 on P1, backward,
     one SGD optimizer over both stages. ``single``: the same model in one process, no placement.
-    Returns the losses (on the rank holding them) and the final weights of both stages."""
+    Returns the losses and the final weights of both stages (whole, on every rank)."""
     xs, ys, w1, w2 = data
     p0 = None if single else flow.placement("cpu", [0])
     p1 = None if single else flow.placement("cpu", [1])
@@ -71,8 +70,8 @@ def two_stage_pipeline(rank: int, data, steps: int, single: bool = False):
 
 def moves_with_grads(rank: int, cases, shape, seed: int = 0):
     """For each (src ranks, src sbp, dst ranks, dst sbp): a leaf x on the source, moved to the
-    destination, loss = sum(moved * w) there; returns (x's gradient's whole, its sbp, the moved
-    value's whole) on the ranks that hold them."""
+    destination, loss = sum(moved * w) there; returns x's gradient's whole and SBP, the moved
+    value's whole, and the local numels of both (empty outside their placements)."""
     g = torch.Generator().manual_seed(seed)
     full = torch.randn(shape, generator=g, dtype=torch.float64)
     w = torch.randn(shape, generator=g, dtype=torch.float64)
@@ -83,8 +82,7 @@ def moves_with_grads(rank: int, cases, shape, seed: int = 0):
         y = x.to_global(placement=dp, sbp=dst)
         loss = (y * from_full(w, dp, (B,) * dp.ndim)).sum()
         loss.backward()
-        grad = None if x.grad is None else _whole(x.grad)
-        out.append((grad, None if x.grad is None else tuple(x.grad.sbp), _whole(y)))
+        out.append((_whole(x.grad), tuple(x.grad.sbp), _whole(y), x.grad._data.numel(), y._data.numel()))
     return full, w, out
 
 
@@ -168,8 +166,8 @@ class PipelineModule(flow.nn.Module):
 def oneflow_pipeline(rank: int, stages, steps: int, data_sbp=B):
     """Trains the documented example ``steps`` SGD steps on one batch (16 images): ``stages``
     are the two stages' rank lists (None: one process). Data is ``data_sbp`` on each stage (S(0)
-    with two ranks a stage adds data parallelism). Returns the losses and every parameter whole
-    (None where this rank holds none of it)."""
+    with two ranks a stage adds data parallelism). Returns the losses and every parameter whole,
+    on every rank, and the local numels of the parameters."""
     g = torch.Generator().manual_seed(0)
     x_t, y_t = torch.randn(16, 1, 28, 28, generator=g), torch.randint(0, 10, (16,), generator=g)
     p0, p1 = (None, None) if stages is None else (flow.placement("cpu", stages[0]), flow.placement("cpu", stages[1]))
@@ -188,4 +186,48 @@ def oneflow_pipeline(rank: int, stages, steps: int, data_sbp=B):
         opt.step()
         losses.append(_whole(loss) if p0 is not None else loss.detach().to_torch())
     params = [_whole(p) if p0 is not None else p.detach().to_torch() for p in model.parameters()]
-    return losses, params
+    return losses, params, [p._data.numel() for p in model.parameters()]
+
+
+def outside_op_cases(rank: int, module: str, names):
+    """Each named op-table case on placement [1] of a 2-rank world, inputs broadcast: rank 0 is
+    outside. Per case, what this rank sees: the outputs' (shape, dtype, placement, sbp, local
+    numel), the input gradients' (shape, sbp, local numel), or the exception's class and text."""
+    import importlib
+
+    from harness import leaves
+    from holoflow.distributed.global_tensor import make_global
+    mod = importlib.import_module(module)
+    cases = {c.name: c for c in mod.CASES}
+    place = flow.placement("cpu", [1])
+    out = {}
+    for name in names:
+        case = cases[name]
+        args, kwargs = case.make(torch.float64, torch.Generator().manual_seed(0))
+
+        def conv(x):
+            if isinstance(x, torch.Tensor):
+                local = x.clone() if rank == 1 else x.new_empty((0,))
+                t = make_global(flow.from_torch(local), place, (B,), x.shape)
+                return t.requires_grad_() if case.grad and x.is_floating_point() else t
+            if isinstance(x, (list, tuple)):
+                return type(x)(conv(v) for v in x)
+            if isinstance(x, dict):
+                return {k: conv(v) for k, v in x.items()}
+            return x
+        try:
+            gargs, gkw = conv(args), conv(kwargs)
+            got = leaves(case.flow_fn(*gargs, **gkw))
+            seen = [(tuple(o.shape), o.dtype, o.placement == place, tuple(o.sbp), o._data.numel() > 0)
+                    for o in got]
+            ins = [x for x in leaves((gargs, gkw)) if x.requires_grad]
+            outs = [o for o in got if o.requires_grad]
+            if ins and outs:
+                ups = [flow.ones(tuple(o.shape), dtype=o.dtype, placement=place, sbp=B) for o in outs]
+                grads = flow.autograd.grad(outs, ins, ups, allow_unused=True)
+                seen.append([None if g is None else (tuple(g.shape), tuple(g.sbp), g._data.numel() > 0)
+                             for g in grads])
+            out[name] = seen
+        except Exception as e:  # compared between the ranks by the test
+            out[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return out

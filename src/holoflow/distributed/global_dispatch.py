@@ -21,7 +21,7 @@ from ..core.tensor import Tensor
 from . import world
 from .boxing import apply_box, cost
 from .comm_check import user_site
-from .global_tensor import GlobalMeta, absent_outputs, from_full, make_global
+from .global_tensor import GlobalMeta, absent_outputs, from_full, leaves_ranks_out, make_global, world_ranks
 from .sharding import local_shape, nd_str
 from .placement import placement
 
@@ -178,7 +178,7 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
         if any(s != B for nd in sig[1] for s in nd):
             raise UnsupportedError(f"holoflow.{op.name}: its output shape depends on the data, so it "
                                    f"runs on global tensors only with broadcast inputs; box them to B")
-        logical = [Meta(tuple(o._data.shape), o._data.dtype) for o in outs]
+        logical = _shared_metas(place, [Meta(tuple(o._data.shape), o._data.dtype) for o in outs])
     for o, nd, m in zip(outs, sig[1], logical):
         make_global(o, place, nd, m.shape)
         _check_local(op, o, place, nd, m.shape, rank)
@@ -188,10 +188,8 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
 def _absent_apply(op: Op, inputs: tuple, attrs: dict, metas: list, sig: tuple, logical, place):
     """A rank outside the placement skips the kernel: empty outputs that know their logical
     shape, placement and SBP (docs/architecture.md, "Ranks outside a placement")."""
-    if logical is None:
-        raise UnsupportedError(f"holoflow.{op.name}: its output shape depends on the data, which rank "
-                               f"{world.rank()} outside {place} does not hold; box the result to a "
-                               f"placement containing every rank first")
+    if logical is None:  # a data-dependent shape: the placement's first rank tells it
+        logical = _shared_metas(place, None)
     tensors = tuple(x for x in inputs if isinstance(x, Tensor))
     single = _returns_single(op, metas, attrs, logical)
     out = absent_outputs(tensors, tuple(m.dtype for m in logical), single)
@@ -201,6 +199,17 @@ def _absent_apply(op: Op, inputs: tuple, attrs: dict, metas: list, sig: tuple, l
     if single:
         return out
     return op.out_type(*outs) if op.out_type is not None else outs
+
+
+def _shared_metas(place, mine: list | None) -> list:
+    """Output metas only the placement's ranks know (a data-dependent shape), handed to every
+    rank of the world when the placement leaves some out (they run the same program)."""
+    ranks = world_ranks()
+    if not leaves_ranks_out(place, ranks):
+        return mine
+    plain = None if mine is None else [(tuple(m.shape), m.dtype) for m in mine]
+    got = world.comm().all_gather_shapes(plain, ranks)[ranks.index(place.flat_ranks[0])]
+    return [Meta(shape, dtype) for shape, dtype in got]
 
 
 def _returns_single(op: Op, metas: list, attrs: dict, logical) -> bool:

@@ -25,7 +25,7 @@ from ..core.errors import HoloflowError
 from ..core.registry import defop
 from ..core.sbp import B, P
 from ..core.tensor import Tensor, _repr_with
-from . import world
+from . import env, world
 from .boxing import apply_box
 from .moves import move
 from .sharding import dual, local_shape, nd_str, normalize_sbp, shard_of
@@ -75,10 +75,20 @@ class GlobalMeta:
         return seed_grad(t, g)
 
     def full(self, t: Tensor) -> torch.Tensor:
-        """The whole logical tensor on this rank (boxes a copy to broadcast); empty on a rank
-        outside the placement, which holds none of it."""
-        if self.placement.coords(world.rank()) is None:
-            return t._data
+        """The whole logical tensor on this rank, as OneFlow's ``numpy()``: boxed to broadcast on
+        its placement, and when the placement leaves ranks out, moved to every rank of the world
+        (a collective every rank calls: one program on every rank), so ``numpy()``, ``item()``
+        and ``bool()`` answer on ranks outside the placement too."""
+        ranks = world_ranks()
+        if leaves_ranks_out(self.placement, ranks):
+            every = placement(self.placement.type, list(ranks))
+            with grad_mode.no_grad():
+                out = move(t, self.placement, self.sbp, every, (B,), self.shape, world.rank(), world.comm())
+            return out._data
+        return self.gather(t)
+
+    def gather(self, t: Tensor) -> torch.Tensor:
+        """The whole logical tensor on ranks of the placement (a collective among them only)."""
         if all(s == B for s in self.sbp):
             return t._data
         r = world.rank()
@@ -87,10 +97,21 @@ class GlobalMeta:
         return out._data
 
     def repr(self, t: Tensor) -> str:
-        body = repr(self.full(t).detach()) if self.placement.coords(world.rank()) is not None \
+        body = repr(self.gather(t).detach()) if self.placement.coords(world.rank()) is not None \
             else f"tensor(<not on this rank>, shape={tuple(self.shape)})"
         body = body[:-1] + f", placement={self.placement}, sbp={self.sbp})"
         return _repr_with(body, t)
+
+
+def leaves_ranks_out(place: placement, ranks: tuple) -> bool:
+    """Whether ``place`` lies inside this world of ``ranks`` and leaves some of them out."""
+    return len(ranks) > place.size and max(place.flat_ranks) < len(ranks)
+
+
+def world_ranks() -> tuple[int, ...]:
+    """Every rank of this world (a simulated world's size, else the process group's)."""
+    n = getattr(world.comm(), "world_size", None)
+    return tuple(range(n if n is not None else env.get_world_size()))
 
 
 def make_global(local: Tensor, place: placement, nd: tuple, shape, grad_sbp=None) -> Tensor:
