@@ -70,7 +70,8 @@ class GraphConfig:
                     shard_restore_level: int = 1) -> None:
         """ZeRO for graphs of global tensors (graph/zero.py): data-parallel parameters of at least
         ``shard_min_size`` elements get their optimizer state (stage 1) and gradients (stage 2)
-        sharded along dim 0 across the ranks. Stage 3 raises (not built yet)."""
+        sharded along dim 0 across the ranks; stage 3 also keeps the parameters sharded, gathered
+        just before each use in forward and backward."""
         self.zero = Zero(stage, shard_min_size) if mode else None
 
     def enable_profiling(self, mode: bool = True, path: str | None = None) -> None:

@@ -24,6 +24,7 @@ from ..core.registry import Meta, Op
 from ..core.tensor import Tensor
 from .ir import IRGraph, Node, Value
 from .pipeline import trace_move
+from .zero import ZERO3, shard_parameter
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _USER = (os.path.join(_PKG, "examples"),)   # holoflow's own example models count as user code
@@ -201,6 +202,9 @@ class Tracer(Interpreter):
     def _bind_global(self, op: Op, inputs: tuple, attrs: dict, place):
         """An op on global values: the signature eager would choose; inputs whose SBP differs
         are boxed by recorded ``global_box`` nodes; outputs are global values of that SBP."""
+        if self.zero is not None and self.zero.stage >= 3:   # ZeRO-3: parameters read whole, gathered here
+            inputs = tuple(self._gather_zero3(x) if isinstance(x, Tensor) and shard_parameter(x, self.zero)
+                           else x for x in inputs)
         metas = [Meta(tuple(x.shape), x._data.dtype) if isinstance(x, Tensor) else x for x in inputs]
         cur = [x._global.sbp for x in inputs if isinstance(x, Tensor)]
         try:
@@ -218,6 +222,12 @@ class Tracer(Interpreter):
                 j += 1
             boxed.append(x)
         return self._record(op, tuple(boxed), attrs, (place, sig))
+
+    def _gather_zero3(self, p: Tensor) -> Tensor:
+        """A ZeRO-3 parameter (kept S(0)) all-gathered for the op about to read it (graph/zero.py)."""
+        out = self.box(p, tuple(B for _ in p._global.sbp))
+        self.nodes[-1] = self.nodes[-1].with_(tags=self.nodes[-1].tags | {ZERO3})
+        return out
 
     def _adopt(self, x: Tensor) -> None:
         """A saved output re-wrapped by a grad rule (``ctx.out``) gets its value's global meta back."""

@@ -8,9 +8,17 @@ and one row per rank) is *sharded* along dim 0 across the ranks:
 - stage 2: also its gradient: the partial sums are reduce-scattered to S(0) (a P->S(0) boxing
   node) instead of all-reduced, so each rank receives just its rows.
 
-The optimizer's own update rule runs on the shard (views of the parameter's rows and shard-sized
-state); the parameter stays whole between steps (stage 3, parameters kept S(0) and gathered
-before each use, is not built yet). See docs/architecture.md, "Global graphs".
+- stage 3: also the parameter itself: it is re-laid out as S(0) in place when the graph first
+  traces it (each rank keeps its rows between steps). Every op reading it inside the graph reads
+  an all-gathered copy (a ``global_box`` S(0) -> B node tagged ``zero3``, recorded just before the
+  op); ``passes/zero_regather.py`` gathers it again before its first use in backward, so the
+  memory plan frees the forward copy after its last forward use. Its gradient, the partial sums
+  of the gathered copy, is reduce-scattered to S(0); the optimizer's ordinary update then runs on
+  the shards (parameter, gradient and state all S(0)).
+
+Stages 1 and 2 run the optimizer's own update rule on the shard (views of the parameter's rows
+and shard-sized state) and all-gather the updated rows: the parameter stays whole between steps.
+See docs/architecture.md, "Global graphs".
 """
 from __future__ import annotations
 
@@ -32,9 +40,9 @@ class Zero:
     shard_min_size: int = 1024
 
     def __post_init__(self) -> None:
-        if self.stage not in (1, 2):
-            raise UnsupportedError(f"holoflow.nn.Graph: ZeRO stage {self.stage} is not supported yet "
-                                   f"(stages 1 and 2 are: optimizer state, and gradients, sharded)")
+        if self.stage not in (1, 2, 3):
+            raise UnsupportedError(f"holoflow.nn.Graph: ZeRO stage {self.stage} does not exist (stages 1, 2 "
+                                   f"and 3 shard optimizer state, also gradients, also parameters)")
 
     def sharded(self, p: Tensor) -> bool:
         """Whether ZeRO shards parameter ``p``: data parallel (broadcast on a placement whose
@@ -50,6 +58,30 @@ class Zero:
             return None
         axis = _axes(p._global.placement)[0]
         return tuple(S(0) if i == axis else B for i in range(p._global.placement.ndim))
+
+
+ZERO3 = "zero3"   # the tag of a stage-3 parameter's gather nodes
+
+
+def shard_parameter(p: Tensor, zero: Zero | None) -> bool:
+    """Stage 3: whether ``p`` is (now) kept S(0): an eligible data-parallel parameter is re-laid
+    out in place the first time a graph traces it (its rows only; no communication)."""
+    if zero is None or zero.stage < 3:
+        return False
+    if p.__dict__.get("_zero3"):
+        return True
+    if not (p.requires_grad and p.is_leaf and zero.sharded(p)):
+        return False
+    axis = _axes(p._global.placement)[0]
+    nd = tuple(S(0) if i == axis else B for i in range(p._global.placement.ndim))
+    with grad_mode.no_grad():
+        out = p.detach().to_global(sbp=nd)
+    rg = p.requires_grad
+    p._data, p._global = out._data.clone(), out._global
+    if p.requires_grad != rg:
+        p.requires_grad_(rg)
+    p.__dict__["_zero3"] = True
+    return True
 
 
 def _axes(place) -> list[int]:

@@ -1,0 +1,124 @@
+"""ZeRO stage 3 on global graphs: parameters kept S(0) between steps, all-gathered just before each
+use in forward and again in backward, gradients reduce-scattered; training equals single-process
+training and every rank holds 1/N of the sharded parameters, gradients and optimizer state."""
+import pytest
+import torch
+
+import holoflow as flow
+from holoflow.distributed import world
+from holoflow.graph.zero import ZERO3, state_bytes
+from holoflow.sbp import B, P, S
+
+STEPS = 3
+
+
+def _model():
+    flow.manual_seed(0)
+    m = flow.nn.Sequential(flow.nn.Linear(16, 64), flow.nn.GELU(), flow.nn.Linear(64, 16), flow.nn.LayerNorm(16))
+    g = torch.Generator().manual_seed(5)
+    with flow.no_grad():
+        for p in m.parameters():
+            p.copy_(flow.from_torch(torch.randn(tuple(p.shape), generator=g) * 0.3))
+    return m
+
+
+def _run(place, stage: int, opt_kind: str, n: int = 2):
+    m = _model()
+    if place is not None:
+        m.to_global(place, B)
+    opt = flow.optim.AdamW(m.parameters(), lr=0.01) if opt_kind == "adamw" else \
+        flow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+            if stage:
+                self.config.enable_zero(True, stage=stage, shard_min_size=64)
+
+        def build(self, x):
+            loss = self.m(x).square().mean()
+            loss.backward()
+            return loss
+    g = G()
+    losses = []
+    for i in range(STEPS):
+        x = flow.from_torch(torch.randn(8, 16, generator=torch.Generator().manual_seed(i)))
+        if place is not None:
+            x = x.to_global(place, B).to_global(sbp=S(0))
+        loss = g(x)
+        losses.append((loss.to_global(sbp=B).to_local() if place is not None else loss).item())
+    params = list(m.parameters())
+    whole = [(p.to_global(sbp=B).to_local() if place is not None else p).detach().to_torch() for p in params]
+    local_bytes = sum(p._data.numel() * p._data.element_size() for p in params)
+    info = {"losses": losses, "params": whole, "state": state_bytes(opt), "param_bytes": local_bytes,
+            "sbps": [tuple(p.sbp) if place is not None else None for p in params]}
+    if place is not None:
+        c = next(reversed(g._compiled.values()))
+        nodes = list(c.logical.nodes)
+        info["gathers"] = [("bw" in n.tags) for n in nodes if ZERO3 in n.tags]
+        info["boxes"] = [(b.src, b.dst, "bw" in b.node.tags) for b in g.boxing()]
+        info["grad_bytes"] = sum(v.nbytes // n for node in nodes if node.op.startswith("global_box")
+                                 and node.attrs["src"] == (P,) for v in node.outputs if v.sbp == (S(0),))
+    return info
+
+
+@pytest.mark.parametrize("opt_kind", ["adamw", "sgd"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_zero3_trains_like_single_process_with_sharded_parameters(opt_kind, n):
+    want = _run(None, 0, opt_kind)
+    place = flow.placement("cpu", list(range(n)))
+    sharded = 16 * 64 + 64 + 64 * 16          # the params of >= 64 elements (and >= n rows)
+    for got in world.simulate(n, lambda r: _run(place, 3, opt_kind, n)):
+        torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(want["losses"]), rtol=1e-5, atol=1e-7)
+        for a, b in zip(got["params"], want["params"]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        # kept S(0) between steps: 1/n of the sharded params' bytes, the rest (16-element LN/bias) whole
+        assert got["sbps"] == [(S(0),), (S(0),), (S(0),), (B,), (B,), (B,)], got["sbps"]
+        assert got["param_bytes"] == want["param_bytes"] - 4 * sharded * (n - 1) // n
+        per_elem = 8 if opt_kind == "adamw" else 4
+        assert got["state"] == want["state"] - per_elem * sharded * (n - 1) // n, (got["state"], want["state"])
+        # each sharded parameter gathered before its forward use; backward gathers again what it
+        # reads (only the second weight: the first layer's input needs no gradient, biases are not
+        # read); gradients of the sharded ones reduce-scattered (1/n of their bytes each)
+        assert sorted(got["gathers"]) == [False, False, False, True], got["gathers"]
+        assert [bw for s, d, bw in got["boxes"] if (s, d) == ((P,), (S(0),))] == [True] * 3, got["boxes"]
+        assert got["grad_bytes"] == 4 * sharded // n
+
+
+def test_zero3_backward_reads_its_own_gather_so_the_forward_copy_is_freed():
+    place = flow.placement("cpu", [0, 1])
+
+    def run(rank):
+        m = _model()
+        m.to_global(place, B)
+        opt = flow.optim.SGD(m.parameters(), lr=0.1)
+
+        class G(flow.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+                self.add_optimizer(opt)
+                self.config.enable_zero(True, stage=3, shard_min_size=64)
+
+            def build(self, x):
+                loss = self.m(x).square().mean()
+                loss.backward()
+                return loss
+        g = G()
+        g(flow.ones(8, 16, placement=place, sbp=S(0)))
+        nodes = list(next(reversed(g._compiled.values())).logical.nodes)
+        fwd = {n.outputs[0] for n in nodes if ZERO3 in n.tags and "bw" not in n.tags}
+        readers = [n for n in nodes if "bw" in n.tags and any(v in fwd for v in n.value_inputs())]
+        return len(fwd), readers
+    for n_fwd, readers in world.simulate(2, run):
+        assert n_fwd == 3 and readers == [], readers
+
+
+def test_zero_stage_4_does_not_exist():
+    class G(flow.nn.Graph):
+        def build(self, x):
+            return x
+    with pytest.raises(NotImplementedError, match="ZeRO stage 4 does not exist"):
+        G().config.enable_zero(True, stage=4)
