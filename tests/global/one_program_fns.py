@@ -231,3 +231,26 @@ def outside_op_cases(rank: int, module: str, names):
         except Exception as e:  # compared between the ranks by the test
             out[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     return out
+
+
+def clipped_pipeline(rank: int, single: bool):
+    """Two stages on [0] and [1] (single: one process), gradients clipped by their total norm
+    across both stages (clip_grad_norm_ moves each norm to the first parameter's placement, as
+    OneFlow does), one SGD step. Returns the total norm and the parameters, whole."""
+    with SEED_LOCK:
+        flow.manual_seed(0)
+        s0, s1 = flow.nn.Linear(4, 5), flow.nn.Linear(5, 2)
+    p0, p1 = flow.placement("cpu", [0]), flow.placement("cpu", [1])
+    x = flow.from_torch(torch.arange(12.0).reshape(3, 4))
+    if not single:
+        s0.to_global(p0, B)
+        s1.to_global(p1, B)
+        x = x.to_global(placement=p0, sbp=B)
+    h = s0(x)
+    if not single:
+        h = h.to_global(placement=p1, sbp=B)
+    (s1(h) ** 2).sum().backward()
+    params = list(s0.parameters()) + list(s1.parameters())
+    total = flow.nn.utils.clip_grad_norm_(params, 1.0)
+    flow.optim.SGD(params, lr=0.1).step()
+    return _whole(total), [_whole(p) for p in params]

@@ -260,3 +260,12 @@ def test_oneflow_pipeline_example_on_gloo(world2, world4):
     _check_oneflow_pipeline(world2.run(fns.oneflow_pipeline, ([0], [1]), steps), ([0], [1]), steps)
     stages = ([0, 1], [2, 3])
     _check_oneflow_pipeline(world4.run(fns.oneflow_pipeline, stages, steps, S(0)), stages, steps)
+
+
+def test_clip_grad_norm_across_pipeline_stages():
+    want_total, want_params = fns.clipped_pipeline(0, True)
+    assert want_total.item() > 1.0                          # the clip is active
+    for total, params in world.simulate(2, lambda r: fns.clipped_pipeline(r, False), timeout=QUICK):
+        torch.testing.assert_close(total, want_total, rtol=1e-5, atol=1e-6)
+        for got, want in zip(params, want_params):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

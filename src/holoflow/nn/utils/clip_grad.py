@@ -17,6 +17,7 @@ from holoflow.ops.creation import tensor
 from holoflow.ops.elementwise import isfinite
 from holoflow.ops.shape import stack
 from holoflow.core.interpret import is_lazy
+from holoflow.core.sbp import B
 from holoflow.core.tensor import Tensor
 
 
@@ -76,6 +77,7 @@ def get_total_norm(tensors: Tensor | Iterable[Tensor], norm_type: float = 2.0, e
         total = Tensor._make(_total_norm_fast([t._data for t in tensors], norm_type))
     else:
         norms = [_norm(t, norm_type) for t in tensors]
+        norms = [_placed_as(n, norms[0]) for n in norms]  # pipeline stages: one placement (OneFlow's)
         total = _norm(stack([n.to(norms[0].dtype) for n in norms]), norm_type)
     if error_if_nonfinite and not bool(isfinite(total)):
         raise _nonfinite_error(norm_type)
@@ -95,8 +97,21 @@ def clip_grads_with_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float
             torch._foreach_mul_(datas, coef_data.to(device))
         return
     coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
+    placed: dict = {}
     for g in grads:
-        g.mul_(coef.to(g.dtype))
+        key = None if g._global is None else g._global.placement
+        if key not in placed:
+            placed[key] = _placed_as(coef, g)
+        g.mul_(placed[key].to(g.dtype))
+
+
+def _placed_as(t: Tensor, like: Tensor) -> Tensor:
+    """Global ``t`` moved (broadcast) to ``like``'s placement when they differ (parameters of
+    pipeline stages live on different placements); anything else unchanged."""
+    if t._global is None or like._global is None or t._global.placement == like._global.placement:
+        return t
+    place = like._global.placement
+    return t.to_global(placement=place, sbp=[B] * place.ndim)
 
 
 def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm_type: float = 2.0,
