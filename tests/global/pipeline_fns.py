@@ -1,5 +1,6 @@
 """Pipelined nn.Graph training on one rank of a world (simulated ranks or Gloo workers), and the
 single-process full-batch reference it must equal (tests/global/test_pipeline*.py)."""
+import numpy as np
 import torch
 
 import holoflow as flow
@@ -143,3 +144,91 @@ def run_example(rank: int, iterations: int = 20, trace: str | None = None):
     from holoflow.examples import pipeline as example
     flow.manual_seed(1)
     return example.main(iterations, trace, verbose=False)
+
+
+# -- GPT: PP 2 x DP 2 --------------------------------------------------------------------------------
+
+def gpt_cfg():
+    from holoflow.examples import gpt
+    return gpt.Config(n_layer=2, n_embd=16, n_head=2, block_size=8, batch_size=8, tie=False, corpus_chars=5000)
+
+
+def gpt_batches(steps: int):
+    from holoflow.examples import corpus, gpt
+    cfg = gpt_cfg()
+    data, _ = corpus.splits(cfg.corpus_chars)
+    rng = np.random.default_rng(0)
+    return [corpus.get_batch(data, cfg.block_size, cfg.batch_size, rng) for _ in range(steps)], gpt
+
+
+def gpt_init():
+    from holoflow.examples import gpt
+    return {k: v.detach().numpy().copy() for k, v in gpt.make_model(flow, gpt_cfg()).state_dict().items()}
+
+
+def _gpt_opt(gpt, model, opt: str):
+    # SGD: parameters comparable at rel 1e-5 (AdamW turns round-off in near-zero gradients into +-lr steps)
+    return flow.optim.SGD(model.parameters(), lr=0.5, momentum=0.9) if opt == "sgd" else \
+        gpt.make_optimizer(flow, model, gpt_cfg())
+
+
+def gpt_reference(steps: int = 3, opt: str = "sgd"):
+    """Single-process full-batch GPT training (constant lr, no clipping)."""
+    batches, gpt = gpt_batches(steps)
+    model = gpt.make_model(flow, gpt_cfg())
+    opt = _gpt_opt(gpt, model, opt)
+    losses = []
+    for xb, yb in batches:
+        _, loss = model(flow.tensor(xb), flow.tensor(yb))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}, losses
+
+
+STAGE0 = ("tok", "pos", "blocks.0")
+
+
+def gpt_pipelined(rank: int, init: dict, steps: int = 3, m: int = 2, dp: int = 2, opt: str = "sgd"):
+    """GPT with its embeddings and first block on stage 0 (ranks [0, dp)), the rest on stage 1,
+    data parallel inside each stage; this rank's full parameters and per-micro-batch losses."""
+    batches, gpt = gpt_batches(steps)
+    cfg = gpt_cfg()
+    p0 = flow.placement("cpu", ranks=list(range(dp)))
+    p1 = flow.placement("cpu", ranks=list(range(dp, 2 * dp)))
+    model = gpt.build(flow)(cfg.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.tie)
+    model.load_state_dict({k: flow.tensor(v) for k, v in init.items()})
+    parts = {name: (p0 if name in STAGE0 else p1) for name in ("tok", "pos", "blocks.0", "blocks.1", "ln_f", "head")}
+    for name, place in parts.items():
+        model.get_submodule(name).to_global(placement=place, sbp=[B])
+    opt = _gpt_opt(gpt, model, opt)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            for name, place in parts.items():
+                self.model.get_submodule(name).to(flow.nn.graph.GraphModule).set_stage(0 if place == p0 else 1, place)
+            self.config.set_gradient_accumulation_steps(m)
+            self.add_optimizer(opt)
+
+        def build(self, x, y):
+            with flow.utils.global_view.global_mode(True, placement=p0, sbp=[B]):
+                _, loss = self.model(x, y)
+            loss.backward()
+            return loss
+
+    g = G()
+    losses = []
+    for xb, yb in batches:
+        x = flow.tensor(xb).to_global(placement=p0, sbp=[S(0)])
+        y = flow.tensor(yb).to_global(placement=p1, sbp=[S(0)])
+        loss = g(x, y)
+        if rank in p1.flat_ranks:
+            losses.append(loss.to_global(sbp=[B]).to_local().numpy().copy())
+    params = {}
+    for k, v in model.state_dict().items():
+        place = p0 if k.startswith(STAGE0) else p1
+        params[k] = v.to_local().numpy().copy() if rank in place.flat_ranks else None
+    return params, losses

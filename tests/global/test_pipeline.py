@@ -22,13 +22,13 @@ def _rel(got: dict, want: dict) -> float:
 
 
 def _check(results, want, want_losses, dp: int = 1):
-    for params, losses, mem, stage in results:
+    for params, losses, _mem, stage in results:
         assert _rel(params, want) < 1e-5
         if stage == 1:
             # per micro-batch losses (OneFlow's pack): their mean is the full-batch loss; with
             # DP the stage's ranks each hold a partial sum
             if dp == 1:
-                np.testing.assert_allclose([float(np.mean(l)) for l in losses], want_losses, rtol=1e-5)
+                np.testing.assert_allclose([float(np.mean(v)) for v in losses], want_losses, rtol=1e-5)
 
 
 @pytest.mark.parametrize("spelling", ["to", "config", "stage_id"])
@@ -38,7 +38,7 @@ def test_two_stages_four_micro_batches_equal_full_batch(spelling, opt):
     res = world.simulate(2, lambda r: F.pipelined(r, INIT, steps=3, m=4, spelling=spelling, opt=opt))
     _check(res, want, want_losses)
     assert [r[3] for r in res] == [0, 1]
-    assert all(len(l) == 4 for l in res[1][1])   # one loss per micro-batch
+    assert all(len(v) == 4 for v in res[1][1])   # one loss per micro-batch
 
 
 def test_inputs_of_a_staged_module_move_to_its_placement():
@@ -100,8 +100,8 @@ def test_gradient_accumulation_on_a_global_graph_without_stages():
         return {k: v.to_local().numpy() for k, v in net.state_dict().items()}, losses
     for params, losses in world.simulate(2, run):
         assert _rel(params, want) < 1e-5
-        assert all(np.asarray(l).shape == (4,) for l in losses)
-        np.testing.assert_allclose([np.mean(l) for l in losses], want_losses, rtol=1e-5)
+        assert all(np.asarray(v).shape == (4,) for v in losses)
+        np.testing.assert_allclose([np.mean(v) for v in losses], want_losses, rtol=1e-5)
 
 
 def test_write_trace_merges_every_rank(tmp_path):
@@ -198,3 +198,14 @@ def test_bad_stage_settings_raise():
         m.to(flow.nn.graph.GraphModule).set_stage(0, placement=[0])
     with pytest.raises(ValueError, match="1f1b"):
         flow.nn.Graph().config.set_pipeline_schedule("zigzag")
+
+
+def test_gpt_pp2_x_dp2_on_four_simulated_ranks_equals_full_batch():
+    """GPT (embeddings + block 0 on ranks [0, 1], block 1 + head on [2, 3]), S(0) batches, 2 micro-batches."""
+    want, want_losses = F.gpt_reference(3)
+    init = F.gpt_init()
+    res = world.simulate(4, lambda r: F.gpt_pipelined(r, init, 3, 2, 2))
+    for params, _ in res:
+        assert _rel(params, want) < 1e-5
+    for _, losses in res[2:]:
+        np.testing.assert_allclose([float(np.mean(v)) for v in losses], want_losses, rtol=1e-5)

@@ -12,9 +12,9 @@ from test_pipeline import INIT, _rel
 def test_two_stages_on_gloo_equal_full_batch(world2):
     want, want_losses = F.reference(steps=3)
     res = world2.run(F.pipelined, INIT, 3, 4, timeout=240)
-    for params, losses, mem, stage in res:
+    for params, *_ in res:
         assert _rel(params, want) < 1e-5
-    np.testing.assert_allclose([float(np.mean(l)) for l in res[1][1]], want_losses, rtol=1e-5)
+    np.testing.assert_allclose([float(np.mean(v)) for v in res[1][1]], want_losses, rtol=1e-5)
     assert res[0][2]["peak_in_flight"] == 2 and res[1][2]["peak_in_flight"] == 1
 
 
@@ -36,3 +36,12 @@ def test_oneflow_pipeline_example_runs_and_its_loss_decreases(world2, tmp_path):
     ev = json.load(open(path))["traceEvents"]
     rows = {e["args"]["name"] for e in ev if e.get("name") == "process_name"}
     assert rows == {"stage 0 · rank 0", "stage 1 · rank 1"}
+
+
+def test_gpt_pp2_x_dp2_on_four_gloo_ranks_equals_full_batch(world4):
+    want, want_losses = F.gpt_reference(3)
+    res = world4.run(F.gpt_pipelined, F.gpt_init(), 3, 2, 2, timeout=240)
+    for params, _ in res:
+        assert _rel(params, want) < 1e-5
+    for _, losses in res[2:]:
+        np.testing.assert_allclose([float(np.mean(v)) for v in losses], want_losses, rtol=1e-5)
