@@ -101,6 +101,14 @@ def local_leaves(rank: int, n: int, seed: int = 0):
         wy = w if sbp == S(0) else w[:3]
         (y * from_full(wy, place, B)).sum().backward()
         got[name] = None if a.grad is None else a.grad.to_torch()
+    a = flow.from_torch(locals_[rank].clone()).requires_grad_()    # a non-leaf made global
+    y = (a * 2).to_global(placement=place, sbp=B, copy=True)
+    (y * from_full(w[:3], place, B)).sum().backward()
+    got["nonleaf_B"] = a.grad.to_torch()
+    a = flow.from_torch(locals_[rank].clone())                       # copy=True: a copy, not a view
+    y = a.to_global(placement=place, sbp=S(0), copy=True)
+    y.to_local().add_(1.0)
+    got["copy_local"] = bool((a.to_torch() == locals_[rank]).all())
     wg = from_full(w, place, B)
     for name, kw in (("grad_sbp", {"sbp": S(0), "grad_sbp": B}), ("copy", {"sbp": S(0), "copy": True}),
                      ("grad_sbp_box", {"sbp": B, "grad_sbp": S(0)})):

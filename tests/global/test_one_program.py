@@ -123,6 +123,8 @@ def _check_leaves(n, outs):
         (a.sum(0) * w[:3]).sum().backward()                 # partial_sum: the sum of the locals
         torch.testing.assert_close(got["P"], a.grad[r])
         torch.testing.assert_close(got["B"], w[:3])         # broadcast: every replica gets the whole
+        torch.testing.assert_close(got["nonleaf_B"], 2 * w[:3])
+        assert got["copy_local"]
         for name, want_sbp in (("grad_sbp", (S(0),)), ("copy", (S(0),)), ("grad_sbp_box", (S(0),))):
             grad, sbp = got[name]
             torch.testing.assert_close(grad, w)

@@ -138,12 +138,13 @@ def _absent_grad(ctx, *dys):
                  for s, dt in zip(ctx.shapes, ctx.dtypes))
 
 
-def _from_local_kernel(t, place, nd, rank, comm, shape):
+def _from_local_kernel(t, place, nd, rank, comm, shape, copy=False):
+    src = t
     for axis, s in enumerate(nd):  # broadcast axes take the first rank's data (OneFlow's rule)
         if s == B:
             group = place.axis_group(rank, axis)
             t = comm.broadcast(t.contiguous(), group[0], group)
-    return t
+    return t.clone() if copy and t.untyped_storage().data_ptr() == src.untyped_storage().data_ptr() else t
 
 
 def _from_local_grad(ctx, dy):
@@ -175,7 +176,7 @@ def absent_outputs(inputs: tuple, dtypes: tuple, single: bool):
     return run_local(ABSENT, inputs, {"dtypes": tuple(dtypes), "device": dev, "single": single})
 
 
-def _from_local(x: Tensor, place: placement, nd: tuple, check_meta: bool, grad_sbp) -> Tensor:
+def _from_local(x: Tensor, place: placement, nd: tuple, check_meta: bool, grad_sbp, copy: bool = False) -> Tensor:
     r = world.rank()
     data = x._data
     if place.coords(r) is None:  # absent here: the logical shape from this rank's local shape
@@ -190,7 +191,7 @@ def _from_local(x: Tensor, place: placement, nd: tuple, check_meta: bool, grad_s
             raise HoloflowError(f"holoflow.to_global: ranks disagree on the local tensor's rank or "
                                 f"dtype: {dict(zip(place.flat_ranks, shapes))}")
         shape = _logical_shape(shapes, place, nd, check_meta)
-    attrs = {"place": place, "nd": nd, "rank": r, "comm": comm, "shape": tuple(shape)}
+    attrs = {"place": place, "nd": nd, "rank": r, "comm": comm, "shape": tuple(shape), "copy": copy}
     out = run_local(FROM_LOCAL, (x,), attrs)
     return make_global(out, place, nd, shape, grad_sbp)
 
@@ -233,7 +234,7 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
             raise HoloflowError("holoflow.to_global: a local tensor needs both placement= and sbp=")
         nd = normalize_sbp(sbp, placement, self.dim())
         gs = normalize_sbp(grad_sbp, placement, self.dim()) if grad_sbp is not None else None
-        return _from_local(self, placement, nd, check_meta, gs)
+        return _from_local(self, placement, nd, check_meta, gs, copy)
     g = self._global
     place = placement or g.placement
     if sbp is None and len(g.sbp) != place.ndim:
