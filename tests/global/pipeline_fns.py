@@ -86,7 +86,7 @@ def init_state(seed: int = 0):
 
 def pipelined(rank: int, init: dict, steps: int = 3, m: int = 4, lr: float = 0.1, batch: int = 16, dp: int = 1,
               schedule: str = "1f1b", spelling: str = "to", opt: str = "sgd", explicit_move: bool = True,
-              trace: str | None = None):
+              trace: str | None = None, amp: bool = False, ckpt: bool = False):
     """This rank's share of pipelined training on ``2 * dp`` ranks: stage 0 on ranks [0..dp),
     stage 1 on [dp..2dp), batch split S(0) over each stage's ranks (broadcast when dp == 1).
     Returns the full parameters (gathered) on every rank, the losses (per micro-batch, on stage 1
@@ -112,6 +112,10 @@ def pipelined(rank: int, init: dict, steps: int = 3, m: int = 4, lr: float = 0.1
                 self.net.s1.config.stage_id = 1
             self.config.set_gradient_accumulation_steps(m)
             self.config.set_pipeline_schedule(schedule)
+            if amp:
+                self.config.enable_amp(True)
+            if ckpt:
+                self.net.s1.config.activation_checkpointing = True
             self.add_optimizer(o)
 
         def build(self, x, y):
@@ -232,3 +236,31 @@ def gpt_pipelined(rank: int, init: dict, steps: int = 3, m: int = 2, dp: int = 2
         place = p0 if k.startswith(STAGE0) else p1
         params[k] = v.to_local().numpy().copy() if rank in place.flat_ranks else None
     return params, losses
+
+
+def reference_graph(steps: int = 2, m: int = 4, amp: bool = False, ckpt: bool = False, lr: float = 0.1,
+                    batch: int = 16):
+    """The same training as a single-process (local) nn.Graph with gradient accumulation."""
+    net = make()
+    o = _opt("sgd", net.parameters(), lr)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+            self.config.set_gradient_accumulation_steps(m)
+            if amp:
+                self.config.enable_amp(True)
+            if ckpt:
+                self.net.s1.config.activation_checkpointing = True
+            self.add_optimizer(o)
+
+        def build(self, x, y):
+            loss = flow.nn.functional.cross_entropy(self.net(x), y)
+            loss.backward()
+            return loss
+    g = G()
+    for s in range(steps):
+        x, y = data(batch, s)
+        g(flow.tensor(x), flow.tensor(y))
+    return {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}

@@ -209,3 +209,14 @@ def test_gpt_pp2_x_dp2_on_four_simulated_ranks_equals_full_batch():
         assert _rel(params, want) < 1e-5
     for _, losses in res[2:]:
         np.testing.assert_allclose([float(np.mean(v)) for v in losses], want_losses, rtol=1e-5)
+
+
+@pytest.mark.parametrize("amp,ckpt", [(True, False), (False, True), (True, True)])
+def test_amp_and_activation_checkpointing_in_stages_equal_the_local_graph(amp, ckpt):
+    want = F.reference_graph(steps=2, amp=amp, ckpt=ckpt)
+    res = world.simulate(2, lambda r: F.pipelined(r, INIT, steps=2, amp=amp, ckpt=ckpt))
+    for params, *_ in res:
+        assert _rel(params, want) < 1e-5
+    if ckpt:   # stage 1 recomputes its forward in backward: it keeps fewer activation bytes
+        plain = world.simulate(2, lambda r: F.pipelined(r, INIT, steps=1, amp=amp))
+        assert res[1][2]["peak_bytes"] < plain[1][2]["peak_bytes"], (res[1][2], plain[1][2])

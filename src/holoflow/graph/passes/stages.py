@@ -48,7 +48,7 @@ def phases(g: IRGraph) -> dict[int, str]:
         srcs = {ph[id(prod[v])] for v in n.value_inputs() if v in prod}
         if n.effect or "upd" in n.tags or "U" in srcs:
             ph[id(n)] = "U"
-        elif "bw" in n.tags or "B" in srcs:
+        elif "bw" in n.tags or "recompute" in n.tags or "B" in srcs:   # recomputed in backward (checkpointing)
             ph[id(n)] = "B"
         else:
             ph[id(n)] = "F"
@@ -65,18 +65,37 @@ def phases(g: IRGraph) -> dict[int, str]:
     return ph
 
 
-def node_placement(n: Node):
+def value_placements(g: IRGraph) -> dict:
+    """Every global value's placement, including values a pass made without one (AMP casts and
+    the nodes it re-made): a node's values share the placement of the first value that has one."""
+    out = {v: v.placement for v in (*g.feeds, *(v for v, _ in g.state)) if v.placement is not None}
+    for n in g.nodes:
+        if n.op == MOVE:
+            out[n.outputs[0]] = n.attrs["dst"]
+            continue
+        p = next((v.placement for v in n.outputs if v.placement is not None), None) or \
+            next((out[v] for v in n.value_inputs() if v in out), None)
+        if p is not None:
+            for v in n.outputs:
+                out.setdefault(v, v.placement or p)
+    return out
+
+
+def node_placement(n: Node, places: dict | None = None):
+    places = places if places is not None else {}
     for v in (*n.outputs, *n.value_inputs()):
-        if v.placement is not None:
-            return v.placement
+        p = v.placement or places.get(v)
+        if p is not None:
+            return p
     return None
 
 
 def implicit_placements(g: IRGraph) -> list:
     """Stages when no module has one: each placement the graph computes on, in order of first use."""
     seen: list = []
+    places = value_placements(g)
     for n in g.nodes:
-        p = n.attrs["src"] if n.op == MOVE else node_placement(n)
+        p = n.attrs["src"] if n.op == MOVE else node_placement(n, places)
         if p is not None and p not in seen and not n.effect:
             seen.append(p)
     for v in (*g.feeds, *(v for v, _ in g.state)):
@@ -89,6 +108,7 @@ def check_stages(g: IRGraph, placements: list, ph: dict) -> None:
     """Every global node sits on a stage's placement; forward moves go to later stages and
     backward moves to earlier ones (anything else is a cycle between stages)."""
     index = {p: i for i, p in enumerate(placements)}
+    places = value_placements(g)
     for n in g.nodes:
         if n.op == MOVE:
             s, d = index.get(n.attrs["src"]), index.get(n.attrs["dst"])
@@ -104,17 +124,18 @@ def check_stages(g: IRGraph, placements: list, ph: dict) -> None:
                     f"value moves from stage {s} ({n.attrs['src']}) to stage {d} ({n.attrs['dst']}); "
                     f"forward data must flow to later stages (a cycle between stages cannot be pipelined)")
             continue
-        p = node_placement(n)
+        p = node_placement(n, places)
         if p is not None and p not in index and not n.effect:
             raise HoloflowError(f"holoflow.nn.Graph: op {n.op!r} at {n.source or '?'} runs on {p}, which is no "
                                 f"stage's placement (stages: {', '.join(map(str, placements))})")
 
 
-def _effect_share(n: Node, mine) -> Node | None:
+def _effect_share(n: Node, mine, places: dict) -> Node | None:
     """An optimizer effect over parameters of several stages, restricted to this stage's: the
     optimizer's own update on those parameters (None if it has none)."""
     vals = n.value_inputs()
-    here = [i for i, v in enumerate(n.inputs) if isinstance(v, Value) and v.placement in (None, mine)]
+    here = [i for i, v in enumerate(n.inputs)
+            if isinstance(v, Value) and (v.placement or places.get(v)) in (None, mine)]
     if len(here) == len(n.inputs) or not vals:
         return n
     if not here:
@@ -146,6 +167,7 @@ def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int) -> RankGraph |
     if mine is None:
         return None
     index = {p: i for i, p in enumerate(placements)}
+    places = value_placements(g)
     ph = dict(ph)
     keep: list[Node] = []
     recv: dict = {}
@@ -159,21 +181,23 @@ def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int) -> RankGraph |
                 recv.setdefault(key, []).append(n.outputs[0])
             continue
         if n.effect:
-            n = _effect_share(n, mine)
+            n = _effect_share(n, mine, places)
             if n is not None:
                 ph[id(n)] = "U"
                 keep.append(n)
             continue
-        p = node_placement(n)
+        p = node_placement(n, places)
         if p == mine or p is None:
             keep.append(n)
     # local nodes (no placement) only where this rank's nodes need them
     need = {v for vs in send.values() for v in vs}
-    need |= {o for o in g.outputs if isinstance(o, Value) and o.placement in (None, mine)}
-    need |= {v for _, v in g.updates if v.placement == mine}
+    def where(v: Value):
+        return v.placement or places.get(v)
+    need |= {o for o in g.outputs if isinstance(o, Value) and where(o) in (None, mine)}
+    need |= {v for _, v in g.updates if where(v) == mine}
     out: list[Node] = []
     for n in reversed(keep):
-        if node_placement(n) is None and not n.effect and not any(v in need for v in n.outputs):
+        if node_placement(n, places) is None and not n.effect and not any(v in need for v in n.outputs):
             continue
         need.update(n.value_inputs())
         out.append(n)
@@ -181,8 +205,8 @@ def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int) -> RankGraph |
     feeds = [i for i, f in enumerate(g.feeds) if f.placement == mine or (f.placement is None and f in need)]
     received = [v for vs in recv.values() for v in vs]
     state = tuple((v, t) for v, t in g.state if v.placement in (None, mine))
-    outputs = [i for i, o in enumerate(g.outputs) if isinstance(o, Value) and o.placement in (None, mine)]
+    outputs = [i for i, o in enumerate(g.outputs) if isinstance(o, Value) and where(o) in (None, mine)]
     sub = g.with_(feeds=tuple(g.feeds[i] for i in feeds) + tuple(received), state=state, nodes=tuple(out),
                   outputs=tuple(g.outputs[i] for i in outputs),
-                  updates=tuple((t, v) for t, v in g.updates if v.placement == mine), frees=None)
+                  updates=tuple((t, v) for t, v in g.updates if where(v) == mine), frees=None)
     return RankGraph(sub, {id(n): ph[id(n)] for n in out}, feeds, recv, send, outputs)
