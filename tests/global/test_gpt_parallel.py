@@ -33,14 +33,16 @@ def test_2x2_data_and_tensor_parallel_matches_single_process(world4):
         assert comms.get("all_reduce", 0) > 0
 
 
-@pytest.mark.parametrize("tp,zero", [(2, 0), (1, 2)])
+@pytest.mark.parametrize("tp,zero", [(2, 0), (1, 2), (1, 3)])
 def test_graph_of_global_tensors_matches_single_process(world4, tp, zero):
-    """--graph: the step as an nn.Graph (2x2 DP x TP mesh, or 4-way DP with ZeRO-2) gives the
+    """--graph: the step as an nn.Graph (2x2 DP x TP mesh, or 4-way DP with ZeRO-2 or 3) gives the
     single-process losses; every boxing node names a line of the model or the training step."""
     want = gpt.train(flow, CFG, evaluate_every=False)["train"]
     for losses, boxing in world4.run(gpt_parallel_fns.graph_losses, asdict(CFG), tp, zero, timeout=240):
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-4, atol=0)
         assert boxing and all(src and (line.startswith("gpt.py:") or line.startswith("gpt_parallel.py:"))
                               for src, _, line in boxing), boxing
-        if zero == 2:
+        if zero >= 2:
             assert any(src[0] == P and dst[0] == S(0) for src, dst, _ in boxing)   # reduce-scattered grads
+        if zero == 3:   # parameters gathered from their shards
+            assert any(src[0] == S(0) and dst[0] == B for src, dst, _ in boxing)

@@ -2,10 +2,13 @@
 
     python -m holoflow.distributed.launch --nproc_per_node 4 -m holoflow.examples.gpt_parallel --steps 50
     python -m holoflow.distributed.launch --nproc_per_node 4 -m holoflow.examples.gpt_parallel --graph --zero 2
+    python -m holoflow.distributed.launch --nproc_per_node 4 -m holoflow.examples.gpt_parallel --graph --tp 1 --zero 3
 
 ``--graph`` compiles the same training step as an ``nn.Graph`` of global tensors (boxing as graph
-nodes, one plan per rank; ``--zero 1|2`` shards the optimizer state / gradients of the
-data-parallel parameters); ``--tp 1`` is plain data parallelism.
+nodes, one plan per rank; ``--zero 1|2|3`` shards the optimizer state / also the gradients / also
+the parameters of the data-parallel parameters, on a mesh with one axis of more than one rank);
+``--tp 1`` is plain data parallelism. ``--dp`` (default: world size / ``--tp``) is checked
+against the world.
 
 The model, corpus, optimizer and training step are :mod:`holoflow.examples.gpt`'s, unchanged; only
 the layout is new. The world forms a ``dp x tp`` mesh (``--tp``, default 2: a 2x2 mesh on 4
@@ -134,10 +137,11 @@ def train_graph(cfg: gpt.Config, place: flow.placement, data: tuple | None = Non
 
 def parse_args(argv: Sequence[str] | None) -> tuple[gpt.Config, argparse.Namespace]:
     ap = argparse.ArgumentParser(prog="holoflow-gpt-parallel", description=__doc__.split("\n")[0])
+    ap.add_argument("--dp", type=int, default=None, help="data-parallel ranks (mesh axis 0); default world / tp")
     ap.add_argument("--tp", type=int, default=2, help="ranks per tensor-parallel group (mesh axis 1)")
     ap.add_argument("--json", default=None, help="rank 0 writes the losses here")
     ap.add_argument("--graph", action="store_true", help="compile the step as an nn.Graph of global tensors")
-    ap.add_argument("--zero", type=int, default=0, choices=(0, 1, 2), help="ZeRO stage of the graph (--graph)")
+    ap.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage of the graph (--graph)")
     ap.add_argument("--corpus-chars", type=int, default=gpt.Config.corpus_chars)
     ns, rest = ap.parse_known_args(argv)
     cfg = gpt.parse_args(rest)
@@ -150,6 +154,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     cfg, ns = parse_args(argv)
     flow.env.init()
     rank, world = flow.env.get_rank(), flow.env.get_world_size()
+    if ns.dp is not None and ns.dp * ns.tp != world:
+        raise ValueError(f"holoflow.examples.gpt_parallel: --dp {ns.dp} x --tp {ns.tp} must equal the "
+                         f"world size {world}")
     place = mesh(world, ns.tp)
     if rank == 0:
         print(f"holoflow GPT, data x tensor parallel on a {place.hierarchy[0]}x{place.hierarchy[1]} mesh: "

@@ -22,7 +22,7 @@ See docs/architecture.md, "Global graphs".
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -31,7 +31,7 @@ from ..core.errors import UnsupportedError
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
 from ..distributed import world
-from ..distributed.sharding import balanced
+from ..distributed.sharding import balanced, shard_of
 
 
 @dataclass(frozen=True)
@@ -72,14 +72,12 @@ def shard_parameter(p: Tensor, zero: Zero | None) -> bool:
         return True
     if not (p.requires_grad and p.is_leaf and zero.sharded(p)):
         return False
-    axis = _axes(p._global.placement)[0]
-    nd = tuple(S(0) if i == axis else B for i in range(p._global.placement.ndim))
-    with grad_mode.no_grad():
-        out = p.detach().to_global(sbp=nd)
-    rg = p.requires_grad
-    p._data, p._global = out._data.clone(), out._global
-    if p.requires_grad != rg:
-        p.requires_grad_(rg)
+    g = p._global
+    axis = _axes(g.placement)[0]
+    nd = tuple(S(0) if i == axis else B for i in range(g.placement.ndim))
+    # this rank's rows of the whole tensor it holds: torch directly, not an op (a trace is running)
+    p._data = shard_of(p._data, nd, g.placement, world.rank()).clone()
+    p._global = replace(g, sbp=nd)
     p.__dict__["_zero3"] = True
     return True
 
