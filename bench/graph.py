@@ -134,7 +134,6 @@ def one(case: str, variant: str, steps: int, repeat: int) -> dict:
                               | {SOURCE_STREAM: "caller"})
     r.update(nodes=len(c.ir.nodes), tasks=len(c.lowered.plan.tasks), trace_s=c.compile_s, planned_bytes=c.peak_bytes)
     r["ms"] = timeit(lambda: g(*batch), steps, repeat) * 1e3
-    g.close() if hasattr(g, "close") else None
     return r
 
 
@@ -151,28 +150,39 @@ def parse_result(out: str) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def alternate(jobs: dict[str, list[str]], rounds: int, timeout: float = 900.0, log=print) -> dict[str, dict]:
+def run_child(cmd: list[str], timeout: float = 1800.0) -> str:
+    """A child's stdout; raises with the end of its stderr when it fails."""
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"exit {p.returncode}: {p.stderr[-1500:]}")
+    return p.stdout
+
+
+def alternate(jobs: dict[str, list[str]], rounds: int, log=print, runner=run_child) -> dict[str, dict]:
     """Runs each job (a command printing a RESULT line) once per round in a fresh process, the
-    order reversed every other round; keeps each job's fastest result (smallest ``ms``)."""
+    order reversed every other round; keeps each job's fastest result (smallest ``ms``). A failed
+    job is logged and recorded as ``{"error": ...}``."""
     best: dict[str, dict] = {}
     names = list(jobs)
     for k in range(rounds):
         for name in (names if k % 2 == 0 else names[::-1]):
-            p = subprocess.run(jobs[name], capture_output=True, text=True, timeout=timeout)
-            if p.returncode != 0:
-                log(f"  {name}: FAILED (exit {p.returncode})\n{p.stderr[-1500:]}")
+            try:
+                r = parse_result(runner(jobs[name]))
+            except Exception as e:      # noqa: BLE001 -- reported, the other variants still run
+                log(f"  {name}: FAILED {type(e).__name__}: {str(e)[-600:]}")
+                best.setdefault(name, {"error": "failed"})
                 continue
-            r = parse_result(p.stdout)
             log(f"  round {k + 1}: {name:<24} {r['ms']:9.2f} ms")
-            if name not in best or r["ms"] < best[name]["ms"]:
-                best[name] = {**r, "rounds": best.get(name, {}).get("rounds", 0) + 1}
+            old = best.get(name, {})
+            if "ms" not in old or r["ms"] < old["ms"]:
+                best[name] = {**r, "rounds": old.get("rounds", 0) + 1}
             else:
-                best[name]["rounds"] += 1
+                old["rounds"] += 1
     return best
 
 
 def report(case: str, res: dict[str, dict]) -> None:
-    ms = {v: res[f"{case}:{v}"]["ms"] for v in VARIANTS if f"{case}:{v}" in res}
+    ms = {v: res[f"{case}:{v}"]["ms"] for v in VARIANTS if "ms" in res.get(f"{case}:{v}", {})}
     print(f"== {CASES[case]}")
     print("  ms/step: " + " | ".join(f"{v} {t:.2f}" for v, t in ms.items()))
 

@@ -1,0 +1,238 @@
+"""Every benchmark, each variant in its own fresh process, into one table: bench/results.md.
+
+    python bench/run_all.py                  # full: 3 rounds, 20 steps x 5 repeats per child
+    python bench/run_all.py --quick          # 2 rounds, 10 steps x 3, torch.compile once, short others
+    python bench/run_all.py --lock /tmp/bench.lock --out bench/results.md
+
+Sections: the machine (CPU model, cores, torch version, date, load average before and after);
+nn.Graph vs the sequential executor vs holoflow eager vs torch eager vs torch.compile on GPT-mini
+and the CNN (bench/graph.py variants, alternated in fresh processes, best of rounds), with the
+issue's ratio targets; the actor runtime's per-act overhead (bench/runtime.py, best of rounds);
+then the other benches found in bench/ (eager.py, ops_overhead.py, dp_overlap.py, boxing.py,
+pipeline.py), each run through its own CLI with its output quoted. ``--lock`` takes that file's
+flock around each child only, so other benches can slip in between (do not also wrap the whole
+command in flock on the same file). A failing bench is reported in the file, not fatal.
+Figures from a loaded machine are noisy: the header records the load average.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import graph as graph_bench  # noqa: E402
+
+LOCK: str | None = None
+
+
+@contextlib.contextmanager
+def bench_lock():
+    if LOCK is None:
+        yield
+        return
+    with open(LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """One child process under the bench lock."""
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with bench_lock():
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+def machine() -> dict:
+    import torch
+    model = platform.processor() or "?"
+    with contextlib.suppress(OSError):
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    return {"cpu": model, "cores": os.cpu_count(), "usable cores": len(os.sched_getaffinity(0)),
+            "torch": torch.__version__, "intra-op threads": torch.get_num_threads(),
+            "python": platform.python_version(), "commit": commit.strip() or "?",
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "load average (1 min) at start": os.getloadavg()[0]}
+
+
+# -- graph variants ---------------------------------------------------------------------------
+
+def graph_results(q: bool, rounds: int, log) -> dict[str, dict]:
+    steps, repeat = (10, 3) if q else (20, 5)
+    main_variants = [v for v in graph_bench.VARIANTS if v != "torch-compile"]
+    res: dict[str, dict] = {}
+    for case in graph_bench.CASES:
+        log(f"graph: {case}")
+        jobs = {f"{case}:{v}": graph_bench.child_cmd(case, v, steps, repeat) for v in main_variants}
+        res |= alternate(jobs, rounds, log)
+        jobs = {f"{case}:torch-compile": graph_bench.child_cmd(case, "torch-compile", steps, repeat)}
+        res |= alternate(jobs, 1 if q else rounds, log)
+    return res
+
+
+def alternate(jobs: dict[str, list[str]], rounds: int, log) -> dict[str, dict]:
+    """bench/graph.py's alternation, each child under the lock."""
+    def runner(cmd: list[str]) -> str:
+        p = run(cmd, 1800)
+        if p.returncode != 0:
+            raise RuntimeError(f"exit {p.returncode}: {p.stderr[-1500:]}")
+        return p.stdout
+    return graph_bench.alternate(jobs, rounds, log, runner)
+
+
+TARGETS = [  # (numerator, denominator, target, which cases)
+    ("actor", "sequential", 1.05, ("gpt", "cnn")),
+    ("actor", "torch-eager", 0.6, ("gpt",)),
+    ("actor", "torch-compile", 1.0, ("cnn",)),
+    ("flow-eager", "torch-eager", 1.1, ("gpt", "cnn")),
+]
+
+
+def graph_table(res: dict[str, dict]) -> list[str]:
+    out = ["| ms/step (best of rounds) | " + " | ".join(graph_bench.VARIANTS) + " |",
+           "| --- |" + " ---: |" * len(graph_bench.VARIANTS)]
+    for case, title in graph_bench.CASES.items():
+        cells = []
+        for v in graph_bench.VARIANTS:
+            r = res.get(f"{case}:{v}", {})
+            cells.append(f"{r['ms']:.2f}" if "ms" in r else r.get("error", "-"))
+        out.append(f"| {title} | " + " | ".join(cells) + " |")
+    out += ["", "| ratio | case | measured | target | |", "| --- | --- | ---: | ---: | --- |"]
+    for a, b, target, cases in TARGETS:
+        for case in cases:
+            ra, rb = res.get(f"{case}:{a}", {}), res.get(f"{case}:{b}", {})
+            if "ms" in ra and "ms" in rb:
+                x = ra["ms"] / rb["ms"]
+                out.append(f"| {a} / {b} | {case} | {x:.3f} | <= {target} | {'met' if x <= target else 'MISSED'} |")
+    ra, rb = res.get("gpt:actor-thread", {}), res.get("gpt:sequential", {})
+    if "ms" in ra and "ms" in rb:
+        out.append(f"| actor-thread / sequential | gpt | {ra['ms'] / rb['ms']:.3f} | (for comparison) | |")
+    out += ["", "| case | IR nodes | tasks | first call s | planned peak MiB | torch saved MiB | planned / saved |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for case, title in graph_bench.CASES.items():
+        g, t = res.get(f"{case}:actor", {}), res.get(f"{case}:torch-eager", {})
+        if "planned_bytes" in g and "saved_bytes" in t:
+            out.append(f"| {title} | {g['nodes']} | {g['tasks']} | {g['first_s']:.2f} | "
+                       f"{g['planned_bytes'] / 2**20:.2f} | {t['saved_bytes'] / 2**20:.2f} | "
+                       f"{g['planned_bytes'] / max(t['saved_bytes'], 1):.2f} (target <= 0.8) |")
+    return out
+
+
+# -- runtime per-act overhead -----------------------------------------------------------------
+
+def runtime_table(q: bool, rounds: int, log) -> list[str]:
+    iters = 500 if q else 2000
+    best: dict[str, float] = {}
+    for k in range(rounds):
+        try:
+            p = run([sys.executable, os.path.join(HERE, "runtime.py"), "--json", "--iters", str(iters)], 600)
+            rows = json.loads(p.stdout.strip().splitlines()[-1])["us_per_act"]
+        except Exception as e:          # noqa: BLE001 -- reported in the table
+            log(f"  runtime: FAILED {type(e).__name__}: {e}")
+            continue
+        log(f"  runtime round {k + 1}: " + ", ".join(f"{n} {us:.2f}" for n, us in rows.items()))
+        for n, us in rows.items():
+            best[n] = min(best.get(n, float("inf")), us)
+    if not best:
+        return ["(bench/runtime.py failed)"]
+    seq = best.get("sequential executor", 1.0)
+    out = ["| executor (chain of 8 trivial tasks) | us/act | x sequential | overhead us/act |",
+           "| --- | ---: | ---: | ---: |"]
+    out += [f"| {n} | {us:.2f} | {us / seq:.1f} | {us - seq:.2f} |" for n, us in best.items()]
+    return out
+
+
+# -- other benches, through their CLIs ---------------------------------------------------------
+
+def others(q: bool) -> list[tuple[str, list[str], float]]:
+    """(title, argv after the script, timeout s) for every bench script present besides ours."""
+    cands = [
+        ("eager.py", "holoflow eager vs torch eager, one process (bench/eager.py)",
+         ["--number", "3", "--repeat", "3"] if q else []),
+        ("ops_overhead.py", "per-op overhead on tiny tensors (bench/ops_overhead.py)",
+         ["--number", "300", "--repeat", "3"] if q else []),
+        ("dp_overlap.py", "data parallelism vs its no-communication limit, 2 Gloo ranks (bench/dp_overlap.py)",
+         ["--steps", "4", "--rounds", "1"] if q else []),
+        ("boxing.py", "boxing vs raw collectives, 2 Gloo ranks (bench/boxing.py)", []),
+        ("pipeline.py", "pipeline schedules (bench/pipeline.py)", ["--steps", "2"] if q else []),
+    ]
+    return [(title, [sys.executable, os.path.join(HERE, script), *args], 900 if q else 2400)
+            for script, title, args in cands if os.path.exists(os.path.join(HERE, script))]
+
+
+def other_sections(q: bool, log) -> list[str]:
+    out: list[str] = []
+    for title, cmd, timeout in others(q):
+        log(f"other: {title}")
+        t0 = time.perf_counter()
+        try:
+            p = run(cmd, timeout)
+            text = (p.stdout.strip() or "(no output)") + (f"\n[exit {p.returncode}]\n{p.stderr.strip()[-1500:]}"
+                                                          if p.returncode else "")
+        except subprocess.TimeoutExpired:
+            text = f"(timed out after {timeout} s)"
+        cmdline = " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT) else c for c in cmd[1:])
+        out += [f"### {title}", "", f"`python {cmdline}` ({time.perf_counter() - t0:.0f} s)", "", "```",
+                text, "```", ""]
+    return out
+
+
+def main() -> None:
+    global LOCK
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer rounds and steps; torch.compile once")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per variant (default 3, quick 2)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results.md"))
+    ap.add_argument("--lock", default=None, help="flock this file around each child process")
+    ap.add_argument("--skip-others", action="store_true", help="only the graph and runtime tables")
+    a = ap.parse_args()
+    LOCK = a.lock
+    rounds = a.rounds or (2 if a.quick else 3)
+    t0 = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:6.0f}s] {msg}", flush=True)
+    info = machine()
+    gres = graph_results(a.quick, rounds, log)
+    rtable = runtime_table(a.quick, rounds, log)
+    rest = [] if a.skip_others else other_sections(a.quick, log)
+    info["load average (1 min) at end"] = os.getloadavg()[0]
+    cmd = "python bench/run_all.py" + (" --quick" if a.quick else "") + (f" --rounds {a.rounds}" if a.rounds else "")
+    lines = ["# Benchmark results", "",
+             f"Written by `{cmd}` in {time.perf_counter() - t0:.0f} s. Every graph variant ran in its own "
+             f"fresh process, order alternated per round, best of {rounds} round(s) "
+             "(torch.compile: 1 round with --quick). Not timed tests; on a loaded machine (see the load "
+             "average) figures swing by 2x or more: compare ratios from a quiet run.", "",
+             "| machine | |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in info.items()]
+    lines += ["", "## nn.Graph vs executors, holoflow eager, torch eager and torch.compile (CPU training step)", "",
+              "`actor`: the actor runtime as lowered (a CPU device's streams on the caller's thread); "
+              "`actor-thread`: the same plan with the device's streams on one dedicated worker thread; "
+              "`sequential`: the reference executor (bench/graph.py).", ""]
+    lines += graph_table(gres)
+    lines += ["", "## Actor runtime per-act overhead (bench/runtime.py)", ""] + rtable
+    if rest:
+        lines += ["", "## Other benches", ""] + rest
+    with open(a.out, "w") as f:
+        f.write("\n".join(lines).rstrip() + "\n")
+    log(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
