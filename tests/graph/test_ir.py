@@ -218,8 +218,8 @@ def test_pass_log_keeps_the_ir_after_every_pass(capsys):
     printed = capsys.readouterr().out
     for rec in log:                                          # debug(3): the IR after every pass, as Python
         assert f"  {rec.summary()}" in printed and str(rec) in printed
-    assert [r.name for r in log] == ["trace", "grad_acc", "checkpointing", "cse", "dce", "fuse_add_to_output",
-                                     "fuse_elementwise", "fuse_update", "memory_plan"]
+    assert [r.name for r in log] == ["trace", "grad_acc", "checkpointing", "cse", "dce", "recompute",
+                                     "fuse_add_to_output", "fuse_elementwise", "fuse_update", "memory_plan"]
     for prev, rec in zip(log, log[1:]):
         assert rec.before == len(prev.graph.nodes) and rec.after == len(rec.graph.nodes)
         assert rec.seconds >= 0
@@ -235,7 +235,7 @@ def test_pass_log_keeps_the_ir_after_every_pass(capsys):
     assert "pass fuse_elementwise" in text and next(iter(g._compiled.values())).program.source in text
     plain = Train(*_case())
     plain(_batch())
-    assert [r.name for r in plain.passes_log] == ["trace", "cse", "dce", "memory_plan"]
+    assert [r.name for r in plain.passes_log] == ["trace", "cse", "dce", "recompute", "memory_plan"]
 
 
 def test_run_time_error_names_the_program_line():

@@ -77,6 +77,8 @@ def _gelu_bwd_grad(c, ddx):
 GELU_BWD = binary("gelu_backward", lambda dy, x, approximate="none":
                   torch.ops.aten.gelu_backward(dy, x, approximate=approximate),
                   _gelu_bwd_grad, "inputs", partial=("PB",))
+GELU_BWD.inplace_kernel = lambda dy, x, approximate="none": \
+    torch.ops.aten.gelu_backward.grad_input(dy, x, approximate=approximate, grad_input=dy)  # into dy
 GELU = unary("gelu", lambda x, approximate="none": TF.gelu(x, approximate=approximate),
              lambda c, dy: (apply(GELU_BWD, dy, _x(c), approximate=c.approximate),), "inputs")
 RELU = unary("relu", torch.relu, lambda c, dy: (dy * (c.out > 0),), "output")

@@ -56,7 +56,7 @@ def record(name: str, before: IRGraph, after: IRGraph, seconds: float) -> PassRe
 
 
 PIPELINE: list[PassInfo] = []
-ORDER = ["grad_acc", "amp", "checkpointing", "zero_regather", "cse", "dce", "fuse_add_to_output",
+ORDER = ["grad_acc", "amp", "checkpointing", "zero_regather", "cse", "dce", "recompute", "fuse_add_to_output",
          "fuse_elementwise", "fuse_update", "bucket_grads", "memory_plan"]
 
 

@@ -19,6 +19,12 @@ is tagged ``inplace``) when
   already written);
 - producer and consumer run in the same task (lowering's task split), so no other task holds
   the buffer.
+
+Scheduling (first, on the functional IR): inside each task, a node that frees more bytes than
+it allocates (``linear_grad_weight`` reading the last use of an activation) runs as soon as
+its inputs are ready, ahead of nodes that would allocate while that activation is still live.
+Random nodes keep their relative order (the RNG stream), effect nodes stay in their task, and
+the new order is kept only when it lowers the planned peak.
 """
 from __future__ import annotations
 
@@ -236,9 +242,80 @@ def plan_inplace(g: IRGraph) -> IRGraph:
     return g.with_(nodes=tuple(new.get(id(n), n) for n in g.nodes))
 
 
+def _net_bytes(n: Node, left: dict, keep: set, inside: set) -> int:
+    """Bytes ``n`` allocates minus the bytes of inputs it reads for the last time."""
+    alloc = 0 if _shares_first_input(n) else sum(v.nbytes for v in n.outputs)
+    freed = sum(x.nbytes for x in set(n.value_inputs()) if left[x] == 1 and x in inside and x not in keep)
+    return alloc - freed
+
+
+def _schedule_task(nodes: list[Node], keep: set, left: dict, window: int) -> list[Node]:
+    inside = {v for n in nodes for v in n.outputs}
+    done: set = set()
+    pending = list(nodes)
+    randoms = [id(n) for n in nodes if (op := REGISTRY.get(n.op)) is not None and op.random]
+    readers: dict = {}
+    for n in nodes:
+        for x in set(n.value_inputs()):
+            readers.setdefault(x, []).append(n)
+    out: list[Node] = []
+
+    def blocked(n: Node, given: tuple = ()) -> bool:
+        return any(x in inside and x not in done and x not in given for x in n.value_inputs()) or \
+            (bool(randoms) and id(n) in randoms and id(n) != randoms[0])
+
+    def net(n: Node) -> int:
+        """n's bytes, or with a consumer that it alone unblocks and that frees more (a pair)."""
+        own = _net_bytes(n, left, keep, inside)
+        pairs = [own + _net_bytes(c, left, keep, inside) for v in n.outputs for c in readers.get(v, ())
+                 if c is not n and not blocked(c, n.outputs)]
+        return min([own, *pairs])
+
+    while pending:
+        pick, best = None, 0
+        for i, n in enumerate(pending[:window]):
+            if blocked(n):
+                continue
+            b = net(n)
+            if pick is None or b < best:   # the ready node (or pair) adding the fewest bytes
+                pick, best = i, b
+        n = pending.pop(pick)
+        if randoms and id(n) == randoms[0]:
+            randoms.pop(0)
+        for x in set(n.value_inputs()):
+            left[x] -= 1
+        done.update(n.outputs)
+        out.append(n)
+    return out
+
+
+def schedule(g: IRGraph, window: int = 64) -> IRGraph:
+    """Runs memory-freeing nodes early inside each task (see the module docstring)."""
+    if any("inplace" in n.tags for n in g.nodes):
+        return g
+    keep = _keep(g)
+    left: dict = {}
+    for n in g.nodes:
+        for x in set(n.value_inputs()):
+            left[x] = left.get(x, 0) + 1
+    mine = {id(n) for n in g.nodes}   # split_tasks adds the state updates' assign nodes
+    nodes = [m for t in split_tasks(g) for m in
+             _schedule_task([n for n in t.nodes if id(n) in mine], keep, left, window)]
+    if all(a is b for a, b in zip(nodes, execution_order(g))):
+        return g
+    return g.with_(nodes=tuple(nodes))
+
+
 @register("memory_plan")
 def memory_plan(g: IRGraph, config=None) -> IRGraph:
-    """In-place reuse (unless ``config.inplace_reuse`` is False), then free at last use."""
-    if getattr(config, "inplace_reuse", True):
-        g = plan_inplace(g)
-    return g.with_(frees=last_uses(g))
+    """Scheduling for memory (kept when it lowers the planned peak), in-place reuse (unless
+    ``config.inplace_reuse`` is False), then free at last use."""
+    def plan(x: IRGraph) -> IRGraph:
+        x = plan_inplace(x) if getattr(config, "inplace_reuse", True) else x
+        return x.with_(frees=last_uses(x))
+    base = plan(g)
+    s = schedule(g)
+    if s is g:
+        return base
+    s = plan(s)
+    return s if peak_bytes(s, s.frees) < peak_bytes(base, base.frees) else base
