@@ -194,7 +194,8 @@ def gpt_reference(steps: int = 3, opt: str = "sgd"):
 STAGE0 = ("tok", "pos", "blocks.0")
 
 
-def gpt_pipelined(rank: int, init: dict, steps: int = 3, m: int = 2, dp: int = 2, opt: str = "sgd"):
+def gpt_pipelined(rank: int, init: dict, steps: int = 3, m: int = 2, dp: int = 2, opt: str = "sgd",
+                  schedule: str = "1f1b"):
     """GPT with its embeddings and first block on stage 0 (ranks [0, dp)), the rest on stage 1,
     data parallel inside each stage; this rank's full parameters and per-micro-batch losses."""
     batches, gpt = gpt_batches(steps)
@@ -215,6 +216,7 @@ def gpt_pipelined(rank: int, init: dict, steps: int = 3, m: int = 2, dp: int = 2
             for name, place in parts.items():
                 self.model.get_submodule(name).to(flow.nn.graph.GraphModule).set_stage(0 if place == p0 else 1, place)
             self.config.set_gradient_accumulation_steps(m)
+            self.config.set_pipeline_schedule(schedule)
             self.add_optimizer(opt)
 
         def build(self, x, y):

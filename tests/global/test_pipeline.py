@@ -31,11 +31,12 @@ def _check(results, want, want_losses, dp: int = 1):
                 np.testing.assert_allclose([float(np.mean(v)) for v in losses], want_losses, rtol=1e-5)
 
 
-@pytest.mark.parametrize("spelling", ["to", "config", "stage_id"])
+@pytest.mark.parametrize("spelling,schedule", [("to", "1f1b"), ("config", "gpipe"), ("stage_id", "zb-h1")])
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
-def test_two_stages_four_micro_batches_equal_full_batch(spelling, opt):
+def test_two_stages_four_micro_batches_equal_full_batch(spelling, schedule, opt):
     want, want_losses = F.reference(steps=3, opt=opt)
-    res = world.simulate(2, lambda r: F.pipelined(r, INIT, steps=3, m=4, spelling=spelling, opt=opt))
+    res = world.simulate(2, lambda r: F.pipelined(r, INIT, steps=3, m=4, spelling=spelling, opt=opt,
+                                                  schedule=schedule))
     _check(res, want, want_losses)
     assert [r[3] for r in res] == [0, 1]
     assert all(len(v) == 4 for v in res[1][1])   # one loss per micro-batch
@@ -200,11 +201,12 @@ def test_bad_stage_settings_raise():
         flow.nn.Graph().config.set_pipeline_schedule("zigzag")
 
 
-def test_gpt_pp2_x_dp2_on_four_simulated_ranks_equals_full_batch():
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_gpt_pp2_x_dp2_on_four_simulated_ranks_equals_full_batch(schedule):
     """GPT (embeddings + block 0 on ranks [0, 1], block 1 + head on [2, 3]), S(0) batches, 2 micro-batches."""
     want, want_losses = F.gpt_reference(3)
     init = F.gpt_init()
-    res = world.simulate(4, lambda r: F.gpt_pipelined(r, init, 3, 2, 2))
+    res = world.simulate(4, lambda r: F.gpt_pipelined(r, init, 3, 2, 2, schedule=schedule))
     for params, _ in res:
         assert _rel(params, want) < 1e-5
     for _, losses in res[2:]:

@@ -50,10 +50,12 @@ class GraphConfig:
 
     def set_pipeline_schedule(self, name: str) -> None:
         """Pipeline stages (graph/pipeline.py): ``"1f1b"`` (default: a stage holds at most its
-        ``p - stage`` micro-batches in flight) or ``"gpipe"`` (all ``m`` forwards, then backwards).
-        The order emerges from the forward task's register count, not from a scheduler loop."""
-        if name not in ("1f1b", "gpipe"):
-            raise ValueError(f"holoflow.nn.Graph: pipeline schedule must be '1f1b' or 'gpipe', got {name!r}")
+        ``p - stage`` micro-batches in flight), ``"gpipe"`` (all ``m`` forwards, then backwards), or
+        ``"zb-h1"`` (1F1B whose weight gradients run as a separate task, deferred by ``p - 1 -
+        stage`` micro-batches, after the input gradients are sent: zero-bubble H1). The order
+        emerges from the tasks' register counts, not from a scheduler loop."""
+        if name not in ("1f1b", "gpipe", "zb-h1"):
+            raise ValueError(f"holoflow.nn.Graph: pipeline schedule must be '1f1b', 'gpipe' or 'zb-h1', got {name!r}")
         self.pipeline_schedule = name
 
     def allow_fuse_add_to_output(self, mode: bool = True) -> None:

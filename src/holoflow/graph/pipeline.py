@@ -44,7 +44,7 @@ from ..runtime.timeline import write_merged
 from .global_graph import fingerprint, localize
 from .ir import IRGraph, Task, Value, _Gen, program
 from .passes.checkpointing import set_activation_checkpointing
-from .passes.stages import check_stages, phases, rank_graph
+from .passes.stages import check_stages, phases, rank_graph, split_weight_grads
 
 SCHEDULES = ("1f1b", "gpipe", "zb-h1")
 
@@ -432,6 +432,15 @@ class PipelineCompiled:
                      tuple(L[v] for v in exports), ())
         tasks = [Task(name, "compute", [n for n in fb.nodes if lph[id(n)] == k]) for name, k in
                  (("fwd", "F"), ("bwd", "B"))]
+        wt = None
+        if self.schedule == "zb-h1" and not acc_last:   # weight gradients split off the backward
+            bwd_nodes = tasks[1].nodes
+            keep = {L[v] for v in [*outs, *sends]} | {v for n in fb.nodes if lph[id(n)] == "F" for v in n.outputs}
+            first, later = split_weight_grads(bwd_nodes, keep)
+            if first and later:
+                tasks[1].nodes = first
+                wt = Task("wgrad", "compute", later)
+                tasks.append(wt)
         tasks = [t for t in tasks if t.nodes]
         _wire(tasks, fb, {L[v] for v in exports})
         gen = _Gen(fb, self.profile)
@@ -470,6 +479,12 @@ class PipelineCompiled:
                 mem["in_flight"] -= 1
                 mem["bytes"] -= fifo.popleft()
             return out
+        if wt is not None:
+            wfn = _deferred_fn(ns[wt.name], self.m, len(wt.outputs), self.p - 1 - self.stage, mem, lock)
+            specs.append(TaskSpec(wt.name, "compute", wfn,
+                                  tuple(name(v) for v in wt.inputs), tuple(name(v) for v in wt.outputs),
+                                  register_num=2, source=wt.source or None,
+                                  meta={"nodes": len(wt.nodes), "phase": "W"}))
         token = (f"{ft.name}_done",) if link else ()
         for t, fn, rn, ins, outs in ((ft, fwd, w, (), token), (bt, bwd, 2, token, ())):
             if t is not None:
@@ -597,15 +612,48 @@ def _acc_fn(entry: Any, m: int, n_sum: int):
         k = state["k"]
         state["k"] = (k + 1) % m
         if k == 0:
-            state["buf"] = [v.clone() for v in vals[:n_sum]]
-        else:
-            for b, v in zip(state["buf"], vals[:n_sum]):
-                b.add_(v)
+            state["buf"] = [None] * n_sum
+        buf = state["buf"]
+        for i, v in enumerate(vals[:n_sum]):
+            if v is not None:    # None: nothing yet (a deferred weight gradient comes later)
+                buf[i] = v.clone() if buf[i] is None else buf[i].add_(v)
         if k == m - 1:
             entry(*state["buf"], *vals[n_sum:])
             state["buf"] = None
         return ()
     return update
+
+
+def _deferred_fn(fn: Any, m: int, n_out: int, limit: int, mem: dict, lock: Any):
+    """Zero-bubble (ZB-H1 style) weight gradients: the backward task computes and sends the input
+    gradients; this task runs the weight gradients after it, keeping up to ``limit``
+    (``p - 1 - stage``) micro-batches' weight gradients waiting, so on earlier stages the
+    gradients of later micro-batches pass first; the step's last act runs what is left. Outputs
+    are summed here and handed to the update task once, after the last micro-batch (None before)."""
+    pending: deque = deque()
+    state: dict = {"k": 0, "sum": None}
+
+    def run(args: tuple) -> None:
+        out = fn(*args)
+        with lock:
+            mem["bytes"] -= sum(t.numel() * t.element_size() for t in args if isinstance(t, torch.Tensor))
+        s = state["sum"]
+        state["sum"] = [o.clone() for o in out] if s is None else [a.add_(o) for a, o in zip(s, out)]
+
+    def wgrad(*args) -> tuple:
+        k = state["k"]
+        state["k"] = (k + 1) % m
+        with lock:   # what waiting weight gradients keep alive counts as activation memory
+            mem["bytes"] += sum(t.numel() * t.element_size() for t in args if isinstance(t, torch.Tensor))
+            mem["peak_bytes"] = max(mem["peak_bytes"], mem["bytes"])
+        pending.append(args)
+        while len(pending) > (limit if k < m - 1 else 0):
+            run(pending.popleft())
+        if k < m - 1:
+            return (None,) * n_out
+        out, state["sum"] = state["sum"], None
+        return tuple(out)
+    return wgrad
 
 
 def _wire(tasks: list, g, exported: set) -> None:

@@ -113,7 +113,7 @@ def merged_chrome_trace(acts: list[dict]) -> dict:
             lanes[key] = tid = order.get(a["lane"], 1 + len([k for k in lanes if k[0] == a["rank"]]))
             events.append({"name": "thread_name", "ph": "M", "pid": a["rank"], "tid": tid,
                            "args": {"name": a["lane"]}})
-        label = a["phase"] if a["lane"] == "compute" and a["phase"] in ("F", "B") else a["task"]
+        label = a["phase"] if a["lane"] == "compute" and a["phase"] in ("F", "B", "W") else a["task"]
         events.append({"name": f"{label} mb{a['mb']}" if a["phase"] != "U" else "update", "cat": a["lane"],
                        "ph": "X", "pid": a["rank"], "tid": lanes[key], "ts": (a["start"] - t0) * 1e6,
                        "dur": (a["end"] - a["start"]) * 1e6,
@@ -127,7 +127,7 @@ def write_merged(path: str, acts: list[dict]) -> None:
         json.dump(merged_chrome_trace(acts), f)
 
 
-def bubble_fractions(acts: list[dict], phases: tuple = ("F", "B")) -> dict:
+def bubble_fractions(acts: list[dict], phases: tuple = ("F", "B", "W")) -> dict:
     """Per rank, the idle fraction of its compute lane over each step's makespan (first forward
     anywhere to last backward anywhere), averaged over steps: ``1 - busy / span``."""
     steps: dict[int, list] = {}

@@ -210,3 +210,17 @@ def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int) -> RankGraph |
                   outputs=tuple(g.outputs[i] for i in outputs),
                   updates=tuple((t, v) for t, v in g.updates if where(v) == mine), frees=None)
     return RankGraph(sub, {id(n): ph[id(n)] for n in out}, feeds, recv, send, outputs)
+
+
+def split_weight_grads(nodes: list, keep: set) -> tuple[list, list]:
+    """Backward nodes split for zero-bubble schedules: those that ``keep`` values (gradients sent
+    to the previous stage, outputs) depend on, and the rest — weight gradients, read only by the
+    once-per-step update — which may run later."""
+    need = set(keep)
+    first: list = []
+    for n in reversed(nodes):
+        if any(v in need for v in n.outputs):
+            need.update(n.value_inputs())
+            first.append(n)
+    ids = {id(n) for n in first}
+    return [n for n in nodes if id(n) in ids], [n for n in nodes if id(n) not in ids]
