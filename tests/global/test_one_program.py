@@ -271,3 +271,27 @@ def test_clip_grad_norm_across_pipeline_stages():
         torch.testing.assert_close(total, want_total, rtol=1e-5, atol=1e-6)
         for got, want in zip(params, want_params):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_module_moves_between_placements_keeping_its_sbp():
+    """Module.to_global(placement=...) alone moves a global module (SBPs kept, as OneFlow's
+    Tensor.to_global); its forward and gradients follow it."""
+    p01, p23 = flow.placement("cpu", [0, 1]), flow.placement("cpu", [2, 3])
+
+    def fn(r):
+        with fns.SEED_LOCK:
+            flow.manual_seed(0)
+            m = flow.nn.Linear(4, 6)
+        m.to_global(p01, lambda name, t: S(0) if name == "weight" else B)
+        m.to_global(placement=p23)
+        assert m.weight.placement == p23 and tuple(m.weight.sbp) == (S(0),) and tuple(m.bias.sbp) == (B,)
+        x = flow.ones(3, 4, placement=p23, sbp=B)
+        m(x).sum().backward()
+        return fns._whole(m.weight), fns._whole(m.weight.grad), m.weight._data.numel()
+    flow.manual_seed(0)
+    ref = torch.nn.Linear(4, 6)
+    ref(torch.ones(3, 4)).sum().backward()
+    for r, (w, g, n) in enumerate(world.simulate(4, fn, timeout=QUICK)):
+        torch.testing.assert_close(w, ref.weight.detach())
+        torch.testing.assert_close(g, ref.weight.grad)
+        assert n == (12 if r >= 2 else 0)

@@ -36,6 +36,12 @@ from .module import Module
 SbpSpec = Union[SBP, tuple, list, Callable[[str, Tensor], object]]
 
 
+def _sbp_required() -> HoloflowError:
+    return HoloflowError("holoflow.nn.Module.to_global: sbp= is required: one SBP for every tensor, "
+                         "or a function (name, tensor) -> sbp (a module of global tensors may keep "
+                         "its SBPs and move with placement= alone)")
+
+
 def _convert(t: Tensor, place, sbp, broadcast: bool) -> tuple:
     """(local shard, GlobalMeta) of ``t`` under ``place``/``sbp``; ``t`` itself is untouched."""
     if t._global is not None:
@@ -44,6 +50,8 @@ def _convert(t: Tensor, place, sbp, broadcast: bool) -> tuple:
     if place is None:
         raise HoloflowError("holoflow.nn.Module.to_global: the module holds local tensors, so "
                             "placement= is required, e.g. flow.placement('cpu', [0, 1])")
+    if sbp is None:
+        raise _sbp_required()
     nd = normalize_sbp(sbp, place, t.dim(), what="nn.Module.to_global")
     r = world.rank()
     full = t._data
@@ -99,9 +107,8 @@ def module_to_global(self: Module, placement=None, sbp: SbpSpec | None = None, *
     if mode.is_enabled:
         placement = placement if placement is not None else mode.placement
         sbp = sbp if sbp is not None else mode.sbp
-    if sbp is None:
-        raise HoloflowError("holoflow.nn.Module.to_global: sbp= is required: one SBP for every "
-                            "tensor, or a function (name, tensor) -> sbp")
+    if sbp is None and placement is None:
+        raise _sbp_required()
     seen: set[int] = set()
     for kind in ("_parameters", "_buffers"):
         for prefix, mod in self.named_modules(remove_duplicate=False):
