@@ -26,9 +26,10 @@ from .optimizer import add_optimizer_updates
 from .pytree import flatten, unflatten
 from ..distributed import world
 from .global_graph import explain as explain_boxing
-from .global_graph import boxing_points, check_same_program, is_global, localize
+from .global_graph import boxing_points, calibrate, check_same_program, is_global, link_model, localize
 from .trace import Tracer, is_user_file, user_line
 from . import pipeline
+from .pipeline_run import PipelineCompiled
 from .passes.stages import implicit_placements, tag_update_nodes
 
 
@@ -81,9 +82,11 @@ class Graph:
         self._grad_scaler = grad_scaler
 
     def debug(self, v_level: int = 0, *, ranks=None, max_py_stack_depth: int = 2) -> None:
-        """What each compile prints: ``v_level >= 1`` a summary and what every pass did; ``>= 2``
-        also the program that runs (the Python source the plan executes, verbatim); ``>= 3`` also
-        the IR after every pass. ``passes_log`` and :meth:`explain` give the same afterwards."""
+        """What each compile prints: ``v_level >= 1`` a summary, what every pass did and, for a global
+        graph, the boxing table of :meth:`explain` (the links calibrated once per placement: a short
+        collective measurement on every rank); ``>= 2`` also the program that runs (the Python
+        source the plan executes, verbatim); ``>= 3`` also the IR after every pass. ``passes_log``
+        and :meth:`explain` give the same afterwards."""
         self._debug = v_level
 
     @property
@@ -245,6 +248,12 @@ class Graph:
         self._log = log
         if self._debug >= 1:
             print(self._summary(c))
+            if is_global(logical):   # every rank compiles: the link calibration is collective
+                place = next(v.placement for v in (*logical.feeds, *(v for v, _ in logical.state))
+                             if v.placement is not None)
+                if link_model(place).calibrated is False:
+                    calibrate(place)
+                print(explain_boxing(logical))
         if self._debug >= 3:
             print("\n\n".join(map(str, log)))
         if self._debug >= 2:
@@ -262,7 +271,7 @@ class Graph:
         ir = passes.run(ir, cfg, log)
         placements = stages.placements if stages is not None else implicit_placements(ir)
         pipeline.check_same_program(ir, placements)
-        c = pipeline.PipelineCompiled(ir, placements, m, self.config.pipeline_schedule, rank=world.rank(),
+        c = PipelineCompiled(ir, placements, m, self.config.pipeline_schedule, rank=world.rank(),
                                       comm=world.comm(), passes_log=log, compile_s=time.perf_counter() - t0,
                                       profile=self.config.profiling)
         self._log = log
@@ -361,7 +370,7 @@ class Graph:
     def write_trace(self, path: str) -> None:
         """The actors' acts of the most recently compiled plan as a Chrome/Perfetto trace."""
         c = next(reversed(self._compiled.values()))
-        if isinstance(c, pipeline.PipelineCompiled):   # every rank's acts in one file (collective)
+        if isinstance(c, PipelineCompiled):   # every rank's acts in one file (collective)
             c.write_trace(path)
             return
         c.executor.write_trace(path)

@@ -1,0 +1,372 @@
+"""The per-rank plan of a pipelined graph and its runner (docs/architecture.md, "Pipeline stages
+and schedules"): forward / backward (/ weight-gradient) tasks on ``compute``, send and receive
+tasks per stage boundary on ``comm.*``, the update task; point-to-point transfers between stages.
+Stages and micro-batches themselves are graph/pipeline.py."""
+from __future__ import annotations
+
+import datetime
+import queue
+import threading
+import weakref
+from collections import deque
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..core.errors import HoloflowError
+from ..core.tensor import Tensor
+from ..distributed.global_tensor import make_global
+from ..runtime import Plan, Runtime, TaskSpec
+from ..runtime.timeline import write_merged
+from .global_graph import localize
+from .ir import IRGraph, Task, Value, _Gen, program
+from .passes.stages import check_stages, phases, rank_graph, split_weight_grads
+from .pipeline import pack, split_local
+
+
+# -- point to point between stage ranks ------------------------------------------------------------------
+
+_MAIL: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+P2P_TIMEOUT = 120.0
+
+
+def _mailbox(comm: Any, key: tuple) -> queue.Queue:
+    boxes = _MAIL.setdefault(comm, {})
+    q = boxes.get(key)
+    if q is None:
+        q = boxes.setdefault(key, queue.Queue())
+    return q
+
+
+def p2p_send(comm: Any, t: torch.Tensor, src: int, dst: int, channel: int) -> None:
+    """Sends ``t`` to rank ``dst`` on ``channel`` (simulated ranks: a queue; real worlds: a tagged
+    torch.distributed send)."""
+    if hasattr(comm, "_exchange"):       # simulated ranks share the process
+        _mailbox(comm, (src, dst, channel)).put(t.clone())
+        return
+    work = dist.isend(t.contiguous(), dst, tag=channel)
+    try:
+        work.wait(datetime.timedelta(seconds=P2P_TIMEOUT))
+    except Exception as e:
+        raise HoloflowError(f"holoflow.nn.Graph pipeline: rank {src} could not send to rank {dst} "
+                            f"(channel {channel}) within {P2P_TIMEOUT}s: {e}") from e
+
+
+def p2p_recv(comm: Any, shape: tuple, dtype: torch.dtype, device: Any, src: int, dst: int,
+             channel: int) -> torch.Tensor:
+    if hasattr(comm, "_exchange"):
+        try:
+            return _mailbox(comm, (src, dst, channel)).get(timeout=P2P_TIMEOUT)
+        except queue.Empty:
+            raise HoloflowError(f"holoflow.nn.Graph pipeline: rank {dst} waited {P2P_TIMEOUT}s for rank {src} "
+                                f"(channel {channel}); the sending stage did not run") from None
+    buf = torch.empty(shape, dtype=dtype, device=device)
+    work = dist.irecv(buf, src, tag=channel)
+    try:
+        work.wait(datetime.timedelta(seconds=P2P_TIMEOUT))
+    except Exception as e:
+        raise HoloflowError(f"holoflow.nn.Graph pipeline: rank {dst} waited {P2P_TIMEOUT}s for rank {src} "
+                            f"(channel {channel}): {e}") from e
+    return buf
+
+
+# -- the per-rank plan and its runner ----------------------------------------------------------------------
+
+def window(schedule: str, stage: int, p: int, m: int) -> int:
+    """Micro-batches a stage may hold in flight (the forward task's register_num)."""
+    if schedule == "gpipe":
+        return m
+    return max(1, min(m, p - stage))
+
+
+class _Lowered:
+    def __init__(self, tasks: list) -> None:
+        self.tasks = tasks
+
+
+class _Source:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+
+class PipelineCompiled:
+    """One rank's pipelined plan of a graph (what ``Graph._compile`` returns when stages or
+    micro-batches are set on a global graph); the interface of ``lower.Compiled``."""
+
+    def __init__(self, logical, placements: list, m: int, schedule: str, *, rank: int, comm: Any,
+                 passes_log: list, compile_s: float, profile: bool = False) -> None:
+        self.ir = self.logical = logical
+        self.placements, self.m, self.schedule = placements, m, schedule
+        self.p, self.rank, self.comm = len(placements), rank, comm
+        self.passes_log, self.compile_s, self.profile = passes_log, compile_s, profile
+        self.kind, self.iterations, self.peak_bytes = "actor", 0, 0
+        self.stage = next((i for i, pl in enumerate(placements) if rank in pl.flat_ranks), None)
+        self.mem = {"in_flight": 0, "peak_in_flight": 0, "bytes": 0, "peak_bytes": 0}
+        self.runtime, self._out_names = None, {}
+        ph = phases(logical)
+        check_stages(logical, placements, ph)
+        self.rg = rank_graph(logical, placements, ph, rank)
+        self.lowered, self.program = _Lowered([]), _Source("# this rank holds no pipeline stage\n")
+        if self.rg is not None:
+            self._build()
+
+    # -- building ------------------------------------------------------------------------------------
+    def _build(self) -> None:
+        rg, g = self.rg, self.rg.graph
+        ph = rg.phase
+        prod_phase = {v: ph[id(n)] for n in g.nodes for v in n.outputs}
+        early = set(g.feeds) | {v for v, p in prod_phase.items() if p != "U"}
+        state = {v for v, _ in g.state}
+        u_nodes = [n for n in g.nodes if ph[id(n)] == "U"]
+        acc_sum = list(dict.fromkeys(v for n in u_nodes for v in n.value_inputs() if v in early and v not in state))
+        acc_last = [v for _, v in g.updates if v in early and v not in acc_sum]
+        sends = [v for vs in rg.send.values() for v in vs]
+        outs = [o for o in g.outputs if isinstance(o, Value)]
+        exports = list(dict.fromkeys([*outs, *sends, *acc_sum, *acc_last]))
+        loc = localize(g.with_(outputs=tuple(exports)), self.rank, self.comm)
+        lph = {id(ln): ph[id(n)] for n, ln in zip(g.nodes, loc.nodes)}
+        L = dict(zip(g.feeds, loc.feeds))
+        L.update(zip(exports, loc.outputs))
+        fb = IRGraph(loc.feeds, loc.state, tuple(n for n in loc.nodes if lph[id(n)] != "U"),
+                     tuple(L[v] for v in exports), ())
+        tasks = [Task(name, "compute", [n for n in fb.nodes if lph[id(n)] == k]) for name, k in
+                 (("fwd", "F"), ("bwd", "B"))]
+        wt = None
+        if self.schedule == "zb-h1" and not acc_last:   # weight gradients split off the backward
+            bwd_nodes = tasks[1].nodes
+            keep = {L[v] for v in [*outs, *sends]} | {v for n in fb.nodes if lph[id(n)] == "F" for v in n.outputs}
+            first, later = split_weight_grads(bwd_nodes, keep)
+            if first and later:
+                tasks[1].nodes = first
+                wt = Task("wgrad", "compute", later)
+                tasks.append(wt)
+        tasks = [t for t in tasks if t.nodes]
+        _wire(tasks, fb, {L[v] for v in exports})
+        gen = _Gen(fb, self.profile)
+        gen.tasks = tasks
+        prog = gen.build()
+        ns = prog.load()
+        name = prog.name
+        sources = [prog.source]
+        lock, fifo, mem = threading.Lock(), deque(), self.mem
+        w = window(self.schedule, self.stage, self.p, self.m)
+        specs = []
+        by = {t.name.rstrip("_0123456789"): t for t in tasks}
+        ft, bt = by.get("fwd"), by.get("bwd")
+        saved = [i for i, v in enumerate(ft.outputs) if bt is not None and v in bt.inputs] if ft else []
+        kept = [i for i, v in enumerate(ft.inputs) if bt is not None and v in bt.inputs] if ft else []
+
+        link = ft is not None and bt is not None   # F -> B: the slot that bounds micro-batches in flight
+
+        def fwd(*args, _f=ns[ft.name] if ft else None):
+            out = _f(*args)
+            # activation bytes this micro-batch keeps for backward: made here or received (or fed)
+            nb = sum(t.numel() * t.element_size() for t in [*(out[i] for i in saved), *(args[i] for i in kept)]
+                     if isinstance(t, torch.Tensor))
+            if link:
+                with lock:
+                    fifo.append(nb)
+                    mem["in_flight"] += 1
+                    mem["bytes"] += nb
+                    mem["peak_in_flight"] = max(mem["peak_in_flight"], mem["in_flight"])
+                    mem["peak_bytes"] = max(mem["peak_bytes"], mem["bytes"])
+            return (*out, None) if link else out
+
+        def bwd(*args, _f=ns[bt.name] if bt else None):
+            out = _f(*args[:-1] if link else args)
+            with lock:
+                mem["in_flight"] -= 1
+                mem["bytes"] -= fifo.popleft()
+            return out
+        if wt is not None:
+            wfn = _deferred_fn(ns[wt.name], self.m, len(wt.outputs), self.p - 1 - self.stage, mem, lock)
+            specs.append(TaskSpec(wt.name, "compute", wfn,
+                                  tuple(name(v) for v in wt.inputs), tuple(name(v) for v in wt.outputs),
+                                  register_num=2, source=wt.source or None,
+                                  meta={"nodes": len(wt.nodes), "phase": "W"}))
+        token = (f"{ft.name}_done",) if link else ()
+        for t, fn, rn, ins, outs in ((ft, fwd, w, (), token), (bt, bwd, 2, token, ())):
+            if t is not None:
+                specs.append(TaskSpec(t.name, "compute", fn, tuple(name(v) for v in t.inputs) + ins,
+                                      tuple(name(v) for v in t.outputs) + outs, register_num=rn,
+                                      source=t.source or None,
+                                      meta={"nodes": len(t.nodes), "phase": "F" if t is ft else "B"}))
+        mine = self.placements[self.stage]
+        for key, vals in rg.recv.items():
+            peer = self.placements[key[1]].flat_ranks[mine.flat_ranks.index(self.rank)]
+            lv = [L[v] for v in vals]
+            specs.append(TaskSpec(f"recv_{key[0]}{key[1]}{key[2]}", f"comm.recv_{key[0]}",
+                                  _recv_fn(self.comm, lv, peer, self.rank, _tag(key)), (),
+                                  tuple(name(v) for v in lv), register_num=w + 1 if key[0] == "F" else 2,
+                                  meta={"phase": key[0], "peer": peer}))   # backward reads received activations
+        for key, vals in rg.send.items():
+            peer = self.placements[key[2]].flat_ranks[mine.flat_ranks.index(self.rank)]
+            lv = [L[v] for v in vals]
+            specs.append(TaskSpec(f"send_{key[0]}{key[1]}{key[2]}", f"comm.send_{key[0]}",
+                                  _send_fn(self.comm, peer, self.rank, _tag(key)), tuple(name(v) for v in lv), (),
+                                  meta={"phase": key[0], "peer": peer}))
+        u_local = [n for n in loc.nodes if lph[id(n)] == "U"]
+        if u_local or acc_sum or acc_last or loc.updates:
+            ins = tuple(L[v] for v in [*acc_sum, *acc_last])
+            uprog = program(IRGraph(ins, loc.state, tuple(u_local), (), loc.updates))
+            sources.append(uprog.source)
+            entry = uprog.load()["program"]
+            specs.append(TaskSpec("update", "update", _acc_fn(entry, self.m, len(acc_sum)),
+                                  tuple(name(v) for v in ins), (), meta={"phase": "U"}))
+        self._feed_names = [name(loc.feeds[j]) for j in range(len(rg.feeds))]
+        self._out_names = {i: name(L[self.logical.outputs[i]]) for i in rg.outputs}
+        plan = Plan(tuple(specs), inputs=tuple(self._feed_names),
+                    outputs=tuple(dict.fromkeys(self._out_names.values())),
+                    input_register_num=max(2, self.m))
+        self.lowered, self.program = _Lowered(specs), _Source("\n\n".join(sources))
+        self.plan = plan
+        self.runtime = Runtime(plan, trace=True)
+
+    # -- running ------------------------------------------------------------------------------------
+    def feeds(self, leaves: list) -> list:
+        return [x for x in leaves if isinstance(x, Tensor)]
+
+    def run(self, leaves: list) -> list:
+        m = self.m
+        got: list = []
+        if self.runtime is not None:
+            pieces = [split_local(leaves[i], m) for i in self.rg.feeds]
+            feeds = [{n: p[k] for n, p in zip(self._feed_names, pieces)} for k in range(m)]
+            tl = self.runtime.timeline
+            if tl is not None and sum(len(v) for v in tl._per_stream.values()) > 50_000:
+                tl.clear()
+            got = self.runtime.run(feeds)
+        self.iterations += 1
+        res = []
+        for i, o in enumerate(self.logical.outputs):
+            if not isinstance(o, Value):
+                res.append(o)
+                continue
+            shape = tuple(o.shape) if m == 1 else ((m,) if not o.shape else (o.shape[0] * m,) + tuple(o.shape[1:]))
+            if got and i in self._out_names:
+                ps = [d[self._out_names[i]] for d in got]
+                t = Tensor._make(ps[0] if m == 1 else pack(ps, not o.shape))
+            else:
+                t = Tensor._make(torch.empty((0,), dtype=o.dtype, device=o.device))
+            res.append(make_global(t, o.placement, o.sbp, torch.Size(shape)) if o.placement is not None else t)
+        return res
+
+    def stream(self, feeds):
+        for leaves in feeds:
+            yield self.run(leaves)
+
+    # -- what ran -----------------------------------------------------------------------------------
+    def acts(self) -> list[dict]:
+        """This rank's recorded acts with absolute times (perf_counter seconds), micro-batch ids."""
+        if self.runtime is None or self.runtime.timeline is None:
+            return []
+        tl = self.runtime.timeline
+        phase = {t.name: t.meta.get("phase", "") for t in self.plan.tasks}
+        return [{"task": a.actor, "lane": a.stream, "phase": phase.get(a.actor, ""), "mb": a.iteration % self.m,
+                 "step": a.iteration // self.m, "start": tl.t0 + a.start, "end": tl.t0 + a.end,
+                 "rank": self.rank, "stage": self.stage} for a in tl.acts()]
+
+    def write_trace(self, path: str) -> None:
+        """Every rank's acts merged into one Perfetto trace (collective over the stages' ranks;
+        the first of them writes ``path``)."""
+        ranks = sorted({r for p in self.placements for r in p.flat_ranks})
+        parts = self.comm.all_gather_shapes(self.acts(), tuple(ranks)) if len(ranks) > 1 else [self.acts()]
+        if self.rank == ranks[0]:
+            write_merged(path, [a for part in parts for a in part])
+
+    def profile_table(self) -> str:
+        return self.runtime.trace_table() if self.runtime is not None else ""
+
+    def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.close()
+
+
+def _tag(key: tuple) -> int:
+    return (1 if key[0] == "F" else 2) * 10000 + key[1] * 100 + key[2]
+
+
+def _recv_fn(comm: Any, vals: list, src: int, dst: int, tag: int):
+    metas = [(tuple(v.shape), v.dtype, v.device) for v in vals]
+
+    def recv() -> tuple:
+        return tuple(p2p_recv(comm, s, d, dev, src, dst, tag) for s, d, dev in metas)
+    return recv
+
+
+def _send_fn(comm: Any, dst: int, src: int, tag: int):
+    def send(*vals) -> tuple:
+        for v in vals:
+            p2p_send(comm, v, src, dst, tag)
+        return ()
+    return send
+
+
+def _acc_fn(entry: Any, m: int, n_sum: int):
+    """The update actor: sums the first ``n_sum`` values over the step's micro-batches (keeps the
+    last of the rest) and runs the update program after the last micro-batch."""
+    state: dict = {"k": 0, "buf": None}
+
+    def update(*vals) -> tuple:
+        k = state["k"]
+        state["k"] = (k + 1) % m
+        if k == 0:
+            state["buf"] = [None] * n_sum
+        buf = state["buf"]
+        for i, v in enumerate(vals[:n_sum]):
+            if v is not None:    # None: nothing yet (a deferred weight gradient comes later)
+                buf[i] = v.clone() if buf[i] is None else buf[i].add_(v)
+        if k == m - 1:
+            entry(*state["buf"], *vals[n_sum:])
+            state["buf"] = None
+        return ()
+    return update
+
+
+def _deferred_fn(fn: Any, m: int, n_out: int, limit: int, mem: dict, lock: Any):
+    """Zero-bubble (ZB-H1 style) weight gradients: the backward task computes and sends the input
+    gradients; this task runs the weight gradients after it, keeping up to ``limit``
+    (``p - 1 - stage``) micro-batches' weight gradients waiting, so on earlier stages the
+    gradients of later micro-batches pass first; the step's last act runs what is left. Outputs
+    are summed here and handed to the update task once, after the last micro-batch (None before)."""
+    pending: deque = deque()
+    state: dict = {"k": 0, "sum": None}
+
+    def run(args: tuple) -> None:
+        out = fn(*args)
+        with lock:
+            mem["bytes"] -= sum(t.numel() * t.element_size() for t in args if isinstance(t, torch.Tensor))
+        s = state["sum"]
+        state["sum"] = [o.clone() for o in out] if s is None else [a.add_(o) for a, o in zip(s, out)]
+
+    def wgrad(*args) -> tuple:
+        k = state["k"]
+        state["k"] = (k + 1) % m
+        with lock:   # what waiting weight gradients keep alive counts as activation memory
+            mem["bytes"] += sum(t.numel() * t.element_size() for t in args if isinstance(t, torch.Tensor))
+            mem["peak_bytes"] = max(mem["peak_bytes"], mem["bytes"])
+        pending.append(args)
+        while len(pending) > (limit if k < m - 1 else 0):
+            run(pending.popleft())
+        if k < m - 1:
+            return (None,) * n_out
+        out, state["sum"] = state["sum"], None
+        return tuple(out)
+    return wgrad
+
+
+def _wire(tasks: list, g, exported: set) -> None:
+    """Each task's inputs (read, made elsewhere), state reads and outputs (read elsewhere)."""
+    state, feeds = {v for v, _ in g.state}, set(g.feeds)
+    exported = set(exported)
+    for t in tasks:
+        seen = {v for n in t.nodes for v in n.outputs}
+        for v in (v for n in t.nodes for v in n.value_inputs()):
+            if v not in seen:
+                seen.add(v)
+                (t.state if v in state else t.inputs).append(v)
+                if v not in state and v not in feeds:
+                    exported.add(v)
+    for t in tasks:
+        t.outputs = [v for n in t.nodes for v in n.outputs if v in exported]
