@@ -6,7 +6,7 @@ import json
 import numpy as np
 
 import pipeline_fns as F
-from test_pipeline import INIT, _rel
+from test_pipeline_stages import INIT, _rel
 
 
 def test_two_stages_on_gloo_equal_full_batch(world2):
