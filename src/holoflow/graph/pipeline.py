@@ -86,6 +86,9 @@ class ModuleConfig:
     def set_stage(self, stage_id: int | None = None, placement: Any = None) -> None:
         set_stage(self._module(), stage_id, placement)
 
+    def __reduce__(self):   # a module saved whole after being in a graph: its graph settings are not saved
+        return (type(None), ())
+
     @property
     def stage_id(self) -> int | None:
         return stage_of(self._module())

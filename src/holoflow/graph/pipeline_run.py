@@ -271,6 +271,8 @@ class PipelineCompiled:
         """Every rank's acts merged into one Perfetto trace (collective over the stages' ranks;
         the first of them writes ``path``)."""
         ranks = sorted({r for p in self.placements for r in p.flat_ranks})
+        if self.rank not in ranks:   # a rank on no stage has nothing to add (and joins no gather)
+            return
         parts = self.comm.all_gather_shapes(self.acts(), tuple(ranks)) if len(ranks) > 1 else [self.acts()]
         if self.rank == ranks[0]:
             write_merged(path, [a for part in parts for a in part])
