@@ -26,6 +26,7 @@ from .sharding import local_shape, nd_str
 from .placement import placement
 
 _CHOICES: dict = {}
+_SINGLE: dict = {}   # whether an op returns one tensor, for ranks that skip its kernel
 
 
 def _placement_of(op: Op, inputs: tuple):
@@ -157,7 +158,7 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
     sig, logical = hit
     rank = world.rank()
     if place.coords(rank) is None:
-        return _absent_apply(op, inputs, attrs, metas, sig, logical, place)
+        return _absent_apply(op, inputs, attrs, metas, sig, logical, place, key)
     comm = world.comm()
     local_in, saved, j = [], [], 0
     for x in inputs:
@@ -185,13 +186,17 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
     return out
 
 
-def _absent_apply(op: Op, inputs: tuple, attrs: dict, metas: list, sig: tuple, logical, place):
+def _absent_apply(op: Op, inputs: tuple, attrs: dict, metas: list, sig: tuple, logical, place, key=None):
     """A rank outside the placement skips the kernel: empty outputs that know their logical
     shape, placement and SBP (docs/architecture.md, "Ranks outside a placement")."""
     if logical is None:  # a data-dependent shape: the placement's first rank tells it
         logical = _shared_metas(place, None)
     tensors = tuple(x for x in inputs if isinstance(x, Tensor))
-    single = _returns_single(op, metas, attrs, logical)
+    single = _SINGLE.get(key) if key is not None else None
+    if single is None:
+        single = _returns_single(op, metas, attrs, logical)
+        if key is not None:
+            _SINGLE[key] = single
     out = absent_outputs(tensors, tuple(m.dtype for m in logical), single)
     outs = (out,) if single else tuple(out)
     for o, nd, m in zip(outs, sig[1], logical):
