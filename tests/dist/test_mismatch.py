@@ -188,3 +188,30 @@ def _sum_world(rank):
     x = torch.ones(1)
     comm.all_reduce(x)
     return float(x.item())
+
+
+def _gloo_fallback(rank):
+    """Groups over WIRE_MAX_GROUP ranks exchange fingerprints by a Gloo all-gather instead of the
+    socket side channel: the same errors, and the group stays in step."""
+    from holoflow.distributed import comm_track
+    env.set_comm_timeout(10.0)
+    old = comm_track.WIRE_MAX_GROUP
+    comm_track.WIRE_MAX_GROUP, saved = 1, dict(comm_track._ROUTES)
+    comm_track._ROUTES.clear()
+    try:
+        sizes = _expect_error(lambda: comm.all_reduce(torch.ones(4 if rank == 0 else 1000)))  # <fb-sizes>
+        y = torch.full((2,), float(rank + 1))
+        comm.all_reduce(y)
+        return sizes, y
+    finally:
+        comm_track.WIRE_MAX_GROUP = old
+        comm_track._ROUTES.clear()
+        comm_track._ROUTES.update(saved)
+
+
+def test_large_groups_fall_back_to_gloo_fingerprints(world2):
+    for msg, y in world2.run(_gloo_fallback):
+        assert "mismatched collectives on group [0, 1]" in msg and "different shapes" in msg, msg
+        assert f"rank 0: all_reduce[sum](float32[4]) at {_line('fb-sizes')}" in msg, msg
+        assert f"rank 1: all_reduce[sum](float32[1000]) at {_line('fb-sizes')}" in msg, msg
+        assert torch.equal(y, torch.full((2,), 3.0))

@@ -16,13 +16,16 @@ must meet a ``recv`` of the same dtype and size.
 Two different lines are meant to pair up (the two branches of ``if rank == 0``)? Give them one
 name with :func:`call_site`; the check then compares the name instead of the line.
 
-Cost: one extra latency-bound all-gather of ``(20 + 2 * group size) * 8`` bytes per collective
-(``bench/boxing.py`` measures it against the payload).
+The fingerprints travel on a side channel of direct TCP connections (:mod:`.comm_wire`), written
+and read by the calling thread: ~10-30 us per collective on two local ranks, where one more Gloo
+all-gather cost 0.2-3 ms (``bench/boxing.py --fingerprint-only`` measures it against the payload;
+groups of more than ``comm_track.WIRE_MAX_GROUP`` ranks all-gather them over Gloo instead).
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import sys
 import zlib
@@ -39,6 +42,8 @@ _CMP_SHAPE = 1  # flag: element count and shape must agree (everything but all_t
 
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
            torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
+_DTYPE_IDS = {d: i for i, d in enumerate(_DTYPES)}
+_DTYPE_NAMES = {d: str(d).replace("torch.", "") for d in _DTYPES}
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 _SKIP: dict[Any, bool] = {}
@@ -83,15 +88,17 @@ def _short(path: str) -> str:
     return "/".join(parts[-2:])
 
 
+@functools.lru_cache(maxsize=4096)
 def _crc(s: str) -> int:
     return zlib.crc32(s.encode())
 
 
-def _pack_text(s: str, tail: bool = False) -> list[int]:
+@functools.lru_cache(maxsize=4096)
+def _pack_text(s: str, tail: bool = False) -> tuple[int, ...]:
     """Up to 48 bytes of ``s`` (its end when ``tail``) as int64 words."""
     raw = s.encode()
     b = (raw[-8 * _TEXT:] if tail else raw[:8 * _TEXT]).ljust(8 * _TEXT, b"\0")
-    return [int.from_bytes(b[i:i + 8], "little", signed=True) for i in range(0, len(b), 8)]
+    return tuple(int.from_bytes(b[i:i + 8], "little", signed=True) for i in range(0, len(b), 8))
 
 
 def _unpack_text(words: Sequence[int]) -> str:
@@ -107,17 +114,21 @@ def describe(kind: str, t: torch.Tensor | None) -> str:
 
 
 def fingerprint(seq: int, kind: str, t: torch.Tensor | None, site: str, size: int,
-                splits: tuple[Sequence[int], Sequence[int]] | None = None) -> torch.Tensor:
-    """This rank's fingerprint of a call on a group of ``size`` ranks (``splits``: all_to_all's
-    per-rank send and receive element counts, in group order)."""
-    dtype = _DTYPES.index(t.dtype) if t is not None and t.dtype in _DTYPES else -1
-    numel = t.numel() if t is not None else 0
-    shape_h = _crc(repr(tuple(t.shape))) if t is not None else 0
+                splits: tuple[Sequence[int], Sequence[int]] | None = None) -> list[int]:
+    """This rank's fingerprint of a call on a group of ``size`` ranks, as int64 words
+    (``splits``: all_to_all's per-rank send and receive element counts, in group order)."""
+    if t is not None:
+        dtype = _DTYPE_IDS.get(t.dtype, -1)
+        numel = t.numel()
+        shape = tuple(t.shape)
+        shape_h = _crc(repr(shape))
+        desc = _pack_text(f"{kind}({_DTYPE_NAMES.get(t.dtype) or str(t.dtype).replace('torch.', '')}{list(shape)})")
+    else:
+        dtype, numel, shape_h, desc = -1, 0, 0, _pack_text(kind)
     flags = _CMP_SHAPE if splits is None and t is not None else 0
-    ins, outs = splits if splits is not None else ([0] * size, [0] * size)
-    words = [_MAGIC, seq, _crc(kind), dtype, numel, shape_h, _crc(site), flags,
-             *_pack_text(describe(kind, t)), *_pack_text(site, tail=True), *ins, *outs]
-    return torch.tensor(words, dtype=torch.int64)
+    ins, outs = splits if splits is not None else ((0,) * size, (0,) * size)
+    return [_MAGIC, seq, _crc(kind), dtype, numel, shape_h, _crc(site), flags,
+            *desc, *_pack_text(site, tail=True), *ins, *outs]
 
 
 def _site_of(row: list[int]) -> str:

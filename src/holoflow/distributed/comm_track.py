@@ -15,6 +15,7 @@ import contextlib
 import datetime
 import os
 import socket
+import struct
 import time
 import weakref
 from collections import Counter
@@ -25,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.errors import HoloflowError
-from . import comm_check, env
+from . import comm_check, comm_wire, env
 
 
 class CommError(HoloflowError):
@@ -138,40 +139,106 @@ def begin(kind: str, ranks: tuple[int, ...], nbytes: int, tensor: torch.Tensor |
     return info
 
 
+WIRE_MAX_GROUP = 64  # larger groups all-gather their fingerprints over Gloo (n - 1 sockets per rank here)
+
+
+@dataclass
+class _Route:
+    """Where a group's (or a point-to-point pair's) fingerprints go, cached per world."""
+
+    pg: Any  # the default process group this was made for (a new world makes a new route)
+    me: int
+    peers: list[int]
+    order: list[int]  # the group's ranks in row order (sorted)
+    group: Any  # the torch group (collectives)
+    wire: Any  # comm_wire.Wire, or None (a group over WIRE_MAX_GROUP ranks: Gloo carries them)
+    gid: int
+
+
+_ROUTES: dict[tuple, _Route] = {}
+
+
+def _route(ranks: tuple[int, ...], peer: int | None) -> _Route:
+    pg = dist.distributed_c10d._get_default_group()
+    r = _ROUTES.get((ranks, peer))
+    if r is None or r.pg is not pg:
+        from .groups import group_for
+        me = env.get_rank()
+        # the group is created first: a peer that never comes fails its creation, named
+        g = group_for(ranks) if peer is None else None
+        wire = comm_wire.get(me, env.store()) if peer is not None or len(ranks) <= WIRE_MAX_GROUP else None
+        peers = [peer] if peer is not None else [x for x in ranks if x != me]
+        r = _ROUTES[(ranks, peer)] = _Route(pg, me, peers, sorted((me, *peers)), g, wire,
+                                            comm_wire.group_id(ranks))
+    return r
+
+
 def _launch_fingerprint(info: CallInfo, t: torch.Tensor | None, kind: str, splits,
                         peer: int | None) -> Callable[[], None]:
-    """Launches the fingerprint exchange with the peers (the same size on every rank: it can never
-    mismatch); returns the function that waits for it and raises on a mismatch."""
-    from .groups import group_for
-    me = env.get_rank()
-    n = len(info.ranks)
-    fp = comm_check.fingerprint(info.seq, kind, t, info.site, n, splits)
-    if peer is None:
-        out = fp.new_empty(n * fp.numel())
-        g = group_for(info.ranks)
-        works = (launch_checked(info, lambda: ALL_GATHER(out, fp, group=g, async_op=True)),)
-    else:
-        other = torch.empty_like(fp)
-        works = launch_checked(info, lambda: (dist.isend(fp, peer, tag=comm_check.P2P_TAG),
-                                              dist.irecv(other, peer, tag=comm_check.P2P_TAG)))
+    """Sends this rank's fingerprint to the peers (the same size on every rank: the exchange can
+    never mismatch); returns the function that waits for theirs and raises on a mismatch.
+    ``check.arrived(grace_s)`` waits at most ``grace_s`` and says whether every peer's is here."""
+    route = _route(info.ranks, peer)
+    me, peers, wire, gid = route.me, route.peers, route.wire, route.gid
+    words = comm_check.fingerprint(info.seq, kind, t, info.site, len(info.ranks), splits)
+    if wire is None:
+        return _gloo_fingerprint(info, words, route.group, me)
+    payload = struct.pack(f"<{len(words)}q", *words)
+    timeout = env.get_comm_timeout()
+    got: dict[int, bytes] = {}
+    unsent, todo = list(peers), list(peers)
+
+    def step(deadline: float) -> None:
+        """Sends what is unsent and reads what is missing, until ``deadline`` (TimeoutError)."""
+        while unsent:  # connecting waits until the deadline, the write itself until the timeout
+            wire.send(unsent[0], gid, payload, deadline, time.monotonic() + timeout)
+            unsent.pop(0)
+        while todo:
+            got[todo[0]] = wire.recv(todo[0], gid, deadline)
+            todo.pop(0)
 
     def arrived(grace_s: float) -> bool:
-        """Polls (at most ``grace_s``) whether the exchange completed: every peer is here."""
+        try:
+            step(time.monotonic() + grace_s)
+        except TimeoutError:
+            return False
+        except comm_wire.WireError as e:
+            raise failure(info, e) from e
+        return True
+
+    def check() -> None:
+        try:
+            step(info.start + timeout)
+        except (TimeoutError, comm_wire.WireError) as e:
+            raise failure(info, e) from e
+        rows = [words if r == me else _words(got[r]) for r in route.order]
+        _raise_on_mismatch(info, rows, me, peer is not None)
+    check.arrived = arrived
+    return check
+
+
+def _words(b: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(b) // 8}q", b)) if len(b) % 8 == 0 and b else [0]
+
+
+def _gloo_fingerprint(info: CallInfo, words: list[int], g, me: int) -> Callable[[], None]:
+    """The fingerprint exchange of a large group: one Gloo all-gather."""
+    fp = torch.tensor(words, dtype=torch.int64)
+    n = len(info.ranks)
+    out = fp.new_empty(n * fp.numel())
+    work = launch_checked(info, lambda: ALL_GATHER(out, fp, group=g, async_op=True))
+
+    def arrived(grace_s: float) -> bool:
         deadline = time.monotonic() + grace_s
-        while not all(w.is_completed() for w in works):
+        while not work.is_completed():
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.0001)
         return True
 
     def check() -> None:
-        for w in works:
-            Handle(w, info).wait()
-        if peer is None:
-            rows = out.view(n, -1).tolist()
-        else:
-            rows = [fp.tolist(), other.tolist()] if me < peer else [other.tolist(), fp.tolist()]
-        _raise_on_mismatch(info, rows, me, peer is not None)
+        Handle(work, info).wait()
+        _raise_on_mismatch(info, out.view(n, -1).tolist(), me, False)
     check.arrived = arrived
     return check
 
