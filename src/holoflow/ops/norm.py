@@ -189,8 +189,16 @@ def _bn_grad(c, dy, _dm, _dv):
     return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None, None, None
 
 
-BATCH_NORM = defop("batch_norm", lambda x, w, b, rm, rv, training, momentum, eps:
-                   torch.ops.aten.native_batch_norm(x, w, b, rm, rv, training, momentum, eps),
+def _bn_kernel(x, w, b, rm, rv, training, momentum, eps):
+    out, mean, invstd = torch.ops.aten.native_batch_norm(x, w, b, rm, rv, training, momentum, eps)
+    if not training and mean.numel() == 0 and rm is not None and rm.numel():
+        # CPU's eval kernel returns empty statistics where the meta kernel (shape inference) gives
+        # (C,): global tensors check shards against it. Backward in eval reads the running ones.
+        mean, invstd = rm.clone(), (rv + eps).rsqrt()
+    return out, mean, invstd
+
+
+BATCH_NORM = defop("batch_norm", _bn_kernel,
                    grad=_bn_grad, save="both", saved_inputs=(0, 1, 3, 4), saved_outputs=(1, 2), sbp=_bn_sbp,
                    outputs=("out", "save_mean", "save_invstd"), family="norm")
 

@@ -6,6 +6,7 @@ import numbers
 from typing import Any
 
 from ...core import dtype as _dtype
+from ...core.grad_mode import no_grad
 from ...core.tensor import Tensor
 from ...ops.creation import empty, ones, tensor, zeros
 
@@ -88,9 +89,26 @@ class _BatchNorm(_NormBase):
             factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
         use_stats = not self.training or self.track_running_stats
+        if bn_training and use_stats and self.running_mean is not None and getattr(input, "is_global", False):
+            return self._forward_global(input, factor)
         return F.batch_norm(input, self.running_mean if use_stats else None,
                             self.running_var if use_stats else None, self.weight, self.bias,
                             bn_training, factor, self.eps)
+
+
+    def _forward_global(self, input: Tensor, factor: float) -> Tensor:
+        """Training on a global tensor: normalise with the batch statistics, then update the
+        running statistics by in-place ops on the buffers themselves. (The fused kernel updates
+        the statistics it is given in place; for a channel split of the input the engine would
+        hand it boxed copies of broadcast or partial buffers, and the update would be lost on
+        every rank: silently stale running statistics.)"""
+        out = F.batch_norm(input, None, None, self.weight, self.bias, True, factor, self.eps)
+        with no_grad():
+            x = input.detach()
+            dims = [0, *range(2, x.dim())]
+            self.running_mean.mul_(1.0 - factor).add_(x.mean(dim=dims) * factor)
+            self.running_var.mul_(1.0 - factor).add_(x.var(dim=dims, unbiased=True) * factor)
+        return out
 
 
 class BatchNorm1d(_BatchNorm):
