@@ -111,7 +111,7 @@ def local_leaves(rank: int, n: int, seed: int = 0):
     got["copy_local"] = bool((a.to_torch() == locals_[rank]).all())
     wg = from_full(w, place, B)
     for name, kw in (("grad_sbp", {"sbp": S(0), "grad_sbp": B}), ("copy", {"sbp": S(0), "copy": True}),
-                     ("grad_sbp_box", {"sbp": B, "grad_sbp": S(0)})):
+                     ("grad_sbp_box", {"sbp": B, "grad_sbp": P})):
         x = from_full(w, place, S(0)).requires_grad_()
         y = x.to_global(**kw)
         (y * wg).sum().backward()

@@ -125,7 +125,7 @@ def _check_leaves(n, outs):
         torch.testing.assert_close(got["B"], w[:3])         # broadcast: every replica gets the whole
         torch.testing.assert_close(got["nonleaf_B"], 2 * w[:3])
         assert got["copy_local"]
-        for name, want_sbp in (("grad_sbp", (S(0),)), ("copy", (S(0),)), ("grad_sbp_box", (S(0),))):
+        for name, want_sbp in (("grad_sbp", (B,)), ("copy", (S(0),)), ("grad_sbp_box", (P,))):
             grad, sbp = got[name]
             torch.testing.assert_close(grad, w)
             assert sbp == want_sbp, (name, sbp)

@@ -14,7 +14,7 @@ autograd graph's shape, so a move's backward still runs on every rank it involve
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -243,6 +243,9 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
                             f"value(s); the source's sbp {nd_str(g.sbp)} doesn't fit the mesh")
     nd = normalize_sbp(sbp, place, self.dim()) if sbp is not None else g.sbp
     gs = normalize_sbp(grad_sbp, place, self.dim()) if grad_sbp is not None else None
+    if gs is not None and self._rg and self.grad_fn is None and place == g.placement:
+        # OneFlow: grad_sbp is the SBP of this tensor's gradient; a leaf's .grad takes it
+        self._global = replace(g, grad_sbp=gs)
     if place != g.placement:
         out = g.move_to(self, place, nd, gs)
     elif nd == g.sbp and not copy and gs is None:
