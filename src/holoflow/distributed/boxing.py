@@ -153,7 +153,8 @@ def _cat(parts: list, dim: int) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
-def _box_kernel(t, place, src, dst, shape, rank, comm):
+def run_plan(t: torch.Tensor, place: placement, src: tuple, dst: tuple, shape, rank: int, comm) -> torch.Tensor:
+    """This rank's shard ``t`` (a torch tensor) boxed from ``src`` to ``dst``: the plan's steps."""
     for step in plan(src, dst, place.hierarchy):
         t = run_step(t, step, shape, place, rank, comm)
     return t
@@ -163,7 +164,7 @@ def _box_grad(ctx, dy):
     return (apply_box(dy, ctx.place, dual(ctx.dst), dual(ctx.src), ctx.shape, ctx.rank, ctx.comm),)
 
 
-BOX = defop("box", _box_kernel, grad=_box_grad, family="boxing")
+BOX = defop("box", run_plan, grad=_box_grad, family="boxing")
 
 
 def apply_box(local, place: placement, src: tuple, dst: tuple, shape: Sequence[int], rank: int, comm):

@@ -19,7 +19,7 @@ from ..core.dispatch import run_local
 from ..core.registry import defop
 from ..core.sbp import B
 from ..core.tensor import Tensor
-from .boxing import _box_kernel
+from .boxing import run_plan
 from .placement import placement
 from .sharding import dual, local_shape, shard_of
 
@@ -32,7 +32,7 @@ def _move_kernel(t: torch.Tensor, src_place: placement, src: tuple, dst_place: p
     group = tuple(sorted({root} | set(dst_place.flat_ranks)))
     in_src, in_dst = src_place.coords(rank) is not None, dst_place.coords(rank) is not None
     if in_src:  # every source rank takes part in gathering the whole tensor
-        full = _box_kernel(t, src_place, src, (B,) * src_place.ndim, shape, rank, comm)
+        full = run_plan(t, src_place, src, (B,) * src_place.ndim, shape, rank, comm)
     else:
         full = t.new_empty(shape)
     if rank not in group:  # a source rank that is not the root and receives nothing
