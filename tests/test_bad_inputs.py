@@ -468,17 +468,7 @@ CASES += [
 
 # ---- the runner ---------------------------------------------------------------------------
 # fixes that belong to other owners' files (strict xfails: they start passing when fixed)
-XFAIL: dict[str, str] = {
-    "norm-fro-one-dim": "holoflow/linalg.py (H4's decompositions live there): raise RuntimeError, not ValueError",
-    "dropout-training-str": "H1: ops/nn_ops.py: dropout(training='yes') must raise TypeError, not run",
-    "topk-k": "H1: ops/sorting.py: raise RuntimeError, not IndexError, for k > size",
-    "topk-empty": "H1: ops/sorting.py: raise RuntimeError, not IndexError, for k > size",
-    "multinomial-too-many": "H1: ops/random_ops.py: raise RuntimeError, not ValueError",
-    "multinomial-empty": "H1: ops/random_ops.py: raise RuntimeError, not ValueError",
-    "embedding-float-index": "H1: ops/nn_ops.py: raise RuntimeError (torch's class), not TypeError, for float indices",
-    "embedding-range": "H1: ops/nn_ops.py: name the offending index (7) and the number of embeddings (4)",
-    "softmax-dim-float": "H1: ops/nn_ops.py: raise TypeError, not IndexError, for a float dim",
-}
+XFAIL: dict[str, str] = {}
 
 
 def _params():

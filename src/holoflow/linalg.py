@@ -1,7 +1,7 @@
 """``holoflow.linalg``: norms and products, as ``torch.linalg`` (composites of holoflow ops)."""
 from __future__ import annotations
 
-from .core.errors import UnsupportedError, normalize_dim
+from .core.errors import ArgValueError, UnsupportedError, normalize_dim
 from .core.tensor import Tensor
 from .ops.linalg import matmul, vecdot
 from .ops.reduction import amax, amin, vector_norm
@@ -43,7 +43,8 @@ def norm(A: Tensor, ord=None, dim=None, keepdim: bool = False, *, dtype=None) ->
     if (dim is not None and len(dim) == 2) or (dim is None and A.dim() == 2):
         return matrix_norm(A, "fro" if ord is None else ord, dim or (-2, -1), keepdim, dtype=dtype)
     if isinstance(ord, str):
-        raise ValueError(f"holoflow.linalg.norm: ord={ord!r} needs a matrix (a 2-D input or a pair of dims)")
+        raise ArgValueError(f"holoflow.linalg.norm: ord={ord!r} is a matrix norm: it needs a pair of dims (or a 2-D "
+                            f"input without dim), got dim={dim!r} for an input of shape {tuple(A.shape)}")
     return vector_norm(A, 2 if ord is None else ord, dim, keepdim, dtype=dtype)
 
 # decompositions (issue 12): primitives with ATen's derivatives, in ops/decomp.py

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as TF
 
 from ..core.dispatch import apply, apply_inplace, assign
-from ..core.errors import UnsupportedError, normalize_dim
+from ..core.errors import DTypeError, UnsupportedError, normalize_dim
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
@@ -248,7 +248,9 @@ LOG_SOFTMAX = defop("log_softmax", lambda x, dim: torch.log_softmax(x, dim), sav
 def _softmax_dim(name: str, input: Tensor, dim: int | None) -> int:
     if dim is None:  # torch's legacy implicit choice
         dim = 0 if input.dim() in (0, 1, 3) else 1
-    return normalize_dim(name, dim, input.dim())
+    elif isinstance(dim, bool) or not hasattr(dim, "__index__"):
+        raise TypeError(f"holoflow.{name}: dim must be an int, got {type(dim).__name__} ({dim!r})")
+    return normalize_dim(name, int(dim), input.dim())
 
 
 def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype=None) -> Tensor:
@@ -311,14 +313,29 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max
     """Rows of ``weight`` picked by the integer ``input``; the ``padding_idx`` row gets no gradient."""
     if max_norm is not None or scale_grad_by_freq or sparse:
         raise UnsupportedError("holoflow.embedding: max_norm, scale_grad_by_freq and sparse are not supported")
-    if input.is_floating_point():
-        raise TypeError(f"holoflow.embedding: indices must be an integer tensor, got {input.dtype}")
+    if input.is_floating_point() or input.is_complex() or input.dtype is torch.bool:
+        raise DTypeError(f"holoflow.embedding: indices must be an integer tensor (int64 or int32), got "
+                         f"{input.dtype} (shape {tuple(input.shape)})")
     n = weight.shape[0]
     if padding_idx is not None:
         if not -n <= padding_idx < n:
             raise IndexError(f"holoflow.embedding: padding_idx {padding_idx} out of range for {n} embeddings")
         padding_idx %= n
-    return apply(EMBEDDING, input, weight, padding_idx=-1 if padding_idx is None else padding_idx)
+    try:
+        return apply(EMBEDDING, input, weight, padding_idx=-1 if padding_idx is None else padding_idx)
+    except IndexError as e:  # the kernel says only "index out of range in self": name the index
+        raise IndexError(f"holoflow.embedding: {_bad_index(input, n)} is out of range for {n} embeddings "
+                         f"(weight of shape {tuple(weight.shape)}); legal indices are 0..{n - 1}") from e
+
+
+def _bad_index(idx: Tensor, n: int) -> str:
+    """``"index 7"``: the first index of ``idx`` outside [0, n) (read only after a failure)."""
+    try:
+        t = idx.to_local().to_torch() if idx.is_global else idx.to_torch()
+        bad = t[(t < 0) | (t >= n)]
+        return f"index {int(bad.reshape(-1)[0])}" if bad.numel() else "an index"
+    except Exception:  # noqa: BLE001 - best effort: the message still names the range
+        return "an index"
 
 
 def _one_hot_sbp(metas, attrs):

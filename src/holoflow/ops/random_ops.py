@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..core.dispatch import apply, apply_inplace
+from ..core.errors import ArgValueError
 from ..core.registry import Meta, defop
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
@@ -46,6 +47,8 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     (identity when not ``training``)."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"holoflow.dropout: p must be in [0, 1], got {p}")
+    if not isinstance(training, bool) and type(training).__name__ != "bool_":  # numpy's bool is fine
+        raise TypeError(f"holoflow.dropout: training must be a bool, got {type(training).__name__} ({training!r})")
     if not training or p == 0.0:
         return input
     if p == 1.0:
@@ -83,8 +86,9 @@ MULTINOMIAL = defop("multinomial", lambda x, num_samples, replacement, generator
 def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *, generator=None) -> Tensor:
     """Samples ``num_samples`` class indices per row from the (unnormalized) weights ``input``."""
     if not replacement and num_samples > input.shape[-1]:
-        raise ValueError(f"holoflow.multinomial: cannot draw {num_samples} samples without replacement from "
-                         f"{input.shape[-1]} categories")
+        raise ArgValueError(f"holoflow.multinomial: cannot draw {num_samples} samples without replacement from "
+                            f"{input.shape[-1]} categories (input of shape {tuple(input.shape)}); pass "
+                            f"replacement=True or num_samples <= {input.shape[-1]}")
     return apply(MULTINOMIAL, input, num_samples=int(num_samples), replacement=bool(replacement),
                  generator=_gen(generator))
 

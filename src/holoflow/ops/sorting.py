@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..core.dispatch import apply
-from ..core.errors import normalize_dim
+from ..core.errors import HoloflowError, normalize_dim
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
 from .family import defop
@@ -51,12 +51,17 @@ def msort(input: Tensor) -> Tensor:
     return sort(input, 0).values
 
 
+class KRangeError(HoloflowError, IndexError):
+    """k out of range: torch raises RuntimeError; also an IndexError, which holoflow raised before."""
+
+
 def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):  # noqa: A002
     """The ``k`` largest (or smallest) entries along ``dim`` and their indices (a namedtuple)."""
     d = _dim("topk", dim, input)
     size = input.shape[d] if input.dim() else 1
     if not 0 <= k <= size:
-        raise IndexError(f"holoflow.topk: k={k} is out of range for dim {d} of size {size}")
+        raise KRangeError(f"holoflow.topk: k={k} is out of range for dim {d} of size {size} (selected index k "
+                          f"out of range); legal k are 0..{size}")
     return apply(TOPK, input, k=k, dim=d, largest=largest, sorted=sorted)
 
 
