@@ -64,7 +64,23 @@ def _scale(dy, reduction, denom, cdim, acc):
     return dy / denom if reduction == "mean" else dy
 
 
+def _ce_bwd_fast(dy, x, t, ignore_index, reduction):
+    """The common case (2-D input, class indices, no weight or smoothing, fp32/64): torch's own
+    backward, nll_loss_backward then _log_softmax_backward_data (half the kernels of the general
+    path)."""
+    logp = torch.log_softmax(x, 1)
+    total = (t != ignore_index).sum().to(x.dtype)
+    g = torch.ops.aten.nll_loss_backward(dy.to(x.dtype), logp, t, None, 1 if reduction == "mean" else 2,
+                                         ignore_index, total)
+    dx = torch.ops.aten._log_softmax_backward_data(g, logp, 1, x.dtype)
+    empty = torch.zeros((), dtype=x.dtype, device=x.device).expand(0)
+    return dx, empty, empty
+
+
 def _ce_bwd_kernel(dy, x, t, w, ignore_index, reduction, label_smoothing):
+    if w is None and not label_smoothing and reduction != "none" and x.dim() == 2 and x.shape[0] > 0 \
+            and not t.is_floating_point() and x.dtype in (torch.float32, torch.float64) and x.device.type != "meta":
+        return _ce_bwd_fast(dy, x, t, ignore_index, reduction)
     acc, cdim = _acc(x.dtype), 1 if x.dim() >= 2 else 0
     logp = torch.log_softmax(x.to(acc), cdim)
     ls, n_cls = label_smoothing, x.shape[cdim]
