@@ -19,6 +19,7 @@ NOT_IN_OP_TABLES = {
     "global_alias": "to_local / a no-op to_global of a leaf: tests/global/test_one_program.py",
     "absent": "an op skipped on a rank outside its placement: tests/global/test_one_program.py",
     "from_local": "a local tensor made global: tests/global/test_one_program.py",
+    "stage_move": "a graph's move between pipeline stages (send/recv tasks): tests/global/test_pipeline_stages.py",
 }
 # Random ops: the in-place fills take the in-place kernel path (no dispatch to record) and
 # attention dropout's cases run with sbp=False; values are seed-dependent, so their tests

@@ -36,6 +36,7 @@ from ..distributed.global_tensor import GlobalMeta
 from ..distributed.sharding import local_shape
 from .global_graph import fingerprint
 from .ir import IRGraph
+from .passes.stages import STAGE
 from .passes.checkpointing import set_activation_checkpointing
 
 SCHEDULES = ("1f1b", "gpipe", "zb-h1")
@@ -244,7 +245,7 @@ def _move_grad(ctx, dy):
 
 
 STAGE_MOVE = defop("stage_move", _move_kernel, grad=_move_grad, shape=lambda metas, attrs: [metas[0]],
-                   family="boxing")
+                   family=STAGE)
 
 
 def trace_move(tracer: Any, x: Tensor, place: Any, nd: tuple, where: str) -> Tensor:

@@ -18,7 +18,13 @@ from ...core.registry import REGISTRY
 from ..ir import IRGraph, Node, Value
 from ..optimizer import _group_update
 
-MOVE = "stage_move"
+STAGE = "stage"   # the family of a move between stages' placements (graph/pipeline.py's stage_move)
+
+
+def is_move(n: Node) -> bool:
+    """A move between placements (a stage boundary): asked of the op's declared family."""
+    op = REGISTRY.get(n.op) if n.kernel is None else None
+    return op is not None and op.family == STAGE
 
 
 def tag_update_nodes(g: IRGraph, mark: int) -> IRGraph:
@@ -58,7 +64,7 @@ def phases(g: IRGraph) -> dict[int, str]:
     while changed:
         changed = False
         for n in reversed(g.nodes):
-            if ph[id(n)] == "B" and n.op != MOVE and _collective(n) and n.outputs and all(
+            if ph[id(n)] == "B" and not is_move(n) and _collective(n) and n.outputs and all(
                     v not in outs and users.get(v) and all(ph[id(u)] == "U" for u in users[v]) for v in n.outputs):
                 ph[id(n)] = "U"
                 changed = True
@@ -70,7 +76,7 @@ def value_placements(g: IRGraph) -> dict:
     the nodes it re-made): a node's values share the placement of the first value that has one."""
     out = {v: v.placement for v in (*g.feeds, *(v for v, _ in g.state)) if v.placement is not None}
     for n in g.nodes:
-        if n.op == MOVE:
+        if is_move(n):
             out[n.outputs[0]] = n.attrs["dst"]
             continue
         p = next((v.placement for v in n.outputs if v.placement is not None), None) or \
@@ -95,7 +101,7 @@ def implicit_placements(g: IRGraph) -> list:
     seen: list = []
     places = value_placements(g)
     for n in g.nodes:
-        p = n.attrs["src"] if n.op == MOVE else node_placement(n, places)
+        p = n.attrs["src"] if is_move(n) else node_placement(n, places)
         if p is not None and p not in seen and not n.effect:
             seen.append(p)
     for v in (*g.feeds, *(v for v, _ in g.state)):
@@ -110,7 +116,7 @@ def check_stages(g: IRGraph, placements: list, ph: dict) -> None:
     index = {p: i for i, p in enumerate(placements)}
     places = value_placements(g)
     for n in g.nodes:
-        if n.op == MOVE:
+        if is_move(n):
             s, d = index.get(n.attrs["src"]), index.get(n.attrs["dst"])
             if s is None or d is None:
                 bad = n.attrs["src"] if s is None else n.attrs["dst"]
@@ -173,7 +179,7 @@ def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int) -> RankGraph |
     recv: dict = {}
     send: dict = {}
     for n in g.nodes:
-        if n.op == MOVE:
+        if is_move(n):
             key = (ph[id(n)], index[n.attrs["src"]], index[n.attrs["dst"]])
             if n.attrs["src"] == mine:
                 send.setdefault(key, []).append(n.inputs[0])
