@@ -28,7 +28,15 @@ CONJ = unary("conj", torch.conj_physical, lambda c, dy: (apply(CONJ, dy),), part
 def _conj(x):
     """``x``'s complex conjugate; real tensors are their own (no op recorded)."""
     return apply(CONJ, x) if isinstance(x, Tensor) and x._data.is_complex() else x
-ABS = unary("abs", torch.abs, lambda c, dy: (dy * _x(c).sign(),), "inputs")
+def _abs_grad(c, dy):
+    x = _x(c)
+    if not x.is_complex():
+        return (dy * x.sign(),)
+    a = x.abs()  # complex: dy * sgn(x) = dy * x / |x| (0 at 0), as torch
+    return (dy * (x / where(a == 0, 1.0, a)),)
+
+
+ABS = unary("abs", torch.abs, _abs_grad, "inputs")
 SIGN = unary("sign", torch.sign, _zeros)
 FLOOR = unary("floor", torch.floor, _zeros)
 CEIL = unary("ceil", torch.ceil, _zeros)
@@ -329,4 +337,14 @@ def logaddexp(input: Tensor, other: Tensor) -> Tensor:
 
 
 def xlogy(input, other) -> Tensor:
-    return where(input == 0, 0.0 * input, input * other.log())
+    """``input * log(other)``; 0 where ``input`` is 0 unless ``other`` is NaN (as torch). Either
+    argument may be a Python number."""
+    if not isinstance(other, Tensor):
+        if not isinstance(input, Tensor):
+            raise TypeError(f"holoflow.xlogy: expected a tensor argument, got {type(input).__name__} and "
+                            f"{type(other).__name__}")
+        other = input.new_full((), other, dtype=torch.result_type(input._data, other))
+    if not isinstance(input, Tensor):
+        prod = other.log() * input
+        return prod if input != 0 else where(other.isnan(), prod, 0.0)
+    return where((input == 0) & ~other.isnan(), 0.0 * input, input * other.log())

@@ -194,13 +194,21 @@ def binary(name: str, kernel: Callable, grad: Callable | None = None, save: str 
            partial: Sequence[str] | Callable = (), tensors_only: bool = False, **rules) -> Op:
     """Declares an elementwise binary op with broadcasting and torch's type promotion; a Python
     scalar in first position (as in ``2 - x``), or anywhere for a ``tensors_only`` kernel such
-    as ``torch.maximum``, is wrapped as a 0-d tensor (which promotes like a scalar)."""
+    as ``torch.maximum``, is wrapped as a 0-d tensor of the result dtype (which promotes like a
+    scalar and keeps the scalar's precision)."""
+    commutative = rules.get("commutative", False)
+
     @functools.wraps(kernel)
     def k(a, b, **attrs):
+        # a number first: a commutative op takes it second, as torch's own ``2 * x`` does (the
+        # number stays a double); otherwise it becomes a 0-d tensor of the dtype torch computes in
+        # (sub(2.7, float64) is float64's 2.7, not float32's 2.7 widened)
         if not isinstance(a, torch.Tensor):
-            a = torch.tensor(a, device=b.device)
+            if not tensors_only and (commutative is True or (callable(commutative) and commutative(attrs))):
+                return kernel(b, a, **attrs)
+            a = torch.tensor(a, dtype=torch.result_type(a, b), device=b.device)
         elif tensors_only and not isinstance(b, torch.Tensor):
-            b = torch.tensor(b, device=a.device)
+            b = torch.tensor(b, dtype=torch.result_type(a, b), device=a.device)
         return kernel(a, b, **attrs)
 
     def fast(a, b, **attrs):  # the common case, tensor first: no wrapper frame
