@@ -8,9 +8,10 @@ just before its first backward reader, and memory_plan frees the forward ``y`` a
 is torch.compile's choice for cheap pointwise ops (its min-cut partitioner recomputes them).
 
 Candidates: forward nodes of ops declared ``elementwise`` (one output, not random, no own
-kernel) whose every tensor input is state, a feed, or read by the backward. The rewrite is kept
-only when it lowers the planned peak (memory_plan.peak_bytes); ``config.recompute_pointwise =
-False`` turns it off.
+kernel) of local graphs whose every tensor input is state, a feed, or read by the backward
+(nodes of global graphs carry signatures the boxing plan was priced with: left alone). The
+rewrite is kept only when it lowers the planned peak (memory_plan.peak_bytes);
+``config.recompute_pointwise = False`` turns it off.
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def candidates(g: IRGraph) -> set:
             continue
         if len(n.outputs) != 1 or n.outputs[0] not in read_bw or n.outputs[0] in keep:
             continue
+        if n.sbp is not None or n.outputs[0].placement is not None:
+            continue   # global graphs: the boxing plan counts each value once; left as traced
         if all(x in read_bw or x in held for x in n.value_inputs()):
             out.add(n.outputs[0])
     return out
