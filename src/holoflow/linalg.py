@@ -51,3 +51,7 @@ def norm(A: Tensor, ord=None, dim=None, keepdim: bool = False, *, dtype=None) ->
 from .ops.decomp import eigh, eigvalsh, linalg_qr as qr, linalg_svd as svd, svdvals  # noqa: E402
 
 __all__ += ["svd", "svdvals", "qr", "eigh", "eigvalsh"]
+
+from .ops.more_ops import cholesky, det, inv, solve  # noqa: E402
+
+__all__ += ["det", "inv", "solve", "cholesky"]
