@@ -23,7 +23,7 @@ import torch
 
 from ..core.errors import HoloflowError
 from ..core.registry import REGISTRY, Meta, defop
-from ..core.sbp import B
+from ..core.sbp import B, P
 from ..core.tensor import Tensor
 from ..distributed import world
 from ..distributed.boxing import cost, plan as box_plan, run_step
@@ -247,7 +247,62 @@ class BoxingPoint:
         steps = " + ".join(s.kind for s in self.steps) or "local"
         return (f"{where:<28} {nd_str(self.src)} -> {nd_str(self.dst)}  {steps:<28} "
                 f"{tuple(v.shape)} {str(v.dtype).replace('torch.', '')}  {self.comm_bytes / 1e6:.3f} MB/rank"
-                + ("  [backward]" if "bw" in self.node.tags else ""))
+                + ("  [backward]" if "bw" in self.node.tags else "")
+                + ("  [update]" if "update" in self.node.tags else ""))
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """Predicted time of a boxing node: ``latency`` per collective plus its bytes over links per
+    rank (the one cost function, ``boxing.cost``) at ``bytes_per_s``. ``calibrated`` says whether
+    the figures were measured (:func:`calibrate`) or are the default guess."""
+
+    latency_s: float = 100e-6
+    bytes_per_s: float = 1e9
+    calibrated: bool = False
+
+    def seconds(self, p: BoxingPoint) -> float:
+        n = sum(1 for s in p.steps if s.kind in _COLLECTIVES)
+        return n * self.latency_s + p.comm_bytes / self.bytes_per_s
+
+    def __str__(self) -> str:
+        how = "calibrated" if self.calibrated else "default, not calibrated"
+        return f"{self.latency_s * 1e6:.0f} us + {self.bytes_per_s / 1e9:.2f} GB/s per collective ({how})"
+
+
+_LINKS: dict = {}   # placement -> LinkModel measured by calibrate()
+
+
+def link_model(place) -> LinkModel:
+    """The calibrated link model of ``place`` (or the default guess)."""
+    return _LINKS.get(place, LinkModel())
+
+
+def calibrate(place, nbytes: int = 1 << 20, repeats: int = 5) -> LinkModel:
+    """Measures the link model of ``place`` with all-reduces of 4 bytes and of ``nbytes``: the
+    small one's time is the latency, the difference the bandwidth (bytes over links per rank, as
+    the cost function counts them). A collective: every rank of ``place`` calls it, in order."""
+    import time
+    comm, ranks = world.comm(), tuple(place.flat_ranks)
+    if len(ranks) < 2:
+        return LinkModel(0.0, float("inf"), True)
+
+    def best(t: torch.Tensor) -> float:
+        out = float("inf")
+        for _ in range(repeats):
+            comm.all_reduce(torch.zeros(1), ranks)   # the ranks arrive together
+            t0 = time.perf_counter()
+            comm.all_reduce(t.clone(), ranks)
+            out = min(out, time.perf_counter() - t0)
+        return out
+    small, big = best(torch.zeros(1)), best(torch.zeros(nbytes // 4))
+    over_links = cost((P,), (B,), (len(ranks),), nbytes) - cost((P,), (B,), (len(ranks),), 4)
+    # every rank uses the same figures (the slowest rank's), so predictions agree across ranks
+    got = comm.all_gather_shapes((small, big), ranks)
+    small, big = max(g[0] for g in got), max(g[1] for g in got)
+    model = LinkModel(small, over_links / max(big - small, 1e-9), True)
+    _LINKS[place] = model
+    return model
 
 
 def boxing_points(g: IRGraph) -> list[BoxingPoint]:
@@ -255,6 +310,14 @@ def boxing_points(g: IRGraph) -> list[BoxingPoint]:
     before -> after, bytes."""
     out = []
     for n in g.nodes:
+        for place, nd, shape, dtype in getattr(n.kernel, "zero_gathers", ()) if n.effect else ():
+            # ZeRO 1/2: an update effect all-gathers each sharded parameter's updated rows
+            v = Value(shape, dtype, placement=place, sbp=nd)
+            member = Node(GLOBAL_BOX.name, (v,), {"place": place, "src": nd, "dst": (B,) * len(nd)}, (),
+                          n.source, n.scope, tags=n.tags | {"update"})
+            steps = tuple(s for s in box_plan(nd, (B,) * len(nd), place.hierarchy) if s.kind != "reshard")
+            out.append(BoxingPoint(member, nd, (B,) * len(nd), v.nbytes,
+                                   cost(nd, (B,) * len(nd), place.hierarchy, v.nbytes), steps))
         if n.op not in (GLOBAL_BOX.name, GLOBAL_BOX_BUCKET.name):
             continue
         a = n.attrs
@@ -267,11 +330,15 @@ def boxing_points(g: IRGraph) -> list[BoxingPoint]:
     return out
 
 
-def explain(g: IRGraph) -> str:
-    """A table of every boxing node: the user's line that caused it, SBP, collectives, bytes."""
+def explain(g: IRGraph, link: LinkModel | None = None) -> str:
+    """A table of every boxing node: the user's line that caused it, SBP, collectives, bytes and
+    predicted time (``link``: default, the placement's calibrated :class:`LinkModel`)."""
     pts = boxing_points(g)
     if not pts:
         return "no boxing: every op ran in the SBP its inputs already had"
+    link = link or link_model(pts[0].node.attrs["place"])
     total = sum(p.comm_bytes for p in pts)
-    return "\n".join([f"{len(pts)} boxing node(s), {total / 1e6:.3f} MB over links per rank per step:"] +
-                     [f"  {p}" for p in pts])
+    secs = sum(link.seconds(p) for p in pts)
+    return "\n".join([f"{len(pts)} boxing node(s), {total / 1e6:.3f} MB over links per rank per step, predicted "
+                      f"{secs * 1e3:.3f} ms (links: {link}):"] +
+                     [f"  {p}  ~{link.seconds(p) * 1e3:.3f} ms" for p in pts])

@@ -56,8 +56,7 @@ class Zero:
         """The SBP a sharded parameter's gradient is boxed to (stage 2: its rows, S(0))."""
         if not (self.stage >= 2 and self.sharded(p)):
             return None
-        axis = _axes(p._global.placement)[0]
-        return tuple(S(0) if i == axis else B for i in range(p._global.placement.ndim))
+        return _row_sbp(p._global.placement)
 
 
 ZERO3 = "zero3"   # the tag of a stage-3 parameter's gather nodes
@@ -73,8 +72,7 @@ def shard_parameter(p: Tensor, zero: Zero | None) -> bool:
     if not (p.requires_grad and p.is_leaf and zero.sharded(p)):
         return False
     g = p._global
-    axis = _axes(g.placement)[0]
-    nd = tuple(S(0) if i == axis else B for i in range(g.placement.ndim))
+    nd = _row_sbp(g.placement)
     # this rank's rows of the whole tensor it holds: torch directly, not an op (a trace is running)
     p._data = shard_of(p._data, nd, g.placement, world.rank()).clone()
     p._global = replace(g, sbp=nd)
@@ -129,7 +127,15 @@ def sharded_update(opt, group_index: int, params: list, zero: Zero):
                     if whole.data_ptr() != p._data.data_ptr():
                         p._data.copy_(whole)
     update.__name__ = f"{type(opt).__name__.lower()}_zero{zero.stage}_update"
+    # what explain lists for this node: the updated rows of each sharded parameter all-gathered
+    update.zero_gathers = tuple((p._global.placement, _row_sbp(p._global.placement), tuple(p.shape), p._data.dtype)
+                                for p, s in zip(params, sharded) if s)
     return update
+
+
+def _row_sbp(place) -> tuple:
+    axis = _axes(place)[0]
+    return tuple(S(0) if i == axis else B for i in range(place.ndim))
 
 
 def state_bytes(opt) -> int:
