@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import queue
 import threading
+import time
 import weakref
 from collections import deque
 from typing import Any
@@ -18,7 +19,7 @@ from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from ..distributed.global_tensor import make_global
 from ..runtime import Plan, Runtime, TaskSpec
-from ..runtime.timeline import write_merged
+from ..runtime.timeline import Act, write_merged
 from .global_graph import localize
 from .ir import IRGraph, Task, Value, _Gen, program
 from .passes.stages import check_stages, phases, rank_graph, split_weight_grads
@@ -222,6 +223,8 @@ class PipelineCompiled:
         self.lowered, self.program = _Lowered(specs), _Source("\n\n".join(sources))
         self.plan = plan
         self.runtime = Runtime(plan, trace=True)
+        if wt is not None:   # waiting weight gradients queue behind their worker's messages
+            _wire_deferred(wfn, self.runtime, wt.name)
 
     # -- running ------------------------------------------------------------------------------------
     def feeds(self, leaves: list) -> list:
@@ -327,20 +330,31 @@ def _acc_fn(entry: Any, m: int, n_sum: int):
 
 
 def _deferred_fn(fn: Any, m: int, n_out: int, limit: int, mem: dict, lock: Any):
-    """Zero-bubble (ZB-H1 style) weight gradients: the backward task computes and sends the input
-    gradients; this task runs the weight gradients after it, keeping up to ``limit``
-    (``p - 1 - stage``) micro-batches' weight gradients waiting, so on earlier stages the
-    gradients of later micro-batches pass first; the step's last act runs what is left. Outputs
-    are summed here and handed to the update task once, after the last micro-batch (None before)."""
+    """Zero-bubble (ZB-H1) weight gradients: the backward task has computed and sent the input
+    gradients; act k queues micro-batch k's weight gradients, runs the oldest while more than
+    ``limit`` (``p - 1 - stage``) wait, and posts one message per waiting one to its own worker:
+    that message runs behind whatever is already queued there (a forward or backward a received
+    tensor made ready), so waiting weight gradients fill the time the stage would idle. The
+    step's last act runs what is left; outputs are summed here and handed to the update task once,
+    after the last micro-batch (None before). ``wgrad.post(msg)`` and ``wgrad.record(k, t0, t1)``
+    are set once the runtime exists (without them, weight gradients run in the act)."""
     pending: deque = deque()
-    state: dict = {"k": 0, "sum": None}
+    state: dict = {"k": 0, "i": 0, "sum": None}   # k: micro-batch in the step; i: acts so far
 
-    def run(args: tuple) -> None:
+    def run(item: tuple, inline: bool = True) -> None:
+        k, args = item
+        t0 = time.perf_counter()
         out = fn(*args)
+        if not inline and wgrad.record is not None:
+            wgrad.record(k, t0, time.perf_counter())
         with lock:
             mem["bytes"] -= sum(t.numel() * t.element_size() for t in args if isinstance(t, torch.Tensor))
         s = state["sum"]
         state["sum"] = [o.clone() for o in out] if s is None else [a.add_(o) for a, o in zip(s, out)]
+
+    def run_one(_a: Any = None, _b: Any = None) -> None:
+        if pending:
+            run(pending.popleft(), inline=False)
 
     def wgrad(*args) -> tuple:
         k = state["k"]
@@ -348,14 +362,34 @@ def _deferred_fn(fn: Any, m: int, n_out: int, limit: int, mem: dict, lock: Any):
         with lock:   # what waiting weight gradients keep alive counts as activation memory
             mem["bytes"] += sum(t.numel() * t.element_size() for t in args if isinstance(t, torch.Tensor))
             mem["peak_bytes"] = max(mem["peak_bytes"], mem["bytes"])
-        pending.append(args)
-        while len(pending) > (limit if k < m - 1 else 0):
+        pending.append((state["i"], args))
+        state["i"] += 1
+        last = k == m - 1
+        while len(pending) > (0 if last or wgrad.post is None else limit):
             run(pending.popleft())
-        if k < m - 1:
+        if pending:
+            wgrad.post((run_one, None, None))
+        if not last:
             return (None,) * n_out
         out, state["sum"] = state["sum"], None
         return tuple(out)
+    wgrad.post = wgrad.record = None
     return wgrad
+
+
+def _wire_deferred(wfn: Any, rt: Any, name: str) -> None:
+    actor = next((a for a in getattr(rt, "actors", ()) if a.name == name), None)
+    worker = getattr(actor, "worker", None) or getattr(actor, "stream", None)
+    put = getattr(getattr(worker, "queue", None), "put", None)
+    tl = rt.timeline
+    if put is None or tl is None:
+        return
+    lane = tl.lane(getattr(actor, "stream", "compute") if isinstance(getattr(actor, "stream", None), str)
+                   else "compute")
+
+    def record(k: int, t0: float, t1: float) -> None:
+        lane.append(Act(name, "compute", k, t0 - tl.t0, t1 - tl.t0))
+    wfn.post, wfn.record = put, record
 
 
 def _wire(tasks: list, g, exported: set) -> None:
