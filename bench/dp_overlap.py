@@ -4,6 +4,7 @@ DDP and a holoflow nn.Graph of global tensors (bucketed all-reduces on the comm 
     python bench/dp_overlap.py                 # each framework's limit and DP, paired in one world
     python bench/dp_overlap.py --separate      # every variant in its own launched world
     python bench/dp_overlap.py --only flow-graph-limit flow-graph-dp --bucket-mb 1
+    python bench/dp_overlap.py --explain       # the graph's boxing nodes: predicted vs measured time
 
 GPT of holoflow.examples.gpt (4 layers, d=128, seq 64, global batch 32: 16 per rank), AdamW.
 For each framework, ``limit`` is the same 2 processes each training its half batch with no
@@ -14,7 +15,12 @@ Paired (default): one launched world per framework builds both models and altern
 ``--steps`` limit steps and ``--steps`` DP steps (ranks aligned by a barrier before each block),
 ``--rounds`` times; each variant's figure is its best block. Load from other processes then hits
 both variants alike, which separate launches (``--separate``: one launch per variant, best of
-``--rounds``) cannot promise on a shared machine. Not a timed test.
+``--rounds``) cannot promise on a shared machine.
+
+``--explain``: the DP graph profiled (every node timed), the links calibrated
+(graph/global_graph.calibrate), and each boxing node's predicted time from the cost model next
+to its measured time per step. A measured collective also waits for the slower rank. Not a
+timed test.
 """
 from __future__ import annotations
 
@@ -45,7 +51,7 @@ def _batch(corpus, cfg, rank: int, step: int):
     return corpus.get_batch(data, cfg.block_size, cfg.batch_size, rng)
 
 
-def make_step(variant: str, cfg, bucket_mb: float = 25.0):
+def make_step(variant: str, cfg, bucket_mb: float = 25.0, profile: bool = False):
     """``step(xb, yb)``: one training step of ``variant`` on this launched rank."""
     import torch
     from holoflow.examples import gpt
@@ -91,6 +97,7 @@ def make_step(variant: str, cfg, bucket_mb: float = 25.0):
             self.model = model
             self.add_optimizer(opt)
             self.config.set_allreduce_bucket_mb(bucket_mb)
+            self.config.enable_profiling(profile)
 
         def build(self, x, y):
             if dp:
@@ -124,6 +131,30 @@ def run_variant(variant: str, steps: int, warmup: int, bucket_mb: float = 25.0) 
     for xb, yb in batches[warmup:]:
         step(xb, yb)
     return {variant: (time.perf_counter() - t0) / steps}
+
+
+def run_explain(steps: int, warmup: int, bucket_mb: float) -> dict:
+    """The DP graph's boxing nodes, predicted (calibrated cost model) and measured ms per step."""
+    from holoflow.examples import corpus, gpt
+    from holoflow.graph.global_graph import GLOBAL_BOX, GLOBAL_BOX_BUCKET, boxing_points, calibrate
+    cfg = _cfg(gpt)
+    rank = int(os.environ.get("RANK", "0"))
+    batches = [_batch(corpus, cfg, rank, s) for s in range(warmup + steps)]
+    step = make_step("flow-graph-dp", cfg, bucket_mb, profile=True)
+    for xb, yb in batches:
+        step(xb, yb)
+    c = next(reversed(step.graph._compiled.values()))
+    kinds = (GLOBAL_BOX.name, GLOBAL_BOX_BUCKET.name)
+    logical = [n for n in c.logical.nodes if n.op in kinds]
+    ran = [s for n, s in zip(c.program.nodes, c.program.prof) if n.op in kinds]
+    link = calibrate(logical[0].attrs["place"])
+    rows = []
+    for n, s in zip(logical, ran):
+        pts = boxing_points(type("One", (), {"nodes": [n]})())
+        rows.append((n.source, "+".join(dict.fromkeys(st.kind for p in pts for st in p.steps)) or "local",
+                     len(pts), sum(p.comm_bytes for p in pts), sum(link.seconds(p) for p in pts),
+                     s / max(c.iterations, 1)))
+    return {"link": str(link), "rows": rows}
 
 
 def _barrier(variant: str) -> None:
@@ -176,15 +207,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="the graph's gradient bucket size")
     ap.add_argument("--only", nargs="+", choices=VARIANTS, help="run these variants only")
+    ap.add_argument("--explain", action="store_true", help="the graph's boxing nodes: predicted vs measured")
     ap.add_argument("--out")
     a = ap.parse_args()
     common = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--bucket-mb", str(a.bucket_mb)]
-    if a.variant or a.pair:   # inside a launched rank
+    if os.environ.get("RANK") is not None and a.explain:   # inside a launched rank
+        t = run_explain(a.steps, a.warmup, a.bucket_mb)
+    elif a.variant or a.pair:
         t = (run_variant(a.variant, a.steps, a.warmup, a.bucket_mb) if a.variant
              else run_pair(*a.pair, a.steps, a.warmup, a.rounds, a.bucket_mb))
+    if os.environ.get("RANK") is not None:
         if int(os.environ.get("RANK", "0")) == 0 and a.out:
             with open(a.out, "w") as f:
                 json.dump(t, f)
+        return
+    if a.explain:
+        got = launch(["--explain", *common])
+        print(f"holoflow graph DP, boxing nodes per step (links: {got['link']}); measured includes waiting "
+              f"for the other rank")
+        print(f"{'line':<28} {'collectives':<24} {'members':>7} {'MB/rank':>8} {'predicted ms':>13} "
+              f"{'measured ms':>12}")
+        for src, kinds, m, nbytes, pred, meas in got["rows"]:
+            print(f"{src:<28} {kinds:<24} {m:>7} {nbytes / 1e6:8.3f} {pred * 1e3:13.3f} {meas * 1e3:12.3f}")
         return
     variants = a.only or VARIANTS
     best = {v: float("inf") for v in VARIANTS}
