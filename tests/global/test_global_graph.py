@@ -94,9 +94,37 @@ def test_another_sbp_compiles_another_plan_and_mixing_local_raises():
         class Mixed(flow.nn.Graph):
             def build(self, x):
                 return x + flow.ones(6, 4)
-        with pytest.raises(Exception, match=r"add at test_global_graph.py:\d+ mixes a local tensor of shape \(6, 4\)"):
+        with pytest.raises(Exception, match=r"add at test_global_graph.py:\d+ mixes a local tensor, a tensor of "
+                                            r"shape \(6, 4\), with global tensors"):
             Mixed()(flow.ones(6, 4, placement=place, sbp=S(0)))
     world.simulate(2, run)
+
+
+def test_inputs_on_another_placement_or_local_raise_naming_the_input_and_the_line():
+    def run(rank):
+        place = flow.placement("cpu", [0, 1])
+        lin = flow.nn.Linear(4, 4).to_global(place, B)
+
+        class G(flow.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.lin = lin
+
+            def build(self, x):
+                return self.lin(x)
+        g = G()
+        g(flow.ones(6, 4, placement=place, sbp=S(0)))
+        other = flow.placement("cpu", [1, 0])
+        with pytest.raises(Exception, match=r"at test_global_graph.py:\d+ mixes placements: graph input input0 "
+                                            r"\(shape \(6, 4\)\) on .*ranks=\[1, 0\].* and lin.weight"):
+            g(flow.ones(6, 4, placement=other, sbp=S(0)))
+        with pytest.raises(Exception, match=r"at test_global_graph.py:\d+ mixes a local tensor, graph input "
+                                            r"input0 \(shape \(6, 4\)\), with global tensors"):
+            g(flow.ones(6, 4))
+        y = g(flow.ones(6, 4, placement=place, sbp=B))   # another SBP: another plan, not an error
+        return tuple(y.sbp), len(g._compiled)
+    for sbp, plans in world.simulate(2, run):
+        assert sbp == (B,) and plans == 2
 
 
 def test_global_mode_makes_creation_ops_global_in_eager_and_in_graphs():

@@ -77,20 +77,33 @@ def _value_like(x: Tensor, name: str) -> Value:
     return Value(tuple(g.shape), d.dtype, d.device, name, placement=g.placement, sbp=g.sbp)
 
 
-def _placement(op: Op, inputs: tuple):
-    """The placement of an op's global inputs (None if all are local); mixing raises."""
-    place = None
+def _what(x: Tensor, names: dict) -> str:
+    """How an error names a traced tensor: the graph input or parameter it is, else its shape."""
+    v = x.__dict__.get("_v")
+    if v is not None and v.name.startswith("input"):
+        return f"graph input {v.name} (shape {tuple(x.shape)})"
+    if id(x) in names:
+        return f"{names[id(x)]} (shape {tuple(x.shape)})"
+    return f"a tensor of shape {tuple(x.shape)}"
+
+
+def _placement(op: Op, inputs: tuple, names: dict | None = None):
+    """The placement of an op's global inputs (None if all are local); mixing raises, naming the
+    tensors (graph inputs by position, parameters by name)."""
+    names = names or {}
+    place, first = None, None
     for x in inputs:
         if isinstance(x, Tensor) and x._global is not None:
             if place is not None and x._global.placement != place:
-                raise HoloflowError(f"holoflow.nn.Graph: {op.name} at {user_line()} mixes placements "
-                                    f"{place} and {x._global.placement}; move one with .to_global(placement=...)")
-            place = x._global.placement
+                raise HoloflowError(f"holoflow.nn.Graph: {op.name} at {user_line()} mixes placements: "
+                                    f"{_what(first, names)} on {place} and {_what(x, names)} on "
+                                    f"{x._global.placement}; move one with .to_global(placement=...)")
+            place, first = x._global.placement, first if first is not None else x
     if place is not None:
         for x in inputs:
             if isinstance(x, Tensor) and x._global is None:
-                raise HoloflowError(f"holoflow.nn.Graph: {op.name} at {user_line()} mixes a local tensor of "
-                                    f"shape {tuple(x.shape)} with global tensors on {place}; make it global "
+                raise HoloflowError(f"holoflow.nn.Graph: {op.name} at {user_line()} mixes a local tensor, "
+                                    f"{_what(x, names)}, with global tensors on {place}; make it global "
                                     f"first (.to_global(placement, sbp)) or create it with placement=/sbp=")
     return place
 
@@ -194,7 +207,7 @@ class Tracer(Interpreter):
         for x in inputs:
             if isinstance(x, Tensor) and x._global is None and x._data.device.type == "meta":
                 self._adopt(x)
-        place = _placement(op, inputs)
+        place = _placement(op, inputs, self.names)
         if place is None:
             return self._record(op, inputs, attrs)
         return self._bind_global(op, inputs, attrs, place)
