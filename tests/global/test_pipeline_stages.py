@@ -222,3 +222,11 @@ def test_amp_and_activation_checkpointing_in_stages_equal_the_local_graph(amp, c
     if ckpt:   # stage 1 recomputes its forward in backward: it keeps fewer activation bytes
         plain = world.simulate(2, lambda r: F.pipelined(r, INIT, steps=1, amp=amp))
         assert res[1][2]["peak_bytes"] < plain[1][2]["peak_bytes"], (res[1][2], plain[1][2])
+
+
+def test_a_rank_on_no_stage_runs_the_same_program_and_holds_nothing():
+    want, want_losses = F.reference(steps=2)
+    res = world.simulate(3, lambda r: F.pipelined(r, INIT, steps=2))
+    assert [r[3] for r in res] == [0, 1, None]
+    _check(res[:2], want, want_losses)
+    assert res[2][1] == [] and all(v is None for v in res[2][0].values())
