@@ -1,0 +1,220 @@
+"""Graph twins of the eager global test families: every family run again inside an nn.Graph,
+on simulated ranks and on Gloo worlds of 2 and 4 (tests/global/twins_fns.py does the work).
+
+- op table (test_ops_global.py): values from an inference graph, values and input gradients
+  from a train graph whose differentiable inputs are parameters, against single-process torch;
+  each graph's measured collectives equal its boxing table's prediction (kinds and bytes);
+- boxing pairs (test_boxing_sim.py, test_global_dist.py): to_global(sbp=dst) inside a graph
+  gives eager's shards and exactly eager's collectives, which its boxing table predicts;
+- moves between placements (test_moves_and_errors.py) inside a graph;
+- Module.to_global layouts (test_global_module.py) trained one step as a graph: outputs and
+  parameter gradients equal eager global and single-process.
+The MLP training family (test_global_dist.py) has its graph twin in test_global_graph.py."""
+import copy
+import itertools
+
+import pytest
+import torch
+
+import holoflow as flow
+from holoflow.distributed import world
+from holoflow.distributed.sharding import shard_of
+from holoflow.sbp import B, P, S
+
+import dist_fns
+import twins_fns
+from test_moves_and_errors import MOVES, QUICK, TWO_D, _check_move, _source
+from test_ops_global import MODULES
+
+ONE_D = [(S(0),), (S(1),), (B,), (P,)]
+# graphs need static shapes: ops whose output shape depends on values are refused at trace
+# time (by local graphs too) with a message naming the op; these cases are told apart below
+# (boolean-mask indexing: nonzero / masked_select have no meta kernel). one_hot without
+# num_classes reads its input's max: torch's bare "item() cannot be called on meta tensors"
+# (no graph name, no op name: reported to the graph's owner, not hidden)
+
+
+def _data_dependent(failure: str) -> bool:
+    if "cannot be traced" in failure and ("nonzero" in failure or "masked_select" in failure):
+        return True
+    return failure.startswith("one_hot-infer ") and "item() cannot be called on meta tensors" in failure
+
+
+def _check_ops(results, module, names, padding_allowed=False):
+    checked, failures, local_only, padded = results[0]
+    assert padding_allowed or not padded, f"{module}: predicted bytes differ:\n" + "\n".join(padded[:30])
+    real = [f for f in failures if not _data_dependent(f)]
+    assert not real, f"{module}: {len(real)} graph twin failures:\n" + "\n".join(real[:30])
+    untraced = {f.split(" with ")[0] for f in failures} - set(real)
+    assert checked + len(untraced) >= len(names) - len(local_only), (checked, len(names), local_only)
+    assert len(local_only) + len(untraced) <= len(names) // 3, (local_only, untraced)
+    assert checked > 0
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_op_table_as_graphs_on_2_simulated_ranks(module):
+    names = dist_fns.op_case_names(module, 9)
+    results = world.simulate(2, lambda r: twins_fns.op_case_twins(r, [0, 1], module, names, 1), timeout=120)
+    _check_ops(results, module, names)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_op_table_as_graphs_on_gloo_2(world2, module):
+    names = dist_fns.op_case_names(module, 37)
+    _check_ops(world2.run(twins_fns.op_case_twins, [0, 1], module, names, 1, timeout=300), module, names, True)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_op_table_as_graphs_on_a_gloo_2x2_mesh(world4, module):
+    names = dist_fns.op_case_names(module, 53)
+    _check_ops(world4.run(twins_fns.op_case_twins, [[0, 1], [2, 3]], module, names, 1, timeout=300),
+               module, names, True)
+
+
+def _check_box_twins(results, ranks, exact_counts: bool):
+    place = flow.placement("cpu", ranks)
+    for rank, (full, pairs) in enumerate(results):
+        for d in pairs:
+            what = f"rank {rank} {d['src']} -> {d['dst']}"
+            assert d["graph_sbp"] == d["dst"], what
+            torch.testing.assert_close(d["graph_whole"], full, msg=lambda m: f"{what}: {m}")
+            torch.testing.assert_close(d["eager_whole"], full, msg=lambda m: f"{what}: {m}")
+            if not d["has_partial"]:
+                torch.testing.assert_close(d["graph_local"], shard_of(full, d["dst"], place, rank))
+            torch.testing.assert_close(d["graph_local"], d["eager_local"], msg=lambda m: f"{what}: {m}")
+            if d["graph_counts"][0] is not None:
+                assert d["graph_counts"] == d["eager_counts"], (what, d["graph_counts"], d["eager_counts"])
+                assert d["graph_counts"] == d["predicted"], (what, d["graph_counts"], d["predicted"])
+            elif exact_counts:
+                raise AssertionError(f"{what}: no measured collectives")
+    for i, d in enumerate(results[0][1]):  # P shards sum to the value
+        if d["dst"] == (P,):
+            torch.testing.assert_close(sum(res[1][i]["graph_local"] for res in results), results[0][0])
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_boxing_pairs_as_graphs_on_simulated_ranks(p):
+    ranks = list(range(p))
+    _check_box_twins(world.simulate(p, lambda r: twins_fns.box_pair_twins(r, ranks, (5, 7), ONE_D)), ranks, False)
+
+
+def test_boxing_2d_pairs_as_graphs_on_simulated_ranks():
+    ranks = [[0, 1], [2, 3]]
+    nds = list(itertools.product([S(0), S(1), B, P], repeat=2))
+    _check_box_twins(world.simulate(4, lambda r: twins_fns.box_pair_twins(r, ranks, (5, 6), nds), timeout=120),
+                     ranks, False)
+
+
+def test_boxing_pairs_as_graphs_on_gloo(world2, world4):
+    """Evenly divisible shapes: measured bytes equal the boxing table's exactly."""
+    _check_box_twins(world2.run(twins_fns.box_pair_twins, [0, 1], (6, 4), ONE_D), [0, 1], True)
+    _check_box_twins(world4.run(twins_fns.box_pair_twins, [0, 1, 2, 3], (8, 4), ONE_D), [0, 1, 2, 3], True)
+    nds = TWO_D + [(S(0), B), (B, S(1)), (P, P)]
+    _check_box_twins(world4.run(twins_fns.box_pair_twins, [[0, 1], [2, 3]], (4, 6), nds, timeout=300),
+                     [[0, 1], [2, 3]], True)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "graph/global_graph.py (P3) BoxingPoint.payload_bytes predicts the unpadded local shard, but on "
+    "Gloo comm.reduce_scatter_chunks / all_gather (distributed/comm.py) pad uneven shards to the "
+    "largest and flow.comm.count records the padded buffer: P -> S(0) of a (5, 3) float64 on 2 ranks "
+    "measures 144 bytes, the explain table says 120 (eager measures 144 too)"))
+def test_predicted_bytes_of_uneven_shards_on_gloo(world2):
+    _check_box_twins(world2.run(twins_fns.box_pair_twins, [0, 1], (5, 3), [(P,), (S(0),)]), [0, 1], True)
+
+
+def _move_cases():
+    for name, (src_ranks, dst_ranks) in MOVES.items():
+        srcs = TWO_D if isinstance(src_ranks[0], list) else ONE_D
+        dsts = TWO_D if isinstance(dst_ranks[0], list) else ONE_D
+        if isinstance(src_ranks[0], list) == isinstance(dst_ranks[0], list) and len(src_ranks) == len(dst_ranks):
+            continue   # same mesh shape: test_same_shape_move_inside_a_non_pipeline_graph
+        for src, dst in list(itertools.product(srcs, dsts))[::5]:
+            yield pytest.param(src_ranks, src, dst_ranks, dst, id=f"{name}-{src}-{dst}")
+
+
+@pytest.mark.parametrize("src_ranks,src,dst_ranks,dst", list(_move_cases()))
+def test_move_inside_a_graph_keeps_the_value_or_is_refused_clearly(src_ranks, src, dst_ranks, dst):
+    """Inside a graph a placement change is a stage move: between meshes of another shape it is
+    refused at trace time naming both placements (eager does these moves)."""
+    sp, dp = flow.placement("cpu", src_ranks), flow.placement("cpu", dst_ranks)
+    full = torch.randn(5, 7, dtype=torch.float64)
+    if sp.hierarchy != dp.hierarchy:
+        def fn(r):
+            class Move(flow.nn.Graph):
+                def build(self, x):
+                    return x.to_global(placement=dp, sbp=dst)
+            with pytest.raises(Exception, match=r"moving a tensor from .* to .*: inside a graph, stage moves "
+                                                r"need placements of the same mesh shape"):
+                Move()(_source(full, sp, src, r))
+            return True
+        assert world.simulate(4, fn, timeout=QUICK) == [True] * 4
+        return
+    _check_move(full, dp, dst, world.simulate(4, _move_twin(full, sp, src, dp, dst), timeout=QUICK))
+
+
+def _move_twin(full, sp, src, dp, dst):
+    def fn(r):
+        class Move(flow.nn.Graph):
+            def build(self, x):
+                return x.to_global(placement=dp, sbp=dst)
+        y = Move()(_source(full, sp, src, r))
+        got = {"placement": y.placement, "sbp": tuple(y.sbp), "shape": tuple(y.shape), "numel": y._data.numel()}
+        if dp.coords(r) is not None:
+            got["local"] = y.to_local().to_torch()
+            got["whole"] = y.to_global(sbp=(B,) * dp.ndim).to_local().to_torch()
+        else:
+            got["outside_local"] = tuple(y.to_local().shape)
+        return got
+    return fn
+
+
+_MOVE_BUG = ("graph/global_graph.py (P3): outside a pipeline a same-shape placement change traces a "
+             "stage_move node that fails at run time ('a stage_move node runs only as a pipeline's "
+             "send/recv tasks'), and check_same_program all-gathers the fingerprint over the first "
+             "feed's placement also on ranks outside it (simulated: 'meta over ranks (0, 1) timed out')")
+
+
+@pytest.mark.xfail(strict=True, reason=_MOVE_BUG)
+@pytest.mark.parametrize("n,src_ranks,dst_ranks", [(2, [0, 1], [1, 0]), (4, [0, 1], [2, 3])])
+def test_same_shape_move_inside_a_non_pipeline_graph(n, src_ranks, dst_ranks):
+    sp, dp = flow.placement("cpu", src_ranks), flow.placement("cpu", dst_ranks)
+    full = torch.randn(5, 7, dtype=torch.float64)
+    for src, dst in ((B, S(0)), (S(0), P)):
+        _check_move(full, dp, (dst,), world.simulate(n, _move_twin(full, sp, (src,), dp, (dst,)), timeout=3))
+
+
+def _module_want():
+    ref = twins_fns.mlp()
+    gen = torch.Generator().manual_seed(1)
+    x, u = torch.randn(4, 6, generator=gen), torch.randn(4, 4, generator=gen)
+    want = ref(flow.from_torch(x))
+    (want * flow.from_torch(u)).sum().backward()
+    grads = [p.grad.to_torch() for p in ref.parameters()]
+    ref.zero_grad(set_to_none=True)
+    return ref, x, u, want.to_torch(), grads
+
+
+def _check_module(results):
+    _, _, _, want, grads = _module_want()
+    for per_rank in results:
+        for mode, (y, gs, sbps) in zip(("eager", "graph"), per_rank):
+            torch.testing.assert_close(y, want, msg=lambda m, mode=mode: f"{mode} output: {m}")
+            assert len(gs) == len(grads)
+            for i, (g, w) in enumerate(zip(gs, grads)):
+                torch.testing.assert_close(g, w, msg=lambda m, i=i, mode=mode: f"{mode} grad {i} {sbps[i]}: {m}")
+
+
+@pytest.mark.parametrize("layout", list(twins_fns.LAYOUTS))
+def test_module_layouts_train_as_graphs_on_simulated_ranks(layout):
+    ref, x, u, _, _ = _module_want()
+    refs = [copy.deepcopy(ref) for _ in range(4)]
+    _check_module(world.simulate(2, lambda r: twins_fns.module_twin(r, [0, 1], layout, refs[r], x, u)))
+    _check_module(world.simulate(4, lambda r: twins_fns.module_twin(r, [[0, 1], [2, 3]], layout, refs[r], x, u)))
+
+
+def test_module_layouts_train_as_graphs_on_gloo(world2, world4):
+    ref, x, u, _, _ = _module_want()
+    for layout in twins_fns.LAYOUTS:
+        _check_module(world2.run(twins_fns.module_twin, [0, 1], layout, ref, x, u))
+        _check_module(world4.run(twins_fns.module_twin, [[0, 1], [2, 3]], layout, ref, x, u))
