@@ -159,6 +159,8 @@ _ROUTES: dict[tuple, _Route] = {}
 
 
 def _route(ranks: tuple[int, ...], peer: int | None) -> _Route:
+    if not dist.is_initialized():  # the first collective of a script sets the world up
+        env.ensure_initialized()
     pg = dist.distributed_c10d._get_default_group()
     r = _ROUTES.get((ranks, peer))
     if r is None or r.pg is not pg:
