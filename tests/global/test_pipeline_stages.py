@@ -230,3 +230,13 @@ def test_a_rank_on_no_stage_runs_the_same_program_and_holds_nothing():
     assert [r[3] for r in res] == [0, 1, None]
     _check(res[:2], want, want_losses)
     assert res[2][1] == [] and all(v is None for v in res[2][0].values())
+
+
+def test_moves_between_placements_without_set_stage_make_stages_by_placement():
+    """A global graph whose build moves a tensor to another placement is pipelined with one stage
+    per placement (in order of use), with or without micro-batches."""
+    for m in (1, 4):
+        want, want_losses = F.reference(steps=2)
+        res = world.simulate(2, lambda r: F.pipelined(r, INIT, steps=2, m=m, spelling="none"))
+        _check(res, want, want_losses)
+        assert [r[3] for r in res] == [0, 1]

@@ -30,7 +30,7 @@ from .global_graph import boxing_points, calibrate, check_same_program, is_globa
 from .trace import Tracer, is_user_file, user_line
 from . import pipeline
 from .pipeline_run import PipelineCompiled
-from .passes.stages import implicit_placements, tag_update_nodes
+from .passes.stages import implicit_placements, is_move, tag_update_nodes
 
 
 class GraphBuildError(HoloflowError):
@@ -235,7 +235,7 @@ class Graph:
         from .passes.checkpointing import flagged_paths
         cfg = self.config.for_passes(flagged_paths(self))
         cfg.global_graph = is_global(ir)
-        if piped:
+        if piped or any(is_move(n) for n in ir.nodes):   # moves between placements: stages by placement
             return self._compile_pipeline(ir, cfg, log, stages, m, t0, getattr(tracer, "pp_mark", len(ir.nodes)))
         ir = passes.run(ir, cfg, log)
         logical = ir

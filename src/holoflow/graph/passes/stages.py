@@ -97,7 +97,8 @@ def node_placement(n: Node, places: dict | None = None):
 
 
 def implicit_placements(g: IRGraph) -> list:
-    """Stages when no module has one: each placement the graph computes on, in order of first use."""
+    """Stages when no module has one: each placement the graph computes on, ordered so that
+    forward moves go to later stages (ties: order of first use)."""
     seen: list = []
     places = value_placements(g)
     for n in g.nodes:
@@ -107,7 +108,16 @@ def implicit_placements(g: IRGraph) -> list:
     for v in (*g.feeds, *(v for v, _ in g.state)):
         if v.placement is not None and v.placement not in seen:
             seen.append(v.placement)
-    return seen
+    ph = phases(g)
+    before = {p: set() for p in seen}
+    for n in g.nodes:
+        if is_move(n) and ph[id(n)] == "F" and n.attrs["dst"] in before:
+            before[n.attrs["dst"]].add(n.attrs["src"])
+    order: list = []
+    while len(order) < len(seen):
+        ready = [p for p in seen if p not in order and before[p] <= set(order)]
+        order.append(ready[0] if ready else next(p for p in seen if p not in order))   # a cycle: reported later
+    return order
 
 
 def check_stages(g: IRGraph, placements: list, ph: dict) -> None:
