@@ -3,6 +3,7 @@ on GPT-mini and the small CNN (CPU training steps), each variant in its own fres
 
     python bench/graph.py [--rounds 3] [--steps 20] [--cases gpt cnn] [--variants ...] [--no-compile]
     python bench/graph.py --one gpt actor [--steps 20]     # one variant in this process: a JSON line
+    python bench/graph.py --device cuda --variants actor sequential torch-eager   # on a GPU
 
 Variants: ``actor`` (nn.Graph, the actor runtime as lowered: a CPU device's streams on the caller's
 thread), ``actor-thread`` (the same plan with the device's streams on one dedicated worker thread,
@@ -32,35 +33,38 @@ CASES = {"gpt": "GPT-mini (2 layers, d=64, seq 32, batch 8)", "cnn": "CNN (width
 VARIANTS = ("actor", "actor-thread", "sequential", "flow-eager", "torch-eager", "torch-compile")
 
 
-def gpt_case(lib):
+def gpt_case(lib, device: str = "cpu"):
     from holoflow.examples import gpt
     lib.manual_seed(0)
-    m = gpt.build(lib)(65, 32, 2, 64, 4)
+    m = gpt.build(lib)(65, 32, 2, 64, 4).to(device)
     rng = np.random.default_rng(0)
-    x, y = (lib.tensor(rng.integers(0, 65, (8, 32))) for _ in range(2))
+    x, y = (lib.tensor(rng.integers(0, 65, (8, 32)), device=device) for _ in range(2))
     return m, lib.optim.AdamW(m.parameters(), lr=1e-3), (x, y), lambda m, x, y: m(x, y)[1]
 
 
-def cnn_case(lib):
+def cnn_case(lib, device: str = "cpu"):
     from holoflow.examples import cnn
     lib.manual_seed(0)
-    m = cnn.build(lib)(32)
+    m = cnn.build(lib)(32).to(device)
     rng = np.random.default_rng(0)
-    x = lib.tensor(rng.standard_normal((64, 1, 8, 8)).astype(np.float32))
-    y = lib.tensor(rng.integers(0, 10, (64,)))
+    x = lib.tensor(rng.standard_normal((64, 1, 8, 8)).astype(np.float32), device=device)
+    y = lib.tensor(rng.integers(0, 10, (64,)), device=device)
     return m, lib.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), (x, y), \
         lambda m, x, y: lib.nn.functional.cross_entropy(m(x), y)
 
 
-def timeit(step, steps: int, repeat: int) -> float:
-    """The fastest of ``repeat`` means over ``steps`` calls, after 3 warm-up calls (seconds)."""
+def timeit(step, steps: int, repeat: int, sync=lambda: None) -> float:
+    """The fastest of ``repeat`` means over ``steps`` calls, after 3 warm-up calls (seconds);
+    ``sync`` waits for the device (CUDA) before each clock read."""
     for _ in range(3):
         step()
     best = float("inf")
     for _ in range(repeat):
+        sync()
         t = time.perf_counter()
         for _ in range(steps):
             step()
+        sync()
         best = min(best, (time.perf_counter() - t) / steps)
     return best
 
@@ -87,10 +91,11 @@ def saved_bytes(m, batch, loss_fn) -> int:
     return total[0]
 
 
-def one(case: str, variant: str, steps: int, repeat: int) -> dict:
+def one(case: str, variant: str, steps: int, repeat: int, device: str = "cpu") -> dict:
     """Measures one variant in this process."""
-    make = {"gpt": gpt_case, "cnn": cnn_case}[case]
-    r: dict = {"case": case, "variant": variant, "threads": torch.get_num_threads()}
+    make = {"gpt": lambda lib: gpt_case(lib, device), "cnn": lambda lib: cnn_case(lib, device)}[case]
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    r: dict = {"case": case, "variant": variant, "threads": torch.get_num_threads(), "device": device}
     if variant.startswith("torch"):
         m, opt, batch, loss_fn = make(torch)
         step = torch_step(m, opt, batch, loss_fn)
@@ -101,13 +106,13 @@ def one(case: str, variant: str, steps: int, repeat: int) -> dict:
             r["first_s"] = time.perf_counter() - t0
         else:
             r["saved_bytes"] = saved_bytes(m, batch, loss_fn)
-        r["ms"] = timeit(step, steps, repeat) * 1e3
+        r["ms"] = timeit(step, steps, repeat, sync) * 1e3
         return r
     import holoflow as flow
     from holoflow.graph import Graph
     m, opt, batch, loss_fn = make(flow)
     if variant == "flow-eager":
-        r["ms"] = timeit(torch_step(m, opt, batch, loss_fn), steps, repeat) * 1e3
+        r["ms"] = timeit(torch_step(m, opt, batch, loss_fn), steps, repeat, sync) * 1e3
         return r
 
     class Train(Graph):
@@ -133,13 +138,13 @@ def one(case: str, variant: str, steps: int, repeat: int) -> dict:
         c._executor = Runtime(plan, threads={s: "cpu" for s in {t.stream for t in plan.tasks}}
                               | {SOURCE_STREAM: "caller"})
     r.update(nodes=len(c.ir.nodes), tasks=len(c.lowered.plan.tasks), trace_s=c.compile_s, planned_bytes=c.peak_bytes)
-    r["ms"] = timeit(lambda: g(*batch), steps, repeat) * 1e3
+    r["ms"] = timeit(lambda: g(*batch), steps, repeat, sync) * 1e3
     return r
 
 
-def child_cmd(case: str, variant: str, steps: int, repeat: int) -> list[str]:
+def child_cmd(case: str, variant: str, steps: int, repeat: int, device: str = "cpu") -> list[str]:
     return [sys.executable, os.path.abspath(__file__), "--one", case, variant, "--steps", str(steps),
-            "--repeat", str(repeat)]
+            "--repeat", str(repeat), "--device", device]
 
 
 def parse_result(out: str) -> dict:
@@ -205,13 +210,15 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (the actor runtime on CUDA streams; "
+                    "not measured in CI)")
     a = ap.parse_args()
     if a.one:
-        print("RESULT " + json.dumps(one(*a.one, a.steps, a.repeat)))
+        print("RESULT " + json.dumps(one(*a.one, a.steps, a.repeat, a.device)))
         return
     variants = [v for v in a.variants if not (a.no_compile and v == "torch-compile")]
     for case in a.cases:
-        jobs = {f"{case}:{v}": child_cmd(case, v, a.steps, a.repeat) for v in variants}
+        jobs = {f"{case}:{v}": child_cmd(case, v, a.steps, a.repeat, a.device) for v in variants}
         report(case, alternate(jobs, a.rounds))
 
 

@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -50,10 +51,19 @@ def bench_lock():
 
 
 def run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """One child process under the bench lock."""
+    """One child process (in its own session: a timeout ends its launched ranks too) under the lock."""
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with bench_lock():
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                             start_new_session=True)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise
+        return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 def machine() -> dict:
@@ -173,7 +183,7 @@ def others(q: bool) -> list[tuple[str, list[str], float]]:
         ("boxing.py", "boxing vs raw collectives, 2 Gloo ranks (bench/boxing.py)", []),
         ("pipeline.py", "pipeline schedules (bench/pipeline.py)", ["--steps", "2"] if q else []),
     ]
-    return [(title, [sys.executable, os.path.join(HERE, script), *args], 900 if q else 2400)
+    return [(title, [sys.executable, os.path.join(HERE, script), *args], 300 if q else 2400)
             for script, title, args in cands if os.path.exists(os.path.join(HERE, script))]
 
 
