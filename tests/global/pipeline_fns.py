@@ -266,3 +266,86 @@ def reference_graph(steps: int = 2, m: int = 4, amp: bool = False, ckpt: bool = 
         x, y = data(batch, s)
         g(flow.tensor(x), flow.tensor(y))
     return {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+
+
+# -- PP 2 x TP 2: Megatron-style column/row split Linears inside each stage ------------------------------
+
+class TPNet(flow.nn.Module):
+    """Stage 0: column-split fc (weight/bias S(0)), tanh, row-split fc_b (weight S(1), no bias);
+    stage 1: column-split fc1, relu, row-split fc2. Forward and backward both hold all-reduces."""
+
+    def __init__(self, p0=None, p1=None, init=None):
+        super().__init__()
+        self.fc, self.fc_b = flow.nn.Linear(D_IN, D_H), flow.nn.Linear(D_H, D_H, bias=False)
+        self.fc1, self.fc2 = flow.nn.Linear(D_H, D_H), flow.nn.Linear(D_H, D_OUT, bias=False)
+        self.p1 = p1
+        if init is not None:
+            self.load_state_dict({k: flow.tensor(v) for k, v in init.items()})
+        if p0 is not None:
+            for lin, place, s in ((self.fc, p0, S(0)), (self.fc_b, p0, S(1)), (self.fc1, p1, S(0)),
+                                  (self.fc2, p1, S(1))):
+                lin.to_global(placement=place, sbp=[s])
+
+    def forward(self, x):
+        h = self.fc_b(flow.nn.functional.tanh(self.fc(x)))
+        if self.p1 is not None:
+            h = h.to_global(sbp=[B]).to_global(placement=self.p1, sbp=[B])
+        return self.fc2(flow.nn.functional.relu(self.fc1(h)))
+
+
+def tp_init(seed: int = 0):
+    flow.manual_seed(seed)
+    return {k: v.detach().numpy().copy() for k, v in TPNet().state_dict().items()}
+
+
+def tp_reference(init: dict, steps: int = 3, lr: float = 0.1, batch: int = 16):
+    net = TPNet(init=init)
+    o = _opt("sgd", net.parameters(), lr)
+    losses = []
+    for s in range(steps):
+        x, y = data(batch, s)
+        loss = flow.nn.functional.cross_entropy(net(flow.tensor(x)), flow.tensor(y))
+        o.zero_grad()
+        loss.backward()
+        o.step()
+        losses.append(loss.item())
+    return {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}, losses
+
+
+def tp_pipelined(rank: int, init: dict, steps: int = 3, m: int = 4, schedule: str = "1f1b", lr: float = 0.1,
+                 batch: int = 16):
+    """PP 2 x TP 2 on 4 ranks: stage 0 on [0, 1], stage 1 on [2, 3]; this rank's full parameters,
+    losses (stage 1) and its stage's compute acts in order."""
+    p0, p1 = flow.placement("cpu", ranks=[0, 1]), flow.placement("cpu", ranks=[2, 3])
+    net = TPNet(p0, p1, init=init)
+    o = _opt("sgd", net.parameters(), lr)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+            self.config.set_gradient_accumulation_steps(m)
+            self.config.set_pipeline_schedule(schedule)
+            self.add_optimizer(o)
+
+        def build(self, x, y):
+            loss = flow.nn.functional.cross_entropy(self.net(x), y)
+            loss.backward()
+            return loss
+
+    g = G()
+    losses = []
+    for s in range(steps):
+        x, y = data(batch, s)
+        loss = g(flow.tensor(x).to_global(placement=p0, sbp=[B]), flow.tensor(y).to_global(placement=p1, sbp=[B]))
+        if rank in p1.flat_ranks:
+            losses.append(loss.to_local().numpy().copy())
+    c = next(iter(g._compiled.values()))
+    order = [(a["phase"], a["mb"]) for a in sorted(c.acts(), key=lambda a: a["start"])
+             if a["lane"] == "compute" and a["phase"] in ("F", "B", "W")]
+    params = {}
+    for k, v in net.state_dict().items():
+        place = p0 if k.startswith("fc.") or k.startswith("fc_b") else p1
+        params[k] = v.to_global(placement=place, sbp=[B]).to_local().numpy().copy() if rank in place.flat_ranks \
+            else None
+    return params, losses, order, c.stage

@@ -45,3 +45,18 @@ def test_gpt_pp2_x_dp2_on_four_gloo_ranks_equals_full_batch(world4):
         assert _rel(params, want) < 1e-5
     for _, losses in res[2:]:
         np.testing.assert_allclose([float(np.mean(v)) for v in losses], want_losses, rtol=1e-5)
+
+
+def test_pp2_x_tp2_megatron_split_on_four_gloo_ranks_equals_full_batch(world4):
+    """Column/row split Linears inside each stage (all-reduces in forward and backward acts on
+    both ranks of a stage): parameters equal single-process full-batch training; both ranks of a
+    stage ran their compute acts in the same (1F1B) order."""
+    init = F.tp_init()
+    want, want_losses = F.tp_reference(init, steps=3)
+    res = world4.run(F.tp_pipelined, init, 3, 4, timeout=240)
+    for params, *_ in res:
+        assert _rel(params, want) < 1e-5
+    assert res[0][2] == res[1][2] and res[2][2] == res[3][2]
+    assert [k for k, _ in res[0][2][:4]] == ["F", "F", "B", "F"]
+    sums = np.asarray(res[2][1]) + np.asarray(res[3][1])
+    np.testing.assert_allclose(sums.mean(axis=1), want_losses, rtol=1e-5)

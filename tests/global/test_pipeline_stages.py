@@ -240,3 +240,49 @@ def test_moves_between_placements_without_set_stage_make_stages_by_placement():
         res = world.simulate(2, lambda r: F.pipelined(r, INIT, steps=2, m=m, spelling="none"))
         _check(res, want, want_losses)
         assert [r[3] for r in res] == [0, 1]
+
+
+def _jittered_recv(monkeypatch):
+    """Received tensors arrive after a random delay (per call): ranks of one stage see their
+    backward and forward acts become ready in different orders."""
+    import random
+    import time
+
+    from holoflow.graph import pipeline_run
+    real, rng = pipeline_run.p2p_recv, random.Random(0)
+
+    def slow(*a, **k):
+        time.sleep(rng.random() * 0.004)
+        return real(*a, **k)
+    monkeypatch.setattr(pipeline_run, "p2p_recv", slow)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
+def test_pp2_x_tp2_megatron_split_on_four_ranks_equals_full_batch(schedule, monkeypatch):
+    """Column/row split Linears inside each stage: all-reduces in forward and backward acts of
+    stages with 2 ranks; those acts run in the schedule's one order on both ranks of a stage."""
+    from holoflow.graph.pipeline_run import act_order, window
+    _jittered_recv(monkeypatch)
+    init = F.tp_init()
+    want, want_losses = F.tp_reference(init, steps=3)
+    m = 4
+    res = world.simulate(4, lambda r: F.tp_pipelined(r, init, 3, m, schedule))
+    assert [r[3] for r in res] == [0, 0, 1, 1]
+    for params, _losses, order, stage in res:
+        assert _rel(params, want) < 1e-5
+        seq = act_order(window(schedule, stage, 2, m), m, wgrad=any(k == "W" for k, _ in order))
+        assert order == seq * 3, (stage, order)
+    # the loss is a partial sum on each TP rank of the last stage (logits of a row-split Linear)
+    sums = np.asarray(res[2][1]) + np.asarray(res[3][1])
+    np.testing.assert_allclose(sums.mean(axis=1), want_losses, rtol=1e-5)
+
+
+def test_act_order_is_1f1b_and_gpipe():
+    assert act_order_names(2, 4) == "F0 F1 B0 F2 B1 F3 B2 B3"
+    assert act_order_names(1, 3, True) == "F0 B0 W0 F1 B1 W1 F2 B2 W2"
+    assert act_order_names(4, 4) == "F0 F1 F2 F3 B0 B1 B2 B3"
+
+
+def act_order_names(w, m, wgrad=False):
+    from holoflow.graph.pipeline_run import act_order
+    return " ".join(f"{k}{i}" for k, i in act_order(w, m, wgrad))

@@ -223,7 +223,14 @@ class PipelineCompiled:
         self.lowered, self.program = _Lowered(specs), _Source("\n\n".join(sources))
         self.plan = plan
         self.runtime = Runtime(plan, trace=True)
-        if wt is not None:   # waiting weight gradients queue behind their worker's messages
+        # a stage of several ranks (TP / DP inside it) may run collectives in its forward, backward
+        # and weight-gradient acts: those acts run in one fixed order on all its ranks
+        self.turns = None
+        if len(mine.flat_ranks) > 1:
+            kinds = {"F": ft, "B": bt, "W": wt}
+            seq = [kinds[k].name for k, _ in act_order(w, self.m, wt is not None) if kinds[k] is not None]
+            self.turns = _wire_turns(self.runtime, seq)
+        elif wt is not None:   # waiting weight gradients queue behind their worker's messages
             _wire_deferred(wfn, self.runtime, wt.name)
 
     # -- running ------------------------------------------------------------------------------------
@@ -286,6 +293,66 @@ class PipelineCompiled:
     def close(self) -> None:
         if self.runtime is not None:
             self.runtime.close()
+
+
+def act_order(w: int, m: int, wgrad: bool = False) -> list[tuple[str, int]]:
+    """A stage's compute acts of one step in the order its schedule gives (window ``w``): ``w``
+    forwards, then each backward (and its weight-gradient act) followed by the next forward —
+    1F1B for ``w = p - stage``, GPipe for ``w = m``. The same list on every rank of the stage."""
+    seq = [("F", k) for k in range(min(w, m))]
+    for k in range(m):
+        seq.append(("B", k))
+        if wgrad:
+            seq.append(("W", k))
+        if k + w < m:
+            seq.append(("F", k + w))
+    return seq
+
+
+class _Turns:
+    """Whose turn it is among a stage's compute actors (``seq``: actor names of one step, repeated
+    every step). An actor acts only on its turn; after its act the next one is tried."""
+
+    def __init__(self, seq: list[str]) -> None:
+        self.seq, self.i, self.actors = seq, 0, {}
+        self.log: list[str] = []   # the acts in the order they ran (tests read it)
+
+    def mine(self, name: str) -> bool:
+        return self.seq[self.i % len(self.seq)] == name
+
+    def advance(self, name: str) -> None:
+        self.log.append(name)
+        if len(self.log) > 10_000:
+            del self.log[:5_000]
+        self.i += 1
+        nxt = self.actors.get(self.seq[self.i % len(self.seq)])
+        if nxt is not None:   # its pieces may all be there already: nothing else would wake it
+            w = nxt.worker
+            msg = (lambda _a, _b, a=nxt: a.try_act(), None, None)
+            if w.thread is threading.current_thread():
+                w.local.append(msg)
+            else:
+                w.queue.put(msg)
+
+
+def _wire_turns(rt: Any, seq: list[str]) -> _Turns:
+    """Gates the named actors of ``rt`` to act in the order ``seq`` (cyclically)."""
+    turns = _Turns(seq)
+    for a in getattr(rt, "actors", ()):
+        if a.name not in seq:
+            continue
+        turns.actors[a.name] = a
+        ready, fn = a.ready, a.fn
+
+        def gated_ready(_ready=ready, _name=a.name) -> bool:
+            return turns.mine(_name) and _ready()
+
+        def gated_fn(*args, _fn=fn, _name=a.name):
+            out = _fn(*args)
+            turns.advance(_name)
+            return out
+        a.ready, a.fn = gated_ready, gated_fn
+    return turns
 
 
 def _tag(key: tuple) -> int:
