@@ -23,8 +23,9 @@ is tagged ``inplace``) when
 Scheduling (first, on the functional IR): inside each task, a node that frees more bytes than
 it allocates (``linear_grad_weight`` reading the last use of an activation) runs as soon as
 its inputs are ready, ahead of nodes that would allocate while that activation is still live.
-Random nodes keep their relative order (the RNG stream), effect nodes stay in their task, and
-the new order is kept only when it lowers the planned peak.
+Random nodes keep their relative order (the RNG stream), effect nodes stay in their task, global
+graphs are left in traced order (ranks with uneven shards would order collectives differently),
+and the new order is kept only when it lowers the planned peak.
 """
 from __future__ import annotations
 
@@ -289,10 +290,16 @@ def _schedule_task(nodes: list[Node], keep: set, left: dict, window: int) -> lis
     return out
 
 
+def _collective(n: Node) -> bool:
+    op = REGISTRY.get(n.op)
+    return op is not None and op.collective
+
+
 def schedule(g: IRGraph, window: int = 64) -> IRGraph:
     """Runs memory-freeing nodes early inside each task (see the module docstring)."""
-    if any("inplace" in n.tags for n in g.nodes):
-        return g
+    if any("inplace" in n.tags or n.sbp is not None or _collective(n) for n in g.nodes) or \
+            any(v.placement is not None for v in g.feeds):
+        return g   # global graphs: every rank must run its collectives in one order, whatever its shard sizes
     keep = _keep(g)
     left: dict = {}
     for n in g.nodes:
