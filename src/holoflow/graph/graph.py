@@ -202,6 +202,10 @@ class Graph:
         m = self.config.grad_acc_steps
         piped = stages is not None or (m > 1 and any(
             x._global is not None for x in (*leaves, *self._all_params()) if isinstance(x, Tensor)))
+        if piped and self._grad_scaler is not None and self._grad_scaler.is_enabled():
+            raise UnsupportedError(f"holoflow.nn.Graph {type(self).__name__}: a GradScaler with pipeline stages or "
+                                   f"gradient accumulation on global tensors is not supported yet (its inf check "
+                                   f"and unscale span every stage); use bfloat16 autocast without a scaler")
         traced = pipeline.micro_protos(leaves, m) if piped else leaves
         lazy = [tracer.feed(x, f"input{i}") if isinstance(x, Tensor) else x for i, x in enumerate(traced)]
         args, kwargs = unflatten(lazy, spec)

@@ -40,6 +40,16 @@ def _group_update(opt, group_index: int, params: list):
     return update
 
 
+def _by_placement(params: list) -> list[list]:
+    """``params`` grouped by placement, in first-seen order (one group when all share one, or
+    none is global)."""
+    groups: dict = {}
+    for p in params:
+        g = getattr(p, "_global", None)
+        groups.setdefault(g.placement if g is not None else None, []).append(p)
+    return list(groups.values())
+
+
 def _scaler_update(scaler, optimizers: list, params: list, scale: Tensor):
     """Eager's ``scaler.step(opt); scaler.update()`` on the graph's gradients."""
     def update(*grads):
@@ -80,8 +90,8 @@ def add_optimizer_updates(tracer, optimizers: list, scaler=None, scale: Tensor |
     else:
         for opt, _ in optimizers:
             for gi, group in enumerate(opt.param_groups):
-                params = [p for p in group["params"] if p.grad is not None]
-                if params:
+                for params in _by_placement([p for p in group["params"] if p.grad is not None]):
+                    # one update per placement (pipeline stages)
                     update = sharded_update(opt, gi, params, zero) if zero is not None and any(
                         zero.sharded(p) for p in params) else _group_update(opt, gi, params)
                     tracer.effect(update.__name__, tuple(_graph_grads(params)), {}, update)

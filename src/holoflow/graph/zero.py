@@ -96,6 +96,7 @@ def sharded_update(opt, group_index: int, params: list, zero: Zero):
     group = opt.param_groups[group_index]
     rank, comm = world.rank(), world.comm()
     sharded = [zero.sharded(p) for p in params]
+    sharded = [s and rank in p._global.placement.flat_ranks for p, s in zip(params, sharded)]   # this rank's
     rows = [_rows(p, rank) if s else None for p, s in zip(params, sharded)]
     views = [Tensor._make(p._data.narrow(0, *r)) if r else p for p, r in zip(params, rows)]
 

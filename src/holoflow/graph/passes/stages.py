@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...core.errors import HoloflowError
+from ...core.errors import HoloflowError, UnsupportedError
 from ...core.registry import REGISTRY
 from ..ir import IRGraph, Node, Value
 from ..optimizer import _group_update
@@ -132,6 +132,12 @@ def check_stages(g: IRGraph, placements: list, ph: dict) -> None:
                 bad = n.attrs["src"] if s is None else n.attrs["dst"]
                 raise HoloflowError(f"holoflow.nn.Graph: a tensor moves to {bad} at {n.source or '?'}, which is no "
                                     f"stage's placement (stages: {', '.join(map(str, placements))})")
+            if ph[id(n)] == "U":
+                raise UnsupportedError(
+                    f"holoflow.nn.Graph: at {n.source or '?'} a value computed after loss.backward() moves from "
+                    f"stage {s} ({n.attrs['src']}) to stage {d} ({n.attrs['dst']}): once-per-step values crossing "
+                    f"pipeline stages (e.g. clip_grad_norm_ over the parameters of several stages: its total "
+                    f"norm) are not supported yet; clip each stage's parameters separately")
             fwd = ph[id(n)] == "F"
             if (fwd and d <= s) or (not fwd and d >= s):
                 raise HoloflowError(
