@@ -86,7 +86,7 @@ def init_state(seed: int = 0):
 
 def pipelined(rank: int, init: dict, steps: int = 3, m: int = 4, lr: float = 0.1, batch: int = 16, dp: int = 1,
               schedule: str = "1f1b", spelling: str = "to", opt: str = "sgd", explicit_move: bool = True,
-              trace: str | None = None, amp: bool = False, ckpt: bool = False):
+              trace: str | None = None, amp: bool = False, ckpt: bool = False, keep: list | None = None):
     """This rank's share of pipelined training on ``2 * dp`` ranks: stage 0 on ranks [0..dp),
     stage 1 on [dp..2dp), batch split S(0) over each stage's ranks (broadcast when dp == 1).
     Returns the full parameters (gathered) on every rank, the losses (per micro-batch, on stage 1
@@ -124,6 +124,8 @@ def pipelined(rank: int, init: dict, steps: int = 3, m: int = 4, lr: float = 0.1
             return loss
 
     g = G()
+    if keep is not None:   # the caller inspects the graph (explain, boxing)
+        keep.append(g)
     losses = []
     for s in range(steps):
         x, y = data(batch, s)

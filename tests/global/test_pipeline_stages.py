@@ -286,3 +286,31 @@ def test_act_order_is_1f1b_and_gpipe():
 def act_order_names(w, m, wgrad=False):
     from holoflow.graph.pipeline_run import act_order
     return " ".join(f"{k}{i}" for k, i in act_order(w, m, wgrad))
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_boxing_and_explain_list_stage_moves_with_the_bytes_sent(dp, monkeypatch):
+    """graph.boxing() lists each move between stages (send/recv) with the bytes a sending rank
+    sends per step; they equal the bytes the ranks' sends measured."""
+    import threading
+
+    from holoflow.graph import pipeline_run
+    from holoflow.graph.pipeline import StageMove
+    sent: dict = {}
+    lock, real = threading.Lock(), pipeline_run.p2p_send
+
+    def counting(comm, t, src, dst, channel):
+        with lock:
+            sent[(src, channel)] = sent.get((src, channel), 0) + t.numel() * t.element_size()
+        return real(comm, t, src, dst, channel)
+    monkeypatch.setattr(pipeline_run, "p2p_send", counting)
+    graphs: list = []
+    world.simulate(2 * dp, lambda r: F.pipelined(r, INIT, steps=1, m=4, dp=dp, keep=graphs))
+    moves = [p for p in graphs[0].boxing() if isinstance(p, StageMove)]
+    assert sorted((mv.phase, mv.src_stage, mv.dst_stage) for mv in moves) == [("B", 1, 0), ("F", 0, 1)]
+    for mv in moves:
+        src_rank = dp * mv.src_stage      # the first rank of the sending stage
+        got = sum(b for (r, _ch), b in sent.items() if r == src_rank)
+        assert mv.comm_bytes == got, (mv, sent)
+    text = graphs[0].explain()
+    assert "2 stage move(s)" in text and "stage 0 -> 1" in text and "stage 1 -> 0" in text

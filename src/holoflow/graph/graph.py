@@ -102,14 +102,19 @@ class Graph:
             return f"(GRAPH:{type(self).__name__}) not compiled yet: call it once first"
         c = next(reversed(self._compiled.values()))
         boxing = f"\n{explain_boxing(c.logical)}" if is_global(c.logical) else ""
+        if isinstance(c, PipelineCompiled):   # moves between stages: send/recv with their bytes
+            boxing += "\n" + pipeline.explain_moves(pipeline.stage_moves(c.logical, c.placements, c.m))
         return f"{self._summary(c)}{boxing}\n{c.program.source}"
 
     def boxing(self) -> list:
         """Every redistribution of the most recent compile of a global graph: ``BoxingPoint``s
-        with the node (and its user source line), SBP before -> after, the collectives, bytes."""
+        with the node (and its user source line), SBP before -> after, the collectives, bytes; then,
+        for a pipelined graph, each move between stages (``pipeline.StageMove``: send/recv, bytes)."""
         if not self._compiled:
             raise HoloflowError(f"holoflow.nn.Graph {type(self).__name__}: not compiled yet: call it once first")
-        return boxing_points(next(reversed(self._compiled.values())).logical)
+        c = next(reversed(self._compiled.values()))
+        moves = pipeline.stage_moves(c.logical, c.placements, c.m) if isinstance(c, PipelineCompiled) else []
+        return boxing_points(c.logical) + moves
 
     def graph_module(self, module_or_path: Any) -> "GraphModule":
         """OneFlow's per-module settings: ``g.graph_module(g.model.blocks[0]).activation_checkpointing = True``."""

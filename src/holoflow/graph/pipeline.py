@@ -319,3 +319,58 @@ def split_local(x: Tensor, m: int) -> list:
 def pack(pieces: list, scalar: bool) -> torch.Tensor:
     """OneFlow's pack of per-micro-batch outputs: scalars stacked, others concatenated on dim 0."""
     return torch.stack(pieces) if scalar else torch.cat(pieces, dim=0)
+
+
+@dataclass(frozen=True)
+class StageMove:
+    """A move between stages (a send/recv pair): the user's line, stages, phase (``F``:
+    activations, ``B``: their gradients), the moved value and the bytes each sending rank sends
+    per micro-batch (its local shard) and per step (``m`` micro-batches)."""
+
+    node: Any
+    phase: str
+    src_stage: int
+    dst_stage: int
+    shape: tuple
+    dtype: torch.dtype
+    bytes_per_micro_batch: int
+    m: int
+
+    @property
+    def comm_bytes(self) -> int:
+        """Bytes each sending rank sends per step."""
+        return self.bytes_per_micro_batch * self.m
+
+    def __str__(self) -> str:
+        n = self.node
+        what = "activation" if self.phase == "F" else "gradient" if self.phase == "B" else self.phase
+        return (f"{n.source or '?':<28} stage {self.src_stage} -> {self.dst_stage}  send/recv ({what})  "
+                f"{self.shape} {str(self.dtype).replace('torch.', '')}  {self.bytes_per_micro_batch} B/rank per "
+                f"micro-batch, {self.comm_bytes / 1e6:.3f} MB/rank per step")
+
+
+def stage_moves(g: IRGraph, placements: list, m: int) -> list[StageMove]:
+    """Every move between stages of a pipelined logical graph ``g`` (``m`` micro-batches)."""
+    from .passes.stages import is_move, phases
+    index = {p: i for i, p in enumerate(placements)}
+    ph = phases(g)
+    out = []
+    for n in g.nodes:
+        if not is_move(n):
+            continue
+        v, src = n.inputs[0], n.attrs["src"]
+        rank = src.flat_ranks[0]
+        nel = 1
+        for d in local_shape(v.shape, v.sbp, src, rank):
+            nel *= d
+        out.append(StageMove(n, ph[id(n)], index[src], index[n.attrs["dst"]], tuple(v.shape), v.dtype,
+                             nel * v.dtype.itemsize, m))
+    return out
+
+
+def explain_moves(moves: list[StageMove]) -> str:
+    if not moves:
+        return "no stage moves"
+    total = sum(mv.comm_bytes for mv in moves)
+    return "\n".join([f"{len(moves)} stage move(s) (send/recv between stages), {total / 1e6:.3f} MB per sending "
+                      f"rank per step:"] + [f"  {mv}" for mv in moves])
