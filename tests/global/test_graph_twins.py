@@ -265,23 +265,11 @@ def _bn_want(xs, momentum):
     return ref, ys, ref(xs[0]).detach()
 
 
-_BN_CMA = ("nn/modules/norm.py (P6) under any nn.Graph, local ones too: BatchNorm(momentum=None) "
-           "computes 1.0 / float(num_batches_tracked) while tracing, float() of the traced buffer gives "
-           "0 and the trace fails with ZeroDivisionError (needs a tensor factor)")
-_BN_S0 = ("graph/trace.py (P3): in a global graph the running-statistics update of an S(0) buffer "
-          "(momentum 0.1, any split of x) fails at trace time: 'holoflow.mul_: the result has shape "
-          "(4,), which doesn't match the in-place target's shape (4,)'; eager passes (test_batchnorm_global)")
-
-
 def _bn_params():
     for x_sbp, xid in ((S(0), "S0"), (S(1), "S1"), (S(2), "S2")):
         for buf_sbp, bid in ((B, "B"), (S(0), "S0"), (P, "P")):
             for momentum in (0.1, None):
-                reason = _BN_CMA if momentum is None else _BN_S0 if buf_sbp == S(0) else None
-                if reason is not None and (x_sbp != S(0)):   # one xfail per bug and buffer SBP is enough
-                    continue
-                marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-                yield pytest.param(x_sbp, buf_sbp, momentum, marks=marks, id=f"{xid}-{bid}-{momentum}")
+                yield pytest.param(x_sbp, buf_sbp, momentum, id=f"{xid}-{bid}-{momentum}")
 
 
 @pytest.mark.parametrize("x_sbp,buf_sbp,momentum", list(_bn_params()))

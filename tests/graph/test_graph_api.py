@@ -173,3 +173,46 @@ def test_profiling_table_and_trace(tmp_path, capsys):
     assert "linear" in out and "ms/iter" in out and "adam_update" in out and "actors:" in out
     events = json.load(open(path))["traceEvents"]
     assert {e["name"] for e in events if e.get("ph") == "X"} >= {"compute0", "update1"}
+
+
+@pytest.mark.parametrize("read", [lambda t: float(t), lambda t: t.item(), lambda t: t.tolist(),
+                                  lambda t: t.numpy(), lambda t: int(t)],
+                         ids=["float", "item", "tolist", "numpy", "int"])
+def test_reading_a_buffer_value_inside_build_raises(read):
+    """A buffer's value read inside build() would be frozen into the graph at trace time (a step
+    counter read as 0 forever): it raises naming the read, also for real (state) storage."""
+    m = nn.BatchNorm1d(3)
+
+    class G(Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def build(self, x):
+            return x * read(self.m.num_batches_tracked)
+
+    with pytest.raises(GraphBuildError, match=r"reads a value, but inside build\(\) tensors are symbolic"):
+        G()(flow.ones(2, 3))
+
+
+def test_batchnorm_cumulative_average_in_a_graph_matches_torch():
+    """BatchNorm(momentum=None) averages over every batch seen: the factor 1/num_batches_tracked
+    is a tensor inside a graph, so each call of the compiled graph uses its own step's factor."""
+    flow.manual_seed(0)
+    m, ref = nn.BatchNorm1d(4, momentum=None), torch.nn.BatchNorm1d(4, momentum=None)
+
+    class G(Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def build(self, x):
+            return self.m(x)
+
+    g, gen = G(), torch.Generator().manual_seed(1)
+    for _ in range(4):
+        x = torch.randn(8, 4, generator=gen) * 3 + 1
+        torch.testing.assert_close(g(flow.tensor(x.numpy())).to_torch(), ref(x))
+    torch.testing.assert_close(m.running_mean.to_torch(), ref.running_mean)
+    torch.testing.assert_close(m.running_var.to_torch(), ref.running_var)
+    assert int(m.num_batches_tracked) == 4

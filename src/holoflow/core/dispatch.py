@@ -265,7 +265,7 @@ def assign(x: Tensor, out: Tensor, name: str) -> Tensor:
     """Writes ``out`` into ``x``'s storage and takes over its autograd history."""
     if x._global is not None and out._global is not None and out._global.sbp != x._global.sbp:
         out = out.to_global(sbp=x._global.sbp)
-    if tuple(out._data.shape) != tuple(x._data.shape):
+    if tuple(out.shape) != tuple(x.shape):   # logical shapes (a traced global's storage is not its shard)
         raise RuntimeError(f"holoflow.{name}_: the result has shape {tuple(out.shape)}, which "
                            f"doesn't match the in-place target's shape {tuple(x.shape)}")
     top = _CURRENT.get()

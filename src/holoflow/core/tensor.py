@@ -228,19 +228,27 @@ class Tensor:
         node.retains[self._out_idx] = keep
 
     # -- conversion to Python / numpy --------------------------------------------------------
+    def _no_value_in_trace(self, what: str) -> None:
+        """Inside ``build()`` a value read would be frozen into the graph at trace time: a
+        buffer's or parameter's value is the one it had then (silently stale on later calls)."""
+        if self._data.device.type == "meta" or interpret.is_lazy():
+            raise RuntimeError(f"holoflow.nn.Graph: {what} reads a value, but inside build() tensors "
+                               f"are symbolic (a buffer's value would be frozen at trace time); compute "
+                               f"with tensor ops, or return the tensor from build() and read it outside")
+
     def item(self):
-        if self._data.device.type == "meta":
-            raise RuntimeError("holoflow.nn.Graph: .item() reads a value, but inside build() tensors "
-                               "are symbolic; return the tensor from build() and read it outside")
+        self._no_value_in_trace(".item()")
         if self.numel() != 1:
             raise RuntimeError(f"holoflow: item() needs a tensor with one element, this one has "
                                f"shape {tuple(self.shape)}")
         return self._local_full().item()
 
     def tolist(self):
+        self._no_value_in_trace(".tolist()")
         return self._local_full().tolist()
 
     def numpy(self) -> np.ndarray:
+        self._no_value_in_trace(".numpy()")
         if self._rg:
             raise RuntimeError("holoflow: can't call numpy() on a tensor that requires grad; "
                                "use tensor.detach().numpy()")

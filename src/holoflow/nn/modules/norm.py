@@ -7,6 +7,7 @@ from typing import Any
 
 from ...core import dtype as _dtype
 from ...core.grad_mode import no_grad
+from ...core.interpret import is_lazy
 from ...core.tensor import Tensor
 from ...ops.creation import empty, ones, tensor, zeros
 
@@ -85,24 +86,28 @@ class _BatchNorm(_NormBase):
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
-            # momentum=None: a cumulative moving average over every batch seen so far
-            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+            # momentum=None: a cumulative moving average over every batch seen so far (inside a
+            # graph the count is symbolic: the factor stays a tensor, updated by explicit ops)
+            if self.momentum is None:
+                factor = (1.0 / self.num_batches_tracked if is_lazy()
+                          else 1.0 / float(self.num_batches_tracked))
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
         use_stats = not self.training or self.track_running_stats
-        if bn_training and use_stats and self.running_mean is not None and getattr(input, "is_global", False):
+        if bn_training and use_stats and self.running_mean is not None and (
+                getattr(input, "is_global", False) or isinstance(factor, Tensor)):
             return self._forward_global(input, factor)
         return F.batch_norm(input, self.running_mean if use_stats else None,
                             self.running_var if use_stats else None, self.weight, self.bias,
                             bn_training, factor, self.eps)
 
 
-    def _forward_global(self, input: Tensor, factor: float) -> Tensor:
-        """Training on a global tensor: normalise with the batch statistics, then update the
-        running statistics by in-place ops on the buffers themselves. (The fused kernel updates
-        the statistics it is given in place; for a channel split of the input the engine would
-        hand it boxed copies of broadcast or partial buffers, and the update would be lost on
-        every rank: silently stale running statistics.)"""
-        out = F.batch_norm(input, None, None, self.weight, self.bias, True, factor, self.eps)
+    def _forward_global(self, input: Tensor, factor: float | Tensor) -> Tensor:
+        """Training on a global tensor (or with a symbolic cumulative factor): normalise with the
+        batch statistics, then update the running statistics by in-place ops on the buffers
+        themselves. (The fused kernel updates the statistics it is given in place; for a channel
+        split of the input the engine would hand it boxed copies of broadcast or partial buffers,
+        and the update would be lost on every rank: silently stale running statistics.)"""
+        out = F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
         with no_grad():
             x = input.detach()
             dims = [0, *range(2, x.dim())]
