@@ -75,25 +75,13 @@ def test_op_table_as_graphs_on_a_gloo_2x2_mesh(world4, module):
 @pytest.mark.parametrize("module", MODULES)
 def test_op_table_as_graphs_on_a_placement_leaving_a_rank_out(module):
     """test_one_program_ops.py's family as graphs: placement [1] of a 2-rank world; rank 1 gets
-    single-process values and grads (rank 0's side: the xfail below)."""
+    single-process values and grads, and so does rank 0, outside the placement (its graph skips
+    the kernels and collectives; the values reach it as numpy() moves them to every rank)."""
     names = dist_fns.op_case_names(module, 9)
-    results = world.simulate(2, lambda r: _run_outside(r, module, names), timeout=120)
-    _check_ops(results[1:], module, names)
+    results = world.simulate(2, lambda r: twins_fns.op_case_twins(r, [1], module, names, 1, False), timeout=120)
+    _check_ops(results, module, names)
 
 
-def _run_outside(r, module, names):
-    try:
-        return twins_fns.op_case_twins(r, [1], module, names, 1, False)
-    except Exception as e:  # noqa: BLE001 - rank 0's failures are the xfail below
-        return str(e)
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "graph/global_graph.py localize (P3): a global graph on a rank outside its placement runs the "
-    "kernels on the empty shard and boxing nodes as collectives, where eager skips them (one program "
-    "on every rank): placement [1] of 2 ranks, build(x) = x.sum(dim=1) fails on rank 0 with 'op sum "
-    "failed at run time: IndexError: Dimension out of range', x.to_global(sbp=P).to_global(sbp=B) "
-    "with 'op global_box failed at run time: KeyError: 0' (x.neg() passes)"))
 def test_graph_on_a_rank_outside_the_placement_runs_the_same_program():
     for module in ("ops.test_elementwise", "ops.test_reduction"):
         names = dist_fns.op_case_names(module, 9)

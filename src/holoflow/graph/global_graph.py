@@ -28,7 +28,7 @@ from ..core.tensor import Tensor
 from ..distributed import world
 from ..distributed.boxing import cost, plan as box_plan, run_step
 from ..distributed.global_dispatch import local_attrs
-from ..distributed.global_tensor import GlobalMeta, make_global
+from ..distributed.global_tensor import ABSENT, GlobalMeta, make_global
 from ..distributed.sharding import local_shape, nd_str
 from .ir import IRGraph, Node, Value
 
@@ -117,7 +117,8 @@ def localize(g: IRGraph, rank: int, comm: Any = None) -> IRGraph:
         hit = vals.get(v)
         if hit is None:
             place, nd = layout.get(v, (None, None))
-            shape = v.shape if place is None else tuple(local_shape(v.shape, nd, place, rank))
+            shape = (v.shape if place is None else (0,) if place.coords(rank) is None  # absent: as eager's
+                     else tuple(local_shape(v.shape, nd, place, rank)))
             hit = vals[v] = replace(v, shape=shape, placement=place, sbp=nd)
         return hit
 
@@ -126,6 +127,15 @@ def localize(g: IRGraph, rank: int, comm: Any = None) -> IRGraph:
     for n in g.nodes:
         attrs = n.attrs
         op = REGISTRY.get(n.op)
+        if _absent_here(n, layout, rank):   # one program on every rank: skip it as eager does
+            new = n.with_(op=ABSENT.name, kernel=None, effect=False, inputs=tuple(loc(v) for v in n.inputs),
+                          outputs=tuple(loc(v) for v in n.outputs),
+                          attrs={"dtypes": tuple(v.dtype for v in n.outputs), "single": len(n.outputs) == 1,
+                                 "device": next((v.device for v in (*n.outputs, *n.value_inputs())),
+                                                torch.device("cpu"))})
+            node_map[id(n)] = new
+            nodes.append(new)
+            continue
         if op is not None and op.collective:
             attrs = {**attrs, "rank": rank, "comm": comm}
         elif n.sbp is not None:
@@ -144,6 +154,13 @@ def localize(g: IRGraph, rank: int, comm: Any = None) -> IRGraph:
                    updates=tuple((t, loc(v)) for t, v in g.updates), frees=frees)
 
 
+def _absent_here(n: Node, layout: dict, rank: int) -> bool:
+    """Whether every global value ``n`` reads or writes lies on placements without ``rank`` (a
+    node touching no global value is local and runs everywhere)."""
+    places = [layout[v][0] for v in (*n.value_inputs(), *n.outputs) if v in layout]
+    return bool(places) and all(p.coords(rank) is None for p in places)
+
+
 def fingerprint(g: IRGraph) -> str:
     """A digest of what a global graph does (ops, shapes, dtypes, SBPs, simple attrs), equal on
     every rank exactly when the ranks traced the same program."""
@@ -160,8 +177,8 @@ def check_same_program(g: IRGraph) -> None:
     a rank that traced another program (a data-dependent branch, another model) fails on every
     rank, naming the ranks, instead of issuing mismatched collectives."""
     place = next((v.placement for v in (*g.feeds, *(v for v, _ in g.state)) if v.placement is not None), None)
-    if place is None or len(place.flat_ranks) < 2:
-        return
+    if place is None or len(place.flat_ranks) < 2 or place.coords(world.rank()) is None:
+        return   # (a rank outside the placement runs the program without data: nothing to compare)
     mine = fingerprint(g)
     got = world.comm().all_gather_shapes(mine, place.flat_ranks)
     if len(set(got)) > 1:
