@@ -79,7 +79,7 @@ def machine() -> dict:
             "torch": torch.__version__, "intra-op threads": torch.get_num_threads(),
             "python": platform.python_version(), "commit": commit.strip() or "?",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "load average (1 min) at start": os.getloadavg()[0]}
+            "load average (1 min) at start": round(os.getloadavg()[0], 2)}
 
 
 # -- graph variants ---------------------------------------------------------------------------
@@ -106,6 +106,12 @@ def alternate(jobs: dict[str, list[str]], rounds: int, log) -> dict[str, dict]:
         return p.stdout
     return graph_bench.alternate(jobs, rounds, log, runner)
 
+
+LOADED = ("**Loaded machine (load average above the core count): these figures are not the ones to "
+          "quote.** Under such load, kernels launched from the main thread with a 2-thread OpenMP team ran "
+          "10-20x slower than on a quiet machine (torch eager included), while the same kernels launched from a "
+          "second thread (`actor-thread`) escaped most of it; on a quiet machine the order reverses "
+          "(GPT-mini: sequential 5.1 ms, actor-thread 8.5). Rerun on a quiet machine.")
 
 TARGETS = [  # (numerator, denominator, target, which cases)
     ("actor", "sequential", 1.05, ("gpt", "cnn")),
@@ -223,7 +229,7 @@ def main() -> None:
     gres = graph_results(a.quick, rounds, log)
     rtable = runtime_table(a.quick, rounds, log)
     rest = [] if a.skip_others else other_sections(a.quick, log)
-    info["load average (1 min) at end"] = os.getloadavg()[0]
+    info["load average (1 min) at end"] = round(os.getloadavg()[0], 2)
     cmd = "python bench/run_all.py" + (" --quick" if a.quick else "") + (f" --rounds {a.rounds}" if a.rounds else "")
     lines = ["# Benchmark results", "",
              f"Written by `{cmd}` in {time.perf_counter() - t0:.0f} s. Every graph variant ran in its own "
@@ -231,6 +237,8 @@ def main() -> None:
              "(torch.compile: 1 round with --quick). Not timed tests; on a loaded machine (see the load "
              "average) figures swing by 2x or more: compare ratios from a quiet run.", "",
              "| machine | |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in info.items()]
+    if max(info["load average (1 min) at start"], info["load average (1 min) at end"]) > (os.cpu_count() or 1):
+        lines += ["", LOADED]
     lines += ["", "## nn.Graph vs executors, holoflow eager, torch eager and torch.compile (CPU training step)", "",
               "`actor`: the actor runtime as lowered (a CPU device's streams on the caller's thread); "
               "`actor-thread`: the same plan with the device's streams on one dedicated worker thread; "
