@@ -133,12 +133,9 @@ def test_boxing_pairs_as_graphs_on_gloo(world2, world4):
                      [[0, 1], [2, 3]], True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "graph/global_graph.py (P3) BoxingPoint.payload_bytes predicts the unpadded local shard, but on "
-    "Gloo comm.reduce_scatter_chunks / all_gather (distributed/comm.py) pad uneven shards to the "
-    "largest and flow.comm.count records the padded buffer: P -> S(0) of a (5, 3) float64 on 2 ranks "
-    "measures 144 bytes, the explain table says 120 (eager measures 144 too)"))
 def test_predicted_bytes_of_uneven_shards_on_gloo(world2):
+    """Uneven shards travel padded to the largest (Gloo's collectives need equal pieces): the
+    prediction counts the padded buffer, as flow.comm.count measures it."""
     _check_box_twins(world2.run(twins_fns.box_pair_twins, [0, 1], (5, 3), [(P,), (S(0),)]), [0, 1], True)
 
 

@@ -97,7 +97,7 @@ def plan(src: tuple, dst: tuple, hierarchy: tuple) -> tuple[Step, ...]:
 
 # -- running a plan on this rank's shard ------------------------------------------------------
 
-def _sizes_along(shape, nd, place: placement, rank: int, axis: int, dim: int) -> list[int]:
+def sizes_along(shape, nd, place: placement, rank: int, axis: int, dim: int) -> list[int]:
     """Local sizes along ``dim`` of every member of ``rank``'s group on mesh ``axis``."""
     coords = list(place.coords(rank))
     sizes = []
@@ -114,12 +114,12 @@ def run_step(t: torch.Tensor, step: Step, shape, place: placement, rank: int, co
     coords = place.coords(rank)
     group = place.axis_group(rank, axis)
     if kind == "all_gather":
-        return comm.all_gather(t, group, step.dim, _sizes_along(shape, step.src, place, rank, axis, step.dim))
+        return comm.all_gather(t, group, step.dim, sizes_along(shape, step.src, place, rank, axis, step.dim))
     if kind == "all_reduce":
         return comm.all_reduce(t, group)
     if kind == "reduce_scatter":
         return comm.reduce_scatter(t, group, step.dim,
-                                   _sizes_along(shape, step.dst, place, rank, axis, step.dim))
+                                   sizes_along(shape, step.dst, place, rank, axis, step.dim))
     if kind == "all_to_all":
         n = t.shape[step.dim2]
         p = place.hierarchy[axis]

@@ -44,6 +44,12 @@ def _torch_comm():
     return _TORCH_COMM[0]
 
 
+def _padded_bytes(t: torch.Tensor, dim: int, rows: int, pieces: int) -> int:
+    """Bytes of ``pieces`` pieces of ``t`` with ``rows`` along ``dim`` (a padded collective buffer)."""
+    rest = t.numel() // t.shape[dim] if t.dim() and t.shape[dim] else 0
+    return pieces * rows * rest * t.element_size() if t.dim() else t.numel() * t.element_size()
+
+
 class SimComm:
     """Collectives among threads of one process: each call deposits this rank's tensor, waits
     for the group, and computes the result from everyone's deposits."""
@@ -55,7 +61,9 @@ class SimComm:
         self._seq: dict = {}
         self.calls: list[tuple[str, tuple, int]] = []
 
-    def _exchange(self, kind: str, group: tuple, value) -> dict:
+    def _exchange(self, kind: str, group: tuple, value, nbytes: int | None = None) -> dict:
+        """``nbytes``: what the call hands to the wire when it differs from the deposit's bytes
+        (Gloo's collectives pad uneven shards to the largest; the log counts as they do)."""
         r = rank()
         with self._cv:
             seq = self._seq.get((group, r), 0)
@@ -64,7 +72,8 @@ class SimComm:
             box = self._slots.setdefault(key, {})
             box[r] = value
             if r == group[0]:
-                nbytes = sum(v.numel() * v.element_size() for v in _tensors(value))
+                if nbytes is None:
+                    nbytes = sum(v.numel() * v.element_size() for v in _tensors(value))
                 self.calls.append((kind, group, nbytes))
             self._cv.notify_all()
             if not self._cv.wait_for(lambda: len(box) == len(group), self.timeout):
@@ -74,7 +83,7 @@ class SimComm:
             return dict(box)
 
     def all_gather(self, t, group, dim, sizes):
-        got = self._exchange("all_gather", group, t)
+        got = self._exchange("all_gather", group, t, _padded_bytes(t, dim, max(sizes), 1))
         return torch.cat([got[g] for g in group], dim=dim)
 
     def all_reduce(self, t, group):
@@ -82,7 +91,7 @@ class SimComm:
         return sum((got[g] for g in group[1:]), got[group[0]].clone())
 
     def reduce_scatter(self, t, group, dim, sizes):
-        got = self._exchange("reduce_scatter", group, t)
+        got = self._exchange("reduce_scatter", group, t, _padded_bytes(t, dim, max(sizes), len(group)))
         total = sum((got[g] for g in group[1:]), got[group[0]].clone())
         i = group.index(rank())
         return total.narrow(dim, sum(sizes[:i]), sizes[i]).contiguous()

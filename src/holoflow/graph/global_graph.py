@@ -16,6 +16,7 @@ See docs/architecture.md, "Global graphs".
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,7 +27,7 @@ from ..core.registry import REGISTRY, Meta, defop
 from ..core.sbp import B, P
 from ..core.tensor import Tensor
 from ..distributed import world
-from ..distributed.boxing import cost, plan as box_plan, run_step
+from ..distributed.boxing import cost, plan as box_plan, run_step, sizes_along
 from ..distributed.global_dispatch import local_attrs
 from ..distributed.global_tensor import ABSENT, GlobalMeta, make_global
 from ..distributed.sharding import local_shape, nd_str
@@ -252,10 +253,13 @@ class BoxingPoint:
         total = 0
         for step in self.steps:
             if step.kind in _COLLECTIVES and rank in place.axis_group(rank, step.axis):
-                n = 1
-                for d in local_shape(v.shape, step.src, place, rank):
-                    n *= d
-                total += n * v.dtype.itemsize
+                shape = list(local_shape(v.shape, step.src, place, rank))
+                k = place.hierarchy[step.axis]   # uneven shards travel padded to the largest:
+                if step.kind == "all_gather":
+                    shape[step.dim] = max(sizes_along(v.shape, step.src, place, rank, step.axis, step.dim))
+                elif step.kind == "reduce_scatter":
+                    shape[step.dim] = k * -(-shape[step.dim] // k)
+                total += math.prod(shape) * v.dtype.itemsize
         return total
 
     def __str__(self) -> str:
