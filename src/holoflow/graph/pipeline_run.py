@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 import queue
 import threading
-import time
 import weakref
 from collections import deque
 from typing import Any
@@ -19,7 +18,7 @@ from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from ..distributed.global_tensor import make_global
 from ..runtime import Plan, Runtime, TaskSpec
-from ..runtime.timeline import Act, write_merged
+from ..runtime.timeline import write_merged
 from .global_graph import localize
 from .ir import IRGraph, Task, Value, _Gen, program
 from .passes.stages import check_stages, phases, rank_graph, split_weight_grads
@@ -155,39 +154,58 @@ class PipelineCompiled:
         specs = []
         by = {t.name.rstrip("_0123456789"): t for t in tasks}
         ft, bt = by.get("fwd"), by.get("bwd")
-        saved = [i for i, v in enumerate(ft.outputs) if bt is not None and v in bt.inputs] if ft else []
-        kept = [i for i, v in enumerate(ft.inputs) if bt is not None and v in bt.inputs] if ft else []
+        wneed = set(wt.inputs) if wt is not None else set()
+        need = (set(bt.inputs) | wneed) if bt is not None else set()   # what backward / weight grads read
+        saved = [i for i, v in enumerate(ft.outputs) if v in need] if ft else []
+        kept = [i for i, v in enumerate(ft.inputs) if v in need] if ft else []
+        saved_w = [i for i in saved if ft.outputs[i] in wneed]
+        kept_w = [i for i in kept if ft.inputs[i] in wneed]
 
         link = ft is not None and bt is not None   # F -> B: the slot that bounds micro-batches in flight
 
         def fwd(*args, _f=ns[ft.name] if ft else None):
             out = _f(*args)
             # activation bytes this micro-batch keeps for backward: made here or received (or fed)
-            nb = sum(t.numel() * t.element_size() for t in [*(out[i] for i in saved), *(args[i] for i in kept)]
-                     if isinstance(t, torch.Tensor))
+            nb = _nbytes([*(out[i] for i in saved), *(args[i] for i in kept)])
+            nbw = _nbytes([*(out[i] for i in saved_w), *(args[i] for i in kept_w)])   # kept until W
             if link:
                 with lock:
-                    fifo.append(nb)
+                    fifo.append((nb, nbw))
                     mem["in_flight"] += 1
                     mem["bytes"] += nb
                     mem["peak_in_flight"] = max(mem["peak_in_flight"], mem["in_flight"])
                     mem["peak_bytes"] = max(mem["peak_bytes"], mem["bytes"])
             return (*out, None) if link else out
 
+        # zero bubble: what the weight-gradient task reads stays alive until it acts
+        fvals = set(ft.outputs) | set(ft.inputs) if ft else set()
+        w_in = [i for i, v in enumerate(bt.inputs) if v in wneed and v not in fvals] if wt is not None else []
+        w_out = [i for i, v in enumerate(bt.outputs) if v in wt.inputs] if wt is not None else []
+        wfifo: deque = deque()
+
         def bwd(*args, _f=ns[bt.name] if bt else None):
             out = _f(*args[:-1] if link else args)
             with lock:
                 mem["in_flight"] -= 1
-                mem["bytes"] -= fifo.popleft()
+                nb, nbw = fifo.popleft()
+                mem["bytes"] -= nb - nbw
+                if wt is not None:
+                    extra = _nbytes([*(args[i] for i in w_in), *(out[i] for i in w_out)])
+                    wfifo.append(nbw + extra)
+                    mem["bytes"] += extra
+                    mem["peak_bytes"] = max(mem["peak_bytes"], mem["bytes"])
             return out
         if wt is not None:
-            wfn = _deferred_fn(ns[wt.name], self.m, len(wt.outputs), self.p - 1 - self.stage, mem, lock)
+            # a yielding task (priority -1): a micro-batch's weight gradients run when nothing else
+            # of the compute worker is ready; the backward may run p - 1 - stage ahead of them
+            wfn = _wgrad_fn(ns[wt.name], self.m, len(wt.outputs), mem, lock, wfifo)
             specs.append(TaskSpec(wt.name, "compute", wfn,
                                   tuple(name(v) for v in wt.inputs), tuple(name(v) for v in wt.outputs),
                                   register_num=2, source=wt.source or None,
-                                  meta={"nodes": len(wt.nodes), "phase": "W"}))
+                                  meta={"nodes": len(wt.nodes), "phase": "W"}, priority=-1))
         token = (f"{ft.name}_done",) if link else ()
-        for t, fn, rn, ins, outs in ((ft, fwd, w, (), token), (bt, bwd, 2, token, ())):
+        brn = self.p - self.stage if wt is not None else 2   # p - 1 - stage weight gradients may wait
+        for t, fn, rn, ins, outs in ((ft, fwd, w, (), token), (bt, bwd, brn, token, ())):
             if t is not None:
                 specs.append(TaskSpec(t.name, "compute", fn, tuple(name(v) for v in t.inputs) + ins,
                                       tuple(name(v) for v in t.outputs) + outs, register_num=rn,
@@ -230,8 +248,6 @@ class PipelineCompiled:
             kinds = {"F": ft, "B": bt, "W": wt}
             seq = [kinds[k].name for k, _ in act_order(w, self.m, wt is not None) if kinds[k] is not None]
             self.turns = _wire_turns(self.runtime, seq)
-        elif wt is not None:   # waiting weight gradients queue behind their worker's messages
-            _wire_deferred(wfn, self.runtime, wt.name)
 
     # -- running ------------------------------------------------------------------------------------
     def feeds(self, leaves: list) -> list:
@@ -396,67 +412,29 @@ def _acc_fn(entry: Any, m: int, n_sum: int):
     return update
 
 
-def _deferred_fn(fn: Any, m: int, n_out: int, limit: int, mem: dict, lock: Any):
-    """Zero-bubble (ZB-H1) weight gradients: the backward task has computed and sent the input
-    gradients; act k queues micro-batch k's weight gradients, runs the oldest while more than
-    ``limit`` (``p - 1 - stage``) wait, and posts one message per waiting one to its own worker:
-    that message runs behind whatever is already queued there (a forward or backward a received
-    tensor made ready), so waiting weight gradients fill the time the stage would idle. The
-    step's last act runs what is left; outputs are summed here and handed to the update task once,
-    after the last micro-batch (None before). ``wgrad.post(msg)`` and ``wgrad.record(k, t0, t1)``
-    are set once the runtime exists (without them, weight gradients run in the act)."""
-    pending: deque = deque()
-    state: dict = {"k": 0, "i": 0, "sum": None}   # k: micro-batch in the step; i: acts so far
+def _nbytes(ts: list) -> int:
+    return sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))
 
-    def run(item: tuple, inline: bool = True) -> None:
-        k, args = item
-        t0 = time.perf_counter()
-        out = fn(*args)
-        if not inline and wgrad.record is not None:
-            wgrad.record(k, t0, time.perf_counter())
-        with lock:
-            mem["bytes"] -= sum(t.numel() * t.element_size() for t in args if isinstance(t, torch.Tensor))
-        s = state["sum"]
-        state["sum"] = [o.clone() for o in out] if s is None else [a.add_(o) for a, o in zip(s, out)]
 
-    def run_one(_a: Any = None, _b: Any = None) -> None:
-        if pending:
-            run(pending.popleft(), inline=False)
+def _wgrad_fn(fn: Any, m: int, n_out: int, mem: dict, lock: Any, sizes: deque):
+    """Zero-bubble (ZB-H1) weight gradients of one micro-batch per act (the task yields to every
+    other act of its worker: ``TaskSpec.priority``); summed here and handed to the update task
+    once, after the step's last micro-batch (None before)."""
+    state: dict = {"k": 0, "sum": None}
 
     def wgrad(*args) -> tuple:
         k = state["k"]
         state["k"] = (k + 1) % m
-        with lock:   # what waiting weight gradients keep alive counts as activation memory
-            mem["bytes"] += sum(t.numel() * t.element_size() for t in args if isinstance(t, torch.Tensor))
-            mem["peak_bytes"] = max(mem["peak_bytes"], mem["bytes"])
-        pending.append((state["i"], args))
-        state["i"] += 1
-        last = k == m - 1
-        while len(pending) > (0 if last or wgrad.post is None else limit):
-            run(pending.popleft())
-        if pending:
-            wgrad.post((run_one, None, None))
-        if not last:
+        out = fn(*args)
+        with lock:
+            mem["bytes"] -= sizes.popleft()
+        s = state["sum"]
+        state["sum"] = [o.clone() for o in out] if s is None else [a.add_(o) for a, o in zip(s, out)]
+        if k != m - 1:
             return (None,) * n_out
         out, state["sum"] = state["sum"], None
         return tuple(out)
-    wgrad.post = wgrad.record = None
     return wgrad
-
-
-def _wire_deferred(wfn: Any, rt: Any, name: str) -> None:
-    actor = next((a for a in getattr(rt, "actors", ()) if a.name == name), None)
-    worker = getattr(actor, "worker", None) or getattr(actor, "stream", None)
-    put = getattr(getattr(worker, "queue", None), "put", None)
-    tl = rt.timeline
-    if put is None or tl is None:
-        return
-    lane = tl.lane(getattr(actor, "stream", "compute") if isinstance(getattr(actor, "stream", None), str)
-                   else "compute")
-
-    def record(k: int, t0: float, t1: float) -> None:
-        lane.append(Act(name, "compute", k, t0 - tl.t0, t1 - tl.t0))
-    wfn.post, wfn.record = put, record
 
 
 def _wire(tasks: list, g, exported: set) -> None:

@@ -46,6 +46,13 @@ class Actor:
         self._lane = lane                 # the trace lane of our stream, or None
         self.busy_since: float | None = None   # while an act runs: its start (perf_counter), or not None
         self._args: Callable[[list], list] | None = None   # which popped pieces are fn arguments (None: all)
+        self.low = False                  # yields to every other message of its worker (set_priority)
+        self._deferred = False
+
+    def set_priority(self, priority: int) -> None:
+        """``priority < 0``: acts only when the worker has nothing else waiting (a worker thread;
+        on the caller's worker the priority is ignored)."""
+        self.low = priority < 0 and self.worker.thread is not None
 
     def wired(self) -> None:
         """Called once every inbox and regst is connected: precomputes the hot path."""
@@ -57,7 +64,9 @@ class Actor:
     def on_ready(self, inbox: int, value: Any) -> None:
         """Message: a piece of a consumed regst is readable."""
         self.inboxes[inbox].pieces.append(value)
-        if not self.rt.failed:
+        if self.low:
+            self._defer()
+        elif not self.rt.failed:
             while self.ready():
                 self._act()
                 if self.rt.failed:
@@ -66,7 +75,9 @@ class Actor:
     def on_free(self, regst: int, consumer: int) -> None:
         """Message: a consumer returned its oldest piece of one of our regsts."""
         self.regsts[regst].give_back(consumer)
-        if not self.rt.failed:
+        if self.low:
+            self._defer()
+        elif not self.rt.failed:
             while self.ready():
                 self._act()
                 if self.rt.failed:
@@ -81,6 +92,18 @@ class Actor:
             if r.free() <= 0:
                 return False
         return True
+
+    def _defer(self) -> None:
+        """A yielding actor (``priority < 0``): one act later, when its worker is otherwise idle."""
+        if not self._deferred and not self.rt.failed and self.ready():
+            self._deferred = True
+            self.worker.low.append((self._act_low, None, None))
+
+    def _act_low(self, _a: Any = None, _b: Any = None) -> None:
+        self._deferred = False
+        if not self.rt.failed and self.ready():
+            self._act()
+            self._defer()      # the next one yields again to what arrived meanwhile
 
     def try_act(self) -> None:
         """Acts as long as the act rule holds (and the run has not failed)."""

@@ -30,6 +30,9 @@ class TaskSpec:
     ``register_num`` is the number of slots of each regst this task produces: how many pieces
     (iterations) of it may be in flight at once. ``source`` is the user's source line, quoted in
     errors; ``meta`` is free-form information for tools (never read by the executors).
+    ``priority`` below 0 makes the task's acts yield: on a worker thread they run only when no
+    other message of that worker is waiting (work that may fill idle time, such as deferred
+    weight gradients); the sequential executor ignores it.
 
     >>> TaskSpec("fwd", "compute", lambda x, w: (x @ w,), consumes=("x", "w"), produces=("y",))
     """
@@ -42,6 +45,7 @@ class TaskSpec:
     register_num: int = 1
     source: str | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
+    priority: int = 0      # < 0: acts only when its worker has no other message waiting
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "consumes", tuple(self.consumes))

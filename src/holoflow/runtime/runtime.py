@@ -86,6 +86,8 @@ class Runtime:
             owner[r] = (self.source, self._regst(self.source, r, plan.input_register_num))
         tasks = [self._actor(t.name, t.stream, t.fn, t.source) for t in plan.tasks]
         for t, a in zip(plan.tasks, tasks):
+            a.set_priority(getattr(t, "priority", 0))
+        for t, a in zip(plan.tasks, tasks):
             for r in t.produces:
                 owner[r] = (a, self._regst(a, r, t.register_num))
         for t, a in zip(plan.tasks, tasks):

@@ -3,7 +3,8 @@
 A *worker* runs the actors of one or more plan streams, one message at a time: a thread of its
 own, or, for the worker named `CALLER`, the caller's thread while it waits for outputs (no
 hand-off at all). Messages are ``(handler, a, b)`` tuples, run as ``handler(a, b)``; ``None``
-is the poison that ends a thread. Messages between actors of one worker skip the queue (a local
+is the poison that ends a thread (``low`` messages, yielding acts, run only when nothing else
+waits). Messages between actors of one worker skip the queue (a local
 deque the worker drains first), so consecutive ready acts of one worker run in one loop without a
 wake-up; only messages that cross workers go through the queue.
 
@@ -33,6 +34,7 @@ class Worker:
         self.name = name
         self.queue: SimpleQueue = SimpleQueue()    # messages from other workers (and the caller)
         self.local: deque = deque()                # messages from actors of this worker
+        self.low: deque = deque()                  # yielding acts: run when nothing else waits
         self._on_crash = on_crash
         self._on_start = on_start
         self.thread: threading.Thread | None = None
@@ -55,12 +57,17 @@ class Worker:
         return self.thread is None or self.thread.is_alive()
 
     def _loop(self) -> None:
-        local, get = self.local, self.queue.get
+        local, get, low, empty = self.local, self.queue.get, self.low, self.queue.empty
         try:
             if self._on_start is not None:
                 self._on_start()
             while True:
-                msg = local.popleft() if local else get()
+                if local:
+                    msg = local.popleft()
+                elif low and empty():
+                    msg = low.popleft()
+                else:
+                    msg = get()
                 if msg is None:
                     return
                 msg[0](msg[1], msg[2])
