@@ -26,6 +26,7 @@ class GraphConfig:
         self.zero: Zero | None = None   # config.enable_zero (graph/zero.py)
         self.allreduce_bucket_mb = 25.0  # global graphs: gradient all-reduces bucketed (0: one each)
         self.pipeline_schedule = "1f1b"  # pipeline stages: "1f1b" or "gpipe" (graph/pipeline.py)
+        self.compile_tasks = False   # config.enable_compile (graph/compile_tasks.py)
 
     def set_allreduce_bucket_mb(self, mb: float) -> None:
         """Global graphs: backward's gradient all-reduces are grouped into buckets of at most
@@ -75,6 +76,14 @@ class GraphConfig:
         sharded along dim 0 across the ranks; stage 3 also keeps the parameters sharded, gathered
         just before each use in forward and backward."""
         self.zero = Zero(stage, shard_min_size) if mode else None
+
+    def enable_compile(self, mode: bool = True) -> None:
+        """Compiles each compute and update task's generated function with ``torch.compile``
+        (Inductor, whole task, static shapes) on its first run: conv + batch-norm + activation
+        regions and elementwise chains of forward and backward fuse. A task dynamo cannot trace
+        warns once and runs uncompiled; comm and copy tasks, and profiled graphs, stay plain
+        (graph/compile_tasks.py). Read at compile time: plans compiled before are kept."""
+        self.compile_tasks = bool(mode)
 
     def enable_profiling(self, mode: bool = True, path: str | None = None) -> None:
         """Times every node of the generated code and records every actor act; after running,

@@ -24,6 +24,7 @@ import torch
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from ..runtime import CALLER, SOURCE_STREAM, Plan, Runtime, SequentialExecutor, TaskError, TaskSpec
+from .compile_tasks import compile_task
 from .cuda_streams import cuda_streams, with_h2d_copies
 from .global_graph import wrap_outputs
 from .ir import TOKEN, IRGraph, Program, Value, program
@@ -73,15 +74,17 @@ class Lowered:
         return self.program.tasks
 
 
-def lower(g: IRGraph, register_num: int = 2, profile: bool = False) -> Lowered:
-    """The graph's program, executed, its task functions wired into a runtime Plan."""
+def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_tasks: bool = False) -> Lowered:
+    """The graph's program, executed, its task functions wired into a runtime Plan (each compiled by
+    ``torch.compile`` with ``compile_tasks``: graph/compile_tasks.py)."""
     prog = program(g, profile)
     ns = prog.load()
     specs = []
     for t in prog.tasks:
         consumes = [prog.name(v) for v in t.inputs] + ([TOKEN] if t.token else [])
         produces = [prog.name(v) for v in t.outputs] + ([TOKEN] if t.stream == "update" else [])
-        specs.append(TaskSpec(t.name, t.stream, ns[t.name], tuple(consumes), tuple(produces),
+        fn = compile_task(t.name, t.stream, ns[t.name]) if compile_tasks and not profile else ns[t.name]
+        specs.append(TaskSpec(t.name, t.stream, fn, tuple(consumes), tuple(produces),
                               register_num=register_num, source=t.source or None,
                               meta={"nodes": len(t.nodes)}))
     feeds = tuple(prog.name(v) for v in g.feeds)

@@ -1,0 +1,83 @@
+"""``graph.config.enable_compile()``: each task's generated function compiled by ``torch.compile``.
+
+Lowering (graph/lower.py) turns a graph into one Python function of direct kernel calls per task
+(graph/ir.py ``program``). With the switch on, the functions of the tasks on compute-like streams
+(``compute``, ``update``) are wrapped in :class:`CompiledTask`: the first call compiles the function
+with ``torch.compile(backend="inductor", fullgraph=True, dynamic=False)``, so Inductor fuses the
+conv / batch-norm / activation regions and elementwise chains of forward *and* backward (the
+program already holds backward as explicit kernels: no autograd is involved). Tasks on ``comm``
+(collectives wait on other processes) and ``copy`` streams stay plain, and so does everything when
+the graph is profiled (per-node timing needs the plain lines).
+
+``fullgraph=True`` makes dynamo trace a whole task before any kernel runs, so a task dynamo cannot
+trace (an effect it does not understand, a kernel with a graph break) fails before it has mutated
+anything: the wrapper then warns once, naming the task and the reason, and runs the plain function
+from then on. A task that compiled once keeps its compiled function; a later failure of dynamo
+itself (a recompilation after a guard failed) also falls back, any other exception propagates.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+import torch
+
+LOG = logging.getLogger("holoflow.graph")
+
+PLAIN_STREAMS = ("comm", "copy")    # wait on other processes or move bytes: nothing to fuse
+
+
+def _dynamo_error() -> tuple:
+    try:
+        from torch._dynamo.exc import TorchDynamoException
+    except ImportError:   # pragma: no cover - torch builds without dynamo
+        return ()
+    return (TorchDynamoException,)
+
+
+class CompiledTask:
+    """A task function, compiled on first call; the plain function if compiling fails.
+
+    ``state`` is ``"pending"`` (not called yet), ``"compiled"`` or ``"plain"`` (``reason`` says why).
+    """
+
+    def __init__(self, name: str, fn: Callable, **options: Any) -> None:
+        self.name, self.fn, self.options = name, fn, options
+        self.state, self.reason = "pending", ""
+        self._compiled: Callable | None = None
+        self._lock = threading.Lock()
+        self.__name__ = getattr(fn, "__name__", name)
+
+    def _fall_back(self, e: BaseException) -> None:
+        self.state, self.reason = "plain", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        LOG.warning(f"holoflow.nn.Graph enable_compile: torch.compile failed for task {self.name!r} "
+                    f"({self.reason}); it runs uncompiled")
+
+    def __call__(self, *args: Any) -> Any:
+        if self.state == "plain":
+            return self.fn(*args)
+        if self.state == "pending":
+            with self._lock:
+                if self.state == "pending":
+                    try:
+                        compiled = torch.compile(self.fn, backend="inductor", **self.options)
+                        out = compiled(*args)
+                    except Exception as e:    # compile happens before the task's kernels run
+                        self._fall_back(e)
+                        return self.fn(*args)
+                    self._compiled, self.state = compiled, "compiled"
+                    return out
+            return self(*args)
+        try:
+            return self._compiled(*args)
+        except _dynamo_error() as e:
+            self._fall_back(e)
+            return self.fn(*args)
+
+
+def compile_task(name: str, stream: str, fn: Callable) -> Callable:
+    """``fn`` wrapped to be compiled on first call, or ``fn`` itself on a stream kept plain."""
+    if stream in PLAIN_STREAMS or getattr(torch, "compile", None) is None:
+        return fn
+    return CompiledTask(name, fn, fullgraph=True, dynamic=False)

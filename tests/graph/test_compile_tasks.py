@@ -1,0 +1,118 @@
+"""``config.enable_compile()``: each task's generated function compiled by torch.compile equals the
+uncompiled graph over training steps (CNN with batch-norm, GPT-mini); off, nothing changes; a task
+dynamo cannot trace warns once and runs plain."""
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import holoflow as flow
+from holoflow.examples import cnn, gpt
+from holoflow.graph.compile_tasks import CompiledTask, compile_task
+from holoflow.graph.graph import Graph as NNGraph
+
+pytestmark = pytest.mark.skipif(getattr(torch, "compile", None) is None, reason="torch.compile missing")
+
+
+def _cnn():
+    flow.manual_seed(0)
+    m = cnn.build(flow)(16)
+    rng = np.random.default_rng(0)
+    x = flow.tensor(rng.standard_normal((16, 1, 8, 8)).astype(np.float32))
+    y = flow.tensor(rng.integers(0, 10, (16,)))
+    return m, flow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), (x, y), \
+        lambda m, x, y: flow.nn.functional.cross_entropy(m(x), y)
+
+
+def _gpt():
+    flow.manual_seed(0)
+    m = gpt.build(flow)(65, 16, 2, 32, 4)
+    rng = np.random.default_rng(0)
+    x, y = (flow.tensor(rng.integers(0, 65, (4, 16))) for _ in range(2))
+    return m, flow.optim.AdamW(m.parameters(), lr=1e-3), (x, y), lambda m, x, y: m(x, y)[1]
+
+
+def _train(case, compile_: bool | None, executor: str = "actor", steps: int = 3, profile: bool = False):
+    m, opt, batch, loss_fn = case()
+
+    class Train(NNGraph):
+        def __init__(self):
+            super().__init__()
+            self.model = m
+            self.add_optimizer(opt)
+            self.config.set_executor(executor)
+            if compile_ is not None:
+                self.config.enable_compile(compile_)
+            if profile:
+                self.config.enable_profiling(True)
+
+        def build(self, x, y):
+            loss = loss_fn(self.model, x, y)
+            loss.backward()
+            return loss
+    g = Train()
+    losses = [g(*batch).numpy().copy() for _ in range(steps)]
+    params = [p.detach().numpy().copy() for p in m.parameters()]
+    buffers = [b.numpy().copy() for b in m.buffers()]
+    fns = {s.name: s.fn for s in next(iter(g._compiled.values())).lowered.plan.tasks}
+    return losses, params, buffers, fns
+
+
+@pytest.mark.parametrize("case,executor", [(_cnn, "actor"), (_gpt, "sequential")], ids=["cnn", "gpt"])
+def test_compiled_tasks_equal_uncompiled(case, executor):
+    ref_l, ref_p, ref_b, ref_fns = _train(case, None, executor)
+    got_l, got_p, got_b, fns = _train(case, True, executor)
+    assert not any(isinstance(f, CompiledTask) for f in ref_fns.values())
+    compute = [f for n, f in fns.items() if n.startswith("compute")]
+    assert compute and all(isinstance(f, CompiledTask) and f.state == "compiled" for f in compute), \
+        {n: (getattr(f, "state", None), getattr(f, "reason", None)) for n, f in fns.items()}
+    assert len(got_l) == 3 and ref_l[0] != ref_l[-1]          # it trained
+    for a, b in zip(got_l, ref_l):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=0)
+    # Inductor reorders float sums: gradients differ in the last bits (AdamW's normalized step
+    # turns those into ~1e-6 absolute differences on parameters of size ~1e-1)
+    assert len(got_p) == len(ref_p) and len(got_b) == len(ref_b)
+    for a, b in zip(got_p + got_b, ref_p + ref_b):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_switch_off_is_todays_graph():
+    """Off (explicitly or by default): the plan runs the generated functions themselves, and the
+    numbers are bit-identical to the default graph's."""
+    ref_l, ref_p, _, ref_fns = _train(_cnn, None)
+    off_l, off_p, _, fns = _train(_cnn, False)
+    assert all(not isinstance(f, CompiledTask) and f.__code__.co_name == n for n, f in fns.items())
+    for a, b in zip(ref_l + ref_p, off_l + off_p):
+        assert np.array_equal(a, b)
+
+
+def test_profiled_graph_stays_plain():
+    *_, fns = _train(_cnn, True, steps=1, profile=True)
+    assert not any(isinstance(f, CompiledTask) for f in fns.values())
+
+
+def test_comm_and_copy_tasks_stay_plain():
+    def f(x):
+        return x
+    assert compile_task("comm3", "comm", f) is f and compile_task("copy0", "copy", f) is f
+    assert isinstance(compile_task("compute0", "compute", f), CompiledTask)
+
+
+def test_untraceable_task_warns_once_and_runs_plain(caplog):
+    calls = []
+
+    def task(x):
+        calls.append(1)                    # a Python side effect dynamo traces...
+        torch._dynamo.graph_break()        # ...and a graph break fullgraph=True refuses
+        return x * 2 + 1
+
+    t = compile_task("update7", "update", task)
+    x = torch.arange(4.0)
+    with caplog.at_level(logging.WARNING, logger="holoflow.graph"):
+        outs = [t(x) for _ in range(3)]
+    for o in outs:
+        torch.testing.assert_close(o, x * 2 + 1, rtol=0, atol=0)
+    assert t.state == "plain" and "update7" in caplog.text
+    assert sum("update7" in r.getMessage() for r in caplog.records) == 1
+    assert len(calls) == 3                 # the failed compile ran none of the task's Python body
