@@ -7,6 +7,9 @@ import holoflow as flow
 import holoflow.nn.functional as HF
 from harness import BF16, F32, F64, Case, parametrize, positive, randn
 
+from holoflow.core.dispatch import apply
+from holoflow.ops.loss import CLASS_WEIGHT_TOTAL
+
 ALL = (F32, F64, BF16)
 
 
@@ -108,6 +111,20 @@ def _kl(log_target):
         return (x, (t.log() if log_target else t).to(dt)), {}
     return make
 
+
+# the 'mean' denominator of cross_entropy / nll_loss on a global input (ops/loss.py): the total
+# weight of the non-ignored targets; its signatures (a split target gives partial sums) checked here
+def _weight_total_ref(t, w):
+    keep = t != -100
+    return (w[t.clamp(min=0)] * keep).sum() if w is not None else keep.sum().to(torch.float32)
+
+
+for _shape, _wt_on in [((6, 5), False), ((6, 5), True), ((3, 4, 5, 3), True)]:
+    CASES.append(Case(f"class_weight_total{list(_shape)}{'-w' if _wt_on else ''}",
+                      lambda x, t, w: apply(CLASS_WEIGHT_TOTAL, t, _wt(flow, x, w), ignore_index=-100,
+                                            dtype=torch.float32 if w is None else x._data.dtype),
+                      lambda x, t, w: _weight_total_ref(t, _wt(torch, x, w)),
+                      _ce(_shape, "index", _wt_on, True), grad=False, gradcheck=False))
 
 CASES += [
     Case("binary_cross_entropy-weight", lambda x, t: HF.binary_cross_entropy(x, t, _w(flow, x)),
