@@ -139,6 +139,25 @@ def test_predicted_bytes_of_uneven_shards_on_gloo(world2):
     _check_box_twins(world2.run(twins_fns.box_pair_twins, [0, 1], (5, 3), [(P,), (S(0),)]), [0, 1], True)
 
 
+def test_a_graph_moving_between_placements_that_share_ranks_raises():
+    """[0, 1] -> [1, 0] inside a graph would be two pipeline stages on the same ranks: refused at
+    compile time naming both placements (eager does the move; it returned empty shards here)."""
+    sp, dp = flow.placement("cpu", [0, 1]), flow.placement("cpu", [1, 0])
+    full = torch.randn(5, 7, dtype=torch.float64)
+
+    def fn(r):
+        try:
+            _move_twin(full, sp, (B,), dp, (S(0),))(r)
+        except Exception as e:  # noqa: BLE001 - the error is what this test checks
+            return type(e).__name__, str(e)
+        return None
+
+    for got in world.simulate(2, fn, timeout=30):
+        assert got is not None, "the graph ran a move between placements sharing ranks"
+        assert "UnsupportedError" in got[0] or "GraphBuildError" in got[0], got
+        assert "share ranks [0, 1]" in got[1] and "outside the graph" in got[1], got[1]
+
+
 def _move_cases():
     for name, (src_ranks, dst_ranks) in MOVES.items():
         srcs = TWO_D if isinstance(src_ranks[0], list) else ONE_D
@@ -185,15 +204,10 @@ def _move_twin(full, sp, src, dp, dst):
     return fn
 
 
-_MOVE_BUG = ("graph/pipeline.py implicit stages (06a6775; before it, global_graph.py ran a stage_move "
-             "kernel that failed at run time): a graph without parameters whose build moves its input "
-             "[0,1] -> [2,3] (or [0,1] -> [1,0]) raises 'a tensor moves to placement ... which is no "
-             "stage's placement (stages: [0, 1])'; eager moves it")
-
-
-@pytest.mark.xfail(strict=True, reason=_MOVE_BUG)
-@pytest.mark.parametrize("n,src_ranks,dst_ranks", [(2, [0, 1], [1, 0]), (4, [0, 1], [2, 3])])
+@pytest.mark.parametrize("n,src_ranks,dst_ranks", [(4, [0, 1], [2, 3])])
 def test_same_shape_move_inside_a_non_pipeline_graph(n, src_ranks, dst_ranks):
+    """A graph whose build only moves its input to disjoint ranks: the destination is a stage
+    of its own (nothing computes there), and the values arrive as eager's move delivers them."""
     sp, dp = flow.placement("cpu", src_ranks), flow.placement("cpu", dst_ranks)
     full = torch.randn(5, 7, dtype=torch.float64)
     for src, dst in ((B, S(0)), (S(0), P)):

@@ -101,10 +101,10 @@ def implicit_placements(g: IRGraph) -> list:
     forward moves go to later stages (ties: order of first use)."""
     seen: list = []
     places = value_placements(g)
-    for n in g.nodes:
-        p = n.attrs["src"] if is_move(n) else node_placement(n, places)
-        if p is not None and p not in seen and not n.effect:
-            seen.append(p)
+    for n in g.nodes:   # a move's destination is a stage even when nothing computes there
+        for p in ((n.attrs["src"], n.attrs["dst"]) if is_move(n) else (node_placement(n, places),)):
+            if p is not None and p not in seen and not n.effect:
+                seen.append(p)
     for v in (*g.feeds, *(v for v, _ in g.state)):
         if v.placement is not None and v.placement not in seen:
             seen.append(v.placement)
@@ -117,6 +117,14 @@ def implicit_placements(g: IRGraph) -> list:
     while len(order) < len(seen):
         ready = [p for p in seen if p not in order and before[p] <= set(order)]
         order.append(ready[0] if ready else next(p for p in seen if p not in order))   # a cycle: reported later
+    for i, a in enumerate(order):   # stages are disjoint rank sets: a permutation is no pipeline
+        for b in order[:i]:
+            shared = set(a.flat_ranks) & set(b.flat_ranks)
+            if shared:
+                raise UnsupportedError(f"holoflow.nn.Graph: build() moves tensors between {b} and {a}, which "
+                                       f"share ranks {sorted(shared)}; inside a graph a move between "
+                                       f"placements is a pipeline stage boundary (disjoint ranks). Do this "
+                                       f"move outside the graph (eager), or keep one placement")
     return order
 
 
