@@ -208,8 +208,18 @@ def split_tasks(g: IRGraph) -> list[Task]:
         if not tasks or tasks[-1].stream != s:
             tasks.append(Task(f"{s}{len(tasks)}", s, []))
         tasks[-1].nodes.append(n)
+    wire_tasks(tasks, g, {o for o in g.outputs if isinstance(o, Value)})
+    has_update = any(t.stream == "update" for t in tasks)
+    for t in tasks:
+        t.token = has_update and bool(t.state)
+    return tasks
+
+
+def wire_tasks(tasks: list, g: IRGraph, exported: set) -> None:
+    """Each task's inputs (read, made elsewhere), state reads, and outputs (values in
+    ``exported`` or read by another task)."""
     state, feeds = {v for v, _ in g.state}, set(g.feeds)
-    exported = {o for o in g.outputs if isinstance(o, Value)}
+    exported = set(exported)
     for t in tasks:
         seen = {v for n in t.nodes for v in n.outputs}
         for v in (v for n in t.nodes for v in n.value_inputs()):
@@ -218,11 +228,8 @@ def split_tasks(g: IRGraph) -> list[Task]:
                 (t.state if v in state else t.inputs).append(v)
                 if v not in state and v not in feeds:
                     exported.add(v)
-    has_update = any(t.stream == "update" for t in tasks)
     for t in tasks:
         t.outputs = [v for n in t.nodes for v in n.outputs if v in exported]
-        t.token = has_update and bool(t.state)
-    return tasks
 
 
 _SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",

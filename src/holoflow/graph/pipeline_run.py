@@ -20,7 +20,7 @@ from ..distributed.global_tensor import make_global
 from ..runtime import Plan, Runtime, TaskSpec
 from ..runtime.timeline import write_merged
 from .global_graph import localize
-from .ir import IRGraph, Task, Value, _Gen, program
+from .ir import IRGraph, Task, Value, _Gen, program, wire_tasks
 from .passes.stages import check_stages, phases, rank_graph, split_weight_grads
 from .pipeline import pack, split_local
 
@@ -142,7 +142,7 @@ class PipelineCompiled:
                 wt = Task("wgrad", "compute", later)
                 tasks.append(wt)
         tasks = [t for t in tasks if t.nodes]
-        _wire(tasks, fb, {L[v] for v in exports})
+        wire_tasks(tasks, fb, {L[v] for v in exports})
         gen = _Gen(fb, self.profile)
         gen.tasks = tasks
         prog = gen.build()
@@ -435,19 +435,3 @@ def _wgrad_fn(fn: Any, m: int, n_out: int, mem: dict, lock: Any, sizes: deque):
         out, state["sum"] = state["sum"], None
         return tuple(out)
     return wgrad
-
-
-def _wire(tasks: list, g, exported: set) -> None:
-    """Each task's inputs (read, made elsewhere), state reads and outputs (read elsewhere)."""
-    state, feeds = {v for v, _ in g.state}, set(g.feeds)
-    exported = set(exported)
-    for t in tasks:
-        seen = {v for n in t.nodes for v in n.outputs}
-        for v in (v for n in t.nodes for v in n.value_inputs()):
-            if v not in seen:
-                seen.add(v)
-                (t.state if v in state else t.inputs).append(v)
-                if v not in state and v not in feeds:
-                    exported.add(v)
-    for t in tasks:
-        t.outputs = [v for n in t.nodes for v in n.outputs if v in exported]

@@ -64,24 +64,19 @@ class Actor:
     def on_ready(self, inbox: int, value: Any) -> None:
         """Message: a piece of a consumed regst is readable."""
         self.inboxes[inbox].pieces.append(value)
-        if self.low:
-            self._defer()
-        elif not self.rt.failed:
-            while self.ready():
-                self._act()
-                if self.rt.failed:
-                    return
+        self._react()
 
     def on_free(self, regst: int, consumer: int) -> None:
         """Message: a consumer returned its oldest piece of one of our regsts."""
         self.regsts[regst].give_back(consumer)
+        self._react()
+
+    def _react(self) -> None:
+        """After a message: act while the act rule holds (a yielding actor defers instead)."""
         if self.low:
             self._defer()
-        elif not self.rt.failed:
-            while self.ready():
-                self._act()
-                if self.rt.failed:
-                    return
+        else:
+            self.try_act()
 
     def ready(self) -> bool:
         """The act rule."""
