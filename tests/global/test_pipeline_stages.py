@@ -261,7 +261,7 @@ def _jittered_recv(monkeypatch):
 def test_pp2_x_tp2_megatron_split_on_four_ranks_equals_full_batch(schedule, monkeypatch):
     """Column/row split Linears inside each stage: all-reduces in forward and backward acts of
     stages with 2 ranks; those acts run in the schedule's one order on both ranks of a stage."""
-    from holoflow.graph.pipeline_run import act_order, window
+    from holoflow.graph.pipeline_run import stage_order
     _jittered_recv(monkeypatch)
     init = F.tp_init()
     want, want_losses = F.tp_reference(init, steps=3)
@@ -270,7 +270,7 @@ def test_pp2_x_tp2_megatron_split_on_four_ranks_equals_full_batch(schedule, monk
     assert [r[3] for r in res] == [0, 0, 1, 1]
     for params, _losses, order, stage in res:
         assert _rel(params, want) < 1e-5
-        seq = act_order(window(schedule, stage, 2, m), m, wgrad=any(k == "W" for k, _ in order))
+        seq = stage_order(schedule, stage, 2, m, wgrad=any(k == "W" for k, _ in order))
         assert order == seq * 3, (stage, order)
     # the loss is a partial sum on each TP rank of the last stage (logits of a row-split Linear)
     sums = np.asarray(res[2][1]) + np.asarray(res[3][1])

@@ -102,7 +102,8 @@ class PipelineCompiled:
         self.passes_log, self.compile_s, self.profile = passes_log, compile_s, profile
         self.kind, self.iterations, self.peak_bytes = "actor", 0, 0
         self.stage = next((i for i, pl in enumerate(placements) if rank in pl.flat_ranks), None)
-        self.mem = {"in_flight": 0, "peak_in_flight": 0, "bytes": 0, "peak_bytes": 0}
+        self.mem = {"in_flight": 0, "peak_in_flight": 0, "bytes": 0, "peak_bytes": 0,
+                    "w_waiting": 0, "peak_w_waiting": 0, "w_bytes": 0, "peak_w_bytes": 0}
         self.runtime, self._out_names = None, {}
         ph = phases(logical)
         check_stages(logical, placements, ph)
@@ -134,10 +135,9 @@ class PipelineCompiled:
                  (("fwd", "F"), ("bwd", "B"))]
         wt = None
         if self.schedule == "zb-h1" and not acc_last:   # weight gradients split off the backward
-            bwd_nodes = tasks[1].nodes
             keep = {L[v] for v in [*outs, *sends]} | {v for n in fb.nodes if lph[id(n)] == "F" for v in n.outputs}
-            first, later = split_weight_grads(bwd_nodes, keep)
-            if first and later:
+            first, later = split_weight_grads(tasks[1].nodes, keep)
+            if later:   # ``first`` may be empty: the first stage sends no input gradient
                 tasks[1].nodes = first
                 wt = Task("wgrad", "compute", later)
                 tasks.append(wt)
@@ -154,6 +154,9 @@ class PipelineCompiled:
         specs = []
         by = {t.name.rstrip("_0123456789"): t for t in tasks}
         ft, bt = by.get("fwd"), by.get("bwd")
+        if bt is None and wt is not None:   # a backward that only hands its inputs on to the weight gradients
+            bt = Task("bwd", "compute", [])
+        b_fn = ns[bt.name] if bt is not None and bt.nodes else (lambda *a: ())
         wneed = set(wt.inputs) if wt is not None else set()
         need = (set(bt.inputs) | wneed) if bt is not None else set()   # what backward / weight grads read
         saved = [i for i, v in enumerate(ft.outputs) if v in need] if ft else []
@@ -177,14 +180,23 @@ class PipelineCompiled:
                     mem["peak_bytes"] = max(mem["peak_bytes"], mem["bytes"])
             return (*out, None) if link else out
 
-        # zero bubble: what the weight-gradient task reads stays alive until it acts
+        # zero bubble: the backward relays every input of the weight gradients it does not make
+        # itself (forward values, received activations and gradients, feeds), so the forward's and
+        # the receivers' slots come back when the backward acts, not when the deferred W does
+        b_made = set(bt.outputs) if bt is not None else set()
+        relay = [v for v in wt.inputs if v not in b_made] if wt is not None else []
+        b_ins = list(bt.inputs) if bt is not None else []
+        b_all = b_ins + [v for v in relay if v not in set(b_ins)]
+        pos = {v: i for i, v in enumerate(b_all)}
+        r_idx = [pos[v] for v in relay]
+        n_b = len(b_ins)
         fvals = set(ft.outputs) | set(ft.inputs) if ft else set()
-        w_in = [i for i, v in enumerate(bt.inputs) if v in wneed and v not in fvals] if wt is not None else []
-        w_out = [i for i, v in enumerate(bt.outputs) if v in wt.inputs] if wt is not None else []
+        w_in = [pos[v] for v in relay if v not in fvals]
+        w_out = [i for i, v in enumerate(bt.outputs) if v in wneed] if wt is not None else []
         wfifo: deque = deque()
 
-        def bwd(*args, _f=ns[bt.name] if bt else None):
-            out = _f(*args[:-1] if link else args)
+        def bwd(*args, _f=b_fn):
+            out = _f(*args[:n_b])
             with lock:
                 mem["in_flight"] -= 1
                 nb, nbw = fifo.popleft()
@@ -193,22 +205,28 @@ class PipelineCompiled:
                     extra = _nbytes([*(args[i] for i in w_in), *(out[i] for i in w_out)])
                     wfifo.append(nbw + extra)
                     mem["bytes"] += extra
+                    mem["w_waiting"] += 1
+                    mem["w_bytes"] += nbw + extra
+                    mem["peak_w_waiting"] = max(mem["peak_w_waiting"], mem["w_waiting"])
+                    mem["peak_w_bytes"] = max(mem["peak_w_bytes"], mem["w_bytes"])
                     mem["peak_bytes"] = max(mem["peak_bytes"], mem["bytes"])
-            return out
+            return (*out, *(args[i] for i in r_idx)) if relay else out
         if wt is not None:
-            # a yielding task (priority -1): a micro-batch's weight gradients run when nothing else
-            # of the compute worker is ready; the backward may run p - 1 - stage ahead of them
+            # stage s lets s + 1 micro-batches' weight gradients wait (the backward's register
+            # count); the order of F, B and W is ZB-H1's (act_order), kept by turns below
             wfn = _wgrad_fn(ns[wt.name], self.m, len(wt.outputs), mem, lock, wfifo)
             specs.append(TaskSpec(wt.name, "compute", wfn,
-                                  tuple(name(v) for v in wt.inputs), tuple(name(v) for v in wt.outputs),
-                                  register_num=2, source=wt.source or None,
-                                  meta={"nodes": len(wt.nodes), "phase": "W"}, priority=-1))
+                                  tuple(name(v) + ("@w" if v in relay else "") for v in wt.inputs),
+                                  tuple(name(v) for v in wt.outputs), register_num=2, source=wt.source or None,
+                                  meta={"nodes": len(wt.nodes), "phase": "W"}))
         token = (f"{ft.name}_done",) if link else ()
-        brn = self.p - self.stage if wt is not None else 2   # p - 1 - stage weight gradients may wait
+        brn = self.stage + 1 if wt is not None else 2
         for t, fn, rn, ins, outs in ((ft, fwd, w, (), token), (bt, bwd, brn, token, ())):
             if t is not None:
-                specs.append(TaskSpec(t.name, "compute", fn, tuple(name(v) for v in t.inputs) + ins,
-                                      tuple(name(v) for v in t.outputs) + outs, register_num=rn,
+                vin = b_all if t is bt else t.inputs
+                extra_out = tuple(name(v) + "@w" for v in relay) if t is bt else ()
+                specs.append(TaskSpec(t.name, "compute", fn, tuple(name(v) for v in vin) + ins,
+                                      tuple(name(v) for v in t.outputs) + extra_out + outs, register_num=rn,
                                       source=t.source or None,
                                       meta={"nodes": len(t.nodes), "phase": "F" if t is ft else "B"}))
         mine = self.placements[self.stage]
@@ -217,7 +235,7 @@ class PipelineCompiled:
             lv = [L[v] for v in vals]
             specs.append(TaskSpec(f"recv_{key[0]}{key[1]}{key[2]}", f"comm.recv_{key[0]}",
                                   _recv_fn(self.comm, lv, peer, self.rank, _tag(key)), (),
-                                  tuple(name(v) for v in lv), register_num=w + 1 if key[0] == "F" else 2,
+                                  tuple(name(v) for v in lv), register_num=w + 1,
                                   meta={"phase": key[0], "peer": peer}))   # backward reads received activations
         for key, vals in rg.send.items():
             peer = self.placements[key[2]].flat_ranks[mine.flat_ranks.index(self.rank)]
@@ -244,9 +262,10 @@ class PipelineCompiled:
         # a stage of several ranks (TP / DP inside it) may run collectives in its forward, backward
         # and weight-gradient acts: those acts run in one fixed order on all its ranks
         self.turns = None
-        if len(mine.flat_ranks) > 1:
+        if len(mine.flat_ranks) > 1 or wt is not None:
             kinds = {"F": ft, "B": bt, "W": wt}
-            seq = [kinds[k].name for k, _ in act_order(w, self.m, wt is not None) if kinds[k] is not None]
+            seq = [kinds[k].name for k, _ in stage_order(self.schedule, self.stage, self.p, self.m, wt is not None)
+                   if kinds[k] is not None]
             self.turns = _wire_turns(self.runtime, seq)
 
     # -- running ------------------------------------------------------------------------------------
@@ -323,6 +342,69 @@ def act_order(w: int, m: int, wgrad: bool = False) -> list[tuple[str, int]]:
         if k + w < m:
             seq.append(("F", k + w))
     return seq
+
+
+def stage_order(schedule: str, stage: int, p: int, m: int, wgrad: bool = False) -> list[tuple[str, int]]:
+    """The compute acts of ``stage`` in one step, in its schedule's order (``zb-h1`` with weight
+    gradients split off: ``zb_h1_order``; else ``act_order``)."""
+    if schedule == "zb-h1" and wgrad:
+        return zb_h1_order(p, m)[stage]
+    return act_order(window(schedule, stage, p, m), m, wgrad)
+
+
+def zb_h1_order(p: int, m: int) -> list[list[tuple[str, int]]]:
+    """ZB-H1's act order on each of ``p`` stages (Qi et al. 2023): what the register counts give
+    when F, B (input gradient) and W (weight gradient) each take one time unit — on stage 0,
+    which sends no input gradient, B only hands W its inputs and W takes two. Stage s holds at most
+    ``min(m, p - s)`` micro-batches between F and B (1F1B's window), ``s + 1`` between B and W,
+    and ``p`` between F and W (1F1B's in-flight count); a free stage takes a ready B, else a ready
+    F, else a waiting W. The result has 1F1B's warm-up, then B F W per micro-batch, with the later
+    stages' W deferred into what would be the cool-down bubble: for p <= 4 the bubble is
+    (p-1)/(3m+p-1) of the step instead of 1F1B's (p-1)/(m+p-1) (slightly more for deeper
+    pipelines). Acts cannot be preempted, so the runtime keeps this order (``_Turns``) instead of
+    starting a W in a gap that a B would arrive during."""
+    dur = [{"F": 1, "B": 0 if s == 0 else 1, "W": 2 if s == 0 else 1} for s in range(p)]
+    f_at = [[None] * m for _ in range(p)]   # when micro-batch k's forward input is there
+    b_at = [[None] * m for _ in range(p)]   # when its output gradient is there
+    f_at[0] = [0] * m
+    done = [{"F": 0, "B": 0, "W": 0} for _ in range(p)]
+    free = [0] * p
+    order: list[list] = [[] for _ in range(p)]
+    t = 0
+    while any(d["W"] < m for d in done):
+        acted = False
+        for s in range(p):
+            if free[s] > t:
+                continue
+            d = done[s]
+            nxt = None
+            if d["B"] < d["F"] and d["B"] - d["W"] < s + 1 and b_at[s][d["B"]] is not None \
+                    and b_at[s][d["B"]] <= t:
+                nxt = "B"
+            elif d["F"] < m and d["F"] - d["B"] < min(m, p - s) and d["F"] - d["W"] < p \
+                    and f_at[s][d["F"]] is not None and f_at[s][d["F"]] <= t:
+                nxt = "F"
+            elif d["W"] < d["B"]:
+                nxt = "W"
+            if nxt is None:
+                continue
+            k = d[nxt]
+            d[nxt] += 1
+            end = t + dur[s][nxt]
+            free[s] = end
+            order[s].append((nxt, k))
+            if nxt == "F":
+                if s + 1 < p:
+                    f_at[s + 1][k] = end
+                else:
+                    b_at[s][k] = end
+            elif nxt == "B" and s > 0:
+                b_at[s - 1][k] = end
+            acted = True
+        if not acted:
+            t = min([f for f in free if f > t] + [x for row in (*f_at, *b_at) for x in row
+                                                  if x is not None and x > t])
+    return order
 
 
 class _Turns:
@@ -417,9 +499,9 @@ def _nbytes(ts: list) -> int:
 
 
 def _wgrad_fn(fn: Any, m: int, n_out: int, mem: dict, lock: Any, sizes: deque):
-    """Zero-bubble (ZB-H1) weight gradients of one micro-batch per act (the task yields to every
-    other act of its worker: ``TaskSpec.priority``); summed here and handed to the update task
-    once, after the step's last micro-batch (None before)."""
+    """Zero-bubble (ZB-H1) weight gradients of one micro-batch per act (deferred: the stage's act
+    order puts them where it would idle); summed here and handed to the update task once, after
+    the step's last micro-batch (None before)."""
     state: dict = {"k": 0, "sum": None}
 
     def wgrad(*args) -> tuple:
@@ -427,7 +509,10 @@ def _wgrad_fn(fn: Any, m: int, n_out: int, mem: dict, lock: Any, sizes: deque):
         state["k"] = (k + 1) % m
         out = fn(*args)
         with lock:
-            mem["bytes"] -= sizes.popleft()
+            nb = sizes.popleft()
+            mem["bytes"] -= nb
+            mem["w_bytes"] -= nb
+            mem["w_waiting"] -= 1
         s = state["sum"]
         state["sum"] = [o.clone() for o in out] if s is None else [a.add_(o) for a, o in zip(s, out)]
         if k != m - 1:
