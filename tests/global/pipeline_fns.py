@@ -351,3 +351,85 @@ def tp_pipelined(rank: int, init: dict, steps: int = 3, m: int = 4, schedule: st
         params[k] = v.to_global(placement=place, sbp=[B]).to_local().numpy().copy() if rank in place.flat_ranks \
             else None
     return params, losses, order, c.stage
+
+
+class LNStage(flow.nn.Module):
+    """Linear -> LayerNorm -> Tanh: a norm whose backward gives the input gradient (sent to the
+    previous stage) and its weight and bias gradients in one op."""
+
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.fc, self.ln = flow.nn.Linear(d_in, d_out), flow.nn.LayerNorm(d_out)
+
+    def forward(self, x):
+        return flow.tanh(self.ln(self.fc(x)))
+
+
+class LNNet(flow.nn.Module):
+    def __init__(self, p0=None, p1=None, init=None):
+        super().__init__()
+        self.s0, self.s1, self.head = LNStage(D_IN, D_H), LNStage(D_H, D_H), flow.nn.Linear(D_H, D_OUT)
+        if init is not None:
+            self.load_state_dict({k: flow.tensor(v) for k, v in init.items()})
+        if p0 is not None:
+            self.s0.to_global(placement=p0, sbp=[B])
+            self.s1.to_global(placement=p1, sbp=[B])
+            self.head.to_global(placement=p1, sbp=[B])
+
+    def forward(self, x):
+        return self.head(self.s1(self.s0(x)))
+
+
+def ln_init(seed: int = 0):
+    flow.manual_seed(seed)
+    return {k: v.detach().numpy().copy() for k, v in LNNet().state_dict().items()}
+
+
+def ln_reference(init: dict, steps: int = 2, lr: float = 0.1, batch: int = 16):
+    net = LNNet(init=init)
+    o = _opt("sgd", net.parameters(), lr)
+    for s in range(steps):
+        x, y = data(batch, s)
+        loss = flow.nn.functional.cross_entropy(net(flow.tensor(x)), flow.tensor(y))
+        o.zero_grad()
+        loss.backward()
+        o.step()
+    return {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+
+
+def ln_pipelined(rank: int, init: dict, steps: int = 2, m: int = 4, schedule: str = "zb-h1", lr: float = 0.1,
+                 batch: int = 16):
+    """LNNet on two stages (s0 | s1 + head): this rank's full parameters, its program's source,
+    its compute acts in order and its memory record."""
+    p0, p1 = flow.placement("cpu", ranks=[0]), flow.placement("cpu", ranks=[1])
+    net = LNNet(p0, p1, init=init)
+    o = _opt("sgd", net.parameters(), lr)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+            self.net.s0.to(flow.nn.graph.GraphModule).set_stage(0, p0)
+            self.net.s1.to(flow.nn.graph.GraphModule).set_stage(1, p1)
+            self.net.head.to(flow.nn.graph.GraphModule).set_stage(1, p1)
+            self.config.set_gradient_accumulation_steps(m)
+            self.config.set_pipeline_schedule(schedule)
+            self.add_optimizer(o)
+
+        def build(self, x, y):
+            loss = flow.nn.functional.cross_entropy(self.net(x), y)
+            loss.backward()
+            return loss
+
+    g = G()
+    for s in range(steps):
+        x, y = data(batch, s)
+        g(flow.tensor(x).to_global(placement=p0, sbp=[B]), flow.tensor(y).to_global(placement=p1, sbp=[B]))
+    c = next(iter(g._compiled.values()))
+    params = {}
+    for k, v in net.state_dict().items():
+        place = p0 if k.startswith("s0") else p1
+        params[k] = v.to_local().numpy().copy() if rank in place.flat_ranks else None
+    order = [(a["phase"], a["mb"]) for a in sorted(c.acts(), key=lambda a: a["start"])
+             if a["lane"] == "compute" and a["phase"] in ("F", "B", "W")]
+    return params, c.program.source, order, dict(c.mem)

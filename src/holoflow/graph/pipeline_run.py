@@ -356,13 +356,12 @@ def zb_h1_order(p: int, m: int) -> list[list[tuple[str, int]]]:
     """ZB-H1's act order on each of ``p`` stages (Qi et al. 2023): what the register counts give
     when F, B (input gradient) and W (weight gradient) each take one time unit — on stage 0,
     which sends no input gradient, B only hands W its inputs and W takes two. Stage s holds at most
-    ``min(m, p - s)`` micro-batches between F and B (1F1B's window), ``s + 1`` between B and W,
-    and ``p`` between F and W (1F1B's in-flight count); a free stage takes a ready B, else a ready
-    F, else a waiting W. The result has 1F1B's warm-up, then B F W per micro-batch, with the later
-    stages' W deferred into what would be the cool-down bubble: for p <= 4 the bubble is
-    (p-1)/(3m+p-1) of the step instead of 1F1B's (p-1)/(m+p-1) (slightly more for deeper
-    pipelines). Acts cannot be preempted, so the runtime keeps this order (``_Turns``) instead of
-    starting a W in a gap that a B would arrive during."""
+    ``min(m, p - s)`` micro-batches between F and B (1F1B's window: its activations) and ``s + 1``
+    between B and W (the inputs of their weight gradients); a free stage takes a ready B, else a
+    ready F, else a waiting W. The result has 1F1B's warm-up, then B F W per micro-batch, with the
+    later stages' W deferred into what would be the cool-down bubble: the bubble is (p-1)/(3m+p-1)
+    of the step instead of 1F1B's (p-1)/(m+p-1). Acts cannot be preempted, so the runtime keeps
+    this order (``_Turns``) instead of starting a W in a gap that a B would arrive during."""
     dur = [{"F": 1, "B": 0 if s == 0 else 1, "W": 2 if s == 0 else 1} for s in range(p)]
     f_at = [[None] * m for _ in range(p)]   # when micro-batch k's forward input is there
     b_at = [[None] * m for _ in range(p)]   # when its output gradient is there
@@ -381,8 +380,8 @@ def zb_h1_order(p: int, m: int) -> list[list[tuple[str, int]]]:
             if d["B"] < d["F"] and d["B"] - d["W"] < s + 1 and b_at[s][d["B"]] is not None \
                     and b_at[s][d["B"]] <= t:
                 nxt = "B"
-            elif d["F"] < m and d["F"] - d["B"] < min(m, p - s) and d["F"] - d["W"] < p \
-                    and f_at[s][d["F"]] is not None and f_at[s][d["F"]] <= t:
+            elif d["F"] < m and d["F"] - d["B"] < min(m, p - s) and f_at[s][d["F"]] is not None \
+                    and f_at[s][d["F"]] <= t:
                 nxt = "F"
             elif d["W"] < d["B"]:
                 nxt = "W"

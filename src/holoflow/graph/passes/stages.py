@@ -242,15 +242,64 @@ def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int) -> RankGraph |
     return RankGraph(sub, {id(n): ph[id(n)] for n in out}, feeds, recv, send, outputs)
 
 
+# backward ops computing an input gradient and weight gradients at once, and their output masks:
+# split in two nodes (input gradient only, weight gradients only) so the weight part can wait
+_SPLITTABLE = ("layer_norm_backward", "batch_norm_backward", "group_norm_backward")
+
+
+def _split_mask(n: Node, first: bool) -> Node:
+    """``n`` (a norm backward) computing only its input gradient (``first``) or only its weight
+    gradients; the outputs it no longer computes become fresh values nothing reads."""
+    mask = list(n.attrs["output_mask"])
+    keep = [0] if first else [1, 2]
+    new_mask = [bool(mk) and i in keep for i, mk in enumerate(mask)]
+    outs = tuple(v if i in keep else Value(v.shape, v.dtype, v.device, placement=v.placement, sbp=v.sbp)
+                 for i, v in enumerate(n.outputs))
+    return n.with_(attrs={**n.attrs, "output_mask": new_mask}, outputs=outs)
+
+
 def split_weight_grads(nodes: list, keep: set) -> tuple[list, list]:
     """Backward nodes split for zero-bubble schedules: those that ``keep`` values (gradients sent
     to the previous stage, outputs) depend on, and the rest — weight gradients, read only by the
-    once-per-step update — which may run later."""
+    once-per-step update — which may run later. A norm backward needed for its input gradient is
+    split too: its weight and bias gradients go with the rest."""
     need = set(keep)
-    first: list = []
+    first: dict[int, Node] = {}
+    later_part: dict[int, Node] = {}
     for n in reversed(nodes):
-        if any(v in need for v in n.outputs):
-            need.update(n.value_inputs())
-            first.append(n)
-    ids = {id(n) for n in first}
-    return [n for n in nodes if id(n) in ids], [n for n in nodes if id(n) not in ids]
+        if not any(v in need for v in n.outputs):
+            continue
+        if n.op in _SPLITTABLE and n.kernel is None and len(n.outputs) == 3 and n.outputs[0] in need \
+                and not any(v in need for v in n.outputs[1:]) and any(n.attrs["output_mask"][1:]):
+            later_part[id(n)] = _split_mask(n, first=False)
+            n0 = _split_mask(n, first=True)
+            first[id(n)] = n0
+            need.update(n0.value_inputs())
+            continue
+        need.update(n.value_inputs())
+        first[id(n)] = n
+    b = [first[id(n)] for n in nodes if id(n) in first]
+    w = [later_part.get(id(n), n) for n in nodes if id(n) not in first or id(n) in later_part]
+    return _undo_inplace(b, w), w
+
+
+def _undo_inplace(first: list, later: list) -> list:
+    """The ``first`` nodes, those writing in place into a buffer that ``later`` nodes still read
+    made out of place again (the memory plan chose in-place ops for the traced order, in which
+    the weight gradients read that buffer before the input gradients overwrote it)."""
+    from .memory_plan import may_alias
+    read = {v for n in later for v in n.value_inputs()}
+    shared: dict = {}   # value -> values that may share its memory (through views)
+    for n in (*first, *later):
+        if may_alias(n):
+            for v in n.outputs:
+                for x in n.value_inputs():
+                    group = shared.get(x, {x}) | shared.get(v, {v})
+                    for y in group:
+                        shared[y] = group
+    out = []
+    for n in first:
+        if "inplace" in n.tags and n.inputs and any(y in read for y in shared.get(n.inputs[0], {n.inputs[0]})):
+            n = n.with_(kernel=None, tags=n.tags - {"inplace"})
+        out.append(n)
+    return out

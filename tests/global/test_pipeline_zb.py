@@ -1,0 +1,102 @@
+"""The zero-bubble schedule (``zb-h1``): weight gradients split off the backward (norm weight and
+bias gradients included) and deferred; the act order is ZB-H1's (its bubble a third of 1F1B's
+for F = B = W) with 1F1B's micro-batches in flight; training equals single-process full-batch
+training on simulated ranks and on Gloo."""
+import numpy as np
+import pytest
+
+from holoflow.distributed import world
+from holoflow.graph.pipeline_run import zb_h1_order
+
+import pipeline_fns as F
+from test_pipeline_stages import INIT, _check, _jittered_recv, _rel
+
+
+def _unit_time_bubble(order: list, p: int) -> float:
+    """Idle fraction of a step when every act takes one unit (stage 0: B none, W two), acts start
+    as soon as their stage is free and their input is there."""
+    dur = [{"F": 1, "B": 0 if s == 0 else 1, "W": 2 if s == 0 else 1} for s in range(p)]
+    f_done, b_done, end = {}, {}, {}
+    pos, free = [0] * p, [0] * p
+    while any(pos[s] < len(order[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            if pos[s] == len(order[s]):
+                continue
+            kind, k = order[s][pos[s]]
+            dep = (f_done.get((s - 1, k), None) if s > 0 else 0) if kind == "F" else \
+                (b_done.get((s + 1, k)) if s < p - 1 else f_done.get((s, k))) if kind == "B" else b_done.get((s, k))
+            if dep is None:
+                continue
+            t = max(free[s], dep) + dur[s][kind]
+            free[s] = t
+            (f_done if kind == "F" else b_done if kind == "B" else end)[(s, k)] = t
+            pos[s] += 1
+            moved = True
+        assert moved, "the order deadlocks"
+    return 1 - sum(sum(d.values()) for d in dur) * len(order[0]) / 3 / p / max(free)
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (2, 4), (2, 8), (3, 6), (4, 5), (4, 8), (4, 16), (8, 16)])
+def test_zb_h1_order_has_a_third_of_1f1b_bubble_with_1f1b_memory(p, m):
+    order = zb_h1_order(p, m)
+    ideal = (p - 1) / (3 * m + p - 1)
+    assert _unit_time_bubble(order, p) == pytest.approx(ideal)
+    assert ideal <= 0.43 * (p - 1) / (m + p - 1) or m < 2 * p
+    for s, acts in enumerate(order):
+        assert sorted(acts) == sorted((k, i) for k in "FBW" for i in range(m))
+        n = {"F": 0, "B": 0, "W": 0}
+        for kind, i in acts:
+            assert i == n[kind]   # each kind in micro-batch order
+            n[kind] += 1
+            assert n["F"] - n["B"] <= min(m, p - s)   # 1F1B's window between F and B
+            assert n["F"] - n["W"] <= p + 1           # one more micro-batch holds W inputs only
+            assert n["B"] - n["W"] <= s + 1           # W deferred at most s + 1
+            assert n["B"] <= n["F"] and n["W"] <= n["B"]
+
+
+def test_zb_h1_defers_norm_and_bias_weight_gradients_and_equals_full_batch(monkeypatch):
+    """LayerNorm backward is split: the backward computes only its input gradient, the deferred
+    weight-gradient task its weight and bias gradients (and every Linear's weight and bias)."""
+    _jittered_recv(monkeypatch)
+    init = F.ln_init()
+    want = F.ln_reference(init)
+    res = world.simulate(2, lambda r: F.ln_pipelined(r, init))
+    for stage, (params, src, order, mem) in enumerate(res):
+        assert _rel(params, want) < 1e-5
+        assert "def wgrad(" in src
+        bwd = src.split("def bwd(")[1].split("\ndef ")[0] if "def bwd(" in src else ""
+        wgrad = src.split("def wgrad(")[1].split("\ndef ")[0]
+        for op in ("linear_grad_weight", "sum_to_size"):
+            assert op not in bwd and op in wgrad
+        assert "layer_norm_backward" in wgrad
+        if stage == 1:   # its backward computes the gradient it sends, norm input gradient included
+            assert "layer_norm_backward" in bwd and "linear_grad_input" in bwd
+        else:            # the first stage sends nothing: its whole backward is deferrable
+            assert bwd == ""
+        assert order == zb_h1_order(2, 4)[stage] * 2, (stage, order)
+        assert mem["peak_in_flight"] <= 2 - stage and mem["peak_w_waiting"] <= stage + 1
+
+
+@pytest.mark.parametrize("m", [2, 4, 8])
+def test_zb_h1_equals_full_batch_and_keeps_1f1b_in_flight(m):
+    want, want_losses = F.reference(steps=2)
+    res = world.simulate(2, lambda r: F.pipelined(r, INIT, steps=2, m=m, schedule="zb-h1"))
+    _check(res, want, want_losses)
+    for _params, _losses, mem, stage in res:
+        assert mem["peak_in_flight"] <= min(m, 2 - stage) and 1 <= mem["peak_w_waiting"] <= stage + 1
+        assert mem["w_waiting"] == 0 and mem["in_flight"] == 0
+
+
+def test_zb_h1_on_gloo_equals_full_batch(world2):
+    init = F.ln_init()
+    want = F.ln_reference(init, steps=3)
+    res = world2.run(F.ln_pipelined, init, 3, 4, "zb-h1", timeout=240)
+    for stage, (params, _src, order, _mem) in enumerate(res):
+        assert _rel(params, want) < 1e-5
+        assert order == zb_h1_order(2, 4)[stage] * 3
+    want, want_losses = F.reference(steps=3)
+    res = world2.run(F.pipelined, INIT, 3, 4, 0.1, 16, 1, "zb-h1", timeout=240)
+    for params, *_ in res:
+        assert _rel(params, want) < 1e-5
+    np.testing.assert_allclose([float(np.mean(v)) for v in res[1][1]], want_losses, rtol=1e-5)
