@@ -194,6 +194,7 @@ class Task:
     outputs: list = field(default_factory=list)   # Values read by other tasks, outputs or updates
     state: list = field(default_factory=list)     # state Values read
     token: bool = False                           # waits for the previous step's update
+    after: set = field(default_factory=set)       # indices of the tasks it reads values from
 
     @property
     def source(self) -> str:
@@ -201,17 +202,30 @@ class Task:
 
 
 def split_tasks(g: IRGraph) -> list[Task]:
-    """Cuts the execution order into straight-line runs on one stream."""
+    """Cuts the execution order into straight-line runs on one stream. A task waits for all its
+    inputs before it starts, so a compute or comm run is also cut before a node that reads a value
+    another stream made after the run began: the nodes before it run while that value is made
+    (a collective overlaps the compute that does not need it)."""
     tasks: list[Task] = []
+    made_by: dict = {}   # Value -> index of the task making it
     for n in execution_order(g):
         s = stream_of(n)
-        if not tasks or tasks[-1].stream != s:
+        cur = len(tasks) - 1
+        if not tasks or tasks[-1].stream != s or (s != "update" and tasks[-1].nodes and any(
+                tasks[made_by.get(v, cur)].stream != s and made_by[v] not in tasks[-1].after
+                for v in n.value_inputs())):
             tasks.append(Task(f"{s}{len(tasks)}", s, []))
-        tasks[-1].nodes.append(n)
+        t = tasks[-1]
+        t.after.update(made_by[v] for v in n.value_inputs() if v in made_by)
+        t.nodes.append(n)
+        made_by.update((v, len(tasks) - 1) for v in n.outputs)
     wire_tasks(tasks, g, {o for o in g.outputs if isinstance(o, Value)})
     has_update = any(t.stream == "update" for t in tasks)
+    # a task feeding a collective also waits for the previous step's update, as every task reading
+    # state does: the next step's collectives are then issued after this step's, on every rank
+    feeds_comm = {v for t in tasks if t.stream == "comm" for v in t.inputs}
     for t in tasks:
-        t.token = has_update and bool(t.state)
+        t.token = has_update and (bool(t.state) or any(v in feeds_comm for v in t.outputs))
     return tasks
 
 

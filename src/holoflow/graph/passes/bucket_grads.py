@@ -3,7 +3,8 @@
 Backward's boxing nodes that only all-reduce (``P -> B`` on a mesh axis) are grouped, in the
 order backward produces them, into buckets of at most ``config.allreduce_bucket_mb`` MB (same
 placement and SBPs; the first bucket at most 1 MiB, as DDP's, so that reducing the last layers'
-gradients starts early and overlaps the rest of backward); each bucket is one
+gradients starts early and overlaps the rest of backward; the last one at most 1 MiB too, since
+nothing is left to overlap it once backward ends); each bucket is one
 ``global_box_bucket`` node: one collective over the concatenated gradients. Collectives run on
 the ``comm`` stream (ir.stream_of), so a bucket is reduced as soon as its gradients exist while
 backward goes on. A bucket closes early when a
@@ -33,6 +34,16 @@ def _candidate(n: Node) -> bool:
             and _all_reduce_only(n))
 
 
+def _split_tail(g: IRGraph, members: list[int], tail: int) -> list[list[int]]:
+    """The last bucket of a key as ``[rest, last]``: the last gradients, up to ``tail`` bytes,
+    in a bucket of their own (reduced after backward ends, exposed), the rest reduced before."""
+    k, size = len(members), 0
+    while k > 0 and size + g.nodes[members[k - 1]].outputs[0].nbytes <= tail:
+        k -= 1
+        size += g.nodes[members[k]].outputs[0].nbytes
+    return [m for m in (members[:k], members[k:]) if m] if 0 < k < len(members) else [members]
+
+
 @register("bucket_grads", enabled=lambda cfg: getattr(cfg, "global_graph", False)
           and getattr(cfg, "allreduce_bucket_mb", 0) > 0)
 def bucket_grads(g: IRGraph, config) -> IRGraph:
@@ -57,7 +68,8 @@ def bucket_grads(g: IRGraph, config) -> IRGraph:
         if cur is None:
             cur = ([], 0, len(g.nodes))
         open_[key] = (cur[0] + [i], cur[1] + out.nbytes, min(cur[2], first_use.get(out, len(g.nodes))))
-    buckets += [(k, b[0]) for k, b in open_.items()]
+    for k, b in open_.items():   # the last bucket overlaps nothing: at most `first` bytes too
+        buckets += [(k, m) for m in _split_tail(g, b[0], first)]
     merged: dict[int, Node] = {}
     dropped: set[int] = set()
     for _, members in buckets:
