@@ -89,7 +89,7 @@ def graph(make, loss_fn, x, y, steps, acc=1, amp=False, scaler=None, configure=N
         g.set_grad_scaler(scaler)
     if configure:
         configure(g)
-    losses = [g(x, y).item() for _ in range(steps)]
+    losses = [g(x, y).mean().item() for _ in range(steps)]   # one loss per micro-batch under acc
     return losses, m, opt, g
 
 
@@ -148,10 +148,14 @@ def test_cnn_eval_graph_matches_eager():
         assert torch.equal(v._data, w._data), k   # running stats updated in place, as eager
 
 
-def test_gradient_accumulation_matches_eager_micro_batches():
-    x, y = gpt_data(batch=8)
-    e = eager(make_gpt, gpt_loss, x, y, 3, acc=4)
-    g = graph(make_gpt, gpt_loss, x, y, 3, acc=4)
+@pytest.mark.parametrize("make,data,loss_fn", [(make_gpt, gpt_data, gpt_loss), (make_cnn, cnn_data, cnn_loss)],
+                         ids=["gpt", "cnn"])
+def test_gradient_accumulation_matches_eager_micro_batches(make, data, loss_fn):
+    """Per micro-batch forward and backward (the CNN's BatchNorm normalises each micro-batch
+    with its own statistics and updates its running statistics once per micro-batch)."""
+    x, y = data(batch=8)
+    e = eager(make, loss_fn, x, y, 3, acc=4)
+    g = graph(make, loss_fn, x, y, 3, acc=4)
     assert_same(e, g, exact=False, tol=1e-4)   # Adam amplifies last-bit differences of the sums
 
 

@@ -43,8 +43,10 @@ class GraphConfig:
             self.amp_dtype = dtype
 
     def set_gradient_accumulation_steps(self, value: int) -> None:
-        """Splits each batch into ``value`` micro-batches, summing their gradients (as eager
-        would with ``(loss / value).backward()`` per micro-batch) before one update."""
+        """Splits each batch into ``value`` micro-batches along dim 0, each with its own forward
+        and backward, summing their gradients (as eager would with ``(loss / value).backward()``
+        per micro-batch) before one update. Outputs come back per micro-batch, as in OneFlow: a
+        scalar loss has shape ``(value,)``, other outputs are concatenated along dim 0."""
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"holoflow.nn.Graph: gradient accumulation steps must be an int >= 1, got {value!r}")
         self.grad_acc_steps = value

@@ -5,7 +5,9 @@ While ``build()`` is traced, ``loss.backward()`` (a scalar loss) records the bac
 by the gradient-accumulation steps and multiplied by the grad scaler's live scale, as eager code
 would write it — and the optimizers, grad scaler and LR schedulers become effect nodes run after
 each iteration (graph/optimizer.py). ``set_gradient_accumulation_steps(n)`` traces ``build`` on
-``n`` micro-batches (dim 0 of every tensor input), giving eager's numbers exactly;
+one of ``n`` micro-batches (dim 0 of every tensor input) and runs it ``n`` times per call, as
+OneFlow does: eager's numbers for ``(loss / n).backward()`` per micro-batch, and outputs packed
+per micro-batch (a scalar loss comes back with shape ``(n,)``);
 ``config.enable_amp`` is the amp pass (passes/amp.py), while an ``autocast`` region written inside
 ``build`` is applied as it is traced.
 """
@@ -211,7 +213,7 @@ class Graph:
             raise UnsupportedError(f"holoflow.nn.Graph {type(self).__name__}: a GradScaler with pipeline stages or "
                                    f"gradient accumulation on global tensors is not supported yet (its inf check "
                                    f"and unscale span every stage); use bfloat16 autocast without a scaler")
-        traced = pipeline.micro_protos(leaves, m) if piped else leaves
+        traced = pipeline.micro_protos(leaves, m) if m > 1 else leaves   # traced on one micro-batch
         lazy = [tracer.feed(x, f"input{i}") if isinstance(x, Tensor) else x for i, x in enumerate(traced)]
         args, kwargs = unflatten(lazy, spec)
         scale = self._scale_tensor(dev)
@@ -220,7 +222,7 @@ class Graph:
         train = bool(self._optimizers)
         try:
             with contextlib.ExitStack() as stack:
-                tracer.backward_rule = self._backward_rule(scale, tracer, m if piped else 1)
+                tracer.backward_rule = self._backward_rule(scale, tracer, m)
                 tracer.zero = self.config.zero
                 stack.enter_context(tracer)
                 stack.enter_context(grad_mode.enable_grad() if train else grad_mode.no_grad())
@@ -291,7 +293,8 @@ class Graph:
         return c
 
     def _trace_build(self, args: tuple, kwargs: dict):
-        # gradient accumulation is an IR pass (passes/grad_acc.py): build is traced once
+        # on one micro-batch under gradient accumulation: passes/grad_acc.py or the pipeline
+        # runtime repeats it
         return self.build(*args, **kwargs)
 
     def _scale_tensor(self, device) -> Tensor | None:

@@ -1,30 +1,32 @@
-"""Gradient accumulation (``config.set_gradient_accumulation_steps(n)``): each batch runs as ``n``
-micro-batches and the optimizer updates once with the full batch's gradient.
+"""Gradient accumulation (``config.set_gradient_accumulation_steps(m)``), OneFlow's semantics:
+each batch runs as ``m`` micro-batches, one forward and backward each, and the optimizer updates
+once with the sum of their gradients.
 
-The micro-batches are ranks of a 1-D "time" mesh, and the rewrite is the one a data-parallel
-graph would get, reusing every op's SBP rule (docs/architecture.md): each feed is split along dim 0
-(``S(0)``), state is broadcast (``B``); every node is replicated ``n`` times on the local pieces,
-with the signature whose input SBPs match (the op's ``local_attrs`` mapping shape attrs such as
-a reshape's target or a mean's count to the piece); outputs take the signature's SBPs. A value
-whose SBP doesn't fit the next op is boxed: ``S(d)`` is concatenated, ``P`` summed, ``B`` split.
+``nn.Graph`` traces ``build`` on one micro-batch (inputs of ``batch / m`` rows, graph/pipeline.py
+``micro_protos``) with ``loss.backward()`` scaled by ``1 / m`` (graph/graph.py ``_backward_rule``),
+exactly what eager code does with ``(loss / m).backward()`` per micro-batch. This pass turns that
+micro-batch graph into the step:
 
-So the traced mean loss becomes ``P`` — each micro-batch holds its partial sum divided by the
-full count — its backward gives partial gradients, and the effect nodes read their sum: exactly
-the full-batch gradient, which is what eager's ``(loss_i / n).backward()`` per micro-batch of a
-mean loss accumulates. Graph outputs come back whole: scalars of partial values summed (the
-full-batch mean), batch-shaped (``S(0)``) outputs concatenated. Random ops run once per micro-
-batch on their own piece (fresh draws). Nodes, effects aside, are then ordered micro-batch by
-micro-batch where the data flow allows, so one micro-batch's activations die before the next's.
+- every input is split along dim 0 into ``m`` pieces; nodes that depend on an input, on a random
+  draw or on state the step writes back (BatchNorm's running statistics) are *varying* and run
+  once per micro-batch on their own piece, in micro-batch order where the data flow allows (so
+  one micro-batch's activations die before the next starts, and random draws come in eager's
+  order); nodes that depend on none of these (reads of the parameters) run once;
+- state written back is chained: micro-batch ``k`` reads what micro-batch ``k - 1`` wrote (a
+  BatchNorm's running statistics take ``m`` momentum updates, as in eager), the last one is
+  written back;
+- effect nodes (the optimizer's update) read gradients: each is the sum of the micro-batches'
+  values, added in micro-batch order (eager's accumulation into ``.grad``) — ``m`` times the
+  value when it does not depend on the data;
+- outputs come back per micro-batch, packed as OneFlow packs them: a scalar (the loss) becomes
+  shape ``(m,)``, one value per micro-batch; other outputs are concatenated along dim 0.
 """
 from __future__ import annotations
 
 import heapq
 
-import torch
-
-from ...core.errors import HoloflowError, UnsupportedError
-from ...core.registry import REGISTRY, Meta, infer_metas
-from ...core.sbp import B, P, S, split
+from ...core.errors import HoloflowError
+from ...core.registry import REGISTRY
 from ..ir import IRGraph, Node, Value
 from . import register
 
@@ -34,94 +36,62 @@ def piece_sizes(length: int, n: int) -> tuple:
     return tuple(length // n + (1 if k < length % n else 0) for k in range(n))
 
 
-class _Rewriter:
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.sbp: dict[Value, object] = {}
-        self.local: dict[Value, list] = {}   # logical value -> its n local values
-        self.whole: dict[Value, Value] = {}  # logical value -> its boxed-to-B value
-        self.nodes: list[tuple] = []         # (node, micro-batch index or None)
+class _Replicator:
+    """Copies of the micro-batch graph's nodes: ``local[v][k]`` is value ``v`` in micro-batch
+    ``k`` (the same Value in every micro-batch when ``v`` does not vary)."""
 
-    def emit(self, node: Node, k: int | None = None) -> Node:
+    def __init__(self, m: int) -> None:
+        self.m = m
+        self.local: dict[Value, list] = {}
+        self.varies: set[Value] = set()
+        self.nodes: list[tuple] = []          # (node, micro-batch index or None when shared)
+
+    def emit(self, node: Node, k: int | None = None) -> None:
         self.nodes.append((node, k))
-        return node
 
-    # -- boxing ----------------------------------------------------------------------------------
-    def to_b(self, v: Value, at: Node) -> Value:
-        s = self.sbp[v]
-        if s == B:
-            return self.local[v][0]
-        if v not in self.whole:
-            parts = self.local[v]
-            out = Value(v.shape, v.dtype, v.device)
-            if isinstance(s, split):
-                self.emit(Node("cat", tuple(parts), {"dim": s.axis}, (out,), at.source, at.scope, tags=at.tags))
-            else:
-                acc = parts[0]
-                for i, p in enumerate(parts[1:], 1):
-                    nxt = out if i == len(parts) - 1 else Value(v.shape, v.dtype, v.device)
-                    self.emit(Node("add", (acc, p), {"alpha": 1}, (nxt,), at.source, at.scope, tags=at.tags))
-                    acc = nxt
-            self.whole[v] = out
-        return self.whole[v]
-
-    def box(self, v: Value, want, at: Node) -> list:
-        """The n local values of ``v`` under SBP ``want``."""
-        if self.sbp[v] == want:
-            return self.local[v]
-        full = self.to_b(v, at)
-        if want == B:
-            return [full] * self.n
-        assert isinstance(want, split)
-        sizes = piece_sizes(v.shape[want.axis], self.n)
-        outs = tuple(Value(tuple(s if d == want.axis else x for d, x in enumerate(v.shape)), v.dtype, v.device)
-                     for s in sizes)
-        self.emit(Node("split", (full,), {"sizes": sizes, "dim": want.axis}, outs, at.source, at.scope,
-                       tags=at.tags))
-        return list(outs)
-
-    def define(self, v: Value, s, parts: list) -> None:
-        self.sbp[v], self.local[v] = s, parts
-
-    # -- nodes -------------------------------------------------------------------------------------
     def node(self, n: Node) -> None:
-        vals = n.value_inputs()
-        cur = [self.sbp[v] for v in vals]
-        if all(s == B for s in cur):  # nothing depends on the batch: run once
-            ins = tuple(self.local[x][0] if isinstance(x, Value) else x for x in n.inputs)
-            self.emit(n.with_(inputs=ins))
+        op = REGISTRY.get(n.op) if n.kernel is None else None
+        if not (op is not None and op.random) and not any(v in self.varies for v in n.value_inputs()):
+            self.emit(n)
             for o in n.outputs:
-                self.define(o, B, [o] * self.n)
+                self.local[o] = [o] * self.m
             return
-        op = REGISTRY[n.op]
-        metas = [Meta(x.shape, x.dtype, x.device) if isinstance(x, Value) else x for x in n.inputs]
-        sig = _choose(op, metas, n.attrs, cur, len(n.outputs))
-        parts = {v: self.box(v, s, n) for v, s in zip(vals, sig[0])}
         outs_k = []
-        for k in range(self.n):
-            ins = tuple(parts[x][k] if isinstance(x, Value) else x for x in n.inputs)
-            local_metas = [Meta(x.shape, x.dtype, x.device) if isinstance(x, Value) else x for x in ins]
-            attrs = op.local_attrs(n.attrs, metas, local_metas, tuple(sig[0])) if op.local_attrs else n.attrs
-            shapes = infer_metas(op, tuple(torch.empty(x.shape, dtype=x.dtype, device="meta")
-                                           if isinstance(x, Value) else x for x in ins), attrs)
-            outs = tuple(Value(tuple(m.shape), m.dtype, o.device) for o, m in zip(n.outputs, shapes))
-            self.emit(n.with_(inputs=ins, attrs=dict(attrs), outputs=outs), k)
+        for k in range(self.m):
+            ins = tuple(self.local[x][k] if isinstance(x, Value) else x for x in n.inputs)
+            outs = tuple(Value(o.shape, o.dtype, o.device, f"{o.name}_mb{k}" if o.name else "") for o in n.outputs)
+            self.emit(n.with_(inputs=ins, outputs=outs), k)
             outs_k.append(outs)
         for j, o in enumerate(n.outputs):
-            self.define(o, sig[1][j], [outs[j] for outs in outs_k])
+            self.local[o] = [outs[j] for outs in outs_k]
+            self.varies.add(o)
 
+    def total(self, v: Value, at: Node) -> Value:
+        """The micro-batches' values of gradient ``v`` summed in micro-batch order. A gradient
+        that does not depend on the data (a bias's under a sum loss) is computed once but still
+        counts once per micro-batch."""
+        acc = self.local[v][0]
+        for p in self.local[v][1:]:
+            nxt = Value(v.shape, v.dtype, v.device)
+            self.emit(Node("add", (acc, p), {"alpha": 1}, (nxt,), at.source, at.scope, tags=at.tags))
+            acc = nxt
+        return acc
 
-def _choose(op, metas: list, attrs: dict, cur: list, n_out: int) -> tuple:
-    """The declared signature needing the fewest boxings (never into P), on a tie the one that
-    keeps more inputs split (work stays per micro-batch); all-B if none fits."""
-    best, best_moves = ((B,) * len(cur), (B,) * n_out), None
-    for ins, outs in (op.sbp(metas, attrs) if op.sbp is not None else []):
-        if len(ins) != len(cur) or any(w == P and c != P for w, c in zip(ins, cur)):
-            continue
-        moves = (sum(w != c for w, c in zip(ins, cur)), sum(w == B for w in ins))
-        if best_moves is None or moves < best_moves:
-            best, best_moves = (tuple(ins), tuple(outs)), moves
-    return best
+    def pack(self, v: Value, at: Node) -> Value:
+        """OneFlow's pack of an output: scalars stacked into ``(m,)``, others concatenated on dim 0."""
+        parts = self.local[v]
+        if not v.shape:
+            rows = []
+            for p in parts:
+                r = Value((1,), v.dtype, v.device)
+                self.emit(Node("reshape", (p,), {"shape": (1,)}, (r,), at.source, at.scope, tags=at.tags))
+                rows.append(r)
+            parts, shape = rows, (self.m,)
+        else:
+            shape = (v.shape[0] * self.m,) + tuple(v.shape[1:])
+        out = Value(shape, v.dtype, v.device)
+        self.emit(Node("cat", tuple(parts), {"dim": 0}, (out,), at.source, at.scope, tags=at.tags))
+        return out
 
 
 def _schedule(items: list) -> list:
@@ -150,46 +120,59 @@ def _schedule(items: list) -> list:
 
 @register("grad_acc", enabled=lambda cfg: getattr(cfg, "grad_acc_steps", 1) > 1)
 def grad_acc(g: IRGraph, config) -> IRGraph:
-    """Splits the batch into ``config.grad_acc_steps`` micro-batches; see the module docstring."""
-    n = config.grad_acc_steps
+    """The step of ``config.grad_acc_steps`` micro-batches from the graph traced on one; see the
+    module docstring."""
+    m = config.grad_acc_steps
     if any(v.placement is not None for v in (*g.feeds, *(v for v, _ in g.state))):
-        raise UnsupportedError(
-            "holoflow.nn.Graph: gradient accumulation (set_gradient_accumulation_steps) in a graph of "
-            "global tensors is not supported yet; accumulate eagerly, or train the global graph with "
-            "the whole batch per step")
-    r = _Rewriter(n)
+        raise HoloflowError("holoflow.nn.Graph: the grad_acc pass handles local graphs; global graphs run "
+                            "their micro-batches as runtime iterations (graph/pipeline.py)")
+    r = _Replicator(m)
     users, producer = g.users(), g.producers()
+    feeds = []
     for f in g.feeds:
-        if not f.shape or f.shape[0] % n:
-            raise HoloflowError(
-                f"holoflow.nn.Graph: gradient accumulation splits every input along dim 0 into {n} "
-                f"micro-batches, but input {f!r} has shape {tuple(f.shape)}; pass a batch whose size is a "
-                f"multiple of {n} (or set_gradient_accumulation_steps to a divisor of it)")
-        r.define(f, S(0), _split_feed(r, f, users[f][0].source if f in users else ""))
-        r.whole[f] = f  # the whole of a feed is the feed
-    for v, _t in g.state:
-        r.define(v, B, [v] * n)
+        if not f.shape:
+            raise HoloflowError(f"holoflow.nn.Graph: gradient accumulation splits every input along dim 0, but "
+                                f"input {f!r} is a scalar")
+        whole = Value((f.shape[0] * m,) + tuple(f.shape[1:]), f.dtype, f.device, f.name)
+        pieces = tuple(Value(f.shape, f.dtype, f.device, f"{f.name}_mb{k}") for k in range(m))
+        source = users[f][0].source if f in users else ""
+        r.emit(Node("split", (whole,), {"sizes": (f.shape[0],) * m, "dim": 0}, pieces, source))
+        r.local[f], feeds = list(pieces), feeds + [whole]
+        r.varies.add(f)
+    written = {id(t): v for t, v in g.updates}
+    state_of = {id(t): v for v, t in g.state}
+    for v, t in g.state:
+        r.local[v] = [v] * m
+        if id(t) in written:
+            r.varies.add(v)          # read per micro-batch: chained below, as nodes are copied
+    chained = {state_of[id(t)]: nv for t, nv in g.updates if id(t) in state_of}
     effects = []
     for node in g.nodes:
         if node.effect:
             effects.append(node)
-        else:
-            r.node(node)
-    tail = [e.with_(inputs=tuple(r.to_b(x, e) if isinstance(x, Value) else x for x in e.inputs)) for e in effects]
-    outputs = tuple(r.to_b(o, _end(o, producer)) if isinstance(o, Value) else o for o in g.outputs)
-    updates = tuple((t, r.to_b(v, _end(v, producer))) for t, v in g.updates)
-    return g.with_(nodes=tuple(_schedule(r.nodes) + tail), outputs=outputs, updates=updates)
+            continue
+        r.node(node)
+        for s, nv in chained.items():       # micro-batch k reads what k - 1 wrote, once it exists
+            if nv in r.local and r.local[s][1:] != r.local[nv][:-1]:
+                r.local[s] = [s] + r.local[nv][:-1]
+                _retarget(r, s)
+    state = {v for v, _ in g.state}
+    tail = [e.with_(inputs=tuple(r.total(x, e) if isinstance(x, Value) and x not in state else x
+                                 for x in e.inputs)) for e in effects]
+    outputs = tuple(r.pack(o, _end(o, producer)) if isinstance(o, Value) else o for o in g.outputs)
+    updates = tuple((t, r.local[v][-1]) for t, v in g.updates)
+    return g.with_(feeds=tuple(feeds), nodes=tuple(_schedule(r.nodes) + tail), outputs=outputs, updates=updates)
 
 
-def _split_feed(r: _Rewriter, f: Value, source: str) -> list:
-    """Splits a feed into micro-batches (the node gets the line of the feed's first reader)."""
-    sizes = piece_sizes(f.shape[0], r.n)
-    outs = tuple(Value((s,) + tuple(f.shape[1:]), f.dtype, f.device, f"{f.name}_mb{k}") for k, s in enumerate(sizes))
-    r.emit(Node("split", (f,), {"sizes": sizes, "dim": 0}, outs, source))
-    return list(outs)
+def _retarget(r: _Replicator, s: Value) -> None:
+    """Rewrites the already copied readers of state ``s`` in micro-batches ``k > 0`` to read the
+    value micro-batch ``k - 1`` wrote."""
+    for i, (nd, k) in enumerate(r.nodes):
+        if k and s in nd.inputs:
+            r.nodes[i] = (nd.with_(inputs=tuple(r.local[s][k] if x is s else x for x in nd.inputs)), k)
 
 
 def _end(v: Value, producer: dict) -> Node:
-    """Where a graph output or state update is boxed back whole: at the line that made it."""
+    """Where a graph output is packed: at the line that made it."""
     p = producer.get(v)
     return Node("output", (), {}, (), p.source if p is not None else "")
