@@ -230,3 +230,30 @@ def test_graph_module_checkpointing_and_unbuilt_switches():
     g.debug(1)
     g(x, y)
     assert any("recompute" in n.tags for n in next(iter(g._compiled.values())).ir.nodes)
+
+
+def _flag_blocks(g):
+    for b in g.model.blocks:
+        b.activation_checkpointing = True
+
+
+@pytest.mark.parametrize("configure,tol", [
+    (_flag_blocks, 1e-4),
+    (lambda g: (g.config.allow_fuse_model_update_ops(True), g.config.allow_fuse_add_to_output(True)), 1e-4),
+    (lambda g: g.config.allow_fuse_elementwise(True), 1e-4),
+    (lambda g: g.config.set_executor("sequential"), 1e-4),
+], ids=["checkpointing", "fused_update_add_to_output", "fuse_elementwise", "sequential"])
+def test_gradient_accumulation_combined_with_other_passes(configure, tol):
+    """Gradient accumulation with each other pass on: still eager's micro-batch training."""
+    x, y = gpt_data(batch=8)
+    e = eager(make_gpt, gpt_loss, x, y, 3, acc=2)
+    g = graph(make_gpt, gpt_loss, x, y, 3, acc=2, configure=configure)
+    assert_same(e, g, exact=False, tol=tol)
+
+
+def test_gradient_accumulation_with_amp_close_to_eager_autocast():
+    x, y = gpt_data(batch=8)
+    e = eager(make_gpt, gpt_loss, x, y, 3, acc=2, amp=True)
+    g = graph(make_gpt, gpt_loss, x, y, 3, acc=2, amp=True)
+    assert_same(e, g, exact=False, tol=3e-2)
+    assert e[0] != eager(make_gpt, gpt_loss, x, y, 3, acc=2)[0]   # bf16 really ran
