@@ -40,14 +40,17 @@ def _declares(n: Node, prop: str) -> bool:
     return op is not None and bool(getattr(op, prop, False))
 
 
-def _deps(nodes: tuple) -> list[set[int]]:
-    """Per node, the indices it must follow: producers of its inputs, and the previous node of
-    its ordered kind (collectives, random draws, effects) whose relative order is kept."""
+def _deps(nodes: tuple, state: set) -> list[set[int]]:
+    """Per node, the indices it must follow: producers of its inputs, the previous node of its
+    ordered kind (collectives, random draws, effects) whose relative order is kept, and, for a
+    collective that is not hoisted, the node traced just before it (it stays where it was put)."""
     made = {v: i for i, n in enumerate(nodes) for v in n.outputs}
     last: dict[str, int] = {}
     deps = []
     for i, n in enumerate(nodes):
         d = {made[v] for v in n.value_inputs() if v in made}
+        if i and _declares(n, "collective") and not _hoisted(n, state):
+            d.add(i - 1)
         for kind in _ordered_kinds(n):
             if kind in last:
                 d.add(last[kind])
@@ -86,8 +89,8 @@ def _cone_rank(nodes: tuple, deps: list[set[int]], state: set) -> list[int]:
 def order(g: IRGraph) -> list[int]:
     """The scheduled order of ``g.nodes``, as indices (see the module docstring)."""
     nodes = g.nodes
-    deps = _deps(nodes)
     state = {v for v, _ in g.state}
+    deps = _deps(nodes, state)
     cone = _cone_rank(nodes, deps, state)
     from_comm = {v for n in nodes if _declares(n, "collective") for v in n.outputs}
     users: list[list[int]] = [[] for _ in nodes]

@@ -1,0 +1,156 @@
+"""schedule: collectives issued as early as their inputs allow, readers of their results sunk,
+random draws and collectives in traced order, the same order from the same graph, and a global
+graph's results bit-equal to the traced order's; ir.split_tasks then cuts the compute run where
+it first reads the collective's result."""
+import threading
+
+import torch
+
+import holoflow as flow
+from holoflow.distributed import world
+from holoflow.graph.global_graph import GLOBAL_BOX
+from holoflow.graph.ir import IRGraph, Node, Value, check, split_tasks
+from holoflow.graph.passes import schedule as sched
+from holoflow.sbp import B, P, S
+
+PLACE = flow.placement("cpu", [0, 1])
+
+
+def val(*shape, name=""):
+    return Value(tuple(shape), torch.float32, name=name)
+
+
+def box(x, out):
+    return Node(GLOBAL_BOX.name, (x,), {"place": PLACE, "src": (P,), "dst": (B,)}, (out,), source="t.py:1")
+
+
+def node(op, ins, outs, **attrs):
+    return Node(op, tuple(ins), attrs, tuple(outs), source="t.py:1")
+
+
+def loss_graph():
+    """forward (a chain on x), then a denominator made from the targets only and all-reduced,
+    the loss dividing by it, and a dropout before and after the denominator's draw-free cone."""
+    x, y, w = val(4, name="x"), val(4, name="y"), val(4, name="w")
+    h1, h2, m1, h3, m3, tot, tot_b, loss = (val(4) for _ in range(8))
+    nodes = (node("mul", (x, w), (h1,)),
+             node("dropout", (h1,), (h2, m1), p=0.5, training=True, generator=None),
+             node("exp", (h2,), (h3,)),
+             node("abs", (y,), (tot,)),                 # the targets' local total
+             box(tot, tot_b),                           # its all-reduce
+             node("dropout", (h3,), (m3, val(4)), p=0.5, training=True, generator=None),
+             node("div", (m3, tot_b), (loss,)))         # reads the collective's result
+    return check(IRGraph((x, y), ((w, torch.ones(4)),), nodes, (loss,)))
+
+
+def ops(g):
+    return [n.op for n in g.nodes]
+
+
+def test_collective_hoisted_to_its_inputs_and_its_reader_sunk():
+    g = loss_graph()
+    h = check(sched.schedule(g))
+    assert ops(h) == ["abs", "global_box", "mul", "dropout", "exp", "dropout", "div"]
+    assert sched.moved(g, h) == [("global_box", 4, 1)]
+
+
+def test_same_order_every_time_and_from_an_equal_graph():
+    a, b = loss_graph(), loss_graph()    # the same program traced twice (new Values, new nodes)
+    assert sched.order(a) == sched.order(b) == sched.order(a)
+
+
+def test_random_draws_keep_their_order_even_inside_a_collective_cone():
+    x, w = val(4, name="x"), val(4, name="w")
+    d1, k1, d2, k2, big, s, sb, out = (val(4) for _ in range(8))
+    nodes = (node("dropout", (x,), (d1, k1), p=0.5, training=True, generator=None),
+             node("mul", (d1, w), (big,)),
+             node("dropout", (w,), (d2, k2), p=0.5, training=True, generator=None),   # the cone's draw
+             node("abs", (d2,), (s,)),
+             box(s, sb),
+             node("add", (big, sb), (out,)))
+    g = check(IRGraph((x,), ((w, torch.ones(4)),), nodes, (out,)))
+    h = check(sched.schedule(g))
+    draws = [n for n in h.nodes if n.op == "dropout"]
+    assert draws == [n for n in g.nodes if n.op == "dropout"]     # first draw still first
+    assert ops(h).index("global_box") < ops(h).index("mul")      # yet the collective went up
+
+
+def test_collectives_keep_their_order_and_state_reads_are_not_hoisted():
+    x, w = val(4, name="x"), val(4, name="w")
+    a, b, c, ab, cb, wb, out = (val(4) for _ in range(7))
+    nodes = (node("exp", (x,), (a,)),
+             node("exp", (a,), (b,)),
+             box(b, ab),                  # first collective: its cone is the two exps
+             node("abs", (x,), (c,)),
+             box(c, cb),                  # cheaper cone, yet stays after the first
+             node("mul", (x, x), (out,)),
+             box(w, wb),                  # reads state (a ZeRO-3 style gather): not hoisted
+             node("add", (out, wb), (val(4),)))
+    g = check(IRGraph((x,), ((w, torch.ones(4)),), nodes, (out,)))
+    h = check(sched.schedule(g))
+    boxes = [n.inputs[0] for n in h.nodes if n.op == "global_box"]
+    assert boxes == [b, c, w]
+    assert ops(h).index("mul") < [n.inputs[0] for n in h.nodes].index(w)
+
+
+def test_split_tasks_cuts_where_the_collective_result_is_first_read():
+    h = sched.schedule(loss_graph())
+    tasks = [(t.stream, [n.op for n in t.nodes]) for t in split_tasks(h)]
+    assert tasks == [("compute", ["abs"]), ("comm", ["global_box"]),
+                     ("compute", ["mul", "dropout", "exp", "dropout"]), ("compute", ["div"])]
+
+
+def test_no_collectives_no_change():
+    x = val(4, name="x")
+    g = check(IRGraph((x,), (), (node("exp", (x,), (val(4),)),), ()))
+    assert sched.schedule(g) is g
+
+
+# -- a global graph: scheduled = traced order, bit for bit ------------------------------------------
+
+_BUILD = threading.Lock()   # simulated ranks are threads sharing torch's RNG: build one at a time
+
+
+def _train(rank):
+    with _BUILD:
+        flow.manual_seed(0)
+        model = flow.nn.Sequential(flow.nn.Embedding(11, 16), flow.nn.Linear(16, 16), flow.nn.Tanh(),
+                                   flow.nn.Linear(16, 11))
+    model.to_global(PLACE, B)   # (a collective: outside the lock)
+    opt = flow.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(0, 11, (8, 5), generator=g), torch.randint(0, 11, (8, 5), generator=g))
+               for _ in range(3)]
+
+    class Train(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(opt)
+            self.config.set_allreduce_bucket_mb(0.001)   # several buckets
+
+        def build(self, x, y):
+            logits = self.model(x)
+            loss = flow.nn.functional.cross_entropy(logits.reshape(-1, 11), y.reshape(-1))
+            loss.backward()
+            return loss
+    train = Train()
+    losses = []
+    for x, y in batches:
+        x, y = (flow.from_torch(t).to_global(PLACE, B).to_global(sbp=S(0)) for t in (x, y))
+        losses.append(train(x, y).to_global(sbp=B).to_local().to_torch())
+    c = next(reversed(train._compiled.values()))
+    streams = [(t.stream, len(t.nodes)) for t in c.program.tasks]
+    return losses, [p.to_global(sbp=B).to_local().to_torch() for p in model.parameters()], streams
+
+
+def test_global_graph_scheduled_equals_traced_order_bit_for_bit(monkeypatch):
+    got = world.simulate(2, lambda r: _train(r))
+    monkeypatch.setattr(sched, "order", lambda g: list(range(len(g.nodes))))
+    want = world.simulate(2, lambda r: _train(r))
+    for (l1, p1, s1), (l0, p0, s0) in zip(got, want):
+        assert all(torch.equal(a, b) for a, b in zip(l1, l0))
+        assert all(torch.equal(a, b) for a, b in zip(p1, p0))
+        # scheduled: the loss's all-reduce is issued after a few nodes on the targets, before
+        # the forward; traced order computes the whole forward first
+        assert [s for s, _ in s1[:2]] == ["compute", "comm"] and s1[0][1] <= 3 < s0[0][1], (s1, s0)
