@@ -216,3 +216,25 @@ def test_batchnorm_cumulative_average_in_a_graph_matches_torch():
     torch.testing.assert_close(m.running_mean.to_torch(), ref.running_mean)
     torch.testing.assert_close(m.running_var.to_torch(), ref.running_var)
     assert int(m.num_batches_tracked) == 4
+
+
+@pytest.mark.parametrize("fn,match", [
+    (lambda x: flow.nn.functional.one_hot(x), r"op 'one_hot'\(num_classes=-1\) cannot be traced: it reads the "
+                                              r"values .* num_classes"),
+    (lambda x: x.nonzero(), r"op 'nonzero' cannot be traced .* depends on data"),
+    (lambda x: x[x > 0], r"op 'index' cannot be traced .* depends on data"),
+], ids=["one_hot", "nonzero", "mask_index"])
+def test_data_dependent_shapes_raise_naming_the_op_and_the_fix(fn, match):
+    class G(Graph):
+        def build(self, x):
+            return fn(x)
+    with pytest.raises(GraphBuildError, match=match):
+        G()(flow.tensor([0, 2, 1]))
+
+
+def test_one_hot_with_num_classes_traces():
+    class G(Graph):
+        def build(self, x):
+            return flow.nn.functional.one_hot(x, 4)
+    x = flow.tensor([0, 2, 1])
+    assert torch.equal(G()(x)._data, torch.nn.functional.one_hot(x._data, 4))

@@ -288,6 +288,14 @@ class Tracer(Interpreter):
         except NotImplementedError as e:
             raise HoloflowError(f"holoflow.nn.Graph: op {op.name!r} cannot be traced ({e}); its output "
                                 f"shape depends on data. Compute it outside the graph.") from e
+        except RuntimeError as e:
+            if "meta tensor" not in str(e):
+                from ..core.dispatch import op_error
+                raise op_error(op, inputs, attrs, e) from e
+            shown = ", ".join(f"{k}={v!r}" for k, v in attrs.items() if not isinstance(v, torch.Tensor))
+            raise HoloflowError(f"holoflow.nn.Graph: op {op.name!r}({shown}) cannot be traced: it reads the values "
+                                f"of its inputs to size its output ({e}). Give the size explicitly (an argument "
+                                f"such as num_classes) or compute it outside the graph.") from e
         except Exception as e:
             from ..core.dispatch import op_error
             raise op_error(op, inputs, attrs, e) from e
