@@ -1,11 +1,10 @@
 """Pipeline stages with ZeRO (1, 2, 3), gradient clipping and a GradScaler: ZeRO inside
-data-parallel stages and clipping each stage's parameters equal single-process full-batch
-training; what is not supported (one clip over several stages' parameters, a GradScaler) raises
-UnsupportedError naming it instead of training wrongly."""
+data-parallel stages, clipping each stage's parameters or all of them at once (one total norm
+across stages), and a GradScaler (one inf check across stages) equal single-process full-batch
+training."""
 import pytest
 
 import holoflow as flow
-from holoflow.core.errors import UnsupportedError
 from holoflow.core.sbp import B, S
 from holoflow.distributed import world
 from holoflow.graph.zero import state_bytes
@@ -14,7 +13,17 @@ import pipeline_fns as F
 from test_pipeline_stages import INIT, _rel
 
 
-def _run(rank, dp=2, zero=0, clip=None, scaler=False, steps=3, m=4):
+def _batch(s, big_at=None):
+    """Step ``s``'s batch; at step ``big_at`` one input is inf: stage 0's output stays finite
+    (tanh saturates), so stage 1's gradients are finite while stage 0's weight gradient is nan."""
+    x, y = F.data(16, s)
+    if s == big_at:
+        x = x.clone()
+        x[0, 0] = float("inf")
+    return x, y
+
+
+def _run(rank, dp=2, zero=0, clip=None, scaler=False, steps=3, m=4, big_at=None, schedule="1f1b"):
     p0 = flow.placement("cpu", ranks=list(range(dp)))
     p1 = flow.placement("cpu", ranks=list(range(dp, 2 * dp)))
     sbp = [S(0)] if dp > 1 else [B]
@@ -28,6 +37,7 @@ def _run(rank, dp=2, zero=0, clip=None, scaler=False, steps=3, m=4):
             self.net.s0.to(flow.nn.graph.GraphModule).set_stage(0, p0)
             self.net.s1.to(flow.nn.graph.GraphModule).set_stage(1, p1)
             self.config.set_gradient_accumulation_steps(m)
+            self.config.set_pipeline_schedule(schedule)
             if zero:
                 self.config.enable_zero(True, stage=zero, shard_min_size=1)
             if scaler:
@@ -46,29 +56,41 @@ def _run(rank, dp=2, zero=0, clip=None, scaler=False, steps=3, m=4):
 
     g = G()
     for s in range(steps):
-        x, y = F.data(16, s)
+        x, y = _batch(s, big_at)
         g(flow.tensor(x).to_global(placement=p0, sbp=sbp), flow.tensor(y).to_global(placement=p1, sbp=sbp))
     params = {}
     for k, v in net.state_dict().items():
         place = p0 if k.startswith("s0") else p1
         params[k] = v.to_global(placement=place, sbp=[B]).to_local().numpy().copy() \
             if rank in place.flat_ranks else None
+    if scaler:
+        return params, g._grad_scaler.get_scale()
     return params, state_bytes(o)
 
 
-def _reference(clip=None, steps=3):
+def _reference(clip=None, steps=3, scaler=False, big_at=None):
     net = F.make()
     o = flow.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    sc = flow.amp.GradScaler("cpu", init_scale=1024.0) if scaler else None
     for s in range(steps):
-        x, y = F.data(16, s)
+        x, y = _batch(s, big_at)
         loss = flow.nn.functional.cross_entropy(net(flow.tensor(x)), flow.tensor(y))
         o.zero_grad()
-        loss.backward()
+        (sc.scale(loss) if sc else loss).backward()
+        if sc and clip:
+            sc.unscale_(o)
         if clip == "per_stage":
             for part in (net.s0, net.s1):
                 flow.nn.utils.clip_grad_norm_(part.parameters(), 0.05)
-        o.step()
-    return {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+        elif clip == "whole":
+            flow.nn.utils.clip_grad_norm_(net.parameters(), 0.05)
+        if sc:
+            sc.step(o)
+            sc.update()
+        else:
+            o.step()
+    params = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+    return (params, sc.get_scale()) if sc else params
 
 
 @pytest.mark.parametrize("zero", [1, 2, 3])
@@ -89,14 +111,37 @@ def test_clip_grad_norm_per_stage_equals_full_batch():
             assert _rel(params, want) < 1e-5
 
 
-def test_clip_over_several_stages_and_a_grad_scaler_raise_unsupported():
-    def run(rank, **kw):
-        try:
-            _run(rank, dp=1, steps=1, **kw)
-        except UnsupportedError as e:
-            return str(e)
-        return None
-    for msg in world.simulate(2, lambda r: run(r, clip="whole")):
-        assert msg is not None and "clip_grad_norm_" in msg and "stage 1" in msg and "stage 0" in msg
-    for msg in world.simulate(2, lambda r: run(r, scaler=True)):
-        assert msg is not None and "GradScaler" in msg
+@pytest.mark.parametrize("dp", [1, 2])
+def test_one_clip_over_every_stage_equals_full_batch(dp):
+    """clip_grad_norm_(all parameters): each stage's norms go to stage 0 (a move after backward,
+    sent by the update programs), the total norm's factor comes back to stage 1."""
+    want = _reference(clip="whole")
+    assert _rel(want, _reference(clip="per_stage")) > 1e-3 and _rel(want, _reference()) > 1e-3
+    for params, _ in world.simulate(2 * dp, lambda r: _run(r, dp=dp, clip="whole")):
+        assert _rel(params, want) < 1e-5
+
+
+@pytest.mark.parametrize("dp,schedule", [(1, "1f1b"), (1, "zb-h1"), (2, "gpipe")])
+def test_grad_scaler_with_stages_equals_full_batch(dp, schedule):
+    want, want_scale = _reference(scaler=True)
+    for params, scale in world.simulate(2 * dp, lambda r: _run(r, dp=dp, scaler=True, schedule=schedule)):
+        assert _rel(params, want) < 1e-5 and scale == want_scale
+
+
+def test_grad_scaler_skips_every_stage_when_one_stage_overflows():
+    """An inf input at step 1: stage 0's gradients are nan, stage 1's finite; the inf check is
+    summed over the stages, so both skip that step and the scale backs off, as in eager."""
+    want, want_scale = _reference(scaler=True, big_at=1)
+    plain, _ = _reference(scaler=True)
+    assert want_scale == 512.0 and _rel(want, plain) > 1e-3
+    for params, scale in world.simulate(2, lambda r: _run(r, dp=1, scaler=True, big_at=1)):
+        assert _rel(params, want) < 1e-5 and scale == want_scale
+
+
+def test_grad_scaler_and_clip_over_every_stage_on_gloo(world2):
+    want = _reference(clip="whole")
+    for params, _ in world2.run(_run, 1, 0, "whole", timeout=240):
+        assert _rel(params, want) < 1e-5
+    want, want_scale = _reference(scaler=True, big_at=1)
+    for params, scale in world2.run(_run, 1, 0, None, True, 3, 4, 1, timeout=240):
+        assert _rel(params, want) < 1e-5 and scale == want_scale

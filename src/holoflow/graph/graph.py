@@ -209,10 +209,6 @@ class Graph:
         m = self.config.grad_acc_steps
         piped = stages is not None or (m > 1 and any(
             x._global is not None for x in (*leaves, *self._all_params()) if isinstance(x, Tensor)))
-        if piped and self._grad_scaler is not None and self._grad_scaler.is_enabled():
-            raise UnsupportedError(f"holoflow.nn.Graph {type(self).__name__}: a GradScaler with pipeline stages or "
-                                   f"gradient accumulation on global tensors is not supported yet (its inf check "
-                                   f"and unscale span every stage); use bfloat16 autocast without a scaler")
         traced = pipeline.micro_protos(leaves, m) if m > 1 else leaves   # traced on one micro-batch
         lazy = [tracer.feed(x, f"input{i}") if isinstance(x, Tensor) else x for i, x in enumerate(traced)]
         args, kwargs = unflatten(lazy, spec)
@@ -320,7 +316,7 @@ class Graph:
             if len(tensors) != 1 or tensors[0].numel() != 1:
                 raise GraphBuildError(f"holoflow.nn.Graph: loss.backward() at {user_line()} needs a scalar loss, "
                                       f"got shape {tuple(tensors[0].shape)}; reduce it first (e.g. loss.mean())")
-            loss = tensors[0] * scale if scale is not None else tensors[0]
+            loss = tensors[0] * pipeline.scale_on(scale, tensors[0]) if scale is not None else tensors[0]
             if micro > 1:
                 loss = loss / micro
             # earlier micro-batches' grads are set aside and added after (same order as eager):

@@ -64,6 +64,7 @@ def _scaler_update(scaler, optimizers: list, params: list, scale: Tensor):
             for p, g in zip(params, saved):
                 p.grad = g
         scale._data.copy_(scaler._scale._data)
+    update.scaler, update.optimizers, update.params, update.scale = scaler, optimizers, params, scale  # pipelines
     return update
 
 

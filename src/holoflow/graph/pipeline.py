@@ -32,7 +32,7 @@ from ..core.registry import defop
 from ..core.sbp import B
 from ..core.tensor import Tensor
 from ..distributed import world
-from ..distributed.global_tensor import GlobalMeta
+from ..distributed.global_tensor import GlobalMeta, make_global
 from ..distributed.sharding import local_shape
 from .global_graph import fingerprint
 from .ir import IRGraph
@@ -274,6 +274,18 @@ def check_same_program(g: IRGraph, placements: list) -> None:
         raise HoloflowError("holoflow.nn.Graph: the pipeline's ranks traced different programs (graph fingerprints "
                             + "; ".join(f"ranks {rs}: {f}" for f, rs in by.items()) + "); every rank must build the "
                             "same graph")
+
+
+def scale_on(scale: Tensor, loss: Tensor) -> Tensor:
+    """The grad scaler's live scale (a local tensor) as a global tensor on a global loss's
+    placement, sharing its storage: the scaler's update after each step reaches the traced
+    loss scaling (a ``to_global`` copy would freeze the first scale into the graph)."""
+    g = loss._global
+    if g is None:
+        return scale
+    place = g.placement
+    data = scale._data if place.coords(world.rank()) is not None else scale._data.new_empty((0,))
+    return make_global(Tensor._make(data), place, (B,) * place.ndim, scale._data.shape)
 
 
 # -- micro-batches --------------------------------------------------------------------------------------

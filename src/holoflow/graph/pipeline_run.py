@@ -16,7 +16,9 @@ import torch.distributed as dist
 
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
+from ..distributed import world
 from ..distributed.global_tensor import make_global
+from ..distributed.sharding import local_shape
 from ..runtime import Plan, Runtime, TaskSpec
 from ..runtime.timeline import write_merged
 from .global_graph import localize
@@ -107,10 +109,18 @@ class PipelineCompiled:
         self.runtime, self._out_names = None, {}
         ph = phases(logical)
         check_stages(logical, placements, ph)
-        self.rg = rank_graph(logical, placements, ph, rank)
+        self.rg = rank_graph(logical, placements, ph, rank, _UMoves(comm, rank), self._sync_sum)
         self.lowered, self.program = _Lowered([]), _Source("# this rank holds no pipeline stage\n")
         if self.rg is not None:
             self._build()
+
+    def _sync_sum(self, x: float) -> float:
+        """``x`` summed over every stage's ranks (called once per step by each of them)."""
+        ranks = tuple(sorted({r for p in self.placements for r in p.flat_ranks}))
+        if len(ranks) < 2:
+            return float(x)
+        with world.acting_as(self.rank, self.comm):   # the update runs on a runtime thread
+            return float(sum(self.comm.all_gather_shapes(float(x), ranks)))
 
     # -- building ------------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -450,6 +460,27 @@ def _wire_turns(rt: Any, seq: list[str]) -> _Turns:
             return out
         a.ready, a.fn = gated_ready, gated_fn
     return turns
+
+
+class _UMoves:
+    """Kernels of the update program's moves between stages (``rank_graph``'s ``p2p``): blocking
+    point-to-point sends and receives, in traced order on every rank."""
+
+    def __init__(self, comm: Any, rank: int) -> None:
+        self.comm, self.rank = comm, rank
+
+    def send(self, peer: int, tag: int):
+        def stage_send(x: torch.Tensor, **_attrs) -> torch.Tensor:
+            p2p_send(self.comm, x, self.rank, peer, tag)
+            return x
+        return stage_send
+
+    def recv(self, v: Value, peer: int, tag: int):
+        shape = tuple(local_shape(v.shape, v.sbp, v.placement, self.rank))
+
+        def stage_recv(**_attrs) -> torch.Tensor:
+            return p2p_recv(self.comm, shape, v.dtype, v.device, peer, self.rank, tag)
+        return stage_recv
 
 
 def _tag(key: tuple) -> int:

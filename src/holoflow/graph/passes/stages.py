@@ -12,6 +12,9 @@ Not a registered pass: the pipeline lowering calls these functions on the logica
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 from ...core.errors import HoloflowError, UnsupportedError
 from ...core.registry import REGISTRY
@@ -140,12 +143,8 @@ def check_stages(g: IRGraph, placements: list, ph: dict) -> None:
                 bad = n.attrs["src"] if s is None else n.attrs["dst"]
                 raise HoloflowError(f"holoflow.nn.Graph: a tensor moves to {bad} at {n.source or '?'}, which is no "
                                     f"stage's placement (stages: {', '.join(map(str, placements))})")
-            if ph[id(n)] == "U":
-                raise UnsupportedError(
-                    f"holoflow.nn.Graph: at {n.source or '?'} a value computed after loss.backward() moves from "
-                    f"stage {s} ({n.attrs['src']}) to stage {d} ({n.attrs['dst']}): once-per-step values crossing "
-                    f"pipeline stages (e.g. clip_grad_norm_ over the parameters of several stages: its total "
-                    f"norm) are not supported yet; clip each stage's parameters separately")
+            if ph[id(n)] == "U":   # once per step (a clip's norms and factor): any direction
+                continue
             fwd = ph[id(n)] == "F"
             if (fwd and d <= s) or (not fwd and d >= s):
                 raise HoloflowError(
@@ -160,22 +159,57 @@ def check_stages(g: IRGraph, placements: list, ph: dict) -> None:
                                 f"stage's placement (stages: {', '.join(map(str, placements))})")
 
 
-def _effect_share(n: Node, mine, places: dict) -> Node | None:
+def _effect_share(n: Node, mine, places: dict, sync: Any = None) -> Node | None:
     """An optimizer effect over parameters of several stages, restricted to this stage's: the
-    optimizer's own update on those parameters (None if it has none)."""
+    optimizer's own update on those parameters (None if it has none); a grad scaler's update
+    becomes this stage's share of it, with the inf check summed over every stage (``sync``)."""
     vals = n.value_inputs()
     here = [i for i, v in enumerate(n.inputs)
             if isinstance(v, Value) and (v.placement or places.get(v)) in (None, mine)]
+    k = n.kernel
+    if getattr(k, "scaler", None) is not None:
+        if sync is None:
+            raise UnsupportedError("holoflow.nn.Graph: a GradScaler with pipeline stages needs the pipeline runner")
+        return n.with_(inputs=tuple(n.inputs[i] for i in here),
+                       kernel=_stage_scaler_update(k, [k.params[i] for i in here], sync))
     if len(here) == len(n.inputs) or not vals:
         return n
     if not here:
         return None
-    k = n.kernel
     if getattr(k, "params", None) is None or len(k.params) != len(n.inputs):
         raise HoloflowError(f"holoflow.nn.Graph: the update {n.op!r} reads gradients of several pipeline stages "
-                            f"and cannot be split by stage (a grad scaler or ZeRO with stages is not supported yet)")
+                            f"and cannot be split by stage (ZeRO with a grad scaler is not supported)")
     part = _group_update(k.opt, k.group_index, [k.params[i] for i in here])
     return n.with_(inputs=tuple(n.inputs[i] for i in here), kernel=part)
+
+
+def _stage_scaler_update(k: Any, params: list, sync: Any):
+    """One stage's ``scaler.step(opt); scaler.update()`` (``k``: graph/optimizer.py's scaler
+    update): unscale this stage's gradients, count the non-finite ones, sum that count over every
+    stage (``sync``: one scalar all-reduce per step), then step this stage's parameters unless
+    some stage found inf/nan; every rank updates the scale the same way."""
+    scaler, optimizers, scale = k.scaler, k.optimizers, k.scale
+
+    def update(*grads):
+        inv = scaler._scale.double().reciprocal().float()._data
+        bad = 0.0
+        for g in grads:
+            if not bool(torch.isfinite(g).all()):
+                bad += 1.0
+            g.mul_(inv.to(g.device))
+        found = sync(bad) > 0
+        if not found:   # the optimizers' own update on this stage's parameters (as without a scaler)
+            grad_of = {id(p): g for p, g in zip(params, grads)}
+            for opt in optimizers:
+                for gi, group in enumerate(opt.param_groups):
+                    ps = [p for p in group["params"] if id(p) in grad_of]
+                    if ps:
+                        _group_update(opt, gi, ps)(*(grad_of[id(p)] for p in ps))
+        scaler._update_scale(found)
+        scaler._per_optimizer_states = {}
+        scale._data.copy_(scaler._scale._data)
+    update.__name__ = "grad_scaler_stage_update"
+    return update
 
 
 @dataclass
@@ -190,9 +224,18 @@ class RankGraph:
     outputs: list = field(default_factory=list)   # indices of logical outputs produced here
 
 
-def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int) -> RankGraph | None:
+U_TAG = 30000   # channel tags of once-per-step moves (forward / backward channels use 1xxxx / 2xxxx)
+
+
+def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int, p2p: Any = None,
+               sync: Any = None) -> RankGraph | None:
     """The logical graph restricted to ``rank``'s stage (None if the rank is on no stage): its
-    nodes, local values its nodes need, moves turned into send/recv channels."""
+    nodes, local values its nodes need, moves turned into send/recv channels.
+
+    Moves after backward (``U``: a clip's norms gathered on one stage, its factor sent back) stay
+    nodes of the update program, in traced order on every rank: ``p2p.send(peer, tag)`` and
+    ``p2p.recv(value, peer, tag)`` make their kernels. ``sync(x)`` sums a float over every
+    stage's ranks (a grad scaler's inf check split by stage)."""
     mine = next((p for p in placements if rank in p.flat_ranks), None)
     if mine is None:
         return None
@@ -202,7 +245,29 @@ def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int) -> RankGraph |
     keep: list[Node] = []
     recv: dict = {}
     send: dict = {}
+    n_u = 0
     for n in g.nodes:
+        if is_move(n) and ph[id(n)] == "U":
+            src, dst, tag = n.attrs["src"], n.attrs["dst"], U_TAG + n_u
+            n_u += 1
+            if mine not in (src, dst):
+                continue
+            if p2p is None:
+                raise UnsupportedError(f"holoflow.nn.Graph: at {n.source or '?'} a value computed after "
+                                       f"loss.backward() moves between pipeline stages; this runner cannot send it")
+            if src == mine:
+                peer = dst.flat_ranks[src.flat_ranks.index(rank)]
+                x = n.inputs[0]
+                tok = Value(x.shape, x.dtype, x.device)   # the sent value itself (nothing reads it)
+                new = Node("stage_send", (x,), {"peer": peer, "tag": tag}, (tok,), n.source, n.scope,
+                           kernel=p2p.send(peer, tag), tags=n.tags)
+            else:
+                peer = src.flat_ranks[dst.flat_ranks.index(rank)]
+                new = Node("stage_recv", (), {"peer": peer, "tag": tag}, n.outputs, n.source, n.scope,
+                           kernel=p2p.recv(n.outputs[0], peer, tag), tags=n.tags)
+            ph[id(new)] = "U"
+            keep.append(new)
+            continue
         if is_move(n):
             key = (ph[id(n)], index[n.attrs["src"]], index[n.attrs["dst"]])
             if n.attrs["src"] == mine:
@@ -211,7 +276,7 @@ def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int) -> RankGraph |
                 recv.setdefault(key, []).append(n.outputs[0])
             continue
         if n.effect:
-            n = _effect_share(n, mine, places)
+            n = _effect_share(n, mine, places, sync)
             if n is not None:
                 ph[id(n)] = "U"
                 keep.append(n)
