@@ -433,3 +433,74 @@ def ln_pipelined(rank: int, init: dict, steps: int = 2, m: int = 4, schedule: st
     order = [(a["phase"], a["mb"]) for a in sorted(c.acts(), key=lambda a: a["start"])
              if a["lane"] == "compute" and a["phase"] in ("F", "B", "W")]
     return params, c.program.source, order, dict(c.mem)
+
+
+class BNNet(flow.nn.Module):
+    """Stage 0: Linear -> BatchNorm1d -> Tanh; stage 1: Linear."""
+
+    def __init__(self, p0=None, p1=None, init=None):
+        super().__init__()
+        self.s0 = flow.nn.Sequential(flow.nn.Linear(D_IN, D_H), flow.nn.BatchNorm1d(D_H), flow.nn.Tanh())
+        self.s1 = flow.nn.Linear(D_H, D_OUT)
+        if init is not None:
+            self.load_state_dict({k: flow.tensor(v) for k, v in init.items()})
+        if p0 is not None:
+            self.s0.to_global(placement=p0, sbp=[B])
+            self.s1.to_global(placement=p1, sbp=[B])
+
+    def forward(self, x):
+        return self.s1(self.s0(x))
+
+
+def bn_init(seed: int = 0):
+    flow.manual_seed(seed)
+    return {k: v.detach().numpy().copy() for k, v in BNNet().state_dict().items()}
+
+
+def bn_reference(init: dict, steps: int = 2, m: int = 4, lr: float = 0.1, batch: int = 16):
+    """Eager training with gradient accumulation (OneFlow's semantics of
+    set_gradient_accumulation_steps): m forwards (each a momentum update of the running
+    statistics), backward of loss / m each, one optimizer step."""
+    net = BNNet(init=init)
+    o = _opt("sgd", net.parameters(), lr)
+    for s in range(steps):
+        x, y = data(batch, s)
+        o.zero_grad()
+        for xk, yk in zip(x.chunk(m), y.chunk(m)):
+            loss = flow.nn.functional.cross_entropy(net(flow.tensor(xk)), flow.tensor(yk))
+            (loss / m).backward()
+        o.step()
+    return {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+
+
+def bn_pipelined(rank: int, init: dict, steps: int = 2, m: int = 4, schedule: str = "1f1b", lr: float = 0.1,
+                 batch: int = 16):
+    """BNNet on two stages: this rank's parameters and buffers (its stage's)."""
+    p0, p1 = flow.placement("cpu", ranks=[0]), flow.placement("cpu", ranks=[1])
+    net = BNNet(p0, p1, init=init)
+    o = _opt("sgd", net.parameters(), lr)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+            self.net.s0.to(flow.nn.graph.GraphModule).set_stage(0, p0)
+            self.net.s1.to(flow.nn.graph.GraphModule).set_stage(1, p1)
+            self.config.set_gradient_accumulation_steps(m)
+            self.config.set_pipeline_schedule(schedule)
+            self.add_optimizer(o)
+
+        def build(self, x, y):
+            loss = flow.nn.functional.cross_entropy(self.net(x), y)
+            loss.backward()
+            return loss
+
+    g = G()
+    for s in range(steps):
+        x, y = data(batch, s)
+        g(flow.tensor(x).to_global(placement=p0, sbp=[B]), flow.tensor(y).to_global(placement=p1, sbp=[B]))
+    out = {}
+    for k, v in net.state_dict().items():
+        place = p0 if k.startswith("s0") else p1
+        out[k] = v.to_local().numpy().copy() if rank in place.flat_ranks else None
+    return out

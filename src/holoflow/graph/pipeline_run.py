@@ -131,10 +131,14 @@ class PipelineCompiled:
         state = {v for v, _ in g.state}
         u_nodes = [n for n in g.nodes if ph[id(n)] == "U"]
         acc_sum = list(dict.fromkeys(v for n in u_nodes for v in n.value_inputs() if v in early and v not in state))
-        acc_last = [v for _, v in g.updates if v in early and v not in acc_sum]
+        # state written back from the forward (BatchNorm's running statistics) is written after
+        # each micro-batch's forward, which the next one reads: m momentum updates, as eager
+        # gradient accumulation (and OneFlow) gives; other written state keeps the last value
+        f_upd = [(t, v) for t, v in g.updates if prod_phase.get(v) == "F" and v not in acc_sum]
+        acc_last = [v for _, v in g.updates if v in early and v not in acc_sum and v not in {fv for _, fv in f_upd}]
         sends = [v for vs in rg.send.values() for v in vs]
         outs = [o for o in g.outputs if isinstance(o, Value)]
-        exports = list(dict.fromkeys([*outs, *sends, *acc_sum, *acc_last]))
+        exports = list(dict.fromkeys([*outs, *sends, *acc_sum, *acc_last, *(v for _, v in f_upd)]))
         loc = localize(g.with_(outputs=tuple(exports)), self.rank, self.comm)
         lph = {id(ln): ph[id(n)] for n, ln in zip(g.nodes, loc.nodes)}
         L = dict(zip(g.feeds, loc.feeds))
@@ -176,8 +180,12 @@ class PipelineCompiled:
 
         link = ft is not None and bt is not None   # F -> B: the slot that bounds micro-batches in flight
 
+        f_written = [(t, ft.outputs.index(L[v])) for t, v in f_upd] if ft else []
+
         def fwd(*args, _f=ns[ft.name] if ft else None):
             out = _f(*args)
+            for t, i in f_written:
+                t._data.copy_(out[i])
             # activation bytes this micro-batch keeps for backward: made here or received (or fed)
             nb = _nbytes([*(out[i] for i in saved), *(args[i] for i in kept)])
             nbw = _nbytes([*(out[i] for i in saved_w), *(args[i] for i in kept_w)])   # kept until W
@@ -254,9 +262,10 @@ class PipelineCompiled:
                                   _send_fn(self.comm, peer, self.rank, _tag(key)), tuple(name(v) for v in lv), (),
                                   meta={"phase": key[0], "peer": peer}))
         u_local = [n for n in loc.nodes if lph[id(n)] == "U"]
-        if u_local or acc_sum or acc_last or loc.updates:
+        u_updates = tuple((t, v) for t, v in loc.updates if v not in {L[fv] for _, fv in f_upd})
+        if u_local or acc_sum or acc_last or u_updates:
             ins = tuple(L[v] for v in [*acc_sum, *acc_last])
-            uprog = program(IRGraph(ins, loc.state, tuple(u_local), (), loc.updates))
+            uprog = program(IRGraph(ins, loc.state, tuple(u_local), (), u_updates))
             sources.append(uprog.source)
             entry = uprog.load()["program"]
             specs.append(TaskSpec("update", "update", _acc_fn(entry, self.m, len(acc_sum)),
