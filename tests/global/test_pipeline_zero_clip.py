@@ -145,3 +145,37 @@ def test_grad_scaler_and_clip_over_every_stage_on_gloo(world2):
     want, want_scale = _reference(scaler=True, big_at=1)
     for params, scale in world2.run(_run, 1, 0, None, True, 3, 4, 1, timeout=240):
         assert _rel(params, want) < 1e-5 and scale == want_scale
+
+
+def _dp_scaler_run(rank, steps=3, m=2):
+    """Gradient accumulation on a data-parallel global graph (no stages) with a GradScaler; an
+    inf input on rank 0's rows at step 1."""
+    P = flow.placement("cpu", ranks=[0, 1])
+    net = F.Net(init=INIT)
+    net.to_global(placement=P, sbp=[B])
+    o = flow.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+            self.config.set_gradient_accumulation_steps(m)
+            self.set_grad_scaler(flow.amp.GradScaler("cpu", init_scale=1024.0))
+            self.add_optimizer(o)
+
+        def build(self, x, y):
+            loss = flow.nn.functional.cross_entropy(self.net(x), y)
+            loss.backward()
+            return loss
+
+    g = G()
+    for s in range(steps):
+        x, y = _batch(s, big_at=1)
+        g(flow.tensor(x).to_global(placement=P, sbp=[S(0)]), flow.tensor(y).to_global(placement=P, sbp=[S(0)]))
+    return {k: v.to_local().numpy().copy() for k, v in net.state_dict().items()}, g._grad_scaler.get_scale()
+
+
+def test_grad_scaler_with_gradient_accumulation_on_a_global_graph_equals_eager():
+    want, want_scale = _reference(scaler=True, big_at=1)
+    for params, scale in world.simulate(2, _dp_scaler_run):
+        assert _rel(params, want) < 1e-5 and scale == want_scale == 512.0
