@@ -100,3 +100,71 @@ def test_zb_h1_on_gloo_equals_full_batch(world2):
     for params, *_ in res:
         assert _rel(params, want) < 1e-5
     np.testing.assert_allclose([float(np.mean(v)) for v in res[1][1]], want_losses, rtol=1e-5)
+
+
+def _chain(places=None, init=None):
+    import holoflow as flow
+    from holoflow.core.sbp import B
+    flow.manual_seed(0)
+    net = flow.nn.Sequential(*[flow.nn.Sequential(flow.nn.Linear(F.D_IN if i == 0 else F.D_H, F.D_H),
+                                                  flow.nn.LayerNorm(F.D_H), flow.nn.Tanh()) for i in range(3)],
+                             flow.nn.Linear(F.D_H, F.D_OUT))
+    if init is not None:
+        net.load_state_dict({k: flow.tensor(v) for k, v in init.items()})
+    if places is not None:
+        for part, pl in zip(net, places):
+            part.to_global(placement=pl, sbp=[B])
+    return net
+
+
+def _chain_run(rank, init, schedule, m, steps=2):
+    import holoflow as flow
+    from holoflow.core.sbp import B
+    places = [flow.placement("cpu", ranks=[s]) for s in range(4)]
+    net = _chain(places, init)
+    o = flow.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+            for s, pl in enumerate(places):
+                self.net[s].to(flow.nn.graph.GraphModule).set_stage(s, pl)
+            self.config.set_gradient_accumulation_steps(m)
+            self.config.set_pipeline_schedule(schedule)
+            self.add_optimizer(o)
+
+        def build(self, x, y):
+            loss = flow.nn.functional.cross_entropy(self.net(x), y)
+            loss.backward()
+            return loss
+
+    g = G()
+    for s in range(steps):
+        x, y = F.data(16, s)
+        g(flow.tensor(x).to_global(placement=places[0], sbp=[B]), flow.tensor(y).to_global(placement=places[3], sbp=[B]))
+    c = next(iter(g._compiled.values()))
+    order = [(a["phase"], a["mb"]) for a in sorted(c.acts(), key=lambda a: a["start"])
+             if a["lane"] == "compute" and a["phase"] in ("F", "B", "W")]
+    return {k: (v.to_local().numpy().copy() if rank == int(k.split(".")[0]) else None)
+            for k, v in net.state_dict().items()}, order
+
+
+@pytest.mark.parametrize("m", [2, 8])
+def test_zb_h1_four_stages_equal_full_batch(m, monkeypatch):
+    import holoflow as flow
+    _jittered_recv(monkeypatch)
+    init = {k: v.detach().numpy().copy() for k, v in _chain().state_dict().items()}
+    net = _chain(init=init)
+    o = flow.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for s in range(2):
+        x, y = F.data(16, s)
+        loss = flow.nn.functional.cross_entropy(net(flow.tensor(x)), flow.tensor(y))
+        o.zero_grad()
+        loss.backward()
+        o.step()
+    want = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+    res = world.simulate(4, lambda r: _chain_run(r, init, "zb-h1", m))
+    for stage, (params, order) in enumerate(res):
+        assert _rel(params, want) < 1e-5
+        assert order == zb_h1_order(4, m)[stage] * 2
