@@ -7,7 +7,10 @@ alternated round by round, best of rounds.
     python bench/graph_compile.py --one cnn graph-compile      # one variant here: a JSON line
 
 Variants: ``graph`` (nn.Graph, actor runtime, as lowered today), ``graph-compile`` (the same with
-``config.enable_compile()``), ``torch-eager``, ``torch-compile`` (bench/graph.py's). ``first_s`` is
+``config.enable_compile()``), ``graph-fused`` and ``graph-compile-fused`` (those two plus OneFlow's
+fusion switches ``allow_fuse_model_update_ops`` and ``allow_fuse_add_to_output``: the optimizer
+update as one fused kernel, torch's ``_fused_adamw_`` on the CPU too), ``torch-eager``,
+``torch-compile`` (bench/graph.py's). ``first_s`` is
 the first call: trace, passes, lowering and, compiled, the Inductor compilation of every task.
 """
 from __future__ import annotations
@@ -22,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import graph as base  # noqa: E402  (bench/graph.py: the cases, timing, alternation)
 
-VARIANTS = ("graph", "graph-compile", "torch-eager", "torch-compile")
+VARIANTS = ("graph", "graph-compile", "graph-fused", "graph-compile-fused", "torch-eager", "torch-compile")
 
 
 def one(case: str, variant: str, steps: int, repeat: int) -> dict:
@@ -37,7 +40,10 @@ def one(case: str, variant: str, steps: int, repeat: int) -> dict:
             super().__init__()
             self.model = m
             self.add_optimizer(opt)
-            self.config.enable_compile(variant == "graph-compile")
+            self.config.enable_compile("compile" in variant)
+            if variant.endswith("fused"):
+                self.config.allow_fuse_model_update_ops(True)
+                self.config.allow_fuse_add_to_output(True)
 
         def build(self, x, y):
             loss = loss_fn(self.model, x, y)
@@ -78,6 +84,9 @@ def main() -> None:
                 print(f"  {v:<14} {r['ms']:8.2f} ms/step{extra}  {r.get('tasks', '')}")
         for a_, b_, target in (("graph-compile", "torch-compile", "target <= 1.0 on the CNN"),
                                ("graph-compile", "torch-eager", "target <= 0.6 on GPT-mini"),
+                               ("graph-compile-fused", "torch-compile", "with OneFlow's fusion switches"),
+                               ("graph-compile-fused", "torch-eager", "with OneFlow's fusion switches"),
+                               ("graph-fused", "torch-eager", "fusion switches, no Inductor"),
                                ("graph-compile", "graph", "what compiling the tasks buys")):
             if a_ in ms and b_ in ms:
                 print(f"  {a_} / {b_} = {ms[a_] / ms[b_]:.3f}  ({target})")
