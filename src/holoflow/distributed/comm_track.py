@@ -12,6 +12,7 @@ group, the ranks that did not arrive, and peers whose processes are gone.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime
 import os
 import socket
@@ -87,6 +88,24 @@ _VERIFIED: dict[tuple[int, ...], tuple[int, str]] = {}  # group -> (seq, kind) e
 _GRACE_S = 0.05  # a fingerprint exchange done within this needs no arrival record in the store
 
 
+_PLANNED: contextvars.ContextVar[bool] = contextvars.ContextVar("holoflow_planned_collectives", default=False)
+
+
+@contextlib.contextmanager
+def planned() -> Iterator[None]:
+    """Collectives of a compiled global graph's plan: their fingerprints are not exchanged per
+    call. The ranks compared the whole program's fingerprint before it ran
+    (graph/global_graph.check_same_program) and the plan issues its collectives in program order
+    (graph/ir.split_tasks chains the comm tasks), so a per-call exchange would only repeat that
+    check, at the price of one more synchronisation of the ranks per collective (bench/dp_overlap.py:
+    ~20 ms of a 250 ms step on the loaded 2-core box). Counting and sequence tracking stay."""
+    tok = _PLANNED.set(True)
+    try:
+        yield
+    finally:
+        _PLANNED.reset(tok)
+
+
 def set_tracking(on: bool) -> None:
     """Turns sequence tracking in the store on or off (HOLOFLOW_COMM_TRACK=0 starts it off)."""
     global TRACK
@@ -127,7 +146,7 @@ def begin(kind: str, ranks: tuple[int, ...], nbytes: int, tensor: torch.Tensor |
     site = comm_check.user_site()
     info = CallInfo(kind, ranks, seq, time.monotonic(), site)
     check = None
-    if FINGERPRINTS and len(ranks) > 1:
+    if FINGERPRINTS and len(ranks) > 1 and not _PLANNED.get():
         check = _launch_fingerprint(info, tensor, f"{kind}[{detail}]" if detail else kind, splits, peer)
     # the arrival record (read by peers that time out) is written only when the peers are not all
     # here within a short grace: a completed fingerprint exchange already proves everyone arrived

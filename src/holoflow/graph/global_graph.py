@@ -26,7 +26,7 @@ from ..core.errors import HoloflowError
 from ..core.registry import REGISTRY, Meta, defop
 from ..core.sbp import B, P
 from ..core.tensor import Tensor
-from ..distributed import world
+from ..distributed import comm_track, world
 from ..distributed.boxing import cost, plan as box_plan, run_step, sizes_along
 from ..distributed.global_dispatch import local_attrs
 from ..distributed.global_tensor import ABSENT, GlobalMeta, make_global
@@ -35,7 +35,9 @@ from .ir import IRGraph, Node, Value
 
 
 def _global_box_kernel(t: torch.Tensor, place, src, dst, shape, rank: int, comm) -> torch.Tensor:
-    with world.acting_as(rank, comm):   # runtime threads of a simulated rank say whose turn it is
+    # runtime threads of a simulated rank say whose turn it is; the plan's collectives were checked
+    # as one program (comm_track.planned)
+    with world.acting_as(rank, comm), comm_track.planned():
         for step in box_plan(src, dst, place.hierarchy):
             t = run_step(t, step, shape, place, rank, comm)
     return t
@@ -54,7 +56,7 @@ GLOBAL_BOX = defop("global_box", _global_box_kernel, grad=lambda ctx, dy: (dy,),
 def _bucket_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm) -> tuple:
     """Several values boxed by one collective over their concatenation (all-reduce steps only)."""
     flat = torch.cat([t.reshape(-1) for t in ts])
-    with world.acting_as(rank, comm):
+    with world.acting_as(rank, comm), comm_track.planned():
         for step in box_plan(src, dst, place.hierarchy):
             flat = run_step(flat, step, tuple(flat.shape), place, rank, comm)
     return tuple(p.view(t.shape) for p, t in zip(flat.split([t.numel() for t in ts]), ts))

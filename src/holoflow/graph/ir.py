@@ -220,13 +220,30 @@ def split_tasks(g: IRGraph) -> list[Task]:
         t.nodes.append(n)
         made_by.update((v, len(tasks) - 1) for v in n.outputs)
     wire_tasks(tasks, g, {o for o in g.outputs if isinstance(o, Value)})
+    _chain_comm(tasks)
     has_update = any(t.stream == "update" for t in tasks)
     # a task feeding a collective also waits for the previous step's update, as every task reading
     # state does: the next step's collectives are then issued after this step's, on every rank
     feeds_comm = {v for t in tasks if t.stream == "comm" for v in t.inputs}
     for t in tasks:
-        t.token = has_update and (bool(t.state) or any(v in feeds_comm for v in t.outputs))
+        t.token = has_update and (bool(t.state) or (t.stream != "comm" and any(v in feeds_comm for v in t.outputs)))
     return tasks
+
+
+def _chain_comm(tasks: list) -> None:
+    """Each comm task also takes an output of the comm task before it (unused, an ordering edge):
+    the comm thread then issues the collectives in program order on every rank, whatever order
+    their inputs happen to be ready in."""
+    prev = None
+    for t in tasks:
+        if t.stream != "comm":
+            continue
+        if prev is not None and prev.outputs[0] not in t.inputs:
+            t.inputs.append(prev.outputs[0])
+        made = [v for n in t.nodes for v in n.outputs]
+        if made and not t.outputs:
+            t.outputs.append(made[0])
+        prev = t if t.outputs else prev
 
 
 def wire_tasks(tasks: list, g: IRGraph, exported: set) -> None:
