@@ -92,10 +92,11 @@ def test_profiled_graph_stays_plain():
     assert not any(isinstance(f, CompiledTask) for f in fns.values())
 
 
-def test_comm_and_copy_tasks_stay_plain():
+def test_comm_copy_and_update_tasks_stay_plain():
     def f(x):
         return x
     assert compile_task("comm3", "comm", f) is f and compile_task("copy0", "copy", f) is f
+    assert compile_task("update1", "update", f) is f
     assert isinstance(compile_task("compute0", "compute", f), CompiledTask)
 
 
@@ -107,12 +108,12 @@ def test_untraceable_task_warns_once_and_runs_plain(caplog):
         torch._dynamo.graph_break()        # ...and a graph break fullgraph=True refuses
         return x * 2 + 1
 
-    t = compile_task("update7", "update", task)
+    t = compile_task("compute7", "compute", task)
     x = torch.arange(4.0)
     with caplog.at_level(logging.WARNING, logger="holoflow.graph"):
         outs = [t(x) for _ in range(3)]
     for o in outs:
         torch.testing.assert_close(o, x * 2 + 1, rtol=0, atol=0)
-    assert t.state == "plain" and "update7" in caplog.text
-    assert sum("update7" in r.getMessage() for r in caplog.records) == 1
+    assert t.state == "plain" and "compute7" in caplog.text
+    assert sum("compute7" in r.getMessage() for r in caplog.records) == 1
     assert len(calls) == 3                 # the failed compile ran none of the task's Python body

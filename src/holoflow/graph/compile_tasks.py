@@ -1,13 +1,17 @@
 """``graph.config.enable_compile()``: each task's generated function compiled by ``torch.compile``.
 
 Lowering (graph/lower.py) turns a graph into one Python function of direct kernel calls per task
-(graph/ir.py ``program``). With the switch on, the functions of the tasks on compute-like streams
-(``compute``, ``update``) are wrapped in :class:`CompiledTask`: the first call compiles the function
-with ``torch.compile(backend="inductor", fullgraph=True, dynamic=False)``, so Inductor fuses the
-conv / batch-norm / activation regions and elementwise chains of forward *and* backward (the
-program already holds backward as explicit kernels: no autograd is involved). Tasks on ``comm``
-(collectives wait on other processes) and ``copy`` streams stay plain, and so does everything when
-the graph is profiled (per-node timing needs the plain lines).
+(graph/ir.py ``program``). With the switch on, the functions of the ``compute`` tasks are wrapped in
+:class:`CompiledTask`: the first call compiles the function with ``torch.compile(backend="inductor",
+fullgraph=True, dynamic=False)``, so Inductor fuses the conv / batch-norm / activation regions and
+elementwise chains of forward *and* backward (the program already holds backward as explicit
+kernels: no autograd is involved). Tasks on ``comm`` (collectives wait on other processes),
+``copy`` and ``update`` streams stay plain, and so does everything when the graph is profiled
+(per-node timing needs the plain lines). The ``update`` task runs the optimizer's own update rule
+on the live state (graph/optimizer.py) as multi-tensor kernels, one call per operation over every
+parameter, or as one fused kernel with ``config.allow_fuse_model_update_ops`` (torch's
+``_fused_adamw_``, CPU and CUDA) — the faster of the two; there is little left for Inductor there,
+and dynamo cannot trace the optimizer's state lookups.
 
 ``fullgraph=True`` makes dynamo trace a whole task before any kernel runs, so a task dynamo cannot
 trace (an effect it does not understand, a kernel with a graph break) fails before it has mutated
@@ -25,7 +29,7 @@ import torch
 
 LOG = logging.getLogger("holoflow.graph")
 
-PLAIN_STREAMS = ("comm", "copy")    # wait on other processes or move bytes: nothing to fuse
+PLAIN_STREAMS = ("comm", "copy", "update")   # other processes, bytes, the optimizer's own kernels
 
 
 def _dynamo_error() -> tuple:
