@@ -1,6 +1,8 @@
 """Data-parallel global graphs: gradient buckets in backward order (the first one small, as DDP's)
 placed where their last gradient is produced, so the comm stream reduces them while backward
 goes on; training equals single-process training."""
+import threading
+
 import torch
 
 import holoflow as flow
@@ -11,9 +13,9 @@ from holoflow.sbp import B, S
 D = 256   # a D x D float32 weight is 1/4 MiB
 
 
-def _train(rank: int | None, bucket_mb: float, steps: int = 2):
+def _train(rank: int | None, bucket_mb: float, steps: int = 2, n_layers: int = 6):
     g = torch.Generator().manual_seed(0)
-    ws = [torch.randn(D, D, generator=g) / D ** 0.5 for _ in range(6)]
+    ws = [torch.randn(D, D, generator=g) / D ** 0.5 for _ in range(n_layers)]
     xs = [torch.randn(8, D, generator=g) for _ in range(steps)]
     place = flow.placement("cpu", [0, 1])
     layers = []
@@ -71,6 +73,65 @@ def test_first_bucket_is_small_and_reduced_while_backward_goes_on():
         assert any(stream == "compute" for stream, _ in tasks[at[0] + 1:at[1]]), tasks
 
 
+def test_last_bucket_is_small_too_and_training_still_equals_single_process():
+    want_losses, want_w, _ = _train(None, 25.0, n_layers=10)
+    for losses, weights, (sizes, _tasks) in world.simulate(2, lambda r: _train(r, 25.0, n_layers=10)):
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-6)
+        for w, ww in zip(weights, want_w):
+            torch.testing.assert_close(w, ww, rtol=1e-5, atol=1e-6)
+        # 10 gradients of 1/4 MiB: 1 MiB first, the 4 produced last (1 MiB) alone, the 2 between
+        assert sizes == [FIRST_BUCKET_BYTES, 2 * D * D * 4, FIRST_BUCKET_BYTES], sizes
+
+
 def test_bucket_size_caps_every_bucket():
     for *_, (sizes, _tasks) in world.simulate(2, lambda r: _train(r, 0.5)):
         assert sizes == [2 * D * D * 4] * 3, sizes
+
+
+def _plan_tasks(rank: int):
+    """A cross-entropy DP graph on 2 ranks: (stream, input names, output names) per task, and
+    the losses."""
+    with _BUILD:
+        flow.manual_seed(0)
+        model = flow.nn.Sequential(flow.nn.Embedding(11, 64), flow.nn.Linear(64, 64), flow.nn.Tanh(),
+                                   flow.nn.Linear(64, 64), flow.nn.Tanh(), flow.nn.Linear(64, 11))
+    place = flow.placement("cpu", [0, 1])
+    model.to_global(place, B)
+    opt = flow.optim.SGD(model.parameters(), lr=0.1)
+
+    class Train(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(opt)
+            self.config.set_allreduce_bucket_mb(0.01)
+
+        def build(self, x, y):
+            loss = flow.nn.functional.cross_entropy(self.model(x).reshape(-1, 11), y.reshape(-1))
+            loss.backward()
+            return loss
+    train = Train()
+    g = torch.Generator().manual_seed(3)
+    x, y = (flow.from_torch(torch.randint(0, 11, (8, 4), generator=g)).to_global(place, B).to_global(sbp=S(0))
+            for _ in range(2))
+    train(x, y)
+    prog = next(reversed(train._compiled.values())).program
+    return [(t.stream, [prog.name(v) for v in t.inputs], [prog.name(v) for v in t.outputs], t.token)
+            for t in prog.tasks]
+
+
+_BUILD = threading.Lock()   # simulated ranks share torch's RNG: build their models one at a time
+
+
+def test_collectives_are_issued_first_in_one_chained_order():
+    for tasks in world.simulate(2, _plan_tasks):
+        comm = [t for t in tasks if t[0] == "comm"]
+        assert len(comm) >= 3, tasks     # the loss's denominator and two or more buckets
+        # the loss denominator's all-reduce is issued after one small compute task, before the forward
+        assert tasks[1][0] == "comm" and tasks[0][0] == "compute", tasks
+        # each comm task reads an output of the previous one: one issue order on every rank
+        for prev, nxt in zip(comm, comm[1:]):
+            assert prev[2][0] in nxt[1], (prev, nxt)
+        # tasks feeding a collective wait for the previous step's update (next step's collectives after ours)
+        feeding = {v for t in comm for v in t[1]}
+        assert all(t[3] for t in tasks if t[0] == "compute" and set(t[2]) & feeding), tasks
