@@ -59,6 +59,7 @@ class SimComm:
         self._cv = threading.Condition()
         self._slots: dict = {}
         self._seq: dict = {}
+        self._prints: dict = {}       # (group, seq) -> rank -> (kind, signature): checked like real ranks'
         self.calls: list[tuple[str, tuple, int]] = []
 
     def _exchange(self, kind: str, group: tuple, value, nbytes: int | None = None) -> dict:
@@ -71,6 +72,7 @@ class SimComm:
             key = (group, seq)
             box = self._slots.setdefault(key, {})
             box[r] = value
+            self._prints.setdefault(key, {})[r] = (kind, _signature(kind, value))
             if r == group[0]:
                 if nbytes is None:
                     nbytes = sum(v.numel() * v.element_size() for v in _tensors(value))
@@ -80,7 +82,13 @@ class SimComm:
                 missing = sorted(set(group) - set(box))
                 raise RuntimeError(f"holoflow (simulated): {kind} over ranks {group} timed out; "
                                    f"ranks {missing} did not arrive")
-            return dict(box)
+            prints = self._prints[key]
+        if len(set(prints.values())) > 1:
+            from .comm_track import CommError
+            calls = "; ".join(f"rank {q}: {k}{' ' + sig if sig else ''}" for q, (k, sig) in sorted(prints.items()))
+            raise CommError(f"holoflow (simulated): collective #{seq} over ranks {list(group)} does not match "
+                            f"across ranks ({calls}); every rank must issue the same collectives in the same order")
+        return dict(box)
 
     def all_gather(self, t, group, dim, sizes):
         got = self._exchange("all_gather", group, t, _padded_bytes(t, dim, max(sizes), 1))
@@ -108,6 +116,16 @@ class SimComm:
     def all_gather_shapes(self, shape: tuple, group) -> list[tuple]:
         got = self._exchange("meta", group, shape)
         return [got[g] for g in group]
+
+
+def _signature(kind: str, value) -> str:
+    """What every rank's call must agree on: dtype and shape where the collective needs equal
+    shapes (all_gather and all_to_all take uneven pieces, the shape exchange differs by design)."""
+    if kind in ("all_reduce", "reduce_scatter", "broadcast") and isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).replace('torch.', '')}{list(value.shape)}"
+    if kind == "all_gather" and isinstance(value, torch.Tensor):
+        return str(value.dtype).replace("torch.", "")
+    return ""
 
 
 def _tensors(v):

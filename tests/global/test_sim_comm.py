@@ -1,0 +1,48 @@
+"""Simulated ranks check their collectives as real ranks do: a call that differs across ranks
+(kind, dtype, shape) raises on every rank, naming each rank's call, instead of silently
+combining mismatched tensors (an all_reduce of shapes [3] and [1] used to broadcast)."""
+import pytest
+import torch
+
+from holoflow.distributed import world
+from holoflow.distributed.comm_track import CommError
+
+
+def _raises_on_every_rank(fn, match):
+    errors = []
+
+    def run(rank):
+        with pytest.raises(CommError, match=match) as e:
+            fn(rank, world.comm())
+        errors.append(str(e.value))
+    world.simulate(2, run)
+    assert len(errors) == 2
+
+
+def test_all_reduce_shapes_differ():
+    _raises_on_every_rank(lambda r, c: c.all_reduce(torch.ones(3 if r == 0 else 1), (0, 1)),
+                          r"collective #0 over ranks \[0, 1\] does not match .*rank 0: all_reduce float32\[3\]; "
+                          r"rank 1: all_reduce float32\[1\]")
+
+
+def test_kinds_differ():
+    def call(r, c):
+        x = torch.ones(4)
+        return c.all_reduce(x, (0, 1)) if r == 0 else c.broadcast(x, 0, (0, 1))
+    _raises_on_every_rank(call, r"rank 0: all_reduce float32\[4\]; rank 1: broadcast float32\[4\]")
+
+
+def test_dtypes_differ_in_all_gather():
+    _raises_on_every_rank(lambda r, c: c.all_gather(torch.ones(2, dtype=torch.float32 if r else torch.float64),
+                                                    (0, 1), 0, [2, 2]),
+                          r"rank 0: all_gather float64; rank 1: all_gather float32")
+
+
+def test_uneven_all_gather_and_matching_calls_pass():
+    def run(rank):
+        c = world.comm()
+        got = c.all_gather(torch.full((rank + 1,), float(rank)), (0, 1), 0, [1, 2])
+        total = c.all_reduce(torch.full((2,), float(rank + 1)), (0, 1))
+        return got.tolist(), total.tolist()
+    for got, total in world.simulate(2, run):
+        assert got == [0.0, 1.0, 1.0] and total == [3.0, 3.0]
