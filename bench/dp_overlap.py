@@ -154,7 +154,25 @@ def run_explain(steps: int, warmup: int, bucket_mb: float) -> dict:
         rows.append((n.source, "+".join(dict.fromkeys(st.kind for p in pts for st in p.steps)) or "local",
                      len(pts), sum(p.comm_bytes for p in pts), sum(link.seconds(p) for p in pts),
                      s / max(c.iterations, 1)))
-    return {"link": str(link), "rows": rows}
+    return {"link": str(link), "rows": rows, "tasks": [f"{t.name}({len(t.nodes)})" for t in c.program.tasks],
+            "timeline": _timeline(c.executor.timeline.acts(), range(warmup, warmup + steps))}
+
+
+def _timeline(acts: list, iterations: range) -> dict:
+    """Per step (mean over ``iterations``, ms): wall time from the first act to the last, the time
+    the caller thread computed (compute and update tasks), the comm thread's busy time, and the
+    caller's idle time (waiting for a collective, or for the other rank through one)."""
+    walls, busy, comm = [], [], []
+    for i in iterations:
+        mine = [a for a in acts if a.iteration == i and a.stream not in ("source",)]
+        if not mine:
+            continue
+        walls.append(max(a.end for a in mine) - min(a.start for a in mine))
+        busy.append(sum(a.end - a.start for a in mine if a.stream != "comm"))
+        comm.append(sum(a.end - a.start for a in mine if a.stream == "comm"))
+    mean = lambda xs: 1e3 * sum(xs) / max(len(xs), 1)   # noqa: E731
+    return {"wall": mean(walls), "compute": mean(busy), "comm": mean(comm),
+            "idle": mean(walls) - mean(busy)}
 
 
 def _barrier(variant: str) -> None:
@@ -229,6 +247,11 @@ def main() -> None:
               f"{'measured ms':>12}")
         for src, kinds, m, nbytes, pred, meas in got["rows"]:
             print(f"{src:<28} {kinds:<24} {m:>7} {nbytes / 1e6:8.3f} {pred * 1e3:13.3f} {meas * 1e3:12.3f}")
+        tl = got["timeline"]
+        print(f"tasks in program order: {' '.join(got['tasks'])}")
+        print(f"rank 0 per step (profiled: every node timed): wall {tl['wall']:.1f} ms, caller thread computing "
+              f"{tl['compute']:.1f} ms, idle {tl['idle']:.1f} ms (waiting for collectives / the other rank), "
+              f"comm thread busy {tl['comm']:.1f} ms")
         return
     variants = a.only or VARIANTS
     best = {v: float("inf") for v in VARIANTS}
