@@ -214,12 +214,21 @@ def shard(x: torch.Tensor, sbp, p: int, gen: torch.Generator) -> list:
     return parts + [x - sum(parts)]
 
 
+def _inexact(t: torch.Tensor) -> bool:
+    """Floating or complex: compared to rounding, not bit for bit."""
+    return t.is_floating_point() or t.is_complex()
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.complex128) if t.is_complex() else t.double()
+
+
 def combine(outs: list, sbp) -> torch.Tensor:
     if isinstance(sbp, S):
         return torch.cat(outs, dim=sbp.axis)
     if sbp == B:
         for o in outs[1:]:
-            if not torch.allclose(o.double(), outs[0].double(), atol=1e-6, equal_nan=True) if o.is_floating_point() else not torch.equal(o, outs[0]):
+            if not torch.allclose(_wide(o), _wide(outs[0]), atol=1e-6, equal_nan=True) if _inexact(o) else not torch.equal(o, outs[0]):
                 raise AssertionError("ranks disagree on a broadcast output")
         return outs[0]
     return sum(outs[1:], outs[0])
@@ -238,7 +247,7 @@ def check_signature(op, datas: tuple, attrs: dict, sig, p: int) -> str | None:
     if len(in_sbps) != len(tens):
         return f"signature has {len(in_sbps)} input SBPs for {len(tens)} tensor inputs"
     for i, s in zip(tens, in_sbps):
-        if s == P and not datas[i].is_floating_point():
+        if s == P and not _inexact(datas[i]):
             return None  # partial-sum of integers/bools is never produced; nothing to check
         if isinstance(s, S) and s.axis >= datas[i].dim():
             return f"split axis {s.axis} out of range for input {i} of dim {datas[i].dim()}"
@@ -271,8 +280,8 @@ def check_signature(op, datas: tuple, attrs: dict, sig, p: int) -> str | None:
             return f"output {j}: {e}"
         if got.shape != w.shape:
             return f"output {j}: combined shape {tuple(got.shape)} != {tuple(w.shape)}"
-        ok = torch.allclose(got.double(), w.double(), atol=1e-6, rtol=1e-5, equal_nan=True) \
-            if w.is_floating_point() else torch.equal(got, w)
+        ok = torch.allclose(_wide(got), _wide(w), atol=1e-6, rtol=1e-5, equal_nan=True) \
+            if _inexact(w) else torch.equal(got, w)
         if not ok:
             return f"output {j}: combined values differ from the unsharded result"
     return None
