@@ -142,12 +142,17 @@ class GradNode:
         versions = []
         if inputs is not None:
             self._saved = inputs
-            versions += [(x._data, x._data._version) for x in inputs if hasattr(x, "_data")]
+            for x in inputs:
+                d = getattr(x, "_data", None)
+                if d is not None:
+                    versions.append((d, d._version))
         else:
             self._saved = ()
         if outs is not None:
             self._outs = outs
-            versions += [(d, d._version) for d in outs if d is not None]
+            for d in outs:
+                if d is not None:
+                    versions.append((d, d._version))
         self._versions = versions or None
 
     def moved_output(self, old, new) -> None:
@@ -208,8 +213,10 @@ def _zeros_for(meta):
 
 
 def _call_grad(node: GradNode, grads: list) -> tuple:
-    if node.out_metas is not None:
-        grads = [g if g is not None else _zeros_for(m) for g, m in zip(grads, node.out_metas)]
+    if node.out_metas is not None and not all(g is not None for g in grads):
+        reads = node.op.grad_reads
+        grads = [g if g is not None or (reads is not None and i not in reads) else _zeros_for(m)
+                 for i, (g, m) in enumerate(zip(grads, node.out_metas))]
     result = node.op.grad(node, *grads)
     if not isinstance(result, tuple):
         result = (result,)
@@ -237,22 +244,30 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
     for i, t in enumerate(capture or ()):
         cap_keys[(t.grad_fn, t._out_idx) if t.grad_fn is not None else id(t)] = i
     buffers: dict[GradNode, list] = {}
-    handed: dict[int, torch.Tensor] = {}
+    # storages already handed out as a leaf's .grad, or given by the caller: another leaf's copies
+    handed: dict[int, torch.Tensor] = {g._data.data_ptr(): g._data for g in grads
+                                       if isinstance(g, Tensor) and g._data.numel() and not g._data.is_meta}
 
     def to_leaf(t, g):
         if t._hooks:
             g = _apply_hooks(t._hooks, g)
-        key = id(t)
-        if key in cap_keys:
-            captured[key] = _accumulate(captured.get(key), g)
+        if cap_keys:
+            key = id(t)
+            if key in cap_keys:
+                captured[key] = _accumulate(captured.get(key), g)
         if not accumulate:
             return
         if not create_graph:  # own a dense buffer: in-place updates of .grad must be safe
-            g = g.detach()
             d = g._data
-            if d.device.type != "meta" and (d._base is not None or id(d) in handed or not d.is_contiguous()):
-                g = Tensor._make(d.clone(memory_format=torch.contiguous_format))  # (a trace is SSA: no aliasing)
-            handed[id(g._data)] = g._data  # held, so an id is never reused within this pass
+            if d.is_meta:  # a traced value (a trace is SSA: no aliasing)
+                g = g.detach()
+            else:
+                # a view, a gradient another leaf (or the caller) already holds, a strided one: copy
+                if d._base is not None or d.data_ptr() in handed or not d.is_contiguous():
+                    d = d.clone(memory_format=torch.contiguous_format)
+                handed[d.data_ptr()] = d  # held, so an address is never reused within this pass
+                g, glob = Tensor._make(d), g._global
+                g._global = glob
         if t._global is not None:  # a local gradient of SBP dual(t.sbp): box it for .grad
             g = t._global.box_grad(t, g)
         accumulate_grad(t, g)
@@ -306,25 +321,28 @@ def _drain(ready, buffers, deps, cap_keys, captured, retain_graph, create_graph,
                     key = (node, i)
                     if key in cap_keys and g is not None:
                         captured[key] = _accumulate(captured.get(key), g)
-            if all(g is None for g in gs):
-                in_grads = (None,) * len(node.edges)
-            else:
+            if (gs[0] is not None) if len(gs) == 1 else any(g is not None for g in gs):
                 in_grads = _call_grad(node, gs)
-                if not retain_graph:
+                if not retain_graph and node.op.save:
                     node.release()
+            else:
+                in_grads = (None,) * len(node.edges)
             for e, g in zip(node.edges, in_grads):
                 if e is None:
                     continue
                 if type(e) is tuple:
                     child, idx = e
-                    buf = buffers.get(child)
-                    if buf is None:
-                        buf = buffers[child] = [None] * child.n_outputs
                     if g is not None:
-                        buf[idx] = _accumulate(buf[idx], g)
-                    deps[child] -= 1
-                    if deps[child] == 0:
+                        buf = buffers.get(child)
+                        if buf is None:
+                            buf = buffers[child] = [None] * child.n_outputs
+                        old = buf[idx]
+                        buf[idx] = g if old is None else old + g
+                    elif child not in buffers:
+                        buffers[child] = [None] * child.n_outputs
+                    left = deps[child] - 1
+                    deps[child] = left
+                    if not left:
                         ready.append(child)
                 elif g is not None:
                     to_leaf(e, g)
-

@@ -131,13 +131,21 @@ def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | N
     """Wraps kernel outputs as Tensors and, if ``record``, links them to a new grad node.
     Outputs of a view op that alias input 0 (or those flagged in ``views``) become its views.
     ``logical``: the node's grad rule sees global inputs by their logical shapes (a trace)."""
-    single = isinstance(out, torch.Tensor)
-    outs = (out,) if single else tuple(out)
-    wrapped = [Tensor._make(out)] if single else [Tensor._make(o) for o in outs]
+    if isinstance(out, torch.Tensor):  # one output: no lists
+        t = _new(Tensor)
+        t._data, t._rg, t._grad, t.grad_fn, t._out_idx, t._hooks, t._global = out, False, None, None, 0, None, None
+        if record:
+            node = _record(op, inputs, attrs, (out,), saved, logical)
+            if out.is_floating_point() or out.is_complex():
+                t._rg, t.grad_fn = True, node
+        if op.view and track_views and (views[0] if views is not None else aliases(out, inputs[0]._data)):
+            make_view(t, inputs[0], op, attrs, None)
+        return t
+    outs = tuple(out)
+    wrapped = [Tensor._make(o) for o in outs]
     if record:
         node = _record(op, inputs, attrs, outs, saved, logical)
-        if not single:
-            node.out_metas = tuple((o.shape, o.dtype, o.device) for o in outs)
+        node.out_metas = tuple((o.shape, o.dtype, o.device) for o in outs)
         for i, (w, o) in enumerate(zip(wrapped, outs)):
             if o.dtype.is_floating_point or o.dtype.is_complex:
                 w._rg, w.grad_fn, w._out_idx = True, node, i
@@ -145,9 +153,7 @@ def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | N
         x = inputs[0]
         for i, (w, o) in enumerate(zip(wrapped, outs)):
             if (views[i] if views is not None else aliases(o, x._data)):
-                make_view(w, x, op, attrs, None if single else i)
-    if single:
-        return wrapped[0]
+                make_view(w, x, op, attrs, i)
     return op.out_type(*wrapped) if op.out_type is not None else tuple(wrapped)
 
 
@@ -158,16 +164,21 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None
         if isinstance(x, Tensor):
             if x._view is not None:
                 refresh(x)
-            shapes.append(x.shape if logical else x._data.shape)
-            dtypes.append(x._data.dtype)
-            edges.append(((x.grad_fn, x._out_idx) if x.grad_fn is not None else x) if x._rg else None)
+            d = x._data
+            shapes.append(x.shape if logical else d.shape)
+            dtypes.append(d.dtype)
+            if x._rg:
+                fn = x.grad_fn
+                edges.append((fn, x._out_idx) if fn is not None else x)
+            else:
+                edges.append(None)
         else:
             shapes.append(None)
             dtypes.append(None)
             edges.append(None)
     node = GradNode(op, tuple(edges), attrs, tuple(shapes), tuple(dtypes))
     if op.save:
-        node.save(*op.to_save(saved or inputs, outs, node.needs_grad))
+        node.save(*op.to_save(saved or inputs, outs, node.edges))
     return node
 
 

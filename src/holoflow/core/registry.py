@@ -57,6 +57,9 @@ class Op:
     saved_inputs: tuple[int, ...] | Callable | None = None
     saved_outputs: tuple[int, ...] | None = None
     outputs: tuple[str, ...] | None = None  # field names of a multi-output op
+    # the output gradients ``grad`` reads (None: all). An output that got no gradient reaches the
+    # rule as zeros of its shape if the rule reads it, else as None (layer_norm ignores its mean's)
+    grad_reads: tuple[int, ...] | None = None
     family: str = "other"
     random: bool = False                  # reads the RNG: replayed by seed, not by value
     differentiable: bool = True
@@ -86,6 +89,7 @@ class Op:
     defaults: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        self._saves = (self.save in ("inputs", "both"), self.save in ("output", "both"))
         if self.kernel is not None:
             self.defaults = _keyword_defaults(self.kernel)
         if self.outputs:
@@ -106,13 +110,16 @@ class Op:
     def saves_output(self) -> bool:
         return self.save in ("output", "both")
 
-    def to_save(self, inputs: tuple, outs: tuple, needs: tuple) -> tuple[tuple | None, tuple | None]:
-        """What a grad node keeps of one application (``needs``: which inputs need a gradient):
-        ``(inputs, outs)``, each None when the op reads none of them, positions it does not read
-        replaced by None."""
-        keep = self.saved_inputs(needs) if callable(self.saved_inputs) else self.saved_inputs
-        return (_select(inputs, keep) if self.saves_inputs else None,
-                _select(outs, self.saved_outputs) if self.saves_output else None)
+    def to_save(self, inputs: tuple, outs: tuple, edges: tuple) -> tuple[tuple | None, tuple | None]:
+        """What a grad node keeps of one application (``edges``: the node's, None where an input
+        needs no gradient): ``(inputs, outs)``, each None when the op reads none of them,
+        positions it does not read replaced by None."""
+        saves_in, saves_out = self._saves
+        keep = self.saved_inputs
+        if saves_in and callable(keep):
+            keep = keep(tuple(e is not None for e in edges))
+        return (_select(inputs, keep) if saves_in else None,
+                _select(outs, self.saved_outputs) if saves_out else None)
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"

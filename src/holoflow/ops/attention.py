@@ -56,6 +56,8 @@ def _fusable(q_shape: tuple, k_shape: tuple, v_shape: tuple, has_mask: bool) -> 
 
 
 def _as_4d(x: torch.Tensor) -> torch.Tensor:
+    if x.dim() == 4:
+        return x
     return x.reshape(-1, x.shape[-3] if x.dim() > 2 else 1, *x.shape[-2:])
 
 
@@ -75,8 +77,10 @@ def _sdpa_kernel(q, k, v, mask, is_causal, scale):
     if q.device.type in FUSED_VJP_DEVICES:  # torch's fused kernels; the backward recomputes
         out = TF.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
         return out, q.new_empty(q.shape[:-1], dtype=_lse_dtype(q))
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+    out, lse = torch._scaled_dot_product_flash_attention_for_cpu(
         _as_4d(q), _as_4d(k), _as_4d(v), 0.0, is_causal, scale=scale)
+    if q.dim() == 4:
+        return out, lse
     return out.reshape(q.shape), lse.reshape(q.shape[:-1])
 
 
@@ -86,9 +90,11 @@ def _sdpa_fused_bwd_kernel(dy, q, k, v, out, lse, is_causal, scale):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if q.device.type in FUSED_VJP_DEVICES:
         return _torch_vjp(dy, q, k, v, None, is_causal, scale)[:3]
-    grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+    grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
         _as_4d(dy), _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(out), lse.reshape(_as_4d(q).shape[:-1]), 0.0,
         is_causal, scale=scale)
+    if q.dim() == 4:
+        return tuple(grads)
     return tuple(g.reshape(x.shape) for g, x in zip(grads, (q, k, v)))
 
 
@@ -225,9 +231,10 @@ SDPA_BWD = defop("scaled_dot_product_attention_backward",
 SDPA_FUSED_BWD = defop("scaled_dot_product_attention_fused_backward", _sdpa_fused_bwd_kernel, grad=_no_double,
                        sbp=_sdpa_fused_bwd_sbp, family="attention")
 SDPA = defop("scaled_dot_product_attention", _sdpa_kernel, grad=_sdpa_grad, save="both", sbp=_sdpa_sbp,
-             outputs=("out", "logsumexp"), family="attention")
+             outputs=("out", "logsumexp"), grad_reads=(0,), family="attention")
 SDPA_DROPOUT = defop("scaled_dot_product_attention_dropout", _sdpa_dropout_kernel, grad=_sdpa_dropout_grad,
-                     save="both", sbp=_sdpa_sbp, outputs=("out", "keep"), random=True, family="attention")
+                     save="both", sbp=_sdpa_sbp, outputs=("out", "keep"), grad_reads=(0,), random=True,
+                     family="attention")
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,

@@ -46,7 +46,7 @@ def _conv_kernel(x, w, b, stride, padding, dilation, transposed, output_padding,
     unb = _unbatched(x, w)
     if unb:
         x = x.unsqueeze(0)
-    out = torch.ops.aten.convolution(_pad_extra(x, extra), w, b, stride, padding, dilation, transposed,
+    out = torch.convolution(_pad_extra(x, extra), w, b, stride, padding, dilation, transposed,
                                      output_padding, groups)
     return out.squeeze(0) if unb else out
 
@@ -61,7 +61,7 @@ def _conv_bwd_kernel(dy, x, w, stride, padding, dilation, transposed, output_pad
     x4, dy4 = (x.unsqueeze(0), dy.unsqueeze(0)) if unb else (x, dy)
     xp = _pad_extra(x4, extra)
     c_out = w.shape[1] * groups if transposed else w.shape[0]
-    dx, dw, db = torch.ops.aten.convolution_backward(
+    dx, dw, db = torch.ops.aten.convolution_backward.default(
         dy4, xp, w, [c_out] if has_bias else None, stride, padding, dilation, transposed, output_padding,
         groups, [output_mask[0], output_mask[1], has_bias and output_mask[2]])
     if dx is None:

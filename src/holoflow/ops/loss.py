@@ -70,9 +70,9 @@ def _ce_bwd_fast(dy, x, t, ignore_index, reduction):
     path)."""
     logp = torch.log_softmax(x, 1)
     total = (t != ignore_index).sum().to(x.dtype)
-    g = torch.ops.aten.nll_loss_backward(dy.to(x.dtype), logp, t, None, 1 if reduction == "mean" else 2,
+    g = torch.ops.aten.nll_loss_backward.default(dy.to(x.dtype), logp, t, None, 1 if reduction == "mean" else 2,
                                          ignore_index, total)
-    dx = torch.ops.aten._log_softmax_backward_data(g, logp, 1, x.dtype)
+    dx = torch._log_softmax_backward_data(g, logp, 1, x.dtype)
     empty = torch.zeros((), dtype=x.dtype, device=x.device).expand(0)
     return dx, empty, empty
 

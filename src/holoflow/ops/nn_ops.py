@@ -75,7 +75,7 @@ def _gelu_bwd_grad(c, ddx):
 
 
 GELU_BWD = binary("gelu_backward", lambda dy, x, approximate="none":
-                  torch.ops.aten.gelu_backward(dy, x, approximate=approximate),
+                  torch.ops.aten.gelu_backward.default(dy, x, approximate=approximate),
                   _gelu_bwd_grad, "inputs", partial=("PB",))
 GELU_BWD.inplace_kernel = lambda dy, x, approximate="none": \
     torch.ops.aten.gelu_backward.grad_input(dy, x, approximate=approximate, grad_input=dy)  # into dy
@@ -300,7 +300,7 @@ def _emb_bwd_grad(c, ddw):
 
 
 EMBEDDING_BWD = defop("embedding_backward", lambda dy, idx, num_weights, padding_idx:
-                      torch.ops.aten.embedding_dense_backward(dy, idx, num_weights, padding_idx, False),
+                      torch.ops.aten.embedding_dense_backward.default(dy, idx, num_weights, padding_idx, False),
                       grad=_emb_bwd_grad, save="inputs", sbp=_emb_bwd_sbp, family="embedding")
 EMBEDDING = defop("embedding", lambda idx, w, padding_idx: torch.embedding(w, idx, padding_idx),
                   grad=lambda c, dy: (None, apply(EMBEDDING_BWD, dy, c.inputs[0], num_weights=c.shapes[1][0],

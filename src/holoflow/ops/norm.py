@@ -44,7 +44,7 @@ def _opt(t, like: torch.Tensor, n: int) -> torch.Tensor:
 
 def _ln_bwd_kernel(dy, x, mean, rstd, w, b, normalized_shape, output_mask):
     dy, x, mean, rstd = (t.contiguous() for t in (dy, x, mean, rstd))  # strided shards read wrongly
-    dx, dw, db = torch.ops.aten.native_layer_norm_backward(dy, x, normalized_shape, mean, rstd, w, b,
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward.default(dy, x, normalized_shape, mean, rstd, w, b,
                                                            output_mask)
     return dx, _opt(dw, x, 0), _opt(db, x, 0)
 
@@ -63,9 +63,9 @@ def _ln_grad(c, dy, _dmean, _drstd):
 
 
 LAYER_NORM = defop("layer_norm", lambda x, w, b, normalized_shape, eps:
-                   torch.ops.aten.native_layer_norm(x, normalized_shape, w, b, eps),
+                   torch.native_layer_norm(x, normalized_shape, w, b, eps),
                    grad=_ln_grad, save="both", saved_outputs=(1, 2), sbp=_norm_sbp(_ln_axes),
-                   outputs=("out", "mean", "rstd"), family="norm")
+                   outputs=("out", "mean", "rstd"), grad_reads=(0,), family="norm")
 
 
 def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
@@ -86,12 +86,12 @@ def _gn_dims(x: torch.Tensor) -> tuple:
 
 def _gn_kernel(x, w, b, num_groups, eps):
     n, c, hxw = _gn_dims(x)
-    return torch.ops.aten.native_group_norm(x, w, b, n, c, hxw, num_groups, eps)
+    return torch.native_group_norm(x, w, b, n, c, hxw, num_groups, eps)
 
 
 def _gn_bwd_kernel(dy, x, mean, rstd, w, num_groups, output_mask):
     n, c, hxw = _gn_dims(x)
-    dx, dw, db = torch.ops.aten.native_group_norm_backward(dy, x, mean, rstd, w, n, c, hxw, num_groups,
+    dx, dw, db = torch.ops.aten.native_group_norm_backward.default(dy, x, mean, rstd, w, n, c, hxw, num_groups,
                                                            output_mask)
     return dx, _opt(dw, x, 0), _opt(db, x, 0)
 
@@ -114,7 +114,7 @@ def _gn_grad(c, dy, _dmean, _drstd):
 
 GROUP_NORM = defop("group_norm", _gn_kernel, grad=_gn_grad, save="both", saved_inputs=(0, 1),
                    saved_outputs=(1, 2), sbp=_norm_sbp(_gn_axes), outputs=("out", "mean", "rstd"),
-                   family="norm")
+                   grad_reads=(0,), family="norm")
 
 
 def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
@@ -169,7 +169,7 @@ def _bn_bwd_kernel(dy, x, w, rm, rv, save_mean, save_invstd, training, eps, outp
         c = x.shape[1] if x.dim() > 1 else 0
         z = x.new_zeros((c,))
         return x.new_zeros(x.shape), z, z.clone()
-    dx, dw, db = torch.ops.aten.native_batch_norm_backward(dy, x, w, rm, rv, save_mean, save_invstd,
+    dx, dw, db = torch.ops.aten.native_batch_norm_backward.default(dy, x, w, rm, rv, save_mean, save_invstd,
                                                            training, eps, output_mask)
     c = x.shape[1] if x.dim() > 1 else 0
     return (dx if dx is not None else torch.zeros((), dtype=x.dtype).expand(x.shape),
@@ -190,7 +190,7 @@ def _bn_grad(c, dy, _dm, _dv):
 
 
 def _bn_kernel(x, w, b, rm, rv, training, momentum, eps):
-    out, mean, invstd = torch.ops.aten.native_batch_norm(x, w, b, rm, rv, training, momentum, eps)
+    out, mean, invstd = torch.native_batch_norm(x, w, b, rm, rv, training, momentum, eps)
     if not training and mean.numel() == 0 and rm is not None and rm.numel():
         # CPU's eval kernel returns empty statistics where the meta kernel (shape inference) gives
         # (C,): global tensors check shards against it. Backward in eval reads the running ones.
@@ -200,7 +200,7 @@ def _bn_kernel(x, w, b, rm, rv, training, momentum, eps):
 
 BATCH_NORM = defop("batch_norm", _bn_kernel,
                    grad=_bn_grad, save="both", saved_inputs=(0, 1, 3, 4), saved_outputs=(1, 2), sbp=_bn_sbp,
-                   outputs=("out", "save_mean", "save_invstd"), family="norm")
+                   outputs=("out", "save_mean", "save_invstd"), grad_reads=(0,), family="norm")
 
 
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,

@@ -143,7 +143,7 @@ def view(input: Tensor, *shape) -> Tensor:
     if len(shape) == 1 and _is_dtype(shape[0]):
         return apply(VIEW_DTYPE, input, dtype=_dtype.to_torch(shape[0]))
     target = infer_shape("view", tuple(input.shape), _sizes(shape))
-    if input.is_local:
+    if input.is_local and not input._data.is_contiguous():  # (a contiguous tensor takes any view)
         try:
             input._data.view(target)
         except RuntimeError:
@@ -448,7 +448,7 @@ def _split_sbp(metas, attrs):
     return [((B,), (B,) * n), ((P,), (P,) * n)] + [((S(a),), (S(a),) * n) for a in range(nd) if a != d]
 
 
-SPLIT = defop("split", lambda x, sizes, dim: torch.split(x, list(sizes), dim),
+SPLIT = defop("split", lambda x, sizes, dim: x.split_with_sizes(list(sizes), dim),
               grad=lambda ctx, *dys: (apply(CAT, *dys, dim=ctx.dim),), sbp=_split_sbp, family="shape",
               view=True)
 
