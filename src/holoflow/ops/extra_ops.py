@@ -1,0 +1,557 @@
+"""torch's math and shape functions that were missing: special functions (``lgamma``, ``digamma``,
+``polygamma``, ``i0``, ``sinc``), binary ones (``hypot``, ``copysign``, ``heaviside``, ``ldexp``,
+``gcd``, ``nextafter``), ``frexp``, and ``isin``, ``diff``, ``kron``, ``tensordot``, ``rot90``,
+``diag_embed``, ``block_diag``, ``cartesian_prod``, ``bucketize``, ``histc``, ``trapezoid``,
+``vander``, ``cov``/``corrcoef``, ``renorm``, ``index_copy``, ``masked_scatter``,
+``scatter_reduce``, ``unravel_index``; with their Tensor methods (and in-place forms).
+
+Where composing existing ops is exact (``diff``, ``kron``, ``tensordot``, ``rot90``,
+``trapezoid``, ``ldexp``), they are composites and need no gradient code; the rest are primitives
+on their ATen kernel whose backward is ATen's derivative (ops/torch_vjp.py). Integer-valued results
+(``isin``, ``bucketize``, ``histc``, ``unravel_index``, ``gcd``, ``nextafter``, ``heaviside``)
+are not differentiable.
+"""
+from __future__ import annotations
+
+import math
+from collections import namedtuple
+from typing import Sequence
+
+import torch
+
+from ..core.dispatch import apply, apply_inplace
+from ..core.errors import DTypeError, normalize_dim
+from ..core.registry import defop
+from ..core.sbp import B, P, S
+from ..core.tensor import Tensor
+from .family import binary, elementwise_sbp
+from .linalg import matmul
+from .more_ops import _same_shape_bwd_sbp
+from .shape import cat, permute, reshape
+from .torch_vjp import defop_vjp
+
+__all__ = ["lgamma", "digamma", "polygamma", "i0", "sinc", "hypot", "copysign", "heaviside", "ldexp", "gcd",
+           "nextafter", "frexp", "isin", "diff", "kron", "tensordot", "rot90", "diag_embed", "block_diag",
+           "cartesian_prod", "bucketize", "histc", "trapezoid", "trapz", "vander", "cov", "corrcoef", "renorm",
+           "index_copy", "masked_scatter", "scatter_reduce", "unravel_index"]
+
+
+def _ew(name: str, fn, outputs: tuple | None = None):
+    one = elementwise_sbp()
+
+    def sbp(metas, attrs):  # every output laid out like the (single) elementwise output
+        return [(ins, outs * len(outputs or "x")) for ins, outs in one(metas, attrs)]
+    return defop_vjp(name, fn, sbp=sbp, bwd_sbp=_same_shape_bwd_sbp, family="elementwise", outputs=outputs)
+
+
+def _all_b(n_out: int = 1):
+    def rule(metas, attrs):
+        return [((B,) * len([m for m in metas if hasattr(m, "shape")]), (B,) * n_out)]
+    return rule
+
+
+def _all_b_bwd(metas, attrs):
+    return [((B,) * len([m for m in metas if hasattr(m, "shape")]), (B,) * len(attrs["diff"]))]
+
+
+def _tensor(name: str, x, arg: str = "input") -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"holoflow.{name}(): argument '{arg}' must be Tensor, not {type(x).__name__}")
+    return x
+
+
+def _floating(name: str, x: Tensor) -> None:
+    if x.is_complex():
+        raise DTypeError(f"holoflow.{name}: not implemented for complex tensors, got {x.dtype}")
+
+
+# -- elementwise special functions ----------------------------------------------------------------------
+
+LGAMMA = _ew("lgamma", torch.lgamma)
+DIGAMMA = _ew("digamma", torch.digamma)
+POLYGAMMA = _ew("polygamma", lambda x, n: torch.polygamma(n, x))
+I0 = _ew("i0", torch.i0)
+SINC = _ew("sinc", torch.sinc)
+HYPOT = _ew("hypot", torch.hypot)
+COPYSIGN = _ew("copysign", torch.copysign)
+FREXP = _ew("frexp", torch.frexp, outputs=("mantissa", "exponent"))
+HEAVISIDE = binary("heaviside", torch.heaviside, tensors_only=True)
+GCD = binary("gcd", torch.gcd, tensors_only=True)
+NEXTAFTER = binary("nextafter", torch.nextafter, tensors_only=True)
+
+_Frexp = namedtuple("frexp", ["mantissa", "exponent"])
+
+
+def lgamma(input: Tensor) -> Tensor:
+    """``log(|gamma(x)|)`` elementwise, as ``torch.lgamma``."""
+    _floating("lgamma", _tensor("lgamma", input))
+    return apply(LGAMMA, input)
+
+
+def digamma(input: Tensor) -> Tensor:
+    """The logarithmic derivative of gamma, as ``torch.digamma``."""
+    _floating("digamma", _tensor("digamma", input))
+    return apply(DIGAMMA, input)
+
+
+def polygamma(n: int, input: Tensor) -> Tensor:
+    """The ``n``-th derivative of digamma, as ``torch.polygamma``."""
+    _floating("polygamma", _tensor("polygamma", input))
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise RuntimeError(f"holoflow.polygamma(n, x) does not support negative or non-integer n, got n={n!r}")
+    return apply(POLYGAMMA, input, n=n)
+
+
+def i0(input: Tensor) -> Tensor:
+    """The modified Bessel function of the first kind, order 0, as ``torch.i0``."""
+    _floating("i0", _tensor("i0", input))
+    return apply(I0, input)
+
+
+def sinc(input: Tensor) -> Tensor:
+    """The normalized sinc ``sin(pi x) / (pi x)`` (1 at 0), as ``torch.sinc``."""
+    return apply(SINC, _tensor("sinc", input))
+
+
+def hypot(input: Tensor, other: Tensor) -> Tensor:
+    """``sqrt(input**2 + other**2)`` elementwise, as ``torch.hypot``."""
+    return apply(HYPOT, _tensor("hypot", input), _tensor("hypot", other, "other"))
+
+
+def copysign(input: Tensor, other) -> Tensor:
+    """``|input|`` with the sign of ``other`` (a tensor or a number), as ``torch.copysign``."""
+    return apply(COPYSIGN, _tensor("copysign", input), other)
+
+
+def heaviside(input: Tensor, values: Tensor) -> Tensor:
+    """0 where ``input < 0``, ``values`` where it is 0, 1 where it is positive, as ``torch.heaviside``."""
+    return apply(HEAVISIDE, _tensor("heaviside", input), _tensor("heaviside", values, "values"))
+
+
+def gcd(input: Tensor, other: Tensor) -> Tensor:
+    """The greatest common divisor of integer tensors, as ``torch.gcd``."""
+    return apply(GCD, _tensor("gcd", input), _tensor("gcd", other, "other"))
+
+
+def nextafter(input: Tensor, other: Tensor) -> Tensor:
+    """The next representable float after ``input`` towards ``other``, as ``torch.nextafter``."""
+    return apply(NEXTAFTER, _tensor("nextafter", input), _tensor("nextafter", other, "other"))
+
+
+LDEXP = _ew("ldexp", torch.ldexp)
+
+
+def ldexp(input: Tensor, other: Tensor) -> Tensor:
+    """``input * 2**other``, as ``torch.ldexp``; its gradient is ATen's, ``dy * pow(2, other)`` in
+    the exponent's dtype (so 0 where an integer exponent is negative, as torch gives)."""
+    return apply(LDEXP, _tensor("ldexp", input), _tensor("ldexp", other, "other"))
+
+
+def frexp(input: Tensor):
+    """Mantissa in [0.5, 1) and integer exponent with ``input = mantissa * 2**exponent``, as ``torch.frexp``."""
+    if not _tensor("frexp", input).is_floating_point():
+        raise RuntimeError(f"holoflow.frexp only supports floating-point dtypes, got {input.dtype}")
+    return _Frexp(*apply(FREXP, input))
+
+
+# -- membership, binning ---------------------------------------------------------------------------------
+
+def _first_split_sbp(n_out: int = 1, shift: int = 0):
+    """Input 0 split on any axis (the others broadcast) splits the output on the same axis (+ shift)."""
+    def rule(metas, attrs):
+        n = len([m for m in metas if hasattr(m, "shape")])
+        sigs = [((B,) * n, (B,) * n_out)]
+        if hasattr(metas[0], "shape"):
+            sigs += [((S(a),) + (B,) * (n - 1), (S(a + shift),) * n_out) for a in range(len(metas[0].shape))]
+        return sigs
+    return rule
+
+
+ISIN = defop("isin", lambda e, t, assume_unique, invert: torch.isin(e, t, assume_unique=assume_unique, invert=invert),
+             sbp=_first_split_sbp(), differentiable=False)
+BUCKETIZE = defop("bucketize", lambda x, b, out_int32, right: torch.bucketize(
+    x.contiguous(), b, out_int32=out_int32, right=right), sbp=_first_split_sbp(), differentiable=False)
+
+
+def _histc_sbp(metas, attrs):
+    sigs = [((B,), (B,))]
+    if attrs["min"] < attrs["max"]:  # a fixed range: each shard's histogram is a partial sum
+        sigs += [((S(a),), (P,)) for a in range(len(metas[0].shape))]
+    return sigs
+
+
+HISTC = defop("histc", lambda x, bins, min, max: torch.histc(x, bins, min, max),  # noqa: A006
+              sbp=_histc_sbp, differentiable=False)
+UNRAVEL = defop("unravel_index", lambda i, shape: torch.stack(torch.unravel_index(i, shape)),
+                sbp=_first_split_sbp(shift=1), differentiable=False)
+
+
+def isin(elements, test_elements, *, assume_unique: bool = False, invert: bool = False) -> Tensor:
+    """Whether each of ``elements`` is in ``test_elements`` (either may be a number), as ``torch.isin``."""
+    if not isinstance(elements, Tensor) and not isinstance(test_elements, Tensor):
+        raise TypeError("holoflow.isin(): at least one of 'elements' and 'test_elements' must be a Tensor")
+    if not isinstance(elements, Tensor):
+        elements = Tensor._make(torch.tensor(elements, device=test_elements._data.device))
+    return apply(ISIN, elements, test_elements, assume_unique=bool(assume_unique), invert=bool(invert))
+
+
+def bucketize(input, boundaries: Tensor, *, out_int32: bool = False, right: bool = False) -> Tensor:
+    """The bucket index of each value in the sorted 1-D ``boundaries``, as ``torch.bucketize``."""
+    if _tensor("bucketize", boundaries, "boundaries").dim() != 1:
+        raise RuntimeError(f"holoflow.bucketize: boundaries tensor must be 1 dimension, but got shape "
+                           f"{tuple(boundaries.shape)}")
+    if not isinstance(input, Tensor):
+        input = Tensor._make(torch.tensor(input, device=boundaries._data.device))
+    return apply(BUCKETIZE, input, boundaries, out_int32=bool(out_int32), right=bool(right))
+
+
+def histc(input: Tensor, bins: int = 100, min: float = 0, max: float = 0) -> Tensor:  # noqa: A002
+    """A histogram of ``bins`` equal bins over [min, max] (the data's range when both are 0), as ``torch.histc``."""
+    if not _tensor("histc", input).is_floating_point():
+        raise RuntimeError(f"holoflow.histc: \"histogram_cpu\" not implemented for '{input.dtype}'")
+    if bins <= 0:
+        raise RuntimeError(f"holoflow.histc: bins must be > 0, but got {bins}")
+    if min > max:
+        raise RuntimeError(f"holoflow.histc: max must be larger than min, got min={min} max={max}")
+    return apply(HISTC, input, bins=int(bins), min=min, max=max)
+
+
+def unravel_index(indices, shape) -> tuple:
+    """The coordinates of flat ``indices`` in a tensor of ``shape``, one tensor per dim, as
+    ``torch.unravel_index``."""
+    if not isinstance(indices, Tensor):
+        indices = Tensor._make(torch.tensor(indices))
+    if indices.is_floating_point() or indices.is_complex() or indices._data.dtype is torch.bool:
+        raise TypeError(f"holoflow.unravel_index: expected 'indices' to be integer dtype, but got {indices.dtype}")
+    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"holoflow.unravel_index: 'shape' cannot have negative values, but got {shape}")
+    return tuple(apply(UNRAVEL, indices, shape=shape).unbind(0))
+
+
+# -- composites: differences, products, rotations, integration --------------------------------------------
+
+def diff(input: Tensor, n: int = 1, dim: int = -1, prepend: Tensor | None = None,
+         append: Tensor | None = None) -> Tensor:
+    """The ``n``-th forward difference along ``dim`` (``!=`` for bool), as ``torch.diff``."""
+    if _tensor("diff", input).dim() == 0:
+        raise RuntimeError("holoflow.diff expects input to be at least one-dimensional")
+    if n < 0:
+        raise RuntimeError(f"holoflow.diff expects n to be non-negative, got n={n}")
+    d = normalize_dim("diff", dim, input.dim())
+    parts = [t for t in (prepend, input, append) if t is not None]
+    for t in parts:
+        if t.dim() != input.dim():
+            raise RuntimeError(f"holoflow.diff expects prepend or append to be the same dimension as input, got "
+                               f"shapes {tuple(t.shape)} and {tuple(input.shape)}")
+    x = cat(parts, d) if len(parts) > 1 else input
+    for _ in range(n):
+        m = max(x.shape[d] - 1, 0)
+        hi, lo = x.narrow(d, 1, m) if m else x.narrow(d, 0, 0), x.narrow(d, 0, m)
+        x = (hi != lo) if x._data.dtype is torch.bool else hi - lo
+    return x
+
+
+def kron(input: Tensor, other: Tensor) -> Tensor:
+    """The Kronecker product (shapes padded with leading 1s to equal rank), as ``torch.kron``."""
+    a, b = _tensor("kron", input), _tensor("kron", other, "other")
+    nd = max(a.dim(), b.dim())
+    sa = (1,) * (nd - a.dim()) + tuple(a.shape)
+    sb = (1,) * (nd - b.dim()) + tuple(b.shape)
+    ai = reshape(a, *[v for s in sa for v in (s, 1)])
+    bi = reshape(b, *[v for s in sb for v in (1, s)])
+    return reshape(ai * bi, *[x * y for x, y in zip(sa, sb)])
+
+
+def _dims_lists(dims, na: int, nb: int) -> tuple[list[int], list[int]]:
+    if isinstance(dims, Tensor):
+        dims = dims.tolist()
+    if isinstance(dims, int):
+        if dims < 0:
+            raise RuntimeError(f"holoflow.tensordot expects dims >= 0, but got dims={dims}")
+        if dims > min(na, nb):
+            raise RuntimeError(f"holoflow.tensordot: dims={dims} exceeds the dimensions of the inputs ({na} and {nb})")
+        return list(range(na - dims, na)), list(range(dims))
+    da, db = dims
+    da, db = ([da], [db]) if isinstance(da, int) else (list(da), list(db))
+    if len(da) != len(db):
+        raise RuntimeError(f"holoflow.tensordot: both dimension lists should have same length, got {da} and {db}")
+    return [normalize_dim("tensordot", d, na) for d in da], [normalize_dim("tensordot", d, nb) for d in db]
+
+
+def tensordot(a: Tensor, b: Tensor, dims=2, out=None) -> Tensor:
+    """Sums products over ``dims`` of ``a`` and ``b``, as ``torch.tensordot``."""
+    _tensor("tensordot", a, "a"), _tensor("tensordot", b, "b")
+    da, db = _dims_lists(dims, a.dim(), b.dim())
+    for i, j in zip(da, db):
+        if a.shape[i] != b.shape[j]:
+            raise RuntimeError(f"holoflow.tensordot: contracted dimensions need to match, but first has size "
+                               f"{a.shape[i]} in dim {i} and second has size {b.shape[j]} in dim {j}")
+    fa = [i for i in range(a.dim()) if i not in da]
+    fb = [j for j in range(b.dim()) if j not in db]
+    k = math.prod(a.shape[i] for i in da)
+    am = reshape(permute(a, *fa, *da), math.prod(a.shape[i] for i in fa), k)
+    bm = reshape(permute(b, *db, *fb), k, math.prod(b.shape[j] for j in fb))
+    return reshape(matmul(am, bm), *[a.shape[i] for i in fa], *[b.shape[j] for j in fb])
+
+
+def rot90(input: Tensor, k: int = 1, dims: Sequence[int] = (0, 1)) -> Tensor:
+    """Rotates by 90 degrees ``k`` times in the plane ``dims`` (from the first towards the second
+    axis), as ``torch.rot90``."""
+    x = _tensor("rot90", input)
+    if len(dims) != 2:
+        raise RuntimeError(f"holoflow.rot90: expected total rotation dims == 2, but got dims = {len(dims)}")
+    if x.dim() < 2:
+        raise RuntimeError(f"holoflow.rot90: expected total dims >= 2, but got total dims = {x.dim()}")
+    d0, d1 = (normalize_dim("rot90", d, x.dim()) for d in dims)
+    if d0 == d1:
+        raise RuntimeError(f"holoflow.rot90: expected rotation dims to be different, but got dim0 = {d0} and "
+                           f"dim1 = {d1}")
+    k %= 4
+    if k == 1:
+        return x.flip(d1).transpose(d0, d1)
+    if k == 2:
+        return x.flip(d0, d1)
+    if k == 3:
+        return x.flip(d0).transpose(d0, d1)
+    return x.clone()
+
+
+def trapezoid(y: Tensor, x=None, *, dx=None, dim: int = -1) -> Tensor:
+    """The trapezoidal rule along ``dim`` with sample points ``x`` or spacing ``dx`` (default 1),
+    as ``torch.trapezoid`` (the same formulas ATen uses)."""
+    d = normalize_dim("trapezoid", dim, _tensor("trapezoid", y, "y").dim())
+    if isinstance(x, Tensor) and dx is not None:
+        raise RuntimeError("holoflow.trapezoid: received both x and dx; pass one of them")
+    n = y.shape[d]
+    if not isinstance(x, Tensor):
+        spacing = 1 if x is None and dx is None else (dx if dx is not None else x)
+        if n == 0:
+            return y.sum(d) * 0
+        return (y.sum(d) - (y.select(d, 0) + y.select(d, -1)) * 0.5) * spacing
+    if x.dim() == 1:
+        if x.shape[0] != n:
+            raise RuntimeError(f"holoflow.trapezoid: there must be one `x` value for each sample point, got "
+                               f"{x.shape[0]} x values for {n} samples along dim {d}")
+        shape = [1] * y.dim()
+        shape[d] = n
+        x = reshape(x, *shape)
+        xd = d
+    else:
+        xd = d - y.dim() + x.dim()
+    if n == 0:
+        return y.sum(d) * 0
+    dxs = diff(x, dim=xd)
+    return (dxs * (y.narrow(d, 1, n - 1) + y.narrow(d, 0, n - 1))).sum(d) / 2
+
+
+def trapz(y: Tensor, x=None, *, dx=None, dim: int = -1) -> Tensor:
+    """``torch.trapz``: :func:`trapezoid`'s older name."""
+    return trapezoid(y, x, dx=dx, dim=dim)
+
+
+# -- primitives with ATen's derivative ---------------------------------------------------------------
+
+def _diag_embed_sbp(metas, attrs):
+    """Batch axis a of the input is the a-th output axis other than dim1/dim2."""
+    nd = len(metas[0].shape)
+    rest = [a for a in range(nd + 1) if a not in (attrs["dim1"], attrs["dim2"])]
+    return [((B,), (B,)), ((P,), (P,))] + [((S(a),), (S(rest[a]),)) for a in range(nd - 1)]
+
+
+def _diag_embed_bwd_sbp(metas, attrs):
+    nd = len(metas[0].shape)
+    rest = [a for a in range(nd + 1) if a not in (attrs["dim1"], attrs["dim2"])]
+    return [((B, B), (B,)), ((B, P), (P,))] + [((S(a), S(rest[a])), (S(a),)) for a in range(nd - 1)]
+
+
+def _one_split_sbp(axes):
+    """All inputs and outputs split alike on each axis ``axes(metas, attrs)`` names."""
+    def rule(metas, attrs):
+        n = len([m for m in metas if hasattr(m, "shape")])
+        return [((B,) * n, (B,))] + [((S(a),) * n, (S(a),)) for a in axes(metas, attrs)]
+    return rule
+
+
+def _one_split_bwd_sbp(axes):
+    def rule(metas, attrs):
+        n, k = len([m for m in metas if hasattr(m, "shape")]), len(attrs["diff"])
+        return [((B,) * n, (B,) * k)] + [((S(a),) * n, (S(a),) * k) for a in axes(metas, attrs)]
+    return rule
+
+
+def _scatter_axes(metas, attrs):
+    """Axes other than ``dim`` where input, index and src have one size: split there."""
+    ts = [m for m in metas if hasattr(m, "shape")][:3]
+    return [a for a in range(len(ts[0].shape)) if a != attrs["dim"] and len({len(m.shape) for m in ts}) == 1
+            and len({m.shape[a] for m in ts}) == 1]
+
+
+def _index_copy_sbp(metas, attrs):  # (input, index, source): index stays broadcast
+    ts = [m for m in metas if hasattr(m, "shape")]
+    axes = [a for a in range(len(ts[0].shape)) if a != attrs["dim"] and len(ts[2].shape) == len(ts[0].shape)
+            and ts[0].shape[a] == ts[2].shape[a]]
+    k = len(attrs["diff"]) if "diff" in attrs else None
+    n = len(ts)
+    if k is None:
+        return [((B, B, B), (B,))] + [((S(a), B, S(a)), (S(a),)) for a in axes]
+    return [((B,) * n, (B,) * k)] + [((S(a), B, S(a)) + (S(a),) * (n - 3), (S(a),) * k) for a in axes]
+
+
+DIAG_EMBED = defop_vjp("diag_embed", lambda x, offset, dim1, dim2: torch.diag_embed(x, offset, dim1, dim2),
+                       sbp=_diag_embed_sbp, bwd_sbp=_diag_embed_bwd_sbp, family="shape")
+BLOCK_DIAG = defop_vjp("block_diag", torch.block_diag, sbp=_all_b(), bwd_sbp=_all_b_bwd, family="shape")
+CARTESIAN_PROD = defop_vjp("cartesian_prod", torch.cartesian_prod, sbp=_all_b(), bwd_sbp=_all_b_bwd, family="shape")
+COV = defop_vjp("cov", lambda x, fw, aw, correction: torch.cov(x, correction=correction, fweights=fw, aweights=aw),
+                sbp=_all_b(), bwd_sbp=_all_b_bwd, family="reduction")
+CORRCOEF = defop_vjp("corrcoef", torch.corrcoef, sbp=_all_b(), bwd_sbp=_all_b_bwd, family="reduction")
+RENORM = defop_vjp("renorm", lambda x, p, dim, maxnorm: torch.renorm(x, p, dim, maxnorm),
+                   sbp=_one_split_sbp(lambda m, a: [a["dim"]]), bwd_sbp=_one_split_bwd_sbp(lambda m, a: [a["dim"]]))
+INDEX_COPY = defop_vjp("index_copy", lambda x, index, src, dim: torch.index_copy(x, dim, index, src),
+                       sbp=_index_copy_sbp, bwd_sbp=_index_copy_sbp, family="indexing")
+MASKED_SCATTER = defop_vjp("masked_scatter", torch.masked_scatter, sbp=_all_b(), bwd_sbp=_all_b_bwd,
+                           family="indexing")
+SCATTER_REDUCE = defop_vjp(
+    "scatter_reduce", lambda x, index, src, dim, reduce, include_self: torch.scatter_reduce(
+        x, dim, index, src, reduce, include_self=include_self),
+    sbp=_one_split_sbp(_scatter_axes), bwd_sbp=_one_split_bwd_sbp(_scatter_axes), family="indexing")
+
+
+def diag_embed(input: Tensor, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Tensor:
+    """A tensor whose diagonals (``offset``, in the planes ``dim1``/``dim2``) are ``input``'s last dim,
+    as ``torch.diag_embed``."""
+    nd = _tensor("diag_embed", input).dim() + 1
+    d1, d2 = normalize_dim("diag_embed", dim1, nd), normalize_dim("diag_embed", dim2, nd)
+    if d1 == d2:
+        raise RuntimeError(f"holoflow.diag_embed: diagonal dimensions cannot be identical {dim1}, {dim2}")
+    return apply(DIAG_EMBED, input, offset=int(offset), dim1=d1, dim2=d2)
+
+
+def block_diag(*tensors: Tensor) -> Tensor:
+    """A block-diagonal matrix of 0-, 1- or 2-d ``tensors``, as ``torch.block_diag``."""
+    for i, t in enumerate(tensors):
+        if _tensor("block_diag", t, f"tensors[{i}]").dim() > 2:
+            raise RuntimeError(f"holoflow.block_diag: input tensors must have 2 or fewer dimensions. Input {i} "
+                               f"has {t.dim()} dimensions (shape {tuple(t.shape)})")
+    return apply(BLOCK_DIAG, *tensors)
+
+
+def cartesian_prod(*tensors: Tensor) -> Tensor:
+    """The Cartesian product of 1-d ``tensors`` (one row per combination), as ``torch.cartesian_prod``."""
+    for i, t in enumerate(tensors):
+        if _tensor("cartesian_prod", t, f"tensors[{i}]").dim() != 1:
+            raise RuntimeError(f"holoflow.cartesian_prod: expect a 1D vector, but got shape {tuple(t.shape)}")
+    return apply(CARTESIAN_PROD, *tensors)
+
+
+def vander(x: Tensor, N: int | None = None, increasing: bool = False) -> Tensor:
+    """The Vandermonde matrix of the 1-d ``x`` with ``N`` columns, as ``torch.vander``."""
+    if _tensor("vander", x, "x").dim() != 1:
+        raise RuntimeError(f"holoflow.vander: x must be a one-dimensional tensor, got shape {tuple(x.shape)}")
+    if N is not None and N < 0:
+        raise RuntimeError(f"holoflow.vander: N must be non-negative, got N={N}")
+    n = x.shape[0] if N is None else N
+    if n == 0:
+        return x.unsqueeze(1).narrow(1, 0, 0)
+    # ATen's algorithm (ones, then a running product), out of place: torch's own backward of
+    # vander fails on its in-place cumprod_, this one is the same values with a gradient
+    cols = cat([x.unsqueeze(1).mul(0).add(1), x.unsqueeze(1).expand(x.shape[0], n - 1)], 1).cumprod(1)
+    return cols if increasing else cols.flip(1)
+
+
+def cov(input: Tensor, *, correction: int = 1, fweights: Tensor | None = None,
+        aweights: Tensor | None = None) -> Tensor:
+    """The covariance matrix of the variables in ``input``'s rows, as ``torch.cov``."""
+    if _tensor("cov", input).dim() > 2:
+        raise RuntimeError(f"holoflow.cov: expected input to have two or fewer dimensions but got an input "
+                           f"with {input.dim()} dimensions (shape {tuple(input.shape)})")
+    return apply(COV, input, fweights, aweights, correction=correction)
+
+
+def corrcoef(input: Tensor) -> Tensor:
+    """Pearson correlation coefficients of the variables in ``input``'s rows, as ``torch.corrcoef``."""
+    if _tensor("corrcoef", input).dim() > 2:
+        raise RuntimeError(f"holoflow.corrcoef: expected input to have two or fewer dimensions but got an input "
+                           f"with {input.dim()} dimensions (shape {tuple(input.shape)})")
+    return apply(CORRCOEF, input)
+
+
+def renorm(input: Tensor, p: float, dim: int, maxnorm: float) -> Tensor:
+    """Each sub-tensor along ``dim`` rescaled to ``p``-norm at most ``maxnorm``, as ``torch.renorm``."""
+    d = normalize_dim("renorm", dim, _tensor("renorm", input).dim())
+    if p <= 0:
+        raise RuntimeError(f"holoflow.renorm: non-positive-norm not supported, got p={p}")
+    if maxnorm < 0:
+        raise RuntimeError(f"holoflow.renorm: expected maxnorm to be >= 0 but got {maxnorm}")
+    return apply(RENORM, input, p=p, dim=d, maxnorm=maxnorm)
+
+
+def index_copy(input: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
+    """``input`` with the slices ``index`` along ``dim`` replaced by ``source``'s, as ``torch.index_copy``."""
+    d = normalize_dim("index_copy", dim, _tensor("index_copy", input).dim())
+    if _tensor("index_copy", index, "index")._data.dtype is not torch.int64:
+        raise RuntimeError(f"holoflow.index_copy: expected a long tensor for index, but got {index.dtype}")
+    if _tensor("index_copy", source, "source")._data.dtype != input._data.dtype:
+        raise RuntimeError(f"holoflow.index_copy: self ({input.dtype}) and source ({source.dtype}) must have "
+                           f"the same scalar type")
+    return apply(INDEX_COPY, input, index, source, dim=d)
+
+
+def masked_scatter(input: Tensor, mask: Tensor, source: Tensor) -> Tensor:
+    """``input`` with the ``mask``ed positions filled from ``source`` in order, as ``torch.masked_scatter``."""
+    if _tensor("masked_scatter", mask, "mask")._data.dtype is not torch.bool:
+        raise RuntimeError(f"holoflow.masked_scatter: expected mask to be a bool tensor, got {mask.dtype}")
+    if _tensor("masked_scatter", source, "source")._data.dtype != _tensor("masked_scatter", input)._data.dtype:
+        raise RuntimeError(f"holoflow.masked_scatter: expected self and source to have same dtypes but got "
+                           f"{input.dtype} and {source.dtype}")
+    return apply(MASKED_SCATTER, input, mask, source)
+
+
+_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+
+
+def scatter_reduce(input: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, *,
+                   include_self: bool = True) -> Tensor:
+    """``src`` reduced into ``input`` at ``index`` along ``dim`` with ``reduce``, as ``torch.scatter_reduce``."""
+    d = normalize_dim("scatter_reduce", dim, _tensor("scatter_reduce", input).dim())
+    if reduce not in _REDUCTIONS:
+        raise RuntimeError(f"holoflow.scatter_reduce: reduce argument must be one of {', '.join(_REDUCTIONS)}, "
+                           f"got {reduce!r}")
+    if _tensor("scatter_reduce", index, "index")._data.dtype is not torch.int64:
+        raise RuntimeError(f"holoflow.scatter_reduce: expected dtype int64 for index, got {index.dtype}")
+    if _tensor("scatter_reduce", src, "src")._data.dtype != input._data.dtype:
+        raise RuntimeError(f"holoflow.scatter_reduce: expected self and src to have the same dtype, got "
+                           f"{input.dtype} and {src.dtype}")
+    if not (index.dim() == input.dim() == src.dim()) and index.numel():
+        raise RuntimeError(f"holoflow.scatter_reduce: index {tuple(index.shape)}, self {tuple(input.shape)} and "
+                           f"src {tuple(src.shape)} should all have the same number of dimensions")
+    return apply(SCATTER_REDUCE, input, index, src, dim=d, reduce=reduce, include_self=bool(include_self))
+
+
+# -- Tensor methods -------------------------------------------------------------------------------------
+
+def _method_inplace(op):
+    """``x.op_(...)``: the op written into ``x`` (torch's in-place autograd, core/dispatch.py)."""
+    def method(self, *args, **kwargs):
+        return apply_inplace(op, self, *args, **kwargs)
+    return method
+
+
+for _name in ("diff", "kron", "rot90", "diag_embed", "histc", "lgamma", "digamma", "i0", "sinc", "hypot",
+              "copysign", "heaviside", "frexp", "ldexp", "cov", "corrcoef", "renorm", "index_copy",
+              "masked_scatter", "scatter_reduce", "gcd", "nextafter"):
+    setattr(Tensor, _name, globals()[_name])
+Tensor.polygamma = lambda self, n: polygamma(n, self)
+for _name, _op in (("lgamma_", LGAMMA), ("digamma_", DIGAMMA), ("i0_", I0), ("sinc_", SINC), ("hypot_", HYPOT),
+                   ("copysign_", COPYSIGN), ("heaviside_", HEAVISIDE), ("gcd_", GCD), ("nextafter_", NEXTAFTER)):
+    setattr(Tensor, _name, _method_inplace(_op))
+Tensor.polygamma_ = lambda self, n: apply_inplace(POLYGAMMA, self, n=n)
+Tensor.ldexp_ = _method_inplace(LDEXP)
+Tensor.renorm_ = lambda self, p, dim, maxnorm: self.copy_(renorm(self.clone(), p, dim, maxnorm))
+Tensor.index_copy_ = lambda self, dim, index, source: self.copy_(index_copy(self.clone(), dim, index, source))
+Tensor.masked_scatter_ = lambda self, mask, source: self.copy_(masked_scatter(self.clone(), mask, source))
+Tensor.scatter_reduce_ = lambda self, dim, index, src, reduce, *, include_self=True: self.copy_(
+    scatter_reduce(self.clone(), dim, index, src, reduce, include_self=include_self))
+Tensor.nbytes = property(lambda self: self.numel() * self.element_size(), doc="Bytes of the elements.")
+Tensor.itemsize = property(lambda self: self.element_size(), doc="Bytes of one element.")
+Tensor.storage_offset = lambda self: self._data.storage_offset()
