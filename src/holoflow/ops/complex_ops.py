@@ -123,8 +123,8 @@ def complex(real: Tensor, imag: Tensor) -> Tensor:  # noqa: A001 - torch's name
 def polar(abs: Tensor, angle: Tensor) -> Tensor:  # noqa: A002 - torch's names
     """``abs * (cos(angle) + 1j * sin(angle))``, as ``torch.polar``."""
     a, t = _tensor("polar", abs), _tensor("polar", angle)
-    if a._data.dtype != t._data.dtype or a._data.dtype not in (torch.float32, torch.float64):
-        raise DTypeError(f"holoflow.polar: expected both inputs to be float32 or float64 of one dtype, got "
+    if a._data.dtype != t._data.dtype or a._data.dtype not in _COMPLEX_OF:
+        raise DTypeError(f"holoflow.polar: expected both inputs to be float16, float32 or float64 of one dtype, got "
                          f"{a.dtype} and {t.dtype}")
     return apply(POLAR, a, t)
 
