@@ -148,11 +148,82 @@ def test_views_share_storage_without_grad():
     assert z.to_torch().tolist() == [1 + 3j, 1 + 4j]
 
 
-def test_rope_matches_torch_under_mock_torch():
+META_LLAMA_ATTENTION = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def precompute_freqs_cis(dim, end, theta=10000.0):
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: (dim // 2)].float() / dim))
+    t = torch.arange(end, device=freqs.device)
+    freqs = torch.outer(t, freqs).float()
+    return torch.polar(torch.ones_like(freqs), freqs)
+
+
+def reshape_for_broadcast(freqs_cis, x):
+    shape = [d if i == 1 or i == x.ndim - 1 else 1 for i, d in enumerate(x.shape)]
+    return freqs_cis.view(*shape)
+
+
+def apply_rotary_emb(xq, xk, freqs_cis):
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    freqs_cis = reshape_for_broadcast(freqs_cis, xq_)
+    xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)
+    xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)
+    return xq_out.type_as(xq), xk_out.type_as(xk)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads, self.hd = heads, dim // heads
+        self.wq, self.wk = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+        self.wv, self.wo = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x, freqs_cis):
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.heads, self.hd)
+        k = self.wk(x).view(b, s, self.heads, self.hd)
+        v = self.wv(x).view(b, s, self.heads, self.hd)
+        q, k = apply_rotary_emb(q, k, freqs_cis)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(o.transpose(1, 2).reshape(b, s, -1))
+
+
+g = torch.Generator().manual_seed(0)
+model = Attention()
+with torch.no_grad():
+    for p in model.parameters():
+        p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+freqs_cis = precompute_freqs_cis(8, 6)
+x = torch.randn(2, 6, 16, generator=g)
+LOSSES = []
+for step in range(3):
+    opt.zero_grad()
+    loss = model(x, freqs_cis).pow(2).mean()
+    loss.backward()
+    opt.step()
+    LOSSES.append(loss.item())
+GRADS = [p.grad for p in model.parameters()]
+"""
+
+
+def test_meta_llama_rope_trains_like_torch_under_mock_torch():
+    """Meta's LLaMA attention (polar / view_as_complex / complex mul / view_as_real) unchanged:
+    under mock_torch, the same losses over 3 AdamW steps and the same last gradients as torch."""
     from holoflow import mock_torch
+    want = {}
+    exec(META_LLAMA_ATTENTION, want)
+    got = {}
     with mock_torch.enable():
-        import torch as T
-        assert T.view_as_complex is flow.view_as_complex and T.polar is flow.polar
+        exec(META_LLAMA_ATTENTION, got)
+    assert got["torch"] is not torch
+    torch.testing.assert_close(torch.tensor(got["LOSSES"]), torch.tensor(want["LOSSES"]), rtol=1e-5, atol=1e-6)
+    for gg, wg in zip(got["GRADS"], want["GRADS"]):
+        torch.testing.assert_close(gg.to_torch(), wg, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("code, exc, words", [
