@@ -241,3 +241,52 @@ def test_bad_inputs_raise_torch_classes(code, exc, words):
         eval(code)
     for w in words:
         assert w in str(e.value), (w, str(e.value))
+
+
+def test_rope_on_global_tensors_split_by_batch_matches_torch():
+    """Split on the batch axis, rotary embeddings stay split (each op has S(0) -> S(0)), and the
+    gradient of the broadcast frequencies comes back as torch's."""
+    from holoflow.distributed import world
+    from holoflow.distributed.global_tensor import from_full
+    from holoflow.sbp import B as GB, S as GS
+    g = torch.Generator().manual_seed(0)
+    x0, f0 = torch.randn(4, 5, 2, 8, generator=g, dtype=torch.float64), torch.randn(5, 4, generator=g, dtype=torch.float64)
+    up = torch.randn(4, 5, 2, 8, generator=g, dtype=torch.float64)
+    tx, tf = x0.clone().requires_grad_(), f0.clone().requires_grad_()
+
+    def rope(L, x, freqs):
+        cis = L.polar(L.ones_like(freqs), freqs).view(1, x.shape[1], 1, x.shape[-1] // 2)
+        return L.view_as_real(L.view_as_complex(x.reshape(*x.shape[:-1], -1, 2)) * cis).flatten(3)
+    want = rope(torch, tx, tf)
+    want.backward(up)
+    place = flow.placement("cpu", [0, 1])
+
+    def fn(r):
+        x = from_full(x0, place, GS(0)).requires_grad_()
+        f = from_full(f0, place, GB).requires_grad_()
+        y = rope(flow, x, f)
+        y.backward(from_full(up, place, GS(0)))
+        return (tuple(y.sbp), y.to_global(sbp=GB).to_local().to_torch(),
+                x.grad.to_global(sbp=GB).to_local().to_torch(), f.grad.to_global(sbp=GB).to_local().to_torch())
+    for sbp, y, xg, fg in world.simulate(2, fn):
+        assert sbp == (GS(0),)
+        torch.testing.assert_close(y, want.detach())
+        torch.testing.assert_close(xg, tx.grad)
+        torch.testing.assert_close(fg, tf.grad)
+
+
+def test_complex_views_and_inplace_inside_nn_graph():
+    """Traced: view_as_complex, a write through ``.real`` (a functional view_scatter node),
+    view_as_real, with extra ops alongside; equal to torch eager."""
+    def prog(L, x, f):
+        z = L.view_as_complex(x.reshape(3, 4, 2)) * L.polar(L.ones_like(f), f)
+        z.real.mul_(2)
+        return L.view_as_real(z).flatten(1) + L.diff(x, dim=0, prepend=x[:1]) + L.lgamma(x.abs() + 1)
+
+    class G(flow.nn.Graph):
+        def build(self, x, f):
+            return prog(flow, x, f)
+    g = torch.Generator().manual_seed(0)
+    x, f = torch.randn(3, 8, generator=g), torch.randn(3, 4, generator=g)
+    got = G()(flow.from_torch(x), flow.from_torch(f))
+    torch.testing.assert_close(got.to_torch(), prog(torch, x, f))
