@@ -215,3 +215,21 @@ def test_composites_record_no_new_primitive():
         x = flow.randn(3, 4)
         flow.diff(x), flow.kron(x, x), flow.tensordot(x, x.t(), 1), flow.rot90(x), flow.trapezoid(x)
     assert not {"diff", "kron", "tensordot", "rot90", "trapezoid"} & set(seen)
+
+
+@pytest.mark.parametrize("fn", ["lgamma", "digamma", "polygamma1", "polygamma3"])
+def test_gamma_family_double_and_triple_backward_match_torch(fn):
+    """lgamma' = digamma, digamma' = polygamma(1), polygamma(n)' = polygamma(n + 1), written as
+    ops, so higher derivatives compose (torch's are the same chain)."""
+    f = {"lgamma": lambda L, x: L.lgamma(x), "digamma": lambda L, x: L.digamma(x),
+         "polygamma1": lambda L, x: L.polygamma(1, x), "polygamma3": lambda L, x: x.polygamma(3)}[fn]
+    x0 = torch.tensor([0.7, 1.5, 3.0, 7.25], dtype=torch.float64)
+    out = {}
+    for L, conv in ((torch, lambda t: t.clone()), (flow, lambda t: flow.from_torch(t.clone()))):
+        x = conv(x0).requires_grad_()
+        g1, = L.autograd.grad(f(L, x).sum(), [x], create_graph=True)
+        g2, = L.autograd.grad(g1.sum(), [x], create_graph=True)
+        g3, = L.autograd.grad(g2.sum(), [x])
+        out[L.__name__] = (g1.detach(), g2.detach(), g3)
+    for h, t in zip(out["holoflow"], out["torch"]):
+        torch.testing.assert_close(h.to_torch(), t)

@@ -24,7 +24,7 @@ from ..core.errors import UnsupportedError, normalize_dim
 from ..core.registry import defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
-from .family import binary, elementwise_sbp
+from .family import binary, elementwise_sbp, unary
 from .linalg import matmul
 from .more_ops import _same_shape_bwd_sbp
 from .shape import cat, permute, reshape
@@ -67,9 +67,11 @@ def _floating(name: str, x: Tensor) -> None:
 
 # -- elementwise special functions ----------------------------------------------------------------------
 
-LGAMMA = _ew("lgamma", torch.lgamma)
-DIGAMMA = _ew("digamma", torch.digamma)
-POLYGAMMA = _ew("polygamma", lambda x, n: torch.polygamma(n, x))
+# the gamma family's gradients are the next member, written as ops: double backward composes
+LGAMMA = unary("lgamma", torch.lgamma, lambda c, dy: (dy * apply(DIGAMMA, c.inputs[0]),), "inputs")
+DIGAMMA = unary("digamma", torch.digamma, lambda c, dy: (dy * apply(POLYGAMMA, c.inputs[0], n=1),), "inputs")
+POLYGAMMA = unary("polygamma", lambda x, n: torch.polygamma(n, x),
+                  lambda c, dy: (dy * apply(POLYGAMMA, c.inputs[0], n=c.n + 1),), "inputs")
 I0 = _ew("i0", torch.i0)
 SINC = _ew("sinc", torch.sinc)
 HYPOT = _ew("hypot", torch.hypot)
