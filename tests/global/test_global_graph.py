@@ -316,3 +316,40 @@ def test_gradient_all_reduces_are_bucketed_on_the_comm_stream(world2):
         assert n_buckets == 1 and counts["all_reduce"] == 1, counts
         assert n0 == 0 and counts0["all_reduce"] == 2, counts0
         assert "comm" in streams and "compute" in streams
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "batch_norm", "group_norm"])
+def test_norm_on_a_global_graph_input_equals_single_process(kind):
+    """A norm reading the (batch-split) input directly: no input gradient, aten's None."""
+    make = _seeded(lambda: flow.nn.Sequential({"layer_norm": lambda: flow.nn.LayerNorm(8),
+                                               "batch_norm": lambda: flow.nn.BatchNorm1d(8),
+                                               "group_norm": lambda: flow.nn.GroupNorm(2, 8)}[kind](),
+                                              flow.nn.Linear(8, 4)))
+
+    def train(place):
+        m = make()
+        if place is not None:
+            m.to_global(place, B)
+        opt = flow.optim.SGD(m.parameters(), lr=0.1)
+
+        class G(flow.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+                self.add_optimizer(opt)
+
+            def build(self, x):
+                loss = self.m(x).square().mean()
+                loss.backward()
+                return loss
+        g, out = G(), []
+        for x in XS[:2]:
+            x = flow.from_torch(x.clone())
+            if place is not None:
+                x = x.to_global(place, B).to_global(sbp=S(0))
+            loss = g(x)
+            out.append((loss.to_global(sbp=B).to_local() if place is not None else loss).item())
+        return out
+    want = train(None)
+    for got in world.simulate(2, lambda r: train(flow.placement("cpu", [0, 1]))):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)

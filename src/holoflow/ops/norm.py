@@ -42,11 +42,17 @@ def _opt(t, like: torch.Tensor, n: int) -> torch.Tensor:
     return t if t is not None else like.new_zeros(n)
 
 
+def _dx(t, x: torch.Tensor) -> torch.Tensor:
+    """The input gradient, or (output_mask[0] off: the input needs none, a graph input say) a
+    zero of the input's meta that the grad rule drops; aten returns None there."""
+    return t if t is not None else x.new_zeros(()).expand(x.shape)
+
+
 def _ln_bwd_kernel(dy, x, mean, rstd, w, b, normalized_shape, output_mask):
     dy, x, mean, rstd = (t.contiguous() for t in (dy, x, mean, rstd))  # strided shards read wrongly
     dx, dw, db = torch.ops.aten.native_layer_norm_backward.default(dy, x, normalized_shape, mean, rstd, w, b,
                                                            output_mask)
-    return dx, _opt(dw, x, 0), _opt(db, x, 0)
+    return _dx(dx, x), _opt(dw, x, 0), _opt(db, x, 0)
 
 
 LAYER_NORM_BWD = defop("layer_norm_backward", _ln_bwd_kernel, sbp=_norm_sbp(_ln_axes),
@@ -93,7 +99,7 @@ def _gn_bwd_kernel(dy, x, mean, rstd, w, num_groups, output_mask):
     n, c, hxw = _gn_dims(x)
     dx, dw, db = torch.ops.aten.native_group_norm_backward.default(dy, x, mean, rstd, w, n, c, hxw, num_groups,
                                                            output_mask)
-    return dx, _opt(dw, x, 0), _opt(db, x, 0)
+    return _dx(dx, x), _opt(dw, x, 0), _opt(db, x, 0)
 
 
 def _gn_axes(nd, attrs, metas):
@@ -172,8 +178,7 @@ def _bn_bwd_kernel(dy, x, w, rm, rv, save_mean, save_invstd, training, eps, outp
     dx, dw, db = torch.ops.aten.native_batch_norm_backward.default(dy, x, w, rm, rv, save_mean, save_invstd,
                                                            training, eps, output_mask)
     c = x.shape[1] if x.dim() > 1 else 0
-    return (dx if dx is not None else torch.zeros((), dtype=x.dtype).expand(x.shape),
-            _opt(dw, x, c), _opt(db, x, c))
+    return _dx(dx, x), _opt(dw, x, c), _opt(db, x, c)
 
 
 BATCH_NORM_BWD = defop("batch_norm_backward", _bn_bwd_kernel, sbp=_bn_sbp,
