@@ -148,7 +148,16 @@ def _sum_to_local(attrs, metas, local_metas, in_sbps):
 
 EXPAND = defop("expand", lambda x, shape: x.expand(shape), grad=_expand_grad, sbp=_expand_sbp,
                local_attrs=_shape_attr_local, family="broadcast", view=True)
-SUM_TO = defop("sum_to_size", lambda x, shape: x.sum_to_size(shape), grad=_sum_to_grad,
+def _sum_to_kernel(x: torch.Tensor, shape) -> torch.Tensor:
+    lead = x.dim() - len(shape)
+    if lead > 0 and all(s != 1 or x.shape[lead + i] == 1 for i, s in enumerate(shape)):
+        # only leading dims go (a bias's gradient): a fresh tensor, where sum_to_size's is a view
+        # of its keepdim sum (a leaf's .grad would then need a copy)
+        return x.sum(tuple(range(lead)))
+    return x.sum_to_size(shape)
+
+
+SUM_TO = defop("sum_to_size", _sum_to_kernel, grad=_sum_to_grad,
                sbp=_sum_to_sbp, local_attrs=_sum_to_local, family="reduction", view=True)
 CAST = defop("cast", lambda x, dtype: x.to(dtype),
              grad=lambda ctx, dy: (apply(CAST, dy, dtype=ctx.dtypes[0]),),
