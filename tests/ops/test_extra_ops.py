@@ -233,3 +233,21 @@ def test_gamma_family_double_and_triple_backward_match_torch(fn):
         out[L.__name__] = (g1.detach(), g2.detach(), g3)
     for h, t in zip(out["holoflow"], out["torch"]):
         torch.testing.assert_close(h.to_torch(), t)
+
+
+def test_extra_ops_inside_nn_graph_match_torch():
+    """Traced (meta shapes, then the plan): frexp's two outputs, ldexp, hypot, sinc, copysign, i0,
+    and the composites, equal to torch eager."""
+    def prog(L, x, e):
+        m, ex = L.frexp(x * 3)
+        y = m * 2 + L.ldexp(x, e) + L.hypot(x, x + 1) + L.sinc(x) + L.copysign(x, -1.0) + L.i0(x)
+        return y + L.rot90(L.diff(x, dim=0, append=x[:1]), 2) + L.tensordot(x, x.t(), 1)[:, :1], ex
+
+    class G(flow.nn.Graph):
+        def build(self, x, e):
+            return prog(flow, x, e)
+    g = torch.Generator().manual_seed(0)
+    x, e = torch.randn(3, 4, generator=g), torch.randint(-2, 3, (3, 4), generator=g)
+    got, want = G()(flow.from_torch(x), flow.from_torch(e)), prog(torch, x, e)
+    torch.testing.assert_close(got[0].to_torch(), want[0])
+    assert torch.equal(got[1].to_torch(), want[1])

@@ -41,7 +41,9 @@ def _ew(name: str, fn, outputs: tuple | None = None):
 
     def sbp(metas, attrs):  # every output laid out like the (single) elementwise output
         return [(ins, outs * len(outputs or "x")) for ins, outs in one(metas, attrs)]
-    return defop_vjp(name, fn, sbp=sbp, bwd_sbp=_same_shape_bwd_sbp, family="elementwise", outputs=outputs)
+    # (two outputs of two dtypes: not a member of the fusible, in-place-able elementwise family)
+    return defop_vjp(name, fn, sbp=sbp, bwd_sbp=_same_shape_bwd_sbp, outputs=outputs,
+                     family="other" if outputs else "elementwise")
 
 
 def _all_b(n_out: int = 1):
