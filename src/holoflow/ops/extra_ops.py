@@ -6,8 +6,10 @@
 ``scatter_reduce``, ``unravel_index``; with their Tensor methods (and in-place forms).
 
 Where composing existing ops is exact (``diff``, ``kron``, ``tensordot``, ``rot90``,
-``trapezoid``, ``ldexp``), they are composites and need no gradient code; the rest are primitives
-on their ATen kernel whose backward is ATen's derivative (ops/torch_vjp.py). Integer-valued results
+``trapezoid``, ``vander``), they are composites and need no gradient code; ``lgamma``/``digamma``/
+``polygamma`` have gradients written as ops (the next member of the family, so higher derivatives
+compose); the rest are primitives on their ATen kernel whose backward is ATen's derivative
+(ops/torch_vjp.py, no double backward). Integer-valued results
 (``isin``, ``bucketize``, ``histc``, ``unravel_index``, ``gcd``, ``nextafter``, ``heaviside``)
 are not differentiable.
 """
