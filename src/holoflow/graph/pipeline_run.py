@@ -372,57 +372,33 @@ def stage_order(schedule: str, stage: int, p: int, m: int, wgrad: bool = False) 
 
 
 def zb_h1_order(p: int, m: int) -> list[list[tuple[str, int]]]:
-    """ZB-H1's act order on each of ``p`` stages (Qi et al. 2023): what the register counts give
-    when F, B (input gradient) and W (weight gradient) each take one time unit — on stage 0,
-    which sends no input gradient, B only hands W its inputs and W takes two. Stage s holds at most
-    ``min(m, p - s)`` micro-batches between F and B (1F1B's window: its activations) and ``s + 1``
-    between B and W (the inputs of their weight gradients); a free stage takes a ready B, else a
-    ready F, else a waiting W. The result has 1F1B's warm-up, then B F W per micro-batch, with the
-    later stages' W deferred into what would be the cool-down bubble: the bubble is (p-1)/(3m+p-1)
-    of the step instead of 1F1B's (p-1)/(m+p-1). Acts cannot be preempted, so the runtime keeps
-    this order (``_Turns``) instead of starting a W in a gap that a B would arrive during."""
-    dur = [{"F": 1, "B": 0 if s == 0 else 1, "W": 2 if s == 0 else 1} for s in range(p)]
-    f_at = [[None] * m for _ in range(p)]   # when micro-batch k's forward input is there
-    b_at = [[None] * m for _ in range(p)]   # when its output gradient is there
-    f_at[0] = [0] * m
-    done = [{"F": 0, "B": 0, "W": 0} for _ in range(p)]
-    free = [0] * p
-    order: list[list] = [[] for _ in range(p)]
-    t = 0
-    while any(d["W"] < m for d in done):
-        acted = False
-        for s in range(p):
-            if free[s] > t:
-                continue
-            d = done[s]
-            nxt = None
-            if d["B"] < d["F"] and d["B"] - d["W"] < s + 1 and b_at[s][d["B"]] is not None \
-                    and b_at[s][d["B"]] <= t:
-                nxt = "B"
-            elif d["F"] < m and d["F"] - d["B"] < min(m, p - s) and f_at[s][d["F"]] is not None \
-                    and f_at[s][d["F"]] <= t:
-                nxt = "F"
-            elif d["W"] < d["B"]:
-                nxt = "W"
-            if nxt is None:
-                continue
-            k = d[nxt]
-            d[nxt] += 1
-            end = t + dur[s][nxt]
-            free[s] = end
-            order[s].append((nxt, k))
-            if nxt == "F":
-                if s + 1 < p:
-                    f_at[s + 1][k] = end
-                else:
-                    b_at[s][k] = end
-            elif nxt == "B" and s > 0:
-                b_at[s - 1][k] = end
-            acted = True
-        if not acted:
-            t = min([f for f in free if f > t] + [x for row in (*f_at, *b_at) for x in row
-                                                  if x is not None and x > t])
-    return order
+    """ZB-H1's act order on each of ``p`` stages (Qi et al. 2023, the handcrafted H1): stage ``i``
+    runs 1F1B's warm-up (``p - 1 - i`` forwards), then per micro-batch F, B (input gradient) and —
+    once more than ``i`` weight gradients wait — W; the W left at the end fill what would be the
+    cool-down bubble. Every stage then holds at most ``p`` micro-batches between a forward and its
+    weight gradient (1F1B's first stage holds ``p`` too): ``p - i`` between F and B (1F1B's
+    window, their activations) and ``i`` more whose W waits (only W's inputs). With one time unit
+    per F, B and W the bubble is (p-1)/(3m+p-1) of the step, a third of 1F1B's (p-1)/(m+p-1) for
+    m >> p; on stage 0, which sends no input gradient, B only hands W its inputs and W runs right
+    after it. Acts cannot be preempted, so the runtime keeps this order (``_Turns``) instead of
+    starting a W in a gap that a B would arrive during."""
+    orders = []
+    for i in range(p):
+        warm = min(m, p - 1 - i)
+        seq = [("F", k) for k in range(warm)]
+        f, b, w = warm, 0, 0
+        while b < m:
+            if f < m:
+                seq.append(("F", f))
+                f += 1
+            seq.append(("B", b))
+            b += 1
+            if b - w > i:
+                seq.append(("W", w))
+                w += 1
+        seq += [("W", k) for k in range(w, m)]
+        orders.append(seq)
+    return orders
 
 
 class _Turns:
