@@ -39,6 +39,8 @@ P["copysign-scalar"] = (lambda L, a: a.copysign(-1.0), _n((3, 4)))
 P["ldexp"] = (lambda L, a, e: L.ldexp(a, e), lambda dt, g: (
     (randn(3, 4, gen=g, dtype=dt), torch.randint(0, 4, (3, 4), generator=g)), {}))
 P["ldexp-float-exponent"] = (lambda L, a, e: a.ldexp(e), _n((3, 4), (3, 4)))
+P["nextafter"] = (lambda L, a, b: L.nextafter(a, b), _n((3, 4), (3, 4)))
+P["nextafter-method-broadcast"] = (lambda L, a, b: a.nextafter(b), _n((3, 4), (3, 1)))
 P["frexp"] = (lambda L, x: tuple(L.frexp(x * 10)), _n((3, 4)))
 # composites
 P["diff"] = (lambda L, x: L.diff(x), _n((3, 5)))
@@ -109,8 +111,6 @@ NP = {
     "heaviside-method": (lambda L, x, v: x.round().heaviside(v), _n((3, 4), (3, 4))),
     "gcd": (lambda L, a, b: L.gcd(a, b), _ints((3, 4), (3, 4))),
     "gcd-method-broadcast": (lambda L, a, b: a.gcd(b), _ints((3, 4), (4,))),
-    "nextafter": (lambda L, a, b: L.nextafter(a, b), _n((3, 4), (3, 4))),
-    "nextafter-method": (lambda L, a, b: a.nextafter(b), _n((3, 4), (3, 4))),
     "isin": (lambda L, a, b: L.isin(a, b), _ints((3, 4), (6,), lo=0, hi=8)),
     "isin-invert-unique": (lambda L, a, b: L.isin(a, b.unique(), assume_unique=True, invert=True),
                            _ints((3, 4), (6,), lo=0, hi=8)),
@@ -159,7 +159,7 @@ def test_inplace_methods_match_torch(name):
         x, y = a * 1, b * 1
         r = INPLACE[name](L, x, y)
         assert r is x
-        differentiable = name not in ("heaviside_", "nextafter_")
+        differentiable = name != "heaviside_"
         if differentiable:
             (x * conv(up)).sum().backward()
         got[L.__name__] = (x.detach(), a.grad, b.grad)
@@ -251,3 +251,14 @@ def test_extra_ops_inside_nn_graph_match_torch():
     got, want = G()(flow.from_torch(x), flow.from_torch(e)), prog(torch, x, e)
     torch.testing.assert_close(got[0].to_torch(), want[0])
     assert torch.equal(got[1].to_torch(), want[1])
+
+
+@pytest.mark.parametrize("fn", ["heaviside"])
+def test_no_derivative_ops_require_grad_and_raise_in_backward_like_torch(fn):
+    for L in (torch, flow):
+        x = L.tensor([-1.0, 0.0, 2.0], requires_grad=True)
+        y = getattr(L, fn)(x, L.tensor([0.5, 0.5, 0.5]))
+        assert y.requires_grad
+        with pytest.raises(RuntimeError, match="derivative for .*" + fn + ".* not implemented"):
+            y.sum().backward()
+    assert not flow.gcd(flow.tensor([4]), flow.tensor([6])).requires_grad

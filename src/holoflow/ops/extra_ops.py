@@ -10,8 +10,8 @@ Where composing existing ops is exact (``diff``, ``kron``, ``tensordot``, ``rot9
 ``polygamma`` have gradients written as ops (the next member of the family, so higher derivatives
 compose); the rest are primitives on their ATen kernel whose backward is ATen's derivative
 (ops/torch_vjp.py, no double backward). Integer-valued results
-(``isin``, ``bucketize``, ``histc``, ``unravel_index``, ``gcd``, ``nextafter``, ``heaviside``)
-are not differentiable.
+(``isin``, ``bucketize``, ``histc``, ``unravel_index``, ``gcd``) are not differentiable;
+``heaviside``'s output requires grad and its backward raises, as torch's.
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ from ..core.errors import UnsupportedError, normalize_dim
 from ..core.registry import defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
-from .family import binary, elementwise_sbp, unary
+from .elementwise import ZEROS_LIKE
+from .family import binary, elementwise_sbp, needs, reduce_grad, unary
 from .linalg import matmul
 from .more_ops import _same_shape_bwd_sbp
 from .shape import cat, permute, reshape
@@ -81,9 +82,25 @@ SINC = _ew("sinc", torch.sinc)
 HYPOT = _ew("hypot", torch.hypot)
 COPYSIGN = _ew("copysign", torch.copysign)
 FREXP = _ew("frexp", torch.frexp, outputs=("mantissa", "exponent"))
-HEAVISIDE = binary("heaviside", torch.heaviside, tensors_only=True)
+
+
+def _no_derivative(name: str):
+    """torch's outputs of these require grad, and backward raises: the same here."""
+    def grad(ctx, dy):
+        raise UnsupportedError(f"holoflow.{name}: the derivative for '{name}' is not implemented (nor in torch)")
+    return grad
+
+
+HEAVISIDE = binary("heaviside", torch.heaviside, _no_derivative("heaviside"), tensors_only=True)
 GCD = binary("gcd", torch.gcd, tensors_only=True)
-NEXTAFTER = binary("nextafter", torch.nextafter, tensors_only=True)
+
+
+def _nextafter_grad(c, dy):  # ATen's: the step is locally constant, d/dinput = 1, d/dother = 0
+    return (reduce_grad(dy, c, 0) if needs(c, 0) else None,
+            reduce_grad(apply(ZEROS_LIKE, dy), c, 1) if needs(c, 1) else None)
+
+
+NEXTAFTER = binary("nextafter", torch.nextafter, _nextafter_grad, tensors_only=True)
 
 _Frexp = namedtuple("frexp", ["mantissa", "exponent"])
 
