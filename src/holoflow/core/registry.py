@@ -85,6 +85,10 @@ class Op:
     # add_to_output(shapes, beta, alpha) -> kernel(*inputs, r) computing ``beta * r + alpha *
     # op(*inputs)`` in one call (addmm-style), or None for these input shapes (None: no tensor)
     add_to_output: Callable | None = None
+    # mask_split: a backward computing (input gradient, weight gradients...) that attr
+    # ``output_mask`` switches per output, so it can run as two nodes (zero-bubble pipelines
+    # defer the weight part: graph/passes/stages.py)
+    mask_split: bool = False
     out_type: Any = field(default=None, repr=False)
     defaults: dict = field(default_factory=dict, repr=False)
 

@@ -56,7 +56,8 @@ def _ln_bwd_kernel(dy, x, mean, rstd, w, b, normalized_shape, output_mask):
 
 
 LAYER_NORM_BWD = defop("layer_norm_backward", _ln_bwd_kernel, sbp=_norm_sbp(_ln_axes),
-                       grad=no_double_backward("layer_norm_backward"), family="norm")
+                       grad=no_double_backward("layer_norm_backward"), family="norm",
+                       mask_split=True)
 
 
 def _ln_grad(c, dy, _dmean, _drstd):
@@ -107,7 +108,8 @@ def _gn_axes(nd, attrs, metas):
 
 
 GROUP_NORM_BWD = defop("group_norm_backward", _gn_bwd_kernel, sbp=_norm_sbp(_gn_axes),
-                       grad=no_double_backward("group_norm_backward"), family="norm")
+                       grad=no_double_backward("group_norm_backward"), family="norm",
+                       mask_split=True)
 
 
 def _gn_grad(c, dy, _dmean, _drstd):
@@ -182,7 +184,8 @@ def _bn_bwd_kernel(dy, x, w, rm, rv, save_mean, save_invstd, training, eps, outp
 
 
 BATCH_NORM_BWD = defop("batch_norm_backward", _bn_bwd_kernel, sbp=_bn_sbp,
-                       grad=no_double_backward("batch_norm_backward"), family="norm")
+                       grad=no_double_backward("batch_norm_backward"), family="norm",
+                       mask_split=True)
 
 
 def _bn_grad(c, dy, _dm, _dv):

@@ -307,9 +307,11 @@ def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int, p2p: Any = Non
     return RankGraph(sub, {id(n): ph[id(n)] for n in out}, feeds, recv, send, outputs)
 
 
-# backward ops computing an input gradient and weight gradients at once, and their output masks:
-# split in two nodes (input gradient only, weight gradients only) so the weight part can wait
-_SPLITTABLE = ("layer_norm_backward", "batch_norm_backward", "group_norm_backward")
+def _mask_split(n: Node) -> bool:
+    """A backward computing an input gradient and weight gradients at once under an output mask
+    (its op declares ``mask_split``): split in two nodes so the weight part can wait."""
+    op = REGISTRY.get(n.op) if n.kernel is None else None
+    return op is not None and op.mask_split and len(n.outputs) == 3
 
 
 def _split_mask(n: Node, first: bool) -> Node:
@@ -334,7 +336,7 @@ def split_weight_grads(nodes: list, keep: set) -> tuple[list, list]:
     for n in reversed(nodes):
         if not any(v in need for v in n.outputs):
             continue
-        if n.op in _SPLITTABLE and n.kernel is None and len(n.outputs) == 3 and n.outputs[0] in need \
+        if _mask_split(n) and n.outputs[0] in need \
                 and not any(v in need for v in n.outputs[1:]) and any(n.attrs["output_mask"][1:]):
             later_part[id(n)] = _split_mask(n, first=False)
             n0 = _split_mask(n, first=True)
