@@ -239,6 +239,11 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
     """Backpropagates ``grads`` from ``tensors``; accumulates into leaves' ``.grad`` and/or
     returns the gradients of the ``capture`` tensors (``autograd.grad``)."""
     from .tensor import Tensor
+    stale = [t for t in (*tensors, *(capture or ())) if t._view is not None]
+    if stale:   # a view whose base was written in place since: its history re-derived first
+        from .dispatch import refresh
+        for t in stale:
+            refresh(t)
     captured: dict = {}
     cap_keys = {}
     for i, t in enumerate(capture or ()):

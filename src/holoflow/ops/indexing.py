@@ -341,6 +341,7 @@ def _index_put_sbp(metas, attrs):
 
 
 INDEX_PUT = defop("index_put", _index_put_kernel, grad=_index_put_grad, sbp=_index_put_sbp, save="inputs",
+                  saved_inputs=lambda needs: tuple(range(2, len(needs))),   # the indices: not x, not the value
                   inplace_kernel=_index_put_inplace, family="indexing")
 
 
