@@ -8,7 +8,7 @@ import torch
 
 from ..core.dispatch import apply
 from ..core.tensor import Tensor
-from .family import binary, needs, reads_other, reads_quotient, reduce_grad, unary
+from .family import binary, holomorphic, needs, reads_other, reads_quotient, reduce_grad, unary
 
 
 def _zeros(ctx, dy):
@@ -77,6 +77,12 @@ NAN_TO_NUM = unary("nan_to_num", torch.nan_to_num,
                    lambda c, dy: (dy * _x(c).isfinite(),), "inputs")
 CLAMP = unary("clamp", lambda x, min=None, max=None: torch.clamp(x, min, max),  # noqa: A002
               lambda c, dy: (dy * _clamp_mask(_x(c), c.min, c.max),), "inputs")
+
+
+# complex inputs: these rules are written as dy * f'(z); torch wants dy * conj(f'(z))
+for _op in (EXP, EXP2, EXPM1, LOG, LOG2, LOG10, LOG1P, SQRT, RSQRT, SQUARE, RECIPROCAL, SIN, COS, TAN, ASIN,
+            ACOS, ATAN, SINH, COSH, TANH, SIGMOID):
+    holomorphic(_op)
 
 
 def _clamp_mask(x, lo, hi):
@@ -169,7 +175,7 @@ MUL = binary("mul", torch.mul, _mul_grad, "inputs", partial=("PB", "BP", "P-", "
 DIV = binary("div", lambda a, b, rounding_mode=None: torch.div(a, b, rounding_mode=rounding_mode),
              _div_grad, "inputs", partial=lambda attrs: ("PB", "P-") if attrs.get("rounding_mode") is None else (),
              saved_inputs=reads_quotient)
-POW = binary("pow", torch.pow, _pow_grad, "inputs")
+POW = holomorphic(binary("pow", torch.pow, _pow_grad, "inputs"))
 MAXIMUM = binary("maximum", torch.maximum, _minmax_grad(lambda a, b: a > b), "inputs", tensors_only=True,
                  commutative=True)
 MINIMUM = binary("minimum", torch.minimum, _minmax_grad(lambda a, b: a < b), "inputs", tensors_only=True,

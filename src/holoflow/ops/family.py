@@ -12,7 +12,7 @@ import torch
 
 from ..core.dispatch import apply
 from ..core.errors import ShapeError
-from ..core.registry import FAMILY_DEFAULTS, Meta, Op, defop
+from ..core.registry import FAMILY_DEFAULTS, REGISTRY, Meta, Op, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 
@@ -189,6 +189,23 @@ def empty_safe(kernel: Callable) -> Callable:
                 return o
             return cut(out) if isinstance(out, torch.Tensor) else type(out)(cut(o) for o in out)
     return k
+
+
+def holomorphic(op: Op) -> Op:
+    """Declares ``op``'s grad rule *naive holomorphic*: written as ``dy * f'(z)`` for real inputs
+    (no conjugates). For complex tensors torch's convention is ``dy * conj(f'(z))``; the rule
+    then runs as ``conj(rule(conj(dy)))``, which is that for any holomorphic ``f`` (and for
+    each input of a multi-input op holomorphic in it). Real tensors run the rule itself."""
+    rule = op.grad
+
+    def grad(c, *dys):
+        if not any(isinstance(d, Tensor) and d._data.is_complex() for d in dys):
+            return rule(c, *dys)
+        conj = REGISTRY["conj"]
+        got = rule(c, *(apply(conj, d) if isinstance(d, Tensor) and d._data.is_complex() else d for d in dys))
+        return tuple(apply(conj, g) if isinstance(g, Tensor) and g._data.is_complex() else g for g in got)
+    op.grad = grad
+    return op
 
 
 def unary(name: str, kernel: Callable, grad: Callable | None = None, save: str = "",

@@ -18,7 +18,7 @@ from ..core.errors import DTypeError, ShapeError
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
-from .family import broadcast_shapes, needs, reduce_grad
+from .family import broadcast_shapes, holomorphic, needs, reduce_grad
 
 __all__ = ["matmul", "mm", "bmm", "einsum", "outer", "ger", "dot", "inner", "addmm", "baddbmm", "linear",
            "vecdot"]
@@ -222,8 +222,8 @@ def _matmul_add_to_output(shapes: tuple, beta, alpha):
     return None
 
 
-MATMUL = defop("matmul", torch.matmul, grad=_matmul_grad, save="inputs", shape=_matmul_shape,
-               sbp=_matmul_sbp, family="einsum", add_to_output=_matmul_add_to_output)
+MATMUL = holomorphic(defop("matmul", torch.matmul, grad=_matmul_grad, save="inputs", shape=_matmul_shape,
+                           sbp=_matmul_sbp, family="einsum", add_to_output=_matmul_add_to_output))
 
 
 # matmul's gradients for y = a @ b with equal batch dims (torch's mm/bmm backward), as their own

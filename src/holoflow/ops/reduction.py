@@ -21,7 +21,7 @@ from ..core.registry import defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
-from .family import CAST
+from .family import CAST, holomorphic
 
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "aminmax",
            "var", "std", "var_mean", "std_mean", "logsumexp", "norm", "all", "any",
@@ -292,7 +292,7 @@ _RED = dict(family="reduction")
 SUM = defop("sum", lambda x, dim, keepdim, dtype: torch.sum(x, dim, keepdim=keepdim, dtype=dtype),
             grad=_sum_grad, sbp=reduce_sbp(linear=True), **_RED)
 MEAN = defop("mean", _mean_kernel, grad=_mean_grad, sbp=reduce_sbp(linear=True), **_RED)
-PROD = defop("prod", _prod_kernel, grad=_prod_grad, save="inputs", sbp=reduce_sbp(), **_RED)
+PROD = holomorphic(defop("prod", _prod_kernel, grad=_prod_grad, save="inputs", sbp=reduce_sbp(), **_RED))
 AMAX = defop("amax", lambda x, dim, keepdim: torch.amax(x, dim, keepdim), grad=_extreme_grad,
              save="both", sbp=reduce_sbp(), **_RED)
 AMIN = defop("amin", lambda x, dim, keepdim: torch.amin(x, dim, keepdim), grad=_extreme_grad,
