@@ -81,7 +81,16 @@ GELU_BWD.inplace_kernel = lambda dy, x, approximate="none": \
     torch.ops.aten.gelu_backward.grad_input(dy, x, approximate=approximate, grad_input=dy)  # into dy
 GELU = unary("gelu", lambda x, approximate="none": TF.gelu(x, approximate=approximate),
              lambda c, dy: (apply(GELU_BWD, dy, _x(c), approximate=c.approximate),), "inputs")
-RELU = unary("relu", torch.relu, lambda c, dy: (dy * (c.out > 0),), "output")
+def _relu_bwd_grad(c, ddx):
+    """``relu_backward(dy, out)`` is linear in dy with the mask ``out > 0``; zero in ``out``
+    almost everywhere (torch's convention)."""
+    return (apply(RELU_BWD, ddx, c.inputs[1]) if needs(c, 0) else None, None)
+
+
+# one kernel (aten's threshold_backward) instead of a comparison, a cast and a product
+RELU_BWD = binary("relu_backward", lambda dy, out: torch.ops.aten.threshold_backward.default(dy, out, 0),
+                  _relu_bwd_grad, "inputs", partial=("PB",), saved_inputs=(1,))
+RELU = unary("relu", torch.relu, lambda c, dy: (apply(RELU_BWD, dy, c.out),), "output")
 LEAKY_RELU = unary("leaky_relu", lambda x, negative_slope=0.01: TF.leaky_relu(x, negative_slope),
                    lambda c, dy: (E.where(_x(c) > 0, dy, dy * c.negative_slope),), "inputs")
 
