@@ -42,6 +42,8 @@ from holoflow.ops.family import binary, unary  # noqa: E402
 from holoflow.runtime.timeline import bubble_fractions  # noqa: E402
 
 KERNEL = {"kind": "sleep", "d": 512}
+STAGE = {"kind": "linear"}      # --stage: "linear" (Linear(16, 16)) or "gpt" (a GPT block, d=32, T=16)
+GPT_D, GPT_T = 32, 16
 
 
 def _work(x: torch.Tensor, ms: float = 0.0) -> torch.Tensor:
@@ -81,10 +83,26 @@ class Stage(flow.nn.Module):
         return apply(SCALE, self.fc(x), self.w, ms=self.ms)
 
 
+class GPTStage(flow.nn.Module):
+    """A GPT block (examples/gpt.py: layer norms, causal attention through SDPA, MLP) and the
+    timed op on its flattened output: a realistic ratio of activations to weight-gradient inputs."""
+
+    def __init__(self, ms: float):
+        super().__init__()
+        from holoflow.examples import gpt
+        self.block = gpt.build(flow)(17, GPT_T, 1, GPT_D, 2).blocks[0]
+        self.w, self.ms = flow.nn.Parameter(flow.ones(GPT_D)), ms
+
+    def forward(self, x):
+        h = self.block(x)
+        return apply(SCALE, h.reshape(-1, GPT_D), self.w, ms=self.ms).reshape(h.shape)
+
+
 def run_rank(rank: int, p: int, m: int, schedule: str, ms: float, steps: int, batch: int, trace: str | None):
     places = [flow.placement("cpu", ranks=[s]) for s in range(p)]
     flow.manual_seed(0)
-    stages = [Stage(ms) for _ in range(p)]
+    make = GPTStage if STAGE["kind"] == "gpt" else Stage
+    stages = [make(ms) for _ in range(p)]
     for st, pl in zip(stages, places):
         st.to_global(placement=pl, sbp=[B])
     seq = flow.nn.Sequential(*stages)
@@ -106,7 +124,8 @@ def run_rank(rank: int, p: int, m: int, schedule: str, ms: float, steps: int, ba
             return loss
 
     g = G()
-    x = flow.tensor(torch.randn(batch, 16)).to_global(placement=places[0], sbp=[B])
+    shape = (batch // 4, GPT_T, GPT_D) if STAGE["kind"] == "gpt" else (batch, 16)
+    x = flow.tensor(torch.randn(*shape)).to_global(placement=places[0], sbp=[B])
     for _ in range(steps):
         g(x)
     c = next(iter(g._compiled.values()))
@@ -132,8 +151,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="runs per config; the best is printed")
     ap.add_argument("--configs", default="2:4,2:8,4:8", help="p:m pairs")
     ap.add_argument("--trace", default=None)
+    ap.add_argument("--stage", choices=["linear", "gpt"], default="linear",
+                    help="linear: Linear(16, 16) + timed op; gpt: a GPT block (d=32, T=16) + timed op")
     args = ap.parse_args()
     KERNEL.update(kind=args.kernel, d=args.d)
+    STAGE.update(kind=args.stage)
     torch.set_num_threads(1)
     print(f"pipeline bench: {args.kernel} kernels, {args.ms} ms forward / {2 * args.ms} ms backward per stage "
           f"and micro-batch, {args.steps} steps (first dropped), simulated ranks, best of {args.rounds} rounds")
