@@ -115,7 +115,10 @@ def run_rank(rank: int, p: int, m: int, schedule: str, ms: float, steps: int, ba
             for i, pl in enumerate(places):
                 self.seq[i].to(flow.nn.graph.GraphModule).set_stage(i, pl)
             self.config.set_gradient_accumulation_steps(m)
-            self.config.set_pipeline_schedule(schedule)
+            if schedule == "zb-h1-mem":
+                self.config.set_pipeline_schedule("zb-h1", memory="1f1b")
+            else:
+                self.config.set_pipeline_schedule(schedule)
             self.add_optimizer(opt)
 
         def build(self, x):
@@ -164,11 +167,19 @@ def main() -> None:
     ok, prev = True, None
     configs = [tuple(int(v) for v in c.split(":")) for c in args.configs.split(",")]
     for i, (p, m) in enumerate(configs):
-        for schedule in ("1f1b", "gpipe", "zb-h1"):
+        for schedule in ("1f1b", "gpipe", "zb-h1", "zb-h1-mem"):
             last = i == len(configs) - 1 and schedule == "zb-h1"
             rounds = [measure(p, m, schedule, args.ms, args.steps, 8 * m, args.trace if last else None)
                       for _ in range(args.rounds)]
             r = min(rounds, key=lambda x: max(x["bubble"]))   # best round: load only adds idle time
+            if schedule == "zb-h1-mem":   # memory-capped ZB-H1: its bubble and peak next to 1F1B's
+                ratio = max(r["bubble"]) / max(prev["bubble"])
+                nbytes = [mm["peak_bytes"] for mm in r["mem"]]
+                print(f"{p:>2} {m:>2} {schedule:<8} {'':>6}  {' '.join(f'{b:.3f}' for b in r['bubble']):<28} "
+                      f"{'':>9}  {str([mm['peak_in_flight'] for mm in r['mem']]):<20} {nbytes}\n{'':>12}"
+                      f"worst bubble {ratio:.2f}x 1F1B's; peak activation bytes "
+                      f"{max(nbytes) / max(prev['bytes']):.3f}x 1F1B's (its memory bound)")
+                continue
             if schedule == "zb-h1":   # bubble (p-1)(F + B_input - W) over m(F + B_input + W): F = B_input = W
                 r["ideal"] = (p - 1) / (3 * m + p - 1)
             dev = max(abs(b - r["ideal"]) / r["ideal"] for b in r["bubble"])

@@ -398,7 +398,7 @@ def ln_reference(init: dict, steps: int = 2, lr: float = 0.1, batch: int = 16):
 
 
 def ln_pipelined(rank: int, init: dict, steps: int = 2, m: int = 4, schedule: str = "zb-h1", lr: float = 0.1,
-                 batch: int = 16):
+                 batch: int = 16, memory: str | None = None):
     """LNNet on two stages (s0 | s1 + head): this rank's full parameters, its program's source,
     its compute acts in order and its memory record."""
     p0, p1 = flow.placement("cpu", ranks=[0]), flow.placement("cpu", ranks=[1])
@@ -413,7 +413,7 @@ def ln_pipelined(rank: int, init: dict, steps: int = 2, m: int = 4, schedule: st
             self.net.s1.to(flow.nn.graph.GraphModule).set_stage(1, p1)
             self.net.head.to(flow.nn.graph.GraphModule).set_stage(1, p1)
             self.config.set_gradient_accumulation_steps(m)
-            self.config.set_pipeline_schedule(schedule)
+            self.config.set_pipeline_schedule(schedule, **({"memory": memory} if memory else {}))
             self.add_optimizer(o)
 
         def build(self, x, y):

@@ -26,6 +26,7 @@ class GraphConfig:
         self.zero: Zero | None = None   # config.enable_zero (graph/zero.py)
         self.allreduce_bucket_mb = 25.0  # global graphs: gradient all-reduces bucketed (0: one each)
         self.pipeline_schedule = "1f1b"  # pipeline stages: "1f1b" or "gpipe" (graph/pipeline.py)
+        self.pipeline_memory: str | None = None   # "1f1b": zb-h1 holds no more than 1F1B does
         self.compile_tasks = False   # config.enable_compile (graph/compile_tasks.py)
 
     def set_allreduce_bucket_mb(self, mb: float) -> None:
@@ -51,15 +52,23 @@ class GraphConfig:
             raise ValueError(f"holoflow.nn.Graph: gradient accumulation steps must be an int >= 1, got {value!r}")
         self.grad_acc_steps = value
 
-    def set_pipeline_schedule(self, name: str) -> None:
+    def set_pipeline_schedule(self, name: str, *, memory: str | None = None) -> None:
         """Pipeline stages (graph/pipeline.py): ``"1f1b"`` (default: a stage holds at most its
         ``p - stage`` micro-batches in flight), ``"gpipe"`` (all ``m`` forwards, then backwards), or
         ``"zb-h1"`` (1F1B whose weight gradients run as a separate task, deferred by ``p - 1 -
         stage`` micro-batches, after the input gradients are sent: zero-bubble H1). The order
-        emerges from the tasks' register counts, not from a scheduler loop."""
+        emerges from the tasks' register counts, not from a scheduler loop.
+
+        ``memory="1f1b"`` (zb-h1 only): each stage defers only as many weight gradients as keep
+        it within 1F1B's peak activation memory (``p`` micro-batches of activations), from the
+        plan's bytes per micro-batch (``pipeline_run.zb_delay``); the full ZB-H1 bubble when a
+        micro-batch's weight-gradient inputs are no larger than its activations, more otherwise."""
         if name not in ("1f1b", "gpipe", "zb-h1"):
             raise ValueError(f"holoflow.nn.Graph: pipeline schedule must be '1f1b', 'gpipe' or 'zb-h1', got {name!r}")
-        self.pipeline_schedule = name
+        if memory not in (None, "1f1b") or (memory is not None and name != "zb-h1"):
+            raise ValueError(f"holoflow.nn.Graph: set_pipeline_schedule(memory=...) takes None or '1f1b', and only "
+                             f"with 'zb-h1'; got memory={memory!r} for {name!r}")
+        self.pipeline_schedule, self.pipeline_memory = name, memory
 
     def allow_fuse_add_to_output(self, mode: bool = True) -> None:
         self.fuse_add_to_output = mode

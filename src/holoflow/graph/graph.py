@@ -278,9 +278,9 @@ class Graph:
         ir = passes.run(ir, cfg, log)
         placements = stages.placements if stages is not None else implicit_placements(ir)
         pipeline.check_same_program(ir, placements)
-        c = PipelineCompiled(ir, placements, m, self.config.pipeline_schedule, rank=world.rank(),
-                                      comm=world.comm(), passes_log=log, compile_s=time.perf_counter() - t0,
-                                      profile=self.config.profiling)
+        c = PipelineCompiled(ir, placements, m, self.config.pipeline_schedule, memory=self.config.pipeline_memory,
+                             rank=world.rank(), comm=world.comm(), passes_log=log,
+                             compile_s=time.perf_counter() - t0, profile=self.config.profiling)
         self._log = log
         if self._debug >= 1:
             print(self._summary(c))

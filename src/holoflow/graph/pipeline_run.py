@@ -97,13 +97,14 @@ class PipelineCompiled:
     micro-batches are set on a global graph); the interface of ``lower.Compiled``."""
 
     def __init__(self, logical, placements: list, m: int, schedule: str, *, rank: int, comm: Any,
-                 passes_log: list, compile_s: float, profile: bool = False) -> None:
+                 passes_log: list, compile_s: float, profile: bool = False, memory: str | None = None) -> None:
         self.ir = self.logical = logical
-        self.placements, self.m, self.schedule = placements, m, schedule
+        self.placements, self.m, self.schedule, self.memory = placements, m, schedule, memory
         self.p, self.rank, self.comm = len(placements), rank, comm
         self.passes_log, self.compile_s, self.profile = passes_log, compile_s, profile
         self.kind, self.iterations, self.peak_bytes = "actor", 0, 0
         self.stage = next((i for i, pl in enumerate(placements) if rank in pl.flat_ranks), None)
+        self.zb_delay: int | None = None   # zb-h1: weight gradients this stage lets wait
         self.mem = {"in_flight": 0, "peak_in_flight": 0, "bytes": 0, "peak_bytes": 0,
                     "w_waiting": 0, "peak_w_waiting": 0, "w_bytes": 0, "peak_w_bytes": 0}
         self.runtime, self._out_names = None, {}
@@ -212,6 +213,13 @@ class PipelineCompiled:
         w_in = [pos[v] for v in relay if v not in fvals]
         w_out = [i for i, v in enumerate(bt.outputs) if v in wneed] if wt is not None else []
         wfifo: deque = deque()
+        # ZB-H1 at 1F1B's memory: the bytes a micro-batch holds from F to B, and from B to W
+        self.zb_delay = None
+        if wt is not None:
+            act = sum(v.nbytes for v in [*(ft.outputs[i] for i in saved), *(ft.inputs[i] for i in kept)]) if ft else 0
+            held = sum(v.nbytes for v in [*(ft.outputs[i] for i in saved_w), *(ft.inputs[i] for i in kept_w),
+                                           *(b_all[i] for i in w_in), *(bt.outputs[i] for i in w_out)])
+            self.zb_delay = zb_delay(self.stage, act, held) if self.memory == "1f1b" else None
 
         def bwd(*args, _f=b_fn):
             out = _f(*args[:n_b])
@@ -283,8 +291,8 @@ class PipelineCompiled:
         self.turns = None
         if len(mine.flat_ranks) > 1 or wt is not None:
             kinds = {"F": ft, "B": bt, "W": wt}
-            seq = [kinds[k].name for k, _ in stage_order(self.schedule, self.stage, self.p, self.m, wt is not None)
-                   if kinds[k] is not None]
+            seq = [kinds[k].name for k, _ in stage_order(self.schedule, self.stage, self.p, self.m, wt is not None,
+                                                         self.zb_delay) if kinds[k] is not None]
             self.turns = _wire_turns(self.runtime, seq)
 
     # -- running ------------------------------------------------------------------------------------
@@ -363,15 +371,27 @@ def act_order(w: int, m: int, wgrad: bool = False) -> list[tuple[str, int]]:
     return seq
 
 
-def stage_order(schedule: str, stage: int, p: int, m: int, wgrad: bool = False) -> list[tuple[str, int]]:
+def zb_delay(stage: int, act_bytes: int, w_bytes: int) -> int:
+    """How many weight gradients stage ``stage`` lets wait in ZB-H1 so that it holds no more than
+    1F1B's first stage, ``p`` micro-batches of activations: ``(p - s) * act + d * w <= p * act``,
+    so ``d = floor(s * act / w)``, at most ``s`` (the paper's H1, reached when a micro-batch's
+    weight-gradient inputs ``w`` are no larger than its activations ``act``)."""
+    if w_bytes <= 0:
+        return stage
+    return min(stage, stage * act_bytes // w_bytes)
+
+
+def stage_order(schedule: str, stage: int, p: int, m: int, wgrad: bool = False,
+                delay: int | None = None) -> list[tuple[str, int]]:
     """The compute acts of ``stage`` in one step, in its schedule's order (``zb-h1`` with weight
-    gradients split off: ``zb_h1_order``; else ``act_order``)."""
+    gradients split off: ``zb_h1_order`` with this stage's ``delay``; else ``act_order``)."""
     if schedule == "zb-h1" and wgrad:
-        return zb_h1_order(p, m)[stage]
+        delays = [stage if delay is None else delay if s == stage else s for s in range(p)]
+        return zb_h1_order(p, m, delays)[stage]
     return act_order(window(schedule, stage, p, m), m, wgrad)
 
 
-def zb_h1_order(p: int, m: int) -> list[list[tuple[str, int]]]:
+def zb_h1_order(p: int, m: int, delays: list[int] | None = None) -> list[list[tuple[str, int]]]:
     """ZB-H1's act order on each of ``p`` stages (Qi et al. 2023, the handcrafted H1): stage ``i``
     runs 1F1B's warm-up (``p - 1 - i`` forwards), then per micro-batch F, B (input gradient) and —
     once more than ``i`` weight gradients wait — W; the W left at the end fill what would be the
@@ -381,9 +401,13 @@ def zb_h1_order(p: int, m: int) -> list[list[tuple[str, int]]]:
     per F, B and W the bubble is (p-1)/(3m+p-1) of the step, a third of 1F1B's (p-1)/(m+p-1) for
     m >> p; on stage 0, which sends no input gradient, B only hands W its inputs and W runs right
     after it. Acts cannot be preempted, so the runtime keeps this order (``_Turns``) instead of
-    starting a W in a gap that a B would arrive during."""
+    starting a W in a gap that a B would arrive during.
+
+    ``delays[i]`` (default ``i``) is how many weight gradients stage i lets wait: fewer keep its
+    memory lower at the price of bubble (``zb_delay``)."""
     orders = []
     for i in range(p):
+        d = i if delays is None else delays[i]
         warm = min(m, p - 1 - i)
         seq = [("F", k) for k in range(warm)]
         f, b, w = warm, 0, 0
@@ -393,7 +417,7 @@ def zb_h1_order(p: int, m: int) -> list[list[tuple[str, int]]]:
                 f += 1
             seq.append(("B", b))
             b += 1
-            if b - w > i:
+            if b - w > d:
                 seq.append(("W", w))
                 w += 1
         seq += [("W", k) for k in range(w, m)]
