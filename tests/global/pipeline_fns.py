@@ -295,6 +295,40 @@ class TPNet(flow.nn.Module):
         return self.fc2(flow.nn.functional.relu(self.fc1(h)))
 
 
+def train_staged(net, opt, stages: list, m: int, schedule: str, x_place, y_place, steps: int, batch: int,
+                 memory: str | None = None) -> tuple:
+    """``net`` in a graph with ``stages`` (``(module, stage id, placement)``; none: stages by
+    placement) and ``m`` micro-batches, trained ``steps`` steps on ``data``: (compiled plan,
+    per-step outputs)."""
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+            for module, sid, place in stages:
+                module.to(flow.nn.graph.GraphModule).set_stage(sid, place)
+            self.config.set_gradient_accumulation_steps(m)
+            self.config.set_pipeline_schedule(schedule, **({"memory": memory} if memory else {}))
+            self.add_optimizer(opt)
+
+        def build(self, x, y):
+            loss = flow.nn.functional.cross_entropy(self.net(x), y)
+            loss.backward()
+            return loss
+
+    g, outs = G(), []
+    for s in range(steps):
+        x, y = data(batch, s)
+        outs.append(g(flow.tensor(x).to_global(placement=x_place, sbp=[B]),
+                      flow.tensor(y).to_global(placement=y_place, sbp=[B])))
+    return next(iter(g._compiled.values())), outs
+
+
+def compute_order(c) -> list:
+    """A pipelined plan's compute acts (phase, micro-batch) in the order they ran."""
+    return [(a["phase"], a["mb"]) for a in sorted(c.acts(), key=lambda a: a["start"])
+            if a["lane"] == "compute" and a["phase"] in ("F", "B", "W")]
+
+
 def tp_init(seed: int = 0):
     flow.manual_seed(seed)
     return {k: v.detach().numpy().copy() for k, v in TPNet().state_dict().items()}
@@ -320,31 +354,9 @@ def tp_pipelined(rank: int, init: dict, steps: int = 3, m: int = 4, schedule: st
     losses (stage 1) and its stage's compute acts in order."""
     p0, p1 = flow.placement("cpu", ranks=[0, 1]), flow.placement("cpu", ranks=[2, 3])
     net = TPNet(p0, p1, init=init)
-    o = _opt("sgd", net.parameters(), lr)
-
-    class G(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.net = net
-            self.config.set_gradient_accumulation_steps(m)
-            self.config.set_pipeline_schedule(schedule)
-            self.add_optimizer(o)
-
-        def build(self, x, y):
-            loss = flow.nn.functional.cross_entropy(self.net(x), y)
-            loss.backward()
-            return loss
-
-    g = G()
-    losses = []
-    for s in range(steps):
-        x, y = data(batch, s)
-        loss = g(flow.tensor(x).to_global(placement=p0, sbp=[B]), flow.tensor(y).to_global(placement=p1, sbp=[B]))
-        if rank in p1.flat_ranks:
-            losses.append(loss.to_local().numpy().copy())
-    c = next(iter(g._compiled.values()))
-    order = [(a["phase"], a["mb"]) for a in sorted(c.acts(), key=lambda a: a["start"])
-             if a["lane"] == "compute" and a["phase"] in ("F", "B", "W")]
+    c, outs = train_staged(net, _opt("sgd", net.parameters(), lr), [], m, schedule, p0, p1, steps, batch)
+    losses = [loss.to_local().numpy().copy() for loss in outs] if rank in p1.flat_ranks else []
+    order = compute_order(c)
     params = {}
     for k, v in net.state_dict().items():
         place = p0 if k.startswith("fc.") or k.startswith("fc_b") else p1
@@ -403,36 +415,13 @@ def ln_pipelined(rank: int, init: dict, steps: int = 2, m: int = 4, schedule: st
     its compute acts in order and its memory record."""
     p0, p1 = flow.placement("cpu", ranks=[0]), flow.placement("cpu", ranks=[1])
     net = LNNet(p0, p1, init=init)
-    o = _opt("sgd", net.parameters(), lr)
-
-    class G(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.net = net
-            self.net.s0.to(flow.nn.graph.GraphModule).set_stage(0, p0)
-            self.net.s1.to(flow.nn.graph.GraphModule).set_stage(1, p1)
-            self.net.head.to(flow.nn.graph.GraphModule).set_stage(1, p1)
-            self.config.set_gradient_accumulation_steps(m)
-            self.config.set_pipeline_schedule(schedule, **({"memory": memory} if memory else {}))
-            self.add_optimizer(o)
-
-        def build(self, x, y):
-            loss = flow.nn.functional.cross_entropy(self.net(x), y)
-            loss.backward()
-            return loss
-
-    g = G()
-    for s in range(steps):
-        x, y = data(batch, s)
-        g(flow.tensor(x).to_global(placement=p0, sbp=[B]), flow.tensor(y).to_global(placement=p1, sbp=[B]))
-    c = next(iter(g._compiled.values()))
+    c, _ = train_staged(net, _opt("sgd", net.parameters(), lr), [(net.s0, 0, p0), (net.s1, 1, p1), (net.head, 1, p1)],
+                        m, schedule, p0, p1, steps, batch, memory)
     params = {}
     for k, v in net.state_dict().items():
         place = p0 if k.startswith("s0") else p1
         params[k] = v.to_local().numpy().copy() if rank in place.flat_ranks else None
-    order = [(a["phase"], a["mb"]) for a in sorted(c.acts(), key=lambda a: a["start"])
-             if a["lane"] == "compute" and a["phase"] in ("F", "B", "W")]
-    return params, c.program.source, order, dict(c.mem)
+    return params, c.program.source, compute_order(c), dict(c.mem)
 
 
 class BNNet(flow.nn.Module):
@@ -478,27 +467,8 @@ def bn_pipelined(rank: int, init: dict, steps: int = 2, m: int = 4, schedule: st
     """BNNet on two stages: this rank's parameters and buffers (its stage's)."""
     p0, p1 = flow.placement("cpu", ranks=[0]), flow.placement("cpu", ranks=[1])
     net = BNNet(p0, p1, init=init)
-    o = _opt("sgd", net.parameters(), lr)
-
-    class G(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.net = net
-            self.net.s0.to(flow.nn.graph.GraphModule).set_stage(0, p0)
-            self.net.s1.to(flow.nn.graph.GraphModule).set_stage(1, p1)
-            self.config.set_gradient_accumulation_steps(m)
-            self.config.set_pipeline_schedule(schedule)
-            self.add_optimizer(o)
-
-        def build(self, x, y):
-            loss = flow.nn.functional.cross_entropy(self.net(x), y)
-            loss.backward()
-            return loss
-
-    g = G()
-    for s in range(steps):
-        x, y = data(batch, s)
-        g(flow.tensor(x).to_global(placement=p0, sbp=[B]), flow.tensor(y).to_global(placement=p1, sbp=[B]))
+    train_staged(net, _opt("sgd", net.parameters(), lr), [(net.s0, 0, p0), (net.s1, 1, p1)], m, schedule, p0, p1,
+                 steps, batch)
     out = {}
     for k, v in net.state_dict().items():
         place = p0 if k.startswith("s0") else p1

@@ -120,34 +120,12 @@ def _chain(places=None, init=None):
 
 
 def _chain_run(rank, init, schedule, m, steps=2):
-    import holoflow as flow
-    from holoflow.core.sbp import B
     places = [flow.placement("cpu", ranks=[s]) for s in range(4)]
     net = _chain(places, init)
-    o = flow.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-
-    class G(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.net = net
-            for s, pl in enumerate(places):
-                self.net[s].to(flow.nn.graph.GraphModule).set_stage(s, pl)
-            self.config.set_gradient_accumulation_steps(m)
-            self.config.set_pipeline_schedule(schedule)
-            self.add_optimizer(o)
-
-        def build(self, x, y):
-            loss = flow.nn.functional.cross_entropy(self.net(x), y)
-            loss.backward()
-            return loss
-
-    g = G()
-    for s in range(steps):
-        x, y = F.data(16, s)
-        g(flow.tensor(x).to_global(placement=places[0], sbp=[B]), flow.tensor(y).to_global(placement=places[3], sbp=[B]))
-    c = next(iter(g._compiled.values()))
-    order = [(a["phase"], a["mb"]) for a in sorted(c.acts(), key=lambda a: a["start"])
-             if a["lane"] == "compute" and a["phase"] in ("F", "B", "W")]
+    c, _ = F.train_staged(net, flow.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+                          [(net[s], s, pl) for s, pl in enumerate(places)], m, schedule, places[0], places[3],
+                          steps, 16)
+    order = F.compute_order(c)
     return {k: (v.to_local().numpy().copy() if rank == int(k.split(".")[0]) else None)
             for k, v in net.state_dict().items()}, order
 
