@@ -43,7 +43,7 @@ from holoflow.runtime.timeline import bubble_fractions  # noqa: E402
 
 KERNEL = {"kind": "sleep", "d": 512}
 STAGE = {"kind": "linear"}      # --stage: "linear" (Linear(16, 16)) or "gpt" (a GPT block, d=32, T=16)
-GPT_D, GPT_T = 32, 16
+GPT = {"d": 32, "T": 16}   # --gpt-d, --gpt-t
 
 
 def _work(x: torch.Tensor, ms: float = 0.0) -> torch.Tensor:
@@ -90,12 +90,14 @@ class GPTStage(flow.nn.Module):
     def __init__(self, ms: float):
         super().__init__()
         from holoflow.examples import gpt
-        self.block = gpt.build(flow)(17, GPT_T, 1, GPT_D, 2).blocks[0]
-        self.w, self.ms = flow.nn.Parameter(flow.ones(GPT_D)), ms
+        self.block = gpt.build(flow)(17, GPT["T"], 1, GPT["d"], max(2, GPT["d"] // 64)).blocks[0]
+        self.w, self.ms = flow.nn.Parameter(flow.ones(GPT["d"])), ms
 
     def forward(self, x):
         h = self.block(x)
-        return apply(SCALE, h.reshape(-1, GPT_D), self.w, ms=self.ms).reshape(h.shape)
+        if KERNEL["kind"] == "none":   # the block's own compute only
+            return h
+        return apply(SCALE, h.reshape(-1, GPT["d"]), self.w, ms=self.ms).reshape(h.shape)
 
 
 def run_rank(rank: int, p: int, m: int, schedule: str, ms: float, steps: int, batch: int, trace: str | None):
@@ -127,7 +129,7 @@ def run_rank(rank: int, p: int, m: int, schedule: str, ms: float, steps: int, ba
             return loss
 
     g = G()
-    shape = (batch // 4, GPT_T, GPT_D) if STAGE["kind"] == "gpt" else (batch, 16)
+    shape = (batch // 4, GPT["T"], GPT["d"]) if STAGE["kind"] == "gpt" else (batch, 16)
     x = flow.tensor(torch.randn(*shape)).to_global(placement=places[0], sbp=[B])
     for _ in range(steps):
         g(x)
@@ -147,7 +149,8 @@ def measure(p: int, m: int, schedule: str, ms: float, steps: int, batch: int, tr
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kernel", choices=["sleep", "matmul"], default="sleep")
+    ap.add_argument("--kernel", choices=["sleep", "matmul", "none"], default="sleep",
+                    help="none (with --stage gpt): no timed op, the GPT block's own compute")
     ap.add_argument("--ms", type=float, default=10.0, help="forward ms per stage per micro-batch (backward 2x)")
     ap.add_argument("--d", type=int, default=256, help="matmul size for --kernel matmul")
     ap.add_argument("--steps", type=int, default=4)
@@ -156,9 +159,14 @@ def main() -> None:
     ap.add_argument("--trace", default=None)
     ap.add_argument("--stage", choices=["linear", "gpt"], default="linear",
                     help="linear: Linear(16, 16) + timed op; gpt: a GPT block (d=32, T=16) + timed op")
+    ap.add_argument("--gpt-d", type=int, default=32, help="model width of the GPT block stages")
+    ap.add_argument("--gpt-t", type=int, default=16, help="sequence length of the GPT block stages")
     args = ap.parse_args()
     KERNEL.update(kind=args.kernel, d=args.d)
     STAGE.update(kind=args.stage)
+    GPT.update(d=args.gpt_d, T=args.gpt_t)
+    if args.kernel == "none" and args.stage != "gpt":
+        ap.error("--kernel none needs --stage gpt (the linear stage has no compute of its own)")
     torch.set_num_threads(1)
     print(f"pipeline bench: {args.kernel} kernels, {args.ms} ms forward / {2 * args.ms} ms backward per stage "
           f"and micro-batch, {args.steps} steps (first dropped), simulated ranks, best of {args.rounds} rounds")

@@ -197,9 +197,10 @@ STAGE0 = ("tok", "pos", "blocks.0")
 
 
 def gpt_pipelined(rank: int, init: dict, steps: int = 3, m: int = 2, dp: int = 2, opt: str = "sgd",
-                  schedule: str = "1f1b"):
+                  schedule: str = "1f1b", memory: str | None = None, plan: dict | None = None):
     """GPT with its embeddings and first block on stage 0 (ranks [0, dp)), the rest on stage 1,
-    data parallel inside each stage; this rank's full parameters and per-micro-batch losses."""
+    data parallel inside each stage; this rank's full parameters and per-micro-batch losses
+    (``plan``, if given, gets the compiled plan's stage, zb_delay, zb_bytes and memory record)."""
     batches, gpt = gpt_batches(steps)
     cfg = gpt_cfg()
     p0 = flow.placement("cpu", ranks=list(range(dp)))
@@ -218,7 +219,7 @@ def gpt_pipelined(rank: int, init: dict, steps: int = 3, m: int = 2, dp: int = 2
             for name, place in parts.items():
                 self.model.get_submodule(name).to(flow.nn.graph.GraphModule).set_stage(0 if place == p0 else 1, place)
             self.config.set_gradient_accumulation_steps(m)
-            self.config.set_pipeline_schedule(schedule)
+            self.config.set_pipeline_schedule(schedule, **({"memory": memory} if memory else {}))
             self.add_optimizer(opt)
 
         def build(self, x, y):
@@ -235,6 +236,9 @@ def gpt_pipelined(rank: int, init: dict, steps: int = 3, m: int = 2, dp: int = 2
         loss = g(x, y)
         if rank in p1.flat_ranks:
             losses.append(loss.to_global(sbp=[B]).to_local().numpy().copy())
+    if plan is not None:
+        c = next(iter(g._compiled.values()))
+        plan.update(stage=c.stage, zb_delay=c.zb_delay, zb_bytes=c.zb_bytes, mem=dict(c.mem))
     params = {}
     for k, v in model.state_dict().items():
         place = p0 if k.startswith(STAGE0) else p1

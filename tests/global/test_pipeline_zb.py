@@ -195,3 +195,62 @@ def test_pipeline_memory_option_is_checked():
         g.config.set_pipeline_schedule("1f1b", memory="1f1b")
     with pytest.raises(ValueError, match=r"takes None or '1f1b'"):
         g.config.set_pipeline_schedule("zb-h1", memory="half")
+
+
+def test_zb_h1_under_1f1b_memory_defers_part_of_the_weight_gradients_of_gpt_stages():
+    """GPT blocks (fused attention keeps no scores): a micro-batch's weight-gradient inputs (each
+    Linear's input and output gradient) outweigh its forward-to-backward activations, so deferring
+    all of them would hold more than 1F1B. Under ``memory="1f1b"`` the last stage defers the
+    weight gradients that fit in one micro-batch's activations (still a delay of one micro-batch,
+    ZB-H1's), runs the rest with the input gradients, and trains like full-batch training."""
+    init = F.gpt_init()
+    want, _ = F.gpt_reference(steps=2)
+    runs = {}
+    for name, kw in (("zb", {}), ("capped", {"memory": "1f1b"})):
+        def rank(r, kw=kw):
+            plan: dict = {}
+            params, _ = F.gpt_pipelined(r, init, steps=2, m=4, dp=1, schedule="zb-h1", plan=plan, **kw)
+            return params, plan
+        runs[name] = world.simulate(2, rank)
+    for params, _ in runs["capped"]:
+        assert _rel({k: v for k, v in params.items() if v is not None},
+                    {k: want[k] for k, v in params.items() if v is not None}) < 1e-5
+    last = {name: next(plan for _, plan in res if plan["stage"] == 1) for name, res in runs.items()}
+    act, held = last["zb"]["zb_bytes"]
+    assert held > act, (act, held)                  # the whole W would not fit: the cap binds
+    act_c, held_c = last["capped"]["zb_bytes"]
+    assert act_c == act and 0 < held_c <= act       # a part of W waits, within one micro-batch's activations
+    assert last["capped"]["zb_delay"] == 1          # ... for ZB-H1's full delay on stage 1
+    assert last["capped"]["mem"]["peak_w_bytes"] <= 2 * held_c
+
+
+def test_split_weight_grads_within_keeps_the_budget_and_the_most_work():
+    """The deferred part reads at most the budget; a weight gradient whose inputs are already held
+    (a bias gradient reading the same output gradient as its weight's) costs nothing more; the
+    partition is the full split's, some of it moved into the first part."""
+    import torch
+
+    from holoflow.graph.ir import Node, Value
+    from holoflow.graph.passes.stages import _held, split_weight_grads, split_weight_grads_within
+
+    def val(*shape):
+        return Value(shape, torch.float32, torch.device("cpu"))
+    T = 16
+    w1, x1, dy1, dx1, gw1, gb1 = val(32, 8), val(T, 8), val(T, 32), val(T, 8), val(32, 8), val(32)
+    x2, dy2, gw2, gb2 = val(T, 2), val(T, 2), val(2, 2), val(2)
+    nodes = [Node("linear_grad_input", (dy1, w1), {}, (dx1,)),
+             Node("linear_grad_weight", (dy2, x2), {}, (gw2,)),      # little work per byte held
+             Node("sum_to_size", (dy2,), {"size": (2,)}, (gb2,)),
+             Node("linear_grad_weight", (dy1, x1), {}, (gw1,)),      # much work per byte held
+             Node("sum_to_size", (dy1,), {"size": (32,)}, (gb1,))]
+    state = {w1}
+    first, later = split_weight_grads(nodes, {dx1})
+    assert [n.outputs[0] for n in later] == [gw2, gb2, gw1, gb1]
+    budget = x1.nbytes + dy1.nbytes + 8      # layer 1's W inputs fit, nothing of layer 2's
+    assert _held(later, state) > budget
+    first_c, later_c = split_weight_grads_within(nodes, {dx1}, budget, state)
+    assert [n.outputs[0] for n in later_c] == [gw1, gb1]             # the bias gradient came for free
+    assert [n.outputs[0] for n in first_c] == [dx1, gw2, gb2]
+    assert _held(later_c, state) <= budget
+    assert split_weight_grads_within(nodes, {dx1}, 10 ** 9, state)[1] == later   # no cap: all of W waits
+    assert split_weight_grads_within(nodes, {dx1}, 0, state)[1] == []            # no room: none does

@@ -59,10 +59,11 @@ class GraphConfig:
         stage`` micro-batches, after the input gradients are sent: zero-bubble H1). The order
         emerges from the tasks' register counts, not from a scheduler loop.
 
-        ``memory="1f1b"`` (zb-h1 only): each stage defers only as many weight gradients as keep
-        it within 1F1B's peak activation memory (``p`` micro-batches of activations), from the
-        plan's bytes per micro-batch (``pipeline_run.zb_delay``); the full ZB-H1 bubble when a
-        micro-batch's weight-gradient inputs are no larger than its activations, more otherwise."""
+        ``memory="1f1b"`` (zb-h1 only): each stage stays within 1F1B's peak activation memory
+        (``p`` micro-batches of activations): where a micro-batch's weight-gradient inputs outweigh
+        its activations (fused attention), a stage defers only the weight gradients that fit in one
+        micro-batch's activations, most estimated work per byte first, and runs the rest with the
+        input gradients (``stages.split_weight_grads_within``); the full ZB-H1 otherwise."""
         if name not in ("1f1b", "gpipe", "zb-h1"):
             raise ValueError(f"holoflow.nn.Graph: pipeline schedule must be '1f1b', 'gpipe' or 'zb-h1', got {name!r}")
         if memory not in (None, "1f1b") or (memory is not None and name != "zb-h1"):

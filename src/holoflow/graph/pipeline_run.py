@@ -23,7 +23,7 @@ from ..runtime import Plan, Runtime, TaskSpec
 from ..runtime.timeline import write_merged
 from .global_graph import localize
 from .ir import IRGraph, Task, Value, _Gen, program, wire_tasks
-from .passes.stages import check_stages, phases, rank_graph, split_weight_grads
+from .passes.stages import check_stages, phases, rank_graph, split_weight_grads, split_weight_grads_within
 from .pipeline import pack, split_local
 
 
@@ -105,6 +105,7 @@ class PipelineCompiled:
         self.kind, self.iterations, self.peak_bytes = "actor", 0, 0
         self.stage = next((i for i, pl in enumerate(placements) if rank in pl.flat_ranks), None)
         self.zb_delay: int | None = None   # zb-h1: weight gradients this stage lets wait
+        self.zb_bytes: tuple[int, int] | None = None   # zb-h1: per micro-batch, (F-to-B, B-to-W) bytes
         self.mem = {"in_flight": 0, "peak_in_flight": 0, "bytes": 0, "peak_bytes": 0,
                     "w_waiting": 0, "peak_w_waiting": 0, "w_bytes": 0, "peak_w_bytes": 0}
         self.runtime, self._out_names = None, {}
@@ -151,7 +152,13 @@ class PipelineCompiled:
         wt = None
         if self.schedule == "zb-h1" and not acc_last:   # weight gradients split off the backward
             keep = {L[v] for v in [*outs, *sends]} | {v for n in fb.nodes if lph[id(n)] == "F" for v in n.outputs}
-            first, later = split_weight_grads(tasks[1].nodes, keep)
+            if self.memory == "1f1b" and self.stage > 0:
+                # at 1F1B's memory: a waiting W holds at most one micro-batch's activations
+                loc_state = {v for v, _ in loc.state}
+                first, later = split_weight_grads_within(tasks[1].nodes, keep, _act_bytes(tasks, loc_state),
+                                                         loc_state)
+            else:
+                first, later = split_weight_grads(tasks[1].nodes, keep)
             if later:   # ``first`` may be empty: the first stage sends no input gradient
                 tasks[1].nodes = first
                 wt = Task("wgrad", "compute", later)
@@ -220,6 +227,7 @@ class PipelineCompiled:
             held = sum(v.nbytes for v in [*(ft.outputs[i] for i in saved_w), *(ft.inputs[i] for i in kept_w),
                                            *(b_all[i] for i in w_in), *(bt.outputs[i] for i in w_out)])
             self.zb_delay = zb_delay(self.stage, act, held) if self.memory == "1f1b" else None
+            self.zb_bytes = (act, held)
 
         def bwd(*args, _f=b_fn):
             out = _f(*args[:n_b])
@@ -375,7 +383,8 @@ def zb_delay(stage: int, act_bytes: int, w_bytes: int) -> int:
     """How many weight gradients stage ``stage`` lets wait in ZB-H1 so that it holds no more than
     1F1B's first stage, ``p`` micro-batches of activations: ``(p - s) * act + d * w <= p * act``,
     so ``d = floor(s * act / w)``, at most ``s`` (the paper's H1, reached when a micro-batch's
-    weight-gradient inputs ``w`` are no larger than its activations ``act``)."""
+    weight-gradient inputs ``w`` are no larger than its activations ``act``: `_build` defers only
+    the part of W that fits, so under ``memory="1f1b"`` this is ``s``)."""
     if w_bytes <= 0:
         return stage
     return min(stage, stage * act_bytes // w_bytes)
@@ -531,6 +540,16 @@ def _acc_fn(entry: Any, m: int, n_sum: int):
             state["buf"] = None
         return ()
     return update
+
+
+def _act_bytes(tasks: list, state: set) -> int:
+    """Bytes a micro-batch holds from its forward (``tasks[0]``) to its backward (``tasks[1]``):
+    the forward's results and inputs the backward reads."""
+    f, b = tasks
+    made = {v for n in f.nodes for v in n.outputs}
+    f_in = {v for n in f.nodes for v in n.value_inputs() if v not in made and v not in state}
+    read = {v for n in b.nodes for v in n.value_inputs()}
+    return sum(v.nbytes for v in (made | f_in) & read)
 
 
 def _nbytes(ts: list) -> int:

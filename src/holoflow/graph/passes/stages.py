@@ -11,6 +11,7 @@ Not a registered pass: the pipeline lowering calls these functions on the logica
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -370,3 +371,84 @@ def _undo_inplace(first: list, later: list) -> list:
             n = n.with_(kernel=None, tags=n.tags - {"inplace"})
         out.append(n)
     return out
+
+
+
+def split_weight_grads_within(nodes: list, keep: set, budget: int, state: set) -> tuple[list, list]:
+    """`split_weight_grads`, with the deferred part reading at most ``budget`` bytes (per
+    micro-batch) of values it does not make itself (``state`` is not per micro-batch). The weight
+    gradients to defer are chosen greedily, most estimated work (`work`) per byte they add to what
+    the deferred part holds first (one that reads only what is already held adds none); the others
+    run with the input gradients. So a zero-bubble stage holds at most ``budget`` bytes per
+    waiting micro-batch and defers as much of its work as fits."""
+    first, later = split_weight_grads(nodes, keep)
+    if _held(later, state) <= budget:
+        return first, later
+    sinks = _sinks(later)
+    cones = {id(s): _cone(s, later) for s in sinks}
+    chosen: list = []
+
+    def deferred(extra: list) -> list:   # what stays deferred if only chosen + extra sinks are
+        moved = set().union(*(cones[id(s)] for s in sinks if s not in chosen and s not in extra))
+        return [n for n in later if id(n) not in moved]
+    held_now, work_now = 0, 0.0
+    while True:
+        best = None
+        for s in sinks:
+            if s in chosen:
+                continue
+            d = deferred([s])
+            h = _held(d, state)
+            if h > budget:
+                continue
+            score = (sum(work(n) for n in d) - work_now) / max(h - held_now, 1)
+            if best is None or score > best[0]:
+                best = (score, s, h, d)
+        if best is None:
+            break
+        chosen.append(best[1])
+        held_now, work_now = best[2], sum(work(n) for n in best[3])
+    moved = {v for s in sinks if s not in chosen for v in s.outputs}
+    return split_weight_grads(nodes, set(keep) | moved)
+
+
+def work(n: Node) -> float:
+    """A node's estimated work, for choosing what to defer: multiply-adds for an op of the
+    ``einsum`` family (``out`` times the contracted size, sqrt(|a| |b| / |out|) for operands a, b),
+    else the elements it reads and writes."""
+    op = REGISTRY.get(n.op) if n.kernel is None else None
+    ins = [v for v in n.value_inputs() if isinstance(v, Value)]
+    out = sum(_numel(v) for v in n.outputs)
+    if op is not None and op.family == "einsum" and len(ins) >= 2 and out:
+        return out * math.sqrt(_numel(ins[0]) * _numel(ins[1]) / out)
+    return float(sum(_numel(v) for v in ins) + out)
+
+
+def _numel(v: Value) -> int:
+    return math.prod(v.shape)
+
+
+def _held(nodes: list, state: set) -> int:
+    """Bytes of the values ``nodes`` read and do not make (state excluded: it is not per micro-batch)."""
+    made = {v for n in nodes for v in n.outputs}
+    read = {v for n in nodes for v in n.value_inputs() if v not in made and v not in state}
+    return sum(v.nbytes for v in read)
+
+
+def _sinks(nodes: list) -> list:
+    """The nodes of ``nodes`` whose outputs no other node of them reads."""
+    read = {v for n in nodes for v in n.value_inputs()}
+    return [n for n in nodes if not any(v in read for v in n.outputs)]
+
+
+def _cone(sink: Node, nodes: list) -> set:
+    """Ids of ``sink`` and the nodes of ``nodes`` it depends on."""
+    made = {v: n for n in nodes for v in n.outputs}
+    cone, todo = {id(sink)}, [sink]
+    while todo:
+        for v in todo.pop().value_inputs():
+            n = made.get(v)
+            if n is not None and id(n) not in cone:
+                cone.add(id(n))
+                todo.append(n)
+    return cone
