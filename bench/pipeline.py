@@ -22,6 +22,14 @@ the runtime: 1F1B holds at most p - stage, GPipe up to m; ZB-H1 holds 1F1B's in 
 inputs of its deferred weight gradients (the layer inputs and output gradients of the weight ops,
 up to s + 1 micro-batches on stage s; at most p micro-batches between a forward and its weight
 gradients), printed separately. Not a timed test.
+
+``zb-h1-mem`` is ``set_pipeline_schedule("zb-h1", memory="1f1b")``: a stage defers only the
+weight gradients whose inputs fit in one micro-batch's activations, chosen by the work the plan
+estimates from shapes. On ``--stage gpt`` with a timed kernel the timed op's weight gradient holds
+all the time but looks cheap (an elementwise op), so that row is a worst case; the real split is
+measured with the blocks' own compute:
+
+    python bench/pipeline.py --stage gpt --kernel none --gpt-d 256 --gpt-t 64 --configs 2:8
 """
 from __future__ import annotations
 
