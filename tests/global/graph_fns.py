@@ -117,4 +117,4 @@ def dp_step_collectives(rank: int, bucket_mb: float, steps: int = 2):
         losses.append(loss.to_global(sbp=B).to_local().item())
     c = next(reversed(train._compiled.values()))
     buckets = [n for n in c.logical.nodes if n.op == "global_box_bucket"]
-    return losses, counts, len(buckets), [t.stream for t in c.program.tasks]
+    return losses, counts, len(buckets), [(t.stream, [n.op for n in t.nodes]) for t in c.program.tasks]

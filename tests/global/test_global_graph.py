@@ -305,17 +305,21 @@ def test_zero_shards_state_and_gradients_and_trains_like_single_process(stage, o
         assert len(reduce_scatters) == (3 if stage == 2 else 0)
 
 
-def test_gradient_all_reduces_are_bucketed_on_the_comm_stream(world2):
+def test_gradient_all_reduces_are_bucketed_issued_in_backward_and_waited_for_before_the_update(world2):
     bucketed = world2.run(graph_fns.dp_step_collectives, 25.0)
     alone = world2.run(graph_fns.dp_step_collectives, 0.0)
     want = graph_fns.mlp_graph_step(0, "single", 2, graph_fns.data(2))[0]
-    for (losses, counts, n_buckets, streams), (losses0, counts0, n0, _) in zip(bucketed, alone):
+    for (losses, counts, n_buckets, tasks), (losses0, counts0, n0, _) in zip(bucketed, alone):
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(torch.tensor(losses0), torch.tensor(want), rtol=1e-5, atol=1e-6)
         # two weights: one bucket (one all-reduce) instead of two
         assert n_buckets == 1 and counts["all_reduce"] == 1, counts
         assert n0 == 0 and counts0["all_reduce"] == 2, counts0
-        assert "comm" in streams and "compute" in streams
+        # the bucket is issued by the compute task when backward made it and waited for at the task's
+        # end, where the update reads it: one thread issues every collective
+        (s0, ops), (s1, _) = tasks
+        assert (s0, s1) == ("compute", "update") and ops.count("global_box_issue") == ops.count("global_box_wait")
+        assert ops.index("global_box_issue") < ops.index("global_box_wait") == len(ops) - 1, ops
 
 
 @pytest.mark.parametrize("kind", ["layer_norm", "batch_norm", "group_norm"])

@@ -1,12 +1,13 @@
 """Data-parallel global graphs: gradient buckets in backward order (the first one small, as DDP's)
-placed where their last gradient is produced, so the comm stream reduces them while backward
-goes on; training equals single-process training."""
+issued where their last gradient is produced and waited for just before the update reads them,
+so they are reduced while backward goes on; training equals single-process training."""
 import threading
 
 import torch
 
 import holoflow as flow
 from holoflow.distributed import world
+from holoflow.distributed.boxing import plan as box_plan
 from holoflow.graph.passes.bucket_grads import FIRST_BUCKET_BYTES
 from holoflow.sbp import B, S
 
@@ -52,8 +53,9 @@ def _train(rank: int | None, bucket_mb: float, steps: int = 2, n_layers: int = 6
     c = next(reversed(train._compiled.values()))
     nodes = list(c.logical.nodes)
     buckets = [n for n in nodes if n.op == "global_box_bucket"]
-    # per task: its stream and whether it holds a bucket (the localized nodes are new objects)
-    tasks = [(t.stream, any(n.op == "global_box_bucket" for n in t.nodes)) for t in c.program.tasks]
+    # per task: its stream and its nodes' ops (a bucket: an issue of several gradients)
+    tasks = [(t.stream, ["bucket_issue" if n.op == "global_box_issue" and len(n.inputs) > 1 else n.op
+                         for n in t.nodes]) for t in c.program.tasks]
     weights = [lin.weight.to_global(sbp=B).to_local().to_torch() for lin in model[::2]]
     return losses, weights, ([sum(v.nbytes for v in b.inputs) for b in buckets], tasks)
 
@@ -66,11 +68,14 @@ def test_first_bucket_is_small_and_reduced_while_backward_goes_on():
             torch.testing.assert_close(w, ww, rtol=1e-5, atol=1e-6)
         # 6 gradients of 1/4 MiB in backward order: the first bucket takes 4 (1 MiB), the next the rest
         assert sizes == [FIRST_BUCKET_BYTES, 2 * D * D * 4], sizes
-        # the two buckets are separate comm tasks with backward compute between them: the first
-        # is reduced (on the comm thread) while the compute stream goes on
-        at = [i for i, (stream, has) in enumerate(tasks) if has]
-        assert len(at) == 2 and all(tasks[i][0] == "comm" for i in at), tasks
-        assert any(stream == "compute" for stream, _ in tasks[at[0] + 1:at[1]]), tasks
+        # one compute task issues both buckets with backward compute between them, and waits for
+        # them after the rest of backward, just before the update task reads the gradients
+        assert [stream for stream, _ in tasks] == ["compute", "update"], tasks
+        ops = tasks[0][1]
+        at = [i for i, op in enumerate(ops) if op == "bucket_issue"]
+        waits = [i for i, op in enumerate(ops) if op == "global_box_wait"]
+        assert len(at) == 2 and "linear_grad_weight" in ops[at[0] + 1:at[1]], ops
+        assert waits[-2:] == [len(ops) - 2, len(ops) - 1] and waits[-2] > at[1], ops
 
 
 def test_last_bucket_is_small_too_and_training_still_equals_single_process():
@@ -115,26 +120,29 @@ def _plan_tasks(rank: int):
     x, y = (flow.from_torch(torch.randint(0, 11, (8, 4), generator=g)).to_global(place, B).to_global(sbp=S(0))
             for _ in range(2))
     train(x, y)
-    prog = next(reversed(train._compiled.values())).program
-    return [(t.stream, [prog.name(v) for v in t.inputs], [prog.name(v) for v in t.outputs], t.token)
-            for t in prog.tasks]
+    c = next(reversed(train._compiled.values()))
+    logical = [n.op for n in c.logical.nodes if n.op in ("global_box", "global_box_bucket")
+               and any(s.kind != "reshard" for s in box_plan(n.attrs["src"], n.attrs["dst"], (2,)))]
+    return [(t.stream, [n.op for n in t.nodes], t.token) for t in c.program.tasks], logical
 
 
 _BUILD = threading.Lock()   # simulated ranks share torch's RNG: build their models one at a time
 
 
-def test_collectives_are_issued_first_in_one_chained_order():
-    for tasks in world.simulate(2, _plan_tasks):
-        comm = [t for t in tasks if t[0] == "comm"]
-        assert len(comm) >= 3, tasks     # the loss's denominator and two or more buckets
-        # the loss denominator's all-reduce is issued after one small compute task, before the forward
-        assert tasks[1][0] == "comm" and tasks[0][0] == "compute", tasks
-        # each comm task reads an output of the previous one: one issue order on every rank
-        for prev, nxt in zip(comm, comm[1:]):
-            assert prev[2][0] in nxt[1], (prev, nxt)
-        # tasks feeding a collective wait for the previous step's update (next step's collectives after ours)
-        feeding = {v for t in comm for v in t[1]}
-        assert all(t[3] for t in tasks if t[0] == "compute" and set(t[2]) & feeding), tasks
+def test_collectives_are_issued_first_in_program_order_from_one_thread():
+    for tasks, logical in world.simulate(2, _plan_tasks):
+        # one compute task (the caller's thread) issues every collective, then the update
+        assert [t[0] for t in tasks] == ["compute", "update"], tasks
+        ops = tasks[0][1]
+        issues = [i for i, op in enumerate(ops) if op == "global_box_issue"]
+        waits = [i for i, op in enumerate(ops) if op == "global_box_wait"]
+        assert len(issues) == len(waits) == len(logical) >= 3, (ops, logical)  # the denominator, 2+ buckets
+        # the loss denominator's all-reduce is issued first, after a few nodes on the targets, and
+        # waited for before the forward ends; the buckets are waited for after backward
+        assert issues[0] <= 4 and waits[0] < issues[1], ops
+        assert waits[1:] == list(range(len(ops) - len(waits) + 1, len(ops))), ops
+        # a task issuing collectives waits for the previous step's update (the next step's after ours)
+        assert tasks[0][2], tasks
 
 
 def _gloo_steps(rank: int):

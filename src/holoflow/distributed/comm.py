@@ -152,6 +152,27 @@ def reduce_scatter_chunks(chunks: Sequence[torch.Tensor], ranks: Sequence[int] |
     return out[:mine.numel()].view(mine.shape)
 
 
+def reduce_scatter_rows(t: torch.Tensor, ranks: Sequence[int], async_op: bool = False) -> torch.Tensor | Handle:
+    """Block ``i`` of the sum of ``t`` over ``ranks`` along dim 0, delivered to ``ranks[i]``: the
+    flat collective straight into the result (``ranks`` in sorted order, ``t`` contiguous with rows
+    a multiple of their number). ``t`` is read until the collective completes: with ``async_op``
+    the caller hands it over and ``wait()`` returns the block."""
+    r = _ranks(ranks)
+    _index(r)
+    if len(r) == 1:
+        return Handle(None, None, lambda: t) if async_op else t
+    key = normalize(r)
+    if key != r or not t.is_contiguous() or t.shape[0] % len(r):
+        raise HoloflowError(f"holoflow.comm.reduce_scatter_rows: needs sorted ranks and rows divisible by "
+                            f"{len(r)} (got ranks {list(r)}, shape {tuple(t.shape)})")
+    out = t.new_empty((t.shape[0] // len(r),) + tuple(t.shape[1:]))
+    info = begin("reduce_scatter", key, _nbytes(t), t)
+    g = group_for(key)
+    work = launch_checked(info, lambda: _REDUCE_SCATTER(out.view(-1), t.view(-1), group=g, async_op=True))
+    h = Handle(work, info, lambda: out)
+    return h if async_op else h.wait()
+
+
 def reduce_scatter(t: torch.Tensor, ranks: Sequence[int] | None = None, dim: int = 0) -> torch.Tensor:
     """This rank's balanced shard along ``dim`` of the sum of ``t`` over ``ranks`` (P -> S(dim))."""
     r = _ranks(ranks)
@@ -302,6 +323,6 @@ def transfer(t: torch.Tensor | None, src: int, dst_ranks: Sequence[int], shape: 
     return broadcast(t, src, (src, *dsts))
 
 
-__all__ = ["all_reduce", "all_gather", "reduce_scatter", "reduce_scatter_chunks", "broadcast", "all_to_all",
-           "all_gather_object", "send", "recv", "barrier", "transfer", "balanced_sizes", "count", "call_site",
-           "CommError", "Handle"]
+__all__ = ["all_reduce", "all_gather", "reduce_scatter", "reduce_scatter_chunks", "reduce_scatter_rows", "broadcast",
+           "all_to_all", "all_gather_object", "send", "recv", "barrier", "transfer", "balanced_sizes", "count",
+           "call_site", "CommError", "Handle"]

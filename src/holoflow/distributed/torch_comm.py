@@ -55,6 +55,19 @@ class TorchComm:
             return out
         return comm.reduce_scatter(t.contiguous(), group, dim)
 
+    def all_reduce_async(self, t: torch.Tensor, group: tuple) -> comm.Handle:
+        """Starts reducing ``t`` in place (the caller hands it over); ``wait()`` returns it."""
+        return comm.all_reduce(t, group, async_op=True)
+
+    def reduce_scatter_async(self, t: torch.Tensor, group: tuple, dim: int, sizes) -> comm.Handle:
+        """Starts ``reduce_scatter`` (``t`` handed over); ``wait()`` returns this rank's shard.
+        Uneven or non-row shards run at once (the general path) and are handed back by ``wait()``."""
+        if _sorted_group(group) and dim % max(t.dim(), 1) == 0 and t.is_contiguous() \
+                and all(s == sizes[0] for s in sizes) and sizes[0] * len(group) == t.shape[0]:
+            return comm.reduce_scatter_rows(t, group, async_op=True)
+        out = self.reduce_scatter(t, group, dim, sizes)
+        return comm.Handle(None, None, lambda: out)
+
     def all_to_all(self, chunks: list, group: tuple, out_shapes=None) -> list:
         if _sorted_group(group) and out_shapes is not None:
             return self._all_to_all_packed(chunks, group, out_shapes)

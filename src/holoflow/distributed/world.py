@@ -65,6 +65,10 @@ class SimComm:
     def _exchange(self, kind: str, group: tuple, value, nbytes: int | None = None) -> dict:
         """``nbytes``: what the call hands to the wire when it differs from the deposit's bytes
         (Gloo's collectives pad uneven shards to the largest; the log counts as they do)."""
+        return self._collect(self._deposit(kind, group, value, nbytes))
+
+    def _deposit(self, kind: str, group: tuple, value, nbytes: int | None = None) -> tuple:
+        """Takes this rank's part of a call (its place in the group's sequence is fixed here)."""
         r = rank()
         with self._cv:
             seq = self._seq.get((group, r), 0)
@@ -78,6 +82,12 @@ class SimComm:
                     nbytes = sum(v.numel() * v.element_size() for v in _tensors(value))
                 self.calls.append((kind, group, nbytes))
             self._cv.notify_all()
+        return kind, group, key, box
+
+    def _collect(self, deposit: tuple) -> dict:
+        """Waits for the group's parts of a deposited call; every rank's, checked alike."""
+        kind, group, key, box = deposit
+        with self._cv:
             if not self._cv.wait_for(lambda: len(box) == len(group), self.timeout):
                 missing = sorted(set(group) - set(box))
                 raise RuntimeError(f"holoflow (simulated): {kind} over ranks {group} timed out; "
@@ -86,17 +96,26 @@ class SimComm:
         if len(set(prints.values())) > 1:
             from .comm_track import CommError
             calls = "; ".join(f"rank {q}: {k}{' ' + sig if sig else ''}" for q, (k, sig) in sorted(prints.items()))
-            raise CommError(f"holoflow (simulated): collective #{seq} over ranks {list(group)} does not match "
+            raise CommError(f"holoflow (simulated): collective #{key[1]} over ranks {list(group)} does not match "
                             f"across ranks ({calls}); every rank must issue the same collectives in the same order")
         return dict(box)
+
+    def all_reduce_async(self, t, group) -> "_Later":
+        """Deposits ``t`` now (the caller hands it over); ``wait()`` returns the sum."""
+        d = self._deposit("all_reduce", group, t)
+        return _Later(lambda: _sum(self._collect(d), group))
+
+    def reduce_scatter_async(self, t, group, dim, sizes) -> "_Later":
+        d = self._deposit("reduce_scatter", group, t, _padded_bytes(t, dim, max(sizes), len(group)))
+        i = group.index(rank())
+        return _Later(lambda: _sum(self._collect(d), group).narrow(dim, sum(sizes[:i]), sizes[i]).contiguous())
 
     def all_gather(self, t, group, dim, sizes):
         got = self._exchange("all_gather", group, t, _padded_bytes(t, dim, max(sizes), 1))
         return torch.cat([got[g] for g in group], dim=dim)
 
     def all_reduce(self, t, group):
-        got = self._exchange("all_reduce", group, t)
-        return sum((got[g] for g in group[1:]), got[group[0]].clone())
+        return _sum(self._exchange("all_reduce", group, t), group)
 
     def reduce_scatter(self, t, group, dim, sizes):
         got = self._exchange("reduce_scatter", group, t, _padded_bytes(t, dim, max(sizes), len(group)))
@@ -116,6 +135,22 @@ class SimComm:
     def all_gather_shapes(self, shape: tuple, group) -> list[tuple]:
         got = self._exchange("meta", group, shape)
         return [got[g] for g in group]
+
+
+def _sum(got: dict, group: tuple) -> torch.Tensor:
+    return sum((got[g] for g in group[1:]), got[group[0]].clone())
+
+
+class _Later:
+    """A simulated collective in flight: ``wait()`` collects it (once)."""
+
+    def __init__(self, collect: Callable[[], Any]) -> None:
+        self._collect, self._done = collect, None
+
+    def wait(self) -> Any:
+        if self._collect is not None:
+            self._done, self._collect = self._collect(), None
+        return self._done
 
 
 def _signature(kind: str, value) -> str:

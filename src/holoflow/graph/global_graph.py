@@ -65,6 +65,113 @@ def _bucket_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm) -> tuple
 # gradient all-reduces bucketed by passes/bucket_grads.py (DDP's buckets): one collective each
 GLOBAL_BOX_BUCKET = defop("global_box_bucket", _bucket_kernel, family="boxing", collective=True,
                           grad=lambda ctx, *dys: dys, shape=lambda metas, attrs: list(metas))
+
+
+# -- collectives issued now, waited for at their first reader ------------------------------------------
+#
+# A boxing node whose plan is one all-reduce or reduce-scatter can run as two nodes on the compute
+# stream: ``global_box_issue`` hands a private copy of its inputs to the communicator (Gloo works
+# on its own threads, without the GIL) and returns the collective in flight; ``global_box_wait``,
+# placed just before the first node that reads the result (``issue_collectives``), waits for it.
+# One thread issues every collective in program order, so every rank issues them alike.
+
+ASYNC_KINDS = ("all_reduce", "reduce_scatter")
+
+
+class InFlight:
+    """A collective in flight: ``wait()`` gives the node's results (views of one flat result for a
+    bucket)."""
+
+    def __init__(self, handle: Any, shapes: tuple | None) -> None:
+        self.handle, self.shapes = handle, shapes
+
+    def wait(self) -> Any:
+        out = self.handle.wait()
+        if self.shapes is None:
+            return out
+        return tuple(p.view(s) for p, s in zip(out.split([math.prod(s) for s in self.shapes]), self.shapes))
+
+
+def _issue_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm, shape=None) -> InFlight:
+    (step,) = box_plan(src, dst, place.hierarchy)
+    group = place.axis_group(rank, step.axis)
+    # a private buffer: the inputs' memory may be reused (memory_plan) while the collective runs
+    buf = torch.cat([t.reshape(-1) for t in ts]) if len(ts) > 1 else ts[0].clone(memory_format=torch.contiguous_format)
+    with world.acting_as(rank, comm), comm_track.planned():
+        if step.kind == "all_reduce":
+            h = comm.all_reduce_async(buf, group)
+        else:
+            h = comm.reduce_scatter_async(buf, group, step.dim, sizes_along(shape, step.dst, place, rank, step.axis,
+                                                                             step.dim))
+    return InFlight(h, tuple(tuple(t.shape) for t in ts) if len(ts) > 1 else None)
+
+
+def _wait_kernel(pending: InFlight) -> Any:
+    return pending.wait()
+
+
+GLOBAL_BOX_ISSUE = defop("global_box_issue", _issue_kernel, family="boxing", collective=True, differentiable=False)
+GLOBAL_BOX_WAIT = defop("global_box_wait", _wait_kernel, family="boxing", differentiable=False)
+
+
+def _split_box(n: Node) -> tuple[Node, Node] | None:
+    """``n`` as (issue, wait) when its plan is one all-reduce (several inputs: one over their
+    concatenation) or one reduce-scatter of one input; else None (it runs as one node)."""
+    a = n.attrs
+    steps = box_plan(a["src"], a["dst"], a["place"].hierarchy)
+    if len(steps) != 1 or steps[0].kind not in ASYNC_KINDS or (steps[0].kind != "all_reduce" and len(n.inputs) > 1):
+        return None
+    pending = Value((0,), torch.uint8, name=f"{n.outputs[0]!r}_inflight")
+    attrs = {k: v for k, v in a.items() if k in ("place", "src", "dst", "rank", "comm", "shape")}
+    return (n.with_(op=GLOBAL_BOX_ISSUE.name, kernel=None, attrs=attrs, outputs=(pending,)),
+            n.with_(op=GLOBAL_BOX_WAIT.name, kernel=None, inputs=(pending,), attrs={}))
+
+
+#: op -> its collective as an (issue, wait) pair of nodes, or None where it cannot be split
+ASYNC_FORMS: dict[str, Any] = {GLOBAL_BOX.name: _split_box, GLOBAL_BOX_BUCKET.name: _split_box}
+
+
+def issue_collectives(g: IRGraph) -> IRGraph:
+    """A localized graph whose splittable collectives (``ASYNC_FORMS``) are issued where they
+    stand and waited for just before their first reader (after every other compute node when
+    only the update, the outputs or nothing reads them). The memory plan's frees follow: inputs
+    after the issue, the rest after the wait."""
+    pairs = {}
+    for i, n in enumerate(g.nodes):
+        form = ASYNC_FORMS.get(n.op) if n.kernel is None else None
+        pair = form(n) if form is not None else None
+        if pair is not None:
+            pairs[i] = pair
+    if not pairs:
+        return g
+    first_read: dict[Value, int] = {}
+    for i, n in enumerate(g.nodes):
+        if not n.effect:
+            for v in n.value_inputs():
+                first_read.setdefault(v, i)
+    before: dict[int, list[Node]] = {}
+    tail: list[Node] = []
+    nodes: list[Node] = []
+    for i, n in enumerate(g.nodes):
+        nodes += before.pop(i, [])
+        if i not in pairs:
+            nodes.append(n)
+            continue
+        issue, wait = pairs[i]
+        nodes.append(issue)
+        at = min((first_read[v] for v in n.outputs if first_read.get(v, -1) > i), default=None)
+        (before.setdefault(at, []) if at is not None else tail).append(wait)
+    frees = g.frees
+    if frees is not None:
+        frees = dict(frees)
+        for i, (issue, wait) in pairs.items():
+            dead = frees.pop(id(g.nodes[i]), ())
+            ins = set(g.nodes[i].value_inputs())
+            frees[id(issue)] = [v for v in dead if v in ins]
+            frees[id(wait)] = [v for v in dead if v not in ins]
+    return g.with_(nodes=tuple(nodes + tail), frees=frees)
+
+
 # a local traced value every rank computes identically, taken as a broadcast global value
 GLOBAL_TAG = defop("global_tag", lambda x: x, grad=lambda ctx, dy: (dy,), shape=_same_meta, family="boxing")
 

@@ -166,12 +166,19 @@ def assign(target, value) -> None:
 
 
 def stream_of(n: Node) -> str:
-    """``update`` for effect nodes (optimizer updates, state write-backs), ``comm`` for
-    collectives (global graphs' boxing), else ``compute``."""
-    if n.effect:
-        return "update"
+    """``update`` for effect nodes (optimizer updates, state write-backs), else ``compute``.
+
+    Collectives are on ``compute`` too: one thread issues every collective in program order, so
+    every rank issues them alike with no ordering edges; a collective whose result is not needed
+    at once is issued there and waited for at its first reader (global_graph.issue_collectives),
+    Gloo working meanwhile on its own threads."""
+    return "update" if n.effect else "compute"
+
+
+def talks(n: Node) -> bool:
+    """Whether ``n`` runs a collective (its op declares it)."""
     op = REGISTRY.get(n.op) if n.kernel is None else None
-    return "comm" if op is not None and op.collective else "compute"
+    return op is not None and op.collective
 
 
 def execution_order(g: IRGraph) -> list[Node]:
@@ -203,9 +210,8 @@ class Task:
 
 def split_tasks(g: IRGraph) -> list[Task]:
     """Cuts the execution order into straight-line runs on one stream. A task waits for all its
-    inputs before it starts, so a compute or comm run is also cut before a node that reads a value
-    another stream made after the run began: the nodes before it run while that value is made
-    (a collective overlaps the compute that does not need it)."""
+    inputs before it starts, so a compute run is also cut before a node that reads a value
+    another stream made after the run began."""
     tasks: list[Task] = []
     made_by: dict = {}   # Value -> index of the task making it
     for n in execution_order(g):
@@ -220,30 +226,12 @@ def split_tasks(g: IRGraph) -> list[Task]:
         t.nodes.append(n)
         made_by.update((v, len(tasks) - 1) for v in n.outputs)
     wire_tasks(tasks, g, {o for o in g.outputs if isinstance(o, Value)})
-    _chain_comm(tasks)
     has_update = any(t.stream == "update" for t in tasks)
-    # a task feeding a collective also waits for the previous step's update, as every task reading
+    # a task issuing collectives also waits for the previous step's update, as every task reading
     # state does: the next step's collectives are then issued after this step's, on every rank
-    feeds_comm = {v for t in tasks if t.stream == "comm" for v in t.inputs}
     for t in tasks:
-        t.token = has_update and (bool(t.state) or (t.stream != "comm" and any(v in feeds_comm for v in t.outputs)))
+        t.token = has_update and (bool(t.state) or any(map(talks, t.nodes)))
     return tasks
-
-
-def _chain_comm(tasks: list) -> None:
-    """Each comm task also takes an output of the comm task before it (unused, an ordering edge):
-    the comm thread then issues the collectives in program order on every rank, whatever order
-    their inputs happen to be ready in."""
-    prev = None
-    for t in tasks:
-        if t.stream != "comm":
-            continue
-        if prev is not None and prev.outputs[0] not in t.inputs:
-            t.inputs.append(prev.outputs[0])
-        made = [v for n in t.nodes for v in n.outputs]
-        if made and not t.outputs:
-            t.outputs.append(made[0])
-        prev = t if t.outputs else prev
 
 
 def wire_tasks(tasks: list, g: IRGraph, exported: set) -> None:

@@ -3,14 +3,17 @@ kernel calls per task (no dispatch, no autograd at run time) — is executed, an
 wired into a runtime ``Plan`` (docs/architecture.md).
 
 Streams: ordinary nodes run on ``compute``; effect nodes (the optimizer update) and state
-write-backs form the ``update`` task; collectives run on ``comm``. Tasks that read state wait
+write-backs form the ``update`` task. Collectives are compute nodes: one whose result is not
+needed at once is split into an issue (hands the payload to the communicator, whose own threads
+move it) and a wait just before its first reader (``global_graph.issue_collectives``), so one
+thread issues every collective in program order, identically on every rank. Tasks that read state wait
 for the previous iteration's update through a loop-carried token regst, so parameters are never
 read while being written, while the source prefetches the next iteration's feeds. The source the
 plan runs is kept verbatim on :class:`Compiled` (``compiled.program.source``).
 
-Threads (`make_executor`): on a CPU device every stream but ``comm`` runs on the caller's thread
-(one thread launches the device's kernels, one intra-op pool, no hand-off per act); ``comm``
-waits on other processes and keeps a thread of its own. On a CUDA device every stream is a CUDA
+Threads (`make_executor`): on a CPU device every stream runs on the caller's thread (one thread
+launches the device's kernels, one intra-op pool, no hand-off per act; a collective in flight
+costs no thread of ours, as torch DDP's buckets). On a CUDA device every stream is a CUDA
 stream ordered by events (graph/cuda_streams.py), all launched from the caller's thread, and a
 ``copy`` task moves the next batch to the device while the current one computes.
 """
@@ -26,7 +29,7 @@ from ..core.tensor import Tensor
 from ..runtime import CALLER, SOURCE_STREAM, Plan, Runtime, SequentialExecutor, TaskError, TaskSpec
 from .compile_tasks import compile_task
 from .cuda_streams import cuda_streams, with_h2d_copies
-from .global_graph import wrap_outputs
+from .global_graph import issue_collectives, wrap_outputs
 from .ir import TOKEN, IRGraph, Program, Value, program
 from .passes.memory_plan import peak_bytes
 
@@ -77,6 +80,7 @@ class Lowered:
 def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_tasks: bool = False) -> Lowered:
     """The graph's program, executed, its task functions wired into a runtime Plan (each compiled by
     ``torch.compile`` with ``compile_tasks``: graph/compile_tasks.py)."""
+    g = issue_collectives(g)
     prog = program(g, profile)
     ns = prog.load()
     specs = []
@@ -106,9 +110,6 @@ def device_of(g: IRGraph) -> torch.device:
     return torch.device("cpu")
 
 
-OWN_THREAD = ("comm",)      # streams that wait on other processes: a thread of their own on a CPU device
-
-
 def make_executor(plan: Plan, kind: str = "actor", trace: bool = False,
                   device: torch.device | None = None) -> Runtime | SequentialExecutor:
     """The executor of a lowered plan: the sequential reference, or the actor runtime with the
@@ -119,7 +120,7 @@ def make_executor(plan: Plan, kind: str = "actor", trace: bool = False,
     if device is not None and device.type == "cuda":
         return Runtime(plan, trace=trace, threads={s: CALLER for s in streams},
                        devices=cuda_streams(streams, device))
-    return Runtime(plan, trace=trace, threads={s: CALLER for s in streams if s not in OWN_THREAD})
+    return Runtime(plan, trace=trace, threads={s: CALLER for s in streams})
 
 
 class GraphRunError(HoloflowError):

@@ -25,17 +25,17 @@ from __future__ import annotations
 import heapq
 
 from ...core.registry import REGISTRY
-from ..ir import IRGraph, Node, stream_of
+from ..ir import IRGraph, Node, talks
 from . import register
 
 COLLECTIVE, CONE, OTHER, WAITER = range(4)   # ready-node classes, taken in this order
 
 
 def _declares(n: Node, prop: str) -> bool:
-    """Whether ``n``'s op declares ``prop`` (a collective also runs its registry kernel, as
-    ``ir.stream_of`` decides; a fused node naming a random op counts as random)."""
+    """Whether ``n``'s op declares ``prop`` (a collective also runs its registry kernel:
+    ``ir.talks``; a fused node naming a random op counts as random)."""
     if prop == "collective":
-        return stream_of(n) == "comm"
+        return talks(n)
     op = REGISTRY.get(n.op)
     return op is not None and bool(getattr(op, prop, False))
 
