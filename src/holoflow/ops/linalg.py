@@ -13,8 +13,10 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..core import grad_mode
 from ..core.dispatch import apply
-from ..core.errors import DTypeError, ShapeError
+from ..core.errors import DTypeError, ShapeError, UnsupportedError
+from ..core.interpret import is_lazy
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
@@ -332,6 +334,10 @@ def _linear_sbp(metas, attrs):
 def _linear_grad(c, dy):
     x, w, _ = c.inputs
     if len(c.shapes[1]) == 2 and len(c.shapes[0]) >= 1:  # the common case: one mm per operand
+        if _one_backward_op(c):
+            mask = c.needs_grad
+            dx, dw, db = apply(LINEAR_BACKWARD, dy, x, w, output_mask=mask)
+            return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
         return (apply(LINEAR_GRAD_INPUT, dy, w) if needs(c, 0) else None,
                 apply(LINEAR_GRAD_WEIGHT, dy, x) if needs(c, 1) else None,
                 reduce_grad(dy, c, 2) if needs(c, 2) else None)
@@ -384,6 +390,58 @@ LINEAR_GRAD_INPUT = defop("linear_grad_input", _lgi_kernel, grad=_lgi_grad, save
                           sbp=_lgi_sbp, family="einsum")
 LINEAR_GRAD_WEIGHT = defop("linear_grad_weight", _lgw_kernel, grad=_lgw_grad, save="inputs",
                            sbp=_lgw_sbp, family="einsum")
+
+
+# Eager backward without create_graph runs linear's three gradients as one op (one dispatch
+# instead of three, as torch's linear backward is one node). A trace keeps linear_grad_input /
+# linear_grad_weight / sum_to_size as separate nodes: graph passes schedule them apart (zero-bubble
+# pipelines defer the weight part, memory planning frees activations early); double backward
+# keeps them too, since they are closed under differentiation and this op is not.
+def _one_backward_op(c) -> bool:
+    bias = c.shapes[2]
+    return (not grad_mode.STATE.enabled and (bias is None or tuple(bias) == tuple(c.shapes[1][:1]))
+            and not is_lazy())
+
+
+def _zeros(shape, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros((), dtype=like.dtype, device=like.device).expand(shape)
+
+
+def _linear_bwd_kernel(dy, x, w, output_mask):
+    """``(dy @ w, dy.T @ x, dy summed over the batch)`` on the flattened batch; an output the
+    mask switches off is zeros (an expanded scalar)."""
+    o = dy.shape[-1]
+    dy2 = dy.reshape(-1, o)
+    dx = torch.matmul(dy, w) if output_mask[0] else _zeros(dy.shape[:-1] + w.shape[-1:], x)
+    dw = torch.mm(dy2.t(), x.reshape(-1, x.shape[-1])) if output_mask[1] else _zeros((o, x.shape[-1]), w)
+    db = dy2.sum(0) if output_mask[2] else _zeros((o,), w)
+    return dx, dw, db
+
+
+def _linear_bwd_sbp(metas, attrs):
+    """Each output reads two of the inputs (dx: dy and w; dw: dy and x; db: dy), so a signature
+    joins one of linear_grad_input's and one of linear_grad_weight's on dy's SBP."""
+    dy, x, w = metas
+    dx_sigs = _lgi_sbp((dy, w), attrs)
+    dw_sigs = _lgw_sbp((dy, x), attrs)
+    last = len(dy.shape) - 1
+    sigs = []
+    for (s_dy, s_w), (o_dx,) in dx_sigs:
+        for (s_dy2, s_x), (o_dw,) in dw_sigs:
+            if s_dy2 != s_dy:
+                continue
+            o_db = (S(0) if s_dy.axis == last else P) if isinstance(s_dy, S) else s_dy
+            sigs.append(((s_dy, s_x, s_w), (o_dx, o_dw, o_db)))
+    return list(dict.fromkeys(sigs))
+
+
+def _linear_bwd_no_grad(c, *dys):
+    raise UnsupportedError("holoflow.linear_backward: not differentiable; linear's double backward "
+                           "runs linear_grad_input / linear_grad_weight instead (create_graph=True)")
+
+
+LINEAR_BACKWARD = defop("linear_backward", _linear_bwd_kernel, grad=_linear_bwd_no_grad, sbp=_linear_bwd_sbp,
+                        family="einsum", mask_split=True)
 
 
 def _linear_add_to_output(shapes: tuple, beta, alpha):
