@@ -96,9 +96,10 @@ def planned() -> Iterator[None]:
     """Collectives of a compiled global graph's plan: their fingerprints are not exchanged per
     call. The ranks compared the whole program's fingerprint before it ran
     (graph/global_graph.check_same_program) and the plan issues its collectives in program order
-    (graph/ir.split_tasks chains the comm tasks), so a per-call exchange would only repeat that
+    (one thread issues them all: graph/ir.stream_of), so a per-call exchange would only repeat that
     check, at the price of one more synchronisation of the ranks per collective (bench/dp_overlap.py:
-    ~20 ms of a 250 ms step on the loaded 2-core box). Counting and sequence tracking stay."""
+    ~20 ms of a 250 ms step on the loaded 2-core box). Counting and sequence tracking stay; the
+    arrival record is written only when the rank has to wait for the collective (Handle.wait)."""
     tok = _PLANNED.set(True)
     try:
         yield
@@ -119,6 +120,7 @@ class CallInfo:
     seq: int
     start: float
     site: str = ""
+    recorded: bool = True   # this rank's arrival is in the store (a plan's is written only if it waits)
 
 
 def _key(ranks: tuple[int, ...]) -> str:
@@ -149,13 +151,22 @@ def begin(kind: str, ranks: tuple[int, ...], nbytes: int, tensor: torch.Tensor |
     if FINGERPRINTS and len(ranks) > 1 and not _PLANNED.get():
         check = _launch_fingerprint(info, tensor, f"{kind}[{detail}]" if detail else kind, splits, peer)
     # the arrival record (read by peers that time out) is written only when the peers are not all
-    # here within a short grace: a completed fingerprint exchange already proves everyone arrived
-    if TRACK and len(ranks) > 1 and (check is None or not check.arrived(_GRACE_S)):
-        env.store().set(f"holoflow/seq/{_key(ranks)}/{env.get_rank()}", f"{seq} {kind}")
+    # here within a short grace: a completed fingerprint exchange already proves everyone arrived.
+    # A plan's collective writes it only if it has to wait (Handle.wait): one that is already
+    # complete when waited for proves it too, and an issue then costs no store round trip
+    if _PLANNED.get():
+        info.recorded = False
+    elif TRACK and len(ranks) > 1 and (check is None or not check.arrived(_GRACE_S)):
+        _record(info)
     if check is not None:
         check()
         _VERIFIED[ranks] = (seq, kind)
     return info
+
+
+def _record(info: CallInfo) -> None:
+    env.store().set(f"holoflow/seq/{_key(info.ranks)}/{env.get_rank()}", f"{info.seq} {info.kind}")
+    info.recorded = True
 
 
 WIRE_MAX_GROUP = 64  # larger groups all-gather their fingerprints over Gloo (n - 1 sockets per rank here)
@@ -322,13 +333,19 @@ class Handle:
     def wait(self) -> Any:
         if self._done:
             return self._result
+        info = self.info
         if self.work is not None:
+            if info is not None and not info.recorded and TRACK and len(info.ranks) > 1 \
+                    and not self.work.is_completed():
+                _record(info)   # about to wait: peers that time out must see this rank arrived
             try:
                 self.work.wait(timeout=env.comm_timeout())
             except Exception as e:  # noqa: BLE001
                 raise failure(self.info, e) from e
             finally:
                 _PENDING.discard(self)
+            if info is not None:   # complete: every member entered it
+                _VERIFIED[info.ranks] = max(_VERIFIED.get(info.ranks, (0, "")), (info.seq, info.kind))
         self._done = True
         self._result = self.finish() if self.finish is not None else None
         return self._result

@@ -5,9 +5,10 @@ order backward produces them, into buckets of at most ``config.allreduce_bucket_
 placement and SBPs; the first bucket at most 1 MiB, as DDP's, so that reducing the last layers'
 gradients starts early and overlaps the rest of backward; the last one at most 1 MiB too, since
 nothing is left to overlap it once backward ends); each bucket is one
-``global_box_bucket`` node: one collective over the concatenated gradients. Collectives run on
-the ``comm`` stream (ir.stream_of), so a bucket is reduced as soon as its gradients exist while
-backward goes on. A bucket closes early when a
+``global_box_bucket`` node: one collective over the concatenated gradients. Lowering issues it
+where it stands and waits for it just before the update reads it (global_graph.issue_collectives),
+so a bucket is reduced as soon as its gradients exist while backward goes on. A bucket closes
+early when a
 member's result is needed before the next gradient is ready, so the order stays topological.
 """
 from __future__ import annotations

@@ -1,0 +1,94 @@
+"""Collectives issued now and waited for later (global_graph.issue_collectives): the issue owns a
+copy of its payload (the memory plan may reuse the inputs' memory meanwhile), several may be in
+flight and be waited for in any order, on simulated ranks and on Gloo; a ZeRO-2 graph, whose
+gradient reduce-scatters are issued this way, trains like one process on Gloo too."""
+import pytest
+import torch
+
+import holoflow as flow
+from holoflow.distributed import world
+from holoflow.graph.global_graph import GLOBAL_BOX_ISSUE, GLOBAL_BOX_WAIT
+from holoflow.sbp import B, P, S
+
+SHAPE = (4, 3)
+
+
+def _issue_twice(rank: int, comm=None) -> list:
+    """An all-reduce and a reduce-scatter in flight at once, their inputs overwritten right after
+    issuing, waited for in reverse order."""
+    place = flow.placement("cpu", [0, 1])
+    comm = comm if comm is not None else world.comm()
+    issue, wait = GLOBAL_BOX_ISSUE.kernel, GLOBAL_BOX_WAIT.kernel
+    a, b = torch.full(SHAPE, rank + 1.0), torch.arange(12.0).view(SHAPE) * (rank + 1)
+    ha = issue(a, place=place, src=(P,), dst=(B,), rank=rank, comm=comm, shape=SHAPE)
+    hb = issue(b, place=place, src=(P,), dst=(S(0),), rank=rank, comm=comm, shape=SHAPE)
+    a.add_(100)
+    b.zero_()
+    return [wait(hb), wait(ha)]
+
+
+def _check(got: list) -> None:
+    whole = torch.arange(12.0).view(SHAPE) * 3
+    for rank, (rows, total) in enumerate(got):
+        torch.testing.assert_close(total, torch.full(SHAPE, 3.0))
+        torch.testing.assert_close(rows, whole[2 * rank:2 * rank + 2])
+
+
+def test_issued_collectives_own_their_payload_on_simulated_ranks():
+    _check(world.simulate(2, _issue_twice))
+
+
+def test_issued_collectives_own_their_payload_on_gloo(world2):
+    _check(world2.run(_issue_twice))
+
+
+def _counted_issue(rank: int) -> dict:
+    with flow.comm.count() as c:
+        _issue_twice(rank)
+    return dict(c.bytes)
+
+
+def test_issued_collectives_are_counted_with_their_payload(world2):
+    for got in world2.run(_counted_issue):
+        assert got == {"all_reduce": 48, "reduce_scatter": 48}, got
+
+
+def _zero2(rank: int, opt_kind: str):
+    from test_global_graph import _zero_run
+    return _zero_run(flow.placement("cpu", [0, 1]), 2, opt_kind)
+
+
+@pytest.mark.parametrize("opt_kind", ["sgd"])
+def test_zero2_graph_on_gloo_trains_like_single_process(world2, opt_kind):
+    from test_global_graph import _zero_run
+    want_losses, want_params, _, _ = _zero_run(None, 0, opt_kind)
+    for losses, params, _, boxes in world2.run(_zero2, opt_kind):
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-7)
+        for got, want in zip(params, want_params):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert boxes.count(((P,), (S(0),))) == 3, boxes   # the gradients' reduce-scatters
+
+
+def _rank_1_skips_an_issue(rank: int):
+    """Planned async all-reduces (as a plan issues them): both ranks issue the first, only rank 0
+    the second, and waits for it."""
+    from holoflow.distributed import comm, comm_track, env
+    env.set_comm_timeout(2.0)
+    seq = comm_track._SEQ[(0, 1)]
+    with comm_track.planned():
+        comm.all_reduce(torch.ones(2), (0, 1), async_op=True).wait()
+        if rank == 1:
+            return seq, None
+        h = comm.all_reduce(torch.ones(2), (0, 1), async_op=True)
+        try:
+            h.wait()
+        except comm.CommError as e:
+            return seq, str(e)
+    return seq, "no error"
+
+
+def test_an_issued_collective_that_a_peer_never_issues_times_out_naming_it(world2):
+    (seq, msg), _ = world2.run(_rank_1_skips_an_issue)
+    assert f"holoflow.comm.all_reduce (call #{seq + 2} on group [0, 1], seen from rank 0) timed out" in msg, msg
+    # rank 1 wrote no arrival record (its call completed when it waited), yet rank 0 knows it entered #1
+    assert f"Ranks that did not arrive: 1 (last entered call #{seq + 1}: all_reduce)" in msg, msg
