@@ -2,8 +2,10 @@
 
 Act rule (docs/architecture.md, "Runtime"): act while every inbox holds a piece and every produced
 regst has a free slot. After acting, announce each new piece to its consumers (a reference, never
-a copy) and return each consumed piece to its producer. Everything runs on the actor's worker,
-triggered by messages; a message to an actor of the same worker is a deque append, not a wake-up.
+a copy) and return each consumed piece to its producer. A piece is a tuple: the values of the plan
+regsts its runtime regst bundles (`regst.Regst`); an act picks its arguments out of them.
+Everything runs on the actor's worker, triggered by messages; a message to an actor of the same
+worker is a deque append, not a wake-up.
 
 `DeviceActor` is the same actor on a device stream (`streams.DeviceStream`): its pieces travel
 with the event recorded after the act that made them, and a consumer on another stream waits for
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from .errors import TaskError
@@ -42,10 +45,12 @@ class Actor:
         self.rt = runtime
         self.inboxes: list[Inbox] = []
         self.regsts: list[Regst] = []
+        self.produces: tuple[str, ...] = ()    # the plan regsts fn returns, in order
         self.acted = 0                    # iterations done: the next act is iteration ``acted``
         self._lane = lane                 # the trace lane of our stream, or None
         self.busy_since: float | None = None   # while an act runs: its start (perf_counter), or not None
-        self._args: Callable[[list], list] | None = None   # which popped pieces are fn arguments (None: all)
+        self._args: Callable[[list], list] | None = None   # popped pieces -> fn arguments (None: as popped)
+        self._picks: list = []            # per regst: out -> its piece (None: out itself)
         self.low = False                  # yields to every other message of its worker (set_priority)
         self._deferred = False
 
@@ -54,12 +59,16 @@ class Actor:
         on the caller's worker the priority is ignored)."""
         self.low = priority < 0 and self.worker.thread is not None
 
-    def wired(self) -> None:
-        """Called once every inbox and regst is connected: precomputes the hot path."""
-        passed = [b.passed for b in self.inboxes]
-        if not all(passed):
-            self._args = lambda values: [v for v, p in zip(values, passed) if p]
-        self._n_out = len(self.regsts)
+    def wired(self, consumes: tuple[str, ...] | None) -> None:
+        """Called once every inbox and regst is connected: precomputes the hot path. ``consumes``:
+        the plan regsts fn reads, in order (None: fn takes the popped pieces as they are)."""
+        if consumes is not None:
+            where = {r: (k, j) for k, box in enumerate(self.inboxes)
+                     for j, r in enumerate(box.producer.regsts[box.regst].names)}
+            self._args = _selector([where[r] for r in consumes])
+        self._picks = [_picker([self.produces.index(r) for r in regst.names], len(self.produces))
+                       for regst in self.regsts]
+        self._n_out = len(self.produces)
 
     def on_ready(self, inbox: int, value: Any) -> None:
         """Message: a piece of a consumed regst is readable."""
@@ -111,8 +120,8 @@ class Actor:
         self.busy_since = _now()
         try:
             out = self.fn(*args)
-            if type(out) is not tuple or len(out) != len(self.regsts):
-                out = as_result(out, tuple(r.name for r in self.regsts))
+            if type(out) is not tuple or len(out) != self._n_out:
+                out = as_result(out, self.produces)
         except Exception as e:
             self.rt.fail(TaskError(self.name, self.stream, i, self.source, e))
             return None
@@ -133,7 +142,7 @@ class Actor:
             try:
                 out = self.fn(*args)
                 if type(out) is not tuple or len(out) != self._n_out:
-                    out = as_result(out, tuple(r.name for r in self.regsts))
+                    out = as_result(out, self.produces)
             except Exception as e:
                 self.rt.fail(TaskError(self.name, self.stream, i, self.source, e))
                 return
@@ -143,21 +152,22 @@ class Actor:
             out = self._call(i, args)
             if out is None:
                 return
-        self._announce(i, out)
+        self._announce(i, [out if pick is None else pick(out) for pick in self._picks])
 
-    def _announce(self, i: int, out: tuple) -> None:
-        """Sends the new pieces to their consumers and the consumed ones back to their producers."""
+    def _announce(self, i: int, pieces: list) -> None:
+        """Sends the new pieces (one per regst) to their consumers and the consumed ones back to
+        their producers."""
         worker = self.worker
         local = worker.local.append
-        for regst, value in zip(self.regsts, out):
+        for regst, piece in zip(self.regsts, pieces):
             regst.produced += 1
             if regst.keep:
-                regst.last = value
+                regst.last = piece
             for handler, k, w in regst.targets:
                 if w is worker:
-                    local((handler, k, value))
+                    local((handler, k, piece))
                 else:
-                    w.queue.put((handler, k, value))
+                    w.queue.put((handler, k, piece))
         for box in self.inboxes:
             w = box.ret_worker
             if w is worker:
@@ -198,24 +208,36 @@ class DeviceActor(Actor):
             if box.producer is None:                  # a feed from the caller: made on its stream
                 values.append(piece)
                 continue
-            value, event, made_on = piece
-            if made_on is not dev:
-                if event is not None:
-                    dev.wait(event)
-                dev.keep(value)
-            values.append(value)
+            values.append(self.unwrap(piece, dev))
         with dev.activate():
             out = self._call(i, values if self._args is None else self._args(values))
             if out is None:
                 return
             event = dev.record()
-        self._announce(i, tuple((v, event, dev) for v in out))
+        self._announce(i, [(out if pick is None else pick(out), event, dev) for pick in self._picks])
 
-    def unwrap(self, value: Any, on: DeviceStream) -> Any:
-        """A piece's value, made safe to use on stream ``on`` (the caller's) from now on."""
-        v, event, made_on = value
+    @staticmethod
+    def unwrap(piece: tuple, on: DeviceStream) -> tuple:
+        """A piece's values, made safe to use on stream ``on`` from now on."""
+        values, event, made_on = piece
         if made_on is not on:
             if event is not None:
                 on.wait(event)
-            on.keep(v)
-        return v
+            for v in values:
+                on.keep(v)
+        return values
+
+
+def _selector(spec: list[tuple[int, int]]) -> Callable[[list], list]:
+    """Popped pieces -> fn's arguments: value ``j`` of piece ``k`` for each ``(k, j)`` of ``spec``."""
+    return lambda pieces: [pieces[k][j] for k, j in spec]
+
+
+def _picker(idx: list[int], n: int) -> Callable[[tuple], tuple] | None:
+    """fn's output tuple (``n`` values) -> the piece holding values ``idx`` (None: all, in order)."""
+    if idx == list(range(n)):
+        return None
+    if len(idx) == 1:
+        i = idx[0]
+        return lambda out: (out[i],)
+    return itemgetter(*idx)

@@ -3,6 +3,11 @@
 Pieces of a regst (one per iteration) are numbered in order; piece ``p`` lives in slot
 ``p % register_num``. Every consumer reads and returns pieces in order, so counters are enough:
 a slot is free again when the slowest consumer has returned the piece in it.
+
+A runtime `Regst` bundles the plan regsts of one producer that have the same consumers (and are all
+loop-carried or all not): their counters would move in step, so one piece per act — the tuple of
+their values, ``names`` in order — is announced and returned once per consumer instead of once
+per value (a lowered task makes ~30 values; a message each cost more than the act itself).
 """
 from __future__ import annotations
 
@@ -16,10 +21,12 @@ if TYPE_CHECKING:
 class Regst:
     """The producer side: ``register_num`` slots, the consumers to notify, return counters."""
 
-    __slots__ = ("name", "register_num", "consumers", "targets", "produced", "returned", "least", "keep", "last")
+    __slots__ = ("names", "name", "register_num", "consumers", "targets", "produced", "returned", "least", "keep",
+                 "last")
 
-    def __init__(self, name: str, register_num: int, keep: bool = False) -> None:
-        self.name = name
+    def __init__(self, names: tuple[str, ...], register_num: int, keep: bool = False) -> None:
+        self.names = names                              # the plan regsts a piece holds, in order
+        self.name = names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} bundled)"
         self.register_num = register_num
         self.consumers: list[tuple[Actor, int]] = []    # (consumer actor, index of its inbox)
         self.targets: list[tuple] = []                  # (consumer.on_ready, inbox index, its worker)
@@ -54,14 +61,13 @@ class Regst:
 class Inbox:
     """The consumer side: pieces announced and not yet read, and where to return them."""
 
-    __slots__ = ("pieces", "producer", "regst", "consumer", "passed", "ret", "ret_worker")
+    __slots__ = ("pieces", "producer", "regst", "consumer", "ret", "ret_worker")
 
-    def __init__(self, producer: Actor | None, regst: int, consumer: int, passed: bool) -> None:
+    def __init__(self, producer: Actor | None, regst: int, consumer: int) -> None:
         self.pieces: deque = deque()
-        self.producer = producer          # the actor owning the regst
+        self.producer = producer          # the actor owning the regst (None: the caller's feeds)
         self.regst = regst                # index of the regst in the producer's regsts
         self.consumer = consumer          # this reader's number in that regst's consumer list
-        self.passed = passed              # whether the value is an argument of fn (the tick is not)
         # the message returning a piece, and the worker to send it to (None: the caller's feeds)
         self.ret = (producer.on_free, regst, consumer) if producer is not None else None
         self.ret_worker = producer.worker if producer is not None else None

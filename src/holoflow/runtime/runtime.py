@@ -80,45 +80,67 @@ class Runtime:
         plan = self.plan
         inputs = plan.inputs
         self.source = self._actor(SOURCE, SOURCE_STREAM, lambda feed: (*(feed[r] for r in inputs), None))
-        self.source.inboxes.append(Inbox(None, -1, -1, True))          # feeds, posted by the caller
-        owner: dict[str, tuple[Actor, Regst]] = {}
-        for r in (*inputs, TICK):
-            owner[r] = (self.source, self._regst(self.source, r, plan.input_register_num))
+        self.source.inboxes.append(Inbox(None, -1, -1))          # feeds, posted by the caller
         tasks = [self._actor(t.name, t.stream, t.fn, t.source) for t in plan.tasks]
         for t, a in zip(plan.tasks, tasks):
             a.set_priority(getattr(t, "priority", 0))
-        for t, a in zip(plan.tasks, tasks):
-            for r in t.produces:
-                owner[r] = (a, self._regst(a, r, t.register_num))
-        for t, a in zip(plan.tasks, tasks):
-            for r in t.consumes + (TICK,) * plan.needs_tick(t):
-                self._connect(owner[r], a, passed=r != TICK, skip_first=False)
-        outputs = plan.outputs
         self.sink = self._actor(SINK, SOURCE_STREAM, self._deliver)
-        for r in outputs or (TICK,):
-            self._connect(owner[r], self.sink, passed=r != TICK, skip_first=r in plan.initial)
-        for r, value in plan.initial.items():
-            actor, regst = owner[r]
-            piece = value if self.devices is None else (value, None, None)
-            regst.produced, regst.last = 1, piece
-            for consumer, k in regst.consumers:
-                if consumer is not self.sink:
-                    consumer.inboxes[k].pieces.append(piece)
-        actors = [self.source, *tasks, self.sink]
-        for a in actors:
-            a.wired()
-        return actors
+        reads = [(a, t.consumes + (TICK,) * plan.needs_tick(t)) for t, a in zip(plan.tasks, tasks)]
+        reads.append((self.sink, plan.outputs or (TICK,)))
+        self._owner = self._bundle([(self.source, (*inputs, TICK), plan.input_register_num)] +
+                                   [(a, t.produces, t.register_num) for t, a in zip(plan.tasks, tasks)], reads)
+        for consumer, names in reads:
+            for r in names:
+                producer, regst, _ = self._owner[r]
+                if not any(b.producer is producer and b.regst == producer.regsts.index(regst)
+                           for b in consumer.inboxes):
+                    self._connect(producer, regst, consumer, skip_first=consumer is self.sink and regst.keep)
+        for producer in (self.source, *tasks):
+            for regst in producer.regsts:
+                if regst.keep:
+                    self._prefill(regst)
+        self.source.wired(None)
+        for t, a in zip(plan.tasks, tasks):
+            a.wired(t.consumes)
+        self.sink.wired(plan.outputs)
+        return [self.source, *tasks, self.sink]
 
-    def _regst(self, actor: Actor, name: str, register_num: int) -> Regst:
-        regst = Regst(name, register_num, keep=name in self.plan.initial)
-        actor.regsts.append(regst)
-        return regst
+    def _bundle(self, producers: list[tuple[Actor, tuple[str, ...], int]],
+                reads: list[tuple[Actor, tuple[str, ...]]]) -> dict[str, tuple[Actor, Regst, int]]:
+        """Makes each producer's regsts: one per set of consumers (loop-carried values apart), in
+        order of first value. Returns plan regst -> (producer, its regst, position in the piece).
+        Values nobody reads and no state keeps get no regst (the act drops them)."""
+        readers: dict[str, list[int]] = {}
+        for k, (_, names) in enumerate(reads):
+            for r in names:
+                readers.setdefault(r, []).append(k)
+        owner: dict[str, tuple[Actor, Regst, int]] = {}
+        for actor, names, register_num in producers:
+            actor.produces = names
+            groups: dict[tuple, list[str]] = {}
+            for r in names:
+                key = (tuple(readers.get(r, ())), r in self.plan.initial)
+                if key != ((), False):
+                    groups.setdefault(key, []).append(r)
+            for (_, keep), members in groups.items():
+                regst = Regst(tuple(members), register_num, keep=keep)
+                actor.regsts.append(regst)
+                owner.update({r: (actor, regst, j) for j, r in enumerate(members)})
+        return owner
+
+    def _prefill(self, regst: Regst) -> None:
+        """Piece 0 of a loop-carried regst: the initial values, readable by all but the sink."""
+        values = tuple(self.plan.initial[r] for r in regst.names)
+        piece = values if self.devices is None else (values, None, None)
+        regst.produced, regst.last = 1, piece
+        for consumer, k in regst.consumers:
+            if consumer is not self.sink:
+                consumer.inboxes[k].pieces.append(piece)
 
     @staticmethod
-    def _connect(owner: tuple[Actor, Regst], consumer: Actor, passed: bool, skip_first: bool) -> None:
-        producer, regst = owner
+    def _connect(producer: Actor, regst: Regst, consumer: Actor, skip_first: bool) -> None:
         k = regst.add_consumer(consumer, len(consumer.inboxes), skip_first)
-        consumer.inboxes.append(Inbox(producer, producer.regsts.index(regst), k, passed))
+        consumer.inboxes.append(Inbox(producer, producer.regsts.index(regst), k))
 
     def _deliver(self, *values: Any) -> tuple:
         self.note(("out", self.sink.acted, dict(zip(self.plan.outputs, values))), self.sink.worker)
@@ -205,10 +227,12 @@ class Runtime:
         """The loop-carried regsts as the next iteration will read them (between runs)."""
         if self._running:
             raise RuntimeError("Runtime.state is only defined between runs")
-        state = {r: _newest(self.actors, r) for r in self.plan.initial}
-        if self.devices is None:
-            return state
-        return {r: self.sink.unwrap(v, self.devices[SOURCE_STREAM]) for r, v in state.items()}
+        state = {}
+        for r in self.plan.initial:
+            _, regst, j = self._owner[r]
+            values = regst.last if self.devices is None else self.sink.unwrap(regst.last, self.devices[SOURCE_STREAM])
+            state[r] = values[j]
+        return state
 
     def _next_output(self, i: int) -> dict[str, Any]:
         msg = self._wait(lambda m: m[0] == "out")
@@ -330,14 +354,6 @@ def _check_devices(streams: list[str], devices: Mapping[str, DeviceStream] | Non
         raise ValueError(f"Runtime(devices=...): every stream needs a device stream (the source's is "
                          f"the caller's stream); missing {missing}")
     return dict(devices)
-
-
-def _newest(actors: list[Actor], regst: str) -> Any:
-    for a in actors:
-        for r in a.regsts:
-            if r.name == regst:
-                return r.last
-    raise KeyError(regst)
 
 
 def _need(timeline: Timeline | None) -> Timeline:
