@@ -2,8 +2,9 @@
 
 Act rule (docs/architecture.md, "Runtime"): act while every inbox holds a piece and every produced
 regst has a free slot. After acting, announce each new piece to its consumers (a reference, never
-a copy) and return each consumed piece to its producer. A piece is a tuple: the values of the plan
-regsts its runtime regst bundles (`regst.Regst`); an act picks its arguments out of them.
+a copy) and return each consumed piece to its producer. A piece of a regst bundling several plan
+regsts (`regst.Regst`) is the tuple of their values (of one plan regst: the value itself); an act
+picks its arguments out of the pieces it popped.
 Everything runs on the actor's worker, triggered by messages; a message to an actor of the same
 worker is a deque append, not a wake-up.
 
@@ -63,9 +64,12 @@ class Actor:
         """Called once every inbox and regst is connected: precomputes the hot path. ``consumes``:
         the plan regsts fn reads, in order (None: fn takes the popped pieces as they are)."""
         if consumes is not None:
-            where = {r: (k, j) for k, box in enumerate(self.inboxes)
-                     for j, r in enumerate(box.producer.regsts[box.regst].names)}
-            self._args = _selector([where[r] for r in consumes])
+            bundles = [box.producer.regsts[box.regst].names for box in self.inboxes]
+            where = {r: (k, j if len(names) > 1 else None) for k, names in enumerate(bundles)
+                     for j, r in enumerate(names)}
+            spec = [where[r] for r in consumes]
+            if spec != [(k, None) for k in range(len(bundles))]:   # else: the pieces are the arguments
+                self._args = _selector(spec)
         self._picks = [_picker([self.produces.index(r) for r in regst.names], len(self.produces))
                        for regst in self.regsts]
         self._n_out = len(self.produces)
@@ -208,7 +212,7 @@ class DeviceActor(Actor):
             if box.producer is None:                  # a feed from the caller: made on its stream
                 values.append(piece)
                 continue
-            values.append(self.unwrap(piece, dev))
+            values.append(self.unwrap(piece, dev, box.bundled))
         with dev.activate():
             out = self._call(i, values if self._args is None else self._args(values))
             if out is None:
@@ -217,27 +221,26 @@ class DeviceActor(Actor):
         self._announce(i, [(out if pick is None else pick(out), event, dev) for pick in self._picks])
 
     @staticmethod
-    def unwrap(piece: tuple, on: DeviceStream) -> tuple:
-        """A piece's values, made safe to use on stream ``on`` from now on."""
-        values, event, made_on = piece
+    def unwrap(piece: tuple, on: DeviceStream, bundled: bool) -> Any:
+        """A piece's value (a bundle's tuple of values), made safe to use on stream ``on`` from now on."""
+        value, event, made_on = piece
         if made_on is not on:
             if event is not None:
                 on.wait(event)
-            for v in values:
+            for v in value if bundled else (value,):
                 on.keep(v)
-        return values
+        return value
 
 
-def _selector(spec: list[tuple[int, int]]) -> Callable[[list], list]:
-    """Popped pieces -> fn's arguments: value ``j`` of piece ``k`` for each ``(k, j)`` of ``spec``."""
-    return lambda pieces: [pieces[k][j] for k, j in spec]
+def _selector(spec: list[tuple[int, int | None]]) -> Callable[[list], list]:
+    """Popped pieces -> fn's arguments: for each ``(k, j)`` of ``spec``, value ``j`` of the bundle
+    popped from inbox ``k`` (``j`` None: the piece is the value)."""
+    return lambda pieces: [pieces[k] if j is None else pieces[k][j] for k, j in spec]
 
 
-def _picker(idx: list[int], n: int) -> Callable[[tuple], tuple] | None:
-    """fn's output tuple (``n`` values) -> the piece holding values ``idx`` (None: all, in order)."""
-    if idx == list(range(n)):
-        return None
+def _picker(idx: list[int], n: int) -> Callable[[tuple], Any] | None:
+    """fn's output tuple (``n`` values) -> the piece holding values ``idx``: the value itself for one
+    index, a tuple for several (None: the output tuple as it is)."""
     if len(idx) == 1:
-        i = idx[0]
-        return lambda out: (out[i],)
-    return itemgetter(*idx)
+        return itemgetter(idx[0])
+    return None if idx == list(range(n)) else itemgetter(*idx)

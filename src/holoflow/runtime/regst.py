@@ -6,8 +6,8 @@ a slot is free again when the slowest consumer has returned the piece in it.
 
 A runtime `Regst` bundles the plan regsts of one producer that have the same consumers (and are all
 loop-carried or all not): their counters would move in step, so one piece per act — the tuple of
-their values, ``names`` in order — is announced and returned once per consumer instead of once
-per value (a lowered task makes ~30 values; a message each cost more than the act itself).
+their values, ``names`` in order (of one plan regst: its value) — is announced and returned once
+per consumer instead of once per value (a lowered task makes ~30 values; a message each cost more than the act itself).
 """
 from __future__ import annotations
 
@@ -61,13 +61,14 @@ class Regst:
 class Inbox:
     """The consumer side: pieces announced and not yet read, and where to return them."""
 
-    __slots__ = ("pieces", "producer", "regst", "consumer", "ret", "ret_worker")
+    __slots__ = ("pieces", "producer", "regst", "consumer", "bundled", "ret", "ret_worker")
 
     def __init__(self, producer: Actor | None, regst: int, consumer: int) -> None:
         self.pieces: deque = deque()
         self.producer = producer          # the actor owning the regst (None: the caller's feeds)
         self.regst = regst                # index of the regst in the producer's regsts
         self.consumer = consumer          # this reader's number in that regst's consumer list
+        self.bundled = producer is not None and len(producer.regsts[regst].names) > 1   # pieces are tuples
         # the message returning a piece, and the worker to send it to (None: the caller's feeds)
         self.ret = (producer.on_free, regst, consumer) if producer is not None else None
         self.ret_worker = producer.worker if producer is not None else None

@@ -131,7 +131,8 @@ class Runtime:
     def _prefill(self, regst: Regst) -> None:
         """Piece 0 of a loop-carried regst: the initial values, readable by all but the sink."""
         values = tuple(self.plan.initial[r] for r in regst.names)
-        piece = values if self.devices is None else (values, None, None)
+        value = values if len(values) > 1 else values[0]
+        piece = value if self.devices is None else (value, None, None)
         regst.produced, regst.last = 1, piece
         for consumer, k in regst.consumers:
             if consumer is not self.sink:
@@ -230,8 +231,10 @@ class Runtime:
         state = {}
         for r in self.plan.initial:
             _, regst, j = self._owner[r]
-            values = regst.last if self.devices is None else self.sink.unwrap(regst.last, self.devices[SOURCE_STREAM])
-            state[r] = values[j]
+            bundled = len(regst.names) > 1
+            value = regst.last if self.devices is None else \
+                self.sink.unwrap(regst.last, self.devices[SOURCE_STREAM], bundled)
+            state[r] = value[j] if bundled else value
         return state
 
     def _next_output(self, i: int) -> dict[str, Any]:
