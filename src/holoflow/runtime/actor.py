@@ -53,12 +53,14 @@ class Actor:
         self._args: Callable[[list], list] | None = None   # popped pieces -> fn arguments (None: as popped)
         self._picks: list = []            # per regst: out -> its piece (None: out itself)
         self.low = False                  # yields to every other message of its worker (set_priority)
+        self._react = self.try_act        # after a message: act while the act rule holds (or defer)
         self._deferred = False
 
     def set_priority(self, priority: int) -> None:
         """``priority < 0``: acts only when the worker has nothing else waiting (a worker thread;
         on the caller's worker the priority is ignored)."""
         self.low = priority < 0 and self.worker.thread is not None
+        self._react = self._defer if self.low else self.try_act
 
     def wired(self, consumes: tuple[str, ...] | None) -> None:
         """Called once every inbox and regst is connected: precomputes the hot path. ``consumes``:
@@ -80,24 +82,21 @@ class Actor:
         self._react()
 
     def on_free(self, regst: int, consumer: int) -> None:
-        """Message: a consumer returned its oldest piece of one of our regsts."""
+        """Message: a consumer on another worker returned its oldest piece of one of our regsts."""
         self.regsts[regst].give_back(consumer)
         self._react()
 
-    def _react(self) -> None:
-        """After a message: act while the act rule holds (a yielding actor defers instead)."""
-        if self.low:
-            self._defer()
-        else:
-            self.try_act()
+    def on_wake(self, _a: Any = None, _b: Any = None) -> None:
+        """Message: a consumer on our worker returned a piece and freed a slot we lacked."""
+        self._react()
 
     def ready(self) -> bool:
         """The act rule."""
         for box in self.inboxes:
             if not box.pieces:
                 return False
-        for r in self.regsts:
-            if r.free() <= 0:
+        for r in self.regsts:       # Regst.free() inlined: no free slot when all are still read
+            if r.produced - (r.least if r.returned else r.produced) >= r.register_num:
                 return False
         return True
 
@@ -175,7 +174,8 @@ class Actor:
         for box in self.inboxes:
             w = box.ret_worker
             if w is worker:
-                local(box.ret)
+                if box.slots.give_back(box.consumer):
+                    local(box.wake)
             elif w is not None:
                 w.queue.put(box.ret)
         self.acted = i + 1          # last: a caller seeing it may read ``regst.last`` as final state

@@ -50,18 +50,22 @@ class Regst:
         self.least = min(self.returned)
         return len(self.returned) - 1
 
-    def give_back(self, consumer: int) -> None:
-        """Consumer number ``consumer`` returned its oldest piece."""
+    def give_back(self, consumer: int) -> bool:
+        """Consumer number ``consumer`` returned its oldest piece; whether that freed a slot of a
+        regst that had none (its producer may be waiting for it)."""
         old = self.returned[consumer]
         self.returned[consumer] = old + 1
-        if old == self.least:
-            self.least = min(self.returned)
+        if old != self.least:
+            return False
+        full = self.produced - old >= self.register_num
+        self.least = min(self.returned)
+        return full and self.least > old
 
 
 class Inbox:
     """The consumer side: pieces announced and not yet read, and where to return them."""
 
-    __slots__ = ("pieces", "producer", "regst", "consumer", "bundled", "ret", "ret_worker")
+    __slots__ = ("pieces", "producer", "regst", "consumer", "bundled", "ret", "ret_worker", "slots", "wake")
 
     def __init__(self, producer: Actor | None, regst: int, consumer: int) -> None:
         self.pieces: deque = deque()
@@ -72,3 +76,7 @@ class Inbox:
         # the message returning a piece, and the worker to send it to (None: the caller's feeds)
         self.ret = (producer.on_free, regst, consumer) if producer is not None else None
         self.ret_worker = producer.worker if producer is not None else None
+        # a consumer on the producer's worker returns a piece by counting it itself, and wakes the
+        # producer only when that freed the slot it lacked (half the messages of a chain)
+        self.slots = producer.regsts[regst] if producer is not None else None
+        self.wake = (producer.on_wake, None, None) if producer is not None else None
