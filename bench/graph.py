@@ -163,10 +163,10 @@ def run_child(cmd: list[str], timeout: float = 1800.0) -> str:
     return p.stdout
 
 
-def alternate(jobs: dict[str, list[str]], rounds: int, log=print, runner=run_child) -> dict[str, dict]:
+def alternate(jobs: dict[str, list[str]], rounds: int, log=print, runner=run_child, key: str = "ms") -> dict[str, dict]:
     """Runs each job (a command printing a RESULT line) once per round in a fresh process, the
-    order reversed every other round; keeps each job's fastest result (smallest ``ms``). A failed
-    job is logged and recorded as ``{"error": ...}``."""
+    order reversed every other round; keeps each job's fastest result (smallest ``key``, also its
+    unit in the log). A failed job is logged and recorded as ``{"error": ...}``."""
     best: dict[str, dict] = {}
     names = list(jobs)
     for k in range(rounds):
@@ -177,9 +177,9 @@ def alternate(jobs: dict[str, list[str]], rounds: int, log=print, runner=run_chi
                 log(f"  {name}: FAILED {type(e).__name__}: {str(e)[-600:]}")
                 best.setdefault(name, {"error": "failed"})
                 continue
-            log(f"  round {k + 1}: {name:<24} {r['ms']:9.2f} ms")
+            log(f"  round {k + 1}: {name:<24} {r[key]:9.2f} {key}")
             old = best.get(name, {})
-            if "ms" not in old or r["ms"] < old["ms"]:
+            if key not in old or r[key] < old[key]:
                 best[name] = {**r, "rounds": old.get("rounds", 0) + 1}
             else:
                 old["rounds"] += 1
