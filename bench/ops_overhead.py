@@ -37,17 +37,40 @@ def cases(lib) -> dict[str, Callable[[], object]]:
     ga, gb = lib.randn(16, requires_grad=True), lib.randn(16, requires_grad=True)
     gm, gn = lib.randn(8, 8, requires_grad=True), lib.randn(8, 8, requires_grad=True)
 
+    # the ops of the GPT-mini / CNN training steps, at sizes where framework time dominates
+    x3 = lib.randn(2, 4, 8, requires_grad=True)
+    w, bias = lib.randn(8, 8, requires_grad=True), lib.randn(8, requires_grad=True)
+    ln_w, ln_b = lib.randn(8, requires_grad=True), lib.randn(8, requires_grad=True)
+    logits, target = lib.randn(8, 10, requires_grad=True), lib.randint(0, 10, (8,))
+    F = lib.nn.functional
+
     def add_fwd_bwd():
         (ga + gb).sum().backward()
 
     def matmul_fwd_bwd():
         (gm @ gn).sum().backward()
 
+    def linear_fwd_bwd():
+        F.linear(x3, w, bias).sum().backward()
+
+    def view_transpose_fwd_bwd():
+        x3.view(2, 4, 2, 4).transpose(1, 2).sum().backward()
+
+    def layer_norm_fwd_bwd():
+        F.layer_norm(x3, (8,), ln_w, ln_b).sum().backward()
+
+    def cross_entropy_fwd_bwd():
+        F.cross_entropy(logits, target).backward()
+
     return {
         "add 16 (no grad)": lambda: a + b,
         "matmul 8x8 (no grad)": lambda: m @ n,
         "add 16 + sum, fwd+bwd": add_fwd_bwd,
         "matmul 8x8 + sum, fwd+bwd": matmul_fwd_bwd,
+        "linear 2x4x8 + sum, fwd+bwd": linear_fwd_bwd,
+        "view+transpose + sum, fwd+bwd": view_transpose_fwd_bwd,
+        "layer_norm + sum, fwd+bwd": layer_norm_fwd_bwd,
+        "cross_entropy 8x10, fwd+bwd": cross_entropy_fwd_bwd,
     }
 
 

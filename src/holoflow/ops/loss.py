@@ -170,6 +170,63 @@ NLL_LOSS = defop("nll_loss", lambda x, t, w, ignore_index, reduction:
                  grad=_nll_grad, save="inputs", sbp=_class_loss_sbp, family="loss")
 
 
+# The common eager case (2-D logits, class indices, no weight or smoothing, 'mean' or 'sum',
+# float32/64) as torch computes it: log_softmax then nll_loss forward, keeping the log-probs and
+# the total weight for the backward (nll_loss_backward + _log_softmax_backward_data), instead of
+# cross_entropy's fused forward with log_softmax recomputed in the backward. A trace keeps the
+# cross_entropy op (graph passes and autocast policies know it; the graph saves its input).
+_REDUCTION_ENUM = {"mean": 1, "sum": 2}
+
+
+def _ce_lsm_kernel(x, t, ignore_index, reduction):
+    logp = torch.log_softmax(x, 1)
+    loss, total = torch.ops.aten.nll_loss_forward.default(logp, t, None, _REDUCTION_ENUM[reduction], ignore_index)
+    return loss, logp, total
+
+
+def _ce_lsm_bwd_kernel(dy, logp, t, total, ignore_index, reduction):
+    g = torch.ops.aten.nll_loss_backward.default(dy, logp, t, None, _REDUCTION_ENUM[reduction], ignore_index, total)
+    return torch._log_softmax_backward_data(g, logp, 1, logp.dtype)
+
+
+def _ce_lsm_sbp(metas, attrs):
+    """'mean': broadcast only (the denominator is global). 'sum': a batch split gives a partial
+    loss, split log-probs and a partial total weight."""
+    sigs = [((B, B), (B, B, B))]
+    if attrs["reduction"] == "sum":
+        sigs.append(((S(0), S(0)), (P, S(0), P)))
+    return sigs
+
+
+def _ce_lsm_bwd_sbp(metas, attrs):
+    """dx = (softmax - onehot) * dy (/ total for 'mean'): broadcast, or for 'sum' batch-split
+    log-probs and targets (the total is not read)."""
+    sigs = [((B, B, B, B), (B,))]
+    if attrs["reduction"] == "sum":
+        sigs += [((B, S(0), S(0), P), (S(0),)), ((B, S(0), S(0), B), (S(0),))]
+    return sigs
+
+
+def _ce_lsm_grad(c, dy, _dlogp, _dtotal):
+    _, t = c.inputs
+    _, logp, total = c.outs
+    return apply(CE_LSM_BWD, dy, logp, t, total, ignore_index=c.ignore_index, reduction=c.reduction), None
+
+
+CE_LSM_BWD = defop("cross_entropy_log_softmax_backward", _ce_lsm_bwd_kernel, sbp=_ce_lsm_bwd_sbp, family="loss",
+                   grad=_no_double("cross_entropy_log_softmax_backward"))
+CE_LSM = defop("cross_entropy_log_softmax", _ce_lsm_kernel, grad=_ce_lsm_grad, sbp=_ce_lsm_sbp, family="loss",
+               outputs=("loss", "log_probs", "total_weight"), save="both", saved_inputs=(1,),
+               saved_outputs=(1, 2), grad_reads=(0,))
+
+
+def _saves_log_softmax(input: Tensor, target: Tensor, weight, reduction: str, label_smoothing: float) -> bool:
+    """Whether ``cross_entropy`` runs as CE_LSM (see above)."""
+    return (weight is None and not label_smoothing and reduction != "none" and input.dim() == 2
+            and input.shape[0] > 0 and not target.is_floating_point() and not input.is_global
+            and input._data.dtype in (torch.float32, torch.float64) and not interpret.is_lazy())
+
+
 def _weight_total_kernel(t, w, ignore_index, dtype):
     valid = t != ignore_index
     if w is None:
@@ -241,6 +298,8 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
                           label_smoothing=float(label_smoothing))
         if out is not None:
             return out
+    if _saves_log_softmax(input, target, weight, reduction, label_smoothing):
+        return apply(CE_LSM, input, target, ignore_index=ignore_index, reduction=reduction).loss
     return apply(CROSS_ENTROPY, input, target, weight, ignore_index=ignore_index, reduction=reduction,
                  label_smoothing=float(label_smoothing))
 
