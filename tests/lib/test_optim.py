@@ -4,6 +4,7 @@ import torch
 
 import holoflow as flow
 from holoflow import optim
+from holoflow.core.errors import UnsupportedError
 
 CASES = [
     ("SGD", dict(lr=0.1)),
@@ -207,3 +208,55 @@ def test_declared_fused_lowering_matches_torch_fused(name, kw):
         params = group["params"]
         fused(group, params, [p.grad for p in params], [fopt._state_of(p, group) for p in params])
     _assert_same(topt, fopt, exact=True)
+
+
+@pytest.mark.parametrize("name,kw", [c for c in CASES if c[0] in ("Adam", "AdamW")])
+def test_fused_flag_runs_torch_fused_kernel_in_eager(name, kw):
+    """fused=True in eager gives torch.optim's fused=True numbers (one kernel per device/dtype:
+    a float32 and a float64 parameter in one group)."""
+    g = torch.Generator().manual_seed(0)
+    init = [torch.randn(3, 4, generator=g), torch.randn(5, generator=g, dtype=torch.float64)]
+    tp = [torch.nn.Parameter(w.clone()) for w in init]
+    fp = [flow.from_torch(w.clone()).requires_grad_() for w in init]
+    topt = getattr(torch.optim, name)(tp, fused=True, **kw)
+    fopt = getattr(optim, name)(fp, fused=True, **kw)
+    _steps(topt, fopt, 4)
+    _assert_same(topt, fopt, exact=True)
+
+
+def test_fused_flag_errors():
+    p = flow.from_torch(torch.ones(3)).requires_grad_()
+    p.grad = flow.ones(3)
+    with pytest.raises(ValueError, match="fused=True and foreach=True"):
+        optim.Adam([p], fused=True, foreach=True).step()
+    with pytest.raises(UnsupportedError, match="fused=True is not supported"):
+        optim.SGD([p], lr=0.1, fused=True).step()
+
+
+def test_fused_flag_in_a_graph_trains_like_eager_fused():
+    """nn.Graph with AdamW(fused=True): the trace takes the graph's own lowering (no error), and
+    the weights follow torch's fused AdamW."""
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(4, 3, generator=g)
+    xs = [torch.randn(5, 3, generator=g) for _ in range(3)]
+    tw = torch.nn.Parameter(w0.clone())
+    topt = torch.optim.AdamW([tw], lr=0.1, fused=True)
+    fw = flow.nn.Parameter(flow.from_torch(w0.clone()))
+    fopt = optim.AdamW([fw], lr=0.1, fused=True)
+
+    class Train(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.add_optimizer(fopt)
+
+        def build(self, x):
+            loss = (x @ fw.t()).square().sum()
+            loss.backward()
+            return loss
+    train = Train()
+    for x in xs:
+        topt.zero_grad()
+        (x @ tw.t()).square().sum().backward()
+        topt.step()
+        train(flow.from_torch(x))
+    torch.testing.assert_close(fw.to_torch(), tw.detach(), rtol=1e-5, atol=1e-6)

@@ -133,7 +133,9 @@ class Optimizer:
                     continue
                 grads = [p.grad for p in params]
                 states = [self._state_of(p, group) for p in params]
-                if self._use_foreach(group, params, grads):
+                if self._use_fused(group, params, grads):
+                    self._step_fused(group, params, grads, states)
+                elif self._use_foreach(group, params, grads):
                     self._step_foreach(group, params, grads, states)
                 else:
                     self._step_ops(group, params, grads, states)
@@ -161,6 +163,38 @@ class Optimizer:
             raise UnsupportedError("holoflow.optim: foreach=True needs local tensors in eager mode; "
                                    "use foreach=None (auto) or False for global tensors / nn.Graph")
         return local
+
+    def _use_fused(self, group: dict, params: list, grads: list) -> bool:
+        """``fused=True`` (torch's flag) runs the declared ``fused_update`` on local eager tensors,
+        giving torch's fused numbers; the default (None) keeps torch's default (foreach) numbers."""
+        if not group.get("fused"):
+            return False
+        if group.get("foreach"):
+            raise ValueError(f"holoflow.optim.{type(self).__name__}: fused=True and foreach=True "
+                             f"can't both be set (as in torch)")
+        if self.fused_update is None:
+            raise UnsupportedError(f"holoflow.optim.{type(self).__name__}: fused=True is not supported "
+                                   f"(no fused kernel); leave fused=None")
+        if is_lazy():   # nn.Graph chooses the fused lowering itself (graph/passes/fuse_update.py)
+            return False
+        if any(p._global is not None for p in params) or any(g._global is not None for g in grads):
+            raise UnsupportedError(f"holoflow.optim.{type(self).__name__}: fused=True needs local tensors; "
+                                   f"leave fused=None for global tensors")
+        if not all(p._data.is_floating_point() for p in params):
+            raise RuntimeError(f"holoflow.optim.{type(self).__name__}: fused=True requires floating "
+                               f"point parameters (as torch)")
+        return True
+
+    def _step_fused(self, group: dict, params: list, grads: list, states: list) -> None:
+        """One fused kernel call per (device, dtype) of the parameters, as torch groups them."""
+        by_kind: dict = {}
+        for p, g, st in zip(params, grads, states):
+            ps, gs, sts = by_kind.setdefault((p._data.device, p._data.dtype), ([], [], []))
+            ps.append(p)
+            gs.append(g)
+            sts.append(st)
+        for ps, gs, sts in by_kind.values():
+            type(self).fused_update(group, ps, gs, sts)
 
     def _init_state(self, p: Tensor, group: dict) -> dict:
         return {}
