@@ -89,12 +89,10 @@ class Runtime:
         reads.append((self.sink, plan.outputs or (TICK,)))
         self._owner = self._bundle([(self.source, (*inputs, TICK), plan.input_register_num)] +
                                    [(a, t.produces, t.register_num) for t, a in zip(plan.tasks, tasks)], reads)
-        for consumer, names in reads:
-            for r in names:
-                producer, regst, _ = self._owner[r]
-                if not any(b.producer is producer and b.regst == producer.regsts.index(regst)
-                           for b in consumer.inboxes):
-                    self._connect(producer, regst, consumer, skip_first=consumer is self.sink and regst.keep)
+        for consumer, names in reads:       # one inbox per regst read, however many of its values
+            regsts = {id(regst): (producer, regst) for producer, regst, _ in map(self._owner.get, names)}
+            for producer, regst in regsts.values():
+                self._connect(producer, regst, consumer, skip_first=consumer is self.sink and regst.keep)
         for producer in (self.source, *tasks):
             for regst in producer.regsts:
                 if regst.keep:
