@@ -7,7 +7,6 @@ ops) maps output gradients to input gradients. Running those rules with grad ena
 from __future__ import annotations
 
 import contextvars
-import itertools
 import threading
 from typing import Callable, Sequence
 
@@ -16,7 +15,6 @@ import torch
 from . import grad_mode
 from .errors import HoloflowError, UnsupportedError
 
-_SEQ = itertools.count()
 _FREED = object()
 _CALLBACKS: contextvars.ContextVar[list | None] = contextvars.ContextVar("holoflow_backward_callbacks",
                                                                          default=None)
@@ -79,11 +77,22 @@ def no_global_double_backward(tensors: list, create_graph: bool) -> None:
                                "(x.to_local()) or run the model on one device")
 
 
+_TENSOR: list = []
+
+
+def _tensor_type() -> type:
+    """``core.tensor.Tensor`` (which imports this module), looked up once."""
+    if not _TENSOR:
+        from .tensor import Tensor
+        _TENSOR.append(Tensor)
+    return _TENSOR[0]
+
+
 class GradNode:
     """One recorded op application; also the ``ctx`` its grad rule reads."""
 
     __slots__ = ("op", "edges", "attrs", "shapes", "dtypes", "_saved", "_versions", "_outs",
-                 "out_metas", "hooks", "retains", "seq", "__weakref__")
+                 "out_metas", "hooks", "retains", "__weakref__")
 
     def __init__(self, op, edges: tuple, attrs: dict, shapes: tuple, dtypes: tuple) -> None:
         self.op, self.edges, self.attrs = op, edges, attrs
@@ -91,7 +100,6 @@ class GradNode:
         self._saved = self._outs = self._versions = None
         self.out_metas = None
         self.hooks = self.retains = None
-        self.seq = next(_SEQ)
 
     # -- what grad rules read --------------------------------------------------------------
     def __getattr__(self, name: str):
@@ -102,7 +110,7 @@ class GradNode:
 
     @property
     def needs_grad(self) -> tuple[bool, ...]:
-        return tuple(e is not None for e in self.edges)
+        return tuple([e is not None for e in self.edges])
 
     @property
     def inputs(self) -> tuple:
@@ -111,11 +119,10 @@ class GradNode:
 
     @property
     def outs(self) -> tuple:
-        from .tensor import Tensor
         self._check_saved()
-        create = grad_mode.STATE.enabled
-        return tuple(Tensor._make(d, grad_fn=self if create else None, out_idx=i) if d is not None
-                     else None for i, d in enumerate(self._outs))
+        make = _tensor_type()._make
+        fn = self if grad_mode.STATE.enabled else None
+        return tuple([make(d, fn, i) if d is not None else None for i, d in enumerate(self._outs)])
 
     @property
     def out(self):
