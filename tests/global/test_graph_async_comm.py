@@ -92,3 +92,21 @@ def test_an_issued_collective_that_a_peer_never_issues_times_out_naming_it(world
     assert f"holoflow.comm.all_reduce (call #{seq + 2} on group [0, 1], seen from rank 0) timed out" in msg, msg
     # rank 1 wrote no arrival record (its call completed when it waited), yet rank 0 knows it entered #1
     assert f"Ranks that did not arrive: 1 (last entered call #{seq + 1}: all_reduce)" in msg, msg
+
+
+def _local_to_global_unchecked(rank: int):
+    """OneFlow's local_to_global example: [0., 1.] on each of 2 ranks as S(0), check_meta=False."""
+    place = flow.placement("cpu", [0, 1])
+    with flow.comm.count() as c:
+        x = flow.tensor([0.0, 1.0]).to_global(place, S(0), check_meta=False)
+    return tuple(x.shape), c.total, x.to_global(sbp=B).to_local().to_torch()
+
+
+@pytest.mark.parametrize("where", ["simulated", "gloo"])
+def test_to_global_without_meta_check_needs_no_communication(where, request):
+    got = (world.simulate(2, _local_to_global_unchecked) if where == "simulated"
+           else request.getfixturevalue("world2").run(_local_to_global_unchecked))
+    for shape, n_collectives, whole in got:
+        # the caller promises equal local shapes: the logical shape is known without asking the peers
+        assert shape == (4,) and n_collectives == 0, (shape, n_collectives)
+        torch.testing.assert_close(whole, torch.tensor([0.0, 1.0, 0.0, 1.0]))

@@ -23,7 +23,7 @@ from ..core import grad_mode
 from ..core.dispatch import local_alias, run_local
 from ..core.errors import HoloflowError
 from ..core.registry import defop
-from ..core.sbp import B, P
+from ..core.sbp import B
 from ..core.tensor import Tensor, _repr_with
 from . import env, world
 from .boxing import apply_box
@@ -184,10 +184,12 @@ def _from_local(x: Tensor, place: placement, nd: tuple, check_meta: bool, grad_s
         out = absent_outputs((x,), (data.dtype,), True)
         return make_global(out, place, nd, shape, grad_sbp)
     comm = world.comm()
-    shape = list(data.shape)
-    if check_meta or any(not (s == B or s == P) for s in nd):
+    # check_meta=False: the caller promises every rank's local shape and dtype are the same, so
+    # the logical shape needs no communication (OneFlow's local_to_global)
+    shape = _outside_shape(tuple(data.shape), place, nd)
+    if check_meta:
         shapes = comm.all_gather_shapes((tuple(data.shape), str(data.dtype)), place.flat_ranks)
-        if check_meta and len({(len(s), d) for s, d in shapes}) != 1:
+        if len({(len(s), d) for s, d in shapes}) != 1:
             raise HoloflowError(f"holoflow.to_global: ranks disagree on the local tensor's rank or "
                                 f"dtype: {dict(zip(place.flat_ranks, shapes))}")
         shape = _logical_shape(shapes, place, nd, check_meta)
