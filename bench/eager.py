@@ -1,20 +1,26 @@
 """Eager training-step time, holoflow / torch, on the example models (same code, import swap).
 
-    python bench/eager.py              # table of step times and ratios
-    python bench/eager.py --profile    # + cProfile of holoflow's GPT step (top by own time)
+    python bench/eager.py                   # each library in its own fresh process, alternated
+    python bench/eager.py --in-process      # both in this process (a diagnostic: order effects)
+    python bench/eager.py --fused           # AdamW(fused=True) in both libraries
+    python bench/eager.py --profile         # + cProfile of holoflow's GPT step (top by own time)
 
-Models: the GPT of holoflow.examples.gpt at 2 layers, d=64, seq 32, batch 8, and the digits
-ResNet of holoflow.examples.cnn (width 16, batch 64). Each step is forward + backward + AdamW.
-Min over repeats of the mean of ``number`` steps, both libraries in the same process, one
-intra-op thread by default (``--threads``) so shared machines give steadier numbers. Not a
-timed test. Findings are in bench/README.md.
+Models: the GPT of holoflow.examples.gpt at 2 layers, d=64, seq 32, batch 8 (AdamW, grad
+clipping, ``loss.item()``: ``gpt.train_step``), and the digits ResNet of holoflow.examples.cnn
+(width 16, batch 64, AdamW). The parent runs ``--one CASE LIB`` children ``--rounds`` times,
+reversing the order every other round, and keeps each one's best; a child reports the min over
+``--repeat`` of the mean of ``--number`` steps after 3 warm-up steps. One intra-op thread by
+default (``--threads``) so shared machines give steadier numbers. Not a timed test. Findings
+are in bench/README.md.
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import os
 import pstats
+import subprocess
 import sys
 import timeit
 from typing import Callable
@@ -29,10 +35,20 @@ import holoflow.optim  # noqa: E402,F401
 from holoflow.examples import cnn, corpus, gpt  # noqa: E402
 
 
+FUSED = {"fused": False}   # --fused: AdamW(fused=True) in both libraries
+
+
+def _fuse(lib, opt):
+    if not FUSED["fused"]:
+        return opt
+    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in opt.param_groups]
+    return lib.optim.AdamW(groups, lr=opt.defaults["lr"], betas=opt.defaults["betas"], fused=True)
+
+
 def gpt_step(lib) -> Callable[[], float]:
     cfg = gpt.Config(n_layer=2, n_embd=64, n_head=4, block_size=32, batch_size=8)
     model = gpt.make_model(lib, cfg)
-    opt = gpt.make_optimizer(lib, model, cfg)
+    opt = _fuse(lib, gpt.make_optimizer(lib, model, cfg))
     rng = np.random.default_rng(0)
     data = corpus.encode(corpus.load_text(50_000))
     xb, yb = corpus.get_batch(data, cfg.block_size, cfg.batch_size, rng)
@@ -43,7 +59,7 @@ def gpt_step(lib) -> Callable[[], float]:
 def cnn_step(lib) -> Callable[[], float]:
     cfg = cnn.Config(width=16)
     model = cnn.make_model(lib, cfg)
-    opt = lib.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = _fuse(lib, lib.optim.AdamW(model.parameters(), lr=1e-3))
     rng = np.random.default_rng(0)
     x = lib.from_numpy(rng.random((64, 1, 8, 8), dtype=np.float32))
     y = lib.from_numpy(rng.integers(0, 10, 64))
@@ -67,18 +83,47 @@ def profile_step(make: Callable, steps: int = 30, top: int = 20) -> None:
     pstats.Stats(prof).strip_dirs().sort_stats("tottime").print_stats(top)
 
 
+CASES = {"gpt": ("GPT-mini 2x64, seq 32, batch 8", gpt_step), "cnn": ("digits ResNet w16, batch 64", cnn_step)}
+
+
+def one(case: str, lib_name: str, number: int, repeat: int) -> float:
+    """ms per step of one library in this process."""
+    return best_ms(CASES[case][1](flow if lib_name == "holoflow" else torch), number, repeat)
+
+
+def fresh(case: str, lib_name: str, args) -> float:
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", case, lib_name, "--number", str(args.number),
+           "--repeat", str(args.repeat), "--threads", str(args.threads)] + (["--fused"] if args.fused else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["ms"]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--number", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--fused", action="store_true")
+    ap.add_argument("--in-process", action="store_true")
+    ap.add_argument("--one", nargs=2, metavar=("CASE", "LIB"))
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    FUSED["fused"] = args.fused
+    if args.one:
+        print(json.dumps({"ms": one(args.one[0], args.one[1], args.number, args.repeat)}))
+        return
     print(f"{'training step':<34}{'holoflow ms':>12}{'torch ms':>10}{'ratio':>8}")
-    for name, make in [("GPT-mini 2x64, seq 32, batch 8", gpt_step), ("digits ResNet w16, batch 64", cnn_step)]:
-        tf = best_ms(make(flow), args.number, args.repeat)
-        tt = best_ms(make(torch), args.number, args.repeat)
+    for case, (name, _) in CASES.items():
+        if args.in_process:
+            tf, tt = one(case, "holoflow", args.number, args.repeat), one(case, "torch", args.number, args.repeat)
+        else:
+            best = {"holoflow": float("inf"), "torch": float("inf")}
+            for k in range(args.rounds):
+                for lib_name in (("holoflow", "torch") if k % 2 == 0 else ("torch", "holoflow")):
+                    best[lib_name] = min(best[lib_name], fresh(case, lib_name, args))
+            tf, tt = best["holoflow"], best["torch"]
         print(f"{name:<34}{tf:>12.2f}{tt:>10.2f}{tf / tt:>8.2f}")
     if args.profile:
         profile_step(gpt_step)
