@@ -20,8 +20,9 @@ both variants alike, which separate launches (``--separate``: one launch per var
 
 ``--explain``: the DP graph profiled (every node timed), the links calibrated
 (graph/global_graph.calibrate), and each boxing node's predicted time from the cost model next
-to its measured time per step. A measured collective also waits for the slower rank. Not a
-timed test.
+to its measured time per step: the caller's time in it (for a collective issued and waited for
+later, the issue plus the wait: what the compute in between did not hide). A measured collective
+also waits for the slower rank. Not a timed test.
 """
 from __future__ import annotations
 
@@ -252,8 +253,9 @@ def main() -> None:
         return
     if a.explain:
         got = launch(["--explain", *common])
-        print(f"holoflow graph DP, boxing nodes per step (links: {got['link']}); measured includes waiting "
-              f"for the other rank")
+        print(f"holoflow graph DP, boxing nodes per step (links: {got['link']}); measured: the caller's time in "
+              f"the node (issue + wait for an issued one: only what backward did not hide), waiting for the other "
+              f"rank included")
         print(f"{'line':<28} {'collectives':<24} {'members':>7} {'MB/rank':>8} {'predicted ms':>13} "
               f"{'measured ms':>12}")
         for src, kinds, m, nbytes, pred, meas in got["rows"]:
