@@ -13,6 +13,8 @@ NOT_IN_OP_TABLES = {
     "box": "boxing itself: tests/global (every 1-D/2-D pair, simulated and on Gloo)",
     "global_box": "a global graph's boxing node (the same collectives as box): tests/global/test_global_graph.py",
     "global_box_bucket": "a global graph's bucket of gradient all-reduces: tests/global/test_global_graph.py",
+    "global_box_issue": "a localized global graph's collective started now (async): tests/global/test_graph_async_comm.py",
+    "global_box_wait": "the wait for an issued collective at its first reader: tests/global/test_graph_async_comm.py",
     "global_tag": "a global graph's broadcast tag of an identical local value: tests/global/test_global_graph.py",
     "move": "a move between placements: tests/global/test_one_program.py, test_moves_and_errors.py",
     "move_idle": "a move on a rank in neither placement: tests/global/test_one_program.py",
