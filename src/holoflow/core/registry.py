@@ -68,7 +68,8 @@ class Op:
     # do become views of it, with torch's in-place semantics (core/views.py)
     view: bool = False
     # a collective: in a graph its kernel also takes ``rank`` and ``comm`` (bound per rank when a
-    # global graph is localized) and runs on the "comm" stream, overlapping compute
+    # global graph is localized); one whose result is not needed at once is issued and waited
+    # for at its first reader (graph/global_graph.py), overlapping compute
     collective: bool = False
     # what graph passes ask of an op (never its name). A family's members share defaults
     # (FAMILY_DEFAULTS, filled by ops/family.py); a declaration may override them.

@@ -5,7 +5,7 @@ Lowering (graph/lower.py) turns a graph into one Python function of direct kerne
 :class:`CompiledTask`: the first call compiles the function with ``torch.compile(backend="inductor",
 fullgraph=True, dynamic=False)``, so Inductor fuses the conv / batch-norm / activation regions and
 elementwise chains of forward *and* backward (the program already holds backward as explicit
-kernels: no autograd is involved). Tasks on ``comm`` (collectives wait on other processes),
+kernels: no autograd is involved). Tasks that issue collectives (lower.py), tasks on the
 ``copy`` and ``update`` streams stay plain, and so does everything when the graph is profiled
 (per-node timing needs the plain lines). The ``update`` task runs the optimizer's own update rule
 on the live state (graph/optimizer.py) as multi-tensor kernels, one call per operation over every
@@ -29,7 +29,7 @@ import torch
 
 LOG = logging.getLogger("holoflow.graph")
 
-PLAIN_STREAMS = ("comm", "copy", "update")   # other processes, bytes, the optimizer's own kernels
+PLAIN_STREAMS = ("copy", "update")   # bytes, the optimizer's own kernels
 
 
 def _dynamo_error() -> tuple:
