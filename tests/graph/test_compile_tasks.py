@@ -117,3 +117,50 @@ def test_untraceable_task_warns_once_and_runs_plain(caplog):
     assert t.state == "plain" and "compute7" in caplog.text
     assert sum("compute7" in r.getMessage() for r in caplog.records) == 1
     assert len(calls) == 3                 # the failed compile ran none of the task's Python body
+
+
+def _global_dp(rank: int, compile_: bool):
+    from holoflow.core.sbp import B, S
+    P = flow.placement("cpu", ranks=[0, 1])
+    m = flow.nn.Sequential(flow.nn.Linear(8, 16), flow.nn.GELU(), flow.nn.Linear(16, 4))
+    init = np.random.default_rng(1)   # simulated ranks share torch's RNG: parameters from numpy
+    m.load_state_dict({k: flow.tensor(init.standard_normal(tuple(v.shape)).astype(np.float32) * 0.3)
+                       for k, v in m.state_dict().items()})
+    m.to_global(placement=P, sbp=[B])
+    opt = flow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    rng = np.random.default_rng(0)
+    x = flow.tensor(rng.standard_normal((8, 8)).astype(np.float32)).to_global(placement=P, sbp=[B]).to_global(sbp=[S(0)])
+    y = flow.tensor(rng.standard_normal((8, 4)).astype(np.float32)).to_global(placement=P, sbp=[B]).to_global(sbp=[S(0)])
+
+    class Train(NNGraph):
+        def __init__(self):
+            super().__init__()
+            self.model = m
+            self.add_optimizer(opt)
+            self.config.enable_compile(compile_)
+
+        def build(self, x, y):
+            loss = (self.model(x) - y).square().mean()
+            loss.backward()
+            return loss
+    g = Train()
+    losses = [g(x, y).to_global(sbp=[B]).to_local().numpy().copy() for _ in range(3)]
+    fns = {s.name: s.fn for s in next(iter(g._compiled.values())).lowered.plan.tasks}
+    return losses, [p.detach().to_local().numpy().copy() for p in m.parameters()], fns
+
+
+def test_a_global_graphs_compute_between_its_collectives_compiles():
+    """Data parallel: the gradient all-reduces are issued and waited for in tasks of their own
+    (plain, chained in program order), so the compute between them is compiled; the numbers equal
+    the uncompiled global graph's."""
+    from holoflow.distributed import world
+    ref = world.simulate(2, lambda r: _global_dp(r, False), timeout=300)
+    got = world.simulate(2, lambda r: _global_dp(r, True), timeout=300)
+    for (ref_l, ref_p, _), (got_l, got_p, fns) in zip(ref, got):
+        compiled = [f for f in fns.values() if isinstance(f, CompiledTask)]
+        assert compiled and all(f.state == "compiled" for f in compiled), \
+            {n: (getattr(f, "state", None), getattr(f, "reason", None)) for n, f in fns.items()}
+        assert len(fns) > len(compiled) + 1          # the collectives' tasks (and the update) stay plain
+        assert ref_l[0] != ref_l[-1]
+        for a, b in zip(got_l + got_p, ref_l + ref_p):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

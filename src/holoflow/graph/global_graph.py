@@ -124,7 +124,7 @@ def _split_box(n: Node) -> tuple[Node, Node] | None:
     pending = Value((0,), torch.uint8, name=f"{n.outputs[0]!r}_inflight")
     attrs = {k: v for k, v in a.items() if k in ("place", "src", "dst", "rank", "comm", "shape")}
     return (n.with_(op=GLOBAL_BOX_ISSUE.name, kernel=None, attrs=attrs, outputs=(pending,)),
-            n.with_(op=GLOBAL_BOX_WAIT.name, kernel=None, inputs=(pending,), attrs={}))
+            n.with_(op=GLOBAL_BOX_WAIT.name, kernel=None, inputs=(pending,), attrs={}, tags=n.tags | {"comm"}))
 
 
 #: op -> its collective as an (issue, wait) pair of nodes, or None where it cannot be split

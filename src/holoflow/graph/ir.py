@@ -176,7 +176,9 @@ def stream_of(n: Node) -> str:
 
 
 def talks(n: Node) -> bool:
-    """Whether ``n`` runs a collective (its op declares it)."""
+    """Whether ``n`` runs a collective (its op declares it) or waits for one (tagged ``comm``)."""
+    if "comm" in n.tags:
+        return True
     op = REGISTRY.get(n.op) if n.kernel is None else None
     return op is not None and op.collective
 
@@ -208,10 +210,12 @@ class Task:
         return next((n.source for n in self.nodes if n.source), "")
 
 
-def split_tasks(g: IRGraph) -> list[Task]:
+def split_tasks(g: IRGraph, cut_comm: bool = False) -> list[Task]:
     """Cuts the execution order into straight-line runs on one stream. A task waits for all its
     inputs before it starts, so a compute run is also cut before a node that reads a value
-    another stream made after the run began."""
+    another stream made after the run began. With ``cut_comm`` (tasks compiled by torch.compile,
+    which cannot trace a collective) runs of collectives and waits (``talks``) are tasks of their
+    own, chained in program order, so the compute between them compiles."""
     tasks: list[Task] = []
     made_by: dict = {}   # Value -> index of the task making it
     for n in execution_order(g):
@@ -219,7 +223,8 @@ def split_tasks(g: IRGraph) -> list[Task]:
         cur = len(tasks) - 1
         if not tasks or tasks[-1].stream != s or (s != "update" and tasks[-1].nodes and any(
                 tasks[made_by.get(v, cur)].stream != s and made_by[v] not in tasks[-1].after
-                for v in n.value_inputs())):
+                for v in n.value_inputs())) or (
+                cut_comm and s == "compute" and tasks[-1].nodes and talks(n) != talks(tasks[-1].nodes[-1])):
             tasks.append(Task(f"{s}{len(tasks)}", s, []))
         t = tasks[-1]
         t.after.update(made_by[v] for v in n.value_inputs() if v in made_by)
@@ -231,7 +236,24 @@ def split_tasks(g: IRGraph) -> list[Task]:
     # state does: the next step's collectives are then issued after this step's, on every rank
     for t in tasks:
         t.token = has_update and (bool(t.state) or any(map(talks, t.nodes)))
+    if cut_comm:
+        _chain_talking(tasks)
     return tasks
+
+
+def _chain_talking(tasks: list) -> None:
+    """Each task of collectives also takes an output of the one before it (unused, an ordering
+    edge): they run in program order on every rank, whatever order their inputs are ready in."""
+    prev = None
+    for t in tasks:
+        if not any(map(talks, t.nodes)):
+            continue
+        if prev is not None and prev.outputs[0] not in t.inputs:
+            t.inputs.append(prev.outputs[0])
+        made = [v for n in t.nodes for v in n.outputs]
+        if made and not t.outputs:
+            t.outputs.append(made[0])
+        prev = t if t.outputs else prev
 
 
 def wire_tasks(tasks: list, g: IRGraph, exported: set) -> None:
@@ -336,10 +358,10 @@ class Program:
 _FILES = itertools.count()
 
 
-def program(g: IRGraph, profile: bool = False) -> Program:
+def program(g: IRGraph, profile: bool = False, cut_comm: bool = False) -> Program:
     """The program of ``g`` (frees after last use as ``g.frees`` plans; per-node timing into
-    ``Program.prof`` with ``profile``)."""
-    return _Gen(g, profile).build()
+    ``Program.prof`` with ``profile``; ``cut_comm``: see `split_tasks`)."""
+    return _Gen(g, profile, cut_comm).build()
 
 
 def to_python(g: IRGraph) -> str:
@@ -348,9 +370,9 @@ def to_python(g: IRGraph) -> str:
 
 
 class _Gen:
-    def __init__(self, g: IRGraph, profile: bool) -> None:
+    def __init__(self, g: IRGraph, profile: bool, cut_comm: bool = False) -> None:
         self.g, self.profile, self.frees = g, profile, g.frees or {}
-        self.tasks = split_tasks(g)
+        self.tasks = split_tasks(g, cut_comm)
         self.names = _Names(_RESERVED)
         self.ns: dict[str, Any] = {"torch": torch, "state": {}}
         self.kernels: dict = {}   # kernel key -> global name

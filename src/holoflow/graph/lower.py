@@ -81,7 +81,7 @@ def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_task
     """The graph's program, executed, its task functions wired into a runtime Plan (each compiled by
     ``torch.compile`` with ``compile_tasks``: graph/compile_tasks.py)."""
     g = issue_collectives(g)
-    prog = program(g, profile)
+    prog = program(g, profile, cut_comm=compile_tasks and not profile)
     ns = prog.load()
     specs = []
     for t in prog.tasks:
