@@ -1,5 +1,6 @@
 """The autograd engine against torch's: backward/grad arguments, accumulation, hooks, grad
 modes, custom Functions, double backward and torch's errors (freed graph, in-place changes)."""
+import numpy as np
 import pytest
 import torch
 
@@ -186,3 +187,16 @@ def test_grads_of_broadcast_and_mixed_dtypes_match_torch():
         (a * b + a).pow(2).sum().backward()
         return a.grad, b.grad
     close(*both(f))
+
+
+def test_relu_double_backward_through_its_mask_is_zero_as_in_torch():
+    """relu's gradient depends on x only through the mask ``out > 0``: its derivative there is a
+    zero tensor (torch's), so a second derivative reached only that way is zeros, not "unused"."""
+    got = []
+    for lib in (torch, flow):
+        x = lib.tensor([-1.0, 2.0, 3.0], requires_grad=True)
+        (g,) = lib.autograd.grad(lib.relu(x).sum(), x, create_graph=True)
+        (gg,) = lib.autograd.grad((g * g * 3).sum(), x)
+        got.append(np.asarray(gg.detach().numpy()))
+    np.testing.assert_array_equal(got[1], got[0])
+    assert got[0].tolist() == [0.0, 0.0, 0.0]

@@ -83,8 +83,9 @@ GELU = unary("gelu", lambda x, approximate="none": TF.gelu(x, approximate=approx
              lambda c, dy: (apply(GELU_BWD, dy, _x(c), approximate=c.approximate),), "inputs")
 def _relu_bwd_grad(c, ddx):
     """``relu_backward(dy, out)`` is linear in dy with the mask ``out > 0``; zero in ``out``
-    almost everywhere (torch's convention)."""
-    return (apply(RELU_BWD, ddx, c.inputs[1]) if needs(c, 0) else None, None)
+    almost everywhere (torch's convention: a zero tensor, not "unused")."""
+    return (apply(RELU_BWD, ddx, c.inputs[1]) if needs(c, 0) else None,
+            apply(E.ZEROS_LIKE, c.inputs[1]) if needs(c, 1) else None)
 
 
 # one kernel (aten's threshold_backward) instead of a comparison, a cast and a product
