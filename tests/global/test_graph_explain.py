@@ -73,3 +73,41 @@ def test_calibration_measures_latency_and_bandwidth_and_predicts_from_bytes():
     assert link_model(place) == links[0]
     default = LinkModel()
     assert not default.calibrated and "not calibrated" in str(default)
+
+
+def _bucket_points(rank: int):
+    place = flow.placement("cpu", [0, 1])
+    m = flow.nn.Sequential(flow.nn.Linear(16, 64), flow.nn.GELU(), flow.nn.Linear(64, 10))
+    m.to_global(place, B)
+    opt = flow.optim.SGD(m.parameters(), lr=0.01)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+            self.config.set_executor("sequential")
+
+        def build(self, x):
+            loss = self.m(x).square().mean()
+            loss.backward()
+            return loss
+    g = G()
+    g(flow.from_torch(torch.ones(8, 16)).to_global(place, B).to_global(sbp=S(0)))
+    return g.boxing()
+
+
+def test_a_buckets_latency_is_predicted_once_not_per_member():
+    """A bucket of gradients is one all-reduce: its predicted time is one latency plus its bytes
+    over the links, however many gradients it holds (each member carries its share)."""
+    link = LinkModel(latency_s=1e-3, bytes_per_s=1e9)
+    points = world.simulate(2, _bucket_points)[0]
+    buckets: dict = {}   # a bucket's members are its node with one input each, sharing its attrs
+    for p in points:
+        if p.node.op == "global_box_bucket":
+            buckets.setdefault(id(p.node.attrs), []).append(p)
+    members = [p for ps in buckets.values() for p in ps]
+    assert buckets and len(members) >= 2          # the parameters' gradients, bucketed
+    predicted = sum(link.seconds(p) for p in members)
+    expected = len(buckets) * 1e-3 + sum(p.comm_bytes for p in members) / 1e9
+    assert predicted == pytest.approx(expected, rel=1e-9)

@@ -355,6 +355,7 @@ class BoxingPoint:
     nbytes: int          # the logical tensor's bytes
     comm_bytes: float    # bytes over links per rank, from the one cost function
     steps: tuple         # the collectives, in order
+    share: float = 1.0   # its part of the collectives' latency: 1 / members for a bucket member
 
     def payload_bytes(self, rank: int) -> int:
         """The bytes rank ``rank`` hands to the collectives (what ``flow.comm.count`` measures)."""
@@ -393,7 +394,7 @@ class LinkModel:
 
     def seconds(self, p: BoxingPoint) -> float:
         n = sum(1 for s in p.steps if s.kind in _COLLECTIVES)
-        return n * self.latency_s + p.comm_bytes / self.bytes_per_s
+        return n * self.latency_s * p.share + p.comm_bytes / self.bytes_per_s
 
     def __str__(self) -> str:
         how = "calibrated" if self.calibrated else "default, not calibrated"
@@ -455,8 +456,10 @@ def boxing_points(g: IRGraph) -> list[BoxingPoint]:
         steps = tuple(s for s in box_plan(a["src"], a["dst"], place.hierarchy) if s.kind != "reshard")
         for v in n.value_inputs():
             member = n if n.op == GLOBAL_BOX.name else n.with_(inputs=(v,))
+            # a bucket's members share its collectives: each carries its part of their latency
             out.append(BoxingPoint(member, a["src"], a["dst"], v.nbytes,
-                                   cost(a["src"], a["dst"], place.hierarchy, v.nbytes), steps))
+                                   cost(a["src"], a["dst"], place.hierarchy, v.nbytes), steps,
+                                   1.0 / len(n.value_inputs())))
     return out
 
 
