@@ -91,6 +91,23 @@ def saved_bytes(m, batch, loss_fn) -> int:
     return total[0]
 
 
+def train_graph(m, opt, loss_fn):
+    """An nn.Graph training step of ``m``: forward, ``loss_fn``, backward, ``opt``'s update."""
+    from holoflow.graph import Graph
+
+    class Train(Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = m
+            self.add_optimizer(opt)
+
+        def build(self, x, y):
+            loss = loss_fn(self.model, x, y)
+            loss.backward()
+            return loss
+    return Train()
+
+
 def one(case: str, variant: str, steps: int, repeat: int, device: str = "cpu") -> dict:
     """Measures one variant in this process."""
     make = {"gpt": lambda lib: gpt_case(lib, device), "cnn": lambda lib: cnn_case(lib, device)}[case]
@@ -109,23 +126,12 @@ def one(case: str, variant: str, steps: int, repeat: int, device: str = "cpu") -
         r["ms"] = timeit(step, steps, repeat, sync) * 1e3
         return r
     import holoflow as flow
-    from holoflow.graph import Graph
     m, opt, batch, loss_fn = make(flow)
     if variant == "flow-eager":
         r["ms"] = timeit(torch_step(m, opt, batch, loss_fn), steps, repeat, sync) * 1e3
         return r
 
-    class Train(Graph):
-        def __init__(self):
-            super().__init__()
-            self.model = m
-            self.add_optimizer(opt)
-
-        def build(self, x, y):
-            loss = loss_fn(self.model, x, y)
-            loss.backward()
-            return loss
-    g = Train()
+    g = train_graph(m, opt, loss_fn)
     g.config.set_executor("sequential" if variant == "sequential" else "actor")
     t0 = time.perf_counter()
     g(*batch)

@@ -32,24 +32,13 @@ def one(case: str, variant: str, steps: int, repeat: int) -> dict:
     if variant.startswith("torch"):
         return base.one(case, variant, steps, repeat)
     import holoflow as flow
-    from holoflow.graph import Graph
     m, opt, batch, loss_fn = {"gpt": base.gpt_case, "cnn": base.cnn_case}[case](flow)
 
-    class Train(Graph):
-        def __init__(self):
-            super().__init__()
-            self.model = m
-            self.add_optimizer(opt)
-            self.config.enable_compile("compile" in variant)
-            if variant.endswith("fused"):
-                self.config.allow_fuse_model_update_ops(True)
-                self.config.allow_fuse_add_to_output(True)
-
-        def build(self, x, y):
-            loss = loss_fn(self.model, x, y)
-            loss.backward()
-            return loss
-    g = Train()
+    g = base.train_graph(m, opt, loss_fn)
+    g.config.enable_compile("compile" in variant)
+    if variant.endswith("fused"):
+        g.config.allow_fuse_model_update_ops(True)
+        g.config.allow_fuse_add_to_output(True)
     t0 = time.perf_counter()
     g(*batch)
     r: dict = {"case": case, "variant": variant, "first_s": time.perf_counter() - t0}

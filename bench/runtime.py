@@ -79,21 +79,10 @@ def gpt_plan() -> tuple[Plan, dict]:
     """The lowered GPT-mini training plan (bench/graph.py's case) with every task fn replaced by one
     returning constants of the right arity, and a feed for it."""
     import holoflow as flow
-    from graph import gpt_case
-    from holoflow.graph import Graph
+    from graph import gpt_case, train_graph
     m, opt, batch, loss_fn = gpt_case(flow)
 
-    class Train(Graph):
-        def __init__(self):
-            super().__init__()
-            self.model = m
-            self.add_optimizer(opt)
-
-        def build(self, x, y):
-            loss = loss_fn(self.model, x, y)
-            loss.backward()
-            return loss
-    g = Train()
+    g = train_graph(m, opt, loss_fn)
     g(*batch)
     c = next(iter(g._compiled.values()))
     plan = c.lowered.plan

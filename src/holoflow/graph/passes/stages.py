@@ -373,7 +373,6 @@ def _undo_inplace(first: list, later: list) -> list:
     return out
 
 
-
 def split_weight_grads_within(nodes: list, keep: set, budget: int, state: set) -> tuple[list, list]:
     """`split_weight_grads`, with the deferred part reading at most ``budget`` bytes (per
     micro-batch) of values it does not make itself (``state`` is not per micro-batch). The weight
@@ -386,29 +385,31 @@ def split_weight_grads_within(nodes: list, keep: set, budget: int, state: set) -
         return first, later
     sinks = _sinks(later)
     cones = {id(s): _cone(s, later) for s in sinks}
-    chosen: list = []
+    cost = {id(n): work(n) for n in later}
+    chosen: set = set()   # ids of the sinks kept deferred
 
-    def deferred(extra: list) -> list:   # what stays deferred if only chosen + extra sinks are
-        moved = set().union(*(cones[id(s)] for s in sinks if s not in chosen and s not in extra))
+    def deferred(extra: int) -> list:   # what stays deferred if only the chosen sinks and ``extra`` are
+        moved = set().union(*(cones[id(s)] for s in sinks if id(s) not in chosen and id(s) != extra))
         return [n for n in later if id(n) not in moved]
     held_now, work_now = 0, 0.0
     while True:
         best = None
         for s in sinks:
-            if s in chosen:
+            if id(s) in chosen:
                 continue
-            d = deferred([s])
+            d = deferred(id(s))
             h = _held(d, state)
             if h > budget:
                 continue
-            score = (sum(work(n) for n in d) - work_now) / max(h - held_now, 1)
+            w = sum(cost[id(n)] for n in d)
+            score = (w - work_now) / max(h - held_now, 1)
             if best is None or score > best[0]:
-                best = (score, s, h, d)
+                best = (score, id(s), h, w)
         if best is None:
             break
-        chosen.append(best[1])
-        held_now, work_now = best[2], sum(work(n) for n in best[3])
-    moved = {v for s in sinks if s not in chosen for v in s.outputs}
+        _, sid, held_now, work_now = best
+        chosen.add(sid)
+    moved = {v for s in sinks if id(s) not in chosen for v in s.outputs}
     return split_weight_grads(nodes, set(keep) | moved)
 
 
@@ -417,7 +418,7 @@ def work(n: Node) -> float:
     ``einsum`` family (``out`` times the contracted size, sqrt(|a| |b| / |out|) for operands a, b),
     else the elements it reads and writes."""
     op = REGISTRY.get(n.op) if n.kernel is None else None
-    ins = [v for v in n.value_inputs() if isinstance(v, Value)]
+    ins = n.value_inputs()
     out = sum(_numel(v) for v in n.outputs)
     if op is not None and op.family == "einsum" and len(ins) >= 2 and out:
         return out * math.sqrt(_numel(ins[0]) * _numel(ins[1]) / out)
