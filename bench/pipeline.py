@@ -34,11 +34,16 @@ measured with the blocks' own compute:
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, SRC)
 
 import torch  # noqa: E402
 
@@ -47,11 +52,14 @@ from holoflow.core.dispatch import apply  # noqa: E402
 from holoflow.core.sbp import B  # noqa: E402
 from holoflow.distributed import world  # noqa: E402
 from holoflow.ops.family import binary, unary  # noqa: E402
-from holoflow.runtime.timeline import bubble_fractions  # noqa: E402
+from holoflow.graph.pipeline_run import ideal_bubbles  # noqa: E402
+from holoflow.runtime.timeline import bubble_fractions, phase_durations, write_merged  # noqa: E402
 
 KERNEL = {"kind": "sleep", "d": 512}
 STAGE = {"kind": "linear"}      # --stage: "linear" (Linear(16, 16)) or "gpt" (a GPT block, d=32, T=16)
-GPT = {"d": 32, "T": 16}   # --gpt-d, --gpt-t
+GPT = {"d": 32, "T": 16, "seqs": 2}   # --gpt-d, --gpt-t, --gpt-seqs
+SCHEDULES = ("1f1b", "gpipe", "zb-h1", "zb-h1-mem")
+LAST: dict = {}   # the last run's compiled plan (a launched rank closes its runtime before exiting)
 
 
 def _work(x: torch.Tensor, ms: float = 0.0) -> torch.Tensor:
@@ -108,7 +116,10 @@ class GPTStage(flow.nn.Module):
         return apply(SCALE, h.reshape(-1, GPT["d"]), self.w, ms=self.ms).reshape(h.shape)
 
 
-def run_rank(rank: int, p: int, m: int, schedule: str, ms: float, steps: int, batch: int, trace: str | None):
+def run_rank(rank: int, p: int, m: int, schedule: str, ms: float, steps: int, batch: int,
+             trace: str | None) -> dict:
+    """This rank's share of ``steps`` training steps: its recorded acts (absolute perf_counter
+    seconds), memory record and plan facts (stage, ZB-H1's delay and deferred share of W)."""
     places = [flow.placement("cpu", ranks=[s]) for s in range(p)]
     flow.manual_seed(0)
     make = GPTStage if STAGE["kind"] == "gpt" else Stage
@@ -137,22 +148,115 @@ def run_rank(rank: int, p: int, m: int, schedule: str, ms: float, steps: int, ba
             return loss
 
     g = G()
-    shape = (batch // 4, GPT["T"], GPT["d"]) if STAGE["kind"] == "gpt" else (batch, 16)
+    shape = (GPT["seqs"] * m, GPT["T"], GPT["d"]) if STAGE["kind"] == "gpt" else (batch, 16)
     x = flow.tensor(torch.randn(*shape)).to_global(placement=places[0], sbp=[B])
     for _ in range(steps):
         g(x)
     c = next(iter(g._compiled.values()))
     if trace:
         g.write_trace(trace)
-    return c.acts(), dict(c.mem), c.stage
+    LAST["compiled"] = c
+    return {"acts": c.acts(), "mem": dict(c.mem), "stage": c.stage, "zb_delay": c.zb_delay,
+            "zb_w_share": c.zb_w_share}
 
 
-def measure(p: int, m: int, schedule: str, ms: float, steps: int, batch: int, trace: str | None = None) -> dict:
+def _summarize(res: list[dict], p: int) -> dict:
+    """Per stage (one rank each): bubble and mean F / B / W durations from the acts of the steps
+    after the first (which compiles and warms up), memory, plan facts; and the smallest gap from
+    a stage's forward of a micro-batch to the next stage's (the move's latency at least; negative
+    would mean the ranks' clocks are not on one time base)."""
+    by_stage = sorted(res, key=lambda r: r["stage"])
+    acts = [a for r in by_stage for a in r["acts"] if a["step"] >= 1]
+    bubbles, durs = bubble_fractions(acts), phase_durations(acts)
+    hops = _waited_hops(acts)
+    ranks = [r["acts"][0]["rank"] if r["acts"] else r["stage"] for r in by_stage]
+    return {"bubble": [bubbles[r] for r in ranks], "dur": [durs[r] for r in ranks],
+            "mem": [r["mem"] for r in by_stage], "delay": [r["zb_delay"] for r in by_stage],
+            "share": [r["zb_w_share"] for r in by_stage], "hop": statistics.median(hops) if hops else 0.0,
+            "hops": hops, "acts": acts}
+
+
+def _waited_hops(acts: list[dict]) -> list[float]:
+    """The move latency as the schedule sees it: for each compute act that waited for another
+    stage (a forward for the previous stage's forward of its micro-batch, a backward for the next
+    stage's backward; its stage was idle when that one ended), the time from that act's end to
+    this act's start — the send and receive acts, the transfer and the wake-ups in between. A
+    negative one would mean the ranks' clocks are not on one time base."""
+    comp = [a for a in acts if a["lane"] == "compute" and a["phase"] in ("F", "B", "W")]
+    done = {(a["phase"], a["stage"], a["step"], a["mb"]): a for a in comp}
+    out = []
+    for st in {a["stage"] for a in comp}:
+        mine = sorted((a for a in comp if a["stage"] == st), key=lambda a: a["start"])
+        for prev, a in zip(mine, mine[1:]):
+            up = st - 1 if a["phase"] == "F" else st + 1 if a["phase"] == "B" else None
+            dep = done.get((a["phase"], up, a["step"], a["mb"]))
+            if dep is not None and dep["end"] > prev["end"]:
+                out.append(a["start"] - dep["end"])
+    return out
+
+
+def measure_sim(p: int, m: int, schedule: str, ms: float, steps: int, batch: int, trace: str | None = None) -> dict:
+    """One run on simulated ranks (threads of this process)."""
     res = world.simulate(p, lambda r: run_rank(r, p, m, schedule, ms, steps, batch, trace), timeout=600)
-    acts = [a for part, _, _ in res for a in part if a["step"] >= 1]   # step 0 compiles and warms up
-    bubbles = bubble_fractions(acts)
-    return {"bubble": [bubbles[r] for r in range(p)], "mem": [mem for _, mem, _ in res],
-            "ideal": (p - 1) / (m + p - 1)}
+    return _summarize(res, p)
+
+
+def measure_gloo(p: int, m: int, schedule: str, args: argparse.Namespace) -> dict:
+    """One run on ``p`` Gloo ranks: a fresh world of ``p`` processes (holoflow.distributed.launch),
+    one per stage, each with one intra-op thread; each rank writes its acts, the parent merges
+    them (perf_counter is CLOCK_MONOTONIC on Linux: one time base for the processes of a machine)."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rank")
+        cmd = [sys.executable, "-m", "holoflow.distributed.launch", "--nproc_per_node", str(p), __file__,
+               "--rank-run", schedule, "--configs", f"{p}:{m}", "--out", out, *_child_args(args)]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env["PYTHONPATH"] = os.pathsep.join([SRC, env.get("PYTHONPATH", "")])
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"bench/pipeline.py: the Gloo world failed ({schedule}, p={p}, m={m}):\n"
+                               f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        res = []
+        for r in range(p):
+            with open(f"{out}.{r}") as f:
+                res.append(json.load(f))
+    return _summarize(res, p)
+
+
+def _child_args(a: argparse.Namespace) -> list[str]:
+    return ["--kernel", a.kernel, "--ms", str(a.ms), "--matmul-d", str(a.d), "--steps", str(a.steps),
+            "--stage", a.stage, "--gpt-d", str(a.gpt_d), "--gpt-t", str(a.gpt_t), "--gpt-seqs", str(a.gpt_seqs)]
+
+
+def _rank_main(a: argparse.Namespace) -> None:
+    """Inside a launched rank: one run, this rank's record written to ``--out``.RANK."""
+    torch.set_num_threads(1)
+    flow.env.init()
+    rank = flow.env.get_rank()
+    p, m = (int(v) for v in a.configs.split(",")[0].split(":"))
+    rec = run_rank(rank, p, m, a.rank_run, a.ms, a.steps, 8 * m, None)
+    with open(f"{a.out}.{rank}", "w") as f:
+        json.dump(rec, f)
+    from holoflow.distributed import comm
+    comm.barrier()                   # both ranks done with their sends and receives
+    LAST.pop("compiled").close()     # the runtime's stream threads joined before the process group goes
+    flow.env.shutdown()
+
+
+def ideals(schedule: str, m: int, dur: list[dict], delay: list, share: list | None = None,
+           latency: float = 0.0) -> list[float]:
+    """Each stage's ideal bubble of ``schedule`` for per-stage mean durations ``dur`` (dicts F, B,
+    W): `pipeline_run.ideal_bubbles`, the event simulation of the order the runtime keeps
+    (``latency``: added to every move between stages).
+    ``share`` (capped ZB-H1 on durations measured uncapped): the part of each stage's W that
+    waits; the rest runs with B."""
+    if share is not None:
+        dur = [{"F": d["F"], "B": d["B"] + (1 - sh) * d["W"], "W": sh * d["W"]} for d, sh in zip(dur, share)]
+    sched = "zb-h1" if schedule.startswith("zb-h1") else schedule
+    return ideal_bubbles(sched, m, dur, delay if sched == "zb-h1" and None not in delay else None, latency)
+
+
+def _ms(dur: list[dict]) -> str:
+    return " ".join("/".join(f"{1e3 * d[k]:.1f}" for k in "FBW") for d in dur)
 
 
 def main() -> None:
@@ -160,76 +264,112 @@ def main() -> None:
     ap.add_argument("--kernel", choices=["sleep", "matmul", "none"], default="sleep",
                     help="none (with --stage gpt): no timed op, the GPT block's own compute")
     ap.add_argument("--ms", type=float, default=10.0, help="forward ms per stage per micro-batch (backward 2x)")
-    ap.add_argument("--d", type=int, default=256, help="matmul size for --kernel matmul")
+    ap.add_argument("--d", "--matmul-d", type=int, default=256, help="matmul size for --kernel matmul")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3, help="runs per config; the best is printed")
     ap.add_argument("--configs", default="2:4,2:8,4:8", help="p:m pairs")
+    ap.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated, of " + ", ".join(SCHEDULES))
+    ap.add_argument("--world", choices=["sim", "gloo"], default="sim",
+                    help="sim: simulated ranks (threads of one process); gloo: one process per stage, "
+                         "a fresh world per run")
     ap.add_argument("--trace", default=None)
     ap.add_argument("--stage", choices=["linear", "gpt"], default="linear",
                     help="linear: Linear(16, 16) + timed op; gpt: a GPT block (d=32, T=16) + timed op")
     ap.add_argument("--gpt-d", type=int, default=32, help="model width of the GPT block stages")
     ap.add_argument("--gpt-t", type=int, default=16, help="sequence length of the GPT block stages")
+    ap.add_argument("--gpt-seqs", type=int, default=2, help="sequences per micro-batch of the GPT block stages")
+    ap.add_argument("--rank-run", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     KERNEL.update(kind=args.kernel, d=args.d)
     STAGE.update(kind=args.stage)
-    GPT.update(d=args.gpt_d, T=args.gpt_t)
+    GPT.update(d=args.gpt_d, T=args.gpt_t, seqs=args.gpt_seqs)
     if args.kernel == "none" and args.stage != "gpt":
         ap.error("--kernel none needs --stage gpt (the linear stage has no compute of its own)")
+    if args.rank_run:
+        _rank_main(args)
+        return
+    schedules = args.schedules.split(",")
+    if "1f1b" not in schedules or any(s not in SCHEDULES for s in schedules):
+        ap.error(f"--schedules: 1f1b (the reference) and any of {', '.join(SCHEDULES)}")
+    schedules = [s for s in SCHEDULES if s in schedules]
     torch.set_num_threads(1)
-    print(f"pipeline bench: {args.kernel} kernels, {args.ms} ms forward / {2 * args.ms} ms backward per stage "
-          f"and micro-batch, {args.steps} steps (first dropped), simulated ranks, best of {args.rounds} rounds")
-    print(f"{'p':>2} {'m':>2} {'schedule':<8} {'ideal':>6}  {'bubble per stage':<28} {'worst dev':>9}  "
-          f"{'in flight per stage':<20} peak activation bytes per stage")
-    ok, prev = True, None
+    what = (f"{args.kernel} kernels, {args.ms} ms forward / {2 * args.ms} ms backward" if args.kernel != "none"
+            else "the blocks' own compute")
+    stage = (f"GPT blocks d={args.gpt_d} T={args.gpt_t}, {args.gpt_seqs} sequences per micro-batch"
+             if args.stage == "gpt" else "Linear(16, 16) + timed op")
+    where = ("Gloo ranks (one process per stage, 1 thread each, a fresh world per run)" if args.world == "gloo"
+             else "simulated ranks (threads of one process)")
+    print(f"pipeline bench: {stage}; {what} per stage and micro-batch; {args.steps} steps (first dropped); "
+          f"{where}; variants alternated, best of {args.rounds} rounds; load average {_load()}")
+    ok = True
     configs = [tuple(int(v) for v in c.split(":")) for c in args.configs.split(",")]
-    for i, (p, m) in enumerate(configs):
-        for schedule in ("1f1b", "gpipe", "zb-h1", "zb-h1-mem"):
-            last = i == len(configs) - 1 and schedule == "zb-h1"
-            rounds = [measure(p, m, schedule, args.ms, args.steps, 8 * m, args.trace if last else None)
-                      for _ in range(args.rounds)]
-            r = min(rounds, key=lambda x: max(x["bubble"]))   # best round: load only adds idle time
-            if schedule == "zb-h1-mem":   # memory-capped ZB-H1: its bubble and peak next to 1F1B's
-                ratio = max(r["bubble"]) / max(prev["bubble"])
-                nbytes = [mm["peak_bytes"] for mm in r["mem"]]
-                print(f"{p:>2} {m:>2} {schedule:<8} {'':>6}  {' '.join(f'{b:.3f}' for b in r['bubble']):<28} "
-                      f"{'':>9}  {str([mm['peak_in_flight'] for mm in r['mem']]):<20} {nbytes}\n{'':>12}"
-                      f"worst bubble {ratio:.2f}x 1F1B's; peak activation bytes "
-                      f"{max(nbytes) / max(prev['bytes']):.3f}x 1F1B's (its memory bound)")
-                continue
-            if schedule == "zb-h1":   # bubble (p-1)(F + B_input - W) over m(F + B_input + W): F = B_input = W
-                r["ideal"] = (p - 1) / (3 * m + p - 1)
-            dev = max(abs(b - r["ideal"]) / r["ideal"] for b in r["bubble"])
+    for p, m in configs:
+        runs: dict[str, list] = {s: [] for s in schedules}
+        for _ in range(args.rounds):
+            for schedule in schedules:   # alternated: load hits every variant alike
+                runs[schedule].append(measure_gloo(p, m, schedule, args) if args.world == "gloo" else
+                                      measure_sim(p, m, schedule, args.ms, args.steps, 8 * m))
+        best = {s: min(rs, key=lambda x: max(x["bubble"])) for s, rs in runs.items()}   # load only adds idle
+        print(f"\np={p} m={m}  (F/B/W: mean ms per micro-batch of each stage, from the trace; ideal: the "
+              f"schedule simulated with those durations; + moves: and the run's median move latency)")
+        print(f"  {'schedule':<10} {'bubble per stage':<18} {'ideal':<18} {'ideal + moves':<18} "
+              f"{'F/B/W ms per stage':<28} {'move ms':<8} {'in flight':<10} peak activation bytes")
+        for s, r in best.items():
+            ideal = r["ideal"] = ideals(s, m, r["dur"], r["delay"])
+            r["ideal_lat"] = ideals(s, m, r["dur"], r["delay"], latency=r["hop"])
             flight = [mm["peak_in_flight"] for mm in r["mem"]]
-            nbytes = [mm["peak_bytes"] for mm in r["mem"]]
-            bound = [min(m, p - s) if schedule != "gpipe" else m for s in range(p)]
-            line = (f"{p:>2} {m:>2} {schedule:<8} {r['ideal']:>6.3f}  "
-                    f"{' '.join(f'{b:.3f}' for b in r['bubble']):<28} {100 * dev:>8.1f}%  "
-                    f"{str(flight):<20} {nbytes}")
-            if schedule == "zb-h1":
-                # gated: the worst stage's bubble against 1F1B's measured one (ZB-H1's ideal is
-                # (p-1)/(3m+p-1), a third of 1F1B's for large m), and activation bytes against
-                # 1F1B's plus what the deferred weight gradients keep (their inputs)
-                ratio = max(r["bubble"]) / max(prev["bubble"])
-                wbytes = [mm["peak_w_bytes"] for mm in r["mem"]]
-                wwait = [mm["peak_w_waiting"] for mm in r["mem"]]
-                ideal_ratio = r["ideal"] / ((p - 1) / (m + p - 1))
-                mem_ok = all(z <= f + wb for z, f, wb in zip(nbytes, prev["bytes"], wbytes))
-                within = ratio <= ideal_ratio * 1.25 and mem_ok and all(f <= b for f, b in zip(flight, bound))
-                ok &= within
-                print(line + f"\n{'':>12}worst bubble {ratio:.2f}x 1F1B's (ideal {ideal_ratio:.2f}x); "
-                      f"W waiting at most {wwait} micro-batches, their inputs {wbytes} bytes; "
-                      f"peak <= 1F1B's {prev['bytes']} + W inputs: {'ok' if within else 'OUT OF BOUNDS'}")
+            bound = [m if s == "gpipe" else min(m, p - st) for st in range(p)]
+            ok &= all(f <= b for f, b in zip(flight, bound))
+            print(f"  {s:<10} {_fr(r['bubble']):<18} {_fr(ideal):<18} {_fr(r['ideal_lat']):<18} "
+                  f"{_ms(r['dur']):<28} {1e3 * r['hop']:<8.2f} {str(flight):<10} "
+                  f"{[mm['peak_bytes'] for mm in r['mem']]}")
+            if min(r["hops"], default=0.0) < 0:
+                print(f"  WARNING: a stage started before its input's producer ended ({min(r['hops']):.6f} s): "
+                      f"the ranks' clocks are not on one time base")
+        ref = best["1f1b"]
+        for s in ("gpipe", "zb-h1", "zb-h1-mem"):
+            if s not in best:
                 continue
-            r["bytes"] = nbytes
-            if schedule == "1f1b":
-                prev = r
-            within = dev <= 0.10 and all(f <= b for f, b in zip(flight, bound))
-            ok &= within
-            print(line + f"  (bound {bound}) {'ok' if within else 'OUT OF BOUNDS'}")
+            r = best[s]
+            measured = max(r["bubble"]) / max(ref["bubble"])
+            # the ideal ratio on one set of durations: this run's F, B, W (1F1B runs B + W as one
+            # act); for the capped ZB-H1 also on ZB-H1's durations with the plan's deferred share
+            own = max(r["ideal"]) / max(ideals("1f1b", m, r["dur"], r["delay"]))
+            lat = max(r["ideal_lat"]) / max(ideals("1f1b", m, r["dur"], r["delay"], latency=r["hop"]))
+            line = (f"  {s} / 1F1B worst bubble: measured {measured:.2f}x, ideal for its F/B/W {own:.2f}x "
+                    f"(+ moves {lat:.2f}x)")
+            if s == "zb-h1":
+                line += f" (F = B = W formula (m+p-1)/(3m+p-1) = {(m + p - 1) / (3 * m + p - 1):.2f}x)"
+            if s == "zb-h1-mem" and "zb-h1" in best:
+                z = best["zb-h1"]
+                capped = (max(ideals(s, m, z["dur"], r["delay"], r["share"]))
+                          / max(ideals("1f1b", m, z["dur"], z["delay"])))
+                line += (f", on ZB-H1's F/B/W with the plan's deferred share of W "
+                         f"{' '.join(f'{sh:.3f}' for sh in r['share'])}: {capped:.2f}x")
+            if s.startswith("zb-h1"):
+                wb = [mm["peak_w_bytes"] for mm in r["mem"]]
+                peak = max(mm["peak_bytes"] for mm in r["mem"]) / max(mm["peak_bytes"] for mm in ref["mem"])
+                line += f"; peak bytes {peak:.2f}x 1F1B's, of which waiting W inputs {wb}"
+            print(line)
+        if args.trace:   # each schedule's best run of this config, one merged trace of its ranks
+            for s, r in best.items():
+                write_merged(f"{args.trace}.p{p}m{m}.{s}.json", r["acts"])
     if args.trace:
-        print(f"trace of the last 1F1B config written to {args.trace}: open it at https://ui.perfetto.dev")
-    print("all within bounds (1F1B / GPipe: 10% of (p-1)/(m+p-1) and in-flight bounds; ZB-H1: bubble within 25% "
-          "of its ideal ratio to 1F1B's, bytes <= 1F1B's + deferred W inputs)" if ok else "SOME FIGURES OUT OF BOUNDS")
+        print(f"traces written to {args.trace}.p<p>m<m>.<schedule>.json: open them at https://ui.perfetto.dev")
+    print(f"load average after: {_load()}")
+    print("in-flight bounds kept (1F1B, ZB-H1: p - stage; GPipe: m)" if ok else "SOME IN-FLIGHT BOUNDS EXCEEDED")
+
+
+def _fr(xs: list[float]) -> str:
+    return " ".join(f"{x:.3f}" for x in xs)
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
 
 
 if __name__ == "__main__":

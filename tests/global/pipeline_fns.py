@@ -200,7 +200,7 @@ def gpt_pipelined(rank: int, init: dict, steps: int = 3, m: int = 2, dp: int = 2
                   schedule: str = "1f1b", memory: str | None = None, plan: dict | None = None):
     """GPT with its embeddings and first block on stage 0 (ranks [0, dp)), the rest on stage 1,
     data parallel inside each stage; this rank's full parameters and per-micro-batch losses
-    (``plan``, if given, gets the compiled plan's stage, zb_delay, zb_bytes and memory record)."""
+    (``plan``, if given, gets the compiled plan's stage, zb_delay, zb_bytes, zb_w_share and memory record)."""
     batches, gpt = gpt_batches(steps)
     cfg = gpt_cfg()
     p0 = flow.placement("cpu", ranks=list(range(dp)))
@@ -238,7 +238,8 @@ def gpt_pipelined(rank: int, init: dict, steps: int = 3, m: int = 2, dp: int = 2
             losses.append(loss.to_global(sbp=[B]).to_local().numpy().copy())
     if plan is not None:
         c = next(iter(g._compiled.values()))
-        plan.update(stage=c.stage, zb_delay=c.zb_delay, zb_bytes=c.zb_bytes, mem=dict(c.mem))
+        plan.update(stage=c.stage, zb_delay=c.zb_delay, zb_bytes=c.zb_bytes, zb_w_share=c.zb_w_share,
+                    mem=dict(c.mem))
     params = {}
     for k, v in model.state_dict().items():
         place = p0 if k.startswith(STAGE0) else p1

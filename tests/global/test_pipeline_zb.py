@@ -221,6 +221,9 @@ def test_zb_h1_under_1f1b_memory_defers_part_of_the_weight_gradients_of_gpt_stag
     act_c, held_c = last["capped"]["zb_bytes"]
     assert act_c == act and 0 < held_c <= act       # a part of W waits, within one micro-batch's activations
     assert last["capped"]["zb_delay"] == 1          # ... for ZB-H1's full delay on stage 1
+    # the share of W's estimated work that still waits: all of it uncapped, most of it capped
+    assert last["zb"]["zb_w_share"] == 1.0
+    assert 0.5 < last["capped"]["zb_w_share"] < 1.0
     assert last["capped"]["mem"]["peak_w_bytes"] <= 2 * held_c
 
 

@@ -23,7 +23,8 @@ from ..runtime import Plan, Runtime, TaskSpec
 from ..runtime.timeline import write_merged
 from .global_graph import localize
 from .ir import IRGraph, Task, Value, _Gen, program, wire_tasks
-from .passes.stages import check_stages, phases, rank_graph, split_weight_grads, split_weight_grads_within
+from .passes.stages import (check_stages, phases, rank_graph, split_weight_grads, split_weight_grads_within,
+                            work)
 from .pipeline import pack, split_local
 
 
@@ -106,6 +107,9 @@ class PipelineCompiled:
         self.stage = next((i for i, pl in enumerate(placements) if rank in pl.flat_ranks), None)
         self.zb_delay: int | None = None   # zb-h1: weight gradients this stage lets wait
         self.zb_bytes: tuple[int, int] | None = None   # zb-h1: per micro-batch, (F-to-B, B-to-W) bytes
+        # zb-h1: the share of the weight gradients' estimated work (`stages.work`) that waits
+        # (1.0; under memory="1f1b" what fits, the rest runs with the input gradients)
+        self.zb_w_share: float | None = None
         self.mem = {"in_flight": 0, "peak_in_flight": 0, "bytes": 0, "peak_bytes": 0,
                     "w_waiting": 0, "peak_w_waiting": 0, "w_bytes": 0, "peak_w_bytes": 0}
         self.runtime, self._out_names = None, {}
@@ -157,8 +161,12 @@ class PipelineCompiled:
                 loc_state = {v for v, _ in loc.state}
                 first, later = split_weight_grads_within(tasks[1].nodes, keep, _act_bytes(tasks, loc_state),
                                                          loc_state)
+                full = split_weight_grads(tasks[1].nodes, keep)[1]
+                total = sum(work(n) for n in full)
+                self.zb_w_share = sum(work(n) for n in later) / total if total else 1.0
             else:
                 first, later = split_weight_grads(tasks[1].nodes, keep)
+                self.zb_w_share = 1.0
             if later:   # ``first`` may be empty: the first stage sends no input gradient
                 tasks[1].nodes = first
                 wt = Task("wgrad", "compute", later)
@@ -432,6 +440,67 @@ def zb_h1_order(p: int, m: int, delays: list[int] | None = None) -> list[list[tu
         seq += [("W", k) for k in range(w, m)]
         orders.append(seq)
     return orders
+
+
+def simulate_schedule(orders: list[list[tuple[str, int]]], durations: list[dict],
+                      latency: float = 0.0) -> tuple[float, list[float]]:
+    """One step of a pipeline schedule as an event simulation: stage ``s`` runs the acts of
+    ``orders[s]`` (``(kind, micro-batch)``, kind ``F``, ``B`` or ``W``) one after another, each
+    taking ``durations[s][kind]`` and starting when its stage is free and its inputs are there:
+    ``F k`` after the previous stage's ``F k``, ``B k`` after the next stage's ``B k`` (the last
+    stage's after its own ``F k``), ``W k`` after its stage's ``B k``; ``latency`` is added to
+    each move between stages. Returns the makespan (from the first act's start at 0 to the last
+    act's end) and each stage's idle fraction of it, ``1 - busy / makespan`` — what
+    `runtime.timeline.bubble_fractions` measures on a trace. Raises ValueError if the orders
+    deadlock (an act waits for one that its stage's order puts later)."""
+    p = len(orders)
+    done: dict[tuple[str, int, int], float] = {}
+    pos, free = [0] * p, [0.0] * p
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            while pos[s] < len(orders[s]):
+                kind, k = orders[s][pos[s]]
+                if kind == "F":
+                    dep = done.get(("F", s - 1, k)) if s > 0 else 0.0
+                    hop = latency if s > 0 else 0.0
+                elif kind == "B":
+                    dep = done.get(("B", s + 1, k)) if s < p - 1 else done.get(("F", s, k))
+                    hop = latency if s < p - 1 else 0.0
+                elif kind == "W":
+                    dep, hop = done.get(("B", s, k)), 0.0
+                else:
+                    raise ValueError(f"simulate_schedule: unknown act kind {kind!r} (F, B or W)")
+                if dep is None:
+                    break
+                free[s] = max(free[s], dep + hop) + float(durations[s].get(kind, 0.0))
+                done[(kind, s, k)] = free[s]
+                pos[s] += 1
+                moved = True
+        if not moved:
+            stuck = {s: orders[s][pos[s]] for s in range(p) if pos[s] < len(orders[s])}
+            raise ValueError(f"simulate_schedule: the orders deadlock at {stuck}")
+    span = max(free)
+    busy = [sum(float(durations[s].get(kind, 0.0)) for kind, _ in orders[s]) for s in range(p)]
+    return span, [1 - b / span if span > 0 else 0.0 for b in busy]
+
+
+def ideal_bubbles(schedule: str, m: int, durations: list[dict], delays: list[int] | None = None,
+                  latency: float = 0.0) -> list[float]:
+    """Each stage's bubble of ``schedule`` ("1f1b", "gpipe" or "zb-h1") for per-stage durations of
+    one micro-batch's forward ``F``, input-gradient backward ``B`` and weight gradients ``W``
+    (`simulate_schedule` of the orders the runtime keeps). 1F1B and GPipe run W inside the
+    backward (one act of ``B + W``); ZB-H1 runs `zb_h1_order` (``delays``: weight gradients each
+    stage lets wait, default ``s``). With F = B = W on every stage this is (p-1)/(m+p-1) for 1F1B
+    and GPipe and (p-1)/(3m+p-1) for ZB-H1; with W = 0 ZB-H1's equals 1F1B's."""
+    p = len(durations)
+    if schedule == "zb-h1":
+        return simulate_schedule(zb_h1_order(p, m, delays), durations, latency)[1]
+    if schedule not in ("1f1b", "gpipe"):
+        raise ValueError(f"ideal_bubbles: unknown schedule {schedule!r} (1f1b, gpipe or zb-h1)")
+    fused = [{"F": d.get("F", 0.0), "B": d.get("B", 0.0) + d.get("W", 0.0)} for d in durations]
+    orders = [act_order(window(schedule, s, p, m), m) for s in range(p)]
+    return simulate_schedule(orders, fused, latency)[1]
 
 
 class _Turns:

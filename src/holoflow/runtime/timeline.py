@@ -141,3 +141,17 @@ def bubble_fractions(acts: list[dict], phases: tuple = ("F", "B", "W")) -> dict:
             busy = sum(a["end"] - a["start"] for a in xs if a["rank"] == r)
             out.setdefault(r, []).append(1 - busy / span if span > 0 else 0.0)
     return {r: sum(v) / len(v) for r, v in out.items()}
+
+
+def phase_durations(acts: list[dict], phases: tuple = ("F", "B", "W")) -> dict:
+    """Per rank, the mean duration (seconds) of one act of each phase on its compute lane —
+    a micro-batch's forward ``F``, backward ``B`` (the input gradient, under zero-bubble
+    schedules) and weight gradients ``W`` — over ``acts`` (dicts as for `bubble_fractions`); a
+    phase the rank never ran is 0.0 (1F1B and GPipe run W inside B)."""
+    sums: dict = {}
+    for a in acts:
+        if a["phase"] in phases and a["lane"] == "compute":
+            tot = sums.setdefault(a["rank"], {ph: [0.0, 0] for ph in phases})[a["phase"]]
+            tot[0] += a["end"] - a["start"]
+            tot[1] += 1
+    return {r: {ph: (t / n if n else 0.0) for ph, (t, n) in v.items()} for r, v in sums.items()}
