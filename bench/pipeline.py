@@ -169,11 +169,15 @@ def _summarize(res: list[dict], p: int) -> dict:
     acts = [a for r in by_stage for a in r["acts"] if a["step"] >= 1]
     bubbles, durs = bubble_fractions(acts), phase_durations(acts)
     hops = _waited_hops(acts)
+    comp = [a for a in acts if a["lane"] == "compute" and a["phase"] in ("F", "B", "W")]
+    steps = {a["step"]: {} for a in comp}
+    for a in comp:   # each step's acts by (kind, stage, micro-batch): their measured durations
+        steps[a["step"]][(a["phase"], a["stage"], a["mb"])] = a["end"] - a["start"]
     ranks = [r["acts"][0]["rank"] if r["acts"] else r["stage"] for r in by_stage]
     return {"bubble": [bubbles[r] for r in ranks], "dur": [durs[r] for r in ranks],
             "mem": [r["mem"] for r in by_stage], "delay": [r["zb_delay"] for r in by_stage],
             "share": [r["zb_w_share"] for r in by_stage], "hop": statistics.median(hops) if hops else 0.0,
-            "hops": hops, "acts": acts}
+            "hops": hops, "acts": acts, "steps": list(steps.values())}
 
 
 def _waited_hops(acts: list[dict]) -> list[float]:
@@ -255,6 +259,16 @@ def ideals(schedule: str, m: int, dur: list[dict], delay: list, share: list | No
     return ideal_bubbles(sched, m, dur, delay if sched == "zb-h1" and None not in delay else None, latency)
 
 
+def _replay(schedule: str, m: int, r: dict) -> list[float]:
+    """Each stage's bubble with every act taking its own measured duration (not the mean) and
+    the run's median move latency, averaged over the steps: what is left between this and the
+    measured bubble is the runtime's (acts not started as soon as their inputs were there)."""
+    sched = "zb-h1" if schedule.startswith("zb-h1") else schedule
+    delay = r["delay"] if sched == "zb-h1" and None not in r["delay"] else None
+    runs = [ideal_bubbles(sched, m, r["dur"], delay, r["hop"], per_act) for per_act in r["steps"]]
+    return [sum(b) / len(b) for b in zip(*runs)]
+
+
 def _ms(dur: list[dict]) -> str:
     return " ".join("/".join(f"{1e3 * d[k]:.1f}" for k in "FBW") for d in dur)
 
@@ -312,16 +326,18 @@ def main() -> None:
                                       measure_sim(p, m, schedule, args.ms, args.steps, 8 * m))
         best = {s: min(rs, key=lambda x: max(x["bubble"])) for s, rs in runs.items()}   # load only adds idle
         print(f"\np={p} m={m}  (F/B/W: mean ms per micro-batch of each stage, from the trace; ideal: the "
-              f"schedule simulated with those durations; + moves: and the run's median move latency)")
-        print(f"  {'schedule':<10} {'bubble per stage':<18} {'ideal':<18} {'ideal + moves':<18} "
+              f"schedule simulated with those durations; + moves: and the run's median move latency; replay: "
+              f"each step simulated with its acts' own durations and that latency, averaged)")
+        print(f"  {'schedule':<10} {'bubble per stage':<18} {'ideal':<18} {'ideal + moves':<18} {'replay':<18}"
               f"{'F/B/W ms per stage':<28} {'move ms':<8} {'in flight':<10} peak activation bytes")
         for s, r in best.items():
             ideal = r["ideal"] = ideals(s, m, r["dur"], r["delay"])
             r["ideal_lat"] = ideals(s, m, r["dur"], r["delay"], latency=r["hop"])
+            r["replay"] = _replay(s, m, r)
             flight = [mm["peak_in_flight"] for mm in r["mem"]]
             bound = [m if s == "gpipe" else min(m, p - st) for st in range(p)]
             ok &= all(f <= b for f, b in zip(flight, bound))
-            print(f"  {s:<10} {_fr(r['bubble']):<18} {_fr(ideal):<18} {_fr(r['ideal_lat']):<18} "
+            print(f"  {s:<10} {_fr(r['bubble']):<18} {_fr(ideal):<18} {_fr(r['ideal_lat']):<18} {_fr(r['replay']):<18}"
                   f"{_ms(r['dur']):<28} {1e3 * r['hop']:<8.2f} {str(flight):<10} "
                   f"{[mm['peak_bytes'] for mm in r['mem']]}")
             if min(r["hops"], default=0.0) < 0:

@@ -132,3 +132,18 @@ def test_phase_durations_means_per_rank_and_ignores_other_lanes():
             {"task": "send", "lane": "comm.send_F", "phase": "F", "mb": 0, "step": 1, "start": 1.0, "end": 9.0,
              "rank": 0}]
     assert phase_durations(acts) == {0: {"F": 2.0, "B": 2.0, "W": 0.0}}
+
+
+def test_replay_with_each_acts_own_duration():
+    """``per_act`` overrides one act: p = 2, m = 1, stage 1's B takes 3 instead of 1: stage 0 F
+    [0, 1], stage 1 F [1, 2] B [2, 5], stage 0 B [5, 6]."""
+    dur = [{"F": 1.0, "B": 1.0}] * 2
+    orders = [act_order(2, 1), act_order(1, 1)]
+    span, bubbles = simulate_schedule(orders, dur, per_act={("B", 1, 0): 3.0})
+    assert span == pytest.approx(6.0)
+    assert bubbles == pytest.approx([4 / 6, 2 / 6])
+    assert ideal_bubbles("1f1b", 1, dur, per_act={("B", 1, 0): 3.0}) == pytest.approx(bubbles)
+    acts = _acts_of(zb_h1_order(2, 4), [{"F": 1.0, "B": 1.0, "W": 1.0}] * 2)
+    same = {(a["phase"], a["stage"], a["mb"]): a["end"] - a["start"] for a in acts}
+    assert ideal_bubbles("zb-h1", 4, [{"F": 1.0, "B": 1.0, "W": 1.0}] * 2, per_act=same) == \
+        pytest.approx(ideal_bubbles("zb-h1", 4, [{"F": 1.0, "B": 1.0, "W": 1.0}] * 2))

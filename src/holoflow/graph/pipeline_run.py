@@ -443,7 +443,7 @@ def zb_h1_order(p: int, m: int, delays: list[int] | None = None) -> list[list[tu
 
 
 def simulate_schedule(orders: list[list[tuple[str, int]]], durations: list[dict],
-                      latency: float = 0.0) -> tuple[float, list[float]]:
+                      latency: float = 0.0, per_act: dict | None = None) -> tuple[float, list[float]]:
     """One step of a pipeline schedule as an event simulation: stage ``s`` runs the acts of
     ``orders[s]`` (``(kind, micro-batch)``, kind ``F``, ``B`` or ``W``) one after another, each
     taking ``durations[s][kind]`` and starting when its stage is free and its inputs are there:
@@ -452,7 +452,10 @@ def simulate_schedule(orders: list[list[tuple[str, int]]], durations: list[dict]
     each move between stages. Returns the makespan (from the first act's start at 0 to the last
     act's end) and each stage's idle fraction of it, ``1 - busy / makespan`` — what
     `runtime.timeline.bubble_fractions` measures on a trace. Raises ValueError if the orders
-    deadlock (an act waits for one that its stage's order puts later)."""
+    deadlock (an act waits for one that its stage's order puts later). ``per_act`` maps
+    ``(kind, stage, micro-batch)`` to that act's own duration (a replay of a measured step; the
+    others take ``durations``)."""
+    per_act = per_act or {}
     p = len(orders)
     done: dict[tuple[str, int, int], float] = {}
     pos, free = [0] * p, [0.0] * p
@@ -473,7 +476,7 @@ def simulate_schedule(orders: list[list[tuple[str, int]]], durations: list[dict]
                     raise ValueError(f"simulate_schedule: unknown act kind {kind!r} (F, B or W)")
                 if dep is None:
                     break
-                free[s] = max(free[s], dep + hop) + float(durations[s].get(kind, 0.0))
+                free[s] = max(free[s], dep + hop) + float(per_act.get((kind, s, k), durations[s].get(kind, 0.0)))
                 done[(kind, s, k)] = free[s]
                 pos[s] += 1
                 moved = True
@@ -481,26 +484,28 @@ def simulate_schedule(orders: list[list[tuple[str, int]]], durations: list[dict]
             stuck = {s: orders[s][pos[s]] for s in range(p) if pos[s] < len(orders[s])}
             raise ValueError(f"simulate_schedule: the orders deadlock at {stuck}")
     span = max(free)
-    busy = [sum(float(durations[s].get(kind, 0.0)) for kind, _ in orders[s]) for s in range(p)]
+    busy = [sum(float(per_act.get((kind, s, k), durations[s].get(kind, 0.0))) for kind, k in orders[s])
+            for s in range(p)]
     return span, [1 - b / span if span > 0 else 0.0 for b in busy]
 
 
 def ideal_bubbles(schedule: str, m: int, durations: list[dict], delays: list[int] | None = None,
-                  latency: float = 0.0) -> list[float]:
+                  latency: float = 0.0, per_act: dict | None = None) -> list[float]:
     """Each stage's bubble of ``schedule`` ("1f1b", "gpipe" or "zb-h1") for per-stage durations of
     one micro-batch's forward ``F``, input-gradient backward ``B`` and weight gradients ``W``
     (`simulate_schedule` of the orders the runtime keeps). 1F1B and GPipe run W inside the
     backward (one act of ``B + W``); ZB-H1 runs `zb_h1_order` (``delays``: weight gradients each
     stage lets wait, default ``s``). With F = B = W on every stage this is (p-1)/(m+p-1) for 1F1B
-    and GPipe and (p-1)/(3m+p-1) for ZB-H1; with W = 0 ZB-H1's equals 1F1B's."""
+    and GPipe and (p-1)/(3m+p-1) for ZB-H1; with W = 0 ZB-H1's equals 1F1B's. ``latency`` and
+    ``per_act``: as for `simulate_schedule`."""
     p = len(durations)
     if schedule == "zb-h1":
-        return simulate_schedule(zb_h1_order(p, m, delays), durations, latency)[1]
+        return simulate_schedule(zb_h1_order(p, m, delays), durations, latency, per_act)[1]
     if schedule not in ("1f1b", "gpipe"):
         raise ValueError(f"ideal_bubbles: unknown schedule {schedule!r} (1f1b, gpipe or zb-h1)")
     fused = [{"F": d.get("F", 0.0), "B": d.get("B", 0.0) + d.get("W", 0.0)} for d in durations]
     orders = [act_order(window(schedule, s, p, m), m) for s in range(p)]
-    return simulate_schedule(orders, fused, latency)[1]
+    return simulate_schedule(orders, fused, latency, per_act)[1]
 
 
 class _Turns:
