@@ -154,24 +154,40 @@ def graph_table(res: dict[str, dict]) -> list[str]:
 # -- runtime per-act overhead -----------------------------------------------------------------
 
 def runtime_table(q: bool, rounds: int, log) -> list[str]:
+    """bench/runtime.py's rows, best of ``rounds`` processes: the chain rows in us per act, the
+    GPT-mini plan rows (trivial fns, one feed per call as nn.Graph does) in us per call."""
     iters = 500 if q else 2000
-    best: dict[str, float] = {}
+    best: dict[str, dict[str, float]] = {"us_per_act": {}, "us_per_call": {}}
     for k in range(rounds):
         try:
             p = run([sys.executable, os.path.join(HERE, "runtime.py"), "--json", "--iters", str(iters)], 600)
-            rows = json.loads(p.stdout.strip().splitlines()[-1])["us_per_act"]
+            got = json.loads(p.stdout.strip().splitlines()[-1])
         except Exception as e:          # noqa: BLE001 -- reported in the table
             log(f"  runtime: FAILED {type(e).__name__}: {e}")
             continue
+        rows = {**got.get("us_per_act", {}), **got.get("us_per_call", {})}
         log(f"  runtime round {k + 1}: " + ", ".join(f"{n} {us:.2f}" for n, us in rows.items()))
-        for n, us in rows.items():
-            best[n] = min(best.get(n, float("inf")), us)
-    if not best:
+        for field, table in best.items():
+            for n, us in got.get(field, {}).items():
+                table[n] = min(table.get(n, float("inf")), us)
+    return runtime_rows(best)
+
+
+def runtime_rows(best: dict[str, dict[str, float]]) -> list[str]:
+    """The markdown table of bench/runtime.py's best figures: ``best["us_per_act"]`` (chain rows,
+    relative to the row ``sequential executor``) and ``best["us_per_call"]`` (GPT-mini plan rows,
+    relative to the row ending in ``sequential executor``)."""
+    acts, calls = best.get("us_per_act", {}), best.get("us_per_call", {})
+    if not acts and not calls:
         return ["(bench/runtime.py failed)"]
-    seq = best.get("sequential executor", 1.0)
-    out = ["| executor (chain of 8 trivial tasks) | us/act | x sequential | overhead us/act |",
-           "| --- | ---: | ---: | ---: |"]
-    out += [f"| {n} | {us:.2f} | {us / seq:.1f} | {us - seq:.2f} |" for n, us in best.items()]
+    out = ["| executor | unit | time | x sequential | overhead |", "| --- | --- | ---: | ---: | ---: |"]
+    for label, unit, rows in (("chain of 8 trivial tasks", "us/act", acts),
+                              ("GPT-mini plan, trivial fns", "us/call", calls)):
+        seq = next((us for n, us in rows.items() if n.endswith("sequential executor")), None)
+        for n, us in rows.items():
+            rel = f"{us / seq:.1f}" if seq else "-"
+            over = f"{us - seq:.2f}" if seq is not None else "-"
+            out.append(f"| {label}: {n} | {unit} | {us:.2f} | {rel} | {over} |")
     return out
 
 
