@@ -1,35 +1,51 @@
 """Pipeline schedules of nn.Graph (graph/pipeline.py), measured from the actor runtime's trace.
 
-    python bench/pipeline.py                      # p=2 (m=4, 8) and p=4 (m=8), 1F1B and GPipe
+    python bench/pipeline.py                      # p=2 (m=4, 8) and p=4 (m=8): 1F1B, GPipe, ZB-H1
     python bench/pipeline.py --kernel matmul      # real compute instead of timed kernels
-    python bench/pipeline.py --trace pipe.json    # also one merged Perfetto trace (last config)
+    python bench/pipeline.py --trace pipe         # also each schedule's merged Perfetto trace
+    python bench/pipeline.py --world gloo --stage gpt --kernel none --gpt-d 256 --gpt-t 64 \
+        --gpt-seqs 6 --configs 2:8,2:4            # GPT blocks' own compute on real Gloo ranks
 
-Balanced synthetic stages on simulated ranks (one thread per rank): each stage is a Linear(16, 16)
-(parameters and gradients, so the optimizer and the gradient accumulation run) and a synthetic
-kernel taking ``--ms`` in forward and twice that in backward. With ``--kernel sleep`` (default)
-the kernel waits (no CPU), so the figures are the schedule's own on any machine; with
-``--kernel matmul`` it multiplies ``--d`` x ``--d`` matrices (then the stages share this machine's
-cores, and p > cores distorts the figures).
+Stages: ``--stage linear`` (default) is a Linear(16, 16) (parameters and gradients, so the
+optimizer and the gradient accumulation run) and a synthetic kernel taking ``--ms`` in forward and
+``--ms`` each for the input and the weight gradient (F = B = W, the zero-bubble paper's case).
+With ``--kernel sleep`` (default) the kernel waits (no CPU), so the figures are the schedule's own
+on any machine; ``--kernel matmul`` multiplies ``--d`` x ``--d`` matrices. ``--stage gpt`` is a
+GPT block (examples/gpt.py) of width ``--gpt-d``, sequence ``--gpt-t``, ``--gpt-seqs`` sequences
+per micro-batch; with ``--kernel none`` the block's own compute is all the stage's time (F, B and
+W then differ: attention's backward is all input gradient).
 
-Per stage, the bubble is the idle fraction of its compute lane over each step's makespan (first
-forward anywhere to last backward anywhere), read from the runtime's recorded acts, averaged over
-the steps after the first, best of ``--rounds`` runs (other load on the machine only adds idle
-time); the ideal is (p-1)/(m+p-1) for both 1F1B and GPipe; for zb-h1 (p-1)/(3m+p-1), the zero-bubble
-paper's H1 figure for F = B_input = W, and its worst stage is compared with 1F1B's measured
-bubble (the ideal ratio is (m+p-1)/(3m+p-1), about a third). Memory: the most micro-batches a
-stage held in flight (forward done, backward not yet) and the peak activation bytes it kept, from
-the runtime: 1F1B holds at most p - stage, GPipe up to m; ZB-H1 holds 1F1B's in flight plus the
-inputs of its deferred weight gradients (the layer inputs and output gradients of the weight ops,
-up to s + 1 micro-batches on stage s; at most p micro-batches between a forward and its weight
-gradients), printed separately. Not a timed test.
+Worlds: ``--world sim`` (default) runs the ranks as threads of this process (they share the GIL
+and the cores: fine for sleep kernels, noisy for real compute); ``--world gloo`` launches a fresh
+world of p processes (holoflow.distributed.launch, one per stage, one intra-op thread each) per
+run, so every variant runs in its own process set. Each rank returns its recorded acts; their
+times are perf_counter seconds, CLOCK_MONOTONIC on Linux, one time base for the processes of one
+machine (as ``graph.write_trace`` assumes when it merges ranks; a negative move latency would
+show clocks that are not). Variants are alternated round by round; each is its best of
+``--rounds`` (other load only adds idle time).
+
+Figures per schedule: the bubble per stage — the idle fraction of its compute lane over each
+step's makespan (first forward anywhere to last backward or weight gradient anywhere), averaged
+over the steps after the first (`runtime.timeline.bubble_fractions`); each stage's mean F, B and W
+durations (`timeline.phase_durations`; 1F1B and GPipe run W inside B); the ideal bubble for those
+durations — the schedule's dependency structure simulated event by event
+(`pipeline_run.ideal_bubbles`: each stage runs the order the runtime keeps, an act starts when
+its stage is free and its input has arrived), not the F = B = W formula ((p-1)/(m+p-1) for
+1F1B, (p-1)/(3m+p-1) for ZB-H1, which it reproduces for equal durations); the same with the
+run's median move latency (from a stage's act to the act it let start on the next stage, where
+that one waited); and a replay — each step simulated with its acts' own durations and that
+latency — so that what is left between replay and measured is the runtime's. Then each
+schedule's worst-stage bubble against 1F1B's, measured and ideal (on one set of durations: the
+run's, 1F1B running B + W as one act). Memory: the most micro-batches a stage held between F
+and B, the peak activation bytes it kept (ZB-H1: with the inputs of its waiting weight
+gradients, printed separately). Not a timed test.
 
 ``zb-h1-mem`` is ``set_pipeline_schedule("zb-h1", memory="1f1b")``: a stage defers only the
 weight gradients whose inputs fit in one micro-batch's activations, chosen by the work the plan
-estimates from shapes. On ``--stage gpt`` with a timed kernel the timed op's weight gradient holds
-all the time but looks cheap (an elementwise op), so that row is a worst case; the real split is
-measured with the blocks' own compute:
-
-    python bench/pipeline.py --stage gpt --kernel none --gpt-d 256 --gpt-t 64 --configs 2:8
+estimates from shapes (the deferred share of that work is printed, and its ideal also computed on
+ZB-H1's durations with that share). On ``--stage gpt`` with a timed kernel the timed op's weight
+gradient holds all the time but looks cheap (an elementwise op), so that row is a worst case; the
+real split is measured with the blocks' own compute (``--kernel none``).
 """
 from __future__ import annotations
 
