@@ -205,6 +205,15 @@ def _route(ranks: tuple[int, ...], peer: int | None) -> _Route:
     return r
 
 
+def forget_world() -> None:
+    """Drops every route (and so every reference to the world's process groups) and closes the
+    fingerprint wire: called when the world is destroyed, so the groups are freed (their Gloo
+    threads joined) then, not during interpreter finalization."""
+    _ROUTES.clear()
+    _PENDING.clear()
+    comm_wire.close()
+
+
 def _launch_fingerprint(info: CallInfo, t: torch.Tensor | None, kind: str, splits,
                         peer: int | None) -> Callable[[], None]:
     """Sends this rank's fingerprint to the peers (the same size on every rank: the exchange can

@@ -270,4 +270,12 @@ def get(rank: int, store) -> Wire:
         return _WIRE[1]
 
 
-__all__ = ["Wire", "WireError", "group_id", "get"]
+def close() -> None:
+    """Closes this process's wire (the world it belonged to is being destroyed)."""
+    with _WIRE_LOCK:
+        if _WIRE[1] is not None:
+            _WIRE[1].close()
+        _WIRE[0] = _WIRE[1] = None
+
+
+__all__ = ["Wire", "WireError", "group_id", "get", "close"]

@@ -118,11 +118,22 @@ def init() -> bool:
     if torch.cuda.is_available():
         torch.cuda.set_device(get_local_rank() % max(1, torch.cuda.device_count()))
     rank = _int_env("RANK", 0)
+    _import_group_pinning_modules()
     dist.init_process_group(backend(), rank=rank, world_size=ws, timeout=comm_timeout(),
                             store=_restart_store(rank, ws))
     # who runs each rank, so a failed collective can say which peer process is gone
     store().set(f"holoflow/proc/{dist.get_rank()}", f"{socket.gethostname()} {os.getpid()}")
     return True
+
+
+def _import_group_pinning_modules() -> None:
+    """Imports, before the default group exists, torch modules whose functions take
+    ``dist.group.WORLD`` as a default argument value (FSDP's ShardedGradScaler): imported after
+    ``init_process_group`` (torch._dynamo imports them, and the first meta-tensor shape rule imports
+    torch._dynamo) they hold the group forever, ``destroy_process_group`` cannot free it, and its
+    Gloo threads, still alive at interpreter finalization, could abort the process ("terminate
+    called without an active exception")."""
+    import torch.distributed.fsdp.sharded_grad_scaler  # noqa: F401
 
 
 def _restart_store(rank: int, ws: int):
@@ -151,12 +162,10 @@ def store():
 
 
 def shutdown() -> None:
-    """Destroys every process group (e.g. at the end of a script); the world is set up again on
-    the next collective."""
+    """Waits for collectives still in flight (up to the comm timeout), then destroys every process
+    group (e.g. at the end of a script); the world is set up again on the next collective."""
     from . import groups
-    groups.clear()
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    groups.destroy_world(get_comm_timeout())
 
 
 __all__ = ["get_rank", "get_world_size", "get_local_rank", "get_local_world_size", "get_node_size",

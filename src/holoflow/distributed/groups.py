@@ -18,13 +18,17 @@ The full world maps to torch's default group; a one-rank group needs no process 
 
 At interpreter exit (:func:`shutdown_at_exit`, registered when this module is imported, so it runs
 after atexit handlers registered later, e.g. the user's) the collectives still in flight are
-waited for and every process group is destroyed while the interpreter is still whole. Without it,
-Gloo's worker threads were torn down during finalization and some runs aborted with "terminate
-called without an active exception".
+waited for and every process group is destroyed while the interpreter is still whole
+(:func:`destroy_world`, also what ``env.shutdown()`` does), and every reference holoflow keeps to
+a group is dropped, so the groups are freed and their Gloo threads joined then. A group still
+alive at finalization kept threads that release finished work, whose tensors need the GIL: some
+runs aborted with "terminate called without an active exception" (``env.init`` also keeps torch
+from pinning the default group, see ``env._import_group_pinning_modules``).
 """
 from __future__ import annotations
 
 import atexit
+import gc
 import itertools
 import logging
 from typing import Any, Iterable
@@ -136,17 +140,19 @@ def clear() -> None:
 _EXIT_DRAIN_S = 10.0
 
 
-def shutdown_at_exit() -> None:
-    """Waits for collectives launched but never waited (at most 10 s), then destroys the
-    sub-groups and the default group, in that order. If something is still in flight (a peer is
-    gone), the groups are left alone: destroying them would block on that work."""
+def destroy_world(drain_s: float) -> None:
+    """Waits for collectives launched but never waited (at most ``drain_s``), then destroys the
+    sub-groups and the default group, in that order, and forgets every cached group and
+    fingerprint route, so the groups are freed (their Gloo threads joined) now. If something is
+    still in flight (a peer is gone), the groups are left alone: destroying them would block on
+    that work."""
     if not (dist.is_available() and dist.is_initialized()):
         return
-    from .comm_track import drain
-    stuck = drain(min(_EXIT_DRAIN_S, env.get_comm_timeout()))
+    from . import comm_track
+    stuck = comm_track.drain(drain_s)
     if stuck:
         logging.getLogger("holoflow").warning(
-            f"holoflow: at exit, rank {env.get_rank()} still had collectives in flight ({', '.join(stuck)}); "
+            f"holoflow: rank {env.get_rank()} still had collectives in flight ({', '.join(stuck)}); "
             f"not destroying its process groups")
         return
     try:
@@ -155,10 +161,17 @@ def shutdown_at_exit() -> None:
         clear()
         dist.destroy_process_group()
     except Exception as e:  # noqa: BLE001 - exiting anyway; say why the teardown was incomplete
-        logging.getLogger("holoflow").warning(f"holoflow: destroying the process groups at exit failed: {e}")
+        logging.getLogger("holoflow").warning(f"holoflow: destroying the process groups failed: {e}")
+    comm_track.forget_world()
+    gc.collect()   # a group held only by a reference cycle is freed here, not during finalization
+
+
+def shutdown_at_exit() -> None:
+    """:func:`destroy_world` at interpreter exit (collectives in flight get at most 10 s)."""
+    destroy_world(min(_EXIT_DRAIN_S, env.get_comm_timeout()))
 
 
 atexit.register(shutdown_at_exit)
 
 
-__all__ = ["group_for", "groups_for_mesh", "mesh_subgroups", "normalize", "clear", "shutdown_at_exit"]
+__all__ = ["group_for", "groups_for_mesh", "mesh_subgroups", "normalize", "clear", "destroy_world", "shutdown_at_exit"]
