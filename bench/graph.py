@@ -4,6 +4,7 @@ on GPT-mini and the small CNN (CPU training steps), each variant in its own fres
     python bench/graph.py [--rounds 3] [--steps 20] [--cases gpt cnn] [--variants ...] [--no-compile]
     python bench/graph.py --one gpt actor [--steps 20]     # one variant in this process: a JSON line
     python bench/graph.py --device cuda --variants actor sequential torch-eager   # on a GPU
+    python bench/graph.py --cases cnn --variants actor sequential --paired   # + both executors in one process
 
 Variants: ``actor`` (nn.Graph, the actor runtime as lowered: a CPU device's streams on the caller's
 thread), ``actor-thread`` (the same plan with the device's streams on one dedicated worker thread,
@@ -14,12 +15,23 @@ the actor runtime's cost once). Each child times ``--steps`` steps ``--repeat`` 
 steps and reports the fastest mean; the graph variants also report the first call (trace, passes,
 lowering) and the planned peak memory; ``torch-eager`` reports the bytes autograd saves.
 bench/run_all.py runs this and writes the ratios into bench/results.md.
+
+Each child also reports its minor page faults per timed step (``faults``): glibc's heap trimming
+makes a process re-fault its tensors' pages every step or not, depending on where long-lived small
+blocks landed (it varies run to run, for every variant alike). ``--paired`` adds a child per case
+that times the actor runtime and the sequential executor on one compiled plan in one process,
+alternating blocks of ``--steps`` steps (same heap, same OpenMP team, same load): with two intra-op
+threads a process runs the CNN at ~3.8 or ~4.9 ms/step for its whole life on this box whichever
+executor it uses, which a best-of-rounds ratio between separate processes mistakes for the
+executor's cost; the paired ratio (median over rounds) is the runtime's own.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -108,8 +120,36 @@ def train_graph(m, opt, loss_fn):
     return Train()
 
 
+def faults() -> int:
+    """Minor page faults of this process so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def paired(g, batch: tuple, steps: int, repeat: int, sync=lambda: None) -> dict:
+    """The actor runtime and the sequential executor on ``g``'s compiled plan, in this process,
+    alternating blocks of ``steps`` calls (``2 * repeat`` blocks each, after 3 warm-up calls of
+    each): their fastest block means (ms) and the median ratio of adjacent blocks."""
+    from holoflow.graph.lower import make_executor
+    c = next(iter(g._compiled.values()))
+    exs = {k: make_executor(c.lowered.plan, k, device=c.lowered.device) for k in ("actor", "sequential")}
+    best = {k: float("inf") for k in exs}
+    last: dict[str, float] = {}
+    ratios = []
+    for b in range(2 * repeat):
+        for k in (("actor", "sequential") if b % 2 == 0 else ("sequential", "actor")):
+            c._executor = exs[k]
+            last[k] = timeit(lambda: g(*batch), steps, 1, sync)
+            best[k] = min(best[k], last[k] * 1e3)
+        ratios.append(last["actor"] / last["sequential"])
+    c._executor = None
+    for ex in exs.values():
+        ex.close()
+    return {"ms_actor": best["actor"], "ms_sequential": best["sequential"],
+            "ratio": statistics.median(ratios), "ms": best["actor"]}
+
+
 def one(case: str, variant: str, steps: int, repeat: int, device: str = "cpu") -> dict:
-    """Measures one variant in this process."""
+    """Measures one variant in this process (``paired``: both executors, `paired`)."""
     make = {"gpt": lambda lib: gpt_case(lib, device), "cnn": lambda lib: cnn_case(lib, device)}[case]
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     r: dict = {"case": case, "variant": variant, "threads": torch.get_num_threads(), "device": device}
@@ -133,6 +173,9 @@ def one(case: str, variant: str, steps: int, repeat: int, device: str = "cpu") -
 
     g = train_graph(m, opt, loss_fn)
     g.config.set_executor("sequential" if variant == "sequential" else "actor")
+    if variant == "paired":
+        g(*batch)
+        return {**r, **paired(g, batch, steps, repeat, sync)}
     t0 = time.perf_counter()
     g(*batch)
     r["first_s"] = time.perf_counter() - t0
@@ -144,7 +187,9 @@ def one(case: str, variant: str, steps: int, repeat: int, device: str = "cpu") -
         c._executor = Runtime(plan, threads={s: "cpu" for s in {t.stream for t in plan.tasks}}
                               | {SOURCE_STREAM: "caller"})
     r.update(nodes=len(c.ir.nodes), tasks=len(c.lowered.plan.tasks), trace_s=c.compile_s, planned_bytes=c.peak_bytes)
+    f0 = faults()
     r["ms"] = timeit(lambda: g(*batch), steps, repeat, sync) * 1e3
+    r["faults"] = (faults() - f0) / ((3 + steps * repeat))
     return r
 
 
@@ -172,7 +217,8 @@ def run_child(cmd: list[str], timeout: float = 1800.0) -> str:
 def alternate(jobs: dict[str, list[str]], rounds: int, log=print, runner=run_child, key: str = "ms") -> dict[str, dict]:
     """Runs each job (a command printing a RESULT line) once per round in a fresh process, the
     order reversed every other round; keeps each job's fastest result (smallest ``key``, also its
-    unit in the log). A failed job is logged and recorded as ``{"error": ...}``."""
+    unit in the log), with every round's result under ``"runs"``. A failed job is logged and
+    recorded as ``{"error": ...}``."""
     best: dict[str, dict] = {}
     names = list(jobs)
     for k in range(rounds):
@@ -183,12 +229,15 @@ def alternate(jobs: dict[str, list[str]], rounds: int, log=print, runner=run_chi
                 log(f"  {name}: FAILED {type(e).__name__}: {str(e)[-600:]}")
                 best.setdefault(name, {"error": "failed"})
                 continue
-            log(f"  round {k + 1}: {name:<24} {r[key]:9.2f} {key}")
+            extra = "".join(f"  {f} {r[f]:.3f}" for f in ("ratio", "faults") if f in r)
+            log(f"  round {k + 1}: {name:<24} {r[key]:9.2f} {key}{extra}")
             old = best.get(name, {})
+            runs = [*old.get("runs", ()), r]
             if key not in old or r[key] < old[key]:
-                best[name] = {**r, "rounds": old.get("rounds", 0) + 1}
+                best[name] = {**r, "rounds": old.get("rounds", 0) + 1, "runs": runs}
             else:
                 old["rounds"] += 1
+                old["runs"] = runs
     return best
 
 
@@ -205,6 +254,11 @@ def report(case: str, res: dict[str, dict]) -> None:
     ratio("actor", "torch-eager", "target <= 0.6 on GPT-mini")
     ratio("actor", "torch-compile", "target <= 1.0 on the CNN")
     ratio("flow-eager", "torch-eager", "target <= 1.1")
+    pair = res.get(f"{case}:paired", {})
+    if "runs" in pair:
+        rs = sorted(r["ratio"] for r in pair["runs"])
+        print(f"  actor / sequential, same process = {statistics.median(rs):.3f} (median of {len(rs)} processes, "
+              f"range {rs[0]:.3f}-{rs[-1]:.3f}; each the median of alternating blocks)")
 
 
 def main() -> None:
@@ -216,6 +270,8 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--paired", action="store_true", help="also time the actor runtime and the sequential "
+                    "executor in one process per round, alternating (`paired`)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (the actor runtime on CUDA streams; "
                     "not measured in CI)")
     a = ap.parse_args()
@@ -225,6 +281,8 @@ def main() -> None:
     variants = [v for v in a.variants if not (a.no_compile and v == "torch-compile")]
     for case in a.cases:
         jobs = {f"{case}:{v}": child_cmd(case, v, a.steps, a.repeat, a.device) for v in variants}
+        if a.paired:
+            jobs[f"{case}:paired"] = child_cmd(case, "paired", a.steps, a.repeat, a.device)
         report(case, alternate(jobs, a.rounds))
 
 

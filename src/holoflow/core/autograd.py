@@ -358,3 +358,6 @@ def _drain(ready, buffers, deps, cap_keys, captured, retain_graph, create_graph,
                         ready.append(child)
                 elif g is not None:
                     to_leaf(e, g)
+            # drop this node's gradients now (torch frees a node's buffers once it ran): held
+            # until the next node's kernels they raise the step's peak memory
+            gs = in_grads = g = old = None
