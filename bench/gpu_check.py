@@ -15,6 +15,7 @@
     PYTHONPATH=src:tests python bench/gpu_check.py                 # everything (~5-8 min on an H200)
     PYTHONPATH=src:tests python bench/gpu_check.py attn gpt        # parts: ops, attn, gpt
     PYTHONPATH=src:tests python bench/gpu_check.py gpt --small     # GPT-mini shapes (a quick try)
+    PYTHONPATH=src:tests python bench/gpu_check.py --device cpu --small   # a dry run of the script, no GPU
 
 MFU counts 6 N + 12 L T d flops per token (N: parameters without the position embedding, the
 tied head once; PaLM's estimate, as nanoGPT) against ``--peak-tflops`` (989: H100/H200 SXM dense
@@ -29,6 +30,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -40,9 +42,21 @@ SHAPES = {"gpt2s": dict(L=12, D=768, H=12, T=1024, B=8, V=50304),
           "small": dict(L=2, D=64, H=4, T=32, B=8, V=65)}
 
 
+DEV = "cuda"   # --device: cpu runs the whole script on the CPU (a dry run before a lease)
+
+
+def on_gpu() -> bool:
+    return DEV.startswith("cuda")
+
+
+def sync() -> None:
+    if on_gpu():
+        torch.cuda.synchronize()
+
+
 def cuda(x):
     if isinstance(x, torch.Tensor):
-        return x.cuda()
+        return x.to(DEV)
     if isinstance(x, (list, tuple)):
         return type(x)(cuda(v) for v in x)
     if isinstance(x, dict):
@@ -68,7 +82,7 @@ def op_tables() -> None:
                 failures.append(f"{case.name}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
             finally:
                 case.make = make
-    print(f"op tables on CUDA (float32, fwd+bwd vs torch on CUDA): {ok} passed, {bad} failed")
+    print(f"op tables on {DEV} (float32, fwd+bwd vs torch on {DEV}): {ok} passed, {bad} failed")
     for f in failures[:25]:
         print("   ", f)
 
@@ -89,31 +103,100 @@ def attention_check() -> None:
             self.ops.append(func.__name__.split(".")[0])
             return func(*args, **(kwargs or {}))
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    B, H, T, E = 4, 12, 1024, 64
-    q, k, v = (torch.randn(B, H, T, E, device="cuda", generator=g) for _ in range(3))
-    masks = {"causal": None, "bool mask": torch.rand(T, T, device="cuda", generator=g) > 0.2,
-             "float mask": torch.randn(1, H, T, T, device="cuda", generator=g)}
+    g = torch.Generator(device=DEV).manual_seed(0)
+    B, H, T, E = (4, 12, 1024, 64) if on_gpu() else (2, 4, 64, 16)
+    q, k, v = (torch.randn(B, H, T, E, device=DEV, generator=g) for _ in range(3))
+    masks = {"causal": None, "bool mask": torch.rand(T, T, device=DEV, generator=g) > 0.2,
+             "float mask": torch.randn(1, H, T, T, device=DEV, generator=g)}
     for name, mask in masks.items():
         causal = mask is None
         tt = [x.clone().requires_grad_() for x in (q, k, v)]
         ft = [flow.from_torch(x.clone()).requires_grad_() for x in (q, k, v)]
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(DEV, dtype=torch.bfloat16):
             want = F.scaled_dot_product_attention(*tt, attn_mask=mask, is_causal=causal)
         fm = None if mask is None else flow.from_torch(mask)
-        with flow.autocast("cuda", dtype=flow.bfloat16):
+        with flow.autocast(DEV, dtype=flow.bfloat16):
             got = flow.nn.functional.scaled_dot_product_attention(*ft, attn_mask=fm, is_causal=causal)
-        dy = torch.randn(want.shape, device="cuda", generator=g).to(want.dtype)
+        dy = torch.randn(want.shape, device=DEV, generator=g).to(want.dtype)
         want.backward(dy)
         aten = Aten()
         with aten:
             got.backward(flow.from_torch(dy))
-        torch.cuda.synchronize()
+        sync()
         dout = (got.to_torch().float() - want.float()).abs().max().item()
         dgrad = max((f.grad.to_torch().float() - t.grad.float()).abs().max().item() for f, t in zip(ft, tt))
         kernels = sorted({o for o in aten.ops if "attention" in o or o in ("logsumexp", "masked_fill", "_softmax")})
         print(f"sdpa {name:<10} bf16: dtype {got.dtype} (torch {want.dtype}), max |dout| {dout:.3g}, "
               f"max |dgrad| {dgrad:.3g}; backward kernels {kernels}")
+        times = {}
+        for lib, xs, mk in ((torch, tt, mask), (flow, ft, fm)):
+            def fwd_bwd():
+                with lib.autocast(DEV, dtype=lib.bfloat16):
+                    o = lib.nn.functional.scaled_dot_product_attention(*xs, attn_mask=mk, is_causal=causal)
+                o.sum().backward()
+            for _ in range(2):
+                fwd_bwd()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(10):
+                fwd_bwd()
+            sync()
+            times[lib.__name__] = (time.perf_counter() - t0) / 10 * 1e3
+        print(f"    forward+backward: torch {times['torch']:.3f} ms, holoflow {times['holoflow']:.3f} ms "
+              f"({times['holoflow'] / times['torch']:.2f}x)", flush=True)
+
+
+def executors_check(steps: int) -> None:
+    """nn.Graph on CUDA: the actor runtime (compute, update and copy streams as CUDA streams ordered
+    by events) against the sequential executor, bit for bit over 3 training steps from the same
+    weights, then each one's ms/step with the batch already on the device and, for the actor
+    runtime, with the batch in pinned host memory (its ``copy`` stream moves the next batch while
+    the current one computes: the two times should be about equal)."""
+    import holoflow as flow
+    from holoflow.examples import gpt
+    s = dict(L=4, D=512, H=8, T=512, B=16, V=50304) if on_gpu() else SHAPES["small"]
+    rng = np.random.default_rng(0)
+    host = [torch.from_numpy(rng.integers(0, s["V"], (s["B"], s["T"]))) for _ in range(2)]
+    if on_gpu():
+        host = [t.pin_memory() for t in host]
+    results = {}
+    for ex, where in (("actor", "device"), ("sequential", "device"), ("actor", "host")):
+        flow.manual_seed(0)
+        m = gpt.build(flow)(s["V"], s["T"], s["L"], s["D"], s["H"]).to(DEV)
+        opt = flow.optim.AdamW(m.parameters(), lr=1e-4)
+
+        class Train(flow.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+                self.add_optimizer(opt)
+                self.config.enable_amp(True, dtype=flow.bfloat16)
+                self.config.set_executor(ex)
+
+            def build(self, x, y):
+                _, loss = self.m(x, y)
+                loss.backward()
+                return loss
+        g = Train()
+        x, y = (flow.from_torch(t.to(DEV) if where == "device" else t) for t in host)
+        losses = [g(x, y).to_torch().float().cpu() for _ in range(3)]
+        params = [p.to_torch().detach().float().cpu().clone() for p in m.parameters()]
+        for _ in range(2):
+            g(x, y)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            g(x, y)
+        sync()
+        results[ex, where] = ((time.perf_counter() - t0) / steps * 1e3, losses, params)
+    a, q = results["actor", "device"], results["sequential", "device"]
+    same = all(torch.equal(u, v) for u, v in zip(a[1] + a[2], q[1] + q[2]))
+    print(f"nn.Graph on {DEV} (GPT L={s['L']} d={s['D']} T={s['T']} B={s['B']}, bf16 autocast): "
+          f"actor runtime = sequential executor bit for bit: {same} (losses {[round(float(v), 5) for v in a[1]]})")
+    for (ex, where), (ms, _, _) in results.items():
+        print(f"  {ex:<10} batch on {where:<6}: {ms:8.2f} ms/step")
+    print(f"  actor / sequential = {a[0] / q[0]:.3f} (target <= 1.05); actor host batch / device batch = "
+          f"{results['actor', 'host'][0] / a[0]:.3f} (the copy overlapped: ~1.0)")
 
 
 def gpt_flops_per_step(s: dict, n_params: int) -> float:
@@ -129,14 +212,14 @@ def run_variant(variant: str, shape: str, steps: int) -> dict:
     lib = torch if variant.startswith("torch") else flow
     torch.backends.cuda.matmul.allow_tf32 = True
     lib.manual_seed(0)
-    m = gpt.build(lib)(s["V"], s["T"], s["L"], s["D"], s["H"]).cuda()
+    m = gpt.build(lib)(s["V"], s["T"], s["L"], s["D"], s["H"]).to(DEV)
     n_params = sum(p.numel() for p in m.parameters())
-    opt = lib.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
+    opt = lib.optim.AdamW(m.parameters(), lr=1e-4, fused=on_gpu())
     rng = np.random.default_rng(0)
-    x, y = (lib.tensor(rng.integers(0, s["V"], (s["B"], s["T"]))).cuda() for _ in range(2))
+    x, y = (lib.tensor(rng.integers(0, s["V"], (s["B"], s["T"]))).to(DEV) for _ in range(2))
 
     def step():
-        with lib.autocast("cuda", dtype=lib.bfloat16):
+        with lib.autocast(DEV, dtype=lib.bfloat16):
             _, loss = m(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -165,25 +248,27 @@ def run_variant(variant: str, shape: str, steps: int) -> dict:
         def step():
             return graph(x, y)
     losses = [float(step().detach()) for _ in range(3)]
-    torch.cuda.synchronize()
+    sync()
     first = time.perf_counter() - t0
-    torch.cuda.reset_peak_memory_stats()
+    if on_gpu():
+        torch.cuda.reset_peak_memory_stats()
     for _ in range(2):
         step()
-    torch.cuda.synchronize()
+    sync()
     t = time.perf_counter()
     for _ in range(steps):
         step()
-    torch.cuda.synchronize()
+    sync()
     ms = (time.perf_counter() - t) / steps * 1e3
-    return dict(variant=variant, ms=ms, peak=torch.cuda.max_memory_allocated(), losses=losses, first_s=first,
+    peak = torch.cuda.max_memory_allocated() if on_gpu() else 1
+    return dict(variant=variant, ms=ms, peak=peak, losses=losses, first_s=first,
                 flops=gpt_flops_per_step(s, n_params), params=n_params)
 
 
 def gpt_table(shape: str, steps: int, peak_tflops: float, timeout: int) -> None:
     res = {}
     for v in VARIANTS:
-        cmd = [sys.executable, __file__, "--variant", v, "--shape", shape, "--steps", str(steps)]
+        cmd = [sys.executable, __file__, "--variant", v, "--shape", shape, "--steps", str(steps), "--device", DEV]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ)
         except subprocess.TimeoutExpired:
@@ -194,6 +279,8 @@ def gpt_table(shape: str, steps: int, peak_tflops: float, timeout: int) -> None:
             print(f"  {v}: failed (rc {p.returncode}): {(p.stderr or p.stdout).strip()[-1500:]}")
             continue
         res[v] = json.loads(line[-1][7:])
+        print(f"  {v}: {res[v]['ms']:.2f} ms/step, peak {res[v]['peak'] / 2**30:.2f} GiB, "
+              f"first {res[v]['first_s']:.1f}s", flush=True)
     s = SHAPES[shape]
     print(f"GPT {shape} (L={s['L']} d={s['D']} T={s['T']} B={s['B']} V={s['V']}), bf16 autocast, fused AdamW, "
           f"each variant in its own process, {steps} steps:")
@@ -218,24 +305,30 @@ def gpt_table(shape: str, steps: int, peak_tflops: float, timeout: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("parts", nargs="*", default=["ops", "attn", "gpt"])
+    ap.add_argument("parts", nargs="*", default=["attn", "gpt", "exec", "ops"])
     ap.add_argument("--small", action="store_true", help="GPT-mini shapes instead of GPT-2 small")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--timeout", type=int, default=300, help="seconds per GPT variant process")
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run of the whole script on the CPU")
     ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     ap.add_argument("--shape", default="gpt2s", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    global DEV
+    DEV = a.device
     if a.variant:
         print("RESULT " + json.dumps(run_variant(a.variant, a.shape, a.steps)))
         return
-    print(torch.__version__, torch.cuda.get_device_name(0))
+    print(torch.__version__, torch.cuda.get_device_name(0) if on_gpu() else DEV, flush=True)
     t = time.time()
     for part in a.parts:
         t0 = time.time()
-        {"ops": op_tables, "attn": attention_check,
-         "gpt": lambda: gpt_table("small" if a.small else "gpt2s", a.steps, a.peak_tflops, a.timeout)}[part]()
-        print(f"  ({part}: {time.time() - t0:.1f}s)")
+        try:
+            {"ops": op_tables, "attn": attention_check, "exec": lambda: executors_check(a.steps),
+             "gpt": lambda: gpt_table("small" if a.small else "gpt2s", a.steps, a.peak_tflops, a.timeout)}[part]()
+        except Exception:  # the other parts still run; this one's traceback is the figure
+            traceback.print_exc()
+        print(f"  ({part}: {time.time() - t0:.1f}s)", flush=True)
     print(f"total {time.time() - t:.1f}s")
 
 
