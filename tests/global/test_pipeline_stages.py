@@ -60,6 +60,34 @@ def test_in_flight_micro_batches_are_bounded_by_register_counts(schedule, m, bou
     assert s0["in_flight"] == s1["in_flight"] == 0
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+def test_gradient_sums_reuse_one_buffer_across_steps_and_equal_full_batch(schedule, opt, monkeypatch):
+    """The update sums each step's micro-batch gradients into the tensors of the previous step
+    (no fresh gradient-sized tensor per step; ZB-H1's deferred weight gradients: the weight-gradient
+    task's own sums, handed over as they are); 4 steps of SGD with momentum / AdamW still equal
+    single-process full-batch training, so no step reads another's gradients."""
+    from holoflow.graph import pipeline_run
+    handed: dict = {}   # per update actor: the sums handed to the update program, per step (kept alive)
+    orig = pipeline_run._acc_fn
+
+    def spy(entry, m, n_sum, owned=frozenset()):
+        key = object()
+
+        def entry_spy(*vals):
+            handed.setdefault(key, []).append(vals[:n_sum])
+            return entry(*vals)
+        return orig(entry_spy, m, n_sum, owned)
+    monkeypatch.setattr(pipeline_run, "_acc_fn", spy)
+    want, want_losses = F.reference(steps=4, opt=opt)
+    res = world.simulate(2, lambda r: F.pipelined(r, INIT, steps=4, m=4, opt=opt, schedule=schedule))
+    _check(res, want, want_losses)
+    assert len(handed) == 2   # one update actor per stage
+    for steps in handed.values():
+        assert len(steps) == 4 and len(steps[0]) >= 2
+        assert all(a is b for s in steps for a, b in zip(s, steps[0]))   # the same tensors every step
+
+
 def test_pp2_x_dp2_on_four_ranks_equals_full_batch():
     want, want_losses = F.reference(steps=3)
     res = world.simulate(4, lambda r: F.pipelined(r, INIT, steps=3, m=2, dp=2))

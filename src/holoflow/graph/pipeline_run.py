@@ -292,7 +292,9 @@ class PipelineCompiled:
             uprog = program(IRGraph(ins, loc.state, tuple(u_local), (), u_updates))
             sources.append(uprog.source)
             entry = uprog.load()["program"]
-            specs.append(TaskSpec("update", "update", _acc_fn(entry, self.m, len(acc_sum)),
+            w_made = {name(v) for v in wt.outputs} if wt is not None else set()
+            owned = frozenset(i for i, v in enumerate(ins[:len(acc_sum)]) if name(v) in w_made)
+            specs.append(TaskSpec("update", "update", _acc_fn(entry, self.m, len(acc_sum), owned),
                                   tuple(name(v) for v in ins), (), meta={"phase": "U"}))
         self._feed_names = [name(loc.feeds[j]) for j in range(len(rg.feeds))]
         self._out_names = {i: name(L[self.logical.outputs[i]]) for i in rg.outputs}
@@ -595,25 +597,45 @@ def _send_fn(comm: Any, dst: int, src: int, tag: int):
     return send
 
 
-def _acc_fn(entry: Any, m: int, n_sum: int):
+def _acc_fn(entry: Any, m: int, n_sum: int, owned: frozenset = frozenset()):
     """The update actor: sums the first ``n_sum`` values over the step's micro-batches (keeps the
-    last of the rest) and runs the update program after the last micro-batch."""
-    state: dict = {"k": 0, "buf": None}
+    last of the rest) and runs the update program after the last micro-batch.
+
+    The sums live in tensors kept from step to step (``update.sums``), as eager's ``.grad``: a
+    step's first value of each is copied into the one the last step used (``_into``), not into a
+    fresh tensor — a fresh gradient-sized allocation each step cost the update thread page faults
+    that competed with compute. Indices in ``owned`` arrive once per step as a sum their producer
+    keeps for this actor (the deferred weight gradients' ``_wgrad_fn``): taken as they are. The
+    update program may change the sums in place (unscaling, clipping); the next step overwrites
+    them, and the runtime finishes a step's update before the next step's first act."""
+    state: dict = {"k": 0, "got": [False] * n_sum}
+    sums: list = [None] * n_sum
 
     def update(*vals) -> tuple:
         k = state["k"]
         state["k"] = (k + 1) % m
-        if k == 0:
-            state["buf"] = [None] * n_sum
-        buf = state["buf"]
+        got = state["got"]
         for i, v in enumerate(vals[:n_sum]):
-            if v is not None:    # None: nothing yet (a deferred weight gradient comes later)
-                buf[i] = v.clone() if buf[i] is None else buf[i].add_(v)
+            if v is None:        # nothing yet (a deferred weight gradient comes later)
+                continue
+            if got[i]:
+                sums[i].add_(v)
+            else:
+                sums[i] = v if i in owned else _into(sums[i], v)
+                got[i] = True
         if k == m - 1:
-            entry(*state["buf"], *vals[n_sum:])
-            state["buf"] = None
+            entry(*(t if g else None for t, g in zip(sums, got)), *vals[n_sum:])
+            state["got"] = [False] * n_sum
         return ()
+    update.sums = sums   # for tests: the same tensors every step
     return update
+
+
+def _into(buf: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor:
+    """``v`` copied into ``buf`` when it has ``v``'s shape, dtype and device (else a clone)."""
+    if buf is not None and buf.shape == v.shape and buf.dtype == v.dtype and buf.device == v.device:
+        return buf.copy_(v)
+    return v.clone()
 
 
 def _act_bytes(tasks: list, state: set) -> int:
@@ -634,7 +656,8 @@ def _wgrad_fn(fn: Any, m: int, n_out: int, mem: dict, lock: Any, sizes: deque):
     """Zero-bubble (ZB-H1) weight gradients of one micro-batch per act (deferred: the stage's act
     order puts them where it would idle); summed here and handed to the update task once, after
     the step's last micro-batch (None before)."""
-    state: dict = {"k": 0, "sum": None}
+    state: dict = {"k": 0}
+    sums: list = [None] * n_out   # kept from step to step (see ``_acc_fn``), handed to it as they are
 
     def wgrad(*args) -> tuple:
         k = state["k"]
@@ -645,10 +668,10 @@ def _wgrad_fn(fn: Any, m: int, n_out: int, mem: dict, lock: Any, sizes: deque):
             mem["bytes"] -= nb
             mem["w_bytes"] -= nb
             mem["w_waiting"] -= 1
-        s = state["sum"]
-        state["sum"] = [o.clone() for o in out] if s is None else [a.add_(o) for a, o in zip(s, out)]
+        for i, o in enumerate(out):
+            sums[i] = _into(sums[i], o) if k == 0 else sums[i].add_(o)
         if k != m - 1:
             return (None,) * n_out
-        out, state["sum"] = state["sum"], None
-        return tuple(out)
+        return tuple(sums)
+    wgrad.sums = sums   # for tests: the same tensors every step
     return wgrad
