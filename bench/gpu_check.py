@@ -16,6 +16,7 @@
     PYTHONPATH=src:tests python bench/gpu_check.py attn gpt        # parts: ops, attn, gpt
     PYTHONPATH=src:tests python bench/gpu_check.py gpt --small     # GPT-mini shapes (a quick try)
     PYTHONPATH=src:tests python bench/gpu_check.py --device cpu --small   # a dry run of the script, no GPU
+    PYTHONPATH=src:tests python bench/gpu_check.py profile            # where each variant's step time goes
 
 MFU counts 6 N + 12 L T d flops per token (N: parameters without the position embedding, the
 tied head once; PaLM's estimate, as nanoGPT) against ``--peak-tflops`` (989: H100/H200 SXM dense
@@ -250,6 +251,8 @@ def run_variant(variant: str, shape: str, steps: int) -> dict:
     losses = [float(step().detach()) for _ in range(3)]
     sync()
     first = time.perf_counter() - t0
+    if PROFILE:
+        return profile_steps(variant, step)
     if on_gpu():
         torch.cuda.reset_peak_memory_stats()
     for _ in range(2):
@@ -263,6 +266,52 @@ def run_variant(variant: str, shape: str, steps: int) -> dict:
     peak = torch.cuda.max_memory_allocated() if on_gpu() else 1
     return dict(variant=variant, ms=ms, peak=peak, losses=losses, first_s=first,
                 flops=gpt_flops_per_step(s, n_params), params=n_params)
+
+
+PROFILE = False   # --profile: run_variant reports where a step's time goes instead of timing it
+
+
+def profile_steps(variant: str, step, n: int = 5) -> dict:
+    """Where a step's time goes: wall ms/step (synchronized), the host's ms/step to enqueue it (no
+    synchronization: equal to the wall time when the host is the bottleneck), and, from
+    torch.profiler over ``n`` steps, device-kernel ms/step, kernels/step and the top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    host = (time.perf_counter() - t0) / n * 1e3
+    sync()
+    wall = (time.perf_counter() - t0) / n * 1e3
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        sync()
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
+    total = sum(e.self_device_time_total for e in kernels) / 1e3 / n
+    count = sum(e.count for e in kernels) / n
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:14]
+    return dict(variant=variant, wall=wall, host=host, kernel_ms=total, kernels=count,
+                top=[(e.key[:90], e.self_device_time_total / 1e3 / n, e.count / n) for e in top])
+
+
+def profile_table(shape: str, timeout: int, variants=("torch_eager", "holoflow_eager", "holoflow_graph")) -> None:
+    for v in variants:
+        cmd = [sys.executable, __file__, "--variant", v, "--shape", shape, "--device", DEV, "--profile"]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ)
+        except subprocess.TimeoutExpired:
+            print(f"  {v}: timed out after {timeout}s")
+            continue
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        if p.returncode or not line:
+            print(f"  {v}: failed (rc {p.returncode}): {(p.stderr or p.stdout).strip()[-1500:]}")
+            continue
+        r = json.loads(line[-1][7:])
+        print(f"profile {v} ({shape}): wall {r['wall']:.2f} ms/step, host enqueue {r['host']:.2f} ms/step, "
+              f"device kernels {r['kernel_ms']:.2f} ms/step in {r['kernels']:.0f} kernels", flush=True)
+        for name, ms, c in r["top"]:
+            print(f"    {ms:7.3f} ms {c:6.1f}x  {name}")
 
 
 def gpt_table(shape: str, steps: int, peak_tflops: float, timeout: int) -> None:
@@ -311,11 +360,12 @@ def main() -> None:
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--timeout", type=int, default=300, help="seconds per GPT variant process")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the whole script on the CPU")
+    ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     ap.add_argument("--shape", default="gpt2s", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    global DEV
-    DEV = a.device
+    global DEV, PROFILE
+    DEV, PROFILE = a.device, a.profile
     if a.variant:
         print("RESULT " + json.dumps(run_variant(a.variant, a.shape, a.steps)))
         return
@@ -325,6 +375,7 @@ def main() -> None:
         t0 = time.time()
         try:
             {"ops": op_tables, "attn": attention_check, "exec": lambda: executors_check(a.steps),
+             "profile": lambda: profile_table("small" if a.small else "gpt2s", a.timeout),
              "gpt": lambda: gpt_table("small" if a.small else "gpt2s", a.steps, a.peak_tflops, a.timeout)}[part]()
         except Exception:  # the other parts still run; this one's traceback is the figure
             traceback.print_exc()

@@ -18,6 +18,8 @@ import itertools
 import time
 from typing import Any, Iterable, Iterator
 
+import torch
+
 from ..core import grad_mode
 from ..core.errors import HoloflowError, UnsupportedError
 from ..core.tensor import Tensor
@@ -202,7 +204,7 @@ class Graph:
     def _compile(self, leaves: list, spec) -> Compiled:
         t0 = time.perf_counter()
         tracer = Tracer(self._state_names())
-        dev = next((x._data.device for x in leaves if isinstance(x, Tensor)), None)
+        dev = self._device(leaves)
         tracer.device_type = dev.type if dev is not None else "cpu"
         # stages, or micro-batches of a global graph: graph/pipeline.py (traced on one micro-batch)
         stages = pipeline.resolve_stages(self)
@@ -210,7 +212,10 @@ class Graph:
         piped = stages is not None or (m > 1 and any(
             x._global is not None for x in (*leaves, *self._all_params()) if isinstance(x, Tensor)))
         traced = pipeline.micro_protos(leaves, m) if m > 1 else leaves   # traced on one micro-batch
-        lazy = [tracer.feed(x, f"input{i}") if isinstance(x, Tensor) else x for i, x in enumerate(traced)]
+        # a local host feed of an accelerator graph is traced on that device: the plan's copy
+        # stream moves it there (graph/cuda_streams.py), so ``x.device`` in build() names it
+        lazy = [tracer.feed(x, f"input{i}", dev if dev is not None and dev.type != "cpu" else None)
+                if isinstance(x, Tensor) else x for i, x in enumerate(traced)]
         args, kwargs = unflatten(lazy, spec)
         scale = self._scale_tensor(dev)
         hooks = self._scope_hooks(tracer) + (pipeline.stage_hooks(self, stages) if stages is not None else [])
@@ -334,6 +339,14 @@ class Graph:
                 if tracer is not None:
                     tracer.pp_mark = len(tracer.nodes)   # what follows reads backward's results
         return rule
+
+    def _device(self, leaves: list) -> torch.device | None:
+        """The device the graph computes on: its parameters' accelerator if they are on one, else
+        the first input tensor's (None without tensors)."""
+        for p in self._all_params():
+            if p._data.device.type not in ("cpu", "meta"):
+                return p._data.device
+        return next((x._data.device for x in leaves if isinstance(x, Tensor)), None)
 
     def _all_params(self) -> list:
         seen, out = set(), []

@@ -4,6 +4,8 @@ is recorded as an IR node (docs/architecture.md, "Graph"). The same grad rules a
 graph."""
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import sys
 from typing import Any
@@ -132,10 +134,13 @@ class Tracer(Interpreter):
         self.device_type: str | None = None     # the feeds' device type: autocast reads its policy
 
     # -- values --------------------------------------------------------------------------------
-    def feed(self, x: Tensor, name: str) -> Tensor:
+    def feed(self, x: Tensor, name: str, device: torch.device | None = None) -> Tensor:
         """A lazy tensor standing for graph input ``x`` (a global input keeps its placement and
-        SBP, with its logical shape)."""
+        SBP, with its logical shape); a local one on the host is taken as on ``device`` if given
+        (the plan copies it there)."""
         v = _value_like(x, name)
+        if device is not None and x._global is None and v.device.type == "cpu":
+            v = dataclasses.replace(v, device=device)
         self.feeds.append(v)
         t = self.lazy_tensor(torch.empty(v.shape, dtype=v.dtype, device="meta"), v)
         if x._global is not None:
