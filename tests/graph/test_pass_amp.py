@@ -107,3 +107,49 @@ def test_promote_keep_float64_and_update_writeback():
     x64, y64 = Value((3, 3), torch.float64), Value((3, 3), torch.float64)
     g64 = check(IR((x64,), (), (Node("matmul", (x64, x64), {}, (y64,)),), (y64,)))
     assert amp(g64, Cfg()).nodes == g64.nodes                  # float64 is never lowered
+
+
+class _Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 6, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).float().pow(2).mean()
+
+
+def test_attention_backward_runs_in_the_amp_dtype_with_its_logsumexp_in_float32():
+    """The attention backward reads the forward's low-precision q, k, v (as eager autocast's saved
+    tensors are), not the float32 values before the casts, and keeps the float32 logsumexp; the
+    gradients equal eager autocast's."""
+    flow.manual_seed(0)
+    m1 = _Attn()
+    m2 = _Attn()
+    m2.load_state_dict(m1.state_dict())
+    x = flow.randn(2, 6, 16)
+
+    class G(Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m1
+            self.add_optimizer(flow.optim.SGD(m1.parameters(), lr=1.0))
+            self.config.enable_amp(True, dtype=flow.bfloat16)
+
+        def build(self, x):
+            loss = self.m(x)
+            loss.backward()
+            return loss
+    g = G()
+    g(x)
+    ir = next(iter(g._compiled.values())).ir
+    (bwd,) = [n for n in ir.nodes if n.op == "scaled_dot_product_attention_fused_backward"]
+    assert [v.dtype for v in bwd.inputs[1:6]] == [BF16, BF16, BF16, BF16, torch.float32]
+    w0 = m2.qkv.weight.to_torch().clone()
+    opt = flow.optim.SGD(m2.parameters(), lr=1.0)
+    with autocast("cpu", dtype=flow.bfloat16):
+        loss = m2(x)
+    loss.backward()
+    opt.step()
+    assert (m1.qkv.weight.to_torch() - w0).abs().max() > 1e-3      # the step moved the weights
+    torch.testing.assert_close(m1.qkv.weight.to_torch(), m2.qkv.weight.to_torch(), rtol=0, atol=1e-6)

@@ -85,7 +85,8 @@ class Autocast(Interpreter):
         if kind is None:
             return inputs
         if kind == LOWER:
-            return tuple(self._to(x, low, devtype, _eligible_for_lower) for x in inputs)
+            return tuple(x if i in op.amp_keep else self._to(x, low, devtype, _eligible_for_lower)
+                         for i, x in enumerate(inputs))
         if kind == FP32:
             if op.name in OPT_DTYPE and attrs.get("dtype") is not None:
                 return inputs

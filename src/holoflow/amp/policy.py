@@ -20,7 +20,8 @@ LOWER, FP32, PROMOTE = "lower", "fp32", "promote"
 _MATMUL_CONV = """
 conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d conv_transpose3d convolution
 prelu addmm addbmm baddbmm bmm mm matmul linear linalg_vecdot scaled_dot_product_attention
-scaled_dot_product_attention_dropout
+scaled_dot_product_attention_dropout scaled_dot_product_attention_backward
+scaled_dot_product_attention_fused_backward
 einsum
 linear_grad_input linear_grad_weight matmul_grad_a matmul_grad_b convolution_backward
 """

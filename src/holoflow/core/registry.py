@@ -90,6 +90,9 @@ class Op:
     # ``output_mask`` switches per output, so it can run as two nodes (zero-bubble pipelines
     # defer the weight part: graph/passes/stages.py)
     mask_split: bool = False
+    # amp_keep: input positions that mixed precision never casts (a float32 logsumexp that a
+    # low-precision backward reads with its low-precision inputs)
+    amp_keep: tuple[int, ...] = ()
     out_type: Any = field(default=None, repr=False)
     defaults: dict = field(default_factory=dict, repr=False)
 

@@ -229,7 +229,7 @@ SDPA_BWD = defop("scaled_dot_product_attention_backward",
                  _sdpa_bwd_kernel(dy, q, k, v, mask, keep, is_causal, scale),
                  grad=_no_double, sbp=_sdpa_bwd_sbp, family="attention")
 SDPA_FUSED_BWD = defop("scaled_dot_product_attention_fused_backward", _sdpa_fused_bwd_kernel, grad=_no_double,
-                       sbp=_sdpa_fused_bwd_sbp, family="attention")
+                       sbp=_sdpa_fused_bwd_sbp, family="attention", amp_keep=(5,))
 SDPA = defop("scaled_dot_product_attention", _sdpa_kernel, grad=_sdpa_grad, save="both", sbp=_sdpa_sbp,
              outputs=("out", "logsumexp"), grad_reads=(0,), family="attention")
 SDPA_DROPOUT = defop("scaled_dot_product_attention_dropout", _sdpa_dropout_kernel, grad=_sdpa_dropout_grad,

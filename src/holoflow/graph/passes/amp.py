@@ -56,7 +56,8 @@ class _Rewriter:
             return ins
         kind = POLICIES.get(vals[0].device.type, POLICIES["cuda"]).get(n.op)
         if kind == LOWER:
-            return [self.cast(x, self.low, n) if _lowerable(x) else x for x in ins]
+            keep = REGISTRY[n.op].amp_keep
+            return [self.cast(x, self.low, n) if _lowerable(x) and i not in keep else x for i, x in enumerate(ins)]
         if kind == FP32 and n.attrs.get("dtype") is None:  # an explicit output dtype wins
             return [self.cast(x, torch.float32, n) if _is_low(x) else x for x in ins]
         if kind == PROMOTE:
