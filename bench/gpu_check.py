@@ -161,7 +161,7 @@ def executors_check(steps: int) -> None:
     if on_gpu():
         host = [t.pin_memory() for t in host]
     results = {}
-    for ex, where in (("actor", "device"), ("sequential", "device"), ("actor", "host")):
+    for ex, where in (("actor", "device"), ("sequential", "device"), ("actor", "host"), ("sequential", "again")):
         flow.manual_seed(0)
         m = gpt.build(flow)(s["V"], s["T"], s["L"], s["D"], s["H"]).to(DEV)
         opt = flow.optim.AdamW(m.parameters(), lr=1e-4)
@@ -179,7 +179,7 @@ def executors_check(steps: int) -> None:
                 loss.backward()
                 return loss
         g = Train()
-        x, y = (flow.from_torch(t.to(DEV) if where == "device" else t) for t in host)
+        x, y = (flow.from_torch(t if where == "host" else t.to(DEV)) for t in host)
         losses = [g(x, y).to_torch().float().cpu() for _ in range(3)]
         params = [p.to_torch().detach().float().cpu().clone() for p in m.parameters()]
         for _ in range(2):
@@ -191,9 +191,14 @@ def executors_check(steps: int) -> None:
         sync()
         results[ex, where] = ((time.perf_counter() - t0) / steps * 1e3, losses, params)
     a, q = results["actor", "device"], results["sequential", "device"]
-    same = all(torch.equal(u, v) for u, v in zip(a[1] + a[2], q[1] + q[2]))
-    print(f"nn.Graph on {DEV} (GPT L={s['L']} d={s['D']} T={s['T']} B={s['B']}, bf16 autocast): "
-          f"actor runtime = sequential executor bit for bit: {same} (losses {[round(float(v), 5) for v in a[1]]})")
+    def diff(r1, r2) -> str:
+        same = all(torch.equal(u, v) for u, v in zip(r1[1] + r1[2], r2[1] + r2[2]))
+        worst = max((u - v).abs().max().item() for u, v in zip(r1[1] + r1[2], r2[1] + r2[2]))
+        return f"{'bit for bit' if same else 'NOT bit for bit'} (max |diff| {worst:.3g})"
+    again = results.pop(("sequential", "again"))
+    print(f"nn.Graph on {DEV} (GPT L={s['L']} d={s['D']} T={s['T']} B={s['B']}, bf16 autocast), losses "
+          f"{[round(float(v), 5) for v in a[1]]}:\n  actor runtime vs sequential executor: {diff(a, q)}; "
+          f"sequential run twice (the kernels' own determinism): {diff(q, again)}")
     for (ex, where), (ms, _, _) in results.items():
         print(f"  {ex:<10} batch on {where:<6}: {ms:8.2f} ms/step")
     print(f"  actor / sequential = {a[0] / q[0]:.3f} (target <= 1.05); actor host batch / device batch = "
@@ -287,12 +292,39 @@ def profile_steps(variant: str, step, n: int = 5) -> dict:
         for _ in range(n):
             step()
         sync()
+    syncs = sync_points(step) if on_gpu() else []
     kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
     total = sum(e.self_device_time_total for e in kernels) / 1e3 / n
     count = sum(e.count for e in kernels) / n
     top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:14]
     return dict(variant=variant, wall=wall, host=host, kernel_ms=total, kernels=count,
-                top=[(e.key[:90], e.self_device_time_total / 1e3 / n, e.count / n) for e in top])
+                top=[(e.key[:90], e.self_device_time_total / 1e3 / n, e.count / n) for e in top], syncs=syncs)
+
+
+def sync_points(step) -> list[str]:
+    """The host-device synchronizations one step makes (torch's sync debug mode), each as the
+    innermost frames of the project's code that asked for it, with how many times."""
+    import collections
+    import traceback
+    import warnings
+    seen: collections.Counter = collections.Counter()
+
+    def hook(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "/holoflow/" in f.filename or "gpu_check" in f.filename]
+        seen[" <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in frames[-4:][::-1])] += 1
+    old = warnings.showwarning
+    warnings.showwarning = hook
+    torch.cuda.set_sync_debug_mode(1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = hook
+            step()
+            sync()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        warnings.showwarning = old
+    return [f"{c}x {k}" for k, c in seen.most_common(8)]
 
 
 def profile_table(shape: str, timeout: int, variants=("torch_eager", "holoflow_eager", "holoflow_graph")) -> None:
@@ -312,6 +344,9 @@ def profile_table(shape: str, timeout: int, variants=("torch_eager", "holoflow_e
               f"device kernels {r['kernel_ms']:.2f} ms/step in {r['kernels']:.0f} kernels", flush=True)
         for name, ms, c in r["top"]:
             print(f"    {ms:7.3f} ms {c:6.1f}x  {name}")
+        print(f"  host-device synchronizations in one step: {len(r['syncs'])} places")
+        for where in r["syncs"]:
+            print(f"    {where}")
 
 
 def gpt_table(shape: str, steps: int, peak_tflops: float, timeout: int) -> None:
