@@ -102,12 +102,16 @@ def tolerances(case: Case, dtype) -> dict:
             "rtol": case.rtol if case.rtol is not None and dtype != F64 else rtol}
 
 
-def assert_close(got, want, tol: dict, what: str) -> None:
+def assert_close(got, want, tol: dict, what: str, values: bool = True) -> None:
+    """Shapes, dtypes, devices and (unless ``values`` is false: meta tensors hold none) values."""
     got, want = as_torch(got), as_torch(want)
     if isinstance(want, torch.Tensor):
         assert isinstance(got, torch.Tensor), f"{what}: expected a tensor, got {type(got)}"
         assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != torch {tuple(want.shape)}"
         assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != torch {want.dtype}"
+        assert got.device == want.device, f"{what}: device {got.device} != torch {want.device}"
+        if not values:
+            return
         if want.is_floating_point() or want.is_complex():
             torch.testing.assert_close(got, want, equal_nan=True, **tol, msg=lambda m: f"{what}: {m}")
         else:
@@ -115,15 +119,41 @@ def assert_close(got, want, tol: dict, what: str) -> None:
     elif isinstance(want, (list, tuple)):
         assert len(got) == len(want), f"{what}: {len(got)} outputs != torch {len(want)}"
         for i, (g, w) in enumerate(zip(got, want)):
-            assert_close(g, w, tol, f"{what}[{i}]")
-    else:
+            assert_close(g, w, tol, f"{what}[{i}]", values)
+    elif values or not isinstance(got, (torch.Tensor, flow.Tensor)):
         assert got == want, f"{what}: {got!r} != torch {want!r}"
 
 
-def run_case(case: Case, dtype) -> None:
-    """Forward values and dtypes, then input gradients for a random upstream gradient."""
+def to_device(x, device):
+    """``make``'s (args, kwargs) with every torch tensor moved to ``device``."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_device(v, device) for v in x)
+    if isinstance(x, dict):
+        return {k: to_device(v, device) for k, v in x.items()}
+    return x
+
+
+def device_of(x) -> torch.device:
+    """The device of the first tensor in ``x`` (the case's inputs), else the CPU."""
+    ts = [t for t in leaves(x) if isinstance(t, torch.Tensor)]
+    return ts[0].device if ts else torch.device("cpu")
+
+
+def run_case(case: Case, dtype, device=None) -> None:
+    """Forward values and dtypes, then input gradients for a random upstream gradient.
+
+    ``device``: the case's inputs are moved there first (default: where ``make`` put them). Every
+    tensor the harness creates follows the inputs' device; on "meta" (no data) shapes, dtypes and
+    devices are compared, values are not.
+    """
     gen = torch.Generator().manual_seed(0)
     args, kwargs = case.make(dtype, gen)
+    if device is not None:
+        args, kwargs = to_device(args, device), to_device(kwargs, device)
+    dev = device_of((args, kwargs))
+    values = dev.type != "meta"
     fargs, fkw = to_flow(args, case.grad), to_flow(kwargs, case.grad)
     targs, tkw = to_torch_leaf(args, case.grad), to_torch_leaf(kwargs, case.grad)
     if case.random:
@@ -135,7 +165,7 @@ def run_case(case: Case, dtype) -> None:
         got = case.flow_fn(*fargs, **fkw)
         want = case.torch_fn(*targs, **tkw)
     tol = tolerances(case, dtype)
-    assert_close(got, want, tol, f"{case.name} forward")
+    assert_close(got, want, tol, f"{case.name} forward", values)
     if not case.grad:
         return
     t_outs = [o for o in leaves(want) if o.requires_grad]
@@ -145,15 +175,19 @@ def run_case(case: Case, dtype) -> None:
     assert len(f_outs) == len(t_outs), f"{case.name}: {len(f_outs)} differentiable outputs vs torch {len(t_outs)}"
     if not t_outs or not t_ins:
         return
+    # drawn on the CPU (the same numbers whatever the device), then moved to each output's device
     ups = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype).to(o.device) for o in t_outs]
     t_grads = torch.autograd.grad(t_outs, t_ins, ups, allow_unused=True)
     f_grads = flow.autograd.grad(f_outs, f_ins, [flow.from_torch(u) for u in ups], allow_unused=True)
     for i, (fg, tg) in enumerate(zip(f_grads, t_grads)):
         if tg is None:
-            assert fg is None or torch.count_nonzero(fg.to_torch()) == 0, f"{case.name}: grad {i} should be None/zero"
+            assert fg is None or fg.device == f_ins[i].device, f"{case.name}: grad {i} on {fg.device}, input on {f_ins[i].device}"
+            assert fg is None or not values or torch.count_nonzero(fg.to_torch()) == 0, \
+                f"{case.name}: grad {i} should be None/zero"
             continue
         assert fg is not None, f"{case.name}: holoflow gave no gradient for input {i}"
-        assert_close(fg, tg, tol, f"{case.name} grad of input {i}")
+        assert_close(fg, tg, tol, f"{case.name} grad of input {i}", values)
+        assert tg.device == t_ins[i].device, f"{case.name}: torch's grad {i} on {tg.device}, input on {t_ins[i].device}"
 
 
 def gradcheck(case: Case, eps: float = 1e-6, trials: int = 2) -> None:
@@ -166,8 +200,8 @@ def gradcheck(case: Case, eps: float = 1e-6, trials: int = 2) -> None:
         outs = [o for o in leaves(case.flow_fn(*fargs, **fkw)) if o.requires_grad]
         if not outs:
             return
-        vs = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in outs]
-        us = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in ins]
+        vs = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.to_torch().device) for o in outs]
+        us = [torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x.to_torch().device) for x in ins]
         grads = flow.autograd.grad(outs, ins, [flow.from_torch(v) for v in vs], allow_unused=True)
         analytic = sum(float((g.to_torch() * u).sum()) for g, u in zip(grads, us) if g is not None)
 
@@ -210,7 +244,7 @@ def shard(x: torch.Tensor, sbp, p: int, gen: torch.Generator) -> list:
         return list(torch.tensor_split(x, p, dim=sbp.axis))
     if sbp == B:
         return [x] * p
-    parts = [torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x.dtype) for _ in range(p - 1)]
+    parts = [torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x.dtype).to(x.device) for _ in range(p - 1)]
     return parts + [x - sum(parts)]
 
 

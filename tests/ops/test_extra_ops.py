@@ -66,15 +66,15 @@ P["diag_embed-offset-dims"] = (lambda L, x: x.diag_embed(1, 0, 2), _n((2, 3)))
 P["block_diag"] = (lambda L, a, b, c: L.block_diag(a, b, c), _n((2, 3), (1,), (2, 2)))
 P["cartesian_prod"] = (lambda L, a, b: L.cartesian_prod(a, b), _n((3,), (2,)))
 P["cov"] = (lambda L, x: L.cov(x), _n((3, 6)))
-P["cov-weights"] = (lambda L, x, a: x.cov(correction=0, fweights=L.tensor([1, 2, 1, 3, 1]), aweights=a),
+P["cov-weights"] = (lambda L, x, a: x.cov(correction=0, fweights=L.tensor([1, 2, 1, 3, 1], device=x.device), aweights=a),
                     _n((2, 5), (5,), low=0.5))
 P["corrcoef"] = (lambda L, x: x.corrcoef(), _n((3, 6)))
 P["renorm"] = (lambda L, x: L.renorm(x, 2, 0, 1.0), _n((4, 3)))
 P["renorm-p1-dim1"] = (lambda L, x: x.renorm(1, 1, 0.5), _n((4, 3)))
-P["index_copy"] = (lambda L, x, s: L.index_copy(x, 1, L.tensor([3, 0]), s), _n((3, 4), (3, 2)))
-P["index_copy-method"] = (lambda L, x, s: x.index_copy(0, L.tensor([2, 1]), s), _n((3, 4), (2, 4)))
+P["index_copy"] = (lambda L, x, s: L.index_copy(x, 1, L.tensor([3, 0], device=x.device), s), _n((3, 4), (3, 2)))
+P["index_copy-method"] = (lambda L, x, s: x.index_copy(0, L.tensor([2, 1], device=x.device), s), _n((3, 4), (2, 4)))
 P["masked_scatter"] = (lambda L, x, s: L.masked_scatter(x, x > 0, s), _n((3, 4), (12,)))
-P["masked_scatter-broadcast"] = (lambda L, x, s: x.masked_scatter(L.tensor([True, False, True, False]), s),
+P["masked_scatter-broadcast"] = (lambda L, x, s: x.masked_scatter(L.tensor([True, False, True, False], device=x.device), s),
                                  _n((3, 4), (2, 4)))
 for red in ("sum", "prod", "mean", "amax", "amin"):
     for inc in (True, False):

@@ -179,28 +179,30 @@ CASES += [
 _G = torch.Generator().manual_seed(3)
 CASES += [
     Case("getitem_backward", lambda d: apply(I.GETITEM_BACKWARD, d, spec=(slice(None), 1, slice(0, 4, 2)), shape=(3, 4, 5)),
-         lambda d: torch.zeros(3, 4, 5, dtype=d.dtype).index_put((torch.arange(3)[:, None], torch.tensor(1), torch.tensor([0, 2])), d),
+         lambda d: torch.zeros(3, 4, 5, dtype=d.dtype, device=d.device).index_put(
+             (torch.arange(3, device=d.device)[:, None], torch.tensor(1, device=d.device),
+              torch.tensor([0, 2], device=d.device)), d),
          one(3, 2)),
     Case("index_backward", lambda d, i: apply(I.INDEX_BACKWARD, d, i, spec=(slice(None), "T"), shape=(3, 4, 2)),
-         lambda d, i: torch.zeros(3, 4, 2, dtype=d.dtype).index_add(1, i.reshape(-1), d.reshape(3, -1, 2)),
+         lambda d, i: torch.zeros(3, 4, 2, dtype=d.dtype, device=d.device).index_add(1, i.reshape(-1), d.reshape(3, -1, 2)),
          lambda dt, g: ((randn(3, 2, 3, 2, gen=g, dtype=dt), torch.tensor([[0, 3, 3], [1, 0, 3]])), {})),
     Case("index_backward-mask", lambda d, m: apply(I.INDEX_BACKWARD, d, m, spec=("T",), shape=(3, 4)),
-         lambda d, m: torch.zeros(3, 4, dtype=d.dtype).masked_scatter(m, d),
+         lambda d, m: torch.zeros(3, 4, dtype=d.dtype, device=d.device).masked_scatter(m, d),
          lambda dt, g: ((randn(int(MASK.sum()), gen=g, dtype=dt), MASK), {})),
     Case("gather_backward", lambda d, i: apply(SC.GATHER_BACKWARD, d, i, dim=1, shape=(3, 4)),
-         lambda d, i: torch.zeros(3, 4, dtype=d.dtype).scatter_add(1, i, d),
+         lambda d, i: torch.zeros(3, 4, dtype=d.dtype, device=d.device).scatter_add(1, i, d),
          lambda dt, g: ((randn(3, 6, gen=g, dtype=dt), torch.randint(0, 4, (3, 6), generator=g)), {})),
     Case("index_select_backward", lambda d, i: apply(SC.INDEX_SELECT_BACKWARD, d, i, dim=1, shape=(3, 4)),
-         lambda d, i: torch.zeros(3, 4, dtype=d.dtype).index_add(1, i, d),
+         lambda d, i: torch.zeros(3, 4, dtype=d.dtype, device=d.device).index_add(1, i, d),
          lambda dt, g: ((randn(3, 5, gen=g, dtype=dt), idx(3, 0, 3, 1, 0)), {})),
     Case("masked_select_backward", lambda d, m: apply(I.MASKED_SELECT_BACKWARD, d, m, shape=(3, 4)),
-         lambda d, m: torch.zeros(3, 4, dtype=d.dtype).masked_scatter(m, d),
+         lambda d, m: torch.zeros(3, 4, dtype=d.dtype, device=d.device).masked_scatter(m, d),
          lambda dt, g: ((randn(int(MASK.sum()), gen=g, dtype=dt), MASK), {})),
     Case("diagonal_backward", lambda d: apply(SH.DIAGONAL_BACKWARD, d, shape=(3, 4, 5), offset=1, dim1=0, dim2=2),
-         lambda d: torch.diagonal_scatter(torch.zeros(3, 4, 5, dtype=d.dtype), d, 1, 0, 2), one(4, 3)),
+         lambda d: torch.diagonal_scatter(torch.zeros(3, 4, 5, dtype=d.dtype, device=d.device), d, 1, 0, 2), one(4, 3)),
     Case("pad_backward", lambda d: apply(SH.PAD_BACKWARD, d, pad=(2, 1, 1, 0), mode="reflect"),
          lambda d: torch.autograd.grad(torch.nn.functional.pad(
-             x := torch.zeros(2, 3, 4, dtype=d.dtype, requires_grad=True), (2, 1, 1, 0), "reflect"), x, d,
+             x := torch.zeros(2, 3, 4, dtype=d.dtype, device=d.device, requires_grad=True), (2, 1, 1, 0), "reflect"), x, d,
              create_graph=True)[0], one(2, 4, 7)),
 ]
 

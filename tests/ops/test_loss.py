@@ -33,7 +33,7 @@ def _ce(x_shape, kind="index", weight=False, ignore=False):
 def _wt(lib, x, w):
     if isinstance(w, str):
         c = x.shape[1] if x.dim() > 1 else x.shape[0]
-        return lib.linspace(0.5, 2.0, c, dtype=x.dtype)
+        return lib.linspace(0.5, 2.0, c, dtype=x.dtype, device=x.device)
     return w
 
 
@@ -101,7 +101,7 @@ def _logits_w(dt, g):
 
 
 def _w(lib, x):  # torch's bce weight is not differentiable: built inside the call
-    return lib.linspace(0.5, 2.0, 3, dtype=x.dtype)
+    return lib.linspace(0.5, 2.0, 3, dtype=x.dtype, device=x.device)
 
 
 def _kl(log_target):

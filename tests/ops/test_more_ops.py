@@ -32,8 +32,8 @@ def _wellcond(*shape):
 
 
 def _spd(a):
-    return a @ a.transpose(-2, -1) + a.shape[-1] * torch.eye(a.shape[-1], dtype=a.dtype) if isinstance(a, torch.Tensor) \
-        else a @ a.transpose(-2, -1) + a.shape[-1] * flow.eye(a.shape[-1], dtype=a.dtype)
+    return a @ a.transpose(-2, -1) + a.shape[-1] * torch.eye(a.shape[-1], dtype=a.dtype, device=a.device) if isinstance(a, torch.Tensor) \
+        else a @ a.transpose(-2, -1) + a.shape[-1] * flow.eye(a.shape[-1], dtype=a.dtype, device=a.device)
 
 
 CASES = []

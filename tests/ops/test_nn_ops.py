@@ -53,7 +53,7 @@ def _double(lib, x, fn):
     """A first derivative taken with create_graph, so the test differentiates it again.
     (sbp=False on these cases: autograd.grad is not an op; the forward ops are covered above.)"""
     y = fn(x)
-    w = lib.linspace(-1, 1, y.numel(), dtype=y.dtype).reshape(y.shape) if hasattr(lib.Tensor, "reshape") else None
+    w = lib.linspace(-1, 1, y.numel(), dtype=y.dtype, device=y.device).reshape(y.shape) if hasattr(lib.Tensor, "reshape") else None
     w = w if w is not None else lib.ones_like(y) * 0.7
     (g,) = lib.autograd.grad(y, x, w * y, create_graph=True) if lib is torch else flow.autograd.grad([y], [x], [w * y],
                                                                                                     create_graph=True)
@@ -97,8 +97,8 @@ def _bn_fns(lib, training, momentum=0.1, steps=1, stats=True):
 
     def run(x, w, b):
         c = x.shape[1]
-        rm = lib.linspace(-1, 1, c, dtype=x.dtype) if stats else None
-        rv = lib.linspace(0.5, 2, c, dtype=x.dtype) if stats else None
+        rm = lib.linspace(-1, 1, c, dtype=x.dtype, device=x.device) if stats else None
+        rv = lib.linspace(0.5, 2, c, dtype=x.dtype, device=x.device) if stats else None
         for _ in range(steps - 1):
             fn(x.detach() * 1.5, rm, rv, w, b, training, momentum)
         out = fn(x, rm, rv, w, b, training, momentum)

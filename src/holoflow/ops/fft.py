@@ -45,11 +45,11 @@ def _c2r_grad(ctx, dy):
     m = g.shape[ctx.dim]
     doubled = ctx.n - m   # the bins whose conjugate twins irfft read implicitly
     if doubled > 0:
-        w = torch.ones(m, dtype=torch.float64)
+        w = torch.ones(m, dtype=g._data.real.dtype, device=g._data.device)
         w[1:1 + doubled] = 2
         shape = [1] * g.dim()
         shape[ctx.dim] = m
-        g = g * Tensor._make(w.to(g._data.real.dtype).reshape(shape).to(g._data.device))
+        g = g * Tensor._make(w.reshape(shape))
     return (g,)
 
 

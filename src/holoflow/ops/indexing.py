@@ -29,23 +29,25 @@ T = "T"  # placeholder for a tensor inside an index spec
 
 # -- index specs --------------------------------------------------------------------------------
 
-def _as_index_tensor(v) -> Tensor:
+def _as_index_tensor(v, device: torch.device | None = None) -> Tensor:
+    """A tensor index as is; a list / array made into one on ``device`` (the indexed tensor's)."""
     if isinstance(v, Tensor):
         t = v
     elif isinstance(v, torch.Tensor):
         t = Tensor._make(v)
     elif isinstance(v, (list, tuple)) and len(v) == 0:
-        t = Tensor._make(torch.zeros(0, dtype=torch.int64))
+        t = Tensor._make(torch.zeros(0, dtype=torch.int64, device=device))
     else:
-        t = Tensor._make(torch.as_tensor(v))
+        t = Tensor._make(torch.as_tensor(v, device=device))
     if t._data.is_floating_point() or t._data.is_complex():
         raise IndexError("holoflow.getitem: tensors used as indices must be long, int, byte or bool "
                          f"tensors, got {t.dtype}")
     return t
 
 
-def parse_index(index, shape: tuple) -> tuple[tuple, list]:
-    """(spec, index tensors) of a Python index; checks int bounds with a clear IndexError."""
+def parse_index(index, shape: tuple, device: torch.device | None = None) -> tuple[tuple, list]:
+    """(spec, index tensors) of a Python index; checks int bounds with a clear IndexError. Lists
+    and arrays in it become tensors on ``device``, as torch makes them on the indexed tensor's."""
     items = index if isinstance(index, tuple) else (index,)
     spec, tensors = [], []
     for it in items:
@@ -53,7 +55,7 @@ def parse_index(index, shape: tuple) -> tuple[tuple, list]:
         if isinstance(raw, torch.Tensor) and raw.dim() == 0 and not raw.is_floating_point() and raw.dtype != torch.bool:
             spec.append(int(raw))                     # a 0-d integer tensor indexes like an int
         elif isinstance(it, (Tensor, torch.Tensor, list, tuple, np.ndarray)):
-            tensors.append(_as_index_tensor(it))
+            tensors.append(_as_index_tensor(it, device))
             spec.append(T)
         elif isinstance(it, bool) or it is None or it is Ellipsis:
             spec.append(it)
@@ -280,7 +282,8 @@ INDEX_BACKWARD = defop("index_backward", _index_backward_kernel, sbp=_index_back
 def getitem(input: Tensor, index) -> Tensor:
     """``input[index]`` with torch's semantics: ints, slices (with steps), None, ``...``, bool
     masks and integer tensors/lists (advanced indexing)."""
-    spec, tensors = parse_index(expand_ranges(index), tuple(input.shape))
+    # input.device, not input._data.device: inside nn.Graph's trace the data is meta, the device real
+    spec, tensors = parse_index(expand_ranges(index), tuple(input.shape), input.device.torch)
     if tensors:
         if input._global is not None:
             tensors = [_like_global(t, input) for t in tensors]
@@ -356,9 +359,9 @@ def _like_global(t, like: Tensor):
 
 def setitem(input: Tensor, index, value) -> None:
     """``input[index] = value`` (a number or a tensor broadcast to the indexed shape)."""
-    spec, tensors = parse_index(expand_ranges(index), tuple(input.shape))
+    spec, tensors = parse_index(expand_ranges(index), tuple(input.shape), input.device.torch)
     if isinstance(value, (list, tuple, np.ndarray)):
-        value = Tensor._make(torch.as_tensor(value, dtype=input._data.dtype, device=input._data.device))
+        value = Tensor._make(torch.as_tensor(value, dtype=input._data.dtype, device=input.device.torch))
     if input._global is not None:
         tensors = [_like_global(t, input) for t in tensors]
         value = _like_global(value, input)

@@ -2,6 +2,8 @@
 Imported by ops/shape.py, which re-exports them."""
 from __future__ import annotations
 
+import math
+
 from typing import Sequence
 
 import torch
@@ -248,7 +250,7 @@ def _strided_index(shape: tuple, size: tuple, stride: tuple, offset: int, device
 
 def _as_strided_backward_kernel(dy, shape, size, stride, offset):
     idx = _strided_index(shape, size, stride, offset, dy.device)
-    flat = dy.new_zeros(int(torch.tensor(shape).prod()) if shape else 1)
+    flat = dy.new_zeros(math.prod(shape))
     flat.index_add_(0, idx.reshape(-1), dy.reshape(-1))  # overlapping windows add up, as torch
     return flat.view(shape)
 

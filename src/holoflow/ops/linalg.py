@@ -104,8 +104,9 @@ def _shapes(metas) -> list[tuple]:
 
 # -- einsum, and the gradient of one operand of any product --------------------------------------
 
-def _const(fill: torch.Tensor, like: Tensor) -> Tensor:
-    return Tensor._make(fill.to(dtype=like._data.dtype, device=like._data.device))
+def _const(factory, size, like: Tensor) -> Tensor:
+    """``factory(size)`` (torch.eye / torch.ones) made directly with ``like``'s dtype and device."""
+    return Tensor._make(factory(size, dtype=like._data.dtype, device=like._data.device))
 
 
 def operand_grad(ins: Sequence[str], out: str, operands: Sequence[Tensor], dy: Tensor, i: int) -> Tensor:
@@ -120,13 +121,13 @@ def operand_grad(ins: Sequence[str], out: str, operands: Sequence[Tensor], dy: T
         if c in target:
             f = next(fresh)
             subs.append(c + f)
-            ops.append(_const(torch.eye(size.get(c, d)), dy))
+            ops.append(_const(torch.eye, size.get(c, d), dy))
             c = f
         target += c
     missing = "".join(c for c in target if c not in "".join(subs))
     if missing:
         subs.append(missing)
-        ops.append(_const(torch.ones([size.get(c, operands[i].shape[target.index(c)]) for c in missing]), dy))
+        ops.append(_const(torch.ones, [size.get(c, operands[i].shape[target.index(c)]) for c in missing], dy))
     return apply(EINSUM, *ops, equation=",".join(subs) + "->" + target)
 
 

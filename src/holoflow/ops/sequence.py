@@ -140,7 +140,8 @@ def _lengths(name: str, v, what: str) -> Tensor:
         if v.is_floating_point():
             raise DTypeError(f"holoflow.ctc_loss: {what} must be integers, got {v.dtype}")
         return v
-    return _tensor(list(v) if isinstance(v, (list, tuple)) else v, dtype=torch.int64)
+    # on the CPU, as torch passes list lengths to its kernel (which reads them on the host)
+    return _tensor(list(v) if isinstance(v, (list, tuple)) else v, dtype=torch.int64, device="cpu")
 
 
 def ctc_loss(log_probs: Tensor, targets: Tensor, input_lengths, target_lengths, blank: int = 0,
@@ -158,4 +159,4 @@ def ctc_loss(log_probs: Tensor, targets: Tensor, input_lengths, target_lengths, 
         return loss
     if red == "sum":
         return loss.sum()
-    return (loss / tl.clamp_min(1).to(loss.dtype)).mean()
+    return (loss / tl.clamp_min(1).to(device=loss.device, dtype=loss.dtype)).mean()  # CPU list lengths
