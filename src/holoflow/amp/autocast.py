@@ -24,7 +24,7 @@ from ..core import grad_mode
 from ..core import interpret
 from ..core.interpret import Interpreter
 from ..core.tensor import Tensor
-from .policy import DEFAULT_DTYPE, FP32, LOWER, OPT_DTYPE, POLICIES, PROMOTE
+from .policy import DEFAULT_DTYPE, FP32, FP32_ATTR, LOWER, OPT_DTYPE, POLICIES, PROMOTE
 
 _LOW = (torch.float16, torch.bfloat16)
 _ALLOWED = {"cpu": (torch.bfloat16, torch.float16), "cuda": (torch.float16, torch.bfloat16)}
@@ -59,19 +59,33 @@ class Autocast(Interpreter):
 
     def bind(self, op, inputs: tuple, attrs: dict):
         if not self.shadowed:
-            inputs = self.cast(op, inputs, attrs)
+            inputs, attrs = self.cast(op, inputs, attrs)
         return self.parent.bind(op, inputs, attrs)
 
     def composite(self, name: str, inputs: tuple) -> tuple:
         """The policy of a composite op (mse_loss, l1_loss, ...): the name torch lists it under."""
         if not self.shadowed:
-            inputs = self.cast(_Named(name), inputs, {})
+            inputs, _ = self.cast(_Named(name), inputs, {})
         return self.parent.composite(name, inputs)
 
     def above_trace(self, device_type: str) -> "Autocast | None":
         return None if self.shadowed else Autocast(self.modes, self.cache)
 
-    def cast(self, op, inputs: tuple, attrs: dict) -> tuple:
+    def cast(self, op, inputs: tuple, attrs: dict) -> tuple[tuple, dict]:
+        """The inputs (and attrs) ``op`` runs with under this region's policy."""
+        return self._cast_inputs(op, inputs, attrs), self._cast_attrs(op, inputs, attrs)
+
+    def _cast_attrs(self, op, inputs: tuple, attrs: dict) -> dict:
+        devtype = next((self.parent.device_type_of(x) for x in inputs if isinstance(x, Tensor)), None)
+        if devtype is None or self.modes.get(devtype) is None or attrs.get("dtype") is not None:
+            return attrs
+        if POLICIES.get(devtype, POLICIES["cuda"]).get(op.name) != FP32_ATTR:
+            return attrs
+        if any(isinstance(x, Tensor) and _is_low(x._data.dtype) for x in inputs):
+            return {**attrs, "dtype": torch.float32}
+        return attrs
+
+    def _cast_inputs(self, op, inputs: tuple, attrs: dict) -> tuple:
         for x in inputs:
             if isinstance(x, Tensor):
                 devtype = self.parent.device_type_of(x)
@@ -82,10 +96,11 @@ class Autocast(Interpreter):
         if low is None:
             return inputs
         kind = POLICIES.get(devtype, POLICIES["cuda"]).get(op.name)
-        if kind is None:
+        if kind is None or kind == FP32_ATTR:
             return inputs
         if kind == LOWER:
-            return tuple(x if i in op.amp_keep else self._to(x, low, devtype, _eligible_for_lower)
+            keep = getattr(op, "amp_keep", ())
+            return tuple(x if i in keep else self._to(x, low, devtype, _eligible_for_lower)
                          for i, x in enumerate(inputs))
         if kind == FP32:
             if op.name in OPT_DTYPE and attrs.get("dtype") is not None:

@@ -1,12 +1,16 @@
 """Which ops autocast casts, and to what: torch.autocast's op lists, keyed by holoflow op name.
 
-Three policies, as data:
+Four policies, as data:
 
 - ``LOWER``: floating inputs are cast to the autocast dtype (bfloat16/float16) — matmuls, convs;
 - ``FP32``: low-precision floating inputs are cast up to float32 — ops that need the range or
   accuracy (losses, norms, exp/log...);
 - ``PROMOTE``: floating inputs are cast to the widest floating dtype among them, for ops whose
-  kernels want one dtype (cat, stack, addcmul...).
+  kernels want one dtype (cat, stack, addcmul...);
+- ``FP32_ATTR``: low-precision inputs stay as they are and the op gets ``dtype=float32``, the
+  dtype it computes in: CUDA's cross_entropy, which torch decomposes into
+  ``log_softmax(x, dtype=float32)`` (autocast's "set the optional dtype" policy) and ``nll_loss``,
+  reading the low-precision logits with no float32 copy of them.
 
 The lists follow PyTorch's ``aten/src/ATen/autocast_mode.cpp`` per device type, so the same
 program gets the same dtypes as under ``torch.autocast``. Names of ops holoflow doesn't declare
@@ -15,7 +19,7 @@ decomposes) are added where torch reaches the same dtype through its decompositi
 """
 from __future__ import annotations
 
-LOWER, FP32, PROMOTE = "lower", "fp32", "promote"
+LOWER, FP32, PROMOTE, FP32_ATTR = "lower", "fp32", "promote", "fp32_attr"
 
 _MATMUL_CONV = """
 conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d conv_transpose3d convolution
@@ -36,6 +40,7 @@ view_as_complex cholesky cholesky_inverse cholesky_solve inverse lu_solve orgqr 
 max_pool3d max_unpool2d max_unpool3d adaptive_avg_pool3d reflection_pad1d reflection_pad2d
 replication_pad1d replication_pad2d replication_pad3d mse_loss cosine_embedding_loss nll_loss
 nll_loss2d hinge_embedding_loss poisson_nll_loss smooth_l1_loss cross_entropy cross_entropy_loss
+cross_entropy_log_softmax
 l1_loss huber_loss margin_ranking_loss soft_margin_loss triplet_margin_loss multi_margin_loss
 ctc_loss kl_div multilabel_margin_loss binary_cross_entropy_with_logits
 fft_fft fft_ifft fft_fft2 fft_ifft2 fft_fftn fft_ifftn fft_rfft fft_irfft fft_rfft2 fft_irfft2
@@ -52,12 +57,15 @@ layer_norm native_layer_norm group_norm frobenius_norm nuclear_norm cosine_simil
 poisson_nll_loss cosine_embedding_loss nll_loss nll_loss2d hinge_embedding_loss kl_div l1_loss
 smooth_l1_loss huber_loss mse_loss margin_ranking_loss multilabel_margin_loss soft_margin_loss
 triplet_margin_loss multi_margin_loss binary_cross_entropy_with_logits binary_cross_entropy
-cross_entropy cross_entropy_loss dist pdist cdist renorm logsumexp
+dist pdist cdist renorm logsumexp
 upsample_nearest1d upsample_nearest2d upsample_nearest3d upsample_linear1d upsample_bilinear2d
 upsample_trilinear3d upsample_bicubic2d interpolate
 prod softmax log_softmax softmin cumprod cumsum linalg_vector_norm linalg_matrix_norm sum norm
 normalize
 """
+
+# torch's CUDA list has no cross_entropy_loss: it reaches log_softmax with dtype=float32
+_CUDA_FP32_ATTR = "cross_entropy cross_entropy_backward cross_entropy_log_softmax"
 
 _CPU_PROMOTE = "stack cat index_copy"
 _CUDA_PROMOTE = """
@@ -71,7 +79,7 @@ OPT_DTYPE = frozenset("prod softmax log_softmax cumprod cumsum linalg_vector_nor
 
 
 def _table(**lists: str) -> dict[str, str]:
-    kinds = {"lower": LOWER, "fp32": FP32, "promote": PROMOTE}
+    kinds = {"lower": LOWER, "fp32": FP32, "promote": PROMOTE, "fp32_attr": FP32_ATTR}
     return {name: kinds[k] for k, names in lists.items() for name in names.split()}
 
 
@@ -84,7 +92,7 @@ def _merge(*tables: dict[str, str]) -> dict[str, str]:
 
 POLICIES: dict[str, dict[str, str]] = {
     "cpu": _table(lower=_MATMUL_CONV, fp32=_CPU_FP32, promote=_CPU_PROMOTE),
-    "cuda": _merge(_table(lower=_MATMUL_CONV + _CUDA_ONLY_LOWER, fp32=_CUDA_FP32),
+    "cuda": _merge(_table(lower=_MATMUL_CONV + _CUDA_ONLY_LOWER, fp32=_CUDA_FP32, fp32_attr=_CUDA_FP32_ATTR),
                    _table(promote=_CUDA_PROMOTE + _CPU_PROMOTE)),
 }
 

@@ -64,25 +64,27 @@ def _scale(dy, reduction, denom, cdim, acc):
     return dy / denom if reduction == "mean" else dy
 
 
-def _ce_bwd_fast(dy, x, t, ignore_index, reduction):
-    """The common case (2-D input, class indices, no weight or smoothing, fp32/64): torch's own
-    backward, nll_loss_backward then _log_softmax_backward_data (half the kernels of the general
-    path)."""
-    logp = torch.log_softmax(x, 1)
-    total = (t != ignore_index).sum().to(x.dtype)
-    g = torch.ops.aten.nll_loss_backward.default(dy.to(x.dtype), logp, t, None, 1 if reduction == "mean" else 2,
+def _ce_bwd_fast(dy, x, t, ignore_index, reduction, acc):
+    """The common case (2-D input, class indices, no weight or smoothing, computed in float32/64):
+    torch's own backward, nll_loss_backward then _log_softmax_backward_data (half the kernels of
+    the general path). Low-precision logits are read as they are (log_softmax with ``acc``) and
+    their gradient comes out in their dtype."""
+    logp = torch.log_softmax(x, 1, dtype=acc)
+    total = (t != ignore_index).sum().to(acc)
+    g = torch.ops.aten.nll_loss_backward.default(dy.to(acc), logp, t, None, 1 if reduction == "mean" else 2,
                                          ignore_index, total)
-    dx = torch._log_softmax_backward_data(g, logp, 1, x.dtype)
+    dx = torch._log_softmax_backward_data(g, logp, 1, x.dtype).to(x.dtype)   # float on the CPU
     empty = torch.zeros((), dtype=x.dtype, device=x.device).expand(0)
     return dx, empty, empty
 
 
-def _ce_bwd_kernel(dy, x, t, w, ignore_index, reduction, label_smoothing):
+def _ce_bwd_kernel(dy, x, t, w, ignore_index, reduction, label_smoothing, dtype=None):
+    acc = dtype or x.dtype
     if w is None and not label_smoothing and reduction != "none" and x.dim() == 2 and x.shape[0] > 0 \
-            and not t.is_floating_point() and x.dtype in (torch.float32, torch.float64) and x.device.type != "meta":
-        return _ce_bwd_fast(dy, x, t, ignore_index, reduction)
-    acc, cdim = _acc(x.dtype), 1 if x.dim() >= 2 else 0
-    logp = torch.log_softmax(x.to(acc), cdim)
+            and not t.is_floating_point() and acc in (torch.float32, torch.float64) and x.device.type != "meta":
+        return _ce_bwd_fast(dy, x, t, ignore_index, reduction, acc)
+    acc, cdim = _acc(acc), 1 if x.dim() >= 2 else 0
+    logp = torch.log_softmax(x, cdim, dtype=acc)
     ls, n_cls = label_smoothing, x.shape[cdim]
     if t.is_floating_point():
         shape = [1] * x.dim()
@@ -141,7 +143,7 @@ def _class_loss_sbp(metas, attrs):
 def _ce_grad(c, dy):
     x, t, w = c.inputs
     dx, dt, dw = apply(CROSS_ENTROPY_BWD, dy, x, t, w, ignore_index=c.ignore_index, reduction=c.reduction,
-                       label_smoothing=c.label_smoothing)
+                       label_smoothing=c.label_smoothing, dtype=c.dtype)
     prob = t.is_floating_point()  # only the probability form is differentiable in target and weight (as torch)
     return dx, dt if prob else None, dw if prob and w is not None else None
 
@@ -159,9 +161,21 @@ def _no_double(name):
 
 CROSS_ENTROPY_BWD = defop("cross_entropy_backward", _ce_bwd_kernel, sbp=_class_loss_sbp, family="loss",
                           grad=_no_double("cross_entropy_backward"))
-CROSS_ENTROPY = defop("cross_entropy", lambda x, t, w, ignore_index, reduction, label_smoothing:
-                      TF.cross_entropy(x, t, w, ignore_index=ignore_index, reduction=reduction,
-                                       label_smoothing=label_smoothing),
+def _ce_kernel(x, t, w, ignore_index, reduction, label_smoothing, dtype=None):
+    """torch's cross_entropy; with ``dtype`` (CUDA autocast sets float32, amp/policy.py's
+    FP32_ATTR) the log-softmax is computed in it from the logits as they are, as torch's
+    decomposition does (no copy of the logits in ``dtype``)."""
+    if dtype is None or dtype == x.dtype:
+        return TF.cross_entropy(x, t, w, ignore_index=ignore_index, reduction=reduction,
+                                label_smoothing=label_smoothing)
+    if label_smoothing or t.is_floating_point() or x.dim() < 2:
+        return TF.cross_entropy(x.to(dtype), t, w, ignore_index=ignore_index, reduction=reduction,
+                                label_smoothing=label_smoothing)
+    return TF.nll_loss(torch.log_softmax(x, 1, dtype=dtype), t, None if w is None else w.to(dtype),
+                       ignore_index=ignore_index, reduction=reduction)
+
+
+CROSS_ENTROPY = defop("cross_entropy", _ce_kernel,
                       grad=_ce_grad, save="inputs", sbp=_class_loss_sbp, family="loss")
 NLL_LOSS_BWD = defop("nll_loss_backward", _nll_bwd_kernel, sbp=_class_loss_sbp, family="loss",
                      grad=_no_double("nll_loss_backward"))
@@ -171,22 +185,25 @@ NLL_LOSS = defop("nll_loss", lambda x, t, w, ignore_index, reduction:
 
 
 # The common eager case (2-D logits, class indices, no weight or smoothing, 'mean' or 'sum',
-# float32/64) as torch computes it: log_softmax then nll_loss forward, keeping the log-probs and
+# any floating dtype) as torch computes it: log_softmax then nll_loss forward, keeping the log-probs and
 # the total weight for the backward (nll_loss_backward + _log_softmax_backward_data), instead of
 # cross_entropy's fused forward with log_softmax recomputed in the backward. A trace keeps the
 # cross_entropy op (graph passes and autocast policies know it; the graph saves its input).
 _REDUCTION_ENUM = {"mean": 1, "sum": 2}
 
 
-def _ce_lsm_kernel(x, t, ignore_index, reduction):
-    logp = torch.log_softmax(x, 1)
+def _ce_lsm_kernel(x, t, ignore_index, reduction, dtype=None):
+    logp = torch.log_softmax(x, 1, dtype=dtype)
     loss, total = torch.ops.aten.nll_loss_forward.default(logp, t, None, _REDUCTION_ENUM[reduction], ignore_index)
     return loss, logp, total
 
 
-def _ce_lsm_bwd_kernel(dy, logp, t, total, ignore_index, reduction):
-    g = torch.ops.aten.nll_loss_backward.default(dy, logp, t, None, _REDUCTION_ENUM[reduction], ignore_index, total)
-    return torch._log_softmax_backward_data(g, logp, 1, logp.dtype)
+def _ce_lsm_bwd_kernel(dy, logp, t, total, ignore_index, reduction, input_dtype=None):
+    """The logits' gradient, in their dtype ``input_dtype`` (log-probs computed in float32 from
+    low-precision logits give a low-precision gradient, as torch's)."""
+    g = torch.ops.aten.nll_loss_backward.default(dy.to(logp.dtype), logp, t, None, _REDUCTION_ENUM[reduction],
+                                                 ignore_index, total)
+    return torch._log_softmax_backward_data(g, logp, 1, input_dtype or logp.dtype).to(input_dtype or logp.dtype)
 
 
 def _ce_lsm_sbp(metas, attrs):
@@ -210,7 +227,8 @@ def _ce_lsm_bwd_sbp(metas, attrs):
 def _ce_lsm_grad(c, dy, _dlogp, _dtotal):
     _, t = c.inputs
     _, logp, total = c.outs
-    return apply(CE_LSM_BWD, dy, logp, t, total, ignore_index=c.ignore_index, reduction=c.reduction), None
+    return apply(CE_LSM_BWD, dy, logp, t, total, ignore_index=c.ignore_index, reduction=c.reduction,
+                 input_dtype=c.dtypes[0]), None
 
 
 CE_LSM_BWD = defop("cross_entropy_log_softmax_backward", _ce_lsm_bwd_kernel, sbp=_ce_lsm_bwd_sbp, family="loss",
@@ -224,7 +242,7 @@ def _saves_log_softmax(input: Tensor, target: Tensor, weight, reduction: str, la
     """Whether ``cross_entropy`` runs as CE_LSM (see above)."""
     return (weight is None and not label_smoothing and reduction != "none" and input.dim() == 2
             and input.shape[0] > 0 and not target.is_floating_point() and not input.is_global
-            and input._data.dtype in (torch.float32, torch.float64) and not interpret.is_lazy())
+            and input._data.dtype.is_floating_point and not interpret.is_lazy())
 
 
 def _weight_total_kernel(t, w, ignore_index, dtype):

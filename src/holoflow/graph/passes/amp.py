@@ -8,6 +8,8 @@ node's inputs), applied to forward and backward nodes alike by op name:
 - ``FP32`` ops (losses, ...) get low-precision inputs cast to float32 (an explicit ``dtype`` attr
   wins, as in autocast);
 - ``PROMOTE`` ops (cat, stack...) get their floating inputs cast to the widest among them;
+- ``FP32_ATTR`` ops (CUDA's cross_entropy) keep their low-precision inputs and get
+  ``dtype=float32``, the dtype they compute in;
 - every other op runs in whatever dtype reaches it; its outputs' dtypes are inferred again
   (the op's shape rule or its kernel on meta tensors), and a changed output is a new Value.
 
@@ -21,7 +23,7 @@ import functools
 
 import torch
 
-from ...amp.policy import FP32, LOWER, POLICIES, PROMOTE
+from ...amp.policy import FP32, FP32_ATTR, LOWER, POLICIES, PROMOTE
 from ...core import dtype as _dtype
 from ...core.registry import REGISTRY, infer_metas
 from ..ir import IRGraph, Node, Value
@@ -67,6 +69,14 @@ class _Rewriter:
                 return [self.cast(x, wide, n) if _is_float(x) else x for x in ins]
         return ins
 
+    def policy_attrs(self, n: Node, ins: list) -> dict:
+        """``n``'s attrs, with ``dtype=float32`` for an FP32_ATTR op reading low-precision values."""
+        if n.attrs.get("dtype") is not None or POLICIES.get(_device(n), POLICIES["cuda"]).get(n.op) != FP32_ATTR:
+            return n.attrs
+        if any(_is_float(x) and x.dtype in (torch.bfloat16, torch.float16) for x in ins):
+            return {**n.attrs, "dtype": torch.float32}
+        return n.attrs
+
     def node(self, n: Node) -> None:
         ins = [self.cur(x) for x in n.inputs]
         if n.effect or n.kernel is not None or n.op not in REGISTRY:
@@ -74,6 +84,7 @@ class _Rewriter:
             self.nodes.append(n.with_(inputs=tuple(ins)) if _changed(ins, n.inputs) else n)
             return
         ins = self.policy_inputs(n, ins)
+        attrs = self.policy_attrs(n, ins)
         floats = {x.dtype for x in ins if _is_float(x)}
         if POLICIES.get(_device(n), POLICIES["cuda"]).get(n.op) is None and len(floats) > 1:
             # an op on no list that the rewrite left with mixed float dtypes (e.g. a bf16
@@ -81,15 +92,15 @@ class _Rewriter:
             # inputs) runs in the dtypes it was traced with, as eager's promotion would
             ins = [self.cast(x, o.dtype, n) if isinstance(x, Value) and isinstance(o, Value)
                    and x.dtype != o.dtype else x for x, o in zip(ins, n.inputs)]
-        if not _changed(ins, n.inputs):
+        if not _changed(ins, n.inputs) and attrs is n.attrs:
             self.nodes.append(n)
             return
         metas = infer_metas(REGISTRY[n.op], tuple(
-            torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, Value) else x for x in ins), n.attrs)
+            torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, Value) else x for x in ins), attrs)
         outs = tuple(o if (tuple(m.shape), m.dtype) == (o.shape, o.dtype) else
                      Value(tuple(m.shape), m.dtype, o.device, o.name) for o, m in zip(n.outputs, metas))
         self.env.update((o, w) for o, w in zip(n.outputs, outs) if o is not w)
-        self.nodes.append(n.with_(inputs=tuple(ins), outputs=outs))
+        self.nodes.append(n.with_(inputs=tuple(ins), outputs=outs, attrs=attrs))
 
 
 def _device(n: Node) -> str:
