@@ -127,3 +127,64 @@ def test_no_deviceless_tensors(case):
             assert t.to_torch().device == cpu, f"{case.name}: output {i} on {t.to_torch().device}"
     for i, g in enumerate(grads):
         assert g is None or g.to_torch().device == cpu, f"{case.name}: grad {i} on {g.to_torch().device}"
+
+
+# -- constants a composite or grad rule builds from a Python value: inside nn.Graph's trace a
+# tensor's data is meta, so they follow ``t.device`` (the real device), never ``t._data.device``
+# (a meta constant holds no values and the trace rejects it).
+def _row(L, x):
+    """A Python list for holoflow (made into a tensor inside the op), the same values for torch."""
+    row = [1.0, 2.0, 3.0, 4.0]
+    return row if L is flow else torch.tensor(row, dtype=x.dtype)
+
+
+def _setitem_list(L, x):
+    y = x.clone()
+    y[0] = _row(L, x)
+    return y * x
+
+
+GRAPH_EXPRS = {
+    "rsub-float64": lambda L, x: 2.5 - x,
+    "where-scalar": lambda L, x: L.where(x > 0.5, x, 0.25),
+    "isin-number": lambda L, x: L.isin(3, (x * 4).long()).to(x.dtype) + x,
+    "bucketize-number": lambda L, x: L.bucketize(0.3, x[0].sort().values).to(x.dtype) + x,
+    "copy_-list": lambda L, x: x.detach().clone().copy_(_row(L, x)) * x,
+    "getitem-list": lambda L, x: x[:, [1, 1, 3, 0]],
+    "setitem-list": _setitem_list,
+    "einsum-diag": lambda L, x: L.einsum("ii->i", x),
+    "irfft": lambda L, x: L.fft.irfft(L.fft.rfft(x, dim=1), 4, dim=1),
+}
+
+
+@pytest.mark.parametrize("name", list(GRAPH_EXPRS))
+def test_graph_trace_constants_hold_values(name):
+    """One SGD step (lr 1) in an nn.Graph whose build() runs the expression forward and backward:
+    the loss and the updated parameter equal torch's."""
+    fn = GRAPH_EXPRS[name]
+    w0 = torch.arange(16, dtype=torch.float64).reshape(4, 4) / 7 - 1
+    tw = w0.clone().requires_grad_(True)
+    t_loss = (fn(torch, tw) * torch.linspace(-1, 1, 4, dtype=torch.float64)).sum()
+    t_loss.backward()
+
+    class M(flow.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = flow.nn.Parameter(flow.from_torch(w0.clone()))
+
+    m = M()
+
+    class Step(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(flow.optim.SGD(m.parameters(), lr=1.0))
+
+        def build(self, c):
+            loss = (fn(flow, self.m.w) * c).sum()
+            loss.backward()
+            return loss
+
+    loss = Step()(flow.from_torch(torch.linspace(-1, 1, 4, dtype=torch.float64)))
+    torch.testing.assert_close(loss.to_torch(), t_loss.detach())
+    torch.testing.assert_close(m.w.to_torch(), w0 - tw.grad)

@@ -93,8 +93,8 @@ def copy_(self: Tensor, src, non_blocking: bool = False) -> Tensor:
     """Copies ``src`` (broadcast, cast to this tensor's dtype and device) into this tensor; the
     gradient flows to ``src``, as ``torch.Tensor.copy_``."""
     if not isinstance(src, Tensor):
-        src = Tensor._make(torch.as_tensor(src, dtype=self._data.dtype, device=self._data.device))
-    out = to(src, device=self._data.device, dtype=self._data.dtype)
+        src = Tensor._make(torch.as_tensor(src, dtype=self._data.dtype, device=self.device.torch))
+    out = to(src, device=self.device.torch, dtype=self._data.dtype)
     if tuple(out.shape) != tuple(self.shape):
         try:
             torch.broadcast_shapes(tuple(out.shape), tuple(self.shape))

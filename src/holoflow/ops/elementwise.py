@@ -305,7 +305,8 @@ def clamp_max(input: Tensor, max) -> Tensor:  # noqa: A002
 
 
 def _scalar_like(v, like: Tensor) -> Tensor:
-    return Tensor._make(torch.tensor(v, dtype=like._data.dtype, device=like._data.device))
+    # like.device, not like._data.device: inside nn.Graph's trace the data is meta, the device real
+    return Tensor._make(torch.tensor(v, dtype=like._data.dtype, device=like.device.torch))
 
 
 def where(condition: Tensor, input=None, other=None):

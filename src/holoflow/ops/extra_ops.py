@@ -214,7 +214,7 @@ def isin(elements, test_elements, *, assume_unique: bool = False, invert: bool =
     if not isinstance(elements, Tensor) and not isinstance(test_elements, Tensor):
         raise TypeError("holoflow.isin(): at least one of 'elements' and 'test_elements' must be a Tensor")
     if not isinstance(elements, Tensor):
-        elements = Tensor._make(torch.tensor(elements, device=test_elements._data.device))
+        elements = Tensor._make(torch.tensor(elements, device=test_elements.device.torch))
     return apply(ISIN, elements, test_elements, assume_unique=bool(assume_unique), invert=bool(invert))
 
 
@@ -224,7 +224,7 @@ def bucketize(input, boundaries: Tensor, *, out_int32: bool = False, right: bool
         raise RuntimeError(f"holoflow.bucketize: boundaries tensor must be 1 dimension, but got shape "
                            f"{tuple(boundaries.shape)}")
     if not isinstance(input, Tensor):
-        input = Tensor._make(torch.tensor(input, device=boundaries._data.device))
+        input = Tensor._make(torch.tensor(input, device=boundaries.device.torch))
     return apply(BUCKETIZE, input, boundaries, out_int32=bool(out_int32), right=bool(right))
 
 

@@ -45,7 +45,7 @@ def _c2r_grad(ctx, dy):
     m = g.shape[ctx.dim]
     doubled = ctx.n - m   # the bins whose conjugate twins irfft read implicitly
     if doubled > 0:
-        w = torch.ones(m, dtype=g._data.real.dtype, device=g._data.device)
+        w = torch.ones(m, dtype=g._data.real.dtype, device=g.device.torch)   # real values in a trace too
         w[1:1 + doubled] = 2
         shape = [1] * g.dim()
         shape[ctx.dim] = m

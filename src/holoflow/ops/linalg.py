@@ -105,8 +105,9 @@ def _shapes(metas) -> list[tuple]:
 # -- einsum, and the gradient of one operand of any product --------------------------------------
 
 def _const(factory, size, like: Tensor) -> Tensor:
-    """``factory(size)`` (torch.eye / torch.ones) made directly with ``like``'s dtype and device."""
-    return Tensor._make(factory(size, dtype=like._data.dtype, device=like._data.device))
+    """``factory(size)`` (torch.eye / torch.ones) made directly with ``like``'s dtype and device
+    (``like.device``: inside nn.Graph's trace ``like._data`` is meta, the constant must hold values)."""
+    return Tensor._make(factory(size, dtype=like._data.dtype, device=like.device.torch))
 
 
 def operand_grad(ins: Sequence[str], out: str, operands: Sequence[Tensor], dy: Tensor, i: int) -> Tensor:

@@ -23,7 +23,7 @@ def _reflect(op, **attrs):
         if isinstance(other, (float, complex)) and self._global is None:
             dt = torch.result_type(self._data, other)
             if dt in (torch.float64, torch.complex128):
-                other = Tensor._make(torch.tensor(other, dtype=dt, device=self._data.device))
+                other = Tensor._make(torch.tensor(other, dtype=dt, device=self.device.torch))
         return apply(op, other, self, **attrs)
     return method
 

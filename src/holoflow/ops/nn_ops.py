@@ -303,7 +303,7 @@ def _emb_bwd_sbp(metas, attrs):
 def _emb_bwd_grad(c, ddw):
     idx = c.inputs[1]
     if c.padding_idx >= 0:  # the padding row got no gradient, so it passes none back
-        keep = torch.ones(c.num_weights, 1, dtype=ddw._data.dtype, device=ddw._data.device)
+        keep = torch.ones(c.num_weights, 1, dtype=ddw._data.dtype, device=ddw.device.torch)
         keep[c.padding_idx] = 0
         ddw = ddw * Tensor._make(keep)
     return apply(EMBEDDING, idx, ddw, padding_idx=-1), None
