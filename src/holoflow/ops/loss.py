@@ -73,7 +73,8 @@ def _ce_bwd_fast(dy, x, t, ignore_index, reduction, acc):
     total = (t != ignore_index).sum().to(acc)
     g = torch.ops.aten.nll_loss_backward.default(dy.to(acc), logp, t, None, 1 if reduction == "mean" else 2,
                                          ignore_index, total)
-    dx = torch._log_softmax_backward_data(g, logp, 1, x.dtype).to(x.dtype)   # float on the CPU
+    # in logp's dtype, then cast (CUDA's half-to-float backward takes float16 inputs only)
+    dx = torch._log_softmax_backward_data(g, logp, 1, logp.dtype).to(x.dtype)
     empty = torch.zeros((), dtype=x.dtype, device=x.device).expand(0)
     return dx, empty, empty
 
@@ -203,7 +204,8 @@ def _ce_lsm_bwd_kernel(dy, logp, t, total, ignore_index, reduction, input_dtype=
     low-precision logits give a low-precision gradient, as torch's)."""
     g = torch.ops.aten.nll_loss_backward.default(dy.to(logp.dtype), logp, t, None, _REDUCTION_ENUM[reduction],
                                                  ignore_index, total)
-    return torch._log_softmax_backward_data(g, logp, 1, input_dtype or logp.dtype).to(input_dtype or logp.dtype)
+    # in logp's dtype, then cast (CUDA's half-to-float backward takes float16 inputs only)
+    return torch._log_softmax_backward_data(g, logp, 1, logp.dtype).to(input_dtype or logp.dtype)
 
 
 def _ce_lsm_sbp(metas, attrs):
