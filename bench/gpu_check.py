@@ -345,9 +345,9 @@ def profile_table(shape: str, timeout: int, variants=("torch_eager", "holoflow_e
             print(f"    {where}")
 
 
-def gpt_table(shape: str, steps: int, peak_tflops: float, timeout: int) -> None:
+def gpt_table(shape: str, steps: int, peak_tflops: float, timeout: int, variants=VARIANTS) -> None:
     res = {}
-    for v in VARIANTS:
+    for v in variants:
         cmd = [sys.executable, __file__, "--variant", v, "--shape", shape, "--steps", str(steps), "--device", DEV]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ)
@@ -390,6 +390,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--timeout", type=int, default=300, help="seconds per GPT variant process")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS, help="the GPT part's variants")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the whole script on the CPU")
     ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms (warn only; "
@@ -412,7 +413,8 @@ def main() -> None:
         try:
             {"ops": op_tables, "attn": attention_check, "exec": lambda: executors_check(a.steps),
              "profile": lambda: profile_table("small" if a.small else "gpt2s", a.timeout),
-             "gpt": lambda: gpt_table("small" if a.small else "gpt2s", a.steps, a.peak_tflops, a.timeout)}[part]()
+             "gpt": lambda: gpt_table("small" if a.small else "gpt2s", a.steps, a.peak_tflops, a.timeout,
+                                      a.variants)}[part]()
         except Exception:  # the other parts still run; this one's traceback is the figure
             traceback.print_exc()
         print(f"  ({part}: {time.time() - t0:.1f}s)", flush=True)
