@@ -1,0 +1,36 @@
+"""An in-place write of a value with no gradient history (``y.copy_(constant)``, ``fill_``,
+``zero_``, ``y[...] = 4``) cuts what ``y`` held before out of the gradient, on a whole tensor and
+on a view (the base's gradient is zero on the overwritten slice), then the result is used through
+the tensor, its base and the view: gradients equal torch's. (A whole-tensor overwrite kept the
+old history: ``y = w.clone(); y.copy_(c); (y * w).sum()`` gave ``c + w`` instead of ``c``.)"""
+import pytest
+import torch
+
+import holoflow as flow
+
+WRITES = {
+    "copy_": lambda lib, t: t.copy_(lib.tensor([5.0, 6.0, 7.0])[: t.shape[0]]),
+    "fill_": lambda lib, t: t.fill_(3.0),
+    "zero_": lambda lib, t: t.zero_(),
+    "setitem": lambda lib, t: t.__setitem__(0, 4.0),
+}
+
+
+def _grads(lib, write: str, where: str, use: str):
+    w = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = w * 2
+    target = y if where == "whole" else y[1:]
+    WRITES[write](lib, target)
+    part = {"base": y, "view": y[1:] if where == "whole" else target}[use]
+    loss = (part * part).sum() + (y * w).sum()
+    loss.backward()
+    return w.grad
+
+
+@pytest.mark.parametrize("write", list(WRITES))
+@pytest.mark.parametrize("where", ["whole", "slice"])
+@pytest.mark.parametrize("use", ["base", "view"])
+def test_gradient_equals_torch(write, where, use):
+    got = _grads(flow, write, where, use)
+    want = _grads(torch, write, where, use)
+    torch.testing.assert_close(got.to_torch(), want, rtol=0, atol=0)
