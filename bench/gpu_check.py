@@ -38,7 +38,10 @@ import torch
 
 VARIANTS = ("torch_eager", "torch_compile", "holoflow_eager", "holoflow_graph", "holoflow_graph_compile")
 MODULES = ["ops.test_elementwise", "ops.test_reduction", "ops.test_linalg", "ops.test_shape",
-           "ops.test_indexing", "ops.test_nn_ops", "ops.test_loss", "ops.test_nn_extra", "perf_paths.test_sdpa_fused"]
+           "ops.test_indexing", "ops.test_nn_ops", "ops.test_loss", "ops.test_nn_extra", "ops.test_extra_ops",
+           "ops.test_more_ops", "ops.test_fft", "ops.test_complex_ops", "ops.test_decomp", "ops.test_rnn",
+           "ops.test_sampling", "ops.test_views", "ops.test_random", "perf_paths.test_sdpa_fused",
+           "perf_paths.test_linear_backward", "perf_paths.test_matmul_grad_ops"]
 SHAPES = {"gpt2s": dict(L=12, D=768, H=12, T=1024, B=8, V=50304),
           "small": dict(L=2, D=64, H=4, T=32, B=8, V=65)}
 
@@ -53,16 +56,6 @@ def on_gpu() -> bool:
 def sync() -> None:
     if on_gpu():
         torch.cuda.synchronize()
-
-
-def cuda(x):
-    if isinstance(x, torch.Tensor):
-        return x.to(DEV)
-    if isinstance(x, (list, tuple)):
-        return type(x)(cuda(v) for v in x)
-    if isinstance(x, dict):
-        return {k: cuda(v) for k, v in x.items()}
-    return x
 
 
 def op_tables() -> None:
