@@ -36,7 +36,9 @@ run's median move latency (from a stage's act to the act it let start on the nex
 that one waited); and a replay — each step simulated with its acts' own durations and that
 latency — so that what is left between replay and measured is the runtime's. Then each
 schedule's worst-stage bubble against 1F1B's, measured and ideal (on one set of durations: the
-run's, 1F1B running B + W as one act). Memory: the most micro-batches a stage held between F
+run's, 1F1B running B + W as one act). Minor page faults per step of each stage's process
+(``faults``; with simulated ranks the one process's, over each rank's steps): gradient-sized tensors allocated
+afresh every step show up there. Memory: the most micro-batches a stage held between F
 and B, the peak activation bytes it kept (ZB-H1: with the inputs of its waiting weight
 gradients, printed separately). Not a timed test.
 
@@ -52,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -166,14 +169,17 @@ def run_rank(rank: int, p: int, m: int, schedule: str, ms: float, steps: int, ba
     g = G()
     shape = (GPT["seqs"] * m, GPT["T"], GPT["d"]) if STAGE["kind"] == "gpt" else (batch, 16)
     x = flow.tensor(torch.randn(*shape)).to_global(placement=places[0], sbp=[B])
-    for _ in range(steps):
+    g(x)   # compiles; its step is dropped
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(steps - 1):
         g(x)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     c = next(iter(g._compiled.values()))
     if trace:
         g.write_trace(trace)
     LAST["compiled"] = c
     return {"acts": c.acts(), "mem": dict(c.mem), "stage": c.stage, "zb_delay": c.zb_delay,
-            "zb_w_share": c.zb_w_share}
+            "zb_w_share": c.zb_w_share, "faults": faults / max(steps - 1, 1)}
 
 
 def _summarize(res: list[dict], p: int) -> dict:
@@ -192,7 +198,8 @@ def _summarize(res: list[dict], p: int) -> dict:
     ranks = [r["acts"][0]["rank"] if r["acts"] else r["stage"] for r in by_stage]
     return {"bubble": [bubbles[r] for r in ranks], "dur": [durs[r] for r in ranks],
             "mem": [r["mem"] for r in by_stage], "delay": [r["zb_delay"] for r in by_stage],
-            "share": [r["zb_w_share"] for r in by_stage], "hop": statistics.median(hops) if hops else 0.0,
+            "share": [r["zb_w_share"] for r in by_stage], "faults": [r["faults"] for r in by_stage],
+            "hop": statistics.median(hops) if hops else 0.0,
             "hops": hops, "acts": acts, "steps": list(steps.values())}
 
 
@@ -345,7 +352,7 @@ def main() -> None:
               f"schedule simulated with those durations; + moves: and the run's median move latency; replay: "
               f"each step simulated with its acts' own durations and that latency, averaged)")
         print(f"  {'schedule':<10} {'bubble per stage':<18} {'ideal':<18} {'ideal + moves':<18} {'replay':<18}"
-              f"{'F/B/W ms per stage':<28} {'move ms':<8} {'in flight':<10} peak activation bytes")
+              f"{'F/B/W ms per stage':<28} {'move ms':<8} {'faults':<14} {'in flight':<10} peak activation bytes")
         for s, r in best.items():
             ideal = r["ideal"] = ideals(s, m, r["dur"], r["delay"])
             r["ideal_lat"] = ideals(s, m, r["dur"], r["delay"], latency=r["hop"])
@@ -354,7 +361,7 @@ def main() -> None:
             bound = [m if s == "gpipe" else min(m, p - st) for st in range(p)]
             ok &= all(f <= b for f, b in zip(flight, bound))
             print(f"  {s:<10} {_fr(r['bubble']):<18} {_fr(ideal):<18} {_fr(r['ideal_lat']):<18} {_fr(r['replay']):<18}"
-                  f"{_ms(r['dur']):<28} {1e3 * r['hop']:<8.2f} {str(flight):<10} "
+                  f"{_ms(r['dur']):<28} {1e3 * r['hop']:<8.2f} {_faults(r['faults']):<14} {str(flight):<10} "
                   f"{[mm['peak_bytes'] for mm in r['mem']]}")
             if min(r["hops"], default=0.0) < 0:
                 print(f"  WARNING: a stage started before its input's producer ended ({min(r['hops']):.6f} s): "
@@ -391,6 +398,10 @@ def main() -> None:
         print(f"traces written to {args.trace}.p<p>m<m>.<schedule>.json: open them at https://ui.perfetto.dev")
     print(f"load average after: {_load()}")
     print("in-flight bounds kept (1F1B, ZB-H1: p - stage; GPipe: m)" if ok else "SOME IN-FLIGHT BOUNDS EXCEEDED")
+
+
+def _faults(xs: list[float]) -> str:
+    return " ".join(f"{x:.0f}" for x in xs)
 
 
 def _fr(xs: list[float]) -> str:

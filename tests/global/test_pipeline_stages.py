@@ -63,29 +63,47 @@ def test_in_flight_micro_batches_are_bounded_by_register_counts(schedule, m, bou
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
 def test_gradient_sums_reuse_one_buffer_across_steps_and_equal_full_batch(schedule, opt, monkeypatch):
-    """The update sums each step's micro-batch gradients into the tensors of the previous step
-    (no fresh gradient-sized tensor per step; ZB-H1's deferred weight gradients: the weight-gradient
-    task's own sums, handed over as they are); 4 steps of SGD with momentum / AdamW still equal
-    single-process full-batch training, so no step reads another's gradients."""
+    """The update actor sums each step's micro-batch gradients into the tensors of the previous
+    step (no fresh gradient-sized tensor per step); ZB-H1's deferred weight gradients reach it
+    already summed and are taken as they are (no second copy). 4 steps of SGD with momentum /
+    AdamW still equal single-process full-batch training: no step reads another's gradients."""
     from holoflow.graph import pipeline_run
     handed: dict = {}   # per update actor: the sums handed to the update program, per step (kept alive)
-    orig = pipeline_run._acc_fn
+    made: list = []     # what the weight-gradient actors handed on (their step sums)
+    acc, wgrad = pipeline_run._acc_fn, pipeline_run._wgrad_fn
 
-    def spy(entry, m, n_sum, owned=frozenset()):
+    def spy_acc(entry, m, n_sum, *args):
         key = object()
 
         def entry_spy(*vals):
             handed.setdefault(key, []).append(vals[:n_sum])
             return entry(*vals)
-        return orig(entry_spy, m, n_sum, owned)
-    monkeypatch.setattr(pipeline_run, "_acc_fn", spy)
+        return acc(entry_spy, m, n_sum, *args)
+
+    def spy_wgrad(*args):
+        fn = wgrad(*args)
+
+        def run(*a):
+            out = fn(*a)
+            made.extend(o for o in out if o is not None)
+            return out
+        return run
+    monkeypatch.setattr(pipeline_run, "_acc_fn", spy_acc)
+    monkeypatch.setattr(pipeline_run, "_wgrad_fn", spy_wgrad)
     want, want_losses = F.reference(steps=4, opt=opt)
     res = world.simulate(2, lambda r: F.pipelined(r, INIT, steps=4, m=4, opt=opt, schedule=schedule))
     _check(res, want, want_losses)
     assert len(handed) == 2   # one update actor per stage
+    n_owned = 0
     for steps in handed.values():
         assert len(steps) == 4 and len(steps[0]) >= 2
-        assert all(a is b for s in steps for a, b in zip(s, steps[0]))   # the same tensors every step
+        for i, first in enumerate(steps[0]):
+            from_w = [any(s[i] is t for t in made) for s in steps]
+            if all(from_w):        # a deferred weight gradient's sum: the producer's own tensor
+                n_owned += 1
+            else:                  # summed here: the same tensor every step
+                assert not any(from_w) and all(s[i] is first for s in steps)
+    assert (n_owned > 0) == (schedule == "zb-h1")
 
 
 def test_pp2_x_dp2_on_four_ranks_equals_full_batch():

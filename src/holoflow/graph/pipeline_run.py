@@ -294,7 +294,7 @@ class PipelineCompiled:
             entry = uprog.load()["program"]
             w_made = {name(v) for v in wt.outputs} if wt is not None else set()
             owned = frozenset(i for i, v in enumerate(ins[:len(acc_sum)]) if name(v) in w_made)
-            specs.append(TaskSpec("update", "update", _acc_fn(entry, self.m, len(acc_sum), owned),
+            specs.append(TaskSpec("update", "update", _acc_fn(entry, self.m, len(acc_sum), owned, ins),
                                   tuple(name(v) for v in ins), (), meta={"phase": "U"}))
         self._feed_names = [name(loc.feeds[j]) for j in range(len(rg.feeds))]
         self._out_names = {i: name(L[self.logical.outputs[i]]) for i in rg.outputs}
@@ -597,19 +597,19 @@ def _send_fn(comm: Any, dst: int, src: int, tag: int):
     return send
 
 
-def _acc_fn(entry: Any, m: int, n_sum: int, owned: frozenset = frozenset()):
+def _acc_fn(entry: Any, m: int, n_sum: int, owned: frozenset = frozenset(), like: tuple = ()):
     """The update actor: sums the first ``n_sum`` values over the step's micro-batches (keeps the
     last of the rest) and runs the update program after the last micro-batch.
 
-    The sums live in tensors kept from step to step (``update.sums``), as eager's ``.grad``: a
-    step's first value of each is copied into the one the last step used (``_into``), not into a
-    fresh tensor — a fresh gradient-sized allocation each step cost the update thread page faults
-    that competed with compute. Indices in ``owned`` arrive once per step as a sum their producer
-    keeps for this actor (the deferred weight gradients' ``_wgrad_fn``): taken as they are. The
-    update program may change the sums in place (unscaling, clipping); the next step overwrites
-    them, and the runtime finishes a step's update before the next step's first act."""
+    The sums live in tensors kept from step to step (``update.sums``, allocated with the plan from
+    ``like``, the values' metas), as eager's ``.grad``: a step's first value of each is copied into
+    them (``_into``), not cloned into a fresh gradient-sized tensor on the update thread every step.
+    Indices in ``owned`` arrive once per step, already summed by their producer (the deferred
+    weight gradients' ``_wgrad_fn``): taken as they are (no second copy) and dropped after the
+    step. The update program may change the sums in place (unscaling, clipping); the next step
+    overwrites them, and the runtime finishes a step's update before the next step's first act."""
     state: dict = {"k": 0, "got": [False] * n_sum}
-    sums: list = [None] * n_sum
+    sums: list = [None if i in owned else _empty(v) for i, v in enumerate(like[:n_sum])] or [None] * n_sum
 
     def update(*vals) -> tuple:
         k = state["k"]
@@ -626,9 +626,19 @@ def _acc_fn(entry: Any, m: int, n_sum: int, owned: frozenset = frozenset()):
         if k == m - 1:
             entry(*(t if g else None for t, g in zip(sums, got)), *vals[n_sum:])
             state["got"] = [False] * n_sum
+            for i in owned:   # the producer's: not kept past the step
+                sums[i] = None
         return ()
     update.sums = sums   # for tests: the same tensors every step
     return update
+
+
+def _empty(v: Value) -> torch.Tensor | None:
+    """A tensor for the local value ``v`` (allocated when the plan is built, by the caller's thread,
+    not by a runtime thread in the middle of a step), or None for a value of unknown shape."""
+    if not all(isinstance(d, int) for d in v.shape):
+        return None
+    return torch.empty(tuple(v.shape), dtype=v.dtype, device=v.device)
 
 
 def _into(buf: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor:
@@ -655,9 +665,13 @@ def _nbytes(ts: list) -> int:
 def _wgrad_fn(fn: Any, m: int, n_out: int, mem: dict, lock: Any, sizes: deque):
     """Zero-bubble (ZB-H1) weight gradients of one micro-batch per act (deferred: the stage's act
     order puts them where it would idle); summed here and handed to the update task once, after
-    the step's last micro-batch (None before)."""
-    state: dict = {"k": 0}
-    sums: list = [None] * n_out   # kept from step to step (see ``_acc_fn``), handed to it as they are
+    the step's last micro-batch (None before), which takes the sums as they are.
+
+    The sums are a new tensor each step (the first micro-batch's gradients cloned), unlike the
+    update actor's: kept from step to step, they made glibc trim and re-fault this thread's heap
+    around every weight-gradient act (GPT blocks d=256, T=64, first stage: ~13000 minor page
+    faults per step instead of ~500-4500, each W ~2-3 ms longer; ``bench/pipeline.py`` faults)."""
+    state: dict = {"k": 0, "sum": None}
 
     def wgrad(*args) -> tuple:
         k = state["k"]
@@ -668,10 +682,10 @@ def _wgrad_fn(fn: Any, m: int, n_out: int, mem: dict, lock: Any, sizes: deque):
             mem["bytes"] -= nb
             mem["w_bytes"] -= nb
             mem["w_waiting"] -= 1
-        for i, o in enumerate(out):
-            sums[i] = _into(sums[i], o) if k == 0 else sums[i].add_(o)
+        s = state["sum"]
+        state["sum"] = [o.clone() for o in out] if s is None else [a.add_(o) for a, o in zip(s, out)]
         if k != m - 1:
             return (None,) * n_out
-        return tuple(sums)
-    wgrad.sums = sums   # for tests: the same tensors every step
+        out, state["sum"] = state["sum"], None
+        return tuple(out)
     return wgrad
