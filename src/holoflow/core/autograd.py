@@ -114,8 +114,14 @@ class GradNode:
 
     @property
     def inputs(self) -> tuple:
-        self._check_saved()
-        return self._saved
+        saved, versions = self._saved, self._versions
+        if saved is _FREED:
+            self._check_saved()
+        if versions is not None:
+            for t, v in versions:
+                if t._version != v:
+                    self._check_saved()
+        return saved
 
     @property
     def outs(self) -> tuple:
@@ -224,7 +230,11 @@ def _call_grad(node: GradNode, grads: list) -> tuple:
         reads = node.op.grad_reads
         grads = [g if g is not None or (reads is not None and i not in reads) else _zeros_for(m)
                  for i, (g, m) in enumerate(zip(grads, node.out_metas))]
-    result = node.op.grad(node, *grads)
+    return _as_grads(node, node.op.grad(node, *grads))
+
+
+def _as_grads(node: GradNode, result) -> tuple:
+    """A grad rule's result as one gradient per input (a lone gradient: a 1-tuple)."""
     if not isinstance(result, tuple):
         result = (result,)
     if len(result) != len(node.edges):
@@ -333,13 +343,26 @@ def _drain(ready, buffers, deps, cap_keys, captured, retain_graph, create_graph,
                     key = (node, i)
                     if key in cap_keys and g is not None:
                         captured[key] = _accumulate(captured.get(key), g)
-            if (gs[0] is not None) if len(gs) == 1 else any(g is not None for g in gs):
+            op, edges = node.op, node.edges
+            if node.out_metas is None:   # one output: the rule gets its gradient, no list work
+                g = gs[0]
+                if g is None:
+                    in_grads = (None,) * len(edges)
+                else:
+                    in_grads = op.grad(node, g)
+                    if type(in_grads) is not tuple:
+                        in_grads = _as_grads(node, in_grads)
+                    elif len(in_grads) != len(edges):
+                        _as_grads(node, in_grads)
+                    if not retain_graph and op.save:
+                        node._saved, node._outs, node._versions = _FREED, None, None
+            elif any(g is not None for g in gs):
                 in_grads = _call_grad(node, gs)
-                if not retain_graph and node.op.save:
+                if not retain_graph and op.save:
                     node.release()
             else:
-                in_grads = (None,) * len(node.edges)
-            for e, g in zip(node.edges, in_grads):
+                in_grads = (None,) * len(edges)
+            for e, g in zip(edges, in_grads):
                 if e is None:
                     continue
                 if type(e) is tuple:

@@ -142,10 +142,14 @@ def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | N
             make_view(t, inputs[0], op, attrs, None)
         return t
     outs = tuple(out)
-    wrapped = [Tensor._make(o) for o in outs]
+    wrapped = []
+    for o in outs:
+        w = _new(Tensor)
+        w._data, w._rg, w._grad, w.grad_fn, w._out_idx, w._hooks, w._global = o, False, None, None, 0, None, None
+        wrapped.append(w)
     if record:
         node = _record(op, inputs, attrs, outs, saved, logical)
-        node.out_metas = tuple((o.shape, o.dtype, o.device) for o in outs)
+        node.out_metas = tuple([(o.shape, o.dtype, o.device) for o in outs])
         for i, (w, o) in enumerate(zip(wrapped, outs)):
             if o.dtype.is_floating_point or o.dtype.is_complex:
                 w._rg, w.grad_fn, w._out_idx = True, node, i
@@ -162,7 +166,8 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None
     edges, shapes, dtypes = [], [], []
     for x in inputs:
         if isinstance(x, Tensor):
-            if x._view is not None:
+            vi = x._view
+            if vi is not None and stamp_of(vi.base) != vi.stamp:
                 refresh(x)
             d = x._data
             shapes.append(x.shape if logical else d.shape)
@@ -176,9 +181,15 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None
             shapes.append(None)
             dtypes.append(None)
             edges.append(None)
-    node = GradNode(op, tuple(edges), attrs, tuple(shapes), tuple(dtypes))
-    if op.save:
-        node.save(*op.to_save(saved or inputs, outs, node.edges))
+    node = _new(GradNode)
+    node.op, node.edges, node.attrs, node.shapes, node.dtypes = op, tuple(edges), attrs, tuple(shapes), tuple(dtypes)
+    node._outs = node._versions = node.out_metas = node.hooks = node.retains = None
+    saves_in, saves_out = op._saves
+    if saves_in or saves_out:
+        node.save(op.saved_of(saved or inputs, node.edges) if saves_in else None,
+                  op.outputs_of(outs) if saves_out else None)
+    else:
+        node._saved = None
     return node
 
 

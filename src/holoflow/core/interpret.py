@@ -106,7 +106,26 @@ def stack() -> list[Interpreter]:
 def is_lazy() -> bool:
     """Whether ops are being traced (values are symbolic) in this context."""
     top = _CURRENT.get()
-    return top is not None and any(i.lazy for i in stack())
+    return top is not None and top.lazy_below
+
+
+def token_of(x) -> object:
+    """``value_token(x)`` of the active stack (None when no interpreter below the innermost one
+    tracks values: then storage identifies a value)."""
+    top = _CURRENT.get()
+    if top is None:
+        return None
+    src = top.token_source
+    return None if src is None else src.value_token(x)
+
+
+def _token_source(interp: Interpreter) -> Interpreter | None:
+    """The interpreter whose ``value_token`` answers for ``interp``'s (the first on the way down
+    that defines its own); None when that is the eager one, whose tokens are all None."""
+    it = interp
+    while it is not None and type(it).value_token is Interpreter.value_token:
+        it = it.parent
+    return None if it is None or (_BOTTOM and it is _BOTTOM[0]) else it
 
 
 I = TypeVar("I", bound=Interpreter)
@@ -115,7 +134,10 @@ I = TypeVar("I", bound=Interpreter)
 @contextlib.contextmanager
 def pushed(interp: I) -> Iterator[I]:
     """Makes ``interp`` the innermost interpreter for the ``with`` block (this context only)."""
-    interp.parent = current()
+    interp.parent = parent = current()
+    # what every op's bookkeeping asks of the whole stack, worked out once per push
+    interp.lazy_below = bool(interp.lazy or getattr(parent, "lazy_below", parent.lazy))
+    interp.token_source = _token_source(interp)
     token = _CURRENT.set(interp)
     try:
         yield interp

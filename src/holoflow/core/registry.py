@@ -123,18 +123,26 @@ class Op:
         needs no gradient): ``(inputs, outs)``, each None when the op reads none of them,
         positions it does not read replaced by None."""
         saves_in, saves_out = self._saves
+        return (self.saved_of(inputs, edges) if saves_in else None,
+                self.outputs_of(outs) if saves_out else None)
+
+    def saved_of(self, inputs: tuple, edges: tuple) -> tuple:
+        """The inputs a grad node keeps (an op that saves inputs): those its rule reads, None
+        elsewhere."""
         keep = self.saved_inputs
-        if saves_in and callable(keep):
-            keep = keep(tuple(e is not None for e in edges))
-        return (_select(inputs, keep) if saves_in else None,
-                _select(outs, self.saved_outputs) if saves_out else None)
+        if keep is None:
+            return inputs
+        if callable(keep):
+            keep = keep(tuple([e is not None for e in edges]))
+        return tuple([x if i in keep else None for i, x in enumerate(inputs)])
+
+    def outputs_of(self, outs: tuple) -> tuple:
+        """The outputs a grad node keeps (an op that saves outputs)."""
+        keep = self.saved_outputs
+        return outs if keep is None else tuple([x if i in keep else None for i, x in enumerate(outs)])
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"
-
-
-def _select(xs: tuple, keep: tuple[int, ...] | None) -> tuple:
-    return xs if keep is None else tuple(x if i in keep else None for i, x in enumerate(xs))
 
 
 def _keyword_defaults(fn: Callable) -> dict:

@@ -43,8 +43,7 @@ def aliases(out: torch.Tensor, data: torch.Tensor) -> bool:
 def stamp_of(base) -> tuple:
     """What a view's derivation depends on: its base's autograd history and (while tracing)
     its current symbolic value; when this changes, the view is re-derived."""
-    top = interpret._CURRENT.get()
-    return base.grad_fn, base._out_idx, None if top is None else top.value_token(base)
+    return base.grad_fn, base._out_idx, interpret.token_of(base)
 
 
 def make_view(out, x, op: Op, attrs: dict, idx: int) -> None:

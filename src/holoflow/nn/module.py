@@ -148,8 +148,9 @@ class Module(StateMixin):
     def __getattr__(self, name: str) -> Any:
         d = self.__dict__
         for store in ("_parameters", "_buffers", "_modules"):
-            if store in d and name in d[store]:
-                return d[store][name]
+            items = d.get(store)
+            if items is not None and name in items:
+                return items[name]
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __setattr__(self, name: str, value: Any) -> None:
