@@ -8,7 +8,8 @@ import torch
 import holoflow as flow
 from holoflow.distributed import world
 from holoflow.distributed.boxing import plan as box_plan
-from holoflow.graph.passes.bucket_grads import FIRST_BUCKET_BYTES
+from holoflow.graph.passes import bucket_grads
+from holoflow.graph.passes.bucket_grads import FIRST_BUCKET_BYTES, spare_core
 from holoflow.sbp import B, S
 
 D = 256   # a D x D float32 weight is 1/4 MiB
@@ -91,6 +92,46 @@ def test_last_bucket_is_small_too_and_training_still_equals_single_process():
 def test_bucket_size_caps_every_bucket():
     for *_, (sizes, _tasks) in world.simulate(2, lambda r: _train(r, 0.5)):
         assert sizes == [2 * D * D * 4] * 3, sizes
+
+
+def _host(monkeypatch, cores: int, local: int, threads: int) -> None:
+    """This host as ``cores`` cores running ``local`` launched ranks of ``threads`` intra-op threads."""
+    monkeypatch.delenv("HOLOFLOW_DP_OVERLAP", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+    monkeypatch.setattr(bucket_grads.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(bucket_grads.torch, "get_num_threads", lambda: threads)
+
+
+def test_spare_core_counts_the_hosts_ranks_and_their_threads(monkeypatch):
+    place = flow.placement("cpu", [0, 1])
+    _host(monkeypatch, 2, 2, 1)
+    assert not spare_core(place)
+    _host(monkeypatch, 4, 2, 2)
+    assert not spare_core(place)
+    _host(monkeypatch, 5, 2, 2)
+    assert spare_core(place)
+    _host(monkeypatch, 2, 2, 1)
+    monkeypatch.setenv("HOLOFLOW_DP_OVERLAP", "1")
+    assert spare_core(place)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")   # simulated ranks (one process): DDP's buckets
+    monkeypatch.delenv("HOLOFLOW_DP_OVERLAP")
+    assert spare_core(place)
+
+
+def test_without_a_spare_core_buckets_are_the_cap_each_and_training_still_equals_single_process(monkeypatch):
+    want_losses, want_w, _ = _train(None, 25.0, n_layers=10)
+    _host(monkeypatch, 2, 2, 1)   # 2 ranks of one thread on 2 cores: nothing to overlap with
+    for losses, weights, (sizes, _tasks) in world.simulate(2, lambda r: _train(r, 25.0, n_layers=10)):
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-6)
+        for w, ww in zip(weights, want_w):
+            torch.testing.assert_close(w, ww, rtol=1e-5, atol=1e-6)
+        # 10 gradients of 1/4 MiB under a 25 MB cap: one collective, no small first or last bucket
+        assert sizes == [10 * D * D * 4], sizes
+    for *_, (sizes, _tasks) in world.simulate(2, lambda r: _train(r, 0.5, n_layers=10)):
+        assert sizes == [2 * D * D * 4] * 5, sizes   # the cap still caps
+    monkeypatch.setenv("HOLOFLOW_DP_OVERLAP", "1")
+    for *_, (sizes, _tasks) in world.simulate(2, lambda r: _train(r, 25.0, n_layers=10)):
+        assert sizes == [FIRST_BUCKET_BYTES, 2 * D * D * 4, FIRST_BUCKET_BYTES], sizes
 
 
 def _plan_tasks(rank: int):

@@ -10,8 +10,21 @@ where it stands and waits for it just before the update reads it (global_graph.i
 so a bucket is reduced as soon as its gradients exist while backward goes on. A bucket closes
 early when a
 member's result is needed before the next gradient is ready, so the order stays topological.
+
+The small first and last buckets buy overlap, which needs a core for the communicator: Gloo
+reduces on the CPU, on its own threads. When the ranks on this host already keep every core
+computing (CPU placement, cores <= local ranks x intra-op threads: :func:`spare_core`), a
+collective issued during backward only takes CPU from it, and each extra collective adds its
+own fixed cost; the buckets are then simply ``allreduce_bucket_mb`` each (bench/dp_overlap.py
+measured one 3.3 MB bucket a little faster than three on 2 ranks of a 2-core host). Every rank
+must bucket alike: ranks that decide differently trace different programs, which
+``global_graph.check_same_program`` reports before anything runs.
 """
 from __future__ import annotations
+
+import os
+
+import torch
 
 from ...core.registry import REGISTRY
 from ...distributed.boxing import plan as box_plan
@@ -20,6 +33,21 @@ from ..ir import IRGraph, Node
 from . import register
 
 FIRST_BUCKET_BYTES = 2 ** 20   # DDP's first bucket
+
+
+def spare_core(place) -> bool:
+    """Whether a collective issued during backward has a core to run on beside it: always off the
+    CPU; on the CPU, when this host has more cores than its ranks' intra-op threads (local ranks
+    from ``LOCAL_WORLD_SIZE``, set by the launcher; simulated ranks in one process are not
+    counted). ``HOLOFLOW_DP_OVERLAP=1``/``0`` decides instead."""
+    forced = os.environ.get("HOLOFLOW_DP_OVERLAP")
+    if forced in ("0", "1"):
+        return forced == "1"
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if getattr(place, "type", "cpu") != "cpu" or local is None:
+        return True
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores > int(local) * torch.get_num_threads()
 
 
 def _all_reduce_only(n: Node) -> bool:
@@ -49,7 +77,8 @@ def _split_tail(g: IRGraph, members: list[int], tail: int) -> list[list[int]]:
           and getattr(cfg, "allreduce_bucket_mb", 0) > 0)
 def bucket_grads(g: IRGraph, config) -> IRGraph:
     limit = config.allreduce_bucket_mb * 2 ** 20
-    first = min(limit, FIRST_BUCKET_BYTES)
+    place = next((n.attrs["place"] for n in g.nodes if _candidate(n)), None)
+    first = min(limit, FIRST_BUCKET_BYTES) if place is None or spare_core(place) else limit
     first_use: dict = {}
     for i, n in enumerate(g.nodes):
         for v in n.value_inputs():
