@@ -351,7 +351,8 @@ def main() -> None:
         print(f"\np={p} m={m}  (F/B/W: mean ms per micro-batch of each stage, from the trace; ideal: the "
               f"schedule simulated with those durations; + moves: and the run's median move latency; replay: "
               f"each step simulated with its acts' own durations and that latency, averaged)")
-        print(f"  {'schedule':<10} {'bubble per stage':<18} {'ideal':<18} {'ideal + moves':<18} {'replay':<18}"
+        w = max(18, 6 * p + 1)   # a column of p fractions
+        print(f"  {'schedule':<10} {'bubble per stage':<{w}} {'ideal':<{w}} {'ideal + moves':<{w}} {'replay':<{w}}"
               f"{'F/B/W ms per stage':<28} {'move ms':<8} {'faults':<14} {'in flight':<10} peak activation bytes")
         for s, r in best.items():
             ideal = r["ideal"] = ideals(s, m, r["dur"], r["delay"])
@@ -360,9 +361,9 @@ def main() -> None:
             flight = [mm["peak_in_flight"] for mm in r["mem"]]
             bound = [m if s == "gpipe" else min(m, p - st) for st in range(p)]
             ok &= all(f <= b for f, b in zip(flight, bound))
-            print(f"  {s:<10} {_fr(r['bubble']):<18} {_fr(ideal):<18} {_fr(r['ideal_lat']):<18} {_fr(r['replay']):<18}"
-                  f"{_ms(r['dur']):<28} {1e3 * r['hop']:<8.2f} {_faults(r['faults']):<14} {str(flight):<10} "
-                  f"{[mm['peak_bytes'] for mm in r['mem']]}")
+            print(f"  {s:<10} {_fr(r['bubble']):<{w}} {_fr(ideal):<{w}} {_fr(r['ideal_lat']):<{w}} "
+                  f"{_fr(r['replay']):<{w}}{_ms(r['dur']):<28} {1e3 * r['hop']:<8.2f} {_faults(r['faults']):<14} "
+                  f"{str(flight):<10} {[mm['peak_bytes'] for mm in r['mem']]}")
             if min(r["hops"], default=0.0) < 0:
                 print(f"  WARNING: a stage started before its input's producer ended ({min(r['hops']):.6f} s): "
                       f"the ranks' clocks are not on one time base")
