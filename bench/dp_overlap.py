@@ -18,6 +18,12 @@ Paired (default): one launched world per framework builds both models and altern
 both variants alike, which separate launches (``--separate``: one launch per variant, best of
 ``--rounds``) cannot promise on a shared machine.
 
+Buckets: on a host whose cores all run the ranks' compute (2 ranks of one intra-op thread on 2
+cores) the graph's gradients go in ``--bucket-mb`` buckets with no small first/last one
+(passes/bucket_grads.spare_core: Gloo reduces on the CPU, so overlap has no core to run on and
+each extra collective costs CPU); ``HOLOFLOW_DP_OVERLAP=1`` forces DDP's overlapping buckets, to
+compare. torchrun (the launcher) sets one intra-op thread per rank.
+
 ``--explain``: the DP graph profiled (every node timed), the links calibrated
 (graph/global_graph.calibrate), and each boxing node's predicted time from the cost model next
 to its measured time per step: the caller's time in it (for a collective issued and waited for
