@@ -34,3 +34,30 @@ def test_gradient_equals_torch(write, where, use):
     got = _grads(flow, write, where, use)
     want = _grads(torch, write, where, use)
     torch.testing.assert_close(got.to_torch(), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("write", list(WRITES))
+@pytest.mark.parametrize("where", ["whole", "slice"])
+def test_under_no_grad_the_history_stays(write, where):
+    """torch keeps the tensor's old history for a write under no_grad (and leaves keep
+    requires_grad): the gradient still flows through what it held before."""
+    def grads(lib):
+        w = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        y = w * 2
+        with lib.no_grad():
+            WRITES[write](lib, y if where == "whole" else y[1:])
+        assert y.requires_grad
+        (y * w).sum().backward()
+        return w.grad
+    torch.testing.assert_close(grads(flow).to_torch(), grads(torch), rtol=0, atol=0)
+
+
+def test_a_leaf_written_under_no_grad_keeps_requires_grad():
+    for lib in (flow, torch):
+        w = lib.zeros(3, requires_grad=True)
+        with lib.no_grad():
+            w.copy_(lib.tensor([1.0, 2.0, 3.0]))
+            w.add_(1.0)
+        assert w.requires_grad and w.grad_fn is None
+        (w * w).sum().backward()
+        assert w.grad.tolist() == [4.0, 6.0, 8.0]

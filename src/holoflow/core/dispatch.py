@@ -297,18 +297,21 @@ def assign(x: Tensor, out: Tensor, name: str) -> Tensor:
 def take_history(x: Tensor, out: Tensor, name: str) -> None:
     """``x`` now holds ``out``'s value: it takes over ``out``'s history; if ``x`` is a view, its
     base's history is rebased onto a ``view_scatter`` node (torch's CopySlices). A value with no
-    history (``y.copy_(constant)``) cuts ``x``'s: no gradient reaches what ``x`` held before (for
-    a view, the base's gradient is zero on the overwritten slice, and the view re-derives from
-    its base)."""
+    history (``y.copy_(constant)``) with grad mode on cuts ``x``'s: no gradient reaches what ``x``
+    held before (for a view, the base's gradient is zero on the overwritten slice, and the view
+    re-derives from its base). Under ``no_grad`` the history stays, as torch's does; a leaf keeps
+    its ``requires_grad``."""
     vi = x._view
     if out.grad_fn is None:
+        if not grad_mode.STATE.enabled:
+            return
         if vi is not None and vi.base._rg:
             base = vi.base
             edge = (base.grad_fn, base._out_idx) if base.grad_fn is not None else base
             base.grad_fn, base._out_idx = GradNode(VIEW_SCATTER, (edge, None), {"chain": vi.chain},
                                                    (base._data.shape, out._data.shape),
                                                    (base._data.dtype, out._data.dtype)), 0
-        elif vi is None:
+        elif vi is None and x.grad_fn is not None:
             x.grad_fn, x._out_idx, x._rg = None, 0, False
         return
     if vi is not None:
