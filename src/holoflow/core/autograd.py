@@ -19,6 +19,7 @@ _FREED = object()
 _CALLBACKS: contextvars.ContextVar[list | None] = contextvars.ContextVar("holoflow_backward_callbacks",
                                                                          default=None)
 _ACC_LOCK = threading.Lock()
+_new = object.__new__
 
 
 def queue_callback(fn: Callable[[], None]) -> None:
@@ -156,6 +157,8 @@ class GradNode:
         if inputs is not None:
             self._saved = inputs
             for x in inputs:
+                if x is None:   # (a position the rule does not read)
+                    continue
                 d = getattr(x, "_data", None)
                 if d is not None:
                     versions.append((d, d._version))
@@ -285,14 +288,19 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
                 g = g.detach()
             else:
                 # a view, a gradient another leaf (or the caller) already holds, a strided one: copy
-                if d._base is not None or d.data_ptr() in handed or not d.is_contiguous():
+                ptr = d.data_ptr()
+                if d._base is not None or ptr in handed or not d.is_contiguous():
                     d = d.clone(memory_format=torch.contiguous_format)
-                handed[d.data_ptr()] = d  # held, so an address is never reused within this pass
-                g, glob = Tensor._make(d), g._global
-                g._global = glob
+                    ptr = d.data_ptr()
+                handed[ptr] = d  # held, so an address is never reused within this pass
+                glob = g._global
+                g = _new(Tensor)
+                g._data, g._rg, g._grad, g.grad_fn, g._out_idx = d, False, None, None, 0
+                g._hooks, g._global = None, glob
         if t._global is not None:  # a local gradient of SBP dual(t.sbp): box it for .grad
             g = t._global.box_grad(t, g)
-        accumulate_grad(t, g)
+        with _ACC_LOCK:   # accumulate_grad, inlined
+            t._grad = g if t._grad is None else t._grad + g
         post = t.__dict__.get("_post_acc_hooks")
         if post:
             for h in post:
