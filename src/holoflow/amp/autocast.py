@@ -56,15 +56,18 @@ class Autocast(Interpreter):
     def __init__(self, modes: dict[str, torch.dtype | None], cache: _CastCache | None) -> None:
         super().__init__()
         self.modes, self.cache, self.shadowed = modes, cache, False
+        # a region disabled on every device type (``autocast(enabled=False)`` with no enabled
+        # region around it) casts nothing: its ops go straight on, no policy lookup per op
+        self.idle = all(m is None for m in modes.values())
 
     def bind(self, op, inputs: tuple, attrs: dict):
-        if not self.shadowed:
+        if not (self.shadowed or self.idle):
             inputs, attrs = self.cast(op, inputs, attrs)
         return self.parent.bind(op, inputs, attrs)
 
     def composite(self, name: str, inputs: tuple) -> tuple:
         """The policy of a composite op (mse_loss, l1_loss, ...): the name torch lists it under."""
-        if not self.shadowed:
+        if not (self.shadowed or self.idle):
             inputs, _ = self.cast(_Named(name), inputs, {})
         return self.parent.composite(name, inputs)
 
