@@ -238,3 +238,12 @@ def test_one_hot_with_num_classes_traces():
             return flow.nn.functional.one_hot(x, 4)
     x = flow.tensor([0, 2, 1])
     assert torch.equal(G()(x)._data, torch.nn.functional.one_hot(x._data, 4))
+
+
+def test_reading_a_plain_meta_tensor_names_meta_not_graph():
+    """A meta tensor outside any graph has no data: the error says that, not "inside build()"."""
+    t = flow.empty(2, 3, device="meta")
+    for read in (lambda: t.item(), lambda: t.tolist(), lambda: t.numpy()):
+        with pytest.raises(RuntimeError, match=r"meta tensor \(shape \(2, 3\)") as e:
+            read()
+        assert "build()" not in str(e.value)

@@ -231,10 +231,13 @@ class Tensor:
     def _no_value_in_trace(self, what: str) -> None:
         """Inside ``build()`` a value read would be frozen into the graph at trace time: a
         buffer's or parameter's value is the one it had then (silently stale on later calls)."""
-        if self._data.device.type == "meta" or interpret.is_lazy():
+        if "_v" in self.__dict__ or interpret.is_lazy():
             raise RuntimeError(f"holoflow.nn.Graph: {what} reads a value, but inside build() tensors "
                                f"are symbolic (a buffer's value would be frozen at trace time); compute "
                                f"with tensor ops, or return the tensor from build() and read it outside")
+        if self._data.device.type == "meta":
+            raise RuntimeError(f"holoflow: {what} cannot read a meta tensor (shape {tuple(self.shape)}, "
+                               f"{self.dtype}): it has no data; move it to a real device first")
 
     def item(self):
         self._no_value_in_trace(".item()")
