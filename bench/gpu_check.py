@@ -10,10 +10,18 @@
    in its own process: ms/step, ratios (holoflow eager / torch eager, target <= 1.15; graph /
    torch.compile, target <= 1.0), MFU (target >= 47%, aim 55%), peak memory
    (``torch.cuda.max_memory_allocated``; target: graph and eager <= torch eager's), and the
-   first losses of each (the same weights and batch, so they must agree to bf16 noise).
+   first losses of each (the same weights and batch, so they must agree to bf16 noise);
+4. ``exec``: nn.Graph's actor runtime against the sequential executor on CUDA (results, ms/step,
+   a pinned host batch through the copy stream);
+5. ``profile``: per variant, wall vs host-enqueue ms/step, device-kernel ms/step, the top kernels
+   and every host-device synchronization inside a step.
 
-    PYTHONPATH=src:tests python bench/gpu_check.py                 # everything (~5-8 min on an H200)
-    PYTHONPATH=src:tests python bench/gpu_check.py attn gpt        # parts: ops, attn, gpt
+On one H200 (2026-12) the default run took ~2.5 min plus ~30 s to start the machine; its
+results so far are in bench/results-cuda.md.
+
+    PYTHONPATH=src:tests python bench/gpu_check.py                 # everything
+    PYTHONPATH=src:tests python bench/gpu_check.py attn gpt        # parts: attn, ops, gpt, exec, profile
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=src:tests python bench/gpu_check.py exec --deterministic
     PYTHONPATH=src:tests python bench/gpu_check.py gpt --small     # GPT-mini shapes (a quick try)
     PYTHONPATH=src:tests python bench/gpu_check.py --device cpu --small   # a dry run of the script, no GPU
     PYTHONPATH=src:tests python bench/gpu_check.py profile            # where each variant's step time goes
@@ -378,7 +386,7 @@ def gpt_table(shape: str, steps: int, peak_tflops: float, timeout: int, variants
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("parts", nargs="*", default=["attn", "gpt", "exec", "ops"])
+    ap.add_argument("parts", nargs="*", default=["attn", "ops", "gpt", "exec", "profile"])
     ap.add_argument("--small", action="store_true", help="GPT-mini shapes instead of GPT-2 small")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--peak-tflops", type=float, default=989.0)
