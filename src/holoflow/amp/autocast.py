@@ -75,42 +75,34 @@ class Autocast(Interpreter):
         return None if self.shadowed else Autocast(self.modes, self.cache)
 
     def cast(self, op, inputs: tuple, attrs: dict) -> tuple[tuple, dict]:
-        """The inputs (and attrs) ``op`` runs with under this region's policy."""
-        return self._cast_inputs(op, inputs, attrs), self._cast_attrs(op, inputs, attrs)
-
-    def _cast_attrs(self, op, inputs: tuple, attrs: dict) -> dict:
-        devtype = next((self.parent.device_type_of(x) for x in inputs if isinstance(x, Tensor)), None)
-        if devtype is None or self.modes.get(devtype) is None or attrs.get("dtype") is not None:
-            return attrs
-        if POLICIES.get(devtype, POLICIES["cuda"]).get(op.name) != FP32_ATTR:
-            return attrs
-        if any(isinstance(x, Tensor) and _is_low(x._data.dtype) for x in inputs):
-            return {**attrs, "dtype": torch.float32}
-        return attrs
-
-    def _cast_inputs(self, op, inputs: tuple, attrs: dict) -> tuple:
+        """The inputs and attrs ``op`` runs with under this region's policy (one policy lookup:
+        the device type of its first tensor input)."""
         for x in inputs:
             if isinstance(x, Tensor):
                 devtype = self.parent.device_type_of(x)
                 break
         else:
-            return inputs
+            return inputs, attrs
         low = self.modes.get(devtype)
         if low is None:
-            return inputs
+            return inputs, attrs
         kind = POLICIES.get(devtype, POLICIES["cuda"]).get(op.name)
-        if kind is None or kind == FP32_ATTR:
-            return inputs
+        if kind is None:
+            return inputs, attrs
         if kind == LOWER:
             keep = getattr(op, "amp_keep", ())
             return tuple(x if i in keep else self._to(x, low, devtype, _eligible_for_lower)
-                         for i, x in enumerate(inputs))
+                         for i, x in enumerate(inputs)), attrs
         if kind == FP32:
             if op.name in OPT_DTYPE and attrs.get("dtype") is not None:
-                return inputs
-            return tuple(self._to(x, torch.float32, devtype, _is_low) for x in inputs)
+                return inputs, attrs
+            return tuple(self._to(x, torch.float32, devtype, _is_low) for x in inputs), attrs
+        if kind == FP32_ATTR:   # low-precision inputs stay; the op computes in float32
+            if attrs.get("dtype") is None and any(isinstance(x, Tensor) and _is_low(x._data.dtype) for x in inputs):
+                return inputs, {**attrs, "dtype": torch.float32}
+            return inputs, attrs
         assert kind == PROMOTE
-        return self._promote(inputs, devtype)
+        return self._promote(inputs, devtype), attrs
 
     def _to(self, x, dt: torch.dtype, devtype: str, eligible: Callable) -> Any:
         if not isinstance(x, Tensor):
