@@ -324,19 +324,27 @@ def sync_points(step) -> list[str]:
     return [f"{c}x {k}" for k, c in seen.most_common(8)]
 
 
+def variant_child(variant: str, args: list[str], timeout: int) -> dict | None:
+    """Runs one GPT variant in a fresh process (``--variant``) and returns its RESULT; a timeout
+    or failure is printed (with the child's last output) and gives None."""
+    cmd = [sys.executable, __file__, "--variant", variant, *args]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ)
+    except subprocess.TimeoutExpired:
+        print(f"  {variant}: timed out after {timeout}s")
+        return None
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode or not line:
+        print(f"  {variant}: failed (rc {p.returncode}): {(p.stderr or p.stdout).strip()[-1500:]}")
+        return None
+    return json.loads(line[-1][7:])
+
+
 def profile_table(shape: str, timeout: int, variants=("torch_eager", "holoflow_eager", "holoflow_graph")) -> None:
     for v in variants:
-        cmd = [sys.executable, __file__, "--variant", v, "--shape", shape, "--device", DEV, "--profile"]
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ)
-        except subprocess.TimeoutExpired:
-            print(f"  {v}: timed out after {timeout}s")
+        r = variant_child(v, ["--shape", shape, "--device", DEV, "--profile"], timeout)
+        if r is None:
             continue
-        line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-        if p.returncode or not line:
-            print(f"  {v}: failed (rc {p.returncode}): {(p.stderr or p.stdout).strip()[-1500:]}")
-            continue
-        r = json.loads(line[-1][7:])
         print(f"profile {v} ({shape}): wall {r['wall']:.2f} ms/step, host enqueue {r['host']:.2f} ms/step, "
               f"device kernels {r['kernel_ms']:.2f} ms/step in {r['kernels']:.0f} kernels", flush=True)
         for name, ms, c in r["top"]:
@@ -349,17 +357,10 @@ def profile_table(shape: str, timeout: int, variants=("torch_eager", "holoflow_e
 def gpt_table(shape: str, steps: int, peak_tflops: float, timeout: int, variants=VARIANTS) -> None:
     res = {}
     for v in variants:
-        cmd = [sys.executable, __file__, "--variant", v, "--shape", shape, "--steps", str(steps), "--device", DEV]
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ)
-        except subprocess.TimeoutExpired:
-            print(f"  {v}: timed out after {timeout}s")
+        r = variant_child(v, ["--shape", shape, "--steps", str(steps), "--device", DEV], timeout)
+        if r is None:
             continue
-        line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-        if p.returncode or not line:
-            print(f"  {v}: failed (rc {p.returncode}): {(p.stderr or p.stdout).strip()[-1500:]}")
-            continue
-        res[v] = json.loads(line[-1][7:])
+        res[v] = r
         print(f"  {v}: {res[v]['ms']:.2f} ms/step, peak {res[v]['peak'] / 2**30:.2f} GiB, "
               f"first {res[v]['first_s']:.1f}s", flush=True)
     s = SHAPES[shape]
