@@ -19,7 +19,6 @@ _FREED = object()
 _CALLBACKS: contextvars.ContextVar[list | None] = contextvars.ContextVar("holoflow_backward_callbacks",
                                                                          default=None)
 _ACC_LOCK = threading.Lock()
-_new = object.__new__
 
 
 def queue_callback(fn: Callable[[], None]) -> None:
@@ -293,14 +292,11 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
                     d = d.clone(memory_format=torch.contiguous_format)
                     ptr = d.data_ptr()
                 handed[ptr] = d  # held, so an address is never reused within this pass
-                glob = g._global
-                g = _new(Tensor)
-                g._data, g._rg, g._grad, g.grad_fn, g._out_idx = d, False, None, None, 0
-                g._hooks, g._global = None, glob
+                g, glob = Tensor._make(d), g._global
+                g._global = glob
         if t._global is not None:  # a local gradient of SBP dual(t.sbp): box it for .grad
             g = t._global.box_grad(t, g)
-        with _ACC_LOCK:   # accumulate_grad, inlined
-            t._grad = g if t._grad is None else t._grad + g
+        accumulate_grad(t, g)
         post = t.__dict__.get("_post_acc_hooks")
         if post:
             for h in post:
