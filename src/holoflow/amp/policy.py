@@ -8,9 +8,10 @@ Four policies, as data:
 - ``PROMOTE``: floating inputs are cast to the widest floating dtype among them, for ops whose
   kernels want one dtype (cat, stack, addcmul...);
 - ``FP32_ATTR``: low-precision inputs stay as they are and the op gets ``dtype=float32``, the
-  dtype it computes in: CUDA's cross_entropy, which torch decomposes into
-  ``log_softmax(x, dtype=float32)`` (autocast's "set the optional dtype" policy) and ``nll_loss``,
-  reading the low-precision logits with no float32 copy of them.
+  dtype of its result: CUDA's cross_entropy, which torch decomposes into
+  ``log_softmax(x, 1, dtype=x.dtype)`` (an explicit dtype, so autocast leaves the log-probs in the
+  logits' dtype) and ``nll_loss`` (on autocast's float32 list): a float32 loss of log-probs in
+  the logits' dtype (ops/loss.py reads only the targets' log-probs in float32).
 
 The lists follow PyTorch's ``aten/src/ATen/autocast_mode.cpp`` per device type, so the same
 program gets the same dtypes as under ``torch.autocast``. Names of ops holoflow doesn't declare
@@ -64,7 +65,8 @@ prod softmax log_softmax softmin cumprod cumsum linalg_vector_norm linalg_matrix
 normalize
 """
 
-# torch's CUDA list has no cross_entropy_loss: it reaches log_softmax with dtype=float32
+# torch's CUDA list has no cross_entropy_loss: its decomposition reaches log_softmax(x, dtype=x.dtype)
+# and the float32 nll_loss
 _CUDA_FP32_ATTR = "cross_entropy cross_entropy_backward cross_entropy_log_softmax"
 
 _CPU_PROMOTE = "stack cat index_copy"

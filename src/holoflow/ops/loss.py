@@ -65,21 +65,72 @@ def _scale(dy, reduction, denom, cdim, acc):
 
 
 def _ce_bwd_fast(dy, x, t, ignore_index, reduction, acc):
-    """The common case (2-D input, class indices, no weight or smoothing, computed in float32/64):
-    torch's own backward, nll_loss_backward then _log_softmax_backward_data (half the kernels of
-    the general path). Low-precision logits are read as they are (log_softmax with ``acc``) and
-    their gradient comes out in their dtype."""
+    """The common case (2-D input, class indices, no weight or smoothing, computed in x's dtype,
+    float32/64): torch's own backward, nll_loss_backward then _log_softmax_backward_data (half the
+    kernels of the general path)."""
     logp = torch.log_softmax(x, 1, dtype=acc)
     total = (t != ignore_index).sum().to(acc)
     g = torch.ops.aten.nll_loss_backward.default(dy.to(acc), logp, t, None, 1 if reduction == "mean" else 2,
-                                         ignore_index, total)
-    # in logp's dtype, then cast (CUDA's half-to-float backward takes float16 inputs only)
+                                                 ignore_index, total)
     dx = torch._log_softmax_backward_data(g, logp, 1, logp.dtype).to(x.dtype)
     empty = torch.zeros((), dtype=x.dtype, device=x.device).expand(0)
     return dx, empty, empty
 
 
+# -- a loss wider than its logits (CUDA autocast: float32 loss of bfloat16/float16 logits) --------
+# torch decomposes cross_entropy into ``log_softmax(x, 1, dtype=x.dtype)`` (an explicit dtype, which
+# autocast leaves alone: log-probs in the logits' dtype, float32 accumulation inside the kernel)
+# and ``nll_loss``, which CUDA autocast runs in float32 on a float32 copy of all the log-probs.
+# nll_loss reads one log-prob per target, so these read just those (the same values, no copy of
+# the (N, C) log-probs); the gradient of the log-probs is formed in the loss's dtype and rounded
+# to theirs once, where torch's copy-backward rounds it.
+
+def _widens(x: torch.Tensor, t: torch.Tensor, dtype, label_smoothing: float) -> bool:
+    """Whether cross_entropy takes the wide-loss path: a ``dtype`` other than the logits', class
+    indices, a class dim, no smoothing (the other forms cast the logits, as before)."""
+    return dtype is not None and dtype != x.dtype and not label_smoothing and not t.is_floating_point() \
+        and x.dim() >= 2
+
+
+def _target_weights(t, w, ignore_index, dtype):
+    """(valid, safe indices, per-target weight in ``dtype``, 0 where ignored)."""
+    valid = t != ignore_index
+    idx = torch.where(valid, t, torch.zeros_like(t))
+    wt = valid.to(dtype) if w is None else w.to(dtype)[idx] * valid
+    return valid, idx, wt
+
+
+def _nll_wide(logp, t, w, ignore_index, reduction, dtype):
+    """(nll_loss(logp.to(dtype), t, w), its total weight), reading only the targets' log-probs."""
+    valid, idx, wt = _target_weights(t, w, ignore_index, dtype)
+    picked = logp.gather(1, idx.unsqueeze(1)).squeeze(1).to(dtype)
+    losses = torch.where(valid, -picked * wt, torch.zeros((), dtype=dtype, device=logp.device))
+    total = wt.sum()
+    if reduction == "none":
+        return losses, total
+    s = losses.sum()
+    return (s / total if reduction == "mean" else s), total
+
+
+def _nll_wide_grad(dy, logp, t, w, ignore_index, reduction, total):
+    """d loss / d logp of :func:`_nll_wide`, in logp's dtype (``total``: the 'mean' denominator)."""
+    _, idx, wt = _target_weights(t, w, ignore_index, dy.dtype)
+    s = dy / total if reduction == "mean" else dy
+    val = (-s * wt).to(logp.dtype)
+    return torch.zeros_like(logp).scatter_(1, idx.unsqueeze(1), val.unsqueeze(1))
+
+
+def _ce_wide_bwd(dy, x, t, w, ignore_index, reduction):
+    logp = torch.log_softmax(x, 1)
+    total = _target_weights(t, w, ignore_index, dy.dtype)[2].sum()
+    g = _nll_wide_grad(dy, logp, t, w, ignore_index, reduction, total)
+    return torch._log_softmax_backward_data(g, logp, 1, x.dtype)
+
+
 def _ce_bwd_kernel(dy, x, t, w, ignore_index, reduction, label_smoothing, dtype=None):
+    if _widens(x, t, dtype, label_smoothing):
+        empty = torch.zeros((), dtype=x.dtype, device=x.device).expand(0)
+        return _ce_wide_bwd(dy, x, t, w, ignore_index, reduction), empty, empty
     acc = dtype or x.dtype
     if w is None and not label_smoothing and reduction != "none" and x.dim() == 2 and x.shape[0] > 0 \
             and not t.is_floating_point() and acc in (torch.float32, torch.float64) and x.device.type != "meta":
@@ -163,17 +214,16 @@ def _no_double(name):
 CROSS_ENTROPY_BWD = defop("cross_entropy_backward", _ce_bwd_kernel, sbp=_class_loss_sbp, family="loss",
                           grad=_no_double("cross_entropy_backward"))
 def _ce_kernel(x, t, w, ignore_index, reduction, label_smoothing, dtype=None):
-    """torch's cross_entropy; with ``dtype`` (CUDA autocast sets float32, amp/policy.py's
-    FP32_ATTR) the log-softmax is computed in it from the logits as they are, as torch's
-    decomposition does (no copy of the logits in ``dtype``)."""
+    """torch's cross_entropy; with ``dtype`` (the loss's dtype: CUDA autocast sets float32,
+    amp/policy.py's FP32_ATTR) the log-probs stay in the logits' dtype and the loss is reduced in
+    ``dtype`` (see :func:`_widens`)."""
     if dtype is None or dtype == x.dtype:
         return TF.cross_entropy(x, t, w, ignore_index=ignore_index, reduction=reduction,
                                 label_smoothing=label_smoothing)
-    if label_smoothing or t.is_floating_point() or x.dim() < 2:
+    if not _widens(x, t, dtype, label_smoothing):
         return TF.cross_entropy(x.to(dtype), t, w, ignore_index=ignore_index, reduction=reduction,
                                 label_smoothing=label_smoothing)
-    return TF.nll_loss(torch.log_softmax(x, 1, dtype=dtype), t, None if w is None else w.to(dtype),
-                       ignore_index=ignore_index, reduction=reduction)
+    return _nll_wide(torch.log_softmax(x, 1), t, w, ignore_index, reduction, dtype)[0]
 
 
 CROSS_ENTROPY = defop("cross_entropy", _ce_kernel,
@@ -189,23 +239,30 @@ NLL_LOSS = defop("nll_loss", lambda x, t, w, ignore_index, reduction:
 # any floating dtype) as torch computes it: log_softmax then nll_loss forward, keeping the log-probs and
 # the total weight for the backward (nll_loss_backward + _log_softmax_backward_data), instead of
 # cross_entropy's fused forward with log_softmax recomputed in the backward. A trace keeps the
-# cross_entropy op (graph passes and autocast policies know it; the graph saves its input).
+# cross_entropy op: it saves the logits (which a graph often returns anyway) rather than log-probs
+# of their size, for one log-softmax recomputed in the backward.
 _REDUCTION_ENUM = {"mean": 1, "sum": 2}
 
 
 def _ce_lsm_kernel(x, t, ignore_index, reduction, dtype=None):
-    logp = torch.log_softmax(x, 1, dtype=dtype)
-    loss, total = torch.ops.aten.nll_loss_forward.default(logp, t, None, _REDUCTION_ENUM[reduction], ignore_index)
+    """(loss, log-probs in x's dtype, total weight); ``dtype``: the loss's, see :func:`_widens`."""
+    logp = torch.log_softmax(x, 1)
+    if _widens(x, t, dtype, 0.0):
+        loss, total = _nll_wide(logp, t, None, ignore_index, reduction, dtype)
+    else:
+        loss, total = torch.ops.aten.nll_loss_forward.default(logp, t, None, _REDUCTION_ENUM[reduction],
+                                                              ignore_index)
     return loss, logp, total
 
 
-def _ce_lsm_bwd_kernel(dy, logp, t, total, ignore_index, reduction, input_dtype=None):
-    """The logits' gradient, in their dtype ``input_dtype`` (log-probs computed in float32 from
-    low-precision logits give a low-precision gradient, as torch's)."""
-    g = torch.ops.aten.nll_loss_backward.default(dy.to(logp.dtype), logp, t, None, _REDUCTION_ENUM[reduction],
-                                                 ignore_index, total)
-    # in logp's dtype, then cast (CUDA's half-to-float backward takes float16 inputs only)
-    return torch._log_softmax_backward_data(g, logp, 1, logp.dtype).to(input_dtype or logp.dtype)
+def _ce_lsm_bwd_kernel(dy, logp, t, total, ignore_index, reduction):
+    """The logits' gradient (in logp's dtype, the logits')."""
+    if dy.dtype != logp.dtype:   # a wider loss
+        g = _nll_wide_grad(dy, logp, t, None, ignore_index, reduction, total)
+    else:
+        g = torch.ops.aten.nll_loss_backward.default(dy, logp, t, None, _REDUCTION_ENUM[reduction],
+                                                     ignore_index, total)
+    return torch._log_softmax_backward_data(g, logp, 1, logp.dtype)
 
 
 def _ce_lsm_sbp(metas, attrs):
@@ -229,8 +286,7 @@ def _ce_lsm_bwd_sbp(metas, attrs):
 def _ce_lsm_grad(c, dy, _dlogp, _dtotal):
     _, t = c.inputs
     _, logp, total = c.outs
-    return apply(CE_LSM_BWD, dy, logp, t, total, ignore_index=c.ignore_index, reduction=c.reduction,
-                 input_dtype=c.dtypes[0]), None
+    return apply(CE_LSM_BWD, dy, logp, t, total, ignore_index=c.ignore_index, reduction=c.reduction), None
 
 
 CE_LSM_BWD = defop("cross_entropy_log_softmax_backward", _ce_lsm_bwd_kernel, sbp=_ce_lsm_bwd_sbp, family="loss",

@@ -9,7 +9,7 @@ node's inputs), applied to forward and backward nodes alike by op name:
   wins, as in autocast);
 - ``PROMOTE`` ops (cat, stack...) get their floating inputs cast to the widest among them;
 - ``FP32_ATTR`` ops (CUDA's cross_entropy) keep their low-precision inputs and get
-  ``dtype=float32``, the dtype they compute in;
+  ``dtype=float32``, the dtype of their result (amp/policy.py);
 - every other op runs in whatever dtype reaches it; its outputs' dtypes are inferred again
   (the op's shape rule or its kernel on meta tensors), and a changed output is a new Value.
 
