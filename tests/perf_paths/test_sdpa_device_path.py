@@ -91,3 +91,103 @@ def test_device_path_bf16_forward_has_no_float32_scores(device_path):
         y = attention._sdpa_kernel(q, k, v, None, True, None)[0]
     assert y.dtype == torch.bfloat16
     assert not {"logsumexp", "masked_fill", "_to_copy"} & {o.split(".")[0] for o in aten.ops}, aten.ops
+
+
+def _forward_kernels(ops: list[str]) -> set[str]:
+    return {o for o in ops if o.startswith("_scaled_dot_product_flash_attention_for_cpu")
+            and "backward" not in o}
+
+
+@pytest.mark.parametrize("kind", ["causal", "no_mask"])
+def test_device_path_backward_does_not_recompute_the_forward(device_path, kind):
+    """Without a mask the forward keeps torch's node: the backward runs only the fused backward."""
+    ops = _compare(kind, autocast=True, atol=2e-2)
+    assert not _forward_kernels(ops), ops
+
+
+def test_device_path_retain_graph_and_lost_handle(device_path):
+    """A second backward (retain_graph) gives the same grads; a logsumexp without the node (a copy)
+    falls back to recomputing, with the same result."""
+    q, k, v, _ = _inputs("causal")
+    fq = flow.tensor(q.numpy(), requires_grad=True)
+    y = HF.scaled_dot_product_attention(fq, flow.tensor(k.numpy()), flow.tensor(v.numpy()), is_causal=True)
+    y.sum().backward(retain_graph=True)
+    first = fq.grad.to_torch().clone()
+    y.sum().backward()
+    torch.testing.assert_close(fq.grad.to_torch(), 2 * first)
+    out, lse = attention._sdpa_kernel(q, k, v, None, True, None)
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    kept = attention._sdpa_fused_bwd_kernel(dy, q, k, v, out, lse, True, None)
+    lost = attention._sdpa_fused_bwd_kernel(dy, q, k, v, out, lse.clone(), True, None)
+    for a, b in zip(kept, lost):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_device_path_node_freed_with_the_saved_tensors(device_path, monkeypatch):
+    """torch's node (and what it saved) lives only as long as holoflow keeps the logsumexp."""
+    import gc
+    import weakref
+    refs = []
+    real = attention._recorded
+
+    def spy(*args):
+        out, vjp = real(*args)
+        refs.append(weakref.ref(vjp))
+        return out, vjp
+    monkeypatch.setattr(attention, "_recorded", spy)
+    q, k, v, _ = _inputs("causal")
+    fq = flow.tensor(q.numpy(), requires_grad=True)
+    y = HF.scaled_dot_product_attention(fq, flow.tensor(k.numpy()), flow.tensor(v.numpy()), is_causal=True)
+    assert refs and refs[0]() is not None
+    y.sum().backward()
+    del y
+    gc.collect()
+    assert refs[0]() is None
+
+
+def _train_attention(mode: str) -> tuple:
+    """Three SGD steps of a linear layer feeding causal attention, eagerly or as an nn.Graph."""
+    q, _, _, _ = _inputs("causal")
+    flow.manual_seed(0)
+    lin = flow.nn.Linear(8, 8)
+    opt = flow.optim.SGD(lin.parameters(), lr=0.5)
+
+    def step(x):
+        y = HF.scaled_dot_product_attention(lin(x), x, x, is_causal=True)
+        loss = (y * y).sum()
+        loss.backward()
+        return loss
+    x = flow.tensor(q.numpy())
+    if mode == "graph":
+        class G(flow.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.lin = lin
+                self.add_optimizer(opt)
+
+            def build(self, x):
+                return step(x)
+        g = G()
+        losses = [g(x).to_torch() for _ in range(3)]
+    else:
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            losses.append(step(x).detach().to_torch())
+            opt.step()
+    return torch.stack(losses), lin.weight.to_torch().detach().clone()
+
+
+def test_device_path_in_a_graph(monkeypatch):
+    """nn.Graph on the device path (torch's node handed from the forward task to the backward one)
+    equals nn.Graph on the CPU path bit for bit (the same CPU flash kernels), and eager."""
+    cpu_graph = _train_attention("graph")
+    monkeypatch.setattr(attention, "FUSED_VJP_DEVICES", {"cuda", "cpu"})
+    recomputed = []
+    real = attention._torch_vjp
+    monkeypatch.setattr(attention, "_torch_vjp", lambda *a: recomputed.append(1) or real(*a))
+    dev_graph, dev_eager = _train_attention("graph"), _train_attention("eager")
+    assert not recomputed     # every backward found its forward's node
+    for a, b, c in zip(dev_graph, cpu_graph, dev_eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)   # graph vs eager: summation order

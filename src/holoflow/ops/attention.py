@@ -9,10 +9,14 @@ and backward.
 
 On CUDA (``FUSED_VJP_DEVICES``) the forward is torch's dispatcher, which picks its fused kernels
 (flash, cuDNN or memory-efficient) in the inputs' dtype — the autocast dtype under autocast, as
-the op is on autocast's lower-precision list (amp/policy.py) — and both backward ops run torch's
-vector-Jacobian product of that same call (recompute the fused forward, then the fused backward
-kernel, in that dtype; no float32 score matrix, no ``masked_fill``). The logsumexp output is
-then a placeholder of its shape that no kernel reads. Double backward of either backward op
+the op is on autocast's lower-precision list (amp/policy.py) — and the backward is torch's own
+backward of that call, in that dtype (no float32 score matrix, no ``masked_fill``). Without a
+mask the forward records torch's autograd node on detached aliases of q, k and v, and the
+logsumexp output (a placeholder of its shape; the backend's own logsumexp is in that node) carries
+the node's vector-Jacobian product to the fused backward op: torch's backward kernel on what its
+forward saved (output, logsumexp, RNG state), no recomputed forward, whatever the backend's
+private signatures in this torch version. A logsumexp that lost it (a copy, a redistribution)
+and the masked backward recompute the forward under autograd instead. Double backward of either backward op
 raises UnsupportedError. With ``dropout_p > 0`` the forward is the math path (as torch's CPU
 kernel is), returning the scaled keep-mask that the backward reuses; that op is declared
 ``random``.
@@ -74,9 +78,11 @@ def _sdpa_kernel(q, k, v, mask, is_causal, scale):
         return out, q.new_empty((0,), dtype=_lse_dtype(q))
     if q.numel() == 0:  # the CPU kernel does not take empty batches
         return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q))
-    if q.device.type in FUSED_VJP_DEVICES:  # torch's fused kernels; the backward recomputes
-        out = TF.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
-        return out, q.new_empty(q.shape[:-1], dtype=_lse_dtype(q))
+    if q.device.type in FUSED_VJP_DEVICES:  # torch's fused kernels, its backward node kept
+        out, vjp = _recorded(q, k, v, is_causal, scale)
+        lse = q.new_empty(q.shape[:-1], dtype=_lse_dtype(q))
+        lse.holoflow_vjp = vjp
+        return out, lse
     out, lse = torch._scaled_dot_product_flash_attention_for_cpu(
         _as_4d(q), _as_4d(k), _as_4d(v), 0.0, is_causal, scale=scale)
     if q.dim() == 4:
@@ -89,7 +95,8 @@ def _sdpa_fused_bwd_kernel(dy, q, k, v, out, lse, is_causal, scale):
     if q.numel() == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if q.device.type in FUSED_VJP_DEVICES:
-        return _torch_vjp(dy, q, k, v, None, is_causal, scale)[:3]
+        vjp = getattr(lse, "holoflow_vjp", None)
+        return vjp(dy) if vjp is not None else _torch_vjp(dy, q, k, v, None, is_causal, scale)[:3]
     grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
         _as_4d(dy), _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(out), lse.reshape(_as_4d(q).shape[:-1]), 0.0,
         is_causal, scale=scale)
@@ -107,6 +114,20 @@ def _sdpa_dropout_kernel(q, k, v, mask, is_causal, scale, dropout_p):
 
 def _no_mask_grad(q: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=q.dtype, device=q.device).expand(0)
+
+
+def _recorded(q, k, v, is_causal, scale):
+    """torch's ``scaled_dot_product_attention`` with its autograd node recorded on detached
+    aliases of q, k, v (no copies): (output, vjp) where ``vjp(dy)`` is (dq, dk, dv) by torch's
+    backward of this very call. The node, and what it saved, lives as long as ``vjp``; the graph
+    is retained, so a second backward (``retain_graph``) works too."""
+    with torch.enable_grad():
+        q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+        out = TF.scaled_dot_product_attention(q_, k_, v_, is_causal=is_causal, scale=scale)
+
+    def vjp(dy: torch.Tensor) -> tuple:
+        return torch.autograd.grad(out, (q_, k_, v_), dy.to(out.dtype), retain_graph=True)
+    return out.detach(), vjp
 
 
 def _torch_vjp(dy, q, k, v, mask, is_causal, scale):
