@@ -15,7 +15,8 @@ PACKED = (3, 3, 2, 1)   # batch_sizes of lengths [4, 3, 2]
 
 def _torch_layer(mode, x, h0, c0, ws, reverse, batch_sizes, proj):
     """torch's kernel for the same layer: a bidirectional one-layer call whose other direction
-    gets copies of the same weights, keeping the half asked for."""
+    gets copies of the same weights, keeping the half asked for; ``train=True`` as torch.nn.LSTM's
+    in train() (dropout 0: the same values; cuDNN's backward needs its training forward)."""
     n = len(ws)
     flat = list(ws) + list(ws)
     hx = torch.stack([h0, h0])
@@ -25,9 +26,9 @@ def _torch_layer(mode, x, h0, c0, ws, reverse, batch_sizes, proj):
           "RNN_RELU": torch._VF.rnn_relu}[mode]
     has_bias = n - (1 if proj else 0) == 4
     if batch_sizes is None:
-        res = fn(x, hx, flat, has_bias, 1, 0.0, False, True, False)
+        res = fn(x, hx, flat, has_bias, 1, 0.0, True, True, False)
     else:
-        res = fn(x, torch.tensor(batch_sizes), hx, flat, has_bias, 1, 0.0, False, True)
+        res = fn(x, torch.tensor(batch_sizes), hx, flat, has_bias, 1, 0.0, True, True)
     out, hn = res[0], res[1]
     width = out.shape[-1] // 2
     k = 1 if reverse else 0

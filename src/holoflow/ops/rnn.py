@@ -38,19 +38,25 @@ def _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode: str, reverse: bool, ba
     has_bias = b_ih is not None
     params = [w_ih, w_hh] + ([b_ih, b_hh] if has_bias else []) + ([w_hr] if w_hr is not None else [])
     lstm = mode == "LSTM"
+    # ``train``: whether a backward through torch's graph follows (ops/torch_vjp.py's backward re-runs
+    # this kernel under enable_grad with leaves that require grad; the forward op's inputs do not).
+    # With dropout 0 and one layer it changes no value, but cuDNN's inference forward keeps no
+    # reserve space and its backward refuses to run ("cudnn RNN backward can only be called in
+    # training mode"), as torch.nn.LSTM's in eval(); ATen's CPU kernels ignore it.
+    train = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in [x, h0, c0, *params])
     # batch_sizes: a CPU int64 tensor whatever x's device (ATen's packed kernels read it on the host)
     if batch_sizes is not None and reverse:
         h2 = torch.stack([h0, h0])
         hx = (h2, torch.stack([c0, c0])) if lstm else h2
-        res = fn(x, torch.tensor(batch_sizes, device="cpu"), hx, params + params, has_bias, 1, 0.0, False, True)
+        res = fn(x, torch.tensor(batch_sizes, device="cpu"), hx, params + params, has_bias, 1, 0.0, train, True)
         out = res[0].narrow(-1, res[0].shape[-1] // 2, res[0].shape[-1] // 2)
         return out, res[1][1], res[2][1] if lstm else None
     hx = (h0.unsqueeze(0), c0.unsqueeze(0)) if lstm else h0.unsqueeze(0)
     if batch_sizes is not None:
-        res = fn(x, torch.tensor(batch_sizes, device="cpu"), hx, params, has_bias, 1, 0.0, False, False)
+        res = fn(x, torch.tensor(batch_sizes, device="cpu"), hx, params, has_bias, 1, 0.0, train, False)
         out = res[0]
     else:
-        res = fn(x.flip(0) if reverse else x, hx, params, has_bias, 1, 0.0, False, False, False)
+        res = fn(x.flip(0) if reverse else x, hx, params, has_bias, 1, 0.0, train, False, False)
         out = res[0].flip(0) if reverse else res[0]
     return out, res[1][0], res[2][0] if lstm else None
 
