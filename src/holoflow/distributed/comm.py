@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.errors import HoloflowError
-from . import env
+from . import env, shm_comm
 from .comm_check import call_site
 from .comm_track import ALL_GATHER, CommError, Handle, begin, count, launch_checked, run
 from .groups import group_for, normalize
@@ -70,8 +70,13 @@ def all_reduce(t: torch.Tensor, ranks: Sequence[int] | None = None, op: str = "s
     buf = t if t.is_contiguous() else t.contiguous()
     info = begin("all_reduce", key, _nbytes(t), buf, detail=op)
     g = group_for(key)
-    work = launch_checked(info, lambda: dist.all_reduce(buf, getattr(dist.ReduceOp, _OPS[op]), group=g,
-                                                        async_op=True))
+
+    def launch():
+        shm = shm_comm.transport(key, buf)   # ranks of one host: through shared memory (decided once per group)
+        if shm is not None:
+            return shm.all_reduce(buf, op)
+        return dist.all_reduce(buf, getattr(dist.ReduceOp, _OPS[op]), group=g, async_op=True)
+    work = launch_checked(info, launch)
 
     def done():
         if buf is not t:

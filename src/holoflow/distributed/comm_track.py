@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.errors import HoloflowError
-from . import comm_check, comm_wire, env
+from . import comm_check, comm_wire, env, shm_comm
 
 
 class CommError(HoloflowError):
@@ -212,6 +212,7 @@ def forget_world() -> None:
     _ROUTES.clear()
     _PENDING.clear()
     comm_wire.close()
+    shm_comm.close_all()
 
 
 def _launch_fingerprint(info: CallInfo, t: torch.Tensor | None, kind: str, splits,

@@ -1,0 +1,222 @@
+"""The shared-memory all-reduce of ranks on one host (distributed/shm_comm.py) on Gloo worlds of 2
+and 4 ranks: the same values as Gloo's all-reduce, counted alike, chunked, asynchronous, ranks that
+agree to fall back, timeouts and dead peers named, and no segment file left in /dev/shm."""
+import glob
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from holoflow.distributed import comm, comm_track, env, shm_comm
+from pool import fresh_world
+
+SEGMENTS = os.path.join("/dev/shm", shm_comm._PREFIX + "*")
+OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "prod": dist.ReduceOp.PRODUCT}
+
+
+@pytest.fixture(params=[2, 4], ids=["world2", "world4"])
+def world(request):
+    return request.getfixturevalue(f"world{request.param}")
+
+
+def _uses_shm(key) -> bool:
+    got = shm_comm._TRANSPORTS.get(tuple(key))
+    return got is not None and got[1] is not None
+
+
+def _values(rank, n, dtype, numel, op):
+    g = torch.Generator().manual_seed(100 + rank)
+    if n == 2 and op == "sum":   # one addition per element: any order gives the same bits
+        return torch.randn(numel, generator=g, dtype=torch.float64).to(dtype)
+    if op == "prod":
+        return torch.randint(1, 3, (numel,), generator=g).to(dtype)
+    # small integers: exact in every dtype and any summation order
+    return torch.randint(-8, 9, (numel,), generator=g).to(dtype)
+
+
+def _same_as_gloo(rank, cases):
+    n = env.get_world_size()
+    out = []
+    for dtype_name, numel, op in cases:
+        dtype = getattr(torch, dtype_name)
+        x = _values(rank, n, dtype, numel, op)
+        ref = x.clone()
+        dist.all_reduce(ref, OPS.get(op, dist.ReduceOp.SUM))   # Gloo itself
+        if op == "avg":
+            ref = ref / n
+        with comm.count() as c:
+            got = comm.all_reduce(x.clone(), op=op)
+        assert c.calls == [("all_reduce", numel * x.element_size(), n)], c.calls
+        if not torch.equal(got, ref):
+            out.append((dtype_name, numel, op, (got.double() - ref.double()).abs().max().item()))
+    return out, _uses_shm(range(n)), glob.glob(SEGMENTS)
+
+
+CASES = [(d, k, op) for d in ("float32", "bfloat16", "float16", "float64") for k in (1, 3, 1001)
+         for op in ("sum", "avg")] + [("float32", 1001, op) for op in ("max", "min", "prod")] + \
+        [("float32", 0, "sum"), ("bfloat16", 300_000, "sum")]
+
+
+def test_equal_to_gloo(world):
+    for diffs, used, files in world.run(_same_as_gloo, CASES):
+        assert used, "the shared-memory transport was not used"
+        assert diffs == [], diffs
+        assert files == [], files
+
+
+def _chunked(rank, slot_mb):
+    """A slot smaller than the tensor: it goes through in chunks (a new handshake, a new segment)."""
+    n = env.get_world_size()
+    shm_comm.close_all()
+    os.environ["HOLOFLOW_SHM_SLOT_MB"] = str(slot_mb)
+    try:
+        x = torch.arange(10_001, dtype=torch.float32) * (rank + 1)
+        comm.all_reduce(x)
+        tr = shm_comm._TRANSPORTS[tuple(range(n))][1]
+        chunks = tr.step
+    finally:
+        del os.environ["HOLOFLOW_SHM_SLOT_MB"]
+        shm_comm.close_all()
+    assert torch.equal(x, torch.arange(10_001, dtype=torch.float32) * (n * (n + 1) // 2))
+    return chunks, tr.slot
+
+
+def test_chunks(world):
+    for chunks, slot in world.run(_chunked, 0.01):
+        assert slot == 0.01 * 2 ** 20 // 64 * 64
+        assert chunks == -(-10_001 * 4 // slot)
+
+
+def _async_in_any_order(rank):
+    n = env.get_world_size()
+    xs = [torch.full((1000 * (i + 1),), float(rank + i)) for i in range(4)]
+    hs = [comm.all_reduce(x, op="avg" if i % 2 else "sum", async_op=True) for i, x in enumerate(xs)]
+    for i in (3, 0, 2, 1):
+        hs[i].wait()
+    tri = n * (n - 1) / 2
+    for i, x in enumerate(xs):
+        want = (tri + n * i) / (n if i % 2 else 1)
+        assert torch.equal(x, torch.full_like(x, want)), (i, x[:3], want)
+    # sub-groups of a world of 4 decide each for itself
+    if n == 4:
+        pair = (0, 2) if rank % 2 == 0 else (1, 3)
+        y = torch.tensor([rank + 1.0])
+        comm.all_reduce(y, pair)
+        assert y.item() == (4.0 if rank % 2 == 0 else 6.0)
+        assert _uses_shm(pair)
+    return True
+
+
+def test_async_out_of_order(world):
+    assert world.run(_async_in_any_order) == [True] * world.size
+
+
+def _one_rank_disabled(rank):
+    """One rank turns the transport off: every rank agrees on Gloo for a group decided now."""
+    n = env.get_world_size()
+    shm_comm.close_all()
+    if rank == n - 1:
+        os.environ["HOLOFLOW_SHM_ALLREDUCE"] = "0"
+    try:
+        x = torch.full((5,), rank + 1.0)
+        comm.all_reduce(x)
+        used = _uses_shm(range(n))
+    finally:
+        os.environ.pop("HOLOFLOW_SHM_ALLREDUCE", None)
+        shm_comm.close_all()
+    return used, x.tolist()
+
+
+def test_disabled_on_one_rank_means_gloo_everywhere(world):
+    n = world.size
+    assert world.run(_one_rank_disabled) == [(False, [n * (n + 1) / 2] * 5)] * n
+
+
+def _skip_one(rank):
+    """Rank 1 skips an all-reduce; the others time out naming it."""
+    env.set_comm_timeout(2.0)
+    comm.all_reduce(torch.ones(3))
+    assert _uses_shm(range(env.get_world_size()))
+    if rank == 1:
+        time.sleep(4)
+        return None
+    t0 = time.monotonic()
+    try:
+        with comm_track.planned():   # no fingerprint exchange, which would notice first
+            comm.all_reduce(torch.ones(3))
+    except comm.CommError as e:
+        return str(e), time.monotonic() - t0
+    return "no error", 0.0
+
+
+def test_timeout_names_the_rank(world):
+    res = world.run_raw(_skip_one)
+    for r, reply in enumerate(res):
+        if r == 1:
+            continue
+        status, (msg, waited), _ = reply
+        assert status == "ok" and 1.5 < waited < 8, (r, reply)
+        assert "timed out" in msg and "ranks [1] did not arrive" in msg, msg
+    assert world.run(_world_size) == [world.size] * world.size
+
+
+def _world_size(rank):
+    x = torch.ones(1)
+    comm.all_reduce(x)
+    return int(x.item())
+
+
+def _die_after_one(rank):
+    env.set_comm_timeout(30.0)
+    comm.all_reduce(torch.ones(1000))   # the handshake: the segment exists only in the mappings now
+    assert _uses_shm((0, 1))
+    files = glob.glob(SEGMENTS)
+    comm.barrier()
+    if rank == 1:
+        os._exit(7)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    h = comm.all_reduce(torch.ones(1000), async_op=True)   # no fingerprint exchange: the transport sees it
+    try:
+        h.wait()
+    except comm.CommError as e:
+        return str(e), time.monotonic() - t0, files
+    return "no error", 0.0, files
+
+
+def test_dead_peer_named_and_nothing_left():
+    before = set(glob.glob(SEGMENTS))
+    w = fresh_world(2, timeout=60)
+    try:
+        with_plan = w.run_raw(_die_after_one_planned)
+    finally:
+        w.close()
+    assert with_plan[1][0] == "dead" and with_plan[1][1] == 7, with_plan[1]
+    status, (msg, waited, files), _ = with_plan[0]
+    assert status == "ok" and waited < 10, with_plan[0]
+    assert files == [], files
+    assert "ranks [1] are gone" in msg and "Ranks whose process is gone: 1 (pid" in msg, msg
+    assert set(glob.glob(SEGMENTS)) <= before
+
+
+def _die_after_one_planned(rank):
+    with comm_track.planned():   # as a compiled graph's collectives: no per-call fingerprint
+        return _die_after_one(rank)
+
+
+def _shutdown_and_again(rank):
+    x = torch.ones(4)
+    comm.all_reduce(x)
+    tr = shm_comm._TRANSPORTS[(0, 1)][1]
+    env.shutdown()   # destroys the world: the transport's thread stops, its mapping goes
+    gone = not tr._thread.is_alive() and tr.raw is None and not shm_comm._TRANSPORTS
+    y = torch.ones(4)
+    comm.all_reduce(y)   # a new world decides again
+    return gone, x.tolist(), y.tolist(), _uses_shm((0, 1)), glob.glob(SEGMENTS)
+
+
+def test_shutdown_closes_and_world_restarts(world2):
+    for gone, x, y, used, files in world2.run(_shutdown_and_again):
+        assert gone and x == y == [2.0] * 4 and used and files == []
