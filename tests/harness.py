@@ -55,6 +55,22 @@ def positive(*shape, gen=None, dtype=F32):
     return torch.rand(shape, generator=gen, dtype=torch.float64).add(0.5).to(dtype)
 
 
+def torch_differentiates(fn: Callable, *args: torch.Tensor) -> bool:
+    """Whether the installed torch has a derivative for ``fn(*args)`` (CPU tensors; the answer is
+    the same on every device). Some derivatives came in later torch releases (``aminmax`` and
+    ``nextafter``: not in 2.11, in 2.13); where one is missing, a case's reference is one whose
+    gradient is the newer release's ATen formula, written with differentiable torch ops."""
+    xs = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    try:
+        outs = [o for o in leaves(fn(*xs)) if o.requires_grad]
+        torch.autograd.grad([o.sum() for o in outs], [x for x in xs if x.requires_grad], allow_unused=True)
+    except (NotImplementedError, RuntimeError) as e:
+        if "not implemented" in str(e):
+            return False
+        raise
+    return True
+
+
 def to_flow(x, grad: bool):
     if isinstance(x, torch.Tensor):
         t = flow.from_torch(x.detach().clone())

@@ -3,11 +3,13 @@ isin/bucketize/histc/unravel_index, diff/kron/tensordot/rot90/trapezoid (composi
 block_diag, cartesian_prod, vander, cov/corrcoef, renorm, index_copy, masked_scatter,
 scatter_reduce; forward, backward (ATen's derivatives), gradcheck, SBP rules on simulated ranks;
 the Tensor methods and in-place forms; nbytes/itemsize/storage_offset."""
+import sys
+
 import pytest
 import torch
 
 import holoflow as flow
-from harness import Case, parametrize, randn
+from harness import Case, parametrize, randn, torch_differentiates
 
 
 def both(fn):
@@ -39,8 +41,24 @@ P["copysign-scalar"] = (lambda L, a: a.copysign(-1.0), _n((3, 4)))
 P["ldexp"] = (lambda L, a, e: L.ldexp(a, e), lambda dt, g: (
     (randn(3, 4, gen=g, dtype=dt), torch.randint(0, 4, (3, 4), generator=g)), {}))
 P["ldexp-float-exponent"] = (lambda L, a, e: a.ldexp(e), _n((3, 4), (3, 4)))
-P["nextafter"] = (lambda L, a, b: L.nextafter(a, b), _n((3, 4), (3, 4)))
-P["nextafter-method-broadcast"] = (lambda L, a, b: a.nextafter(b), _n((3, 4), (3, 1)))
+
+
+def _torch_nextafter(a, b):
+    """torch.nextafter, or where the installed torch has no derivative for it (2.11) the same
+    values with ATen's later derivative: d/da = 1 where a != b, else 0; d/db = 0 (here None, which
+    the harness takes as zero). ``n - a`` is one ulp, exact, and ``a + (n - a)`` is ``n`` exactly."""
+    if _NEXTAFTER_GRAD:
+        return torch.nextafter(a, b)
+    return torch.where(a != b, a, a.detach()) + (torch.nextafter(a, b) - a).detach()
+
+
+_NEXTAFTER_GRAD = torch_differentiates(torch.nextafter, torch.zeros(1), torch.ones(1))
+NEXTAFTER_CASES = {"nextafter": (lambda a, b: flow.nextafter(a, b), _n((3, 4), (3, 4))),
+                   "nextafter-method-broadcast": (lambda a, b: a.nextafter(b), _n((3, 4), (3, 1))),
+                   # ties (a == b: the output is b, and the gradient 0) in some elements
+                   "nextafter-ties": (lambda a, b: a.nextafter(b), lambda dt, g: (
+                       (torch.tensor([[1.0, 2.0, -3.0], [0.0, 5.0, 6.0]], dtype=dt),
+                        torch.tensor([[1.0, 3.0, -3.0], [0.0, 5.0, 7.0]], dtype=dt)), {}))}
 P["frexp"] = (lambda L, x: tuple(L.frexp(x * 10)), _n((3, 4)))
 # composites
 P["diff"] = (lambda L, x: L.diff(x), _n((3, 5)))
@@ -79,12 +97,15 @@ P["masked_scatter-broadcast"] = (lambda L, x, s: x.masked_scatter(L.tensor([True
 for red in ("sum", "prod", "mean", "amax", "amin"):
     for inc in (True, False):
         P[f"scatter_reduce-{red}-{inc}"] = (
-            lambda L, x, s, r=red, i=inc: L.scatter_reduce(x, 0, L.tensor([[0, 1, 0], [2, 0, 1]]), s, r,
+            lambda L, x, s, r=red, i=inc: L.scatter_reduce(x, 0, L.tensor([[0, 1, 0], [2, 0, 1]], device=x.device), s, r,
                                                            include_self=i), _n((3, 3), (2, 3)))
-P["scatter_reduce-method-dim1"] = (lambda L, x, s: x.scatter_reduce(1, L.tensor([[0, 0], [1, 2], [2, 2]]), s, "sum"),
+P["scatter_reduce-method-dim1"] = (lambda L, x, s: x.scatter_reduce(1, L.tensor([[0, 0], [1, 2], [2, 2]], device=x.device), s, "sum"),
                                    _n((3, 3), (3, 2)))
 
 CASES = [Case(name, *both(fn), make) for name, (fn, make) in P.items()]
+# gradcheck: finite differences see the ulp step's slope 1 at the ties too, ATen's rule says 0 there
+CASES += [Case(name, fn, _torch_nextafter, make, gradcheck=name != "nextafter-ties")
+          for name, (fn, make) in NEXTAFTER_CASES.items()]
 # torch's gradient of an integer exponent is pow(2, e) in integers: 0 where e < 0 (matched, not
 # what finite differences give)
 CASES.append(Case("ldexp-negative-int-exponent", flow.ldexp, torch.ldexp, lambda dt, g: (
@@ -117,8 +138,8 @@ NP = {
     "isin-scalar-test": (lambda L, a: L.isin(a, 3), _ints((3, 4), lo=0, hi=5)),
     "isin-scalar-elem": (lambda L, b: L.isin(3, b), _ints((5,), lo=0, hi=5)),
     "isin-float": (lambda L, a, b: L.isin(a.round(), b.round()), _n((3, 4), (5,))),
-    "bucketize": (lambda L, x: L.bucketize(x, L.tensor([-1.0, 0.0, 0.5])), _n((3, 4))),
-    "bucketize-right-int32": (lambda L, x: L.bucketize(x.round(), L.tensor([-1.0, 0.0, 1.0]), right=True,
+    "bucketize": (lambda L, x: L.bucketize(x, L.tensor([-1.0, 0.0, 0.5], device=x.device)), _n((3, 4))),
+    "bucketize-right-int32": (lambda L, x: L.bucketize(x.round(), L.tensor([-1.0, 0.0, 1.0], device=x.device), right=True,
                                                        out_int32=True), _n((3, 4))),
     "histc": (lambda L, x: L.histc(x, 5), _n((3, 4))),
     "histc-range": (lambda L, x: x.histc(4, -1, 1), _n((3, 5))),
@@ -262,3 +283,22 @@ def test_no_derivative_ops_require_grad_and_raise_in_backward_like_torch(fn):
         with pytest.raises(RuntimeError, match="derivative for .*" + fn + ".* not implemented"):
             y.sum().backward()
     assert not flow.gcd(flow.tensor([4]), flow.tensor([6])).requires_grad
+
+
+def test_nextafter_reference_without_torch_derivative_is_atens(monkeypatch):
+    """The reference the cases use under torch 2.11 (no derivative) has the gradient of the
+    installed torch's ATen derivative, ties included (run where torch has one)."""
+    if not _NEXTAFTER_GRAD:
+        pytest.skip("the installed torch has no derivative for nextafter")
+    a0 = torch.tensor([[1.0, 2.0, -3.0], [0.0, 5.0, 6.0]])
+    b0 = torch.tensor([[1.0, 3.0, -3.0], [0.0, 5.0, 7.0]])
+    up = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    res = []
+    for has in (True, False):
+        monkeypatch.setattr(sys.modules[__name__], "_NEXTAFTER_GRAD", has)
+        a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+        out = _torch_nextafter(a, b)
+        ga, gb = torch.autograd.grad(out, (a, b), up, allow_unused=True)
+        res.append((out.detach(), ga, torch.zeros_like(b0) if gb is None else gb))
+    for x, y in zip(*res):
+        assert torch.equal(x, y)

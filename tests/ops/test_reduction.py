@@ -6,9 +6,19 @@ import torch
 import holoflow as flow
 from holoflow.core.dispatch import apply
 from holoflow.ops.reduction import AT_INDEX_GATHER
-from harness import BF16, F32, F64, Case, parametrize, positive, randn
+from harness import BF16, F32, F64, Case, parametrize, positive, randn, torch_differentiates
 
 ALL3 = (F32, F64, BF16)
+
+
+_AMINMAX_GRAD = torch_differentiates(lambda x: torch.aminmax(x, dim=0), torch.zeros(2))
+
+
+def _torch_aminmax(x):
+    """torch.aminmax(x, dim=1), or where the installed torch has no derivative for it (2.11)
+    amin and amax: the same values, and the gradient ATen's aminmax got (each output's, shared
+    evenly among ties, as amin's and amax's)."""
+    return tuple(torch.aminmax(x, dim=1)) if _AMINMAX_GRAD else (torch.amin(x, 1), torch.amax(x, 1))
 
 
 def x_of(*shape, fn=randn):
@@ -65,7 +75,9 @@ CASES += [
     Case("max-binary", lambda a, b: flow.max(a, b), lambda a, b: torch.max(a, b),
          lambda dt, g: ((randn(3, 4, gen=g, dtype=dt), randn(4, gen=g, dtype=dt)), {})),
     Case("min-0d-dim", lambda x: flow.min(x, 0), lambda x: torch.min(x, 0), x_of(), gradcheck=False),
-    Case("aminmax", lambda x: tuple(flow.aminmax(x, dim=1)), lambda x: tuple(torch.aminmax(x, dim=1)), x_of(3, 5),
+    Case("aminmax", lambda x: tuple(flow.aminmax(x, dim=1)), _torch_aminmax, x_of(3, 5), gradcheck=False),
+    Case("aminmax-ties", lambda x: tuple(flow.aminmax(x, dim=1)), _torch_aminmax,
+         lambda dt, g: ((torch.tensor([[1.0, 3.0, 3.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.0, 2.0]], dtype=dt),), {}),
          gradcheck=False),
     Case("prod-zeros", lambda x: (x.prod(), x.prod(1), x.prod(0, keepdim=True)),
          lambda x: (x.prod(), x.prod(1), x.prod(0, keepdim=True)),
@@ -200,3 +212,18 @@ def test_max_dim_returns_namedtuple():
     assert r.values.tolist() == [5.0, 7.0] and r.indices.tolist() == [1, 0]
     v, i = flow.min(flow.tensor([[1.0, 5.0], [7.0, 2.0]]), 0)
     assert v.tolist() == [1.0, 2.0] and i.tolist() == [0, 1]
+
+
+def test_aminmax_reference_without_torch_derivative_is_atens():
+    """amin and amax, the reference under torch 2.11, have aminmax's gradient in the installed
+    torch, ties included (run where torch has one)."""
+    if not _AMINMAX_GRAD:
+        pytest.skip("the installed torch has no derivative for aminmax")
+    x0 = torch.tensor([[1.0, 3.0, 3.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.0, 2.0]])
+    g = torch.Generator().manual_seed(0)
+    ups = (torch.randn(2, generator=g), torch.randn(2, generator=g))
+    grads = []
+    for fn in (lambda x: tuple(torch.aminmax(x, dim=1)), lambda x: (torch.amin(x, 1), torch.amax(x, 1))):
+        x = x0.clone().requires_grad_()
+        grads.append(torch.autograd.grad(fn(x), x, ups)[0])
+    assert torch.equal(*grads)

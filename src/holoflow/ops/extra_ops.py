@@ -26,7 +26,7 @@ from ..core.errors import UnsupportedError, normalize_dim
 from ..core.registry import defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
-from .elementwise import ZEROS_LIKE
+from .elementwise import ZEROS_LIKE, where
 from .family import binary, elementwise_sbp, needs, reduce_grad, unary
 from .linalg import matmul
 from .more_ops import _same_shape_bwd_sbp
@@ -95,12 +95,17 @@ HEAVISIDE = binary("heaviside", torch.heaviside, _no_derivative("heaviside"), te
 GCD = binary("gcd", torch.gcd, tensors_only=True)
 
 
-def _nextafter_grad(c, dy):  # ATen's: the step is locally constant, d/dinput = 1, d/dother = 0
-    return (reduce_grad(dy, c, 0) if needs(c, 0) else None,
-            reduce_grad(apply(ZEROS_LIKE, dy), c, 1) if needs(c, 1) else None)
+def _nextafter_grad(c, dy):
+    """ATen's derivative (torch 2.13 has it; 2.11 raises): the step is one ulp, d/dinput = 1
+    except where ``input == other`` (the output is ``other`` there: 0), d/dother = 0."""
+    zero = apply(ZEROS_LIKE, dy)
+    if not needs(c, 0):
+        return None, reduce_grad(zero, c, 1) if needs(c, 1) else None
+    a, b = c.inputs
+    return reduce_grad(where(a != b, dy, zero), c, 0), reduce_grad(zero, c, 1) if needs(c, 1) else None
 
 
-NEXTAFTER = binary("nextafter", torch.nextafter, _nextafter_grad, tensors_only=True)
+NEXTAFTER = binary("nextafter", torch.nextafter, _nextafter_grad, "inputs", tensors_only=True)
 
 _Frexp = namedtuple("frexp", ["mantissa", "exponent"])
 
