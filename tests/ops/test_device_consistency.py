@@ -17,6 +17,18 @@ ones). Two CPU proxies catch the same mistakes here:
 Cases pass 1 cannot run are listed below by name with the reason (and checked to fail for that
 reason only); pass 2 runs every case. A deliberate CPU tensor (ATen's packed-sequence
 ``batch_sizes``, ctc_loss's list lengths) is made with an explicit ``device="cpu"``.
+
+Both passes run under :func:`cuda_rules`: checks CUDA makes and the CPU and meta kernels do not.
+Without them the passes missed two classes of CUDA failures:
+
+- a kernel without a device check on meta or CPU: torch's generated CUDA wrappers check that every
+  tensor argument is on one device ("Expected all tensors to be on the same device"), the CPU and
+  meta ones do not, and many meta kernels (``scatter_reduce``, ``bucketize``, ...) only compute
+  shapes; a CPU index meeting meta inputs (pass 1), or a meta one meeting CPU inputs (pass 2),
+  went through. :class:`OneDevice` is that check, for every aten op either pass dispatches;
+- cuDNN's RNN backward needs the training forward (``train=True``: it keeps the reserve space the
+  backward reads); ATen's CPU kernels ignore ``train`` when dropout is 0. :class:`RnnTrainFlag`
+  rejects an RNN kernel called with ``train=False`` whose result is differentiated.
 """
 from __future__ import annotations
 
@@ -27,9 +39,76 @@ import ops as ops_tests
 import perf_paths
 import pytest
 import torch
-from harness import leaves, run_case, to_flow
+from harness import F32, Case, leaves, run_case, to_flow
+
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import holoflow as flow
+
+aten = torch.ops.aten
+
+# ops that CUDA runs with arguments on two devices: copies between devices, indexing with CPU
+# index tensors (moved over by ATen), and ctc_loss's lengths (read on the host; torch.ctc_loss
+# passes them to its CUDA kernel as int lists, but under a Python dispatch mode it takes its
+# tensor-subclass path, which hands _ctc_loss the tensors)
+MIXED_DEVICES_OK = {aten.copy_, aten._to_copy, aten._copy_from, aten._copy_from_and_resize, aten.index,
+                    aten.index_put, aten.index_put_, aten._index_put_impl_, aten._unsafe_index,
+                    aten._unsafe_index_put, aten._ctc_loss}
+
+
+class OneDevice(TorchDispatchMode):
+    """Every aten op gets its tensors on one device, as torch's CUDA kernels require (their
+    generated wrappers check it; the CPU and meta ones do not). A 0-d CPU tensor is a scalar that
+    CUDA's elementwise kernels accept beside any device."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket not in MIXED_DEVICES_OK:
+            ts = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            devs = {str(t.device) for t in ts if t.dim() or t.device.type != "cpu"}
+            if len(devs) > 1:
+                raise RuntimeError(f"{func}: expected all tensors to be on the same device, got "
+                                   + ", ".join(f"{tuple(t.shape)} on {t.device}" for t in ts)
+                                   + " (CUDA's kernels reject this)")
+        return func(*args, **kwargs)
+
+
+_RNN = {torch._VF.lstm, torch._VF.gru, torch._VF.rnn_tanh, torch._VF.rnn_relu}
+
+
+class RnnTrainFlag(TorchFunctionMode):
+    """torch's RNN kernels (``lstm``/``gru``/``rnn_tanh``/``rnn_relu``) get ``train=True`` wherever a
+    backward may follow (grad mode on, a tensor argument requiring grad): cuDNN's backward raises
+    after an inference forward ("cudnn RNN backward can only be called in training mode")."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _RNN:
+            packed = isinstance(args[3], (list, tuple))  # (data, batch_sizes, hx, params, ...) vs (input, hx, params, bool, ...)
+            train = args[7 if packed else 6]
+            diff = torch.is_grad_enabled() and any(
+                t.requires_grad for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+            if diff and not train:
+                raise RuntimeError(f"torch.{func.__name__} with train=False and inputs that require grad: cuDNN's "
+                                   f"backward would raise (\"cudnn RNN backward can only be called in training mode\")")
+        return func(*args, **kwargs)
+
+
+class cuda_rules:
+    """Both checks, for the duration of a ``with`` block."""
+
+    def __enter__(self):
+        self.modes = [RnnTrainFlag(), OneDevice()]
+        for m in self.modes:
+            m.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for m in reversed(self.modes):
+            m.__exit__(*exc)
+        return False
 
 # Pass 1: cases whose kernels (holoflow's or torch's reference) need values meta tensors lack.
 _NONZERO = "data-dependent output shape (the number of true mask elements / nonzeros): no meta kernel"
@@ -90,14 +169,15 @@ def _data_error(e: BaseException) -> bool:
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.name not in NEEDS_DATA], ids=repr)
 def test_on_meta_device(case):
-    run_case(case, case.dtypes[0], device="meta")
+    with cuda_rules():
+        run_case(case, case.dtypes[0], device="meta")
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.name in NEEDS_DATA], ids=repr)
 def test_needs_data_is_why_meta_fails(case):
     """The listed cases fail on meta for the listed reason, not for a device mismatch (a case that
     starts passing should leave the list)."""
-    with pytest.raises(Exception) as info:
+    with pytest.raises(Exception) as info, cuda_rules():
         run_case(case, case.dtypes[0], device="meta")
     assert _data_error(info.value), f"{case.name}: {type(info.value).__name__}: {info.value}"
 
@@ -114,7 +194,7 @@ def test_no_deviceless_tensors(case):
     args, kwargs = case.make(case.dtypes[0], gen)
     fargs, fkw = to_flow(args, case.grad), to_flow(kwargs, case.grad)
     cpu = torch.device("cpu")
-    with torch.device("meta"):
+    with torch.device("meta"), cuda_rules():
         got = case.flow_fn(*fargs, **fkw)
         outs = [o for o in leaves(got) if o.requires_grad]
         ins = [x for x in leaves((fargs, fkw)) if x.requires_grad]
@@ -188,3 +268,58 @@ def test_graph_trace_constants_hold_values(name):
     loss = Step()(flow.from_torch(torch.linspace(-1, 1, 4, dtype=torch.float64)))
     torch.testing.assert_close(loss.to_torch(), t_loss.detach())
     torch.testing.assert_close(m.w.to_torch(), w0 - tw.grad)
+
+
+# -- the checks catch what CUDA rejects: the cases as they were before a CUDA run failed on them
+def _scatter_cpu_index(L, x, s):
+    return L.scatter_reduce(x, 0, L.tensor([[0, 1, 0], [2, 0, 1]]), s, "amax", include_self=False)
+
+
+def _bucketize_cpu_boundaries(L, x):
+    return L.bucketize(x, L.tensor([-1.0, 0.0, 0.5]))
+
+
+def _two(dt, g):
+    return (torch.randn(3, 3, generator=g, dtype=dt), torch.randn(2, 3, generator=g, dtype=dt)), {}
+
+
+_DEVICELESS = [Case("scatter_reduce-cpu-index", lambda x, s: _scatter_cpu_index(flow, x, s),
+                    lambda x, s: _scatter_cpu_index(torch, x, s), _two),
+               Case("bucketize-cpu-boundaries", lambda x: _bucketize_cpu_boundaries(flow, x),
+                    lambda x: _bucketize_cpu_boundaries(torch, x),
+                    lambda dt, g: ((torch.randn(3, 4, generator=g, dtype=dt),), {}), grad=False)]
+
+
+@pytest.mark.parametrize("case", _DEVICELESS, ids=repr)
+def test_one_device_catches_a_constant_on_another_device(case):
+    """A constant made without ``device=`` in a case: the meta kernels of these ops take a CPU
+    tensor beside meta ones (and the CPU kernels a meta one beside CPU ones) without a word;
+    :class:`OneDevice` rejects both, as CUDA does."""
+    run_case(case, F32, device="meta")  # without the check: passes
+    with pytest.raises(RuntimeError, match="same device"), cuda_rules():
+        run_case(case, F32, device="meta")
+    args, _ = case.make(F32, torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match="same device"), cuda_rules(), torch.device("meta"):
+        case.flow_fn(*to_flow(args, False))  # CPU inputs, the constant on meta
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_rnn_train_flag_catches_an_inference_forward_before_backward(packed):
+    """torch's RNN kernel with ``train=False`` under inputs that require grad: runs on the CPU,
+    rejected by :class:`RnnTrainFlag` as cuDNN's backward rejects it; ``train=True`` passes."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(9 if packed else 4, 2, generator=g) if packed else torch.randn(4, 3, 2, generator=g)
+    hx = torch.randn(1, 3, 3, generator=g)
+    ws = [torch.randn(9, 2, generator=g).requires_grad_(), torch.randn(9, 3, generator=g).requires_grad_()]
+
+    def call(train):
+        if packed:
+            return torch._VF.gru(x, torch.tensor([3, 3, 2, 1]), hx, ws, False, 1, 0.0, train, False)
+        return torch._VF.gru(x, hx, ws, False, 1, 0.0, train, False, False)
+    torch.autograd.grad(call(False)[0].sum(), ws)  # the CPU kernel does not mind
+    with cuda_rules():
+        with pytest.raises(RuntimeError, match="train=False"):
+            call(False)
+        with torch.no_grad():
+            call(False)   # no backward can follow: the inference forward is right
+        torch.autograd.grad(call(True)[0].sum(), ws)
