@@ -77,6 +77,27 @@ def test_compiled_tasks_equal_uncompiled(case, executor):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_opaque_kernels_run_plain_between_compiled_tasks(monkeypatch):
+    """On CUDA attention runs torch's autograd (ops/attention.py FUSED_VJP_DEVICES), which dynamo
+    cannot trace: those nodes get plain tasks of their own and everything between them compiles
+    (on CUDA today the whole compute task fell back to plain). Run here by giving the CPU the
+    CUDA path; equal to the uncompiled graph on that path."""
+    from holoflow.ops import attention
+    monkeypatch.setattr(attention, "FUSED_VJP_DEVICES", {"cuda", "cpu"})
+    ref_l, ref_p, _, _ = _train(_gpt, None, "sequential")
+    got_l, got_p, _, fns = _train(_gpt, True, "sequential")
+    compute = {n: f for n, f in fns.items() if n.startswith("compute")}
+    compiled = [n for n, f in compute.items() if isinstance(f, CompiledTask)]
+    plain = [n for n, f in compute.items() if not isinstance(f, CompiledTask)]
+    assert all(compute[n].state == "compiled" for n in compiled), {n: compute[n].reason for n in compiled}
+    assert len(plain) == 4 and len(compiled) >= 4       # 2 layers: attention forward and backward each
+    for a, b in zip(got_l + got_p, ref_l + ref_p):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(attention, "FUSED_VJP_DEVICES", {"cuda"})
+    _, _, _, fns = _train(_gpt, True, "sequential", steps=1)   # the CPU path compiles whole
+    assert [n for n in fns if n.startswith("compute")] == ["compute0"]
+
+
 def test_switch_off_is_todays_graph():
     """Off (explicitly or by default): the plan runs the generated functions themselves, and the
     numbers are bit-identical to the default graph's."""

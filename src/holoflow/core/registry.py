@@ -93,6 +93,10 @@ class Op:
     # amp_keep: input positions that mixed precision never casts (a float32 logsumexp that a
     # low-precision backward reads with its low-precision inputs)
     amp_keep: tuple[int, ...] = ()
+    # opaque: torch.compile cannot trace the kernel (it runs torch's autograd, say); a function of
+    # the device type where that depends on it. A graph compiled with ``enable_compile`` runs
+    # such nodes in plain tasks of their own and compiles the runs between them
+    opaque: bool | Callable = False
     out_type: Any = field(default=None, repr=False)
     defaults: dict = field(default_factory=dict, repr=False)
 
@@ -104,6 +108,11 @@ class Op:
             self.out_type = namedtuple(f"{self.name}_return", self.outputs)
         if self.view:
             self.fresh = False
+
+    def opaque_on(self, device_type: str) -> bool:
+        """Whether torch.compile cannot trace this op's kernel on ``device_type``."""
+        o = self.opaque
+        return bool(o(device_type) if callable(o) else o)
 
     def swaps(self, attrs: dict) -> bool:
         """Whether inputs 0 and 1 may be swapped exactly under ``attrs``."""

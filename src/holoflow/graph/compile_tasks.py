@@ -5,8 +5,10 @@ Lowering (graph/lower.py) turns a graph into one Python function of direct kerne
 :class:`CompiledTask`: the first call compiles the function with ``torch.compile(backend="inductor",
 fullgraph=True, dynamic=False)``, so Inductor fuses the conv / batch-norm / activation regions and
 elementwise chains of forward *and* backward (the program already holds backward as explicit
-kernels: no autograd is involved). Tasks that issue collectives (lower.py), tasks on the
-``copy`` and ``update`` streams stay plain, and so does everything when the graph is profiled
+kernels: no autograd is involved). Tasks that issue collectives, and runs of nodes whose ops
+declare their kernels ``opaque`` to dynamo on their device (CUDA attention runs torch's own
+autograd node), are tasks of their own (graph/ir.py ``split_tasks``) and stay plain, as do tasks
+on the ``copy`` and ``update`` streams, and so does everything when the graph is profiled
 (per-node timing needs the plain lines). The ``update`` task runs the optimizer's own update rule
 on the live state (graph/optimizer.py) as multi-tensor kernels, one call per operation over every
 parameter, or as one fused kernel with ``config.allow_fuse_model_update_ops`` (torch's

@@ -183,6 +183,15 @@ def talks(n: Node) -> bool:
     return op is not None and op.collective
 
 
+def uncompilable(n: Node) -> bool:
+    """Whether torch.compile cannot take ``n``: it talks, or its op declares its kernel opaque
+    on the node's device (``Op.opaque``)."""
+    if talks(n):
+        return True
+    op = REGISTRY.get(n.op) if n.kernel is None else None
+    return op is not None and op.opaque_on(next((v.device.type for v in n.value_inputs()), "cpu"))
+
+
 def execution_order(g: IRGraph) -> list[Node]:
     """The nodes in the order the program runs them: effect nodes gathered last (they only read
     values, so this keeps the meaning), then one ``assign`` node per state update."""
@@ -214,8 +223,9 @@ def split_tasks(g: IRGraph, cut_comm: bool = False) -> list[Task]:
     """Cuts the execution order into straight-line runs on one stream. A task waits for all its
     inputs before it starts, so a compute run is also cut before a node that reads a value
     another stream made after the run began. With ``cut_comm`` (tasks compiled by torch.compile,
-    which cannot trace a collective) runs of collectives and waits (``talks``) are tasks of their
-    own, chained in program order, so the compute between them compiles."""
+    which cannot trace a collective) runs of collectives and waits (``talks``), and of nodes
+    whose kernels are opaque to it (``uncompilable``), are tasks of their own, those that talk
+    chained in program order, so the compute between them compiles."""
     tasks: list[Task] = []
     made_by: dict = {}   # Value -> index of the task making it
     for n in execution_order(g):
@@ -224,7 +234,8 @@ def split_tasks(g: IRGraph, cut_comm: bool = False) -> list[Task]:
         if not tasks or tasks[-1].stream != s or (s != "update" and tasks[-1].nodes and any(
                 tasks[made_by.get(v, cur)].stream != s and made_by[v] not in tasks[-1].after
                 for v in n.value_inputs())) or (
-                cut_comm and s == "compute" and tasks[-1].nodes and talks(n) != talks(tasks[-1].nodes[-1])):
+                cut_comm and s == "compute" and tasks[-1].nodes
+                and uncompilable(n) != uncompilable(tasks[-1].nodes[-1])):
             tasks.append(Task(f"{s}{len(tasks)}", s, []))
         t = tasks[-1]
         t.after.update(made_by[v] for v in n.value_inputs() if v in made_by)

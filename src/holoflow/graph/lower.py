@@ -30,7 +30,7 @@ from ..runtime import CALLER, SOURCE_STREAM, Plan, Runtime, SequentialExecutor, 
 from .compile_tasks import compile_task
 from .cuda_streams import cuda_streams, with_h2d_copies
 from .global_graph import issue_collectives, wrap_outputs
-from .ir import TOKEN, IRGraph, Program, Value, program, talks
+from .ir import TOKEN, IRGraph, Program, Value, program, uncompilable
 from .passes.memory_plan import peak_bytes
 
 
@@ -87,8 +87,8 @@ def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_task
     for t in prog.tasks:
         consumes = [prog.name(v) for v in t.inputs] + ([TOKEN] if t.token else [])
         produces = [prog.name(v) for v in t.outputs] + ([TOKEN] if t.stream == "update" else [])
-        # a task issuing collectives stays plain (as a comm stream's did): dynamo cannot trace them
-        plain = profile or not compile_tasks or any(map(talks, t.nodes))
+        # a task issuing collectives, or running kernels opaque to dynamo, stays plain
+        plain = profile or not compile_tasks or any(map(uncompilable, t.nodes))
         fn = ns[t.name] if plain else compile_task(t.name, t.stream, ns[t.name])
         specs.append(TaskSpec(t.name, t.stream, fn, tuple(consumes), tuple(produces),
                               register_num=register_num, source=t.source or None,

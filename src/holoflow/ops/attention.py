@@ -16,7 +16,9 @@ logsumexp output (a placeholder of its shape; the backend's own logsumexp is in 
 the node's vector-Jacobian product to the fused backward op: torch's backward kernel on what its
 forward saved (output, logsumexp, RNG state), no recomputed forward, whatever the backend's
 private signatures in this torch version. A logsumexp that lost it (a copy, a redistribution)
-and the masked backward recompute the forward under autograd instead. Double backward of either backward op
+and the masked backward recompute the forward under autograd instead. torch.compile cannot trace
+autograd, so on these devices the ops declare themselves ``opaque``: a graph compiled with
+``enable_compile`` runs them in plain tasks between compiled ones. Double backward of either backward op
 raises UnsupportedError. With ``dropout_p > 0`` the forward is the math path (as torch's CPU
 kernel is), returning the scaled keep-mask that the backward reuses; that op is declared
 ``random``.
@@ -37,6 +39,11 @@ from ..core.tensor import Tensor
 # Devices whose backward is torch's VJP of its own dispatcher call (fused kernels, any dtype);
 # a module constant so CPU tests can run that path too.
 FUSED_VJP_DEVICES = {"cuda"}
+
+
+def _runs_autograd(device_type: str) -> bool:
+    """The ops' ``opaque`` rule: on FUSED_VJP_DEVICES their kernels run torch's autograd."""
+    return device_type in FUSED_VJP_DEVICES
 
 
 def _scores(q, k, mask, is_causal, scale):
@@ -248,11 +255,11 @@ def _sdpa_dropout_grad(c, dy, _dkeep):
 SDPA_BWD = defop("scaled_dot_product_attention_backward",
                  lambda dy, q, k, v, mask, keep, is_causal, scale, keep_given:
                  _sdpa_bwd_kernel(dy, q, k, v, mask, keep, is_causal, scale),
-                 grad=_no_double, sbp=_sdpa_bwd_sbp, family="attention")
+                 grad=_no_double, sbp=_sdpa_bwd_sbp, family="attention", opaque=_runs_autograd)
 SDPA_FUSED_BWD = defop("scaled_dot_product_attention_fused_backward", _sdpa_fused_bwd_kernel, grad=_no_double,
-                       sbp=_sdpa_fused_bwd_sbp, family="attention", amp_keep=(5,))
+                       sbp=_sdpa_fused_bwd_sbp, family="attention", amp_keep=(5,), opaque=_runs_autograd)
 SDPA = defop("scaled_dot_product_attention", _sdpa_kernel, grad=_sdpa_grad, save="both", sbp=_sdpa_sbp,
-             outputs=("out", "logsumexp"), grad_reads=(0,), family="attention")
+             outputs=("out", "logsumexp"), grad_reads=(0,), family="attention", opaque=_runs_autograd)
 SDPA_DROPOUT = defop("scaled_dot_product_attention_dropout", _sdpa_dropout_kernel, grad=_sdpa_dropout_grad,
                      save="both", sbp=_sdpa_sbp, outputs=("out", "keep"), grad_reads=(0,), random=True,
                      family="attention")
