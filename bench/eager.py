@@ -12,6 +12,13 @@ reversing the order every other round, and keeps each one's best; a child report
 ``--repeat`` of the mean of ``--number`` steps after 3 warm-up steps. One intra-op thread by
 default (``--threads``) so shared machines give steadier numbers. Not a timed test. Findings
 are in bench/README.md.
+
+Each child also reports its minor page faults per timed step (``getrusage``): a step whose heap
+glibc trims at the end and re-faults at the start pays them in time. glibc's trim threshold is
+dynamic (twice the largest mmapped chunk freed so far), so it depends on the process's history:
+torch's ``Optimizer.__init__`` imports ``torch._dynamo``, whose imports resize Python's table of
+interned strings once more than a holoflow process ever does (a 1.9 MB block freed: trim
+threshold 3.8 MB instead of 1.9 MB). ``--verbose`` prints every child's figures.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import cProfile
 import json
 import os
 import pstats
+import resource
 import subprocess
 import sys
 import timeit
@@ -66,10 +74,14 @@ def cnn_step(lib) -> Callable[[], float]:
     return lambda: cnn.train_step(lib, model, opt, x, y)
 
 
-def best_ms(fn: Callable[[], object], number: int, repeat: int) -> float:
+def best_ms(fn: Callable[[], object], number: int, repeat: int) -> tuple[float, float]:
+    """(best ms per step, minor page faults per timed step)."""
     for _ in range(3):
         fn()
-    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e3
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    times = timeit.repeat(fn, number=number, repeat=repeat)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    return min(times) / number * 1e3, faults / (number * repeat)
 
 
 def profile_step(make: Callable, steps: int = 30, top: int = 20) -> None:
@@ -86,16 +98,17 @@ def profile_step(make: Callable, steps: int = 30, top: int = 20) -> None:
 CASES = {"gpt": ("GPT-mini 2x64, seq 32, batch 8", gpt_step), "cnn": ("digits ResNet w16, batch 64", cnn_step)}
 
 
-def one(case: str, lib_name: str, number: int, repeat: int) -> float:
-    """ms per step of one library in this process."""
+def one(case: str, lib_name: str, number: int, repeat: int) -> tuple[float, float]:
+    """(ms per step, minor page faults per step) of one library in this process."""
     return best_ms(CASES[case][1](flow if lib_name == "holoflow" else torch), number, repeat)
 
 
-def fresh(case: str, lib_name: str, args) -> float:
+def fresh(case: str, lib_name: str, args) -> tuple[float, float]:
     cmd = [sys.executable, os.path.abspath(__file__), "--one", case, lib_name, "--number", str(args.number),
            "--repeat", str(args.repeat), "--threads", str(args.threads)] + (["--fused"] if args.fused else [])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])["ms"]
+    got = json.loads(out.strip().splitlines()[-1])
+    return got["ms"], got["minflt"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,23 +121,41 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--in-process", action="store_true")
     ap.add_argument("--one", nargs=2, metavar=("CASE", "LIB"))
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--verbose", action="store_true", help="print every child's ms and faults per step")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     FUSED["fused"] = args.fused
     if args.one:
-        print(json.dumps({"ms": one(args.one[0], args.one[1], args.number, args.repeat)}))
+        ms, faults = one(args.one[0], args.one[1], args.number, args.repeat)
+        print(json.dumps({"ms": ms, "minflt": faults}))
         return
-    print(f"{'training step':<34}{'holoflow ms':>12}{'torch ms':>10}{'ratio':>8}")
+    print(f"{'training step':<34}{'holoflow ms':>12}{'torch ms':>10}{'ratio':>8}"
+          f"{'faults/step holoflow':>22}{'torch':>8}")
     for case, (name, _) in CASES.items():
+        faults: dict[str, list[float]] = {"holoflow": [], "torch": []}
         if args.in_process:
-            tf, tt = one(case, "holoflow", args.number, args.repeat), one(case, "torch", args.number, args.repeat)
+            (tf, ff), (tt, ft) = one(case, "holoflow", args.number, args.repeat), one(case, "torch", args.number,
+                                                                                       args.repeat)
+            faults["holoflow"].append(ff)
+            faults["torch"].append(ft)
         else:
             best = {"holoflow": float("inf"), "torch": float("inf")}
             for k in range(args.rounds):
+                got = {}
                 for lib_name in (("holoflow", "torch") if k % 2 == 0 else ("torch", "holoflow")):
-                    best[lib_name] = min(best[lib_name], fresh(case, lib_name, args))
+                    got[lib_name] = fresh(case, lib_name, args)
+                    best[lib_name] = min(best[lib_name], got[lib_name][0])
+                    faults[lib_name].append(got[lib_name][1])
+                if args.verbose:
+                    (hm, hf), (tm, tf_) = got["holoflow"], got["torch"]
+                    print(f"  {case} round {k}: holoflow {hm:.2f} ms ({hf:.0f} faults/step), torch {tm:.2f} ms "
+                          f"({tf_:.0f}), ratio {hm / tm:.2f}")
             tf, tt = best["holoflow"], best["torch"]
-        print(f"{name:<34}{tf:>12.2f}{tt:>10.2f}{tf / tt:>8.2f}")
+
+        def span(xs: list[float]) -> str:
+            return f"{min(xs):.0f}" if max(xs) - min(xs) < 1 else f"{min(xs):.0f}-{max(xs):.0f}"
+        print(f"{name:<34}{tf:>12.2f}{tt:>10.2f}{tf / tt:>8.2f}{span(faults['holoflow']):>22}"
+              f"{span(faults['torch']):>8}")
     if args.profile:
         profile_step(gpt_step)
 

@@ -20,7 +20,7 @@ from .errors import HoloflowError, UnsupportedError, describe
 from .interpret import Interpreter
 from .registry import Op, infer_metas
 from .tensor import Tensor
-from .views import VIEW_SCATTER, aliases, make_view, replay, stamp_of
+from .views import VIEW_SCATTER, ViewInfo, aliases, make_view, replay, stamp_of
 
 
 class Eager(Interpreter):
@@ -99,8 +99,11 @@ def _eager(op: Op, inputs: tuple, attrs: dict):
     if not record and type(out) is torch.Tensor:  # the hot path, inlined
         t = _new(Tensor)
         t._data, t._rg, t._grad, t.grad_fn, t._out_idx, t._hooks, t._global = out, False, None, None, 0, None, None
-        if op.view and aliases(out, datas[0]):
-            make_view(t, inputs[0], op, attrs, None)
+        if op.view:
+            d = datas[0]
+            b = out._base   # views.aliases, inlined
+            if out is d or (b is not None and (b is d or b is d._base)):
+                make_view(t, inputs[0], op, attrs, None)
         return t
     return wrap(op, inputs, attrs, out, record)
 
@@ -153,11 +156,13 @@ def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | N
         for i, (w, o) in enumerate(zip(wrapped, outs)):
             if o.dtype.is_floating_point or o.dtype.is_complex:
                 w._rg, w.grad_fn, w._out_idx = True, node, i
-    if op.view and track_views:
+    if op.view and track_views:   # make_view per output, with the base, chain and stamp found once
         x = inputs[0]
+        xd, vi = x._data, x._view
+        base, chain, stamp = (x, (), stamp_of(x)) if vi is None else (vi.base, vi.chain, vi.stamp)
         for i, (w, o) in enumerate(zip(wrapped, outs)):
-            if (views[i] if views is not None else aliases(o, x._data)):
-                make_view(w, x, op, attrs, i)
+            if (views[i] if views is not None else aliases(o, xd)):
+                w._view = ViewInfo(base, chain + ((op, attrs, i),), stamp)
     return op.out_type(*wrapped) if op.out_type is not None else tuple(wrapped)
 
 

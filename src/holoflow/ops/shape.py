@@ -29,7 +29,10 @@ def _sizes(args: tuple) -> tuple:
     """``f(2, 3)`` and ``f((2, 3))`` alike."""
     if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
         args = tuple(args[0])
-    return int_sizes("reshape/view/expand", args)   # 3.7 raises TypeError (torch), never truncates
+    for s in args:   # plain ints (the usual case) need no conversion
+        if type(s) is not int:
+            return int_sizes("reshape/view/expand", args)   # 3.7 raises TypeError (torch), never truncates
+    return args
 
 
 def _fmt(shape) -> str:
@@ -42,6 +45,15 @@ def infer_shape(op: str, src: Sequence[int], shape: Sequence[int]) -> tuple:
     """Resolves one ``-1`` in ``shape``; raises a clear error when the sizes can't match."""
     numel = math.prod(src)
     shape = tuple(shape)
+    low = min(shape) if shape else 0   # the usual valid cases first; the rest is checked below
+    if low >= 0:
+        if math.prod(shape) == numel:
+            return shape
+    elif low == -1 and shape.count(-1) == 1:
+        known = -math.prod(shape)
+        if known and not numel % known:
+            i = shape.index(-1)
+            return shape[:i] + (numel // known,) + shape[i + 1:]
     if shape.count(-1) > 1 or any(s < -1 for s in shape):
         raise ShapeError(f"holoflow.{op}: invalid target shape {_fmt(shape)}: sizes must be >= 0 "
                          f"with at most one -1")
@@ -123,8 +135,7 @@ RESHAPE = defop("reshape", lambda x, shape: x.reshape(shape),
 
 def reshape(input: Tensor, *shape) -> Tensor:
     """Same data with a new shape (a view when possible); one size may be -1."""
-    target = infer_shape("reshape", tuple(input.shape), _sizes(shape))
-    return apply(RESHAPE, input, shape=target)
+    return apply(RESHAPE, input, shape=infer_shape("reshape", input.shape, _sizes(shape)))
 
 
 def _view_dtype_sbp(metas, attrs):
@@ -142,8 +153,8 @@ def view(input: Tensor, *shape) -> Tensor:
     ``view(dtype)`` reinterprets the bits as another dtype (not differentiable)."""
     if len(shape) == 1 and _is_dtype(shape[0]):
         return apply(VIEW_DTYPE, input, dtype=_dtype.to_torch(shape[0]))
-    target = infer_shape("view", tuple(input.shape), _sizes(shape))
-    if input.is_local and not input._data.is_contiguous():  # (a contiguous tensor takes any view)
+    target = infer_shape("view", input.shape, _sizes(shape))
+    if input._global is None and not input._data.is_contiguous():  # (a contiguous tensor takes any view)
         try:
             input._data.view(target)
         except RuntimeError:
@@ -223,7 +234,10 @@ def permute(input: Tensor, *dims) -> Tensor:
     """Reorders dims: output dim j is input dim ``dims[j]``."""
     dims = _sizes(dims)
     nd = input.dim()
-    norm = tuple(normalize_dim("permute", d, nd) for d in dims)
+    norm = tuple([d + nd if d < 0 else d for d in dims])
+    if len(norm) == nd and sorted(norm) == list(range(nd)):   # a permutation of in-range dims
+        return apply(PERMUTE, input, dims=norm)
+    norm = tuple(normalize_dim("permute", d, nd) for d in dims)   # out of range: IndexError
     if len(dims) != nd or sorted(norm) != list(range(nd)):
         raise ShapeError(f"holoflow.permute: dims {dims} are not a permutation of the {nd} dims of a "
                          f"tensor of shape {_fmt(input.shape)}")
@@ -232,13 +246,20 @@ def permute(input: Tensor, *dims) -> Tensor:
 
 def transpose(input: Tensor, dim0: int, dim1: int) -> Tensor:
     """Swaps two dims."""
+    nd = input.dim()
+    if type(dim0) is int and type(dim1) is int and -nd <= dim0 < nd and -nd <= dim1 < nd:
+        dims = list(range(nd))
+        a, b = dim0 % nd, dim1 % nd
+        dims[a], dims[b] = b, a
+        return apply(PERMUTE, input, dims=tuple(dims))
     for d in (dim0, dim1):
         if not isinstance(d, int) and not hasattr(d, "__index__"):
             raise TypeError(f"holoflow.transpose: dims must be ints, got {d!r} of type {type(d).__name__}")
     nd = input.dim()
     a, b = normalize_dim("transpose", dim0, nd), normalize_dim("transpose", dim1, nd)
     dims = list(range(nd))
-    dims[a], dims[b] = dims[b], dims[a]
+    if nd:   # (a 0-d tensor takes dims 0 and -1, as torch's, and stays as it is)
+        dims[a], dims[b] = dims[b], dims[a]
     return apply(PERMUTE, input, dims=tuple(dims))
 
 
@@ -467,7 +488,7 @@ def split(tensor: Tensor, split_size_or_sections, dim: int = 0) -> tuple:
         step = split_size_or_sections
         if step <= 0 and size:
             raise ShapeError(f"holoflow.split: split_size must be positive, got {step}")
-        sizes = tuple(min(step, size - i) for i in range(0, size, step)) if size else (0,)
+        sizes = tuple([min(step, size - i) for i in range(0, size, step)]) if size else (0,)
     else:
         sizes = tuple(int(s) for s in split_size_or_sections)
         if sum(sizes) != tensor.shape[d]:
@@ -508,15 +529,9 @@ def unbind(input: Tensor, dim: int = 0) -> tuple:
 
 # -- Tensor methods ---------------------------------------------------------------------------------
 
-def _method_sizes(fn):
-    return lambda self, *sizes: fn(self, *sizes)
-
-
-for _name in ("reshape", "view", "permute", "expand", "repeat"):
-    setattr(Tensor, _name, _method_sizes(globals()[_name]))
-for _name in ("view_as", "reshape_as", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis",
-              "flatten", "unflatten", "squeeze", "unsqueeze", "expand_as", "tile", "repeat_interleave",
-              "split", "chunk", "tensor_split", "unbind", "broadcast_to"):
+for _name in ("reshape", "view", "permute", "expand", "repeat", "view_as", "reshape_as", "transpose", "swapaxes",
+              "swapdims", "t", "movedim", "moveaxis", "flatten", "unflatten", "squeeze", "unsqueeze", "expand_as",
+              "tile", "repeat_interleave", "split", "chunk", "tensor_split", "unbind", "broadcast_to"):
     setattr(Tensor, _name, globals()[_name])
 Tensor.T = property(lambda self: apply(PERMUTE, self, dims=tuple(range(self.dim() - 1, -1, -1))))
 Tensor.mT = property(lambda self: transpose(self, -2, -1))
