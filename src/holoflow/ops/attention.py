@@ -81,12 +81,17 @@ def _sdpa_kernel(q, k, v, mask, is_causal, scale):
     scaled scores per query row, what the fused backward needs); otherwise torch's dispatcher
     and an empty logsumexp (the math backward recomputes the scores)."""
     if not _fusable(q.shape, k.shape, v.shape, mask is not None):
+        if q.device.type in FUSED_VJP_DEVICES and q.numel() and k.numel():   # the node kept, as below
+            out, vjp = _recorded(q, k, v, mask, is_causal, scale)
+            lse = q.new_empty((0,), dtype=_lse_dtype(q))
+            lse.holoflow_vjp = vjp
+            return out, lse
         out = TF.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
         return out, q.new_empty((0,), dtype=_lse_dtype(q))
     if q.numel() == 0:  # the CPU kernel does not take empty batches
         return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q))
     if q.device.type in FUSED_VJP_DEVICES:  # torch's fused kernels, its backward node kept
-        out, vjp = _recorded(q, k, v, is_causal, scale)
+        out, vjp = _recorded(q, k, v, None, is_causal, scale)
         lse = q.new_empty(q.shape[:-1], dtype=_lse_dtype(q))
         lse.holoflow_vjp = vjp
         return out, lse
@@ -102,8 +107,7 @@ def _sdpa_fused_bwd_kernel(dy, q, k, v, out, lse, is_causal, scale):
     if q.numel() == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if q.device.type in FUSED_VJP_DEVICES:
-        vjp = getattr(lse, "holoflow_vjp", None)
-        return vjp(dy) if vjp is not None else _torch_vjp(dy, q, k, v, None, is_causal, scale)[:3]
+        return _node_or_recompute(lse, dy, q, k, v, None, is_causal, scale)[:3]
     grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
         _as_4d(dy), _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(out), lse.reshape(_as_4d(q).shape[:-1]), 0.0,
         is_causal, scale=scale)
@@ -123,39 +127,41 @@ def _no_mask_grad(q: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=q.dtype, device=q.device).expand(0)
 
 
-def _recorded(q, k, v, is_causal, scale):
+def _recorded(q, k, v, mask, is_causal, scale):
     """torch's ``scaled_dot_product_attention`` with its autograd node recorded on detached
-    aliases of q, k, v (no copies): (output, vjp) where ``vjp(dy)`` is (dq, dk, dv) by torch's
-    backward of this very call. The node, and what it saved, lives as long as ``vjp``; the graph
-    is retained, so a second backward (``retain_graph``) works too."""
-    with torch.enable_grad():
-        q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
-        out = TF.scaled_dot_product_attention(q_, k_, v_, is_causal=is_causal, scale=scale)
-
-    def vjp(dy: torch.Tensor) -> tuple:
-        return torch.autograd.grad(out, (q_, k_, v_), dy.to(out.dtype), retain_graph=True)
-    return out.detach(), vjp
-
-
-def _torch_vjp(dy, q, k, v, mask, is_causal, scale):
-    """(dq, dk, dv, dmask) by torch's VJP of its own ``scaled_dot_product_attention``: the fused
-    forward recomputed and the fused backward kernel of the backend torch picks, in q's dtype."""
+    aliases of q, k, v (and a float mask: it is differentiable), no copies: (output, vjp) where
+    ``vjp(dy)`` is (dq, dk, dv, dmask) by torch's backward of this very call, in q's dtype (dmask
+    an empty placeholder for a bool or no mask). The node, and what it saved, lives as long as
+    ``vjp``; the graph is retained, so a second backward (``retain_graph``) works too."""
     diff_mask = mask is not None and mask.is_floating_point()
     with torch.enable_grad():
         q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
         m_ = mask.detach().requires_grad_() if diff_mask else mask
         out = TF.scaled_dot_product_attention(q_, k_, v_, attn_mask=m_, is_causal=is_causal, scale=scale)
-        wrt = (q_, k_, v_, m_) if diff_mask else (q_, k_, v_)
-        grads = torch.autograd.grad(out, wrt, dy.to(out.dtype))
-    return (*grads[:3], grads[3].to(mask.dtype) if diff_mask else _no_mask_grad(q))
+    wrt = (q_, k_, v_, m_) if diff_mask else (q_, k_, v_)
+
+    def vjp(dy: torch.Tensor) -> tuple:
+        grads = torch.autograd.grad(out, wrt, dy.to(out.dtype), retain_graph=True)
+        return (*grads[:3], grads[3].to(mask.dtype) if diff_mask else _no_mask_grad(q))
+    return out.detach(), vjp
 
 
-def _sdpa_bwd_kernel(dy, q, k, v, mask, keep, is_causal, scale):
+def _node_or_recompute(lse, dy, q, k, v, mask, is_causal, scale) -> tuple:
+    """(dq, dk, dv, dmask) by the node the forward kept on ``lse``, or, where it was lost (a copy,
+    a redistribution), by recording the forward again."""
+    vjp = getattr(lse, "holoflow_vjp", None) if lse is not None else None
+    if vjp is None:
+        vjp = _recorded(q, k, v, mask, is_causal, scale)[1]
+    return vjp(dy)
+
+
+def _sdpa_bwd_kernel(dy, q, k, v, mask, keep, is_causal, scale, lse=None):
     """Math backward of softmax(q k^T * scale + mask) [* keep] @ v, computed in float32 for
     reduced precision; returns (dq, dk, dv, dmask) with dmask reduced to the mask's shape.
-    Without dropout on ``FUSED_VJP_DEVICES``: torch's fused backward (:func:`_torch_vjp`)."""
+    Without dropout on ``FUSED_VJP_DEVICES``: torch's fused backward, by the node the forward
+    kept on its placeholder ``lse``."""
     if keep is None and q.device.type in FUSED_VJP_DEVICES:
-        return _torch_vjp(dy, q, k, v, mask, is_causal, scale)
+        return _node_or_recompute(lse, dy, q, k, v, mask, is_causal, scale)
     scores, scale, acc = _scores(q, k, mask, is_causal, scale)
     attn = torch.softmax(scores, -1)
     dy_, v_ = dy.to(acc), v.to(acc)
@@ -204,13 +210,15 @@ def _sdpa_sbp(metas, attrs):
 
 
 def _sdpa_bwd_sbp(metas, attrs):
-    """The math backward (dy, q, k, v, mask, keep): split like the forward; dmask is split too
-    where the mask has the axis, else a partial sum."""
-    dy, q, k, v, mask, keep = metas
+    """The unfused backward (dy, q, k, v, mask, keep, lse): split like the forward; dmask is split
+    too where the mask has the axis, else a partial sum; the forward's placeholder lse is B."""
+    dy, q, k, v, mask, keep, lse = metas
     extra = [m for m in (mask, keep) if isinstance(m, Meta)]  # absent ones are not tensor inputs
-    sigs = [((B,) * (4 + len(extra)), (B,) * 4)]
+    tail = (B,) if isinstance(lse, Meta) else ()
+    sigs = [((B,) * (4 + len(extra)) + tail, (B,) * 4)]
     for a in _batch_axes(q, k, v):
-        sigs.append(((S(a),) * 4 + tuple(_follow(m, q, a) for m in extra), (S(a),) * 3 + (_dmask_sbp(mask, q, a),)))
+        sigs.append(((S(a),) * 4 + tuple(_follow(m, q, a) for m in extra) + tail,
+                     (S(a),) * 3 + (_dmask_sbp(mask, q, a),)))
     return sigs
 
 
@@ -232,9 +240,9 @@ def _no_double(ctx, *dys):
                            f"a math attention written with matmul/softmax instead)")
 
 
-def _math_grad(c, dy, keep):
+def _math_grad(c, dy, keep, lse=None):
     q, k, v, mask = c.inputs[:4]
-    dq, dk, dv, dmask = apply(SDPA_BWD, dy, q, k, v, mask, keep, is_causal=c.is_causal, scale=c.scale,
+    dq, dk, dv, dmask = apply(SDPA_BWD, dy, q, k, v, mask, keep, lse, is_causal=c.is_causal, scale=c.scale,
                               keep_given=keep is not None)
     want_mask = mask is not None and c.needs_grad[3]
     return dq, dk, dv, dmask if want_mask else None
@@ -242,9 +250,9 @@ def _math_grad(c, dy, keep):
 
 def _sdpa_grad(c, dy, _dlse):
     q, k, v, mask = c.inputs[:4]
-    if not _fusable(tuple(q.shape), tuple(k.shape), tuple(v.shape), mask is not None):
-        return _math_grad(c, dy, None)
     out, lse = c.outs
+    if not _fusable(tuple(q.shape), tuple(k.shape), tuple(v.shape), mask is not None):
+        return _math_grad(c, dy, None, lse)
     return (*apply(SDPA_FUSED_BWD, dy, q, k, v, out, lse, is_causal=c.is_causal, scale=c.scale), None)
 
 
@@ -253,9 +261,9 @@ def _sdpa_dropout_grad(c, dy, _dkeep):
 
 
 SDPA_BWD = defop("scaled_dot_product_attention_backward",
-                 lambda dy, q, k, v, mask, keep, is_causal, scale, keep_given:
-                 _sdpa_bwd_kernel(dy, q, k, v, mask, keep, is_causal, scale),
-                 grad=_no_double, sbp=_sdpa_bwd_sbp, family="attention", opaque=_runs_autograd)
+                 lambda dy, q, k, v, mask, keep, lse, is_causal, scale, keep_given:
+                 _sdpa_bwd_kernel(dy, q, k, v, mask, keep, is_causal, scale, lse),
+                 grad=_no_double, sbp=_sdpa_bwd_sbp, family="attention", amp_keep=(6,), opaque=_runs_autograd)
 SDPA_FUSED_BWD = defop("scaled_dot_product_attention_fused_backward", _sdpa_fused_bwd_kernel, grad=_no_double,
                        sbp=_sdpa_fused_bwd_sbp, family="attention", amp_keep=(5,), opaque=_runs_autograd)
 SDPA = defop("scaled_dot_product_attention", _sdpa_kernel, grad=_sdpa_grad, save="both", sbp=_sdpa_sbp,
