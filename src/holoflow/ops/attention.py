@@ -10,13 +10,13 @@ and backward.
 On CUDA (``FUSED_VJP_DEVICES``) the forward is torch's dispatcher, which picks its fused kernels
 (flash, cuDNN or memory-efficient) in the inputs' dtype — the autocast dtype under autocast, as
 the op is on autocast's lower-precision list (amp/policy.py) — and the backward is torch's own
-backward of that call, in that dtype (no float32 score matrix, no ``masked_fill``). Without a
-mask the forward records torch's autograd node on detached aliases of q, k and v, and the
-logsumexp output (a placeholder of its shape; the backend's own logsumexp is in that node) carries
-the node's vector-Jacobian product to the fused backward op: torch's backward kernel on what its
-forward saved (output, logsumexp, RNG state), no recomputed forward, whatever the backend's
-private signatures in this torch version. A logsumexp that lost it (a copy, a redistribution)
-and the masked backward recompute the forward under autograd instead. torch.compile cannot trace
+backward of that call, in that dtype (no float32 score matrix, no ``masked_fill``). The forward
+records torch's autograd node on detached aliases of q, k, v (and a float mask), and its second
+output (a placeholder: of the logsumexp's shape without a mask, empty with one; the backend's own
+logsumexp is in the node) carries the node's vector-Jacobian product to the backward op: torch's
+backward kernel on what its forward saved (output, logsumexp, RNG state), no recomputed forward,
+whatever the backend's private signatures in this torch version. A placeholder that lost it (a
+copy, a redistribution) makes the backward record the forward again. torch.compile cannot trace
 autograd, so on these devices the ops declare themselves ``opaque``: a graph compiled with
 ``enable_compile`` runs them in plain tasks between compiled ones. Double backward of either backward op
 raises UnsupportedError. With ``dropout_p > 0`` the forward is the math path (as torch's CPU
