@@ -1,4 +1,5 @@
 """Elementwise ops vs torch: broadcasting, type promotion, scalars, in-place, empty tensors."""
+import pytest
 import torch
 
 import holoflow as flow
@@ -43,6 +44,8 @@ CASES += [
     Case("sub-alpha", lambda a, b: flow.sub(a, b, alpha=-2), lambda a, b: torch.sub(a, b, alpha=-2),
          lambda dt, g: ((randn(3, 4, gen=g, dtype=dt), randn(3, 1, gen=g, dtype=dt)), {})),
     Case("rsub-scalar", lambda a: 2 - a, lambda a: 2 - a, lambda dt, g: ((randn(3, gen=g, dtype=dt),), {})),
+    Case("rsub-fn-alpha", lambda a, b: flow.rsub(a, b, alpha=1.5), lambda a, b: torch.rsub(a, b, alpha=1.5),
+         lambda dt, g: ((randn(3, 4, gen=g, dtype=dt), randn(4, gen=g, dtype=dt)), {})),
     Case("rdiv-scalar", lambda a: 2 / a, lambda a: 2 / a, lambda dt, g: ((positive(3, gen=g, dtype=dt),), {})),
     Case("rpow-scalar", lambda a: 2 ** a, lambda a: 2 ** a, lambda dt, g: ((randn(3, gen=g, dtype=dt),), {})),
     Case("floordiv", lambda a, b: a // b, lambda a, b: a // b,
@@ -151,3 +154,16 @@ def test_bf16_promotion_and_scalar_keep_dtype():
     assert (x * 2.5).dtype == flow.bfloat16
     assert (x + flow.randn(3)).dtype == flow.float32
     assert (flow.arange(3) / 2).dtype == flow.float32
+
+
+@pytest.mark.parametrize("expr", ["sub(True, x)", "sub(x, False)", "rsub(x, True)", "True - x", "x - True"])
+def test_bool_scalar_subtraction_raises_like_torch(expr):
+    """torch refuses subtraction with a bool (a scalar included): a mask inverted by ``1 - m``'s
+    bool spelling; holoflow did ``True - x`` as ``1.0 - x``."""
+    x = torch.tensor([1.5, -2.0])
+    env_t = {"x": x, "sub": torch.sub, "rsub": torch.rsub}
+    env_f = {"x": flow.from_torch(x), "sub": flow.sub, "rsub": flow.rsub}
+    with pytest.raises(RuntimeError, match="bool"):
+        eval(expr, env_t)
+    with pytest.raises(RuntimeError, match="bool"):
+        eval(expr, env_f)

@@ -259,6 +259,11 @@ def sub(input, other, *, alpha=1) -> Tensor:
 subtract = sub
 
 
+def rsub(input, other, *, alpha=1) -> Tensor:
+    """``other - alpha * input`` (torch.rsub)."""
+    return sub(other, input, alpha=alpha)
+
+
 def div(input, other, *, rounding_mode: str | None = None) -> Tensor:
     """True division (or ``"trunc"``/``"floor"`` rounding), with broadcasting."""
     return apply(DIV, input, other, rounding_mode=rounding_mode)

@@ -232,7 +232,9 @@ def binary(name: str, kernel: Callable, grad: Callable | None = None, save: str 
         if not isinstance(a, torch.Tensor):
             if not tensors_only and (commutative is True or (callable(commutative) and commutative(attrs))):
                 return kernel(b, a, **attrs)
-            a = torch.tensor(a, dtype=torch.result_type(a, b), device=b.device)
+            # a bool stays a bool (torch refuses ``True - x`` as it refuses a bool tensor's)
+            a = torch.tensor(a, dtype=torch.bool if isinstance(a, bool) else torch.result_type(a, b),
+                             device=b.device)
         elif tensors_only and not isinstance(b, torch.Tensor):
             b = torch.tensor(b, dtype=torch.result_type(a, b), device=a.device)
         return kernel(a, b, **attrs)
