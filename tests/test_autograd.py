@@ -200,3 +200,34 @@ def test_relu_double_backward_through_its_mask_is_zero_as_in_torch():
         got.append(np.asarray(gg.detach().numpy()))
     np.testing.assert_array_equal(got[1], got[0])
     assert got[0].tolist() == [0.0, 0.0, 0.0]
+
+
+def _leaf_hook_case(lib, kind: str):
+    """A leaf reached by several paths: torch sums its gradients first (AccumulateGrad's input
+    buffer), so a tensor hook and a post-accumulate hook run once, on the sum."""
+    w = lib.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    calls, posts = [], []
+    w.register_hook(lambda g: calls.append(g.detach().clone()) or g * g)
+    w.register_post_accumulate_grad_hook(lambda t: posts.append(t.grad.detach().clone()))
+    if kind == "two_paths":
+        ((w * 3).sum() + (w * 5).sum()).backward()
+    elif kind == "three_paths_and_a_node":
+        y = w.exp()
+        (y * w).sum().backward()            # w directly, through exp, and through mul
+    elif kind == "root_leaf_too":
+        y = (w * 2).sum()
+        lib.autograd.backward([y, w], [lib.tensor(1.0), lib.ones(3)])
+    elif kind == "retained_twice":
+        y = (w * w).sum()
+        y.backward(retain_graph=True)
+        y.backward()
+    elif kind == "grad_fn":
+        (g,) = lib.autograd.grad((w * 3).sum() + (w * w).sum(), [w])
+        return [c.tolist() for c in calls], [p.tolist() for p in posts], g.tolist()
+    return [c.tolist() for c in calls], [p.tolist() for p in posts], w.grad.tolist()
+
+
+@pytest.mark.parametrize("kind", ["two_paths", "three_paths_and_a_node", "root_leaf_too", "retained_twice",
+                                  "grad_fn"])
+def test_leaf_hooks_run_once_on_the_summed_gradient(kind):
+    assert _leaf_hook_case(flow, kind) == _leaf_hook_case(torch, kind)

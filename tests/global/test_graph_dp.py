@@ -240,3 +240,54 @@ def test_a_plans_collectives_skip_the_per_call_fingerprint_on_gloo(world2):
         for n, unverified, all_reduces in calls:
             # the loss's all-reduce(s) and the gradient bucket: tracked, counted, not fingerprinted
             assert n == all_reduces >= 2 and unverified, calls
+
+
+def _tied_gpt(rank: int | None):
+    """GPT with its embedding tied to the head: one parameter, two gradient contributions."""
+    import numpy as np
+    from holoflow.examples import gpt
+    m = gpt.build(flow)(128, 16, 2, 32, 4)
+    g = torch.Generator().manual_seed(0)   # simulated ranks share holoflow's RNG: weights from a generator
+    with flow.no_grad():
+        for p in m.parameters():
+            p.copy_(flow.from_torch(torch.randn(tuple(p.shape), generator=g) * 0.1))
+    place = flow.placement("cpu", [0, 1])
+    if rank is not None:
+        m.to_global(place, B)
+    opt = flow.optim.SGD(m.parameters(), lr=0.5)
+
+    class Train(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+
+        def build(self, x, y):
+            with flow.utils.global_view.global_mode(rank is not None, placement=place, sbp=B):
+                _, loss = self.m(x, y)
+            loss.backward()
+            return loss
+    rng = np.random.default_rng(0)
+    x, y = (flow.tensor(rng.integers(0, 128, (4, 16))) for _ in range(2))
+    if rank is not None:
+        x, y = (t.to_global(place, B).to_global(sbp=S(0)) for t in (x, y))
+    t = Train()
+    losses = [t(x, y) for _ in range(2)]
+    losses = [v.to_global(sbp=B).to_local().item() if rank is not None else v.item() for v in losses]
+    wte = m.tok.weight
+    w = wte.to_global(sbp=B).to_local().to_torch() if rank is not None else wte.to_torch()
+    if rank is None:
+        return losses, w, None
+    nodes = list(next(reversed(t._compiled.values())).logical.nodes)
+    reduced = sum(sum(v.nbytes for v in n.inputs) for n in nodes if n.op == "global_box_bucket")
+    return losses, w, (reduced, sum(p.numel() * 4 for p in m.parameters()))
+
+
+def test_tied_weight_gradient_reduced_once():
+    """The embedding tied to the head gets two gradient contributions: summed first (as torch's
+    AccumulateGrad does), then all-reduced once; every parameter's bytes go through the buckets once."""
+    want_losses, want_w, _ = _tied_gpt(None)
+    for losses, w, (reduced, param_bytes) in world.simulate(2, _tied_gpt):
+        assert reduced == param_bytes, (reduced, param_bytes)
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(w, want_w, rtol=1e-5, atol=1e-6)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -204,8 +204,11 @@ def _accumulate(old, new):
     return new if old is None else old + new
 
 
-def _dependencies(roots: Sequence[GradNode]) -> dict[GradNode, int]:
+def _dependencies(roots: Sequence[GradNode]) -> tuple[dict[GradNode, int], dict[int, int]]:
+    """The number of edges into each node reachable from ``roots``, and into each leaf (by id):
+    a leaf, like torch's AccumulateGrad node, takes its gradients summed, once."""
     deps: dict[GradNode, int] = {n: 0 for n in roots}
+    leaves: dict[int, int] = {}
     stack = list(deps)
     while stack:
         node = stack.pop()
@@ -217,7 +220,10 @@ def _dependencies(roots: Sequence[GradNode]) -> dict[GradNode, int]:
                 else:
                     deps[child] = 1
                     stack.append(child)
-    return deps
+            elif e is not None:
+                k = id(e)
+                leaves[k] = leaves.get(k, 0) + 1
+    return deps, leaves
 
 
 def _zeros_for(meta):
@@ -302,10 +308,10 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
             for h in post:
                 h(t)
 
-    roots = []
+    roots, root_leaves = [], []
     for t, g in zip(tensors, grads):
         if t.grad_fn is None:
-            to_leaf(t, g)
+            root_leaves.append((t, g))
             continue
         node = t.grad_fn
         buf = buffers.get(node)
@@ -314,12 +320,19 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
             roots.append(node)
         buf[t._out_idx] = _accumulate(buf[t._out_idx], g)
 
-    deps = _dependencies(roots)
+    deps, leaf_deps = _dependencies(roots)
+    leaf_sums: dict[int, Any] = {}   # gradients of leaves still waiting for more
+    for t, g in root_leaves:         # a leaf given as a root: summed with what reaches it
+        if id(t) in leaf_deps:
+            leaf_sums[id(t)] = _accumulate(leaf_sums.get(id(t)), g)
+        else:
+            to_leaf(t, g)
     ready = [n for n in roots if deps[n] == 0]
     pending: list = []
     token = _CALLBACKS.set(pending)
     try:
-        _drain(ready, buffers, deps, cap_keys, captured, retain_graph, create_graph, to_leaf)
+        _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retain_graph, create_graph,
+               to_leaf)
         while pending:
             pending.pop(0)()
     finally:
@@ -330,7 +343,8 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
     return [captured.get(keys[i]) for i in range(len(capture))]
 
 
-def _drain(ready, buffers, deps, cap_keys, captured, retain_graph, create_graph, to_leaf) -> None:
+def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retain_graph, create_graph,
+           to_leaf) -> None:
     with grad_mode.set_grad_enabled(create_graph):
         while ready:
             node = ready.pop()
@@ -383,8 +397,20 @@ def _drain(ready, buffers, deps, cap_keys, captured, retain_graph, create_graph,
                     deps[child] = left
                     if not left:
                         ready.append(child)
-                elif g is not None:
-                    to_leaf(e, g)
+                else:   # a leaf: its gradients summed, handed over once the last one arrived
+                    k = id(e)
+                    left = leaf_deps[k] - 1
+                    leaf_deps[k] = left
+                    if left or k in leaf_sums:
+                        if g is not None:
+                            old = leaf_sums.get(k)
+                            leaf_sums[k] = g if old is None else old + g
+                        if not left:
+                            g = leaf_sums.pop(k, None)
+                            if g is not None:
+                                to_leaf(e, g)
+                    elif g is not None:
+                        to_leaf(e, g)
             # drop this node's gradients now (torch frees a node's buffers once it ran): held
             # until the next node's kernels they raise the step's peak memory
             gs = in_grads = g = old = None
