@@ -197,3 +197,19 @@ def test_device_path_in_a_graph(monkeypatch):
     for a, b, c in zip(dev_graph, cpu_graph, dev_eager):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
         torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)   # graph vs eager: summation order
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_device_path_records_nothing_without_grad(device_path, monkeypatch, kind):
+    """Under no_grad no backward can follow: the plain fused call, nothing kept."""
+    recorded = []
+    real = attention._recorded
+    monkeypatch.setattr(attention, "_recorded", lambda *a: recorded.append(1) or real(*a))
+    q, k, v, mask = _inputs(kind)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=kind == "causal")
+    with flow.no_grad():
+        got = HF.scaled_dot_product_attention(*(flow.from_torch(x) for x in (q, k, v)),
+                                              attn_mask=None if mask is None else flow.from_torch(mask),
+                                              is_causal=kind == "causal")
+    torch.testing.assert_close(got.to_torch(), want, rtol=1e-5, atol=1e-5)
+    assert not recorded

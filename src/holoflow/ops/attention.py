@@ -30,6 +30,7 @@ import math
 import torch
 import torch.nn.functional as TF
 
+from ..core import grad_mode
 from ..core.dispatch import apply
 from ..core.errors import ShapeError, UnsupportedError
 from ..core.registry import Meta, defop
@@ -81,19 +82,18 @@ def _sdpa_kernel(q, k, v, mask, is_causal, scale):
     scaled scores per query row, what the fused backward needs); otherwise torch's dispatcher
     and an empty logsumexp (the math backward recomputes the scores)."""
     if not _fusable(q.shape, k.shape, v.shape, mask is not None):
-        if q.device.type in FUSED_VJP_DEVICES and q.numel() and k.numel():   # the node kept, as below
-            out, vjp = _recorded(q, k, v, mask, is_causal, scale)
-            lse = q.new_empty((0,), dtype=_lse_dtype(q))
-            lse.holoflow_vjp = vjp
+        lse = q.new_empty((0,), dtype=_lse_dtype(q))
+        if q.device.type in FUSED_VJP_DEVICES and q.numel() and k.numel() and grad_mode.is_grad_enabled():
+            out, lse.holoflow_vjp = _recorded(q, k, v, mask, is_causal, scale)   # as below
             return out, lse
-        out = TF.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
-        return out, q.new_empty((0,), dtype=_lse_dtype(q))
+        return TF.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale), lse
     if q.numel() == 0:  # the CPU kernel does not take empty batches
         return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q))
-    if q.device.type in FUSED_VJP_DEVICES:  # torch's fused kernels, its backward node kept
-        out, vjp = _recorded(q, k, v, None, is_causal, scale)
+    if q.device.type in FUSED_VJP_DEVICES:   # torch's fused call, its node kept where a backward may follow
         lse = q.new_empty(q.shape[:-1], dtype=_lse_dtype(q))
-        lse.holoflow_vjp = vjp
+        if not grad_mode.is_grad_enabled():
+            return TF.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale), lse
+        out, lse.holoflow_vjp = _recorded(q, k, v, None, is_causal, scale)
         return out, lse
     out, lse = torch._scaled_dot_product_flash_attention_for_cpu(
         _as_4d(q), _as_4d(k), _as_4d(v), 0.0, is_causal, scale=scale)
