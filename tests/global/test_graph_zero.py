@@ -173,3 +173,78 @@ def test_zero3_gpt_with_grad_clipping_returns_the_single_process_forward(executo
         return G()(x, x).to_global(sbp=(B, B)).to_local().to_torch()
     for logits in world.simulate(2, run):
         torch.testing.assert_close(logits, want_logits.to_torch(), rtol=1e-5, atol=1e-6)
+
+
+def _run_scaled(place, stage: int, n: int = 2, overflow: bool = True):
+    """ZeRO with a GradScaler: the loss scaled, the gradient shards unscaled, one inf/nan check over
+    every rank; step 1 has an overflowing sample in the last rank's half of the batch, so that step
+    is skipped everywhere and the scale backs off."""
+    m = _model()
+    if place is not None:
+        m.to_global(place, B)
+    opt = flow.optim.AdamW(m.parameters(), lr=0.01)
+    scaler = flow.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+            self.set_grad_scaler(scaler)
+            if stage:
+                self.config.enable_zero(True, stage=stage, shard_min_size=64)
+
+        def build(self, x):
+            loss = self.m(x).square().mean()
+            loss.backward()
+            return loss
+    g = G()
+    scales = []
+    for i in range(4):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(i))
+        if i == 1 and overflow:
+            x[-1] = 3e38          # overflows in the forward: inf/nan gradients
+        x = flow.from_torch(x)
+        if place is not None:
+            x = x.to_global(place, B).to_global(sbp=S(0))
+        g(x)
+        scales.append(scaler.get_scale())
+    params = [(p.to_global(sbp=B).to_local() if place is not None else p).detach().to_torch()
+              for p in m.parameters()]
+    return params, scales
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_with_a_grad_scaler_equals_single_process(stage):
+    want_params, want_scales = _run_scaled(None, 0)
+    assert want_scales == [2.0 ** 10, 2.0 ** 9, 2.0 ** 9, 2.0 ** 10], want_scales   # skipped, then grew
+    place = flow.placement("cpu", [0, 1])
+    for params, scales in world.simulate(2, lambda r: _run_scaled(place, stage)):
+        assert scales == want_scales
+        for a, b in zip(params, want_params):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_zero_grad_scaler_skips_on_every_rank_when_one_shard_overflows(monkeypatch):
+    """Only rank 1's gradient shard holds an inf (step 1): the count is summed over the ranks, so
+    rank 0 skips that step too (as a single process whose step 1 overflows)."""
+    from holoflow.graph import optimizer
+    real, calls = optimizer._zero_scaler_update, {}
+
+    def poisoned(*args):
+        fn = real(*args)
+
+        def update(*grads):
+            r = world.rank()
+            calls[r] = calls.get(r, 0) + 1
+            if r == 1 and calls[r] == 2:
+                grads[0].view(-1)[0] = float("inf")
+            return fn(*grads)
+        return update
+    monkeypatch.setattr(optimizer, "_zero_scaler_update", poisoned)
+    want_params, want_scales = _run_scaled(None, 0)
+    place = flow.placement("cpu", [0, 1])
+    for params, scales in world.simulate(2, lambda r: _run_scaled(place, 2, overflow=False)):
+        assert scales == want_scales
+        for a, b in zip(params, want_params):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -7,15 +7,20 @@ and graph share one update rule.
   optimizer's fused lowering);
 - with a grad scaler: one effect that hands the gradients to ``scaler.step(opt)`` (unscale, skip
   the step on inf/nan) and ``scaler.update()``, then publishes the new scale to the tensor the
-  traced loss scaling reads;
+  traced loss scaling reads; under ZeRO the gradients are shards, so that effect unscales them,
+  sums the inf/nan count over the ranks (every rank skips, or steps, alike) and runs the sharded
+  updates itself;
 - one effect per LR scheduler, after the updates: OneFlow steps it once per graph call, and doing
   it in the update task keeps that order when iterations stream.
 """
 from __future__ import annotations
 
+import torch
+
 from ..core import grad_mode
-from ..core.errors import HoloflowError, UnsupportedError
+from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
+from ..distributed import world
 from .zero import sharded_update
 
 
@@ -68,6 +73,32 @@ def _scaler_update(scaler, optimizers: list, params: list, scale: Tensor):
     return update
 
 
+def _zero_scaler_update(scaler, updates: list, scale: Tensor, ranks: tuple):
+    """``scaler.step(opt); scaler.update()`` under ZeRO: the gradients are this rank's shards (or
+    whole), so the inf/nan count is summed over ``ranks`` before every rank decides to step (the
+    sharded updates, with their all-gathers) or to skip. ``updates``: (update, gradient indices)."""
+    rank, comm = world.rank(), world.comm()
+
+    def update(*grads):
+        inv = scaler._scale.double().reciprocal().float()._data
+        bad = 0.0
+        for g in grads:
+            if not bool(torch.isfinite(g).all()):
+                bad += 1.0
+            g.mul_(inv.to(g.device))
+        if len(ranks) > 1:
+            with world.acting_as(rank, comm):   # the update runs on a runtime thread
+                bad = float(sum(comm.all_gather_shapes(bad, ranks)))
+        if not bad:
+            for fn, idx in updates:
+                fn(*(grads[i] for i in idx))
+        scaler._update_scale(bad > 0)
+        scaler._per_optimizer_states = {}
+        scale._data.copy_(scaler._scale._data)
+    update.__name__ = "grad_scaler_zero_update"
+    return update
+
+
 def _graph_grads(params: list) -> list:
     for p in params:
         if "_v" not in p.grad.__dict__:
@@ -82,9 +113,18 @@ def add_optimizer_updates(tracer, optimizers: list, scaler=None, scale: Tensor |
     the scheduler steps. ``optimizers`` holds ``(optimizer, lr_scheduler or None)`` pairs;
     ``zero`` (graph/zero.py) shards the updates of data-parallel parameters."""
     if zero is not None and scaler is not None:
-        raise UnsupportedError("holoflow.nn.Graph: ZeRO with a grad scaler is not supported yet; "
-                               "use bfloat16 autocast (no scaler) or drop enable_zero")
-    if scaler is not None:
+        params, updates = [], []
+        for opt, _ in optimizers:
+            for gi, group in enumerate(opt.param_groups):
+                for ps in _by_placement([p for p in group["params"] if p.grad is not None]):
+                    fn = sharded_update(opt, gi, ps, zero) if any(zero.sharded(p) for p in ps) \
+                        else _group_update(opt, gi, ps)
+                    updates.append((fn, list(range(len(params), len(params) + len(ps)))))
+                    params += ps
+        ranks = tuple(sorted({r for p in params if p._global is not None for r in p._global.placement.flat_ranks}))
+        tracer.effect("grad_scaler_zero_update", tuple(_graph_grads(params)), {},
+                      _zero_scaler_update(scaler, updates, scale, ranks))
+    elif scaler is not None:
         params = [p for opt, _ in optimizers for g in opt.param_groups for p in g["params"] if p.grad is not None]
         tracer.effect("grad_scaler_update", tuple(_graph_grads(params)), {},
                       _scaler_update(scaler, [o for o, _ in optimizers], params, scale))
