@@ -94,6 +94,8 @@ def transport(key: tuple[int, ...], t: torch.Tensor) -> "Shm | None":
     pg = dist.distributed_c10d._get_default_group()
     got = _TRANSPORTS.get(key)
     if got is None or got[0] is not pg:
+        if got is not None and got[1] is not None:   # a new world (made without env.shutdown): let the old go
+            got[1].close()
         got = _TRANSPORTS[key] = (pg, _handshake(key))
     return got[1]
 
@@ -340,9 +342,8 @@ class Shm:
         a, b = bounds[me], bounds[me + 1]
         if b > a:
             parts = [s[a:b] for s in slots]
-            acc = _reduce(parts, op)
-            parts[me].copy_(acc)
-            part[a:b].copy_(acc)
+            _reduce(parts, op, me)
+            part[a:b].copy_(parts[me])
         self._post(3 * k + 2)
         self._wait(3 * k + 2, "reduce its part")
         for i in self.peers:
@@ -383,23 +384,23 @@ class Shm:
                                f"ranks {[self.ranks[i] for i in behind]} did not arrive (waiting for them to {what})")
 
 
-def _reduce(parts: list[torch.Tensor], op: str) -> torch.Tensor:
-    """``op`` over ``parts`` in rank order; 16-bit floats are summed in float32 and rounded once."""
-    if op in ("sum", "avg"):
-        if parts[0].dtype in (torch.float16, torch.bfloat16):
-            acc = parts[0].float()
-            for p in parts[1:]:
-                acc.add_(p)
-            return acc.to(parts[0].dtype)
-        acc = torch.add(parts[0], parts[1])
-        for p in parts[2:]:
+def _reduce(parts: list[torch.Tensor], op: str, me: int) -> None:
+    """Writes ``op`` over ``parts`` (in rank order) into ``parts[me]``; 16-bit floats are summed in
+    float32 and rounded once."""
+    if op in ("sum", "avg") and parts[0].dtype in (torch.float16, torch.bfloat16):
+        acc = parts[0].float()
+        for p in parts[1:]:
             acc.add_(p)
-        return acc
-    fn = {"max": torch.maximum, "min": torch.minimum, "prod": torch.mul}[op]
-    acc = fn(parts[0], parts[1])
+        parts[me].copy_(acc)
+        return
+    fn = {"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum, "prod": torch.mul}[op]
+    # parts[me] is read first (elementwise, so writing it while reading is safe) unless it comes later
+    out = parts[me] if me < 2 else torch.empty_like(parts[me])
+    fn(parts[0], parts[1], out=out)
     for p in parts[2:]:
-        acc = fn(acc, p, out=acc)
-    return acc
+        fn(out, p, out=out)
+    if out is not parts[me]:
+        parts[me].copy_(out)
 
 
 atexit.register(unlink_created)   # a handshake cut short by an exception or exit

@@ -16,7 +16,9 @@ reduces on the CPU, on its own threads. When the ranks on this host already keep
 computing (CPU placement, cores <= local ranks x intra-op threads: :func:`spare_core`), a
 collective issued during backward only takes CPU from it, and each extra collective adds its
 own fixed cost; the buckets are then simply ``allreduce_bucket_mb`` each (bench/dp_overlap.py
-measured one 3.3 MB bucket a little faster than three on 2 ranks of a 2-core host). Every rank
+measured one 3.3 MB bucket a little faster than three on 2 ranks of a 2-core host). Ranks of one
+host reduce through shared memory (distributed/shm_comm.py), where that one bucket costs well
+under a millisecond; the split into buckets is the same whichever transport runs it. Every rank
 must bucket alike: ranks that decide differently trace different programs, which
 ``global_graph.check_same_program`` reports before anything runs.
 """
