@@ -41,6 +41,21 @@ class GraphBuildError(HoloflowError):
     """``build()`` raised while being traced; names the user's line."""
 
 
+
+def _training_flags(roots) -> tuple:
+    """Every module's ``training`` flag under ``roots`` (each module once, in a fixed order): read
+    on every call, so a plain walk rather than ``modules()``' generators (a 12-layer GPT has
+    ~115 modules)."""
+    flags, seen, stack = [], set(), list(roots)[::-1]
+    while stack:
+        m = stack.pop()
+        if m is None or id(m) in seen:
+            continue
+        seen.add(id(m))
+        flags.append(m.training)
+        stack.extend(list(m._modules.values())[::-1])
+    return tuple(flags)
+
 class Graph:
     """Subclass, assign modules, override ``build()``; the first call (per input signature) compiles.
 
@@ -197,8 +212,7 @@ class Graph:
 
     def _flags(self) -> tuple:
         """Module train/eval flags and profiling: a change traces a new plan."""
-        return (self.config.profiling, self.config.executor,
-                tuple(m.training for root in self._modules.values() for m in root.modules()))
+        return (self.config.profiling, self.config.executor, _training_flags(self._modules.values()))
 
     # -- compile ---------------------------------------------------------------------------------
     def _compile(self, leaves: list, spec) -> Compiled:
