@@ -6,6 +6,7 @@ them, waited for just before the update).
     python bench/dp_overlap.py --separate      # every variant in its own launched world
     python bench/dp_overlap.py --only flow-graph-limit flow-graph-dp --bucket-mb 1
     python bench/dp_overlap.py --explain       # the graph's boxing nodes: predicted vs measured time
+    python bench/dp_overlap.py --allreduce     # one gradient bucket's all-reduce: Gloo vs holoflow's transport
 
 GPT of holoflow.examples.gpt (4 layers, d=128, seq 64, global batch 32: 16 per rank), AdamW.
 For each framework, ``limit`` is the same 2 processes each training its half batch with no
@@ -231,6 +232,37 @@ def run_pair(limit: str, dp: str, steps: int, warmup: int, rounds: int, bucket_m
     return best
 
 
+def run_allreduce(mb: float, reps: int, rounds: int) -> dict:
+    """Milliseconds per all-reduce of ``mb`` MB of float32 on this world: torch.distributed on Gloo
+    and holoflow's comm.all_reduce (shared memory between ranks of one host), alternating blocks of
+    ``reps``; per transport the median and the minimum over all blocks."""
+    import torch
+    import torch.distributed as dist
+    from holoflow.distributed import comm, comm_track, env, shm_comm
+    env.init()
+    x = torch.randn(int(mb * 1e6 / 4))
+    ref = x.clone()
+    dist.all_reduce(ref)
+    got = comm.all_reduce(x.clone())
+    assert torch.equal(ref, got)
+
+    def flow_ar(t):
+        with comm_track.planned():   # as inside a compiled graph: no per-call fingerprint exchange
+            comm.all_reduce(t)
+    times: dict = {"gloo": [], "holoflow": []}
+    for _ in range(rounds):
+        for name, fn in (("gloo", dist.all_reduce), ("holoflow", flow_ar)):
+            dist.barrier()
+            for _ in range(reps):
+                t = x.clone()
+                t0 = time.perf_counter()
+                fn(t)
+                times[name].append(time.perf_counter() - t0)
+    out = {k: (float(np.median(v)), min(v)) for k, v in times.items()}
+    out["transport"] = "shared memory" if any(t for _, t in shm_comm._TRANSPORTS.values()) else "gloo"
+    return out
+
+
 def launch(args: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "t.json")
@@ -252,11 +284,15 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="the graph's gradient bucket size")
     ap.add_argument("--only", nargs="+", choices=VARIANTS, help="run these variants only")
     ap.add_argument("--explain", action="store_true", help="the graph's boxing nodes: predicted vs measured")
+    ap.add_argument("--allreduce", action="store_true", help="time one bucket's all-reduce: Gloo vs holoflow's")
+    ap.add_argument("--mb", type=float, default=3.3, help="--allreduce: MB of float32")
     ap.add_argument("--out")
     a = ap.parse_args()
     common = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--bucket-mb", str(a.bucket_mb)]
     if os.environ.get("RANK") is not None and a.explain:   # inside a launched rank
         t = run_explain(a.steps, a.warmup, a.bucket_mb)
+    elif os.environ.get("RANK") is not None and a.allreduce:
+        t = run_allreduce(a.mb, 50, a.rounds)
     elif a.variant or a.pair:
         t = (run_variant(a.variant, a.steps, a.warmup, a.bucket_mb) if a.variant
              else run_pair(*a.pair, a.steps, a.warmup, a.rounds, a.bucket_mb))
@@ -279,6 +315,13 @@ def main() -> None:
         print(f"rank 0 per step (profiled: every node timed): wall {tl['wall']:.1f} ms, caller thread in acts "
               f"{tl['compute']:.1f} ms of which {got['waited']:.1f} ms waiting for collectives (global_box_wait), "
               f"idle between acts {tl['idle']:.1f} ms")
+        return
+    if a.allreduce:
+        got = launch(["--allreduce", "--mb", str(a.mb), "--rounds", str(a.rounds)])
+        print(f"all-reduce of {a.mb:g} MB float32 on 2 ranks ({a.rounds} blocks of 50 each, alternating): "
+              f"holoflow's transport: {got['transport']}")
+        for k in ("gloo", "holoflow"):
+            print(f"  {k:<9} median {got[k][0] * 1e3:6.2f} ms   min {got[k][1] * 1e3:6.2f} ms")
         return
     variants = a.only or VARIANTS
     best: dict = {v: float("inf") for v in VARIANTS}

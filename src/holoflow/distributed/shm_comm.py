@@ -38,6 +38,7 @@ import mmap
 import os
 import platform
 import secrets
+import select
 import socket
 import threading
 import time
@@ -143,6 +144,7 @@ def _handshake(key: tuple[int, ...]) -> "Shm | None":
                     why = f"could not map {path}: {e}"
                 if mm is None and not why:
                     why = f"{path} is not rank {key[0]}'s memory (another host or container)"
+        sock = _bind(mm, key.index(me)) if mm is not None and not why else None
         store.set(f"{p}/v/{me}", f"{os.getpid()} {socket.gethostname()} {why}".strip())
         _wait_keys(store, [f"{p}/v/{r}" for r in key], list(key), "the verdicts")
         verdicts = [store.get(f"{p}/v/{r}").decode().split(" ", 2) for r in key]
@@ -150,8 +152,27 @@ def _handshake(key: tuple[int, ...]) -> "Shm | None":
         if path is not None and me == key[0]:   # every rank has mapped it (or given up): no file is left
             _unlink(path)
     if any(len(v) > 2 for v in verdicts) or mm is None:
+        if sock is not None:
+            sock.close()
         return None
-    return Shm(key, me, mm, header, slot, pids=[int(v[0]) for v in verdicts])
+    return Shm(key, me, mm, header, slot, pids=[int(v[0]) for v in verdicts], sock=sock)
+
+
+def _address(mm: mmap.mmap, i: int) -> bytes:
+    """Rank ``i``'s wake-up socket: a Linux abstract name (no file) made of the segment's token."""
+    return b"\0" + _PREFIX.encode() + bytes(mm[:16]).hex().encode() + f"-{i}".encode()
+
+
+def _bind(mm: mmap.mmap, i: int) -> socket.socket | None:
+    """A datagram socket peers poke after raising a flag, so a waiting rank sleeps in the kernel (no
+    polling thread taking the GIL and a core from the computing one). None if it cannot be bound:
+    the waits then poll every millisecond."""
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(_address(mm, i))
+    except OSError:
+        return None
+    return sock
 
 
 def _create(size: int) -> tuple[str, mmap.mmap, bytes]:
@@ -255,7 +276,7 @@ class Shm:
     """One group's segment: a header of flags (one cache line per rank) and one slot per rank."""
 
     def __init__(self, ranks: tuple[int, ...], me: int, mm: mmap.mmap, header: int, slot: int,
-                 pids: list[int]) -> None:
+                 pids: list[int], sock: socket.socket | None = None) -> None:
         self.ranks, self.n, self.index = ranks, len(ranks), ranks.index(me)
         self.mm, self.header, self.slot = mm, header, slot
         self.raw = torch.frombuffer(mm, dtype=torch.uint8)
@@ -264,6 +285,10 @@ class Shm:
         self.flags[self._flag[self.index]] = 0
         self.peers = [i for i in range(self.n) if i != self.index]
         self.pids = pids
+        self.sock = sock
+        self._addrs = [_address(mm, i) for i in self.peers]
+        if sock is not None:
+            sock.setblocking(False)
         # a peer's liveness can be read here only if its pid is visible (same pid namespace)
         self._watch = [i for i in self.peers if _alive(pids[i])]
         self.step = 0              # chunks done by this rank
@@ -293,6 +318,8 @@ class Shm:
             self._cv.notify()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        if self.sock is not None:
+            self.sock.close()
         self.raw = self.flags = None   # drop the views, then the mapping
         try:
             self.mm.close()
@@ -353,6 +380,13 @@ class Shm:
 
     def _post(self, v: int) -> None:
         self.flags[self._flag[self.index]] = v
+        if self.sock is None:
+            return
+        for a in self._addrs:   # wake a peer sleeping in _wait; a full queue already holds a wake-up
+            try:
+                self.sock.sendto(b"!", a)
+            except OSError:
+                pass
 
     def _wait(self, target: int, what: str) -> None:
         flags, at = self.flags, self._flag
@@ -361,16 +395,22 @@ class Shm:
         start = time.monotonic()
         timeout = env.get_comm_timeout()
         check = start + 0.5
-        spins = 0
+        sock = self.sock
         while True:
             behind = [i for i in self.peers if flags[at[i]] < target]
             if not behind:
                 return
-            spins += 1
-            if spins < 50:
-                os.sched_yield()
-            else:
-                time.sleep(min(2e-4, 2e-6 * spins))
+            # sleep until a peer pokes (flags are re-read after every wake-up: a poke may be stale,
+            # and one sent before this rank slept is still queued, so none is lost); every 50 ms
+            # anyway (liveness, timeout), every 1 ms without a socket
+            if sock is None:
+                time.sleep(1e-3)
+            elif select.select([sock], [], [], 0.05)[0]:
+                try:
+                    while sock.recv(64):
+                        pass
+                except OSError:
+                    pass
             now = time.monotonic()
             if now > check:
                 check = now + 0.5
