@@ -1,6 +1,9 @@
 """holoflow: OneFlow's design in Python on PyTorch's kernels. ``import holoflow as flow``."""
 from __future__ import annotations
 
+from .runtime.heap import warm_glibc_heap as _warm_glibc_heap
+_warm_glibc_heap()   # before the first training step's allocations (runtime/heap.py says why)
+
 from .core.dtype import (bfloat16, bool, cdouble, cfloat, complex64, complex128, double, dtype,  # noqa: A004
                          finfo, float, float16, float32, float64, get_default_dtype, half, iinfo,
                          int, int8, int16, int32, int64, long, promote_types, set_default_dtype,
