@@ -227,7 +227,7 @@ def _lead_sbp(linear_in: Sequence[int] = (), n_out: int = 1):
 
 
 def _max_pool_bwd_kernel(dy, x, idx, kernel_size, stride, padding, dilation, ceil_mode):
-    return torch.ops.aten.max_pool2d_with_indices_backward(dy, x, kernel_size, stride, padding, dilation,
+    return torch.ops.aten.max_pool2d_with_indices_backward.default(dy, x, kernel_size, stride, padding, dilation,
                                                            ceil_mode, idx)
 
 
@@ -235,7 +235,7 @@ POOL_ATTRS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
 MAX_POOL2D_BWD = defop("max_pool2d_backward", _max_pool_bwd_kernel, sbp=_lead_sbp((0,)),
                        grad=_no_double("max_pool2d_backward"), family="pool")
 MAX_POOL2D = defop("max_pool2d", lambda x, kernel_size, stride, padding, dilation, ceil_mode:
-                   torch.ops.aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode),
+                   torch.ops.aten.max_pool2d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode),
                    grad=lambda c, dy, _di: (apply(MAX_POOL2D_BWD, dy, c.inputs[0], c.outs[1],
                                                   **{k: c.attrs[k] for k in POOL_ATTRS}),),
                    save="both", saved_outputs=(1,), sbp=_lead_sbp(n_out=2), outputs=("out", "indices"),
@@ -272,11 +272,11 @@ def _avg_bwd_grad(c, ddx):
 
 AVG_POOL2D_BWD = defop("avg_pool2d_backward",
                        lambda dy, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override:
-                       torch.ops.aten.avg_pool2d_backward(dy, x, kernel_size, stride, padding, ceil_mode,
+                       torch.ops.aten.avg_pool2d_backward.default(dy, x, kernel_size, stride, padding, ceil_mode,
                                                           count_include_pad, divisor_override),
                        grad=_avg_bwd_grad, sbp=_lead_sbp((0,)), family="pool")
 AVG_POOL2D = defop("avg_pool2d", lambda x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                   divisor_override: torch.ops.aten.avg_pool2d(x, kernel_size, stride, padding, ceil_mode,
+                   divisor_override: torch.ops.aten.avg_pool2d.default(x, kernel_size, stride, padding, ceil_mode,
                                                                count_include_pad, divisor_override),
                    grad=lambda c, dy: (apply(AVG_POOL2D_BWD, dy, c.inputs[0], **c.attrs),), save="inputs",
                    sbp=_lead_sbp((0,)), family="pool")
@@ -293,11 +293,11 @@ def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bo
 
 
 ADAPTIVE_AVG_POOL2D_BWD = defop(
-    "adaptive_avg_pool2d_backward", lambda dy, x: torch.ops.aten._adaptive_avg_pool2d_backward(dy, x),
+    "adaptive_avg_pool2d_backward", lambda dy, x: torch.ops.aten._adaptive_avg_pool2d_backward.default(dy, x),
     grad=lambda c, ddx: (apply(ADAPTIVE_AVG_POOL2D, ddx, output_size=tuple(c.shapes[0][-2:])), None),
     sbp=_lead_sbp((0,)), family="pool")
 ADAPTIVE_AVG_POOL2D = defop(
-    "adaptive_avg_pool2d", lambda x, output_size: torch.ops.aten._adaptive_avg_pool2d(x, output_size),
+    "adaptive_avg_pool2d", lambda x, output_size: torch.ops.aten._adaptive_avg_pool2d.default(x, output_size),
     grad=lambda c, dy: (apply(ADAPTIVE_AVG_POOL2D_BWD, dy, c.inputs[0]),), save="inputs",
     sbp=_lead_sbp((0,)), family="pool")
 

@@ -227,7 +227,7 @@ def _amp2d_kernel(x: torch.Tensor, output_size: tuple) -> tuple:
     if 0 in x.shape[:-2]:  # aten rejects an empty channel dim, which an uneven shard can have
         shape = tuple(x.shape[:-2]) + tuple(output_size)
         return x.new_empty(shape), torch.empty(shape, dtype=torch.int64, device=x.device)
-    return torch.ops.aten.adaptive_max_pool2d(x, output_size)
+    return torch.ops.aten.adaptive_max_pool2d.default(x, output_size)
 
 
 ADAPTIVE_MAX_POOL2D = defop("adaptive_max_pool2d", _amp2d_kernel, grad=_amp2d_grad, save="both",

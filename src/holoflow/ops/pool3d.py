@@ -37,11 +37,11 @@ def _no_double(ctx, *dys):
 _ATTRS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
 MAX_POOL3D_BWD = defop("max_pool3d_backward",
                        lambda dy, x, idx, kernel_size, stride, padding, dilation, ceil_mode:
-                       torch.ops.aten.max_pool3d_with_indices_backward(dy, x, kernel_size, stride, padding,
+                       torch.ops.aten.max_pool3d_with_indices_backward.default(dy, x, kernel_size, stride, padding,
                                                                        dilation, ceil_mode, idx),
                        sbp=_lead3_sbp((0,)), grad=_no_double, family="pool")
 MAX_POOL3D = defop("max_pool3d", lambda x, kernel_size, stride, padding, dilation, ceil_mode:
-                   torch.ops.aten.max_pool3d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode),
+                   torch.ops.aten.max_pool3d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode),
                    grad=lambda c, dy, _di: (apply(MAX_POOL3D_BWD, dy, c.inputs[0], c.outs[1],
                                                   **{k: c.attrs[k] for k in _ATTRS}),),
                    save="both", sbp=_lead3_sbp(n_out=2), outputs=("out", "indices"), family="pool")
@@ -49,22 +49,22 @@ MAX_POOL3D = defop("max_pool3d", lambda x, kernel_size, stride, padding, dilatio
 _AVG_ATTRS = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
 AVG_POOL3D_BWD = defop("avg_pool3d_backward",
                        lambda dy, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override:
-                       torch.ops.aten.avg_pool3d_backward(dy, x, kernel_size, stride, padding, ceil_mode,
+                       torch.ops.aten.avg_pool3d_backward.default(dy, x, kernel_size, stride, padding, ceil_mode,
                                                           count_include_pad, divisor_override),
                        grad=lambda c, ddx: (apply(AVG_POOL3D, ddx, **{k: c.attrs[k] for k in _AVG_ATTRS}), None),
                        sbp=_lead3_sbp((0,)), family="pool")
 AVG_POOL3D = defop("avg_pool3d", lambda x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                   divisor_override: torch.ops.aten.avg_pool3d(x, kernel_size, stride, padding, ceil_mode,
+                   divisor_override: torch.ops.aten.avg_pool3d.default(x, kernel_size, stride, padding, ceil_mode,
                                                                count_include_pad, divisor_override),
                    grad=lambda c, dy: (apply(AVG_POOL3D_BWD, dy, c.inputs[0], **c.attrs),), save="inputs",
                    sbp=_lead3_sbp((0,)), family="pool")
 
 ADAPTIVE_AVG_POOL3D_BWD = defop(
-    "adaptive_avg_pool3d_backward", lambda dy, x: torch.ops.aten._adaptive_avg_pool3d_backward(dy, x),
+    "adaptive_avg_pool3d_backward", lambda dy, x: torch.ops.aten._adaptive_avg_pool3d_backward.default(dy, x),
     grad=lambda c, ddx: (apply(ADAPTIVE_AVG_POOL3D, ddx, output_size=tuple(c.shapes[0][-3:])), None),
     sbp=_lead3_sbp((0,)), family="pool")
 ADAPTIVE_AVG_POOL3D = defop(
-    "adaptive_avg_pool3d", lambda x, output_size: torch.ops.aten._adaptive_avg_pool3d(x, output_size),
+    "adaptive_avg_pool3d", lambda x, output_size: torch.ops.aten._adaptive_avg_pool3d.default(x, output_size),
     grad=lambda c, dy: (apply(ADAPTIVE_AVG_POOL3D_BWD, dy, c.inputs[0]),), save="inputs",
     sbp=_lead3_sbp((0,)), family="pool")
 

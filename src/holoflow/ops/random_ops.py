@@ -23,7 +23,7 @@ def _gen(generator):
 
 def _dropout_kernel(x, p):
     if x.is_cuda:  # torch's CUDA dropout is the fused native kernel
-        out, mask = torch.ops.aten.native_dropout(x, p, True)
+        out, mask = torch.ops.aten.native_dropout.default(x, p, True)
         return out, mask.to(x.dtype) * (1.0 / (1.0 - p))
     noise = torch.empty_like(x).bernoulli_(1 - p).div_(1 - p)
     return x * noise, noise
