@@ -179,3 +179,10 @@ def test_grad_scaler_with_gradient_accumulation_on_a_global_graph_equals_eager()
     want, want_scale = _reference(scaler=True, big_at=1)
     for params, scale in world.simulate(2, _dp_scaler_run):
         assert _rel(params, want) < 1e-5 and scale == want_scale == 512.0
+
+
+def test_zero_with_a_grad_scaler_and_stages_is_a_clear_error():
+    from holoflow.core.errors import UnsupportedError
+    with pytest.raises(RuntimeError, match="ZeRO together with a GradScaler") as info:
+        world.simulate(4, lambda r: _run(r, zero=1, scaler=True, steps=1))
+    assert isinstance(info.value.__cause__, UnsupportedError)

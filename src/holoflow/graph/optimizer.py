@@ -96,6 +96,7 @@ def _zero_scaler_update(scaler, updates: list, scale: Tensor, ranks: tuple):
         scaler._per_optimizer_states = {}
         scale._data.copy_(scaler._scale._data)
     update.__name__ = "grad_scaler_zero_update"
+    update.zero_scaler = True   # pipelines cannot split it by stage (passes/stages.py)
     return update
 
 

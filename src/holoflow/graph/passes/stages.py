@@ -173,6 +173,9 @@ def _effect_share(n: Node, mine, places: dict, sync: Any = None) -> Node | None:
             raise UnsupportedError("holoflow.nn.Graph: a GradScaler with pipeline stages needs the pipeline runner")
         return n.with_(inputs=tuple(n.inputs[i] for i in here),
                        kernel=_stage_scaler_update(k, [k.params[i] for i in here], sync))
+    if getattr(k, "zero_scaler", False):
+        raise UnsupportedError("holoflow.nn.Graph: ZeRO together with a GradScaler is not supported with pipeline "
+                               "stages yet; use bfloat16 autocast (no scaler), or ZeRO without stages")
     if len(here) == len(n.inputs) or not vals:
         return n
     if not here:
