@@ -73,6 +73,26 @@ def _scaler_update(scaler, optimizers: list, params: list, scale: Tensor):
     return update
 
 
+def unscale_count(scaler, grads) -> float:
+    """Divides the gradients (torch tensors) by the scaler's scale in place; the number of them
+    holding inf/nan (what a scaler update sums over ranks or stages before stepping or skipping)."""
+    inv = scaler._scale.double().reciprocal().float()._data
+    bad = 0.0
+    for g in grads:
+        if not bool(torch.isfinite(g).all()):
+            bad += 1.0
+        g.mul_(inv.to(g.device))
+    return bad
+
+
+def finish_scaler_step(scaler, found_inf: bool, scale: Tensor) -> None:
+    """``scaler.update()`` after a graph's step, and the new scale published to ``scale`` (the
+    tensor the traced loss scaling reads)."""
+    scaler._update_scale(found_inf)
+    scaler._per_optimizer_states = {}
+    scale._data.copy_(scaler._scale._data)
+
+
 def _zero_scaler_update(scaler, updates: list, scale: Tensor, ranks: tuple):
     """``scaler.step(opt); scaler.update()`` under ZeRO: the gradients are this rank's shards (or
     whole), so the inf/nan count is summed over ``ranks`` before every rank decides to step (the
@@ -80,21 +100,14 @@ def _zero_scaler_update(scaler, updates: list, scale: Tensor, ranks: tuple):
     rank, comm = world.rank(), world.comm()
 
     def update(*grads):
-        inv = scaler._scale.double().reciprocal().float()._data
-        bad = 0.0
-        for g in grads:
-            if not bool(torch.isfinite(g).all()):
-                bad += 1.0
-            g.mul_(inv.to(g.device))
+        bad = unscale_count(scaler, grads)
         if len(ranks) > 1:
             with world.acting_as(rank, comm):   # the update runs on a runtime thread
                 bad = float(sum(comm.all_gather_shapes(bad, ranks)))
         if not bad:
             for fn, idx in updates:
                 fn(*(grads[i] for i in idx))
-        scaler._update_scale(bad > 0)
-        scaler._per_optimizer_states = {}
-        scale._data.copy_(scaler._scale._data)
+        finish_scaler_step(scaler, bad > 0, scale)
     update.__name__ = "grad_scaler_zero_update"
     update.zero_scaler = True   # pipelines cannot split it by stage (passes/stages.py)
     return update

@@ -15,12 +15,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from ...core.errors import HoloflowError, UnsupportedError
 from ...core.registry import REGISTRY
 from ..ir import IRGraph, Node, Value
-from ..optimizer import _group_update
+from ..optimizer import _group_update, finish_scaler_step, unscale_count
 
 STAGE = "stage"   # the family of a move between stages' placements (graph/pipeline.py's stage_move)
 
@@ -195,13 +193,7 @@ def _stage_scaler_update(k: Any, params: list, sync: Any):
     scaler, optimizers, scale = k.scaler, k.optimizers, k.scale
 
     def update(*grads):
-        inv = scaler._scale.double().reciprocal().float()._data
-        bad = 0.0
-        for g in grads:
-            if not bool(torch.isfinite(g).all()):
-                bad += 1.0
-            g.mul_(inv.to(g.device))
-        found = sync(bad) > 0
+        found = sync(unscale_count(scaler, grads)) > 0
         if not found:   # the optimizers' own update on this stage's parameters (as without a scaler)
             grad_of = {id(p): g for p, g in zip(params, grads)}
             for opt in optimizers:
@@ -209,9 +201,7 @@ def _stage_scaler_update(k: Any, params: list, sync: Any):
                     ps = [p for p in group["params"] if id(p) in grad_of]
                     if ps:
                         _group_update(opt, gi, ps)(*(grad_of[id(p)] for p in ps))
-        scaler._update_scale(found)
-        scaler._per_optimizer_states = {}
-        scale._data.copy_(scaler._scale._data)
+        finish_scaler_step(scaler, found, scale)
     update.__name__ = "grad_scaler_stage_update"
     return update
 
