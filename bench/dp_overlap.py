@@ -15,7 +15,10 @@ communication fully hidden).
 
 Paired (default): one launched world per framework builds both models and alternates blocks of
 ``--steps`` limit steps and ``--steps`` DP steps (ranks aligned by a barrier before each block),
-``--rounds`` times; each variant's figure is its best block. Load from other processes then hits
+``--rounds`` times; each variant's figure is its best block, a block lasting until its slowest
+rank ends it (the world has trained the global batch only then; without synchronisation the
+ranks of a limit block drift apart by their own speeds, which on a shared host differ by a few
+percent from launch to launch). Load from other processes then hits
 both variants alike, which separate launches (``--separate``: one launch per variant, best of
 ``--rounds``) cannot promise on a shared machine.
 
@@ -112,6 +115,9 @@ def make_step(variant: str, cfg, bucket_mb: float = 25.0, profile: bool = False)
             self.add_optimizer(opt)
             self.config.set_allreduce_bucket_mb(bucket_mb)
             self.config.enable_profiling(profile)
+            # the same computation in both: a global graph keeps its traced values (no pointwise
+            # recomputation, graph/passes/recompute.py), so the limit's graph keeps them too
+            self.config.recompute_pointwise = False
 
         def build(self, x, y):
             if dp:
@@ -141,6 +147,7 @@ def run_variant(variant: str, steps: int, warmup: int, bucket_mb: float = 25.0) 
     step = make_step(variant, cfg, bucket_mb)
     for xb, yb in batches[:warmup]:
         step(xb, yb)
+    _barrier(variant)
     t0 = time.perf_counter()
     for xb, yb in batches[warmup:]:
         step(xb, yb)
@@ -215,7 +222,7 @@ def run_pair(limit: str, dp: str, steps: int, warmup: int, rounds: int, bucket_m
     rank = int(os.environ.get("RANK", "0"))
     batches = [_batch(corpus, cfg, rank, s) for s in range(warmup + steps)]
     fns = {v: make_step(v, cfg, bucket_mb) for v in (limit, dp)}
-    best = {}
+    blocks: dict = {v: [] for v in fns}
     for step in fns.values():
         for xb, yb in batches[:warmup]:
             step(xb, yb)
@@ -225,10 +232,22 @@ def run_pair(limit: str, dp: str, steps: int, warmup: int, rounds: int, bucket_m
             t0 = time.perf_counter()
             for xb, yb in batches[warmup:]:
                 step(xb, yb)
-            best[v] = min(best.get(v, float("inf")), (time.perf_counter() - t0) / steps)
+            blocks[v].append((time.perf_counter() - t0) / steps)
+    out: dict = {"blocks": blocks}
     if not dp.startswith("torch"):
         from holoflow.distributed import shm_comm
-        best["transport"] = "shared memory" if any(t for _, t in shm_comm._TRANSPORTS.values()) else "gloo"
+        out["transport"] = "shared memory" if any(t for _, t in shm_comm._TRANSPORTS.values()) else "gloo"
+    return out
+
+
+def world_best(per_rank: list[dict]) -> dict:
+    """Each variant's best block over the rounds, a block lasting until its slowest rank ends it:
+    the world has trained its global batch only then (a DP block's ranks end together anyway; the
+    ranks of a limit block drift apart by their own speeds)."""
+    variants = per_rank[0]["blocks"]
+    best = {v: min(max(r["blocks"][v][i] for r in per_rank) for i in range(len(variants[v]))) for v in variants}
+    if "transport" in per_rank[0]:
+        best["transport"] = per_rank[0]["transport"]
     return best
 
 
@@ -263,14 +282,18 @@ def run_allreduce(mb: float, reps: int, rounds: int) -> dict:
     return out
 
 
-def launch(args: list[str]) -> dict:
+def launch(args: list[str]) -> list[dict]:
+    """Runs this script on 2 launched ranks; every rank's result, in rank order."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "t.json")
         cmd = [sys.executable, "-m", "holoflow.distributed.launch", "--nproc_per_node", "2", __file__,
                *args, "--out", out]
         subprocess.run(cmd, check=True, capture_output=True, timeout=1800)
-        with open(out) as f:
-            return json.load(f)
+        got = []
+        for r in range(2):
+            with open(f"{out}.{r}") as f:
+                got.append(json.load(f))
+        return got
 
 
 def main() -> None:
@@ -297,12 +320,12 @@ def main() -> None:
         t = (run_variant(a.variant, a.steps, a.warmup, a.bucket_mb) if a.variant
              else run_pair(*a.pair, a.steps, a.warmup, a.rounds, a.bucket_mb))
     if os.environ.get("RANK") is not None:
-        if int(os.environ.get("RANK", "0")) == 0 and a.out:
-            with open(a.out, "w") as f:
+        if a.out:
+            with open(f"{a.out}.{os.environ['RANK']}", "w") as f:
                 json.dump(t, f)
         return
     if a.explain:
-        got = launch(["--explain", *common])
+        got = launch(["--explain", *common])[0]
         print(f"holoflow graph DP, boxing nodes per step (links: {got['link']}); measured: the caller's time in "
               f"the node (issue + wait for an issued one: only what backward did not hide), waiting for the other "
               f"rank included")
@@ -317,7 +340,7 @@ def main() -> None:
               f"idle between acts {tl['idle']:.1f} ms")
         return
     if a.allreduce:
-        got = launch(["--allreduce", "--mb", str(a.mb), "--rounds", str(a.rounds)])
+        got = launch(["--allreduce", "--mb", str(a.mb), "--rounds", str(a.rounds)])[0]
         print(f"all-reduce of {a.mb:g} MB float32 on 2 ranks ({a.rounds} blocks of 50 each, alternating): "
               f"holoflow's transport: {got['transport']}")
         for k in ("gloo", "holoflow"):
@@ -328,12 +351,12 @@ def main() -> None:
     if a.separate:
         for r in range(a.rounds):
             for v in variants:
-                best[v] = min(best[v], launch(["--variant", v, *common])[v])
+                best[v] = min(best[v], max(r[v] for r in launch(["--variant", v, *common])))
                 print(f"round {r}: {v:<18} {best[v] * 1e3:8.1f} ms/step", flush=True)
     else:
         for name, lim, dp in PAIRS:
             if lim in variants and dp in variants:
-                best.update(launch(["--pair", lim, dp, "--rounds", str(a.rounds), *common]))
+                best.update(world_best(launch(["--pair", lim, dp, "--rounds", str(a.rounds), *common])))
                 print(f"{name}: limit {best[lim] * 1e3:.1f} ms, dp {best[dp] * 1e3:.1f} ms", flush=True)
     print(f"\n{'framework':<16} {'limit ms':>9} {'dp ms':>9} {'limit/dp':>9}"
           f"   ({'paired' if not a.separate else 'separate launches'}, best of {a.rounds})")

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from holoflow.core.errors import HoloflowError
 from holoflow.distributed import comm, comm_track, env, shm_comm
 from pool import fresh_world
 
@@ -220,3 +221,50 @@ def _shutdown_and_again(rank):
 def test_shutdown_closes_and_world_restarts(world2):
     for gone, x, y, used, files in world2.run(_shutdown_and_again):
         assert gone and x == y == [2.0] * 4 and used and files == []
+
+
+def _many(rank, slot_mb, shm_on):
+    """all_reduce_many: the concatenation's sum in a new flat tensor, inputs untouched, one call
+    counted; parts straddling chunk boundaries (a slot of a few hundred elements)."""
+    n = env.get_world_size()
+    shm_comm.close_all()
+    os.environ["HOLOFLOW_SHM_SLOT_MB"] = str(slot_mb)
+    if not shm_on:
+        os.environ["HOLOFLOW_SHM_ALLREDUCE"] = "0"
+    try:
+        g = torch.Generator().manual_seed(7 + rank)
+        parts = [torch.randint(-8, 9, s, generator=g).float() for s in ((3, 5), (700,), (1,), (2, 2, 90), (0,))]
+        before = [p.clone() for p in parts]
+        ref = torch.cat([p.reshape(-1) for p in parts])
+        dist.all_reduce(ref)
+        with comm.count() as c:
+            h = comm.all_reduce_many(parts, async_op=True)
+            got = h.wait()
+        used = _uses_shm(range(n))
+        chunks = shm_comm._TRANSPORTS[tuple(range(n))][1].step if used else 0
+    finally:
+        os.environ.pop("HOLOFLOW_SHM_SLOT_MB", None)
+        os.environ.pop("HOLOFLOW_SHM_ALLREDUCE", None)
+        shm_comm.close_all()
+    assert c.calls == [("all_reduce", ref.numel() * 4, n)], c.calls
+    assert all(torch.equal(p, b) for p, b in zip(parts, before))
+    return torch.equal(got, ref), used, chunks
+
+
+@pytest.mark.parametrize("shm_on", [True, False], ids=["shm", "gloo"])
+def test_all_reduce_many(world, shm_on):
+    slot = 0.001   # 1024 bytes: 256 floats per chunk, so parts straddle chunks
+    for equal, used, chunks in world.run(_many, slot, shm_on):
+        assert equal and used == shm_on
+        if shm_on:
+            assert chunks == -(-(15 + 700 + 1 + 360) * 4 // (slot * 2 ** 20 // 64 * 64))
+
+
+def _mixed(rank):
+    with pytest.raises(HoloflowError, match="one dtype and device"):
+        comm.all_reduce_many([torch.ones(2), torch.ones(2, dtype=torch.float64)])
+    return True
+
+
+def test_all_reduce_many_rejects_mixed_dtypes(world2):
+    assert world2.run(_mixed) == [True, True]

@@ -1,5 +1,6 @@
 """Collectives issued now and waited for later (global_graph.issue_collectives): the issue owns a
-copy of its payload (the memory plan may reuse the inputs' memory meanwhile), several may be in
+copy of its payload (the memory plan may reuse the inputs' memory meanwhile) unless told it may
+read them late, several may be in
 flight and be waited for in any order, on simulated ranks and on Gloo; a ZeRO-2 graph, whose
 gradient reduce-scatters are issued this way, trains like one process on Gloo too."""
 import pytest
@@ -25,6 +26,29 @@ def _issue_twice(rank: int, comm=None) -> list:
     a.add_(100)
     b.zero_()
     return [wait(hb), wait(ha)]
+
+
+def _issue_late(rank: int, comm=None) -> list:
+    """A bucket issued to be read late (nothing writes its inputs before the wait): the
+    communicator reads them as they are; results as views of one flat sum, inputs unchanged."""
+    place = flow.placement("cpu", [0, 1])
+    comm = comm if comm is not None else world.comm()
+    issue, wait = GLOBAL_BOX_ISSUE.kernel, GLOBAL_BOX_WAIT.kernel
+    a, b = torch.full(SHAPE, rank + 1.0), torch.arange(6.0).view(2, 3) * (rank + 1)
+    h = issue(a, b.t(), place=place, src=(P,), dst=(B,), rank=rank, comm=comm, read_late=True)
+    ra, rb = wait(h)
+    return [ra, rb, a, b]
+
+
+@pytest.mark.parametrize("where", ["simulated", "gloo"])
+def test_a_bucket_read_late_sums_its_inputs_and_leaves_them(where, request):
+    got = (world.simulate(2, _issue_late) if where == "simulated"
+           else request.getfixturevalue("world2").run(_issue_late))
+    for rank, (ra, rb, a, b) in enumerate(got):
+        torch.testing.assert_close(ra, torch.full(SHAPE, 3.0), rtol=0, atol=0)
+        torch.testing.assert_close(rb, torch.arange(6.0).view(2, 3).t() * 3, rtol=0, atol=0)
+        torch.testing.assert_close(a, torch.full(SHAPE, rank + 1.0), rtol=0, atol=0)
+        torch.testing.assert_close(b, torch.arange(6.0).view(2, 3) * (rank + 1), rtol=0, atol=0)
 
 
 def _check(got: list) -> None:

@@ -8,7 +8,7 @@ import torch
 
 import holoflow as flow
 from holoflow.distributed import world
-from holoflow.graph.global_graph import GLOBAL_BOX, issue_collectives
+from holoflow.graph.global_graph import GLOBAL_BOX, GLOBAL_BOX_BUCKET, issue_collectives
 from holoflow.graph.ir import IRGraph, Node, Value, check, split_tasks
 from holoflow.graph.passes import schedule as sched
 from holoflow.sbp import B, P, S
@@ -102,6 +102,29 @@ def test_the_collective_is_issued_where_it_stands_and_waited_for_at_its_first_re
     issue, wait = (n for n in h.nodes if n.op.startswith("global_box"))
     div = next(n for n in h.nodes if n.op == "div")
     assert wait.inputs == issue.outputs and wait.outputs == div.inputs[1:]
+
+
+def _bucket_graph(write_in_place: bool):
+    """Two gradients all-reduced as one bucket, a node between the issue and the wait writing in
+    place (as the memory plan may choose: a view of ``g1`` is dead for the plan after the issue)
+    into memory the first one shares, or into a buffer of its own."""
+    x = val(4, name="x")
+    g1, g2, v, t, r1, r2, u = (val(4) for _ in range(7))
+    bucket = Node(GLOBAL_BOX_BUCKET.name, (g1, g2), {"place": PLACE, "src": (P,), "dst": (B,)}, (r1, r2),
+                  source="t.py:1")
+    writer = node("exp", (v if write_in_place else t,), (val(4),)).with_(tags=frozenset({"inplace"}))
+    nodes = (node("exp", (x,), (g1,)), node("sin", (x,), (g2,)),
+             node("reshape", (g1,), (v,), shape=(4,)), node("cos", (x,), (t,)),
+             bucket, writer, node("add", (r1, r2), (u,)))
+    return check(IRGraph((x,), (), nodes, (u,)))
+
+
+def test_a_bucket_is_read_late_only_when_nothing_writes_its_memory_before_the_wait():
+    for write, late in ((False, True), (True, False)):
+        h = issue_collectives(_bucket_graph(write))
+        issue = next(n for n in h.nodes if n.op == "global_box_issue")
+        assert issue.attrs.get("read_late", False) is late, (write, issue.attrs)
+        assert [n.op for n in h.nodes][-3:] == ["exp", "global_box_wait", "add"]
 
 
 def test_no_collectives_no_change():

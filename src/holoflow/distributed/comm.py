@@ -86,6 +86,33 @@ def all_reduce(t: torch.Tensor, ranks: Sequence[int] | None = None, op: str = "s
     return h if async_op else h.wait()
 
 
+def all_reduce_many(ts: Sequence[torch.Tensor], ranks: Sequence[int] | None = None,
+                    async_op: bool = False) -> torch.Tensor | Handle:
+    """Sums the concatenation of ``ts`` (each flattened; one dtype and device) over ``ranks`` by one
+    collective into a new flat tensor, which is returned (or a :class:`Handle` whose ``wait()``
+    returns it); the inputs are only read, and must not change until then. Through shared memory
+    the inputs are copied straight into the segment (no concatenated copy first)."""
+    r = _ranks(ranks)
+    if not ts:
+        raise HoloflowError("holoflow.comm.all_reduce_many: no tensors given")
+    kinds = {(t.dtype, t.device) for t in ts}
+    if len(kinds) > 1:
+        raise HoloflowError(f"holoflow.comm.all_reduce_many: the tensors must share one dtype and device, got "
+                            f"{sorted(str(k) for k in kinds)}")
+    _index(r)
+    flats = [t.reshape(-1) for t in ts]
+    total = sum(f.numel() for f in flats)
+    key = normalize(r)
+    shm = shm_comm.transport(key, ts[0]) if len(r) > 1 else None
+    if shm is None:
+        out = torch.cat(flats) if len(flats) > 1 else flats[0].clone()
+        return all_reduce(out, r, async_op=async_op)
+    out = ts[0].new_empty(total)
+    info = begin("all_reduce", key, total * out.element_size(), out, detail="sum")
+    h = Handle(launch_checked(info, lambda: shm.all_reduce_parts(flats, out)), info, lambda: out)
+    return h if async_op else h.wait()
+
+
 def _exchange_shapes(t: torch.Tensor, r: tuple[int, ...]) -> list[torch.Size]:
     """Every rank's shape of ``t`` (a small all-gather, counted as ``meta``)."""
     meta = torch.tensor([t.dim(), *t.shape], dtype=torch.int64)
@@ -328,6 +355,6 @@ def transfer(t: torch.Tensor | None, src: int, dst_ranks: Sequence[int], shape: 
     return broadcast(t, src, (src, *dsts))
 
 
-__all__ = ["all_reduce", "all_gather", "reduce_scatter", "reduce_scatter_chunks", "reduce_scatter_rows", "broadcast",
-           "all_to_all", "all_gather_object", "send", "recv", "barrier", "transfer", "balanced_sizes", "count",
-           "call_site", "CommError", "Handle"]
+__all__ = ["all_reduce", "all_reduce_many", "all_gather", "reduce_scatter", "reduce_scatter_chunks",
+           "reduce_scatter_rows", "broadcast", "all_to_all", "all_gather_object", "send", "recv", "barrier",
+           "transfer", "balanced_sizes", "count", "call_site", "CommError", "Handle"]

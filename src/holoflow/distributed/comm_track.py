@@ -327,6 +327,13 @@ def drain(timeout_s: float) -> list[str]:
     return stuck
 
 
+def _done_within(work, seconds: float) -> bool:
+    """Whether ``work`` completes within ``seconds``, for works that can wait that briefly without
+    failing (holoflow's shared-memory ones; a torch Work's timed-out wait aborts it)."""
+    wait = getattr(work, "done_within", None)
+    return wait is not None and wait(seconds)
+
+
 class Handle:
     """An asynchronous collective: ``wait()`` blocks with the timeout, then runs ``finish``."""
 
@@ -346,8 +353,8 @@ class Handle:
         info = self.info
         if self.work is not None:
             if info is not None and not info.recorded and TRACK and len(info.ranks) > 1 \
-                    and not self.work.is_completed():
-                _record(info)   # about to wait: peers that time out must see this rank arrived
+                    and not self.work.is_completed() and not _done_within(self.work, _GRACE_S):
+                _record(info)   # about to wait long: peers that time out must see this rank arrived
             try:
                 self.work.wait(timeout=env.comm_timeout())
             except Exception as e:  # noqa: BLE001

@@ -242,10 +242,12 @@ def _alive(pid: int) -> bool:
 
 
 class _Op:
-    __slots__ = ("buf", "op", "done", "error", "event")
+    """One all-reduce: the flat inputs (read in order as one concatenation), the flat output it
+    writes (the input itself when it runs in place) and the reduction."""
+    __slots__ = ("parts", "out", "op", "done", "error", "event")
 
-    def __init__(self, buf: torch.Tensor, op: str) -> None:
-        self.buf, self.op = buf, op
+    def __init__(self, parts: list[torch.Tensor], out: torch.Tensor, op: str) -> None:
+        self.parts, self.out, self.op = parts, out, op
         self.done = False
         self.error: BaseException | None = None
         self.event = threading.Event()
@@ -259,6 +261,10 @@ class Work:
 
     def is_completed(self) -> bool:
         return self._op.done
+
+    def done_within(self, seconds: float) -> bool:
+        """Whether it completes within ``seconds`` (failed counts as completed: ``wait`` raises)."""
+        return self._op.event.wait(seconds)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         op = self._op
@@ -304,7 +310,16 @@ class Shm:
     def all_reduce(self, buf: torch.Tensor, op: str) -> Work:
         """Queues reducing ``buf`` (contiguous, handed over) in place; ``op`` in sum/avg/max/min/prod
         (avg reduces as a sum: the caller divides)."""
-        o = _Op(buf, op)
+        flat = buf.view(-1)
+        return self._queue_op(_Op([flat], flat, op))
+
+    def all_reduce_parts(self, parts: list[torch.Tensor], out: torch.Tensor) -> Work:
+        """Queues summing the concatenation of the flat tensors ``parts`` into the flat ``out``
+        (contiguous, of their total size): each part is copied into the segment as it is, with no
+        concatenated copy first. The parts must not change until the work completes."""
+        return self._queue_op(_Op(list(parts), out.view(-1), "sum"))
+
+    def _queue_op(self, o: _Op) -> Work:
         with self._cv:
             if self._closed:
                 raise ShmError(f"the shared-memory transport of group {list(self.ranks)} is closed")
@@ -338,32 +353,36 @@ class Shm:
             try:
                 if self.broken is not None:
                     raise self.broken
-                self._run(o.buf, o.op)
+                self._run(o)
             except BaseException as e:  # noqa: BLE001 - handed to the waiter
                 o.error = e if isinstance(e, ShmError) else ShmError(f"shared-memory all_reduce failed: {e!r}")
                 self.broken = self.broken or o.error
             o.done = True
             o.event.set()
 
-    def _run(self, buf: torch.Tensor, op: str) -> None:
-        flat = buf.view(-1)
-        es = flat.element_size()
-        cap = self.slot // es
-        for start in range(0, flat.numel(), cap):
-            self._chunk(flat[start:start + cap], op)
+    def _run(self, o: _Op) -> None:
+        out = o.out
+        cap = self.slot // out.element_size()
+        for start in range(0, out.numel(), cap):
+            end = min(start + cap, out.numel())
+            self._chunk(_pieces(o.parts, start, end), out[start:end], o.op)
 
     def _slot(self, i: int, dtype: torch.dtype, m: int) -> torch.Tensor:
         off = self.header + i * self.slot
         return self.raw[off:off + m * dtype.itemsize].view(dtype)
 
-    def _chunk(self, part: torch.Tensor, op: str) -> None:
+    def _chunk(self, pieces: list[torch.Tensor], part: torch.Tensor, op: str) -> None:
+        """Reduces the concatenation of ``pieces`` into ``part`` (which may be that very memory)."""
         k = self.step
         self.step += 1
         m, n, me, dt = part.numel(), self.n, self.index, part.dtype
         bounds = [m * i // n for i in range(n + 1)]
         slots = [self._slot(i, dt, m) for i in range(n)]
         self._wait(3 * k, "finish the previous all-reduce")     # peers have read my slot
-        slots[me].copy_(part)
+        at = 0
+        for p in pieces:
+            slots[me][at:at + p.numel()].copy_(p)
+            at += p.numel()
         self._post(3 * k + 1)
         self._wait(3 * k + 1, "write its tensor")
         a, b = bounds[me], bounds[me + 1]
@@ -422,6 +441,19 @@ class Shm:
             if now - start > timeout:
                 raise ShmError(f"shared-memory all_reduce on group {list(self.ranks)} timed out after {timeout:g}s: "
                                f"ranks {[self.ranks[i] for i in behind]} did not arrive (waiting for them to {what})")
+
+
+def _pieces(parts: list[torch.Tensor], start: int, end: int) -> list[torch.Tensor]:
+    """The slices of the flat ``parts`` that make up elements ``[start, end)`` of their concatenation."""
+    out, at = [], 0
+    for p in parts:
+        lo, hi = max(start, at), min(end, at + p.numel())
+        if lo < hi:
+            out.append(p[lo - at:hi - at])
+        at += p.numel()
+        if at >= end:
+            break
+    return out
 
 
 def _reduce(parts: list[torch.Tensor], op: str, me: int) -> None:

@@ -59,6 +59,11 @@ class TorchComm:
         """Starts reducing ``t`` in place (the caller hands it over); ``wait()`` returns it."""
         return comm.all_reduce(t, group, async_op=True)
 
+    def all_reduce_many_async(self, ts: list[torch.Tensor], group: tuple) -> comm.Handle:
+        """Starts summing the concatenation of ``ts`` (flattened) into a new flat tensor, which
+        ``wait()`` returns; the inputs are read while it runs (the caller keeps them unchanged)."""
+        return comm.all_reduce_many(ts, group, async_op=True)
+
     def reduce_scatter_async(self, t: torch.Tensor, group: tuple, dim: int, sizes) -> comm.Handle:
         """Starts ``reduce_scatter`` (``t`` handed over); ``wait()`` returns this rank's shard.
         Uneven or non-row shards run at once (the general path) and are handed back by ``wait()``."""

@@ -105,6 +105,10 @@ class SimComm:
         d = self._deposit("all_reduce", group, t)
         return _Later(lambda: _sum(self._collect(d), group))
 
+    def all_reduce_many_async(self, ts, group) -> "_Later":
+        """The concatenation of ``ts`` (flattened) deposited now; ``wait()`` returns its sum."""
+        return self.all_reduce_async(torch.cat([t.reshape(-1) for t in ts]), group)
+
     def reduce_scatter_async(self, t, group, dim, sizes) -> "_Later":
         d = self._deposit("reduce_scatter", group, t, _padded_bytes(t, dim, max(sizes), len(group)))
         i = group.index(rank())

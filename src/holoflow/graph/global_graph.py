@@ -31,7 +31,7 @@ from ..distributed.boxing import cost, plan as box_plan, run_step, sizes_along
 from ..distributed.global_dispatch import local_attrs
 from ..distributed.global_tensor import ABSENT, GlobalMeta, make_global
 from ..distributed.sharding import local_shape, nd_str
-from .ir import IRGraph, Node, Value
+from .ir import AliasGroups, IRGraph, Node, Value
 
 
 def _global_box_kernel(t: torch.Tensor, place, src, dst, shape, rank: int, comm) -> torch.Tensor:
@@ -92,12 +92,19 @@ class InFlight:
         return tuple(p.view(s) for p, s in zip(out.split([math.prod(s) for s in self.shapes]), self.shapes))
 
 
-def _issue_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm, shape=None) -> InFlight:
+def _issue_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm, shape=None, read_late: bool = False
+                  ) -> InFlight:
     (step,) = box_plan(src, dst, place.hierarchy)
     group = place.axis_group(rank, step.axis)
-    # a private buffer: the inputs' memory may be reused (memory_plan) while the collective runs
-    buf = torch.cat([t.reshape(-1) for t in ts]) if len(ts) > 1 else ts[0].clone(memory_format=torch.contiguous_format)
     with world.acting_as(rank, comm), comm_track.planned():
+        if read_late and step.kind == "all_reduce" and len(ts) > 1:
+            # no node writes the inputs' memory before the wait: the communicator reads them as
+            # they are (through shared memory, straight into the segment), with no concatenation
+            h = comm.all_reduce_many_async(list(ts), group)
+            return InFlight(h, tuple(tuple(t.shape) for t in ts))
+        # a private buffer: the inputs' memory may be reused (memory_plan) while the collective runs
+        buf = torch.cat([t.reshape(-1) for t in ts]) if len(ts) > 1 \
+            else ts[0].clone(memory_format=torch.contiguous_format)
         if step.kind == "all_reduce":
             h = comm.all_reduce_async(buf, group)
         else:
@@ -149,6 +156,7 @@ def issue_collectives(g: IRGraph) -> IRGraph:
         if not n.effect:
             for v in n.value_inputs():
                 first_read.setdefault(v, i)
+    groups = AliasGroups(g.nodes)
     before: dict[int, list[Node]] = {}
     tail: list[Node] = []
     nodes: list[Node] = []
@@ -158,8 +166,11 @@ def issue_collectives(g: IRGraph) -> IRGraph:
             nodes.append(n)
             continue
         issue, wait = pairs[i]
-        nodes.append(issue)
         at = min((first_read[v] for v in n.outputs if first_read.get(v, -1) > i), default=None)
+        if _unwritten(g.nodes, groups, set(n.value_inputs()), i, len(g.nodes) if at is None else at):
+            issue = issue.with_(attrs={**issue.attrs, "read_late": True})
+            pairs[i] = issue, wait
+        nodes.append(issue)
         (before.setdefault(at, []) if at is not None else tail).append(wait)
     frees = g.frees
     if frees is not None:
@@ -170,6 +181,14 @@ def issue_collectives(g: IRGraph) -> IRGraph:
             frees[id(issue)] = [v for v in dead if v in ins]
             frees[id(wait)] = [v for v in dead if v not in ins]
     return g.with_(nodes=tuple(nodes + tail), frees=frees)
+
+
+def _unwritten(nodes, groups: AliasGroups, values: set, start: int, end: int) -> bool:
+    """Whether no node in ``nodes[start + 1:end]`` writes in place into memory that ``values`` may
+    share (the memory plan chose in-place ops knowing only the issue reads them)."""
+    roots = {groups.find(v) for v in values}
+    return not any("inplace" in n.tags and n.inputs and groups.find(n.inputs[0]) in roots
+                   for n in nodes[start + 1:end])
 
 
 # a local traced value every rank computes identically, taken as a broadcast global value

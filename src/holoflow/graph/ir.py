@@ -192,6 +192,42 @@ def uncompilable(n: Node) -> bool:
     return op is not None and op.opaque_on(next((v.device.type for v in n.value_inputs()), "cpu"))
 
 
+def may_alias(n: Node) -> bool:
+    """Whether an output of ``n`` may share memory with one of its inputs."""
+    if "fresh" in n.tags:
+        return False
+    if "inplace" in n.tags:
+        return True
+    op = REGISTRY.get(n.op)
+    return op is None or n.kernel is not None or not op.fresh
+
+
+class AliasGroups:
+    """Union-find over the values of ``nodes``: one set per group of values that may share memory
+    (joined through every node that :func:`may_alias`)."""
+
+    def __init__(self, nodes=()) -> None:
+        self.parent: dict = {}
+        for n in nodes:
+            if may_alias(n):
+                for v in n.outputs:
+                    for x in n.value_inputs():
+                        self.union(v, x)
+
+    def find(self, v: Value) -> Value:
+        p = self.parent.get(v, v)
+        if p is v:
+            return v
+        root = self.find(p)
+        self.parent[v] = root
+        return root
+
+    def union(self, a: Value, b: Value) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra is not rb:
+            self.parent[ra] = rb
+
+
 def execution_order(g: IRGraph) -> list[Node]:
     """The nodes in the order the program runs them: effect nodes gathered last (they only read
     values, so this keeps the meaning), then one ``assign`` node per state update."""

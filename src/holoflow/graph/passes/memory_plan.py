@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from ...core.registry import REGISTRY
-from ..ir import IRGraph, Node, Value, split_tasks
+from ..ir import AliasGroups, IRGraph, Node, Value, may_alias, split_tasks
 from . import register
 
 
@@ -101,36 +101,6 @@ def _shares_first_input(n: Node) -> bool:
         return False
     op = REGISTRY.get(n.op)
     return "inplace" in n.tags or (op is not None and n.kernel is None and op.family == "broadcast")
-
-
-def may_alias(n: Node) -> bool:
-    """Whether an output of ``n`` may share memory with one of its inputs."""
-    if "fresh" in n.tags:
-        return False
-    if "inplace" in n.tags:
-        return True
-    op = REGISTRY.get(n.op)
-    return op is None or n.kernel is not None or not op.fresh
-
-
-class _Groups:
-    """Union-find over values: one set per group of values that may share memory."""
-
-    def __init__(self) -> None:
-        self.parent: dict = {}
-
-    def find(self, v: Value) -> Value:
-        p = self.parent.get(v, v)
-        if p is v:
-            return v
-        root = self.find(p)
-        self.parent[v] = root
-        return root
-
-    def union(self, a: Value, b: Value) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra is not rb:
-            self.parent[ra] = rb
 
 
 def _small(v: Value, gen: torch.Generator) -> torch.Tensor:
@@ -219,16 +189,9 @@ def plan_inplace(g: IRGraph) -> IRGraph:
             last[v] = pos[id(n)]
         for v in n.outputs:
             last.setdefault(v, pos[id(n)])
-    groups = _Groups()
+    groups = AliasGroups(order)
     members: dict = {}
-    producer: dict = {}
-    for n in order:
-        for v in n.outputs:
-            producer[v] = n
-        if may_alias(n):
-            for v in n.outputs:
-                for x in n.value_inputs():
-                    groups.union(v, x)
+    producer = {v: n for n in order for v in n.outputs}
     for v in last:
         members.setdefault(groups.find(v), []).append(v)
     task = _task_of(g)

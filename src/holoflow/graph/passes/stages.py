@@ -17,7 +17,7 @@ from typing import Any
 
 from ...core.errors import HoloflowError, UnsupportedError
 from ...core.registry import REGISTRY
-from ..ir import IRGraph, Node, Value
+from ..ir import AliasGroups, IRGraph, Node, Value
 from ..optimizer import _group_update, finish_scaler_step, unscale_count
 
 STAGE = "stage"   # the family of a move between stages' placements (graph/pipeline.py's stage_move)
@@ -348,19 +348,11 @@ def _undo_inplace(first: list, later: list) -> list:
     """The ``first`` nodes, those writing in place into a buffer that ``later`` nodes still read
     made out of place again (the memory plan chose in-place ops for the traced order, in which
     the weight gradients read that buffer before the input gradients overwrote it)."""
-    from .memory_plan import may_alias
-    read = {v for n in later for v in n.value_inputs()}
-    shared: dict = {}   # value -> values that may share its memory (through views)
-    for n in (*first, *later):
-        if may_alias(n):
-            for v in n.outputs:
-                for x in n.value_inputs():
-                    group = shared.get(x, {x}) | shared.get(v, {v})
-                    for y in group:
-                        shared[y] = group
+    groups = AliasGroups((*first, *later))
+    read = {groups.find(v) for n in later for v in n.value_inputs()}
     out = []
     for n in first:
-        if "inplace" in n.tags and n.inputs and any(y in read for y in shared.get(n.inputs[0], {n.inputs[0]})):
+        if "inplace" in n.tags and n.inputs and groups.find(n.inputs[0]) in read:
             n = n.with_(kernel=None, tags=n.tags - {"inplace"})
         out.append(n)
     return out
