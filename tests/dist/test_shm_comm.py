@@ -67,6 +67,22 @@ def test_equal_to_gloo(world):
         assert files == [], files
 
 
+def _same_as_gloo_scattered(rank, cases):
+    """The reduce-scatter protocol of groups larger than READ_ALL_MAX, forced on this group."""
+    shm_comm.close_all()
+    saved, shm_comm.READ_ALL_MAX = shm_comm.READ_ALL_MAX, 1
+    try:
+        return _same_as_gloo(rank, cases)
+    finally:
+        shm_comm.READ_ALL_MAX = saved
+        shm_comm.close_all()
+
+
+def test_equal_to_gloo_reduce_scatter_protocol(world):
+    for diffs, used, files in world.run(_same_as_gloo_scattered, CASES):
+        assert used and diffs == [] and files == [], (used, diffs, files)
+
+
 def _chunked(rank, slot_mb):
     """A slot smaller than the tensor: it goes through in chunks (a new handshake, a new segment)."""
     n = env.get_world_size()

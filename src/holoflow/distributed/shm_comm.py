@@ -7,10 +7,16 @@ Gloo reduces between two processes of one host over TCP loopback, which costs bo
 on a CPU float tensor runs here instead:
 
 * each rank copies its tensor into its own slot of the segment and raises its flag;
-* once every flag is up, rank ``i`` reduces part ``i`` of every slot (in rank order, float32
-  accumulation for 16-bit types) into part ``i`` of its own slot (a reduce-scatter) and raises its
-  flag again;
-* once every flag is up again, each rank copies every part from its owner's slot (an all-gather).
+* groups of up to ``READ_ALL_MAX`` ranks: once every flag is up, each rank reduces every slot (in
+  rank order, float32 accumulation for 16-bit types) straight into its result, and raises its flag
+  again (its peers may then overwrite their slots). One synchronisation: the last rank to arrive
+  goes on at once instead of waiting for a sleeping peer to wake up and reduce its part (a wake-up
+  on a busy or virtual host costs up to a millisecond, more than reducing the whole tensor);
+* larger groups: once every flag is up, rank ``i`` reduces part ``i`` of every slot (in rank order)
+  into part ``i`` of its own slot (a reduce-scatter) and raises its flag again; once every flag
+  is up again, each rank copies every part from its owner's slot (an all-gather).
+
+Either way each element is reduced in rank order: every rank gets the same bits.
 
 Tensors larger than a slot (``HOLOFLOW_SHM_SLOT_MB``, default 8 MB per rank) go through it in
 chunks. Every rank gets the same bits. The work runs on one thread per group, in issue order, so
@@ -55,6 +61,9 @@ from . import env
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _OPS = ("sum", "avg", "max", "min", "prod")
 _LINE = 64            # one flag per cache line
+#: groups up to this size reduce every slot on every rank (one synchronisation); larger ones
+#: reduce-scatter and all-gather through the slots (less memory traffic per rank)
+READ_ALL_MAX = 4
 _DIR = "/dev/shm"
 _PREFIX = "holoflow-shm-"
 
@@ -385,6 +394,10 @@ class Shm:
             at += p.numel()
         self._post(3 * k + 1)
         self._wait(3 * k + 1, "write its tensor")
+        if n <= READ_ALL_MAX:
+            _reduce_into(slots, op, part)
+            self._post(3 * k + 3)
+            return
         a, b = bounds[me], bounds[me + 1]
         if b > a:
             parts = [s[a:b] for s in slots]
@@ -456,6 +469,23 @@ def _pieces(parts: list[torch.Tensor], start: int, end: int) -> list[torch.Tenso
     return out
 
 
+_FNS = {"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum, "prod": torch.mul}
+
+
+def _reduce_into(parts: list[torch.Tensor], op: str, out: torch.Tensor) -> None:
+    """Writes ``op`` over ``parts`` (in rank order) into ``out``, as :func:`_reduce` computes it."""
+    if op in ("sum", "avg") and out.dtype in (torch.float16, torch.bfloat16):
+        acc = parts[0].float()
+        for p in parts[1:]:
+            acc.add_(p)
+        out.copy_(acc)
+        return
+    fn = _FNS[op]
+    fn(parts[0], parts[1], out=out)
+    for p in parts[2:]:
+        fn(out, p, out=out)
+
+
 def _reduce(parts: list[torch.Tensor], op: str, me: int) -> None:
     """Writes ``op`` over ``parts`` (in rank order) into ``parts[me]``; 16-bit floats are summed in
     float32 and rounded once."""
@@ -465,7 +495,7 @@ def _reduce(parts: list[torch.Tensor], op: str, me: int) -> None:
             acc.add_(p)
         parts[me].copy_(acc)
         return
-    fn = {"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum, "prod": torch.mul}[op]
+    fn = _FNS[op]
     # parts[me] is read first (elementwise, so writing it while reading is safe) unless it comes later
     out = parts[me] if me < 2 else torch.empty_like(parts[me])
     fn(parts[0], parts[1], out=out)
