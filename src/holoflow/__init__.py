@@ -1,8 +1,8 @@
 """holoflow: OneFlow's design in Python on PyTorch's kernels. ``import holoflow as flow``."""
 from __future__ import annotations
 
-from .runtime.heap import warm_glibc_heap as _warm_glibc_heap
-_warm_glibc_heap()   # before the first training step's allocations (runtime/heap.py says why)
+from .runtime.heap import tune_glibc_heap as _tune_glibc_heap
+_tune_glibc_heap()   # before the first training step's allocations (runtime/heap.py says why)
 
 from .core.dtype import (bfloat16, bool, cdouble, cfloat, complex64, complex128, double, dtype,  # noqa: A004
                          finfo, float, float16, float32, float64, get_default_dtype, half, iinfo,

@@ -1,15 +1,21 @@
-"""glibc's heap thresholds, raised once at import (``HOLOFLOW_HEAP_WARMUP=0`` leaves them alone).
+"""glibc's heap thresholds, set once at import (``HOLOFLOW_GLIBC_HEAP=0`` leaves them alone).
 
-glibc returns the top of its heap to the kernel when more than ``2 x mmap_threshold`` is free
-there, and it raises that threshold only when a larger block that it had mmapped is freed. A
-training step frees most of its activations at the end of backward, from the heap top down, so
-with glibc's start value (128 KiB, trimming at 2 MiB past the first freed block of ~1 MiB) every
-step gives a few MiB back and faults them in again in the next forward: ~100-350 minor page
-faults per step of a small CNN, each step 5-30% longer, run to run. torch processes get higher
-thresholds by accident (importing ``torch._dynamo``, as torch's optimizers do, frees a ~2 MiB
-block). Freeing one 4 MiB mmapped block at import sets them as glibc itself would (mmap
-threshold 4 MiB, trim threshold 8 MiB) and keeps glibc's own adjustment; measured faults per
-CNN step: 88-118 -> 0.4-1.5 (bench/eager.py reports them).
+A training step allocates its activations as it goes forward and frees most of them at the end
+of backward, from the top of the heap down. glibc gives the free top of its heap back to the
+kernel once it exceeds the *trim threshold*, and serves blocks above the *mmap threshold* from
+fresh mappings unmapped again on free; either way the next step faults every page in again
+(a minor fault and a zeroed page each). glibc starts both at 128 KiB and raises them only when
+a larger mapped block is freed (the mmap threshold to its size, at most 32 MiB; the trim
+threshold to twice that): a step of a small CNN faulted 100-350 pages in; the GPT of bench/dp_overlap.py
+(d=128, 4 layers, batch 16, ~25 MiB of activations) faulted 2,500-6,500 pages per step, on one
+rank and not the other depending on the heap's layout.
+
+So holoflow sets both, as a training process wants them: blocks up to 32 MiB (glibc's largest
+mmap threshold) come from the heap, and the heap top is never given back while the process
+runs (the next step needs it again; :func:`release` gives it back on demand). A block larger
+than 32 MiB is still mapped and unmapped each time, as in torch. A user's own settings
+(``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``, ``GLIBC_TUNABLES`` with malloc tunables)
+are left as they are.
 """
 from __future__ import annotations
 
@@ -17,23 +23,42 @@ import ctypes
 import os
 import platform
 
-WARMUP_BYTES = 4 << 20
+M_TRIM_THRESHOLD = -1      # mallopt parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 32 << 20  # glibc's largest on 64-bit (HEAP_MAX_SIZE / 2)
+NEVER = -1                 # a trim threshold of SIZE_MAX: the top is never trimmed
+
+_USER_KNOBS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_")
 
 
-def warm_glibc_heap() -> bool:
-    """Frees one ``WARMUP_BYTES`` block through glibc's malloc (once per process; a no-op elsewhere
-    or with ``HOLOFLOW_HEAP_WARMUP=0``); returns whether it did."""
-    if os.environ.get("HOLOFLOW_HEAP_WARMUP", "1") == "0" or platform.system() != "Linux" \
-            or platform.libc_ver()[0] != "glibc":
-        return False
+def _libc() -> ctypes.CDLL | None:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
     try:
-        libc = ctypes.CDLL("libc.so.6")
+        return ctypes.CDLL("libc.so.6")
     except OSError:
+        return None
+
+
+def tune_glibc_heap() -> bool:
+    """Sets the mmap threshold to 32 MiB and turns trimming off (once per process; a no-op off
+    glibc, with ``HOLOFLOW_GLIBC_HEAP=0``, or when the user set glibc's malloc knobs); returns
+    whether it did."""
+    if os.environ.get("HOLOFLOW_GLIBC_HEAP", "1") == "0" or any(k in os.environ for k in _USER_KNOBS) \
+            or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         return False
-    libc.malloc.restype = ctypes.c_void_p
-    libc.free.argtypes = [ctypes.c_void_p]
-    block = libc.malloc(WARMUP_BYTES)   # above the start threshold: mmapped; freeing it raises it
-    if not block:
+    libc = _libc()
+    if libc is None:
         return False
-    libc.free(block)
-    return True
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER))
+
+
+def release() -> bool:
+    """Gives the heap's free memory back to the kernel now (glibc's ``malloc_trim(0)``): after
+    training, before a long phase that needs less memory. Returns whether any was given back."""
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    return bool(libc.malloc_trim(0))
