@@ -284,3 +284,31 @@ def _mixed(rank):
 
 def test_all_reduce_many_rejects_mixed_dtypes(world2):
     assert world2.run(_mixed) == [True, True]
+
+
+def _small_ones_on_the_caller(rank):
+    """Small all-reduces issued while nothing is in flight run on their caller's thread; one
+    issued before an earlier one is waited for is finished by the group's thread first; polling
+    is_completed() finishes one too; values equal Gloo's throughout."""
+    n = env.get_world_size()
+    comm.all_reduce(torch.ones(3))            # decides the transport if this world has not yet
+    tr = shm_comm._TRANSPORTS[tuple(range(n))][1]
+    before = tr.inline
+    got = [comm.all_reduce(torch.full((5,), rank + 1.0)) for _ in range(3)]
+    inline_sync = tr.inline - before
+    small = comm.all_reduce(torch.full((2,), float(rank)), async_op=True)    # started here, left open
+    big = comm.all_reduce(torch.full((200_000,), 1.0), async_op=True)        # queued behind it
+    got_big = big.wait()
+    got_small = small.wait()
+    polled = comm.all_reduce(torch.full((1,), 2.0), async_op=True)
+    deadline = time.monotonic() + 30
+    while not polled.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    tri = n * (n + 1) / 2
+    return (inline_sync, [g.tolist() for g in got] == [[tri] * 5] * 3, got_big.eq(n).all().item(),
+            got_small.tolist() == [tri - n] * 2, polled.is_completed() and polled.wait().item() == 2.0 * n)
+
+
+def test_small_all_reduces_run_on_their_callers_thread(world):
+    for inline_sync, *ok in world.run(_small_ones_on_the_caller):
+        assert inline_sync == 3 and all(ok), (inline_sync, ok)

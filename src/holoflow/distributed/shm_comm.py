@@ -64,6 +64,9 @@ _LINE = 64            # one flag per cache line
 #: groups up to this size reduce every slot on every rank (one synchronisation); larger ones
 #: reduce-scatter and all-gather through the slots (less memory traffic per rank)
 READ_ALL_MAX = 4
+#: all-reduces up to this size are started and finished by their caller when nothing else is in
+#: flight (no hand-off to the group's thread)
+INLINE_BYTES = 64 << 10
 _DIR = "/dev/shm"
 _PREFIX = "holoflow-shm-"
 
@@ -250,16 +253,21 @@ def _alive(pid: int) -> bool:
         return True
 
 
+_QUEUED, _POSTED = 0, 1   # an op's state: waiting to start; its tensor in the segment, not yet reduced
+
+
 class _Op:
     """One all-reduce: the flat inputs (read in order as one concatenation), the flat output it
     writes (the input itself when it runs in place) and the reduction."""
-    __slots__ = ("parts", "out", "op", "done", "error", "event")
+    __slots__ = ("parts", "out", "op", "done", "error", "event", "state", "chunk")
 
     def __init__(self, parts: list[torch.Tensor], out: torch.Tensor, op: str) -> None:
         self.parts, self.out, self.op = parts, out, op
         self.done = False
         self.error: BaseException | None = None
         self.event = threading.Event()
+        self.state = _QUEUED
+        self.chunk = -1   # the chunk number of an op started by its caller
 
 
 class Work:
@@ -269,15 +277,20 @@ class Work:
         self.shm, self._op = shm, op
 
     def is_completed(self) -> bool:
+        if not self._op.done:   # one its caller started: finished here if every peer's part is in
+            self.shm._finish_here(self._op, 0.0)
         return self._op.done
 
     def done_within(self, seconds: float) -> bool:
         """Whether it completes within ``seconds`` (failed counts as completed: ``wait`` raises)."""
+        if self.shm._finish_here(self._op, seconds) is False:
+            return False
         return self._op.event.wait(seconds)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         op = self._op
         limit = timeout.total_seconds() if timeout is not None else None
+        self.shm._finish_here(op)
         # the group's thread times out by itself (naming the ranks); this only guards against it being stuck
         if not op.event.wait(None if limit is None else limit + 5.0):
             raise ShmError(f"shared-memory all_reduce timed out after {limit:g}s: still queued behind earlier "
@@ -288,7 +301,14 @@ class Work:
 
 
 class Shm:
-    """One group's segment: a header of flags (one cache line per rank) and one slot per rank."""
+    """One group's segment: a header of flags (one cache line per rank) and one slot per rank.
+
+    Ops run one at a time, in issue order, on the group's thread, except a small one issued
+    while nothing else is in flight: its caller copies it in and raises its flag at once, and
+    reduces it when it waits (``Work.wait``), on its own thread; the group's thread finishes it
+    first only if another op is issued before that wait. A small all-reduce then costs no thread
+    hand-off at all (on a busy core each one costs a wake-up and a turn of the GIL).
+    """
 
     def __init__(self, ranks: tuple[int, ...], me: int, mm: mmap.mmap, header: int, slot: int,
                  pids: list[int], sock: socket.socket | None = None) -> None:
@@ -306,9 +326,11 @@ class Shm:
             sock.setblocking(False)
         # a peer's liveness can be read here only if its pid is visible (same pid namespace)
         self._watch = [i for i in self.peers if _alive(pids[i])]
-        self.step = 0              # chunks done by this rank
+        self.step = 0              # chunks started by this rank
         self.broken: BaseException | None = None
-        self._queue: collections.deque[_Op] = collections.deque()
+        self._queue: collections.deque[_Op] = collections.deque()   # ops not finished, in issue order
+        self._busy = False         # a thread is running the head op (the group's or a caller's)
+        self.inline = 0            # ops started by their caller (tests read it)
         self._cv = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"holoflow-shm-{'-'.join(map(str, ranks))}",
@@ -332,9 +354,47 @@ class Shm:
         with self._cv:
             if self._closed:
                 raise ShmError(f"the shared-memory transport of group {list(self.ranks)} is closed")
+            here = not self._queue and not self._busy and self.broken is None \
+                and o.out.numel() * o.out.element_size() <= min(INLINE_BYTES, self.slot) \
+                and self._ready(3 * self.step)
             self._queue.append(o)
-            self._cv.notify()
+            if here:
+                self._busy = True
+            else:
+                self._cv.notify()
+        if here:   # nothing in flight and the slot free: start it now, without blocking
+            self.inline += 1
+            try:
+                o.chunk = self.step
+                self._begin(o.parts, o.out.numel(), o.out.dtype)
+                o.state = _POSTED
+            except BaseException as e:  # noqa: BLE001 - handed to the waiter
+                self._fail(o, e)
+            with self._cv:
+                self._busy = False
+                self._cv.notify()   # an op queued meanwhile finishes this one first
         return Work(self, o)
+
+    def _finish_here(self, o: _Op, within: float | None = None) -> bool | None:
+        """Finishes ``o`` on this thread if it is the head op its caller started and nobody is
+        running; with ``within``, gives up (False, ``o`` left as it was) when its peers are still
+        missing after that many seconds. None when another thread has it or it is done."""
+        with self._cv:
+            if o.done or o.state != _POSTED or not self._queue or self._queue[0] is not o or self._busy:
+                return None
+            self._busy = True
+        try:
+            if within is not None and not self._wait(3 * o.chunk + 1, "write its tensor", time.monotonic() + within):
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify()
+                return False
+            self._execute(o)
+        finally:
+            with self._cv:
+                if self._busy and self._queue and self._queue[0] is o and not o.done:
+                    self._busy = False   # an error before _execute took over
+        return True
 
     def close(self) -> None:
         with self._cv:
@@ -351,53 +411,83 @@ class Shm:
             pass
 
     # -- the group's thread
+    def _runnable(self) -> bool:
+        """The head op waits for the group's thread: queued, or started by its caller with more
+        ops behind it (it must finish before they start)."""
+        q = self._queue
+        return bool(q) and not self._busy and (q[0].state == _QUEUED or len(q) > 1)
+
     def _serve(self) -> None:
         while True:
             with self._cv:
-                while not self._queue and not self._closed:
+                while not self._closed and not self._runnable():
                     self._cv.wait()
-                if not self._queue:
+                if not self._runnable():
                     return
-                o = self._queue.popleft()
-            try:
+                o = self._queue[0]
+                self._busy = True
+            self._execute(o)
+
+    def _execute(self, o: _Op) -> None:
+        """Runs the head op ``o`` to its end (the caller holds ``_busy``), then hands it over."""
+        try:
+            if o.error is None:
                 if self.broken is not None:
                     raise self.broken
-                self._run(o)
-            except BaseException as e:  # noqa: BLE001 - handed to the waiter
-                o.error = e if isinstance(e, ShmError) else ShmError(f"shared-memory all_reduce failed: {e!r}")
-                self.broken = self.broken or o.error
-            o.done = True
-            o.event.set()
+                if o.state == _POSTED:
+                    self._end(o.out, o.op, o.chunk)
+                else:
+                    self._run(o)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiter
+            self._fail(o, e)
+        with self._cv:
+            self._queue.popleft()
+            self._busy = False
+            self._cv.notify()
+        o.done = True
+        o.event.set()
+
+    def _fail(self, o: _Op, e: BaseException) -> None:
+        o.error = e if isinstance(e, ShmError) else ShmError(f"shared-memory all_reduce failed: {e!r}")
+        self.broken = self.broken or o.error
 
     def _run(self, o: _Op) -> None:
         out = o.out
         cap = self.slot // out.element_size()
         for start in range(0, out.numel(), cap):
             end = min(start + cap, out.numel())
-            self._chunk(_pieces(o.parts, start, end), out[start:end], o.op)
+            k = self.step
+            self._begin(_pieces(o.parts, start, end), end - start, out.dtype)
+            self._end(out[start:end], o.op, k)
 
     def _slot(self, i: int, dtype: torch.dtype, m: int) -> torch.Tensor:
         off = self.header + i * self.slot
         return self.raw[off:off + m * dtype.itemsize].view(dtype)
 
-    def _chunk(self, pieces: list[torch.Tensor], part: torch.Tensor, op: str) -> None:
-        """Reduces the concatenation of ``pieces`` into ``part`` (which may be that very memory)."""
+    def _begin(self, pieces: list[torch.Tensor], m: int, dt: torch.dtype) -> None:
+        """Starts chunk ``self.step`` (then counts it): the concatenation of ``pieces`` (``m``
+        elements of ``dt``) copied into this rank's slot, its flag raised."""
         k = self.step
         self.step += 1
-        m, n, me, dt = part.numel(), self.n, self.index, part.dtype
-        bounds = [m * i // n for i in range(n + 1)]
-        slots = [self._slot(i, dt, m) for i in range(n)]
         self._wait(3 * k, "finish the previous all-reduce")     # peers have read my slot
+        mine = self._slot(self.index, dt, m)
         if len(pieces) == 1:
-            slots[me].copy_(pieces[0])
-        else:   # one call (no Python per piece, the GIL released throughout)
-            torch.cat(pieces, out=slots[me])
+            mine.copy_(pieces[0])
+        elif pieces:   # one call (no Python per piece, the GIL released throughout)
+            torch.cat(pieces, out=mine)
         self._post(3 * k + 1)
+
+    def _end(self, part: torch.Tensor, op: str, k: int) -> None:
+        """Finishes chunk ``k``: every rank's slot reduced into ``part`` (which may be the memory
+        it was copied from)."""
+        m, n, me, dt = part.numel(), self.n, self.index, part.dtype
+        slots = [self._slot(i, dt, m) for i in range(n)]
         self._wait(3 * k + 1, "write its tensor")
         if n <= READ_ALL_MAX:
             _reduce_into(slots, op, part)
             self._post(3 * k + 3)
             return
+        bounds = [m * i // n for i in range(n + 1)]
         a, b = bounds[me], bounds[me + 1]
         if b > a:
             parts = [s[a:b] for s in slots]
@@ -420,10 +510,16 @@ class Shm:
             except OSError:
                 pass
 
-    def _wait(self, target: int, what: str) -> None:
+    def _ready(self, target: int) -> bool:
+        flags, at = self.flags, self._flag
+        return all(flags[at[i]] >= target for i in self.peers)
+
+    def _wait(self, target: int, what: str, deadline: float | None = None) -> bool:
+        """Waits until every peer's flag reaches ``target`` (True); with ``deadline`` (monotonic
+        seconds) returns False once it passes, else raises after the collective timeout."""
         flags, at = self.flags, self._flag
         if all(flags[at[i]] >= target for i in self.peers):
-            return
+            return True
         start = time.monotonic()
         timeout = env.get_comm_timeout()
         check = start + 0.5
@@ -431,13 +527,16 @@ class Shm:
         while True:
             behind = [i for i in self.peers if flags[at[i]] < target]
             if not behind:
-                return
+                return True
+            if deadline is not None and time.monotonic() > deadline:
+                return False
             # sleep until a peer pokes (flags are re-read after every wake-up: a poke may be stale,
             # and one sent before this rank slept is still queued, so none is lost); every 50 ms
             # anyway (liveness, timeout), every 1 ms without a socket
             if sock is None:
                 time.sleep(1e-3)
-            elif select.select([sock], [], [], 0.05)[0]:
+            elif select.select([sock], [], [], 0.05 if deadline is None else
+                               max(0.0, min(0.05, deadline - time.monotonic())))[0]:
                 try:
                     while sock.recv(64):
                         pass
