@@ -501,14 +501,20 @@ class Shm:
         self._post(3 * k + 3)
 
     def _post(self, v: int) -> None:
-        self.flags[self._flag[self.index]] = v
+        flags, at = self.flags, self._flag
+        flags[at[self.index]] = v
         if self.sock is None:
             return
-        for a in self._addrs:   # wake a peer sleeping in _wait; a full queue already holds a wake-up
-            try:
-                self.sock.sendto(b"!", a)
-            except OSError:
-                pass
+        _fence()
+        for i, a in zip(self.peers, self._addrs):
+            # wake a peer that says it sleeps in _wait (or is about to: it re-reads the flags after
+            # saying so, and the fences order both sides' store before their load, so one of the two
+            # sees the other's); a full queue already holds a wake-up
+            if flags[at[i] + 1]:
+                try:
+                    self.sock.sendto(b"!", a)
+                except OSError:
+                    pass
 
     def _ready(self, target: int) -> bool:
         flags, at = self.flags, self._flag
@@ -535,13 +541,19 @@ class Shm:
             # anyway (liveness, timeout), every 1 ms without a socket
             if sock is None:
                 time.sleep(1e-3)
-            elif select.select([sock], [], [], 0.05 if deadline is None else
-                               max(0.0, min(0.05, deadline - time.monotonic())))[0]:
-                try:
-                    while sock.recv(64):
+            else:
+                sleeping = at[self.index] + 1
+                flags[sleeping] = 1     # peers poke only a rank that says so (_post)
+                _fence()
+                if any(flags[at[i]] < target for i in behind) and select.select(
+                        [sock], [], [], 0.05 if deadline is None else
+                        max(0.0, min(0.05, deadline - time.monotonic())))[0]:
+                    try:
+                        while sock.recv(64):
+                            pass
+                    except OSError:
                         pass
-                except OSError:
-                    pass
+                flags[sleeping] = 0
             now = time.monotonic()
             if now > check:
                 check = now + 0.5
@@ -553,6 +565,16 @@ class Shm:
             if now - start > timeout:
                 raise ShmError(f"shared-memory all_reduce on group {list(self.ranks)} timed out after {timeout:g}s: "
                                f"ranks {[self.ranks[i] for i in behind]} did not arrive (waiting for them to {what})")
+
+
+_FENCE = threading.Lock()
+
+
+def _fence() -> None:
+    """A full memory barrier: the lock's atomic read-modify-write orders this thread's earlier
+    stores before its later loads (x86 may otherwise let a load pass a store)."""
+    _FENCE.acquire()
+    _FENCE.release()
 
 
 def _pieces(parts: list[torch.Tensor], start: int, end: int) -> list[torch.Tensor]:
