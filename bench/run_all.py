@@ -201,7 +201,7 @@ def others(q: bool) -> list[tuple[str, list[str], float]]:
         ("ops_overhead.py", "per-op overhead on tiny tensors (bench/ops_overhead.py)",
          ["--number", "300", "--repeat", "3"] if q else []),
         ("dp_overlap.py", "data parallelism vs its no-communication limit, 2 Gloo ranks (bench/dp_overlap.py)",
-         ["--steps", "4", "--rounds", "1"] if q else []),
+         ["--rounds", "4"] if q else []),
         ("boxing.py", "boxing vs raw collectives, 2 Gloo ranks (bench/boxing.py)", []),
         ("pipeline.py", "pipeline schedules (bench/pipeline.py)", ["--steps", "2"] if q else []),
     ]
