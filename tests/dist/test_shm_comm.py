@@ -312,3 +312,50 @@ def _small_ones_on_the_caller(rank):
 def test_small_all_reduces_run_on_their_callers_thread(world):
     for inline_sync, *ok in world.run(_small_ones_on_the_caller):
         assert inline_sync == 3 and all(ok), (inline_sync, ok)
+
+
+def _random_program(rank, seed):
+    """A seeded random program every rank runs alike: small and large all-reduces (inline and on
+    the group's thread, chunked), sync and async, waited for in a random order, some polled, the
+    rest left to the next call; every result equal to Gloo's on the same values."""
+    import random
+    n = env.get_world_size()
+    rng = random.Random(seed)
+    shm_comm.close_all()
+    os.environ["HOLOFLOW_SHM_SLOT_MB"] = "0.05"   # 13,107 floats: the large ones go in chunks
+    try:
+        pending, bad = [], []
+        for i in range(60):
+            numel = rng.choice([1, 7, 1000, 20_000, 40_000])
+            x = torch.full((numel,), float(rank + 1 + i))
+            want = sum(r + 1 + i for r in range(n))
+            if rng.random() < 0.4:
+                comm.all_reduce(x)
+                if not torch.equal(x, torch.full_like(x, want)):
+                    bad.append(("sync", i, numel))
+            else:
+                pending.append((comm.all_reduce(x, async_op=True), x, want, i, numel))
+            if pending and rng.random() < 0.5:
+                h, y, w, j, m = pending.pop(rng.randrange(len(pending)))
+                if rng.random() < 0.3:
+                    deadline = time.monotonic() + 30
+                    while not h.is_completed() and time.monotonic() < deadline:
+                        time.sleep(0.0005)
+                h.wait()
+                if not torch.equal(y, torch.full_like(y, w)):
+                    bad.append(("async", j, m))
+        for h, y, w, j, m in pending:
+            h.wait()
+            if not torch.equal(y, torch.full_like(y, w)):
+                bad.append(("async", j, m))
+        inline = shm_comm._TRANSPORTS[tuple(range(n))][1].inline
+    finally:
+        os.environ.pop("HOLOFLOW_SHM_SLOT_MB", None)
+        shm_comm.close_all()
+    return bad, inline
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_programs_of_sync_and_async_all_reduces(world, seed):
+    for bad, inline in world.run(_random_program, seed):
+        assert bad == [] and inline > 0, (bad, inline)
