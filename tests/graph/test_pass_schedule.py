@@ -105,9 +105,9 @@ def test_the_collective_is_issued_where_it_stands_and_waited_for_at_its_first_re
 
 
 def _bucket_graph(write_in_place: bool):
-    """Two gradients all-reduced as one bucket, a node between the issue and the wait writing in
-    place (as the memory plan may choose: a view of ``g1`` is dead for the plan after the issue)
-    into memory the first one shares, or into a buffer of its own."""
+    """Two gradients all-reduced as one bucket, a node after the issue writing in place (as the
+    memory plan may choose: a view of ``g1`` is dead for the plan after the issue) into memory the
+    first one shares, or into a buffer of its own."""
     x = val(4, name="x")
     g1, g2, v, t, r1, r2, u = (val(4) for _ in range(7))
     bucket = Node(GLOBAL_BOX_BUCKET.name, (g1, g2), {"place": PLACE, "src": (P,), "dst": (B,)}, (r1, r2),
@@ -119,7 +119,7 @@ def _bucket_graph(write_in_place: bool):
     return check(IRGraph((x,), (), nodes, (u,)))
 
 
-def test_a_bucket_is_read_late_only_when_nothing_writes_its_memory_before_the_wait():
+def test_a_bucket_is_read_late_only_when_nothing_after_it_writes_its_memory():
     for write, late in ((False, True), (True, False)):
         h = issue_collectives(_bucket_graph(write))
         issue = next(n for n in h.nodes if n.op == "global_box_issue")

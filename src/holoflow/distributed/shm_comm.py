@@ -354,8 +354,9 @@ class Shm:
         with self._cv:
             if self._closed:
                 raise ShmError(f"the shared-memory transport of group {list(self.ranks)} is closed")
+            # (one chunk, as the group's thread would make: every rank counts chunks alike)
             here = not self._queue and not self._busy and self.broken is None \
-                and o.out.numel() * o.out.element_size() <= min(INLINE_BYTES, self.slot) \
+                and 0 < o.out.numel() * o.out.element_size() <= min(INLINE_BYTES, self.slot) \
                 and self._ready(3 * self.step)
             self._queue.append(o)
             if here:

@@ -167,7 +167,7 @@ def issue_collectives(g: IRGraph) -> IRGraph:
             continue
         issue, wait = pairs[i]
         at = min((first_read[v] for v in n.outputs if first_read.get(v, -1) > i), default=None)
-        if _unwritten(g.nodes, groups, set(n.value_inputs()), i, len(g.nodes) if at is None else at):
+        if _unwritten(g.nodes[i + 1:], groups, set(n.value_inputs())):
             issue = issue.with_(attrs={**issue.attrs, "read_late": True})
             pairs[i] = issue, wait
         nodes.append(issue)
@@ -183,12 +183,12 @@ def issue_collectives(g: IRGraph) -> IRGraph:
     return g.with_(nodes=tuple(nodes + tail), frees=frees)
 
 
-def _unwritten(nodes, groups: AliasGroups, values: set, start: int, end: int) -> bool:
-    """Whether no node in ``nodes[start + 1:end]`` writes in place into memory that ``values`` may
-    share (the memory plan chose in-place ops knowing only the issue reads them)."""
+def _unwritten(later, groups: AliasGroups, values: set) -> bool:
+    """Whether no node of ``later`` (every node after the issue, whichever task runs it) writes in
+    place into memory that ``values`` may share (the memory plan chose in-place ops knowing only
+    the issue reads them)."""
     roots = {groups.find(v) for v in values}
-    return not any("inplace" in n.tags and n.inputs and groups.find(n.inputs[0]) in roots
-                   for n in nodes[start + 1:end])
+    return not any("inplace" in n.tags and n.inputs and groups.find(n.inputs[0]) in roots for n in later)
 
 
 # a local traced value every rank computes identically, taken as a broadcast global value
