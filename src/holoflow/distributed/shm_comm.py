@@ -385,11 +385,17 @@ class Shm:
                 return None
             self._busy = True
         try:
-            if within is not None and not self._wait(3 * o.chunk + 1, "write its tensor", time.monotonic() + within):
-                with self._cv:
-                    self._busy = False
-                    self._cv.notify()
-                return False
+            if within is not None:
+                try:
+                    ready = self._wait(3 * o.chunk + 1, "write its tensor", time.monotonic() + within)
+                except BaseException as e:  # noqa: BLE001 - a peer is gone: the op fails, its waiter raises
+                    self._fail(o, e)
+                    ready = True
+                if not ready:
+                    with self._cv:
+                        self._busy = False
+                        self._cv.notify()
+                    return False
             self._execute(o)
         finally:
             with self._cv:
