@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from holoflow.distributed import comm, comm_track, env, groups
-from pool import fresh_world
+from pool import fresh_world, summed_world_size
 
 
 def _timeouts(rank):
@@ -56,7 +56,7 @@ def test_timeouts_name_the_laggards():
     w = fresh_world(4, timeout=120)
     try:
         res = w.run(_timeouts)
-        restarted = w.run(_world_size)
+        restarted = w.run(summed_world_size)
     finally:
         w.close()
     s01, s23, s12 = res[0]["seq"][(0, 1)], res[2]["seq"][(2, 3)], res[1]["seq"][(1, 2)]
@@ -75,12 +75,6 @@ def test_timeouts_name_the_laggards():
     assert res[2]["mismatch"].replace("seen from rank 2", "seen from rank 1") == msg, res[2]
     assert "creating the process group [0, 3] failed on rank 0 (timeout 2s)" in res[0]["create"], res[0]
     assert restarted == [4] * 4  # restarted, and works
-
-
-def _world_size(rank):
-    x = torch.ones(1)
-    comm.all_reduce(x)
-    return int(x.item())
 
 
 def _die_in_collective(rank):
@@ -117,11 +111,11 @@ def _fails_on_rank_1(rank):
 
 
 def test_pool_reports_failing_rank_and_recovers(world2):
-    world2.run(_world_size)
+    world2.run(summed_world_size)
     starts = world2.starts
     with pytest.raises(AssertionError, match=r"(?s)rank 1:.*rank 1 is unhappy"):
         world2.run(_fails_on_rank_1)
-    assert world2.run(_world_size) == [2, 2]
+    assert world2.run(summed_world_size) == [2, 2]
     assert world2.starts == starts + 1
 
 
@@ -134,4 +128,4 @@ def _hang(rank):
 def test_pool_call_timeout(world2):
     with pytest.raises(AssertionError, match="rank 0: no answer within 3"):
         world2.run(_hang, timeout=3)
-    assert world2.run(_world_size) == [2, 2]
+    assert world2.run(summed_world_size) == [2, 2]

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from holoflow.core.errors import HoloflowError
 from holoflow.distributed import comm, comm_track, env, shm_comm
-from pool import fresh_world
+from pool import fresh_world, summed_world_size
 
 SEGMENTS = os.path.join("/dev/shm", shm_comm._PREFIX + "*")
 OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "prod": dist.ReduceOp.PRODUCT}
@@ -176,13 +176,7 @@ def test_timeout_names_the_rank(world):
         status, (msg, waited), _ = reply
         assert status == "ok" and 1.5 < waited < 8, (r, reply)
         assert "timed out" in msg and "ranks [1] did not arrive" in msg, msg
-    assert world.run(_world_size) == [world.size] * world.size
-
-
-def _world_size(rank):
-    x = torch.ones(1)
-    comm.all_reduce(x)
-    return int(x.item())
+    assert world.run(summed_world_size) == [world.size] * world.size
 
 
 def _die_after_one(rank):

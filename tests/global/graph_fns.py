@@ -118,3 +118,24 @@ def dp_step_collectives(rank: int, bucket_mb: float, steps: int = 2):
     c = next(reversed(train._compiled.values()))
     buckets = [n for n in c.logical.nodes if n.op == "global_box_bucket"]
     return losses, counts, len(buckets), [(t.stream, [n.op for n in t.nodes]) for t in c.program.tasks]
+
+
+def square_loss_graph(m, opt, stage: int = 0, scaler=None) -> flow.nn.Graph:
+    """An nn.Graph training ``m`` on the mean square of its output with ``opt``: ZeRO ``stage``
+    (shards of parameters of >= 64 elements) and a GradScaler when given (the ZeRO tests')."""
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+            if scaler is not None:
+                self.set_grad_scaler(scaler)
+            if stage:
+                self.config.enable_zero(True, stage=stage, shard_min_size=64)
+
+        def build(self, x):
+            loss = self.m(x).square().mean()
+            loss.backward()
+            return loss
+    return G()
+

@@ -262,19 +262,7 @@ def _zero_run(place, stage, opt_kind):
     opt = flow.optim.AdamW(m.parameters(), lr=0.01) if opt_kind == "adamw" else \
         flow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
 
-    class G(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.m = m
-            self.add_optimizer(opt)
-            if stage:
-                self.config.enable_zero(True, stage=stage, shard_min_size=64)
-
-        def build(self, x):
-            loss = self.m(x).square().mean()
-            loss.backward()
-            return loss
-    g = G()
+    g = graph_fns.square_loss_graph(m, opt, stage)
     losses = []
     for i in range(3):
         x = flow.from_torch(torch.randn(8, 16, generator=torch.Generator().manual_seed(i)))

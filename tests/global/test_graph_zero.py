@@ -6,6 +6,7 @@ import threading
 import pytest
 import torch
 
+import graph_fns
 import holoflow as flow
 from holoflow.distributed import world
 from holoflow.graph.zero import ZERO3, state_bytes
@@ -31,19 +32,7 @@ def _run(place, stage: int, opt_kind: str, n: int = 2):
     opt = flow.optim.AdamW(m.parameters(), lr=0.01) if opt_kind == "adamw" else \
         flow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
 
-    class G(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.m = m
-            self.add_optimizer(opt)
-            if stage:
-                self.config.enable_zero(True, stage=stage, shard_min_size=64)
-
-        def build(self, x):
-            loss = self.m(x).square().mean()
-            loss.backward()
-            return loss
-    g = G()
+    g = graph_fns.square_loss_graph(m, opt, stage)
     losses = []
     for i in range(STEPS):
         x = flow.from_torch(torch.randn(8, 16, generator=torch.Generator().manual_seed(i)))
@@ -185,20 +174,7 @@ def _run_scaled(place, stage: int, n: int = 2, overflow: bool = True):
     opt = flow.optim.AdamW(m.parameters(), lr=0.01)
     scaler = flow.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
 
-    class G(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.m = m
-            self.add_optimizer(opt)
-            self.set_grad_scaler(scaler)
-            if stage:
-                self.config.enable_zero(True, stage=stage, shard_min_size=64)
-
-        def build(self, x):
-            loss = self.m(x).square().mean()
-            loss.backward()
-            return loss
-    g = G()
+    g = graph_fns.square_loss_graph(m, opt, stage, scaler)
     scales = []
     for i in range(4):
         x = torch.randn(8, 16, generator=torch.Generator().manual_seed(i))
