@@ -8,8 +8,10 @@ on GPT-mini and the small CNN (CPU training steps), each variant in its own fres
 
 Variants: ``actor`` (nn.Graph, the actor runtime as lowered: a CPU device's streams on the caller's
 thread), ``actor-thread`` (the same plan with the device's streams on one dedicated worker thread,
-the caller only feeding and collecting), ``sequential`` (the reference executor), ``flow-eager``,
-``torch-eager``, ``torch-compile``. The parent runs every variant in a fresh process, alternating
+the caller only feeding and collecting), ``sequential`` (the reference executor), ``compiled`` (the actor
+runtime with ``config.enable_compile()``: each compute task through Inductor, plus OneFlow's fusion
+switches ``allow_fuse_model_update_ops`` / ``allow_fuse_add_to_output``; bench/graph_compile.py
+splits those apart), ``flow-eager``, ``torch-eager``, ``torch-compile``. The parent runs every variant in a fresh process, alternating
 their order round by round, and keeps each variant's best (order effects inside one process hid
 the actor runtime's cost once). Each child times ``--steps`` steps ``--repeat`` times after 3 warm-up
 steps and reports the fastest mean; the graph variants also report the first call (trace, passes,
@@ -42,7 +44,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 CASES = {"gpt": "GPT-mini (2 layers, d=64, seq 32, batch 8)", "cnn": "CNN (width 32, batch 64)"}
-VARIANTS = ("actor", "actor-thread", "sequential", "flow-eager", "torch-eager", "torch-compile")
+VARIANTS = ("actor", "actor-thread", "sequential", "compiled", "flow-eager", "torch-eager", "torch-compile")
 
 
 def gpt_case(lib, device: str = "cpu"):
@@ -173,6 +175,10 @@ def one(case: str, variant: str, steps: int, repeat: int, device: str = "cpu") -
 
     g = train_graph(m, opt, loss_fn)
     g.config.set_executor("sequential" if variant == "sequential" else "actor")
+    if variant == "compiled":
+        g.config.enable_compile()
+        g.config.allow_fuse_model_update_ops(True)
+        g.config.allow_fuse_add_to_output(True)
     if variant == "paired":
         g(*batch)
         return {**r, **paired(g, batch, steps, repeat, sync)}
@@ -253,6 +259,8 @@ def report(case: str, res: dict[str, dict]) -> None:
     ratio("actor-thread", "sequential", "a dedicated device thread, for comparison")
     ratio("actor", "torch-eager", "target <= 0.6 on GPT-mini")
     ratio("actor", "torch-compile", "target <= 1.0 on the CNN")
+    ratio("compiled", "torch-eager", "target <= 0.6 on GPT-mini, with enable_compile()")
+    ratio("compiled", "torch-compile", "target <= 1.0 on the CNN, with enable_compile()")
     ratio("flow-eager", "torch-eager", "target <= 1.1")
     pair = res.get(f"{case}:paired", {})
     if "runs" in pair:
@@ -278,7 +286,7 @@ def main() -> None:
     if a.one:
         print("RESULT " + json.dumps(one(*a.one, a.steps, a.repeat, a.device)))
         return
-    variants = [v for v in a.variants if not (a.no_compile and v == "torch-compile")]
+    variants = [v for v in a.variants if not (a.no_compile and v in ("torch-compile", "compiled"))]
     for case in a.cases:
         jobs = {f"{case}:{v}": child_cmd(case, v, a.steps, a.repeat, a.device) for v in variants}
         if a.paired:

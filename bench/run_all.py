@@ -86,13 +86,14 @@ def machine() -> dict:
 
 def graph_results(q: bool, rounds: int, log) -> dict[str, dict]:
     steps, repeat = (10, 3) if q else (20, 5)
-    main_variants = [v for v in graph_bench.VARIANTS if v != "torch-compile"]
+    slow = ("compiled", "torch-compile")   # an Inductor compilation per process: one round with --quick
+    main_variants = [v for v in graph_bench.VARIANTS if v not in slow]
     res: dict[str, dict] = {}
     for case in graph_bench.CASES:
         log(f"graph: {case}")
         jobs = {f"{case}:{v}": graph_bench.child_cmd(case, v, steps, repeat) for v in main_variants}
         res |= alternate(jobs, rounds, log)
-        jobs = {f"{case}:torch-compile": graph_bench.child_cmd(case, "torch-compile", steps, repeat)}
+        jobs = {f"{case}:{v}": graph_bench.child_cmd(case, v, steps, repeat) for v in slow}
         res |= alternate(jobs, 1 if q else rounds, log)
     return res
 
@@ -117,6 +118,8 @@ TARGETS = [  # (numerator, denominator, target, which cases)
     ("actor", "sequential", 1.05, ("gpt", "cnn")),
     ("actor", "torch-eager", 0.6, ("gpt",)),
     ("actor", "torch-compile", 1.0, ("cnn",)),
+    ("compiled", "torch-eager", 0.6, ("gpt",)),
+    ("compiled", "torch-compile", 1.0, ("cnn",)),
     ("flow-eager", "torch-eager", 1.1, ("gpt", "cnn")),
 ]
 
@@ -250,7 +253,7 @@ def main() -> None:
     lines = ["# Benchmark results", "",
              f"Written by `{cmd}` in {time.perf_counter() - t0:.0f} s. Every graph variant ran in its own "
              f"fresh process, order alternated per round, best of {rounds} round(s) "
-             "(torch.compile: 1 round with --quick). Not timed tests; on a loaded machine (see the load "
+             "(compiled and torch.compile: 1 round with --quick). Not timed tests; on a loaded machine (see the load "
              "average) figures swing by 2x or more: compare ratios from a quiet run.", "",
              "| machine | |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in info.items()]
     if max(info["load average (1 min) at start"], info["load average (1 min) at end"]) > (os.cpu_count() or 1):
@@ -258,7 +261,9 @@ def main() -> None:
     lines += ["", "## nn.Graph vs executors, holoflow eager, torch eager and torch.compile (CPU training step)", "",
               "`actor`: the actor runtime as lowered (a CPU device's streams on the caller's thread); "
               "`actor-thread`: the same plan with the device's streams on one dedicated worker thread; "
-              "`sequential`: the reference executor (bench/graph.py).", ""]
+              "`sequential`: the reference executor; `compiled`: the actor runtime with "
+              "`config.enable_compile()` (each compute task through Inductor) and OneFlow's fusion switches "
+              "(`allow_fuse_model_update_ops`, `allow_fuse_add_to_output`), bench/graph.py.", ""]
     lines += graph_table(gres)
     lines += ["", "## Actor runtime per-act overhead (bench/runtime.py)", ""] + rtable
     if rest:
