@@ -7,6 +7,7 @@ them, waited for just before the update).
     python bench/dp_overlap.py --only flow-graph-limit flow-graph-dp --bucket-mb 1
     python bench/dp_overlap.py --explain       # the graph's boxing nodes: predicted vs measured time
     python bench/dp_overlap.py --allreduce     # one gradient bucket's all-reduce: Gloo vs holoflow's transport
+    python bench/dp_overlap.py --zero3         # ZeRO-3 graph: all-gathers issued one ahead vs where they stand
 
 GPT of holoflow.examples.gpt (4 layers, d=128, seq 64, global batch 32: 16 per rank), AdamW.
 For each framework, ``limit`` is the same 2 processes each training its half batch with no
@@ -33,6 +34,12 @@ All-reduces between the ranks of one host go through shared memory (distributed/
 use it, torch DDP uses Gloo. ``HOLOFLOW_SHM_ALLREDUCE=0`` puts holoflow on Gloo too, to compare;
 the last line says which transport holoflow's all-reduces took.
 
+``--zero3``: the same GPT as a ZeRO-3 global graph (parameters kept as row shards, all-gathered
+before each use in forward and again in backward, gradients reduce-scattered), paired in one
+world: all-gathers issued one all-gather ahead (``config.gather_ahead``, the default: a layer's
+parameters travel while the layer before computes) against each issued where it stands (waited
+for at once).
+
 ``--explain``: the DP graph profiled (every node timed), the links calibrated
 (graph/global_graph.calibrate), and each boxing node's predicted time from the cost model next
 to its measured time per step: the caller's time in it (for a collective issued and waited for
@@ -53,7 +60,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
-VARIANTS = ["torch-limit", "torch-ddp", "flow-eager-limit", "flow-eager-ddp", "flow-graph-limit", "flow-graph-dp"]
+VARIANTS = ["torch-limit", "torch-ddp", "flow-eager-limit", "flow-eager-ddp", "flow-graph-limit", "flow-graph-dp",
+            "flow-graph-zero3-inplace", "flow-graph-zero3"]
 PAIRS = (("torch DDP", "torch-limit", "torch-ddp"), ("holoflow eager", "flow-eager-limit", "flow-eager-ddp"),
          ("holoflow graph", "flow-graph-limit", "flow-graph-dp"))
 
@@ -96,7 +104,8 @@ def make_step(variant: str, cfg, bucket_mb: float = 25.0, profile: bool = False)
     if variant == "flow-eager-ddp":
         model = flow.nn.parallel.DistributedDataParallel(model)
     place = flow.placement("cpu", [0, 1])
-    if variant == "flow-graph-dp":
+    dp = variant.startswith(("flow-graph-dp", "flow-graph-zero3"))
+    if dp:
         model.to_global(place, B)
     opt = flow.optim.AdamW(model.parameters(), lr=1e-3)
     if not variant.startswith("flow-graph"):
@@ -106,7 +115,6 @@ def make_step(variant: str, cfg, bucket_mb: float = 25.0, profile: bool = False)
             loss.backward()
             opt.step()
         return step
-    dp = variant == "flow-graph-dp"
 
     class Train(flow.nn.Graph):
         def __init__(self):
@@ -118,6 +126,9 @@ def make_step(variant: str, cfg, bucket_mb: float = 25.0, profile: bool = False)
             # the same computation in both: a global graph keeps its traced values (no pointwise
             # recomputation, graph/passes/recompute.py), so the limit's graph keeps them too
             self.config.recompute_pointwise = False
+            if variant.startswith("flow-graph-zero3"):   # parameters kept as row shards, gathered per use
+                self.config.enable_zero(True, stage=3)
+                self.config.gather_ahead = variant == "flow-graph-zero3"
 
         def build(self, x, y):
             if dp:
@@ -312,6 +323,7 @@ def main() -> None:
     ap.add_argument("--explain", action="store_true", help="the graph's boxing nodes: predicted vs measured")
     ap.add_argument("--allreduce", action="store_true", help="time one bucket's all-reduce: Gloo vs holoflow's")
     ap.add_argument("--mb", type=float, default=3.3, help="--allreduce: MB of float32")
+    ap.add_argument("--zero3", action="store_true", help="ZeRO-3 graph: all-gathers ahead vs in place, paired")
     ap.add_argument("--out")
     a = ap.parse_args()
     common = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--bucket-mb", str(a.bucket_mb)]
@@ -349,7 +361,14 @@ def main() -> None:
         for k in ("gloo", "holoflow"):
             print(f"  {k:<9} median {got[k][0] * 1e3:6.2f} ms   min {got[k][1] * 1e3:6.2f} ms")
         return
-    variants = a.only or VARIANTS
+    if a.zero3:
+        inplace, ahead = "flow-graph-zero3-inplace", "flow-graph-zero3"
+        got = world_best(launch(["--pair", inplace, ahead, "--rounds", str(a.rounds), *common]))
+        print(f"ZeRO-3 graph, 2 ranks (paired, best of {a.rounds} blocks of {a.steps} steps): all-gathers where they "
+              f"stand {got[inplace] * 1e3:.1f} ms/step, one ahead {got[ahead] * 1e3:.1f} ms/step: "
+              f"{got[inplace] / got[ahead]:.2f}x (median of the rounds' ratios {got['round_ratio']:.2f})")
+        return
+    variants = a.only or [v for v in VARIANTS if "zero3" not in v]
     best: dict = {v: float("inf") for v in VARIANTS}
     if a.separate:
         for r in range(a.rounds):

@@ -8,15 +8,16 @@ on GPT-mini and the small CNN (CPU training steps), each variant in its own fres
 
 Variants: ``actor`` (nn.Graph, the actor runtime as lowered: a CPU device's streams on the caller's
 thread), ``actor-thread`` (the same plan with the device's streams on one dedicated worker thread,
-the caller only feeding and collecting), ``sequential`` (the reference executor), ``compiled`` (the actor
-runtime with ``config.enable_compile()``: each compute task through Inductor, plus OneFlow's fusion
-switches ``allow_fuse_model_update_ops`` / ``allow_fuse_add_to_output``; bench/graph_compile.py
-splits those apart), ``flow-eager``, ``torch-eager``, ``torch-compile``. The parent runs every variant in a fresh process, alternating
-their order round by round, and keeps each variant's best (order effects inside one process hid
-the actor runtime's cost once). Each child times ``--steps`` steps ``--repeat`` times after 3 warm-up
-steps and reports the fastest mean; the graph variants also report the first call (trace, passes,
-lowering) and the planned peak memory; ``torch-eager`` reports the bytes autograd saves.
-bench/run_all.py runs this and writes the ratios into bench/results.md.
+the caller only feeding and collecting), ``sequential`` (the reference executor), ``compiled`` (the
+actor runtime with ``config.enable_compile()``: each compute task through Inductor, plus OneFlow's
+fusion switches ``allow_fuse_model_update_ops`` / ``allow_fuse_add_to_output``;
+bench/graph_compile.py splits those apart), ``flow-eager``, ``torch-eager``, ``torch-compile``. The
+parent runs every variant in a fresh process, alternating their order round by round, and keeps each
+variant's best (order effects inside one process hid the actor runtime's cost once). Each child
+times ``--steps`` steps ``--repeat`` times after 3 warm-up steps and reports the fastest mean; the
+graph variants also report the first call (trace, passes, lowering) and the planned peak memory;
+``torch-eager`` reports the bytes autograd saves. bench/run_all.py runs this and writes the ratios
+into bench/results.md.
 
 Each child also reports its minor page faults per timed step (``faults``): glibc's heap trimming
 makes a process re-fault its tensors' pages every step or not, depending on where long-lived small

@@ -1,6 +1,7 @@
-"""The shared-memory all-reduce of ranks on one host (distributed/shm_comm.py) on Gloo worlds of 2
-and 4 ranks: the same values as Gloo's all-reduce, counted alike, chunked, asynchronous, ranks that
-agree to fall back, timeouts and dead peers named, and no segment file left in /dev/shm."""
+"""The shared-memory collectives of ranks on one host (distributed/shm_comm.py) on Gloo worlds of 2
+and 4 ranks: the same values as Gloo's all-reduce, all-gather and reduce-scatter, counted alike,
+chunked, asynchronous, ranks that agree to fall back, timeouts and dead peers named, and no segment
+file left in /dev/shm."""
 import glob
 import os
 import time
@@ -81,6 +82,51 @@ def _same_as_gloo_scattered(rank, cases):
 def test_equal_to_gloo_reduce_scatter_protocol(world):
     for diffs, used, files in world.run(_same_as_gloo_scattered, CASES):
         assert used and diffs == [] and files == [], (used, diffs, files)
+
+
+def _rows_same_as_gloo(rank, slot_mb):
+    """all_gather_rows and reduce_scatter_rows through shared memory against Gloo's all-gather and
+    all-reduce of the same values (every dtype, 1 to 1001 rows of 3, counted as Gloo's are; with a
+    small slot the large ones go in chunks)."""
+    n = env.get_world_size()
+    group = tuple(range(n))
+    shm_comm.close_all()
+    if slot_mb:
+        os.environ["HOLOFLOW_SHM_SLOT_MB"] = str(slot_mb)
+    try:
+        bad = []
+        for dtype_name in ("float32", "bfloat16", "float16", "float64"):
+            dtype = getattr(torch, dtype_name)
+            for rows in (1, 3, 1001):
+                x = _values(rank, n, dtype, rows * 3, "sum").view(rows, 3)
+                ref = [torch.empty_like(x) for _ in range(n)]
+                dist.all_gather(ref, x)
+                with comm.count() as c:
+                    got = comm.all_gather_rows(x, group)
+                if not torch.equal(got, torch.cat(ref)) or c.calls != [("all_gather", x.numel() * x.element_size(), n)]:
+                    bad.append(("all_gather", dtype_name, rows, c.calls))
+                y = _values(rank, n, dtype, n * rows * 3, "sum").view(n * rows, 3)
+                total = y.clone()
+                dist.all_reduce(total)
+                with comm.count() as c:
+                    got = comm.reduce_scatter_rows(y, group)
+                if not torch.equal(got, total[rank * rows:(rank + 1) * rows]) or \
+                        c.calls != [("reduce_scatter", y.numel() * y.element_size(), n)]:
+                    bad.append(("reduce_scatter", dtype_name, rows, (got.double() - total[rank * rows:(rank + 1) * rows]
+                                                                    .double()).abs().max().item(), c.calls))
+        tr = shm_comm._TRANSPORTS[group][1]
+        return bad, tr is not None, tr.step if tr is not None else 0, glob.glob(SEGMENTS)
+    finally:
+        os.environ.pop("HOLOFLOW_SHM_SLOT_MB", None)
+        shm_comm.close_all()
+
+
+@pytest.mark.parametrize("slot_mb", [None, 0.002])
+def test_all_gather_and_reduce_scatter_equal_gloo(world, slot_mb):
+    for bad, used, chunks, files in world.run(_rows_same_as_gloo, slot_mb):
+        assert used and bad == [] and files == [], (used, bad, files)
+        # 8 dtype x rows cases of each kind; a 2 KB slot splits the 1001-row ones into several chunks
+        assert chunks > 24 if slot_mb else chunks == 24, chunks
 
 
 def _chunked(rank, slot_mb):
@@ -308,10 +354,27 @@ def test_small_all_reduces_run_on_their_callers_thread(world):
         assert inline_sync == 3 and all(ok), (inline_sync, ok)
 
 
+def _random_op(rng, rank: int, n: int, i: int, async_op: bool):
+    """One random collective of a random program: (its handle or result, what it must give)."""
+    numel = rng.choice([1, 7, 1000, 20_000, 40_000])
+    kind = rng.choice(["all_reduce", "all_reduce", "all_gather", "reduce_scatter"])
+    total = float(sum(r + 1 + i for r in range(n)))
+    if kind == "all_gather":
+        want = torch.cat([torch.full((numel,), float(r + 1 + i)) for r in range(n)])
+        return comm.all_gather_rows(torch.full((numel,), float(rank + 1 + i)), tuple(range(n)), async_op), want
+    if kind == "reduce_scatter":
+        x = torch.cat([torch.full((numel,), float(rank + 1 + i + 10 * b)) for b in range(n)])
+        want = torch.full((numel,), total + 10 * n * rank)
+        return comm.reduce_scatter_rows(x, tuple(range(n)), async_op), want
+    x = torch.full((numel,), float(rank + 1 + i))
+    h = comm.all_reduce(x, async_op=async_op)
+    return (h if async_op else x), torch.full((numel,), total)
+
+
 def _random_program(rank, seed):
-    """A seeded random program every rank runs alike: small and large all-reduces (inline and on
-    the group's thread, chunked), sync and async, waited for in a random order, some polled, the
-    rest left to the next call; every result equal to Gloo's on the same values."""
+    """A seeded random program every rank runs alike: small and large all-reduces, all-gathers and
+    reduce-scatters (inline and on the group's thread, chunked), sync and async, waited for in a
+    random order, some polled, the rest left to the next call; every result what Gloo would give."""
     import random
     n = env.get_world_size()
     rng = random.Random(seed)
@@ -320,29 +383,25 @@ def _random_program(rank, seed):
     try:
         pending, bad = [], []
         for i in range(60):
-            numel = rng.choice([1, 7, 1000, 20_000, 40_000])
-            x = torch.full((numel,), float(rank + 1 + i))
-            want = sum(r + 1 + i for r in range(n))
             if rng.random() < 0.4:
-                comm.all_reduce(x)
-                if not torch.equal(x, torch.full_like(x, want)):
-                    bad.append(("sync", i, numel))
+                got, want = _random_op(rng, rank, n, i, False)
+                if not torch.equal(got, want):
+                    bad.append(("sync", i, want.numel()))
             else:
-                pending.append((comm.all_reduce(x, async_op=True), x, want, i, numel))
+                pending.append((*_random_op(rng, rank, n, i, True), i))
             if pending and rng.random() < 0.5:
-                h, y, w, j, m = pending.pop(rng.randrange(len(pending)))
+                h, want, j = pending.pop(rng.randrange(len(pending)))
                 if rng.random() < 0.3:
                     deadline = time.monotonic() + 30
                     while not h.is_completed() and time.monotonic() < deadline:
                         time.sleep(0.0005)
-                h.wait()
-                if not torch.equal(y, torch.full_like(y, w)):
-                    bad.append(("async", j, m))
-        for h, y, w, j, m in pending:
-            h.wait()
-            if not torch.equal(y, torch.full_like(y, w)):
-                bad.append(("async", j, m))
-        inline = shm_comm._TRANSPORTS[tuple(range(n))][1].inline
+                if not torch.equal(h.wait(), want):
+                    bad.append(("async", j, want.numel()))
+        for h, want, j in pending:
+            if not torch.equal(h.wait(), want):
+                bad.append(("async", j, want.numel()))
+        tr = shm_comm._TRANSPORTS[tuple(range(n))][1]
+        inline = tr.inline if tr is not None else -1
     finally:
         os.environ.pop("HOLOFLOW_SHM_SLOT_MB", None)
         shm_comm.close_all()
@@ -350,6 +409,6 @@ def _random_program(rank, seed):
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_random_programs_of_sync_and_async_all_reduces(world, seed):
+def test_random_programs_of_sync_and_async_collectives(world, seed):
     for bad, inline in world.run(_random_program, seed):
         assert bad == [] and inline > 0, (bad, inline)

@@ -1,7 +1,7 @@
 """Collectives issued now and waited for later (global_graph.issue_collectives): the issue owns a
 copy of its payload (the memory plan may reuse the inputs' memory meanwhile) unless told it may
-read them late, several may be in
-flight and be waited for in any order, on simulated ranks and on Gloo; a ZeRO-2 graph, whose
+read them late, several (all-reduces, reduce-scatters, all-gathers) may be in flight and be
+waited for in any order, on simulated ranks and on Gloo; a ZeRO-2 graph, whose
 gradient reduce-scatters are issued this way, trains like one process on Gloo too."""
 import pytest
 import torch
@@ -64,6 +64,32 @@ def test_issued_collectives_own_their_payload_on_simulated_ranks():
 
 def test_issued_collectives_own_their_payload_on_gloo(world2):
     _check(world2.run(_issue_twice))
+
+
+def _issue_gathers(rank: int, comm=None) -> list:
+    """Two all-gathers in flight at once: even rows (the flat collective) and uneven ones (5 rows:
+    3 + 2, the general path), their inputs overwritten right after issuing, waited for in reverse."""
+    place = flow.placement("cpu", [0, 1])
+    comm = comm if comm is not None else world.comm()
+    issue, wait = GLOBAL_BOX_ISSUE.kernel, GLOBAL_BOX_WAIT.kernel
+    even = torch.arange(6.0).view(2, 3) + 10 * rank
+    uneven = torch.arange(9.0 - 3 * rank).view(-1, 3) + 100 * rank
+    he = issue(even, place=place, src=(S(0),), dst=(B,), rank=rank, comm=comm, shape=SHAPE)
+    hu = issue(uneven, place=place, src=(S(0),), dst=(B,), rank=rank, comm=comm, shape=(5, 3))
+    even.fill_(-1)
+    uneven.fill_(-1)
+    return [wait(hu), wait(he)]
+
+
+@pytest.mark.parametrize("where", ["simulated", "gloo"])
+def test_issued_all_gathers_own_their_payload(where, request):
+    got = (world.simulate(2, _issue_gathers) if where == "simulated"
+           else request.getfixturevalue("world2").run(_issue_gathers))
+    want_even = torch.cat([torch.arange(6.0).view(2, 3), torch.arange(6.0).view(2, 3) + 10])
+    want_uneven = torch.cat([torch.arange(9.0).view(3, 3), torch.arange(6.0).view(2, 3) + 100])
+    for uneven, even in got:
+        torch.testing.assert_close(even, want_even, rtol=0, atol=0)
+        torch.testing.assert_close(uneven, want_uneven, rtol=0, atol=0)
 
 
 def _counted_issue(rank: int) -> dict:

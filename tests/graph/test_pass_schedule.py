@@ -127,6 +127,58 @@ def test_a_bucket_is_read_late_only_when_nothing_after_it_writes_its_memory():
         assert [n.op for n in h.nodes][-3:] == ["exp", "global_box_wait", "add"]
 
 
+def gather(x, out):
+    return Node(GLOBAL_BOX.name, (x,), {"place": PLACE, "src": (S(0),), "dst": (B,), "shape": (8,)}, (out,),
+                source="t.py:1")
+
+
+def _layers_graph(write_w3: bool = False):
+    """Three layers, each reading a parameter all-gathered from its rows just before (ZeRO-3
+    style), then an all-gather of an activation; ``write_w3``: layer 2 writes in place into
+    memory w3 shares (as the memory plan may choose)."""
+    x, w1, w2, w3 = val(8, name="x"), val(4, name="w1"), val(4, name="w2"), val(4, name="w3")
+    g1, g2, g3, h1, h2, h3, a, ab, alias = (val(8) for _ in range(9))
+    layer2 = node("mul", (h1, g2), (h2,))
+    if write_w3:
+        layer2 = node("add", (alias, g2), (h2,)).with_(tags=frozenset({"inplace"}))
+    nodes = (node("reshape", (w3,), (alias,), shape=(4,)),
+             gather(w1, g1), node("mul", (x, g1), (h1,)),
+             gather(w2, g2), layer2,
+             gather(w3, g3), node("mul", (h2, g3), (h3,)),
+             node("exp", (h3,), (a,)), gather(a, ab), node("sum", (ab,), (val(),)))
+    return check(IRGraph((x,), tuple((w, torch.ones(4)) for w in (w1, w2, w3)), nodes, (ab,)))
+
+
+def _issued(h):
+    """The sequence of issues (by the name of what they gather), waits and other ops."""
+    out = []
+    for n in h.nodes:
+        if n.op == "global_box_issue":
+            out.append("issue " + (n.inputs[0].name or "a"))
+        elif n.op != "global_box_wait":
+            out.append(n.op)
+        else:
+            out.append("wait")
+    return out
+
+
+def test_an_all_gather_of_state_is_issued_one_all_gather_ahead():
+    h = issue_collectives(_layers_graph())
+    # w2's rows travel while layer 1 computes, w3's while layer 2 does; the activation's gather
+    # cannot move (its input is made just before it)
+    assert _issued(h) == ["reshape", "issue w1", "issue w2", "wait", "mul", "issue w3", "wait", "mul",
+                          "wait", "mul", "exp", "issue a", "wait", "sum"], _issued(h)
+    waits = [n for n in h.nodes if n.op == "global_box_wait"]
+    issues = [n for n in h.nodes if n.op == "global_box_issue"]
+    assert [w.inputs for w in waits] == [i.outputs for i in issues]
+
+
+def test_an_all_gather_is_not_moved_above_a_write_into_its_memory():
+    h = issue_collectives(_layers_graph(write_w3=True))
+    assert _issued(h)[:10] == ["reshape", "issue w1", "issue w2", "wait", "mul", "wait", "add", "issue w3",
+                               "wait", "mul"], _issued(h)
+
+
 def test_no_collectives_no_change():
     x = val(4, name="x")
     g = check(IRGraph((x,), (), (node("exp", (x,), (val(4),)),), ()))

@@ -199,8 +199,36 @@ def reduce_scatter_rows(t: torch.Tensor, ranks: Sequence[int], async_op: bool = 
                             f"{len(r)} (got ranks {list(r)}, shape {tuple(t.shape)})")
     out = t.new_empty((t.shape[0] // len(r),) + tuple(t.shape[1:]))
     info = begin("reduce_scatter", key, _nbytes(t), t)
-    g = group_for(key)
-    work = launch_checked(info, lambda: _REDUCE_SCATTER(out.view(-1), t.view(-1), group=g, async_op=True))
+    shm = shm_comm.transport(key, t)   # ranks of one host: through shared memory
+    if shm is not None:
+        work = launch_checked(info, lambda: shm.reduce_scatter(t, out))
+    else:
+        g = group_for(key)
+        work = launch_checked(info, lambda: _REDUCE_SCATTER(out.view(-1), t.view(-1), group=g, async_op=True))
+    h = Handle(work, info, lambda: out)
+    return h if async_op else h.wait()
+
+
+def all_gather_rows(t: torch.Tensor, ranks: Sequence[int], async_op: bool = False) -> torch.Tensor | Handle:
+    """Every rank's ``t`` stacked along dim 0 (``ranks`` in sorted order, the same shape on each):
+    the flat collective straight into the result. ``t`` is read until the collective completes:
+    with ``async_op`` the caller hands it over and ``wait()`` returns the gathered tensor."""
+    r = _ranks(ranks)
+    _index(r)
+    if len(r) == 1:
+        return Handle(None, None, lambda: t) if async_op else t
+    key = normalize(r)
+    if key != r or t.dim() == 0 or not t.is_contiguous():
+        raise HoloflowError(f"holoflow.comm.all_gather_rows: needs sorted ranks and a contiguous tensor of at "
+                            f"least one dim (got ranks {list(r)}, shape {tuple(t.shape)})")
+    out = t.new_empty((len(r) * t.shape[0],) + tuple(t.shape[1:]))
+    info = begin("all_gather", key, _nbytes(t), t)
+    shm = shm_comm.transport(key, t)   # ranks of one host: through shared memory
+    if shm is not None:
+        work = launch_checked(info, lambda: shm.all_gather(t, out))
+    else:
+        g = group_for(key)
+        work = launch_checked(info, lambda: _ALL_GATHER(out.view(-1), t.view(-1), group=g, async_op=True))
     h = Handle(work, info, lambda: out)
     return h if async_op else h.wait()
 

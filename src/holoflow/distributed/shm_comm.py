@@ -257,12 +257,19 @@ _QUEUED, _POSTED = 0, 1   # an op's state: waiting to start; its tensor in the s
 
 
 class _Op:
-    """One all-reduce: the flat inputs (read in order as one concatenation), the flat output it
-    writes (the input itself when it runs in place) and the reduction."""
-    __slots__ = ("parts", "out", "op", "done", "error", "event", "state", "chunk")
+    """One collective: its kind, the flat inputs (read in order as one concatenation), the flat
+    output it writes (the input itself for an all-reduce in place) and the reduction.
 
-    def __init__(self, parts: list[torch.Tensor], out: torch.Tensor, op: str) -> None:
-        self.parts, self.out, self.op = parts, out, op
+    It runs in chunks of ``units`` (an all-reduce: its elements; an all-gather: the elements of
+    each rank's part; a reduce-scatter: the elements of its result, each rank copying in the
+    matching elements of every rank's block), each filling ``n * per`` elements of a slot."""
+    __slots__ = ("kind", "parts", "out", "op", "done", "error", "event", "state", "chunk", "units", "per")
+
+    def __init__(self, parts: list[torch.Tensor], out: torch.Tensor, op: str, kind: str = "all_reduce",
+                 n: int = 1) -> None:
+        self.kind, self.parts, self.out, self.op = kind, parts, out, op
+        self.units = out.numel() // n if kind == "all_gather" else out.numel()
+        self.per = n if kind == "reduce_scatter" else 1   # slot elements per unit
         self.done = False
         self.error: BaseException | None = None
         self.event = threading.Event()
@@ -293,8 +300,8 @@ class Work:
         self.shm._finish_here(op)
         # the group's thread times out by itself (naming the ranks); this only guards against it being stuck
         if not op.event.wait(None if limit is None else limit + 5.0):
-            raise ShmError(f"shared-memory all_reduce timed out after {limit:g}s: still queued behind earlier "
-                           f"all-reduces of group {list(self.shm.ranks)}")
+            raise ShmError(f"shared-memory {op.kind} timed out after {limit:g}s: still queued behind earlier "
+                           f"collectives of group {list(self.shm.ranks)}")
         if op.error is not None:
             raise op.error
         return True
@@ -350,14 +357,26 @@ class Shm:
         concatenated copy first. The parts must not change until the work completes."""
         return self._queue_op(_Op(list(parts), out.view(-1), "sum"))
 
+    def all_gather(self, t: torch.Tensor, out: torch.Tensor) -> Work:
+        """Queues gathering every rank's contiguous ``t`` (the same size on each) into the
+        contiguous ``out`` of ``n`` times its size, in rank order. ``t`` must not change until the
+        work completes."""
+        return self._queue_op(_Op([t.view(-1)], out.view(-1), "sum", "all_gather", self.n))
+
+    def reduce_scatter(self, t: torch.Tensor, out: torch.Tensor) -> Work:
+        """Queues summing block ``index`` (of ``n`` equal blocks of the contiguous ``t``) over the
+        ranks into the contiguous ``out`` (in rank order, as the all-reduce sums: the same bits).
+        ``t`` must not change until the work completes."""
+        return self._queue_op(_Op([t.view(-1)], out.view(-1), "sum", "reduce_scatter", self.n))
+
     def _queue_op(self, o: _Op) -> Work:
         with self._cv:
             if self._closed:
                 raise ShmError(f"the shared-memory transport of group {list(self.ranks)} is closed")
             # (one chunk, as the group's thread would make: every rank counts chunks alike)
             here = not self._queue and not self._busy and self.broken is None \
-                and 0 < o.out.numel() * o.out.element_size() <= min(INLINE_BYTES, self.slot) \
-                and self._ready(3 * self.step)
+                and 0 < o.out.numel() * o.out.element_size() <= INLINE_BYTES \
+                and o.units * o.per * o.out.element_size() <= self.slot and self._ready(3 * self.step)
             self._queue.append(o)
             if here:
                 self._busy = True
@@ -367,7 +386,7 @@ class Shm:
             self.inline += 1
             try:
                 o.chunk = self.step
-                self._begin(o.parts, o.out.numel(), o.out.dtype)
+                self._begin(_chunk_in(o, 0, o.units), o.units * o.per, o.out.dtype)
                 o.state = _POSTED
             except BaseException as e:  # noqa: BLE001 - handed to the waiter
                 self._fail(o, e)
@@ -442,7 +461,7 @@ class Shm:
                 if self.broken is not None:
                     raise self.broken
                 if o.state == _POSTED:
-                    self._end(o.out, o.op, o.chunk)
+                    self._finish_chunk(o, 0, o.units, o.chunk)
                 else:
                     self._run(o)
         except BaseException as e:  # noqa: BLE001 - handed to the waiter
@@ -455,17 +474,33 @@ class Shm:
         o.event.set()
 
     def _fail(self, o: _Op, e: BaseException) -> None:
-        o.error = e if isinstance(e, ShmError) else ShmError(f"shared-memory all_reduce failed: {e!r}")
+        o.error = e if isinstance(e, ShmError) else ShmError(f"shared-memory {o.kind} failed: {e!r}")
         self.broken = self.broken or o.error
 
     def _run(self, o: _Op) -> None:
-        out = o.out
-        cap = self.slot // out.element_size()
-        for start in range(0, out.numel(), cap):
-            end = min(start + cap, out.numel())
+        cap = max(1, self.slot // (o.out.element_size() * o.per))
+        for start in range(0, o.units, cap):
+            end = min(start + cap, o.units)
             k = self.step
-            self._begin(_pieces(o.parts, start, end), end - start, out.dtype)
-            self._end(out[start:end], o.op, k)
+            self._begin(_chunk_in(o, start, end), (end - start) * o.per, o.out.dtype)
+            self._finish_chunk(o, start, end, k)
+
+    def _finish_chunk(self, o: _Op, start: int, end: int, k: int) -> None:
+        """Finishes chunk ``k`` of ``o``, its units ``[start, end)``."""
+        if o.kind == "all_reduce":
+            self._end(o.out[start:end], o.op, k)
+            return
+        c, n, dt = end - start, self.n, o.out.dtype
+        self._wait(3 * k + 1, "write its tensor")
+        if o.kind == "all_gather":   # every rank's part of the chunk, to its place in the result
+            whole = o.units
+            for i in range(n):
+                o.out[i * whole + start:i * whole + end].copy_(self._slot(i, dt, c))
+        else:                         # this rank's block of the chunk, summed over the slots in rank order
+            me = self.index
+            _reduce_into([self._slot(i, dt, n * c)[me * c:(me + 1) * c] for i in range(n)], o.op,
+                         o.out[start:end])
+        self._post(3 * k + 3)
 
     def _slot(self, i: int, dtype: torch.dtype, m: int) -> torch.Tensor:
         off = self.header + i * self.slot
@@ -476,7 +511,7 @@ class Shm:
         elements of ``dt``) copied into this rank's slot, its flag raised."""
         k = self.step
         self.step += 1
-        self._wait(3 * k, "finish the previous all-reduce")     # peers have read my slot
+        self._wait(3 * k, "finish the previous collective")     # peers have read my slot
         mine = self._slot(self.index, dt, m)
         if len(pieces) == 1:
             mine.copy_(pieces[0])
@@ -566,11 +601,11 @@ class Shm:
                 check = now + 0.5
                 gone = [i for i in behind if i in self._watch and not _alive(self.pids[i])]
                 if gone:
-                    raise ShmError(f"shared-memory all_reduce on group {list(self.ranks)}: peer ranks "
+                    raise ShmError(f"shared-memory collective on group {list(self.ranks)}: peer ranks "
                                    f"{[self.ranks[i] for i in gone]} are gone (pids "
                                    f"{[self.pids[i] for i in gone]}) before they could {what}")
             if now - start > timeout:
-                raise ShmError(f"shared-memory all_reduce on group {list(self.ranks)} timed out after {timeout:g}s: "
+                raise ShmError(f"shared-memory collective on group {list(self.ranks)} timed out after {timeout:g}s: "
                                f"ranks {[self.ranks[i] for i in behind]} did not arrive (waiting for them to {what})")
 
 
@@ -582,6 +617,15 @@ def _fence() -> None:
     stores before its later loads (x86 may otherwise let a load pass a store)."""
     _FENCE.acquire()
     _FENCE.release()
+
+
+def _chunk_in(o: _Op, start: int, end: int) -> list[torch.Tensor]:
+    """What this rank copies into its slot for units ``[start, end)`` of ``o``."""
+    if o.kind != "reduce_scatter":
+        return _pieces(o.parts, start, end)
+    (t,) = o.parts   # the units' elements of each rank's block, block after block
+    block = o.units
+    return [t[j * block + start:j * block + end] for j in range(o.per)]
 
 
 def _pieces(parts: list[torch.Tensor], start: int, end: int) -> list[torch.Tensor]:

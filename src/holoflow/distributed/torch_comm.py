@@ -25,6 +25,8 @@ class TorchComm:
     """Boxing's collectives; inputs are never modified (shards belong to their tensors)."""
 
     def all_gather(self, t: torch.Tensor, group: tuple, dim: int, sizes) -> torch.Tensor:
+        if _sorted_group(group) and t.dim() > 0 and dim % t.dim() == 0 and all(s == t.shape[0] for s in sizes):
+            return comm.all_gather_rows(t.contiguous(), group)   # straight into the result (or shared memory)
         if _sorted_group(group) and t.dim() > 0 and all(s == t.shape[dim] for s in sizes):
             return self._all_gather_even(t, group, dim)
         return torch.cat(comm.all_gather(t.contiguous(), group, dim, sizes), dim=dim)
@@ -48,11 +50,7 @@ class TorchComm:
         d = dim % max(t.dim(), 1)
         if _sorted_group(group) and d == 0 and t.is_contiguous() and all(s == sizes[0] for s in sizes) \
                 and sizes[0] * len(group) == t.shape[0]:
-            out = t.new_empty((sizes[0],) + tuple(t.shape[1:]))
-            g = group_for(group)
-            run("reduce_scatter", tuple(group), t.numel() * t.element_size(),
-                lambda: comm._REDUCE_SCATTER(out.view(-1), t.view(-1), group=g, async_op=True), t)
-            return out
+            return comm.reduce_scatter_rows(t, group)   # straight into the result (or shared memory)
         return comm.reduce_scatter(t.contiguous(), group, dim)
 
     def all_reduce_async(self, t: torch.Tensor, group: tuple) -> comm.Handle:
@@ -71,6 +69,15 @@ class TorchComm:
                 and all(s == sizes[0] for s in sizes) and sizes[0] * len(group) == t.shape[0]:
             return comm.reduce_scatter_rows(t, group, async_op=True)
         out = self.reduce_scatter(t, group, dim, sizes)
+        return comm.Handle(None, None, lambda: out)
+
+    def all_gather_async(self, t: torch.Tensor, group: tuple, dim: int, sizes) -> comm.Handle:
+        """Starts ``all_gather`` (``t`` handed over); ``wait()`` returns the gathered tensor.
+        Uneven or non-row shards run at once (the general path) and are handed back by ``wait()``."""
+        if _sorted_group(group) and t.dim() > 0 and dim % t.dim() == 0 and t.is_contiguous() \
+                and all(s == t.shape[0] for s in sizes):
+            return comm.all_gather_rows(t, group, async_op=True)
+        out = self.all_gather(t, group, dim, sizes)
         return comm.Handle(None, None, lambda: out)
 
     def all_to_all(self, chunks: list, group: tuple, out_shapes=None) -> list:

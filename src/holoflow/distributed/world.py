@@ -114,6 +114,11 @@ class SimComm:
         i = group.index(rank())
         return _Later(lambda: _sum(self._collect(d), group).narrow(dim, sum(sizes[:i]), sizes[i]).contiguous())
 
+    def all_gather_async(self, t, group, dim, sizes) -> "_Later":
+        """Deposits ``t`` now (the caller hands it over); ``wait()`` returns the gathered tensor."""
+        d = self._deposit("all_gather", group, t, _padded_bytes(t, dim, max(sizes), 1))
+        return _Later(lambda: torch.cat([self._collect(d)[g] for g in group], dim=dim))
+
     def all_gather(self, t, group, dim, sizes):
         got = self._exchange("all_gather", group, t, _padded_bytes(t, dim, max(sizes), 1))
         return torch.cat([got[g] for g in group], dim=dim)

@@ -28,6 +28,7 @@ class GraphConfig:
         self.pipeline_schedule = "1f1b"  # pipeline stages: "1f1b" or "gpipe" (graph/pipeline.py)
         self.pipeline_memory: str | None = None   # "1f1b": zb-h1 holds no more than 1F1B does
         self.compile_tasks = False   # config.enable_compile (graph/compile_tasks.py)
+        self.gather_ahead = True     # global graphs: an all-gather of early values issued one ahead
 
     def set_allreduce_bucket_mb(self, mb: float) -> None:
         """Global graphs: backward's gradient all-reduces are grouped into buckets of at most

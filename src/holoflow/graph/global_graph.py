@@ -69,13 +69,15 @@ GLOBAL_BOX_BUCKET = defop("global_box_bucket", _bucket_kernel, family="boxing", 
 
 # -- collectives issued now, waited for at their first reader ------------------------------------------
 #
-# A boxing node whose plan is one all-reduce or reduce-scatter can run as two nodes on the compute
-# stream: ``global_box_issue`` hands a private copy of its inputs to the communicator (Gloo works
-# on its own threads, without the GIL) and returns the collective in flight; ``global_box_wait``,
-# placed just before the first node that reads the result (``issue_collectives``), waits for it.
+# A boxing node whose plan is one all-reduce, reduce-scatter or all-gather can run as two nodes on
+# the compute stream: ``global_box_issue`` hands a private copy of its inputs to the communicator
+# (Gloo works on its own threads, without the GIL) and returns the collective in flight;
+# ``global_box_wait``, placed just before the first node that reads the result
+# (``issue_collectives``), waits for it. An all-gather of values that exist earlier (a ZeRO-3
+# parameter's rows) is issued one all-gather ahead: it runs while the ops before its reader do.
 # One thread issues every collective in program order, so every rank issues them alike.
 
-ASYNC_KINDS = ("all_reduce", "reduce_scatter")
+ASYNC_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 class InFlight:
@@ -107,6 +109,9 @@ def _issue_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm, shape=Non
             else ts[0].clone(memory_format=torch.contiguous_format)
         if step.kind == "all_reduce":
             h = comm.all_reduce_async(buf, group)
+        elif step.kind == "all_gather":
+            h = comm.all_gather_async(buf, group, step.dim, sizes_along(shape, step.src, place, rank, step.axis,
+                                                                         step.dim))
         else:
             h = comm.reduce_scatter_async(buf, group, step.dim, sizes_along(shape, step.dst, place, rank, step.axis,
                                                                              step.dim))
@@ -138,11 +143,13 @@ def _split_box(n: Node) -> tuple[Node, Node] | None:
 ASYNC_FORMS: dict[str, Any] = {GLOBAL_BOX.name: _split_box, GLOBAL_BOX_BUCKET.name: _split_box}
 
 
-def issue_collectives(g: IRGraph) -> IRGraph:
+def issue_collectives(g: IRGraph, gather_ahead: bool = True) -> IRGraph:
     """A localized graph whose splittable collectives (``ASYNC_FORMS``) are issued where they
     stand and waited for just before their first reader (after every other compute node when
-    only the update, the outputs or nothing reads them). The memory plan's frees follow: inputs
-    after the issue, the rest after the wait."""
+    only the update, the outputs or nothing reads them); with ``gather_ahead``
+    (``graph.config.gather_ahead``, default on) an all-gather is issued earlier where it may
+    (`_prefetches`). The memory plan's frees follow: inputs after the issue (after the
+    wait for an issue moved ahead of other readers), the rest after the wait."""
     pairs = {}
     for i, n in enumerate(g.nodes):
         form = ASYNC_FORMS.get(n.op) if n.kernel is None else None
@@ -157,6 +164,10 @@ def issue_collectives(g: IRGraph) -> IRGraph:
             for v in n.value_inputs():
                 first_read.setdefault(v, i)
     groups = AliasGroups(g.nodes)
+    ahead = _prefetches(g, pairs, groups) if gather_ahead else {}   # node index -> where its issue moves
+    early: dict[int, list[Node]] = {}
+    for i, at in ahead.items():
+        early.setdefault(at, []).append(pairs[i][0])
     before: dict[int, list[Node]] = {}
     tail: list[Node] = []
     nodes: list[Node] = []
@@ -164,23 +175,53 @@ def issue_collectives(g: IRGraph) -> IRGraph:
         nodes += before.pop(i, [])
         if i not in pairs:
             nodes.append(n)
+            nodes += early.pop(i, [])
             continue
         issue, wait = pairs[i]
         at = min((first_read[v] for v in n.outputs if first_read.get(v, -1) > i), default=None)
-        if _unwritten(g.nodes[i + 1:], groups, set(n.value_inputs())):
-            issue = issue.with_(attrs={**issue.attrs, "read_late": True})
-            pairs[i] = issue, wait
-        nodes.append(issue)
+        if i not in ahead:
+            if _unwritten(g.nodes[i + 1:], groups, set(n.value_inputs())):
+                issue = issue.with_(attrs={**issue.attrs, "read_late": True})
+                pairs[i] = issue, wait
+            nodes.append(issue)
+        nodes += early.pop(i, [])
         (before.setdefault(at, []) if at is not None else tail).append(wait)
     frees = g.frees
     if frees is not None:
         frees = dict(frees)
         for i, (issue, wait) in pairs.items():
             dead = frees.pop(id(g.nodes[i]), ())
-            ins = set(g.nodes[i].value_inputs())
+            ins = set() if i in ahead else set(g.nodes[i].value_inputs())
             frees[id(issue)] = [v for v in dead if v in ins]
             frees[id(wait)] = [v for v in dead if v not in ins]
     return g.with_(nodes=tuple(nodes + tail), frees=frees)
+
+
+def _prefetches(g: IRGraph, pairs: dict, groups: AliasGroups) -> dict[int, int]:
+    """All-gathers issued one all-gather ahead: node index -> the index of the all-gather before
+    it, after which its issue goes, where everything it reads exists by then and no node in
+    between writes that memory or is an effect. A ZeRO-3 parameter's rows are gathered while the
+    layer before it computes (one layer's parameters whole in advance, as FSDP's prefetch)."""
+    gathers = [i for i in sorted(pairs) if _one_step(g.nodes[i]).kind == "all_gather"]
+    if len(gathers) < 2:
+        return {}
+    made: dict[Value, int] = {}
+    for i, n in enumerate(g.nodes):
+        for v in n.outputs:
+            made.setdefault(v, i)
+    ahead = {}
+    for prev, cur in zip(gathers, gathers[1:]):
+        ins = set(g.nodes[cur].value_inputs())
+        between = g.nodes[prev + 1:cur]
+        if all(made.get(v, -1) < prev for v in ins) and not any(n.effect for n in between) \
+                and _unwritten(between, groups, ins):
+            ahead[cur] = prev
+    return ahead
+
+
+def _one_step(n: Node):
+    a = n.attrs
+    return box_plan(a["src"], a["dst"], a["place"].hierarchy)[0]
 
 
 def _unwritten(later, groups: AliasGroups, values: set) -> bool:

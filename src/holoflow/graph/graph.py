@@ -268,7 +268,8 @@ class Graph:
         if is_global(ir):  # this rank's plan, derived from the logical graph without communication
             check_same_program(ir)
             ir = localize(ir, world.rank())
-        lowered = lower(ir, profile=self.config.profiling, compile_tasks=self.config.compile_tasks)
+        lowered = lower(ir, profile=self.config.profiling, compile_tasks=self.config.compile_tasks,
+                        gather_ahead=self.config.gather_ahead)
         c = Compiled(ir, lowered, self.config.executor, time.perf_counter() - t0, self.config.profiling, log,
                      logical=logical)
         self._log = log

@@ -77,10 +77,12 @@ class Lowered:
         return self.program.tasks
 
 
-def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_tasks: bool = False) -> Lowered:
+def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_tasks: bool = False,
+          gather_ahead: bool = True) -> Lowered:
     """The graph's program, executed, its task functions wired into a runtime Plan (each compiled by
-    ``torch.compile`` with ``compile_tasks``: graph/compile_tasks.py)."""
-    g = issue_collectives(g)
+    ``torch.compile`` with ``compile_tasks``: graph/compile_tasks.py; ``gather_ahead``: see
+    global_graph.issue_collectives)."""
+    g = issue_collectives(g, gather_ahead)
     prog = program(g, profile, cut_comm=compile_tasks and not profile)
     ns = prog.load()
     specs = []
