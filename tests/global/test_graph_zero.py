@@ -9,6 +9,7 @@ import torch
 import graph_fns
 import holoflow as flow
 from holoflow.distributed import world
+from holoflow.graph.global_graph import GLOBAL_BOX_ISSUE, GLOBAL_BOX_WAIT
 from holoflow.graph.zero import ZERO3, state_bytes
 from holoflow.sbp import B, P, S
 
@@ -25,7 +26,7 @@ def _model():
     return m
 
 
-def _run(place, stage: int, opt_kind: str, n: int = 2):
+def _run(place, stage: int, opt_kind: str, n: int = 2, gather_ahead: bool = True):
     m = _model()
     if place is not None:
         m.to_global(place, B)
@@ -33,6 +34,7 @@ def _run(place, stage: int, opt_kind: str, n: int = 2):
         flow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
 
     g = graph_fns.square_loss_graph(m, opt, stage)
+    g.config.gather_ahead = gather_ahead
     losses = []
     for i in range(STEPS):
         x = flow.from_torch(torch.randn(8, 16, generator=torch.Generator().manual_seed(i)))
@@ -52,6 +54,13 @@ def _run(place, stage: int, opt_kind: str, n: int = 2):
         info["boxes"] = [(b.src, b.dst, "bw" in b.node.tags) for b in g.boxing()]
         info["grad_bytes"] = sum(v.nbytes // n for node in nodes if node.op.startswith("global_box")
                                  and node.attrs["src"] == (P,) for v in node.outputs if v.sbp == (S(0),))
+        ran = [n for t in c.lowered.program.tasks for n in t.nodes]
+        issued = [n.outputs[0] for n in ran if n.op == GLOBAL_BOX_ISSUE.name and n.attrs["src"] == (S(0),)]
+        at = {n.inputs[0]: i for i, n in enumerate(ran) if n.op == GLOBAL_BOX_WAIT.name}
+        pos = {n.outputs[0]: i for i, n in enumerate(ran) if n.op == GLOBAL_BOX_ISSUE.name}
+        # all-gathers issued before the previous one is waited for (prefetched)
+        info["ahead"] = sum(pos[b] < at[a] for a, b in zip(issued, issued[1:]))
+        info["gathers_issued"] = len(issued)
     return info
 
 
@@ -76,6 +85,23 @@ def test_zero3_trains_like_single_process_with_sharded_parameters(opt_kind, n):
         assert sorted(got["gathers"]) == [False, False, False, True], got["gathers"]
         assert [bw for s, d, bw in got["boxes"] if (s, d) == ((P,), (S(0),))] == [True] * 3, got["boxes"]
         assert got["grad_bytes"] == 4 * sharded // n
+
+
+def test_zero3_gathers_issued_ahead_train_bit_for_bit_like_gathers_in_place():
+    """config.gather_ahead (default): each parameter's all-gather is issued before the previous
+    one is waited for (its rows travel while the layer before computes); the same bits as with
+    every gather waited for where it stands."""
+    place = flow.placement("cpu", [0, 1])
+    ahead = world.simulate(2, lambda r: _run(place, 3, "adamw"))
+    inplace = world.simulate(2, lambda r: _run(place, 3, "adamw", gather_ahead=False))
+    for a, b in zip(ahead, inplace):
+        assert a["losses"] == b["losses"]
+        for x, y in zip(a["params"], b["params"]):
+            assert torch.equal(x, y)
+        assert a["gathers_issued"] == b["gathers_issued"] == 4
+        # every gather after the first goes ahead; in place, only the first bias's, which stands
+        # before the first weight's reader (both read by the same linear)
+        assert a["ahead"] == 3 and b["ahead"] == 1, (a["ahead"], b["ahead"])
 
 
 def test_zero3_backward_reads_its_own_gather_so_the_forward_copy_is_freed():
