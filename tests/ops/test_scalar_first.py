@@ -40,12 +40,34 @@ def test_scalar_first_matches_torch(name, s, dtype):
 
 
 @pytest.mark.parametrize("name", ["maximum", "minimum", "atan2"])
-def test_tensor_only_ops_take_the_scalar_at_full_precision(name):
+def test_tensor_only_ops_take_the_scalar_second_at_full_precision(name):
     t, x = _x(torch.float64)
-    want = getattr(torch, name)(torch.tensor(2.7, dtype=torch.float64), t)
-    torch.testing.assert_close(getattr(flow, name)(2.7, x).to_torch(), want, rtol=0, atol=0)
     want = getattr(torch, name)(t, torch.tensor(2.7, dtype=torch.float64))
     torch.testing.assert_close(getattr(flow, name)(x, 2.7).to_torch(), want, rtol=0, atol=0)
+
+
+TENSOR_INPUT = ["eq", "ne", "lt", "le", "gt", "ge", "maximum", "minimum", "atan2", "fmod", "logical_and",
+                "logical_or", "logical_xor", "greater", "less_equal", "not_equal", "arctan2"]
+
+
+@pytest.mark.parametrize("name", TENSOR_INPUT + ["mul", "pow", "remainder", "bitwise_and", "add", "sub"])
+@pytest.mark.parametrize("s", [2, 2.5, True], ids=repr)
+def test_a_number_first_is_refused_where_torch_refuses_it(name, s):
+    t, x = _x(torch.int64)
+    try:
+        want = getattr(torch, name)(s, t)
+    except TypeError:
+        assert name in TENSOR_INPUT
+        with pytest.raises(TypeError, match=r"holoflow\.\w+\(\): argument 'input' .* must be Tensor, not "
+                                            + type(s).__name__):
+            getattr(flow, name)(s, x)
+        return
+    except (RuntimeError, NotImplementedError) as e:   # no kernel for the promoted dtype: the same class
+        with pytest.raises(type(e)):
+            getattr(flow, name)(s, x)
+        return
+    assert name not in TENSOR_INPUT
+    torch.testing.assert_close(getattr(flow, name)(s, x).to_torch(), want, rtol=0, atol=0)
 
 
 def test_sub_scalar_first_float64_is_exact():

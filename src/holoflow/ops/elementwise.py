@@ -226,9 +226,22 @@ def _unary_fn(op):
     return fn
 
 
+#: torch's functions that take a Python number only as ``other`` (mul, pow, remainder and the
+#: bitwise ops take one as ``input`` too; add, sub and div have their own functions below)
+_TENSOR_INPUT = {"eq", "ne", "lt", "le", "gt", "ge", "maximum", "minimum", "atan2", "fmod",
+                 "logical_and", "logical_or", "logical_xor"}
+
+
 def _binary_fn(op):
-    def fn(input, other) -> Tensor:
-        return apply(op, input, other)
+    if op.name in _TENSOR_INPUT:
+        def fn(input, other) -> Tensor:
+            if not isinstance(input, Tensor):
+                raise TypeError(f"holoflow.{op.name}(): argument 'input' (position 1) must be Tensor, not "
+                                f"{type(input).__name__} (a number goes second: holoflow.{op.name}(tensor, number))")
+            return apply(op, input, other)
+    else:
+        def fn(input, other) -> Tensor:
+            return apply(op, input, other)
     fn.__name__ = fn.__qualname__ = op.name
     fn.__doc__ = f"Elementwise ``{op.name}`` with broadcasting, as ``torch.{op.name}``."
     return fn
