@@ -207,3 +207,25 @@ def check_meta_mismatch(rank: int, ranks):
     except flow.HoloflowError as e:
         return str(e)
     return None
+
+
+def counted_conversions(rank: int) -> list:
+    """flow.comm.count() around this rank's boxing of one tensor through every 1-D SBP pair and a
+    global matmul's forward and backward: (counts, bytes) per block, as this rank saw them."""
+    import holoflow as flow
+    from holoflow.sbp import B, P, S
+    place = flow.placement("cpu", [0, 1])
+    g = torch.Generator().manual_seed(3)
+    full = torch.randn(6, 4, generator=g)
+    out = []
+    for src, dst in ((S(0), B), (B, S(1)), (S(0), S(1)), (P, B), (P, S(0)), (S(1), P)):
+        x = flow.from_torch(full).to_global(place, B).to_global(sbp=src)
+        with flow.comm.count() as c:
+            x.to_global(sbp=dst)
+        out.append((dict(c.counts), dict(c.bytes)))
+    w = flow.from_torch(torch.randn(4, 3, generator=g)).to_global(place, B).requires_grad_()
+    x = flow.from_torch(full).to_global(place, B).to_global(sbp=S(0))
+    with flow.comm.count() as c:
+        (x @ w).sum().backward()
+    out.append((dict(c.counts), dict(c.bytes)))
+    return out

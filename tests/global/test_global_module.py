@@ -41,7 +41,8 @@ def test_module_to_global_shards_in_place_and_matches_single_process():
         place = flow.placement("cpu", [0, 1])
         with count() as c:
             assert m.to_global(place, _megatron) is m
-        assert c.total == 0  # from full tensors: no communication
+        # the first rank's values, one broadcast per tensor (as OneFlow's to_global of a local tensor)
+        assert dict(c.counts) == {"broadcast": 4} and c.bytes["broadcast"] == 4 * (8 * 6 + 8 + 4 * 8 + 4), c
         assert m[0].weight is w and w.requires_grad and w.grad is None
         assert w.sbp == (S(0),) and tuple(w.to_local().shape) == (4, 6)
         assert m[2].weight.sbp == (S(1),) and m[2].bias.sbp == (B,)

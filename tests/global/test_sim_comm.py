@@ -46,3 +46,15 @@ def test_uneven_all_gather_and_matching_calls_pass():
         return got.tolist(), total.tolist()
     for got, total in world.simulate(2, run):
         assert got == [0.0, 1.0, 1.0] and total == [3.0, 3.0]
+
+
+def test_comm_count_sees_a_simulated_ranks_collectives_as_gloo_ranks_see_theirs(world2):
+    """flow.comm.count() opened inside a simulated rank records that rank's collectives (kinds
+    and bytes) exactly as on real Gloo ranks, and nothing of the other simulated ranks'."""
+    import dist_fns
+    simulated = world.simulate(2, dist_fns.counted_conversions)
+    real = world2.run(dist_fns.counted_conversions)
+    assert simulated == real
+    counts = [c for c, _ in simulated[0]]
+    assert counts[:5] == [{"all_gather": 1}, {}, {"all_to_all": 1}, {"all_reduce": 1}, {"reduce_scatter": 1}], counts
+    assert counts[-1] == {"all_reduce": 1}, counts   # the weight's gradient, P -> B

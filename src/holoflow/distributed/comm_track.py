@@ -43,6 +43,7 @@ class CommCount:
     counts: Counter = field(default_factory=Counter)
     bytes: Counter = field(default_factory=Counter)
     calls: list[tuple[str, int, int]] = field(default_factory=list)  # (kind, bytes, group size)
+    sim_rank: int | None = None   # opened by this simulated rank (world.simulate): counts its calls
 
     @property
     def total(self) -> int:
@@ -69,14 +70,23 @@ def count() -> Iterator[CommCount]:
     (1, 1)
 
     ``bytes`` is this rank's input payload. Shape exchanges needed by uneven collectives whose
-    sizes were not given are recorded under the kind ``"meta"``.
+    sizes were not given are recorded under the kind ``"meta"``. Inside a simulated rank
+    (``world.simulate``) it records that rank's simulated collectives.
     """
-    c = CommCount()
+    from . import world
+    c = CommCount(sim_rank=world.simulated_rank())
     _COUNTERS.append(c)
     try:
         yield c
     finally:
         _COUNTERS.remove(c)
+
+
+def count_simulated(kind: str, nbytes: int, size: int, rank: int) -> None:
+    """Records a simulated collective of ``rank`` in the counters that rank opened."""
+    for c in _COUNTERS:
+        if c.sim_rank == rank:
+            c.add(kind, nbytes, size)
 
 
 # -- sequence tracking -----------------------------------------------------------------------
@@ -142,7 +152,8 @@ def begin(kind: str, ranks: tuple[int, ...], nbytes: int, tensor: torch.Tensor |
     against the peers' instead of the shape; ``peer`` makes it a point-to-point call with that rank.
     """
     for c in _COUNTERS:
-        c.add(kind, nbytes, len(ranks))
+        if c.sim_rank is None:
+            c.add(kind, nbytes, len(ranks))
     _SEQ[ranks] += 1
     seq = _SEQ[ranks]
     site = comm_check.user_site()

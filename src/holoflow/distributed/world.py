@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import torch
 
+from . import comm_track
+
 
 class _Local(threading.local):
     rank: int | None = None
@@ -26,6 +28,12 @@ def rank() -> int:
         return _LOCAL.rank
     from . import env
     return env.get_rank()
+
+
+def simulated_rank() -> int | None:
+    """The rank this thread acts as in a simulated world (``simulate``, ``acting_as`` with a
+    simulated communicator), else None."""
+    return _LOCAL.rank if isinstance(_LOCAL.comm, SimComm) else None
 
 
 def comm():
@@ -77,11 +85,12 @@ class SimComm:
             box = self._slots.setdefault(key, {})
             box[r] = value
             self._prints.setdefault(key, {})[r] = (kind, _signature(kind, value))
+            if nbytes is None:
+                nbytes = sum(v.numel() * v.element_size() for v in _tensors(value))
             if r == group[0]:
-                if nbytes is None:
-                    nbytes = sum(v.numel() * v.element_size() for v in _tensors(value))
                 self.calls.append((kind, group, nbytes))
             self._cv.notify_all()
+        comm_track.count_simulated(kind, nbytes, len(group), r)   # flow.comm.count() in this rank
         return kind, group, key, box
 
     def _collect(self, deposit: tuple) -> dict:
