@@ -92,6 +92,31 @@ def test_issued_all_gathers_own_their_payload(where, request):
         torch.testing.assert_close(uneven, want_uneven, rtol=0, atol=0)
 
 
+def _issue_gather_bucket(rank: int, comm=None) -> list:
+    """A bucket of all-gathers of even row shards (two inputs of different shapes) as one
+    collective, inputs overwritten right after issuing: each result gathered whole."""
+    place = flow.placement("cpu", [0, 1])
+    comm = comm if comm is not None else world.comm()
+    issue, wait = GLOBAL_BOX_ISSUE.kernel, GLOBAL_BOX_WAIT.kernel
+    a = torch.arange(6.0).view(2, 3) + 10 * rank
+    b = torch.arange(4.0).view(1, 2, 2) + 100 * rank
+    h = issue(a, b, place=place, src=(S(0),), dst=(B,), rank=rank, comm=comm, shape=SHAPE)
+    a.fill_(-1)
+    b.fill_(-1)
+    return list(wait(h))
+
+
+@pytest.mark.parametrize("where", ["simulated", "gloo"])
+def test_a_bucket_of_all_gathers_gathers_each_input(where, request):
+    got = (world.simulate(2, _issue_gather_bucket) if where == "simulated"
+           else request.getfixturevalue("world2").run(_issue_gather_bucket))
+    for ra, rb in got:
+        torch.testing.assert_close(ra, torch.cat([torch.arange(6.0).view(2, 3), torch.arange(6.0).view(2, 3) + 10]),
+                                   rtol=0, atol=0)
+        torch.testing.assert_close(rb, torch.cat([torch.arange(4.0).view(1, 2, 2),
+                                                  torch.arange(4.0).view(1, 2, 2) + 100]), rtol=0, atol=0)
+
+
 def _counted_issue(rank: int) -> dict:
     with flow.comm.count() as c:
         _issue_twice(rank)

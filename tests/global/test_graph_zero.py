@@ -60,7 +60,8 @@ def _run(place, stage: int, opt_kind: str, n: int = 2, gather_ahead: bool = True
         pos = {n.outputs[0]: i for i, n in enumerate(ran) if n.op == GLOBAL_BOX_ISSUE.name}
         # all-gathers issued before the previous one is waited for (prefetched)
         info["ahead"] = sum(pos[b] < at[a] for a, b in zip(issued, issued[1:]))
-        info["gathers_issued"] = len(issued)
+        info["gather_buckets"] = [len(n.inputs) for n in ran if n.op == GLOBAL_BOX_ISSUE.name
+                                  and n.attrs["src"] == (S(0),)]
     return info
 
 
@@ -87,10 +88,10 @@ def test_zero3_trains_like_single_process_with_sharded_parameters(opt_kind, n):
         assert got["grad_bytes"] == 4 * sharded // n
 
 
-def test_zero3_gathers_issued_ahead_train_bit_for_bit_like_gathers_in_place():
-    """config.gather_ahead (default): each parameter's all-gather is issued before the previous
-    one is waited for (its rows travel while the layer before computes); the same bits as with
-    every gather waited for where it stands."""
+def test_zero3_gathers_bucketed_and_issued_ahead_train_bit_for_bit_like_gathers_in_place():
+    """config.gather_ahead (default): the all-gathers of one module go in one collective, and
+    each is issued before the previous one is waited for (its rows travel while the layer before
+    computes); the same bits as with every gather alone, waited for where it stands."""
     place = flow.placement("cpu", [0, 1])
     ahead = world.simulate(2, lambda r: _run(place, 3, "adamw"))
     inplace = world.simulate(2, lambda r: _run(place, 3, "adamw", gather_ahead=False))
@@ -98,10 +99,12 @@ def test_zero3_gathers_issued_ahead_train_bit_for_bit_like_gathers_in_place():
         assert a["losses"] == b["losses"]
         for x, y in zip(a["params"], b["params"]):
             assert torch.equal(x, y)
-        assert a["gathers_issued"] == b["gathers_issued"] == 4
-        # every gather after the first goes ahead; in place, only the first bias's, which stands
+        # the first Linear's weight and bias in one collective; the second's weight in forward, and
+        # again in backward (never in a bucket with a forward gather)
+        assert a["gather_buckets"] == [2, 1, 1] and b["gather_buckets"] == [1, 1, 1, 1], a["gather_buckets"]
+        # every bucket after the first goes ahead; in place, only the first bias's, which stands
         # before the first weight's reader (both read by the same linear)
-        assert a["ahead"] == 3 and b["ahead"] == 1, (a["ahead"], b["ahead"])
+        assert a["ahead"] == 2 and b["ahead"] == 1, (a["ahead"], b["ahead"])
 
 
 def test_zero3_backward_reads_its_own_gather_so_the_forward_copy_is_freed():

@@ -179,6 +179,31 @@ def test_an_all_gather_is_not_moved_above_a_write_into_its_memory():
                                "wait", "mul"], _issued(h)
 
 
+def test_the_gathers_of_one_module_unit_share_one_collective():
+    """Gathers of parameters of blocks.0 (two modules of it) go in one bucket, blocks.1's in the next,
+    issued while blocks.0 computes; a gather with uneven rows, or of another unit, stays alone."""
+    ws = [val(4, name=f"w{i}") for i in range(4)] + [val(3, name="odd")]
+    gs = [val(8) for _ in range(4)] + [val(5)]
+    h = [val(8) for _ in range(5)]
+    x = val(8, name="x")
+    scopes = ["m/m.blocks.0/m.blocks.0.fc", "m/m.blocks.0/m.blocks.0.proj", "m/m.blocks.1/m.blocks.1.fc",
+              "m/m.blocks.1/m.blocks.1.proj", "m/m.head"]
+    nodes, prev = [], x
+    for k in range(5):
+        nodes.append(gather(ws[k], gs[k]).with_(scope=scopes[k],
+                                                attrs={**gather(ws[k], gs[k]).attrs, "rank": 0, "shape": gs[k].shape}))
+        nodes.append(node("mul" if k < 4 else "sum", (prev, gs[k]) if k < 4 else (gs[k],), (h[k],)).with_(scope=scopes[k]))
+        prev = h[k]
+    g = check(IRGraph((x,), tuple((w, torch.ones(w.shape)) for w in ws), tuple(nodes), (h[3], h[4])))
+    out = issue_collectives(g)
+    issues = [n for n in out.nodes if n.op == "global_box_issue"]
+    assert [[v.name for v in n.inputs] for n in issues] == [["w0", "w1"], ["w2", "w3"], ["odd"]]
+    assert _issued(out) == ["issue w0", "issue w2", "wait", "mul", "mul", "issue odd", "wait", "mul", "mul",
+                            "wait", "sum"], _issued(out)
+    waits = [n for n in out.nodes if n.op == "global_box_wait"]
+    assert [w.outputs for w in waits] == [tuple(gs[:2]), tuple(gs[2:4]), (gs[4],)]
+
+
 def test_no_collectives_no_change():
     x = val(4, name="x")
     g = check(IRGraph((x,), (), (node("exp", (x,), (val(4),)),), ()))
