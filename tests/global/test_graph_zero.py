@@ -9,7 +9,7 @@ import torch
 import graph_fns
 import holoflow as flow
 from holoflow.distributed import world
-from holoflow.graph.global_graph import GLOBAL_BOX_ISSUE, GLOBAL_BOX_WAIT
+from holoflow.graph.global_graph import GLOBAL_BOX_BUCKET, GLOBAL_BOX_ISSUE, GLOBAL_BOX_WAIT
 from holoflow.graph.zero import ZERO3, state_bytes
 from holoflow.sbp import B, P, S
 
@@ -52,6 +52,8 @@ def _run(place, stage: int, opt_kind: str, n: int = 2, gather_ahead: bool = True
         nodes = list(c.logical.nodes)
         info["gathers"] = [("bw" in n.tags) for n in nodes if ZERO3 in n.tags]
         info["boxes"] = [(b.src, b.dst, "bw" in b.node.tags) for b in g.boxing()]
+        info["scatter_buckets"] = [len(n.inputs) for n in nodes if n.op == GLOBAL_BOX_BUCKET.name
+                                   and n.attrs["dst"] == (S(0),)]
         info["grad_bytes"] = sum(v.nbytes // n for node in nodes if node.op.startswith("global_box")
                                  and node.attrs["src"] == (P,) for v in node.outputs if v.sbp == (S(0),))
         ran = [n for t in c.lowered.program.tasks for n in t.nodes]
@@ -85,6 +87,8 @@ def test_zero3_trains_like_single_process_with_sharded_parameters(opt_kind, n):
         # read); gradients of the sharded ones reduce-scattered (1/n of their bytes each)
         assert sorted(got["gathers"]) == [False, False, False, True], got["gathers"]
         assert [bw for s, d, bw in got["boxes"] if (s, d) == ((P,), (S(0),))] == [True] * 3, got["boxes"]
+        # their rows split evenly (n = 2, 4): one reduce-scatter for the three
+        assert got["scatter_buckets"] == [3], got["scatter_buckets"]
         assert got["grad_bytes"] == 4 * sharded // n
 
 
@@ -253,3 +257,40 @@ def test_zero_grad_scaler_skips_on_every_rank_when_one_shard_overflows(monkeypat
         assert scales == want_scales
         for a, b in zip(params, want_params):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _uneven(place, stage: int):
+    """A model whose first layer's rows (66) do not split evenly over 4 ranks: its gradients'
+    reduce-scatters stay alone, the others share one collective."""
+    flow.manual_seed(0)
+    m = flow.nn.Sequential(flow.nn.Linear(16, 66), flow.nn.Tanh(), flow.nn.Linear(66, 64), flow.nn.Tanh(),
+                           flow.nn.Linear(64, 16))
+    g = torch.Generator().manual_seed(7)
+    with flow.no_grad():
+        for p in m.parameters():
+            p.copy_(flow.from_torch(torch.randn(tuple(p.shape), generator=g) * 0.3))
+    if place is not None:
+        m.to_global(place, B)
+    opt = flow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    graph = graph_fns.square_loss_graph(m, opt, stage)
+    for i in range(STEPS):
+        x = flow.from_torch(torch.randn(8, 16, generator=torch.Generator().manual_seed(i)))
+        graph(x.to_global(place, B).to_global(sbp=S(0)) if place is not None else x)
+    params = [(p.to_global(sbp=B).to_local() if place is not None else p).detach().to_torch() for p in m.parameters()]
+    if place is None:
+        return params, None
+    nodes = list(next(reversed(graph._compiled.values())).logical.nodes)
+    return params, [[tuple(v.shape) for v in n.inputs] for n in nodes if n.op == GLOBAL_BOX_BUCKET.name
+                    and n.attrs["dst"] == (S(0),)]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_gradient_reduce_scatters_of_even_rows_share_a_collective(stage):
+    want, _ = _uneven(None, 0)
+    place = flow.placement("cpu", list(range(4)))
+    for params, buckets in world.simulate(4, lambda r: _uneven(place, stage)):
+        for a, b in zip(params, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        # the later layers' weights and the 64-element bias; the first layer's 66 rows alone (the last
+        # bias, 16 elements, is not sharded)
+        assert [sorted(b) for b in buckets] == [[(16, 64), (64,), (64, 66)]], buckets

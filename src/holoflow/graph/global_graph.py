@@ -54,12 +54,28 @@ GLOBAL_BOX = defop("global_box", _global_box_kernel, grad=lambda ctx, dy: (dy,),
 
 
 def _bucket_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm) -> tuple:
-    """Several values boxed by one collective over their concatenation (all-reduce steps only)."""
+    """Several values boxed by one collective over their concatenation: all-reduce steps, or one
+    reduce-scatter of even rows (each rank's block of every value side by side, `_pack_rows`)."""
+    steps = box_plan(src, dst, place.hierarchy)
+    if steps[0].kind == "reduce_scatter":
+        (step,) = steps
+        n = len(place.axis_group(rank, step.axis))
+        flat = _pack_rows(ts, n)
+        with world.acting_as(rank, comm), comm_track.planned():
+            out = comm.reduce_scatter(flat, place.axis_group(rank, step.axis), 0, [flat.numel() // n] * n)
+        return tuple(p.view((t.shape[0] // n,) + tuple(t.shape[1:])) for p, t in zip(
+            out.split([t.numel() // n for t in ts]), ts))
     flat = torch.cat([t.reshape(-1) for t in ts])
     with world.acting_as(rank, comm), comm_track.planned():
-        for step in box_plan(src, dst, place.hierarchy):
+        for step in steps:
             flat = run_step(flat, step, tuple(flat.shape), place, rank, comm)
     return tuple(p.view(t.shape) for p, t in zip(flat.split([t.numel() for t in ts]), ts))
+
+
+def _pack_rows(ts: tuple, n: int) -> torch.Tensor:
+    """A new flat tensor of rank-major blocks: block ``r`` is rank ``r``'s rows of every ``t`` in
+    turn (rows a multiple of ``n``), so a reduce-scatter of it hands each rank its rows of each."""
+    return torch.cat([t.reshape(n, -1) for t in ts], dim=1).view(-1)
 
 
 # gradient all-reduces bucketed by passes/bucket_grads.py (DDP's buckets): one collective each
@@ -109,6 +125,11 @@ def _issue_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm, shape=Non
             h = comm.all_reduce_many_async(list(ts), group)
             return InFlight(h, tuple(tuple(t.shape) for t in ts))
         # a private buffer: the inputs' memory may be reused (memory_plan) while the collective runs
+        if step.kind == "reduce_scatter" and len(ts) > 1:   # a bucket of even row shards (bucket_grads)
+            n = len(group)
+            buf = _pack_rows(ts, n)
+            h = comm.reduce_scatter_async(buf, group, 0, [buf.numel() // n] * n)
+            return InFlight(h, tuple((t.shape[0] // n,) + tuple(t.shape[1:]) for t in ts))
         buf = torch.cat([t.reshape(-1) for t in ts]) if len(ts) > 1 \
             else ts[0].clone(memory_format=torch.contiguous_format)
         if step.kind == "all_reduce":
@@ -135,10 +156,11 @@ GLOBAL_BOX_WAIT = defop("global_box_wait", _wait_kernel, family="boxing", differ
 
 def _split_box(n: Node) -> tuple[Node, Node] | None:
     """``n`` as (issue, wait) when its plan is one all-reduce (several inputs: one over their
-    concatenation) or one reduce-scatter of one input; else None (it runs as one node)."""
+    concatenation), reduce-scatter (several: of their rank-major blocks, `_pack_rows`) or
+    all-gather; else None (it runs as one node)."""
     a = n.attrs
     steps = box_plan(a["src"], a["dst"], a["place"].hierarchy)
-    if len(steps) != 1 or steps[0].kind not in ASYNC_KINDS or (steps[0].kind != "all_reduce" and len(n.inputs) > 1):
+    if len(steps) != 1 or steps[0].kind not in ASYNC_KINDS:
         return None
     pending = Value((0,), torch.uint8, name=f"{n.outputs[0]!r}_inflight")
     attrs = {k: v for k, v in a.items() if k in ("place", "src", "dst", "rank", "comm", "shape")}

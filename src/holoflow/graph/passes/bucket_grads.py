@@ -1,7 +1,8 @@
 """bucket_grads: the gradient all-reduces of a global graph, grouped into buckets (DDP's).
 
-Backward's boxing nodes that only all-reduce (``P -> B`` on a mesh axis) are grouped, in the
-order backward produces them, into buckets of at most ``config.allreduce_bucket_mb`` MB (same
+Backward's boxing nodes that only all-reduce (``P -> B`` on a mesh axis), or that reduce-scatter
+whole rows (``P -> S(0)`` of a gradient whose rows split evenly: ZeRO 2 and 3), are grouped, in
+the order backward produces them, into buckets of at most ``config.allreduce_bucket_mb`` MB (same
 placement and SBPs; the first bucket at most 1 MiB, as DDP's, so that reducing the last layers'
 gradients starts early and overlaps the rest of backward; the last one at most 1 MiB too, since
 nothing is left to overlap it once backward ends); each bucket is one
@@ -30,6 +31,7 @@ import torch
 
 from ...core.registry import REGISTRY
 from ...distributed.boxing import plan as box_plan
+from ...core.sbp import B
 from ..global_graph import GLOBAL_BOX_BUCKET
 from ..ir import IRGraph, Node
 from . import register
@@ -58,11 +60,24 @@ def _all_reduce_only(n: Node) -> bool:
     return bool(steps) and all(s.kind == "all_reduce" for s in steps)
 
 
+def _even_row_scatter(n: Node) -> bool:
+    """One reduce-scatter to rows, every other mesh axis broadcast, rows a multiple of the ranks:
+    a bucket packs each rank's block of every member side by side (global_graph._pack_rows)."""
+    a = n.attrs
+    steps = box_plan(a["src"], a["dst"], a["place"].hierarchy)
+    if len(steps) != 1 or steps[0].kind != "reduce_scatter" or steps[0].dim != 0:
+        return False
+    others = [s for i, s in enumerate(a["dst"]) if i != steps[0].axis]
+    shape = n.inputs[0].shape
+    return all(s == B for s in others) and len(shape) > 0 and shape[0] % a["place"].hierarchy[steps[0].axis] == 0
+
+
 def _candidate(n: Node) -> bool:
-    """A backward collective boxing one value by all-reduces only (a gradient's)."""
+    """A backward collective boxing one value (a gradient) by all-reduces only, or by one
+    reduce-scatter of even rows."""
     op = REGISTRY.get(n.op)
     return (op is not None and op.collective and len(n.inputs) == 1 and "bw" in n.tags
-            and _all_reduce_only(n))
+            and (_all_reduce_only(n) or _even_row_scatter(n)))
 
 
 def _split_tail(g: IRGraph, members: list[int], tail: int) -> list[list[int]]:
