@@ -59,7 +59,27 @@ def test_plan_uses_one_collective_per_axis():
     assert [s.kind for s in plan((S(0),), (S(1),), (2,))] == ["all_to_all"]
     assert [s.kind for s in plan((B,), (S(0),), (2,))] == ["slice"]
     assert [s.kind for s in plan((B,), (P,), (2,))] == ["zero"]
+    assert [s.kind for s in plan((S(1),), (P,), (2,))] == ["pad"]   # no communication, as OneFlow's
     assert [s.kind for s in plan((S(0), P), (S(0), B), (2, 2))] == ["all_reduce"]
+    assert [s.collective for s in plan((S(0), S(1)), (P, P), (2, 2))] == [False, False]
+
+
+def test_split_to_partial_sums_to_the_whole_with_no_communication():
+    place = flow.placement("cpu", [0, 1, 2])
+    full = torch.arange(35.0).view(5, 7)
+
+    def run(rank):
+        x = flow.from_torch(full).to_global(place, B).to_global(sbp=S(1))
+        with flow.comm.count() as c:
+            y = x.to_global(sbp=P)
+        return y.to_local().to_torch(), c.total
+    got = world.simulate(3, run)
+    assert [n for _, n in got] == [0, 0, 0]
+    torch.testing.assert_close(sum(t for t, _ in got), full, rtol=0, atol=0)
+    for (t, _), (a, b) in zip(got, [(0, 3), (3, 5), (5, 7)]):   # each rank's columns, zeros elsewhere
+        want = torch.zeros_like(full)
+        want[:, a:b] = full[:, a:b]
+        torch.testing.assert_close(t, want, rtol=0, atol=0)
 
 
 def test_counts_p_to_b_is_one_all_reduce():

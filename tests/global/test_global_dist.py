@@ -9,7 +9,7 @@ import dist_fns
 
 ONE_D = [(S(0),), (S(1),), (B,), (P,)]
 EXPECTED = {("S", "B"): {"all_gather": 1}, ("P", "B"): {"all_reduce": 1}, ("P", "S"): {"reduce_scatter": 1},
-            ("S", "S"): {"all_to_all": 1}, ("B", "S"): {}, ("B", "P"): {}, ("S", "P"): {"all_gather": 1}}
+            ("S", "S"): {"all_to_all": 1}, ("B", "S"): {}, ("B", "P"): {}, ("S", "P"): {}}   # S -> P: the shard in place in zeros
 
 
 def _kind(s):

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import copy
 import importlib
-import threading
-
 import torch
 
 import holoflow as flow
-from holoflow.distributed import world
 from holoflow.distributed.comm_track import count
 from holoflow.sbp import B, P, S
 
@@ -30,44 +27,14 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 class Collectives:
-    """This rank's measured collectives around a call: flow.comm.count on Gloo; on simulated
-    ranks (whose in-memory collectives flow.comm.count does not see) the shared SimComm's
-    record, which holds each call once, with the payload of the group's first rank."""
-
-    _barriers: dict = {}
-    _lock = threading.Lock()
+    """This rank's measured collectives around a call (flow.comm.count: on Gloo, or in a simulated
+    rank, that rank's in-memory collectives, with the same kinds and bytes)."""
 
     def __init__(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
-        self.sim = isinstance(world.comm(), world.SimComm)
-
-    def _barrier(self) -> None:
-        comm = world.comm()
-        with self._lock:
-            b = self._barriers.setdefault(id(comm), threading.Barrier(self.size))
-        b.wait(60)
 
     def measure(self, fn):
-        """(result, {kind: count}, bytes) of ``fn()`` on this rank, without "meta". On simulated
-        ranks the record is per call, not per rank: it is this rank's only on a 1-D placement of
-        the whole world seen from rank 0 (every group starts there); elsewhere counts are None."""
-        if self.sim:
-            comm = world.comm()
-            self._barrier()
-            mark = len(comm.calls)
-            self._barrier()
-            out = fn()
-            self._barrier()
-            calls = comm.calls[mark:]
-            self._barrier()
-            if self.rank != 0 or any(len(g) != self.size for _k, g, _b in calls):
-                return out, None, None
-            counts, nbytes = {}, 0
-            for kind, _group, b in calls:
-                if kind != "meta":
-                    counts[kind] = counts.get(kind, 0) + 1
-                    nbytes += b
-            return out, counts, nbytes
+        """(result, {kind: count}, bytes) of ``fn()`` on this rank, without "meta"."""
         with count() as c:
             out = fn()
         return out, {k: n for k, n in c.counts.items() if k != "meta"}, \
@@ -76,12 +43,13 @@ class Collectives:
 
 def predicted(graph, rank: int) -> tuple[dict, int]:
     """{kind: count} and bytes the graph's boxing table predicts for ``rank``."""
-    counts, nbytes = {}, 0
+    counts: dict = {}
+    nbytes = 0
     for b in graph.boxing():
-        for k in (s.kind for s in b.steps if s.kind not in ("slice", "zero", "identity")):
-            counts[k] = counts.get(k, 0) + 1
+        for k in (s.kind for s in b.steps if s.collective):
+            counts[k] = counts.get(k, 0) + b.share   # a bucket's members share its collectives
         nbytes += b.payload_bytes(rank)
-    return counts, nbytes
+    return {k: round(n) for k, n in counts.items()}, nbytes
 
 
 def _sub(x, it):
@@ -150,7 +118,7 @@ def op_case_twins(rank: int, ranks, module: str, names, combos: int, counts: boo
                 elif (a is None) != (b is None) and b is not None and bool(b.to_torch().abs().sum()):
                     failures.append(f"{label}: train graph grad of input {i} missing")
             for what, (meas, pred) in (("inference", inf_c), ("train", train_c)):
-                if not counts or meas[0] is None or meas == pred:
+                if not counts or meas == pred:
                     continue
                 msg = f"{label}: {what} graph collectives {meas} != its boxing table's {pred}"
                 # Gloo pads uneven shards to the largest (measured > predicted, same collectives):

@@ -26,15 +26,23 @@ from .placement import placement
 
 @dataclass(frozen=True)
 class Step:
-    kind: str            # all_gather | all_reduce | reduce_scatter | all_to_all | slice | zero | reshard
+    kind: str            # all_gather | all_reduce | reduce_scatter | all_to_all | slice | zero | pad | reshard
     axis: int            # mesh axis (-1 for reshard)
-    dim: int = -1        # tensor dim split before (all_gather, all_to_all) or after (slice, reduce_scatter)
+    dim: int = -1        # tensor dim split before (all_gather, all_to_all, pad) or after (slice, reduce_scatter)
     dim2: int = -1       # all_to_all: the dim split after
     src: tuple = ()      # nd-SBP before the step
     dst: tuple = ()      # nd-SBP after the step
 
+    @property
+    def collective(self) -> bool:
+        """Whether the step talks to other ranks (slice, zero, pad and reshard are local)."""
+        return self.kind in COLLECTIVE_KINDS
+
     def __repr__(self) -> str:
         return f"{self.kind}(axis={self.axis}{'' if self.dim < 0 else f', dim={self.dim}'})"
+
+
+COLLECTIVE_KINDS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all")
 
 
 def _axis_step(axis: int, a, b, cur: tuple) -> Step:
@@ -51,7 +59,8 @@ def _axis_step(axis: int, a, b, cur: tuple) -> Step:
         return Step("slice", axis, b.axis, src=cur, dst=new)
     if a == B and b == P:
         return Step("zero", axis, src=cur, dst=new)
-    # S -> P: gather then zero (free part last)
+    if isinstance(a, S) and b == P:   # the shard in place, zeros around it (OneFlow's symmetric S -> P)
+        return Step("pad", axis, a.axis, src=cur, dst=new)
     raise ValueError(f"no single step for {a} -> {b}")
 
 
@@ -73,16 +82,9 @@ def plan(src: tuple, dst: tuple, hierarchy: tuple) -> tuple[Step, ...]:
         # communication first on partial axes shrinks nothing; slices last keep gathers small
         order = sorted(diff, key=lambda k: (src[k] == B, k))
         for k in order:
-            a, b = cur[k], dst[k]
-            if isinstance(a, S) and b == P:
-                s1 = _axis_step(k, a, B, cur)
-                s2 = _axis_step(k, B, P, s1.dst)
-                steps += [s1, s2]
-                cur = s2.dst
-            else:
-                st = _axis_step(k, a, b, cur)
-                steps.append(st)
-                cur = st.dst
+            st = _axis_step(k, cur[k], dst[k], cur)
+            steps.append(st)
+            cur = st.dst
         return tuple(steps)
     steps, cur = [], src
     for k in reversed(range(len(src))):  # innermost first: each gather rebuilds the outer piece
@@ -138,6 +140,11 @@ def run_step(t: torch.Tensor, step: Step, shape, place: placement, rank: int, co
         return t.narrow(step.dim, *balanced(t.shape[step.dim], place.hierarchy[axis], coords[axis]))
     if kind == "zero":
         return t if coords[axis] == 0 else torch.zeros_like(t)
+    if kind == "pad":   # every member's shard at its place in zeros: their sum is the whole
+        sizes = sizes_along(shape, step.src, place, rank, axis, step.dim)
+        out = t.new_zeros(t.shape[:step.dim] + (sum(sizes),) + t.shape[step.dim + 1:])
+        out.narrow(step.dim, sum(sizes[:coords[axis]]), sizes[coords[axis]]).copy_(t)
+        return out
     raise AssertionError(kind)
 
 

@@ -491,9 +491,6 @@ def wrap_outputs(g: IRGraph, outs: list) -> list:
 
 # -- explain ------------------------------------------------------------------------------------------
 
-_COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all")
-
-
 @dataclass(frozen=True)
 class BoxingPoint:
     """One redistribution in a global graph, with what caused it."""
@@ -511,7 +508,7 @@ class BoxingPoint:
         v, place = self.node.inputs[0], self.node.attrs["place"]
         total = 0
         for step in self.steps:
-            if step.kind in _COLLECTIVES and rank in place.axis_group(rank, step.axis):
+            if step.collective and rank in place.axis_group(rank, step.axis):
                 shape = list(local_shape(v.shape, step.src, place, rank))
                 k = place.hierarchy[step.axis]   # uneven shards travel padded to the largest:
                 if step.kind == "all_gather":
@@ -542,7 +539,7 @@ class LinkModel:
     calibrated: bool = False
 
     def seconds(self, p: BoxingPoint) -> float:
-        n = sum(1 for s in p.steps if s.kind in _COLLECTIVES)
+        n = sum(1 for s in p.steps if s.collective)
         return n * self.latency_s * p.share + p.comm_bytes / self.bytes_per_s
 
     def __str__(self) -> str:
