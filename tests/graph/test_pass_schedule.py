@@ -11,6 +11,7 @@ from holoflow.distributed import world
 from holoflow.graph.global_graph import GLOBAL_BOX, GLOBAL_BOX_BUCKET, issue_collectives
 from holoflow.graph.ir import IRGraph, Node, Value, check, split_tasks
 from holoflow.graph.passes import schedule as sched
+from holoflow.graph.passes.bucket_gathers import bucket_gathers
 from holoflow.sbp import B, P, S
 
 PLACE = flow.placement("cpu", [0, 1])
@@ -195,7 +196,7 @@ def test_the_gathers_of_one_module_unit_share_one_collective():
         nodes.append(node("mul" if k < 4 else "sum", (prev, gs[k]) if k < 4 else (gs[k],), (h[k],)).with_(scope=scopes[k]))
         prev = h[k]
     g = check(IRGraph((x,), tuple((w, torch.ones(w.shape)) for w in ws), tuple(nodes), (h[3], h[4])))
-    out = issue_collectives(g)
+    out = issue_collectives(check(bucket_gathers(g)))
     issues = [n for n in out.nodes if n.op == "global_box_issue"]
     assert [[v.name for v in n.inputs] for n in issues] == [["w0", "w1"], ["w2", "w3"], ["odd"]]
     assert _issued(out) == ["issue w0", "issue w2", "wait", "mul", "mul", "issue odd", "wait", "mul", "mul",

@@ -57,6 +57,13 @@ def _bucket_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm) -> tuple
     """Several values boxed by one collective over their concatenation: all-reduce steps, or one
     reduce-scatter of even rows (each rank's block of every value side by side, `_pack_rows`)."""
     steps = box_plan(src, dst, place.hierarchy)
+    if steps[0].kind == "all_gather":   # even row shards (passes/bucket_gathers.py)
+        (step,) = steps
+        group = place.axis_group(rank, step.axis)
+        flat = torch.cat([t.reshape(-1) for t in ts])
+        with world.acting_as(rank, comm), comm_track.planned():
+            out = comm.all_gather(flat, group, 0, [flat.numel()] * len(group))
+        return _unpack_rows(out, tuple(tuple(t.shape) for t in ts), len(group))
     if steps[0].kind == "reduce_scatter":
         (step,) = steps
         n = len(place.axis_group(rank, step.axis))
@@ -70,6 +77,13 @@ def _bucket_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm) -> tuple
         for step in steps:
             flat = run_step(flat, step, tuple(flat.shape), place, rank, comm)
     return tuple(p.view(t.shape) for p, t in zip(flat.split([t.numel() for t in ts]), ts))
+
+
+def _unpack_rows(out: torch.Tensor, shapes: tuple, n: int) -> tuple:
+    """The inverse of `_pack_rows` for a gather: from rank-major ``out`` (each rank's shards of
+    every value in turn), each value's rows of every rank stacked (a copy)."""
+    parts = out.view(n, -1).split([math.prod(s) for s in shapes], dim=1)
+    return tuple(p.reshape((n * s[0],) + s[1:]) for p, s in zip(parts, shapes))
 
 
 def _pack_rows(ts: tuple, n: int) -> torch.Tensor:
@@ -108,9 +122,8 @@ class InFlight:
         out = self.handle.wait()
         if self.shapes is None:
             return out
-        if self.ranks:   # rank-major: (ranks, this bucket's elements); each input's columns, stacked
-            parts = out.view(self.ranks, -1).split([math.prod(s) for s in self.shapes], dim=1)
-            return tuple(p.reshape((self.ranks * s[0],) + s[1:]) for p, s in zip(parts, self.shapes))
+        if self.ranks:   # rank-major: (ranks, this bucket's elements)
+            return _unpack_rows(out, self.shapes, self.ranks)
         return tuple(p.view(s) for p, s in zip(out.split([math.prod(s) for s in self.shapes]), self.shapes))
 
 
@@ -134,7 +147,7 @@ def _issue_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm, shape=Non
             else ts[0].clone(memory_format=torch.contiguous_format)
         if step.kind == "all_reduce":
             h = comm.all_reduce_async(buf, group)
-        elif step.kind == "all_gather" and len(ts) > 1:   # a bucket of even row shards (gather_buckets)
+        elif step.kind == "all_gather" and len(ts) > 1:   # a bucket of even row shards (bucket_gathers)
             h = comm.all_gather_async(buf, group, 0, [buf.numel()] * len(group))
             return InFlight(h, tuple(tuple(t.shape) for t in ts), len(group))
         elif step.kind == "all_gather":
@@ -176,10 +189,10 @@ def issue_collectives(g: IRGraph, gather_ahead: bool = True) -> IRGraph:
     """A localized graph whose splittable collectives (``ASYNC_FORMS``) are issued where they
     stand and waited for just before their first reader (after every other compute node when
     only the update, the outputs or nothing reads them). With ``gather_ahead``
-    (``graph.config.gather_ahead``, default on) all-gathers of values that exist earlier (a ZeRO-3
-    parameter's rows) go in buckets, one per module unit (`gather_buckets`), each issued one
-    bucket ahead. The memory plan's frees follow: inputs after the issue (after the wait for a
-    bucket or an issue moved ahead of other readers), the rest after the wait."""
+    (``graph.config.gather_ahead``, default on) an all-gather (or bucket of them,
+    passes/bucket_gathers.py) of values that exist earlier is issued one all-gather ahead
+    (`_prefetches`). The memory plan's frees follow: inputs after the issue (after the wait for
+    an issue moved ahead of other readers), the rest after the wait."""
     pairs = {}
     for i, n in enumerate(g.nodes):
         form = ASYNC_FORMS.get(n.op) if n.kernel is None else None
@@ -194,118 +207,57 @@ def issue_collectives(g: IRGraph, gather_ahead: bool = True) -> IRGraph:
             for v in n.value_inputs():
                 first_read.setdefault(v, i)
     groups = AliasGroups(g.nodes)
-    buckets, ahead = gather_buckets(g, pairs, groups) if gather_ahead else ([], {})
-    member = {i: b for b in buckets for i in b}
-    for b in buckets:
-        if len(b) > 1:
-            pairs[b[0]] = _bucket_pairs(b, pairs, g)
-    issue_at: dict[int, list[Node]] = {}     # node index -> issues emitted right after it
-    late: set[int] = set()                   # members whose inputs are freed at the wait
-    for k, b in enumerate(buckets):
-        issue_at.setdefault(buckets[k - 1][0] if k in ahead else b[0], []).append(pairs[b[0]][0])
-        if len(b) > 1 or k in ahead:
-            late.update(b)
+    ahead = _prefetches(g, pairs, groups) if gather_ahead else {}   # node index -> where its issue goes
+    early: dict[int, list[Node]] = {}
+    for i, at in ahead.items():
+        early.setdefault(at, []).append(pairs[i][0])
     before: dict[int, list[Node]] = {}
     tail: list[Node] = []
     nodes: list[Node] = []
-    waits: dict[int, Node] = {}
     for i, n in enumerate(g.nodes):
         nodes += before.pop(i, [])
         if i not in pairs:
             nodes.append(n)
-            nodes += issue_at.pop(i, [])
+            nodes += early.pop(i, [])
             continue
-        b = member.get(i)
-        if b is not None and i != b[0]:   # the bucket's issue and wait stand with its first member
-            waits[i] = waits[b[0]]
-            continue
-        outs = [v for j in (b or [i]) for v in g.nodes[j].outputs]
-        at = min((first_read[v] for v in outs if first_read.get(v, -1) > i), default=None)
         issue, wait = pairs[i]
-        if b is None:
-            if _unwritten(g.nodes[i + 1:], groups, set(n.value_inputs())):
+        at = min((first_read[v] for v in n.outputs if first_read.get(v, -1) > i), default=None)
+        if i not in ahead:
+            if unwritten(g.nodes[i + 1:], groups, set(n.value_inputs())):
                 issue = issue.with_(attrs={**issue.attrs, "read_late": True})
                 pairs[i] = issue, wait
             nodes.append(issue)
-        waits[i] = wait
-        nodes += issue_at.pop(i, [])
+        nodes += early.pop(i, [])
         (before.setdefault(at, []) if at is not None else tail).append(wait)
     frees = g.frees
     if frees is not None:
         frees = dict(frees)
-        for i in pairs:
+        for i, (issue, wait) in pairs.items():
             dead = frees.pop(id(g.nodes[i]), ())
-            ins = set() if i in late else set(g.nodes[i].value_inputs())
-            if i not in late:
-                frees[id(pairs[i][0])] = [v for v in dead if v in ins]
-            frees.setdefault(id(waits[i]), []).extend(v for v in dead if v not in ins)
+            ins = set() if i in ahead else set(g.nodes[i].value_inputs())
+            frees[id(issue)] = [v for v in dead if v in ins]
+            frees[id(wait)] = [v for v in dead if v not in ins]
     return g.with_(nodes=tuple(nodes + tail), frees=frees)
 
 
-def gather_buckets(g: IRGraph, pairs: dict, groups: AliasGroups) -> tuple[list[list[int]], set[int]]:
-    """The all-gathers of ``pairs`` (node index -> issue, wait) in buckets, and the buckets issued
-    one bucket ahead (right after the previous bucket's issue).
-
-    A bucket is a run of all-gathers of one module unit (the innermost module of their scope that
-    is an item of a list or sequence, e.g. ``blocks.3``; else their own module), all forward or
-    all backward, over the same ranks and dtype, of even row shards, each issuable at the
-    bucket's first node: everything it reads exists by then and no node in between writes that
-    memory or is an effect. One collective then gathers a transformer block's parameters
-    (ZeRO-3), and the next block's travel while this one computes (as FSDP's units and
-    prefetch)."""
+def _prefetches(g: IRGraph, pairs: dict, groups: AliasGroups) -> dict[int, int]:
+    """All-gathers issued one all-gather ahead: node index -> the index of the all-gather before
+    it, after whose issue its own goes, where everything it reads exists by then and no node in
+    between writes that memory or is an effect. A ZeRO-3 block's parameters (one bucket) travel
+    while the block before computes, as FSDP's prefetch."""
     gathers = [i for i in sorted(pairs) if _one_step(g.nodes[i]).kind == "all_gather"]
     made: dict[Value, int] = {}
     for i, n in enumerate(g.nodes):
         for v in n.outputs:
             made.setdefault(v, i)
-
-    def movable(i: int, to: int) -> bool:   # node i's collective may be issued right after node ``to``
-        ins = set(g.nodes[i].value_inputs())
-        between = g.nodes[to + 1:i]
-        return all(made.get(v, -1) < to for v in ins) and not any(n.effect for n in between) \
-            and _unwritten(between, groups, ins)
-    buckets: list[list[int]] = []
-    for i in gathers:
-        last = buckets[-1] if buckets else None
-        if last is not None and _joins(g.nodes[last[0]], g.nodes[i]) and movable(i, last[0]):
-            last.append(i)
-        else:
-            buckets.append([i])
-    ahead = {k for k in range(1, len(buckets)) if all(movable(i, buckets[k - 1][0]) for i in buckets[k])}
-    return buckets, ahead
-
-
-def _unit(scope: str) -> str:
-    """The module unit of a scope path (``model/model.blocks.3/model.blocks.3.mlp``): its innermost
-    module that is an item of a list or sequence (``model.blocks.3``), else the scope itself."""
-    parts = scope.split("/")
-    for p in reversed(parts):
-        if p.rsplit(".", 1)[-1].isdigit():
-            return p
-    return scope
-
-
-def _even_rows(n: Node) -> bool:
-    (x,), (y,) = n.value_inputs(), n.outputs
-    return _one_step(n).dim == 0 and len(x.shape) > 0 and y.shape[0] == x.shape[0] * len(
-        n.attrs["place"].axis_group(n.attrs["rank"], _one_step(n).axis))
-
-
-def _joins(first: Node, n: Node) -> bool:
-    """Whether all-gather ``n`` may share a bucket with the one starting at ``first``."""
-    a, b = first.attrs, n.attrs
-    return (bool(first.scope) and _unit(first.scope) == _unit(n.scope) and ("bw" in first.tags) == ("bw" in n.tags)
-            and a["place"] == b["place"]
-            and a["src"] == b["src"] and a["dst"] == b["dst"] and len(n.inputs) == len(first.inputs) == 1
-            and first.inputs[0].dtype == n.inputs[0].dtype and first.inputs[0].device == n.inputs[0].device
-            and _even_rows(first) and _even_rows(n))
-
-
-def _bucket_pairs(b: list[int], pairs: dict, g: IRGraph) -> tuple[Node, Node]:
-    """One issue and one wait for the all-gathers ``b``: every input, every output."""
-    issue, wait = pairs[b[0]]
-    return (issue.with_(inputs=tuple(x for i in b for x in g.nodes[i].inputs)),
-            wait.with_(outputs=tuple(v for i in b for v in g.nodes[i].outputs)))
+    ahead = {}
+    for prev, cur in zip(gathers, gathers[1:]):
+        ins = set(g.nodes[cur].value_inputs())
+        between = g.nodes[prev + 1:cur]
+        if all(made.get(v, -1) < prev for v in ins) and not any(n.effect for n in between) \
+                and unwritten(between, groups, ins):
+            ahead[cur] = prev
+    return ahead
 
 
 def _one_step(n: Node):
@@ -313,7 +265,7 @@ def _one_step(n: Node):
     return box_plan(a["src"], a["dst"], a["place"].hierarchy)[0]
 
 
-def _unwritten(later, groups: AliasGroups, values: set) -> bool:
+def unwritten(later, groups: AliasGroups, values: set) -> bool:
     """Whether no node of ``later`` (every node after the issue, whichever task runs it) writes in
     place into memory that ``values`` may share (the memory plan chose in-place ops knowing only
     the issue reads them)."""
