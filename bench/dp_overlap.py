@@ -34,11 +34,12 @@ All-reduces between the ranks of one host go through shared memory (distributed/
 use it, torch DDP uses Gloo. ``HOLOFLOW_SHM_ALLREDUCE=0`` puts holoflow on Gloo too, to compare;
 the last line says which transport holoflow's all-reduces took.
 
-``--zero3``: the same GPT as a ZeRO-3 global graph (parameters kept as row shards, all-gathered
-before each use in forward and again in backward, gradients reduce-scattered), paired in one
-world: all-gathers issued one all-gather ahead (``config.gather_ahead``, the default: a layer's
-parameters travel while the layer before computes) against each issued where it stands (waited
-for at once).
+``--zero3``: parameters, gradients and optimizer state sharded (ZeRO-3), each against the same
+limit: torch FSDP2 (``fully_shard`` on each block, then the model: a block's parameters gathered
+together, the next block's prefetched) and holoflow's ZeRO-3 global graph (parameters kept as row
+shards, a block's gathered in one collective one block ahead in forward and again in backward,
+gradients reduce-scattered in buckets), and, for comparison, that graph with
+``config.gather_ahead = False`` (each parameter gathered alone where it stands).
 
 ``--explain``: the DP graph profiled (every node timed), the links calibrated
 (graph/global_graph.calibrate), and each boxing node's predicted time from the cost model next
@@ -61,9 +62,11 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 VARIANTS = ["torch-limit", "torch-ddp", "flow-eager-limit", "flow-eager-ddp", "flow-graph-limit", "flow-graph-dp",
-            "flow-graph-zero3-inplace", "flow-graph-zero3"]
+            "torch-fsdp", "flow-graph-zero3", "flow-graph-zero3-inplace"]
 PAIRS = (("torch DDP", "torch-limit", "torch-ddp"), ("holoflow eager", "flow-eager-limit", "flow-eager-ddp"),
          ("holoflow graph", "flow-graph-limit", "flow-graph-dp"))
+ZERO3_PAIRS = (("torch FSDP", "torch-limit", "torch-fsdp"), ("holoflow ZeRO-3", "flow-graph-limit", "flow-graph-zero3"),
+               ("holoflow, in place", "flow-graph-limit", "flow-graph-zero3-inplace"))
 
 
 def _cfg(gpt):
@@ -88,6 +91,11 @@ def make_step(variant: str, cfg, bucket_mb: float = 25.0, profile: bool = False)
         model = gpt.make_model(torch, cfg)
         if variant == "torch-ddp":
             model = torch.nn.parallel.DistributedDataParallel(model)
+        if variant == "torch-fsdp":   # FSDP2: each block a unit (its parameters gathered together), then the rest
+            from torch.distributed.fsdp import fully_shard
+            for block in model.blocks:
+                fully_shard(block)
+            fully_shard(model)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
         def step(xb, yb):
@@ -361,39 +369,30 @@ def main() -> None:
         for k in ("gloo", "holoflow"):
             print(f"  {k:<9} median {got[k][0] * 1e3:6.2f} ms   min {got[k][1] * 1e3:6.2f} ms")
         return
-    if a.zero3:
-        inplace, ahead = "flow-graph-zero3-inplace", "flow-graph-zero3"
-        got = world_best(launch(["--pair", inplace, ahead, "--rounds", str(a.rounds), *common]))
-        print(f"ZeRO-3 graph, 2 ranks (paired, best of {a.rounds} blocks of {a.steps} steps): all-gathers where they "
-              f"stand {got[inplace] * 1e3:.1f} ms/step, one ahead {got[ahead] * 1e3:.1f} ms/step: "
-              f"{got[inplace] / got[ahead]:.2f}x (median of the rounds' ratios {got['round_ratio']:.2f})")
-        return
-    variants = a.only or [v for v in VARIANTS if "zero3" not in v]
+    pairs = ZERO3_PAIRS if a.zero3 else PAIRS
+    variants = a.only or list(dict.fromkeys(v for _, lim, dp in pairs for v in (lim, dp)))
     best: dict = {v: float("inf") for v in VARIANTS}
+    per_pair: dict = {}   # pair name -> (limit s, synchronised s, median of the rounds' ratios or None)
     if a.separate:
         for r in range(a.rounds):
             for v in variants:
                 best[v] = min(best[v], max(r[v] for r in launch(["--variant", v, *common])))
-                print(f"round {r}: {v:<18} {best[v] * 1e3:8.1f} ms/step", flush=True)
+                print(f"round {r}: {v:<24} {best[v] * 1e3:8.1f} ms/step", flush=True)
+        per_pair = {name: (best[lim], best[dp], None) for name, lim, dp in pairs if lim in variants and dp in variants}
     else:
-        for name, lim, dp in PAIRS:
+        for name, lim, dp in pairs:
             if lim in variants and dp in variants:
                 got = world_best(launch(["--pair", lim, dp, "--rounds", str(a.rounds), *common]))
-                got[f"{name}/round_ratio"] = got.pop("round_ratio")
-                best.update(got)
-                print(f"{name}: limit {best[lim] * 1e3:.1f} ms, dp {best[dp] * 1e3:.1f} ms", flush=True)
-    ratios = {}
-    if not a.separate:
-        for name, lim, dp in PAIRS:
-            if lim in variants and dp in variants:
-                ratios[name] = best.pop(f"{name}/round_ratio")
-    print(f"\n{'framework':<16} {'limit ms':>9} {'dp ms':>9} {'limit/dp':>9}"
+                per_pair[name] = (got[lim], got[dp], got["round_ratio"])
+                best["transport"] = got.get("transport", best.get("transport"))
+                print(f"{name}: limit {got[lim] * 1e3:.1f} ms, {dp} {got[dp] * 1e3:.1f} ms", flush=True)
+    what = "sharded ms" if a.zero3 else "dp ms"
+    print(f"\n{'framework':<20} {'limit ms':>9} {what:>10} {'limit/' + what.split()[0]:>13}"
           f"   ({'paired' if not a.separate else 'separate launches'}, best of {a.rounds})")
-    for name, lim, dp in PAIRS:
-        if lim in variants and dp in variants:
-            per_round = f"   median of the rounds' ratios {ratios[name]:.2f}" if name in ratios else ""
-            print(f"{name:<16} {best[lim] * 1e3:9.1f} {best[dp] * 1e3:9.1f} {best[lim] / best[dp]:9.2f}{per_round}")
-    if "transport" in best:
+    for name, (lim_s, dp_s, ratio) in per_pair.items():
+        per_round = f"   median of the rounds' ratios {ratio:.2f}" if ratio is not None else ""
+        print(f"{name:<20} {lim_s * 1e3:9.1f} {dp_s * 1e3:10.1f} {lim_s / dp_s:13.2f}{per_round}")
+    if best.get("transport"):
         print(f"holoflow's all-reduces: {best['transport']}")
 
 
