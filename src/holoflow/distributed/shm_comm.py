@@ -1,5 +1,5 @@
-"""All-reduce through shared memory between ranks of one host (what NCCL and DeepSpeed's CPU
-backend do for ranks on one node).
+"""All-reduce, all-gather and reduce-scatter through shared memory between ranks of one host
+(what NCCL and DeepSpeed's CPU backend do for ranks on one node).
 
 Gloo reduces between two processes of one host over TCP loopback, which costs both ranks CPU
 (bench/dp_overlap.py's 3.3 MB gradient bucket: 2-6 ms on 2 ranks of a 2-core host, against
@@ -18,11 +18,16 @@ on a CPU float tensor runs here instead:
 
 Either way each element is reduced in rank order: every rank gets the same bits.
 
+An all-gather (``comm.all_gather_rows``: equal parts) copies each rank's part into its slot, then
+every slot out to its place in the result; a reduce-scatter (``comm.reduce_scatter_rows``: equal
+blocks) copies each rank's whole input in, then sums its own block of every slot in rank order
+(the all-reduce's bits). Both go through the slot in chunks like the all-reduce.
+
 Tensors larger than a slot (``HOLOFLOW_SHM_SLOT_MB``, default 8 MB per rank) go through it in
 chunks. Every rank gets the same bits. The work runs on one thread per group, in issue order, so
 an asynchronous all-reduce progresses while the caller computes, as Gloo's does.
 
-The decision is made once per group, at its first eligible all-reduce (which every member makes
+The decision is made once per group, at its first eligible collective (which every member makes
 at the same point of the program), through the c10d store: the group's first rank creates the
 segment with a random token, the others open it and check the token (same host *and* same shared
 memory), every rank posts its verdict, and the transport is used only if every verdict is yes; so
