@@ -54,22 +54,23 @@ GLOBAL_BOX = defop("global_box", _global_box_kernel, grad=lambda ctx, dy: (dy,),
 
 
 def _bucket_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm) -> tuple:
-    """Several values boxed by one collective over their concatenation: all-reduce steps, or one
-    reduce-scatter of even rows (each rank's block of every value side by side, `_pack_rows`)."""
+    """Several values boxed by one collective over their concatenation: all-reduce steps (the
+    gradient buckets of passes/bucket_grads.py), one reduce-scatter of even rows (each rank's block
+    of every value side by side, `_pack_rows`) or one all-gather of even row shards
+    (passes/bucket_gathers.py, unpacked by `_unpack_rows`)."""
     steps = box_plan(src, dst, place.hierarchy)
-    if steps[0].kind == "all_gather":   # even row shards (passes/bucket_gathers.py)
-        (step,) = steps
-        group = place.axis_group(rank, step.axis)
+    if steps[0].kind == "all_gather":
+        group = place.axis_group(rank, steps[0].axis)
         flat = torch.cat([t.reshape(-1) for t in ts])
         with world.acting_as(rank, comm), comm_track.planned():
             out = comm.all_gather(flat, group, 0, [flat.numel()] * len(group))
         return _unpack_rows(out, tuple(tuple(t.shape) for t in ts), len(group))
     if steps[0].kind == "reduce_scatter":
-        (step,) = steps
-        n = len(place.axis_group(rank, step.axis))
+        group = place.axis_group(rank, steps[0].axis)
+        n = len(group)
         flat = _pack_rows(ts, n)
         with world.acting_as(rank, comm), comm_track.planned():
-            out = comm.reduce_scatter(flat, place.axis_group(rank, step.axis), 0, [flat.numel() // n] * n)
+            out = comm.reduce_scatter(flat, group, 0, [flat.numel() // n] * n)
         return tuple(p.view((t.shape[0] // n,) + tuple(t.shape[1:])) for p, t in zip(
             out.split([t.numel() // n for t in ts]), ts))
     flat = torch.cat([t.reshape(-1) for t in ts])
@@ -92,7 +93,7 @@ def _pack_rows(ts: tuple, n: int) -> torch.Tensor:
     return torch.cat([t.reshape(n, -1) for t in ts], dim=1).view(-1)
 
 
-# gradient all-reduces bucketed by passes/bucket_grads.py (DDP's buckets): one collective each
+# gradients bucketed by passes/bucket_grads.py (DDP's buckets), ZeRO-3 gathers by bucket_gathers.py
 GLOBAL_BOX_BUCKET = defop("global_box_bucket", _bucket_kernel, family="boxing", collective=True,
                           grad=lambda ctx, *dys: dys, shape=lambda metas, attrs: list(metas))
 
