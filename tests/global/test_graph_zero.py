@@ -294,3 +294,48 @@ def test_gradient_reduce_scatters_of_even_rows_share_a_collective(stage):
         # the later layers' weights and the 64-element bias; the first layer's 66 rows alone (the last
         # bias, 16 elements, is not sharded)
         assert [sorted(b) for b in buckets] == [[(16, 64), (64,), (64, 66)]], buckets
+
+
+# a global batch's micro-batch k is every rank's k-th chunk of its shard (docs/architecture.md,
+# "Micro-batches"): on 2 ranks, rows 0-1 and 4-5, then 2-3 and 6-7; one process, given its rows
+# in that order, runs the same micro-batches
+INTERLEAVED = [0, 1, 4, 5, 2, 3, 6, 7]
+
+
+def _accumulated(place, stage: int):
+    """ZeRO ``stage`` with two micro-batches per step (gradient accumulation): each micro-batch
+    gathers (stage 3) and reduce-scatters anew; the losses (one per micro-batch) and the
+    parameters after the steps, whole. One process (``place`` None) takes the batch's rows in
+    the order of the ranks' micro-batches."""
+    m = _model()
+    if place is not None:
+        m.to_global(place, B)
+    opt = flow.optim.AdamW(m.parameters(), lr=0.01)
+    g = graph_fns.square_loss_graph(m, opt, stage)
+    g.config.set_gradient_accumulation_steps(2)
+    losses = []
+    for i in range(STEPS):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(i))
+        x = flow.from_torch(x) if place is not None else flow.from_torch(x[INTERLEAVED])
+        if place is not None:
+            x = x.to_global(place, B).to_global(sbp=S(0))
+        loss = g(x)
+        losses += (loss.to_global(sbp=B).to_local() if place is not None else loss).to_torch().tolist()
+    return losses, [(p.to_global(sbp=B).to_local() if place is not None else p).detach().to_torch()
+                    for p in m.parameters()]
+
+
+def _accumulated_on(rank: int, stage: int):
+    return _accumulated(flow.placement("cpu", [0, 1]), stage)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_with_gradient_accumulation_equals_single_process(stage, world2):
+    want_losses, want_params = _accumulated(None, 0)
+    assert len(want_losses) == 2 * STEPS
+    place = flow.placement("cpu", [0, 1])
+    runs = world.simulate(2, lambda r: _accumulated(place, stage)) + world2.run(_accumulated_on, stage)
+    for losses, params in runs:   # 2 simulated ranks, then 2 Gloo ranks (async, shared memory)
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-7)
+        for a, b in zip(params, want_params):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
