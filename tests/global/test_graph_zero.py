@@ -339,3 +339,44 @@ def test_zero_with_gradient_accumulation_equals_single_process(stage, world2):
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-7)
         for a, b in zip(params, want_params):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _amp(place, stage: int):
+    """bfloat16 autocast (config.enable_amp) with ZeRO ``stage``: the losses, and from the logical
+    IR the dtypes of the backward's sums over ranks and the backward nodes that read a forward
+    value made from a gathered parameter (a gather, or a cast of one)."""
+    m = _model()
+    if place is not None:
+        m.to_global(place, B)
+    opt = flow.optim.AdamW(m.parameters(), lr=0.01)
+    g = graph_fns.square_loss_graph(m, opt, stage)
+    g.config.enable_amp(True, dtype=flow.bfloat16)
+    losses = []
+    for i in range(STEPS):
+        x = flow.from_torch(torch.randn(8, 16, generator=torch.Generator().manual_seed(i)))
+        if place is not None:
+            x = x.to_global(place, B).to_global(sbp=S(0))
+        loss = g(x)
+        losses.append((loss.to_global(sbp=B).to_local() if place is not None else loss).item())
+    if place is None:
+        return losses, None, None
+    nodes = list(next(reversed(g._compiled.values())).logical.nodes)
+    sums = {str(v.dtype) for n in nodes if "bw" in n.tags and n.op.startswith("global_box")
+            and n.attrs["src"] == (P,) for v in n.outputs}
+    made_from = {v for n in nodes if ZERO3 in n.tags and "bw" not in n.tags for v in n.outputs}
+    for n in nodes:   # forward casts of gathered parameters
+        if "bw" not in n.tags and n.value_inputs() and all(x in made_from for x in n.value_inputs()):
+            made_from.update(n.outputs)
+    kept = [n.op for n in nodes if "bw" in n.tags and any(x in made_from for x in n.value_inputs())]
+    return losses, sums, kept
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_amp_sums_gradients_in_float32_and_zero3_keeps_no_gathered_copy_for_backward(stage):
+    want, _, _ = _amp(None, 0)
+    place = flow.placement("cpu", [0, 1])
+    for losses, sums, kept in world.simulate(2, lambda r: _amp(place, stage)):
+        # bfloat16 matmuls over half batches round their partial weight gradients apart
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-2, atol=1e-3)
+        assert sums == {"torch.float32"}, sums   # as eager autocast: summed after the cast's backward
+        assert kept == [], kept                  # stage 3: backward gathers (and casts) its own copy

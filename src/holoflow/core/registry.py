@@ -93,6 +93,10 @@ class Op:
     # amp_keep: input positions that mixed precision never casts (a float32 logsumexp that a
     # low-precision backward reads with its low-precision inputs)
     amp_keep: tuple[int, ...] = ()
+    # reduces(attrs): whether the node sums values across ranks (a boxing from partial sums).
+    # Mixed precision reduces a gradient bound for the optimizer in the dtype it was traced with
+    # (eager's autocast casts it back to the parameter's dtype before reducing it)
+    reduces: Callable | None = None
     # opaque: torch.compile cannot trace the kernel (it runs torch's autograd, say); a function of
     # the device type where that depends on it. A graph compiled with ``enable_compile`` runs
     # such nodes in plain tasks of their own and compiles the runs between them

@@ -49,8 +49,12 @@ def _same_meta(metas, attrs):
     return [metas[0]]
 
 
+def _reduces(attrs: dict) -> bool:
+    return P in attrs["src"]
+
+
 GLOBAL_BOX = defop("global_box", _global_box_kernel, grad=lambda ctx, dy: (dy,), shape=_same_meta, family="boxing",
-                   collective=True)
+                   collective=True, reduces=_reduces)
 
 
 def _bucket_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm) -> tuple:
@@ -94,7 +98,7 @@ def _pack_rows(ts: tuple, n: int) -> torch.Tensor:
 
 
 # gradients bucketed by passes/bucket_grads.py (DDP's buckets), ZeRO-3 gathers by bucket_gathers.py
-GLOBAL_BOX_BUCKET = defop("global_box_bucket", _bucket_kernel, family="boxing", collective=True,
+GLOBAL_BOX_BUCKET = defop("global_box_bucket", _bucket_kernel, family="boxing", collective=True, reduces=_reduces,
                           grad=lambda ctx, *dys: dys, shape=lambda metas, attrs: list(metas))
 
 

@@ -14,7 +14,11 @@ node's inputs), applied to forward and backward nodes alike by op name:
   (the op's shape rule or its kernel on meta tensors), and a changed output is a new Value.
 
 Effect nodes (the optimizer update: parameter gradients) and state write-backs read their values
-cast back to the dtype they had before the rewrite, so the update sees float32 gradients. Casts
+cast back to the dtype they had before the rewrite, so the update sees float32 gradients. A
+backward reduction across ranks (an op that ``reduces``: data parallelism's gradient sums, ZeRO's
+reduce-scatters, tensor parallelism's input-gradient sums) runs in the dtypes it was traced
+with too: a float32 value's gradient is summed over the ranks in float32, as eager's autocast
+sums it after its cast's backward (not in bfloat16, which would round the sum). Casts
 are ``cast`` nodes in the scope and tags of the node that needs them, one per value and dtype.
 """
 from __future__ import annotations
@@ -79,7 +83,7 @@ class _Rewriter:
 
     def node(self, n: Node) -> None:
         ins = [self.cur(x) for x in n.inputs]
-        if n.effect or n.kernel is not None or n.op not in REGISTRY:
+        if n.effect or n.kernel is not None or n.op not in REGISTRY or _gradient_sum(n):
             ins = [self.cast(x, o.dtype, n) if isinstance(x, Value) else x for x, o in zip(ins, n.inputs)]
             self.nodes.append(n.with_(inputs=tuple(ins)) if _changed(ins, n.inputs) else n)
             return
@@ -101,6 +105,12 @@ class _Rewriter:
                      Value(tuple(m.shape), m.dtype, o.device, o.name) for o, m in zip(n.outputs, metas))
         self.env.update((o, w) for o, w in zip(n.outputs, outs) if o is not w)
         self.nodes.append(n.with_(inputs=tuple(ins), outputs=outs, attrs=attrs))
+
+
+def _gradient_sum(n: Node) -> bool:
+    """A backward node that sums values across ranks."""
+    reduces = REGISTRY[n.op].reduces
+    return "bw" in n.tags and reduces is not None and reduces(n.attrs)
 
 
 def _device(n: Node) -> str:

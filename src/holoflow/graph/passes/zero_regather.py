@@ -6,11 +6,15 @@ copy, keeping every gathered parameter alive from its forward use to its backwar
 whole model, which is what stage 3 exists to avoid. This pass gives backward its own gather:
 just before the first backward node that reads a forward copy, a copy of the gather node (new
 value, tags ``bw`` and ``recompute`` so CSE keeps it apart) is emitted and every backward read
-goes to it. memory_plan then frees the forward copy after its last forward use and the backward
-copy after its last backward use: a parameter is whole only around the ops that read it.
+goes to it. A backward read of a value made from the gathered parameter by one-input elementwise
+nodes (mixed precision's cast to bfloat16) gets those nodes replayed on the backward's gather,
+so no whole low-precision copy is kept from forward to backward either. memory_plan then frees
+the forward copy after its last forward use and the backward copy after its last backward use: a
+parameter is whole only around the ops that read it.
 """
 from __future__ import annotations
 
+from ...core.registry import REGISTRY
 from ..ir import IRGraph, Node, Value
 from ..zero import ZERO3
 from . import register
@@ -22,21 +26,41 @@ def zero_regather(g: IRGraph, config=None) -> IRGraph:
     gathers = {n.outputs[0]: n for n in g.nodes if ZERO3 in n.tags and "bw" not in n.tags}
     if not gathers:
         return g
+    # forward values made from a gathered parameter by one-input elementwise nodes (mixed
+    # precision's cast): backward replays the chain on its own gather instead of keeping them
+    chain: dict[Value, tuple[Node, ...]] = {v: () for v in gathers}
+    root: dict[Value, Value] = {v: v for v in gathers}
+    for n in g.nodes:
+        if "bw" in n.tags or n.effect or len(n.outputs) != 1:
+            continue
+        op = REGISTRY.get(n.op)
+        ins = n.value_inputs()
+        if op is not None and op.elementwise and not op.random and n.kernel is None and len(ins) == 1 \
+                and ins[0] in chain:
+            chain[n.outputs[0]] = chain[ins[0]] + (n,)
+            root[n.outputs[0]] = root[ins[0]]
     copies: dict[Value, Value] = {}
     nodes: list[Node] = []
     changed = False
+
+    def copy_of(x: Value) -> Value:
+        if x not in copies:
+            src = gathers[root[x]]
+            cur = copies.setdefault(root[x], Value(root[x].shape, root[x].dtype, root[x].device,
+                                                   placement=root[x].placement, sbp=root[x].sbp))
+            if not any(n.outputs[0] is cur for n in nodes):
+                nodes.append(src.with_(outputs=(cur,), tags=src.tags | {"bw", RECOMPUTE}))
+            for step in chain[x]:
+                out = step.outputs[0]
+                if out not in copies:
+                    copies[out] = Value(out.shape, out.dtype, out.device, placement=out.placement, sbp=out.sbp)
+                    nodes.append(step.with_(inputs=tuple(cur if v is step.inputs[0] else v for v in step.inputs),
+                                            outputs=(copies[out],), tags=step.tags | {"bw", RECOMPUTE}))
+                cur = copies[out]
+        return copies[x]
     for n in g.nodes:
-        if "bw" in n.tags and any(isinstance(x, Value) and x in gathers for x in n.inputs):
-            ins = []
-            for x in n.inputs:
-                if isinstance(x, Value) and x in gathers:
-                    if x not in copies:
-                        src = gathers[x]
-                        copies[x] = Value(x.shape, x.dtype, x.device, placement=x.placement, sbp=x.sbp)
-                        nodes.append(src.with_(outputs=(copies[x],), tags=src.tags | {"bw", RECOMPUTE}))
-                    x = copies[x]
-                ins.append(x)
-            n = n.with_(inputs=tuple(ins))
+        if "bw" in n.tags and any(isinstance(x, Value) and x in chain for x in n.inputs):
+            n = n.with_(inputs=tuple(copy_of(x) if isinstance(x, Value) and x in chain else x for x in n.inputs))
             changed = True
         nodes.append(n)
     return g.with_(nodes=tuple(nodes)) if changed else g
