@@ -10,6 +10,7 @@ import graph_fns
 import holoflow as flow
 from holoflow.distributed import world
 from holoflow.graph.global_graph import GLOBAL_BOX_BUCKET, GLOBAL_BOX_ISSUE, GLOBAL_BOX_WAIT
+from holoflow.core.registry import REGISTRY
 from holoflow.graph.zero import ZERO3, state_bytes
 from holoflow.sbp import B, P, S
 
@@ -359,7 +360,7 @@ def _amp(place, stage: int):
         loss = g(x)
         losses.append((loss.to_global(sbp=B).to_local() if place is not None else loss).item())
     if place is None:
-        return losses, None, None
+        return losses, None, None, None, None
     nodes = list(next(reversed(g._compiled.values())).logical.nodes)
     sums = {str(v.dtype) for n in nodes if "bw" in n.tags and n.op.startswith("global_box")
             and n.attrs["src"] == (P,) for v in n.outputs}
@@ -368,15 +369,26 @@ def _amp(place, stage: int):
         if "bw" not in n.tags and n.value_inputs() and all(x in made_from for x in n.value_inputs()):
             made_from.update(n.outputs)
     kept = [n.op for n in nodes if "bw" in n.tags and any(x in made_from for x in n.value_inputs())]
-    return losses, sums, kept
+    gathered = {str(v.dtype) for n in nodes if ZERO3 in n.tags and REGISTRY[n.op].collective for v in n.outputs}
+    params = [p.to_global(sbp=B).to_local().detach().to_torch() for p in m.parameters()]
+    return losses, sums, kept, gathered, params
 
 
-@pytest.mark.parametrize("stage", [0, 3])
-def test_amp_sums_gradients_in_float32_and_zero3_keeps_no_gathered_copy_for_backward(stage):
-    want, _, _ = _amp(None, 0)
+def test_amp_sums_gradients_in_float32_and_zero3_gathers_bfloat16_for_forward_and_backward():
+    want = _amp(None, 0)[0]
     place = flow.placement("cpu", [0, 1])
-    for losses, sums, kept in world.simulate(2, lambda r: _amp(place, stage)):
+    dp = world.simulate(2, lambda r: _amp(place, 0))
+    for losses, sums, _, gathered, _ in dp:
         # bfloat16 matmuls over half batches round their partial weight gradients apart
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-2, atol=1e-3)
-        assert sums == {"torch.float32"}, sums   # as eager autocast: summed after the cast's backward
-        assert kept == [], kept                  # stage 3: backward gathers (and casts) its own copy
+        assert sums == {"torch.float32"} and gathered == set(), sums   # as eager autocast: summed in float32
+    for (losses, sums, kept, gathered, params), (dp_losses, _, _, _, dp_params) in zip(
+            world.simulate(2, lambda r: _amp(place, 3)), dp):
+        assert sums == {"torch.float32"}, sums
+        assert kept == [], kept   # backward gathers (and casts) its own copy
+        # each shard cast before its gather (a cast commutes with a gather): bfloat16 moves, and
+        # the same bits as plain data parallelism, which casts whole parameters
+        assert gathered == {"torch.bfloat16"}, gathered
+        assert losses == dp_losses
+        for a, b in zip(params, dp_params):
+            assert torch.equal(a, b)

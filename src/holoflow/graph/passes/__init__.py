@@ -57,7 +57,8 @@ def record(name: str, before: IRGraph, after: IRGraph, seconds: float) -> PassRe
 
 PIPELINE: list[PassInfo] = []
 ORDER = ["grad_acc", "amp", "checkpointing", "zero_regather", "cse", "dce", "recompute", "fuse_add_to_output",
-         "fuse_elementwise", "fuse_update", "bucket_grads", "bucket_gathers", "schedule", "memory_plan"]
+         "fuse_elementwise", "fuse_update", "bucket_grads", "bucket_gathers",
+         "schedule", "shard_elementwise", "memory_plan"]
 
 
 def register(name: str, enabled: Callable = lambda cfg: True):
