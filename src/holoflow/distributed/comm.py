@@ -193,20 +193,11 @@ def reduce_scatter_rows(t: torch.Tensor, ranks: Sequence[int], async_op: bool = 
     _index(r)
     if len(r) == 1:
         return Handle(None, None, lambda: t) if async_op else t
-    key = normalize(r)
-    if key != r or not t.is_contiguous() or t.shape[0] % len(r):
+    if normalize(r) != r or not t.is_contiguous() or t.shape[0] % len(r):
         raise HoloflowError(f"holoflow.comm.reduce_scatter_rows: needs sorted ranks and rows divisible by "
                             f"{len(r)} (got ranks {list(r)}, shape {tuple(t.shape)})")
     out = t.new_empty((t.shape[0] // len(r),) + tuple(t.shape[1:]))
-    info = begin("reduce_scatter", key, _nbytes(t), t)
-    shm = shm_comm.transport(key, t)   # ranks of one host: through shared memory
-    if shm is not None:
-        work = launch_checked(info, lambda: shm.reduce_scatter(t, out))
-    else:
-        g = group_for(key)
-        work = launch_checked(info, lambda: _REDUCE_SCATTER(out.view(-1), t.view(-1), group=g, async_op=True))
-    h = Handle(work, info, lambda: out)
-    return h if async_op else h.wait()
+    return _rows("reduce_scatter", r, t, out, _REDUCE_SCATTER, async_op)
 
 
 def all_gather_rows(t: torch.Tensor, ranks: Sequence[int], async_op: bool = False) -> torch.Tensor | Handle:
@@ -217,18 +208,23 @@ def all_gather_rows(t: torch.Tensor, ranks: Sequence[int], async_op: bool = Fals
     _index(r)
     if len(r) == 1:
         return Handle(None, None, lambda: t) if async_op else t
-    key = normalize(r)
-    if key != r or t.dim() == 0 or not t.is_contiguous():
+    if normalize(r) != r or t.dim() == 0 or not t.is_contiguous():
         raise HoloflowError(f"holoflow.comm.all_gather_rows: needs sorted ranks and a contiguous tensor of at "
                             f"least one dim (got ranks {list(r)}, shape {tuple(t.shape)})")
     out = t.new_empty((len(r) * t.shape[0],) + tuple(t.shape[1:]))
-    info = begin("all_gather", key, _nbytes(t), t)
-    shm = shm_comm.transport(key, t)   # ranks of one host: through shared memory
+    return _rows("all_gather", r, t, out, _ALL_GATHER, async_op)
+
+
+def _rows(kind: str, key: tuple[int, ...], t: torch.Tensor, out: torch.Tensor, gloo, async_op: bool):
+    """``kind`` from ``t`` into ``out``, flat: through shared memory between ranks of one host,
+    else the backend's collective (``gloo``); counted, checked and timed out as every call is."""
+    info = begin(kind, key, _nbytes(t), t)
+    shm = shm_comm.transport(key, t)
     if shm is not None:
-        work = launch_checked(info, lambda: shm.all_gather(t, out))
+        work = launch_checked(info, lambda: getattr(shm, kind)(t, out))
     else:
         g = group_for(key)
-        work = launch_checked(info, lambda: _ALL_GATHER(out.view(-1), t.view(-1), group=g, async_op=True))
+        work = launch_checked(info, lambda: gloo(out.view(-1), t.view(-1), group=g, async_op=True))
     h = Handle(work, info, lambda: out)
     return h if async_op else h.wait()
 
