@@ -84,6 +84,30 @@ def _bucket_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm) -> tuple
     return tuple(p.view(t.shape) for p, t in zip(flat.split([t.numel() for t in ts]), ts))
 
 
+def merge_boxes(g: IRGraph, buckets: list[list[int]], at_last: bool) -> IRGraph:
+    """``g`` with each run of one-value boxing nodes in ``buckets`` (node indices, same placement
+    and SBPs) replaced by one ``global_box_bucket`` standing at its last member's place
+    (``at_last``: gradients, once the last exists) or its first's (state, wanted from the first
+    reader on); runs of one are left alone."""
+    merged: dict[int, Node] = {}
+    dropped: set[int] = set()
+    for members in buckets:
+        if len(members) < 2:
+            continue
+        nodes = [g.nodes[i] for i in members]
+        here = members[-1] if at_last else members[0]
+        lead = g.nodes[here]
+        a = lead.attrs
+        merged[here] = Node(GLOBAL_BOX_BUCKET.name, tuple(n.inputs[0] for n in nodes),
+                            {"place": a["place"], "src": a["src"], "dst": a["dst"]},
+                            tuple(n.outputs[0] for n in nodes), lead.source, lead.scope, tags=lead.tags,
+                            sbp=(tuple(a["src"] for _ in nodes), tuple(a["dst"] for _ in nodes)))
+        dropped.update(i for i in members if i != here)
+    if not merged:
+        return g
+    return g.with_(nodes=tuple(merged.get(i, n) for i, n in enumerate(g.nodes) if i not in dropped))
+
+
 def _unpack_rows(out: torch.Tensor, shapes: tuple, n: int) -> tuple:
     """The inverse of `_pack_rows` for a gather: from rank-major ``out`` (each rank's shards of
     every value in turn), each value's rows of every rank stacked (a copy)."""

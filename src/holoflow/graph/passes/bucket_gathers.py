@@ -24,7 +24,7 @@ from __future__ import annotations
 from ...core.registry import REGISTRY
 from ...core.sbp import B
 from ...distributed.boxing import plan as box_plan
-from ..global_graph import GLOBAL_BOX_BUCKET, unwritten
+from ..global_graph import merge_boxes, unwritten
 from ..ir import AliasGroups, IRGraph, Node
 from . import register
 
@@ -75,18 +75,4 @@ def bucket_gathers(g: IRGraph, config=None) -> IRGraph:
                 last.append(i)
                 continue
         buckets.append([i])
-    merged: dict[int, Node] = {}
-    dropped: set[int] = set()
-    for b in buckets:
-        if len(b) < 2:
-            continue
-        nodes = [g.nodes[i] for i in b]
-        first, a = nodes[0], nodes[0].attrs
-        merged[b[0]] = Node(GLOBAL_BOX_BUCKET.name, tuple(n.inputs[0] for n in nodes),
-                            {"place": a["place"], "src": a["src"], "dst": a["dst"]},
-                            tuple(n.outputs[0] for n in nodes), first.source, first.scope, tags=first.tags,
-                            sbp=(tuple(a["src"] for _ in nodes), tuple(a["dst"] for _ in nodes)))
-        dropped.update(b[1:])
-    if not merged:
-        return g
-    return g.with_(nodes=tuple(merged.get(i, n) for i, n in enumerate(g.nodes) if i not in dropped))
+    return merge_boxes(g, buckets, at_last=False)

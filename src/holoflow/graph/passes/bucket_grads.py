@@ -32,7 +32,7 @@ import torch
 from ...core.registry import REGISTRY
 from ...distributed.boxing import plan as box_plan
 from ...core.sbp import B
-from ..global_graph import GLOBAL_BOX_BUCKET
+from ..global_graph import merge_boxes
 from ..ir import IRGraph, Node
 from . import register
 
@@ -117,19 +117,4 @@ def bucket_grads(g: IRGraph, config) -> IRGraph:
         open_[key] = (cur[0] + [i], cur[1] + out.nbytes, min(cur[2], first_use.get(out, len(g.nodes))))
     for k, b in open_.items():   # the last bucket overlaps nothing: at most `first` bytes too
         buckets += [(k, m) for m in _split_tail(g, b[0], first)]
-    merged: dict[int, Node] = {}
-    dropped: set[int] = set()
-    for _, members in buckets:
-        if len(members) < 2:
-            continue
-        nodes = [g.nodes[i] for i in members]
-        last = nodes[-1]
-        a = last.attrs
-        merged[members[-1]] = Node(GLOBAL_BOX_BUCKET.name, tuple(n.inputs[0] for n in nodes),
-                                   {"place": a["place"], "src": a["src"], "dst": a["dst"]},
-                                   tuple(n.outputs[0] for n in nodes), last.source, last.scope, tags=last.tags,
-                                   sbp=(tuple(a["src"] for _ in nodes), tuple(a["dst"] for _ in nodes)))
-        dropped.update(members[:-1])
-    if not merged:
-        return g
-    return g.with_(nodes=tuple(merged.get(i, n) for i, n in enumerate(g.nodes) if i not in dropped))
+    return merge_boxes(g, [members for _, members in buckets], at_last=True)
