@@ -43,21 +43,26 @@ def zero_regather(g: IRGraph, config=None) -> IRGraph:
     nodes: list[Node] = []
     changed = False
 
+    def like(v: Value) -> Value:
+        return Value(v.shape, v.dtype, v.device, placement=v.placement, sbp=v.sbp)
+
     def copy_of(x: Value) -> Value:
-        if x not in copies:
-            src = gathers[root[x]]
-            cur = copies.setdefault(root[x], Value(root[x].shape, root[x].dtype, root[x].device,
-                                                   placement=root[x].placement, sbp=root[x].sbp))
-            if not any(n.outputs[0] is cur for n in nodes):
-                nodes.append(src.with_(outputs=(cur,), tags=src.tags | {"bw", RECOMPUTE}))
-            for step in chain[x]:
-                out = step.outputs[0]
-                if out not in copies:
-                    copies[out] = Value(out.shape, out.dtype, out.device, placement=out.placement, sbp=out.sbp)
-                    nodes.append(step.with_(inputs=tuple(cur if v is step.inputs[0] else v for v in step.inputs),
-                                            outputs=(copies[out],), tags=step.tags | {"bw", RECOMPUTE}))
-                cur = copies[out]
-        return copies[x]
+        """The backward's copy of forward value ``x``: its gather, then its chain, each made once."""
+        r = root[x]
+        if r not in copies:
+            src = gathers[r]
+            copies[r] = like(r)
+            nodes.append(src.with_(outputs=(copies[r],), tags=src.tags | {"bw", RECOMPUTE}))
+        cur = copies[r]
+        for step in chain[x]:
+            out = step.outputs[0]
+            if out not in copies:
+                copies[out] = like(out)
+                prev = step.value_inputs()[0]
+                nodes.append(step.with_(inputs=tuple(cur if v is prev else v for v in step.inputs),
+                                        outputs=(copies[out],), tags=step.tags | {"bw", RECOMPUTE}))
+            cur = copies[out]
+        return cur
     for n in g.nodes:
         if "bw" in n.tags and any(isinstance(x, Value) and x in chain for x in n.inputs):
             n = n.with_(inputs=tuple(copy_of(x) if isinstance(x, Value) and x in chain else x for x in n.inputs))
