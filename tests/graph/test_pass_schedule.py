@@ -208,21 +208,24 @@ def test_the_gathers_of_one_module_unit_share_one_collective():
 
 def test_a_gathers_only_elementwise_reader_runs_on_the_shards():
     """cast(gather(w)) becomes gather(cast(w)) (the same bits, half the bytes moved); a gather read
-    twice, or read by a two-input op, or returned, keeps its reader after it."""
-    w1, w2, w3, w4, x = (val(4, name=n) for n in ("w1", "w2", "w3", "w4", "x"))
-    g1, g2, g3, g4, e2, e2b, s3, c4 = (val(8) for _ in range(8))
+    twice, or read by a two-input op, or returned, or by an op writing in place (it would write
+    the parameter's rows), keeps its reader after it."""
+    w1, w2, w3, w4, w5, x = (val(4, name=n) for n in ("w1", "w2", "w3", "w4", "w5", "x"))
+    g1, g2, g3, g4, g5, e2, e2b, s3, c4, e5 = (val(8) for _ in range(10))
     low = Value((8,), torch.bfloat16)
     nodes = (gather(w1, g1), node("cast", (g1,), (low,), dtype=torch.bfloat16),
              gather(w2, g2), node("exp", (g2,), (e2,)), node("neg", (g2,), (e2b,)),
              gather(w3, g3), node("add", (g3, x), (s3,)),
-             gather(w4, g4), node("exp", (g4,), (c4,)))
-    g = check(IRGraph((x,), tuple((w, torch.ones(4)) for w in (w1, w2, w3, w4)), nodes, (low, e2, e2b, s3, g4)))
+             gather(w4, g4), node("exp", (g4,), (c4,)),
+             gather(w5, g5), node("exp", (g5,), (e5,)).with_(tags=frozenset({"inplace"})))
+    g = check(IRGraph((x,), tuple((w, torch.ones(4)) for w in (w1, w2, w3, w4, w5)), nodes,
+                      (low, e2, e2b, s3, g4, e5)))
     out = check(shard_elementwise(g))
     ops = [(n.op, [v.name or v.dtype for v in n.value_inputs()]) for n in out.nodes]
     assert ops[:2] == [("cast", ["w1"]), ("global_box", [torch.bfloat16])], ops
     moved = out.nodes[1]
     assert moved.outputs == (low,) and out.nodes[0].outputs[0].shape == (4,)   # the cast of the rows
-    assert [n.op for n in out.nodes[2:]] == [n.op for n in nodes[2:]]   # the other three as they were
+    assert [n.op for n in out.nodes[2:]] == [n.op for n in nodes[2:]]   # the other four as they were
 
 
 def test_no_collectives_no_change():

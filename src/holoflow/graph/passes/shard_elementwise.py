@@ -8,10 +8,11 @@ instead, the cast touches 1/N of the elements, the gather moves bfloat16 values 
 bytes) and no whole float32 copy is ever made; FSDP's mixed precision gathers its parameter
 dtype the same way. Gather buckets (passes/bucket_gathers.py) move every member's op.
 
-Candidates: a node whose collective only all-gathers (``box_plan`` steps), each of whose
-outputs has one reader, a forward or backward node of an ``elementwise`` op (not random, no own
-kernel, one tensor input, one output). The moved node takes its layout from its input (no
-signature), the gather's outputs become the ops' outputs.
+Candidates: a node whose collective only all-gathers (``box_plan`` steps), each of whose outputs
+has one reader, a forward or backward node of an ``elementwise`` op (not random, not
+writing in place: it would write the shard, no own kernel, one tensor input, one output). The
+moved node takes its layout from its input (no signature), the gather's outputs become the ops'
+outputs.
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ def _only_gathers(n: Node) -> bool:
 
 def _unary(n: Node) -> bool:
     op = REGISTRY.get(n.op)
-    return (op is not None and op.elementwise and not op.random and n.kernel is None and not n.effect
-            and len(n.value_inputs()) == 1 and len(n.outputs) == 1)
+    return (op is not None and op.elementwise and not op.random and n.kernel is None
+            and not n.effect and "inplace" not in n.tags and len(n.value_inputs()) == 1 and len(n.outputs) == 1)
 
 
 @register("shard_elementwise", enabled=lambda cfg: getattr(cfg, "global_graph", False))
