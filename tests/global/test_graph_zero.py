@@ -83,10 +83,11 @@ def test_zero3_trains_like_single_process_with_sharded_parameters(opt_kind, n):
         assert got["param_bytes"] == want["param_bytes"] - 4 * sharded * (n - 1) // n
         per_elem = 8 if opt_kind == "adamw" else 4
         assert got["state"] == want["state"] - per_elem * sharded * (n - 1) // n, (got["state"], want["state"])
-        # each sharded parameter gathered before its forward use; backward gathers again what it
-        # reads (only the second weight: the first layer's input needs no gradient, biases are not
-        # read); gradients of the sharded ones reduce-scattered (1/n of their bytes each)
-        assert sorted(got["gathers"]) == [False, False, False, True], got["gathers"]
+        # each sharded parameter gathered before its forward use; backward reads only the second
+        # weight (the first layer's input needs no gradient, biases are not read), the last one
+        # gathered in forward: it reads the forward copy (test_zero3_backward_gathers_again...);
+        # gradients of the sharded ones reduce-scattered (1/n of their bytes each)
+        assert sorted(got["gathers"]) == [False, False, False], got["gathers"]
         assert [bw for s, d, bw in got["boxes"] if (s, d) == ((P,), (S(0),))] == [True] * 3, got["boxes"]
         # their rows split evenly (n = 2, 4): one reduce-scatter for the three
         assert got["scatter_buckets"] == [3], got["scatter_buckets"]
@@ -104,41 +105,37 @@ def test_zero3_gathers_bucketed_and_issued_ahead_train_bit_for_bit_like_gathers_
         assert a["losses"] == b["losses"]
         for x, y in zip(a["params"], b["params"]):
             assert torch.equal(x, y)
-        # the first Linear's weight and bias in one collective; the second's weight in forward, and
-        # again in backward (never in a bucket with a forward gather)
-        assert a["gather_buckets"] == [2, 1, 1] and b["gather_buckets"] == [1, 1, 1, 1], a["gather_buckets"]
-        # every bucket after the first goes ahead; in place, only the first bias's, which stands
+        # the first Linear's weight and bias in one collective, then the second's weight
+        assert a["gather_buckets"] == [2, 1] and b["gather_buckets"] == [1, 1, 1], a["gather_buckets"]
+        # the second bucket goes ahead; in place, only the first bias's gather, which stands
         # before the first weight's reader (both read by the same linear)
-        assert a["ahead"] == 2 and b["ahead"] == 1, (a["ahead"], b["ahead"])
+        assert a["ahead"] == 1 and b["ahead"] == 1, (a["ahead"], b["ahead"])
 
 
-def test_zero3_backward_reads_its_own_gather_so_the_forward_copy_is_freed():
+def test_zero3_backward_gathers_again_except_the_last_gathered_parameters():
+    """Backward reads a parameter through its own gather (the forward copy is freed after its
+    last forward use), except the last ones gathered in forward: no other gather comes between
+    their forward and backward uses, so backward reads the forward copy (FSDP's root unit)."""
     place = flow.placement("cpu", [0, 1])
 
     def run(rank):
-        m = _model()
+        flow.manual_seed(0)
+        m = flow.nn.Sequential(flow.nn.Linear(16, 64), flow.nn.GELU(), flow.nn.Linear(64, 64), flow.nn.GELU(),
+                               flow.nn.Linear(64, 16))
         m.to_global(place, B)
-        opt = flow.optim.SGD(m.parameters(), lr=0.1)
-
-        class G(flow.nn.Graph):
-            def __init__(self):
-                super().__init__()
-                self.m = m
-                self.add_optimizer(opt)
-                self.config.enable_zero(True, stage=3, shard_min_size=64)
-
-            def build(self, x):
-                loss = self.m(x).square().mean()
-                loss.backward()
-                return loss
-        g = G()
+        g = graph_fns.square_loss_graph(m, flow.optim.SGD(m.parameters(), lr=0.1), 3)
         g(flow.ones(8, 16, placement=place, sbp=S(0)))
         nodes = list(next(reversed(g._compiled.values())).logical.nodes)
-        fwd = {v for n in nodes if ZERO3 in n.tags and "bw" not in n.tags for v in n.outputs}
-        readers = [n for n in nodes if "bw" in n.tags and any(v in fwd for v in n.value_inputs())]
-        return len(fwd), readers
-    for n_fwd, readers in world.simulate(2, run):
-        assert n_fwd == 3 and readers == [], readers
+        names = {p: k for k, p in zip(("w1", "b1", "w2", "b2", "w3"), (v for n in nodes if ZERO3 in n.tags
+                                                                     and "bw" not in n.tags for v in n.inputs))}
+        fwd = {v: names[x] for n in nodes if ZERO3 in n.tags and "bw" not in n.tags for x, v in zip(n.inputs,
+                                                                                                   n.outputs)}
+        bw_gathers = [names[x] for n in nodes if ZERO3 in n.tags and "bw" in n.tags for x in n.inputs]
+        read_fwd = sorted({fwd[v] for n in nodes if "bw" in n.tags for v in n.value_inputs() if v in fwd})
+        return bw_gathers, read_fwd
+    for bw_gathers, read_fwd in world.simulate(2, run):
+        # the middle weight gathered again for backward; the last one's forward copy read
+        assert bw_gathers == ["w2"] and read_fwd == ["w3"], (bw_gathers, read_fwd)
 
 
 def test_zero_stage_4_does_not_exist():
@@ -385,7 +382,7 @@ def test_amp_sums_gradients_in_float32_and_zero3_gathers_bfloat16_for_forward_an
     for (losses, sums, kept, gathered, params), (dp_losses, _, _, _, dp_params) in zip(
             world.simulate(2, lambda r: _amp(place, 3)), dp):
         assert sums == {"torch.float32"}, sums
-        assert kept == [], kept   # backward gathers (and casts) its own copy
+        assert kept == ["linear_grad_input"], kept   # only the last gathered weight's cast (see above)
         # each shard cast before its gather (a cast commutes with a gather): bfloat16 moves, and
         # the same bits as plain data parallelism, which casts whole parameters
         assert gathered == {"torch.bfloat16"}, gathered

@@ -84,7 +84,7 @@ def count() -> Iterator[CommCount]:
 
 def count_simulated(kind: str, nbytes: int, size: int, rank: int) -> None:
     """Records a simulated collective of ``rank`` in the counters that rank opened."""
-    for c in _COUNTERS:
+    for c in tuple(_COUNTERS):   # a snapshot: other simulated ranks open and close theirs meanwhile
         if c.sim_rank == rank:
             c.add(kind, nbytes, size)
 

@@ -10,7 +10,9 @@ goes to it. A backward read of a value made from the gathered parameter by one-i
 nodes (mixed precision's cast to bfloat16) gets those nodes replayed on the backward's gather,
 so no whole low-precision copy is kept from forward to backward either. memory_plan then frees
 the forward copy after its last forward use and the backward copy after its last backward use: a
-parameter is whole only around the ops that read it.
+parameter is whole only around the ops that read it. The last parameters gathered in forward (no
+other gather before backward first reads them: a tied output head's) are kept instead, as FSDP
+keeps its root unit: gathering them again at once would only cost a collective.
 """
 from __future__ import annotations
 
@@ -39,6 +41,25 @@ def zero_regather(g: IRGraph, config=None) -> IRGraph:
                 and ins[0] in chain:
             chain[n.outputs[0]] = chain[ins[0]] + (n,)
             root[n.outputs[0]] = root[ins[0]]
+    # the last parameters gathered in forward (a tied output head's): no other gather between
+    # their last forward reader and backward's first, so backward reads the forward copy (as
+    # FSDP keeps its root unit gathered after forward) instead of gathering it again at once
+    where = {id(n): i for i, n in enumerate(g.nodes)}
+    gather_at = sorted(where[id(n)] for n in gathers.values())
+    last_fwd: dict[Value, int] = {}
+    first_bw: dict[Value, int] = {}
+    for i, n in enumerate(g.nodes):
+        for x in n.value_inputs():
+            if x in chain:
+                if "bw" in n.tags:
+                    first_bw.setdefault(root[x], i)
+                else:
+                    last_fwd[root[x]] = i
+    kept = {r for r in gathers if r in first_bw and not any(
+        last_fwd.get(r, where[id(gathers[r])]) < i < first_bw[r] for i in gather_at)}
+    chain = {v: c for v, c in chain.items() if root[v] not in kept}
+    if not chain:
+        return g
     copies: dict[Value, Value] = {}
     nodes: list[Node] = []
     changed = False
