@@ -372,6 +372,9 @@ class Shm:
         """Queues summing block ``index`` (of ``n`` equal blocks of the contiguous ``t``) over the
         ranks into the contiguous ``out`` (in rank order, as the all-reduce sums: the same bits).
         ``t`` must not change until the work completes."""
+        if self.n * t.element_size() > self.slot:   # a chunk holds at least one element of each block
+            raise ShmError(f"shared-memory reduce_scatter on group {list(self.ranks)}: a slot of {self.slot} bytes "
+                           f"cannot hold one {t.dtype} element per rank; raise HOLOFLOW_SHM_SLOT_MB")
         return self._queue_op(_Op([t.view(-1)], out.view(-1), "sum", "reduce_scatter", self.n))
 
     def _queue_op(self, o: _Op) -> Work:
