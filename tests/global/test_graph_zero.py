@@ -27,6 +27,25 @@ def _model():
     return m
 
 
+def _train(g, place, rows=None) -> list[torch.Tensor]:
+    """STEPS steps of graph ``g`` on seeded batches of 8 x 16 (S(0) over ``place``, or local with
+    its rows in the order ``rows``): each step's loss, whole."""
+    losses = []
+    for i in range(STEPS):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(i))
+        if place is None:
+            losses.append(g(flow.from_torch(x if rows is None else x[rows])).to_torch())
+        else:
+            losses.append(g(flow.from_torch(x).to_global(place, B).to_global(sbp=S(0))).to_global(sbp=B)
+                          .to_local().to_torch())
+    return losses
+
+
+def _whole(m, place) -> list[torch.Tensor]:
+    """``m``'s parameters, whole."""
+    return [(p.to_global(sbp=B).to_local() if place is not None else p).detach().to_torch() for p in m.parameters()]
+
+
 def _run(place, stage: int, opt_kind: str, n: int = 2, gather_ahead: bool = True):
     m = _model()
     if place is not None:
@@ -36,15 +55,9 @@ def _run(place, stage: int, opt_kind: str, n: int = 2, gather_ahead: bool = True
 
     g = graph_fns.square_loss_graph(m, opt, stage)
     g.config.gather_ahead = gather_ahead
-    losses = []
-    for i in range(STEPS):
-        x = flow.from_torch(torch.randn(8, 16, generator=torch.Generator().manual_seed(i)))
-        if place is not None:
-            x = x.to_global(place, B).to_global(sbp=S(0))
-        loss = g(x)
-        losses.append((loss.to_global(sbp=B).to_local() if place is not None else loss).item())
+    losses = [loss.item() for loss in _train(g, place)]
     params = list(m.parameters())
-    whole = [(p.to_global(sbp=B).to_local() if place is not None else p).detach().to_torch() for p in params]
+    whole = _whole(m, place)
     local_bytes = sum(p._data.numel() * p._data.element_size() for p in params)
     info = {"losses": losses, "params": whole, "state": state_bytes(opt), "param_bytes": local_bytes,
             "sbps": [tuple(p.sbp) if place is not None else None for p in params]}
@@ -271,10 +284,8 @@ def _uneven(place, stage: int):
         m.to_global(place, B)
     opt = flow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     graph = graph_fns.square_loss_graph(m, opt, stage)
-    for i in range(STEPS):
-        x = flow.from_torch(torch.randn(8, 16, generator=torch.Generator().manual_seed(i)))
-        graph(x.to_global(place, B).to_global(sbp=S(0)) if place is not None else x)
-    params = [(p.to_global(sbp=B).to_local() if place is not None else p).detach().to_torch() for p in m.parameters()]
+    _train(graph, place)
+    params = _whole(m, place)
     if place is None:
         return params, None
     nodes = list(next(reversed(graph._compiled.values())).logical.nodes)
@@ -311,16 +322,8 @@ def _accumulated(place, stage: int):
     opt = flow.optim.AdamW(m.parameters(), lr=0.01)
     g = graph_fns.square_loss_graph(m, opt, stage)
     g.config.set_gradient_accumulation_steps(2)
-    losses = []
-    for i in range(STEPS):
-        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(i))
-        x = flow.from_torch(x) if place is not None else flow.from_torch(x[INTERLEAVED])
-        if place is not None:
-            x = x.to_global(place, B).to_global(sbp=S(0))
-        loss = g(x)
-        losses += (loss.to_global(sbp=B).to_local() if place is not None else loss).to_torch().tolist()
-    return losses, [(p.to_global(sbp=B).to_local() if place is not None else p).detach().to_torch()
-                    for p in m.parameters()]
+    losses = [v for loss in _train(g, place, INTERLEAVED) for v in loss.tolist()]
+    return losses, _whole(m, place)
 
 
 def _accumulated_on(rank: int, stage: int):
@@ -349,13 +352,7 @@ def _amp(place, stage: int):
     opt = flow.optim.AdamW(m.parameters(), lr=0.01)
     g = graph_fns.square_loss_graph(m, opt, stage)
     g.config.enable_amp(True, dtype=flow.bfloat16)
-    losses = []
-    for i in range(STEPS):
-        x = flow.from_torch(torch.randn(8, 16, generator=torch.Generator().manual_seed(i)))
-        if place is not None:
-            x = x.to_global(place, B).to_global(sbp=S(0))
-        loss = g(x)
-        losses.append((loss.to_global(sbp=B).to_local() if place is not None else loss).item())
+    losses = [loss.item() for loss in _train(g, place)]
     if place is None:
         return losses, None, None, None, None
     nodes = list(next(reversed(g._compiled.values())).logical.nodes)
@@ -367,8 +364,7 @@ def _amp(place, stage: int):
             made_from.update(n.outputs)
     kept = [n.op for n in nodes if "bw" in n.tags and any(x in made_from for x in n.value_inputs())]
     gathered = {str(v.dtype) for n in nodes if ZERO3 in n.tags and REGISTRY[n.op].collective for v in n.outputs}
-    params = [p.to_global(sbp=B).to_local().detach().to_torch() for p in m.parameters()]
-    return losses, sums, kept, gathered, params
+    return losses, sums, kept, gathered, _whole(m, place)
 
 
 def test_amp_sums_gradients_in_float32_and_zero3_gathers_bfloat16_for_forward_and_backward():
