@@ -96,9 +96,13 @@ def _eager(op: Op, inputs: tuple, attrs: dict):
     except Exception as e:  # a user mistake surfaces as holoflow's error, never torch's bare one
         raise op_error(op, inputs, attrs, e) from e
     record = needs_grad and op.grad is not None and _STATE.enabled
-    if not record and type(out) is torch.Tensor:  # the hot path, inlined
+    if type(out) is torch.Tensor:  # one output: wrap, inlined (the hot path)
         t = _new(Tensor)
         t._data, t._rg, t._grad, t.grad_fn, t._out_idx, t._hooks, t._global = out, False, None, None, 0, None, None
+        if record:
+            node = _record(op, inputs, attrs, (out,))
+            if out.is_floating_point() or out.is_complex():
+                t._rg, t.grad_fn = True, node
         if op.view:
             d = datas[0]
             b = out._base   # views.aliases, inlined

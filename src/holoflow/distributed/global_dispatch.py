@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import itertools
 
-
-
 import torch
 
 from ..core.dispatch import EAGER, local_alias, run_local
@@ -18,7 +16,7 @@ from ..core.interpret import Interpreter
 from ..core.registry import Meta, Op, infer_metas
 from ..core.sbp import B
 from ..core.tensor import Tensor
-from . import world
+from . import rng, world
 from .boxing import apply_box, cost
 from .comm_check import user_site
 from .global_tensor import GlobalMeta, absent_outputs, from_full, leaves_ranks_out, make_global, world_ranks
@@ -173,6 +171,10 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
             local_in.append(x)
             saved.append(x)
     la = local_attrs(op, attrs, metas, sig[0], place, rank)
+    if op.random:   # this shard's own draws: equal across broadcast ranks, distinct across shards
+        dev = next(x._data.device for x in local_in if isinstance(x, Tensor))
+        seed = rng.rank_seed(rng.agreed_seed(place, attrs.get("generator")), place, sig[1][0], rank, op.name)
+        la = {**la, "generator": rng.generator_for(seed, dev)}
     out = run_local(op, tuple(local_in), la, tuple(saved))
     outs = (out,) if isinstance(out, Tensor) else tuple(out)
     if logical is None:

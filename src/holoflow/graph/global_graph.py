@@ -26,7 +26,7 @@ from ..core.errors import HoloflowError
 from ..core.registry import REGISTRY, Meta, defop
 from ..core.sbp import B, P
 from ..core.tensor import Tensor
-from ..distributed import comm_track, world
+from ..distributed import comm_track, rng, world
 from ..distributed.boxing import cost, plan as box_plan, run_step, sizes_along
 from ..distributed.global_dispatch import local_attrs
 from ..distributed.global_tensor import ABSENT, GlobalMeta, make_global
@@ -345,8 +345,10 @@ def is_global(g: IRGraph) -> bool:
     return any(v.placement is not None for v in g.feeds) or any(v.placement is not None for v, _ in g.state)
 
 
-def localize(g: IRGraph, rank: int, comm: Any = None) -> IRGraph:
-    """Rank ``rank``'s graph: local shapes, local attrs, boxing nodes bound to the communicator."""
+def localize(g: IRGraph, rank: int, comm: Any = None, seed: int = 0) -> IRGraph:
+    """Rank ``rank``'s graph: local shapes, local attrs, boxing nodes bound to the communicator,
+    and each random node a generator of its own (distributed/rng.py): node ``i`` of a graph whose
+    ranks agreed on ``seed`` draws from ``rank_seed(mix(seed, i), ...)``, advanced by every run."""
     comm = comm if comm is not None else world.comm()
     layout = _layouts(g)
     vals: dict[Value, Value] = {}
@@ -364,7 +366,7 @@ def localize(g: IRGraph, rank: int, comm: Any = None) -> IRGraph:
 
     nodes = []
     node_map: dict[int, Node] = {}
-    for n in g.nodes:
+    for i, n in enumerate(g.nodes):
         attrs = n.attrs
         op = REGISTRY.get(n.op)
         if _absent_here(n, layout, rank):   # one program on every rank: skip it as eager does
@@ -382,6 +384,9 @@ def localize(g: IRGraph, rank: int, comm: Any = None) -> IRGraph:
             place = next(layout[v][0] for v in n.value_inputs() if v in layout)
             metas = [Meta(v.shape, v.dtype, v.device) if isinstance(v, Value) else v for v in n.inputs]
             attrs = local_attrs(op, attrs, metas, n.sbp[0], place, rank)
+            if op.random and n.kernel is None and n.value_inputs():
+                own = rng.rank_seed(rng.mix(seed, i), place, n.sbp[1][0], rank, op.name)
+                attrs = {**attrs, "generator": rng.generator_for(own, n.value_inputs()[0].device)}
         new = n.with_(inputs=tuple(loc(v) for v in n.inputs), outputs=tuple(loc(v) for v in n.outputs),
                       attrs=attrs)
         node_map[id(n)] = new
@@ -412,23 +417,31 @@ def fingerprint(g: IRGraph) -> str:
     return h.hexdigest()[:16]
 
 
-def check_same_program(g: IRGraph) -> None:
+def check_same_program(g: IRGraph) -> int:
     """Compares the graph's fingerprint across the ranks of its placement before anything runs:
     a rank that traced another program (a data-dependent branch, another model) fails on every
-    rank, naming the ranks, instead of issuing mismatched collectives."""
+    rank, naming the ranks, instead of issuing mismatched collectives. Returns the graph's random
+    seed, the first rank's draw, agreed in the same exchange (``localize``'s ``seed``)."""
+    seed = rng.draw()
     place = next((v.placement for v in (*g.feeds, *(v for v, _ in g.state)) if v.placement is not None), None)
     if place is None or len(place.flat_ranks) < 2 or place.coords(world.rank()) is None:
-        return   # (a rank outside the placement runs the program without data: nothing to compare)
-    mine = fingerprint(g)
-    got = world.comm().all_gather_shapes(mine, place.flat_ranks)
-    if len(set(got)) > 1:
+        return seed   # (a rank outside the placement runs the program without data: nothing to compare)
+    return agree_program(fingerprint(g), seed, place.flat_ranks, f"the ranks of {place}")
+
+
+def agree_program(mine: str, seed: int, ranks: tuple, who: str) -> int:
+    """All-gathers ``(fingerprint, seed)`` among ``ranks``: fails on every rank, naming them, if
+    the fingerprints differ; else the first rank's seed."""
+    got = world.comm().all_gather_shapes((mine, seed), ranks)
+    if len({f for f, _ in got}) > 1:
         by: dict = {}
-        for r, f in zip(place.flat_ranks, got):
+        for r, (f, _) in zip(ranks, got):
             by.setdefault(f, []).append(r)
         groups = "; ".join(f"ranks {rs}: {f}" for f, rs in by.items())
-        raise HoloflowError(f"holoflow.nn.Graph: the ranks of {place} traced different programs "
+        raise HoloflowError(f"holoflow.nn.Graph: {who} traced different programs "
                             f"(graph fingerprints {groups}); every rank must build the same graph — "
                             f"look for branches on rank-dependent values or different models/inputs")
+    return got[0][1]
 
 
 def _layouts(g: IRGraph) -> dict:

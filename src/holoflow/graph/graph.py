@@ -266,8 +266,7 @@ class Graph:
         ir = passes.run(ir, cfg, log)
         logical = ir
         if is_global(ir):  # this rank's plan, derived from the logical graph without communication
-            check_same_program(ir)
-            ir = localize(ir, world.rank())
+            ir = localize(ir, world.rank(), seed=check_same_program(ir))
         lowered = lower(ir, profile=self.config.profiling, compile_tasks=self.config.compile_tasks,
                         gather_ahead=self.config.gather_ahead)
         c = Compiled(ir, lowered, self.config.executor, time.perf_counter() - t0, self.config.profiling, log,
@@ -297,8 +296,9 @@ class Graph:
         cfg.grad_acc_steps, cfg.allreduce_bucket_mb = 1, 0
         ir = passes.run(ir, cfg, log)
         placements = stages.placements if stages is not None else implicit_placements(ir)
-        pipeline.check_same_program(ir, placements)
+        seed = pipeline.check_same_program(ir, placements)
         c = PipelineCompiled(ir, placements, m, self.config.pipeline_schedule, memory=self.config.pipeline_memory,
+                             seed=seed,
                              rank=world.rank(), comm=world.comm(), passes_log=log,
                              compile_s=time.perf_counter() - t0, profile=self.config.profiling)
         self._log = log

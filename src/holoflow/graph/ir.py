@@ -184,9 +184,10 @@ def talks(n: Node) -> bool:
 
 
 def uncompilable(n: Node) -> bool:
-    """Whether torch.compile cannot take ``n``: it talks, or its op declares its kernel opaque
-    on the node's device (``Op.opaque``)."""
-    if talks(n):
+    """Whether torch.compile cannot take ``n``: it talks, draws from a generator of its own (a
+    global graph's random node), or its op declares its kernel opaque on the node's device
+    (``Op.opaque``)."""
+    if talks(n) or isinstance(n.attrs.get("generator"), torch.Generator):
         return True
     op = REGISTRY.get(n.op) if n.kernel is None else None
     return op is not None and op.opaque_on(next((v.device.type for v in n.value_inputs()), "cpu"))

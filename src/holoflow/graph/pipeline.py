@@ -31,10 +31,10 @@ from ..core.errors import HoloflowError, UnsupportedError
 from ..core.registry import defop
 from ..core.sbp import B
 from ..core.tensor import Tensor
-from ..distributed import world
+from ..distributed import rng, world
 from ..distributed.global_tensor import GlobalMeta, make_global
 from ..distributed.sharding import local_shape
-from .global_graph import fingerprint
+from .global_graph import agree_program, fingerprint
 from .ir import IRGraph
 from .passes.stages import STAGE
 from .passes.checkpointing import set_activation_checkpointing
@@ -261,19 +261,14 @@ def trace_move(tracer: Any, x: Tensor, place: Any, nd: tuple, where: str) -> Ten
     return tracer._record(STAGE_MOVE, (x,), attrs, (place, ((tuple(nd),), (tuple(nd),))))
 
 
-def check_same_program(g: IRGraph, placements: list) -> None:
-    """Every rank of every stage traced the same logical graph (compared before anything runs)."""
+def check_same_program(g: IRGraph, placements: list) -> int:
+    """Every rank of every stage traced the same logical graph (compared before anything runs);
+    returns the graph's agreed random seed (global_graph.check_same_program)."""
     ranks = tuple(sorted({r for p in placements for r in p.flat_ranks}))
+    seed = rng.draw()
     if len(ranks) < 2 or world.rank() not in ranks:
-        return
-    got = world.comm().all_gather_shapes(fingerprint(g), ranks)
-    if len(set(got)) > 1:
-        by: dict = {}
-        for r, f in zip(ranks, got):
-            by.setdefault(f, []).append(r)
-        raise HoloflowError("holoflow.nn.Graph: the pipeline's ranks traced different programs (graph fingerprints "
-                            + "; ".join(f"ranks {rs}: {f}" for f, rs in by.items()) + "); every rank must build the "
-                            "same graph")
+        return seed
+    return agree_program(fingerprint(g), seed, ranks, "the pipeline's ranks")
 
 
 def scale_on(scale: Tensor, loss: Tensor) -> Tensor:

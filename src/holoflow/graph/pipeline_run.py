@@ -98,10 +98,11 @@ class PipelineCompiled:
     micro-batches are set on a global graph); the interface of ``lower.Compiled``."""
 
     def __init__(self, logical, placements: list, m: int, schedule: str, *, rank: int, comm: Any,
-                 passes_log: list, compile_s: float, profile: bool = False, memory: str | None = None) -> None:
+                 passes_log: list, compile_s: float, profile: bool = False, memory: str | None = None,
+                 seed: int = 0) -> None:
         self.ir = self.logical = logical
         self.placements, self.m, self.schedule, self.memory = placements, m, schedule, memory
-        self.p, self.rank, self.comm = len(placements), rank, comm
+        self.p, self.rank, self.comm, self.seed = len(placements), rank, comm, seed
         self.passes_log, self.compile_s, self.profile = passes_log, compile_s, profile
         self.kind, self.iterations, self.peak_bytes = "actor", 0, 0
         self.stage = next((i for i, pl in enumerate(placements) if rank in pl.flat_ranks), None)
@@ -145,7 +146,7 @@ class PipelineCompiled:
         sends = [v for vs in rg.send.values() for v in vs]
         outs = [o for o in g.outputs if isinstance(o, Value)]
         exports = list(dict.fromkeys([*outs, *sends, *acc_sum, *acc_last, *(v for _, v in f_upd)]))
-        loc = localize(g.with_(outputs=tuple(exports)), self.rank, self.comm)
+        loc = localize(g.with_(outputs=tuple(exports)), self.rank, self.comm, self.seed)
         lph = {id(ln): ph[id(n)] for n, ln in zip(g.nodes, loc.nodes)}
         L = dict(zip(g.feeds, loc.feeds))
         L.update(zip(exports, loc.outputs))

@@ -116,10 +116,10 @@ def _sdpa_fused_bwd_kernel(dy, q, k, v, out, lse, is_causal, scale):
     return tuple(g.reshape(x.shape) for g, x in zip(grads, (q, k, v)))
 
 
-def _sdpa_dropout_kernel(q, k, v, mask, is_causal, scale, dropout_p):
+def _sdpa_dropout_kernel(q, k, v, mask, is_causal, scale, dropout_p, generator=None):
     scores, _, acc = _scores(q, k, mask, is_causal, scale)
     attn = torch.softmax(scores, -1)
-    keep = torch.empty_like(attn).bernoulli_(1 - dropout_p).div_(1 - dropout_p)
+    keep = torch.empty_like(attn).bernoulli_(1 - dropout_p, generator=generator).div_(1 - dropout_p)
     return torch.matmul((attn * keep).to(q.dtype), v), keep
 
 

@@ -242,8 +242,30 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=N
                    requires_grad)
 
 
+def _rand_like(x, *, generator=None, **kw):
+    return torch.empty_like(x, **kw).uniform_(generator=generator)
+
+
+def _randn_like(x, *, generator=None, **kw):
+    return torch.empty_like(x, **kw).normal_(generator=generator)
+
+
+def _randint_like(x, *bounds, low=None, high=None, generator=None, **kw):
+    if low is not None or high is not None:
+        bounds = (0 if low is None else low, *bounds) if high is None else (0 if low is None else low, high)
+    if not 1 <= len(bounds) <= 2:
+        raise TypeError(f"holoflow.randint_like: expected high (and optionally low), got {bounds}")
+    low, high = (0, bounds[0]) if len(bounds) == 1 else bounds
+    return torch.empty_like(x, **kw).random_(low, high, generator=generator)
+
+
+# torch draws ``rand_like`` as ``empty_like(x).uniform_()`` (and so on): the same numbers, with a
+# generator a global input's shards draw from (distributed/rng.py)
+_RANDOM_LIKE = {"rand_like": _rand_like, "randn_like": _randn_like, "randint_like": _randint_like}
+
+
 def _like(fn_name: str):
-    fn = getattr(torch, fn_name)
+    fn = _RANDOM_LIKE.get(fn_name) or getattr(torch, fn_name)
 
     def make(input: Tensor, *args, dtype=None, device=None, requires_grad=False,
              memory_format=None, **kwargs):
@@ -252,6 +274,9 @@ def _like(fn_name: str):
         t = _traced(fn_name, fn, input, *args, **kw, **kwargs)
         if t is not None:
             return t
+        if input._global is not None and fn_name in _RANDOM_LIKE:   # each shard its own draws
+            t = apply(_create_op(fn_name, fn), input, *args, **kw, **kwargs)
+            return t.requires_grad_(True) if requires_grad else t
         data = fn(input._data, *args, **kw, **kwargs)
         out = Tensor._make(data)   # like its input: local, or global below (never global_mode's)
         if requires_grad:

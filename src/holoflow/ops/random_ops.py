@@ -21,11 +21,12 @@ def _gen(generator):
     return getattr(generator, "torch", generator)
 
 
-def _dropout_kernel(x, p):
-    if x.is_cuda:  # torch's CUDA dropout is the fused native kernel
+def _dropout_kernel(x, p, generator=None):
+    """``generator``: a global tensor's shard draws from its own (distributed/rng.py)."""
+    if x.is_cuda and generator is None:  # torch's CUDA dropout is the fused native kernel
         out, mask = torch.ops.aten.native_dropout.default(x, p, True)
         return out, mask.to(x.dtype) * (1.0 / (1.0 - p))
-    noise = torch.empty_like(x).bernoulli_(1 - p).div_(1 - p)
+    noise = torch.empty_like(x).bernoulli_(1 - p, generator=generator).div_(1 - p)
     return x * noise, noise
 
 
