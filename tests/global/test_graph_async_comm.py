@@ -3,6 +3,8 @@ copy of its payload (the memory plan may reuse the inputs' memory meanwhile) unl
 read them late, several (all-reduces, reduce-scatters, all-gathers) may be in flight and be
 waited for in any order, on simulated ranks and on Gloo; a ZeRO-2 graph, whose
 gradient reduce-scatters are issued this way, trains like one process on Gloo too."""
+import math
+
 import pytest
 import torch
 
@@ -185,3 +187,54 @@ def test_to_global_without_meta_check_needs_no_communication(where, request):
         # the caller promises equal local shapes: the logical shape is known without asking the peers
         assert shape == (4,) and n_collectives == 0, (shape, n_collectives)
         torch.testing.assert_close(whole, torch.tensor([0.0, 1.0, 0.0, 1.0]))
+
+
+def _uneven_rows(rank: int) -> list:
+    """Uneven row shards (balanced: the first ranks one row more) all-gathered and reduce-scattered
+    asynchronously by the real communicator, their inputs overwritten right after issuing, each
+    against the synchronous general path; plus whether a big uneven issue returned while a late
+    peer had not issued yet (padded to even rows, it is in flight, not run at once)."""
+    import time
+    from holoflow.distributed import comm_track
+    from holoflow.distributed.torch_comm import TorchComm
+    c, group = TorchComm(), tuple(range(flow.env.get_world_size()))
+    p = len(group)
+    out = []
+    for shape, dtype in (((5, 3), torch.float32), ((7,), torch.float64), ((p + 1, 2, 2), torch.int64),
+                         ((2 * p + 1, 4), torch.bfloat16)):
+        full = (torch.arange(math.prod(shape)).view(shape) % 97).to(dtype)
+        sizes = [shape[0] // p + (i < shape[0] % p) for i in range(p)]   # the first ranks one more
+        mine = full.split(sizes)[rank].clone()
+        scaled = full * (rank + 1)
+        hg = c.all_gather_async(mine, group, 0, sizes)
+        hr = c.reduce_scatter_async(scaled, group, 0, sizes)
+        mine.fill_(-1)
+        scaled.fill_(-1)
+        got_r, got_g = hr.wait(), hg.wait()
+        sync_g = c.all_gather(full.split(sizes)[rank].clone(), group, 0, sizes)
+        sync_r = c.reduce_scatter(full * (rank + 1), group, 0, sizes)
+        out.append((got_g, got_r, sync_g, sync_r, full, sizes))
+    big = torch.ones(4097 if rank == 0 else 4096, 8)   # > 64 KiB: never run on the caller's thread
+    if rank == p - 1:
+        time.sleep(1.0)
+    t0 = time.perf_counter()
+    with comm_track.planned():   # as a plan issues it (eager calls check fingerprints with the peers first)
+        h = c.all_gather_async(big, group, 0, [4097] + [4096] * (p - 1))
+    issued_s = time.perf_counter() - t0
+    return out, issued_s, tuple(h.wait().shape)
+
+
+@pytest.mark.parametrize("world_n", ["world2", "world4"])
+def test_uneven_row_collectives_run_in_flight_and_equal_the_general_path(world_n, request):
+    results = request.getfixturevalue(world_n).run(_uneven_rows)
+    p = len(results)
+    for rank, (cases, issued_s, big_shape) in enumerate(results):
+        for got_g, got_r, sync_g, sync_r, full, sizes in cases:
+            torch.testing.assert_close(got_g, full, rtol=0, atol=0)
+            torch.testing.assert_close(got_g, sync_g, rtol=0, atol=0)
+            want_r = (full.double() * sum(range(1, p + 1))).to(full.dtype).split(sizes)[rank]
+            torch.testing.assert_close(got_r, want_r, rtol=0, atol=0)
+            torch.testing.assert_close(got_r, sync_r, rtol=0, atol=0)
+        assert big_shape == (4097 + 4096 * (p - 1), 8)
+        if rank < p - 1:
+            assert issued_s < 0.5, f"rank {rank}: an uneven all-gather blocked {issued_s:.2f} s at issue"

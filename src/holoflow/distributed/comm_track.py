@@ -378,6 +378,12 @@ class Handle:
         self._result = self.finish() if self.finish is not None else None
         return self._result
 
+    def then(self, fn: Callable[[Any], Any]) -> "Handle":
+        """This handle with ``wait()`` returning ``fn`` of what it returned (unpadding, say)."""
+        inner = self.finish
+        self.finish = (lambda: fn(inner())) if inner is not None else (lambda: fn(None))
+        return self
+
 
 # -- failure reports -------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import comm
+from . import comm, env
 from .comm_track import run
 from .groups import group_for, normalize
 
@@ -64,19 +64,34 @@ class TorchComm:
 
     def reduce_scatter_async(self, t: torch.Tensor, group: tuple, dim: int, sizes) -> comm.Handle:
         """Starts ``reduce_scatter`` (``t`` handed over); ``wait()`` returns this rank's shard.
-        Uneven or non-row shards run at once (the general path) and are handed back by ``wait()``."""
-        if _sorted_group(group) and dim % max(t.dim(), 1) == 0 and t.is_contiguous() \
-                and all(s == sizes[0] for s in sizes) and sizes[0] * len(group) == t.shape[0]:
-            return comm.reduce_scatter_rows(t, group, async_op=True)
+        Row shards of unequal sizes (a vocabulary not divisible by the ranks) are padded to the
+        largest, reduced as even rows and cut back by ``wait()``; other shards run at once (the
+        general path) and are handed back by ``wait()``."""
+        sizes = list(sizes)
+        if _sorted_group(group) and dim % max(t.dim(), 1) == 0 and t.dim() > 0 and sum(sizes) == t.shape[0]:
+            if t.is_contiguous() and all(s == sizes[0] for s in sizes):
+                return comm.reduce_scatter_rows(t, group, async_op=True)
+            m, mine = max(sizes), sizes[list(group).index(env.get_rank())]
+            padded = t.new_zeros((m * len(sizes),) + tuple(t.shape[1:]))
+            for block, part in zip(padded.split(m), t.split(sizes)):
+                block[:part.shape[0]] = part
+            return comm.reduce_scatter_rows(padded, group, async_op=True).then(lambda out: out[:mine])
         out = self.reduce_scatter(t, group, dim, sizes)
         return comm.Handle(None, None, lambda: out)
 
     def all_gather_async(self, t: torch.Tensor, group: tuple, dim: int, sizes) -> comm.Handle:
         """Starts ``all_gather`` (``t`` handed over); ``wait()`` returns the gathered tensor.
-        Uneven or non-row shards run at once (the general path) and are handed back by ``wait()``."""
-        if _sorted_group(group) and t.dim() > 0 and dim % t.dim() == 0 and t.is_contiguous() \
-                and all(s == t.shape[0] for s in sizes):
-            return comm.all_gather_rows(t, group, async_op=True)
+        Row shards of unequal sizes are padded to the largest, gathered as even rows and joined
+        by ``wait()``; other shards run at once (the general path) and are handed back by ``wait()``."""
+        sizes = list(sizes)
+        if _sorted_group(group) and t.dim() > 0 and dim % t.dim() == 0:
+            if t.is_contiguous() and all(s == t.shape[0] for s in sizes):
+                return comm.all_gather_rows(t, group, async_op=True)
+            m = max(sizes)
+            padded = t.new_zeros((m,) + tuple(t.shape[1:]))
+            padded[:t.shape[0]] = t
+            return comm.all_gather_rows(padded, group, async_op=True).then(
+                lambda out: torch.cat([b[:s] for b, s in zip(out.split(m), sizes)]))
         out = self.all_gather(t, group, dim, sizes)
         return comm.Handle(None, None, lambda: out)
 
