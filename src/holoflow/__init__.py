@@ -29,7 +29,7 @@ from . import distributed, comm, env
 from .amp import autocast, get_autocast_dtype, is_autocast_enabled
 from .serialization import save, load
 from . import checkpoint  # installs the sharded (global-tensor) format into save/load
-from . import accelerator, backends, cuda, distributions, fft, hub, jit, onnx, testing, version  # torch's
+from . import accelerator, backends, cuda, distributions, fft, func, hub, jit, onnx, testing, version  # torch's
 from .compat import *  # noqa: F403  (torch's switches, compile, _assert, LongTensor, channels_last)
 
 _global_tensor.install()
