@@ -6,7 +6,8 @@ a function by recording it on fresh inputs and running ``autograd.grad`` (with `
 where an enclosing transform, or the caller, differentiates the result again: ``grad(grad(f))``,
 ``hessian`` and per-sample gradients compose). ``vmap`` maps a function over a batch dimension by
 running it once per sample and stacking the results: torch.func's semantics for functions
-without in-place writes to captured tensors, at Python-loop speed rather than as batched kernels.
+without in-place writes to captured tensors (random draws per its ``randomness``: an error, each
+sample its own, or one shared by all), at Python-loop speed rather than as batched kernels.
 ``jvp`` and ``jacfwd`` compute forward-mode results by reverse mode (the transpose of a vjp,
 and one vjp per output element): the same values, at reverse mode's cost.
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 from typing import Any, Callable, Iterator, Sequence
+
+import torch
 
 from .autograd import grad as _autograd_grad
 from .core import grad_mode
@@ -320,10 +323,32 @@ def _dims_like(in_dims: Any, args: tuple) -> list:
     return out
 
 
+def _rng_state() -> list:
+    state = [torch.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state.append(torch.cuda.get_rng_state_all())
+    return state
+
+
+def _set_rng_state(state: list) -> None:
+    torch.set_rng_state(state[0])
+    if len(state) > 1:
+        torch.cuda.set_rng_state_all(state[1])
+
+
+def _same_rng(a: list, b: list) -> bool:
+    return torch.equal(a[0], b[0]) and (len(a) == 1 or all(torch.equal(x, y) for x, y in zip(a[1], b[1])))
+
+
 def vmap(func: Callable, in_dims: Any = 0, out_dims: Any = 0, randomness: str = "error", *,
          chunk_size: int | None = None) -> Callable:
     """``func`` mapped over dimension ``in_dims`` of its arguments (None: not mapped), results
-    stacked along ``out_dims`` (``torch.func.vmap``); see the module doc for how it runs."""
+    stacked along ``out_dims`` (``torch.func.vmap``); see the module doc for how it runs.
+    ``randomness``: ``"error"`` (a function that draws random numbers raises), ``"different"``
+    (each sample its own draws) or ``"same"`` (every sample the same draws), as torch.func's."""
+    if randomness not in ("error", "different", "same"):
+        raise ValueError(f"holoflow.func.vmap: randomness must be 'error', 'different' or 'same', got {randomness!r}")
+
     def wrapped(*args):
         dims = _dims_like(in_dims, args)
         flat = [flatten(a) for a in args]
@@ -344,11 +369,18 @@ def vmap(func: Callable, in_dims: Any = 0, out_dims: Any = 0, randomness: str = 
             raise ValueError(f"holoflow.func.vmap: mapped dimensions have different sizes {sorted(sizes)}")
         (n,) = sizes
         results = []
+        start = _rng_state() if randomness != "different" else None
         for i in range(n):
             call = []
             for (leaves, spec), ds in zip(flat, dims):
                 call.append(unflatten([x if d is None else x.select(d, i) for x, d in zip(leaves, ds)], spec))
+            if randomness == "same" and i:
+                _set_rng_state(start)
             results.append(func(*call))
+            if randomness == "error" and i == 0 and not _same_rng(start, _rng_state()):
+                raise RuntimeError("holoflow.func.vmap: the function draws random numbers; pass "
+                                   "randomness='different' (each sample its own draws) or 'same' (one draw "
+                                   "shared by every sample), as torch.func.vmap asks")
         leaves0, spec = flatten(results[0])
         ods = [out_dims] * len(leaves0) if isinstance(out_dims, int) else flatten(out_dims)[0]
         if len(ods) != len(leaves0):

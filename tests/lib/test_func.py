@@ -240,3 +240,17 @@ def test_mock_torch_exposes_func():
     with mock_torch.enable():
         import torch as mocked
         assert mocked.func.functional_call is flow.func.functional_call
+
+
+def test_vmap_randomness_modes():
+    x = flow.ones(4, 64)
+    drop = lambda r: flow.nn.functional.dropout(r, 0.5)  # noqa: E731
+    with pytest.raises(RuntimeError, match="draws random numbers; pass randomness="):
+        flow.func.vmap(drop)(x)
+    same = flow.func.vmap(drop, randomness="same")(x).to_torch()
+    assert all(torch.equal(same[0], r) for r in same) and 0 < (same[0] == 0).sum() < 64
+    diff = flow.func.vmap(drop, randomness="different")(x).to_torch()
+    assert not torch.equal(diff[0], diff[1])
+    assert torch.equal(flow.func.vmap(lambda r: r * 2)(x).to_torch(), torch.full((4, 64), 2.0))   # no draws: fine
+    with pytest.raises(ValueError, match="randomness must be"):
+        flow.func.vmap(drop, randomness="sometimes")
