@@ -58,3 +58,25 @@ def test_comm_count_sees_a_simulated_ranks_collectives_as_gloo_ranks_see_theirs(
     counts = [c for c, _ in simulated[0]]
     assert counts[:5] == [{"all_gather": 1}, {}, {"all_to_all": 1}, {"all_reduce": 1}, {"reduce_scatter": 1}], counts
     assert counts[-1] == {"all_reduce": 1}, counts   # the weight's gradient, P -> B
+
+
+def test_a_rank_may_overwrite_its_input_once_its_call_returned():
+    """A deposit is a copy, as a wire takes one: a rank that writes into its tensor right after a
+    collective returned must not change what a slower peer reads (the peer's view of the call is
+    checked after both wrote)."""
+    def run(rank):
+        c = world.comm()
+        mine = torch.full((4,), float(rank + 1))
+        parts = [torch.full((2,), 10.0 * (rank + 1)), torch.full((2,), 20.0 * (rank + 1))]
+        got = c._exchange("all_gather", (0, 1), mine)
+        chunks = c._exchange("all_to_all", (0, 1), parts)
+        mine.fill_(-1)
+        for p in parts:
+            p.fill_(-1)
+        c.all_reduce(torch.ones(1), (0, 1))   # both have written by now
+        peer = 1 - rank
+        return got[peer].tolist(), chunks[peer][rank].tolist()
+    for rank, (gathered, chunk) in enumerate(world.simulate(2, run)):
+        peer = 1 - rank
+        assert gathered == [float(peer + 1)] * 4
+        assert chunk == [(10.0 if rank == 0 else 20.0) * (peer + 1)] * 2

@@ -16,7 +16,7 @@ import torch
 
 from . import grad_mode, interpret
 from .autograd import GradNode, accumulate_grad, run_backward, seed_grads
-from .errors import HoloflowError, UnsupportedError, describe
+from .errors import HoloflowError, describe
 from .interpret import Interpreter
 from .registry import Op, infer_metas
 from .tensor import Tensor
@@ -212,8 +212,10 @@ def refresh(v: Tensor) -> None:
     vi.stamp = stamp_of(base)
     if not (base._rg or "_v" in base.__dict__ or "_v" in v.__dict__):
         return
+    # a global base's views chain their ops' local attrs (they alias its shard): replayed on it
+    src = local_alias(base) if base._global is not None else base
     with grad_mode.set_grad_enabled(base._rg):
-        fresh = replay(vi.chain, base, lambda op, x, attrs: apply(op, x, **attrs))
+        fresh = replay(vi.chain, src, lambda op, x, attrs: apply(op, x, **attrs))
     if fresh.grad_fn is not None:
         v.grad_fn, v._out_idx, v._rg = fresh.grad_fn, fresh._out_idx, True
     if "_v" in fresh.__dict__:  # a trace: the view's symbolic value is the re-derived one
@@ -274,6 +276,14 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
 
 
 def check_inplace_target(x: Tensor, name: str) -> None:
+    c = x.__dict__.get("_copy_of")
+    if c is not None:   # a copy standing for a view: its source is the target that matters
+        src = c.source
+        if src._rg and src.grad_fn is None and src._view is None:
+            raise RuntimeError(f"holoflow.{name}_: a view of a leaf tensor that requires grad is being "
+                               f"used in an in-place operation; do it under holoflow.no_grad(), or "
+                               f"clone the leaf first")
+        check_inplace_target(src, name)
     if x._rg and x.grad_fn is None and x._view is None:
         raise RuntimeError(f"holoflow.{name}_: a leaf tensor that requires grad is being used in "
                            f"an in-place operation; do it under holoflow.no_grad() or out of place")
@@ -287,9 +297,6 @@ def check_inplace_target(x: Tensor, name: str) -> None:
                            f"{next(op.name for op, _, idx in vi.chain if idx is not None)}; such views "
                            f"can't be modified in place while autograd records (as in torch): use an "
                            f"out-of-place op, or .clone() the piece first")
-    if vi is not None and vi.base._global is not None:
-        raise UnsupportedError(f"holoflow.{name}_: an in-place op with autograd on a view of a global "
-                               f"tensor is not supported; write out of place (x = x.{name}(...))")
 
 
 def assign(x: Tensor, out: Tensor, name: str) -> Tensor:
@@ -300,7 +307,41 @@ def assign(x: Tensor, out: Tensor, name: str) -> Tensor:
         raise RuntimeError(f"holoflow.{name}_: the result has shape {tuple(out.shape)}, which "
                            f"doesn't match the in-place target's shape {tuple(x.shape)}")
     top = _CURRENT.get()
-    return (top if top is not None else EAGER).assign(x, out, name)
+    if top is not None:
+        return top.assign(x, out, name)
+    EAGER.assign(x, out, name)
+    base = x._view.base if x._view is not None else x
+    if "_copy_of" in base.__dict__:   # a copy standing for a view: the write goes to its source too
+        write_back(base, name)
+    return x
+
+
+def write_back(t: Tensor, name: str) -> None:
+    """``t`` (a :class:`CopyOf` view) was written: its source takes the new region, as a write
+    to a view reaches its base (a ``view_scatter`` of ``t`` into the source, then the source is
+    assigned it, which goes on to the source's own base)."""
+    c = t.__dict__["_copy_of"]
+    fresh_copy(c.source)
+    assign(c.source, apply(VIEW_SCATTER, c.source, t, chain=c.chain), name)
+    c.version = c.source._data._version
+
+
+def fresh_copy(t: Tensor) -> None:
+    """Re-derives a :class:`CopyOf` view whose source changed since (its values and history),
+    in its own storage: views of it see the new values."""
+    c = t.__dict__.get("_copy_of")
+    if c is None:
+        return
+    src = c.source
+    fresh_copy(src)
+    if src._data._version == c.version:
+        return
+    with grad_mode.set_grad_enabled(src._rg):
+        y = replay(c.chain, src, lambda op, x, attrs: apply(op, x, **attrs))
+    with grad_mode.no_grad():
+        t._data.copy_(y._data)
+    t.grad_fn, t._out_idx, t._rg = y.grad_fn, y._out_idx, y._rg
+    c.version = src._data._version
 
 
 def take_history(x: Tensor, out: Tensor, name: str) -> None:

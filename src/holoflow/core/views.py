@@ -34,6 +34,19 @@ class ViewInfo:
         self.base, self.chain, self.stamp = base, chain, stamp
 
 
+class CopyOf:
+    """A view op's result that could not alias its source (a global tensor whose view needed
+    boxing: ``x[:, 1]`` of a tensor split along dim 1): ``chain`` leads from ``source`` to it (the
+    op's logical attrs). Writes to it go back into ``source`` (core/dispatch.py ``assign``); when
+    ``source``'s storage changed since ``version`` it is re-derived before it is read
+    (``dispatch.fresh_copy``), so it behaves as the view torch would return."""
+
+    __slots__ = ("source", "chain", "version")
+
+    def __init__(self, source, chain: tuple, version: int) -> None:
+        self.source, self.chain, self.version = source, chain, version
+
+
 def aliases(out: torch.Tensor, data: torch.Tensor) -> bool:
     """Whether a kernel output shares ``data``'s storage (a view, or ``data`` itself)."""
     b = out._base

@@ -10,12 +10,13 @@ import itertools
 
 import torch
 
-from ..core.dispatch import EAGER, local_alias, run_local
+from ..core.dispatch import EAGER, fresh_copy, local_alias, run_local
 from ..core.errors import HoloflowError, UnsupportedError
 from ..core.interpret import Interpreter
 from ..core.registry import Meta, Op, infer_metas
 from ..core.sbp import B
 from ..core.tensor import Tensor
+from ..core.views import CopyOf, aliases, make_view
 from . import rng, world
 from .boxing import apply_box, cost
 from .comm_check import user_site
@@ -161,6 +162,8 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
     local_in, saved, j = [], [], 0
     for x in inputs:
         if isinstance(x, Tensor):
+            if "_copy_of" in x.__dict__:
+                fresh_copy(x)
             want = sig[0][j]
             y = apply_box(x, place, x._global.sbp, want, x.shape, rank, comm) \
                 if want != x._global.sbp else x
@@ -185,7 +188,21 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
     for o, nd, m in zip(outs, sig[1], logical):
         make_global(o, place, nd, m.shape)
         _check_local(op, o, place, nd, m.shape, rank)
+    if op.view:
+        _views(op, inputs[0], local_in[0] is inputs[0], attrs, la, outs, isinstance(out, Tensor))
     return out
+
+
+def _views(op: Op, x: Tensor, in_place: bool, attrs: dict, la: dict, outs: tuple, single: bool) -> None:
+    """A view op's outputs on a global ``x``: a view of its shard where the kernel aliased it (the
+    chain holds the local attrs the shard was viewed with), else a :class:`CopyOf` ``x`` (the
+    logical attrs), which writes back and re-derives itself as a view would."""
+    for i, o in enumerate(outs):
+        idx = None if single else i
+        if in_place and aliases(o._data, x._data):
+            make_view(o, x, op, la, idx)
+        else:
+            o.__dict__["_copy_of"] = CopyOf(x, ((op, attrs, idx),), x._data._version)
 
 
 def _absent_apply(op: Op, inputs: tuple, attrs: dict, metas: list, sig: tuple, logical, place, key=None):

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..core import grad_mode
-from ..core.dispatch import local_alias, run_local
+from ..core.dispatch import fresh_copy, local_alias, run_local
 from ..core.errors import HoloflowError
 from ..core.registry import defop
 from ..core.sbp import B
@@ -237,6 +237,7 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
         nd = normalize_sbp(sbp, placement, self.dim())
         gs = normalize_sbp(grad_sbp, placement, self.dim()) if grad_sbp is not None else None
         return _from_local(self, placement, nd, check_meta, gs, copy)
+    fresh_copy(self)
     g = self._global
     place = placement or g.placement
     if sbp is None and len(g.sbp) != place.ndim:
@@ -267,6 +268,7 @@ def to_local(self: Tensor, *, copy: bool = False) -> Tensor:
     empty tensor on a rank outside the placement."""
     if self._global is None:
         return self
+    fresh_copy(self)
     t = linked_alias(self)
     return t.clone() if copy else t
 

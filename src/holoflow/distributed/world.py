@@ -76,8 +76,11 @@ class SimComm:
         return self._collect(self._deposit(kind, group, value, nbytes))
 
     def _deposit(self, kind: str, group: tuple, value, nbytes: int | None = None) -> tuple:
-        """Takes this rank's part of a call (its place in the group's sequence is fixed here)."""
+        """Takes this rank's part of a call (its place in the group's sequence is fixed here): a
+        copy, as a wire takes one: the rank may write into its tensor as soon as its own call
+        returns, while slower peers still read the deposit."""
         r = rank()
+        value = _copied(value)
         with self._cv:
             seq = self._seq.get((group, r), 0)
             self._seq[(group, r)] = seq + 1
@@ -153,6 +156,14 @@ class SimComm:
     def all_gather_shapes(self, shape: tuple, group) -> list[tuple]:
         got = self._exchange("meta", group, shape)
         return [got[g] for g in group]
+
+
+def _copied(v):
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+        return type(v)(x.clone() if isinstance(x, torch.Tensor) else x for x in v)
+    return v
 
 
 def _sum(got: dict, group: tuple) -> torch.Tensor:

@@ -1,0 +1,121 @@
+"""In-place writes through views of global tensors, as torch's views behave: the write reaches the
+base (and the base's gradient history), and a view taken before the base changed sees the change —
+whether the view aliases the rank's shard (``x[:, 1]`` of a row-split tensor) or the view needed
+boxing and is a copy standing for it (``x[:, 1]`` of a column-split one: core/views.py ``CopyOf``).
+Every case against torch, values and the leaf's gradient, under every 1-D SBP and on a 2x2 mesh."""
+import numpy as np
+import pytest
+import torch
+
+import holoflow as flow
+from holoflow.distributed import world
+from holoflow.sbp import B, P, S
+
+# (name, write through a view of x); each returns nothing, x is the written base
+WRITES = {
+    "col_add_": lambda x: x[:, 1].add_(1),
+    "row_mul_": lambda x: x[1].mul_(3),
+    "rows_fill_": lambda x: x[1:4].fill_(-2),
+    "t_row_fill_": lambda x: x.t()[2].fill_(7),
+    "col_setitem": lambda x: x[:, 3].__setitem__(slice(1, 3), 5.0),
+    "view_of_view": lambda x: x[:, 1:4][2:].mul_(-1),
+    "flat_slice": lambda x: x.reshape(-1)[3:9].add_(10),
+    "split_piece": lambda x: x.split(2, dim=1)[1].mul_(2),
+    "narrow_copy_": lambda x: x.narrow(1, 2, 3).copy_(x[:, :3] * 0.5),
+    "diag_add_": lambda x: x.diagonal().add_(100),
+    "twice": lambda x: (x[:, 1].add_(1), x[2].mul_(2), x[:, 1].mul_(3)),
+}
+NO_GRAD_ONLY = {"split_piece"}   # torch refuses in-place writes to one of several views under autograd
+SHAPE = (5, 6)
+W = np.arange(30.0, dtype=np.float32).reshape(SHAPE) / 7
+
+
+def _torch_ref(name: str):
+    w = torch.tensor(W, requires_grad=name not in NO_GRAD_ONLY)
+    x = w * 1.0
+    WRITES[name](x)
+    if name in NO_GRAD_ONLY:
+        return x.numpy(), None
+    (x * x).sum().backward()
+    return x.detach().numpy(), w.grad.numpy()
+
+
+def _run(rank: int, ranks, nds) -> dict:
+    place = flow.placement("cpu", ranks)
+    out = {}
+    for nd in nds:
+        for name, write in WRITES.items():
+            w = flow.tensor(W).to_global(placement=place, sbp=[B] * place.ndim).to_global(sbp=nd)
+            w = w.detach().requires_grad_(name not in NO_GRAD_ONLY)
+            x = w * 1.0
+            write(x)
+            if name not in NO_GRAD_ONLY:
+                (x * x).sum().backward()
+            with flow.no_grad():
+                y = w.detach() * 1.0
+                write(y)
+            whole = [B] * place.ndim
+            out[(name, nd)] = (x.detach().to_global(sbp=whole).to_local().numpy(),
+                               None if w.grad is None else w.grad.to_global(sbp=whole).to_local().numpy(),
+                               y.to_global(sbp=whole).to_local().numpy())
+    return out
+
+
+def _check(results: list) -> None:
+    for res in results:
+        for (name, nd), (x, grad, y) in res.items():
+            want_x, want_grad = _torch_ref(name)
+            np.testing.assert_allclose(x, want_x, rtol=1e-6, err_msg=f"{name} {nd}: base value")
+            np.testing.assert_allclose(y, want_x, rtol=1e-6, err_msg=f"{name} {nd}: base value, no_grad")
+            assert (grad is None) == (want_grad is None), f"{name} {nd}"
+            if want_grad is not None:
+                np.testing.assert_allclose(grad, want_grad, rtol=1e-5, err_msg=f"{name} {nd}: the leaf's gradient")
+
+
+def test_writes_through_views_on_2_simulated_ranks():
+    _check(world.simulate(2, lambda r: _run(r, [0, 1], [(B,), (S(0),), (S(1),), (P,)])))
+
+
+def test_writes_through_views_on_a_simulated_2x2_mesh():
+    _check(world.simulate(4, lambda r: _run(r, [[0, 1], [2, 3]], [(S(0), S(1)), (S(1), B), (B, S(0))])))
+
+
+def test_writes_through_views_on_gloo(world2):
+    _check(world2.run(_run, [0, 1], [(S(1),), (S(0),)]))
+
+
+def _reads(rank: int) -> list:
+    """Views taken before the base (or another view) changes see the change, as torch's do."""
+    place = flow.placement("cpu", [0, 1])
+    x = flow.tensor(W).to_global(placement=place, sbp=B).to_global(sbp=S(1))
+    col = x[:, 1]          # a copy standing for the view (the column lives on one rank)
+    row = x[2]             # crosses the split too
+    sub = col[1:3]         # a view of that copy
+    x.add_(1)
+    first = [col.to_global(sbp=B).to_local().numpy(), (row * 1).to_global(sbp=B).to_local().numpy(),
+             sub.to_global(sbp=B).to_local().numpy()]
+    row.fill_(0)           # written through one view: the base and the other view see it
+    return first + [x.to_global(sbp=B).to_local().numpy(), col.to_global(sbp=B).to_local().numpy()]
+
+
+def test_views_see_later_writes_to_their_base():
+    t = torch.tensor(W)
+    col, row, sub = t[:, 1], t[2], t[:, 1][1:3]
+    t.add_(1)
+    want = [col.clone(), row.clone(), sub.clone()]
+    row.fill_(0)
+    want += [t.clone(), col.clone()]
+    for got in world.simulate(2, _reads):
+        for g, w_ in zip(got, want):
+            np.testing.assert_allclose(g, w_.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("nd", [(S(0),), (S(1),)], ids=["S0", "S1"])
+def test_a_leafs_view_still_refuses_in_place_writes_under_autograd(nd):
+    def run(rank):
+        w = flow.tensor(W).to_global(placement=flow.placement("cpu", [0, 1]), sbp=B).to_global(sbp=nd)
+        w = w.detach().requires_grad_(True)
+        with pytest.raises(RuntimeError, match="view of a leaf tensor that requires grad"):
+            w[:, 1].add_(1)
+        return True
+    assert all(world.simulate(2, run))
