@@ -119,3 +119,51 @@ def test_a_leafs_view_still_refuses_in_place_writes_under_autograd(nd):
             w[:, 1].add_(1)
         return True
     assert all(world.simulate(2, run))
+
+
+def _graph_run(rank: int, nds) -> dict:
+    """The writes inside nn.Graph: the traced value, and one SGD step (lr 1) on the leaf through
+    the writes' gradient."""
+    place = flow.placement("cpu", [0, 1])
+    out = {}
+    for nd in nds:
+        for name, write in WRITES.items():
+            class Infer(flow.nn.Graph):
+                def build(self, w):
+                    x = w * 1.0
+                    write(x)
+                    return x
+            w = flow.tensor(W).to_global(placement=place, sbp=B).to_global(sbp=nd)
+            value = Infer()(w).to_global(sbp=B).to_local().numpy()
+            stepped = None
+            if name not in NO_GRAD_ONLY:
+                m = flow.nn.Module()
+                m.w = flow.nn.Parameter(w.detach().clone())
+                opt = flow.optim.SGD(m.parameters(), lr=1.0)
+
+                class Train(flow.nn.Graph):
+                    def __init__(self):
+                        super().__init__()
+                        self.m = m
+                        self.add_optimizer(opt)
+
+                    def build(self):
+                        x = self.m.w * 1.0
+                        write(x)
+                        loss = (x * x).sum()
+                        loss.backward()
+                        return loss
+                Train()()
+                stepped = m.w.detach().to_global(sbp=B).to_local().numpy()
+            out[(name, nd)] = value, stepped
+    return out
+
+
+def test_graph_writes_through_views_equal_torch():
+    for res in world.simulate(2, lambda r: _graph_run(r, [(B,), (S(0),), (S(1),)])):
+        for (name, nd), (value, stepped) in res.items():
+            want_x, want_grad = _torch_ref(name)
+            np.testing.assert_allclose(value, want_x, rtol=1e-6, err_msg=f"{name} {nd}: graph value")
+            if want_grad is not None:
+                np.testing.assert_allclose(stepped, W - want_grad, rtol=1e-5, atol=1e-5,
+                                           err_msg=f"{name} {nd}: graph step")

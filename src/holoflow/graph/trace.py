@@ -15,7 +15,7 @@ import torch
 from ..core import grad_mode, interpret
 from ..core.dispatch import apply, refresh, take_history, wrap
 from ..core.interpret import Interpreter
-from ..core.views import VIEW_SCATTER, aliases, stamp_of
+from ..core.views import VIEW_SCATTER, aliases, make_view, stamp_of
 from ..core.errors import HoloflowError, UnsupportedError
 from ..core.registry import infer_metas
 from ..core.sbp import B
@@ -239,7 +239,15 @@ class Tracer(Interpreter):
                     x = self.box(x, sig[0][j])
                 j += 1
             boxed.append(x)
-        return self._record(op, tuple(boxed), attrs, (place, sig))
+        res = self._record(op, tuple(boxed), attrs, (place, sig))
+        if op.view and boxed[0] is not inputs[0]:
+            # a view of the boxed copy is still a view of the tensor it was taken from: writes
+            # through it reach that tensor (its view_scatter boxes again), as in eager
+            outs = (res,) if isinstance(res, Tensor) else tuple(res)
+            for i, o in enumerate(outs):
+                if o._view is not None:
+                    make_view(o, inputs[0], op, attrs, None if isinstance(res, Tensor) else i)
+        return res
 
     def _gather_zero3(self, p: Tensor) -> Tensor:
         """A ZeRO-3 parameter (kept S(0)) all-gathered for the op about to read it (graph/zero.py)."""
@@ -344,6 +352,8 @@ class Tracer(Interpreter):
             base = vi.base
             with grad_mode.no_grad():  # the value only: take_history links the autograd side
                 new_base = apply(VIEW_SCATTER, base, out, chain=vi.chain)
+                if base._global is not None and new_base._global.sbp != base._global.sbp:
+                    new_base = new_base.to_global(sbp=base._global.sbp)   # the base keeps its layout
             self._set(base, new_base)
         self._set(x, out)
         take_history(x, out, name)
