@@ -191,6 +191,14 @@ class Tensor:
         """Calls ``hook(grad)`` when this tensor's gradient is computed; it may return a new one."""
         if not self._rg:
             raise RuntimeError("holoflow: cannot register a hook on a tensor that doesn't require grad")
+        meta = self._global
+        if meta is not None:   # the hook sees (and may return) the global gradient, not a shard
+            user = hook
+
+            def hook(g):
+                r = user(meta.grad_view(g))
+                return None if r is None else meta.grad_local(r)
+            hook.__wrapped__ = user
         if self.grad_fn is None:
             if self._hooks is None:
                 self._hooks = []
@@ -218,9 +226,13 @@ class Tensor:
         import weakref
         ref = weakref.ref(self)
 
+        meta = self._global
+
         def keep(g):
             t = ref()
             if t is not None:
+                if meta is not None:   # a global tensor's gradient, as the global tensor it is
+                    g = meta.grad_view(g)
                 t.grad = g.detach() if t.grad is None else t.grad + g.detach()
         node = self.grad_fn
         if node.retains is None:

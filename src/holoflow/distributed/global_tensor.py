@@ -53,6 +53,28 @@ class GlobalMeta:
             return g._global.leaf_grad(t, g)
         return box_grad(t, g)
 
+    def grad_view(self, g: Tensor) -> Tensor:
+        """The local gradient ``g`` flowing to a tensor of this meta, as the global tensor it is
+        this rank's piece of (SBP ``dual(sbp)``, no communication): what hooks and ``retain_grad``
+        see, as OneFlow's hooks see global gradients."""
+        if g._global is not None:
+            return g
+        return make_global(local_alias(g), self.placement, dual(self.sbp), self.shape)
+
+    def grad_local(self, g: Tensor) -> Tensor:
+        """A hook's returned gradient (global, of any SBP) back to the local piece backward
+        continues with."""
+        if g._global is None or hasattr(g._global, "tracer"):
+            return g
+        want = dual(self.sbp)
+        if g._global.placement != self.placement or tuple(g.shape) != tuple(self.shape):
+            raise HoloflowError(f"holoflow: a hook on a global tensor of shape {tuple(self.shape)} on "
+                                f"{self.placement} returned a gradient of shape {tuple(g.shape)} on "
+                                f"{g._global.placement}; return one like the gradient it was given")
+        if g._global.sbp != want:
+            g = g.to_global(sbp=want)
+        return local_alias(g)
+
     def leaf_grad(self, t: Tensor, g: Tensor) -> Tensor:
         """Gradient ``g`` (of this meta) of leaf ``t``, in the SBP ``t``'s ``.grad`` takes."""
         return self.box_to(g, t._global.grad_sbp or t._global.sbp)
