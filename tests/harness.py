@@ -157,6 +157,43 @@ def device_of(x) -> torch.device:
     return ts[0].device if ts else torch.device("cpu")
 
 
+def grad_of(lib, f: Callable) -> Callable:
+    """The input gradients of ``f(lib, *xs)`` as a function of ``(*xs, dy)``: a case of it has a
+    double backward for its backward (the grad ops' SBP rules are validated along the way)."""
+    def run(*xs):
+        *xs, dy = xs
+        with lib.enable_grad():
+            xs = [x if x.requires_grad else _leaf(x) for x in xs]
+            return tuple(lib.autograd.grad([f(lib, *xs)], xs, [dy], create_graph=True))
+    return run
+
+
+def _leaf(x):
+    t = x.detach()
+    t.requires_grad_(True)
+    return t
+
+
+def raised(fn: Callable[[], Any]) -> BaseException | None:
+    """The exception ``fn()`` raises, or None."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the class is what callers compare
+        return e
+    return None
+
+
+def error_like_torch(call: Callable[[Any], Any], what: str) -> BaseException:
+    """``call(torch)`` raises, and ``call(holoflow)`` raises an exception of the same class whose
+    message names holoflow (bad input gets torch's class and holoflow's message); returns it."""
+    want, got = raised(lambda: call(torch)), raised(lambda: call(flow))
+    assert want is not None, f"torch accepts {what}"
+    assert got is not None, f"holoflow accepts {what} (torch raises {type(want).__name__}: {want})"
+    assert isinstance(got, type(want)), f"{what}: holoflow {type(got).__mro__} ({got}), torch {type(want).__name__}"
+    assert "holoflow" in str(got), f"{what}: {got}"
+    return got
+
+
 def run_case(case: Case, dtype, device=None) -> None:
     """Forward values and dtypes, then input gradients for a random upstream gradient.
 

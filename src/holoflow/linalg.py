@@ -55,3 +55,29 @@ __all__ += ["svd", "svdvals", "qr", "eigh", "eigvalsh"]
 from .ops.more_ops import cholesky, det, inv, solve  # noqa: E402
 
 __all__ += ["det", "inv", "solve", "cholesky"]
+
+import torch as _torch  # noqa: E402
+
+from .ops import linalg as _ops  # noqa: E402
+from .ops.linalg import matrix_exp, matrix_power, slogdet  # noqa: E402
+
+__all__ += ["cross", "matrix_exp", "matrix_power", "slogdet", "pinv"]
+
+
+def cross(input: Tensor, other: Tensor, *, dim: int = -1) -> Tensor:  # noqa: A002
+    """The cross product of 3-vectors along ``dim`` (default the last), as ``torch.linalg.cross``."""
+    return _ops.cross(input, other, dim=dim)
+
+
+def pinv(A: Tensor, *, atol=None, rtol=None, hermitian: bool = False) -> Tensor:
+    """The pseudo-inverse, as ``torch.linalg.pinv``: singular values below ``rtol`` times the
+    largest count as zero (default ``eps * max(m, n)`` of the dtype)."""
+    if atol is not None or hermitian:
+        raise UnsupportedError("holoflow.linalg.pinv: atol= and hermitian=True are not supported; pass rtol= "
+                               "(relative to the largest singular value)")
+    if A.dim() < 2:
+        raise ArgValueError(f"holoflow.linalg.pinv: expected a tensor of matrices (*, m, n), got shape "
+                            f"{tuple(A.shape)}")
+    if rtol is None:
+        rtol = _torch.finfo(A._data.dtype).eps * max(A.shape[-2], A.shape[-1])
+    return _ops.pinverse(A, float(rtol))

@@ -136,6 +136,8 @@ NEEDS_DATA["binary_cross_entropy-weight"] = _ITEM.format("the input must lie in 
 for _name in ("cov", "cov-weights", "corrcoef"):
     NEEDS_DATA[_name] = "torch.cov's kernel compares values (aten::equal): no meta kernel"
 NEEDS_DATA["isin-invert-unique"] = NEEDS_DATA["unique"]
+NEEDS_DATA["unique_consecutive"] = NEEDS_DATA["unique_consecutive-dim"] = \
+    "data-dependent output shape (the runs of equal values): no meta kernel"
 NEEDS_DATA["bincount"] = NEEDS_DATA["bincount-weights-minlength"] = \
     "data-dependent output shape (the largest value + 1): no meta kernel"
 _CTC = "aten::_ctc_loss has no meta kernel"

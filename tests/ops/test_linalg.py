@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import holoflow as flow
-from harness import BF16, F32, F64, Case, parametrize, randn
+from harness import BF16, F32, F64, Case, grad_of, parametrize, randn
 from holoflow.core.sbp import B, P, S
 from holoflow.ops.linalg import einsum_signatures
 
@@ -57,21 +57,6 @@ CASES.append(Case("einsum-list", lambda a, b: flow.einsum("ij,jk->ik", [a, b]),
                   lambda a, b: torch.einsum("ij,jk->ik", [a, b]), ins((2, 3), (3, 2))))
 
 
-def grad_of(lib, f):
-    """The input gradients of ``f`` as a function: its backward is a double backward."""
-    def run(*xs):
-        *xs, dy = xs
-        with lib.enable_grad():
-            xs = [x if x.requires_grad else _leaf(x) for x in xs]
-            y = f(lib, *xs)
-            return tuple(lib.autograd.grad([y], xs, [dy], create_graph=True))
-    return run
-
-
-def _leaf(x):
-    t = x.detach()
-    t.requires_grad_(True)
-    return t
 
 
 SECOND = {

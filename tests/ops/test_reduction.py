@@ -6,7 +6,7 @@ import torch
 import holoflow as flow
 from holoflow.core.dispatch import apply
 from holoflow.ops.reduction import AT_INDEX_GATHER
-from harness import BF16, F32, F64, Case, parametrize, positive, randn, torch_differentiates
+from harness import BF16, F32, F64, Case, grad_of, parametrize, positive, randn, torch_differentiates
 
 ALL3 = (F32, F64, BF16)
 
@@ -134,19 +134,10 @@ CASES += [
 
 # -- gradients as forward functions: the grad ops' SBP rules are validated, and backward of
 #    these cases is a double backward compared against torch --------------------------------
-def grad_of(lib, f):
-    def run(x, dy):
-        with lib.enable_grad():
-            x = x if x.requires_grad else _leaf(x)
-            y = f(lib, x)
-            return lib.autograd.grad([y], [x], [dy], create_graph=True)[0]
-    return run
-
-
-def _leaf(x):
-    t = x.detach()
-    t.requires_grad_(True)
-    return t
+def grad_of1(lib, f):
+    """``harness.grad_of`` of a one-input function: its one gradient."""
+    g = grad_of(lib, f)
+    return lambda x, dy: g(x, dy)[0]
 
 
 SECOND = {
@@ -163,7 +154,7 @@ SECOND = {
     "cumprod": lambda lib, x: (x * x).cumprod(2),
 }
 for name, f in SECOND.items():
-    CASES.append(Case(f"grad-of-{name}", grad_of(flow, f), grad_of(torch, f),
+    CASES.append(Case(f"grad-of-{name}", grad_of1(flow, f), grad_of1(torch, f),
                       lambda dt, g, f=f: ((randn(3, 4, 5, gen=g, dtype=dt),
                                            randn(*f(torch, torch.zeros(3, 4, 5)).shape, gen=g, dtype=dt)), {}),
                       gradcheck=name not in ("amax", "max-dim", "min-dim-keep")))

@@ -27,8 +27,8 @@ NOT_IN_OP_TABLES = {
 # attention dropout's cases run with sbp=False; values are seed-dependent, so their tests
 # (tests/ops/test_random.py, test_nn_ops.py) compare them with torch under one seed. Their
 # signatures come from the elementwise family / sdpa's rule, checked on the other members here.
-RANDOM_FILLS = {"bernoulli_", "exponential_", "normal_", "random_", "uniform_",
-                "scaled_dot_product_attention_dropout"}
+RANDOM_FILLS = {"bernoulli_", "exponential_", "normal_", "random_", "uniform_", "cauchy_", "log_normal_",
+                "geometric_", "scaled_dot_product_attention_dropout"}
 
 
 def _modules():

@@ -14,7 +14,7 @@ from . import device as _device
 from . import dtype as _dtype
 from . import interpret
 from .autograd import no_global_double_backward
-from .errors import check_grad_assignment
+from .errors import UnsupportedError, check_grad_assignment
 
 
 class Tensor:
@@ -57,6 +57,7 @@ class Tensor:
         return len(self.shape)
 
     ndim = property(dim)
+    ndimension = dim
 
     def numel(self) -> int:
         n = 1
@@ -83,6 +84,57 @@ class Tensor:
     @property
     def is_cuda(self) -> bool:
         return self._data.is_cuda
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device.type == "cpu"
+
+    def get_device(self) -> int:
+        """The CUDA device index; -1 on the CPU, as torch."""
+        d = self.device
+        return -1 if d.type in ("cpu", "meta") else (d.index or 0)
+
+    def is_signed(self) -> bool:
+        return self._data.is_signed()
+
+    def is_conj(self) -> bool:
+        """Always False: holoflow conjugates eagerly (no lazy conjugate views)."""
+        return False
+
+    def is_neg(self) -> bool:
+        """Always False: holoflow negates eagerly (no lazy negative views)."""
+        return False
+
+    def resolve_conj(self) -> "Tensor":
+        return self
+
+    def resolve_neg(self) -> "Tensor":
+        return self
+
+    # -- memory: pinned and shared storage (the storage torch tensor's) ------------------------
+    def pin_memory(self, device=None) -> "Tensor":
+        """A copy in page-locked host memory (this tensor if it already is one)."""
+        if self._data.is_pinned():
+            return self
+        if self._global is not None or self._rg:
+            raise UnsupportedError("holoflow.pin_memory: pins local tensors that don't require grad (torch's "
+                                   "result would carry the gradient back); pin the data first, or .detach()")
+        try:
+            data = self._data.pin_memory() if device is None else self._data.pin_memory(device)
+        except RuntimeError as e:
+            raise RuntimeError(f"holoflow.pin_memory: {str(e).splitlines()[0]}") from e
+        return Tensor._make(data)
+
+    def is_pinned(self, device=None) -> bool:
+        return self._data.is_pinned()
+
+    def share_memory_(self) -> "Tensor":
+        """Moves the storage to shared memory (views of it follow), as torch."""
+        self._data.share_memory_()
+        return self
+
+    def is_shared(self) -> bool:
+        return self._data.is_shared()
 
     def is_floating_point(self) -> bool:
         return self._data.is_floating_point()
@@ -216,6 +268,12 @@ class Tensor:
         hooks = self.__dict__.setdefault("_post_acc_hooks", [])
         hooks.append(hook)
         return _RemovableHandle(hooks, hook)
+
+    @property
+    def retains_grad(self) -> bool:
+        """Whether this non-leaf tensor keeps its ``.grad`` (``retain_grad()`` was called)."""
+        node = self.grad_fn
+        return node is not None and node.retains is not None and self._out_idx in node.retains
 
     def retain_grad(self) -> None:
         """Keeps ``.grad`` of a non-leaf tensor after backward (after its other hooks ran)."""

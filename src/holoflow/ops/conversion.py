@@ -8,7 +8,7 @@ from ..core import dtype as _dtype
 from ..core import grad_mode
 from ..core.dispatch import apply, assign, check_inplace_target
 from ..core.tensor import Tensor
-from .family import defop, elementwise_sbp
+from .family import cast_sbp, defop, elementwise_sbp
 
 
 def _to_grad(ctx, dy):
@@ -16,7 +16,7 @@ def _to_grad(ctx, dy):
 
 
 TO = defop("to", lambda x, dtype, device, src_device: x.to(device=device, dtype=dtype),
-           grad=_to_grad, sbp=elementwise_sbp(("P",)), family="elementwise", view=True,
+           grad=_to_grad, sbp=cast_sbp, family="elementwise", view=True,
            elementwise=False, fresh=False)  # may move devices; x.to(x.dtype) is x
 CLONE = defop("clone", lambda x, memory_format=torch.preserve_format: x.clone(memory_format=memory_format),
               grad=lambda ctx, dy: (dy,), sbp=elementwise_sbp(("P",)), family="elementwise")

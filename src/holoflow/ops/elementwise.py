@@ -7,6 +7,8 @@ import math
 import torch
 
 from ..core.dispatch import apply
+from ..core.errors import ArgValueError, UnsupportedError
+from ..core.registry import REGISTRY
 from ..core.tensor import Tensor
 from .family import binary, holomorphic, needs, reads_other, reads_quotient, reduce_grad, unary
 
@@ -28,12 +30,38 @@ CONJ = unary("conj", torch.conj_physical, lambda c, dy: (apply(CONJ, dy),), part
 def _conj(x):
     """``x``'s complex conjugate; real tensors are their own (no op recorded)."""
     return apply(CONJ, x) if isinstance(x, Tensor) and x._data.is_complex() else x
+
+
 def _abs_grad(c, dy):
     x = _x(c)
     if not x.is_complex():
         return (dy * x.sign(),)
     a = x.abs()  # complex: dy * sgn(x) = dy * x / |x| (0 at 0), as torch
     return (dy * (x / where(a == 0, 1.0, a)),)
+
+
+def _logit_grad(c, dy):
+    """torch's ``dy / (x (1 - x))``: NaN outside [0, 1] without eps (or a negative one), 0 outside
+    [eps, 1 - eps] with it (the clamped region)."""
+    x = _x(c)
+    g = dy / (x * (1 - x))
+    if c.eps is None or c.eps < 0:
+        return (where((x < 0) | (x > 1), math.nan, g),)
+    return (where((x < c.eps) | (x > 1 - c.eps), 0.0, g),)
+
+
+def _sgn_grad(c, dy):
+    """0 for real tensors (as sign); for complex ones torch's ``(dy - s Re(dy conj(s))) / |x|``
+    with ``s = sgn(x)``, 0 where ``x`` is 0."""
+    x = _x(c)
+    if not x.is_complex():
+        return _zeros(c, dy)
+    a = x.abs()
+    safe = where(a == 0, 1.0, a)
+    s = x / safe
+    w = dy * apply(CONJ, s)
+    re = (w + apply(CONJ, w)) * 0.5   # Re(w), kept complex
+    return (where(a == 0, 0.0, (dy - s * re) / safe),)
 
 
 ABS = unary("abs", torch.abs, _abs_grad, "inputs")
@@ -68,6 +96,20 @@ ERF = unary("erf", torch.erf,
             lambda c, dy: (dy * (2 / math.sqrt(math.pi)) * (-_x(c) * _x(c)).exp(),), "inputs")
 ERFINV = unary("erfinv", torch.erfinv,
                lambda c, dy: (dy * (math.sqrt(math.pi) / 2) * (c.out * c.out).exp(),), "output")
+ERFC = unary("erfc", torch.erfc,
+             lambda c, dy: (dy * (-2 / math.sqrt(math.pi)) * (-_x(c) * _x(c)).exp(),), "inputs")
+ACOSH = unary("acosh", torch.acosh,  # (x+1)^-1/2 (x-1)^-1/2, not (x^2-1)^-1/2: complex branches
+              lambda c, dy: (dy * (_x(c) + 1).rsqrt() * (_x(c) - 1).rsqrt(),), "inputs")
+ASINH = unary("asinh", torch.asinh, lambda c, dy: (dy * (_x(c) ** 2 + 1).rsqrt(),), "inputs")
+ATANH = unary("atanh", torch.atanh, lambda c, dy: (dy / (1 - _x(c) ** 2),), "inputs")
+DEG2RAD = unary("deg2rad", torch.deg2rad, lambda c, dy: (dy * (math.pi / 180),), partial=("P",))
+RAD2DEG = unary("rad2deg", torch.rad2deg, lambda c, dy: (dy * (180 / math.pi),), partial=("P",))
+LOGIT = unary("logit", lambda x, eps=None: torch.logit(x, eps), _logit_grad, "inputs")
+SGN = unary("sgn", torch.sgn, _sgn_grad, "inputs")
+SIGNBIT = unary("signbit", torch.signbit)
+ISNEGINF = unary("isneginf", torch.isneginf)
+ISPOSINF = unary("isposinf", torch.isposinf)
+ISREAL = unary("isreal", torch.isreal)
 LOGICAL_NOT = unary("logical_not", torch.logical_not)
 BITWISE_NOT = unary("bitwise_not", torch.bitwise_not)
 ISNAN = unary("isnan", torch.isnan)
@@ -81,7 +123,7 @@ CLAMP = unary("clamp", lambda x, min=None, max=None: torch.clamp(x, min, max),  
 
 # complex inputs: these rules are written as dy * f'(z); torch wants dy * conj(f'(z))
 for _op in (EXP, EXP2, EXPM1, LOG, LOG2, LOG10, LOG1P, SQRT, RSQRT, SQUARE, RECIPROCAL, SIN, COS, TAN, ASIN,
-            ACOS, ATAN, SINH, COSH, TANH, SIGMOID):
+            ACOS, ATAN, SINH, COSH, TANH, SIGMOID, ACOSH, ASINH, ATANH):
     holomorphic(_op)
 
 
@@ -151,6 +193,26 @@ def _atan2_grad(c, dy):
             reduce_grad(-dy * a / den, c, 1) if needs(c, 1) else None)
 
 
+def _logaddexp2_grad(c, dy):
+    a, b = c.inputs
+    return (reduce_grad(dy / (1 + (b - a).exp2()), c, 0) if needs(c, 0) else None,
+            reduce_grad(dy / (1 + (a - b).exp2()), c, 1) if needs(c, 1) else None)
+
+
+def _igamma_grad(name: str, sign: int):
+    """d/dx of the regularized incomplete gamma: ``sign * x^(a-1) e^(-x) / Gamma(a)``; torch has
+    no derivative in ``a`` (input), so neither does holoflow."""
+    def grad(c, dy):
+        a, x = c.inputs
+        if needs(c, 0):
+            raise UnsupportedError(f"holoflow.{name}: the derivative for 'input' is not implemented (nor in "
+                                   f"torch); only 'other' can require grad: pass input.detach()")
+        lgamma = apply(REGISTRY["lgamma"], a)   # ops/extra_ops.py, which imports this module
+        d = ((a - 1) * x.log() - x - lgamma).exp()
+        return None, reduce_grad(dy * d if sign > 0 else -dy * d, c, 1)
+    return grad
+
+
 def _rem_grad(rounding):
     def grad(c, dy):
         a, b = c.inputs
@@ -195,6 +257,12 @@ LOGICAL_XOR = binary("logical_xor", torch.logical_xor)
 BITWISE_AND = binary("bitwise_and", torch.bitwise_and)
 BITWISE_OR = binary("bitwise_or", torch.bitwise_or)
 BITWISE_XOR = binary("bitwise_xor", torch.bitwise_xor)
+BITWISE_LEFT_SHIFT = binary("bitwise_left_shift", torch.bitwise_left_shift)
+BITWISE_RIGHT_SHIFT = binary("bitwise_right_shift", torch.bitwise_right_shift)
+LCM = binary("lcm", torch.lcm, tensors_only=True)
+LOGADDEXP2 = binary("logaddexp2", torch.logaddexp2, _logaddexp2_grad, "inputs", tensors_only=True)
+IGAMMA = binary("igamma", torch.igamma, _igamma_grad("igamma", 1), "inputs", tensors_only=True)
+IGAMMAC = binary("igammac", torch.igammac, _igamma_grad("igammac", -1), "inputs", tensors_only=True)
 
 
 def _where_grad(c, dy):
@@ -230,14 +298,28 @@ def _unary_fn(op):
 #: bitwise ops take one as ``input`` too; add, sub and div have their own functions below)
 _TENSOR_INPUT = {"eq", "ne", "lt", "le", "gt", "ge", "maximum", "minimum", "atan2", "fmod",
                  "logical_and", "logical_or", "logical_xor"}
+#: ... and those that take no Python number at all
+_TENSORS_ONLY = {"lcm", "logaddexp2", "igamma", "igammac"}
+
+
+def _expect_tensor(name: str, value, arg: str, position: int, hint: str = "") -> None:
+    """torch's TypeError for a number where its signature wants a Tensor."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"holoflow.{name}(): argument '{arg}' (position {position}) must be Tensor, not "
+                        f"{type(value).__name__}{hint}")
 
 
 def _binary_fn(op):
     if op.name in _TENSOR_INPUT:
+        hint = f" (a number goes second: holoflow.{op.name}(tensor, number))"
+
         def fn(input, other) -> Tensor:
-            if not isinstance(input, Tensor):
-                raise TypeError(f"holoflow.{op.name}(): argument 'input' (position 1) must be Tensor, not "
-                                f"{type(input).__name__} (a number goes second: holoflow.{op.name}(tensor, number))")
+            _expect_tensor(op.name, input, "input", 1, hint)
+            return apply(op, input, other)
+    elif op.name in _TENSORS_ONLY:
+        def fn(input, other) -> Tensor:
+            _expect_tensor(op.name, input, "input", 1)
+            _expect_tensor(op.name, other, "other", 2)
             return apply(op, input, other)
     else:
         def fn(input, other) -> Tensor:
@@ -249,14 +331,13 @@ def _binary_fn(op):
 
 UNARY = [NEG, CONJ, ABS, SIGN, FLOOR, CEIL, TRUNC, FRAC, EXP, EXP2, EXPM1, LOG, LOG2, LOG10, LOG1P,
          SQRT, RSQRT, SQUARE, RECIPROCAL, SIN, COS, TAN, ASIN, ACOS, ATAN, SINH, COSH, TANH,
-         SIGMOID, ERF, ERFINV, LOGICAL_NOT, BITWISE_NOT, ISNAN, ISINF, ISFINITE]
+         SIGMOID, ERF, ERFINV, LOGICAL_NOT, BITWISE_NOT, ISNAN, ISINF, ISFINITE,
+         ERFC, ACOSH, ASINH, ATANH, DEG2RAD, RAD2DEG, SGN, SIGNBIT, ISNEGINF, ISPOSINF, ISREAL]
 BINARY = [MUL, POW, MAXIMUM, MINIMUM, ATAN2, FMOD, REMAINDER, EQ, NE, LT, LE, GT, GE,
-          LOGICAL_AND, LOGICAL_OR, LOGICAL_XOR, BITWISE_AND, BITWISE_OR, BITWISE_XOR]
+          LOGICAL_AND, LOGICAL_OR, LOGICAL_XOR, BITWISE_AND, BITWISE_OR, BITWISE_XOR,
+          BITWISE_LEFT_SHIFT, BITWISE_RIGHT_SHIFT, LCM, LOGADDEXP2, IGAMMA, IGAMMAC]
 _FUNCS = {op.name: _unary_fn(op) for op in UNARY} | {op.name: _binary_fn(op) for op in BINARY}
 globals().update(_FUNCS)
-negative, absolute, multiply, greater, less, equal = (_FUNCS["neg"], _FUNCS["abs"], _FUNCS["mul"],
-                                                      _FUNCS["gt"], _FUNCS["lt"], _FUNCS["eq"])
-greater_equal, less_equal, not_equal, arctan2 = _FUNCS["ge"], _FUNCS["le"], _FUNCS["ne"], _FUNCS["atan2"]
 
 
 def add(input, other, *, alpha=1) -> Tensor:
@@ -269,9 +350,6 @@ def sub(input, other, *, alpha=1) -> Tensor:
     return apply(SUB, input, other) if alpha == 1 else apply(SUB, input, other, alpha=alpha)
 
 
-subtract = sub
-
-
 def rsub(input, other, *, alpha=1) -> Tensor:
     """``other - alpha * input`` (torch.rsub)."""
     return sub(other, input, alpha=alpha)
@@ -280,9 +358,6 @@ def rsub(input, other, *, alpha=1) -> Tensor:
 def div(input, other, *, rounding_mode: str | None = None) -> Tensor:
     """True division (or ``"trunc"``/``"floor"`` rounding), with broadcasting."""
     return apply(DIV, input, other, rounding_mode=rounding_mode)
-
-
-divide = true_divide = div
 
 
 def floor_divide(input, other) -> Tensor:
@@ -299,8 +374,8 @@ def nan_to_num(input: Tensor, nan: float = 0.0, posinf=None, neginf=None) -> Ten
 
 def clamp(input: Tensor, min=None, max=None) -> Tensor:  # noqa: A002
     """Clamps into ``[min, max]``; ``min``/``max`` may be numbers or tensors."""
-    if min is None and max is None:
-        raise ValueError("holoflow.clamp: at least one of min and max must be given")
+    if min is None and max is None:   # torch: RuntimeError (a ValueError too, as holoflow raised before)
+        raise ArgValueError("holoflow.clamp: at least one of min and max must be given")
     if isinstance(min, Tensor) or isinstance(max, Tensor):
         out = input
         if min is not None:
@@ -309,9 +384,6 @@ def clamp(input: Tensor, min=None, max=None) -> Tensor:  # noqa: A002
             out = apply(MINIMUM, out, max if isinstance(max, Tensor) else _scalar_like(max, input))
         return out
     return apply(CLAMP, input, min=min, max=max)
-
-
-clip = clamp
 
 
 def clamp_min(input: Tensor, min) -> Tensor:  # noqa: A002
@@ -348,17 +420,47 @@ def addcmul(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tens
 
 
 def addcdiv(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
+    """``input + value * tensor1 / tensor2``; as torch, not for two integer tensors."""
+    if not any(t.is_floating_point() or t.is_complex() for t in (tensor1, tensor2)):
+        raise RuntimeError(f"holoflow.addcdiv: integer division with addcdiv is not supported (tensor1 is "
+                           f"{tensor1.dtype}, tensor2 {tensor2.dtype}, as torch); use a floating point "
+                           f"tensor1 or tensor2")
     return input + tensor1 / tensor2 * value
 
 
+def _float_power_dtype(input, exponent) -> torch.dtype:
+    """The dtype ``float_power`` computes in: float64, or complex128 if an operand is complex."""
+    cplx = any(v.is_complex() if isinstance(v, Tensor) else isinstance(v, complex) for v in (input, exponent))
+    return torch.complex128 if cplx else torch.float64
+
+
+def _cast(v, dtype: torch.dtype):
+    return v.to(dtype) if isinstance(v, Tensor) else v
+
+
 def float_power(input, exponent) -> Tensor:
-    return apply(POW, input.double() if isinstance(input, Tensor) else input,
-                 exponent.double() if isinstance(exponent, Tensor) else exponent)
+    """``input ** exponent`` in double precision (complex128 for complex operands), as torch."""
+    dt = _float_power_dtype(input, exponent)
+    return apply(POW, _cast(input, dt), _cast(exponent, dt))
 
 
 def logaddexp(input: Tensor, other: Tensor) -> Tensor:
     m = apply(MAXIMUM, input, other).detach()
     return m + ((input - m).exp() + (other - m).exp()).log()
+
+
+def logit(input: Tensor, eps: float | None = None) -> Tensor:
+    """``log(x / (1 - x))``, with ``x`` clamped to ``[eps, 1 - eps]`` when ``eps`` is given."""
+    return apply(LOGIT, input, eps=eps)
+
+
+def positive(input: Tensor) -> Tensor:
+    """``input`` itself (``+x``); refused for bool tensors, as torch."""
+    _expect_tensor("positive", input, "input", 1)
+    if input._data.dtype == torch.bool:
+        raise RuntimeError("holoflow.positive: the `+` operator on a bool tensor is not supported (as in "
+                           "torch); use logical ops, or convert it first")
+    return input
 
 
 def xlogy(input, other) -> Tensor:
@@ -373,3 +475,23 @@ def xlogy(input, other) -> Tensor:
         prod = other.log() * input
         return prod if input != 0 else where(other.isnan(), prod, 0.0)
     return where((input == 0) & ~other.isnan(), 0.0 * input, input * other.log())
+
+
+#: torch's second names: the same function (its method and in-place form follow, ops/methods.py)
+_ALIASES = {"negative": "neg", "absolute": "abs", "multiply": "mul", "greater": "gt", "less": "lt",
+           "greater_equal": "ge", "less_equal": "le", "not_equal": "ne", "arctan2": "atan2",
+           "subtract": "sub", "divide": "div", "true_divide": "div", "clip": "clamp", "fix": "trunc",
+           "arccos": "acos", "arcsin": "asin", "arctan": "atan", "arccosh": "acosh", "arcsinh": "asinh",
+           "arctanh": "atanh"}
+globals().update({alias: globals()[name] for alias, name in _ALIASES.items()})
+
+
+def equal(input: Tensor, other: Tensor) -> bool:
+    """Whether two tensors have the same shape and elements (a Python bool; NaN is unequal to
+    itself), as ``torch.equal``: different shapes are False, not an error."""
+    for name, x in (("input", input), ("other", other)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"holoflow.equal: argument {name!r} must be a Tensor, not {type(x).__name__}")
+    if tuple(input.shape) != tuple(other.shape):
+        return False
+    return bool(apply(EQ, input, other).all())

@@ -3,7 +3,8 @@
 ``gcd``, ``nextafter``), ``frexp``, and ``isin``, ``diff``, ``kron``, ``tensordot``, ``rot90``,
 ``diag_embed``, ``block_diag``, ``cartesian_prod``, ``bucketize``, ``histc``, ``trapezoid``,
 ``vander``, ``cov``/``corrcoef``, ``renorm``, ``index_copy``, ``masked_scatter``,
-``scatter_reduce``, ``unravel_index``; with their Tensor methods (and in-place forms).
+``scatter_reduce``, ``unravel_index``, ``take``/``put`` (flat indexing), ``argwhere``, ``diagflat``,
+``histogram`` and ``Tensor.unfold`` (a view); with their Tensor methods (and in-place forms).
 
 Where composing existing ops is exact (``diff``, ``kron``, ``tensordot``, ``rot90``,
 ``trapezoid``, ``vander``), they are composites and need no gradient code; ``lgamma``/``digamma``/
@@ -11,7 +12,9 @@ Where composing existing ops is exact (``diff``, ``kron``, ``tensordot``, ``rot9
 compose); the rest are primitives on their ATen kernel whose backward is ATen's derivative
 (ops/torch_vjp.py, no double backward). Integer-valued results
 (``isin``, ``bucketize``, ``histc``, ``unravel_index``, ``gcd``) are not differentiable;
-``heaviside``'s output requires grad and its backward raises, as torch's.
+``heaviside``'s output requires grad and its backward raises, as torch's. ``take``/``put`` and
+``unfold`` have grad rules written as ops (each other's, or a backward op whose grad is the forward),
+so double backward composes.
 """
 from __future__ import annotations
 
@@ -22,12 +25,14 @@ from typing import Sequence
 import torch
 
 from ..core.dispatch import apply, apply_inplace
-from ..core.errors import UnsupportedError, normalize_dim
-from ..core.registry import defop
+from ..core.errors import ArgValueError, UnsupportedError, normalize_dim
+from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from .elementwise import ZEROS_LIKE, where
 from .family import binary, elementwise_sbp, needs, reduce_grad, unary
+from .indexing import nonzero
+from .layout import diag
 from .linalg import matmul
 from .more_ops import _same_shape_bwd_sbp
 from .shape import cat, permute, reshape
@@ -36,7 +41,8 @@ from .torch_vjp import defop_vjp
 __all__ = ["lgamma", "digamma", "polygamma", "i0", "sinc", "hypot", "copysign", "heaviside", "ldexp", "gcd",
            "nextafter", "frexp", "isin", "diff", "kron", "tensordot", "rot90", "diag_embed", "block_diag",
            "cartesian_prod", "bucketize", "histc", "trapezoid", "trapz", "vander", "cov", "corrcoef", "renorm",
-           "index_copy", "masked_scatter", "scatter_reduce", "unravel_index"]
+           "index_copy", "masked_scatter", "scatter_reduce", "unravel_index", "take", "put", "argwhere", "diagflat",
+           "histogram"]
 
 
 def _ew(name: str, fn, outputs: tuple | None = None):
@@ -550,6 +556,160 @@ def scatter_reduce(input: Tensor, dim: int, index: Tensor, src: Tensor, reduce: 
     return apply(SCATTER_REDUCE, input, index, src, dim=d, reduce=reduce, include_self=bool(include_self))
 
 
+# -- flat indexing: take, put ----------------------------------------------------------------------------
+
+def _take_sbp(metas, attrs):
+    """The input is read at flat positions, so it stays whole (B, or P: take is linear in it); the
+    index splits the output alike."""
+    return [((B, B), (B,)), ((P, B), (P,))] + [((B, S(a)), (S(a),)) for a in range(len(metas[1].shape))]
+
+
+def _take_backward_sbp(metas, attrs):
+    """``(dy, index) -> zeros(shape)`` with dy added at index: shards of both add partial sums."""
+    return [((B, B), (B,)), ((P, B), (P,))] + [((S(a), S(a)), (P,)) for a in range(len(metas[1].shape))]
+
+
+def _put_sbp(metas, attrs):
+    """Linear in (input, source) together; a number source (the gradient's zeros) keeps P only if 0."""
+    if isinstance(metas[2], Meta):
+        return [((B, B, B), (B,)), ((P, B, P), (P,))]
+    return [((B, B), (B,))] + ([((P, B), (P,))] if metas[2] == 0 else [])
+
+
+def _put_kernel(x, index, source, accumulate):
+    if not isinstance(source, torch.Tensor):  # a number at every indexed position (put's own gradient)
+        source = x.new_full(index.shape, source)
+    return x.put(index, source, accumulate)
+
+
+def _put_grad(c, dy):
+    """ATen's: the input's gradient is dy, with the written positions zeroed unless accumulating;
+    the source's is dy taken at index."""
+    index = c.inputs[1]
+    g_in = (dy if c.accumulate else apply(PUT, dy, index, 0.0, accumulate=False)) if needs(c, 0) else None
+    g_src = reshape(apply(TAKE, dy, index), c.shapes[2]) if needs(c, 2) else None
+    return g_in, None, g_src
+
+
+_INDEX_ONLY = dict(save="inputs", saved_inputs=(1,), family="indexing")
+TAKE = defop("take", lambda x, index: torch.take(x, index), sbp=_take_sbp, **_INDEX_ONLY,
+             grad=lambda c, dy: (apply(TAKE_BACKWARD, dy, c.inputs[1], shape=tuple(c.shapes[0])), None))
+TAKE_BACKWARD = defop("take_backward", lambda dy, index, shape: dy.new_zeros(shape).put_(index, dy, accumulate=True),
+                      sbp=_take_backward_sbp, **_INDEX_ONLY,
+                      grad=lambda c, g: (apply(TAKE, g, c.inputs[1]), None))
+PUT = defop("put", _put_kernel, grad=_put_grad, sbp=_put_sbp, **_INDEX_ONLY)
+
+
+def take(input: Tensor, index: Tensor) -> Tensor:
+    """``input`` read as a 1-D tensor at ``index`` (int64; negative counts from the end), shaped like
+    ``index``, as ``torch.take``."""
+    return apply(TAKE, _tensor("take", input), _tensor("take", index, "index"))
+
+
+def put(input: Tensor, index: Tensor, source: Tensor, accumulate: bool = False) -> Tensor:
+    """A copy of ``input`` with ``source``'s elements written (or, with ``accumulate``, added) at the
+    flat positions ``index``, as ``torch.put``."""
+    return apply(PUT, _tensor("put", input), _tensor("put", index, "index"), _tensor("put", source, "source"),
+                 accumulate=bool(accumulate))
+
+
+def _put_(self: Tensor, index: Tensor, source: Tensor, accumulate: bool = False) -> Tensor:
+    return apply_inplace(PUT, self, _tensor("put_", index, "index"), _tensor("put_", source, "source"),
+                         accumulate=bool(accumulate))
+
+
+def argwhere(input: Tensor) -> Tensor:
+    """The indices of the non-zero elements, one row each, as ``torch.argwhere``."""
+    return nonzero(_tensor("argwhere", input))
+
+
+def diagflat(input: Tensor, offset: int = 0) -> Tensor:
+    """A square matrix with the flattened input on its ``offset`` diagonal, as ``torch.diagflat``."""
+    return diag(reshape(_tensor("diagflat", input), (-1,)), offset)
+
+
+# -- histogram ----------------------------------------------------------------------------------------------
+
+def _histogram_kernel(x, edges, weight, bins, range, density):  # noqa: A002
+    if x.device.type == "meta":   # aten has no meta kernel; the shapes are known (graph tracing)
+        n = bins if edges is None else edges.shape[0] - 1
+        return x.new_empty(n), x.new_empty(n + 1)
+    if edges is not None:
+        return torch.histogram(x, edges, weight=weight, density=density)
+    return torch.histogram(x, bins, range=range, weight=weight, density=density)
+
+
+def _histogram_sbp(metas, attrs):
+    """With fixed bins (given edges or range) and counts (no density), shards of the input (and of
+    the weight alike) count partial sums; the edges are the same everywhere."""
+    x, edges, weight = metas
+    has_edges, has_weight = isinstance(edges, Meta), isinstance(weight, Meta)
+    n = 1 + has_edges + has_weight
+    sigs = [((B,) * n, (B, B))]
+    if not attrs["density"] and (has_edges or attrs["range"] is not None):
+        sigs += [((S(a),) + (B,) * has_edges + (S(a),) * has_weight, (P, B)) for a in range(len(x.shape))]
+    return sigs
+
+
+HISTOGRAM = defop("histogram", _histogram_kernel, sbp=_histogram_sbp, outputs=("hist", "bin_edges"),
+                  differentiable=False)
+
+
+def histogram(input: Tensor, bins=100, *, range=None, weight: Tensor | None = None,  # noqa: A002
+              density: bool = False):
+    """Counts (or a density) of ``input`` in ``bins`` equal bins over ``range`` (the data's range by
+    default), or between the edges of a 1-D ``bins`` tensor, as ``torch.histogram``: a namedtuple
+    ``(hist, bin_edges)``. Not differentiable."""
+    edges = bins if isinstance(bins, Tensor) else None
+    if edges is None and (isinstance(bins, bool) or not isinstance(bins, int) or bins <= 0):
+        raise ArgValueError(f"holoflow.histogram: bins must be a positive int or a 1-D tensor of edges, got {bins!r}")
+    if edges is not None and range is not None:
+        raise TypeError("holoflow.histogram: range can't be given with a tensor of bin edges")
+    rng = None if range is None else (float(range[0]), float(range[1]))
+    return apply(HISTOGRAM, _tensor("histogram", input), edges, weight, bins=None if edges is not None else bins,
+                 range=rng, density=bool(density))
+
+
+# -- Tensor.unfold: sliding windows as a view ---------------------------------------------------------------
+
+def _unfold_sbp(metas, attrs):
+    """A split on any axis but ``dimension`` stays (the window axis is appended last); linear."""
+    return [((B,), (B,)), ((P,), (P,))] + [((S(a),), (S(a),)) for a in range(len(metas[0].shape))
+                                           if a != attrs["dimension"]]
+
+
+def _unfold_backward_sbp(metas, attrs):
+    return [((B,), (B,)), ((P,), (P,))] + [((S(a),), (S(a),)) for a in range(len(attrs["shape"]))
+                                           if a != attrs["dimension"]]
+
+
+def _unfold_backward_local(attrs, metas, local_metas, in_sbps):
+    """The input's shape follows the gradient's split."""
+    s = in_sbps[0]
+    if not isinstance(s, S):
+        return attrs
+    shape = list(attrs["shape"])
+    shape[s.axis] = local_metas[0].shape[s.axis]
+    return {**attrs, "shape": tuple(shape)}
+
+
+_WINDOW = ("dimension", "size", "step")
+UNFOLD = defop("unfold", lambda x, dimension, size, step: x.unfold(dimension, size, step), sbp=_unfold_sbp,
+               family="shape", view=True,
+               grad=lambda c, dy: (apply(UNFOLD_BACKWARD, dy, shape=tuple(c.shapes[0]),
+                                         **{k: getattr(c, k) for k in _WINDOW}),))
+UNFOLD_BACKWARD = defop("unfold_backward", lambda dy, shape, dimension, size, step: torch.ops.aten.unfold_backward(
+    dy, shape, dimension, size, step), sbp=_unfold_backward_sbp, local_attrs=_unfold_backward_local, family="shape",
+    grad=lambda c, g: (apply(UNFOLD, g, **{k: getattr(c, k) for k in _WINDOW}),))
+
+
+def _unfold(self: Tensor, dimension: int, size: int, step: int) -> Tensor:
+    """``Tensor.unfold``: a view of every ``size``-long window along ``dimension``, ``step`` apart,
+    as a new last dim (writes through it reach ``self``, as torch's)."""
+    d = normalize_dim("unfold", dimension, self.dim())
+    return apply(UNFOLD, self, dimension=d, size=int(size), step=int(step))
+
+
 # -- Tensor methods -------------------------------------------------------------------------------------
 
 def _method_inplace(op):
@@ -561,8 +721,11 @@ def _method_inplace(op):
 
 for _name in ("diff", "kron", "rot90", "diag_embed", "histc", "lgamma", "digamma", "i0", "sinc", "hypot",
               "copysign", "heaviside", "frexp", "ldexp", "cov", "corrcoef", "renorm", "index_copy",
-              "masked_scatter", "scatter_reduce", "gcd", "nextafter"):
+              "masked_scatter", "scatter_reduce", "gcd", "nextafter", "take", "put", "argwhere", "diagflat",
+              "histogram"):
     setattr(Tensor, _name, globals()[_name])
+Tensor.put_ = _put_
+Tensor.unfold = _unfold
 Tensor.polygamma = lambda self, n: polygamma(n, self)
 for _name, _op in (("lgamma_", LGAMMA), ("digamma_", DIGAMMA), ("i0_", I0), ("sinc_", SINC), ("hypot_", HYPOT),
                    ("copysign_", COPYSIGN), ("heaviside_", HEAVISIDE), ("gcd_", GCD), ("nextafter_", NEXTAFTER)):

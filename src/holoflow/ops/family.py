@@ -159,9 +159,23 @@ def _sum_to_kernel(x: torch.Tensor, shape) -> torch.Tensor:
 
 SUM_TO = defop("sum_to_size", _sum_to_kernel, grad=_sum_to_grad,
                sbp=_sum_to_sbp, local_attrs=_sum_to_local, family="reduction", view=True)
+def cast_sbp(metas, attrs):
+    """A dtype conversion: elementwise; linear (partial sums stay partial) unless it rounds to
+    an integer or bool (the sum of truncated pieces is not the truncated sum)."""
+    sigs = elementwise_sbp()(metas, attrs)
+    src, dst = metas[0].dtype, attrs.get("dtype")
+    if dst is None or dst == src or not (dst == torch.bool or (_is_inexact(src) and not _is_inexact(dst))):
+        sigs.append(((P,), (P,)))
+    return sigs
+
+
+def _is_inexact(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
 CAST = defop("cast", lambda x, dtype: x.to(dtype),
              grad=lambda ctx, dy: (apply(CAST, dy, dtype=ctx.dtypes[0]),),
-             sbp=elementwise_sbp(("P",)), family="elementwise", view=True)
+             sbp=cast_sbp, family="elementwise", view=True)
 
 
 def empty_safe(kernel: Callable) -> Callable:

@@ -1,29 +1,41 @@
-"""Products: matmul (mm, bmm, dot), einsum (outer), addmm, baddbmm, linear.
+"""Products: matmul (mm, bmm, mv, dot, vdot), einsum (outer), addmm, baddbmm, addbmm, addmv, addr,
+linear, cross; matrix functions: matrix_power, matrix_exp, slogdet/logdet, pinverse, cholesky,
+cholesky_inverse, cholesky_solve (det/inverse/linalg.cholesky are ops/more_ops.py's).
 
 One helper, :func:`einsum_signatures`, turns a subscript string into SBP signatures (one mesh
 axis) for every op here; each op only says which subscripts its shapes mean. Every grad is an
 einsum of the upstream gradient with the other operands, so double backward composes; the common
 cases (linear, matmul without broadcasting) use dedicated mm ops instead, closed under
-differentiation, as torch's backward does.
+differentiation, as torch's backward does. The matrix functions' grads are ATen's formulas written
+with holoflow ops (matrix_exp's is matrix_exp of a block matrix), so double backward composes;
+their SBP splits the batch dims.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from ..core import grad_mode
-from ..core.dispatch import apply
-from ..core.errors import DTypeError, ShapeError, UnsupportedError
+from ..core.dispatch import apply, apply_inplace
+from ..core.errors import DTypeError, ShapeError, UnsupportedError, normalize_dim
 from ..core.interpret import is_lazy
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
-from .family import broadcast_shapes, holomorphic, needs, reduce_grad
+from . import elementwise as E
+from .creation import full_like
+from .family import broadcast_shapes, elementwise_sbp, holomorphic, needs, reads_other, reduce_grad
+from .layout import tril, triu
+from .more_ops import INV, _square, det, inverse
+from .more_ops import cholesky as _linalg_cholesky
+from .shape import cat
 
 __all__ = ["matmul", "mm", "bmm", "einsum", "outer", "ger", "dot", "inner", "addmm", "baddbmm", "linear",
-           "vecdot"]
+           "vecdot", "mv", "vdot", "addmv", "addr", "addbmm", "cross", "matrix_power", "matrix_exp", "slogdet",
+           "logdet", "pinverse", "cholesky", "cholesky_inverse", "cholesky_solve"]
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -267,18 +279,37 @@ MATMUL_GRAD_B = defop("matmul_grad_b", _mgb_kernel, grad=_mgb_grad, save="inputs
                       sbp=_mg_sbp(("mk", "mn", "kn")), family="einsum")
 
 
-# -- addmm, baddbmm: beta * input + alpha * (m1 @ m2) ------------------------------------------
+# -- addmm, baddbmm, addmv, addr, addbmm: beta * input + alpha * (a product of two operands) -----
 
-def _addmm_family(name: str, kernel, ins: list[str], out: str, nd: int):
+def _product_shape(name: str, ins: list[str], out: str, sa: tuple, sb: tuple) -> tuple:
+    """The result shape of ``ins -> out`` for operands of exactly these subscripts (no broadcasting
+    between them; ``k`` is the contracted index, ``b`` the batch), or a clear error naming both shapes."""
+    if len(sa) != len(ins[0]) or len(sb) != len(ins[1]):
+        raise ShapeError(f"holoflow.{name}: expects a {len(ins[0])}-D and a {len(ins[1])}-D operand, got shapes "
+                         f"{sa} and {sb}")
+    size = dict(zip(ins[0], sa))
+    for c, d in zip(ins[1], sb):
+        if c in size and size[c] != d:
+            if c != "k":
+                raise ShapeError(f"holoflow.{name}: batch sizes of {sa} and {sb} differ")
+            raise ShapeError(f"holoflow.{name}: shapes {sa} and {sb} cannot be multiplied: the contracted dims "
+                             f"are {size[c]} and {d}; they must match")
+        size[c] = d
+    return tuple(size[c] for c in out)
+
+
+def _addmm_family(name: str, ins: list[str], out: str):
+    """``torch.<name>(input, a, b, *, beta, alpha)``: ``beta * input + alpha * einsum(ins -> out)``
+    with ``input`` broadcast to the product's shape."""
+    fn = getattr(torch, name)
+
+    def kernel(i, a, b, beta, alpha):
+        return fn(i, a, b, beta=beta, alpha=alpha)
+
     def shape(metas, attrs):
         inp, a, b = metas
         dt = _same_dtype(name, inp, a, b)
-        if len(a.shape) != nd or len(b.shape) != nd:
-            raise ShapeError(f"holoflow.{name}: the two matrices must have {nd} dims, got shapes "
-                             f"{tuple(a.shape)} and {tuple(b.shape)}")
-        if nd == 3 and a.shape[0] != b.shape[0]:
-            raise ShapeError(f"holoflow.{name}: batch sizes of {tuple(a.shape)} and {tuple(b.shape)} differ")
-        res = matmul_shape(name, tuple(a.shape), tuple(b.shape))
+        res = _product_shape(name, ins, out, tuple(a.shape), tuple(b.shape))
         if broadcast_shapes(name, [tuple(inp.shape), res]) != res:
             raise ShapeError(f"holoflow.{name}: input of shape {tuple(inp.shape)} does not broadcast "
                              f"to the product's shape {res}")
@@ -297,10 +328,11 @@ def _addmm_family(name: str, kernel, ins: list[str], out: str, nd: int):
     return defop(name, kernel, grad=grad, save="inputs", shape=shape, sbp=sbp, family="einsum")
 
 
-ADDMM = _addmm_family("addmm", lambda i, a, b, beta, alpha: torch.addmm(i, a, b, beta=beta, alpha=alpha),
-                      ["ik", "kj"], "ij", 2)
-BADDBMM = _addmm_family("baddbmm", lambda i, a, b, beta, alpha: torch.baddbmm(i, a, b, beta=beta, alpha=alpha),
-                        ["bik", "bkj"], "bij", 3)
+ADDMM = _addmm_family("addmm", ["ik", "kj"], "ij")
+BADDBMM = _addmm_family("baddbmm", ["bik", "bkj"], "bij")
+ADDBMM = _addmm_family("addbmm", ["bik", "bkj"], "ij")
+ADDMV = _addmm_family("addmv", ["ik", "k"], "i")
+ADDR = _addmm_family("addr", ["i", "j"], "ij")
 
 
 # -- linear: x @ w.T + b as one op ---------------------------------------------------------------
@@ -552,12 +584,265 @@ def baddbmm(input: Tensor, batch1: Tensor, batch2: Tensor, *, beta=1, alpha=1) -
     return apply(BADDBMM, input, batch1, batch2, beta=beta, alpha=alpha)
 
 
+def addbmm(input: Tensor, batch1: Tensor, batch2: Tensor, *, beta=1, alpha=1) -> Tensor:
+    """``beta * input + alpha * sum_b(batch1[b] @ batch2[b])``."""
+    return apply(ADDBMM, input, batch1, batch2, beta=beta, alpha=alpha)
+
+
+def addmv(input: Tensor, mat: Tensor, vec: Tensor, *, beta=1, alpha=1) -> Tensor:
+    """``beta * input + alpha * (mat @ vec)``."""
+    return apply(ADDMV, input, mat, vec, beta=beta, alpha=alpha)
+
+
+def addr(input: Tensor, vec1: Tensor, vec2: Tensor, *, beta=1, alpha=1) -> Tensor:
+    """``beta * input + alpha * outer(vec1, vec2)``."""
+    return apply(ADDR, input, vec1, vec2, beta=beta, alpha=alpha)
+
+
+def _addmm_inplace(op):
+    """``x.addmm_(a, b, *, beta, alpha)`` and its kin: the product written into ``x``."""
+    def method(self: Tensor, a: Tensor, b: Tensor, *, beta=1, alpha=1) -> Tensor:
+        return apply_inplace(op, self, a, b, beta=beta, alpha=alpha)
+    method.__name__ = method.__qualname__ = op.name + "_"
+    return method
+
+
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``input @ weight.T + bias`` (``torch.nn.functional.linear``), one op."""
     return apply(LINEAR, input, weight, bias)
 
 
-for _name in ("matmul", "mm", "bmm", "dot", "inner", "outer", "ger", "addmm", "baddbmm"):
+def mv(input: Tensor, vec: Tensor) -> Tensor:
+    """Product of a matrix and a vector (no broadcasting)."""
+    if input.dim() != 2 or vec.dim() != 1:
+        raise ShapeError(f"holoflow.mv: expects a 2-D matrix and a 1-D vector, got shapes {tuple(input.shape)} "
+                         f"and {tuple(vec.shape)}")
+    matmul_shape("mv", tuple(input.shape), tuple(vec.shape))
+    return apply(MATMUL, input, vec)
+
+
+def _conj(x: Tensor) -> Tensor:
+    return x.conj() if x.is_complex() else x
+
+
+def _adjoint(x: Tensor) -> Tensor:
+    """The conjugate transpose of the last two dims (the transpose of a real matrix)."""
+    return _conj(x.mT)
+
+
+def vdot(input: Tensor, other: Tensor) -> Tensor:
+    """``sum(conj(input) * other)`` of two 1-D tensors of equal length."""
+    _need_dims("vdot", 1, input, other)
+    matmul_shape("vdot", tuple(input.shape), tuple(other.shape))
+    return apply(MATMUL, _conj(input), other)
+
+
+# -- cross product ----------------------------------------------------------------------------------
+
+def _cross_sbp(metas, attrs):
+    """Elementwise signatures (with broadcasting) except a split of ``dim``; bilinear: P in one operand."""
+    return [s for s in elementwise_sbp(("PB", "BP"))(metas, attrs) if s[1] != (S(attrs["dim"]),)]
+
+
+def _cross_grad(c, dy):
+    a, b = c.inputs
+    return (reduce_grad(apply(CROSS, _conj(b), dy, dim=c.dim), c, 0) if needs(c, 0) else None,
+            reduce_grad(apply(CROSS, dy, _conj(a), dim=c.dim), c, 1) if needs(c, 1) else None)
+
+
+CROSS = defop("cross", lambda a, b, dim: torch.linalg.cross(a, b, dim=dim), grad=_cross_grad, save="inputs",
+              saved_inputs=reads_other, sbp=_cross_sbp, family="einsum")
+
+
+def cross(input: Tensor, other: Tensor, dim: int | None = None) -> Tensor:
+    """The cross product of 3-vectors along ``dim`` (other dims broadcast), as ``torch.cross``;
+    without ``dim``, the first dim of size 3 (deprecated in torch, which warns)."""
+    a, b = tuple(input.shape), tuple(other.shape)
+    if len(a) != len(b):
+        raise ShapeError(f"holoflow.cross: inputs must have the same number of dimensions, got shapes {a} and {b}")
+    if dim is None:
+        warnings.warn("holoflow.cross: cross without dim uses the first dim of size 3; pass dim explicitly "
+                      "(torch.linalg.cross defaults to dim=-1)", UserWarning, stacklevel=2)
+        dim = next((i for i, n in enumerate(a) if n == 3), None)
+        if dim is None:
+            raise ShapeError(f"holoflow.cross: no dimension of size 3 in input of shape {a}")
+    d = normalize_dim("cross", dim, len(a))
+    if not a or a[d] != 3 or b[d] != 3:
+        raise ShapeError(f"holoflow.cross: inputs dimension {dim} must have length 3, got shapes {a} and {b}")
+    return apply(CROSS, input, other, dim=d)
+
+
+# -- matrix functions -------------------------------------------------------------------------------
+
+def batch_sbp(n_out: int = 1, linear: tuple[int, ...] = ()):
+    """Matrix functions of the last two dims: a batch axis of the result splits every operand that
+    carries it at full size (a broadcast operand stays B); P passes through an input in ``linear``."""
+    def rule(metas, attrs):
+        shapes = _shapes(metas)
+        batch = broadcast_shapes("batch", [s[:-2] for s in shapes])
+        n = len(shapes)
+        sigs = [((B,) * n, (B,) * n_out)]
+        for k, size in enumerate(batch):
+            axes = [k - len(batch) + len(s) - 2 for s in shapes]
+            ins = tuple(S(a) if a >= 0 and s[a] == size else B for a, s in zip(axes, shapes))
+            sigs.append((ins, (S(k),) * n_out))
+        return sigs + [(tuple(P if j == i else B for j in range(n)), (P,) * n_out) for i in linear]
+    return rule
+
+
+def _matrix_exp_grad(c, dy):
+    """ATen's: the upper right block of ``matrix_exp([[A^H, dy], [0, A^H]])``."""
+    a = c.inputs[0]
+    n = c.shapes[0][-1]
+    ah = _adjoint(a)
+    block = cat([cat([ah, dy], -1), cat([apply(E.ZEROS_LIKE, a), ah], -1)], -2)
+    return (apply(MATRIX_EXP, block).narrow(-2, 0, n).narrow(-1, n, n),)
+
+
+def _slogdet_grad(c, dsign, dlogabsdet):
+    """``d logabsdet = dy * A^-T`` (the sign of a real matrix is locally constant)."""
+    a = c.inputs[0]
+    if a.is_complex():
+        raise UnsupportedError("holoflow.slogdet: the gradient of complex inputs is not implemented")
+    return (dlogabsdet.unsqueeze(-1).unsqueeze(-1) * apply(INV, a).mT,)
+
+
+def _pinverse_grad(c, dy):
+    """ATen's ``pinv_backward``, in products of the smallest matrices."""
+    a, p = c.inputs[0], c.out
+    ph, gh = _adjoint(p), _adjoint(dy)
+    m, n = c.shapes[0][-2:]
+    if m <= n:
+        k = gh @ p
+        kph = k @ ph
+        return (-_adjoint(p @ k) + kph - (a @ p) @ kph + (ph @ p) @ (gh - k @ a),)
+    k = p @ gh
+    phk = ph @ k
+    return (-_adjoint(k @ p) + (gh - a @ k) @ p @ ph + phk - phk @ p @ a,)
+
+
+def _cholesky_inverse_grad(c, dy):
+    """ATen's: ``-(A^-1 (dy + dy^H) A^-1) L`` (``L (...)`` for an upper factor), with A^-1 the output."""
+    low, inv = c.inputs[0], c.out
+    common = inv @ (dy + _adjoint(dy)) @ inv
+    return (-(low @ common) if c.upper else -(common @ low),)
+
+
+def _cholesky_solve_grad(c, dy):
+    """ATen's: ``db = cholesky_solve(dy, L)``; ``dL = -(db X^H + X db^H) L`` (``L (...)`` if upper)."""
+    low, x = c.inputs[1], c.out
+    gb = apply(CHOLESKY_SOLVE, dy, low, upper=c.upper)
+    g_low = None
+    if needs(c, 1):
+        common = gb @ _adjoint(x)
+        common = common + _adjoint(common)
+        g_low = reduce_grad(-(low @ common) if c.upper else -(common @ low), c, 1)
+    return (reduce_grad(gb, c, 0) if needs(c, 0) else None, g_low)
+
+
+_LINALG = dict(family="linalg")
+MATRIX_EXP = defop("matrix_exp", torch.linalg.matrix_exp, grad=_matrix_exp_grad, save="inputs",
+                   sbp=batch_sbp(), **_LINALG)
+SLOGDET = defop("slogdet", torch.linalg.slogdet, grad=_slogdet_grad, save="inputs", outputs=("sign", "logabsdet"),
+                sbp=batch_sbp(n_out=2), **_LINALG)
+PINVERSE = defop("pinverse", lambda a, rcond: torch.pinverse(a, rcond), grad=_pinverse_grad, save="both",
+                 sbp=batch_sbp(), **_LINALG)
+CHOLESKY_INVERSE = defop("cholesky_inverse", lambda low, upper: torch.cholesky_inverse(low, upper),
+                         grad=_cholesky_inverse_grad, save="both", sbp=batch_sbp(), **_LINALG)
+CHOLESKY_SOLVE = defop("cholesky_solve", lambda b, low, upper: torch.cholesky_solve(b, low, upper),
+                       grad=_cholesky_solve_grad, save="both", saved_inputs=(1,), sbp=batch_sbp(linear=(0,)),
+                       **_LINALG)
+
+
+def _square_any(name: str, A: Tensor) -> None:
+    """Square matrices of any dtype (matrix_power takes integers)."""
+    if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+        raise ShapeError(f"holoflow.{name}: expected a tensor of square matrices (*, n, n), got shape "
+                         f"{tuple(A.shape)}")
+
+
+def matrix_power(input: Tensor, n: int) -> Tensor:
+    """``input`` to the integer power ``n`` (negative: of its inverse), by repeated squaring as
+    ATen does, as ``torch.matrix_power``."""
+    _square_any("matrix_power", input)
+    if n == 0:  # the identity (laid out like input), attached to its graph as torch's copy is: a zero gradient
+        eye = tril(triu(full_like(input, 1)))
+        return E.where(full_like(input, True, dtype=torch.bool), eye, input)
+    a = input
+    if n < 0:
+        _square("matrix_power", input)
+        a, n = apply(INV, input), -n
+    if n == 1:
+        return a.clone()
+    if n == 3:
+        return matmul(matmul(a, a), a)
+    z = result = None
+    while n > 0:
+        n, bit = divmod(n, 2)
+        z = a if z is None else matmul(z, z)
+        if bit:
+            result = z if result is None else matmul(result, z)
+    return result
+
+
+def matrix_exp(input: Tensor) -> Tensor:
+    """The matrix exponential of each square matrix, as ``torch.matrix_exp``."""
+    _square("matrix_exp", input)
+    return apply(MATRIX_EXP, input)
+
+
+def slogdet(input: Tensor):
+    """``(sign, log|det|)`` of each square matrix, as ``torch.slogdet``: a namedtuple."""
+    _square("slogdet", input)
+    return apply(SLOGDET, input)
+
+
+def logdet(input: Tensor) -> Tensor:
+    """``log(det(A))``: NaN for a negative determinant, -inf for a singular matrix, as ``torch.logdet``."""
+    _square("logdet", input)
+    sign, logabsdet = slogdet(input)
+    if input.is_complex():
+        return sign.log() + logabsdet
+    return E.where(sign == -1, float("nan"), logabsdet)
+
+
+def pinverse(input: Tensor, rcond: float = 1e-15) -> Tensor:
+    """The Moore-Penrose pseudo-inverse of each matrix (singular values below ``rcond`` times the
+    largest count as zero), as ``torch.pinverse``."""
+    if input.dim() < 2:
+        raise ShapeError(f"holoflow.pinverse: expected a tensor of matrices (*, m, n), got shape {tuple(input.shape)}")
+    return apply(PINVERSE, input, rcond=float(rcond))
+
+
+def cholesky(input: Tensor, upper: bool = False) -> Tensor:
+    """The Cholesky factor, as the deprecated ``torch.cholesky`` (``holoflow.linalg.cholesky``)."""
+    return _linalg_cholesky(input, upper=upper)
+
+
+def cholesky_inverse(input: Tensor, upper: bool = False) -> Tensor:
+    """The inverse of ``A = L L^H`` from its Cholesky factor ``L`` (``U^H U`` if ``upper``); only the
+    factor's triangle is read, as ``torch.cholesky_inverse``."""
+    _square("cholesky_inverse", input)
+    return apply(CHOLESKY_INVERSE, input, upper=bool(upper))
+
+
+def cholesky_solve(input: Tensor, input2: Tensor, upper: bool = False) -> Tensor:
+    """``X`` with ``A X = input`` for ``A = L L^H`` given its Cholesky factor ``input2`` (batch
+    dims broadcast), as ``torch.cholesky_solve``."""
+    _square("cholesky_solve", input2)
+    if input.dim() < 2:
+        raise ShapeError(f"holoflow.cholesky_solve: the right-hand side must have at least 2 dims (*, n, k), got "
+                         f"shape {tuple(input.shape)}")
+    return apply(CHOLESKY_SOLVE, input, input2, upper=bool(upper))
+
+
+for _name in ("matmul", "mm", "bmm", "dot", "inner", "outer", "ger", "addmm", "baddbmm", "addbmm", "addmv", "addr",
+              "mv", "vdot", "cross", "matrix_power", "matrix_exp", "slogdet", "logdet", "pinverse", "cholesky",
+              "cholesky_inverse", "cholesky_solve"):
     setattr(Tensor, _name, globals()[_name])
+Tensor.det = det            # declared in more_ops.py (linalg.det)
+Tensor.inverse = inverse
+for _op in (ADDMM, BADDBMM, ADDBMM, ADDMV, ADDR):
+    setattr(Tensor, _op.name + "_", _addmm_inplace(_op))
 Tensor.__matmul__ = matmul
 Tensor.__rmatmul__ = lambda self, other: matmul(other, self)

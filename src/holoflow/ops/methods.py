@@ -1,11 +1,17 @@
 """Python operators and the elementwise methods of Tensor (other op modules bind their own)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-from ..core.dispatch import apply, apply_inplace
+from ..core.dispatch import apply, apply_inplace, check_inplace_target
+from ..core.dtype import from_torch
+from ..core.grad_mode import is_grad_enabled
 from ..core.tensor import Tensor
 from . import elementwise as E
+from .more_ops import fmax, fmin
+from .nn_ops import hardshrink   # (nn_ops re-exports ops/nn_extra.py, which imports nn_ops)
 
 
 def _inplace(op, **fixed):
@@ -70,28 +76,88 @@ OPERATORS = {
     "__ixor__": _inplace(E.BITWISE_XOR),
     "__eq__": _equality(E.EQ, False), "__ne__": _equality(E.NE, True), "__lt__": _forward(E.LT),
     "__le__": _forward(E.LE), "__gt__": _forward(E.GT), "__ge__": _forward(E.GE),
-    "__neg__": lambda self: apply(E.NEG, self), "__pos__": lambda self: self,
+    "__lshift__": _forward(E.BITWISE_LEFT_SHIFT), "__rlshift__": _reflect(E.BITWISE_LEFT_SHIFT),
+    "__ilshift__": _inplace(E.BITWISE_LEFT_SHIFT),
+    "__rshift__": _forward(E.BITWISE_RIGHT_SHIFT), "__rrshift__": _reflect(E.BITWISE_RIGHT_SHIFT),
+    "__irshift__": _inplace(E.BITWISE_RIGHT_SHIFT),
+    "__neg__": lambda self: apply(E.NEG, self), "__pos__": E.positive,
     "__abs__": lambda self: apply(E.ABS, self), "__invert__": lambda self: apply(E.BITWISE_NOT, self),
 }
 for _name, _fn in OPERATORS.items():
     setattr(Tensor, _name, _fn)
 
+
+def _records(*values) -> bool:
+    """Whether autograd records an op on these values (a composite in-place write clones first)."""
+    return is_grad_enabled() and any(isinstance(v, Tensor) and v.requires_grad for v in values)
+
+
+def _composite_inplace(fn: Callable, name: str) -> Callable:
+    """``x.<name>_(...)`` for a function composed of several ops: computed out of place (from a
+    copy of ``x`` when autograd records, so what its ops saved is not overwritten) and written
+    with ``copy_``, so views, autograd and global tensors behave as for any in-place write.
+    torch's checks first: the result keeps ``x``'s shape, and its dtype casts to ``x``'s."""
+    def method(self, *args, **kwargs):
+        recording = _records(self, *args, *kwargs.values())
+        if recording:
+            check_inplace_target(self, name)
+        out = fn(self.clone() if recording else self, *args, **kwargs)
+        if tuple(out.shape) != tuple(self.shape):
+            raise RuntimeError(f"holoflow.{name}_: output with shape {list(self.shape)} doesn't match the "
+                               f"broadcast shape {list(out.shape)}")
+        if not torch.can_cast(out._data.dtype, self._data.dtype):
+            raise RuntimeError(f"holoflow.{name}_: result type {out.dtype} can't be cast to the desired "
+                               f"output type {self.dtype}")
+        return self.copy_(out)
+    method.__name__ = name + "_"
+    return method
+
+
+_clamp_composite = _composite_inplace(E.clamp, "clamp")
+
+
+def _clamp_(self, min=None, max=None):  # noqa: A002
+    """``clamp_``: one op for number bounds; tensor bounds (or none: clamp's error) as composites."""
+    if min is None and max is None or isinstance(min, Tensor) or isinstance(max, Tensor):
+        return _clamp_composite(self, min, max)
+    return apply_inplace(E.CLAMP, self, min=min, max=max)
+
+
+def _float_power_(self, exponent):
+    """``float_power_``: ``self`` must already have the dtype the power computes in, as torch."""
+    dt = E._float_power_dtype(self, exponent)
+    if self._data.dtype != dt:
+        raise RuntimeError(f"holoflow.float_power_: the base has dtype {self.dtype} but the operation's "
+                           f"result requires dtype {from_torch(dt)} (as torch); convert the base first")
+    return apply_inplace(E.POW, self, E._cast(exponent, dt))
+
+
 for _op in E.UNARY + E.BINARY:
     setattr(Tensor, _op.name, E._FUNCS[_op.name])
     if _op.inplace_kernel is not None:
         setattr(Tensor, _op.name + "_", _inplace(_op))
-for _name in ("add", "sub", "div", "clamp", "clamp_min", "clamp_max", "clip", "nan_to_num", "round",
-              "lerp", "addcmul", "addcdiv", "logaddexp", "xlogy", "float_power", "where",
-              "negative", "absolute", "multiply", "subtract", "divide", "true_divide",
-              "floor_divide", "greater", "less", "equal", "greater_equal", "less_equal",
-              "not_equal", "arctan2"):
+for _name in ("add", "sub", "div", "clamp", "clamp_min", "clamp_max", "nan_to_num", "round", "lerp",
+              "addcmul", "addcdiv", "logaddexp", "xlogy", "float_power", "where", "floor_divide",
+              "logit", "positive"):
     setattr(Tensor, _name, getattr(E, _name))
+Tensor.fmax, Tensor.fmin, Tensor.hardshrink = fmax, fmin, hardshrink
 Tensor.add_ = _inplace(E.ADD)
 Tensor.sub_ = _inplace(E.SUB)
 Tensor.div_ = _inplace(E.DIV)
+Tensor.floor_divide_ = _inplace(E.DIV, rounding_mode="floor")
 Tensor.round_ = _inplace(E.ROUND)
-Tensor.clamp_ = lambda self, min=None, max=None: apply_inplace(E.CLAMP, self, min=min, max=max)  # noqa: A002
-Tensor.clip_ = Tensor.clamp_
+Tensor.clamp_ = _clamp_
+Tensor.clamp_min_ = lambda self, min: _clamp_(self, min=min)  # noqa: A002
+Tensor.clamp_max_ = lambda self, max: _clamp_(self, max=max)  # noqa: A002
 Tensor.zero_ = lambda self: apply_inplace(E.MUL, self, 0)
 Tensor.nan_to_num_ = _inplace(E.NAN_TO_NUM)
+Tensor.logit_ = lambda self, eps=None: apply_inplace(E.LOGIT, self, eps=eps)
+Tensor.float_power_ = _float_power_
+for _name in ("lerp", "addcmul", "addcdiv", "xlogy"):
+    setattr(Tensor, _name + "_", _composite_inplace(getattr(E, _name), _name))
+for _alias, _name in E._ALIASES.items():   # torch's second names, in place too where torch has them
+    setattr(Tensor, _alias, getattr(Tensor, _name))
+    if hasattr(torch.Tensor, _alias + "_"):
+        setattr(Tensor, _alias + "_", getattr(Tensor, _name + "_"))
 Tensor.where = lambda self, condition, other: E.where(condition, self, other)
+Tensor.equal = E.equal

@@ -1,6 +1,7 @@
 """Random ops on torch's generator (so ``holoflow.manual_seed(s)`` reproduces torch's draws under
 ``torch.manual_seed(s)``): dropout, bernoulli, multinomial and the in-place samplers
-``normal_``, ``uniform_``, ``random_``, ``exponential_``, ``bernoulli_``; plus ``fill_``.
+``normal_``, ``uniform_``, ``random_``, ``exponential_``, ``bernoulli_``, ``cauchy_``,
+``log_normal_``, ``geometric_``; plus ``fill_``.
 
 Each kernel draws exactly as torch's own CPU kernel does (dropout: ``bernoulli_(1 - p)`` on a
 tensor like the input, divided by ``1 - p``), which is what makes the values match.
@@ -110,6 +111,9 @@ UNIFORM_ = _sampler("uniform_", lambda t, low, high, generator: t.uniform_(low, 
 RANDOM_ = _sampler("random_", lambda t, bounds, generator: t.random_(*bounds, generator=generator))
 EXPONENTIAL_ = _sampler("exponential_", lambda t, lambd, generator: t.exponential_(lambd, generator=generator))
 BERNOULLI_ = _sampler("bernoulli_", lambda t, p, generator: t.bernoulli_(p, generator=generator))
+CAUCHY_ = _sampler("cauchy_", lambda t, median, sigma, generator: t.cauchy_(median, sigma, generator=generator))
+LOG_NORMAL_ = _sampler("log_normal_", lambda t, mean, std, generator: t.log_normal_(mean, std, generator=generator))
+GEOMETRIC_ = _sampler("geometric_", lambda t, p, generator: t.geometric_(p, generator=generator))
 FILL_ = defop("fill_", lambda x, value: torch.full_like(x, value), inplace_kernel=lambda x, value: x.fill_(value),
               grad=lambda c, dy: (None,), sbp=elementwise_sbp(), family="creation")
 
@@ -144,6 +148,21 @@ def bernoulli_(self: Tensor, p=0.5, *, generator=None) -> Tensor:
     return apply_inplace(BERNOULLI_, self, p, generator=_gen(generator))
 
 
+def cauchy_(self: Tensor, median: float = 0.0, sigma: float = 1.0, *, generator=None) -> Tensor:
+    """Fills ``self`` with samples of the Cauchy distribution (location ``median``, scale ``sigma``)."""
+    return apply_inplace(CAUCHY_, self, median=float(median), sigma=float(sigma), generator=_gen(generator))
+
+
+def log_normal_(self: Tensor, mean: float = 1.0, std: float = 2.0, *, generator=None) -> Tensor:
+    """Fills ``self`` with samples of exp(N(mean, std^2))."""
+    return apply_inplace(LOG_NORMAL_, self, mean=float(mean), std=float(std), generator=_gen(generator))
+
+
+def geometric_(self: Tensor, p: float, *, generator=None) -> Tensor:
+    """Fills ``self`` with the number of Bernoulli(``p``) trials up to the first success (1, 2, ...)."""
+    return apply_inplace(GEOMETRIC_, self, p=float(p), generator=_gen(generator))
+
+
 def fill_(self: Tensor, value) -> Tensor:
     """Sets every element to ``value``."""
     if isinstance(value, Tensor):
@@ -157,6 +176,7 @@ def _bernoulli_method(self: Tensor, p: float | None = None, *, generator=None) -
 
 Tensor.normal_, Tensor.uniform_, Tensor.random_ = normal_, uniform_, random_
 Tensor.exponential_, Tensor.bernoulli_, Tensor.fill_ = exponential_, bernoulli_, fill_
+Tensor.cauchy_, Tensor.log_normal_, Tensor.geometric_ = cauchy_, log_normal_, geometric_
 Tensor.bernoulli, Tensor.multinomial = _bernoulli_method, multinomial
 
 __all__ = ["dropout", "bernoulli", "multinomial"]

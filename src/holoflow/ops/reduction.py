@@ -1,11 +1,14 @@
 """Reductions: sum, mean, prod, amax/amin, max/min (values, indices), argmax/argmin, var, std,
-logsumexp, vector norms, all/any, count_nonzero; scans (cumsum, cumprod) in ``scan.py``.
+logsumexp, vector norms, all/any, count_nonzero; order statistics (nanmedian, mode, quantile,
+nanquantile), nanmean, trace, dist; scans (cumsum, cumprod, cummax, ...) in ``scan.py``.
 
 Every reduction carries its reduced dims as a normalized tuple attr ``dim`` (or an int/None where
 torch's kernel only takes one dim) plus ``keepdim``. One SBP rule serves the family: a split on a
 kept axis stays split (renumbered when the reduced axes are dropped); a split on a reduced axis
 gives partial-sum only for ops linear in their input (sum, mean, count_nonzero); broadcast is
 always legal. Grad rules are holoflow ops; max/min/amax/amin send gradients only to the winners.
+quantile/nanquantile, nanmean, trace and dist are composites written as ATen writes them (sort,
+gather, lerp; nansum over the count; a diagonal's sum; a norm), so their gradients are torch's.
 """
 from __future__ import annotations
 
@@ -16,16 +19,20 @@ import torch
 
 from ..core import dtype as _dtype
 from ..core.dispatch import apply
-from ..core.errors import normalize_dim
+from ..core.errors import ArgValueError, DTypeError, ShapeError, normalize_dim
+from ..core.interpret import is_lazy
 from ..core.registry import defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
+from .creation import full_like
 from .family import CAST, holomorphic
+from .more_ops import kthvalue, median
 
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "aminmax",
            "var", "std", "var_mean", "std_mean", "logsumexp", "norm", "all", "any",
-           "count_nonzero", "nansum"]
+           "count_nonzero", "nansum", "nanmean", "nanmedian", "mode", "quantile", "nanquantile", "trace",
+           "dist"]
 
 _sum = sum  # Python's, before the torch-named one
 
@@ -228,6 +235,23 @@ def _at_index_grad(c, dy, _):
     return (apply(AT_INDEX_SCATTER, dy, idx, shape=tuple(c.shapes[0]), dim=c.dim, keepdim=c.keepdim),)
 
 
+def _evenly_grad(c, dy):
+    """nanmedian of all elements: torch shares the gradient evenly among the elements equal to the
+    result (the NaN ones when the result is NaN)."""
+    x, out = c.inputs[0], c.out
+    hit = E.logical_or(x == out, E.logical_and(x.isnan(), out.isnan()))
+    mask = apply(CAST, hit, dtype=dy._data.dtype)
+    return (dy * mask / mask.sum(),)
+
+
+def _nansum_grad(c, dy):
+    """ATen's: the gradient times ``not isnan(x)`` (a multiplication: an inf gradient gives NaN at
+    the NaN elements, as torch's nanmean of an all-NaN row does)."""
+    x = c.inputs[0]
+    kept = apply(CAST, x.isnan().logical_not(), dtype=c.dtypes[0])
+    return (_cast_to(_back(c, dy), c.dtypes[0]) * kept,)
+
+
 def _prod_grad(c, dy):
     """Product of the other elements, exact with zeros: where x == 0 it is the product of the
     non-zeros if x is the only zero, else 0; elsewhere prod/x (0 if another element is 0)."""
@@ -288,9 +312,18 @@ def _norm_grad(c, dy):
     return (_cast_to(dy_b * g, c.dtypes[0]),)
 
 
+def _split_partial_sbp(metas, attrs):
+    """Linear in pieces of the input, not in partial sums of its elements (count_nonzero; nansum,
+    whose NaN would sit on one rank while the others' parts of that element count): a split of a
+    reduced axis gives P, a P input does not."""
+    return [s for s in reduce_sbp(linear=True)(metas, attrs) if s[0] != (P,)]
+
+
 _RED = dict(family="reduction")
 SUM = defop("sum", lambda x, dim, keepdim, dtype: torch.sum(x, dim, keepdim=keepdim, dtype=dtype),
             grad=_sum_grad, sbp=reduce_sbp(linear=True), **_RED)
+NANSUM = defop("nansum", lambda x, dim, keepdim, dtype: torch.nansum(x, dim, keepdim=keepdim, dtype=dtype),
+               grad=_nansum_grad, save="inputs", sbp=_split_partial_sbp, **_RED)
 MEAN = defop("mean", _mean_kernel, grad=_mean_grad, sbp=reduce_sbp(linear=True), **_RED)
 PROD = holomorphic(defop("prod", _prod_kernel, grad=_prod_grad, save="inputs", sbp=reduce_sbp(), **_RED))
 AMAX = defop("amax", lambda x, dim, keepdim: torch.amax(x, dim, keepdim), grad=_extreme_grad,
@@ -313,9 +346,13 @@ LOGSUMEXP = defop("logsumexp", lambda x, dim, keepdim: torch.logsumexp(x, dim, k
 VECTOR_NORM = defop("vector_norm", _norm_kernel, grad=_norm_grad, save="both", sbp=reduce_sbp(), **_RED)
 ALL = defop("all", lambda x, dim, keepdim: torch.all(x, dim, keepdim=keepdim), sbp=reduce_sbp(), **_RED)
 ANY = defop("any", lambda x, dim, keepdim: torch.any(x, dim, keepdim=keepdim), sbp=reduce_sbp(), **_RED)
-COUNT_NONZERO = defop("count_nonzero", lambda x, dim: torch.count_nonzero(x, dim),
-                      sbp=lambda metas, attrs: [s for s in reduce_sbp(linear=True)(metas, attrs)
-                                                if s[0] != (P,)], **_RED)
+_AT_INDEX = dict(grad=_at_index_grad, save="output", saved_outputs=(1,), outputs=("values", "indices"),
+                 sbp=reduce_sbp(n_out=2), **_RED)
+NANMEDIAN = defop("nanmedian", lambda x, dim, keepdim: torch.nanmedian(x, dim, keepdim), **_AT_INDEX)
+MODE = defop("mode", lambda x, dim, keepdim: torch.mode(x, dim, keepdim), **_AT_INDEX)
+NANMEDIAN_ALL = defop("nanmedian_all", lambda x: torch.nanmedian(x), grad=_evenly_grad, save="both",
+                      sbp=reduce_sbp(), **_RED)
+COUNT_NONZERO = defop("count_nonzero", lambda x, dim: torch.count_nonzero(x, dim), sbp=_split_partial_sbp, **_RED)
 
 
 # -- public functions -------------------------------------------------------------------------
@@ -335,8 +372,9 @@ def sum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor
 
 
 def nansum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
-    """Sum treating NaN as zero."""
-    return sum(E.where(input.isnan(), 0.0, input), dim, keepdim, dtype=dtype)
+    """Sum treating NaN as zero, as ``torch.nansum``."""
+    dims = reduce_dims("nansum", dim, input.dim())
+    return apply(NANSUM, input, dim=dims, keepdim=keepdim, dtype=_tdtype(dtype))
 
 
 def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
@@ -489,11 +527,126 @@ def count_nonzero(input: Tensor, dim=None) -> Tensor:
     return apply(COUNT_NONZERO, input, dim=dims)
 
 
+# -- order statistics, nanmean, trace, dist --------------------------------------------------------
+
+def nanmean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
+    """Mean of the non-NaN elements over ``dim`` (NaN where all are NaN), as ``torch.nanmean``."""
+    if not (input.is_floating_point() or input.is_complex()):
+        raise DTypeError(f"holoflow.nanmean: expected a floating point or complex input, got {input.dtype}")
+    count = input.isnan().logical_not().sum(dim, keepdim)
+    return nansum(input, dim, keepdim, dtype=dtype) / count
+
+
+def nanmedian(input: Tensor, dim: int | None = None, keepdim: bool = False):
+    """The lower median ignoring NaN: of all elements (a 0-d tensor, NaN if all are NaN), or along
+    ``dim`` as a (values, indices) namedtuple, as ``torch.nanmedian``."""
+    if dim is None:
+        return apply(NANMEDIAN_ALL, input)
+    return apply(NANMEDIAN, input, dim=one_dim("nanmedian", dim, input.dim()), keepdim=keepdim)
+
+
+def mode(input: Tensor, dim: int = -1, keepdim: bool = False):
+    """The most frequent value along ``dim`` (the smallest of equally frequent ones) and an index
+    of it, as ``torch.mode``: a (values, indices) namedtuple."""
+    return apply(MODE, input, dim=one_dim("mode", dim, input.dim()), keepdim=keepdim)
+
+
+_INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
+
+
+def _check_q(name: str, input: Tensor, q) -> None:
+    """``q`` checked as torch checks it: a number or a 0-d/1-D tensor of the input's dtype in [0, 1]."""
+    if not isinstance(q, Tensor):
+        if not 0 <= q <= 1:
+            raise ArgValueError(f"holoflow.{name}: q must be in the range [0, 1] but got {q}")
+        return
+    if q.dim() > 1:
+        raise ShapeError(f"holoflow.{name}: q must be a scalar or 1D tensor, got shape {tuple(q.shape)}")
+    if q.dtype != input.dtype:
+        raise DTypeError(f"holoflow.{name}: q tensor must be same dtype as the input tensor, got {q.dtype} "
+                         f"and {input.dtype}")
+    # read on the CPU only, as ATen (no device sync; a trace or a meta tensor has no values)
+    if q.device.type == "cpu" and not is_lazy() and not bool(E.logical_and(q >= 0, q <= 1).all()):
+        raise ArgValueError(f"holoflow.{name}: q values must be in the range [0, 1]")
+
+
+def _sorted_along(name: str, input: Tensor, dim, keepdim: bool) -> Tensor:
+    """The input sorted along the reduced dim(s), moved last; the other dims are the result's."""
+    if dim is None or input.dim() == 0:
+        if dim is not None:
+            normalize_dim(name, dim, 0)
+        lead = (1,) * input.dim() if keepdim else ()
+        return input.reshape(-1).sort().values.reshape(lead + (input.numel(),))
+    d = normalize_dim(name, dim, input.dim())
+    moved = input.unsqueeze(-1).transpose(d, -1).sort().values
+    return moved if keepdim else moved.squeeze(d)
+
+
+def _quantile(name: str, input: Tensor, q, dim, keepdim: bool, interpolation: str, ignore_nan: bool) -> Tensor:
+    """ATen's quantile: sort, turn q into (fractional) ranks, gather and interpolate. NaN ranks
+    last: quantile gives NaN for a row with any NaN, nanquantile ranks among the others."""
+    if input._data.dtype not in (torch.float32, torch.float64):
+        raise DTypeError(f"holoflow.{name}: input tensor must be either float or double dtype, got {input.dtype}")
+    if input.numel() == 0:
+        raise ShapeError(f"holoflow.{name}: input tensor must be non-empty, got shape {tuple(input.shape)}")
+    if interpolation not in _INTERPOLATIONS:
+        raise ArgValueError(f"holoflow.{name}: interpolation must be one of {', '.join(_INTERPOLATIONS)}, "
+                            f"but got {interpolation!r}")
+    _check_q(name, input, q)
+    values = _sorted_along(name, input, dim, keepdim)
+    # a number: one per row, laid out like the rows (global where the input is)
+    qt = q if isinstance(q, Tensor) else full_like(values.narrow(-1, 0, 1), q)
+    last = values.shape[-1] - 1
+    nan = values.isnan()
+    if ignore_nan:   # ranks among the non-NaN values; rank 0 (a NaN) where all are NaN
+        ranks = qt * (nan.logical_not().sum(-1, keepdim=True) - 1)
+        ranks = E.where(ranks < 0, 0.0, ranks)
+    else:
+        ranks = E.where(nan.any(-1, keepdim=True), float(last), qt * last)
+    if interpolation in ("lower", "higher", "nearest"):
+        ranks = {"lower": ranks.floor, "higher": ranks.ceil, "nearest": ranks.round}[interpolation]()
+    below = apply(CAST, ranks, dtype=torch.int64)
+    out = values.gather(-1, below)
+    if interpolation in ("linear", "midpoint"):
+        above = values.gather(-1, apply(CAST, ranks.ceil(), dtype=torch.int64))
+        out = E.lerp(out, above, 0.5 if interpolation == "midpoint" else ranks - below)
+    return out.movedim(-1, 0) if isinstance(q, Tensor) and q.dim() == 1 else out.squeeze(-1)
+
+
+def quantile(input: Tensor, q, dim: int | None = None, keepdim: bool = False, *,
+             interpolation: str = "linear") -> Tensor:
+    """The ``q``-th quantiles (a number, or a 1-D tensor: one leading output dim) of the flattened
+    input or along ``dim``, as ``torch.quantile``; NaN where a row holds a NaN."""
+    return _quantile("quantile", input, q, dim, keepdim, interpolation, ignore_nan=False)
+
+
+def nanquantile(input: Tensor, q, dim: int | None = None, keepdim: bool = False, *,
+                interpolation: str = "linear") -> Tensor:
+    """``quantile`` ignoring NaN (NaN only where a row is all NaN), as ``torch.nanquantile``."""
+    return _quantile("nanquantile", input, q, dim, keepdim, interpolation, ignore_nan=True)
+
+
+def trace(input: Tensor) -> Tensor:
+    """The sum of a matrix's main diagonal, as ``torch.trace`` (integers sum to int64)."""
+    if input.dim() != 2:
+        raise ShapeError(f"holoflow.trace: expected a matrix, but got a tensor of shape {tuple(input.shape)}")
+    return sum(input.diagonal())
+
+
+def dist(input: Tensor, other: Tensor, p: float = 2) -> Tensor:
+    """The ``p``-norm of ``input - other`` (broadcast), as ``torch.dist``."""
+    return vector_norm(input - other, p)
+
+
 for _name in ("sum", "nansum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin",
-              "aminmax", "var", "std", "logsumexp", "norm", "all", "any", "count_nonzero"):
+              "aminmax", "var", "std", "logsumexp", "norm", "all", "any", "count_nonzero", "nanmean",
+              "nanmedian", "mode", "quantile", "nanquantile", "trace", "dist"):
     setattr(Tensor, _name, globals()[_name])
+# median and kthvalue are declared in more_ops.py; their Tensor methods live with the reductions
+Tensor.median = median
+Tensor.kthvalue = kthvalue
 
 from . import scan  # noqa: E402,F401  (cumsum, cumprod: their own module)
-from .scan import cumprod, cumsum  # noqa: E402
+from .scan import cummax, cummin, cumprod, cumsum, logcumsumexp  # noqa: E402
 
-__all__ += ["cumsum", "cumprod"]
+__all__ += ["cumsum", "cumprod", "cummax", "cummin", "logcumsumexp"]

@@ -1,31 +1,38 @@
-"""Gather/scatter family: gather, scatter, scatter_add, index_select, index_add, index_fill
-(imported and re-exported by ops/indexing.py)."""
+"""Gather/scatter family: gather, scatter, scatter_add, index_select, index_add, index_fill,
+index_put, index_reduce, the view inverses slice_scatter / select_scatter / diagonal_scatter
+and fill_diagonal_ (imported and re-exported by ops/indexing.py)."""
 from __future__ import annotations
+
+from typing import Callable, Sequence
 
 import torch
 
 from ..core.dispatch import apply, apply_inplace
 from ..core.errors import normalize_dim
-from ..core.registry import Meta
+from ..core.registry import REGISTRY, Meta, Op
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
-from .family import defop, needs
+from .family import defop, needs, reduce_grad
+from .layout import _rest_axes
+from .shape import RESHAPE
+from .torch_vjp import defop_vjp
 
-__all__ = ["gather", "scatter", "scatter_add", "index_select", "index_add", "index_fill", "take_along_dim"]
+__all__ = ["gather", "scatter", "scatter_add", "index_select", "index_add", "index_fill", "take_along_dim",
+           "index_put", "index_reduce", "slice_scatter", "select_scatter", "diagonal_scatter"]
 
 
 # -- gather / scatter --------------------------------------------------------------------------------
 
 def _gather_sbp(metas, attrs):
     x, idx, d = metas[0], metas[1], attrs["dim"]
-    sigs = [((B, B), (B,)), ((P, B), (P,)), ((B, S(d)), (S(d),))]
+    sigs = [((B, B), (B,)), ((P, B), (P,))] + ([((B, S(d)), (S(d),))] if idx.shape else [])   # (0-d: no axis)
     return sigs + [((S(a), S(a)), (S(a),)) for a in range(len(x.shape))
                    if a != d and x.shape[a] == idx.shape[a]]
 
 
 def _gather_backward_sbp(metas, attrs):
     dy, d, shape = metas[0], attrs["dim"], attrs["shape"]
-    sigs = [((B, B), (B,)), ((P, B), (P,)), ((S(d), S(d)), (P,))]
+    sigs = [((B, B), (B,)), ((P, B), (P,))] + ([((S(d), S(d)), (P,))] if dy.shape else [])
     return sigs + [((S(a), S(a)), (S(a),)) for a in range(len(shape)) if a != d and shape[a] == dy.shape[a]]
 
 
@@ -186,6 +193,225 @@ def index_fill(input: Tensor, dim: int, index: Tensor, value: float) -> Tensor:
     return apply(INDEX_FILL, input, index, dim=normalize_dim("index_fill", dim, input.dim()), value=value)
 
 
+# -- index_put (with accumulate) -------------------------------------------------------------------------
+
+def _index_put_acc_grad(ctx, dy):
+    """``x``'s gradient passes through; the values' is what the indexed positions of ``dy`` read,
+    summed back to the values' shape (index_put's, as for ``x[indices] = values``)."""
+    idx = ctx.inputs[2:]
+    gv = None
+    if needs(ctx, 1):
+        gv = apply(INDEX, dy, *idx, spec=ctx.spec)
+        vshape = tuple(ctx.shapes[1])
+        if len(vshape) > gv.dim():   # a value with extra leading 1s, as torch allows
+            gv = apply(RESHAPE, gv, shape=(1,) * (len(vshape) - gv.dim()) + tuple(gv.shape))
+        gv = reduce_grad(gv, ctx, 1)
+    return (dy if needs(ctx, 0) else None, gv) + (None,) * len(idx)
+
+
+# ``spec`` (all "T": one index tensor per leading dim) is what index_put's SBP rule and the
+# gradient's INDEX read; the kernel takes the tensors as torch's index_put does
+INDEX_PUT_ACCUMULATE = defop(
+    "index_put_accumulate", lambda x, v, *idx, spec: torch.index_put(x, idx, v, accumulate=True),
+    inplace_kernel=lambda x, v, *idx, spec: x.index_put_(idx, v, accumulate=True),
+    grad=_index_put_acc_grad, sbp=lambda metas, attrs: _index_put_sbp(metas, attrs), save="inputs",
+    family="indexing",
+    saved_inputs=lambda needs: tuple(range(2, len(needs))))   # the indices only
+
+
+def _index_put_args(name: str, input: Tensor, indices, values) -> tuple[tuple, tuple, Tensor]:
+    """(spec, index tensors, values) of ``index_put(input, indices, values)``, checked as torch
+    checks them (a tuple of tensors, a tensor of ``input``'s dtype)."""
+    if not isinstance(indices, (tuple, list)) or not all(isinstance(i, Tensor) for i in indices):
+        got = type(indices).__name__ if not isinstance(indices, (tuple, list)) else \
+            next(type(i).__name__ for i in indices if not isinstance(i, Tensor))
+        raise TypeError(f"holoflow.{name}: indices must be a tuple of Tensors, got {got}")
+    if not indices:
+        raise RuntimeError(f"holoflow.{name}: needs at least one index tensor")
+    if not isinstance(values, Tensor):
+        raise TypeError(f"holoflow.{name}: values must be a Tensor, got {type(values).__name__}")
+    if values._data.dtype != input._data.dtype:
+        raise RuntimeError(f"holoflow.{name}: index put requires the source and destination dtypes to match, "
+                           f"got {input.dtype} for the destination and {values.dtype} for the source")
+    idx = tuple(_like_global(i, input) for i in indices)
+    return (T,) * len(idx), idx, _like_global(values, input)
+
+
+def index_put(input: Tensor, indices: Sequence[Tensor], values: Tensor, accumulate: bool = False) -> Tensor:
+    """``input`` with ``values`` written at ``input[indices]`` (added there, duplicates included,
+    with ``accumulate``), as ``torch.index_put``."""
+    spec, idx, values = _index_put_args("index_put", input, indices, values)
+    return apply(INDEX_PUT_ACCUMULATE if accumulate else INDEX_PUT, input, values, *idx, spec=spec)
+
+
+def _index_put_(self: Tensor, indices: Sequence[Tensor], values: Tensor, accumulate: bool = False) -> Tensor:
+    spec, idx, values = _index_put_args("index_put_", self, indices, values)
+    return apply_inplace(INDEX_PUT_ACCUMULATE if accumulate else INDEX_PUT, self, values, *idx, spec=spec)
+
+
+# -- index_reduce (torch's derivative: prod's zeros and amax/amin's ties are ATen's) -----------------------
+
+_REDUCTIONS = ("prod", "mean", "amax", "amin")
+
+
+def _index_reduce_sbp(metas, attrs):
+    """(input, index, source[, dys]): everything broadcast, or input, source (and the gradients)
+    split alike on a dim other than ``dim``, the index broadcast."""
+    ts = [m for m in metas if isinstance(m, Meta)]
+    n = len(ts)
+    k = len(attrs["diff"]) if "diff" in attrs else 1   # the backward: one gradient per floating input
+    axes = [a for a in range(len(ts[0].shape)) if a != attrs["dim"] and ts[0].shape[a] == ts[2].shape[a]]
+    return [((B,) * n, (B,) * k)] + [((S(a), B) + (S(a),) * (n - 2), (S(a),) * k) for a in axes]
+
+
+INDEX_REDUCE = defop_vjp(
+    "index_reduce", lambda x, index, source, dim, reduce, include_self: torch.index_reduce(
+        x, dim, index, source, reduce, include_self=include_self),
+    sbp=_index_reduce_sbp, bwd_sbp=_index_reduce_sbp, family="indexing")
+
+
+def _index_reduce_attrs(input: Tensor, dim: int, reduce: str, include_self: bool) -> dict:
+    if reduce not in _REDUCTIONS:
+        raise RuntimeError(f"holoflow.index_reduce: expected reduce to be one of prod, mean, amax or amin, "
+                           f"got {reduce!r}")
+    return {"dim": normalize_dim("index_reduce", dim, input.dim()), "reduce": reduce,
+            "include_self": bool(include_self)}
+
+
+def index_reduce(input: Tensor, dim: int, index: Tensor, source: Tensor, reduce: str, *,
+                 include_self: bool = True) -> Tensor:
+    """``input`` with the slices ``index`` of dim ``dim`` reduced (``prod``, ``mean``, ``amax``,
+    ``amin``) with ``source``'s, counting ``input``'s own values if ``include_self``, as
+    ``torch.index_reduce``."""
+    return apply(INDEX_REDUCE, input, index, source, **_index_reduce_attrs(input, dim, reduce, include_self))
+
+
+def _index_reduce_(self: Tensor, dim: int, index: Tensor, source: Tensor, reduce: str, *,
+                   include_self: bool = True) -> Tensor:
+    return apply_inplace(INDEX_REDUCE, self, index, source, **_index_reduce_attrs(self, dim, reduce, include_self))
+
+
+# -- view inverses: slice_scatter, select_scatter, diagonal_scatter ------------------------------------------
+
+def _into_view(view: str) -> Callable:
+    """The kernel of a view's inverse: a copy of ``x`` whose region (the view op ``view`` of the
+    copy) holds ``src`` (a tensor, or a number: the gradient's zeros)."""
+    def kernel(x, src, **attrs):
+        out = x.clone()
+        region = REGISTRY[view].kernel(out, **attrs)
+        if isinstance(src, torch.Tensor):
+            region.copy_(src)
+        else:
+            region.fill_(src)
+        return out
+    return kernel
+
+
+def _into_view_sbp(kept: Callable) -> Callable:
+    """Broadcast; partial sums (the op is linear in both inputs; a number only if it is 0); and
+    a split of each dim the view keeps whole (``kept(shape, attrs)``: input dim -> src dim)."""
+    def rule(metas, attrs):
+        st = isinstance(metas[1], Meta)
+        sigs = [((B,) * (1 + st), (B,))]
+        if st or metas[1] == 0:
+            sigs.append(((P,) * (1 + st), (P,)))
+        kept_dims = kept(tuple(metas[0].shape), attrs).items()
+        return sigs + [((S(a),) + ((S(b),) if st else ()), (S(a),)) for a, b in kept_dims]
+    return rule
+
+
+def _scatter_into(name: str, view: str, kept: Callable) -> Op:
+    """Declares ``name``: ``input`` with the region the view op ``view`` selects (same attrs)
+    replaced by ``src``. Its gradient is ``dy`` with that region zeroed for ``input``, the region
+    of ``dy`` for ``src``."""
+    def grad(ctx, dy):
+        gx = apply(op, dy, 0.0, **ctx.attrs) if needs(ctx, 0) else None
+        gs = reduce_grad(apply(REGISTRY[view], dy, **ctx.attrs), ctx, 1) if needs(ctx, 1) else None
+        return gx, gs
+    op = defop(name, _into_view(view), grad=grad, sbp=_into_view_sbp(kept), family="indexing")
+    return op
+
+
+def _spec_kept(shape: tuple, attrs: dict) -> dict:
+    return axis_map(attrs["spec"], [], len(shape))[0]
+
+
+def _diagonal_kept(shape: tuple, attrs: dict) -> dict:
+    return {a: k for k, a in enumerate(_rest_axes(len(shape), attrs["dim1"], attrs["dim2"]))}
+
+
+SLICE_SCATTER = _scatter_into("slice_scatter", "getitem", _spec_kept)
+SELECT_SCATTER = _scatter_into("select_scatter", "getitem", _spec_kept)
+DIAGONAL_SCATTER = _scatter_into("diagonal_scatter", "diagonal", _diagonal_kept)
+
+
+def _apply_into(op: Op, view: str, input: Tensor, src: Tensor, **attrs) -> Tensor:
+    """``op`` (the inverse of the view op ``view``), with ``src`` checked against the region:
+    torch takes exactly its shape, no broadcasting."""
+    name = op.name
+    if not isinstance(src, Tensor):
+        raise TypeError(f"holoflow.{name}: src must be a Tensor, got {type(src).__name__}")
+    region = REGISTRY[view].kernel(torch.empty(tuple(input.shape), device="meta"), **attrs).shape
+    if tuple(src.shape) != tuple(region):
+        raise RuntimeError(f"holoflow.{name}: expected src to have a size equal to the slice of self: src size "
+                           f"{list(src.shape)}, slice size {list(region)}")
+    return apply(op, input, _like_global(src, input), **attrs)
+
+
+def slice_scatter(input: Tensor, src: Tensor, dim: int = 0, start: int | None = None, end: int | None = None,
+                  step: int = 1) -> Tensor:
+    """``input`` with ``input[..., start:end:step]`` (along ``dim``) replaced by ``src``, as
+    ``torch.slice_scatter``."""
+    d = normalize_dim("slice_scatter", dim, input.dim())
+    if step <= 0:
+        raise RuntimeError(f"holoflow.slice_scatter: slice step must be positive, got {step}")
+    spec = (slice(None),) * d + (slice(start, end, step),)
+    return _apply_into(SLICE_SCATTER, "getitem", input, src, spec=spec)
+
+
+def select_scatter(input: Tensor, src: Tensor, dim: int, index: int) -> Tensor:
+    """``input`` with the slice ``index`` of dim ``dim`` replaced by ``src``, as ``torch.select_scatter``."""
+    if input.dim() == 0:
+        raise IndexError("holoflow.select_scatter: select() cannot be applied to a 0-d tensor")
+    d = normalize_dim("select_scatter", dim, input.dim())
+    n = input.shape[d]
+    if not -n <= index < n:
+        raise IndexError(f"holoflow.select_scatter: index {index} is out of range for dim {d} of size {n}")
+    spec = (slice(None),) * d + (index % n,)
+    return _apply_into(SELECT_SCATTER, "getitem", input, src, spec=spec)
+
+
+def diagonal_scatter(input: Tensor, src: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """``input`` with its diagonal (``offset``, in the planes ``dim1``/``dim2``) replaced by
+    ``src``, as ``torch.diagonal_scatter``."""
+    d1, d2 = normalize_dim("diagonal_scatter", dim1, input.dim()), normalize_dim("diagonal_scatter", dim2, input.dim())
+    if d1 == d2:
+        raise RuntimeError(f"holoflow.diagonal_scatter: diagonal dimensions cannot be identical {dim1}, {dim2}")
+    return _apply_into(DIAGONAL_SCATTER, "diagonal", input, src, offset=offset, dim1=d1, dim2=d2)
+
+
+# -- fill_diagonal_ ---------------------------------------------------------------------------------------
+
+FILL_DIAGONAL = defop("fill_diagonal_", lambda x, value, wrap: x.clone().fill_diagonal_(value, wrap),
+                      inplace_kernel=lambda x, value, wrap: x.fill_diagonal_(value, wrap),
+                      grad=lambda ctx, dy: (apply(FILL_DIAGONAL, dy, value=0.0, wrap=ctx.wrap),),
+                      sbp=lambda metas, attrs: [((B,), (B,))] + ([((P,), (P,))] if attrs["value"] == 0 else []),
+                      family="indexing")
+
+
+def fill_diagonal_(self: Tensor, fill_value, wrap: bool = False) -> Tensor:
+    """Sets the main diagonal (all indices equal) to ``fill_value``; a tall matrix's diagonal
+    restarts below a gap of one row with ``wrap``, as ``torch.Tensor.fill_diagonal_``."""
+    shape = tuple(self.shape)
+    if len(shape) < 2:
+        raise RuntimeError(f"holoflow.fill_diagonal_: needs at least 2 dimensions, got shape {shape}")
+    if len(shape) > 2 and len(set(shape)) > 1:
+        raise RuntimeError(f"holoflow.fill_diagonal_: all dimensions of input must be of equal length, got "
+                           f"shape {shape}")
+    value = fill_value.item() if isinstance(fill_value, Tensor) else fill_value
+    return apply_inplace(FILL_DIAGONAL, self, value=value, wrap=bool(wrap))
+
+
 def _inplace(op, name: str):
     def method(self: Tensor, dim: int, index: Tensor, *args, **attrs) -> Tensor:
         d = normalize_dim(name, dim, self.dim())
@@ -203,3 +429,8 @@ Tensor.index_add_ = lambda self, dim, index, source, *, alpha=1: _inplace(INDEX_
     self, dim, index, source, alpha=alpha)
 Tensor.index_fill_ = lambda self, dim, index, value: _inplace(INDEX_FILL, "index_fill")(
     self, dim, index, value=value)
+Tensor.index_put_, Tensor.index_reduce_, Tensor.fill_diagonal_ = _index_put_, _index_reduce_, fill_diagonal_
+
+# index_put's op, rules and index helpers: ops/indexing.py imports this module at its end, so
+# its names are bound here last, whichever of the two modules is imported first
+from .indexing import INDEX, INDEX_PUT, T, _index_put_sbp, _like_global, axis_map  # noqa: E402

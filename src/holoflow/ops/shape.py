@@ -7,13 +7,16 @@ attrs before ``apply`` so kernels, grad rules and SBP rules see plain data.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
+from ..core import device as _device
 from ..core import dtype as _dtype
-from ..core.dispatch import apply
-from ..core.errors import ShapeError, int_sizes, normalize_dim
+from ..core import grad_mode
+from ..core.dispatch import apply, check_inplace_target
+from ..core.errors import ShapeError, UnsupportedError, int_sizes, normalize_dim
+from ..core.interpret import is_lazy
 from ..core.registry import Meta
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
@@ -22,7 +25,9 @@ from .family import EXPAND, SUM_TO, defop, tensor_metas
 __all__ = ["reshape", "view", "view_as", "reshape_as", "permute", "transpose", "swapaxes", "swapdims",
            "t", "movedim", "moveaxis", "flatten", "unflatten", "squeeze", "unsqueeze", "expand",
            "expand_as", "broadcast_to", "repeat", "tile", "repeat_interleave", "cat", "concat",
-           "concatenate", "stack", "hstack", "vstack", "split", "chunk", "tensor_split", "unbind"]
+           "concatenate", "stack", "hstack", "vstack", "split", "chunk", "tensor_split", "unbind",
+           "split_with_sizes", "hsplit", "vsplit", "dsplit", "unsafe_split", "unsafe_chunk",
+           "unsafe_split_with_sizes", "narrow_copy", "unique_consecutive", "adjoint"]
 
 
 def _sizes(args: tuple) -> tuple:
@@ -527,14 +532,223 @@ def unbind(input: Tensor, dim: int = 0) -> tuple:
     return tuple(apply(UNBIND, input, dim=normalize_dim("unbind", dim, input.dim())))
 
 
+def split_with_sizes(input: Tensor, split_sizes: Sequence[int], dim: int = 0) -> tuple:
+    """Pieces of the given sizes along ``dim`` (views), as ``torch.split_with_sizes``."""
+    if not isinstance(split_sizes, (list, tuple, torch.Size)):
+        raise TypeError(f"holoflow.split_with_sizes: split_sizes must be a sequence of ints, got "
+                        f"{type(split_sizes).__name__}")
+    sizes = int_sizes("split_with_sizes", tuple(split_sizes))
+    d = normalize_dim("split_with_sizes", dim, input.dim())
+    if any(s < 0 for s in sizes) or sum(sizes) != input.shape[d]:
+        raise ShapeError(f"holoflow.split_with_sizes: split_sizes {list(sizes)} must be non-negative and sum to "
+                         f"{input.shape[d]} (the size of dim {d} of shape {_fmt(input.shape)})")
+    return tuple(apply(SPLIT, input, sizes=sizes, dim=d))
+
+
+def _directional_split(name: str, min_dims: int, dim_of: Callable[[int], int]) -> Callable:
+    """``hsplit``/``vsplit``/``dsplit``: ``tensor_split`` along a fixed dim; a number of sections
+    must divide it exactly."""
+    def fn(input: Tensor, indices_or_sections) -> tuple:
+        nd = input.dim()
+        if nd < min_dims:
+            raise ShapeError(f"holoflow.{name}: needs a tensor with at least {min_dims} dimension(s), got "
+                             f"shape {_fmt(input.shape)}")
+        d = dim_of(nd)
+        k = indices_or_sections
+        if isinstance(k, int) and (k <= 0 or input.shape[d] % k):
+            raise ShapeError(f"holoflow.{name}: attempted to split dim {d} of size {input.shape[d]} into {k} "
+                             f"equal sections")
+        return tensor_split(input, k, d)
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"``tensor_split`` along a fixed dim (views), as ``torch.{name}``."
+    return fn
+
+
+hsplit = _directional_split("hsplit", 1, lambda nd: 0 if nd == 1 else 1)
+vsplit = _directional_split("vsplit", 2, lambda nd: 0)
+dsplit = _directional_split("dsplit", 3, lambda nd: 2)
+
+
+def _untracked(pieces: tuple) -> tuple:
+    """Pieces that share the input's storage without being tracked as its views: torch's
+    ``unsafe_*`` splits, whose outputs may be written in place while autograd records."""
+    for p in pieces:
+        p.__dict__.pop("_view", None)
+        p._data = p._data.detach()   # not a torch view either (same storage and version counter)
+    return pieces
+
+
+def unsafe_split(tensor: Tensor, split_size: int, dim: int = 0) -> tuple:
+    """``split`` whose pieces are not tracked as views (``torch.unsafe_split``)."""
+    return _untracked(split(tensor, split_size, dim))
+
+
+def unsafe_chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple:
+    """``chunk`` whose pieces are not tracked as views (``torch.unsafe_chunk``)."""
+    return _untracked(chunk(input, chunks, dim))
+
+
+def unsafe_split_with_sizes(input: Tensor, split_sizes: Sequence[int], dim: int = 0) -> tuple:
+    """``split_with_sizes`` whose pieces are not tracked as views (``torch.unsafe_split_with_sizes``)."""
+    return _untracked(split_with_sizes(input, split_sizes, dim))
+
+
+def narrow_copy(input: Tensor, dim: int, start: int, length: int) -> Tensor:
+    """A contiguous copy of ``input.narrow(dim, start, length)``."""
+    return input.narrow(dim, start, length).clone(memory_format=torch.contiguous_format)
+
+
+def sum_to_size(self: Tensor, *size) -> Tensor:
+    """Sums this tensor down to ``size`` (a shape it broadcasts from), as ``torch.Tensor.sum_to_size``."""
+    shape, cur = _sizes(size), tuple(self.shape)
+    lead = len(cur) - len(shape)
+    if lead < 0 or any(s not in (1, c) for s, c in zip(shape, cur[lead:])):
+        raise ShapeError(f"holoflow.sum_to_size: size {list(shape)} is not expandable to size {list(cur)}")
+    return apply(SUM_TO, self, shape=shape)
+
+
+# -- unique_consecutive -----------------------------------------------------------------------------
+
+UNIQUE_CONSECUTIVE = defop("unique_consecutive", lambda x, dim: torch.unique_consecutive(
+    x, return_inverse=True, return_counts=True, dim=dim), sbp=lambda metas, attrs: [((B,), (B, B, B))],
+    family="sorting", differentiable=False)   # (a run may cross a shard's edge: no split)
+
+
+def unique_consecutive(input: Tensor, return_inverse: bool = False, return_counts: bool = False,
+                       dim: int | None = None):
+    """The values (or slices along ``dim``) with consecutive repeats collapsed, optionally with
+    the inverse map and the run lengths, as ``torch.unique_consecutive``."""
+    d = None if dim is None else normalize_dim("unique_consecutive", dim, input.dim())
+    values, inverse, counts = apply(UNIQUE_CONSECUTIVE, input, dim=d)
+    out = (values,) + ((inverse,) if return_inverse else ()) + ((counts,) if return_counts else ())
+    return out[0] if len(out) == 1 else out
+
+
+# -- conjugate transposes ---------------------------------------------------------------------------
+
+def _conj_transpose(x: Tensor, name: str, matrices_only: bool) -> Tensor:
+    """The conjugate transpose of the last two dims (a view of a real tensor; complex ones are
+    conjugated into a copy: holoflow has no lazy conjugate bit); a 0-d tensor is conjugated."""
+    nd = x.dim()
+    if nd == 1 or (matrices_only and nd > 2):
+        want = "matrices (2-D tensors)" if matrices_only else "matrices or batches of matrices"
+        raise ShapeError(f"holoflow.{name}: only supported on {want}, got a {nd}-D tensor of shape {_fmt(x.shape)}")
+    t = transpose(x, -2, -1) if nd else x
+    return t.conj() if t.is_complex() else t
+
+
+def adjoint(input: Tensor) -> Tensor:
+    """The conjugate transpose of the last two dims, as ``torch.adjoint`` (``x.mH``)."""
+    return _conj_transpose(input, "adjoint", False)
+
+
+# -- in-place shape changes, resize_ -------------------------------------------------------------------
+
+def _local_eager(self: Tensor, name: str) -> None:
+    if self._global is not None or is_lazy():
+        raise UnsupportedError(f"holoflow.{name}: changing a tensor's shape in place is supported on local "
+                               f"tensors outside nn.Graph only; use the out-of-place form")
+
+
+def _has_views(data: torch.Tensor) -> bool:
+    """Whether torch views of ``data``'s storage other than ``data`` are alive (each one holds a
+    reference to the storage's root tensor)."""
+    root = data._base if data._base is not None else data
+    return root._use_count() > (1 if root is data else 2)
+
+
+def _shape_inplace(name: str, fn: Callable) -> Callable:
+    """``x.<name>(...)``, torch's in-place shape change: ``x`` takes the storage view and autograd
+    history of the view ``fn(x, ...)`` (a view of a base stays one, its chain one op longer). The
+    storage's version moves, as torch's does, so a backward reading ``x``'s old value fails.
+
+    holoflow derives a view from its base by ops, not strides: views taken of a non-view ``x``
+    before the change would be re-derived from its new shape once its history changes, so that
+    is refused while autograd records (without it, their values stay right: they alias the
+    storage, and their history does not move)."""
+    def method(self: Tensor, *args) -> Tensor:
+        _local_eager(self, name)
+        if self._rg and grad_mode.is_grad_enabled():
+            check_inplace_target(self, name[:-1])
+            if self._view is None and _has_views(self._data):
+                raise RuntimeError(f"holoflow.{name}: this tensor has views, which holoflow would re-derive "
+                                   f"from its new shape (views follow their base by ops, not strides); change "
+                                   f"the shape before taking views, or use the out-of-place {name[:-1]}()")
+        y = fn(self, *args)
+        torch.autograd.graph.increment_version(self._data)
+        if self._view is not None:
+            self._data, self._view = y._data, y._view
+        else:   # a root alias of the storage (same version counter): its own views stay countable
+            self._data = y._data.detach()
+        if y.grad_fn is not None:
+            self.grad_fn, self._out_idx = y.grad_fn, y._out_idx
+        return self
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+def _t_inplace(self: Tensor) -> Tensor:
+    if self.dim() > 2:
+        raise ShapeError(f"holoflow.t_: expects a tensor with <= 2 dims, got shape {_fmt(self.shape)}")
+    return t(self)
+
+
+def resize_(self: Tensor, *sizes, memory_format=None) -> Tensor:
+    """Gives this tensor the shape ``sizes`` over its storage (contiguous from its offset), growing
+    the storage if needed (new elements are uninitialised), as ``torch.Tensor.resize_``. Views
+    share the storage and see the same memory."""
+    shape = int_sizes("resize_", _sizes(sizes), allow_negative=False)
+    if self._rg:
+        raise RuntimeError("holoflow.resize_: cannot resize a tensor that requires grad (as torch); resize a "
+                           ".detach()ed tensor")
+    _local_eager(self, "resize_")
+    if shape == tuple(self.shape):
+        return self
+    if self._view is not None:
+        raise UnsupportedError(f"holoflow.resize_: cannot resize a view (shape {_fmt(self.shape)}) to "
+                               f"{_fmt(shape)}: holoflow derives views from their base by ops, not strides; "
+                               f"resize the base, or a clone")
+    data = self._data.detach()   # a new alias of the storage: other tensors keep their shapes
+    try:
+        data.resize_(shape, **({} if memory_format is None else {"memory_format": memory_format}))
+    except RuntimeError as e:
+        raise RuntimeError(f"holoflow.resize_({_fmt(shape)}): {str(e).splitlines()[0]}") from e
+    self._data = data
+    return self
+
+
+def resize_as_(self: Tensor, the_template: Tensor, memory_format=None) -> Tensor:
+    """``resize_`` to ``the_template``'s shape."""
+    return resize_(self, tuple(the_template.shape), memory_format=memory_format)
+
+
+def new_empty_strided(self: Tensor, size: Sequence[int], stride: Sequence[int], *, dtype=None, device=None,
+                      requires_grad: bool = False, layout=None, pin_memory: bool = False) -> Tensor:
+    """An uninitialised tensor with the given sizes and strides (this tensor's dtype and device
+    by default), as ``torch.Tensor.new_empty_strided``."""
+    if is_lazy():   # a trace's values are symbolic: strides don't matter there
+        return self.new_empty(tuple(size), dtype=dtype, device=device, requires_grad=requires_grad)
+    data = torch.empty_strided(tuple(size), tuple(stride), dtype=_dtype.to_torch(dtype) or self._data.dtype,
+                               device=_device.to_torch(device) or self._data.device)
+    return Tensor._make(data).requires_grad_(requires_grad)
+
+
 # -- Tensor methods ---------------------------------------------------------------------------------
 
 for _name in ("reshape", "view", "permute", "expand", "repeat", "view_as", "reshape_as", "transpose", "swapaxes",
               "swapdims", "t", "movedim", "moveaxis", "flatten", "unflatten", "squeeze", "unsqueeze", "expand_as",
-              "tile", "repeat_interleave", "split", "chunk", "tensor_split", "unbind", "broadcast_to"):
+              "tile", "repeat_interleave", "split", "chunk", "tensor_split", "unbind", "broadcast_to",
+              "split_with_sizes", "hsplit", "vsplit", "dsplit", "unsafe_split", "unsafe_chunk",
+              "unsafe_split_with_sizes", "narrow_copy", "unique_consecutive", "adjoint",
+              "sum_to_size", "resize_", "resize_as_", "new_empty_strided"):
     setattr(Tensor, _name, globals()[_name])
+for _name, _fn in (("squeeze_", squeeze), ("unsqueeze_", unsqueeze), ("t_", _t_inplace), ("transpose_", transpose),
+                   ("swapaxes_", transpose), ("swapdims_", transpose)):
+    setattr(Tensor, _name, _shape_inplace(_name, _fn))
 Tensor.T = property(lambda self: apply(PERMUTE, self, dims=tuple(range(self.dim() - 1, -1, -1))))
 Tensor.mT = property(lambda self: transpose(self, -2, -1))
+Tensor.mH = property(lambda self: _conj_transpose(self, "mH", False))
+Tensor.H = property(lambda self: _conj_transpose(self, "H", True))
 
 from . import layout as _layout  # noqa: E402  (tril/triu, roll, flip, diagonal, pad: their own module)
 from .layout import *  # noqa: E402,F401,F403
