@@ -14,6 +14,8 @@ from .core.tensor import Tensor
 from .ops.creation import empty, tensor
 from .ops.elementwise import ABS, LE, MUL, SUB
 from .core.dispatch import apply
+from .nn import functional as F
+from .ops.nn_extra import prelu
 
 __all__ = ["set_float32_matmul_precision", "get_float32_matmul_precision", "use_deterministic_algorithms",
            "are_deterministic_algorithms_enabled", "set_num_threads", "get_num_threads",
@@ -151,7 +153,11 @@ def is_complex(input: Tensor) -> bool:
 
 
 def is_nonzero(input: Tensor) -> bool:
-    return bool(torch.is_nonzero(_data(input)))
+    """Whether the one-element ``input`` is non-zero, as ``torch.is_nonzero``."""
+    try:
+        return bool(torch.is_nonzero(_data(input)))
+    except RuntimeError as e:
+        raise RuntimeError(f"holoflow.is_nonzero(shape {tuple(input.shape)}): {e}") from e
 
 
 def is_same_size(input: Tensor, other: Tensor) -> bool:
@@ -200,3 +206,60 @@ def ravel(input: Tensor) -> Tensor:
 
 def detach(input: Tensor) -> Tensor:
     return input.detach()
+
+
+for _name in ("allclose", "isclose", "is_nonzero", "is_same_size", "ravel"):
+    setattr(Tensor, _name, globals()[_name])
+Tensor.prelu = prelu
+
+
+# -- torch's top-level in-place functions: ``torch.abs_(t)`` is ``t.abs_()`` ------------------------
+_INPLACE_METHODS = (
+    "abs_ acos_ acosh_ asin_ asinh_ atan_ atanh_ arccos_ arccosh_ arcsin_ arcsinh_ arctan_ arctanh_ ceil_ clamp_ "
+    "clamp_max_ clamp_min_ clip_ cos_ cosh_ deg2rad_ rad2deg_ erf_ erfc_ exp_ exp2_ expm1_ fix_ floor_ frac_ gcd_ "
+    "lcm_ i0_ ldexp_ log_ log10_ log1p_ log2_ logit_ nan_to_num_ neg_ negative_ reciprocal_ round_ rsqrt_ "
+    "sigmoid_ sin_ sinc_ sinh_ sqrt_ square_ tan_ tanh_ trunc_ xlogy_ zero_ fill_ index_put_ detach_").split()
+
+
+def _inplace_function(name: str) -> Callable[..., Tensor]:
+    def fn(input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        if not isinstance(input, Tensor):
+            raise TypeError(f"holoflow.{name}(): argument 'input' must be a Tensor, not {type(input).__name__}")
+        return getattr(input, name)(*args, **kwargs)
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"``input.{name}(...)``, as ``torch.{name}``."
+    return fn
+
+
+for _name in _INPLACE_METHODS:
+    if hasattr(Tensor, _name):
+        globals()[_name] = _inplace_function(_name)
+        __all__.append(_name)
+
+
+def dropout_(input: Tensor, p: float, train: bool) -> Tensor:
+    """In-place dropout, as ``torch.dropout_``."""
+    return F.dropout(input, p, train, inplace=True)
+
+
+def alpha_dropout_(input: Tensor, p: float, train: bool) -> Tensor:
+    """In-place alpha dropout, as ``torch.alpha_dropout_``."""
+    return F.alpha_dropout(input, p, train, inplace=True)
+
+
+def feature_alpha_dropout_(input: Tensor, p: float, train: bool) -> Tensor:
+    """In-place feature alpha dropout, as ``torch.feature_alpha_dropout_``."""
+    return F.feature_alpha_dropout(input, p, train, inplace=True)
+
+
+def selu_(input: Tensor) -> Tensor:
+    """In-place SELU, as ``torch.selu_``."""
+    return F.selu(input, inplace=True)
+
+
+def celu_(input: Tensor, alpha: float = 1.0) -> Tensor:
+    """In-place CELU, as ``torch.celu_``."""
+    return F.celu(input, alpha, inplace=True)
+
+
+__all__ += ["dropout_", "alpha_dropout_", "feature_alpha_dropout_", "selu_", "celu_"]

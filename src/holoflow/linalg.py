@@ -4,6 +4,7 @@ from __future__ import annotations
 from .core.errors import ArgValueError, UnsupportedError, normalize_dim
 from .core.tensor import Tensor
 from .ops.linalg import matmul, vecdot
+from .ops.decomp import svdvals as _svdvals
 from .ops.reduction import amax, amin, vector_norm
 
 __all__ = ["vector_norm", "matrix_norm", "norm", "matmul", "vecdot"]
@@ -24,13 +25,25 @@ def matrix_norm(A: Tensor, ord="fro", dim=(-2, -1), keepdim: bool = False, *, dt
         A = A.to(dtype)
     if ord == "fro":
         return vector_norm(A, 2, (d0, d1), keepdim)
+    if ord in (2, -2, "nuc"):
+        return _spectral_norm(A, ord, d0, d1, keepdim)
     if ord not in (1, -1, float("inf"), float("-inf")):
-        raise UnsupportedError(f"holoflow.linalg.matrix_norm: ord={ord!r} is not supported (it needs an "
-                               f"SVD); supported: 'fro', 1, -1, inf, -inf")
+        raise RuntimeError(f"holoflow.linalg.matrix_norm: order {ord!r} not supported; supported: 'fro', 'nuc', "
+                           f"2, -2, 1, -1, inf, -inf")
     summed, rest = (d0, d1) if abs(ord) == 1 else (d1, d0)   # 1: max column sum; inf: max row sum
     sums = A.abs().sum(summed, keepdim=keepdim)
     rest = rest if keepdim else rest - (summed < rest)
     return (amax if ord > 0 else amin)(sums, rest, keepdim)
+
+
+def _spectral_norm(A: Tensor, ord, d0: int, d1: int, keepdim: bool) -> Tensor:  # noqa: A002
+    """The largest (2) or smallest (-2) singular value, or their sum ('nuc'), over dims (d0, d1)."""
+    s = _svdvals(A.movedim((d0, d1), (-2, -1)))
+    out = s.sum(-1) if ord == "nuc" else (amax if ord == 2 else amin)(s, -1)
+    if keepdim:
+        for d in sorted((d0, d1)):
+            out = out.unsqueeze(d)
+    return out
 
 
 def norm(A: Tensor, ord=None, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:  # noqa: A002
@@ -81,3 +94,127 @@ def pinv(A: Tensor, *, atol=None, rtol=None, hermitian: bool = False) -> Tensor:
     if rtol is None:
         rtol = _torch.finfo(A._data.dtype).eps * max(A.shape[-2], A.shape[-1])
     return _ops.pinverse(A, float(rtol))
+
+
+# -- LU, triangular, least squares, eig and the _ex forms: primitives in ops/linalg_more.py ---------------
+from .ops.layout import diagonal as _diagonal  # noqa: E402
+from .ops.shape import cat as _cat  # noqa: E402
+from .ops.linalg_more import (  # noqa: E402
+    cholesky_ex, eig, eigvals, householder_product, inv_ex, ldl_factor, ldl_factor_ex, ldl_solve, lstsq, lu,
+    lu_factor, lu_factor_ex, linalg_lu_solve as lu_solve, solve_ex, solve_triangular,
+)
+
+__all__ += ["matrix_rank", "lstsq", "lu_factor", "lu_factor_ex", "lu", "lu_solve", "solve_triangular", "cond",
+            "multi_dot", "vander", "tensorinv", "tensorsolve", "diagonal", "householder_product", "eig", "eigvals",
+            "inv_ex", "cholesky_ex", "solve_ex", "ldl_factor", "ldl_factor_ex", "ldl_solve"]
+
+
+def _tol(x, like: Tensor):
+    """``atol``/``rtol``: a Python number or a tensor broadcast against the batch dims."""
+    return x if isinstance(x, Tensor) else like.new_tensor(float(x))
+
+
+def matrix_rank(A: Tensor, tol=None, hermitian: bool = False, *, atol=None, rtol=None) -> Tensor:
+    """The number of singular values above ``max(atol, rtol * largest)`` (int64), as
+    ``torch.linalg.matrix_rank``; ``rtol`` defaults to ``eps * max(m, n)``, or 0 where ``atol > 0``;
+    the legacy positional ``tol`` is ``atol`` with ``rtol = 0``."""
+    if A.dim() < 2:
+        raise RuntimeError(f"holoflow.linalg.matrix_rank: expected a tensor of matrices (*, m, n), got shape "
+                           f"{tuple(A.shape)}")
+    if tol is not None:
+        atol, rtol = tol, 0.0
+    s = eigvalsh(A).abs() if hermitian else _svdvals(A)
+    s = s.detach()
+    eps_rtol = _torch.finfo(s._data.dtype).eps * max(A.shape[-2], A.shape[-1])
+    atol_t = _tol(0.0 if atol is None else atol, s)
+    if rtol is None:
+        rtol_t = _tol(eps_rtol, s) if atol is None else (atol_t <= 0).to(s.dtype) * eps_rtol
+    else:
+        rtol_t = _tol(rtol, s)
+    smax = amax(s, -1) if s.shape[-1] else s.sum(-1)
+    limit = (rtol_t * smax).maximum(atol_t)
+    return (s > limit.unsqueeze(-1)).sum(-1)
+
+
+def cond(A: Tensor, p=None) -> Tensor:
+    """The condition number ``norm(A, p) * norm(inv(A), p)`` (``p`` None/2/-2: from the singular
+    values, any shape), as ``torch.linalg.cond``; a singular square matrix gives inf."""
+    if A.dim() < 2:
+        raise RuntimeError(f"holoflow.linalg.cond: expected a tensor of matrices (*, m, n), got shape "
+                           f"{tuple(A.shape)}")
+    if p is None or p in (2, -2):
+        s = _svdvals(A)
+        big, small = s[..., 0], s[..., -1]
+        return big / small if p != -2 else small / big
+    if p not in ("fro", "nuc", 1, -1, float("inf"), float("-inf")):
+        raise RuntimeError(f"holoflow.linalg.cond: got an invalid norm type {p!r}; expected None, 'fro', 'nuc', "
+                           f"2, -2, 1, -1, inf or -inf")
+    if A.shape[-1] != A.shape[-2]:
+        raise RuntimeError(f"holoflow.linalg.cond: p={p!r} needs square matrices, got shape {tuple(A.shape)}")
+    inverse, info = inv_ex(A)
+    out = matrix_norm(A, p) * matrix_norm(inverse, p)
+    return out.masked_fill(info > 0, float("inf"))
+
+
+def multi_dot(tensors) -> Tensor:
+    """The product of ``tensors`` (the first may be 1-D: a row; the last 1-D: a column), multiplied
+    left to right, as ``torch.linalg.multi_dot``."""
+    tensors = list(tensors)
+    if len(tensors) < 2:
+        raise RuntimeError(f"holoflow.linalg.multi_dot: expected at least 2 tensors but got {len(tensors)}")
+    for i, t in enumerate(tensors):
+        allowed = (1, 2) if i in (0, len(tensors) - 1) else (2,)
+        if t.dim() not in allowed:
+            raise RuntimeError(f"holoflow.linalg.multi_dot: tensor {i} must be {' or '.join(f'{d}D' for d in allowed)}"
+                               f" but got {t.dim()}D")
+    out = tensors[0]
+    for t in tensors[1:]:
+        out = matmul(out, t)
+    return out
+
+
+def vander(x: Tensor, *, N: int | None = None) -> Tensor:
+    """The Vandermonde matrix ``x[..., i] ** j`` for ``j < N`` (default ``x.shape[-1]``)."""
+    if x.dim() < 1:
+        raise RuntimeError("holoflow.linalg.vander: x must have at least one dimension")
+    n = x.shape[-1] if N is None else N
+    if n <= 1:
+        raise RuntimeError(f"holoflow.linalg.vander: N must be greater than 1, got {n}")
+    cols = x.unsqueeze(-1).expand(*x.shape, n - 1)
+    ones = x.detach().new_ones(tuple(x.shape) + (1,))
+    return _cat([ones, cols], -1).cumprod(-1)
+
+
+def _numel(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def tensorinv(A: Tensor, ind: int = 2) -> Tensor:
+    """The inverse with respect to ``tensordot(_, _, ind)``, as ``torch.linalg.tensorinv``."""
+    if ind <= 0:
+        raise RuntimeError(f"holoflow.linalg.tensorinv: expected a strictly positive integer for ind, got {ind}")
+    rows, cols = tuple(A.shape[:ind]), tuple(A.shape[ind:])
+    if _numel(rows) != _numel(cols):
+        raise RuntimeError(f"holoflow.linalg.tensorinv: expected prod(A.shape[:ind]) == prod(A.shape[ind:]), got "
+                           f"{rows} and {cols}")
+    return inv(A.reshape(_numel(rows), _numel(cols))).reshape(*cols, *rows)
+
+
+def tensorsolve(A: Tensor, B: Tensor, dims=None) -> Tensor:
+    """``X`` with ``tensordot(A, X, X.ndim) = B``; ``dims`` of A move to the end first."""
+    if dims is not None:
+        dims = [normalize_dim("linalg.tensorsolve", d, A.dim()) for d in dims]
+        A = A.movedim(dims, list(range(A.dim() - len(dims), A.dim())))
+    out_shape = tuple(A.shape[B.dim():])
+    if _numel(A.shape[:B.dim()]) != B.numel() or _numel(out_shape) != B.numel():
+        raise RuntimeError(f"holoflow.linalg.tensorsolve: expected prod(A.shape[B.ndim:]) == prod(A.shape[:B.ndim]) "
+                           f"== B.numel(), got A {tuple(A.shape)} and B {tuple(B.shape)}")
+    return solve(A.reshape(B.numel(), -1), B.reshape(-1)).reshape(*out_shape)
+
+
+def diagonal(A: Tensor, *, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Tensor:
+    """The diagonals of the matrices over ``(dim1, dim2)``, as ``torch.linalg.diagonal``."""
+    return _diagonal(A, offset, dim1, dim2)

@@ -138,8 +138,13 @@ for _name in ("cov", "cov-weights", "corrcoef"):
 NEEDS_DATA["isin-invert-unique"] = NEEDS_DATA["unique"]
 NEEDS_DATA["unique_consecutive"] = NEEDS_DATA["unique_consecutive-dim"] = \
     "data-dependent output shape (the runs of equal values): no meta kernel"
+for _name in ("lstsq[3, 3]", "lstsq[2, 4, 4]", "lstsq-tall-gelsd", "lstsq-gelss-rcond", "lstsq-gels"):
+    NEEDS_DATA[_name] = "torch's reference: aten::linalg_lstsq has no meta kernel"
 NEEDS_DATA["bincount"] = NEEDS_DATA["bincount-weights-minlength"] = \
     "data-dependent output shape (the largest value + 1): no meta kernel"
+NEEDS_DATA["Tensor.bincount"] = NEEDS_DATA["bincount"]
+for _name in ("combinations", "combinations-r3", "combinations-replacement", "combinations-r-too-large"):
+    NEEDS_DATA[_name] = "torch's reference: torch.combinations runs aten::masked_select, which has no meta kernel"
 _CTC = "aten::_ctc_loss has no meta kernel"
 for _tag in ("{'reduction': 'mean'}-padded", "{'reduction': 'mean', 'blank': 0}-flat", "{'reduction': 'sum'}-padded",
              "{'reduction': 'sum', 'blank': 0}-flat", "{'reduction': 'none'}-padded",

@@ -228,6 +228,10 @@ class Tensor:
         return t
 
     def detach_(self) -> "Tensor":
+        """Cuts this tensor from its history in place (torch refuses it on a view)."""
+        if self._view is not None:
+            raise RuntimeError("holoflow.detach_: can't detach a view in place; use detach() instead (a view "
+                               "shares its base's history)")
         self.grad_fn, self._rg, self._out_idx = None, False, 0
         return self
 

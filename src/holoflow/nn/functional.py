@@ -14,8 +14,8 @@ from ..ops.conv import (adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, conv3d,
 from ..ops.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, huber_loss,
                         kl_div, l1_loss, mse_loss, nll_loss, smooth_l1_loss, soft_margin_loss)
 from ..ops.nn_ops import (cosine_similarity, elu, embedding, gelu, hardsigmoid, hardswish, hardtanh, leaky_relu,
-                          log_softmax, logsigmoid, mish, normalize, one_hot, relu, relu6, relu_, selu, silu, softmax,
-                          softmin, softplus)
+                          log_softmax, logsigmoid, mish, normalize, one_hot, relu, relu6, relu_, rrelu, rrelu_, selu,
+                          silu, softmax, softmin, softplus, threshold, threshold_)
 from ..ops.nn_extra import (adaptive_avg_pool1d, adaptive_max_pool1d, adaptive_max_pool2d, alpha_dropout,
                             avg_pool1d, bilinear, celu, cosine_embedding_loss, dropout1d, dropout2d, dropout3d,
                             feature_alpha_dropout, gaussian_nll_loss, glu, hardshrink, local_response_norm,
@@ -51,3 +51,6 @@ from ..ops.sequence import ctc_loss, embedding_bag  # noqa: E402
 
 __all__ += ["cdist", "adaptive_avg_pool3d", "avg_pool3d", "max_pool3d", "fold", "grid_sample", "unfold", "ctc_loss",
             "embedding_bag"]
+from ..ops.more_ops import pdist  # noqa: E402
+
+__all__ += ["pdist", "rrelu", "rrelu_", "threshold", "threshold_"]

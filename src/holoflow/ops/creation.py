@@ -189,6 +189,67 @@ def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad=
                    placement, sbp)
 
 
+def _factory(op: str, fn, *args, dtype=None, device=None, requires_grad: bool = False, **params) -> Tensor:
+    """``fn(*args, **params)`` with torch's ``dtype``/``device`` as a new tensor (global inside
+    ``global_mode``, like ``linspace``; torch's errors re-raised naming ``op``)."""
+    return _finish(_torch_call(op, fn, *args, **params, **_kw(dtype, device)), requires_grad)
+
+
+def tril_indices(row: int, col: int, offset: int = 0, *, dtype=None, device=None, layout=None) -> Tensor:
+    """The (2, N) coordinates of the lower triangle of a ``row x col`` matrix, as torch."""
+    return _factory("tril_indices", torch.tril_indices, row, col, offset, dtype=dtype or _dtype.int64, device=device)
+
+
+def triu_indices(row: int, col: int, offset: int = 0, *, dtype=None, device=None, layout=None) -> Tensor:
+    """The (2, N) coordinates of the upper triangle of a ``row x col`` matrix, as torch."""
+    return _factory("triu_indices", torch.triu_indices, row, col, offset, dtype=dtype or _dtype.int64, device=device)
+
+
+def scalar_tensor(s, *, dtype=None, device=None, requires_grad: bool = False, layout=None,
+                  pin_memory: bool = False) -> Tensor:
+    """A 0-d tensor holding the number ``s`` (default dtype: torch's default float)."""
+    if isinstance(s, Tensor):
+        s = s.item()
+    return _factory("scalar_tensor", torch.scalar_tensor, s, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def empty_strided(size, stride, *, dtype=None, device=None, requires_grad: bool = False, layout=None,
+                  pin_memory: bool = False) -> Tensor:
+    """An uninitialised tensor with the given sizes and strides, as ``torch.empty_strided``."""
+    return _factory("empty_strided", torch.empty_strided, tuple(size), tuple(stride), dtype=dtype, device=device,
+                    requires_grad=requires_grad)
+
+
+def asarray(obj, *, dtype=None, device=None, copy: bool | None = None, requires_grad: bool | None = None) -> Tensor:
+    """``obj`` as a tensor, sharing memory (a tensor: itself) unless a copy or conversion is
+    needed, as ``torch.asarray``."""
+    if isinstance(obj, Tensor):
+        out = obj.to(dtype=_dtype.to_torch(dtype) or obj.dtype, device=_device.to_torch(device) or obj.device)
+        if copy and out is obj:
+            out = obj.clone()
+        return out if requires_grad is None or out.requires_grad == requires_grad else \
+            out.detach().requires_grad_(requires_grad)
+    data = _torch_call("asarray", torch.asarray, obj, dtype=_dtype.to_torch(dtype), device=_device.to_torch(device),
+                       copy=copy)
+    return _finish(data, bool(requires_grad), LOCAL, LOCAL)
+
+
+def _window(name: str):
+    fn = getattr(torch, name)
+
+    def make(window_length: int, *args, dtype=None, layout=None, device=None, pin_memory: bool = False,
+             requires_grad: bool = False, **params) -> Tensor:
+        return _factory(name, fn, window_length, *args, dtype=dtype, device=device, requires_grad=requires_grad,
+                        **params)
+    make.__name__ = name
+    make.__doc__ = f"The window of ``torch.{name}`` (same arguments, dtype and values)."
+    return make
+
+
+hann_window, hamming_window, blackman_window, bartlett_window, kaiser_window = (
+    _window(n) for n in ("hann_window", "hamming_window", "blackman_window", "bartlett_window", "kaiser_window"))
+
+
 def _random(fn):
     def make(*size, generator=None, dtype=None, device=None, requires_grad=False,
              placement=None, sbp=None):

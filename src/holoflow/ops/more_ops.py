@@ -1,5 +1,7 @@
 """torch functions that were missing: ``fmax``/``fmin``, ``kthvalue``/``median``, ``bincount``,
-``det``/``inverse`` and ``holoflow.linalg``'s ``det``/``inv``/``solve``/``cholesky``.
+``det``/``inverse`` and ``holoflow.linalg``'s ``det``/``inv``/``solve``/``cholesky``; and composites
+of existing ops: ``atleast_1d/2d/3d``, ``column_stack``/``row_stack``/``dstack``, ``combinations``,
+``cumulative_trapezoid``, ``chain_matmul`` and ``pdist`` (their gradients come from the parts).
 
 Each differentiable one is a primitive on its ATen kernel whose backward is ATen's derivative
 (ops/torch_vjp.py), so values and gradients are torch's, ties and NaN rules included. SBP:
@@ -8,19 +10,24 @@ elementwise ops split like any elementwise op (the backward on equal shapes); re
 """
 from __future__ import annotations
 
+import itertools
 from collections import namedtuple
+from functools import reduce
+from typing import Sequence
 
 import torch
 
 from ..core.dispatch import apply
-from ..core.errors import DTypeError, ShapeError, normalize_dim
+from ..core.errors import DTypeError, ShapeError, UnsupportedError, normalize_dim
 from ..core.registry import defop
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
 from .family import elementwise_sbp
 from .torch_vjp import defop_vjp
 
-__all__ = ["fmax", "fmin", "kthvalue", "median", "bincount", "det", "inverse"]
+__all__ = ["fmax", "fmin", "kthvalue", "median", "bincount", "det", "inverse", "atleast_1d", "atleast_2d",
+           "atleast_3d", "column_stack", "row_stack", "dstack", "combinations", "cumulative_trapezoid",
+           "chain_matmul", "pdist"]
 
 
 def _same_shape_bwd_sbp(metas, attrs):
@@ -128,11 +135,14 @@ def bincount(input: Tensor, weights: Tensor | None = None, minlength: int = 0) -
     if input.dim() != 1:
         raise ShapeError(f"holoflow.bincount: input must be 1-D, got shape {tuple(input.shape)}")
     if input.is_floating_point() or input.is_complex() or input.dtype is torch.bool:
-        raise DTypeError(f"holoflow.bincount: input must be an integer tensor, got {input.dtype}")
+        raise UnsupportedError(f"holoflow.bincount: input must be an integer tensor, got {input.dtype}")
     if weights is not None and tuple(weights.shape) != tuple(input.shape):
         raise ShapeError(f"holoflow.bincount: weights of shape {tuple(weights.shape)} must match the input's "
                          f"{tuple(input.shape)}")
     return apply(BINCOUNT, input, weights, minlength=int(minlength))  # negative values: the kernel names them
+
+
+Tensor.bincount = bincount
 
 
 # -- matrix functions ---------------------------------------------------------------------------------
@@ -198,3 +208,120 @@ def solve(A: Tensor, B_: Tensor, *, left: bool = True) -> Tensor:
 
 
 inverse = inv
+
+
+# -- composites: shape helpers, combinations, integration, distances -----------------------------------
+
+def _at_least(name: str, shape_of):
+    """``atleast_Nd``: each tensor viewed with at least N dims (``shape_of(shape)`` gives the new
+    shape; tensors already there come back as they are)."""
+    def fn(*tensors):
+        one = len(tensors) == 1 and isinstance(tensors[0], Tensor)
+        if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+            tensors = tuple(tensors[0])
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"holoflow.{name}: expected tensors, got {type(t).__name__}")
+        outs = tuple(t.reshape(shape_of(tuple(t.shape))) for t in tensors)
+        return outs[0] if one else outs
+    fn.__name__ = name
+    fn.__doc__ = f"Each tensor as a view with at least {name[-2]} dims, as ``torch.{name}``."
+    return fn
+
+
+atleast_1d = _at_least("atleast_1d", lambda s: s or (1,))
+atleast_2d = _at_least("atleast_2d", lambda s: s if len(s) >= 2 else (1, *s) if s else (1, 1))
+atleast_3d = _at_least("atleast_3d", lambda s: s if len(s) >= 3 else (*s, 1) if len(s) == 2 else
+                       (1, *s, 1) if s else (1, 1, 1))
+
+
+def _tensor_list(name: str, tensors: Sequence[Tensor]) -> list[Tensor]:
+    if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"holoflow.{name}: expected a list or tuple of tensors, got {type(tensors).__name__}")
+    if not tensors:
+        raise RuntimeError(f"holoflow.{name}: expects a non-empty TensorList")
+    return list(tensors)
+
+
+def _cat(tensors: list[Tensor], dim: int) -> Tensor:
+    from .shape import cat   # shape's modules import this one (reduction, linalg)
+    return cat(tensors, dim)
+
+
+def column_stack(tensors: Sequence[Tensor]) -> Tensor:
+    """Tensors side by side as columns (0-d and 1-d ones become columns), as ``torch.column_stack``."""
+    ts = _tensor_list("column_stack", tensors)
+    return _cat([t.reshape(t.numel(), 1) if t.dim() <= 1 else t for t in ts], 1)
+
+
+def row_stack(tensors: Sequence[Tensor]) -> Tensor:
+    """Tensors stacked as rows (``vstack``), as ``torch.row_stack``."""
+    return _cat(list(atleast_2d(_tensor_list("row_stack", tensors))), 0)
+
+
+def dstack(tensors: Sequence[Tensor]) -> Tensor:
+    """Tensors stacked along the third axis (after ``atleast_3d``), as ``torch.dstack``."""
+    return _cat(list(atleast_3d(_tensor_list("dstack", tensors))), 2)
+
+
+def combinations(input: Tensor, r: int = 2, with_replacement: bool = False) -> Tensor:
+    """The length-``r`` combinations of the 1-d ``input``'s entries, one per row, as
+    ``torch.combinations`` (``itertools.combinations`` order)."""
+    if input.dim() != 1:
+        raise RuntimeError(f"holoflow.combinations: expect a 1D vector, but got shape {list(input.shape)}")
+    if r < 0:
+        raise RuntimeError(f"holoflow.combinations: expect a non-negative number, but got {r}")
+    if r == 0:
+        return input.new_empty(0)
+    pick = itertools.combinations_with_replacement if with_replacement else itertools.combinations
+    rows = list(pick(range(input.shape[0]), r))
+    index = torch.tensor([i for row in rows for i in row], dtype=torch.int64, device=input._data.device)
+    return input.index_select(0, Tensor._make(index)).reshape(len(rows), r)
+
+
+def cumulative_trapezoid(y: Tensor, x: Tensor | None = None, *, dx: float | None = None, dim: int = -1) -> Tensor:
+    """The running trapezoidal integral of ``y`` along ``dim`` (sample points ``x`` or spacing
+    ``dx``, default 1), as ``torch.cumulative_trapezoid``."""
+    d = normalize_dim("cumulative_trapezoid", dim, y.dim())
+    if x is not None and dx is not None:
+        raise RuntimeError("holoflow.cumulative_trapezoid: received both x and dx; pass one of them")
+    n = y.shape[d]
+    pairs = y.narrow(d, 1, n - 1) + y.narrow(d, 0, n - 1) if n else y
+    if not isinstance(x, Tensor):
+        return (pairs * ((1.0 if dx is None else dx) / 2.0)).cumsum(d)
+    if x.dim() == 1:
+        if x.shape[0] != n:
+            raise RuntimeError(f"holoflow.cumulative_trapezoid: there must be one `x` value for each sample point, "
+                               f"got {x.shape[0]} x values for {n} samples along dim {d}")
+        x = x.reshape([n if a == d else 1 for a in range(y.dim())])
+        xd = d
+    else:
+        xd = d - y.dim() + x.dim()
+    if n == 0:
+        return y.cumsum(d)
+    steps = x.narrow(xd, 1, n - 1) - x.narrow(xd, 0, n - 1)
+    return (steps * pairs).cumsum(d) / 2.0
+
+
+def chain_matmul(*matrices: Tensor) -> Tensor:
+    """The product of the 2-d ``matrices`` left to right, as ``torch.chain_matmul``."""
+    if not matrices:
+        raise RuntimeError("holoflow.chain_matmul: expected one or more matrices")
+    for i, m in enumerate(matrices):
+        if m.dim() != 2:
+            raise RuntimeError(f"holoflow.chain_matmul: matrix {i} has {m.dim()} dims, expected 2")
+    return reduce(lambda a, b: a @ b, matrices[1:], matrices[0].clone() if len(matrices) == 1 else matrices[0])
+
+
+def pdist(input: Tensor, p: float = 2.0) -> Tensor:
+    """The ``p``-norm distances between the rows of ``input`` (N, M), pairs ``i < j`` in row
+    order, as ``torch.pdist``."""
+    if input.dim() != 2:
+        raise RuntimeError(f"holoflow.pdist: only supports 2D tensors, got {input.dim()}D")
+    if not input.is_floating_point():
+        raise RuntimeError(f"holoflow.pdist: only supports floating-point dtypes, got {input.dtype}")
+    if p < 0:
+        raise RuntimeError(f"holoflow.pdist: only supports non-negative p values, got {p}")
+    n = input.shape[0]
+    i, j = (Tensor._make(t) for t in torch.triu_indices(n, n, 1, device=input._data.device))
+    return (input.index_select(0, i) - input.index_select(0, j)).norm(p, dim=1)

@@ -17,13 +17,15 @@ from typing import Sequence
 import torch
 import torch.nn.functional as TF
 
-from ..core.dispatch import apply, apply_inplace, assign
+from ..core import grad_mode
+from ..core.dispatch import apply, apply_inplace, assign, check_inplace_target
 from ..core.errors import DTypeError, UnsupportedError, normalize_dim
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
 from .family import SUM_TO, binary, elementwise_sbp, needs, unary
+from .random_ops import rrelu_noise
 
 # -- shared helpers ------------------------------------------------------------------------------
 
@@ -179,6 +181,48 @@ def selu(input: Tensor, inplace: bool = False) -> Tensor:
     """``scale * elu(x, alpha)`` with the self-normalizing constants (a composite)."""
     out = apply(ELU, input, alpha=_SELU_ALPHA) * _SELU_SCALE
     return assign(input, out, "selu") if inplace else out
+
+
+def _write_into(input: Tensor, name: str, compute) -> Tensor:
+    """``compute(x)`` written into ``input`` after torch's in-place checks; when autograd records,
+    it is computed from a copy, so what its backward saved is not the overwritten tensor."""
+    recording = grad_mode.STATE.enabled and input.requires_grad
+    if recording:
+        check_inplace_target(input, name)
+    return assign(input, compute(input.clone() if recording else input), name)
+
+
+def _threshold(x: Tensor, threshold: float, value: float) -> Tensor:
+    return x.masked_fill(x <= threshold, value)
+
+
+def threshold(input: Tensor, threshold: float, value: float, inplace: bool = False) -> Tensor:
+    """``x`` where ``x > threshold`` else ``value`` (NaN stays NaN), as ``torch.nn.functional.threshold``."""
+    if inplace:
+        return _write_into(input, "threshold", lambda x: _threshold(x, threshold, value))
+    return _threshold(input, threshold, value)
+
+
+def threshold_(input: Tensor, threshold: float, value: float) -> Tensor:
+    """In-place :func:`threshold`."""
+    return globals()["threshold"](input, threshold, value, inplace=True)
+
+
+def rrelu(input: Tensor, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: bool = False,
+          inplace: bool = False, *, generator=None) -> Tensor:
+    """Leaky ReLU whose negative slope is drawn from U[lower, upper) per element in training (as
+    torch's CPU kernel draws it), and is ``(lower + upper) / 2`` otherwise."""
+    if not training:
+        return leaky_relu(input, (lower + upper) / 2, inplace)
+    if inplace:
+        return _write_into(input, "rrelu", lambda x: x * rrelu_noise(x, lower, upper, generator))
+    return input * rrelu_noise(input, lower, upper, generator)
+
+
+def rrelu_(input: Tensor, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: bool = False, *,
+           generator=None) -> Tensor:
+    """In-place :func:`rrelu`."""
+    return rrelu(input, lower, upper, training, True, generator=generator)
 
 
 def hardswish(input: Tensor, inplace: bool = False) -> Tensor:
@@ -404,6 +448,7 @@ from .nn_extra import __all__ as _extra_all  # noqa: E402
 
 __all__ = ["relu", "relu_", "leaky_relu", "gelu", "silu", "softplus", "elu", "selu", "hardswish",
            "hardsigmoid", "relu6", "hardtanh", "mish", "logsigmoid", "softmax", "log_softmax", "softmin",
-           "embedding", "one_hot", "normalize", "cosine_similarity", *_norm_all, *_conv_all, *_attention_all,
+           "embedding", "one_hot", "normalize", "cosine_similarity", "threshold", "threshold_", "rrelu", "rrelu_",
+           *_norm_all, *_conv_all, *_attention_all,
            *_extra_all]
 _ = elementwise_sbp  # the family's rule is what the activations above use

@@ -1,7 +1,7 @@
 """Random ops on torch's generator (so ``holoflow.manual_seed(s)`` reproduces torch's draws under
 ``torch.manual_seed(s)``): dropout, bernoulli, multinomial and the in-place samplers
 ``normal_``, ``uniform_``, ``random_``, ``exponential_``, ``bernoulli_``, ``cauchy_``,
-``log_normal_``, ``geometric_``; plus ``fill_``.
+``log_normal_``, ``geometric_``; ``poisson``, ``binomial`` and rrelu's training slopes; plus ``fill_``.
 
 Each kernel draws exactly as torch's own CPU kernel does (dropout: ``bernoulli_(1 - p)`` on a
 tensor like the input, divided by ``1 - p``), which is what makes the values match.
@@ -95,6 +95,45 @@ def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *, g
                  generator=_gen(generator))
 
 
+POISSON = defop("poisson", lambda x, generator: torch.poisson(x, generator=generator), sbp=_same_split_sbp(1),
+                 random=True, differentiable=False, family="random")
+BINOMIAL = defop("binomial", lambda count, prob, generator: torch.binomial(count, prob, generator=generator),
+                 sbp=_same_split_sbp(1), random=True, differentiable=False, family="random")
+
+
+def poisson(input: Tensor, generator=None) -> Tensor:
+    """A Poisson draw of rate ``input`` per element, as ``torch.poisson``."""
+    return apply(POISSON, input, generator=_gen(generator))
+
+
+def binomial(count: Tensor, prob: Tensor, generator=None) -> Tensor:
+    """A Binomial(``count``, ``prob``) draw per element, as ``torch.binomial``."""
+    if tuple(count.shape) != tuple(prob.shape):
+        raise ArgValueError(f"holoflow.binomial: count of shape {tuple(count.shape)} and prob of shape "
+                            f"{tuple(prob.shape)} must have the same shape")
+    return apply(BINOMIAL, count, prob, generator=_gen(generator))
+
+
+def _rrelu_noise_kernel(x, lower, upper, generator=None):
+    """torch's CPU kernel: one double U[lower, upper) per element ``<= 0`` in row-major order (the
+    bounds first rounded to the op's compute type), 1 elsewhere."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    lower, upper = (torch.tensor(b, dtype=compute).item() for b in (lower, upper))
+    negative = x.contiguous() <= 0
+    slopes = torch.empty(int(negative.sum()), dtype=torch.float64, device=x.device)
+    slopes.uniform_(lower, upper, generator=generator)
+    return torch.ones_like(x).masked_scatter_(negative, slopes.to(x.dtype))
+
+
+RRELU_NOISE = defop("rrelu_noise", _rrelu_noise_kernel, sbp=_same_split_sbp(1), random=True,
+                    differentiable=False, family="random")
+
+
+def rrelu_noise(input: Tensor, lower: float, upper: float, generator=None) -> Tensor:
+    """The slope ``rrelu`` multiplies each element by in training (random below 0, else 1)."""
+    return apply(RRELU_NOISE, input, lower=float(lower), upper=float(upper), generator=_gen(generator))
+
+
 # -- in-place samplers and fill_ --------------------------------------------------------------------
 
 def _sampler(name: str, draw) -> object:
@@ -179,4 +218,4 @@ Tensor.exponential_, Tensor.bernoulli_, Tensor.fill_ = exponential_, bernoulli_,
 Tensor.cauchy_, Tensor.log_normal_, Tensor.geometric_ = cauchy_, log_normal_, geometric_
 Tensor.bernoulli, Tensor.multinomial = _bernoulli_method, multinomial
 
-__all__ = ["dropout", "bernoulli", "multinomial"]
+__all__ = ["dropout", "bernoulli", "multinomial", "poisson", "binomial"]
