@@ -26,6 +26,12 @@ DRAWS = {
     "rand_like": lambda x, rank: flow.rand_like(x),
     "randn_like": lambda x, rank: flow.randn_like(x),
     "randint_like": lambda x, rank: flow.randint_like(x, 1000),
+    "poisson": lambda x, rank: flow.poisson(x * 3),
+    "binomial": lambda x, rank: flow.binomial(x * 20, x * 0.5),
+    "rrelu": lambda x, rank: F.rrelu(x - 2, training=True),
+    "cauchy_": _inplace("cauchy_"),
+    "log_normal_": _inplace("log_normal_"),
+    "geometric_": _inplace("geometric_", 0.3),
 }
 
 
