@@ -9,9 +9,11 @@ makes streams device streams ordered by events (`streams.DeviceStream`).
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -67,6 +69,8 @@ class Runtime:
         self.actors = self._build()
         for w in self.workers.values():
             w.start()
+        if any(w.thread is not None for w in self.workers.values()):
+            _OPEN.add(self)
 
     # -- wiring -----------------------------------------------------------------------------
     def _actor(self, name: str, stream: str, fn: Any, source: str | None = None) -> Actor:
@@ -331,6 +335,18 @@ class Runtime:
 
 
 _END = object()
+
+# Runtimes with stream threads still running: closed before the interpreter finalizes. A daemon
+# thread left parked in a queue while Python shuts down can be torn down inside torch's C++
+# frames, which aborts the process ("terminate called without an active exception") after the
+# program itself has finished.
+_OPEN: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_runtimes() -> None:
+    for rt in list(_OPEN):
+        rt.close(join_timeout=2.0)
 
 
 def _note(results: deque, msg: tuple) -> None:
