@@ -131,21 +131,35 @@ def _grads(out: list, wrt: list, cot: list | None, keep: bool, retain: bool = Fa
     return [C.zeros_like(w) if g is None else (g if keep else g.detach()) for g, w in zip(got, wrt)]
 
 
+def _fresh_args(args: tuple, nums: tuple, who: str) -> tuple[list, list, bool]:
+    """``args`` with the arguments ``nums`` replaced by fresh inputs to differentiate with respect
+    to: ``(args, parts, keep)``, ``parts`` one ``(fresh leaves, structure)`` per argument, ``keep``
+    whether an enclosing transform (or the caller) records them."""
+    args, parts, originals = list(args), [], []
+    for a in nums:
+        leaves, spec = _tensors(args[a], who)
+        originals += leaves
+        fresh = [_track(x) for x in leaves]
+        parts.append((fresh, spec))
+        args[a] = unflatten(fresh, spec)
+    return args, parts, _outer(originals)
+
+
+def _regroup(values: list, parts: list) -> list:
+    """One value per fresh leaf, back into each argument's structure."""
+    out, i = [], 0
+    for fresh, spec in parts:
+        out.append(unflatten(values[i:i + len(fresh)], spec))
+        i += len(fresh)
+    return out
+
+
 def grad_and_value(func: Callable, argnums: int | tuple = 0, has_aux: bool = False) -> Callable:
     """``(gradient, value)`` of a function returning a one-element tensor, with respect to the
     arguments ``argnums`` (the gradient mirrors their structure); with ``has_aux`` the function
     returns ``(value, aux)`` and the result is ``(gradient, (value, aux))``."""
     def wrapped(*args, **kwargs):
-        nums = _argnums(argnums, len(args), "grad")
-        args = list(args)
-        parts, originals = [], []
-        for a in nums:
-            leaves, spec = _tensors(args[a], "grad")
-            originals += leaves
-            fresh = [_track(x) for x in leaves]
-            parts.append((fresh, spec))
-            args[a] = unflatten(fresh, spec)
-        keep = _outer(originals)
+        args, parts, keep = _fresh_args(args, _argnums(argnums, len(args), "grad"), "grad")
         with grad_mode.enable_grad():
             res = func(*args, **kwargs)
             value, aux = _split_aux(res, has_aux, "grad")
@@ -153,12 +167,8 @@ def grad_and_value(func: Callable, argnums: int | tuple = 0, has_aux: bool = Fal
                 what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
                 raise RuntimeError(f"holoflow.func.grad: the function must return a scalar tensor (one "
                                    f"element) to differentiate, got {what}; use jacrev or vjp for others")
-            flat = [x for fresh, _ in parts for x in fresh]
-            gs = _grads([value], flat, None, keep)
-        out, i = [], 0
-        for fresh, spec in parts:
-            out.append(unflatten(gs[i:i + len(fresh)], spec))
-            i += len(fresh)
+            gs = _grads([value], [x for fresh, _ in parts for x in fresh], None, keep)
+        out = _regroup(gs, parts)
         g = out[0] if isinstance(argnums, int) else tuple(out)
         value = value if keep else value.detach()
         return (g, (value, aux)) if has_aux else (g, value)
@@ -187,11 +197,9 @@ def grad(func: Callable, argnums: int | tuple = 0, has_aux: bool = False) -> Cal
 def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     """``(func(*primals), vjp_fn)``: ``vjp_fn(cotangents)`` gives one gradient per primal
     (structured as the primals), as ``torch.func.vjp``; it may be called more than once."""
-    flat = [_tensors(p, "vjp") for p in primals]
-    fresh = [([_track(x) for x in leaves], spec) for leaves, spec in flat]
-    keep = _outer([x for leaves, _ in flat for x in leaves])
+    args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "vjp")
     with grad_mode.enable_grad():
-        res = func(*(unflatten(f, s) for f, s in fresh))
+        res = func(*args)
     out, aux = _split_aux(res, has_aux, "vjp")
     out_leaves, out_spec = _tensors(out, "vjp")
     wrt = [x for f, _ in fresh for x in f]
@@ -203,11 +211,7 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
                                f"not match the outputs' {[tuple(o.shape) for o in out_leaves]}")
         with grad_mode.enable_grad():
             gs = _grads(out_leaves, wrt, cot, keep, retain=True)
-        res, i = [], 0
-        for f, s in fresh:
-            res.append(unflatten(gs[i:i + len(f)], s))
-            i += len(f)
-        return tuple(res)
+        return tuple(_regroup(gs, fresh))
     shown = out if keep else unflatten([o.detach() for o in out_leaves], out_spec)
     return (shown, vjp_fn, aux) if has_aux else (shown, vjp_fn)
 
@@ -217,15 +221,13 @@ def jvp(func: Callable, primals: tuple, tangents: tuple, *, has_aux: bool = Fals
     symbolic cotangent ``u`` is linear in ``u``; differentiating it against ``tangents`` gives J t."""
     if len(primals) != len(tangents):
         raise RuntimeError(f"holoflow.func.jvp: {len(primals)} primals but {len(tangents)} tangents")
-    pl = [_tensors(p, "jvp") for p in primals]
+    args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "jvp")
     tl = [_tensors(t, "jvp")[0] for t in tangents]
-    for (ps, _), ts in zip(pl, tl):
+    for (ps, _), ts in zip(fresh, tl):
         if len(ps) != len(ts) or any(tuple(p.shape) != tuple(t.shape) for p, t in zip(ps, ts)):
             raise RuntimeError("holoflow.func.jvp: tangents must have the primals' structure and shapes")
-    fresh = [([_track(x) for x in leaves], spec) for leaves, spec in pl]
-    keep = _outer([x for leaves, _ in pl for x in leaves])
     with grad_mode.enable_grad():
-        res = func(*(unflatten(f, s) for f, s in fresh))
+        res = func(*args)
         out, aux = _split_aux(res, has_aux, "jvp")
         outs, ospec = _tensors(out, "jvp")
         wrt = [x for f, _ in fresh for x in f]
@@ -253,16 +255,7 @@ def jacrev(func: Callable, argnums: int | tuple = 0, *, has_aux: bool = False) -
     output, a tensor of shape ``output.shape + input.shape`` (nested as outputs, then inputs),
     one vjp per output element."""
     def wrapped(*args, **kwargs):
-        nums = _argnums(argnums, len(args), "jacrev")
-        args = list(args)
-        parts, originals = [], []
-        for a in nums:
-            leaves, spec = _tensors(args[a], "jacrev")
-            originals += leaves
-            fresh = [_track(x) for x in leaves]
-            parts.append((fresh, spec))
-            args[a] = unflatten(fresh, spec)
-        keep = _outer(originals)
+        args, parts, keep = _fresh_args(args, _argnums(argnums, len(args), "jacrev"), "jacrev")
         wrt = [x for f, _ in parts for x in f]
         with grad_mode.enable_grad():
             res = func(*args, **kwargs)
@@ -280,10 +273,7 @@ def jacrev(func: Callable, argnums: int | tuple = 0, *, has_aux: bool = False) -
                         rows[i].append(g)
                 jac = [(_shape.stack(r) if r else C.zeros((0,) + tuple(w.shape), dtype=w.dtype))
                        .reshape(tuple(o.shape) + tuple(w.shape)) for r, w in zip(rows, wrt)]
-                per_in, i = [], 0
-                for f, s in parts:
-                    per_in.append(unflatten(jac[i:i + len(f)], s))
-                    i += len(f)
+                per_in = _regroup(jac, parts)
                 per_out.append(per_in[0] if isinstance(argnums, int) else tuple(per_in))
         result = unflatten(per_out, ospec)
         return (result, aux) if has_aux else result
