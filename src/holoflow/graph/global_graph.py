@@ -24,6 +24,7 @@ import torch
 
 from ..core.errors import HoloflowError
 from ..core.registry import REGISTRY, Meta, defop
+from ..ops.family import like_first_input
 from ..core.sbp import B, P
 from ..core.tensor import Tensor
 from ..distributed import comm_track, rng, world
@@ -45,16 +46,12 @@ def _global_box_kernel(t: torch.Tensor, place, src, dst, shape, rank: int, comm)
 
 # Boxing changes how a logical value is laid out, not the value: its gradient is the gradient
 # (whatever its SBP; whoever consumes it boxes it as needed).
-def _same_meta(metas, attrs):
-    return [metas[0]]
-
-
 def _reduces(attrs: dict) -> bool:
     return P in attrs["src"]
 
 
-GLOBAL_BOX = defop("global_box", _global_box_kernel, grad=lambda ctx, dy: (dy,), shape=_same_meta, family="boxing",
-                   collective=True, reduces=_reduces)
+GLOBAL_BOX = defop("global_box", _global_box_kernel, grad=lambda ctx, dy: (dy,), shape=like_first_input,
+                   family="boxing", collective=True, reduces=_reduces)
 
 
 def _bucket_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm) -> tuple:
@@ -303,7 +300,7 @@ def unwritten(later, groups: AliasGroups, values: set) -> bool:
 
 
 # a local traced value every rank computes identically, taken as a broadcast global value
-GLOBAL_TAG = defop("global_tag", lambda x: x, grad=lambda ctx, dy: (dy,), shape=_same_meta, family="boxing")
+GLOBAL_TAG = defop("global_tag", lambda x: x, grad=lambda ctx, dy: (dy,), shape=like_first_input, family="boxing")
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import torch
 
 from ..core.errors import HoloflowError, UnsupportedError
 from ..core.registry import defop
+from ..ops.family import like_first_input
 from ..core.sbp import B
 from ..core.tensor import Tensor
 from ..distributed import rng, world
@@ -244,7 +245,7 @@ def _move_grad(ctx, dy):
     return (g.tracer.move(dy, ctx.src, tuple(g.sbp)),)
 
 
-STAGE_MOVE = defop("stage_move", _move_kernel, grad=_move_grad, shape=lambda metas, attrs: [metas[0]],
+STAGE_MOVE = defop("stage_move", _move_kernel, grad=_move_grad, shape=like_first_input,
                    family=STAGE)
 
 

@@ -60,6 +60,12 @@ def elementwise_shape(name: str, kernel: Callable) -> Callable:
     return rule
 
 
+def like_first_input(metas, attrs):
+    """A shape rule: the one output is shaped like the first input (for kernels with no meta
+    version, or whose output shape would otherwise look data-dependent)."""
+    return [metas[0]]
+
+
 def elementwise_sbp(partial: Sequence[str] | Callable = ()) -> Callable:
     """Signatures of an elementwise op: every tensor input split on the same logical axis
     (broadcast where it is broadcast), or all broadcast; plus the partial-sum patterns in

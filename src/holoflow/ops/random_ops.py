@@ -15,7 +15,7 @@ from ..core.errors import ArgValueError
 from ..core.registry import Meta, defop
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
-from .family import elementwise_sbp
+from .family import elementwise_sbp, like_first_input
 
 
 def _gen(generator):
@@ -95,16 +95,12 @@ def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *, g
                  generator=_gen(generator))
 
 
-def _like_first(metas, attrs):
-    """The output is shaped like the first input (torch's kernel has no meta version: without
-    this rule a global input would be gathered whole, since the shape would look data-dependent)."""
-    return [metas[0]]
-
-
+# torch's kernels of poisson, binomial and rrelu's noise have no meta version: without a shape
+# rule a global input would be gathered whole (the output shape would look data-dependent)
 POISSON = defop("poisson", lambda x, generator: torch.poisson(x, generator=generator), sbp=_same_split_sbp(1),
-                shape=_like_first, random=True, differentiable=False, family="random")
+                shape=like_first_input, random=True, differentiable=False, family="random")
 BINOMIAL = defop("binomial", lambda count, prob, generator: torch.binomial(count, prob, generator=generator),
-                 sbp=_same_split_sbp(1), shape=_like_first, random=True, differentiable=False, family="random")
+                 sbp=_same_split_sbp(1), shape=like_first_input, random=True, differentiable=False, family="random")
 
 
 def poisson(input: Tensor, generator=None) -> Tensor:
@@ -132,7 +128,7 @@ def _rrelu_noise_kernel(x, lower, upper, generator=None):
 
 
 RRELU_NOISE = defop("rrelu_noise", _rrelu_noise_kernel, sbp=_same_split_sbp(1), random=True,
-                    shape=_like_first,   # (the kernel counts values: no meta run)
+                    shape=like_first_input,   # (the kernel counts values: no meta run)
                     differentiable=False, family="random")
 
 
