@@ -1,5 +1,5 @@
-"""fuse_update: the Adam/AdamW effect node becomes torch's fused multi-tensor kernel, with the
-numbers of torch.optim (eager) over several steps."""
+"""fuse_update: the Adam/AdamW/SGD effect node becomes torch's fused multi-tensor kernel, with
+the numbers of torch.optim (eager) over several steps."""
 import copy
 
 import pytest
@@ -31,8 +31,11 @@ class Train(flow.nn.Graph):
 
 
 @pytest.mark.parametrize("cls,kw", [(flow.optim.Adam, {}), (flow.optim.AdamW, {"weight_decay": 0.1}),
-                                    (flow.optim.Adam, {"amsgrad": True, "weight_decay": 0.01})])
-def test_fused_update_matches_torch_adam(cls, kw):
+                                    (flow.optim.Adam, {"amsgrad": True, "weight_decay": 0.01}),
+                                    (flow.optim.SGD, {"momentum": 0.9, "weight_decay": 0.01}),
+                                    (flow.optim.SGD, {"momentum": 0.9, "nesterov": True}),
+                                    (flow.optim.SGD, {})])
+def test_fused_update_matches_torch(cls, kw):
     flow.manual_seed(0)
     m = Net()
     tm = torch.nn.Sequential()  # torch twin with the same weights
@@ -56,15 +59,15 @@ def test_fused_update_matches_torch_adam(cls, kw):
     assert [n.op for n in ir.nodes if n.effect] == [f"fused_{cls.__name__.lower()}_update"]
 
 
-def test_off_keeps_foreach_update_and_sgd_is_untouched():
+def test_off_keeps_foreach_update_and_an_optimizer_without_a_fused_kernel_is_untouched():
     m = Net()
     g = Train(m, flow.optim.Adam(m.parameters()), fuse=False)
     g(flow.randn(5, 6))
     assert [n.op for n in next(iter(g._compiled.values())).ir.nodes if n.effect] == ["adam_update"]
     m2 = copy.deepcopy(m)
-    g2 = Train(m2, flow.optim.SGD(m2.parameters(), lr=0.1), fuse=True)
+    g2 = Train(m2, flow.optim.RMSprop(m2.parameters(), lr=0.1), fuse=True)
     g2(flow.randn(5, 6))
-    assert [n.op for n in next(iter(g2._compiled.values())).ir.nodes if n.effect] == ["sgd_update"]
+    assert [n.op for n in next(iter(g2._compiled.values())).ir.nodes if n.effect] == ["rmsprop_update"]
 
 
 def test_fused_update_on_a_global_graph_equals_local():

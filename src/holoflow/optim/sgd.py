@@ -3,10 +3,32 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import torch
+
 from ..core.tensor import Tensor
 from .optimizer import Optimizer, required
 
 __all__ = ["SGD"]
+
+
+def _fused_sgd(group: dict, params: list, grads: list, states: list) -> None:
+    """SGD's update as ``torch._fused_sgd_`` (a lowering of :meth:`SGD._update`: torch's kernel,
+    the same hyper-parameters). Parameters without a momentum buffer yet take their gradient as
+    the buffer (torch's first step), in a call of their own when others already have one."""
+    mom = group["momentum"]
+    kw = dict(weight_decay=group["weight_decay"], momentum=mom, lr=float(group["lr"]),
+              dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"])
+    ps, gs = [p._data for p in params], [g._data.contiguous() for g in grads]
+    if mom == 0:
+        torch._fused_sgd_(ps, gs, [], is_first_step=first, **kw)
+        return
+    fresh = [i for i, st in enumerate(states) if "momentum_buffer" not in st]
+    for i in fresh:
+        states[i]["momentum_buffer"] = Tensor._make(torch.empty_like(gs[i]))
+    for first, idx in ((True, fresh), (False, [i for i in range(len(states)) if i not in set(fresh)])):
+        if idx:
+            torch._fused_sgd_([ps[i] for i in idx], [gs[i] for i in idx],
+                              [states[i]["momentum_buffer"]._data for i in idx], is_first_step=first, **kw)
 
 
 class SGD(Optimizer):
@@ -15,6 +37,8 @@ class SGD(Optimizer):
     With momentum ``m`` and dampening ``d``: ``buf = m * buf + (1 - d) * g`` (``buf = g`` on the
     first step), then ``p -= lr * (g + m * buf if nesterov else buf)``.
     """
+
+    fused_update = staticmethod(_fused_sgd) if hasattr(torch, "_fused_sgd_") else None
 
     def __init__(self, params: Iterable, lr: float = 1e-3, momentum: float = 0, dampening: float = 0,
                  weight_decay: float = 0, nesterov: bool = False, *, maximize: bool = False,
