@@ -94,8 +94,47 @@ def test_opaque_kernels_run_plain_between_compiled_tasks(monkeypatch):
     for a, b in zip(got_l + got_p, ref_l + ref_p):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     monkeypatch.setattr(attention, "FUSED_VJP_DEVICES", {"cuda"})
-    _, _, _, fns = _train(_gpt, True, "sequential", steps=1)   # the CPU path compiles whole
-    assert [n for n in fns if n.startswith("compute")] == ["compute0"]
+    _, _, _, fns = _train(_gpt, True, "sequential", steps=1)   # the CPU path: forward, backward
+    assert [n for n in fns if n.startswith("compute")] == ["compute0", "compute1"]
+
+
+def test_forward_and_backward_compile_apart():
+    """Compiled, a step's forward and backward are two tasks (as AOTAutograd partitions them), the
+    memory plan scheduled inside each: the forward task holds no backward node (the gradient
+    seed, made from nothing, joins it), the backward task no forward node."""
+    m, opt, batch, loss_fn = _cnn()
+
+    class Train(NNGraph):
+        def __init__(self):
+            super().__init__()
+            self.model = m
+            self.add_optimizer(opt)
+            self.config.enable_compile()
+
+        def build(self, x, y):
+            loss = loss_fn(self.model, x, y)
+            loss.backward()
+            return loss
+    g = Train()
+    g(*batch)
+    fw, bw = [t for t in next(iter(g._compiled.values())).lowered.tasks if t.stream == "compute"]
+    assert all("bw" not in n.tags or not n.value_inputs() for n in fw.nodes)
+    assert all("bw" in n.tags for n in bw.nodes) and len(bw.nodes) > len(fw.nodes) / 2
+
+
+def test_outputs_leaving_compiled_code_are_dense():
+    """Values passed between compiled tasks keep Inductor's layouts; an output a plain task, the
+    optimizer or the user reads (``leaving``) is made contiguous, with the same values."""
+    def task(x):
+        return (x * 2).t(), (x + 1).t()
+    x = torch.arange(12.0).reshape(3, 4)
+    t = compile_task("compute0", "compute", task, leaving=(1,))
+    for _ in range(2):
+        a, b = t(x)
+        torch.testing.assert_close(a, (x * 2).t(), rtol=0, atol=0)
+        torch.testing.assert_close(b, (x + 1).t(), rtol=0, atol=0)
+        assert b.is_contiguous()
+    assert t.state == "compiled"
 
 
 def test_switch_off_is_todays_graph():

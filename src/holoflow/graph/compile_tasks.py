@@ -15,6 +15,12 @@ parameter, or as one fused kernel with ``config.allow_fuse_model_update_ops`` (t
 ``_fused_adamw_``, CPU and CUDA) — the faster of the two; there is little left for Inductor there,
 and dynamo cannot trace the optimizer's state lookups.
 
+Values passed from one compiled task to another keep the layouts Inductor chose for them
+(``keep_output_stride=False``: the CNN's activations and weight gradients stay channels-last
+between its forward and backward tasks instead of being converted to eager's strides and back);
+an output leaving compiled code (read by a plain task, a graph output, a state update) is made
+contiguous when it is not, so plain kernels, collectives and the optimizer see dense tensors.
+
 ``fullgraph=True`` makes dynamo trace a whole task before any kernel runs, so a task dynamo cannot
 trace (an effect it does not understand, a kernel with a graph break) fails before it has mutated
 anything: the wrapper then warns once, naming the task and the reason, and runs the plain function
@@ -45,11 +51,12 @@ def _dynamo_error() -> tuple:
 class CompiledTask:
     """A task function, compiled on first call; the plain function if compiling fails.
 
-    ``state`` is ``"pending"`` (not called yet), ``"compiled"`` or ``"plain"`` (``reason`` says why).
+    ``state`` is ``"pending"`` (not called yet), ``"compiled"`` or ``"plain"`` (``reason`` says why);
+    ``leaving``: positions of the outputs that leave compiled code (made contiguous).
     """
 
-    def __init__(self, name: str, fn: Callable, **options: Any) -> None:
-        self.name, self.fn, self.options = name, fn, options
+    def __init__(self, name: str, fn: Callable, leaving: tuple = (), **options: Any) -> None:
+        self.name, self.fn, self.options, self.leaving = name, fn, options, leaving
         self.state, self.reason = "pending", ""
         self._compiled: Callable | None = None
         self._lock = threading.Lock()
@@ -73,17 +80,25 @@ class CompiledTask:
                         self._fall_back(e)
                         return self.fn(*args)
                     self._compiled, self.state = compiled, "compiled"
-                    return out
+                    return self._dense(out)
             return self(*args)
         try:
-            return self._compiled(*args)
+            return self._dense(self._compiled(*args))
         except _dynamo_error() as e:
             self._fall_back(e)
             return self.fn(*args)
 
+    def _dense(self, out: tuple) -> tuple:
+        if not any(isinstance(out[i], torch.Tensor) and not out[i].is_contiguous() for i in self.leaving):
+            return out
+        return tuple(x.contiguous() if i in self.leaving and isinstance(x, torch.Tensor) else x
+                     for i, x in enumerate(out))
 
-def compile_task(name: str, stream: str, fn: Callable) -> Callable:
-    """``fn`` wrapped to be compiled on first call, or ``fn`` itself on a stream kept plain."""
+
+def compile_task(name: str, stream: str, fn: Callable, leaving: tuple = ()) -> Callable:
+    """``fn`` wrapped to be compiled on first call, or ``fn`` itself on a stream kept plain;
+    ``leaving``: positions of its outputs read outside compiled code."""
     if stream in PLAIN_STREAMS or getattr(torch, "compile", None) is None:
         return fn
-    return CompiledTask(name, fn, fullgraph=True, dynamic=False)
+    return CompiledTask(name, fn, leaving, fullgraph=True, dynamic=False,
+                        options={"keep_output_stride": False})

@@ -256,24 +256,41 @@ class Task:
         return next((n.source for n in self.nodes if n.source), "")
 
 
-def split_tasks(g: IRGraph, cut_comm: bool = False) -> list[Task]:
+def _phase(n: Node) -> str | None:
+    """``"bw"`` (backward, recomputation included) or ``"fw"`` for a node computing from values;
+    None for one that only creates (a constant, the gradient seed): it joins either side."""
+    return None if not n.value_inputs() else "bw" if "bw" in n.tags else "fw"
+
+
+def split_tasks(g: IRGraph, for_compile: bool = False) -> list[Task]:
     """Cuts the execution order into straight-line runs on one stream. A task waits for all its
     inputs before it starts, so a compute run is also cut before a node that reads a value
-    another stream made after the run began. With ``cut_comm`` (tasks compiled by torch.compile,
-    which cannot trace a collective) runs of collectives and waits (``talks``), and of nodes
-    whose kernels are opaque to it (``uncompilable``), are tasks of their own, those that talk
-    chained in program order, so the compute between them compiles."""
+    another stream made after the run began.
+
+    ``for_compile``: the compute tasks will be compiled by torch.compile (graph/compile_tasks.py),
+    which cannot trace a collective: runs of collectives and waits (``talks``), and of nodes whose
+    kernels are opaque to it (``uncompilable``), are tasks of their own, those that talk chained
+    in program order, so the compute between them compiles. Forward and backward runs are cut
+    apart too, as AOTAutograd partitions a model for Inductor: in one region Inductor would fuse
+    the backward's reads of forward activations into the forward's kernels and write their
+    results out there (on the CNN's conv/batch-norm blocks: three more activation-sized buffers
+    per block, slower kernels), and Inductor may keep the layouts it chose for values passed
+    between compiled tasks."""
     tasks: list[Task] = []
     made_by: dict = {}   # Value -> index of the task making it
+    phase = None         # of the current compute run (for_compile)
     for n in execution_order(g):
-        s = stream_of(n)
+        s, p = stream_of(n), _phase(n)
         cur = len(tasks) - 1
         if not tasks or tasks[-1].stream != s or (s != "update" and tasks[-1].nodes and any(
                 tasks[made_by.get(v, cur)].stream != s and made_by[v] not in tasks[-1].after
                 for v in n.value_inputs())) or (
-                cut_comm and s == "compute" and tasks[-1].nodes
-                and uncompilable(n) != uncompilable(tasks[-1].nodes[-1])):
+                for_compile and s == "compute" and tasks[-1].nodes
+                and (uncompilable(n) != uncompilable(tasks[-1].nodes[-1])
+                     or None not in (phase, p) and phase != p)):
             tasks.append(Task(f"{s}{len(tasks)}", s, []))
+            phase = None
+        phase = p or phase
         t = tasks[-1]
         t.after.update(made_by[v] for v in n.value_inputs() if v in made_by)
         t.nodes.append(n)
@@ -284,7 +301,7 @@ def split_tasks(g: IRGraph, cut_comm: bool = False) -> list[Task]:
     # state does: the next step's collectives are then issued after this step's, on every rank
     for t in tasks:
         t.token = has_update and (bool(t.state) or any(map(talks, t.nodes)))
-    if cut_comm:
+    if for_compile:
         _chain_talking(tasks)
     return tasks
 
@@ -406,10 +423,10 @@ class Program:
 _FILES = itertools.count()
 
 
-def program(g: IRGraph, profile: bool = False, cut_comm: bool = False) -> Program:
+def program(g: IRGraph, profile: bool = False, for_compile: bool = False) -> Program:
     """The program of ``g`` (frees after last use as ``g.frees`` plans; per-node timing into
-    ``Program.prof`` with ``profile``; ``cut_comm``: see `split_tasks`)."""
-    return _Gen(g, profile, cut_comm).build()
+    ``Program.prof`` with ``profile``; ``for_compile``: see `split_tasks`)."""
+    return _Gen(g, profile, for_compile).build()
 
 
 def to_python(g: IRGraph) -> str:
@@ -418,9 +435,9 @@ def to_python(g: IRGraph) -> str:
 
 
 class _Gen:
-    def __init__(self, g: IRGraph, profile: bool, cut_comm: bool = False) -> None:
+    def __init__(self, g: IRGraph, profile: bool, for_compile: bool = False) -> None:
         self.g, self.profile, self.frees = g, profile, g.frees or {}
-        self.tasks = split_tasks(g, cut_comm)
+        self.tasks = split_tasks(g, for_compile)
         self.names = _Names(_RESERVED)
         self.ns: dict[str, Any] = {"torch": torch, "state": {}}
         self.kernels: dict = {}   # kernel key -> global name

@@ -27,7 +27,7 @@ import torch
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from ..runtime import CALLER, SOURCE_STREAM, Plan, Runtime, SequentialExecutor, TaskError, TaskSpec
-from .compile_tasks import compile_task
+from .compile_tasks import PLAIN_STREAMS, compile_task
 from .cuda_streams import cuda_streams, with_h2d_copies
 from .global_graph import issue_collectives, wrap_outputs
 from .ir import TOKEN, IRGraph, Program, Value, program, uncompilable
@@ -83,15 +83,19 @@ def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_task
     ``torch.compile`` with ``compile_tasks``: graph/compile_tasks.py; ``gather_ahead``: see
     global_graph.issue_collectives)."""
     g = issue_collectives(g, gather_ahead)
-    prog = program(g, profile, cut_comm=compile_tasks and not profile)
+    prog = program(g, profile, for_compile=compile_tasks and not profile)
     ns = prog.load()
+    # a task issuing collectives, or running kernels opaque to dynamo, stays plain
+    plain = [profile or not compile_tasks or t.stream in PLAIN_STREAMS or any(map(uncompilable, t.nodes))
+             for t in prog.tasks]
+    read_plain = {v for t, p in zip(prog.tasks, plain) if p for v in t.inputs} | \
+        {o for o in g.outputs if isinstance(o, Value)}
     specs = []
-    for t in prog.tasks:
+    for t, p in zip(prog.tasks, plain):
         consumes = [prog.name(v) for v in t.inputs] + ([TOKEN] if t.token else [])
         produces = [prog.name(v) for v in t.outputs] + ([TOKEN] if t.stream == "update" else [])
-        # a task issuing collectives, or running kernels opaque to dynamo, stays plain
-        plain = profile or not compile_tasks or any(map(uncompilable, t.nodes))
-        fn = ns[t.name] if plain else compile_task(t.name, t.stream, ns[t.name])
+        leaving = tuple(i for i, v in enumerate(t.outputs) if v in read_plain)
+        fn = ns[t.name] if p else compile_task(t.name, t.stream, ns[t.name], leaving)
         specs.append(TaskSpec(t.name, t.stream, fn, tuple(consumes), tuple(produces),
                               register_num=register_num, source=t.source or None,
                               meta={"nodes": len(t.nodes)}))

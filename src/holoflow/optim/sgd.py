@@ -20,12 +20,13 @@ def _fused_sgd(group: dict, params: list, grads: list, states: list) -> None:
               dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"])
     ps, gs = [p._data for p in params], [g._data.contiguous() for g in grads]
     if mom == 0:
-        torch._fused_sgd_(ps, gs, [], is_first_step=first, **kw)
+        torch._fused_sgd_(ps, gs, [], is_first_step=False, **kw)
         return
     fresh = [i for i, st in enumerate(states) if "momentum_buffer" not in st]
+    old = [i for i, st in enumerate(states) if "momentum_buffer" in st]
     for i in fresh:
         states[i]["momentum_buffer"] = Tensor._make(torch.empty_like(gs[i]))
-    for first, idx in ((True, fresh), (False, [i for i in range(len(states)) if i not in set(fresh)])):
+    for first, idx in ((True, fresh), (False, old)):
         if idx:
             torch._fused_sgd_([ps[i] for i in idx], [gs[i] for i in idx],
                               [states[i]["momentum_buffer"]._data for i in idx], is_first_step=first, **kw)

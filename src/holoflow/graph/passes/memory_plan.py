@@ -139,8 +139,8 @@ def inplace_agrees(n: Node) -> bool:
     return _PROBED[key]
 
 
-def _task_of(g: IRGraph) -> dict:
-    return {id(n): i for i, t in enumerate(split_tasks(g)) for n in t.nodes}
+def _task_of(g: IRGraph, for_compile: bool = False) -> dict:
+    return {id(n): i for i, t in enumerate(split_tasks(g, for_compile)) for n in t.nodes}
 
 
 def _orders(n: Node) -> list[Node]:
@@ -179,7 +179,7 @@ def _reusable(n: Node, i: int, where, keep, producer, task, groups, members, las
     return inplace_agrees(n)
 
 
-def plan_inplace(g: IRGraph) -> IRGraph:
+def plan_inplace(g: IRGraph, for_compile: bool = False) -> IRGraph:
     """Rewrites the nodes that can run in place (see the module docstring)."""
     keep, order = _keep(g), execution_order(g)
     pos = {id(n): i for i, n in enumerate(order)}
@@ -194,7 +194,7 @@ def plan_inplace(g: IRGraph) -> IRGraph:
     producer = {v: n for n in order for v in n.outputs}
     for v in last:
         members.setdefault(groups.find(v), []).append(v)
-    task = _task_of(g)
+    task = _task_of(g, for_compile)
     new: dict = {}
     for n in order:
         for m in _orders(n):
@@ -258,7 +258,7 @@ def _collective(n: Node) -> bool:
     return op is not None and op.collective
 
 
-def schedule(g: IRGraph, window: int = 64) -> IRGraph:
+def schedule(g: IRGraph, window: int = 64, for_compile: bool = False) -> IRGraph:
     """Runs memory-freeing nodes early inside each task (see the module docstring)."""
     if any("inplace" in n.tags or n.sbp is not None or _collective(n) for n in g.nodes) or \
             any(v.placement is not None for v in g.feeds):
@@ -269,7 +269,7 @@ def schedule(g: IRGraph, window: int = 64) -> IRGraph:
         for x in set(n.value_inputs()):
             left[x] = left.get(x, 0) + 1
     mine = {id(n) for n in g.nodes}   # split_tasks adds the state updates' assign nodes
-    nodes = [m for t in split_tasks(g) for m in
+    nodes = [m for t in split_tasks(g, for_compile) for m in
              _schedule_task([n for n in t.nodes if id(n) in mine], keep, left, window)]
     if all(a is b for a, b in zip(nodes, execution_order(g))):
         return g
@@ -280,11 +280,13 @@ def schedule(g: IRGraph, window: int = 64) -> IRGraph:
 def memory_plan(g: IRGraph, config=None) -> IRGraph:
     """Scheduling for memory (kept when it lowers the planned peak), in-place reuse (unless
     ``config.inplace_reuse`` is False), then free at last use."""
+    for_compile = bool(getattr(config, "compile_tasks", False))   # lowering's task split
+
     def plan(x: IRGraph) -> IRGraph:
-        x = plan_inplace(x) if getattr(config, "inplace_reuse", True) else x
+        x = plan_inplace(x, for_compile) if getattr(config, "inplace_reuse", True) else x
         return x.with_(frees=last_uses(x))
     base = plan(g)
-    s = schedule(g)
+    s = schedule(g, for_compile=for_compile)
     if s is g:
         return base
     s = plan(s)
