@@ -101,6 +101,10 @@ class Op:
     # the device type where that depends on it. A graph compiled with ``enable_compile`` runs
     # such nodes in plain tasks of their own and compiles the runs between them
     opaque: bool | Callable = False
+    # layout: Inductor chooses the memory layout of this op's operands and results (a convolution's
+    # channels-last). A graph compiled with ``enable_compile`` holding one compiles its forward and
+    # backward as two tasks, the activations passed between them in Inductor's layout
+    layout: bool = False
     out_type: Any = field(default=None, repr=False)
     defaults: dict = field(default_factory=dict, repr=False)
 

@@ -102,3 +102,4 @@ def compile_task(name: str, stream: str, fn: Callable, leaving: tuple = ()) -> C
         return fn
     return CompiledTask(name, fn, leaving, fullgraph=True, dynamic=False,
                         options={"keep_output_stride": False})
+

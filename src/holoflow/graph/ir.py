@@ -270,15 +270,17 @@ def split_tasks(g: IRGraph, for_compile: bool = False) -> list[Task]:
     ``for_compile``: the compute tasks will be compiled by torch.compile (graph/compile_tasks.py),
     which cannot trace a collective: runs of collectives and waits (``talks``), and of nodes whose
     kernels are opaque to it (``uncompilable``), are tasks of their own, those that talk chained
-    in program order, so the compute between them compiles. Forward and backward runs are cut
-    apart too, as AOTAutograd partitions a model for Inductor: in one region Inductor would fuse
-    the backward's reads of forward activations into the forward's kernels and write their
-    results out there (on the CNN's conv/batch-norm blocks: three more activation-sized buffers
-    per block, slower kernels), and Inductor may keep the layouts it chose for values passed
-    between compiled tasks."""
+    in program order, so the compute between them compiles. In a graph holding an op whose layout
+    Inductor chooses (``Op.layout``: convolutions), forward and backward runs are cut apart too,
+    as AOTAutograd partitions a model: in one region Inductor fuses the backward's reads of
+    forward activations into the forward's kernels and writes their results out there (on the
+    CNN's conv/batch-norm blocks: three more activation-sized buffers per block, slower kernels),
+    while the activations cross between two compiled tasks in channels-last. Elsewhere the cut
+    costs one more compiled call per step and gains nothing (GPT-mini: ~0.2 ms of 2.5)."""
     tasks: list[Task] = []
     made_by: dict = {}   # Value -> index of the task making it
-    phase = None         # of the current compute run (for_compile)
+    cut_phase = for_compile and any(getattr(REGISTRY.get(n.op), "layout", False) for n in g.nodes)
+    phase = None         # of the current compute run (cut_phase)
     for n in execution_order(g):
         s, p = stream_of(n), _phase(n)
         cur = len(tasks) - 1
@@ -287,7 +289,7 @@ def split_tasks(g: IRGraph, for_compile: bool = False) -> list[Task]:
                 for v in n.value_inputs())) or (
                 for_compile and s == "compute" and tasks[-1].nodes
                 and (uncompilable(n) != uncompilable(tasks[-1].nodes[-1])
-                     or None not in (phase, p) and phase != p)):
+                     or cut_phase and None not in (phase, p) and phase != p)):
             tasks.append(Task(f"{s}{len(tasks)}", s, []))
             phase = None
         phase = p or phase

@@ -119,7 +119,8 @@ def _conv_grad(c, dy):
 
 CONV_BWD = defop("convolution_backward", _conv_bwd_kernel, sbp=_conv_bwd_sbp,
                  grad=_no_double("convolution_backward"), family="conv")
-CONV = defop("convolution", _conv_kernel, grad=_conv_grad, save="inputs", sbp=_conv_sbp, family="conv")
+CONV = defop("convolution", _conv_kernel, grad=_conv_grad, save="inputs", sbp=_conv_sbp, family="conv",
+             layout=True)
 
 
 def _tuple(v, n: int, what: str, name: str) -> tuple:
