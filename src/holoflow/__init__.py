@@ -27,6 +27,7 @@ from . import nn, optim, utils, amp, mock_torch
 from . import graph  # publishes nn.Graph
 from . import distributed, comm, env
 from .amp import autocast, get_autocast_dtype, is_autocast_enabled
+from .amp.state import *  # noqa: F403  (torch's autocast state functions)
 from .serialization import save, load
 from . import checkpoint  # installs the sharded (global-tensor) format into save/load
 from . import accelerator, backends, cuda, distributions, fft, func, hub, jit, onnx, testing, version  # torch's

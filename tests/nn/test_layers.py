@@ -46,6 +46,12 @@ LAYERS = {
     "rmsnorm": (lambda l: l.RMSNorm(6, eps=1e-6), [r(3, 6)]),
     "rmsnorm-default-eps": (lambda l: l.RMSNorm([2, 6]), [r(3, 2, 6)]),
     "instancenorm2d": (lambda l: l.InstanceNorm2d(3, affine=True), [r(2, 3, 4, 4)]),
+    "instancenorm1d-running": (lambda l: l.InstanceNorm1d(3, track_running_stats=True, momentum=0.3),
+                               [r(4, 3, 6)]),
+    "instancenorm2d-running-affine": (lambda l: l.InstanceNorm2d(3, affine=True, track_running_stats=True),
+                                      [r(2, 3, 4, 5)]),
+    "instancenorm3d-running-cumulative": (lambda l: l.InstanceNorm3d(2, track_running_stats=True, momentum=None),
+                                          [r(2, 2, 3, 2, 3)]),
     "embedding": (lambda l: l.Embedding(10, 4), [idx(10, 3, 5)]),
     "embedding-pad": (lambda l: l.Embedding(10, 4, padding_idx=2), [lambda g: torch.tensor([[2, 1, 2], [0, 2, 9]])]),
     "maxpool2d": (lambda l: l.MaxPool2d(2), [r(2, 3, 6, 6)]),
@@ -87,7 +93,7 @@ def test_layer_matches_torch(name, mode, dtype):
     xs = [f(g) for f in inputs]
     xs = [x.to(dtype) if x.is_floating_point() else x for x in xs]
     compare(fm, tm, xs, dtype, atol=atol[0] if atol and dtype == F64 else None)
-    if mode == "train" and "batchnorm" in name:  # a second step: running stats and the counter move on
+    if mode == "train" and ("batchnorm" in name or "running" in name):  # a second step: running stats move on
         compare(fm, tm, [x * 2 + 1 for x in xs], dtype)
 
 

@@ -7,6 +7,7 @@ import threading
 
 class _State(threading.local):
     enabled = True
+    inference = False
 
 
 STATE = _State()
@@ -69,7 +70,31 @@ class set_grad_enabled(_GradMode):
 
 
 class inference_mode(_GradMode):
-    """Like ``no_grad`` (holoflow keeps no separate inference tensors)."""
+    """Like ``no_grad`` (holoflow keeps no separate inference tensors); ``is_inference_mode_enabled``
+    reports it. Works bare as a decorator (``@inference_mode``), as torch's."""
+
+    def __new__(cls, mode=True):
+        if mode is None or isinstance(mode, bool):
+            return super().__new__(cls)
+        return cls()(mode)   # ``@inference_mode`` without parentheses
 
     def __init__(self, mode: bool = True) -> None:
         self.mode = not mode
+        self.inference = bool(mode)
+
+    def __enter__(self) -> None:
+        super().__enter__()
+        self._prev_inference, STATE.inference = STATE.inference, self.inference
+
+    def __exit__(self, *exc) -> None:
+        STATE.inference = self._prev_inference
+        super().__exit__(*exc)
+
+    def __call__(self, fn):
+        inference = self.inference   # (the generic wrapper would rebuild it as inference_mode(True))
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with inference_mode(inference):
+                return fn(*args, **kwargs)
+        return wrapper

@@ -54,3 +54,9 @@ __all__ += ["cdist", "adaptive_avg_pool3d", "avg_pool3d", "max_pool3d", "fold", 
 from ..ops.more_ops import pdist  # noqa: E402
 
 __all__ += ["pdist", "rrelu", "rrelu_", "threshold", "threshold_"]
+
+# more of torch.nn.functional (nn/functional_more.py)
+from . import functional_more as _more  # noqa: E402
+from .functional_more import *  # noqa: E402,F401,F403
+
+__all__ += _more.__all__

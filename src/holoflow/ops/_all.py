@@ -7,10 +7,12 @@ from . import indexing, linalg, loss, nn_ops, random_ops, reduction, shape
 from . import decomp, pool3d, rnn, sampling, sequence  # noqa: F401 - new op modules (issue 12)
 from . import more_ops
 from . import complex_ops, extra_ops, linalg_more
+from . import api_more2
+from . import nn_more  # noqa: F401 - nn.functional's 3-d adaptive and fractional max pooling
 
 __all__: list[str] = []
 for _mod in (reduction, linalg, shape, indexing, nn_ops, loss, random_ops, decomp, more_ops, complex_ops, extra_ops,
-             linalg_more):
+             linalg_more, api_more2):
     for _name in _mod.__all__:
         globals()[_name] = getattr(_mod, _name)
         __all__.append(_name)

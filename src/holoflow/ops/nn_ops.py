@@ -179,8 +179,9 @@ _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804
 
 def selu(input: Tensor, inplace: bool = False) -> Tensor:
     """``scale * elu(x, alpha)`` with the self-normalizing constants (a composite)."""
-    out = apply(ELU, input, alpha=_SELU_ALPHA) * _SELU_SCALE
-    return assign(input, out, "selu") if inplace else out
+    def compute(x: Tensor) -> Tensor:
+        return apply(ELU, x, alpha=_SELU_ALPHA) * _SELU_SCALE
+    return _write_into(input, "selu", compute) if inplace else compute(input)
 
 
 def _write_into(input: Tensor, name: str, compute) -> Tensor:

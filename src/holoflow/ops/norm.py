@@ -6,8 +6,9 @@ import math
 
 import torch
 
+from ..core import grad_mode
 from ..core.dispatch import apply
-from ..core.errors import ShapeError, UnsupportedError
+from ..core.errors import ShapeError
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from ..core.registry import defop
@@ -234,10 +235,28 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
 
 def instance_norm(input: Tensor, running_mean=None, running_var=None, weight=None, bias=None,
                   use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
-    """Per-sample, per-channel normalization: group_norm with one group per channel."""
-    if not use_input_stats or running_mean is not None:
-        raise UnsupportedError("holoflow.instance_norm: only use_input_stats=True without running stats")
-    return group_norm(input, input.shape[1], weight, bias, eps)
+    """Per-sample, per-channel normalization (group_norm with one group per channel), as torch's:
+    with ``use_input_stats`` the statistics of each instance, and running statistics, when
+    given, move towards the batch average of the instances' means and unbiased variances;
+    without, the running statistics normalize (batch_norm in evaluation)."""
+    if input.dim() < 3:
+        raise ValueError(f"holoflow.instance_norm: expected an input of 3 or more dims (N, C, *), got shape "
+                         f"{tuple(input.shape)}")
+    if not use_input_stats:
+        if running_mean is None or running_var is None:
+            raise ValueError("holoflow.instance_norm: running_mean and running_var are required when "
+                             "use_input_stats=False")
+        return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
+    out = group_norm(input, input.shape[1], weight, bias, eps)
+    if running_mean is not None or running_var is not None:
+        spatial = tuple(range(2, input.dim()))
+        with grad_mode.no_grad():
+            x = input.detach()
+            if running_mean is not None:
+                running_mean.mul_(1 - momentum).add_(x.mean(spatial).mean(0), alpha=momentum)
+            if running_var is not None:
+                running_var.mul_(1 - momentum).add_(x.var(spatial, correction=1).mean(0), alpha=momentum)
+    return out
 
 
 __all__ = ["layer_norm", "group_norm", "rms_norm", "batch_norm", "instance_norm"]

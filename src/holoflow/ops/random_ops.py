@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from ..core.dispatch import apply, apply_inplace
+from ..core import grad_mode
+from ..core.dispatch import apply, apply_inplace, assign, check_inplace_target
 from ..core.errors import ArgValueError
 from ..core.registry import Meta, defop
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
+from .creation import ones_like
 from .family import elementwise_sbp, like_first_input
 
 
@@ -206,10 +208,18 @@ def geometric_(self: Tensor, p: float, *, generator=None) -> Tensor:
 
 
 def fill_(self: Tensor, value) -> Tensor:
-    """Sets every element to ``value``."""
-    if isinstance(value, Tensor):
-        value = value.item()
-    return apply_inplace(FILL_, self, value=value)
+    """Sets every element to ``value``: a number, or a 0-d tensor, which then receives the
+    gradient (the sum of the filled elements' gradients) and may be global or traced."""
+    if not isinstance(value, Tensor):
+        return apply_inplace(FILL_, self, value=value)
+    if value.dim() != 0:
+        raise RuntimeError(f"holoflow.fill_: fill_ only supports 0-dimension value tensor but got tensor "
+                           f"with {value.dim()} dimensions.")
+    recording = grad_mode.STATE.enabled and (self.requires_grad or value.requires_grad)
+    if recording:
+        check_inplace_target(self, "fill")
+    like = self.clone() if recording else self   # what masked_fill saves is not the overwritten tensor
+    return assign(self, like.masked_fill(ones_like(like, dtype=torch.bool), value.to(self.dtype)), "fill")
 
 
 def _bernoulli_method(self: Tensor, p: float | None = None, *, generator=None) -> Tensor:

@@ -22,3 +22,13 @@ from .compat import (AdaptiveAvgPool3d, AvgPool3d, CTCLoss, DataParallel, Embedd
                      SyncBatchNorm, Unfold)
 from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
 from .transformer_decoder import Transformer, TransformerDecoder, TransformerDecoderLayer
+from .more import (AdaptiveLogSoftmaxWithLoss, AdaptiveMaxPool3d, ChannelShuffle, CircularPad1d, CircularPad2d,
+                   CircularPad3d, ConstantPad3d, FeatureAlphaDropout, FractionalMaxPool2d,
+                   FractionalMaxPool3d, Hardshrink, HingeEmbeddingLoss, InstanceNorm3d, LazyBatchNorm1d,
+                   LazyBatchNorm2d, LazyBatchNorm3d, LazyConv1d, LazyConv2d, LazyConv3d, LazyConvTranspose1d,
+                   LazyConvTranspose2d, LazyConvTranspose3d, LazyInstanceNorm1d, LazyInstanceNorm2d,
+                   LazyInstanceNorm3d, LazyLinear, LazyModuleMixin, LocalResponseNorm, LPPool1d, LPPool2d, LPPool3d,
+                   MaxUnpool1d, MaxUnpool2d, MaxUnpool3d, MultiLabelMarginLoss, MultiLabelSoftMarginLoss,
+                   MultiMarginLoss, ReflectionPad3d, ReplicationPad3d, RReLU, Softmax2d, Softshrink, Threshold,
+                   TripletMarginLoss, TripletMarginWithDistanceLoss, UninitializedBuffer, UninitializedParameter,
+                   ZeroPad3d)

@@ -1,5 +1,5 @@
 """Normalisation layers: ``BatchNorm1d/2d/3d``, ``LayerNorm``, ``GroupNorm``, ``RMSNorm``,
-``InstanceNorm1d/2d``, ``LocalResponseNorm`` is not provided."""
+``InstanceNorm1d/2d/3d`` (``LocalResponseNorm``: nn/modules/more.py)."""
 from __future__ import annotations
 
 import numbers
