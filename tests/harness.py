@@ -6,6 +6,8 @@ SBP coverage test (tests/ops/test_sbp_coverage.py) gathers every module's cases.
 """
 from __future__ import annotations
 
+import warnings
+
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -172,6 +174,15 @@ def _leaf(x):
     t = x.detach()
     t.requires_grad_(True)
     return t
+
+
+def quiet(fn: Callable) -> Callable:
+    """``fn`` with its warnings silenced (deprecated aliases torch warns about)."""
+    def run(*a, **k):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fn(*a, **k)
+    return run
 
 
 def raised(fn: Callable[[], Any]) -> BaseException | None:

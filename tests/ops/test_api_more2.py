@@ -3,13 +3,12 @@ constant_pad_nd, fill, nonzero_static, conj_physical, as_strided_scatter, the ``
 eager cond/while_loop, the state switches (default device, inference/anomaly/autocast modes,
 warn-always), frombuffer/empty_permuted, and Tensor methods (new, resize/resize_as, cfloat,
 apply_/map_/map2_, layout, output_nr, dim_order, is_set_to, module_load, ...)."""
-import warnings
 
 import pytest
 import torch
 
 import holoflow as flow
-from harness import Case, error_like_torch, parametrize, positive, randn
+from harness import Case, error_like_torch, parametrize, positive, randn, quiet
 
 
 def lib_of(t):
@@ -38,14 +37,6 @@ def _as_complex(x):
 
 def _real(z):
     return lib_of(z).view_as_real(z)
-
-
-def _quiet(fn):
-    def run(*a, **k):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return fn(*a, **k)
-    return run
 
 
 def _as_strided_scatter_ref(x, s, size, stride, offset):
@@ -125,9 +116,9 @@ CASES = [
          lambda x, s: _as_strided_scatter_ref(x, s, (2, 2), (1, 3), 1), inputs((3, 4), (2, 2))),
     Case("Tensor.as_strided_scatter", lambda x, s: x.as_strided_scatter(s, (3,), (4,)),
          lambda x, s: _as_strided_scatter_ref(x, s, (3,), (4,), None), inputs((3, 4), (3,))),
-    same("resize", _quiet(lambda x: x.resize(3, 2)), inputs((2, 3))),
-    same("resize-noncontiguous", _quiet(lambda x: x.t().resize(6)), inputs((2, 3))),
-    same("resize_as", _quiet(lambda x, y: x.resize_as(y)), inputs((2, 3), (6, 1))),
+    same("resize", quiet(lambda x: x.resize(3, 2)), inputs((2, 3))),
+    same("resize-noncontiguous", quiet(lambda x: x.t().resize(6)), inputs((2, 3))),
+    same("resize_as", quiet(lambda x, y: x.resize_as(y)), inputs((2, 3), (6, 1))),
     same("cond-true", lambda p, x, y: lib_of(x).cond(p > -100, lambda a, b: a.sin() * b, lambda a, b: a - b, (x, y)),
          inputs((), (3,), (3,))),
     same("cond-false", lambda p, x, y: lib_of(x).cond(p > 100, lambda a, b: a.sin() * b, lambda a, b: a - b, [x, y]),
@@ -362,8 +353,8 @@ def test_new_like_torch():
 def test_resize_warns_and_refuses_numel_change_like_torch():
     with pytest.warns(UserWarning, match="non-inplace resize is deprecated"):
         flow.ones(2, 3).resize(6)
-    error_like_torch(lambda m: _quiet(lambda: m.ones(2, 3).resize(4))(), "resize(numel change)")
-    error_like_torch(lambda m: _quiet(lambda: m.ones(2, 3).resize_as(m.ones(5)))(), "resize_as(numel change)")
+    error_like_torch(lambda m: quiet(lambda: m.ones(2, 3).resize(4))(), "resize(numel change)")
+    error_like_torch(lambda m: quiet(lambda: m.ones(2, 3).resize_as(m.ones(5)))(), "resize_as(numel change)")
     error_like_torch(lambda m: m.ones(2, requires_grad=True).resize_(3), "resize_(requires grad)")
     error_like_torch(lambda m: m.ones(2, requires_grad=True).resize_as_(m.ones(3)), "resize_as_(requires grad)")
 

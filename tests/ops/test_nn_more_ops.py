@@ -1,13 +1,12 @@
 """nn.functional functions of nn/functional_more.py and ops/nn_more.py against torch: values and
 gradients per dtype, a float64 gradcheck and every SBP signature of the ops they dispatch (the
 harness), plus torch's exception classes for bad input."""
-import warnings
 
 import pytest
 import torch
 
 import holoflow as flow
-from harness import F64, Case, error_like_torch, parametrize, randn
+from harness import F64, Case, error_like_torch, parametrize, randn, quiet
 
 
 def lib_of(t):
@@ -70,14 +69,6 @@ def _samples(x):
     return flow.from_torch(s).to(x.dtype) if isinstance(x, flow.Tensor) else s.to(x.dtype)
 
 
-def _quiet(fn):
-    def run(*a, **k):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return fn(*a, **k)
-    return run
-
-
 CASES = [
     same("max_pool1d_with_indices", lambda x: F(x).max_pool1d_with_indices(x, 3, 2, 1), distinct(2, 3, 9)),
     same("max_pool2d_with_indices", lambda x: F(x).max_pool2d_with_indices(x, 2), distinct(2, 2, 4, 6)),
@@ -138,9 +129,9 @@ CASES = [
     same("affine_grid-2d", lambda t: F(t).affine_grid(t, [2, 3, 4, 5], align_corners=False), inputs((2, 2, 3))),
     same("affine_grid-2d-align", lambda t: F(t).affine_grid(t, [1, 1, 3, 2], align_corners=True), inputs((1, 2, 3))),
     same("affine_grid-3d", lambda t: F(t).affine_grid(t, (2, 1, 3, 2, 4), False), inputs((2, 3, 4))),
-    same("affine_grid-default", _quiet(lambda t: F(t).affine_grid(t, [1, 1, 2, 3])), inputs((1, 2, 3))),
-    same("upsample_nearest", _quiet(lambda x: F(x).upsample_nearest(x, scale_factor=2)), inputs((1, 2, 3, 3))),
-    same("upsample_bilinear", _quiet(lambda x: F(x).upsample_bilinear(x, size=(5, 4))), inputs((1, 2, 3, 3))),
+    same("affine_grid-default", quiet(lambda t: F(t).affine_grid(t, [1, 1, 2, 3])), inputs((1, 2, 3))),
+    same("upsample_nearest", quiet(lambda x: F(x).upsample_nearest(x, scale_factor=2)), inputs((1, 2, 3, 3))),
+    same("upsample_bilinear", quiet(lambda x: F(x).upsample_bilinear(x, size=(5, 4))), inputs((1, 2, 3, 3))),
     same("gumbel_softmax", lambda x: F(x).gumbel_softmax(x, tau=0.5), inputs((3, 5)), random=True),
     same("gumbel_softmax-hard-dim0", lambda x: F(x).gumbel_softmax(x, hard=True, dim=0), inputs((4, 3)), random=True),
     same("fractional_max_pool2d", lambda x: F(x).fractional_max_pool2d(x, 2, output_size=(3, 4), return_indices=True),

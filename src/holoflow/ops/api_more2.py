@@ -29,8 +29,7 @@ from ..core.errors import UnsupportedError, normalize_dim
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
-from .family import needs
-from .torch_vjp import _bwd_kernel
+from .torch_vjp import defop_vjp
 from . import creation as _creation
 
 __all__ = [
@@ -58,31 +57,6 @@ def _local(name: str, x: Tensor) -> None:
 
 
 # -- stft / istft: torch's kernels, ATen's derivatives ----------------------------------------------------
-
-def _is_diff(x) -> bool:
-    return isinstance(x, Tensor) and (x.is_floating_point() or x.is_complex())
-
-
-def _defop_vjp(name: str, fn: Callable, *, sbp: Callable, bwd_sbp: Callable, shape: Callable | None = None):
-    """``torch_vjp.defop_vjp`` for ops whose differentiable inputs may be complex (istft's)."""
-    def no_double(ctx, *dys):
-        raise UnsupportedError(f"holoflow.{name}: double backward is not implemented")
-
-    bwd = defop(f"{name}_backward", _bwd_kernel(fn), sbp=bwd_sbp, grad=no_double, family="other")
-
-    def grad(c, *dys):
-        ins = c.inputs
-        want = tuple(i for i, x in enumerate(ins) if _is_diff(x) and needs(c, i))
-        if not want:
-            return (None,) * len(ins)
-        gs = apply(bwd, *ins, *dys, n_in=len(ins), diff=want, **c.attrs)
-        res: list = [None] * len(ins)
-        for i, g in zip(want, gs):
-            res[i] = g
-        return tuple(res)
-
-    return defop(name, fn, grad=grad, save="inputs", sbp=sbp, family="other", shape=shape)
-
 
 def _batched_sbp(batched: int):
     """``(signal, window?) -> out``: a batch of signals (``batched`` dims more than one signal)
@@ -134,8 +108,9 @@ def _istft_kernel(x, window, n_fft, hop_length, win_length, center, normalized, 
                        return_complex)
 
 
-STFT = _defop_vjp("stft", _stft_kernel, sbp=_batched_sbp(1), bwd_sbp=_batched_bwd_sbp(1))
-ISTFT = _defop_vjp("istft", _istft_kernel, sbp=_batched_sbp(2), bwd_sbp=_batched_bwd_sbp(2))
+STFT = defop_vjp("stft", _stft_kernel, sbp=_batched_sbp(1), bwd_sbp=_batched_bwd_sbp(1), complex_grads=True)
+ISTFT = defop_vjp("istft", _istft_kernel, sbp=_batched_sbp(2), bwd_sbp=_batched_bwd_sbp(2),
+                  complex_grads=True)
 
 
 def _torch_checked(name: str, fn: Callable, *args, **kwargs):

@@ -43,11 +43,12 @@ def _bwd_kernel(fn: Callable) -> Callable:
 
 
 def defop_vjp(name: str, fn: Callable, *, sbp: Callable, bwd_sbp: Callable, family: str = "other",
-              outputs: tuple | None = None, shape: Callable | None = None) -> Op:
+              outputs: tuple | None = None, shape: Callable | None = None, complex_grads: bool = False) -> Op:
     """Declares ``name`` (kernel ``fn(*inputs, **attrs)``) and ``name_backward``.
 
     ``bwd_sbp(metas, attrs)`` sees ``(*inputs, *dys)`` and ``attrs`` with ``n_in`` and ``diff``
-    (the positions of the floating inputs, one gradient output each, in order)."""
+    (the positions of the floating inputs — and complex ones with ``complex_grads`` — one
+    gradient output each, in order)."""
     def no_double(ctx, *dys):
         raise UnsupportedError(f"holoflow.{name}: double backward is not implemented")
 
@@ -55,7 +56,8 @@ def defop_vjp(name: str, fn: Callable, *, sbp: Callable, bwd_sbp: Callable, fami
 
     def grad(c, *dys):
         ins = c.inputs
-        diff = tuple(i for i, x in enumerate(ins) if isinstance(x, Tensor) and x.is_floating_point())
+        diff = tuple(i for i, x in enumerate(ins) if isinstance(x, Tensor) and (
+            x.is_floating_point() or complex_grads and x.is_complex()))
         want = tuple(i for i in diff if needs(c, i))
         if not want:
             return (None,) * len(ins)
