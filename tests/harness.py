@@ -6,9 +6,8 @@ SBP coverage test (tests/ops/test_sbp_coverage.py) gathers every module's cases.
 """
 from __future__ import annotations
 
-import warnings
-
 import itertools
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
