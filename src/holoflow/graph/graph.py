@@ -234,6 +234,8 @@ class Graph:
         scale = self._scale_tensor(dev)
         hooks = self._scope_hooks(tracer) + (pipeline.stage_hooks(self, stages) if stages is not None else [])
         saved_grads = {id(p): p.grad for p in self._all_params()}
+        for p in self._all_params():   # an eager step's leftover .grad is no part of the program
+            p.grad = None
         train = bool(self._optimizers)
         try:
             with contextlib.ExitStack() as stack:

@@ -21,7 +21,21 @@ from ..core import grad_mode
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from ..distributed import world
+from ..distributed.global_tensor import make_global
 from .zero import sharded_update
+
+
+def globalize_new_state(params: list, states: list) -> None:
+    """State an update created from gradients (SGD's momentum buffer on its first step) holds
+    this rank's piece of a global parameter: it becomes global like the parameter, so eager
+    steps (and ``state_dict``) after graph steps see what they would have made themselves."""
+    for p, st in zip(params, states):
+        meta = p._global
+        if meta is None:
+            continue
+        for v in st.values():
+            if isinstance(v, Tensor) and v._global is None and v._data.shape == p._data.shape:
+                make_global(v, meta.placement, meta.sbp, meta.shape)
 
 
 def _group_update(opt, group_index: int, params: list):
@@ -39,6 +53,7 @@ def _group_update(opt, group_index: int, params: list):
                 opt._step_ops(group, ps, gs, states)
         finally:
             grad_mode.STATE.enabled = prev
+        globalize_new_state(ps, states)
         opt._step_count = getattr(opt, "_step_count", 0) + 1
     update.__name__ = f"{type(opt).__name__.lower()}_update"
     update.opt, update.group_index, update.params = opt, group_index, params  # for passes/fuse_update

@@ -10,6 +10,7 @@ from typing import Callable
 
 from ...core.tensor import Tensor
 from ..ir import IRGraph
+from ..optimizer import globalize_new_state
 from . import register
 
 
@@ -24,13 +25,31 @@ def fused_lowering(opt) -> Callable | None:
     return fused if issubclass(owner, rule) else None
 
 
+def _contiguous(t):
+    return t if not isinstance(t, Tensor) or t._data.is_contiguous() else Tensor._make(t._data.contiguous())
+
+
 def fused_update(opt, group_index: int, params: list, fused: Callable):
-    """The update of one param group as the optimizer's fused kernel."""
+    """The update of one param group as the optimizer's fused kernel. torch's fused kernels walk
+    their tensors as contiguous memory, so a non-contiguous parameter or state (a column shard
+    viewing its whole tensor) is updated on a contiguous copy, written back after the call."""
     group = opt.param_groups[group_index]
 
     def update(*grads):
         states = [opt._state_of(p, group) for p in params]
-        fused(group, params, [Tensor._make(g) for g in grads], states)
+        ps = [_contiguous(p) for p in params]
+        sts = [{k: _contiguous(v) for k, v in st.items()} for st in states]
+        fused(group, ps, [Tensor._make(g) for g in grads], sts)
+        for p, q in zip(params, ps):
+            if q is not p:
+                p._data.copy_(q._data)
+        for st, s in zip(states, sts):
+            for k, v in s.items():
+                if isinstance(st.get(k), Tensor) and st[k] is not v:
+                    st[k]._data.copy_(v._data)
+                else:
+                    st[k] = v
+        globalize_new_state(params, states)
         opt._step_count = getattr(opt, "_step_count", 0) + 1
     update.__name__ = f"fused_{type(opt).__name__.lower()}_update"
     update.opt, update.group_index, update.params = opt, group_index, params
