@@ -46,7 +46,7 @@ def _as_strided_scatter_ref(x, s, size, stride, offset):
 
 
 def _hann(lib, n, x):
-    return lib.hann_window(n, dtype=x.dtype)
+    return lib.hann_window(n, dtype=x.dtype, device=x.device)
 
 
 CASES = [
