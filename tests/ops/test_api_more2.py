@@ -261,6 +261,9 @@ def test_autocast_switches_drive_holoflow_autocast():
     finally:
         flow.set_autocast_enabled("cpu", False)
     assert (a @ b).dtype == flow.float32 and not flow.is_autocast_enabled("cpu")
+    from holoflow.amp.autocast import Autocast
+    from holoflow.core import interpret
+    assert not any(isinstance(i, Autocast) for i in interpret.stack())   # switched off: popped
     with flow.autocast("cpu"):
         flow.set_autocast_dtype("cpu", flow.float16)   # lasts until the region exits, as torch
         assert flow.get_autocast_dtype("cpu") == flow.float16 and (a @ b).dtype == flow.float16

@@ -24,7 +24,8 @@ __all__ = ["is_autocast_cpu_enabled", "set_autocast_enabled", "set_autocast_dtyp
 
 
 class _BaseRegion(threading.local):
-    ctx = None
+    ctx = None      # the ``pushed`` context of the region enabling outside any region pushed
+    region = None
 
 
 _BASE_REGION = _BaseRegion()
@@ -49,9 +50,12 @@ def set_autocast_enabled(device_type: Any, enabled: bool | None = None) -> None:
             return
         ctx = interpret.pushed(Autocast({}, _CastCache() if is_autocast_cache_enabled() else None))
         region = ctx.__enter__()
-        _BASE_REGION.ctx = ctx   # kept referenced: its exit would pop it
+        _BASE_REGION.ctx, _BASE_REGION.region = ctx, region   # kept referenced: its exit pops it
     region.modes[dev] = _dtype.to_torch(get_autocast_dtype(dev)) if enabled else None
     region.idle = all(m is None for m in region.modes.values())
+    if region.idle and region is _BASE_REGION.region:   # all off again: nothing left on the stack
+        ctx, _BASE_REGION.ctx, _BASE_REGION.region = _BASE_REGION.ctx, None, None
+        ctx.__exit__(None, None, None)
 
 
 def set_autocast_dtype(device_type: str, dtype: Any) -> None:

@@ -13,6 +13,7 @@ import warnings
 from typing import Callable
 
 from ..core import dtype as _dtype
+from ..core import interpret
 from ..core.errors import HoloflowError, ShapeError
 from ..core.tensor import Tensor
 from ..ops import elementwise as E
@@ -279,6 +280,12 @@ def hinge_embedding_loss(input: Tensor, target: Tensor, margin: float = 1.0, siz
     return reduce_loss(out, red)
 
 
+def _values_readable(target: Tensor) -> bool:
+    """Whether a target's range is checked here: on the CPU in eager mode only, as ATen checks it
+    (its CUDA kernels assert on the device: no host sync; a meta tensor or a trace has no values)."""
+    return target._data.device.type == "cpu" and not interpret.is_lazy()
+
+
 def _class_rows(name: str, input: Tensor, target: Tensor) -> tuple:
     """``input`` as ``(N, C)`` rows and ``target`` as ``(N,)`` class indices, checked as torch's
     multi_margin_loss checks them."""
@@ -293,7 +300,7 @@ def _class_rows(name: str, input: Tensor, target: Tensor) -> tuple:
     if target.dtype != _dtype.int64:
         raise HoloflowError(f"holoflow.{name}: expected a target of dtype int64, got {target.dtype}")
     t = target.reshape(n)
-    if n and (bool((t < 0).any()) or bool((t >= c).any())):
+    if n and _values_readable(t) and bool(((t < 0) | (t >= c)).any()):
         raise HoloflowError(f"holoflow.{name}: target out of range [0, {c})")
     return input.reshape(n, c), t, c
 
@@ -340,8 +347,10 @@ def multilabel_margin_loss(input: Tensor, target: Tensor, size_average=None, red
     c = 1 if nd == 0 else input.shape[-1]
     x, t = input.reshape(-1, c), target.reshape(-1, c)
     valid = (t >= 0).long().cumprod(1).bool()            # the entries before the first -1
-    if bool((t.masked_fill(~valid, 0) >= c).any()) or bool((t.masked_fill(~valid, 0) < -1).any()):
-        raise HoloflowError(f"holoflow.multilabel_margin_loss: target index out of range [-1, {c})")
+    if _values_readable(t):
+        tv = t.masked_fill(~valid, 0)
+        if bool(((tv >= c) | (tv < -1)).any()):
+            raise HoloflowError(f"holoflow.multilabel_margin_loss: target index out of range [-1, {c})")
     tc = t.clamp_min(0)
     is_target = (one_hot(tc, c) * valid.long().unsqueeze(-1)).sum(1) > 0      # (N, C): class i is a target
     z = (x.unsqueeze(1) - x.gather(1, tc).unsqueeze(2) + 1.0).clamp_min(0.0)   # (N, j, i)

@@ -3,10 +3,11 @@
 - Signal processing: ``stft``/``istft`` are primitives on torch's kernels whose backward is ATen's
   derivative (ops/torch_vjp.py); a batch of signals splits on its batch axis.
 - Composites of existing ops (gradients, SBP and nn.Graph come from the parts): ``gradient``,
-  ``mvlgamma``, ``constant_pad_nd``, ``fill``, ``nonzero_static``, ``conj_physical``,
+  ``mvlgamma``, ``constant_pad_nd``, ``fill``, ``conj_physical``,
   ``as_strided_scatter``, the ``*_copy`` forms of the view ops (the view, cloned), eager ``cond``
   and ``while_loop``, ``Tensor.resize``/``resize_as`` (autograd's shape-preserving resize).
-- ``histogramdd`` (not differentiable; a fixed binning of split rows counts partial sums).
+- ``histogramdd`` (not differentiable; a fixed binning of split rows counts partial sums) and
+  ``nonzero_static`` (torch's kernel: a static output shape, no host sync).
 - State switches: the default device (torch's own: holoflow's creation functions call torch's
   factories), inference mode, anomaly mode, warn-always (autocast's: amp/state.py).
 - Local-only Tensor methods torch runs as Python callbacks on CPU (``apply_``, ``map_``,
@@ -307,19 +308,20 @@ def fill(input: Tensor, value: Any) -> Tensor:
     return input.masked_fill(mask, value)   # input's gradient: zeros, as torch's
 
 
+# torch's kernel: the output shape is ``(size, ndim)`` whatever the values (no host sync on CUDA;
+# a meta kernel for nn.Graph's trace), unlike ``nonzero`` followed by a slice or a pad
+NONZERO_STATIC = defop("nonzero_static",
+                       lambda x, size, fill_value: torch.nonzero_static(x, size=size, fill_value=fill_value),
+                       sbp=lambda metas, attrs: [((B,), (B,))], differentiable=False)
+
+
 def nonzero_static(input: Tensor, *, size: int, fill_value: int = -1) -> Tensor:
     """The indices of the non-zero entries as an ``(size, ndim)`` tensor: truncated, or padded
     with ``fill_value``, as ``torch.nonzero_static``."""
     _tensor("nonzero_static", input)
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise RuntimeError(f"holoflow.nonzero_static: 'size' must be a non-negative integer, got {size!r}")
-    nz = input.nonzero()
-    n = nz.shape[0]
-    if n >= size:
-        return nz[:size]
-    from .shape import cat
-    pad = _creation.full((size - n, input.dim()), fill_value, dtype=_dtype.int64, device=input.device)
-    return cat([nz, pad], 0)
+    return apply(NONZERO_STATIC, input, size=size, fill_value=int(fill_value))
 
 
 def _as_cond_pred(pred: Any) -> bool:
@@ -546,10 +548,17 @@ def histogramdd(input: Tensor, bins: Any = 10, *, range: Sequence[float] | None 
         raise TypeError(f"holoflow.histogramdd: bins must be an int, a sequence of ints or a sequence of 1-D "
                         f"tensors of edges, got {bins!r}")
     rng = None if range is None else [float(r) for r in range]
-    _torch_checked("histogramdd", torch.histogramdd, input._data[:0].detach() if input._global is None else
-                   torch.empty(0, D, dtype=input._data.dtype),
-                   [e._data for e in edges] if edges else list(counts), range=rng,
-                   weight=None if weight is None else torch.empty(0, dtype=weight._data.dtype), density=density)
+    # torch's argument checks read shapes, dtypes and the range, never the values: empty CPU
+    # stand-ins (no device copy; ATen's histogramdd has no meta kernel, so a meta input or
+    # nn.Graph's trace could not be checked on its own device)
+    def cpu(t: Tensor, shape: tuple) -> torch.Tensor:
+        return torch.zeros(shape, dtype=t._data.dtype, device="cpu")
+    rows = (0,) + tuple(input.shape[1:])   # the input without its rows (the weight alike, if it fits)
+    _torch_checked("histogramdd", torch.histogramdd, cpu(input, rows),
+                   [cpu(e, tuple(e.shape)) for e in edges] if edges else list(counts), range=rng,
+                   weight=None if weight is None else
+                   cpu(weight, rows[:-1] if tuple(weight.shape) == tuple(input.shape[:-1]) else tuple(weight.shape)),
+                   density=density)
     if counts is not None and any(c <= 0 for c in counts):
         raise RuntimeError(f"holoflow.histogramdd: bins must be positive, got {list(counts)}")
     outs = apply(HISTOGRAMDD, input, weight, *edges, bins=counts, range=rng, density=bool(density))
