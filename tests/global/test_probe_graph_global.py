@@ -285,3 +285,77 @@ def test_sgd_momentum_graph_then_eager_then_graph_equals_torch(fused, sbp):
         topt.step()
     for w in world.simulate(2, run, timeout=120):
         torch.testing.assert_close(w, tw.detach())
+
+
+@pytest.mark.parametrize("stage,order", [(1, "egg"), (2, "egg"), (3, "egg"), (3, "gge"), (3, "gegeg")])
+def test_zero_graph_and_eager_steps_of_one_optimizer_equal_torch(stage, order):
+    """ZeRO graphs and eager steps of one AdamW: eager state before a graph becomes its rows
+    (stages 1, 2), or is re-laid out with its ZeRO-3 parameter; a ZeRO-3 parameter's state stays
+    global, so eager steps after graph steps go on as torch's."""
+    w0 = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    x0 = torch.randn(6, 8, generator=torch.Generator().manual_seed(2))
+
+    def run(rank):
+        P = flow.placement("cpu", [0, 1])
+        m = flow.nn.Module()
+        m.w = flow.nn.Parameter(from_full(w0.clone(), P, (B,)))
+        opt = flow.optim.AdamW(m.parameters(), lr=0.1)
+
+        class G(flow.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+                self.add_optimizer(opt)
+                self.config.enable_zero(True, stage=stage, shard_min_size=16)
+
+            def build(self, x):
+                loss = (x @ self.m.w).square().mean()
+                loss.backward()
+                return loss
+        x = from_full(x0, P, (S(0),))
+        g = G()
+        for c in order:
+            if c == "g":
+                g(x)
+            else:
+                opt.zero_grad()
+                (x @ m.w).square().mean().backward()
+                opt.step()
+        return m.w.to_global(sbp=[B]).to_local().to_torch()
+    tw = torch.nn.Parameter(w0.clone())
+    topt = torch.optim.AdamW([tw], lr=0.1)
+    for _ in order:
+        topt.zero_grad()
+        (x0 @ tw).square().mean().backward()
+        topt.step()
+    for w in world.simulate(2, run, timeout=120):
+        torch.testing.assert_close(w, tw.detach())
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_an_eager_step_after_zero_graph_steps_says_the_state_is_sharded(stage):
+    from holoflow.core.errors import UnsupportedError
+
+    def run(rank):
+        P = flow.placement("cpu", [0, 1])
+        m = flow.nn.Module()
+        m.w = flow.nn.Parameter(flow.ones(8, 16, placement=P, sbp=flow.sbp.broadcast))
+        opt = flow.optim.AdamW(m.parameters(), lr=0.1)
+
+        class G(flow.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+                self.add_optimizer(opt)
+                self.config.enable_zero(True, stage=stage, shard_min_size=16)
+
+            def build(self, x):
+                loss = (x @ self.m.w).square().mean()
+                loss.backward()
+                return loss
+        x = flow.ones(6, 8, placement=P, sbp=flow.sbp.split(0))
+        G()(x)
+        (x @ m.w).square().mean().backward()
+        with pytest.raises(UnsupportedError, match="enable_zero"):
+            opt.step()
+    world.simulate(2, run, timeout=120)

@@ -21,30 +21,41 @@ from ..core import grad_mode
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from ..distributed import world
+from ..core.sbp import B
 from ..distributed.global_tensor import make_global
+from ..distributed.sharding import shard_of
 from .zero import sharded_update
 
 
-def globalize_new_state(params: list, states: list) -> None:
-    """State an update created from gradients (SGD's momentum buffer on its first step) holds
-    this rank's piece of a global parameter: it becomes global like the parameter, so eager
-    steps (and ``state_dict``) after graph steps see what they would have made themselves."""
+def align_state(params: list, states: list, rank: int) -> None:
+    """Optimizer state follows its global parameter's layout, so graph and eager steps of one
+    optimizer can alternate: state an update created from gradients (SGD's momentum buffer on its
+    first step) holds this rank's piece and becomes global like the parameter; broadcast state of
+    eager steps before a ZeRO-3 graph re-laid its parameter out as rows takes this rank's rows."""
     for p, st in zip(params, states):
         meta = p._global
         if meta is None:
             continue
-        for v in st.values():
-            if isinstance(v, Tensor) and v._global is None and v._data.shape == p._data.shape:
+        for k, v in st.items():
+            if not isinstance(v, Tensor) or v._data.dim() == 0:
+                continue
+            if v._global is None and v._data.shape == p._data.shape:
                 make_global(v, meta.placement, meta.sbp, meta.shape)
+            elif v._global is not None and v._global.sbp != meta.sbp and v.shape == p.shape \
+                    and all(s == B for s in v._global.sbp):
+                rows = shard_of(v._data, meta.sbp, meta.placement, rank).clone()
+                st[k] = make_global(Tensor._make(rows), meta.placement, meta.sbp, meta.shape)
 
 
 def _group_update(opt, group_index: int, params: list):
     group = opt.param_groups[group_index]
+    rank = world.rank()   # the update runs on a runtime thread
 
     def update(*grads):
         ps = list(params)
         gs = [Tensor._make(g) for g in grads]
         states = [opt._state_of(p, group) for p in ps]
+        align_state(ps, states, rank)
         prev, grad_mode.STATE.enabled = grad_mode.STATE.enabled, False
         try:
             if group.get("foreach") is not False and hasattr(opt, "_step_foreach"):
@@ -53,7 +64,7 @@ def _group_update(opt, group_index: int, params: list):
                 opt._step_ops(group, ps, gs, states)
         finally:
             grad_mode.STATE.enabled = prev
-        globalize_new_state(ps, states)
+        align_state(ps, states, rank)
         opt._step_count = getattr(opt, "_step_count", 0) + 1
     update.__name__ = f"{type(opt).__name__.lower()}_update"
     update.opt, update.group_index, update.params = opt, group_index, params  # for passes/fuse_update

@@ -107,10 +107,14 @@ def sharded_update(opt, group_index: int, params: list, zero: Zero):
                 g = g.narrow(0, *r)
             gs.append(Tensor._make(g))
         states = []
-        for p, v in zip(params, views):   # keyed by the parameter (state_dict), sized by the shard
+        for p, v, r in zip(params, views, rows):   # keyed by the parameter (state_dict), sized by the shard
             st = opt.state[p]
             if not st:
                 st.update(opt._init_state(v, group))
+            elif r is not None:   # whole state of eager steps before: this rank's rows of it from now on
+                for k, t in st.items():
+                    if isinstance(t, Tensor) and t.dim() > 0 and t._data.shape[0] == p._data.shape[0] != r[1]:
+                        st[k] = Tensor._make(t._data.narrow(0, *r).clone())
             states.append(st)
         prev, grad_mode.STATE.enabled = grad_mode.STATE.enabled, False
         try:

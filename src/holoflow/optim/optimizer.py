@@ -42,6 +42,21 @@ class _Required:
 required = _Required()
 
 
+def _check_state_is_whole(opt, params: list, states: list) -> None:
+    """An eager step of a global parameter needs its whole (global) state: state that nn.Graph's
+    ZeRO sharded (this rank's rows, local tensors) can only be stepped by that graph."""
+    for p, st in zip(params, states):
+        if p._global is None:
+            continue
+        for k, v in st.items():
+            if isinstance(v, Tensor) and v._global is None and v.dim() > 0:
+                raise UnsupportedError(
+                    f"holoflow.optim.{type(opt).__name__}.step: the state {k!r} of a global parameter of "
+                    f"shape {tuple(p.shape)} is this rank's rows (shape {tuple(v.shape)}), sharded by an "
+                    f"nn.Graph with config.enable_zero; an eager step cannot use it: keep stepping this "
+                    f"optimizer in that graph, or train eagerly with an optimizer of its own")
+
+
 class Optimizer:
     """Base class of holoflow's optimizers, API-compatible with ``torch.optim.Optimizer``.
 
@@ -133,6 +148,8 @@ class Optimizer:
                     continue
                 grads = [p.grad for p in params]
                 states = [self._state_of(p, group) for p in params]
+                if not is_lazy():
+                    _check_state_is_whole(self, params, states)
                 if self._use_fused(group, params, grads):
                     self._step_fused(group, params, grads, states)
                 elif self._use_foreach(group, params, grads):

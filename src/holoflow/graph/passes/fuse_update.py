@@ -10,7 +10,8 @@ from typing import Callable
 
 from ...core.tensor import Tensor
 from ..ir import IRGraph
-from ..optimizer import globalize_new_state
+from ...distributed import world
+from ..optimizer import align_state
 from . import register
 
 
@@ -34,9 +35,11 @@ def fused_update(opt, group_index: int, params: list, fused: Callable):
     their tensors as contiguous memory, so a non-contiguous parameter or state (a column shard
     viewing its whole tensor) is updated on a contiguous copy, written back after the call."""
     group = opt.param_groups[group_index]
+    rank = world.rank()   # the update runs on a runtime thread
 
     def update(*grads):
         states = [opt._state_of(p, group) for p in params]
+        align_state(params, states, rank)
         ps = [_contiguous(p) for p in params]
         sts = [{k: _contiguous(v) for k, v in st.items()} for st in states]
         fused(group, ps, [Tensor._make(g) for g in grads], sts)
@@ -49,7 +52,7 @@ def fused_update(opt, group_index: int, params: list, fused: Callable):
                     st[k]._data.copy_(v._data)
                 else:
                     st[k] = v
-        globalize_new_state(params, states)
+        align_state(params, states, rank)
         opt._step_count = getattr(opt, "_step_count", 0) + 1
     update.__name__ = f"fused_{type(opt).__name__.lower()}_update"
     update.opt, update.group_index, update.params = opt, group_index, params
