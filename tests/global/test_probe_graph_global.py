@@ -148,6 +148,22 @@ def test_compiled_tasks_with_fused_update_on_split_parameters_equal_torch():
 # --- a parameter whose shard is a non-contiguous view (a column split made by from_full) ---------
 
 _W0 = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)) * 0.3
+
+
+def _one_weight_graph(m, opt, loss, configure=lambda config: None):
+    """The nn.Graph class training ``m.w`` with ``opt`` on ``loss(x, w)``."""
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+            configure(self.config)
+
+        def build(self, x):
+            out = loss(x, self.m.w)
+            out.backward()
+            return out
+    return G
 _XS = [torch.randn(6, 8, generator=torch.Generator().manual_seed(2 + i)) for i in range(3)]
 
 
@@ -172,17 +188,8 @@ def test_fused_update_of_a_column_split_parameter_equals_torch(kind, mesh, sbp):
         assert not m.w.to_local()._data.is_contiguous()   # the case under test
         opt = _opt(flow, [m.w], kind)
 
-        class G(flow.nn.Graph):
-            def __init__(self):
-                super().__init__()
-                self.m = m
-                self.add_optimizer(opt)
-                self.config.allow_fuse_model_update_ops(True)
-
-            def build(self, x):
-                loss = (x @ self.m.w).tanh().square().mean()
-                loss.backward()
-                return loss
+        G = _one_weight_graph(m, opt, lambda x, w: (x @ w).tanh().square().mean(),
+                              lambda config: config.allow_fuse_model_update_ops(True))
         g, out = G(), []
         for x in _XS:
             g(from_full(x.clone(), place, (B,) * place.ndim))
@@ -216,16 +223,7 @@ def test_graph_steps_after_eager_steps_ignore_the_leftover_eager_grad(kind, sbp)
         m.w = flow.nn.Parameter(w)
         opt = _opt(flow, [m.w], kind)
 
-        class G(flow.nn.Graph):
-            def __init__(self):
-                super().__init__()
-                self.m = m
-                self.add_optimizer(opt)
-
-            def build(self, x):
-                loss = (x @ self.m.w).tanh().square().mean()
-                loss.backward()
-                return loss
+        G = _one_weight_graph(m, opt, lambda x, w: (x @ w).tanh().square().mean())
         g, out = G(), []
         for i, x in enumerate(_XS):
             x = flow.from_torch(x.clone()) if sbp is None else from_full(x.clone(), place, (S(0),))
@@ -257,17 +255,8 @@ def test_sgd_momentum_graph_then_eager_then_graph_equals_torch(fused, sbp):
         m.w = flow.nn.Parameter(from_full(w0.clone(), P, (sbp,)))
         opt = flow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
 
-        class G(flow.nn.Graph):
-            def __init__(self):
-                super().__init__()
-                self.m = m
-                self.add_optimizer(opt)
-                self.config.allow_fuse_model_update_ops(fused)
-
-            def build(self, x):
-                loss = (x @ self.m.w).square().mean()
-                loss.backward()
-                return loss
+        G = _one_weight_graph(m, opt, lambda x, w: (x @ w).square().mean(),
+                              lambda config: config.allow_fuse_model_update_ops(fused))
         x = from_full(x0, P, (S(0),))
         g = G()
         g(x)
@@ -301,17 +290,8 @@ def test_zero_graph_and_eager_steps_of_one_optimizer_equal_torch(stage, order):
         m.w = flow.nn.Parameter(from_full(w0.clone(), P, (B,)))
         opt = flow.optim.AdamW(m.parameters(), lr=0.1)
 
-        class G(flow.nn.Graph):
-            def __init__(self):
-                super().__init__()
-                self.m = m
-                self.add_optimizer(opt)
-                self.config.enable_zero(True, stage=stage, shard_min_size=16)
-
-            def build(self, x):
-                loss = (x @ self.m.w).square().mean()
-                loss.backward()
-                return loss
+        G = _one_weight_graph(m, opt, lambda x, w: (x @ w).square().mean(),
+                              lambda config: config.enable_zero(True, stage=stage, shard_min_size=16))
         x = from_full(x0, P, (S(0),))
         g = G()
         for c in order:
@@ -342,17 +322,8 @@ def test_an_eager_step_after_zero_graph_steps_says_the_state_is_sharded(stage):
         m.w = flow.nn.Parameter(flow.ones(8, 16, placement=P, sbp=flow.sbp.broadcast))
         opt = flow.optim.AdamW(m.parameters(), lr=0.1)
 
-        class G(flow.nn.Graph):
-            def __init__(self):
-                super().__init__()
-                self.m = m
-                self.add_optimizer(opt)
-                self.config.enable_zero(True, stage=stage, shard_min_size=16)
-
-            def build(self, x):
-                loss = (x @ self.m.w).square().mean()
-                loss.backward()
-                return loss
+        G = _one_weight_graph(m, opt, lambda x, w: (x @ w).square().mean(),
+                              lambda config: config.enable_zero(True, stage=stage, shard_min_size=16))
         x = flow.ones(6, 8, placement=P, sbp=flow.sbp.split(0))
         G()(x)
         (x @ m.w).square().mean().backward()

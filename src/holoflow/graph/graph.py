@@ -13,6 +13,7 @@ per micro-batch (a scalar loss comes back with shape ``(n,)``);
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import time
@@ -43,9 +44,10 @@ class GraphBuildError(HoloflowError):
 
 
 def _training_flags(roots) -> tuple:
-    """Every module's ``training`` flag under ``roots`` (each module once, in a fixed order): read
-    on every call, so a plain walk rather than ``modules()``' generators (a 12-layer GPT has
-    ~115 modules)."""
+    """Every module's ``training`` flag and its parameters' ``requires_grad`` under ``roots``
+    (each module once, in a fixed order): a parameter frozen or unfrozen between calls changes
+    what backward computes and the optimizer updates, as in eager. Read on every call, so a plain
+    walk rather than ``modules()``' generators (a 12-layer GPT has ~115 modules)."""
     flags, seen, stack = [], set(), list(roots)[::-1]
     while stack:
         m = stack.pop()
@@ -53,6 +55,7 @@ def _training_flags(roots) -> tuple:
             continue
         seen.add(id(m))
         flags.append(m.training)
+        flags.extend(p is not None and p.requires_grad for p in m._parameters.values())
         stack.extend(list(m._modules.values())[::-1])
     return tuple(flags)
 
@@ -184,7 +187,9 @@ class Graph:
     def __call__(self, *args, **kwargs):
         leaves, spec = flatten((args, kwargs))
         c = self._get(leaves, spec)
-        return unflatten(c.run(c.feeds(leaves)), c.ir.out_spec)
+        out = c.run(c.feeds(leaves))
+        _write_inputs(c, leaves, out)
+        return unflatten(out, c.ir.out_spec)
 
     def stream(self, batches: Iterable) -> Iterator:
         """Streams batches through the actor runtime: the source prefetches batch i+1 while i
@@ -200,7 +205,14 @@ class Graph:
         for _, group in itertools.groupby(keyed(), key=lambda k: k[0]):
             _, leaves, spec = first = next(group)
             c = self._get(leaves, spec)  # compiled between runs: never while a plan executes
-            for out in c.stream(c.feeds(lv) for _, lv, _ in itertools.chain([first], group)):
+            fed: collections.deque = collections.deque()   # each batch's leaves, until its outputs come
+
+            def feeds(items, c=c, fed=fed):
+                for _, lv, _ in items:
+                    fed.append(lv)
+                    yield c.feeds(lv)
+            for out in c.stream(feeds(itertools.chain([first], group))):
+                _write_inputs(c, fed.popleft(), out)
                 yield unflatten(out, c.ir.out_spec)
 
     def _get(self, leaves: list, spec) -> Compiled:
@@ -211,7 +223,8 @@ class Graph:
         return c
 
     def _flags(self) -> tuple:
-        """Module train/eval flags and profiling: a change traces a new plan."""
+        """Module train/eval flags, parameters' requires_grad and profiling: a change traces a new
+        plan."""
         return (self.config.profiling, self.config.executor, _training_flags(self._modules.values()))
 
     # -- compile ---------------------------------------------------------------------------------
@@ -258,12 +271,23 @@ class Graph:
             for p in self._all_params():
                 p.grad = saved_grads.get(id(p))
         out_leaves, out_spec = flatten(out)
-        ir = tracer.graph(tuple(out_leaves), out_spec)
+        # inputs written in place inside build (``x.add_(1)``, ``x[0] = 0``): their last values
+        # are extra outputs (after the user's, which ``out_spec`` rebuilds) copied back into the
+        # caller's tensors after the call, as eager's write would be seen
+        written = [i for i, (x, t) in enumerate(zip(traced, lazy)) if isinstance(x, Tensor)
+                   and t.__dict__.get("_v") is not tracer.feeds[_feed_index(traced, i)]]
+        ir = tracer.graph(tuple(out_leaves) + tuple(lazy[i] for i in written), out_spec)
         log = [passes.record("trace", ir.with_(nodes=()), ir, time.perf_counter() - t0)]
         from .passes.checkpointing import flagged_paths
         cfg = self.config.for_passes(flagged_paths(self))
         cfg.global_graph = is_global(ir)
         if piped or any(is_move(n) for n in ir.nodes):   # moves between placements: stages by placement
+            if written:
+                raise UnsupportedError(
+                    f"holoflow.nn.Graph {type(self).__name__}: build() writes its input(s) "
+                    f"{written} in place; a pipeline or a global graph with gradient "
+                    f"accumulation (micro-batches as runtime iterations) does not write inputs back to "
+                    f"the caller: write into a copy (x = x + 1) or return the new value")
             return self._compile_pipeline(ir, cfg, log, stages, m, t0, getattr(tracer, "pp_mark", len(ir.nodes)))
         ir = passes.run(ir, cfg, log)
         logical = ir
@@ -273,6 +297,7 @@ class Graph:
                         gather_ahead=self.config.gather_ahead)
         c = Compiled(ir, lowered, self.config.executor, time.perf_counter() - t0, self.config.profiling, log,
                      logical=logical)
+        c.written_inputs = tuple(written)
         self._log = log
         if self._debug >= 1:
             print(self._summary(c))
@@ -509,6 +534,19 @@ class GraphModule:
     @stage_id.setter
     def stage_id(self, value: int) -> None:
         pipeline.set_stage(self._module(), value, None)
+
+
+def _feed_index(leaves: list, i: int) -> int:
+    """The feed number of tensor leaf ``i`` (non-tensor leaves are constants, not feeds)."""
+    return sum(isinstance(x, Tensor) for x in leaves[:i])
+
+
+def _write_inputs(c, leaves: list, out: list) -> None:
+    """Copies the last values of inputs that ``build`` wrote in place (the trailing outputs)
+    into the caller's tensors."""
+    written = c.written_inputs
+    for i, v in zip(written, out[len(out) - len(written):]):
+        leaves[i]._data.copy_(v._data)
 
 
 def _user_frame(e: BaseException) -> str:

@@ -100,7 +100,8 @@ def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_task
                               register_num=register_num, source=t.source or None,
                               meta={"nodes": len(t.nodes)}))
     feeds = tuple(prog.name(v) for v in g.feeds)
-    outs = tuple(dict.fromkeys(prog.name(o) for o in g.outputs if isinstance(o, Value)))
+    state = {v for v, _ in g.state}   # an output that is state (``return self.weight``) is read live
+    outs = tuple(dict.fromkeys(prog.name(o) for o in g.outputs if isinstance(o, Value) and o not in state))
     has_update = any(t.stream == "update" for t in prog.tasks)
     device = device_of(g)
     inputs = feeds
@@ -152,6 +153,8 @@ class Compiled:
         self.peak_bytes = peak_bytes(ir, ir.frees)
         self.iterations = 0
         self._executor = None
+        self._state = dict(ir.state)   # state Value -> live tensor (outputs that are state)
+        self.written_inputs: tuple = ()   # leaves written in place by build: trailing outputs (graph.py)
 
     @property
     def executor(self) -> Runtime | SequentialExecutor:
@@ -164,8 +167,9 @@ class Compiled:
         return dict(zip(self.feed_names, (x._data for x in leaves if isinstance(x, Tensor))))
 
     def outputs(self, got: dict) -> list:
-        name = self.program.names
-        outs = [Tensor._make(got[name[o]]) if isinstance(o, Value) else o for o in self.ir.outputs]
+        name, state = self.program.names, self._state
+        outs = [(Tensor._make(state[o]._data) if o in state else Tensor._make(got[name[o]]))
+                if isinstance(o, Value) else o for o in self.ir.outputs]
         return wrap_outputs(self.logical, outs) if self.logical is not self.ir else outs
 
     def run(self, feeds: dict) -> list:

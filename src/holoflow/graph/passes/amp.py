@@ -90,10 +90,12 @@ class _Rewriter:
         ins = self.policy_inputs(n, ins)
         attrs = self.policy_attrs(n, ins)
         floats = {x.dtype for x in ins if _is_float(x)}
-        if POLICIES.get(_device(n), POLICIES["cuda"]).get(n.op) is None and len(floats) > 1:
-            # an op on no list that the rewrite left with mixed float dtypes (e.g. a bf16
+        if "bw" in n.tags and POLICIES.get(_device(n), POLICIES["cuda"]).get(n.op) is None and len(floats) > 1:
+            # a backward op on no list that the rewrite left with mixed float dtypes (e.g. a bf16
             # gradient from a lowered matmul reaching layer_norm_backward with fp32 saved
-            # inputs) runs in the dtypes it was traced with, as eager's promotion would
+            # inputs) runs in the dtypes it was traced with, as eager's cast backward would make
+            # it. A forward op sees the dtypes eager autocast gives it (layer_norm of a bf16
+            # activation with float32 weights: a bf16 result, as torch's)
             ins = [self.cast(x, o.dtype, n) if isinstance(x, Value) and isinstance(o, Value)
                    and x.dtype != o.dtype else x for x, o in zip(ins, n.inputs)]
         if not _changed(ins, n.inputs) and attrs is n.attrs:
@@ -101,8 +103,9 @@ class _Rewriter:
             return
         metas = infer_metas(REGISTRY[n.op], tuple(
             torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, Value) else x for x in ins), attrs)
-        outs = tuple(o if (tuple(m.shape), m.dtype) == (o.shape, o.dtype) else
-                     Value(tuple(m.shape), m.dtype, o.device, o.name) for o, m in zip(n.outputs, metas))
+        outs = tuple(o if (tuple(m.shape), m.dtype) == (o.shape, o.dtype) else   # (a dtype keeps the layout)
+                     Value(tuple(m.shape), m.dtype, o.device, o.name, placement=o.placement, sbp=o.sbp)
+                     for o, m in zip(n.outputs, metas))
         self.env.update((o, w) for o, w in zip(n.outputs, outs) if o is not w)
         self.nodes.append(n.with_(inputs=tuple(ins), outputs=outs, attrs=attrs))
 
