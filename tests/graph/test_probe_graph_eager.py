@@ -503,3 +503,35 @@ def test_in_place_write_on_a_global_input(acc):
     for got in world.simulate(2, run, timeout=60):
         if acc == 1:
             torch.testing.assert_close(got, torch.arange(32.0).reshape(8, 4) + 1)
+
+
+@pytest.mark.parametrize("loss", ["mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss"])
+def test_enable_amp_casts_composite_losses_like_autocast(loss):
+    """Losses written from primitives (mse_loss...) are float32 ops under autocast; under
+    config.enable_amp the trace marks their inputs (AMP_BOUNDARY) so the pass casts them as
+    torch.autocast does: the loss and its gradients as torch's, the loss in float32."""
+    gen = torch.Generator().manual_seed(0)
+    w0, x0, y0 = torch.randn(8, 8, generator=gen), torch.randn(4, 8, generator=gen), torch.randn(4, 8, generator=gen)
+    tw = w0.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):   # both loss inputs bfloat16
+        tl = getattr(torch.nn.functional, loss)(torch.nn.functional.linear(x0, tw),
+                                                torch.nn.functional.linear(y0, w0))
+    tl.backward()
+    fw = flow.nn.Parameter(flow.from_torch(w0.clone()))
+    opt = flow.optim.SGD([fw], lr=1.0)   # the step is the gradient
+
+    class G(Graph):
+        def __init__(self):
+            super().__init__()
+            self.add_optimizer(opt)
+            self.config.enable_amp(True)
+
+        def build(self, x, y):
+            F = flow.nn.functional
+            out = getattr(F, loss)(F.linear(x, fw), F.linear(y, flow.from_torch(w0)))
+            out.backward()
+            return out
+    got = G()(flow.from_torch(x0), flow.from_torch(y0))
+    assert got.dtype == flow.float32 and tl.dtype == torch.float32
+    torch.testing.assert_close(got.to_torch(), tl.detach(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(w0 - fw.detach().to_torch(), tw.grad, rtol=2e-2, atol=2e-2)

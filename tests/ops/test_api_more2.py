@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import holoflow as flow
+from holoflow.core.dispatch import apply
+from holoflow.ops.loss import AMP_BOUNDARY
 from harness import Case, error_like_torch, parametrize, positive, randn, quiet
 
 
@@ -50,6 +52,9 @@ def _hann(lib, n, x):
 
 
 CASES = [
+    # the trace's mark of a composite loss's inputs under config.enable_amp: an identity (SBP: any)
+    Case("amp_boundary", lambda x: apply(AMP_BOUNDARY, x, amp_policy="mse_loss") * 1, lambda x: x.clone(),
+         inputs((3, 4))),
     # stft / istft: torch's kernels, ATen's derivatives (complex outputs seen as real pairs, which
     # the float64 gradcheck differentiates)
     same("stft-1d", lambda x: _real(lib_of(x).stft(x, 8, window=_hann(lib_of(x), 8, x), return_complex=True)),

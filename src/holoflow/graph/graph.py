@@ -254,6 +254,7 @@ class Graph:
             with contextlib.ExitStack() as stack:
                 tracer.backward_rule = self._backward_rule(scale, tracer, m)
                 tracer.zero = self.config.zero
+                tracer.amp = bool(self.config.amp)
                 stack.enter_context(tracer)
                 stack.enter_context(grad_mode.enable_grad() if train else grad_mode.no_grad())
                 out = self._trace_build(args, kwargs)

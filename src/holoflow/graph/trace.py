@@ -21,6 +21,7 @@ from ..core.registry import infer_metas
 from ..core.sbp import B
 from ..distributed.global_dispatch import choose
 from ..distributed.sharding import normalize_sbp
+from ..ops.loss import AMP_BOUNDARY
 from .global_graph import GLOBAL_BOX, GLOBAL_TAG, LazyGlobal
 from ..core.registry import Meta, Op
 from ..core.tensor import Tensor
@@ -122,6 +123,7 @@ class Tracer(Interpreter):
         self.backward_rule: Any = None        # nn.Graph's checks and loss scaling for backward()
         self.zero: Any = None                 # graph/zero.py's Zero when config.enable_zero
         self.in_backward = 0
+        self.amp = False   # config.enable_amp: composite ops' inputs are marked (AMP_BOUNDARY)
         self._ctx: list = []
         self.nodes: list[Node] = []
         self.state: dict[int, tuple[Value, Tensor]] = {}
@@ -190,7 +192,10 @@ class Tracer(Interpreter):
         return (self.device_type or "cpu") if d.type == "meta" else d.type
 
     def composite(self, name: str, inputs: tuple) -> tuple:
-        return inputs
+        if not self.amp:   # (an autocast region above the trace has cast them already)
+            return inputs
+        return tuple(apply(AMP_BOUNDARY, x, amp_policy=name) if isinstance(x, Tensor) and x.is_floating_point()
+                     else x for x in inputs)
 
     def globalize(self, t: Tensor, placement, sbp) -> Tensor:
         nd = normalize_sbp(sbp, placement, t.dim())

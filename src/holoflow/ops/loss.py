@@ -13,7 +13,7 @@ from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
-from .family import SUM_TO
+from .family import SUM_TO, elementwise_sbp, like_first_input
 
 _REDUCTIONS = ("none", "mean", "sum")
 
@@ -404,6 +404,14 @@ def _composite(name: str, *inputs):
     """Lets autocast apply ``name``'s policy to a loss written from other ops (torch lists
     these losses as float32 ops)."""
     return interpret.current().composite(name, inputs)
+
+
+# The inputs of a composite op in a trace that the graph's AMP pass will rewrite: an identity whose
+# attr ``amp_policy`` names the autocast class its value falls under (graph/passes/amp.py looks a
+# node's policy up by that attr when it has one), so ``config.enable_amp`` casts a composite loss
+# as autocast does at its boundary.
+AMP_BOUNDARY = defop("amp_boundary", lambda x, amp_policy: x, grad=lambda ctx, dy: (dy,), shape=like_first_input,
+                     sbp=elementwise_sbp(("P",)))
 
 
 def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",

@@ -60,7 +60,7 @@ class _Rewriter:
         vals = [x for x in ins if isinstance(x, Value)]
         if not vals:
             return ins
-        kind = POLICIES.get(vals[0].device.type, POLICIES["cuda"]).get(n.op)
+        kind = POLICIES.get(vals[0].device.type, POLICIES["cuda"]).get(_policy_name(n))
         if kind == LOWER:
             keep = REGISTRY[n.op].amp_keep
             return [self.cast(x, self.low, n) if _lowerable(x) and i not in keep else x for i, x in enumerate(ins)]
@@ -75,7 +75,7 @@ class _Rewriter:
 
     def policy_attrs(self, n: Node, ins: list) -> dict:
         """``n``'s attrs, with ``dtype=float32`` for an FP32_ATTR op reading low-precision values."""
-        if n.attrs.get("dtype") is not None or POLICIES.get(_device(n), POLICIES["cuda"]).get(n.op) != FP32_ATTR:
+        if n.attrs.get("dtype") is not None or POLICIES.get(_device(n), POLICIES["cuda"]).get(_policy_name(n)) != FP32_ATTR:
             return n.attrs
         if any(_is_float(x) and x.dtype in (torch.bfloat16, torch.float16) for x in ins):
             return {**n.attrs, "dtype": torch.float32}
@@ -90,7 +90,8 @@ class _Rewriter:
         ins = self.policy_inputs(n, ins)
         attrs = self.policy_attrs(n, ins)
         floats = {x.dtype for x in ins if _is_float(x)}
-        if "bw" in n.tags and POLICIES.get(_device(n), POLICIES["cuda"]).get(n.op) is None and len(floats) > 1:
+        if "bw" in n.tags and POLICIES.get(_device(n), POLICIES["cuda"]).get(_policy_name(n)) is None \
+                and len(floats) > 1:
             # a backward op on no list that the rewrite left with mixed float dtypes (e.g. a bf16
             # gradient from a lowered matmul reaching layer_norm_backward with fp32 saved
             # inputs) runs in the dtypes it was traced with, as eager's cast backward would make
@@ -108,6 +109,12 @@ class _Rewriter:
                      for o, m in zip(n.outputs, metas))
         self.env.update((o, w) for o, w in zip(n.outputs, outs) if o is not w)
         self.nodes.append(n.with_(inputs=tuple(ins), outputs=outs, attrs=attrs))
+
+
+def _policy_name(n: Node) -> str:
+    """The name ``n``'s autocast class is listed under: its op's, or the composite op's whose
+    inputs it marks (attr ``amp_policy``: ops/loss.py AMP_BOUNDARY)."""
+    return n.attrs.get("amp_policy", n.op)
 
 
 def _gradient_sum(n: Node) -> bool:
