@@ -150,6 +150,19 @@ def test_compiled_tasks_with_fused_update_on_split_parameters_equal_torch():
 _W0 = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)) * 0.3
 
 
+def _torch_weights(kind: str) -> list:
+    """torch's weight after each step of ``kind`` on ``(x @ w).tanh().square().mean()`` over _XS."""
+    tw = _W0.clone().requires_grad_(True)
+    topt = _opt(torch, [tw], kind)
+    want = []
+    for x in _XS:
+        topt.zero_grad()
+        (x @ tw).tanh().square().mean().backward()
+        topt.step()
+        want.append(tw.detach().clone())
+    return want
+
+
 def _one_weight_graph(m, opt, loss, configure=lambda config: None):
     """The nn.Graph class training ``m.w`` with ``opt`` on ``loss(x, w)``."""
     class G(flow.nn.Graph):
@@ -172,14 +185,7 @@ _XS = [torch.randn(6, 8, generator=torch.Generator().manual_seed(2 + i)) for i i
 def test_fused_update_of_a_column_split_parameter_equals_torch(kind, mesh, sbp):
     """torch's fused kernels walk a non-contiguous parameter as if contiguous: the graph's fused
     update must run them on contiguous memory (graph/passes/fuse_update.py)."""
-    tw = _W0.clone().requires_grad_(True)
-    topt = _opt(torch, [tw], kind)
-    want = []
-    for x in _XS:
-        topt.zero_grad()
-        (x @ tw).tanh().square().mean().backward()
-        topt.step()
-        want.append(tw.detach().clone())
+    want = _torch_weights(kind)
 
     def run(rank):
         place = flow.placement("cpu", mesh)
@@ -207,14 +213,7 @@ def test_fused_update_of_a_column_split_parameter_equals_torch(kind, mesh, sbp):
 def test_graph_steps_after_eager_steps_ignore_the_leftover_eager_grad(kind, sbp):
     """An eager step leaves ``p.grad`` set; the graph traced afterwards must not bake it into
     every step's gradient (graph/graph.py clears grads while tracing)."""
-    tw = _W0.clone().requires_grad_(True)
-    topt = _opt(torch, [tw], kind)
-    want = []
-    for x in _XS:
-        topt.zero_grad()
-        (x @ tw).tanh().square().mean().backward()
-        topt.step()
-        want.append(tw.detach().clone())
+    want = _torch_weights(kind)
 
     def run(rank):
         place = flow.placement("cpu", [0, 1]) if sbp is not None else None
