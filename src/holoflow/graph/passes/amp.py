@@ -75,7 +75,8 @@ class _Rewriter:
 
     def policy_attrs(self, n: Node, ins: list) -> dict:
         """``n``'s attrs, with ``dtype=float32`` for an FP32_ATTR op reading low-precision values."""
-        if n.attrs.get("dtype") is not None or POLICIES.get(_device(n), POLICIES["cuda"]).get(_policy_name(n)) != FP32_ATTR:
+        policy = POLICIES.get(_device(n), POLICIES["cuda"]).get(_policy_name(n))
+        if n.attrs.get("dtype") is not None or policy != FP32_ATTR:
             return n.attrs
         if any(_is_float(x) and x.dtype in (torch.bfloat16, torch.float16) for x in ins):
             return {**n.attrs, "dtype": torch.float32}
