@@ -19,9 +19,9 @@ import torch
 
 from ..core import grad_mode
 from ..core.errors import HoloflowError
+from ..core.sbp import B
 from ..core.tensor import Tensor
 from ..distributed import world
-from ..core.sbp import B
 from ..distributed.global_tensor import make_global
 from ..distributed.sharding import shard_of
 from .zero import sharded_update

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Callable
 
 from ...core.tensor import Tensor
-from ..ir import IRGraph
 from ...distributed import world
+from ..ir import IRGraph
 from ..optimizer import align_state
 from . import register
 
