@@ -55,6 +55,11 @@ CASES += [Case(f"einsum[{eq}]{shapes}", lambda *xs, eq=eq: flow.einsum(eq, *xs),
           for eq, shapes in EINSUMS]
 CASES.append(Case("einsum-list", lambda a, b: flow.einsum("ij,jk->ik", [a, b]),
                   lambda a, b: torch.einsum("ij,jk->ik", [a, b]), ins((2, 3), (3, 2))))
+CASES.append(Case("einsum-sublist", lambda a, b: (flow.einsum(a, [0, 1], b, [1, 30], [30, 0]), flow.einsum(a, [0, 1], b, [1, 2])),
+                  lambda a, b: (torch.einsum(a, [0, 1], b, [1, 30], [30, 0]), torch.einsum(a, [0, 1], b, [1, 2])),
+                  ins((2, 3), (3, 4))))
+CASES.append(Case("einsum-sublist-ellipsis", lambda a, b: flow.einsum(a, [..., 0, 1], b, [1, 2], [..., 2, 0]),
+                  lambda a, b: torch.einsum(a, [..., 0, 1], b, [1, 2], [..., 2, 0]), ins((2, 3, 4), (4, 5))))
 
 
 
@@ -71,6 +76,11 @@ for name, (f, shapes) in SECOND.items():
     CASES.append(Case(f"grad-of-{name}", grad_of(flow, f), grad_of(torch, f), ins(*shapes)))
 
 globals().update(parametrize(CASES))
+
+
+def test_einsum_sublist_out_of_range_is_a_value_error():
+    with pytest.raises(ValueError, match=r"not within the valid range \[0, 52\)"):
+        flow.einsum(flow.randn(2, 2), [0, 52])
 
 
 def test_einsum_signatures_from_subscripts():

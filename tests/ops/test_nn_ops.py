@@ -90,6 +90,17 @@ def _gn(shape, groups, affine=True):
 for shape, groups, aff in [((2, 6, 4, 3), 3, True), ((3, 4, 5), 2, True), ((2, 4), 4, False)]:
     CASES.append(_c(f"group_norm{list(shape)}g{groups}", HF.group_norm, F.group_norm, _gn(shape, groups, aff),
                     dtypes=ALL))
+# strided inputs (torch's F.group_norm densifies them first): a transposed (N, T, C) activation,
+# whose upstream gradient is strided too, and an NHWC tensor viewed as channels-last NCHW
+_GN_VIEWS = {"transposed": (lambda x: x.transpose(1, 2), (3, 5, 4), 4),
+             "channels_last": (lambda x: x.permute(0, 3, 1, 2), (2, 3, 4, 6), 6)}
+for view_name, (view, shape, c) in _GN_VIEWS.items():
+    def _gn_strided(fn, view=view):
+        return lambda x, g, w, b: fn(view(x), g, w, b).transpose(1, 2)
+    CASES.append(_c(f"group_norm-{view_name}", _gn_strided(HF.group_norm), _gn_strided(F.group_norm),
+                    lambda dt, g, shape=shape, c=c: ((randn(*shape, gen=g, dtype=dt) * 2, 2, randn(c, gen=g, dtype=dt),
+                                                      randn(c, gen=g, dtype=dt)), {}),
+                    dtypes=(F32, F64)))
 
 
 def _bn_fns(lib, training, momentum=0.1, steps=1, stats=True):

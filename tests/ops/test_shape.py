@@ -41,6 +41,8 @@ CASES = [
     # permutations
     Case("permute", lambda x: x.permute(2, 0, 1), lambda x: x.permute(2, 0, 1), one(2, 3, 4), dtypes=ALL),
     Case("permute-fn", lambda x: flow.permute(x, (1, 0, 2)), lambda x: torch.permute(x, (1, 0, 2)), one(0, 3, 2)),
+    Case("permute-dims-kw", lambda x: (flow.permute(x, dims=(1, 0, 2)), x.permute(dims=[2, 1, 0])),
+         lambda x: (torch.permute(x, dims=(1, 0, 2)), x.permute(dims=[2, 1, 0])), one(2, 3, 4)),
     Case("transpose", lambda x: (x.transpose(0, 2), flow.swapaxes(x, 1, -1), x.swapdims(0, 1)),
          lambda x: (x.transpose(0, 2), torch.swapaxes(x, 1, -1), x.swapdims(0, 1)), one(2, 3, 4)),
     Case("t", lambda x, v: (x.t(), flow.t(v)), lambda x, v: (x.t(), torch.t(v)), two((3, 4), (5,))),
@@ -84,6 +86,8 @@ CASES = [
          lambda x: (x.roll(1, 0), torch.roll(x, (2, -1), (1, 2)), torch.roll(x, 3)), one(3, 4, 2), dtypes=ALL),
     Case("flip", lambda x: (x.flip(0), flow.flip(x, (1, 2)), flow.fliplr(x), x.flipud()),
          lambda x: (x.flip(0), torch.flip(x, (1, 2)), torch.fliplr(x), x.flipud()), one(3, 4, 2), dtypes=ALL),
+    Case("flip-dims-kw", lambda x: (flow.flip(x, dims=[2]), x.flip(dims=(0, 1)), x.flip(1, 2)),
+         lambda x: (torch.flip(x, dims=[2]), x.flip(dims=(0, 1)), x.flip(1, 2)), one(3, 4, 2)),
     Case("diagonal", lambda x: (x.diagonal(), flow.diagonal(x, 1, 0, 2), x.diagonal(-1, -1, -2)),
          lambda x: (x.diagonal(), torch.diagonal(x, 1, 0, 2), x.diagonal(-1, -1, -2)), one(3, 4, 5)),
     Case("diag", lambda v, m: (flow.diag(v), v.diag(1), flow.diag(m), m.diag(-1)),
@@ -165,6 +169,14 @@ def test_bad_dims_are_clear():
         x.unsqueeze(4)
     with pytest.raises(IndexError, match=r"holoflow\.cat: dim -3"):
         flow.cat([x, x], -3)
+
+
+def test_flip_permute_dims_argument_errors_match_torch():
+    x = flow.randn(2, 3)
+    for fn, name in ((lambda: x.flip(), "missing 1 required"), (lambda: x.flip(0, dims=[1]), "multiple values"),
+                     (lambda: x.permute(1, dims=(1, 0)), "multiple values"), (x.permute, "missing 1 required")):
+        with pytest.raises(TypeError, match=name):
+            fn()
 
 
 def test_permute_needs_a_permutation():

@@ -477,7 +477,7 @@ def _slice(input, dim: int = 0, start=None, end=None, step: int = 1):
 
 
 view_copy = _copy("view_copy", _view_like)
-permute_copy = _copy("permute_copy", lambda x, dims: x.permute(*dims))
+permute_copy = _copy("permute_copy", lambda x, dims: x.permute(tuple(dims)))
 transpose_copy = _copy("transpose_copy", lambda x, dim0, dim1: x.transpose(dim0, dim1))
 expand_copy = _copy("expand_copy", lambda x, size, *, implicit=False: x.expand(*size))
 squeeze_copy = _copy("squeeze_copy", lambda x, dim=None: x.squeeze() if dim is None else x.squeeze(dim))

@@ -88,9 +88,20 @@ def roll(input: Tensor, shifts, dims=None) -> Tensor:
     return apply(ROLL, input, shifts=shifts, dims=dims)
 
 
-def flip(input: Tensor, *dims) -> Tensor:
-    """Reverses the order of elements along ``dims``."""
-    dims = _sizes(dims)
+def _dims_arg(op: str, args: tuple, dims) -> tuple:
+    """``f(0, 1)``, ``f((0, 1))`` and torch's keyword form ``f(dims=(0, 1))`` alike."""
+    if dims is not None:
+        if args:
+            raise TypeError(f"{op}() got multiple values for argument 'dims'")
+        args = (dims,)
+    elif not args:
+        raise TypeError(f'{op}() missing 1 required positional arguments: "dims"')
+    return _sizes(args)
+
+
+def flip(input: Tensor, *args, dims=None) -> Tensor:
+    """Reverses the order of elements along ``dims`` (positional, a sequence, or ``dims=``)."""
+    dims = _dims_arg("flip", args, dims)
     return apply(FLIP, input, dims=tuple(normalize_dim("flip", d, input.dim()) for d in dims))
 
 

@@ -549,11 +549,39 @@ def _inner_eq(na: int, nb: int) -> str:
     return f"{a}z,{b}z->{a}{b}"
 
 
+def _sublist_subscripts(op: int, sublist) -> str:
+    """torch's sublist form: ints in [0, 52) name dims (0..25 -> A..Z, 26..51 -> a..z), ``...``
+    an ellipsis."""
+    out = []
+    for s in sublist:
+        if s is Ellipsis:
+            out.append("...")
+        elif isinstance(s, int) and 0 <= s < 52:
+            out.append(chr(ord("A") + s) if s < 26 else chr(ord("a") + s - 26))
+        else:
+            raise ValueError(f"holoflow.einsum: subscript in subscript list of operand {op} is not within the "
+                             f"valid range [0, 52), got {s!r}")
+    return "".join(out)
+
+
+def _sublist_equation(args: tuple) -> tuple[str, tuple]:
+    """``einsum(a, [0, 1], b, [1, 2], [0, 2])`` -> ``("AB,BC->AC", (a, b))``."""
+    n = len(args) // 2
+    operands, subs = args[0:2 * n:2], args[1:2 * n:2]
+    eq = ",".join(_sublist_subscripts(i, s) for i, s in enumerate(subs))
+    if len(args) % 2:                                   # odd count: the output sublist closes the list
+        eq += "->" + _sublist_subscripts(n, args[-1])
+    return eq, tuple(operands)
+
+
 def einsum(equation: str, *operands) -> Tensor:
-    """Einstein summation, as ``torch.einsum`` (operands as arguments or one list).
+    """Einstein summation, as ``torch.einsum`` (operands as arguments or one list, or torch's
+    sublist form ``einsum(a, [0, 1], b, [1, 2], [0, 2])``).
 
     >>> holoflow.einsum("ij,jk->ik", a, b)   # matmul
     """
+    if not isinstance(equation, str):
+        equation, operands = _sublist_equation((equation,) + operands)
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     ins, out = parse_einsum(equation, [tuple(x.shape) for x in operands])

@@ -92,12 +92,31 @@ def _gn_dims(x: torch.Tensor) -> tuple:
     return n, c, hxw
 
 
+def _gn_format(x: torch.Tensor) -> torch.memory_format:
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    if x.dim() == 5 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+def _gn_layout(x: torch.Tensor, fmt: torch.memory_format | None = None) -> torch.Tensor:
+    """ATen's native group norm (forward and backward) reads ``x`` and ``dy`` as dense in one
+    memory format (torch's ``F.group_norm`` densifies its input first; a strided ``dy`` is read
+    wrongly): a strided view, e.g. a transposed ``(N, T, C)`` activation, is copied; contiguous
+    and channels-last tensors are kept; ``dy`` follows ``x``'s format."""
+    return x.contiguous(memory_format=_gn_format(x) if fmt is None else fmt)
+
+
 def _gn_kernel(x, w, b, num_groups, eps):
+    x = _gn_layout(x)
     n, c, hxw = _gn_dims(x)
     return torch.native_group_norm(x, w, b, n, c, hxw, num_groups, eps)
 
 
 def _gn_bwd_kernel(dy, x, mean, rstd, w, num_groups, output_mask):
+    x = _gn_layout(x)
+    dy, mean, rstd = _gn_layout(dy, _gn_format(x)), mean.contiguous(), rstd.contiguous()
     n, c, hxw = _gn_dims(x)
     dx, dw, db = torch.ops.aten.native_group_norm_backward.default(dy, x, mean, rstd, w, n, c, hxw, num_groups,
                                                            output_mask)

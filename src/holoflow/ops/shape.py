@@ -235,9 +235,15 @@ PERMUTE = defop("permute", lambda x, dims: x.permute(dims), grad=_permute_grad, 
                 family="shape", view=True)
 
 
-def permute(input: Tensor, *dims) -> Tensor:
-    """Reorders dims: output dim j is input dim ``dims[j]``."""
-    dims = _sizes(dims)
+def permute(input: Tensor, *args, dims=None) -> Tensor:
+    """Reorders dims: output dim j is input dim ``dims[j]`` (positional, a sequence, or ``dims=``)."""
+    if dims is not None:
+        if args:
+            raise TypeError("permute() got multiple values for argument 'dims'")
+        args = (dims,)
+    elif not args:
+        raise TypeError('permute() missing 1 required positional arguments: "dims"')
+    dims = _sizes(args)
     nd = input.dim()
     norm = tuple([d + nd if d < 0 else d for d in dims])
     if len(norm) == nd and sorted(norm) == list(range(nd)):   # a permutation of in-range dims
