@@ -251,3 +251,36 @@ ERRORS = {
 @pytest.mark.parametrize("name", sorted(ERRORS))
 def test_errors_like_torch(name):
     error_like_torch(ERRORS[name], name)
+
+
+@pytest.mark.parametrize("kind,kw", [("embedding", dict(max_norm=1.5)), ("embedding", dict(max_norm=0.7, norm_type=1.0)),
+                                     ("bag", dict(max_norm=1.0, mode="sum")), ("bag", dict(max_norm=1.0, mode="max",
+                                                                                          norm_type=3.0))])
+def test_max_norm_renormalizes_looked_up_rows_like_torch(kind, kw):
+    """max_norm: the rows a lookup reads are rescaled in place first (torch.embedding_renorm_),
+    the others untouched; outputs, weight and gradient as torch's, eager and in nn.Graph."""
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(10, 4, generator=g) * 2
+    idx, off = torch.tensor([1, 2, 4, 2, 9]), torch.tensor([0, 2])
+    dy = torch.randn(5 if kind == "embedding" else 2, 4, generator=g)
+
+    def run(lib, w, graph=False):
+        i, o = (idx, off) if lib is torch else (flow.from_torch(idx), flow.from_torch(off))
+        F = lib.nn.functional
+        return F.embedding(i, w, **kw) if kind == "embedding" else F.embedding_bag(i, w, o, **kw)
+    tw = torch.nn.Parameter(w0.clone())
+    ty = run(torch, tw)
+    (ty * dy).sum().backward()
+    fw = flow.nn.Parameter(flow.from_torch(w0.clone()))
+    fy = run(flow, fw)
+    (fy * flow.from_torch(dy)).sum().backward()
+    torch.testing.assert_close(fy.detach().to_torch(), ty.detach())
+    torch.testing.assert_close(fw.detach().to_torch(), tw.detach())
+    torch.testing.assert_close(fw.grad.to_torch(), tw.grad)
+    gw = flow.nn.Parameter(flow.from_torch(w0.clone()))
+
+    class G(flow.nn.Graph):
+        def build(self):
+            return run(flow, gw)
+    torch.testing.assert_close(G()().to_torch(), ty.detach())
+    torch.testing.assert_close(gw.detach().to_torch(), tw.detach())

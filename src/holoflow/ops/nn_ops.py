@@ -363,14 +363,31 @@ EMBEDDING = defop("embedding", lambda idx, w, padding_idx: torch.embedding(w, id
                   save="inputs", saved_inputs=(0,), sbp=_emb_sbp, family="embedding")  # indices only
 
 
+def embedding_renorm_(weight: Tensor, input: Tensor, max_norm: float, norm_type: float = 2.0) -> Tensor:
+    """Rescales in place, without gradient, each row of ``weight`` that ``input`` looks up whose
+    ``norm_type``-norm exceeds ``max_norm`` by ``max_norm / (norm + 1e-7)``, as
+    ``torch.embedding_renorm_`` (what ``max_norm`` does before a lookup). Written with ops, so it
+    runs on global weights and in a trace (a row looked up twice is written twice, alike)."""
+    with grad_mode.no_grad():
+        idx = input.reshape(-1)
+        rows = weight[idx]
+        norms = rows.norm(p=norm_type, dim=1, keepdim=True)
+        scale = (max_norm / (norms + 1e-7)).where(norms > max_norm, norms.new_ones(()))
+        weight[idx] = rows * scale
+    return weight
+
+
 def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max_norm=None,
               norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
-    """Rows of ``weight`` picked by the integer ``input``; the ``padding_idx`` row gets no gradient."""
-    if max_norm is not None or scale_grad_by_freq or sparse:
-        raise UnsupportedError("holoflow.embedding: max_norm, scale_grad_by_freq and sparse are not supported")
+    """Rows of ``weight`` picked by the integer ``input``; the ``padding_idx`` row gets no gradient;
+    with ``max_norm`` the looked-up rows are renormalized in place first (`embedding_renorm_`)."""
+    if scale_grad_by_freq or sparse:
+        raise UnsupportedError("holoflow.embedding: scale_grad_by_freq and sparse are not supported")
     if input.is_floating_point() or input.is_complex() or input.dtype is torch.bool:
         raise DTypeError(f"holoflow.embedding: indices must be an integer tensor (int64 or int32), got "
                          f"{input.dtype} (shape {tuple(input.shape)})")
+    if max_norm is not None:
+        embedding_renorm_(weight, input, max_norm, norm_type)
     n = weight.shape[0]
     if padding_idx is not None:
         if not -n <= padding_idx < n:
@@ -449,7 +466,8 @@ from .nn_extra import __all__ as _extra_all  # noqa: E402
 
 __all__ = ["relu", "relu_", "leaky_relu", "gelu", "silu", "softplus", "elu", "selu", "hardswish",
            "hardsigmoid", "relu6", "hardtanh", "mish", "logsigmoid", "softmax", "log_softmax", "softmin",
-           "embedding", "one_hot", "normalize", "cosine_similarity", "threshold", "threshold_", "rrelu", "rrelu_",
+           "embedding", "embedding_renorm_", "one_hot", "normalize", "cosine_similarity", "threshold", "threshold_",
+           "rrelu", "rrelu_",
            *_norm_all, *_conv_all, *_attention_all,
            *_extra_all]
 _ = elementwise_sbp  # the family's rule is what the activations above use

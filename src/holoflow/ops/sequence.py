@@ -18,6 +18,7 @@ from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from .creation import tensor as _tensor
 from .loss import _reduction
+from .nn_ops import embedding_renorm_
 from .torch_vjp import defop_vjp
 
 __all__: list[str] = []   # nn.functional names
@@ -75,8 +76,8 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Tensor | None = None, 
                   include_last_offset: bool = False, padding_idx: int | None = None) -> Tensor:
     """Sums, means or maxes of bags of embeddings, as ``torch.nn.functional.embedding_bag``: a
     2-D ``input`` is one bag per row; a 1-D one is cut into bags at ``offsets``."""
-    if max_norm is not None or sparse:
-        raise UnsupportedError("holoflow.embedding_bag: max_norm and sparse are not supported")
+    if sparse:
+        raise UnsupportedError("holoflow.embedding_bag: sparse is not supported")
     if mode not in ("sum", "mean", "max"):
         raise ValueError(f"holoflow.embedding_bag: mode must be 'sum', 'mean' or 'max', got {mode!r}")
     if input.is_floating_point():
@@ -102,6 +103,8 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Tensor | None = None, 
         if not -n <= padding_idx < n:
             raise IndexError(f"holoflow.embedding_bag: padding_idx {padding_idx} out of range for {n} embeddings")
         padding_idx %= n
+    if max_norm is not None:   # the looked-up rows renormalized in place first, as torch
+        embedding_renorm_(weight, input, max_norm, norm_type)
     return apply(EMBEDDING_BAG, input, weight, offsets, per_sample_weights, mode=mode,
                  scale_grad_by_freq=bool(scale_grad_by_freq), include_last_offset=bool(include_last_offset),
                  padding_idx=padding_idx)
