@@ -50,12 +50,14 @@ def align_state(params: list, states: list, rank: int) -> None:
 def _group_update(opt, group_index: int, params: list):
     group = opt.param_groups[group_index]
     rank = world.rank()   # the update runs on a runtime thread
+    is_global = any(p._global is not None for p in params)
 
     def update(*grads):
         ps = list(params)
         gs = [Tensor._make(g) for g in grads]
         states = [opt._state_of(p, group) for p in ps]
-        align_state(ps, states, rank)
+        if is_global:
+            align_state(ps, states, rank)
         prev, grad_mode.STATE.enabled = grad_mode.STATE.enabled, False
         try:
             if group.get("foreach") is not False and hasattr(opt, "_step_foreach"):
@@ -64,7 +66,8 @@ def _group_update(opt, group_index: int, params: list):
                 opt._step_ops(group, ps, gs, states)
         finally:
             grad_mode.STATE.enabled = prev
-        align_state(ps, states, rank)
+        if is_global:
+            align_state(ps, states, rank)
         opt._step_count = getattr(opt, "_step_count", 0) + 1
     update.__name__ = f"{type(opt).__name__.lower()}_update"
     update.opt, update.group_index, update.params = opt, group_index, params  # for passes/fuse_update

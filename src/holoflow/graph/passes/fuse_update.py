@@ -30,29 +30,42 @@ def _contiguous(t):
     return t if not isinstance(t, Tensor) or t._data.is_contiguous() else Tensor._make(t._data.contiguous())
 
 
+def _dense(params: list, states: list) -> bool:
+    return all(p._data.is_contiguous() for p in params) and \
+        all(v._data.is_contiguous() for st in states for v in st.values() if isinstance(v, Tensor))
+
+
 def fused_update(opt, group_index: int, params: list, fused: Callable):
     """The update of one param group as the optimizer's fused kernel. torch's fused kernels walk
-    their tensors as contiguous memory, so a non-contiguous parameter or state (a column shard
-    viewing its whole tensor) is updated on a contiguous copy, written back after the call."""
+    their tensors as contiguous memory, so when a parameter or state is not contiguous (a column
+    shard viewing its whole tensor) the group is updated on contiguous copies, written back
+    after the call."""
     group = opt.param_groups[group_index]
     rank = world.rank()   # the update runs on a runtime thread
+    is_global = any(p._global is not None for p in params)
 
     def update(*grads):
         states = [opt._state_of(p, group) for p in params]
-        align_state(params, states, rank)
-        ps = [_contiguous(p) for p in params]
-        sts = [{k: _contiguous(v) for k, v in st.items()} for st in states]
-        fused(group, ps, [Tensor._make(g) for g in grads], sts)
-        for p, q in zip(params, ps):
-            if q is not p:
-                p._data.copy_(q._data)
-        for st, s in zip(states, sts):
-            for k, v in s.items():
-                if isinstance(st.get(k), Tensor) and st[k] is not v:
-                    st[k]._data.copy_(v._data)
-                else:
-                    st[k] = v
-        align_state(params, states, rank)
+        gs = [Tensor._make(g) for g in grads]
+        if is_global:
+            align_state(params, states, rank)
+        if _dense(params, states):
+            fused(group, params, gs, states)
+        else:
+            ps = [_contiguous(p) for p in params]
+            sts = [{k: _contiguous(v) for k, v in st.items()} for st in states]
+            fused(group, ps, gs, sts)
+            for p, q in zip(params, ps):
+                if q is not p:
+                    p._data.copy_(q._data)
+            for st, s in zip(states, sts):
+                for k, v in s.items():
+                    if isinstance(st.get(k), Tensor) and st[k] is not v:
+                        st[k]._data.copy_(v._data)
+                    else:
+                        st[k] = v
+        if is_global:
+            align_state(params, states, rank)
         opt._step_count = getattr(opt, "_step_count", 0) + 1
     update.__name__ = f"fused_{type(opt).__name__.lower()}_update"
     update.opt, update.group_index, update.params = opt, group_index, params
