@@ -1,6 +1,6 @@
-"""``config.enable_compile()``: each task's generated function compiled by torch.compile equals the
+"""``config.enable_compile()``: each task's generated function compiled by Inductor equals the
 uncompiled graph over training steps (CNN with batch-norm, GPT-mini); off, nothing changes; a task
-dynamo cannot trace warns once and runs plain."""
+that cannot be traced warns once and runs plain."""
 import logging
 
 import numpy as np
@@ -55,7 +55,8 @@ def _train(case, compile_: bool | None, executor: str = "actor", steps: int = 3,
     losses = [g(*batch).numpy().copy() for _ in range(steps)]
     params = [p.detach().numpy().copy() for p in m.parameters()]
     buffers = [b.numpy().copy() for b in m.buffers()]
-    fns = {s.name: s.fn for s in next(iter(g._compiled.values())).lowered.plan.tasks}
+    lowered = next(iter(g._compiled.values())).lowered
+    fns = {s.name: lowered.compiled.get(s.name, s.fn) for s in lowered.plan.tasks}
     return losses, params, buffers, fns
 
 
@@ -163,22 +164,62 @@ def test_copy_and_update_tasks_stay_plain():
 
 
 def test_untraceable_task_warns_once_and_runs_plain(caplog):
-    calls = []
-
     def task(x):
-        calls.append(1)                    # a Python side effect dynamo traces...
-        torch._dynamo.graph_break()        # ...and a graph break fullgraph=True refuses
-        return x * 2 + 1
+        x.add_(1)                          # a write the failed compile must not have made
+        if x.sum() > 0:                    # a branch on a value: fake tensors cannot take it
+            return (x * 2,)
+        return (x,)
 
     t = compile_task("compute7", "compute", task)
     x = torch.arange(4.0)
     with caplog.at_level(logging.WARNING, logger="holoflow.graph"):
-        outs = [t(x) for _ in range(3)]
-    for o in outs:
-        torch.testing.assert_close(o, x * 2 + 1, rtol=0, atol=0)
-    assert t.state == "plain" and "compute7" in caplog.text
+        outs = [t(x)[0].clone() for _ in range(3)]
+    for k, o in enumerate(outs, 1):
+        torch.testing.assert_close(o, (torch.arange(4.0) + k) * 2, rtol=0, atol=0)
+    torch.testing.assert_close(x, torch.arange(4.0) + 3, rtol=0, atol=0)   # three writes, not four
+    assert t.state == "plain" and "compute7" in caplog.text and "Data" in t.reason
     assert sum("compute7" in r.getMessage() for r in caplog.records) == 1
-    assert len(calls) == 3                 # the failed compile ran none of the task's Python body
+
+
+def test_an_input_in_a_new_layout_compiles_for_it():
+    """Inductor's code asserts its inputs' strides (what dynamo's guards checked): a transposed
+    input is not read as if dense, it compiles once more, and the first layout keeps working."""
+    def task(x, w):
+        return (x @ w + 1, x.sum(0))
+    t = compile_task("compute0", "compute", task)
+    w = torch.randn(3, 5)
+    dense = torch.randn(4, 3)
+    strided = torch.randn(3, 4).t()
+    for x in (dense, strided, dense, strided):
+        got = t(x, w)
+        torch.testing.assert_close(got[0], x @ w + 1)
+        torch.testing.assert_close(got[1], x.sum(0))
+    assert t.state == "compiled" and len(t._layouts) == 2
+
+
+def test_compiled_state_is_read_live():
+    """State reaches the compiled function as arguments read each call: a parameter replaced
+    (``p.data = ...``) or loaded between calls is what the next step computes with."""
+    flow.manual_seed(0)
+    m = flow.nn.Linear(4, 3)
+    x = flow.randn(2, 4)
+
+    class Fwd(NNGraph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.config.enable_compile()
+
+        def build(self, x):
+            return self.m(x).relu().sum(1)
+    g = Fwd()
+    torch.testing.assert_close(g(x)._data, m(x).relu().sum(1)._data)
+    m.weight.data = flow.randn(3, 4)
+    torch.testing.assert_close(g(x)._data, m(x).relu().sum(1)._data)
+    m.load_state_dict({"weight": flow.ones(3, 4), "bias": flow.zeros(3)})
+    torch.testing.assert_close(g(x)._data, m(x).relu().sum(1)._data)
+    compiled = next(iter(g._compiled.values())).lowered.compiled
+    assert compiled and all(f.state == "compiled" for f in compiled.values())
 
 
 def _global_dp(rank: int, compile_: bool):
@@ -207,7 +248,8 @@ def _global_dp(rank: int, compile_: bool):
             return loss
     g = Train()
     losses = [g(x, y).to_global(sbp=[B]).to_local().numpy().copy() for _ in range(3)]
-    fns = {s.name: s.fn for s in next(iter(g._compiled.values())).lowered.plan.tasks}
+    lowered = next(iter(g._compiled.values())).lowered
+    fns = {s.name: lowered.compiled.get(s.name, s.fn) for s in lowered.plan.tasks}
     return losses, [p.detach().to_local().numpy().copy() for p in m.parameters()], fns
 
 

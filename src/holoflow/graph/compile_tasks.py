@@ -1,19 +1,27 @@
-"""``graph.config.enable_compile()``: each task's generated function compiled by ``torch.compile``.
+"""``graph.config.enable_compile()``: each task's generated function compiled by Inductor.
 
 Lowering (graph/lower.py) turns a graph into one Python function of direct kernel calls per task
 (graph/ir.py ``program``). With the switch on, the functions of the ``compute`` tasks are wrapped in
-:class:`CompiledTask`: the first call compiles the function with ``torch.compile(backend="inductor",
-fullgraph=True, dynamic=False)``, so Inductor fuses the conv / batch-norm / activation regions and
-elementwise chains of forward *and* backward (the program already holds backward as explicit
-kernels: no autograd is involved). Tasks that issue collectives, and runs of nodes whose ops
-declare their kernels ``opaque`` to dynamo on their device (CUDA attention runs torch's own
-autograd node), are tasks of their own (graph/ir.py ``split_tasks``) and stay plain, as do tasks
-on the ``copy`` and ``update`` streams, and so does everything when the graph is profiled
-(per-node timing needs the plain lines). The ``update`` task runs the optimizer's own update rule
-on the live state (graph/optimizer.py) as multi-tensor kernels, one call per operation over every
-parameter, or as one fused kernel with ``config.allow_fuse_model_update_ops`` (torch's
-``_fused_adamw_``, CPU and CUDA) — the faster of the two; there is little left for Inductor there,
-and dynamo cannot trace the optimizer's state lookups.
+:class:`CompiledTask`: the first call traces the function to an ATen FX graph (``make_fx`` on fake
+tensors: no kernel runs) and hands it to Inductor (``torch._inductor.compile``), so Inductor fuses
+the conv / batch-norm / activation regions and elementwise chains of forward *and* backward (the
+program already holds backward as explicit kernels: no autograd is involved). A task reading
+state takes it as arguments (the program reads the live tensors and calls the compiled
+function). No dynamo: the program is straight-line code already, and dynamo's guards on each
+call's ~40 arguments cost ~0.1 ms per task call on the CNN (AOTAutograd still handles inputs
+written in place and outputs that alias inputs). What dynamo's guards checked is checked here:
+the plan is keyed by the feeds' shapes and dtypes (graph.py), and Inductor's code asserts every
+input's sizes and strides before any kernel runs; an input in a new layout (a strided batch)
+compiles once more for that layout (up to ``MAX_LAYOUTS``, then the task runs plain).
+
+Tasks that issue collectives, and runs of nodes whose ops declare their kernels ``opaque`` to
+tracing on their device (CUDA attention runs torch's own autograd node), are tasks of their own
+(graph/ir.py ``split_tasks``) and stay plain, as do tasks on the ``copy`` and ``update`` streams,
+and so does everything when the graph is profiled (per-node timing needs the plain lines). The
+``update`` task runs the optimizer's own update rule on the live state (graph/optimizer.py) as
+multi-tensor kernels, one call per operation over every parameter, or as one fused kernel with
+``config.allow_fuse_model_update_ops`` (torch's ``_fused_adamw_``, CPU and CUDA) — the faster of
+the two; there is little left for Inductor there, and its state lookups are Python.
 
 Values passed from one compiled task to another keep the layouts Inductor chose for them
 (``keep_output_stride=False``: the CNN's activations and weight gradients stay channels-last
@@ -21,11 +29,9 @@ between its forward and backward tasks instead of being converted to eager's str
 an output leaving compiled code (read by a plain task, a graph output, a state update) is made
 contiguous when it is not, so plain kernels, collectives and the optimizer see dense tensors.
 
-``fullgraph=True`` makes dynamo trace a whole task before any kernel runs, so a task dynamo cannot
-trace (an effect it does not understand, a kernel with a graph break) fails before it has mutated
-anything: the wrapper then warns once, naming the task and the reason, and runs the plain function
-from then on. A task that compiled once keeps its compiled function; a later failure of dynamo
-itself (a recompilation after a guard failed) also falls back, any other exception propagates.
+A task that cannot be traced (a kernel reading a tensor's value, ``.item()``, an op without a
+fake kernel) fails before anything ran: the wrapper then warns once, naming the task and the
+reason, and runs the plain function from then on. Any exception of a compiled call propagates.
 """
 from __future__ import annotations
 
@@ -39,13 +45,14 @@ LOG = logging.getLogger("holoflow.graph")
 
 PLAIN_STREAMS = ("copy", "update")   # bytes, the optimizer's own kernels
 
+# Inductor's first use initializes process-wide tables: one compile at a time (simulated ranks
+# are threads of one process), as dynamo's own compile lock does
+_COMPILE_LOCK = threading.Lock()
 
-def _dynamo_error() -> tuple:
-    try:
-        from torch._dynamo.exc import TorchDynamoException
-    except ImportError:   # pragma: no cover - torch builds without dynamo
-        return ()
-    return (TorchDynamoException,)
+
+def _layout(args: tuple) -> tuple:
+    """What Inductor's code asserts of its inputs: every tensor's sizes and strides."""
+    return tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else None for a in args)
 
 
 class CompiledTask:
@@ -55,42 +62,60 @@ class CompiledTask:
     ``leaving``: positions of the outputs that leave compiled code (made contiguous).
     """
 
-    def __init__(self, name: str, fn: Callable, leaving: tuple = (), **options: Any) -> None:
-        self.name, self.fn, self.options, self.leaving = name, fn, options, leaving
+    MAX_LAYOUTS = 8
+
+    def __init__(self, name: str, fn: Callable, leaving: tuple = (), options: dict | None = None) -> None:
+        self.name, self.fn, self.options, self.leaving = name, fn, dict(options or {}), leaving
         self.state, self.reason = "pending", ""
         self._compiled: Callable | None = None
-        self._lock = threading.Lock()
+        self._layouts: dict = {}   # input layout -> compiled function
         self.__name__ = getattr(fn, "__name__", name)
 
     def _fall_back(self, e: BaseException) -> None:
+        self._compiled = None
         self.state, self.reason = "plain", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        LOG.warning(f"holoflow.nn.Graph enable_compile: torch.compile failed for task {self.name!r} "
+        LOG.warning(f"holoflow.nn.Graph enable_compile: Inductor cannot compile task {self.name!r} "
                     f"({self.reason}); it runs uncompiled")
 
-    def __call__(self, *args: Any) -> Any:
-        if self.state == "plain":
-            return self.fn(*args)
-        if self.state == "pending":
-            with self._lock:
-                if self.state == "pending":
-                    try:
-                        compiled = torch.compile(self.fn, backend="inductor", **self.options)
-                        out = compiled(*args)
-                    except Exception as e:    # compile happens before the task's kernels run
-                        self._fall_back(e)
-                        return self.fn(*args)
-                    self._compiled, self.state = compiled, "compiled"
-                    return self._dense(out)
-            return self(*args)
-        try:
-            return self._dense(self._compiled(*args))
-        except _dynamo_error() as e:
-            self._fall_back(e)
-            return self.fn(*args)
+    def _compile(self, args: tuple) -> Callable | None:
+        """The task compiled for ``args``' layout (None after falling back to plain)."""
+        with _COMPILE_LOCK:
+            key = _layout(args)
+            got = self._layouts.get(key)
+            if got is None and self.state != "plain":
+                if len(self._layouts) >= self.MAX_LAYOUTS:
+                    self._fall_back(RuntimeError(f"inputs came in more than {self.MAX_LAYOUTS} layouts"))
+                    return None
+                try:
+                    from torch._inductor import compile as inductor_compile
+                    from torch.fx.experimental.proxy_tensor import make_fx
+                    gm = make_fx(self.fn, tracing_mode="fake")(*args)
+                    got = self._layouts[key] = inductor_compile(gm, list(args), self.options)
+                except Exception as e:   # tracing and compiling run no kernel of the task
+                    self._fall_back(e)
+                    return None
+                self.state = "compiled"
+            self._compiled = got
+            return got
 
-    def _dense(self, out: tuple) -> tuple:
+    def __call__(self, *args: Any) -> Any:
+        fn = self._compiled
+        if fn is None:
+            fn = self._compile(args) if self.state == "pending" else None
+            if fn is None:
+                return self.fn(*args)
+        try:
+            out = fn(*args)
+        except AssertionError as e:   # Inductor's input checks, before any kernel: a new layout
+            if "expected size" not in str(e):
+                raise
+            fn = self._compile(args)
+            out = fn(*args) if fn is not None else self.fn(*args)
+        return self._dense(out)
+
+    def _dense(self, out: Any) -> tuple:
         if not any(isinstance(out[i], torch.Tensor) and not out[i].is_contiguous() for i in self.leaving):
-            return out
+            return tuple(out)
         return tuple(x.contiguous() if i in self.leaving and isinstance(x, torch.Tensor) else x
                      for i, x in enumerate(out))
 
@@ -98,8 +123,6 @@ class CompiledTask:
 def compile_task(name: str, stream: str, fn: Callable, leaving: tuple = ()) -> Callable:
     """``fn`` wrapped to be compiled on first call, or ``fn`` itself on a stream kept plain;
     ``leaving``: positions of its outputs read outside compiled code."""
-    if stream in PLAIN_STREAMS or getattr(torch, "compile", None) is None:
+    if stream in PLAIN_STREAMS:
         return fn
-    return CompiledTask(name, fn, leaving, fullgraph=True, dynamic=False,
-                        options={"keep_output_stride": False})
-
+    return CompiledTask(name, fn, leaving, options={"keep_output_stride": False})

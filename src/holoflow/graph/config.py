@@ -91,11 +91,11 @@ class GraphConfig:
         self.zero = Zero(stage, shard_min_size) if mode else None
 
     def enable_compile(self, mode: bool = True) -> None:
-        """Compiles each compute and update task's generated function with ``torch.compile``
-        (Inductor, whole task, static shapes) on its first run: conv + batch-norm + activation
-        regions and elementwise chains of forward and backward fuse. A task dynamo cannot trace
-        warns once and runs uncompiled; comm and copy tasks, and profiled graphs, stay plain
-        (graph/compile_tasks.py). Read at compile time: plans compiled before are kept."""
+        """Compiles each compute task's generated function with Inductor (whole task, static
+        shapes) on its first run: conv + batch-norm + activation regions and elementwise chains of
+        forward and backward fuse. A task that cannot be traced warns once and runs uncompiled;
+        comm, copy and update tasks, and profiled graphs, stay plain (graph/compile_tasks.py).
+        Read at compile time: plans compiled before are kept."""
         self.compile_tasks = bool(mode)
 
     def enable_profiling(self, mode: bool = True, path: str | None = None) -> None:

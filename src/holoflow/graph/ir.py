@@ -250,6 +250,7 @@ class Task:
     state: list = field(default_factory=list)     # state Values read
     token: bool = False                           # waits for the previous step's update
     after: set = field(default_factory=set)       # indices of the tasks it reads values from
+    body: str = ""   # for compiling: the function of its kernels, state passed in (``_Gen.task``)
 
     @property
     def source(self) -> str:
@@ -267,8 +268,8 @@ def split_tasks(g: IRGraph, for_compile: bool = False) -> list[Task]:
     inputs before it starts, so a compute run is also cut before a node that reads a value
     another stream made after the run began.
 
-    ``for_compile``: the compute tasks will be compiled by torch.compile (graph/compile_tasks.py),
-    which cannot trace a collective: runs of collectives and waits (``talks``), and of nodes whose
+    ``for_compile``: the compute tasks will be compiled by Inductor (graph/compile_tasks.py),
+    which cannot take a collective: runs of collectives and waits (``talks``), and of nodes whose
     kernels are opaque to it (``uncompilable``), are tasks of their own, those that talk chained
     in program order, so the compute between them compiles. In a graph holding an op whose layout
     Inductor chooses (``Op.layout``: convolutions), forward and backward runs are cut apart too,
@@ -439,6 +440,7 @@ def to_python(g: IRGraph) -> str:
 class _Gen:
     def __init__(self, g: IRGraph, profile: bool, for_compile: bool = False) -> None:
         self.g, self.profile, self.frees = g, profile, g.frees or {}
+        self.for_compile = for_compile
         self.tasks = split_tasks(g, for_compile)
         self.names = _Names(_RESERVED)
         self.ns: dict[str, Any] = {"torch": torch, "state": {}}
@@ -537,8 +539,15 @@ class _Gen:
         self.out += ["", "", f"def {t.name}({', '.join(params)}):"]
         if self.profile:
             self.emit("    _t = _pc()")
-        for v in t.state:
-            self.emit(f"    {self.vals[v]} = state[{self.vals[v]!r}]._data  # state {meta_str(v)}")
+        if self.for_compile and t.state:
+            # the function Inductor compiles takes the state as arguments (read live each call)
+            t.body = self.names.take(f"{t.name}_kernels")
+            reads = [f"state[{self.vals[v]!r}]._data" for v in t.state]
+            self.emit(f"    return {t.body}({', '.join(params + reads)})")
+            self.out += ["", "", f"def {t.body}({', '.join(params + [self.vals[v] for v in t.state])}):"]
+        else:
+            for v in t.state:
+                self.emit(f"    {self.vals[v]} = state[{self.vals[v]!r}]._data  # state {meta_str(v)}")
         for n in t.nodes:
             self.node(n)
         rets = [self.vals[v] for v in t.outputs] + (["None"] if t.stream == "update" else [])

@@ -19,7 +19,7 @@ stream ordered by events (graph/cuda_streams.py), all launched from the caller's
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 import torch
@@ -71,6 +71,7 @@ class Lowered:
     feed_names: tuple
     output_names: tuple
     device: torch.device = torch.device("cpu")
+    compiled: dict = field(default_factory=dict)   # task name -> its CompiledTask (enable_compile)
 
     @property
     def tasks(self) -> list:
@@ -80,22 +81,26 @@ class Lowered:
 def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_tasks: bool = False,
           gather_ahead: bool = True) -> Lowered:
     """The graph's program, executed, its task functions wired into a runtime Plan (each compiled by
-    ``torch.compile`` with ``compile_tasks``: graph/compile_tasks.py; ``gather_ahead``: see
+    Inductor with ``compile_tasks``: graph/compile_tasks.py; ``gather_ahead``: see
     global_graph.issue_collectives)."""
     g = issue_collectives(g, gather_ahead)
     prog = program(g, profile, for_compile=compile_tasks and not profile)
     ns = prog.load()
-    # a task issuing collectives, or running kernels opaque to dynamo, stays plain
+    # a task issuing collectives, or running kernels opaque to tracing, stays plain
     plain = [profile or not compile_tasks or t.stream in PLAIN_STREAMS or any(map(uncompilable, t.nodes))
              for t in prog.tasks]
     read_plain = {v for t, p in zip(prog.tasks, plain) if p for v in t.inputs} | \
         {o for o in g.outputs if isinstance(o, Value)}
-    specs = []
+    specs, compiled = [], {}
     for t, p in zip(prog.tasks, plain):
         consumes = [prog.name(v) for v in t.inputs] + ([TOKEN] if t.token else [])
         produces = [prog.name(v) for v in t.outputs] + ([TOKEN] if t.stream == "update" else [])
         leaving = tuple(i for i, v in enumerate(t.outputs) if v in read_plain)
-        fn = ns[t.name] if p else compile_task(t.name, t.stream, ns[t.name], leaving)
+        fn = ns[t.name]
+        if not p:   # a task reading state calls its kernels' function (t.body) with it: compiled
+            compiled[t.name] = compile_task(t.name, t.stream, ns[t.body or t.name], leaving)
+            ns[t.body or t.name] = compiled[t.name]
+            fn = ns[t.name]
         specs.append(TaskSpec(t.name, t.stream, fn, tuple(consumes), tuple(produces),
                               register_num=register_num, source=t.source or None,
                               meta={"nodes": len(t.nodes)}))
@@ -108,7 +113,7 @@ def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_task
     if device.type == "cuda":
         specs, inputs = with_h2d_copies(specs, feeds, device, register_num)
     plan = Plan(tuple(specs), inputs=inputs, outputs=outs, initial={TOKEN: None} if has_update else {})
-    return Lowered(g, prog, plan, inputs, outs, device)
+    return Lowered(g, prog, plan, inputs, outs, device, compiled)
 
 
 def device_of(g: IRGraph) -> torch.device:
