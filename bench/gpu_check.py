@@ -254,12 +254,11 @@ def run_variant(variant: str, shape: str, steps: int) -> dict:
     sync()
     first = time.perf_counter() - t0
     if variant == "holoflow_graph_compile":   # which tasks Inductor compiled, and why not the others
-        from holoflow.graph.compile_tasks import CompiledTask
         for c in graph._compiled.values():
-            for spec in c.lowered.plan.tasks:
-                if isinstance(spec.fn, CompiledTask):
-                    print(f"  enable_compile: task {spec.name} ({spec.meta.get('nodes')} nodes): {spec.fn.state}"
-                          f"{' - ' + spec.fn.reason if spec.fn.reason else ''}", flush=True)
+            nodes = {spec.name: spec.meta.get("nodes") for spec in c.lowered.plan.tasks}
+            for name, task in c.lowered.compiled.items():
+                print(f"  enable_compile: task {name} ({nodes[name]} nodes): {task.state}"
+                      f"{' - ' + task.reason if task.reason else ''}", flush=True)
     if PROFILE:
         return profile_steps(variant, step)
     if on_gpu():

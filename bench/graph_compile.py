@@ -1,4 +1,4 @@
-"""nn.Graph with ``config.enable_compile()`` (each task's generated function through torch.compile /
+"""nn.Graph with ``config.enable_compile()`` (each task's generated function through
 Inductor, graph/compile_tasks.py) vs the plain nn.Graph, torch eager and torch.compile, on the CPU
 training steps of bench/graph.py (GPT-mini, the small CNN), each variant in its own fresh process,
 alternated round by round, best of rounds.
@@ -43,7 +43,7 @@ def one(case: str, variant: str, steps: int, repeat: int) -> dict:
     g(*batch)
     r: dict = {"case": case, "variant": variant, "first_s": time.perf_counter() - t0}
     c = next(iter(g._compiled.values()))
-    r["tasks"] = {s.name: getattr(s.fn, "state", "plain") for s in c.lowered.plan.tasks}
+    r["tasks"] = {s.name: getattr(c.lowered.compiled.get(s.name), "state", "plain") for s in c.lowered.plan.tasks}
     r["ms"] = base.timeit(lambda: g(*batch), steps, repeat) * 1e3
     return r
 

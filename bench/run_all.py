@@ -1,6 +1,6 @@
 """Every benchmark, each variant in its own fresh process, into one table: bench/results.md.
 
-    python bench/run_all.py                  # full: 3 rounds, 20 steps x 5 repeats per child
+    python bench/run_all.py                  # full: 5 rounds, 20 steps x 5 repeats per child
     python bench/run_all.py --quick          # 2 rounds, 10 steps x 3, short others
     python bench/run_all.py --lock /tmp/bench.lock --out bench/results.md
 
@@ -237,13 +237,13 @@ def main() -> None:
     global LOCK
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer rounds and steps; torch.compile once")
-    ap.add_argument("--rounds", type=int, default=None, help="rounds per variant (default 3, quick 2)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per variant (default 5: a process lands in a slow mode now and then on small boxes; quick 2)")
     ap.add_argument("--out", default=os.path.join(HERE, "results.md"))
     ap.add_argument("--lock", default=None, help="flock this file around each child process")
     ap.add_argument("--skip-others", action="store_true", help="only the graph and runtime tables")
     a = ap.parse_args()
     LOCK = a.lock
-    rounds = a.rounds or (2 if a.quick else 3)
+    rounds = a.rounds or (2 if a.quick else 5)
     t0 = time.perf_counter()
 
     def log(msg: str) -> None:
