@@ -93,6 +93,9 @@ class Op:
     # amp_keep: input positions that mixed precision never casts (a float32 logsumexp that a
     # low-precision backward reads with its low-precision inputs)
     amp_keep: tuple[int, ...] = ()
+    # flops(in_shapes, out_shapes, attrs): floating-point operations of one call on these shapes
+    # (the cost model, graph/auto_parallel.py); None: the op is bound by the bytes it moves
+    flops: Callable | None = None
     # reduces(attrs): whether the node sums values across ranks (a boxing from partial sums).
     # Mixed precision reduces a gradient bound for the optimizer in the dtype it was traced with
     # (eager's autocast casts it back to the parameter's dtype before reducing it)

@@ -29,6 +29,13 @@ class GraphConfig:
         self.pipeline_memory: str | None = None   # "1f1b": zb-h1 holds no more than 1F1B does
         self.compile_tasks = False   # config.enable_compile (graph/compile_tasks.py)
         self.gather_ahead = True     # global graphs: an all-gather of early values issued one ahead
+        # config.enable_auto_parallel (graph/auto_parallel.py) and its OneFlow knobs
+        self.auto_parallel = False
+        self.auto_parallel_ignore_user_sbp = False
+        self.auto_parallel_ratio = 1.0
+        self.auto_parallel_wait_s = 0.0
+        self.auto_memory = "AdaptiveMemory"
+        self.auto_memory_limit: int | None = None
 
     def set_allreduce_bucket_mb(self, mb: float) -> None:
         """Global graphs: backward's gradient all-reduces are grouped into buckets of at most
@@ -97,6 +104,41 @@ class GraphConfig:
         comm, copy and update tasks, and profiled graphs, stay plain (graph/compile_tasks.py).
         Read at compile time: plans compiled before are kept."""
         self.compile_tasks = bool(mode)
+
+    def enable_auto_parallel(self, mode: bool = True) -> None:
+        """Before the first compile, holoflow chooses the SBP of the graph's global parameters
+        (those left broadcast on a 1-D placement) to minimize the predicted step time under the
+        memory mode (graph/auto_parallel.py); ``graph.auto_parallel_plan()`` shows the choice."""
+        self.auto_parallel = bool(mode)
+
+    def enable_auto_parallel_ignore_user_sbp_config(self, mode: bool = True) -> None:
+        """Auto-parallel also re-plans parameters the user laid out split."""
+        self.auto_parallel_ignore_user_sbp = bool(mode)
+
+    def set_auto_parallel_computation_cost_ratio(self, ratio: float) -> None:
+        """The weight of predicted compute time against communication time (default 1)."""
+        if not ratio >= 0:
+            raise ValueError(f"holoflow.nn.Graph: computation cost ratio must be >= 0, got {ratio!r}")
+        self.auto_parallel_ratio = float(ratio)
+
+    def set_auto_parallel_wait_time(self, cost: float) -> None:
+        """Extra seconds every collective costs in the auto-parallel cost model (default 0)."""
+        if not cost >= 0:
+            raise ValueError(f"holoflow.nn.Graph: auto-parallel wait time must be >= 0 seconds, got {cost!r}")
+        self.auto_parallel_wait_s = float(cost)
+
+    def enable_auto_memory(self, mode: str = "AdaptiveMemory", *, limit: int | None = None) -> None:
+        """How auto-parallel weighs memory: ``"Disable"`` (time only), ``"AdaptiveMemory"`` (time
+        within ``limit`` bytes per rank: on CUDA the device's memory by default), or
+        ``"HeavyMemoryDown"`` (least memory, then time)."""
+        from .auto_parallel import MEMORY_MODES
+        if mode not in MEMORY_MODES:
+            raise ValueError(f"holoflow.nn.Graph enable_auto_memory: mode must be one of {', '.join(MEMORY_MODES)}; "
+                             f"got {mode!r}")
+        if limit is not None and not (isinstance(limit, int) and limit > 0):
+            raise ValueError(f"holoflow.nn.Graph enable_auto_memory: limit must be a positive int of bytes, "
+                             f"got {limit!r}")
+        self.auto_memory, self.auto_memory_limit = mode, limit
 
     def enable_profiling(self, mode: bool = True, path: str | None = None) -> None:
         """Times every node of the generated code and records every actor act; after running,

@@ -82,6 +82,7 @@ class Graph:
         self._compiled: dict = {}
         self._debug = 0
         self._log: list = []
+        self._auto_plan = None   # config.enable_auto_parallel: the plan chosen (graph/auto_parallel.py)
 
     # -- definition ----------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
@@ -219,8 +220,50 @@ class Graph:
         key = _cache_key(leaves, spec, self._flags())
         c = self._compiled.get(key)
         if c is None:
+            if self.config.auto_parallel and self._auto_plan is None:
+                self._plan_parallel(leaves, spec)
             c = self._compiled[key] = self._compile(leaves, spec)
         return c
+
+    def _plan_parallel(self, leaves: list, spec) -> None:
+        """``config.enable_auto_parallel``: the parameters' SBP chosen by the cost model before the
+        first compile (graph/auto_parallel.py), each candidate traced and passed, then applied."""
+        from . import auto_parallel
+        from .passes.checkpointing import flagged_paths
+        cfg = self.config
+        if cfg.zero is not None and cfg.zero.stage >= 3:
+            raise UnsupportedError("holoflow.nn.Graph: enable_auto_parallel with ZeRO stage 3 is not supported "
+                                   "(stage 3 lays parameters out itself); use stage 1 or 2, or no ZeRO")
+        names = self._state_names()
+        params = {names.get(id(p), f"param{i}"): p for i, p in enumerate(self._all_params())}
+
+        def trace():
+            ir, _, _, _, piped, _ = self._trace(leaves, spec)
+            if piped or any(is_move(n) for n in ir.nodes):
+                raise UnsupportedError("holoflow.nn.Graph: enable_auto_parallel plans one placement; this graph "
+                                       "has pipeline stages or micro-batches of global tensors")
+            pc = cfg.for_passes(flagged_paths(self))
+            pc.global_graph = True
+            return passes.run(ir, pc, [])
+        limit = cfg.auto_memory_limit
+        dev = self._device(leaves)
+        if limit is None and dev is not None and dev.type == "cuda":
+            limit = torch.cuda.get_device_properties(dev).total_memory
+        chosen = auto_parallel.plan(trace, params, [o for o, _ in self._optimizers],
+                                    ignore_user_sbp=cfg.auto_parallel_ignore_user_sbp, memory_mode=cfg.auto_memory,
+                                    limit=limit, ratio=cfg.auto_parallel_ratio, wait_s=cfg.auto_parallel_wait_s)
+        auto_parallel.apply(chosen, params)
+        self._auto_plan = chosen
+        if self._debug >= 1:
+            print(chosen)
+
+    def auto_parallel_plan(self):
+        """The plan ``config.enable_auto_parallel`` chose (``graph/auto_parallel.Plan``: each
+        parameter's SBP before and after, the predicted step and memory of both)."""
+        if self._auto_plan is None:
+            raise HoloflowError(f"holoflow.nn.Graph {type(self).__name__}: no auto-parallel plan: enable "
+                                f"config.enable_auto_parallel() and call the graph once")
+        return self._auto_plan
 
     def _flags(self) -> tuple:
         """Module train/eval flags, parameters' requires_grad and profiling: a change traces a new
@@ -228,8 +271,10 @@ class Graph:
         return (self.config.profiling, self.config.executor, _training_flags(self._modules.values()))
 
     # -- compile ---------------------------------------------------------------------------------
-    def _compile(self, leaves: list, spec) -> Compiled:
-        t0 = time.perf_counter()
+    def _trace(self, leaves: list, spec) -> tuple:
+        """``build`` traced on ``leaves``: the IR (the user's outputs, then the inputs build wrote in
+        place), those inputs' positions, the pipeline stages, micro-batches, whether micro-batches
+        or stages make it a pipeline, and where the update nodes begin."""
         tracer = Tracer(self._state_names())
         dev = self._device(leaves)
         tracer.device_type = dev.type if dev is not None else "cpu"
@@ -278,6 +323,11 @@ class Graph:
         written = [i for i, (x, t) in enumerate(zip(traced, lazy)) if isinstance(x, Tensor)
                    and t.__dict__.get("_v") is not tracer.feeds[_feed_index(traced, i)]]
         ir = tracer.graph(tuple(out_leaves) + tuple(lazy[i] for i in written), out_spec)
+        return ir, written, stages, m, piped, getattr(tracer, "pp_mark", len(ir.nodes))
+
+    def _compile(self, leaves: list, spec) -> Compiled:
+        t0 = time.perf_counter()
+        ir, written, stages, m, piped, mark = self._trace(leaves, spec)
         log = [passes.record("trace", ir.with_(nodes=()), ir, time.perf_counter() - t0)]
         from .passes.checkpointing import flagged_paths
         cfg = self.config.for_passes(flagged_paths(self))
@@ -289,7 +339,7 @@ class Graph:
                     f"{written} in place; a pipeline or a global graph with gradient "
                     f"accumulation (micro-batches as runtime iterations) does not write inputs back to "
                     f"the caller: write into a copy (x = x + 1) or return the new value")
-            return self._compile_pipeline(ir, cfg, log, stages, m, t0, getattr(tracer, "pp_mark", len(ir.nodes)))
+            return self._compile_pipeline(ir, cfg, log, stages, m, t0, mark)
         ir = passes.run(ir, cfg, log)
         logical = ir
         if is_global(ir):  # this rank's plan, derived from the logical graph without communication

@@ -260,17 +260,28 @@ def _sdpa_dropout_grad(c, dy, _dkeep):
     return _math_grad(c, dy, c.outs[1])
 
 
+def _sdpa_flops(ins, outs, attrs) -> float:   # q @ k^T and p @ v: 2 x 2 x |q| x Lk
+    return 4.0 * math.prod(ins[0]) * ins[1][-2]
+
+
+def _sdpa_bwd_flops(ins, outs, attrs) -> float:   # (dy, q, k, ...): ~2.5x the forward
+    return 10.0 * math.prod(ins[1]) * ins[2][-2]
+
+
 SDPA_BWD = defop("scaled_dot_product_attention_backward",
                  lambda dy, q, k, v, mask, keep, lse, is_causal, scale, keep_given:
                  _sdpa_bwd_kernel(dy, q, k, v, mask, keep, is_causal, scale, lse),
-                 grad=_no_double, sbp=_sdpa_bwd_sbp, family="attention", amp_keep=(6,), opaque=_runs_autograd)
+                 grad=_no_double, sbp=_sdpa_bwd_sbp, family="attention", amp_keep=(6,), opaque=_runs_autograd,
+                 flops=_sdpa_bwd_flops)
 SDPA_FUSED_BWD = defop("scaled_dot_product_attention_fused_backward", _sdpa_fused_bwd_kernel, grad=_no_double,
-                       sbp=_sdpa_fused_bwd_sbp, family="attention", amp_keep=(5,), opaque=_runs_autograd)
+                       sbp=_sdpa_fused_bwd_sbp, family="attention", amp_keep=(5,), opaque=_runs_autograd,
+                       flops=_sdpa_bwd_flops)
 SDPA = defop("scaled_dot_product_attention", _sdpa_kernel, grad=_sdpa_grad, save="both", sbp=_sdpa_sbp,
-             outputs=("out", "logsumexp"), grad_reads=(0,), family="attention", opaque=_runs_autograd)
+             outputs=("out", "logsumexp"), grad_reads=(0,), family="attention", opaque=_runs_autograd,
+             flops=_sdpa_flops)
 SDPA_DROPOUT = defop("scaled_dot_product_attention_dropout", _sdpa_dropout_kernel, grad=_sdpa_dropout_grad,
                      save="both", sbp=_sdpa_sbp, outputs=("out", "keep"), grad_reads=(0,), random=True,
-                     family="attention")
+                     family="attention", flops=_sdpa_flops)
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,

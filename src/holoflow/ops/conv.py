@@ -117,10 +117,18 @@ def _conv_grad(c, dy):
     return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
 
 
+def _conv_flops(ins, outs, attrs) -> float:   # (x, w, ...) -> y: each output a dot of w[1:]
+    return 2.0 * math.prod(outs[0]) * math.prod(ins[1][1:])
+
+
+def _conv_bwd_flops(ins, outs, attrs) -> float:   # (dy, x, w, ...): the input and weight products
+    return 4.0 * math.prod(ins[0]) * math.prod(ins[2][1:])
+
+
 CONV_BWD = defop("convolution_backward", _conv_bwd_kernel, sbp=_conv_bwd_sbp,
-                 grad=_no_double("convolution_backward"), family="conv")
+                 grad=_no_double("convolution_backward"), family="conv", flops=_conv_bwd_flops)
 CONV = defop("convolution", _conv_kernel, grad=_conv_grad, save="inputs", sbp=_conv_sbp, family="conv",
-             layout=True)
+             layout=True, flops=_conv_flops)
 
 
 def _tuple(v, n: int, what: str, name: str) -> tuple:

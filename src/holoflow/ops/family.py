@@ -6,6 +6,7 @@ ONE mesh axis and returned as data: a list of ``(input_sbps, output_sbps)`` pair
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable, Sequence
 
 import torch
@@ -21,6 +22,19 @@ from ..core.tensor import Tensor
 FAMILY_DEFAULTS.update({"elementwise": {"elementwise": True, "fresh": True}})
 FAMILY_DEFAULTS.update({f: {"fresh": True} for f in ("softmax", "norm", "conv", "pool", "einsum", "loss",
                                                      "attention", "embedding", "reduction", "scan")})
+
+
+def contraction_flops(ins: Sequence[tuple], outs: Sequence[tuple], attrs: dict) -> float:
+    """Multiply-adds x 2 of a two-operand product (matmul, linear and their gradients): every
+    index of ``a (x) b -> out`` appears in two of the three shapes except the batch dims, which
+    appear in all three, so the product of every index size is sqrt(|a| |b| |out| / batch)."""
+    a, b, out = (math.prod(s) for s in (ins[0], ins[1], outs[0]))
+    both = len(ins[0]) > 2 and len(ins[1]) > 2 and len(outs[0]) > 2
+    batch = math.prod(outs[0][:-2]) if both else 1
+    return 2.0 * math.sqrt(a * b * out / max(batch, 1))
+
+
+FAMILY_DEFAULTS["einsum"]["flops"] = contraction_flops
 
 
 def tensor_metas(metas: Sequence) -> list[Meta]:

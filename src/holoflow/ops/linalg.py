@@ -12,6 +12,7 @@ their SBP splits the batch dims.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Sequence
 
@@ -27,7 +28,8 @@ from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
 from .creation import full_like
-from .family import broadcast_shapes, elementwise_sbp, holomorphic, needs, reads_other, reduce_grad
+from .family import (broadcast_shapes, contraction_flops, elementwise_sbp, holomorphic, needs, reads_other,
+                     reduce_grad)
 from .layout import tril, triu
 from .more_ops import INV, _square, det, inverse
 from .more_ops import cholesky as _linalg_cholesky
@@ -325,7 +327,8 @@ def _addmm_family(name: str, ins: list[str], out: str):
         g = [reduce_grad(operand_grad(ins, out, (a, b), dy, i) * c.alpha, c, i + 1) if needs(c, i + 1)
              else None for i in range(2)]
         return (g_in, *g)
-    return defop(name, kernel, grad=grad, save="inputs", shape=shape, sbp=sbp, family="einsum")
+    return defop(name, kernel, grad=grad, save="inputs", shape=shape, sbp=sbp, family="einsum",
+                 flops=lambda i, o, attrs: contraction_flops(i[1:], o, attrs))   # the addend is no operand
 
 
 ADDMM = _addmm_family("addmm", ["ik", "kj"], "ij")
@@ -475,7 +478,8 @@ def _linear_bwd_no_grad(c, *dys):
 
 
 LINEAR_BACKWARD = defop("linear_backward", _linear_bwd_kernel, grad=_linear_bwd_no_grad, sbp=_linear_bwd_sbp,
-                        family="einsum", mask_split=True)
+                        family="einsum", mask_split=True,   # (dy, x, w): the input and weight products
+                        flops=lambda i, o, attrs: 4.0 * math.prod(i[0]) * i[2][-1])
 
 
 def _linear_add_to_output(shapes: tuple, beta, alpha):
@@ -679,7 +683,7 @@ def _cross_grad(c, dy):
 
 
 CROSS = defop("cross", lambda a, b, dim: torch.linalg.cross(a, b, dim=dim), grad=_cross_grad, save="inputs",
-              saved_inputs=reads_other, sbp=_cross_sbp, family="einsum")
+              saved_inputs=reads_other, sbp=_cross_sbp, family="einsum", flops=None)
 
 
 def cross(input: Tensor, other: Tensor, dim: int | None = None) -> Tensor:

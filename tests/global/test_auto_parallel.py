@@ -1,0 +1,185 @@
+"""``config.enable_auto_parallel()``: the cost model chooses the parameters' SBP before the first
+compile (graph/auto_parallel.py). On 2 simulated ranks: wide layers with a small batch become
+Megatron-style tensor parallel, narrow layers with a large batch stay data parallel, a memory
+limit shards what time alone would not; every chosen plan trains exactly as one process eager."""
+import numpy as np
+import pytest
+
+import holoflow as flow
+from holoflow.core.errors import UnsupportedError
+from holoflow.core.sbp import B, S
+from holoflow.distributed import world
+from holoflow.graph.graph import Graph
+
+D = 16
+
+
+def _weights(hidden: int) -> dict:
+    rng = np.random.default_rng(1)
+    shapes = {"0.weight": (hidden, D), "0.bias": (hidden,), "2.weight": (D, hidden), "2.bias": (D,)}
+    return {k: rng.standard_normal(s).astype(np.float32) * 0.1 for k, s in shapes.items()}
+
+
+def _batch(batch: int) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((batch, D)).astype(np.float32)
+
+
+def _mlp(hidden: int):
+    m = flow.nn.Sequential(flow.nn.Linear(D, hidden), flow.nn.GELU(), flow.nn.Linear(hidden, D))
+    m.load_state_dict({k: flow.tensor(v) for k, v in _weights(hidden).items()})
+    return m
+
+
+def _eager(hidden: int, batch: int, steps: int = 3):
+    """One process, no placement: the numbers every plan must reproduce."""
+    m = _mlp(hidden)
+    opt = flow.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    x = flow.tensor(_batch(batch))
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = m(x).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
+
+
+def _planned(hidden: int, batch: int, configure=lambda cfg: None, steps: int = 3, user_sbp=None):
+    P = flow.placement("cpu", ranks=[0, 1])
+    m = _mlp(hidden)
+    m.to_global(placement=P, sbp=[B])
+    if user_sbp is not None:   # the user's own layout of the first weight
+        w = m[0].weight
+        moved = w.detach().to_global(sbp=[user_sbp])
+        w._data, w._global = moved._data, moved._global
+    opt = flow.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    x = flow.tensor(_batch(batch)).to_global(placement=P, sbp=[B]).to_global(sbp=[S(0)])
+
+    class Train(Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+            self.config.enable_auto_parallel()
+            configure(self.config)
+
+        def build(self, x):
+            loss = self.m(x).square().mean()
+            loss.backward()
+            return loss
+    g = Train()
+    losses = [g(x).to_global(sbp=[B]).to_local().item() for _ in range(steps)]
+    sbps = {k: tuple(v.sbp) for k, v in m.state_dict().items()}
+    params = {k: v.to_global(sbp=[B]).to_local().numpy().copy() for k, v in m.state_dict().items()}
+    return g.auto_parallel_plan(), sbps, losses, params
+
+
+def _check_equal_to_eager(results, hidden: int, batch: int):
+    want_l, want_p = _eager(hidden, batch)
+    for plan, sbps, losses, params in results:
+        np.testing.assert_allclose(losses, want_l, rtol=1e-5, atol=1e-7)
+        for k in want_p:
+            np.testing.assert_allclose(params[k], want_p[k], rtol=1e-5, atol=1e-6)
+
+
+def test_wide_layers_and_a_small_batch_become_tensor_parallel():
+    """Data parallel would all-reduce 2 x 16 x 8192 weight gradients per step; splitting the first
+    weight by rows and the second by columns (Megatron's MLP) moves only activations."""
+    results = world.simulate(2, lambda r: _planned(8192, 4), timeout=300)
+    for plan, sbps, _, _ in results:
+        assert sbps["0.weight"] == (S(0),) and sbps["0.bias"] == (S(0),) and sbps["2.weight"] == (S(1),), sbps
+        assert plan.chosen.step_s < plan.start.step_s and plan.chosen.memory_bytes < plan.start.memory_bytes
+        assert plan.choices["m.0.weight"] == ((B,), (S(0),))
+    assert str(results[0][0]) == str(results[1][0])      # both ranks derived the same plan
+    _check_equal_to_eager(results, 8192, 4)
+
+
+def test_narrow_layers_and_a_large_batch_stay_data_parallel():
+    results = world.simulate(2, lambda r: _planned(16, 512), timeout=300)
+    for plan, sbps, _, _ in results:
+        assert all(s == (B,) for s in sbps.values()), sbps
+        assert plan.chosen == plan.start and plan.evaluated > 1
+    _check_equal_to_eager(results, 16, 512)
+
+
+def test_a_memory_limit_shards_what_time_alone_keeps_whole():
+    """hidden=1024, batch 4: data parallel is predicted fastest (one bucketed all-reduce) but holds
+    every parameter, its gradient and its momentum whole; under a limit below that the planner
+    takes the fastest plan that fits."""
+    t = world.simulate(2, lambda r: _planned(1024, 4), timeout=300)
+    assert all(s == (B,) for s in t[0][1].values()), t[0][1]
+    whole = t[0][0].chosen.memory_bytes
+    assert whole == (2 * D * 1024 + 1024 + D) * 4 * 3     # parameters, gradients, momentum (float32)
+    limit = int(whole * 0.7)
+    results = world.simulate(2, lambda r: _planned(1024, 4, lambda c: c.enable_auto_memory(limit=limit)),
+                             timeout=300)
+    for plan, sbps, _, _ in results:
+        assert plan.chosen.memory_bytes <= limit < plan.start.memory_bytes
+        assert any(s != (B,) for s in sbps.values())
+    _check_equal_to_eager(results, 1024, 4)
+    heavy = world.simulate(2, lambda r: _planned(1024, 4, lambda c: c.enable_auto_memory("HeavyMemoryDown")),
+                           timeout=300)
+    assert heavy[0][0].chosen.memory_bytes <= results[0][0].chosen.memory_bytes
+    _check_equal_to_eager(heavy, 1024, 4)
+
+
+def test_the_users_own_layout_is_kept_unless_told_to_ignore_it():
+    kept = world.simulate(2, lambda r: _planned(8192, 4, user_sbp=S(1)), timeout=300)
+    assert kept[0][1]["0.weight"] == (S(1),)
+    _check_equal_to_eager(kept, 8192, 4)
+    ignored = world.simulate(2, lambda r: _planned(
+        8192, 4, lambda c: c.enable_auto_parallel_ignore_user_sbp_config(), user_sbp=S(1)), timeout=300)
+    assert ignored[0][1]["0.weight"] == (S(0),)
+    _check_equal_to_eager(ignored, 8192, 4)
+
+
+def test_bad_configurations_say_what_would_work():
+    g = Graph()
+    with pytest.raises(ValueError, match="HeavyMemoryDown"):
+        g.config.enable_auto_memory("SlightMemoryDown")
+    with pytest.raises(ValueError, match="positive int"):
+        g.config.enable_auto_memory(limit=-1)
+    with pytest.raises(ValueError, match=">= 0"):
+        g.config.set_auto_parallel_computation_cost_ratio(-1.0)
+
+    m = flow.nn.Linear(4, 4)
+
+    class Local(Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.config.enable_auto_parallel()
+
+        def build(self, x):
+            return self.m(x)
+    with pytest.raises(UnsupportedError, match="to_global"):
+        Local()(flow.randn(2, 4))
+    with pytest.raises(Exception, match="no auto-parallel plan"):
+        Local().auto_parallel_plan()
+
+
+def test_declared_flops_count_the_products():
+    """The cost model's compute: two FLOPs per multiply-add of each product, by hand."""
+    from holoflow.core.registry import REGISTRY as R
+    bt, i, o, h, t, d = 6, 32, 48, 4, 10, 8
+    assert R["linear"].flops([(bt, i), (o, i), (o,)], [(bt, o)], {}) == 2 * bt * i * o
+    assert R["linear_grad_input"].flops([(bt, o), (o, i)], [(bt, i)], {}) == 2 * bt * i * o
+    assert R["linear_grad_weight"].flops([(2, 3, o), (2, 3, i)], [(o, i)], {}) == 2 * 6 * i * o
+    assert R["linear_backward"].flops([(bt, o), (bt, i), (o, i)], [(bt, i), (o, i), (o,)], {}) == 4 * bt * i * o
+    assert R["matmul"].flops([(2, h, t, d), (2, h, d, t)], [(2, h, t, t)], {}) == 2 * 2 * h * t * d * t
+    assert R["addmm"].flops([(o,), (bt, i), (i, o)], [(bt, o)], {}) == 2 * bt * i * o
+    assert R["convolution"].flops([(2, 3, 8, 8), (5, 3, 3, 3)], [(2, 5, 8, 8)], {}) == 2 * (2 * 5 * 64) * (3 * 9)
+    assert R["scaled_dot_product_attention"].flops([(2, h, t, d), (2, h, 12, d), (2, h, 12, d)],
+                                                   [(2, h, t, d), (2, h, t)], {}) == 4 * 2 * h * t * 12 * d
+    assert R["cross"].flops is None and R["relu"].flops is None   # bound by the bytes they move
+
+
+def test_zero_stage_3_is_refused_by_name():
+    def run(rank):
+        def cfg(c):
+            c.enable_zero(True, stage=3)
+        with pytest.raises(UnsupportedError, match="ZeRO stage 3"):
+            _planned(16, 8, cfg, steps=1)
+        return True
+    assert all(world.simulate(2, run, timeout=120))
