@@ -45,16 +45,17 @@ def _eager(hidden: int, batch: int, steps: int = 3):
     return losses, {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
 
 
-def _planned(hidden: int, batch: int, configure=lambda cfg: None, steps: int = 3, user_sbp=None):
-    P = flow.placement("cpu", ranks=[0, 1])
+def _planned(hidden: int, batch: int, configure=lambda cfg: None, steps: int = 3, user_sbp=None, mesh=(2,)):
+    P = flow.placement("cpu", ranks=np.arange(int(np.prod(mesh))).reshape(mesh).tolist())
+    bs = [B] * len(mesh)
     m = _mlp(hidden)
-    m.to_global(placement=P, sbp=[B])
+    m.to_global(placement=P, sbp=bs)
     if user_sbp is not None:   # the user's own layout of the first weight
         w = m[0].weight
         moved = w.detach().to_global(sbp=[user_sbp])
         w._data, w._global = moved._data, moved._global
     opt = flow.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-    x = flow.tensor(_batch(batch)).to_global(placement=P, sbp=[B]).to_global(sbp=[S(0)])
+    x = flow.tensor(_batch(batch)).to_global(placement=P, sbp=bs).to_global(sbp=[S(0)] * len(mesh))
 
     class Train(Graph):
         def __init__(self):
@@ -69,15 +70,15 @@ def _planned(hidden: int, batch: int, configure=lambda cfg: None, steps: int = 3
             loss.backward()
             return loss
     g = Train()
-    losses = [g(x).to_global(sbp=[B]).to_local().item() for _ in range(steps)]
+    losses = [g(x).to_global(sbp=bs).to_local().item() for _ in range(steps)]
     sbps = {k: tuple(v.sbp) for k, v in m.state_dict().items()}
-    params = {k: v.to_global(sbp=[B]).to_local().numpy().copy() for k, v in m.state_dict().items()}
+    params = {k: v.to_global(sbp=bs).to_local().numpy().copy() for k, v in m.state_dict().items()}
     return g.auto_parallel_plan(), sbps, losses, params
 
 
 def _check_equal_to_eager(results, hidden: int, batch: int):
     want_l, want_p = _eager(hidden, batch)
-    for plan, sbps, losses, params in results:
+    for _, _, losses, params in results:
         np.testing.assert_allclose(losses, want_l, rtol=1e-5, atol=1e-7)
         for k in want_p:
             np.testing.assert_allclose(params[k], want_p[k], rtol=1e-5, atol=1e-6)
@@ -110,7 +111,11 @@ def test_a_memory_limit_shards_what_time_alone_keeps_whole():
     t = world.simulate(2, lambda r: _planned(1024, 4), timeout=300)
     assert all(s == (B,) for s in t[0][1].values()), t[0][1]
     whole = t[0][0].chosen.memory_bytes
-    assert whole == (2 * D * 1024 + 1024 + D) * 4 * 3     # parameters, gradients, momentum (float32)
+    params = (2 * D * 1024 + 1024 + D) * 4                # float32
+    assert t[0][0].chosen.state_bytes == 2 * params       # the parameters and their momentum, whole
+    # + the intermediates' peak: at least every gradient, at most those, their bucket's flat copy
+    # (one all-reduce) and a few activations
+    assert 3 * params <= whole <= 4 * params + 8 * 4 * 1024 * 4
     limit = int(whole * 0.7)
     results = world.simulate(2, lambda r: _planned(1024, 4, lambda c: c.enable_auto_memory(limit=limit)),
                              timeout=300)
@@ -132,6 +137,28 @@ def test_the_users_own_layout_is_kept_unless_told_to_ignore_it():
         8192, 4, lambda c: c.enable_auto_parallel_ignore_user_sbp_config(), user_sbp=S(1)), timeout=300)
     assert ignored[0][1]["0.weight"] == (S(0),)
     _check_equal_to_eager(ignored, 8192, 4)
+
+
+def test_a_2x2_mesh_plans_each_axis():
+    """On a 2 x 2 mesh each parameter's candidates are nd-SBPs (B or S(d) per axis); the plan
+    predicted faster than data parallel on both axes trains exactly as eager."""
+    results = world.simulate(4, lambda r: _planned(4096, 8, mesh=(2, 2)), timeout=300)
+    plan, sbps, _, _ = results[0]
+    assert plan.chosen.step_s < plan.start.step_s and any(s != (B, B) for s in sbps.values()), sbps
+    assert all(len(s) == 2 for s in sbps.values()) and all(str(r[0]) == str(plan) for r in results)
+    _check_equal_to_eager(results, 4096, 8)
+
+
+def test_calibrated_figures_are_measured_and_shared():
+    """``enable_auto_parallel(calibrate=True)`` measures the device and the links; every rank takes
+    the slowest rank's figures, so all choose the same plan."""
+    results = world.simulate(2, lambda r: _planned(8192, 4, lambda c: c.enable_auto_parallel(calibrate=True)),
+                             timeout=300)
+    plans = [r[0] for r in results]
+    assert all(p.device.calibrated and p.link.calibrated for p in plans)
+    assert plans[0].device == plans[1].device and plans[0].choices == plans[1].choices
+    assert plans[0].device.flops_per_s > 1e8 and plans[0].device.bytes_per_s > 1e7
+    _check_equal_to_eager(results, 8192, 4)
 
 
 def test_bad_configurations_say_what_would_work():

@@ -1,12 +1,13 @@
 """Automatic parallel planning: ``graph.config.enable_auto_parallel()`` chooses the SBP of the
 parameters of a graph of global tensors with one cost model that predicts step time and memory.
 
-What is chosen. The parameters the user left broadcast on a 1-D placement (every parameter with
-``enable_auto_parallel_ignore_user_sbp_config()``), each among ``B`` and ``S(d)`` for every dim
-``d`` the ranks divide evenly. The rest follows: while ``build`` is traced every op takes the
-signature the one cost function picks for its inputs (as eager does), and gradients are boxed to
-their parameter's SBP, so one assignment of parameter SBPs is one program: data parallel (all
-``B``), Megatron-style tensor parallel (``S(0)`` then ``S(1)``), or a mix.
+What is chosen. The parameters the user left broadcast on their placement, a 1-D or N-D mesh
+(every parameter with ``enable_auto_parallel_ignore_user_sbp_config()``), each among the
+nd-SBPs of ``B`` or ``S(d)`` per mesh axis that split every dim evenly. The rest follows: while
+``build`` is traced every op takes the signature the one cost function picks for its inputs (as
+eager does), and gradients are boxed to their parameter's SBP, so one assignment of parameter
+SBPs is one program: data parallel (all ``B``), Megatron-style tensor parallel (``S(0)`` then
+``S(1)``), or a mix.
 
 The cost model (:func:`predict`), per rank, on the traced logical graph after the passes:
 
@@ -18,16 +19,21 @@ The cost model (:func:`predict`), per rank, on the traced logical graph after th
   over links per rank, from the one cost function ``boxing.cost``) at the placement's
   :class:`~holoflow.graph.global_graph.LinkModel` (measured by ``calibrate`` or the default guess),
   plus ``set_auto_parallel_wait_time`` per collective; no overlap with compute is assumed;
-- memory: parameters, their gradients and the optimizer's state (``state_per_param`` tensors
-  of each parameter's local shape) held by this rank. Activations are not counted yet.
+- memory: the parameters and the optimizer's state (``state_per_param`` tensors of each
+  parameter's local shape) this rank holds, plus the peak of its intermediates (activations,
+  gradients) under the memory plan (``memory_plan.peak_bytes`` of this rank's graph).
+
+The figures are round defaults (:meth:`DeviceModel.default`, ``LinkModel()``) unless
+``enable_auto_parallel(calibrate=True)`` measures the device (a matmul, a copy) and the links
+(``global_graph.calibrate``) first, every rank taking the slowest rank's figures.
 
 The search (:func:`plan`): coordinate descent from the user's assignment, largest parameters first:
 each candidate SBP of one parameter is traced (no kernel runs; the parameter's data is not
 moved while searching) and kept when it lowers the objective; sweeps repeat until none does
 (at most ``MAX_SWEEPS``). The objective follows ``enable_auto_memory``: ``"Disable"`` the predicted
 step time; ``"AdaptiveMemory"`` (default) the step time among plans within the memory limit
-(``limit=`` bytes; on CUDA the device's total memory; none on the CPU), the least memory when no
-plan fits; ``"HeavyMemoryDown"`` the least memory, then time. Every rank derives the same plan
+(``limit=`` bytes per rank; on CUDA the device's total memory; none on the CPU), the least memory
+when no plan fits; ``"HeavyMemoryDown"`` the least memory, then time. Every rank derives the same plan
 from the same figures, with no communication.
 
 Applying the plan lays each chosen parameter out in place (a broadcast parameter keeps this
@@ -39,7 +45,9 @@ starting assignment and of the chosen one.
 """
 from __future__ import annotations
 
+import itertools
 import math
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -51,8 +59,10 @@ from ..core.sbp import B, S
 from ..core.tensor import Tensor
 from ..distributed import world
 from ..distributed.sharding import local_shape, nd_str, shard_of
-from .global_graph import GLOBAL_BOX, GLOBAL_BOX_BUCKET, boxing_points, link_model
+from . import global_graph
+from .global_graph import GLOBAL_BOX, GLOBAL_BOX_BUCKET, boxing_points, link_model, localize
 from .ir import IRGraph, Value
+from .passes.memory_plan import peak_bytes
 
 MAX_SWEEPS = 3
 MEMORY_MODES = ("Disable", "AdaptiveMemory", "HeavyMemoryDown")
@@ -66,11 +76,40 @@ class DeviceModel:
     flops_per_s: float
     bytes_per_s: float
 
+    calibrated: bool = False
+
     @staticmethod
     def default(device_type: str) -> "DeviceModel":
         if device_type == "cuda":
             return DeviceModel(200e12, 2e12)
         return DeviceModel(50e9, 10e9)
+
+    @staticmethod
+    def calibrate(device: torch.device, ranks: tuple = (), repeats: int = 5) -> "DeviceModel":
+        """Measures a float32 matmul's FLOP rate and a copy's bytes per second on ``device``; with
+        ``ranks`` (a collective: every rank calls it) every rank takes the slowest rank's figures,
+        so all derive the same plan."""
+        n = 512 if device.type == "cpu" else 4096
+        a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+        big = torch.empty(1 << 22, device=device)   # 16 MiB
+
+        def best(fn) -> float:
+            fn()
+            out = float("inf")
+            for _ in range(repeats):
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                t0 = time.perf_counter()
+                fn()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                out = min(out, time.perf_counter() - t0)
+            return out
+        mm, cp = best(lambda: a @ b), best(lambda: big.clone())
+        if len(ranks) > 1:
+            got = world.comm().all_gather_shapes((mm, cp), ranks)
+            mm, cp = max(g[0] for g in got), max(g[1] for g in got)
+        return DeviceModel(2.0 * n ** 3 / mm, 2.0 * big.numel() * 4 / cp, True)
 
 
 @dataclass(frozen=True)
@@ -79,8 +118,9 @@ class Prediction:
 
     compute_s: float
     comm_s: float
-    memory_bytes: int
+    memory_bytes: int    # state held (parameters, optimizer state) + the intermediates' planned peak
     collectives: int
+    state_bytes: int = 0
 
     @property
     def step_s(self) -> float:
@@ -89,7 +129,8 @@ class Prediction:
     def __str__(self) -> str:
         return (f"step {self.step_s * 1e3:.3f} ms (compute {self.compute_s * 1e3:.3f} + communication "
                 f"{self.comm_s * 1e3:.3f}, {self.collectives} collective(s)), "
-                f"{self.memory_bytes / 2**20:.2f} MiB of parameters, gradients and optimizer state")
+                f"memory {self.memory_bytes / 2**20:.2f} MiB ({self.state_bytes / 2**20:.2f} of parameters and "
+                f"optimizer state)")
 
 
 @dataclass
@@ -104,11 +145,16 @@ class Plan:
     memory_mode: str
     limit: int | None = None
     trail: list = field(default_factory=list)   # (parameter, candidate, Prediction) per trace
+    device: DeviceModel | None = None
+    link: object = None   # the placement's LinkModel the predictions used
 
     def __str__(self) -> str:
         lim = f", limit {self.limit / 2**20:.1f} MiB" if self.limit else ""
+        how = "calibrated" if self.device is not None and self.device.calibrated else "default"
+        dev = (f"device {self.device.flops_per_s / 1e9:.0f} GFLOP/s, {self.device.bytes_per_s / 1e9:.1f} GB/s "
+               f"({how}); links {self.link}" if self.device is not None else "")
         lines = [f"auto-parallel plan ({self.evaluated} assignment(s) traced, memory mode "
-                 f"{self.memory_mode}{lim}):",
+                 f"{self.memory_mode}{lim}; {dev}):",
                  f"  start : {self.start}", f"  chosen: {self.chosen}"]
         for name, (before, after) in self.choices.items():
             mark = "" if before == after else "   (changed)"
@@ -131,7 +177,7 @@ def predict(g: IRGraph, params: list, state_per_param: int, device: DeviceModel,
     """Predicted step of the logical graph ``g`` on the first rank of its placement (every rank
     holds equal shards of evenly divided tensors; all ranks agree on the figures)."""
     place = next((v.placement for v in (*g.feeds, *(v for v, _ in g.state)) if v.placement is not None), None)
-    rank = place.ranks[0] if place is not None else 0
+    rank = place.flat_ranks[0] if place is not None else 0
     compute = 0.0
     for n in g.nodes:
         if n.op in (GLOBAL_BOX.name, GLOBAL_BOX_BUCKET.name):
@@ -150,15 +196,27 @@ def predict(g: IRGraph, params: list, state_per_param: int, device: DeviceModel,
     comm = sum(link.seconds(p) for p in points) if link is not None else 0.0
     collectives = sum(p.share * sum(1 for s in p.steps if s.collective) for p in points)
     comm += wait_s * collectives
-    memory = sum(_nbytes(local_shape(p.shape, p._global.sbp, p._global.placement, rank), p.dtype)
-                 for p in params) * (2 + state_per_param)
-    return Prediction(compute * ratio, comm, int(memory), round(collectives))
+    held = sum(_nbytes(local_shape(p.shape, p._global.sbp, p._global.placement, rank), p.dtype)
+               for p in params) * (1 + state_per_param)
+    local = localize(g, rank)   # intermediates (activations, gradients) at the memory plan's peak
+    return Prediction(compute * ratio, comm, int(held + peak_bytes(local, local.frees)), round(collectives),
+                      int(held))
 
 
 def candidates(p: Tensor) -> list[tuple]:
-    """``B`` and ``S(d)`` for every dim the ranks divide evenly (1-D placements)."""
-    n = p._global.placement.hierarchy[0]
-    return [(B,)] + [(S(d),) for d, size in enumerate(p.shape) if size % n == 0 and size >= n]
+    """Every nd-SBP of ``B`` / ``S(d)`` per mesh axis that splits each dim evenly (a dim split
+    by several axes is divided by their product)."""
+    mesh = p._global.placement.hierarchy
+    per_axis = [[B] + [S(d) for d in range(p.dim())] for _ in mesh]
+    out = []
+    for nd in itertools.product(*per_axis):
+        parts = [1] * p.dim()
+        for s, k in zip(nd, mesh):
+            if isinstance(s, S):
+                parts[s.axis] *= k
+        if all(size % k == 0 and size >= k for size, k in zip(p.shape, parts)):
+            out.append(tuple(nd))
+    return out
 
 
 def state_per_param(optimizers: list) -> int:
@@ -208,10 +266,11 @@ def _objective(mode: str, limit: int | None) -> Callable[[Prediction], tuple]:
 
 def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore_user_sbp: bool = False,
          memory_mode: str = "AdaptiveMemory", limit: int | None = None, ratio: float = 1.0,
-         wait_s: float = 0.0, device: DeviceModel | None = None) -> Plan:
+         wait_s: float = 0.0, device: DeviceModel | None = None, calibrate: bool = False) -> Plan:
     """Chooses the SBP of ``params`` (name -> global parameter) by coordinate descent over
     :func:`predict` of ``trace()`` (the graph traced and passed, under the parameters' current
-    layout)."""
+    layout). ``calibrate``: measure the links and the device first (collectives: every rank of
+    the placement plans at once); else the round default figures."""
     if memory_mode not in MEMORY_MODES:
         raise UnsupportedError(f"holoflow.nn.Graph enable_auto_memory: mode {memory_mode!r} is not supported; "
                                f"supported: {', '.join(MEMORY_MODES)}")
@@ -221,12 +280,17 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
         raise UnsupportedError("holoflow.nn.Graph enable_auto_parallel: the graph has no global parameters; "
                                "place the model first: model.to_global(placement=flow.placement(...), "
                                "sbp=flow.sbp.broadcast)")
-    if len(places) > 1 or any(pl.ndim != 1 for pl in places):
-        raise UnsupportedError(f"holoflow.nn.Graph enable_auto_parallel: plans parameters on one 1-D placement; "
+    if len(places) > 1:
+        raise UnsupportedError(f"holoflow.nn.Graph enable_auto_parallel: plans parameters on one placement; "
                                f"this graph's parameters are on {sorted(map(str, places))}")
     free = [p for p in glob.values() if p.requires_grad and (ignore_user_sbp or all(s == B for s in p._global.sbp))]
     free.sort(key=lambda p: -p.numel())
-    device = device or DeviceModel.default(next(iter(glob.values()))._data.device.type)
+    place = next(iter(places))
+    dev = next(iter(glob.values()))._data.device
+    if calibrate:
+        global_graph.calibrate(place)
+        device = device or DeviceModel.calibrate(dev, tuple(place.flat_ranks))
+    device = device or DeviceModel.default(dev.type)
     k = state_per_param(optimizers)
     better = _objective(memory_mode, limit)
     current = {p: p._global.sbp for p in glob.values()}
@@ -253,7 +317,7 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
     names = {id(p): k for k, p in glob.items()}
     choices = {names[id(p)]: (p._global.sbp, current[p]) for p in glob.values()}
     return Plan(choices, start, best, len(trail) + 1, memory_mode, limit,
-                [(names[id(p)], nd, q) for p, nd, q in trail])
+                [(names[id(p)], nd, q) for p, nd, q in trail], device, link_model(place))
 
 
 def apply(result: Plan, params: dict) -> None:

@@ -32,6 +32,7 @@ class GraphConfig:
         # config.enable_auto_parallel (graph/auto_parallel.py) and its OneFlow knobs
         self.auto_parallel = False
         self.auto_parallel_ignore_user_sbp = False
+        self.auto_parallel_calibrate = False
         self.auto_parallel_ratio = 1.0
         self.auto_parallel_wait_s = 0.0
         self.auto_memory = "AdaptiveMemory"
@@ -105,11 +106,14 @@ class GraphConfig:
         Read at compile time: plans compiled before are kept."""
         self.compile_tasks = bool(mode)
 
-    def enable_auto_parallel(self, mode: bool = True) -> None:
+    def enable_auto_parallel(self, mode: bool = True, *, calibrate: bool = False) -> None:
         """Before the first compile, holoflow chooses the SBP of the graph's global parameters
-        (those left broadcast on a 1-D placement) to minimize the predicted step time under the
-        memory mode (graph/auto_parallel.py); ``graph.auto_parallel_plan()`` shows the choice."""
+        (those left broadcast) to minimize the predicted step time under the memory mode
+        (graph/auto_parallel.py); ``graph.auto_parallel_plan()`` shows the choice. ``calibrate``:
+        measure the device and the links first (else round default figures: the same plan on
+        every machine)."""
         self.auto_parallel = bool(mode)
+        self.auto_parallel_calibrate = bool(calibrate)
 
     def enable_auto_parallel_ignore_user_sbp_config(self, mode: bool = True) -> None:
         """Auto-parallel also re-plans parameters the user laid out split."""

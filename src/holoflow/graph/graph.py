@@ -251,7 +251,8 @@ class Graph:
             limit = torch.cuda.get_device_properties(dev).total_memory
         chosen = auto_parallel.plan(trace, params, [o for o, _ in self._optimizers],
                                     ignore_user_sbp=cfg.auto_parallel_ignore_user_sbp, memory_mode=cfg.auto_memory,
-                                    limit=limit, ratio=cfg.auto_parallel_ratio, wait_s=cfg.auto_parallel_wait_s)
+                                    limit=limit, ratio=cfg.auto_parallel_ratio, wait_s=cfg.auto_parallel_wait_s,
+                                    calibrate=cfg.auto_parallel_calibrate)
         auto_parallel.apply(chosen, params)
         self._auto_plan = chosen
         if self._debug >= 1:
