@@ -1,0 +1,139 @@
+"""Auto-parallel's cost model against measurement, on 2 launched Gloo ranks.
+
+    python bench/auto_parallel.py [--rounds 5] [--steps 8] [--cases wide narrow]
+
+Each case is an MLP (d=256 -> hidden -> d, GELU, squared loss, SGD with momentum) trained as an
+nn.Graph of global tensors in three layouts of its parameters: ``dp`` (all broadcast, the batch
+split: data parallel), ``tp`` (the first weight split by rows, the second by columns: Megatron's
+MLP) and ``auto`` (``config.enable_auto_parallel(calibrate=True)``: the planner measures the
+device and the links, then chooses). For every layout the table gives the cost model's predicted
+step (``graph/auto_parallel.predict`` with the calibrated figures, on the compiled graph) next to
+the measured one, and says which layout auto chose and whether it is the fastest measured.
+
+All layouts are built in one launched world and measured in alternating blocks of ``--steps``
+steps (ranks aligned by a barrier before each block), ``--rounds`` times; a layout's figure is
+its best block, a block lasting until its slowest rank ends it. Not a timed test.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+D = 256
+CASES = {"wide": (8192, 8), "middle": (2048, 64), "narrow": (256, 2048)}   # hidden, global batch
+LAYOUTS = ("dp", "tp", "auto")
+
+
+def _graph(flow, hidden: int, batch: int, layout: str):
+    from holoflow.core.sbp import B, S
+    from holoflow.graph.graph import Graph
+    P = flow.placement("cpu", ranks=[0, 1])
+    flow.manual_seed(0)
+    m = flow.nn.Sequential(flow.nn.Linear(D, hidden), flow.nn.GELU(), flow.nn.Linear(hidden, D))
+    m.to_global(placement=P, sbp=[B])
+    if layout == "tp":
+        for p, nd in ((m[0].weight, S(0)), (m[0].bias, S(0)), (m[2].weight, S(1))):
+            moved = p.detach().to_global(sbp=[nd])
+            p._data, p._global = moved._data, moved._global
+    opt = flow.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
+    rng = np.random.default_rng(0)
+    x = flow.tensor(rng.standard_normal((batch, D)).astype(np.float32)).to_global(placement=P, sbp=[B])
+    x = x.to_global(sbp=[S(0)])
+
+    class Train(Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+            if layout == "auto":
+                self.config.enable_auto_parallel(calibrate=True)
+
+        def build(self, x):
+            loss = self.m(x).square().mean()
+            loss.backward()
+            return loss
+    return Train(), x, m, opt
+
+
+def child(cases: list[str], steps: int, rounds: int, out: str) -> None:
+    import holoflow as flow
+    from holoflow.distributed import world
+    from holoflow.distributed.comm import barrier
+    from holoflow.distributed.sharding import nd_str
+    from holoflow.graph import auto_parallel
+    rank = world.rank()
+    result = {}
+    for case in cases:
+        hidden, batch = CASES[case]
+        built = {k: _graph(flow, hidden, batch, k) for k in ("auto", "dp", "tp")}   # auto calibrates first
+        plan = None
+        for k, (g, x, _, _) in built.items():
+            g(x)
+            if k == "auto":
+                plan = g.auto_parallel_plan()
+        pred = {}
+        for k, (g, _, m, opt) in built.items():
+            c = next(iter(g._compiled.values()))
+            q = auto_parallel.predict(c.logical, list(m.parameters()), auto_parallel.state_per_param([opt]),
+                                      plan.device)
+            pred[k] = q.step_s * 1e3
+        best = {k: float("inf") for k in built}
+        for r in range(rounds):
+            for k in (LAYOUTS if r % 2 == 0 else LAYOUTS[::-1]):
+                g, x, _, _ = built[k]
+                barrier((0, 1))
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    g(x)
+                barrier((0, 1))
+                best[k] = min(best[k], (time.perf_counter() - t0) / steps * 1e3)
+        result[case] = {"predicted": pred, "measured": best, "plan": str(plan),
+                        "chose": {n: nd_str(a) for n, (b, a) in plan.choices.items()}}
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(result, f)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", nargs="+", choices=tuple(CASES), default=list(CASES))
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--child", action="store_true", help="(inside a launched rank)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    if a.child:
+        child(a.cases, a.steps, a.rounds, a.out)
+        return
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r.json")
+        cmd = [sys.executable, "-m", "holoflow.distributed.launch", "--nproc_per_node", "2", __file__, "--child",
+               "--cases", *a.cases, "--steps", str(a.steps), "--rounds", str(a.rounds), "--out", out]
+        subprocess.run(cmd, check=True, timeout=1800)
+        with open(f"{out}.0") as f:
+            res = json.load(f)
+    print(f"auto-parallel: predicted vs measured step (ms), 2 Gloo ranks, MLP d={D}, best of {a.rounds} "
+          f"blocks of {a.steps} steps ({time.perf_counter() - t0:.0f} s)")
+    print(f"{'case':<8} {'hidden':>6} {'batch':>6}  " + "  ".join(f"{k + ' pred':>9} {k + ' meas':>9}" for k in LAYOUTS)
+          + "  fastest measured  auto chose (W1 b1 W2 b2)")
+    for case, r in res.items():
+        hidden, batch = CASES[case]
+        fastest = min(("dp", "tp"), key=lambda k: r["measured"][k])
+        kind = " ".join(f"{v}" for v in r["chose"].values())
+        cells = "  ".join(f"{r['predicted'][k]:>9.3f} {r['measured'][k]:>9.3f}" for k in LAYOUTS)
+        print(f"{case:<8} {hidden:>6} {batch:>6}  {cells}  {fastest:<16}  {kind}")
+    for case, r in res.items():
+        print(f"\n{case}: {r['plan']}")
+
+
+if __name__ == "__main__":
+    main()
