@@ -72,6 +72,8 @@ def _planned(hidden: int, batch: int, configure=lambda cfg: None, steps: int = 3
     g = Train()
     losses = [g(x).to_global(sbp=bs).to_local().item() for _ in range(steps)]
     sbps = {k: tuple(v.sbp) for k, v in m.state_dict().items()}
+    text = g.explain()
+    assert str(g.auto_parallel_plan()) in text and "test_auto_parallel.py" in text   # boxings' lines
     params = {k: v.to_global(sbp=bs).to_local().numpy().copy() for k, v in m.state_dict().items()}
     return g.auto_parallel_plan(), sbps, losses, params
 

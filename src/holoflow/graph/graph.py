@@ -120,14 +120,16 @@ class Graph:
         return list(self._log)
 
     def explain(self) -> str:
-        """The most recent compile's summary, what each pass did, and the program that runs."""
+        """The most recent compile's summary, what each pass did, the auto-parallel plan, every
+        boxing with its source line (global graphs), and the program that runs."""
         if not self._compiled:
             return f"(GRAPH:{type(self).__name__}) not compiled yet: call it once first"
         c = next(reversed(self._compiled.values()))
         boxing = f"\n{explain_boxing(c.logical)}" if is_global(c.logical) else ""
         if isinstance(c, PipelineCompiled):   # moves between stages: send/recv with their bytes
             boxing += "\n" + pipeline.explain_moves(pipeline.stage_moves(c.logical, c.placements, c.m))
-        return f"{self._summary(c)}{boxing}\n{c.program.source}"
+        planned = f"\n{self._auto_plan}" if self._auto_plan is not None else ""
+        return f"{self._summary(c)}{planned}{boxing}\n{c.program.source}"
 
     def boxing(self) -> list:
         """Every redistribution of the most recent compile of a global graph: ``BoxingPoint``s
