@@ -237,7 +237,9 @@ def main() -> None:
     global LOCK
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer rounds and steps; torch.compile once")
-    ap.add_argument("--rounds", type=int, default=None, help="rounds per variant (default 5: a process lands in a slow mode now and then on small boxes; quick 2)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds per variant (default 5: on small boxes a process lands in a slow mode now and "
+                         "then; quick 2)")
     ap.add_argument("--out", default=os.path.join(HERE, "results.md"))
     ap.add_argument("--lock", default=None, help="flock this file around each child process")
     ap.add_argument("--skip-others", action="store_true", help="only the graph and runtime tables")
