@@ -9,9 +9,10 @@ def train_losses(rank: int, cfg: dict, tp: int):
     return out["train"], out["comms"]
 
 
-def graph_losses(rank: int, cfg: dict, tp: int, zero: int):
-    """The same training compiled as an nn.Graph of global tensors (``--graph``, ``--zero``);
-    the per-step losses and the graph's boxing table."""
+def graph_losses(rank: int, cfg: dict, tp: int, zero: int, auto: bool = False):
+    """The same training compiled as an nn.Graph of global tensors (``--graph``, ``--zero``,
+    ``--auto``); the per-step losses and the graph's boxing table."""
     import holoflow as flow
-    out = gpt_parallel.train_graph(gpt.Config(**cfg), gpt_parallel.mesh(flow.env.get_world_size(), tp), zero=zero)
+    out = gpt_parallel.train_graph(gpt.Config(**cfg), gpt_parallel.mesh(flow.env.get_world_size(), tp), zero=zero,
+                                   auto=auto)
     return out["train"], [(b.src, b.dst, b.node.source) for b in out["graph"].boxing()]

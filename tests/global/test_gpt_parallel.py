@@ -46,3 +46,11 @@ def test_graph_of_global_tensors_matches_single_process(world4, tp, zero):
             assert any(src[0] == P and dst[0] == S(0) for src, dst, _ in boxing)   # reduce-scattered grads
         if zero == 3:   # parameters gathered from their shards
             assert any(src[0] == S(0) and dst[0] == B for src, dst, _ in boxing)
+
+
+def test_auto_parallel_graph_matches_single_process(world4):
+    """--graph --auto: the GPT placed broadcast on the 2x2 mesh, its layout chosen by the cost
+    model (graph/auto_parallel.py), trains as one process does."""
+    want = gpt.train(flow, CFG, evaluate_every=False)["train"]
+    for losses, boxing in world4.run(gpt_parallel_fns.graph_losses, asdict(CFG), 2, 0, True, timeout=400):
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-4, atol=0)

@@ -3,6 +3,7 @@ streaming and profiling."""
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -247,3 +248,28 @@ def test_reading_a_plain_meta_tensor_names_meta_not_graph():
         with pytest.raises(RuntimeError, match=r"meta tensor \(shape \(2, 3\)") as e:
             read()
         assert "build()" not in str(e.value)
+
+
+def test_remembered_meta_outputs_keep_strides():
+    """A trace runs each op's kernel on meta tensors once per (op, input metas with strides,
+    attrs) (graph/trace.py ``_meta_outputs``): a remembered output is a fresh tensor with the
+    strides the kernel gave (a softmax of a transposed input keeps its layout, as eager's does);
+    a run with a real tensor among its inputs is never remembered; a warm trace equals a cold one."""
+    from holoflow.core.registry import REGISTRY
+    from holoflow.graph import trace
+    a = torch.empty(3, 4, device="meta").t()
+    want = torch.softmax(torch.randn(3, 4).t(), -1).stride()
+    cold = trace._meta_outputs(REGISTRY["softmax"], [a], {"dim": -1})
+    warm = trace._meta_outputs(REGISTRY["softmax"], [a], {"dim": -1})
+    assert cold.stride() == warm.stride() == want and warm is not cold
+    same = torch.empty(2, 2, device="meta")
+    ident = flow.graph.trace._meta_key(REGISTRY["softmax"], [same, torch.ones(1)], {})
+    assert ident is None                                        # a real tensor among the inputs
+
+    class Soft(Graph):
+        def build(self, x):
+            return x.t().softmax(-1) * 2
+    x = flow.randn(3, 4)
+    outs = [Soft()(x).numpy() for _ in range(2)]                # cold, then warm
+    np.testing.assert_allclose(outs[0], torch.softmax(x._data.t(), -1).numpy() * 2, rtol=1e-6)
+    np.testing.assert_array_equal(outs[0], outs[1])

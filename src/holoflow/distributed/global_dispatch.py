@@ -24,7 +24,8 @@ from .global_tensor import GlobalMeta, absent_outputs, from_full, leaves_ranks_o
 from .sharding import local_shape, nd_str
 from .placement import placement
 
-_CHOICES: dict = {}
+_CHOICES: dict = {}   # decide(): (op, metas, attrs, SBPs, placement) -> (signature, logical metas)
+_MAX_CHOICES = 1 << 16
 _SINGLE: dict = {}   # whether an op returns one tensor, for ranks that skip its kernel
 
 
@@ -110,6 +111,28 @@ def _numel(shape) -> int:
     return n
 
 
+def decide(op: Op, metas: list, attrs: dict, cur: list, place, shape_attrs: dict | None = None) -> tuple:
+    """``(signature, logical output metas, cache key)`` of ``op`` on inputs of ``metas`` laid out
+    as ``cur``: :func:`choose` after the shape rule (``logical`` None for a data-dependent output
+    shape), remembered per key, so equal layers, eager steps and the auto-parallel planner's
+    repeated traces decide once. ``shape_attrs``: the attrs the shape rule runs with (a trace
+    names devices as meta)."""
+    key = _key(op, metas, attrs, cur, place)
+    hit = _CHOICES.get(key) if key is not None else None
+    if hit is None:
+        try:
+            logical = infer_metas(op, tuple(m.empty() if isinstance(m, Meta) else m for m in metas),
+                                  attrs if shape_attrs is None else shape_attrs)
+        except NotImplementedError:  # a data-dependent output shape (nonzero, unique, ...)
+            logical = None
+        hit = (choose(op, metas, attrs, cur, place, logical), logical)
+        if key is not None:
+            if len(_CHOICES) >= _MAX_CHOICES:
+                _CHOICES.clear()
+            _CHOICES[key] = hit
+    return hit[0], hit[1], key
+
+
 def _key(op: Op, metas: list, attrs: dict, cur: list, place):
     try:
         k = (op.name, tuple(metas), tuple(sorted(attrs.items())), tuple(cur), place)
@@ -143,18 +166,7 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
     metas = [Meta(tuple(x.shape), x._data.dtype, x._data.device) if isinstance(x, Tensor) else x
              for x in inputs]
     cur = [x._global.sbp for x in inputs if isinstance(x, Tensor)]
-    key = _key(op, metas, attrs, cur, place)
-    hit = _CHOICES.get(key) if key is not None else None
-    if hit is None:
-        try:
-            logical = infer_metas(op, tuple(m.empty() if isinstance(m, Meta) else m for m in metas), attrs)
-        except NotImplementedError:  # a data-dependent output shape (nonzero, unique, ...)
-            logical = None
-        sig = choose(op, metas, attrs, cur, place, logical)
-        hit = (sig, logical)
-        if key is not None:
-            _CHOICES[key] = hit
-    sig, logical = hit
+    sig, logical, key = decide(op, metas, attrs, cur, place)
     rank = world.rank()
     if place.coords(rank) is None:
         return _absent_apply(op, inputs, attrs, metas, sig, logical, place, key)

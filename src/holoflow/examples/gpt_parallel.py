@@ -99,13 +99,15 @@ def train(cfg: gpt.Config, place: flow.placement, data: tuple | None = None) -> 
 
 
 def train_graph(cfg: gpt.Config, place: flow.placement, data: tuple | None = None, zero: int = 0,
-                steps: int | None = None) -> dict[str, Any]:
+                steps: int | None = None, auto: bool = False) -> dict[str, Any]:
     """The same training as :func:`train`, compiled as an ``nn.Graph`` of global tensors; the
-    learning rate is set per step as in gpt's loop (the update reads it at run time)."""
+    learning rate is set per step as in gpt's loop (the update reads it at run time). ``auto``:
+    the model placed broadcast and its layout chosen by ``config.enable_auto_parallel()``."""
     train_data, _ = data if data is not None else corpus.splits(cfg.corpus_chars)
-    model = make_parallel_model(cfg, place, graph=True)
-    opt = gpt.make_optimizer(flow, model, cfg)
     broadcast = (B,) * place.ndim
+    model = gpt.make_model(flow, cfg).to_global(place, broadcast) if auto else \
+        make_parallel_model(cfg, place, graph=True)
+    opt = gpt.make_optimizer(flow, model, cfg)
 
     class TrainStep(flow.nn.Graph):
         def __init__(self):
@@ -114,6 +116,8 @@ def train_graph(cfg: gpt.Config, place: flow.placement, data: tuple | None = Non
             self.add_optimizer(opt)
             if zero:
                 self.config.enable_zero(True, stage=zero)
+            if auto:
+                self.config.enable_auto_parallel()
 
         def build(self, x, y):
             with flow.utils.global_view.global_mode(True, placement=place, sbp=broadcast), \
@@ -142,6 +146,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[gpt.Config, argparse.Namespa
     ap.add_argument("--json", default=None, help="rank 0 writes the losses here")
     ap.add_argument("--graph", action="store_true", help="compile the step as an nn.Graph of global tensors")
     ap.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage of the graph (--graph)")
+    ap.add_argument("--auto", action="store_true", help="the graph's layout chosen by auto-parallel (--graph)")
     ap.add_argument("--corpus-chars", type=int, default=gpt.Config.corpus_chars)
     ns, rest = ap.parse_known_args(argv)
     cfg = gpt.parse_args(rest)
@@ -162,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"holoflow GPT, data x tensor parallel on a {place.hierarchy[0]}x{place.hierarchy[1]} mesh: "
               f"{cfg.n_layer} layers, d={cfg.n_embd}, {cfg.n_head} heads, batch {cfg.batch_size}, "
               f"{cfg.steps} steps")
-    out = train_graph(cfg, place, zero=ns.zero) if ns.graph else train(cfg, place)
+    out = train_graph(cfg, place, zero=ns.zero, auto=ns.auto) if ns.graph else train(cfg, place)
     if rank == 0 and ns.graph:
         print(out["graph"].explain().split("# holoflow program")[0])
     if rank == 0:

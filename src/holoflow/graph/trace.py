@@ -17,9 +17,8 @@ from ..core.dispatch import apply, refresh, take_history, wrap
 from ..core.interpret import Interpreter
 from ..core.views import VIEW_SCATTER, aliases, make_view, stamp_of
 from ..core.errors import HoloflowError, UnsupportedError
-from ..core.registry import infer_metas
 from ..core.sbp import B
-from ..distributed.global_dispatch import choose
+from ..distributed.global_dispatch import decide
 from ..distributed.sharding import normalize_sbp
 from ..ops.loss import AMP_BOUNDARY
 from .global_graph import GLOBAL_BOX, GLOBAL_TAG, LazyGlobal
@@ -59,6 +58,56 @@ def _as_meta(t: torch.Tensor) -> torch.Tensor:
     if t.device.type == "meta" and t._base is None:
         return t
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+_OUT_METAS: dict = {}   # (op, input metas with strides, attrs) -> output (shape, stride, dtype)s
+_MAX_OUT_METAS = 1 << 16
+
+
+def _meta_key(op: Op, metas: list, attrs: dict):
+    """The key of an op's run on meta inputs, or None when it cannot be one: a view (its outputs
+    must alias the input), or a real tensor or unhashable value among the inputs or attrs."""
+    if op.view:
+        return None
+    parts = []
+    for m in metas:
+        if isinstance(m, torch.Tensor):
+            if m.device.type != "meta":
+                return None
+            parts.append((tuple(m.shape), m.stride(), m.storage_offset(), m.dtype))
+        else:
+            parts.append(m)
+    if any(isinstance(v, torch.Tensor) for v in attrs.values()):
+        return None
+    key = (op.name, tuple(parts), tuple(sorted(attrs.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _meta_outputs(op: Op, metas: list, attrs: dict):
+    """``op``'s kernel on meta tensors (its outputs' shapes, strides and dtypes), run once per
+    key: meta kernels written in Python (torch's refs and decompositions: layer_norm's backward
+    costs ~10 ms) dominate tracing, and equal layers, and the auto-parallel planner's repeated
+    traces, run the same ones. Outputs that are fresh tensors are remembered; an output that is an
+    input (``x.to(x.dtype)``) or a view is not."""
+    key = _meta_key(op, metas, attrs)
+    hit = _OUT_METAS.get(key) if key is not None else None
+    if hit is not None:
+        outs = tuple(torch.empty_strided(sh, st, dtype=dt, device="meta") for sh, st, dt in hit[1])
+        return outs[0] if hit[0] is None else hit[0](*outs)
+    out = op.kernel(*metas, **{k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})
+    outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+    if key is not None and all(isinstance(o, torch.Tensor) and o.device.type == "meta" and o._base is None
+                               and all(o is not m for m in metas) for o in outs):
+        if len(_OUT_METAS) >= _MAX_OUT_METAS:
+            _OUT_METAS.clear()
+        kind = None if isinstance(out, torch.Tensor) else (type(out) if hasattr(out, "_fields") else
+                                                            (lambda *xs, _t=type(out): _t(xs)))
+        _OUT_METAS[key] = (kind, tuple((tuple(o.shape), o.stride(), o.dtype) for o in outs))
+    return out
 
 
 def _device_of(ins: tuple, attrs: dict) -> torch.device:
@@ -230,13 +279,11 @@ class Tracer(Interpreter):
                            else x for x in inputs)
         metas = [Meta(tuple(x.shape), x._data.dtype) if isinstance(x, Tensor) else x for x in inputs]
         cur = [x._global.sbp for x in inputs if isinstance(x, Tensor)]
-        try:
-            logical = infer_metas(op, tuple(m.empty() if isinstance(m, Meta) else m for m in metas),
-                                  {k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})
-        except NotImplementedError as e:
+        sig, logical, _ = decide(op, metas, attrs, cur, place,
+                                 {k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})
+        if logical is None:
             raise HoloflowError(f"holoflow.nn.Graph: op {op.name!r} at {user_line()} cannot be traced on "
-                                f"global tensors ({e}); its output shape depends on data") from e
-        sig = choose(op, metas, attrs, cur, place, logical)
+                                f"global tensors: its output shape depends on data")
         boxed, j = [], 0
         for x in inputs:
             if isinstance(x, Tensor):
@@ -302,7 +349,7 @@ class Tracer(Interpreter):
                 out = outs_[0] if len(outs_) == 1 and op.outputs is None else \
                     (op.out_type(*outs_) if op.out_type is not None else tuple(outs_))
             else:  # real-device attrs (``to(device=cpu)``) become meta: shapes only
-                out = op.kernel(*metas, **{k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})
+                out = _meta_outputs(op, metas, attrs)
         except NotImplementedError as e:
             raise HoloflowError(f"holoflow.nn.Graph: op {op.name!r} cannot be traced ({e}); its output "
                                 f"shape depends on data. Compute it outside the graph.") from e
