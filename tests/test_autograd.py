@@ -231,3 +231,39 @@ def _leaf_hook_case(lib, kind: str):
                                   "grad_fn"])
 def test_leaf_hooks_run_once_on_the_summed_gradient(kind):
     assert _leaf_hook_case(flow, kind) == _leaf_hook_case(torch, kind)
+
+
+def test_autograd_grad_takes_torchs_arguments():
+    """torch.autograd.grad's signature: only_inputs (deprecated, 6th positional), dict inputs,
+    is_grads_batched, materialize_grads; and its argument errors."""
+    def f(lib):
+        x = lib.tensor(X0, requires_grad=True)
+        z = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        y = (x.exp() * x).sum(0) * z
+        # positional: outputs, inputs, grad_outputs, retain_graph, create_graph, only_inputs, allow_unused
+        (gx,) = lib.autograd.grad(y, x, lib.ones_like(y), True, True, True, False)
+        named = lib.autograd.grad(y.sum(), {"x": x, "z": z}, retain_graph=True, only_inputs=True)
+        assert isinstance(named, dict) and list(named) == ["x", "z"]
+        eye = lib.eye(3)
+        jac = lib.autograd.grad(y, [x, z], eye, retain_graph=True, is_grads_batched=True)
+        u = lib.ones(2, requires_grad=True)
+        gu = lib.autograd.grad(y.sum(), [z, u], materialize_grads=True)
+        return gx, named["x"], named["z"], jac[0], jac[1], gu[0], gu[1]
+    close(*both(f))
+
+
+def test_autograd_grad_argument_errors_like_torch():
+    for lib in (torch, flow):
+        x = lib.tensor(X0, requires_grad=True)
+        y = (x * 2).sum(0)
+        with pytest.raises(ValueError, match="allow_unused to be True"):
+            lib.autograd.grad(y.sum(), x, materialize_grads=True, allow_unused=False)
+        with pytest.raises(RuntimeError, match="cannot be empty"):
+            lib.autograd.grad(y.sum(), [])
+        with pytest.raises(TypeError, match="must be a dict"):
+            import types
+            lib.autograd.grad(y.sum(), types.MappingProxyType({"x": x}))
+        with pytest.warns(FutureWarning, match="only_inputs argument is deprecated"):
+            lib.autograd.grad(y.sum(), x, only_inputs=False, retain_graph=True)
+        with pytest.raises(RuntimeError, match="first dimension of each grad_output as the batch"):
+            lib.autograd.grad(y, x, lib.ones(2, 4), is_grads_batched=True)

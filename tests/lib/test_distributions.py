@@ -90,3 +90,88 @@ def test_bad_arguments_raise_value_error():
         FD.Bernoulli()
     with pytest.raises(ValueError, match="probs"):
         FD.Bernoulli(probs=flow.tensor([1.5]))
+
+
+@pytest.mark.parametrize("ndims", [0, 1, 2])
+def test_independent_matches_torch(ndims):
+    """Independent(Normal, n): shapes, log_prob/entropy summed over the reinterpreted dims and their
+    gradients, rsample under one seed, KL of two Independents."""
+    tp, fp = _params([[0.5, -1.0, 2.0], [0.1, 0.0, -0.3]], [[1.0, 0.3, 2.5], [0.7, 1.2, 0.4]],
+                     [[0.0, 0.2, 1.0], [0.3, -0.1, 0.0]], [[2.0, 0.5, 1.0], [0.6, 0.9, 1.1]])
+    td, fd = TD.Independent(TD.Normal(tp[0], tp[1]), ndims), FD.Independent(FD.Normal(fp[0], fp[1]), ndims)
+    tq, fq = TD.Independent(TD.Normal(tp[2], tp[3]), ndims), FD.Independent(FD.Normal(fp[2], fp[3]), ndims)
+    assert (tuple(fd.batch_shape), tuple(fd.event_shape)) == (tuple(td.batch_shape), tuple(td.event_shape))
+    assert fd.has_rsample and not fd.has_enumerate_support
+    torch.manual_seed(4)
+    ts = td.rsample((3,))
+    flow.manual_seed(4)
+    fs = fd.rsample((3,))
+    torch.testing.assert_close(fs.to_torch(), ts.detach())
+    torch.testing.assert_close(fd.mean.to_torch(), td.mean.detach())
+    torch.testing.assert_close(fd.variance.to_torch(), td.variance.detach())
+    v = torch.tensor([[0.1, -0.7, 3.0], [1.0, 0.5, -0.2]], dtype=torch.float64)
+    tl, fl = td.log_prob(v), fd.log_prob(flow.from_torch(v))
+    te, fe = td.entropy(), fd.entropy()
+    tk, fk = TD.kl_divergence(td, tq), FD.kl_divergence(fd, fq)
+    for f, t in ((fl, tl), (fe, te), (fk, tk)):
+        assert tuple(f.shape) == tuple(t.shape)
+        torch.testing.assert_close(f.to_torch(), t.detach())
+    (tl.sum() + te.sum() * 0.5 + tk.sum() * 2 + (ts ** 2).sum()).backward()
+    (fl.sum() + fe.sum() * 0.5 + fk.sum() * 2 + (fs ** 2).sum()).backward()
+    for t, f in zip(tp, fp):
+        torch.testing.assert_close(f.grad.to_torch(), t.grad)
+
+
+def test_independent_of_categorical_samples_and_errors_like_torch():
+    logits = torch.tensor([[[0.2, -1.0, 0.5], [2.0, 0.1, 0.3]]] * 2, dtype=torch.float64)
+    td, fd = TD.Independent(TD.Categorical(logits=logits), 1), FD.Independent(FD.Categorical(logits=flow.from_torch(logits)), 1)
+    torch.manual_seed(2)
+    ts = td.sample((5,))
+    flow.manual_seed(2)
+    fs = fd.sample((5,))
+    torch.testing.assert_close(fs.to_torch(), ts)
+    torch.testing.assert_close(fd.log_prob(fs).to_torch(), td.log_prob(ts))
+    for lib in (TD, FD):
+        base = lib.Normal(*(x if lib is TD else flow.from_torch(x) for x in (torch.zeros(2, 3), torch.ones(2, 3))))
+        with pytest.raises(ValueError, match=r"reinterpreted_batch_ndims <= len\(base_distribution.batch_shape\), "
+                                             r"actual 3 vs 2"):
+            lib.Independent(base, 3)
+        with pytest.raises(NotImplementedError):
+            lib.kl_divergence(lib.Independent(base, 1), lib.Independent(base, 2))
+    with pytest.raises(ValueError, match="must be >= 0"):
+        FD.Independent(FD.Normal(flow.zeros(2), flow.ones(2)), -1)
+    with pytest.raises(TypeError, match="must be an int"):
+        FD.Independent(FD.Normal(flow.zeros(2), flow.ones(2)), 1.5)
+
+
+def test_mode_variance_and_enumerate_support_match_torch():
+    logits = torch.tensor([[0.2, -1.0, 3.0], [2.0, 0.1, 0.3]], dtype=torch.float64)
+    probs = torch.tensor([0.2, 0.5, 0.9], dtype=torch.float64)
+    pairs = [(TD.Categorical(logits=logits), FD.Categorical(logits=flow.from_torch(logits))),
+             (TD.Bernoulli(probs), FD.Bernoulli(flow.from_torch(probs)))]
+    for td, fd in pairs:
+        assert fd.has_enumerate_support == td.has_enumerate_support
+        for name in ("mode", "mean", "variance"):
+            got, want = getattr(fd, name), getattr(td, name)
+            assert isinstance(got, flow.Tensor), name
+            torch.testing.assert_close(got.to_torch(), want, equal_nan=True)
+        for expand in (True, False):
+            torch.testing.assert_close(fd.enumerate_support(expand).to_torch(), td.enumerate_support(expand))
+    with pytest.raises(NotImplementedError, match="cartesian product"):
+        FD.Independent(pairs[0][1], 1).enumerate_support()
+
+
+def test_set_default_validate_args_like_torch():
+    for D, lib in ((TD, torch), (FD, flow)):
+        with pytest.raises(ValueError):
+            D.Distribution.set_default_validate_args("yes")
+        try:
+            D.Distribution.set_default_validate_args(False)
+            D.Normal(lib.zeros(2), -lib.ones(2))                   # not validated
+            with pytest.raises(ValueError, match="scale"):
+                D.Normal(lib.zeros(2), -lib.ones(2), validate_args=True)
+        finally:
+            D.Distribution.set_default_validate_args(True)
+        with pytest.raises(ValueError, match="scale"):
+            D.Normal(lib.zeros(2), -lib.ones(2))
+        D.Normal(lib.zeros(2), -lib.ones(2), validate_args=False)

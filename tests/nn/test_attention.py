@@ -1,4 +1,6 @@
 """MultiheadAttention and TransformerEncoder against torch with equal weights."""
+import warnings
+
 import pytest
 import torch
 
@@ -79,6 +81,46 @@ def test_encoder_stack_matches_torch_and_dropout_zero_train():
     x = _inputs(F64, True)[0]
     mask = torch.nn.Transformer.generate_square_subsequent_mask(5, dtype=F64)
     compare(fm, tm, [x], F64, mask=mask)
+
+
+@pytest.mark.parametrize("case", ["eval-no-grad", "train", "grad", "not-left-aligned", "with-mask", "norm-first",
+                                  "float-mask", "no-mask-check", "nested-off"])
+def test_encoder_inference_zeroes_padded_positions_like_torchs_nested_path(case):
+    """In eval mode without grad, a batch_first encoder given only a left-aligned key padding
+    mask runs on nested tensors in torch: its output is 0.0 at the padded positions (before the
+    final norm). Every other case computes the padded positions normally."""
+    kw = {"enable_nested_tensor": case != "nested-off", "mask_check": case != "no-mask-check"}
+
+    def make(l):
+        layer = l.TransformerEncoderLayer(8, 2, 16, dropout=0.0 if case == "train" else 0.1, batch_first=True,
+                                          norm_first=case == "norm-first")
+        return l.TransformerEncoder(layer, 2, norm=l.LayerNorm(8), **kw)
+    with warnings.catch_warnings(record=True) as tw:
+        warnings.simplefilter("always")
+        tm = make(torch.nn)
+    with warnings.catch_warnings(record=True) as fw:
+        warnings.simplefilter("always")
+        fm, tm = twin(lambda: make(nn), lambda: tm, F32)
+    assert [str(w.message) for w in fw] == [str(w.message) for w in tw if "nested" in str(w.message)]
+    assert fm.use_nested_tensor == tm.use_nested_tensor
+    if case != "train":
+        fm.eval(), tm.eval()
+    x = _inputs(F32, True)[0]
+    kpm = torch.tensor([[False] * 3 + [True] * 2, [False] * 5, [False] * 4 + [True]])
+    if case == "not-left-aligned":
+        kpm[1, 1] = True
+    call = {"src_key_padding_mask": kpm}
+    if case == "float-mask":
+        call["src_key_padding_mask"] = torch.zeros(kpm.shape).masked_fill(kpm, float("-inf"))
+    if case == "with-mask":
+        call["mask"] = torch.zeros(5, 5)
+    if case in ("grad", "train"):
+        compare(fm, tm, [x], F32, **call)
+        return
+    with torch.no_grad(), flow.no_grad():
+        want = tm(x, **call)
+        got = fm(flow.from_torch(x), **{k: flow.from_torch(v) for k, v in call.items()})
+    torch.testing.assert_close(got.to_torch(), want, atol=1e-5, rtol=1e-4)
 
 
 def test_torch_mha_state_dict_loads():

@@ -231,10 +231,20 @@ INTERP = [({"scale_factor": 2, "mode": "nearest"}, (2, 3, 4, 5)), ({"size": (7, 
           ({"scale_factor": 1.5, "mode": "bilinear", "align_corners": False}, (2, 3, 4, 5)),
           ({"size": (6, 9), "mode": "bilinear", "align_corners": True}, (1, 3, 4, 5)),
           ({"scale_factor": (2, 0.5), "mode": "bilinear"}, (1, 3, 4, 6)),
-          ({"scale_factor": 3, "mode": "nearest"}, (2, 3, 4)), ({"size": 7, "mode": "linear"}, (2, 3, 4))]
+          ({"scale_factor": 3, "mode": "nearest"}, (2, 3, 4)), ({"size": 7, "mode": "linear"}, (2, 3, 4)),
+          ({"scale_factor": 2, "mode": "nearest"}, (1, 2, 2, 3, 2)), ({"size": (3, 5, 2), "mode": "nearest"}, (1, 2, 2, 3, 4)),
+          ({"scale_factor": 1.5, "mode": "trilinear"}, (1, 2, 2, 3, 2)),
+          ({"size": (3, 4, 5), "mode": "trilinear", "align_corners": True}, (2, 1, 2, 3, 2)),
+          ({"size": (3, 2), "mode": "area"}, (2, 3, 7, 5)), ({"size": 3, "mode": "area"}, (2, 3, 7)),
+          ({"scale_factor": 0.5, "mode": "area"}, (1, 2, 4, 5, 6)),
+          ({"scale_factor": 1.7, "mode": "nearest-exact"}, (2, 3, 4, 5)), ({"size": 5, "mode": "nearest-exact"}, (2, 3, 3)),
+          ({"size": (3, 2), "mode": "bilinear", "antialias": True}, (2, 3, 8, 7)),
+          ({"scale_factor": 0.6, "mode": "bicubic", "antialias": True, "align_corners": True}, (1, 2, 6, 6)),
+          ({"scale_factor": 1.5, "mode": "bilinear", "recompute_scale_factor": True}, (1, 2, 5, 3))]
 for kw, shape in INTERP:
     CASES.append(_c(f"interpolate{kw}{list(shape)}", lambda x, k=kw: HF.interpolate(x, **k),
-                    lambda x, k=kw: F.interpolate(x, **k), _x(*shape), dtypes=ALL))
+                    lambda x, k=kw: F.interpolate(x, **k), _x(*shape),
+                    dtypes=(F32, F64) if kw.get("antialias") else ALL))   # torch's CPU antialias: no bf16
 
 
 # -- attention -------------------------------------------------------------------------------------
@@ -281,6 +291,30 @@ def test_conv2d_channel_mismatch_names_shapes_and_expected_count():
         HF.conv2d(flow.randn(1, 2, 5, 5), w, flow.randn(3))
 
 
+def test_interpolate_bad_arguments_raise_torchs_errors():
+    cases = [((1, 1, 4, 4), dict(size=(2, 2), mode="trilinear"), NotImplementedError, "trilinear mode needs 5D"),
+             ((1, 1, 4, 4), dict(size=(2, 2), mode="foo"), NotImplementedError, "Only 3D, 4D and 5D"),
+             ((1, 1, 4, 4), dict(size=(2, 2), mode="nearest", align_corners=True), ValueError, "align_corners"),
+             ((1, 1, 2, 2, 2), dict(size=(2, 2, 2), mode="nearest", antialias=True), ValueError, "Anti-alias"),
+             ((1, 1, 4, 4), dict(size=(2, 2), scale_factor=2), ValueError, "only one of size or scale_factor"),
+             ((1, 1, 4, 4), dict(), ValueError, "either size or scale_factor"),
+             ((1, 1, 4, 4), dict(size=(2, 2), recompute_scale_factor=True), ValueError, "not meaningful"),
+             ((1, 1, 4, 4), dict(scale_factor=(2, 2, 2)), ValueError, "nd scale_factor must have the same number of spatial dimensions")]
+    for shape, kw, exc, msg in cases:
+        for lib, fn in ((torch, F.interpolate), (flow, HF.interpolate)):
+            with pytest.raises(exc, match=msg):
+                fn(lib.zeros(shape), **kw)
+
+
+def test_interpolate_double_backward_area_and_trilinear():
+    for kw, shape in (({"size": (2, 3), "mode": "area"}, (1, 2, 5, 6)), ({"scale_factor": 2, "mode": "trilinear"},
+                                                                           (1, 1, 2, 2, 3))):
+        x = torch.randn(shape, dtype=torch.float64)
+        want = _double(torch, x.clone().requires_grad_(), lambda t: F.interpolate(t * t, **kw))
+        got = _double(flow, flow.from_torch(x).requires_grad_(), lambda t: HF.interpolate(t * t, **kw))
+        torch.testing.assert_close(got.to_torch(), want.detach())
+
+
 def test_conv2d_same_rejects_stride():
     with pytest.raises(ValueError, match="'same'.*strided"):
         HF.conv2d(flow.randn(1, 2, 5, 5), flow.randn(3, 2, 3, 3), padding="same", stride=2)
@@ -295,12 +329,63 @@ def test_layer_norm_and_batch_norm_shape_errors():
         HF.batch_norm(flow.randn(1, 3), flow.zeros(3), flow.ones(3), training=True)
 
 
-def test_double_backward_of_conv_raises_loudly():
-    x = flow.randn(1, 2, 4, 4, requires_grad=True)
-    w = flow.randn(3, 2, 3, 3, requires_grad=True)
-    (g,) = flow.autograd.grad([HF.conv2d(x, w)], [x], [flow.ones(1, 3, 2, 2)], create_graph=True)
-    with pytest.raises(NotImplementedError, match="convolution_backward: double backward"):
-        flow.autograd.grad([g], [w], [flow.ones_like(g)])
+CONV_DOUBLE = {   # name: (functional name, x shape, w shape, has bias, kwargs)
+    "conv2d": ("conv2d", (2, 3, 6, 5), (4, 3, 3, 3), True, dict(stride=2, padding=1)),
+    "conv2d-groups-dilation": ("conv2d", (1, 4, 7, 7), (6, 2, 3, 2), True, dict(groups=2, dilation=(2, 1))),
+    "conv1d-same-even": ("conv1d", (2, 3, 9), (4, 3, 4), False, dict(padding="same")),
+    "conv1d-unbatched": ("conv1d", (3, 8), (2, 3, 3), True, dict(padding=2)),
+    "conv3d": ("conv3d", (1, 2, 3, 4, 4), (3, 2, 2, 3, 3), True, dict(padding=1)),
+    "conv_transpose2d": ("conv_transpose2d", (2, 3, 4, 5), (3, 4, 3, 3), True,
+                         dict(stride=2, padding=1, output_padding=1)),
+    "conv_transpose1d-groups": ("conv_transpose1d", (2, 4, 5), (4, 3, 2), False, dict(stride=3, groups=2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONV_DOUBLE))
+def test_conv_double_backward_matches_torch(name):
+    """A gradient penalty through a convolution: grad(create_graph=True) w.r.t. input, weight and
+    bias, then backward through those gradients (convolution_backward's own grad)."""
+    fname, xs, ws, has_b, kw = CONV_DOUBLE[name]
+    gen = torch.Generator().manual_seed(0)
+    tx, tw = torch.randn(xs, generator=gen, dtype=torch.float64), torch.randn(ws, generator=gen, dtype=torch.float64)
+    tb = torch.randn(ws[1] * kw.get("groups", 1) if "transpose" in fname else ws[0], generator=gen,
+                     dtype=torch.float64) if has_b else None
+
+    def run(lib, fn, x, w, b):
+        ins = [t.clone().requires_grad_() for t in ([x, w] + ([b] if b is not None else []))]
+        y = fn(*ins[:2], ins[2] if b is not None else None, **kw)
+        v = lib.cos(lib.arange(y.numel(), dtype=y.dtype)).reshape(y.shape)
+        gs = lib.autograd.grad((v * y * y).sum(), ins, create_graph=True)
+        penalty = sum(((g - 0.3) ** 2).sum() * (i + 1) for i, g in enumerate(gs))
+        penalty.backward()
+        return [g.detach() for g in gs] + [t.grad for t in ins]
+
+    want = run(torch, getattr(F, fname), tx, tw, tb)
+    conv = lambda t: None if t is None else flow.from_torch(t)
+    got = run(flow, getattr(HF, fname), conv(tx), conv(tw), conv(tb))
+    assert len(got) == len(want)
+    for g, t in zip(got, want):
+        torch.testing.assert_close(g.to_torch(), t)
+
+
+def test_conv_double_backward_through_one_gradient_only():
+    """Only the input gradient is differentiated (a WGAN-GP critic): the weight's second-order
+    gradient comes from ddx alone, and a bias-only cotangent reaches dy as a broadcast."""
+    def run(lib, fn, x, w, b):
+        x, w, b = (t.clone().requires_grad_() for t in (x, w, b))
+        y = fn(x, w, b, padding=1).tanh()
+        (gx,) = lib.autograd.grad(y.sum(), x, create_graph=True)
+        ((gx.flatten(1).norm(2, dim=1) - 1) ** 2).mean().backward()
+        out = [w.grad.clone(), b.grad.clone()]
+        (gb,) = lib.autograd.grad(fn(x, w, b).pow(2).sum(), b, create_graph=True)
+        x.grad = None
+        (gb ** 2).sum().backward()
+        return out + [x.grad]
+    x, w, b = torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3), torch.randn(4)
+    want = run(torch, F.conv2d, x, w, b)
+    got = run(flow, HF.conv2d, *(flow.from_torch(t) for t in (x, w, b)))
+    for g, t in zip(got, want):
+        torch.testing.assert_close(g.to_torch(), t, atol=1e-4, rtol=1e-4)
 
 
 def test_batch_norm_running_stats_updated_in_place_like_torch():

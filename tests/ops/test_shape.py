@@ -60,6 +60,9 @@ CASES = [
          one(2, 3)),
     Case("repeat_interleave", lambda x: (x.repeat_interleave(2, 1), flow.repeat_interleave(x, 3)),
          lambda x: (x.repeat_interleave(2, 1), torch.repeat_interleave(x, 3)), one(2, 3), dtypes=ALL),
+    Case("repeat_interleave-tensor", lambda x, r: (x.repeat_interleave(r, 0), flow.repeat_interleave(x, r[:1], 1)),
+         lambda x, r: (x.repeat_interleave(r, 0), torch.repeat_interleave(x, r[:1], 1)),
+         lambda dt, g: ((randn(4, 3, gen=g, dtype=dt), torch.tensor([1, 3, 0, 2])), {}), dtypes=ALL),
     # cat / stack / split
     Case("cat", lambda a, b: flow.cat([a, b], 1), lambda a, b: torch.cat([a, b], 1), two((2, 3), (2, 5)), dtypes=ALL),
     Case("cat-neg-dim", lambda a, b: flow.concat((a, b, a), -1), lambda a, b: torch.concat((a, b, a), -1),
@@ -220,3 +223,39 @@ def test_sbp_reshape_rules_are_declared():
     sigs = RESHAPE.sbp([Meta((12, 5), torch.float32)], {"shape": (4, 3, 5)})
     # a split's leading dim carries the split where shards are whole rows of it (checked per mesh by choose)
     assert ((S(0),), (S(0),)) in sigs and ((S(1),), (S(2),)) in sigs
+
+
+@pytest.mark.parametrize("case", ["dim0", "dim1-broadcast", "flat", "flat-0d", "zeros", "output_size"])
+def test_repeat_interleave_tensor_repeats_matches_torch(case):
+    """Per-element counts as a tensor (ragged batching: a graph's batch vector, say), forward and
+    backward; repeat_interleave(repeats) alone gives the repeated arange."""
+    reps, dim, kw = {"dim0": ([1, 3, 0, 2], 0, {}), "dim1-broadcast": ([2], 1, {}), "flat": ([1, 0, 2] * 4, None, {}),
+                     "flat-0d": (3, None, {}), "zeros": ([0, 0, 0, 0], 0, {}),
+                     "output_size": ([2, 1, 1, 2], 0, {"output_size": 6})}[case]
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    fx = flow.from_torch(x.detach().clone()).requires_grad_()
+    r = torch.tensor(reps)
+    want, got = torch.repeat_interleave(x, r, dim, **kw), fx.repeat_interleave(flow.from_torch(r), dim, **kw)
+    torch.testing.assert_close(got.to_torch(), want.detach())
+    up = torch.randn(want.shape, dtype=torch.float64)
+    want.backward(up)
+    got.backward(flow.from_torch(up))
+    torch.testing.assert_close(fx.grad.to_torch(), x.grad)
+    if r.dim() == 1:
+        torch.testing.assert_close(flow.repeat_interleave(flow.from_torch(r)).to_torch(), torch.repeat_interleave(r))
+
+
+def test_repeat_interleave_bad_repeats_raise_torchs_errors():
+    x = torch.arange(6.0).view(2, 3)
+    bad = [(torch.tensor([[1, 2]]), 0, "0-dim or 1-dim"), (torch.tensor([1, 2, 3]), 0, r"repeats.size\(0\) = 3 and input.size\(0\) = 2"),
+           (torch.tensor([1, -2]), 0, "can not be negative"), (torch.tensor([1, 2]), 0, "allocated size", 4)]
+    for lib, conv in ((torch, lambda t: t), (flow, flow.from_torch)):
+        for r, dim, msg, *size in bad:
+            with pytest.raises(RuntimeError, match=msg):
+                lib.repeat_interleave(conv(x), conv(r), dim, **({"output_size": size[0]} if size else {}))
+        with pytest.raises(RuntimeError, match="1D vector"):
+            lib.repeat_interleave(conv(torch.tensor([[2, 0, 1]])))
+        with pytest.raises(RuntimeError, match="Repeats must be non-negative"):
+            lib.repeat_interleave(conv(x), -1)
+        with pytest.raises(RuntimeError, match="Invalid output_size, expected 4 but got 5"):
+            lib.repeat_interleave(conv(x), 2, 0, output_size=5)

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import torch
 
+import functools
+
 from ..core import grad_mode
-from ..core.autograd import GradNode
+from ..core.autograd import _FREED, GradNode
+from ..core.dispatch import check_inplace_target, take_history
 from ..core.registry import Op
 from ..core.tensor import Tensor
 
@@ -20,7 +23,7 @@ class FunctionCtx:
     @property
     def saved_tensors(self) -> tuple:
         saved = getattr(self, "_saved", ())
-        if saved is None:
+        if saved is None or (saved and getattr(self, "_freed", False)):
             raise RuntimeError("holoflow: trying to backward through a custom Function a second "
                                "time; pass retain_graph=True to the first backward()")
         for d, v in getattr(self, "_versions", ()):
@@ -33,18 +36,26 @@ class FunctionCtx:
     def mark_non_differentiable(self, *tensors) -> None:
         self._non_diff = {id(t) for t in tensors}
 
+    def mark_dirty(self, *tensors) -> None:
+        """Declares the inputs ``forward`` modified in place (they must be returned): their
+        history moves onto this Function, as after any in-place op."""
+        self._dirty = tensors
+
     def set_materialize_grads(self, value: bool) -> None:
         self._materialize = value
 
 
 def _function_grad(node: GradNode, *dys):
     fn, ctx = node.attrs["fn"], node.attrs["ctx"]
+    # (the engine frees a node's saved state after a backward without retain_graph: what
+    # save_for_backward kept is then gone, as torch's)
+    ctx._freed = node._saved is _FREED
     grads = fn.backward(ctx, *dys)
     grads = grads if isinstance(grads, tuple) else (grads,)
     n = len(node.edges)
-    if len(grads) < n:
-        raise RuntimeError(f"holoflow: {fn.__name__}.backward returned {len(grads)} gradients, "
-                           f"but forward took {n} inputs")
+    if len(grads) < n or any(g is not None for g in grads[n:]):
+        raise RuntimeError(f"holoflow: function {fn.__name__}Backward returned an incorrect number of "
+                           f"gradients (expected {n}, got {len(grads)})")
     metas = node.attrs["ctx"]._input_metas
     return tuple(_validate(fn.__name__, i, g, metas[i]) if node.edges[i] is not None else g
                  for i, g in enumerate(grads[:n]))
@@ -86,21 +97,73 @@ class Function:
         ctx = FunctionCtx()
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         ctx._input_metas = [(tuple(a.shape), a.dtype) if isinstance(a, Tensor) else None for a in args]
-        with grad_mode.no_grad():
-            out = cls.forward(ctx, *args)
-        if not (any(ctx.needs_input_grad) and grad_mode.is_grad_enabled()):
-            return out
-        if cls.__dict__.get("_op") is None:
-            cls._op = Op(cls.__name__, kernel=None, grad=_function_grad, save="inputs")
         edges = tuple(((a.grad_fn, a._out_idx) if a.grad_fn is not None else a)
                       if isinstance(a, Tensor) and a.requires_grad else None for a in args)
+        with grad_mode.no_grad():
+            out = cls.forward(ctx, *args)
+        record = any(ctx.needs_input_grad) and grad_mode.is_grad_enabled()
+        single = not isinstance(out, tuple)
+        outs = (out,) if single else out
+        dirty = {id(t) for t in getattr(ctx, "_dirty", ())}
+        if dirty - {id(o) for o in outs}:
+            raise RuntimeError(f"holoflow: {cls.__name__}: some tensors marked dirty in forward were not "
+                               f"returned; the inputs modified in place must all be outputs of the Function")
+        # an input returned as it is (not marked dirty) comes back as a new tensor on the same
+        # storage, as torch's: taking the Function's history must not rewrite the input's
+        ins = {id(a) for a in args if isinstance(a, Tensor)}
+        outs = tuple(_alias(o) if isinstance(o, Tensor) and id(o) in ins and id(o) not in dirty else o
+                     for o in outs)
+        if not record:
+            return outs[0] if single else outs
+        if cls.__dict__.get("_op") is None:
+            cls._op = Op(cls.__name__, kernel=None, grad=_function_grad, save="inputs")
         node = GradNode(cls._op, edges, {"fn": cls, "ctx": ctx}, (), ())
-        outs = out if isinstance(out, tuple) else (out,)
         if len(outs) > 1:
-            node.out_metas = tuple((o._data.shape, o._data.dtype, o._data.device) for o in outs)
+            node.out_metas = tuple((o._data.shape, o._data.dtype, o._data.device) if isinstance(o, Tensor)
+                                   else ((), torch.float32, torch.device("cpu")) for o in outs)
         non_diff = getattr(ctx, "_non_diff", set())
         for i, o in enumerate(outs):
-            if isinstance(o, Tensor) and id(o) not in non_diff and o._data.is_floating_point():
+            if not isinstance(o, Tensor) or id(o) in non_diff:
+                continue
+            if not (o._data.is_floating_point() or o._data.is_complex()):
+                continue
+            if id(o) in dirty:   # its old history (or its base's) is rebased onto this node
+                check_inplace_target(o, cls.__name__)
+                take_history(o, Tensor._make(o._data, node, i), cls.__name__)
+            else:
                 o._rg, o.grad_fn, o._out_idx = True, node, i
         node._saved = ()
-        return out
+        return outs[0] if single else outs
+
+
+def _alias(t: Tensor) -> Tensor:
+    a = Tensor._make(t._data)
+    a._global = t._global
+    return a
+
+
+def once_differentiable(fn):
+    """Decorates a Function's ``backward`` that is not itself differentiable: it runs without
+    recording, and differentiating its result again (``create_graph=True``) raises, as torch's."""
+    @functools.wraps(fn)
+    def wrapper(ctx, *args):
+        with grad_mode.no_grad():
+            outputs = fn(ctx, *args)
+        if not (grad_mode.is_grad_enabled() and any(isinstance(a, Tensor) and a._rg for a in args)):
+            return outputs
+        single = not isinstance(outputs, tuple)
+        outs = (outputs,) if single else outputs
+        node = GradNode(_DELAYED_ERROR, (), {}, (), ())
+        node._saved = ()
+        res = tuple(Tensor._make(o._data, node) if isinstance(o, Tensor) and
+                    (o._data.is_floating_point() or o._data.is_complex()) else o for o in outs)
+        return res[0] if single else res
+    return wrapper
+
+
+def _delayed_error(ctx, *dys):
+    raise RuntimeError("holoflow: trying to differentiate twice a function that was marked with "
+                       "@once_differentiable")
+
+
+_DELAYED_ERROR = Op("delayed_error", kernel=None, grad=_delayed_error)

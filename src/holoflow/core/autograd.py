@@ -29,10 +29,26 @@ def queue_callback(fn: Callable[[], None]) -> None:
     pending.append(fn)
 
 
-def accumulate_grad(t, g) -> None:
-    """``t.grad += g`` atomically: concurrent backward passes on a shared leaf lose nothing."""
+def accumulate_grad(t, g, inplace: bool = False) -> None:
+    """``t.grad += g`` atomically: concurrent backward passes on a shared leaf lose nothing.
+    ``inplace`` (a backward without ``create_graph``): as torch's AccumulateGrad, an existing
+    ``.grad`` is added to in place (whoever holds it sees the sum), when it can be."""
     with _ACC_LOCK:   # (the engine's gradients have the leaf's shape: no assignment check)
-        t._grad = g if t._grad is None else t._grad + g
+        old = t._grad
+        if old is None:
+            t._grad = g
+        elif inplace and _addable_in_place(old, g):
+            old._data.add_(g._data)
+        else:
+            t._grad = old + g
+
+
+def _addable_in_place(old, g) -> bool:
+    d, e = old._data, g._data
+    return (old._global is None and g._global is None and not old._rg and not g._rg
+            and d.dtype == e.dtype and d.shape == e.shape and d.device == e.device
+            and not d.is_meta and d.layout == torch.strided and e.layout == torch.strided
+            and "_v" not in old.__dict__ and torch._debug_has_internal_overlap(d) == 0)
 
 
 def seed_grads(outputs: list, grads: list) -> list:
@@ -251,12 +267,45 @@ def _as_grads(node: GradNode, result) -> tuple:
     return result
 
 
+def _capture_only(node: GradNode, gs: list, cap_keys: dict, captured: dict) -> None:
+    """A captured tensor's gradient, with its hooks and ``retain_grad`` run, at a node that
+    itself need not run."""
+    if node.hooks:
+        gs = [_apply_hooks(node.hooks.get(i, ()), g) if g is not None else g for i, g in enumerate(gs)]
+    if node.retains:
+        for i, keep in node.retains.items():
+            if gs[i] is not None:
+                keep(gs[i])
+    for i, g in enumerate(gs):
+        key = (node, i)
+        if key in cap_keys and g is not None:
+            captured[key] = _accumulate(captured.get(key), g)
+
+
 def _apply_hooks(hooks, g):
     for h in hooks:
         r = h(g)
         if r is not None:
+            _check_hook_result(h, g, r)
             g = r
     return g
+
+
+def _check_hook_result(hook, g, r) -> None:
+    """torch's checks on what a tensor hook returned: a tensor like the gradient it was given."""
+    name = getattr(hook, "__name__", type(hook).__name__)
+    if not isinstance(r, _tensor_type()):
+        raise TypeError(f"holoflow: expected a Tensor, but hook {name!r} returned {type(r).__name__!r}")
+    d, e = g._data, r._data
+    if d.dtype != e.dtype:
+        raise RuntimeError(f"holoflow: hook {name!r} has changed the type of value (was {d.dtype} got "
+                           f"{e.dtype})")
+    if tuple(r.shape) != tuple(g.shape):
+        raise RuntimeError(f"holoflow: hook {name!r} has changed the size of value (was {tuple(g.shape)} "
+                           f"got {tuple(r.shape)})")
+    if d.device != e.device:
+        raise RuntimeError(f"holoflow: hook {name!r} has changed the device of value (was {d.device} got "
+                           f"{e.device})")
 
 
 def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_graph: bool,
@@ -279,6 +328,8 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
                                        if isinstance(g, Tensor) and g._data.numel() and not g._data.is_meta}
 
     def to_leaf(t, g):
+        if not accumulate and id(t) not in cap_keys:   # (torch runs no hook of a leaf it skips)
+            return
         if t._hooks:
             g = _apply_hooks(t._hooks, g)
         if cap_keys:
@@ -302,7 +353,7 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
                 g._global = glob
         if t._global is not None:  # a local gradient of SBP dual(t.sbp): box it for .grad
             g = t._global.box_grad(t, g)
-        accumulate_grad(t, g)
+        accumulate_grad(t, g, not create_graph)
         post = t.__dict__.get("_post_acc_hooks")
         if post:
             for h in post:
@@ -321,6 +372,7 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
         buf[t._out_idx] = _accumulate(buf[t._out_idx], g)
 
     deps, leaf_deps = _dependencies(roots)
+    runs = _needed(deps, cap_keys) if cap_keys and not accumulate else None
     leaf_sums: dict[int, Any] = {}   # gradients of leaves still waiting for more
     for t, g in root_leaves:         # a leaf given as a root: summed with what reaches it
         if id(t) in leaf_deps:
@@ -332,7 +384,7 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
     token = _CALLBACKS.set(pending)
     try:
         _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retain_graph, create_graph,
-               to_leaf)
+               to_leaf, runs)
         while pending:
             pending.pop(0)()
     finally:
@@ -343,12 +395,50 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
     return [captured.get(keys[i]) for i in range(len(capture))]
 
 
+def _needed(deps: dict, cap_keys: dict) -> set:
+    """The nodes whose grad rule must run to reach the captured tensors (``autograd.grad``): as
+    torch's engine, the others neither run (their hooks included) nor free what they saved."""
+    parents: dict = {}
+    runs: set = set()
+    stack = [k[0] for k in cap_keys if type(k) is tuple and k[0] in deps]
+    for node in deps:
+        for e in node.edges:
+            if type(e) is tuple:
+                parents.setdefault(e[0], []).append(node)
+            elif e is not None and id(e) in cap_keys and node not in runs:
+                runs.add(node)
+                stack.append(node)
+    while stack:
+        for p in parents.get(stack.pop(), ()):
+            if p not in runs:
+                runs.add(p)
+                stack.append(p)
+    return runs
+
+
 def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retain_graph, create_graph,
-           to_leaf) -> None:
+           to_leaf, runs=None) -> None:
     with grad_mode.set_grad_enabled(create_graph):
         while ready:
             node = ready.pop()
             gs = buffers.pop(node)
+            if runs is not None and node not in runs:   # not on a path to what autograd.grad returns
+                if any((node, i) in cap_keys for i in range(len(gs))):
+                    _capture_only(node, gs, cap_keys, captured)
+                for e in node.edges:
+                    if type(e) is tuple:
+                        child = e[0]
+                        if child not in buffers:
+                            buffers[child] = [None] * child.n_outputs
+                        deps[child] -= 1
+                        if not deps[child]:
+                            ready.append(child)
+                    elif e is not None:
+                        k = id(e)
+                        leaf_deps[k] -= 1
+                        if not leaf_deps[k] and k in leaf_sums:
+                            to_leaf(e, leaf_sums.pop(k))
+                continue
             if node.hooks:
                 gs = [_apply_hooks(node.hooks.get(i, ()), g) if g is not None else g
                       for i, g in enumerate(gs)]

@@ -46,7 +46,11 @@ class Eager(Interpreter):
             if g is not None:
                 if t._global is not None:
                     g = t._global.box_grad(t, g)
-                accumulate_grad(t, g if create_graph else g.detach())
+                if not create_graph:   # an own buffer: the gradient may be the caller's seed, or
+                    g = g.detach()     # shared with another input's (as the engine's leaves get)
+                    if t._grad is None and g._global is None and not g._data.is_meta:
+                        g = Tensor._make(g._data.clone(memory_format=torch.contiguous_format))
+                accumulate_grad(t, g, not create_graph)
 
     def composite(self, name: str, inputs: tuple) -> tuple:
         return inputs
@@ -95,6 +99,8 @@ def _eager(op: Op, inputs: tuple, attrs: dict):
         out = op.kernel(*datas, **attrs)
     except Exception as e:  # a user mistake surfaces as holoflow's error, never torch's bare one
         raise op_error(op, inputs, attrs, e) from e
+    if not needs_grad and _STATE.enabled and op.grad is not None:
+        needs_grad = follows_base(inputs)
     record = needs_grad and op.grad is not None and _STATE.enabled
     if type(out) is torch.Tensor:  # one output: wrap, inlined (the hot path)
         t = _new(Tensor)
@@ -164,9 +170,10 @@ def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | N
         x = inputs[0]
         xd, vi = x._data, x._view
         base, chain, stamp = (x, (), stamp_of(x)) if vi is None else (vi.base, vi.chain, vi.stamp)
+        nograd = not _STATE.enabled or (vi is not None and vi.nograd)
         for i, (w, o) in enumerate(zip(wrapped, outs)):
             if (views[i] if views is not None else aliases(o, xd)):
-                w._view = ViewInfo(base, chain + ((op, attrs, i),), stamp)
+                w._view = ViewInfo(base, chain + ((op, attrs, i),), stamp, nograd)
     return op.out_type(*wrapped) if op.out_type is not None else tuple(wrapped)
 
 
@@ -202,6 +209,20 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None
     return node
 
 
+def follows_base(inputs) -> bool:
+    """Whether a view among ``inputs`` that needs no grad does now, as torch's views follow their
+    base: the base was written in place (through another view) with a value that requires grad
+    since the view was taken. Such views are re-derived first."""
+    got = False
+    for x in inputs:
+        if isinstance(x, Tensor):
+            vi = x._view
+            if vi is not None and vi.base._rg and not vi.nograd and stamp_of(vi.base) != vi.stamp:
+                refresh(x)
+                got = got or x._rg
+    return got
+
+
 def refresh(v: Tensor) -> None:
     """Re-derives a view from its base when the base changed since (an in-place write to the
     base or to another of its views): the view's history, and while tracing its value."""
@@ -209,6 +230,8 @@ def refresh(v: Tensor) -> None:
     base = vi.base
     if stamp_of(base) == vi.stamp:
         return
+    if vi.nograd and base._rg and _STATE.enabled and _CURRENT.get() is None:
+        raise RuntimeError(_NOGRAD_VIEW_REBASED)
     vi.stamp = stamp_of(base)
     if not (base._rg or "_v" in base.__dict__ or "_v" in v.__dict__):
         return
@@ -247,6 +270,25 @@ _PLAIN = (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError)
 
 # -- in-place ops ---------------------------------------------------------------------------------
 
+_NOGRAD_VIEW_WRITTEN = (
+    "holoflow: a view was created in no_grad mode and is being modified in place with grad mode enabled; "
+    "as in torch, this ambiguous use is forbidden: make the view and the in-place write both inside the "
+    "no_grad block (if the write should not be recorded) or both outside it (if it should)")
+_NOGRAD_VIEW_REBASED = (
+    "holoflow: a view was created in no_grad mode and its base or another view of its base has been "
+    "modified in place with grad mode enabled; as in torch, this ambiguous use is forbidden: make the "
+    "view and the in-place write both inside the no_grad block or both outside it")
+
+
+def _check_nograd_view(x: Tensor, rest) -> None:
+    """torch's check on a write to a view made under no_grad: an error when autograd would record
+    the write (grad mode on, and the view's base or another input requires grad)."""
+    vi = x._view
+    if (vi is not None and vi.nograd and _STATE.enabled and _CURRENT.get() is None
+            and (vi.base._rg or x._rg or any(isinstance(r, Tensor) and r._rg for r in rest))):
+        raise RuntimeError(_NOGRAD_VIEW_WRITTEN)
+
+
 def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     """Runs ``op`` writing its result into ``x`` (``x.add_(y)``), keeping views of ``x`` aliased.
 
@@ -256,6 +298,8 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     """
     grad_on = grad_mode.STATE.enabled and (x._rg or any(isinstance(r, Tensor) and r._rg for r in rest))
     lazy = _CURRENT.get() is not None and interpret.is_lazy()
+    if x._view is not None:
+        _check_nograd_view(x, rest)
     if not lazy and x._global is None and not grad_on and op.inplace_kernel is not None:
         datas = [r._data if isinstance(r, Tensor) else r for r in rest]
         try:
@@ -309,6 +353,8 @@ def assign(x: Tensor, out: Tensor, name: str) -> Tensor:
     top = _CURRENT.get()
     if top is not None:
         return top.assign(x, out, name)
+    if x._view is not None:
+        _check_nograd_view(x, (out,))
     EAGER.assign(x, out, name)
     base = x._view.base if x._view is not None else x
     if "_copy_of" in base.__dict__:   # a copy standing for a view: the write goes to its source too
@@ -348,9 +394,24 @@ def take_history(x: Tensor, out: Tensor, name: str) -> None:
     """``x`` now holds ``out``'s value: it takes over ``out``'s history; if ``x`` is a view, its
     base's history is rebased onto a ``view_scatter`` node (torch's CopySlices). A value with no
     history (``y.copy_(constant)``) with grad mode on cuts ``x``'s: no gradient reaches what ``x``
-    held before (for a view, the base's gradient is zero on the overwritten slice, and the view
-    re-derives from its base). Under ``no_grad`` the history stays, as torch's does; a leaf keeps
-    its ``requires_grad``."""
+    held before (it gets zeros, as torch's ``CopyBackwards`` gives; ``x`` still requires grad; for
+    a view, the base's gradient is zero on the overwritten slice, and the view re-derives from its
+    base). Under ``no_grad`` the history stays, as torch's does; a leaf keeps
+    its ``requires_grad``. A ``retain_grad()`` of the tensor whose history changed (``x``, or a
+    view's base) moves to its new history, as torch moves it: ``.grad`` is that of the new value."""
+    t = x._view.base if x._view is not None else x
+    old, old_idx = t.grad_fn, t._out_idx
+    _take_history(x, out)
+    if old is not None and old.retains and (t.grad_fn is not old or t._out_idx != old_idx):
+        keep = old.retains.pop(old_idx, None)
+        node = t.grad_fn
+        if keep is not None and node is not None:
+            if node.retains is None:
+                node.retains = {}
+            node.retains[t._out_idx] = keep
+
+
+def _take_history(x: Tensor, out: Tensor) -> None:
     vi = x._view
     if out.grad_fn is None:
         if not grad_mode.STATE.enabled:
@@ -361,8 +422,11 @@ def take_history(x: Tensor, out: Tensor, name: str) -> None:
             base.grad_fn, base._out_idx = GradNode(VIEW_SCATTER, (edge, None), {"chain": vi.chain},
                                                    (base._data.shape, out._data.shape),
                                                    (base._data.dtype, out._data.dtype)), 0
-        elif vi is None and x.grad_fn is not None:
-            x.grad_fn, x._out_idx, x._rg = None, 0, False
+        elif vi is None and x.grad_fn is not None:   # (torch's CopyBackwards/FillBackward: the
+            # tensor still requires grad, its old history gets zeros; views of it re-derive)
+            x.grad_fn, x._out_idx = GradNode(VIEW_SCATTER, ((x.grad_fn, x._out_idx), None), {"chain": ()},
+                                             (x._data.shape, out._data.shape),
+                                             (x._data.dtype, out._data.dtype)), 0
         return
     if vi is not None:
         base = vi.base

@@ -179,6 +179,9 @@ class Tensor:
     # -- autograd --------------------------------------------------------------------------
     @property
     def requires_grad(self) -> bool:
+        if not self._rg and self._view is not None:   # a view follows its base (dispatch.follows_base)
+            from .dispatch import follows_base
+            follows_base((self,))
         return self._rg
 
     @requires_grad.setter
@@ -212,7 +215,11 @@ class Tensor:
 
     @property
     def data(self) -> "Tensor":
-        return self.detach()
+        """The values without history, as torch's ``.data``: unlike ``detach()``, in-place writes
+        through it are not seen by autograd's checks (its own version counter)."""
+        t = self.detach()
+        t._data = self._data.data
+        return t
 
     @data.setter
     def data(self, value: "Tensor") -> None:
@@ -269,6 +276,8 @@ class Tensor:
         """Calls ``hook(tensor)`` after a backward pass accumulated into this leaf's ``.grad``."""
         if self.grad_fn is not None:
             raise RuntimeError("holoflow: post-accumulate-grad hooks are for leaf tensors only")
+        if not self._rg:
+            raise RuntimeError("holoflow: cannot register a hook on a tensor that doesn't require grad")
         hooks = self.__dict__.setdefault("_post_acc_hooks", [])
         hooks.append(hook)
         return _RemovableHandle(hooks, hook)
@@ -295,7 +304,9 @@ class Tensor:
             if t is not None:
                 if meta is not None:   # a global tensor's gradient, as the global tensor it is
                     g = meta.grad_view(g)
-                t.grad = g.detach() if t.grad is None else t.grad + g.detach()
+                # (a copy, as torch's: the gradient flowing on, or a leaf's, may share g's
+                # storage; under create_graph it keeps its history, as torch's clone does)
+                t.grad = g.clone(memory_format=torch.contiguous_format) if t.grad is None else t.grad + g
         node = self.grad_fn
         if node.retains is None:
             node.retains = {}

@@ -19,19 +19,21 @@ from typing import Callable
 
 import torch
 
-from . import interpret
+from . import grad_mode, interpret
 from .registry import Op, defop
 from .sbp import B, P
 
 
 class ViewInfo:
     """How a view tensor derives from its base: ``chain`` of ``(op, attrs, out_index)``
-    (``out_index`` None for single-output ops)."""
+    (``out_index`` None for single-output ops). ``nograd``: the view (or one it was taken from)
+    was made with grad mode off; as in torch, an in-place write to it that autograd would
+    record, or use of it after its base was written in place with grad mode on, is an error."""
 
-    __slots__ = ("base", "chain", "stamp")
+    __slots__ = ("base", "chain", "stamp", "nograd")
 
-    def __init__(self, base, chain: tuple, stamp) -> None:
-        self.base, self.chain, self.stamp = base, chain, stamp
+    def __init__(self, base, chain: tuple, stamp, nograd: bool = False) -> None:
+        self.base, self.chain, self.stamp, self.nograd = base, chain, stamp, nograd
 
 
 class CopyOf:
@@ -63,10 +65,11 @@ def make_view(out, x, op: Op, attrs: dict, idx: int) -> None:
     """Marks ``out`` (output ``idx`` of view op ``op`` on ``x``; None if the op has one output)
     as a view of ``x``'s base."""
     vi = x._view
+    nograd = not grad_mode.STATE.enabled
     if vi is None:
-        out._view = ViewInfo(x, ((op, attrs, idx),), stamp_of(x))
+        out._view = ViewInfo(x, ((op, attrs, idx),), stamp_of(x), nograd)
     else:
-        out._view = ViewInfo(vi.base, vi.chain + ((op, attrs, idx),), vi.stamp)
+        out._view = ViewInfo(vi.base, vi.chain + ((op, attrs, idx),), vi.stamp, nograd or vi.nograd)
 
 
 def replay(chain: tuple, x, run: Callable):

@@ -32,10 +32,25 @@ class Distribution:
     ``sample``), ``log_prob`` and ``entropy``."""
 
     has_rsample = False
+    has_enumerate_support = False
+    _validate_args = __debug__
+
+    @staticmethod
+    def set_default_validate_args(value: bool) -> None:
+        """Sets whether argument validation is on when a distribution is built with
+        ``validate_args=None`` (the default; on unless Python runs with -O), as torch's."""
+        if value not in [True, False]:
+            raise ValueError
+        Distribution._validate_args = value
+
+    def _validates(self, validate_args: bool | None) -> bool:
+        return Distribution._validate_args if validate_args is None else bool(validate_args)
 
     def __init__(self, batch_shape: torch.Size = torch.Size(), event_shape: torch.Size = torch.Size(),
                  validate_args: bool | None = None) -> None:
         self._batch_shape, self._event_shape = torch.Size(batch_shape), torch.Size(event_shape)
+        if validate_args is not None:
+            self._validate_args = validate_args
 
     @property
     def batch_shape(self) -> torch.Size:

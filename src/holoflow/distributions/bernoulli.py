@@ -6,6 +6,7 @@ from typing import Any
 from ..core import grad_mode
 from ..core.tensor import Tensor
 from ..nn.functional import binary_cross_entropy_with_logits as _bce_logits
+from ..ops.creation import arange
 from ..ops.random_ops import bernoulli as _bernoulli
 from .base import Distribution, broadcast_all
 from .categorical import clamp_probs
@@ -22,7 +23,7 @@ class Bernoulli(Distribution):
                              "specified, but not both")
         if probs is not None:
             (self.probs,) = broadcast_all(probs)
-            if validate_args is not False:
+            if self._validates(validate_args):
                 self._check(((self.probs >= 0) & (self.probs <= 1)).all(), "probs", self.probs, "Interval(0, 1)")
             p = clamp_probs(self.probs)
             self.logits = p.log() - (-p).log1p()
@@ -38,6 +39,18 @@ class Bernoulli(Distribution):
     @property
     def variance(self) -> Tensor:
         return self.probs * (1 - self.probs)
+
+    @property
+    def mode(self) -> Tensor:
+        mode = (self.probs >= 0.5).to(self.probs.dtype)
+        return mode.masked_fill(self.probs == 0.5, float("nan"))
+
+    has_enumerate_support = True
+
+    def enumerate_support(self, expand: bool = True) -> Tensor:
+        """``[0., 1.]`` along a new leading dim, (expanded to) the batch shape."""
+        values = arange(2, dtype=self.probs.dtype, device=self.probs.device).view((-1,) + (1,) * len(self._batch_shape))
+        return values.expand((-1,) + tuple(self._batch_shape)) if expand else values
 
     def sample(self, sample_shape: Any = ()) -> Tensor:
         with grad_mode.no_grad():

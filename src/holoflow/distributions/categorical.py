@@ -9,6 +9,7 @@ import torch
 from ..core import grad_mode
 from ..core.dtype import finfo
 from ..core.tensor import Tensor
+from ..ops.creation import arange, full
 from ..ops.random_ops import multinomial
 from .base import Distribution, as_size
 
@@ -31,7 +32,7 @@ class Categorical(Distribution):
             if probs.dim() < 1:
                 raise ValueError("holoflow.distributions.Categorical: `probs` parameter must be at least "
                                  "one-dimensional")
-            if validate_args is not False:
+            if self._validates(validate_args):
                 self._check((probs >= 0).all(), "probs", probs, "Simplex()")
             self.probs = probs / probs.sum(-1, keepdim=True)
             self.logits = clamp_probs(self.probs).log()
@@ -46,7 +47,22 @@ class Categorical(Distribution):
 
     @property
     def mean(self) -> Tensor:
-        return torch.full(self._extended_shape(), math.nan)  # type: ignore[return-value]
+        return full(self._extended_shape(), math.nan, dtype=self.probs.dtype, device=self.probs.device)
+
+    @property
+    def mode(self) -> Tensor:
+        return self.probs.argmax(dim=-1)
+
+    @property
+    def variance(self) -> Tensor:
+        return full(self._extended_shape(), math.nan, dtype=self.probs.dtype, device=self.probs.device)
+
+    has_enumerate_support = True
+
+    def enumerate_support(self, expand: bool = True) -> Tensor:
+        """The categories ``0 .. K-1`` along a new leading dim, (expanded to) the batch shape."""
+        values = arange(self._num_events, device=self.probs.device).view((-1,) + (1,) * len(self._batch_shape))
+        return values.expand((-1,) + tuple(self._batch_shape)) if expand else values
 
     def sample(self, sample_shape: Any = ()) -> Tensor:
         shape = as_size(sample_shape)

@@ -1,5 +1,5 @@
 """``kl_divergence(p, q)`` for the pairs registered here (Normal-Normal, Bernoulli-Bernoulli,
-Categorical-Categorical), as torch's formulas; another pair raises naming it."""
+Categorical-Categorical, Independent-Independent), as torch's formulas; another pair raises naming it."""
 from __future__ import annotations
 
 from typing import Callable
@@ -9,6 +9,7 @@ from ..core.tensor import Tensor
 from .base import Distribution
 from .bernoulli import Bernoulli
 from .categorical import Categorical
+from .independent import Independent, sum_rightmost
 from .normal import Normal
 
 __all__ = ["kl_divergence", "register_kl"]
@@ -54,3 +55,12 @@ def _kl_categorical_categorical(p: Categorical, q: Categorical) -> Tensor:
     t = p.probs * (p.logits - q.logits)
     t = t.masked_fill(q.probs == 0, float("inf")).masked_fill(p.probs == 0, 0.0)
     return t.sum(-1)
+
+
+@register_kl(Independent, Independent)
+def _kl_independent_independent(p: Independent, q: Independent) -> Tensor:
+    if p.reinterpreted_batch_ndims != q.reinterpreted_batch_ndims:
+        raise NotImplementedError(f"holoflow.distributions.kl_divergence: Independent distributions with "
+                                  f"different reinterpreted_batch_ndims ({p.reinterpreted_batch_ndims} vs "
+                                  f"{q.reinterpreted_batch_ndims})")
+    return sum_rightmost(kl_divergence(p.base_dist, q.base_dist), p.reinterpreted_batch_ndims)

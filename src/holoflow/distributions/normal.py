@@ -20,7 +20,7 @@ class Normal(Distribution):
 
     def __init__(self, loc: Any, scale: Any, validate_args: bool | None = None) -> None:
         self.loc, self.scale = broadcast_all(loc, scale)
-        if validate_args is not False:
+        if self._validates(validate_args):
             self._check((self.scale > 0).all(), "scale", self.scale, "GreaterThan(lower_bound=0.0)")
         super().__init__(self.loc.shape)
 

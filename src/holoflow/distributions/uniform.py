@@ -17,7 +17,7 @@ class Uniform(Distribution):
 
     def __init__(self, low: Any, high: Any, validate_args: bool | None = None) -> None:
         self.low, self.high = broadcast_all(low, high)
-        if validate_args is not False:
+        if self._validates(validate_args):
             self._check((self.low < self.high).all(), "low", self.low, "LessThan(high)")
         super().__init__(self.low.shape)
 

@@ -453,6 +453,7 @@ class _Gen:
         self.out: list[str] = []
         self.lines: dict = {}
         self.nodes: list = []
+        self.bound: set = set()   # the values the task being written holds in its locals
 
     def build(self) -> Program:
         for t in self.tasks:
@@ -536,6 +537,7 @@ class _Gen:
 
     def task(self, t: Task) -> None:
         params = [self.vals[v] for v in t.inputs] + ([TOKEN] if t.token else [])
+        self.bound = {*t.inputs, *t.state, *(v for n in t.nodes for v in n.outputs)}
         self.out += ["", "", f"def {t.name}({', '.join(params)}):"]
         if self.profile:
             self.emit("    _t = _pc()")
@@ -567,7 +569,9 @@ class _Gen:
         if self.profile:
             self.emit(f"    _t = _tick({len(self.nodes)}, _t)", n)
         self.nodes.append(n)
-        dead = [self.vals[v] for v in self.frees.get(id(n), ())]
+        # a value freed after a node that does not read it (a collective's input, dead once its
+        # wait returns: global_graph.issue_collectives) may live in another task's function
+        dead = [self.vals[v] for v in self.frees.get(id(n), ()) if v in self.bound]
         if dead:
             self.emit(f"    del {', '.join(dead)}", n)
 

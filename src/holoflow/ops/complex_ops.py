@@ -4,8 +4,9 @@ docs/architecture.md, "Views and in-place ops"), ``complex``/``polar`` and ``ang
 
 Gradients follow torch's convention (the conjugate Wirtinger derivative, as in ops/fft.py): the
 views are linear, so their gradients are the opposite views (``view_as_real``'s gradient is
-``view_as_complex`` of the gradient, ``imag``'s is ``dy * 1j``); ``polar`` and ``angle`` use
-ATen's derivative (ops/torch_vjp.py), which also handles ``angle`` at 0.
+``view_as_complex`` of the gradient, ``imag``'s is ``dy * 1j``); ``polar`` uses ATen's
+derivative (ops/torch_vjp.py); ``angle``'s is ATen's formula in holoflow ops (0 at 0), so it is
+differentiable again.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from .elementwise import ZEROS_LIKE
 from .family import elementwise_sbp, needs, reduce_grad
 from .fft import AS_COMPLEX
 from .more_ops import _same_shape_bwd_sbp
-from .torch_vjp import _bwd_kernel, defop_vjp
+from .torch_vjp import defop_vjp
 
 __all__ = ["view_as_real", "view_as_complex", "complex", "polar", "real", "imag", "angle"]
 
@@ -69,11 +70,19 @@ COMPLEX = defop("complex", torch.complex, grad=_complex_grad, sbp=elementwise_sb
 POLAR = defop_vjp("polar", torch.polar, sbp=elementwise_sbp(), bwd_sbp=_same_shape_bwd_sbp, family="elementwise")
 
 
-def _angle_grad(c, dy):  # ATen's angle_backward, complex inputs included (defop_vjp's are real only)
-    return (apply(ANGLE_BACKWARD, c.inputs[0], dy, n_in=1, diff=(0,))[0],) if needs(c, 0) else (None,)
+def _angle_grad(c, dy):
+    """ATen's angle_backward (0 at 0, zeros for real inputs), written with holoflow ops so that it
+    is itself differentiable (double backward)."""
+    if not needs(c, 0):
+        return (None,)
+    z = c.inputs[0]
+    if not z.is_complex():
+        return (apply(ZEROS_LIKE, z),)
+    from .elementwise import where
+    g = dy * z / z.abs().pow(2) * 1j
+    return (where(z == 0, apply(ZEROS_LIKE, g), g),)
 
 
-ANGLE_BACKWARD = defop("angle_backward", _bwd_kernel(torch.angle), sbp=elementwise_sbp())
 ANGLE = defop("angle", torch.angle, grad=_angle_grad, save="inputs", sbp=elementwise_sbp(), family="elementwise")
 
 

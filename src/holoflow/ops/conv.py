@@ -117,6 +117,31 @@ def _conv_grad(c, dy):
     return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
 
 
+def _conv_bwd_grad(c, ddx, ddw, ddb):
+    """Double backward. The convolution is bilinear in (x, w), so with <.,.> the dot product and
+    dx, dw, db the VJPs of ``<dy, conv(x, w) + b>``: <ddx, dx> + <ddw, dw> + <ddb, db> =
+    <dy, conv(ddx, w) + conv(x, ddw) + ddb>, whose gradients are
+    d/d dy = conv(ddx, w) + conv(x, ddw, ddb), d/dx = input-VJP of conv(., ddw) at dy,
+    d/dw = weight-VJP of conv(ddx, .) at dy (all convolution ops again: triple backward works)."""
+    dy, x, w = c.inputs
+    attrs = {k: c.attrs[k] for k in CONV_ATTRS}
+    g_dy = g_x = g_w = None
+    if c.needs_grad[0]:
+        if ddw is not None:
+            g_dy = apply(CONV, x, ddw, ddb, **attrs)
+        elif ddb is not None:                     # db = dy summed over all but the channel axis
+            k = w.dim() - 2
+            g_dy = ddb.reshape((-1,) + (1,) * k).expand(tuple(dy.shape)).contiguous()
+        if ddx is not None:
+            t = apply(CONV, ddx, w, None, **attrs)
+            g_dy = t if g_dy is None else g_dy + t
+    if c.needs_grad[1] and ddw is not None:
+        g_x = apply(CONV_BWD, dy, x, ddw, has_bias=False, output_mask=[True, False, False], **attrs)[0]
+    if c.needs_grad[2] and ddx is not None:
+        g_w = apply(CONV_BWD, dy, ddx, w, has_bias=False, output_mask=[False, True, False], **attrs)[1]
+    return g_dy, g_x, g_w
+
+
 def _conv_flops(ins, outs, attrs) -> float:   # (x, w, ...) -> y: each output a dot of w[1:]
     return 2.0 * math.prod(outs[0]) * math.prod(ins[1][1:])
 
@@ -125,8 +150,8 @@ def _conv_bwd_flops(ins, outs, attrs) -> float:   # (dy, x, w, ...): the input a
     return 4.0 * math.prod(ins[0]) * math.prod(ins[2][1:])
 
 
-CONV_BWD = defop("convolution_backward", _conv_bwd_kernel, sbp=_conv_bwd_sbp,
-                 grad=_no_double("convolution_backward"), family="conv", flops=_conv_bwd_flops)
+CONV_BWD = defop("convolution_backward", _conv_bwd_kernel, sbp=_conv_bwd_sbp, grad=_conv_bwd_grad,
+                 save="inputs", grad_reads=(), family="conv", flops=_conv_bwd_flops)
 CONV = defop("convolution", _conv_kernel, grad=_conv_grad, save="inputs", sbp=_conv_sbp, family="conv",
              layout=True, flops=_conv_flops)
 
@@ -322,55 +347,96 @@ def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
 # -- interpolate ---------------------------------------------------------------------------------
 
 _MODES = {("nearest", 1): "upsample_nearest1d", ("nearest", 2): "upsample_nearest2d",
+          ("nearest", 3): "upsample_nearest3d", ("nearest-exact", 1): "_upsample_nearest_exact1d",
+          ("nearest-exact", 2): "_upsample_nearest_exact2d", ("nearest-exact", 3): "_upsample_nearest_exact3d",
           ("linear", 1): "upsample_linear1d", ("bilinear", 2): "upsample_bilinear2d",
-          ("bicubic", 2): "upsample_bicubic2d"}
+          ("bicubic", 2): "upsample_bicubic2d", ("trilinear", 3): "upsample_trilinear3d",
+          ("area", 1): None, ("area", 2): None, ("area", 3): None}      # area: adaptive average pooling
+_LINEAR_MODES = ("linear", "bilinear", "bicubic", "trilinear")
+_NEEDS = {"linear": 3, "bilinear": 4, "bicubic": 4, "trilinear": 5}
 
 
-def _interp_kernel(x, size, scale_factor, mode, align_corners):
-    return TF.interpolate(x, size=size, scale_factor=scale_factor, mode=mode, align_corners=align_corners)
+def _interp_kernel(x, size, scale_factor, mode, align_corners, antialias=False):
+    return TF.interpolate(x, size=size, scale_factor=scale_factor, mode=mode, align_corners=align_corners,
+                          antialias=antialias)
 
 
-def _interp_bwd_kernel(dy, x, size, scale_factor, mode, align_corners):
+def _interp_bwd_kernel(dy, x, size, scale_factor, mode, align_corners, antialias=False):
     k = x.dim() - 2
-    fn = getattr(torch.ops.aten, _MODES[(mode, k)] + "_backward")
+    if mode == "area":
+        if k == 1:
+            return torch.ops.aten._adaptive_avg_pool2d_backward.default(dy.unsqueeze(-2), x.unsqueeze(-2)).squeeze(-2)
+        fn = torch.ops.aten._adaptive_avg_pool2d_backward if k == 2 else torch.ops.aten._adaptive_avg_pool3d_backward
+        return fn(dy, x)
+    name = _MODES[(mode, k)]
+    fn = getattr(torch.ops.aten, ("_" + name + "_aa" if antialias else name) + "_backward")
     scales = list(scale_factor) if scale_factor is not None else [None] * k
-    extra = [align_corners] if mode != "nearest" else []
+    extra = [align_corners] if mode in _LINEAR_MODES else []
     return fn(dy, list(dy.shape[2:]), list(x.shape), *extra, *scales)
 
 
-INTERPOLATE_BWD = defop("interpolate_backward", _interp_bwd_kernel, sbp=_lead_sbp((0,)), family="resize",
+def _resize_sbp(metas, attrs):
+    """An ``(N, C, *spatial)`` resize: split on N or C (every tensor operand alike), partial sums
+    through the linear operand 0."""
+    n = sum(isinstance(m, Meta) for m in metas)
+    return [((B,) * n, (B,)), ((S(0),) * n, (S(0),)), ((S(1),) * n, (S(1),)),
+            ((P,) + (B,) * (n - 1), (P,))]
+
+
+INTERPOLATE_BWD = defop("interpolate_backward", _interp_bwd_kernel, sbp=_resize_sbp, family="resize",
                         grad=lambda c, ddx: (apply(INTERPOLATE, ddx, **c.attrs), None))
-INTERPOLATE = defop("interpolate", _interp_kernel, save="inputs", sbp=_lead_sbp((0,)), family="resize",
+INTERPOLATE = defop("interpolate", _interp_kernel, save="inputs", sbp=_resize_sbp, family="resize",
                     grad=lambda c, dy: (apply(INTERPOLATE_BWD, dy, c.inputs[0], **c.attrs),))
 
 
 def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "nearest", align_corners=None,
                 recompute_scale_factor=None, antialias: bool = False) -> Tensor:
-    """Resizes the spatial dims of an ``(N, C, *)`` input: mode 'nearest' (1-D/2-D), 'linear'
-    (1-D), 'bilinear' or 'bicubic' (2-D), to ``size`` or by ``scale_factor``."""
+    """Resizes the spatial dims of an ``(N, C, *)`` input, as ``torch.nn.functional.interpolate``:
+    modes 'nearest' and 'nearest-exact' and 'area' (3-D to 5-D inputs), 'linear' (3-D), 'bilinear'
+    and 'bicubic' (4-D, optionally antialiased), 'trilinear' (5-D); to ``size`` or by ``scale_factor``."""
     k = input.dim() - 2
-    if (mode, k) not in _MODES or antialias or recompute_scale_factor:
-        raise UnsupportedError(f"holoflow.interpolate: mode={mode!r} on a {input.dim()}-D input (antialias="
-                               f"{antialias}, recompute_scale_factor={recompute_scale_factor}) is not supported; "
-                               f"supported: {sorted(set(m for m, _ in _MODES))} on 3-D/4-D inputs")
-    if (size is None) == (scale_factor is None):
-        raise ValueError("holoflow.interpolate: give exactly one of size and scale_factor")
-    if mode == "nearest" and align_corners is not None:
-        raise ValueError("holoflow.interpolate: align_corners only applies to linear modes")
+    if mode in _NEEDS and input.dim() != _NEEDS[mode]:
+        raise NotImplementedError(f"holoflow.interpolate: Got {input.dim()}D input, but {mode} mode needs "
+                                  f"{_NEEDS[mode]}D input")
+    if (mode, k) not in _MODES:
+        raise NotImplementedError(f"holoflow.interpolate: Input Error: Only 3D, 4D and 5D input Tensors supported "
+                                  f"(got {input.dim()}D) for the modes: nearest | linear | bilinear | bicubic | "
+                                  f"trilinear | area | nearest-exact (got {mode})")
+    if antialias and not (mode in ("bilinear", "bicubic") and input.dim() == 4):
+        raise ValueError("holoflow.interpolate: Anti-alias option is restricted to bilinear and bicubic modes and "
+                         "requires a 4-D tensor as input")
+    if size is not None and scale_factor is not None:
+        raise ValueError("holoflow.interpolate: only one of size or scale_factor should be defined")
+    if size is None and scale_factor is None:
+        raise ValueError("holoflow.interpolate: either size or scale_factor should be defined")
+    if mode not in _LINEAR_MODES and align_corners is not None:
+        raise ValueError("holoflow.interpolate: align_corners option can only be set with the interpolating modes: "
+                         "linear | bilinear | bicubic | trilinear")
+    if recompute_scale_factor is not None and recompute_scale_factor and size is not None:
+        raise ValueError("holoflow.interpolate: recompute_scale_factor is not meaningful with an explicit size.")
     if size is not None:
         size = _tuple(size, k, "size", "interpolate")
     else:
         scale_factor = tuple(float(s) for s in (scale_factor if isinstance(scale_factor, (list, tuple))
                                                 else (scale_factor,) * k))
-    ac = None if mode == "nearest" else bool(align_corners)
-    return apply(INTERPOLATE, input, size=size, scale_factor=scale_factor, mode=mode, align_corners=ac)
+        if len(scale_factor) != k:
+            raise ValueError(f"holoflow.interpolate: input and scale_factor must have the same number of spatial "
+                             f"dimensions, but got input with spatial dimensions of {list(input.shape[2:])} and "
+                             f"scale_factor of shape {list(scale_factor)}. Please provide input tensor in "
+                             f"(N, C, d1, d2, ...,dK) format and scale_factor in (s1, s2, ...,sK) format.")
+        if recompute_scale_factor or mode == "area":
+            # the output size from the scale, then the kernels see only the size (torch does the same)
+            size = tuple(int(math.floor(float(n) * s)) for n, s in zip(input.shape[2:], scale_factor))
+            scale_factor = None
+    ac = bool(align_corners) if mode in _LINEAR_MODES else None
+    return apply(INTERPOLATE, input, size=size, scale_factor=scale_factor, mode=mode, align_corners=ac,
+                 antialias=bool(antialias))
 
 
 def upsample(input: Tensor, size=None, scale_factor=None, mode: str = "nearest", align_corners=None) -> Tensor:
     return interpolate(input, size, scale_factor, mode, align_corners)
 
 
-_ = math
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
            "adaptive_avg_pool2d", "interpolate", "upsample"]
 

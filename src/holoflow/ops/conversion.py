@@ -5,8 +5,10 @@ import torch
 
 from ..core import device as _device
 from ..core import dtype as _dtype
-from ..core import grad_mode
+from ..core import grad_mode, interpret
+from ..core.autograd import GradNode
 from ..core.dispatch import apply, assign, check_inplace_target
+from ..core.views import VIEW_SCATTER
 from ..core.tensor import Tensor
 from .family import cast_sbp, defop, elementwise_sbp
 
@@ -104,6 +106,14 @@ def copy_(self: Tensor, src, non_blocking: bool = False) -> Tensor:
     out = out.expand(*self.shape)  # always an op: even a leaf source is linked into the history
     if grad_mode.is_grad_enabled() and (self._rg or out._rg):
         check_inplace_target(self, "copy")
+        if (self.grad_fn is not None and out.grad_fn is not None and self._view is None
+                and self._global is None and out._global is None and interpret._CURRENT.get() is None):
+            # torch's CopyBackwards: what this tensor held before gets a zero gradient, not none
+            # (a view_scatter of the whole tensor; a view's base gets it from take_history)
+            node = GradNode(VIEW_SCATTER, ((self.grad_fn, self._out_idx), (out.grad_fn, out._out_idx)),
+                            {"chain": ()}, (self._data.shape, out._data.shape),
+                            (self._data.dtype, out._data.dtype))
+            out = Tensor._make(out._data, node)
     return assign(self, out, "copy")
 
 

@@ -2,6 +2,7 @@
 family (ops/family.py). Grad rules are written in holoflow ops."""
 from __future__ import annotations
 
+import cmath
 import math
 
 import torch
@@ -28,7 +29,10 @@ CONJ = unary("conj", torch.conj_physical, lambda c, dy: (apply(CONJ, dy),), part
 
 
 def _conj(x):
-    """``x``'s complex conjugate; real tensors are their own (no op recorded)."""
+    """``x``'s complex conjugate; real tensors are their own (no op recorded); a Python complex
+    number (a scalar operand) is conjugated too."""
+    if isinstance(x, complex):
+        return x.conjugate()
     return apply(CONJ, x) if isinstance(x, Tensor) and x._data.is_complex() else x
 
 
@@ -172,7 +176,8 @@ def _pow_grad(c, dy):
                          (dy * b * a ** (b - 1) if b != 0 else dy * 0), c, 0)
     if needs(c, 1):
         out = a ** b
-        log_a = a.log() if isinstance(a, Tensor) else math.log(a) if a > 0 else float("nan")
+        log_a = (a.log() if isinstance(a, Tensor) else cmath.log(a) if isinstance(a, complex)
+                 else math.log(a) if a > 0 else float("nan"))
         gb = reduce_grad(dy * out * log_a, c, 1)
     return ga, gb
 

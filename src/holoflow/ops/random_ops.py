@@ -16,7 +16,7 @@ from ..core.errors import ArgValueError
 from ..core.registry import Meta, defop
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
-from .creation import ones_like
+from .creation import ones_like, zeros_like
 from .family import elementwise_sbp, like_first_input
 
 
@@ -141,13 +141,19 @@ def rrelu_noise(input: Tensor, lower: float, upper: float, generator=None) -> Te
 
 # -- in-place samplers and fill_ --------------------------------------------------------------------
 
+def _zero_grad(ctx, dy):
+    """The gradient of an overwrite: zero for the overwritten tensor (torch's ``zeros_like``)."""
+    return (zeros_like(dy) if ctx.needs_grad[0] else None,) + (None,) * (len(ctx.edges) - 1)
+
+
 def _sampler(name: str, draw) -> object:
     """An in-place sampler: ``draw(t, *args)`` fills the torch tensor ``t``. The out-of-place
     kernel draws into a fresh tensor like the input, consuming the generator identically. The
-    result does not depend on the old values: its gradient is none."""
+    result does not depend on the old values: its gradient is zero (torch's ``zeros_like(grad)``:
+    what the tensor held before gets a zero gradient, not none)."""
     return defop(name, lambda x, *rest, **attrs: draw(torch.empty_like(x), *rest, **attrs),
                  inplace_kernel=lambda x, *rest, **attrs: draw(x, *rest, **attrs),
-                 grad=lambda c, dy: (None,) * len(c.edges), sbp=elementwise_sbp(), random=True, family="random")
+                 grad=_zero_grad, sbp=elementwise_sbp(), random=True, family="random")
 
 
 NORMAL_ = _sampler("normal_", lambda t, mean, std, generator: t.normal_(mean, std, generator=generator))
@@ -159,7 +165,7 @@ CAUCHY_ = _sampler("cauchy_", lambda t, median, sigma, generator: t.cauchy_(medi
 LOG_NORMAL_ = _sampler("log_normal_", lambda t, mean, std, generator: t.log_normal_(mean, std, generator=generator))
 GEOMETRIC_ = _sampler("geometric_", lambda t, p, generator: t.geometric_(p, generator=generator))
 FILL_ = defop("fill_", lambda x, value: torch.full_like(x, value), inplace_kernel=lambda x, value: x.fill_(value),
-              grad=lambda c, dy: (None,), sbp=elementwise_sbp(), family="creation")
+              grad=_zero_grad, sbp=elementwise_sbp(), family="creation")
 
 
 def normal_(self: Tensor, mean: float = 0.0, std: float = 1.0, *, generator=None) -> Tensor:

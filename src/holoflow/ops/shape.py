@@ -386,12 +386,58 @@ REPEAT_INTERLEAVE = defop("repeat_interleave", lambda x, repeats, dim: torch.rep
                           grad=_repeat_interleave_grad, sbp=_repeat_interleave_sbp, family="shape")
 
 
-def repeat_interleave(input: Tensor, repeats: int, dim: int | None = None, *, output_size=None) -> Tensor:
-    """Repeats each element ``repeats`` times along ``dim`` (of the flattened tensor if None)."""
-    if not isinstance(repeats, int):
-        raise TypeError("holoflow.repeat_interleave: only an int `repeats` is supported")
+# the index that repeats position i ``repeats[i]`` times (data-dependent length, like nonzero)
+REPEAT_INTERLEAVE_INDEX = defop("repeat_interleave_index",
+                                lambda repeats, output_size: torch.repeat_interleave(repeats, output_size=output_size),
+                                sbp=lambda metas, attrs: [((B,), (B,))], family="indexing", differentiable=False)
+
+
+def _repeats_index(repeats: Tensor, output_size) -> Tensor:
+    if repeats.dim() != 1:
+        raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
+    if repeats.dtype not in (_dtype.int32, _dtype.int64):
+        raise RuntimeError(f"repeat_interleave only accept int32 and int64 tensor as repeats, got {repeats.dtype}")
+    if not bool((repeats >= 0).all()):
+        raise RuntimeError("repeats can not be negative")
+    index = apply(REPEAT_INTERLEAVE_INDEX, repeats, output_size=output_size)
+    if output_size is not None and index.shape[0] != output_size:
+        raise RuntimeError("allocated size does not match required size")
+    return index
+
+
+def repeat_interleave(input: Tensor, repeats: int | Tensor | None = None, dim: int | None = None, *,
+                      output_size=None) -> Tensor:
+    """Repeats each element ``repeats`` times along ``dim`` (of the flattened tensor if None);
+    ``repeats`` an int or a tensor of per-element counts (one, or one per element along ``dim``).
+    ``repeat_interleave(repeats)`` alone gives ``arange(len(repeats))`` repeated by ``repeats``."""
+    if repeats is None:
+        if not isinstance(input, Tensor):
+            raise TypeError(f"holoflow.repeat_interleave: repeats must be a tensor, got {type(input).__name__}")
+        return _repeats_index(input, output_size)
+    if isinstance(repeats, Tensor):
+        if repeats.dim() > 1:
+            raise RuntimeError("repeats must be 0-dim or 1-dim tensor")
+        x = input.reshape(-1) if dim is None else input
+        d = 0 if dim is None else normalize_dim("repeat_interleave", dim, input.dim())
+        n = x.shape[d]
+        if repeats.numel() == 1:
+            repeats = repeats.reshape(1).expand(n)
+        elif repeats.shape[0] != n:
+            raise RuntimeError(f"repeats must have the same size as input along dim, but got repeats.size(0) = "
+                               f"{repeats.shape[0]} and input.size({d}) = {n}")
+        from .scatter import index_select
+        return index_select(x, d, _repeats_index(repeats, output_size))
+    if isinstance(repeats, bool) or not isinstance(repeats, int):
+        raise TypeError(f"holoflow.repeat_interleave: repeats must be an int or a tensor, got "
+                        f"{type(repeats).__name__}")
+    if repeats < 0:
+        raise RuntimeError("Repeats must be non-negative")
     d = None if dim is None else normalize_dim("repeat_interleave", dim, input.dim())
-    return apply(REPEAT_INTERLEAVE, input, repeats=repeats, dim=d)
+    out = apply(REPEAT_INTERLEAVE, input, repeats=repeats, dim=d)
+    if output_size is not None and out.shape[0 if d is None else d] != output_size:
+        raise RuntimeError(f"repeat_interleave: Invalid output_size, expected {out.shape[0 if d is None else d]} "
+                           f"but got {output_size}")
+    return out
 
 
 # -- cat / stack / split / unbind ----------------------------------------------------------------

@@ -2,14 +2,19 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any, Callable
 
+from ...amp.autocast import is_autocast_enabled
+from ...core import dtype as _dtype
+from ...core.grad_mode import is_grad_enabled
 from ...core.tensor import Tensor
 from ...ops.creation import full
 from ...ops.layout import triu
 
 from ..containers import ModuleList
 from ..module import Module
+from .activation import GELU, ReLU
 from .attention import MultiheadAttention
 from .dropout import Dropout
 from .linear import Linear
@@ -88,6 +93,14 @@ class TransformerEncoder(Module):
         self.layers = _get_clones(encoder_layer, num_layers)
         self.num_layers = num_layers
         self.norm = norm
+        self.enable_nested_tensor = enable_nested_tensor
+        self.use_nested_tensor = enable_nested_tensor
+        self.mask_check = mask_check
+        why_not = _why_not_nested(encoder_layer)
+        if enable_nested_tensor and why_not:
+            warnings.warn(f"enable_nested_tensor is True, but self.use_nested_tensor is False because {why_not}",
+                          stacklevel=2)
+            self.use_nested_tensor = False
 
     def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 is_causal: bool | None = None) -> Tensor:
@@ -95,6 +108,49 @@ class TransformerEncoder(Module):
         for mod in self.layers:
             output = mod(output, src_mask=mask, src_key_padding_mask=src_key_padding_mask,
                          is_causal=bool(is_causal))
+        pad = self._nested_padding(src, mask, src_key_padding_mask)
+        if pad is not None:
+            # torch runs this case on a nested tensor and pads the result with zeros
+            output = output.masked_fill(pad.unsqueeze(-1), 0.0)
         if self.norm is not None:
             output = self.norm(output)
         return output
+
+    def _nested_padding(self, src: Tensor, mask, key_padding_mask) -> Tensor | None:
+        """The padded positions (bool, ``(N, S)``) when torch's sparsity fast path applies: then
+        torch encodes a nested tensor of the unpadded prefixes and its output is 0.0 at the padded
+        positions (before the final norm). The conditions are torch's: inference (eval mode, no
+        grad needed), batched input, a left-aligned key padding mask and no attention mask."""
+        if key_padding_mask is None or mask is not None or not getattr(self, "use_nested_tensor", False) \
+                or self.layers[0].training or src.dim() != 3 or is_autocast_enabled():
+            return None
+        if is_grad_enabled() and (src.requires_grad or any(p.requires_grad for p in self.layers[0].parameters())):
+            return None
+        pad = key_padding_mask if key_padding_mask.dtype == _dtype.bool else key_padding_mask != 0
+        if getattr(self, "mask_check", True):
+            keep = pad.logical_not().to(_dtype.int64)
+            if not bool((keep.cumprod(dim=1) == keep).all()):       # not left-aligned
+                return None
+        return pad
+
+
+def _why_not_nested(layer) -> str:
+    """Why torch's TransformerEncoder would not use nested tensors with this layer ('' if it would)."""
+    name = "encoder_layer"
+    if not isinstance(layer, TransformerEncoderLayer):
+        return f"{name} was not TransformerEncoderLayer"
+    if layer.norm_first:
+        return f"{name}.norm_first was True"
+    if not layer.self_attn.batch_first:
+        return f"{name}.self_attn.batch_first was not True(use batch_first for better inference performance)"
+    if not layer.self_attn._qkv_same_embed_dim:
+        return f"{name}.self_attn._qkv_same_embed_dim was not True"
+    if layer.self_attn.in_proj_bias is None:
+        return f"{name}.self_attn was passed bias=False"
+    if layer.activation not in (F.relu, F.gelu) and not isinstance(layer.activation, (ReLU, GELU)):
+        return f"{name}.activation_relu_or_gelu was not True"
+    if layer.norm1.eps != layer.norm2.eps:
+        return f"{name}.norm1.eps was not equal to {name}.norm2.eps"
+    if layer.self_attn.num_heads % 2 == 1:
+        return f"{name}.self_attn.num_heads is odd"
+    return ""
