@@ -133,7 +133,20 @@ def decide(op: Op, metas: list, attrs: dict, cur: list, place, shape_attrs: dict
     return hit[0], hit[1], key
 
 
+def _has_tensor(x) -> bool:
+    if isinstance(x, (torch.Tensor, Tensor)):
+        return True
+    if isinstance(x, (tuple, list)):
+        return any(_has_tensor(y) for y in x)
+    if isinstance(x, dict):
+        return any(_has_tensor(y) for y in x.values())
+    return False
+
+
 def _key(op: Op, metas: list, attrs: dict, cur: list, place):
+    # a tensor among the attrs hashes by identity, which a later tensor of another shape may reuse
+    if _has_tensor(tuple(attrs.values())) or _has_tensor(tuple(metas)):
+        return None
     try:
         k = (op.name, tuple(metas), tuple(sorted(attrs.items())), tuple(cur), place)
         hash(k)

@@ -22,7 +22,7 @@ from ..distributed.global_dispatch import decide
 from ..distributed.sharding import normalize_sbp
 from ..ops.loss import AMP_BOUNDARY
 from .global_graph import GLOBAL_BOX, GLOBAL_TAG, LazyGlobal
-from ..core.registry import Meta, Op
+from ..core.registry import Meta, Op, infer_metas
 from ..core.tensor import Tensor
 from .ir import IRGraph, Node, Value
 from .pipeline import trace_move
@@ -281,9 +281,15 @@ class Tracer(Interpreter):
         cur = [x._global.sbp for x in inputs if isinstance(x, Tensor)]
         sig, logical, _ = decide(op, metas, attrs, cur, place,
                                  {k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})
-        if logical is None:
+        if logical is None:   # the shape rule said why: run it again for the message
+            try:
+                infer_metas(op, tuple(m.empty() if isinstance(m, Meta) else m for m in metas),
+                            {k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})
+                why = "no shape rule"
+            except NotImplementedError as e:
+                why = str(e)
             raise HoloflowError(f"holoflow.nn.Graph: op {op.name!r} at {user_line()} cannot be traced on "
-                                f"global tensors: its output shape depends on data")
+                                f"global tensors ({why}); its output shape depends on data")
         boxed, j = [], 0
         for x in inputs:
             if isinstance(x, Tensor):

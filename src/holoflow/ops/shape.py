@@ -387,8 +387,13 @@ REPEAT_INTERLEAVE = defop("repeat_interleave", lambda x, repeats, dim: torch.rep
 
 
 # the index that repeats position i ``repeats[i]`` times (data-dependent length, like nonzero)
-REPEAT_INTERLEAVE_INDEX = defop("repeat_interleave_index",
-                                lambda repeats, output_size: torch.repeat_interleave(repeats, output_size=output_size),
+def _repeats_index_kernel(repeats: torch.Tensor, output_size) -> torch.Tensor:
+    if repeats.device.type == "meta" and output_size is None:   # as nonzero's meta kernel says
+        raise NotImplementedError("repeat_interleave of a tensor of repeats: its length is the repeats' sum")
+    return torch.repeat_interleave(repeats, output_size=output_size)
+
+
+REPEAT_INTERLEAVE_INDEX = defop("repeat_interleave_index", _repeats_index_kernel,
                                 sbp=lambda metas, attrs: [((B,), (B,))], family="indexing", differentiable=False)
 
 
