@@ -119,6 +119,7 @@ NEEDS_DATA = {
     "masked_select_backward": _NONZERO,
     "index_backward-mask": _NONZERO,
     "nonzero": _NONZERO,
+    "repeat_interleave-tensor": _ITEM.format("repeats must be >= 0 (as torch checks); the length is their sum"),
     "unique": "data-dependent output shape (the distinct values): no meta kernel",
     "one_hot-infer": _ITEM.format("num_classes=-1 is the largest index + 1"),
     "gaussian_nll_loss{'reduction': 'mean'}": _ITEM.format("var must be >= 0 (as torch checks)"),

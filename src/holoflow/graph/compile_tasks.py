@@ -10,9 +10,10 @@ state takes it as arguments (the program reads the live tensors and calls the co
 function). No dynamo: the program is straight-line code already, and dynamo's guards on each
 call's ~40 arguments cost ~0.1 ms per task call on the CNN (AOTAutograd still handles inputs
 written in place and outputs that alias inputs). What dynamo's guards checked is checked here:
-the plan is keyed by the feeds' shapes and dtypes (graph.py), and Inductor's code asserts every
+the plan is keyed by the feeds' shapes and dtypes and the state's dtypes (graph.py: a model
+cast between calls, ``model.double()``, traces a new plan), and Inductor's code asserts every
 input's sizes and strides before any kernel runs; an input in a new layout (a strided batch)
-compiles once more for that layout (up to ``MAX_LAYOUTS``, then the task runs plain).
+compiles once more for it (up to ``MAX_LAYOUTS``, then the task runs plain).
 
 Tasks that issue collectives, and runs of nodes whose ops declare their kernels ``opaque`` to
 tracing on their device (CUDA attention runs torch's own autograd node), are tasks of their own
@@ -27,7 +28,9 @@ Values passed from one compiled task to another keep the layouts Inductor chose 
 (``keep_output_stride=False``: the CNN's activations and weight gradients stay channels-last
 between its forward and backward tasks instead of being converted to eager's strides and back);
 an output leaving compiled code (read by a plain task, a graph output, a state update) is made
-contiguous when it is not, so plain kernels, collectives and the optimizer see dense tensors.
+contiguous when it is not, so plain kernels, collectives and the optimizer see dense tensors —
+unless it is a view of an input (``return self.weight.t()``), which stays a view as in the plain
+program.
 
 A task that cannot be traced (a kernel reading a tensor's value, ``.item()``, an op without a
 fake kernel) fails before anything ran: the wrapper then warns once, naming the task and the
@@ -51,8 +54,9 @@ _COMPILE_LOCK = threading.Lock()
 
 
 def _layout(args: tuple) -> tuple:
-    """What Inductor's code asserts of its inputs: every tensor's sizes and strides."""
-    return tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else None for a in args)
+    """What a compiled function is specialized to: every tensor's sizes, strides (Inductor's code
+    asserts them) and dtype."""
+    return tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else None for a in args)
 
 
 class CompiledTask:
@@ -111,13 +115,18 @@ class CompiledTask:
                 raise
             fn = self._compile(args)
             out = fn(*args) if fn is not None else self.fn(*args)
-        return self._dense(out)
+        return self._dense(out, args)
 
-    def _dense(self, out: Any) -> tuple:
-        if not any(isinstance(out[i], torch.Tensor) and not out[i].is_contiguous() for i in self.leaving):
+    def _dense(self, out: Any, args: tuple) -> tuple:
+        """``out`` with its leaving outputs made contiguous, except views of an argument (a
+        parameter's ``.t()`` returned by build): as in the plain program they stay views, so they
+        show the update the step then makes and writes the caller makes."""
+        strided = [i for i in self.leaving if isinstance(out[i], torch.Tensor) and not out[i].is_contiguous()]
+        if not strided:
             return tuple(out)
-        return tuple(x.contiguous() if i in self.leaving and isinstance(x, torch.Tensor) else x
-                     for i, x in enumerate(out))
+        bases = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        dense = {i for i in strided if out[i].untyped_storage().data_ptr() not in bases}
+        return tuple(x.contiguous() if i in dense else x for i, x in enumerate(out))
 
 
 def compile_task(name: str, stream: str, fn: Callable, leaving: tuple = ()) -> Callable:

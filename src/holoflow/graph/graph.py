@@ -44,10 +44,11 @@ class GraphBuildError(HoloflowError):
 
 
 def _training_flags(roots) -> tuple:
-    """Every module's ``training`` flag and its parameters' ``requires_grad`` under ``roots``
-    (each module once, in a fixed order): a parameter frozen or unfrozen between calls changes
-    what backward computes and the optimizer updates, as in eager. Read on every call, so a plain
-    walk rather than ``modules()``' generators (a 12-layer GPT has ~115 modules)."""
+    """Every module's ``training`` flag, its parameters' ``requires_grad`` and its state's dtypes
+    under ``roots`` (each module once, in a fixed order): a parameter frozen or unfrozen between
+    calls changes what backward computes and the optimizer updates, and a model cast between calls
+    (``model.double()``) what every kernel reads, as in eager. Read on every call, so a plain walk
+    rather than ``modules()``' generators (a 12-layer GPT has ~115 modules)."""
     flags, seen, stack = [], set(), list(roots)[::-1]
     while stack:
         m = stack.pop()
@@ -55,7 +56,8 @@ def _training_flags(roots) -> tuple:
             continue
         seen.add(id(m))
         flags.append(m.training)
-        flags.extend(p is not None and p.requires_grad for p in m._parameters.values())
+        flags.extend((p.requires_grad, p._data.dtype) if p is not None else None for p in m._parameters.values())
+        flags.extend(b._data.dtype if b is not None else None for b in m._buffers.values())
         stack.extend(list(m._modules.values())[::-1])
     return tuple(flags)
 

@@ -187,7 +187,7 @@ def uncompilable(n: Node) -> bool:
     """Whether torch.compile cannot take ``n``: it talks, draws from a generator of its own (a
     global graph's random node), or its op declares its kernel opaque on the node's device
     (``Op.opaque``)."""
-    if talks(n) or isinstance(n.attrs.get("generator"), torch.Generator):
+    if talks(n) or draws(n):
         return True
     op = REGISTRY.get(n.op) if n.kernel is None else None
     return op is not None and op.opaque_on(next((v.device.type for v in n.value_inputs()), "cpu"))
@@ -305,16 +305,24 @@ def split_tasks(g: IRGraph, for_compile: bool = False) -> list[Task]:
     for t in tasks:
         t.token = has_update and (bool(t.state) or any(map(talks, t.nodes)))
     if for_compile:
-        _chain_talking(tasks)
+        _chain(tasks, talks)
+        _chain(tasks, draws)
     return tasks
 
 
-def _chain_talking(tasks: list) -> None:
-    """Each task of collectives also takes an output of the one before it (unused, an ordering
-    edge): they run in program order on every rank, whatever order their inputs are ready in."""
+def draws(n: Node) -> bool:
+    """Whether ``n`` draws from a generator given to it (its draws depend on the order it runs in
+    among the others drawing from it)."""
+    return isinstance(n.attrs.get("generator"), torch.Generator)
+
+
+def _chain(tasks: list, pred: Callable[[Node], bool]) -> None:
+    """Each task holding a node of ``pred`` (collectives; draws from a generator) also takes an
+    output of the one before it (unused, an ordering edge): they run in program order (on every
+    rank), whatever order their inputs are ready in."""
     prev = None
     for t in tasks:
-        if not any(map(talks, t.nodes)):
+        if not any(map(pred, t.nodes)):
             continue
         if prev is not None and prev.outputs[0] not in t.inputs:
             t.inputs.append(prev.outputs[0])

@@ -250,12 +250,24 @@ hann_window, hamming_window, blackman_window, bartlett_window, kaiser_window = (
     _window(n) for n in ("hann_window", "hamming_window", "blackman_window", "bartlett_window", "kaiser_window"))
 
 
+def _traced_draw(name: str, fn, g, **attrs) -> Tensor | None:
+    """``_traced`` for a random creation: a generator given is an attr (drawn from at run time,
+    not during the trace's shape inference, which runs the kernel)."""
+    if g is None:
+        return _traced(name, fn, **attrs)
+    state = g.get_state()
+    try:
+        return _traced(name, fn, generator=g, **attrs)
+    finally:
+        g.set_state(state)
+
+
 def _random(fn):
     def make(*size, generator=None, dtype=None, device=None, requires_grad=False,
              placement=None, sbp=None):
         g = generator.torch if generator is not None else None
-        t = _traced(fn.__name__, fn, size=_sizes(size, fn.__name__), placement=placement, sbp=sbp,
-                    **_kw(dtype, device))
+        t = _traced_draw(fn.__name__, fn, g, size=_sizes(size, fn.__name__), placement=placement, sbp=sbp,
+                         **_kw(dtype, device))
         if t is not None:
             return t
         return _finish(_torch_call(fn.__name__, fn, _sizes(size, fn.__name__), generator=g, **_kw(dtype, device)),
@@ -279,12 +291,20 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
         raise TypeError("holoflow.randint: size= is required, e.g. randint(0, 10, (3,))")
     g = generator.torch if generator is not None else None
     kw = _kw(dtype or _dtype.int64, device)
+    t = _traced_draw("randint", torch.randint, g, low=low, high=high, size=_sizes((size,), "randint"),
+                     placement=placement, sbp=sbp, **kw)
+    if t is not None:   # under a graph trace: a draw per call, not a constant
+        return t
     return _finish(_torch_call("randint", torch.randint, low, high, _sizes((size,), "randint"), generator=g, **kw),
                    False, placement, sbp)
 
 
 def randperm(n: int, *, generator=None, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
     g = generator.torch if generator is not None else None
+    t = _traced_draw("randperm", torch.randperm, g, n=n, placement=placement, sbp=sbp,
+                     **_kw(dtype or _dtype.int64, device))
+    if t is not None:
+        return t
     return _finish(torch.randperm(n, generator=g, **_kw(dtype or _dtype.int64, device)), False,
                    placement, sbp)
 
@@ -299,6 +319,10 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=N
         return Tensor._make(torch.normal(m, s, generator=g))
     if size is None:
         raise TypeError("holoflow.normal: size= is required when mean and std are numbers")
+    t = _traced_draw("normal", torch.normal, g, mean=float(mean), std=float(std), size=_sizes((size,)),
+                     **_kw(dtype, device))
+    if t is not None:
+        return t
     return _finish(torch.normal(mean, std, _sizes((size,)), generator=g, **_kw(dtype, device)),
                    requires_grad)
 

@@ -160,10 +160,10 @@ def _einsum_grad(c, dy):
 def _einsum_kernel(*ops, equation):
     """torch.einsum, never aliasing an operand (``ij->ji``, ``ii->i`` are views in torch)."""
     out = torch.einsum(equation, *ops)
-    if out.device.type != "meta" and out._base is not None:
-        ptr = out.untyped_storage().data_ptr()
-        if any(x.untyped_storage().data_ptr() == ptr for x in ops):
-            out = out.clone()
+    # by view bases, not storage pointers: fake tensors (enable_compile traces kernels) have none
+    base = out._base
+    if base is not None and any(x is base or x._base is base for x in ops):
+        out = out.clone()
     return out
 
 

@@ -30,6 +30,7 @@ import threading
 from typing import Any, Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ...core.registry import REGISTRY
 from ..ir import IRGraph, Node, Value
@@ -131,6 +132,10 @@ class FusedKernel:
 
     def __call__(self, *args):
         e = self.entry
+        if args and isinstance(args[0], FakeTensor):
+            # traced by enable_compile (graph/compile_tasks.py: make_fx on fake tensors), which
+            # compiles the whole task: the Python sequence, not a compiled region it cannot trace
+            return e.fn(*args)
         if e.compiled is not None:
             return e.compiled(*args)
         if self.mode != "off" and not e.started:
