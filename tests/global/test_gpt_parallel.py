@@ -52,5 +52,5 @@ def test_auto_parallel_graph_matches_single_process(world4):
     """--graph --auto: the GPT placed broadcast on the 2x2 mesh, its layout chosen by the cost
     model (graph/auto_parallel.py), trains as one process does."""
     want = gpt.train(flow, CFG, evaluate_every=False)["train"]
-    for losses, boxing in world4.run(gpt_parallel_fns.graph_losses, asdict(CFG), 2, 0, True, timeout=400):
+    for losses, _ in world4.run(gpt_parallel_fns.graph_losses, asdict(CFG), 2, 0, True, timeout=400):
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-4, atol=0)

@@ -242,17 +242,24 @@ def _dependencies(roots: Sequence[GradNode]) -> tuple[dict[GradNode, int], dict[
     return deps, leaves
 
 
-def _zeros_for(meta):
+def _zeros_for(meta, like):
+    """The gradient of an output nothing read: zeros of its meta. In a trace (``like``, another
+    gradient of the node, is a lazy tensor) they are a recorded op, as the seed's ones are."""
     from .tensor import Tensor
     import torch
     shape, dtype, dev = meta
+    if like is not None and like._data.device.type == "meta":
+        z = like.detach().new_zeros(tuple(shape), dtype=dtype)
+        # a traced global gradient: the zeros every rank makes, as a broadcast value
+        return z if like._global is None else like._global.seed_grad(like, z)
     return Tensor._make(torch.zeros(shape, dtype=dtype, device=dev))
 
 
 def _call_grad(node: GradNode, grads: list) -> tuple:
     if node.out_metas is not None and not all(g is not None for g in grads):
         reads = node.op.grad_reads
-        grads = [g if g is not None or (reads is not None and i not in reads) else _zeros_for(m)
+        like = next((g for g in grads if g is not None), None)
+        grads = [g if g is not None or (reads is not None and i not in reads) else _zeros_for(m, like)
                  for i, (g, m) in enumerate(zip(grads, node.out_metas))]
     return _as_grads(node, node.op.grad(node, *grads))
 

@@ -54,8 +54,9 @@ def _gru_step(xw: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Tensor | None, 
 
 def _zeros_like_layout(shape: tuple, x: Tensor) -> Tensor:
     """Zero initial states on ``x``'s device, broadcast over ``x``'s placement when it is global."""
-    z = zeros(*shape, dtype=x.dtype, device=x.device)
-    return z if x._global is None else z.to_global(x.placement, (B,) * len(x.sbp))
+    if x._global is not None:   # made global (a recorded creation inside a graph's trace)
+        return zeros(*shape, dtype=x.dtype, placement=x.placement, sbp=(B,) * len(x.sbp))
+    return zeros(*shape, dtype=x.dtype, device=x.device)
 
 
 # -- the layers -----------------------------------------------------------------------------------------
