@@ -153,3 +153,29 @@ def test_attention_backward_runs_in_the_amp_dtype_with_its_logsumexp_in_float32(
     opt.step()
     assert (m1.qkv.weight.to_torch() - w0).abs().max() > 1e-3      # the step moved the weights
     torch.testing.assert_close(m1.qkv.weight.to_torch(), m2.qkv.weight.to_torch(), rtol=0, atol=1e-6)
+
+
+def test_explicit_conversions_in_build_keep_their_dtype_under_amp():
+    """``y.float()`` of a value that is float32 when traced but bfloat16 after the AMP rewrite is
+    float32, as eager autocast gives it (the trace records the request; it was dropped), and a
+    conversion that changes the dtype (``.double()``) runs through the rewrite (it crashed on
+    the ``to`` node's device)."""
+    m = nn.Linear(4, 3)
+
+    class G(Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.config.enable_amp(True)
+
+        def build(self, x):
+            y = self.m(x)
+            return y.float(), y, (y.double() * 2).sum()
+    x = flow.randn(2, 4)
+    got = G()(x)
+    with autocast("cpu", dtype=flow.bfloat16):
+        y = m(x)
+        want = (y.float(), y, (y.double() * 2).sum())
+    assert [t.dtype for t in got] == [t.dtype for t in want] == [flow.float32, flow.bfloat16, flow.float64]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a._data, b._data)

@@ -49,7 +49,10 @@ def to(self: Tensor, *args, **kwargs) -> Tensor:
         dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else dev
     same_dev = dev is None or dev == cur.device
     same_dt = dt is None or dt == cur.dtype
-    if same_dev and same_dt and not copy:
+    # a trace whose values the AMP pass retypes afterwards (nn.Graph config.enable_amp) records an
+    # explicit dtype even when it changes nothing yet: ``x.float()`` stays float32 there, as under
+    # autocast
+    if same_dev and same_dt and not copy and (dt is None or not getattr(interpret._CURRENT.get(), "amp", False)):
         return self
     return apply(TO, self, dtype=dt or cur.dtype, device=dev or cur.device, src_device=cur.device)
 

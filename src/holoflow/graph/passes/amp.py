@@ -34,6 +34,9 @@ from ..ir import IRGraph, Node, Value
 from . import register
 
 
+_META = torch.device("meta")
+
+
 class _Rewriter:
     """Walks the nodes once, keeping old -> new values and the casts made so far."""
 
@@ -104,7 +107,8 @@ class _Rewriter:
             self.nodes.append(n)
             return
         metas = infer_metas(REGISTRY[n.op], tuple(
-            torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, Value) else x for x in ins), attrs)
+            torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, Value) else x for x in ins),
+            {k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})   # (``to``'s device)
         outs = tuple(o if (tuple(m.shape), m.dtype) == (o.shape, o.dtype) else   # (a dtype keeps the layout)
                      Value(tuple(m.shape), m.dtype, o.device, o.name, placement=o.placement, sbp=o.sbp)
                      for o, m in zip(n.outputs, metas))
