@@ -11,9 +11,10 @@ SBPs is one program: data parallel (all ``B``), Megatron-style tensor parallel (
 
 The cost model (:func:`predict`), per rank, on the traced logical graph after the passes:
 
-- compute: each node on this rank's local shapes: the FLOPs its op declares (``Op.flops``:
-  products, convolutions, attention) at the device's FLOP rate, else the bytes it reads and
-  writes at the device's memory bandwidth (:class:`DeviceModel`), times
+- compute: each node on this rank's local shapes, by the roofline: the larger of the FLOPs its
+  op declares (``Op.flops``: products, convolutions, attention) at the device's FLOP rate and the
+  bytes it reads and writes at the device's memory bandwidth (:class:`DeviceModel`; an update
+  also reads and writes its parameter and optimizer state), times
   ``set_auto_parallel_computation_cost_ratio``;
 - communication: every boxing node (``global_graph.boxing_points``: the collectives and their bytes
   over links per rank, from the one cost function ``boxing.cost``) at the placement's
@@ -30,7 +31,9 @@ The figures are round defaults (:meth:`DeviceModel.default`, ``LinkModel()``) un
 The search (:func:`plan`): coordinate descent from the user's assignment, largest parameters first:
 each candidate SBP of one parameter is traced (no kernel runs; the parameter's data is not
 moved while searching) and kept when it lowers the objective; sweeps repeat until none does
-(at most ``MAX_SWEEPS``). The objective follows ``enable_auto_memory``: ``"Disable"`` the predicted
+(at most ``MAX_SWEEPS``). Then pairs of the ``PAIR_PARAMS`` largest parameters move together
+(a layout that only pays when two change at once, as Megatron's MLP), the descent resuming after
+any pair that helps. The objective follows ``enable_auto_memory``: ``"Disable"`` the predicted
 step time; ``"AdaptiveMemory"`` (default) the step time among plans within the memory limit
 (``limit=`` bytes per rank; on CUDA the device's total memory; none on the CPU), the least memory
 when no plan fits; ``"HeavyMemoryDown"`` the least memory, then time. Every rank derives the same plan
@@ -65,6 +68,7 @@ from .ir import IRGraph, Value
 from .passes.memory_plan import peak_bytes
 
 MAX_SWEEPS = 3
+PAIR_PARAMS = 4   # the largest parameters whose pairs are also tried together
 MEMORY_MODES = ("Disable", "AdaptiveMemory", "HeavyMemoryDown")
 
 
@@ -184,13 +188,14 @@ def predict(g: IRGraph, params: list, state_per_param: int, device: DeviceModel,
             continue
         ins = [_local(v, rank) for v in n.value_inputs()]
         outs = [_local(v, rank) for v in n.outputs]
+        moved = sum(_nbytes(s, v.dtype) for s, v in zip(ins, n.value_inputs())) + \
+            sum(_nbytes(s, v.dtype) for s, v in zip(outs, n.outputs))
+        if n.effect:   # an update reads its gradients, reads and writes the parameter and its state
+            moved *= 3 + 2 * state_per_param
         op = REGISTRY.get(n.op) if n.kernel is None else None
-        if op is not None and op.flops is not None and ins and outs:
-            compute += op.flops(ins, outs, n.attrs) / device.flops_per_s
-        else:
-            moved = sum(_nbytes(s, v.dtype) for s, v in zip(ins, n.value_inputs())) + \
-                sum(_nbytes(s, v.dtype) for s, v in zip(outs, n.outputs))
-            compute += moved / device.bytes_per_s
+        flops = op.flops(ins, outs, n.attrs) if op is not None and op.flops is not None and ins and outs else 0.0
+        # the roofline: a product of a small batch with a large weight is bound by reading the weight
+        compute += max(flops / device.flops_per_s, moved / device.bytes_per_s)
     points = boxing_points(g)
     link = link_model(place) if place is not None else None
     comm = sum(link.seconds(p) for p in points) if link is not None else 0.0
@@ -300,20 +305,41 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
         with _Override(assignment):
             return predict(trace(), list(glob.values()), k, device, ratio, wait_s)
 
-    start = best = evaluate(current)
+    start = evaluate(current)
+    def descend(current: dict, best: Prediction) -> tuple:
+        for _ in range(MAX_SWEEPS):
+            moved = False
+            for p in free:
+                for nd in candidates(p):
+                    if nd == current[p]:
+                        continue
+                    trial = {**current, p: nd}
+                    q = evaluate(trial)
+                    trail.append((p, nd, q))
+                    if better(q) < better(best):
+                        current, best, moved = trial, q, True
+            if not moved:
+                break
+        return current, best
+
+    current, best = descend(current, start)
+    # a layout that pays only when two parameters change together (Megatron's MLP: rows of the
+    # first weight, columns of the second) is no single step's gain: pairs of the largest
+    # parameters move together, and the descent goes on from any pair that helps
     for _ in range(MAX_SWEEPS):
         moved = False
-        for p in free:
-            for nd in candidates(p):
-                if nd == current[p]:
+        for a, b in itertools.combinations(free[:PAIR_PARAMS], 2):
+            for na, nb in itertools.product(candidates(a), candidates(b)):
+                if na == current[a] or nb == current[b]:
                     continue
-                trial = {**current, p: nd}
+                trial = {**current, a: na, b: nb}
                 q = evaluate(trial)
-                trail.append((p, nd, q))
+                trail.append((a, na, q))
                 if better(q) < better(best):
                     current, best, moved = trial, q, True
         if not moved:
             break
+        current, best = descend(current, best)
     names = {id(p): k for k, p in glob.items()}
     choices = {names[id(p)]: (p._global.sbp, current[p]) for p in glob.values()}
     return Plan(choices, start, best, len(trail) + 1, memory_mode, limit,
