@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import logging
 import time
 from typing import Any, Iterable, Iterator
 
@@ -36,6 +37,9 @@ from .trace import Tracer, is_user_file, user_line
 from . import pipeline
 from .pipeline_run import PipelineCompiled
 from .passes.stages import implicit_placements, is_move, tag_update_nodes
+
+
+LOG = logging.getLogger("holoflow.graph")
 
 
 class GraphBuildError(HoloflowError):
@@ -375,6 +379,9 @@ class Graph:
         if not is_global(ir):
             raise UnsupportedError(f"holoflow.nn.Graph {type(self).__name__}: pipeline stages need global tensors: "
                                    f"module.to_global(placement, sbp) for each stage's modules and global inputs")
+        if self.config.compile_tasks:
+            LOG.warning(f"holoflow.nn.Graph {type(self).__name__}: enable_compile does not apply to pipeline stages "
+                        f"or micro-batches of global tensors yet; this graph runs uncompiled")
         ir = tag_update_nodes(ir, mark)
         cfg.grad_acc_steps, cfg.allreduce_bucket_mb = 1, 0
         ir = passes.run(ir, cfg, log)
