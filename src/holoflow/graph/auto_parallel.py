@@ -148,7 +148,7 @@ class Plan:
     evaluated: int
     memory_mode: str
     limit: int | None = None
-    trail: list = field(default_factory=list)   # (parameter, candidate, Prediction) per trace
+    trail: list = field(default_factory=list)   # ({parameter: candidate}, Prediction) per trace
     device: DeviceModel | None = None
     link: object = None   # the placement's LinkModel the predictions used
 
@@ -305,45 +305,45 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
         with _Override(assignment):
             return predict(trace(), list(glob.values()), k, device, ratio, wait_s)
 
-    start = evaluate(current)
-    def descend(current: dict, best: Prediction) -> tuple:
-        for _ in range(MAX_SWEEPS):
-            moved = False
-            for p in free:
-                for nd in candidates(p):
-                    if nd == current[p]:
-                        continue
-                    trial = {**current, p: nd}
-                    q = evaluate(trial)
-                    trail.append((p, nd, q))
-                    if better(q) < better(best):
-                        current, best, moved = trial, q, True
-            if not moved:
-                break
-        return current, best
+    start = best = evaluate(current)
 
-    current, best = descend(current, start)
-    # a layout that pays only when two parameters change together (Megatron's MLP: rows of the
-    # first weight, columns of the second) is no single step's gain: pairs of the largest
-    # parameters move together, and the descent goes on from any pair that helps
-    for _ in range(MAX_SWEEPS):
-        moved = False
+    def singles():
+        for p in free:
+            yield from ({p: nd} for nd in candidates(p) if nd != current[p])
+
+    def pairs():
+        # a layout that pays only when two parameters change together (Megatron's MLP: rows of
+        # the first weight, columns of the second) is no single step's gain
         for a, b in itertools.combinations(free[:PAIR_PARAMS], 2):
-            for na, nb in itertools.product(candidates(a), candidates(b)):
-                if na == current[a] or nb == current[b]:
-                    continue
-                trial = {**current, a: na, b: nb}
-                q = evaluate(trial)
-                trail.append((a, na, q))
-                if better(q) < better(best):
-                    current, best, moved = trial, q, True
-        if not moved:
+            yield from ({a: na, b: nb} for na, nb in itertools.product(candidates(a), candidates(b))
+                        if na != current[a] and nb != current[b])
+
+    def improve(moves) -> bool:
+        """Tries each move from the assignment kept so far; whether one lowered the objective."""
+        nonlocal current, best
+        moved = False
+        for change in moves():
+            q = evaluate({**current, **change})
+            trail.append((change, q))
+            if better(q) < better(best):
+                current, best, moved = {**current, **change}, q, True
+        return moved
+
+    def descend() -> None:
+        for _ in range(MAX_SWEEPS):
+            if not improve(singles):
+                break
+
+    descend()
+    for _ in range(MAX_SWEEPS):   # then pairs of the largest parameters, descending after each gain
+        if not improve(pairs):
             break
-        current, best = descend(current, best)
+        descend()
     names = {id(p): k for k, p in glob.items()}
     choices = {names[id(p)]: (p._global.sbp, current[p]) for p in glob.values()}
     return Plan(choices, start, best, len(trail) + 1, memory_mode, limit,
-                [(names[id(p)], nd, q) for p, nd, q in trail], device, link_model(place))
+                [({names[id(p)]: nd for p, nd in change.items()}, q) for change, q in trail], device,
+                link_model(place))
 
 
 def apply(result: Plan, params: dict) -> None:
