@@ -535,3 +535,21 @@ def test_enable_amp_casts_composite_losses_like_autocast(loss):
     assert got.dtype == flow.float32 and tl.dtype == torch.float32
     torch.testing.assert_close(got.to_torch(), tl.detach(), rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(w0 - fw.detach().to_torch(), tw.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_an_inference_graph_returns_a_view_of_a_parameter():
+    """A graph without an optimizer traces under no_grad; a view of a parameter it returns is read
+    after the trace, which is no in-place write to the parameter (the no_grad-view check fired)."""
+    m = flow.nn.Linear(4, 3)
+
+    class Infer(Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def build(self, x):
+            return self.m(x), self.m.weight.t()
+    x = flow.randn(2, 4)
+    y, w = Infer()(x)
+    np.testing.assert_array_equal(w.numpy(), m.weight.detach().numpy().T)
+    np.testing.assert_allclose(y.numpy(), m(x).detach().numpy(), rtol=1e-6)
