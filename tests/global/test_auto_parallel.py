@@ -212,3 +212,40 @@ def test_zero_stage_3_is_refused_by_name():
             _planned(16, 8, cfg, steps=1)
         return True
     assert all(world.simulate(2, run, timeout=120))
+
+
+def test_predict_a_step_before_running_it():
+    """``graph.predict(*inputs)`` traces and passes the step without running it: data parallel's
+    gradient all-reduce moves 2 (p - 1) / p of the gradients' bytes over each rank's links, so
+    with latency 0 and 1 byte/s the communication seconds are those bytes (+ the loss's few); the
+    prediction on 4 ranks is 1.5x the one on 2, and nothing ran (parameters unchanged)."""
+    from holoflow.graph.auto_parallel import DeviceModel
+    from holoflow.graph.global_graph import LinkModel
+
+    def run(rank: int, n: int):
+        P = flow.placement("cpu", ranks=list(range(n)))
+        m = _mlp(64)
+        m.to_global(placement=P, sbp=[B])
+        before = [p.to_local().detach().numpy().copy() for p in m.parameters()]
+        opt = flow.optim.SGD(m.parameters(), lr=0.1)
+        x = flow.tensor(_batch(8)).to_global(placement=P, sbp=[B]).to_global(sbp=[S(0)])
+
+        class Train(Graph):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+                self.add_optimizer(opt)
+
+            def build(self, x):
+                loss = self.m(x).square().mean()
+                loss.backward()
+                return loss
+        q = Train().predict(x, device=DeviceModel(1e12, 1e12), link=LinkModel(0.0, 1.0))
+        assert all(np.array_equal(a, p.to_local().detach().numpy()) for a, p in zip(before, m.parameters()))
+        return q
+    grads = (2 * D * 64 + 64 + D) * 4
+    two, four = world.simulate(2, lambda r: run(r, 2), timeout=120)[0], world.simulate(4, lambda r: run(r, 4),
+                                                                                        timeout=120)[0]
+    assert grads * 1.0 <= two.comm_s <= grads * 1.0 + 64      # 2 (2 - 1) / 2 = 1
+    assert grads * 1.5 <= four.comm_s <= grads * 1.5 + 64     # 2 (4 - 1) / 4 = 1.5
+    assert two.state_bytes == four.state_bytes == grads       # SGD without momentum: the parameters

@@ -177,9 +177,10 @@ def _nbytes(shape: tuple, dtype: torch.dtype) -> int:
 
 
 def predict(g: IRGraph, params: list, state_per_param: int, device: DeviceModel,
-            ratio: float = 1.0, wait_s: float = 0.0) -> Prediction:
+            ratio: float = 1.0, wait_s: float = 0.0, link=None) -> Prediction:
     """Predicted step of the logical graph ``g`` on the first rank of its placement (every rank
-    holds equal shards of evenly divided tensors; all ranks agree on the figures)."""
+    holds equal shards of evenly divided tensors; all ranks agree on the figures); ``link``:
+    the links' model (default: the placement's, calibrated or the default guess)."""
     place = next((v.placement for v in (*g.feeds, *(v for v, _ in g.state)) if v.placement is not None), None)
     rank = place.flat_ranks[0] if place is not None else 0
     compute = 0.0
@@ -197,7 +198,7 @@ def predict(g: IRGraph, params: list, state_per_param: int, device: DeviceModel,
         # the roofline: a product of a small batch with a large weight is bound by reading the weight
         compute += max(flops / device.flops_per_s, moved / device.bytes_per_s)
     points = boxing_points(g)
-    link = link_model(place) if place is not None else None
+    link = link or (link_model(place) if place is not None else None)
     comm = sum(link.seconds(p) for p in points) if link is not None else 0.0
     collectives = sum(p.share * sum(1 for s in p.steps if s.collective) for p in points)
     comm += wait_s * collectives

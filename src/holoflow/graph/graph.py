@@ -233,11 +233,39 @@ class Graph:
             c = self._compiled[key] = self._compile(leaves, spec)
         return c
 
+    def predict(self, *args, device=None, link=None, **kwargs):
+        """The cost model's prediction of one step on these inputs (``graph/auto_parallel.Prediction``:
+        compute, communication, collectives, memory per rank), with the auto-parallel plan first
+        when ``config.enable_auto_parallel()`` is on. Traced and passed, never run: the
+        placement's ranks need not exist, so a step on 64 devices is predicted from one process
+        (``device``: an ``auto_parallel.DeviceModel`` such as ``DeviceModel.default("cuda")``;
+        ``link``: a ``global_graph.LinkModel``)."""
+        from . import auto_parallel
+        leaves, spec = flatten((args, kwargs))
+        if self.config.auto_parallel and self._auto_plan is None:
+            self._plan_parallel(leaves, spec)
+        ir = self._traced_passed(leaves, spec)
+        params = [p for p in self._all_params() if p._global is not None]
+        dev = device or auto_parallel.DeviceModel.default(
+            next((p._data.device.type for p in params), "cpu"))
+        return auto_parallel.predict(ir, params, auto_parallel.state_per_param([o for o, _ in self._optimizers]),
+                                     dev, self.config.auto_parallel_ratio, self.config.auto_parallel_wait_s, link)
+
+    def _traced_passed(self, leaves: list, spec):
+        """``build`` traced on ``leaves`` and passed: the logical graph a compile would lower."""
+        from .passes.checkpointing import flagged_paths
+        ir, _, _, _, piped, _ = self._trace(leaves, spec)
+        if piped or any(is_move(n) for n in ir.nodes):
+            raise UnsupportedError("holoflow.nn.Graph: predictions and auto-parallel plans cover one placement; "
+                                   "this graph has pipeline stages or micro-batches of global tensors")
+        cfg = self.config.for_passes(flagged_paths(self))
+        cfg.global_graph = is_global(ir)
+        return passes.run(ir, cfg, [])
+
     def _plan_parallel(self, leaves: list, spec) -> None:
         """``config.enable_auto_parallel``: the parameters' SBP chosen by the cost model before the
         first compile (graph/auto_parallel.py), each candidate traced and passed, then applied."""
         from . import auto_parallel
-        from .passes.checkpointing import flagged_paths
         cfg = self.config
         if cfg.zero is not None and cfg.zero.stage >= 3:
             raise UnsupportedError("holoflow.nn.Graph: enable_auto_parallel with ZeRO stage 3 is not supported "
@@ -246,13 +274,7 @@ class Graph:
         params = {names.get(id(p), f"param{i}"): p for i, p in enumerate(self._all_params())}
 
         def trace():
-            ir, _, _, _, piped, _ = self._trace(leaves, spec)
-            if piped or any(is_move(n) for n in ir.nodes):
-                raise UnsupportedError("holoflow.nn.Graph: enable_auto_parallel plans one placement; this graph "
-                                       "has pipeline stages or micro-batches of global tensors")
-            pc = cfg.for_passes(flagged_paths(self))
-            pc.global_graph = True
-            return passes.run(ir, pc, [])
+            return self._traced_passed(leaves, spec)
         limit = cfg.auto_memory_limit
         dev = self._device(leaves)
         if limit is None and dev is not None and dev.type == "cuda":
