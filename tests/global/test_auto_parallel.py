@@ -249,3 +249,39 @@ def test_predict_a_step_before_running_it():
     assert grads * 1.0 <= two.comm_s <= grads * 1.0 + 64      # 2 (2 - 1) / 2 = 1
     assert grads * 1.5 <= four.comm_s <= grads * 1.5 + 64     # 2 (4 - 1) / 4 = 1.5
     assert two.state_bytes == four.state_bytes == grads       # SGD without momentum: the parameters
+
+
+def test_plan_and_predict_for_8_gpus_from_simulated_ranks():
+    """A cluster that is not there: 8 simulated ranks convert the model (the first rank's values
+    broadcast), one of them plans and predicts under CUDA's figures without running anything;
+    the plan it finds is predicted faster and smaller than data parallel."""
+    from holoflow.graph.auto_parallel import DeviceModel
+    from holoflow.graph.global_graph import LinkModel
+
+    def run(rank: int, auto: bool):
+        P = flow.placement("cpu", ranks=list(range(8)))
+        m = _mlp(4096)
+        m.to_global(placement=P, sbp=[B])
+        opt = flow.optim.AdamW(m.parameters(), lr=1e-3)
+        x = flow.randn(64, D, placement=P, sbp=[S(0)])
+
+        class Train(Graph):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+                self.add_optimizer(opt)
+                self.config.enable_auto_parallel(auto)
+
+            def build(self, x):
+                loss = self.m(x).square().mean()
+                loss.backward()
+                return loss
+        if rank != 0:
+            return None
+        g = Train()
+        return g.predict(x, device=DeviceModel.default("cuda"), link=LinkModel(20e-6, 1e9)), \
+            g._auto_plan and g._auto_plan.choices
+    dp, _ = world.simulate(8, lambda r: run(r, False), timeout=120)[0]
+    auto, choices = world.simulate(8, lambda r: run(r, True), timeout=120)[0]
+    assert auto.step_s < dp.step_s and auto.state_bytes < dp.state_bytes
+    assert any(after != (B,) for _, after in choices.values())

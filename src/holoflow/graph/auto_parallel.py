@@ -272,11 +272,12 @@ def _objective(mode: str, limit: int | None) -> Callable[[Prediction], tuple]:
 
 def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore_user_sbp: bool = False,
          memory_mode: str = "AdaptiveMemory", limit: int | None = None, ratio: float = 1.0,
-         wait_s: float = 0.0, device: DeviceModel | None = None, calibrate: bool = False) -> Plan:
+         wait_s: float = 0.0, device: DeviceModel | None = None, calibrate: bool = False, link=None) -> Plan:
     """Chooses the SBP of ``params`` (name -> global parameter) by coordinate descent over
     :func:`predict` of ``trace()`` (the graph traced and passed, under the parameters' current
     layout). ``calibrate``: measure the links and the device first (collectives: every rank of
-    the placement plans at once); else the round default figures."""
+    the placement plans at once); else ``device`` and ``link`` if given, or the round default
+    figures."""
     if memory_mode not in MEMORY_MODES:
         raise UnsupportedError(f"holoflow.nn.Graph enable_auto_memory: mode {memory_mode!r} is not supported; "
                                f"supported: {', '.join(MEMORY_MODES)}")
@@ -304,7 +305,7 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
 
     def evaluate(assignment: dict) -> Prediction:
         with _Override(assignment):
-            return predict(trace(), list(glob.values()), k, device, ratio, wait_s)
+            return predict(trace(), list(glob.values()), k, device, ratio, wait_s, link)
 
     start = best = evaluate(current)
 
@@ -344,7 +345,7 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
     choices = {names[id(p)]: (p._global.sbp, current[p]) for p in glob.values()}
     return Plan(choices, start, best, len(trail) + 1, memory_mode, limit,
                 [({names[id(p)]: nd for p, nd in change.items()}, q) for change, q in trail], device,
-                link_model(place))
+                link or link_model(place))
 
 
 def apply(result: Plan, params: dict) -> None:

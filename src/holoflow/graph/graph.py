@@ -236,14 +236,15 @@ class Graph:
     def predict(self, *args, device=None, link=None, **kwargs):
         """The cost model's prediction of one step on these inputs (``graph/auto_parallel.Prediction``:
         compute, communication, collectives, memory per rank), with the auto-parallel plan first
-        when ``config.enable_auto_parallel()`` is on. Traced and passed, never run: the
-        placement's ranks need not exist, so a step on 64 devices is predicted from one process
+        when ``config.enable_auto_parallel()`` is on (under the same figures). Traced and passed,
+        never run, so ranks that exist only as simulated ones (``distributed.world.simulate(64,
+        ...)``: the others need only convert the model) predict a cluster that is not there
         (``device``: an ``auto_parallel.DeviceModel`` such as ``DeviceModel.default("cuda")``;
         ``link``: a ``global_graph.LinkModel``)."""
         from . import auto_parallel
         leaves, spec = flatten((args, kwargs))
         if self.config.auto_parallel and self._auto_plan is None:
-            self._plan_parallel(leaves, spec)
+            self._plan_parallel(leaves, spec, device, link)
         ir = self._traced_passed(leaves, spec)
         params = [p for p in self._all_params() if p._global is not None]
         dev = device or auto_parallel.DeviceModel.default(
@@ -262,7 +263,7 @@ class Graph:
         cfg.global_graph = is_global(ir)
         return passes.run(ir, cfg, [])
 
-    def _plan_parallel(self, leaves: list, spec) -> None:
+    def _plan_parallel(self, leaves: list, spec, device=None, link=None) -> None:
         """``config.enable_auto_parallel``: the parameters' SBP chosen by the cost model before the
         first compile (graph/auto_parallel.py), each candidate traced and passed, then applied."""
         from . import auto_parallel
@@ -282,7 +283,7 @@ class Graph:
         chosen = auto_parallel.plan(trace, params, [o for o, _ in self._optimizers],
                                     ignore_user_sbp=cfg.auto_parallel_ignore_user_sbp, memory_mode=cfg.auto_memory,
                                     limit=limit, ratio=cfg.auto_parallel_ratio, wait_s=cfg.auto_parallel_wait_s,
-                                    calibrate=cfg.auto_parallel_calibrate)
+                                    calibrate=cfg.auto_parallel_calibrate, device=device, link=link)
         auto_parallel.apply(chosen, params)
         self._auto_plan = chosen
         if self._debug >= 1:
