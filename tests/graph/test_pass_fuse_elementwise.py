@@ -1,8 +1,6 @@
 """Elementwise fusion: fewer nodes, identical numbers; the fallback when torch.compile is gone."""
 import logging
-import os
 
-import pytest
 import torch
 
 import holoflow as flow
@@ -90,14 +88,16 @@ def test_equal_regions_share_one_kernel_entry():
     assert len(h.nodes) == 2 and h.nodes[0].kernel.entry is h.nodes[1].kernel.entry
 
 
-def test_fallback_when_torch_compile_is_unavailable(monkeypatch, caplog):
-    monkeypatch.setattr(fe, "_torch_compile", None)
+def test_fallback_when_inductor_fails(monkeypatch, caplog):
+    def unavailable(fn, args, options=None):
+        raise RuntimeError("Inductor is not available in this build")
+    monkeypatch.setattr(fe, "inductor", unavailable)
     monkeypatch.setattr(fe, "_CACHE", {})
     monkeypatch.setattr(fe, "_WARNED", set())
     l0, p0, _ = _train(False)
     with caplog.at_level(logging.WARNING, logger="holoflow.graph"):
         l1, p1, ir1 = _train(True, mode="sync")
-    msgs = [r.message for r in caplog.records if "torch.compile" in r.message]
+    msgs = [r.message for r in caplog.records if "Inductor cannot compile" in r.message]
     assert len(msgs) == 1 and "not available" in msgs[0]   # logged once for all regions
     assert any(n.op == "fused_elementwise" for n in ir1.nodes)
     assert l0 == l1
@@ -105,8 +105,6 @@ def test_fallback_when_torch_compile_is_unavailable(monkeypatch, caplog):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-@pytest.mark.skipif(not os.environ.get("HOLOFLOW_SLOW_TESTS"),
-                    reason="Inductor compiles a CPU kernel in ~20-150 s; set HOLOFLOW_SLOW_TESTS=1")
 def test_compiled_region_matches_python_sequence():
     l0, p0, _ = _train(False, steps=2)
     l1, p1, ir1 = _train(True, mode="sync", steps=2)

@@ -50,7 +50,26 @@ PLAIN_STREAMS = ("copy", "update")   # bytes, the optimizer's own kernels
 
 # Inductor's first use initializes process-wide tables: one compile at a time (simulated ranks
 # are threads of one process), as dynamo's own compile lock does
-_COMPILE_LOCK = threading.Lock()
+_COMPILE_LOCK = threading.RLock()
+
+
+def inductor(fn: Callable, args: tuple, options: dict | None = None) -> Callable:
+    """``fn`` traced to ATen on fake tensors shaped as ``args`` (no kernel runs) and compiled by
+    Inductor: a function of the same arguments returning what ``fn`` returns (a tensor or a
+    tuple). Raises what tracing or compiling raises. One compile at a time per process."""
+    from torch._inductor import compile as inductor_compile
+    from torch.fx.experimental.proxy_tensor import make_fx
+    with _COMPILE_LOCK:
+        gm = make_fx(fn, tracing_mode="fake")(*args)
+        one = isinstance(gm.graph.find_nodes(op="output")[0].args[0], torch.fx.Node)
+        compiled = inductor_compile(gm, list(args), options)
+    if not one:
+        return compiled
+
+    def single(*xs):
+        out = compiled(*xs)
+        return out[0] if isinstance(out, (list, tuple)) else out
+    return single
 
 
 def _layout(args: tuple) -> tuple:
@@ -91,10 +110,7 @@ class CompiledTask:
                     self._fall_back(RuntimeError(f"inputs came in more than {self.MAX_LAYOUTS} layouts"))
                     return None
                 try:
-                    from torch._inductor import compile as inductor_compile
-                    from torch.fx.experimental.proxy_tensor import make_fx
-                    gm = make_fx(self.fn, tracing_mode="fake")(*args)
-                    got = self._layouts[key] = inductor_compile(gm, list(args), self.options)
+                    got = self._layouts[key] = inductor(self.fn, args, self.options)
                 except Exception as e:   # tracing and compiling run no kernel of the task
                     self._fall_back(e)
                     return None

@@ -1,6 +1,7 @@
 """Elementwise fusion: each maximal region of elementwise nodes whose intermediates are read only
 inside the region becomes ONE node whose kernel is a generated Python function of the member
-kernels, compiled by ``torch.compile`` (Inductor, ``dynamic=False, fullgraph=True``).
+kernels, compiled by Inductor (``compile_tasks.inductor``: traced to ATen on fake tensors, static
+shapes; an input in another layout than compiled for runs the Python sequence).
 
 Regions grow along single-reader edges: a node joins the region of the producer of one of its
 inputs when it is that value's only reader (so the region is a tree rooted at its one output)
@@ -11,17 +12,15 @@ their own kernel stay outside.
 
 Compilation (``config.fuse_elementwise_compile``):
 
-- ``"background"`` (default): the first call of a region starts ``torch.compile`` in a daemon
-  thread and runs the unfused Python sequence until the compiled kernel is ready. On this 2-core
-  CPU machine importing ``torch._dynamo`` takes ~7 s and Inductor's first region ~150 s (C++
-  toolchain warm-up), later ones ~20 s, so compiling synchronously would stall the first step far
-  beyond the 10 s budget;
+- ``"background"`` (default): the first call of a region starts the compile in a daemon
+  thread and runs the unfused Python sequence until the compiled kernel is ready (Inductor's
+  first region on a cold 2-core CPU machine can take minutes of C++ toolchain warm-up);
 - ``"sync"``: compile on the first call (benchmarks, tests of the compiled path);
 - ``"off"``: the Python sequence only (still one node: fewer dispatches and ``del``\\ s).
 
 Compiled kernels are cached by the region's structure (ops, attrs, constants, input metas), so
-equal regions — every layer of a stack — compile once. If ``torch.compile`` is missing or fails,
-the region keeps the Python sequence and the reason is logged once.
+equal regions — every layer of a stack — compile once. If compiling fails, the region keeps the
+Python sequence and the reason is logged once.
 """
 from __future__ import annotations
 
@@ -33,12 +32,12 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ...core.registry import REGISTRY
+from ..compile_tasks import inductor
 from ..ir import IRGraph, Node, Value
 from . import register
 from .cse import const_key
 
 LOG = logging.getLogger("holoflow.graph")
-_torch_compile: Callable | None = getattr(torch, "compile", None)
 _WARNED: set = set()
 _CACHE: dict = {}              # structure key -> _Entry
 _LOCK = threading.Lock()
@@ -94,11 +93,7 @@ class _Entry:
 
     def compile(self, example: tuple) -> None:
         try:
-            if _torch_compile is None:
-                raise RuntimeError("torch.compile is not available in this torch build")
-            c = _torch_compile(self.fn, dynamic=False, fullgraph=True)
-            c(*[x.clone() if isinstance(x, torch.Tensor) else x for x in example])
-            self.compiled = c
+            self.compiled = inductor(self.fn, example)
         except Exception as e:  # any compiler failure: keep the exact Python sequence
             _warn_once(f"{type(e).__name__}: {str(e)[:200]}", self.name)
 
@@ -110,7 +105,9 @@ class _Entry:
         if mode == "sync":
             self.compile(example)
         else:
-            example = tuple(x.detach().clone() if isinstance(x, torch.Tensor) else x for x in example)
+            # shapes, strides and dtypes are what tracing reads (on fake tensors): no values kept
+            example = tuple(torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+                            if isinstance(x, torch.Tensor) else x for x in example)
             threading.Thread(target=self.compile, args=(example,), daemon=True,
                              name=f"holoflow-compile-{self.name}").start()
 
@@ -119,7 +116,7 @@ def _warn_once(reason: str, region: str) -> None:
     """Logs a compile failure once per distinct reason (not once per region)."""
     if reason not in _WARNED:
         _WARNED.add(reason)
-        LOG.warning(f"holoflow.nn.Graph fuse_elementwise: torch.compile failed for {region} ({reason}); "
+        LOG.warning(f"holoflow.nn.Graph fuse_elementwise: Inductor cannot compile {region} ({reason}); "
                     f"running the unfused Python sequence")
 
 
@@ -136,12 +133,14 @@ class FusedKernel:
             # traced by enable_compile (graph/compile_tasks.py: make_fx on fake tensors), which
             # compiles the whole task: the Python sequence, not a compiled region it cannot trace
             return e.fn(*args)
-        if e.compiled is not None:
-            return e.compiled(*args)
         if self.mode != "off" and not e.started:
             e.start(args, self.mode)
-            if e.compiled is not None:
+        if e.compiled is not None:
+            try:
                 return e.compiled(*args)
+            except AssertionError as err:   # Inductor's input checks, before any kernel: another
+                if "expected size" not in str(err):   # layout than compiled for (a strided input)
+                    raise
         return e.fn(*args)
 
 
