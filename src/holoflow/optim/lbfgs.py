@@ -14,6 +14,7 @@ from torch.optim.lbfgs import _strong_wolfe
 
 from ..core import grad_mode
 from ..core.errors import UnsupportedError
+from ..core.tensor import Tensor
 from .optimizer import Optimizer
 
 __all__ = ["LBFGS"]
@@ -47,6 +48,15 @@ class LBFGS(Optimizer):
         if any(p._global is not None for p in self._params):
             raise UnsupportedError("holoflow.optim.LBFGS: global parameters are not supported; it "
                                    "works on local tensors (to_local() or a single-device model)")
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As :meth:`Optimizer.load_state_dict`, keeping the search state (``d``, ``t``,
+        ``H_diag``, ``prev_flat_grad``, ...) as the torch tensors the algorithm works on."""
+        super().load_state_dict(state_dict)
+        for st in self.state.values():
+            for k, v in st.items():
+                if isinstance(v, Tensor):
+                    st[k] = v._data
 
     # -- flat views over the parameters' torch storages ------------------------------------
     def _storages(self) -> list[torch.Tensor]:
@@ -171,4 +181,5 @@ class LBFGS(Optimizer):
         state.update(d=d, t=t, old_dirs=old_dirs, old_stps=old_stps, ro=ro, H_diag=H_diag,
                      prev_flat_grad=prev_flat_grad, prev_loss=prev_loss)
         self._step_count += 1
+        self._opt_called = True
         return orig_loss

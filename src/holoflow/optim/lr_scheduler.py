@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import types
+import warnings
 from bisect import bisect_right
 from collections import Counter
 from typing import Any, Callable, Iterable, Sequence
@@ -29,6 +30,19 @@ def _per_group(name: str, optimizer: Optimizer, value) -> list:
                              f"optimizer has {len(optimizer.param_groups)} param groups")
         return list(value)
     return [value] * len(optimizer.param_groups)
+
+
+def _warn_if_optimizer_not_stepped(optimizer: Optimizer) -> None:
+    """torch's warning for ``lr_scheduler.step()`` called before the first ``optimizer.step()``
+    (holoflow's optimizers set ``_opt_called`` in ``step``, and every update, nn.Graph's lowered
+    ones too, counts ``_step_count``; a user override of ``step`` may do neither)."""
+    if getattr(type(optimizer).step, "__module__", "").startswith("holoflow.optim") and \
+            not getattr(optimizer, "_opt_called", False) and not getattr(optimizer, "_step_count", 0):
+        warnings.warn("Detected call of `lr_scheduler.step()` before `optimizer.step()`. "
+                      "In PyTorch 1.1.0 and later, you should call them in the opposite order: "
+                      "`optimizer.step()` before `lr_scheduler.step()`.  Failure to do this will "
+                      "result in PyTorch skipping the first value of the learning rate schedule.",
+                      UserWarning, stacklevel=3)
 
 
 class LRScheduler:
@@ -75,7 +89,15 @@ class LRScheduler:
 
     def step(self, epoch: int | None = None) -> None:
         """Advances one step (or jumps to ``epoch`` with the closed form, deprecated in torch)."""
+        if self._step_count == 1:
+            _warn_if_optimizer_not_stepped(self.optimizer)
         self._step_count += 1
+        if epoch is not None:
+            warnings.warn("The epoch parameter in `scheduler.step()` was not necessary and is being "
+                          "deprecated where possible. Please use `scheduler.step()` to step the "
+                          "scheduler. During the deprecation, if epoch is different from None, the "
+                          "closed form is used instead of the new chainable form, where available.",
+                          UserWarning, stacklevel=2)
         self._update_lr(epoch)
 
     def _update_lr(self, epoch: int | None = None) -> None:

@@ -57,6 +57,43 @@ def _check_state_is_whole(opt, params: list, states: list) -> None:
                     f"optimizer in that graph, or train eagerly with an optimizer of its own")
 
 
+def _real_view(t: Tensor) -> Tensor:
+    return Tensor._make(torch.view_as_real(t._data))
+
+
+def _complex_as_real(params: list, grads: list, states: list) -> tuple:
+    """torch steps a complex parameter as its real view (``view_as_real`` of the parameter, its
+    gradient and its complex state), so every rule treats real and imaginary parts as separate
+    elements; this does the same for local complex parameters."""
+    if is_lazy() or not any(p._global is None and p._data.is_complex() for p in params):
+        return params, grads, states, []
+    rp, rg, rs, back = [], [], [], []
+    for p, g, st in zip(params, grads, states):
+        if p._global is not None or not p._data.is_complex():
+            rp.append(p)
+            rg.append(g)
+            rs.append(st)
+            continue
+        views = {k: _real_view(v) if isinstance(v, Tensor) and v._global is None and v._data.is_complex()
+                 else v for k, v in st.items()}
+        rp.append(_real_view(p))
+        rg.append(_real_view(g) if g._data.is_complex() else g)
+        rs.append(views)
+        back.append((p, st, dict(views), views))
+    return rp, rg, rs, back
+
+
+def _write_back_complex(back: list) -> None:
+    """Stores state a rule created or replaced on a real view back as complex tensors."""
+    for p, st, before, views in back:
+        for k, v in views.items():
+            if before.get(k) is v and k in st:
+                continue
+            if isinstance(v, Tensor) and v._global is None and tuple(v.shape) == tuple(p.shape) + (2,):
+                v = Tensor._make(torch.view_as_complex(v._data.contiguous()))
+            st[k] = v
+
+
 class Optimizer:
     """Base class of holoflow's optimizers, API-compatible with ``torch.optim.Optimizer``.
 
@@ -73,6 +110,9 @@ class Optimizer:
             if defaults.get(flag):
                 raise UnsupportedError(f"holoflow.optim.{type(self).__name__}: {flag}=True is not "
                                        f"supported; leave it False")
+        if defaults.get("fused") and defaults.get("foreach"):
+            raise RuntimeError(f"holoflow.optim.{type(self).__name__}: `fused` and `foreach` cannot be "
+                               f"`True` together (as in torch)")
         self.defaults = defaults
         self.state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
         self.param_groups: list[dict[str, Any]] = []
@@ -150,12 +190,16 @@ class Optimizer:
                 states = [self._state_of(p, group) for p in params]
                 if not is_lazy():
                     _check_state_is_whole(self, params, states)
-                if self._use_fused(group, params, grads):
+                fused = self._use_fused(group, params, grads)
+                foreach = not fused and self._use_foreach(group, params, grads)
+                params, grads, states, back = _complex_as_real(params, grads, states)
+                if fused:
                     self._step_fused(group, params, grads, states)
-                elif self._use_foreach(group, params, grads):
+                elif foreach:
                     self._step_foreach(group, params, grads, states)
                 else:
                     self._step_ops(group, params, grads, states)
+                _write_back_complex(back)
         finally:
             grad_mode.STATE.enabled = prev
         self._step_count += 1
@@ -187,8 +231,8 @@ class Optimizer:
         if not group.get("fused"):
             return False
         if group.get("foreach"):
-            raise ValueError(f"holoflow.optim.{type(self).__name__}: fused=True and foreach=True "
-                             f"can't both be set (as in torch)")
+            raise RuntimeError(f"holoflow.optim.{type(self).__name__}: fused=True and foreach=True "
+                               f"can't both be set (as in torch)")
         if self.fused_update is None:
             raise UnsupportedError(f"holoflow.optim.{type(self).__name__}: fused=True is not supported "
                                    f"(no fused kernel); leave fused=None")
