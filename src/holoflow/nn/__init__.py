@@ -11,6 +11,7 @@ from .hooks import RemovableHandle
 from .module import Module
 from .modules import *
 from .modules.transformer import generate_square_subsequent_mask as _causal_mask
+from .modules import module as _module_hooks  # noqa: F401 - torch.nn.modules.module's global hooks
 from .parameter import Buffer, Parameter
 from ._state import _IncompatibleKeys
 

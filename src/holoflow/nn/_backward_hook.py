@@ -29,22 +29,26 @@ class _Identity(Function):
         if ctx.on_input:
             grads = ctx.hook.run(grads)
         else:
+            grads = ctx.hook.run_pre(grads)
             ctx.hook.grad_output = grads
-            if not ctx.hook.n_inputs:
-                ctx.hook.run(())
+            if not ctx.hook.n_inputs and ctx.hook.hooks:  # no input needs a gradient: torch fires
+                ctx.hook.run((None,) * ctx.hook.n_tensor_inputs)  # with all-None grad_input
         return (None, None) + tuple(grads)
 
 
 class BackwardHook:
     """Wraps one module call: ``setup_input`` before forward, ``setup_output`` after."""
 
-    def __init__(self, module: Any, hooks: list[Callable]) -> None:
-        self.module, self.hooks = module, hooks
-        self.grad_output: tuple = ()
+    def __init__(self, module: Any, hooks: list[Callable], pre_hooks: list[Callable] = ()) -> None:
+        self.module, self.hooks, self.pre_hooks = module, hooks, list(pre_hooks)
+        self.grad_output: tuple | None = None  # unset while no output gradient came through
         self.n_inputs = 0
+        self.n_tensor_inputs = 0
 
     def _wrap(self, values: tuple, on_input: bool) -> tuple:
         idx = [i for i, v in enumerate(values) if isinstance(v, Tensor)]
+        if on_input:
+            self.n_tensor_inputs = len(idx)
         if not idx or not any(values[i].requires_grad for i in idx):
             return values
         if on_input:
@@ -65,7 +69,20 @@ class BackwardHook:
             return self._wrap(result, False)
         return result
 
+    def run_pre(self, grad_output: tuple) -> tuple:
+        for hook in self.pre_hooks:
+            res = hook(self.module, grad_output)
+            if res is not None:
+                res = res if isinstance(res, tuple) else (res,)
+                if len(res) != len(grad_output):
+                    raise RuntimeError(f"Backward pre hook returned an invalid number of grad_output, got "
+                                       f"{len(res)}, but expected {len(grad_output)}")
+                grad_output = res
+        return grad_output
+
     def run(self, grad_input: tuple) -> tuple:
+        if self.grad_output is None:  # the gradient reached the inputs without passing the module's
+            return grad_input         # (tensor or tuple) outputs, e.g. a dict output: torch skips
         for hook in self.hooks:
             res = hook(self.module, grad_input, self.grad_output)
             if res is not None:

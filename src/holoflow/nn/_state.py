@@ -102,6 +102,8 @@ class StateMixin:
         if destination is None:
             destination = OrderedDict()
             destination._metadata = OrderedDict()
+        for hook in self.__dict__.get("_state_dict_pre_hooks", {}).values():
+            hook(self, prefix, keep_vars)
         metadata = getattr(destination, "_metadata", None)
         if metadata is not None:
             metadata[prefix[:-1]] = {"version": getattr(self, "_version", 1)}
@@ -121,11 +123,41 @@ class StateMixin:
         self._state_dict_hooks[handle.id] = hook
         return handle
 
+    _register_state_dict_hook = register_state_dict_hook
+
+    def register_state_dict_post_hook(self, hook: Callable) -> Any:
+        """Like torch's: ``hook(module, state_dict, prefix, local_metadata)``, which must return None."""
+        def post(module, state_dict, prefix, local_metadata):
+            if hook(module, state_dict, prefix, local_metadata) is not None:
+                raise RuntimeError("state_dict post-hook must return None")
+        return self.register_state_dict_hook(post)
+
+    def register_state_dict_pre_hook(self, hook: Callable) -> Any:
+        """``hook(module, prefix, keep_vars)`` runs before ``state_dict`` collects this module."""
+        hooks = self.__dict__.setdefault("_state_dict_pre_hooks", OrderedDict())
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_dict_post_hook(self, hook: Callable) -> Any:
+        """``hook(module, incompatible_keys)`` runs after ``load_state_dict`` loaded this module; it
+        may edit ``incompatible_keys`` in place and must return None."""
+        hooks = self.__dict__.setdefault("_load_state_dict_post_hooks", OrderedDict())
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
+
     def register_load_state_dict_pre_hook(self, hook: Callable) -> Any:
         """``hook(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors)``."""
         handle = RemovableHandle(self._load_state_dict_pre_hooks)
         self._load_state_dict_pre_hooks[handle.id] = hook
         return handle
+
+    def _register_load_state_dict_pre_hook(self, hook: Callable, with_module: bool = False) -> Any:
+        """torch's older form: without ``with_module`` the hook gets no module argument."""
+        if with_module:
+            return self.register_load_state_dict_pre_hook(hook)
+        return self.register_load_state_dict_pre_hook(lambda module, *args: hook(*args))
 
     # -- loading -----------------------------------------------------------------------------
     def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
@@ -221,6 +253,12 @@ class StateMixin:
                     child_prefix = prefix + name + "."
                     child_sd = {k: v for k, v in local_state_dict.items() if k.startswith(child_prefix)}
                     load(child, child_sd, child_prefix)
+            post_hooks = module.__dict__.get("_load_state_dict_post_hooks")
+            if post_hooks:
+                incompatible = _IncompatibleKeys(missing_keys, unexpected_keys)
+                for hook in post_hooks.values():
+                    if hook(module, incompatible) is not None:
+                        raise RuntimeError("load_state_dict post-hook must return None")
 
         load(self, state_dict)
         if strict:

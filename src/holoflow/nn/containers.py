@@ -74,6 +74,31 @@ class Sequential(_IndexedModules):
             ret.append(layer)
         return ret
 
+    def __mul__(self, other: int) -> "Sequential":
+        if not isinstance(other, int):
+            raise TypeError(f"unsupported operand type(s) for *: {type(self)} and {type(other)}")
+        if other <= 0:
+            raise ValueError(f"Non-positive multiplication factor {other} for {type(self)}")
+        ret = Sequential()
+        for _ in range(other):
+            for layer in self:
+                ret.append(layer)
+        return ret
+
+    def __rmul__(self, other: int) -> "Sequential":
+        return self.__mul__(other)
+
+    def __imul__(self, other: int) -> "Sequential":
+        if not isinstance(other, int):
+            raise TypeError(f"unsupported operand type(s) for *: {type(self)} and {type(other)}")
+        if other <= 0:
+            raise ValueError(f"Non-positive multiplication factor {other} for {type(self)}")
+        layers = list(self)
+        for _ in range(other - 1):
+            for layer in layers:
+                self.append(layer)
+        return self
+
     def __dir__(self) -> list[str]:
         return [k for k in super().__dir__() if not k.isdigit()]
 
@@ -82,6 +107,8 @@ class Sequential(_IndexedModules):
         return self
 
     def insert(self, index: int, module: Module) -> "Sequential":
+        if not isinstance(module, Module):
+            raise AssertionError(f"module should be of type: {Module}")
         n = len(self._modules)
         if not -n <= index <= n:
             raise IndexError(f"Index out of range: {index}")
@@ -348,6 +375,38 @@ class ParameterDict(Module):
             items = parameters
         for k, v in items:
             self[k] = v
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def popitem(self) -> tuple[str, Any]:
+        k = next(reversed(self._keys))
+        return k, self.pop(k)
+
+    def copy(self) -> "ParameterDict":
+        return ParameterDict(OrderedDict((k, self[k]) for k in self._keys))
+
+    def fromkeys(self, keys: Iterable[str], default: Any = None) -> "ParameterDict":
+        return ParameterDict((k, default) for k in keys)
+
+    def __reversed__(self) -> Iterator[str]:
+        return reversed(list(self._keys))
+
+    def __or__(self, other: "ParameterDict") -> "ParameterDict":
+        ret = self.copy()
+        ret.update(other)
+        return ret
+
+    def __ror__(self, other: "ParameterDict") -> "ParameterDict":
+        ret = other.copy()
+        ret.update(self)
+        return ret
+
+    def __ior__(self, other: "ParameterDict") -> "ParameterDict":
+        self.update(other)
+        return self
 
     def extra_repr(self) -> str:
         return "\n".join(f"  ({k}): {_describe(p, by_dtype=False)}" for k, p in self.items())

@@ -45,7 +45,7 @@ class Module(StateMixin):
     call_super_init: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if args or kwargs:
+        if (args or kwargs) and not self.call_super_init:
             raise TypeError(f"{type(self).__name__}.__init__() got unexpected arguments")
         sa = object.__setattr__
         sa(self, "training", True)
@@ -59,8 +59,11 @@ class Module(StateMixin):
         sa(self, "_forward_hooks_with_kwargs", {})
         sa(self, "_forward_hooks_always_called", {})
         sa(self, "_backward_hooks", OrderedDict())
+        sa(self, "_backward_pre_hooks", OrderedDict())
         sa(self, "_state_dict_hooks", OrderedDict())
         sa(self, "_load_state_dict_pre_hooks", OrderedDict())
+        if self.call_super_init:  # torch's cooperative multiple inheritance: the next class's __init__
+            super().__init__(*args, **kwargs)
 
     # -- registration ------------------------------------------------------------------------
     def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
@@ -128,6 +131,20 @@ class Module(StateMixin):
             if not isinstance(mod, Module):
                 raise AttributeError("`" + item + "` is not an nn.Module")
         return mod
+
+    def set_submodule(self, target: str, module: "Module", strict: bool = False) -> None:
+        """Replaces (or, unless ``strict``, adds) the submodule at dotted path ``target``."""
+        if target == "":
+            raise ValueError("Cannot set the submodule without a target name!")
+        if not isinstance(module, Module):
+            raise ValueError("`module` is not an nn.Module, found " + str(type(module)))
+        parent_path, _, name = target.rpartition(".")
+        parent = self.get_submodule(parent_path)
+        if strict and not hasattr(parent, name):
+            raise AttributeError(parent._get_name() + " has no attribute `" + name + "`")
+        if hasattr(parent, name) and not isinstance(getattr(parent, name), Module):
+            raise AttributeError("`" + name + "` is not an nn.Module")
+        setattr(parent, name, module)
 
     def _get_owned(self, target: str, store: str, kind: str):
         module_path, _, name = target.rpartition(".")
@@ -333,37 +350,49 @@ class Module(StateMixin):
         inputs are computed; it may return new ``grad_input``."""
         return self._add_hook(self._backward_hooks, hook, prepend)
 
+    def register_full_backward_pre_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
+        """``hook(module, grad_output)`` runs when the gradients of the module's outputs are
+        computed, before the full backward hooks; it may return new ``grad_output``."""
+        return self._add_hook(self.__dict__.setdefault("_backward_pre_hooks", OrderedDict()), hook, prepend)
+
     def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
-        if not (self._forward_pre_hooks or self._forward_hooks or self._backward_hooks):
+        bw_pre = self.__dict__.get("_backward_pre_hooks")
+        if not (self._forward_pre_hooks or self._forward_hooks or self._backward_hooks or bw_pre
+                or _global_forward_pre_hooks or _global_forward_hooks or _global_backward_hooks
+                or _global_backward_pre_hooks):
             return self.forward(*args, **kwargs)
-        for hid, hook in list(self._forward_pre_hooks.items()):
-            if hid in self._forward_pre_hooks_with_kwargs:
-                res = hook(self, args, kwargs)
-                if res is not None:
-                    if not (isinstance(res, tuple) and len(res) == 2):
-                        raise RuntimeError("forward pre-hook must return None or a tuple of "
-                                           f"(new_args, new_kwargs), but got {res}.")
-                    args, kwargs = res
-            else:
-                res = hook(self, args)
-                if res is not None:
-                    args = res if isinstance(res, tuple) else (res,)
-        bw = None
-        if self._backward_hooks:
-            from ._backward_hook import BackwardHook
-            bw = BackwardHook(self, list(self._backward_hooks.values()))
-            args = bw.setup_input(args)
+        pre_hooks = list(_global_forward_pre_hooks.items()) + list(self._forward_pre_hooks.items())
+        fwd_hooks = list(_global_forward_hooks.items()) + list(self._forward_hooks.items())
+        bw = result = None
         called = set()
-        try:
+        try:  # (as torch: always_call hooks also run when a pre-hook or a forward hook raises)
+            for hid, hook in pre_hooks:
+                if hid in self._forward_pre_hooks_with_kwargs:
+                    res = hook(self, args, kwargs)
+                    if res is not None:
+                        if not (isinstance(res, tuple) and len(res) == 2):
+                            raise RuntimeError("forward pre-hook must return None or a tuple of "
+                                               f"(new_args, new_kwargs), but got {res}.")
+                        args, kwargs = res
+                else:
+                    res = hook(self, args)
+                    if res is not None:
+                        args = res if isinstance(res, tuple) else (res,)
+            if self._backward_hooks or bw_pre or _global_backward_hooks or _global_backward_pre_hooks:
+                from ._backward_hook import BackwardHook
+                bw = BackwardHook(self, [*_global_backward_hooks.values(), *self._backward_hooks.values()],
+                                  [*_global_backward_pre_hooks.values(), *(bw_pre or {}).values()])
+                args = bw.setup_input(args)
             result = self.forward(*args, **kwargs)
-            for hid, hook in list(self._forward_hooks.items()):
+            for hid, hook in fwd_hooks:
                 called.add(hid)
                 result = self._run_forward_hook(hid, hook, args, kwargs, result)
         except Exception:
-            for hid, hook in list(self._forward_hooks.items()):
-                if hid in self._forward_hooks_always_called and hid not in called:
-                    try:
-                        self._run_forward_hook(hid, hook, args, kwargs, None)
+            for hid, hook in fwd_hooks:
+                if (hid in self._forward_hooks_always_called or hid in _global_forward_hooks_always_called) \
+                        and hid not in called:
+                    try:  # they see the output as far as it got (None if forward raised)
+                        self._run_forward_hook(hid, hook, args, kwargs, result)
                     except Exception:  # the original error is the one to report
                         pass
             raise
@@ -372,13 +401,27 @@ class Module(StateMixin):
         return result
 
     def _run_forward_hook(self, hid: int, hook: Callable, args: tuple, kwargs: dict, result: Any) -> Any:
-        if hid in self._forward_hooks_with_kwargs:
+        if hid in self._forward_hooks_with_kwargs or hid in _global_forward_hooks_with_kwargs:
             res = hook(self, args, kwargs, result)
         else:
             res = hook(self, args, result)
         return result if res is None else res
 
     __call__: Callable[..., Any] = _call_impl
+
+    def share_memory(self) -> "Module":
+        """Moves every parameter and buffer (and gradient) to shared memory, as torch."""
+        for t in list(self.parameters()) + list(self.buffers()):
+            t.share_memory_()
+            if t.grad is not None:
+                t.grad.share_memory_()
+        return self
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """``torch.nn.Module.compile``: in place and a pass-through here (eager holoflow, as
+        ``holoflow.compile``), so the module computes the same numbers; returns None."""
+        from ..compat import compile as _compile
+        _compile(self, *args, **kwargs)
 
     # -- printing ------------------------------------------------------------------------------
     def _get_name(self) -> str:
@@ -400,6 +443,40 @@ class Module(StateMixin):
             else:
                 main_str += "\n  " + "\n  ".join(lines) + "\n"
         return main_str + ")"
+
+
+# torch.nn.modules.module's global hooks: they run on every module call, before the module's own
+_global_forward_pre_hooks: OrderedDict = OrderedDict()
+_global_forward_hooks: OrderedDict = OrderedDict()
+_global_forward_hooks_with_kwargs: dict = {}
+_global_forward_hooks_always_called: dict = {}
+_global_backward_hooks: OrderedDict = OrderedDict()
+_global_backward_pre_hooks: OrderedDict = OrderedDict()
+
+
+def register_module_forward_pre_hook(hook: Callable) -> RemovableHandle:
+    """``hook(module, args)`` runs before every module's ``forward`` (and its own pre-hooks); it
+    may return new args."""
+    return Module._add_hook(_global_forward_pre_hooks, hook, False)
+
+
+def register_module_forward_hook(hook: Callable, *, with_kwargs: bool = False,
+                                 always_call: bool = False) -> RemovableHandle:
+    """``hook(module, args, output)`` runs after every module's ``forward`` (before its own
+    forward hooks); it may return a new output."""
+    return Module._add_hook(_global_forward_hooks, hook, False,
+                            (_global_forward_hooks_with_kwargs, with_kwargs),
+                            (_global_forward_hooks_always_called, always_call))
+
+
+def register_module_full_backward_hook(hook: Callable) -> RemovableHandle:
+    """``hook(module, grad_input, grad_output)`` for every module (before its own backward hooks)."""
+    return Module._add_hook(_global_backward_hooks, hook, False)
+
+
+def register_module_full_backward_pre_hook(hook: Callable) -> RemovableHandle:
+    """``hook(module, grad_output)`` for every module (before its own backward pre-hooks)."""
+    return Module._add_hook(_global_backward_pre_hooks, hook, False)
 
 
 def _plain(buf: Buffer) -> Tensor:

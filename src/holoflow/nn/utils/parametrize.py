@@ -9,6 +9,7 @@ returning ``p(original...)``; state-dict keys are torch's.
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any, Iterator
 
 from ...core.grad_mode import no_grad
@@ -52,9 +53,9 @@ class ParametrizationList(ModuleList):
             if new is not original:
                 with no_grad():
                     original._data = new.detach()._data.clone()
-            self._register(("original",), [original], rg)
+            self._register(("original",), [original], rg, isinstance(original, Parameter))
         else:
-            self._register([f"original{i}" for i in range(len(new))], list(new), rg)
+            self._register([f"original{i}" for i in range(len(new))], list(new), rg, isinstance(original, Parameter))
         if not unsafe:   # torch evaluates the parametrization once to check it (a spectral norm
             z = self()   # in training takes a power-iteration step here, as in torch)
             if tuple(z.shape) != tuple(original.shape) or z.dtype != original.dtype:
@@ -62,12 +63,15 @@ class ParametrizationList(ModuleList):
                                  f"unless the `unsafe` flag is enabled: {tuple(original.shape)} {original.dtype} "
                                  f"became {tuple(z.shape)} {z.dtype}")
 
-    def _register(self, names, values, rg: bool) -> None:
+    def _register(self, names, values, rg: bool, as_parameter: bool) -> None:
+        # (a parametrized buffer keeps its originals as buffers, as torch: nothing to train)
         for name, v in zip(names, values):
             if isinstance(v, Parameter):
                 self.register_parameter(name, v)
-            else:
+            elif as_parameter:
                 self.register_parameter(name, Parameter(v.detach(), requires_grad=rg))
+            else:
+                self.register_buffer(name, v if v is values[0] and len(values) == 1 else v.detach())
 
     def right_inverse(self, value: Tensor) -> None:
         with no_grad():
@@ -90,9 +94,27 @@ class ParametrizationList(ModuleList):
         return x
 
 
+def _getstate(self: Module) -> Any:
+    raise RuntimeError("Serialization of parametrized modules is only supported through state_dict(). "
+                       "See: https://pytorch.org/tutorials/beginner/saving_loading_models.html")
+
+
+def _deepcopy(self: Module, memo: dict) -> Module:
+    # (``__getstate__`` refuses pickling, so deepcopy copies ``__dict__`` itself, as torch)
+    if id(self) in memo:
+        return memo[id(self)]
+    replica = self.__new__(self.__class__)
+    memo[id(self)] = replica
+    replica.__dict__ = copy.deepcopy(self.__dict__, memo)
+    return replica
+
+
 def _inject_class(module: Module) -> None:
     cls = module.__class__
-    module.__class__ = type(f"Parametrized{cls.__name__}", (cls,), {"_holoflow_original_class": cls})
+    attrs: dict = {"_holoflow_original_class": cls, "__getstate__": _getstate}
+    if not hasattr(module, "__deepcopy__"):
+        attrs["__deepcopy__"] = _deepcopy
+    module.__class__ = type(f"Parametrized{cls.__name__}", (cls,), attrs)
 
 
 def _inject_property(module: Module, name: str) -> None:
@@ -135,8 +157,7 @@ def register_parametrization(module: Module, tensor_name: str, parametrization: 
         if tensor_name in module._parameters:
             del module._parameters[tensor_name]
         else:
-            del module._buffers[tensor_name]
-            original = Parameter(original, requires_grad=False)
+            del module._buffers[tensor_name]  # (it stays a buffer, in the ParametrizationList)
     else:
         raise ValueError(f"Module '{module}' does not have a parameter, a buffer, or a parametrized element with "
                          f"name '{tensor_name}'")
@@ -161,8 +182,10 @@ def remove_parametrizations(module: Module, tensor_name: str, leave_parametrized
         if plist.is_tensor:
             orig = plist.original
             orig._data = value.detach()._data.clone()
-        else:
+        elif isinstance(plist.original0, Parameter):
             orig = Parameter(value.detach(), requires_grad=plist.original0.requires_grad)
+        else:
+            orig = value.detach()
     else:
         if not plist.is_tensor:
             raise ValueError("Cannot leave unparametrized (`leave_parametrized=False`) a tensor that is "
@@ -170,7 +193,10 @@ def remove_parametrizations(module: Module, tensor_name: str, leave_parametrized
         orig = plist.original
     delattr(module.__class__, tensor_name)
     del module.parametrizations[tensor_name]
-    module.register_parameter(tensor_name, orig)
+    if isinstance(orig, Parameter):
+        module.register_parameter(tensor_name, orig)
+    else:  # a parametrized buffer is a buffer again
+        module.register_buffer(tensor_name, orig)
     if len(module.parametrizations) == 0:
         del module.parametrizations
         module.__class__ = type_before_parametrizations(module)
