@@ -419,9 +419,9 @@ class Module(StateMixin):
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """``torch.nn.Module.compile``: in place and a pass-through here (eager holoflow, as
-        ``holoflow.compile``), so the module computes the same numbers; returns None."""
-        from ..compat import compile as _compile
-        _compile(self, *args, **kwargs)
+        ``holoflow.compile``), so the module computes the same numbers; returns None. For a
+        compiled static graph use ``holoflow.nn.Graph``."""
+        return None
 
     # -- printing ------------------------------------------------------------------------------
     def _get_name(self) -> str:
