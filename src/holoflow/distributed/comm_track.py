@@ -36,7 +36,7 @@ class CommError(HoloflowError):
 
 # -- counting --------------------------------------------------------------------------------
 
-@dataclass
+@dataclass(eq=False)   # identity: count() removes its own counter, never an equal one of another rank
 class CommCount:
     """What :func:`count` saw: ``counts[kind]``, ``bytes[kind]``, ``calls`` and ``total``."""
 
@@ -151,7 +151,7 @@ def begin(kind: str, ranks: tuple[int, ...], nbytes: int, tensor: torch.Tensor |
     ``splits`` are all_to_all's (send, receive) element counts per rank in group order, checked
     against the peers' instead of the shape; ``peer`` makes it a point-to-point call with that rank.
     """
-    for c in _COUNTERS:
+    for c in tuple(_COUNTERS):   # a snapshot: simulated ranks open and close theirs meanwhile
         if c.sim_rank is None:
             c.add(kind, nbytes, len(ranks))
     _SEQ[ranks] += 1
