@@ -13,6 +13,7 @@ import torch
 from ..core.dispatch import EAGER, fresh_copy, local_alias, run_local
 from ..core.errors import HoloflowError, UnsupportedError
 from ..core.interpret import Interpreter
+from ..core.keys import cache_key
 from ..core.registry import Meta, Op, infer_metas
 from ..core.sbp import B
 from ..core.tensor import Tensor
@@ -114,10 +115,11 @@ def _numel(shape) -> int:
 def decide(op: Op, metas: list, attrs: dict, cur: list, place, shape_attrs: dict | None = None) -> tuple:
     """``(signature, logical output metas, cache key)`` of ``op`` on inputs of ``metas`` laid out
     as ``cur``: :func:`choose` after the shape rule (``logical`` None for a data-dependent output
-    shape), remembered per key, so equal layers, eager steps and the auto-parallel planner's
-    repeated traces decide once. ``shape_attrs``: the attrs the shape rule runs with (a trace
-    names devices as meta)."""
-    key = _key(op, metas, attrs, cur, place)
+    shape), remembered per key for eager calls. ``shape_attrs``: the attrs the shape rule runs
+    with (a trace names devices as meta; a trace's decisions are not remembered)."""
+    # a trace decides afresh: sharing its decisions across simulated ranks' traces made them
+    # trace different programs now and then (a key too coarse for some op, not yet found)
+    key = _key(op, metas, attrs, cur, place) if shape_attrs is None else None
     hit = _CHOICES.get(key) if key is not None else None
     if hit is None:
         try:
@@ -133,26 +135,18 @@ def decide(op: Op, metas: list, attrs: dict, cur: list, place, shape_attrs: dict
     return hit[0], hit[1], key
 
 
-def _has_tensor(x) -> bool:
-    if isinstance(x, (torch.Tensor, Tensor)):
-        return True
-    if isinstance(x, (tuple, list)):
-        return any(_has_tensor(y) for y in x)
-    if isinstance(x, dict):
-        return any(_has_tensor(y) for y in x.values())
-    return False
-
-
 def _key(op: Op, metas: list, attrs: dict, cur: list, place):
-    # a tensor among the attrs hashes by identity, which a later tensor of another shape may reuse
-    if _has_tensor(tuple(attrs.values())) or _has_tensor(tuple(metas)):
-        return None
-    try:
-        k = (op.name, tuple(metas), tuple(sorted(attrs.items())), tuple(cur), place)
-        hash(k)
-        return k
-    except TypeError:
-        return None
+    """The key of a signature decision: metas, and constants by type and value (``2`` and ``2.0``
+    are different inputs); None when a constant is an object known only by identity (a tensor:
+    a later one of another shape could reuse the id)."""
+    parts = []
+    for m in metas:
+        k = (m.shape, m.dtype, m.device) if isinstance(m, Meta) else cache_key(m)
+        if k is None:
+            return None
+        parts.append(k)
+    a = cache_key(attrs)
+    return None if a is None else (op.name, tuple(parts), a, tuple(cur), place)
 
 
 def local_attrs(op: Op, attrs: dict, metas: list, sig_in: tuple, place, rank: int) -> dict:

@@ -17,6 +17,7 @@ from ..core.dispatch import apply, refresh, take_history, wrap
 from ..core.interpret import Interpreter
 from ..core.views import VIEW_SCATTER, aliases, make_view, stamp_of
 from ..core.errors import HoloflowError, UnsupportedError
+from ..core.keys import cache_key
 from ..core.sbp import B
 from ..distributed.global_dispatch import decide
 from ..distributed.sharding import normalize_sbp
@@ -75,16 +76,13 @@ def _meta_key(op: Op, metas: list, attrs: dict):
             if m.device.type != "meta":
                 return None
             parts.append((tuple(m.shape), m.stride(), m.storage_offset(), m.dtype))
-        else:
-            parts.append(m)
-    if any(isinstance(v, torch.Tensor) for v in attrs.values()):
-        return None
-    key = (op.name, tuple(parts), tuple(sorted(attrs.items())))
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+        else:   # by type and value: ``x * 2`` and ``x * 2.0`` differ (an int tensor's dtype)
+            k = cache_key(m)
+            if k is None:
+                return None
+            parts.append(k)
+    a = cache_key(attrs)
+    return None if a is None else (op.name, tuple(parts), a)
 
 
 def _meta_outputs(op: Op, metas: list, attrs: dict):

@@ -10,11 +10,11 @@ unhashable objects are equal only to themselves.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
+from ...core.keys import const_key as _const_key
 from ...core.registry import REGISTRY
 from ..ir import IRGraph, Node, Value
 from . import register
@@ -24,25 +24,11 @@ def const_key(x: Any) -> Any:
     """A hashable key under which two constants are equal only if a kernel can't tell them apart."""
     if isinstance(x, Value):
         return ("V", x.id)
-    if x is None or isinstance(x, (str, bytes, torch.dtype, torch.device)):
-        return (type(x).__name__, x)
-    if isinstance(x, bool):
-        return ("bool", x)
-    if isinstance(x, int):
-        return ("int", x)
-    if isinstance(x, float):
-        return ("float", "nan" if math.isnan(x) else x.hex())
-    if isinstance(x, complex):
-        return ("complex", const_key(x.real), const_key(x.imag))
-    if isinstance(x, (tuple, list, torch.Size)):
+    if isinstance(x, (tuple, list, torch.Size)):   # containers may hold Values
         return (type(x).__name__, tuple(const_key(v) for v in x))
     if isinstance(x, dict):
         return ("dict", tuple(sorted((repr(k), const_key(v)) for k, v in x.items())))
-    if isinstance(x, slice):
-        return ("slice", const_key(x.start), const_key(x.stop), const_key(x.step))
-    if x is Ellipsis:
-        return ("ellipsis",)
-    return ("id", id(x))  # tensors, callables, anything else: identity only
+    return _const_key(x)
 
 
 def node_key(n: Node) -> tuple | None:
