@@ -13,9 +13,13 @@ X = np.random.default_rng(0).standard_normal((4, 5, 8)).astype(np.float32)
 
 
 def _make(kind: str):
-    flow.manual_seed(0)
+    """The model with weights from numpy (simulated ranks are threads sharing torch's RNG)."""
     rnn = getattr(flow.nn, kind)(8, 16, num_layers=2, batch_first=True, bidirectional=kind == "GRU")
     head = flow.nn.Linear(16 * (2 if kind == "GRU" else 1), 1)
+    rng = np.random.default_rng(1)
+    for m in (rnn, head):
+        m.load_state_dict({k: flow.tensor(rng.uniform(-0.25, 0.25, tuple(v.shape)).astype(np.float32))
+                           for k, v in m.state_dict().items()})
     return rnn, head
 
 
