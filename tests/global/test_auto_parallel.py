@@ -45,6 +45,22 @@ def _eager(hidden: int, batch: int, steps: int = 3):
     return losses, {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
 
 
+def _train_graph(m, opt, auto: bool) -> Graph:
+    """The squared-output training step of ``m`` as an nn.Graph (``auto``: enable_auto_parallel)."""
+    class Train(Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+            self.config.enable_auto_parallel(auto)
+
+        def build(self, x):
+            loss = self.m(x).square().mean()
+            loss.backward()
+            return loss
+    return Train()
+
+
 def _planned(hidden: int, batch: int, configure=lambda cfg: None, steps: int = 3, user_sbp=None, mesh=(2,)):
     P = flow.placement("cpu", ranks=np.arange(int(np.prod(mesh))).reshape(mesh).tolist())
     bs = [B] * len(mesh)
@@ -57,19 +73,8 @@ def _planned(hidden: int, batch: int, configure=lambda cfg: None, steps: int = 3
     opt = flow.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
     x = flow.tensor(_batch(batch)).to_global(placement=P, sbp=bs).to_global(sbp=[S(0)] * len(mesh))
 
-    class Train(Graph):
-        def __init__(self):
-            super().__init__()
-            self.m = m
-            self.add_optimizer(opt)
-            self.config.enable_auto_parallel()
-            configure(self.config)
-
-        def build(self, x):
-            loss = self.m(x).square().mean()
-            loss.backward()
-            return loss
-    g = Train()
+    g = _train_graph(m, opt, True)
+    configure(g.config)
     losses = [g(x).to_global(sbp=bs).to_local().item() for _ in range(steps)]
     sbps = {k: tuple(v.sbp) for k, v in m.state_dict().items()}
     text = g.explain()
@@ -230,17 +235,7 @@ def test_predict_a_step_before_running_it():
         opt = flow.optim.SGD(m.parameters(), lr=0.1)
         x = flow.tensor(_batch(8)).to_global(placement=P, sbp=[B]).to_global(sbp=[S(0)])
 
-        class Train(Graph):
-            def __init__(self):
-                super().__init__()
-                self.m = m
-                self.add_optimizer(opt)
-
-            def build(self, x):
-                loss = self.m(x).square().mean()
-                loss.backward()
-                return loss
-        q = Train().predict(x, device=DeviceModel(1e12, 1e12), link=LinkModel(0.0, 1.0))
+        q = _train_graph(m, opt, False).predict(x, device=DeviceModel(1e12, 1e12), link=LinkModel(0.0, 1.0))
         assert all(np.array_equal(a, p.to_local().detach().numpy()) for a, p in zip(before, m.parameters()))
         return q
     grads = (2 * D * 64 + 64 + D) * 4
@@ -265,20 +260,9 @@ def test_plan_and_predict_for_8_gpus_from_simulated_ranks():
         opt = flow.optim.AdamW(m.parameters(), lr=1e-3)
         x = flow.randn(64, D, placement=P, sbp=[S(0)])
 
-        class Train(Graph):
-            def __init__(self):
-                super().__init__()
-                self.m = m
-                self.add_optimizer(opt)
-                self.config.enable_auto_parallel(auto)
-
-            def build(self, x):
-                loss = self.m(x).square().mean()
-                loss.backward()
-                return loss
         if rank != 0:
             return None
-        g = Train()
+        g = _train_graph(m, opt, auto)
         return g.predict(x, device=DeviceModel.default("cuda"), link=LinkModel(20e-6, 1e9)), \
             g._auto_plan and g._auto_plan.choices
     dp, _ = world.simulate(8, lambda r: run(r, False), timeout=120)[0]

@@ -70,25 +70,25 @@ class BackwardHook:
         return result
 
     def run_pre(self, grad_output: tuple) -> tuple:
-        for hook in self.pre_hooks:
-            res = hook(self.module, grad_output)
-            if res is not None:
-                res = res if isinstance(res, tuple) else (res,)
-                if len(res) != len(grad_output):
-                    raise RuntimeError(f"Backward pre hook returned an invalid number of grad_output, got "
-                                       f"{len(res)}, but expected {len(grad_output)}")
-                grad_output = res
-        return grad_output
+        return _chained(self.pre_hooks, lambda h, g: h(self.module, g), grad_output, "Backward pre hook",
+                        "grad_output")
 
     def run(self, grad_input: tuple) -> tuple:
         if self.grad_output is None:  # the gradient reached the inputs without passing the module's
             return grad_input         # (tensor or tuple) outputs, e.g. a dict output: torch skips
-        for hook in self.hooks:
-            res = hook(self.module, grad_input, self.grad_output)
-            if res is not None:
-                res = res if isinstance(res, tuple) else (res,)
-                if len(res) != len(grad_input):
-                    raise RuntimeError(f"Backward hook returned an invalid number of grad_input, got "
-                                       f"{len(res)}, but expected {len(grad_input)}")
-                grad_input = res
-        return grad_input
+        return _chained(self.hooks, lambda h, g: h(self.module, g, self.grad_output), grad_input,
+                        "Backward hook", "grad_input")
+
+
+def _chained(hooks, call, values: tuple, what: str, name: str) -> tuple:
+    """Each hook in turn (``call(hook, values)``); one that returns something replaces ``values``
+    with a tuple of the same length (torch's RuntimeError otherwise)."""
+    for hook in hooks:
+        res = call(hook, values)
+        if res is not None:
+            res = res if isinstance(res, tuple) else (res,)
+            if len(res) != len(values):
+                raise RuntimeError(f"{what} returned an invalid number of {name}, got {len(res)}, but expected "
+                                   f"{len(values)}")
+            values = res
+    return values
