@@ -68,7 +68,7 @@ from .ir import IRGraph, Value
 from .passes.memory_plan import peak_bytes
 
 MAX_SWEEPS = 3
-PAIR_PARAMS = 4   # the largest parameters whose pairs are also tried together
+PAIR_PARAMS = 2   # the largest parameters whose pairs are also tried together (N-D meshes: 8 x 8 pairs)
 MEMORY_MODES = ("Disable", "AdaptiveMemory", "HeavyMemoryDown")
 
 
