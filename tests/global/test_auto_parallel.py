@@ -269,3 +269,16 @@ def test_plan_and_predict_for_8_gpus_from_simulated_ranks():
     auto, choices = world.simulate(8, lambda r: run(r, True), timeout=120)[0]
     assert auto.step_s < dp.step_s and auto.state_bytes < dp.state_bytes
     assert any(after != (B,) for _, after in choices.values())
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_a_plan_under_zero_trains_as_one_process(stage):
+    """ZeRO 1/2 shard what stays data parallel after planning (the planner sees the ZeRO passes'
+    reduce-scatters and gathers in its traces); the chosen plan still trains as eager."""
+    def cfg(c):
+        c.enable_zero(True, stage=stage, shard_min_size=1)
+    results = world.simulate(2, lambda r: _planned(8192, 4, cfg), timeout=300)
+    assert results[0][0].chosen.step_s <= results[0][0].start.step_s
+    _check_equal_to_eager(results, 8192, 4)
+    narrow = world.simulate(2, lambda r: _planned(16, 512, cfg), timeout=300)
+    _check_equal_to_eager(narrow, 16, 512)
