@@ -14,7 +14,7 @@ from ..core.tensor import Tensor
 from .function import Function, FunctionCtx
 
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "no_grad", "enable_grad",
-           "set_grad_enabled", "inference_mode"]
+           "set_grad_enabled", "inference_mode", "functional"]
 
 
 def _as_list(x) -> list:
@@ -126,3 +126,4 @@ def _batched_grad(outputs, inputs, grad_outputs, retain, create_graph, allow_unu
     return [None if per[0][i] is None else stack([p[i] for p in per]) for i in range(len(inputs))]
 
 
+from . import functional  # last: it reads `grad` from this package

@@ -211,8 +211,94 @@ def _no_double(name):
     return grad
 
 
+# -- double backward ----------------------------------------------------------------------------
+# The backward ops compute ``dx = s * (p * A - a)``: ``p`` the softmax over the class dim, ``a``
+# the coefficients with loss = -sum(a * log p) (one-hot target times class weight, smoothed;
+# or the probability target times class weight), ``A`` their sum over the classes and ``s`` the
+# incoming gradient, divided by the 'mean' denominator. Their grad rules below are that formula's
+# derivatives, written with holoflow ops (so they are differentiable again).
+
+def _class_index_coeffs(x: Tensor, t: Tensor, w, ignore_index: int, ls: float, cdim: int) -> tuple:
+    """:func:`_class_coeffs` (``a`` and the 'mean' denominator) with holoflow ops."""
+    valid = t != ignore_index
+    ts = E.where(valid, t, 0)
+    onehot = x.detach().new_zeros(tuple(x.shape)).scatter(cdim, ts.unsqueeze(cdim), 1.0)
+    wt = (w[ts] if w is not None else onehot.sum(cdim)) * valid
+    a = onehot * wt.unsqueeze(cdim) * (1 - ls)
+    if ls > 0:
+        a = a + (ls / x.shape[cdim]) * _class_weights(w, x, cdim) * valid.unsqueeze(cdim)
+    return a, wt.sum()
+
+
+def _class_weights(w, x: Tensor, cdim: int):
+    """The class weights broadcastable against ``x`` (1.0 without)."""
+    if w is None:
+        return 1.0
+    shape = [1] * x.dim()
+    shape[cdim] = x.shape[cdim]
+    return w.reshape(tuple(shape))
+
+
+def _to_loss_shape(r: Tensor, reduction: str, cdim: int, dy: Tensor) -> Tensor:
+    """The gradient of ``dy`` from ``r`` (``d dx / d dy`` contracted, summed over what ``dy`` was
+    broadcast over)."""
+    return r.sum(cdim) if reduction == "none" else r.sum().reshape(tuple(dy.shape))
+
+
+def _ce_double_backward(dy, p, a, ddx, reduction: str, denom, cdim: int) -> tuple:
+    """(grad of dy, grad of the log-probs, scale ``s``, grad of ``a``) of ``dx = s * (p * A - a)``
+    against ``ddx``; the log-probs' gradient goes through ``p = exp(logp)``."""
+    s = dy.unsqueeze(cdim) if reduction == "none" else (dy / denom if reduction == "mean" else dy)
+    big_a = a.sum(cdim, keepdim=True)
+    r = ddx * (p * big_a - a)
+    gdy = _to_loss_shape(r / denom if reduction == "mean" else r, reduction, cdim, dy)
+    g_a = s * ((ddx * p).sum(cdim, keepdim=True) - ddx)
+    return gdy, ddx * s * big_a * p, s, g_a
+
+
+def _through_log_softmax(g_logp: Tensor, p: Tensor, cdim: int) -> Tensor:
+    return g_logp - p * g_logp.sum(cdim, keepdim=True)
+
+
+def _ce_bwd_grad(c, ddx, ddt, ddw):
+    """Class indices: ``a`` is constant (neither target nor weight is differentiable, as torch).
+    Probability targets: ``a = (t (1 - ls) + ls / C) * w`` and the outputs ``dt``, ``dw`` add
+    terms linear in ``log p``."""
+    dy, x, t, w = c.inputs
+    cdim, ls, n_cls = (1 if x.dim() >= 2 else 0), c.label_smoothing, x.shape[1 if x.dim() >= 2 else 0]
+    dy = dy.to(x.dtype) if dy.dtype != x.dtype else dy
+    logp = x.log_softmax(cdim)
+    p = logp.exp()
+    prob = t.is_floating_point()
+    if prob:
+        wc = _class_weights(w, x, cdim)
+        tt = t * (1 - ls) + ls / n_cls if ls > 0 else t
+        a, denom = tt * wc, (x.numel() / n_cls if x.numel() else float("nan"))
+    else:
+        a, denom = _class_index_coeffs(x, t, w, c.ignore_index, ls, cdim)
+    gdy, g_logp, s, g_a = _ce_double_backward(dy, p, a, ddx, c.reduction, denom, cdim)
+    gt = gw = None
+    if prob:
+        gt, gw_full = g_a * wc * (1 - ls), g_a * tt
+        if ddt is not None:      # dt = -s * logp * w * (1 - ls)
+            r = -logp * wc * (1 - ls) * ddt
+            gdy = gdy + _to_loss_shape(r / denom if c.reduction == "mean" else r, c.reduction, cdim, dy)
+            g_logp = g_logp - s * wc * (1 - ls) * ddt
+            gw_full = gw_full - s * logp * (1 - ls) * ddt
+        if w is not None and ddw is not None:     # dw = sum(-s * logp * tt)
+            ddw = _class_weights(ddw, x, cdim)
+            r = -logp * tt * ddw
+            gdy = gdy + _to_loss_shape(r / denom if c.reduction == "mean" else r, c.reduction, cdim, dy)
+            g_logp = g_logp - s * tt * ddw
+            gt = gt - s * logp * ddw * (1 - ls)
+        if w is not None:
+            gw = gw_full.sum_to_size(*_class_weights(w, x, cdim).shape).reshape(tuple(w.shape))
+    gdy = gdy.to(c.inputs[0].dtype)
+    return gdy, _through_log_softmax(g_logp, p, cdim), gt, gw
+
+
 CROSS_ENTROPY_BWD = defop("cross_entropy_backward", _ce_bwd_kernel, sbp=_class_loss_sbp, family="loss",
-                          grad=_no_double("cross_entropy_backward"))
+                          grad=_ce_bwd_grad, save="inputs")
 def _ce_kernel(x, t, w, ignore_index, reduction, label_smoothing, dtype=None):
     """torch's cross_entropy; with ``dtype`` (the loss's dtype: CUDA autocast sets float32,
     amp/policy.py's FP32_ATTR) the log-probs stay in the logits' dtype and the loss is reduced in
@@ -283,14 +369,27 @@ def _ce_lsm_bwd_sbp(metas, attrs):
     return sigs
 
 
-def _ce_lsm_grad(c, dy, _dlogp, _dtotal):
+def _ce_lsm_grad(c, dy, dlogp, _dtotal):
+    """``dlogp`` only comes from the double backward (the log-probs are not returned to callers)."""
     _, t = c.inputs
     _, logp, total = c.outs
-    return apply(CE_LSM_BWD, dy, logp, t, total, ignore_index=c.ignore_index, reduction=c.reduction), None
+    dx = apply(CE_LSM_BWD, dy, logp, t, total, ignore_index=c.ignore_index, reduction=c.reduction)
+    if dlogp is not None:
+        dx = dx + _through_log_softmax(dlogp, logp.exp(), 1)
+    return dx, None
+
+
+def _ce_lsm_bwd_grad(c, ddx):
+    """The derivative with respect to the log-probs (CE_LSM's rule takes it on to the logits)."""
+    dy, logp, t, total = c.inputs
+    dy = dy.to(logp.dtype) if dy.dtype != logp.dtype else dy
+    a, _ = _class_index_coeffs(logp, t, None, c.ignore_index, 0.0, 1)
+    gdy, g_logp, _, _ = _ce_double_backward(dy, logp.exp(), a, ddx, c.reduction, total.to(logp.dtype), 1)
+    return gdy.to(c.inputs[0].dtype), g_logp, None, None
 
 
 CE_LSM_BWD = defop("cross_entropy_log_softmax_backward", _ce_lsm_bwd_kernel, sbp=_ce_lsm_bwd_sbp, family="loss",
-                   grad=_no_double("cross_entropy_log_softmax_backward"))
+                   grad=_ce_lsm_bwd_grad, save="inputs")
 CE_LSM = defop("cross_entropy_log_softmax", _ce_lsm_kernel, grad=_ce_lsm_grad, sbp=_ce_lsm_sbp, family="loss",
                outputs=("loss", "log_probs", "total_weight"), save="both", saved_inputs=(1,),
                saved_outputs=(1, 2), grad_reads=(0,))

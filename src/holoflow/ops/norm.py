@@ -1,5 +1,6 @@
 """Normalization primitives: layer_norm, group_norm, batch_norm (ATen forward and backward
-kernels; the backward ops raise on double backward), and rms_norm/instance_norm composites."""
+kernels; the backward ops' own grad rules, the double backward, are written with holoflow ops),
+and rms_norm/instance_norm composites."""
 from __future__ import annotations
 
 import math
@@ -13,7 +14,7 @@ from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from ..core.registry import defop
 from .family import needs
-from .nn_ops import _tensor_flags, no_double_backward, sum_keep
+from .nn_ops import _tensor_flags, sum_keep
 
 
 # -- layer_norm / group_norm / rms_norm --------------------------------------------------------
@@ -49,6 +50,62 @@ def _dx(t, x: torch.Tensor) -> torch.Tensor:
     return t if t is not None else x.new_zeros(()).expand(x.shape)
 
 
+def _norm_double_backward(dy, x, mean, rstd, w, dims, ddx, ddw, ddb):
+    """The gradients ``(of dy, of x, of w)`` of a normalization's backward
+    ``dx = rstd * P(dy * w)``, ``dw = sum(dy * xhat)``, ``db = sum(dy)`` against the cotangents
+    ``ddx, ddw, ddb`` (None: not needed), where ``xhat = (x - mean) * rstd`` and
+    ``P(v) = v - mean(v) - xhat * mean(v * xhat)`` (means over ``dims``, the normalized ones) is
+    symmetric. Everything is given broadcastable to ``x``; ``gw`` comes back in that form, unsummed.
+    As torch's, ``mean``/``rstd`` are the forward's saved statistics and the derivative through
+    them (as functions of ``x``) is part of ``gx``: none is returned for them."""
+    n = math.prod(x.shape[d] for d in dims)
+    xhat = (x - mean) * rstd
+    avg = lambda t: sum_keep(t, dims) / n
+    proj = lambda v: v - avg(v) - xhat * avg(v * xhat)
+    gdy = gxhat = gw = gx = None
+    if ddx is not None:
+        g = dy if w is None else dy * w
+        pdd = rstd * proj(ddx)
+        gdy = pdd if w is None else pdd * w
+        gw = pdd * dy
+        gxhat = -rstd * (ddx * avg(g * xhat) + g * avg(ddx * xhat))
+        gx = -rstd * xhat * avg(ddx * rstd * proj(g))      # through rstd's dependence on x
+    if ddw is not None:
+        gdy = _plus(gdy, ddw * xhat)
+        gxhat = _plus(gxhat, ddw * dy)
+    if ddb is not None:
+        gdy = _plus(gdy, ddb)
+    if gxhat is not None:
+        gx = _plus(gx, rstd * proj(gxhat))
+    if gdy is not None and tuple(gdy.shape) != tuple(x.shape):
+        gdy = gdy.expand(tuple(x.shape))
+    return gdy, gx, gw
+
+
+def _plus(a, b):
+    return b if a is None else a + b
+
+
+def _wanted(dys, mask) -> tuple:
+    """The cotangents of the outputs the backward op computed (``output_mask``; the others are
+    placeholders)."""
+    return tuple(d if m else None for d, m in zip(dys, mask))
+
+
+def _as(g, like):
+    """``g`` in ``like``'s dtype (reduced-precision inputs meet float32 statistics)."""
+    return g if g is None or g.dtype == like.dtype else g.to(like.dtype)
+
+
+def _ln_bwd_grad(c, *dys):
+    dy, x, mean, rstd, w, _ = c.inputs
+    dims = tuple(range(x.dim() - len(c.normalized_shape), x.dim()))
+    ddx, ddw, ddb = _wanted(dys, c.output_mask)
+    gdy, gx, gw = _norm_double_backward(dy, x, mean, rstd, w, dims, ddx, ddw, ddb)
+    gw = None if gw is None or w is None else sum_keep(gw, range(x.dim() - len(dims))).reshape(tuple(w.shape))
+    return _as(gdy, dy), _as(gx, x), None, None, _as(gw, w), None
+
+
 def _ln_bwd_kernel(dy, x, mean, rstd, w, b, normalized_shape, output_mask):
     dy, x, mean, rstd = (t.contiguous() for t in (dy, x, mean, rstd))  # strided shards read wrongly
     dx, dw, db = torch.ops.aten.native_layer_norm_backward.default(dy, x, normalized_shape, mean, rstd, w, b,
@@ -57,8 +114,7 @@ def _ln_bwd_kernel(dy, x, mean, rstd, w, b, normalized_shape, output_mask):
 
 
 LAYER_NORM_BWD = defop("layer_norm_backward", _ln_bwd_kernel, sbp=_norm_sbp(_ln_axes),
-                       grad=no_double_backward("layer_norm_backward"), family="norm",
-                       mask_split=True)
+                       grad=_ln_bwd_grad, save="inputs", family="norm", mask_split=True)
 
 
 def _ln_grad(c, dy, _dmean, _drstd):
@@ -127,9 +183,27 @@ def _gn_axes(nd, attrs, metas):
     return (0,)
 
 
+def _gn_bwd_grad(c, *dys):
+    """Computed on the ``(N, G, C/G, HxW)`` view, where the groups are dims (2, 3)."""
+    dy, x, mean, rstd, w = c.inputs
+    n, ch, g = x.shape[0], x.shape[1], c.num_groups
+    view = (n, g, ch // g, -1)
+    ddx, ddw, ddb = _wanted(dys, c.output_mask)
+    per_channel = lambda t: None if t is None else t.reshape(1, g, ch // g, 1)
+    gdy, gx, gw = _norm_double_backward(dy.reshape(view), x.reshape(view), mean.reshape(n, g, 1, 1),
+                                        rstd.reshape(n, g, 1, 1), per_channel(w), (2, 3), _view(ddx, view),
+                                        per_channel(ddw), per_channel(ddb))
+    gw = None if gw is None or w is None else sum_keep(gw, (0, 3)).reshape(tuple(w.shape))
+    shape = tuple(x.shape)
+    return _as(_view(gdy, shape), dy), _as(_view(gx, shape), x), None, None, _as(gw, w)
+
+
+def _view(t, shape):
+    return None if t is None else t.reshape(shape)
+
+
 GROUP_NORM_BWD = defop("group_norm_backward", _gn_bwd_kernel, sbp=_norm_sbp(_gn_axes),
-                       grad=no_double_backward("group_norm_backward"), family="norm",
-                       mask_split=True)
+                       grad=_gn_bwd_grad, save="inputs", family="norm", mask_split=True)
 
 
 def _gn_grad(c, dy, _dmean, _drstd):
@@ -203,9 +277,37 @@ def _bn_bwd_kernel(dy, x, w, rm, rv, save_mean, save_invstd, training, eps, outp
     return _dx(dx, x), _opt(dw, x, c), _opt(db, x, c)
 
 
+def _bn_bwd_grad(c, *dys):
+    """Training: the batch statistics' double backward over dims (0, 2, ...). Eval: the output is
+    affine in ``x`` (running statistics), so ``dx = dy * w * rstd`` and ``dw = sum(dy * xhat)``
+    are bilinear and their gradients are products."""
+    dy, x, w, rm, rv, save_mean, save_invstd = c.inputs
+    chan = lambda t: None if t is None else t.reshape((1, -1) + (1,) * (x.dim() - 2))
+    dims = (0,) + tuple(range(2, x.dim()))
+    ddx, ddw, ddb = _wanted(dys, c.output_mask)
+    if c.training:
+        gdy, gx, gw = _norm_double_backward(dy, x, chan(save_mean), chan(save_invstd), chan(w), dims,
+                                            ddx, chan(ddw), chan(ddb))
+    else:
+        rstd = chan((rv + c.eps).rsqrt())
+        xhat = (x - chan(rm)) * rstd
+        gdy = gx = gw = None
+        if ddx is not None:
+            gdy = ddx * rstd if w is None else ddx * chan(w) * rstd
+            gw = ddx * dy * rstd
+        if ddw is not None:
+            gdy = _plus(gdy, chan(ddw) * xhat)
+            gx = chan(ddw) * dy * rstd
+        if ddb is not None:
+            gdy = _plus(gdy, chan(ddb))
+        if gdy is not None and tuple(gdy.shape) != tuple(x.shape):
+            gdy = gdy.expand(tuple(x.shape))
+    gw = None if gw is None or w is None else sum_keep(gw, dims).reshape(tuple(w.shape))
+    return _as(gdy, dy), _as(gx, x), _as(gw, w), None, None, None, None
+
+
 BATCH_NORM_BWD = defop("batch_norm_backward", _bn_bwd_kernel, sbp=_bn_sbp,
-                       grad=no_double_backward("batch_norm_backward"), family="norm",
-                       mask_split=True)
+                       grad=_bn_bwd_grad, save="inputs", family="norm", mask_split=True)
 
 
 def _bn_grad(c, dy, _dm, _dv):
