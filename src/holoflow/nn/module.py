@@ -5,6 +5,7 @@ holds attribute registration, traversal, hooks and ``__call__``.
 """
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Iterator
 
@@ -348,7 +349,24 @@ class Module(StateMixin):
     def register_full_backward_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
         """``hook(module, grad_input, grad_output)`` runs when the gradients of the module's tensor
         inputs are computed; it may return new ``grad_input``."""
+        if self.__dict__.get("_is_full_backward_hook") is False:
+            raise RuntimeError(_MIXED_BACKWARD_HOOKS)
+        self._is_full_backward_hook = True
         return self._add_hook(self._backward_hooks, hook, prepend)
+
+    def register_backward_hook(self, hook: Callable) -> RemovableHandle:
+        """Deprecated (torch's non-full backward hook; use :meth:`register_full_backward_hook`).
+
+        ``hook(module, grad_input, grad_output)`` is hooked, at each call, on the grad_fn of the
+        module's (first) output, as torch does: ``grad_input`` are the gradients of the inputs of
+        the LAST op of ``forward`` (None where one needs none), ``grad_output`` those of its
+        outputs; it may return a new ``grad_input``. That equals the module's gradients only when
+        ``forward`` is one op on its inputs, which is why torch warns (FutureWarning) otherwise.
+        A module takes either these hooks or full ones, never both (RuntimeError, as torch)."""
+        if self.__dict__.get("_is_full_backward_hook") is True:
+            raise RuntimeError(_MIXED_BACKWARD_HOOKS)
+        self._is_full_backward_hook = False
+        return self._add_hook(self._backward_hooks, hook, False)
 
     def register_full_backward_pre_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
         """``hook(module, grad_output)`` runs when the gradients of the module's outputs are
@@ -378,9 +396,11 @@ class Module(StateMixin):
                     res = hook(self, args)
                     if res is not None:
                         args = res if isinstance(res, tuple) else (res,)
-            if self._backward_hooks or bw_pre or _global_backward_hooks or _global_backward_pre_hooks:
+            legacy = self.__dict__.get("_is_full_backward_hook") is False
+            own_full = () if legacy else self._backward_hooks.values()
+            if own_full or bw_pre or _global_backward_hooks or _global_backward_pre_hooks:
                 from ._backward_hook import BackwardHook
-                bw = BackwardHook(self, [*_global_backward_hooks.values(), *self._backward_hooks.values()],
+                bw = BackwardHook(self, [*_global_backward_hooks.values(), *own_full],
                                   [*_global_backward_pre_hooks.values(), *(bw_pre or {}).values()])
                 args = bw.setup_input(args)
             result = self.forward(*args, **kwargs)
@@ -398,6 +418,8 @@ class Module(StateMixin):
             raise
         if bw is not None:
             result = bw.setup_output(result)
+        if legacy and self._backward_hooks:
+            _hook_output_grad_fn(self, list(self._backward_hooks.values()), args, result)
         return result
 
     def _run_forward_hook(self, hid: int, hook: Callable, args: tuple, kwargs: dict, result: Any) -> Any:
@@ -443,6 +465,92 @@ class Module(StateMixin):
             else:
                 main_str += "\n  " + "\n  ".join(lines) + "\n"
         return main_str + ")"
+
+
+_MIXED_BACKWARD_HOOKS = ("holoflow.nn.Module: Cannot use both regular backward hooks and full backward hooks "
+                         "on a single Module. Please use only one of them: register_full_backward_hook, "
+                         "or the deprecated register_backward_hook")
+
+
+class _LegacyHookedOp:
+    """The op of one grad node, with ``register_backward_hook`` hooks run after its grad rule.
+
+    torch hooks the module output's grad_fn (a Node post-hook: it sees the gradients the node
+    computed for its inputs and the ones it received); holoflow's engine has per-output
+    gradient hooks only, so the node's op is swapped for this proxy, which hands everything but
+    ``grad`` to the op. Only that one node is affected."""
+
+    def __init__(self, op: Any) -> None:
+        self._op, self._hooks = op, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._op, name)
+
+    def grad(self, ctx: Any, *grad_output: Any) -> tuple:
+        grad_input = self._op.grad(ctx, *grad_output)
+        if not isinstance(grad_input, tuple):
+            grad_input = (grad_input,)
+        grad_input = tuple(g if e is not None else None for g, e in zip(grad_input, ctx.edges))
+        for module, hook in self._hooks:
+            res = hook(module, grad_input, grad_output)
+            if res is None:
+                continue
+            name = getattr(hook, "__name__", type(hook).__name__)
+            if not isinstance(res, tuple):
+                raise TypeError(f"holoflow.nn.Module.register_backward_hook: expected tuple, but hook "
+                                f"{name!r} returned {type(res).__name__!r}")
+            if len(res) != len(grad_input):
+                raise RuntimeError(f"holoflow.nn.Module.register_backward_hook: hook {name!r} has returned an "
+                                   f"incorrect number of values (got {len(res)}, but expected {len(grad_input)})")
+            grad_input = res
+        return grad_input
+
+
+def _hook_output_grad_fn(module: Module, hooks: list, args: tuple, result: Any) -> None:
+    """Registers ``module``'s legacy backward hooks on the grad_fn of its first output tensor
+    (torch's walk: first element of tuples/lists, first tensor value of dicts), and warns as
+    torch does where that node does not see the module's whole gradients."""
+    var = result
+    while not isinstance(var, Tensor):
+        if isinstance(var, dict):
+            var = next((v for v in var.values() if isinstance(v, Tensor)), None)
+        elif isinstance(var, (tuple, list)) and var:
+            var = var[0]
+        else:
+            return
+    node = var.grad_fn
+    if node is None:
+        return
+    if not isinstance(node.op, _LegacyHookedOp):
+        node.op = _LegacyHookedOp(node.op)
+    node.op._hooks.extend((module, h) for h in hooks)
+    _warn_partial_legacy_hook(args, result, node)
+
+
+def _warn_partial_legacy_hook(inputs: tuple, result: Any, node: Any) -> None:
+    """torch's FutureWarnings for a non-full backward hook that misses gradients: outputs that
+    are not tensors, or come from several ops; inputs that are not tensors, or are not exactly
+    the inputs of the last op (a leaf or an input needing no gradient counts as different)."""
+    def warn(what: str) -> None:
+        warnings.warn(f"Using a non-full backward hook {what} is deprecated and will be removed in "
+                      f"future versions. Please use register_full_backward_hook to get the documented "
+                      f"behavior.", FutureWarning, stacklevel=5)
+    results = (result,) if isinstance(result, Tensor) else result
+    if not (isinstance(results, tuple) and all(isinstance(r, Tensor) for r in results)):
+        return warn("on a Module that does not return a single Tensor or a tuple of Tensors "
+                    "(this hook will be missing some of the grad_output)")
+    if not all(isinstance(i, Tensor) for i in inputs):
+        return warn("on a Module that does not take as input a single Tensor or a tuple of Tensors "
+                    "(this hook will be missing some of the grad_input)")
+    out_nodes = {r.grad_fn for r in results if r.grad_fn is not None}
+    if len(out_nodes) > 1:
+        return warn("when outputs are generated by different autograd Nodes "
+                    "(this hook will be missing some grad_output)")
+    in_nodes = {i.grad_fn for i in inputs if i.grad_fn is not None}
+    next_nodes = {e[0] if isinstance(e, tuple) else (None if e is None else ("leaf", id(e)))
+                  for e in node.edges}
+    if in_nodes != next_nodes:
+        warn("when the forward contains multiple autograd Nodes (this hook will be missing some grad_input)")
 
 
 # torch.nn.modules.module's global hooks: they run on every module call, before the module's own

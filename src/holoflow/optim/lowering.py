@@ -8,8 +8,10 @@ a small vocabulary of list operations, modelled on ``torch._foreach_*``; a lower
 - a fused torch kernel for the whole rule (``torch._fused_adam_``) is a third lowering, which an
   optimizer declares as ``fused_update`` (graph/passes/fuse_update.py selects it).
 
-Scalars may be one number or a list with one number per element (``addcdiv_``'s step sizes).
-In-place operations end in ``_``; the others return new lists.
+Scalars may be one number or a list with one number per element (``addcdiv_``'s step sizes,
+``add_``'s alphas). In-place operations end in ``_``; the others return new lists. Operations
+torch has no ``_foreach_*`` for (``masked_fill_``, the comparisons) loop over the elements in
+the foreach lowering too: the same torch calls torch's own single-tensor optimizers make.
 """
 from __future__ import annotations
 
@@ -47,11 +49,51 @@ class Foreach:
         return torch._foreach_add(xs, ys, alpha=alpha)
 
     @staticmethod
-    def add_(xs: list, ys, alpha: float = 1) -> None:
+    def add_(xs: list, ys, alpha=1) -> None:
         if isinstance(ys, (int, float)):
             torch._foreach_add_(xs, ys)
+        elif isinstance(alpha, (list, tuple)):   # one alpha per element: torch has no foreach form
+            for x, y, a in zip(xs, ys, alpha):
+                x.add_(y, alpha=a)
         else:
             torch._foreach_add_(xs, ys, alpha=alpha)
+
+    @staticmethod
+    def sub(xs: list, ys: list) -> list:
+        return torch._foreach_sub(xs, ys)
+
+    @staticmethod
+    def mul(xs: list, ys: list) -> list:
+        return torch._foreach_mul(xs, ys)
+
+    sign = staticmethod(torch._foreach_sign)
+    sign_ = staticmethod(torch._foreach_sign_)
+
+    @staticmethod
+    def clamp_(xs: list, lo: float, hi: float) -> None:
+        torch._foreach_clamp_min_(xs, lo)
+        torch._foreach_clamp_max_(xs, hi)
+
+    @staticmethod
+    def copy_(xs: list, ys: list) -> None:
+        torch._foreach_copy_(xs, ys)
+
+    @staticmethod
+    def gt(xs: list, s: float) -> list:
+        return [x.gt(s) for x in xs]
+
+    @staticmethod
+    def lt(xs: list, s: float) -> list:
+        return [x.lt(s) for x in xs]
+
+    @staticmethod
+    def eq(xs: list, s: float) -> list:
+        return [x.eq(s) for x in xs]
+
+    @staticmethod
+    def masked_fill_(xs: list, masks: list, value: float) -> None:
+        for x, m in zip(xs, masks):
+            x.masked_fill_(m, value)
 
     @staticmethod
     def addcmul(xs: list, ys: list, zs: list, value: float = 1) -> list:
@@ -123,13 +165,57 @@ class Ops:
         return [x.add(y, alpha=alpha) for x, y in zip(xs, ys)]
 
     @staticmethod
-    def add_(xs: list, ys, alpha: float = 1) -> None:
+    def add_(xs: list, ys, alpha=1) -> None:
         if isinstance(ys, (int, float)):
             for x in xs:
                 x.add_(ys)
             return
+        for x, y, a in zip(xs, ys, _per(alpha, len(xs))):
+            x.add_(y, alpha=a)
+
+    @staticmethod
+    def sub(xs: list, ys: list) -> list:
+        return [x - y for x, y in zip(xs, ys)]
+
+    @staticmethod
+    def mul(xs: list, ys: list) -> list:
+        return [x * y for x, y in zip(xs, ys)]
+
+    @staticmethod
+    def sign(xs: list) -> list:
+        return [x.sign() for x in xs]
+
+    @staticmethod
+    def sign_(xs: list) -> None:
+        for x in xs:
+            x.sign_()
+
+    @staticmethod
+    def clamp_(xs: list, lo: float, hi: float) -> None:
+        for x in xs:
+            x.clamp_(lo, hi)
+
+    @staticmethod
+    def copy_(xs: list, ys: list) -> None:
         for x, y in zip(xs, ys):
-            x.add_(y, alpha=alpha)
+            x.copy_(y)
+
+    @staticmethod
+    def gt(xs: list, s: float) -> list:
+        return [x.gt(s) for x in xs]
+
+    @staticmethod
+    def lt(xs: list, s: float) -> list:
+        return [x.lt(s) for x in xs]
+
+    @staticmethod
+    def eq(xs: list, s: float) -> list:
+        return [x.eq(s) for x in xs]
+
+    @staticmethod
+    def masked_fill_(xs: list, masks: list, value: float) -> None:
+        for x, m in zip(xs, masks):
+            x.masked_fill_(m, value)
 
     @staticmethod
     def addcmul(xs: list, ys: list, zs: list, value: float = 1) -> list:

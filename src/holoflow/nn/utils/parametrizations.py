@@ -1,7 +1,8 @@
-"""``holoflow.nn.utils.parametrizations``: ``weight_norm`` and ``spectral_norm`` as
-parametrizations (torch's current API; the state-dict keys are
-``parametrizations.weight.original0/1`` and ``parametrizations.weight.original`` +
-``parametrizations.weight.0._u/_v``)."""
+"""``holoflow.nn.utils.parametrizations``: ``weight_norm``, ``spectral_norm`` and ``orthogonal``
+as parametrizations (torch's current API; the state-dict keys are
+``parametrizations.weight.original0/1``, ``parametrizations.weight.original`` +
+``parametrizations.weight.0._u/_v``, and ``parametrizations.weight.original`` +
+``parametrizations.weight.0.base``)."""
 from __future__ import annotations
 
 import torch
@@ -9,13 +10,18 @@ import torch.nn.functional as TF
 
 from ...core.grad_mode import no_grad
 from ...core.tensor import Tensor
-from ...ops.creation import empty
+from ...ops.creation import empty, eye, randn
+from ...ops.layout import tril
+from ...ops.linalg import matrix_exp
+from ...ops.linalg_more import householder_product
+from ...ops.more_ops import solve
 from ...ops.reduction import vector_norm
+from ...ops.shape import cat
 from .. import init
 from ..module import Module
 from .parametrize import register_parametrization
 
-__all__ = ["weight_norm", "spectral_norm"]
+__all__ = ["weight_norm", "spectral_norm", "orthogonal"]
 
 
 def norm_except_dim(v: Tensor, pow: float = 2, dim: int = 0) -> Tensor:  # noqa: A002
@@ -110,3 +116,128 @@ def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int 
     if dim is None:
         dim = 1 if type(module).__name__ in ("ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d") else 0
     return register_parametrization(module, name, _SpectralNorm(weight, n_power_iterations, dim, eps))
+
+
+_ORTHOGONAL_MAPS = ("matrix_exp", "cayley", "householder")
+
+
+def _is_orthogonal(Q: torch.Tensor) -> bool:
+    """Whether the columns of the tall ``Q`` are orthonormal, to torch's tolerance."""
+    n, k = Q.size(-2), Q.size(-1)
+    eye_k = torch.eye(k, dtype=Q.dtype, device=Q.device)
+    return torch.allclose(Q.mH @ Q, eye_k, atol=10.0 * n * torch.finfo(Q.dtype).eps)
+
+
+def _make_orthogonal(A: torch.Tensor) -> torch.Tensor:
+    """The Q of ``A = QR`` (``A`` tall) with ``diag(R)`` real and non-negative, so Q is unique."""
+    X, tau = torch.geqrf(A)
+    Q = torch.linalg.householder_product(X, tau)
+    return Q * X.diagonal(dim1=-2, dim2=-1).sgn().unsqueeze(-2)
+
+
+class _Orthogonal(Module):
+    """``Q = map(X)`` orthogonal (unitary), for the tall orientation of ``X``; with the dynamic
+    trivialization ``Q = base @ map(X)``, ``base`` the buffer ``right_inverse`` sets.
+
+    - ``matrix_exp`` / ``cayley``: ``A = L - L^H`` from the lower triangle ``L`` of ``X``
+      (zero-padded to square), ``Q = exp(A)`` or ``(I - A/2)^{-1} (I + A/2)``, first ``k`` columns;
+    - ``householder``: the reflectors below the diagonal of ``X``, ``tau = 2 / (1 + |v|^2)``,
+      columns signed by ``X``'s diagonal (+-1, not differentiated).
+    """
+
+    def __init__(self, weight: Tensor, orthogonal_map: str, *, use_trivialization: bool = True) -> None:
+        super().__init__()
+        if weight.is_complex() and orthogonal_map == "householder":
+            # complex reflectors below the diagonal have too few real parameters for a unitary
+            raise ValueError("The householder parametrization does not support complex tensors.")
+        self.shape = tuple(weight.shape)
+        self.orthogonal_map = orthogonal_map
+        if use_trivialization:
+            self.register_buffer("base", None)
+
+    def forward(self, X: Tensor) -> Tensor:
+        n, k = X.size(-2), X.size(-1)
+        transposed = n < k
+        if transposed:
+            X = X.mT
+            n, k = k, n
+        if self.orthogonal_map in ("matrix_exp", "cayley"):
+            X = tril(X)
+            if n != k:   # embed into a square matrix
+                X = cat([X, X.new_zeros(n, n - k).expand(*X.shape[:-2], -1, -1)], dim=-1)
+            A = X - X.mH   # skew-symmetric (skew-hermitian)
+            if self.orthogonal_map == "matrix_exp":
+                Q = matrix_exp(A)
+            else:        # the Cayley retraction (I + A/2)(I - A/2)^{-1}
+                Id = eye(n, dtype=A.dtype, device=A.device)
+                Q = solve(Id.add(A, alpha=-0.5), Id.add(A, alpha=0.5))
+            if n != k:
+                Q = Q[..., :k]
+        else:
+            A = tril(X, -1)
+            tau = 2.0 / (1.0 + (A * A).sum(dim=-2))
+            Q = householder_product(A, tau)
+            Q = Q * X.diagonal(dim1=-2, dim2=-1).int().unsqueeze(-2)
+        if "base" in self._buffers:
+            Q = self.base @ Q
+        if transposed:
+            Q = Q.mT
+        return Q
+
+    def right_inverse(self, Q: Tensor) -> Tensor:
+        """The original tensor that gives ``Q``: with the trivialization, ``base`` becomes ``Q``
+        (orthogonalized by QR when it is not orthogonal; completed with random columns when not
+        square) and the original is ``-I``, which every map sends to ``I``; without it, only the
+        householder map can be inverted (its QR reflectors). A no-grad initialisation, so it runs
+        torch's own ``geqrf``/QR calls on the storages, and the results are bitwise torch's."""
+        if tuple(Q.shape) != self.shape:
+            raise ValueError(f"Expected a matrix or batch of matrices of shape {torch.Size(self.shape)}. "
+                             f"Got a tensor of shape {Q.shape}.")
+        with no_grad():
+            q = Q.detach()._data
+            n, k = q.size(-2), q.size(-1)
+            transpose = n < k
+            if transpose:
+                q = q.mT
+                n, k = k, n
+            if "base" not in self._buffers:
+                if self.orthogonal_map in ("matrix_exp", "cayley"):
+                    raise NotImplementedError("It is not possible to assign to the matrix exponential or the "
+                                              "Cayley parametrizations when use_trivialization=False.")
+                A, tau = torch.geqrf(q)
+                # diag(R) > 0 makes the factorization unique; the diagonal of A holds its signs
+                A.diagonal(dim1=-2, dim2=-1).sign_()
+                A.diagonal(dim1=-2, dim2=-1)[tau == 0.0] *= -1   # LAPACK skipped that reflection
+                return Tensor._make(A.mT if transpose else A)
+            if n == k:
+                q = q.clone() if _is_orthogonal(q) else _make_orthogonal(q)
+            else:   # complete into an n x n orthogonal matrix (holoflow's generator, as torch.randn)
+                extra = randn(*(q.size()[:-2] + (n, n - k)), dtype=Q.dtype, device=Q.device)._data
+                q = _make_orthogonal(torch.cat([q, extra], dim=-1))
+            self.base = Tensor._make(q)
+            neg_id = torch.zeros(self.shape, dtype=q.dtype, device=q.device)
+            neg_id.diagonal(dim1=-2, dim2=-1).fill_(-1.0)
+            return Tensor._make(neg_id)
+
+
+def orthogonal(module: Module, name: str = "weight", orthogonal_map: str | None = None, *,
+               use_trivialization: bool = True) -> Module:
+    """Makes ``module.<name>`` (a matrix, or a batch of them) orthogonal (unitary), as
+    ``torch.nn.utils.parametrizations.orthogonal``: orthonormal columns when it is tall, rows
+    when wide. ``orthogonal_map`` is ``"matrix_exp"``, ``"cayley"`` or ``"householder"``
+    (default: matrix_exp for square or complex matrices, householder otherwise).
+    ``use_trivialization=True`` keeps ``base`` (``module.parametrizations.<name>[0].base``) so
+    the initial value is the tensor itself (orthogonalized by QR if needed)."""
+    weight = getattr(module, name, None)
+    if not isinstance(weight, Tensor):
+        raise ValueError(f"Module '{module}' has no parameter or buffer with name '{name}'")
+    if weight.dim() < 2:
+        raise ValueError(f"Expected a matrix or batch of matrices. Got a tensor of {weight.dim()} dimensions.")
+    if orthogonal_map is None:
+        square = weight.size(-2) == weight.size(-1)
+        orthogonal_map = "matrix_exp" if square or weight.is_complex() else "householder"
+    if orthogonal_map not in _ORTHOGONAL_MAPS:
+        raise ValueError('orthogonal_map has to be one of "matrix_exp", "cayley", "householder". '
+                         f"Got: {orthogonal_map}")
+    orth = _Orthogonal(weight, orthogonal_map, use_trivialization=use_trivialization)
+    return register_parametrization(module, name, orth, unsafe=True)
