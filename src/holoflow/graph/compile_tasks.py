@@ -34,7 +34,15 @@ program.
 
 A task that cannot be traced (a kernel reading a tensor's value, ``.item()``, an op without a
 fake kernel) fails before anything ran: the wrapper then warns once, naming the task and the
-reason, and runs the plain function from then on. Any exception of a compiled call propagates.
+reason, and runs the plain function from then on.
+
+An exception of a compiled call is raised from Inductor's code, whose traceback names no op of the
+task. The wrapper then runs the plain function on the same arguments, once, to locate it: what the
+plain run raises propagates (its traceback passes the program line of the failing kernel, which
+the graph turns into the op and the user's source line, as for an uncompiled task); if the plain
+run does not fail, the compiled call's exception propagates and the graph names every op of the
+task. Nothing of this runs on the success path. A device error that leaves the device unusable
+(a CUDA device-side assert) is not re-run: every kernel after it fails too.
 """
 from __future__ import annotations
 
@@ -47,6 +55,11 @@ import torch
 LOG = logging.getLogger("holoflow.graph")
 
 PLAIN_STREAMS = ("copy", "update")   # bytes, the optimizer's own kernels
+
+_PLAIN = object()   # a layout the task runs uncompiled for
+
+# errors after which the device runs no more kernels (a device-side assert): not re-run to locate
+_DEVICE_ERRORS = tuple(c for c in (getattr(torch, "AcceleratorError", None),) if c is not None)
 
 # Inductor's first use initializes process-wide tables: one compile at a time (simulated ranks
 # are threads of one process), as dynamo's own compile lock does
@@ -112,11 +125,26 @@ class CompiledTask:
                 try:
                     got = self._layouts[key] = inductor(self.fn, args, self.options)
                 except Exception as e:   # tracing and compiling run no kernel of the task
-                    self._fall_back(e)
+                    if not self._layouts:
+                        self._fall_back(e)
+                        return None
+                    self._plain_layout(key, e)
                     return None
                 self.state = "compiled"
+            if got is _PLAIN:
+                return None
             self._compiled = got
             return got
+
+    def _plain_layout(self, key: tuple, e: BaseException) -> None:
+        """Compiled for other layouts, the task cannot be traced for this one (a state tensor whose
+        shape changed between calls so that its ops no longer fit): only this layout runs plain,
+        where the failing op raises with its program line; the compiled layouts stay compiled."""
+        self._layouts[key] = _PLAIN
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        LOG.warning(f"holoflow.nn.Graph enable_compile: Inductor cannot compile task {self.name!r} for "
+                    f"inputs of shapes {[k[0] for k in key if k is not None]} ({why}); it runs uncompiled "
+                    f"for them")
 
     def __call__(self, *args: Any) -> Any:
         fn = self._compiled
@@ -128,10 +156,33 @@ class CompiledTask:
             out = fn(*args)
         except AssertionError as e:   # Inductor's input checks, before any kernel: a new layout
             if "expected size" not in str(e):
+                self._locate(args, e)
                 raise
             fn = self._compile(args)
-            out = fn(*args) if fn is not None else self.fn(*args)
+            out = self._run(fn, args) if fn is not None else self.fn(*args)
+        except Exception as e:
+            self._locate(args, e)
+            raise
         return self._dense(out, args)
+
+    def _run(self, fn: Callable, args: tuple) -> Any:
+        try:
+            return fn(*args)
+        except Exception as e:
+            self._locate(args, e)
+            raise
+
+    def _locate(self, args: tuple, error: Exception) -> None:
+        """Runs the plain function on ``args`` after the compiled one raised ``error``, so that the
+        error comes from the program line of the failing kernel (Inductor's code names no op):
+        raises what the plain run raises, chained to ``error``; returns if it does not fail (the
+        caller re-raises ``error``). Not after a device error that poisons the device."""
+        if isinstance(error, _DEVICE_ERRORS):
+            return
+        try:
+            self.fn(*args)
+        except Exception as plain:
+            raise plain from error
 
     def _dense(self, out: Any, args: tuple) -> tuple:
         """``out`` with its leaving outputs made contiguous, except views of an argument (a

@@ -191,16 +191,37 @@ class Compiled:
             raise self.error(e) from e.__cause__
 
     def error(self, e: TaskError) -> BaseException:
+        """The graph's error for a failed task: the op whose program line raised, with its module and
+        the user's source line. A compiled task's exception comes from Inductor's code; its wrapper
+        re-ran the task plain to raise from the failing op's line (compile_tasks.py), and where that
+        run did not fail, the error names every op of the task with its line."""
         cause = e.__cause__ or e
+        compiled = self.lowered.compiled.get(e.task)
         k = failing_line(self.program, cause)
         if k is None:
-            return e
+            return e if compiled is None else self._compiled_error(e, cause)
         n = self.program.lines[k]
         scope = f" in module {n.scope!r}" if n.scope else ""
         where = f"\n  source: {n.source}" if n.source else ""
         where += f"\n  program line {k}: {self.program.source.splitlines()[k - 1].strip()}"
+        if getattr(compiled, "state", None) == "compiled" and cause.__cause__ is not None:
+            where += ("\n  (the task runs compiled by Inductor; this op was located by running the task "
+                      "uncompiled after the compiled code failed)")
         return GraphRunError(f"holoflow.nn.Graph: op {n.op!r}{scope} failed at run time (task {e.task!r}, "
                              f"iteration {e.iteration}): {type(cause).__name__}: {cause}{where}")
+
+    def _compiled_error(self, e: TaskError, cause: BaseException, most: int = 20) -> GraphRunError:
+        """A compiled task failed where its uncompiled run did not (or could not be re-run): the
+        failing op cannot be known, so the error names each op of the task and its source line."""
+        task = next(t for t in self.program.tasks if t.name == e.task)
+        ops = list(dict.fromkeys(f"{n.op} at {n.source or '?'}" + (f" in module {n.scope!r}" if n.scope else "")
+                                 for n in task.nodes))
+        shown = "".join(f"\n    {o}" for o in ops[:most])
+        if len(ops) > most:
+            shown += f"\n    ... and {len(ops) - most} more"
+        return GraphRunError(f"holoflow.nn.Graph: compiled task {e.task!r} failed at run time (iteration "
+                             f"{e.iteration}): {type(cause).__name__}: {cause}\n  Inductor's code gives no op; "
+                             f"the task's ops:{shown}")
 
     def profile_table(self) -> str:
         table = profile_table(self.program, self.iterations)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import functools
 import os
 import sys
 from typing import Any
@@ -21,11 +22,12 @@ from ..core.keys import cache_key
 from ..core.sbp import B
 from ..distributed.global_dispatch import decide
 from ..distributed.sharding import normalize_sbp
+from ..ops.conversion import CLONE
 from ..ops.loss import AMP_BOUNDARY
 from .global_graph import GLOBAL_BOX, GLOBAL_TAG, LazyGlobal
 from ..core.registry import Meta, Op, infer_metas
 from ..core.tensor import Tensor
-from .ir import IRGraph, Node, Value
+from .ir import IRGraph, Node, Value, may_alias
 from .pipeline import trace_move
 from .zero import ZERO3, shard_parameter
 
@@ -33,6 +35,7 @@ _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _USER = (os.path.join(_PKG, "examples"),)   # holoflow's own example models count as user code
 
 
+@functools.lru_cache(maxsize=4096)
 def is_user_file(path: str) -> bool:
     path = os.path.abspath(path)
     return not path.startswith(_PKG) or path.startswith(_USER)
@@ -180,6 +183,10 @@ class Tracer(Interpreter):
         self.scope: list[str] = []
         self.feeds: list[Value] = []
         self.by_data: dict[int, tuple] = {}     # id(meta storage) -> (Value, storage): saved outputs
+        # values that may share memory with a feed or state (memory the caller, the optimizer's
+        # step or a write-back changes after the node ran): those, joined through nodes that may
+        # alias (ir.may_alias: view ops, boxing by a local slice, ops not declared fresh)
+        self.external: set[Value] = set()
         self.device_type: str | None = None     # the feeds' device type: autocast reads its policy
 
     # -- values --------------------------------------------------------------------------------
@@ -191,6 +198,7 @@ class Tracer(Interpreter):
         if device is not None and x._global is None and v.device.type == "cpu":
             v = dataclasses.replace(v, device=device)
         self.feeds.append(v)
+        self.external.add(v)
         t = self.lazy_tensor(torch.empty(v.shape, dtype=v.dtype, device="meta"), v)
         if x._global is not None:
             t._global = LazyGlobal(x._global.placement, x._global.sbp, x._global.shape, tracer=self)
@@ -222,6 +230,7 @@ class Tracer(Interpreter):
                                 "tensors created inside build() cannot outlive it")
         v = _value_like(x, self.names.get(key, f"c{len(self.state)}"))
         self.state[key] = (v, x)
+        self.external.add(v)
         self.current[key] = v
         return v
 
@@ -395,13 +404,25 @@ class Tracer(Interpreter):
         tags = frozenset({"bw"}) if self.in_backward else frozenset()
         # a lazy tensor's ``x.to(x.device)`` names meta: at run time that is the input's device
         attrs = {k: dev if isinstance(v, torch.device) and v.type == "meta" else v for k, v in attrs.items()}
-        self.nodes.append(Node(op.name, ins, attrs, vals, user_line(), "/".join(self.scope),
-                               tags=tags, sbp=None if glob is None or op is GLOBAL_TAG else glob[1]))
+        node = Node(op.name, ins, attrs, vals, user_line(), "/".join(self.scope),
+                    tags=tags, sbp=None if glob is None or op is GLOBAL_TAG else glob[1])
+        self.nodes.append(node)
+        if may_alias(node) and any(isinstance(v, Value) and v in self.external for v in ins):
+            self.external.update(vals)
         return res
 
     def assign(self, x: Tensor, out: Tensor, name: str) -> Tensor:
         """An in-place write, recorded functionally: ``x`` takes the new value; a view's base
-        takes a ``view_scatter`` of it (other views of the base re-derive from that)."""
+        takes a ``view_scatter`` of it (other views of the base re-derive from that). A value that
+        may share memory with a feed or state (``dst.copy_(w)`` writes parameter ``w`` expanded, or
+        boxed by a local slice) is cloned first: eager copies it into ``x``'s own storage, while the
+        plan would hand out ``w``'s memory as ``x``, which the optimizer's step, a write-back or the
+        caller then changes. Intermediates need no copy (the memory plan keeps aliases alive)."""
+        if self.value_of(out) in self.external:
+            with grad_mode.no_grad():   # the value only: ``x`` still takes ``out``'s history
+                value = apply(CLONE, out, memory_format=torch.contiguous_format)
+            value.grad_fn, value._out_idx, value._rg = out.grad_fn, out._out_idx, out._rg
+            out = value
         vi = x._view
         if vi is not None:
             self.value_of(x)  # re-derives x first if its base changed

@@ -109,15 +109,25 @@ def copy_(self: Tensor, src, non_blocking: bool = False) -> Tensor:
     out = out.expand(*self.shape)  # always an op: even a leaf source is linked into the history
     if grad_mode.is_grad_enabled() and (self._rg or out._rg):
         check_inplace_target(self, "copy")
-        if (self.grad_fn is not None and out.grad_fn is not None and self._view is None
-                and self._global is None and out._global is None and interpret._CURRENT.get() is None):
-            # torch's CopyBackwards: what this tensor held before gets a zero gradient, not none
-            # (a view_scatter of the whole tensor; a view's base gets it from take_history)
-            node = GradNode(VIEW_SCATTER, ((self.grad_fn, self._out_idx), (out.grad_fn, out._out_idx)),
-                            {"chain": ()}, (self._data.shape, out._data.shape),
-                            (self._data.dtype, out._data.dtype))
-            out = Tensor._make(out._data, node)
+        if self.grad_fn is not None and out.grad_fn is not None and self._view is None:
+            out = _overwriting(self, out)
     return assign(self, out, "copy")
+
+
+def _overwriting(x: Tensor, out: Tensor) -> Tensor:
+    """``out`` with torch's CopyBackwards history for writing it over all of ``x``: ``out``'s
+    gradient goes to ``out``'s history and ``x``'s old history gets zeros, not None (the grad rule
+    of a whole-tensor ``view_scatter``; a view's base gets it from ``take_history``). A node on the
+    shared storage, not an op: eager copies once. Global tensors pair shards of one layout (boxed as
+    ``assign`` would box), and a trace keeps the tensor's lazy value and global meta, so the node
+    holds everywhere."""
+    if x._global is not None and out._global is not None and out._global.sbp != x._global.sbp:
+        out = out.to_global(sbp=x._global.sbp)
+    node = GradNode(VIEW_SCATTER, ((x.grad_fn, x._out_idx), (out.grad_fn, out._out_idx)),
+                    {"chain": ()}, (x._data.shape, out._data.shape), (x._data.dtype, out._data.dtype))
+    t = Tensor._make(out._data, node)
+    t._global = out._global
+    return t
 
 
 Tensor.copy_ = copy_
