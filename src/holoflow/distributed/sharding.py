@@ -6,6 +6,7 @@ size ``n`` split over ``p`` ranks is balanced: the first ``n % p`` ranks get one
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -57,6 +58,12 @@ def local_ranges(shape: Sequence[int], nd: Sequence[SBP], place: placement,
 
 
 def local_shape(shape: Sequence[int], nd: Sequence[SBP], place: placement, rank: int) -> tuple:
+    """The shape of the shard ``rank`` holds (zeros off the placement)."""
+    return _local_shape(tuple(shape), tuple(nd), place, rank)
+
+
+@functools.lru_cache(maxsize=1 << 14)   # traces and the planner's cost model ask for the same shards often
+def _local_shape(shape: tuple, nd: tuple, place: placement, rank: int) -> tuple:
     coords = place.coords(rank)
     if coords is None:
         return (0,) * len(shape)

@@ -19,6 +19,7 @@ from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from .family import empty_safe
+from .reduction import mean
 
 
 def _no_double(name: str):
@@ -341,6 +342,8 @@ def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
     _check_pool("adaptive_avg_pool2d", input)
     size = output_size if isinstance(output_size, (list, tuple)) else (output_size, output_size)
     size = tuple(int(input.shape[-2 + i]) if s is None else int(s) for i, s in enumerate(size))
+    if size == (1, 1):   # torch's global average pooling is a mean (cheaper, in both directions)
+        return mean(input, (-1, -2), keepdim=True)
     return apply(ADAPTIVE_AVG_POOL2D, input, output_size=size)
 
 

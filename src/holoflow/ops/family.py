@@ -13,6 +13,7 @@ import torch
 
 from ..core.dispatch import apply
 from ..core.errors import ShapeError
+from ..core.keys import cache_key
 from ..core.registry import FAMILY_DEFAULTS, REGISTRY, Meta, Op, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
@@ -62,15 +63,25 @@ def broadcast_shapes(op: str, shapes: Sequence[tuple]) -> tuple:
 
 def elementwise_shape(name: str, kernel: Callable) -> Callable:
     """Broadcast shape rule (clear errors), with the result dtype from torch's promotion."""
+    dtypes: dict = {}   # (input dtypes and ranks, constants, attrs) -> the result dtype
+
     def rule(metas, attrs):
         tens = tensor_metas(metas)
         shape = broadcast_shapes(name, [m.shape for m in tens])
-        # dtype from tiny real tensors of the same rank (rank matters to promotion); meta
-        # tensors would do, but their first use imports torch._dynamo (seconds)
-        fake = [torch.ones((1,) * len(m.shape), dtype=m.dtype) if isinstance(m, Meta) else m
-                for m in metas]
-        out = kernel(*fake, **attrs)
-        return [Meta(shape, out.dtype, tens[0].device if tens else torch.device("cpu"))]
+        key = cache_key((tuple((m.dtype, len(m.shape)) if isinstance(m, Meta) else m for m in metas), attrs))
+        dtype = dtypes.get(key) if key is not None else None
+        if dtype is None:
+            # dtype from tiny real tensors of the same rank (rank matters to promotion; a kernel
+            # call costs more than the rest of a trace's op); meta tensors would do, but their
+            # first use imports torch._dynamo (seconds)
+            fake = [torch.ones((1,) * len(m.shape), dtype=m.dtype) if isinstance(m, Meta) else m
+                    for m in metas]
+            dtype = kernel(*fake, **attrs).dtype
+            if key is not None:
+                if len(dtypes) >= 4096:   # (constants of every value: keep it bounded)
+                    dtypes.clear()
+                dtypes[key] = dtype
+        return [Meta(shape, dtype, tens[0].device if tens else torch.device("cpu"))]
     return rule
 
 
