@@ -33,7 +33,7 @@ CASES = {"wide": (8192, 8), "middle": (2048, 64), "narrow": (256, 2048)}   # hid
 LAYOUTS = ("dp", "tp", "auto")
 
 
-def _graph(flow, hidden: int, batch: int, layout: str):
+def _graph(flow, hidden: int, batch: int, layout: str, profile: bool = False):
     from holoflow.core.sbp import B, S
     from holoflow.graph.graph import Graph
     P = flow.placement("cpu", ranks=[0, 1])
@@ -56,6 +56,7 @@ def _graph(flow, hidden: int, batch: int, layout: str):
             self.add_optimizer(opt)
             if layout == "auto":
                 self.config.enable_auto_parallel(calibrate=True)
+            self.config.enable_profiling(profile)
 
         def build(self, x):
             loss = self.m(x).square().mean()
@@ -64,7 +65,7 @@ def _graph(flow, hidden: int, batch: int, layout: str):
     return Train(), x, m, opt
 
 
-def child(cases: list[str], steps: int, rounds: int, out: str) -> None:
+def child(cases: list[str], steps: int, rounds: int, out: str, profile: bool = False) -> None:
     import holoflow as flow
     from holoflow.distributed import world
     from holoflow.distributed.comm import barrier
@@ -74,18 +75,19 @@ def child(cases: list[str], steps: int, rounds: int, out: str) -> None:
     result = {}
     for case in cases:
         hidden, batch = CASES[case]
-        built = {k: _graph(flow, hidden, batch, k) for k in ("auto", "dp", "tp")}   # auto calibrates first
+        built = {k: _graph(flow, hidden, batch, k, profile) for k in ("auto", "dp", "tp")}   # auto calibrates first
         plan = None
         for k, (g, x, _, _) in built.items():
             g(x)
             if k == "auto":
                 plan = g.auto_parallel_plan()
-        pred = {}
+        pred, pred_text = {}, {}
         for k, (g, _, m, opt) in built.items():
             c = next(iter(g._compiled.values()))
             q = auto_parallel.predict(c.logical, list(m.parameters()), auto_parallel.state_per_param([opt]),
                                       plan.device)
             pred[k] = q.step_s * 1e3
+            pred_text[k] = str(q)
         best = {k: float("inf") for k in built}
         for r in range(rounds):
             for k in (LAYOUTS if r % 2 == 0 else LAYOUTS[::-1]):
@@ -96,8 +98,9 @@ def child(cases: list[str], steps: int, rounds: int, out: str) -> None:
                     g(x)
                 barrier((0, 1))
                 best[k] = min(best[k], (time.perf_counter() - t0) / steps * 1e3)
-        result[case] = {"predicted": pred, "measured": best, "plan": str(plan),
-                        "chose": {n: nd_str(a) for n, (b, a) in plan.choices.items()}}
+        result[case] = {"predicted": pred, "measured": best, "plan": str(plan), "why": pred_text,
+                        "chose": {n: nd_str(a) for n, (b, a) in plan.choices.items()},
+                        "profiles": {k: g.profile_table() for k, (g, _, _, _) in built.items()} if profile else {}}
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
 
@@ -107,17 +110,20 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", choices=tuple(CASES), default=list(CASES))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="also time every node (slower steps) and print "
+                    "each layout's per-op table of rank 0")
     ap.add_argument("--child", action="store_true", help="(inside a launched rank)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if a.child:
-        child(a.cases, a.steps, a.rounds, a.out)
+        child(a.cases, a.steps, a.rounds, a.out, a.profile)
         return
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
         cmd = [sys.executable, "-m", "holoflow.distributed.launch", "--nproc_per_node", "2", __file__, "--child",
-               "--cases", *a.cases, "--steps", str(a.steps), "--rounds", str(a.rounds), "--out", out]
+               "--cases", *a.cases, "--steps", str(a.steps), "--rounds", str(a.rounds), "--out", out] + \
+            (["--profile"] if a.profile else [])
         subprocess.run(cmd, check=True, timeout=1800)
         with open(f"{out}.0") as f:
             res = json.load(f)
@@ -133,6 +139,10 @@ def main() -> None:
         print(f"{case:<8} {hidden:>6} {batch:>6}  {cells}  {fastest:<16}  {kind}")
     for case, r in res.items():
         print(f"\n{case}: {r['plan']}")
+        for k, text in r["why"].items():
+            print(f"  predicted {k:<4}: {text}")
+        for k, table in r["profiles"].items():
+            print(f"\n{case}, {k} (rank 0, every node timed):\n{table}")
 
 
 if __name__ == "__main__":

@@ -165,7 +165,33 @@ def test_calibrated_figures_are_measured_and_shared():
     assert all(p.device.calibrated and p.link.calibrated for p in plans)
     assert plans[0].device == plans[1].device and plans[0].choices == plans[1].choices
     assert plans[0].device.flops_per_s > 1e8 and plans[0].device.bytes_per_s > 1e7
+    # each candidate's compute (its kernels timed on each rank) is the slowest rank's: the trails agree
+    trails = [[q.compute_s for _, q in p.trail] for p in plans]
+    assert trails[0] == trails[1] and all(c > 0 for c in trails[0])
     _check_equal_to_eager(results, 8192, 4)
+
+
+def test_a_calibrated_model_times_the_kernels():
+    """A calibrated device model times a node's kernel on example inputs of its shapes (integer
+    inputs zero: valid indices), once per op, shapes and attrs; the roofline stays for an
+    uncalibrated model and for kernels that refuse example data."""
+    import torch
+
+    from holoflow.graph import auto_parallel as ap
+    from holoflow.graph.ir import Node, Value
+    w, x = Value((512, 256), torch.float32), Value((64, 256), torch.float32)
+    big = Node("linear", (x, w, None), {}, (Value((64, 512), torch.float32),))
+    small = Node("linear", (Value((4, 256), torch.float32), w, None), {}, (Value((4, 512), torch.float32),))
+    idx = Node("embedding", (Value((8, 3), torch.int64), Value((10, 4), torch.float32)),
+               {"padding_idx": -1}, (Value((8, 3, 4), torch.float32),))
+    calibrated, default = ap.DeviceModel(1e9, 1e9, True), ap.DeviceModel(1e9, 1e9)
+    assert default.node_seconds(big) is None
+    t_big, t_small = calibrated.node_seconds(big), calibrated.node_seconds(small)
+    assert 0 < t_small < t_big < 1.0
+    assert calibrated.node_seconds(big) == t_big           # remembered, not timed again
+    assert calibrated.node_seconds(idx) > 0
+    bad = Node("linear", (Value((4, 3), torch.float32), w, None), {}, (Value((4, 512), torch.float32),))
+    assert calibrated.node_seconds(bad) is None            # the kernel refuses: the roofline does
 
 
 def test_bad_configurations_say_what_would_work():

@@ -94,6 +94,33 @@ def test_issued_all_gathers_own_their_payload(where, request):
         torch.testing.assert_close(uneven, want_uneven, rtol=0, atol=0)
 
 
+def _issue_columns(rank: int, comm=None) -> list:
+    """Column shards in flight (dim 1: gathered and reduce-scattered as rows of the moved dim,
+    joined by the wait), their inputs overwritten right after issuing, waited for in reverse."""
+    place = flow.placement("cpu", [0, 1])
+    comm = comm if comm is not None else world.comm()
+    issue, wait = GLOBAL_BOX_ISSUE.kernel, GLOBAL_BOX_WAIT.kernel
+    cols = torch.arange(8.0).view(4, 2) + 10 * rank             # S(1) of a (4, 4) tensor
+    part = torch.arange(16.0).view(4, 4) * (rank + 1)            # P of a (4, 4) tensor
+    hg = issue(cols, place=place, src=(S(1),), dst=(B,), rank=rank, comm=comm, shape=(4, 4))
+    hr = issue(part, place=place, src=(P,), dst=(S(1),), rank=rank, comm=comm, shape=(4, 4))
+    cols.fill_(-1)
+    part.fill_(-1)
+    return [wait(hr), wait(hg)]
+
+
+@pytest.mark.parametrize("where", ["simulated", "gloo"])
+def test_issued_column_collectives_own_their_payload(where, request):
+    got = (world.simulate(2, _issue_columns) if where == "simulated"
+           else request.getfixturevalue("world2").run(_issue_columns))
+    gathered = torch.cat([torch.arange(8.0).view(4, 2), torch.arange(8.0).view(4, 2) + 10], dim=1)
+    summed = torch.arange(16.0).view(4, 4) * 3
+    for rank, (cols, whole) in enumerate(got):
+        torch.testing.assert_close(whole, gathered, rtol=0, atol=0)
+        torch.testing.assert_close(cols, summed[:, 2 * rank:2 * rank + 2], rtol=0, atol=0)
+        assert cols.is_contiguous() and whole.is_contiguous()
+
+
 def _issue_gather_bucket(rank: int, comm=None) -> list:
     """A bucket of all-gathers of even row shards (two inputs of different shapes) as one
     collective, inputs overwritten right after issuing: each result gathered whole."""

@@ -21,36 +21,46 @@ def _sorted_group(group: tuple) -> bool:
     return len(group) > 1 and tuple(group) == normalize(group)
 
 
+def _even(t: torch.Tensor, group: tuple, d: int, sizes) -> bool:
+    """Whether ``t`` splits evenly along ``d`` over the ranks of ``group`` listed in order."""
+    return _sorted_group(group) and t.dim() > 0 and t.shape[d] % len(group) == 0 and \
+        all(s == t.shape[d] // len(group) for s in sizes)
+
+
+def _rows(t: torch.Tensor, d: int) -> torch.Tensor:
+    """``t`` with dim ``d`` moved to the front, dense: the row collectives' layout (one copy
+    unless ``d`` is 0 and ``t`` is already dense)."""
+    return t.movedim(d, 0).contiguous() if d else t.contiguous()
+
+
+def _unrow(out: torch.Tensor, d: int) -> torch.Tensor:
+    """A row collective's result with the front dim moved back to ``d``, dense."""
+    return out.movedim(0, d).contiguous() if d else out
+
+
+def _join(rows: torch.Tensor, shape: tuple, d: int, p: int) -> torch.Tensor:
+    """Rank-major gathered shards (``p`` blocks of ``shape`` back to back) joined along ``d``: a
+    view for dim 0, one copy otherwise."""
+    if d == 0:
+        return rows
+    return rows.view((p,) + shape).movedim(0, d).reshape(shape[:d] + (p * shape[d],) + shape[d + 1:])
+
+
 class TorchComm:
     """Boxing's collectives; inputs are never modified (shards belong to their tensors)."""
 
     def all_gather(self, t: torch.Tensor, group: tuple, dim: int, sizes) -> torch.Tensor:
-        if _sorted_group(group) and t.dim() > 0 and dim % t.dim() == 0 and all(s == t.shape[0] for s in sizes):
-            return comm.all_gather_rows(t.contiguous(), group)   # straight into the result (or shared memory)
         if _sorted_group(group) and t.dim() > 0 and all(s == t.shape[dim] for s in sizes):
-            return self._all_gather_even(t, group, dim)
+            return _join(comm.all_gather_rows(t.contiguous(), group), tuple(t.shape), dim % t.dim(), len(group))
         return torch.cat(comm.all_gather(t.contiguous(), group, dim, sizes), dim=dim)
-
-    def _all_gather_even(self, t: torch.Tensor, group: tuple, dim: int) -> torch.Tensor:
-        p, d = len(group), dim % t.dim()
-        src = t.contiguous()
-        # gathered rank-major: (p, *shape); for dim 0 that is already the result's layout
-        out = src.new_empty((p,) + tuple(src.shape))
-        g = group_for(group)
-        run("all_gather", tuple(group), src.numel() * src.element_size(),
-            lambda: comm._ALL_GATHER(out.view(-1), src.view(-1), group=g, async_op=True), src)
-        if d == 0:
-            return out.view((p * src.shape[0],) + tuple(src.shape[1:]))
-        return out.movedim(0, d).reshape(src.shape[:d] + (p * src.shape[d],) + src.shape[d + 1:])
 
     def all_reduce(self, t: torch.Tensor, group: tuple) -> torch.Tensor:
         return comm.all_reduce(t.clone(memory_format=torch.contiguous_format), group)
 
     def reduce_scatter(self, t: torch.Tensor, group: tuple, dim: int, sizes) -> torch.Tensor:
         d = dim % max(t.dim(), 1)
-        if _sorted_group(group) and d == 0 and t.is_contiguous() and all(s == sizes[0] for s in sizes) \
-                and sizes[0] * len(group) == t.shape[0]:
-            return comm.reduce_scatter_rows(t, group)   # straight into the result (or shared memory)
+        if _even(t, group, d, sizes):
+            return _unrow(comm.reduce_scatter_rows(_rows(t, d), group), d)
         return comm.reduce_scatter(t.contiguous(), group, dim)
 
     def all_reduce_async(self, t: torch.Tensor, group: tuple) -> comm.Handle:
@@ -68,7 +78,10 @@ class TorchComm:
         largest, reduced as even rows and cut back by ``wait()``; other shards run at once (the
         general path) and are handed back by ``wait()``."""
         sizes = list(sizes)
-        if _sorted_group(group) and dim % max(t.dim(), 1) == 0 and t.dim() > 0 and sum(sizes) == t.shape[0]:
+        d = dim % max(t.dim(), 1)
+        if d and _even(t, group, d, sizes):   # another dim: its rows moved to the front once
+            return comm.reduce_scatter_rows(_rows(t, d), group, async_op=True).then(lambda out: _unrow(out, d))
+        if _sorted_group(group) and d == 0 and t.dim() > 0 and sum(sizes) == t.shape[0]:
             if t.is_contiguous() and all(s == sizes[0] for s in sizes):
                 return comm.reduce_scatter_rows(t, group, async_op=True)
             m, mine = max(sizes), sizes[list(group).index(env.get_rank())]
@@ -84,6 +97,10 @@ class TorchComm:
         Row shards of unequal sizes are padded to the largest, gathered as even rows and joined
         by ``wait()``; other shards run at once (the general path) and are handed back by ``wait()``."""
         sizes = list(sizes)
+        if _sorted_group(group) and t.dim() > 0 and dim % t.dim() and all(s == t.shape[dim] for s in sizes):
+            shape, d = tuple(t.shape), dim % t.dim()   # another dim: gathered as rows, joined by wait()
+            return comm.all_gather_rows(t.contiguous(), group, async_op=True).then(
+                lambda out: _join(out, shape, d, len(group)))
         if _sorted_group(group) and t.dim() > 0 and dim % t.dim() == 0:
             if t.is_contiguous() and all(s == t.shape[0] for s in sizes):
                 return comm.all_gather_rows(t, group, async_op=True)

@@ -11,10 +11,12 @@ SBPs is one program: data parallel (all ``B``), Megatron-style tensor parallel (
 
 The cost model (:func:`predict`), per rank, on the traced logical graph after the passes:
 
-- compute: each node on this rank's local shapes, by the roofline: the larger of the FLOPs its
-  op declares (``Op.flops``: products, convolutions, attention) at the device's FLOP rate and the
-  bytes it reads and writes at the device's memory bandwidth (:class:`DeviceModel`; an update
-  also reads and writes its parameter and optimizer state), times
+- compute: each node on this rank's local shapes and attrs, by the roofline: the larger of the
+  FLOPs its op declares (``Op.flops``: products, convolutions, attention) at the device's FLOP
+  rate and the bytes it reads and writes at the device's memory bandwidth (:class:`DeviceModel`;
+  an update also reads and writes its parameter and optimizer state); a calibrated model times
+  the node's kernel itself on example inputs instead (once per op, shapes and attrs: a skinny
+  product of a small batch with a large weight runs far below both peaks on a CPU); times
   ``set_auto_parallel_computation_cost_ratio``;
 - communication: every boxing node (``global_graph.boxing_points``: the collectives and their bytes
   over links per rank, from the one cost function ``boxing.cost``) at the placement's
@@ -25,8 +27,8 @@ The cost model (:func:`predict`), per rank, on the traced logical graph after th
   gradients) under the memory plan (``memory_plan.peak_bytes`` of this rank's graph).
 
 The figures are round defaults (:meth:`DeviceModel.default`, ``LinkModel()``) unless
-``enable_auto_parallel(calibrate=True)`` measures the device (a matmul, a copy) and the links
-(``global_graph.calibrate``) first, every rank taking the slowest rank's figures.
+``enable_auto_parallel(calibrate=True)`` measures the device (a matmul, a copy, then each node's
+kernel) and the links (``global_graph.calibrate``), every rank taking the slowest rank's figures.
 
 The search (:func:`plan`): coordinate descent from the user's assignment, largest parameters first:
 each candidate SBP of one parameter is traced (no kernel runs; the parameter's data is not
@@ -37,7 +39,8 @@ any pair that helps. The objective follows ``enable_auto_memory``: ``"Disable"``
 step time; ``"AdaptiveMemory"`` (default) the step time among plans within the memory limit
 (``limit=`` bytes per rank; on CUDA the device's total memory; none on the CPU), the least memory
 when no plan fits; ``"HeavyMemoryDown"`` the least memory, then time. Every rank derives the same plan
-from the same figures, with no communication.
+from the same figures: with round defaults without communication; with measured kernels each
+candidate's compute is the slowest rank's (one small all-gather per candidate).
 
 Applying the plan lays each chosen parameter out in place (a broadcast parameter keeps this
 rank's shard: no communication; any other change is an eager boxing every rank runs in the same
@@ -56,7 +59,9 @@ from typing import Callable
 
 import torch
 
+from ..core import grad_mode
 from ..core.errors import UnsupportedError
+from ..core.keys import cache_key
 from ..core.registry import REGISTRY
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
@@ -64,7 +69,7 @@ from ..distributed import world
 from ..distributed.sharding import local_shape, nd_str, shard_of
 from . import global_graph
 from .global_graph import GLOBAL_BOX, GLOBAL_BOX_BUCKET, boxing_points, link_model, localize
-from .ir import IRGraph, Value
+from .ir import IRGraph, Node, Value
 from .passes.memory_plan import peak_bytes
 
 MAX_SWEEPS = 3
@@ -114,6 +119,72 @@ class DeviceModel:
             got = world.comm().all_gather_shapes((mm, cp), ranks)
             mm, cp = max(g[0] for g in got), max(g[1] for g in got)
         return DeviceModel(2.0 * n ** 3 / mm, 2.0 * big.numel() * 4 / cp, True)
+
+    def node_seconds(self, n: Node) -> float | None:
+        """A calibrated model's time of node ``n`` of a rank's local graph: its kernel run on
+        example inputs of its local shapes (floats random, integers zero: a valid index), the
+        fastest of a few runs, remembered per op, input metas and attrs. None where the roofline
+        must do (an uncalibrated model, a node with its own kernel, attrs known only by
+        identity, a kernel that fails on example data)."""
+        op = REGISTRY.get(n.op)
+        if not self.calibrated or op is None or n.kernel is not None:
+            return None
+        ins = tuple((v.shape, v.dtype, v.device) if isinstance(v, Value) else v for v in n.inputs)
+        key = cache_key((n.op, ins, n.attrs))
+        if key is None:
+            return None
+        hit = _MEASURED.get(key, _MISSING)
+        if hit is _MISSING:
+            hit = _MEASURED[key] = _time_kernel(op, n)
+        return hit
+
+
+_MEASURED: dict = {}   # (op, input metas, attrs) -> measured seconds of its kernel (None: failed)
+_MISSING = object()
+KERNEL_REPEATS = 3
+FLUSH_BYTES = (64 << 20, 256 << 20)   # CPU, CUDA: more than their last-level caches
+
+
+def _example(v: Value) -> torch.Tensor:
+    if v.dtype.is_floating_point or v.dtype.is_complex:
+        return torch.randn(v.shape, dtype=v.dtype, device=v.device)
+    return torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+
+
+_FLUSH: dict = {}   # device -> a buffer larger than its caches
+
+
+def _flush_caches(device: torch.device) -> None:
+    """Evicts the caches (writes a buffer larger than them): in a step a kernel's inputs were
+    last touched several kernels ago, not by the run just before."""
+    buf = _FLUSH.get(device)
+    if buf is None:
+        buf = _FLUSH[device] = torch.empty(FLUSH_BYTES[device.type == "cuda"] // 4, device=device)
+    buf.fill_(1.0)
+
+
+def _time_kernel(op, n: Node) -> float | None:
+    """The fastest of ``KERNEL_REPEATS`` runs of ``op``'s kernel on example inputs of ``n``'s
+    metas, each from cold caches, after one warm-up run (None if the kernel refuses example data)."""
+    args = [_example(v) if isinstance(v, Value) else v for v in n.inputs]
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    best = None
+    with torch.no_grad(), grad_mode.no_grad():
+        for i in range(KERNEL_REPEATS + 1):
+            _flush_caches(device)
+            if sync is not None:
+                sync()
+            t0 = time.perf_counter()
+            try:
+                op.kernel(*args, **n.attrs)
+            except Exception:
+                return None
+            if sync is not None:
+                sync()
+            if i:   # (the first run warms caches and allocators up)
+                best = min(best or float("inf"), time.perf_counter() - t0)
+    return best
 
 
 @dataclass(frozen=True)
@@ -183,9 +254,14 @@ def predict(g: IRGraph, params: list, state_per_param: int, device: DeviceModel,
     the links' model (default: the placement's, calibrated or the default guess)."""
     place = next((v.placement for v in (*g.feeds, *(v for v, _ in g.state)) if v.placement is not None), None)
     rank = place.flat_ranks[0] if place is not None else 0
+    local = localize(g, rank)   # local shapes and attrs: the kernels a calibrated model times
     compute = 0.0
-    for n in g.nodes:
+    for n, ln in zip(g.nodes, local.nodes):
         if n.op in (GLOBAL_BOX.name, GLOBAL_BOX_BUCKET.name):
+            continue
+        measured = device.node_seconds(ln)
+        if measured is not None:
+            compute += measured
             continue
         ins = [_local(v, rank) for v in n.value_inputs()]
         outs = [_local(v, rank) for v in n.outputs]
@@ -204,7 +280,7 @@ def predict(g: IRGraph, params: list, state_per_param: int, device: DeviceModel,
     comm += wait_s * collectives
     held = sum(_nbytes(local_shape(p.shape, p._global.sbp, p._global.placement, rank), p.dtype)
                for p in params) * (1 + state_per_param)
-    local = localize(g, rank)   # intermediates (activations, gradients) at the memory plan's peak
+    # + intermediates (activations, gradients) at the memory plan's peak
     return Prediction(compute * ratio, comm, int(held + peak_bytes(local, local.frees)), round(collectives),
                       int(held))
 
@@ -305,7 +381,13 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
 
     def evaluate(assignment: dict) -> Prediction:
         with _Override(assignment):
-            return predict(trace(), list(glob.values()), k, device, ratio, wait_s, link)
+            q = predict(trace(), list(glob.values()), k, device, ratio, wait_s, link)
+        if device.calibrated and len(place.flat_ranks) > 1:
+            # timed kernels differ a little from rank to rank: every rank takes the slowest
+            # rank's figure, so all keep the same moves and derive one plan
+            got = world.comm().all_gather_shapes(q.compute_s, tuple(place.flat_ranks))
+            q = replace(q, compute_s=max(got))
+        return q
 
     start = best = evaluate(current)
 

@@ -546,10 +546,11 @@ def link_model(place) -> LinkModel:
     return _LINKS.get(place, LinkModel())
 
 
-def calibrate(place, nbytes: int = 1 << 20, repeats: int = 5) -> LinkModel:
+def calibrate(place, nbytes: int = 8 << 20, repeats: int = 5) -> LinkModel:
     """Measures the link model of ``place`` with all-reduces of 4 bytes and of ``nbytes``: the
     small one's time is the latency, the difference the bandwidth (bytes over links per rank, as
-    the cost function counts them). A collective: every rank of ``place`` calls it, in order."""
+    the cost function counts them; large enough that the difference is not noise: gradients of
+    data parallelism are megabytes). A collective: every rank of ``place`` calls it, in order."""
     import time
     comm, ranks = world.comm(), tuple(place.flat_ranks)
     if len(ranks) < 2:
@@ -558,9 +559,10 @@ def calibrate(place, nbytes: int = 1 << 20, repeats: int = 5) -> LinkModel:
     def best(t: torch.Tensor) -> float:
         out = float("inf")
         for _ in range(repeats):
+            mine = t.clone()
             comm.all_reduce(torch.zeros(1), ranks)   # the ranks arrive together
             t0 = time.perf_counter()
-            comm.all_reduce(t.clone(), ranks)
+            comm.all_reduce(mine, ranks)
             out = min(out, time.perf_counter() - t0)
         return out
     small, big = best(torch.zeros(1)), best(torch.zeros(nbytes // 4))
