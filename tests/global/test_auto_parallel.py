@@ -61,7 +61,8 @@ def _train_graph(m, opt, auto: bool) -> Graph:
     return Train()
 
 
-def _planned(hidden: int, batch: int, configure=lambda cfg: None, steps: int = 3, user_sbp=None, mesh=(2,)):
+def _planned(hidden: int, batch: int, configure=lambda cfg: None, steps: int = 3, user_sbp=None, mesh=(2,),
+             batch_sbp=S(0), inputs: list | None = None):
     P = flow.placement("cpu", ranks=np.arange(int(np.prod(mesh))).reshape(mesh).tolist())
     bs = [B] * len(mesh)
     m = _mlp(hidden)
@@ -71,7 +72,9 @@ def _planned(hidden: int, batch: int, configure=lambda cfg: None, steps: int = 3
         moved = w.detach().to_global(sbp=[user_sbp])
         w._data, w._global = moved._data, moved._global
     opt = flow.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-    x = flow.tensor(_batch(batch)).to_global(placement=P, sbp=bs).to_global(sbp=[S(0)] * len(mesh))
+    x = flow.tensor(_batch(batch)).to_global(placement=P, sbp=bs).to_global(sbp=[batch_sbp] * len(mesh))
+    if inputs is not None:
+        inputs.append(x)
 
     g = _train_graph(m, opt, True)
     configure(g.config)
@@ -144,6 +147,24 @@ def test_the_users_own_layout_is_kept_unless_told_to_ignore_it():
         8192, 4, lambda c: c.enable_auto_parallel_ignore_user_sbp_config(), user_sbp=S(1)), timeout=300)
     assert ignored[0][1]["0.weight"] == (S(0),)
     _check_equal_to_eager(ignored, 8192, 4)
+
+
+def test_ignoring_the_users_sbp_lays_out_the_inputs_too():
+    """A broadcast batch (every rank the whole batch) of a narrow MLP: kept as given, only the
+    parameters' layout is chosen; with ``ignore_user_sbp_config`` (OneFlow: all user SBPs) the
+    planner splits the batch (a local slice before each run: data parallel), predicted faster,
+    the caller's tensor keeps its layout, and training equals one process either way."""
+    kept = world.simulate(2, lambda r: _planned(256, 2048, batch_sbp=B), timeout=300)
+    assert "input0" not in kept[0][0].choices
+    _check_equal_to_eager(kept, 256, 2048)
+    given: list = []
+    split = world.simulate(2, lambda r: _planned(256, 2048, lambda c: c.enable_auto_parallel_ignore_user_sbp_config(),
+                                                 batch_sbp=B, inputs=given), timeout=300)
+    for plan, *_ in split:
+        assert plan.choices["input0"] == ((B,), (S(0),)), plan
+        assert plan.chosen.step_s < kept[0][0].chosen.step_s
+    assert all(tuple(x.sbp) == (B,) for x in given)
+    _check_equal_to_eager(split, 256, 2048)
 
 
 def test_a_2x2_mesh_plans_each_axis():
@@ -308,3 +329,34 @@ def test_a_plan_under_zero_trains_as_one_process(stage):
     _check_equal_to_eager(results, 8192, 4)
     narrow = world.simulate(2, lambda r: _planned(16, 512, cfg), timeout=300)
     _check_equal_to_eager(narrow, 16, 512)
+
+
+def test_an_input_the_plan_laid_out_is_written_back_in_the_callers_layout():
+    """build writes its (broadcast) input in place; the plan splits that input: the caller's
+    tensor still takes the new value, whole, as in eager."""
+    def run(rank):
+        P = flow.placement("cpu", ranks=[0, 1])
+        m = _mlp(256)
+        m.to_global(placement=P, sbp=[B])
+        opt = flow.optim.SGD(m.parameters(), lr=0.01)
+
+        class Train(Graph):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+                self.add_optimizer(opt)
+                self.config.enable_auto_parallel()
+                self.config.enable_auto_parallel_ignore_user_sbp_config()
+
+            def build(self, x):
+                x.mul_(2)
+                loss = self.m(x).square().mean()
+                loss.backward()
+                return loss
+        x = flow.tensor(_batch(2048)).to_global(placement=P, sbp=[B])
+        g = Train()
+        g(x)
+        return g.auto_parallel_plan().choices["input0"], tuple(x.sbp), x.to_local().numpy()
+    for choice, sbp, value in world.simulate(2, run, timeout=300):
+        assert choice == ((B,), (S(0),)) and sbp == (B,)
+        np.testing.assert_allclose(value, _batch(2048) * 2, rtol=0, atol=0)

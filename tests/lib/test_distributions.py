@@ -175,3 +175,49 @@ def test_set_default_validate_args_like_torch():
         with pytest.raises(ValueError, match="scale"):
             D.Normal(lib.zeros(2), -lib.ones(2))
         D.Normal(lib.zeros(2), -lib.ones(2), validate_args=False)
+
+
+def _mixtures(D, logits, loc, scale):
+    """A batch of 2 mixtures of 3 bivariate diagonal Gaussians, and of 3 univariate ones."""
+    mv = D.MixtureSameFamily(D.Categorical(logits=logits), D.Independent(D.Normal(loc, scale), 1))
+    uni = D.MixtureSameFamily(D.Categorical(logits=logits), D.Normal(loc[..., 0], scale[..., 0]))
+    return mv, uni
+
+
+def test_mixture_same_family_matches_torch():
+    """log_prob (and its gradients), mean, variance, cdf, samples under one seed, shapes."""
+    g = torch.Generator().manual_seed(0)
+    arrays = [torch.randn(2, 3, generator=g).tolist(), torch.randn(2, 3, 2, generator=g).tolist(),
+              (torch.rand(2, 3, 2, generator=g) + 0.5).tolist()]
+    tp, fp = _params(*arrays)
+    (tmv, tuni), (fmv, funi) = _mixtures(TD, *tp), _mixtures(FD, *fp)
+    assert (tuple(fmv.batch_shape), tuple(fmv.event_shape)) == (tuple(tmv.batch_shape), tuple(tmv.event_shape))
+    x = torch.randn(4, 2, 2, generator=g, dtype=torch.float64)
+    tl, fl = tmv.log_prob(x), fmv.log_prob(flow.from_torch(x.clone()))
+    torch.testing.assert_close(fl.to_torch(), tl)
+    tl.sum().backward()
+    fl.sum().backward()
+    for t, f in zip(tp, fp):
+        torch.testing.assert_close(f.grad.to_torch(), t.grad)
+    for attr in ("mean", "variance", "stddev"):
+        torch.testing.assert_close(getattr(fmv, attr).to_torch().detach(), getattr(tmv, attr).detach())
+    v = x[:, :, 0]
+    torch.testing.assert_close(funi.cdf(flow.from_torch(v.clone())).to_torch().detach(), tuni.cdf(v).detach())
+    for tm, fm in ((tmv, fmv), (tuni, funi)):
+        torch.manual_seed(5)
+        ts = tm.sample((3,))
+        torch.manual_seed(5)
+        fs = fm.sample((3,))
+        assert not fs.requires_grad
+        torch.testing.assert_close(fs.to_torch(), ts)
+
+
+def test_mixture_same_family_errors_like_torch():
+    cat, normal = FD.Categorical(logits=flow.zeros(3)), FD.Normal(flow.zeros(4), flow.ones(4))
+    with pytest.raises(ValueError, match="does not equal"):
+        FD.MixtureSameFamily(cat, normal)
+    with pytest.raises(ValueError, match="Categorical"):
+        FD.MixtureSameFamily(normal, normal)
+    with pytest.raises(ValueError, match="not compatible"):
+        FD.MixtureSameFamily(FD.Categorical(logits=flow.zeros(2, 3)),
+                             FD.Normal(flow.zeros(5, 3), flow.ones(5, 3)))

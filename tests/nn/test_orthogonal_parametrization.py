@@ -135,3 +135,20 @@ def test_wrong_shape_assignment_raises_like_torch():
         m = _module(lib, _weight((4, 3)))
         with pytest.raises(ValueError, match="Expected a matrix or batch of matrices of shape"):
             m.weight = lib.zeros(3, 4)
+
+
+@pytest.mark.parametrize("mode", ["RNN", "GRU", "LSTM"])
+def test_recurrent_weight_of_an_rnn_layer_is_parametrized(mode):
+    """nn.RNN/GRU/LSTM read their weights by attribute, as torch's ``_flat_weights``: a
+    parametrized ``weight_hh_l0`` (no longer in ``_parameters``) is the orthogonal one."""
+    out = []
+    for lib in (torch, flow):
+        lib.manual_seed(0)
+        rnn = getattr(lib.nn, mode)(3, 4, batch_first=True, bidirectional=True)
+        _orth(lib)(rnn, "weight_hh_l0_reverse" if mode == "LSTM" else "weight_hh_l0")
+        x = lib.tensor(_weight((2, 5, 3)))
+        y, _ = rnn(x)
+        (y ** 2).sum().backward()
+        out.append([y.detach().numpy()] + [p.grad.numpy() for p in rnn.parameters()])
+    for t, f in zip(*out):
+        np.testing.assert_allclose(f, t, rtol=1e-5, atol=1e-6)

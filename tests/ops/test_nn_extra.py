@@ -186,6 +186,25 @@ def test_adaptive_max_pool2d_double_backward_matches_torch():
     torch.testing.assert_close(fgg.to_torch(), tgg)
 
 
+@pytest.mark.parametrize("name, shape, kw", [
+    ("max_pool2d", (2, 3, 5, 4), dict(kernel_size=2)),
+    ("max_pool2d", (3, 7, 6), dict(kernel_size=3, stride=2, padding=1, dilation=1, ceil_mode=True)),
+    ("max_pool2d", (2, 2, 7, 7), dict(kernel_size=2, dilation=2)),
+    ("max_pool1d", (2, 3, 9), dict(kernel_size=3, stride=2)),
+    ("max_pool3d", (2, 2, 4, 5, 4), dict(kernel_size=2, padding=1)),
+])
+def test_max_pool_double_backward_matches_torch(name, shape, kw):
+    """max pooling's backward scatters dy to the argmax: its own derivative gathers at the indices
+    (a gradient penalty through a CNN with max pooling)."""
+    x = torch.randn(*shape, dtype=torch.float64)
+    tx, fx = x.clone().requires_grad_(), flow.from_torch(x.clone()).requires_grad_()
+    res = []
+    for lib, fns, xs in ((torch, F, tx), (flow, HF, fx)):
+        (g,) = lib.autograd.grad((getattr(fns, name)(xs, **kw) ** 3).sum(), xs, create_graph=True)
+        res.append(lib.autograd.grad((g * g.sin()).sum(), xs))
+    torch.testing.assert_close(res[1][0].to_torch(), res[0][0])
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda: HF.glu(flow.randn(2, 5)), r"glu: halving dimension must be even.*\(2, 5\)"),
     (lambda: HF.prelu(flow.randn(2, 3), flow.randn(4)), r"prelu: weight of 4 entries needs 4 channels"),

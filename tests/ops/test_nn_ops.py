@@ -46,6 +46,8 @@ CASES += [
        lambda x: _double(torch, x, lambda t: torch.log_softmax(t, -1)), _x(3, 4), sbp=False, gradcheck=False),
     _c("gelu-double-backward", lambda x: _double(flow, x, flow.gelu), lambda x: _double(torch, x, F.gelu), _x(3, 4),
        sbp=False, gradcheck=False),
+    _c("gelu-tanh-double-backward", lambda x: _double(flow, x, lambda t: HF.gelu(t, approximate="tanh")),
+       lambda x: _double(torch, x, lambda t: F.gelu(t, approximate="tanh")), _x(3, 4), sbp=False, gradcheck=False),
 ]
 
 

@@ -172,3 +172,24 @@ def test_cross_entropy_third_derivative():
         (g2,) = lib.autograd.grad((g1 * g1).sum(), x, create_graph=True)
         res.append(lib.autograd.grad((g2 * g2).sum(), x))
     close(res[1][0], res[0][0])
+
+
+@pytest.mark.parametrize("kw", [{}, {"reduction": "sum"}, {"reduction": "none"}, {"weight": True},
+                                {"weight": True, "ignore_index": 2, "reduction": "none"}])
+@pytest.mark.parametrize("shape", [(5, 4), (3, 4, 2)])
+def test_nll_loss_of_log_softmax(kw, shape):
+    """nll_loss's backward is linear in the incoming gradient: its own derivative is nll_loss of
+    the cotangent (the second derivative of ``nll_loss(log_softmax(x))`` flows through it)."""
+    n = shape[1]
+    x = torch.randn(shape, dtype=D)
+    t = torch.randint(0, n, shape[:1] + shape[2:])
+    cw = torch.rand(n, dtype=D) + 0.5
+
+    def loss(F, x):
+        lib = torch if F is TF else flow
+        args = dict(kw)
+        if args.pop("weight", False):
+            args["weight"] = lib_tensor(lib, cw, False)
+        out = F.nll_loss(F.log_softmax(x, 1), t if lib is torch else flow.tensor(t.numpy()), **args)
+        return (out * out).sum() if out.dim() else out * out
+    check(loss, x, [], torch.randn(shape, dtype=D))

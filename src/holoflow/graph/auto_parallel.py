@@ -2,8 +2,9 @@
 parameters of a graph of global tensors with one cost model that predicts step time and memory.
 
 What is chosen. The parameters the user left broadcast on their placement, a 1-D or N-D mesh
-(every parameter with ``enable_auto_parallel_ignore_user_sbp_config()``), each among the
-nd-SBPs of ``B`` or ``S(d)`` per mesh axis that split every dim evenly. The rest follows: while
+(with ``enable_auto_parallel_ignore_user_sbp_config()``, as OneFlow: every parameter and the
+graph's global inputs, so a broadcast batch may be split), each among the nd-SBPs of ``B`` or
+``S(d)`` per mesh axis that split every dim evenly. The rest follows: while
 ``build`` is traced every op takes the signature the one cost function picks for its inputs (as
 eager does), and gradients are boxed to their parameter's SBP, so one assignment of parameter
 SBPs is one program: data parallel (all ``B``), Megatron-style tensor parallel (``S(0)`` then
@@ -348,12 +349,15 @@ def _objective(mode: str, limit: int | None) -> Callable[[Prediction], tuple]:
 
 def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore_user_sbp: bool = False,
          memory_mode: str = "AdaptiveMemory", limit: int | None = None, ratio: float = 1.0,
-         wait_s: float = 0.0, device: DeviceModel | None = None, calibrate: bool = False, link=None) -> Plan:
+         wait_s: float = 0.0, device: DeviceModel | None = None, calibrate: bool = False, link=None,
+         feeds: dict | None = None) -> Plan:
     """Chooses the SBP of ``params`` (name -> global parameter) by coordinate descent over
     :func:`predict` of ``trace()`` (the graph traced and passed, under the parameters' current
-    layout). ``calibrate``: measure the links and the device first (collectives: every rank of
-    the placement plans at once); else ``device`` and ``link`` if given, or the round default
-    figures."""
+    layout). With ``ignore_user_sbp`` the global inputs in ``feeds`` (name -> the tensor ``trace``
+    reads) are chosen too, as OneFlow ignores every SBP the user gave (the caller lays them out
+    so before each run). ``calibrate``: measure the links and the device first (collectives:
+    every rank of the placement plans at once); else ``device`` and ``link`` if given, or the
+    round default figures."""
     if memory_mode not in MEMORY_MODES:
         raise UnsupportedError(f"holoflow.nn.Graph enable_auto_memory: mode {memory_mode!r} is not supported; "
                                f"supported: {', '.join(MEMORY_MODES)}")
@@ -366,9 +370,12 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
     if len(places) > 1:
         raise UnsupportedError(f"holoflow.nn.Graph enable_auto_parallel: plans parameters on one placement; "
                                f"this graph's parameters are on {sorted(map(str, places))}")
-    free = [p for p in glob.values() if p.requires_grad and (ignore_user_sbp or all(s == B for s in p._global.sbp))]
-    free.sort(key=lambda p: -p.numel())
     place = next(iter(places))
+    free = [p for p in glob.values() if p.requires_grad and (ignore_user_sbp or all(s == B for s in p._global.sbp))]
+    inputs = {k: x for k, x in (feeds or {}).items()
+              if ignore_user_sbp and x._global.placement == place and not x.requires_grad}
+    free += inputs.values()
+    free.sort(key=lambda p: -p.numel())
     dev = next(iter(glob.values()))._data.device
     if calibrate:
         global_graph.calibrate(place)
@@ -376,7 +383,7 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
     device = device or DeviceModel.default(dev.type)
     k = state_per_param(optimizers)
     better = _objective(memory_mode, limit)
-    current = {p: p._global.sbp for p in glob.values()}
+    current = {p: p._global.sbp for p in (*glob.values(), *inputs.values())}
     trail: list = []
 
     def evaluate(assignment: dict) -> Prediction:
@@ -423,18 +430,19 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
         if not improve(pairs):
             break
         descend()
-    names = {id(p): k for k, p in glob.items()}
-    choices = {names[id(p)]: (p._global.sbp, current[p]) for p in glob.values()}
+    names = {id(p): k for k, p in (*glob.items(), *inputs.items())}
+    choices = {names[id(p)]: (p._global.sbp, current[p]) for p in current}
     return Plan(choices, start, best, len(trail) + 1, memory_mode, limit,
                 [({names[id(p)]: nd for p, nd in change.items()}, q) for change, q in trail], device,
                 link or link_model(place))
 
 
 def apply(result: Plan, params: dict) -> None:
-    """Lays each parameter out as the plan chose (see the module docstring)."""
+    """Lays each parameter out as the plan chose (see the module docstring); inputs' choices are
+    the caller's to apply to each run's inputs."""
     rank = world.rank()
     for name, (before, after) in result.choices.items():
-        if before == after:
+        if before == after or name not in params:
             continue
         p = params[name]
         g = p._global

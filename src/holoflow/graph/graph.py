@@ -89,6 +89,7 @@ class Graph:
         self._debug = 0
         self._log: list = []
         self._auto_plan = None   # config.enable_auto_parallel: the plan chosen (graph/auto_parallel.py)
+        self._feed_sbp: dict = {}   # input position -> the nd-SBP the plan lays that input out in
 
     # -- definition ----------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
@@ -195,8 +196,9 @@ class Graph:
     # -- run -------------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         leaves, spec = flatten((args, kwargs))
-        c = self._get(leaves, spec)
-        out = c.run(c.feeds(leaves))
+        fed = self._lay_out(leaves, spec)
+        c = self._get(fed, spec)
+        out = c.run(c.feeds(fed))
         _write_inputs(c, leaves, out)
         return unflatten(out, c.ir.out_spec)
 
@@ -210,15 +212,16 @@ class Graph:
         def keyed():
             for b in batches:
                 leaves, spec = flatten((b if isinstance(b, tuple) else (b,), {}))
-                yield _cache_key(leaves, spec, self._flags()), leaves, spec
+                laid = self._lay_out(leaves, spec)
+                yield _cache_key(laid, spec, self._flags()), laid, spec, leaves
         for _, group in itertools.groupby(keyed(), key=lambda k: k[0]):
-            _, leaves, spec = first = next(group)
+            _, leaves, spec, _ = first = next(group)
             c = self._get(leaves, spec)  # compiled between runs: never while a plan executes
             fed: collections.deque = collections.deque()   # each batch's leaves, until its outputs come
 
             def feeds(items, c=c, fed=fed):
-                for _, lv, _ in items:
-                    fed.append(lv)
+                for _, lv, _, given in items:
+                    fed.append(given)
                     yield c.feeds(lv)
             for out in c.stream(feeds(itertools.chain([first], group))):
                 _write_inputs(c, fed.popleft(), out)
@@ -245,7 +248,7 @@ class Graph:
         leaves, spec = flatten((args, kwargs))
         if self.config.auto_parallel and self._auto_plan is None:
             self._plan_parallel(leaves, spec, device, link)
-        ir = self._traced_passed(leaves, spec)
+        ir = self._traced_passed(self._lay_out(leaves, spec), spec)
         params = [p for p in self._all_params() if p._global is not None]
         dev = device or auto_parallel.DeviceModel.default(
             next((p._data.device.type for p in params), "cpu"))
@@ -273,6 +276,7 @@ class Graph:
                                    "(stage 3 lays parameters out itself); use stage 1 or 2, or no ZeRO")
         names = self._state_names()
         params = {names.get(id(p), f"param{i}"): p for i, p in enumerate(self._all_params())}
+        feeds = {f"input{i}": x for i, x in enumerate(leaves) if isinstance(x, Tensor) and x._global is not None}
 
         def trace():
             return self._traced_passed(leaves, spec)
@@ -283,11 +287,26 @@ class Graph:
         chosen = auto_parallel.plan(trace, params, [o for o, _ in self._optimizers],
                                     ignore_user_sbp=cfg.auto_parallel_ignore_user_sbp, memory_mode=cfg.auto_memory,
                                     limit=limit, ratio=cfg.auto_parallel_ratio, wait_s=cfg.auto_parallel_wait_s,
-                                    calibrate=cfg.auto_parallel_calibrate, device=device, link=link)
+                                    calibrate=cfg.auto_parallel_calibrate, device=device, link=link, feeds=feeds)
         auto_parallel.apply(chosen, params)
+        self._feed_sbp = {int(name[len("input"):]): after for name, (before, after) in chosen.choices.items()
+                          if name in feeds and before != after}
         self._auto_plan = chosen
         if self._debug >= 1:
             print(chosen)
+
+    def _lay_out(self, leaves: list, spec) -> list:
+        """The inputs as the auto-parallel plan lays them out (planning first if it is due): with
+        ``enable_auto_parallel_ignore_user_sbp_config`` the plan may choose an input's SBP too
+        (a broadcast batch split for data parallelism: a local slice); the caller's tensors keep
+        theirs."""
+        if self.config.auto_parallel and self._auto_plan is None:
+            self._plan_parallel(leaves, spec)
+        if not self._feed_sbp:
+            return leaves
+        return [x.to_global(sbp=list(self._feed_sbp[i]))
+                if i in self._feed_sbp and isinstance(x, Tensor) and x._global is not None
+                and x._global.sbp != self._feed_sbp[i] else x for i, x in enumerate(leaves)]
 
     def auto_parallel_plan(self):
         """The plan ``config.enable_auto_parallel`` chose (``graph/auto_parallel.Plan``: each
@@ -632,7 +651,10 @@ def _write_inputs(c, leaves: list, out: list) -> None:
     into the caller's tensors."""
     written = c.written_inputs
     for i, v in zip(written, out[len(out) - len(written):]):
-        leaves[i]._data.copy_(v._data)
+        x = leaves[i]
+        if x._global is not None and v._global is not None and v._global.sbp != x._global.sbp:
+            v = v.to_global(sbp=list(x._global.sbp))   # an input the plan laid out otherwise
+        x._data.copy_(v._data)
 
 
 def _user_frame(e: BaseException) -> str:

@@ -14,18 +14,12 @@ import torch
 import torch.nn.functional as TF
 
 from ..core.dispatch import apply
-from ..core.errors import ShapeError, UnsupportedError
+from ..core.errors import ShapeError
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from .family import empty_safe
 from .reduction import mean
-
-
-def _no_double(name: str):
-    def grad(ctx, *dys):
-        raise UnsupportedError(f"holoflow.{name}: double backward is not implemented")
-    return grad
 
 
 def _pad_extra(x: torch.Tensor, extra) -> torch.Tensor:
@@ -266,9 +260,18 @@ def _max_pool_bwd_kernel(dy, x, idx, kernel_size, stride, padding, dilation, cei
                                                            ceil_mode, idx)
 
 
+def max_pool_double_backward(c, ddx, spatial: int) -> tuple:
+    """The backward scatters ``dy`` into the picked positions: linear in ``dy`` (its derivative
+    gathers ``ddx`` at the forward's indices, torch's ``max_pool_double_backward``), zero in ``x``."""
+    dy, _, idx = c.inputs
+    gdy = ddx.flatten(-spatial).gather(-1, idx.flatten(-spatial)).reshape(c.shapes[0])
+    return gdy, None, None
+
+
 POOL_ATTRS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
 MAX_POOL2D_BWD = defop("max_pool2d_backward", _max_pool_bwd_kernel, sbp=_lead_sbp((0,)),
-                       grad=_no_double("max_pool2d_backward"), family="pool")
+                       grad=lambda c, ddx: max_pool_double_backward(c, ddx, 2), save="inputs", saved_inputs=(2,),
+                       family="pool")
 MAX_POOL2D = defop("max_pool2d", lambda x, kernel_size, stride, padding, dilation, ceil_mode:
                    torch.ops.aten.max_pool2d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode),
                    grad=lambda c, dy, _di: (apply(MAX_POOL2D_BWD, dy, c.inputs[0], c.outs[1],

@@ -8,7 +8,7 @@ import torch.nn.functional as TF
 
 from ..core import interpret
 from ..core.dispatch import apply
-from ..core.errors import DTypeError, ShapeError, UnsupportedError
+from ..core.errors import DTypeError, ShapeError
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
@@ -205,12 +205,6 @@ def _nll_grad(c, dy):
     return apply(NLL_LOSS_BWD, dy, x, t, w, ignore_index=c.ignore_index, reduction=c.reduction), None, None
 
 
-def _no_double(name):
-    def grad(ctx, *dys):
-        raise UnsupportedError(f"holoflow.{name}: double backward is not implemented")
-    return grad
-
-
 # -- double backward ----------------------------------------------------------------------------
 # The backward ops compute ``dx = s * (p * A - a)``: ``p`` the softmax over the class dim, ``a``
 # the coefficients with loss = -sum(a * log p) (one-hot target times class weight, smoothed;
@@ -314,8 +308,16 @@ def _ce_kernel(x, t, w, ignore_index, reduction, label_smoothing, dtype=None):
 
 CROSS_ENTROPY = defop("cross_entropy", _ce_kernel,
                       grad=_ce_grad, save="inputs", sbp=_class_loss_sbp, family="loss")
+def _nll_bwd_grad(c, ddx):
+    """``dx = -s * a`` is linear in ``dy`` and constant in ``x``: its derivative against ``ddx``
+    is ``nll_loss(ddx)`` (torch's rule); neither target nor weight is differentiable."""
+    dy, _, t, w = c.inputs
+    gdy = nll_loss(ddx, t, w, ignore_index=c.ignore_index, reduction=c.reduction)
+    return (gdy.to(dy.dtype) if gdy.dtype != dy.dtype else gdy), None, None, None
+
+
 NLL_LOSS_BWD = defop("nll_loss_backward", _nll_bwd_kernel, sbp=_class_loss_sbp, family="loss",
-                     grad=_no_double("nll_loss_backward"))
+                     grad=_nll_bwd_grad, save="inputs", saved_inputs=(0, 2, 3))
 NLL_LOSS = defop("nll_loss", lambda x, t, w, ignore_index, reduction:
                  TF.nll_loss(x, t, w, ignore_index=ignore_index, reduction=reduction),
                  grad=_nll_grad, save="inputs", sbp=_class_loss_sbp, family="loss")

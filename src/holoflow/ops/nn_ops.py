@@ -66,14 +66,22 @@ def _x(c):
     return c.inputs[0]
 
 
+def _gelu_second_derivative(x: Tensor, approximate: str) -> Tensor:
+    """gelu''(x). Exact: ``pdf(x) (2 - x^2)``. Tanh form, ``0.5 x (1 + tanh(u))`` with
+    ``u = k (x + c x^3)``: ``(1 - t^2) (u' + 0.5 x (u'' - 2 t u'^2))``, ``t = tanh(u)``."""
+    if approximate == "none":
+        return (x * x * -0.5).exp() * (1 / math.sqrt(2 * math.pi)) * (2 - x * x)
+    k, c = math.sqrt(2 / math.pi), 0.044715
+    x2 = x * x
+    t = (k * (x + c * x2 * x)).tanh()
+    du = k * (1 + 3 * c * x2)
+    return (1 - t * t) * (du + 0.5 * x * (6 * k * c * x - 2 * t * du * du))
+
+
 def _gelu_bwd_grad(c, ddx):
     dy, x = c.inputs
-    if c.approximate != "none":
-        raise UnsupportedError("holoflow.gelu_backward: double backward of gelu(approximate='tanh') "
-                               "is not implemented; use approximate='none'")
-    pdf = (x * x * -0.5).exp() * (1 / math.sqrt(2 * math.pi))
-    return (apply(GELU_BWD, ddx, x, approximate="none") if needs(c, 0) else None,
-            ddx * dy * pdf * (2 - x * x) if needs(c, 1) else None)
+    return (apply(GELU_BWD, ddx, x, approximate=c.approximate) if needs(c, 0) else None,
+            ddx * dy * _gelu_second_derivative(x, c.approximate) if needs(c, 1) else None)
 
 
 GELU_BWD = binary("gelu_backward", lambda dy, x, approximate="none":

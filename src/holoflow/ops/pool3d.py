@@ -1,7 +1,7 @@
 """3-d pooling over ``(N, C, D, H, W)`` or ``(C, D, H, W)`` inputs: max, average, adaptive average.
 
 Primitives on ATen kernels with dedicated backward ops, as the 2-d ones in ops/conv.py: the
-linear backwards (average pooling) differentiate again, max pooling's backward does not. SBP:
+backwards differentiate again (max pooling's gathers at the saved indices). SBP:
 split on the non-spatial leading axes (N, C), every tensor alike; P through the linear ones.
 """
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 
 from ..core.dispatch import apply
-from ..core.errors import ShapeError, UnsupportedError
+from ..core.errors import ShapeError
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
-from .conv import _tuple
+from .conv import _tuple, max_pool_double_backward
 from .family import empty_safe
 
 __all__: list[str] = []   # nn.functional names (torch's top-level has only max_pool3d/avg_pool3d)
@@ -30,16 +30,13 @@ def _lead3_sbp(linear_in: tuple = (), n_out: int = 1):
     return rule
 
 
-def _no_double(ctx, *dys):
-    raise UnsupportedError("holoflow.max_pool3d_backward: double backward is not implemented")
-
-
 _ATTRS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
 MAX_POOL3D_BWD = defop("max_pool3d_backward",
                        lambda dy, x, idx, kernel_size, stride, padding, dilation, ceil_mode:
                        torch.ops.aten.max_pool3d_with_indices_backward.default(dy, x, kernel_size, stride, padding,
                                                                        dilation, ceil_mode, idx),
-                       sbp=_lead3_sbp((0,)), grad=_no_double, family="pool")
+                       sbp=_lead3_sbp((0,)), grad=lambda c, ddx: max_pool_double_backward(c, ddx, 3),
+                       save="inputs", saved_inputs=(2,), family="pool")
 MAX_POOL3D = defop("max_pool3d", lambda x, kernel_size, stride, padding, dilation, ceil_mode:
                    torch.ops.aten.max_pool3d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode),
                    grad=lambda c, dy, _di: (apply(MAX_POOL3D_BWD, dy, c.inputs[0], c.outs[1],

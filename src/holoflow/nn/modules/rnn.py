@@ -132,7 +132,9 @@ class RNNBase(Module):
 
     def _weights(self, layer: int, d: int) -> dict:
         sfx = f"_l{layer}" + ("_reverse" if d == 1 else "")
-        get = lambda n: self._parameters.get(n + sfx)  # noqa: E731
+        # by attribute, as torch's _flat_weights: a parametrized weight (orthogonal, weight_norm)
+        # is a property computing it, no longer in _parameters
+        get = lambda n: getattr(self, n + sfx, None)  # noqa: E731
         return {"w_ih": get("weight_ih"), "w_hh": get("weight_hh"), "b_ih": get("bias_ih"),
                 "b_hh": get("bias_hh"), "w_hr": get("weight_hr")}
 
