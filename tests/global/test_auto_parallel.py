@@ -360,3 +360,47 @@ def test_an_input_the_plan_laid_out_is_written_back_in_the_callers_layout():
     for choice, sbp, value in world.simulate(2, run, timeout=300):
         assert choice == ((B,), (S(0),)) and sbp == (B,)
         np.testing.assert_allclose(value, _batch(2048) * 2, rtol=0, atol=0)
+
+
+def test_an_autocast_graph_is_planned_and_trains_as_eager_autocast():
+    """bf16 autocast inside build: the planner traces and prices the mixed-precision program
+    (halved activation bytes), and the chosen layout trains as one process under autocast does
+    (to bf16's precision: sharded products round in another order)."""
+    def train(m, opt, x, graph: bool):
+        def step(x):
+            with flow.autocast("cpu", dtype=flow.bfloat16):
+                loss = m(x).float().square().mean()
+            loss.backward()
+            return loss
+        if not graph:
+            losses = []
+            for _ in range(3):
+                opt.zero_grad()
+                losses.append(step(x).item())
+                opt.step()
+            return losses
+
+        class Train(Graph):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+                self.add_optimizer(opt)
+                self.config.enable_auto_parallel()
+
+            def build(self, x):
+                return step(x)
+        g = Train()
+        return [g(x).to_global(sbp=[B]).to_local().item() for _ in range(3)], g.auto_parallel_plan()
+
+    m = _mlp(4096)
+    want = train(m, flow.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), flow.tensor(_batch(8)), False)
+
+    def rank(r):
+        P = flow.placement("cpu", ranks=[0, 1])
+        m = _mlp(4096)
+        m.to_global(placement=P, sbp=[B])
+        x = flow.tensor(_batch(8)).to_global(placement=P, sbp=[B]).to_global(sbp=[S(0)])
+        return train(m, flow.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), x, True)
+    for losses, plan in world.simulate(2, rank, timeout=300):
+        assert plan.choices["m.0.weight"][1] != (B,), plan      # wide layers: not data parallel
+        np.testing.assert_allclose(losses, want, rtol=1e-2)
