@@ -404,3 +404,63 @@ def test_an_autocast_graph_is_planned_and_trains_as_eager_autocast():
     for losses, plan in world.simulate(2, rank, timeout=300):
         assert plan.choices["m.0.weight"][1] != (B,), plan      # wide layers: not data parallel
         np.testing.assert_allclose(losses, want, rtol=1e-2)
+
+
+class _Stack(flow.nn.Module):
+    """``n`` residual MLP blocks of one shape (a homogeneous stack, as a transformer's layers)."""
+
+    def __init__(self, n: int, hidden: int):
+        super().__init__()
+        self.blocks = flow.nn.ModuleList(
+            [flow.nn.Sequential(flow.nn.Linear(D, hidden), flow.nn.GELU(), flow.nn.Linear(hidden, D))
+             for _ in range(n)])
+        rng = np.random.default_rng(2)
+        for p in self.parameters():
+            p.data = flow.tensor(rng.standard_normal(tuple(p.shape)).astype(np.float32) * 0.05)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = x + b(x)
+        return x
+
+
+def _stack_run(n: int, place=None, steps: int = 2):
+    m = _Stack(n, 2048)
+    x = flow.tensor(_batch(8))
+    if place is not None:
+        m.to_global(placement=place, sbp=[B])
+        x = x.to_global(placement=place, sbp=[B]).to_global(sbp=[S(0)])
+    g = _train_graph(m, flow.optim.SGD(m.parameters(), lr=0.01), place is not None) if place is not None else None
+    if g is None:
+        opt = flow.optim.SGD(m.parameters(), lr=0.01)
+        losses = []
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = m(x).square().mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, None, None
+    losses = [g(x).to_global(sbp=[B]).to_local().item() for _ in range(steps)]
+    return losses, g.auto_parallel_plan(), {k: tuple(v.sbp) for k, v in m.state_dict().items()}
+
+
+def test_repeated_blocks_move_together():
+    """Parameters of one role in repeated blocks (``blocks.*.0.weight``) are one variable of the
+    search: every move the planner tries lays out that role in all 3 blocks alike (planning a
+    12-layer model costs what one layer does), every block ends with the others' layout (here
+    tensor parallel), and the stack trains as one process."""
+    import re
+    three = world.simulate(2, lambda r: _stack_run(3, flow.placement("cpu", ranks=[0, 1])), timeout=300)
+    want, _, _ = _stack_run(3)
+    for losses, plan, sbps in three:
+        assert plan.trail
+        for change, _ in plan.trail:
+            roles = {}
+            for name, nd in change.items():
+                roles.setdefault(re.sub(r"blocks\.\d\.", "blocks.*.", name), set()).add((name, nd))
+            assert all(len(moved) == 3 and len({nd for _, nd in moved}) == 1 for moved in roles.values()), change
+        firsts = {sbps[f"blocks.{i}.0.weight"] for i in range(3)}
+        seconds = {sbps[f"blocks.{i}.2.weight"] for i in range(3)}
+        assert len(firsts) == len(seconds) == 1 and firsts != {(B,)}, sbps
+        np.testing.assert_allclose(losses, want, rtol=1e-5)

@@ -271,3 +271,42 @@ def test_fused_sgd_with_a_param_first_stepped_later(kw):
     fopt = optim.SGD(_params(fopt), fused=True, **kw)
     _steps(topt, fopt, 4, skip=1)
     _assert_same(topt, fopt, exact=False)
+
+
+def test_step_hooks_like_torch():
+    """Optimizer.register_step_pre_hook/post_hook and the global ones: their order, what they
+    receive, a pre hook replacing step's arguments (the closure), removal, LBFGS's own step."""
+    from holoflow.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook as t_post
+    from torch.optim.optimizer import register_optimizer_step_pre_hook as t_pre
+    logs = []
+    for lib, pre, post in ((torch, t_pre, t_post), (flow, register_optimizer_step_pre_hook,
+                                                    register_optimizer_step_post_hook)):
+        log = []
+        w = lib.nn.Parameter(lib.tensor([1.0, -2.0]))
+        closure = lambda: (w * w).sum()  # noqa: E731
+        hs = [pre(lambda o, a, k: log.append(("global-pre", type(o).__name__, len(a)))),
+              post(lambda o, a, k: log.append(("global-post", o.param_groups[0]["lr"])))]
+        for name in ("SGD", "LBFGS"):
+            opt = getattr(lib.optim, name)([w], lr=0.1)
+            hs.append(opt.register_step_pre_hook(lambda o, a, k: (a, {"closure": closure}) if not k else None))
+            hs.append(opt.register_step_post_hook(lambda o, a, k: log.append(("post", sorted(k)))))
+
+            def loss():
+                opt.zero_grad()
+                out = (w * w * w).sum()
+                out.backward()
+                return out
+            log.append(float(opt.step(loss) if name == "LBFGS" else opt.step()))
+            hs.pop().remove()
+            opt.step(loss)
+        for h in hs:
+            h.remove()
+        opt.step(loss)
+        log.append(w.detach().tolist())
+        logs.append(log)
+    assert logs[1] == logs[0]
+    opt = flow.optim.SGD([flow.nn.Parameter(flow.ones(1))], lr=0.1)
+    opt.register_step_pre_hook(lambda o, a, k: 3)
+    with pytest.raises(RuntimeError, match="must return None or a tuple"):
+        opt.step()

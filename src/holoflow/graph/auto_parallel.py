@@ -31,10 +31,11 @@ The figures are round defaults (:meth:`DeviceModel.default`, ``LinkModel()``) un
 ``enable_auto_parallel(calibrate=True)`` measures the device (a matmul, a copy, then each node's
 kernel) and the links (``global_graph.calibrate``), every rank taking the slowest rank's figures.
 
-The search (:func:`plan`): coordinate descent from the user's assignment, largest parameters first:
-each candidate SBP of one parameter is traced (no kernel runs; the parameter's data is not
+The search (:func:`plan`): coordinate descent from the user's assignment over :func:`roles` (a
+parameter, or the parameters of one role in repeated blocks, moved together), largest first:
+each candidate SBP of one role is traced (no kernel runs; the parameter's data is not
 moved while searching) and kept when it lowers the objective; sweeps repeat until none does
-(at most ``MAX_SWEEPS``). Then pairs of the ``PAIR_PARAMS`` largest parameters move together
+(at most ``MAX_SWEEPS``). Then pairs of the ``PAIR_PARAMS`` largest roles move together
 (a layout that only pays when two change at once, as Megatron's MLP), the descent resuming after
 any pair that helps. The objective follows ``enable_auto_memory``: ``"Disable"`` the predicted
 step time; ``"AdaptiveMemory"`` (default) the step time among plans within the memory limit
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -302,6 +304,23 @@ def candidates(p: Tensor) -> list[tuple]:
     return out
 
 
+_REPEATED = re.compile(r"(^|\.)\d+\.(?=[^.]+\.)")   # an index into repeated blocks, not the owner
+
+
+def roles(named: dict) -> list[list[Tensor]]:
+    """The planner's variables: tensors that play one role in repeated blocks (``blocks.3.attn.
+    qkv.weight`` and ``blocks.7.attn.qkv.weight``, alike in shape, dtype and SBP) move together,
+    largest groups first. A homogeneous stack wants one layout per role, and planning a 12-layer
+    model then costs what one layer does. An index that names the parameter's own module
+    (``0.weight`` of a Sequential) groups nothing: layers of one stack differ in role (Megatron's
+    column- then row-split pair)."""
+    groups: dict = {}
+    for name, t in named.items():
+        key = (_REPEATED.sub(r"\1*.", name), tuple(t.shape), t.dtype, t._global.sbp)
+        groups.setdefault(key, []).append(t)
+    return sorted(groups.values(), key=lambda g: -sum(t.numel() for t in g))
+
+
 def state_per_param(optimizers: list) -> int:
     """Optimizer state tensors per parameter: counted on existing state, else from the defaults
     (momentum: one, Adam's betas: two, plain SGD: none)."""
@@ -371,11 +390,11 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
         raise UnsupportedError(f"holoflow.nn.Graph enable_auto_parallel: plans parameters on one placement; "
                                f"this graph's parameters are on {sorted(map(str, places))}")
     place = next(iter(places))
-    free = [p for p in glob.values() if p.requires_grad and (ignore_user_sbp or all(s == B for s in p._global.sbp))]
     inputs = {k: x for k, x in (feeds or {}).items()
               if ignore_user_sbp and x._global.placement == place and not x.requires_grad}
-    free += inputs.values()
-    free.sort(key=lambda p: -p.numel())
+    movable = {k: p for k, p in glob.items()
+               if p.requires_grad and (ignore_user_sbp or all(s == B for s in p._global.sbp))}
+    free = roles({**movable, **inputs})
     dev = next(iter(glob.values()))._data.device
     if calibrate:
         global_graph.calibrate(place)
@@ -399,14 +418,17 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
     start = best = evaluate(current)
 
     def singles():
-        for p in free:
-            yield from ({p: nd} for nd in candidates(p) if nd != current[p])
+        for group in free:
+            p = group[0]
+            yield from ({q: nd for q in group} for nd in candidates(p) if nd != current[p])
 
     def pairs():
         # a layout that pays only when two parameters change together (Megatron's MLP: rows of
         # the first weight, columns of the second) is no single step's gain
-        for a, b in itertools.combinations(free[:PAIR_PARAMS], 2):
-            yield from ({a: na, b: nb} for na, nb in itertools.product(candidates(a), candidates(b))
+        for ga, gb in itertools.combinations(free[:PAIR_PARAMS], 2):
+            a, b = ga[0], gb[0]
+            yield from ({**{q: na for q in ga}, **{q: nb for q in gb}}
+                        for na, nb in itertools.product(candidates(a), candidates(b))
                         if na != current[a] and nb != current[b])
 
     def improve(moves) -> bool:

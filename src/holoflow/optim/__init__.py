@@ -1,5 +1,5 @@
 """``holoflow.optim``: optimizers and learning-rate schedulers, API-compatible with torch.optim."""
-from . import lr_scheduler
+from . import lr_scheduler, swa_utils
 from .adadelta import Adadelta
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
@@ -15,4 +15,4 @@ from .sgd import SGD
 from .sparse_adam import SparseAdam
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam",
-           "RAdam", "LBFGS", "ASGD", "Rprop", "SparseAdam", "lr_scheduler"]
+           "RAdam", "LBFGS", "ASGD", "Rprop", "SparseAdam", "lr_scheduler", "swa_utils"]

@@ -18,7 +18,9 @@ ops per element, for global tensors and ``foreach=False``; ``_step_ops``). A cla
 from __future__ import annotations
 
 import copy
-from collections import defaultdict
+import functools
+from collections import OrderedDict, defaultdict
+from itertools import chain
 from typing import Any, Callable, Iterable
 
 import torch
@@ -27,9 +29,10 @@ from ..core import grad_mode
 from ..core.interpret import is_lazy
 from ..core.errors import UnsupportedError
 from ..core.tensor import Tensor, clear_grads
+from ..nn.hooks import RemovableHandle
 from .lowering import FOREACH, OPS
 
-__all__ = ["Optimizer"]
+__all__ = ["Optimizer", "register_optimizer_step_pre_hook", "register_optimizer_step_post_hook"]
 
 _UNSUPPORTED_FLAGS = ("capturable", "differentiable")
 
@@ -94,6 +97,47 @@ def _write_back_complex(back: list) -> None:
             st[k] = v
 
 
+# every optimizer's step hooks (torch.optim.optimizer.register_optimizer_step_pre_hook/post_hook)
+_GLOBAL_PRE_HOOKS: OrderedDict[int, Callable] = OrderedDict()
+_GLOBAL_POST_HOOKS: OrderedDict[int, Callable] = OrderedDict()
+
+
+def register_optimizer_step_pre_hook(hook: Callable) -> RemovableHandle:
+    """``hook(optimizer, args, kwargs)`` before every optimizer's ``step``; it may return new
+    ``(args, kwargs)``."""
+    handle = RemovableHandle(_GLOBAL_PRE_HOOKS)
+    _GLOBAL_PRE_HOOKS[handle.id] = hook
+    return handle
+
+
+def register_optimizer_step_post_hook(hook: Callable) -> RemovableHandle:
+    """``hook(optimizer, args, kwargs)`` after every optimizer's ``step``."""
+    handle = RemovableHandle(_GLOBAL_POST_HOOKS)
+    _GLOBAL_POST_HOOKS[handle.id] = hook
+    return handle
+
+
+def _hooked_step(step: Callable) -> Callable:
+    """``step`` running the global and the optimizer's step hooks around it, as torch's
+    ``Optimizer.profile_hook_step`` (``args`` starts with the optimizer)."""
+    @functools.wraps(step)
+    def wrapper(*args, **kwargs):
+        self = args[0]
+        for pre_hook in chain(_GLOBAL_PRE_HOOKS.values(), self._optimizer_step_pre_hooks.values()):
+            result = pre_hook(self, args, kwargs)
+            if result is not None:
+                if not (isinstance(result, tuple) and len(result) == 2):
+                    raise RuntimeError(f"{step} must return None or a tuple of (new_args, new_kwargs), but got "
+                                       f"{result}.")
+                args, kwargs = result
+        out = step(*args, **kwargs)
+        for post_hook in chain(self._optimizer_step_post_hooks.values(), _GLOBAL_POST_HOOKS.values()):
+            post_hook(self, args, kwargs)
+        return out
+    wrapper.hooked = True  # type: ignore[attr-defined]
+    return wrapper
+
+
 class Optimizer:
     """Base class of holoflow's optimizers, API-compatible with ``torch.optim.Optimizer``.
 
@@ -114,6 +158,10 @@ class Optimizer:
             raise RuntimeError(f"holoflow.optim.{type(self).__name__}: `fused` and `foreach` cannot be "
                                f"`True` together (as in torch)")
         self.defaults = defaults
+        self._optimizer_step_pre_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self._optimizer_step_post_hooks: OrderedDict[int, Callable] = OrderedDict()
+        if not getattr(type(self).step, "hooked", False):   # once per class, as torch patches it
+            type(self).step = _hooked_step(type(self).step)
         self.state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
         self.param_groups: list[dict[str, Any]] = []
         if isinstance(params, Tensor):
@@ -168,6 +216,19 @@ class Optimizer:
         if any(id(p) in seen for p in params) or len({id(p) for p in params}) != len(params):
             raise ValueError("holoflow.optim: some parameters appear in more than one parameter group")
         self.param_groups.append(group)
+
+    def register_step_pre_hook(self, hook: Callable) -> RemovableHandle:
+        """``hook(optimizer, args, kwargs)`` before this optimizer's ``step``; it may return new
+        ``(args, kwargs)``."""
+        handle = RemovableHandle(self._optimizer_step_pre_hooks)
+        self._optimizer_step_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_step_post_hook(self, hook: Callable) -> RemovableHandle:
+        """``hook(optimizer, args, kwargs)`` after this optimizer's ``step``."""
+        handle = RemovableHandle(self._optimizer_step_post_hooks)
+        self._optimizer_step_post_hooks[handle.id] = hook
+        return handle
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Resets the gradients of all optimized tensors (to ``None`` by default, as torch)."""
