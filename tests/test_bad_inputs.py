@@ -139,6 +139,7 @@ CASES += [
     E("conv2d-rank", "F.conv2d(L.ones(8, 8), L.ones(4, 2, 3, 3))", "conv2d"),
     E("conv2d-kernel-big", "F.conv2d(L.ones(1, 1, 2, 2), L.ones(1, 1, 3, 3))", "convolution", "3 x 3"),
     E("conv1d-groups", "F.conv1d(L.ones(1, 4, 8), L.ones(2, 2, 3), groups=3)", "conv1d", "3"),
+    E("conv2d-bool-stride", "F.conv2d(L.ones(1, 1, 4, 4), L.ones(1, 1, 3, 3), stride=True)", "conv2d", "stride"),
     E("max-pool-kernel", "F.max_pool2d(L.ones(1, 1, 2, 2), 3)", "pool", "3"),
     E("avg-pool-pad", "F.avg_pool2d(L.ones(1, 1, 4, 4), 2, padding=2)", "pad"),
     E("layer-norm-shape", "F.layer_norm(L.ones(2, 3), (4,))", "layer_norm", "4"),

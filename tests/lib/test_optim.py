@@ -275,7 +275,7 @@ def test_fused_sgd_with_a_param_first_stepped_later(kw):
 
 def test_step_hooks_like_torch():
     """Optimizer.register_step_pre_hook/post_hook and the global ones: their order, what they
-    receive, a pre hook replacing step's arguments (the closure), removal, LBFGS's own step."""
+    receive, a pre hook replacing step's arguments (a closure), removal, LBFGS's own step."""
     from holoflow.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     from torch.optim.optimizer import register_optimizer_step_post_hook as t_post
     from torch.optim.optimizer import register_optimizer_step_pre_hook as t_pre
@@ -284,22 +284,21 @@ def test_step_hooks_like_torch():
                                                     register_optimizer_step_post_hook)):
         log = []
         w = lib.nn.Parameter(lib.tensor([1.0, -2.0]))
-        closure = lambda: (w * w).sum()  # noqa: E731
-        hs = [pre(lambda o, a, k: log.append(("global-pre", type(o).__name__, len(a)))),
+        hs = [pre(lambda o, a, k: log.append(("global-pre", type(o).__name__, len(a), sorted(k)))),
               post(lambda o, a, k: log.append(("global-post", o.param_groups[0]["lr"])))]
         for name in ("SGD", "LBFGS"):
             opt = getattr(lib.optim, name)([w], lr=0.1)
-            hs.append(opt.register_step_pre_hook(lambda o, a, k: (a, {"closure": closure}) if not k else None))
-            hs.append(opt.register_step_post_hook(lambda o, a, k: log.append(("post", sorted(k)))))
 
             def loss():
                 opt.zero_grad()
                 out = (w * w * w).sum()
                 out.backward()
                 return out
-            log.append(float(opt.step(loss) if name == "LBFGS" else opt.step()))
+            hs.append(opt.register_step_pre_hook(lambda o, a, k: ((o,), {"closure": loss}) if len(a) == 1 else None))
+            hs.append(opt.register_step_post_hook(lambda o, a, k: log.append(("post", len(a), sorted(k)))))
+            log.append(opt.step().item())        # the pre hook passes the closure
             hs.pop().remove()
-            opt.step(loss)
+            log.append(opt.step(loss).item())
         for h in hs:
             h.remove()
         opt.step(loss)

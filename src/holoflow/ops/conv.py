@@ -152,10 +152,12 @@ CONV = defop("convolution", _conv_kernel, grad=_conv_grad, save="inputs", sbp=_c
 
 
 def _tuple(v, n: int, what: str, name: str) -> tuple:
+    if type(v) is int:   # the usual argument: nothing to check
+        return (v,) * n
     t = tuple(v) if isinstance(v, (list, tuple)) else (v,) * n
     if len(t) != n:
         raise ValueError(f"holoflow.{name}: {what} must be an int or {n} ints, got {v!r}")
-    if not all(isinstance(i, int) or (hasattr(i, "__index__") and not isinstance(i, bool)) for i in t):
+    if not all(hasattr(i, "__index__") and not isinstance(i, bool) for i in t):   # (torch refuses bools)
         raise TypeError(f"holoflow.{name}: {what} must be an int or {n} ints, got {v!r} "
                         f"({', '.join(sorted({type(i).__name__ for i in t}))})")
     return tuple(int(i) for i in t)

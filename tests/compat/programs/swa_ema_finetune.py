@@ -1,10 +1,10 @@
 # ruff: noqa: B007  (published-style loops keep their unused counters)
 """A training recipe from the timm / torchvision reference scripts, scaled down: kaiming init via
 Module.apply, AdamW (amsgrad) with per-group lrs and weight decay, OneCycleLR, clip_grad_value_,
-an EMA of the weights (AveragedModel + get_ema_multi_avg_fn) and SWA over the last epoch
-(AveragedModel, SWALR, update_bn), a non-persistent buffer, parameters_to_vector /
-vector_to_parameters, inference_mode, then head-only fine-tuning (requires_grad_,
-add_param_group) and the optimizer state through torch.save / torch.load(weights_only=True)."""
+an EMA of the weights (AveragedModel + get_ema_multi_avg_fn, updated by an optimizer step post
+hook) and SWA over the last epochs (AveragedModel, SWALR, update_bn), a non-persistent buffer,
+parameters_to_vector / vector_to_parameters, inference_mode, then head-only fine-tuning
+(requires_grad_, add_param_group) and the optimizer state through torch.save / torch.load."""
 import io
 
 import torch
@@ -39,6 +39,7 @@ opt = torch.optim.AdamW([{"params": net.backbone.parameters(), "lr": 1e-3},
                         weight_decay=0.05, amsgrad=True)
 sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[1e-2, 5e-2], total_steps=12, pct_start=0.3)
 ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+ema_hook = opt.register_step_post_hook(lambda optimizer, args, kwargs: ema.update_parameters(net))
 swa = AveragedModel(net)
 swa_sched = SWALR(opt, swa_lr=1e-3, anneal_epochs=2, anneal_strategy="cos")
 x, y = torch.randn(32, 6), torch.randint(0, 3, (32,))
@@ -53,12 +54,12 @@ for epoch in range(4):
         opt.step()
         if epoch < 3:
             sched.step()
-        ema.update_parameters(net)
         LOSSES.append(loss.item())
     if epoch >= 2:
         swa.update_parameters(net)
         swa_sched.step()
     LOSSES += [g["lr"] for g in opt.param_groups]
+ema_hook.remove()
 update_bn(loader, swa)
 LOSSES += [swa.module.backbone[1].running_mean.sum().item(), float(swa.n_averaged)]
 LOSSES.append(ema.module.head.weight.sum().item())
