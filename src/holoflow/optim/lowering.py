@@ -24,7 +24,29 @@ from ..core.tensor import Tensor
 from ..ops import elementwise as E
 
 
-class Foreach:
+class _PerElement:
+    """The operations torch has no ``_foreach_*`` for: one call per element, the same method
+    on torch storages and holoflow tensors."""
+
+    @staticmethod
+    def gt(xs: list, s: float) -> list:
+        return [x.gt(s) for x in xs]
+
+    @staticmethod
+    def lt(xs: list, s: float) -> list:
+        return [x.lt(s) for x in xs]
+
+    @staticmethod
+    def eq(xs: list, s: float) -> list:
+        return [x.eq(s) for x in xs]
+
+    @staticmethod
+    def masked_fill_(xs: list, masks: list, value: float) -> None:
+        for x, m in zip(xs, masks):
+            x.masked_fill_(m, value)
+
+
+class Foreach(_PerElement):
     """Lists of torch storages, one ``torch._foreach_*`` call per operation."""
 
     @staticmethod
@@ -79,23 +101,6 @@ class Foreach:
         torch._foreach_copy_(xs, ys)
 
     @staticmethod
-    def gt(xs: list, s: float) -> list:
-        return [x.gt(s) for x in xs]
-
-    @staticmethod
-    def lt(xs: list, s: float) -> list:
-        return [x.lt(s) for x in xs]
-
-    @staticmethod
-    def eq(xs: list, s: float) -> list:
-        return [x.eq(s) for x in xs]
-
-    @staticmethod
-    def masked_fill_(xs: list, masks: list, value: float) -> None:
-        for x, m in zip(xs, masks):
-            x.masked_fill_(m, value)
-
-    @staticmethod
     def addcmul(xs: list, ys: list, zs: list, value: float = 1) -> list:
         return torch._foreach_addcmul(xs, ys, zs, value=value)
 
@@ -116,7 +121,7 @@ def _per(value, n: int) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value] * n
 
 
-class Ops:
+class Ops(_PerElement):
     """Lists of holoflow tensors, holoflow ops per element (global tensors, traces)."""
 
     @staticmethod
@@ -199,23 +204,6 @@ class Ops:
     def copy_(xs: list, ys: list) -> None:
         for x, y in zip(xs, ys):
             x.copy_(y)
-
-    @staticmethod
-    def gt(xs: list, s: float) -> list:
-        return [x.gt(s) for x in xs]
-
-    @staticmethod
-    def lt(xs: list, s: float) -> list:
-        return [x.lt(s) for x in xs]
-
-    @staticmethod
-    def eq(xs: list, s: float) -> list:
-        return [x.eq(s) for x in xs]
-
-    @staticmethod
-    def masked_fill_(xs: list, masks: list, value: float) -> None:
-        for x, m in zip(xs, masks):
-            x.masked_fill_(m, value)
 
     @staticmethod
     def addcmul(xs: list, ys: list, zs: list, value: float = 1) -> list:
