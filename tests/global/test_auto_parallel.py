@@ -33,8 +33,13 @@ def _mlp(hidden: int):
 def _eager(hidden: int, batch: int, steps: int = 3):
     """One process, no placement: the numbers every plan must reproduce."""
     m = _mlp(hidden)
-    opt = flow.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-    x = flow.tensor(_batch(batch))
+    losses = _train_eagerly(m, flow.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), flow.tensor(_batch(batch)),
+                            steps)
+    return losses, {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
+
+
+def _train_eagerly(m, opt, x, steps: int) -> list:
+    """The squared-output training step of ``m`` in eager mode, ``steps`` times: the losses."""
     losses = []
     for _ in range(steps):
         opt.zero_grad()
@@ -42,7 +47,7 @@ def _eager(hidden: int, batch: int, steps: int = 3):
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return losses, {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
+    return losses
 
 
 def _train_graph(m, opt, auto: bool) -> Graph:
@@ -430,17 +435,9 @@ def _stack_run(n: int, place=None, steps: int = 2):
     if place is not None:
         m.to_global(placement=place, sbp=[B])
         x = x.to_global(placement=place, sbp=[B]).to_global(sbp=[S(0)])
-    g = _train_graph(m, flow.optim.SGD(m.parameters(), lr=0.01), place is not None) if place is not None else None
-    if g is None:
-        opt = flow.optim.SGD(m.parameters(), lr=0.01)
-        losses = []
-        for _ in range(steps):
-            opt.zero_grad()
-            loss = m(x).square().mean()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        return losses, None, None
+    if place is None:
+        return _train_eagerly(m, flow.optim.SGD(m.parameters(), lr=0.01), x, steps), None, None
+    g = _train_graph(m, flow.optim.SGD(m.parameters(), lr=0.01), True)
     losses = [g(x).to_global(sbp=[B]).to_local().item() for _ in range(steps)]
     return losses, g.auto_parallel_plan(), {k: tuple(v.sbp) for k, v in m.state_dict().items()}
 

@@ -285,19 +285,26 @@ def _scalar_outputs(func: Callable, inputs: tuple, fn_name: str, strict: bool) -
     return outputs
 
 
+def _first_derivative(func: Callable, inputs: Tensors, v, create_graph: bool, strict: bool, who: str) -> tuple:
+    """What ``vhp`` and ``hvp`` start from (grad mode on): the checked inputs and ``v``, the
+    function's one-element output, and its gradient recorded for a second derivative."""
+    is_inputs_tuple, inputs = _as_tuple(inputs, "inputs", who)
+    inputs = _preprocess(inputs, create_graph, need_graph=True)
+    if v is not None:
+        v = _validate_v(v, inputs, is_inputs_tuple, who, create_graph)
+    else:
+        _need_v(inputs, "the input to the user-provided function is")
+    outputs = _scalar_outputs(func, inputs, who, strict)
+    jac = _autograd_grad(outputs, inputs, create_graph=True)
+    _check_grads_require_grad(jac, "jacobian", strict)
+    return is_inputs_tuple, inputs, v, outputs, jac
+
+
 def vhp(func: Callable, inputs: Tensors, v: Tensors | None = None, create_graph: bool = False,
         strict: bool = False) -> tuple:
     """``(func(inputs), v^T H)`` for a function returning one element."""
     with grad_mode.enable_grad():
-        is_inputs_tuple, inputs = _as_tuple(inputs, "inputs", "vhp")
-        inputs = _preprocess(inputs, create_graph, need_graph=True)
-        if v is not None:
-            v = _validate_v(v, inputs, is_inputs_tuple, "vhp", create_graph)
-        else:
-            _need_v(inputs, "the input to the user-provided function is")
-        outputs = _scalar_outputs(func, inputs, "vhp", strict)
-        jac = _autograd_grad(outputs, inputs, create_graph=True)
-        _check_grads_require_grad(jac, "jacobian", strict)
+        is_inputs_tuple, inputs, v, outputs, jac = _first_derivative(func, inputs, v, create_graph, strict, "vhp")
     with grad_mode.set_grad_enabled(create_graph or grad_mode.is_grad_enabled()):
         res = _fill_in_zeros(_autograd_grad(jac, inputs, v, create_graph), inputs, strict, create_graph,
                              "double_back")
@@ -309,15 +316,7 @@ def hvp(func: Callable, inputs: Tensors, v: Tensors | None = None, create_graph:
     """``(func(inputs), H v)`` for a function returning one element, by the double-backward trick
     (as torch computes it; for twice-differentiable functions it equals ``vhp``)."""
     with grad_mode.enable_grad():
-        is_inputs_tuple, inputs = _as_tuple(inputs, "inputs", "hvp")
-        inputs = _preprocess(inputs, create_graph, need_graph=True)
-        if v is not None:
-            v = _validate_v(v, inputs, is_inputs_tuple, "hvp", create_graph)
-        else:
-            _need_v(inputs, "the input to the user-provided function is")
-        outputs = _scalar_outputs(func, inputs, "hvp", strict)
-        jac = _autograd_grad(outputs, inputs, create_graph=True)
-        _check_grads_require_grad(jac, "jacobian", strict)
+        is_inputs_tuple, inputs, v, outputs, jac = _first_derivative(func, inputs, v, create_graph, strict, "hvp")
         us = tuple(zeros_like(x).requires_grad_(True) for x in inputs)
         double_back = _autograd_grad(jac, inputs, us, create_graph=True)
         _check_grads_require_grad(jac, "hessian", strict)
