@@ -31,6 +31,7 @@ from .amp.state import *  # noqa: F403  (torch's autocast state functions)
 from .serialization import save, load
 from . import checkpoint  # installs the sharded (global-tensor) format into save/load
 from . import accelerator, backends, cuda, distributions, fft, func, hub, jit, onnx, testing, version  # torch's
+from . import special  # torch.special
 from .compat import *  # noqa: F403  (torch's switches, compile, _assert, LongTensor, channels_last)
 from .func import vmap  # torch.vmap
 

@@ -53,6 +53,9 @@ def norm(A: Tensor, ord=None, dim=None, keepdim: bool = False, *, dtype=None) ->
         dim = (dim,)
     if ord is None and dim is None:
         return vector_norm(A, 2, None, keepdim, dtype=dtype)
+    if dim is None and A.dim() not in (1, 2):   # torch refuses to guess vector or matrix norm
+        raise ArgValueError(f"holoflow.linalg.norm: If dim is not specified but ord is, the input must be 1D or 2D. "
+                            f"Got {A.dim()}D.")
     if (dim is not None and len(dim) == 2) or (dim is None and A.dim() == 2):
         return matrix_norm(A, "fro" if ord is None else ord, dim or (-2, -1), keepdim, dtype=dtype)
     if isinstance(ord, str):

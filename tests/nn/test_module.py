@@ -304,3 +304,22 @@ def test_state_dict_hooks_and_extra_state():
     e2 = E()
     e2.load_state_dict(sd)
     assert e2.v == 5
+
+
+def test_to_empty_materializes_a_meta_model_like_torch():
+    """Built on the meta device, moved with to_empty, then initialized: the same parameters as
+    torch's (reset_parameters draws from the same RNG)."""
+    out = []
+    for lib in (torch, flow):
+        lib.manual_seed(0)
+        net = lib.nn.Sequential(lib.nn.Linear(3, 4, device="meta"), lib.nn.BatchNorm1d(4, device="meta"))
+        assert net.to_empty(device="cpu") is net
+        assert net[0].weight.device.type == "cpu" and net[1].running_mean.device.type == "cpu"
+        lib.manual_seed(1)
+        for m in net:
+            m.reset_parameters()
+        out.append([t.detach().numpy().copy() for t in net.state_dict().values()])
+    for t, f in zip(*out):
+        assert (t == f).all()
+    with pytest.raises(TypeError):
+        flow.nn.Linear(2, 2).to_empty("cpu")

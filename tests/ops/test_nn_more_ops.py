@@ -193,6 +193,27 @@ def test_upsample_names_warn_like_torch():
         flow.nn.functional.affine_grid(flow.zeros(1, 2, 3), [1, 1, 2, 2])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("size", [[3, 1, 12, 12], [2, 1, 7, 5], [2, 1, 3, 5, 6]], ids=str)
+def test_affine_grid_is_bitwise_torchs(size, dtype):
+    """The identity theta (the spatial-transformer init) samples exactly at pixel centres, where
+    grid_sample's gradient in the grid is one-sided: the grid, and the gradient of theta, must be
+    torch's to the bit, or a 1-ulp difference flips that side."""
+    k = len(size) - 2
+    theta = torch.eye(k, k + 1, dtype=dtype).repeat(size[0], 1, 1)
+    theta[1:] += 0.01 * torch.randn(size[0] - 1, k, k + 1, dtype=dtype)
+    w = torch.randn(*size[:1], *size[2:], k, dtype=dtype)
+    for align in (False, True):
+        res = []
+        for lib in (torch, flow):
+            th = lib.tensor(theta.numpy()).requires_grad_()
+            grid = lib.nn.functional.affine_grid(th, size, align_corners=align)
+            (g,) = lib.autograd.grad((grid * lib.tensor(w.numpy())).sum(), th)
+            res.append((torch.tensor(grid.detach().numpy()), torch.tensor(g.numpy())))
+        for t, f in zip(*res):
+            assert torch.equal(f, t), (align, (f - t).abs().max())
+
+
 def test_max_unpool_roundtrip_values_like_torch():
     x = torch.randn(2, 3, 6, 6)
     v, i = torch.nn.functional.max_pool2d(x, 3, 2, 1, return_indices=True)

@@ -274,6 +274,10 @@ for name, make, kw in SDPA:
     CASES.append(_c(f"sdpa-{name}-bf16", lambda q, k, v, m, kw=kw: HF.scaled_dot_product_attention(q, k, v, m, **kw),
                     lambda q, k, v, m, kw=kw: F.scaled_dot_product_attention(q, k, v, m, **kw), make,
                     dtypes=(BF16,), gradcheck=False, sbp=False))  # sbp, gradcheck: covered by the f32/f64 case
+CASES.append(_c("sdpa-gqa", lambda q, k, v: HF.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                lambda dt, g: ((randn(2, 6, 4, 8, gen=g, dtype=dt), randn(2, 2, 4, 8, gen=g, dtype=dt),
+                                randn(2, 3, 4, 5, gen=g, dtype=dt)), {}), dtypes=(F32, F64), atol=1e-4))
 CASES.append(_c("sdpa-3d", lambda q, k, v: HF.scaled_dot_product_attention(q, k, v),
                 lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
                 lambda dt, g: ((randn(3, 4, 5, gen=g, dtype=dt), randn(3, 6, 5, gen=g, dtype=dt),
@@ -478,3 +482,25 @@ BACKWARD_CASES = [
 @pytest.mark.parametrize("case", BACKWARD_CASES, ids=repr)
 def test_backward_op_sbp_rules(case):
     check_sbp(case)
+
+
+def test_sdpa_gqa_head_count_errors_like_torch():
+    q, k = torch.randn(2, 3, 5, 8), torch.randn(2, 2, 6, 8)
+    for fn, args in ((F.scaled_dot_product_attention, (q, k, k)),
+                     (HF.scaled_dot_product_attention, (flow.from_torch(q), flow.from_torch(k), flow.from_torch(k)))):
+        with pytest.raises(RuntimeError, match="Number of heads in key and value must divide"):
+            fn(*args, enable_gqa=True)
+
+
+def test_leaky_relu_double_backward_through_its_slope_is_zero_as_in_torch():
+    """leaky_relu's gradient depends on x only through the sign of x: its derivative there is a
+    zero tensor (torch's), so the input-Hessian of a leaky-ReLU network is zeros, not an error."""
+    got = []
+    for lib, fn in ((torch, F.leaky_relu), (flow, HF.leaky_relu)):
+        x = lib.tensor([[-1.0, 2.0, 3.0], [0.5, -0.2, -4.0]], requires_grad=True)
+        w = lib.tensor([[1.0, -2.0], [0.5, 1.5], [-1.0, 0.3]])
+        (g,) = lib.autograd.grad(fn(x @ w, 0.2).sum(), x, create_graph=True)
+        (gg,) = lib.autograd.grad((g * g * 3).sum(), x)
+        got.append((g.detach().numpy().tolist(), gg.numpy().tolist()))
+    assert got[1] == got[0]
+    assert got[0][1] == [[0.0] * 3] * 2

@@ -6,7 +6,8 @@ import torch
 import holoflow as flow
 from holoflow.core.dispatch import apply
 from holoflow.ops.reduction import AT_INDEX_GATHER
-from harness import BF16, F32, F64, Case, grad_of, parametrize, positive, randn, torch_differentiates
+from harness import (BF16, F32, F64, Case, error_like_torch, grad_of, parametrize, positive, randn,
+                     torch_differentiates)
 
 ALL3 = (F32, F64, BF16)
 
@@ -110,6 +111,11 @@ CASES += [
          lambda x: (x.norm(), torch.norm(x, "fro", dim=(0, 1)), x.norm(1, dim=1, keepdim=True)), x_of(3, 4)),
     Case("norm-at-zero", lambda x: flow.linalg.vector_norm(x, 2, 1), lambda x: torch.linalg.vector_norm(x, 2, 1),
          lambda dt, g: ((torch.tensor([[0.0, 0.0], [3.0, 4.0]], dtype=dt),), {}), gradcheck=False),
+    # 0 < ord < 1 and negative ords: |x|^(ord - 1) is inf at a zero entry; torch's gradient there is 0
+    Case("norm-fractional-ord-at-zero", lambda x: tuple(flow.linalg.vector_norm(x, p, 1) for p in (0.5, -1, 1.5)),
+         lambda x: tuple(torch.linalg.vector_norm(x, p, 1) for p in (0.5, -1, 1.5)),
+         lambda dt, g: ((torch.tensor([[0.0, 1.0, -2.0], [0.5, 0.0, 0.0], [1.0, -3.0, 0.5]], dtype=dt),), {}),
+         gradcheck=False),
     Case("matrix_norm", lambda x: tuple(flow.linalg.matrix_norm(x, o) for o in ("fro", 1, -1, float("inf"), float("-inf"))),
          lambda x: tuple(torch.linalg.matrix_norm(x, o) for o in ("fro", 1, -1, float("inf"), float("-inf"))),
          x_of(2, 3, 4), gradcheck=False),
@@ -179,6 +185,13 @@ def test_bad_dim_names_op_and_range(fn):
 def test_repeated_dim_raises():
     with pytest.raises(RuntimeError, match="holoflow.sum: dim .* more than once"):
         flow.sum(flow.randn(2, 3), (1, -1))
+
+
+@pytest.mark.parametrize("ord_", [2, "fro", float("inf")])
+def test_linalg_norm_with_ord_and_no_dim_needs_1d_or_2d_like_torch(ord_):
+    """torch does not guess whether a 3-D input's norm is a vector or a matrix one."""
+    err = error_like_torch(lambda lib: lib.linalg.norm(lib.ones(2, 3, 4), ord_), "linalg.norm of a 3-D input")
+    assert "must be 1D or 2D" in str(err)
 
 
 def test_max_of_empty_dim_raises_with_op_name():

@@ -308,6 +308,13 @@ class StateMixin:
             return t.to(device=dev, dtype=cast)
         return self._apply(convert)
 
+    def to_empty(self, *, device: Any, recurse: bool = True) -> Any:
+        """Moves parameters and buffers to ``device`` with uninitialized storage (no copy), as
+        torch's: how a model built on the meta device gets memory, filled next by
+        ``reset_parameters`` or ``load_state_dict``."""
+        dev = _device.to_torch(device)
+        return self._apply(lambda t: torch.empty_like(t, device=dev), recurse=recurse)
+
     def cuda(self, device: Any = None) -> Any:
         idx = device if isinstance(device, int) else None
         dev = torch.device("cuda", idx) if device is None or idx is not None else _device.to_torch(device)

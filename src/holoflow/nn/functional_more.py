@@ -90,7 +90,7 @@ def _base_coords(n: int, align_corners: bool, like: Tensor) -> Tensor:
     if n <= 1:
         return zeros(max(n, 0), dtype=like.dtype, device=like.device)
     r = linspace(-1.0, 1.0, n, dtype=like.dtype, device=like.device)
-    return r if align_corners else r * ((n - 1) / n)
+    return r if align_corners else r * (n - 1) / n   # ATen's two roundings (not r * ((n-1)/n))
 
 
 def affine_grid(theta: Tensor, size: list, align_corners: bool | None = None) -> Tensor:
@@ -132,7 +132,8 @@ def affine_grid(theta: Tensor, size: list, align_corners: bool | None = None) ->
         shape[k - 1 - i] = spatial[k - 1 - i]
         cols.append(a.reshape(shape).expand(*spatial))
     cols.append(ones(*spatial, dtype=theta.dtype, device=theta.device))
-    base = stack(cols, -1).reshape(1, -1, k + 1)
+    # one base grid per sample, as ATen builds it: its bmm (and the backward's) round as torch's
+    base = stack(cols, -1).reshape(1, -1, k + 1).expand(n, -1, -1).contiguous()
     grid = matmul(base, theta.transpose(1, 2))
     return grid.reshape(n, *spatial, k)
 

@@ -284,13 +284,27 @@ SDPA_DROPOUT = defop("scaled_dot_product_attention_dropout", _sdpa_dropout_kerne
                      family="attention", flops=_sdpa_flops)
 
 
+def _repeat_kv_heads(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+    if min(query.dim(), key.dim(), value.dim()) < 3:
+        raise IndexError("holoflow.scaled_dot_product_attention: enable_gqa needs a heads dim -3, got query "
+                         f"{tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
+    hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
+    if hq % hk or hq % hv:
+        raise RuntimeError(f"holoflow.scaled_dot_product_attention: Number of heads in key and value must divide "
+                           f"the number of heads in query, got {hk} and {hv} for {hq}")
+    return (key.repeat_interleave(hq // hk, -3) if hk != hq else key,
+            value.repeat_interleave(hq // hv, -3) if hv != hq else value)
+
+
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Tensor:
     """``softmax(q k^T * scale + mask) @ v`` over the last two dims; a bool mask keeps where
-    True, a float mask is added; ``is_causal`` masks the upper triangle."""
+    True, a float mask is added; ``is_causal`` masks the upper triangle. ``enable_gqa``: key and
+    value have fewer heads (dim -3) than the query, each shared by a group of query heads (they
+    are repeated, as torch's math path does)."""
     if enable_gqa:
-        raise UnsupportedError("holoflow.scaled_dot_product_attention: enable_gqa is not supported")
+        key, value = _repeat_kv_heads(query, key, value)
     if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim() \
             or query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
         raise ShapeError(f"holoflow.scaled_dot_product_attention: query {tuple(query.shape)}, key "

@@ -102,8 +102,20 @@ def _relu_bwd_grad(c, ddx):
 RELU_BWD = binary("relu_backward", lambda dy, out: torch.ops.aten.threshold_backward.default(dy, out, 0),
                   _relu_bwd_grad, "inputs", partial=("PB",), saved_inputs=(1,))
 RELU = unary("relu", torch.relu, lambda c, dy: (apply(RELU_BWD, dy, c.out),), "output")
+def _leaky_relu_bwd_grad(c, ddx):
+    """``leaky_relu_backward(dy, x)`` is linear in dy (slope 1 or ``negative_slope`` by the sign
+    of x) and zero in x almost everywhere: a zero tensor, not "unused", as torch's (the gradient
+    of an input gradient w.r.t. the input, a curvature penalty say, is zeros, not an error)."""
+    x = c.inputs[1]
+    return (apply(LEAKY_RELU_BWD, ddx, x, negative_slope=c.negative_slope) if needs(c, 0) else None,
+            apply(E.ZEROS_LIKE, x) if needs(c, 1) else None)
+
+
+LEAKY_RELU_BWD = binary("leaky_relu_backward", lambda dy, x, negative_slope=0.01:
+                        torch.ops.aten.leaky_relu_backward.default(dy, x, negative_slope, False),
+                        _leaky_relu_bwd_grad, "inputs", partial=("PB",), saved_inputs=(1,))
 LEAKY_RELU = unary("leaky_relu", lambda x, negative_slope=0.01: TF.leaky_relu(x, negative_slope),
-                   lambda c, dy: (E.where(_x(c) > 0, dy, dy * c.negative_slope),), "inputs")
+                   lambda c, dy: (apply(LEAKY_RELU_BWD, dy, _x(c), negative_slope=c.negative_slope),), "inputs")
 
 
 def _silu_grad(c, dy):

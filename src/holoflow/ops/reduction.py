@@ -308,6 +308,8 @@ def _norm_grad(c, dy):
         g = x / out_b
     else:
         g = x.sign() * x.abs() ** (p - 1) / out_b ** (p - 1)
+        if p < 1:   # |x|^(p-1) is inf at x = 0 (sign 0 times inf: nan); torch's gradient there is 0
+            g = E.where(x == 0, 0.0, g)
     g = E.where(out_b == 0, 0.0, g) if p != 1 else g
     return (_cast_to(dy_b * g, c.dtypes[0]),)
 

@@ -6,9 +6,9 @@ __all__ = ["clip_grad_norm_", "clip_grad_value_", "get_total_norm", "clip_grads_
            "parameters_to_vector", "vector_to_parameters"]
 
 # issue 12: packed sequences, parametrizations, hook-based weight norm
-from . import parametrizations, parametrize, rnn  # noqa: E402
+from . import parametrizations, parametrize, prune, rnn  # noqa: E402
 from .spectral_norm_hook import remove_spectral_norm, spectral_norm  # noqa: E402
 from .weight_norm_hook import remove_weight_norm, weight_norm  # noqa: E402
 
-__all__ += ["parametrizations", "parametrize", "rnn", "weight_norm", "remove_weight_norm", "spectral_norm",
+__all__ += ["parametrizations", "parametrize", "prune", "rnn", "weight_norm", "remove_weight_norm", "spectral_norm",
             "remove_spectral_norm"]

@@ -1,0 +1,72 @@
+"""``holoflow.special``: torch.special's functions that holoflow's ops compute (the same kernels or
+differentiable composites of them), under torch.special's names.
+
+>>> flow.special.expit(x)                  # sigmoid
+>>> flow.special.xlogy(p, p).sum()         # 0 where p == 0
+
+A function of torch.special missing here (the Bessel and orthogonal-polynomial families, erfcx,
+ndtri, log_ndtr, entr, zeta) raises AttributeError naming it.
+"""
+from __future__ import annotations
+
+import math
+
+from .core.tensor import Tensor
+from .ops import elementwise as _E
+from .ops.api_more2 import mvlgamma
+from .ops.elementwise import _FUNCS as _EW
+from .ops.elementwise import logit, round, xlogy  # noqa: A004 - torch.special.round
+from .ops.extra_ops import digamma, i0, lgamma, polygamma, sinc
+from .ops.nn_ops import log_softmax as _log_softmax
+from .ops.nn_ops import softmax as _softmax
+from .ops.reduction import logsumexp
+
+__all__ = ["expit", "exp2", "expm1", "log1p", "erf", "erfc", "erfinv", "digamma", "psi", "gammaln", "polygamma",
+           "multigammaln", "gammainc", "gammaincc", "i0", "sinc", "round", "logit", "xlogy", "xlog1py",
+           "logsumexp", "softmax", "log_softmax", "ndtr"]
+
+expit = _EW["sigmoid"]
+exp2 = _EW["exp2"]
+expm1 = _EW["expm1"]
+log1p = _EW["log1p"]
+erf = _EW["erf"]
+erfc = _EW["erfc"]
+erfinv = _EW["erfinv"]
+gammainc = _EW["igamma"]
+gammaincc = _EW["igammac"]
+psi = digamma
+gammaln = lgamma
+
+
+def multigammaln(input: Tensor, p: int) -> Tensor:
+    """The log of the multivariate gamma function of dimension ``p``."""
+    return mvlgamma(input, p)
+
+
+def softmax(input: Tensor, dim: int, *, dtype=None) -> Tensor:
+    return _softmax(input, dim, dtype=dtype)
+
+
+def log_softmax(input: Tensor, dim: int, *, dtype=None) -> Tensor:
+    return _log_softmax(input, dim, dtype=dtype)
+
+
+def ndtr(input: Tensor) -> Tensor:
+    """The standard normal CDF, ``erfc(-x / sqrt(2)) / 2`` (torch's formula)."""
+    return erfc(input * -math.sqrt(0.5)) * 0.5
+
+
+def xlog1py(input, other) -> Tensor:
+    """``input * log1p(other)``, 0 where ``input`` is 0 (unless ``other`` is NaN), as torch."""
+    if not isinstance(input, Tensor) and not isinstance(other, Tensor):
+        raise TypeError("holoflow.special.xlog1py: expected at least one Tensor argument, got "
+                        f"{type(input).__name__} and {type(other).__name__}")
+    if not isinstance(input, Tensor):
+        input = other.new_tensor(input)
+    if not isinstance(other, Tensor):
+        other = input.new_tensor(other)
+    log1p_other = log1p(other)
+    # 0 * inf (other -1 or inf) is 0 here; elsewhere the plain product, whose gradient in input
+    # is log1p(other) even where input is 0, as torch's
+    inf_at_zero = (input == 0).logical_and(log1p_other.isinf())
+    return input * _E.where(inf_at_zero, 0.0, log1p_other)
