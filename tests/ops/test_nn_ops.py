@@ -492,14 +492,23 @@ def test_sdpa_gqa_head_count_errors_like_torch():
             fn(*args, enable_gqa=True)
 
 
-def test_leaky_relu_double_backward_through_its_slope_is_zero_as_in_torch():
-    """leaky_relu's gradient depends on x only through the sign of x: its derivative there is a
-    zero tensor (torch's), so the input-Hessian of a leaky-ReLU network is zeros, not an error."""
+PIECEWISE_LINEAR = {
+    "leaky_relu": lambda F, y: F.leaky_relu(y, 0.2), "hardtanh": lambda F, y: F.hardtanh(y, -0.5, 0.7),
+    "relu6": lambda F, y: F.relu6(y * 4), "threshold": lambda F, y: F.threshold(y, 0.1, -2.0),
+    "softshrink": lambda F, y: F.softshrink(y, 0.3), "hardshrink": lambda F, y: F.hardshrink(y, 0.3),
+}
+
+
+@pytest.mark.parametrize("name", PIECEWISE_LINEAR)
+def test_piecewise_linear_double_backward_through_the_slope_is_zero_as_in_torch(name):
+    """These activations' gradients depend on x only through where x lies: the derivative there
+    is a zero tensor (torch's), so the input-Hessian of such a network is zeros, not an error."""
+    act = PIECEWISE_LINEAR[name]
     got = []
-    for lib, fn in ((torch, F.leaky_relu), (flow, HF.leaky_relu)):
+    for lib, fn in ((torch, F), (flow, HF)):
         x = lib.tensor([[-1.0, 2.0, 3.0], [0.5, -0.2, -4.0]], requires_grad=True)
         w = lib.tensor([[1.0, -2.0], [0.5, 1.5], [-1.0, 0.3]])
-        (g,) = lib.autograd.grad(fn(x @ w, 0.2).sum(), x, create_graph=True)
+        (g,) = lib.autograd.grad(act(fn, x @ w).sum(), x, create_graph=True)
         (gg,) = lib.autograd.grad((g * g * 3).sum(), x)
         got.append((g.detach().numpy().tolist(), gg.numpy().tolist()))
     assert got[1] == got[0]

@@ -13,6 +13,7 @@ import math
 import warnings
 
 import torch
+import torch.nn.functional as TF
 
 from ..core.dispatch import apply, assign
 from ..core.errors import ShapeError, normalize_dim
@@ -23,7 +24,7 @@ from .conv import _check_pool, _lead_sbp, _tuple, adaptive_avg_pool2d, avg_pool2
 from .creation import empty_like, zeros_like
 from .linalg import einsum
 from .loss import _reduction, reduce_loss
-from .nn_ops import ELU
+from .nn_ops import ELU, piecewise_linear
 from .reduction import norm
 from .reduction import sum as _sum
 from .shape import pad
@@ -160,16 +161,24 @@ def _check_lambd(name: str, lambd: float) -> None:
         raise ValueError(f"holoflow.{name}: lambd must be non-negative, got {lambd}")
 
 
+SOFTSHRINK = piecewise_linear(
+    "softshrink", lambda x, lambd=0.5: TF.softshrink(x, lambd),
+    lambda dy, x, lambd=0.5: torch.ops.aten.softshrink_backward.default(dy, x, lambd))
+HARDSHRINK = piecewise_linear(
+    "hardshrink", lambda x, lambd=0.5: TF.hardshrink(x, lambd),
+    lambda dy, x, lambd=0.5: torch.ops.aten.hardshrink_backward.default(dy, x, lambd))
+
+
 def softshrink(input: Tensor, lambd: float = 0.5) -> Tensor:
     """``x - lambd`` above ``lambd``, ``x + lambd`` below ``-lambd``, else 0."""
     _check_lambd("softshrink", lambd)
-    return input - E.clamp(input, -lambd, lambd)
+    return apply(SOFTSHRINK, input, lambd=float(lambd))
 
 
 def hardshrink(input: Tensor, lambd: float = 0.5) -> Tensor:
     """``x`` where ``|x| > lambd``, else 0."""
     _check_lambd("hardshrink", lambd)
-    return input * (input.abs() > lambd)
+    return apply(HARDSHRINK, input, lambd=float(lambd))
 
 
 # -- 1-D and adaptive pooling ------------------------------------------------------------------------

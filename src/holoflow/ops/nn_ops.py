@@ -102,20 +102,28 @@ def _relu_bwd_grad(c, ddx):
 RELU_BWD = binary("relu_backward", lambda dy, out: torch.ops.aten.threshold_backward.default(dy, out, 0),
                   _relu_bwd_grad, "inputs", partial=("PB",), saved_inputs=(1,))
 RELU = unary("relu", torch.relu, lambda c, dy: (apply(RELU_BWD, dy, c.out),), "output")
-def _leaky_relu_bwd_grad(c, ddx):
-    """``leaky_relu_backward(dy, x)`` is linear in dy (slope 1 or ``negative_slope`` by the sign
-    of x) and zero in x almost everywhere: a zero tensor, not "unused", as torch's (the gradient
-    of an input gradient w.r.t. the input, a curvature penalty say, is zeros, not an error)."""
-    x = c.inputs[1]
-    return (apply(LEAKY_RELU_BWD, ddx, x, negative_slope=c.negative_slope) if needs(c, 0) else None,
-            apply(E.ZEROS_LIKE, x) if needs(c, 1) else None)
+def piecewise_linear(name: str, forward, backward):
+    """An activation linear in pieces (leaky_relu, hardtanh, threshold, the shrinks) as torch
+    declares it: its backward op ``backward(dy, x, **attrs)`` is linear in dy with a slope set by
+    where x lies and zero in x almost everywhere, so the backward's own gradient in x is a zero
+    tensor, not "unused" (a curvature penalty through these activations is zeros, not an error)."""
+    def bwd_grad(c, ddx):
+        x = c.inputs[1]
+        return (apply(bwd, ddx, x, **c.attrs) if needs(c, 0) else None,
+                apply(E.ZEROS_LIKE, x) if needs(c, 1) else None)
+    bwd = binary(f"{name}_backward", backward, bwd_grad, "inputs", partial=("PB",), saved_inputs=(1,))
+    return unary(name, forward, lambda c, dy: (apply(bwd, dy, _x(c), **c.attrs),), "inputs")
 
 
-LEAKY_RELU_BWD = binary("leaky_relu_backward", lambda dy, x, negative_slope=0.01:
-                        torch.ops.aten.leaky_relu_backward.default(dy, x, negative_slope, False),
-                        _leaky_relu_bwd_grad, "inputs", partial=("PB",), saved_inputs=(1,))
-LEAKY_RELU = unary("leaky_relu", lambda x, negative_slope=0.01: TF.leaky_relu(x, negative_slope),
-                   lambda c, dy: (apply(LEAKY_RELU_BWD, dy, _x(c), negative_slope=c.negative_slope),), "inputs")
+LEAKY_RELU = piecewise_linear(
+    "leaky_relu", lambda x, negative_slope=0.01: TF.leaky_relu(x, negative_slope),
+    lambda dy, x, negative_slope=0.01: torch.ops.aten.leaky_relu_backward.default(dy, x, negative_slope, False))
+HARDTANH = piecewise_linear(
+    "hardtanh", lambda x, min_val=-1.0, max_val=1.0: TF.hardtanh(x, min_val, max_val),
+    lambda dy, x, min_val=-1.0, max_val=1.0: torch.ops.aten.hardtanh_backward.default(dy, x, min_val, max_val))
+THRESHOLD = piecewise_linear(
+    "threshold", lambda x, threshold, value: TF.threshold(x, threshold, value),
+    lambda dy, x, threshold, value: torch.ops.aten.threshold_backward.default(dy, x, threshold))
 
 
 def _silu_grad(c, dy):
@@ -213,15 +221,9 @@ def _write_into(input: Tensor, name: str, compute) -> Tensor:
     return assign(input, compute(input.clone() if recording else input), name)
 
 
-def _threshold(x: Tensor, threshold: float, value: float) -> Tensor:
-    return x.masked_fill(x <= threshold, value)
-
-
 def threshold(input: Tensor, threshold: float, value: float, inplace: bool = False) -> Tensor:
     """``x`` where ``x > threshold`` else ``value`` (NaN stays NaN), as ``torch.nn.functional.threshold``."""
-    if inplace:
-        return _write_into(input, "threshold", lambda x: _threshold(x, threshold, value))
-    return _threshold(input, threshold, value)
+    return _maybe_inplace(THRESHOLD, input, inplace, threshold=threshold, value=value)
 
 
 def threshold_(input: Tensor, threshold: float, value: float) -> Tensor:
@@ -257,12 +259,15 @@ def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor:
 
 
 def relu6(input: Tensor, inplace: bool = False) -> Tensor:
-    """``min(max(x, 0), 6)`` (a composite of clamp)."""
-    return input.clamp_(0.0, 6.0) if inplace else E.clamp(input, 0.0, 6.0)
+    """``min(max(x, 0), 6)``: hardtanh between 0 and 6, as torch's."""
+    return hardtanh(input, 0.0, 6.0, inplace)
 
 
 def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
-    return input.clamp_(min_val, max_val) if inplace else E.clamp(input, min_val, max_val)
+    """``x`` clamped to ``[min_val, max_val]`` (gradient 1 strictly inside, as torch's)."""
+    if min_val > max_val:
+        raise ValueError(f"holoflow.hardtanh: min_val ({min_val}) cannot be greater than max_val ({max_val})")
+    return _maybe_inplace(HARDTANH, input, inplace, min_val=float(min_val), max_val=float(max_val))
 
 
 def mish(input: Tensor, inplace: bool = False) -> Tensor:
