@@ -302,3 +302,17 @@ def test_nextafter_reference_without_torch_derivative_is_atens(monkeypatch):
         res.append((out.detach(), ga, torch.zeros_like(b0) if gb is None else gb))
     for x, y in zip(*res):
         assert torch.equal(x, y)
+
+
+def test_sinc_double_backward_is_torchs():
+    """sinc's gradient is written with ops (torch's formula), so it differentiates again: the
+    same first and second derivatives as torch, NaN at 0 included (torch's masked formula)."""
+    import numpy as np
+    got = []
+    for lib in (torch, flow):
+        x = lib.tensor([-1.3, -0.5, 0.0, 0.25, 1.0, 2.2], dtype=lib.float64, requires_grad=True)
+        (g,) = lib.autograd.grad(lib.sinc(x).sum(), x, create_graph=True)
+        (gg,) = lib.autograd.grad((g * g).sum(), x)
+        got.append((g.detach().numpy(), gg.numpy()))
+    np.testing.assert_allclose(got[1][0], got[0][0], rtol=1e-12)
+    np.testing.assert_allclose(got[1][1], got[0][1], rtol=1e-12, equal_nan=True)

@@ -84,7 +84,16 @@ DIGAMMA = unary("digamma", torch.digamma, lambda c, dy: (dy * apply(POLYGAMMA, c
 POLYGAMMA = unary("polygamma", lambda x, n: torch.polygamma(n, x),
                   lambda c, dy: (dy * apply(POLYGAMMA, c.inputs[0], n=c.n + 1),), "inputs")
 I0 = _ew("i0", torch.i0)
-SINC = _ew("sinc", torch.sinc)
+def _sinc_grad(c, dy):
+    """torch's formula, written with ops so it differentiates again: ``(pi x cos(pi x) - sin(pi x))
+    / (pi x^2)``, 0 at x = 0."""
+    x = c.inputs[0]
+    px = x * math.pi
+    d = where(x == 0, 0.0, (px * px.cos() - px.sin()) / (px * x))
+    return (dy * (d.conj() if d.is_complex() else d),)
+
+
+SINC = unary("sinc", torch.sinc, _sinc_grad, "inputs")
 HYPOT = _ew("hypot", torch.hypot)
 COPYSIGN = _ew("copysign", torch.copysign)
 FREXP = _ew("frexp", torch.frexp, outputs=("mantissa", "exponent"))
