@@ -50,6 +50,9 @@ def _function_grad(node: GradNode, *dys):
     # (the engine frees a node's saved state after a backward without retain_graph: what
     # save_for_backward kept is then gone, as torch's)
     ctx._freed = node._saved is _FREED
+    # backward of global tensors flows as each rank's local pieces: the user's backward sees (and
+    # returns) global gradients, as hooks do
+    dys = tuple(m.grad_view(d) if m is not None and d is not None else d for m, d in zip(ctx._output_globals, dys))
     grads = fn.backward(ctx, *dys)
     grads = grads if isinstance(grads, tuple) else (grads,)
     n = len(node.edges)
@@ -57,8 +60,25 @@ def _function_grad(node: GradNode, *dys):
         raise RuntimeError(f"holoflow: function {fn.__name__}Backward returned an incorrect number of "
                            f"gradients (expected {n}, got {len(grads)})")
     metas = node.attrs["ctx"]._input_metas
-    return tuple(_validate(fn.__name__, i, g, metas[i]) if node.edges[i] is not None else g
-                 for i, g in enumerate(grads[:n]))
+    return tuple(_local_piece(fn.__name__, i, _validate(fn.__name__, i, g, metas[i]), ctx._input_globals[i])
+                 if node.edges[i] is not None else g for i, g in enumerate(grads[:n]))
+
+
+def _local_piece(name: str, i: int, g, meta):
+    """A custom backward's gradient for global input ``i`` (of GlobalMeta ``meta``) as the local
+    piece backward continues with; a local gradient for a global input is refused."""
+    if g is None or meta is None:
+        return g
+    if g._global is None:
+        raise RuntimeError(f"holoflow: Function {name}Backward returned a local gradient of shape "
+                           f"{tuple(g.shape)} at index {i} for a global input (sbp {meta.sbp} on "
+                           f"{meta.placement}); return a global gradient, e.g. the one backward was given "
+                           f"times a global tensor, or grad.to_global(placement, sbp)")
+    if not hasattr(g._global, "tracer") and g._global.placement != meta.placement:
+        raise RuntimeError(f"holoflow: Function {name}Backward returned a gradient on {g._global.placement} at "
+                           f"index {i} for an input on {meta.placement}; move it with "
+                           f".to_global(placement=...)")
+    return meta.grad_local(g)
 
 
 def _validate(name: str, i: int, g, meta):
@@ -97,6 +117,7 @@ class Function:
         ctx = FunctionCtx()
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         ctx._input_metas = [(tuple(a.shape), a.dtype) if isinstance(a, Tensor) else None for a in args]
+        ctx._input_globals = [a._global if isinstance(a, Tensor) else None for a in args]
         edges = tuple(((a.grad_fn, a._out_idx) if a.grad_fn is not None else a)
                       if isinstance(a, Tensor) and a.requires_grad else None for a in args)
         with grad_mode.no_grad():
@@ -117,6 +138,7 @@ class Function:
             return outs[0] if single else outs
         if cls.__dict__.get("_op") is None:
             cls._op = Op(cls.__name__, kernel=None, grad=_function_grad, save="inputs")
+        ctx._output_globals = [o._global if isinstance(o, Tensor) else None for o in outs]
         node = GradNode(cls._op, edges, {"fn": cls, "ctx": ctx}, (), ())
         if len(outs) > 1:
             node.out_metas = tuple((o._data.shape, o._data.dtype, o._data.device) if isinstance(o, Tensor)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from . import grad_mode, interpret
+from .dtype import scalar_name
 from .autograd import GradNode, accumulate_grad, run_backward, seed_grads
 from .errors import HoloflowError, describe
 from .interpret import Interpreter
@@ -353,6 +354,11 @@ def assign(x: Tensor, out: Tensor, name: str) -> Tensor:
     if tuple(out.shape) != tuple(x.shape):   # logical shapes (a traced global's storage is not its shard)
         raise RuntimeError(f"holoflow.{name}_: the result has shape {tuple(out.shape)}, which "
                            f"doesn't match the in-place target's shape {tuple(x.shape)}")
+    if out._data.dtype != x._data.dtype and not torch.can_cast(out._data.dtype, x._data.dtype):
+        # (torch's rule for in-place results: a float result is never truncated into an integer tensor)
+        raise RuntimeError(f"holoflow.{name}_: result type {scalar_name(out._data.dtype)} can't be cast to the "
+                           f"desired output type {scalar_name(x._data.dtype)} (the in-place target's); compute "
+                           f"out of place, or cast first")
     top = _CURRENT.get()
     if top is not None:
         return top.assign(x, out, name)

@@ -78,6 +78,11 @@ def type_name(t: torch.Tensor) -> str:
     return DISPLAY[0] + t.type()[len("torch"):]
 
 
+def scalar_name(d: torch.dtype) -> str:
+    """torch's name of a dtype in its messages (``Float``, ``Long``, ``BFloat16``)."""
+    return torch.empty(0, dtype=d).type().rsplit(".", 1)[-1][:-len("Tensor")]
+
+
 def from_type_name(name: str) -> dtype:
     """The dtype of a legacy type string (``"torch.LongTensor"``, ``"holoflow.cuda.FloatTensor"``)."""
     base = name.rsplit(".", 1)[-1]

@@ -34,6 +34,14 @@ def describe(x) -> str:
     return repr(x) if len(repr(x)) < 60 else type(x).__name__
 
 
+def describe_layout(t) -> str:
+    """``local, shape (4,)`` or ``global, shape (4,), sbp (...) on placement(...)``: where a tensor lives."""
+    g = t._global
+    if g is None:
+        return f"(local, shape {tuple(t.shape)})"
+    return f"(global, shape {tuple(t.shape)}, sbp {tuple(g.sbp)} on {g.placement})"
+
+
 def normalize_dim(op: str, dim: int, ndim: int) -> int:
     """Wraps a negative dim; raises a clear IndexError when out of range."""
     lo, hi = -max(ndim, 1), max(ndim, 1) - 1
@@ -81,6 +89,11 @@ def check_grad_assignment(t, g) -> None:
     if not isinstance(g, Tensor):
         raise TypeError(f"holoflow: assigned grad expected to be a Tensor or None but got grad of type "
                         f"{type(g).__name__}")
+    if (g._global is None) != (t._global is None) or \
+            (t._global is not None and g._global.placement != t._global.placement):
+        raise RuntimeError(f"holoflow: assigned grad {describe_layout(g)} doesn't match the tensor "
+                           f"{describe_layout(t)}; a gradient has its tensor's placement: "
+                           f"grad.to_global(placement, sbp) (or .to_local() for a local tensor)")
     if tuple(g.shape) != tuple(t.shape):
         raise RuntimeError(f"holoflow: assigned grad has data of a different size: grad {tuple(g.shape)}, "
                            f"tensor {tuple(t.shape)}")

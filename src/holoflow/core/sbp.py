@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import ArgTypeError
+
 
 @dataclass(frozen=True)
 class SBP:
@@ -20,7 +22,10 @@ class split(SBP):
     axis: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.axis, int) or self.axis < 0:
+        if not isinstance(self.axis, int) or isinstance(self.axis, bool):
+            raise ArgTypeError(f"holoflow.sbp.split: axis must be an int >= 0, got {self.axis!r} "
+                               f"of type {type(self.axis).__name__}")
+        if self.axis < 0:
             raise ValueError(f"holoflow.sbp.split: axis must be an int >= 0, got {self.axis!r}")
 
     def __repr__(self) -> str:

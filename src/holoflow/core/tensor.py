@@ -116,7 +116,11 @@ class Tensor:
         """A copy in page-locked host memory (this tensor if it already is one)."""
         if self._data.is_pinned():
             return self
-        if self._global is not None or self._rg:
+        if self._global is not None:
+            raise UnsupportedError(f"holoflow.pin_memory: pins local tensors; this one is global (shape "
+                                   f"{tuple(self.shape)}, sbp {self._global.sbp}): pin this rank's shard, "
+                                   f"x.to_local().pin_memory()")
+        if self._rg:
             raise UnsupportedError("holoflow.pin_memory: pins local tensors that don't require grad (torch's "
                                    "result would carry the gradient back); pin the data first, or .detach()")
         try:
@@ -313,6 +317,12 @@ class Tensor:
         node.retains[self._out_idx] = keep
 
     # -- conversion to Python / numpy --------------------------------------------------------
+    def _no_value_in_build(self, what: str) -> None:
+        """Inside ``build()``: the error of :meth:`_no_value_in_trace` naming ``what`` (a Python
+        conversion that reads the value through ``item()``, which reports the rest)."""
+        if "_v" in self.__dict__ or interpret.is_lazy():
+            self._no_value_in_trace(what)
+
     def _no_value_in_trace(self, what: str) -> None:
         """Inside ``build()`` a value read would be frozen into the graph at trace time: a
         buffer's or parameter's value is the one it had then (silently stale on later calls)."""
@@ -373,6 +383,7 @@ class Tensor:
         return iter(self.unbind(0))
 
     def __bool__(self) -> bool:
+        self._no_value_in_build("bool() (Python control flow such as `if tensor:` or `if x.sum() > 0:`)")
         if self.numel() != 1:
             raise RuntimeError(f"holoflow: the truth value of a tensor with {self.numel()} elements "
                                f"is ambiguous; use .any() or .all()")
@@ -380,10 +391,12 @@ class Tensor:
 
     def __float__(self) -> float:
         self._one_element("float")
+        self._no_value_in_build("float()")
         return float(self.item())
 
     def __int__(self) -> int:
         self._one_element("int")
+        self._no_value_in_build("int()")
         return int(self.item())
 
     def _one_element(self, what: str) -> None:

@@ -28,7 +28,7 @@ from ..core.tensor import Tensor, _repr_with
 from . import env, world
 from .boxing import apply_box
 from .moves import move
-from .sharding import dual, local_shape, nd_str, normalize_sbp, shard_of
+from .sharding import check_placement, dual, local_shape, nd_str, normalize_sbp, shard_of
 from .placement import placement
 
 
@@ -255,13 +255,15 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
     """Makes this tensor global (from a local shard) or converts a global one (boxing)."""
     if self._global is None:
         if placement is None or sbp is None:
-            raise HoloflowError("holoflow.to_global: a local tensor needs both placement= and sbp=")
+            raise HoloflowError(f"holoflow.to_global: a local tensor (shape {tuple(self.shape)}) becomes global "
+                                f"with both placement= and sbp=; got placement={placement!r}, sbp={sbp!r}")
         nd = normalize_sbp(sbp, placement, self.dim())
         gs = normalize_sbp(grad_sbp, placement, self.dim()) if grad_sbp is not None else None
         return _from_local(self, placement, nd, check_meta, gs, copy)
     fresh_copy(self)
     g = self._global
     place = placement or g.placement
+    check_placement(place)
     if sbp is None and len(g.sbp) != place.ndim:
         raise HoloflowError(f"holoflow.to_global: moving from a {g.placement.ndim}-D to a "
                             f"{place.ndim}-D placement {place} needs sbp= with {place.ndim} "
@@ -317,8 +319,9 @@ def seed_grad(t: Tensor, g: Tensor | None) -> Tensor:
         ones = torch.ones(tuple(meta.shape), dtype=t._data.dtype, device=t._data.device)
         g = from_full(ones, meta.placement, (B,) * len(meta.sbp))
     if g._global is None:
-        raise HoloflowError("holoflow.backward: the gradient for a global tensor must be global "
-                            "(same placement); use gradient.to_global(...)")
+        raise HoloflowError(f"holoflow.backward: the gradient for a global tensor of shape {tuple(meta.shape)} "
+                            f"(sbp {nd_str(meta.sbp)} on {meta.placement}) must be global on the same placement; "
+                            f"got a local tensor of shape {tuple(g.shape)}: use gradient.to_global(placement, sbp)")
     g = to_global(g, meta.placement, None)
     out = apply_box(g, meta.placement, g._global.sbp, dual(meta.sbp), meta.shape, world.rank(),
                     world.comm())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.errors import HoloflowError
+from ..core.errors import ArgValueError, HoloflowError
 from . import env
 
 
@@ -17,7 +17,8 @@ class placement:
 
     def __init__(self, type: str = "cpu", ranks=None) -> None:  # noqa: A002 - OneFlow's name
         if type not in ("cpu", "cuda"):
-            raise ValueError(f"holoflow.placement: type must be 'cpu' or 'cuda', got {type!r}")
+            # torch's class for a bad device type (torch.device('tpu')): RuntimeError
+            raise ArgValueError(f"holoflow.placement: type must be 'cpu' or 'cuda', got {type!r}")
         if ranks is None:
             raise ValueError("holoflow.placement: ranks= is required, e.g. ranks=[0, 1]")
         arr = _rank_array(ranks)

@@ -11,13 +11,14 @@ from typing import Sequence
 
 import torch
 
-from ..core.errors import HoloflowError
+from ..core.errors import ArgTypeError, HoloflowError
 from ..core.sbp import SBP, B, P, S, short
 from .placement import placement
 
 
 def normalize_sbp(sbp, place: placement, ndim: int | None = None, what: str = "to_global") -> tuple:
     """A single SBP or a sequence -> an nd-SBP tuple with one entry per mesh axis."""
+    check_placement(place, what)
     nd = tuple(sbp) if isinstance(sbp, (list, tuple)) else (sbp,)
     if len(nd) != place.ndim:
         raise HoloflowError(f"holoflow.{what}: the placement is a {place.ndim}-D mesh "
@@ -25,14 +26,21 @@ def normalize_sbp(sbp, place: placement, ndim: int | None = None, what: str = "t
                             f"{nd}")
     for s in nd:
         if not isinstance(s, SBP):
-            raise HoloflowError(f"holoflow.{what}: {s!r} is not an SBP; use holoflow.sbp.split(i), "
-                                f".broadcast or .partial_sum")
+            raise ArgTypeError(f"holoflow.{what}: {s!r} (a {type(s).__name__}) is not an SBP; use "
+                               f"holoflow.sbp.split(i), .broadcast or .partial_sum")
         if ndim is not None and isinstance(s, S) and s.axis >= ndim:
             legal = f"legal split dims are 0..{ndim - 1}" if ndim else \
                 "a 0-dim tensor can't be split; use broadcast or partial_sum"
             raise HoloflowError(f"holoflow.{what}: sbp split(dim={s.axis}) is out of range for a "
                                 f"tensor with {ndim} dimension(s); {legal}")
     return nd
+
+
+def check_placement(place, what: str = "to_global") -> None:
+    """``place`` must be a :class:`placement` (a device string is not one): TypeError otherwise."""
+    if not isinstance(place, placement):
+        raise ArgTypeError(f"holoflow.{what}: placement must be a holoflow.placement, e.g. "
+                           f"holoflow.placement('cpu', ranks=[0, 1]); got {place!r} (a {type(place).__name__})")
 
 
 def nd_str(nd: Sequence[SBP]) -> str:

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..core.errors import HoloflowError
 from . import comm_track
 
 
@@ -80,6 +81,11 @@ class SimComm:
         copy, as a wire takes one: the rank may write into its tensor as soon as its own call
         returns, while slower peers still read the deposit."""
         r = rank()
+        bad = [q for q in group if not 0 <= q < self.world_size]
+        if bad:   # as groups.normalize says on real ranks, at once instead of a timeout
+            raise HoloflowError(f"holoflow (simulated): {kind} over ranks {list(group)}: ranks {bad} are outside "
+                                f"the world of {self.world_size} process(es) (ranks 0..{self.world_size - 1}); "
+                                f"a placement may only name ranks of the world")
         value = _copied(value)
         with self._cv:
             seq = self._seq.get((group, r), 0)

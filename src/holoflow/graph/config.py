@@ -4,7 +4,14 @@ from __future__ import annotations
 import copy
 
 from ..core import dtype as _dtype
+from ..core.errors import ArgTypeError
 from .zero import Zero
+
+
+def _number(what: str, v) -> None:
+    """A config value that must be a number (a str such as ``"25"`` is a TypeError naming the call)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ArgTypeError(f"holoflow.nn.Graph: {what} takes a number, got {v!r} (a {type(v).__name__})")
 
 
 class GraphConfig:
@@ -42,22 +49,33 @@ class GraphConfig:
         """Global graphs: backward's gradient all-reduces are grouped into buckets of at most
         ``mb`` MB (default 25, like DDP's ``bucket_cap_mb``), each one collective on the
         communication stream as soon as its gradients exist; 0 reduces each gradient alone."""
+        _number("set_allreduce_bucket_mb", mb)
         if mb < 0:
             raise ValueError(f"holoflow.nn.Graph: allreduce bucket size must be >= 0 MB, got {mb}")
         self.allreduce_bucket_mb = float(mb)
 
     def enable_amp(self, mode: bool = True, *, dtype=None) -> None:
         """Mixed precision: matmul-like ops in ``dtype`` (bfloat16 on CPU, float16 on CUDA)."""
-        self.amp = mode
         if dtype is not None:
+            try:
+                ok = _dtype.to_torch(dtype).is_floating_point
+            except TypeError:
+                ok = False
+            if not ok:
+                raise ArgTypeError(f"holoflow.nn.Graph: enable_amp(dtype=...) takes a floating dtype "
+                                   f"(holoflow.bfloat16, holoflow.float16), got {dtype!r}")
             self.amp_dtype = dtype
+        self.amp = mode
 
     def set_gradient_accumulation_steps(self, value: int) -> None:
         """Splits each batch into ``value`` micro-batches along dim 0, each with its own forward
         and backward, summing their gradients (as eager would with ``(loss / value).backward()``
         per micro-batch) before one update. Outputs come back per micro-batch, as in OneFlow: a
         scalar loss has shape ``(value,)``, other outputs are concatenated along dim 0."""
-        if not isinstance(value, int) or value < 1:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ArgTypeError(f"holoflow.nn.Graph: gradient accumulation steps must be an int >= 1, got {value!r} "
+                               f"(a {type(value).__name__})")
+        if value < 1:
             raise ValueError(f"holoflow.nn.Graph: gradient accumulation steps must be an int >= 1, got {value!r}")
         self.grad_acc_steps = value
 
@@ -121,12 +139,14 @@ class GraphConfig:
 
     def set_auto_parallel_computation_cost_ratio(self, ratio: float) -> None:
         """The weight of predicted compute time against communication time (default 1)."""
+        _number("set_auto_parallel_computation_cost_ratio", ratio)
         if not ratio >= 0:
             raise ValueError(f"holoflow.nn.Graph: computation cost ratio must be >= 0, got {ratio!r}")
         self.auto_parallel_ratio = float(ratio)
 
     def set_auto_parallel_wait_time(self, cost: float) -> None:
         """Extra seconds every collective costs in the auto-parallel cost model (default 0)."""
+        _number("set_auto_parallel_wait_time", cost)
         if not cost >= 0:
             raise ValueError(f"holoflow.nn.Graph: auto-parallel wait time must be >= 0 seconds, got {cost!r}")
         self.auto_parallel_wait_s = float(cost)

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from ..core import grad_mode
-from ..core.errors import HoloflowError, UnsupportedError
+from ..core.errors import ArgTypeError, ArgValueError, HoloflowError, UnsupportedError
 from ..core.tensor import Tensor
 from . import passes
 from .config import GraphConfig
@@ -46,24 +46,64 @@ class GraphBuildError(HoloflowError):
     """``build()`` raised while being traced; names the user's line."""
 
 
+_BUILD_ERRORS: dict = {}
 
-def _training_flags(roots) -> tuple:
-    """Every module's ``training`` flag, its parameters' ``requires_grad`` and its state's dtypes
-    under ``roots`` (each module once, in a fixed order): a parameter frozen or unfrozen between
-    calls changes what backward computes and the optimizer updates, and a model cast between calls
-    (``model.double()``) what every kernel reads, as in eager. Read on every call, so a plain walk
-    rather than ``modules()``' generators (a 12-layer GPT has ~115 modules)."""
-    flags, seen, stack = [], set(), list(roots)[::-1]
+
+def build_error(cause: BaseException, message: str) -> GraphBuildError:
+    """A :class:`GraphBuildError` that is also every builtin class ``cause`` is (a ``TypeError``
+    for ``build()`` called with the wrong arguments, an ``IndexError`` for a dim out of range...),
+    so callers catch it as they would the error itself, as torch's classes go."""
+    extra = [c for c in type(cause).__mro__ if c.__module__ == "builtins" and not issubclass(GraphBuildError, c)]
+    bases = tuple(c for c in extra if not any(d is not c and issubclass(d, c) for d in extra))
+    if not bases:
+        return GraphBuildError(message)
+    cls = _BUILD_ERRORS.get(bases)
+    if cls is None:
+        name = "GraphBuildError_" + "_".join(c.__name__ for c in bases)
+        try:
+            cls = type(name, (GraphBuildError, *bases), {"__module__": __name__})
+        except TypeError:   # a builtin class whose layout can't be mixed in (OSError...)
+            cls = GraphBuildError
+        cls = _BUILD_ERRORS.setdefault(bases, cls)
+    return cls(message)
+
+
+def _state_walk(roots, optimizers) -> tuple[tuple, tuple]:
+    """``(flags, layout)`` of the state under ``roots``, each module once, in a fixed order; read
+    on every call, so one plain walk rather than ``modules()``' generators (a 12-layer GPT has
+    ~115 modules).
+
+    ``flags``: every module's ``training`` flag, its parameters' ``requires_grad`` and its state's
+    dtypes: a parameter frozen or unfrozen between calls changes what backward computes and the
+    optimizer updates, and a model cast between calls (``model.double()``) what every kernel
+    reads, as in eager (part of the plan's cache key).
+
+    ``layout``: the placement and SBP of every parameter and buffer and of the optimizers'
+    parameters (None: local). A plan reads the state as it was laid out when it was compiled;
+    ``module.to_global(...)`` between calls re-lays it out, so the plan is compiled again, as
+    eager's next call would run on the new layout. (Not part of the cache key: ZeRO stage 3 and
+    the auto-parallel plan re-lay parameters out while compiling, which is the layout the plan
+    then keeps.)"""
+    flags, layout, seen, stack = [], [], set(), list(roots)[::-1]
     while stack:
         m = stack.pop()
         if m is None or id(m) in seen:
             continue
         seen.add(id(m))
         flags.append(m.training)
-        flags.extend((p.requires_grad, p._data.dtype) if p is not None else None for p in m._parameters.values())
-        flags.extend(b._data.dtype if b is not None else None for b in m._buffers.values())
+        for p in m._parameters.values():
+            flags.append((p.requires_grad, p._data.dtype) if p is not None else None)
+            layout.append((p._global.placement, p._global.sbp) if p is not None and p._global is not None else None)
+        for b in m._buffers.values():
+            flags.append(b._data.dtype if b is not None else None)
+            layout.append((b._global.placement, b._global.sbp) if b is not None and b._global is not None else None)
         stack.extend(list(m._modules.values())[::-1])
-    return tuple(flags)
+    for opt, _ in optimizers:
+        for group in opt.param_groups:
+            layout.extend((p._global.placement, p._global.sbp) if p._global is not None else None
+                          for p in group["params"])
+    return tuple(flags), tuple(layout)
+
 
 class Graph:
     """Subclass, assign modules, override ``build()``; the first call (per input signature) compiles.
@@ -104,6 +144,20 @@ class Graph:
 
     def add_optimizer(self, optim, *, lr_sch=None, is_sparse: bool = False) -> None:
         """Adds an optimizer (and its LR scheduler, stepped once per call after the update)."""
+        if not hasattr(optim, "param_groups") or not hasattr(optim, "step"):
+            raise TypeError(f"holoflow.nn.Graph.add_optimizer: expects an optimizer (holoflow.optim.SGD, "
+                            f"AdamW, ...), got a {type(optim).__name__}")
+        if any(o is optim for o, _ in self._optimizers):
+            raise ArgValueError(f"holoflow.nn.Graph.add_optimizer: this {type(optim).__name__} was already "
+                                f"added to {type(self).__name__}; each optimizer is added once (twice would "
+                                f"step its parameters twice per call)")
+        added = {id(p) for o, _ in self._optimizers for g in o.param_groups for p in g["params"]}
+        shared = sum(id(p) in added for g in optim.param_groups for p in g["params"])
+        if shared:
+            raise ArgValueError(f"holoflow.nn.Graph.add_optimizer: {shared} parameter(s) of this "
+                                f"{type(optim).__name__} are already updated by an optimizer added before; "
+                                f"a parameter belongs to one optimizer (use parameter groups for different "
+                                f"settings)")
         self._optimizers.append((optim, lr_sch))
 
     def set_grad_scaler(self, grad_scaler) -> None:
@@ -117,6 +171,9 @@ class Graph:
         collective measurement on every rank); ``>= 2`` also the program that runs (the Python
         source the plan executes, verbatim); ``>= 3`` also the IR after every pass. ``passes_log``
         and :meth:`explain` give the same afterwards."""
+        if isinstance(v_level, bool) or not isinstance(v_level, int):
+            raise ArgTypeError(f"holoflow.nn.Graph.debug: v_level takes an int (0 quiet .. 3 the IR after every "
+                               f"pass), got {v_level!r} (a {type(v_level).__name__})")
         self._debug = v_level
 
     @property
@@ -228,12 +285,18 @@ class Graph:
                 yield unflatten(out, c.ir.out_spec)
 
     def _get(self, leaves: list, spec) -> Compiled:
-        key = _cache_key(leaves, spec, self._flags())
+        flags, layout = _state_walk(self._modules.values(), self._optimizers)
+        key = _cache_key(leaves, spec, (self.config.profiling, self.config.executor, flags))
         c = self._compiled.get(key)
+        if c is not None and c.layout != layout:
+            c.close()   # the state was re-laid out since (module.to_global): a stale plan
+            del self._compiled[key]
+            c = None
         if c is None:
             if self.config.auto_parallel and self._auto_plan is None:
                 self._plan_parallel(leaves, spec)
             c = self._compiled[key] = self._compile(leaves, spec)
+            c.layout = _state_walk(self._modules.values(), self._optimizers)[1]   # as compiled (ZeRO-3 included)
         return c
 
     def predict(self, *args, device=None, link=None, **kwargs):
@@ -319,7 +382,7 @@ class Graph:
     def _flags(self) -> tuple:
         """Module train/eval flags, parameters' requires_grad and profiling: a change traces a new
         plan."""
-        return (self.config.profiling, self.config.executor, _training_flags(self._modules.values()))
+        return (self.config.profiling, self.config.executor, _state_walk(self._modules.values(), ())[0])
 
     # -- compile ---------------------------------------------------------------------------------
     def _trace(self, leaves: list, spec) -> tuple:
@@ -360,8 +423,8 @@ class Graph:
         except GraphBuildError:
             raise
         except Exception as e:
-            raise GraphBuildError(f"holoflow.nn.Graph {type(self).__name__}: build() failed while tracing"
-                                  f"{_user_frame(e)}: {type(e).__name__}: {e}") from e
+            raise build_error(e, f"holoflow.nn.Graph {type(self).__name__}: build() failed while tracing"
+                                 f"{_user_frame(e)}: {type(e).__name__}: {e}") from e
         finally:
             for h in hooks:
                 h.remove()
@@ -383,6 +446,11 @@ class Graph:
         from .passes.checkpointing import flagged_paths
         cfg = self.config.for_passes(flagged_paths(self))
         cfg.global_graph = is_global(ir)
+        if self.config.zero is not None and not cfg.global_graph:   # OneFlow accepts it too: a no-op
+            LOG.warning(f"holoflow.nn.Graph {type(self).__name__}: enable_zero(stage={self.config.zero.stage}) "
+                        f"has no effect: this graph's parameters and inputs are local, and ZeRO shards "
+                        f"data-parallel state across the ranks of global parameters; model.to_global(placement, "
+                        f"broadcast) and global inputs to use it")
         if piped or any(is_move(n) for n in ir.nodes):   # moves between placements: stages by placement
             if written:
                 raise UnsupportedError(

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..core import grad_mode
-from ..core.errors import UnsupportedError
+from ..core.errors import ArgTypeError, UnsupportedError
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
 from ..distributed import world
@@ -40,6 +40,11 @@ class Zero:
     shard_min_size: int = 1024
 
     def __post_init__(self) -> None:
+        for name in ("stage", "shard_min_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ArgTypeError(f"holoflow.nn.Graph: enable_zero({name}=...) takes an int, got {v!r} "
+                                   f"(a {type(v).__name__})")
         if self.stage not in (1, 2, 3):
             raise UnsupportedError(f"holoflow.nn.Graph: ZeRO stage {self.stage} does not exist (stages 1, 2 "
                                    f"and 3 shard optimizer state, also gradients, also parameters)")

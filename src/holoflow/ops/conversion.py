@@ -8,6 +8,7 @@ from ..core import dtype as _dtype
 from ..core import grad_mode, interpret
 from ..core.autograd import GradNode
 from ..core.dispatch import apply, assign, check_inplace_target
+from ..core.errors import HoloflowError
 from ..core.views import VIEW_SCATTER
 from ..core.tensor import Tensor
 from .family import cast_sbp, defop, elementwise_sbp
@@ -47,6 +48,12 @@ def to(self: Tensor, *args, **kwargs) -> Tensor:
     cur = self._data
     if dev is not None and dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else dev
+    g = self._global
+    if g is not None and dev is not None and dev.type != g.placement.type:
+        raise HoloflowError(f"holoflow.to: a global tensor (shape {tuple(self.shape)}, sbp {g.sbp}) on {g.placement} "
+                            f"changes device type with .to_global(placement=holoflow.placement({dev.type!r}, "
+                            f"ranks={g.placement.ranks.tolist()})); .to() of a global tensor takes only a dtype "
+                            f"or a device of its placement's type ({g.placement.type!r}), got {dev}")
     same_dev = dev is None or dev == cur.device
     same_dt = dt is None or dt == cur.dtype
     # a trace whose values the AMP pass retypes afterwards (nn.Graph config.enable_amp) records an

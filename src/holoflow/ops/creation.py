@@ -15,7 +15,7 @@ import torch
 from ..core import device as _device
 from ..core import dtype as _dtype
 from ..core.dispatch import apply
-from ..core.errors import ArgTypeError, int_sizes
+from ..core.errors import ArgTypeError, ArgValueError, int_sizes
 from ..core import interpret
 from ..core.interpret import is_lazy
 from ..core.registry import defop
@@ -50,21 +50,22 @@ def _traced(name: str, fn, *args, placement=None, sbp=None, **attrs) -> Tensor |
     if not is_lazy():
         return None
     t = apply(_create_op(name, fn), *args, **attrs)
-    placement, sbp = _where(placement, sbp)
+    placement, sbp = _where(placement, sbp, name)
     return t if placement is None else interpret.current().globalize(t, placement, sbp)
 
 
 LOCAL = object()   # placement=LOCAL: a local tensor whatever global_mode says (Tensor.new_*)
 
 
-def _where(placement, sbp) -> tuple:
+def _where(placement, sbp, op: str = "tensor") -> tuple:
     """The placement and SBP a creation op uses: its arguments, else a ``global_mode`` scope's."""
     if placement is LOCAL:
         return None, None
     if placement is None and sbp is None:
         return interpret.current().creation_default() or (None, None)
     if placement is None or sbp is None:
-        raise ValueError("holoflow: a global tensor needs both placement= and sbp=")
+        raise ArgValueError(f"holoflow.{op}: a global tensor needs both placement= and sbp=; got "
+                            f"placement={placement!r}, sbp={sbp!r} (pass both, or neither for a local tensor)")
     return placement, sbp
 
 
@@ -85,9 +86,10 @@ def _torch_call(op: str, fn, *args, **kwargs) -> torch.Tensor:
         raise cls(f"holoflow.{op}({given}): {str(e).splitlines()[0]}") from e
 
 
-def _finish(data: torch.Tensor, requires_grad: bool = False, placement=None, sbp=None) -> Tensor:
+def _finish(data: torch.Tensor, requires_grad: bool = False, placement=None, sbp=None,
+            op: str = "tensor") -> Tensor:
     t = Tensor._make(data)
-    placement, sbp = _where(placement, sbp)
+    placement, sbp = _where(placement, sbp, op)
     if placement is not None:
         t = interpret.current().globalize(t, placement, sbp)
     if requires_grad:
@@ -138,7 +140,8 @@ def _filled(fn):
                     **_kw(dtype, device))
         if t is not None:
             return t
-        return _finish(fn(_sizes(size, fn.__name__), **_kw(dtype, device)), requires_grad, placement, sbp)
+        return _finish(fn(_sizes(size, fn.__name__), **_kw(dtype, device)), requires_grad, placement, sbp,
+                       fn.__name__)
     make.__name__ = fn.__name__
     make.__doc__ = f"A new tensor of the given size, as ``torch.{fn.__name__}``."
     return make
@@ -158,7 +161,7 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False, plac
     if t is not None:
         return t
     return _finish(torch.full(_sizes((size,)), fill_value, **_kw(dtype, device)), requires_grad,
-                   placement, sbp)
+                   placement, sbp, "full")
 
 
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=False,
@@ -170,13 +173,13 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=Fa
     if t is not None:
         return t
     data = _torch_call("arange", torch.arange, start, end, step, **_kw(dtype, device))
-    return _finish(data, requires_grad, placement, sbp)
+    return _finish(data, requires_grad, placement, sbp, "arange")
 
 
 def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad=False,
              placement=None, sbp=None) -> Tensor:
     return _finish(_torch_call("linspace", torch.linspace, start, end, steps, **_kw(dtype, device)), requires_grad,
-                   placement, sbp)
+                   placement, sbp, "linspace")
 
 
 def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, device=None) -> Tensor:
@@ -186,7 +189,7 @@ def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, device=N
 def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad=False,
         placement=None, sbp=None) -> Tensor:
     return _finish(torch.eye(n, n if m is None else m, **_kw(dtype, device)), requires_grad,
-                   placement, sbp)
+                   placement, sbp, "eye")
 
 
 def _factory(op: str, fn, *args, dtype=None, device=None, requires_grad: bool = False, **params) -> Tensor:
@@ -271,8 +274,7 @@ def _random(fn):
         if t is not None:
             return t
         return _finish(_torch_call(fn.__name__, fn, _sizes(size, fn.__name__), generator=g, **_kw(dtype, device)),
-                       requires_grad,
-                       placement, sbp)
+                       requires_grad, placement, sbp, fn.__name__)
     make.__name__ = fn.__name__
     make.__doc__ = (f"Random tensor, as ``torch.{fn.__name__}``; a global one holds the same "
                     f"logical values as the single-process call with the same seed.")
@@ -296,7 +298,7 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
     if t is not None:   # under a graph trace: a draw per call, not a constant
         return t
     return _finish(_torch_call("randint", torch.randint, low, high, _sizes((size,), "randint"), generator=g, **kw),
-                   False, placement, sbp)
+                   False, placement, sbp, "randint")
 
 
 def randperm(n: int, *, generator=None, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
@@ -306,7 +308,7 @@ def randperm(n: int, *, generator=None, dtype=None, device=None, placement=None,
     if t is not None:
         return t
     return _finish(torch.randperm(n, generator=g, **_kw(dtype or _dtype.int64, device)), False,
-                   placement, sbp)
+                   placement, sbp, "randperm")
 
 
 def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=None,
