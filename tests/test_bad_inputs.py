@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import holoflow as flow
+from harness import error_table_params
 
 
 class Case:
@@ -525,12 +526,6 @@ CASES += [
 XFAIL: dict[str, str] = {}
 
 
-def _params():
-    out = []
-    for c in CASES:
-        marks = [pytest.mark.xfail(strict=True, reason=XFAIL[c.id])] if c.id in XFAIL else []
-        out.append(pytest.param(c, id=c.id, marks=marks))
-    return out
 
 
 def _run(code: str, lib):
@@ -540,7 +535,7 @@ def _run(code: str, lib):
         return None, e
 
 
-@pytest.mark.parametrize("case", _params())
+@pytest.mark.parametrize("case", error_table_params(CASES, XFAIL))
 def test_bad_input(case: Case):
     with np.errstate(all="ignore"):
         got, err = _run(case.code, flow)

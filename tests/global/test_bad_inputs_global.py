@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 import holoflow as flow
+from harness import error_table_params
 from holoflow.distributed import world
 from holoflow.sbp import B, P, S
 
@@ -287,15 +288,9 @@ CASES += [
 XFAIL: dict[str, str] = {}
 
 
-def _params():
-    out = []
-    for c in CASES:
-        marks = [pytest.mark.xfail(strict=True, reason=XFAIL[c.id])] if c.id in XFAIL else []
-        out.append(pytest.param(c, id=c.id, marks=marks))
-    return out
 
 
-@pytest.mark.parametrize("case", _params())
+@pytest.mark.parametrize("case", error_table_params(CASES, XFAIL))
 def test_bad_input_global(case: Case):
     outs = world.simulate(case.n, lambda r: _run_rank(case.code, r), timeout=case.timeout)
     for rank, (err, site) in enumerate(outs):

@@ -224,12 +224,18 @@ class Identity(BasePruningMethod):
         return super().apply(module, name)
 
 
-class RandomUnstructured(BasePruningMethod):
+class _Unstructured(BasePruningMethod):
+    """Prunes ``amount`` single entries: those ``_scores`` ranks first (torch's two methods)."""
+
     PRUNING_TYPE = "unstructured"
 
     def __init__(self, amount) -> None:
         _validate_pruning_amount_init(amount)
         self.amount = amount
+
+    def _scores(self, t):
+        """(scores, largest): the entries pruned are the ``largest`` (or smallest) scores."""
+        raise NotImplementedError
 
     def compute_mask(self, t, default_mask):
         tensor_size = t.nelement()
@@ -237,32 +243,24 @@ class RandomUnstructured(BasePruningMethod):
         _validate_pruning_amount(nparams_toprune, tensor_size)
         mask = default_mask.clone()
         if nparams_toprune != 0:
-            prob = rand_like(t)
-            topk = _topk(prob.view(-1), k=nparams_toprune)
+            scores, largest = self._scores(t)
+            topk = _topk(scores.view(-1), k=nparams_toprune, largest=largest)
             mask.view(-1)[topk.indices] = 0
         return mask
+
+
+class RandomUnstructured(_Unstructured):
+    def _scores(self, t):
+        return rand_like(t), True   # (torch's draw and order: the same masks under one seed)
 
     @classmethod
     def apply(cls, module, name, amount):
         return super().apply(module, name, amount=amount)
 
 
-class L1Unstructured(BasePruningMethod):
-    PRUNING_TYPE = "unstructured"
-
-    def __init__(self, amount) -> None:
-        _validate_pruning_amount_init(amount)
-        self.amount = amount
-
-    def compute_mask(self, t, default_mask):
-        tensor_size = t.nelement()
-        nparams_toprune = _compute_nparams_toprune(self.amount, tensor_size)
-        _validate_pruning_amount(nparams_toprune, tensor_size)
-        mask = default_mask.clone()
-        if nparams_toprune != 0:
-            topk = _topk(t.abs().view(-1), k=nparams_toprune, largest=False)
-            mask.view(-1)[topk.indices] = 0
-        return mask
+class L1Unstructured(_Unstructured):
+    def _scores(self, t):
+        return t.abs(), False
 
     @classmethod
     def apply(cls, module, name, amount, importance_scores=None):
