@@ -212,7 +212,11 @@ def test_a_calibrated_model_times_the_kernels():
                {"padding_idx": -1}, (Value((8, 3, 4), torch.float32),))
     calibrated, default = ap.DeviceModel(1e9, 1e9, True), ap.DeviceModel(1e9, 1e9)
     assert default.node_seconds(big) is None
+    flow.manual_seed(3)
+    want = flow.randn(4).numpy()
+    flow.manual_seed(3)
     t_big, t_small = calibrated.node_seconds(big), calibrated.node_seconds(small)
+    np.testing.assert_array_equal(flow.randn(4).numpy(), want)   # timing drew none of the user's numbers
     assert 0 < t_small < t_big < 1.0
     assert calibrated.node_seconds(big) == t_big           # remembered, not timed again
     assert calibrated.node_seconds(idx) > 0

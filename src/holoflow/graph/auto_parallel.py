@@ -168,7 +168,14 @@ def _flush_caches(device: torch.device) -> None:
 
 def _time_kernel(op, n: Node) -> float | None:
     """The fastest of ``KERNEL_REPEATS`` runs of ``op``'s kernel on example inputs of ``n``'s
-    metas, each from cold caches, after one warm-up run (None if the kernel refuses example data)."""
+    metas, each from cold caches, after one warm-up run (None if the kernel refuses example data).
+    The random generators are left as they were: planning draws none of the user's numbers."""
+    cuda = [v.device for v in n.inputs if isinstance(v, Value) and v.device.type == "cuda"]
+    with torch.random.fork_rng(devices=cuda[:1]):
+        return _timed(op, n)
+
+
+def _timed(op, n: Node) -> float | None:
     args = [_example(v) if isinstance(v, Value) else v for v in n.inputs]
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
     sync = torch.cuda.synchronize if device.type == "cuda" else None
