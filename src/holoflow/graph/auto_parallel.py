@@ -102,7 +102,8 @@ class DeviceModel:
         ``ranks`` (a collective: every rank calls it) every rank takes the slowest rank's figures,
         so all derive the same plan."""
         n = 512 if device.type == "cpu" else 4096
-        a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):   # not the user's draws
+            a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
         big = torch.empty(1 << 22, device=device)   # 16 MiB
 
         def best(fn) -> float:
