@@ -152,8 +152,12 @@ class Op:
         keep = self.saved_inputs
         if keep is None:
             return inputs
-        if callable(keep):
-            keep = keep(tuple([e is not None for e in edges]))
+        if callable(keep):   # a function of which inputs need a gradient: a few patterns, remembered
+            needs = tuple([e is not None for e in edges])
+            known = self.__dict__.setdefault("_kept", {})
+            keep = known.get(needs)
+            if keep is None:
+                keep = known[needs] = frozenset(self.saved_inputs(needs))
         return tuple([x if i in keep else None for i, x in enumerate(inputs)])
 
     def outputs_of(self, outs: tuple) -> tuple:
