@@ -4,8 +4,8 @@ differentiable composites of them), under torch.special's names.
 >>> flow.special.expit(x)                  # sigmoid
 >>> flow.special.xlogy(p, p).sum()         # 0 where p == 0
 
-A function of torch.special missing here (the Bessel and orthogonal-polynomial families, erfcx,
-ndtri, log_ndtr, entr, zeta) raises AttributeError naming it.
+A function of torch.special missing here (the Bessel and orthogonal-polynomial families, zeta)
+raises AttributeError naming it.
 """
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from .ops import elementwise as _E
 from .ops.api_more2 import mvlgamma
 from .ops.elementwise import _FUNCS as _EW
 from .ops.elementwise import logit, round, xlogy  # noqa: A004 - torch.special.round
-from .ops.extra_ops import digamma, i0, lgamma, polygamma, sinc
+from .ops.extra_ops import digamma, entr, erfcx, i0, i0e, i1, i1e, lgamma, log_ndtr, ndtri, polygamma, sinc
 from .ops.nn_ops import log_softmax as _log_softmax
 from .ops.nn_ops import softmax as _softmax
 from .ops.reduction import logsumexp
 
 __all__ = ["expit", "exp2", "expm1", "log1p", "erf", "erfc", "erfinv", "digamma", "psi", "gammaln", "polygamma",
            "multigammaln", "gammainc", "gammaincc", "i0", "sinc", "round", "logit", "xlogy", "xlog1py",
-           "logsumexp", "softmax", "log_softmax", "ndtr"]
+           "logsumexp", "softmax", "log_softmax", "ndtr", "entr", "erfcx", "ndtri", "log_ndtr", "i0e", "i1", "i1e"]
 
 expit = _EW["sigmoid"]
 exp2 = _EW["exp2"]

@@ -94,6 +94,22 @@ def _sinc_grad(c, dy):
 
 
 SINC = unary("sinc", torch.sinc, _sinc_grad, "inputs")
+# torch.special's functions with kernels of their own; gradients are torch's formulas
+_SQRT_2PI = math.sqrt(2 * math.pi)
+ENTR = unary("entr", torch.special.entr, lambda c, dy: (dy * -(1 + c.inputs[0].log()),), "inputs")
+ERFCX = unary("erfcx", torch.special.erfcx,
+              lambda c, dy: (dy * (2 * c.inputs[0] * c.out - 2 / math.sqrt(math.pi)),), "both")
+NDTRI = unary("ndtri", torch.special.ndtri, lambda c, dy: (dy * _SQRT_2PI * (c.out.square() / 2).exp(),), "output")
+LOG_NDTR = unary("log_ndtr", torch.special.log_ndtr,
+                 lambda c, dy: (dy / _SQRT_2PI * (-c.inputs[0].square() / 2 - c.out).exp(),), "both")
+I0E = unary("i0e", torch.special.i0e, lambda c, dy: (dy * (apply(I1E, c.inputs[0]) - c.inputs[0].sgn() * c.out),),
+            "both")
+# i1'(x) = i0(x) - i1(x) / x and i1e'(x) = i0e(x) - i1e(x) (sgn(x) + 1 / x), both 1/2 at x = 0
+I1 = unary("i1", torch.special.i1, lambda c, dy: (
+    dy * where(c.inputs[0] == 0, 0.5, apply(I0, c.inputs[0]) - c.out / c.inputs[0]),), "both")
+I1E = unary("i1e", torch.special.i1e, lambda c, dy: (
+    dy * where(c.inputs[0] == 0, 0.5, apply(I0E, c.inputs[0]) - c.out * (c.inputs[0].sgn() + 1 / c.inputs[0])),),
+    "both")
 HYPOT = _ew("hypot", torch.hypot)
 COPYSIGN = _ew("copysign", torch.copysign)
 FREXP = _ew("frexp", torch.frexp, outputs=("mantissa", "exponent"))
@@ -149,6 +165,20 @@ def i0(input: Tensor) -> Tensor:
     """The modified Bessel function of the first kind, order 0, as ``torch.i0``."""
     _floating("i0", _tensor("i0", input))
     return apply(I0, input)
+
+
+def _special(op, name: str):
+    def fn(input: Tensor) -> Tensor:
+        _floating(name, _tensor(name, input))
+        return apply(op, input)
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"``torch.special.{name}``, torch's kernel and derivative."
+    return fn
+
+
+entr, erfcx, ndtri, log_ndtr, i0e, i1, i1e = (_special(op, name) for op, name in (
+    (ENTR, "entr"), (ERFCX, "erfcx"), (NDTRI, "ndtri"), (LOG_NDTR, "log_ndtr"), (I0E, "i0e"), (I1, "i1"),
+    (I1E, "i1e")))
 
 
 def sinc(input: Tensor) -> Tensor:
