@@ -465,3 +465,23 @@ def test_repeated_blocks_move_together():
         seconds = {sbps[f"blocks.{i}.2.weight"] for i in range(3)}
         assert len(firsts) == len(seconds) == 1 and firsts != {(B,)}, sbps
         np.testing.assert_allclose(losses, want, rtol=1e-5)
+
+
+def test_streamed_batches_are_laid_out_as_called_ones():
+    """``graph.stream`` lays each broadcast batch out as the plan chose, as ``graph(x)`` does: the
+    same losses, and the caller's tensors keep their layout."""
+    def run(rank, streamed: bool):
+        P = flow.placement("cpu", ranks=[0, 1])
+        m = _mlp(256)
+        m.to_global(placement=P, sbp=[B])
+        g = _train_graph(m, flow.optim.SGD(m.parameters(), lr=0.01), True)
+        g.config.enable_auto_parallel_ignore_user_sbp_config()
+        xs = [flow.tensor(_batch(2048) * (i + 1)).to_global(placement=P, sbp=[B]) for i in range(3)]
+        outs = list(g.stream(xs)) if streamed else [g(x) for x in xs]
+        assert all(tuple(x.sbp) == (B,) for x in xs)
+        return g.auto_parallel_plan().choices["input0"], [o.to_global(sbp=[B]).to_local().item() for o in outs]
+    called = world.simulate(2, lambda r: run(r, False), timeout=300)
+    streamed = world.simulate(2, lambda r: run(r, True), timeout=300)
+    for (c1, l1), (c2, l2) in zip(called, streamed):
+        assert c1 == c2 == ((B,), (S(0),))
+        np.testing.assert_allclose(l2, l1, rtol=1e-6)
