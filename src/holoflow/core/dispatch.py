@@ -84,6 +84,18 @@ def apply(op: Op, *inputs, **attrs):
     return _eager(op, inputs, attrs)
 
 
+def binary_method(op: Op, **fixed):
+    """``Tensor.__<op>__(self, other)``: ``apply(op, self, other, **fixed)`` with apply inlined,
+    one Python frame per call (the hot path of Python operators)."""
+    def method(self, other):
+        top = _CURRENT.get()
+        if top is not None:
+            return top.bind(op, (self, other), {**fixed})
+        return _eager(op, (self, other), {**fixed})
+    method.__name__ = f"__{op.name}__"
+    return method
+
+
 def _eager(op: Op, inputs: tuple, attrs: dict):
     datas = []
     needs_grad = False
@@ -114,7 +126,13 @@ def _eager(op: Op, inputs: tuple, attrs: dict):
             d = datas[0]
             b = out._base   # views.aliases, inlined
             if out is d or (b is not None and (b is d or b is d._base)):
-                make_view(t, inputs[0], op, attrs, None)
+                x = inputs[0]
+                if x._view is not None or _CURRENT.get() is not None:
+                    make_view(t, x, op, attrs, None)
+                else:   # make_view of a base, inlined (no interpreter: the stamp's token is None)
+                    v = t._view = _new(ViewInfo)
+                    v.base, v.chain, v.stamp = x, ((op, attrs, None),), (x.grad_fn, x._out_idx, None)
+                    v.nograd = not _STATE.enabled
         return t
     return wrap(op, inputs, attrs, out, record)
 
@@ -184,8 +202,11 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None
     for x in inputs:
         if isinstance(x, Tensor):
             vi = x._view
-            if vi is not None and stamp_of(vi.base) != vi.stamp:
-                refresh(x)
+            if vi is not None:   # a stale view re-derived first (the common case, stamp_of inlined)
+                st, b = vi.stamp, vi.base
+                if b.grad_fn is not st[0] or b._out_idx != st[1] or \
+                        ((st[2] is not None or _CURRENT.get() is not None) and stamp_of(b) != st):
+                    refresh(x)
             d = x._data
             shapes.append(x.shape if logical else d.shape)
             dtypes.append(d.dtype)

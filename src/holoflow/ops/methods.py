@@ -5,7 +5,7 @@ from typing import Callable
 
 import torch
 
-from ..core.dispatch import apply, apply_inplace, check_inplace_target
+from ..core.dispatch import apply, apply_inplace, binary_method, check_inplace_target
 from ..core.dtype import from_torch
 from ..core.grad_mode import is_grad_enabled
 from ..core.tensor import Tensor
@@ -37,7 +37,7 @@ def _reflect(op, **attrs):
 def _commute(op):
     """``scalar OP self`` for a commutative op computes ``self OP scalar``, as torch's
     ``__radd__``/``__rmul__`` do (the scalar stays a wrapped number: bf16 rounds as torch)."""
-    return lambda self, other: apply(op, self, other)
+    return binary_method(op)
 
 
 def _rtruediv(self, other):
@@ -46,7 +46,7 @@ def _rtruediv(self, other):
 
 
 def _forward(op, **attrs):
-    return lambda self, other: apply(op, self, other, **attrs)
+    return binary_method(op, **attrs)
 
 
 def _equality(op, unequal: bool):

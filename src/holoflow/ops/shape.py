@@ -257,7 +257,7 @@ def permute(input: Tensor, *args, dims=None) -> Tensor:
 
 def transpose(input: Tensor, dim0: int, dim1: int) -> Tensor:
     """Swaps two dims."""
-    nd = input.dim()
+    nd = input._data.dim() if input._global is None else input.dim()
     if type(dim0) is int and type(dim1) is int and -nd <= dim0 < nd and -nd <= dim1 < nd:
         dims = list(range(nd))
         a, b = dim0 % nd, dim1 % nd
@@ -279,9 +279,10 @@ swapaxes = swapdims = transpose
 
 def t(input: Tensor) -> Tensor:
     """Transpose of a matrix; 0-d and 1-d tensors are returned as they are."""
-    if input.dim() > 2:
+    nd = input._data.dim() if input._global is None else input.dim()
+    if nd > 2:
         raise ValueError(f"holoflow.t: expects a tensor with <= 2 dims, got shape {_fmt(input.shape)}")
-    return transpose(input, 0, 1) if input.dim() == 2 else input
+    return apply(PERMUTE, input, dims=(1, 0)) if nd == 2 else input
 
 
 def movedim(input: Tensor, source, destination) -> Tensor:
