@@ -3,9 +3,12 @@ differentiable composites of them), under torch.special's names.
 
 >>> flow.special.expit(x)                  # sigmoid
 >>> flow.special.xlogy(p, p).sum()         # 0 where p == 0
+>>> flow.special.zeta(2.0, q)              # Hurwitz zeta; differentiable in q
+>>> flow.special.chebyshev_polynomial_t(x, 3)  # n: a tensor or a number
 
-A function of torch.special missing here (the Bessel and orthogonal-polynomial families, zeta)
-raises AttributeError naming it.
+Every public function of torch.special is here. The Bessel functions and orthogonal polynomials
+are not differentiable (their outputs never require grad), as torch's; ``zeta`` has the derivative
+in ``q`` only, and raises NotImplementedError for ``x``'s, as torch.
 """
 from __future__ import annotations
 
@@ -16,14 +19,20 @@ from .ops import elementwise as _E
 from .ops.api_more2 import mvlgamma
 from .ops.elementwise import _FUNCS as _EW
 from .ops.elementwise import logit, round, xlogy  # noqa: A004 - torch.special.round
-from .ops.extra_ops import digamma, entr, erfcx, i0, i0e, i1, i1e, lgamma, log_ndtr, ndtri, polygamma, sinc
+from .ops.extra_ops import (SPECIAL_FUNCTIONS, digamma, entr, erfcx, i0, i0e, i1, i1e, lgamma, log_ndtr, ndtri,
+                             polygamma, sinc, zeta)
 from .ops.nn_ops import log_softmax as _log_softmax
 from .ops.nn_ops import softmax as _softmax
 from .ops.reduction import logsumexp
 
 __all__ = ["expit", "exp2", "expm1", "log1p", "erf", "erfc", "erfinv", "digamma", "psi", "gammaln", "polygamma",
            "multigammaln", "gammainc", "gammaincc", "i0", "sinc", "round", "logit", "xlogy", "xlog1py",
-           "logsumexp", "softmax", "log_softmax", "ndtr", "entr", "erfcx", "ndtri", "log_ndtr", "i0e", "i1", "i1e"]
+           "logsumexp", "softmax", "log_softmax", "ndtr", "entr", "erfcx", "ndtri", "log_ndtr", "i0e", "i1", "i1e",
+           "zeta", *SPECIAL_FUNCTIONS]
+
+# the Bessel functions (airy_ai, bessel_j0, ..., spherical_bessel_j0) and the (x, n) polynomials
+# (chebyshev_polynomial_t, ..., legendre_polynomial_p): ops/extra_ops.py
+globals().update(SPECIAL_FUNCTIONS)
 
 expit = _EW["sigmoid"]
 exp2 = _EW["exp2"]

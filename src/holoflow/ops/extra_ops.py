@@ -5,6 +5,8 @@
 ``vander``, ``cov``/``corrcoef``, ``renorm``, ``index_copy``, ``masked_scatter``,
 ``scatter_reduce``, ``unravel_index``, ``take``/``put`` (flat indexing), ``argwhere``, ``diagflat``,
 ``histogram`` and ``Tensor.unfold`` (a view); with their Tensor methods (and in-place forms).
+torch.special's own kernels are here too (``entr``, ``erfcx``, ..., the Bessel functions, the
+orthogonal polynomials and ``zeta``); ``holoflow.special`` exports them under torch's names.
 
 Where composing existing ops is exact (``diff``, ``kron``, ``tensordot``, ``rot90``,
 ``trapezoid``, ``vander``), they are composites and need no gradient code; ``lgamma``/``digamma``/
@@ -179,6 +181,93 @@ def _special(op, name: str):
 entr, erfcx, ndtri, log_ndtr, i0e, i1, i1e = (_special(op, name) for op, name in (
     (ENTR, "entr"), (ERFCX, "erfcx"), (NDTRI, "ndtri"), (LOG_NDTR, "log_ndtr"), (I0E, "i0e"), (I1, "i1"),
     (I1E, "i1e")))
+
+
+# -- torch.special's Bessel functions, orthogonal polynomials and Hurwitz zeta ---------------------------
+# torch declares the Bessel functions and the polynomials non-differentiable (their outputs never
+# require grad): declared without a grad rule, the same here. zeta has q's derivative only.
+
+#: the one-argument functions, under torch.special's names (the op names too)
+BESSEL_NAMES = ("airy_ai", "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_i0",
+                "modified_bessel_i1", "modified_bessel_k0", "modified_bessel_k1", "scaled_modified_bessel_k0",
+                "scaled_modified_bessel_k1", "spherical_bessel_j0")
+#: the ``(x, n)`` polynomials: n is truncated to an integer (negative n gives 0), as torch's kernels
+POLYNOMIAL_NAMES = ("chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v",
+                    "chebyshev_polynomial_w", "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u",
+                    "shifted_chebyshev_polynomial_v", "shifted_chebyshev_polynomial_w", "hermite_polynomial_h",
+                    "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p")
+BESSEL_OPS = {name: unary(name, getattr(torch.special, name)) for name in BESSEL_NAMES}
+POLYNOMIAL_OPS = {name: binary(name, getattr(torch.special, name), tensors_only=True) for name in POLYNOMIAL_NAMES}
+
+
+def _zeta_grad(c, dy):
+    """d/dq zeta(x, q) = -x zeta(x + 1, q), written with the op (so it differentiates again);
+    torch has no derivative in x, and neither does holoflow."""
+    x, q = c.inputs
+    if needs(c, 0):
+        raise UnsupportedError("holoflow.special.zeta: the derivative for 'zeta' with respect to x (the first "
+                               "argument) is not implemented (nor in torch); only q can require grad: pass "
+                               "x.detach()")
+    if not needs(c, 1):
+        return None, None
+    return None, reduce_grad(dy * -x * apply(ZETA, x + 1, q), c, 1)
+
+
+ZETA = binary("zeta", torch.special.zeta, _zeta_grad, "inputs", tensors_only=True)
+
+
+def _real_args(name: str, a, b, first: str, second: str) -> None:
+    """torch's two-argument special functions take (Tensor, Tensor), (Number, Tensor) or
+    (Tensor, Number), of real dtypes."""
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        raise TypeError(f"holoflow.special.{name}(): expected a Tensor for {first!r} or {second!r}, got "
+                        f"{type(a).__name__} and {type(b).__name__}")
+    for arg, v in ((first, a), (second, b)):
+        if isinstance(v, Tensor):
+            if v.is_complex():
+                raise UnsupportedError(f"holoflow.special.{name}: not implemented for complex tensors, got "
+                                       f"{arg} of dtype {v.dtype}")
+        elif isinstance(v, complex) or not isinstance(v, (int, float)):
+            raise TypeError(f"holoflow.special.{name}(): argument {arg!r} must be a Tensor or a real number, "
+                            f"not {type(v).__name__}")
+
+
+def _bessel_fn(name: str):
+    op = BESSEL_OPS[name]
+
+    def fn(input: Tensor) -> Tensor:
+        x = _tensor(f"special.{name}", input)
+        if x.is_complex():
+            raise UnsupportedError(f"holoflow.special.{name}: not implemented for complex tensors, got {x.dtype}")
+        return apply(op, x)
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = (f"``torch.special.{name}`` elementwise (integer inputs give the default float dtype); "
+                  f"not differentiable, as torch's.")
+    return fn
+
+
+def _polynomial_fn(name: str):
+    op = POLYNOMIAL_OPS[name]
+
+    def fn(input, n) -> Tensor:
+        _real_args(name, input, n, "input", "n")
+        return apply(op, input, n)
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = (f"``torch.special.{name}(input, n)``: the polynomial of degree ``n`` (a tensor or a number, "
+                  f"truncated to an integer) at ``input`` (a tensor or a number), broadcast; not differentiable, "
+                  f"as torch's.")
+    return fn
+
+
+SPECIAL_FUNCTIONS = {name: _bessel_fn(name) for name in BESSEL_NAMES} | {
+    name: _polynomial_fn(name) for name in POLYNOMIAL_NAMES}
+
+
+def zeta(input, other) -> Tensor:
+    """The Hurwitz zeta function ``sum_k (k + other)^-input``, as ``torch.special.zeta``: either
+    argument may be a number; differentiable in ``other`` (q) only, as torch's."""
+    _real_args("zeta", input, other, "input", "other")
+    return apply(ZETA, input, other)
 
 
 def sinc(input: Tensor) -> Tensor:

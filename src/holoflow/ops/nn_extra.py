@@ -18,6 +18,7 @@ import torch.nn.functional as TF
 from ..core.dispatch import apply, assign
 from ..core.errors import ShapeError, normalize_dim
 from ..core.registry import defop
+from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
 from .conv import _check_pool, _lead_sbp, _tuple, adaptive_avg_pool2d, avg_pool2d, max_pool2d
@@ -112,20 +113,109 @@ def feature_alpha_dropout(input: Tensor, p: float = 0.5, training: bool = False,
 
 # -- activations -----------------------------------------------------------------------------------
 
+def _prelu_weight_shape(n: int, nd: int) -> tuple:
+    """How prelu's 1-D weight of ``n`` entries broadcasts over an ``nd``-dim input: one entry
+    everywhere, or one per channel (dim 1)."""
+    return () if n == 1 else (n,) + (1,) * (nd - 2)
+
+
+def _prelu_backward_kernel(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor):
+    """``(dL/dx, dL/dweight)``: ``dy`` where ``x > 0`` else ``weight * dy``; the weight's is
+    ``x * dy`` where ``x <= 0``, summed over everything but the channels."""
+    wb = w.reshape(_prelu_weight_shape(w.numel(), x.dim()))
+    pos = x > 0
+    gx = torch.where(pos, dy, wb * dy)
+    gw = torch.where(pos, 0, x * dy)
+    gw = gw.sum() if wb.dim() == 0 else gw.sum_to_size(wb.shape)
+    return gx, gw.reshape(w.shape)
+
+
+def _prelu_sbp(metas, attrs):
+    """Elementwise in ``x``: any split of it, the weight broadcast, except a split of the channels
+    (dim 1) of a per-channel weight, which splits the weight alike."""
+    x, w = metas
+    per_channel = math.prod(w.shape) != 1
+    sigs = [((B, B), (B,))]
+    sigs += [((S(a), B), (S(a),)) for a in range(len(x.shape)) if not (per_channel and a == 1)]
+    if per_channel:
+        sigs.append(((S(1), S(0)), (S(1),)))
+    return sigs
+
+
+def _prelu_backward_sbp(metas, attrs):
+    """Like prelu's, the weight's gradient a partial sum where the batch/spatial dims are split;
+    linear in ``dy``."""
+    dy, x, w = metas
+    per_channel = math.prod(w.shape) != 1
+    sigs = [((B, B, B), (B, B)), ((P, B, B), (P, P))]
+    sigs += [((S(a), S(a), B), (S(a), P)) for a in range(len(x.shape)) if not (per_channel and a == 1)]
+    if per_channel:
+        sigs.append(((S(1), S(1), S(0)), (S(1), S(0))))
+    return sigs
+
+
+def _prelu_grad(c, dy):
+    x, w = c.inputs
+    gx, gw = apply(PRELU_BACKWARD, dy, x, w)
+    return gx if c.needs_grad[0] else None, gw if c.needs_grad[1] else None
+
+
+def _prelu_backward_grad(c, ggx, ggw):
+    """prelu's double backward: the backward is linear in ``dy`` (its grad: ``ggx`` through
+    prelu's slopes plus ``ggw`` times ``x`` where ``x < 0``), piecewise constant in ``x`` (d2/dx2
+    is zero) and linear in the weight; the cross terms are ``ggw * dy`` (for ``x``) and the sum of
+    ``ggx * dy`` (for the weight), each where ``x < 0``. At ``x == 0`` torch's double backward
+    takes the positive side (slope 1, no cross terms) while its backward takes the weight's slope:
+    both are followed. Written with ops: it differentiates again."""
+    dy, x, w = c.inputs
+    wshape = _prelu_weight_shape(w.numel(), x.dim())
+    wb, ggw_b = w.reshape(wshape), ggw.reshape(wshape)
+    pos = x >= 0
+    g_dy = E.where(pos, ggx, ggx * wb + ggw_b * x) if c.needs_grad[0] else None
+    g_x = E.where(pos, 0.0, ggw_b * dy) if c.needs_grad[1] else None
+    g_w = None
+    if c.needs_grad[2]:
+        t = E.where(pos, 0.0, ggx * dy)
+        t = t.sum() if not wshape else t.sum([d for d in range(x.dim()) if d != 1])
+        g_w = t.reshape(tuple(w.shape))
+    return g_dy, g_x, g_w
+
+
+def _same_dtypes(x, w) -> None:
+    """torch's prelu doesn't promote (checked after autocast has cast both, as torch checks)."""
+    if x.dtype != w.dtype:
+        raise RuntimeError(f"holoflow.prelu: type promoting is not supported (as in torch): input is "
+                           f"{str(x.dtype).replace('torch.', '')} and weight {str(w.dtype).replace('torch.', '')}; "
+                           f"cast one of them")
+
+
+def _prelu_kernel(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    _same_dtypes(x, w)
+    return torch.prelu(x, w)
+
+
+def _prelu_shape(metas, attrs):
+    _same_dtypes(*metas)
+    return [metas[0]]
+
+
+PRELU = defop("prelu", _prelu_kernel, grad=_prelu_grad, save="inputs", sbp=_prelu_sbp, shape=_prelu_shape)
+PRELU_BACKWARD = defop("prelu_backward", _prelu_backward_kernel, grad=_prelu_backward_grad, save="inputs",
+                       sbp=_prelu_backward_sbp, outputs=("grad_input", "grad_weight"),
+                       shape=lambda metas, attrs: [metas[1], metas[2]])
+
+
 def prelu(input: Tensor, weight: Tensor) -> Tensor:
     """``x`` if ``x > 0`` else ``weight * x``; ``weight`` has one entry, or one per channel (dim 1;
-    inputs of fewer than 2 dims have one channel)."""
+    inputs of fewer than 2 dims have one channel). Its backward is an op with a double backward
+    (torch's: zero in ``x`` twice, the cross terms with the weight)."""
     n = weight.numel()
     if weight.dim() > 1:
         raise ShapeError(f"holoflow.prelu: weight must be 1-D, got shape {tuple(weight.shape)}")
-    if n == 1:
-        w = weight.reshape(())
-    else:
-        if input.dim() < 2 or input.shape[1] != n:
-            raise ShapeError(f"holoflow.prelu: weight of {n} entries needs {n} channels in dim 1 of the "
-                             f"input, got input of shape {tuple(input.shape)}")
-        w = weight.reshape((n,) + (1,) * (input.dim() - 2))
-    return E.where(input > 0, input, w * input)
+    if n != 1 and (input.dim() < 2 or input.shape[1] != n):
+        raise ShapeError(f"holoflow.prelu: weight of {n} entries needs {n} channels in dim 1 of the "
+                         f"input, got input of shape {tuple(input.shape)}")
+    return apply(PRELU, input, weight)
 
 
 def glu(input: Tensor, dim: int = -1) -> Tensor:
