@@ -8,6 +8,7 @@ from .core.dtype import (bfloat16, bool, cdouble, cfloat, complex64, complex128,
                          finfo, float, float16, float32, float64, get_default_dtype, half, iinfo,
                          int, int8, int16, int32, int64, long, promote_types, set_default_dtype,
                          short, uint8)
+from .core.dtype import RARE as _RARE
 from .core.device import device
 from .core.grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .core.tensor import Tensor, is_tensor
@@ -37,6 +38,8 @@ from .func import vmap  # torch.vmap
 
 _global_tensor.install()
 globals().update(_ELEMENTWISE)
+globals().update({_d.name: _d for _d in _RARE})   # holoflow.uint16, holoflow.float8_e4m3fn, ...
+chalf = globals()["complex32"]   # torch's alias
 __version__ = "0.1.0"
 
 

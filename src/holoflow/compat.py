@@ -5,6 +5,7 @@ deterministic algorithms, thread counts) are torch's own, since holoflow's kerne
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -24,7 +25,8 @@ __all__ = ["set_float32_matmul_precision", "get_float32_matmul_precision", "use_
            "FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor",
            "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor", "allclose", "isclose", "numel",
            "is_floating_point", "is_complex", "is_nonzero", "is_same_size", "result_type", "can_cast",
-           "broadcast_shapes", "broadcast_tensors", "meshgrid", "ravel", "detach", "set_printoptions"]
+           "broadcast_shapes", "broadcast_tensors", "meshgrid", "ravel", "detach", "set_printoptions",
+           "e", "pi", "inf", "nan", "newaxis", "Size", "layout", "strided"]
 
 set_float32_matmul_precision = torch.set_float32_matmul_precision
 get_float32_matmul_precision = torch.get_float32_matmul_precision
@@ -33,6 +35,9 @@ are_deterministic_algorithms_enabled = torch.are_deterministic_algorithms_enable
 set_num_threads, get_num_threads = torch.set_num_threads, torch.get_num_threads
 set_num_interop_threads, get_num_interop_threads = torch.set_num_interop_threads, torch.get_num_interop_threads
 channels_last, channels_last_3d = torch.channels_last, torch.channels_last_3d
+# torch's constants and the types tensors' attributes return (holoflow tensors are dense: strided)
+e, pi, inf, nan, newaxis = math.e, math.pi, math.inf, math.nan, None
+Size, layout, strided = torch.Size, torch.layout, torch.strided
 contiguous_format, preserve_format, memory_format = torch.contiguous_format, torch.preserve_format, torch.memory_format
 
 

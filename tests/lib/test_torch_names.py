@@ -160,3 +160,36 @@ def test_tensor_helpers_match_torch():
     fa.requires_grad_()
     sum(g.sum() for g in flow.broadcast_tensors(fa, fb)).backward()
     assert fa.grad.tolist() == [[4.0], [4.0], [4.0]]
+
+
+def test_constants_size_and_layout_are_torchs():
+    g = _run("import torch\nc = (torch.pi, torch.e, torch.inf, torch.nan, torch.newaxis)\n"
+             "x = torch.ones(2, 3)\nsame = x.shape == torch.Size([2, 3]) and isinstance(x.shape, torch.Size)\n"
+             "lay = x.layout == torch.strided and isinstance(x.layout, torch.layout)\n"
+             "m = x.masked_fill(x > 0, -torch.inf)\nu = x[:, torch.newaxis].shape")
+    pi, e, inf, nan, newaxis = g["c"]
+    assert (pi, e, inf, newaxis) == (torch.pi, torch.e, torch.inf, torch.newaxis) and nan != nan
+    assert g["same"] and g["lay"] and tuple(g["u"]) == (2, 1, 3)
+    assert bool((g["m"]._data == -torch.inf).all())
+
+
+@pytest.mark.parametrize("name", ["uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "complex32"])
+def test_rare_dtypes_name_their_tensors(name):
+    d = getattr(flow, name)
+    x = flow.empty(3, dtype=d)
+    assert x.dtype is d and x._data.dtype is getattr(torch, name)
+    assert str(d) == f"holoflow.{name}" and d.itemsize == getattr(torch, name).itemsize
+    # a torch tensor of that dtype (numpy's uint16 here) wraps with a dtype, not a KeyError
+    assert flow.from_numpy(torch.zeros(2, dtype=torch.uint16).numpy()).dtype is flow.uint16
+    g = _run(f"import torch\ns = str(torch.zeros(1, dtype=torch.{name}).dtype)")
+    assert g["s"] == f"torch.{name}"
+    assert flow.chalf is flow.complex32
+
+
+def test_rare_dtype_kernels_fail_as_torchs():
+    a = torch.ones(2, dtype=torch.uint32)
+    with pytest.raises(NotImplementedError) as theirs:
+        a + a
+    with pytest.raises(NotImplementedError, match="holoflow.add") as ours:
+        flow.ones(2, dtype=flow.uint32) + flow.ones(2, dtype=flow.uint32)
+    assert "UInt32" in str(theirs.value) and "UInt32" in str(ours.value)

@@ -20,7 +20,10 @@ class dtype:
         self.torch = torch_dtype
         self.is_floating_point = torch_dtype.is_floating_point
         self.is_complex = torch_dtype.is_complex
-        self.is_signed = torch_dtype.is_signed
+        try:
+            self.is_signed = torch_dtype.is_signed
+        except RuntimeError:   # (torch's bit types answer no such question)
+            self.is_signed = False
         self.itemsize = torch_dtype.itemsize
 
     def __repr__(self) -> str:
@@ -47,8 +50,18 @@ int, long, short = int32, int64, int16  # noqa: A001
 cfloat, cdouble = complex64, complex128
 
 ALL = (float32, float64, float16, bfloat16, complex64, complex128, int8, int16, int32, int64, uint8, bool)
-_FROM_TORCH = {d.torch: d for d in ALL}
-_NAMES = {d.name: d for d in ALL}
+
+# torch's rarer element types (wider unsigned ints, float8/float4, complex32, sub-byte and bit
+# types, quantized ones): few kernels take them, but a tensor of one still has a dtype, and
+# ``holoflow.uint16`` names it as ``torch.uint16`` does
+RARE = tuple(dtype(name, getattr(torch, name)) for name in (
+    "uint16", "uint32", "uint64", "complex32", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+    "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "int1", "int2", "int3", "int4", "int5",
+    "int6", "int7", "uint1", "uint2", "uint3", "uint4", "uint5", "uint6", "uint7", "bits1x8", "bits2x4",
+    "bits4x2", "bits8", "bits16", "qint8", "quint8", "qint32", "quint4x2", "quint2x4")
+    if isinstance(getattr(torch, name, None), torch.dtype))
+_FROM_TORCH = {d.torch: d for d in ALL + RARE}
+_NAMES = {d.name: d for d in ALL + RARE}
 
 
 def _by_name(name: str) -> dtype:
