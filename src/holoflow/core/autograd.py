@@ -423,6 +423,14 @@ def _needed(deps: dict, cap_keys: dict) -> set:
     return runs
 
 
+def _needed_edges(edges: tuple, runs: set, cap_keys: dict) -> tuple:
+    """``edges`` with those that lead to no tensor ``autograd.grad`` returns replaced by None, so
+    a grad rule asks for (``needs``) only the gradients wanted: ``zeta(x, q)`` with ``x``
+    requiring grad gives ``q``'s gradient alone, as torch's engine does."""
+    return tuple([e if e is not None and (id(e) in cap_keys if type(e) is not tuple else
+                                          e[0] in runs or e in cap_keys) else None for e in edges])
+
+
 def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retain_graph, create_graph,
            to_leaf, runs=None) -> None:
     with grad_mode.set_grad_enabled(create_graph):
@@ -459,24 +467,29 @@ def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retai
                     if key in cap_keys and g is not None:
                         captured[key] = _accumulate(captured.get(key), g)
             op, edges = node.op, node.edges
-            if node.out_metas is None:   # one output: the rule gets its gradient, no list work
-                g = gs[0]
-                if g is None:
-                    in_grads = (None,) * len(edges)
-                else:
-                    in_grads = op.grad(node, g)
-                    if type(in_grads) is not tuple:
-                        in_grads = _as_grads(node, in_grads)
-                    elif len(in_grads) != len(edges):
-                        _as_grads(node, in_grads)
+            if runs is not None:   # rules compute only what reaches the captured tensors (torch's
+                node.edges = _needed_edges(edges, runs, cap_keys)   # should_compute_output)
+            try:
+                if node.out_metas is None:   # one output: the rule gets its gradient, no list work
+                    g = gs[0]
+                    if g is None:
+                        in_grads = (None,) * len(edges)
+                    else:
+                        in_grads = op.grad(node, g)
+                        if type(in_grads) is not tuple:
+                            in_grads = _as_grads(node, in_grads)
+                        elif len(in_grads) != len(edges):
+                            _as_grads(node, in_grads)
+                        if not retain_graph and op.save:
+                            node._saved, node._outs, node._versions = _FREED, None, None
+                elif any(g is not None for g in gs):
+                    in_grads = _call_grad(node, gs)
                     if not retain_graph and op.save:
-                        node._saved, node._outs, node._versions = _FREED, None, None
-            elif any(g is not None for g in gs):
-                in_grads = _call_grad(node, gs)
-                if not retain_graph and op.save:
-                    node.release()
-            else:
-                in_grads = (None,) * len(edges)
+                        node.release()
+                else:
+                    in_grads = (None,) * len(edges)
+            finally:
+                node.edges = edges
             for e, g in zip(edges, in_grads):
                 if e is None:
                     continue
