@@ -197,6 +197,20 @@ def test_calibrated_figures_are_measured_and_shared():
     _check_equal_to_eager(results, 8192, 4)
 
 
+def test_calibrated_close_calls_keep_the_starting_layout(monkeypatch):
+    """Calibrated figures are noisy: a move is taken only when it wins by more than the noise
+    margin. With a margin larger than any gain, the wide MLP (tensor parallel by far under the
+    uncalibrated model) keeps the layout it started from; with none, it moves."""
+    from holoflow.graph import auto_parallel as ap
+    monkeypatch.setattr(ap, "NOISE", 10.0)
+    kept = world.simulate(2, lambda r: _planned(8192, 4, lambda c: c.enable_auto_parallel(calibrate=True), steps=1),
+                          timeout=300)
+    for plan, sbps, _, _ in kept:
+        assert all(s == (B,) for s in sbps.values()), sbps
+        assert plan.chosen == plan.start and plan.evaluated > 1
+        assert any(q.step_s < plan.start.step_s for _, q in plan.trail)   # a gain it did not take
+
+
 def test_a_calibrated_model_times_the_kernels():
     """A calibrated device model times a node's kernel on example inputs of its shapes (integer
     inputs zero: valid indices), once per op, shapes and attrs; the roofline stays for an
