@@ -219,8 +219,9 @@ def test_a_calibrated_model_times_the_kernels():
 
     from holoflow.graph import auto_parallel as ap
     from holoflow.graph.ir import Node, Value
-    w, x = Value((512, 256), torch.float32), Value((64, 256), torch.float32)
-    big = Node("linear", (x, w, None), {}, (Value((64, 512), torch.float32),))
+    # (sizes far apart: on a loaded machine a small kernel's time is mostly scheduling stalls)
+    w, x = Value((512, 256), torch.float32), Value((4096, 256), torch.float32)
+    big = Node("linear", (x, w, None), {}, (Value((4096, 512), torch.float32),))
     small = Node("linear", (Value((4, 256), torch.float32), w, None), {}, (Value((4, 512), torch.float32),))
     idx = Node("embedding", (Value((8, 3), torch.int64), Value((10, 4), torch.float32)),
                {"padding_idx": -1}, (Value((8, 3, 4), torch.float32),))
@@ -236,6 +237,32 @@ def test_a_calibrated_model_times_the_kernels():
     assert calibrated.node_seconds(idx) > 0
     bad = Node("linear", (Value((4, 3), torch.float32), w, None), {}, (Value((4, 512), torch.float32),))
     assert calibrated.node_seconds(bad) is None            # the kernel refuses: the roofline does
+
+
+def test_kernel_timing_leaves_every_generator_alone():
+    """Timing draws from planning's own generator, never the process's: a random op's kernel
+    (dropout) included, and a thread drawing meanwhile (a simulated rank) gets its own sequence."""
+    import threading
+
+    import torch
+
+    from holoflow.graph import auto_parallel as ap
+    from holoflow.graph.ir import Node, Value
+    x = Value((256, 256), torch.float32)
+    drop = Node("dropout", (x,), {"p": 0.5, "generator": None}, (Value((256, 256), torch.float32),))
+    lin = Node("linear", (x, Value((128, 256), torch.float32), None), {}, (Value((256, 128), torch.float32),))
+    model = ap.DeviceModel(1e9, 1e9, True)
+    torch.manual_seed(5)
+    want = torch.rand(2000)
+    torch.manual_seed(5)
+    got = []
+    other = threading.Thread(target=lambda: got.extend(torch.rand(1).item() for _ in range(2000)))
+    other.start()
+    for _ in range(3):
+        ap._MEASURED.clear()
+        assert model.node_seconds(drop) > 0 and model.node_seconds(lin) > 0
+    other.join()
+    np.testing.assert_array_equal(np.array(got, dtype=np.float32), want.numpy())
 
 
 def test_bad_configurations_say_what_would_work():

@@ -106,8 +106,8 @@ class DeviceModel:
         ``ranks`` (a collective: every rank calls it) every rank takes the slowest rank's figures,
         so all derive the same plan."""
         n = 512 if device.type == "cpu" else 4096
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):   # not the user's draws
-            a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+        g = _generator(device)
+        a, b = torch.randn(n, n, device=device, generator=g), torch.randn(n, n, device=device, generator=g)
         big = torch.empty(1 << 22, device=device)   # 16 MiB
 
         def best(fn) -> float:
@@ -153,9 +153,21 @@ KERNEL_REPEATS = 3
 FLUSH_BYTES = (64 << 20, 256 << 20)   # CPU, CUDA: more than their last-level caches
 
 
+_GENERATORS: dict = {}   # device -> planning's own generator: timing draws none of the user's numbers
+
+
+def _generator(device: torch.device) -> torch.Generator:
+    """A generator of planning's own on ``device`` (the process's generators, which other threads
+    such as simulated ranks draw from concurrently, are never touched)."""
+    g = _GENERATORS.get(device)
+    if g is None:
+        g = _GENERATORS[device] = torch.Generator(device).manual_seed(0)
+    return g
+
+
 def _example(v: Value) -> torch.Tensor:
     if v.dtype.is_floating_point or v.dtype.is_complex:
-        return torch.randn(v.shape, dtype=v.dtype, device=v.device)
+        return torch.randn(v.shape, dtype=v.dtype, device=v.device, generator=_generator(v.device))
     return torch.zeros(v.shape, dtype=v.dtype, device=v.device)
 
 
@@ -174,15 +186,14 @@ def _flush_caches(device: torch.device) -> None:
 def _time_kernel(op, n: Node) -> float | None:
     """The fastest of ``KERNEL_REPEATS`` runs of ``op``'s kernel on example inputs of ``n``'s
     metas, each from cold caches, after one warm-up run (None if the kernel refuses example data).
-    The random generators are left as they were: planning draws none of the user's numbers."""
-    cuda = [v.device for v in n.inputs if isinstance(v, Value) and v.device.type == "cuda"]
-    with torch.random.fork_rng(devices=cuda[:1]):
-        return _timed(op, n)
-
-
-def _timed(op, n: Node) -> float | None:
+    A random op draws from planning's own generator (None if it takes none: the roofline times it)."""
     args = [_example(v) if isinstance(v, Value) else v for v in n.inputs]
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    attrs = n.attrs
+    if op.random:
+        if "generator" not in attrs:
+            return None
+        attrs = {**attrs, "generator": _generator(device)}
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     best = None
     with torch.no_grad(), grad_mode.no_grad():
@@ -192,7 +203,7 @@ def _timed(op, n: Node) -> float | None:
                 sync()
             t0 = time.perf_counter()
             try:
-                op.kernel(*args, **n.attrs)
+                op.kernel(*args, **attrs)
             except Exception:
                 return None
             if sync is not None:
