@@ -421,3 +421,37 @@ def test_angle_double_backward():
         g = lib.autograd.grad(y, [a, w], create_graph=True)
         return g, lib.autograd.grad(sum((x * x).sum() for x in g), [a, w])
     check(program)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_zero_clears_nan_and_inf_as_torch(grad):
+    """``zero_()`` writes zeros: NaN and inf become 0 (a multiply by 0 kept them: a gradient that
+    overflowed stayed NaN through ``zero_grad(set_to_none=False)``)."""
+    def run(lib):
+        x = lib.tensor([float("nan"), float("inf"), -float("inf"), 2.0], requires_grad=grad)
+        y = x * 1 if grad else x
+        y.zero_()
+        out = [_plain(y)]
+        if grad:
+            (y * 3 + x).sum().backward()
+            out.append(_plain(x.grad))
+        return out
+    _assert_same(run(flow), run(torch))
+
+
+def test_writes_into_an_expanded_view_as_torch():
+    """An expanded view shares elements: ``zero_``/``fill_`` and writing a region of distinct
+    elements work (with autograd recording), other in-place ops fail as torch's kernels do."""
+    def run(lib):
+        base = lib.tensor(A[0].astype(np.float64), requires_grad=True) * 1
+        e = base.unsqueeze(0).expand(3, 4)
+        e.zero_()
+        e[1:2] = 5.0
+        out = [_plain(base), _plain(e)]
+        try:
+            e.mul_(2)
+            out.append("no error")
+        except RuntimeError:
+            out.append("RuntimeError")
+        return out
+    _assert_same(run(flow), run(torch))

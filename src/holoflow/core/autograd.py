@@ -343,8 +343,8 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
             key = id(t)
             if key in cap_keys:
                 captured[key] = _accumulate(captured.get(key), g)
-        if not accumulate:
-            return
+        if not accumulate or not t._rg:   # (torch's AccumulateGrad skips a leaf that stopped
+            return                        # requiring grad since: detach_(), requires_grad_(False))
         if not create_graph:  # own a dense buffer: in-place updates of .grad must be safe
             d = g._data
             if d.is_meta:  # a traced value (a trace is SSA: no aliasing)

@@ -21,7 +21,7 @@ from .errors import HoloflowError, describe
 from .interpret import Interpreter
 from .registry import Op, infer_metas
 from .tensor import Tensor
-from .views import VIEW_SCATTER, ViewInfo, aliases, make_view, replay, stamp_of
+from .views import VIEW_SCATTER, ViewInfo, aliases, check_multi_output, make_view, replay, stamp_of
 
 
 class Eager(Interpreter):
@@ -31,7 +31,12 @@ class Eager(Interpreter):
         return _eager(op, inputs, attrs)
 
     def assign(self, x: Tensor, out: Tensor, name: str) -> Tensor:
-        x._data.copy_(out._data)
+        d = x._data
+        sel = distinct_elements(d) if 0 in d.stride() else None
+        if sel is None:
+            d.copy_(out._data)
+        else:   # an expanded tensor: each shared element written once (torch's fill_ on one)
+            d[sel].copy_(out._data[sel])
         if out.grad_fn is not None:
             out.grad_fn.moved_output(out._data, x._data)
         take_history(x, out, name)
@@ -132,7 +137,7 @@ def _eager(op: Op, inputs: tuple, attrs: dict):
                 else:   # make_view of a base, inlined (no interpreter: the stamp's token is None)
                     v = t._view = _new(ViewInfo)
                     v.base, v.chain, v.stamp = x, ((op, attrs, None),), (x.grad_fn, x._out_idx, None)
-                    v.nograd = not _STATE.enabled
+                    v.nograd, v.version = not _STATE.enabled, None
         return t
     return wrap(op, inputs, attrs, out, record)
 
@@ -192,7 +197,7 @@ def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | N
         nograd = not _STATE.enabled or (vi is not None and vi.nograd)
         for i, (w, o) in enumerate(zip(wrapped, outs)):
             if (views[i] if views is not None else aliases(o, xd)):
-                w._view = ViewInfo(base, chain + ((op, attrs, i),), stamp, nograd)
+                w._view = ViewInfo(base, chain + ((op, attrs, i),), stamp, nograd, o._version)
     return op.out_type(*wrapped) if op.out_type is not None else tuple(wrapped)
 
 
@@ -203,6 +208,8 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None
         if isinstance(x, Tensor):
             vi = x._view
             if vi is not None:   # a stale view re-derived first (the common case, stamp_of inlined)
+                if vi.version is not None and _CURRENT.get() is None:
+                    check_multi_output(x)
                 st, b = vi.stamp, vi.base
                 if b.grad_fn is not st[0] or b._out_idx != st[1] or \
                         ((st[2] is not None or _CURRENT.get() is not None) and stamp_of(b) != st):
@@ -240,6 +247,8 @@ def follows_base(inputs) -> bool:
         if isinstance(x, Tensor):
             vi = x._view
             if vi is not None and vi.base._rg and not vi.nograd and stamp_of(vi.base) != vi.stamp:
+                if vi.version is not None and _CURRENT.get() is None:
+                    check_multi_output(x)
                 refresh(x)
                 got = got or x._rg
     return got
@@ -314,6 +323,13 @@ def _check_nograd_view(x: Tensor, rest) -> None:
         raise RuntimeError(_NOGRAD_VIEW_WRITTEN)
 
 
+def distinct_elements(d: torch.Tensor) -> tuple | None:
+    """For a tensor whose elements are shared (expanded: stride 0 over a dim longer than 1), the
+    index that selects each distinct element once; None for the others."""
+    sel = tuple([slice(0, 1) if st == 0 and n > 1 else slice(None) for st, n in zip(d.stride(), d.shape)])
+    return sel if any(s.stop == 1 for s in sel) else None
+
+
 def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     """Runs ``op`` writing its result into ``x`` (``x.add_(y)``), keeping views of ``x`` aliased.
 
@@ -325,6 +341,8 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     lazy = _CURRENT.get() is not None and interpret.is_lazy()
     if x._view is not None:
         _check_nograd_view(x, rest)
+        # a view of a base that requires grad since it was taken does too (its history re-derived)
+        grad_on = grad_on or (grad_mode.STATE.enabled and not lazy and follows_base((x,)))
     if not lazy and x._global is None and not grad_on and op.inplace_kernel is not None:
         datas = [r._data if isinstance(r, Tensor) else r for r in rest]
         try:
@@ -334,6 +352,16 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
         return x
     if grad_on:
         check_inplace_target(x, op.name)
+        if not lazy and x._global is None and op.inplace_kernel is not None and \
+                0 in x._data.stride() and distinct_elements(x._data) is not None:
+            # elements shared (expanded): torch's kernel decides whether it may write such a tensor
+            # (fill_ may, most may not): asked on scratch memory of the same layout
+            d = x._data
+            probe = torch.empty_strided(d.size(), d.stride(), dtype=d.dtype, device=d.device)
+            try:
+                op.inplace_kernel(probe, *[r._data if isinstance(r, Tensor) else r for r in rest], **attrs)
+            except Exception as e:
+                raise op_error(op, (x, *rest), attrs, e) from e
     src = x
     if grad_on and op.saves_inputs and not lazy:  # (a trace is SSA: the old value stays a value)
         if x._view is not None:
@@ -345,6 +373,7 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
 
 
 def check_inplace_target(x: Tensor, name: str) -> None:
+    name = name.rstrip("_")   # (ops named with torch's trailing underscore: fill_)
     c = x.__dict__.get("_copy_of")
     if c is not None:   # a copy standing for a view: its source is the target that matters
         src = c.source
@@ -357,7 +386,9 @@ def check_inplace_target(x: Tensor, name: str) -> None:
         raise RuntimeError(f"holoflow.{name}_: a leaf tensor that requires grad is being used in "
                            f"an in-place operation; do it under holoflow.no_grad() or out of place")
     vi = x._view
-    if vi is not None and vi.base._rg and vi.base.grad_fn is None:
+    # (torch asks whether the view requires grad and its base is a leaf: a base detach_()ed since
+    # the view was taken is one)
+    if vi is not None and (vi.base._rg or x._rg) and vi.base.grad_fn is None:
         raise RuntimeError(f"holoflow.{name}_: a view of a leaf tensor that requires grad is being "
                            f"used in an in-place operation; do it under holoflow.no_grad(), or "
                            f"clone the leaf first")

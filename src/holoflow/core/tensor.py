@@ -183,7 +183,7 @@ class Tensor:
     # -- autograd --------------------------------------------------------------------------
     @property
     def requires_grad(self) -> bool:
-        if not self._rg and self._view is not None:   # a view follows its base (dispatch.follows_base)
+        if self._view is not None:   # a view follows its base (dispatch.follows_base)
             from .dispatch import follows_base
             follows_base((self,))
         return self._rg
@@ -215,6 +215,9 @@ class Tensor:
 
     @property
     def is_leaf(self) -> bool:
+        if self._view is not None:   # (a view whose base was written in place: its history re-derived)
+            from .dispatch import follows_base
+            follows_base((self,))
         return self.grad_fn is None
 
     @property

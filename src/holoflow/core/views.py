@@ -28,12 +28,15 @@ class ViewInfo:
     """How a view tensor derives from its base: ``chain`` of ``(op, attrs, out_index)``
     (``out_index`` None for single-output ops). ``nograd``: the view (or one it was taken from)
     was made with grad mode off; as in torch, an in-place write to it that autograd would
-    record, or use of it after its base was written in place with grad mode on, is an error."""
+    record, or use of it after its base was written in place with grad mode on, is an error.
+    ``version``: for a view among several outputs of one op (``unbind``, ``split``, ``chunk``)
+    or taken from one, its storage's version when it was made (None for the others): such a view
+    may not be used by autograd once anything wrote the storage since (``check_multi_output``)."""
 
-    __slots__ = ("base", "chain", "stamp", "nograd")
+    __slots__ = ("base", "chain", "stamp", "nograd", "version")
 
-    def __init__(self, base, chain: tuple, stamp, nograd: bool = False) -> None:
-        self.base, self.chain, self.stamp, self.nograd = base, chain, stamp, nograd
+    def __init__(self, base, chain: tuple, stamp, nograd: bool = False, version: int | None = None) -> None:
+        self.base, self.chain, self.stamp, self.nograd, self.version = base, chain, stamp, nograd, version
 
 
 class CopyOf:
@@ -66,10 +69,26 @@ def make_view(out, x, op: Op, attrs: dict, idx: int) -> None:
     as a view of ``x``'s base."""
     vi = x._view
     nograd = not grad_mode.STATE.enabled
+    multi = idx is not None or (vi is not None and vi.version is not None)
+    version = out._data._version if multi else None
     if vi is None:
-        out._view = ViewInfo(x, ((op, attrs, idx),), stamp_of(x), nograd)
+        out._view = ViewInfo(x, ((op, attrs, idx),), stamp_of(x), nograd, version)
     else:
-        out._view = ViewInfo(vi.base, vi.chain + ((op, attrs, idx),), vi.stamp, nograd or vi.nograd)
+        out._view = ViewInfo(vi.base, vi.chain + ((op, attrs, idx),), vi.stamp, nograd or vi.nograd, version)
+
+
+def check_multi_output(x) -> None:
+    """torch's refusal to let autograd use a view among several outputs of one op (or taken from
+    one) after its storage was written in place since it was made: its history can't be
+    re-derived as a single view's."""
+    vi = x._view
+    if x._data._version != vi.version and (x.grad_fn is not None or vi.base._rg) and grad_mode.STATE.enabled:
+        op, _, idx = next((op, a, i) for op, a, i in reversed(vi.chain) if i is not None)
+        raise RuntimeError(
+            f"holoflow: output {idx} of {op.name} is a view and its base or another view of its base "
+            f"has been modified in place since; such views (outputs of an op returning several views: "
+            f"unbind, split, chunk) can't be used by autograd after that, as in torch: take the pieces "
+            f"after the write, or .clone() them before it")
 
 
 def replay(chain: tuple, x, run: Callable):

@@ -7,7 +7,7 @@ from ..core import device as _device
 from ..core import dtype as _dtype
 from ..core import grad_mode, interpret
 from ..core.autograd import GradNode
-from ..core.dispatch import apply, assign, check_inplace_target
+from ..core.dispatch import apply, assign, check_inplace_target, distinct_elements
 from ..core.errors import HoloflowError
 from ..core.views import VIEW_SCATTER
 from ..core.tensor import Tensor
@@ -114,6 +114,10 @@ def copy_(self: Tensor, src, non_blocking: bool = False) -> Tensor:
             raise RuntimeError(f"holoflow.copy_: the source of shape {tuple(src.shape)} can't be broadcast "
                                f"to the destination's shape {tuple(self.shape)}") from None
     out = out.expand(*self.shape)  # always an op: even a leaf source is linked into the history
+    if src is not self and self._global is None and 0 in self._data.stride() and \
+            distinct_elements(self._data) is not None:
+        raise RuntimeError("holoflow.copy_: unsupported operation: more than one element of the written-to "
+                           "tensor refers to a single memory location (it is expanded); clone() it first")
     if grad_mode.is_grad_enabled() and (self._rg or out._rg):
         check_inplace_target(self, "copy")
         if self.grad_fn is not None and out.grad_fn is not None and self._view is None:

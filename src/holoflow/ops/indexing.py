@@ -365,6 +365,11 @@ def setitem(input: Tensor, index, value) -> None:
     if input._global is not None:
         tensors = [_like_global(t, input) for t in tensors]
         value = _like_global(value, input)
+    elif not tensors and any(st == 0 and n > 1 for st, n in zip(input._data.stride(), input._data.shape)):
+        # an expanded tensor (elements shared): the write goes to the indexed region alone, as
+        # torch's (a region that still shares elements is refused by copy_, as torch's)
+        getitem(input, index).copy_(value)
+        return
     apply_inplace(INDEX_PUT, input, value, *tensors, spec=spec)
 
 

@@ -11,6 +11,7 @@ from ..core.grad_mode import is_grad_enabled
 from ..core.tensor import Tensor
 from . import elementwise as E
 from .more_ops import fmax, fmin
+from .random_ops import FILL_
 from .nn_ops import hardshrink   # (nn_ops re-exports ops/nn_extra.py, which imports nn_ops)
 
 
@@ -149,7 +150,7 @@ Tensor.round_ = _inplace(E.ROUND)
 Tensor.clamp_ = _clamp_
 Tensor.clamp_min_ = lambda self, min: _clamp_(self, min=min)  # noqa: A002
 Tensor.clamp_max_ = lambda self, max: _clamp_(self, max=max)  # noqa: A002
-Tensor.zero_ = lambda self: apply_inplace(E.MUL, self, 0)
+Tensor.zero_ = lambda self: apply_inplace(FILL_, self, value=0)   # (not a multiply by 0: NaN and inf become 0)
 Tensor.nan_to_num_ = _inplace(E.NAN_TO_NUM)
 Tensor.logit_ = lambda self, eps=None: apply_inplace(E.LOGIT, self, eps=eps)
 Tensor.float_power_ = _float_power_
