@@ -14,7 +14,8 @@ from .ops import fft as _F
 from .ops.layout import roll
 
 __all__ = ["fft", "ifft", "rfft", "irfft", "fft2", "ifft2", "rfft2", "irfft2", "fftn", "ifftn", "rfftn",
-           "irfftn", "fftfreq", "rfftfreq", "fftshift", "ifftshift"]
+           "irfftn", "hfft", "ihfft", "hfft2", "ihfft2", "hfftn", "ihfftn", "fftfreq", "rfftfreq", "fftshift",
+           "ifftshift"]
 
 
 def fft(input: Tensor, n: int | None = None, dim: int = -1, norm: str | None = None) -> Tensor:
@@ -104,6 +105,53 @@ def rfft2(input: Tensor, s: Sequence[int] | None = None, dim: Sequence[int] = (-
 def irfft2(input: Tensor, s: Sequence[int] | None = None, dim: Sequence[int] = (-2, -1),
          norm: str | None = None) -> Tensor:
     return irfftn(input, s, dim, norm)
+
+
+# The Hermitian transforms are the real ones of the conjugate with the normalization moved to the
+# other direction: hfft(x) = irfft(conj(x)) scaled as a forward transform, ihfft(x) = conj(rfft(x))
+# scaled as an inverse one (an unknown norm passes through, for the real transforms' error).
+_SWAP_NORM = {None: "forward", "backward": "forward", "forward": "backward", "ortho": "ortho"}
+
+
+def _swap(norm):
+    return _SWAP_NORM.get(norm, norm) if isinstance(norm, (str, type(None))) else norm
+
+
+def _conj(x: Tensor) -> Tensor:
+    return x.conj() if x.is_complex() else x
+
+
+def hfft(input: Tensor, n: int | None = None, dim: int = -1, norm: str | None = None) -> Tensor:
+    """Transform of a one-sided Hermitian signal (the inverse of :func:`ihfft`): a real signal of
+    length ``n`` (default ``2 * (m - 1)``)."""
+    return irfft(_conj(input), n, dim, _swap(norm))
+
+
+def ihfft(input: Tensor, n: int | None = None, dim: int = -1, norm: str | None = None) -> Tensor:
+    """Inverse transform of a real signal: the ``n // 2 + 1`` non-negative frequencies."""
+    return rfft(input, n, dim, _swap(norm)).conj()
+
+
+def hfftn(input: Tensor, s: Sequence[int] | None = None, dim: Sequence[int] | None = None,
+          norm: str | None = None) -> Tensor:
+    """N-d :func:`hfft`: the last of ``dim`` is one-sided, the output real."""
+    return irfftn(_conj(input), s, dim, _swap(norm))
+
+
+def ihfftn(input: Tensor, s: Sequence[int] | None = None, dim: Sequence[int] | None = None,
+           norm: str | None = None) -> Tensor:
+    """N-d :func:`ihfft` of a real input."""
+    return rfftn(input, s, dim, _swap(norm)).conj()
+
+
+def hfft2(input: Tensor, s: Sequence[int] | None = None, dim: Sequence[int] = (-2, -1),
+          norm: str | None = None) -> Tensor:
+    return hfftn(input, s, dim, norm)
+
+
+def ihfft2(input: Tensor, s: Sequence[int] | None = None, dim: Sequence[int] = (-2, -1),
+           norm: str | None = None) -> Tensor:
+    return ihfftn(input, s, dim, norm)
 
 
 def fftfreq(n: int, d: float = 1.0, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:

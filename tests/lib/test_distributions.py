@@ -1,5 +1,7 @@
 """holoflow.distributions vs torch.distributions: samples under one seed, log_prob/entropy values
 and their gradients w.r.t. the parameters, rsample gradients, kl_divergence, argument errors."""
+import math
+
 import pytest
 import torch
 
@@ -221,3 +223,133 @@ def test_mixture_same_family_errors_like_torch():
     with pytest.raises(ValueError, match="not compatible"):
         FD.MixtureSameFamily(FD.Categorical(logits=flow.zeros(2, 3)),
                              FD.Normal(flow.zeros(5, 3), flow.ones(5, 3)))
+
+
+def _mvn_params():
+    a = torch.tensor([[1.0, 0.2, -0.3], [0.4, 1.5, 0.1], [-0.2, 0.3, 0.8]], dtype=torch.float64)
+    cov = a @ a.T + 0.5 * torch.eye(3, dtype=torch.float64)
+    loc = torch.tensor([[0.5, -1.0, 2.0], [0.0, 0.3, -0.4]], dtype=torch.float64)     # batch of 2
+    return loc, cov
+
+
+@pytest.mark.parametrize("param", ["scale_tril", "covariance_matrix", "precision_matrix"])
+def test_multivariate_normal_matches_torch(param):
+    """MultivariateNormal (once missing): log_prob, entropy, their gradients w.r.t. loc and the
+    matrix, the derived parameterizations, and rsample under one seed, with loc's batch broadcast
+    against one matrix."""
+    loc, cov = _mvn_params()
+    matrix = {"scale_tril": torch.linalg.cholesky(cov), "covariance_matrix": cov,
+              "precision_matrix": torch.linalg.inv(cov)}[param]
+    (tl, tm), (fl, fm) = _params(loc.tolist(), matrix.tolist())
+    td = TD.MultivariateNormal(tl, **{param: tm})
+    fd = FD.MultivariateNormal(fl, **{param: fm})
+    assert tuple(fd.batch_shape) == tuple(td.batch_shape) == (2,)
+    assert tuple(fd.event_shape) == tuple(td.event_shape) == (3,)
+    value = torch.tensor([[0.1, -0.7, 3.0], [1.0, 0.0, -1.0]], dtype=torch.float64)
+    t_lp, f_lp = td.log_prob(value), fd.log_prob(flow.from_torch(value.clone()))
+    torch.testing.assert_close(f_lp.to_torch(), t_lp)
+    torch.testing.assert_close(fd.entropy().to_torch(), td.entropy())
+    for attr in ("mean", "mode", "variance", "scale_tril", "covariance_matrix", "precision_matrix"):
+        torch.testing.assert_close(getattr(fd, attr).to_torch(), getattr(td, attr).detach(), msg=attr)
+    torch.manual_seed(5)
+    t_s = td.rsample((4,))
+    flow.manual_seed(5)
+    f_s = fd.rsample((4,))
+    torch.testing.assert_close(f_s.to_torch(), t_s.detach())
+    (t_lp.sum() + td.entropy().sum() + (t_s ** 2).sum()).backward()
+    (f_lp.sum() + fd.entropy().sum() + (f_s ** 2).sum()).backward()
+    for t, f in zip((tl, tm), (fl, fm)):
+        torch.testing.assert_close(f.grad.to_torch(), t.grad)
+
+
+def test_multivariate_normal_errors_like_torch():
+    loc, cov = _mvn_params()
+    for D, lib_loc, lib_cov in ((TD, loc, cov), (FD, flow.from_torch(loc), flow.from_torch(cov))):
+        with pytest.raises(ValueError, match="Exactly one of covariance_matrix or precision_matrix or scale_tril"):
+            D.MultivariateNormal(lib_loc, covariance_matrix=lib_cov, scale_tril=lib_cov)
+        with pytest.raises(ValueError, match="Exactly one of"):
+            D.MultivariateNormal(lib_loc)
+    # torch accepts this and fails later in log_prob; holoflow says so when it is built
+    with pytest.raises(ValueError, match="does not match loc's event size 2"):
+        FD.MultivariateNormal(flow.from_torch(loc)[0, :2], covariance_matrix=flow.from_torch(cov))
+
+
+TRANSFORMS = {
+    "tanh": lambda D: [D.TanhTransform()],
+    "tanh-affine": lambda D: [D.TanhTransform(cache_size=1), D.AffineTransform(0.5, 2.0)],
+    "compose": lambda D: [D.ComposeTransform([D.AffineTransform(-1.0, 0.5), D.SigmoidTransform()])],
+    "exp-power": lambda D: [D.ExpTransform(), D.PowerTransform(2.0)],
+    "softplus": lambda D: [D.SoftplusTransform()],
+    "inverse-sigmoid": lambda D: [D.SigmoidTransform(), D.SigmoidTransform().inv],
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFORMS))
+def test_transformed_distribution_matches_torch(name):
+    """TransformedDistribution and the transforms (once missing): rsample under one seed, log_prob
+    of those samples and of fresh values (through the inverses), and the parameter gradients."""
+    (tl, ts), (fl, fs) = _params([0.3, -0.4, 1.1], [0.5, 0.8, 0.3])
+    td = TD.TransformedDistribution(TD.Normal(tl, ts), TRANSFORMS[name](TD))
+    fd = FD.TransformedDistribution(FD.Normal(fl, fs), TRANSFORMS[name](FD))
+    assert tuple(fd.batch_shape) == tuple(td.batch_shape) and tuple(fd.event_shape) == tuple(td.event_shape)
+    torch.manual_seed(7)
+    t_x = td.rsample((4,))
+    flow.manual_seed(7)
+    f_x = fd.rsample((4,))
+    torch.testing.assert_close(f_x.to_torch(), t_x.detach())
+    t_lp, f_lp = td.log_prob(t_x), fd.log_prob(f_x)
+    torch.testing.assert_close(f_lp.to_torch(), t_lp.detach())
+    value = t_x.detach().clone() * 0.9 + 0.05
+    t_lp2, f_lp2 = td.log_prob(value), fd.log_prob(flow.from_torch(value.clone()))
+    torch.testing.assert_close(f_lp2.to_torch(), t_lp2)
+    (t_lp.sum() + t_lp2.sum() + t_x.sum()).backward()
+    (f_lp.sum() + f_lp2.sum() + f_x.sum()).backward()
+    for t, f in zip((tl, ts), (fl, fs)):
+        torch.testing.assert_close(f.grad.to_torch(), t.grad)
+
+
+def test_transform_cache_and_user_subclass_like_torch():
+    """cache_size=1 returns the remembered input for the last output (exact at tanh's +-1, where
+    atanh is inf); a user Transform subclass with constraints and _call/_inverse works."""
+    from holoflow.distributions import constraints
+
+    class Cube(FD.transforms.Transform):
+        domain, codomain, bijective, sign = constraints.real, constraints.real, True, +1
+
+        def _call(self, x):
+            return x ** 3
+
+        def _inverse(self, y):
+            return y.sign() * y.abs() ** (1 / 3)
+
+        def log_abs_det_jacobian(self, x, y):
+            return (3 * x ** 2).log()
+
+    x = flow.tensor([20.0, -0.5])
+    cached = FD.TanhTransform(cache_size=1)
+    y = cached(x)
+    assert cached.inv(y) is x and cached(x) is y
+    assert bool(flow.isinf(FD.TanhTransform().inv(y)[0]))
+    cube = Cube(cache_size=1)
+    assert cube.inv(cube(x)) is x and cube.inv.inv is cube
+    torch.testing.assert_close(FD.ComposeTransform([cube, FD.ExpTransform()]).log_abs_det_jacobian(
+        flow.tensor([0.5]), flow.tensor([0.125]).exp()).to_torch(), torch.tensor([math.log(0.75) + 0.125]))
+    with pytest.raises(ValueError, match="cache_size must be 0 or 1"):
+        FD.TanhTransform(cache_size=2)
+    assert constraints.interval(-1.0, 1.0).check(y).tolist() == [True, True]
+    assert constraints.real_vector.event_dim == 1 and constraints.simplex.event_dim == 1
+
+
+def test_log_normal_matches_torch():
+    (tl, ts), (fl, fs) = _params([0.3, -0.4], [0.5, 0.8])
+    td, fd = TD.LogNormal(tl, ts), FD.LogNormal(fl, fs)
+    value = torch.tensor([0.7, 2.0], dtype=torch.float64)
+    for attr in ("mean", "mode", "variance"):
+        torch.testing.assert_close(getattr(fd, attr).to_torch(), getattr(td, attr).detach(), msg=attr)
+    t_out = td.log_prob(value).sum() + td.entropy().sum() + td.cdf(value).sum()
+    f_out = fd.log_prob(flow.from_torch(value)).sum() + fd.entropy().sum() + fd.cdf(flow.from_torch(value)).sum()
+    torch.testing.assert_close(f_out.to_torch(), t_out.detach())
+    t_out.backward()
+    f_out.backward()
+    for t, f in zip((tl, ts), (fl, fs)):
+        torch.testing.assert_close(f.grad.to_torch(), t.grad)

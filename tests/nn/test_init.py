@@ -78,3 +78,19 @@ def test_default_init_equals_torch(make):
     for k in tsd:
         torch.testing.assert_close(fsd[k].to_torch(), tsd[k], atol=0, rtol=0, msg=k)
     assert [p.requires_grad for p in fm.parameters()] == [p.requires_grad for p in tm.parameters()]
+
+
+def test_sparse_init_matches_torch_under_one_seed():
+    """nn.init.sparse_ (once missing): normal draws, then ceil(sparsity * rows) zeros per column at
+    randperm rows, in torch's RNG order (also with a generator); 2-D only."""
+    for gen in (None, 7):
+        torch.manual_seed(0)
+        want = torch.nn.init.sparse_(torch.empty(5, 4), 0.4, std=0.1,
+                                     generator=None if gen is None else torch.Generator().manual_seed(gen))
+        flow.manual_seed(0)
+        got = flow.nn.init.sparse_(flow.empty(5, 4), 0.4, std=0.1,
+                                   generator=None if gen is None else torch.Generator().manual_seed(gen))
+        torch.testing.assert_close(got.to_torch(), want)
+        assert int((want == 0).sum(0).min()) == 2
+    with pytest.raises(ValueError, match="Only tensors with 2 dimensions"):
+        flow.nn.init.sparse_(flow.empty(2, 3, 4), 0.5)

@@ -31,6 +31,12 @@ BODIES = {
     "rfft2-irfft2": lambda m, F, x: F.irfft2(F.rfft2(x), s=x.shape[-2:]),
     "rfftn-s": lambda m, F, x: F.irfftn(F.rfftn(x, s=(3, 4)), s=(4, 6)),
     "fftshift": lambda m, F, x: F.ifftshift(F.fftshift(x, dim=1) * 3, dim=1),
+    # the Hermitian transforms (once missing)
+    "ihfft-hfft": lambda m, F, x: F.hfft(F.ihfft(x) * 2, n=x.shape[-1]),
+    "hfft-norms-n": lambda m, F, x: F.hfft(F.rfft(x, norm="forward"), n=5, norm="ortho"),
+    "ihfft2-hfft2": lambda m, F, x: F.hfft2(F.ihfft2(x, norm="ortho"), s=x.shape[-2:]),
+    "fftn-hfftn": lambda m, F, x: F.hfftn(F.fftn(x, dim=(0, 1)), dim=(0, 1), norm="forward"),
+    "ihfftn-s": lambda m, F, x: F.irfftn(F.ihfftn(x, s=(3, 4)), s=(4, 6)),
 }
 CASES = [Case(name, *both(body), ins((4, 6)), dtypes=(F32, F64)) for name, body in BODIES.items()]
 CASES += [Case("fft-3d-dim0", *both(lambda m, F, x: _real(m, F.fft(x, dim=0))), ins((3, 2, 5)), dtypes=(F64,))]
@@ -44,6 +50,10 @@ def test_complex_outputs_match_torch():
     for fn in ("rfft", "fft", "ifft"):
         torch.testing.assert_close(getattr(flow.fft, fn)(fx).to_torch(), getattr(torch.fft, fn)(x))
     torch.testing.assert_close(flow.fft.fft2(fx).to_torch(), torch.fft.fft2(x))
+    for fn in ("ihfft", "ihfft2", "ihfftn"):
+        torch.testing.assert_close(getattr(flow.fft, fn)(fx).to_torch(), getattr(torch.fft, fn)(x))
+    z = torch.fft.rfft(x)
+    torch.testing.assert_close(flow.fft.hfft(flow.from_torch(z)).to_torch(), torch.fft.hfft(z))
     torch.testing.assert_close(flow.fft.rfftfreq(8).to_torch(), torch.fft.rfftfreq(8))
     torch.testing.assert_close(flow.fft.fftfreq(5, 0.5).to_torch(), torch.fft.fftfreq(5, 0.5))
 
@@ -51,6 +61,8 @@ def test_complex_outputs_match_torch():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="normalization"):
         flow.fft.fft(flow.ones(4), norm="unitary")
+    with pytest.raises(ValueError, match="normalization"):
+        flow.fft.hfft(flow.ones(4), norm="unitary")
     with pytest.raises(RuntimeError, match="real input"):
         flow.fft.rfft(flow.fft.fft(flow.ones(4)))
     with pytest.raises(IndexError, match="fft"):

@@ -160,3 +160,32 @@ def test_cross_entropy_target_errors():
 def test_bce_shape_error():
     with pytest.raises(ValueError, match=r"target of shape \(3,\) must have the input's shape \(2, 3\)"):
         HF.binary_cross_entropy(flow.rand(2, 3), flow.rand(3))
+
+
+ALL_IGNORED = {
+    "ce": lambda lib, x: lib.nn.functional.cross_entropy(x, lib.tensor([-100, -100, -100])),
+    "ce-weight": lambda lib, x: lib.nn.functional.cross_entropy(x, lib.tensor([-100, -100, -100]),
+                                                                weight=lib.tensor([0.0, 0, 1, 1])),
+    "ce-smoothing": lambda lib, x: lib.nn.functional.cross_entropy(x, lib.tensor([-100, -100, -100]),
+                                                                   label_smoothing=0.1),
+    "ce-3d": lambda lib, x: lib.nn.functional.cross_entropy(x.reshape(1, 4, 3), lib.tensor([[-100, -100, -100]])),
+    "nll": lambda lib, x: lib.nn.functional.nll_loss(x, lib.tensor([-100, -100, -100])),
+    "ce-zero-weight-smoothing": lambda lib, x: lib.nn.functional.cross_entropy(
+        x, lib.tensor([0, 1, 0]), label_smoothing=0.1, weight=lib.tensor([0.0, 0, 1, 1])),
+    "ce-ignored-and-zero-weight": lambda lib, x: lib.nn.functional.cross_entropy(
+        x, lib.tensor([-100, 0, 1]), weight=lib.tensor([0.0, 0, 1, 1])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_IGNORED))
+def test_mean_loss_with_zero_total_weight_has_torchs_gradient(name):
+    """'mean' over class indices whose total weight is 0 (a batch of only padding): the loss is NaN
+    in both, and torch's gradient is 0 on ignored rows (NaN on counted rows with zero weight);
+    holoflow's once was NaN (or inf) everywhere, poisoning the parameters."""
+    x0 = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    got = []
+    for lib in (torch, flow):
+        x = (flow.from_torch(x0.clone()) if lib is flow else x0.clone()).requires_grad_()
+        ALL_IGNORED[name](lib, x).backward()
+        got.append(x.grad.to_torch() if lib is flow else x.grad)
+    torch.testing.assert_close(got[1], got[0], equal_nan=True)

@@ -513,3 +513,50 @@ def test_piecewise_linear_double_backward_through_the_slope_is_zero_as_in_torch(
         got.append((g.detach().numpy().tolist(), gg.numpy().tolist()))
     assert got[1] == got[0]
     assert got[0][1] == [[0.0] * 3] * 2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_strided_head_dim_matches_torch(causal):
+    """q/k/v that are transposes of (B, H, E, L) tensors — the head dim E strided, as in a conv
+    U-Net's attention block (``reshape(b, h, c, hw).transpose(-1, -2)``) — once went to torch's
+    private CPU flash kernel as they were and came back NaN / huge; forward and gradients match."""
+    base = torch.randn(2, 12, 3, 5, generator=torch.Generator().manual_seed(3))
+    outs = []
+    for lib, fn in ((torch, F), (flow, HF)):
+        x = (flow.from_torch(base.clone()) if lib is flow else base.clone()).requires_grad_()
+        q, k, v = (t.reshape(2, 2, 2, 15).transpose(-1, -2) for t in x.chunk(3, dim=1))
+        assert q.stride()[-1] != 1
+        y = fn.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        (y * y.detach().sin()).sum().backward()
+        to = (lambda t: t.to_torch()) if lib is flow else (lambda t: t)
+        outs.append((to(y.detach()), to(x.grad)))
+    torch.testing.assert_close(outs[1][0], outs[0][0])
+    torch.testing.assert_close(outs[1][1], outs[0][1])
+
+
+def test_embedding_scale_grad_by_freq_matches_torch():
+    """scale_grad_by_freq (once refused) divides each row's gradient by its lookup count, with a
+    padding row. Double backward (d weight-gradient / d dy) keeps that division: torch's
+    ``embedding_dense_double_backward`` drops it, so it is checked against the formula."""
+    idx = torch.tensor([[0, 2, 2], [5, 1, 0], [2, 3, 2]])
+    w0 = torch.randn(6, 4, generator=torch.Generator().manual_seed(2))
+    ct = torch.randn(6, 4, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for lib, fn in ((torch, F), (flow, HF)):
+        w = (flow.from_torch(w0.clone()) if lib is flow else w0.clone()).requires_grad_()
+        i = flow.from_torch(idx) if lib is flow else idx
+        y = fn.embedding(i, w, padding_idx=1, scale_grad_by_freq=True)
+        (y * lib.arange(36.0).reshape(3, 3, 4)).sum().backward()
+        grads.append(w.grad.to_torch() if lib is flow else w.grad)
+    torch.testing.assert_close(grads[1], grads[0])
+    w = flow.from_torch(w0.clone()).requires_grad_()
+    y = HF.embedding(flow.from_torch(idx), w, padding_idx=1, scale_grad_by_freq=True)
+    dy = flow.ones(3, 3, 4, requires_grad=True)
+    (gw,) = flow.autograd.grad(y, w, dy, create_graph=True)
+    (gdy,) = flow.autograd.grad((gw * flow.from_torch(ct)).sum(), dy)
+    counts = torch.bincount(idx.reshape(-1), minlength=6).clamp(min=1).unsqueeze(1)
+    want = (ct / counts)[idx] * (idx != 1).unsqueeze(-1)
+    torch.testing.assert_close(gdy.to_torch(), want)
+    module = flow.nn.Embedding(6, 4, scale_grad_by_freq=True)
+    module(flow.from_torch(idx)).sum().backward()
+    torch.testing.assert_close(module.weight.grad.to_torch()[2], torch.ones(4))

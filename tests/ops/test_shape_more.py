@@ -438,3 +438,19 @@ def test_pin_memory_like_torch():
         assert isinstance(got, type(want)) and "holoflow.pin_memory" in str(got)
     with pytest.raises(NotImplementedError, match=r"holoflow\.pin_memory"):
         flow.ones(2, requires_grad=True).pin_memory()
+
+
+def test_cat_and_stack_gradients_keep_each_inputs_dtype():
+    """cat/stack promote mixed dtypes; each input's gradient comes back in its own dtype, as torch's
+    (a float32 input of a float64 cat once got a float64 gradient, a real input of a complex one a
+    complex gradient)."""
+    for lib in (torch, flow):
+        a = lib.ones(2, 3, requires_grad=True)
+        b = lib.ones(1, 3, dtype=lib.float64, requires_grad=True)
+        (lib.cat([a, b]) * 2).sum().backward()
+        assert str(a.grad.dtype).endswith("float32") and str(b.grad.dtype).endswith("float64")
+        assert a.grad.tolist() == [[2.0] * 3] * 2
+        r = lib.ones(3, requires_grad=True)
+        z = lib.zeros(3, dtype=lib.complex64)
+        lib.view_as_real(lib.stack([r, z]) * (1 + 2j)).sum().backward()
+        assert str(r.grad.dtype).endswith("float32") and r.grad.tolist() == [3.0] * 3

@@ -295,16 +295,20 @@ class StateMixin:
 
     def to(self, *args: Any, **kwargs: Any) -> Any:
         """Moves/casts parameters and buffers: ``to(device)``, ``to(dtype)``, ``to(tensor)``.
-        Only floating-point (and complex) tensors change dtype. ``to(nn.graph.GraphModule)`` gives
+        Only floating-point (and complex) tensors change dtype; ``memory_format`` (e.g.
+        ``torch.channels_last``) relays out the 4-D and 5-D ones. ``to(nn.graph.GraphModule)`` gives
         the module's graph settings (OneFlow's spelling; the class says how, via ``for_module``)."""
         if len(args) == 1 and not kwargs and isinstance(args[0], type) and hasattr(args[0], "for_module"):
             return args[0].for_module(self)
+        fmt = kwargs.get("memory_format")
         dev, dt = _parse_to(args, dict(kwargs))
 
         def convert(t: torch.Tensor) -> torch.Tensor:
             cast = dt if dt is not None and (t.is_floating_point() or t.is_complex()) else None
             if dt is not None and t.is_complex() and not dt.is_complex:
                 cast = None
+            if fmt is not None and t.dim() in (4, 5):   # as torch: only 4-D/5-D tensors take the layout
+                return t.to(device=dev, dtype=cast, memory_format=fmt)
             return t.to(device=dev, dtype=cast)
         return self._apply(convert)
 

@@ -17,7 +17,7 @@ from ..core.tensor import Tensor
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_",
            "eye_", "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_",
-           "orthogonal_", "uniform", "normal", "constant", "xavier_uniform", "xavier_normal",
+           "orthogonal_", "sparse_", "uniform", "normal", "constant", "xavier_uniform", "xavier_normal",
            "kaiming_uniform", "kaiming_normal", "orthogonal"]
 
 
@@ -246,6 +246,25 @@ def orthogonal_(tensor: Tensor, gain: float = 1, generator: Any = None) -> Tenso
     return tensor
 
 
+def sparse_(tensor: Tensor, sparsity: float, std: float = 0.01, generator: Any = None) -> Tensor:
+    """A 2-D ``tensor`` from N(0, std²) with ``ceil(sparsity * rows)`` entries of each column set to
+    zero, the rows chosen by a ``randperm`` per column, drawn in torch's order (as torch's, only the
+    normal draws use ``generator``; the permutations come from the global RNG)."""
+    if tensor.dim() != 2:
+        raise ValueError("Only tensors with 2 dimensions are supported")
+    t = _storage(tensor)
+    if t.is_meta:
+        return tensor
+    rows, cols = t.shape
+    num_zeros = int(math.ceil(sparsity * rows))
+    with torch.no_grad():
+        t.normal_(0, std, generator=_gen(generator))
+        for col in range(cols):
+            zero_rows = torch.randperm(rows)[:num_zeros]
+            t[zero_rows, col] = 0
+    return tensor
+
+
 def _deprecated(fn):
     def old(*args: Any, **kwargs: Any) -> Tensor:
         warnings.warn(f"nn.init.{fn.__name__[:-1]} is now deprecated in favor of nn.init.{fn.__name__}.",
@@ -262,5 +281,6 @@ orthogonal = _deprecated(orthogonal_)
 
 
 for _name in ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
-              "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_"):
+              "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
+              "sparse_"):
     globals()[_name] = _global_aware(globals()[_name])

@@ -68,9 +68,12 @@ def _fusable(q_shape: tuple, k_shape: tuple, v_shape: tuple, has_mask: bool) -> 
 
 
 def _as_4d(x: torch.Tensor) -> torch.Tensor:
-    if x.dim() == 4:
-        return x
-    return x.reshape(-1, x.shape[-3] if x.dim() > 2 else 1, *x.shape[-2:])
+    """``x`` as (B, H, L, E) for torch's private CPU flash kernels, with a unit stride on E: those
+    kernels read each row as dense memory and return garbage (NaN) for a transposed input whose last
+    dim is strided (e.g. ``reshape(b, h, e, l).transpose(-1, -2)``), which the public call copies."""
+    if x.dim() != 4:
+        x = x.reshape(-1, x.shape[-3] if x.dim() > 2 else 1, *x.shape[-2:])
+    return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
 
 
 def _lse_dtype(q: torch.Tensor) -> torch.dtype:

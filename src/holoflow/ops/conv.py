@@ -179,8 +179,26 @@ def _check_conv(name: str, x: Tensor, w: Tensor, b, k: int, groups: int, transpo
                          f"of shape {tuple(w.shape)}")
 
 
+def _complex_conv(run, x: Tensor, w: Tensor, b) -> Tensor:
+    """A convolution of complex ``x`` and ``w`` (and bias) as three real ones (Gauss's product, as
+    torch's complex convolution): ``a = x_r*w_r + b_r``, ``m = x_i*w_i`` and
+    ``c = (x_r + x_i)*(w_r + w_i) + b_r + b_i`` give ``(a - m) + i (c - a - m)``; gradients flow
+    through the real and imaginary parts. ``run(x, w, b)`` is the real convolution."""
+    from .complex_ops import complex as _complex
+    from .complex_ops import imag, real
+    xr, xi, wr, wi = real(x), imag(x), real(w), imag(w)
+    br, bi = (None, None) if b is None else (real(b), imag(b))
+    a = run(xr, wr, br)
+    m = run(xi, wi, None)
+    c = run(xr + xi, wr + wi, None if b is None else br + bi)
+    return _complex(a - m, c - a - m)
+
+
 def _conv(name: str, k: int, input: Tensor, weight: Tensor, bias, stride, padding, dilation, groups) -> Tensor:
     _check_conv(name, input, weight, bias, k, groups, False)
+    if input.is_complex() and weight.is_complex() and (bias is None or bias.is_complex()):
+        return _complex_conv(lambda x, w, b: _conv(name, k, x, w, b, stride, padding, dilation, groups),
+                             input, weight, bias)
     stride, dilation = _tuple(stride, k, "stride", name), _tuple(dilation, k, "dilation", name)
     extra = None
     if isinstance(padding, str):
@@ -220,6 +238,9 @@ def conv3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, 
 def _conv_transpose(name: str, k: int, input, weight, bias, stride, padding, output_padding, groups,
                     dilation) -> Tensor:
     _check_conv(name, input, weight, bias, k, groups, True)
+    if input.is_complex() and weight.is_complex() and (bias is None or bias.is_complex()):
+        return _complex_conv(lambda x, w, b: _conv_transpose(name, k, x, w, b, stride, padding, output_padding,
+                                                             groups, dilation), input, weight, bias)
     return apply(CONV, input, weight, bias, stride=_tuple(stride, k, "stride", name),
                  padding=_tuple(padding, k, "padding", name), dilation=_tuple(dilation, k, "dilation", name),
                  transposed=True, output_padding=_tuple(output_padding, k, "output_padding", name),

@@ -42,7 +42,13 @@ def _parse_to(self: Tensor, args, kwargs):
 
 
 def to(self: Tensor, *args, **kwargs) -> Tensor:
-    """Returns this tensor on another device and/or dtype (itself when nothing changes)."""
+    """Returns this tensor on another device and/or dtype, and in ``memory_format``'s layout when
+    one is given (itself when nothing changes)."""
+    fmt = kwargs.get("memory_format")
+    if fmt is not None and fmt != torch.preserve_format:
+        kwargs = {k: v for k, v in kwargs.items() if k != "memory_format"}
+        out = to(self, *args, **kwargs)
+        return contiguous(out, memory_format=fmt)
     copy = kwargs.get("copy", False)
     dev, dt = _parse_to(self, args, kwargs)
     cur = self._data

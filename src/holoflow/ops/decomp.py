@@ -41,8 +41,8 @@ def _check_matrix(name: str, A: Tensor, square: bool = False) -> None:
         kind = "square matrices" if square else "matrices"
         raise ShapeError(f"holoflow.{name}: expected a tensor of {kind} (*, m, {'m' if square else 'n'}), "
                          f"got shape {tuple(A.shape)}")
-    if not A.is_floating_point():
-        raise DTypeError(f"holoflow.{name}: expected a floating point input, got {A.dtype}")
+    if not (A.is_floating_point() or A.is_complex()):
+        raise DTypeError(f"holoflow.{name}: expected a floating point or complex input, got {A.dtype}")
 
 
 # -- SVD ---------------------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def svd(input: Tensor, some: bool = True, compute_uv: bool = True):
         u, v = z.new_zeros(lead + (m, m)), z.new_zeros(lead + (n, n))
         return _SvdResult(u, s, v)
     u, s, vh = linalg_svd(input, full_matrices=not some)
-    return _SvdResult(u, s, vh.transpose(-2, -1))
+    return _SvdResult(u, s, vh.mH if vh.is_complex() else vh.transpose(-2, -1))
 
 
 # -- QR ------------------------------------------------------------------------------------------------

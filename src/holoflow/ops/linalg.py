@@ -167,8 +167,8 @@ def _einsum_kernel(*ops, equation):
     return out
 
 
-EINSUM = defop("einsum", _einsum_kernel, grad=_einsum_grad,
-               save="inputs", sbp=_einsum_sbp, family="einsum")
+EINSUM = holomorphic(defop("einsum", _einsum_kernel, grad=_einsum_grad,
+               save="inputs", sbp=_einsum_sbp, family="einsum"))
 
 
 # -- matmul ---------------------------------------------------------------------------------------
@@ -275,10 +275,11 @@ def _mg_sbp(subs: tuple[str, str, str]):
     return sbp
 
 
-MATMUL_GRAD_A = defop("matmul_grad_a", _mga_kernel, grad=_mga_grad, save="inputs",
-                      sbp=_mg_sbp(("mn", "kn", "mk")), family="einsum")
-MATMUL_GRAD_B = defop("matmul_grad_b", _mgb_kernel, grad=_mgb_grad, save="inputs",
-                      sbp=_mg_sbp(("mk", "mn", "kn")), family="einsum")
+# holomorphic (bilinear, unconjugated kernels): double backward of complex products conjugates as torch's
+MATMUL_GRAD_A = holomorphic(defop("matmul_grad_a", _mga_kernel, grad=_mga_grad, save="inputs",
+                                  sbp=_mg_sbp(("mn", "kn", "mk")), family="einsum"))
+MATMUL_GRAD_B = holomorphic(defop("matmul_grad_b", _mgb_kernel, grad=_mgb_grad, save="inputs",
+                                  sbp=_mg_sbp(("mk", "mn", "kn")), family="einsum"))
 
 
 # -- addmm, baddbmm, addmv, addr, addbmm: beta * input + alpha * (a product of two operands) -----
@@ -327,8 +328,9 @@ def _addmm_family(name: str, ins: list[str], out: str):
         g = [reduce_grad(operand_grad(ins, out, (a, b), dy, i) * c.alpha, c, i + 1) if needs(c, i + 1)
              else None for i in range(2)]
         return (g_in, *g)
-    return defop(name, kernel, grad=grad, save="inputs", shape=shape, sbp=sbp, family="einsum",
-                 flops=lambda i, o, attrs: contraction_flops(i[1:], o, attrs))   # the addend is no operand
+    # holomorphic: complex operands take torch's conjugated gradients (dy @ b^H, a^H @ dy, conj(beta) dy)
+    return holomorphic(defop(name, kernel, grad=grad, save="inputs", shape=shape, sbp=sbp, family="einsum",
+                             flops=lambda i, o, attrs: contraction_flops(i[1:], o, attrs)))   # addend: no operand
 
 
 ADDMM = _addmm_family("addmm", ["ik", "kj"], "ij")
@@ -423,10 +425,10 @@ def _lgw_sbp(metas, attrs):
     return einsum_signatures([b + "n", b + "k"], "nk", [tuple(dy.shape), tuple(x.shape)])
 
 
-LINEAR_GRAD_INPUT = defop("linear_grad_input", _lgi_kernel, grad=_lgi_grad, save="inputs",
-                          sbp=_lgi_sbp, family="einsum")
-LINEAR_GRAD_WEIGHT = defop("linear_grad_weight", _lgw_kernel, grad=_lgw_grad, save="inputs",
-                           sbp=_lgw_sbp, family="einsum")
+LINEAR_GRAD_INPUT = holomorphic(defop("linear_grad_input", _lgi_kernel, grad=_lgi_grad, save="inputs",
+                                      sbp=_lgi_sbp, family="einsum"))
+LINEAR_GRAD_WEIGHT = holomorphic(defop("linear_grad_weight", _lgw_kernel, grad=_lgw_grad, save="inputs",
+                                       sbp=_lgw_sbp, family="einsum"))
 
 
 # Eager backward without create_graph runs linear's three gradients as one op (one dispatch
@@ -495,8 +497,8 @@ def _linear_add_to_output(shapes: tuple, beta, alpha):
     return linear_add
 
 
-LINEAR = defop("linear", F.linear, grad=_linear_grad, save="inputs", shape=_linear_shape,
-               sbp=_linear_sbp, family="einsum", add_to_output=_linear_add_to_output)
+LINEAR = holomorphic(defop("linear", F.linear, grad=_linear_grad, save="inputs", shape=_linear_shape,
+                           sbp=_linear_sbp, family="einsum", add_to_output=_linear_add_to_output))
 
 
 # -- public functions ---------------------------------------------------------------------------
@@ -602,8 +604,9 @@ ger = outer
 
 
 def vecdot(x: Tensor, y: Tensor, *, dim: int = -1) -> Tensor:
-    """Dot product over ``dim`` with broadcasting (real tensors)."""
-    return (x * y).sum(dim)
+    """Dot product over ``dim`` with broadcasting; complex ``x`` is conjugated, as torch's
+    ``linalg.vecdot`` does (``sum(conj(x) * y)``)."""
+    return ((x.conj() if x.is_complex() else x) * y).sum(dim)
 
 
 def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta=1, alpha=1) -> Tensor:

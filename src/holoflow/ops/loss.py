@@ -64,6 +64,18 @@ def _scale(dy, reduction, denom, cdim, acc):
     return dy / denom if reduction == "mean" else dy
 
 
+def _as_torch_masks(dx, t, ignore_index, reduction, denom, cdim):
+    """torch's gradient at the edges of 'mean' over class indices: an ignored target's row is
+    exactly 0 (torch never writes it) even when every target is ignored (0 / 0 scale), and with a
+    zero total weight a counted row is NaN (torch's ``-w / total``)."""
+    if reduction != "mean" or t.is_floating_point():
+        return dx
+    valid = (t != ignore_index).unsqueeze(cdim)
+    zero = torch.zeros((), dtype=dx.dtype, device=dx.device)
+    counted = torch.where(denom == 0, torch.full((), float("nan"), dtype=dx.dtype, device=dx.device), dx)
+    return torch.where(valid, counted, zero)
+
+
 def _ce_bwd_fast(dy, x, t, ignore_index, reduction, acc):
     """The common case (2-D input, class indices, no weight or smoothing, computed in x's dtype,
     float32/64): torch's own backward, nll_loss_backward then _log_softmax_backward_data (half the
@@ -114,9 +126,9 @@ def _nll_wide(logp, t, w, ignore_index, reduction, dtype):
 
 def _nll_wide_grad(dy, logp, t, w, ignore_index, reduction, total):
     """d loss / d logp of :func:`_nll_wide`, in logp's dtype (``total``: the 'mean' denominator)."""
-    _, idx, wt = _target_weights(t, w, ignore_index, dy.dtype)
+    valid, idx, wt = _target_weights(t, w, ignore_index, dy.dtype)
     s = dy / total if reduction == "mean" else dy
-    val = (-s * wt).to(logp.dtype)
+    val = torch.where(valid, -s * wt, torch.zeros((), dtype=dy.dtype, device=dy.device)).to(logp.dtype)
     return torch.zeros_like(logp).scatter_(1, idx.unsqueeze(1), val.unsqueeze(1))
 
 
@@ -153,6 +165,8 @@ def _ce_bwd_kernel(dy, x, t, w, ignore_index, reduction, label_smoothing, dtype=
         s = _scale(dy, reduction, denom, cdim, acc)
         dt = torch.zeros((), dtype=x.dtype, device=x.device).expand(0)
     dx = s * (logp.exp() * a.sum(cdim, keepdim=True) - a)
+    if not t.is_floating_point():
+        dx = _as_torch_masks(dx, t, ignore_index, reduction, denom, cdim)
     if dw is None:
         dw = torch.zeros((), dtype=x.dtype, device=x.device).expand(0)
     return dx.to(x.dtype), dt, dw
@@ -161,7 +175,8 @@ def _ce_bwd_kernel(dy, x, t, w, ignore_index, reduction, label_smoothing, dtype=
 def _nll_bwd_kernel(dy, x, t, w, ignore_index, reduction):
     acc, cdim = _acc(x.dtype), 1 if x.dim() >= 2 else 0
     a, denom = _class_coeffs(x, t, w, ignore_index, 0.0, cdim, acc)
-    return (-_scale(dy, reduction, denom, cdim, acc) * a).to(x.dtype)
+    dx = -_scale(dy, reduction, denom, cdim, acc) * a
+    return _as_torch_masks(dx, t, ignore_index, reduction, denom, cdim).to(x.dtype)
 
 
 def _class_loss_sbp(metas, attrs):

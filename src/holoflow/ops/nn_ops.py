@@ -365,7 +365,8 @@ def _emb_bwd_sbp(metas, attrs):
     dy, idx = metas
     nd = len(idx.shape)
     sigs = [((B, B), (B,)), ((P, B), (P,))]
-    sigs += [((S(a), S(a)), (P,)) for a in range(nd)]
+    if not attrs.get("scale_grad_by_freq"):   # (the frequencies count every index: no index splits)
+        sigs += [((S(a), S(a)), (P,)) for a in range(nd)]
     sigs.append(((S(nd), B), (S(1),)))
     return sigs
 
@@ -376,15 +377,21 @@ def _emb_bwd_grad(c, ddw):
         keep = torch.ones(c.num_weights, 1, dtype=ddw._data.dtype, device=ddw.device.torch)
         keep[c.padding_idx] = 0
         ddw = ddw * Tensor._make(keep)
-    return apply(EMBEDDING, idx, ddw, padding_idx=-1), None
+    if c.scale_grad_by_freq:  # each row's gradient was divided by how often the row was looked up
+        counts = torch.bincount(idx._data.reshape(-1), minlength=c.num_weights).clamp_(min=1)
+        ddw = ddw * Tensor._make(counts.reciprocal().to(ddw._data.dtype).unsqueeze(1))
+    return apply(EMBEDDING, idx, ddw, padding_idx=-1, scale_grad_by_freq=False), None
 
 
-EMBEDDING_BWD = defop("embedding_backward", lambda dy, idx, num_weights, padding_idx:
-                      torch.ops.aten.embedding_dense_backward.default(dy, idx, num_weights, padding_idx, False),
+EMBEDDING_BWD = defop("embedding_backward", lambda dy, idx, num_weights, padding_idx, scale_grad_by_freq:
+                      torch.ops.aten.embedding_dense_backward.default(dy, idx, num_weights, padding_idx,
+                                                                      scale_grad_by_freq),
                       grad=_emb_bwd_grad, save="inputs", sbp=_emb_bwd_sbp, family="embedding")
-EMBEDDING = defop("embedding", lambda idx, w, padding_idx: torch.embedding(w, idx, padding_idx),
+EMBEDDING = defop("embedding",
+                  lambda idx, w, padding_idx, scale_grad_by_freq=False: torch.embedding(w, idx, padding_idx),
                   grad=lambda c, dy: (None, apply(EMBEDDING_BWD, dy, c.inputs[0], num_weights=c.shapes[1][0],
-                                                  padding_idx=c.padding_idx)),
+                                                  padding_idx=c.padding_idx,
+                                                  scale_grad_by_freq=c.scale_grad_by_freq)),
                   save="inputs", saved_inputs=(0,), sbp=_emb_sbp, family="embedding")  # indices only
 
 
@@ -405,9 +412,10 @@ def embedding_renorm_(weight: Tensor, input: Tensor, max_norm: float, norm_type:
 def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max_norm=None,
               norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
     """Rows of ``weight`` picked by the integer ``input``; the ``padding_idx`` row gets no gradient;
-    with ``max_norm`` the looked-up rows are renormalized in place first (`embedding_renorm_`)."""
-    if scale_grad_by_freq or sparse:
-        raise UnsupportedError("holoflow.embedding: scale_grad_by_freq and sparse are not supported")
+    with ``max_norm`` the looked-up rows are renormalized in place first (`embedding_renorm_`);
+    ``scale_grad_by_freq`` divides each row's gradient by how often ``input`` looks it up."""
+    if sparse:
+        raise UnsupportedError("holoflow.embedding: sparse gradients are not supported")
     if input.is_floating_point() or input.is_complex() or input.dtype is torch.bool:
         raise DTypeError(f"holoflow.embedding: indices must be an integer tensor (int64 or int32), got "
                          f"{input.dtype} (shape {tuple(input.shape)})")
@@ -419,7 +427,8 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max
             raise IndexError(f"holoflow.embedding: padding_idx {padding_idx} out of range for {n} embeddings")
         padding_idx %= n
     try:
-        return apply(EMBEDDING, input, weight, padding_idx=-1 if padding_idx is None else padding_idx)
+        return apply(EMBEDDING, input, weight, padding_idx=-1 if padding_idx is None else padding_idx,
+                     scale_grad_by_freq=bool(scale_grad_by_freq))
     except IndexError as e:  # the kernel says only "index out of range in self": name the index
         raise IndexError(f"holoflow.embedding: {_bad_index(input, n)} is out of range for {n} embeddings "
                          f"(weight of shape {tuple(weight.shape)}); legal indices are 0..{n - 1}") from e

@@ -14,7 +14,7 @@ from ..core.registry import defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
-from .family import CAST
+from .family import CAST, holomorphic
 from .layout import flip
 from .scatter import GATHER_BACKWARD
 
@@ -82,8 +82,8 @@ CUMSUM = defop("cumsum", lambda x, dim, dtype: torch.cumsum(x, dim, dtype=dtype)
                sbp=scan_sbp(linear=True), **_SCAN)
 REVERSE_CUMSUM = defop("reverse_cumsum", _reverse_cumsum, sbp=scan_sbp(linear=True), **_SCAN,
                        grad=lambda c, dy: (apply(CUMSUM, dy, dim=c.dim, dtype=None),))
-CUMPROD = defop("cumprod", lambda x, dim, dtype: torch.cumprod(x, dim, dtype=dtype), grad=_cumprod_grad,
-                save="both", sbp=scan_sbp(linear=False), **_SCAN)
+CUMPROD = holomorphic(defop("cumprod", lambda x, dim, dtype: torch.cumprod(x, dim, dtype=dtype),
+                            grad=_cumprod_grad, save="both", sbp=scan_sbp(linear=False), **_SCAN))
 _CUMEXTREME = dict(grad=_cumextreme_grad, save="output", saved_outputs=(1,), outputs=("values", "indices"),
                    sbp=scan_sbp(linear=False, n_out=2), **_SCAN)
 CUMMAX = defop("cummax", lambda x, dim: torch.cummax(x, dim), **_CUMEXTREME)

@@ -20,7 +20,7 @@ from ..core.interpret import is_lazy
 from ..core.registry import Meta
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
-from .family import EXPAND, SUM_TO, defop, tensor_metas
+from .family import CAST, EXPAND, SUM_TO, defop, tensor_metas
 
 __all__ = ["reshape", "view", "view_as", "reshape_as", "permute", "transpose", "swapaxes", "swapdims",
            "t", "movedim", "moveaxis", "flatten", "unflatten", "squeeze", "unsqueeze", "expand",
@@ -476,12 +476,23 @@ def _cat_sbp(metas, attrs):
     return sigs
 
 
+def _grad_to_dtype(g: Tensor, dtype: torch.dtype) -> Tensor:
+    """An input's share of a promoted output's gradient in the input's dtype, as torch's autograd
+    gives it: the real part for a real input of a complex result (no cast warning), then a cast."""
+    if g._data.dtype == dtype or not (dtype.is_floating_point or dtype.is_complex):
+        return g
+    if g._data.is_complex() and not dtype.is_complex:
+        from ..core.registry import REGISTRY
+        g = apply(REGISTRY["real"], g)
+    return g if g._data.dtype == dtype else apply(CAST, g, dtype=dtype)
+
+
 def _cat_grad(ctx, dy):
     d = ctx.dim
     sizes = [0 if tuple(s) == (0,) and dy.dim() != 1 else s[d] for s in ctx.shapes]
     parts = apply(SPLIT, dy, sizes=tuple(sizes), dim=d)
-    return tuple(p if tuple(p.shape) == tuple(s) else apply(RESHAPE, p, shape=tuple(s))
-                 for p, s in zip(parts, ctx.shapes))
+    return tuple(_grad_to_dtype(p if tuple(p.shape) == tuple(s) else apply(RESHAPE, p, shape=tuple(s)), dt)
+                 for p, s, dt in zip(parts, ctx.shapes, ctx.dtypes))
 
 
 CAT = defop("cat", lambda *xs, dim: torch.cat(xs, dim), grad=_cat_grad, shape=_cat_shape, sbp=_cat_sbp,

@@ -43,12 +43,14 @@ def _bwd_kernel(fn: Callable) -> Callable:
 
 
 def defop_vjp(name: str, fn: Callable, *, sbp: Callable, bwd_sbp: Callable, family: str = "other",
-              outputs: tuple | None = None, shape: Callable | None = None, complex_grads: bool = False) -> Op:
+              outputs: tuple | None = None, shape: Callable | None = None, complex_grads: bool = True) -> Op:
     """Declares ``name`` (kernel ``fn(*inputs, **attrs)``) and ``name_backward``.
 
     ``bwd_sbp(metas, attrs)`` sees ``(*inputs, *dys)`` and ``attrs`` with ``n_in`` and ``diff``
-    (the positions of the floating inputs — and complex ones with ``complex_grads`` — one
-    gradient output each, in order)."""
+    (the positions of the floating inputs — and complex ones unless ``complex_grads=False`` — one
+    gradient output each, in order). Complex inputs take torch's own (conjugate) gradients by
+    default: without them a complex input that requires grad (``linalg.det``/``inv``/``solve`` of a
+    complex matrix) would silently get none."""
     def no_double(ctx, *dys):
         raise UnsupportedError(f"holoflow.{name}: double backward is not implemented")
 
