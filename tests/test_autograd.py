@@ -293,3 +293,41 @@ def test_rules_compute_only_the_gradients_asked_for(how):
     (theirs, seen_t), (ours, seen_o) = run(torch), run(flow)
     np.testing.assert_allclose(ours, theirs, rtol=1e-5)
     assert seen_o == seen_t
+
+
+@pytest.mark.parametrize("make", ["channels_last", "transposed", "strided_slice", "contiguous"])
+def test_leaf_gradients_are_laid_out_as_torchs(make):
+    """torch's layout contract: a dense leaf's ``.grad`` has the leaf's strides (channels_last
+    parameters get channels_last gradients), any other leaf's is contiguous."""
+    def run(lib):
+        lib.manual_seed(0)
+        if make == "channels_last":
+            x = lib.randn(2, 3, 4, 5).to(memory_format=lib.channels_last)
+        elif make == "transposed":
+            x = lib.randn(4, 5).t()
+        elif make == "strided_slice":
+            x = lib.randn(4, 6)[:, ::2]
+        else:
+            x = lib.randn(3, 4)
+        x = x.detach().requires_grad_()
+        (x.sin() * 2).sum().backward()
+        return x.grad.stride(), x.grad.detach().numpy()
+    (s_t, g_t), (s_f, g_f) = run(torch), run(flow)
+    assert s_f == s_t
+    np.testing.assert_allclose(g_f, g_t, rtol=1e-6)
+
+
+def test_a_real_inputs_gradient_from_complex_math_is_the_real_part_silently():
+    import warnings
+
+    def run(lib):
+        lib.manual_seed(0)
+        x = lib.randn(4, requires_grad=True)
+        z = lib.randn(4, dtype=lib.cfloat)
+        lib.view_as_real(x * z).sum().backward()
+        return x.grad.numpy()
+    want = run(torch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # (a cast of complex to real warns: the real part does not)
+        got = run(flow)
+    np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -43,6 +43,30 @@ def accumulate_grad(t, g, inplace: bool = False) -> None:
             t._grad = old + g
 
 
+def _grad_strides(leaf: torch.Tensor) -> tuple:
+    """The strides of a (non-contiguous) leaf's ``.grad``, as torch's layout contract: the leaf's
+    own when it is dense and non-overlapping (channels_last parameters get channels_last
+    gradients), else contiguous ones."""
+    if _dense(leaf.shape, leaf.stride()):
+        return leaf.stride()
+    out, acc = [], 1
+    for n in reversed(leaf.shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def _dense(shape, strides) -> bool:
+    """Whether a layout covers its elements once each with no gaps (a permutation of a
+    contiguous layout)."""
+    expect = 1
+    for st, n in sorted((st, n) for st, n in zip(strides, shape) if n != 1):
+        if st != expect:
+            return False
+        expect *= n
+    return True
+
+
 def _addable_in_place(old, g) -> bool:
     d, e = old._data, g._data
     return (old._global is None and g._global is None and not old._rg and not g._rg
@@ -350,10 +374,17 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
             if d.is_meta:  # a traced value (a trace is SSA: no aliasing)
                 g = g.detach()
             else:
-                # a view, a gradient another leaf (or the caller) already holds, a strided one: copy
+                # a view, a gradient another leaf (or the caller) already holds, one not laid out
+                # as torch's AccumulateGrad lays it out (the leaf's strides if it is dense, e.g.
+                # channels_last; else contiguous): copy
                 ptr = d.data_ptr()
-                if d._base is not None or ptr in handed or not d.is_contiguous():
-                    d = d.clone(memory_format=torch.contiguous_format)
+                strides = None if t._data.is_contiguous() else _grad_strides(t._data)
+                if strides is None:
+                    if d._base is not None or ptr in handed or not d.is_contiguous():
+                        d = d.clone(memory_format=torch.contiguous_format)
+                        ptr = d.data_ptr()
+                elif d._base is not None or ptr in handed or d.stride() != strides:
+                    d = torch.empty_strided(d.shape, strides, dtype=d.dtype, device=d.device).copy_(d)
                     ptr = d.data_ptr()
                 handed[ptr] = d  # held, so an address is never reused within this pass
                 g, glob = Tensor._make(d), g._global

@@ -235,6 +235,9 @@ class Tensor:
             self._global = value._global
 
     def detach(self) -> "Tensor":
+        if "_copy_of" in self.__dict__:   # a copy standing for a view: its source's current values
+            from .dispatch import fresh_copy
+            fresh_copy(self)
         t = Tensor._make(self._data.detach())
         t._global = self._global
         if "_v" in self.__dict__:  # a lazy tensor of a graph trace: same value, no history

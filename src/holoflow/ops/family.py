@@ -124,7 +124,10 @@ def reduce_grad(g: Tensor, ctx, i: int) -> Tensor:
     if g.shape != shape:
         g = apply(SUM_TO, g, shape=shape)
     if g._data.dtype != dtype and dtype.is_floating_point:
-        g = apply(CAST, g, dtype=dtype)
+        if g._data.is_complex():   # a real input's gradient is the real part, as torch's autograd
+            g = apply(REGISTRY["real"], g)
+        if g._data.dtype != dtype:
+            g = apply(CAST, g, dtype=dtype)
     return g
 
 
