@@ -35,6 +35,11 @@ from . import accelerator, backends, cuda, distributions, fft, func, hub, jit, o
 from . import special  # torch.special
 from .compat import *  # noqa: F403  (torch's switches, compile, _assert, LongTensor, channels_last)
 from .func import vmap  # torch.vmap
+from . import compiler, cpu, profiler, random  # torch.compiler, torch.cpu, torch.profiler, torch.random
+from . import mps, mtia, xpu  # torch's other device modules (torch's own queries)
+from . import multiprocessing  # torch.multiprocessing (spawn, Queue, start methods)
+from . import functional, return_types, signal  # torch.functional, torch.return_types, torch.signal
+from .compat_ops import *  # noqa: F403  (torch's ATen-style top-level names: ctc_loss, convolution, lstm ...)
 
 _global_tensor.install()
 globals().update(_ELEMENTWISE)

@@ -14,7 +14,7 @@ from ..core.tensor import Tensor
 from .function import Function, FunctionCtx
 
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "no_grad", "enable_grad",
-           "set_grad_enabled", "inference_mode", "functional"]
+           "set_grad_enabled", "inference_mode", "functional", "profiler"]
 
 
 def _as_list(x) -> list:
@@ -127,3 +127,4 @@ def _batched_grad(outputs, inputs, grad_outputs, retain, create_graph, allow_unu
 
 
 from . import functional  # last: it reads `grad` from this package
+from . import profiler  # torch.autograd.profiler (profile, record_function)

@@ -190,7 +190,7 @@ class _PositiveDefinite(Constraint):
     event_dim = 2
 
     def check(self, value: Tensor) -> Tensor:
-        from ..linalg import cholesky_ex
+        from ..ops.linalg_more import cholesky_ex
         symmetric = ((value - value.mT).abs() <= 1e-6 * (1 + value.abs())).reshape(
             tuple(value.shape[:-2]) + (-1,)).all(-1)
         return symmetric & (cholesky_ex(value).info == 0)

@@ -16,12 +16,12 @@ __all__ = ["MultivariateNormal"]
 
 
 def _cholesky(A: Tensor) -> Tensor:
-    from ..linalg import cholesky
+    from ..ops.more_ops import cholesky
     return cholesky(A)
 
 
 def _inv(A: Tensor) -> Tensor:
-    from ..linalg import inv
+    from ..ops.more_ops import inv
     return inv(A)
 
 
@@ -109,7 +109,7 @@ class MultivariateNormal(Distribution):
         return self._unbroadcasted_scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
 
     def log_prob(self, value: Any) -> Tensor:
-        from ..linalg import solve_triangular
+        from ..ops.linalg_more import solve_triangular
         diff = value - self.loc
         k = self._event_shape[0]
         tril = self._unbroadcasted_scale_tril

@@ -11,6 +11,7 @@ import numbers
 import weakref
 from typing import Any, Sequence
 
+from ..core.dtype import finfo
 from ..core.tensor import Tensor
 from ..nn import functional as F
 from . import constraints
@@ -336,12 +337,10 @@ class SigmoidTransform(Transform):
     __hash__ = object.__hash__
 
     def _call(self, x: Tensor) -> Tensor:
-        from .. import finfo
         fi = finfo(x.dtype)
         return x.sigmoid().clamp(min=fi.tiny, max=1.0 - fi.eps)
 
     def _inverse(self, y: Tensor) -> Tensor:
-        from .. import finfo
         fi = finfo(y.dtype)
         y = y.clamp(min=fi.tiny, max=1.0 - fi.eps)
         return y.log() - (-y).log1p()

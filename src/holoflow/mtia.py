@@ -1,0 +1,8 @@
+"""``holoflow.mtia``: torch.mtia itself (``is_available``, ``device_count``, ``synchronize``,
+``manual_seed`` ...): holoflow's kernels are torch's, so device queries and controls are torch's own
+(on a machine without the device: torch's answers, ``is_available() == False``)."""
+import torch.mtia
+
+from ._forward import forward_module
+
+forward_module(__name__, torch.mtia)

@@ -1,0 +1,243 @@
+"""Tensor methods and top-level names torch has around dense tensors' layout and storage:
+``to_dense``, ``dense_dim``/``sparse_dim``, ``const_data_ptr``, the ``is_xla``-style device
+queries, ``untyped_storage``/``storage``, ``set_``, ``as_strided_``, ``chalf``, ``xpu``/``ipu``/
+``mtia``; and the top-level ``range`` (deprecated, end-inclusive), ``feature_dropout(_)``,
+``addmv_``, ``as_strided_``, ``resize_as_``, ``is_distributed``, ``view_as_real_copy``,
+``view_as_complex_copy`` and ``from_file``.
+
+holoflow tensors are dense (strided), so the sparse-layout queries give torch's answers for dense
+tensors. Storage access works on local tensors only: a global tensor's data is spread over ranks.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Sequence
+
+import torch
+
+from ..core import device as _device
+from ..core import dtype as _dtype
+from ..core import grad_mode
+from ..core.errors import UnsupportedError
+from ..core.interpret import is_lazy
+from ..core.tensor import Tensor
+from .complex_ops import view_as_complex, view_as_real
+from .layout import as_strided
+from .nn_extra import _dropout_impl
+from .shape import _shape_inplace
+
+__all__ = ["range", "feature_dropout", "feature_dropout_", "addmv_", "as_strided_", "resize_as_",
+           "is_distributed", "view_as_real_copy", "view_as_complex_copy", "from_file"]
+
+_COMPLEX32 = next(d for d in _dtype.RARE if d.name == "complex32")
+
+
+def _local(self: Tensor, name: str) -> None:
+    if self._global is not None or is_lazy():
+        raise UnsupportedError(f"holoflow.Tensor.{name}: needs a local tensor outside nn.Graph (a global "
+                               f"tensor's data lives on several ranks); call .to_local() first")
+
+
+# -- layout queries: holoflow tensors are dense ---------------------------------------------------
+
+def to_dense(self: Tensor, dtype: Any = None, *, masked_grad: bool | None = None) -> Tensor:
+    """This tensor itself (it is already dense), cast when ``dtype`` differs, as torch's
+    ``to_dense`` on a strided tensor."""
+    if dtype is None or _dtype.to_torch(dtype) == self._data.dtype:
+        return self
+    return self.to(dtype)
+
+
+def dense_dim(self: Tensor) -> int:
+    """The number of dense dims: all of them for a dense tensor, as torch."""
+    return self.dim()
+
+
+def sparse_dim(self: Tensor) -> int:
+    """The number of sparse dims: 0 for a dense tensor, as torch."""
+    return 0
+
+
+def const_data_ptr(self: Tensor) -> int:
+    """The address of the first element (``data_ptr``; the caller promises not to write)."""
+    return self.data_ptr()
+
+
+def is_distributed(input: Tensor) -> bool:
+    """False, as torch's ``is_distributed`` (a legacy THD flag; holoflow's global tensors are
+    ``is_global``)."""
+    if not isinstance(input, Tensor):
+        raise TypeError(f"holoflow.is_distributed(): argument 'input' must be a Tensor, not {type(input).__name__}")
+    return False
+
+
+def _device_query(kind: str) -> property:
+    return property(lambda self: self._data.device.type == kind, doc=f"Whether the tensor is on a {kind} device.")
+
+
+# -- storage ---------------------------------------------------------------------------------------
+
+def untyped_storage(self: Tensor) -> torch.UntypedStorage:
+    """The torch ``UntypedStorage`` holding this local tensor's elements (shared, not copied)."""
+    _local(self, "untyped_storage")
+    return self._data.untyped_storage()
+
+
+def storage(self: Tensor) -> Any:
+    """The (deprecated) torch ``TypedStorage`` of this local tensor's elements; prefer
+    ``untyped_storage()``. torch warns that TypedStorage is deprecated."""
+    _local(self, "storage")
+    return self._data.storage()
+
+
+def set_(self: Tensor, source: Any = None, storage_offset: int = 0, size: Sequence[int] | None = None,
+         stride: Sequence[int] | None = None) -> Tensor:
+    """Makes this tensor use ``source``'s memory, as ``torch.Tensor.set_``: another tensor (its
+    storage, offset, size and strides), a storage (with ``storage_offset``, ``size``, ``stride``),
+    or nothing (an empty tensor). Writes through either are then seen by both. Local tensors
+    only; refused while this tensor requires grad (torch refuses it for leaves)."""
+    _local(self, "set_")
+    if self._rg and grad_mode.is_grad_enabled():
+        raise RuntimeError("holoflow.Tensor.set_: cannot change the memory of a tensor that requires grad; "
+                           "call it on a .detach()ed tensor or under no_grad()")
+    if isinstance(source, Tensor):
+        _local(source, "set_")
+        src: Any = source._data
+    else:
+        src = source
+    new = torch.empty(0, dtype=self._data.dtype, device=self._data.device)
+    try:
+        if src is None:
+            pass
+        elif isinstance(src, torch.Tensor):
+            new.set_(src)
+        else:
+            if size is None:
+                size = (src.nbytes() // self._data.element_size() - storage_offset,) \
+                    if isinstance(src, torch.UntypedStorage) else (len(src) - storage_offset,)
+            new.set_(src, storage_offset, tuple(size), *(() if stride is None else (tuple(stride),)))
+    except (RuntimeError, TypeError) as e:
+        raise type(e)(f"holoflow.Tensor.set_: {str(e).splitlines()[0]}") from None
+    torch.autograd.graph.increment_version(self._data)
+    self._data = new
+    self.__dict__.pop("_view", None)   # the tensor now owns its alias of the new memory: no view of a base
+    return self
+
+
+# -- dtype and device conversions ------------------------------------------------------------------
+
+def chalf(self: Tensor, memory_format: torch.memory_format = torch.preserve_format) -> Tensor:
+    """This tensor as ``complex32`` (``self.to(holoflow.complex32)``), as ``torch.Tensor.chalf``."""
+    return self.to(_COMPLEX32, memory_format=memory_format)
+
+
+def _backend_move(kind: str, exc: type[BaseException], message: str):
+    def move(self: Tensor, device: Any = None, non_blocking: bool = False,
+             memory_format: torch.memory_format = torch.preserve_format) -> Tensor:
+        mod = getattr(torch, kind, None)
+        if mod is None or not getattr(mod, "is_available", lambda: False)():
+            raise exc(f"holoflow.Tensor.{kind}: {message}")
+        index = device.index if isinstance(device, torch.device) else device
+        target = torch.device(kind) if index is None else torch.device(kind, int(index))
+        return self.to(target, non_blocking=non_blocking)
+    move.__name__ = move.__qualname__ = kind
+    move.__doc__ = f"A copy on the {kind} device ``device`` (its current one by default), as ``torch.Tensor.{kind}``."
+    return move
+
+
+# -- top-level functions -----------------------------------------------------------------------------
+
+def range(start: Any, end: Any, step: Any = 1, *, out: Any = None, dtype: Any = None,  # noqa: A001
+          layout: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """The deprecated ``torch.range``: ``start, start + step, ...`` up to and *including* ``end``,
+    in the default float dtype unless ``dtype`` is given (``arange`` excludes ``end``). Warns, as
+    torch does."""
+    if out is not None:
+        raise TypeError("holoflow.range: out= is not supported; assign the returned tensor")
+    warnings.warn("holoflow.range is deprecated and will be removed, as torch.range, because its behavior is "
+                  "inconsistent with Python's range builtin. Instead, use holoflow.arange, which produces values "
+                  "in [start, end).", UserWarning, stacklevel=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            data = torch.range(start, end, step, dtype=_dtype.to_torch(dtype), device=_device.to_torch(device))
+        except RuntimeError as e:
+            raise RuntimeError(f"holoflow.range: {str(e).splitlines()[0]}") from None
+    return Tensor._make(data).requires_grad_(requires_grad)
+
+
+def feature_dropout(input: Tensor, p: float, train: bool) -> Tensor:
+    """Dropout of whole features: one keep/drop draw per ``(N, C)`` entry of an ``(N, C, *)``
+    input, kept ones scaled by ``1 / (1 - p)``, as ``torch.feature_dropout``."""
+    _feature_check("feature_dropout", input)
+    return _dropout_impl("feature_dropout", input, p, train, False, 2, False)
+
+
+def feature_dropout_(input: Tensor, p: float, train: bool) -> Tensor:
+    """In-place :func:`feature_dropout`, as ``torch.feature_dropout_``."""
+    _feature_check("feature_dropout_", input)
+    return _dropout_impl("feature_dropout_", input, p, train, True, 2, False)
+
+
+def _feature_check(name: str, input: Tensor) -> None:
+    if not isinstance(input, Tensor):
+        raise TypeError(f"holoflow.{name}(): argument 'input' must be a Tensor, not {type(input).__name__}")
+    if input.dim() < 2:
+        raise RuntimeError(f"holoflow.{name}: feature dropout requires at least 2 dimensions in the input, got "
+                           f"shape {tuple(input.shape)}")
+
+
+def addmv_(input: Tensor, mat: Tensor, vec: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    """``input = beta * input + alpha * (mat @ vec)`` in place, as ``torch.addmv_``."""
+    return input.addmv_(mat, vec, beta=beta, alpha=alpha)
+
+
+def as_strided_(input: Tensor, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None) -> Tensor:
+    """``input.as_strided_(size, stride, storage_offset)``, as ``torch.as_strided_``."""
+    return input.as_strided_(size, stride, storage_offset)
+
+
+def resize_as_(input: Tensor, the_template: Tensor, *, memory_format: Any = None) -> Tensor:
+    """``input.resize_as_(the_template)``, as ``torch.resize_as_``."""
+    return input.resize_as_(the_template, memory_format=memory_format)
+
+
+def view_as_real_copy(input: Tensor) -> Tensor:
+    """``view_as_real(input)`` as a new contiguous tensor (differentiable), as ``torch.view_as_real_copy``."""
+    return view_as_real(input).clone(memory_format=torch.contiguous_format)
+
+
+def view_as_complex_copy(input: Tensor) -> Tensor:
+    """``view_as_complex(input)`` as a new contiguous tensor (differentiable), as ``torch.view_as_complex_copy``."""
+    return view_as_complex(input).clone(memory_format=torch.contiguous_format)
+
+
+def from_file(filename: str, shared: bool | None = None, size: int = 0, *, dtype: Any = None, layout: Any = None,
+              device: Any = None, pin_memory: bool = False, requires_grad: bool = False) -> Tensor:
+    """A 1-D CPU tensor of ``size`` elements over a memory-mapped file, as ``torch.from_file``
+    (``shared=True``: writes go to the file)."""
+    try:
+        data = torch.from_file(filename, shared, size, dtype=_dtype.to_torch(dtype), device=_device.to_torch(device),
+                               pin_memory=pin_memory)
+    except (RuntimeError, ValueError) as e:
+        raise type(e)(f"holoflow.from_file({filename!r}): {str(e).splitlines()[0]}") from None
+    return Tensor._make(data).requires_grad_(requires_grad)
+
+
+for _name, _fn in (("to_dense", to_dense), ("dense_dim", dense_dim), ("sparse_dim", sparse_dim),
+                   ("const_data_ptr", const_data_ptr), ("untyped_storage", untyped_storage),
+                   ("storage", storage), ("set_", set_), ("chalf", chalf)):
+    setattr(Tensor, _name, _fn)
+Tensor.is_distributed = lambda self: False
+Tensor.is_distributed.__doc__ = "False, as torch's (a legacy flag; see ``is_global``)."
+Tensor.as_strided_ = _shape_inplace("as_strided_", as_strided)
+for _kind in ("xla", "ipu", "mtia", "maia", "vulkan"):
+    if not hasattr(Tensor, f"is_{_kind}"):
+        setattr(Tensor, f"is_{_kind}", _device_query(_kind))
+if not hasattr(Tensor, "is_sparse_csr"):
+    Tensor.is_sparse_csr = property(lambda self: False, doc="Always False: holoflow tensors are dense.")
+Tensor.xpu = _backend_move("xpu", AssertionError, "holoflow runs on a torch not compiled with XPU enabled (no XPU "
+                                                  "device is available)")
+Tensor.ipu = _backend_move("ipu", RuntimeError, "holoflow runs on a torch not linked with support for ipu devices")
+Tensor.mtia = _backend_move("mtia", AssertionError, "holoflow runs on a torch not compiled with MTIA enabled (no "
+                                                    "MTIA device is available)")
