@@ -26,7 +26,8 @@ __all__ = ["set_float32_matmul_precision", "get_float32_matmul_precision", "use_
            "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor", "allclose", "isclose", "numel",
            "is_floating_point", "is_complex", "is_nonzero", "is_same_size", "result_type", "can_cast",
            "broadcast_shapes", "broadcast_tensors", "meshgrid", "ravel", "detach", "set_printoptions",
-           "e", "pi", "inf", "nan", "newaxis", "Size", "layout", "strided"]
+           "e", "pi", "inf", "nan", "newaxis", "Size", "layout", "strided", "OutOfMemoryError",
+           "AcceleratorError"]
 
 set_float32_matmul_precision = torch.set_float32_matmul_precision
 get_float32_matmul_precision = torch.get_float32_matmul_precision
@@ -38,6 +39,8 @@ channels_last, channels_last_3d = torch.channels_last, torch.channels_last_3d
 # torch's constants and the types tensors' attributes return (holoflow tensors are dense: strided)
 e, pi, inf, nan, newaxis = math.e, math.pi, math.inf, math.nan, None
 Size, layout, strided = torch.Size, torch.layout, torch.strided
+# torch's error classes holoflow raises as they are (a kernel's out-of-memory or device failure)
+OutOfMemoryError, AcceleratorError = torch.OutOfMemoryError, torch.AcceleratorError
 contiguous_format, preserve_format, memory_format = torch.contiguous_format, torch.preserve_format, torch.memory_format
 
 

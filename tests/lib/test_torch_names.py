@@ -193,3 +193,14 @@ def test_rare_dtype_kernels_fail_as_torchs():
     with pytest.raises(NotImplementedError, match="holoflow.add") as ours:
         flow.ones(2, dtype=flow.uint32) + flow.ones(2, dtype=flow.uint32)
     assert "UInt32" in str(theirs.value) and "UInt32" in str(ours.value)
+
+
+def test_out_of_memory_keeps_torchs_class():
+    """A kernel that runs out of memory raises torch's OutOfMemoryError (holoflow's message), so
+    ``except torch.OutOfMemoryError`` catches it under mock_torch."""
+    from holoflow.core.dispatch import op_error
+    from holoflow.ops.elementwise import ADD
+    err = op_error(ADD, (flow.ones(2), flow.ones(2)), {}, torch.OutOfMemoryError("CUDA out of memory. Tried 1 GiB"))
+    assert type(err) is torch.OutOfMemoryError and "holoflow.add" in str(err) and "out of memory" in str(err)
+    g = _run("import torch\nok = torch.OutOfMemoryError is __import__('holoflow').OutOfMemoryError")
+    assert g["ok"] and flow.AcceleratorError is torch.AcceleratorError

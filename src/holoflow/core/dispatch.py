@@ -299,7 +299,9 @@ def op_error(op: Op, inputs: tuple, attrs: dict, err: Exception) -> Exception:
     return cls(msg)
 
 
-_PLAIN = (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError)
+# (torch's out-of-memory and device errors keep their class: ``except torch.OutOfMemoryError``)
+_PLAIN = (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError) + tuple(
+    c for c in (getattr(torch, "OutOfMemoryError", None), getattr(torch, "AcceleratorError", None)) if c is not None)
 
 
 # -- in-place ops ---------------------------------------------------------------------------------
@@ -386,6 +388,8 @@ def check_inplace_target(x: Tensor, name: str) -> None:
         raise RuntimeError(f"holoflow.{name}_: a leaf tensor that requires grad is being used in "
                            f"an in-place operation; do it under holoflow.no_grad() or out of place")
     vi = x._view
+    if vi is not None and "_copy_of" in vi.base.__dict__:   # a view of a copy standing for a view
+        check_inplace_target(vi.base, name)
     # (torch asks whether the view requires grad and its base is a leaf: a base detach_()ed since
     # the view was taken is one)
     if vi is not None and (vi.base._rg or x._rg) and vi.base.grad_fn is None:

@@ -10,7 +10,8 @@ import itertools
 
 import torch
 
-from ..core.dispatch import EAGER, fresh_copy, local_alias, run_local
+from ..core.dispatch import EAGER, follows_base, fresh_copy, local_alias, run_local
+from ..core import grad_mode
 from ..core.errors import HoloflowError, UnsupportedError
 from ..core.interpret import Interpreter
 from ..core.keys import cache_key
@@ -172,6 +173,8 @@ def local_attrs(op: Op, attrs: dict, metas: list, sig_in: tuple, place, rank: in
 
 
 def global_apply(op: Op, inputs: tuple, attrs: dict):
+    if op.grad is not None and grad_mode.STATE.enabled:
+        follows_base(inputs)   # a view of a base that requires grad since it was taken does too
     place = _placement_of(op, inputs)
     metas = [Meta(tuple(x.shape), x._data.dtype, x._data.device) if isinstance(x, Tensor) else x
              for x in inputs]
