@@ -16,7 +16,7 @@ from ..core.errors import HoloflowError, UnsupportedError
 from ..core.interpret import Interpreter
 from ..core.keys import cache_key
 from ..core.registry import Meta, Op, infer_metas
-from ..core.sbp import B
+from ..core.sbp import B, P
 from ..core.tensor import Tensor
 from ..core.views import CopyOf, aliases, make_view
 from . import rng, world
@@ -222,12 +222,35 @@ def _views(op: Op, x: Tensor, in_place: bool, attrs: dict, la: dict, outs: tuple
     """A view op's outputs on a global ``x``: a view of its shard where the kernel aliased it (the
     chain holds the local attrs the shard was viewed with), else a :class:`CopyOf` ``x`` (the
     logical attrs), which writes back and re-derives itself as a view would."""
+    whole = all(s == B or s == P for s in x._global.sbp)   # the shard has the logical layout
     for i, o in enumerate(outs):
         idx = None if single else i
         if in_place and aliases(o._data, x._data):
             make_view(o, x, op, la, idx)
+        elif (in_place and whole) or not _logical_view(op, x, attrs, i):
+            pass   # torch's kernel itself copies (a reshape of a tensor no view can reshape): a copy
         else:
             o.__dict__["_copy_of"] = CopyOf(x, ((op, attrs, idx),), x._data._version)
+
+
+def _logical_view(op: Op, x: Tensor, attrs: dict, i: int) -> bool:
+    """Whether ``op`` on ``x``'s whole logical tensor returns a view (output ``i``), as torch
+    answers it: asked of a meta tensor of the logical shape laid out densely in the shard's order
+    of dims (a transposed tensor stays transposed)."""
+    d = x._data
+    shape = tuple(x.shape)
+    order = sorted(range(d.dim()), key=lambda k: d.stride()[k], reverse=True)   # outermost first
+    strides, acc = [0] * len(shape), 1
+    for k in reversed(order):
+        strides[k] = acc
+        acc *= max(shape[k], 1)
+    m = torch.empty_strided(shape, tuple(strides), dtype=d.dtype, device="meta")
+    try:
+        out = op.kernel(m, **attrs)
+    except Exception:   # (attrs the meta kernel refuses: a view, as before)
+        return True
+    outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+    return i < len(outs) and aliases(outs[i], m)
 
 
 def _absent_apply(op: Op, inputs: tuple, attrs: dict, metas: list, sig: tuple, logical, place, key=None):
