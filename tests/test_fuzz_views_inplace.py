@@ -61,6 +61,10 @@ OPS = {
     "expand": (1, lambda lib, xs, p: xs[0].unsqueeze(0).expand(2, *xs[0].shape)),
     "permute": (1, lambda lib, xs, p: xs[0].permute(*p["perm"])),
     "reshape": (1, lambda lib, xs, p: xs[0].reshape(-1)),
+    "split": (1, lambda lib, xs, p: xs[0].split([1, xs[0].shape[0] - 1])[p["i"] % 2]),
+    "cumsum": (1, lambda lib, xs, p: xs[0].cumsum(p["dim"])),
+    "flip": (1, lambda lib, xs, p: xs[0].flip(p["dim"])),
+    "take_rows": (1, lambda lib, xs, p: xs[0][lib.tensor(p["rows"])]),
     # in place
     "mul_": (1, lambda lib, xs, p: xs[0].mul_(p["c"])),
     "add_": (2, lambda lib, xs, p: xs[0].add_(xs[1])),
@@ -73,11 +77,14 @@ OPS = {
     "setitem": (1, _setitem),
     "setitem_t": (2, _setitem),
     "no_grad_mul_": (1, _no_grad_mul),
+    "masked_fill_": (1, lambda lib, xs, p: xs[0].masked_fill_(xs[0] > 0, p["c"])),
+    "index_add_": (2, lambda lib, xs, p: xs[0].index_add_(0, lib.tensor(p["rows"]), xs[1])),
+    "put_rows": (2, lambda lib, xs, p: xs[0].__setitem__(lib.tensor(p["rows"]), xs[1])),
     "requires_grad_": (1, lambda lib, xs, p: xs[0].requires_grad_()),
     "detach_": (1, lambda lib, xs, p: xs[0].detach_()),
 }
 INPLACE = {"mul_", "add_", "copy_", "zero_", "clamp_", "relu_", "sigmoid_", "tanh_", "setitem", "setitem_t",
-           "no_grad_mul_", "requires_grad_", "detach_"}
+           "no_grad_mul_", "requires_grad_", "detach_", "masked_fill_", "index_add_", "put_rows"}
 
 
 def _params(name: str, xs: list, pool: list, rng: np.random.Generator):
@@ -104,7 +111,8 @@ def _params(name: str, xs: list, pool: list, rng: np.random.Generator):
         if name == "setitem":
             return p, None
         region = tuple(torch.empty(shape)[_index(p)].shape)
-        ok = [i for i, y in enumerate(pool) if _broadcasts(tuple(y.shape), region, True) and not _overlap(x, y)]
+        ok = [i for i, y in enumerate(pool) if _broadcasts(tuple(y.shape), region, True) and not _overlap(x, y)
+              and y is not x]
         return (p, int(rng.choice(ok))) if ok else None
     if name in ("sum_dim", "select", "narrow", "unbind", "chunk", "transpose", "unsqueeze", "index"):
         if nd == 0 and name != "unsqueeze":
@@ -130,6 +138,20 @@ def _params(name: str, xs: list, pool: list, rng: np.random.Generator):
         return p, None
     if name in ("t", "diagonal") and nd != 2:
         return None
+    if name in ("split", "cumsum", "flip", "take_rows", "index_add_", "put_rows"):
+        if nd == 0 or shape[0] < 2:
+            return None
+        p.update(i=int(rng.integers(0, 2)), dim=int(rng.integers(0, nd)),
+                 rows=[int(r) for r in rng.integers(0, shape[0], size=int(rng.integers(1, 4)))])
+        if name == "put_rows":   # (distinct rows: repeated ones are written in an unspecified order)
+            p["rows"] = sorted(set(p["rows"]))
+        if name in ("index_add_", "put_rows"):
+            region = (len(p["rows"]),) + shape[1:]
+            # (not x itself either: torch refuses a source overlapping the written tensor here)
+            ok = [i for i, y in enumerate(pool) if _broadcasts(tuple(y.shape), region, True) and not _overlap(x, y)
+                  and y is not x and (name == "put_rows" or tuple(y.shape) == region)]
+            return (p, int(rng.choice(ok))) if ok else None
+        return p, None
     if name == "requires_grad_" and any(y._base is x for y in pool):
         # (left out: torch's views of a base that starts requiring grad after they were taken
         # require grad with no history (gradients go nowhere); holoflow's do not require grad)
@@ -228,6 +250,8 @@ def test_random_program_agrees_with_torch(seed):
     want, t_pool, t_err = _run(torch, program)
     got, f_pool, f_err = _run(flow, program)
     where = f"seed {seed}, program:\n{_program(seed)}"
+    if f_err is not None and "share memory" in str(f_err):
+        return   # (an advanced-index write into an expanded tensor: torch deprecates it, holoflow refuses)
     if t_err is not None:
         assert f_err is not None, f"torch raised {type(t_err).__name__}: {t_err}; holoflow did not. {where}"
         assert isinstance(f_err, type(t_err)) or isinstance(t_err, type(f_err)), \
@@ -262,11 +286,11 @@ def test_random_program_agrees_with_torch(seed):
             continue
         outcomes.append([None if t.grad is None else _plain(t.grad) for t in pool[:4]])
     theirs, ours = outcomes
-    # torch refuses two backward passes holoflow computes (right: the values saved are unchanged):
-    # the gradient of a write into an expanded tensor, and an output saved by its grad node and
-    # detach_()ed since
-    if isinstance(theirs, Exception) and ("more than one element of the written-to" in str(theirs)
-                                          or "detached in-place" in str(theirs)):
+    # torch refuses backward passes holoflow computes (right: the values saved are unchanged): the
+    # gradient of a write into an expanded tensor, an output saved by its grad node and detach_()ed
+    # since, a detach_()ed leaf written in place with a value that requires grad
+    if isinstance(theirs, Exception) and any(m in str(theirs) for m in (
+            "more than one element of the written-to", "detached in-place", "moved into the graph interior")):
         return
     if isinstance(theirs, Exception):
         assert isinstance(ours, Exception) and (isinstance(ours, type(theirs)) or isinstance(theirs, type(ours))), \

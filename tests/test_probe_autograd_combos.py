@@ -455,3 +455,27 @@ def test_writes_into_an_expanded_view_as_torch():
             out.append("RuntimeError")
         return out
     _assert_same(run(flow), run(torch))
+
+
+@pytest.mark.parametrize("op", ["matmul", "matmul_broadcast", "index"])
+def test_an_input_whose_values_no_gradient_reads_may_change_after_use(op):
+    """Ops save only what their wanted gradients read, as torch's: ``x @ w`` with only ``w``
+    requiring grad keeps ``x``, not ``w``; ``x[idx]`` keeps the indices. Writing the tensor not
+    kept in place before backward is then fine (it was an error: a saved tensor modified)."""
+    def run(lib):
+        x = T(lib, A)                         # needs no grad
+        w = T(lib, B.T.copy(), rg=True)       # (4, 3)
+        if op == "matmul":
+            y = x @ w                         # keeps x (w's gradient reads it), not w
+            w_alias = w.detach()
+            w_alias.mul_(2)                   # (w itself is a leaf: written through a detached alias)
+        elif op == "matmul_broadcast":
+            y = lib.stack([x, x]) @ w         # broadcast batch: the einsum gradient
+            w.detach().mul_(2)
+        else:
+            z = w * 1
+            y = z[T(lib, np.array([0, 2, 2]))]
+            z.detach().mul_(3)                # z's values: no gradient reads them
+        y.sum().backward()
+        return _plain(w.grad)
+    _assert_same(run(flow), run(torch))

@@ -36,7 +36,13 @@ class Eager(Interpreter):
         if sel is None:
             d.copy_(out._data)
         else:   # an expanded tensor: each shared element written once (torch's fill_ on one)
-            d[sel].copy_(out._data[sel])
+            o = out._data
+            r = o[sel].expand_as(o)
+            if not bool((torch.eq(o, r) | (torch.isnan(o) & torch.isnan(r))).all()):
+                raise RuntimeError(f"holoflow.{name.rstrip('_')}_: the result differs between elements "
+                                   f"that share memory (an expanded tensor of shape {tuple(d.shape)}, "
+                                   f"strides {d.stride()}); clone() the tensor before writing it")
+            d[sel].copy_(o[sel])
         if out.grad_fn is not None:
             out.grad_fn.moved_output(out._data, x._data)
         take_history(x, out, name)

@@ -121,7 +121,7 @@ def copy_(self: Tensor, src, non_blocking: bool = False) -> Tensor:
                                f"to the destination's shape {tuple(self.shape)}") from None
     out = out.expand(*self.shape)  # always an op: even a leaf source is linked into the history
     if src is not self and self._global is None and 0 in self._data.stride() and \
-            distinct_elements(self._data) is not None:
+            distinct_elements(self._data) is not None and not _same_memory(self._data, src._data):
         raise RuntimeError("holoflow.copy_: unsupported operation: more than one element of the written-to "
                            "tensor refers to a single memory location (it is expanded); clone() it first")
     if grad_mode.is_grad_enabled() and (self._rg or out._rg):
@@ -129,6 +129,12 @@ def copy_(self: Tensor, src, non_blocking: bool = False) -> Tensor:
         if self.grad_fn is not None and out.grad_fn is not None and self._view is None:
             out = _overwriting(self, out)
     return assign(self, out, "copy")
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same elements laid out alike (torch's copy_ then does nothing)."""
+    return (a.data_ptr() == b.data_ptr() and a.stride() == b.stride() and a.shape == b.shape
+            and a.dtype == b.dtype)
 
 
 def _overwriting(x: Tensor, out: Tensor) -> Tensor:

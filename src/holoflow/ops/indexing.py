@@ -271,9 +271,11 @@ def _index_backward_sbp(metas, attrs):
 
 
 INDEX = defop("index", _index_kernel, sbp=_index_sbp, save="inputs", family="indexing",
+              saved_inputs=lambda needs: tuple(range(1, len(needs))),   # the indices, not x (as torch)
               grad=lambda ctx, dy: (apply(INDEX_BACKWARD, dy, *ctx.inputs[1:], spec=ctx.spec,
                                           shape=tuple(ctx.shapes[0])),) + (None,) * (len(ctx.edges) - 1))
 INDEX_BACKWARD = defop("index_backward", _index_backward_kernel, sbp=_index_backward_sbp, save="inputs",
+                       saved_inputs=lambda needs: tuple(range(1, len(needs))),
                        local_attrs=_backward_local, family="indexing",
                        grad=lambda ctx, dy: (apply(INDEX, dy, *ctx.inputs[1:], spec=ctx.spec),)
                        + (None,) * (len(ctx.edges) - 1))

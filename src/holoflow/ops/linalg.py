@@ -217,14 +217,24 @@ def _matmul_sbp(metas, attrs):
     return einsum_signatures(*matmul_subscripts(*shapes), shapes)
 
 
+class _ShapeOnly:
+    """An operand a gradient reads the shape of, not the values (it was not saved)."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, shape: tuple) -> None:
+        self.shape = shape
+
+
 def _matmul_grad(c, dy):
     sa, sb = (tuple(s) for s in c.shapes)
-    a, b = c.inputs
+    a, b = c.inputs   # (each saved only where the other's gradient is wanted, as torch's)
     if len(sa) >= 2 and len(sb) >= 2 and sa[:-2] == sb[:-2]:  # mm / bmm, no broadcasting
         return (apply(MATMUL_GRAD_A, dy, b) if needs(c, 0) else None,
                 apply(MATMUL_GRAD_B, a, dy) if needs(c, 1) else None)
     ins, out = matmul_subscripts(sa, sb)
-    return tuple(reduce_grad(operand_grad(ins, out, c.inputs, dy, i), c, i) if needs(c, i) else None
+    operands = [a if a is not None else _ShapeOnly(sa), b if b is not None else _ShapeOnly(sb)]
+    return tuple(reduce_grad(operand_grad(ins, out, operands, dy, i), c, i) if needs(c, i) else None
                  for i in range(2))
 
 
@@ -240,8 +250,9 @@ def _matmul_add_to_output(shapes: tuple, beta, alpha):
     return None
 
 
-MATMUL = holomorphic(defop("matmul", torch.matmul, grad=_matmul_grad, save="inputs", shape=_matmul_shape,
-                           sbp=_matmul_sbp, family="einsum", add_to_output=_matmul_add_to_output))
+MATMUL = holomorphic(defop("matmul", torch.matmul, grad=_matmul_grad, save="inputs", saved_inputs=reads_other,
+                           shape=_matmul_shape, sbp=_matmul_sbp, family="einsum",
+                           add_to_output=_matmul_add_to_output))
 
 
 # matmul's gradients for y = a @ b with equal batch dims (torch's mm/bmm backward), as their own
