@@ -83,7 +83,15 @@ def user_site() -> str:
     return f"{_short(last.f_code.co_filename)}:{last.f_lineno}" if last is not None else "<unknown>"
 
 
+_PROGRAM = "<holoflow program #"   # the file name of an nn.Graph's generated program (graph/ir.py)
+
+
 def _short(path: str) -> str:
+    if path.startswith(_PROGRAM):
+        # numbered per process in compile order: ranks that compiled different numbers of plans
+        # before (a pipeline's ranks off a stage build none) run one graph's program under
+        # different numbers; its line is what identifies the call
+        return "<holoflow program>"
     parts = os.path.normpath(path).split(os.sep)
     return "/".join(parts[-2:])
 

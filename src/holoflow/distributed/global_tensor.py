@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..core import grad_mode
+from ..core import grad_mode, interpret
 from ..core.dispatch import fresh_copy, local_alias, run_local
-from ..core.errors import HoloflowError
+from ..core.errors import HoloflowError, UnsupportedError
 from ..core.registry import defop
 from ..core.sbp import B
 from ..core.tensor import Tensor, _repr_with
@@ -273,6 +273,12 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
     if gs is not None and self._rg and self.grad_fn is None and place == g.placement:
         # OneFlow: grad_sbp is the SBP of this tensor's gradient; a leaf's .grad takes it
         self._global = replace(g, grad_sbp=gs)
+    tracing = _recording_trace() if not hasattr(g, "tracer") else None
+    if tracing is not None and (place != g.placement or nd != g.sbp):
+        # a parameter or buffer (a real global tensor) converted inside nn.Graph's build(): the
+        # trace records the conversion of the live state, as it records ops reading it; boxing
+        # it now would make a constant of this call's value that backward cannot pass through
+        return tracing.move(self, place, nd) if place != g.placement else tracing.box(self, nd)
     if place != g.placement:
         out = g.move_to(self, place, nd, gs)
     elif nd == g.sbp and not copy and gs is None:
@@ -287,11 +293,32 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
     return out
 
 
+def _recording_trace() -> Any:
+    """The graph trace recording on this thread (nn.Graph's tracer: the innermost lazy
+    interpreter, which records boxing and moves of global values), or None."""
+    if not interpret.is_lazy():
+        return None
+    for it in reversed(interpret.stack()):
+        if it.lazy and callable(getattr(it, "box", None)) and callable(getattr(it, "move", None)):
+            return it
+    return None
+
+
 def to_local(self: Tensor, *, copy: bool = False) -> Tensor:
     """This rank's shard as a local tensor (autograd continues through it, to a leaf too); an
     empty tensor on a rank outside the placement."""
     if self._global is None:
         return self
+    if hasattr(self._global, "tracer"):
+        # a value traced inside nn.Graph's build(): the program computes logical tensors, so a
+        # local alias would go on as the whole logical value (y.to_local().sum() summing every
+        # rank's shard, unlike eager), silently
+        g = self._global
+        raise UnsupportedError(
+            f"holoflow.to_local: inside nn.Graph's build(), the global tensor (shape {tuple(g.shape)}, sbp "
+            f"{nd_str(g.sbp)} on {g.placement}) is a traced logical value, and a rank's shard of it is no "
+            f"value of the graph's one program; return the global tensor from build() and call .to_local() "
+            f"on the result, or keep computing on it globally (.to_global(sbp=...) to change its layout)")
     fresh_copy(self)
     t = linked_alias(self)
     return t.clone() if copy else t

@@ -31,6 +31,7 @@ from .lower import Compiled, lower
 from .optimizer import add_optimizer_updates
 from .pytree import flatten, unflatten
 from ..distributed import world
+from ..optim.optimizer import has_step_hooks
 from .global_graph import explain as explain_boxing
 from .global_graph import boxing_points, calibrate, check_same_program, is_global, link_model, localize
 from .trace import Tracer, is_user_file, user_line
@@ -286,7 +287,7 @@ class Graph:
 
     def _get(self, leaves: list, spec) -> Compiled:
         flags, layout = _state_walk(self._modules.values(), self._optimizers)
-        key = _cache_key(leaves, spec, (self.config.profiling, self.config.executor, flags))
+        key = _cache_key(leaves, spec, (self.config.profiling, self.config.executor, flags, self._hook_flags()))
         c = self._compiled.get(key)
         if c is not None and c.layout != layout:
             c.close()   # the state was re-laid out since (module.to_global): a stale plan
@@ -382,7 +383,13 @@ class Graph:
     def _flags(self) -> tuple:
         """Module train/eval flags, parameters' requires_grad and profiling: a change traces a new
         plan."""
-        return (self.config.profiling, self.config.executor, _state_walk(self._modules.values(), ())[0])
+        return (self.config.profiling, self.config.executor, _state_walk(self._modules.values(), ())[0],
+                self._hook_flags())
+
+    def _hook_flags(self) -> tuple:
+        """Which optimizers have step hooks: their plans run effects calling them around the
+        update (graph/optimizer.py), so a hook added to an optimizer that had none compiles again."""
+        return tuple(has_step_hooks(o) for o, _ in self._optimizers)
 
     # -- compile ---------------------------------------------------------------------------------
     def _trace(self, leaves: list, spec) -> tuple:

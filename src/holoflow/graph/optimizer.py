@@ -10,10 +10,16 @@ and graph share one update rule.
   traced loss scaling reads; under ZeRO the gradients are shards, so that effect unscales them,
   sums the inf/nan count over the ranks (every rank skips, or steps, alike) and runs the sharded
   updates itself;
+- an optimizer with step hooks (``register_step_pre_hook`` / ``register_step_post_hook``, or
+  every optimizer's) gets an effect running its pre hooks before its updates and one running its
+  post hooks after them, once per graph step as eager's ``opt.step()`` (with a grad scaler: when
+  the step is not skipped);
 - one effect per LR scheduler, after the updates: OneFlow steps it once per graph call, and doing
   it in the update task keeps that order when iterations stream.
 """
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -24,14 +30,17 @@ from ..core.tensor import Tensor
 from ..distributed import world
 from ..distributed.global_tensor import make_global
 from ..distributed.sharding import shard_of
+from ..optim.optimizer import has_step_hooks, run_step_post_hooks, run_step_pre_hooks
 from .zero import sharded_update
 
 
-def align_state(params: list, states: list, rank: int) -> None:
+def align_state(params: list, states: list, rank: int, comm: Any = None) -> None:
     """Optimizer state follows its global parameter's layout, so graph and eager steps of one
     optimizer can alternate: state an update created from gradients (SGD's momentum buffer on its
     first step) holds this rank's piece and becomes global like the parameter; broadcast state of
-    eager steps before a ZeRO-3 graph re-laid its parameter out as rows takes this rank's rows."""
+    eager steps before a ZeRO-3 graph re-laid its parameter out as rows takes this rank's rows;
+    state laid out otherwise (the rows of a ZeRO graph, given to a graph without ZeRO) is boxed
+    to the parameter's SBP."""
     for p, st in zip(params, states):
         meta = p._global
         if meta is None:
@@ -45,11 +54,17 @@ def align_state(params: list, states: list, rank: int) -> None:
                     and all(s == B for s in v._global.sbp):
                 rows = shard_of(v._data, meta.sbp, meta.placement, rank).clone()
                 st[k] = make_global(Tensor._make(rows), meta.placement, meta.sbp, meta.shape)
+            elif v._global is not None and v._global.placement == meta.placement and v.shape == p.shape \
+                    and v._global.sbp != meta.sbp:
+                # other pieces (rows a ZeRO graph sharded, loaded or stepped before): boxed to the
+                # parameter's layout, one collective every rank of the placement runs alike
+                with world.acting_as(rank, comm if comm is not None else world.comm()), grad_mode.no_grad():
+                    st[k] = v.to_global(sbp=meta.sbp).detach()
 
 
 def _group_update(opt, group_index: int, params: list):
     group = opt.param_groups[group_index]
-    rank = world.rank()   # the update runs on a runtime thread
+    rank, comm = world.rank(), world.comm()   # the update runs on a runtime thread
     is_global = any(p._global is not None for p in params)
 
     def update(*grads):
@@ -57,7 +72,7 @@ def _group_update(opt, group_index: int, params: list):
         gs = [Tensor._make(g) for g in grads]
         states = [opt._state_of(p, group) for p in ps]
         if is_global:
-            align_state(ps, states, rank)
+            align_state(ps, states, rank, comm)
         prev, grad_mode.STATE.enabled = grad_mode.STATE.enabled, False
         try:
             if group.get("foreach") is not False and hasattr(opt, "_step_foreach"):
@@ -67,7 +82,7 @@ def _group_update(opt, group_index: int, params: list):
         finally:
             grad_mode.STATE.enabled = prev
         if is_global:
-            align_state(ps, states, rank)
+            align_state(ps, states, rank, comm)
         opt._step_count = getattr(opt, "_step_count", 0) + 1
     update.__name__ = f"{type(opt).__name__.lower()}_update"
     update.opt, update.group_index, update.params = opt, group_index, params  # for passes/fuse_update
@@ -122,10 +137,13 @@ def finish_scaler_step(scaler, found_inf: bool, scale: Tensor) -> None:
     scale._data.copy_(scaler._scale._data)
 
 
-def _zero_scaler_update(scaler, updates: list, scale: Tensor, ranks: tuple):
-    """``scaler.step(opt); scaler.update()`` under ZeRO: the gradients are this rank's shards (or
-    whole), so the inf/nan count is summed over ``ranks`` before every rank decides to step (the
-    sharded updates, with their all-gathers) or to skip. ``updates``: (update, gradient indices)."""
+def _zero_scaler_update(scaler, updates: list, scale: Tensor, ranks: tuple, optimizers: list = (),
+                        params: list = (), sbps: list = ()):
+    """``scaler.step(opt); scaler.update()`` on global parameters (under ZeRO or not): the
+    gradients are this rank's shards (or whole), so the inf/nan count is summed over ``ranks``
+    before every rank decides to step (the updates, sharded ones with their all-gathers, between
+    ``optimizers``' step hooks, which see the unscaled gradients of ``params`` (nd-SBPs ``sbps``) as
+    their ``.grad``) or to skip. ``updates``: (update, gradient indices)."""
     rank, comm = world.rank(), world.comm()
 
     def update(*grads):
@@ -133,13 +151,70 @@ def _zero_scaler_update(scaler, updates: list, scale: Tensor, ranks: tuple):
         if len(ranks) > 1:
             with world.acting_as(rank, comm):   # the update runs on a runtime thread
                 bad = float(sum(comm.all_gather_shapes(bad, ranks)))
-        if not bad:
+        if not bad:   # eager's scaler.step(opt) runs opt.step(), with its hooks, only when finite
+            with world.acting_as(rank, comm), grads_as_dot_grad(params, sbps, grads):
+                for opt in optimizers:
+                    run_step_pre_hooks(opt, (opt,), {}, f"a step pre-hook of {type(opt).__name__}")
             for fn, idx in updates:
                 fn(*(grads[i] for i in idx))
+            with world.acting_as(rank, comm), grads_as_dot_grad(params, sbps, grads):
+                for opt in optimizers:
+                    run_step_post_hooks(opt, (opt,), {})
         finish_scaler_step(scaler, bad > 0, scale)
     update.__name__ = "grad_scaler_zero_update"
-    update.zero_scaler = True   # pipelines cannot split it by stage (passes/stages.py)
     return update
+
+
+def _step_hooks(opt, post: bool, params: list = (), sbps: list = ()):
+    """An effect kernel running ``opt``'s step hooks (and every optimizer's) as eager's
+    ``opt.step()`` runs them around the update (``args`` = ``(opt,)``, as eager's step hands them):
+    pre hooks before the optimizer's updates of this graph step, post hooks after them and before
+    the LR schedulers' steps. It takes the gradients of ``params`` (nd-SBPs ``sbps``, traced), and
+    the hooks see them as the parameters' ``.grad`` (this rank's piece of a global parameter's
+    gradient as a global tensor), as eager hooks do. The hooks are read when the step runs, so a
+    hook removed after the graph compiled no longer runs (one added to an optimizer without hooks
+    compiles the graph again: ``Graph._get``). ``kernel.restrict(indices)``: the same for the
+    parameters at ``indices`` (a pipeline stage's share)."""
+    rank, comm = world.rank(), world.comm()
+
+    def hooks(*grads) -> None:
+        # on a runtime thread: a hook's global ops (a gradient norm's reduction) talk as this rank
+        with world.acting_as(rank, comm), grads_as_dot_grad(params, sbps, grads):
+            if post:
+                run_step_post_hooks(opt, (opt,), {})
+            else:
+                run_step_pre_hooks(opt, (opt,), {}, f"a step pre-hook of {type(opt).__name__}")
+    hooks.__name__ = "optimizer_step_post_hooks" if post else "optimizer_step_pre_hooks"
+    hooks.restrict = lambda idx: _step_hooks(opt, post, [params[i] for i in idx], [sbps[i] for i in idx])
+    return hooks
+
+
+class grads_as_dot_grad:
+    """While the block runs, each parameter's ``.grad`` is its gradient of this graph step
+    (``grads``: torch tensors, this rank's pieces; ``sbps``: their nd-SBPs, None for a local
+    parameter); the previous ``.grad`` afterwards."""
+
+    def __init__(self, params: list, sbps: list, grads: tuple) -> None:
+        self.params, self.sbps, self.grads = list(params), list(sbps), grads
+
+    def __enter__(self) -> None:
+        self.saved = [p.grad for p in self.params]
+        for p, nd, g in zip(self.params, self.sbps, self.grads):
+            t = Tensor._make(g)
+            p.grad = make_global(t, p._global.placement, nd, p._global.shape) if nd is not None else t
+
+    def __exit__(self, *exc) -> None:
+        for p, g in zip(self.params, self.saved):
+            p.grad = g
+
+
+def _hook_effect(tracer, opt, post: bool) -> None:
+    """Records the effect running ``opt``'s pre (or post) step hooks with its gradients."""
+    params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+    grads = _graph_grads(params)
+    sbps = [g._global.sbp if g._global is not None else None for g in grads]
+    kernel = _step_hooks(opt, post, params, sbps)
+    tracer.effect(kernel.__name__, tuple(grads), {}, kernel)
 
 
 def _graph_grads(params: list) -> list:
@@ -155,30 +230,48 @@ def add_optimizer_updates(tracer, optimizers: list, scaler=None, scale: Tensor |
     """Records the updates of every optimizer for the parameters that received a gradient, then
     the scheduler steps. ``optimizers`` holds ``(optimizer, lr_scheduler or None)`` pairs;
     ``zero`` (graph/zero.py) shards the updates of data-parallel parameters."""
-    if zero is not None and scaler is not None:
+    if scaler is not None and (zero is not None or any(
+            p._global is not None and p.grad is not None for o, _ in optimizers for g in o.param_groups
+            for p in g["params"])):
+        # global parameters: the gradients are this rank's pieces, so the inf/nan check is
+        # summed over the ranks (eager's scaler.step on local pieces would need global grads)
         params, updates = [], []
         for opt, _ in optimizers:
             for gi, group in enumerate(opt.param_groups):
                 for ps in _by_placement([p for p in group["params"] if p.grad is not None]):
-                    fn = sharded_update(opt, gi, ps, zero) if any(zero.sharded(p) for p in ps) \
+                    fn = sharded_update(opt, gi, ps, zero) if zero is not None and any(zero.sharded(p) for p in ps) \
                         else _group_update(opt, gi, ps)
                     updates.append((fn, list(range(len(params), len(params) + len(ps)))))
                     params += ps
         ranks = tuple(sorted({r for p in params if p._global is not None for r in p._global.placement.flat_ranks}))
-        tracer.effect("grad_scaler_zero_update", tuple(_graph_grads(params)), {},
-                      _zero_scaler_update(scaler, updates, scale, ranks))
-    elif scaler is not None:
+        grads = _graph_grads(params)
+        update = _zero_scaler_update(scaler, updates, scale, ranks, [o for o, _ in optimizers], params,
+                                     [g._global.sbp if g._global is not None else None for g in grads])
+        if zero is not None:
+            update.zero_scaler = True   # pipelines cannot split it by stage (passes/stages.py)
+        else:   # pipelines split it by stage as the local scaler update (passes/stages.py)
+            update.__name__ = "grad_scaler_update"
+            update.scaler, update.optimizers, update.params, update.scale = \
+                scaler, [o for o, _ in optimizers], params, scale
+        tracer.effect("grad_scaler_zero_update" if zero is not None else "grad_scaler_update",
+                      tuple(grads), {}, update)
+    elif scaler is not None:   # scaler.step(opt) runs opt.step(), hooks included
         params = [p for opt, _ in optimizers for g in opt.param_groups for p in g["params"] if p.grad is not None]
         tracer.effect("grad_scaler_update", tuple(_graph_grads(params)), {},
                       _scaler_update(scaler, [o for o, _ in optimizers], params, scale))
     else:
         for opt, _ in optimizers:
+            hooked = has_step_hooks(opt)
+            if hooked:
+                _hook_effect(tracer, opt, False)
             for gi, group in enumerate(opt.param_groups):
                 for params in _by_placement([p for p in group["params"] if p.grad is not None]):
                     # one update per placement (pipeline stages)
                     update = sharded_update(opt, gi, params, zero) if zero is not None and any(
                         zero.sharded(p) for p in params) else _group_update(opt, gi, params)
                     tracer.effect(update.__name__, tuple(_graph_grads(params)), {}, update)
+            if hooked:
+                _hook_effect(tracer, opt, True)
     for _, sch in optimizers:
         if sch is not None:
             tracer.effect("lr_scheduler_step", (), {}, lambda _s=sch: _s.step())

@@ -7,9 +7,12 @@
   (as OneFlow does); a move between placements inside a trace is a ``stage_move`` node, whose
   gradient is the move back.
 - **Micro-batches.** ``config.set_gradient_accumulation_steps(m)`` traces ``build`` once on a
-  micro-batch (each input split along dim 0 of its local shard, OneFlow's ``unpack``); the loss
-  is scaled by ``1/m`` before backward; every output comes back per micro-batch (OneFlow's
-  ``pack``): scalars stacked to shape ``(m,)``, others concatenated along dim 0.
+  micro-batch (each input split along dim 0 of its local shard, OneFlow's ``unpack``); inputs
+  whose dim 0 is whole on every rank (a broadcast label beside an ``S(0)`` batch) take the same
+  rows of the batch as the split ones (``batch_blocks``), and inputs splitting dim 0 into other
+  blocks are refused; the loss is scaled by ``1/m`` before backward; every output comes back per
+  micro-batch (OneFlow's ``pack``): scalars stacked to shape ``(m,)``, others concatenated along
+  dim 0, each row where its micro-batch's inputs' rows were.
 - **Per rank.** Each rank lowers only its stage's nodes (graph/passes/stages.py): a forward task
   and a backward task on its ``compute`` stream, one send and one receive task per stage boundary
   and direction on ``comm.*`` streams, and an update task that sums the micro-batches' gradients
@@ -22,6 +25,7 @@
 from __future__ import annotations
 
 import weakref
+from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,11 +34,11 @@ import torch
 from ..core.errors import HoloflowError, UnsupportedError
 from ..core.registry import defop
 from ..ops.family import like_first_input
-from ..core.sbp import B
+from ..core.sbp import B, S
 from ..core.tensor import Tensor
 from ..distributed import rng, world
 from ..distributed.global_tensor import GlobalMeta, make_global
-from ..distributed.sharding import local_shape
+from ..distributed.sharding import local_ranges, local_shape, nd_str
 from .global_graph import agree_program, fingerprint
 from .ir import IRGraph
 from .passes.stages import STAGE
@@ -316,17 +320,102 @@ def micro_protos(leaves: list, m: int) -> list:
     return out
 
 
-def split_local(x: Tensor, m: int) -> list:
-    """This rank's micro-batch pieces of input ``x`` (its local shard split along dim 0)."""
+def splits_rows(nd: tuple) -> bool:
+    return any(isinstance(s, S) and s.axis == 0 for s in nd)
+
+
+def row_blocks(shape: tuple, nd: tuple, place: Any) -> tuple:
+    """The distinct ``(start, size)`` ranges of dim 0 held by ``place``'s shards, ascending, as
+    fractions of the dim's length."""
+    n = shape[0]
+    got = {tuple(local_ranges(shape, nd, place, place.coords(r))[0]) for r in place.flat_ranks}
+    return tuple((Fraction(a, n), Fraction(k, n)) for a, k in sorted(got))
+
+
+def batch_blocks(leaves: list, m: int) -> tuple | None:
+    """The rows of the batch that make up each micro-batch of a global graph's inputs.
+
+    An input split along dim 0 (``S(0)`` on some mesh axis) is cut into micro-batches on each
+    rank, without communication: micro-batch ``k`` is the ``k``-th chunk of every shard, i.e. of
+    every block of rows the shards hold. Every other input of the call (broadcast, partial, split
+    along another dim) must give micro-batch ``k`` the same rows of the batch, or rows of one
+    input would meet rows of another that were not paired with them (a ``B`` label beside an
+    ``S(0)`` batch). Returns those blocks (``(start, size)`` as fractions of dim 0), or None when
+    micro-batch ``k`` is plain rows ``[k n/m, (k+1) n/m)`` (no input splits dim 0 into several
+    blocks). Inputs splitting dim 0 into different blocks raise, naming them."""
+    ref = None
+    for i, x in enumerate(leaves):
+        g = getattr(x, "_global", None) if isinstance(x, Tensor) else None
+        if g is None or not g.shape or not splits_rows(g.sbp):
+            continue
+        blocks = row_blocks(tuple(g.shape), tuple(g.sbp), g.placement)
+        if ref is None:
+            ref = (i, g, blocks)
+        elif blocks != ref[2]:
+            j, h = ref[0], ref[1]
+            raise HoloflowError(
+                f"holoflow.nn.Graph: gradient accumulation (m={m}) cuts each rank's dim-0 shard of an input into "
+                f"micro-batches; input {j} (shape {tuple(h.shape)}, sbp {nd_str(h.sbp)} on {h.placement}) and "
+                f"input {i} (shape {tuple(g.shape)}, sbp {nd_str(g.sbp)} on {g.placement}) split dim 0 into "
+                f"different blocks of rows, so a micro-batch would pair rows that do not belong together; give "
+                f"every batch input the same dim-0 split (the same S(0) mesh axes and mesh sizes), or broadcast "
+                f"the ones that differ")
+    return ref[2] if ref is not None and len(ref[2]) > 1 else None
+
+
+def micro_rows(n: int, blocks: tuple, m: int, k: int, what: str) -> torch.Tensor | None:
+    """The logical rows (dim 0, ascending) of micro-batch ``k`` of ``m`` in a tensor of ``n`` rows
+    whose micro-batches follow ``blocks`` (:func:`batch_blocks`); None if ``n`` rows do not cut
+    into those blocks and ``m`` equal chunks of each (``what`` names the tensor in the error; an
+    empty ``what`` returns None instead of raising)."""
+    parts = []
+    for start, size in blocks:
+        a, k_rows = start * n, size * n
+        if a.denominator != 1 or k_rows.denominator != 1 or int(k_rows) % m:
+            if not what:
+                return None
+            raise HoloflowError(
+                f"holoflow.nn.Graph: gradient accumulation (m={m}): {what} has {n} rows along dim 0, which do "
+                f"not cut into the micro-batches of the batch inputs split along dim 0 (blocks of "
+                f"{[float(sz) for _, sz in blocks]} of the rows, each cut in {m}); use a batch size that is a "
+                f"multiple of {m * len(blocks)}")
+        c = int(k_rows) // m
+        parts.append(torch.arange(int(a) + k * c, int(a) + (k + 1) * c))
+    return torch.cat(parts)
+
+
+def split_local(x: Tensor, m: int, blocks: tuple | None = None, index: int = 0) -> list:
+    """This rank's micro-batch pieces of input ``x``: its local shard split along dim 0; an input
+    whose dim 0 is whole on every rank takes the rows of each micro-batch that ``blocks``
+    (:func:`batch_blocks`) gives the inputs split along dim 0."""
     d = x._data
-    if d.dim() == 0 or d.shape[0] == 0 and x._global is not None:
+    g = x._global
+    if d.dim() == 0 or d.shape[0] == 0 and g is not None:
         return [d] * m
-    return list(torch.chunk(d, m, dim=0))
+    if blocks is None or g is None or splits_rows(g.sbp):
+        return list(torch.chunk(d, m, dim=0))
+    return [d.index_select(0, micro_rows(d.shape[0], blocks, m, k, f"input {index}").to(d.device))
+            for k in range(m)]
 
 
-def pack(pieces: list, scalar: bool) -> torch.Tensor:
-    """OneFlow's pack of per-micro-batch outputs: scalars stacked, others concatenated on dim 0."""
-    return torch.stack(pieces) if scalar else torch.cat(pieces, dim=0)
+def pack(pieces: list, scalar: bool, blocks: tuple | None = None) -> torch.Tensor:
+    """OneFlow's pack of per-micro-batch outputs: scalars stacked, others concatenated on dim 0.
+    With ``blocks`` (:func:`batch_blocks`; for a batch-long output whose dim 0 is whole on every
+    rank) micro-batch ``k``'s rows go back where its inputs' rows came from, as the shards of an
+    ``S(0)`` output do: returning a ``B`` input gives it back unchanged."""
+    if scalar:
+        return torch.stack(pieces)
+    m = len(pieces)
+    if blocks is None:
+        return torch.cat(pieces, dim=0)
+    n = pieces[0].shape[0] * m
+    rows = [micro_rows(n, blocks, m, k, "") for k in range(m)]
+    if any(r is None for r in rows) or any(p.shape != pieces[0].shape for p in pieces):
+        return torch.cat(pieces, dim=0)   # not batch-shaped: pieces in micro-batch order
+    out = pieces[0].new_empty((n,) + tuple(pieces[0].shape[1:]))
+    for r, p in zip(rows, pieces):
+        out.index_copy_(0, r.to(p.device), p)
+    return out
 
 
 @dataclass(frozen=True)

@@ -14,18 +14,36 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..core.errors import HoloflowError
+from ..core.errors import HoloflowError, UnsupportedError
 from ..core.tensor import Tensor
 from ..distributed import world
 from ..distributed.global_tensor import make_global
-from ..distributed.sharding import local_shape
+from ..distributed.sharding import local_shape, nd_str
 from ..runtime import Plan, Runtime, TaskSpec
 from ..runtime.timeline import write_merged
 from .global_graph import localize
 from .ir import IRGraph, Task, Value, _Gen, program, wire_tasks
 from .passes.stages import (check_stages, phases, rank_graph, split_weight_grads, split_weight_grads_within,
-                            work)
-from .pipeline import pack, split_local
+                            undo_clobbering, work)
+from .pipeline import batch_blocks, pack, row_blocks, split_local, splits_rows
+
+
+def _check_step_outputs(g: IRGraph, ph: dict, m: int) -> None:
+    """Refuses an output computed once per step after backward (phase ``U``: clip_grad_norm_'s
+    total norm, read from the micro-batches' summed gradients): micro-batches and stages run the
+    forward and backward as iterations and return their values per micro-batch, and the update
+    program exports nothing."""
+    made = {v: n for n in g.nodes for v in n.outputs}
+    for i, o in enumerate(g.outputs):
+        n = made.get(o) if isinstance(o, Value) else None
+        if n is not None and ph.get(id(n)) == "U":
+            raise UnsupportedError(
+                f"holoflow.nn.Graph: output {i} of build() (computed at {n.source or '?'} by {n.op!r}) is "
+                f"computed after loss.backward() from the step's gradients, once per step; with "
+                f"{'gradient accumulation (m=' + str(m) + ')' if m > 1 else 'pipeline stages'} the graph returns "
+                f"values of the micro-batches' forward and backward only. Return the losses or activations, "
+                f"and compute gradient statistics (clip_grad_norm_'s total norm) in a graph without micro-batches "
+                f"or stages, or read them in an optimizer step hook")
 
 
 # -- point to point between stage ranks ------------------------------------------------------------------
@@ -118,6 +136,7 @@ class PipelineCompiled:
         self.runtime, self._out_names = None, {}
         ph = phases(logical)
         check_stages(logical, placements, ph)
+        _check_step_outputs(logical, ph, m)
         self.rg = rank_graph(logical, placements, ph, rank, _UMoves(comm, rank), self._sync_sum)
         self.lowered, self.program = _Lowered([]), _Source("# this rank holds no pipeline stage\n")
         if self.rg is not None:
@@ -156,6 +175,14 @@ class PipelineCompiled:
                      tuple(L[v] for v in exports), ())
         tasks = [Task(name, "compute", [n for n in fb.nodes if lph[id(n)] == k]) for name, k in
                  (("fwd", "F"), ("bwd", "B"))]
+        # each micro-batch's forward runs whole before its backward: no in-place forward write
+        # over a buffer the backward still reads (passes ordered them otherwise)
+        fwd_nodes = undo_clobbering(tasks[0].nodes, tasks[1].nodes)
+        if any(a is not b for a, b in zip(fwd_nodes, tasks[0].nodes)):
+            swap = {id(a): b for a, b in zip(tasks[0].nodes, fwd_nodes)}
+            tasks[0].nodes = fwd_nodes
+            lph.update({id(b): "F" for b in fwd_nodes})
+            fb = fb.with_(nodes=tuple(swap.get(id(n), n) for n in fb.nodes))
         wt = None
         if self.schedule == "zb-h1" and not acc_last:   # weight gradients split off the backward
             keep = {L[v] for v in [*outs, *sends]} | {v for n in fb.nodes if lph[id(n)] == "F" for v in n.outputs}
@@ -323,8 +350,11 @@ class PipelineCompiled:
     def run(self, leaves: list) -> list:
         m = self.m
         got: list = []
+        blocks = batch_blocks(leaves, m) if m > 1 else None
+        if blocks is not None:
+            self._check_outputs(blocks)
         if self.runtime is not None:
-            pieces = [split_local(leaves[i], m) for i in self.rg.feeds]
+            pieces = [split_local(leaves[i], m, blocks, i) for i in self.rg.feeds]
             feeds = [{n: p[k] for n, p in zip(self._feed_names, pieces)} for k in range(m)]
             tl = self.runtime.timeline
             if tl is not None and sum(len(v) for v in tl._per_stream.values()) > 50_000:
@@ -339,11 +369,34 @@ class PipelineCompiled:
             shape = tuple(o.shape) if m == 1 else ((m,) if not o.shape else (o.shape[0] * m,) + tuple(o.shape[1:]))
             if got and i in self._out_names:
                 ps = [d[self._out_names[i]] for d in got]
-                t = Tensor._make(ps[0] if m == 1 else pack(ps, not o.shape))
+                # rows put back where the batch's came from: a global output of a micro-batch's
+                # length along dim 0 that is whole on every rank (others: pieces in order)
+                batch = blocks is not None and o.placement is not None and bool(o.shape) and \
+                    not splits_rows(o.sbp) and o.shape[0] in self._batch_rows()
+                t = Tensor._make(ps[0] if m == 1 else pack(ps, not o.shape, blocks if batch else None))
             else:
                 t = Tensor._make(torch.empty((0,), dtype=o.dtype, device=o.device))
             res.append(make_global(t, o.placement, o.sbp, torch.Size(shape)) if o.placement is not None else t)
         return res
+
+    def _batch_rows(self) -> set:
+        """Micro-batch lengths (dim 0) of the inputs split along dim 0."""
+        return {v.shape[0] for v in self.logical.feeds if v.placement is not None and v.shape and splits_rows(v.sbp)}
+
+    def _check_outputs(self, blocks: tuple) -> None:
+        """Refuses, before anything runs, a non-scalar output split along dim 0 into other blocks
+        of rows than the batch inputs (``blocks``, :func:`pipeline.batch_blocks`): each rank packs
+        its shards of the micro-batches, which would put the output's rows out of order."""
+        for i, o in enumerate(self.logical.outputs):
+            if not isinstance(o, Value) or not o.shape or o.placement is None or not splits_rows(o.sbp):
+                continue
+            if row_blocks(tuple(o.shape), tuple(o.sbp), o.placement) != blocks:
+                raise HoloflowError(
+                    f"holoflow.nn.Graph: gradient accumulation (m={self.m}): output {i} (shape per micro-batch "
+                    f"{tuple(o.shape)}, sbp {nd_str(o.sbp)} on {o.placement}) splits dim 0 into other blocks of "
+                    f"rows than the batch inputs, so packing each rank's micro-batch shards would reorder its "
+                    f"rows; return it with the batch inputs' dim-0 split or broadcast "
+                    f"(out.to_global(sbp=...)) inside build()")
 
     def stream(self, feeds):
         for leaves in feeds:

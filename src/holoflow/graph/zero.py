@@ -3,8 +3,9 @@
 A data-parallel parameter (broadcast on a 1-D placement, at least ``shard_min_size`` elements
 and one row per rank) is *sharded* along dim 0 across the ranks:
 
-- stage 1: its optimizer state is S(0): each rank keeps and updates only its rows, then the
-  updated rows are all-gathered into the parameter;
+- stage 1: its optimizer state is S(0) (global tensors of the parameter's shape holding this
+  rank's rows, so a state_dict saves and loads them as one tensor): each rank keeps and updates
+  only its rows, then the updated rows are all-gathered into the parameter;
 - stage 2: also its gradient: the partial sums are reduce-scattered to S(0) (a P->S(0) boxing
   node) instead of all-reduced, so each rank receives just its rows.
 
@@ -31,6 +32,7 @@ from ..core.errors import ArgTypeError, UnsupportedError
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
 from ..distributed import world
+from ..distributed.global_tensor import make_global
 from ..distributed.sharding import balanced, shard_of
 
 
@@ -127,6 +129,9 @@ def sharded_update(opt, group_index: int, params: list, zero: Zero):
                 and hasattr(opt, "_step_foreach") else opt._step_ops(group, views, gs, states)
         finally:
             grad_mode.STATE.enabled = prev
+        for p, st, r in zip(params, states, rows):
+            if r is not None:
+                _global_rows(p, st, r)
         opt._step_count = getattr(opt, "_step_count", 0) + 1
         with world.acting_as(rank, comm):
             for p, v, s in zip(params, views, sharded):
@@ -141,6 +146,18 @@ def sharded_update(opt, group_index: int, params: list, zero: Zero):
     update.zero_gathers = tuple((p._global.placement, _row_sbp(p._global.placement), tuple(p.shape), p._data.dtype)
                                 for p, s in zip(params, sharded) if s)
     return update
+
+
+def _global_rows(p: Tensor, st: dict, r: tuple[int, int]) -> None:
+    """The shard-sized state of sharded parameter ``p`` (this rank's rows ``r``) made global
+    ``S(0)`` with ``p``'s logical shape, in place, as OneFlow's ZeRO state is: what the rows are,
+    so ``state_dict()`` / ``flow.save`` hand out (and load back) each rank's rows as the pieces of
+    one tensor rather than a local tensor per rank that one file cannot hold."""
+    g = p._global
+    for v in st.values():
+        if isinstance(v, Tensor) and v._global is None and v._data.dim() == p._data.dim() and \
+                tuple(v._data.shape) == (r[1],) + tuple(p._data.shape[1:]):
+            make_global(v, g.placement, _row_sbp(g.placement), g.shape)
 
 
 def _row_sbp(place) -> tuple:

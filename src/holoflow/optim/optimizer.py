@@ -117,22 +117,41 @@ def register_optimizer_step_post_hook(hook: Callable) -> RemovableHandle:
     return handle
 
 
+def has_step_hooks(optimizer: Any) -> bool:
+    """Whether a step of ``optimizer`` runs any step hook (its own or every optimizer's)."""
+    return bool(_GLOBAL_PRE_HOOKS or _GLOBAL_POST_HOOKS or getattr(optimizer, "_optimizer_step_pre_hooks", None)
+                or getattr(optimizer, "_optimizer_step_post_hooks", None))
+
+
+def run_step_pre_hooks(optimizer: Any, args: tuple, kwargs: dict, what: Any = "step") -> tuple[tuple, dict]:
+    """Runs the global and ``optimizer``'s pre-step hooks (``hook(optimizer, args, kwargs)``, in
+    torch's order); returns the ``(args, kwargs)`` the step then takes (a hook may replace them).
+    ``what`` names the step in the error a malformed result raises."""
+    for pre_hook in chain(_GLOBAL_PRE_HOOKS.values(), getattr(optimizer, "_optimizer_step_pre_hooks", {}).values()):
+        result = pre_hook(optimizer, args, kwargs)
+        if result is not None:
+            if not (isinstance(result, tuple) and len(result) == 2):
+                raise RuntimeError(f"{what} must return None or a tuple of (new_args, new_kwargs), but got "
+                                   f"{result}.")
+            args, kwargs = result
+    return args, kwargs
+
+
+def run_step_post_hooks(optimizer: Any, args: tuple, kwargs: dict) -> None:
+    """Runs ``optimizer``'s and then the global post-step hooks (``hook(optimizer, args, kwargs)``)."""
+    for post_hook in chain(getattr(optimizer, "_optimizer_step_post_hooks", {}).values(), _GLOBAL_POST_HOOKS.values()):
+        post_hook(optimizer, args, kwargs)
+
+
 def _hooked_step(step: Callable) -> Callable:
     """``step`` running the global and the optimizer's step hooks around it, as torch's
     ``Optimizer.profile_hook_step`` (``args`` starts with the optimizer)."""
     @functools.wraps(step)
     def wrapper(*args, **kwargs):
         self = args[0]
-        for pre_hook in chain(_GLOBAL_PRE_HOOKS.values(), self._optimizer_step_pre_hooks.values()):
-            result = pre_hook(self, args, kwargs)
-            if result is not None:
-                if not (isinstance(result, tuple) and len(result) == 2):
-                    raise RuntimeError(f"{step} must return None or a tuple of (new_args, new_kwargs), but got "
-                                       f"{result}.")
-                args, kwargs = result
+        args, kwargs = run_step_pre_hooks(self, args, kwargs, step)
         out = step(*args, **kwargs)
-        for post_hook in chain(self._optimizer_step_post_hooks.values(), _GLOBAL_POST_HOOKS.values()):
-            post_hook(self, args, kwargs)
+        run_step_post_hooks(self, args, kwargs)
         return out
     wrapper.hooked = True  # type: ignore[attr-defined]
     return wrapper

@@ -41,14 +41,14 @@ def fused_update(opt, group_index: int, params: list, fused: Callable):
     shard viewing its whole tensor) the group is updated on contiguous copies, written back
     after the call."""
     group = opt.param_groups[group_index]
-    rank = world.rank()   # the update runs on a runtime thread
+    rank, comm = world.rank(), world.comm()   # the update runs on a runtime thread
     is_global = any(p._global is not None for p in params)
 
     def update(*grads):
         states = [opt._state_of(p, group) for p in params]
         gs = [Tensor._make(g) for g in grads]
         if is_global:
-            align_state(params, states, rank)
+            align_state(params, states, rank, comm)
         if _dense(params, states):
             fused(group, params, gs, states)
         else:
@@ -65,7 +65,7 @@ def fused_update(opt, group_index: int, params: list, fused: Callable):
                     else:
                         st[k] = v
         if is_global:
-            align_state(params, states, rank)
+            align_state(params, states, rank, comm)
         opt._step_count = getattr(opt, "_step_count", 0) + 1
     update.__name__ = f"fused_{type(opt).__name__.lower()}_update"
     update.opt, update.group_index, update.params = opt, group_index, params

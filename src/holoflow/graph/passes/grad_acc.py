@@ -45,6 +45,7 @@ class _Replicator:
         self.local: dict[Value, list] = {}
         self.varies: set[Value] = set()
         self.nodes: list[tuple] = []          # (node, micro-batch index or None when shared)
+        self.totals: dict[Value, Value] = {}  # gradient -> its micro-batches' sum (once per gradient)
 
     def emit(self, node: Node, k: int | None = None) -> None:
         self.nodes.append((node, k))
@@ -70,11 +71,15 @@ class _Replicator:
         """The micro-batches' values of gradient ``v`` summed in micro-batch order. A gradient
         that does not depend on the data (a bias's under a sum loss) is computed once but still
         counts once per micro-batch."""
+        done = self.totals.get(v)
+        if done is not None:   # read by several effects (an update and its step hooks): summed once
+            return done
         acc = self.local[v][0]
         for p in self.local[v][1:]:
             nxt = Value(v.shape, v.dtype, v.device)
             self.emit(Node("add", (acc, p), {"alpha": 1}, (nxt,), at.source, at.scope, tags=at.tags))
             acc = nxt
+        self.totals[v] = acc
         return acc
 
     def pack(self, v: Value, at: Node) -> Value:

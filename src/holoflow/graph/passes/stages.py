@@ -19,6 +19,7 @@ from ...core.errors import HoloflowError, UnsupportedError
 from ...core.registry import REGISTRY
 from ..ir import AliasGroups, IRGraph, Node, Value
 from ..optimizer import _group_update, finish_scaler_step, unscale_count
+from ...optim.optimizer import run_step_post_hooks, run_step_pre_hooks
 
 STAGE = "stage"   # the family of a move between stages' placements (graph/pipeline.py's stage_move)
 
@@ -176,6 +177,9 @@ def _effect_share(n: Node, mine, places: dict, sync: Any = None) -> Node | None:
                                "stages yet; use bfloat16 autocast (no scaler), or ZeRO without stages")
     if len(here) == len(n.inputs) or not vals:
         return n
+    restrict = getattr(k, "restrict", None)
+    if restrict is not None:   # step hooks: every stage runs them, seeing its parameters' gradients
+        return n.with_(inputs=tuple(n.inputs[i] for i in here), kernel=restrict(here))
     if not here:
         return None
     if getattr(k, "params", None) is None or len(k.params) != len(n.inputs):
@@ -197,10 +201,12 @@ def _stage_scaler_update(k: Any, params: list, sync: Any):
         if not found:   # the optimizers' own update on this stage's parameters (as without a scaler)
             grad_of = {id(p): g for p, g in zip(params, grads)}
             for opt in optimizers:
+                run_step_pre_hooks(opt, (opt,), {}, f"a step pre-hook of {type(opt).__name__}")
                 for gi, group in enumerate(opt.param_groups):
                     ps = [p for p in group["params"] if id(p) in grad_of]
                     if ps:
                         _group_update(opt, gi, ps)(*(grad_of[id(p)] for p in ps))
+                run_step_post_hooks(opt, (opt,), {})
         finish_scaler_step(scaler, found, scale)
     update.__name__ = "grad_scaler_stage_update"
     return update
@@ -237,6 +243,7 @@ def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int, p2p: Any = Non
     places = value_placements(g)
     ph = dict(ph)
     keep: list[Node] = []
+    state_values = {v for v, _ in g.state}
     recv: dict = {}
     send: dict = {}
     n_u = 0
@@ -265,7 +272,16 @@ def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int, p2p: Any = Non
         if is_move(n):
             key = (ph[id(n)], index[n.attrs["src"]], index[n.attrs["dst"]])
             if n.attrs["src"] == mine:
-                send.setdefault(key, []).append(n.inputs[0])
+                x = n.inputs[0]
+                if x in state_values:   # a parameter read by another stage (tied weights): a
+                    # per-micro-batch copy of it that this stage's task makes and sends
+                    sent = Value(x.shape, x.dtype, x.device, placement=x.placement, sbp=x.sbp)
+                    copy = Node("stage_state_copy", (x,), {}, (sent,), n.source, n.scope, kernel=_copy_state,
+                                tags=n.tags)
+                    ph[id(copy)] = ph[id(n)]
+                    keep.append(copy)
+                    x = sent
+                send.setdefault(key, []).append(x)
             elif n.attrs["dst"] == mine:
                 recv.setdefault(key, []).append(n.outputs[0])
             continue
@@ -299,6 +315,11 @@ def rank_graph(g: IRGraph, placements: list, ph: dict, rank: int, p2p: Any = Non
                   outputs=tuple(g.outputs[i] for i in outputs),
                   updates=tuple((t, v) for t, v in g.updates if where(v) == mine), frees=None)
     return RankGraph(sub, {id(n): ph[id(n)] for n in out}, feeds, recv, send, outputs)
+
+
+def _copy_state(x):
+    """The kernel of a copy of a state value that a move sends to another stage."""
+    return x.clone()
 
 
 def _mask_split(n: Node) -> bool:
@@ -356,6 +377,30 @@ def _undo_inplace(first: list, later: list) -> list:
             n = n.with_(kernel=None, tags=n.tags - {"inplace"})
         out.append(n)
     return out
+
+
+def undo_clobbering(first: list, later: list) -> list:
+    """The ``first`` nodes, each in-place write into a buffer whose earlier value a ``later`` node
+    still reads made out of place again. The memory plan chose in-place ops for the order of the
+    passed graph, in which the schedule pass may have moved a backward node reading ``x`` ahead
+    of the forward node that last reads ``x`` (and so may overwrite it); a runtime that runs
+    every ``first`` node (a micro-batch's forward) before any ``later`` one (its backward) would
+    hand that backward node the overwritten buffer. Reading the in-place result itself, or a
+    value made after the write, is left alone."""
+    groups = AliasGroups((*first, *later))
+    reads: dict = {}
+    for n in later:
+        for v in n.value_inputs():
+            reads.setdefault(groups.find(v), set()).add(v)
+    made_after: set = set()
+    out = []
+    for n in reversed(first):
+        made_after.update(n.outputs)
+        if "inplace" in n.tags and n.inputs and isinstance(n.inputs[0], Value) and \
+                any(v not in made_after for v in reads.get(groups.find(n.inputs[0]), ())):
+            n = n.with_(kernel=None, tags=n.tags - {"inplace"})
+        out.append(n)
+    return out[::-1]
 
 
 def split_weight_grads_within(nodes: list, keep: set, budget: int, state: set) -> tuple[list, list]:
