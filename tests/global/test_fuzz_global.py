@@ -48,16 +48,35 @@ OPS = {
     "zero_": (1, lambda L, xs, p: xs[0].zero_()),
     "setitem": (1, lambda L, xs, p: xs[0].__setitem__(slice(p["start"], None), p["c"])),
     "view_mul_": (1, lambda L, xs, p: xs[0][p["start"]:].mul_(p["c"])),
+    "cat": (2, lambda L, xs, p: L.cat([xs[0], xs[1]], 0)),
+    "chunk": (1, lambda L, xs, p: xs[0].chunk(2, p["dim"])[p["i"]]),
+    "take": (1, lambda L, xs, p: xs[0][L.tensor(p["rows"])]),
+    "masked_fill_": (1, lambda L, xs, p: xs[0].masked_fill_(xs[0] > 0, p["c"])),
+    "copy_": (2, lambda L, xs, p: xs[0].copy_(xs[1])),
+    "where": (2, lambda L, xs, p: L.where(xs[0] > 0, xs[0], xs[1])),
+    "mean_dim": (1, lambda L, xs, p: xs[0].mean(p["dim"], keepdim=p["keep"])),
+    "col_fill_": (1, lambda L, xs, p: xs[0][..., p["start"]].fill_(p["c"])),
 }
-INPLACE = {"mul_", "add_", "zero_", "setitem", "view_mul_"}
+INPLACE = {"mul_", "add_", "zero_", "setitem", "view_mul_", "masked_fill_", "copy_", "col_fill_"}
 
 
 def _params(name: str, x: torch.Tensor, pool: list, rng: np.random.Generator, mesh_nd: int):
     nd, shape = x.dim(), tuple(x.shape)
     p: dict = {"c": float(rng.choice([-1.5, 0.5, 2.0]))}
-    if name in ("add", "mul", "add_"):
-        ok = [i for i, y in enumerate(pool) if _fits(tuple(y.shape), shape, name == "add_")]
+    if name in ("add", "mul", "add_", "copy_", "where"):
+        ok = [i for i, y in enumerate(pool) if _fits(tuple(y.shape), shape, name in ("add_", "copy_"))
+              and not (name.endswith("_") and _shares(x, y))]
         return (p, int(rng.choice(ok))) if ok else None
+    if name == "cat":
+        ok = [i for i, y in enumerate(pool) if nd and y.dim() == nd and tuple(y.shape[1:]) == shape[1:]]
+        return (p, int(rng.choice(ok))) if ok else None
+    if name in ("chunk", "take", "col_fill_"):
+        if nd == 0 or 0 in shape:
+            return None
+        p.update(dim=int(rng.integers(0, nd)), start=int(rng.integers(0, shape[-1])),
+                 rows=[int(r) for r in rng.integers(0, shape[0], size=int(rng.integers(1, 4)))])
+        p["i"] = int(rng.integers(0, min(2, shape[p["dim"]])))
+        return p, None
     if name == "matmul":
         ok = [i for i, y in enumerate(pool) if nd == 2 and y.dim() == 2 and y.shape[0] == shape[1]]
         return (p, int(rng.choice(ok))) if ok else None
@@ -74,6 +93,12 @@ def _params(name: str, x: torch.Tensor, pool: list, rng: np.random.Generator, me
     if name == "relayout":
         p["sbp"] = _sbp(rng, nd, mesh_nd)
     return p, None
+
+
+def _shares(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether ``y`` is another tensor on ``x``'s storage (an in-place op reading it reads what
+    it writes, in torch's memory order: left out)."""
+    return y is not x and x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
 
 
 def _fits(src: tuple, dst: tuple, exact: bool) -> bool:
@@ -161,11 +186,11 @@ def _flow_run(seed: int, sbps: dict, program: list, place) -> dict:
     grads = None
     if err is None:
         rng = np.random.default_rng(seed)
-        terms = [(t * flow.tensor(rng.standard_normal(tuple(t.shape))).to_global(placement=place, sbp=whole)).sum()
-                 for t in pool if t.requires_grad]
-        if terms:
+        weights = [flow.tensor(rng.standard_normal(tuple(t.shape))).to_global(placement=place, sbp=whole)
+                   if t.requires_grad else None for t in pool]
+        if any(w is not None for w in weights):
             try:
-                sum(terms).backward()
+                sum((t * w).sum() for t, w in zip(pool, weights) if w is not None).backward()
                 grads = [None if t.grad is None else (t.grad.to_global(sbp=whole).to_local().numpy(),
                                                       tuple(t.grad.sbp) == tuple(t.sbp)) for t in pool[:4]]
             except Exception as e:
@@ -175,11 +200,11 @@ def _flow_run(seed: int, sbps: dict, program: list, place) -> dict:
 
 def _torch_grads(seed: int, pool: list):
     rng = np.random.default_rng(seed)
-    terms = [(t * torch.tensor(rng.standard_normal(tuple(t.shape)))).sum() for t in pool if t.requires_grad]
-    if not terms:
+    weights = [torch.tensor(rng.standard_normal(tuple(t.shape))) if t.requires_grad else None for t in pool]
+    if all(w is None for w in weights):
         return None
     try:
-        sum(terms).backward()
+        sum((t * w).sum() for t, w in zip(pool, weights) if w is not None).backward()
     except Exception as e:
         return e
     return [None if t.grad is None else t.grad.numpy() for t in pool[:4]]
@@ -223,6 +248,10 @@ def test_random_global_programs_agree_with_torch(mesh):
         theirs = _torch_grads(seed, pool)
         for rank, res in enumerate(results):
             ours = res[seed]["grads"]
+            if isinstance(theirs, Exception) and "returns multiple views" in str(theirs) and \
+                    not isinstance(ours, Exception):
+                continue   # (a piece of split/chunk that had to be boxed is a copy re-derived from its
+                #            source when the source changes: holoflow uses it where torch refuses)
             if isinstance(theirs, Exception) and "modified by an inplace operation" in str(theirs) and \
                     not isinstance(ours, Exception):
                 # a saved input written in place since: torch refuses; holoflow refuses too when

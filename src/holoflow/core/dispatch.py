@@ -402,11 +402,12 @@ def check_inplace_target(x: Tensor, name: str) -> None:
         raise RuntimeError(f"holoflow.{name}_: a view of a leaf tensor that requires grad is being "
                            f"used in an in-place operation; do it under holoflow.no_grad(), or "
                            f"clone the leaf first")
-    if vi is not None and any(idx is not None for _, _, idx in vi.chain):
-        raise RuntimeError(f"holoflow.{name}_: this tensor is one of several views returned by "
-                           f"{next(op.name for op, _, idx in vi.chain if idx is not None)}; such views "
-                           f"can't be modified in place while autograd records (as in torch): use an "
-                           f"out-of-place op, or .clone() the piece first")
+    for chain in (vi.chain if vi is not None else (), c.chain if c is not None else ()):
+        if any(idx is not None for _, _, idx in chain):
+            raise RuntimeError(f"holoflow.{name}_: this tensor is one of several views returned by "
+                               f"{next(op.name for op, _, idx in chain if idx is not None)}; such views "
+                               f"can't be modified in place while autograd records (as in torch): use an "
+                               f"out-of-place op, or .clone() the piece first")
 
 
 def assign(x: Tensor, out: Tensor, name: str) -> Tensor:
@@ -426,9 +427,12 @@ def assign(x: Tensor, out: Tensor, name: str) -> Tensor:
         return top.assign(x, out, name)
     if x._view is not None:
         _check_nograd_view(x, (out,))
-    EAGER.assign(x, out, name)
     base = x._view.base if x._view is not None else x
-    if "_copy_of" in base.__dict__:   # a copy standing for a view: the write goes to its source too
+    copy_of = "_copy_of" in base.__dict__
+    if copy_of:   # a copy standing for a view, written: first its source's current values (the
+        fresh_copy(base)   # region not written goes back to the source as it is there now)
+    EAGER.assign(x, out, name)
+    if copy_of:   # the write goes on to its source, as a view's to its base
         write_back(base, name)
     return x
 

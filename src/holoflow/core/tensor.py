@@ -183,9 +183,13 @@ class Tensor:
     # -- autograd --------------------------------------------------------------------------
     @property
     def requires_grad(self) -> bool:
-        if self._view is not None:   # a view follows its base (dispatch.follows_base)
+        vi = self._view
+        if vi is not None:   # a view follows its base (dispatch.follows_base)
             from .dispatch import follows_base
-            follows_base((self,))
+            try:
+                follows_base((self,))
+            except RuntimeError:   # (a history torch refuses to re-derive: the flag is still read)
+                return self._rg or (not vi.nograd and vi.base._rg)
         return self._rg
 
     @requires_grad.setter

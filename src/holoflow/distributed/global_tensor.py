@@ -285,8 +285,11 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
         return self
     else:
         out = g.box_to(self, nd, gs)
-    if copy and out._data.untyped_storage().data_ptr() == self._data.untyped_storage().data_ptr() \
-            and out._data.numel():
+    # a new layout is a new tensor: a shard that came out as a view of this one's (B -> S is a local
+    # slice, B -> P keeps rank 0's values) is copied, so a later in-place write to either tensor
+    # never reaches the other
+    if (copy or nd != g.sbp or place != g.placement) and out._data.numel() and \
+            out._data.untyped_storage().data_ptr() == self._data.untyped_storage().data_ptr():
         meta = out._global
         out = local_alias(out).clone()
         out._global = meta
