@@ -390,6 +390,19 @@ def torch_two_stage_square(m: int, lr_by_step: bool = False):
     return [w.detach() for w in ws]
 
 
+class _Lin(flow.nn.Module):
+    """A stage of the two-stage tests: ``x @ w``, tanh'd when ``act``; ``w`` broadcast on ``place``."""
+
+    def __init__(self, w, place, act: bool):
+        super().__init__()
+        self.w = flow.nn.Parameter(flow.from_torch(w.clone()).to_global(place, B))
+        self.act = act
+
+    def forward(self, x):
+        y = x @ self.w
+        return flow.tanh(y) if self.act else y
+
+
 def two_stage_square(rank: int, m: int, checkpointing: bool, schedule: str = "1f1b", hooks: bool = False):
     """:func:`torch_two_stage_square` as a pipeline: ``w0`` on stage 0 (rank 0), ``w1`` and the
     square loss on stage 1 (rank 1), ``m`` micro-batches, each stage's module checkpointed or not.
@@ -399,16 +412,7 @@ def two_stage_square(rank: int, m: int, checkpointing: bool, schedule: str = "1f
     ws, xs = _stage_weights()
     p0, p1 = flow.placement("cpu", [0]), flow.placement("cpu", [1])
 
-    class Lin(flow.nn.Module):
-        def __init__(self, w, place, act):
-            super().__init__()
-            self.w = flow.nn.Parameter(flow.from_torch(w.clone()).to_global(place, B))
-            self.act = act
-
-        def forward(self, x):
-            y = x @ self.w
-            return flow.tanh(y) if self.act else y
-    s0, s1 = Lin(ws[0], p0, True), Lin(ws[1], p1, False)
+    s0, s1 = _Lin(ws[0], p0, True), _Lin(ws[1], p1, False)
     opt = flow.optim.SGD(list(s0.parameters()) + list(s1.parameters()), lr=0.1, momentum=0.9)
     log: list = []
     if hooks:
@@ -470,16 +474,7 @@ def dp_stages(rank: int, m: int, label_sbp):
     ws, xs, ys = _dp_stage_data()
     p0, p1 = flow.placement("cpu", [0, 1]), flow.placement("cpu", [2, 3])
 
-    class Lin(flow.nn.Module):
-        def __init__(self, w, place, act):
-            super().__init__()
-            self.w = flow.nn.Parameter(flow.from_torch(w.clone()).to_global(place, B))
-            self.act = act
-
-        def forward(self, x):
-            y = x @ self.w
-            return flow.tanh(y) if self.act else y
-    s0, s1 = Lin(ws[0], p0, True), Lin(ws[1], p1, False)
+    s0, s1 = _Lin(ws[0], p0, True), _Lin(ws[1], p1, False)
     opt = flow.optim.SGD(list(s0.parameters()) + list(s1.parameters()), lr=0.3, momentum=0.9)
 
     class Train(flow.nn.Graph):
