@@ -479,3 +479,22 @@ def test_an_input_whose_values_no_gradient_reads_may_change_after_use(op):
         y.sum().backward()
         return _plain(w.grad)
     _assert_same(run(flow), run(torch))
+
+
+@pytest.mark.parametrize("consumer", ["t", "permute_matmul"])
+def test_a_write_through_a_reshape_view_reaches_gradients_arriving_transposed(consumer):
+    """``t6 = t4.reshape(-1); t6.mul_(3)`` rebases ``t4`` onto a view_scatter; a gradient that
+    reaches it transposed (through ``t4.t()``) was cloned with its strides, the reshape of the
+    chain then copied instead of viewing, and the write's region lost: ``d`` got 40, not 30."""
+    def run(lib):
+        d = T(lib, A.astype(np.float64), rg=True)
+        t4 = d * 1.0
+        t6 = t4.reshape(-1)
+        t11 = t4.t()
+        t6.mul_(3)
+        if consumer == "t":
+            (t11 * 10).sum().backward()
+        else:
+            (t11 @ T(lib, B.astype(np.float64))).sum().backward()
+        return _plain(d.grad)
+    _assert_same(run(flow), run(torch))

@@ -14,6 +14,7 @@ import torch
 
 from . import grad_mode
 from .errors import HoloflowError, UnsupportedError
+from .views import dense_layout
 
 _FREED = object()
 _CALLBACKS: contextvars.ContextVar[list | None] = contextvars.ContextVar("holoflow_backward_callbacks",
@@ -47,24 +48,13 @@ def _grad_strides(leaf: torch.Tensor) -> tuple:
     """The strides of a (non-contiguous) leaf's ``.grad``, as torch's layout contract: the leaf's
     own when it is dense and non-overlapping (channels_last parameters get channels_last
     gradients), else contiguous ones."""
-    if _dense(leaf.shape, leaf.stride()):
+    if dense_layout(leaf.shape, leaf.stride()):
         return leaf.stride()
     out, acc = [], 1
     for n in reversed(leaf.shape):
         out.append(acc)
         acc *= max(n, 1)
     return tuple(reversed(out))
-
-
-def _dense(shape, strides) -> bool:
-    """Whether a layout covers its elements once each with no gaps (a permutation of a
-    contiguous layout)."""
-    expect = 1
-    for st, n in sorted((st, n) for st, n in zip(strides, shape) if n != 1):
-        if st != expect:
-            return False
-        expect *= n
-    return True
 
 
 def _addable_in_place(old, g) -> bool:

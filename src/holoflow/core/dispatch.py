@@ -158,7 +158,7 @@ def run_local(op: Op, inputs: tuple, attrs: dict, saved: tuple | None = None):
     except Exception as e:
         raise op_error(op, inputs, attrs, e) from e
     record = (op.grad is not None and grad_mode.STATE.enabled
-              and any(isinstance(x, Tensor) and x._rg for x in inputs))
+              and (any(isinstance(x, Tensor) and x._rg for x in inputs) or follows_base(inputs)))
     return wrap(op, inputs, attrs, out, record, saved, track_views=False)
 
 
@@ -447,9 +447,10 @@ def write_back(t: Tensor, name: str) -> None:
     c.version = c.source._data._version
 
 
-def fresh_copy(t: Tensor) -> None:
+def fresh_copy(t: Tensor, strict: bool = False) -> None:
     """Re-derives a :class:`CopyOf` view whose source changed since (its values and history),
-    in its own storage: views of it see the new values."""
+    in its own storage: views of it see the new values. ``strict`` (an op about to read it with
+    autograd): a piece of a multi-output op is refused then, as torch refuses such a view."""
     c = t.__dict__.get("_copy_of")
     if c is None:
         return
@@ -457,6 +458,14 @@ def fresh_copy(t: Tensor) -> None:
     fresh_copy(src)
     if src._data._version == c.version:
         return
+    if strict and grad_mode.STATE.enabled and (t.grad_fn is not None or src._rg) and \
+            any(idx is not None for _, _, idx in c.chain):
+        op = next(op for op, _, idx in c.chain if idx is not None)
+        raise RuntimeError(   # (as a piece that aliases its source: views.check_multi_output)
+            f"holoflow: a piece of {op.name} is a view whose base has been modified in place since; "
+            f"such views (outputs of an op returning several views: unbind, split, chunk) can't be "
+            f"used by autograd after that, as in torch: take the pieces after the write, or .clone() "
+            f"them before it")
     with grad_mode.set_grad_enabled(src._rg):
         y = replay(c.chain, src, lambda op, x, attrs: apply(op, x, **attrs))
     with grad_mode.no_grad():

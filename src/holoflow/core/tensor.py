@@ -239,11 +239,15 @@ class Tensor:
             self._global = value._global
 
     def detach(self) -> "Tensor":
-        if "_copy_of" in self.__dict__:   # a copy standing for a view: its source's current values
+        c = self.__dict__.get("_copy_of")
+        if c is not None:   # a copy standing for a view: its source's current values
             from .dispatch import fresh_copy
             fresh_copy(self)
         t = Tensor._make(self._data.detach())
         t._global = self._global
+        if c is not None:   # and stands for the view of the detached source: writes reach its storage
+            from .views import CopyOf
+            t.__dict__["_copy_of"] = CopyOf(c.source.detach(), c.chain, c.version)
         if "_v" in self.__dict__:  # a lazy tensor of a graph trace: same value, no history
             t.__dict__["_v"] = self.__dict__["_v"]
         return t

@@ -52,6 +52,17 @@ class CopyOf:
         self.source, self.chain, self.version = source, chain, version
 
 
+def dense_layout(shape, strides) -> bool:
+    """Whether a layout covers its elements once each with no gaps (a permutation of a
+    contiguous layout, as torch's "non-overlapping and dense")."""
+    expect = 1
+    for st, n in sorted((st, n) for st, n in zip(strides, shape) if n != 1):
+        if st != expect:
+            return False
+        expect *= n
+    return True
+
+
 def aliases(out: torch.Tensor, data: torch.Tensor) -> bool:
     """Whether a kernel output shares ``data``'s storage (a view, or ``data`` itself)."""
     b = out._base
@@ -108,6 +119,14 @@ def _kernel_run(op: Op, x: torch.Tensor, attrs: dict):
 def _view_scatter_kernel(base: torch.Tensor, src, chain: tuple) -> torch.Tensor:
     out = base.clone()
     region = replay(chain, out, _kernel_run)
+    if region.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
+        # the clone keeps ``base``'s strides (a gradient arriving transposed), where a reshape of
+        # the chain copies instead of viewing: on a contiguous clone every reshape views
+        out = base.clone(memory_format=torch.contiguous_format)
+        region = replay(chain, out, _kernel_run)
+        if region.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
+            raise RuntimeError(f"holoflow.view_scatter: the view chain {[op.name for op, _, _ in chain]} does "
+                               f"not view a tensor of shape {tuple(base.shape)}; its write would be lost")
     if isinstance(src, torch.Tensor):
         region.copy_(src)
     else:

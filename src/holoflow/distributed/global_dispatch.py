@@ -188,7 +188,7 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
     for x in inputs:
         if isinstance(x, Tensor):
             if "_copy_of" in x.__dict__:
-                fresh_copy(x)
+                fresh_copy(x, strict=op.grad is not None)
             want = sig[0][j]
             y = apply_box(x, place, x._global.sbp, want, x.shape, rank, comm) \
                 if want != x._global.sbp else x
