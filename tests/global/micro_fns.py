@@ -686,3 +686,216 @@ def after_uneven_compiles(rank: int):
         g(flow.from_torch(x).to_global(place, B).to_global(sbp=S(0)))
         out.append(lin.weight.to_global(sbp=B).to_local().detach().to_torch().clone())
     return out
+
+
+def counted_steps(rank: int | None, mode: str, lib=flow, steps: int = 3):
+    """``steps`` steps of Adam over two parameter groups of a linear layer (the weight at lr 0.1,
+    the bias at lr 0.05) with a StepLR schedule attached (``add_optimizer(opt, lr_sch=...)`` in a
+    graph, ``sch.step()`` after ``opt.step()`` in eager); ``lib`` and ``mode`` as in
+    :func:`hooked_steps` (``lib`` torch: eager torch, the reference), or ``eager`` (holoflow's
+    eager steps) or ``overflow`` (a GradScaler, step 2's batch overflowing in its last row: that
+    step is skipped, its ``opt.step()`` not run). Returns, after each step: the optimizer's step
+    count (``opt._step_count``; torch keeps none: the number of ``opt.step()`` calls, counted by
+    a post hook), each parameter's ``state['step']``, the scheduler's ``get_last_lr()`` and
+    ``last_epoch``; then the final parameters, whole."""
+    xs, _, w0 = data(2, steps)
+    if mode == "overflow":
+        xs[1] = xs[1].clone()
+        xs[1][-1] = 3e38
+    lin = lib.nn.Linear(6, 5)
+    with lib.no_grad():
+        lin.weight.copy_(w0.t() if lib is torch else flow.from_torch(w0.t().contiguous()))
+        lin.bias.fill_(0.1)
+    place = flow.placement("cpu", [0, 1]) if rank is not None and lib is flow else None
+    if place is not None:
+        lin.to_global(place, B)
+    opt = lib.optim.Adam([{"params": [lin.weight]}, {"params": [lin.bias], "lr": 0.05}], lr=0.1)
+    sch = lib.optim.lr_scheduler.StepLR(opt, 1, 0.7)
+    ps = [lin.weight, lin.bias]
+    stepped = []
+    if lib is torch:
+        opt.register_step_post_hook(lambda o, a, k: stepped.append(1))
+
+    def record() -> tuple:
+        count = len(stepped) if lib is torch else opt._step_count
+        return (count, [float(opt.state[p]["step"]) if "step" in opt.state[p] else 0.0 for p in ps],
+                list(sch.get_last_lr()), sch.last_epoch)
+
+    def whole(t):
+        t = t.to_global(sbp=B).to_local() if getattr(t, "is_global", False) else t
+        return t.detach().to_torch().clone() if lib is flow else t.detach().clone()
+    log = []
+    if lib is torch or mode == "eager":
+        scaler = torch.amp.GradScaler("cpu", init_scale=64.0) if mode in ("scaler", "overflow") else None
+        for x in xs:
+            opt.zero_grad()
+            t = x if lib is torch else flow.from_torch(x)
+            if place is not None:
+                t = t.to_global(place, B).to_global(sbp=S(0))
+            loss = (lin(t) ** 2).mean()
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+            sch.step()
+            log.append(record())
+        return log, [whole(p) for p in ps]
+
+    class Train(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.lin = lin
+            self.add_optimizer(opt, lr_sch=sch)
+            if mode == "acc":
+                self.config.set_gradient_accumulation_steps(2)
+            elif mode in ("zero1", "zero2", "zero3"):
+                self.config.enable_zero(True, stage=int(mode[-1]), shard_min_size=1)
+            elif mode == "fuse":
+                self.config.allow_fuse_model_update_ops(True)
+            elif mode in ("scaler", "overflow"):
+                self.set_grad_scaler(flow.amp.GradScaler("cpu", init_scale=64.0))
+
+        def build(self, x):
+            loss = (self.lin(x) ** 2).mean()
+            loss.backward()
+            return loss
+
+    g = Train()
+    for x in xs:
+        t = flow.from_torch(x)
+        g(t.to_global(place, B).to_global(sbp=S(0)) if place is not None else t)
+        log.append(record())
+    return log, [whole(p) for p in ps]
+
+
+def _counted_stage_data():
+    g = torch.Generator().manual_seed(61)
+    return [torch.randn(6, 6, generator=g) * 0.4 for _ in range(2)], torch.randn(6, generator=g) * 0.1, \
+        [torch.randn(8, 6, generator=g) for _ in range(3)]
+
+
+def torch_counted_stages(m: int):
+    """Torch, one process: ``((tanh(x @ w0 + b0) @ w1) ** 2).mean()`` trained 3 steps on ``m``
+    micro-batches with Adam over two groups (``w0``; ``b0`` and ``w1`` at lr 0.05) and a StepLR
+    schedule. Per step: the number of ``opt.step()`` calls, each parameter's ``state['step']``
+    (``w0``, ``b0``, ``w1``) and ``get_last_lr()``; then the final parameters."""
+    ws, b, xs = _counted_stage_data()
+    w0, w1, b0 = ws[0].clone().requires_grad_(), ws[1].clone().requires_grad_(), b.clone().requires_grad_()
+    opt = torch.optim.Adam([{"params": [w0]}, {"params": [b0, w1], "lr": 0.05}], lr=0.1)
+    sch = torch.optim.lr_scheduler.StepLR(opt, 1, 0.7)
+    log = []
+    for i, x in enumerate(xs):
+        opt.zero_grad()
+        for x_k in x.chunk(m):
+            ((((torch.tanh(x_k @ w0 + b0) @ w1) ** 2).mean()) / m).backward()
+        opt.step()
+        sch.step()
+        log.append((i + 1, [float(opt.state[p]["step"]) for p in (w0, b0, w1)], list(sch.get_last_lr())))
+    return log, [p.detach() for p in (w0, b0, w1)]
+
+
+def counted_stages(rank: int, m: int, scaler: bool = False):
+    """:func:`torch_counted_stages` as a pipeline: ``w0`` and ``b0`` on stage 0 (rank 0; one
+    parameter of each group), ``w1`` on stage 1 (rank 1), ``m`` micro-batches, the scheduler
+    attached with ``add_optimizer``, a GradScaler or not. Per step: this rank's
+    ``opt._step_count``, ``state['step']`` of the parameters of its stage (None for the others)
+    and ``get_last_lr()``; then the final parameters, whole, on every rank."""
+    ws, b, xs = _counted_stage_data()
+    p0, p1 = flow.placement("cpu", [0]), flow.placement("cpu", [1])
+
+    class First(flow.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = flow.nn.Parameter(flow.from_torch(ws[0].clone()).to_global(p0, B))
+            self.b = flow.nn.Parameter(flow.from_torch(b.clone()).to_global(p0, B))
+
+        def forward(self, x):
+            return flow.tanh(x @ self.w + self.b)
+    s0, s1 = First(), _Lin(ws[1], p1, False)
+    params = [s0.w, s0.b, s1.w]
+    opt = flow.optim.Adam([{"params": [s0.w]}, {"params": [s0.b, s1.w], "lr": 0.05}], lr=0.1)
+    sch = flow.optim.lr_scheduler.StepLR(opt, 1, 0.7)
+
+    class Train(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.s0, self.s1 = s0, s1
+            self.s0.config.set_stage(0, p0)
+            self.s1.config.set_stage(1, p1)
+            self.config.set_gradient_accumulation_steps(m)
+            self.add_optimizer(opt, lr_sch=sch)
+            if scaler:
+                self.set_grad_scaler(flow.amp.GradScaler("cpu", init_scale=64.0))
+
+        def build(self, x):
+            loss = (self.s1(self.s0(x).to_global(placement=p1)) ** 2).mean()
+            loss.backward()
+            return loss
+    g = Train()
+    log = []
+    for x in xs:
+        g(flow.from_torch(x).to_global(p0, B))
+        log.append((opt._step_count, [float(opt.state[p]["step"]) if "step" in opt.state[p] else None
+                                      for p in params], list(sch.get_last_lr())))
+    every = flow.placement("cpu", [0, 1])
+    return log, [p.to_global(placement=every, sbp=B).to_local().detach().to_torch() for p in params]
+
+
+def torch_stage_grad_hooks(m: int, steps: int = 2):
+    """Torch, one process: :func:`torch_two_stage_square` with step hooks logging what they see as
+    ``.grad`` (the pre hook: ``("pre", [sum of w0's grad, sum of w1's grad])``, the post hook the
+    same as ``"post"``); the log and the final weights."""
+    ws, xs = _stage_weights()
+    ws = [w.clone().requires_grad_() for w in ws]
+    opt = torch.optim.SGD(ws, lr=0.1, momentum=0.9)
+    log: list = []
+    opt.register_step_pre_hook(lambda o, a, k: log.append(("pre", [float(w.grad.sum()) for w in ws])))
+    opt.register_step_post_hook(lambda o, a, k: log.append(("post", [float(w.grad.sum()) for w in ws])))
+    for x in xs[:steps]:
+        opt.zero_grad()
+        for x_k in x.chunk(m):
+            ((((torch.tanh(x_k @ ws[0]) @ ws[1]) ** 2).mean()) / m).backward()
+        opt.step()
+    return log, [w.detach() for w in ws]
+
+
+def stage_grad_hooks(rank: int, m: int, scaler: bool):
+    """:func:`torch_stage_grad_hooks` as :func:`two_stage_square`'s pipeline (``w0`` on rank 0,
+    ``w1`` on rank 1), with a GradScaler (``init_scale`` 64, whose pre hooks see the unscaled
+    gradients, as torch's ``scaler.step(opt)`` hands ``opt.step()`` them) or without: the hooks
+    log the sum of each gradient this stage's rank sees (its piece as a global tensor; None for
+    the other stage's parameter, which has no ``.grad`` there). The log and the final weights."""
+    ws, xs = _stage_weights()
+    p0, p1 = flow.placement("cpu", [0]), flow.placement("cpu", [1])
+    s0, s1 = _Lin(ws[0], p0, True), _Lin(ws[1], p1, False)
+    opt = flow.optim.SGD([s0.w, s1.w], lr=0.1, momentum=0.9)
+    log: list = []
+
+    def sums():
+        return [float(p.grad.to_local().sum()) if p.grad is not None else None for p in (s0.w, s1.w)]
+    opt.register_step_pre_hook(lambda o, a, k: log.append(("pre", sums())))
+    opt.register_step_post_hook(lambda o, a, k: log.append(("post", sums())))
+
+    class Train(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.s0, self.s1 = s0, s1
+            self.s0.config.set_stage(0, p0)
+            self.s1.config.set_stage(1, p1)
+            self.config.set_gradient_accumulation_steps(m)
+            self.add_optimizer(opt)
+            if scaler:
+                self.set_grad_scaler(flow.amp.GradScaler("cpu", init_scale=64.0))
+
+        def build(self, x):
+            loss = (self.s1(self.s0(x).to_global(placement=p1)) ** 2).mean()
+            loss.backward()
+            return loss
+    g = Train()
+    for x in xs:
+        g(flow.from_torch(x).to_global(p0, B))
+    every = flow.placement("cpu", [0, 1])
+    return log, [w.to_global(placement=every, sbp=B).to_local().detach().to_torch() for w in (s0.w, s1.w)]

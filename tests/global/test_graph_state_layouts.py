@@ -5,8 +5,8 @@ silently stale after the weights changed, and a crash in backward); a parameter 
 pipeline stage inside ``build()`` (tied weights) is sent each micro-batch and trained through both
 uses; and a GradScaler on a global
 graph without ZeRO (it used to crash handing local gradient pieces to ``scaler.step``) skips an
-overflowing step on every rank, as one process does; and ``to_local()`` of a traced value inside
-``build()`` is refused with what to do instead."""
+overflowing step on every rank, as one process does; and ``to_local()`` of a traced value or of
+a parameter inside ``build()`` is refused with what to do instead."""
 import pytest
 import torch
 
@@ -149,3 +149,38 @@ def test_a_parameter_moved_to_another_stage_in_build_on_gloo(world2):
     want = micro_fns.torch_tied_stages(2)
     for got in world2.run(micro_fns.tied_stages, 2):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_to_local_of_a_parameter_in_build_is_refused_naming_it(train):
+    """``w.to_local()`` of a live parameter inside build used to take this rank's shard while
+    tracing: in a training graph its gradient went to ``.grad`` at trace time (a confusing
+    ".grad was set outside build()" error), in an inference graph a local alias of the storage it
+    held then (stale once ZeRO-3 or a load re-lays it out). As a traced value's ``to_local()`` is,
+    it is refused, naming what to do."""
+    w0, x0, _ = _weights()
+
+    def run(rank):
+        place = flow.placement("cpu", [0, 1])
+        w = flow.nn.Parameter(flow.from_torch(w0.t().contiguous()).to_global(place, B).to_global(sbp=S(0)))
+        mod = flow.nn.Module()
+        mod.w = w
+        opt = flow.optim.SGD([w], lr=0.1)
+
+        class G(flow.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.mod = mod
+                if train:
+                    self.add_optimizer(opt)
+
+            def build(self, x):
+                loss = (x @ self.mod.w.to_local().t()).sum()
+                if train:
+                    loss.backward()
+                return loss
+        G()(flow.from_torch(x0))
+    with pytest.raises(RuntimeError, match=r"to_local: inside nn.Graph's build\(\), a global tensor made outside it "
+                                           r"\(a parameter or buffer; shape \(5, 6\), sbp \(S\(0\)\).*Compute on "
+                                           r"it globally inside build\(\).*or call .to_local\(\) outside build\(\)"):
+        world.simulate(2, run, timeout=60)

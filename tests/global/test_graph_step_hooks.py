@@ -173,3 +173,18 @@ def test_step_hooks_run_on_every_pipeline_stage():
         assert log == [mine, "post", mine, "post"]
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scaler", [False, True], ids=["plain", "scaler"])
+def test_pipeline_step_hooks_see_each_stage_gradients(scaler):
+    """Each stage's hooks see its parameters' ``.grad`` (this rank's piece, as a global tensor;
+    with a GradScaler unscaled, as torch's ``scaler.step(opt)`` hands them to ``opt.step()``), and
+    no ``.grad`` of the other stage's. With a scaler they used to see no gradient at all."""
+    want_log, want = F.torch_stage_grad_hooks(2)
+    for rank, (log, got) in enumerate(world.simulate(2, lambda r: F.stage_grad_hooks(r, 2, scaler), timeout=120)):
+        assert [kind for kind, _ in log] == [kind for kind, _ in want_log]
+        for (_, sums), (_, want_sums) in zip(log, want_log):
+            assert sums[1 - rank] is None
+            assert sums[rank] == pytest.approx(want_sums[rank], rel=1e-5)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -76,6 +76,14 @@ class Interpreter:
         ``placement`` and ``sbp`` (``t`` is the logical value)."""
         return self.parent.globalize(t, placement, sbp)
 
+    def convert_global(self, x, placement, nd: tuple):
+        """``x`` (a global tensor of live state: a parameter or buffer, not a value this stack
+        computed) re-laid out to ``placement`` and nd-SBP ``nd`` as this interpreter evaluates it
+        (a graph trace records the conversion of the live state, so each run reads it and
+        backward passes through it), or None: convert it eagerly, now. The bottom of the stack
+        answers None."""
+        return None if self.parent is None else self.parent.convert_global(x, placement, nd)
+
     def above_trace(self, device_type: str) -> "Interpreter | None":
         """The interpreter to re-enter above a graph trace started while this one is active
         (autocast keeps casting lazy values as if they lived on ``device_type``); None to stay

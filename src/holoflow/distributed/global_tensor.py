@@ -260,7 +260,7 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
         nd = normalize_sbp(sbp, placement, self.dim())
         gs = normalize_sbp(grad_sbp, placement, self.dim()) if grad_sbp is not None else None
         return _from_local(self, placement, nd, check_meta, gs, copy)
-    fresh_copy(self)
+    fresh_copy(self, strict=True)   # (a conversion reads it with autograd, as an op)
     g = self._global
     place = placement or g.placement
     check_placement(place)
@@ -273,12 +273,13 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
     if gs is not None and self._rg and self.grad_fn is None and place == g.placement:
         # OneFlow: grad_sbp is the SBP of this tensor's gradient; a leaf's .grad takes it
         self._global = replace(g, grad_sbp=gs)
-    tracing = _recording_trace() if not hasattr(g, "tracer") else None
-    if tracing is not None and (place != g.placement or nd != g.sbp):
+    if not hasattr(g, "tracer") and (place != g.placement or nd != g.sbp):
         # a parameter or buffer (a real global tensor) converted inside nn.Graph's build(): the
         # trace records the conversion of the live state, as it records ops reading it; boxing
         # it now would make a constant of this call's value that backward cannot pass through
-        return tracing.move(self, place, nd) if place != g.placement else tracing.box(self, nd)
+        traced = interpret.current().convert_global(self, place, nd)
+        if traced is not None:
+            return traced
     if place != g.placement:
         out = g.move_to(self, place, nd, gs)
     elif nd == g.sbp and not copy and gs is None:
@@ -296,17 +297,6 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
     return out
 
 
-def _recording_trace() -> Any:
-    """The graph trace recording on this thread (nn.Graph's tracer: the innermost lazy
-    interpreter, which records boxing and moves of global values), or None."""
-    if not interpret.is_lazy():
-        return None
-    for it in reversed(interpret.stack()):
-        if it.lazy and callable(getattr(it, "box", None)) and callable(getattr(it, "move", None)):
-            return it
-    return None
-
-
 def to_local(self: Tensor, *, copy: bool = False) -> Tensor:
     """This rank's shard as a local tensor (autograd continues through it, to a leaf too); an
     empty tensor on a rank outside the placement."""
@@ -322,6 +312,19 @@ def to_local(self: Tensor, *, copy: bool = False) -> Tensor:
             f"{nd_str(g.sbp)} on {g.placement}) is a traced logical value, and a rank's shard of it is no "
             f"value of the graph's one program; return the global tensor from build() and call .to_local() "
             f"on the result, or keep computing on it globally (.to_global(sbp=...) to change its layout)")
+    if interpret.is_lazy():
+        # a parameter or buffer (live global state) inside nn.Graph's build(): its shard taken now
+        # would be a constant of this rank's storage that backward cannot pass through (its
+        # gradient went to .grad while tracing) and that a re-layout (ZeRO-3) leaves stale; the
+        # graph's one program computes logical values, so it is refused as a traced value's is
+        g = self._global
+        raise UnsupportedError(
+            f"holoflow.to_local: inside nn.Graph's build(), a global tensor made outside it (a parameter or "
+            f"buffer; shape {tuple(g.shape)}, sbp {nd_str(g.sbp)} on {g.placement}) cannot become this rank's "
+            f"local shard: "
+            f"the graph's one program computes logical values, and a shard read while tracing would not be "
+            f"trained through nor follow later re-layouts. Compute on it globally inside build() "
+            f"(.to_global(sbp=...) to change its layout), or call .to_local() outside build()")
     fresh_copy(self)
     t = linked_alias(self)
     return t.clone() if copy else t

@@ -14,6 +14,9 @@ and graph share one update rule.
   every optimizer's) gets an effect running its pre hooks before its updates and one running its
   post hooks after them, once per graph step as eager's ``opt.step()`` (with a grad scaler: when
   the step is not skipped);
+- the step is booked once per optimizer and graph call (``opt._step_count``, as one eager
+  ``opt.step()``), though its updates run once per parameter group and placement: they share a
+  `StepBook`;
 - one effect per LR scheduler, after the updates: OneFlow steps it once per graph call, and doing
   it in the update task keeps that order when iterations stream.
 """
@@ -31,6 +34,7 @@ from ..distributed import world
 from ..distributed.global_tensor import make_global
 from ..distributed.sharding import shard_of
 from ..optim.optimizer import has_step_hooks, run_step_post_hooks, run_step_pre_hooks
+from .step_book import StepBook, booking
 from .zero import sharded_update
 
 
@@ -62,8 +66,11 @@ def align_state(params: list, states: list, rank: int, comm: Any = None) -> None
                     st[k] = v.to_global(sbp=meta.sbp).detach()
 
 
-def _group_update(opt, group_index: int, params: list):
+def _group_update(opt, group_index: int, params: list, book: StepBook | None = None):
+    """The update effect of ``params`` (of param group ``group_index``): the optimizer's own
+    rule, run with its multi-tensor lowering; ``book`` books the step once per graph step."""
     group = opt.param_groups[group_index]
+    ran = booking(book)
     rank, comm = world.rank(), world.comm()   # the update runs on a runtime thread
     is_global = any(p._global is not None for p in params)
 
@@ -83,9 +90,10 @@ def _group_update(opt, group_index: int, params: list):
             grad_mode.STATE.enabled = prev
         if is_global:
             align_state(ps, states, rank, comm)
-        opt._step_count = getattr(opt, "_step_count", 0) + 1
+        ran()
     update.__name__ = f"{type(opt).__name__.lower()}_update"
-    update.opt, update.group_index, update.params = opt, group_index, params  # for passes/fuse_update
+    # for passes/fuse_update and pipeline stages (passes/stages.py)
+    update.opt, update.group_index, update.params, update.book = opt, group_index, params, book
     return update
 
 
@@ -155,7 +163,7 @@ def _zero_scaler_update(scaler, updates: list, scale: Tensor, ranks: tuple, opti
             with world.acting_as(rank, comm), grads_as_dot_grad(params, sbps, grads):
                 for opt in optimizers:
                     run_step_pre_hooks(opt, (opt,), {}, f"a step pre-hook of {type(opt).__name__}")
-            for fn, idx in updates:
+            for fn, idx in updates:   # (booking each optimizer's step once)
                 fn(*(grads[i] for i in idx))
             with world.acting_as(rank, comm), grads_as_dot_grad(params, sbps, grads):
                 for opt in optimizers:
@@ -237,22 +245,23 @@ def add_optimizer_updates(tracer, optimizers: list, scaler=None, scale: Tensor |
         # summed over the ranks (eager's scaler.step on local pieces would need global grads)
         params, updates = [], []
         for opt, _ in optimizers:
+            book = StepBook(opt)
             for gi, group in enumerate(opt.param_groups):
                 for ps in _by_placement([p for p in group["params"] if p.grad is not None]):
-                    fn = sharded_update(opt, gi, ps, zero) if zero is not None and any(zero.sharded(p) for p in ps) \
-                        else _group_update(opt, gi, ps)
+                    fn = sharded_update(opt, gi, ps, zero, book) if zero is not None and \
+                        any(zero.sharded(p) for p in ps) else _group_update(opt, gi, ps, book)
                     updates.append((fn, list(range(len(params), len(params) + len(ps)))))
                     params += ps
         ranks = tuple(sorted({r for p in params if p._global is not None for r in p._global.placement.flat_ranks}))
         grads = _graph_grads(params)
-        update = _zero_scaler_update(scaler, updates, scale, ranks, [o for o, _ in optimizers], params,
-                                     [g._global.sbp if g._global is not None else None for g in grads])
+        sbps = [g._global.sbp if g._global is not None else None for g in grads]
+        update = _zero_scaler_update(scaler, updates, scale, ranks, [o for o, _ in optimizers], params, sbps)
         if zero is not None:
             update.zero_scaler = True   # pipelines cannot split it by stage (passes/stages.py)
         else:   # pipelines split it by stage as the local scaler update (passes/stages.py)
             update.__name__ = "grad_scaler_update"
-            update.scaler, update.optimizers, update.params, update.scale = \
-                scaler, [o for o, _ in optimizers], params, scale
+            update.scaler, update.optimizers, update.params, update.scale, update.sbps = \
+                scaler, [o for o, _ in optimizers], params, scale, sbps
         tracer.effect("grad_scaler_zero_update" if zero is not None else "grad_scaler_update",
                       tuple(grads), {}, update)
     elif scaler is not None:   # scaler.step(opt) runs opt.step(), hooks included
@@ -261,14 +270,14 @@ def add_optimizer_updates(tracer, optimizers: list, scaler=None, scale: Tensor |
                       _scaler_update(scaler, [o for o, _ in optimizers], params, scale))
     else:
         for opt, _ in optimizers:
-            hooked = has_step_hooks(opt)
+            hooked, book = has_step_hooks(opt), StepBook(opt)
             if hooked:
                 _hook_effect(tracer, opt, False)
             for gi, group in enumerate(opt.param_groups):
                 for params in _by_placement([p for p in group["params"] if p.grad is not None]):
-                    # one update per placement (pipeline stages)
-                    update = sharded_update(opt, gi, params, zero) if zero is not None and any(
-                        zero.sharded(p) for p in params) else _group_update(opt, gi, params)
+                    # one update per placement (pipeline stages), one step booked for them all
+                    update = sharded_update(opt, gi, params, zero, book) if zero is not None and any(
+                        zero.sharded(p) for p in params) else _group_update(opt, gi, params, book)
                     tracer.effect(update.__name__, tuple(_graph_grads(params)), {}, update)
             if hooked:
                 _hook_effect(tracer, opt, True)

@@ -345,6 +345,13 @@ class Tracer(Interpreter):
         """Records global value ``x`` moved to another placement (graph/pipeline.py)."""
         return trace_move(self, x, place, tuple(nd), user_line())
 
+    def convert_global(self, x: Tensor, place, nd: tuple) -> Tensor:
+        """A parameter or buffer (live global state) converted inside build(): recorded as a
+        move (another placement) or a boxing (same placement) of its value, which the graph reads
+        live each run (boxing it now would make a constant of this call's value that backward
+        cannot pass through)."""
+        return self.move(x, place, nd) if place != x._global.placement else self.box(x, nd)
+
     def make_global(self, x: Tensor, place, nd: tuple) -> Tensor:
         """A local traced value that every rank computes identically, as a broadcast global one."""
         if any(s != B for s in nd):

@@ -34,6 +34,7 @@ from ..core.tensor import Tensor
 from ..distributed import world
 from ..distributed.global_tensor import make_global
 from ..distributed.sharding import balanced, shard_of
+from .step_book import StepBook, booking
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,12 @@ def _rows(p: Tensor, rank: int) -> tuple[int, int]:
     return balanced(p.shape[0], len(ranks), ranks.index(rank))
 
 
-def sharded_update(opt, group_index: int, params: list, zero: Zero):
+def sharded_update(opt, group_index: int, params: list, zero: Zero, book: StepBook | None = None):
     """The update effect of one param group under ZeRO: the optimizer's rule on each sharded
-    parameter's rows (shard-sized state), then the rows all-gathered back into the parameter."""
+    parameter's rows (shard-sized state), then the rows all-gathered back into the parameter;
+    ``book`` (graph/step_book.py) books the step once per graph step."""
     group = opt.param_groups[group_index]
+    ran = booking(book)
     rank, comm = world.rank(), world.comm()
     sharded = [zero.sharded(p) for p in params]
     sharded = [s and rank in p._global.placement.flat_ranks for p, s in zip(params, sharded)]   # this rank's
@@ -132,7 +135,7 @@ def sharded_update(opt, group_index: int, params: list, zero: Zero):
         for p, st, r in zip(params, states, rows):
             if r is not None:
                 _global_rows(p, st, r)
-        opt._step_count = getattr(opt, "_step_count", 0) + 1
+        ran()
         with world.acting_as(rank, comm):
             for p, v, s in zip(params, views, sharded):
                 if s:

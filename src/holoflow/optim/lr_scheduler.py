@@ -34,8 +34,8 @@ def _per_group(name: str, optimizer: Optimizer, value) -> list:
 
 def _warn_if_optimizer_not_stepped(optimizer: Optimizer) -> None:
     """torch's warning for ``lr_scheduler.step()`` called before the first ``optimizer.step()``
-    (holoflow's optimizers set ``_opt_called`` in ``step``, and every update, nn.Graph's lowered
-    ones too, counts ``_step_count``; a user override of ``step`` may do neither)."""
+    (holoflow's optimizers set ``_opt_called`` and count ``_step_count`` once per ``step``, and
+    so does each step of an nn.Graph; a user override of ``step`` may do neither)."""
     if getattr(type(optimizer).step, "__module__", "").startswith("holoflow.optim") and \
             not getattr(optimizer, "_opt_called", False) and not getattr(optimizer, "_step_count", 0):
         warnings.warn("Detected call of `lr_scheduler.step()` before `optimizer.step()`. "

@@ -12,6 +12,7 @@ from ...core.tensor import Tensor
 from ...distributed import world
 from ..ir import IRGraph
 from ..optimizer import align_state
+from ..step_book import StepBook, booking
 from . import register
 
 
@@ -35,12 +36,13 @@ def _dense(params: list, states: list) -> bool:
         all(v._data.is_contiguous() for st in states for v in st.values() if isinstance(v, Tensor))
 
 
-def fused_update(opt, group_index: int, params: list, fused: Callable):
+def fused_update(opt, group_index: int, params: list, fused: Callable, book: StepBook | None = None):
     """The update of one param group as the optimizer's fused kernel. torch's fused kernels walk
     their tensors as contiguous memory, so when a parameter or state is not contiguous (a column
     shard viewing its whole tensor) the group is updated on contiguous copies, written back
-    after the call."""
+    after the call. ``book`` books the step once per graph step (the foreach update's)."""
     group = opt.param_groups[group_index]
+    ran = booking(book)
     rank, comm = world.rank(), world.comm()   # the update runs on a runtime thread
     is_global = any(p._global is not None for p in params)
 
@@ -66,9 +68,9 @@ def fused_update(opt, group_index: int, params: list, fused: Callable):
                         st[k] = v
         if is_global:
             align_state(params, states, rank, comm)
-        opt._step_count = getattr(opt, "_step_count", 0) + 1
+        ran()
     update.__name__ = f"fused_{type(opt).__name__.lower()}_update"
-    update.opt, update.group_index, update.params = opt, group_index, params
+    update.opt, update.group_index, update.params, update.book = opt, group_index, params, book
     return update
 
 
@@ -79,6 +81,7 @@ def fuse_update(g: IRGraph, config=None) -> IRGraph:
         k = n.kernel
         fused = fused_lowering(k.opt) if n.effect and k is not None and hasattr(k, "opt") else None
         if fused is not None:
-            n = n.with_(op=f"fused_{n.op}", kernel=fused_update(k.opt, k.group_index, k.params, fused))
+            n = n.with_(op=f"fused_{n.op}", kernel=fused_update(k.opt, k.group_index, k.params, fused,
+                                                                   getattr(k, "book", None)))
         nodes.append(n)
     return g.with_(nodes=tuple(nodes))

@@ -17,8 +17,10 @@ from typing import Any
 
 from ...core.errors import HoloflowError, UnsupportedError
 from ...core.registry import REGISTRY
+from ...distributed import world
 from ..ir import AliasGroups, IRGraph, Node, Value
-from ..optimizer import _group_update, finish_scaler_step, unscale_count
+from ..optimizer import _group_update, finish_scaler_step, grads_as_dot_grad, unscale_count
+from ..step_book import count_step
 from ...optim.optimizer import run_step_post_hooks, run_step_pre_hooks
 
 STAGE = "stage"   # the family of a move between stages' placements (graph/pipeline.py's stage_move)
@@ -170,8 +172,9 @@ def _effect_share(n: Node, mine, places: dict, sync: Any = None) -> Node | None:
     if getattr(k, "scaler", None) is not None:
         if sync is None:
             raise UnsupportedError("holoflow.nn.Graph: a GradScaler with pipeline stages needs the pipeline runner")
+        sbps = getattr(k, "sbps", None) or [None] * len(k.params)
         return n.with_(inputs=tuple(n.inputs[i] for i in here),
-                       kernel=_stage_scaler_update(k, [k.params[i] for i in here], sync))
+                       kernel=_stage_scaler_update(k, [k.params[i] for i in here], [sbps[i] for i in here], sync))
     if getattr(k, "zero_scaler", False):
         raise UnsupportedError("holoflow.nn.Graph: ZeRO together with a GradScaler is not supported with pipeline "
                                "stages yet; use bfloat16 autocast (no scaler), or ZeRO without stages")
@@ -185,28 +188,34 @@ def _effect_share(n: Node, mine, places: dict, sync: Any = None) -> Node | None:
     if getattr(k, "params", None) is None or len(k.params) != len(n.inputs):
         raise HoloflowError(f"holoflow.nn.Graph: the update {n.op!r} reads gradients of several pipeline stages "
                             f"and cannot be split by stage (ZeRO with a grad scaler is not supported)")
-    part = _group_update(k.opt, k.group_index, [k.params[i] for i in here])
+    part = _group_update(k.opt, k.group_index, [k.params[i] for i in here], getattr(k, "book", None))
     return n.with_(inputs=tuple(n.inputs[i] for i in here), kernel=part)
 
 
-def _stage_scaler_update(k: Any, params: list, sync: Any):
+def _stage_scaler_update(k: Any, params: list, sbps: list, sync: Any):
     """One stage's ``scaler.step(opt); scaler.update()`` (``k``: graph/optimizer.py's scaler
     update): unscale this stage's gradients, count the non-finite ones, sum that count over every
     stage (``sync``: one scalar all-reduce per step), then step this stage's parameters unless
-    some stage found inf/nan; every rank updates the scale the same way."""
+    some stage found inf/nan; every rank updates the scale the same way. The optimizers' step
+    hooks run around the update seeing the unscaled gradients of ``params`` (nd-SBPs ``sbps``) as
+    their ``.grad``, as torch's ``scaler.step(opt)`` hands them to ``opt.step()``."""
     scaler, optimizers, scale = k.scaler, k.optimizers, k.scale
+    rank, comm = world.rank(), world.comm()   # the update runs on a runtime thread
 
     def update(*grads):
         found = sync(unscale_count(scaler, grads)) > 0
         if not found:   # the optimizers' own update on this stage's parameters (as without a scaler)
             grad_of = {id(p): g for p, g in zip(params, grads)}
             for opt in optimizers:
-                run_step_pre_hooks(opt, (opt,), {}, f"a step pre-hook of {type(opt).__name__}")
+                with world.acting_as(rank, comm), grads_as_dot_grad(params, sbps, grads):
+                    run_step_pre_hooks(opt, (opt,), {}, f"a step pre-hook of {type(opt).__name__}")
                 for gi, group in enumerate(opt.param_groups):
                     ps = [p for p in group["params"] if id(p) in grad_of]
                     if ps:
                         _group_update(opt, gi, ps)(*(grad_of[id(p)] for p in ps))
-                run_step_post_hooks(opt, (opt,), {})
+                count_step(opt)
+                with world.acting_as(rank, comm), grads_as_dot_grad(params, sbps, grads):
+                    run_step_post_hooks(opt, (opt,), {})
         finish_scaler_step(scaler, found, scale)
     update.__name__ = "grad_scaler_stage_update"
     return update
