@@ -273,10 +273,13 @@ def test_random_program_agrees_with_torch(seed):
         return
     # every live tensor that requires grad, weighted, into one loss: the leaves' gradients agree
     rng = np.random.default_rng(seed)
-    weights = [rng.standard_normal(tuple(t.shape)) for t in t_pool]
+    # odd seeds read matrices through a product, so gradients arrive transposed and strided
+    weights = [rng.standard_normal(tuple(t.shape[-1:]) + (3,) if seed % 2 and t.dim() == 2 else tuple(t.shape))
+               for t in t_pool]
     outcomes = []
     for lib, pool in ((torch, t_pool), (flow, f_pool)):
-        terms = [(t * lib.tensor(w)).sum() for t, w in zip(pool, weights) if t.requires_grad]
+        terms = [((t @ lib.tensor(w)) if seed % 2 and t.dim() == 2 else (t * lib.tensor(w))).sum()
+                 for t, w in zip(pool, weights) if t.requires_grad]
         if not terms:
             return
         try:
