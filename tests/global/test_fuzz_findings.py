@@ -91,3 +91,28 @@ def test_a_piece_of_chunk_that_was_boxed_is_refused_in_place_as_torchs():
             piece.mul_(2)
         return True
     assert all(_on_two(run))
+
+
+def test_a_boxed_piece_of_split_used_after_its_base_changed_is_refused_as_torchs():
+    """A piece of ``chunk`` that had to be boxed is a copy re-derived from its source; once the
+    source was written, autograd refuses to use it, as torch refuses the view (it re-derived it
+    silently); reading its values (``detach``) stays allowed, as torch's."""
+    def run(place):
+        a = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[S(1)]).requires_grad_()
+        x = a * 1.0
+        piece = x.chunk(2, 1)[0]   # (columns across the split: boxed)
+        assert "_copy_of" in piece.__dict__
+        x.mul_(2)
+        np.testing.assert_allclose(piece.detach().to_global(sbp=[B]).to_local().numpy(), (W * 2)[:, :3])
+        with pytest.raises(RuntimeError, match="several views"):
+            piece.to_global(sbp=[B])
+        with pytest.raises(RuntimeError, match="several views"):
+            piece * 2
+        return True
+    ta = torch.tensor(W, requires_grad=True)
+    tx = ta * 1.0
+    tp = tx.chunk(2, 1)[0]
+    tx.mul_(2)
+    with pytest.raises(RuntimeError, match="multiple views"):
+        tp * 2
+    assert all(_on_two(run))
