@@ -458,14 +458,18 @@ def fresh_copy(t: Tensor, strict: bool = False) -> None:
     fresh_copy(src)
     if src._data._version == c.version:
         return
-    if strict and grad_mode.STATE.enabled and (t.grad_fn is not None or src._rg) and \
-            any(idx is not None for _, _, idx in c.chain):
-        op = next(op for op, _, idx in c.chain if idx is not None)
-        raise RuntimeError(   # (as a piece that aliases its source: views.check_multi_output)
-            f"holoflow: a piece of {op.name} is a view whose base has been modified in place since; "
-            f"such views (outputs of an op returning several views: unbind, split, chunk) can't be "
-            f"used by autograd after that, as in torch: take the pieces after the write, or .clone() "
-            f"them before it")
+    multi = any(idx is not None for _, _, idx in c.chain)
+    if multi and (t.grad_fn is not None or src._rg):
+        if strict and grad_mode.STATE.enabled:
+            op = next(op for op, _, idx in c.chain if idx is not None)
+            raise RuntimeError(   # (as a piece that aliases its source: views.check_multi_output)
+                f"holoflow: a piece of {op.name} is a view whose base has been modified in place since; "
+                f"such views (outputs of an op returning several views: unbind, split, chunk) can't be "
+                f"used by autograd after that, as in torch: take the pieces after the write, or .clone() "
+                f"them before it")
+        with grad_mode.no_grad():   # its values only: its history stays refused (version unchanged)
+            t._data.copy_(replay(c.chain, src, lambda op, x, attrs: apply(op, x, **attrs))._data)
+        return
     with grad_mode.set_grad_enabled(src._rg):
         y = replay(c.chain, src, lambda op, x, attrs: apply(op, x, **attrs))
     with grad_mode.no_grad():
