@@ -297,3 +297,76 @@ def test_norm_on_a_graph_input_trains_like_eager(kind):
         torch.testing.assert_close(got._data, want._data, rtol=1e-6, atol=1e-6)
     for (k, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
         torch.testing.assert_close(a._data, b._data, rtol=1e-6, atol=1e-6, msg=k)
+
+
+def _two_bn_calls(train_graph: bool, checkpoint: bool = False):
+    flow.manual_seed(0)
+    m = flow.nn.Sequential(flow.nn.BatchNorm1d(8), flow.nn.Linear(8, 8))
+    opt = flow.optim.SGD(m.parameters(), lr=0.1)
+
+    def loss_fn(x):
+        bn, lin = m[0], m[1]
+        return lin(bn(x) + bn(x * 2)).square().mean()   # the same BatchNorm twice, distinct batches
+
+    class G(Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+            if checkpoint:
+                self.m.to(flow.nn.graph.GraphModule).activation_checkpointing = True
+
+        def build(self, x):
+            loss = loss_fn(x)
+            loss.backward()
+            return loss
+    x = flow.tensor(np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32))
+    if train_graph:
+        g = G()
+        losses = [g(x).item() for _ in range(2)]
+    else:
+        losses = []
+        for _ in range(2):
+            opt.zero_grad()
+            loss = loss_fn(x)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses, m
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["plain", "checkpointing"])
+def test_batch_norm_running_stats_updated_in_eager_order(checkpoint):
+    """Two calls of one BatchNorm in a graph update its running statistics in call order, once
+    each (the kernel wrote them in place, unseen by the IR: scheduling ran the second call first,
+    and a checkpointed module's recomputation updated them again): silently wrong statistics."""
+    want_losses, want = _two_bn_calls(False)
+    got_losses, got = _two_bn_calls(True, checkpoint)
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-6)
+    for (k, a), b in zip(got.state_dict().items(), want.state_dict().values()):
+        assert torch.equal(a._data, b._data), k
+
+
+def test_batch_norm_called_twice_in_a_forward_graph_updates_stats_in_order():
+    """The forward-only form of the test above (where the scheduler did run the second call's
+    kernel, and so its running-statistics update, first)."""
+    x = flow.tensor(np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32))
+
+    def make():
+        flow.manual_seed(0)
+        return flow.nn.BatchNorm1d(8)
+    m1, m2 = make(), make()
+
+    class G(Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m1
+
+        def build(self, x):
+            return self.m(x) + self.m(x * 2)
+    got = G()(x)
+    with flow.no_grad():
+        want = m2(x) + m2(x * 2)
+    torch.testing.assert_close(got._data, want._data)
+    for (k, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
+        assert torch.equal(a._data, b._data), k

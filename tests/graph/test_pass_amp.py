@@ -1,5 +1,6 @@
 """AMP as an IR pass: matmuls in bf16, losses in fp32, fp32 gradients into the update; the
 losses and parameters track eager training under ``flow.autocast('cpu', bf16)``."""
+import numpy as np
 import torch
 
 import holoflow as flow
@@ -179,3 +180,43 @@ def test_explicit_conversions_in_build_keep_their_dtype_under_amp():
     assert [t.dtype for t in got] == [t.dtype for t in want] == [flow.float32, flow.bfloat16, flow.float64]
     for a, b in zip(got, want):
         torch.testing.assert_close(a._data, b._data)
+
+
+def test_layer_norm_after_log_softmax_of_a_lowered_matmul_trains_like_eager_autocast():
+    """CPU: layer_norm of a bf16 activation returns bf16 statistics where the meta kernel (the
+    IR's dtypes) says float32; the backward, cast back to its traced float32, met them and the
+    kernel refused at run time ('expected scalar type Float but found BFloat16')."""
+    x = flow.tensor(np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32))
+
+    def make():
+        flow.manual_seed(0)
+        m = nn.Linear(8, 8, bias=False)
+        return m, flow.optim.SGD(m.parameters(), lr=0.1)
+
+    def loss_fn(m, x):
+        s = nn.functional.log_softmax(m(x), dim=0)
+        return nn.functional.layer_norm(s, (8,)).sin().mean()
+    m1, o1 = make()
+
+    class G(Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m1
+            self.add_optimizer(o1)
+            self.config.enable_amp(True, dtype=flow.bfloat16)
+
+        def build(self, x):
+            loss = loss_fn(self.m, x)
+            loss.backward()
+            return loss
+    g = G()
+    m2, o2 = make()
+    for _ in range(2):
+        got = g(x)
+        o2.zero_grad()
+        with flow.autocast("cpu", dtype=flow.bfloat16):
+            want = loss_fn(m2, x)
+        want.backward()
+        o2.step()
+        torch.testing.assert_close(got._data.float(), want._data.float(), rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(m1.weight._data, m2.weight._data, rtol=3e-2, atol=3e-2)

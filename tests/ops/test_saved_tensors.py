@@ -251,3 +251,19 @@ def test_inplace_after_norm_trains_like_torch(make, shape, graph):
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
     for (k, v), (_, tv) in zip(fm.state_dict().items(), tm.state_dict().items()):
         torch.testing.assert_close(v.to_torch(), tv, rtol=1e-4, atol=1e-5, msg=lambda s, k=k: f"{k}: {s}")
+
+
+def test_masked_fill_saves_only_its_mask():
+    """masked_fill's backward reads only the mask: writing its input in place afterwards is fine,
+    as in torch (holoflow saved the input too and its version check refused the backward)."""
+    grads = []
+    for lib in (torch, flow):
+        a = lib.tensor([[1.0, -2.0, 3.0], [-1.0, 2.0, 0.5]], requires_grad=True)
+        v = lib.tensor(0.7, requires_grad=True)
+        x = a * 1.5
+        y = x.masked_fill(x < 0, v)
+        x.mul_(2)
+        (y.sin().sum() + x.sum()).backward()
+        grads.append((a.grad.detach().numpy().copy(), v.grad.detach().numpy().copy()))
+    for t, f in zip(*grads):
+        torch.testing.assert_close(torch.from_numpy(f), torch.from_numpy(t))

@@ -414,7 +414,7 @@ def _masked_fill_kernel(x, mask, value):
     return torch.masked_fill(x, mask, value)
 
 
-MASKED_FILL = defop("masked_fill", _masked_fill_kernel, grad=_masked_fill_grad, save="inputs",
+MASKED_FILL = defop("masked_fill", _masked_fill_kernel, grad=_masked_fill_grad, save="inputs", saved_inputs=(1,),
                     sbp=elementwise_sbp(("PBP",)), family="elementwise",
                     inplace_kernel=lambda x, mask, value: x.masked_fill_(mask, value))
 

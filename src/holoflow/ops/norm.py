@@ -10,6 +10,7 @@ import torch
 from ..core import grad_mode
 from ..core.dispatch import apply
 from ..core.errors import ShapeError
+from ..core.interpret import is_lazy
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from ..core.registry import defop
@@ -108,6 +109,14 @@ def _ln_bwd_grad(c, *dys):
 
 def _ln_bwd_kernel(dy, x, mean, rstd, w, b, normalized_shape, output_mask):
     dy, x, mean, rstd = (t.contiguous() for t in (dy, x, mean, rstd))  # strided shards read wrongly
+    # the CPU kernel wants the statistics its forward gives: float32 for a low-precision x with a
+    # float32 weight (its mixed-type path), else x's dtype. The meta kernel (the IR's dtypes) says
+    # float32 for any low-precision x, so under a graph's AMP a backward cast back to its traced
+    # float32 x could meet the bf16 statistics of a weightless bf16 forward
+    mixed = w is not None and w.dtype == torch.float32 and x.dtype in (torch.bfloat16, torch.float16)
+    want = torch.float32 if mixed else x.dtype
+    if x.device.type == "cpu" and mean.dtype != want:
+        mean, rstd = mean.to(want), rstd.to(want)
     dx, dw, db = torch.ops.aten.native_layer_norm_backward.default(dy, x, normalized_shape, mean, rstd, w, b,
                                                            output_mask)
     return _dx(dx, x), _opt(dw, x, 0), _opt(db, x, 0)
@@ -333,6 +342,20 @@ BATCH_NORM = defop("batch_norm", _bn_kernel,
                    outputs=("out", "save_mean", "save_invstd"), grad_reads=(0,), family="norm")
 
 
+def _bn_stats_kernel(x, rm, rv, momentum, eps):
+    out = torch.ops.aten._native_batch_norm_legit_functional(x, None, None, rm, rv, True, momentum, eps)
+    return out[3], out[4]
+
+
+def _bn_stats_sbp(metas, attrs):
+    return [((B,) * sum(_tensor_flags(metas)), (B, B))]
+
+
+# the running statistics a training batch norm leaves (``batch_norm`` traced: see there)
+BATCH_NORM_STATS = defop("batch_norm_stats", _bn_stats_kernel, sbp=_bn_stats_sbp, outputs=("mean", "var"),
+                         family="norm")
+
+
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
                weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
@@ -350,6 +373,24 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
     if training and input.numel() // max(c or 1, 1) <= 1:
         raise ValueError(f"holoflow.batch_norm: expected more than 1 value per channel when training, "
                          f"got input of shape {tuple(input.shape)}")
+    if training and is_lazy() and (running_mean is not None or running_var is not None) and \
+            not getattr(input, "is_global", False):
+        # traced: the kernel's in-place write of the running statistics would be invisible to the
+        # IR (the node reads them as pure inputs, so scheduling may reorder two updates of one
+        # buffer and recomputation redoes one); the new statistics come from a functional op
+        # instead (same kernel, same bits as eager), written back by in-place copies the trace
+        # records as state updates
+        out = apply(BATCH_NORM, input, weight, bias, None, None, training=True, momentum=0.0, eps=float(eps)).out
+        with grad_mode.no_grad():
+            rm = running_mean if running_mean is not None else running_var
+            rv = running_var if running_var is not None else running_mean
+            new_rm, new_rv = apply(BATCH_NORM_STATS, input.detach(), rm, rv, momentum=float(momentum),
+                                   eps=float(eps))
+            if running_mean is not None:
+                running_mean.copy_(new_rm)
+            if running_var is not None:
+                running_var.copy_(new_rv)
+        return out
     return apply(BATCH_NORM, input, weight, bias, running_mean, running_var,
                  training=bool(training), momentum=float(momentum), eps=float(eps)).out
 

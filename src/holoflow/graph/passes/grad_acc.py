@@ -140,7 +140,8 @@ def grad_acc(g: IRGraph, config) -> IRGraph:
                                 f"input {f!r} is a scalar")
         whole = Value((f.shape[0] * m,) + tuple(f.shape[1:]), f.dtype, f.device, f.name)
         pieces = tuple(Value(f.shape, f.dtype, f.device, f"{f.name}_mb{k}") for k in range(m))
-        source = users[f][0].source if f in users else ""
+        # (an input nothing reads still gets a line: the check after the pass wants one on every node)
+        source = users[f][0].source if f in users else next((n.source for n in g.nodes if n.source), "")
         r.emit(Node("split", (whole,), {"sizes": (f.shape[0],) * m, "dim": 0}, pieces, source))
         r.local[f], feeds = list(pieces), feeds + [whole]
         r.varies.add(f)
@@ -164,7 +165,8 @@ def grad_acc(g: IRGraph, config) -> IRGraph:
     state = {v for v, _ in g.state}
     tail = [e.with_(inputs=tuple(r.total(x, e) if isinstance(x, Value) and x not in state else x
                                  for x in e.inputs)) for e in effects]
-    outputs = tuple(r.pack(o, _end(o, producer)) if isinstance(o, Value) else o for o in g.outputs)
+    line = next((n.source for n in g.nodes if n.source), "")
+    outputs = tuple(r.pack(o, _end(o, producer, line)) if isinstance(o, Value) else o for o in g.outputs)
     updates = tuple((t, r.local[v][-1]) for t, v in g.updates)
     return g.with_(feeds=tuple(feeds), nodes=tuple(_schedule(r.nodes) + tail), outputs=outputs, updates=updates)
 
@@ -177,7 +179,8 @@ def _retarget(r: _Replicator, s: Value) -> None:
             r.nodes[i] = (nd.with_(inputs=tuple(r.local[s][k] if x is s else x for x in nd.inputs)), k)
 
 
-def _end(v: Value, producer: dict) -> Node:
-    """Where a graph output is packed: at the line that made it."""
+def _end(v: Value, producer: dict, line: str = "") -> Node:
+    """Where a graph output is packed: at the line that made it (``line`` for an input or state
+    returned as it is: the check after the pass wants a line on every node)."""
     p = producer.get(v)
-    return Node("output", (), {}, (), p.source if p is not None else "")
+    return Node("output", (), {}, (), p.source if p is not None else line)
