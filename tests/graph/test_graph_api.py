@@ -292,10 +292,9 @@ def test_write_through_detach_reaches_the_tensor_in_graph():
     torch.testing.assert_close(z._data, ze._data)
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN BUG (core/tensor.py, outside graph/): a traced v.detach() "
-                   "copies v's value without re-deriving the view v after its base was written in place, "
-                   "so it silently reads the values from before the write")
 def test_detach_of_a_view_after_its_base_was_written_in_graph():
+    """A traced ``v.detach()`` re-derives the view ``v`` after its base was written in place (it
+    read the values from before the write)."""
     z = flow.tensor(np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32))
 
     def f(z):

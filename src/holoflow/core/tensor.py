@@ -243,6 +243,9 @@ class Tensor:
         if c is not None:   # a copy standing for a view: its source's current values
             from .dispatch import fresh_copy
             fresh_copy(self)
+        if self._view is not None and "_v" in self.__dict__:   # a traced view: its value after its
+            from .dispatch import refresh                       # base's writes (eager's shares storage)
+            refresh(self)
         t = Tensor._make(self._data.detach())
         t._global = self._global
         if c is not None:   # and stands for the view of the detached source: writes reach its storage
