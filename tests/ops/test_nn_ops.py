@@ -130,7 +130,30 @@ def _bn(shape, affine=True):
 for shape in [(4, 3), (2, 3, 5), (2, 4, 3, 3)]:
     CASES.append(_c(f"batch_norm-train{list(shape)}", _bn_fns(flow, True), _bn_fns(torch, True), _bn(shape), dtypes=ALL))
     CASES.append(_c(f"batch_norm-eval{list(shape)}", _bn_fns(flow, False), _bn_fns(torch, False), _bn(shape), dtypes=ALL))
+
+
+def _bn_stats_fn(lib):
+    """The running statistics one training step leaves (``batch_norm_stats``, the op a traced
+    batch norm computes them with), against aten's functional batch norm."""
+    def f(x, rm, rv):
+        if lib is torch:
+            out = torch.ops.aten._native_batch_norm_legit_functional(x, None, None, rm, rv, True, 0.3, 1e-5)
+            return out[3], out[4]
+        from holoflow.core.dispatch import apply
+        from holoflow.ops.norm import BATCH_NORM_STATS
+        return tuple(apply(BATCH_NORM_STATS, x, rm, rv, momentum=0.3, eps=1e-5))
+    return f
+
+
+def _bn_stats_make(shape):
+    def make(dt, g):
+        c = shape[1]
+        return (randn(*shape, gen=g, dtype=dt) * 2 + 1, randn(c, gen=g, dtype=dt), positive(c, gen=g, dtype=dt)), {}
+    return make
+
+
 CASES += [
+    _c("batch_norm_stats", _bn_stats_fn(flow), _bn_stats_fn(torch), _bn_stats_make((4, 3, 2)), grad=False),
     _c("batch_norm-running-stats-3-steps", _bn_fns(flow, True, 0.3, 3), _bn_fns(torch, True, 0.3, 3), _bn((5, 3, 3))),
     _c("batch_norm-no-stats-noaffine", _bn_fns(flow, True, stats=False), _bn_fns(torch, True, stats=False),
        _bn((4, 3, 2), affine=False)),
