@@ -116,3 +116,18 @@ def test_a_boxed_piece_of_split_used_after_its_base_changed_is_refused_as_torchs
     with pytest.raises(RuntimeError, match="multiple views"):
         tp * 2
     assert all(_on_two(run))
+
+
+def test_one_hot_infers_its_classes_on_a_global_tensor():
+    """``one_hot(x)`` (classes from the data) on a broadcast global tensor: the meta kernel that
+    gives output shapes reads a value (``.item()``), which is a data-dependent shape, not an
+    error (it raised "item() cannot be called on meta tensors"; found when the Gloo op-table
+    sample shifted onto it)."""
+    idx = np.array([0, 3, 1, 2, 3])
+
+    def run(place):
+        x = flow.tensor(idx).to_global(placement=place, sbp=[B])
+        return flow.nn.functional.one_hot(x).to_local().numpy()
+    want = torch.nn.functional.one_hot(torch.tensor(idx)).numpy()
+    for got in _on_two(run):
+        np.testing.assert_array_equal(got, want)

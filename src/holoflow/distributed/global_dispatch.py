@@ -131,6 +131,10 @@ def decide(op: Op, metas: list, attrs: dict, cur: list, place, shape_attrs: dict
                                   attrs if shape_attrs is None else shape_attrs)
         except NotImplementedError:  # a data-dependent output shape (nonzero, unique, ...)
             logical = None
+        except RuntimeError as e:   # (a kernel reading a value, one_hot's inferred size: .item())
+            if "meta tensor" not in str(e):
+                raise
+            logical = None
         hit = (choose(op, metas, attrs, cur, place, logical), logical)
         if key is not None:
             if len(_CHOICES) >= _MAX_CHOICES:
