@@ -142,6 +142,31 @@ def torch_square_loss_steps(m: int, lr_by_step: bool = False, steps: int = 3):
     return out
 
 
+def square_loss_graph(lin, opt, mode: str, lr_sch=None) -> flow.nn.Graph:
+    """The ``mean(lin(x) ** 2)`` training graph of the step tests, configured by ``mode``: ``acc``
+    (2 micro-batches), ``zero`` (ZeRO stage 2) or ``zero1``..``zero3``, ``fuse`` (the fused
+    update), ``scaler``/``overflow`` (a GradScaler); anything else plain."""
+    class Train(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.lin = lin
+            self.add_optimizer(opt, lr_sch=lr_sch)
+            if mode == "acc":
+                self.config.set_gradient_accumulation_steps(2)
+            elif mode.startswith("zero"):
+                self.config.enable_zero(True, stage=int(mode[-1]) if mode[-1].isdigit() else 2, shard_min_size=1)
+            elif mode == "fuse":
+                self.config.allow_fuse_model_update_ops(True)
+            elif mode in ("scaler", "overflow"):
+                self.set_grad_scaler(flow.amp.GradScaler("cpu", init_scale=64.0))
+
+        def build(self, x):
+            loss = (self.lin(x) ** 2).mean()
+            loss.backward()
+            return loss
+    return Train()
+
+
 def hooked_steps(rank: int | None, mode: str, lib=flow, steps: int = 3):
     """``steps`` steps of SGD with momentum on a linear layer whose optimizer has a pre-step hook
     setting the learning rate from how many steps ran (``0.1 * (done + 1)``) and a post-step hook
@@ -182,26 +207,7 @@ def hooked_steps(rank: int | None, mode: str, lib=flow, steps: int = 3):
             opt.step()
         return log
 
-    class Train(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.lin = lin
-            self.add_optimizer(opt)
-            if mode == "acc":
-                self.config.set_gradient_accumulation_steps(2)
-            elif mode == "zero":
-                self.config.enable_zero(True, stage=2, shard_min_size=1)
-            elif mode == "fuse":
-                self.config.allow_fuse_model_update_ops(True)
-            elif mode == "scaler":
-                self.set_grad_scaler(flow.amp.GradScaler("cpu", init_scale=64.0))
-
-        def build(self, x):
-            loss = (self.lin(x) ** 2).mean()
-            loss.backward()
-            return loss
-
-    g = Train()
+    g = square_loss_graph(lin, opt, mode)
     for x in xs:
         t = flow.from_torch(x)
         g(t.to_global(place, B).to_global(sbp=S(0)) if place is not None else t)
@@ -744,26 +750,7 @@ def counted_steps(rank: int | None, mode: str, lib=flow, steps: int = 3):
             log.append(record())
         return log, [whole(p) for p in ps]
 
-    class Train(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.lin = lin
-            self.add_optimizer(opt, lr_sch=sch)
-            if mode == "acc":
-                self.config.set_gradient_accumulation_steps(2)
-            elif mode in ("zero1", "zero2", "zero3"):
-                self.config.enable_zero(True, stage=int(mode[-1]), shard_min_size=1)
-            elif mode == "fuse":
-                self.config.allow_fuse_model_update_ops(True)
-            elif mode in ("scaler", "overflow"):
-                self.set_grad_scaler(flow.amp.GradScaler("cpu", init_scale=64.0))
-
-        def build(self, x):
-            loss = (self.lin(x) ** 2).mean()
-            loss.backward()
-            return loss
-
-    g = Train()
+    g = square_loss_graph(lin, opt, mode, lr_sch=sch)
     for x in xs:
         t = flow.from_torch(x)
         g(t.to_global(place, B).to_global(sbp=S(0)) if place is not None else t)

@@ -124,23 +124,7 @@ def _grad_norm_log(rank, mode: str, eager_torch: bool = False):
             opt.step()
         return log
 
-    class Train(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.lin = lin
-            self.add_optimizer(opt)
-            if mode == "acc":
-                self.config.set_gradient_accumulation_steps(2)
-            elif mode == "zero":
-                self.config.enable_zero(True, stage=2, shard_min_size=1)
-            elif mode == "scaler":
-                self.set_grad_scaler(flow.amp.GradScaler("cpu", init_scale=64.0))
-
-        def build(self, x):
-            loss = (self.lin(x) ** 2).mean()
-            loss.backward()
-            return loss
-    g = Train()
+    g = F.square_loss_graph(lin, opt, mode)
     for x in xs:
         t = flow.from_torch(x)
         g(t.to_global(place, flow.sbp.broadcast).to_global(sbp=flow.sbp.split(0)) if place is not None else t)
