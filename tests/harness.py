@@ -448,3 +448,13 @@ def parametrize(cases: list[Case]) -> dict[str, Any]:
 
 def registry():
     return REGISTRY
+
+
+def broadcasts(src: tuple, dst: tuple, exact: bool = False) -> bool:
+    """Whether shape ``src`` broadcasts with ``dst`` (``exact``: onto ``dst`` itself, as an
+    in-place operand must)."""
+    try:
+        out = torch.broadcast_shapes(src, dst)
+    except RuntimeError:
+        return False
+    return out == dst if exact else True

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import holoflow as flow
+from harness import broadcasts
 
 # CI runs 240 programs; HOLOFLOW_FUZZ_SEEDS=N runs N (a longer local hunt)
 SEEDS = range(int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 240)))
@@ -93,7 +94,7 @@ def _params(name: str, xs: list, pool: list, rng: np.random.Generator):
     nd, shape = x.dim(), tuple(x.shape)
     p: dict = {"c": float(rng.choice([-1.5, -0.5, 0.5, 2.0]))}
     if name in ("add", "mul", "add_", "copy_", "where"):
-        ok = [i for i, y in enumerate(pool) if _broadcasts(tuple(y.shape), shape, name.endswith("_"))
+        ok = [i for i, y in enumerate(pool) if broadcasts(tuple(y.shape), shape, name.endswith("_"))
               and not (name.endswith("_") and _overlap(x, y))]
         return (p, int(rng.choice(ok))) if ok else None
     if name == "matmul":
@@ -111,7 +112,7 @@ def _params(name: str, xs: list, pool: list, rng: np.random.Generator):
         if name == "setitem":
             return p, None
         region = tuple(torch.empty(shape)[_index(p)].shape)
-        ok = [i for i, y in enumerate(pool) if _broadcasts(tuple(y.shape), region, True) and not _overlap(x, y)
+        ok = [i for i, y in enumerate(pool) if broadcasts(tuple(y.shape), region, True) and not _overlap(x, y)
               and y is not x]
         return (p, int(rng.choice(ok))) if ok else None
     if name in ("sum_dim", "select", "narrow", "unbind", "chunk", "transpose", "unsqueeze", "index"):
@@ -148,7 +149,7 @@ def _params(name: str, xs: list, pool: list, rng: np.random.Generator):
         if name in ("index_add_", "put_rows"):
             region = (len(p["rows"]),) + shape[1:]
             # (not x itself either: torch refuses a source overlapping the written tensor here)
-            ok = [i for i, y in enumerate(pool) if _broadcasts(tuple(y.shape), region, True) and not _overlap(x, y)
+            ok = [i for i, y in enumerate(pool) if broadcasts(tuple(y.shape), region, True) and not _overlap(x, y)
                   and y is not x and (name == "put_rows" or tuple(y.shape) == region)]
             return (p, int(rng.choice(ok))) if ok else None
         return p, None
@@ -165,14 +166,6 @@ def _overlap(x: torch.Tensor, y: torch.Tensor) -> bool:
     """Whether ``y`` shares ``x``'s storage (but is not ``x``): torch's in-place kernels then read
     what they already wrote, in memory order (left out: holoflow reads the values before the write)."""
     return y is not x and x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
-
-
-def _broadcasts(src: tuple, dst: tuple, exact_dst: bool) -> bool:
-    try:
-        out = torch.broadcast_shapes(src, dst)
-    except RuntimeError:
-        return False
-    return out == dst if exact_dst else True
 
 
 def _leaves(lib):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import holoflow as flow
+from harness import broadcasts
 from holoflow.distributed import world
 from holoflow.sbp import B, P, S
 
@@ -68,7 +69,7 @@ def _params(name: str, x: torch.Tensor, pool: list, rng: np.random.Generator, me
     nd, shape = x.dim(), tuple(x.shape)
     p: dict = {"c": float(rng.choice([-1.5, 0.5, 2.0]))}
     if name in ("add", "mul", "add_", "copy_", "where"):
-        ok = [i for i, y in enumerate(pool) if _fits(tuple(y.shape), shape, name in ("add_", "copy_"))
+        ok = [i for i, y in enumerate(pool) if broadcasts(tuple(y.shape), shape, name in ("add_", "copy_"))
               and not (name.endswith("_") and _shares(x, y))]
         return (p, int(rng.choice(ok))) if ok else None
     if name == "cat":
@@ -103,14 +104,6 @@ def _shares(x: torch.Tensor, y: torch.Tensor) -> bool:
     """Whether ``y`` is another tensor on ``x``'s storage (an in-place op reading it reads what
     it writes, in torch's memory order: left out)."""
     return y is not x and x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
-
-
-def _fits(src: tuple, dst: tuple, exact: bool) -> bool:
-    try:
-        out = torch.broadcast_shapes(src, dst)
-    except RuntimeError:
-        return False
-    return out == dst if exact else True
 
 
 def _values(seed: int) -> dict:
