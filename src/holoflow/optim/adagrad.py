@@ -36,7 +36,7 @@ class Adagrad(Optimizer):
     def _update(self, V, group: dict, params: list, grads: list, states: list) -> None:
         lr, wd, decay, eps = float(group["lr"]), group["weight_decay"], group["lr_decay"], group["eps"]
         ps, gs = V.of(params), V.of(grads)
-        steps = step_values([st["step"]._data for st in states])
+        steps = step_values(states)
         if group["maximize"]:
             gs = V.neg(gs)
         if wd != 0:

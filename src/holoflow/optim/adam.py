@@ -7,7 +7,7 @@ import torch
 
 from ..core.tensor import Tensor
 from ..ops import creation as C
-from .optimizer import Optimizer, new_step, step_values
+from .optimizer import Optimizer, advance_steps, new_step, step_values
 
 __all__ = ["Adam", "AdamW"]
 
@@ -15,11 +15,7 @@ __all__ = ["Adam", "AdamW"]
 def _fused_adam(group: dict, params: list, grads: list, states: list) -> None:
     """Adam's update as one ``torch._fused_adam_`` / ``_fused_adamw_`` call (a lowering of
     :meth:`Adam._update`: torch's kernel, the same hyper-parameters)."""
-    for p, st in zip(params, states):  # fused kernels want the counters on the params' device
-        if st["step"]._data.device != p._data.device:
-            st["step"]._data = st["step"]._data.to(p._data.device)
-    steps = [st["step"]._data for st in states]
-    torch._foreach_add_(steps, 1)
+    steps = advance_steps(states, params[0]._data.device)   # (fused kernels want them on the params' device)
     b1, b2 = group["betas"]
     kernel = torch._fused_adamw_ if group["decoupled_weight_decay"] else torch._fused_adam_
     kernel([p._data for p in params], [g._data.contiguous() for g in grads],
@@ -68,7 +64,7 @@ class Adam(Optimizer):
         (b1, b2), lr, wd, eps = group["betas"], float(group["lr"]), group["weight_decay"], group["eps"]
         ps, gs = V.of(params), V.of(grads)
         ms, vs = V.of([st["exp_avg"] for st in states]), V.of([st["exp_avg_sq"] for st in states])
-        steps = step_values([st["step"]._data for st in states])
+        steps = step_values(states)
         if group["maximize"]:
             gs = V.neg(gs)
         if wd != 0:

@@ -44,7 +44,7 @@ class ASGD(Optimizer):
         lr, lambd, alpha, t0, wd = (float(group["lr"]), group["lambd"], group["alpha"], group["t0"],
                                     group["weight_decay"])
         ps, gs, axs = V.of(params), V.of(grads), V.of([st["ax"] for st in states])
-        steps = step_values([st["step"]._data for st in states])
+        steps = step_values(states)
         if group["maximize"]:
             gs = V.neg(gs)
         if wd != 0:

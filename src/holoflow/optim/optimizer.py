@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import operator
 from collections import OrderedDict, defaultdict
 from itertools import chain
 from typing import Any, Callable, Iterable
@@ -415,7 +416,53 @@ def new_step() -> Tensor:
     return Tensor._make(torch.zeros((), dtype=torch.float32))
 
 
-def step_values(steps: list[torch.Tensor]) -> list[float]:
-    """Increments the step counters in place and returns them as Python floats (as torch does)."""
-    torch._foreach_add_(steps, 1)
+def advance_steps(states: list[dict], device: torch.device | None = None) -> list[torch.Tensor]:
+    """Adds one to the ``step`` counter of each state, as torch's ``_foreach_add_(steps, 1)``, and
+    returns the counters' storages (moved to ``device`` first if given: fused kernels want them
+    on the parameters' device). A group's counters are packed, at their first step, into one
+    buffer each of them views, so the increment is one kernel instead of one per parameter (a
+    foreach over 0-d CPU tensors is a loop of ~1.5 us calls: 40 us per step on GPT-mini). A
+    counter replaced since (``load_state_dict``, a user's assignment) re-packs the group; counters
+    that cannot share a buffer (global, of mixed dtypes, shapes or devices) take the foreach."""
+    counters = [st["step"] for st in states]
+    datas = [c._data for c in counters]
+    if not datas:
+        return datas
+    pack = counters[0].__dict__.get("_step_pack")   # (the buffer, every counter's view of it)
+    if pack is None or len(pack[1]) != len(datas) or not all(map(operator.is_, pack[1], datas)) or \
+            (device is not None and pack[0].device != device):
+        pack = _pack(counters, datas, device)
+        if pack is None:
+            if device is not None:
+                for c in counters:
+                    if c._data.device != device:
+                        c._data = c._data.to(device)
+                datas = [c._data for c in counters]
+            torch._foreach_add_(datas, 1)
+            return datas
+    pack[0].add_(1)
+    return list(pack[1])
+
+
+def _pack(counters: list[Tensor], datas: list[torch.Tensor], device) -> tuple | None:
+    first = datas[0]
+    device = first.device if device is None else device
+    if any(c._global is not None for c in counters) or \
+            any(d.dim() or d.dtype != first.dtype or d.device != first.device for d in datas):
+        return None
+    buffer = torch.stack(datas).to(device)
+    views = tuple(buffer.unbind())
+    for c, v in zip(counters, views):
+        c._data = v
+    pack = counters[0].__dict__["_step_pack"] = (buffer, views)
+    return pack
+
+
+def step_values(states: list[dict]) -> list[float]:
+    """Increments the states' step counters in place and returns them as Python floats (as torch
+    does)."""
+    steps = advance_steps(states)
+    pack = states[0]["step"].__dict__.get("_step_pack") if steps else None
+    if pack is not None and pack[1][0] is steps[0] and len(pack[1]) == len(steps):
+        return pack[0].tolist()
     return [s.item() for s in steps]

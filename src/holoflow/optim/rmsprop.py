@@ -40,7 +40,7 @@ class RMSprop(Optimizer):
         lr, a, eps, wd, mom = (float(group["lr"]), group["alpha"], group["eps"],
                                group["weight_decay"], group["momentum"])
         ps, gs = V.of(params), V.of(grads)
-        step_values([st["step"]._data for st in states])
+        step_values(states)
         if group["maximize"]:
             gs = V.neg(gs)
         if wd != 0:

@@ -39,7 +39,7 @@ class Rprop(Optimizer):
         (etaminus, etaplus), (lo, hi) = group["etas"], group["step_sizes"]
         ps, gs = V.of(params), V.of(grads)
         prevs, sizes = V.of([st["prev"] for st in states]), V.of([st["step_size"] for st in states])
-        step_values([st["step"]._data for st in states])
+        step_values(states)
         if group["maximize"]:
             gs = V.neg(gs)
         factors = V.mul(gs, prevs)      # the sign of g * prev becomes the step size's factor
