@@ -201,3 +201,31 @@ def test_weight_cast_cache(cache):
     # x and the first product are cast once each... w once with the cache, twice without
     assert len(casts) == (2 if cache else 3)
     assert w.grad.dtype == flow.float32 and w.grad.shape == (4, 4)
+
+
+def _region_program(lib) -> list[str]:
+    """Disabled regions with and without an enabled one around them, ``set_autocast_enabled``
+    inside them, and what each leaves behind once it exits."""
+    a = lib.ones(2, 2)
+    out = []
+    with lib.autocast("cpu", enabled=False):          # inside no region: nothing to shadow
+        out += [lib.is_autocast_enabled("cpu"), (a @ a).dtype]
+        lib.set_autocast_enabled("cpu", True)         # lasts until the region exits
+        out += [lib.is_autocast_enabled("cpu"), (a @ a).dtype]
+    out += [lib.is_autocast_enabled("cpu"), (a @ a).dtype]
+    with lib.autocast("cpu", enabled=False):
+        with lib.autocast("cpu"):
+            out.append((a @ a).dtype)
+        out.append((a @ a).dtype)
+    with lib.autocast("cpu"):
+        with lib.autocast("cpu", enabled=False):
+            out.append((a @ a).dtype)
+            lib.set_autocast_enabled("cpu", True)
+            out.append((a @ a).dtype)
+        out.append((a @ a).dtype)
+    out.append((a @ a).dtype)
+    return [str(o).replace("holoflow.", "torch.") for o in out]
+
+
+def test_disabled_regions_and_set_autocast_enabled_inside_them_as_torch():
+    assert _region_program(flow) == _region_program(torch)

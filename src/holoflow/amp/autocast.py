@@ -15,6 +15,7 @@ modes start from its modes) and restore it on exit; a graph traced inside a regi
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Callable
 
 import torch
@@ -138,6 +139,14 @@ def _is_low(dt: torch.dtype) -> bool:
     return dt in _LOW
 
 
+class _BaseRegion(threading.local):
+    ctx = None      # the ``pushed`` context of the region enabling outside any region pushed
+    region = None   # (amp/state.py: set_autocast_enabled)
+
+
+_BASE_REGION = _BaseRegion()
+
+
 def _current() -> Autocast | None:
     """The autocast region in force in this context (the innermost unshadowed one)."""
     for it in interpret.stack():
@@ -174,17 +183,27 @@ class autocast:
 
     def __enter__(self) -> "autocast":
         outer = _current()
+        self._outer, self._ctx = outer, None
+        if outer is None and not self.enabled:
+            # a disabled region inside none: nothing to shadow, so nothing pushed (its ops take
+            # eager's direct path); one that set_autocast_enabled() turns on inside ends with it
+            self._base = _BASE_REGION.region
+            return self
         modes = dict(outer.modes) if outer else {}
         modes[self.device_type] = self.fast_dtype if self.enabled else None
         cache = (outer.cache if outer else _CastCache()) if self.cache_enabled else None
         if outer is not None:
             outer.shadowed = True
-        self._outer = outer
         self._ctx = interpret.pushed(Autocast(modes, cache))
         self._ctx.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._ctx is None:
+            if _BASE_REGION.region is not None and _BASE_REGION.region is not self._base:
+                ctx, _BASE_REGION.ctx, _BASE_REGION.region = _BASE_REGION.ctx, None, None
+                ctx.__exit__(*exc)
+            return
         self._ctx.__exit__(*exc)
         if self._outer is not None:
             self._outer.shadowed = False

@@ -15,7 +15,7 @@ import torch
 
 from ..core import dtype as _dtype
 from ..core import interpret
-from .autocast import Autocast, _CastCache, _current, get_autocast_dtype, is_autocast_enabled
+from .autocast import _BASE_REGION, Autocast, _CastCache, _current, get_autocast_dtype, is_autocast_enabled
 from .policy import DEFAULT_DTYPE
 
 __all__ = ["is_autocast_cpu_enabled", "set_autocast_enabled", "set_autocast_dtype", "get_autocast_cpu_dtype",
@@ -23,12 +23,6 @@ __all__ = ["is_autocast_cpu_enabled", "set_autocast_enabled", "set_autocast_dtyp
            "is_autocast_cache_enabled", "set_autocast_cache_enabled"]
 
 
-class _BaseRegion(threading.local):
-    ctx = None      # the ``pushed`` context of the region enabling outside any region pushed
-    region = None
-
-
-_BASE_REGION = _BaseRegion()
 
 
 def _dev_type(device_type: Any) -> str:
