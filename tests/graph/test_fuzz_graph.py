@@ -164,7 +164,9 @@ def _check_torch(program: list, seed: int, batch: int) -> bool:
     """Whether ``program`` runs on torch, forward and backward, at this batch size."""
     torch.manual_seed(0)
     m = _weights(torch, seed)
-    x, z = (torch.tensor(v) for v in _pools(seed, batch))
+    # (pieces of ``chunk`` as the eager runs feed them: views of several outputs, which torch
+    # refuses to write in place while autograd records, reached through a detach() or dropout)
+    x, z = (torch.tensor(v).chunk(BATCH // batch, 0)[0] for v in _pools(seed, BATCH))
     try:
         loss, out = m(x, z, program, [1.0] * len(program))
         if not torch.isfinite(loss) or not torch.isfinite(out).all():
@@ -193,10 +195,10 @@ def _generate(seed: int) -> tuple:
                 continue
             ops = (int(rng.integers(lo, n_pool)),) + ((int(rng.integers(0, n_pool)),) if arity == 2 else ())
             shapes = _shapes(program, seed)
-            if name in INPLACE and _writes_through_detach(program, shapes, ops[0]):
-                # (left out: KNOWN BUG, see test_graph_api's xfail test of a write through a detach():
-                # a traced ``x.detach()`` shares ``x``'s value but is not linked to it as a view
-                # (core/tensor.py), so the graph's in-place write never reaches ``x``)
+            if name in INPLACE and name != "buffer_update" and _writes_the_parameter(shapes, ops[0]):
+                # (left out: KNOWN BUG, see test_graph_detach_alias's xfail test: a training graph
+                # steps the parameter before writing back the value build() wrote into it through
+                # ``w.detach()``, so the step is lost. Writes through other detach()es are generated)
                 continue
             if name in INPLACE and any(n in ("matmul", "matmul_w") and ops[0] in o for n, o, _ in program):
                 # (left out: torch's matmul of broadcast batches saves the reshaped copies it makes,
@@ -220,16 +222,9 @@ def _generate(seed: int) -> tuple:
     return program, weights, config, opt
 
 
-def _writes_through_detach(program: list, pool: list, i: int) -> bool:
-    """Whether pool tensor ``i`` shares memory with the output of a ``detach`` step."""
-    k, detached = N_INPUTS, []
-    for name, _, _ in program:
-        if name not in INPLACE:
-            if name == "detach":
-                detached.append(pool[k])
-            k += 1
-    ptr = pool[i].untyped_storage().data_ptr()
-    return any(d.untyped_storage().data_ptr() == ptr for d in detached)
+def _writes_the_parameter(pool: list, i: int) -> bool:
+    """Whether pool tensor ``i`` shares memory with the parameter ``body.w`` (pool tensor 2)."""
+    return pool[i].untyped_storage().data_ptr() == pool[2].untyped_storage().data_ptr()
 
 
 def _shapes(program: list, seed: int) -> list:

@@ -275,10 +275,10 @@ def test_remembered_meta_outputs_keep_strides():
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN BUG (core/tensor.py, outside graph/): a traced x.detach() "
-                   "shares x's value but is not recorded as a view of x, so an in-place write through it "
-                   "never reaches x inside the graph (eager: detach shares storage)")
 def test_write_through_detach_reaches_the_tensor_in_graph():
+    """A traced ``z.detach()`` is an alias of ``z`` (core/views.py ``detached_from``): the write
+    through it reaches ``z``, a graph input here, as eager's shared storage does (more cases:
+    tests/graph/test_graph_detach_alias.py)."""
     z0 = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
 
     class G(Graph):

@@ -253,6 +253,8 @@ class Tensor:
             t.__dict__["_copy_of"] = CopyOf(c.source.detach(), c.chain, c.version)
         if "_v" in self.__dict__:  # a lazy tensor of a graph trace: same value, no history
             t.__dict__["_v"] = self.__dict__["_v"]
+        if interpret.is_lazy():   # inside build(): an alias of this tensor, as eager's shares its
+            t.__dict__["_detached_from"] = self   # storage (views.detached_from)
         return t
 
     def detach_(self) -> "Tensor":

@@ -52,6 +52,20 @@ class CopyOf:
         self.source, self.chain, self.version = source, chain, version
 
 
+def detached_from(t):
+    """The tensor ``t`` was detached from inside a graph trace (``x.detach()``, ``x.data``), or
+    None. Eager's detach shares ``x``'s storage without its history: in-place writes through either
+    reach the other. A trace has no storage to share, so ``Tensor.detach`` links the two and the
+    tracer (graph/trace.py) reads ``t``'s value as its source's and sends writes of ``t`` on to the
+    source, without autograd. A real (state) tensor's link holds while the two still share storage."""
+    src = t.__dict__.get("_detached_from")
+    if src is None or "_v" in t.__dict__:
+        return src
+    d, s = t._data, src._data
+    return src if d.device == s.device and d.untyped_storage().data_ptr() == s.untyped_storage().data_ptr() \
+        else None
+
+
 def dense_layout(shape, strides) -> bool:
     """Whether a layout covers its elements once each with no gaps (a permutation of a
     contiguous layout, as torch's "non-overlapping and dense")."""

@@ -15,8 +15,9 @@ import torch
 
 from ..core import grad_mode, interpret
 from ..core.dispatch import apply, refresh, take_history, wrap
+from ..core.dispatch import assign as write_into
 from ..core.interpret import Interpreter
-from ..core.views import VIEW_SCATTER, aliases, make_view, stamp_of
+from ..core.views import VIEW_SCATTER, aliases, detached_from, make_view, stamp_of
 from ..core.errors import HoloflowError, UnsupportedError
 from ..core.keys import cache_key
 from ..core.sbp import B
@@ -216,6 +217,14 @@ class Tracer(Interpreter):
     def value_of(self, x: Tensor) -> Value:
         if x._view is not None:
             refresh(x)
+        elif "_detached_from" in x.__dict__:
+            src = detached_from(x)
+            if src is not None:   # a detach()ed alias: its source's current value (writes since included)
+                v = self.value_of(src)
+                if "_v" in x.__dict__ and x.__dict__["_v"] is not v:
+                    x._data = src._data
+                    self.bind_value(x, v)
+                return v
         v = x.__dict__.get("_v")
         if v is not None:
             return v
@@ -241,6 +250,8 @@ class Tracer(Interpreter):
 
     # -- the interpreter protocol ------------------------------------------------------------------
     def value_token(self, x: Tensor) -> object:
+        if "_detached_from" in x.__dict__ and x._view is None:   # (a detach()ed alias: its source's)
+            return self.value_of(x)
         return x.__dict__.get("_v") or self.current.get(id(x))
 
     def device_type_of(self, x: Tensor) -> str:
@@ -395,7 +406,10 @@ class Tracer(Interpreter):
                 tuple(_as_meta(o) for o in out)
         needs = any(isinstance(x, Tensor) and x._rg for x in inputs)
         record = needs and op.grad is not None and grad_mode.STATE.enabled
-        res = wrap(op, inputs, attrs, out, record, views=views, logical=glob is not None)
+        saved = None
+        if record and op.saves_inputs:   # what the grad rule reads: the inputs' values now
+            saved = tuple(self._frozen(x, v) if isinstance(x, Tensor) else x for x, v in zip(inputs, ins))
+        res = wrap(op, inputs, attrs, out, record, saved=saved, views=views, logical=glob is not None)
         outs = (res,) if isinstance(res, Tensor) else tuple(res)
         dev = _device_of(ins, attrs)
         if glob is None:
@@ -418,6 +432,19 @@ class Tracer(Interpreter):
             self.external.update(vals)
         return res
 
+    def _frozen(self, x: Tensor, v: Value) -> Tensor:
+        """``x`` as a grad node saves it: its value ``v`` and history now. A later in-place write
+        rebinds ``x`` to a new value (and a detach()ed alias reads its source's), where eager's grad
+        rule would read the storage it saved or refuse a changed one: the rule reads ``v``. A leaf
+        that requires grad is saved as itself (a double backward accumulates into it)."""
+        if x._rg and x.grad_fn is None:
+            return x
+        d = x._data if x._data.device.type == "meta" else self.meta_of(x)
+        t = Tensor._make(d, x.grad_fn, x._out_idx)
+        t._rg, t._global = x._rg, x._global
+        self.bind_value(t, v)
+        return t
+
     def assign(self, x: Tensor, out: Tensor, name: str) -> Tensor:
         """An in-place write, recorded functionally: ``x`` takes the new value; a view's base
         takes a ``view_scatter`` of it (other views of the base re-derive from that). A value that
@@ -431,6 +458,7 @@ class Tracer(Interpreter):
             value.grad_fn, value._out_idx, value._rg = out.grad_fn, out._out_idx, out._rg
             out = value
         vi = x._view
+        root, whole = x, out
         if vi is not None:
             self.value_of(x)  # re-derives x first if its base changed
             base = vi.base
@@ -439,20 +467,31 @@ class Tracer(Interpreter):
                 if base._global is not None and new_base._global.sbp != base._global.sbp:
                     new_base = new_base.to_global(sbp=base._global.sbp)   # the base keeps its layout
             self._set(base, new_base)
+            root, whole = base, new_base
         self._set(x, out)
         take_history(x, out, name)
+        src = detached_from(root) if "_detached_from" in root.__dict__ else None
+        if src is not None:
+            # a detach()ed alias was written (or a view of one): the tensor it was detached from
+            # takes the new value as eager's shared storage would, its history untouched
+            plain = Tensor._make(whole._data)
+            plain._global = whole._global
+            self.bind_value(plain, self.value_of(whole))
+            with grad_mode.no_grad():
+                write_into(src, plain, name)
         if vi is not None:
             vi.stamp = stamp_of(vi.base)
         return x
 
     def _set(self, x: Tensor, out: Tensor) -> None:
         """``x`` holds ``out``'s value from here on: a lazy tensor is rebound; a real (state)
-        tensor is recorded as updated, and reads after this point see the new value."""
+        tensor is recorded as updated, and reads after this point see the new value (a real
+        detach()ed alias is not: its value is its source's, written next by ``assign``)."""
         v = self.value_of(out)
         if "_v" in x.__dict__ or x._data.device.type == "meta":
             x._data = out._data
             self.bind_value(x, v)
-        else:
+        elif "_detached_from" not in x.__dict__ or detached_from(x) is None:
             self.value_of(x)  # registers it as state if first seen
             self.current[id(x)] = v
             self.updates[id(x)] = (x, v)
