@@ -186,16 +186,25 @@ def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | N
         return t
     outs = tuple(out)
     wrapped = []
-    for o in outs:
-        w = _new(Tensor)
-        w._data, w._rg, w._grad, w.grad_fn, w._out_idx, w._hooks, w._global = o, False, None, None, 0, None, None
-        wrapped.append(w)
-    if record:
+    if record:   # one pass: each output wrapped, linked to the node (a float one) and described
         node = _record(op, inputs, attrs, outs, saved, logical)
-        node.out_metas = tuple([(o.shape, o.dtype, o.device) for o in outs])
-        for i, (w, o) in enumerate(zip(wrapped, outs)):
-            if o.dtype.is_floating_point or o.dtype.is_complex:
+        metas = []
+        for i, o in enumerate(outs):
+            w = _new(Tensor)
+            dt = o.dtype
+            w._data, w._grad, w._hooks, w._global = o, None, None, None
+            if dt.is_floating_point or dt.is_complex:
                 w._rg, w.grad_fn, w._out_idx = True, node, i
+            else:
+                w._rg, w.grad_fn, w._out_idx = False, None, 0
+            wrapped.append(w)
+            metas.append((o.shape, dt, o.device))
+        node.out_metas = tuple(metas)
+    else:
+        for o in outs:
+            w = _new(Tensor)
+            w._data, w._rg, w._grad, w.grad_fn, w._out_idx, w._hooks, w._global = o, False, None, None, 0, None, None
+            wrapped.append(w)
     if op.view and track_views:   # make_view per output, with the base, chain and stamp found once
         x = inputs[0]
         xd, vi = x._data, x._view
