@@ -93,12 +93,24 @@ def _state_walk(roots, optimizers) -> tuple[tuple, tuple]:
         seen.add(id(m))
         flags.append(m.training)
         for p in m._parameters.values():
-            flags.append((p.requires_grad, p._data.dtype) if p is not None else None)
-            layout.append((p._global.placement, p._global.sbp) if p is not None and p._global is not None else None)
+            if p is None:
+                flags.append(None)
+                layout.append(None)
+                continue
+            flags.append((p._rg, p._data.dtype))   # (a parameter is a leaf: _rg is requires_grad)
+            g = p._global
+            layout.append(None if g is None else (g.placement, g.sbp))
         for b in m._buffers.values():
-            flags.append(b._data.dtype if b is not None else None)
-            layout.append((b._global.placement, b._global.sbp) if b is not None and b._global is not None else None)
-        stack.extend(list(m._modules.values())[::-1])
+            if b is None:
+                flags.append(None)
+                layout.append(None)
+                continue
+            flags.append(b._data.dtype)
+            g = b._global
+            layout.append(None if g is None else (g.placement, g.sbp))
+        subs = m._modules
+        if subs:
+            stack.extend(reversed(subs.values()))
     for opt, _ in optimizers:
         for group in opt.param_groups:
             layout.extend((p._global.placement, p._global.sbp) if p._global is not None else None
