@@ -7,10 +7,11 @@ shards with attrs mapped to local shapes, and wrap the outputs with their nd-SBP
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import torch
 
-from ..core.dispatch import EAGER, follows_base, fresh_copy, local_alias, run_local
+from ..core.dispatch import EAGER, follows_base, run_local
 from ..core import grad_mode
 from ..core.errors import HoloflowError, UnsupportedError
 from ..core.interpret import Interpreter
@@ -22,7 +23,8 @@ from ..core.views import CopyOf, aliases, make_view
 from . import rng, world
 from .boxing import apply_box, cost
 from .comm_check import user_site
-from .global_tensor import GlobalMeta, absent_outputs, from_full, leaves_ranks_out, make_global, world_ranks
+from .global_tensor import (GlobalMeta, absent_outputs, fresh, from_full, leaves_ranks_out, linked_alias,
+                            make_global, world_ranks)
 from .sharding import local_shape, nd_str
 from .placement import placement
 
@@ -191,13 +193,14 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
     local_in, saved, j = [], [], 0
     for x in inputs:
         if isinstance(x, Tensor):
-            if "_copy_of" in x.__dict__:
-                fresh_copy(x, strict=op.grad is not None)
+            if "_copy_of" in x.__dict__ or (x._view is not None and "_copy_of" in x._view.base.__dict__):
+                fresh(x, strict=op.grad is not None)   # (a copy standing for a view, or a view of one)
             want = sig[0][j]
             y = apply_box(x, place, x._global.sbp, want, x.shape, rank, comm) \
                 if want != x._global.sbp else x
             local_in.append(y)
-            saved.append(local_alias(y) if y._global is not None else y)
+            # (a leaf's shard stands for the leaf in what the grad rule records: double backward)
+            saved.append(linked_alias(y) if y._global is not None else y)
             j += 1
         else:
             local_in.append(x)
@@ -223,38 +226,66 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
 
 
 def _views(op: Op, x: Tensor, in_place: bool, attrs: dict, la: dict, outs: tuple, single: bool) -> None:
-    """A view op's outputs on a global ``x``: a view of its shard where the kernel aliased it (the
-    chain holds the local attrs the shard was viewed with), else a :class:`CopyOf` ``x`` (the
-    logical attrs), which writes back and re-derives itself as a view would."""
+    """A view op's outputs on a global ``x``, as torch's on the whole tensor (:func:`_logical_outs`
+    says which it views): a view of its shard where the kernel aliased it (the chain holds the
+    local attrs the shard was viewed with), else a :class:`CopyOf` ``x`` (the logical attrs), which
+    writes back and re-derives itself as a view would; where torch copies (a reshape no view can
+    do), a copy, even where the shard's kernel aliased (a reshape of a sliced shard can). What
+    stands for a view keeps torch's strides (``GlobalMeta.strides``) for the view ops after it."""
     whole = all(s == B or s == P for s in x._global.sbp)   # the shard has the logical layout
+    if in_place and whole and x._global.strides is None:   # (the shard's kernel answers as torch's)
+        for i, o in enumerate(outs):
+            if aliases(o._data, x._data):
+                make_view(o, x, op, la, None if single else i)
+                o._global = replace(o._global, strides=tuple(o._data.stride()))
+        return
+    logical = _logical_outs(op, x, attrs)
     for i, o in enumerate(outs):
         idx = None if single else i
+        if logical is None:   # (attrs the meta kernel refuses: a view, as before)
+            lm, view = None, True
+        else:
+            lm, view = logical[i] if i < len(logical) else (None, False)
         if in_place and aliases(o._data, x._data):
+            if not view:   # torch copies where the shard could alias (a reshape of a sliced shard)
+                o._data = o._data.clone(memory_format=torch.contiguous_format)
+                continue
             make_view(o, x, op, la, idx)
-        elif (in_place and whole) or not _logical_view(op, x, attrs, i):
-            pass   # torch's kernel itself copies (a reshape of a tensor no view can reshape): a copy
+        elif (in_place and whole) or not view:
+            continue   # torch's kernel itself copies (a reshape of a tensor no view can reshape): a copy
         else:
             o.__dict__["_copy_of"] = CopyOf(x, ((op, attrs, idx),), x._data._version)
+        if lm is not None:
+            o._global = replace(o._global, strides=tuple(lm.stride()))
 
 
-def _logical_view(op: Op, x: Tensor, attrs: dict, i: int) -> bool:
-    """Whether ``op`` on ``x``'s whole logical tensor returns a view (output ``i``), as torch
-    answers it: asked of a meta tensor of the logical shape laid out densely in the shard's order
-    of dims (a transposed tensor stays transposed)."""
+def _logical_meta(x: Tensor) -> torch.Tensor:
+    """A meta tensor with ``x``'s logical shape and the strides torch's tensor would have: those
+    kept for what stands for a view (its base's replayed through its view ops), else dense in the
+    shard's order of dims (a transposed tensor stays transposed)."""
     d = x._data
     shape = tuple(x.shape)
-    order = sorted(range(d.dim()), key=lambda k: d.stride()[k], reverse=True)   # outermost first
-    strides, acc = [0] * len(shape), 1
-    for k in reversed(order):
-        strides[k] = acc
-        acc *= max(shape[k], 1)
-    m = torch.empty_strided(shape, tuple(strides), dtype=d.dtype, device="meta")
+    strides = x._global.strides
+    if strides is None or len(strides) != len(shape):
+        order = sorted(range(d.dim()), key=lambda k: d.stride()[k], reverse=True)   # outermost first
+        strides, acc = [0] * len(shape), 1
+        for k in reversed(order):
+            strides[k] = acc
+            acc *= max(shape[k], 1)
+    return torch.empty_strided(shape, tuple(strides), dtype=d.dtype, device="meta")
+
+
+def _logical_outs(op: Op, x: Tensor, attrs: dict) -> list | None:
+    """``(meta output, whether it views)`` per output of ``op`` on ``x``'s whole logical tensor,
+    as torch answers it: run on a meta tensor of ``x``'s logical layout (:func:`_logical_meta`);
+    None where the meta kernel refuses the attrs."""
+    m = _logical_meta(x)
     try:
         out = op.kernel(m, **attrs)
-    except Exception:   # (attrs the meta kernel refuses: a view, as before)
-        return True
+    except Exception:
+        return None
     outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-    return i < len(outs) and aliases(outs[i], m)
+    return [(o, aliases(o, m)) if isinstance(o, torch.Tensor) else (None, False) for o in outs]
 
 
 def _absent_apply(op: Op, inputs: tuple, attrs: dict, metas: list, sig: tuple, logical, place, key=None):

@@ -14,7 +14,7 @@ autograd graph's shape, so a move's backward still runs on every rank it involve
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
@@ -35,19 +35,24 @@ from .placement import placement
 @dataclass(frozen=True)
 class GlobalMeta:
     """What makes a tensor global: its placement, nd-SBP and logical shape. The class attribute
-    ``interpreter`` (set in global_dispatch.py) evaluates ops on such tensors."""
+    ``interpreter`` (set in global_dispatch.py) evaluates ops on such tensors. ``strides``: the
+    strides torch's whole tensor would have, known for what stands for a view (a view's are its
+    base's, replayed through its chain of view ops: global_dispatch ``_views``), so a later view op
+    decides view or copy as torch does; None for the others (dense, in the shard's order of dims)."""
 
     placement: placement
     sbp: tuple
     shape: torch.Size
     grad_sbp: tuple | None = None
+    strides: tuple | None = field(default=None, compare=False, repr=False)
     interpreter: ClassVar[Any]
 
     def box_grad(self, t: Tensor, g: Tensor) -> Tensor:
         if g._global is not None and hasattr(g._global, "tracer"):  # traced: every rank holds the logical graph
             return g._global.leaf_grad(t, g)
         if self.placement.coords(world.rank()) is None:  # an absent leaf's gradient is absent too
-            empty = Tensor._make(torch.empty((0,), dtype=g._data.dtype, device=g._data.device))
+            empty = absent_outputs((g,), (g._data.dtype,), True) if g._rg and grad_mode.STATE.enabled \
+                else Tensor._make(torch.empty((0,), dtype=g._data.dtype, device=g._data.device))
             return make_global(empty, self.placement, self.grad_sbp or self.sbp, self.shape)
         if g._global is not None:  # a gradient traced as a logical global value has its own SBP
             return g._global.leaf_grad(t, g)
@@ -73,7 +78,7 @@ class GlobalMeta:
                                 f"{g._global.placement}; return one like the gradient it was given")
         if g._global.sbp != want:
             g = g.to_global(sbp=want)
-        return local_alias(g)
+        return linked_alias(g)
 
     def leaf_grad(self, t: Tensor, g: Tensor) -> Tensor:
         """Gradient ``g`` (of this meta) of leaf ``t``, in the SBP ``t``'s ``.grad`` takes."""
@@ -136,6 +141,16 @@ def world_ranks() -> tuple[int, ...]:
     return tuple(range(n if n is not None else env.get_world_size()))
 
 
+def fresh(x: Tensor, strict: bool = False) -> None:
+    """Re-derives what ``x`` reads when it stands for a view whose source changed since: ``x``
+    itself as a :class:`CopyOf` (``dispatch.fresh_copy``), or the copy ``x`` is a view of (its
+    storage takes the new values, so ``x``, aliasing it, reads them; its history follows)."""
+    fresh_copy(x, strict)
+    vi = x._view
+    if vi is not None and "_copy_of" in vi.base.__dict__:
+        fresh_copy(vi.base, strict)
+
+
 def make_global(local: Tensor, place: placement, nd: tuple, shape, grad_sbp=None) -> Tensor:
     local._global = GlobalMeta(place, nd, torch.Size(shape), grad_sbp)
     return local
@@ -147,17 +162,37 @@ def _alias_grad(ctx, dy):
     return (dy,)
 
 
-def _absent_kernel(*inputs, dtypes: tuple, device, single: bool):
-    outs = tuple(torch.empty((0,), dtype=d, device=device) for d in dtypes)
+def _absent_kernel(*inputs, dtypes: tuple, device, single: bool, shapes: tuple | None = None):
+    outs = tuple(torch.zeros(s, dtype=d, device=device) if shapes is not None else
+                 torch.empty((0,), dtype=d, device=device) for d, s in zip(dtypes, shapes or dtypes))
     return outs[0] if single else outs
 
 
 def _absent_grad(ctx, *dys):
     """Inputs of an op skipped on this rank get empty gradients (zeros for a real local input,
-    whose value the op never read), so the backward pass still reaches every move."""
+    whose value the op never read), so the backward pass still reaches every move. Under
+    ``create_graph`` they are recorded against ``dys`` (an absent op again), so this rank's
+    gradients require grad as the ranks' inside do and a double backward runs the same program."""
     dev = next(d._data.device for d in dys if d is not None)
-    return tuple(None if s is None else Tensor._make(torch.zeros(s, dtype=dt, device=dev))
-                 for s, dt in zip(ctx.shapes, ctx.dtypes))
+    live = tuple(d for d in dys if d is not None)
+    if not (grad_mode.STATE.enabled and any(d._rg for d in live)):
+        return tuple(None if s is None else Tensor._make(torch.zeros(s, dtype=dt, device=dev))
+                     for s, dt in zip(ctx.shapes, ctx.dtypes))
+    at = [i for i, s in enumerate(ctx.shapes) if s is not None]
+    # recorded against the op's inputs too, as a gradient inside reads them in general: stand-ins
+    # with their edges (the kernel reads no input; nothing saved, so no version checks either)
+    ins = []
+    for e, shape, dt in zip(ctx.edges, ctx.shapes, ctx.dtypes):
+        if type(e) is tuple:
+            stand_in = Tensor._make(torch.zeros((), dtype=dt, device=dev).expand(tuple(shape)), e[0], e[1])
+            stand_in._rg = True
+            ins.append(stand_in)
+        elif e is not None and e._rg:   # a leaf: itself
+            ins.append(e)
+    outs = run_local(ABSENT, live + tuple(ins), {"dtypes": tuple(ctx.dtypes[i] for i in at), "device": dev,
+                                                 "single": False, "shapes": tuple(tuple(ctx.shapes[i]) for i in at)})
+    got = dict(zip(at, outs))
+    return tuple(got.get(i) for i in range(len(ctx.shapes)))
 
 
 def _from_local_kernel(t, place, nd, rank, comm, shape, copy=False):
@@ -260,7 +295,7 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
         nd = normalize_sbp(sbp, placement, self.dim())
         gs = normalize_sbp(grad_sbp, placement, self.dim()) if grad_sbp is not None else None
         return _from_local(self, placement, nd, check_meta, gs, copy)
-    fresh_copy(self, strict=True)   # (a conversion reads it with autograd, as an op)
+    fresh(self, strict=True)   # (a conversion reads it with autograd, as an op)
     g = self._global
     place = placement or g.placement
     check_placement(place)
@@ -288,9 +323,11 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
         out = g.box_to(self, nd, gs)
     # a new layout is a new tensor: a shard that came out as a view of this one's (B -> S is a local
     # slice, B -> P keeps rank 0's values) is copied, so a later in-place write to either tensor
-    # never reaches the other
-    if (copy or nd != g.sbp or place != g.placement) and out._data.numel() and \
-            out._data.untyped_storage().data_ptr() == self._data.untyped_storage().data_ptr():
+    # never reaches the other; an empty slice too (its write would move this one's version on
+    # some ranks only: autograd would then refuse a backward there alone)
+    d = out._data
+    if (copy or nd != g.sbp or place != g.placement) and (d.numel() or d._base is not None) and \
+            d.untyped_storage().data_ptr() == self._data.untyped_storage().data_ptr():
         meta = out._global
         out = local_alias(out).clone()
         out._global = meta
@@ -325,7 +362,7 @@ def to_local(self: Tensor, *, copy: bool = False) -> Tensor:
             f"the graph's one program computes logical values, and a shard read while tracing would not be "
             f"trained through nor follow later re-layouts. Compute on it globally inside build() "
             f"(.to_global(sbp=...) to change its layout), or call .to_local() outside build()")
-    fresh_copy(self)
+    fresh(self)
     t = linked_alias(self)
     return t.clone() if copy else t
 
@@ -347,6 +384,8 @@ def seed_grad(t: Tensor, g: Tensor | None) -> Tensor:
     starts from."""
     meta = t._global
     if meta.placement.coords(world.rank()) is None:  # absent: an empty seed reaches the moves
+        if g is not None and g._global is not None and g._rg and not g._data.numel():
+            return linked_alias(g)   # (double backward: linked to the seed, as inside)
         return Tensor._make(torch.empty((0,), dtype=t._data.dtype, device=t._data.device))
     if g is None:
         ones = torch.ones(tuple(meta.shape), dtype=t._data.dtype, device=t._data.device)
@@ -358,7 +397,8 @@ def seed_grad(t: Tensor, g: Tensor | None) -> Tensor:
     g = to_global(g, meta.placement, None)
     out = apply_box(g, meta.placement, g._global.sbp, dual(meta.sbp), meta.shape, world.rank(),
                     world.comm())
-    return local_alias(out) if out._global is not None else out
+    # (a gradient that is itself a leaf requiring grad, double backward's ``dy``, stays linked)
+    return linked_alias(out) if out._global is not None else out
 
 
 def from_full(data: torch.Tensor, place: placement, sbp) -> Tensor:

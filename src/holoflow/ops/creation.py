@@ -370,7 +370,7 @@ def _like(fn_name: str):
             out.requires_grad_(True)
         if input._global is not None:  # a constant is never partial: P becomes B
             sbp = tuple(B if s == P else s for s in input._global.sbp)
-            out._global = dataclasses.replace(input._global, sbp=sbp, grad_sbp=None)
+            out._global = dataclasses.replace(input._global, sbp=sbp, grad_sbp=None, strides=None)
         return out
     make.__name__ = fn_name
     make.__doc__ = f"As ``torch.{fn_name}``: shape (and dtype, device) of ``input``."
