@@ -55,19 +55,32 @@ def sbp_choices(x: torch.Tensor, ndim: int):
 
 def op_case_names(module: str, step: int) -> list[str]:
     """Every ``step``-th case of an op-table module, leaving out what cannot be globalized:
-    random cases (each rank's RNG draws for its own shard) and double-backward cases (double
-    backward through global tensors is not supported yet; see the README)."""
+    random cases (each rank's RNG draws for its own shard)."""
     import importlib
     mod = importlib.import_module(module)
-    names = [c.name for c in mod.CASES if not c.random and not c.name.startswith("grad-of")
-             and "double" not in c.name]
-    return names[::step]
+    return [c.name for c in mod.CASES if not c.random][::step]
 
 
-def run_op_cases(rank: int, ranks, module: str, names, combos: int):
+def _second_order(outs, ins, ups, gen):
+    """Gradients of ``sum(grad_i * v_i)`` w.r.t. ``ins``, where ``grad_i`` are the input gradients
+    for upstream ``ups`` taken with ``create_graph=True`` and ``v_i`` fixed random tensors: a
+    double backward through every input gradient that depends on the inputs (None elsewhere)."""
+    gs = flow.autograd.grad(outs, ins, ups, create_graph=True, allow_unused=True)
+    terms = [(g * flow.from_torch(torch.randn(tuple(g.shape), generator=gen, dtype=torch.float64)).to(
+        g.dtype).to_global(g.placement, (B,) * len(g.sbp)) if g._global is not None else
+        g * flow.from_torch(torch.randn(tuple(g.shape), generator=gen, dtype=torch.float64)).to(g.dtype)).sum()
+        for g in gs if g is not None and g.requires_grad]
+    if not terms:
+        return None
+    return flow.autograd.grad([sum(terms)], ins, allow_unused=True)
+
+
+def run_op_cases(rank: int, ranks, module: str, names, combos: int, order: int = 1):
     """Each named op-table case under ``combos`` random SBP assignments of its inputs, against
-    the single-process result (values, then input gradients for a fixed upstream gradient).
-    Returns (checked, failures, cases whose function closes over local tensors)."""
+    the single-process result (values, then input gradients for a fixed upstream gradient; with
+    ``order=2`` also second-order gradients, :func:`_second_order`, for the cases whose local
+    double backward runs). Returns (checked, failures, cases whose function closes over local
+    tensors)."""
     import importlib
 
     from harness import leaves, to_flow
@@ -88,6 +101,14 @@ def run_op_cases(rank: int, ranks, module: str, names, combos: int):
         w_grads = flow.autograd.grad([o for o in w_outs if o.requires_grad], w_ins,
                                      [flow.from_torch(u) for u in ups], allow_unused=True) \
             if ups and w_ins else []
+        w_second = None
+        if order == 2 and ups and w_ins:
+            try:
+                want = case.flow_fn(*fargs, **fkw)   # (a fresh graph: the first one was freed)
+                w_second = _second_order([o for o in leaves(want) if o.requires_grad], w_ins,
+                                         [flow.from_torch(u) for u in ups], torch.Generator().manual_seed(7))
+            except Exception:   # no local double backward for this op: nothing to compare with
+                w_second = None
         tens = [x for x in leaves((args, kwargs))]
         rng = torch.Generator().manual_seed(len(name))
         for _ in range(combos):
@@ -126,6 +147,21 @@ def run_op_cases(rank: int, ranks, module: str, names, combos: int):
                         full = a.to_global(sbp=(B,) * place.ndim).to_local().to_torch()
                         if not torch.allclose(full.double(), b.to_torch().double(), atol=1e-6, rtol=1e-5):
                             failures.append(f"{label}: grad of input {i} differs")
+                if w_second is not None:
+                    got = case.flow_fn(*gargs, **gkw)
+                    gu = [flow.from_torch(u).to_global(place, (B,) * place.ndim) for u in ups]
+                    g2 = _second_order([o for o in leaves(got) if o.requires_grad], g_ins, gu,
+                                       torch.Generator().manual_seed(7))
+                    for i, (a, b) in enumerate(zip(g2 or (), w_second)):
+                        if b is None or a is None:
+                            if (a is None) != (b is None):
+                                failures.append(f"{label}: second-order grad of input {i} is "
+                                                f"{'missing' if a is None else 'extra'}")
+                            continue
+                        full = a.to_global(sbp=(B,) * place.ndim).to_local().to_torch()
+                        if not torch.allclose(full.double(), b.to_torch().double(), atol=1e-6, rtol=1e-5,
+                                              equal_nan=True):   # (torch's too: norm at 0)
+                            failures.append(f"{label}: second-order grad of input {i} differs")
                 checked += 1
             except Exception as e:  # reported, never swallowed
                 msg = str(e).splitlines()[0][:300]

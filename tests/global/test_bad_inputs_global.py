@@ -157,11 +157,6 @@ Double.apply(G((4,), S(0), requires_grad=True)).sum().backward()
 CASES += [
     E("backward-non-scalar-global", "x = G((4, 3), S(0), requires_grad=True); (x * 2).backward()", RuntimeError,
       "scalar"),
-    E("create-graph-global", "x = G((4,), S(0), requires_grad=True); (x * x).sum().backward(create_graph=True)",
-      NotImplementedError, "create_graph=True", "global", "to_local"),
-    E("autograd-grad-create-graph-global",
-      "x = G((4,), S(0), requires_grad=True); L.autograd.grad((x * x).sum(), [x], create_graph=True)",
-      NotImplementedError, "create_graph=True", "global"),
     E("backward-grad-wrong-shape-global", "x = G((4,), S(0), requires_grad=True); (x * 2).backward(G((3,), S(0)))",
       RuntimeError, "3", "4"),
     E("backward-local-grad-for-global", "x = G((4,), S(0), requires_grad=True); (x * 2).backward(T(np.ones(4)))",

@@ -130,16 +130,3 @@ def test_grad_of_broadcast_weight_is_partial_then_allreduced():
         assert sbp == (B,)
         torch.testing.assert_close(wg, tb.grad)
         torch.testing.assert_close(xg, ta.grad)
-
-
-def test_double_backward_through_global_tensors_fails_clearly():
-    place = flow.placement("cpu", [0, 1])
-    a = torch.randn(4, 3)
-
-    def fn(r):
-        x = from_full(a, place, S(0)).requires_grad_()
-        y = (x * x).sum()
-        with pytest.raises(flow.core.errors.UnsupportedError, match="double backward"):
-            flow.autograd.grad(y, x, create_graph=True)
-        return True
-    assert world.simulate(2, fn) == [True, True]

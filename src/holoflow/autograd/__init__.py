@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from ..core import grad_mode, interpret
-from ..core.autograd import no_global_double_backward, run_backward, seed_grads
+from ..core.autograd import run_backward, seed_grads
 from ..core.grad_mode import enable_grad, inference_mode, no_grad, set_grad_enabled
 from ..core.tensor import Tensor
 from .function import Function, FunctionCtx
@@ -25,7 +25,6 @@ def backward(tensors, grad_tensors=None, retain_graph: bool | None = None,
              create_graph: bool = False, inputs=None) -> None:
     """Accumulates gradients of ``tensors`` into the ``.grad`` of graph leaves."""
     outputs = _as_list(tensors)
-    no_global_double_backward(outputs, create_graph)
     grads = _grad_list(outputs, grad_tensors)
     retain = create_graph if retain_graph is None else retain_graph
     interpret.current().backward(outputs, grads, retain, create_graph,
@@ -62,7 +61,6 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
     outputs, inputs = _as_list(outputs), _as_list(inputs)
     if not inputs:
         raise RuntimeError("`inputs` argument to `grad()` cannot be empty.")
-    no_global_double_backward(outputs + inputs, create_graph)
     for i, t in enumerate(inputs):
         if not t.requires_grad:
             raise RuntimeError(f"holoflow.autograd.grad: input {i} does not require grad")

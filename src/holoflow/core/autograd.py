@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import grad_mode
-from .errors import HoloflowError, UnsupportedError
+from .errors import HoloflowError
 from .views import dense_layout
 
 _FREED = object()
@@ -98,13 +98,6 @@ def seed_grads(outputs: list, grads: list) -> list:
             g = t._global.seed_grad(t, g)
         seeded.append(g)
     return seeded
-
-
-def no_global_double_backward(tensors: list, create_graph: bool) -> None:
-    if create_graph and any(t._global is not None for t in tensors):
-        raise UnsupportedError("holoflow.autograd: create_graph=True (double backward) through global "
-                               "tensors is not supported yet; take higher derivatives on local tensors "
-                               "(x.to_local()) or run the model on one device")
 
 
 _TENSOR: list = []

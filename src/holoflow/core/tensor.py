@@ -13,7 +13,6 @@ import torch
 from . import device as _device
 from . import dtype as _dtype
 from . import interpret
-from .autograd import no_global_double_backward
 from .errors import UnsupportedError, check_grad_assignment
 
 
@@ -268,7 +267,6 @@ class Tensor:
     def backward(self, gradient: "Tensor | None" = None, retain_graph: bool | None = None,
                  create_graph: bool = False, inputs=None) -> None:
         """Computes gradients of this tensor w.r.t. graph leaves, like ``torch.Tensor.backward``."""
-        no_global_double_backward([self], create_graph)
         retain = create_graph if retain_graph is None else retain_graph
         ins = None if inputs is None else ([inputs] if isinstance(inputs, Tensor) else list(inputs))
         interpret.current().backward([self], [gradient], retain, create_graph, ins)
