@@ -167,3 +167,37 @@ def test_graph_writes_through_views_equal_torch():
             if want_grad is not None:
                 np.testing.assert_allclose(stepped, W - want_grad, rtol=1e-5, atol=1e-5,
                                            err_msg=f"{name} {nd}: graph step")
+
+
+VIEW_PROGRAMS = {   # .view() of views of a global tensor: allowed or refused as torch decides
+    "chunk-cols-flat": lambda x: x.chunk(2, 1)[1].view(-1),
+    "chunk-rows-flat": lambda x: x.chunk(2, 0)[1].view(-1),
+    "transposed-flat": lambda x: x.t().view(-1),
+    "sliced-split-rows": lambda x: x[:, 1:].view(2, 2, 5),
+    "sliced-flat": lambda x: x[:, 1:].view(-1),
+}
+
+
+@pytest.mark.parametrize("name", list(VIEW_PROGRAMS))
+@pytest.mark.parametrize("sbp", [S(0), S(1), B], ids=str)
+def test_view_of_a_global_view_follows_torchs_strides(name, sbp):
+    from holoflow.distributed.global_tensor import from_full
+    full = torch.arange(24.).reshape(4, 6)
+    fn = VIEW_PROGRAMS[name]
+    try:
+        want = fn(full.clone())
+    except RuntimeError:
+        want = None
+
+    def run(r):
+        try:
+            got = fn(from_full(full.clone(), flow.placement("cpu", [0, 1]), sbp))
+        except RuntimeError as e:
+            assert "not contiguous enough" in str(e) and "reshape" in str(e)
+            return None
+        return got.to_global(sbp=B).to_local().to_torch()
+    for got in world.simulate(2, run):
+        if want is None:
+            assert got is None, f"{name}: torch refuses this view; holoflow gave {got}"
+        else:
+            torch.testing.assert_close(got, want)

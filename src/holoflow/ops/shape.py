@@ -159,14 +159,22 @@ def view(input: Tensor, *shape) -> Tensor:
     if len(shape) == 1 and _is_dtype(shape[0]):
         return apply(VIEW_DTYPE, input, dtype=_dtype.to_torch(shape[0]))
     target = infer_shape("view", input.shape, _sizes(shape))
-    if input._global is None and not input._data.is_contiguous():  # (a contiguous tensor takes any view)
-        try:
-            input._data.view(target)
-        except RuntimeError:
-            raise RuntimeError(f"holoflow.view: a tensor of shape {_fmt(input.shape)} with strides "
-                               f"{tuple(input.stride())} is not contiguous enough to view as "
-                               f"{_fmt(target)}; use .reshape(...) (which copies) instead") from None
+    g = input._global
+    if g is None and not input._data.is_contiguous():  # (a contiguous tensor takes any view)
+        _check_viewable(input._data, target)
+    elif g is not None and getattr(g, "strides", None) is not None:   # a global view: torch's strides
+        _check_viewable(torch.empty_strided(tuple(input.shape), g.strides, dtype=input._data.dtype,
+                                            device="meta"), target)
     return apply(RESHAPE, input, shape=target)
+
+
+def _check_viewable(d: torch.Tensor, target: tuple) -> None:
+    try:
+        d.view(target)
+    except RuntimeError:
+        raise RuntimeError(f"holoflow.view: a tensor of shape {_fmt(tuple(d.shape))} with strides "
+                           f"{tuple(d.stride())} is not contiguous enough to view as "
+                           f"{_fmt(target)}; use .reshape(...) (which copies) instead") from None
 
 
 def _is_dtype(x) -> bool:
