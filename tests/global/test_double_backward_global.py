@@ -137,3 +137,57 @@ def test_op_tables_second_order_on_two_ranks(module):
 @pytest.mark.parametrize("module", MODULES)
 def test_op_tables_second_order_on_a_2x2_mesh(module):
     _op_tables(module, [[0, 1], [2, 3]], 9, 4)
+
+
+def _penalized_step(lin, opt, x, graph: bool):
+    """One SGD step on ``sum(tanh(lin(x))) + mean((|d/dx| - 1)^2)`` (WGAN-GP's penalty), eager or
+    as an nn.Graph."""
+    from holoflow.graph import Graph
+
+    def loss_of(x):
+        x.requires_grad_()
+        y = lin(x).tanh().sum()
+        gx, = flow.autograd.grad(y, [x], create_graph=True)
+        return y + ((gx.norm(dim=1) - 1) ** 2).mean()
+    if not graph:
+        opt.zero_grad()
+        loss = loss_of(x)
+        loss.backward()
+        opt.step()
+        return loss
+
+    class Step(Graph):
+        def __init__(self):
+            super().__init__()
+            self.lin = lin
+            self.add_optimizer(opt)
+
+        def build(self, x):
+            loss = loss_of(x)
+            loss.backward()
+            return loss
+    return Step()(x)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_a_gradient_penalty_step_on_global_tensors_equals_one_device(graph):
+    data = torch.randn(6, 4, generator=torch.Generator().manual_seed(2))
+
+    def make():
+        flow.manual_seed(0)
+        return flow.nn.Linear(4, 3)
+    lin = make()
+    opt = flow.optim.SGD(lin.parameters(), lr=0.1)
+    want = _penalized_step(lin, opt, flow.from_torch(data.clone()), False).detach().to_torch()
+    want_w = lin.weight.detach().to_torch()
+    place = flow.placement("cpu", [0, 1])
+
+    def run(r):
+        lin = make().to_global(place, B)
+        opt = flow.optim.SGD(lin.parameters(), lr=0.1)
+        x = from_full(data.clone(), place, S(0))
+        loss = _penalized_step(lin, opt, x, graph)
+        return _gathered(loss.detach()), _gathered(lin.weight.detach())
+    for loss, w in world.simulate(2, run):
+        torch.testing.assert_close(loss, want)
+        torch.testing.assert_close(w, want_w)
