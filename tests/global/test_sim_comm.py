@@ -80,3 +80,38 @@ def test_a_rank_may_overwrite_its_input_once_its_call_returned():
         peer = 1 - rank
         assert gathered == [float(peer + 1)] * 4
         assert chunk == [(10.0 if rank == 0 else 20.0) * (peer + 1)] * 2
+
+
+def test_a_failing_rank_stops_its_peers_waits_at_once_and_is_the_one_reported():
+    """A rank whose program raised never arrives at the next collective: its peers raise at once
+    naming it (not after the timeout), and ``simulate`` reports the rank whose own program failed."""
+    import time
+
+    import holoflow as flow
+    from holoflow.distributed.global_tensor import from_full
+    from holoflow.sbp import B, S
+
+    def run(r):
+        x = from_full(torch.ones(4, 4), flow.placement("cpu", [0, 1]), S(0))
+        if r == 1:
+            raise ValueError("rank 1's own bug")
+        return x.to_global(sbp=B).to_local()
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match="simulated rank 1 failed: rank 1's own bug"):
+        world.simulate(2, run, timeout=30)
+    assert time.perf_counter() - t0 < 10
+
+    seen = []
+
+    def peer(r):
+        if r == 0:
+            raise KeyError("gone")
+        try:
+            return world.comm().all_reduce(torch.ones(2), (0, 1))
+        except world.PeerFailed as e:
+            seen.append(str(e))
+            raise
+    with pytest.raises(RuntimeError) as info:
+        world.simulate(2, peer, timeout=30)
+    assert "simulated rank 0 failed" in str(info.value)
+    assert len(seen) == 1 and "rank(s) [0] failed before arriving (KeyError" in seen[0]

@@ -59,6 +59,10 @@ def _padded_bytes(t: torch.Tensor, dim: int, rows: int, pieces: int) -> int:
     return pieces * rows * rest * t.element_size() if t.dim() else t.numel() * t.element_size()
 
 
+class PeerFailed(RuntimeError):
+    """A simulated collective's peer raised before arriving: this rank cannot go on either."""
+
+
 class SimComm:
     """Collectives among threads of one process: each call deposits this rank's tensor, waits
     for the group, and computes the result from everyone's deposits."""
@@ -69,7 +73,14 @@ class SimComm:
         self._slots: dict = {}
         self._seq: dict = {}
         self._prints: dict = {}       # (group, seq) -> rank -> (kind, signature): checked like real ranks'
+        self._failed: dict = {}       # rank -> its error, once its program raised (simulate)
         self.calls: list[tuple[str, tuple, int]] = []
+
+    def fail(self, r: int, err: BaseException) -> None:
+        """Rank ``r``'s program raised: its peers waiting on it raise now instead of timing out."""
+        with self._cv:
+            self._failed[r] = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
+            self._cv.notify_all()
 
     def _exchange(self, kind: str, group: tuple, value, nbytes: int | None = None) -> dict:
         """``nbytes``: what the call hands to the wire when it differs from the deposit's bytes
@@ -105,11 +116,17 @@ class SimComm:
     def _collect(self, deposit: tuple) -> dict:
         """Waits for the group's parts of a deposited call; every rank's, checked alike."""
         kind, group, key, box = deposit
+        failed = self._failed
         with self._cv:
-            if not self._cv.wait_for(lambda: len(box) == len(group), self.timeout):
+            if not self._cv.wait_for(lambda: len(box) == len(group) or
+                                     any(q in failed and q not in box for q in group), self.timeout):
                 missing = sorted(set(group) - set(box))
                 raise RuntimeError(f"holoflow (simulated): {kind} over ranks {group} timed out; "
                                    f"ranks {missing} did not arrive")
+            if len(box) != len(group):
+                gone = [q for q in group if q in failed and q not in box]
+                raise PeerFailed(f"holoflow (simulated): {kind} over ranks {list(group)}: rank(s) {gone} "
+                                 f"failed before arriving ({failed[gone[0]]})")
             prints = self._prints[key]
         if len(set(prints.values())) > 1:
             from .comm_track import CommError
@@ -215,6 +232,7 @@ def simulate(world_size: int, fn: Callable[[int], Any], timeout: float = 60.0) -
             results[r] = fn(r)
         except BaseException as e:  # reported to the caller below
             errors[r] = e
+            comm_.fail(r, e)
         finally:
             _LOCAL.rank = _LOCAL.comm = None
     threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world_size)]
@@ -222,7 +240,8 @@ def simulate(world_size: int, fn: Callable[[int], Any], timeout: float = 60.0) -
         t.start()
     for t in threads:
         t.join(timeout + 5)
-    for r, e in enumerate(errors):
+    # the first rank whose own program failed (its peers' errors only say it did)
+    for r, e in sorted(enumerate(errors), key=lambda re: isinstance(re[1], PeerFailed)):
         if e is not None:
             raise RuntimeError(f"simulated rank {r} failed: {e}") from e
     simulate.last_comm = comm_
