@@ -150,8 +150,8 @@ PROGRAMS = [write_through_detach, write_to_source_seen_by_detached, detach_of_a_
             saved_input_written_in_place, parameter_without_grad_written_through_detach,
             buffer_written_through_detach, input_written_through_detach, detach_in_place,
             detached_written_then_returned]
-# writes of a parameter the optimizer then steps: right in an inference graph, not in a training
-# one (test_training_graph_steps_a_parameter_written_in_build, a known bug of its own)
+# writes of a parameter the optimizer then steps (test_training_graph_steps_a_parameter_written_in_build:
+# the write-back runs before the step, as build()'s program order has it)
 STEPPED = [parameter_written_through_detach, parameter_view_written_through_detach]
 
 
@@ -219,10 +219,6 @@ def test_detach_alias_graph_agrees_with_eager_and_torch(program):
     _assert_same(_graph(program), want, "graph vs torch")
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN BUG (graph/ir.py execution_order, not detach's): a training "
-                   "graph runs the optimizer's step (an effect) before the state write-backs, so a parameter "
-                   "written in place inside build() (under no_grad, or through a detach()) takes the "
-                   "written value and loses the step")
 @pytest.mark.parametrize("program", [*STEPPED, no_grad_parameter_write], ids=lambda p: p.__name__)
 def test_training_graph_steps_a_parameter_written_in_build(program):
     want = _eager(torch, program)
@@ -258,7 +254,9 @@ def test_detach_alias_forward_graph_agrees_with_eager(program):
 def test_write_through_detach_of_a_saved_tensor_is_refused_eagerly():
     """torch refuses the backward when the write through the detach changed a tensor a grad
     rule saved (one version counter); holoflow eager too. (A graph computes such programs in SSA
-    form, as it does for any in-place write of a saved tensor: the rule reads the value saved.)"""
+    form, as it does for any in-place write of a saved intermediate: the rule reads the value saved;
+    a saved parameter or buffer written so is refused while tracing, as in eager:
+    test_graph_state_write_order.py.)"""
     for lib in (torch, flow):
         leaf = lib.tensor(W0).requires_grad_()
         z = leaf * 1.0

@@ -96,7 +96,7 @@ class IRGraph:
     state: tuple          # (Value, tensor object) pairs
     nodes: tuple
     outputs: tuple        # Values (or constants)
-    updates: tuple = ()   # (tensor object, Value): state written back after the step
+    updates: tuple = ()   # (tensor object, Value): state written back, before the update effects
     out_spec: Any = None  # how to rebuild the user's nested output structure
     frees: Any = None     # memory plan: id(node) -> values dead after it (set by memory_plan)
 
@@ -230,12 +230,21 @@ class AliasGroups:
 
 
 def execution_order(g: IRGraph) -> list[Node]:
-    """The nodes in the order the program runs them: effect nodes gathered last (they only read
-    values, so this keeps the meaning), then one ``assign`` node per state update."""
+    """The nodes in the order the program runs them: the computing nodes, then one ``assign`` node
+    per state update, then the effect nodes (they only read values, so gathering them last keeps
+    the meaning).
+
+    The write-backs run before the effects because that is ``build()``'s program order: every
+    state write a trace records (``self.w.mul_(0.5)`` under ``no_grad``, through a ``detach()``,
+    BatchNorm's running statistics) happens inside ``build()``, while the effects (the optimizer's
+    step, its hooks, the LR scheduler: graph/optimizer.py) are added after ``build()`` returned and
+    act on the live state tensors, as eager's ``opt.step()`` after the user's code. Effects first
+    would step the parameter, then overwrite it with the value written in ``build()``: the step
+    would be lost."""
     producer = g.producers()
     assigns = [Node("assign", (t, v), {}, (), producer[v].source if v in producer else "", effect=True,
                     kernel=assign) for t, v in g.updates]
-    return [n for n in g.nodes if not n.effect] + [n for n in g.nodes if n.effect] + assigns
+    return [n for n in g.nodes if not n.effect] + assigns + [n for n in g.nodes if n.effect]
 
 
 @dataclass

@@ -22,7 +22,8 @@ from ..distributed.sharding import local_shape, nd_str
 from ..runtime import Plan, Runtime, TaskSpec
 from ..runtime.timeline import write_merged
 from .global_graph import localize
-from .ir import IRGraph, Task, Value, _Gen, program, wire_tasks
+from ..ops.conversion import CLONE
+from .ir import IRGraph, Node, Task, Value, _Gen, program, wire_tasks
 from .passes.stages import (check_stages, phases, rank_graph, split_weight_grads, split_weight_grads_within,
                             undo_clobbering, work)
 from .pipeline import batch_blocks, pack, row_blocks, split_local, splits_rows
@@ -183,6 +184,7 @@ class PipelineCompiled:
             tasks[0].nodes = fwd_nodes
             lph.update({id(b): "F" for b in fwd_nodes})
             fb = fb.with_(nodes=tuple(swap.get(id(n), n) for n in fb.nodes))
+        fb = _backward_reads_forward_state(fb, tasks, lph, {id(t) for t, _ in f_upd})
         wt = None
         if self.schedule == "zb-h1" and not acc_last:   # weight gradients split off the backward
             keep = {L[v] for v in [*outs, *sends]} | {v for n in fb.nodes if lph[id(n)] == "F" for v in n.outputs}
@@ -702,6 +704,38 @@ def _into(buf: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor:
     if buf is not None and buf.shape == v.shape and buf.dtype == v.dtype and buf.device == v.device:
         return buf.copy_(v)
     return v.clone()
+
+
+def _backward_reads_forward_state(fb: IRGraph, tasks: list, lph: dict, written: set) -> IRGraph:
+    """State the forward writes back (``written``: ids of the tensors written after each
+    micro-batch's forward, ``f_upd``: BatchNorm's running statistics, a parameter written in
+    ``build()`` from no data) that the backward reads: the backward reads the value its own
+    micro-batch's forward read, as eager's backward reads the value from before the write, not
+    the live tensor the write-back has changed since. The forward takes a copy (handed over as any
+    activation) and the backward's nodes read it. ``tasks``: the forward and backward tasks,
+    changed in place; ``lph``: node phases, given the new nodes'. Returns ``fb`` with them."""
+    fwd, bwd = tasks
+    read = {v for n in bwd.nodes for v in n.value_inputs()}
+    stale = [v for v, t in fb.state if id(t) in written and v in read]
+    if not stale:
+        return fb
+    copies, made = {}, []
+    for v in stale:
+        at = next(n for n in bwd.nodes if v in n.value_inputs())
+        c = Value(v.shape, v.dtype, v.device, f"{v.name}_fwd" if v.name else "")
+        n = Node(CLONE.name, (v,), {"memory_format": torch.contiguous_format}, (c,), at.source, at.scope)
+        lph[id(n)] = "F"
+        copies[v] = c
+        made.append(n)
+    swap = {}
+    for n in bwd.nodes:
+        if any(v in copies for v in n.value_inputs()):
+            m = n.with_(inputs=tuple(copies.get(x, x) if isinstance(x, Value) else x for x in n.inputs))
+            lph[id(m)] = lph[id(n)]
+            swap[id(n)] = m
+    fwd.nodes = made + fwd.nodes
+    bwd.nodes = [swap.get(id(n), n) for n in bwd.nodes]
+    return fb.with_(nodes=tuple(made) + tuple(swap.get(id(n), n) for n in fb.nodes))
 
 
 def _act_bytes(tasks: list, state: set) -> int:

@@ -189,6 +189,7 @@ class Tracer(Interpreter):
         # alias (ir.may_alias: view ops, boxing by a local slice, ops not declared fresh)
         self.external: set[Value] = set()
         self.device_type: str | None = None     # the feeds' device type: autocast reads its policy
+        self._quiet = False   # a write reaching a detach()ed alias's source: its version moved already
 
     # -- values --------------------------------------------------------------------------------
     def feed(self, x: Tensor, name: str, device: torch.device | None = None) -> Tensor:
@@ -436,11 +437,12 @@ class Tracer(Interpreter):
         """``x`` as a grad node saves it: its value ``v`` and history now. A later in-place write
         rebinds ``x`` to a new value (and a detach()ed alias reads its source's), where eager's grad
         rule would read the storage it saved or refuse a changed one: the rule reads ``v``. A leaf
-        that requires grad is saved as itself (a double backward accumulates into it)."""
-        if x._rg and x.grad_fn is None:
+        that requires grad is saved as itself (a double backward accumulates into it), and so is a
+        real (state) tensor: the rule reads it as eager's reads the storage it saved, an in-place
+        write since refused by its version counter (`_bump`) as eager refuses it."""
+        if x._rg and x.grad_fn is None or x._data.device.type != "meta":
             return x
-        d = x._data if x._data.device.type == "meta" else self.meta_of(x)
-        t = Tensor._make(d, x.grad_fn, x._out_idx)
+        t = Tensor._make(x._data, x.grad_fn, x._out_idx)
         t._rg, t._global = x._rg, x._global
         self.bind_value(t, v)
         return t
@@ -459,6 +461,7 @@ class Tracer(Interpreter):
             out = value
         vi = x._view
         root, whole = x, out
+        self._bump(vi.base if vi is not None else x)
         if vi is not None:
             self.value_of(x)  # re-derives x first if its base changed
             base = vi.base
@@ -477,11 +480,26 @@ class Tracer(Interpreter):
             plain = Tensor._make(whole._data)
             plain._global = whole._global
             self.bind_value(plain, self.value_of(whole))
-            with grad_mode.no_grad():
-                write_into(src, plain, name)
+            # a real alias was bumped above, with its source when they share a version counter
+            # (``w.detach()``; ``w.data`` has its own, unseen by autograd's checks, as in torch)
+            quiet, self._quiet = self._quiet, self._quiet or root._data.device.type != "meta"
+            try:
+                with grad_mode.no_grad():
+                    write_into(src, plain, name)
+            finally:
+                self._quiet = quiet
         if vi is not None:
             vi.stamp = stamp_of(vi.base)
         return x
+
+    def _bump(self, x: Tensor) -> None:
+        """An in-place write of ``x``, a real (state) tensor, in program order: its storage's
+        version counter moves on as eager's write moves it. A grad rule that saved the tensor
+        (a parameter, saved as itself by `_frozen`) then refuses a backward after the write, as
+        eager and torch do, where the graph would otherwise read the written value; a lazy
+        tensor needs none (the rule reads the value it saved)."""
+        if not self._quiet and x._data.device.type != "meta":
+            torch.autograd.graph.increment_version(x._data)
 
     def _set(self, x: Tensor, out: Tensor) -> None:
         """``x`` holds ``out``'s value from here on: a lazy tensor is rebound; a real (state)
