@@ -307,3 +307,23 @@ def test_detach_of_a_view_after_its_base_was_written_in_graph():
         def build(self, z):
             return f(z)
     torch.testing.assert_close(G()(z)._data, f(z)._data)
+
+
+def test_a_traced_elementwise_op_keeps_a_strided_inputs_layout():
+    """gelu of a transposed tensor keeps its strides in eager (TensorIterator), so a reshape of it
+    copies and a write into that copy leaves it alone; the trace laid the output out contiguous,
+    the reshape became a view and the write reached it (graph fuzzer seed 732)."""
+    w0 = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+
+    def prog(lib, w):
+        g = lib.nn.functional.gelu(w.t())
+        r = g.reshape(-1)
+        r[18:26] = 0.5
+        return g * 1.0, r * 1.0
+
+    class G(Graph):
+        def build(self, w):
+            return prog(flow, w)
+    want = prog(torch, torch.tensor(w0))
+    for got, w in zip(G()(flow.tensor(w0)), want):
+        torch.testing.assert_close(got._data, w)

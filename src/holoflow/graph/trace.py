@@ -65,6 +65,20 @@ def _as_meta(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
+def _strided_outputs(op: Op, metas: list, attrs: dict):
+    """The outputs of an op with a shape rule when an input is strided: the kernel's on meta
+    tensors, in the layout eager's has (an elementwise op keeps a transposed input's strides,
+    and a later reshape views or copies by them; the rule's outputs are contiguous). None when
+    every input is contiguous (the rule's layout is the kernel's) or the meta kernel fails (the
+    rule then runs, and names a bad input)."""
+    if op.view or not any(isinstance(m, torch.Tensor) and not m.is_contiguous() for m in metas):
+        return None
+    try:
+        return _meta_outputs(op, metas, attrs)
+    except Exception:
+        return None
+
+
 _OUT_METAS: dict = {}   # (op, input metas with strides, attrs) -> output (shape, stride, dtype)s
 _MAX_OUT_METAS = 1 << 16
 
@@ -375,12 +389,13 @@ class Tracer(Interpreter):
         ins = tuple(self.value_of(x) if isinstance(x, Tensor) else x for x in inputs)
         metas = [self.meta_of(x) if isinstance(x, Tensor) else x for x in inputs]
         try:
-            if op.shape is not None:
+            out = _strided_outputs(op, metas, attrs) if op.shape is not None else None
+            if out is None and op.shape is not None:
                 ms = op.shape([Meta.of(m) if isinstance(m, torch.Tensor) else m for m in metas], attrs)
                 outs_ = [torch.empty(m.shape, dtype=m.dtype, device="meta") for m in ms]
                 out = outs_[0] if len(outs_) == 1 and op.outputs is None else \
                     (op.out_type(*outs_) if op.out_type is not None else tuple(outs_))
-            else:  # real-device attrs (``to(device=cpu)``) become meta: shapes only
+            elif out is None:  # real-device attrs (``to(device=cpu)``) become meta: shapes only
                 out = _meta_outputs(op, metas, attrs)
         except NotImplementedError as e:
             raise HoloflowError(f"holoflow.nn.Graph: op {op.name!r} cannot be traced ({e}); its output "
