@@ -223,33 +223,36 @@ def test_a_view_of_a_boxed_view_reads_its_source_now():
         np.testing.assert_allclose(g, tx.grad.numpy())
 
 
-@pytest.mark.xfail(strict=True, reason="core/tensor.py's requires_grad follows a view's base (_view) but not "
-                   "a boxed copy standing for a view (_copy_of): left to its owner")
 def test_a_boxed_piece_of_chunk_requires_grad_once_its_source_does():
     """A piece of ``chunk`` boxed across a column split is a copy standing for a view of ``x``;
     once ``x.copy_(c)`` with ``c`` requiring grad, torch's piece requires grad too (its base
-    does); holoflow's stays False, as its history may not be re-derived (fuzz seed 1530,
-    HOLOFLOW_FUZZ_UNEVEN)."""
+    does), though autograd refuses to use it; holoflow's stayed False, as its history may not be
+    re-derived (fuzz seed 1530, HOLOFLOW_FUZZ_UNEVEN)."""
     def run(place):
         x = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[S(1)])
         c = flow.tensor(np.arange(6.0)).to_global(placement=place, sbp=[B]).requires_grad_()
         piece = x.chunk(2, 1)[0]
         assert "_copy_of" in piece.__dict__
+        pt = piece.t()   # (a view of the copy follows it)
         x.copy_(c)
-        return piece.requires_grad
+        with pytest.raises(RuntimeError, match="several views"):
+            piece * 2
+        return piece.requires_grad and pt.requires_grad
     tx = torch.tensor(W)
     tp = tx.chunk(2, 1)[0]
+    tpt = tp.t()
     tx.copy_(torch.arange(6.0, dtype=torch.float64, requires_grad=True))
-    assert tp.requires_grad
+    assert tp.requires_grad and tpt.requires_grad
+    with pytest.raises(RuntimeError, match="multiple views"):
+        tp * 2
     assert all(_on_two(run))
 
 
-@pytest.mark.xfail(strict=True, reason="a detached boxed piece keeps its source's chain, whose multi-output "
-                   "step core/dispatch.py's check_inplace_target refuses: left to its owner")
 def test_a_detached_boxed_piece_of_chunk_takes_a_write_as_torchs():
     """``x.chunk(2, 1)[0].detach()`` of a column-split ``x`` is no view for autograd in torch
-    (a write to it is allowed and recorded); holoflow's detached copy standing for the piece
-    refuses it as a write to one of several views (fuzz seed 7146, HOLOFLOW_FUZZ_UNEVEN)."""
+    (a write to it is allowed and recorded, and reaches ``x``); holoflow's detached copy standing
+    for the piece refused it as a write to one of several views (fuzz seed 7146,
+    HOLOFLOW_FUZZ_UNEVEN)."""
     def run(place):
         x = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[S(1)]).requires_grad_()
         c = flow.tensor(np.arange(3.0)).to_global(placement=place, sbp=[B]).requires_grad_()
@@ -267,8 +270,6 @@ def test_a_detached_boxed_piece_of_chunk_takes_a_write_as_torchs():
         np.testing.assert_allclose(x, tx.detach().numpy())
 
 
-@pytest.mark.xfail(strict=True, reason="core/dispatch.py's apply_inplace clones a stale boxed copy for an op "
-                   "that saves its input without re-deriving it first (fresh_copy): left to its owner")
 def test_an_in_place_op_on_a_stale_boxed_view_reads_its_source_now():
     """``y.narrow(0, 0, 1)`` of a row-split ``y`` is a boxed copy (partial sum); after ``y.add_``
     it is stale, and ``z.mul_(2)`` (mul saves its input: applied to a clone of ``z``) computed on
@@ -282,23 +283,29 @@ def test_an_in_place_op_on_a_stale_boxed_view_reads_its_source_now():
         z = y.narrow(0, 0, 1)
         y.add_(1.0)
         z.mul_(2)
-        return y.to_global(sbp=[B]).to_local().detach().numpy()
-    ty = torch.tensor(v, requires_grad=True) * 1.0
+        (y * flow.tensor(v).to_global(placement=place, sbp=[B])).sum().backward()
+        return y.to_global(sbp=[B]).to_local().detach().numpy(), x.grad.to_global(sbp=[B]).to_local().numpy()
+    tx = torch.tensor(v, requires_grad=True)
+    ty = tx * 1.0
     tz = ty.narrow(0, 0, 1)
     ty.add_(1.0)
     tz.mul_(2)
-    for got in _on_two(run):
+    (ty * torch.tensor(v)).sum().backward()
+    for got, g in _on_two(run):
         np.testing.assert_allclose(got, ty.detach().numpy())
+        np.testing.assert_allclose(g, tx.grad.numpy())
 
 
-@pytest.mark.xfail(strict=True, reason="core/tensor.py's detach() re-derives a boxed copy standing for a view "
-                   "but not the one a view is taken of: left to its owner")
 def test_detach_of_a_view_of_a_boxed_view_reads_its_source_now():
-    """As test_a_view_of_a_boxed_view_reads_its_source_now, read by ``detach()``."""
+    """As test_a_view_of_a_boxed_view_reads_its_source_now, read by ``detach()`` (it re-derived the
+    view's own copy only, not the one the view aliases: the old values)."""
     def run(place):
         y = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[S(0)])
         z = y.narrow(0, 0, 2).t()
         y.add_(1.0)
         return z.detach().to_global(sbp=[B]).to_local().numpy()
+    ty = torch.tensor(W)
+    tz = ty.narrow(0, 0, 2).t()
+    ty.add_(1.0)
     for got in _on_two(run):
-        np.testing.assert_allclose(got, (W + 1)[:2].T)
+        np.testing.assert_allclose(got, tz.detach().numpy())

@@ -381,6 +381,10 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
                 raise op_error(op, (x, *rest), attrs, e) from e
     src = x
     if grad_on and op.saves_inputs and not lazy:  # (a trace is SSA: the old value stays a value)
+        if x._global is not None:   # a copy standing for a view (or a view of one): its source's
+            fresh_copy(x, True)     # current values are what the op reads
+            if x._view is not None and "_copy_of" in x._view.base.__dict__:
+                fresh_copy(x._view.base, True)
         if x._view is not None:
             refresh(x)
         src = Tensor._make(x._data.clone(), x.grad_fn, x._out_idx)
@@ -411,7 +415,7 @@ def check_inplace_target(x: Tensor, name: str) -> None:
         raise RuntimeError(f"holoflow.{name}_: a view of a leaf tensor that requires grad is being "
                            f"used in an in-place operation; do it under holoflow.no_grad(), or "
                            f"clone the leaf first")
-    for chain in (vi.chain if vi is not None else (), c.chain if c is not None else ()):
+    for chain in (vi.chain if vi is not None else (), c.chain if c is not None and not c.detached else ()):
         if any(idx is not None for _, _, idx in chain):
             raise RuntimeError(f"holoflow.{name}_: this tensor is one of several views returned by "
                                f"{next(op.name for op, _, idx in chain if idx is not None)}; such views "
@@ -467,8 +471,7 @@ def fresh_copy(t: Tensor, strict: bool = False) -> None:
     fresh_copy(src)
     if src._data._version == c.version:
         return
-    multi = any(idx is not None for _, _, idx in c.chain)
-    if multi and (t.grad_fn is not None or src._rg):
+    if c.multi and (t.grad_fn is not None or src._rg):
         if strict and grad_mode.STATE.enabled:
             op = next(op for op, _, idx in c.chain if idx is not None)
             raise RuntimeError(   # (as a piece that aliases its source: views.check_multi_output)

@@ -183,7 +183,13 @@ class Tensor:
     @property
     def requires_grad(self) -> bool:
         vi = self._view
+        if self._global is not None and "_copy_of" in self.__dict__:   # a boxed copy standing for a view
+            return _copy_requires_grad(self)
         if vi is not None:   # a view follows its base (dispatch.follows_base)
+            base = vi.base
+            if base._global is not None and "_copy_of" in base.__dict__ and \
+                    not vi.nograd and _copy_requires_grad(base) and not base._rg:
+                return True   # (of a copy whose history is refused: the flag follows its source's)
             from .dispatch import follows_base
             try:
                 follows_base((self,))
@@ -239,9 +245,12 @@ class Tensor:
 
     def detach(self) -> "Tensor":
         c = self.__dict__.get("_copy_of")
-        if c is not None:   # a copy standing for a view: its source's current values
-            from .dispatch import fresh_copy
+        if self._global is not None:   # a copy standing for a view, or a view of one (aliasing
+            from .dispatch import fresh_copy   # its storage): its source's current values
             fresh_copy(self)
+            vi = self._view
+            if vi is not None and "_copy_of" in vi.base.__dict__:
+                fresh_copy(vi.base)
         if self._view is not None and "_v" in self.__dict__:   # a traced view: its value after its
             from .dispatch import refresh                       # base's writes (eager's shares storage)
             refresh(self)
@@ -249,7 +258,7 @@ class Tensor:
         t._global = self._global
         if c is not None:   # and stands for the view of the detached source: writes reach its storage
             from .views import CopyOf
-            t.__dict__["_copy_of"] = CopyOf(c.source.detach(), c.chain, c.version)
+            t.__dict__["_copy_of"] = CopyOf(c.source.detach(), c.chain, c.version, detached=True)
         if "_v" in self.__dict__:  # a lazy tensor of a graph trace: same value, no history
             t.__dict__["_v"] = self.__dict__["_v"]
         if interpret.is_lazy():   # inside build(): an alias of this tensor, as eager's shares its
@@ -451,6 +460,19 @@ class Tensor:
             t.grad = self.grad.__deepcopy__(memo)
         memo[id(self)] = t
         return t
+
+
+def _copy_requires_grad(t: Tensor) -> bool:
+    """``requires_grad`` of a :class:`CopyOf` view (``t``), as torch's view: re-derived from its
+    source when that changed since (``dispatch.fresh_copy``); a piece of a multi-output op whose
+    history may not be re-derived then still follows its source's flag, as torch's does."""
+    from .dispatch import fresh_copy
+    c = t.__dict__["_copy_of"]
+    fresh_copy(t)
+    if t._rg:
+        return True
+    src = c.source
+    return src._data._version != c.version and src.requires_grad
 
 
 def _init(t: Tensor, data: torch.Tensor) -> None:

@@ -44,12 +44,20 @@ class CopyOf:
     boxing: ``x[:, 1]`` of a tensor split along dim 1): ``chain`` leads from ``source`` to it (the
     op's logical attrs). Writes to it go back into ``source`` (core/dispatch.py ``assign``); when
     ``source``'s storage changed since ``version`` it is re-derived before it is read
-    (``dispatch.fresh_copy``), so it behaves as the view torch would return."""
+    (``dispatch.fresh_copy``), so it behaves as the view torch would return. ``detached``: one
+    of ``detach()`` (it shares the values, not the view's autograd: no piece of a multi-output op
+    for autograd then, as torch's detached view)."""
 
-    __slots__ = ("source", "chain", "version")
+    __slots__ = ("source", "chain", "version", "detached")
 
-    def __init__(self, source, chain: tuple, version: int) -> None:
-        self.source, self.chain, self.version = source, chain, version
+    def __init__(self, source, chain: tuple, version: int, detached: bool = False) -> None:
+        self.source, self.chain, self.version, self.detached = source, chain, version, detached
+
+    @property
+    def multi(self) -> bool:
+        """Whether it stands for a piece of a multi-output view op (``split``, ``chunk``, ...) for
+        autograd (a detached one does not)."""
+        return not self.detached and any(idx is not None for _, _, idx in self.chain)
 
 
 def detached_from(t):
