@@ -421,6 +421,32 @@ def _global_acc_between(m, x, backward):
     return loss
 
 
+def _eager_accumulated(m, opt, program, acc: int) -> list:
+    """``STEPS`` eager steps of ``program`` over ``acc`` micro-batches of 4 rows each: the
+    parameters after them."""
+    for i in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        for k in range(acc):
+            program(m, flow.from_torch(_global_batch(i)[k * 4:(k + 1) * 4]), lambda loss: (loss / acc).backward())
+        opt.step()
+    return [p.detach().to_torch() for p in m.parameters()]
+
+
+def _accumulating_graph(m, opt, program, acc: int, schedule: str | None = None) -> Graph:
+    class G(Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+            self.config.set_gradient_accumulation_steps(acc)
+            if schedule is not None:
+                self.config.set_pipeline_schedule(schedule)
+
+        def build(self, x):
+            return program(self.m, x, lambda loss: loss.backward())
+    return G()
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
 @pytest.mark.parametrize("program", [_global_acc_after_backward, _global_acc_before_forward, _global_acc_between],
                          ids=lambda p: p.__name__[12:])
@@ -433,31 +459,13 @@ def test_global_graph_with_gradient_accumulation_steps_parameters_written_in_bui
     from holoflow.sbp import B
     acc = 2
     m = _global_model()
-    opt = _global_opt("sgd", m)
-    for i in range(STEPS):
-        opt.zero_grad(set_to_none=True)
-        for k in range(acc):
-            program(m, flow.from_torch(_global_batch(i)[k * 4:(k + 1) * 4]), lambda loss: (loss / acc).backward())
-        opt.step()
-    want = [p.detach().to_torch() for p in m.parameters()]
+    want = _eager_accumulated(m, _global_opt("sgd", m), program, acc)
 
     def run(rank):
         place = flow.placement("cpu", [0])
         m = _global_model()
         m.to_global(place, B)
-        opt = _global_opt("sgd", m)
-
-        class G(Graph):
-            def __init__(self):
-                super().__init__()
-                self.m = m
-                self.add_optimizer(opt)
-                self.config.set_gradient_accumulation_steps(acc)
-                self.config.set_pipeline_schedule(schedule)
-
-            def build(self, x):
-                return program(self.m, x, lambda loss: loss.backward())
-        g = G()
+        g = _accumulating_graph(m, _global_opt("sgd", m), program, acc, schedule)
         for i in range(STEPS):
             g(flow.from_torch(_global_batch(i)).to_global(place, B))
         return [p.to_global(sbp=B).to_local().detach().to_torch() for p in m.parameters()]
@@ -505,29 +513,12 @@ def test_pipeline_stages_step_parameters_written_after_backward():
     from holoflow.sbp import B
     acc = 2
     m = _TwoStages()
-    opt = flow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    for i in range(STEPS):
-        opt.zero_grad(set_to_none=True)
-        for k in range(acc):
-            _two_stage_step(m, flow.from_torch(_global_batch(i)[k * 4:(k + 1) * 4]), lambda loss: (loss / acc).backward())
-        opt.step()
-    want = [p.detach().to_torch() for p in m.parameters()]
+    want = _eager_accumulated(m, flow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), _two_stage_step, acc)
 
     def run(rank):
         p0, p1 = flow.placement("cpu", [0]), flow.placement("cpu", [1])
         m = _TwoStages(p0, p1)
-        opt = flow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-
-        class G(Graph):
-            def __init__(self):
-                super().__init__()
-                self.m = m
-                self.add_optimizer(opt)
-                self.config.set_gradient_accumulation_steps(acc)
-
-            def build(self, x):
-                return _two_stage_step(self.m, x, lambda loss: loss.backward())
-        g = G()
+        g = _accumulating_graph(m, flow.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), _two_stage_step, acc)
         for i in range(STEPS):
             g(flow.from_torch(_global_batch(i)).to_global(p0, B))
         return [p.to_local().detach().to_torch() if rank in p.placement.flat_ranks else None for p in m.parameters()]
