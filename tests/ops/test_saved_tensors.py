@@ -267,3 +267,31 @@ def test_masked_fill_saves_only_its_mask():
         grads.append((a.grad.detach().numpy().copy(), v.grad.detach().numpy().copy()))
     for t, f in zip(*grads):
         torch.testing.assert_close(torch.from_numpy(f), torch.from_numpy(t))
+
+
+@pytest.mark.parametrize("w_shape", [(2, 3), (3,)], ids=["matrix", "vector"])
+@pytest.mark.parametrize("x_grad,w_grad", [(False, True), (True, False), (True, True)],
+                         ids=["frozen-input", "frozen-weight", "both"])
+def test_linear_saves_only_what_its_wanted_gradients_read(w_shape, x_grad, w_grad):
+    """linear's input gradient reads the weight and the weight's the input (as torch's): a weight
+    written under no_grad between forward and backward is fine when the input needs no gradient
+    (a frozen first layer's data), and an input written is fine when the weight is frozen
+    (fine-tuning: torch keeps no activation for a frozen layer); holoflow saved both and refused."""
+    got = []
+    for lib in (torch, flow):
+        gen = torch.Generator().manual_seed(0)
+        w = lib.tensor(torch.randn(w_shape, generator=gen).numpy(), requires_grad=w_grad)
+        b = lib.tensor(torch.randn(w_shape[:-1], generator=gen).numpy(), requires_grad=w_grad) \
+            if len(w_shape) == 2 else None
+        x0 = lib.tensor(torch.randn(4, 3, generator=gen).numpy(), requires_grad=x_grad)
+        x = x0 * 1 if x_grad else x0
+        y = lib.nn.functional.linear(x, w, b)
+        with lib.no_grad():
+            if not x_grad:
+                w.mul_(2)
+            if not w_grad:
+                x.mul_(2)
+        y.pow(2).sum().backward()
+        got.append([t.grad.detach().numpy().copy() for t in (w, x0) if t.requires_grad])
+    for f, t in zip(got[1], got[0]):
+        torch.testing.assert_close(torch.from_numpy(f), torch.from_numpy(t))

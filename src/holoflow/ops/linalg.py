@@ -382,18 +382,20 @@ def _linear_sbp(metas, attrs):
 
 
 def _linear_grad(c, dy):
-    x, w, _ = c.inputs
+    x, w, _ = c.inputs   # (each saved only where the other's gradient is wanted, as torch's)
     if len(c.shapes[1]) == 2 and len(c.shapes[0]) >= 1:  # the common case: one mm per operand
-        if _one_backward_op(c):
+        if x is not None and w is not None and _one_backward_op(c):
             mask = c.needs_grad
             dx, dw, db = apply(LINEAR_BACKWARD, dy, x, w, output_mask=mask)
             return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
         return (apply(LINEAR_GRAD_INPUT, dy, w) if needs(c, 0) else None,
                 apply(LINEAR_GRAD_WEIGHT, dy, x) if needs(c, 1) else None,
                 reduce_grad(dy, c, 2) if needs(c, 2) else None)
-    ins, out = linear_subscripts(tuple(c.shapes[0]), tuple(c.shapes[1]))
-    return (operand_grad(ins, out, (x, w), dy, 0) if needs(c, 0) else None,
-            operand_grad(ins, out, (x, w), dy, 1) if needs(c, 1) else None,
+    sx, sw = tuple(c.shapes[0]), tuple(c.shapes[1])
+    ins, out = linear_subscripts(sx, sw)
+    operands = (x if x is not None else _ShapeOnly(sx), w if w is not None else _ShapeOnly(sw))
+    return (operand_grad(ins, out, operands, dy, 0) if needs(c, 0) else None,
+            operand_grad(ins, out, operands, dy, 1) if needs(c, 1) else None,
             reduce_grad(dy, c, 2) if needs(c, 2) else None)
 
 
@@ -508,7 +510,8 @@ def _linear_add_to_output(shapes: tuple, beta, alpha):
     return linear_add
 
 
-LINEAR = holomorphic(defop("linear", F.linear, grad=_linear_grad, save="inputs", shape=_linear_shape,
+LINEAR = holomorphic(defop("linear", F.linear, grad=_linear_grad, save="inputs", saved_inputs=reads_other,
+                           shape=_linear_shape,
                            sbp=_linear_sbp, family="einsum", add_to_output=_linear_add_to_output))
 
 
