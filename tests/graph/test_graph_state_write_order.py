@@ -413,7 +413,7 @@ def _global_acc_before_forward(m, x, backward):
 
 def _global_acc_between(m, x, backward):
     h = m[1](m[0](x))
-    m[0].weight.data.mul_(0.9)   # (``.data``: holoflow's linear saves its weight, which a write refuses)
+    m[0].weight.data.mul_(0.9)   # (``.data``: a write no version check sees, as torch's)
     loss = m[2](h).square().mean()
     backward(loss)
     with flow.no_grad():
