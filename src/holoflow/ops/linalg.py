@@ -384,7 +384,8 @@ def _linear_sbp(metas, attrs):
 def _linear_grad(c, dy):
     x, w, _ = c.inputs   # (each saved only where the other's gradient is wanted, as torch's)
     if len(c.shapes[1]) == 2 and len(c.shapes[0]) >= 1:  # the common case: one mm per operand
-        if x is not None and w is not None and _one_backward_op(c):
+        if _one_backward_op(c) and ((x is not None and w is not None) or
+                                    not any(t is not None and t._global is not None for t in (dy, x, w))):
             mask = c.needs_grad
             dx, dw, db = apply(LINEAR_BACKWARD, dy, x, w, output_mask=mask)
             return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
@@ -461,12 +462,15 @@ def _zeros(shape, like: torch.Tensor) -> torch.Tensor:
 
 def _linear_bwd_kernel(dy, x, w, output_mask):
     """``(dy @ w, dy.T @ x, dy summed over the batch)`` on the flattened batch; an output the
-    mask switches off is zeros (an expanded scalar)."""
+    mask switches off is zeros (an expanded scalar). ``x`` (``w``) is None where only ``x``'s
+    (``w``'s) gradient is wanted: linear saves what the wanted gradients read."""
     o = dy.shape[-1]
     dy2 = dy.reshape(-1, o)
-    dx = torch.matmul(dy, w) if output_mask[0] else _zeros(dy.shape[:-1] + w.shape[-1:], x)
-    dw = torch.mm(dy2.t(), x.reshape(-1, x.shape[-1])) if output_mask[1] else _zeros((o, x.shape[-1]), w)
-    db = dy2.sum(0) if output_mask[2] else _zeros((o,), w)
+    dx = torch.matmul(dy, w) if output_mask[0] else \
+        _zeros(dy.shape[:-1] + (w if w is not None else x).shape[-1:], dy)
+    dw = torch.mm(dy2.t(), x.reshape(-1, x.shape[-1])) if output_mask[1] else \
+        _zeros((o, (x if x is not None else w).shape[-1]), dy)
+    db = dy2.sum(0) if output_mask[2] else _zeros((o,), dy)
     return dx, dw, db
 
 
