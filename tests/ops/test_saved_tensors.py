@@ -295,3 +295,20 @@ def test_linear_saves_only_what_its_wanted_gradients_read(w_shape, x_grad, w_gra
         got.append([t.grad.detach().numpy().copy() for t in (w, x0) if t.requires_grad])
     for f, t in zip(got[1], got[0]):
         torch.testing.assert_close(torch.from_numpy(f), torch.from_numpy(t))
+
+
+def test_linear_with_only_the_bias_trained():
+    """Neither the input nor the weight is saved when only the bias needs a gradient."""
+    got = []
+    for lib in (torch, flow):
+        gen = torch.Generator().manual_seed(1)
+        w = lib.tensor(torch.randn(2, 3, generator=gen).numpy())
+        b = lib.tensor(torch.randn(2, generator=gen).numpy(), requires_grad=True)
+        x = lib.tensor(torch.randn(4, 3, generator=gen).numpy())
+        y = lib.nn.functional.linear(x, w, b)
+        with lib.no_grad():
+            w.mul_(2)
+            x.mul_(2)
+        y.pow(2).sum().backward()
+        got.append(b.grad.detach().numpy().copy())
+    torch.testing.assert_close(torch.from_numpy(got[1]), torch.from_numpy(got[0]))

@@ -384,8 +384,9 @@ def _linear_sbp(metas, attrs):
 def _linear_grad(c, dy):
     x, w, _ = c.inputs   # (each saved only where the other's gradient is wanted, as torch's)
     if len(c.shapes[1]) == 2 and len(c.shapes[0]) >= 1:  # the common case: one mm per operand
-        if _one_backward_op(c) and ((x is not None and w is not None) or
-                                    not any(t is not None and t._global is not None for t in (dy, x, w))):
+        if _one_backward_op(c) and ((x is not None and w is not None) or (  # (local: one saved is enough)
+                (x is not None or w is not None) and not any(t is not None and t._global is not None
+                                                             for t in (dy, x, w)))):
             mask = c.needs_grad
             dx, dw, db = apply(LINEAR_BACKWARD, dy, x, w, output_mask=mask)
             return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
