@@ -22,6 +22,35 @@ def data(m: int, steps: int = STEPS, rows: int = 8, seed: int = 0):
     return xs, ys, torch.randn(6, 5, generator=g) * 0.4
 
 
+def train_graph(modules: dict, opt, loss_of, *, acc: int | None = None, stages: tuple = (), lr_sch=None,
+                scaler: bool = False, after=None) -> flow.nn.Graph:
+    """A training nn.Graph: ``modules`` its attributes (name -> module), ``stages`` the
+    ``(name, placement)`` of each pipeline stage in order, ``acc`` gradient accumulation steps,
+    ``opt`` (with ``lr_sch``) added, a GradScaler with ``scaler``. ``build(*inputs)`` calls ``loss_of(graph,
+    *inputs)`` (the loss, or a tuple starting with it: returned whole), backward on the loss, then
+    ``after(graph)`` (gradient clipping)."""
+    class Train(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            for name, mod in modules.items():
+                setattr(self, name, mod)
+            for i, (name, place) in enumerate(stages):
+                getattr(self, name).config.set_stage(i, place)
+            if acc is not None:
+                self.config.set_gradient_accumulation_steps(acc)
+            self.add_optimizer(opt, lr_sch=lr_sch)
+            if scaler:
+                self.set_grad_scaler(flow.amp.GradScaler("cpu", init_scale=64.0))
+
+        def build(self, *inputs):
+            out = loss_of(self, *inputs)
+            (out[0] if isinstance(out, tuple) else out).backward()
+            if after is not None:
+                after(self)
+            return out
+    return Train()
+
+
 def micro_rows(rows: int, shards: int, m: int, k: int) -> torch.Tensor:
     """The rows of micro-batch ``k`` of a batch split ``S(0)`` into ``shards`` blocks: the
     ``k``-th chunk of each rank's rows (what each rank cuts without communication)."""
@@ -64,20 +93,10 @@ def label_steps(rank: int, m: int, ranks, x_sbp, y_sbp, steps: int = STEPS):
     mod.w = w
     opt = flow.optim.SGD([w], lr=0.5, momentum=0.9)
 
-    class Train(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.mod = mod
-            self.add_optimizer(opt)
-            self.config.set_gradient_accumulation_steps(m)
-
-        def build(self, x, y):
-            logits = x.to_global(sbp=[S(1)] * place.ndim) @ self.mod.w.to_global(sbp=[S(0)] * place.ndim)
-            loss = flow.nn.functional.cross_entropy(logits, y)
-            loss.backward()
-            return loss, logits, x
-
-    g = Train()
+    def loss_of(g, x, y):
+        logits = x.to_global(sbp=[S(1)] * place.ndim) @ g.mod.w.to_global(sbp=[S(0)] * place.ndim)
+        return flow.nn.functional.cross_entropy(logits, y), logits, x
+    g = train_graph({"mod": mod}, opt, loss_of, acc=m)
     out = []
     for x, y in zip(xs, ys):
         loss, logits, xo = g(flow.from_torch(x).to_global(place, nb).to_global(sbp=x_sbp),
@@ -101,19 +120,7 @@ def square_loss_steps(rank: int | None, m: int, lr_by_step: bool = False, steps:
         lin.to_global(place, B)
     opt = flow.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
 
-    class Train(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.lin = lin
-            self.add_optimizer(opt)
-            self.config.set_gradient_accumulation_steps(m)
-
-        def build(self, x):
-            loss = (self.lin(x) ** 2).mean()
-            loss.backward()
-            return loss
-
-    g = Train()
+    g = train_graph({"lin": lin}, opt, lambda g, x: (g.lin(x) ** 2).mean(), acc=m)
     out = []
     for i, x in enumerate(xs):
         if lr_by_step:
@@ -352,19 +359,9 @@ def megatron_2d(rank: int, m: int, label_sbp, clip: float = 0.5):
         setattr(mod, name, flow.nn.Parameter(flow.from_torch(w.clone()).to_global(place, [B, B]).to_global(sbp=sbp)))
     opt = flow.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
 
-    class Train(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-            self.add_optimizer(opt)
-            self.config.set_gradient_accumulation_steps(m)
-
-        def build(self, x, y):
-            loss = flow.nn.functional.cross_entropy(self.model(x), y)
-            loss.backward()
-            flow.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-            return loss
-    g = Train()
+    g = train_graph(
+        {"model": model}, opt, lambda g, x, y: flow.nn.functional.cross_entropy(g.model(x), y), acc=m,
+        after=lambda g: flow.nn.utils.clip_grad_norm_(g.model.parameters(), clip))
     losses = []
     for x, y in zip(xs[:3], ys[:3]):
         loss = g(flow.from_torch(x).to_global(place, [B, B]).to_global(sbp=[S(0), B]),
@@ -483,20 +480,9 @@ def dp_stages(rank: int, m: int, label_sbp):
     s0, s1 = _Lin(ws[0], p0, True), _Lin(ws[1], p1, False)
     opt = flow.optim.SGD(list(s0.parameters()) + list(s1.parameters()), lr=0.3, momentum=0.9)
 
-    class Train(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.s0, self.s1 = s0, s1
-            self.s0.config.set_stage(0, p0)
-            self.s1.config.set_stage(1, p1)
-            self.config.set_gradient_accumulation_steps(m)
-            self.add_optimizer(opt)
-
-        def build(self, x, y):
-            loss = flow.nn.functional.cross_entropy(self.s1(self.s0(x).to_global(placement=p1)), y)
-            loss.backward()
-            return loss
-    g = Train()
+    g = train_graph(
+        {"s0": s0, "s1": s1}, opt, lambda g, x, y: flow.nn.functional.cross_entropy(
+            g.s1(g.s0(x).to_global(placement=p1)), y), acc=m, stages=(("s0", p0), ("s1", p1)))
     for x, y in zip(xs, ys):
         g(flow.from_torch(x).to_global(p0, B).to_global(sbp=S(0)), flow.from_torch(y).to_global(p1, B).to_global(sbp=label_sbp))
     every = flow.placement("cpu", [0, 1, 2, 3])
@@ -563,18 +549,8 @@ def relayouts(rank: int, m: int, mode: str):
     net = Net()
     opt = flow.optim.AdamW(net.parameters(), lr=0.05)
 
-    class Train(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.net = net
-            self.add_optimizer(opt)
-            self.config.set_gradient_accumulation_steps(m)
-
-        def build(self, x, y):
-            loss = flow.nn.functional.cross_entropy(self.net(x), y)
-            loss.backward()
-            return loss
-    g = Train() if mode == "graph" else None
+    g = train_graph(
+        {"net": net}, opt, lambda g, x, y: flow.nn.functional.cross_entropy(g.net(x), y), acc=m) if mode == "graph" else None
     losses = []
     for x, y in zip(xs, ys):
         xg = flow.from_torch(x).to_global(place, B).to_global(sbp=S(0))
@@ -632,20 +608,9 @@ def tied_stages(rank: int, m: int):
     s0, s1 = First(), Second()
     opt = flow.optim.SGD([w], lr=0.1, momentum=0.9)
 
-    class Train(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.s0, self.s1 = s0, s1
-            self.s0.config.set_stage(0, p0)
-            self.s1.config.set_stage(1, p1)
-            self.config.set_gradient_accumulation_steps(m)
-            self.add_optimizer(opt)
-
-        def build(self, x):
-            loss = self.s1(self.s0(x).to_global(placement=p1)).pow(2).mean()
-            loss.backward()
-            return loss
-    g = Train()
+    g = train_graph(
+        {"s0": s0, "s1": s1}, opt, lambda g, x: g.s1(g.s0(x).to_global(placement=p1)).pow(2).mean(), acc=m,
+        stages=(("s0", p0), ("s1", p1)))
     for x in xs:
         g(flow.from_torch(x).to_global(p0, B))
     return w.to_global(placement=flow.placement("cpu", [0, 1]), sbp=B).to_local().detach().to_torch()
@@ -806,22 +771,9 @@ def counted_stages(rank: int, m: int, scaler: bool = False):
     opt = flow.optim.Adam([{"params": [s0.w]}, {"params": [s0.b, s1.w], "lr": 0.05}], lr=0.1)
     sch = flow.optim.lr_scheduler.StepLR(opt, 1, 0.7)
 
-    class Train(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.s0, self.s1 = s0, s1
-            self.s0.config.set_stage(0, p0)
-            self.s1.config.set_stage(1, p1)
-            self.config.set_gradient_accumulation_steps(m)
-            self.add_optimizer(opt, lr_sch=sch)
-            if scaler:
-                self.set_grad_scaler(flow.amp.GradScaler("cpu", init_scale=64.0))
-
-        def build(self, x):
-            loss = (self.s1(self.s0(x).to_global(placement=p1)) ** 2).mean()
-            loss.backward()
-            return loss
-    g = Train()
+    g = train_graph(
+        {"s0": s0, "s1": s1}, opt, lambda g, x: (g.s1(g.s0(x).to_global(placement=p1)) ** 2).mean(), acc=m,
+        stages=(("s0", p0), ("s1", p1)), lr_sch=sch, scaler=scaler)
     log = []
     for x in xs:
         g(flow.from_torch(x).to_global(p0, B))
@@ -866,22 +818,9 @@ def stage_grad_hooks(rank: int, m: int, scaler: bool):
     opt.register_step_pre_hook(lambda o, a, k: log.append(("pre", sums())))
     opt.register_step_post_hook(lambda o, a, k: log.append(("post", sums())))
 
-    class Train(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.s0, self.s1 = s0, s1
-            self.s0.config.set_stage(0, p0)
-            self.s1.config.set_stage(1, p1)
-            self.config.set_gradient_accumulation_steps(m)
-            self.add_optimizer(opt)
-            if scaler:
-                self.set_grad_scaler(flow.amp.GradScaler("cpu", init_scale=64.0))
-
-        def build(self, x):
-            loss = (self.s1(self.s0(x).to_global(placement=p1)) ** 2).mean()
-            loss.backward()
-            return loss
-    g = Train()
+    g = train_graph(
+        {"s0": s0, "s1": s1}, opt, lambda g, x: (g.s1(g.s0(x).to_global(placement=p1)) ** 2).mean(), acc=m,
+        stages=(("s0", p0), ("s1", p1)), scaler=scaler)
     for x in xs:
         g(flow.from_torch(x).to_global(p0, B))
     every = flow.placement("cpu", [0, 1])
