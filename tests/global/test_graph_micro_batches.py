@@ -15,6 +15,13 @@ from holoflow.distributed import world
 from holoflow.sbp import B, P, S
 
 
+
+def _each_rank_equals(results, want) -> None:
+    """Every rank's results (a list per rank) equal the single-process torch program's."""
+    for got in results:
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
 def _check_labels(results, m: int, shards: int) -> None:
     want_losses, want_logits, want_w = F.torch_label_steps(m, shards)
     xs, _, _ = F.data(m)
@@ -63,34 +70,25 @@ def test_inputs_splitting_rows_into_other_blocks_are_refused():
 
 def test_forward_inplace_never_clobbers_what_backward_reads_simulated():
     want = F.torch_square_loss_steps(2, lr_by_step=True)
-    for got in world.simulate(2, lambda r: F.square_loss_steps(r, 2, lr_by_step=True), timeout=120):
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    for a, b in zip(F.square_loss_steps(None, 2, lr_by_step=True), want):   # the local graph: grad_acc pass
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _each_rank_equals(world.simulate(2, lambda r: F.square_loss_steps(r, 2, lr_by_step=True), timeout=120), want)
+    _each_rank_equals([F.square_loss_steps(None, 2, lr_by_step=True)], want)   # the local graph: grad_acc pass
 
 
 def test_forward_inplace_never_clobbers_what_backward_reads_on_gloo(world2):
     want = F.torch_square_loss_steps(4)
-    for got in world2.run(F.square_loss_steps, 4):
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _each_rank_equals(world2.run(F.square_loss_steps, 4), want)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
 def test_two_stage_pipeline_with_checkpointing_equals_torch_simulated(schedule, checkpointing):
     want = F.torch_two_stage_square(4)
-    for got in world.simulate(2, lambda r: F.two_stage_square(r, 4, checkpointing, schedule), timeout=120):
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _each_rank_equals(world.simulate(2, lambda r: F.two_stage_square(r, 4, checkpointing, schedule), timeout=120), want)
 
 
 def test_two_stage_pipeline_with_checkpointing_equals_torch_on_gloo(world2):
     want = F.torch_two_stage_square(4)
-    for got in world2.run(F.two_stage_square, 4, True):
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _each_rank_equals(world2.run(F.two_stage_square, 4, True), want)
 
 
 def test_an_output_splitting_rows_into_other_blocks_is_refused_before_running():
@@ -163,16 +161,12 @@ def test_data_parallel_stages_pair_labels_on_another_placement_simulated(label):
     batch's shards cut on the other placement."""
     want = F.torch_dp_stages(2)
     sbp = S(0) if label == "S0" else B
-    for got in world.simulate(4, lambda r: F.dp_stages(r, 2, sbp), timeout=120):
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _each_rank_equals(world.simulate(4, lambda r: F.dp_stages(r, 2, sbp), timeout=120), want)
 
 
 def test_data_parallel_stages_with_a_broadcast_label_on_gloo(world4):
     want = F.torch_dp_stages(2)
-    for got in world4.run(F.dp_stages, 2, B):
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _each_rank_equals(world4.run(F.dp_stages, 2, B), want)
 
 
 def test_an_output_computed_once_per_step_after_backward_is_refused_clearly():
