@@ -47,18 +47,7 @@ def test_hooks_added_or_removed_after_compiling():
     lin = flow.nn.Linear(3, 2)
     opt = flow.optim.SGD(lin.parameters(), lr=0.1)
 
-    class Train(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.lin = lin
-            self.add_optimizer(opt)
-
-        def build(self, x):
-            loss = self.lin(x).sum()
-            loss.backward()
-            return loss
-
-    g, seen = Train(), []
+    g, seen = F.train_graph({"lin": lin}, opt, lambda g, x: g.lin(x).sum()), []
     x = flow.ones(4, 3)
     g(x)
     h = opt.register_step_post_hook(lambda o, a, k: seen.append("post"))
@@ -82,18 +71,8 @@ def test_a_malformed_pre_hook_result_raises():
     opt = flow.optim.SGD(lin.parameters(), lr=0.1)
     opt.register_step_pre_hook(lambda o, a, k: 3)
 
-    class Train(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.lin = lin
-            self.add_optimizer(opt)
-
-        def build(self, x):
-            loss = self.lin(x).sum()
-            loss.backward()
-            return loss
     with pytest.raises(Exception, match=r"pre-hook of SGD must return None or a tuple"):
-        Train()(flow.ones(4, 3))
+        F.train_graph({"lin": lin}, opt, lambda g, x: g.lin(x).sum())(flow.ones(4, 3))
 
 
 def _grad_norm_log(rank, mode: str, eager_torch: bool = False):
