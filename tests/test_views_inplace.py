@@ -200,6 +200,13 @@ def test_errors_where_torch_errors():
     t_leaf = torch.ones(4, requires_grad=True)
     with pytest.raises(RuntimeError):
         t_leaf[1:].mul_(2)
+    # a detach_()ed base is a leaf: its view that still has history is refused a write, in both
+    for lib in (torch, flow):
+        x = lib.ones(3, 4, requires_grad=True) * 2
+        v = x[1:]
+        x.detach_()
+        with pytest.raises(RuntimeError, match="view of a leaf"):
+            v.mul_(2)
     # exp saves its output: writing into it afterwards breaks exp's backward, in both
     for lib in (torch, flow):
         x = lib.ones(4, requires_grad=True)
@@ -301,8 +308,67 @@ def _written_through_a_sibling_view(lib):
     return a.grad.tolist()
 
 
+# a base detach_()ed after its views were taken: as torch, a view keeps its history until the
+# storage is written (torch regenerates a view's grad_fn when its version counter moves, from its
+# base's: none); then it still requires grad, and no gradient goes past it
+
+def _view_of_a_detached_base(lib):
+    a = lib.ones(3, 4, requires_grad=True)
+    x = a * 2
+    v = x.t()
+    x.detach_()
+    (v * lib.arange(12.0).view(4, 3)).sum().backward()
+    return v.requires_grad, a.grad.tolist()
+
+
+def _view_of_a_detached_base_written(lib):
+    a = lib.ones(3, 4, requires_grad=True)
+    x = a * 2
+    v = x.t()
+    x.detach_()
+    x[1] = -0.5
+    ((v * 3).sum() + a.sum()).backward()
+    return v.requires_grad, v.select(0, 1).requires_grad, a.grad.tolist()
+
+
+def _view_used_then_its_detached_base_written(lib):
+    a = lib.ones(3, 4, requires_grad=True)
+    x = a * 2
+    v = x[1:]
+    x.detach_()
+    y = v * 3                  # (the history it still has)
+    x.clamp_(min=0.5)
+    ((v * 5).sum() + y.sum()).backward()
+    return a.grad.tolist()
+
+
+def _view_written_before_its_base_detached(lib):   # the write predates detach_(), the view unused since
+    a = lib.ones(3, 4, requires_grad=True)
+    x = a * 2
+    v = x[1:]
+    x.mul_(a)
+    x.detach_()
+    ((v * 3).sum() + a.sum()).backward()
+    return v.requires_grad, a.grad.tolist()
+
+
+def _sibling_of_a_detached_base_written_under_no_grad(lib):
+    a = lib.ones(3, 4, requires_grad=True)
+    x = a * 2
+    v, w = x[0], x[1:]
+    x.detach_()
+    with lib.no_grad():
+        w.mul_(3)
+    ((v * 3).sum() + (w * 2).sum() + a.sum()).backward()
+    return a.grad.tolist()
+
+
 @pytest.mark.parametrize("program", [_setitem_after_iadd, _stale_view_backward, _stale_view_autograd_grad,
-                                     _written_through_a_sibling_view], ids=lambda f: f.__name__.strip("_"))
+                                     _written_through_a_sibling_view, _view_of_a_detached_base,
+                                     _view_of_a_detached_base_written, _view_used_then_its_detached_base_written,
+                                     _view_written_before_its_base_detached,
+                                     _sibling_of_a_detached_base_written_under_no_grad],
+                         ids=lambda f: f.__name__.strip("_"))
 def test_in_place_write_then_backward_equals_torch(program):
     want, got = _torch_and_flow(program)
     assert want[0] == "ok" and got == want

@@ -143,7 +143,7 @@ def _eager(op: Op, inputs: tuple, attrs: dict):
                 else:   # make_view of a base, inlined (no interpreter: the stamp's token is None)
                     v = t._view = _new(ViewInfo)
                     v.base, v.chain, v.stamp = x, ((op, attrs, None),), (x.grad_fn, x._out_idx, None)
-                    v.nograd, v.version = not _STATE.enabled, None
+                    v.nograd, v.version, v.at = not _STATE.enabled, None, out._version
         return t
     return wrap(op, inputs, attrs, out, record)
 
@@ -212,7 +212,7 @@ def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | N
         nograd = not _STATE.enabled or (vi is not None and vi.nograd)
         for i, (w, o) in enumerate(zip(wrapped, outs)):
             if (views[i] if views is not None else aliases(o, xd)):
-                w._view = ViewInfo(base, chain + ((op, attrs, i),), stamp, nograd, o._version)
+                w._view = ViewInfo(base, chain + ((op, attrs, i),), stamp, nograd, o._version, o._version)
     return op.out_type(*wrapped) if op.out_type is not None else tuple(wrapped)
 
 
@@ -281,13 +281,23 @@ def refresh(v: Tensor) -> None:
     if vi.nograd and base._rg and _STATE.enabled and _CURRENT.get() is None and \
             stamp_of(base)[:2] != vi.stamp[:2]:
         raise RuntimeError(_NOGRAD_VIEW_REBASED)
-    vi.stamp = stamp_of(base)
     if not (base._rg or "_v" in base.__dict__ or "_v" in v.__dict__):
+        if v.grad_fn is not None:   # a base detach_()ed since the view was made
+            if base._data._version == vi.at:
+                return   # as torch, the view keeps its history until the storage is written (stale
+                         # on purpose: each use looks again)
+            # written since: torch regenerates the view's grad_fn from its base's, which is none:
+            # the view still requires grad, and no gradient goes past it
+            d = v._data
+            v.grad_fn, v._out_idx = _record(VIEW_SCATTER, (Tensor._make(d), 0.0), {"chain": ()}, (d,)), 0
+        vi.stamp, vi.at = stamp_of(base), base._data._version
         return
+    vi.stamp = stamp_of(base)
     # a global base's views chain their ops' local attrs (they alias its shard): replayed on it
     src = local_alias(base) if base._global is not None else base
     with grad_mode.set_grad_enabled(base._rg):
         fresh = replay(vi.chain, src, lambda op, x, attrs: apply(op, x, **attrs))
+    vi.at = base._data._version
     if fresh.grad_fn is not None:
         v.grad_fn, v._out_idx, v._rg = fresh.grad_fn, fresh._out_idx, True
     if "_v" in fresh.__dict__:  # a trace: the view's symbolic value is the re-derived one
@@ -534,5 +544,5 @@ def _take_history(x: Tensor, out: Tensor) -> None:
         node = GradNode(VIEW_SCATTER, (edge, (out.grad_fn, out._out_idx)), {"chain": vi.chain},
                     (base._data.shape, out._data.shape), (base._data.dtype, out._data.dtype))
         base.grad_fn, base._out_idx, base._rg = node, 0, True
-        vi.stamp = stamp_of(base)
+        vi.stamp, vi.at = stamp_of(base), x._data._version
     x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True

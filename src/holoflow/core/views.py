@@ -31,12 +31,15 @@ class ViewInfo:
     record, or use of it after its base was written in place with grad mode on, is an error.
     ``version``: for a view among several outputs of one op (``unbind``, ``split``, ``chunk``)
     or taken from one, its storage's version when it was made (None for the others): such a view
-    may not be used by autograd once anything wrote the storage since (``check_multi_output``)."""
+    may not be used by autograd once anything wrote the storage since (``check_multi_output``).
+    ``at``: the storage's version when the view's history was derived (made or re-derived), as
+    torch's view keeps its grad_fn until its version counter moves (``dispatch.refresh``)."""
 
-    __slots__ = ("base", "chain", "stamp", "nograd", "version")
+    __slots__ = ("base", "chain", "stamp", "nograd", "version", "at")
 
-    def __init__(self, base, chain: tuple, stamp, nograd: bool = False, version: int | None = None) -> None:
+    def __init__(self, base, chain: tuple, stamp, nograd: bool, version: int | None, at: int) -> None:
         self.base, self.chain, self.stamp, self.nograd, self.version = base, chain, stamp, nograd, version
+        self.at = at
 
 
 class CopyOf:
@@ -103,11 +106,12 @@ def make_view(out, x, op: Op, attrs: dict, idx: int) -> None:
     vi = x._view
     nograd = not grad_mode.STATE.enabled
     multi = idx is not None or (vi is not None and vi.version is not None)
-    version = out._data._version if multi else None
+    at = out._data._version
+    version = at if multi else None
     if vi is None:
-        out._view = ViewInfo(x, ((op, attrs, idx),), stamp_of(x), nograd, version)
+        out._view = ViewInfo(x, ((op, attrs, idx),), stamp_of(x), nograd, version, at)
     else:
-        out._view = ViewInfo(vi.base, vi.chain + ((op, attrs, idx),), vi.stamp, nograd or vi.nograd, version)
+        out._view = ViewInfo(vi.base, vi.chain + ((op, attrs, idx),), vi.stamp, nograd or vi.nograd, version, at)
 
 
 def check_multi_output(x) -> None:
