@@ -309,3 +309,68 @@ def test_detach_of_a_view_of_a_boxed_view_reads_its_source_now():
     ty.add_(1.0)
     for got in _on_two(run):
         np.testing.assert_allclose(got, tz.detach().numpy())
+
+
+def test_a_boxed_view_refuses_detach_in_place_as_torchs_view():
+    """``x[3:]`` of a row-split tensor is a copy standing for a view: ``detach_()`` on it is
+    torch's error for a view ("use detach() instead"); its ``detach()`` may be detached again."""
+    def run(place):
+        x = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[S(0)])
+        v = x[3:]
+        assert "_copy_of" in v.__dict__   # (else this tests an ordinary view)
+        with pytest.raises(RuntimeError, match="can't detach a view in place"):
+            v.detach_()
+        return v.detach().detach_().to_global(sbp=[B]).to_local().numpy()
+    with pytest.raises(RuntimeError, match="Can't detach views in-place"):
+        torch.tensor(W)[3:].detach_()
+    for got in _on_two(run):
+        np.testing.assert_allclose(got, W[3:])
+
+
+def test_a_boxed_view_of_a_source_detached_and_written_since_passes_no_gradient():
+    """A copy standing for a view whose source was ``detach_()``ed and written since still
+    requires grad, and no gradient goes past it (torch regenerates the view's grad_fn from its
+    base's, which is none); before the write it keeps its history, as torch's view does."""
+    def run(place):
+        a = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[S(1)]).requires_grad_()
+        x = a * 2
+        kept, cut = x.reshape(-1), x.reshape(-1)
+        assert "_copy_of" in kept.__dict__
+        x.detach_()
+        y = kept * 3             # (before the write: through x's old history to a)
+        x.add_(1.0)
+        flags = (kept.requires_grad, cut.requires_grad)
+        ((cut * 5).sum() + y.sum()).backward()
+        return flags, a.grad.to_global(sbp=[B]).to_local().numpy()
+    ta = torch.tensor(W, requires_grad=True)
+    tx = ta * 2
+    t_kept, t_cut = tx.reshape(-1), tx.reshape(-1)
+    tx.detach_()
+    ty = t_kept * 3
+    tx.add_(1.0)
+    want_flags = (t_kept.requires_grad, t_cut.requires_grad)
+    ((t_cut * 5).sum() + ty.sum()).backward()
+    for flags, g in _on_two(run):
+        assert flags == want_flags == (True, True)
+        np.testing.assert_allclose(g, ta.grad.numpy())
+
+
+def test_a_write_into_a_boxed_view_of_a_detached_source_is_refused_as_torchs():
+    """A source ``detach_()``ed after a copy standing for its view was taken is a leaf, and the
+    copy still has history: writing it in place (or a view of it) is torch's "view of a leaf"
+    error, as for an ordinary view."""
+    def run(place):
+        b = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[S(0)]).requires_grad_() * 1
+        v = b.narrow(0, 1, 3)
+        assert "_copy_of" in v.__dict__
+        b.detach_()
+        for target in (v, v[0:]):
+            with pytest.raises(RuntimeError, match="view of a leaf"):
+                target.mul_(-1.5)
+        return True
+    tb = torch.tensor(W, requires_grad=True) * 1
+    tv = tb.narrow(0, 1, 3)
+    tb.detach_()
+    with pytest.raises(RuntimeError, match="view of a leaf"):
+        tv[0:].mul_(-1.5)
+    assert all(_on_two(run))

@@ -61,8 +61,9 @@ OPS = {
     "var": (1, lambda L, xs, p: xs[0].var(p["dim"], keepdim=p["keep"])),
     "cumsum": (1, lambda L, xs, p: xs[0].cumsum(p["dim"])),
     "move": (1, None),   # to the placement's ranks reversed and back: a new tensor, gradient moved back
+    "detach_": (1, lambda L, xs, p: xs[0].detach_()),
 }
-INPLACE = {"mul_", "add_", "zero_", "setitem", "view_mul_", "masked_fill_", "copy_", "col_fill_"}
+INPLACE = {"mul_", "add_", "zero_", "setitem", "view_mul_", "masked_fill_", "copy_", "col_fill_", "detach_"}
 
 
 def _params(name: str, x: torch.Tensor, pool: list, rng: np.random.Generator, mesh_nd: int):
@@ -153,6 +154,11 @@ def _step(L, name: str, xs: list, p: dict, aliased: bool = True):
         ranks = np.asarray(place.ranks)
         there = flow.placement("cpu", ranks.reshape(-1)[::-1].reshape(ranks.shape).tolist())
         return xs[0].to_global(placement=there).to_global(placement=place)
+    if L is torch and name in INPLACE:
+        # torch refuses an in-place write to a view taken before its base started requiring grad
+        # ("a leaf Variable that requires grad...") unless the view's grad_fn was regenerated
+        # first, as reading it does; holoflow's views always follow their base
+        xs[0].grad_fn  # noqa: B018
     return OPS[name][1](L, xs, p)
 
 
@@ -263,6 +269,9 @@ def test_random_global_programs_agree_with_torch(mesh):
                 # the op saved the tensor's own storage, but an input boxed for the op saved a
                 # copy, whose values are still the ones the op read (its gradient is right)
                 continue
+            if isinstance(theirs, Exception) and "detached in-place" in str(theirs):
+                continue   # (an output its grad node saved, detach_()ed since: torch refuses,
+                #           holoflow computes from the unchanged values, as test_fuzz_views_inplace)
             if isinstance(theirs, Exception) or isinstance(ours, Exception):
                 assert isinstance(ours, type(theirs)), \
                     f"rank {rank} backward: torch {theirs!r}, holoflow {ours!r}. {where}"

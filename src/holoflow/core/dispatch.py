@@ -286,10 +286,7 @@ def refresh(v: Tensor) -> None:
             if base._data._version == vi.at:
                 return   # as torch, the view keeps its history until the storage is written (stale
                          # on purpose: each use looks again)
-            # written since: torch regenerates the view's grad_fn from its base's, which is none:
-            # the view still requires grad, and no gradient goes past it
-            d = v._data
-            v.grad_fn, v._out_idx = _record(VIEW_SCATTER, (Tensor._make(d), 0.0), {"chain": ()}, (d,)), 0
+            cut_history(v)
         vi.stamp, vi.at = stamp_of(base), base._data._version
         return
     vi.stamp = stamp_of(base)
@@ -303,6 +300,14 @@ def refresh(v: Tensor) -> None:
     if "_v" in fresh.__dict__:  # a trace: the view's symbolic value is the re-derived one
         v._data = fresh._data
         v.__dict__["_v"] = fresh.__dict__["_v"]
+
+
+def cut_history(v: Tensor) -> None:
+    """``v``, a view whose base has no history since (``detach_()``) and whose storage was written
+    since, still requires grad, with a history no gradient goes past: torch regenerates such a
+    view's grad_fn from its base's, which is none (an ``AsStridedBackward`` leading nowhere)."""
+    d = v._data
+    v.grad_fn, v._out_idx, v._rg = _record(VIEW_SCATTER, (Tensor._make(d), 0.0), {"chain": ()}, (d,)), 0, True
 
 
 def op_error(op: Op, inputs: tuple, attrs: dict, err: Exception) -> Exception:
@@ -408,7 +413,7 @@ def check_inplace_target(x: Tensor, name: str) -> None:
     c = x.__dict__.get("_copy_of")
     if c is not None:   # a copy standing for a view: its source is the target that matters
         src = c.source
-        if src._rg and src.grad_fn is None and src._view is None:
+        if (src._rg or x._rg) and src.grad_fn is None and src._view is None:   # (as a view's, below)
             raise RuntimeError(f"holoflow.{name}_: a view of a leaf tensor that requires grad is being "
                                f"used in an in-place operation; do it under holoflow.no_grad(), or "
                                f"clone the leaf first")
@@ -492,11 +497,14 @@ def fresh_copy(t: Tensor, strict: bool = False) -> None:
         with grad_mode.no_grad():   # its values only: its history stays refused (version unchanged)
             t._data.copy_(replay(c.chain, src, lambda op, x, attrs: apply(op, x, **attrs))._data)
         return
+    had_history = t.grad_fn is not None
     with grad_mode.set_grad_enabled(src._rg):
         y = replay(c.chain, src, lambda op, x, attrs: apply(op, x, **attrs))
     with grad_mode.no_grad():
         t._data.copy_(y._data)
     t.grad_fn, t._out_idx, t._rg = y.grad_fn, y._out_idx, y._rg
+    if had_history and not src._rg:   # (its source detach_()ed since: as refresh's views)
+        cut_history(t)
     c.version = src._data._version
 
 

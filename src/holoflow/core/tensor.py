@@ -267,7 +267,8 @@ class Tensor:
 
     def detach_(self) -> "Tensor":
         """Cuts this tensor from its history in place (torch refuses it on a view)."""
-        if self._view is not None:
+        c = self.__dict__.get("_copy_of")
+        if self._view is not None or (c is not None and not c.detached):   # (a boxed copy stands for a view)
             raise RuntimeError("holoflow.detach_: can't detach a view in place; use detach() instead (a view "
                                "shares its base's history)")
         self.grad_fn, self._rg, self._out_idx = None, False, 0
