@@ -166,6 +166,29 @@ def test_graph_training_grads_match_torch(view, write):
     np.testing.assert_allclose(c0.numpy() - m.c.detach().numpy(), tc_grad, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("write", [False, True])
+def test_graph_keeps_the_layout_of_a_view_written_in_place(write):
+    """A transposed view written in place stays transposed, so its ``reshape`` copies (eager's
+    does): writing the copy leaves the base alone. The trace gave the written view the
+    contiguous layout of the write's result, took the reshape for a view of the base, and the
+    graph failed at run time (graph fuzzer seed 14915)."""
+    def program(x):
+        t = x.permute(1, 0)
+        if write:
+            t[..., 0:3] = 0.5
+        r = t.reshape(-1)
+        r[1:23] = -1.5
+        return r * 1, x * 1
+
+    class G(flow.nn.Graph):
+        def build(self, x):
+            return program(x)
+    got = G()(flow.arange(32.0).view(4, 8))
+    want = program(torch.arange(32.0).view(4, 8))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+
+
 def test_issue_examples():
     a = flow.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
     b = a * 1

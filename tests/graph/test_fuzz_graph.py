@@ -205,6 +205,11 @@ def _generate(seed: int) -> tuple:
                 # so writing an operand afterwards goes unnoticed; holoflow saves the operand itself
                 # and its version check refuses the backward. Eager autograd's business, not graphs')
                 continue
+            if name in INPLACE and len(ops) == 2 and ops[0] != ops[1] and _shares_memory(shapes, ops):
+                # (left out: a write reading another view of the storage it writes, overlapping it:
+                # torch's kernel reads what it already wrote, in memory order; holoflow's graph reads
+                # the values before the write, as test_fuzz_views_inplace leaves it out too)
+                continue
             if name == "setitem_t" and ops[0] == ops[1]:
                 # (left out, not fixed: ``e[..., a:b] = e[..., a:b]`` on an expanded ``e`` is a no-op
                 # copy in eager (torch skips a copy onto itself), while the graph's view_scatter
@@ -220,6 +225,11 @@ def _generate(seed: int) -> tuple:
     config = CONFIGS[int(rng.integers(0, len(CONFIGS)))]
     opt = "sgd" if rng.random() < 0.5 else "adamw"
     return program, weights, config, opt
+
+
+def _shares_memory(pool: list, ops: tuple) -> bool:
+    a, b = (pool[i].untyped_storage().data_ptr() for i in ops)
+    return a == b
 
 
 def _writes_the_parameter(pool: list, i: int) -> bool:
@@ -247,10 +257,15 @@ def _program(seed: int) -> str:
 
 # -- the runs -----------------------------------------------------------------------------------
 
-def _optimizer(lib, m, kind: str):
+def _optimizer(lib, m, kind: str, amp: bool = False):
+    # (under AMP a tenth of the step: bfloat16 rounding, cast where eager's autocast and the
+    # graph's pass differ, would otherwise grow step by step in programs that train chaotically)
+    scale = 0.1 if amp else 1.0
     if kind == "sgd":
-        return lib.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    return lib.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+        return lib.optim.SGD(m.parameters(), lr=0.1 * scale, momentum=0.9)
+    # (eps 1e-3: a near-zero gradient is not normalized to a full step, which turns rounding noise
+    # between two correct implementations into a difference of the learning rate)
+    return lib.optim.AdamW(m.parameters(), lr=1e-2 * scale, weight_decay=0.1, eps=1e-3)
 
 
 def _np(t) -> np.ndarray:
@@ -265,7 +280,7 @@ def _state(m) -> dict:
 def _eager(lib, seed: int, program, weights, opt_kind: str, acc: int = 1, amp: bool = False) -> tuple:
     lib.manual_seed(0)
     m = _weights(lib, seed)
-    opt = _optimizer(lib, m, opt_kind)
+    opt = _optimizer(lib, m, opt_kind, amp)
     x, z = (lib.tensor(v) for v in _pools(seed, BATCH))
     losses, outs = [], []
     for _ in range(TRAIN_STEPS):
@@ -306,7 +321,7 @@ class _Infer(flow.nn.Graph):
 def _graph(seed: int, program, weights, opt_kind: str, config: str) -> tuple:
     flow.manual_seed(0)
     m = _weights(flow, seed)
-    g = _Train(m, _optimizer(flow, m, opt_kind), program, weights)
+    g = _Train(m, _optimizer(flow, m, opt_kind, config == "amp"), program, weights)
     acc = 2 if config == "grad_acc" else 1
     if config == "fuse_add_to_output":
         g.config.allow_fuse_add_to_output(True)

@@ -26,7 +26,10 @@ from ..core.errors import HoloflowError
 from ..core.registry import REGISTRY, Meta, defop
 from ..ops.family import like_first_input
 from ..core.sbp import B, P
+from ..core import grad_mode
+from ..core.dispatch import apply
 from ..core.tensor import Tensor
+from ..core.views import replay
 from ..distributed import comm_track, rng, world
 from ..distributed.boxing import cost, plan as box_plan, run_step, sizes_along
 from ..distributed.global_dispatch import local_attrs
@@ -54,7 +57,7 @@ GLOBAL_BOX = defop("global_box", _global_box_kernel, grad=lambda ctx, dy: (dy,),
                    family="boxing", collective=True, reduces=_reduces)
 
 
-def _bucket_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm) -> tuple:
+def _bucket_kernel(*ts: torch.Tensor, place, src, dst, shapes: tuple, rank: int, comm) -> tuple:
     """Several values boxed by one collective over their concatenation: all-reduce steps (the
     gradient buckets of passes/bucket_grads.py), one reduce-scatter of even rows (each rank's block
     of every value side by side, `_pack_rows`) or one all-gather of even row shards
@@ -74,11 +77,24 @@ def _bucket_kernel(*ts: torch.Tensor, place, src, dst, rank: int, comm) -> tuple
             out = comm.reduce_scatter(flat, group, 0, [flat.numel() // n] * n)
         return tuple(p.view((t.shape[0] // n,) + tuple(t.shape[1:])) for p, t in zip(
             out.split([t.numel() // n for t in ts]), ts))
-    flat = torch.cat([t.reshape(-1) for t in ts])
+    # all-reduces over the concatenation, one collective each; a reshard (each rank slicing its part
+    # of a value for the new layout, no communication) of each value on its own
+    parts, flat = list(ts), None
     with world.acting_as(rank, comm), comm_track.planned():
         for step in steps:
-            flat = run_step(flat, step, tuple(flat.shape), place, rank, comm)
-    return tuple(p.view(t.shape) for p, t in zip(flat.split([t.numel() for t in ts]), ts))
+            if step.kind == "reshard":
+                if flat is not None:
+                    parts, flat = _unflatten(flat, parts), None
+                parts = [run_step(t, step, shape, place, rank, comm) for t, shape in zip(parts, shapes)]
+            else:
+                if flat is None:
+                    flat = torch.cat([t.reshape(-1) for t in parts])
+                flat = run_step(flat, step, tuple(flat.shape), place, rank, comm)
+    return tuple(_unflatten(flat, parts) if flat is not None else parts)
+
+
+def _unflatten(flat: torch.Tensor, like: list) -> list:
+    return [p.view(t.shape) for p, t in zip(flat.split([t.numel() for t in like]), like)]
 
 
 def merge_boxes(g: IRGraph, buckets: list[list[int]], at_last: bool) -> IRGraph:
@@ -96,7 +112,8 @@ def merge_boxes(g: IRGraph, buckets: list[list[int]], at_last: bool) -> IRGraph:
         lead = g.nodes[here]
         a = lead.attrs
         merged[here] = Node(GLOBAL_BOX_BUCKET.name, tuple(n.inputs[0] for n in nodes),
-                            {"place": a["place"], "src": a["src"], "dst": a["dst"]},
+                            {"place": a["place"], "src": a["src"], "dst": a["dst"],
+                             "shapes": tuple(tuple(n.attrs["shape"]) for n in nodes)},
                             tuple(n.outputs[0] for n in nodes), lead.source, lead.scope, tags=lead.tags,
                             sbp=(tuple(a["src"] for _ in nodes), tuple(a["dst"] for _ in nodes)))
         dropped.update(i for i in members if i != here)
@@ -470,14 +487,48 @@ def _layouts(g: IRGraph) -> dict:
     return out
 
 
-def wrap_outputs(g: IRGraph, outs: list) -> list:
-    """The local results of rank's plan as global tensors of the logical graph's outputs."""
+def wrap_outputs(g: IRGraph, outs: list, views: dict) -> list:
+    """The local results of rank's plan as global tensors of the logical graph's outputs. An
+    output standing for a view of state (``return self.w[0:]``) whose shard is not a view of the
+    state's shard (the view was boxed: a copy made in forward) is re-derived from the live state:
+    eager's view, and a local graph's (which aliases the state's storage), read the parameter after
+    the optimizer's step. ``views``: :func:`state_views` of ``g``."""
     res = []
-    for v, o in zip(g.outputs, outs):
+    for i, (v, o) in enumerate(zip(g.outputs, outs)):
         if isinstance(v, Value) and v.placement is not None and isinstance(o, Tensor):
-            o = make_global(o, v.placement, v.sbp, torch.Size(v.shape))
+            live = views.get(i)
+            if live is not None and not _shares_storage(o._data, live[0]._data):
+                with grad_mode.no_grad():
+                    o = replay(live[1], live[0], lambda op, x, attrs: apply(op, x, **attrs))
+            else:
+                o = make_global(o, v.placement, v.sbp, torch.Size(v.shape))
         res.append(o)
     return res
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def state_views(g: IRGraph) -> dict[int, tuple]:
+    """The outputs of ``g`` that are a chain of view ops of a state value (boxing between them: a
+    layout, not a value): output index -> (the state tensor, the chain as ``views.replay`` takes it)."""
+    producers, state = g.producers(), {v: t for v, t in g.state}
+    out = {}
+    for i, v in enumerate(g.outputs):
+        chain = []
+        while isinstance(v, Value) and v not in state:
+            n = producers.get(v)
+            op = REGISTRY.get(n.op) if n is not None else None
+            if op is None or not (op.view or op.family == "boxing"):
+                break
+            if op.view:
+                chain.append((op, n.attrs, n.outputs.index(v) if len(n.outputs) > 1 else None))
+            v = n.inputs[0]
+        else:
+            if chain and isinstance(v, Value):
+                out[i] = (state[v], tuple(reversed(chain)))
+    return out
 
 
 # -- explain ------------------------------------------------------------------------------------------

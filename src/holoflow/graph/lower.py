@@ -29,7 +29,7 @@ from ..core.tensor import Tensor
 from ..runtime import CALLER, SOURCE_STREAM, Plan, Runtime, SequentialExecutor, TaskError, TaskSpec
 from .compile_tasks import PLAIN_STREAMS, compile_task
 from .cuda_streams import cuda_streams, with_h2d_copies
-from .global_graph import issue_collectives, wrap_outputs
+from .global_graph import issue_collectives, state_views, wrap_outputs
 from .ir import TOKEN, IRGraph, Program, Value, program, uncompilable
 from .passes.memory_plan import peak_bytes
 
@@ -159,6 +159,7 @@ class Compiled:
         self.iterations = 0
         self._executor = None
         self._state = dict(ir.state)   # state Value -> live tensor (outputs that are state)
+        self._state_views = state_views(self.logical) if self.logical is not ir else {}
         self.written_inputs: tuple = ()   # leaves written in place by build: trailing outputs (graph.py)
 
     @property
@@ -175,7 +176,7 @@ class Compiled:
         name, state = self.program.names, self._state
         outs = [(Tensor._make(state[o]._data) if o in state else Tensor._make(got[name[o]]))
                 if isinstance(o, Value) else o for o in self.ir.outputs]
-        return wrap_outputs(self.logical, outs) if self.logical is not self.ir else outs
+        return wrap_outputs(self.logical, outs, self._state_views) if self.logical is not self.ir else outs
 
     def run(self, feeds: dict) -> list:
         return list(self.stream([feeds]))[0]

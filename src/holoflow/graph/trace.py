@@ -522,7 +522,12 @@ class Tracer(Interpreter):
         detach()ed alias is not: its value is its source's, written next by ``assign``)."""
         v = self.value_of(out)
         if "_v" in x.__dict__ or x._data.device.type == "meta":
-            x._data = out._data
+            d, had = out._data, x._data
+            if had.device.type == "meta" and d.shape == had.shape and d.stride() != had.stride():
+                # eager's write keeps the tensor's layout (a transposed view stays transposed, and a
+                # later reshape of it copies rather than views): the meta keeps it too
+                d = torch.empty_strided(d.shape, had.stride(), dtype=d.dtype, device="meta")
+            x._data = d
             self.bind_value(x, v)
         elif "_detached_from" not in x.__dict__ or detached_from(x) is None:
             self.value_of(x)  # registers it as state if first seen
