@@ -173,9 +173,13 @@ def _penalized_step(lin, opt, x, graph: bool):
 def test_a_gradient_penalty_step_on_global_tensors_equals_one_device(graph):
     data = torch.randn(6, 4, generator=torch.Generator().manual_seed(2))
 
-    def make():
-        flow.manual_seed(0)
-        return flow.nn.Linear(4, 3)
+    flow.manual_seed(0)
+    init = {k: v.detach().clone() for k, v in flow.nn.Linear(4, 3).state_dict().items()}
+
+    def make():   # (drawn once, above: simulated ranks are threads sharing torch's default generator,
+        lin = flow.nn.Linear(4, 3)   # so a draw inside them interleaves with the other ranks')
+        lin.load_state_dict(init)
+        return lin
     lin = make()
     opt = flow.optim.SGD(lin.parameters(), lr=0.1)
     want = _penalized_step(lin, opt, flow.from_torch(data.clone()), False).detach().to_torch()
