@@ -23,10 +23,13 @@ from holoflow.graph.passes.checkpointing import set_activation_checkpointing
 from holoflow.sbp import B, P, S
 
 # CI runs 12 programs per mesh and the seeds that found bugs; HOLOFLOW_FUZZ_SEEDS=N runs N (a longer
-# local hunt). Found: 5 (2x2: an output viewing a split parameter was the copy made before the
-# step), 107 (2x2: a gradient bucket whose boxing ends in a local reshard sliced the concatenation)
-FOUND = (5, 107)
-SEEDS = sorted(set(range(int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 12)))) | set(FOUND))
+# local hunt), from HOLOFLOW_FUZZ_FIRST on. Found: 5 (2x2: an output viewing a split parameter was the copy made before the
+# step), 107 (2x2: a gradient bucket whose boxing ends in a local reshard sliced the concatenation),
+# 201 (2x2: an all-gather of another collective's result was prefetched before that one's wait),
+# 345 (1-D: a traced view of a split parameter re-derived with its logical attrs on the shard)
+FOUND = (5, 107, 201, 345)
+_FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
+SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 12)))) | set(FOUND))
 CONFIGS = ("plain", "fuse_add_to_output", "fuse_model_update", "grad_acc", "checkpointing", "zero1", "zero2",
            "zero3", "auto_parallel")
 MESHES = {"1d": [0, 1], "2x2": [[0, 1], [2, 3]]}

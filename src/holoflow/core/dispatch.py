@@ -290,8 +290,11 @@ def refresh(v: Tensor) -> None:
         vi.stamp, vi.at = stamp_of(base), base._data._version
         return
     vi.stamp = stamp_of(base)
-    # a global base's views chain their ops' local attrs (they alias its shard): replayed on it
-    src = local_alias(base) if base._global is not None else base
+    # a global base's views chain their ops' local attrs in eager (they alias its shard) and logical
+    # ones in a trace (a traced base's value is logical): replayed on a local alias of it, but for a
+    # traced view of real global state (a parameter), replayed on the state through the tracer
+    local = base._global is not None and ("_v" in base.__dict__ or "_v" not in v.__dict__)
+    src = local_alias(base) if local else base
     with grad_mode.set_grad_enabled(base._rg):
         fresh = replay(vi.chain, src, lambda op, x, attrs: apply(op, x, **attrs))
     vi.at = base._data._version

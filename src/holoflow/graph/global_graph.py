@@ -250,7 +250,7 @@ def issue_collectives(g: IRGraph, gather_ahead: bool = True) -> IRGraph:
             for v in n.value_inputs():
                 first_read.setdefault(v, i)
     groups = AliasGroups(g.nodes)
-    ahead = _prefetches(g, pairs, groups) if gather_ahead else {}   # node index -> where its issue goes
+    ahead = _prefetches(g, pairs, groups, first_read) if gather_ahead else {}   # node index -> where its issue goes
     early: dict[int, list[Node]] = {}
     for i, at in ahead.items():
         early.setdefault(at, []).append(pairs[i][0])
@@ -283,16 +283,17 @@ def issue_collectives(g: IRGraph, gather_ahead: bool = True) -> IRGraph:
     return g.with_(nodes=tuple(nodes + tail), frees=frees)
 
 
-def _prefetches(g: IRGraph, pairs: dict, groups: AliasGroups) -> dict[int, int]:
+def _prefetches(g: IRGraph, pairs: dict, groups: AliasGroups, first_read: dict) -> dict[int, int]:
     """All-gathers issued one all-gather ahead: node index -> the index of the all-gather before
     it, after whose issue its own goes, where everything it reads exists by then and no node in
     between writes that memory or is an effect. A ZeRO-3 block's parameters (one bucket) travel
-    while the block before computes, as FSDP's prefetch."""
+    while the block before computes, as FSDP's prefetch. The result of another collective issued
+    in flight exists from its wait on (before its first reader), not where it stands."""
     gathers = [i for i in sorted(pairs) if _one_step(g.nodes[i]).kind == "all_gather"]
     made: dict[Value, int] = {}
     for i, n in enumerate(g.nodes):
         for v in n.outputs:
-            made.setdefault(v, i)
+            made.setdefault(v, first_read.get(v, len(g.nodes)) if i in pairs else i)
     ahead = {}
     for prev, cur in zip(gathers, gathers[1:]):
         ins = set(g.nodes[cur].value_inputs())
