@@ -19,7 +19,6 @@ import holoflow as flow
 from graph import test_fuzz_graph as programs   # (the programs, their module and torch's runs)
 from holoflow.core.errors import HoloflowError
 from holoflow.distributed import world
-from holoflow.graph.passes.checkpointing import set_activation_checkpointing
 from holoflow.sbp import B, P, S
 
 # CI runs 12 programs per mesh and the seeds that found bugs; HOLOFLOW_FUZZ_SEEDS=N runs N (a longer
@@ -141,18 +140,7 @@ def _run(seed: int, place, graph: bool) -> tuple:
     losses, outs = [], []
     if graph:
         g = programs._Train(m, opt, program, weights)
-        if config == "fuse_add_to_output":
-            g.config.allow_fuse_add_to_output(True)
-        elif config == "fuse_model_update":
-            g.config.allow_fuse_model_update_ops(True)
-        elif config == "grad_acc":
-            g.config.set_gradient_accumulation_steps(acc)
-        elif config == "checkpointing":
-            set_activation_checkpointing(g, m.body)
-        elif config.startswith("zero"):
-            g.config.enable_zero(True, stage=int(config[-1]), shard_min_size=1)
-        elif config == "auto_parallel":
-            g.config.enable_auto_parallel(True)
+        programs.configure(g, config)
         for _ in range(programs.TRAIN_STEPS):
             loss, out = g(x, z)
             losses.extend(_whole(loss).reshape(-1).tolist())   # one loss per micro-batch under acc

@@ -318,21 +318,30 @@ class _Infer(flow.nn.Graph):
         return self.net(x, z, self.program, self.weights)
 
 
-def _graph(seed: int, program, weights, opt_kind: str, config: str) -> tuple:
-    flow.manual_seed(0)
-    m = _weights(flow, seed)
-    g = _Train(m, _optimizer(flow, m, opt_kind, config == "amp"), program, weights)
-    acc = 2 if config == "grad_acc" else 1
+def configure(g: flow.nn.Graph, config: str) -> None:
+    """Sets graph config ``config`` (one of ``CONFIGS``; also ``zero1``..``zero3`` and
+    ``auto_parallel`` for graphs of global tensors) on the training graph ``g``."""
     if config == "fuse_add_to_output":
         g.config.allow_fuse_add_to_output(True)
     elif config == "fuse_model_update":
         g.config.allow_fuse_model_update_ops(True)
     elif config == "grad_acc":
-        g.config.set_gradient_accumulation_steps(acc)
+        g.config.set_gradient_accumulation_steps(2)
     elif config == "checkpointing":
-        set_activation_checkpointing(g, m.body)
+        set_activation_checkpointing(g, g.net.body)
     elif config == "amp":
         g.config.enable_amp(True, dtype=flow.bfloat16)
+    elif config.startswith("zero"):
+        g.config.enable_zero(True, stage=int(config[-1]), shard_min_size=1)
+    elif config == "auto_parallel":
+        g.config.enable_auto_parallel(True)
+
+
+def _graph(seed: int, program, weights, opt_kind: str, config: str) -> tuple:
+    flow.manual_seed(0)
+    m = _weights(flow, seed)
+    g = _Train(m, _optimizer(flow, m, opt_kind, config == "amp"), program, weights)
+    configure(g, config)
     x, z = (flow.tensor(v) for v in _pools(seed, BATCH))
     losses, outs = [], []
     for _ in range(TRAIN_STEPS):
