@@ -374,3 +374,33 @@ def test_a_write_into_a_boxed_view_of_a_detached_source_is_refused_as_torchs():
     with pytest.raises(RuntimeError, match="view of a leaf"):
         tv[0:].mul_(-1.5)
     assert all(_on_two(run))
+
+
+@pytest.mark.parametrize("sbp", [B, S(0), S(1)])
+def test_a_write_into_an_expanded_global_tensor_writes_the_region_as_torchs(sbp):
+    """``e[..., 0:1] = c`` on ``e = x.unsqueeze(-1).expand(...)``: the indexed region alone is
+    written, which reaches ``x`` (every element of ``e`` shares one of ``x``'s), as torch's; it was
+    refused as a write that differs between shared elements (global graph fuzzer, seed 435)."""
+    def run(place):
+        x = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[sbp])
+        e = x.unsqueeze(-1).expand(4, 6, 2)
+        e[..., 0:1] = -0.5
+        return x.to_global(sbp=[B]).to_local().numpy(), e.to_global(sbp=[B]).to_local().numpy()
+    tx = torch.tensor(W)
+    te = tx.unsqueeze(-1).expand(4, 6, 2)
+    te[..., 0:1] = -0.5
+    for x, e in _on_two(run):
+        np.testing.assert_array_equal(x, tx.numpy())
+        np.testing.assert_array_equal(e, te.numpy())
+
+
+def test_copy_of_a_number_into_a_split_tensor_fills_every_shard():
+    """``x.copy_(0.5)`` (torch takes a number) on a split tensor: the number is a constant of the
+    placement; it was copied as a local tensor of the logical shape into each shard (a raw torch
+    size error)."""
+    def run(place):
+        x = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[S(0)])
+        x.copy_(0.5)
+        return x.to_global(sbp=[B]).to_local().numpy()
+    for got in _on_two(run):
+        np.testing.assert_array_equal(got, np.full((4, 6), 0.5))

@@ -9,6 +9,7 @@ from ..core import grad_mode, interpret
 from ..core.autograd import GradNode
 from ..core.dispatch import apply, assign, check_inplace_target, distinct_elements
 from ..core.errors import HoloflowError
+from ..core.sbp import B
 from ..core.views import VIEW_SCATTER
 from ..core.tensor import Tensor
 from .family import cast_sbp, defop, elementwise_sbp
@@ -112,6 +113,9 @@ def copy_(self: Tensor, src, non_blocking: bool = False) -> Tensor:
     gradient flows to ``src``, as ``torch.Tensor.copy_``."""
     if not isinstance(src, Tensor):
         src = Tensor._make(torch.as_tensor(src, dtype=self._data.dtype, device=self.device.torch))
+        if self._global is not None:   # a number: the same constant on every rank of the placement
+            place = self._global.placement
+            src = place.interpreter.from_full(src._data, place, (B,) * place.ndim)
     out = to(src, device=self.device.torch, dtype=self._data.dtype)
     if tuple(out.shape) != tuple(self.shape):
         try:

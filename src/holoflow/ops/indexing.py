@@ -364,13 +364,16 @@ def setitem(input: Tensor, index, value) -> None:
     spec, tensors = parse_index(expand_ranges(index), tuple(input.shape), input.device.torch)
     if isinstance(value, (list, tuple, np.ndarray)):
         value = Tensor._make(torch.as_tensor(value, dtype=input._data.dtype, device=input.device.torch))
+    strides = input._data.stride()
     if input._global is not None:
         tensors = [_like_global(t, input) for t in tensors]
         value = _like_global(value, input)
-    elif not tensors and any(st == 0 and n > 1 for st, n in zip(input._data.stride(), input._data.shape)):
+        strides = getattr(input._global, "strides", None) or strides   # (torch's, for a boxed view)
+    if not tensors and any(st == 0 and n > 1 for st, n in zip(strides, input.shape)):
         # an expanded tensor (elements shared): the write goes to the indexed region alone, as
         # torch's (a region that still shares elements is refused by copy_, as torch's)
-        getitem(input, index).copy_(value)
+        region = getitem(input, index)
+        region.copy_(value) if isinstance(value, Tensor) else region.fill_(value)
         return
     apply_inplace(INDEX_PUT, input, value, *tensors, spec=spec)
 
