@@ -26,8 +26,9 @@ from holoflow.sbp import B, P, S
 # step), 107 (2x2: a gradient bucket whose boxing ends in a local reshard sliced the concatenation),
 # 201 (2x2: an all-gather of another collective's result was prefetched before that one's wait),
 # 345 (1-D: a traced view of a split parameter re-derived with its logical attrs on the shard),
-# 435 (a write into an expanded global tensor refused as one differing between shared elements)
-FOUND = (5, 107, 201, 345, 435)
+# 435 (a write into an expanded global tensor refused as one differing between shared elements),
+# 1065 (2x2, accumulation: an output that is a parameter was planned as a micro-batch's value)
+FOUND = (5, 107, 201, 345, 435, 1065)
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 12)))) | set(FOUND))
 CONFIGS = ("plain", "fuse_add_to_output", "fuse_model_update", "grad_acc", "checkpointing", "zero1", "zero2",

@@ -381,3 +381,44 @@ def test_an_output_that_is_a_view_of_a_parameter_reads_it_after_the_step(mesh, s
         torch.testing.assert_close(a.to_torch(), want)
         torch.testing.assert_close(b.to_torch(), want[:, 1:3])
         torch.testing.assert_close(c.to_torch(), want)
+
+
+@pytest.mark.parametrize("sbp", [B, S(0)], ids=["B", "S0"])
+def test_a_parameter_returned_under_gradient_accumulation_is_read_after_the_step(sbp):
+    """``return loss, self.w`` from a global graph accumulating 2 micro-batches: the parameter is
+    no micro-batch's value; it is read after the step, whole, as without accumulation (the plan
+    had no task producing it: a PlanError; global graph fuzzer, seed 1065)."""
+    def run(r):
+        place = flow.placement("cpu", [0, 1])
+        flow.manual_seed(0)
+        lin = flow.nn.Linear(4, 4, bias=False)
+        lin.load_state_dict(INIT)
+        lin.to_global(place, sbp)
+        opt = flow.optim.SGD(lin.parameters(), lr=1.0)
+
+        class G(flow.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.lin = lin
+                self.add_optimizer(opt)
+                self.config.set_gradient_accumulation_steps(2)
+
+            def build(self, x):
+                loss = lin(x).sum()
+                loss.backward()
+                return loss, lin.weight
+
+        x = flow.ones(4, 4).to_global(placement=place, sbp=S(0))
+        loss, w = G()(x)
+        return tuple(loss.shape), w.to_global(sbp=B).to_local().to_torch(), lin.weight.to_global(sbp=B).to_local().to_torch()
+    w0 = INIT["weight"].to_torch()
+    for loss_shape, w, live in world.simulate(2, run):
+        assert loss_shape == (2,)   # (one loss per micro-batch)
+        torch.testing.assert_close(w, live)
+        # (x: each rank's ones(4, 4) shard of an (8, 4) batch: d sum(x @ w.T) / dw = 8 per element,
+        # each micro-batch's loss scaled by 1/2; lr 1)
+        torch.testing.assert_close(live, w0 - 4.0)
+
+
+flow.manual_seed(0)
+INIT = {k: v.detach().clone() for k, v in flow.nn.Linear(4, 4, bias=False).state_dict().items()}

@@ -134,7 +134,7 @@ class PipelineCompiled:
         self.zb_w_share: float | None = None
         self.mem = {"in_flight": 0, "peak_in_flight": 0, "bytes": 0, "peak_bytes": 0,
                     "w_waiting": 0, "peak_w_waiting": 0, "w_bytes": 0, "peak_w_bytes": 0}
-        self.runtime, self._out_names = None, {}
+        self.runtime, self._out_names, self._state_outs = None, {}, {}
         ph = phases(logical)
         check_stages(logical, placements, ph)
         _check_step_outputs(logical, ph, m)
@@ -166,7 +166,10 @@ class PipelineCompiled:
         f_upd = [(t, v) for t, v in g.updates if prod_phase.get(v) == "F" and v not in acc_sum]
         acc_last = [v for _, v in g.updates if v in early and v not in acc_sum and v not in {fv for _, fv in f_upd}]
         sends = [v for vs in rg.send.values() for v in vs]
-        outs = [o for o in g.outputs if isinstance(o, Value)]
+        # an output that is state (``return self.w``) is no micro-batch's value: read live after
+        # the step, as a graph without micro-batches reads it
+        self._state_outs = {i: t for i, o in enumerate(self.logical.outputs) for v, t in g.state if o is v}
+        outs = [o for o in g.outputs if isinstance(o, Value) and o not in state]
         exports = list(dict.fromkeys([*outs, *sends, *acc_sum, *acc_last, *(v for _, v in f_upd)]))
         loc = localize(g.with_(outputs=tuple(exports)), self.rank, self.comm, self.seed)
         lph = {id(ln): ph[id(n)] for n, ln in zip(g.nodes, loc.nodes)}
@@ -329,7 +332,7 @@ class PipelineCompiled:
             specs.append(TaskSpec("update", "update", _acc_fn(entry, self.m, len(acc_sum), owned, ins),
                                   tuple(name(v) for v in ins), (), meta={"phase": "U"}))
         self._feed_names = [name(loc.feeds[j]) for j in range(len(rg.feeds))]
-        self._out_names = {i: name(L[self.logical.outputs[i]]) for i in rg.outputs}
+        self._out_names = {i: name(L[self.logical.outputs[i]]) for i in rg.outputs if i not in self._state_outs}
         plan = Plan(tuple(specs), inputs=tuple(self._feed_names),
                     outputs=tuple(dict.fromkeys(self._out_names.values())),
                     input_register_num=max(2, self.m))
@@ -369,7 +372,9 @@ class PipelineCompiled:
                 res.append(o)
                 continue
             shape = tuple(o.shape) if m == 1 else ((m,) if not o.shape else (o.shape[0] * m,) + tuple(o.shape[1:]))
-            if got and i in self._out_names:
+            if i in self._state_outs:
+                t, shape = Tensor._make(self._state_outs[i]._data), tuple(o.shape)
+            elif got and i in self._out_names:
                 ps = [d[self._out_names[i]] for d in got]
                 # rows put back where the batch's came from: a global output of a micro-batch's
                 # length along dim 0 that is whole on every rank (others: pieces in order)
@@ -389,8 +394,10 @@ class PipelineCompiled:
         """Refuses, before anything runs, a non-scalar output split along dim 0 into other blocks
         of rows than the batch inputs (``blocks``, :func:`pipeline.batch_blocks`): each rank packs
         its shards of the micro-batches, which would put the output's rows out of order."""
+        state = {v for v, _ in self.logical.state}   # (read live, not packed)
         for i, o in enumerate(self.logical.outputs):
-            if not isinstance(o, Value) or not o.shape or o.placement is None or not splits_rows(o.sbp):
+            if not isinstance(o, Value) or not o.shape or o.placement is None or not splits_rows(o.sbp) \
+                    or o in state:
                 continue
             if row_blocks(tuple(o.shape), tuple(o.sbp), o.placement) != blocks:
                 raise HoloflowError(
