@@ -347,6 +347,37 @@ def test_norm_on_a_global_graph_input_equals_single_process(kind):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
 
 
+flow.manual_seed(0)   # (drawn here: simulated ranks are threads sharing torch's default generator)
+INIT = {k: v.detach().clone() for k, v in flow.nn.Linear(4, 4, bias=False).state_dict().items()}
+
+
+def _sgd_linear_run(place, sbp, x, outputs, acc: int = 1) -> tuple:
+    """One SGD step (lr 1) of a graph training ``Linear(4, 4)`` (INIT, laid out as ``sbp``) on
+    ``sum(lin(x))``, returning ``outputs(loss, lin)``: those outputs and the parameter, whole."""
+    lin = flow.nn.Linear(4, 4, bias=False)
+    lin.load_state_dict(INIT)
+    lin.to_global(place, sbp)
+    opt = flow.optim.SGD(lin.parameters(), lr=1.0)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.lin = lin
+            self.add_optimizer(opt)
+            if acc > 1:
+                self.config.set_gradient_accumulation_steps(acc)
+
+        def build(self, x):
+            loss = lin(x).sum()
+            loss.backward()
+            return outputs(loss, lin)
+
+    whole = (B,) * place.ndim
+    outs = G()(x)
+    return [o.to_global(sbp=whole).to_local().to_torch() for o in outs], \
+        lin.weight.to_global(sbp=whole).to_local().to_torch()
+
+
 @pytest.mark.parametrize("mesh,sbp,n", [([0, 1], (S(0),), 2), ([0, 1], (B,), 2), ([[0, 1], [2, 3]], (S(0), B), 4)],
                          ids=["S0", "B", "2x2"])
 def test_an_output_that_is_a_view_of_a_parameter_reads_it_after_the_step(mesh, sbp, n):
@@ -354,33 +385,16 @@ def test_an_output_that_is_a_view_of_a_parameter_reads_it_after_the_step(mesh, s
     which alias the parameter's storage) show the parameter after the optimizer's step. A view of
     a split parameter that had to be boxed was the copy made in forward, before the step (global
     graph fuzzer, seed 5 on a 2x2 mesh)."""
-    def run(place):
-        flow.manual_seed(0)
-        lin = flow.nn.Linear(4, 4, bias=False).to_global(place, sbp)
-        opt = flow.optim.SGD(lin.parameters(), lr=1.0)
-
-        class G(flow.nn.Graph):
-            def __init__(self):
-                super().__init__()
-                self.lin = lin
-                self.add_optimizer(opt)
-
-            def build(self, x):
-                lin(x).sum().backward()
-                return lin.weight[0:], lin.weight[:, 1:3], lin.weight
-
+    def run(r):
+        place = flow.placement("cpu", mesh)
         x = flow.ones(2, 4).to_global(placement=place, sbp=(B,) * place.ndim)
-        outs = G()(x)
-        whole = (B,) * place.ndim
-        return [o.to_global(sbp=whole).to_local() for o in outs], lin.weight.to_global(sbp=whole).to_local()
-    flow.manual_seed(0)
-    w0 = flow.nn.Linear(4, 4, bias=False).weight.detach().to_torch()
-    for (a, b, c), w in world.simulate(n, lambda r: run(flow.placement("cpu", mesh))):
-        want = w.to_torch()
-        assert not torch.equal(want, w0)   # (the step moved it: else this tests nothing)
-        torch.testing.assert_close(a.to_torch(), want)
-        torch.testing.assert_close(b.to_torch(), want[:, 1:3])
-        torch.testing.assert_close(c.to_torch(), want)
+        return _sgd_linear_run(place, sbp, x, lambda loss, lin: (lin.weight[0:], lin.weight[:, 1:3], lin.weight))
+    w0 = INIT["weight"].to_torch()
+    for (a, b, c), live in world.simulate(n, run):
+        assert not torch.equal(live, w0)   # (the step moved it: else this tests nothing)
+        torch.testing.assert_close(a, live)
+        torch.testing.assert_close(b, live[:, 1:3])
+        torch.testing.assert_close(c, live)
 
 
 @pytest.mark.parametrize("sbp", [B, S(0)], ids=["B", "S0"])
@@ -390,35 +404,12 @@ def test_a_parameter_returned_under_gradient_accumulation_is_read_after_the_step
     had no task producing it: a PlanError; global graph fuzzer, seed 1065)."""
     def run(r):
         place = flow.placement("cpu", [0, 1])
-        flow.manual_seed(0)
-        lin = flow.nn.Linear(4, 4, bias=False)
-        lin.load_state_dict(INIT)
-        lin.to_global(place, sbp)
-        opt = flow.optim.SGD(lin.parameters(), lr=1.0)
-
-        class G(flow.nn.Graph):
-            def __init__(self):
-                super().__init__()
-                self.lin = lin
-                self.add_optimizer(opt)
-                self.config.set_gradient_accumulation_steps(2)
-
-            def build(self, x):
-                loss = lin(x).sum()
-                loss.backward()
-                return loss, lin.weight
-
         x = flow.ones(4, 4).to_global(placement=place, sbp=S(0))
-        loss, w = G()(x)
-        return tuple(loss.shape), w.to_global(sbp=B).to_local().to_torch(), lin.weight.to_global(sbp=B).to_local().to_torch()
+        return _sgd_linear_run(place, sbp, x, lambda loss, lin: (loss, lin.weight), acc=2)
     w0 = INIT["weight"].to_torch()
-    for loss_shape, w, live in world.simulate(2, run):
-        assert loss_shape == (2,)   # (one loss per micro-batch)
+    for (loss, w), live in world.simulate(2, run):
+        assert tuple(loss.shape) == (2,)   # (one loss per micro-batch)
         torch.testing.assert_close(w, live)
         # (x: each rank's ones(4, 4) shard of an (8, 4) batch: d sum(x @ w.T) / dw = 8 per element,
         # each micro-batch's loss scaled by 1/2; lr 1)
         torch.testing.assert_close(live, w0 - 4.0)
-
-
-flow.manual_seed(0)
-INIT = {k: v.detach().clone() for k, v in flow.nn.Linear(4, 4, bias=False).state_dict().items()}
