@@ -172,21 +172,33 @@ class Compiled:
     def feeds(self, leaves: list) -> dict:
         return dict(zip(self.feed_names, (x._data for x in leaves if isinstance(x, Tensor))))
 
-    def outputs(self, got: dict) -> list:
+    def outputs(self, got: dict, live_views: bool = False) -> list:
+        """The graph's outputs from a run's values; ``live_views`` (the step is done): outputs that
+        view state are read from the state now (``global_graph.wrap_outputs``)."""
         name, state = self.program.names, self._state
         outs = [(Tensor._make(state[o]._data) if o in state else Tensor._make(got[name[o]]))
                 if isinstance(o, Value) else o for o in self.ir.outputs]
-        return wrap_outputs(self.logical, outs, self._state_views) if self.logical is not self.ir else outs
+        if self.logical is self.ir:
+            return outs
+        return wrap_outputs(self.logical, outs, self._state_views if live_views else {})
 
     def run(self, feeds: dict) -> list:
-        return list(self.stream([feeds]))[0]
+        """One step: its outputs once every task of it ran (the optimizer's update included: the
+        runtime hands the outputs over as soon as they exist)."""
+        got = list(self._values([feeds]))[0]
+        return self.outputs(got, live_views=True)
 
     def stream(self, feeds: Iterable[dict]) -> Iterator[list]:
-        """Output leaves per feed; the actor runtime prefetches feed i+1 while i runs."""
+        """Output leaves per feed; the actor runtime prefetches feed i+1 while i runs (an output
+        viewing state that had to be boxed is then its value in that step's forward)."""
+        for got in self._values(feeds):
+            yield self.outputs(got)
+
+    def _values(self, feeds: Iterable[dict]) -> Iterator[dict]:
         try:
             for got in self.executor.stream(feeds):
                 self.iterations += 1
-                yield self.outputs(got)
+                yield got
         except TaskError as e:
             self._executor = None
             raise self.error(e) from e.__cause__
