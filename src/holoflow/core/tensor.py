@@ -245,12 +245,15 @@ class Tensor:
 
     def detach(self) -> "Tensor":
         c = self.__dict__.get("_copy_of")
+        reads = None   # the copy standing for a view whose storage this aliases (global tensors)
         if self._global is not None:   # a copy standing for a view, or a view of one (aliasing
             from .dispatch import fresh_copy   # its storage): its source's current values
             fresh_copy(self)
             vi = self._view
-            if vi is not None and "_copy_of" in vi.base.__dict__:
-                fresh_copy(vi.base)
+            reads = vi.base if vi is not None and "_copy_of" in vi.base.__dict__ else \
+                self.__dict__.get("_reads_copy")
+            if reads is not None:
+                fresh_copy(reads)
         if self._view is not None and "_v" in self.__dict__:   # a traced view: its value after its
             from .dispatch import refresh                       # base's writes (eager's shares storage)
             refresh(self)
@@ -259,6 +262,8 @@ class Tensor:
         if c is not None:   # and stands for the view of the detached source: writes reach its storage
             from .views import CopyOf
             t.__dict__["_copy_of"] = CopyOf(c.source.detach(), c.chain, c.version, detached=True)
+        elif reads is not None:   # it aliases that copy's storage: a read re-derives the copy first
+            t.__dict__["_reads_copy"] = reads
         if "_v" in self.__dict__:  # a lazy tensor of a graph trace: same value, no history
             t.__dict__["_v"] = self.__dict__["_v"]
         if interpret.is_lazy():   # inside build(): an alias of this tensor, as eager's shares its

@@ -193,7 +193,8 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
     local_in, saved, j = [], [], 0
     for x in inputs:
         if isinstance(x, Tensor):
-            if "_copy_of" in x.__dict__ or (x._view is not None and "_copy_of" in x._view.base.__dict__):
+            if "_copy_of" in x.__dict__ or "_reads_copy" in x.__dict__ or \
+                    (x._view is not None and "_copy_of" in x._view.base.__dict__):
                 fresh(x, strict=op.grad is not None)   # (a copy standing for a view, or a view of one)
             want = sig[0][j]
             y = apply_box(x, place, x._global.sbp, want, x.shape, rank, comm) \

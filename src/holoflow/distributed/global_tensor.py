@@ -149,6 +149,9 @@ def fresh(x: Tensor, strict: bool = False) -> None:
     vi = x._view
     if vi is not None and "_copy_of" in vi.base.__dict__:
         fresh_copy(vi.base, strict)
+    reads = x.__dict__.get("_reads_copy")   # a detach() of a view of such a copy (aliasing its storage)
+    if reads is not None:
+        fresh_copy(reads)
 
 
 def make_global(local: Tensor, place: placement, nd: tuple, shape, grad_sbp=None) -> Tensor:
