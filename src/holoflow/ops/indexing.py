@@ -372,8 +372,7 @@ def setitem(input: Tensor, index, value) -> None:
     if not tensors and any(st == 0 and n > 1 for st, n in zip(strides, input.shape)):
         # an expanded tensor (elements shared): the write goes to the indexed region alone, as
         # torch's (a region that still shares elements is refused by copy_, as torch's)
-        region = getitem(input, index)
-        region.copy_(value) if isinstance(value, Tensor) else region.fill_(value)
+        getitem(input, index).copy_(value)
         return
     apply_inplace(INDEX_PUT, input, value, *tensors, spec=spec)
 
