@@ -63,13 +63,12 @@ def _layouts(seed: int, mesh_nd: int) -> tuple:
 
 
 def _writes_an_input(seed: int) -> bool:
+    """Whether the program of ``seed`` writes in place into memory of its inputs x and z (pool 0, 1)."""
     program = programs._generate(seed)[0]
     pool = programs._shapes(program, seed)
-    n, written = programs.N_INPUTS, set()
-    for name, operands, _ in program:
-        if name in programs.INPLACE and name != "buffer_update":
-            written.add(pool[operands[0]].untyped_storage().data_ptr())
-    return any(pool[i].untyped_storage().data_ptr() in written for i in range(n - 1))
+    written = {pool[operands[0]].untyped_storage().data_ptr() for name, operands, _ in program
+               if name in programs.INPLACE and name != "buffer_update"}
+    return any(pool[i].untyped_storage().data_ptr() in written for i in (0, 1))
 
 
 def _blocks(sbp: tuple, mesh_nd: int) -> list:

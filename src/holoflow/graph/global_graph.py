@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
+from ..core import grad_mode
+from ..core.dispatch import apply
 from ..core.errors import HoloflowError
 from ..core.registry import REGISTRY, Meta, defop
 from ..ops.family import like_first_input
 from ..core.sbp import B, P
-from ..core import grad_mode
-from ..core.dispatch import apply
 from ..core.tensor import Tensor
 from ..core.views import replay
 from ..distributed import comm_track, rng, world

@@ -523,7 +523,8 @@ class Tracer(Interpreter):
         v = self.value_of(out)
         if "_v" in x.__dict__ or x._data.device.type == "meta":
             d, had = out._data, x._data
-            if had.device.type == "meta" and d.shape == had.shape and d.stride() != had.stride():
+            if had.device.type == "meta" and d.device.type == "meta" and d.shape == had.shape \
+                    and d.stride() != had.stride():
                 # eager's write keeps the tensor's layout (a transposed view stays transposed, and a
                 # later reshape of it copies rather than views): the meta keeps it too
                 d = torch.empty_strided(d.shape, had.stride(), dtype=d.dtype, device="meta")
