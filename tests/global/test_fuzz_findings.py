@@ -423,3 +423,29 @@ def test_detach_of_a_view_of_a_boxed_view_reads_its_source_after_a_write():
     for got, again in _on_two(run):
         np.testing.assert_array_equal(got, tz.numpy())
         np.testing.assert_array_equal(again, tz.numpy())
+
+
+def test_a_write_to_a_detached_view_of_a_boxed_view_reaches_its_source():
+    """``w[..., 0:4][..., 1:2].detach()`` of a column-split ``w`` aliases the storage of the copy
+    standing for ``w[..., 0:4]``; torch's aliases ``w``'s, so writing it writes ``w`` (and bumps
+    the version its saved uses check). holoflow wrote the copy only: ``w`` kept its old values,
+    silently."""
+    def run(place):
+        w = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[S(1)]).requires_grad_()
+        y = w * w
+        z = w[..., 0:4][..., 1:2].detach()
+        z.mul_(3)
+        with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+            y.sum().backward()
+        (w * 2).sum().backward()
+        return (w.to_global(sbp=[B]).to_local().detach().numpy(), z.to_global(sbp=[B]).to_local().numpy(),
+                w.grad.to_global(sbp=[B]).to_local().numpy(), z.requires_grad)
+    tw = torch.tensor(W, requires_grad=True)
+    tz = tw[..., 0:4][..., 1:2].detach()
+    tz.mul_(3)
+    (tw * 2).sum().backward()
+    for got, z, g, rg in _on_two(run):
+        np.testing.assert_array_equal(got, tw.detach().numpy())
+        np.testing.assert_array_equal(z, tz.numpy())
+        np.testing.assert_array_equal(g, tw.grad.numpy())
+        assert not rg

@@ -462,9 +462,15 @@ def assign(x: Tensor, out: Tensor, name: str) -> Tensor:
     copy_of = "_copy_of" in base.__dict__
     if copy_of:   # a copy standing for a view, written: first its source's current values (the
         fresh_copy(base)   # region not written goes back to the source as it is there now)
+    reads = x.__dict__.get("_reads_copy")   # (a detach() aliasing such a copy's storage)
+    if reads is not None:
+        fresh_copy(reads)
     EAGER.assign(x, out, name)
     if copy_of:   # the write goes on to its source, as a view's to its base
         write_back(base, name)
+    if reads is not None:   # its values go on to the copy's source; no history changes (torch's
+        with grad_mode.no_grad():   # write through a detached alias touches none)
+            write_back(reads, name)
     return x
 
 
