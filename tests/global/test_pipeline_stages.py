@@ -270,6 +270,16 @@ def test_amp_and_activation_checkpointing_in_stages_equal_the_local_graph(amp, c
         assert res[1][2]["peak_bytes"] < plain[1][2]["peak_bytes"], (res[1][2], plain[1][2])
 
 
+def test_a_checkpointed_stage_keeps_the_inputs_set_stage_moved_onto_it():
+    """A staged module's inputs moved by ``set_stage`` (no explicit to_global) are its boundary
+    inputs: checkpointing recomputed the move too, a forward move during the backward, refused as
+    a cycle between stages (pipeline fuzzer, seed 1)."""
+    want = F.reference_graph(steps=2, ckpt=True)
+    res = world.simulate(2, lambda r: F.pipelined(r, INIT, steps=2, ckpt=True, explicit_move=False))
+    for params, *_ in res:
+        assert _rel(params, want) < 1e-5
+
+
 def test_a_rank_on_no_stage_runs_the_same_program_and_holds_nothing():
     want, want_losses = F.reference(steps=2)
     res = world.simulate(3, lambda r: F.pipelined(r, INIT, steps=2))

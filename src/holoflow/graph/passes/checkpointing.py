@@ -23,6 +23,7 @@ from ...core.errors import HoloflowError
 from ...core.registry import REGISTRY
 from ..ir import IRGraph, Node, Value
 from . import register
+from .stages import is_move
 
 RECOMPUTE = "recompute"
 
@@ -77,8 +78,13 @@ def region_of(n: Node, scopes: set) -> str | None:
 
 
 def _recomputable(n: Node | None, region: str | None, scopes: set) -> bool:
+    """Whether ``n`` is recomputed for ``region``'s backward: a non-random node of that module,
+    not a move between pipeline stages (a staged module's inputs moved onto its placement by
+    ``set_stage`` are its boundary inputs, as a move made before the call; recomputing one
+    would send forward data during the backward, a cycle between stages)."""
     op = REGISTRY.get(n.op) if n is not None else None
-    return op is not None and not op.random and n.kernel is None and region_of(n, scopes) == region
+    return op is not None and not op.random and n.kernel is None and not is_move(n) and \
+        region_of(n, scopes) == region
 
 
 def _region_outputs(g: IRGraph, scopes: set, producer: dict) -> set:
