@@ -129,8 +129,9 @@ def pipelined(rank: int, init: dict, steps: int = 3, m: int = 4, lr: float = 0.1
     losses = []
     for s in range(steps):
         x, y = data(batch, s)
-        xg = flow.tensor(x).to_global(placement=p0, sbp=sbp)
-        yg = flow.tensor(y).to_global(placement=p1, sbp=sbp)
+        # every rank holds the whole batch: broadcast, then split (the logical batch is the batch)
+        xg = flow.tensor(x).to_global(placement=p0, sbp=[B]).to_global(sbp=sbp)
+        yg = flow.tensor(y).to_global(placement=p1, sbp=[B]).to_global(sbp=sbp)
         loss = g(xg, yg)
         if rank in p1.flat_ranks:
             losses.append(loss.to_local().numpy().copy())

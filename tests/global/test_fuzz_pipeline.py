@@ -47,7 +47,11 @@ def _program(seed: int) -> dict:
         "move": str(rng.choice(["explicit", "implicit"])),
         "loss": str(rng.choice(["cross_entropy", "mse"])),
         "lr": float(rng.choice([0.05, 0.1])),
-    }
+        # (drawn last: the seeds above keep their programs)
+        "sched": bool(rng.random() < 0.3),                 # an LR scheduler stepped by the graph
+        "out": bool(rng.random() < 0.4),                   # build() also returns the output
+        "bn": bool(rng.random() < 0.5),                    # batch norm in stage 0 (one micro-batch only:
+    }                                                      # its statistics are the batch's)
 
 
 def _describe(seed: int) -> str:
@@ -81,13 +85,16 @@ class Block(flow.nn.Module):
 class Stage(flow.nn.Module):
     """One stage's blocks; the last stage also reads the skip input (projected) when there is one."""
 
-    def __init__(self, kinds: list, d_in: int, d_out: int, skip: bool):
+    def __init__(self, kinds: list, d_in: int, d_out: int, skip: bool, bn: bool = False):
         super().__init__()
         dims = [d_in] + [d_out] * len(kinds)
         self.blocks = flow.nn.ModuleList([Block(k, a, b) for k, a, b in zip(kinds, dims, dims[1:])])
         self.skip = flow.nn.Linear(D_IN, d_out, bias=False) if skip else None
+        self.bn = flow.nn.BatchNorm1d(d_in, momentum=0.3) if bn else None
 
     def forward(self, h, x=None):
+        if self.bn is not None:
+            h = self.bn(h)
         for b in self.blocks:
             h = b(h)
         return h + self.skip(x) if self.skip is not None else h
@@ -98,7 +105,8 @@ class Net(flow.nn.Module):
         super().__init__()
         dims = [D_IN] + prog["widths"][:-1] + [D_OUT]
         last = prog["p"] - 1
-        self.stages = flow.nn.ModuleList([Stage(k, a, b, prog["skip"] and i == last)
+        bn = prog["bn"] and prog["m"] == 1
+        self.stages = flow.nn.ModuleList([Stage(k, a, b, prog["skip"] and i == last, bn and i == 0)
                                           for i, (k, a, b) in enumerate(zip(prog["stages"], dims, dims[1:]))])
         self.places, self.sbp, self.explicit = None, None, True
 
@@ -127,11 +135,12 @@ def _loss(prog: dict, out, y, target):
     return F.cross_entropy(out, y) if prog["loss"] == "cross_entropy" else F.mse_loss(out, target)
 
 
-def _optimizer(prog: dict, params):
+def _optimizer(prog: dict, params) -> tuple:
     if prog["opt"] == "sgd":
-        return flow.optim.SGD(params, lr=prog["lr"], momentum=0.9)
-    cls = flow.optim.AdamW if prog["opt"] == "adamw" else flow.optim.Adam
-    return cls(params, lr=prog["lr"] / 10)
+        opt = flow.optim.SGD(params, lr=prog["lr"], momentum=0.9)
+    else:
+        opt = (flow.optim.AdamW if prog["opt"] == "adamw" else flow.optim.Adam)(params, lr=prog["lr"] / 10)
+    return opt, flow.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5) if prog["sched"] else None
 
 
 def _clip(prog: dict, net: Net) -> None:
@@ -150,17 +159,21 @@ def _init(prog: dict, seed: int) -> dict:
 def _reference(prog: dict, init: dict) -> tuple:
     net = Net(prog)
     net.load_state_dict({k: flow.tensor(v) for k, v in init.items()})
-    opt = _optimizer(prog, net.parameters())
-    losses = []
+    opt, sched = _optimizer(prog, net.parameters())
+    losses, outs = [], []
     for s in range(STEPS):
         x, y, t = (flow.tensor(a) for a in _data(s))
-        loss = _loss(prog, net(x), y, t)
+        out = net(x)
+        loss = _loss(prog, out, y, t)
         opt.zero_grad()
         loss.backward()
         _clip(prog, net)
         opt.step()
+        if sched is not None:
+            sched.step()
         losses.append(loss.item())
-    return {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}, losses
+        outs.append(out.detach().numpy().copy())
+    return {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}, losses, outs
 
 
 def _pipelined(rank: int, prog: dict, init: dict) -> tuple:
@@ -172,7 +185,7 @@ def _pipelined(rank: int, prog: dict, init: dict) -> tuple:
     for stage, place in zip(net.stages, places):
         stage.to_global(placement=place, sbp=[B])
     net.places, net.sbp, net.explicit = places, sbp, prog["move"] == "explicit"
-    opt = _optimizer(prog, net.parameters())
+    opt, sched = _optimizer(prog, net.parameters())
 
     class G(flow.nn.Graph):
         def __init__(self):
@@ -186,22 +199,28 @@ def _pipelined(rank: int, prog: dict, init: dict) -> tuple:
             self.config.set_pipeline_schedule(prog["schedule"])
             if prog["zero"]:
                 self.config.enable_zero(True, stage=prog["zero"], shard_min_size=1)
-            self.add_optimizer(opt)
+            self.add_optimizer(opt, lr_sch=sched)
 
         def build(self, x, y, t):
-            loss = _loss(prog, self.net(x), y, t)
+            out = self.net(x)
+            loss = _loss(prog, out, y, t)
             loss.backward()
             _clip(prog, self.net)
-            return loss
+            return (loss, out.detach()) if prog["out"] else loss
 
     g = G()
-    losses = []
+    losses, outs = [], []
     last = places[-1]
     for s in range(STEPS):
         x, y, t = _data(s)
-        loss = g(flow.tensor(x).to_global(placement=places[0], sbp=sbp),
-                 flow.tensor(y).to_global(placement=last, sbp=sbp),
-                 flow.tensor(t).to_global(placement=last, sbp=sbp))
+        # (every rank holds the whole batch: broadcast, then split, so the logical batch is it)
+        whole = lambda a, place: flow.tensor(a).to_global(placement=place, sbp=[B]).to_global(sbp=sbp)
+        loss = g(whole(x, places[0]), whole(y, last), whole(t, last))
+        if prog["out"]:
+            loss, out = loss
+            full = out.to_global(placement=last, sbp=[B])
+            if rank in last.flat_ranks:
+                outs.append(full.to_local().numpy().copy())
         if rank in last.flat_ranks:
             # per micro-batch losses; with data parallelism each rank holds a partial sum
             losses.append(loss.to_global(placement=last, sbp=[B]).to_local().numpy().copy()
@@ -211,20 +230,22 @@ def _pipelined(rank: int, prog: dict, init: dict) -> tuple:
         place = places[int(k.split(".")[1])]
         params[k] = v.to_global(placement=place, sbp=[B]).to_local().numpy().copy() \
             if rank in place.flat_ranks else None
-    return params, losses
+    return params, losses, outs
 
 
 def _check(seed: int) -> None:
     prog = _program(seed)
     init = _init(prog, seed)
-    want, want_losses = _reference(prog, init)
+    want, want_losses, want_outs = _reference(prog, init)
     n = prog["p"] * prog["dp"]
     results = world.simulate(n, lambda r: _pipelined(r, prog, init))
     where = f"seed {seed}:\n{_describe(seed)}"
-    for params, _ in results:
+    for params, _, outs in results:
         for k, v in params.items():
             if v is not None:
                 np.testing.assert_allclose(v, want[k], rtol=2e-4, atol=2e-5, err_msg=f"{k}, {where}")
+        for got, ref in zip(outs, want_outs):   # (the last stage's ranks: every micro-batch's rows)
+            np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-5, err_msg=f"output, {where}")
     last = results[-prog["dp"]:]
     if prog["dp"] == 1:
         got = [float(np.mean(v)) for v in last[0][1]]

@@ -57,7 +57,8 @@ def _run(rank, dp=2, zero=0, clip=None, scaler=False, steps=3, m=4, big_at=None,
     g = G()
     for s in range(steps):
         x, y = _batch(s, big_at)
-        g(flow.tensor(x).to_global(placement=p0, sbp=sbp), flow.tensor(y).to_global(placement=p1, sbp=sbp))
+        g(flow.tensor(x).to_global(placement=p0, sbp=[B]).to_global(sbp=sbp),
+          flow.tensor(y).to_global(placement=p1, sbp=[B]).to_global(sbp=sbp))
     params = {}
     for k, v in net.state_dict().items():
         place = p0 if k.startswith("s0") else p1
