@@ -102,6 +102,12 @@ def current() -> Interpreter:
     return top if top is not None else _BOTTOM[0]
 
 
+def composite(name: str, *inputs) -> tuple:
+    """``inputs`` as a composite op written from primitives receives them: autocast applies the
+    policy torch lists ``name`` under (``mse_loss``: float32) at its boundary."""
+    return current().composite(name, inputs)
+
+
 def stack() -> list[Interpreter]:
     """Active interpreters, innermost first, down to the eager one."""
     out, it = [], current()

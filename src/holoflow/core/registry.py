@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 from collections import namedtuple
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 import torch
@@ -192,6 +192,14 @@ def defop(name: str, kernel: Callable, **rules) -> Op:
     rules = {**FAMILY_DEFAULTS.get(rules.get("family", "other"), {}), **rules}
     op = REGISTRY[name] = Op(name, kernel, **rules)
     return op
+
+
+def alias(op: Op, name: str) -> Op:
+    """``op`` declared again under ``name``: the same kernel and rules. For a torch function that
+    is one kernel of holoflow's but its own op for autocast (``dot`` is ``matmul`` on vectors,
+    and autocast's lists name them apart)."""
+    rules = {f.name: getattr(op, f.name) for f in fields(op) if f.init and f.name not in ("name", "kernel")}
+    return defop(name, op.kernel, **rules)
 
 
 def infer_metas(op: Op, inputs: tuple, attrs: dict) -> tuple[Meta, ...]:

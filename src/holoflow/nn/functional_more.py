@@ -210,6 +210,7 @@ def _max_unpool(k: int, input: Tensor, indices: Tensor, kernel_size, stride, pad
         raise HoloflowError(f"holoflow.{name}: expected indices of the input's shape {tuple(input.shape)}, got "
                             f"{tuple(indices.shape)}")
     out = _unpool_output_size(name, input, ks, st, pd, output_size)
+    (input,) = interpret.composite(name, input)
     lead = tuple(input.shape[:-k])
     flat = zeros(*lead, math.prod(out), dtype=input.dtype, device=input.device)
     flat = flat.scatter(-1, indices.reshape(*lead, -1), input.reshape(*lead, -1))
@@ -276,6 +277,7 @@ def hinge_embedding_loss(input: Tensor, target: Tensor, margin: float = 1.0, siz
     """``x`` where ``target == 1``, ``max(0, margin - x)`` where ``target == -1`` (torch's: both
     terms where the target is neither)."""
     red = _reduction("hinge_embedding_loss", reduction, size_average, reduce)
+    (input,) = interpret.composite("hinge_embedding_loss", input)
     zero = zeros_like(input)
     out = E.where(target != 1, (margin - input).clamp_min(0.0), zero) + E.where(target != -1, input, zero)
     return reduce_loss(out, red)
@@ -310,6 +312,7 @@ def multi_margin_loss(input: Tensor, target: Tensor, p: int = 1, margin: float =
                       size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
     """Multi-class hinge loss: ``sum_{i != y} w_y max(0, margin - x_y + x_i)^p / C`` per row."""
     red = _reduction("multi_margin_loss", reduction, size_average, reduce)
+    input, weight = interpret.composite("multi_margin_loss", input, weight)
     if p not in (1, 2):
         raise ValueError("holoflow.multi_margin_loss: only p == 1 and p == 2 supported")
     if weight is not None and weight.dim() != 1:
@@ -336,6 +339,7 @@ def multilabel_margin_loss(input: Tensor, target: Tensor, size_average=None, red
     """``sum_j sum_{i not a target} max(0, 1 - (x_{y_j} - x_i)) / C`` per row, the targets ``y_j``
     being the entries of ``target`` before its first ``-1``."""
     red = _reduction("multilabel_margin_loss", reduction, size_average, reduce)
+    (input,) = interpret.composite("multilabel_margin_loss", input)
     nd = input.dim()
     if not (nd == 0 or (nd == 1 and input.shape[0] != 0) or (nd == 2 and input.shape[1] != 0)):
         raise HoloflowError(f"holoflow.multilabel_margin_loss: expected a non-empty vector or matrix with optional "
@@ -391,6 +395,7 @@ def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor, marg
     smaller of ``d(a, n)`` and ``d(p, n)``)."""
     red = _reduction("triplet_margin_loss", reduction, size_average, reduce)
     _check_triplet("triplet_margin_loss", anchor, positive, negative, margin)
+    anchor, positive, negative = interpret.composite("triplet_margin_loss", anchor, positive, negative)
     d_pos = pairwise_distance(anchor, positive, p, eps)
     d_neg = pairwise_distance(anchor, negative, p, eps)
     if swap:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core import interpret
 from ..core.dispatch import apply
 from ..core.errors import DTypeError
 from ..core.registry import defop
@@ -131,7 +132,7 @@ def complex(real: Tensor, imag: Tensor) -> Tensor:  # noqa: A001 - torch's name
 
 def polar(abs: Tensor, angle: Tensor) -> Tensor:  # noqa: A002 - torch's names
     """``abs * (cos(angle) + 1j * sin(angle))``, as ``torch.polar``."""
-    a, t = _tensor("polar", abs), _tensor("polar", angle)
+    a, t = interpret.composite("polar", _tensor("polar", abs), _tensor("polar", angle))
     if a._data.dtype != t._data.dtype or a._data.dtype not in _COMPLEX_OF:
         raise DTypeError(f"holoflow.polar: expected both inputs to be float16, float32 or float64 of one dtype, got "
                          f"{a.dtype} and {t.dtype}")

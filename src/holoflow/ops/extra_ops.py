@@ -26,6 +26,7 @@ from typing import Sequence
 
 import torch
 
+from ..core import interpret
 from ..core.dispatch import apply, apply_inplace
 from ..core.errors import ArgValueError, UnsupportedError, normalize_dim
 from ..core.registry import Meta, defop
@@ -651,6 +652,7 @@ def renorm(input: Tensor, p: float, dim: int, maxnorm: float) -> Tensor:
 def index_copy(input: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
     """``input`` with the slices ``index`` along ``dim`` replaced by ``source``'s, as ``torch.index_copy``."""
     d = normalize_dim("index_copy", dim, _tensor("index_copy", input).dim())
+    input, source = interpret.composite("index_copy", input, _tensor("index_copy", source, "source"))
     if _tensor("index_copy", index, "index")._data.dtype is not torch.int64:
         raise RuntimeError(f"holoflow.index_copy: expected a long tensor for index, but got {index.dtype}")
     if _tensor("index_copy", source, "source")._data.dtype != input._data.dtype:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core import interpret
 from ..core.dispatch import apply
 from ..core.errors import normalize_dim
 from ..core.registry import defop
@@ -110,6 +111,7 @@ def _norm(norm: str | None, op: str) -> str:
 
 
 def c2c(x: Tensor, n: int | None, dim: int, norm: str | None, forward: bool, op: str) -> Tensor:
+    (x,) = interpret.composite(f"fft_{op}", x)   # (autocast: torch's fft ops run in float32)
     d = normalize_dim(f"fft.{op}", dim, x.dim())
     if n is not None:
         if n < 1:
@@ -121,6 +123,7 @@ def c2c(x: Tensor, n: int | None, dim: int, norm: str | None, forward: bool, op:
 def r2c(x: Tensor, n: int | None, dim: int, norm: str | None, op: str = "rfft") -> Tensor:
     if x.is_complex():
         raise RuntimeError(f"holoflow.fft.{op} expects a real input tensor, but got {x.dtype}")
+    (x,) = interpret.composite(f"fft_{op}", x)
     d = normalize_dim(f"fft.{op}", dim, x.dim())
     if n is not None:
         x = resize(x, d, n)
@@ -128,6 +131,7 @@ def r2c(x: Tensor, n: int | None, dim: int, norm: str | None, op: str = "rfft") 
 
 
 def c2r(x: Tensor, n: int | None, dim: int, norm: str | None, op: str = "irfft") -> Tensor:
+    (x,) = interpret.composite(f"fft_{op}", x)
     d = normalize_dim(f"fft.{op}", dim, x.dim())
     n = 2 * (x.shape[d] - 1) if n is None else n
     if n < 1:

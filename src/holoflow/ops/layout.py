@@ -9,6 +9,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..core import interpret
 from ..core.dispatch import apply, apply_inplace
 from ..core.errors import ShapeError, normalize_dim
 from ..core.sbp import B, P, S
@@ -245,6 +246,9 @@ def pad(input: Tensor, pad: Sequence[int], mode: str = "constant", value: float 
         raise ValueError(f"holoflow.pad: unknown mode {mode!r}; use constant, reflect, replicate or circular")
     if mode != "constant" and value not in (None, 0, 0.0):
         raise ValueError(f"holoflow.pad: value={value} only applies to mode='constant'")
+    if mode in ("reflect", "replicate"):   # torch's reflection_pad2d etc. (autocast lists them by these names)
+        kind = "reflection" if mode == "reflect" else "replication"
+        (input,) = interpret.composite(f"{kind}_pad{len(pad) // 2}d", input)
     return apply(PAD, input, pad=pad, mode=mode, value=0.0 if value is None else value)
 
 

@@ -19,11 +19,11 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..core import grad_mode
+from ..core import grad_mode, interpret
 from ..core.dispatch import apply, apply_inplace
 from ..core.errors import DTypeError, ShapeError, UnsupportedError, normalize_dim
 from ..core.interpret import is_lazy
-from ..core.registry import Meta, defop
+from ..core.registry import Meta, Op, alias, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
@@ -553,11 +553,16 @@ def bmm(input: Tensor, mat2: Tensor) -> Tensor:
     return apply(MATMUL, input, mat2)
 
 
+# matmul on vectors under torch's own names: autocast lists them apart (CPU casts none of them;
+# CUDA runs mv in its low dtype and promotes dot and vdot), as the graph's AMP pass does
+DOT, VDOT, MV = alias(MATMUL, "dot"), alias(MATMUL, "vdot"), alias(MATMUL, "mv")
+
+
 def dot(input: Tensor, other: Tensor) -> Tensor:
     """Inner product of two 1-D tensors of equal length."""
     _need_dims("dot", 1, input, other)
     matmul_shape("dot", tuple(input.shape), tuple(other.shape))
-    return apply(MATMUL, input, other)
+    return apply(DOT, input, other)
 
 
 def inner(input: Tensor, other: Tensor) -> Tensor:
@@ -609,14 +614,29 @@ def einsum(equation: str, *operands) -> Tensor:
         equation, operands = _sublist_equation((equation,) + operands)
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    return _contract(EINSUM, equation, operands)
+
+
+def _contract(op: Op, equation: str, operands: tuple) -> Tensor:
     ins, out = parse_einsum(equation, [tuple(x.shape) for x in operands])
-    return apply(EINSUM, *operands, equation=",".join(ins) + "->" + out)
+    return apply(op, *operands, equation=",".join(ins) + "->" + out)
+
+
+# bilinear's contraction, torch's ``_trilinear``: its own op for autocast (on no list: CPU runs it
+# in its inputs' dtype; CUDA promotes bilinear's inputs first)
+TRILINEAR = alias(EINSUM, "trilinear")
+
+
+def trilinear(equation: str, *operands) -> Tensor:
+    """``einsum(equation, *operands)`` as the op ``trilinear`` (nn.functional.bilinear's)."""
+    return _contract(TRILINEAR, equation, operands)
 
 
 def outer(input: Tensor, vec2: Tensor) -> Tensor:
-    """Outer product of two 1-D tensors."""
+    """Outer product of two 1-D tensors: a column times a row, as torch computes it (a product,
+    so autocast casts nothing)."""
     _need_dims("outer", 1, input, vec2)
-    return apply(EINSUM, input, vec2, equation="i,j->ij")
+    return input.reshape(-1, 1) * vec2
 
 
 ger = outer
@@ -625,6 +645,7 @@ ger = outer
 def vecdot(x: Tensor, y: Tensor, *, dim: int = -1) -> Tensor:
     """Dot product over ``dim`` with broadcasting; complex ``x`` is conjugated, as torch's
     ``linalg.vecdot`` does (``sum(conj(x) * y)``)."""
+    x, y = interpret.composite("linalg_vecdot", x, y)   # (autocast: a low-precision op, as matmul)
     return ((x.conj() if x.is_complex() else x) * y).sum(dim)
 
 
@@ -672,7 +693,7 @@ def mv(input: Tensor, vec: Tensor) -> Tensor:
         raise ShapeError(f"holoflow.mv: expects a 2-D matrix and a 1-D vector, got shapes {tuple(input.shape)} "
                          f"and {tuple(vec.shape)}")
     matmul_shape("mv", tuple(input.shape), tuple(vec.shape))
-    return apply(MATMUL, input, vec)
+    return apply(MV, input, vec)
 
 
 def _conj(x: Tensor) -> Tensor:
@@ -688,7 +709,7 @@ def vdot(input: Tensor, other: Tensor) -> Tensor:
     """``sum(conj(input) * other)`` of two 1-D tensors of equal length."""
     _need_dims("vdot", 1, input, other)
     matmul_shape("vdot", tuple(input.shape), tuple(other.shape))
-    return apply(MATMUL, _conj(input), other)
+    return apply(VDOT, _conj(input), other)
 
 
 # -- cross product ----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from ..core import interpret
 from ..core.dispatch import apply
 from ..core.errors import ShapeError
 from ..core.registry import defop
@@ -182,6 +183,7 @@ def linalg_lu_solve(LU: Tensor, pivots: Tensor, B: Tensor, *, left: bool = True,
 
 def lu_solve(b: Tensor, LU_data: Tensor, LU_pivots: Tensor) -> Tensor:
     """The legacy ``torch.lu_solve(b, LU_data, LU_pivots)``."""
+    b, LU_data = interpret.composite("lu_solve", b, LU_data)
     return linalg_lu_solve(LU_data, LU_pivots, b)
 
 

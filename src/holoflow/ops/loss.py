@@ -516,10 +516,6 @@ def _pair(name: str, input: Tensor, target: Tensor, same_shape: bool = False) ->
                          f"shape {tuple(input.shape)}")
 
 
-def _composite(name: str, *inputs):
-    """Lets autocast apply ``name``'s policy to a loss written from other ops (torch lists
-    these losses as float32 ops)."""
-    return interpret.current().composite(name, inputs)
 
 
 # The inputs of a composite op in a trace that the graph's AMP pass will rewrite: an identity whose
@@ -533,21 +529,21 @@ AMP_BOUNDARY = defop("amp_boundary", lambda x, amp_policy: x, grad=lambda ctx, d
 def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
              weight=None) -> Tensor:
     """Mean squared error ``(input - target)^2``, reduced."""
-    input, target = _composite("mse_loss", input, target)
+    input, target = interpret.composite("mse_loss", input, target)
     d = input - target
     return reduce_loss(d * d, _reduction("mse_loss", reduction, size_average, reduce))
 
 
 def l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
     """Mean absolute error ``|input - target|``, reduced."""
-    input, target = _composite("l1_loss", input, target)
+    input, target = interpret.composite("l1_loss", input, target)
     return reduce_loss((input - target).abs(), _reduction("l1_loss", reduction, size_average, reduce))
 
 
 def smooth_l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
                    beta: float = 1.0) -> Tensor:
     """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (L1 for ``beta == 0``)."""
-    input, target = _composite("smooth_l1_loss", input, target)
+    input, target = interpret.composite("smooth_l1_loss", input, target)
     reduction = _reduction("smooth_l1_loss", reduction, size_average, reduce)
     if beta < 0:
         raise RuntimeError(f"holoflow.smooth_l1_loss: beta must be non-negative, got {beta}")
@@ -559,7 +555,7 @@ def smooth_l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None
 
 def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
     """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)``."""
-    input, target = _composite("huber_loss", input, target)
+    input, target = interpret.composite("huber_loss", input, target)
     if delta <= 0:
         raise RuntimeError(f"holoflow.huber_loss: delta must be positive, got {delta}")
     d = (input - target).abs()
@@ -571,7 +567,7 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
                          reduce=None, reduction: str = "mean") -> Tensor:
     """``-(t log x + (1 - t) log(1 - x))`` for probabilities ``x``, the logs clamped at -100 as
     torch does; ``weight`` rescales each element."""
-    input, target = _composite("binary_cross_entropy", input, target)
+    input, target = interpret.composite("binary_cross_entropy", input, target)
     _pair("binary_cross_entropy", input, target, same_shape=True)
     if not interpret.is_lazy() and not input.is_global:  # a value check: eager local tensors only
         inside = (input >= 0) & (input <= 1)  # NaN is outside too, as in torch
@@ -608,7 +604,7 @@ def kl_div(input: Tensor, target: Tensor, size_average=None, reduce=None, reduct
            log_target: bool = False) -> Tensor:
     """``target * (log target - input)`` with ``input`` log-probabilities (``target`` too when
     ``log_target``); reduction 'batchmean' divides the sum by the batch size."""
-    input, target = _composite("kl_div", input, target)
+    input, target = interpret.composite("kl_div", input, target)
     if reduction == "batchmean":
         red = "batchmean"
     else:
@@ -625,6 +621,7 @@ def kl_div(input: Tensor, target: Tensor, size_average=None, reduce=None, reduct
 
 def soft_margin_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     """``log(1 + exp(-target * input))``."""
+    input, target = interpret.composite("soft_margin_loss", input, target)
     z = -target * input
     return reduce_loss(z.clamp_min(0.0) + ((-z.abs()).exp() + 1).log(), _reduction("soft_margin_loss", reduction))
 

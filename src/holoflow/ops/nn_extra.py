@@ -15,6 +15,7 @@ import warnings
 import torch
 import torch.nn.functional as TF
 
+from ..core import interpret
 from ..core.dispatch import apply, assign
 from ..core.errors import ShapeError, normalize_dim
 from ..core.registry import defop
@@ -23,7 +24,7 @@ from ..core.tensor import Tensor
 from . import elementwise as E
 from .conv import _check_pool, _lead_sbp, _tuple, adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from .creation import empty_like, zeros_like
-from .linalg import einsum
+from .linalg import trilinear
 from .loss import _reduction, reduce_loss
 from .nn_ops import ELU, piecewise_linear
 from .reduction import norm
@@ -385,7 +386,8 @@ def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None
             or tuple(input1.shape[:-1]) != tuple(input2.shape[:-1])):
         raise ShapeError(f"holoflow.bilinear: inputs {tuple(input1.shape)} and {tuple(input2.shape)} need equal "
                          f"leading dims and last dims matching weight (O, I1, I2) = {tuple(weight.shape)}")
-    out = einsum("...i,oij,...j->...o", input1, weight, input2)
+    input1, input2, weight, bias = interpret.composite("bilinear", input1, input2, weight, bias)
+    out = trilinear("...i,oij,...j->...o", input1, weight, input2)
     return out + bias if bias is not None else out
 
 
@@ -417,6 +419,7 @@ def margin_ranking_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: 
                         reduce=None, reduction: str = "mean") -> Tensor:
     """``max(0, -target * (input1 - input2) + margin)``, reduced."""
     red = _reduction("margin_ranking_loss", reduction, size_average, reduce)
+    input1, input2, target = interpret.composite("margin_ranking_loss", input1, input2, target)
     if not input1.dim() == input2.dim() == target.dim():
         raise ShapeError(f"holoflow.margin_ranking_loss: all inputs need the same number of dims, got "
                          f"{tuple(input1.shape)}, {tuple(input2.shape)} and target {tuple(target.shape)}")
@@ -427,6 +430,7 @@ def cosine_embedding_loss(input1: Tensor, input2: Tensor, target: Tensor, margin
                           reduce=None, reduction: str = "mean") -> Tensor:
     """``1 - cos(x1, x2)`` where ``target == 1``, ``max(0, cos - margin)`` where ``target == -1``."""
     red = _reduction("cosine_embedding_loss", reduction, size_average, reduce)
+    input1, input2 = interpret.composite("cosine_embedding_loss", input1, input2)
     if target.dim() not in (0, 1) or input1.dim() != target.dim() + 1 or input2.dim() != target.dim() + 1:
         raise ShapeError(f"holoflow.cosine_embedding_loss: expected a 1-D target with 2-D inputs or a 0-D target "
                          f"with 1-D inputs, got {tuple(input1.shape)}, {tuple(input2.shape)} and target "
@@ -479,6 +483,7 @@ def poisson_nll_loss(input: Tensor, target: Tensor, log_input: bool = True, full
     """Poisson negative log-likelihood: ``exp(input) - target * input`` for log-rates (else
     ``input - target * log(input + eps)``), plus Stirling's term for ``target > 1`` if ``full``."""
     red = _reduction("poisson_nll_loss", reduction, size_average, reduce)
+    input, target = interpret.composite("poisson_nll_loss", input, target)
     loss = input.exp() - target * input if log_input else input - target * (input + eps).log()
     if full:
         stirling = target * target.log() - target + (target * (2 * math.pi)).log() * 0.5

@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 
 from ..core import dtype as _dtype
+from ..core import interpret
 from ..core.dispatch import apply
 from ..core.errors import ArgValueError, DTypeError, ShapeError, normalize_dim
 from ..core.interpret import is_lazy
@@ -632,6 +633,7 @@ def trace(input: Tensor) -> Tensor:
     """The sum of a matrix's main diagonal, as ``torch.trace`` (integers sum to int64)."""
     if input.dim() != 2:
         raise ShapeError(f"holoflow.trace: expected a matrix, but got a tensor of shape {tuple(input.shape)}")
+    (input,) = interpret.composite("trace", input)
     return sum(input.diagonal())
 
 
