@@ -204,6 +204,12 @@ def _logaddexp2_grad(c, dy):
             reduce_grad(dy / (1 + (a - b).exp2()), c, 1) if needs(c, 1) else None)
 
 
+def _logaddexp_grad(c, dy):
+    a, b = c.inputs
+    return (reduce_grad(dy / (1 + (b - a).exp()), c, 0) if needs(c, 0) else None,
+            reduce_grad(dy / (1 + (a - b).exp()), c, 1) if needs(c, 1) else None)
+
+
 def _igamma_grad(name: str, sign: int):
     """d/dx of the regularized incomplete gamma: ``sign * x^(a-1) e^(-x) / Gamma(a)``; torch has
     no derivative in ``a`` (input), so neither does holoflow."""
@@ -265,6 +271,7 @@ BITWISE_XOR = binary("bitwise_xor", torch.bitwise_xor)
 BITWISE_LEFT_SHIFT = binary("bitwise_left_shift", torch.bitwise_left_shift)
 BITWISE_RIGHT_SHIFT = binary("bitwise_right_shift", torch.bitwise_right_shift)
 LCM = binary("lcm", torch.lcm, tensors_only=True)
+LOGADDEXP = holomorphic(binary("logaddexp", torch.logaddexp, _logaddexp_grad, "inputs", tensors_only=True))
 LOGADDEXP2 = binary("logaddexp2", torch.logaddexp2, _logaddexp2_grad, "inputs", tensors_only=True)
 IGAMMA = binary("igamma", torch.igamma, _igamma_grad("igamma", 1), "inputs", tensors_only=True)
 IGAMMAC = binary("igammac", torch.igammac, _igamma_grad("igammac", -1), "inputs", tensors_only=True)
@@ -304,7 +311,7 @@ def _unary_fn(op):
 _TENSOR_INPUT = {"eq", "ne", "lt", "le", "gt", "ge", "maximum", "minimum", "atan2", "fmod",
                  "logical_and", "logical_or", "logical_xor"}
 #: ... and those that take no Python number at all
-_TENSORS_ONLY = {"lcm", "logaddexp2", "igamma", "igammac"}
+_TENSORS_ONLY = {"lcm", "logaddexp", "logaddexp2", "igamma", "igammac"}
 
 
 def _expect_tensor(name: str, value, arg: str, position: int, hint: str = "") -> None:
@@ -340,7 +347,7 @@ UNARY = [NEG, CONJ, ABS, SIGN, FLOOR, CEIL, TRUNC, FRAC, EXP, EXP2, EXPM1, LOG, 
          ERFC, ACOSH, ASINH, ATANH, DEG2RAD, RAD2DEG, SGN, SIGNBIT, ISNEGINF, ISPOSINF, ISREAL]
 BINARY = [MUL, POW, MAXIMUM, MINIMUM, ATAN2, FMOD, REMAINDER, EQ, NE, LT, LE, GT, GE,
           LOGICAL_AND, LOGICAL_OR, LOGICAL_XOR, BITWISE_AND, BITWISE_OR, BITWISE_XOR,
-          BITWISE_LEFT_SHIFT, BITWISE_RIGHT_SHIFT, LCM, LOGADDEXP2, IGAMMA, IGAMMAC]
+          BITWISE_LEFT_SHIFT, BITWISE_RIGHT_SHIFT, LCM, LOGADDEXP, LOGADDEXP2, IGAMMA, IGAMMAC]
 _FUNCS = {op.name: _unary_fn(op) for op in UNARY} | {op.name: _binary_fn(op) for op in BINARY}
 globals().update(_FUNCS)
 
@@ -449,11 +456,6 @@ def float_power(input, exponent) -> Tensor:
     return apply(POW, _cast(input, dt), _cast(exponent, dt))
 
 
-def logaddexp(input: Tensor, other: Tensor) -> Tensor:
-    m = apply(MAXIMUM, input, other).detach()
-    return m + ((input - m).exp() + (other - m).exp()).log()
-
-
 def logit(input: Tensor, eps: float | None = None) -> Tensor:
     """``log(x / (1 - x))``, with ``x`` clamped to ``[eps, 1 - eps]`` when ``eps`` is given."""
     return apply(LOGIT, input, eps=eps)
@@ -476,6 +478,13 @@ def xlogy(input, other) -> Tensor:
             raise TypeError(f"holoflow.xlogy: expected a tensor argument, got {type(input).__name__} and "
                             f"{type(other).__name__}")
         other = input.new_full((), other, dtype=torch.result_type(input._data, other))
+    # torch's result dtype: the operands' promoted one, made floating (int and half: half)
+    dt = torch.result_type(input._data if isinstance(input, Tensor) else input, other._data)
+    if not (dt.is_floating_point or dt.is_complex):
+        dt = torch.get_default_dtype()
+    other = other if other._data.dtype == dt else other.to(dt)
+    if isinstance(input, Tensor) and input._data.dtype != dt:
+        input = input.to(dt)
     if not isinstance(input, Tensor):
         prod = other.log() * input
         return prod if input != 0 else where(other.isnan(), prod, 0.0)
