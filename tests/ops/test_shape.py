@@ -259,3 +259,19 @@ def test_repeat_interleave_bad_repeats_raise_torchs_errors():
             lib.repeat_interleave(conv(x), -1)
         with pytest.raises(RuntimeError, match="Invalid output_size, expected 4 but got 5"):
             lib.repeat_interleave(conv(x), 2, 0, output_size=5)
+
+
+@pytest.mark.parametrize("pads", [(-1, 2), (2, -1), (3, -2), (-2, -3), (1, -1, -1, 2)])
+def test_circular_pad_with_negative_pads_backward_matches_torch(pads):
+    """torch crops negative pads first, then wraps within what is left; the gradient sent the
+    wrapped positions' gradients to the uncropped tensor's ends (silently wrong)."""
+    shape = (1, 2, 9) if len(pads) == 2 else (1, 2, 5, 9)   # (torch's non-constant pads: per input rank)
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    y = torch.nn.functional.pad(x, pads, mode="circular")
+    w = torch.randn(y.shape, dtype=torch.float64)
+    (y * w).sum().backward()
+    fx = flow.from_torch(x.detach().clone()).requires_grad_()
+    fy = flow.nn.functional.pad(fx, pads, mode="circular")
+    (fy * flow.from_torch(w)).sum().backward()
+    torch.testing.assert_close(fy.detach().to_torch(), y.detach())
+    torch.testing.assert_close(fx.grad.to_torch(), x.grad)

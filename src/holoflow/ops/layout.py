@@ -200,7 +200,9 @@ def _source_index(n: int, lo: int, hi: int, mode: str, device) -> torch.Tensor:
         return torch.where(src >= n, 2 * (n - 1) - src, src)
     if mode == "replicate":
         return src.clamp(0, n - 1)
-    return src.remainder(n)
+    # circular: torch crops negative pads first, then wraps within what is left
+    off, m = max(-lo, 0), n - max(-lo, 0) - max(-hi, 0)
+    return torch.arange(-max(lo, 0), m + max(hi, 0), device=device).remainder(m) + off
 
 
 def _pad_backward_kernel(dy, pad, mode):
