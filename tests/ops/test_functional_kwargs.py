@@ -2,7 +2,8 @@
 (every mode x align_corners x size / scale factor x recompute_scale_factor x antialias), grid_sample
 and affine_grid, every pooling's options, conv2d / conv_transpose2d with groups, dilation,
 strides and string paddings, and pad in every mode with negative pads (found: circular pad's
-gradient with a negative pad went to the uncropped tensor's ends)."""
+gradient with a negative pad went to the uncropped tensor's ends; normalize with p=inf divided by 1;
+cosine_similarity clamped the product of the norms, not each norm, as torch 2 does)."""
 from __future__ import annotations
 
 import itertools
@@ -153,3 +154,158 @@ def test_pad_modes_with_negative_pads_match_torch():
            for mode in ("constant", "reflect", "replicate", "circular")
            for pad in ((1, 2), (2, 1, 0, 3), (1, 1, 1, 1, 1, 1), (-1, 2), (2, -1, -1, 1))
            for x in xs)
+
+
+def _flow(t):
+    return None if t is None else flow.from_torch(t)
+
+
+def test_classification_losses_options_match_torch():
+    torch.manual_seed(1)
+    d = torch.float64
+    logits2, logits4 = torch.randn(6, 5, dtype=d), torch.randn(3, 5, 2, 4, dtype=d)
+    t2, t4 = torch.tensor([0, 4, 2, 1, 4, 3]), torch.randint(0, 5, (3, 2, 4))
+    t4[0, 0, 0] = -100
+    w5 = torch.rand(5, dtype=d) + 0.5
+    probs = torch.softmax(torch.randn(6, 5, dtype=d), -1)
+    cases = []
+    for (x, t), red, w, ignore, smooth in itertools.product([(logits2, t2), (logits4, t4)], ["mean", "sum", "none"],
+                                                           [None, w5], [-100, 2], [0.0, 0.2]):
+        kw = {"reduction": red, "ignore_index": ignore, "weight": w}
+        cases.append((f"cross_entropy {x.dim()}d {kw} smoothing={smooth}",
+                      lambda a, t=t, kw=kw, s=smooth: TF.cross_entropy(a, t, label_smoothing=s, **kw),
+                      lambda a, t=t, kw=kw, s=smooth: FF.cross_entropy(a, _flow(t), label_smoothing=s,
+                                                                       **{**kw, "weight": _flow(kw["weight"])}), [x]))
+        cases.append((f"nll_loss {x.dim()}d {kw}", lambda a, t=t, kw=kw: TF.nll_loss(a.log_softmax(1), t, **kw),
+                      lambda a, t=t, kw=kw: FF.nll_loss(a.log_softmax(1), _flow(t),
+                                                        **{**kw, "weight": _flow(kw["weight"])}), [x]))
+    for red, smooth, w in itertools.product(["mean", "sum", "none"], [0.0, 0.1], [None, w5]):
+        cases.append((f"cross_entropy soft {red} {smooth} weight={w is not None}",
+                      lambda a, r=red, s=smooth, w=w: TF.cross_entropy(a, probs, weight=w, reduction=r, label_smoothing=s),
+                      lambda a, r=red, s=smooth, w=w: FF.cross_entropy(a, _flow(probs), weight=_flow(w), reduction=r,
+                                                                       label_smoothing=s), [logits2]))
+    y, pos = torch.rand(6, 5, dtype=d), torch.rand(5, dtype=d) + 0.5
+    for red, w, pw in itertools.product(["mean", "sum", "none"], [None, w5], [None, pos]):
+        cases.append((f"bce_with_logits {red}", lambda a, r=red, w=w, pw=pw: TF.binary_cross_entropy_with_logits(
+            a, y, weight=w, pos_weight=pw, reduction=r), lambda a, r=red, w=w, pw=pw: FF.binary_cross_entropy_with_logits(
+            a, _flow(y), weight=_flow(w), pos_weight=_flow(pw), reduction=r), [logits2]))
+        cases.append((f"bce {red}", lambda a, r=red, w=w: TF.binary_cross_entropy(a.sigmoid(), y, weight=w, reduction=r),
+                      lambda a, r=red, w=w: FF.binary_cross_entropy(a.sigmoid(), _flow(y), weight=_flow(w), reduction=r),
+                      [logits2]))
+    for red, log_target in itertools.product(["sum", "none", "batchmean"], [False, True]):
+        tg = probs.log() if log_target else probs
+        cases.append((f"kl_div {red} {log_target}",
+                      lambda a, r=red, lt=log_target, tg=tg: TF.kl_div(a.log_softmax(-1), tg, reduction=r, log_target=lt),
+                      lambda a, r=red, lt=log_target, tg=tg: FF.kl_div(a.log_softmax(-1), _flow(tg), reduction=r,
+                                                                       log_target=lt), [logits2]))
+    _sweep(cases)
+
+
+def test_regression_losses_options_match_torch():
+    torch.manual_seed(2)
+    d = torch.float64
+    x, y = torch.randn(6, 5, dtype=d), torch.randn(6, 5, dtype=d)
+    cases = []
+    for fn, red in itertools.product(["mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "soft_margin_loss"],
+                                     ["mean", "sum", "none"]):
+        t = torch.sign(y) if fn == "soft_margin_loss" else y
+        cases.append((f"{fn} {red}", lambda a, fn=fn, r=red, t=t: getattr(TF, fn)(a, t, reduction=r),
+                      lambda a, fn=fn, r=red, t=t: getattr(FF, fn)(a, _flow(t), reduction=r), [x]))
+    for beta in (0.5, 1.0, 0.0):
+        cases.append((f"smooth_l1 beta={beta}", lambda a, b=beta: TF.smooth_l1_loss(a, y, beta=b),
+                      lambda a, b=beta: FF.smooth_l1_loss(a, _flow(y), beta=b), [x]))
+    counts = torch.poisson(torch.rand(6, 5, dtype=d) * 3)
+    for log_input, full, red in itertools.product([True, False], [True, False], ["mean", "sum"]):
+        cases.append((f"poisson_nll {log_input} {full} {red}",
+                      lambda a, li=log_input, f=full, r=red: TF.poisson_nll_loss(a if li else a.exp(), counts, log_input=li,
+                                                                                 full=f, reduction=r),
+                      lambda a, li=log_input, f=full, r=red: FF.poisson_nll_loss(a if li else a.exp(), _flow(counts),
+                                                                                 log_input=li, full=f, reduction=r), [x]))
+    var = torch.rand(6, 5, dtype=d) + 0.1
+    for full, red in itertools.product([True, False], ["mean", "sum", "none"]):
+        cases.append((f"gaussian_nll {full} {red}", lambda a, v, f=full, r=red: TF.gaussian_nll_loss(a, y, v, full=f, reduction=r),
+                      lambda a, v, f=full, r=red: FF.gaussian_nll_loss(a, _flow(y), v, full=f, reduction=r), [x, var]))
+    _sweep(cases)
+
+
+def test_activations_and_normalize_options_match_torch():
+    torch.manual_seed(3)
+    x = torch.randn(4, 6, dtype=torch.float64) * 3
+    options = [("elu", {"alpha": 0.7}), ("celu", {"alpha": 1.3}), ("selu", {}), ("softplus", {"beta": 2, "threshold": 3}),
+               ("hardtanh", {"min_val": -0.5, "max_val": 2.0}), ("threshold", {"threshold": 0.3, "value": -1.0}),
+               ("glu", {"dim": 1}), ("gelu", {"approximate": "tanh"}), ("gelu", {}), ("leaky_relu", {"negative_slope": 0.2}),
+               ("relu6", {}), ("hardsigmoid", {}), ("hardswish", {}), ("silu", {}), ("mish", {}), ("softsign", {}),
+               ("tanhshrink", {}), ("softshrink", {"lambd": 0.7}), ("hardshrink", {"lambd": 0.7}), ("logsigmoid", {}),
+               ("softmin", {"dim": 0}), ("softmax", {"dim": 1, "dtype": torch.float32}), ("log_softmax", {"dim": 0}),
+               ("normalize", {"p": 1.5, "dim": 0}), ("normalize", {"p": float("inf"), "dim": 1}),
+               ("normalize", {"p": 0.5, "dim": 1, "eps": 0.1}), ("rrelu", {"training": False})]
+    _sweep((f"{fn} {kw}", lambda a, fn=fn, kw=kw: getattr(TF, fn)(a, **kw),
+            lambda a, fn=fn, kw=kw: getattr(FF, fn)(a, **kw), [x]) for fn, kw in options)
+
+
+def test_normalization_options_match_torch():
+    torch.manual_seed(4)
+    d = torch.float64
+    x = torch.randn(4, 6, 3, 2, dtype=d)
+    rm, rv = torch.randn(6, dtype=d), torch.rand(6, dtype=d) + 0.5
+    w, b = torch.randn(6, dtype=d), torch.randn(6, dtype=d)
+    cases = []
+    for training, affine in itertools.product([True, False], [True, False]):
+        cases.append((f"batch_norm training={training} affine={affine}",
+                      lambda a, w, b, t=training, af=affine: TF.batch_norm(a, rm.clone(), rv.clone(), w if af else None,
+                                                                           b if af else None, training=t),
+                      lambda a, w, b, t=training, af=affine: FF.batch_norm(a, _flow(rm.clone()), _flow(rv.clone()),
+                                                                           w if af else None, b if af else None,
+                                                                           training=t), [x, w, b]))
+    for stats in (True, False):
+        cases.append((f"instance_norm use_input_stats={stats}",
+                      lambda a, w, b, s=stats: TF.instance_norm(a, rm.clone(), rv.clone(), w, b, use_input_stats=s),
+                      lambda a, w, b, s=stats: FF.instance_norm(a, _flow(rm.clone()), _flow(rv.clone()), w, b,
+                                                                use_input_stats=s), [x, w, b]))
+    cases += [(f"group_norm {g}", lambda a, w, b, g=g: TF.group_norm(a, g, w, b),
+               lambda a, w, b, g=g: FF.group_norm(a, g, w, b), [x, w, b]) for g in (1, 2, 3, 6)]
+    for shape in ((2,), (3, 2), (6, 3, 2)):
+        wn = torch.randn(shape, dtype=d)
+        cases += [(f"layer_norm {shape}", lambda a, w, s=shape: TF.layer_norm(a, s, w, None),
+                   lambda a, w, s=shape: FF.layer_norm(a, s, w, None), [x, wn]),
+                  (f"rms_norm {shape}", lambda a, w, s=shape: TF.rms_norm(a, s, w),
+                   lambda a, w, s=shape: FF.rms_norm(a, s, w), [x, wn]),
+                  (f"rms_norm eps {shape}", lambda a, s=shape: TF.rms_norm(a, s, eps=1e-3),
+                   lambda a, s=shape: FF.rms_norm(a, s, eps=1e-3), [x])]
+    cases += [(f"local_response_norm {kw}", lambda a, kw=kw: TF.local_response_norm(a, **kw),
+               lambda a, kw=kw: FF.local_response_norm(a, **kw), [x])
+              for kw in ({"size": 3}, {"size": 4, "alpha": 0.1, "beta": 0.5, "k": 2.0})]
+    _sweep(cases)
+
+
+def test_embeddings_and_distances_options_match_torch():
+    torch.manual_seed(5)
+    d = torch.float64
+    table, idx = torch.randn(10, 4, dtype=d), torch.tensor([[1, 0, 9], [3, 3, 0]])
+    cases = []
+    for pad, max_norm, by_freq in itertools.product([None, 0, 3], [None, 1.0], [False, True]):
+        kw = {"padding_idx": pad, "max_norm": max_norm, "scale_grad_by_freq": by_freq}
+        cases.append((f"embedding {kw}", lambda e, kw=kw: TF.embedding(idx, e.clone(), **kw),
+                      lambda e, kw=kw: FF.embedding(_flow(idx), e.clone(), **kw), [table]))
+    flat, offsets, psw = torch.tensor([1, 0, 9, 3, 3, 0, 5]), torch.tensor([0, 3, 3]), torch.rand(7, dtype=d)
+    for mode, pad, last, weighted in itertools.product(["sum", "mean", "max"], [None, 0], [False, True], [False, True]):
+        if weighted and mode != "sum":
+            continue
+        kw = {"mode": mode, "padding_idx": pad, "include_last_offset": last}
+        cases.append((f"embedding_bag {kw} weighted={weighted}",
+                      lambda e, kw=kw, wt=weighted: TF.embedding_bag(flat, e, offsets, per_sample_weights=psw if wt else None,
+                                                                     **kw),
+                      lambda e, kw=kw, wt=weighted: FF.embedding_bag(_flow(flat), e, _flow(offsets),
+                                                                     per_sample_weights=_flow(psw) if wt else None, **kw),
+                      [table]))
+    a, b = torch.randn(4, 5, dtype=d), torch.randn(3, 5, dtype=d)
+    for p in (0.5, 1.0, 2.0, 3.0, float("inf")):
+        cases += [(f"cdist p={p}", lambda x, y, p=p: torch.cdist(x, y, p=p), lambda x, y, p=p: flow.cdist(x, y, p=p), [a, b]),
+                  (f"pdist p={p}", lambda x, p=p: TF.pdist(x, p=p), lambda x, p=p: FF.pdist(x, p=p), [a]),
+                  (f"pairwise_distance p={p}", lambda x, y, p=p: TF.pairwise_distance(x, y[:1], p=p, keepdim=True),
+                   lambda x, y, p=p: FF.pairwise_distance(x, y[:1], p=p, keepdim=True), [a, b])]
+    # (x2 broadcast along dim: torch takes the norms of the broadcast inputs, each clamped to eps)
+    cases += [(f"cosine_similarity dim={dim} eps={eps}", lambda x, y, d_=dim, e=eps: TF.cosine_similarity(x, y[:1], d_, e),
+               lambda x, y, d_=dim, e=eps: FF.cosine_similarity(x, y[:1], d_, e), [a, b])
+              for dim, eps in ((1, 1e-8), (0, 0.5), (1, 3.0))]
+    _sweep(cases)

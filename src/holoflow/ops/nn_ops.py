@@ -463,25 +463,29 @@ def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
 # -- composites: normalize, cosine_similarity, pairwise_distance -----------------------------------
 
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
-    """``x / max(||x||_p, eps)`` along ``dim`` (a composite)."""
+    """``x / max(||x||_p, eps)`` along ``dim`` (a composite; any ``p`` of ``vector_norm``: inf too)."""
+    from .reduction import vector_norm
     dim = normalize_dim("normalize", dim, input.dim())
-    if p == 2:
-        norm = sum_keep(input * input, [dim]).sqrt()
-    else:
-        norm = sum_keep(input.abs() ** p, [dim]) ** (1.0 / p)
-    return input / norm.clamp_min(eps)
+    return input / vector_norm(input, p, dim, keepdim=True).clamp_min(eps)
 
 
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
-    """``x1 . x2 / sqrt(max(|x1|^2 |x2|^2, eps^2))`` along ``dim`` (a composite), as torch."""
-    prod = x1 * x2
-    nd = prod.dim()
-    d = normalize_dim("cosine_similarity", dim, nd)
+    """``x1 . x2 / (max(||x1||, eps) * max(||x2||, eps))`` along ``dim`` of the broadcast inputs,
+    as torch computes it (each norm clamped in value only: its gradient is the norm's)."""
     from .reduction import sum as reduce_sum
-    sq = lambda t: sum_keep(t * t, [d - nd + t.dim()])
-    num = sum_keep(prod, [d])
-    den = (sq(x1) * sq(x2)).clamp_min(eps * eps).sqrt()
-    return reduce_sum(num / den, d)
+    from .reduction import vector_norm
+    shape = torch.broadcast_shapes(tuple(x1.shape), tuple(x2.shape))
+    d = normalize_dim("cosine_similarity", dim, len(shape))
+    dt = torch.result_type(x1._data, x2._data)
+    if not (dt.is_floating_point or dt.is_complex):
+        raise RuntimeError(f"holoflow.cosine_similarity: expected a floating point common dtype, got {x1.dtype} and "
+                           f"{x2.dtype}; convert the inputs with .float()")
+    x1, x2 = x1.to(dt).expand(shape), x2.to(dt).expand(shape)
+
+    def clamped_norm(x: Tensor) -> Tensor:
+        n = vector_norm(x, 2, d, keepdim=True)
+        return n + (n.detach().clamp_min(eps) - n.detach())
+    return reduce_sum((x1 / clamped_norm(x1)) * (x2 / clamped_norm(x2)), d)
 
 
 Tensor.relu = relu
