@@ -86,17 +86,22 @@ def cross(input: Tensor, other: Tensor, *, dim: int = -1) -> Tensor:  # noqa: A0
 
 
 def pinv(A: Tensor, *, atol=None, rtol=None, hermitian: bool = False) -> Tensor:
-    """The pseudo-inverse, as ``torch.linalg.pinv``: singular values below ``rtol`` times the
-    largest count as zero (default ``eps * max(m, n)`` of the dtype)."""
-    if atol is not None or hermitian:
-        raise UnsupportedError("holoflow.linalg.pinv: atol= and hermitian=True are not supported; pass rtol= "
-                               "(relative to the largest singular value)")
+    """The pseudo-inverse, as ``torch.linalg.pinv``: singular values below ``max(atol, rtol *
+    largest)`` count as zero (``rtol`` defaults to ``eps * max(m, n)`` of the dtype when ``atol``
+    is not given, else to 0); ``hermitian``: ``A`` is Hermitian, decomposed by ``eigh``."""
     if A.dim() < 2:
         raise ArgValueError(f"holoflow.linalg.pinv: expected a tensor of matrices (*, m, n), got shape "
                             f"{tuple(A.shape)}")
-    if rtol is None:
-        rtol = _torch.finfo(A._data.dtype).eps * max(A.shape[-2], A.shape[-1])
-    return _ops.pinverse(A, float(rtol))
+    return _ops.linalg_pinv(A, _tolerance("atol", atol), _tolerance("rtol", rtol), bool(hermitian))
+
+
+def _tolerance(name: str, value) -> float | None:
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise UnsupportedError(f"holoflow.linalg.pinv: {name} must be a number (or a one-element tensor); "
+                                   f"per-matrix tolerances of shape {tuple(value.shape)} are not supported")
+        return float(value.item())
+    return None if value is None else float(value)
 
 
 # -- LU, triangular, least squares, eig and the _ex forms: primitives in ops/linalg_more.py ---------------

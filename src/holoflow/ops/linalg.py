@@ -822,6 +822,11 @@ SLOGDET = defop("slogdet", torch.linalg.slogdet, grad=_slogdet_grad, save="input
                 sbp=batch_sbp(n_out=2), **_LINALG)
 PINVERSE = defop("pinverse", lambda a, rcond: torch.pinverse(a, rcond), grad=_pinverse_grad, save="both",
                  sbp=batch_sbp(), **_LINALG)
+# (torch's pinv_backward reads the input and the pseudo-inverse only: the same rule for any
+# tolerance, and for the eigendecomposition a Hermitian input takes)
+LINALG_PINV = defop("linalg_pinv", lambda a, atol, rtol, hermitian: torch.linalg.pinv(a, atol=atol, rtol=rtol,
+                                                                                     hermitian=hermitian),
+                    grad=_pinverse_grad, save="both", sbp=batch_sbp(), **_LINALG)
 CHOLESKY_INVERSE = defop("cholesky_inverse", lambda low, upper: torch.cholesky_inverse(low, upper),
                          grad=_cholesky_inverse_grad, save="both", sbp=batch_sbp(), **_LINALG)
 CHOLESKY_SOLVE = defop("cholesky_solve", lambda b, low, upper: torch.cholesky_solve(b, low, upper),
@@ -887,6 +892,11 @@ def pinverse(input: Tensor, rcond: float = 1e-15) -> Tensor:
     if input.dim() < 2:
         raise ShapeError(f"holoflow.pinverse: expected a tensor of matrices (*, m, n), got shape {tuple(input.shape)}")
     return apply(PINVERSE, input, rcond=float(rcond))
+
+
+def linalg_pinv(A: Tensor, atol: float | None, rtol: float | None, hermitian: bool) -> Tensor:
+    """``torch.linalg.pinv`` with number tolerances (holoflow.linalg.pinv checks the arguments)."""
+    return apply(LINALG_PINV, A, atol=atol, rtol=rtol, hermitian=hermitian)
 
 
 def cholesky(input: Tensor, upper: bool = False) -> Tensor:
