@@ -61,8 +61,21 @@ def gather(input: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False)
     return apply(GATHER, input, index, dim=normalize_dim("gather", dim, input.dim()))
 
 
-def take_along_dim(input: Tensor, indices: Tensor, dim: int) -> Tensor:
-    return gather(input, dim, indices)
+def take_along_dim(input: Tensor, indices: Tensor, dim: int | None = None) -> Tensor:
+    """``gather`` along ``dim`` after broadcasting ``input`` and ``indices`` in every other dim,
+    as ``torch.take_along_dim``; without ``dim``, along the flattened tensors."""
+    if dim is None:
+        return gather(input.reshape(-1), 0, indices.reshape(-1))
+    if input.dim() != indices.dim():
+        raise RuntimeError(f"holoflow.take_along_dim: input and indices should have the same number of dimensions, "
+                           f"but got {input.dim()} dimensions for input and {indices.dim()} for indices")
+    d = normalize_dim("take_along_dim", dim, input.dim())
+    sizes = list(input.shape)
+    sizes[d] = indices.shape[d]
+    shape = list(torch.broadcast_shapes(tuple(sizes), tuple(indices.shape)))
+    indices = indices.expand(shape)
+    shape[d] = input.shape[d]
+    return gather(input.expand(shape), d, indices)
 
 
 def _scatter_sbp(metas, attrs):
@@ -106,11 +119,27 @@ SCATTER_ADD = defop("scatter_add", lambda x, index, src, dim: torch.scatter_add(
 
 
 def scatter(input: Tensor, dim: int, index: Tensor, src=None, *, value=None, reduce=None) -> Tensor:
-    """Writes ``src`` (a tensor, or the number ``value``) into ``input`` at ``index`` along ``dim``."""
-    if reduce is not None:
-        raise NotImplementedError("holoflow.scatter: reduce= is not supported; use scatter_add")
+    """Writes ``src`` (a tensor, or the number ``value``) into ``input`` at ``index`` along ``dim``;
+    ``reduce="add"`` / ``"multiply"`` combines instead (every occurrence of an index, with what is
+    there), as torch's deprecated form: ``scatter_reduce`` with ``"sum"`` / ``"prod"``."""
     src = value if src is None else src
-    return apply(SCATTER, input, index, src, dim=normalize_dim("scatter", dim, input.dim()))
+    d = normalize_dim("scatter", dim, input.dim())
+    if reduce is None:
+        return apply(SCATTER, input, index, src, dim=d)
+    return apply(*_scatter_reduction(input, index, src, reduce), dim=d, reduce=_SCATTER_REDUCE[reduce],
+                 include_self=True)
+
+
+_SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}
+
+
+def _scatter_reduction(input: Tensor, index: Tensor, src, reduce: str) -> tuple:
+    """The op and inputs of ``scatter(..., reduce=reduce)``: a number becomes a tensor like ``index``."""
+    if reduce not in _SCATTER_REDUCE:
+        raise RuntimeError(f"holoflow.scatter: reduce argument must be either 'add' or 'multiply', got {reduce!r}")
+    if not isinstance(src, Tensor):
+        src = input.new_full(tuple(index.shape), src)
+    return REGISTRY["scatter_reduce"], input, index, src   # (ops/extra_ops.py, which imports this module)
 
 
 def scatter_add(input: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
@@ -422,8 +451,16 @@ def _inplace(op, name: str):
 
 for _name in __all__:
     setattr(Tensor, _name, globals()[_name])
-Tensor.scatter_ = lambda self, dim, index, src=None, *, value=None: _inplace(SCATTER, "scatter")(
-    self, dim, index, value if src is None else src)
+def _scatter_(self: Tensor, dim: int, index: Tensor, src=None, *, value=None, reduce=None) -> Tensor:
+    src = value if src is None else src
+    if reduce is None:
+        return _inplace(SCATTER, "scatter")(self, dim, index, src)
+    op, _, _, src = _scatter_reduction(self, index, src, reduce)
+    return apply_inplace(op, self, index, src, dim=normalize_dim("scatter", dim, self.dim()),
+                         reduce=_SCATTER_REDUCE[reduce], include_self=True)
+
+
+Tensor.scatter_ = _scatter_
 Tensor.scatter_add_ = _inplace(SCATTER_ADD, "scatter_add")
 Tensor.index_add_ = lambda self, dim, index, source, *, alpha=1: _inplace(INDEX_ADD, "index_add")(
     self, dim, index, source, alpha=alpha)
