@@ -223,6 +223,8 @@ CASES += [
     case("det-inverse-methods", lambda lib, a: (a.det(), a.inverse()), well_conditioned(2, 3, 3)),
     case("pinverse-wide", lambda lib, a: (lib.pinverse(a), a.pinverse()), x_of(3, 5)),
     case("pinverse-tall-batch", lambda lib, a: lib.pinverse(a, rcond=1e-10), x_of(2, 5, 3)),
+    case("linalg.pinv-atol", lambda lib, a: lib.linalg.pinv(a, atol=0.2), x_of(2, 5, 3)),
+    case("linalg.pinv-hermitian", lambda lib, m: lib.linalg.pinv(spd(lib, m), hermitian=True), x_of(2, 3, 3)),
     case("cholesky", lambda lib, m: (lib.cholesky(spd(lib, m)), spd(lib, m).cholesky(upper=True)), x_of(2, 3, 3)),
     case("cholesky_inverse", lambda lib, m: lib.cholesky_inverse(lib.linalg.cholesky(spd(lib, m))), x_of(2, 3, 3)),
     case("cholesky_inverse-upper", lambda lib, m: lib.linalg.cholesky(spd(lib, m), upper=True).cholesky_inverse(True),
