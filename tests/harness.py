@@ -458,3 +458,13 @@ def broadcasts(src: tuple, dst: tuple, exact: bool = False) -> bool:
     except RuntimeError:
         return False
     return out == dst if exact else True
+
+
+def sweep(check: Callable[..., bool], cases) -> None:
+    """Runs ``check(failures, *case)`` for every case (a check appends what differs from torch to
+    ``failures`` and returns whether torch computed the case); fails listing the mismatches, or
+    when torch computed none of them (a sweep that checks nothing)."""
+    failures: list = []
+    computed = sum(check(failures, *case) for case in cases)
+    assert not failures, "\n".join(failures[:20])
+    assert computed > 0

@@ -10,6 +10,7 @@ import warnings
 import torch
 
 import holoflow as flow
+from harness import sweep
 
 D = torch.float64
 
@@ -76,12 +77,6 @@ def _check(failures: list, name: str, cls: str, args: tuple, kwargs: dict, input
     return True
 
 
-def _sweep(cases) -> None:
-    failures: list = []
-    ran = sum(_check(failures, *case) for case in cases)
-    assert not failures, "\n".join(failures[:20])
-    assert ran > 0
-
 
 def test_recurrent_layers_match_torch():
     torch.manual_seed(0)
@@ -99,7 +94,7 @@ def test_recurrent_layers_match_torch():
         state = (h0, torch.randn(layers, batch, 5, dtype=D)) if cls == "LSTM" else h0
         cases += [(f"{cls} {kw}", cls, (4, 5), kw, [seq]), (f"{cls} {kw} with a state", cls, (4, 5), kw, [seq, state])]
     cases += [(cls, cls, (4, 5), {}, [seq[0]]) for cls in ("RNNCell", "LSTMCell", "GRUCell")]
-    _sweep(cases)
+    sweep(_check, cases)
 
 
 def test_attention_and_transformer_layers_match_torch():
@@ -128,7 +123,7 @@ def test_attention_and_transformer_layers_match_torch():
                    {"src_mask": torch.nn.Transformer.generate_square_subsequent_mask(5, dtype=D), "is_causal": True}),
                   (f"TransformerDecoderLayer {kw}", "TransformerDecoderLayer", (8, 2, 16), kw, [tgt, src], None,
                    {"tgt_mask": torch.nn.Transformer.generate_square_subsequent_mask(4, dtype=D)})]
-    _sweep(cases)
+    sweep(_check, cases)
 
 
 def test_convolution_normalization_resampling_and_activation_modules_match_torch():
@@ -165,13 +160,13 @@ def test_convolution_normalization_resampling_and_activation_modules_match_torch
               ("Bilinear", "Bilinear", (7, 6, 2), {}, [torch.randn(4, 7, dtype=D), b]),
               ("CosineSimilarity", "CosineSimilarity", (), {}, [a, b]),
               ("PairwiseDistance", "PairwiseDistance", (), {"p": 1}, [a, b])]
-    _sweep(cases)
+    sweep(_check, cases)
 
 
 def test_loss_modules_match_torch():
     torch.manual_seed(3)
     logits = torch.randn(4, 10, dtype=D)
-    _sweep([
+    sweep(_check, [
         ("AdaptiveLogSoftmaxWithLoss", "AdaptiveLogSoftmaxWithLoss", (10, 12, [4, 8]), {"div_value": 2.0},
          [logits, torch.tensor([1, 11, 5, 7])]),
         ("CTCLoss", "CTCLoss", (), {"blank": 0, "zero_infinity": True},

@@ -10,6 +10,7 @@ import warnings
 import torch
 
 import holoflow as flow
+from harness import sweep
 
 
 def _same(failures: list, name: str, torch_call, flow_call) -> bool:
@@ -45,12 +46,6 @@ def _same(failures: list, name: str, torch_call, flow_call) -> bool:
     return True
 
 
-def _sweep(cases) -> None:
-    failures: list = []
-    computed = sum(_same(failures, *case) for case in cases)
-    assert not failures, "\n".join(failures[:20])
-    assert computed > 0
-
 
 def test_creation_dtype_inference_matches_torch():
     cases = []
@@ -79,7 +74,7 @@ def test_creation_dtype_inference_matches_torch():
                                        [1.5, float("nan")], (1, 2)], ["tensor", "as_tensor"]):
         cases.append((f"{fn} {data}", lambda fn=fn, d=data: getattr(torch, fn)(d),
                       lambda fn=fn, d=data: getattr(flow, fn)(d)))
-    _sweep(cases)
+    sweep(_same, cases)
 
 
 # (m: torch or holoflow, a: the (2, 3, 4) tensor arange(24) of that library)
@@ -171,4 +166,4 @@ FUNCTIONS = [
 def test_shape_search_statistics_and_scatter_functions_match_torch():
     x = torch.arange(24.0).reshape(2, 3, 4)
     fx = flow.from_torch(x)
-    _sweep((name, lambda fn=fn: fn(torch, x), lambda fn=fn: fn(flow, fx)) for name, fn in FUNCTIONS)
+    sweep(_same, [(name, lambda fn=fn: fn(torch, x), lambda fn=fn: fn(flow, fx)) for name, fn in FUNCTIONS])

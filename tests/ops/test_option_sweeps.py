@@ -16,6 +16,7 @@ import torch.nn.functional as TF
 
 import holoflow as flow
 import holoflow.nn.functional as FF
+from harness import sweep
 
 
 def _check(failures: list, name: str, tf_call, ff_call, inputs: list) -> bool:
@@ -62,13 +63,6 @@ def _inputs() -> tuple:
             torch.randn(1, 2, 4, 5, 6, dtype=torch.float64))
 
 
-def _sweep(cases) -> None:
-    """Runs ``(name, torch_call, holoflow_call, inputs)`` cases; fails listing every mismatch."""
-    failures: list = []
-    computed = sum(_check(failures, *case) for case in cases)
-    assert not failures, "\n".join(failures[:20])
-    assert computed > 0
-
 
 def _interpolate_kwargs(x):
     modes = {3: ["nearest", "linear", "nearest-exact", "area"],
@@ -90,9 +84,9 @@ def _interpolate_kwargs(x):
 
 
 def test_interpolate_matches_torch():
-    _sweep((f"interpolate {x.dim()}d {kw}", lambda a, kw=kw: TF.interpolate(a, **kw),
-            lambda a, kw=kw: FF.interpolate(a, **kw), [x])
-           for x in _inputs() for kw in _interpolate_kwargs(x))
+    sweep(_check, [(f"interpolate {x.dim()}d {kw}", lambda a, kw=kw: TF.interpolate(a, **kw),
+                    lambda a, kw=kw: FF.interpolate(a, **kw), [x])
+                   for x in _inputs() for kw in _interpolate_kwargs(x)])
 
 
 def test_grid_sample_and_affine_grid_match_torch():
@@ -108,7 +102,7 @@ def test_grid_sample_and_affine_grid_match_torch():
     theta = torch.randn(2, 2, 3, dtype=torch.float64)
     cases += [(f"affine_grid {c}", lambda t, c=c: TF.affine_grid(t, (2, 3, 5, 7), align_corners=c),
                lambda t, c=c: FF.affine_grid(t, (2, 3, 5, 7), align_corners=c), [theta]) for c in (True, False)]
-    _sweep(cases)
+    sweep(_check, cases)
 
 
 def test_pooling_options_match_torch():
@@ -137,7 +131,7 @@ def test_pooling_options_match_torch():
     for p in (1, 2, 3.5):
         cases.append((f"lp_pool2d {p}", lambda a, p=p: TF.lp_pool2d(a.abs() + 0.1, p, 2),
                       lambda a, p=p: FF.lp_pool2d(a.abs() + 0.1, p, 2), [x4]))
-    _sweep(cases)
+    sweep(_check, cases)
 
 
 def test_convolution_options_match_torch():
@@ -155,16 +149,16 @@ def test_convolution_options_match_torch():
             kw = {"stride": stride, "padding": pad, "dilation": dilation, "groups": groups, "output_padding": out_pad}
             cases.append((f"conv_transpose2d {kw}", lambda a, w, kw=kw: TF.conv_transpose2d(a, w, **kw),
                           lambda a, w, kw=kw: FF.conv_transpose2d(a, w, **kw), [x4, wt]))
-    _sweep(cases)
+    sweep(_check, cases)
 
 
 def test_pad_modes_with_negative_pads_match_torch():
     xs = _inputs()
-    _sweep((f"pad {mode} {pad} {x.dim()}d", lambda a, p=pad, m=mode: TF.pad(a, p, mode=m),
-            lambda a, p=pad, m=mode: FF.pad(a, p, mode=m), [x])
-           for mode in ("constant", "reflect", "replicate", "circular")
-           for pad in ((1, 2), (2, 1, 0, 3), (1, 1, 1, 1, 1, 1), (-1, 2), (2, -1, -1, 1))
-           for x in xs)
+    sweep(_check, [(f"pad {mode} {pad} {x.dim()}d", lambda a, p=pad, m=mode: TF.pad(a, p, mode=m),
+                    lambda a, p=pad, m=mode: FF.pad(a, p, mode=m), [x])
+                   for mode in ("constant", "reflect", "replicate", "circular")
+                   for pad in ((1, 2), (2, 1, 0, 3), (1, 1, 1, 1, 1, 1), (-1, 2), (2, -1, -1, 1))
+                   for x in xs])
 
 
 def _flow(t):
@@ -209,7 +203,7 @@ def test_classification_losses_options_match_torch():
                       lambda a, r=red, lt=log_target, tg=tg: TF.kl_div(a.log_softmax(-1), tg, reduction=r, log_target=lt),
                       lambda a, r=red, lt=log_target, tg=tg: FF.kl_div(a.log_softmax(-1), _flow(tg), reduction=r,
                                                                        log_target=lt), [logits2]))
-    _sweep(cases)
+    sweep(_check, cases)
 
 
 def test_regression_losses_options_match_torch():
@@ -236,7 +230,7 @@ def test_regression_losses_options_match_torch():
     for full, red in itertools.product([True, False], ["mean", "sum", "none"]):
         cases.append((f"gaussian_nll {full} {red}", lambda a, v, f=full, r=red: TF.gaussian_nll_loss(a, y, v, full=f, reduction=r),
                       lambda a, v, f=full, r=red: FF.gaussian_nll_loss(a, _flow(y), v, full=f, reduction=r), [x, var]))
-    _sweep(cases)
+    sweep(_check, cases)
 
 
 def test_activations_and_normalize_options_match_torch():
@@ -250,8 +244,8 @@ def test_activations_and_normalize_options_match_torch():
                ("softmin", {"dim": 0}), ("softmax", {"dim": 1, "dtype": torch.float32}), ("log_softmax", {"dim": 0}),
                ("normalize", {"p": 1.5, "dim": 0}), ("normalize", {"p": float("inf"), "dim": 1}),
                ("normalize", {"p": 0.5, "dim": 1, "eps": 0.1}), ("rrelu", {"training": False})]
-    _sweep((f"{fn} {kw}", lambda a, fn=fn, kw=kw: getattr(TF, fn)(a, **kw),
-            lambda a, fn=fn, kw=kw: getattr(FF, fn)(a, **kw), [x]) for fn, kw in options)
+    sweep(_check, [(f"{fn} {kw}", lambda a, fn=fn, kw=kw: getattr(TF, fn)(a, **kw),
+                    lambda a, fn=fn, kw=kw: getattr(FF, fn)(a, **kw), [x]) for fn, kw in options])
 
 
 def test_normalization_options_match_torch():
@@ -286,7 +280,7 @@ def test_normalization_options_match_torch():
     cases += [(f"local_response_norm {kw}", lambda a, kw=kw: TF.local_response_norm(a, **kw),
                lambda a, kw=kw: FF.local_response_norm(a, **kw), [x])
               for kw in ({"size": 3}, {"size": 4, "alpha": 0.1, "beta": 0.5, "k": 2.0})]
-    _sweep(cases)
+    sweep(_check, cases)
 
 
 def test_embeddings_and_distances_options_match_torch():
@@ -319,7 +313,7 @@ def test_embeddings_and_distances_options_match_torch():
     cases += [(f"cosine_similarity dim={dim} eps={eps}", lambda x, y, d_=dim, e=eps: TF.cosine_similarity(x, y[:1], d_, e),
                lambda x, y, d_=dim, e=eps: FF.cosine_similarity(x, y[:1], d_, e), [a, b])
               for dim, eps in ((1, 1e-8), (0, 0.5), (1, 3.0))]
-    _sweep(cases)
+    sweep(_check, cases)
 
 
 def test_linalg_options_match_torch():
@@ -388,4 +382,4 @@ def test_linalg_options_match_torch():
         grad = p in (None, 2)
         cases.append(same(f"cond {p}", S, t=lambda a, p=p, g=grad: L.cond(a if g else a.detach(), p),
                           f=lambda a, p=p, g=grad: F.cond(a if g else a.detach(), p)))
-    _sweep(cases)
+    sweep(_check, cases)
