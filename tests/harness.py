@@ -468,3 +468,36 @@ def sweep(check: Callable[..., bool], cases) -> None:
     computed = sum(check(failures, *case) for case in cases)
     assert not failures, "\n".join(failures[:20])
     assert computed > 0
+
+
+def same_as_torch(failures: list, name: str, torch_call, flow_call) -> bool:
+    """Compares one call where torch computes it; returns whether it did."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = torch_call()
+    except Exception:
+        return False
+    try:
+        got = flow_call()
+    except Exception as e:
+        failures.append(f"{name}: {e}")
+        return True
+    wants = want if isinstance(want, (tuple, list)) else [want]
+    gots = got if isinstance(got, (tuple, list)) else [got]
+    if len(wants) != len(gots):
+        failures.append(f"{name}: {len(gots)} outputs, torch {len(wants)}")
+        return True
+    for g, w in zip(gots, wants):
+        if not isinstance(w, torch.Tensor):
+            if g != w:
+                failures.append(f"{name}: {g!r}, torch {w!r}")
+            continue
+        g = g.to_torch() if isinstance(g, flow.Tensor) else g
+        if not isinstance(g, torch.Tensor) or (g.dtype, g.shape) != (w.dtype, w.shape):
+            failures.append(f"{name}: {getattr(g, 'dtype', type(g))} {tuple(getattr(g, 'shape', ()))}, torch "
+                            f"{w.dtype} {tuple(w.shape)}")
+        elif not torch.equal(g, w) and not (w.is_floating_point() and torch.allclose(g, w, rtol=1e-5, atol=1e-6,
+                                                                                     equal_nan=True)):
+            failures.append(f"{name}: values differ")
+    return True

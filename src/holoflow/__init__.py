@@ -42,9 +42,11 @@ from . import functional, return_types, signal  # torch.functional, torch.return
 from .compat_ops import *  # noqa: F403  (torch's ATen-style top-level names: ctc_loss, convolution, lstm ...)
 
 _global_tensor.install()
+from .compat import install_numpy_names as _install_numpy_names  # noqa: E402
 globals().update(_ELEMENTWISE)
 globals().update({_d.name: _d for _d in _RARE})   # holoflow.uint16, holoflow.float8_e4m3fn, ...
 chalf = globals()["complex32"]   # torch's alias
+_install_numpy_names(globals(), Tensor, linalg, special, fft)   # (axis= for dim=, as torch's parser)
 __version__ = "0.1.0"
 
 

@@ -5,7 +5,10 @@ deterministic algorithms, thread counts) are torch's own, since holoflow's kerne
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+import types
 from typing import Any, Callable
 
 import torch
@@ -271,3 +274,46 @@ def celu_(input: Tensor, alpha: float = 1.0) -> Tensor:
 
 
 __all__ += ["dropout_", "alpha_dropout_", "feature_alpha_dropout_", "selu_", "celu_"]
+
+
+# -- NumPy's argument names ----------------------------------------------------------------------------
+# torch's argument parser takes NumPy's names for two parameters of every function and method that
+# has them: ``axis`` for ``dim``, ``keepdims`` for ``keepdim`` (``x.sum(axis=1, keepdims=True)``)
+_NUMPY_NAMES = (("axis", "dim"), ("keepdims", "keepdim"))
+
+
+def accept_numpy_names(fn: Callable, name: str | None = None) -> Callable:
+    """``fn``, also taking ``axis`` / ``keepdims`` where it has ``dim`` / ``keepdim``; ``fn``
+    itself when it has neither (or no signature)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return fn
+    renames = tuple((numpy, ours) for numpy, ours in _NUMPY_NAMES if ours in params and numpy not in params)
+    if not renames:
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if kwargs:
+            for numpy, ours in renames:
+                if numpy in kwargs:
+                    if ours in kwargs:
+                        raise TypeError(f"holoflow.{name or fn.__name__}() got both {ours!r} and its NumPy name "
+                                        f"{numpy!r}")
+                    kwargs[ours] = kwargs.pop(numpy)
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+def install_numpy_names(namespace: dict, *owners: Any) -> None:
+    """Gives NumPy's names to the functions of ``namespace`` (holoflow's top level) and of each
+    owner (``Tensor``'s methods, ``holoflow.linalg``...), as torch's parser does: called once,
+    when every function and method is defined."""
+    for name, fn in list(namespace.items()):
+        if isinstance(fn, types.FunctionType) and not name.startswith("_"):
+            namespace[name] = accept_numpy_names(fn, name)
+    for owner in owners:
+        for name, fn in list(vars(owner).items()):
+            if isinstance(fn, types.FunctionType) and not name.startswith("_"):
+                setattr(owner, name, accept_numpy_names(fn, name))

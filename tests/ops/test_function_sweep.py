@@ -5,45 +5,11 @@ and needed dim; scatter refused reduce="add" / "multiply"."""
 from __future__ import annotations
 
 import itertools
-import warnings
 
 import torch
 
 import holoflow as flow
-from harness import sweep
-
-
-def _same(failures: list, name: str, torch_call, flow_call) -> bool:
-    """Compares one call where torch computes it; returns whether it did."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            want = torch_call()
-    except Exception:
-        return False
-    try:
-        got = flow_call()
-    except Exception as e:
-        failures.append(f"{name}: {e}")
-        return True
-    wants = want if isinstance(want, (tuple, list)) else [want]
-    gots = got if isinstance(got, (tuple, list)) else [got]
-    if len(wants) != len(gots):
-        failures.append(f"{name}: {len(gots)} outputs, torch {len(wants)}")
-        return True
-    for g, w in zip(gots, wants):
-        if not isinstance(w, torch.Tensor):
-            if g != w:
-                failures.append(f"{name}: {g!r}, torch {w!r}")
-            continue
-        g = g.to_torch() if isinstance(g, flow.Tensor) else g
-        if not isinstance(g, torch.Tensor) or (g.dtype, g.shape) != (w.dtype, w.shape):
-            failures.append(f"{name}: {getattr(g, 'dtype', type(g))} {tuple(getattr(g, 'shape', ()))}, torch "
-                            f"{w.dtype} {tuple(w.shape)}")
-        elif not torch.equal(g, w) and not (w.is_floating_point() and torch.allclose(g, w, rtol=1e-5, atol=1e-6,
-                                                                                     equal_nan=True)):
-            failures.append(f"{name}: values differ")
-    return True
+from harness import same_as_torch, sweep
 
 
 
@@ -74,7 +40,7 @@ def test_creation_dtype_inference_matches_torch():
                                        [1.5, float("nan")], (1, 2)], ["tensor", "as_tensor"]):
         cases.append((f"{fn} {data}", lambda fn=fn, d=data: getattr(torch, fn)(d),
                       lambda fn=fn, d=data: getattr(flow, fn)(d)))
-    sweep(_same, cases)
+    sweep(same_as_torch, cases)
 
 
 # (m: torch or holoflow, a: the (2, 3, 4) tensor arange(24) of that library)
@@ -166,4 +132,4 @@ FUNCTIONS = [
 def test_shape_search_statistics_and_scatter_functions_match_torch():
     x = torch.arange(24.0).reshape(2, 3, 4)
     fx = flow.from_torch(x)
-    sweep(_same, [(name, lambda fn=fn: fn(torch, x), lambda fn=fn: fn(flow, fx)) for name, fn in FUNCTIONS])
+    sweep(same_as_torch, [(name, lambda fn=fn: fn(torch, x), lambda fn=fn: fn(flow, fx)) for name, fn in FUNCTIONS])

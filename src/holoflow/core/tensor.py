@@ -414,6 +414,13 @@ class Tensor:
             raise TypeError("holoflow: iteration over a 0-d tensor")
         return iter(self.unbind(0))
 
+    def __contains__(self, element) -> bool:
+        """``element in tensor``: whether some element equals it, as torch's (a number or tensor)."""
+        if not isinstance(element, (Tensor, int, float, complex, bool)):
+            raise RuntimeError(f"holoflow: Tensor.__contains__ only supports a Tensor or a number, but got "
+                               f"{type(element).__name__}")
+        return bool((self == element).any())
+
     def __bool__(self) -> bool:
         self._no_value_in_build("bool() (Python control flow such as `if tensor:` or `if x.sum() > 0:`)")
         if self.numel() != 1:

@@ -506,9 +506,21 @@ def norm(input: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) ->
     """``torch.norm``: a vector norm of the flattened tensor or over ``dim`` (``'fro'`` is 2)."""
     if p == "fro" or p is None:
         p = 2
+    if p == "nuc":   # the sum of the singular values of the matrices over two dims
+        dims = tuple(range(input.dim())) if dim is None else ((dim,) if isinstance(dim, int) else tuple(dim))
+        if len(dims) != 2:
+            raise RuntimeError(f"holoflow.norm: p='nuc' needs 2 dims (a matrix, or dim=(d0, d1)), got {dims} for a "
+                               f"tensor of shape {tuple(input.shape)}")
+        from .decomp import svdvals   # (ops/decomp.py imports this module)
+        d0, d1 = (normalize_dim("norm", d, input.dim()) for d in dims)
+        out = svdvals(input.movedim((d0, d1), (-2, -1))).sum(-1)
+        if keepdim:
+            for d in sorted((d0, d1)):
+                out = out.unsqueeze(d)
+        return out if dtype is None else out.to(dtype)
     if isinstance(p, str):
         from ..core.errors import UnsupportedError
-        raise UnsupportedError(f"holoflow.norm: p={p!r} is not supported; use p='fro', a number, inf or -inf")
+        raise UnsupportedError(f"holoflow.norm: p={p!r} is not supported; use p='fro', 'nuc', a number, inf or -inf")
     return vector_norm(input, p, dim, keepdim, dtype=dtype)
 
 
