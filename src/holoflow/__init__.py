@@ -42,11 +42,12 @@ from . import functional, return_types, signal  # torch.functional, torch.return
 from .compat_ops import *  # noqa: F403  (torch's ATen-style top-level names: ctc_loss, convolution, lstm ...)
 
 _global_tensor.install()
-from .compat import install_numpy_names as _install_numpy_names  # noqa: E402
+from .compat import install_torch_arguments as _install_torch_arguments  # noqa: E402
 globals().update(_ELEMENTWISE)
 globals().update({_d.name: _d for _d in _RARE})   # holoflow.uint16, holoflow.float8_e4m3fn, ...
 chalf = globals()["complex32"]   # torch's alias
-_install_numpy_names(globals(), Tensor, linalg, special, fft)   # (axis= for dim=, as torch's parser)
+# (torch's parser: axis= for dim=, and a TypeError naming a wrongly typed argument)
+_install_torch_arguments(globals(), Tensor, linalg, special, fft, func, nn.functional)
 __version__ = "0.1.0"
 
 

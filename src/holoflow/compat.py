@@ -276,44 +276,97 @@ def celu_(input: Tensor, alpha: float = 1.0) -> Tensor:
 __all__ += ["dropout_", "alpha_dropout_", "feature_alpha_dropout_", "selu_", "celu_"]
 
 
-# -- NumPy's argument names ----------------------------------------------------------------------------
+# -- torch's argument handling ------------------------------------------------------------------------
 # torch's argument parser takes NumPy's names for two parameters of every function and method that
-# has them: ``axis`` for ``dim``, ``keepdims`` for ``keepdim`` (``x.sum(axis=1, keepdims=True)``)
+# has them (``axis`` for ``dim``, ``keepdims`` for ``keepdim``: ``x.sum(axis=1, keepdims=True)``),
+# and refuses an argument of the wrong type with a TypeError naming it. holoflow's functions are
+# Python: an argument of the wrong type fails somewhere inside (an AttributeError on ``.dim()``).
+# ``torch_arguments`` gives them both: the names, and on the error path only (no cost otherwise)
+# torch's TypeError for the first argument whose type contradicts its annotation.
 _NUMPY_NAMES = (("axis", "dim"), ("keepdims", "keepdim"))
+_CHECKED = {"Tensor": (Tensor, "Tensor"), "int": (int, "int"), "bool": (bool, "bool"),
+            "Tensor | None": ((Tensor, type(None)), "Tensor"), "int | None": ((int, type(None)), "int")}
 
 
-def accept_numpy_names(fn: Callable, name: str | None = None) -> Callable:
-    """``fn``, also taking ``axis`` / ``keepdims`` where it has ``dim`` / ``keepdim``; ``fn``
-    itself when it has neither (or no signature)."""
+def torch_arguments(fn: Callable, name: str | None = None) -> Callable:
+    """``fn`` with torch's argument handling (above); ``fn`` itself when there is nothing to add
+    (no ``dim``/``keepdim``, no annotated Tensor, int or bool parameter, or no signature)."""
     try:
-        params = inspect.signature(fn).parameters
+        sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return fn
+    params = sig.parameters
     renames = tuple((numpy, ours) for numpy, ours in _NUMPY_NAMES if ours in params and numpy not in params)
-    if not renames:
+    checked = {p.name: _CHECKED[p.annotation] for p in params.values()
+               if isinstance(p.annotation, str) and p.annotation in _CHECKED and p.name != "self"
+               and p.kind != p.VAR_KEYWORD}
+    if not renames and not checked:
         return fn
+    label = f"holoflow.{name or fn.__name__}()"
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if kwargs:
+        if renames and kwargs:
             for numpy, ours in renames:
                 if numpy in kwargs:
                     if ours in kwargs:
-                        raise TypeError(f"holoflow.{name or fn.__name__}() got both {ours!r} and its NumPy name "
-                                        f"{numpy!r}")
+                        raise TypeError(f"{label} got both {ours!r} and its NumPy name {numpy!r}")
                     kwargs[ours] = kwargs.pop(numpy)
-        return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            # torch checks types before anything else: a non-tensor where a Tensor goes is its
+            # TypeError whatever failed (a TypeError of holoflow's own already says so); a
+            # number's type only where the failure is a type's (an AttributeError or a plain
+            # TypeError: manual_seed("a") is torch's ValueError too)
+            if isinstance(e, TypeError) and str(e).startswith("holoflow"):
+                raise
+            wrong = _wrongly_typed(sig, checked, args, kwargs, numbers=isinstance(e, (AttributeError, TypeError)))
+            if wrong is None:
+                raise
+            raise TypeError(f"{label}: {wrong}") from e
     return wrapper
 
 
-def install_numpy_names(namespace: dict, *owners: Any) -> None:
-    """Gives NumPy's names to the functions of ``namespace`` (holoflow's top level) and of each
-    owner (``Tensor``'s methods, ``holoflow.linalg``...), as torch's parser does: called once,
-    when every function and method is defined."""
+def _wrongly_typed(sig: inspect.Signature, checked: dict, args: tuple, kwargs: dict,
+                   numbers: bool = True) -> str | None:
+    """The first argument whose type its annotation refuses, described as torch's parser does
+    (``numbers``: int and bool annotations count too; the elements of ``*tensors: Tensor``)."""
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError:
+        return None
+    for position, (pname, value) in enumerate(bound.arguments.items(), start=1):
+        if pname not in checked:
+            continue
+        types_, expected = checked[pname]
+        if expected != "Tensor" and not numbers:
+            continue
+        if sig.parameters[pname].kind == inspect.Parameter.VAR_POSITIONAL:
+            bad = [v for v in value if not isinstance(v, types_)]
+            if bad:
+                return f"expected {expected} as each of the {pname!r}, but got {type(bad[0]).__name__}"
+        elif not isinstance(value, types_):
+            return f"argument {pname!r} (position {position}) must be {expected}, not {type(value).__name__}"
+    return None
+
+
+def install_torch_arguments(namespace: dict, *owners: Any) -> None:
+    """Gives torch's argument handling to the functions of ``namespace`` (holoflow's top level)
+    and of each owner (``Tensor``'s methods, ``holoflow.linalg``, ``nn.functional``...): called
+    once, when every function and method is defined. A function reachable under several names
+    gets one wrapper (``holoflow.vmap is holoflow.func.vmap`` stays true)."""
+    done: dict = {}
+
+    def wrapped(name: str, fn: Any) -> Any:
+        if not isinstance(fn, types.FunctionType) or name.startswith("_"):
+            return fn
+        if fn not in done:
+            done[fn] = torch_arguments(fn, name)
+        return done[fn]
     for name, fn in list(namespace.items()):
-        if isinstance(fn, types.FunctionType) and not name.startswith("_"):
-            namespace[name] = accept_numpy_names(fn, name)
+        namespace[name] = wrapped(name, fn)
     for owner in owners:
         for name, fn in list(vars(owner).items()):
-            if isinstance(fn, types.FunctionType) and not name.startswith("_"):
-                setattr(owner, name, accept_numpy_names(fn, name))
+            if wrapped(name, fn) is not fn:
+                setattr(owner, name, done[fn])
