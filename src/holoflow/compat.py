@@ -288,9 +288,11 @@ _CHECKED = {"Tensor": (Tensor, "Tensor"), "int": (int, "int"), "bool": (bool, "b
             "Tensor | None": ((Tensor, type(None)), "Tensor"), "int | None": ((int, type(None)), "int")}
 
 
-def torch_arguments(fn: Callable, name: str | None = None) -> Callable:
+def torch_arguments(fn: Callable, name: str | None = None, check_types: bool = True) -> Callable:
     """``fn`` with torch's argument handling (above); ``fn`` itself when there is nothing to add
-    (no ``dim``/``keepdim``, no annotated Tensor, int or bool parameter, or no signature)."""
+    (no ``dim``/``keepdim``, no annotated Tensor, int or bool parameter, or no signature).
+    ``check_types=False``: the NumPy names only (a method: ``self`` is a tensor, and its hot ones,
+    ``view``, ``transpose``..., keep their one frame)."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -298,7 +300,7 @@ def torch_arguments(fn: Callable, name: str | None = None) -> Callable:
     params = sig.parameters
     renames = tuple((numpy, ours) for numpy, ours in _NUMPY_NAMES if ours in params and numpy not in params)
     checked = {p.name: _CHECKED[p.annotation] for p in params.values()
-               if isinstance(p.annotation, str) and p.annotation in _CHECKED and p.name != "self"
+               if check_types and isinstance(p.annotation, str) and p.annotation in _CHECKED and p.name != "self"
                and p.kind != p.VAR_KEYWORD}
     if not renames and not checked:
         return fn
@@ -351,22 +353,31 @@ def _wrongly_typed(sig: inspect.Signature, checked: dict, args: tuple, kwargs: d
     return None
 
 
-def install_torch_arguments(namespace: dict, *owners: Any) -> None:
+# metadata methods model code calls per step (``B, T, C = x.size()``): no frame added for a
+# NumPy name nobody passes them
+_HOT_METADATA = frozenset({"size", "stride"})
+
+
+def install_torch_arguments(namespace: dict, tensor: type, *owners: Any) -> None:
     """Gives torch's argument handling to the functions of ``namespace`` (holoflow's top level)
-    and of each owner (``Tensor``'s methods, ``holoflow.linalg``, ``nn.functional``...): called
-    once, when every function and method is defined. A function reachable under several names
-    gets one wrapper (``holoflow.vmap is holoflow.func.vmap`` stays true)."""
+    and of each owner (``holoflow.linalg``, ``nn.functional``...), and NumPy's names to the
+    methods of ``tensor``: called once, when every function and method is defined. A function
+    reachable under several names gets one wrapper (``holoflow.vmap is holoflow.func.vmap``)."""
     done: dict = {}
 
-    def wrapped(name: str, fn: Any) -> Any:
+    def wrapped(name: str, fn: Any, check_types: bool = True) -> Any:
         if not isinstance(fn, types.FunctionType) or name.startswith("_"):
             return fn
-        if fn not in done:
-            done[fn] = torch_arguments(fn, name)
-        return done[fn]
+        key = (fn, check_types)
+        if key not in done:
+            done[key] = torch_arguments(fn, name, check_types)
+        return done[key]
     for name, fn in list(namespace.items()):
         namespace[name] = wrapped(name, fn)
-    for owner in owners:
+    for owner, check_types in [(tensor, False)] + [(o, True) for o in owners]:
         for name, fn in list(vars(owner).items()):
-            if wrapped(name, fn) is not fn:
-                setattr(owner, name, done[fn])
+            if owner is tensor and name in _HOT_METADATA:
+                continue
+            new = wrapped(name, fn, check_types)
+            if new is not fn:
+                setattr(owner, name, new)
