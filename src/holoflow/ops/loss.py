@@ -516,8 +516,6 @@ def _pair(name: str, input: Tensor, target: Tensor, same_shape: bool = False) ->
                          f"shape {tuple(input.shape)}")
 
 
-
-
 # The inputs of a composite op in a trace that the graph's AMP pass will rewrite: an identity whose
 # attr ``amp_policy`` names the autocast class its value falls under (graph/passes/amp.py looks a
 # node's policy up by that attr when it has one), so ``config.enable_amp`` casts a composite loss

@@ -126,20 +126,21 @@ def scatter(input: Tensor, dim: int, index: Tensor, src=None, *, value=None, red
     d = normalize_dim("scatter", dim, input.dim())
     if reduce is None:
         return apply(SCATTER, input, index, src, dim=d)
-    return apply(*_scatter_reduction(input, index, src, reduce), dim=d, reduce=_SCATTER_REDUCE[reduce],
-                 include_self=True)
+    src, how = _scatter_reduction(input, index, src, reduce)
+    return apply(REGISTRY["scatter_reduce"], input, index, src, dim=d, reduce=how, include_self=True)
 
 
 _SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}
 
 
 def _scatter_reduction(input: Tensor, index: Tensor, src, reduce: str) -> tuple:
-    """The op and inputs of ``scatter(..., reduce=reduce)``: a number becomes a tensor like ``index``."""
+    """``scatter(..., reduce=reduce)`` as ``scatter_reduce`` (ops/extra_ops.py, which imports this
+    module; found in the registry): its source (a number: a tensor like ``index``) and reduction."""
     if reduce not in _SCATTER_REDUCE:
         raise RuntimeError(f"holoflow.scatter: reduce argument must be either 'add' or 'multiply', got {reduce!r}")
     if not isinstance(src, Tensor):
         src = input.new_full(tuple(index.shape), src)
-    return REGISTRY["scatter_reduce"], input, index, src   # (ops/extra_ops.py, which imports this module)
+    return src, _SCATTER_REDUCE[reduce]
 
 
 def scatter_add(input: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
@@ -449,17 +450,17 @@ def _inplace(op, name: str):
     return method
 
 
-for _name in __all__:
-    setattr(Tensor, _name, globals()[_name])
 def _scatter_(self: Tensor, dim: int, index: Tensor, src=None, *, value=None, reduce=None) -> Tensor:
     src = value if src is None else src
     if reduce is None:
         return _inplace(SCATTER, "scatter")(self, dim, index, src)
-    op, _, _, src = _scatter_reduction(self, index, src, reduce)
-    return apply_inplace(op, self, index, src, dim=normalize_dim("scatter", dim, self.dim()),
-                         reduce=_SCATTER_REDUCE[reduce], include_self=True)
+    src, how = _scatter_reduction(self, index, src, reduce)
+    return apply_inplace(REGISTRY["scatter_reduce"], self, index, src, dim=normalize_dim("scatter", dim, self.dim()),
+                         reduce=how, include_self=True)
 
 
+for _name in __all__:
+    setattr(Tensor, _name, globals()[_name])
 Tensor.scatter_ = _scatter_
 Tensor.scatter_add_ = _inplace(SCATTER_ADD, "scatter_add")
 Tensor.index_add_ = lambda self, dim, index, source, *, alpha=1: _inplace(INDEX_ADD, "index_add")(
