@@ -182,4 +182,6 @@ def test_loss_modules_match_torch():
          [logits, logits.flip(0), torch.rand(4, 1, dtype=D)]),
         ("NLLLoss on images", "NLLLoss", (), {"ignore_index": 1, "reduction": "sum"},
          [torch.randn(2, 3, 4, 5, dtype=D).log_softmax(1), torch.randint(0, 3, (2, 4, 5))]),
+        ("NLLLoss2d (torch's deprecated name)", "NLLLoss2d", (), {"ignore_index": 1},
+         [torch.randn(2, 3, 4, 5, dtype=D).log_softmax(1), torch.randint(0, 3, (2, 4, 5))]),
     ])
