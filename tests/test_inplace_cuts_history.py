@@ -61,3 +61,25 @@ def test_a_leaf_written_under_no_grad_keeps_requires_grad():
         assert w.requires_grad and w.grad_fn is None
         (w * w).sum().backward()
         assert w.grad.tolist() == [4.0, 6.0, 8.0]
+
+
+def test_a_leaf_detached_and_written_with_grad_since_its_use_is_refused_in_backward():
+    """torch's AccumulateGrad check: ``d`` was used as a leaf, then ``detach_()``ed and written in
+    place with a value that requires grad (it has a history now); backward through the earlier
+    use raises "leaf variable has been moved into the graph interior". holoflow put the earlier
+    use's gradient into the non-leaf's ``.grad`` (global fuzzer, seed 665 of 20 steps on 2x2)."""
+    for lib in (torch, flow):
+        d = lib.ones(3, requires_grad=True)
+        c = lib.ones(3, requires_grad=True)
+        y = (d * 2).sum()
+        d.detach_()
+        d.add_(c)
+        with pytest.raises(RuntimeError, match="leaf variable has been moved into the graph interior"):
+            y.backward()
+    # written with a value that needs no grad, it stays a leaf that stopped requiring grad: skipped
+    d = flow.ones(3, requires_grad=True)
+    y = (d * 2).sum()
+    d.detach_()
+    d.add_(1.0)
+    y.backward()
+    assert d.grad is None

@@ -344,6 +344,11 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
     def to_leaf(t, g):
         if not accumulate and id(t) not in cap_keys:   # (torch runs no hook of a leaf it skips)
             return
+        if t.grad_fn is not None:   # detach_()ed since this use, then written with a value that
+            raise RuntimeError(     # requires grad: no longer a leaf (torch's AccumulateGrad check)
+                "holoflow: leaf variable has been moved into the graph interior: a tensor this backward "
+                "reaches as a leaf was detach_()ed since and written in place with a value that requires "
+                "grad, so it has a history now; backward before the write, or write a clone")
         if t._hooks:
             g = _apply_hooks(t._hooks, g)
         if cap_keys:
