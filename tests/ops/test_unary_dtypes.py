@@ -1,6 +1,7 @@
 """Every torch function holoflow also has, called on one tensor of each dtype (bool, integers,
 half, bfloat16, float, double, complex): where torch gives a tensor, holoflow gives one of the
-same dtype, shape and values (found: round of an integer tensor was refused)."""
+same dtype, shape and values, and where torch differentiates it (float64, complex128), the same
+gradient (found: round of an integer tensor was refused)."""
 from __future__ import annotations
 
 import warnings
@@ -65,3 +66,41 @@ def test_one_tensor_functions_match_torch_for_every_dtype(name):
         low = dt in (torch.float16, torch.bfloat16)
         torch.testing.assert_close(g, want, equal_nan=True, rtol=1e-2 if low else 1e-5, atol=1e-3 if low else 1e-6,
                                    msg=lambda m: f"holoflow.{name}({dt}): {m}")
+
+
+# the legacy typed constructors (``torch.DoubleTensor(x)``) return torch's own aliasing quirks
+LEGACY = {"DoubleTensor", "FloatTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor", "ShortTensor",
+          "CharTensor", "ByteTensor", "BoolTensor"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_one_tensor_functions_gradients_match_torch(dtype):
+    """Every shared one-tensor function torch differentiates, on real and complex inputs (torch's
+    conjugate convention for the complex gradient of a real loss)."""
+    x0 = torch.tensor([[0.5, -0.3, 0.8], [0.2, 0.6, -0.7]], dtype=torch.float64)
+    if dtype.is_complex:
+        x0 = x0 + 1j * torch.tensor([[0.3, 0.4, -0.2], [0.1, -0.5, 0.25]], dtype=torch.float64)
+    mismatches, checked = [], 0
+    for name in NAMES:
+        if name in LEGACY:
+            continue
+        x = x0.clone().requires_grad_()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                y = getattr(torch, name)(x)
+                if not isinstance(y, torch.Tensor) or not y.requires_grad:
+                    continue
+                w = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(1))
+                want, = torch.autograd.grad((y * w).real.sum() if y.is_complex() else (y * w).sum(), x)
+        except Exception:   # torch does not differentiate it (or needs more arguments)
+            continue
+        checked += 1
+        fx = flow.from_torch(x0.clone()).requires_grad_()
+        fy = getattr(flow, name)(fx)
+        fw = flow.from_torch(w)
+        got, = flow.autograd.grad((fy * fw).real.sum() if fy.is_complex() else (fy * fw).sum(), fx)
+        if not torch.allclose(got.to_torch(), want, rtol=1e-6, atol=1e-8, equal_nan=True):
+            mismatches.append(f"{name}: gradient differs by {(got.to_torch() - want).abs().max().item()}")
+    assert not mismatches, "\n".join(mismatches)
+    assert checked > 80
