@@ -3,6 +3,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as TF
 
 import holoflow as flow
 from holoflow import nn
@@ -129,3 +130,48 @@ def test_torch_mha_state_dict_loads():
     assert fm.load_state_dict(tm.state_dict()).missing_keys == []
     assert [n for n, _ in fm.named_parameters()] == ["in_proj_weight", "in_proj_bias", "out_proj.weight",
                                                      "out_proj.bias"]
+
+
+def _mha_args(lib, separate: bool, bias_kv: bool, static: bool):
+    g = torch.Generator().manual_seed(7)
+    r = lambda *s: lib.from_numpy(torch.randn(*s, generator=g, dtype=torch.float64).numpy()) if lib is not torch \
+        else torch.randn(*s, generator=g, dtype=torch.float64)
+    E, H, L, S, N = 8, 2, 4, 5, 3
+    q, k, v = r(L, N, E), r(S, N, 6 if separate else E), r(S, N, 5 if separate else E)
+    kw = dict(embed_dim_to_check=E, num_heads=H, in_proj_weight=None if separate else r(3 * E, E),
+              in_proj_bias=r(3 * E), bias_k=r(1, 1, E) if bias_kv else None, bias_v=r(1, 1, E) if bias_kv else None,
+              add_zero_attn=not bias_kv, dropout_p=0.0, out_proj_weight=r(E, E), out_proj_bias=r(E),
+              use_separate_proj_weight=separate)
+    if separate:
+        kw.update(q_proj_weight=r(E, E), k_proj_weight=r(E, 6), v_proj_weight=r(E, 5))
+    if static:
+        kw.update(static_k=r(N * H, S, E // H), static_v=r(N * H, S, E // H))
+    return q, k, v, kw
+
+
+@pytest.mark.parametrize("separate,bias_kv,static,need_weights", [
+    (False, False, False, True), (True, False, False, True), (False, True, False, False),
+    (True, False, True, True), (False, False, True, False)])
+def test_functional_multi_head_attention_forward_matches_torch(separate, bias_kv, static, need_weights):
+    """``F.multi_head_attention_forward`` (nn.MultiheadAttention's computation) with packed or
+    separate projections, bias_k/v or zero attention, static keys and values, with and without
+    the weights, against torch's; gradients of the output too."""
+    tq, tk, tv, tkw = _mha_args(torch, separate, bias_kv, static)
+    fq, fk, fv, fkw = _mha_args(flow, separate, bias_kv, static)
+    for t in [tq] + [x for x in tkw.values() if isinstance(x, torch.Tensor)]:
+        t.requires_grad_()
+    for t in [fq] + [x for x in fkw.values() if isinstance(x, flow.Tensor)]:
+        t.requires_grad_()
+    mask = torch.zeros(3, 5, dtype=torch.bool)
+    mask[1, -1] = True
+    t_out, t_w = TF.multi_head_attention_forward(tq, tk, tv, key_padding_mask=mask, need_weights=need_weights, **tkw)
+    f_out, f_w = flow.nn.functional.multi_head_attention_forward(fq, fk, fv, key_padding_mask=flow.from_torch(mask),
+                                                                 need_weights=need_weights, **fkw)
+    torch.testing.assert_close(f_out.detach().to_torch(), t_out.detach())
+    assert (f_w is None) == (t_w is None)
+    if t_w is not None:
+        torch.testing.assert_close(f_w.detach().to_torch(), t_w.detach())
+    t_out.sum().backward()
+    f_out.sum().backward()
+    torch.testing.assert_close(fq.grad.to_torch(), tq.grad)
+    torch.testing.assert_close(fkw["out_proj_weight"].grad.to_torch(), tkw["out_proj_weight"].grad)

@@ -55,6 +55,10 @@ from ..ops.more_ops import pdist  # noqa: E402
 
 __all__ += ["pdist", "rrelu", "rrelu_", "threshold", "threshold_"]
 
+from .functional_attention import multi_head_attention_forward  # noqa: E402
+
+__all__ += ["multi_head_attention_forward"]
+
 # more of torch.nn.functional (nn/functional_more.py)
 from . import functional_more as _more  # noqa: E402
 from .functional_more import *  # noqa: E402,F401,F403

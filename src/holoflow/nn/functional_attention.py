@@ -1,0 +1,116 @@
+"""``nn.functional.multi_head_attention_forward``: torch's functional multi-head attention, the
+computation of ``nn.MultiheadAttention`` (which calls it with its parameters), for code that
+holds the weights itself (static keys and values, separate projection weights)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..core import dtype as _dtype
+from ..core.tensor import Tensor
+from ..ops.attention import scaled_dot_product_attention
+from ..ops.creation import zeros
+from ..ops.layout import pad
+from ..ops.linalg import linear, matmul
+from ..ops.nn_ops import softmax
+from ..ops.random_ops import dropout
+from ..ops.shape import cat
+
+__all__ = ["multi_head_attention_forward"]
+
+
+def _float_mask(mask: Tensor | None, dtype: Any, name: str) -> Tensor | None:
+    """A boolean mask (True = not allowed) becomes an additive float mask of ``-inf``/``0``."""
+    if mask is None:
+        return None
+    if mask.dtype == _dtype.bool:
+        return zeros(*mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
+    if not mask.is_floating_point():
+        raise AssertionError(f"only bool and floating types of {name} are supported")
+    return mask.to(dtype)
+
+
+def multi_head_attention_forward(
+        query: Tensor, key: Tensor, value: Tensor, embed_dim_to_check: int, num_heads: int,
+        in_proj_weight: Tensor | None, in_proj_bias: Tensor | None, bias_k: Tensor | None, bias_v: Tensor | None,
+        add_zero_attn: bool, dropout_p: float, out_proj_weight: Tensor, out_proj_bias: Tensor | None,
+        training: bool = True, key_padding_mask: Tensor | None = None, need_weights: bool = True,
+        attn_mask: Tensor | None = None, use_separate_proj_weight: bool = False, q_proj_weight: Tensor | None = None,
+        k_proj_weight: Tensor | None = None, v_proj_weight: Tensor | None = None, static_k: Tensor | None = None,
+        static_v: Tensor | None = None, average_attn_weights: bool = True,
+        is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Multi-head attention of ``(L, N, E)`` inputs (or unbatched ``(L, E)``), as torch's:
+    projections (packed ``in_proj_weight`` or ``use_separate_proj_weight``), ``bias_k``/``bias_v``
+    and ``add_zero_attn`` appended to the keys and values, ``static_k``/``static_v`` (``(N *
+    num_heads, S, head_dim)``) in place of the projected ones, masks (bool: True = not allowed, or
+    additive), dropout on the weights in training; returns the output and, with ``need_weights``,
+    the weights (averaged over heads with ``average_attn_weights``)."""
+    unbatched = query.dim() == 2
+    if unbatched:
+        query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.unsqueeze(0)
+    if is_causal and attn_mask is None:
+        raise RuntimeError("Need attn_mask if specifying the is_causal hint. You may use the "
+                           "Transformer module method `generate_square_subsequent_mask` to create this mask.")
+    tgt_len, bsz, E = query.shape
+    if E != embed_dim_to_check:
+        raise AssertionError(f"was expecting embedding dimension of {embed_dim_to_check}, but got {E}")
+    H = num_heads
+    hd = E // H
+    if hd * H != E:
+        raise AssertionError(f"embed_dim {E} not divisible by num_heads {H}")
+    if use_separate_proj_weight:
+        w_q, w_k, w_v = q_proj_weight, k_proj_weight, v_proj_weight
+    else:
+        w_q, w_k, w_v = in_proj_weight[:E], in_proj_weight[E:2 * E], in_proj_weight[2 * E:]
+    b_q, b_k, b_v = (None,) * 3 if in_proj_bias is None else (in_proj_bias[:E], in_proj_bias[E:2 * E],
+                                                              in_proj_bias[2 * E:])
+    q, k, v = linear(query, w_q, b_q), linear(key, w_k, b_k), linear(value, w_v, b_v)
+    attn_mask = _float_mask(attn_mask, q.dtype, "attn_mask")
+    key_padding_mask = _float_mask(key_padding_mask, q.dtype, "key_padding_mask")
+    if attn_mask is not None and attn_mask.dim() == 2:
+        attn_mask = attn_mask.unsqueeze(0)
+    if bias_k is not None and bias_v is not None:
+        if static_k is not None or static_v is not None:
+            raise AssertionError("bias cannot be added to static key and value")
+        k, v = cat([k, bias_k.repeat(1, bsz, 1)]), cat([v, bias_v.repeat(1, bsz, 1)])
+        attn_mask = pad(attn_mask, (0, 1)) if attn_mask is not None else None
+        key_padding_mask = pad(key_padding_mask, (0, 1)) if key_padding_mask is not None else None
+    q = q.reshape(tgt_len, bsz * H, hd).transpose(0, 1)
+    k = static_k if static_k is not None else k.reshape(k.shape[0], bsz * H, hd).transpose(0, 1)
+    v = static_v if static_v is not None else v.reshape(v.shape[0], bsz * H, hd).transpose(0, 1)
+    if add_zero_attn:
+        k = cat([k, zeros(bsz * H, 1, hd, dtype=k.dtype, device=k.device)], dim=1)
+        v = cat([v, zeros(bsz * H, 1, hd, dtype=v.dtype, device=v.device)], dim=1)
+        attn_mask = pad(attn_mask, (0, 1)) if attn_mask is not None else None
+        key_padding_mask = pad(key_padding_mask, (0, 1)) if key_padding_mask is not None else None
+    src_len = k.shape[1]
+    if key_padding_mask is not None:
+        kpm = key_padding_mask.reshape(bsz, 1, 1, src_len).expand(-1, H, -1, -1).reshape(bsz * H, 1, src_len)
+        attn_mask = kpm if attn_mask is None else attn_mask + kpm
+    dropout_p = dropout_p if training else 0.0
+    if need_weights:
+        scores = matmul(q * (1.0 / math.sqrt(hd)), k.transpose(-2, -1))
+        if attn_mask is not None:
+            scores = scores + attn_mask
+        weights = softmax(scores, dim=-1)
+        if dropout_p > 0.0:
+            weights = dropout(weights, p=dropout_p)
+        out = matmul(weights, v)
+    else:
+        if attn_mask is not None:
+            attn_mask = attn_mask.unsqueeze(0) if attn_mask.shape[0] == 1 else attn_mask.reshape(bsz, H, -1, src_len)
+        out = scaled_dot_product_attention(q.reshape(bsz, H, tgt_len, hd), k.reshape(bsz, H, src_len, hd),
+                                           v.reshape(bsz, H, src_len, hd), attn_mask, dropout_p)
+        out = out.reshape(bsz * H, tgt_len, hd)
+        weights = None
+    out = out.transpose(0, 1).reshape(tgt_len * bsz, E)
+    out = linear(out, out_proj_weight, out_proj_bias).reshape(tgt_len, bsz, E)
+    if weights is not None:
+        weights = weights.reshape(bsz, H, tgt_len, src_len)
+        if average_attn_weights:
+            weights = weights.mean(dim=1)
+    if unbatched:
+        return out.squeeze(1), (weights.squeeze(0) if weights is not None else None)
+    return out, weights
