@@ -133,6 +133,28 @@ CASES += [
          lambda x, t: HF.binary_cross_entropy_with_logits(x, t, _w(flow, x), pos_weight=_w(flow, x) * 1.5),
          lambda x, t: F.binary_cross_entropy_with_logits(x, t, _w(torch, x), pos_weight=_w(torch, x) * 1.5), _logits_w, dtypes=ALL),
 ]
+# linear_cross_entropy's chunked ops (ops/linear_loss.py): a batch of rows in chunks of 3
+def _lce(bias, weight):
+    def make(dt, g):
+        x, w = randn(7, 5, gen=g, dtype=dt), randn(6, 5, gen=g, dtype=dt)
+        t = torch.randint(0, 6, (7,), generator=g)
+        t[::3] = -100
+        return (x, w, randn(6, gen=g, dtype=dt) if bias else None, t, "const" if weight else None), {}
+    return make
+
+
+def _lce_call(lib, x, w, b, t, cw, red):
+    opts = lib.nn.LinearCrossEntropyOptions(batch_chunk_size=3)
+    return lib.nn.functional.linear_cross_entropy(x, w, t, linear_bias=b, weight=_wt(lib, w.T, cw), reduction=red,
+                                                  options=opts)
+
+
+for red in ("mean", "sum", "none"):
+    for bias, weight in [(True, False), (False, True)]:
+        CASES.append(Case(f"linear_cross_entropy-chunked-{red}{'-bias' if bias else ''}{'-w' if weight else ''}",
+                          lambda *a, r=red: _lce_call(flow, *a, r), lambda *a, r=red: _lce_call(torch, *a, r),
+                          _lce(bias, weight), dtypes=ALL))
+
 for red in ("mean", "sum", "none", "batchmean"):
     for lt in (False, True):
         CASES.append(Case(f"kl_div-{red}-log_target{lt}", lambda x, t, r=red, l=lt: HF.kl_div(x, t, reduction=r, log_target=l),

@@ -7,8 +7,8 @@ from .conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, Conv
 from .dropout import AlphaDropout, Dropout, Dropout1d, Dropout2d, Dropout3d
 from .linear import Bilinear, Identity, Linear, NonDynamicallyQuantizableLinear
 from .loss import (BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, CrossEntropyLoss, GaussianNLLLoss,
-                   HuberLoss, KLDivLoss, L1Loss, MarginRankingLoss, MSELoss, NLLLoss, NLLLoss2d, PoissonNLLLoss,
-                   SmoothL1Loss, SoftMarginLoss)
+                   HuberLoss, KLDivLoss, L1Loss, LinearCrossEntropyLoss, LinearCrossEntropyOptions, MarginRankingLoss,
+                   MSELoss, NLLLoss, NLLLoss2d, PoissonNLLLoss, SmoothL1Loss, SoftMarginLoss)
 from .misc import (ConstantPad1d, ConstantPad2d, CosineSimilarity, Flatten, PairwiseDistance, PixelShuffle,
                    PixelUnshuffle, ReflectionPad1d, ReflectionPad2d, ReplicationPad1d, ReplicationPad2d,
                    Unflatten, Upsample, UpsamplingBilinear2d, UpsamplingNearest2d, ZeroPad1d, ZeroPad2d)

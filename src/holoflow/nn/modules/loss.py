@@ -1,13 +1,16 @@
 """Loss modules: thin wrappers over the ``F`` losses, with torch's arguments and buffers."""
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
 from ...core.tensor import Tensor
+from ...ops.linear_loss import LinearCrossEntropyOptions
 
 from ..module import Module
 from .. import functional as F
+from .linear import Linear
 
 
 def _legacy_reduction(size_average: bool | None, reduce: bool | None) -> str:
@@ -105,6 +108,41 @@ class CrossEntropyLoss(_WeightedLoss):
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.cross_entropy(input, target, weight=self.weight, ignore_index=self.ignore_index,
                                reduction=self.reduction, label_smoothing=self.label_smoothing)
+
+
+class LinearCrossEntropyLoss(_WeightedLoss):
+    """Cross entropy of ``linear(input)``'s logits against ``target`` (torch 2.13's
+    ``nn.LinearCrossEntropyLoss``): a ``Linear(in_features, num_classes * prod(out_features))``
+    whose logits are read as ``(N, num_classes, *out_features)``; ``options`` (a
+    ``LinearCrossEntropyOptions``) computes them a chunk of rows at a time."""
+
+    def __init__(self, in_features: int, num_classes: int, *, out_features: tuple[int, ...] = (),
+                 bias: bool = False, device: Any = None, dtype: Any = None, reduction: str = "mean",
+                 weight: Tensor | None = None, ignore_index: int | None = None, label_smoothing: float = 0.0,
+                 options: LinearCrossEntropyOptions | None = None) -> None:
+        if weight is not None and tuple(weight.shape) != (num_classes,):
+            raise RuntimeError(f"holoflow.nn.LinearCrossEntropyLoss: expected weight shape to be {(num_classes,)}, "
+                               f"got {tuple(weight.shape)}")
+        super().__init__(weight, None, None, reduction)
+        self.num_classes, self.out_features = num_classes, tuple(out_features)
+        self.ignore_index, self.label_smoothing, self.options = ignore_index, label_smoothing, options
+        # (stored flat, as torch's: Linear has no multi-dimensional weight; reshaped in forward)
+        self.linear = Linear(in_features, math.prod(self.out_features, start=num_classes), bias=bias,
+                             device=device, dtype=dtype)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        lin = self.linear
+        w = lin.weight.reshape((self.num_classes, *self.out_features, lin.in_features))
+        b = lin.bias.reshape((self.num_classes, *self.out_features)) if lin.bias is not None else None
+        return F.linear_cross_entropy(input, w, target, linear_bias=b, weight=self.weight, reduction=self.reduction,
+                                      ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
+                                      options=self.options)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.linear.in_features}, num_classes={self.num_classes}, "
+                f"out_features={self.out_features}, bias={self.linear.bias is not None}, "
+                f"reduction={self.reduction}, ignore_index={self.ignore_index}, "
+                f"label_smoothing={self.label_smoothing}, options={self.options}")
 
 
 class BCELoss(_WeightedLoss):
