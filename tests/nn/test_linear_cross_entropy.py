@@ -341,3 +341,19 @@ def test_chunked_path_never_holds_more_than_a_chunk_of_logits(monkeypatch):
     x, w, b, t, _ = _inputs(n=37, c=23)
     _both(dict(reduction="sum"), (x, w, b, t, None), TO(batch_chunk_size=8), chunked=True)
     assert rows == [(8, 23)] * 4 + [(5, 23)] + [(8, 23)] * 4 + [(5, 23)]   # forward, then backward
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["reference", "chunked"])
+def test_under_autocast_matches_torch(chunked):
+    """bfloat16 autocast on CPU: the reference path as its parts (a bf16 linear, a float32 loss);
+    the chunked path's matmuls as torch's run them."""
+    x, w, b, t, _ = _inputs(n=16, i=8, c=12, dtype=torch.float32)
+    with torch.autocast("cpu", torch.bfloat16):
+        want = torch.nn.functional.linear_cross_entropy(x, w, t, linear_bias=b,
+                                                        options=TO(batch_chunk_size=5) if chunked else None)
+    with flow.autocast("cpu", flow.bfloat16):
+        got = flow.nn.functional.linear_cross_entropy(
+            flow.from_torch(x), flow.from_torch(w), flow.from_torch(t), linear_bias=flow.from_torch(b),
+            options=FO(batch_chunk_size=5) if chunked else None)
+    assert got.to_torch().dtype == want.dtype
+    torch.testing.assert_close(got.to_torch(), want, rtol=1e-5, atol=1e-5)
