@@ -10,10 +10,11 @@ from . import complex_ops, extra_ops, linalg_more
 from . import api_more2
 from . import nn_more  # noqa: F401 - nn.functional's 3-d adaptive and fractional max pooling
 from . import lowrank, segment, tensor_extras  # torch's remaining top-level names (round 2)
+from . import linear_loss, quantize  # noqa: F401 - (linear_loss: nn.functional's; quantize: QAT's fake quantization)
 
 __all__: list[str] = []
 for _mod in (reduction, linalg, shape, indexing, nn_ops, loss, random_ops, decomp, more_ops, complex_ops, extra_ops,
-             linalg_more, api_more2, lowrank, segment, tensor_extras):
+             linalg_more, api_more2, lowrank, segment, tensor_extras, quantize):
     for _name in _mod.__all__:
         globals()[_name] = getattr(_mod, _name)
         __all__.append(_name)

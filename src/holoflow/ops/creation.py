@@ -126,6 +126,10 @@ def from_numpy(a: np.ndarray) -> Tensor:
 
 def from_torch(t: torch.Tensor) -> Tensor:
     """A holoflow tensor sharing storage with the torch tensor ``t`` (autograd not carried)."""
+    if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor):
+        hint = " (it is a holoflow tensor already)" if isinstance(t, Tensor) else ""
+        raise TypeError(f"holoflow.from_torch: expected a torch.Tensor, got {type(t).__module__}."
+                        f"{type(t).__name__}{hint}")
     return Tensor._make(t.detach())
 
 
