@@ -223,6 +223,8 @@ CASES = [
     rnn_case("rnn_tanh", bias=False), rnn_case("rnn_relu", layers=1, batch_first=True),
     same("conv_tbc", lambda x, w, b: lib_of(x).conv_tbc(x, w, b, 1),
          lambda dt, g: ((randn(7, 3, 3, gen=g, dtype=dt), randn(3, 3, 4, gen=g, dtype=dt), randn(4, gen=g, dtype=dt)), {})),
+    same("nn.functional.conv_tbc", lambda x, w, b: lib_of(x).nn.functional.conv_tbc(x, w, b, 2),
+         lambda dt, g: ((randn(6, 2, 3, gen=g, dtype=dt), randn(2, 3, 5, gen=g, dtype=dt), randn(5, gen=g, dtype=dt)), {})),
     same("orgqr", lambda a, tau: lib_of(a).orgqr(a, tau), _householder),
     same("geqrf", lambda a: lib_of(a).geqrf(a), lambda dt, g: ((randn(3, 5, 3, gen=g, dtype=dt),), {}), grad=False),
     same("Tensor.geqrf", lambda a: a.geqrf(), lambda dt, g: ((randn(3, 4, gen=g, dtype=dt),), {}), grad=False),

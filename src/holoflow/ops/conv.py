@@ -466,7 +466,20 @@ def upsample(input: Tensor, size=None, scale_factor=None, mode: str = "nearest",
     return interpolate(input, size, scale_factor, mode, align_corners)
 
 
-__all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
+def conv_tbc(input: Tensor, weight: Tensor, bias: Tensor, pad: int = 0) -> Tensor:
+    """``torch.conv_tbc``: a 1-d convolution over time of a ``(T, B, C_in)`` input with a
+    ``(k, C_in, C_out)`` weight and ``pad`` zero steps at each end; returns ``(T', B, C_out)``."""
+    if input.dim() != 3 or weight.dim() != 3 or bias.dim() != 1:
+        raise RuntimeError(f"holoflow.conv_tbc: expected input (T, B, C_in), weight (k, C_in, C_out) and bias "
+                           f"(C_out,), got {tuple(input.shape)}, {tuple(weight.shape)} and {tuple(bias.shape)}")
+    if input.shape[2] != weight.shape[1] or bias.shape[0] != weight.shape[2]:
+        raise RuntimeError(f"holoflow.conv_tbc: input channels {input.shape[2]} / bias size {bias.shape[0]} do not "
+                           f"match weight of shape {tuple(weight.shape)} (k, C_in, C_out)")
+    out = conv1d(input.permute(1, 2, 0), weight.permute(2, 1, 0), bias, padding=int(pad))
+    return out.permute(2, 0, 1)
+
+
+__all__ = ["conv1d", "conv_tbc", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
            "adaptive_avg_pool2d", "interpolate", "upsample"]
 
 
