@@ -1,6 +1,10 @@
 """Hyper-parameter checks shared by the optimizers added for torch parity (torch's ValueErrors)."""
 from __future__ import annotations
 
+from typing import Any
+
+from ..core.errors import UnsupportedError
+
 
 def check_hyper(name: str, **values: float) -> None:
     """Raises ValueError naming the optimizer and the hyper-parameter when one is negative."""
@@ -15,3 +19,26 @@ def check_betas(name: str, betas: tuple[float, float]) -> None:
         if not 0.0 <= b < 1.0:
             raise ValueError(f"holoflow.optim.{name}: invalid beta parameter at index {i}: {b}; "
                              f"it must lie in [0, 1)")
+
+
+def scalar(value: Any) -> float:
+    """A hyper-parameter as a Python float (a 1-element tensor ``lr`` too, as torch reads it)."""
+    return float(value.item()) if hasattr(value, "item") else value
+
+
+def refuse_shards(opt: Any, group: dict, params: list, grads: list, eager_foreach: bool) -> None:
+    """Raises UnsupportedError where a rule that reads whole tensors (norms, matrix products)
+    would be handed pieces of them: nn.Graph's update effects step a global parameter on this
+    rank's shard (``_step_foreach`` with a global parameter, or ``_step_ops`` with a global
+    parameter and a local gradient), and ZeRO steps rows of a parameter (a tensor that is none
+    of the group's parameters). Eager steps of global parameters see them whole."""
+    ids = {id(q) for q in group["params"]}
+    for p, g in zip(params, grads):
+        piece = id(p) not in ids or (p._global is not None and (eager_foreach or g._global is None))
+        if piece:
+            name = type(opt).__name__
+            raise UnsupportedError(
+                f"holoflow.optim.{name}: nn.Graph cannot run {name}'s update on pieces of a parameter of "
+                f"shape {tuple(p.shape)} (a global parameter's shard, or ZeRO's rows): the rule reads whole "
+                f"tensors (norms, matrix products); step it eagerly (opt.step() outside the graph sees "
+                f"global parameters whole) or train the graph with local parameters and without ZeRO")
