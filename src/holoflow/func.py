@@ -15,8 +15,7 @@ Arguments and results may be nested tuples, lists and dicts of tensors, as in to
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -25,6 +24,7 @@ from .core import grad_mode
 from .core.tensor import Tensor
 from .graph.pytree import flatten, unflatten
 from .nn.module import Module
+from .nn.utils.stateless import swapped
 from .ops import creation as C
 from .ops import shape as _shape
 
@@ -33,43 +33,6 @@ __all__ = ["functional_call", "grad", "grad_and_value", "vjp", "jvp", "jacrev", 
 
 
 # -- functional_call ------------------------------------------------------------------------------
-
-def _owner(module: Module, name: str) -> tuple[Module, str]:
-    *path, leaf = name.split(".")
-    m = module
-    for p in path:
-        m = getattr(m, p)
-    return m, leaf
-
-
-@contextlib.contextmanager
-def _swapped(module: Module, values: dict, tie_weights: bool, strict: bool) -> Iterator[None]:
-    """``module`` with the parameters/buffers named in ``values`` replaced for the block (tied
-    ones too when ``tie_weights``), restored afterwards whatever happens."""
-    names = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
-    unknown = [k for k in values if k not in names]
-    if unknown:
-        raise RuntimeError(f"holoflow.func.functional_call: unexpected key(s) {unknown}; the module has "
-                           f"parameters and buffers {sorted(names)}")
-    if strict:
-        missing = sorted(set(names) - set(values))
-        if missing:
-            raise RuntimeError(f"holoflow.func.functional_call: missing key(s) {missing} (strict=True)")
-    by_id = {id(names[k]): v for k, v in values.items()}
-    plan = {k: by_id[id(t)] if tie_weights and id(t) in by_id else values[k]
-            for k, t in names.items() if k in values or (tie_weights and id(t) in by_id)}
-    saved = []
-    try:
-        for k, v in plan.items():
-            m, leaf = _owner(module, k)
-            store = m._parameters if leaf in m._parameters else m._buffers
-            saved.append((store, leaf, store[leaf]))
-            store[leaf] = v
-        yield
-    finally:
-        for store, leaf, old in reversed(saved):
-            store[leaf] = old
-
 
 def functional_call(module: Module, parameter_and_buffer_dicts: dict | Sequence[dict], args: Any = (),
                     kwargs: dict | None = None, *, tie_weights: bool = True, strict: bool = False) -> Any:
@@ -85,7 +48,7 @@ def functional_call(module: Module, parameter_and_buffer_dicts: dict | Sequence[
             raise ValueError(f"holoflow.func.functional_call: {twice} appear in more than one dict")
         values.update(d)
     args = args if isinstance(args, tuple) else (args,)
-    with _swapped(module, values, tie_weights, strict):
+    with swapped(module, values, tie_weights, strict):
         return module(*args, **(kwargs or {}))
 
 

@@ -8,6 +8,7 @@ every step.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Iterable
 
 import torch
@@ -19,6 +20,8 @@ from holoflow.ops.shape import stack
 from holoflow.core.interpret import is_lazy
 from holoflow.core.sbp import B
 from holoflow.core.tensor import Tensor
+
+__all__ = ["clip_grad_norm", "clip_grad_norm_", "clip_grad_value_"]   # (torch's list)
 
 
 def _tensors(parameters: Tensor | Iterable[Tensor]) -> list[Tensor]:
@@ -129,6 +132,14 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     total = get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
     clip_grads_with_norm_(parameters, max_norm, total, foreach)
     return total
+
+
+def clip_grad_norm(parameters: Tensor | Iterable[Tensor], max_norm: float, norm_type: float = 2.0,
+                   error_if_nonfinite: bool = False, foreach: bool | None = None) -> Tensor:
+    """Deprecated alias of :func:`clip_grad_norm_` (torch's), warning with torch's FutureWarning."""
+    warnings.warn("`holoflow.nn.utils.clip_grad_norm` is now deprecated in favor of "
+                  "`holoflow.nn.utils.clip_grad_norm_`.", FutureWarning, stacklevel=2)
+    return clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
 
 
 @no_grad()

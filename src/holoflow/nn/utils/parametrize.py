@@ -19,7 +19,7 @@ from ..module import Module
 from ..parameter import Parameter
 
 __all__ = ["register_parametrization", "remove_parametrizations", "is_parametrized", "cached",
-           "ParametrizationList", "type_before_parametrizations"]
+           "ParametrizationList", "type_before_parametrizations", "transfer_parametrizations_and_params"]
 
 _CACHE: dict | None = None
 
@@ -204,3 +204,27 @@ def remove_parametrizations(module: Module, tensor_name: str, leave_parametrized
         del module.parametrizations
         module.__class__ = type_before_parametrizations(module)
     return module
+
+
+def transfer_parametrizations_and_params(from_module: Module, to_module: Module,
+                                         tensor_name: str | None = None) -> Module:
+    """Registers ``from_module``'s parametrizations (of ``tensor_name``, or of every parametrized
+    tensor) on ``to_module`` and shares their originals (``original`` or ``original0, ...``),
+    creating the tensor on ``to_module`` first where it has none; returns ``to_module``, as torch."""
+    if not is_parametrized(from_module):
+        return to_module
+    for name in (list(from_module.parametrizations) if tensor_name is None else [tensor_name]):
+        if not hasattr(to_module, name):
+            setattr(to_module, name, Parameter(getattr(from_module, name)))
+        source = from_module.parametrizations[name]
+        for parametrization in source:
+            register_parametrization(to_module, name, parametrization)
+        target = to_module.parametrizations[name]
+        if hasattr(source, "original"):
+            target.original = source.original
+            continue
+        num = 0
+        while hasattr(source, f"original{num}"):
+            setattr(target, f"original{num}", getattr(source, f"original{num}"))
+            num += 1
+    return to_module
