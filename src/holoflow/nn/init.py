@@ -17,8 +17,8 @@ from ..core.tensor import Tensor
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_",
            "eye_", "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_",
-           "orthogonal_", "sparse_", "uniform", "normal", "constant", "xavier_uniform", "xavier_normal",
-           "kaiming_uniform", "kaiming_normal", "orthogonal"]
+           "orthogonal_", "sparse_", "uniform", "normal", "constant", "eye", "dirac", "xavier_uniform",
+           "xavier_normal", "kaiming_uniform", "kaiming_normal", "orthogonal", "sparse"]
 
 
 def _gen(generator: Any) -> torch.Generator | None:
@@ -265,22 +265,29 @@ def sparse_(tensor: Tensor, sparsity: float, std: float = 0.01, generator: Any =
     return tensor
 
 
-def _deprecated(fn):
-    def old(*args: Any, **kwargs: Any) -> Tensor:
-        warnings.warn(f"nn.init.{fn.__name__[:-1]} is now deprecated in favor of nn.init.{fn.__name__}.",
-                      FutureWarning, stacklevel=2)
-        return fn(*args, **kwargs)
-    old.__name__ = fn.__name__[:-1]
-    return old
-
-
-uniform, normal, constant = _deprecated(uniform_), _deprecated(normal_), _deprecated(constant_)
-xavier_uniform, xavier_normal = _deprecated(xavier_uniform_), _deprecated(xavier_normal_)
-kaiming_uniform, kaiming_normal = _deprecated(kaiming_uniform_), _deprecated(kaiming_normal_)
-orthogonal = _deprecated(orthogonal_)
-
-
 for _name in ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
               "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
               "sparse_"):
     globals()[_name] = _global_aware(globals()[_name])
+
+
+def _deprecated(fn: Callable) -> Callable:
+    """torch's deprecated spelling without the trailing underscore, warning as torch's does."""
+    new_name = fn.__name__
+    old_name = new_name[:-1]
+
+    def old(*args: Any, **kwargs: Any) -> Tensor:
+        warnings.warn(f"`nn.init.{old_name}` is now deprecated in favor of `nn.init.{new_name}`.",
+                      FutureWarning, stacklevel=2)
+        return fn(*args, **kwargs)
+    old.__name__ = old.__qualname__ = old_name
+    old.__doc__ = f"{old_name}(...): deprecated in favor of :func:`{new_name}` (as torch's)."
+    return old
+
+
+# (made after the global-aware wrapping above, so the old spellings initialise global tensors too)
+uniform, normal, constant = _deprecated(uniform_), _deprecated(normal_), _deprecated(constant_)
+eye, dirac = _deprecated(eye_), _deprecated(dirac_)
+xavier_uniform, xavier_normal = _deprecated(xavier_uniform_), _deprecated(xavier_normal_)
+kaiming_uniform, kaiming_normal = _deprecated(kaiming_uniform_), _deprecated(kaiming_normal_)
+orthogonal, sparse = _deprecated(orthogonal_), _deprecated(sparse_)
