@@ -36,6 +36,7 @@ from . import special  # torch.special
 from .compat import *  # noqa: F403  (torch's switches, compile, _assert, LongTensor, channels_last)
 from .func import vmap  # torch.vmap
 from . import compiler, cpu, profiler, random  # torch.compiler, torch.cpu, torch.profiler, torch.random
+from . import quasirandom  # torch.quasirandom (SobolEngine)
 from . import mps, mtia, xpu  # torch's other device modules (torch's own queries)
 from . import multiprocessing  # torch.multiprocessing (spawn, Queue, start methods)
 from . import functional, return_types, signal  # torch.functional, torch.return_types, torch.signal

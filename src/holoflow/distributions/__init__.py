@@ -1,25 +1,48 @@
-"""``holoflow.distributions``: Normal, MultivariateNormal, LogNormal, Categorical, Bernoulli, Uniform,
-Independent, MixtureSameFamily, TransformedDistribution with the ``transforms`` (Exp, Affine, Sigmoid,
-Tanh, Softplus, Power, Abs, Compose) and ``constraints`` modules, and ``kl_divergence``, written in
-holoflow ops (gradients flow through ``rsample``/``log_prob``/``entropy``) and drawing random numbers in
-torch's order, so samples equal torch's under the same seed."""
-from . import constraints, transformed_distribution, transforms
-from .base import Distribution
+"""``holoflow.distributions``: torch.distributions' families, transforms, constraints and
+``kl_divergence``, written in holoflow ops (gradients flow through ``rsample``/``log_prob``/
+``entropy``) and drawing random numbers in torch's order with torch's kernels, so samples equal
+torch's under the same seed."""
+from . import constraints, transformed_distribution, transforms, utils
+from . import kl_cross  # noqa: F401 - registers the KL pairs of two families
 from .bernoulli import Bernoulli
+from .base import Distribution
+from .beta import Beta
+from .binomial import Binomial
 from .categorical import Categorical
+from .cauchy import Cauchy
+from .chi2 import Chi2
+from .dirichlet import Dirichlet
+from .exp_family import ExponentialFamily
+from .exponential import Exponential
+from .gamma import Gamma
+from .geometric import Geometric
+from .gumbel import Gumbel
+from .half_cauchy import HalfCauchy
+from .half_normal import HalfNormal
 from .independent import Independent
 from .kl import kl_divergence, register_kl
+from .laplace import Laplace
 from .log_normal import LogNormal
 from .mixture_same_family import MixtureSameFamily
+from .multinomial import Multinomial
 from .multivariate_normal import MultivariateNormal
+from .negative_binomial import NegativeBinomial
 from .normal import Normal
+from .one_hot_categorical import OneHotCategorical, OneHotCategoricalStraightThrough
+from .poisson import Poisson
+from .relaxed_bernoulli import RelaxedBernoulli
+from .relaxed_categorical import RelaxedOneHotCategorical
+from .studentT import StudentT
 from .transformed_distribution import TransformedDistribution
 from .transforms import (AbsTransform, AffineTransform, ComposeTransform, ExpTransform, PowerTransform,
-                         SigmoidTransform, SoftplusTransform, TanhTransform, Transform)
+                         SigmoidTransform, SoftplusTransform, TanhTransform, Transform, identity_transform)
 from .uniform import Uniform
 
-__all__ = ["Distribution", "Normal", "Categorical", "Bernoulli", "Independent", "Uniform", "MixtureSameFamily",
-           "MultivariateNormal", "LogNormal", "TransformedDistribution", "Transform", "ComposeTransform",
-           "ExpTransform", "AffineTransform", "SigmoidTransform", "TanhTransform", "SoftplusTransform",
-           "PowerTransform", "AbsTransform", "constraints", "transforms", "transformed_distribution",
-           "kl_divergence", "register_kl"]
+__all__ = ["Bernoulli", "Beta", "Binomial", "Categorical", "Cauchy", "Chi2", "Dirichlet", "Distribution",
+           "Exponential", "ExponentialFamily", "Gamma", "Geometric", "Gumbel", "HalfCauchy", "HalfNormal",
+           "Independent", "Laplace", "LogNormal", "MixtureSameFamily", "Multinomial", "MultivariateNormal",
+           "NegativeBinomial", "Normal", "OneHotCategorical", "OneHotCategoricalStraightThrough", "Poisson",
+           "RelaxedBernoulli", "RelaxedOneHotCategorical", "StudentT", "TransformedDistribution", "Uniform",
+           "Transform", "ComposeTransform", "ExpTransform", "AffineTransform", "SigmoidTransform", "TanhTransform",
+           "SoftplusTransform", "PowerTransform", "AbsTransform", "identity_transform", "constraints", "transforms",
+           "transformed_distribution", "utils", "kl_divergence", "register_kl"]

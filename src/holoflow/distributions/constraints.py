@@ -6,12 +6,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.tensor import Tensor
+import torch
 
-__all__ = ["Constraint", "boolean", "dependent", "dependent_property", "greater_than", "greater_than_eq",
-           "half_open_interval", "independent", "integer_interval", "interval", "less_than", "lower_cholesky",
-           "nonnegative", "nonnegative_integer", "positive", "positive_definite", "positive_integer", "real",
-           "real_vector", "simplex", "unit_interval"]
+from ..core.dtype import finfo
+from ..core.tensor import Tensor
+from ..ops.creation import full
+from ..ops.decomp import eigvalsh
+from ..ops.linalg_more import cholesky_ex
+from ..ops.shape import cat as _cat
+from ..ops.shape import stack as _stack
+
+__all__ = ["Constraint", "MixtureSameFamilyConstraint", "boolean", "cat", "corr_cholesky", "dependent",
+           "dependent_property", "greater_than", "greater_than_eq", "half_open_interval", "independent",
+           "integer_interval", "interval", "is_dependent", "less_than", "lower_cholesky", "lower_triangular",
+           "multinomial", "nonnegative", "nonnegative_integer", "one_hot", "positive", "positive_definite",
+           "positive_integer", "positive_semidefinite", "real", "real_vector", "simplex", "square", "stack",
+           "symmetric", "unit_interval"]
 
 
 class Constraint:
@@ -53,6 +63,11 @@ class _Dependent(Constraint):
         raise ValueError("Cannot determine validity of dependent constraint")
 
 
+def is_dependent(constraint: Any) -> bool:
+    """Whether ``constraint`` depends on a distribution's parameters (cannot be checked alone)."""
+    return isinstance(constraint, _Dependent)
+
+
 class _DependentProperty(property, _Dependent):
     """A ``property`` that is also a dependent constraint (``@constraints.dependent_property``)."""
 
@@ -89,11 +104,46 @@ class _IndependentConstraint(Constraint):
         return f"IndependentConstraint({self.base_constraint!r}, {self.reinterpreted_batch_ndims})"
 
 
+class MixtureSameFamilyConstraint(Constraint):
+    """A mixture's support: ``base_constraint`` checked against every component (the value is
+    broadcast along the component dim and the checks ``all``-reduced over it)."""
+
+    def __init__(self, base_constraint: Constraint) -> None:
+        self.base_constraint = base_constraint
+
+    @property
+    def is_discrete(self) -> bool:  # type: ignore[override]
+        return self.base_constraint.is_discrete
+
+    @property
+    def event_dim(self) -> int:  # type: ignore[override]
+        return self.base_constraint.event_dim
+
+    def check(self, value: Tensor) -> Tensor:
+        result = self.base_constraint.check(value.unsqueeze(-1 - self.event_dim))
+        if value.dim() < self.event_dim:
+            raise ValueError(f"holoflow.distributions.constraints: expected value.dim() >= {self.event_dim} "
+                             f"but got {value.dim()}")
+        keep = value.dim() - self.event_dim
+        return result.reshape(tuple(result.shape[:keep]) + (-1,)).all(-1)
+
+    def __repr__(self) -> str:
+        return f"MixtureSameFamilyConstraint({self.base_constraint!r})"
+
+
 class _Boolean(Constraint):
     is_discrete = True
 
     def check(self, value: Tensor) -> Tensor:
         return (value == 0) | (value == 1)
+
+
+class _OneHot(Constraint):
+    is_discrete = True
+    event_dim = 1
+
+    def check(self, value: Tensor) -> Tensor:
+        return ((value == 0) | (value == 1)).all(-1) & value.sum(-1).eq(1)
 
 
 class _IntegerInterval(Constraint):
@@ -105,6 +155,9 @@ class _IntegerInterval(Constraint):
     def check(self, value: Tensor) -> Tensor:
         return (value % 1 == 0) & (self.lower_bound <= value) & (value <= self.upper_bound)
 
+    def __repr__(self) -> str:
+        return f"IntegerInterval(lower_bound={self.lower_bound}, upper_bound={self.upper_bound})"
+
 
 class _IntegerGreaterThan(Constraint):
     is_discrete = True
@@ -114,6 +167,9 @@ class _IntegerGreaterThan(Constraint):
 
     def check(self, value: Tensor) -> Tensor:
         return (value % 1 == 0) & (value >= self.lower_bound)
+
+    def __repr__(self) -> str:
+        return f"IntegerGreaterThan(lower_bound={self.lower_bound})"
 
 
 class _Real(Constraint):
@@ -177,29 +233,135 @@ class _Simplex(Constraint):
         return (value >= 0).all(-1) & ((value.sum(-1) - 1).abs() < 1e-6)
 
 
+class _Multinomial(Constraint):
+    """Nonnegative counts summing to at most ``upper_bound`` (a Multinomial's support)."""
+
+    is_discrete = True
+    event_dim = 1
+
+    def __init__(self, upper_bound: Any) -> None:
+        self.upper_bound = upper_bound
+
+    def check(self, value: Tensor) -> Tensor:
+        return (value >= 0).all(-1) & (value.sum(-1) <= self.upper_bound)
+
+
+def _all_last2(ok: Tensor) -> Tensor:
+    return ok.reshape(tuple(ok.shape[:-2]) + (-1,)).all(-1)
+
+
+class _LowerTriangular(Constraint):
+    event_dim = 2
+
+    def check(self, value: Tensor) -> Tensor:
+        return _all_last2(value.tril() == value)
+
+
 class _LowerCholesky(Constraint):
     event_dim = 2
 
     def check(self, value: Tensor) -> Tensor:
-        lower = (value.tril() == value).reshape(tuple(value.shape[:-2]) + (-1,)).min(-1).values
-        positive = (value.diagonal(dim1=-2, dim2=-1) > 0).min(-1).values
+        lower = _all_last2(value.tril() == value)
+        positive = (value.diagonal(dim1=-2, dim2=-1) > 0).all(-1)
         return lower & positive
 
 
-class _PositiveDefinite(Constraint):
+class _CorrCholesky(Constraint):
+    """Lower Cholesky factors of correlation matrices: rows of unit norm (to 10 eps per row)."""
+
     event_dim = 2
 
     def check(self, value: Tensor) -> Tensor:
-        from ..ops.linalg_more import cholesky_ex
-        symmetric = ((value - value.mT).abs() <= 1e-6 * (1 + value.abs())).reshape(
-            tuple(value.shape[:-2]) + (-1,)).all(-1)
-        return symmetric & (cholesky_ex(value).info == 0)
+        tol = finfo(value.dtype).eps * value.shape[-1] * 10
+        row_norm = value.detach().pow(2).sum(-1).sqrt()
+        unit_row_norm = (row_norm - 1.0).abs().le(tol).all(-1)
+        return _LowerCholesky().check(value) & unit_row_norm
+
+
+class _Square(Constraint):
+    event_dim = 2
+
+    def check(self, value: Tensor) -> Tensor:
+        return full(tuple(value.shape[:-2]), value.shape[-2] == value.shape[-1], dtype=torch.bool,
+                    device=value.device)
+
+
+class _Symmetric(_Square):
+    def check(self, value: Tensor) -> Tensor:
+        square = super().check(value)
+        if not bool(square.all()):
+            return square
+        return value.isclose(value.mT, atol=1e-6).all(-2).all(-1)
+
+
+class _PositiveSemidefinite(_Symmetric):
+    def check(self, value: Tensor) -> Tensor:
+        sym = super().check(value)
+        if not bool(sym.all()):
+            return sym
+        return eigvalsh(value).ge(0).all(-1)
+
+
+class _PositiveDefinite(_Symmetric):
+    def check(self, value: Tensor) -> Tensor:
+        sym = super().check(value)
+        if not bool(sym.all()):
+            return sym
+        return cholesky_ex(value).info.eq(0)
+
+
+class _Cat(Constraint):
+    """``cseq[i]`` on the ``lengths[i]`` slices along ``dim`` (``CatTransform``'s domains)."""
+
+    def __init__(self, cseq: Any, dim: int = 0, lengths: Any = None) -> None:
+        self.cseq = list(cseq)
+        self.lengths = list(lengths) if lengths is not None else [1] * len(self.cseq)
+        if len(self.lengths) != len(self.cseq):
+            raise ValueError(f"holoflow.distributions.constraints.cat: {len(self.lengths)} lengths for "
+                             f"{len(self.cseq)} constraints; give one length per constraint")
+        self.dim = dim
+
+    @property
+    def is_discrete(self) -> bool:  # type: ignore[override]
+        return any(c.is_discrete for c in self.cseq)
+
+    @property
+    def event_dim(self) -> int:  # type: ignore[override]
+        return max(c.event_dim for c in self.cseq)
+
+    def check(self, value: Tensor) -> Tensor:
+        checks, start = [], 0
+        for constr, length in zip(self.cseq, self.lengths):
+            checks.append(constr.check(value.narrow(self.dim, start, length)))
+            start += length
+        return _cat(checks, self.dim)
+
+
+class _Stack(Constraint):
+    """``cseq[i]`` on slice ``i`` along ``dim`` (``StackTransform``'s domains)."""
+
+    def __init__(self, cseq: Any, dim: int = 0) -> None:
+        self.cseq, self.dim = list(cseq), dim
+
+    @property
+    def is_discrete(self) -> bool:  # type: ignore[override]
+        return any(c.is_discrete for c in self.cseq)
+
+    @property
+    def event_dim(self) -> int:  # type: ignore[override]
+        dim = max(c.event_dim for c in self.cseq)
+        return dim + 1 if self.dim + dim < 0 else dim
+
+    def check(self, value: Tensor) -> Tensor:
+        vs = [value.select(self.dim, i) for i in range(value.shape[self.dim])]
+        return _stack([c.check(v) for v, c in zip(vs, self.cseq)], self.dim)
 
 
 dependent = _Dependent()
 dependent_property = _DependentProperty
 independent = _IndependentConstraint
 boolean = _Boolean()
+one_hot = _OneHot()
 nonnegative_integer = _IntegerGreaterThan(0)
 positive_integer = _IntegerGreaterThan(1)
 integer_interval = _IntegerInterval
@@ -214,5 +376,13 @@ unit_interval = _Interval(0.0, 1.0)
 interval = _Interval
 half_open_interval = _HalfOpenInterval
 simplex = _Simplex()
+multinomial = _Multinomial
+lower_triangular = _LowerTriangular()
 lower_cholesky = _LowerCholesky()
+corr_cholesky = _CorrCholesky()
+square = _Square()
+symmetric = _Symmetric()
+positive_semidefinite = _PositiveSemidefinite()
 positive_definite = _PositiveDefinite()
+cat = _Cat
+stack = _Stack

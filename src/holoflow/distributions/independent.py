@@ -5,7 +5,10 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import torch
+
 from ..core.tensor import Tensor
+from . import constraints
 from .base import Distribution
 
 __all__ = ["Independent", "sum_rightmost"]
@@ -21,6 +24,8 @@ def sum_rightmost(value: Tensor, dim: int) -> Tensor:
 class Independent(Distribution):
     """``base_distribution`` with its rightmost ``reinterpreted_batch_ndims`` batch dims moved into
     the event shape: a diagonal Normal as one multivariate event, say."""
+
+    arg_constraints: dict = {}
 
     def __init__(self, base_distribution: Distribution, reinterpreted_batch_ndims: int,
                  validate_args: bool | None = None) -> None:
@@ -45,9 +50,23 @@ class Independent(Distribution):
         super().__init__(shape[:len(shape) - event_dim], shape[len(shape) - event_dim:],
                          validate_args=validate_args)
 
+    def expand(self, batch_shape: Any, _instance: Any = None) -> "Independent":
+        new = self._get_checked_instance(Independent, _instance)
+        batch_shape = torch.Size(batch_shape)
+        new.base_dist = self.base_dist.expand(batch_shape + self.event_shape[:self.reinterpreted_batch_ndims])
+        new.reinterpreted_batch_ndims = self.reinterpreted_batch_ndims
+        return self._expanded(new, batch_shape)
+
     @property
     def has_rsample(self) -> bool:  # type: ignore[override]
         return self.base_dist.has_rsample
+
+    @constraints.dependent_property
+    def support(self) -> constraints.Constraint:
+        result = self.base_dist.support
+        if self.reinterpreted_batch_ndims:
+            result = constraints.independent(result, self.reinterpreted_batch_ndims)
+        return result
 
     @property
     def has_enumerate_support(self) -> bool:

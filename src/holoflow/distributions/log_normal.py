@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.tensor import Tensor
+from . import constraints
 from .normal import Normal
 from .transformed_distribution import TransformedDistribution
 from .transforms import ExpTransform
@@ -14,11 +15,17 @@ __all__ = ["LogNormal"]
 class LogNormal(TransformedDistribution):
     """``X = exp(Y)`` for ``Y ~ Normal(loc, scale)``."""
 
+    arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
+    support = constraints.positive
     has_rsample = True
 
     def __init__(self, loc: Any, scale: Any, validate_args: bool | None = None) -> None:
         super().__init__(Normal(loc, scale, validate_args=validate_args), ExpTransform(),
                          validate_args=validate_args)
+
+    def expand(self, batch_shape: Any, _instance: Any = None) -> "LogNormal":
+        new = self._get_checked_instance(LogNormal, _instance)
+        return super().expand(batch_shape, _instance=new)
 
     @property
     def loc(self) -> Tensor:
@@ -49,5 +56,3 @@ class LogNormal(TransformedDistribution):
 
     def icdf(self, value: Any) -> Tensor:
         return self.base_dist.icdf(value).exp()
-
-

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 
 from ..core import grad_mode
 from ..core.tensor import Tensor
+from . import constraints
 from .base import Distribution, as_size
 from .categorical import Categorical
 
@@ -18,6 +20,7 @@ class MixtureSameFamily(Distribution):
     """``p(x) = sum_k mixture.probs[k] * components[k].prob(x)``; not reparameterizable (as
     torch's: ``sample`` draws the component indices, then every component, and gathers)."""
 
+    arg_constraints: dict = {}
     has_rsample = False
 
     def __init__(self, mixture_distribution: Categorical, component_distribution: Distribution,
@@ -43,6 +46,18 @@ class MixtureSameFamily(Distribution):
         event_shape = component_distribution.event_shape
         self._event_ndims = len(event_shape)
         super().__init__(cdbs, event_shape, validate_args=validate_args)
+
+    def expand(self, batch_shape: Any, _instance: Any = None) -> "MixtureSameFamily":
+        batch_shape = torch.Size(batch_shape)
+        new = self._get_checked_instance(MixtureSameFamily, _instance)
+        new._component_distribution = self._component_distribution.expand(batch_shape + (self._num_component,))
+        new._mixture_distribution = self._mixture_distribution.expand(batch_shape)
+        new._num_component, new._event_ndims = self._num_component, self._event_ndims
+        return self._expanded(new, batch_shape, new._component_distribution.event_shape)
+
+    @constraints.dependent_property
+    def support(self) -> constraints.Constraint:
+        return constraints.MixtureSameFamilyConstraint(self._component_distribution.support)
 
     @property
     def mixture_distribution(self) -> Categorical:
@@ -72,6 +87,8 @@ class MixtureSameFamily(Distribution):
         return (cdf_x * self.mixture_distribution.probs).sum(-1)
 
     def log_prob(self, x: Tensor) -> Tensor:
+        if self._validate_args:
+            self._validate_sample(x)
         log_prob_x = self.component_distribution.log_prob(self._pad(x))        # [S, B, k]
         log_mix_prob = self.mixture_distribution.logits.log_softmax(-1)       # [B, k]
         return (log_prob_x + log_mix_prob).logsumexp(-1)                      # [S, B]

@@ -10,6 +10,7 @@ import torch
 
 from ..core.tensor import Tensor
 from ..ops.creation import empty
+from . import constraints
 from .base import Distribution, broadcast_all
 
 __all__ = ["MultivariateNormal"]
@@ -30,6 +31,9 @@ class MultivariateNormal(Distribution):
     ``covariance_matrix``, ``precision_matrix`` or lower-triangular ``scale_tril`` (..., k, k);
     batch dims of the mean and the matrix broadcast together."""
 
+    arg_constraints = {"loc": constraints.real_vector, "covariance_matrix": constraints.positive_definite,
+                       "precision_matrix": constraints.positive_definite, "scale_tril": constraints.lower_cholesky}
+    support = constraints.real_vector
     has_rsample = True
 
     def __init__(self, loc: Any, covariance_matrix: Tensor | None = None, precision_matrix: Tensor | None = None,
@@ -52,23 +56,28 @@ class MultivariateNormal(Distribution):
         full = batch_shape + (k, k)
         self.loc = loc.expand(batch_shape + (k,))
         if scale_tril is not None:
-            self._unbroadcasted_scale_tril = scale_tril
             self.scale_tril = scale_tril.expand(full)
         elif covariance_matrix is not None:
             self.covariance_matrix = covariance_matrix.expand(full)
-            self._unbroadcasted_scale_tril = _cholesky(covariance_matrix)
         else:
             self.precision_matrix = precision_matrix.expand(full)
+        super().__init__(torch.Size(batch_shape), torch.Size((k,)), validate_args=validate_args)
+        if scale_tril is not None:   # the factor is taken after the checks, as torch's
+            self._unbroadcasted_scale_tril = scale_tril
+        elif covariance_matrix is not None:
+            self._unbroadcasted_scale_tril = _cholesky(covariance_matrix)
+        else:
             self._unbroadcasted_scale_tril = _cholesky(_inv(precision_matrix))
-        if self._validates(validate_args):
-            if scale_tril is not None:
-                diag = scale_tril.diagonal(dim1=-2, dim2=-1)
-                ok = bool((scale_tril.triu(1) == 0).all()) and bool((diag > 0).all())
-                self._check(ok, "scale_tril", scale_tril, "LowerCholesky()")
-            else:
-                self._check(bool((matrix - matrix.mT).abs().max() <= 1e-6 * (1 + matrix.abs().max())), name,
-                            matrix, "PositiveDefinite()")
-        super().__init__(torch.Size(batch_shape), torch.Size((k,)))
+
+    def expand(self, batch_shape: Any, _instance: Any = None) -> "MultivariateNormal":
+        new = self._get_checked_instance(MultivariateNormal, _instance)
+        batch_shape = torch.Size(batch_shape)
+        new.loc = self.loc.expand(batch_shape + self.event_shape)
+        new._unbroadcasted_scale_tril = self._unbroadcasted_scale_tril
+        for name in ("covariance_matrix", "scale_tril", "precision_matrix"):
+            if name in self.__dict__:
+                new.__dict__[name] = self.__dict__[name].expand(batch_shape + self.event_shape * 2)
+        return self._expanded(new, batch_shape)
 
     def __getattr__(self, name: str) -> Any:
         # the parameterizations not given are computed on first use, as torch's lazy properties

@@ -9,6 +9,7 @@ import torch
 
 from ..core import grad_mode
 from ..core.tensor import Tensor
+from . import constraints
 from .base import Distribution
 from .independent import Independent, sum_rightmost
 from .transforms import ComposeTransform, Transform
@@ -18,6 +19,8 @@ __all__ = ["TransformedDistribution"]
 
 class TransformedDistribution(Distribution):
     """``base_distribution`` followed by ``transforms`` (one Transform or a list, applied in order)."""
+
+    arg_constraints: dict = {}
 
     def __init__(self, base_distribution: Distribution, transforms: Any, validate_args: bool | None = None) -> None:
         if isinstance(transforms, Transform):
@@ -36,9 +39,9 @@ class TransformedDistribution(Distribution):
                              f"{transform.domain.event_dim}, but got {base_shape}.")
         forward_shape = transform.forward_shape(base_shape)
         expanded_base_shape = transform.inverse_shape(forward_shape)
-        if tuple(base_shape) != tuple(expanded_base_shape):
-            raise ValueError(f"holoflow.distributions.TransformedDistribution: the transforms need a base of "
-                             f"shape {tuple(expanded_base_shape)}, got {tuple(base_shape)}")
+        if tuple(base_shape) != tuple(expanded_base_shape):   # the transforms broadcast the base up
+            base_batch_shape = tuple(expanded_base_shape)[:len(expanded_base_shape) - base_event_dim]
+            base_distribution = base_distribution.expand(base_batch_shape)
         reinterpreted = transform.domain.event_dim - base_event_dim
         if reinterpreted > 0:
             base_distribution = Independent(base_distribution, reinterpreted)
@@ -47,6 +50,25 @@ class TransformedDistribution(Distribution):
         shape = torch.Size(forward_shape)
         cut = len(shape) - event_dim
         super().__init__(shape[:cut], shape[cut:], validate_args=validate_args)
+
+    def expand(self, batch_shape: Any, _instance: Any = None) -> "TransformedDistribution":
+        new = self._get_checked_instance(TransformedDistribution, _instance)
+        batch_shape = torch.Size(batch_shape)
+        shape = batch_shape + self.event_shape
+        for t in reversed(self.transforms):
+            shape = t.inverse_shape(shape)
+        new.base_dist = self.base_dist.expand(tuple(shape)[:len(shape) - len(self.base_dist.event_shape)])
+        new.transforms = self.transforms
+        return self._expanded(new, batch_shape)
+
+    @constraints.dependent_property(is_discrete=False)
+    def support(self) -> constraints.Constraint:
+        if not self.transforms:
+            return self.base_dist.support
+        support = self.transforms[-1].codomain
+        if len(self.event_shape) > support.event_dim:
+            support = constraints.independent(support, len(self.event_shape) - support.event_dim)
+        return support
 
     @property
     def has_rsample(self) -> bool:  # type: ignore[override]
@@ -66,6 +88,8 @@ class TransformedDistribution(Distribution):
         return x
 
     def log_prob(self, value: Any) -> Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
         event_dim = len(self.event_shape)
         log_prob: Any = 0.0
         y = value
@@ -88,6 +112,8 @@ class TransformedDistribution(Distribution):
     def cdf(self, value: Any) -> Tensor:
         for transform in self.transforms[::-1]:
             value = transform.inv(value)
+        if self._validate_args:
+            self.base_dist._validate_sample(value)
         return self._monotonize_cdf(self.base_dist.cdf(value))
 
     def icdf(self, value: Any) -> Tensor:

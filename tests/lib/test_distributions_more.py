@@ -1,0 +1,332 @@
+"""The distribution families added beside Normal/Categorical (Gamma, Beta, Dirichlet, Exponential,
+Chi2, Laplace, Cauchy, HalfCauchy, HalfNormal, Gumbel, StudentT, Poisson, Binomial, Geometric,
+NegativeBinomial, Multinomial, OneHotCategorical(StraightThrough), RelaxedBernoulli,
+RelaxedOneHotCategorical) against torch.distributions: shapes and flags, log_prob/entropy values and
+their gradients w.r.t. the parameters, the moments, cdf/icdf, samples and rsamples (values and
+gradients) under one seed, expand, and the ValueError of a bad parameter or sample."""
+import math
+import warnings
+
+import pytest
+import torch
+
+import holoflow as flow
+from holoflow import distributions as FD
+from torch import distributions as TD
+
+F64 = torch.float64
+
+
+def _tt(a):
+    return torch.tensor(a, dtype=F64)
+
+
+def _ft(a):
+    return flow.from_torch(torch.tensor(a, dtype=F64))
+
+
+LIB = {TD: _tt, FD: _ft}
+
+
+def _params(arrays):
+    ts = [torch.tensor(a, dtype=F64, requires_grad=True) for a in arrays]
+    fs = [flow.from_torch(t.detach().clone()).requires_grad_() for t in ts]
+    return ts, fs
+
+
+def _close(got, want, what):
+    got = got.to_torch() if isinstance(got, flow.Tensor) else got
+    want = want.detach() if isinstance(want, torch.Tensor) else want
+    assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)} vs torch {tuple(want.shape)}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} vs torch {want.dtype}"
+    torch.testing.assert_close(got.detach(), want, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+def _grads_close(fouts, touts, fp, tp, what):
+    """Gradients of the sum of the finite entries of the outputs, w.r.t. every parameter."""
+    tl = sum(torch.where(o.isfinite(), o, 0).sum() for o in touts)
+    fl = sum(flow.where(o.isfinite(), o, 0).sum() for o in fouts)
+    try:
+        tg = torch.autograd.grad(tl, tp, allow_unused=True)
+    except NotImplementedError:   # torch has no such derivative (igamma's in its input): nor has holoflow
+        with pytest.raises(NotImplementedError):
+            flow.autograd.grad(fl, fp, allow_unused=True)
+        return
+    fg = flow.autograd.grad(fl, fp, allow_unused=True)
+    for i, (f, t) in enumerate(zip(fg, tg)):
+        if t is None or not bool(t.ne(0).any()):
+            assert f is None or not bool(f.to_torch().ne(0).any()), f"{what}: grad {i} should be None/zero"
+        else:
+            assert f is not None, f"{what}: no gradient for parameter {i}"
+            _close(f, t, f"{what} grad {i}")
+
+
+# name -> (maker(D, params, T), parameter arrays, a value in the support)
+SPECS = {
+    "Gamma": (lambda D, p, T: D.Gamma(p[0], p[1]), [[0.5, 1.5, 3.0], [1.0, 2.0, 0.7]], [0.3, 1.2, 4.0]),
+    "Chi2": (lambda D, p, T: D.Chi2(p[0]), [[0.8, 2.0, 5.0]], [0.3, 1.2, 4.0]),
+    "Beta": (lambda D, p, T: D.Beta(p[0], p[1]), [[[0.5, 1.5, 3.0], [2.0, 0.7, 1.2]], [[1.0, 2.0, 0.7], [0.4, 3.0, 1.1]]],
+             [[0.2, 0.5, 0.9], [0.1, 0.6, 0.3]]),
+    "Dirichlet": (lambda D, p, T: D.Dirichlet(p[0]), [[[0.5, 1.5, 3.0], [2.0, 0.7, 1.2]]],
+                  [[0.2, 0.3, 0.5], [0.1, 0.6, 0.3]]),
+    "Dirichlet-small": (lambda D, p, T: D.Dirichlet(p[0]), [[[0.5, 0.7, 0.3], [2.0, 0.7, 1.2]]],
+                        [[0.2, 0.3, 0.5], [0.1, 0.6, 0.3]]),
+    "Exponential": (lambda D, p, T: D.Exponential(p[0]), [[0.5, 1.5, 3.0]], [0.3, 1.2, 4.0]),
+    "Laplace": (lambda D, p, T: D.Laplace(p[0], p[1]), [[0.5, -1.0, 2.0], [1.0, 0.3, 2.5]], [0.1, -0.7, 3.0]),
+    "Cauchy": (lambda D, p, T: D.Cauchy(p[0], p[1]), [[0.5, -1.0, 2.0], [1.0, 0.3, 2.5]], [0.1, -0.7, 3.0]),
+    "HalfCauchy": (lambda D, p, T: D.HalfCauchy(p[0]), [[1.0, 0.3, 2.5]], [0.1, 0.7, 3.0]),
+    "HalfNormal": (lambda D, p, T: D.HalfNormal(p[0]), [[1.0, 0.3, 2.5]], [0.1, 0.7, 3.0]),
+    "Gumbel": (lambda D, p, T: D.Gumbel(p[0], p[1]), [[0.5, -1.0, 2.0], [1.0, 0.3, 2.5]], [0.1, -0.7, 3.0]),
+    "StudentT": (lambda D, p, T: D.StudentT(p[0], p[1], p[2]), [[0.8, 1.5, 4.0], [0.5, -1.0, 2.0], [1.0, 0.3, 2.5]],
+                 [0.1, -0.7, 3.0]),
+    "Poisson": (lambda D, p, T: D.Poisson(p[0]), [[0.5, 2.0, 7.0]], [0.0, 3.0, 5.0]),
+    "Binomial-probs": (lambda D, p, T: D.Binomial(T([5.0, 5.0, 5.0]), probs=p[0]), [[0.2, 0.5, 0.9]], [0.0, 2.0, 5.0]),
+    "Binomial-logits": (lambda D, p, T: D.Binomial(T([4.0, 4.0, 4.0]), logits=p[0]), [[-1.0, 0.3, 2.0]],
+                        [1.0, 2.0, 4.0]),
+    "Geometric-probs": (lambda D, p, T: D.Geometric(probs=p[0]), [[0.2, 0.5, 0.9]], [0.0, 2.0, 5.0]),
+    "Geometric-logits": (lambda D, p, T: D.Geometric(logits=p[0]), [[-1.0, 0.3, 2.0]], [1.0, 2.0, 4.0]),
+    "NegativeBinomial-probs": (lambda D, p, T: D.NegativeBinomial(p[0], probs=p[1]), [[1.0, 2.5, 4.0], [0.2, 0.5, 0.9]],
+                               [0.0, 2.0, 5.0]),
+    "NegativeBinomial-logits": (lambda D, p, T: D.NegativeBinomial(p[0], logits=p[1]),
+                                [[1.0, 2.5, 4.0], [-1.0, 0.3, 2.0]], [1.0, 2.0, 4.0]),
+    "Multinomial": (lambda D, p, T: D.Multinomial(5, probs=p[0]), [[[0.2, 0.3, 0.5], [0.6, 0.1, 0.3]]],
+                    [[1.0, 2.0, 2.0], [0.0, 5.0, 0.0]]),
+    "Multinomial-logits": (lambda D, p, T: D.Multinomial(3, logits=p[0]), [[[0.2, -1.0, 0.5], [2.0, 0.1, 0.3]]],
+                           [[1.0, 0.0, 2.0], [3.0, 0.0, 0.0]]),
+    "OneHotCategorical": (lambda D, p, T: D.OneHotCategorical(probs=p[0]), [[[0.2, 0.3, 0.5], [0.6, 0.1, 0.3]]],
+                          [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]),
+    "OneHotCategoricalStraightThrough": (lambda D, p, T: D.OneHotCategoricalStraightThrough(logits=p[0]),
+                                         [[[0.2, -1.0, 0.5], [2.0, 0.1, 0.3]]], [[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]),
+    "RelaxedBernoulli": (lambda D, p, T: D.RelaxedBernoulli(p[0], probs=p[1]), [0.7, [0.2, 0.5, 0.9]],
+                         [0.1, 0.5, 0.95]),
+    "RelaxedBernoulli-logits": (lambda D, p, T: D.RelaxedBernoulli(p[0], logits=p[1]), [1.5, [-1.0, 0.3, 2.0]],
+                                [0.1, 0.5, 0.95]),
+    "RelaxedOneHotCategorical": (lambda D, p, T: D.RelaxedOneHotCategorical(p[0], probs=p[1]),
+                                 [0.7, [[0.2, 0.3, 0.5], [0.6, 0.1, 0.3]]], [[0.2, 0.3, 0.5], [0.1, 0.6, 0.3]]),
+}
+
+
+def _build(name):
+    make, arrays, value = SPECS[name]
+    tp, fp = _params(arrays)
+    return make(TD, tp, _tt), make(FD, fp, _ft), tp, fp, _tt(value)
+
+
+def _both(fn_t, fn_f, what):
+    """Calls both; where torch raises, holoflow raises the same class; returns (torch, holoflow)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = fn_t()
+    except Exception as e:  # noqa: BLE001 - the class is what is compared
+        with pytest.raises(type(e)):
+            fn_f()
+        return None, None
+    return want, fn_f()
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_shapes_flags_and_support(name):
+    td, fd, *_ = _build(name)
+    assert (tuple(fd.batch_shape), tuple(fd.event_shape)) == (tuple(td.batch_shape), tuple(td.event_shape))
+    assert fd.has_rsample == td.has_rsample and fd.has_enumerate_support == td.has_enumerate_support
+    assert sorted(fd.arg_constraints) == sorted(td.arg_constraints)
+    assert repr(fd.support) == repr(td.support) or type(fd.support).__name__ == type(td.support).__name__
+    assert fd.support.is_discrete == td.support.is_discrete and fd.support.event_dim == td.support.event_dim
+    assert isinstance(fd, FD.ExponentialFamily) == isinstance(td, TD.ExponentialFamily)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_log_prob_entropy_and_grads(name):
+    td, fd, tp, fp, v = _build(name)
+    tl, fl = td.log_prob(v), fd.log_prob(flow.from_torch(v))
+    _close(fl, tl, f"{name} log_prob")
+    touts, fouts = [tl], [fl]
+    te, fe = _both(td.entropy, fd.entropy, f"{name} entropy")
+    if te is not None:
+        _close(fe, te, f"{name} entropy")
+        touts.append(te)
+        fouts.append(fe)
+    _grads_close(fouts, touts, fp, tp, name)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_moments_cdf_icdf(name):
+    td, fd, tp, fp, v = _build(name)
+    touts, fouts = [], []
+    for prop in ("mean", "mode", "variance", "stddev"):
+        t, f = _both(lambda: getattr(td, prop), lambda: getattr(fd, prop), f"{name}.{prop}")
+        if t is not None:
+            _close(f, t, f"{name}.{prop}")
+            touts.append(t)
+            fouts.append(f)
+    tc, fc = _both(lambda: td.cdf(v), lambda: fd.cdf(flow.from_torch(v)), f"{name}.cdf")
+    if tc is not None:
+        _close(fc, tc, f"{name}.cdf")
+        touts.append(tc)
+        fouts.append(fc)
+        q = _tt([0.1, 0.5, 0.8]).expand(td.batch_shape)
+        ti, fi = _both(lambda: td.icdf(q), lambda: fd.icdf(flow.from_torch(q)), f"{name}.icdf")
+        if ti is not None:
+            _close(fi, ti, f"{name}.icdf")
+            touts.append(ti)
+            fouts.append(fi)
+    touts = [t for t in touts if t.requires_grad and t.is_floating_point()]
+    fouts = [f for f in fouts if f.requires_grad and f.is_floating_point()]
+    if touts:
+        _grads_close(fouts, touts, fp, tp, f"{name} moments")
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_samples_equal_torchs_under_one_seed(name):
+    td, fd, *_ = _build(name)
+    torch.manual_seed(7)
+    ts = td.sample((4, 2))
+    flow.manual_seed(7)
+    fs = fd.sample((4, 2))
+    _close(fs, ts, f"{name}.sample")
+    assert not fs.requires_grad
+    torch.manual_seed(8)
+    ts = td.sample()
+    flow.manual_seed(8)
+    _close(fd.sample(), ts, f"{name}.sample()")
+
+
+RSAMPLED = sorted(n for n in SPECS if SPECS[n][0](TD, _params(SPECS[n][1])[0], _tt).has_rsample)
+
+
+@pytest.mark.parametrize("name", RSAMPLED)
+def test_rsample_values_and_grads_under_one_seed(name):
+    td, fd, tp, fp, _ = _build(name)
+    torch.manual_seed(3)
+    ts = td.rsample((5,))
+    flow.manual_seed(3)
+    fs = fd.rsample((5,))
+    _close(fs, ts, f"{name}.rsample")
+    w = torch.randn(ts.shape, dtype=F64)
+    _grads_close([fs * flow.from_torch(w)], [ts * w], fp, tp, f"{name}.rsample")
+
+
+def test_not_reparameterizable_families_refuse_rsample():
+    for name in sorted(set(SPECS) - set(RSAMPLED)):
+        td, fd, *_ = _build(name)
+        with pytest.raises(NotImplementedError):
+            td.rsample()
+        with pytest.raises(NotImplementedError, match="holoflow"):
+            fd.rsample()
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_expand(name):
+    td, fd, _, _, v = _build(name)
+    shape = (4,) + tuple(td.batch_shape)
+    te, fe = td.expand(shape), fd.expand(shape)
+    assert type(fe) is type(fd) and tuple(fe.batch_shape) == tuple(te.batch_shape)
+    assert tuple(fe.event_shape) == tuple(te.event_shape)
+    assert fe._validate_args == fd._validate_args
+    _close(fe.log_prob(flow.from_torch(v)), te.log_prob(v), f"{name}.expand log_prob")
+    torch.manual_seed(2)
+    ts = te.sample()
+    flow.manual_seed(2)
+    _close(fe.sample(), ts, f"{name}.expand sample")
+
+
+def test_scalar_parameters():
+    """Python numbers as parameters: batch shape (), torch's default dtype."""
+    cases = [lambda D: D.Gamma(2.0, 3.0), lambda D: D.Exponential(1.5), lambda D: D.Laplace(0.0, 2.0),
+             lambda D: D.Cauchy(1.0, 2.0), lambda D: D.Gumbel(1.0, 2.0), lambda D: D.HalfNormal(2.0),
+             lambda D: D.HalfCauchy(2.0), lambda D: D.Beta(2.0, 3.0), lambda D: D.Chi2(3.0),
+             lambda D: D.StudentT(3.0), lambda D: D.Poisson(3.0), lambda D: D.Geometric(0.3)]
+    for make in cases:
+        td, fd = make(TD), make(FD)
+        assert tuple(fd.batch_shape) == tuple(td.batch_shape)
+        v = torch.tensor(1.0 if td.support.is_discrete else 0.4)
+        _close(fd.log_prob(flow.from_torch(v)), td.log_prob(v), type(td).__name__)
+        torch.manual_seed(0)
+        ts = td.sample((3,))
+        flow.manual_seed(0)
+        _close(fd.sample((3,)), ts, f"{type(td).__name__} sample")
+
+
+def test_enumerate_support_matches_torch():
+    for name in ("Binomial-probs", "OneHotCategorical"):
+        td, fd, *_ = _build(name)
+        for expand in (True, False):
+            _close(fd.enumerate_support(expand), td.enumerate_support(expand), f"{name} enumerate_support")
+    td, fd = TD.Binomial(_tt([2.0, 3.0]), _tt([0.5, 0.5])), FD.Binomial(_ft([2.0, 3.0]), _ft([0.5, 0.5]))
+    for d in (td, fd):
+        with pytest.raises(NotImplementedError, match="Inhomogeneous"):
+            d.entropy()
+
+
+BAD_PARAMS = [
+    ("Gamma", lambda D, T: D.Gamma(T([1.0, -1.0]), T([1.0, 1.0]))),
+    ("Gamma-rate", lambda D, T: D.Gamma(T([1.0]), T([0.0]))),
+    ("Chi2", lambda D, T: D.Chi2(T([-1.0]))),
+    ("Beta", lambda D, T: D.Beta(T([1.0]), T([-2.0]))),
+    ("Dirichlet", lambda D, T: D.Dirichlet(T([1.0, 0.0]))),
+    ("Exponential", lambda D, T: D.Exponential(T([-1.0]))),
+    ("Laplace", lambda D, T: D.Laplace(T([0.0]), T([-1.0]))),
+    ("Cauchy", lambda D, T: D.Cauchy(T([0.0]), T([0.0]))),
+    ("HalfCauchy", lambda D, T: D.HalfCauchy(T([-1.0]))),
+    ("HalfNormal", lambda D, T: D.HalfNormal(T([-1.0]))),
+    ("Gumbel", lambda D, T: D.Gumbel(T([0.0]), T([-1.0]))),
+    ("StudentT", lambda D, T: D.StudentT(T([-1.0]))),
+    ("Poisson", lambda D, T: D.Poisson(T([-1.0]))),
+    ("Binomial-count", lambda D, T: D.Binomial(T([2.5]), probs=T([0.5]))),
+    ("Binomial-probs", lambda D, T: D.Binomial(T([2.0]), probs=T([1.5]))),
+    ("Binomial-neither", lambda D, T: D.Binomial(T([2.0]))),
+    ("Geometric-zero", lambda D, T: D.Geometric(probs=T([0.0]))),
+    ("Geometric-big", lambda D, T: D.Geometric(probs=T([1.5]))),
+    ("NegativeBinomial", lambda D, T: D.NegativeBinomial(T([2.0]), probs=T([1.0]))),
+    ("NegativeBinomial-count", lambda D, T: D.NegativeBinomial(T([-2.0]), probs=T([0.5]))),
+    ("Multinomial", lambda D, T: D.Multinomial(3, probs=T([-0.5, 1.5]))),
+    ("OneHotCategorical", lambda D, T: D.OneHotCategorical(probs=T([-0.5, 1.5]))),
+    ("RelaxedBernoulli", lambda D, T: D.RelaxedBernoulli(T(0.5), probs=T([1.5]))),
+    ("RelaxedOneHotCategorical", lambda D, T: D.RelaxedOneHotCategorical(T(0.5), probs=T([-0.5, 1.5]))),
+]
+
+
+@pytest.mark.parametrize("name,make", BAD_PARAMS, ids=[b[0] for b in BAD_PARAMS])
+def test_bad_parameters_raise_value_error(name, make):
+    with pytest.raises(ValueError):
+        make(TD, _tt)
+    with pytest.raises(ValueError, match="holoflow"):
+        make(FD, _ft)
+
+
+BAD_SAMPLES = [
+    ("Gamma", lambda D, T: D.Gamma(T([1.0]), T([1.0])), [-1.0]),
+    ("Beta", lambda D, T: D.Beta(T([1.0]), T([2.0])), [1.5]),
+    ("Dirichlet", lambda D, T: D.Dirichlet(T([1.0, 2.0])), [0.5, 0.7]),
+    ("Exponential", lambda D, T: D.Exponential(T([1.0])), [-0.5]),
+    ("HalfNormal", lambda D, T: D.HalfNormal(T([1.0])), [-0.5]),
+    ("HalfCauchy", lambda D, T: D.HalfCauchy(T([1.0])), [-0.5]),
+    ("Laplace-nan", lambda D, T: D.Laplace(T([0.0]), T([1.0])), [math.nan]),
+    ("Poisson", lambda D, T: D.Poisson(T([1.0])), [1.5]),
+    ("Binomial", lambda D, T: D.Binomial(T([3.0]), probs=T([0.5])), [4.0]),
+    ("Geometric", lambda D, T: D.Geometric(probs=T([0.5])), [-1.0]),
+    ("NegativeBinomial", lambda D, T: D.NegativeBinomial(T([3.0]), probs=T([0.5])), [0.5]),
+    ("Multinomial", lambda D, T: D.Multinomial(2, probs=T([0.5, 0.5])), [2.0, 1.0]),
+    ("OneHotCategorical", lambda D, T: D.OneHotCategorical(probs=T([0.5, 0.5])), [1.0, 1.0]),
+    ("RelaxedBernoulli", lambda D, T: D.RelaxedBernoulli(T(0.5), probs=T([0.5])), [1.5]),
+    ("RelaxedOneHotCategorical", lambda D, T: D.RelaxedOneHotCategorical(T(0.5), probs=T([0.5, 0.5])), [0.9, 0.9]),
+    ("Gamma-shape", lambda D, T: D.Gamma(T([1.0, 2.0]), T([1.0, 1.0])), [0.5, 0.5, 0.5]),
+]
+
+
+@pytest.mark.parametrize("name,make,value", BAD_SAMPLES, ids=[b[0] for b in BAD_SAMPLES])
+def test_bad_samples_raise_value_error(name, make, value):
+    with pytest.raises(ValueError):
+        make(TD, _tt).log_prob(_tt(value))
+    with pytest.raises(ValueError, match="holoflow"):
+        make(FD, _ft).log_prob(_ft(value))
+
+
+def test_validate_args_false_skips_checks():
+    TD.Gamma(_tt([-1.0]), _tt([1.0]), validate_args=False)
+    d = FD.Gamma(_ft([-1.0]), _ft([1.0]), validate_args=False)
+    assert not d._validate_args
+    d.log_prob(_ft([-1.0]))                                        # no sample check either
+    _close(FD.Exponential(_ft([1.0]), validate_args=False).log_prob(_ft([-1.0])),
+           TD.Exponential(_tt([1.0]), validate_args=False).log_prob(_tt([-1.0])), "unchecked log_prob")
