@@ -385,3 +385,55 @@ def test_amp_sums_gradients_in_float32_and_zero3_gathers_bfloat16_for_forward_an
         assert losses == dp_losses
         for a, b in zip(params, dp_params):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("read", ["detach", "data"])
+def test_zero3_parameter_read_without_an_op_before_its_first_use_sees_the_whole_parameter(read):
+    """A no_grad running statistic from ``w.detach()`` (or ``w.data``) taken before any op reads
+    ``w``: stage 3 lays the parameter out as its rows before build() runs, so the read is of the
+    sharded layout the plan holds (it was traced as the whole parameter and read a shard: global
+    graph fuzz seed 3213)."""
+    import numpy as np
+
+    class M(flow.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = flow.nn.Parameter(flow.tensor(np.arange(64, dtype=np.float32).reshape(8, 8) / 64))
+            self.register_buffer("buf", flow.zeros(8))
+
+        def forward(self):
+            with flow.no_grad():
+                w = self.w.detach() if read == "detach" else self.w.data
+                self.buf.mul_(0.9).add_(w.mean(0) * 0.1)
+            return (self.w @ self.w).sin().mean()
+
+    def run(rank, graph):
+        place = flow.placement("cpu", [0, 1])
+        m = M().to_global(place, lambda name, t: (S(0),) if name == "buf" else (B,))
+        opt = flow.optim.SGD(m.parameters(), lr=1.0)
+        if graph:
+            class G(flow.nn.Graph):
+                def __init__(self):
+                    super().__init__()
+                    self.m = m
+                    self.add_optimizer(opt)
+
+                def build(self):
+                    loss = self.m()
+                    loss.backward()
+                    return loss
+            g = G()
+            g.config.enable_zero(True, stage=3, shard_min_size=1)
+            for _ in range(2):
+                g()
+        else:
+            for _ in range(2):
+                opt.zero_grad()
+                m().backward()
+                opt.step()
+        return [t.detach().to_global(sbp=[B]).to_local().to_torch() for t in (m.buf, m.w)]
+    eager = world.simulate(2, lambda r: run(r, False))
+    graph = world.simulate(2, lambda r: run(r, True))
+    for want, got in zip(eager, graph):
+        for a, b in zip(want, got):
+            torch.testing.assert_close(b, a)

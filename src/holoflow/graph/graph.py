@@ -35,6 +35,7 @@ from ..optim.optimizer import has_step_hooks
 from .global_graph import explain as explain_boxing
 from .global_graph import boxing_points, calibrate, check_same_program, is_global, link_model, localize
 from .trace import Tracer, is_user_file, user_line
+from .zero import shard_parameter
 from . import pipeline
 from .pipeline_run import PipelineCompiled
 from .passes.stages import implicit_placements, is_move, tag_update_nodes
@@ -427,6 +428,9 @@ class Graph:
         saved_grads = {id(p): p.grad for p in self._all_params()}
         for p in self._all_params():   # an eager step's leftover .grad is no part of the program
             p.grad = None
+            # ZeRO-3 lays its parameters out as their rows before build() reads any of them: a
+            # read that is no op (``p.detach()``) must see the layout the plan will hold
+            shard_parameter(p, self.config.zero)
         train = bool(self._optimizers)
         try:
             with contextlib.ExitStack() as stack:
