@@ -337,3 +337,62 @@ def test_graph_refuses_shards_of_global_parameters(name):
     for msg in world.simulate(2, lambda r: _graph_global(r, name)):
         assert f"holoflow.optim.{name}: nn.Graph cannot run {name}'s update on pieces" in msg, msg
     assert issubclass(UnsupportedError, Exception)
+
+
+def _graph_replicated(rank: int, name: str, options: dict, x: np.ndarray, y: np.ndarray) -> tuple:
+    """Three graph steps of a broadcast (data-parallel) model on row-split batches, then one eager step."""
+    place = flow.placement("cpu", [0, 1])
+    m, opt = _model(name, options)
+    m.to_global(place, B)
+    g = _Train(m, opt)
+    for _ in range(3):
+        g(flow.tensor(x).to_global(place, S(0)), flow.tensor(y).to_global(place, S(0)))
+    after_graph = [p.detach().to_global(sbp=B).to_local().numpy().copy() for p in m.parameters()]
+    opt.zero_grad()
+    ((m(flow.tensor(x).to_global(place, B)) - flow.tensor(y).to_global(place, B)) ** 2).mean().backward()
+    opt.step()
+    return after_graph, [p.detach().to_global(sbp=B).to_local().numpy().copy() for p in m.parameters()]
+
+
+@pytest.mark.parametrize("name,options", [("Adafactor", {}), ("Adafactor", dict(foreach=False, weight_decay=0.1)),
+                                          ("Muon", dict(lr=0.02))], ids=["Adafactor", "Adafactor-ops", "Muon"])
+def test_graph_steps_replicated_global_parameters_like_eager(name, options):
+    # a broadcast parameter's shard is the whole tensor: the graph steps each replica, and eager
+    # steps after graph steps go on from the state the graph made
+    x, y = RNG.standard_normal((6, 3)).astype("float32"), RNG.standard_normal((6, 4)).astype("float32")
+    m, opt = _model(name, options)
+    history = []
+    for _ in range(4):
+        opt.zero_grad()
+        ((m(flow.tensor(x)) - flow.tensor(y)) ** 2).mean().backward()
+        opt.step()
+        history.append([p.detach().numpy().copy() for p in m.parameters()])
+    for after_graph, after_eager in world.simulate(2, lambda r: _graph_replicated(r, name, options, x, y)):
+        for got, want in zip(after_graph, history[2]):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+        for got, want in zip(after_eager, history[3]):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name,options", [("Adafactor", ADAFACTOR[6]), ("Muon", MUON[6])], ids=["Adafactor", "Muon"])
+def test_state_dict_saved_to_a_file_continues_like_torch(name, options, tmp_path):
+    _, topt = _train(torch, name, options, steps=3)
+    _, fopt = _train(flow, name, options, steps=3)
+    torch.save(topt.state_dict(), tmp_path / "t.pt")
+    flow.save(fopt.state_dict(), tmp_path / "f.pt")
+    results = []
+    for lib, path in ((torch, tmp_path / "t.pt"), (flow, tmp_path / "f.pt")):
+        history, _ = _train(lib, name, options, steps=3)
+        params = _params(lib, name, "float32")
+        for p, v in zip(params.values(), history[-1].values()):
+            with lib.no_grad():
+                p.copy_(lib.tensor(v))
+        opt = _make(lib, name, params, options)
+        opt.load_state_dict(lib.load(path))
+        for i in range(3, 6):
+            for k, p in params.items():
+                p.grad = _grad(lib, k, i, "float32")
+            opt.step()
+        results.append({k: p.detach().numpy() for k, p in params.items()})
+    for k in results[0]:
+        np.testing.assert_array_equal(results[1][k], results[0][k])

@@ -18,7 +18,7 @@ import torch
 from ..core.sbp import B, split
 from ..core.tensor import Tensor
 from ..ops import creation as C
-from ._checks import refuse_shards, scalar
+from ._checks import refuse_shards, scalar, whole_pieces
 from .optimizer import Optimizer, new_step, step_values
 
 __all__ = ["Adafactor"]
@@ -173,4 +173,4 @@ class Adafactor(Optimizer):
 
     def _step_ops(self, group: dict, params: list, grads: list, states: list) -> None:
         refuse_shards(self, group, params, grads, eager_foreach=False)
-        self._loop(group, params, grads, states, storages=False)
+        self._loop(group, params, grads, states, storages=whole_pieces(params, grads))

@@ -17,7 +17,7 @@ import torch
 from ..core.tensor import Tensor
 from ..ops import creation as C
 from ..ops.linalg import addmm
-from ._checks import refuse_shards, scalar
+from ._checks import refuse_shards, scalar, whole_pieces
 from .optimizer import Optimizer
 
 __all__ = ["Muon"]
@@ -131,4 +131,4 @@ class Muon(Optimizer):
 
     def _step_ops(self, group: dict, params: list, grads: list, states: list) -> None:
         refuse_shards(self, group, params, grads, eager_foreach=False)
-        self._loop(group, params, grads, states, storages=False)
+        self._loop(group, params, grads, states, storages=whole_pieces(params, grads))
