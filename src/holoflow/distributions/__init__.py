@@ -2,7 +2,7 @@
 ``kl_divergence``, written in holoflow ops (gradients flow through ``rsample``/``log_prob``/
 ``entropy``) and drawing random numbers in torch's order with torch's kernels, so samples equal
 torch's under the same seed."""
-from . import constraints, transformed_distribution, transforms, utils
+from . import constraint_registry, constraints, transformed_distribution, transforms, utils
 from . import kl_cross  # noqa: F401 - registers the KL pairs of two families
 from .bernoulli import Bernoulli
 from .base import Distribution
@@ -11,6 +11,7 @@ from .binomial import Binomial
 from .categorical import Categorical
 from .cauchy import Cauchy
 from .chi2 import Chi2
+from .constraint_registry import biject_to, transform_to
 from .dirichlet import Dirichlet
 from .exp_family import ExponentialFamily
 from .exponential import Exponential
@@ -34,8 +35,11 @@ from .relaxed_bernoulli import RelaxedBernoulli
 from .relaxed_categorical import RelaxedOneHotCategorical
 from .studentT import StudentT
 from .transformed_distribution import TransformedDistribution
-from .transforms import (AbsTransform, AffineTransform, ComposeTransform, ExpTransform, PowerTransform,
-                         SigmoidTransform, SoftplusTransform, TanhTransform, Transform, identity_transform)
+from .transforms import (AbsTransform, AffineTransform, CatTransform, ComposeTransform, CorrCholeskyTransform,
+                         CumulativeDistributionTransform, ExpTransform, IndependentTransform, LowerCholeskyTransform,
+                         PositiveDefiniteTransform, PowerTransform, ReshapeTransform, SigmoidTransform,
+                         SoftmaxTransform, SoftplusTransform, StackTransform, StickBreakingTransform, TanhTransform,
+                         Transform, identity_transform)
 from .uniform import Uniform
 
 __all__ = ["Bernoulli", "Beta", "Binomial", "Categorical", "Cauchy", "Chi2", "Dirichlet", "Distribution",
@@ -44,5 +48,8 @@ __all__ = ["Bernoulli", "Beta", "Binomial", "Categorical", "Cauchy", "Chi2", "Di
            "NegativeBinomial", "Normal", "OneHotCategorical", "OneHotCategoricalStraightThrough", "Poisson",
            "RelaxedBernoulli", "RelaxedOneHotCategorical", "StudentT", "TransformedDistribution", "Uniform",
            "Transform", "ComposeTransform", "ExpTransform", "AffineTransform", "SigmoidTransform", "TanhTransform",
-           "SoftplusTransform", "PowerTransform", "AbsTransform", "identity_transform", "constraints", "transforms",
-           "transformed_distribution", "utils", "kl_divergence", "register_kl"]
+           "SoftplusTransform", "PowerTransform", "AbsTransform", "CatTransform", "CorrCholeskyTransform",
+           "CumulativeDistributionTransform", "IndependentTransform", "LowerCholeskyTransform",
+           "PositiveDefiniteTransform", "ReshapeTransform", "SoftmaxTransform", "StackTransform",
+           "StickBreakingTransform", "identity_transform", "biject_to", "transform_to", "constraint_registry",
+           "constraints", "transforms", "transformed_distribution", "utils", "kl_divergence", "register_kl"]

@@ -17,8 +17,11 @@ from ..nn import functional as F
 from . import constraints
 from .independent import sum_rightmost
 
-__all__ = ["AbsTransform", "AffineTransform", "ComposeTransform", "ExpTransform", "PowerTransform",
-           "SigmoidTransform", "SoftplusTransform", "TanhTransform", "Transform", "identity_transform"]
+__all__ = ["AbsTransform", "AffineTransform", "CatTransform", "ComposeTransform", "CorrCholeskyTransform",
+           "CumulativeDistributionTransform", "ExpTransform", "IndependentTransform", "LowerCholeskyTransform",
+           "PositiveDefiniteTransform", "PowerTransform", "ReshapeTransform", "SigmoidTransform", "SoftplusTransform",
+           "SoftmaxTransform", "StackTransform", "StickBreakingTransform", "TanhTransform", "Transform",
+           "identity_transform"]
 
 
 class Transform:
@@ -484,3 +487,9 @@ class AffineTransform(Transform):
                                       tuple(getattr(self.scale, "shape", ())))
 
     inverse_shape = forward_shape
+
+
+# the event-shaped transforms live in transforms_more.py (they subclass Transform, defined above)
+from .transforms_more import (CatTransform, CorrCholeskyTransform, CumulativeDistributionTransform,  # noqa: E402
+                              IndependentTransform, LowerCholeskyTransform, PositiveDefiniteTransform,
+                              ReshapeTransform, SoftmaxTransform, StackTransform, StickBreakingTransform)
