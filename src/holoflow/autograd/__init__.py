@@ -11,6 +11,7 @@ from ..core import grad_mode, interpret
 from ..core.autograd import run_backward, seed_grads
 from ..core.grad_mode import enable_grad, inference_mode, no_grad, set_grad_enabled
 from ..core.tensor import Tensor
+from .anomaly_mode import detect_anomaly, set_detect_anomaly
 from .function import Function, FunctionCtx
 
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "no_grad", "enable_grad",
@@ -125,4 +126,5 @@ def _batched_grad(outputs, inputs, grad_outputs, retain, create_graph, allow_unu
 
 
 from . import functional  # last: it reads `grad` from this package
+from . import graph  # torch.autograd.graph (saved-tensor hooks, Node, multi-grad hooks)
 from . import profiler  # torch.autograd.profiler (profile, record_function)

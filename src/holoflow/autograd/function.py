@@ -6,7 +6,10 @@ import torch
 import functools
 
 from ..core import grad_mode
+from ..core.anomaly import ANOMALY, note_forward
 from ..core.autograd import _FREED, GradNode
+from ..core.node import unpack_saved
+from ..core.saved import _LIVE, SavedTensor, current as _saved_hooks, pack
 from ..core.dispatch import check_inplace_target, take_history
 from ..core.registry import Op
 from ..core.tensor import Tensor
@@ -31,7 +34,17 @@ class FunctionCtx:
                 raise RuntimeError(f"holoflow: a tensor saved by {type(self).__name__} with "
                                    f"save_for_backward was modified in place (version {d._version},"
                                    f" expected {v})")
+        if getattr(self, "_packed", False):   # saved through pack hooks: unpacked at each read
+            return tuple(unpack_saved(s) if type(s) is SavedTensor else s for s in saved)
         return saved
+
+    def _pack(self, hooks: tuple) -> None:
+        """What ``save_for_backward`` kept, through ``hooks``' pack (at the end of the forward,
+        as torch packs a Function's saved tensors); no version is checked after that."""
+        saved = getattr(self, "_saved", None)
+        if saved:
+            self._saved = tuple(pack(t, hooks) if isinstance(t, Tensor) else t for t in saved)
+            self._versions, self._packed = (), True
 
     def mark_non_differentiable(self, *tensors) -> None:
         self._non_diff = {id(t) for t in tensors}
@@ -155,6 +168,12 @@ class Function:
             else:
                 o._rg, o.grad_fn, o._out_idx = True, node, i
         node._saved = ()
+        if ANOMALY.enabled:
+            note_forward(node)
+        if _LIVE[0]:
+            hooks = _saved_hooks()
+            if hooks is not None:
+                ctx._pack(hooks)
         return outs[0] if single else outs
 
 

@@ -1,4 +1,5 @@
-"""The autograd engine: nodes recorded by dispatch, and a dependency-counting backward pass.
+"""The autograd engine: a dependency-counting backward pass over the nodes dispatch records
+(core/node.py: ``GradNode``).
 
 The engine knows no op: a node holds its op, and the op's ``grad`` rule (written in holoflow
 ops) maps output gradients to input gradients. Running those rules with grad enabled
@@ -6,28 +7,52 @@ ops) maps output gradients to input gradients. Running those rules with grad ena
 """
 from __future__ import annotations
 
-import contextvars
+import itertools
 import threading
 from typing import Any, Callable, Sequence
 
 import torch
 
-from . import grad_mode
+from . import anomaly, grad_mode
+from .anomaly import ANOMALY
 from .errors import HoloflowError
+from .node import (_FREED, _TASK, AccumulateGrad, AccumulatePostHook, GradNode, GraphTask, PackedNode,
+                   _run_node_hooks)
 from .views import dense_layout
 
-_FREED = object()
-_CALLBACKS: contextvars.ContextVar[list | None] = contextvars.ContextVar("holoflow_backward_callbacks",
-                                                                         default=None)
+__all__ = ["GradNode", "PackedNode", "AccumulateGrad", "GraphTask", "queue_callback", "current_graph_task",
+           "will_execute", "accumulate_grad", "seed_grads", "run_backward"]
+
 _ACC_LOCK = threading.Lock()
+_TASK_IDS = itertools.count()
 
 
 def queue_callback(fn: Callable[[], None]) -> None:
     """Runs ``fn`` at the end of the backward pass in progress (DDP waits for its buckets here)."""
-    pending = _CALLBACKS.get()
-    if pending is None:
+    task = _TASK.get()
+    if task is None:
         raise RuntimeError("holoflow.autograd: queue_callback() called outside a backward pass")
-    pending.append(fn)
+    task.callbacks.append(fn)
+
+
+def current_graph_task() -> GraphTask | None:
+    """The backward pass running on this thread, or None."""
+    return _TASK.get()
+
+
+def will_execute(grad_fn, out_idx: int = 0, leaf=None) -> bool:
+    """Whether the backward pass in progress computes the gradient at ``(grad_fn, out_idx)`` (or
+    of ``leaf``) and runs its hooks: torch's ``_will_engine_execute_node``."""
+    task = _TASK.get()
+    if task is None:
+        raise RuntimeError("holoflow.autograd: will_execute() called outside a backward pass")
+    if grad_fn is not None:
+        if task.runs is None:
+            return grad_fn in task.deps
+        return grad_fn in task.runs or (grad_fn, out_idx) in task.cap_keys
+    if not task.accumulate:
+        return id(leaf) in task.cap_keys
+    return id(leaf) in task.leaf_deps
 
 
 def accumulate_grad(t, g, inplace: bool = False) -> None:
@@ -109,116 +134,6 @@ def _tensor_type() -> type:
         from .tensor import Tensor
         _TENSOR.append(Tensor)
     return _TENSOR[0]
-
-
-class GradNode:
-    """One recorded op application; also the ``ctx`` its grad rule reads."""
-
-    __slots__ = ("op", "edges", "attrs", "shapes", "dtypes", "_saved", "_versions", "_outs",
-                 "out_metas", "hooks", "retains", "__weakref__")
-
-    def __init__(self, op, edges: tuple, attrs: dict, shapes: tuple, dtypes: tuple) -> None:
-        self.op, self.edges, self.attrs = op, edges, attrs
-        self.shapes, self.dtypes = shapes, dtypes
-        self._saved = self._outs = self._versions = None
-        self.out_metas = None
-        self.hooks = self.retains = None
-
-    # -- what grad rules read --------------------------------------------------------------
-    def __getattr__(self, name: str):
-        try:
-            return self.attrs[name] if name in self.attrs else self.op.defaults[name]
-        except (KeyError, TypeError):
-            raise AttributeError(f"grad ctx of {self.op.name!r} has no attribute {name!r}") from None
-
-    @property
-    def needs_grad(self) -> tuple[bool, ...]:
-        return tuple([e is not None for e in self.edges])
-
-    @property
-    def inputs(self) -> tuple:
-        saved, versions = self._saved, self._versions
-        if saved is _FREED:
-            self._check_saved()
-        if versions is not None:
-            for t, v in versions:
-                if t._version != v:
-                    self._check_saved()
-        return saved
-
-    @property
-    def outs(self) -> tuple:
-        self._check_saved()
-        make = _tensor_type()._make
-        fn = self if grad_mode.STATE.enabled else None
-        return tuple([make(d, fn, i) if d is not None else None for i, d in enumerate(self._outs)])
-
-    @property
-    def out(self):
-        return self.outs[0]
-
-    def _check_saved(self) -> None:
-        if self._saved is _FREED:
-            raise RuntimeError(
-                f"holoflow: trying to backward through the graph a second time (or to read the "
-                f"saved tensors of {self.name()} after they were freed). Pass retain_graph=True "
-                f"to the first backward() or autograd.grad() call if you need to do that.")
-        if self._versions is None:
-            return
-        for t, v in self._versions:
-            if t._version != v:
-                raise RuntimeError(
-                    f"holoflow: one of the tensors needed for gradient computation has been "
-                    f"modified by an in-place operation: a tensor of shape {tuple(t.shape)} saved by "
-                    f"{self.name()} is at version {t._version}; expected version {v}. Use an "
-                    f"out-of-place op (e.g. x = x + y instead of x += y) before this point.")
-
-    def save(self, inputs: tuple | None, outs: tuple | None) -> None:
-        """Keeps what the grad rule reads, with storage versions to detect in-place changes."""
-        versions = []
-        if inputs is not None:
-            self._saved = inputs
-            for x in inputs:
-                if x is None:   # (a position the rule does not read)
-                    continue
-                d = getattr(x, "_data", None)
-                if d is not None:
-                    versions.append((d, d._version))
-        else:
-            self._saved = ()
-        if outs is not None:
-            self._outs = outs
-            for d in outs:
-                if d is not None:
-                    versions.append((d, d._version))
-        self._versions = versions or None
-
-    def moved_output(self, old, new) -> None:
-        """An in-place op's result ``old`` now lives in ``new`` (the tensor it wrote to): a saved
-        output follows it, so a later in-place change of ``new`` is caught as torch catches it."""
-        if self._outs is None or self._outs is _FREED or not any(d is old for d in self._outs):
-            return
-        self._outs = tuple(new if d is old else d for d in self._outs)
-        self._versions = [(new, new._version) if t is old else (t, v) for t, v in self._versions or ()] or None
-
-    def release(self) -> None:
-        if self.op.save:
-            self._saved, self._outs, self._versions = _FREED, None, None
-
-    @property
-    def n_outputs(self) -> int:
-        return 1 if self.out_metas is None else len(self.out_metas)
-
-    def name(self) -> str:
-        return f"<{self.op.name.title().replace('_', '')}Backward>"
-
-    def register_hook(self, idx: int, fn: Callable) -> None:
-        if self.hooks is None:
-            self.hooks = {}
-        self.hooks.setdefault(idx, []).append(fn)
-
-    def __repr__(self) -> str:
-        return self.name()
 
 
 # -- the backward pass ------------------------------------------------------------------------
@@ -382,8 +297,8 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
         accumulate_grad(t, g, not create_graph)
         post = t.__dict__.get("_post_acc_hooks")
         if post:
-            for h in post:
-                h(t)
+            for h in post:   # (AccumulateGrad.register_hook's: fn((), (grad,)), as torch's)
+                h(t) if type(h) is not AccumulatePostHook else h.fn((), (g,))
 
     roots, root_leaves = [], []
     for t, g in zip(tensors, grads):
@@ -406,15 +321,18 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
         else:
             to_leaf(t, g)
     ready = [n for n in roots if deps[n] == 0]
-    pending: list = []
-    token = _CALLBACKS.set(pending)
+    task = GraphTask()
+    task.id, task.callbacks, task.deps, task.leaf_deps = next(_TASK_IDS), [], deps, leaf_deps
+    task.runs, task.cap_keys, task.accumulate = runs, cap_keys, accumulate
+    token = _TASK.set(task)
     try:
         _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retain_graph, create_graph,
                to_leaf, runs)
+        pending = task.callbacks
         while pending:
             pending.pop(0)()
     finally:
-        _CALLBACKS.reset(token)
+        _TASK.reset(token)
     if capture is None:
         return None
     keys = {v: k for k, v in cap_keys.items()}
@@ -452,6 +370,7 @@ def _needed_edges(edges: tuple, runs: set, cap_keys: dict) -> tuple:
 
 def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retain_graph, create_graph,
            to_leaf, runs=None) -> None:
+    checks = ANOMALY.enabled   # (anomaly mode: read once a pass)
     with grad_mode.set_grad_enabled(create_graph):
         while ready:
             node = ready.pop()
@@ -473,13 +392,16 @@ def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retai
                         if not leaf_deps[k] and k in leaf_sums:
                             to_leaf(e, leaf_sums.pop(k))
                 continue
-            if node.hooks:
-                gs = [_apply_hooks(node.hooks.get(i, ()), g) if g is not None else g
+            hooks = node.hooks
+            if hooks:
+                gs = [_apply_hooks(hooks.get(i, ()), g) if g is not None else g
                       for i, g in enumerate(gs)]
-            if node.retains:  # after every other hook, as torch does
+            if node.retains:  # after every other tensor hook, as torch does
                 for i, keep in node.retains.items():
                     if gs[i] is not None:
                         keep(gs[i])
+            if hooks and "pre" in hooks:   # Node.register_prehook: after the tensors' hooks
+                gs = _run_node_hooks(hooks["pre"], len(gs), gs)
             if cap_keys:
                 for i, g in enumerate(gs):
                     key = (node, i)
@@ -488,6 +410,8 @@ def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retai
             op, edges = node.op, node.edges
             if runs is not None:   # rules compute only what reaches the captured tensors (torch's
                 node.edges = _needed_edges(edges, runs, cap_keys)   # should_compute_output)
+            if checks:
+                prev = anomaly.running(node)
             try:
                 if node.out_metas is None:   # one output: the rule gets its gradient, no list work
                     g = gs[0]
@@ -507,8 +431,20 @@ def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retai
                         node.release()
                 else:
                     in_grads = (None,) * len(edges)
+                if hooks and "post" in hooks:   # Node.register_hook
+                    in_grads = _run_node_hooks(hooks["post"], len(edges), in_grads, tuple(gs))
+                if checks:
+                    anomaly.check_nan(node, in_grads)
+            except BaseException:
+                if checks:
+                    anomaly.warn_error(node)
+                raise
             finally:
                 node.edges = edges
+                if checks:
+                    anomaly.restore(prev)
+                if retain_graph and node.__class__ is PackedNode:
+                    node._versions = None   # (its unpacked tensors: freed once the rule ran, as torch's)
             for e, g in zip(edges, in_grads):
                 if e is None:
                     continue

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from . import grad_mode, interpret
+from .anomaly import ANOMALY, note_forward
 from .dtype import scalar_name
 from .autograd import GradNode, accumulate_grad, run_backward, seed_grads
 from .errors import HoloflowError, describe
@@ -250,6 +251,8 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None
                   op.outputs_of(outs) if saves_out else None)
     else:
         node._saved = None
+    if ANOMALY.enabled:   # anomaly mode: the forward traceback a failing rule reports
+        note_forward(node)
     return node
 
 

@@ -15,7 +15,6 @@
 """
 from __future__ import annotations
 
-import threading
 import warnings
 from collections import namedtuple
 from typing import Any, Callable, Sequence
@@ -25,6 +24,7 @@ import torch
 from ..core import device as _device
 from ..core import dtype as _dtype
 from ..core import grad_mode, interpret
+from ..core.anomaly import is_anomaly_check_nan_enabled, is_anomaly_enabled, set_anomaly_enabled
 from ..core.dispatch import apply
 from ..core.errors import UnsupportedError, normalize_dim
 from ..core.registry import Meta, defop
@@ -176,28 +176,6 @@ def get_default_device() -> _device.device:
 def is_inference_mode_enabled() -> bool:
     """Whether an ``inference_mode()`` region is active (holoflow's, like torch's)."""
     return bool(getattr(grad_mode.STATE, "inference", False))
-
-
-class _Anomaly(threading.local):
-    enabled = False
-    check_nan = True
-
-
-_ANOMALY = _Anomaly()
-
-
-def set_anomaly_enabled(enabled: bool, check_nan: bool = True) -> None:
-    """Turns anomaly mode on or off (thread-local), as ``torch.set_anomaly_enabled``. holoflow's
-    autograd engine keeps the switch for code that reads it; it adds no checks of its own."""
-    _ANOMALY.enabled, _ANOMALY.check_nan = bool(enabled), bool(check_nan)
-
-
-def is_anomaly_enabled() -> bool:
-    return _ANOMALY.enabled
-
-
-def is_anomaly_check_nan_enabled() -> bool:
-    return _ANOMALY.check_nan
 
 
 set_warn_always, is_warn_always_enabled = torch.set_warn_always, torch.is_warn_always_enabled
