@@ -47,6 +47,7 @@ MAKERS = {
     "OneHotCategorical": (lambda D, p, T: D.OneHotCategorical(probs=p[0]), [[[0.2, 0.3, 0.5], [0.6, 0.1, 0.3]]],
                           [[[0.4, 0.4, 0.2], [0.3, 0.3, 0.4]]]),
     "Poisson": (lambda D, p, T: D.Poisson(p[0]), [[0.5, 2.0, 7.0]], [[1.0, 3.0, 4.0]]),
+    "Pareto": (lambda D, p, T: D.Pareto(p[0], p[1]), [[1.0, 0.5, 2.0], [0.8, 1.5, 3.0]], [[0.5, 1.0, 2.5], [2.0, 0.7, 1.2]]),
     "Uniform": (lambda D, p, T: D.Uniform(p[0], p[1]), [[0.1, 0.2, -0.5], [0.5, 0.9, 0.5]], [[0.0, 0.3, -1.0], [0.6, 0.8, 1.0]]),
     "TransformedDistribution": (lambda D, p, T: D.LogNormal(p[0], p[1]), [[0.5, -1.0, 2.0], [1.0, 0.3, 2.5]],
                                 [[0.0, 0.2, 1.0], [2.0, 0.5, 1.0]]),

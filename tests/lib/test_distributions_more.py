@@ -1,7 +1,8 @@
 """The distribution families added beside Normal/Categorical (Gamma, Beta, Dirichlet, Exponential,
 Chi2, Laplace, Cauchy, HalfCauchy, HalfNormal, Gumbel, StudentT, Poisson, Binomial, Geometric,
 NegativeBinomial, Multinomial, OneHotCategorical(StraightThrough), RelaxedBernoulli,
-RelaxedOneHotCategorical) against torch.distributions: shapes and flags, log_prob/entropy values and
+RelaxedOneHotCategorical, Pareto, Weibull, InverseGamma, Kumaraswamy, LogisticNormal,
+FisherSnedecor) against torch.distributions: shapes and flags, log_prob/entropy values and
 their gradients w.r.t. the parameters, the moments, cdf/icdf, samples and rsamples (values and
 gradients) under one seed, expand, and the ValueError of a bad parameter or sample."""
 import math
@@ -103,6 +104,17 @@ SPECS = {
                                 [0.1, 0.5, 0.95]),
     "RelaxedOneHotCategorical": (lambda D, p, T: D.RelaxedOneHotCategorical(p[0], probs=p[1]),
                                  [0.7, [[0.2, 0.3, 0.5], [0.6, 0.1, 0.3]]], [[0.2, 0.3, 0.5], [0.1, 0.6, 0.3]]),
+    "Pareto": (lambda D, p, T: D.Pareto(p[0], p[1]), [[1.0, 0.5, 2.0], [2.5, 3.0, 4.5]], [1.5, 0.7, 3.0]),
+    "Weibull": (lambda D, p, T: D.Weibull(p[0], p[1]), [[1.0, 0.5, 2.0], [0.8, 1.5, 3.0]], [0.3, 1.2, 4.0]),
+    "InverseGamma": (lambda D, p, T: D.InverseGamma(p[0], p[1]), [[0.5, 1.5, 3.0], [1.0, 2.0, 0.7]],
+                     [0.3, 1.2, 4.0]),
+    "Kumaraswamy": (lambda D, p, T: D.Kumaraswamy(p[0], p[1]), [[0.5, 1.5, 3.0], [1.2, 2.0, 0.7]],
+                    [0.2, 0.5, 0.9]),
+    "LogisticNormal": (lambda D, p, T: D.LogisticNormal(p[0], p[1]), [[[0.5, -1.0], [2.0, 0.1]],
+                                                                     [[1.0, 0.3], [2.5, 0.7]]],
+                       [[0.2, 0.3, 0.5], [0.6, 0.1, 0.3]]),
+    "FisherSnedecor": (lambda D, p, T: D.FisherSnedecor(p[0], p[1]), [[1.5, 3.0, 6.0], [1.5, 3.0, 6.0]],
+                       [0.3, 1.2, 4.0]),
 }
 
 
@@ -284,6 +296,12 @@ BAD_PARAMS = [
     ("OneHotCategorical", lambda D, T: D.OneHotCategorical(probs=T([-0.5, 1.5]))),
     ("RelaxedBernoulli", lambda D, T: D.RelaxedBernoulli(T(0.5), probs=T([1.5]))),
     ("RelaxedOneHotCategorical", lambda D, T: D.RelaxedOneHotCategorical(T(0.5), probs=T([-0.5, 1.5]))),
+    ("Pareto", lambda D, T: D.Pareto(T([1.0]), T([-1.0]))),
+    ("Weibull", lambda D, T: D.Weibull(T([-1.0]), T([1.0]))),
+    ("InverseGamma", lambda D, T: D.InverseGamma(T([1.0]), T([-1.0]))),
+    ("Kumaraswamy", lambda D, T: D.Kumaraswamy(T([0.0]), T([1.0]))),
+    ("LogisticNormal", lambda D, T: D.LogisticNormal(T([0.0]), T([-1.0]))),
+    ("FisherSnedecor", lambda D, T: D.FisherSnedecor(T([1.0]), T([0.0]))),
 ]
 
 
@@ -312,6 +330,11 @@ BAD_SAMPLES = [
     ("RelaxedBernoulli", lambda D, T: D.RelaxedBernoulli(T(0.5), probs=T([0.5])), [1.5]),
     ("RelaxedOneHotCategorical", lambda D, T: D.RelaxedOneHotCategorical(T(0.5), probs=T([0.5, 0.5])), [0.9, 0.9]),
     ("Gamma-shape", lambda D, T: D.Gamma(T([1.0, 2.0]), T([1.0, 1.0])), [0.5, 0.5, 0.5]),
+    ("Pareto", lambda D, T: D.Pareto(T([1.0]), T([2.0])), [0.5]),
+    ("Weibull", lambda D, T: D.Weibull(T([1.0]), T([2.0])), [-0.5]),
+    ("Kumaraswamy", lambda D, T: D.Kumaraswamy(T([1.0]), T([2.0])), [1.5]),
+    ("LogisticNormal", lambda D, T: D.LogisticNormal(T([0.0]), T([1.0])), [0.7, 0.7]),
+    ("FisherSnedecor", lambda D, T: D.FisherSnedecor(T([1.0]), T([2.0])), [-0.5]),
 ]
 
 
