@@ -82,6 +82,8 @@ CASES += [
     Case("lerp-addcmul-addcdiv", lambda a, b, c: (flow.lerp(a, b, 0.3), flow.addcmul(a, b, c, value=0.5), flow.addcdiv(a, b, c, value=2)),
          lambda a, b, c: (torch.lerp(a, b, 0.3), torch.addcmul(a, b, c, value=0.5), torch.addcdiv(a, b, c, value=2)),
          lambda dt, g: ((randn(3, 4, gen=g, dtype=dt), randn(3, 4, gen=g, dtype=dt), positive(4, gen=g, dtype=dt)), {})),
+    Case("lerp-tensor-weight-broadcast", flow.lerp, torch.lerp,
+         lambda dt, g: ((randn(4, gen=g, dtype=dt), randn(2, 3, 4, gen=g, dtype=dt), positive(3, 1, gen=g, dtype=dt) / 2), {})),
     Case("logaddexp", flow.logaddexp, torch.logaddexp,
          lambda dt, g: ((randn(3, 4, gen=g, dtype=dt) * 10, randn(4, gen=g, dtype=dt)), {})),
     Case("maximum-ties", flow.maximum, torch.maximum,
@@ -167,3 +169,16 @@ def test_bool_scalar_subtraction_raises_like_torch(expr):
         eval(expr, env_t)
     with pytest.raises(RuntimeError, match="bool"):
         eval(expr, env_f)
+
+
+def test_lerp_is_torchs_kernel_bit_for_bit():
+    """torch computes ``end - (end - input) * (1 - weight)`` where ``|weight| >= 0.5``: the
+    composite ``input + weight * (end - input)`` differed from it in the last bit for about half
+    the values, and optimizers' lerp updates with it."""
+    g = torch.Generator().manual_seed(0)
+    a, b, w = (torch.randn(10_000, generator=g) for _ in range(3))
+    for weight in (0.3, 0.7, w.abs() / w.abs().max()):
+        want = torch.lerp(a, b, weight)
+        got = flow.lerp(flow.from_torch(a), flow.from_torch(b),
+                        flow.from_torch(weight) if isinstance(weight, torch.Tensor) else weight).to_torch()
+        assert torch.equal(got, want)

@@ -420,13 +420,28 @@ def where(condition: Tensor, input=None, other=None):
     return apply(WHERE, condition, input, other)
 
 
+def _lerp_grad(c, dy):
+    a, b, w = c.inputs
+    return (reduce_grad(dy * _conj(1 - w), c, 0) if needs(c, 0) else None,
+            reduce_grad(dy * _conj(w), c, 1) if needs(c, 1) else None,
+            reduce_grad(dy * _conj(b - a), c, 2) if needs(c, 2) else None)
+
+
+# torch's kernel, not ``input + weight * (end - input)``: it computes ``end - (end - input) * (1 -
+# weight)`` where ``|weight| >= 0.5``, so the composite differed in the last bit for half the values
+# (and optimizers' lerp-based updates with them). Linear in (input, end) jointly for a fixed weight
+LERP = defop("lerp", torch.lerp, grad=_lerp_grad, save="inputs", family="elementwise",
+             shape=elementwise_shape("lerp", torch.lerp), sbp=elementwise_sbp(("PPB", "PP-")))
+
+
 def lerp(input: Tensor, end: Tensor, weight) -> Tensor:
-    """``input + weight * (end - input)``, as ``torch.lerp`` (floating point inputs)."""
+    """``input + weight * (end - input)``, as ``torch.lerp`` (floating point inputs; its kernel,
+    so its rounding)."""
     for name, v in (("input", input), ("end", end), ("weight", weight)):
         if isinstance(v, Tensor) and not (v.is_floating_point() or v.is_complex()):
             raise NotImplementedError(f"holoflow.lerp: {name} has dtype {v.dtype}; lerp needs floating point "
                                       f"or complex tensors")
-    return input + (end - input) * weight
+    return apply(LERP, input, end, weight)
 
 
 def addcmul(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
