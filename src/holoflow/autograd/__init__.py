@@ -15,7 +15,8 @@ from .anomaly_mode import detect_anomaly, set_detect_anomaly
 from .function import Function, FunctionCtx
 
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "no_grad", "enable_grad",
-           "set_grad_enabled", "inference_mode", "functional", "profiler"]
+           "set_grad_enabled", "inference_mode", "functional", "profiler", "graph", "detect_anomaly",
+           "set_detect_anomaly", "gradcheck", "gradgradcheck"]
 
 
 def _as_list(x) -> list:
@@ -127,4 +128,5 @@ def _batched_grad(outputs, inputs, grad_outputs, retain, create_graph, allow_unu
 
 from . import functional  # last: it reads `grad` from this package
 from . import graph  # torch.autograd.graph (saved-tensor hooks, Node, multi-grad hooks)
+from .gradcheck import gradcheck, gradgradcheck  # (reads `grad`; the name `gradcheck` is the function)
 from . import profiler  # torch.autograd.profiler (profile, record_function)
