@@ -12,11 +12,19 @@ from ..core.autograd import run_backward, seed_grads
 from ..core.grad_mode import enable_grad, inference_mode, no_grad, set_grad_enabled
 from ..core.tensor import Tensor
 from .anomaly_mode import detect_anomaly, set_detect_anomaly
+from .engine_switches import is_multithreading_enabled, is_view_replay_enabled, set_multithreading_enabled
 from .function import Function, FunctionCtx
+from .variable import Variable
 
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "no_grad", "enable_grad",
            "set_grad_enabled", "inference_mode", "functional", "profiler", "graph", "detect_anomaly",
-           "set_detect_anomaly", "gradcheck", "gradgradcheck"]
+           "set_detect_anomaly", "gradcheck", "gradgradcheck", "Variable", "set_multithreading_enabled",
+           "is_multithreading_enabled", "is_view_replay_enabled"]
+
+
+def variable(*args, **kwargs):
+    """torch's deprecated spelling: refused with the name to use."""
+    raise RuntimeError("holoflow.autograd.variable(...) is deprecated, use holoflow.tensor(...) instead")
 
 
 def _as_list(x) -> list:
