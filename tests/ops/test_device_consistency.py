@@ -167,6 +167,16 @@ for _name in ("ctc_loss-0", "ctc_loss-1", "ctc_loss-2"):   # (torch.ctc_loss, th
     NEEDS_DATA[_name] = _CTC
 for _name in ("geqrf", "Tensor.geqrf"):
     NEEDS_DATA[_name] = "torch's reference: aten::geqrf has no meta kernel"
+_FAKE_QUANT = "torch's reference: aten::fake_quantize_per_{}_affine_cachemask has no meta kernel"
+for _qmin, _qmax in [(0, 255), (-128, 127), (-8, 7)]:
+    for _scale, _zero in [(0.1, 0), (0.37, 5)]:
+        NEEDS_DATA[f"fake_quantize_per_tensor-{_scale}-{_zero}-[{_qmin},{_qmax}]"] = _FAKE_QUANT.format("tensor")
+        NEEDS_DATA[f"fake_quantize_per_tensor-tensor_qparams-{_scale}-{_zero}-[{_qmin},{_qmax}]"] = \
+            "torch's reference: aten::_fake_quantize_per_tensor_affine_cachemask_tensor_qparams has no meta kernel"
+for _name in ("[4, 5, 3]-axis0", "[4, 5, 3]-axis1", "[4, 5, 3]-axis2", "[6]-axis0"):
+    NEEDS_DATA[f"fake_quantize_per_channel-{_name}"] = _FAKE_QUANT.format("channel")
+NEEDS_DATA["standard_gamma_grad"] = "aten::_standard_gamma_grad has no meta kernel (the op's shape rule serves traces)"
+NEEDS_DATA["dirichlet_grad"] = "aten::_dirichlet_grad has no meta kernel (the op's shape rule serves traces)"
 
 
 def _cases() -> list:

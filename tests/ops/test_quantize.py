@@ -23,12 +23,13 @@ def _channel(shape, axis):   # (scale and zero point built in the call: torch re
 
 
 def _per_channel(lib, x, qparams, axis, qmin, qmax):
-    scale, zero = lib.tensor(qparams[0]), lib.tensor(qparams[1], dtype=lib.int32)
+    scale = lib.tensor(qparams[0], device=x.device)
+    zero = lib.tensor(qparams[1], dtype=lib.int32, device=x.device)
     return lib.fake_quantize_per_channel_affine(x, scale, zero, axis, qmin, qmax)
 
 
-def _qparams(lib, scale, zero):
-    return (lib.tensor(scale), lib.tensor(zero)) if lib is flow else (torch.tensor(scale), torch.tensor(zero))
+def _qparams(lib, scale, zero, like):
+    return lib.tensor(scale, device=like.device), lib.tensor(zero, device=like.device)
 
 
 # (the straight-through gradient is not the derivative finite differences see: no gradcheck)
@@ -41,9 +42,9 @@ for qmin, qmax in [(0, 255), (-128, 127), (-8, 7)]:
                           _x(4, 5, 3), dtypes=(F32, F64, BF16, F16), gradcheck=False))
         CASES.append(Case(f"fake_quantize_per_tensor-tensor_qparams-{scale}-{zero}-[{qmin},{qmax}]",
                           lambda x, s=scale, z=zero, a=qmin, b=qmax: flow.fake_quantize_per_tensor_affine(
-                              x, *_qparams(flow, s, z), a, b),
+                              x, *_qparams(flow, s, z, x), a, b),
                           lambda x, s=scale, z=zero, a=qmin, b=qmax: torch.fake_quantize_per_tensor_affine(
-                              x, *_qparams(torch, s, z), a, b),
+                              x, *_qparams(torch, s, z, x), a, b),
                           _x(6, 4), gradcheck=False))
 for shape, axis in [((4, 5, 3), 0), ((4, 5, 3), 1), ((4, 5, 3), 2), ((6,), 0)]:
     CASES.append(Case(f"fake_quantize_per_channel-{list(shape)}-axis{axis}",

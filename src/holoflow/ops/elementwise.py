@@ -104,8 +104,14 @@ ERFINV = unary("erfinv", torch.erfinv,
                lambda c, dy: (dy * (math.sqrt(math.pi) / 2) * (c.out * c.out).exp(),), "output")
 ERFC = unary("erfc", torch.erfc,
              lambda c, dy: (dy * (-2 / math.sqrt(math.pi)) * (-_x(c) * _x(c)).exp(),), "inputs")
-ACOSH = unary("acosh", torch.acosh,  # (x+1)^-1/2 (x-1)^-1/2, not (x^2-1)^-1/2: complex branches
-              lambda c, dy: (dy * (_x(c) + 1).rsqrt() * (_x(c) - 1).rsqrt(),), "inputs")
+def _acosh_grad(c, dy):
+    """torch's two formulas: ``(x^2 - 1)^-1/2`` for real x (defined below -1 too), and ``(z + 1)^-1/2
+    (z - 1)^-1/2`` for complex z (the branches differ from ``(z^2 - 1)^-1/2``)."""
+    x = _x(c)
+    return (dy * ((x + 1).rsqrt() * (x - 1).rsqrt() if x._data.is_complex() else (x * x - 1).rsqrt()),)
+
+
+ACOSH = unary("acosh", torch.acosh, _acosh_grad, "inputs")
 ASINH = unary("asinh", torch.asinh, lambda c, dy: (dy * (_x(c) ** 2 + 1).rsqrt(),), "inputs")
 ATANH = unary("atanh", torch.atanh, lambda c, dy: (dy / (1 - _x(c) ** 2),), "inputs")
 DEG2RAD = unary("deg2rad", torch.deg2rad, lambda c, dy: (dy * (math.pi / 180),), partial=("P",))
@@ -124,7 +130,7 @@ ISFINITE = unary("isfinite", torch.isfinite)
 NAN_TO_NUM = unary("nan_to_num", torch.nan_to_num,
                    lambda c, dy: (dy * _x(c).isfinite(),), "inputs")
 CLAMP = unary("clamp", lambda x, min=None, max=None: torch.clamp(x, min, max),  # noqa: A002
-              lambda c, dy: (dy * _clamp_mask(_x(c), c.min, c.max),), "inputs")
+              lambda c, dy: (where(_clamp_mask(_x(c), c.min, c.max), dy, 0.0),), "inputs")   # (inf * 0 is NaN)
 
 
 # complex inputs: these rules are written as dy * f'(z); torch wants dy * conj(f'(z))
@@ -185,11 +191,14 @@ def _pow_grad(c, dy):
 
 
 def _minmax_grad(pick):
+    """torch's rule: a tie splits the gradient in halves, the loser gets zeros (selected, never
+    multiplied: an infinite gradient stays out of the loser), and a NaN operand, which neither
+    wins nor loses, passes the whole gradient to both."""
     def grad(c, dy):
         a, b = c.inputs
-        win = pick(a, b).to(dy.dtype) + (a == b).to(dy.dtype) * 0.5
-        return (reduce_grad(dy * win, c, 0) if needs(c, 0) else None,
-                reduce_grad(dy * (1 - win), c, 1) if needs(c, 1) else None)
+        share = where(a == b, dy / 2, dy)
+        return (reduce_grad(where(pick(b, a), 0.0, share), c, 0) if needs(c, 0) else None,
+                reduce_grad(where(pick(a, b), 0.0, share), c, 1) if needs(c, 1) else None)
     return grad
 
 
@@ -299,6 +308,34 @@ WHERE = defop("where", _where_kernel, grad=_where_grad, save="inputs", saved_inp
               shape=elementwise_shape("where", _where_kernel), sbp=elementwise_sbp(("BPP",)))
 
 
+def _clamp_t_grad(c, dy):
+    """torch's rule for tensor bounds: ``x`` gets ``dy`` inside ``[min, max]``; a bound gets it
+    where it clamped (``max`` also wherever it is below ``min``, as it wins there); a NaN ``x``
+    sends nothing anywhere. Selected, never multiplied by a mask (inf * 0 is NaN)."""
+    x, lo, hi = c.inputs
+    keep = _clamp_mask(x, lo, hi)
+    below = None if lo is None else (x < lo) if hi is None else (x < lo) & (lo < hi)
+    above = None if hi is None else (x > hi) if lo is None else (x > hi) | (hi < lo)
+    return (reduce_grad(where(keep, dy, 0.0), c, 0) if needs(c, 0) else None,
+            reduce_grad(where(below, dy, 0.0), c, 1) if needs(c, 1) else None,
+            reduce_grad(where(above, dy, 0.0), c, 2) if needs(c, 2) else None)
+
+
+def _xlogy_grad(c, dy):
+    """torch's rule: ``d/dx = xlogy(dy, y)``, zero where ``x == 0`` and ``y <= 0`` (the value is 0
+    there for any y); ``d/dy = dy * x / y``."""
+    x, y = c.inputs   # (x needing a gradient is a tensor)
+    return (reduce_grad(where((x == 0) & (y <= 0), 0.0, apply(XLOGY, dy, y)), c, 0) if needs(c, 0) else None,
+            reduce_grad(dy * x / y, c, 1) if needs(c, 1) else None)
+
+
+XLOGY = defop("xlogy", torch.xlogy, grad=_xlogy_grad, save="inputs", family="elementwise",
+              shape=elementwise_shape("xlogy", torch.xlogy), sbp=elementwise_sbp())
+CLAMP_T = defop("clamp_tensor", lambda x, lo, hi: torch.clamp(x, lo, hi), grad=_clamp_t_grad, save="inputs",
+                family="elementwise", shape=elementwise_shape("clamp", lambda x, lo, hi: torch.clamp(x, lo, hi)),
+                sbp=elementwise_sbp())
+
+
 # -- public functions ----------------------------------------------------------------------------
 def _unary_fn(op):
     def fn(input: Tensor) -> Tensor:
@@ -391,12 +428,8 @@ def clamp(input: Tensor, min=None, max=None) -> Tensor:  # noqa: A002
     if min is None and max is None:   # torch: RuntimeError (a ValueError too, as holoflow raised before)
         raise ArgValueError("holoflow.clamp: at least one of min and max must be given")
     if isinstance(min, Tensor) or isinstance(max, Tensor):
-        out = input
-        if min is not None:
-            out = apply(MAXIMUM, out, min if isinstance(min, Tensor) else _scalar_like(min, input))
-        if max is not None:
-            out = apply(MINIMUM, out, max if isinstance(max, Tensor) else _scalar_like(max, input))
-        return out
+        bound = [b if isinstance(b, Tensor) or b is None else _scalar_like(b, input) for b in (min, max)]
+        return apply(CLAMP_T, input, *bound)
     return apply(CLAMP, input, min=min, max=max)
 
 
@@ -502,10 +535,7 @@ def xlogy(input, other) -> Tensor:
     other = other if other._data.dtype == dt else other.to(dt)
     if isinstance(input, Tensor) and input._data.dtype != dt:
         input = input.to(dt)
-    if not isinstance(input, Tensor):
-        prod = other.log() * input
-        return prod if input != 0 else where(other.isnan(), prod, 0.0)
-    return where((input == 0) & ~other.isnan(), 0.0 * input, input * other.log())
+    return apply(XLOGY, input, other)
 
 
 #: torch's second names: the same function (its method and in-place form follow, ops/methods.py)

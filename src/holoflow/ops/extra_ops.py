@@ -92,8 +92,8 @@ def _sinc_grad(c, dy):
     / (pi x^2)``, 0 at x = 0."""
     x = c.inputs[0]
     px = x * math.pi
-    d = where(x == 0, 0.0, (px * px.cos() - px.sin()) / (px * x))
-    return (dy * (d.conj() if d.is_complex() else d),)
+    d = (px * px.cos() - px.sin()) / (px * x)
+    return (where(x == 0, 0.0, dy * (d.conj() if d.is_complex() else d)),)   # (selected: an infinite dy * 0 is NaN)
 
 
 SINC = unary("sinc", torch.sinc, _sinc_grad, "inputs")

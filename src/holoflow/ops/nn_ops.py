@@ -145,21 +145,32 @@ SOFTPLUS = unary("softplus", lambda x, beta=1.0, threshold=20.0: TF.softplus(x, 
 
 
 def _elu_grad(c, dy):
-    x = c.inputs[0]
-    return (E.where(x > 0, dy, dy * (x.exp() * c.alpha)),)
+    x = c.inputs[0]   # (torch's test: x <= 0 takes the exponential side, so a NaN input passes dy)
+    return (E.where(x <= 0, dy * (x.exp() * c.alpha), dy),)
 
 
 ELU = unary("elu", lambda x, alpha=1.0: TF.elu(x, alpha), _elu_grad, "inputs")
 
 
+def _mish_grad(c, dy):
+    """torch's formula, one product with dy (the composite's product rule summed two, so an
+    infinite dy gave inf - inf = NaN where torch's gives inf)."""
+    x = c.inputs[0]
+    t = x.exp().log1p().tanh()
+    return (dy * (t + x * x.sigmoid() * (1 - t * t)),)
+
+
+MISH = unary("mish", TF.mish, _mish_grad, "inputs")
+
+
 def _hardswish_grad(c, dy):
     x = _x(c)
-    return (E.where(x <= -3, dy * 0, E.where(x < 3, dy * (x / 3 + 0.5), dy)),)  # torch's boundaries
+    return (E.where(x <= -3, 0.0, E.where(x < 3, dy * (x / 3 + 0.5), dy)),)  # torch's boundaries
 
 
 HARDSWISH = unary("hardswish", TF.hardswish, _hardswish_grad, "inputs")
-HARDSIGMOID = unary("hardsigmoid", TF.hardsigmoid,
-                    lambda c, dy: (dy * ((_x(c) > -3).logical_and(_x(c) < 3)) / 6,), "inputs")
+HARDSIGMOID = unary("hardsigmoid", TF.hardsigmoid,   # (selected, not dy * mask: an infinite dy * 0 is NaN)
+                    lambda c, dy: (E.where((_x(c) > -3).logical_and(_x(c) < 3), dy / 6, 0.0),), "inputs")
 
 
 def _maybe_inplace(op, input: Tensor, inplace: bool, **attrs) -> Tensor:
@@ -271,8 +282,8 @@ def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace
 
 
 def mish(input: Tensor, inplace: bool = False) -> Tensor:
-    """``x * tanh(softplus(x))`` (a composite)."""
-    out = input * apply(SOFTPLUS, input, beta=1.0, threshold=20.0).tanh()
+    """``x * tanh(softplus(x))``, torch's kernel."""
+    out = apply(MISH, input)
     return assign(input, out, "mish") if inplace else out
 
 

@@ -19,7 +19,14 @@ from ..core.tensor import Tensor
 __all__ = ["fake_quantize_per_tensor_affine", "fake_quantize_per_channel_affine"]
 
 
+def _on_meta(x):
+    """The (output, mask) of a meta input: ATen's cachemask kernels have no meta kernel."""
+    return torch.empty_like(x), torch.empty(x.shape, dtype=torch.bool, device=x.device)
+
+
 def _per_tensor_kernel(x, scale, zero_point, quant_min, quant_max):
+    if x.is_meta:
+        return _on_meta(x)
     if isinstance(scale, torch.Tensor):
         on = torch.ones((), dtype=torch.long, device=x.device)
         return torch.ops.aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams.default(
@@ -28,6 +35,8 @@ def _per_tensor_kernel(x, scale, zero_point, quant_min, quant_max):
 
 
 def _per_channel_kernel(x, scale, zero_point, axis, quant_min, quant_max):
+    if x.is_meta:
+        return _on_meta(x)
     return torch.ops.aten.fake_quantize_per_channel_affine_cachemask.default(x, scale, zero_point, axis, quant_min,
                                                                                quant_max)
 

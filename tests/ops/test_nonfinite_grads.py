@@ -1,0 +1,88 @@
+"""Every one-tensor function holoflow shares with torch (and nn.functional's activations) on the
+special values (0, +-1, large, +-inf, NaN), with seed gradients of ones, of infinities and mixed
+(inf, NaN, 0): the same values and the same gradients as torch, NaN for NaN and inf for inf.
+
+Found: masks multiplied into gradients (clamp, hardsigmoid, hardswish, sinc at 0, maximum /
+minimum's losers) turned an infinite seed into NaN where torch selects 0; maximum / minimum gave
+a NaN operand no gradient (torch passes it to both); elu / selu / celu sent a NaN input's gradient
+down the exponential side; mish's product rule summed inf - inf; acosh's real gradient was NaN
+below -1 (torch's is ``(x^2 - 1)^-1/2``); xlogy gave 0 for ``d/dx`` at ``x = 0`` (torch: log y where
+y > 0); clamp with tensor bounds split a tie in halves (torch gives x the whole gradient)."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import holoflow as flow
+from ops.test_unary_dtypes import NAMES
+
+X = torch.tensor([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 30.0, -30.0, float("inf"), float("-inf"), float("nan")],
+                 dtype=torch.float64)
+INF, NAN = float("inf"), float("nan")
+SEEDS = {"ones": torch.ones(12, dtype=torch.float64), "inf": torch.full((12,), INF, dtype=torch.float64),
+         "mixed": torch.tensor([INF, NAN, 0.0, -INF, 1.0, 0.0, INF, 2.0, INF, 1.0, 1.0, 0.0], dtype=torch.float64)}
+ACTIVATIONS = ["relu", "relu6", "hardtanh", "elu", "selu", "celu", "gelu", "silu", "mish", "softplus", "logsigmoid",
+               "hardswish", "hardsigmoid", "leaky_relu", "softsign", "tanhshrink", "hardshrink", "softshrink"]
+FUNCTIONS = {**{n: (getattr(torch, n), getattr(flow, n)) for n in NAMES if n != "DoubleTensor"},
+             **{f"F.{n}": (getattr(torch.nn.functional, n), getattr(flow.nn.functional, n)) for n in ACTIVATIONS}}
+TWO = {   # functions of x and a second tensor built from it (ties at 0, NaN on both sides)
+    "maximum": lambda m, x: m.maximum(x, x.detach().flip(0) * 0 + 0.5),
+    "minimum": lambda m, x: m.minimum(x, m.zeros_like(x)),
+    "clamp tensors": lambda m, x: m.clamp(x, m.zeros_like(x), m.ones_like(x)),
+    "clamp tensor min": lambda m, x: m.clamp(x, min=m.zeros_like(x)),
+    "clamp_ scalars": lambda m, x: x.clone().clamp_(0.0, 1.0),
+    "xlogy x": lambda m, x: m.xlogy(x, x.detach().flip(0)),
+    "xlogy y": lambda m, x: m.xlogy(x.detach().flip(0), x),
+    "lerp": lambda m, x: m.lerp(x, x.detach().flip(0), 0.75),
+    "where": lambda m, x: m.where(x > 1, m.zeros_like(x), x),
+    "masked_fill": lambda m, x: x.masked_fill(x > 1, 0.0),
+}
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal NaN patterns, equal infinities, finite values close."""
+    if a.shape != b.shape or not torch.equal(a.isnan(), b.isnan()):
+        return False
+    a, b = a[~a.isnan()], b[~b.isnan()]
+    if not torch.equal(a.isinf(), b.isinf()) or not torch.equal(a[a.isinf()], b[b.isinf()]):
+        return False
+    fin = ~a.isinf()
+    return torch.allclose(a[fin], b[fin], rtol=1e-6, atol=1e-9)
+
+
+def _check(name: str, torch_fn, flow_fn) -> bool:
+    """Compares values and gradients; False when torch has no gradient to compare with."""
+    x = X.clone().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            y = torch_fn(x)
+            torch.autograd.grad(y, x, SEEDS["ones"], retain_graph=True)
+        except Exception:   # (torch refuses this input, or has no derivative)
+            return False
+        if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+            return False
+        fx = flow.from_torch(X.clone()).requires_grad_()
+        fy = flow_fn(fx)
+    assert _same(fy.detach().to_torch(), y.detach()), f"{name}: values {fy.detach().to_torch()} != {y.detach()}"
+    for seed_name, seed in SEEDS.items():
+        (want,) = torch.autograd.grad(y, x, seed, retain_graph=True)
+        (got,) = flow.autograd.grad(fy, fx, flow.from_torch(seed), retain_graph=True)
+        got = got.to_torch()
+        assert _same(got, want), (f"{name}, seed {seed_name}: (x, seed, torch, holoflow) " + str(
+            [(X[i].item(), seed[i].item(), want[i].item(), got[i].item()) for i in range(12)
+             if not _same(got[i:i + 1], want[i:i + 1])]))
+    return True
+
+
+def test_every_one_tensor_function_on_special_values():
+    checked = [name for name, (tf, ff) in sorted(FUNCTIONS.items()) if _check(name, tf, ff)]
+    assert len(checked) >= 90, f"only {len(checked)} functions had a torch gradient to compare"
+
+
+@pytest.mark.parametrize("name", list(TWO))
+def test_two_operand_functions_on_special_values(name):
+    fn = TWO[name]
+    assert _check(name, lambda x: fn(torch, x), lambda x: fn(flow, x))
