@@ -337,3 +337,27 @@ def test_global_tensors_with_hooks_on_simulated_ranks():
     (x0 * w0).sin().sum().backward()
     torch.testing.assert_close(hooked[0][0], x0.grad)
     torch.testing.assert_close(hooked[0][1], w0.grad)
+
+
+def test_a_compiled_training_graph_called_under_hooks_is_refused_and_inference_is_not():
+    """The trace refuses the hooks; a plan compiled before them would run its backward without
+    them (silently): its call is refused too. An inference graph saves nothing: it runs."""
+    g = _Train(False)
+    x = flow.randn(2, 4)
+    g(x)   # compiled without hooks
+    with flow.autograd.graph.save_on_cpu():
+        with pytest.raises(NotImplementedError, match="saved_tensors_hooks.*activation_checkpointing"):
+            g(x)
+    assert np.isfinite(float(g(x)))
+
+    class Infer(Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = flow.nn.Linear(4, 3)
+
+        def build(self, x):
+            return self.m(x)
+    infer = Infer()
+    want = infer(x).to_torch()
+    with flow.autograd.graph.save_on_cpu():
+        torch.testing.assert_close(infer(x).to_torch(), want)

@@ -69,6 +69,16 @@ def disabled_message() -> str | None:
     return _HOOKS.disabled
 
 
+def refuse_in_graph() -> None:
+    """Saved tensor hooks meeting an nn.Graph that trains (its trace, or a call of its plan)."""
+    raise UnsupportedError(
+        "holoflow.autograd.graph.saved_tensors_hooks: saved tensor hooks (saved_tensors_hooks, "
+        "save_on_cpu) do not apply inside nn.Graph: the compiled plan keeps what its backward "
+        "reads itself, and later calls would run without the hooks. Leave the hooks' context out "
+        "of the graph (call the model eagerly inside it), or recompute activations in the graph "
+        "with activation_checkpointing = True on a GraphModule")
+
+
 class SavedTensor:
     """A tensor a grad node saved through pack hooks: the packed value and the autograd identity
     (grad_fn and output index, or the leaf) that the unpacked tensor takes."""
@@ -80,12 +90,7 @@ def pack(x: Tensor, hooks: tuple) -> SavedTensor:
     """``hooks``' pack of the saved tensor ``x``, under no_grad as torch runs it; a pack hook that
     writes its input in place is refused (torch's check)."""
     if interpret.is_lazy():
-        raise UnsupportedError(
-            "holoflow.autograd.graph.saved_tensors_hooks: saved tensor hooks (saved_tensors_hooks, "
-            "save_on_cpu) do not apply inside nn.Graph: the compiled plan keeps what its backward "
-            "reads itself, and later calls would run without the hooks. Leave the hooks' context out "
-            "of the graph (call the model eagerly inside it), or recompute activations in the graph "
-            "with activation_checkpointing = True on a GraphModule")
+        refuse_in_graph()
     d = x._data
     version = d._version
     state = grad_mode.STATE

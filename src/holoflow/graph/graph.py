@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from ..core import grad_mode
+from ..core import grad_mode, saved
 from ..core.errors import ArgTypeError, ArgValueError, HoloflowError, UnsupportedError
 from ..core.tensor import Tensor
 from . import passes
@@ -269,6 +269,7 @@ class Graph:
         leaves, spec = flatten((args, kwargs))
         fed = self._lay_out(leaves, spec)
         c = self._get(fed, spec)
+        _refuse_saved_hooks(c)
         out = c.run(c.feeds(fed))
         _write_inputs(c, leaves, out)
         return unflatten(out, c.ir.out_spec)
@@ -288,6 +289,7 @@ class Graph:
         for _, group in itertools.groupby(keyed(), key=lambda k: k[0]):
             _, leaves, spec, _ = first = next(group)
             c = self._get(leaves, spec)  # compiled between runs: never while a plan executes
+            _refuse_saved_hooks(c)
             fed: collections.deque = collections.deque()   # each batch's leaves, until its outputs come
 
             def feeds(items, c=c, fed=fed):
@@ -735,6 +737,13 @@ class GraphModule:
 def _feed_index(leaves: list, i: int) -> int:
     """The feed number of tensor leaf ``i`` (non-tensor leaves are constants, not feeds)."""
     return sum(isinstance(x, Tensor) for x in leaves[:i])
+
+
+def _refuse_saved_hooks(c) -> None:
+    """A training plan called under saved tensor hooks would silently run without them (it keeps
+    what its backward reads itself): refused, as its trace refuses them."""
+    if saved.current() is not None and any("bw" in n.tags for n in c.ir.nodes):
+        saved.refuse_in_graph()
 
 
 def _write_inputs(c, leaves: list, out: list) -> None:
