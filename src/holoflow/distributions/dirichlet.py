@@ -12,7 +12,7 @@ from ..ops.nn_ops import one_hot
 from ..ops.random_dists import sample_dirichlet
 from . import constraints
 from .exp_family import ExponentialFamily
-from .utils import xlogy
+from ..ops.elementwise import xlogy
 
 __all__ = ["Dirichlet"]
 

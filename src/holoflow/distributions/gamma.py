@@ -12,7 +12,8 @@ from ..ops.elementwise import igamma
 from ..ops.random_dists import standard_gamma
 from . import constraints
 from .exp_family import ExponentialFamily
-from .utils import as_tensor_like, broadcast_all, xlogy
+from ..ops.elementwise import xlogy
+from .utils import as_tensor_like, broadcast_all
 
 __all__ = ["Gamma"]
 

@@ -40,7 +40,7 @@ from .poisson import Poisson
 from .transformed_distribution import TransformedDistribution
 from .uniform import Uniform
 from .utils import euler_constant as _euler_gamma
-from .utils import xlogy
+from ..ops.elementwise import xlogy
 
 __all__ = ["kl_divergence", "register_kl"]
 

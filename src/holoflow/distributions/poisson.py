@@ -10,7 +10,8 @@ from ..core.tensor import Tensor
 from ..ops.random_ops import poisson
 from . import constraints
 from .exp_family import ExponentialFamily
-from .utils import broadcast_all, xlogy
+from ..ops.elementwise import xlogy
+from .utils import broadcast_all
 
 __all__ = ["Poisson"]
 

@@ -13,10 +13,9 @@ from ..core.dtype import finfo
 from ..core.tensor import Tensor
 from ..nn.functional import softmax
 from ..ops.creation import arange, tensor, zeros
-from ..ops.elementwise import where
 
 __all__ = ["broadcast_all", "clamp_probs", "euler_constant", "lazy_property", "logits_to_probs", "probs_to_logits",
-           "tril_matrix_to_vec", "vec_to_tril_matrix", "xlogy"]
+           "tril_matrix_to_vec", "vec_to_tril_matrix"]
 
 euler_constant = 0.57721566490153286060  # Euler Mascheroni Constant
 
@@ -101,8 +100,3 @@ def as_tensor_like(value: Any, like: Tensor) -> Tensor:
     return tensor(value, dtype=like.dtype, device=like.device)
 
 
-def xlogy(x: Tensor, y: Tensor) -> Tensor:
-    """``x * log(y)``, 0 where ``x`` is 0 and ``y`` is not NaN, with torch's gradients: d/dx is
-    ``log(y)`` (0 where x = 0 and y <= 0), also where x = 0. (``holoflow.xlogy`` gives 0 there:
-    the Dirichlet and Gamma gradients at a concentration of exactly 1 need torch's.)"""
-    return x * where((x == 0) & (y <= 0), 0.0, y.log())
