@@ -74,8 +74,4 @@ def xlog1py(input, other) -> Tensor:
         input = other.new_tensor(input)
     if not isinstance(other, Tensor):
         other = input.new_tensor(other)
-    log1p_other = log1p(other)
-    # 0 * inf (other -1 or inf) is 0 here; elsewhere the plain product, whose gradient in input
-    # is log1p(other) even where input is 0, as torch's
-    inf_at_zero = (input == 0).logical_and(log1p_other.isinf())
-    return input * _E.where(inf_at_zero, 0.0, log1p_other)
+    return _E.apply(_E.XLOG1PY, input, other)   # (torch's kernel: 0 where input is 0, unless other is NaN)

@@ -84,6 +84,8 @@ CASES += [
          lambda dt, g: ((randn(3, 4, gen=g, dtype=dt), randn(3, 4, gen=g, dtype=dt), positive(4, gen=g, dtype=dt)), {})),
     Case("lerp-tensor-weight-broadcast", flow.lerp, torch.lerp,
          lambda dt, g: ((randn(4, gen=g, dtype=dt), randn(2, 3, 4, gen=g, dtype=dt), positive(3, 1, gen=g, dtype=dt) / 2), {})),
+    Case("special.xlog1py-broadcast", flow.special.xlog1py, torch.special.xlog1py,
+         lambda dt, g: ((randn(3, 4, gen=g, dtype=dt), positive(4, gen=g, dtype=dt)), {})),
     Case("logaddexp", flow.logaddexp, torch.logaddexp,
          lambda dt, g: ((randn(3, 4, gen=g, dtype=dt) * 10, randn(4, gen=g, dtype=dt)), {})),
     Case("maximum-ties", flow.maximum, torch.maximum,

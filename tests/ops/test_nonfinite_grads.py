@@ -7,7 +7,10 @@ minimum's losers) turned an infinite seed into NaN where torch selects 0; maximu
 a NaN operand no gradient (torch passes it to both); elu / selu / celu sent a NaN input's gradient
 down the exponential side; mish's product rule summed inf - inf; acosh's real gradient was NaN
 below -1 (torch's is ``(x^2 - 1)^-1/2``); xlogy gave 0 for ``d/dx`` at ``x = 0`` (torch: log y where
-y > 0); clamp with tensor bounds split a tie in halves (torch gives x the whole gradient)."""
+y > 0); clamp with tensor bounds split a tie in halves (torch gives x the whole gradient).
+Binary functions on every pair of special values: pow's base gradient at exponent 0 and its
+exponent gradient at base 0 (0 * log 0), atan2's at the origin, remainder's divisor gradient with
+an infinite divisor (torch's floor division), and xlog1py's value at x = 0 where log1p(y) is NaN."""
 from __future__ import annotations
 
 import warnings
@@ -86,3 +89,38 @@ def test_every_one_tensor_function_on_special_values():
 def test_two_operand_functions_on_special_values(name):
     fn = TWO[name]
     assert _check(name, lambda x: fn(torch, x), lambda x: fn(flow, x))
+
+
+_PAIR_VALUES = [-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, INF, -INF, NAN]
+A = torch.tensor([a for a in _PAIR_VALUES for _ in _PAIR_VALUES], dtype=torch.float64)
+B = torch.tensor([b for _ in _PAIR_VALUES for b in _PAIR_VALUES], dtype=torch.float64)
+BINARY = ["add", "sub", "mul", "div", "pow", "atan2", "fmod", "remainder", "hypot", "copysign", "maximum",
+          "minimum", "fmax", "fmin", "logaddexp", "logaddexp2", "xlogy", "float_power", "special.xlog1py",
+          "special.xlogy"]
+
+
+def _get(lib, name: str):
+    for part in name.split("."):
+        lib = getattr(lib, part)
+    return lib
+
+
+@pytest.mark.parametrize("name", BINARY)
+def test_binary_functions_on_every_pair_of_special_values(name):
+    tf, ff = _get(torch, name), _get(flow, name)
+    a, b = A.clone().requires_grad_(), B.clone().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y = tf(a, b)
+        fa, fb = flow.from_torch(A.clone()).requires_grad_(), flow.from_torch(B.clone()).requires_grad_()
+        fy = ff(fa, fb)
+    assert _same(fy.detach().to_torch(), y.detach()), f"{name}: values"
+    for seed_name in ("ones", "inf"):
+        seed = torch.full(A.shape, 1.0 if seed_name == "ones" else INF, dtype=torch.float64)
+        want = torch.autograd.grad(y, (a, b), seed, retain_graph=True)
+        got = flow.autograd.grad(fy, (fa, fb), flow.from_torch(seed), retain_graph=True)
+        for which, w, g in zip("ab", want, got):
+            g = g.to_torch()
+            assert _same(g, w), (f"{name}, seed {seed_name}, d/d{which}: (a, b, torch, holoflow) " + str(
+                [(A[i].item(), B[i].item(), w[i].item(), g[i].item()) for i in range(A.numel())
+                 if not _same(g[i:i + 1], w[i:i + 1])][:6]))

@@ -177,16 +177,26 @@ def _div_grad(c, dy):
 
 
 def _pow_grad(c, dy):
+    """torch's rules: the base's gradient is 0 where the exponent is 0 (selected: 0 ** -1 is inf),
+    the exponent's is 0 where the base is 0 and the exponent's real part >= 0 (``0 * log 0``)."""
     a, b = c.inputs
     ga = gb = None
     if needs(c, 0):
-        ga = reduce_grad(dy * b * a ** (b - 1) if isinstance(b, Tensor) else
-                         (dy * b * a ** (b - 1) if b != 0 else dy * 0), c, 0)
+        if isinstance(b, Tensor):
+            ga = where(b == 0, 0.0, dy * b * a ** (b - 1))
+        else:
+            ga = dy * b * a ** (b - 1) if b != 0 else apply(ZEROS_LIKE, dy)
+        ga = reduce_grad(ga, c, 0)
     if needs(c, 1):
         out = a ** b
-        log_a = (a.log() if isinstance(a, Tensor) else cmath.log(a) if isinstance(a, complex)
-                 else math.log(a) if a > 0 else float("nan"))
-        gb = reduce_grad(dy * out * log_a, c, 1)
+        nonneg = (b.real if b._data.is_complex() else b) >= 0
+        if isinstance(a, Tensor):
+            gb = dy * where((a == 0) & nonneg, 0.0, out * a.log())
+        elif a == 0:
+            gb = dy * where(nonneg, 0.0, out * float("-inf"))
+        else:
+            gb = dy * out * (cmath.log(a) if isinstance(a, complex) or a < 0 else math.log(a))
+        gb = reduce_grad(gb, c, 1)
     return ga, gb
 
 
@@ -203,10 +213,11 @@ def _minmax_grad(pick):
 
 
 def _atan2_grad(c, dy):
-    a, b = c.inputs
+    a, b = c.inputs   # (0 at the origin, as torch's: 0 / 0 there)
     den = a * a + b * b
-    return (reduce_grad(dy * b / den, c, 0) if needs(c, 0) else None,
-            reduce_grad(-dy * a / den, c, 1) if needs(c, 1) else None)
+    at_origin = den == 0
+    return (reduce_grad(dy * where(at_origin, 0.0, b / den), c, 0) if needs(c, 0) else None,
+            reduce_grad(dy * where(at_origin, 0.0, -a / den), c, 1) if needs(c, 1) else None)
 
 
 def _logaddexp2_grad(c, dy):
@@ -239,7 +250,7 @@ def _rem_grad(rounding):
     def grad(c, dy):
         a, b = c.inputs
         return (reduce_grad(dy, c, 0) if needs(c, 0) else None,
-                reduce_grad(-dy * getattr(a / b, rounding)(), c, 1) if needs(c, 1) else None)
+                reduce_grad(-dy * apply(DIV, a, b, rounding_mode=rounding), c, 1) if needs(c, 1) else None)
     return grad
 
 
@@ -331,6 +342,15 @@ def _xlogy_grad(c, dy):
 
 XLOGY = defop("xlogy", torch.xlogy, grad=_xlogy_grad, save="inputs", family="elementwise",
               shape=elementwise_shape("xlogy", torch.xlogy), sbp=elementwise_sbp())
+def _xlog1py_grad(c, dy):
+    """torch's rule: ``d/dx = xlog1py(dy, y)``, zero where ``x == 0`` and ``y <= -1``; ``d/dy = dy x / (y + 1)``."""
+    x, y = c.inputs   # (x needing a gradient is a tensor)
+    return (reduce_grad(where((x == 0) & (y <= -1), 0.0, apply(XLOG1PY, dy, y)), c, 0) if needs(c, 0) else None,
+            reduce_grad(dy * x / (y + 1), c, 1) if needs(c, 1) else None)
+
+
+XLOG1PY = defop("special_xlog1py", torch.special.xlog1py, grad=_xlog1py_grad, save="inputs", family="elementwise",
+                shape=elementwise_shape("xlog1py", torch.special.xlog1py), sbp=elementwise_sbp())
 CLAMP_T = defop("clamp_tensor", lambda x, lo, hi: torch.clamp(x, lo, hi), grad=_clamp_t_grad, save="inputs",
                 family="elementwise", shape=elementwise_shape("clamp", lambda x, lo, hi: torch.clamp(x, lo, hi)),
                 sbp=elementwise_sbp())
