@@ -4,6 +4,7 @@
 torch's under the same seed."""
 from . import constraint_registry, constraints, transformed_distribution, transforms, utils
 from . import kl_cross  # noqa: F401 - registers the KL pairs of two families
+from . import distribution, kl_tail  # noqa: F401 - torch's module name; the new families' KL pairs
 from .bernoulli import Bernoulli
 from .base import Distribution
 from .beta import Beta
@@ -12,10 +13,12 @@ from .categorical import Categorical
 from .cauchy import Cauchy
 from .chi2 import Chi2
 from .constraint_registry import biject_to, transform_to
+from .continuous_bernoulli import ContinuousBernoulli
 from .dirichlet import Dirichlet
 from .exp_family import ExponentialFamily
 from .exponential import Exponential
 from .fishersnedecor import FisherSnedecor
+from .generalized_pareto import GeneralizedPareto
 from .gamma import Gamma
 from .geometric import Geometric
 from .gumbel import Gumbel
@@ -25,8 +28,10 @@ from .independent import Independent
 from .inverse_gamma import InverseGamma
 from .kl import kl_divergence, register_kl
 from .kumaraswamy import Kumaraswamy
+from .lkj_cholesky import LKJCholesky
 from .laplace import Laplace
 from .log_normal import LogNormal
+from .lowrank_multivariate_normal import LowRankMultivariateNormal
 from .logistic_normal import LogisticNormal
 from .mixture_same_family import MixtureSameFamily
 from .multinomial import Multinomial
@@ -46,9 +51,12 @@ from .transforms import (AbsTransform, AffineTransform, CatTransform, ComposeTra
                          SoftmaxTransform, SoftplusTransform, StackTransform, StickBreakingTransform, TanhTransform,
                          Transform, identity_transform)
 from .uniform import Uniform
+from .von_mises import VonMises
 from .weibull import Weibull
+from .wishart import Wishart
 
-__all__ = ["FisherSnedecor", "InverseGamma", "Kumaraswamy", "LogisticNormal", "Pareto", "Weibull",
+__all__ = ["ContinuousBernoulli", "GeneralizedPareto", "LKJCholesky", "LowRankMultivariateNormal", "VonMises",
+           "Wishart", "FisherSnedecor", "InverseGamma", "Kumaraswamy", "LogisticNormal", "Pareto", "Weibull",
            "Bernoulli", "Beta", "Binomial", "Categorical", "Cauchy", "Chi2", "Dirichlet", "Distribution",
            "Exponential", "ExponentialFamily", "Gamma", "Geometric", "Gumbel", "HalfCauchy", "HalfNormal",
            "Independent", "Laplace", "LogNormal", "MixtureSameFamily", "Multinomial", "MultivariateNormal",
