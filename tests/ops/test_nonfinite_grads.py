@@ -10,7 +10,11 @@ below -1 (torch's is ``(x^2 - 1)^-1/2``); xlogy gave 0 for ``d/dx`` at ``x = 0``
 y > 0); clamp with tensor bounds split a tie in halves (torch gives x the whole gradient).
 Binary functions on every pair of special values: pow's base gradient at exponent 0 and its
 exponent gradient at base 0 (0 * log 0), atan2's at the origin, remainder's divisor gradient with
-an infinite divisor (torch's floor division), and xlog1py's value at x = 0 where log1p(y) is NaN."""
+an infinite divisor (torch's floor division), and xlog1py's value at x = 0 where log1p(y) is NaN.
+Reductions over rows of special values: std of a constant row (0 * inf: NaN, torch 0), max() / min()
+of all elements with a NaN (torch's gradient goes to the NaN elements), vector norms (the inf-norm
+counts NaNs as maxima; p < 1, 1 < p < 2, p > 2 and p = 0 as torch's cases), prod of a row with an
+infinity (torch takes the other elements' product when the tensor holds a zero)."""
 from __future__ import annotations
 
 import warnings
@@ -124,3 +128,44 @@ def test_binary_functions_on_every_pair_of_special_values(name):
             assert _same(g, w), (f"{name}, seed {seed_name}, d/d{which}: (a, b, torch, holoflow) " + str(
                 [(A[i].item(), B[i].item(), w[i].item(), g[i].item()) for i in range(A.numel())
                  if not _same(g[i:i + 1], w[i:i + 1])][:6]))
+
+
+_ROWS = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 1.0, 2.0], [0.0, 1.0, 2.0, 0.0], [INF, 1.0, 2.0, 3.0],
+                      [-INF, -INF, -INF, -INF], [-INF, 1.0, 2.0, 3.0], [NAN, 1.0, 2.0, 3.0], [2.0, 2.0, 1.0, 0.5],
+                      [0.0, 0.0, 0.0, 0.0], [INF, INF, 1.0, 0.0], [-1.0, 1.0, -INF, INF]], dtype=torch.float64)
+REDUCTIONS = {
+    "sum": lambda m, x: x.sum(1), "mean": lambda m, x: x.mean(1), "prod": lambda m, x: x.prod(1),
+    "prod-all": lambda m, x: x.prod(), "prod-no-zero": lambda m, x: x[3:8].abs().prod(1),
+    "amax": lambda m, x: x.amax(1), "amin": lambda m, x: x.amin(1), "max": lambda m, x: x.max(1).values,
+    "min": lambda m, x: x.min(1).values, "max-all": lambda m, x: x.max(), "min-all": lambda m, x: x.min(),
+    **{f"norm{p}": (lambda m, x, p=p: x.norm(p=p, dim=1)) for p in (0.5, 1, 1.5, 2, 3, INF, -INF)},
+    "vector_norm": lambda m, x: m.linalg.vector_norm(x, dim=1), "logsumexp": lambda m, x: m.logsumexp(x, 1),
+    "softmax": lambda m, x: m.softmax(x, 1), "log_softmax": lambda m, x: m.log_softmax(x, 1),
+    "std": lambda m, x: x.std(1), "std-all": lambda m, x: x[8].std(), "var": lambda m, x: x.var(1),
+    "std_mean": lambda m, x: m.std_mean(x, 1)[0], "cumsum": lambda m, x: x.cumsum(1),
+    "logcumsumexp": lambda m, x: m.logcumsumexp(x, 1), "nansum": lambda m, x: m.nansum(x, 1),
+    "nanmean": lambda m, x: m.nanmean(x, 1), "median": lambda m, x: x.median(1).values,
+    "sort": lambda m, x: x.sort(1).values, "topk": lambda m, x: x.topk(2, 1).values,
+    "normalize": lambda m, x: m.nn.functional.normalize(x, dim=1),
+    "layer_norm": lambda m, x: m.nn.functional.layer_norm(x, (4,)),
+    "rms_norm": lambda m, x: m.nn.functional.rms_norm(x, (4,)),
+}
+
+
+@pytest.mark.parametrize("name", list(REDUCTIONS))
+def test_reductions_over_rows_of_special_values(name):
+    fn = REDUCTIONS[name]
+    x = _ROWS.clone().requires_grad_()
+    fx = flow.from_torch(_ROWS.clone()).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y, fy = fn(torch, x), fn(flow, fx)
+    assert _same(fy.detach().to_torch(), y.detach()), f"{name}: values"
+    for fill in (1.0, INF):
+        seed = torch.full(y.shape, fill, dtype=torch.float64)
+        (want,) = torch.autograd.grad(y, x, seed, retain_graph=True)
+        (got,) = flow.autograd.grad(fy, fx, flow.from_torch(seed), retain_graph=True)
+        got = got.to_torch()
+        bad = [i for i in range(_ROWS.shape[0]) if not _same(got[i], want[i])]
+        assert not bad, f"{name}, seed {fill}: rows {bad}, e.g. {_ROWS[bad[0]].tolist()}: torch {want[bad[0]].tolist()}, " \
+                        f"holoflow {got[bad[0]].tolist()}"

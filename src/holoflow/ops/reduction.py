@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from ..core import dtype as _dtype
-from ..core import interpret
+from ..core import grad_mode, interpret
 from ..core.dispatch import apply
 from ..core.errors import ArgValueError, DTypeError, ShapeError, normalize_dim
 from ..core.interpret import is_lazy
@@ -27,7 +27,7 @@ from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
 from .creation import full_like
-from .family import CAST, holomorphic
+from .family import CAST, elementwise_sbp, holomorphic, like_first_input
 from .more_ops import kthvalue, median
 
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "aminmax",
@@ -237,12 +237,13 @@ def _at_index_grad(c, dy, _):
 
 
 def _evenly_grad(c, dy):
-    """nanmedian of all elements: torch shares the gradient evenly among the elements equal to the
-    result (the NaN ones when the result is NaN)."""
+    """max / min / nanmedian of all elements: torch shares the gradient evenly among the elements
+    equal to the result (the NaN ones when the result is NaN); the others get zeros, selected
+    (torch's CPU rule: an infinite gradient leaves them 0)."""
     x, out = c.inputs[0], c.out
     hit = E.logical_or(x == out, E.logical_and(x.isnan(), out.isnan()))
-    mask = apply(CAST, hit, dtype=dy._data.dtype)
-    return (dy * mask / mask.sum(),)
+    count = apply(SUM, hit, dim=tuple(range(len(c.shapes[0]))), keepdim=False, dtype=dy._data.dtype)
+    return (E.where(hit, dy / count, 0.0),)
 
 
 def _nansum_grad(c, dy):
@@ -254,16 +255,41 @@ def _nansum_grad(c, dy):
 
 
 def _prod_grad(c, dy):
-    """Product of the other elements, exact with zeros: where x == 0 it is the product of the
-    non-zeros if x is the only zero, else 0; elsewhere prod/x (0 if another element is 0)."""
+    """torch's rule: ``prod / x`` when the input holds no zero anywhere, else (and in a trace,
+    where values are unknown, as torch's meta path) the product of the other elements from
+    exclusive products both ways, exact with zeros and infinities."""
     x = c.inputs[0]
     dims = _all_dims(c)
-    zero = x == 0
-    safe = E.where(zero, 1.0, x)
-    p1 = apply(PROD, safe, dim=dims, keepdim=True, dtype=None)
-    nz = apply(SUM, zero, dim=dims, keepdim=True, dtype=None)
-    g = E.where(zero, p1 * (nz == 1), p1 / safe * (nz == 0))
-    return (_cast_to(_back(c, dy) * g, c.dtypes[0]),)
+    g = _back(c, dy)
+    if not dims:
+        return (dy,)
+    zeros = None if is_lazy() or x._data.is_meta else int((x == 0).sum())   # (meta: torch's path too)
+    if zeros == 0:
+        others = _back(c, _prod_kernel_op(x, c)) / x
+    elif zeros is not None and zeros > 1 and len(dims) == x.dim() and not grad_mode.is_grad_enabled():
+        return (apply(E.ZEROS_LIKE, x),)   # (torch's shortcut for a whole product with two zeros)
+    else:
+        others = _others_product(x, dims)
+    return (_cast_to(g * others, c.dtypes[0]),)
+
+
+def _prod_kernel_op(x: Tensor, c) -> Tensor:
+    return apply(PROD, x, dim=_all_dims(c), keepdim=c.keepdim, dtype=None)
+
+
+def _others_product(x: Tensor, dims: tuple) -> Tensor:
+    """Per element, the product of the others in its slice over ``dims`` (torch's
+    ``prod_safe_zeros_backward``): the reduced dims moved last and flattened into one."""
+    nd, rest = x.dim(), [d for d in range(x.dim()) if d not in dims]
+    order = rest + list(dims)
+    y = x.permute(order) if order != list(range(nd)) else x
+    flat = y.reshape(tuple(y.shape[:len(rest)]) + (-1,))
+    n = flat.shape[-1]
+    ones = flat.new_ones(tuple(flat.shape[:-1]) + (1,))
+    before = cat([ones, flat.narrow(-1, 0, n - 1)], -1).cumprod(-1)
+    after = cat([ones, flat.narrow(-1, 1, n - 1).flip(-1)], -1).cumprod(-1).flip(-1)
+    out = (before * after).reshape(tuple(y.shape))
+    return out.permute([order.index(d) for d in range(nd)]) if order != list(range(nd)) else out
 
 
 def _prod_kernel(x, dim, keepdim, dtype):
@@ -295,24 +321,26 @@ def _norm_kernel(x, ord, dim, keepdim, dtype):  # noqa: A002
 
 
 def _norm_grad(c, dy):
+    """torch's ``norm_backward``, case by case (its masks, and where the gradient multiplies)."""
     x, p = c.inputs[0], c.ord
-    out_b, dy_b = _back(c, c.out), _back(c, dy)
+    norm, g = _back(c, c.out), _back(c, dy)
     if p == 0:
-        return (x * 0,)
-    if p in (float("inf"), float("-inf")):
-        mask = apply(CAST, x.abs() == out_b, dtype=dy._data.dtype)
-        count = apply(SUM, mask, dim=_all_dims(c), keepdim=True, dtype=None)
-        return (_cast_to(dy_b * x.sign() * mask / count, c.dtypes[0]),)
+        return (apply(E.ZEROS_LIKE, x),)
+    sgn = E.sgn(x)
     if p == 1:
-        g = x.sign()
+        out = sgn * g
     elif p == 2:
-        g = x / out_b
+        out = g * E.where(norm == 0, 0.0, x / norm)
+    elif p in (float("inf"), float("-inf")):   # amax of |x|, its NaNs counted as maxima
+        a = x.abs()
+        mask = apply(CAST, E.logical_or(a == norm, a.isnan()), dtype=g._data.dtype)
+        out = sgn * (g / apply(SUM, mask, dim=_all_dims(c), keepdim=True, dtype=None) * mask)
+    elif p < 1:
+        out = sgn * E.where(x == 0, 0.0, x.abs() ** (p - 1)) * g * norm ** (1 - p)
     else:
-        g = x.sign() * x.abs() ** (p - 1) / out_b ** (p - 1)
-        if p < 1:   # |x|^(p-1) is inf at x = 0 (sign 0 times inf: nan); torch's gradient there is 0
-            g = E.where(x == 0, 0.0, g)
-    g = E.where(out_b == 0, 0.0, g) if p != 1 else g
-    return (_cast_to(dy_b * g, c.dtypes[0]),)
+        scale = E.where(norm == 0, 0.0, g / norm ** (p - 1))
+        out = (sgn * x.abs() ** (p - 1) if p < 2 else x * x.abs() ** (p - 2)) * scale
+    return (_cast_to(out, c.dtypes[0]),)
 
 
 def _split_partial_sbp(metas, attrs):
@@ -353,6 +381,11 @@ _AT_INDEX = dict(grad=_at_index_grad, save="output", saved_outputs=(1,), outputs
                  sbp=reduce_sbp(n_out=2), **_RED)
 NANMEDIAN = defop("nanmedian", lambda x, dim, keepdim: torch.nanmedian(x, dim, keepdim), **_AT_INDEX)
 MODE = defop("mode", lambda x, dim, keepdim: torch.mode(x, dim, keepdim), **_AT_INDEX)
+MAX_ALL = defop("max_all", lambda x: torch.max(x), grad=_evenly_grad, save="both", sbp=reduce_sbp(), **_RED)
+MIN_ALL = defop("min_all", lambda x: torch.min(x), grad=_evenly_grad, save="both", sbp=reduce_sbp(), **_RED)
+# std's square root: torch's gradient is 0 where the deviation is 0 (a constant slice), not 0 * inf
+STD_SQRT = defop("std_sqrt", torch.sqrt, save="output", family="elementwise", shape=like_first_input,
+                 sbp=elementwise_sbp(), grad=lambda c, dy: (E.where(c.out == 0, 0.0, dy / (2 * c.out)),))
 NANMEDIAN_ALL = defop("nanmedian_all", lambda x: torch.nanmedian(x), grad=_evenly_grad, save="both",
                       sbp=reduce_sbp(), **_RED)
 COUNT_NONZERO = defop("count_nonzero", lambda x, dim: torch.count_nonzero(x, dim), sbp=_split_partial_sbp, **_RED)
@@ -414,19 +447,19 @@ def _extreme(name: str, full_op, dim_op, binary_fn, input: Tensor, dim, keepdim:
         if input.numel() == 0:
             raise RuntimeError(f"holoflow.{name}: the input of shape {tuple(input.shape)} has no elements; "
                                f"give a dim to reduce over (a non-empty one), as torch requires")
-        return apply(full_op, input, dim=tuple(range(input.dim())), keepdim=False)
+        return apply(full_op, input)
     return apply(dim_op, input, dim=one_dim(name, dim, input.dim()), keepdim=keepdim)
 
 
 def max(input: Tensor, dim=None, keepdim: bool = False):  # noqa: A001
     """``max(x)``: the largest element; ``max(x, dim)``: (values, indices); ``max(x, other)``:
     elementwise maximum, as ``torch.max``."""
-    return _extreme("max", AMAX, MAX, E.maximum, input, dim, keepdim)
+    return _extreme("max", MAX_ALL, MAX, E.maximum, input, dim, keepdim)
 
 
 def min(input: Tensor, dim=None, keepdim: bool = False):  # noqa: A001
     """``min(x)``, ``min(x, dim)`` -> (values, indices), or ``min(x, other)``, as ``torch.min``."""
-    return _extreme("min", AMIN, MIN, E.minimum, input, dim, keepdim)
+    return _extreme("min", MIN_ALL, MIN, E.minimum, input, dim, keepdim)
 
 
 def argmax(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
@@ -471,8 +504,8 @@ def var(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = F
 
 def std(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *,
         correction=None) -> Tensor:
-    """Standard deviation: ``sqrt(var(...))``."""
-    return var(input, dim, unbiased, keepdim, correction=correction).sqrt()
+    """Standard deviation: ``sqrt(var(...))``, with torch's gradient 0 where it is 0."""
+    return apply(STD_SQRT, var(input, dim, unbiased, keepdim, correction=correction))
 
 
 def var_mean(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *,
@@ -486,7 +519,7 @@ def std_mean(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: boo
              correction=None) -> tuple[Tensor, Tensor]:
     """``(std, mean)`` over ``dim``."""
     v, m = var_mean(input, dim, unbiased, keepdim, correction=correction)
-    return v.sqrt(), m
+    return apply(STD_SQRT, v), m
 
 
 def logsumexp(input: Tensor, dim, keepdim: bool = False) -> Tensor:
@@ -664,5 +697,6 @@ Tensor.kthvalue = kthvalue
 
 from . import scan  # noqa: E402,F401  (cumsum, cumprod: their own module)
 from .scan import cummax, cummin, cumprod, cumsum, logcumsumexp  # noqa: E402
+from .shape import cat  # noqa: E402  (prod's gradient)
 
 __all__ += ["cumsum", "cumprod", "cummax", "cummin", "logcumsumexp"]
