@@ -454,3 +454,16 @@ def test_cat_and_stack_gradients_keep_each_inputs_dtype():
         z = lib.zeros(3, dtype=lib.complex64)
         lib.view_as_real(lib.stack([r, z]) * (1 + 2j)).sum().backward()
         assert str(r.grad.dtype).endswith("float32") and r.grad.tolist() == [3.0] * 3
+
+
+@pytest.mark.parametrize("start", [(2, 3, 4, 5), (5,), (2, 3, 4, 5, "cl")])
+def test_resize_with_a_memory_format_restrides_as_torch_even_at_the_same_shape(start):
+    """``x.resize_(x.shape, memory_format=channels_last)`` returned x unchanged (contiguous)."""
+    for lib in (torch, flow):
+        x = lib.zeros(*[s for s in start if s != "cl"])
+        if "cl" in start:
+            x = x.contiguous(memory_format=lib.channels_last)
+        y = x.resize_(2, 3, 4, 5, memory_format=lib.channels_last)
+        assert y.stride() == (60, 1, 15, 3)
+        y = x.resize_(2, 3, 4, 5, memory_format=lib.contiguous_format)
+        assert y.stride() == (60, 20, 5, 1)

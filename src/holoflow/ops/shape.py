@@ -779,8 +779,8 @@ def resize_(self: Tensor, *sizes, memory_format=None) -> Tensor:
         raise RuntimeError("holoflow.resize_: cannot resize a tensor that requires grad (as torch); resize a "
                            ".detach()ed tensor")
     _local_eager(self, "resize_")
-    if shape == tuple(self.shape):
-        return self
+    if shape == tuple(self.shape) and (memory_format is None or self._data.is_contiguous(memory_format=memory_format)):
+        return self   # (a memory format the tensor is not in restrides it, as torch's, even at its shape)
     if self._view is not None:
         raise UnsupportedError(f"holoflow.resize_: cannot resize a view (shape {_fmt(self.shape)}) to "
                                f"{_fmt(shape)}: holoflow derives views from their base by ops, not strides; "
