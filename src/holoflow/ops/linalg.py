@@ -779,7 +779,11 @@ def _slogdet_grad(c, dsign, dlogabsdet):
     a = c.inputs[0]
     if a.is_complex():
         raise UnsupportedError("holoflow.slogdet: the gradient of complex inputs is not implemented")
-    return (dlogabsdet.unsqueeze(-1).unsqueeze(-1) * apply(INV, a).mT,)
+    try:
+        inv = apply(INV, a)
+    except RuntimeError:   # singular: torch's backward does not raise, its gradient is inf / NaN
+        inv = apply(linalg_more.INV_EX, a, check_errors=False).inverse
+    return (dlogabsdet.unsqueeze(-1).unsqueeze(-1) * inv.mT,)
 
 
 def _pinverse_grad(c, dy):
@@ -931,3 +935,5 @@ for _op in (ADDMM, BADDBMM, ADDBMM, ADDMV, ADDR):
     setattr(Tensor, _op.name + "_", _addmm_inplace(_op))
 Tensor.__matmul__ = matmul
 Tensor.__rmatmul__ = lambda self, other: matmul(other, self)
+
+from . import linalg_more  # noqa: E402  (slogdet's gradient of a singular matrix)

@@ -34,7 +34,11 @@ def _bwd_kernel(fn: Callable) -> Callable:
                       for i, x in enumerate(ins)]
             out = fn(*leaves, **attrs)
             outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-            pairs = [(o, dy) for o, dy in zip(outs, dys) if isinstance(o, torch.Tensor) and o.requires_grad]
+            # (an output no gradient reached stays undefined, as in torch's engine: svd's U and V
+            # or eigh's vectors then drop out of the formula, whose 1 / (s_i^2 - s_j^2) would turn
+            # zeros into NaN at repeated values)
+            pairs = [(o, dy) for o, dy in zip(outs, dys)
+                     if isinstance(o, torch.Tensor) and o.requires_grad and dy is not None]
             wrt = [leaves[i] for i in diff]
             grads = torch.autograd.grad([o for o, _ in pairs], wrt, [dy for _, dy in pairs],
                                         allow_unused=True) if pairs else [None] * len(wrt)
@@ -69,7 +73,8 @@ def defop_vjp(name: str, fn: Callable, *, sbp: Callable, bwd_sbp: Callable, fami
             res[i] = g
         return tuple(res)
 
-    return defop(name, fn, grad=grad, save="inputs", sbp=sbp, family=family, outputs=outputs, shape=shape)
+    return defop(name, fn, grad=grad, save="inputs", sbp=sbp, family=family, outputs=outputs, shape=shape,
+                 grad_reads=())   # (outputs without a gradient reach the backward as None)
 
 
 __all__: list[str] = []
