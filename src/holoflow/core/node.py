@@ -159,16 +159,16 @@ class GradNode:
     def metadata(self) -> dict:
         return anomaly.metadata(self)
 
-    def register_hook(self, fn: Callable, *tensor_hook) -> Any:
+    def register_hook(self, fn: Callable) -> Any:
         """torch's ``Node.register_hook``: ``fn(grad_inputs, grad_outputs)`` after the rule ran; it
-        may return new ``grad_inputs``. (``register_hook(idx, fn)``, the form Tensor.register_hook
-        uses, hooks output ``idx``'s gradient before the rule.)"""
-        if tensor_hook:
-            self._hook_list(fn).append(tensor_hook[0])
-            return None
+        may return new ``grad_inputs``."""
         hooks = self._hook_list("post")
         hooks.append(fn)
         return _RemovableHandle(hooks, fn)
+
+    def register_output_hook(self, idx: int, fn: Callable) -> None:
+        """A tensor hook (``Tensor.register_hook``) on output ``idx``'s gradient, before the rule."""
+        self._hook_list(idx).append(fn)
 
     def register_prehook(self, fn: Callable) -> Any:
         """torch's ``Node.register_prehook``: ``fn(grad_outputs)`` before the rule (after the

@@ -304,7 +304,7 @@ class Tensor:
             self._hooks.append(hook)
             hooks = self._hooks
         else:
-            self.grad_fn.register_hook(self._out_idx, hook)
+            self.grad_fn.register_output_hook(self._out_idx, hook)
             hooks = self.grad_fn.hooks[self._out_idx]
         return _RemovableHandle(hooks, hook)
 
