@@ -121,7 +121,7 @@ def _sdpa_fused_bwd_kernel(dy, q, k, v, out, lse, is_causal, scale):
 
 def _sdpa_dropout_kernel(q, k, v, mask, is_causal, scale, dropout_p, generator=None):
     scores, _, acc = _scores(q, k, mask, is_causal, scale)
-    attn = torch.softmax(scores, -1)
+    attn = torch.ops.aten._safe_softmax(scores, -1)   # torch's math attention: a fully masked row is 0
     keep = torch.empty_like(attn).bernoulli_(1 - dropout_p, generator=generator).div_(1 - dropout_p)
     return torch.matmul((attn * keep).to(q.dtype), v), keep
 
@@ -166,7 +166,7 @@ def _sdpa_bwd_kernel(dy, q, k, v, mask, keep, is_causal, scale, lse=None):
     if keep is None and q.device.type in FUSED_VJP_DEVICES:
         return _node_or_recompute(lse, dy, q, k, v, mask, is_causal, scale)
     scores, scale, acc = _scores(q, k, mask, is_causal, scale)
-    attn = torch.softmax(scores, -1)
+    attn = torch.ops.aten._safe_softmax(scores, -1)   # as torch's math forward: a fully masked row is 0
     dy_, v_ = dy.to(acc), v.to(acc)
     dropped = attn if keep is None else attn * keep
     dv = torch.matmul(dropped.transpose(-2, -1), dy_)
@@ -174,7 +174,6 @@ def _sdpa_bwd_kernel(dy, q, k, v, mask, keep, is_causal, scale, lse=None):
     if keep is not None:
         dattn = dattn * keep
     ds = attn * (dattn - (dattn * attn).sum(-1, keepdim=True))
-    ds = torch.nan_to_num(ds)   # fully masked rows have no gradient
     dq = torch.matmul(ds, k.to(acc)) * scale
     dk = torch.matmul(ds.transpose(-2, -1), q.to(acc)) * scale
     if mask is not None and mask.is_floating_point():

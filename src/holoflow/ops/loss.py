@@ -1,6 +1,5 @@
 """Losses. ``cross_entropy`` and ``nll_loss`` are primitives (torch's fused kernel forward, a
-closed-form backward op); the others are composites of elementwise ops and ``sum_to_size``, so
-they need no gradient code and their SBP comes from their parts."""
+closed-form backward op); the elementwise losses are in ``loss_pointwise`` (re-exported here)."""
 from __future__ import annotations
 
 import torch
@@ -13,27 +12,10 @@ from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
-from .family import SUM_TO, elementwise_sbp, like_first_input
-
-_REDUCTIONS = ("none", "mean", "sum")
-
-
-def _reduction(name: str, reduction: str, size_average=None, reduce=None) -> str:
-    if size_average is not None or reduce is not None:  # torch's legacy arguments
-        size_average = True if size_average is None else size_average
-        reduction = "none" if reduce is False else ("mean" if size_average else "sum")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"holoflow.{name}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    return reduction
-
-
-def reduce_loss(loss: Tensor, reduction: str) -> Tensor:
-    """'none' -> as is; 'sum' -> total; 'mean' -> total / numel (nan for an empty loss)."""
-    if reduction == "none":
-        return loss
-    total = apply(SUM_TO, loss, shape=())
-    return total if reduction == "sum" else total / loss.numel() if loss.numel() else total * float("nan")
-
+from .family import elementwise_sbp, like_first_input
+from .loss_pointwise import (_reduction, binary_cross_entropy, binary_cross_entropy_with_logits, huber_loss, kl_div,
+                             l1_loss, mse_loss, smooth_l1_loss, soft_margin_loss)
+from .loss_pointwise import reduce_loss as reduce_loss  # (its home before: nn_extra, sequence, nn import it here)
 
 # -- cross_entropy / nll_loss primitives ------------------------------------------------------------
 
@@ -42,19 +24,31 @@ def _acc(dt: torch.dtype) -> torch.dtype:
 
 
 def _class_coeffs(x, t, w, ignore_index, ls, cdim, acc):
-    """For class-index targets: the coefficients ``a[n, c]`` with loss_n = -sum_c a log p, and
-    the 'mean' denominator (total weight of the non-ignored targets), as torch defines them."""
+    """For class-index targets: the coefficients ``a[n, c]`` with loss_n = -sum_c a log p, the
+    'mean' denominator (total weight of the non-ignored targets), as torch defines them, and the
+    mask of the counted targets' positions."""
     valid = t != ignore_index
     ts = torch.where(valid, t, torch.zeros_like(t))
-    onehot = torch.zeros(x.shape, dtype=acc, device=x.device).scatter_(cdim, ts.unsqueeze(cdim), 1.0)
+    hit = torch.zeros(x.shape, dtype=torch.bool, device=x.device).scatter_(cdim, ts.unsqueeze(cdim), True)
+    hit &= valid.unsqueeze(cdim)
     wt = (w.to(acc)[ts] if w is not None else torch.ones(t.shape, dtype=acc, device=x.device)) * valid
-    a = onehot * wt.unsqueeze(cdim) * (1 - ls)
+    a = hit * wt.unsqueeze(cdim) * (1 - ls)
     if ls > 0:
         shape = [1] * x.dim()
         shape[cdim] = x.shape[cdim]
         wc = w.to(acc).view(shape) if w is not None else 1.0
         a = a + (ls / x.shape[cdim]) * wc * valid.unsqueeze(cdim).to(acc)   # a bool mask times a float is float32
-    return a, wt.sum()
+    return a, wt.sum(), hit
+
+
+def _class_grad(s, a, hit, valid, ls, cdim):
+    """d loss / d log p as torch's kernels form it: nll_loss_backward writes ``-w_t s`` at the
+    targets only (exact zeros elsewhere, also for an infinite ``s``), the smoothing term adds
+    ``-s a`` on the counted rows."""
+    zero = torch.zeros((), dtype=a.dtype, device=a.device)
+    if ls <= 0:
+        return torch.where(hit, -s * a, zero)
+    return torch.where(valid.unsqueeze(cdim), -s * a, zero)
 
 
 def _scale(dy, reduction, denom, cdim, acc):
@@ -62,18 +56,6 @@ def _scale(dy, reduction, denom, cdim, acc):
     if reduction == "none":
         return dy.unsqueeze(cdim)
     return dy / denom if reduction == "mean" else dy
-
-
-def _as_torch_masks(dx, t, ignore_index, reduction, denom, cdim):
-    """torch's gradient at the edges of 'mean' over class indices: an ignored target's row is
-    exactly 0 (torch never writes it) even when every target is ignored (0 / 0 scale), and with a
-    zero total weight a counted row is NaN (torch's ``-w / total``)."""
-    if reduction != "mean" or t.is_floating_point():
-        return dx
-    valid = (t != ignore_index).unsqueeze(cdim)
-    zero = torch.zeros((), dtype=dx.dtype, device=dx.device)
-    counted = torch.where(denom == 0, torch.full((), float("nan"), dtype=dx.dtype, device=dx.device), dx)
-    return torch.where(valid, counted, zero)
 
 
 def _ce_bwd_fast(dy, x, t, ignore_index, reduction, acc):
@@ -161,12 +143,13 @@ def _ce_bwd_kernel(dy, x, t, w, ignore_index, reduction, label_smoothing, dtype=
         dw = None if w is None else (-s * logp * tt).sum_to_size(shape).reshape(w.shape).to(w.dtype)
     else:
         dw = None
-        a, denom = _class_coeffs(x, t, w, ignore_index, ls, cdim, acc)
+        a, denom, hit = _class_coeffs(x, t, w, ignore_index, ls, cdim, acc)
         s = _scale(dy, reduction, denom, cdim, acc)
         dt = torch.zeros((), dtype=x.dtype, device=x.device).expand(0)
-    dx = s * (logp.exp() * a.sum(cdim, keepdim=True) - a)
-    if not t.is_floating_point():
-        dx = _as_torch_masks(dx, t, ignore_index, reduction, denom, cdim)
+    # torch's order: the log-probs' gradient, then log_softmax's backward ``g - p sum(g)`` (an
+    # infinite seed gives NaN at the target and inf elsewhere, as torch's)
+    g = -s * a if t.is_floating_point() else _class_grad(s, a, hit, t != ignore_index, ls, cdim)
+    dx = g - logp.exp() * g.sum(cdim, keepdim=True)
     if dw is None:
         dw = torch.zeros((), dtype=x.dtype, device=x.device).expand(0)
     return dx.to(x.dtype), dt, dw
@@ -174,9 +157,8 @@ def _ce_bwd_kernel(dy, x, t, w, ignore_index, reduction, label_smoothing, dtype=
 
 def _nll_bwd_kernel(dy, x, t, w, ignore_index, reduction):
     acc, cdim = _acc(x.dtype), 1 if x.dim() >= 2 else 0
-    a, denom = _class_coeffs(x, t, w, ignore_index, 0.0, cdim, acc)
-    dx = -_scale(dy, reduction, denom, cdim, acc) * a
-    return _as_torch_masks(dx, t, ignore_index, reduction, denom, cdim).to(x.dtype)
+    a, denom, hit = _class_coeffs(x, t, w, ignore_index, 0.0, cdim, acc)
+    return _class_grad(_scale(dy, reduction, denom, cdim, acc), a, hit, None, 0.0, cdim).to(x.dtype)
 
 
 def _class_loss_sbp(metas, attrs):
@@ -510,118 +492,12 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
 
 # -- composites ------------------------------------------------------------------------------------
 
-def _pair(name: str, input: Tensor, target: Tensor, same_shape: bool = False) -> None:
-    if same_shape and tuple(input.shape) != tuple(target.shape):
-        raise ShapeError(f"holoflow.{name}: target of shape {tuple(target.shape)} must have the input's "
-                         f"shape {tuple(input.shape)}")
-
-
 # The inputs of a composite op in a trace that the graph's AMP pass will rewrite: an identity whose
 # attr ``amp_policy`` names the autocast class its value falls under (graph/passes/amp.py looks a
 # node's policy up by that attr when it has one), so ``config.enable_amp`` casts a composite loss
 # as autocast does at its boundary.
 AMP_BOUNDARY = defop("amp_boundary", lambda x, amp_policy: x, grad=lambda ctx, dy: (dy,), shape=like_first_input,
                      sbp=elementwise_sbp(("P",)))
-
-
-def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
-             weight=None) -> Tensor:
-    """Mean squared error ``(input - target)^2``, reduced."""
-    input, target = interpret.composite("mse_loss", input, target)
-    d = input - target
-    return reduce_loss(d * d, _reduction("mse_loss", reduction, size_average, reduce))
-
-
-def l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
-    """Mean absolute error ``|input - target|``, reduced."""
-    input, target = interpret.composite("l1_loss", input, target)
-    return reduce_loss((input - target).abs(), _reduction("l1_loss", reduction, size_average, reduce))
-
-
-def smooth_l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
-                   beta: float = 1.0) -> Tensor:
-    """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (L1 for ``beta == 0``)."""
-    input, target = interpret.composite("smooth_l1_loss", input, target)
-    reduction = _reduction("smooth_l1_loss", reduction, size_average, reduce)
-    if beta < 0:
-        raise RuntimeError(f"holoflow.smooth_l1_loss: beta must be non-negative, got {beta}")
-    d = (input - target).abs()
-    if beta == 0:
-        return reduce_loss(d, reduction)
-    return reduce_loss(E.where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta), reduction)
-
-
-def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
-    """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)``."""
-    input, target = interpret.composite("huber_loss", input, target)
-    if delta <= 0:
-        raise RuntimeError(f"holoflow.huber_loss: delta must be positive, got {delta}")
-    d = (input - target).abs()
-    return reduce_loss(E.where(d < delta, d * d * 0.5, (d - 0.5 * delta) * delta),
-                       _reduction("huber_loss", reduction))
-
-
-def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average=None,
-                         reduce=None, reduction: str = "mean") -> Tensor:
-    """``-(t log x + (1 - t) log(1 - x))`` for probabilities ``x``, the logs clamped at -100 as
-    torch does; ``weight`` rescales each element."""
-    input, target = interpret.composite("binary_cross_entropy", input, target)
-    _pair("binary_cross_entropy", input, target, same_shape=True)
-    if not interpret.is_lazy() and not input.is_global:  # a value check: eager local tensors only
-        inside = (input >= 0) & (input <= 1)  # NaN is outside too, as in torch
-        if not bool(inside.all()):
-            bad = input.detach()[~inside]
-            raise RuntimeError(f"holoflow.binary_cross_entropy: all elements of input should be between 0 and 1 "
-                               f"(probabilities); {bad.numel()} are not, e.g. {float(bad.reshape(-1)[0])}; for "
-                               f"logits use binary_cross_entropy_with_logits")
-    loss = -(target * input.log().clamp_min(-100.0) + (1 - target) * (1 - input).log().clamp_min(-100.0))
-    if weight is not None:
-        loss = loss * weight
-    return reduce_loss(loss, _reduction("binary_cross_entropy", reduction, size_average, reduce))
-
-
-def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tensor | None = None,
-                                     size_average=None, reduce=None, reduction: str = "mean",
-                                     pos_weight: Tensor | None = None) -> Tensor:
-    """``binary_cross_entropy(sigmoid(input), target)`` computed stably from logits;
-    ``pos_weight`` weighs the positive term (broadcast along the class dim)."""
-    _pair("binary_cross_entropy_with_logits", input, target, same_shape=True)
-    # log(1 + exp(-x)) = max(-x, 0) + log(exp(-max) + exp(-x - max)), as torch writes it
-    max_val = (-input).clamp_min(0.0)
-    log_sig = ((-max_val).exp() + (-input - max_val).exp()).log() + max_val
-    if pos_weight is not None:
-        loss = (1 - target) * input + ((pos_weight - 1) * target + 1) * log_sig
-    else:
-        loss = (1 - target) * input + log_sig
-    if weight is not None:
-        loss = loss * weight
-    return reduce_loss(loss, _reduction("binary_cross_entropy_with_logits", reduction, size_average, reduce))
-
-
-def kl_div(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
-           log_target: bool = False) -> Tensor:
-    """``target * (log target - input)`` with ``input`` log-probabilities (``target`` too when
-    ``log_target``); reduction 'batchmean' divides the sum by the batch size."""
-    input, target = interpret.composite("kl_div", input, target)
-    if reduction == "batchmean":
-        red = "batchmean"
-    else:
-        red = _reduction("kl_div", reduction, size_average, reduce)
-    if log_target:
-        loss = target.exp() * (target - input)
-    else:
-        loss = E.xlogy(target, target) - target * input
-    if red == "batchmean":
-        total = reduce_loss(loss, "sum")
-        return total / input.shape[0] if input.dim() else total
-    return reduce_loss(loss, red)
-
-
-def soft_margin_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    """``log(1 + exp(-target * input))``."""
-    input, target = interpret.composite("soft_margin_loss", input, target)
-    z = -target * input
-    return reduce_loss(z.clamp_min(0.0) + ((-z.abs()).exp() + 1).log(), _reduction("soft_margin_loss", reduction))
 
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",

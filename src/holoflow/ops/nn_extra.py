@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as TF
 
 from ..core import interpret
+from ..core.grad_mode import no_grad
 from ..core.dispatch import apply, assign
 from ..core.errors import ShapeError, normalize_dim
 from ..core.registry import defop
@@ -23,7 +24,7 @@ from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
 from .conv import _check_pool, _lead_sbp, _tuple, adaptive_avg_pool2d, avg_pool2d, max_pool2d
-from .creation import empty_like, zeros_like
+from .creation import empty_like, ones_like, zeros_like
 from .linalg import trilinear
 from .loss import _reduction, reduce_loss
 from .nn_ops import ELU, piecewise_linear
@@ -449,7 +450,7 @@ def _gaussian_var(input: Tensor, var) -> Tensor:
     if not isinstance(var, Tensor):
         if var < 0:
             raise ValueError("holoflow.gaussian_nll_loss: var has negative entry/entries")
-        return input.detach() * 0.0 + float(var)
+        return ones_like(input) * float(var)   # (torch's; 0 * x would be NaN at an infinite x)
     if bool((var < 0).any()):
         raise ValueError("holoflow.gaussian_nll_loss: var has negative entry/entries")
     vs, xs = tuple(var.shape), tuple(input.shape)
@@ -467,10 +468,12 @@ def gaussian_nll_loss(input: Tensor, target: Tensor, var, full: bool = False, ep
                       reduction: str = "mean") -> Tensor:
     """``0.5 (log var + (input - target)^2 / var)`` (+ ``0.5 log 2 pi`` if ``full``), reduced.
     ``var`` is clamped to ``eps`` for the value only: its gradient passes the clamp unchanged, as
-    torch's ``no_grad`` clamp does."""
+    torch's: an in-place clamp of a clone under ``no_grad`` (the straight-through sum
+    ``clamp(v) + (v - v)`` was NaN at an infinite variance)."""
     red = _reduction("gaussian_nll_loss", reduction)
-    var = _gaussian_var(input, var)
-    var = var.detach().clamp_min(eps) + (var - var.detach())
+    var = _gaussian_var(input, var).clone()
+    with no_grad():
+        var.clamp_(min=eps)
     d = input - target
     loss = (var.log() + d * d / var) * 0.5
     if full:

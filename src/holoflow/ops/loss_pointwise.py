@@ -1,0 +1,207 @@
+"""The elementwise losses (l1, mse, smooth_l1, huber, binary cross-entropy with and without
+logits, kl_div, soft_margin) and the reductions every loss shares. Most are composites of
+elementwise ops; binary_cross_entropy, its logits form and soft_margin_loss are ops on torch's
+kernels with torch's backward formulas (written with holoflow ops, so they differentiate again),
+since their composites differ from torch at the edges (x = 0 or 1, infinite logits)."""
+from __future__ import annotations
+
+import torch.nn.functional as TF
+
+from ..core import interpret
+from ..core.dispatch import apply
+from ..core.errors import ShapeError
+from ..core.registry import defop
+from ..core.tensor import Tensor
+from . import elementwise as E
+from .family import SUM_TO, elementwise_sbp, elementwise_shape, needs, reduce_grad
+from .nn_ops import logsigmoid
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _reduction(name: str, reduction: str, size_average=None, reduce=None) -> str:
+    if size_average is not None or reduce is not None:  # torch's legacy arguments
+        size_average = True if size_average is None else size_average
+        reduction = "none" if reduce is False else ("mean" if size_average else "sum")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"holoflow.{name}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    return reduction
+
+
+def reduce_loss(loss: Tensor, reduction: str) -> Tensor:
+    """'none' -> as is; 'sum' -> total; 'mean' -> total / numel (nan for an empty loss)."""
+    if reduction == "none":
+        return loss
+    total = apply(SUM_TO, loss, shape=())
+    return total if reduction == "sum" else total / loss.numel() if loss.numel() else total * float("nan")
+
+
+def _pair(name: str, input: Tensor, target: Tensor, same_shape: bool = False) -> None:
+    if same_shape and tuple(input.shape) != tuple(target.shape):
+        raise ShapeError(f"holoflow.{name}: target of shape {tuple(target.shape)} must have the input's "
+                         f"shape {tuple(input.shape)}")
+
+
+# -- ops on torch's kernels, with torch's backward formulas (tools/autograd/derivatives.yaml) ----------
+
+def _bce_grad(c, dy):
+    """torch's: ``d/dx = dy (x - t) / max(x (1 - x), 1e-12)``, ``d/dt = -dy logit(x)``."""
+    x, t = c.inputs
+    return (reduce_grad(dy * (x - t) / (x * (1 - x)).clamp_min(1e-12), c, 0) if needs(c, 0) else None,
+            reduce_grad(-dy * E.logit(x), c, 1) if needs(c, 1) else None)
+
+
+def _bce_kernel(x, t):
+    return TF.binary_cross_entropy(x, t, reduction="none")
+
+
+BCE = defop("binary_cross_entropy", _bce_kernel, grad=_bce_grad, save="inputs", family="elementwise",
+            shape=elementwise_shape("binary_cross_entropy", _bce_kernel), sbp=elementwise_sbp())
+
+
+def _bce_logits_kernel(x, t, pos_weight):
+    return TF.binary_cross_entropy_with_logits(x, t, reduction="none", pos_weight=pos_weight)
+
+
+def _bce_logits_grad(c, dy):
+    """torch's: ``d/dx = dy (sigmoid(x) - t)``, with ``pos_weight`` ``dy ((pw t + 1 - t) sigmoid(x)
+    - pw t)``; ``d/dt = -dy x`` (``dy (logsigmoid(-x) - pw logsigmoid(x))``). torch gives
+    ``pos_weight`` no gradient; holoflow's is ``-dy t logsigmoid(x)``."""
+    x, t, pw = c.inputs
+    sig = x.sigmoid()
+    if pw is None:
+        dx = dy * (sig - t) if needs(c, 0) else None
+        dt = -dy * x if needs(c, 1) else None
+        return (reduce_grad(dx, c, 0) if dx is not None else None,
+                reduce_grad(dt, c, 1) if dt is not None else None, None)
+    pt = pw * t
+    dx = dy * ((pt + 1 - t) * sig - pt) if needs(c, 0) else None
+    dt = dy * (logsigmoid(-x) - pw * logsigmoid(x)) if needs(c, 1) else None
+    dpw = -dy * t * logsigmoid(x) if needs(c, 2) else None
+    return tuple(reduce_grad(g, c, i) if g is not None else None for i, g in enumerate((dx, dt, dpw)))
+
+
+BCE_LOGITS = defop("binary_cross_entropy_with_logits", _bce_logits_kernel, grad=_bce_logits_grad, save="inputs",
+                   family="elementwise", shape=elementwise_shape("binary_cross_entropy_with_logits",
+                                                                 _bce_logits_kernel), sbp=elementwise_sbp())
+
+
+def _soft_margin_kernel(x, t):
+    return TF.soft_margin_loss(x, t, reduction="none")
+
+
+def _soft_margin_grad(c, dy):
+    """torch's: ``d/dx = -dy t z / (1 + z)`` with ``z = exp(-t x)`` (NaN where z is infinite, as
+    torch's). torch gives the target no gradient; holoflow's is the same form with x for t."""
+    x, t = c.inputs
+    z = (-t * x).exp()
+    f = z / (1 + z)
+    return (reduce_grad(-dy * t * f, c, 0) if needs(c, 0) else None,
+            reduce_grad(-dy * x * f, c, 1) if needs(c, 1) else None)
+
+
+SOFT_MARGIN = defop("soft_margin_loss", _soft_margin_kernel, grad=_soft_margin_grad, save="inputs",
+                    family="elementwise", shape=elementwise_shape("soft_margin_loss", _soft_margin_kernel),
+                    sbp=elementwise_sbp())
+
+
+def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
+             weight=None) -> Tensor:
+    """Mean squared error ``(input - target)^2``, reduced."""
+    input, target = interpret.composite("mse_loss", input, target)
+    d = input - target
+    return reduce_loss(d * d, _reduction("mse_loss", reduction, size_average, reduce))
+
+
+def l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
+    """Mean absolute error ``|input - target|``, reduced."""
+    input, target = interpret.composite("l1_loss", input, target)
+    return reduce_loss((input - target).abs(), _reduction("l1_loss", reduction, size_average, reduce))
+
+
+def smooth_l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
+                   beta: float = 1.0) -> Tensor:
+    """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (L1 for ``beta == 0``)."""
+    input, target = interpret.composite("smooth_l1_loss", input, target)
+    reduction = _reduction("smooth_l1_loss", reduction, size_average, reduce)
+    if beta < 0:
+        raise RuntimeError(f"holoflow.smooth_l1_loss: beta must be non-negative, got {beta}")
+    d = (input - target).abs()
+    if beta == 0:
+        return reduce_loss(d, reduction)
+    # the quadratic side (also for NaN, as torch's kernel) reads d only where chosen: an infinite d
+    # gives torch's +-1, not 0 * inf
+    inside = ~(d >= beta)
+    dq = E.where(inside, d, 0.0)
+    return reduce_loss(E.where(inside, dq * dq * (0.5 / beta), d - 0.5 * beta), reduction)
+
+
+def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
+    """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)``."""
+    input, target = interpret.composite("huber_loss", input, target)
+    if delta <= 0:
+        raise RuntimeError(f"holoflow.huber_loss: delta must be positive, got {delta}")
+    d = (input - target).abs()
+    inside = ~(d >= delta)   # (as smooth_l1_loss)
+    dq = E.where(inside, d, 0.0)
+    return reduce_loss(E.where(inside, dq * dq * 0.5, (d - 0.5 * delta) * delta), _reduction("huber_loss", reduction))
+
+
+def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average=None,
+                         reduce=None, reduction: str = "mean") -> Tensor:
+    """``-(t log x + (1 - t) log(1 - x))`` for probabilities ``x``, the logs clamped at -100 as
+    torch does; ``weight`` rescales each element."""
+    input, target = interpret.composite("binary_cross_entropy", input, target)
+    _pair("binary_cross_entropy", input, target, same_shape=True)
+    if not interpret.is_lazy() and not input.is_global:  # a value check: eager local tensors only
+        inside = (input >= 0) & (input <= 1)  # NaN is outside too, as in torch
+        if not bool(inside.all()):
+            bad = input.detach()[~inside]
+            raise RuntimeError(f"holoflow.binary_cross_entropy: all elements of input should be between 0 and 1 "
+                               f"(probabilities); {bad.numel()} are not, e.g. {float(bad.reshape(-1)[0])}; for "
+                               f"logits use binary_cross_entropy_with_logits")
+    loss = apply(BCE, input, target)
+    if weight is not None:
+        loss = loss * weight
+    return reduce_loss(loss, _reduction("binary_cross_entropy", reduction, size_average, reduce))
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                                     size_average=None, reduce=None, reduction: str = "mean",
+                                     pos_weight: Tensor | None = None) -> Tensor:
+    """``binary_cross_entropy(sigmoid(input), target)`` computed stably from logits;
+    ``pos_weight`` weighs the positive term (broadcast along the class dim)."""
+    _pair("binary_cross_entropy_with_logits", input, target, same_shape=True)
+    loss = apply(BCE_LOGITS, input, target, pos_weight)
+    if weight is not None:
+        loss = loss * weight
+    return reduce_loss(loss, _reduction("binary_cross_entropy_with_logits", reduction, size_average, reduce))
+
+
+def kl_div(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
+           log_target: bool = False) -> Tensor:
+    """``target * (log target - input)`` with ``input`` log-probabilities (``target`` too when
+    ``log_target``); reduction 'batchmean' divides the sum by the batch size."""
+    input, target = interpret.composite("kl_div", input, target)
+    if reduction == "batchmean":
+        red = "batchmean"
+    else:
+        red = _reduction("kl_div", reduction, size_average, reduce)
+    if log_target:
+        loss = target.exp() * (target - input)
+    else:
+        loss = E.xlogy(target, target) - target * input
+    if red == "batchmean":
+        total = reduce_loss(loss, "sum")
+        return total / input.shape[0] if input.dim() else total
+    return reduce_loss(loss, red)
+
+
+def soft_margin_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    """``log(1 + exp(-target * input))``."""
+    input, target = interpret.composite("soft_margin_loss", input, target)
+    return reduce_loss(apply(SOFT_MARGIN, input, target), _reduction("soft_margin_loss", reduction))
+
+
+__all__ = ["mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+           "binary_cross_entropy_with_logits", "kl_div", "soft_margin_loss"]
