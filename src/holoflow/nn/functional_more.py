@@ -322,7 +322,8 @@ def multi_margin_loss(input: Tensor, target: Tensor, p: int = 1, margin: float =
         raise HoloflowError(f"holoflow.multi_margin_loss: inconsistent weight size, expected {c} but got "
                             f"{tuple(weight.shape)}")
     idx = t.unsqueeze(1)
-    z = (x - x.gather(1, idx) + margin).clamp_min(0.0)
+    z = x - x.gather(1, idx) + margin
+    z = E.where(z > 0, z, 0.0)   # (torch's kernel adds only positive terms: a NaN one is skipped)
     if p == 2:
         z = z * z
     if weight is not None:
@@ -358,7 +359,8 @@ def multilabel_margin_loss(input: Tensor, target: Tensor, size_average=None, red
             raise HoloflowError(f"holoflow.multilabel_margin_loss: target index out of range [-1, {c})")
     tc = t.clamp_min(0)
     is_target = (one_hot(tc, c) * valid.long().unsqueeze(-1)).sum(1) > 0      # (N, C): class i is a target
-    z = (x.unsqueeze(1) - x.gather(1, tc).unsqueeze(2) + 1.0).clamp_min(0.0)   # (N, j, i)
+    z = x.unsqueeze(1) - x.gather(1, tc).unsqueeze(2) + 1.0   # (N, j, i)
+    z = E.where(z > 0, z, 0.0)   # (torch's kernel adds only positive terms: a NaN one is skipped)
     z = z.masked_fill(~(valid.unsqueeze(2) & ~is_target.unsqueeze(1)), 0.0)
     loss = z.sum((1, 2)) / c
     if red == "none" and nd < 2:
