@@ -106,3 +106,22 @@ def test_a_scale_requiring_grad_is_refused_as_torch_refuses_it(per_channel):
         call(flow)
     with flow.no_grad():   # (no graph: nothing to refuse)
         assert call(flow).shape == (4,)
+
+
+@pytest.mark.parametrize("overload", ["numbers", "tensor_qparams", "per_channel"])
+def test_dtype_under_cpu_autocast_is_torchs(overload):
+    """torch's CPU autocast lists the number-scale overload as float32 (a bfloat16 input comes out
+    float32); the tensor-qparams and per-channel forms stay in the input's dtype."""
+    def call(lib):
+        x = lib.ones(4, 3, dtype=lib.bfloat16)
+        if overload == "numbers":
+            return lib.fake_quantize_per_tensor_affine(x, 0.1, 0, 0, 255)
+        if overload == "tensor_qparams":
+            return lib.fake_quantize_per_tensor_affine(x, lib.tensor(0.1), lib.tensor(0), 0, 255)
+        return lib.fake_quantize_per_channel_affine(x, lib.ones(3), lib.zeros(3, dtype=lib.int32), 1, 0, 255)
+    with torch.autocast("cpu", torch.bfloat16):
+        want = call(torch)
+    with flow.autocast("cpu", flow.bfloat16):
+        got = call(flow)
+    assert got.to_torch().dtype == want.dtype
+    torch.testing.assert_close(got.to_torch(), want)

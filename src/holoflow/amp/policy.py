@@ -37,6 +37,7 @@ addmv addr mv chain_matmul linalg_multi_dot lstm_cell gru_cell rnn_tanh_cell rnn
 
 _CPU_FP32 = """
 avg_pool3d binary_cross_entropy grid_sampler polar prod quantile nanquantile stft cdist trace
+fake_quantize_per_tensor_affine
 view_as_complex cholesky cholesky_inverse cholesky_solve inverse lu_solve orgqr ormqr pinverse
 max_pool3d max_unpool2d max_unpool3d adaptive_avg_pool3d reflection_pad1d reflection_pad2d
 replication_pad1d replication_pad2d replication_pad3d mse_loss cosine_embedding_loss nll_loss

@@ -75,8 +75,13 @@ def _per_channel_sbp(metas, attrs):
     return sigs
 
 
+# two ops for torch's two overloads: autocast casts the one with a number scale to float32 on the
+# CPU (its list names that overload), the one with tensor qparams runs in the input's dtype
 FAKE_QUANT = defop("fake_quantize_per_tensor_affine", _per_tensor_kernel, grad=_straight_through, save="output",
                    saved_outputs=(1,), outputs=("out", "mask"), grad_reads=(0,), shape=_shape, sbp=_per_tensor_sbp)
+FAKE_QUANT_T = defop("fake_quantize_per_tensor_affine_tensor_qparams", _per_tensor_kernel, grad=_straight_through,
+                     save="output", saved_outputs=(1,), outputs=("out", "mask"), grad_reads=(0,), shape=_shape,
+                     sbp=_per_tensor_sbp)
 FAKE_QUANT_CHANNEL = defop("fake_quantize_per_channel_affine", _per_channel_kernel, grad=_straight_through,
                            save="output", saved_outputs=(1,), outputs=("out", "mask"), grad_reads=(0,), shape=_shape,
                            sbp=_per_channel_sbp)
@@ -95,7 +100,7 @@ def fake_quantize_per_tensor_affine(input: Tensor, scale: float | Tensor, zero_p
                         f"both be numbers, got {type(scale).__name__} and {type(zero_point).__name__}")
     if isinstance(scale, Tensor):
         _no_grad_qparams("fake_quantize_per_tensor_affine", scale, zero_point)
-        return apply(FAKE_QUANT, input, scale, zero_point, quant_min=int(quant_min), quant_max=int(quant_max)).out
+        return apply(FAKE_QUANT_T, input, scale, zero_point, quant_min=int(quant_min), quant_max=int(quant_max)).out
     return apply(FAKE_QUANT, input, float(scale), int(zero_point), quant_min=int(quant_min),
                  quant_max=int(quant_max)).out
 
