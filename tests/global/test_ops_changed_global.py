@@ -57,3 +57,30 @@ def test_reworked_functions_on_global_tensors_match_one_process(name, sbp):
     for got, grad in world.simulate(2, run):
         torch.testing.assert_close(got, want.detach())
         torch.testing.assert_close(grad, x.grad)
+
+
+@pytest.mark.parametrize("cast", ["bfloat16", "double", "T.bfloat16", "float", "to-cpu"])
+@pytest.mark.parametrize("sbp", [B, S(0), S(1)], ids=["B", "S0", "S1"])
+def test_in_place_write_into_a_cast_of_a_global_tensor(cast, sbp):
+    """``x.bfloat16().div_(2)`` on a split global tensor was refused ("the view chain ['to'] does
+    not view a tensor ... its write would be lost"): the cast is a copy (as torch's), written in
+    place alone; a cast to the same dtype or device is x itself, and the write reaches x."""
+    def apply_cast(t):
+        if cast == "T.bfloat16":
+            return t.T.bfloat16()
+        if cast == "to-cpu":
+            return t.to("cpu")
+        return getattr(t, cast)()
+    x = X.clone().float()
+    want_y = apply_cast(x)
+    want_y.div_(2)
+
+    def run(rank):
+        place = flow.placement("cpu", [0, 1])
+        g = flow.from_torch(X.clone().float()).to_global(placement=place, sbp=[B]).to_global(sbp=[sbp])
+        y = apply_cast(g)
+        y.div_(2)
+        return (g.to_global(sbp=[B]).to_local().to_torch(), y.to_global(sbp=[B]).to_local().to_torch())
+    for got_x, got_y in world.simulate(2, run):
+        torch.testing.assert_close(got_x, x)
+        torch.testing.assert_close(got_y, want_y)

@@ -281,12 +281,18 @@ def _logical_outs(op: Op, x: Tensor, attrs: dict) -> list | None:
     as torch answers it: run on a meta tensor of ``x``'s logical layout (:func:`_logical_meta`);
     None where the meta kernel refuses the attrs."""
     m = _logical_meta(x)
+    # device attrs name the meta device (a meta tensor cannot move to a real one); one naming
+    # another device than the shard's is a move, which copies
+    dev = x._data.device
+    moves = any(isinstance(v, torch.device) and (v.type != dev.type or v.index not in (None, dev.index))
+                for v in attrs.values())
+    on_meta = {k: (m.device if isinstance(v, torch.device) else v) for k, v in attrs.items()}
     try:
-        out = op.kernel(m, **attrs)
+        out = op.kernel(m, **on_meta)
     except Exception:
         return None
     outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-    return [(o, aliases(o, m)) if isinstance(o, torch.Tensor) else (None, False) for o in outs]
+    return [(o, not moves and aliases(o, m)) if isinstance(o, torch.Tensor) else (None, False) for o in outs]
 
 
 def _absent_apply(op: Op, inputs: tuple, attrs: dict, metas: list, sig: tuple, logical, place, key=None):
