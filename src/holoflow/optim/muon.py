@@ -49,8 +49,7 @@ def zeropower_via_newtonschulz(grad: Any, ns_coefficients: tuple[float, float, f
     x = grad.bfloat16()
     if tall:
         x = x.T
-    # (torch divides in place; out of place runs the same kernel, and holoflow cannot yet write
-    # in place into the cast of a split global tensor: view_scatter of a 'to' chain)
+    # (torch divides in place; out of place runs the same kernel)
     x = x / x.norm().clamp(min=eps)
     for _ in range(ns_steps):
         gram = x @ x.T
