@@ -9,21 +9,22 @@ from typing import Any
 import torch
 
 from ..core.tensor import Tensor
-from ..ops.creation import empty
+from ..ops.creation import empty, eye
+from ..ops.linalg import cholesky_inverse
+from ..ops.linalg_more import solve_triangular
+from ..ops.more_ops import cholesky
 from . import constraints
 from .base import Distribution, broadcast_all
 
 __all__ = ["MultivariateNormal"]
 
 
-def _cholesky(A: Tensor) -> Tensor:
-    from ..ops.more_ops import cholesky
-    return cholesky(A)
-
-
-def _inv(A: Tensor) -> Tensor:
-    from ..ops.more_ops import inv
-    return inv(A)
+def _precision_to_scale_tril(P: Tensor) -> Tensor:
+    """torch's inverse-free factor of ``P^-1``: the Cholesky factor of ``P`` flipped on both axes,
+    flipped back and transposed, then inverted as a triangular solve against the identity."""
+    Lf = cholesky(P.flip(-2, -1))
+    L_inv = Lf.flip(-2, -1).transpose(-2, -1)
+    return solve_triangular(L_inv, eye(P.shape[-1], dtype=P.dtype, device=P.device), upper=False)
 
 
 class MultivariateNormal(Distribution):
@@ -65,9 +66,9 @@ class MultivariateNormal(Distribution):
         if scale_tril is not None:   # the factor is taken after the checks, as torch's
             self._unbroadcasted_scale_tril = scale_tril
         elif covariance_matrix is not None:
-            self._unbroadcasted_scale_tril = _cholesky(covariance_matrix)
+            self._unbroadcasted_scale_tril = cholesky(covariance_matrix)
         else:
-            self._unbroadcasted_scale_tril = _cholesky(_inv(precision_matrix))
+            self._unbroadcasted_scale_tril = _precision_to_scale_tril(precision_matrix)
 
     def expand(self, batch_shape: Any, _instance: Any = None) -> "MultivariateNormal":
         new = self._get_checked_instance(MultivariateNormal, _instance)
@@ -90,7 +91,7 @@ class MultivariateNormal(Distribution):
         elif name == "covariance_matrix":
             value = (tril @ tril.mT).expand(full)
         elif name == "precision_matrix":
-            value = _inv(tril @ tril.mT).expand(full)
+            value = cholesky_inverse(tril).expand(full)   # (torch's: from the factor)
         else:
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         self.__dict__[name] = value
@@ -118,7 +119,6 @@ class MultivariateNormal(Distribution):
         return self._unbroadcasted_scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
 
     def log_prob(self, value: Any) -> Tensor:
-        from ..ops.linalg_more import solve_triangular
         diff = value - self.loc
         k = self._event_shape[0]
         tril = self._unbroadcasted_scale_tril

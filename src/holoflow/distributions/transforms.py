@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from ..core.dtype import finfo
 from ..core.tensor import Tensor
 from ..nn import functional as F
+from ..ops.creation import full_like
 from . import constraints
 from .independent import sum_rightmost
 
@@ -470,7 +471,6 @@ class AffineTransform(Transform):
         return (y - self.loc) / self.scale
 
     def log_abs_det_jacobian(self, x: Tensor, y: Tensor) -> Tensor:
-        from ..ops.creation import full_like
         shape = tuple(x.shape)
         if isinstance(self.scale, numbers.Real):
             result = full_like(x, math.log(abs(self.scale)))
