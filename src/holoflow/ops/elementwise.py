@@ -55,17 +55,14 @@ def _logit_grad(c, dy):
 
 
 def _sgn_grad(c, dy):
-    """0 for real tensors (as sign); for complex ones torch's ``(dy - s Re(dy conj(s))) / |x|``
-    with ``s = sgn(x)``, 0 where ``x`` is 0."""
+    """0 for real tensors (as sign); for complex ones torch's ``sgn_backward``,
+    ``(dy - s^2 conj(dy)) / (2 |x|)`` with ``s = sgn(x)``, 0 where ``x`` is 0 (selected)."""
     x = _x(c)
     if not x.is_complex():
         return _zeros(c, dy)
     a = x.abs()
-    safe = where(a == 0, 1.0, a)
-    s = x / safe
-    w = dy * apply(CONJ, s)
-    re = (w + apply(CONJ, w)) * 0.5   # Re(w), kept complex
-    return (where(a == 0, 0.0, (dy - s * re) / safe),)
+    s = c.out
+    return (where(a == 0, 0.0, (dy - (s * s) * apply(CONJ, dy)) / (2.0 * a)),)
 
 
 ABS = unary("abs", torch.abs, _abs_grad, "inputs")
@@ -84,10 +81,10 @@ LOG = unary("log", torch.log, lambda c, dy: (dy / _x(c),), "inputs")
 LOG2 = unary("log2", torch.log2, lambda c, dy: (dy / (_x(c) * math.log(2.0)),), "inputs")
 LOG10 = unary("log10", torch.log10, lambda c, dy: (dy / (_x(c) * math.log(10.0)),), "inputs")
 LOG1P = unary("log1p", torch.log1p, lambda c, dy: (dy / (_x(c) + 1),), "inputs")
-SQRT = unary("sqrt", torch.sqrt, lambda c, dy: (dy * 0.5 / c.out,), "output")
+SQRT = unary("sqrt", torch.sqrt, lambda c, dy: (dy / (2 * _conj(c.out)),), "output")   # torch's order
 RSQRT = unary("rsqrt", torch.rsqrt, lambda c, dy: (dy * -0.5 * c.out ** 3,), "output")
-SQUARE = unary("square", torch.square, lambda c, dy: (dy * 2 * _x(c),), "inputs")
-RECIPROCAL = unary("reciprocal", torch.reciprocal, lambda c, dy: (-dy * c.out * c.out,), "output")
+SQUARE = unary("square", torch.square, lambda c, dy: (_pow_scalar_grad(dy, _x(c), 2),), "inputs")  # pow(x, 2)
+RECIPROCAL = unary("reciprocal", torch.reciprocal, lambda c, dy: (-dy * _conj(c.out * c.out),), "output")
 SIN = unary("sin", torch.sin, lambda c, dy: (dy * _x(c).cos(),), "inputs")
 COS = unary("cos", torch.cos, lambda c, dy: (-dy * _x(c).sin(),), "inputs")
 TAN = unary("tan", torch.tan, lambda c, dy: (dy * (1 + c.out * c.out),), "output")
@@ -97,7 +94,8 @@ ATAN = unary("atan", torch.atan, lambda c, dy: (dy / (1 + _x(c) ** 2),), "inputs
 SINH = unary("sinh", torch.sinh, lambda c, dy: (dy * _x(c).cosh(),), "inputs")
 COSH = unary("cosh", torch.cosh, lambda c, dy: (dy * _x(c).sinh(),), "inputs")
 TANH = unary("tanh", torch.tanh, lambda c, dy: (dy * (1 - c.out * c.out),), "output")
-SIGMOID = unary("sigmoid", torch.sigmoid, lambda c, dy: (dy * c.out * (1 - c.out),), "output")
+SIGMOID = unary("sigmoid", torch.sigmoid, lambda c, dy: (  # torch's kernel: conj((1 - y) y) for complex y
+    dy * _conj((1 - c.out) * c.out) if c.out.is_complex() else dy * c.out * (1 - c.out),), "output")
 ERF = unary("erf", torch.erf,
             lambda c, dy: (dy * (2 / math.sqrt(math.pi)) * (-_x(c) * _x(c)).exp(),), "inputs")
 ERFINV = unary("erfinv", torch.erfinv,
@@ -113,11 +111,11 @@ def _acosh_grad(c, dy):
 
 ACOSH = unary("acosh", torch.acosh, _acosh_grad, "inputs")
 ASINH = unary("asinh", torch.asinh, lambda c, dy: (dy * (_x(c) ** 2 + 1).rsqrt(),), "inputs")
-ATANH = unary("atanh", torch.atanh, lambda c, dy: (dy / (1 - _x(c) ** 2),), "inputs")
+ATANH = unary("atanh", torch.atanh, lambda c, dy: (dy * 1 / _conj(1 - _x(c) ** 2),), "inputs")  # torch's order
 DEG2RAD = unary("deg2rad", torch.deg2rad, lambda c, dy: (dy * (math.pi / 180),), partial=("P",))
 RAD2DEG = unary("rad2deg", torch.rad2deg, lambda c, dy: (dy * (180 / math.pi),), partial=("P",))
 LOGIT = unary("logit", lambda x, eps=None: torch.logit(x, eps), _logit_grad, "inputs")
-SGN = unary("sgn", torch.sgn, _sgn_grad, "inputs")
+SGN = unary("sgn", torch.sgn, _sgn_grad, "both")
 SIGNBIT = unary("signbit", torch.signbit)
 ISNEGINF = unary("isneginf", torch.isneginf)
 ISPOSINF = unary("isposinf", torch.isposinf)
@@ -134,8 +132,10 @@ CLAMP = unary("clamp", lambda x, min=None, max=None: torch.clamp(x, min, max),  
 
 
 # complex inputs: these rules are written as dy * f'(z); torch wants dy * conj(f'(z))
-for _op in (EXP, EXP2, EXPM1, LOG, LOG2, LOG10, LOG1P, SQRT, RSQRT, SQUARE, RECIPROCAL, SIN, COS, TAN, ASIN,
-            ACOS, ATAN, SINH, COSH, TANH, SIGMOID, ACOSH, ASINH, ATANH):
+# (sqrt, square, reciprocal, sigmoid and atanh conjugate as torch's formulas do: where the conjugate
+# sits decides which parts of an infinite product are NaN)
+for _op in (EXP, EXP2, EXPM1, LOG, LOG2, LOG10, LOG1P, RSQRT, SIN, COS, TAN, ASIN,
+            ACOS, ATAN, SINH, COSH, TANH, ACOSH, ASINH):
     holomorphic(_op)
 
 
@@ -171,31 +171,50 @@ def _div_grad(c, dy):
     if c.rounding_mode is not None:
         return (reduce_grad(dy * 0, c, 0) if needs(c, 0) else None,
                 reduce_grad(dy * 0, c, 1) if needs(c, 1) else None)
-    ga = dy / _conj(b)
-    return (reduce_grad(ga, c, 0) if needs(c, 0) else None,
-            reduce_grad(-ga * _conj(a / b), c, 1) if needs(c, 1) else None)
+    return (reduce_grad(dy / _conj(b), c, 0) if needs(c, 0) else None,     # torch's order
+            reduce_grad(-dy * _conj((a / b) / b), c, 1) if needs(c, 1) else None)
+
+
+def _pow_scalar_grad(dy, a, b):
+    """torch's ``pow_backward`` for a number exponent: ``dy * conj(b a^(b-1))``, zeros at ``b = 0``."""
+    if b == 0:
+        return apply(ZEROS_LIKE, a)
+    return dy * _conj(b * a ** (b - 1))
 
 
 def _pow_grad(c, dy):
-    """torch's rules: the base's gradient is 0 where the exponent is 0 (selected: 0 ** -1 is inf),
-    the exponent's is 0 where the base is 0 and the exponent's real part >= 0 (``0 * log 0``)."""
+    """torch's ``pow_backward_self`` / ``pow_backward_exponent``: the base's gradient is
+    ``dy * conj(b a^(b-1))``, 0 where the exponent is 0 (selected: 0 ** -1 is inf); the exponent's
+    is ``dy * conj(a^b log a)`` (the log in the result's dtype), 0 where the base is 0 and the
+    exponent is real and >= 0 (``0 * log 0``)."""
     a, b = c.inputs
     ga = gb = None
     if needs(c, 0):
         if isinstance(b, Tensor):
-            ga = where(b == 0, 0.0, dy * b * a ** (b - 1))
+            ga = where(b == 0, 0.0, dy * _conj(b * a ** (b - 1)))
         else:
-            ga = dy * b * a ** (b - 1) if b != 0 else apply(ZEROS_LIKE, dy)
+            ga = _pow_scalar_grad(dy, a, b)
         ga = reduce_grad(ga, c, 0)
     if needs(c, 1):
         out = a ** b
-        nonneg = (b.real if b._data.is_complex() else b) >= 0
-        if isinstance(a, Tensor):
-            gb = dy * where((a == 0) & nonneg, 0.0, out * a.log())
-        elif a == 0:
-            gb = dy * where(nonneg, 0.0, out * float("-inf"))
+        if b._data.is_complex():
+            nonneg = (b.imag == 0) & (b.real >= 0)
         else:
-            gb = dy * out * (cmath.log(a) if isinstance(a, complex) or a < 0 else math.log(a))
+            nonneg = b >= 0
+        if isinstance(a, Tensor):
+            a = a if a._data.dtype == out._data.dtype else a.to(out._data.dtype)
+            gb = dy * where((a == 0) & nonneg, 0.0, _conj(out * a.log()))
+        else:
+            if a == 0:   # (c10's Scalar log: -inf, complex -inf + 0j)
+                log_a = complex(-math.inf, 0.0) if out._data.is_complex() else -math.inf
+            elif out._data.is_complex():
+                log_a = cmath.log(a)
+            else:
+                log_a = math.log(a) if a > 0 else math.nan
+            if a == 0:
+                gb = dy * where(nonneg, 0.0, _conj(out * log_a))
+            else:
+                gb = dy * _conj(out * log_a)
         gb = reduce_grad(gb, c, 1)
     return ga, gb
 
@@ -270,7 +289,7 @@ MUL = binary("mul", torch.mul, _mul_grad, "inputs", partial=("PB", "BP", "P-", "
 DIV = binary("div", lambda a, b, rounding_mode=None: torch.div(a, b, rounding_mode=rounding_mode),
              _div_grad, "inputs", partial=lambda attrs: ("PB", "P-") if attrs.get("rounding_mode") is None else (),
              saved_inputs=reads_quotient)
-POW = holomorphic(binary("pow", torch.pow, _pow_grad, "inputs"))
+POW = binary("pow", torch.pow, _pow_grad, "inputs")
 MAXIMUM = binary("maximum", torch.maximum, _minmax_grad(lambda a, b: a > b), "inputs", tensors_only=True,
                  commutative=True)
 MINIMUM = binary("minimum", torch.minimum, _minmax_grad(lambda a, b: a < b), "inputs", tensors_only=True,
@@ -498,7 +517,7 @@ def lerp(input: Tensor, end: Tensor, weight) -> Tensor:
 
 
 def addcmul(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
-    return input + tensor1 * tensor2 * value
+    return input + value * tensor1 * tensor2   # torch's kernel: self + value * t1 * t2, in that order
 
 
 def addcdiv(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
@@ -507,7 +526,7 @@ def addcdiv(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tens
         raise RuntimeError(f"holoflow.addcdiv: integer division with addcdiv is not supported (tensor1 is "
                            f"{tensor1.dtype}, tensor2 {tensor2.dtype}, as torch); use a floating point "
                            f"tensor1 or tensor2")
-    return input + tensor1 / tensor2 * value
+    return input + value * tensor1 / tensor2   # (torch's kernel's order)
 
 
 def _float_power_dtype(input, exponent) -> torch.dtype:

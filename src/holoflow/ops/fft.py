@@ -42,15 +42,17 @@ def _r2c_grad(ctx, dy):
 
 
 def _c2r_grad(ctx, dy):
+    """torch's ``fft_c2r_backward``: the half-spectrum transform of ``dy``, with the bins whose
+    conjugate twins irfft read implicitly doubled (only those multiplied: a complex infinity times
+    a weight of one would turn a zero imaginary part into NaN)."""
     g = apply(R2C, dy, dim=ctx.dim, norm=_DUAL[ctx.norm])
     m = g.shape[ctx.dim]
-    doubled = ctx.n - m   # the bins whose conjugate twins irfft read implicitly
+    doubled = ctx.n - m
     if doubled > 0:
-        w = torch.ones(m, dtype=g._data.real.dtype, device=g.device.torch)   # real values in a trace too
-        w[1:1 + doubled] = 2
-        shape = [1] * g.dim()
-        shape[ctx.dim] = m
-        g = g * Tensor._make(w.reshape(shape))
+        parts = [g.narrow(ctx.dim, 0, 1), g.narrow(ctx.dim, 1, doubled) * 2]
+        if 1 + doubled < m:
+            parts.append(g.narrow(ctx.dim, 1 + doubled, m - 1 - doubled))
+        g = cat(parts, ctx.dim)
     return (g,)
 
 

@@ -571,6 +571,8 @@ def inner(input: Tensor, other: Tensor) -> Tensor:
         return input * other
     if input.shape[-1] != other.shape[-1]:
         raise ShapeError(f"holoflow.inner: the last dims of {tuple(input.shape)} and {tuple(other.shape)} differ")
+    if input.dim() == other.dim() == 2:   # torch's tensordot: one mm (its summation order with inf/NaN)
+        return matmul(input, other.mT)
     return apply(EINSUM, input, other, equation=_inner_eq(input.dim(), other.dim()))
 
 

@@ -29,6 +29,7 @@ from . import elementwise as E
 from .creation import full_like
 from .family import CAST, elementwise_sbp, holomorphic, like_first_input
 from .more_ops import kthvalue, median
+from ..core.errors import UnsupportedError
 
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "aminmax",
            "var", "std", "var_mean", "std_mean", "logsumexp", "norm", "all", "any",
@@ -308,12 +309,12 @@ def _var_grad(c, dy):
         n *= c.shapes[0][d]
     mu = apply(MEAN, x, dim=dims, keepdim=True, dtype=None, count=n)
     scale = 2.0 / (n - c.correction) if n != c.correction else float("inf")
-    return (_back(c, dy) * (x - mu) * scale,)
+    return ((_back(c, dy) * scale) * (x - mu),)   # torch's order: (2 / dof) * dy first (complex x: inf * 0j)
 
 
 def _logsumexp_grad(c, dy):
     x = c.inputs[0]
-    return (_back(c, dy) * (x - _back(c, c.out)).exp(),)
+    return (_back(c, dy) * E._conj((x - _back(c, c.out)).exp()),)   # torch: dy * conj(exp(x - out))
 
 
 def _norm_kernel(x, ord, dim, keepdim, dtype):  # noqa: A002
@@ -552,7 +553,6 @@ def norm(input: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) ->
                 out = out.unsqueeze(d)
         return out if dtype is None else out.to(dtype)
     if isinstance(p, str):
-        from ..core.errors import UnsupportedError
         raise UnsupportedError(f"holoflow.norm: p={p!r} is not supported; use p='fro', 'nuc', a number, inf or -inf")
     return vector_norm(input, p, dim, keepdim, dtype=dtype)
 
