@@ -15,6 +15,7 @@ from .anomaly_mode import detect_anomaly, set_detect_anomaly
 from .engine_switches import is_multithreading_enabled, is_view_replay_enabled, set_multithreading_enabled
 from .function import Function, FunctionCtx
 from .variable import Variable
+from ..ops.shape import stack
 
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "no_grad", "enable_grad",
            "set_grad_enabled", "inference_mode", "functional", "profiler", "graph", "detect_anomaly",
@@ -127,7 +128,6 @@ def _batched_grad(outputs, inputs, grad_outputs, retain, create_graph, allow_unu
     if len(sizes) != 1:
         raise RuntimeError(f"holoflow.autograd.grad: is_grads_batched=True needs the same batch size "
                            f"in every grad_output, got {sorted(sizes)}")
-    from ..ops.shape import stack
     (n,) = sizes
     per = [_grad_once(outputs, inputs, [g[b] for g in gos], True if b < n - 1 else retain, create_graph,
                       allow_unused, materialize_grads) for b in range(n)]

@@ -39,6 +39,7 @@ from .zero import shard_parameter
 from . import pipeline
 from .pipeline_run import PipelineCompiled
 from .passes.stages import implicit_placements, is_move, tag_update_nodes
+from ..nn import Module
 
 
 LOG = logging.getLogger("holoflow.graph")
@@ -147,7 +148,6 @@ class Graph:
 
     # -- definition ----------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
-        from ..nn import Module
         if isinstance(value, Module):
             self._modules[name] = value
             pipeline.attach_configs(self, name, value)   # OneFlow's module.config (set_stage, ...)

@@ -60,7 +60,6 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     else:
         out = apply(DROPOUT, input, p=float(p)).out
     if inplace:
-        from ..core.dispatch import assign
         return assign(input, out, "dropout")
     return out
 

@@ -17,7 +17,7 @@ from ..core import grad_mode
 from ..core.dispatch import apply, check_inplace_target
 from ..core.errors import ShapeError, UnsupportedError, int_sizes, normalize_dim
 from ..core.interpret import is_lazy
-from ..core.registry import Meta
+from ..core.registry import REGISTRY, Meta
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from .family import CAST, EXPAND, SUM_TO, defop, tensor_metas
@@ -490,7 +490,6 @@ def _grad_to_dtype(g: Tensor, dtype: torch.dtype) -> Tensor:
     if g._data.dtype == dtype or not (dtype.is_floating_point or dtype.is_complex):
         return g
     if g._data.is_complex() and not dtype.is_complex:
-        from ..core.registry import REGISTRY
         g = apply(REGISTRY["real"], g)
     return g if g._data.dtype == dtype else apply(CAST, g, dtype=dtype)
 

@@ -19,6 +19,7 @@ from ..module import Module
 from ..parameter import Parameter
 from .loss import _Loss
 from .norm import _BatchNorm
+from ...distributed import env, world
 
 __all__ = ["EmbeddingBag", "MaxPool3d", "AvgPool3d", "AdaptiveAvgPool3d", "Fold", "Unfold", "CTCLoss",
            "SyncBatchNorm", "DataParallel"]
@@ -181,7 +182,6 @@ class CTCLoss(_Loss):
 
 def _world_size() -> int:
     """Ranks in this run: simulated ranks (threads) or processes (torchrun's variables)."""
-    from ...distributed import env, world
     sim = world._LOCAL.comm
     return int(getattr(sim, "world_size", 1)) if sim is not None else env.get_world_size()
 

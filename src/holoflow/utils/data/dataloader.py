@@ -19,6 +19,7 @@ from ._worker import ExceptionWrapper, Fetcher, IterableEnd, Packed, worker_loop
 from .collate import default_collate, default_convert
 from .dataset import Dataset, IterableDataset, torch_generator
 from .sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from ...core.tensor import Tensor
 
 __all__ = ["DataLoader"]
 
@@ -132,7 +133,6 @@ class DataLoader:
 
 
 def _pin(data):
-    from ...core.tensor import Tensor
     if torch.cuda.is_available():
         if isinstance(data, Tensor) and data.is_local:
             return Tensor._make(data._data.pin_memory())
