@@ -20,7 +20,7 @@ import torch
 from ..core import dtype as _dtype
 from ..core import grad_mode, interpret
 from ..core.dispatch import apply
-from ..core.errors import ArgValueError, DTypeError, ShapeError, normalize_dim
+from ..core.errors import ArgValueError, DTypeError, ShapeError, UnsupportedError, normalize_dim
 from ..core.interpret import is_lazy
 from ..core.registry import defop
 from ..core.sbp import B, P, S
@@ -29,7 +29,6 @@ from . import elementwise as E
 from .creation import full_like
 from .family import CAST, elementwise_sbp, holomorphic, like_first_input
 from .more_ops import kthvalue, median
-from ..core.errors import UnsupportedError
 
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "aminmax",
            "var", "std", "var_mean", "std_mean", "logsumexp", "norm", "all", "any",
