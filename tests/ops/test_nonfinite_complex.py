@@ -20,7 +20,8 @@ irfft / hfft / irfftn: torch doubles only the twinned bins (narrow(...) * 2); th
 inner (2-d): an einsum's summation order (-inf + NaN j where torch's mm gives NaN); now torch's tensordot, one mm.
 Left (see LEFT): addcmul / addcdiv values (torch's fused kernel; a composite differs at infinities), mm's
 gradient for a transposed (column-major) operand (torch picks its BLAS call by the operand's strides),
-cumprod's gradient for an infinite seed, and sinc / diff / trapezoid (not in ops/elementwise: to do).
+cumprod's gradient for an infinite seed, and diff / trapezoid with non-finite seeds (composites in
+ops/more_ops.py / extra_ops.py: to do). sinc: torch's zero test is on pi x^2 (0 for tiny x: NaN before).
 Matched already: the rest of test_unary_dtypes' NAMES, abs, angle, real / imag / conj, view_as_real /
 view_as_complex, complex, polar, add / sub / mul (alpha, scalars), matmul / mv / dot / vdot / outer,
 vector norms of every order (zero vector included), fft / ifft / fftn / rfft / ihfft / fft2 / rfftn.
@@ -46,7 +47,7 @@ ROWS = torch.tensor([[1 + 1j, 2 - 1j, 0j], [0j, 0j, 0j], [complex(INF, 0), 1j, 1
                      [complex(INF, INF), 1, 1]], dtype=torch.complex128)
 LEGACY = {"DoubleTensor", "FloatTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor", "ShortTensor",
           "CharTensor", "ByteTensor", "BoolTensor"}
-NOT_OURS = {"sinc", "diff", "trapezoid", "trapz", "cumulative_trapezoid"}   # see LEFT
+NOT_OURS = {"diff", "trapezoid", "trapz", "cumulative_trapezoid"}   # see LEFT
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -92,8 +92,9 @@ def _sinc_grad(c, dy):
     / (pi x^2)``, 0 at x = 0."""
     x = c.inputs[0]
     px = x * math.pi
-    d = (px * px.cos() - px.sin()) / (px * x)
-    return (where(x == 0, 0.0, dy * (d.conj() if d.is_complex() else d)),)   # (selected: an infinite dy * 0 is NaN)
+    pxx = px * x   # (torch's zero test is on pi x^2, which underflows for tiny x: 0 there too)
+    d = (px * px.cos() - px.sin()) / pxx
+    return (where(pxx == 0, 0.0, dy * (d.conj() if d.is_complex() else d)),)   # (selected: an infinite dy * 0 is NaN)
 
 
 SINC = unary("sinc", torch.sinc, _sinc_grad, "inputs")
