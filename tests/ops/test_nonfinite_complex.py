@@ -128,6 +128,12 @@ FUNCTIONS = {
     "matmul other": lambda m, x: m.matmul(x.detach().reshape(7, 3), x.reshape(7, 3).T),
     "mv": lambda m, x: m.mv(x.reshape(7, 3), x.detach()[:3]), "outer": lambda m, x: m.outer(x, x.detach()),
     "inner": lambda m, x: m.inner(x.reshape(7, 3), x.detach().reshape(7, 3)),
+    "addcmul": lambda m, x: m.addcmul(x, x, _flip(x)), "addcmul value": lambda m, x: m.addcmul(_flip(x), x, x, value=-0.5),
+    "addcmul tensor2": lambda m, x: m.addcmul(x.detach(), _flip(x), x, value=2 - 1j),
+    "addcdiv": lambda m, x: m.addcdiv(x, x, _flip(x)), "addcdiv divisor": lambda m, x: m.addcdiv(_flip(x), _flip(x), x),
+    "addcdiv value": lambda m, x: m.addcdiv(x, _flip(x), x, value=0.5),
+    "addcmul_": lambda m, x: (x * 1).addcmul_(_flip(x), x), "addcdiv_": lambda m, x: (x * 1).addcdiv_(x, _flip(x)),
+    "cumprod": lambda m, x: x.cumprod(0),
 }
 
 
@@ -152,6 +158,8 @@ ROW_FUNCTIONS = {
     "var": lambda m, x: x.var(1), "std": lambda m, x: x.std(1), "logsumexp": lambda m, x: m.logsumexp(x, 1),
     "normalize": lambda m, x: m.nn.functional.normalize(x, dim=1),
     "vecdot": lambda m, x: m.linalg.vecdot(x, x.detach().flip(0)),
+    "cumprod": lambda m, x: x.cumprod(1), "cumprod dim 0": lambda m, x: x.cumprod(0),
+    "cumprod no zero": lambda m, x: x[2:4].cumprod(1),
 }
 
 
@@ -161,13 +169,8 @@ def test_rows_of_complex_special_values(name):
 
 
 LEFT = {   # differences left, with why (xfail strict: fixing one shows up here)
-    "addcmul": (lambda m, x: m.addcmul(x, x, _flip(x)), X, "torch's fused kernel (self + v * t1 * t2 without "
-                                                            "add's alpha product); a composite differs at infinities"),
-    "addcdiv": (lambda m, x: m.addcdiv(x, x, _flip(x)), X, "torch's fused kernel, as addcmul"),
     "mm transposed": (lambda m, x: m.mm(x.detach(), x.T), ROWS, "torch picks the BLAS call of mm's backward by "
                                                                 "the operand's strides (layout-dependent NaN/inf)"),
-    "cumprod": (lambda m, x: x.cumprod(1), ROWS, "cumprod's backward for an infinite seed (torch's "
-                                                 "cumprod_backward formula not ported)"),
 }
 
 

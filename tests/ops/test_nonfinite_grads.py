@@ -45,6 +45,9 @@ TWO = {   # functions of x and a second tensor built from it (ties at 0, NaN on 
     "lerp": lambda m, x: m.lerp(x, x.detach().flip(0), 0.75),
     "where": lambda m, x: m.where(x > 1, m.zeros_like(x), x),
     "masked_fill": lambda m, x: x.masked_fill(x > 1, 0.0),
+    "addcmul": lambda m, x: m.addcmul(x, x, x.detach().flip(0)), "addcmul t2": lambda m, x: m.addcmul(x.detach().flip(0), x, x, value=-0.5),
+    "addcdiv": lambda m, x: m.addcdiv(x, x, x.detach().flip(0)), "addcdiv t2": lambda m, x: m.addcdiv(x.detach().flip(0), x, x, value=2),
+    "addcdiv divisor": lambda m, x: m.addcdiv(x.detach(), x.detach().flip(0), x),
 }
 
 
@@ -143,6 +146,8 @@ REDUCTIONS = {
     "softmax": lambda m, x: m.softmax(x, 1), "log_softmax": lambda m, x: m.log_softmax(x, 1),
     "std": lambda m, x: x.std(1), "std-all": lambda m, x: x[8].std(), "var": lambda m, x: x.var(1),
     "std_mean": lambda m, x: m.std_mean(x, 1)[0], "cumsum": lambda m, x: x.cumsum(1),
+    "cumprod": lambda m, x: x.cumprod(1), "cumprod dim 0": lambda m, x: x.cumprod(0),
+    "cumprod no zero": lambda m, x: x[3:8].cumprod(1),
     "logcumsumexp": lambda m, x: m.logcumsumexp(x, 1), "nansum": lambda m, x: m.nansum(x, 1),
     "nanmean": lambda m, x: m.nanmean(x, 1), "median": lambda m, x: x.median(1).values,
     "sort": lambda m, x: x.sort(1).values, "topk": lambda m, x: x.topk(2, 1).values,
@@ -169,3 +174,17 @@ def test_reductions_over_rows_of_special_values(name):
         bad = [i for i in range(_ROWS.shape[0]) if not _same(got[i], want[i])]
         assert not bad, f"{name}, seed {fill}: rows {bad}, e.g. {_ROWS[bad[0]].tolist()}: torch {want[bad[0]].tolist()}, " \
                         f"holoflow {got[bad[0]].tolist()}"
+
+
+def test_cumprod_double_backward_with_zeros():
+    """cumprod's gradient with create_graph is torch's differentiable O(n^2) form where a slice
+    holds a zero (the masked O(n) form's derivative is not cumprod's second derivative)."""
+    x0 = torch.tensor([[1.0, 0.0, 2.0, 3.0], [0.0, 2.0, 0.0, 4.0], [1.5, 2.0, 3.0, 4.0]], dtype=torch.float64)
+    v = torch.tensor([[1.0, -2.0, 3.0, 0.5]], dtype=torch.float64).expand(3, 4).contiguous()
+    x, fx = x0.clone().requires_grad_(), flow.from_torch(x0.clone()).requires_grad_()
+    (g,) = torch.autograd.grad(x.cumprod(1), x, v, create_graph=True)
+    (fg,) = flow.autograd.grad(fx.cumprod(1), fx, flow.from_torch(v), create_graph=True)
+    assert torch.allclose(fg.detach().to_torch(), g.detach())
+    (h,) = torch.autograd.grad((g * g).sum(), x)
+    (fh,) = flow.autograd.grad((fg * fg).sum(), fx)
+    assert torch.allclose(fh.to_torch(), h)

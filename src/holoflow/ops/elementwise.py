@@ -516,19 +516,6 @@ def lerp(input: Tensor, end: Tensor, weight) -> Tensor:
     return apply(LERP, input, end, weight)
 
 
-def addcmul(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
-    return input + value * tensor1 * tensor2   # torch's kernel: self + value * t1 * t2, in that order
-
-
-def addcdiv(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
-    """``input + value * tensor1 / tensor2``; as torch, not for two integer tensors."""
-    if not any(t.is_floating_point() or t.is_complex() for t in (tensor1, tensor2)):
-        raise RuntimeError(f"holoflow.addcdiv: integer division with addcdiv is not supported (tensor1 is "
-                           f"{tensor1.dtype}, tensor2 {tensor2.dtype}, as torch); use a floating point "
-                           f"tensor1 or tensor2")
-    return input + value * tensor1 / tensor2   # (torch's kernel's order)
-
-
 def _float_power_dtype(input, exponent) -> torch.dtype:
     """The dtype ``float_power`` computes in: float64, or complex128 if an operand is complex."""
     cplx = any(v.is_complex() if isinstance(v, Tensor) else isinstance(v, complex) for v in (input, exponent))

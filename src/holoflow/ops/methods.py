@@ -10,7 +10,7 @@ from ..core.dtype import from_torch
 from ..core.grad_mode import is_grad_enabled
 from ..core.tensor import Tensor
 from . import elementwise as E
-from .more_ops import fmax, fmin
+from .more_ops import ADDCDIV, ADDCMUL, _addc_args, addcdiv, addcmul, fmax, fmin
 from .random_ops import FILL_
 from .nn_ops import hardshrink   # (nn_ops re-exports ops/nn_extra.py, which imports nn_ops)
 
@@ -133,15 +133,28 @@ def _float_power_(self, exponent):
     return apply_inplace(E.POW, self, E._cast(exponent, dt))
 
 
+def _addcmul_(self, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
+    """``addcmul_``: torch's in-place kernel (the function's checks first)."""
+    _addc_args("addcmul", (self, tensor1, tensor2), value)
+    return apply_inplace(ADDCMUL, self, tensor1, tensor2, value=value)
+
+
+def _addcdiv_(self, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
+    """``addcdiv_``: torch's in-place kernel (integer division refused first, as torch)."""
+    _addc_args("addcdiv", (self, tensor1, tensor2), value)
+    return apply_inplace(ADDCDIV, self, tensor1, tensor2, value=value)
+
+
 for _op in E.UNARY + E.BINARY:
     setattr(Tensor, _op.name, E._FUNCS[_op.name])
     if _op.inplace_kernel is not None:
         setattr(Tensor, _op.name + "_", _inplace(_op))
 for _name in ("add", "sub", "div", "clamp", "clamp_min", "clamp_max", "nan_to_num", "round", "lerp",
-              "addcmul", "addcdiv", "logaddexp", "xlogy", "float_power", "where", "floor_divide",
+              "logaddexp", "xlogy", "float_power", "where", "floor_divide",
               "logit", "positive"):
     setattr(Tensor, _name, getattr(E, _name))
 Tensor.fmax, Tensor.fmin, Tensor.hardshrink = fmax, fmin, hardshrink
+Tensor.addcmul, Tensor.addcdiv = addcmul, addcdiv
 Tensor.add_ = _inplace(E.ADD)
 Tensor.sub_ = _inplace(E.SUB)
 Tensor.div_ = _inplace(E.DIV)
@@ -154,7 +167,8 @@ Tensor.zero_ = lambda self: apply_inplace(FILL_, self, value=0)   # (not a multi
 Tensor.nan_to_num_ = _inplace(E.NAN_TO_NUM)
 Tensor.logit_ = lambda self, eps=None: apply_inplace(E.LOGIT, self, eps=eps)
 Tensor.float_power_ = _float_power_
-for _name in ("lerp", "addcmul", "addcdiv", "xlogy"):
+Tensor.addcmul_, Tensor.addcdiv_ = _addcmul_, _addcdiv_
+for _name in ("lerp", "xlogy"):
     setattr(Tensor, _name + "_", _composite_inplace(getattr(E, _name), _name))
 for _alias, _name in E._ALIASES.items():   # torch's second names, in place too where torch has them
     setattr(Tensor, _alias, getattr(Tensor, _name))

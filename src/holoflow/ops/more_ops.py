@@ -1,7 +1,8 @@
-"""torch functions that were missing: ``fmax``/``fmin``, ``kthvalue``/``median``, ``bincount``,
-``det``/``inverse`` and ``holoflow.linalg``'s ``det``/``inv``/``solve``/``cholesky``; and composites
-of existing ops: ``atleast_1d/2d/3d``, ``column_stack``/``row_stack``/``dstack``, ``combinations``,
-``cumulative_trapezoid``, ``chain_matmul`` and ``pdist`` (their gradients come from the parts).
+"""torch functions that were missing: ``addcmul``/``addcdiv`` (torch's fused kernels), ``fmax``/``fmin``,
+``kthvalue``/``median``, ``bincount``, ``det``/``inverse`` and ``holoflow.linalg``'s
+``det``/``inv``/``solve``/``cholesky``; and composites of existing ops: ``atleast_1d/2d/3d``,
+``column_stack``/``row_stack``/``dstack``, ``combinations``, ``cumulative_trapezoid``, ``chain_matmul``
+and ``pdist`` (their gradients come from the parts).
 
 Each differentiable one is a primitive on its ATen kernel whose backward is ATen's derivative
 (ops/torch_vjp.py), so values and gradients are torch's, ties and NaN rules included. SBP:
@@ -22,11 +23,12 @@ from ..core.errors import DTypeError, ShapeError, UnsupportedError, normalize_di
 from ..core.registry import defop
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
-from .family import elementwise_sbp
+from .elementwise import _conj
+from .family import elementwise_sbp, elementwise_shape, needs, reduce_grad
 from .torch_vjp import defop_vjp
 
-__all__ = ["fmax", "fmin", "kthvalue", "median", "bincount", "det", "inverse", "atleast_1d", "atleast_2d",
-           "atleast_3d", "column_stack", "row_stack", "dstack", "combinations", "cumulative_trapezoid",
+__all__ = ["addcmul", "addcdiv", "fmax", "fmin", "kthvalue", "median", "bincount", "det", "inverse", "atleast_1d",
+           "atleast_2d", "atleast_3d", "column_stack", "row_stack", "dstack", "combinations", "cumulative_trapezoid",
            "chain_matmul", "pdist"]
 
 
@@ -57,6 +59,69 @@ def fmax(input: Tensor, other: Tensor) -> Tensor:
 def fmin(input: Tensor, other: Tensor) -> Tensor:
     """Elementwise minimum that ignores NaN (NaN only where both are NaN), as ``torch.fmin``."""
     return apply(FMIN, *_tensors("fmin", input, other))
+
+
+# -- torch's fused pointwise kernels --------------------------------------------------------------------
+
+def _addcmul_grad(c, dy):
+    """torch's derivatives: ``dy``; ``dy * conj(t2 * value)``; ``dy * conj(t1 * value)`` (the
+    products with ``value`` even when it is 1: a complex infinity times 1 has a NaN part)."""
+    _, t1, t2 = c.inputs
+    return (reduce_grad(dy, c, 0) if needs(c, 0) else None,
+            reduce_grad(dy * _conj(t2 * c.value), c, 1) if needs(c, 1) else None,
+            reduce_grad(dy * _conj(t1 * c.value), c, 2) if needs(c, 2) else None)
+
+
+def _addcdiv_grad(c, dy):
+    """torch's derivatives: ``dy``; ``dy * conj(value / t2)`` (``value`` filled in t2's dtype);
+    ``-dy * conj(value * t1 / (t2 * t2))``."""
+    _, t1, t2 = c.inputs
+    return (reduce_grad(dy, c, 0) if needs(c, 0) else None,
+            reduce_grad(dy * _conj(t2.new_full((), c.value) / t2), c, 1) if needs(c, 1) else None,
+            reduce_grad(-dy * _conj(t1 * c.value / (t2 * t2)), c, 2) if needs(c, 2) else None)
+
+
+def _addcmul_kernel(x, t1, t2, value=1):
+    return torch.addcmul(x, t1, t2, value=value)
+
+
+def _addcdiv_kernel(x, t1, t2, value=1):
+    return torch.addcdiv(x, t1, t2, value=value)
+
+
+# one kernel each (``self + value * t1 * t2`` in torch's order: a composite differed at complex
+# infinities); linear in (input, tensor1) jointly for a fixed tensor2, and addcmul in (input, tensor2)
+ADDCMUL = defop("addcmul", _addcmul_kernel, grad=_addcmul_grad, save="inputs", saved_inputs=(1, 2),
+                family="elementwise", shape=elementwise_shape("addcmul", _addcmul_kernel),
+                sbp=elementwise_sbp(("PPB", "PBP")), inplace_kernel=torch.Tensor.addcmul_)
+ADDCDIV = defop("addcdiv", _addcdiv_kernel, grad=_addcdiv_grad, save="inputs", saved_inputs=(1, 2),
+                family="elementwise", shape=elementwise_shape("addcdiv", _addcdiv_kernel),
+                sbp=elementwise_sbp(("PPB",)), inplace_kernel=torch.Tensor.addcdiv_)
+
+
+def _addc_args(name: str, tensors: tuple, value) -> None:
+    for arg, t in zip(("input", "tensor1", "tensor2"), tensors):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"holoflow.{name}(): argument '{arg}' must be Tensor, not {type(t).__name__}")
+    if isinstance(value, Tensor):
+        raise TypeError(f"holoflow.{name}(): argument 'value' must be a Number, not Tensor")
+    if name == "addcdiv" and not any(t.is_floating_point() or t.is_complex() for t in tensors[1:]):
+        raise RuntimeError(f"holoflow.addcdiv: integer division with addcdiv is not supported (tensor1 is "
+                           f"{tensors[1].dtype}, tensor2 {tensors[2].dtype}, as torch); use a floating point "
+                           f"tensor1 or tensor2")
+
+
+def addcmul(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
+    """``input + value * tensor1 * tensor2`` with broadcasting, torch's kernel (its rounding and
+    special values)."""
+    _addc_args("addcmul", (input, tensor1, tensor2), value)
+    return apply(ADDCMUL, input, tensor1, tensor2, value=value)
+
+
+def addcdiv(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
+    """``input + value * tensor1 / tensor2``, torch's kernel; as torch, not for two integer tensors."""
+    _addc_args("addcdiv", (input, tensor1, tensor2), value)
+    return apply(ADDCDIV, input, tensor1, tensor2, value=value)
 
 
 # -- order statistics along a dim ---------------------------------------------------------------------
@@ -286,7 +351,8 @@ def cumulative_trapezoid(y: Tensor, x: Tensor | None = None, *, dx: float | None
     if x is not None and dx is not None:
         raise RuntimeError("holoflow.cumulative_trapezoid: received both x and dx; pass one of them")
     n = y.shape[d]
-    pairs = y.narrow(d, 1, n - 1) + y.narrow(d, 0, n - 1) if n else y
+    # ATen's order: left + right (a complex add multiplies its second operand by alpha = 1)
+    pairs = y.narrow(d, 0, n - 1) + y.narrow(d, 1, n - 1) if n else y
     if not isinstance(x, Tensor):
         return (pairs * ((1.0 if dx is None else dx) / 2.0)).cumsum(d)
     if x.dim() == 1:
@@ -300,7 +366,7 @@ def cumulative_trapezoid(y: Tensor, x: Tensor | None = None, *, dx: float | None
     if n == 0:
         return y.cumsum(d)
     steps = x.narrow(xd, 1, n - 1) - x.narrow(xd, 0, n - 1)
-    return (steps * pairs).cumsum(d) / 2.0
+    return (pairs * steps).cumsum(d) / 2.0
 
 
 def chain_matmul(*matrices: Tensor) -> Tensor:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import torch
 
 from ..core import dtype as _dtype
+from ..core import grad_mode
 from ..core.dispatch import apply, apply_inplace
 from ..core.errors import normalize_dim
+from ..core.interpret import is_lazy
 from ..core.registry import defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
@@ -17,6 +19,7 @@ from . import elementwise as E
 from .family import CAST, holomorphic
 from .layout import flip
 from .scatter import GATHER_BACKWARD
+from .shape import cat, stack
 
 __all__ = ["cumsum", "cumprod", "cummax", "cummin", "logcumsumexp"]
 
@@ -42,19 +45,59 @@ def _cumsum_grad(c, dy):
 
 
 def _cumprod_grad(c, dy):
-    """Exact with zeros, in O(n): before the first zero, sum_{j>=i} dy_j out_j / x_i; at the first
-    zero k, prod_{m<k} x_m * sum_{j>=k} dy_j prod_{k<m<=j} x_m; after it, 0."""
+    """torch's ``cumprod_backward`` (written for real tensors; holomorphic conjugates around it):
+    ``reversed_cumsum(out * dy) / x`` when the input holds no zero anywhere; otherwise, while
+    backward records (``create_graph``), the O(n^2) sum of omitted products (differentiable: the
+    masked form's derivative is not cumprod's second derivative); else the masked O(n) form. In a
+    trace (values unknown) the zero-safe forms."""
     x, out, d = c.inputs[0], c.out, c.dim
-    zero = x == 0
-    nzeros = apply(CUMSUM, zero, dim=d, dtype=None)
-    upto_first = nzeros == zero     # no zero strictly before this position (bool promotes to 0/1)
-    first = E.logical_and(zero, upto_first)
-    safe = E.where(zero, 1.0, x)
-    before = apply(REVERSE_CUMSUM, dy * out, dim=d) / safe
-    tail = apply(CUMPROD, E.where(upto_first, 1.0, x), dim=d, dtype=None)
-    at_zero = apply(CUMPROD, safe, dim=d, dtype=None) * apply(REVERSE_CUMSUM, dy * tail, dim=d)
-    g = E.where(first, at_zero, E.where(upto_first, before, 0.0))
-    return (_cast_to(g, c.dtypes[0]),)
+    if dy._data.dtype != x._data.dtype:   # (torch: grad.to(self.scalar_type()) first)
+        dy = _cast_to(dy, x._data.dtype)
+    n = x.shape[d] if x.dim() else 1
+    if x.numel() <= 1 or n == 1:
+        return (dy,)
+    if not (is_lazy() or x._data.is_meta) and not bool((x == 0).any()):
+        return (apply(REVERSE_CUMSUM, out * dy, dim=d) / x,)
+    if grad_mode.is_grad_enabled():
+        return (_omitted_products_grad(x, dy, d, n),)
+    return (_first_zero_grad(x, out, dy, d, n),)
+
+
+def _first_zero_grad(x: Tensor, out: Tensor, dy: Tensor, d: int, n: int) -> Tensor:
+    """Per slice: before the first zero z1, reversed_cumsum(w) / x of ``w = out * dy`` masked to
+    [0, z1); at z1, sum over [z1, z2) of dy times the products of x after z1, times out[z1 - 1];
+    after z1, 0 (torch's masks, so its NaN and inf where seeds or inputs are not finite)."""
+    zeros = apply(CUMSUM, x == 0, dim=d, dtype=None)
+    before = zeros == 0
+    w = E.where(before, out * dy, 0.0)
+    g = E.where(before, apply(REVERSE_CUMSUM, w, dim=d) / x, 0.0)
+    one = zeros == 1
+    first_index = one.to(torch.uint8).argmax(d, keepdim=True)
+    first = E.logical_and(x == 0, one)
+    between = E.logical_and(one, E.logical_not(first))
+    prev = out.gather(d, (first_index - 1).clamp(min=0))
+    prev = E.where(first_index == 0, 1.0, prev)
+    at_first = (apply(CUMPROD, E.where(between, x, 1.0), dim=d, dtype=None) * E.where(one, dy, 0.0)).sum(
+        d, keepdim=True) * prev
+    return E.where(first, at_first, g)
+
+
+def _omitted_products_grad(x: Tensor, dy: Tensor, d: int, n: int) -> Tensor:
+    """``dx_k = sum_{j>=k} dy_j prod_{i<=j, i!=k} x_i``, one slice per k (torch's GradMode path)."""
+    ones = dy.new_ones(tuple(1 if a == d else s for a, s in enumerate(x.shape)))
+    slices = []
+    for k in range(n):
+        if k == 0:
+            omitted = cat([ones, apply(CUMPROD, x.narrow(d, 1, n - 1), dim=d, dtype=None)], d)
+        else:
+            until = x.narrow(d, 0, k).prod(d, keepdim=True)
+            if k == n - 1:
+                omitted = until
+            else:
+                after = apply(CUMPROD, x.narrow(d, k + 1, n - k - 1), dim=d, dtype=None)
+                omitted = cat([until, until.expand(tuple(after.shape)) * after], d)
+        slices.append((dy.narrow(d, k, n - k) * omitted).sum(d))
+    return stack(slices, d)
 
 
 def _cumextreme_grad(c, dy, _unused_indices_grad=None):
