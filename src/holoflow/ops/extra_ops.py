@@ -505,8 +505,9 @@ def trapezoid(y: Tensor, x=None, *, dx=None, dim: int = -1) -> Tensor:
         xd = d - y.dim() + x.dim()
     if n == 0:
         return y.sum(d) * 0
-    dxs = diff(x, dim=xd)
-    return (dxs * (y.narrow(d, 1, n - 1) + y.narrow(d, 0, n - 1))).sum(d) / 2
+    dxs = x.narrow(xd, 1, n - 1) - x.narrow(xd, 0, n - 1)
+    # ATen's order: (left + right) * dx (a complex add multiplies its second operand by alpha = 1)
+    return ((y.narrow(d, 0, n - 1) + y.narrow(d, 1, n - 1)) * dxs).sum(d) / 2
 
 
 def trapz(y: Tensor, x=None, *, dx=None, dim: int = -1) -> Tensor:
