@@ -135,13 +135,13 @@ def _float_power_(self, exponent):
 
 def _addcmul_(self, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
     """``addcmul_``: torch's in-place kernel (the function's checks first)."""
-    _addc_args("addcmul", (self, tensor1, tensor2), value)
+    value = _addc_args("addcmul", (self, tensor1, tensor2), value)
     return apply_inplace(ADDCMUL, self, tensor1, tensor2, value=value)
 
 
 def _addcdiv_(self, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
     """``addcdiv_``: torch's in-place kernel (integer division refused first, as torch)."""
-    _addc_args("addcdiv", (self, tensor1, tensor2), value)
+    value = _addc_args("addcdiv", (self, tensor1, tensor2), value)
     return apply_inplace(ADDCDIV, self, tensor1, tensor2, value=value)
 
 

@@ -99,28 +99,32 @@ ADDCDIV = defop("addcdiv", _addcdiv_kernel, grad=_addcdiv_grad, save="inputs", s
                 sbp=elementwise_sbp(("PPB",)), inplace_kernel=torch.Tensor.addcdiv_)
 
 
-def _addc_args(name: str, tensors: tuple, value) -> None:
+def _addc_args(name: str, tensors: tuple, value) -> int | float | complex | bool:
     for arg, t in zip(("input", "tensor1", "tensor2"), tensors):
         if not isinstance(t, Tensor):
             raise TypeError(f"holoflow.{name}(): argument '{arg}' must be Tensor, not {type(t).__name__}")
-    if isinstance(value, Tensor):
-        raise TypeError(f"holoflow.{name}(): argument 'value' must be a Number, not Tensor")
+    if isinstance(value, Tensor):   # (torch takes a one-element tensor as the Scalar)
+        if value.numel() != 1:
+            raise TypeError(f"holoflow.{name}(): argument 'value' must be a Number or a one-element tensor, "
+                            f"got shape {tuple(value.shape)}")
+        value = value.item()
     if name == "addcdiv" and not any(t.is_floating_point() or t.is_complex() for t in tensors[1:]):
         raise RuntimeError(f"holoflow.addcdiv: integer division with addcdiv is not supported (tensor1 is "
                            f"{tensors[1].dtype}, tensor2 {tensors[2].dtype}, as torch); use a floating point "
                            f"tensor1 or tensor2")
+    return value
 
 
 def addcmul(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
     """``input + value * tensor1 * tensor2`` with broadcasting, torch's kernel (its rounding and
     special values)."""
-    _addc_args("addcmul", (input, tensor1, tensor2), value)
+    value = _addc_args("addcmul", (input, tensor1, tensor2), value)
     return apply(ADDCMUL, input, tensor1, tensor2, value=value)
 
 
 def addcdiv(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
     """``input + value * tensor1 / tensor2``, torch's kernel; as torch, not for two integer tensors."""
-    _addc_args("addcdiv", (input, tensor1, tensor2), value)
+    value = _addc_args("addcdiv", (input, tensor1, tensor2), value)
     return apply(ADDCDIV, input, tensor1, tensor2, value=value)
 
 
