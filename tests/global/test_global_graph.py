@@ -418,3 +418,29 @@ def test_a_parameter_returned_under_gradient_accumulation_is_read_after_the_step
         # (x: each rank's ones(4, 4) shard of an (8, 4) batch: d sum(x @ w.T) / dw = 8 per element,
         # each micro-batch's loss scaled by 1/2; lr 1)
         torch.testing.assert_close(live, w0 - 4.0)
+
+
+@pytest.mark.parametrize("sbp", [B, S(0), S(1)], ids=["B", "S0", "S1"])
+def test_a_reshape_that_copies_a_boxed_view_does_not_follow_later_writes(sbp):
+    """``x.unsqueeze(-1).expand(...).reshape(-1)`` copies in torch (no view flattens an expanded
+    tensor); in a global graph the reshape ran on a boxed copy and its output was made a view of
+    the expanded tensor, so a later ``x.relu_()`` reached it (global graph fuzz seed 4053)."""
+    def f(lib, w):
+        p = w.sin()
+        e = p.unsqueeze(-1).expand(8, 8, 2)
+        flat, rows = e.reshape(-1), e[:, :, 0].reshape(-1)   # a copy; a view of p (it stays one)
+        p.relu_()
+        return e.sum(), flat.sum(), rows.sum()
+    x = torch.arange(64.0).reshape(8, 8).sub(30).div(10)
+    want = [t.item() for t in f(torch, x.clone())]
+
+    def run(rank):
+        place = flow.placement("cpu", [0, 1])
+        w = flow.from_torch(x.clone()).to_global(placement=place, sbp=[B]).to_global(sbp=[sbp])
+
+        class G(flow.nn.Graph):
+            def build(self):
+                return f(flow, w)
+        return [o.to_global(sbp=[B]).to_local().item() for o in G()()]
+    for got in world.simulate(2, run):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-5)

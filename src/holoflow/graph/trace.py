@@ -103,6 +103,17 @@ def _meta_key(op: Op, metas: list, attrs: dict):
     return None if a is None else (op.name, tuple(parts), a)
 
 
+def _logical_views(op: Op, x: torch.Tensor, rest: list, attrs: dict) -> tuple | None:
+    """Per output of view op ``op``, whether torch's kernel on ``x`` (a meta tensor with the
+    logical strides) returns a view of it; None where the meta kernel refuses."""
+    try:
+        out = op.kernel(x, *[r._data if isinstance(r, Tensor) else r for r in rest],
+                        **{k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})
+    except Exception:
+        return None
+    return tuple(aliases(o, x) for o in ((out,) if isinstance(out, torch.Tensor) else out))
+
+
 def _meta_outputs(op: Op, metas: list, attrs: dict):
     """``op``'s kernel on meta tensors (its outputs' shapes, strides and dtypes), run once per
     key: meta kernels written in Python (torch's refs and decompositions: layer_norm's backward
@@ -333,11 +344,17 @@ class Tracer(Interpreter):
         res = self._record(op, tuple(boxed), attrs, (place, sig))
         if op.view and boxed[0] is not inputs[0]:
             # a view of the boxed copy is still a view of the tensor it was taken from: writes
-            # through it reach that tensor (its view_scatter boxes again), as in eager
+            # through it reach that tensor (its view_scatter boxes again), as in eager; but only
+            # where torch's kernel views the tensor itself (its logical strides): a reshape of an
+            # expanded tensor copies, and a later write into the tensor must not reach the copy
             outs = (res,) if isinstance(res, Tensor) else tuple(res)
+            logical = _logical_views(op, self.meta_of(inputs[0]), boxed[1:], attrs)
             for i, o in enumerate(outs):
                 if o._view is not None:
-                    make_view(o, inputs[0], op, attrs, None if isinstance(res, Tensor) else i)
+                    if logical is not None and not logical[i]:
+                        o._view = None
+                    else:
+                        make_view(o, inputs[0], op, attrs, None if isinstance(res, Tensor) else i)
         return res
 
     def _gather_zero3(self, p: Tensor) -> Tensor:
