@@ -6,7 +6,6 @@ FisherSnedecor) against torch.distributions: shapes and flags, log_prob/entropy 
 their gradients w.r.t. the parameters, the moments, cdf/icdf, samples and rsamples (values and
 gradients) under one seed, expand, and the ValueError of a bad parameter or sample."""
 import math
-import warnings
 
 import pytest
 import torch
@@ -15,51 +14,12 @@ import holoflow as flow
 from holoflow import distributions as FD
 from torch import distributions as TD
 
-F64 = torch.float64
+from lib.dist_checks import F64, both as _both, close as _close, ft as _ft, grads_close as _grads_close
+from lib.dist_checks import params as _params, tt as _tt
 
-
-def _tt(a):
-    return torch.tensor(a, dtype=F64)
-
-
-def _ft(a):
-    return flow.from_torch(torch.tensor(a, dtype=F64))
 
 
 LIB = {TD: _tt, FD: _ft}
-
-
-def _params(arrays):
-    ts = [torch.tensor(a, dtype=F64, requires_grad=True) for a in arrays]
-    fs = [flow.from_torch(t.detach().clone()).requires_grad_() for t in ts]
-    return ts, fs
-
-
-def _close(got, want, what):
-    got = got.to_torch() if isinstance(got, flow.Tensor) else got
-    want = want.detach() if isinstance(want, torch.Tensor) else want
-    assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)} vs torch {tuple(want.shape)}"
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} vs torch {want.dtype}"
-    torch.testing.assert_close(got.detach(), want, equal_nan=True, msg=lambda m: f"{what}: {m}")
-
-
-def _grads_close(fouts, touts, fp, tp, what):
-    """Gradients of the sum of the finite entries of the outputs, w.r.t. every parameter."""
-    tl = sum(torch.where(o.isfinite(), o, 0).sum() for o in touts)
-    fl = sum(flow.where(o.isfinite(), o, 0).sum() for o in fouts)
-    try:
-        tg = torch.autograd.grad(tl, tp, allow_unused=True)
-    except NotImplementedError:   # torch has no such derivative (igamma's in its input): nor has holoflow
-        with pytest.raises(NotImplementedError):
-            flow.autograd.grad(fl, fp, allow_unused=True)
-        return
-    fg = flow.autograd.grad(fl, fp, allow_unused=True)
-    for i, (f, t) in enumerate(zip(fg, tg)):
-        if t is None or not bool(t.ne(0).any()):
-            assert f is None or not bool(f.to_torch().ne(0).any()), f"{what}: grad {i} should be None/zero"
-        else:
-            assert f is not None, f"{what}: no gradient for parameter {i}"
-            _close(f, t, f"{what} grad {i}")
 
 
 # name -> (maker(D, params, T), parameter arrays, a value in the support)
@@ -122,19 +82,6 @@ def _build(name):
     make, arrays, value = SPECS[name]
     tp, fp = _params(arrays)
     return make(TD, tp, _tt), make(FD, fp, _ft), tp, fp, _tt(value)
-
-
-def _both(fn_t, fn_f, what):
-    """Calls both; where torch raises, holoflow raises the same class; returns (torch, holoflow)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            want = fn_t()
-    except Exception as e:  # noqa: BLE001 - the class is what is compared
-        with pytest.raises(type(e)):
-            fn_f()
-        return None, None
-    return want, fn_f()
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

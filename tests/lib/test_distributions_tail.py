@@ -15,58 +15,10 @@ import torch.distributions.distribution as TDD
 from holoflow import distributions as FD
 from torch import distributions as TD
 
-F64, F32 = torch.float64, torch.float32
+from lib.dist_checks import F64, both as _both, close as _close, ft as _ft, grads_close as _grads_close
+from lib.dist_checks import params as _params, tt as _tt
 
-
-def _tt(a, dtype=F64):
-    return a.to(dtype) if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=dtype)
-
-
-def _ft(a, dtype=F64):
-    return flow.from_torch(_tt(a, dtype))
-
-
-def _params(arrays, dtype=F64):
-    ts = [torch.tensor(a, dtype=dtype, requires_grad=True) for a in arrays]
-    fs = [flow.from_torch(t.detach().clone()).requires_grad_() for t in ts]
-    return ts, fs
-
-
-def _close(got, want, what, **tol):
-    got = got.to_torch() if isinstance(got, flow.Tensor) else got
-    want = want.detach() if isinstance(want, torch.Tensor) else want
-    assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)} vs torch {tuple(want.shape)}"
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} vs torch {want.dtype}"
-    torch.testing.assert_close(got.detach(), want, equal_nan=True, msg=lambda m: f"{what}: {m}", **tol)
-
-
-def _grads_close(fouts, touts, fp, tp, what):
-    """Gradients of the sum of the finite entries of the outputs, w.r.t. every parameter."""
-    tl = sum(torch.where(o.isfinite(), o, 0).sum() for o in touts)
-    fl = sum(flow.where(o.isfinite(), o, 0).sum() for o in fouts)
-    tg = torch.autograd.grad(tl, tp, allow_unused=True)
-    fg = flow.autograd.grad(fl, fp, allow_unused=True)
-    for i, (f, t) in enumerate(zip(fg, tg)):
-        if t is None or not bool(t.ne(0).any()):
-            assert f is None or not bool(f.to_torch().ne(0).any()), f"{what}: grad {i} should be None/zero"
-        else:
-            assert f is not None, f"{what}: no gradient for parameter {i}"
-            _close(f, t, f"{what} grad {i}")
-
-
-def _both(fn_t, fn_f):
-    """Calls both; where torch raises, holoflow raises the same class; returns (torch, holoflow)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            want = fn_t()
-    except Exception as e:  # noqa: BLE001 - the class is what is compared
-        with pytest.raises(type(e)):
-            fn_f()
-        return None, None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return want, fn_f()
+F32 = torch.float32
 
 
 _S = [[[2.0, 0.3, 0.1], [0.3, 1.0, -0.2], [0.1, -0.2, 1.5]], [[1.0, -0.2, 0.0], [-0.2, 0.5, 0.1], [0.0, 0.1, 0.8]]]
