@@ -76,7 +76,7 @@ def test_grad_assignment_checks_match_torch(bad, cls):
     t = torch.ones(2, requires_grad=True)
     with pytest.raises(cls):
         t.grad = g(torch)
-    with pytest.raises(cls, match="assigned grad"):
+    with pytest.raises(cls, match="assigned grad|assign a gradient with dtype"):   # (torch 2.13's dtype message)
         check_grad_assignment(flow.ones(2, requires_grad=True), g(flow))
     check_grad_assignment(flow.ones(2), flow.zeros(2))
     check_grad_assignment(flow.ones(2), None)

@@ -272,6 +272,9 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
                 captured[key] = _accumulate(captured.get(key), g)
         if not accumulate or not t._rg:   # (torch's AccumulateGrad skips a leaf that stopped
             return                        # requiring grad since: detach_(), requires_grad_(False))
+        want = t.__dict__.get("_grad_dtype")   # Tensor.grad_dtype set to a dtype: gradients cast to it
+        if want is not None and g._data.dtype != want:
+            g = g.to(want)
         if not create_graph:  # own a dense buffer: in-place updates of .grad must be safe
             d = g._data
             if d.is_meta:  # a traced value (a trace is SSA: no aliasing)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import operator
 
+from .dtype import from_torch
+
 
 class HoloflowError(RuntimeError):
     """Base class for holoflow's own errors (a RuntimeError, as torch raises)."""
@@ -97,9 +99,12 @@ def check_grad_assignment(t, g) -> None:
     if tuple(g.shape) != tuple(t.shape):
         raise RuntimeError(f"holoflow: assigned grad has data of a different size: grad {tuple(g.shape)}, "
                            f"tensor {tuple(t.shape)}")
-    if g.dtype is not t.dtype:
-        raise RuntimeError(f"holoflow: assigned grad has data of a different type: grad {g.dtype}, "
-                           f"tensor {t.dtype}")
+    want = t.__dict__.get("_grad_dtype", t._data.dtype)   # (Tensor.grad_dtype; None: any dtype)
+    if want is not None and g._data.dtype != want:
+        raise RuntimeError(f"holoflow: attempting to assign a gradient with dtype {g.dtype} to a tensor with "
+                           f"grad_dtype {from_torch(want)}. The gradient must match the tensor's grad_dtype "
+                           f"(defaults to the tensor's dtype). You can set the tensor's grad_dtype attribute with a "
+                           f"specific dtype, or None to allow any dtype.")
     if g._data.device.type != t._data.device.type:
         raise RuntimeError(f"holoflow: assigned grad has data located on a different device: grad on "
                            f"{g._data.device}, tensor on {t._data.device}")

@@ -15,6 +15,8 @@ from . import dtype as _dtype
 from . import interpret
 from .errors import UnsupportedError, check_grad_assignment
 
+_OWN = object()   # (Tensor.grad_dtype not set: the tensor's own dtype)
+
 
 class Tensor:
     """A multi-dimensional array with autograd, like ``torch.Tensor``.
@@ -221,6 +223,26 @@ class Tensor:
         if value is not None and value._data.device.type != "meta":   # (a trace's values are symbolic)
             check_grad_assignment(self, value)
         self._grad = value
+
+    @property
+    def grad_dtype(self) -> Any:
+        """The dtype the engine gives this leaf's ``.grad`` (torch 2.13's ``grad_dtype``): its own
+        dtype by default; set to another dtype, incoming gradients are cast to it; set to None,
+        any dtype is accepted as is (and may be assigned to ``.grad``)."""
+        self._check_leaf_for_grad_dtype()
+        d = self.__dict__.get("_grad_dtype", _OWN)
+        if d is _OWN:
+            return self.dtype
+        return None if d is None else _dtype.from_torch(d)
+
+    @grad_dtype.setter
+    def grad_dtype(self, value: Any) -> None:
+        self._check_leaf_for_grad_dtype("set")
+        self.__dict__["_grad_dtype"] = None if value is None else _dtype.to_torch(value)
+
+    def _check_leaf_for_grad_dtype(self, how: str = "accessed") -> None:
+        if self.grad_fn is not None:
+            raise RuntimeError(f"holoflow: grad_dtype can only be {how} on leaf tensors.")
 
     @property
     def is_leaf(self) -> bool:

@@ -433,6 +433,11 @@ class Graph:
             # ZeRO-3 lays its parameters out as their rows before build() reads any of them: a
             # read that is no op (``p.detach()``) must see the layout the plan will hold
             shard_parameter(p, self.config.zero)
+            if p.__dict__.get("_grad_dtype", p._data.dtype) not in (None, p._data.dtype):
+                raise UnsupportedError(f"holoflow.nn.Graph: a parameter of shape {tuple(p.shape)} has grad_dtype "
+                                       f"{p.grad_dtype} (not its dtype {p.dtype}): a graph's gradients and updates "
+                                       f"are in the parameter's dtype; reset it (p.grad_dtype = p.dtype) or train "
+                                       f"this model eagerly")
         train = bool(self._optimizers)
         try:
             with contextlib.ExitStack() as stack:
