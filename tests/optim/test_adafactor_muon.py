@@ -339,10 +339,15 @@ def test_graph_refuses_shards_of_global_parameters(name):
     assert issubclass(UnsupportedError, Exception)
 
 
-def _graph_replicated(rank: int, name: str, options: dict, x: np.ndarray, y: np.ndarray) -> tuple:
-    """Three graph steps of a broadcast (data-parallel) model on row-split batches, then one eager step."""
+def _graph_replicated(rank: int, name: str, options: dict, x: np.ndarray, y: np.ndarray, init: dict) -> tuple:
+    """Three graph steps of a broadcast (data-parallel) model on row-split batches, then one eager step.
+    The initial weights come from the caller: simulated ranks are threads sharing one default
+    generator, so two ranks seeding and drawing at once interleave their draws."""
     place = flow.placement("cpu", [0, 1])
     m, opt = _model(name, options)
+    with flow.no_grad():
+        for k, p in m.named_parameters():
+            p.copy_(flow.tensor(init[k]))
     m.to_global(place, B)
     g = _Train(m, opt)
     for _ in range(3):
@@ -367,7 +372,8 @@ def test_graph_steps_replicated_global_parameters_like_eager(name, options):
         ((m(flow.tensor(x)) - flow.tensor(y)) ** 2).mean().backward()
         opt.step()
         history.append([p.detach().numpy().copy() for p in m.parameters()])
-    for after_graph, after_eager in world.simulate(2, lambda r: _graph_replicated(r, name, options, x, y)):
+    init = {k: p.detach().numpy().copy() for k, p in _model(name, options)[0].named_parameters()}
+    for after_graph, after_eager in world.simulate(2, lambda r: _graph_replicated(r, name, options, x, y, init)):
         for got, want in zip(after_graph, history[2]):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
         for got, want in zip(after_eager, history[3]):
