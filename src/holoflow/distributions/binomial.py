@@ -23,6 +23,27 @@ def _clamp_by_zero(x: Tensor) -> Tensor:
     return (x.clamp(min=0) + x - x.clamp(max=0)) / 2
 
 
+def count_and_param(d: Any, name: str, total_count: Any, probs: Any, logits: Any) -> None:
+    """``d.total_count`` and ``d.probs`` or ``d.logits`` broadcast together (the count in the
+    parameter's dtype), and ``d._param``: Binomial's and NegativeBinomial's parametrisation."""
+    _one_of(name, probs, logits)
+    param = probs if probs is not None else logits
+    count, value = broadcast_all(total_count, param)
+    d.total_count = count.type_as(value)
+    setattr(d, "probs" if probs is not None else "logits", value)
+    d._param = value
+
+
+def expand_count_and_param(d: Any, new: Any, batch_shape: torch.Size) -> Any:
+    """``new`` (an instance of ``d``'s class) with ``d``'s count and parameter expanded."""
+    new.total_count = d.total_count.expand(batch_shape)
+    if "probs" in d.__dict__:
+        new.probs = new._param = d.probs.expand(batch_shape)
+    if "logits" in d.__dict__:
+        new.logits = new._param = d.logits.expand(batch_shape)
+    return d._expanded(new, batch_shape)
+
+
 class Binomial(Distribution):
     """The number of successes in ``total_count`` Bernoulli(``probs``) trials."""
 
@@ -32,25 +53,12 @@ class Binomial(Distribution):
 
     def __init__(self, total_count: Any = 1, probs: Any = None, logits: Any = None,
                  validate_args: bool | None = None) -> None:
-        _one_of("Binomial", probs, logits)
-        if probs is not None:
-            self.total_count, self.probs = broadcast_all(total_count, probs)
-            self.total_count = self.total_count.type_as(self.probs)
-        else:
-            self.total_count, self.logits = broadcast_all(total_count, logits)
-            self.total_count = self.total_count.type_as(self.logits)
-        self._param = self.probs if probs is not None else self.logits
+        count_and_param(self, "Binomial", total_count, probs, logits)
         super().__init__(self._param.shape, validate_args=validate_args)
 
     def expand(self, batch_shape: Any, _instance: Any = None) -> "Binomial":
         new = self._get_checked_instance(Binomial, _instance)
-        batch_shape = torch.Size(batch_shape)
-        new.total_count = self.total_count.expand(batch_shape)
-        if "probs" in self.__dict__:
-            new.probs = new._param = self.probs.expand(batch_shape)
-        if "logits" in self.__dict__:
-            new.logits = new._param = self.logits.expand(batch_shape)
-        return self._expanded(new, batch_shape)
+        return expand_count_and_param(self, new, torch.Size(batch_shape))
 
     @constraints.dependent_property(is_discrete=True, event_dim=0)
     def support(self) -> constraints.Constraint:

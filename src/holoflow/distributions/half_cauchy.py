@@ -5,23 +5,16 @@ import math
 from typing import Any
 
 from ..core.tensor import Tensor
-from ..ops.creation import full, zeros_like
-from ..ops.elementwise import where
-from . import constraints
+from ..ops.creation import full
 from .cauchy import Cauchy
-from .transformed_distribution import TransformedDistribution
+from .folded import FoldedAtZero
 from .transforms import AbsTransform
-from .utils import as_tensor_like
 
 __all__ = ["HalfCauchy"]
 
 
-class HalfCauchy(TransformedDistribution):
+class HalfCauchy(FoldedAtZero):
     """A Cauchy folded at 0: density ``2 / (pi scale (1 + (x / scale)^2))`` on x >= 0."""
-
-    arg_constraints = {"scale": constraints.positive}
-    support = constraints.nonnegative
-    has_rsample = True
 
     def __init__(self, scale: Any, validate_args: bool | None = None) -> None:
         super().__init__(Cauchy(0, scale, validate_args=False), AbsTransform(), validate_args=validate_args)
@@ -31,35 +24,9 @@ class HalfCauchy(TransformedDistribution):
         return super().expand(batch_shape, _instance=new)
 
     @property
-    def scale(self) -> Tensor:
-        return self.base_dist.scale
-
-    @property
     def mean(self) -> Tensor:
         return full(self._extended_shape(), math.inf, dtype=self.scale.dtype, device=self.scale.device)
 
     @property
-    def mode(self) -> Tensor:
-        return zeros_like(self.scale)
-
-    @property
     def variance(self) -> Tensor:
         return self.base_dist.variance
-
-    def log_prob(self, value: Any) -> Tensor:
-        if self._validate_args:
-            self._validate_sample(value)
-        value = as_tensor_like(value, self.base_dist.scale)
-        log_prob = self.base_dist.log_prob(value) + math.log(2)
-        return where(value >= 0, log_prob, -math.inf)
-
-    def cdf(self, value: Any) -> Tensor:
-        if self._validate_args:
-            self._validate_sample(value)
-        return 2 * self.base_dist.cdf(value) - 1
-
-    def icdf(self, prob: Any) -> Tensor:
-        return self.base_dist.icdf((prob + 1) / 2)
-
-    def entropy(self) -> Tensor:
-        return self.base_dist.entropy() - math.log(2)
