@@ -309,10 +309,13 @@ def test_hooks_while_an_nn_graph_traces_raise_naming_what_to_do(inside):
     assert np.isfinite(float(_Train(False)(flow.randn(2, 4))))   # without the hooks it compiles
 
 
+_X0, _W0 = torch.randn(4, 3, generator=torch.Generator().manual_seed(0)), \
+    torch.randn(3, generator=torch.Generator().manual_seed(1))   # (made once: rank threads share torch's generator)
+
+
 def _global_grads(rank, hooks):
     place = flow.placement("cpu", [0, 1])
-    torch.manual_seed(0)
-    x0, w0 = torch.randn(4, 3), torch.randn(3)
+    x0, w0 = _X0, _W0
     x = flow.from_torch(x0).to_global(place, flow.sbp.broadcast).to_global(sbp=flow.sbp.split(0))
     x.requires_grad_(True)
     w = flow.from_torch(w0).to_global(place, flow.sbp.broadcast).requires_grad_(True)
@@ -331,9 +334,7 @@ def test_global_tensors_with_hooks_on_simulated_ranks():
     for p, h in zip(plain, hooked):
         for a, b in zip(p, h):
             torch.testing.assert_close(a, b)
-    x0, w0 = torch.randn(4, 3), torch.randn(3)   # and against torch on one process
-    torch.manual_seed(0)
-    x0, w0 = torch.randn(4, 3, requires_grad=True), torch.randn(3, requires_grad=True)
+    x0, w0 = _X0.clone().requires_grad_(), _W0.clone().requires_grad_()   # and against torch on one process
     (x0 * w0).sin().sum().backward()
     torch.testing.assert_close(hooked[0][0], x0.grad)
     torch.testing.assert_close(hooked[0][1], w0.grad)

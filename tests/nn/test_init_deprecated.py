@@ -3,6 +3,7 @@ eye, dirac, xavier_*, kaiming_*, orthogonal, sparse): the same FutureWarning tex
 caller, the same values as torch under one seed, and global tensors initialised as their whole."""
 from __future__ import annotations
 
+import threading
 import warnings
 
 import numpy as np
@@ -47,12 +48,15 @@ def test_deprecated_alias_warns_and_fills_like_torch(name, shape, args):
     assert getattr(flow.nn.init, name).__name__ == name
 
 
+_DRAW = threading.Lock()
+
+
 def _global_init(rank: int, name: str, shape: tuple, args: tuple) -> np.ndarray:
     place = flow.placement("cpu", [0, 1])
     t = flow.empty(*shape).to_global(place, B).to_global(sbp=S(0))
-    flow.manual_seed(3)
-    with warnings.catch_warnings():
+    with _DRAW, warnings.catch_warnings():   # simulated ranks share torch's generator: one rank draws at a time
         warnings.simplefilter("ignore", FutureWarning)
+        flow.manual_seed(3)
         getattr(flow.nn.init, name)(t, *args)
     return t.to_global(sbp=B).to_local().numpy()
 
