@@ -229,8 +229,12 @@ def test_fused_flag_errors():
     p.grad = flow.ones(3)
     with pytest.raises(RuntimeError, match="cannot be `True` together"):  # torch's class, at construction
         optim.Adam([p], fused=True, foreach=True)
-    with pytest.raises(UnsupportedError, match="fused=True is not supported"):
-        optim.Adagrad([p], lr=0.1, fused=True).step()
+
+    class NoKernel(optim.SGD):   # (every built-in that takes ``fused`` has torch's kernel)
+        fused_update = None
+
+    with pytest.raises(UnsupportedError, match="NoKernel: fused=True is not supported"):
+        NoKernel([p], lr=0.1, fused=True).step()
 
 
 def test_fused_flag_in_a_graph_trains_like_eager_fused():

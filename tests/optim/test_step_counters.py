@@ -13,7 +13,7 @@ import holoflow as flow
 RNG = np.random.default_rng(3)
 INITS = [RNG.standard_normal(s).astype(np.float32) for s in ((3, 4), (4,), (2, 3), (5,))]
 OPTIMIZERS = [("AdamW", dict(lr=0.05)), ("AdamW", dict(lr=0.05, fused=True)),
-              ("Adam", dict(lr=0.05, foreach=False)), ("Adagrad", dict(lr=0.1)), ("RMSprop", dict(lr=0.01)),
+              ("Adam", dict(lr=0.05, foreach=False)), ("Adagrad", dict(lr=0.1)), ("Adagrad", dict(lr=0.1, fused=True)), ("RMSprop", dict(lr=0.01)),
               ("Rprop", dict(lr=0.01)), ("ASGD", dict(lr=0.05))]
 IDS = [f"{n}-{i}" for i, (n, _) in enumerate(OPTIMIZERS)]
 

@@ -55,7 +55,7 @@ class Adam(Optimizer):
         super().__init__(params, defaults)
 
     def _init_state(self, p: Tensor, group: dict) -> dict:
-        st = {"step": new_step(), "exp_avg": C.zeros_like(p), "exp_avg_sq": C.zeros_like(p)}
+        st = {"step": new_step(bool(group["fused"])), "exp_avg": C.zeros_like(p), "exp_avg_sq": C.zeros_like(p)}
         if group["amsgrad"]:
             st["max_exp_avg_sq"] = C.zeros_like(p)
         return st

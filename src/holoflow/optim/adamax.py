@@ -38,9 +38,9 @@ class Adamax(Optimizer):
             t = st["step"].item()
             if wd != 0:
                 g = g.add(p, alpha=wd)
-            m = st["exp_avg"]
-            m.add_(g - m, alpha=1 - b1)
-            st["exp_inf"] = u = E.maximum(st["exp_inf"].mul_(b2), g.abs().add_(eps))
-            p.add_(m / u, alpha=-(lr / (1 - b1 ** t)))
+            m, u = st["exp_avg"], st["exp_inf"]
+            m.lerp_(g, 1 - b1)
+            u.copy_(E.maximum(u.mul_(b2), g.abs().add_(eps)))   # (torch: maximum(..., out=exp_inf))
+            p.addcdiv_(m, u, value=-(lr / (1 - b1 ** t)))
 
     _step_foreach = _step_ops

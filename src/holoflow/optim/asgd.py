@@ -8,14 +8,14 @@ import torch
 from ..core.tensor import Tensor
 from ..ops import creation as C
 from ._checks import check_hyper
-from .optimizer import Optimizer, new_step, step_values
+from .optimizer import Optimizer, new_step, scalar_dtype, step_values
 
 __all__ = ["ASGD"]
 
 
 def _scalar_state(value: float) -> Tensor:
-    """A float32 scalar tensor of state (``eta``, ``mu``), as torch keeps them."""
-    return Tensor._make(torch.tensor(value, dtype=torch.float32))
+    """A scalar tensor of state (``eta``, ``mu``) of :func:`scalar_dtype`, as torch keeps them."""
+    return Tensor._make(torch.tensor(value, dtype=scalar_dtype()))
 
 
 class ASGD(Optimizer):
@@ -23,8 +23,9 @@ class ASGD(Optimizer):
     ``ax += mu * (p - ax)`` (a copy of ``p`` while ``mu`` is 1, i.e. before step ``t0``); after
     the step ``eta = lr / (1 + lambd * lr * t) ** alpha`` and ``mu = 1 / max(1, t - t0)``.
 
-    ``eta`` and ``mu`` are float32 scalar tensors in the state, read as Python numbers each step
-    (torch's non-capturable path), so the numbers round as torch's do on the CPU.
+    ``eta`` and ``mu`` are scalar tensors in the state (float32 unless the default dtype is
+    float64), read as Python numbers each step (torch's non-capturable path), so the numbers
+    round as torch's do on the CPU.
     """
 
     def __init__(self, params: Iterable, lr: float = 1e-2, lambd: float = 1e-4, alpha: float = 0.75,

@@ -8,15 +8,15 @@ import torch
 from ..core.tensor import Tensor
 from ..ops import creation as C
 from ._checks import check_betas, check_hyper
-from .optimizer import Optimizer, new_step
+from .optimizer import Optimizer, new_step, scalar_dtype
 
 __all__ = ["NAdam"]
 
 
 class NAdam(Optimizer):
     """NAdam, as ``torch.optim.NAdam``. ``mu_t = b1 * (1 - 0.5 * 0.96**(t * momentum_decay))``;
-    the running product of the ``mu_t`` is a float32 scalar in the state (``mu_product``), as
-    torch keeps it, so the step sizes round as torch's do.
+    the running product of the ``mu_t`` is a scalar in the state (``mu_product``, float32 unless
+    the default dtype is float64), as torch keeps it, so the step sizes round as torch's do.
 
     One path (holoflow ops) serves local, global and traced parameters."""
 
@@ -33,7 +33,7 @@ class NAdam(Optimizer):
         super().__init__(params, defaults)
 
     def _init_state(self, p: Tensor, group: dict) -> dict:
-        return {"step": new_step(), "mu_product": Tensor._make(torch.ones((), dtype=torch.float32)),
+        return {"step": new_step(), "mu_product": Tensor._make(torch.ones((), dtype=scalar_dtype())),
                 "exp_avg": C.zeros_like(p), "exp_avg_sq": C.zeros_like(p)}
 
     def _step_ops(self, group: dict, params: list, grads: list, states: list) -> None:
@@ -52,10 +52,10 @@ class NAdam(Optimizer):
             mu_next = b1 * (1.0 - 0.5 * (0.96 ** ((t + 1) * decay)))
             mu_product = st["mu_product"].mul_(mu).item()
             m, v = st["exp_avg"], st["exp_avg_sq"]
-            m.add_(g - m, alpha=1 - b1)
-            v.mul_(b2).add_(g * g, alpha=1 - b2)
+            m.lerp_(g, 1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
             denom = v.div(1 - b2 ** t).sqrt().add_(eps)
-            p.add_(g / denom, alpha=-lr * (1.0 - mu) / (1.0 - mu_product))
-            p.add_(m / denom, alpha=(-lr * mu_next) / (1.0 - mu_product * mu_next))
+            p.addcdiv_(g, denom, value=-lr * (1.0 - mu) / (1.0 - mu_product))
+            p.addcdiv_(m, denom, value=(-lr * mu_next) / (1.0 - mu_product * mu_next))
 
     _step_foreach = _step_ops

@@ -411,9 +411,16 @@ def storages(tensors: list[Tensor]) -> list[torch.Tensor]:
     return [t._data for t in tensors]
 
 
-def new_step() -> Tensor:
-    """A fresh ``step`` counter: a float32 scalar tensor, as torch keeps it."""
-    return Tensor._make(torch.zeros((), dtype=torch.float32))
+def scalar_dtype(fused: bool = False) -> torch.dtype:
+    """The dtype of an optimizer's scalar state (``step``, NAdam's ``mu_product``, ASGD's ``eta``
+    and ``mu``), as torch's ``_get_scalar_dtype``: float64 under a float64 default dtype, else
+    float32; always float32 for a fused kernel's counters."""
+    return torch.float64 if not fused and torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def new_step(fused: bool = False) -> Tensor:
+    """A fresh ``step`` counter: a scalar tensor of :func:`scalar_dtype`, as torch keeps it."""
+    return Tensor._make(torch.zeros((), dtype=scalar_dtype(fused)))
 
 
 def advance_steps(states: list[dict], device: torch.device | None = None) -> list[torch.Tensor]:
