@@ -158,7 +158,7 @@ class Ops(_PerElement):
     @staticmethod
     def lerp_(xs: list, ys: list, w: float) -> None:
         for x, y in zip(xs, ys):
-            x.add_(y - x, alpha=w)
+            x.lerp_(y, w)
 
     @staticmethod
     def maximum_(xs: list, ys: list) -> None:
@@ -207,17 +207,17 @@ class Ops(_PerElement):
 
     @staticmethod
     def addcmul(xs: list, ys: list, zs: list, value: float = 1) -> list:
-        return [x.add(y * z, alpha=value) for x, y, z in zip(xs, ys, zs)]
+        return [x.addcmul(y, z, value=value) for x, y, z in zip(xs, ys, zs)]
 
     @staticmethod
     def addcmul_(xs: list, ys: list, zs: list, value: float = 1) -> None:
         for x, y, z in zip(xs, ys, zs):
-            x.add_(y * z, alpha=value)
+            x.addcmul_(y, z, value=value)
 
     @staticmethod
     def addcdiv_(xs: list, ys: list, zs: list, value=1) -> None:
         for x, y, z, v in zip(xs, ys, zs, _per(value, len(xs))):
-            x.add_(y / z, alpha=v)
+            x.addcdiv_(y, z, value=v)
 
     @staticmethod
     def clone(xs: list) -> list:
