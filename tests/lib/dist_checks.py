@@ -11,6 +11,14 @@ import holoflow as flow
 
 F64, F32 = torch.float64, torch.float32
 
+# matrices the matrix-valued families take (two batch entries): covariances, their Cholesky
+# factors, correlation matrices and theirs
+S_MATS = [[[2.0, 0.3, 0.1], [0.3, 1.0, -0.2], [0.1, -0.2, 1.5]], [[1.0, -0.2, 0.0], [-0.2, 0.5, 0.1], [0.0, 0.1, 0.8]]]
+CORR = torch.tensor([[[1.0, 0.3, -0.2], [0.3, 1.0, 0.4], [-0.2, 0.4, 1.0]],
+                     [[1.0, -0.5, 0.1], [-0.5, 1.0, 0.2], [0.1, 0.2, 1.0]]], dtype=F64)
+L_CORR = torch.linalg.cholesky(CORR)
+TRIL = torch.linalg.cholesky(torch.tensor(S_MATS, dtype=F64)).tolist()
+
 
 def tt(a, dtype=F64) -> torch.Tensor:
     return a.to(dtype) if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=dtype)
@@ -25,6 +33,26 @@ def params(arrays, dtype=F64) -> tuple[list, list]:
     ts = [torch.tensor(a, dtype=dtype, requires_grad=True) for a in arrays]
     fs = [flow.from_torch(t.detach().clone()).requires_grad_() for t in ts]
     return ts, fs
+
+
+def build(spec, TD, FD) -> tuple:
+    """``(torch's, holoflow's distribution, torch's and holoflow's parameters, the value)`` of a
+    spec ``(maker(D, params, T), parameter arrays, a value in the support[, dtype])``."""
+    make, arrays, value, *rest = spec
+    dtype = rest[0] if rest else F64
+    tp, fp = params(arrays, dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (Wishart's low-df warning)
+        td, fd = make(TD, tp, tt), make(FD, fp, ft)
+    return td, fd, tp, fp, tt(value, dtype)
+
+
+def sample(d, seed: int, lib_is_torch: bool, *args, method: str = "sample"):
+    """``d.sample(*args)`` (or ``method``) right after seeding its library with ``seed``."""
+    (torch if lib_is_torch else flow).manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(d, method)(*args)
 
 
 def close(got, want, what: str, **tol) -> None:
