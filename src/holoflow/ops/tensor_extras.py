@@ -3,7 +3,7 @@
 queries, ``untyped_storage``/``storage``, ``set_``, ``as_strided_``, ``chalf``, ``xpu``/``ipu``/
 ``mtia``; and the top-level ``range`` (deprecated, end-inclusive), ``feature_dropout(_)``,
 ``addmv_``, ``as_strided_``, ``resize_as_``, ``is_distributed``, ``view_as_real_copy``,
-``view_as_complex_copy`` and ``from_file``.
+``view_as_complex_copy``, ``from_file`` and ``hash_tensor`` (torch 2.13).
 
 holoflow tensors are dense (strided), so the sparse-layout queries give torch's answers for dense
 tensors. Storage access works on local tensors only: a global tensor's data is spread over ranks.
@@ -19,15 +19,18 @@ from ..core import device as _device
 from ..core import dtype as _dtype
 from ..core import grad_mode
 from ..core.errors import UnsupportedError
+from ..core.dispatch import apply
 from ..core.interpret import is_lazy
+from ..core.registry import defop
 from ..core.tensor import Tensor
 from .complex_ops import view_as_complex, view_as_real
 from .layout import as_strided
 from .nn_extra import _dropout_impl
+from .reduction import reduce_dims, reduce_sbp
 from .shape import _shape_inplace
 
 __all__ = ["range", "feature_dropout", "feature_dropout_", "addmv_", "as_strided_", "resize_as_",
-           "is_distributed", "view_as_real_copy", "view_as_complex_copy", "from_file"]
+           "is_distributed", "view_as_real_copy", "view_as_complex_copy", "from_file", "hash_tensor"]
 
 _COMPLEX32 = next(d for d in _dtype.RARE if d.name == "complex32")
 
@@ -224,9 +227,26 @@ def from_file(filename: str, shared: bool | None = None, size: int = 0, *, dtype
     return Tensor._make(data).requires_grad_(requires_grad)
 
 
+def _hash_kernel(x, dim, keepdim, mode):
+    return torch.hash_tensor(x, keepdim=keepdim, mode=mode) if dim is None else \
+        torch.hash_tensor(x, dim, keepdim=keepdim, mode=mode)
+
+
+# an xor of the elements' 64-bit patterns: a split kept axis stays split; a split reduced axis is
+# gathered first (an xor of shards is no SBP value holoflow has)
+HASH_TENSOR = defop("hash_tensor", _hash_kernel, sbp=reduce_sbp(), family="reduction")
+
+
+def hash_tensor(input: Tensor, dim=None, *, keepdim: bool = False, mode: int = 0) -> Tensor:
+    """The xor of ``input``'s elements over ``dim`` (all by default), each upcast to 64 bits and
+    read as uint64, as ``torch.hash_tensor`` (torch 2.13; not differentiable)."""
+    dims = None if dim is None else reduce_dims("hash_tensor", dim, input.dim())
+    return apply(HASH_TENSOR, input, dim=dims, keepdim=keepdim, mode=mode)
+
+
 for _name, _fn in (("to_dense", to_dense), ("dense_dim", dense_dim), ("sparse_dim", sparse_dim),
                    ("const_data_ptr", const_data_ptr), ("untyped_storage", untyped_storage),
-                   ("storage", storage), ("set_", set_), ("chalf", chalf)):
+                   ("storage", storage), ("set_", set_), ("chalf", chalf), ("hash_tensor", hash_tensor)):
     setattr(Tensor, _name, _fn)
 Tensor.is_distributed = lambda self: False
 Tensor.is_distributed.__doc__ = "False, as torch's (a legacy flag; see ``is_global``)."
