@@ -130,3 +130,47 @@ def test_grad_of_broadcast_weight_is_partial_then_allreduced():
         assert sbp == (B,)
         torch.testing.assert_close(wg, tb.grad)
         torch.testing.assert_close(xg, ta.grad)
+
+
+@pytest.mark.parametrize("src,dst,keeps", [(torch.float32, torch.bfloat16, False), (torch.float64, torch.float32, False),
+                                           (torch.float32, torch.int32, False), (torch.bfloat16, torch.float32, True),
+                                           (torch.float32, torch.float64, True), (torch.int64, torch.int32, True),
+                                           (torch.int16, torch.float32, True), (torch.int64, torch.float64, False)])
+def test_a_cast_keeps_partial_sums_only_where_it_keeps_their_values(src, dst, keeps):
+    """Pieces that cancel: 1000 and -999.9 (float32) sum to 0.1; cast to bfloat16 each is
+    +-1000 and the sum 0. A narrowing cast of a partial sum reduces first (in the source dtype;
+    a reduce-scatter where the output may be split); a widening one keeps it partial."""
+    pieces = {torch.float32: [1000.0, -999.9], torch.float64: [1.0, 1e-12 - 1.0], torch.bfloat16: [1000.0, -992.0],
+              torch.int64: [2 ** 40 + 3, -(2 ** 40)], torch.int16: [300, -290]}[src]
+    pieces = [torch.tensor([v, 2 * v], dtype=src) for v in pieces]
+    want = (pieces[0] + pieces[1]).to(dst)
+
+    def run(r):
+        place = flow.placement("cpu", ranks=[0, 1])
+        x = flow.from_torch(pieces[r].clone()).to_global(place, P)
+        y = x.to(dst)
+        return tuple(y.sbp), y.to_global(sbp=B).to_local().to_torch()
+
+    for sbp, got in world.simulate(2, run):
+        assert (sbp == (P,)) == keeps, sbp
+        assert torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize("sbp", [S(0), S(1), B])
+def test_a_dtype_cast_of_a_split_tensor_communicates_nothing(sbp):
+    """Eager ``.half()``/``.double()``/``.to(dtype)`` keep a split: the shape rule of ``to`` ran on
+    meta tensors with the real device in its attrs, failed, and the output was taken as
+    data-dependent, so every cast all-gathered to broadcast."""
+    full = torch.randn(4, 6)
+
+    def run(r):
+        place = flow.placement("cpu", ranks=[0, 1])
+        x = from_full(full, place, (sbp,))
+        outs = [x.half(), x.double(), x.bfloat16(), x.to(torch.int32), x.to("cpu", torch.float64), x.float()]
+        return [(tuple(y.sbp), y.to_global(sbp=B).to_local().to_torch()) for y in outs]
+
+    want = [full.half(), full.double(), full.bfloat16(), full.to(torch.int32), full.double(), full]
+    for got in world.simulate(2, run):
+        for (s, value), w in zip(got, want):
+            assert s == (sbp,)
+            assert torch.equal(value, w)

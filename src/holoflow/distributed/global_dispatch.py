@@ -128,9 +128,10 @@ def decide(op: Op, metas: list, attrs: dict, cur: list, place, shape_attrs: dict
         key = ("trace", world.rank(), key)
     hit = _CHOICES.get(key) if key is not None else None
     if hit is None:
-        try:
+        try:   # (eager attrs name real devices: the shape rule runs on meta tensors, which cannot
+            # move there, so they name the meta device; a trace's shape_attrs already do)
             logical = infer_metas(op, tuple(m.empty() if isinstance(m, Meta) else m for m in metas),
-                                  attrs if shape_attrs is None else shape_attrs)
+                                  _on_meta(attrs) if shape_attrs is None else shape_attrs)
         except NotImplementedError:  # a data-dependent output shape (nonzero, unique, ...)
             logical = None
         except RuntimeError as e:   # (a kernel reading a value, one_hot's inferred size: .item())
@@ -286,13 +287,22 @@ def _logical_outs(op: Op, x: Tensor, attrs: dict) -> list | None:
     dev = x._data.device
     moves = any(isinstance(v, torch.device) and (v.type != dev.type or v.index not in (None, dev.index))
                 for v in attrs.values())
-    on_meta = {k: (m.device if isinstance(v, torch.device) else v) for k, v in attrs.items()}
     try:
-        out = op.kernel(m, **on_meta)
+        out = op.kernel(m, **_on_meta(attrs))
     except Exception:
         return None
     outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
     return [(o, not moves and aliases(o, m)) if isinstance(o, torch.Tensor) else (None, False) for o in outs]
+
+
+def _on_meta(attrs: dict) -> dict:
+    """``attrs`` with every device naming the meta device, for a kernel run on meta tensors."""
+    if not any(isinstance(v, torch.device) for v in attrs.values()):
+        return attrs
+    return {k: (_META if isinstance(v, torch.device) else v) for k, v in attrs.items()}
+
+
+_META = torch.device("meta")
 
 
 def _absent_apply(op: Op, inputs: tuple, attrs: dict, metas: list, sig: tuple, logical, place, key=None):

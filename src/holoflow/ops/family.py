@@ -194,17 +194,42 @@ def _sum_to_kernel(x: torch.Tensor, shape) -> torch.Tensor:
 SUM_TO = defop("sum_to_size", _sum_to_kernel, grad=_sum_to_grad,
                sbp=_sum_to_sbp, local_attrs=_sum_to_local, family="reduction", view=True)
 def cast_sbp(metas, attrs):
-    """A dtype conversion: elementwise; linear (partial sums stay partial) unless it rounds to
-    an integer or bool (the sum of truncated pieces is not the truncated sum)."""
+    """A dtype conversion: elementwise; linear (partial sums stay partial) only where it keeps
+    every value (:func:`_keeps_sums`): rounding pieces of a partial sum is not rounding the sum
+    (truncated to an integer, and also narrowed to bfloat16, where pieces that cancel lose the
+    sum's digits)."""
     sigs = elementwise_sbp()(metas, attrs)
     src, dst = metas[0].dtype, attrs.get("dtype")
-    if dst is None or dst == src or not (dst == torch.bool or (_is_inexact(src) and not _is_inexact(dst))):
+    if dst is None or _keeps_sums(src, dst):
         sigs.append(((P,), (P,)))
     return sigs
 
 
 def _is_inexact(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point or dtype.is_complex
+
+
+def _real(dtype: torch.dtype) -> torch.dtype:
+    return dtype.to_real() if dtype.is_complex else dtype
+
+
+def _keeps_sums(src: torch.dtype, dst: torch.dtype) -> bool:
+    """Whether casting the pieces of a partial sum and summing equals casting the sum: the cast
+    is exact on every value of ``src`` (a wider float; an integer a float holds exactly; the real
+    part of a complex, which is linear), or wraps modulo 2**bits (integer to integer). Never
+    from or to bool (a bool sum is an or)."""
+    if src == dst:
+        return True
+    if torch.bool in (src, dst):
+        return False
+    if not _is_inexact(dst):
+        return not _is_inexact(src)
+    d = torch.finfo(_real(dst))
+    if not _is_inexact(src):
+        i = torch.iinfo(src)
+        return max(i.max, -i.min) <= 2 / d.eps   # (a float holds integers up to 2**(mantissa bits + 1))
+    s = torch.finfo(_real(src))
+    return d.eps <= s.eps and d.max >= s.max and d.tiny <= s.tiny
 
 
 CAST = defop("cast", lambda x, dtype: x.to(dtype),

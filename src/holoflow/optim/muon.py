@@ -5,7 +5,8 @@ rate adjustments and state layout.
 The rule reads whole matrices (a norm, matrix products), so it is written per parameter in
 Tensor methods torch and holoflow tensors share: local eager steps run it on the torch storages
 (torch's kernels in torch's order, so the numbers are torch's), global parameters on the holoflow
-tensors (each product sees the logical matrix). torch has no multi-tensor variant.
+tensors, a split update gathered first (each rank orthogonalises the whole matrix: products of
+bfloat16 shards would round their pieces apart). torch has no multi-tensor variant.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Iterable
 
 import torch
 
+from ..core.sbp import B
 from ..core.tensor import Tensor
 from ..ops import creation as C
 from ..ops.linalg import addmm
@@ -120,6 +122,10 @@ class Muon(Optimizer):
                 (p, g, st["momentum_buffer"])
             buf.lerp_(grad, 1 - mom)
             update = grad.lerp(buf, mom) if group["nesterov"] else buf
+            if not storages and update._global is not None and any(s != B for s in update._global.sbp):
+                # a split (or partial) update gathered: its bfloat16 products on shards would sum
+                # pieces rounded apart, not torch's numbers; every rank orthogonalises the matrix
+                update = update.to_global(sbp=(B,) * len(update._global.sbp))
             update = zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
             param.mul_(1 - lr * wd)
             param.add_(update, alpha=-adjust_lr(lr, group["adjust_lr_fn"], p.shape))
