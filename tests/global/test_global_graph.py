@@ -402,6 +402,30 @@ def test_an_output_that_is_a_view_of_a_parameter_reads_it_after_the_step(mesh, s
         torch.testing.assert_close(c, live)
 
 
+@pytest.mark.parametrize("mesh,sbp,n", [([0, 1], (B,), 2), ([0, 1], (S(0),), 2), ([0, 1], (S(1),), 2),
+                                        ([[0, 1], [2, 3]], (S(1), S(0)), 4)], ids=["B", "S0", "S1", "2x2"])
+def test_an_output_a_view_op_copied_from_a_parameter_holds_its_forward_values(mesh, sbp, n):
+    """``return w.t().reshape(-1)`` (and ``w[:, 1:3].reshape(-1)``, ``w.t().flatten()``): the
+    reshape copies in torch (no view flattens a transposed tensor), so the output holds the values
+    forward read; the global graph took any chain of view ops from a parameter for a view and
+    re-derived it from the parameter after the step (global graph fuzz seed 5590, both meshes).
+    A true view (``w.t()``, ``w.reshape(-1)``) still shows the step."""
+    def run(r):
+        place = flow.placement("cpu", mesh)
+        x = flow.ones(2, 4).to_global(placement=place, sbp=(B,) * place.ndim)
+        return _sgd_linear_run(place, sbp, x, lambda loss, lin: (
+            lin.weight.t().reshape(-1), lin.weight[:, 1:3].reshape(-1), lin.weight.t().flatten(), lin.weight.t(),
+            lin.weight.reshape(-1)))
+    w0 = INIT["weight"].to_torch()
+    for (copied, sliced, flat, view, flat_view), live in world.simulate(n, run):
+        assert not torch.equal(live, w0)   # (the step moved it: else this tests nothing)
+        torch.testing.assert_close(copied, w0.t().reshape(-1))
+        torch.testing.assert_close(sliced, w0[:, 1:3].reshape(-1))
+        torch.testing.assert_close(flat, w0.t().flatten())
+        torch.testing.assert_close(view, live.t())
+        torch.testing.assert_close(flat_view, live.reshape(-1))
+
+
 @pytest.mark.parametrize("sbp", [B, S(0)], ids=["B", "S0"])
 def test_a_parameter_returned_under_gradient_accumulation_is_read_after_the_step(sbp):
     """``return loss, self.w`` from a global graph accumulating 2 micro-batches: the parameter is

@@ -29,7 +29,7 @@ from ..core.registry import REGISTRY, Meta, defop
 from ..ops.family import like_first_input
 from ..core.sbp import B, P
 from ..core.tensor import Tensor
-from ..core.views import replay
+from ..core.views import aliases, replay
 from ..distributed import comm_track, rng, world
 from ..distributed.boxing import cost, plan as box_plan, run_step, sizes_along
 from ..distributed.global_dispatch import local_attrs
@@ -527,9 +527,33 @@ def state_views(g: IRGraph) -> dict[int, tuple]:
                 chain.append((op, n.attrs, n.outputs.index(v) if len(n.outputs) > 1 else None))
             v = n.inputs[0]
         else:
-            if chain and isinstance(v, Value):
+            if chain and isinstance(v, Value) and _views_throughout(state[v], chain[::-1]):
                 out[i] = (state[v], tuple(reversed(chain)))
     return out
+
+
+def _views_throughout(t: Tensor, chain: list) -> bool:
+    """Whether torch's kernels on state ``t`` (its logical layout) return a view at every op of
+    ``chain``: a view op copies where no view can do it (``w.t().reshape(-1)``), and that output
+    holds the values read in forward, not the state after the optimizer's step. Where a meta
+    kernel refuses the attrs, the chain counts as views (as before)."""
+    g = t._global
+    strides = g.strides if g is not None and g.strides is not None else None
+    x = torch.empty_strided(tuple(t.shape), strides, dtype=t._data.dtype, device="meta") if strides else \
+        torch.empty(tuple(t.shape), dtype=t._data.dtype, device="meta")
+    for op, attrs, idx in chain:
+        try:
+            out = op.kernel(x, **{k: (_META if isinstance(a, torch.device) else a) for k, a in attrs.items()})
+        except Exception:   # noqa: BLE001 - (the meta kernel refuses: taken as a view, as before)
+            return True
+        o = out if idx is None else out[idx]
+        if not aliases(o, x):
+            return False
+        x = o
+    return True
+
+
+_META = torch.device("meta")
 
 
 # -- explain ------------------------------------------------------------------------------------------
