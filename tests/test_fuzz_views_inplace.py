@@ -16,7 +16,8 @@ import holoflow as flow
 from harness import broadcasts
 
 # CI runs 240 programs; HOLOFLOW_FUZZ_SEEDS=N runs N (a longer local hunt)
-SEEDS = range(int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 240)))
+_FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))   # (a longer hunt: new seeds from here)
+SEEDS = range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 240)))
 STEPS = int(os.environ.get("HOLOFLOW_FUZZ_STEPS", 14))
 
 

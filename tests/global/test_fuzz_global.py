@@ -17,7 +17,8 @@ from harness import broadcasts
 from holoflow.distributed import world
 from holoflow.sbp import B, P, S
 
-SEEDS = range(int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 48)))
+_FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))   # (a longer hunt: new seeds from here)
+SEEDS = range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 48)))
 STEPS = int(os.environ.get("HOLOFLOW_FUZZ_STEPS", 10))
 LEAVES = {"a": ((4, 6), True), "b": ((4, 6), False), "c": ((6,), True), "d": ((6, 4), True)}
 SBPS_1D = [B, S(0), S(1), P]

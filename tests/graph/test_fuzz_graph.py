@@ -20,7 +20,8 @@ import holoflow as flow
 from holoflow.graph.passes.checkpointing import set_activation_checkpointing
 
 # CI runs 100 programs (~15 s); HOLOFLOW_FUZZ_SEEDS=N runs N (a longer local hunt)
-SEEDS = range(int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 100)))
+_FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))   # (a longer hunt: new seeds from here)
+SEEDS = range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 100)))
 STEPS = int(os.environ.get("HOLOFLOW_FUZZ_STEPS", 10))
 BATCH, WIDTH, TRAIN_STEPS = 4, 8, 3
 CONFIGS = ("plain", "fuse_add_to_output", "fuse_model_update", "grad_acc", "checkpointing", "amp")
