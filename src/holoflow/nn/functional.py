@@ -58,8 +58,9 @@ __all__ += ["pdist", "rrelu", "rrelu_", "threshold", "threshold_"]
 from .functional_attention import multi_head_attention_forward  # noqa: E402
 from ..ops.linear_loss import linear_cross_entropy  # noqa: E402
 from ..ops.conv import conv_tbc  # noqa: E402
+from ..ops.grouped_mm import grouped_mm  # noqa: E402
 
-__all__ += ["multi_head_attention_forward", "linear_cross_entropy", "conv_tbc"]
+__all__ += ["multi_head_attention_forward", "linear_cross_entropy", "conv_tbc", "grouped_mm"]
 
 # more of torch.nn.functional (nn/functional_more.py)
 from . import functional_more as _more  # noqa: E402

@@ -11,6 +11,7 @@ from . import api_more2
 from . import nn_more  # noqa: F401 - nn.functional's 3-d adaptive and fractional max pooling
 from . import lowrank, segment, tensor_extras  # torch's remaining top-level names (round 2)
 from . import linear_loss, quantize  # noqa: F401 - (linear_loss: nn.functional's; quantize: QAT's fake quantization)
+from . import grouped_mm  # noqa: F401 - nn.functional's grouped GEMM (Mixture-of-Experts)
 from . import random_dists  # noqa: F401 - distributions' Gamma/Dirichlet samplers (torch's private kernels)
 
 __all__: list[str] = []
