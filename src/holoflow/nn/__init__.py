@@ -15,7 +15,7 @@ from .modules import module as _module_hooks  # noqa: F401 - torch.nn.modules.mo
 from .parameter import Buffer, Parameter
 from ._state import _IncompatibleKeys
 
-from . import functional, parallel
+from . import attention, functional, parallel
 from . import global_module as _global_module  # noqa: E402,F401 - attaches Module.to_global
 
 

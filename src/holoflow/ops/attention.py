@@ -22,13 +22,24 @@ autograd, so on these devices the ops declare themselves ``opaque``: a graph com
 raises UnsupportedError. With ``dropout_p > 0`` the forward is the math path (as torch's CPU
 kernel is), returning the scaled keep-mask that the backward reuses; that op is declared
 ``random``.
+
+The backends torch's flags enable (``nn.attention.sdpa_kernel`` sets them) are recorded when the
+op is applied (attr ``backends``, None for all: :func:`enabled_backends`): the CPU flash path runs
+only where flash is enabled, and the dispatcher's calls run under the recorded set, so a graph
+traced inside ``sdpa_kernel`` keeps its choice. ``CausalBias`` (``nn.attention.bias``) as a mask
+runs as ``is_causal`` (upper-left) or as its materialized boolean mask (lower-right).
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as TF
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import CausalVariant
 
 from ..core import grad_mode
 from ..core.dispatch import apply
@@ -60,11 +71,13 @@ def _scores(q, k, mask, is_causal, scale):
     return scores, scale, acc
 
 
-def _fusable(q_shape: tuple, k_shape: tuple, v_shape: tuple, has_mask: bool) -> bool:
-    """Whether torch's fused flash kernel computes this attention: no mask, equal head sizes, and
-    non-empty L, S and E (batch dims may be empty: shards of uneven splits are)."""
-    return not has_mask and q_shape[:-2] == k_shape[:-2] == v_shape[:-2] and q_shape[-1] == v_shape[-1] \
-        and min(q_shape[-2], k_shape[-2], q_shape[-1]) > 0
+def _fusable(q_shape: tuple, k_shape: tuple, v_shape: tuple, has_mask: bool,
+             backends: tuple | None = None) -> bool:
+    """Whether torch's fused flash kernel computes this attention: the flash backend enabled
+    (``backends``: :func:`enabled_backends` when the op was applied), no mask, equal head sizes,
+    and non-empty L, S and E (batch dims may be empty: shards of uneven splits are)."""
+    return (backends is None or backends[0]) and not has_mask and q_shape[:-2] == k_shape[:-2] == v_shape[:-2] \
+        and q_shape[-1] == v_shape[-1] and min(q_shape[-2], k_shape[-2], q_shape[-1]) > 0
 
 
 def _as_4d(x: torch.Tensor) -> torch.Tensor:
@@ -80,16 +93,38 @@ def _lse_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
 
 
-def _sdpa_kernel(q, k, v, mask, is_causal, scale):
+_SDP_FLAGS = ("flash", "mem_efficient", "math", "cudnn")   # torch.backends.cuda.<flag>_sdp_enabled()
+_SDP_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH,
+                 SDPBackend.CUDNN_ATTENTION)
+
+
+def enabled_backends() -> tuple | None:
+    """The attention backends torch's flags enable now (``nn.attention.sdpa_kernel`` sets them), as
+    flags in ``_SDP_FLAGS`` order; None when all are (the default). An op records it when applied,
+    and its kernels run under it, so a graph traced inside ``sdpa_kernel`` keeps the choice."""
+    b = torch.backends.cuda
+    on = (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled(), b.cudnn_sdp_enabled())
+    return None if all(on) else on
+
+
+def _only(backends: tuple | None):
+    """torch's dispatcher restricted to ``backends`` (nothing to do for the default)."""
+    if backends is None:
+        return contextlib.nullcontext()
+    return sdpa_kernel([b for b, on in zip(_SDP_BACKENDS, backends) if on])
+
+
+def _sdpa_kernel(q, k, v, mask, is_causal, scale, backends=None):
     """(out, logsumexp): torch's fused flash kernel where :func:`_fusable` (logsumexp of the
     scaled scores per query row, what the fused backward needs); otherwise torch's dispatcher
     and an empty logsumexp (the math backward recomputes the scores)."""
-    if not _fusable(q.shape, k.shape, v.shape, mask is not None):
+    if not _fusable(q.shape, k.shape, v.shape, mask is not None, backends):
         lse = q.new_empty((0,), dtype=_lse_dtype(q))
-        if q.device.type in FUSED_VJP_DEVICES and q.numel() and k.numel() and grad_mode.is_grad_enabled():
-            out, lse.holoflow_vjp = _recorded(q, k, v, mask, is_causal, scale)   # as below
-            return out, lse
-        return TF.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale), lse
+        with _only(backends):
+            if q.device.type in FUSED_VJP_DEVICES and q.numel() and k.numel() and grad_mode.is_grad_enabled():
+                out, lse.holoflow_vjp = _recorded(q, k, v, mask, is_causal, scale)   # as below
+                return out, lse
+            return TF.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale), lse
     if q.numel() == 0:  # the CPU kernel does not take empty batches
         return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q))
     if q.device.type in FUSED_VJP_DEVICES:   # torch's fused call, its node kept where a backward may follow
@@ -203,7 +238,8 @@ def _sdpa_sbp(metas, attrs):
     the logsumexp too when the fused kernel made it (else it is an empty placeholder, B), and
     the dropout keep-mask like a mask."""
     q, k, v, mask = metas[:4]
-    real_second = "dropout_p" in attrs or _fusable(q.shape, k.shape, v.shape, isinstance(mask, Meta))
+    real_second = "dropout_p" in attrs or _fusable(q.shape, k.shape, v.shape, isinstance(mask, Meta),
+                                                    attrs.get("backends"))
     masks = [mask] if isinstance(mask, Meta) else []
     sigs = [((B,) * (3 + len(masks)), (B, B))]
     for a in _batch_axes(q, k, v):
@@ -253,7 +289,7 @@ def _math_grad(c, dy, keep, lse=None):
 def _sdpa_grad(c, dy, _dlse):
     q, k, v, mask = c.inputs[:4]
     out, lse = c.outs
-    if not _fusable(tuple(q.shape), tuple(k.shape), tuple(v.shape), mask is not None):
+    if not _fusable(tuple(q.shape), tuple(k.shape), tuple(v.shape), mask is not None, c.backends):
         return _math_grad(c, dy, None, lse)
     return (*apply(SDPA_FUSED_BWD, dy, q, k, v, out, lse, is_causal=c.is_causal, scale=c.scale), None)
 
@@ -298,13 +334,54 @@ def _repeat_kv_heads(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor,
             value.repeat_interleave(hq // hv, -3) if hv != hq else value)
 
 
-def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
-                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+class CausalBias:
+    """A causal mask described, not materialized (``torch.nn.attention.bias.CausalBias``): the
+    upper-left variant (``tril`` of the (L, S) scores, as ``is_causal``) or the lower-right one
+    (aligned to the scores' last row: ``tril(diagonal=S - L)``). As ``attn_mask`` of
+    :func:`scaled_dot_product_attention` the upper-left one runs as ``is_causal`` (the fused
+    kernel where it applies); ``materialize`` gives the boolean mask."""
+
+    def __init__(self, variant: Any, seq_len_q: int, seq_len_kv: int) -> None:
+        if not isinstance(variant, CausalVariant):
+            raise AssertionError(f"variant must be a CausalVariant, got {type(variant).__name__}")
+        self.variant, self.seq_len_q, self.seq_len_kv = variant, seq_len_q, seq_len_kv
+        if seq_len_q > seq_len_kv and variant == CausalVariant.LOWER_RIGHT:
+            warnings.warn("Lower right causal bias will produce NaNs in the output when seq_len_q > seq_len_kv!",
+                          stacklevel=2)
+
+    def _materialize(self, device: Any = None) -> Tensor:
+        offset = 0 if self.variant == CausalVariant.UPPER_LEFT else self.seq_len_kv - self.seq_len_q
+        mask = torch.ones(self.seq_len_q, self.seq_len_kv, dtype=torch.bool,
+                          device=None if device is None else torch.device(str(device))).tril(offset)
+        return Tensor._make(mask)
+
+    def __repr__(self) -> str:
+        return repr(self._materialize())
+
+
+def _causal_bias(attn_mask: CausalBias, query: Tensor, key: Tensor) -> tuple[Tensor | None, bool]:
+    """(attn_mask, is_causal) for a CausalBias mask of (L, S) = the scores' last two dims."""
+    if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (query.shape[-2], key.shape[-2]):
+        raise ShapeError(f"holoflow.scaled_dot_product_attention: a causal bias of {attn_mask.seq_len_q} x "
+                         f"{attn_mask.seq_len_kv} for query length {query.shape[-2]} and key length {key.shape[-2]}")
+    if attn_mask.variant == CausalVariant.UPPER_LEFT or attn_mask.seq_len_q == attn_mask.seq_len_kv:
+        return None, True
+    return attn_mask._materialize(query.device), False
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
+                                 attn_mask: Tensor | CausalBias | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Tensor:
     """``softmax(q k^T * scale + mask) @ v`` over the last two dims; a bool mask keeps where
     True, a float mask is added; ``is_causal`` masks the upper triangle. ``enable_gqa``: key and
     value have fewer heads (dim -3) than the query, each shared by a group of query heads (they
     are repeated, as torch's math path does)."""
+    if isinstance(attn_mask, CausalBias):
+        if is_causal:
+            raise ValueError("holoflow.scaled_dot_product_attention: a CausalBias attn_mask is causal already; "
+                             "pass is_causal=False")
+        attn_mask, is_causal = _causal_bias(attn_mask, query, key)
     if enable_gqa:
         key, value = _repeat_kv_heads(query, key, value)
     if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim() \
@@ -317,7 +394,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     if dropout_p > 0:
         return apply(SDPA_DROPOUT, query, key, value, attn_mask, is_causal=is_causal, scale=scale,
                      dropout_p=float(dropout_p)).out
-    return apply(SDPA, query, key, value, attn_mask, is_causal=is_causal, scale=scale).out
+    return apply(SDPA, query, key, value, attn_mask, is_causal=is_causal, scale=scale,
+                 backends=enabled_backends()).out
 
 
-__all__ = ["scaled_dot_product_attention"]
+__all__ = ["scaled_dot_product_attention"]   # (CausalBias: holoflow.nn.attention.bias)
