@@ -7,6 +7,7 @@ dispatcher reads on every device and holoflow's CPU flash path reads when the op
 graph traced inside the block keeps the choice). On the CPU, ``MATH`` runs the math attention,
 ``FLASH_ATTENTION`` torch's fused kernel; a block enabling neither has no viable CPU kernel
 (torch's RuntimeError). The registry of flash implementations is torch's (CUDA).
+``flex_attention`` (the submodule, as torch's) is the reference FlexAttention, written with ops.
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from torch.nn.attention import (WARN_FOR_UNFUSED_KERNELS, SDPBackend, activate_f
                                 current_flash_attention_impl, list_flash_attention_impls,
                                 register_flash_attention_impl, restore_flash_attention_impl, sdpa_kernel)
 
-from . import bias
+from . import bias, flex_attention
 
 __all__ = ["SDPBackend", "sdpa_kernel", "WARN_FOR_UNFUSED_KERNELS", "register_flash_attention_impl",
            "activate_flash_attention_impl", "list_flash_attention_impls", "current_flash_attention_impl",
-           "restore_flash_attention_impl", "bias"]
+           "restore_flash_attention_impl", "bias", "flex_attention"]
