@@ -202,6 +202,17 @@ def alias(op: Op, name: str) -> Op:
     return defop(name, op.kernel, **rules)
 
 
+_META = torch.device("meta")
+
+
+def meta_attrs(attrs: dict) -> dict:
+    """``attrs`` with every device naming the meta device: a kernel run on meta tensors (a shape
+    rule, a trace) cannot move them to a real one."""
+    if not any(isinstance(v, torch.device) for v in attrs.values()):
+        return attrs
+    return {k: (_META if isinstance(v, torch.device) else v) for k, v in attrs.items()}
+
+
 def infer_metas(op: Op, inputs: tuple, attrs: dict) -> tuple[Meta, ...]:
     """The shape rule of ``op``: its own, or its kernel run on meta tensors."""
     metas = [Meta.of(x) if isinstance(x, torch.Tensor) else x for x in inputs]

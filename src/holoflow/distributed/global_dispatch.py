@@ -16,7 +16,7 @@ from ..core import grad_mode
 from ..core.errors import HoloflowError, UnsupportedError
 from ..core.interpret import Interpreter
 from ..core.keys import cache_key
-from ..core.registry import Meta, Op, infer_metas
+from ..core.registry import Meta, Op, infer_metas, meta_attrs
 from ..core.sbp import B, P
 from ..core.tensor import Tensor
 from ..core.views import CopyOf, aliases, make_view
@@ -131,7 +131,7 @@ def decide(op: Op, metas: list, attrs: dict, cur: list, place, shape_attrs: dict
         try:   # (eager attrs name real devices: the shape rule runs on meta tensors, which cannot
             # move there, so they name the meta device; a trace's shape_attrs already do)
             logical = infer_metas(op, tuple(m.empty() if isinstance(m, Meta) else m for m in metas),
-                                  _on_meta(attrs) if shape_attrs is None else shape_attrs)
+                                  meta_attrs(attrs) if shape_attrs is None else shape_attrs)
         except NotImplementedError:  # a data-dependent output shape (nonzero, unique, ...)
             logical = None
         except RuntimeError as e:   # (a kernel reading a value, one_hot's inferred size: .item())
@@ -288,21 +288,11 @@ def _logical_outs(op: Op, x: Tensor, attrs: dict) -> list | None:
     moves = any(isinstance(v, torch.device) and (v.type != dev.type or v.index not in (None, dev.index))
                 for v in attrs.values())
     try:
-        out = op.kernel(m, **_on_meta(attrs))
+        out = op.kernel(m, **meta_attrs(attrs))
     except Exception:
         return None
     outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
     return [(o, not moves and aliases(o, m)) if isinstance(o, torch.Tensor) else (None, False) for o in outs]
-
-
-def _on_meta(attrs: dict) -> dict:
-    """``attrs`` with every device naming the meta device, for a kernel run on meta tensors."""
-    if not any(isinstance(v, torch.device) for v in attrs.values()):
-        return attrs
-    return {k: (_META if isinstance(v, torch.device) else v) for k, v in attrs.items()}
-
-
-_META = torch.device("meta")
 
 
 def _absent_apply(op: Op, inputs: tuple, attrs: dict, metas: list, sig: tuple, logical, place, key=None):

@@ -25,7 +25,7 @@ import torch
 from ..core import grad_mode
 from ..core.dispatch import apply
 from ..core.errors import HoloflowError
-from ..core.registry import REGISTRY, Meta, defop
+from ..core.registry import REGISTRY, Meta, defop, meta_attrs
 from ..ops.family import like_first_input
 from ..core.sbp import B, P
 from ..core.tensor import Tensor
@@ -543,7 +543,7 @@ def _views_throughout(t: Tensor, chain: list) -> bool:
         torch.empty(tuple(t.shape), dtype=t._data.dtype, device="meta")
     for op, attrs, idx in chain:
         try:
-            out = op.kernel(x, **{k: (_META if isinstance(a, torch.device) else a) for k, a in attrs.items()})
+            out = op.kernel(x, **meta_attrs(attrs))
         except Exception:   # noqa: BLE001 - (the meta kernel refuses: taken as a view, as before)
             return True
         o = out if idx is None else out[idx]
@@ -551,9 +551,6 @@ def _views_throughout(t: Tensor, chain: list) -> bool:
             return False
         x = o
     return True
-
-
-_META = torch.device("meta")
 
 
 # -- explain ------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from ..distributed.sharding import normalize_sbp
 from ..ops.conversion import CLONE
 from ..ops.loss import AMP_BOUNDARY
 from .global_graph import GLOBAL_BOX, GLOBAL_TAG, LazyGlobal
-from ..core.registry import Meta, Op, infer_metas
+from ..core.registry import Meta, Op, infer_metas, meta_attrs
 from ..core.tensor import Tensor
 from .ir import IRGraph, Node, Value, may_alias
 from .pipeline import trace_move
@@ -53,7 +53,6 @@ def user_line() -> str:
     return ""
 
 
-_META = torch.device("meta")
 
 
 def _as_meta(t: torch.Tensor) -> torch.Tensor:
@@ -108,7 +107,7 @@ def _logical_views(op: Op, x: torch.Tensor, rest: list, attrs: dict) -> tuple | 
     logical strides) returns a view of it; None where the meta kernel refuses."""
     try:
         out = op.kernel(x, *[r._data if isinstance(r, Tensor) else r for r in rest],
-                        **{k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})
+                        **meta_attrs(attrs))
     except Exception:
         return None
     return tuple(aliases(o, x) for o in ((out,) if isinstance(out, torch.Tensor) else out))
@@ -125,7 +124,7 @@ def _meta_outputs(op: Op, metas: list, attrs: dict):
     if hit is not None:
         outs = tuple(torch.empty_strided(sh, st, dtype=dt, device="meta") for sh, st, dt in hit[1])
         return outs[0] if hit[0] is None else hit[0](*outs)
-    out = op.kernel(*metas, **{k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})
+    out = op.kernel(*metas, **meta_attrs(attrs))
     outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
     if key is not None and all(isinstance(o, torch.Tensor) and o.device.type == "meta" and o._base is None
                                and all(o is not m for m in metas) for o in outs):
@@ -324,11 +323,11 @@ class Tracer(Interpreter):
         metas = [Meta(tuple(x.shape), x._data.dtype) if isinstance(x, Tensor) else x for x in inputs]
         cur = [x._global.sbp for x in inputs if isinstance(x, Tensor)]
         sig, logical, _ = decide(op, metas, attrs, cur, place,
-                                 {k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})
+                                 meta_attrs(attrs))
         if logical is None:   # the shape rule said why: run it again for the message
             try:
                 infer_metas(op, tuple(m.empty() if isinstance(m, Meta) else m for m in metas),
-                            {k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})
+                            meta_attrs(attrs))
                 why = "no shape rule"
             except NotImplementedError as e:
                 why = str(e)

@@ -29,12 +29,11 @@ import torch
 
 from ...amp.policy import FP32, FP32_ATTR, LOWER, POLICIES, PROMOTE
 from ...core import dtype as _dtype
-from ...core.registry import REGISTRY, infer_metas
+from ...core.registry import REGISTRY, infer_metas, meta_attrs
 from ..ir import IRGraph, Node, Value
 from . import register
 
 
-_META = torch.device("meta")
 
 
 class _Rewriter:
@@ -108,7 +107,7 @@ class _Rewriter:
             return
         metas = infer_metas(REGISTRY[n.op], tuple(
             torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, Value) else x for x in ins),
-            {k: _META if isinstance(v, torch.device) else v for k, v in attrs.items()})   # (``to``'s device)
+            meta_attrs(attrs))   # (``to``'s device)
         outs = tuple(o if (tuple(m.shape), m.dtype) == (o.shape, o.dtype) else   # (a dtype keeps the layout)
                      Value(tuple(m.shape), m.dtype, o.device, o.name, placement=o.placement, sbp=o.sbp)
                      for o, m in zip(n.outputs, metas))
