@@ -11,6 +11,7 @@ import torch.nn.attention.bias as TB
 
 import holoflow as flow
 from holoflow import mock_torch
+from holoflow.distributed import world
 from holoflow.nn.attention import SDPBackend, sdpa_kernel
 from holoflow.nn.attention.bias import CausalVariant, causal_lower_right, causal_upper_left
 
@@ -115,3 +116,19 @@ def test_torch_code_imports_them_under_mock_torch():
         with mock_kernel(MockBackend.MATH):
             out = mocked.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mock_lower_right(4, 4))
         assert isinstance(out, flow.Tensor) and tuple(out.shape) == (1, 2, 4, 8)
+
+
+def test_a_lower_right_bias_on_batch_split_global_tensors():
+    """The materialized mask is broadcast on the query's placement (a local mask would not mix)."""
+    want = torch.nn.functional.scaled_dot_product_attention(Q, K, V, attn_mask=TB.causal_lower_right(5, 7))
+
+    def run(rank):
+        place = flow.placement("cpu", ranks=[0, 1])
+        q, k, v = (flow.from_torch(t.clone()).to_global(place, flow.sbp.broadcast).to_global(sbp=flow.sbp.split(0))
+                   for t in (Q, K, V))
+        out = flow.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(5, 7))
+        return tuple(out.sbp), out.to_global(sbp=flow.sbp.broadcast).to_local().to_torch()
+
+    for sbp, got in world.simulate(2, run):
+        assert sbp == (flow.sbp.split(0),)
+        torch.testing.assert_close(got, want)

@@ -93,14 +93,13 @@ def _lse_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
 
 
-_SDP_FLAGS = ("flash", "mem_efficient", "math", "cudnn")   # torch.backends.cuda.<flag>_sdp_enabled()
 _SDP_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH,
                  SDPBackend.CUDNN_ATTENTION)
 
 
 def enabled_backends() -> tuple | None:
     """The attention backends torch's flags enable now (``nn.attention.sdpa_kernel`` sets them), as
-    flags in ``_SDP_FLAGS`` order; None when all are (the default). An op records it when applied,
+    (flash, memory-efficient, math, cuDNN) flags; None when all are (the default). An op records it when applied,
     and its kernels run under it, so a graph traced inside ``sdpa_kernel`` keeps the choice."""
     b = torch.backends.cuda
     on = (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled(), b.cudnn_sdp_enabled())
@@ -339,7 +338,7 @@ class CausalBias:
     upper-left variant (``tril`` of the (L, S) scores, as ``is_causal``) or the lower-right one
     (aligned to the scores' last row: ``tril(diagonal=S - L)``). As ``attn_mask`` of
     :func:`scaled_dot_product_attention` the upper-left one runs as ``is_causal`` (the fused
-    kernel where it applies); ``materialize`` gives the boolean mask."""
+    kernel where it applies); ``_materialize`` (torch's name) gives the boolean mask."""
 
     def __init__(self, variant: Any, seq_len_q: int, seq_len_kv: int) -> None:
         if not isinstance(variant, CausalVariant):
@@ -366,7 +365,10 @@ def _causal_bias(attn_mask: CausalBias, query: Tensor, key: Tensor) -> tuple[Ten
                          f"{attn_mask.seq_len_kv} for query length {query.shape[-2]} and key length {key.shape[-2]}")
     if attn_mask.variant == CausalVariant.UPPER_LEFT or attn_mask.seq_len_q == attn_mask.seq_len_kv:
         return None, True
-    return attn_mask._materialize(query.device), False
+    mask = attn_mask._materialize(query.device)
+    if query.is_global:   # (every rank's mask alike: broadcast on the query's placement)
+        mask = mask.to_global(query.placement, [B] * query.placement.ndim)
+    return mask, False
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
