@@ -3,7 +3,8 @@
 Saved-tensor hooks (``saved_tensors_hooks``, ``save_on_cpu``, ``disable_saved_tensors_hooks``)
 act in core/saved.py and core/node.py (``PackedNode``); ``Node`` is the type of ``grad_fn``
 (core/node.py's ``GradNode`` and a leaf's ``AccumulateGrad``); ``register_multi_grad_hook`` asks
-the engine which gradients the pass in progress computes (``core.autograd.will_execute``).
+the engine which gradients the pass in progress computes (``core.autograd.will_execute``);
+``allow_mutation_on_saved_tensors`` is autograd/saved_mutation.py.
 """
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from ..core import saved
 from ..core.autograd import current_graph_task, will_execute
 from ..core.node import AccumulateGrad, GradNode, grad_accumulator
 from ..core.tensor import Tensor
+from .saved_mutation import allow_mutation_on_saved_tensors
 
 __all__ = ["saved_tensors_hooks", "save_on_cpu", "disable_saved_tensors_hooks", "register_multi_grad_hook",
-           "Node", "GradientEdge", "get_gradient_edge", "increment_version"]
+           "Node", "GradientEdge", "get_gradient_edge", "increment_version", "allow_mutation_on_saved_tensors"]
 
 
 class Node(abc.ABC):
