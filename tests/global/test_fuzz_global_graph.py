@@ -33,8 +33,10 @@ from holoflow.sbp import B, P, S
 # 3213 (1-D, ZeRO-3: a no_grad read of w.detach() before w's first op was traced whole, read a shard),
 # 4053 (both meshes: a reshape copying an expanded view of a split tensor was made a view of it, so a
 # later relu_ of the tensor reached the copy), 5590 (both meshes: an output ``w.t().reshape(-1)`` of a
-# parameter, a copy in torch, was re-derived from the parameter after the step as a view)
-FOUND = (5, 107, 201, 345, 435, 1065, 1126, 1135, 3213, 4053, 5590)
+# parameter, a copy in torch, was re-derived from the parameter after the step as a view), 6722 (1-D:
+# a region of a detach()ed expanded view written went on to the source as the alias's whole value:
+# refused at run time, writing shared elements)
+FOUND = (5, 107, 201, 345, 435, 1065, 1126, 1135, 3213, 4053, 5590, 6722)
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 12)))) | set(FOUND))
 CONFIGS = ("plain", "fuse_add_to_output", "fuse_model_update", "grad_acc", "checkpointing", "zero1", "zero2",

@@ -144,7 +144,20 @@ def detached_written_then_returned(lib, m, x):
     return (z * m.w).sum(), d
 
 
+def region_of_a_detached_expanded_view_written(lib, m, x):
+    """A region of ``e.detach()``, ``e`` an expanded view of ``z``: its one element per place of
+    ``z`` writes ``z`` (the write went on as the alias's whole value, whose unwritten aliases of
+    each place hold the old one, and the graph refused it at run time: fuzz seed 6722)."""
+    z = x * m.w
+    e = z.unsqueeze(-1).expand(3, 4, 2)
+    e.detach()[..., 1:2] = 2.0
+    d = e.detach()
+    d[:2, :, 0:1].mul_(-3.0)
+    return (z * z).sum() + e.sum(), z
+
+
 PROGRAMS = [write_through_detach, write_to_source_seen_by_detached, detach_of_a_view,
+            region_of_a_detached_expanded_view_written,
             detach_then_view_then_write, view_taken_before_the_write, detach_of_a_detached,
             source_written_through_its_view, write_with_a_grad_operand, write_through_data,
             saved_input_written_in_place, parameter_without_grad_written_through_detach,

@@ -17,7 +17,7 @@ from ..core import grad_mode, interpret
 from ..core.dispatch import apply, refresh, take_history, wrap
 from ..core.dispatch import assign as write_into
 from ..core.interpret import Interpreter
-from ..core.views import VIEW_SCATTER, aliases, detached_from, make_view, stamp_of
+from ..core.views import VIEW_SCATTER, aliases, detached_from, make_view, replay, stamp_of
 from ..core.errors import HoloflowError, UnsupportedError
 from ..core.keys import cache_key
 from ..core.sbp import B
@@ -507,16 +507,21 @@ class Tracer(Interpreter):
         src = detached_from(root) if "_detached_from" in root.__dict__ else None
         if src is not None:
             # a detach()ed alias was written (or a view of one): the tensor it was detached from
-            # takes the new value as eager's shared storage would, its history untouched
-            plain = Tensor._make(whole._data)
-            plain._global = whole._global
-            self.bind_value(plain, self.value_of(whole))
-            # a real alias was bumped above, with its source when they share a version counter
-            # (``w.detach()``; ``w.data`` has its own, unseen by autograd's checks, as in torch)
+            # takes the new value as eager's shared storage would, its history untouched. A view
+            # of the alias written: the same view of the source takes that value (only the region
+            # changes: the whole alias's value sent through an expanded source would write its
+            # shared elements once per alias, the unwritten ones with the old values)
             quiet, self._quiet = self._quiet, self._quiet or root._data.device.type != "meta"
             try:
                 with grad_mode.no_grad():
-                    write_into(src, plain, name)
+                    target, value = (src, whole) if vi is None else \
+                        (replay(vi.chain, src, lambda op, t, attrs: apply(op, t, **attrs)), out)
+                    plain = Tensor._make(value._data)
+                    plain._global = value._global
+                    self.bind_value(plain, self.value_of(value))
+                    # a real alias was bumped above, with its source when they share a version counter
+                    # (``w.detach()``; ``w.data`` has its own, unseen by autograd's checks, as in torch)
+                    write_into(target, plain, name)
             finally:
                 self._quiet = quiet
         if vi is not None:
