@@ -41,6 +41,10 @@ _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 12)))) | set(FOUND))
 CONFIGS = ("plain", "fuse_add_to_output", "fuse_model_update", "grad_acc", "checkpointing", "zero1", "zero2",
            "zero3", "auto_parallel")
+# seeds from here run a combination of configs ("zero2+grad_acc+checkpointing"): a longer hunt
+# starts there (HOLOFLOW_FUZZ_FIRST=10000); CI's seeds keep single configs
+COMBOS_FROM = 10_000
+COMBINABLE = ("fuse_add_to_output", "fuse_model_update", "grad_acc", "checkpointing", "zero1", "zero2", "zero3")
 MESHES = {"1d": [0, 1], "2x2": [[0, 1], [2, 3]]}
 # A graph accumulating gradients returns its outputs' micro-batch shards packed back in row
 # order; an output split along dim 0 in other blocks than the batch inputs is refused, naming it
@@ -57,15 +61,28 @@ def _layouts(seed: int, mesh_nd: int) -> tuple:
     m = programs._weights(torch, seed)
     state = {k: pick(v.dim(), False) for k, v in m.state_dict().items() if v.is_floating_point()}
     x_sbp, z_sbp, config = pick(2, True), pick(2, True), CONFIGS[int(rng.integers(0, len(CONFIGS)))]
-    if config == "grad_acc" and _writes_an_input(seed):
-        config = "plain"   # (a global graph's micro-batches refuse programs that write their inputs)
-    if config == "grad_acc":
+    if seed >= COMBOS_FROM and config not in ("plain", "auto_parallel"):
+        # a combination of configs, as a user sets them together (ZeRO with accumulation and
+        # checkpointing...): one or two more, at most one ZeRO stage
+        others = [c for c in COMBINABLE if c != config and not (c.startswith("zero") and config.startswith("zero"))]
+        more = [others[i] for i in rng.choice(len(others), size=int(rng.integers(1, 3)), replace=False)]
+        if sum(c.startswith("zero") for c in more) > 1:
+            more = [c for c in more if not c.startswith("zero")][:1] or more[:1]
+        config = "+".join(sorted({config, *more}))
+    if _accumulates(config) and _writes_an_input(seed):
+        # (a global graph's micro-batches refuse programs that write their inputs)
+        config = "+".join(c for c in config.split("+") if c != "grad_acc") or "plain"
+    if _accumulates(config):
         # micro-batches cut each rank's dim-0 shard (OneFlow's): every input splitting dim 0 must
         # split it alike (else the graph refuses, naming them), in blocks of whole micro-batches
         if S(0) in x_sbp and S(0) in z_sbp:
             z_sbp = x_sbp
         x_sbp, z_sbp = (s if len(_blocks(s, mesh_nd)) * 2 <= programs.BATCH else (B,) * mesh_nd for s in (x_sbp, z_sbp))
     return x_sbp, z_sbp, state, config
+
+
+def _accumulates(config: str) -> bool:
+    return "grad_acc" in config.split("+")
 
 
 def _writes_an_input(seed: int) -> bool:
@@ -144,7 +161,7 @@ def _run(seed: int, place, graph: bool) -> tuple:
     x_sbp, z_sbp, state_sbps, config = _layouts(seed, place.ndim)
     m = _global_module(seed, place, state_sbps)
     opt = programs._optimizer(flow, m, opt_kind)
-    acc = 2 if config == "grad_acc" else 1
+    acc = 2 if _accumulates(config) else 1
     x, z = _inputs(seed, place, x_sbp, z_sbp)
     losses, outs = [], []
     if graph:
@@ -195,7 +212,7 @@ def _agree(seed: int, mesh, results: list, tol: float) -> None:
     """Every rank's eager and graph runs of ``seed`` against torch on one device, within ``tol``."""
     nd = np.asarray(mesh).ndim
     x_sbp, z_sbp, _, config = _layouts(seed, nd)
-    acc = 2 if config == "grad_acc" else 1
+    acc = 2 if _accumulates(config) else 1
     want = _reference(seed, _micro_rows(x_sbp, z_sbp, acc))
     where = f"seed {seed} on mesh {mesh}:\n{_program(seed, nd)}"
     for rank, res in enumerate(results):

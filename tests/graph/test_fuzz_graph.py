@@ -329,7 +329,12 @@ class _Infer(flow.nn.Graph):
 
 def configure(g: flow.nn.Graph, config: str) -> None:
     """Sets graph config ``config`` (one of ``CONFIGS``; also ``zero1``..``zero3`` and
-    ``auto_parallel`` for graphs of global tensors) on the training graph ``g``."""
+    ``auto_parallel`` for graphs of global tensors; several joined by "+") on the training graph ``g``."""
+    for part in config.split("+"):
+        _configure_one(g, part)
+
+
+def _configure_one(g: flow.nn.Graph, config: str) -> None:
     if config == "fuse_add_to_output":
         g.config.allow_fuse_add_to_output(True)
     elif config == "fuse_model_update":
