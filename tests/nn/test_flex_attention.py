@@ -95,6 +95,22 @@ def test_gradients_equal_torch_autograd_through_the_math(name):
         torch.testing.assert_close(g.to_torch(), w)
 
 
+def test_a_mask_mod_sees_the_real_batch_and_head_as_in_torchs_kernel():
+    """created with B = H = None, a mask_mod reading b and h still masks each batch and head by
+    its own indices (torch's kernel calls it inside its blocks)."""
+    def by_batch(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + 3 * b + h
+
+    for shape in ((None, None), (2, 4)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = tfa.flex_attention(Q, K, V, enable_gqa=True,
+                                      block_mask=tfa.create_block_mask(by_batch, *shape, 6, 10, device="cpu"))
+        got = ffa.flex_attention(*(flow.from_torch(t.clone()) for t in (Q, K, V)), enable_gqa=True,
+                                 block_mask=ffa.create_block_mask(by_batch, *shape, 6, 10))
+        torch.testing.assert_close(got.to_torch(), want)
+
+
 def test_aux_outputs_and_bfloat16():
     fq, fk, fv = (flow.from_torch(t.clone()) for t in (Q, K, V))
     out, aux = ffa.flex_attention(fq, fk, fv, enable_gqa=True, return_aux=ffa.AuxRequest(lse=True, max_scores=True))
@@ -126,7 +142,9 @@ def test_block_masks_and_combinators_equal_torchs():
     (lambda q, k, v: ffa.flex_attention(q, k.double(), v, enable_gqa=True), "one dtype"),
     (lambda q, k, v: ffa.flex_attention(q, k[..., :4], v, enable_gqa=True), "must be"),
     (lambda q, k, v: ffa.flex_attention(q, k, v, enable_gqa=True,
-                                        block_mask=ffa.create_block_mask(doc_mask, None, None, 6, 12)), "lengths"),
+                                        block_mask=ffa.create_block_mask(doc_mask, None, None, 6, 12)), "shape"),
+    (lambda q, k, v: ffa.flex_attention(q, k, v, enable_gqa=True,
+                                        block_mask=ffa.create_block_mask(doc_mask, 3, None, 6, 10)), "B and H"),
 ])
 def test_errors_name_the_shapes(call, match):
     with pytest.raises(ValueError, match=match):

@@ -174,9 +174,12 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod: Callabl
         if tuple(scores.shape) != (B, hq, L, S):
             scores = scores.expand(B, hq, L, S)
     if block_mask is not None:
-        if tuple(block_mask.seq_lengths) != (L, S):
-            raise ValueError(f"holoflow.flex_attention: block_mask was created for sequence lengths "
-                             f"{block_mask.seq_lengths}, the inputs have ({L}, {S})")
+        mb, mh = block_mask.shape[:2]
+        if tuple(block_mask.seq_lengths) != (L, S) or mb not in (1, B) or mh not in (1, hq):
+            raise ValueError(f"holoflow.flex_attention: block_mask was created for shape {block_mask.shape}, "
+                             f"the inputs have (B, H, L, S) = ({B}, {hq}, {L}, {S}); its B and H may be 1")
+        # (the mask_mod sees the real b and h even in a mask made for B = H = 1, as torch's kernel
+        # calls it inside its blocks)
         scores = scores.masked_fill(~block_mask.mask_mod(*index), float("-inf"))
     lse = logsumexp(scores, -1)
     # a row with every key masked out: zeros (not NaN), its logsumexp -inf
