@@ -25,6 +25,7 @@ SEEDS = range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 100)))
 STEPS = int(os.environ.get("HOLOFLOW_FUZZ_STEPS", 10))
 BATCH, WIDTH, TRAIN_STEPS = 4, 8, 3
 CONFIGS = ("plain", "fuse_add_to_output", "fuse_model_update", "grad_acc", "checkpointing", "amp")
+COMBOS_FROM = 10_000   # seeds from here set a combination of configs (a longer hunt starts there)
 
 
 # -- the program's module (built for either library, same structure) ------------------------------
@@ -232,6 +233,10 @@ def _generate(seed: int) -> tuple:
     weights = [float(w) for w in rng.choice([-1.0, 0.5, 1.0, 2.0], size=n_out)]
     config = CONFIGS[int(rng.integers(0, len(CONFIGS)))]
     opt = "sgd" if rng.random() < 0.5 else "adamw"
+    if seed >= COMBOS_FROM and config != "plain":   # (one or two configs more, set together)
+        others = [c for c in CONFIGS[1:] if c != config]
+        config = "+".join(sorted({config, *(others[i] for i in rng.choice(len(others), size=int(rng.integers(1, 3)),
+                                                                          replace=False))}))
     return program, weights, config, opt
 
 
@@ -354,7 +359,7 @@ def _configure_one(g: flow.nn.Graph, config: str) -> None:
 def _graph(seed: int, program, weights, opt_kind: str, config: str) -> tuple:
     flow.manual_seed(0)
     m = _weights(flow, seed)
-    g = _Train(m, _optimizer(flow, m, opt_kind, config == "amp"), program, weights)
+    g = _Train(m, _optimizer(flow, m, opt_kind, "amp" in config.split("+")), program, weights)
     configure(g, config)
     x, z = (flow.tensor(v) for v in _pools(seed, BATCH))
     losses, outs = [], []
@@ -378,8 +383,8 @@ def _assert_close(got: tuple, want: tuple, tol: float, what: str, outputs: bool 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_training_graph_agrees_with_eager(seed):
     program, weights, config, opt = _generate(seed)
-    acc = 2 if config == "grad_acc" else 1
-    amp = config == "amp"
+    acc = 2 if "grad_acc" in config.split("+") else 1
+    amp = "amp" in config.split("+")
     want = _eager(flow, seed, program, weights, opt, acc=acc, amp=amp)
     if not amp:   # (torch's autocast casts other ops than holoflow's: compared in fp32 only)
         ref = _eager(torch, seed, program, weights, opt, acc=acc)
