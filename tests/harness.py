@@ -63,6 +63,20 @@ def positive(*shape, gen=None, dtype=F32):
     return torch.rand(shape, generator=gen, dtype=torch.float64).add(0.5).to(dtype)
 
 
+def same_special(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-6, atol: float = 1e-9) -> bool:
+    """Equal NaN patterns, equal infinities, finite values close (complex: per real and imaginary
+    part): how the special-value sweeps compare holoflow's values and gradients with torch's."""
+    a = torch.view_as_real(a.resolve_conj()) if a.is_complex() else a
+    b = torch.view_as_real(b.resolve_conj()) if b.is_complex() else b
+    if a.shape != b.shape or not torch.equal(a.isnan(), b.isnan()):
+        return False
+    a, b = a[~a.isnan()], b[~b.isnan()]
+    if not torch.equal(a.isinf(), b.isinf()) or not torch.equal(a[a.isinf()], b[b.isinf()]):
+        return False
+    fin = ~a.isinf()
+    return torch.allclose(a[fin], b[fin], rtol=rtol, atol=atol)
+
+
 def torch_differentiates(fn: Callable, *args: torch.Tensor) -> bool:
     """Whether the installed torch has a derivative for ``fn(*args)`` (CPU tensors; the answer is
     the same on every device). Some derivatives came in later torch releases (``aminmax`` and

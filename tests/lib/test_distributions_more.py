@@ -288,6 +288,25 @@ BAD_PARAMS = [
     ("Kumaraswamy", lambda D, T: D.Kumaraswamy(T([0.0]), T([1.0]))),
     ("LogisticNormal", lambda D, T: D.LogisticNormal(T([0.0]), T([-1.0]))),
     ("FisherSnedecor", lambda D, T: D.FisherSnedecor(T([1.0]), T([0.0]))),
+    # the last families
+    ("LowRank-diag", lambda D, T: D.LowRankMultivariateNormal(T([0.0, 0.0]), T([[0.0], [0.0]]), T([-1.0, 1.0]))),
+    ("LowRank-0d-loc", lambda D, T: D.LowRankMultivariateNormal(T(0.0), T([[1.0]]), T([1.0]))),
+    ("LowRank-1d-factor", lambda D, T: D.LowRankMultivariateNormal(T([0.0]), T([1.0]), T([1.0]))),
+    ("LowRank-factor-rows", lambda D, T: D.LowRankMultivariateNormal(T([0.0, 0.0]), T([[1.0]]), T([1.0, 1.0]))),
+    ("LowRank-diag-size", lambda D, T: D.LowRankMultivariateNormal(T([0.0, 0.0]), T([[1.0], [1.0]]), T([1.0]))),
+    ("LowRank-batch", lambda D, T: D.LowRankMultivariateNormal(T([[0.0, 0.0]] * 2), T([[[1.0], [1.0]]] * 3),
+                                                               T([1.0, 1.0]))),
+    ("ContinuousBernoulli-neither", lambda D, T: D.ContinuousBernoulli()),
+    ("VonMises", lambda D, T: D.VonMises(T([0.0]), T([0.0]))),
+    ("VonMises-nan-loc", lambda D, T: D.VonMises(T([float("nan")]), T([1.0]))),
+    ("Wishart-df", lambda D, T: D.Wishart(T([1.0]), covariance_matrix=T([[[2.0, 0.3], [0.3, 1.0]]]))),
+    ("Wishart-df-number", lambda D, T: D.Wishart(2, covariance_matrix=T(S_MATS[0]))),
+    ("Wishart-1d", lambda D, T: D.Wishart(T(3.0), covariance_matrix=T([1.0, 2.0]))),
+    ("Wishart-not-pd", lambda D, T: D.Wishart(T(3.0), covariance_matrix=T([[1.0, 2.0], [2.0, 1.0]]))),
+    ("Wishart-tril", lambda D, T: D.Wishart(T(3.0), scale_tril=T([[1.0, 0.5], [0.0, 1.0]]))),
+    ("LKJCholesky-dim", lambda D, T: D.LKJCholesky(1, T(1.0))),
+    ("LKJCholesky-conc", lambda D, T: D.LKJCholesky(3, T([1.0, -1.0]))),
+    ("GeneralizedPareto", lambda D, T: D.GeneralizedPareto(T([0.0]), T([0.0]), T([0.1]))),
 ]
 
 

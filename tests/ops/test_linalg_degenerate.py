@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import holoflow as flow
+from harness import same_special
 
 INF, NAN = float("inf"), float("nan")
 MATRICES = {
@@ -39,13 +40,7 @@ PATTERN_ONLY = {("slogdet", "rank1-3x3"), ("logdet", "rank1-3x3")}
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or not torch.equal(a.isnan(), b.isnan()):
-        return False
-    a, b = a[~a.isnan()], b[~b.isnan()]
-    if not torch.equal(a.isinf(), b.isinf()) or not torch.equal(a[a.isinf()], b[b.isinf()]):
-        return False
-    fin = ~a.isinf()
-    return torch.allclose(a[fin], b[fin], rtol=1e-5, atol=1e-7)
+    return same_special(a, b, rtol=1e-5, atol=1e-7)
 
 
 def _run(lib, fn, value: torch.Tensor):

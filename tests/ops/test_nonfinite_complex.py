@@ -36,6 +36,7 @@ import pytest
 import torch
 
 import holoflow as flow
+from harness import same_special
 from ops.test_unary_dtypes import NAMES
 
 INF, NAN = float("inf"), float("nan")
@@ -51,18 +52,6 @@ LEGACY = {"DoubleTensor", "FloatTensor", "HalfTensor", "BFloat16Tensor", "LongTe
           "CharTensor", "ByteTensor", "BoolTensor"}
 NOT_OURS = {"diff", "trapezoid", "trapz"}   # see LEFT
 
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal NaN patterns, equal infinities, finite values close, per real and imaginary part."""
-    a = torch.view_as_real(a.resolve_conj()) if a.is_complex() else a
-    b = torch.view_as_real(b.resolve_conj()) if b.is_complex() else b
-    if a.shape != b.shape or not torch.equal(a.isnan(), b.isnan()):
-        return False
-    a, b = a[~a.isnan()], b[~b.isnan()]
-    if not torch.equal(a.isinf(), b.isinf()) or not torch.equal(a[a.isinf()], b[b.isinf()]):
-        return False
-    fin = ~a.isinf()
-    return torch.allclose(a[fin], b[fin], rtol=1e-6, atol=1e-9)
 
 
 def _check(name: str, fn, x0: torch.Tensor = X) -> bool:
@@ -80,7 +69,7 @@ def _check(name: str, fn, x0: torch.Tensor = X) -> bool:
             return False
         fx = flow.from_torch(x0.clone()).requires_grad_()
         fy = fn(flow, fx)
-        assert _same(fy.detach().to_torch(), y.detach()), \
+        assert same_special(fy.detach().to_torch(), y.detach()), \
             f"{name}: values {fy.detach().to_torch().flatten()[:8]} != {y.detach().flatten()[:8]}"
         for seed_name, v in SEEDS.items():
             seed = torch.full(y.shape, v if y.is_complex() else v.real, dtype=y.dtype)
@@ -88,7 +77,7 @@ def _check(name: str, fn, x0: torch.Tensor = X) -> bool:
             (got,) = flow.autograd.grad(fy, fx, flow.from_torch(seed), retain_graph=True)
             got = got.to_torch()
             bad = [(x0.flatten()[i].item(), want.flatten()[i].item(), got.flatten()[i].item())
-                   for i in range(want.numel()) if not _same(got.flatten()[i:i + 1], want.flatten()[i:i + 1])]
+                   for i in range(want.numel()) if not same_special(got.flatten()[i:i + 1], want.flatten()[i:i + 1])]
             assert not bad, f"{name}, seed {seed_name}: (x, torch, holoflow) {bad[:6]}"
     return True
 

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import holoflow as flow
+from harness import same_special
 from ops.test_unary_dtypes import NAMES
 
 X = torch.tensor([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 30.0, -30.0, float("inf"), float("-inf"), float("nan")],
@@ -51,16 +52,6 @@ TWO = {   # functions of x and a second tensor built from it (ties at 0, NaN on 
 }
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal NaN patterns, equal infinities, finite values close."""
-    if a.shape != b.shape or not torch.equal(a.isnan(), b.isnan()):
-        return False
-    a, b = a[~a.isnan()], b[~b.isnan()]
-    if not torch.equal(a.isinf(), b.isinf()) or not torch.equal(a[a.isinf()], b[b.isinf()]):
-        return False
-    fin = ~a.isinf()
-    return torch.allclose(a[fin], b[fin], rtol=1e-6, atol=1e-9)
-
 
 def _check(name: str, torch_fn, flow_fn) -> bool:
     """Compares values and gradients; False when torch has no gradient to compare with."""
@@ -76,14 +67,14 @@ def _check(name: str, torch_fn, flow_fn) -> bool:
             return False
         fx = flow.from_torch(X.clone()).requires_grad_()
         fy = flow_fn(fx)
-    assert _same(fy.detach().to_torch(), y.detach()), f"{name}: values {fy.detach().to_torch()} != {y.detach()}"
+    assert same_special(fy.detach().to_torch(), y.detach()), f"{name}: values {fy.detach().to_torch()} != {y.detach()}"
     for seed_name, seed in SEEDS.items():
         (want,) = torch.autograd.grad(y, x, seed, retain_graph=True)
         (got,) = flow.autograd.grad(fy, fx, flow.from_torch(seed), retain_graph=True)
         got = got.to_torch()
-        assert _same(got, want), (f"{name}, seed {seed_name}: (x, seed, torch, holoflow) " + str(
+        assert same_special(got, want), (f"{name}, seed {seed_name}: (x, seed, torch, holoflow) " + str(
             [(X[i].item(), seed[i].item(), want[i].item(), got[i].item()) for i in range(12)
-             if not _same(got[i:i + 1], want[i:i + 1])]))
+             if not same_special(got[i:i + 1], want[i:i + 1])]))
     return True
 
 
@@ -121,16 +112,16 @@ def test_binary_functions_on_every_pair_of_special_values(name):
         y = tf(a, b)
         fa, fb = flow.from_torch(A.clone()).requires_grad_(), flow.from_torch(B.clone()).requires_grad_()
         fy = ff(fa, fb)
-    assert _same(fy.detach().to_torch(), y.detach()), f"{name}: values"
+    assert same_special(fy.detach().to_torch(), y.detach()), f"{name}: values"
     for seed_name in ("ones", "inf"):
         seed = torch.full(A.shape, 1.0 if seed_name == "ones" else INF, dtype=torch.float64)
         want = torch.autograd.grad(y, (a, b), seed, retain_graph=True)
         got = flow.autograd.grad(fy, (fa, fb), flow.from_torch(seed), retain_graph=True)
         for which, w, g in zip("ab", want, got):
             g = g.to_torch()
-            assert _same(g, w), (f"{name}, seed {seed_name}, d/d{which}: (a, b, torch, holoflow) " + str(
+            assert same_special(g, w), (f"{name}, seed {seed_name}, d/d{which}: (a, b, torch, holoflow) " + str(
                 [(A[i].item(), B[i].item(), w[i].item(), g[i].item()) for i in range(A.numel())
-                 if not _same(g[i:i + 1], w[i:i + 1])][:6]))
+                 if not same_special(g[i:i + 1], w[i:i + 1])][:6]))
 
 
 _ROWS = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 1.0, 2.0], [0.0, 1.0, 2.0, 0.0], [INF, 1.0, 2.0, 3.0],
@@ -165,13 +156,13 @@ def test_reductions_over_rows_of_special_values(name):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         y, fy = fn(torch, x), fn(flow, fx)
-    assert _same(fy.detach().to_torch(), y.detach()), f"{name}: values"
+    assert same_special(fy.detach().to_torch(), y.detach()), f"{name}: values"
     for fill in (1.0, INF):
         seed = torch.full(y.shape, fill, dtype=torch.float64)
         (want,) = torch.autograd.grad(y, x, seed, retain_graph=True)
         (got,) = flow.autograd.grad(fy, fx, flow.from_torch(seed), retain_graph=True)
         got = got.to_torch()
-        bad = [i for i in range(_ROWS.shape[0]) if not _same(got[i], want[i])]
+        bad = [i for i in range(_ROWS.shape[0]) if not same_special(got[i], want[i])]
         assert not bad, f"{name}, seed {fill}: rows {bad}, e.g. {_ROWS[bad[0]].tolist()}: torch {want[bad[0]].tolist()}, " \
                         f"holoflow {got[bad[0]].tolist()}"
 

@@ -29,6 +29,7 @@ import pytest
 import torch
 
 import holoflow as flow
+from harness import same_special
 
 INF, NAN = float("inf"), float("nan")
 _V = [-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, INF, -INF, NAN]
@@ -202,16 +203,6 @@ def _mlt(m):
     return flow.as_tensor(t) if m is flow else t
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal NaN patterns, equal infinities, finite values close."""
-    if a.shape != b.shape or not torch.equal(a.isnan(), b.isnan()):
-        return False
-    a, b = a[~a.isnan()], b[~b.isnan()]
-    if not torch.equal(a.isinf(), b.isinf()) or not torch.equal(a[a.isinf()], b[b.isinf()]):
-        return False
-    fin = ~a.isinf()
-    return torch.allclose(a[fin], b[fin], rtol=1e-6, atol=1e-9)
-
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(t.shape[0], -1) if t.dim() else t.reshape(1, 1)
@@ -237,7 +228,7 @@ def test_losses_on_special_values(name):
         y = fn(torch, *tt)
         fy = fn(flow, *ft)
     got = fy.detach().to_torch()
-    bad = [i for i in range(_rows(y).shape[0]) if not _same(_rows(got)[i], _rows(y.detach())[i])]
+    bad = [i for i in range(_rows(y).shape[0]) if not same_special(_rows(got)[i], _rows(y.detach())[i])]
     assert not bad, f"{name}: values differ at rows {bad[:6]}: torch {_rows(y.detach())[bad[:6]].tolist()}, " \
                     f"holoflow {_rows(got)[bad[:6]].tolist()}"
     for fill in SEEDS.get(name, (1.0, INF, NAN)):
@@ -249,7 +240,7 @@ def test_losses_on_special_values(name):
             w = torch.zeros_like(tensors[i]) if w is None else w
             g = torch.zeros_like(tensors[i]) if g is None else g.to_torch()
             w2, g2 = _rows(w), _rows(g)
-            bad = [j for j in range(w2.shape[0]) if not _same(g2[j], w2[j])]
+            bad = [j for j in range(w2.shape[0]) if not same_special(g2[j], w2[j])]
             inputs = [_rows(t)[bad[:4]].tolist() for t in tensors if _rows(t).shape[0] == w2.shape[0]] if bad else None
             assert not bad, (f"{name}, seed {fill}, d/dinput{i}: rows {bad[:8]} of {w2.shape[0]}; inputs {inputs}: "
                              f"torch {w2[bad[:4]].tolist()}, holoflow {g2[bad[:4]].tolist()}")
