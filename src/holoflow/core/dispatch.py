@@ -12,6 +12,8 @@ innermost interpreter of the stack (core/interpret.py). At the bottom, :class:`E
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import grad_mode, interpret
@@ -21,6 +23,7 @@ from .autograd import GradNode, accumulate_grad, run_backward, seed_grads
 from .errors import HoloflowError, describe
 from .interpret import Interpreter
 from .registry import Op, infer_metas
+from .saved import _LIVE
 from .tensor import Tensor
 from .views import VIEW_SCATTER, ViewInfo, aliases, check_multi_output, make_view, replay, stamp_of
 
@@ -98,7 +101,10 @@ def apply(op: Op, *inputs, **attrs):
 
 def binary_method(op: Op, **fixed):
     """``Tensor.__<op>__(self, other)``: ``apply(op, self, other, **fixed)`` with apply inlined,
-    one Python frame per call (the hot path of Python operators)."""
+    one Python frame per call (the hot path of Python operators); no frame with the C path."""
+    if _FAST is not None:
+        return _FAST.binary_method(op, f"__{op.name}__", fixed)
+
     def method(self, other):
         top = _CURRENT.get()
         if top is not None:
@@ -147,6 +153,21 @@ def _eager(op: Op, inputs: tuple, attrs: dict):
                     v.nograd, v.version, v.at = not _STATE.enabled, None, out._version
         return t
     return wrap(op, inputs, attrs, out, record)
+
+
+def _load_fast():
+    """The C build of ``apply`` and ``_eager`` (core/_fast.c), which hands every case but the
+    common one back to the Python functions above; None where it was not built, or where
+    ``HOLOFLOW_PURE_PYTHON=1`` asks for the Python path."""
+    if os.environ.get("HOLOFLOW_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from . import _fast
+    except ImportError:
+        return None
+    _fast.init(Tensor, GradNode, torch.Tensor, ViewInfo, _eager, wrap, op_error, make_view, _CURRENT, _STATE,
+               ANOMALY, _LIVE, note_forward)
+    return _fast
 
 
 def run_local(op: Op, inputs: tuple, attrs: dict, saved: tuple | None = None):
@@ -566,3 +587,9 @@ def _take_history(x: Tensor, out: Tensor) -> None:
         base.grad_fn, base._out_idx, base._rg = node, 0, True
         vi.stamp, vi.at = stamp_of(base), x._data._version
     x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True
+
+
+_FAST = _load_fast()
+if _FAST is not None:   # (wrap, op_error and _eager itself are bound above: the C path's fallbacks)
+    _eager_py, apply_py = _eager, apply
+    _eager, apply = _FAST.eager, _FAST.apply

@@ -1,0 +1,873 @@
+/* The eager per-op path in C: ``apply`` and ``eager`` of core/dispatch.py for the common case.
+ *
+ * dispatch.py's Python ``_eager`` is the reference; this file does exactly what it does for an op
+ * whose tensor inputs are all local tensors that are not views, and whose kernel returns one
+ * tensor (or any result, handed to ``wrap``): run the kernel on the storages, wrap the result, and
+ * record a grad node (edges, shapes, dtypes, what the rule reads with its storage versions). Any
+ * other case (a global input, a view input, a view op, saved-tensor hooks, anomaly mode) is
+ * handed, before the kernel runs, to the Python path, or to the Python helper the Python path
+ * itself calls. Nothing here knows an op: it reads the fields every Op has.
+ *
+ * Tensor and GradNode keep their fields in ``__slots__``; their offsets are read once from the
+ * classes' member descriptors (``init`` refuses classes whose fields are not plain slots).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+/* -- what init() hands over ------------------------------------------------------------------ */
+static PyTypeObject *Tensor_T, *Node_T, *TorchTensor_T, *ViewInfo_T;
+static PyObject *py_make_view;      /* views.make_view */
+static PyObject *py_eager;          /* dispatch._eager_py: the reference path */
+static PyObject *py_wrap;           /* dispatch.wrap */
+static PyObject *py_op_error;       /* dispatch.op_error */
+static PyObject *current_var;       /* interpret._CURRENT (a ContextVar) */
+static PyObject *grad_state;        /* grad_mode.STATE (threading.local) */
+static PyObject *anomaly_state;     /* anomaly.ANOMALY */
+static PyObject *live_hooks;        /* saved._LIVE: a one-element list */
+static PyObject *float_dtypes;      /* dict: torch dtype -> bool (floating point or complex) */
+static PyObject *zero;              /* 0, a new tensor's _out_idx */
+
+/* field offsets */
+static Py_ssize_t T_data, T_rg, T_grad, T_grad_fn, T_out_idx, T_hooks, T_global;
+static Py_ssize_t V_base, V_chain, V_stamp, V_nograd, V_version, V_at;
+static Py_ssize_t N_op, N_edges, N_attrs, N_shapes, N_dtypes, N_saved, N_versions, N_outs,
+    N_out_metas, N_hooks, N_retains;
+
+/* interned attribute names */
+static PyObject *s_kernel, *s_grad, *s_view, *s_saves, *s_saved_inputs, *s_saved_outputs,
+    *s_shape, *s_dtype, *s__version, *s__view, *s_enabled, *s_bind, *s_saved_of, *s_outputs_of,
+    *s_save, *s__kept, *s_is_floating_point, *s_is_complex, *s__base;
+static PyObject *py_note_forward;
+
+#define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
+
+static inline PyObject *get_slot(PyObject *o, Py_ssize_t off) {
+    PyObject *v = SLOT(o, off);
+    return v ? v : Py_None;   /* (an unset slot reads as None: every field is set at creation) */
+}
+
+static inline void set_slot(PyObject *o, Py_ssize_t off, PyObject *v) {
+    PyObject *old = SLOT(o, off);
+    Py_INCREF(v);
+    SLOT(o, off) = v;
+    Py_XDECREF(old);
+}
+
+static int slot_offset(PyTypeObject *t, const char *name, Py_ssize_t *out) {
+    PyObject *d = PyDict_GetItemString(t->tp_dict, name);   /* borrowed */
+    if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type) {
+        PyErr_Format(PyExc_TypeError, "holoflow._fast: %s.%s is not a slot", t->tp_name, name);
+        return -1;
+    }
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX && m->type != T_OBJECT) {
+        PyErr_Format(PyExc_TypeError, "holoflow._fast: %s.%s is not an object slot", t->tp_name, name);
+        return -1;
+    }
+    *out = m->offset;
+    return 0;
+}
+
+/* truth of an attribute, -1 on error */
+static inline int attr_true(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* a view's ViewInfo (borrowed; its instance dict holds ``_view``, the class attribute is None),
+ * Py_None for the others, NULL on error */
+static inline PyObject *view_info(PyObject *x) {
+    Py_ssize_t off = Py_TYPE(x)->tp_dictoffset;
+    if (off <= 0) {   /* (not Tensor's own layout: asked the slow way) */
+        PyObject *v = PyObject_GetAttr(x, s__view);
+        if (v == NULL)
+            return NULL;
+        Py_DECREF(v);   /* (held by the instance or its class) */
+        return v;
+    }
+    PyObject *dict = *(PyObject **)((char *)x + off);
+    if (dict == NULL)
+        return Py_None;
+    PyObject *v = PyDict_GetItemWithError(dict, s__view);
+    if (v == NULL)
+        return PyErr_Occurred() ? NULL : Py_None;
+    return v;
+}
+
+/* whether a view's base moved on since the view was derived (dispatch.refresh's test, eager:
+ * the stamp's token is None), -1 on error */
+static int stale(PyObject *vi) {
+    PyObject *st = get_slot(vi, V_stamp), *b = get_slot(vi, V_base);
+    if (!PyTuple_Check(st) || PyTuple_GET_SIZE(st) != 3)
+        return 1;
+    if (get_slot(b, T_grad_fn) != PyTuple_GET_ITEM(st, 0) || PyTuple_GET_ITEM(st, 2) != Py_None)
+        return 1;
+    int same = PyObject_RichCompareBool(get_slot(b, T_out_idx), PyTuple_GET_ITEM(st, 1), Py_EQ);
+    return same < 0 ? -1 : !same;
+}
+
+/* whether a kernel's result takes a gradient: floating point or complex (cached per dtype) */
+static int takes_grad(PyObject *out) {
+    PyObject *dt = PyObject_GetAttr(out, s_dtype);
+    if (dt == NULL)
+        return -1;
+    PyObject *known = PyDict_GetItemWithError(float_dtypes, dt);
+    if (known != NULL) {
+        Py_DECREF(dt);
+        return known == Py_True;
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(dt);
+        return -1;
+    }
+    int f = attr_true(dt, s_is_floating_point);
+    int c = f == 0 ? attr_true(dt, s_is_complex) : 0;
+    if (f < 0 || c < 0 || PyDict_SetItem(float_dtypes, dt, (f || c) ? Py_True : Py_False) < 0) {
+        Py_DECREF(dt);
+        return -1;
+    }
+    Py_DECREF(dt);
+    return f || c;
+}
+
+static PyObject *new_tensor(PyObject *data) {
+    PyObject *t = Tensor_T->tp_alloc(Tensor_T, 0);
+    if (t == NULL)
+        return NULL;
+    set_slot(t, T_data, data);
+    set_slot(t, T_rg, Py_False);
+    set_slot(t, T_grad, Py_None);
+    set_slot(t, T_grad_fn, Py_None);
+    set_slot(t, T_out_idx, zero);
+    set_slot(t, T_hooks, Py_None);
+    set_slot(t, T_global, Py_None);
+    return t;
+}
+
+/* -- what the grad rule reads (Op.saved_of / Op.outputs_of, GradNode.save) ---------------- */
+
+static PyObject *saved_inputs_of(PyObject *op, PyObject *inputs, PyObject *edges) {
+    PyObject *keep = PyObject_GetAttr(op, s_saved_inputs);
+    if (keep == NULL)
+        return NULL;
+    if (keep == Py_None) {
+        Py_DECREF(keep);
+        Py_INCREF(inputs);
+        return inputs;
+    }
+    if (PyCallable_Check(keep)) {   /* a function of the needs_grad flags: remembered per pattern */
+        Py_DECREF(keep);
+        keep = NULL;
+        Py_ssize_t n = PyTuple_GET_SIZE(edges);
+        PyObject *needs = PyTuple_New(n);
+        if (needs == NULL)
+            return NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *b = PyTuple_GET_ITEM(edges, i) != Py_None ? Py_True : Py_False;
+            Py_INCREF(b);
+            PyTuple_SET_ITEM(needs, i, b);
+        }
+        PyObject *known = PyObject_GetAttr(op, s__kept);
+        if (known == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                Py_DECREF(needs);
+                return NULL;
+            }
+            PyErr_Clear();
+        } else {
+            if (PyDict_Check(known)) {
+                keep = PyDict_GetItemWithError(known, needs);
+                Py_XINCREF(keep);
+            }
+            Py_DECREF(known);
+        }
+        Py_DECREF(needs);
+        if (keep == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            return PyObject_CallMethodObjArgs(op, s_saved_of, inputs, edges, NULL);   /* fills the cache */
+        }
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(inputs);
+    PyObject *res = PyTuple_New(n);
+    if (res == NULL) {
+        Py_DECREF(keep);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *idx = PyLong_FromSsize_t(i);
+        int in = idx ? PySequence_Contains(keep, idx) : -1;
+        Py_XDECREF(idx);
+        if (in < 0) {
+            Py_DECREF(keep);
+            Py_DECREF(res);
+            return NULL;
+        }
+        PyObject *x = in ? PyTuple_GET_ITEM(inputs, i) : Py_None;
+        Py_INCREF(x);
+        PyTuple_SET_ITEM(res, i, x);
+    }
+    Py_DECREF(keep);
+    return res;
+}
+
+/* (d, d._version) appended for each saved storage */
+static int add_versions(PyObject *versions, PyObject *datas) {
+    Py_ssize_t n = PyTuple_GET_SIZE(datas);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = PyTuple_GET_ITEM(datas, i);
+        if (d == Py_None)
+            continue;
+        PyObject *v = PyObject_GetAttr(d, s__version);
+        if (v == NULL)
+            return -1;
+        PyObject *pair = PyTuple_Pack(2, d, v);
+        Py_DECREF(v);
+        if (pair == NULL || PyList_Append(versions, pair) < 0) {
+            Py_XDECREF(pair);
+            return -1;
+        }
+        Py_DECREF(pair);
+    }
+    return 0;
+}
+
+/* GradNode.save without saved-tensor hooks: the rule's inputs (holoflow tensors or constants)
+ * and outputs (storages), with the versions of their storages */
+static int save(PyObject *node, PyObject *inputs, PyObject *outs) {
+    PyObject *versions = PyList_New(0);
+    if (versions == NULL)
+        return -1;
+    if (inputs != NULL) {
+        set_slot(node, N_saved, inputs);
+        Py_ssize_t n = PyTuple_GET_SIZE(inputs);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *x = PyTuple_GET_ITEM(inputs, i);
+            if (x == Py_None || !PyObject_TypeCheck(x, Tensor_T))
+                continue;   /* (the reference asks getattr(x, "_data", None): constants have none) */
+            PyObject *d = get_slot(x, T_data);
+            if (d == Py_None)
+                continue;
+            PyObject *one = PyTuple_Pack(1, d);
+            if (one == NULL || add_versions(versions, one) < 0) {
+                Py_XDECREF(one);
+                Py_DECREF(versions);
+                return -1;
+            }
+            Py_DECREF(one);
+        }
+    } else {
+        PyObject *empty = PyTuple_New(0);
+        if (empty == NULL) {
+            Py_DECREF(versions);
+            return -1;
+        }
+        set_slot(node, N_saved, empty);
+        Py_DECREF(empty);
+    }
+    if (outs != NULL) {
+        set_slot(node, N_outs, outs);
+        if (add_versions(versions, outs) < 0) {
+            Py_DECREF(versions);
+            return -1;
+        }
+    }
+    set_slot(node, N_versions, PyList_GET_SIZE(versions) ? versions : Py_None);
+    Py_DECREF(versions);
+    return 0;
+}
+
+/* dispatch._record for inputs with no views and no logical shapes */
+static PyObject *record(PyObject *op, PyObject *inputs, PyObject *attrs, PyObject *out) {
+    Py_ssize_t n = PyTuple_GET_SIZE(inputs);
+    PyObject *edges = PyTuple_New(n), *shapes = PyTuple_New(n), *dtypes = PyTuple_New(n);
+    PyObject *node = NULL, *saves = NULL, *saved_in = NULL, *saved_out = NULL, *outs = NULL;
+    if (edges == NULL || shapes == NULL || dtypes == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyTuple_GET_ITEM(inputs, i);
+        PyObject *e = Py_None, *s = Py_None, *dt = Py_None;
+        int own_e = 0;
+        if (PyObject_TypeCheck(x, Tensor_T)) {
+            PyObject *d = get_slot(x, T_data);
+            s = PyObject_GetAttr(d, s_shape);
+            dt = s ? PyObject_GetAttr(d, s_dtype) : NULL;
+            if (dt == NULL) {
+                Py_XDECREF(s);
+                goto fail;
+            }
+            if (get_slot(x, T_rg) == Py_True) {
+                PyObject *fn = get_slot(x, T_grad_fn);
+                if (fn != Py_None) {
+                    e = PyTuple_Pack(2, fn, get_slot(x, T_out_idx));
+                    if (e == NULL) {
+                        Py_DECREF(s);
+                        Py_DECREF(dt);
+                        goto fail;
+                    }
+                    own_e = 1;
+                } else {
+                    e = x;
+                }
+            }
+            PyTuple_SET_ITEM(shapes, i, s);
+            PyTuple_SET_ITEM(dtypes, i, dt);
+        } else {
+            Py_INCREF(Py_None);
+            PyTuple_SET_ITEM(shapes, i, Py_None);
+            Py_INCREF(Py_None);
+            PyTuple_SET_ITEM(dtypes, i, Py_None);
+        }
+        if (!own_e)
+            Py_INCREF(e);
+        PyTuple_SET_ITEM(edges, i, e);
+    }
+    node = Node_T->tp_alloc(Node_T, 0);
+    if (node == NULL)
+        goto fail;
+    set_slot(node, N_op, op);
+    set_slot(node, N_edges, edges);
+    set_slot(node, N_attrs, attrs);
+    set_slot(node, N_shapes, shapes);
+    set_slot(node, N_dtypes, dtypes);
+    set_slot(node, N_outs, Py_None);
+    set_slot(node, N_versions, Py_None);
+    set_slot(node, N_out_metas, Py_None);
+    set_slot(node, N_hooks, Py_None);
+    set_slot(node, N_retains, Py_None);
+    saves = PyObject_GetAttr(op, s_saves);
+    if (saves == NULL)
+        goto fail;
+    if (!PyTuple_Check(saves) || PyTuple_GET_SIZE(saves) != 2) {
+        PyErr_SetString(PyExc_TypeError, "holoflow._fast: Op._saves must be a pair");
+        goto fail;
+    }
+    int saves_in = PyObject_IsTrue(PyTuple_GET_ITEM(saves, 0));
+    int saves_out = PyObject_IsTrue(PyTuple_GET_ITEM(saves, 1));
+    if (saves_in < 0 || saves_out < 0)
+        goto fail;
+    if (saves_in || saves_out) {
+        if (saves_in && (saved_in = saved_inputs_of(op, inputs, edges)) == NULL)
+            goto fail;
+        if (saves_out) {
+            outs = PyTuple_Pack(1, out);
+            if (outs == NULL)
+                goto fail;
+            PyObject *keep = PyObject_GetAttr(op, s_saved_outputs);
+            if (keep == NULL)
+                goto fail;
+            if (keep == Py_None) {
+                saved_out = outs;
+                Py_INCREF(saved_out);
+            } else {
+                saved_out = PyObject_CallMethodObjArgs(op, s_outputs_of, outs, NULL);
+            }
+            Py_DECREF(keep);
+            if (saved_out == NULL)
+                goto fail;
+        }
+        PyObject *live = PyList_GET_ITEM(live_hooks, 0);
+        int hooked = PyObject_IsTrue(live);
+        if (hooked < 0)
+            goto fail;
+        if (hooked) {   /* saved-tensor hooks may be pushed: GradNode.save packs */
+            PyObject *r = PyObject_CallMethodObjArgs(node, s_save, saved_in ? saved_in : Py_None,
+                                                     saved_out ? saved_out : Py_None, NULL);
+            if (r == NULL)
+                goto fail;
+            Py_DECREF(r);
+        } else if (save(node, saved_in, saved_out) < 0) {
+            goto fail;
+        }
+    } else {
+        set_slot(node, N_saved, Py_None);
+    }
+    int anomaly = attr_true(anomaly_state, s_enabled);
+    if (anomaly < 0)
+        goto fail;
+    if (anomaly) {
+        PyObject *r = PyObject_CallOneArg(py_note_forward, node);
+        if (r == NULL)
+            goto fail;
+        Py_DECREF(r);
+    }
+    Py_DECREF(edges);
+    Py_DECREF(shapes);
+    Py_DECREF(dtypes);
+    Py_DECREF(saves);
+    Py_XDECREF(saved_in);
+    Py_XDECREF(saved_out);
+    Py_XDECREF(outs);
+    return node;
+fail:
+    Py_XDECREF(edges);
+    Py_XDECREF(shapes);
+    Py_XDECREF(dtypes);
+    Py_XDECREF(node);
+    Py_XDECREF(saves);
+    Py_XDECREF(saved_in);
+    Py_XDECREF(saved_out);
+    Py_XDECREF(outs);
+    return NULL;
+}
+
+/* a kernel's exception re-raised as op_error makes it (``raise op_error(...) from e``) */
+static void reraise_as_op_error(PyObject *op, PyObject *inputs, PyObject *attrs) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *err = PyObject_CallFunctionObjArgs(py_op_error, op, inputs, attrs, value, NULL);
+    if (err == NULL) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return;
+    }
+    Py_INCREF(value);
+    PyException_SetCause(err, value);   /* (steals; also sets __suppress_context__) */
+    if (err != value) {
+        Py_INCREF(value);
+        PyException_SetContext(err, value);
+    }
+    PyErr_SetObject((PyObject *)Py_TYPE(err), err);
+    Py_DECREF(err);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+#define MAX_FAST_INPUTS 16
+
+/* the view of a base made by a view op (dispatch._eager's inlined make_view, eager) */
+static int view_of_base(PyObject *t, PyObject *x, PyObject *op, PyObject *attrs, PyObject *out,
+                        int grad_on) {
+    PyObject *link = PyTuple_Pack(3, op, attrs, Py_None);
+    PyObject *chain = link ? PyTuple_Pack(1, link) : NULL;
+    PyObject *stamp = PyTuple_Pack(3, get_slot(x, T_grad_fn), get_slot(x, T_out_idx), Py_None);
+    PyObject *at = PyObject_GetAttr(out, s__version);
+    PyObject *v = (chain && stamp && at) ? ViewInfo_T->tp_alloc(ViewInfo_T, 0) : NULL;
+    int r = -1;
+    if (v != NULL) {
+        set_slot(v, V_base, x);
+        set_slot(v, V_chain, chain);
+        set_slot(v, V_stamp, stamp);
+        set_slot(v, V_nograd, grad_on ? Py_False : Py_True);
+        set_slot(v, V_version, Py_None);
+        set_slot(v, V_at, at);
+        r = PyObject_SetAttr(t, s__view, v);
+    }
+    Py_XDECREF(link);
+    Py_XDECREF(chain);
+    Py_XDECREF(stamp);
+    Py_XDECREF(at);
+    Py_XDECREF(v);
+    return r;
+}
+
+/* whether a view op's result aliases its input's storage (views.aliases), -1 on error */
+static int aliases(PyObject *out, PyObject *d) {
+    if (out == d)
+        return 1;
+    PyObject *b = PyObject_GetAttr(out, s__base);
+    if (b == NULL)
+        return -1;
+    int r = 0;
+    if (b != Py_None) {
+        if (b == d) {
+            r = 1;
+        } else {
+            PyObject *db = PyObject_GetAttr(d, s__base);
+            if (db == NULL) {
+                Py_DECREF(b);
+                return -1;
+            }
+            r = b == db;
+            Py_DECREF(db);
+        }
+    }
+    Py_DECREF(b);
+    return r;
+}
+
+/* dispatch._eager */
+static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
+    Py_ssize_t n = PyTuple_GET_SIZE(inputs);
+    if (n > MAX_FAST_INPUTS)
+        return PyObject_CallFunctionObjArgs(py_eager, op, inputs, attrs, NULL);
+    PyObject *datas[MAX_FAST_INPUTS], *vis[MAX_FAST_INPUTS];
+    int needs_grad = 0, any_view = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyTuple_GET_ITEM(inputs, i);
+        vis[i] = Py_None;
+        if (PyObject_TypeCheck(x, Tensor_T)) {
+            if (get_slot(x, T_global) != Py_None)   /* the global interpreter takes over */
+                return PyObject_CallFunctionObjArgs(py_eager, op, inputs, attrs, NULL);
+            PyObject *vi = view_info(x);
+            if (vi == NULL)
+                return NULL;
+            if (vi != Py_None) {
+                if (Py_TYPE(vi) != ViewInfo_T)
+                    return PyObject_CallFunctionObjArgs(py_eager, op, inputs, attrs, NULL);
+                vis[i] = vi;
+                any_view = 1;
+            }
+            if (get_slot(x, T_rg) == Py_True)
+                needs_grad = 1;
+            datas[i] = get_slot(x, T_data);
+        } else {
+            datas[i] = x;
+        }
+    }
+    PyObject *g = PyObject_GetAttr(op, s_grad);
+    if (g == NULL)
+        return NULL;
+    int has_grad = g != Py_None;
+    Py_DECREF(g);
+    int grad_on = attr_true(grad_state, s_enabled);
+    if (grad_on < 0)
+        return NULL;
+    int record_it = needs_grad && has_grad && grad_on;
+    if (any_view) {
+        /* views the Python path re-derives or checks first: a stale one that autograd records
+         * (refresh), one among several outputs of an op (check_multi_output), one whose base
+         * requires grad since it was taken (follows_base); and any view under an interpreter */
+        PyObject *top = NULL;
+        if (PyContextVar_Get(current_var, NULL, &top) < 0)
+            return NULL;
+        int traced = top != NULL && top != Py_None;
+        Py_XDECREF(top);
+        if (traced)
+            return PyObject_CallFunctionObjArgs(py_eager, op, inputs, attrs, NULL);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *vi = vis[i];
+            if (vi == Py_None)
+                continue;
+            int st = stale(vi);
+            if (st < 0)
+                return NULL;
+            if (record_it && st)
+                return PyObject_CallFunctionObjArgs(py_eager, op, inputs, attrs, NULL);
+            PyObject *made = get_slot(vi, V_version);
+            if (record_it && made != Py_None) {   /* one of several outputs: unwritten since */
+                PyObject *now = PyObject_GetAttr(get_slot(PyTuple_GET_ITEM(inputs, i), T_data), s__version);
+                if (now == NULL)
+                    return NULL;
+                int same = PyObject_RichCompareBool(now, made, Py_EQ);
+                Py_DECREF(now);
+                if (same < 0)
+                    return NULL;
+                if (!same)   /* (check_multi_output decides: it may refuse) */
+                    return PyObject_CallFunctionObjArgs(py_eager, op, inputs, attrs, NULL);
+            }
+            if (!needs_grad && grad_on && has_grad && st &&
+                get_slot(get_slot(vi, V_base), T_rg) == Py_True && get_slot(vi, V_nograd) != Py_True)
+                return PyObject_CallFunctionObjArgs(py_eager, op, inputs, attrs, NULL);
+        }
+    }
+    int view = attr_true(op, s_view);
+    if (view < 0)
+        return NULL;
+    if (view && !any_view) {   /* (a view made under an interpreter: make_view stamps its token) */
+        PyObject *top = NULL;
+        if (PyContextVar_Get(current_var, NULL, &top) < 0)
+            return NULL;
+        int traced = top != NULL && top != Py_None;
+        Py_XDECREF(top);
+        if (traced)
+            return PyObject_CallFunctionObjArgs(py_eager, op, inputs, attrs, NULL);
+    }
+    PyObject *kernel = PyObject_GetAttr(op, s_kernel);
+    if (kernel == NULL)
+        return NULL;
+    PyObject *out = PyObject_VectorcallDict(kernel, datas, (size_t)n,
+                                           PyDict_GET_SIZE(attrs) ? attrs : NULL);
+    Py_DECREF(kernel);
+    if (out == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_Exception))
+            reraise_as_op_error(op, inputs, attrs);
+        return NULL;
+    }
+    if (Py_TYPE(out) != TorchTensor_T) {
+        PyObject *r = PyObject_CallFunctionObjArgs(py_wrap, op, inputs, attrs, out,
+                                                   record_it ? Py_True : Py_False, NULL);
+        Py_DECREF(out);
+        return r;
+    }
+    PyObject *t = new_tensor(out);
+    if (t == NULL)
+        goto fail;
+    if (record_it) {
+        PyObject *node = record(op, inputs, attrs, out);
+        if (node == NULL)
+            goto fail_t;
+        int tg = takes_grad(out);
+        if (tg < 0) {
+            Py_DECREF(node);
+            goto fail_t;
+        }
+        if (tg) {
+            set_slot(t, T_rg, Py_True);
+            set_slot(t, T_grad_fn, node);
+        }
+        Py_DECREF(node);
+    }
+    if (view && n > 0) {
+        int al = aliases(out, datas[0]);
+        if (al < 0)
+            goto fail_t;
+        if (al) {
+            PyObject *x = PyTuple_GET_ITEM(inputs, 0);
+            if (vis[0] != Py_None) {
+                PyObject *r = PyObject_CallFunctionObjArgs(py_make_view, t, x, op, attrs, Py_None, NULL);
+                if (r == NULL)
+                    goto fail_t;
+                Py_DECREF(r);
+            } else if (view_of_base(t, x, op, attrs, out, grad_on) < 0) {
+                goto fail_t;
+            }
+        }
+    }
+    Py_DECREF(out);
+    return t;
+fail_t:
+    Py_DECREF(t);
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyObject *fast_eager(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_Check(args[1]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "holoflow._fast.eager(op, inputs: tuple, attrs: dict)");
+        return NULL;
+    }
+    return eager_impl(args[0], args[1], args[2]);
+}
+
+/* dispatch.apply(op, *inputs, **attrs): the innermost interpreter binds, or eager runs */
+static PyObject *fast_apply(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n < 1) {
+        PyErr_SetString(PyExc_TypeError, "holoflow.apply(op, *inputs, **attrs): no op given");
+        return NULL;
+    }
+    PyObject *op = args[0];
+    PyObject *inputs = PyTuple_New(n - 1);
+    if (inputs == NULL)
+        return NULL;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        Py_INCREF(args[i]);
+        PyTuple_SET_ITEM(inputs, i - 1, args[i]);
+    }
+    PyObject *attrs = PyDict_New(), *r = NULL, *top = NULL;
+    if (attrs == NULL)
+        goto done;
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nk; i++)
+        if (PyDict_SetItem(attrs, PyTuple_GET_ITEM(kwnames, i), args[n + i]) < 0)
+            goto done;
+    if (PyContextVar_Get(current_var, NULL, &top) < 0)
+        goto done;
+    if (top != NULL && top != Py_None)
+        r = PyObject_CallMethodObjArgs(top, s_bind, op, inputs, attrs, NULL);
+    else
+        r = eager_impl(op, inputs, attrs);
+done:
+    Py_XDECREF(top);
+    Py_DECREF(inputs);
+    Py_XDECREF(attrs);
+    return r;
+}
+
+/* -- binary_method: ``Tensor.__<op>__`` as one C call ------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *op;
+    PyObject *fixed;   /* attrs every call passes (a dict) */
+    PyObject *name;
+    vectorcallfunc vectorcall;
+} BinaryMethod;
+
+static PyObject *binary_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    BinaryMethod *m = (BinaryMethod *)self;
+    if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL) {
+        PyErr_Format(PyExc_TypeError, "%U(self, other) takes exactly two arguments", m->name);
+        return NULL;
+    }
+    PyObject *inputs = PyTuple_Pack(2, args[0], args[1]);
+    if (inputs == NULL)
+        return NULL;
+    PyObject *attrs = PyDict_Copy(m->fixed), *top = NULL, *r = NULL;
+    if (attrs == NULL || PyContextVar_Get(current_var, NULL, &top) < 0)
+        goto done;
+    if (top != NULL && top != Py_None)
+        r = PyObject_CallMethodObjArgs(top, s_bind, m->op, inputs, attrs, NULL);
+    else
+        r = eager_impl(m->op, inputs, attrs);
+done:
+    Py_XDECREF(top);
+    Py_DECREF(inputs);
+    Py_XDECREF(attrs);
+    return r;
+}
+
+static PyObject *binary_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+static void binary_dealloc(PyObject *self) {
+    BinaryMethod *m = (BinaryMethod *)self;
+    PyObject_GC_UnTrack(self);
+    Py_XDECREF(m->op);
+    Py_XDECREF(m->fixed);
+    Py_XDECREF(m->name);
+    PyObject_GC_Del(self);
+}
+
+static int binary_traverse(PyObject *self, visitproc visit, void *arg) {
+    BinaryMethod *m = (BinaryMethod *)self;
+    Py_VISIT(m->op);
+    Py_VISIT(m->fixed);
+    return 0;
+}
+
+static PyObject *binary_name(PyObject *self, void *closure) {
+    PyObject *name = ((BinaryMethod *)self)->name;
+    Py_INCREF(name);
+    return name;
+}
+
+static PyGetSetDef binary_getset[] = {
+    {"__name__", binary_name, NULL, NULL, NULL},
+    {"__qualname__", binary_name, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject BinaryMethod_T = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "holoflow.core._fast.BinaryMethod",
+    .tp_basicsize = sizeof(BinaryMethod),
+    .tp_dealloc = binary_dealloc,
+    .tp_vectorcall_offset = offsetof(BinaryMethod, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "Tensor.__<op>__(self, other): apply(op, self, other, **fixed) in one call.",
+    .tp_traverse = binary_traverse,
+    .tp_descr_get = binary_get,
+    .tp_getset = binary_getset,
+};
+
+/* binary_method(op, name, fixed) */
+static PyObject *fast_binary_method(PyObject *self, PyObject *args) {
+    PyObject *op, *name, *fixed;
+    if (!PyArg_ParseTuple(args, "OUO!", &op, &name, &PyDict_Type, &fixed))
+        return NULL;
+    BinaryMethod *m = PyObject_GC_New(BinaryMethod, &BinaryMethod_T);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(op);
+    Py_INCREF(name);
+    m->op = op;
+    m->name = name;
+    m->fixed = PyDict_Copy(fixed);
+    m->vectorcall = binary_call;
+    if (m->fixed == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject_GC_Track((PyObject *)m);
+    return (PyObject *)m;
+}
+
+static PyObject *fast_init(PyObject *self, PyObject *args) {
+    PyObject *tensor_t, *node_t, *torch_t, *view_t;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOO", &tensor_t, &node_t, &torch_t, &view_t, &py_eager,
+                          &py_wrap, &py_op_error, &py_make_view, &current_var, &grad_state,
+                          &anomaly_state, &live_hooks, &py_note_forward))
+        return NULL;
+    if (!PyType_Check(tensor_t) || !PyType_Check(node_t) || !PyType_Check(torch_t) ||
+        !PyType_Check(view_t) ||
+        !PyList_Check(live_hooks) || PyList_GET_SIZE(live_hooks) != 1) {
+        PyErr_SetString(PyExc_TypeError, "holoflow._fast.init: unexpected arguments");
+        return NULL;
+    }
+    Tensor_T = (PyTypeObject *)tensor_t;
+    Node_T = (PyTypeObject *)node_t;
+    TorchTensor_T = (PyTypeObject *)torch_t;
+    ViewInfo_T = (PyTypeObject *)view_t;
+    PyObject *held[] = {tensor_t, node_t, torch_t, view_t, py_eager, py_wrap, py_op_error,
+                        py_make_view, current_var, grad_state, anomaly_state, live_hooks,
+                        py_note_forward};
+    for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++)
+        Py_INCREF(held[i]);
+    if (slot_offset(Tensor_T, "_data", &T_data) || slot_offset(Tensor_T, "_rg", &T_rg) ||
+        slot_offset(Tensor_T, "_grad", &T_grad) || slot_offset(Tensor_T, "grad_fn", &T_grad_fn) ||
+        slot_offset(Tensor_T, "_out_idx", &T_out_idx) || slot_offset(Tensor_T, "_hooks", &T_hooks) ||
+        slot_offset(Tensor_T, "_global", &T_global) || slot_offset(Node_T, "op", &N_op) ||
+        slot_offset(Node_T, "edges", &N_edges) || slot_offset(Node_T, "attrs", &N_attrs) ||
+        slot_offset(Node_T, "shapes", &N_shapes) || slot_offset(Node_T, "dtypes", &N_dtypes) ||
+        slot_offset(Node_T, "_saved", &N_saved) || slot_offset(Node_T, "_versions", &N_versions) ||
+        slot_offset(Node_T, "_outs", &N_outs) || slot_offset(Node_T, "out_metas", &N_out_metas) ||
+        slot_offset(Node_T, "hooks", &N_hooks) || slot_offset(Node_T, "retains", &N_retains) ||
+        slot_offset(ViewInfo_T, "base", &V_base) || slot_offset(ViewInfo_T, "chain", &V_chain) ||
+        slot_offset(ViewInfo_T, "stamp", &V_stamp) || slot_offset(ViewInfo_T, "nograd", &V_nograd) ||
+        slot_offset(ViewInfo_T, "version", &V_version) || slot_offset(ViewInfo_T, "at", &V_at))
+        return NULL;
+    float_dtypes = PyDict_New();
+    zero = PyLong_FromLong(0);
+    if (float_dtypes == NULL || zero == NULL)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"init", fast_init, METH_VARARGS, "Hands the classes and Python helpers over (dispatch.py)."},
+    {"eager", (PyCFunction)(void (*)(void))fast_eager, METH_FASTCALL, "dispatch._eager in C."},
+    {"binary_method", fast_binary_method, METH_VARARGS,
+     "binary_method(op, name, fixed: dict): Tensor.__<op>__ in C."},
+    {"apply", (PyCFunction)(void (*)(void))fast_apply, METH_FASTCALL | METH_KEYWORDS,
+     "apply(op, *inputs, **attrs): runs op with the active interpreters."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__fast(void) {
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+    INTERN(s_kernel, "kernel");
+    INTERN(s_grad, "grad");
+    INTERN(s_view, "view");
+    INTERN(s_saves, "_saves");
+    INTERN(s_saved_inputs, "saved_inputs");
+    INTERN(s_saved_outputs, "saved_outputs");
+    INTERN(s_shape, "shape");
+    INTERN(s_dtype, "dtype");
+    INTERN(s__version, "_version");
+    INTERN(s__view, "_view");
+    INTERN(s_enabled, "enabled");
+    INTERN(s_bind, "bind");
+    INTERN(s_saved_of, "saved_of");
+    INTERN(s_outputs_of, "outputs_of");
+    INTERN(s_save, "save");
+    INTERN(s__kept, "_kept");
+    INTERN(s_is_floating_point, "is_floating_point");
+    INTERN(s_is_complex, "is_complex");
+    INTERN(s__base, "_base");
+#undef INTERN
+    if (PyType_Ready(&BinaryMethod_T) < 0)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,142 @@
+"""The C build of the eager per-op path (core/_fast.c) against its Python reference
+(dispatch._eager_py): same results, same recorded grad nodes, same errors; and the reference
+itself still passes the autograd and views suites (``HOLOFLOW_PURE_PYTHON=1``)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import holoflow as flow
+from holoflow.core import dispatch
+from holoflow.core.registry import REGISTRY
+from holoflow.core.tensor import Tensor
+
+FAST = dispatch._FAST
+pytestmark = pytest.mark.skipif(os.environ.get("HOLOFLOW_PURE_PYTHON", "") not in ("", "0"),
+                                reason="the Python path was asked for")
+
+
+def test_the_extension_is_built_and_used():
+    # (pip install -e . builds it; the suite runs on it, so a failed build must not pass unseen)
+    assert FAST is not None
+    assert dispatch.apply is FAST.apply and dispatch._eager is FAST.eager
+    assert type(Tensor.__mul__).__name__ == "BinaryMethod"
+
+
+def _fields(t):
+    """What a result and its grad node hold, comparable across two runs of one op."""
+    n = t.grad_fn
+    node = None if n is None else (n.op, len(n.edges), tuple(None if e is None else type(e).__name__ for e in n.edges),
+                                   n.attrs, n.shapes, n.dtypes,
+                                   None if n._saved is None else tuple(type(s).__name__ for s in n._saved),
+                                   None if n._versions is None else tuple(v for _, v in n._versions),
+                                   None if n._outs is None else tuple(o is None for o in n._outs), n.out_metas)
+    view = t._view
+    return (t._data.shape, t._data.dtype, t._rg, t._out_idx, t._global, t._hooks, node,
+            None if view is None else (view.chain, view.nograd, view.version, view.at))
+
+
+def _leaf(*shape, rg=True):
+    torch.manual_seed(0)
+    return flow.randn(*shape).requires_grad_(rg)
+
+
+CASES = [
+    ("mul", lambda: (_leaf(3, 4), 2.5), {}),                       # a constant input, reads_other
+    ("mul", lambda: (_leaf(3, 4), _leaf(4, rg=False)), {}),
+    ("matmul", lambda: (_leaf(3, 4), _leaf(4, 2)), {}),
+    ("relu", lambda: (_leaf(5),), {}),                               # saves its output
+    ("add", lambda: (_leaf(2, 3), _leaf(2, 3)), {"alpha": 2}),       # attrs reach the kernel
+    ("permute", lambda: (_leaf(2, 3, 4),), {"dims": (2, 0, 1)}),     # a view op
+    ("reshape", lambda: (_leaf(2, 3),), {"shape": (3, 2)}),
+    ("layer_norm", lambda: (_leaf(2, 4), _leaf(4), _leaf(4)), {"normalized_shape": (4,), "eps": 1e-5}),
+    ("mul", lambda: (_leaf(3, rg=False), 2), {}),                    # nothing to record
+]
+
+
+@pytest.mark.parametrize("grad_on", [True, False])
+@pytest.mark.parametrize("name,make,attrs", CASES, ids=[f"{c[0]}{i}" for i, c in enumerate(CASES)])
+def test_c_path_records_what_the_python_path_records(name, make, attrs, grad_on):
+    op = REGISTRY[name]
+    with flow.set_grad_enabled(grad_on):
+        fast = FAST.eager(op, make(), dict(attrs))
+        ref = dispatch._eager_py(op, make(), dict(attrs))
+    fast, ref = (x if isinstance(x, tuple) else (x,) for x in (fast, ref))
+    assert len(fast) == len(ref)
+    for a, b in zip(fast, ref):
+        assert torch.equal(a._data, b._data)
+        assert _fields(a) == _fields(b)
+
+
+def test_a_view_of_a_view_and_backward_through_both_paths():
+    x = _leaf(2, 3, 4)
+    grads = []
+    for run in (FAST.eager, dispatch._eager_py):
+        x.grad = None
+        v = run(REGISTRY["permute"], (x,), {"dims": (2, 0, 1)})
+        w = run(REGISTRY["reshape"], (v,), {"shape": (4, 6)})
+        assert w._view.base is x and len(w._view.chain) == 2
+        (w * flow.arange(24.0).reshape(4, 6)).sum().backward()
+        grads.append(x.grad.clone())
+    assert torch.equal(grads[0]._data, grads[1]._data)
+
+
+def test_kernel_errors_come_out_as_the_python_path_raises_them():
+    a, b = flow.randn(2, 3), flow.randn(4, 5)
+    errs = []
+    for run in (FAST.eager, dispatch._eager_py):
+        with pytest.raises(RuntimeError) as info:
+            run(REGISTRY["matmul"], (a, b), {})
+        errs.append(info.value)
+    assert str(errs[0]) == str(errs[1]) and "holoflow.matmul" in str(errs[0])
+    assert type(errs[0]) is type(errs[1])
+    assert isinstance(errs[0].__cause__, RuntimeError) and errs[0].__suppress_context__
+
+
+def test_apply_copies_its_attrs_and_checks_its_arguments():
+    attrs = {"alpha": 2}
+    x = flow.ones(3, requires_grad=True)
+    y = FAST.apply(REGISTRY["add"], x, x, **attrs)
+    assert y.grad_fn.attrs == attrs and y.grad_fn.attrs is not attrs
+    assert torch.equal(y._data, torch.full((3,), 3.0))
+    with pytest.raises(TypeError, match="no op given"):
+        FAST.apply()
+    with pytest.raises(TypeError, match="inputs: tuple"):
+        FAST.eager(REGISTRY["add"], [x, x], {})
+
+
+def test_binary_methods_bind_like_functions():
+    a, b = flow.tensor([1.0, 2.0]), flow.tensor([3.0, 4.0])
+    assert Tensor.__mul__.__name__ == "__mul__"
+    assert torch.equal(Tensor.__mul__(a, b)._data, (a * b)._data)   # unbound, as a function
+    assert torch.equal(a.__mul__(b)._data, torch.tensor([3.0, 8.0]))
+    assert torch.equal((a // 2)._data, torch.tensor([0.0, 1.0]))     # fixed attrs (rounding_mode)
+    with pytest.raises(TypeError, match="exactly two"):
+        a.__mul__(b, b)
+
+
+def test_saved_tensor_hooks_and_anomaly_mode_take_the_python_helpers():
+    x = _leaf(3)
+    packed = []
+    with flow.autograd.graph.saved_tensors_hooks(lambda t: packed.append(1) or t, lambda t: t):
+        y = x * x
+    assert packed and type(y.grad_fn).__name__ == "PackedNode"
+    y.sum().backward()
+    assert torch.allclose(x.grad._data, 2 * x._data)
+    with flow.autograd.detect_anomaly(check_nan=False):
+        z = x.exp()
+    assert z.grad_fn is not None and flow.core.anomaly.METADATA.get(z.grad_fn) is not None
+
+
+def test_the_python_reference_passes_the_autograd_and_views_suites():
+    here = os.path.dirname(__file__)
+    env = {**os.environ, "HOLOFLOW_PURE_PYTHON": "1"}
+    files = ["test_autograd.py", "test_views_inplace.py", "test_fuzz_views_inplace.py",
+             "test_inplace_cuts_history.py", "test_probe_autograd_combos.py"]
+    code = ("import holoflow.core.dispatch as d, sys; assert d._FAST is None; import pytest; "
+            f"sys.exit(pytest.main(['-q', '-x', '-p', 'no:warnings', *{[os.path.join(here, f) for f in files]!r}]))")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout
