@@ -686,6 +686,251 @@ done:
     return r;
 }
 
+/* -- the backward loop (autograd._drain) --------------------------------------------------- */
+
+/* a gradient buffer for ``child``: [None] * child.n_outputs, stored in ``buffers`` (borrowed) */
+static PyObject *buffer_of(PyObject *buffers, PyObject *child) {
+    PyObject *buf = PyDict_GetItemWithError(buffers, child);
+    if (buf != NULL || PyErr_Occurred())
+        return buf;
+    PyObject *metas = get_slot(child, N_out_metas);
+    Py_ssize_t n = 1;
+    if (metas != Py_None && (n = PyObject_Length(metas)) < 0)
+        return NULL;
+    buf = PyList_New(n);
+    if (buf == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(buf, i, Py_None);
+    }
+    int r = PyDict_SetItem(buffers, child, buf);
+    Py_DECREF(buf);
+    return r < 0 ? NULL : buf;
+}
+
+/* d[k] -= 1, returning what is left (-1 on error) */
+static Py_ssize_t count_down(PyObject *d, PyObject *k) {
+    PyObject *v = PyDict_GetItemWithError(d, k);
+    if (v == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetObject(PyExc_KeyError, k);
+        return -1;
+    }
+    Py_ssize_t left = PyLong_AsSsize_t(v) - 1;
+    if (left < 0 && PyErr_Occurred())
+        return -1;
+    PyObject *nv = PyLong_FromSsize_t(left);
+    if (nv == NULL || PyDict_SetItem(d, k, nv) < 0) {
+        Py_XDECREF(nv);
+        return -1;
+    }
+    Py_DECREF(nv);
+    return left;
+}
+
+/* ``old + g`` where old may be None: a new reference */
+static PyObject *summed(PyObject *old, PyObject *g) {
+    if (old == NULL || old == Py_None) {
+        Py_INCREF(g);
+        return g;
+    }
+    return PyNumber_Add(old, g);
+}
+
+/* hands each input gradient to its edge: a node's buffer (a node whose last gradient came is
+ * ready), or a leaf (its gradients summed, given to to_leaf once the last came) */
+static int distribute(PyObject *edges, PyObject *in_grads, PyObject *buffers, PyObject *deps,
+                      PyObject *ready, PyObject *leaf_deps, PyObject *leaf_sums, PyObject *to_leaf) {
+    Py_ssize_t n = PyTuple_GET_SIZE(edges);
+    if (PyTuple_GET_SIZE(in_grads) < n)
+        n = PyTuple_GET_SIZE(in_grads);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyTuple_GET_ITEM(edges, i), *g = PyTuple_GET_ITEM(in_grads, i);
+        if (e == Py_None)
+            continue;
+        if (PyTuple_CheckExact(e)) {
+            PyObject *child = PyTuple_GET_ITEM(e, 0);
+            Py_ssize_t idx = PyLong_AsSsize_t(PyTuple_GET_ITEM(e, 1));
+            if (idx == -1 && PyErr_Occurred())
+                return -1;
+            PyObject *buf = buffer_of(buffers, child);
+            if (buf == NULL)
+                return -1;
+            if (g != Py_None) {
+                if (!PyList_Check(buf) || idx >= PyList_GET_SIZE(buf)) {
+                    PyErr_SetString(PyExc_IndexError, "holoflow: a gradient for an output a node does not have");
+                    return -1;
+                }
+                PyObject *sum = summed(PyList_GET_ITEM(buf, idx), g);
+                if (sum == NULL || PyList_SetItem(buf, idx, sum) < 0)   /* (steals sum) */
+                    return -1;
+            }
+            Py_ssize_t left = count_down(deps, child);
+            if (left < 0)
+                return -1;
+            if (left == 0 && PyList_Append(ready, child) < 0)
+                return -1;
+        } else {
+            PyObject *k = PyLong_FromVoidPtr(e);
+            if (k == NULL)
+                return -1;
+            Py_ssize_t left = count_down(leaf_deps, k);
+            int waiting = left > 0 ? 1 : (left == 0 ? PyDict_Contains(leaf_sums, k) : -1);
+            int r = 0;
+            if (waiting < 0) {
+                r = -1;
+            } else if (waiting) {
+                if (g != Py_None) {
+                    PyObject *old = PyDict_GetItemWithError(leaf_sums, k);
+                    PyObject *sum = (old != NULL || !PyErr_Occurred()) ? summed(old, g) : NULL;
+                    r = (sum == NULL || PyDict_SetItem(leaf_sums, k, sum) < 0) ? -1 : 0;
+                    Py_XDECREF(sum);
+                }
+                if (r == 0 && left == 0) {
+                    PyObject *all = PyDict_GetItemWithError(leaf_sums, k);
+                    if (all != NULL) {
+                        Py_INCREF(all);
+                        r = PyDict_DelItem(leaf_sums, k);
+                        if (r == 0 && all != Py_None) {
+                            PyObject *done = PyObject_CallFunctionObjArgs(to_leaf, e, all, NULL);
+                            r = done == NULL ? -1 : 0;
+                            Py_XDECREF(done);
+                        }
+                        Py_DECREF(all);
+                    } else if (PyErr_Occurred()) {
+                        r = -1;
+                    }
+                }
+            } else if (g != Py_None) {
+                PyObject *done = PyObject_CallFunctionObjArgs(to_leaf, e, g, NULL);
+                r = done == NULL ? -1 : 0;
+                Py_XDECREF(done);
+            }
+            Py_DECREF(k);
+            if (r < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* one node whose rule needs nothing but its gradient: the rule's result, one gradient per edge */
+static PyObject *run_plain(PyObject *node, PyObject *gs, PyObject *edges, int retain_graph,
+                           PyObject *freed, PyObject *as_grads) {
+    PyObject *g = PyList_GET_SIZE(gs) ? PyList_GET_ITEM(gs, 0) : Py_None;
+    Py_ssize_t n = PyTuple_GET_SIZE(edges);
+    if (g == Py_None) {
+        PyObject *none = PyTuple_New(n);
+        for (Py_ssize_t i = 0; none != NULL && i < n; i++) {
+            Py_INCREF(Py_None);
+            PyTuple_SET_ITEM(none, i, Py_None);
+        }
+        return none;
+    }
+    PyObject *op = get_slot(node, N_op);
+    PyObject *rule = PyObject_GetAttr(op, s_grad);
+    if (rule == NULL)
+        return NULL;
+    PyObject *args[2] = {node, g};
+    PyObject *in_grads = PyObject_Vectorcall(rule, args, 2, NULL);
+    Py_DECREF(rule);
+    if (in_grads == NULL)
+        return NULL;
+    if (!PyTuple_CheckExact(in_grads) || PyTuple_GET_SIZE(in_grads) != n) {
+        /* (a lone gradient is wrapped; a count that is wrong raises) */
+        PyObject *r = PyObject_CallFunctionObjArgs(as_grads, node, in_grads, NULL);
+        Py_DECREF(in_grads);
+        if (r == NULL)
+            return NULL;
+        in_grads = r;
+    }
+    if (!retain_graph) {   /* what the rule read is freed, as torch frees a node's saved tensors */
+        PyObject *save = PyObject_GetAttr(op, s_save);
+        int saves = save ? PyObject_IsTrue(save) : -1;
+        Py_XDECREF(save);
+        if (saves < 0) {
+            Py_DECREF(in_grads);
+            return NULL;
+        }
+        if (saves) {
+            set_slot(node, N_saved, freed);
+            set_slot(node, N_outs, Py_None);
+            set_slot(node, N_versions, Py_None);
+        }
+    }
+    return in_grads;
+}
+
+/* drain(ready, buffers, deps, leaf_deps, leaf_sums, to_leaf, retain_graph, freed, as_grads,
+ *       run_node) */
+static PyObject *fast_drain(PyObject *self, PyObject *args) {
+    PyObject *ready, *buffers, *deps, *leaf_deps, *leaf_sums, *to_leaf, *freed, *as_grads, *run_node;
+    int retain_graph;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!OpOOO", &PyList_Type, &ready, &PyDict_Type, &buffers,
+                          &PyDict_Type, &deps, &PyDict_Type, &leaf_deps, &PyDict_Type, &leaf_sums,
+                          &to_leaf, &retain_graph, &freed, &as_grads, &run_node))
+        return NULL;
+    if (Node_T == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "holoflow._fast.drain: init() was not called");
+        return NULL;
+    }
+    while (PyList_GET_SIZE(ready)) {
+        Py_ssize_t last = PyList_GET_SIZE(ready) - 1;
+        PyObject *node = PyList_GET_ITEM(ready, last);
+        Py_INCREF(node);
+        if (PyList_SetSlice(ready, last, last + 1, NULL) < 0) {
+            Py_DECREF(node);
+            return NULL;
+        }
+        PyObject *gs = PyDict_GetItemWithError(buffers, node);
+        if (gs == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, node);
+            Py_DECREF(node);
+            return NULL;
+        }
+        Py_INCREF(gs);
+        PyObject *edges = NULL, *in_grads = NULL;
+        if (PyDict_DelItem(buffers, node) < 0)
+            goto fail;
+        edges = get_slot(node, N_edges);
+        Py_INCREF(edges);
+        if (Py_TYPE(node) == Node_T && PyList_CheckExact(gs) && PyTuple_CheckExact(edges) &&
+            get_slot(node, N_out_metas) == Py_None && !PyObject_IsTrue(get_slot(node, N_hooks)) &&
+            !PyObject_IsTrue(get_slot(node, N_retains)))
+            in_grads = run_plain(node, gs, edges, retain_graph, freed, as_grads);
+        else   /* hooks, retained gradients, several outputs, packed saved tensors */
+            in_grads = PyObject_CallFunctionObjArgs(run_node, node, gs, NULL);
+        Py_CLEAR(gs);
+        if (in_grads == NULL)
+            goto fail;
+        if (!PyTuple_Check(in_grads)) {   /* (a node post-hook's list, say) */
+            Py_SETREF(in_grads, PySequence_Tuple(in_grads));
+            if (in_grads == NULL)
+                goto fail;
+        }
+        if (!PyTuple_Check(edges)) {
+            Py_SETREF(edges, PySequence_Tuple(edges));
+            if (edges == NULL)
+                goto fail;
+        }
+        if (distribute(edges, in_grads, buffers, deps, ready, leaf_deps, leaf_sums, to_leaf) < 0)
+            goto fail;
+        Py_DECREF(in_grads);
+        Py_DECREF(edges);
+        Py_DECREF(node);
+        continue;
+    fail:
+        Py_XDECREF(gs);
+        Py_XDECREF(in_grads);
+        Py_XDECREF(edges);
+        Py_DECREF(node);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* -- binary_method: ``Tensor.__<op>__`` as one C call ------------------------------------- */
 
 typedef struct {
@@ -836,6 +1081,7 @@ static PyObject *fast_init(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"init", fast_init, METH_VARARGS, "Hands the classes and Python helpers over (dispatch.py)."},
     {"eager", (PyCFunction)(void (*)(void))fast_eager, METH_FASTCALL, "dispatch._eager in C."},
+    {"drain", fast_drain, METH_VARARGS, "autograd._drain's loop in C (no hooks, captures or anomaly mode)."},
     {"binary_method", fast_binary_method, METH_VARARGS,
      "binary_method(op, name, fixed: dict): Tensor.__<op>__ in C."},
     {"apply", (PyCFunction)(void (*)(void))fast_apply, METH_FASTCALL | METH_KEYWORDS,

@@ -16,6 +16,7 @@ import torch
 from . import anomaly, grad_mode
 from .anomaly import ANOMALY
 from .errors import HoloflowError
+from .native import FAST
 from .node import (_FREED, _TASK, AccumulateGrad, AccumulatePostHook, GradNode, GraphTask, PackedNode,
                    _run_node_hooks)
 from .views import dense_layout
@@ -371,10 +372,76 @@ def _needed_edges(edges: tuple, runs: set, cap_keys: dict) -> tuple:
                                           e[0] in runs or e in cap_keys) else None for e in edges])
 
 
+def _run_node(node: GradNode, gs: list, retain_graph: bool, checks: bool, runs, cap_keys: dict,
+              captured: dict) -> tuple:
+    """Runs one node of a backward pass: its tensors' hooks, retained gradients and captures,
+    node pre-hooks, the grad rule, node post-hooks; returns one gradient per edge."""
+    hooks = node.hooks
+    if hooks:
+        gs = [_apply_hooks(hooks.get(i, ()), g) if g is not None else g
+              for i, g in enumerate(gs)]
+    if node.retains:  # after every other tensor hook, as torch does
+        for i, keep in node.retains.items():
+            if gs[i] is not None:
+                keep(gs[i])
+    if hooks and "pre" in hooks:   # Node.register_prehook: after the tensors' hooks
+        gs = _run_node_hooks(hooks["pre"], len(gs), gs)
+    if cap_keys:
+        for i, g in enumerate(gs):
+            key = (node, i)
+            if key in cap_keys and g is not None:
+                captured[key] = _accumulate(captured.get(key), g)
+    op, edges = node.op, node.edges
+    if runs is not None:   # rules compute only what reaches the captured tensors (torch's
+        node.edges = _needed_edges(edges, runs, cap_keys)   # should_compute_output)
+    if checks:
+        prev = anomaly.running(node)
+    try:
+        if node.out_metas is None:   # one output: the rule gets its gradient, no list work
+            g = gs[0]
+            if g is None:
+                in_grads = (None,) * len(edges)
+            else:
+                in_grads = op.grad(node, g)
+                if type(in_grads) is not tuple:
+                    in_grads = _as_grads(node, in_grads)
+                elif len(in_grads) != len(edges):
+                    _as_grads(node, in_grads)
+                if not retain_graph and op.save:
+                    node._saved, node._outs, node._versions = _FREED, None, None
+        elif any(g is not None for g in gs):
+            in_grads = _call_grad(node, gs)
+            if not retain_graph and op.save:
+                node.release()
+        else:
+            in_grads = (None,) * len(edges)
+        if hooks and "post" in hooks:   # Node.register_hook
+            in_grads = _run_node_hooks(hooks["post"], len(edges), in_grads, tuple(gs))
+        if checks:
+            anomaly.check_nan(node, in_grads)
+    except BaseException:
+        if checks:
+            anomaly.warn_error(node)
+        raise
+    finally:
+        node.edges = edges
+        if checks:
+            anomaly.restore(prev)
+        if retain_graph and node.__class__ is PackedNode:
+            node._versions = None   # (its unpacked tensors: freed once the rule ran, as torch's)
+    return in_grads
+
+
 def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retain_graph, create_graph,
            to_leaf, runs=None) -> None:
     checks = ANOMALY.enabled   # (anomaly mode: read once a pass)
     with grad_mode.set_grad_enabled(create_graph):
+        if FAST is not None and runs is None and not cap_keys and not checks:
+            # the loop in C: a node with hooks, retained gradients, several outputs or packed
+            # saved tensors runs here (_run_node), every other node's rule is called from C
+            FAST.drain(ready, buffers, deps, leaf_deps, leaf_sums, to_leaf, retain_graph, _FREED, _as_grads,
+                       lambda node, gs: _run_node(node, gs, retain_graph, False, None, cap_keys, captured))
+            return
         while ready:
             node = ready.pop()
             gs = buffers.pop(node)
@@ -395,59 +462,8 @@ def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retai
                         if not leaf_deps[k] and k in leaf_sums:
                             to_leaf(e, leaf_sums.pop(k))
                 continue
-            hooks = node.hooks
-            if hooks:
-                gs = [_apply_hooks(hooks.get(i, ()), g) if g is not None else g
-                      for i, g in enumerate(gs)]
-            if node.retains:  # after every other tensor hook, as torch does
-                for i, keep in node.retains.items():
-                    if gs[i] is not None:
-                        keep(gs[i])
-            if hooks and "pre" in hooks:   # Node.register_prehook: after the tensors' hooks
-                gs = _run_node_hooks(hooks["pre"], len(gs), gs)
-            if cap_keys:
-                for i, g in enumerate(gs):
-                    key = (node, i)
-                    if key in cap_keys and g is not None:
-                        captured[key] = _accumulate(captured.get(key), g)
-            op, edges = node.op, node.edges
-            if runs is not None:   # rules compute only what reaches the captured tensors (torch's
-                node.edges = _needed_edges(edges, runs, cap_keys)   # should_compute_output)
-            if checks:
-                prev = anomaly.running(node)
-            try:
-                if node.out_metas is None:   # one output: the rule gets its gradient, no list work
-                    g = gs[0]
-                    if g is None:
-                        in_grads = (None,) * len(edges)
-                    else:
-                        in_grads = op.grad(node, g)
-                        if type(in_grads) is not tuple:
-                            in_grads = _as_grads(node, in_grads)
-                        elif len(in_grads) != len(edges):
-                            _as_grads(node, in_grads)
-                        if not retain_graph and op.save:
-                            node._saved, node._outs, node._versions = _FREED, None, None
-                elif any(g is not None for g in gs):
-                    in_grads = _call_grad(node, gs)
-                    if not retain_graph and op.save:
-                        node.release()
-                else:
-                    in_grads = (None,) * len(edges)
-                if hooks and "post" in hooks:   # Node.register_hook
-                    in_grads = _run_node_hooks(hooks["post"], len(edges), in_grads, tuple(gs))
-                if checks:
-                    anomaly.check_nan(node, in_grads)
-            except BaseException:
-                if checks:
-                    anomaly.warn_error(node)
-                raise
-            finally:
-                node.edges = edges
-                if checks:
-                    anomaly.restore(prev)
-                if retain_graph and node.__class__ is PackedNode:
-                    node._versions = None   # (its unpacked tensors: freed once the rule ran, as torch's)
+            edges = node.edges
+            in_grads = _run_node(node, gs, retain_graph, checks, runs, cap_keys, captured)
             for e, g in zip(edges, in_grads):
                 if e is None:
                     continue

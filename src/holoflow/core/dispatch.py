@@ -12,8 +12,6 @@ innermost interpreter of the stack (core/interpret.py). At the bottom, :class:`E
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from . import grad_mode, interpret
@@ -22,6 +20,7 @@ from .dtype import scalar_name
 from .autograd import GradNode, accumulate_grad, run_backward, seed_grads
 from .errors import HoloflowError, describe
 from .interpret import Interpreter
+from .native import FAST
 from .registry import Op, infer_metas
 from .saved import _LIVE
 from .tensor import Tensor
@@ -155,19 +154,13 @@ def _eager(op: Op, inputs: tuple, attrs: dict):
     return wrap(op, inputs, attrs, out, record)
 
 
-def _load_fast():
-    """The C build of ``apply`` and ``_eager`` (core/_fast.c), which hands every case but the
-    common one back to the Python functions above; None where it was not built, or where
-    ``HOLOFLOW_PURE_PYTHON=1`` asks for the Python path."""
-    if os.environ.get("HOLOFLOW_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from . import _fast
-    except ImportError:
-        return None
-    _fast.init(Tensor, GradNode, torch.Tensor, ViewInfo, _eager, wrap, op_error, make_view, _CURRENT, _STATE,
-               ANOMALY, _LIVE, note_forward)
-    return _fast
+def _init_fast():
+    """Hands the classes and the Python fallbacks to the C build of ``apply`` and ``_eager``
+    (core/_fast.c), which passes every case but the common one back to the functions above."""
+    if FAST is not None:
+        FAST.init(Tensor, GradNode, torch.Tensor, ViewInfo, _eager, wrap, op_error, make_view, _CURRENT, _STATE,
+                  ANOMALY, _LIVE, note_forward)
+    return FAST
 
 
 def run_local(op: Op, inputs: tuple, attrs: dict, saved: tuple | None = None):
@@ -589,7 +582,7 @@ def _take_history(x: Tensor, out: Tensor) -> None:
     x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True
 
 
-_FAST = _load_fast()
+_FAST = _init_fast()
 if _FAST is not None:   # (wrap, op_error and _eager itself are bound above: the C path's fallbacks)
     _eager_py, apply_py = _eager, apply
     _eager, apply = _FAST.eager, _FAST.apply
