@@ -53,6 +53,12 @@ CASES = [
     ("reshape", lambda: (_leaf(2, 3),), {"shape": (3, 2)}),
     ("layer_norm", lambda: (_leaf(2, 4), _leaf(4), _leaf(4)), {"normalized_shape": (4,), "eps": 1e-5}),
     ("mul", lambda: (_leaf(3, rg=False), 2), {}),                    # nothing to record
+    ("cross_entropy_log_softmax", lambda: (_leaf(4, 5), flow.tensor([0, 4, 2, 1])),   # a named tuple,
+     {"ignore_index": -100, "reduction": "mean"}),                                   # an int output
+    ("split", lambda: (_leaf(6, 2),), {"sizes": [2, 4], "dim": 0}),                       # views, several
+    ("permute", lambda: (_leaf(6, 4).view(2, 3, 4),), {"dims": (1, 2, 0)}),          # a view of a view
+    ("reshape", lambda: (_leaf(6, 2).split(3)[1],), {"shape": (6,)}),                 # of one of several
+    ("mul", lambda: (_leaf(6, 2).t(), _leaf(2, 6)[0]), {}),                           # views as inputs
 ]
 
 
@@ -63,6 +69,7 @@ def test_c_path_records_what_the_python_path_records(name, make, attrs, grad_on)
     with flow.set_grad_enabled(grad_on):
         fast = FAST.eager(op, make(), dict(attrs))
         ref = dispatch._eager_py(op, make(), dict(attrs))
+    assert type(fast) is type(ref)
     fast, ref = (x if isinstance(x, tuple) else (x,) for x in (fast, ref))
     assert len(fast) == len(ref)
     for a, b in zip(fast, ref):

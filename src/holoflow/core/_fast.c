@@ -17,7 +17,6 @@
 
 /* -- what init() hands over ------------------------------------------------------------------ */
 static PyTypeObject *Tensor_T, *Node_T, *TorchTensor_T, *ViewInfo_T;
-static PyObject *py_make_view;      /* views.make_view */
 static PyObject *py_eager;          /* dispatch._eager_py: the reference path */
 static PyObject *py_wrap;           /* dispatch.wrap */
 static PyObject *py_op_error;       /* dispatch.op_error */
@@ -283,10 +282,10 @@ static int save(PyObject *node, PyObject *inputs, PyObject *outs) {
 }
 
 /* dispatch._record for inputs with no views and no logical shapes */
-static PyObject *record(PyObject *op, PyObject *inputs, PyObject *attrs, PyObject *out) {
+static PyObject *record(PyObject *op, PyObject *inputs, PyObject *attrs, PyObject *outs) {
     Py_ssize_t n = PyTuple_GET_SIZE(inputs);
     PyObject *edges = PyTuple_New(n), *shapes = PyTuple_New(n), *dtypes = PyTuple_New(n);
-    PyObject *node = NULL, *saves = NULL, *saved_in = NULL, *saved_out = NULL, *outs = NULL;
+    PyObject *node = NULL, *saves = NULL, *saved_in = NULL, *saved_out = NULL;
     if (edges == NULL || shapes == NULL || dtypes == NULL)
         goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -354,10 +353,7 @@ static PyObject *record(PyObject *op, PyObject *inputs, PyObject *attrs, PyObjec
     if (saves_in || saves_out) {
         if (saves_in && (saved_in = saved_inputs_of(op, inputs, edges)) == NULL)
             goto fail;
-        if (saves_out) {
-            outs = PyTuple_Pack(1, out);
-            if (outs == NULL)
-                goto fail;
+        if (saves_out) {   /* (Op.outputs_of) */
             PyObject *keep = PyObject_GetAttr(op, s_saved_outputs);
             if (keep == NULL)
                 goto fail;
@@ -365,7 +361,20 @@ static PyObject *record(PyObject *op, PyObject *inputs, PyObject *attrs, PyObjec
                 saved_out = outs;
                 Py_INCREF(saved_out);
             } else {
-                saved_out = PyObject_CallMethodObjArgs(op, s_outputs_of, outs, NULL);
+                Py_ssize_t m = PyTuple_GET_SIZE(outs);
+                saved_out = PyTuple_New(m);
+                for (Py_ssize_t i = 0; saved_out != NULL && i < m; i++) {
+                    PyObject *idx = PyLong_FromSsize_t(i);
+                    int in = idx ? PySequence_Contains(keep, idx) : -1;
+                    Py_XDECREF(idx);
+                    if (in < 0) {
+                        Py_CLEAR(saved_out);
+                        break;
+                    }
+                    PyObject *o = in ? PyTuple_GET_ITEM(outs, i) : Py_None;
+                    Py_INCREF(o);
+                    PyTuple_SET_ITEM(saved_out, i, o);
+                }
             }
             Py_DECREF(keep);
             if (saved_out == NULL)
@@ -402,7 +411,6 @@ static PyObject *record(PyObject *op, PyObject *inputs, PyObject *attrs, PyObjec
     Py_DECREF(saves);
     Py_XDECREF(saved_in);
     Py_XDECREF(saved_out);
-    Py_XDECREF(outs);
     return node;
 fail:
     Py_XDECREF(edges);
@@ -412,7 +420,6 @@ fail:
     Py_XDECREF(saves);
     Py_XDECREF(saved_in);
     Py_XDECREF(saved_out);
-    Py_XDECREF(outs);
     return NULL;
 }
 
@@ -445,24 +452,129 @@ static void reraise_as_op_error(PyObject *op, PyObject *inputs, PyObject *attrs)
 
 #define MAX_FAST_INPUTS 16
 
-/* the view of a base made by a view op (dispatch._eager's inlined make_view, eager) */
-static int view_of_base(PyObject *t, PyObject *x, PyObject *op, PyObject *attrs, PyObject *out,
-                        int grad_on) {
-    PyObject *link = PyTuple_Pack(3, op, attrs, Py_None);
-    PyObject *chain = link ? PyTuple_Pack(1, link) : NULL;
-    PyObject *stamp = PyTuple_Pack(3, get_slot(x, T_grad_fn), get_slot(x, T_out_idx), Py_None);
-    PyObject *at = PyObject_GetAttr(out, s__version);
-    PyObject *v = (chain && stamp && at) ? ViewInfo_T->tp_alloc(ViewInfo_T, 0) : NULL;
-    int r = -1;
-    if (v != NULL) {
-        set_slot(v, V_base, x);
-        set_slot(v, V_chain, chain);
-        set_slot(v, V_stamp, stamp);
-        set_slot(v, V_nograd, grad_on ? Py_False : Py_True);
-        set_slot(v, V_version, Py_None);
-        set_slot(v, V_at, at);
-        r = PyObject_SetAttr(t, s__view, v);
+static PyObject *s_device, *s_out_type;
+
+static int make_view(PyObject *t, PyObject *x, PyObject *xvi, PyObject *op, PyObject *attrs,
+                     PyObject *idx, PyObject *out, int grad_on);
+static int aliases(PyObject *out, PyObject *d);
+
+/* dispatch.wrap for a kernel's several outputs: each wrapped, and linked to one new node when
+ * ``record_it`` (the float ones; the node keeps every output's shape, dtype and device); for a
+ * view op (``xvi``: its input's ViewInfo or None, NULL for other ops), those aliasing the input
+ * become its views. NULL without an error: not all outputs are tensors (the Python wrap decides) */
+static PyObject *wrap_many(PyObject *op, PyObject *inputs, PyObject *attrs, PyObject *out, int record_it,
+                           PyObject *xvi, int grad_on) {
+    PyObject *outs = PySequence_Tuple(out);
+    if (outs == NULL)
+        return NULL;
+    Py_ssize_t m = PyTuple_GET_SIZE(outs);
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (Py_TYPE(PyTuple_GET_ITEM(outs, i)) != TorchTensor_T) {
+            Py_DECREF(outs);
+            return NULL;
+        }
+    PyObject *node = NULL, *metas = NULL, *wrapped = PyTuple_New(m), *r = NULL;
+    if (wrapped == NULL)
+        goto done;
+    if (record_it) {
+        if ((node = record(op, inputs, attrs, outs)) == NULL || (metas = PyTuple_New(m)) == NULL)
+            goto done;
     }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *o = PyTuple_GET_ITEM(outs, i);
+        PyObject *w = new_tensor(o);
+        if (w == NULL)
+            goto done;
+        PyTuple_SET_ITEM(wrapped, i, w);
+        if (!record_it)
+            continue;
+        int tg = takes_grad(o);
+        if (tg < 0)
+            goto done;
+        if (tg) {
+            PyObject *idx = PyLong_FromSsize_t(i);
+            if (idx == NULL)
+                goto done;
+            set_slot(w, T_rg, Py_True);
+            set_slot(w, T_grad_fn, node);
+            set_slot(w, T_out_idx, idx);
+            Py_DECREF(idx);
+        }
+        PyObject *shape = PyObject_GetAttr(o, s_shape), *dt = PyObject_GetAttr(o, s_dtype),
+                 *dev = PyObject_GetAttr(o, s_device);
+        PyObject *meta = (shape && dt && dev) ? PyTuple_Pack(3, shape, dt, dev) : NULL;
+        Py_XDECREF(shape);
+        Py_XDECREF(dt);
+        Py_XDECREF(dev);
+        if (meta == NULL)
+            goto done;
+        PyTuple_SET_ITEM(metas, i, meta);
+    }
+    if (record_it)
+        set_slot(node, N_out_metas, metas);
+    if (xvi != NULL) {
+        PyObject *x = PyTuple_GET_ITEM(inputs, 0), *d = get_slot(x, T_data);
+        for (Py_ssize_t i = 0; i < m; i++) {
+            PyObject *o = PyTuple_GET_ITEM(outs, i);
+            int al = aliases(o, d);
+            PyObject *idx = al > 0 ? PyLong_FromSsize_t(i) : NULL;
+            int bad = al < 0 || (al > 0 && (idx == NULL ||
+                      make_view(PyTuple_GET_ITEM(wrapped, i), x, xvi, op, attrs, idx, o, grad_on) < 0));
+            Py_XDECREF(idx);
+            if (bad)
+                goto done;
+        }
+    }
+    PyObject *out_type = PyObject_GetAttr(op, s_out_type);
+    if (out_type == NULL)
+        goto done;
+    if (out_type == Py_None) {
+        r = wrapped;
+        Py_INCREF(r);
+    } else {
+        r = PyObject_Call(out_type, wrapped, NULL);
+    }
+    Py_DECREF(out_type);
+done:
+    Py_DECREF(outs);
+    Py_XDECREF(node);
+    Py_XDECREF(metas);
+    Py_XDECREF(wrapped);
+    return r;
+}
+
+/* ``t``, output ``idx`` (None: the only one) of view op ``op`` on ``x``, marked a view of ``x``'s
+ * base (views.make_view, eager: a base's stamp token is None) */
+static int make_view(PyObject *t, PyObject *x, PyObject *xvi, PyObject *op, PyObject *attrs,
+                     PyObject *idx, PyObject *out, int grad_on) {
+    PyObject *link = PyTuple_Pack(3, op, attrs, idx), *chain = NULL, *stamp = NULL, *v = NULL;
+    PyObject *at = PyObject_GetAttr(out, s__version);
+    int r = -1;
+    if (link == NULL || at == NULL)
+        goto done;
+    if (xvi == Py_None) {
+        chain = PyTuple_Pack(1, link);
+        stamp = PyTuple_Pack(3, get_slot(x, T_grad_fn), get_slot(x, T_out_idx), Py_None);
+    } else {   /* a view of a view: the base's chain goes on */
+        PyObject *one = PyTuple_Pack(1, link);
+        chain = one ? PySequence_Concat(get_slot(xvi, V_chain), one) : NULL;
+        Py_XDECREF(one);
+        stamp = get_slot(xvi, V_stamp);
+        Py_INCREF(stamp);
+    }
+    if (chain == NULL || stamp == NULL || (v = ViewInfo_T->tp_alloc(ViewInfo_T, 0)) == NULL)
+        goto done;
+    /* one of several outputs, or taken from one */
+    int multi = idx != Py_None || (xvi != Py_None && get_slot(xvi, V_version) != Py_None);
+    int nograd = !grad_on || (xvi != Py_None && get_slot(xvi, V_nograd) == Py_True);
+    set_slot(v, V_base, xvi == Py_None ? x : get_slot(xvi, V_base));
+    set_slot(v, V_chain, chain);
+    set_slot(v, V_stamp, stamp);
+    set_slot(v, V_nograd, nograd ? Py_True : Py_False);
+    set_slot(v, V_version, multi ? at : Py_None);
+    set_slot(v, V_at, at);
+    r = PyObject_SetAttr(t, s__view, v);
+done:
     Py_XDECREF(link);
     Py_XDECREF(chain);
     Py_XDECREF(stamp);
@@ -574,6 +686,8 @@ static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
     int view = attr_true(op, s_view);
     if (view < 0)
         return NULL;
+    if (view && (n == 0 || !PyObject_TypeCheck(PyTuple_GET_ITEM(inputs, 0), Tensor_T)))
+        return PyObject_CallFunctionObjArgs(py_eager, op, inputs, attrs, NULL);
     if (view && !any_view) {   /* (a view made under an interpreter: make_view stamps its token) */
         PyObject *top = NULL;
         if (PyContextVar_Get(current_var, NULL, &top) < 0)
@@ -595,8 +709,10 @@ static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
         return NULL;
     }
     if (Py_TYPE(out) != TorchTensor_T) {
-        PyObject *r = PyObject_CallFunctionObjArgs(py_wrap, op, inputs, attrs, out,
-                                                   record_it ? Py_True : Py_False, NULL);
+        PyObject *r = wrap_many(op, inputs, attrs, out, record_it, view ? vis[0] : NULL, grad_on);
+        if (r == NULL && !PyErr_Occurred())   /* (not all outputs are tensors) */
+            r = PyObject_CallFunctionObjArgs(py_wrap, op, inputs, attrs, out,
+                                             record_it ? Py_True : Py_False, NULL);
         Py_DECREF(out);
         return r;
     }
@@ -604,7 +720,9 @@ static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
     if (t == NULL)
         goto fail;
     if (record_it) {
-        PyObject *node = record(op, inputs, attrs, out);
+        PyObject *outs = PyTuple_Pack(1, out);
+        PyObject *node = outs ? record(op, inputs, attrs, outs) : NULL;
+        Py_XDECREF(outs);
         if (node == NULL)
             goto fail_t;
         int tg = takes_grad(out);
@@ -618,20 +736,13 @@ static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
         }
         Py_DECREF(node);
     }
-    if (view && n > 0) {
+    if (view) {
         int al = aliases(out, datas[0]);
         if (al < 0)
             goto fail_t;
         if (al) {
-            PyObject *x = PyTuple_GET_ITEM(inputs, 0);
-            if (vis[0] != Py_None) {
-                PyObject *r = PyObject_CallFunctionObjArgs(py_make_view, t, x, op, attrs, Py_None, NULL);
-                if (r == NULL)
-                    goto fail_t;
-                Py_DECREF(r);
-            } else if (view_of_base(t, x, op, attrs, out, grad_on) < 0) {
+            if (make_view(t, PyTuple_GET_ITEM(inputs, 0), vis[0], op, attrs, Py_None, out, grad_on) < 0)
                 goto fail_t;
-            }
         }
     }
     Py_DECREF(out);
@@ -1039,9 +1150,9 @@ static PyObject *fast_binary_method(PyObject *self, PyObject *args) {
 
 static PyObject *fast_init(PyObject *self, PyObject *args) {
     PyObject *tensor_t, *node_t, *torch_t, *view_t;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOO", &tensor_t, &node_t, &torch_t, &view_t, &py_eager,
-                          &py_wrap, &py_op_error, &py_make_view, &current_var, &grad_state,
-                          &anomaly_state, &live_hooks, &py_note_forward))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOO", &tensor_t, &node_t, &torch_t, &view_t, &py_eager,
+                          &py_wrap, &py_op_error, &current_var, &grad_state, &anomaly_state,
+                          &live_hooks, &py_note_forward))
         return NULL;
     if (!PyType_Check(tensor_t) || !PyType_Check(node_t) || !PyType_Check(torch_t) ||
         !PyType_Check(view_t) ||
@@ -1054,8 +1165,7 @@ static PyObject *fast_init(PyObject *self, PyObject *args) {
     TorchTensor_T = (PyTypeObject *)torch_t;
     ViewInfo_T = (PyTypeObject *)view_t;
     PyObject *held[] = {tensor_t, node_t, torch_t, view_t, py_eager, py_wrap, py_op_error,
-                        py_make_view, current_var, grad_state, anomaly_state, live_hooks,
-                        py_note_forward};
+                        current_var, grad_state, anomaly_state, live_hooks, py_note_forward};
     for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++)
         Py_INCREF(held[i]);
     if (slot_offset(Tensor_T, "_data", &T_data) || slot_offset(Tensor_T, "_rg", &T_rg) ||
@@ -1112,6 +1222,8 @@ PyMODINIT_FUNC PyInit__fast(void) {
     INTERN(s_is_floating_point, "is_floating_point");
     INTERN(s_is_complex, "is_complex");
     INTERN(s__base, "_base");
+    INTERN(s_device, "device");
+    INTERN(s_out_type, "out_type");
 #undef INTERN
     if (PyType_Ready(&BinaryMethod_T) < 0)
         return NULL;
