@@ -926,12 +926,17 @@ static int distribute(PyObject *edges, PyObject *in_grads, PyObject *buffers, Py
     return 0;
 }
 
-/* one node whose rule needs nothing but its gradient: the rule's result, one gradient per edge */
+static PyObject *s_grad_reads;
+
+/* one node whose rule needs nothing but its output gradients: the rule's result, one gradient
+ * per edge; Py_NotImplemented (a new reference) where an output with no gradient must be given
+ * to the rule as zeros (autograd._call_grad makes them) */
 static PyObject *run_plain(PyObject *node, PyObject *gs, PyObject *edges, int retain_graph,
                            PyObject *freed, PyObject *as_grads) {
-    PyObject *g = PyList_GET_SIZE(gs) ? PyList_GET_ITEM(gs, 0) : Py_None;
-    Py_ssize_t n = PyTuple_GET_SIZE(edges);
-    if (g == Py_None) {
+    Py_ssize_t m = PyList_GET_SIZE(gs), n = PyTuple_GET_SIZE(edges), present = 0;
+    for (Py_ssize_t i = 0; i < m; i++)
+        present += PyList_GET_ITEM(gs, i) != Py_None;
+    if (present == 0) {
         PyObject *none = PyTuple_New(n);
         for (Py_ssize_t i = 0; none != NULL && i < n; i++) {
             Py_INCREF(Py_None);
@@ -939,12 +944,36 @@ static PyObject *run_plain(PyObject *node, PyObject *gs, PyObject *edges, int re
         }
         return none;
     }
+    PyObject *args[MAX_FAST_INPUTS + 1];
+    if (m > MAX_FAST_INPUTS)
+        Py_RETURN_NOTIMPLEMENTED;
+    if (present < m) {   /* an output without a gradient: None only where the rule does not read it */
+        PyObject *reads = PyObject_GetAttr(get_slot(node, N_op), s_grad_reads);
+        if (reads == NULL)
+            return NULL;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            if (PyList_GET_ITEM(gs, i) != Py_None)
+                continue;
+            PyObject *idx = PyLong_FromSsize_t(i);
+            int read = reads == Py_None ? 1 : (idx ? PySequence_Contains(reads, idx) : -1);
+            Py_XDECREF(idx);
+            if (read != 0) {
+                Py_DECREF(reads);
+                if (read < 0)
+                    return NULL;
+                Py_RETURN_NOTIMPLEMENTED;
+            }
+        }
+        Py_DECREF(reads);
+    }
+    args[0] = node;
+    for (Py_ssize_t i = 0; i < m; i++)
+        args[i + 1] = PyList_GET_ITEM(gs, i);
     PyObject *op = get_slot(node, N_op);
     PyObject *rule = PyObject_GetAttr(op, s_grad);
     if (rule == NULL)
         return NULL;
-    PyObject *args[2] = {node, g};
-    PyObject *in_grads = PyObject_Vectorcall(rule, args, 2, NULL);
+    PyObject *in_grads = PyObject_Vectorcall(rule, args, (size_t)(m + 1), NULL);
     Py_DECREF(rule);
     if (in_grads == NULL)
         return NULL;
@@ -1008,11 +1037,14 @@ static PyObject *fast_drain(PyObject *self, PyObject *args) {
         edges = get_slot(node, N_edges);
         Py_INCREF(edges);
         if (Py_TYPE(node) == Node_T && PyList_CheckExact(gs) && PyTuple_CheckExact(edges) &&
-            get_slot(node, N_out_metas) == Py_None && !PyObject_IsTrue(get_slot(node, N_hooks)) &&
-            !PyObject_IsTrue(get_slot(node, N_retains)))
+            !PyObject_IsTrue(get_slot(node, N_hooks)) && !PyObject_IsTrue(get_slot(node, N_retains)))
             in_grads = run_plain(node, gs, edges, retain_graph, freed, as_grads);
-        else   /* hooks, retained gradients, several outputs, packed saved tensors */
+        else   /* hooks, retained gradients, packed saved tensors */
             in_grads = PyObject_CallFunctionObjArgs(run_node, node, gs, NULL);
+        if (in_grads == Py_NotImplemented) {   /* (zeros for outputs without a gradient) */
+            Py_DECREF(in_grads);
+            in_grads = PyObject_CallFunctionObjArgs(run_node, node, gs, NULL);
+        }
         Py_CLEAR(gs);
         if (in_grads == NULL)
             goto fail;
@@ -1223,6 +1255,7 @@ PyMODINIT_FUNC PyInit__fast(void) {
     INTERN(s_is_complex, "is_complex");
     INTERN(s__base, "_base");
     INTERN(s_device, "device");
+    INTERN(s_grad_reads, "grad_reads");
     INTERN(s_out_type, "out_type");
 #undef INTERN
     if (PyType_Ready(&BinaryMethod_T) < 0)

@@ -437,8 +437,9 @@ def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retai
     checks = ANOMALY.enabled   # (anomaly mode: read once a pass)
     with grad_mode.set_grad_enabled(create_graph):
         if FAST is not None and runs is None and not cap_keys and not checks:
-            # the loop in C: a node with hooks, retained gradients, several outputs or packed
-            # saved tensors runs here (_run_node), every other node's rule is called from C
+            # the loop in C: a node with hooks, retained gradients or packed saved tensors, or
+            # whose rule reads zeros for an output gradient that never came, runs here
+            # (_run_node); every other node's rule is called from C
             FAST.drain(ready, buffers, deps, leaf_deps, leaf_sums, to_leaf, retain_graph, _FREED, _as_grads,
                        lambda node, gs: _run_node(node, gs, retain_graph, False, None, cap_keys, captured))
             return
