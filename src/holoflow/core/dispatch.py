@@ -389,8 +389,14 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     base is rebased, core/views.py); when the op's grad reads its input, that input is a copy of
     ``x`` taken before the write.
     """
-    grad_on = grad_mode.STATE.enabled and (x._rg or any(isinstance(r, Tensor) and r._rg for r in rest))
     lazy = _CURRENT.get() is not None and interpret.is_lazy()
+    if grad_mode.STATE.enabled and not lazy:
+        # a view among the other inputs whose base requires grad since the view was taken does
+        # too (re-derived first), as an out-of-place op's inputs do
+        views = tuple([r for r in rest if isinstance(r, Tensor) and r._view is not None])
+        if views:
+            follows_base(views)
+    grad_on = grad_mode.STATE.enabled and (x._rg or any(isinstance(r, Tensor) and r._rg for r in rest))
     if x._view is not None:
         _check_nograd_view(x, rest)
         # a view of a base that requires grad since it was taken does too (its history re-derived)
