@@ -147,3 +147,20 @@ def test_the_python_reference_passes_the_autograd_and_views_suites():
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert " passed" in run.stdout
+
+
+def test_a_kernel_returning_a_tensor_subclass_gives_one_tensor():
+    """A subclass of torch.Tensor is one output, even one whose iteration yields plain tensors
+    (the C path must not take it for a sequence of outputs)."""
+    from holoflow.core.registry import REGISTRY as reg, Op
+
+    class Rows(torch.Tensor):
+        def __iter__(self):
+            return iter([torch.zeros(2) for _ in range(self.shape[0])])
+
+    op = Op("subclass_result", lambda x: x.as_subclass(Rows) * 2, grad=lambda c, dy: (dy * 2,))
+    assert "subclass_result" not in reg
+    x = flow.ones(3, 2, requires_grad=True)
+    for run in (FAST.eager, dispatch._eager_py):
+        y = run(op, (x,), {})
+        assert isinstance(y, Tensor) and tuple(y.shape) == (3, 2) and y.grad_fn is not None

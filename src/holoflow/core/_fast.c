@@ -709,8 +709,11 @@ static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
         return NULL;
     }
     if (Py_TYPE(out) != TorchTensor_T) {
-        PyObject *r = wrap_many(op, inputs, attrs, out, record_it, view ? vis[0] : NULL, grad_on);
-        if (r == NULL && !PyErr_Occurred())   /* (not all outputs are tensors) */
+        /* (a tensor subclass is one output: the Python wrap takes it, as any result that is not
+         * a sequence of plain tensors) */
+        PyObject *r = PyObject_TypeCheck(out, TorchTensor_T) ? NULL :
+            wrap_many(op, inputs, attrs, out, record_it, view ? vis[0] : NULL, grad_on);
+        if (r == NULL && !PyErr_Occurred())
             r = PyObject_CallFunctionObjArgs(py_wrap, op, inputs, attrs, out,
                                              record_it ? Py_True : Py_False, NULL);
         Py_DECREF(out);
