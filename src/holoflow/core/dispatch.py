@@ -588,7 +588,7 @@ def _take_history(x: Tensor, out: Tensor) -> None:
     x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True
 
 
+_eager_py = _eager   # the Python reference: the C path hands it (and wrap, op_error) every other case
 _FAST = _init_fast()
-if _FAST is not None:   # (wrap, op_error and _eager itself are bound above: the C path's fallbacks)
-    _eager_py, apply_py = _eager, apply
+if _FAST is not None:
     _eager, apply = _FAST.eager, _FAST.apply
