@@ -77,6 +77,45 @@ def test_c_path_records_what_the_python_path_records(name, make, attrs, grad_on)
         assert _fields(a) == _fields(b)
 
 
+@pytest.mark.parametrize("name,make,attrs", [c for c in CASES if REGISTRY[c[0]].view or c[0] == "mul"],
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_under_an_interpreter_that_tracks_no_values_views_are_marked_as_in_eager(name, make, attrs):
+    """Autocast is pushed but tracks no values: views are stamped as in eager, so the C path
+    keeps them (the Python path's make_view asks the stack for a token, None here)."""
+    from holoflow.core import interpret
+    op = REGISTRY[name]
+    with flow.autocast("cpu"):
+        assert interpret._CURRENT.get() is not None and interpret._CURRENT.get().token_source is None
+        fast = FAST.eager(op, make(), dict(attrs))
+        ref = dispatch._eager_py(op, make(), dict(attrs))
+    fast, ref = (x if isinstance(x, tuple) else (x,) for x in (fast, ref))
+    for a, b in zip(fast, ref):
+        assert torch.equal(a._data, b._data) and _fields(a) == _fields(b)
+
+
+def test_views_under_autocast_stay_on_the_c_path(monkeypatch):
+    """What the C path hands back to Python, counted: views and ops on views under autocast
+    (an interpreter that tracks no values) are not among them."""
+    handed = []
+
+    def counting(op, inputs, attrs):
+        handed.append(op.name)
+        return dispatch._eager_py(op, inputs, attrs)
+
+    monkeypatch.setattr(dispatch, "_eager_py", counting)
+    dispatch._init_fast()
+    try:
+        x = _leaf(4, 6)
+        with flow.autocast("cpu"):
+            y = (x.view(2, 12).t() * 2).reshape(-1)
+        y.float().sum().backward()
+        assert handed == [] and x.grad is not None
+    finally:
+        monkeypatch.undo()
+        dispatch._init_fast()
+    assert dispatch._eager_py is not counting
+
+
 def test_a_view_of_a_view_and_backward_through_both_paths():
     x = _leaf(2, 3, 4)
     grads = []

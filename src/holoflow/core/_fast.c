@@ -608,6 +608,27 @@ static int aliases(PyObject *out, PyObject *d) {
     return r;
 }
 
+static PyObject *s_token_source;
+
+/* whether an interpreter of the stack tracks values (interpret.token_of is not None: a view's
+ * stamp then holds its base's token, views.make_view); -1 on error. Under one that does not
+ * (autocast), views are stamped as in eager */
+static int tracking_values(void) {
+    PyObject *top = NULL;
+    if (PyContextVar_Get(current_var, NULL, &top) < 0)
+        return -1;
+    if (top == NULL || top == Py_None) {
+        Py_XDECREF(top);
+        return 0;
+    }
+    PyObject *src = PyObject_GetAttr(top, s_token_source);
+    Py_DECREF(top);
+    if (src == NULL)
+        return -1;
+    Py_DECREF(src);
+    return src != Py_None;
+}
+
 /* dispatch._eager */
 static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
     Py_ssize_t n = PyTuple_GET_SIZE(inputs);
@@ -648,13 +669,11 @@ static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
     int record_it = needs_grad && has_grad && grad_on;
     if (any_view) {
         /* views the Python path re-derives or checks first: a stale one that autograd records
-         * (refresh), one among several outputs of an op (check_multi_output), one whose base
-         * requires grad since it was taken (follows_base); and any view under an interpreter */
-        PyObject *top = NULL;
-        if (PyContextVar_Get(current_var, NULL, &top) < 0)
+         * (refresh), one among several outputs of an op written since (check_multi_output), one
+         * whose base requires grad since it was taken (follows_base); any view under a tracer */
+        int traced = tracking_values();
+        if (traced < 0)
             return NULL;
-        int traced = top != NULL && top != Py_None;
-        Py_XDECREF(top);
         if (traced)
             return PyObject_CallFunctionObjArgs(py_eager, op, inputs, attrs, NULL);
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -688,12 +707,10 @@ static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
         return NULL;
     if (view && (n == 0 || !PyObject_TypeCheck(PyTuple_GET_ITEM(inputs, 0), Tensor_T)))
         return PyObject_CallFunctionObjArgs(py_eager, op, inputs, attrs, NULL);
-    if (view && !any_view) {   /* (a view made under an interpreter: make_view stamps its token) */
-        PyObject *top = NULL;
-        if (PyContextVar_Get(current_var, NULL, &top) < 0)
+    if (view && !any_view) {   /* (a view made under a tracer: make_view stamps its token) */
+        int traced = tracking_values();
+        if (traced < 0)
             return NULL;
-        int traced = top != NULL && top != Py_None;
-        Py_XDECREF(top);
         if (traced)
             return PyObject_CallFunctionObjArgs(py_eager, op, inputs, attrs, NULL);
     }
@@ -1259,6 +1276,7 @@ PyMODINIT_FUNC PyInit__fast(void) {
     INTERN(s__base, "_base");
     INTERN(s_device, "device");
     INTERN(s_grad_reads, "grad_reads");
+    INTERN(s_token_source, "token_source");
     INTERN(s_out_type, "out_type");
 #undef INTERN
     if (PyType_Ready(&BinaryMethod_T) < 0)

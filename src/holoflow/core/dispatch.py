@@ -158,8 +158,8 @@ def _init_fast():
     """Hands the classes and the Python fallbacks to the C build of ``apply`` and ``_eager``
     (core/_fast.c), which passes every case but the common one back to the functions above."""
     if FAST is not None:
-        FAST.init(Tensor, GradNode, torch.Tensor, ViewInfo, _eager, wrap, op_error, _CURRENT, _STATE, ANOMALY,
-                  _LIVE, note_forward)
+        FAST.init(Tensor, GradNode, torch.Tensor, ViewInfo, _eager_py, wrap, op_error, _CURRENT, _STATE,
+                  ANOMALY, _LIVE, note_forward)
     return FAST
 
 
