@@ -121,9 +121,14 @@ def init() -> bool:
     _import_group_pinning_modules()
     dist.init_process_group(backend(), rank=rank, world_size=ws, timeout=comm_timeout(),
                             store=_restart_store(rank, ws))
-    # who runs each rank, so a failed collective can say which peer process is gone
-    store().set(f"holoflow/proc/{dist.get_rank()}", f"{socket.gethostname()} {os.getpid()}")
+    announce()
     return True
+
+
+def announce() -> None:
+    """Writes who runs this rank into the default group's store, so a failed collective can say
+    which peer process is gone."""
+    store().set(f"holoflow/proc/{dist.get_rank()}", f"{socket.gethostname()} {os.getpid()}")
 
 
 def _import_group_pinning_modules() -> None:

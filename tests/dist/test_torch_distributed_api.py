@@ -1,0 +1,122 @@
+"""torch.distributed's process-group API under mock_torch: one DDP training script, unchanged,
+run by torch's launcher on torch and by holoflow's on holoflow (2 Gloo ranks each); every
+rank's weights, collective results and group answers must be torch's."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+
+SCRIPT = textwrap.dedent('''
+    import json, sys
+    if sys.argv[1] == "holoflow":
+        import holoflow.mock_torch
+        holoflow.mock_torch.enable()
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    assert dist.is_available() and not dist.is_initialized()
+    dist.init_process_group("gloo")
+    assert dist.is_initialized() and dist.get_backend() == "gloo"
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.arange(32.0).reshape(8, 4) / 10 + rank
+    y = torch.ones(8, 2) * (rank - 0.5)
+    for _ in range(3):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    biggest = torch.tensor([float(rank + 1)])
+    dist.all_reduce(biggest, op=dist.ReduceOp.MAX)
+    t = torch.arange(4.0) + 10 * rank
+    together = torch.empty(8)
+    dist.all_gather_into_tensor(together, t)
+    pieces = [torch.empty(4) for _ in range(ws)]
+    dist.all_gather(pieces, t)
+    mine = torch.empty(2)
+    dist.reduce_scatter_tensor(mine, torch.arange(4.0) * (rank + 1))
+    b = torch.full((2,), float(rank))
+    dist.broadcast(b, src=1)
+    if rank == 0:
+        dist.send(torch.tensor([5.0, 6.0]), dst=1)
+        got = [5.0, 6.0]
+    else:
+        r = torch.zeros(2)
+        sender = dist.recv(r, src=0)
+        got = r.tolist() + [sender]
+    g = dist.new_group([1, 0])
+    in_group = [dist.get_rank(g), dist.get_world_size(g), dist.get_global_rank(g, 0)]
+    dist.barrier()
+    with open(f"{sys.argv[2]}/rank{rank}.json", "w") as f:
+        json.dump({
+        "weight": [round(v, 6) for v in model.module.weight.detach().reshape(-1).tolist()],
+        "bias": [round(v, 6) for v in model.module.bias.detach().tolist()],
+        "loss": round(total.item(), 6), "max": biggest.item(), "together": together.tolist(),
+        "pieces": [p.tolist() for p in pieces], "mine": mine.tolist(), "b": b.tolist(), "got": got,
+        "group": in_group}, f)
+    dist.destroy_process_group()
+''')
+
+
+def _run(tmp_path, lib: str) -> dict:
+    script = tmp_path / "ddp_script.py"
+    script.write_text(SCRIPT)
+    outdir = tmp_path / lib
+    outdir.mkdir()
+    env = dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    launcher = "holoflow.distributed.launch" if lib == "holoflow" else "torch.distributed.run"
+    out = subprocess.run([sys.executable, "-m", launcher, "--nproc_per_node", "2", str(script), lib, str(outdir)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return {r: json.loads((outdir / f"rank{r}.json").read_text()) for r in range(2)}
+
+
+def test_a_torch_ddp_script_runs_unchanged_under_mock_torch(tmp_path):
+    ours, theirs = _run(tmp_path, "holoflow"), _run(tmp_path, "torch")
+    assert ours == theirs
+    assert ours[0]["together"] == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
+    assert ours[1]["got"] == [5.0, 6.0, 0] and ours[0]["group"] == [0, 2, 0]
+
+
+def test_the_process_group_api_in_one_process():
+    """A world of one, no launcher: what a single-process torch script asks of torch.distributed."""
+    code = textwrap.dedent('''
+        import holoflow.mock_torch
+        holoflow.mock_torch.enable()
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:%d")
+        try:
+            dist.init_process_group("gloo", rank=0, world_size=1)
+            raise SystemExit("a second init_process_group did not raise")
+        except RuntimeError as e:
+            assert "already initialized" in str(e)
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        assert t.tolist() == [1.0, 1.0, 1.0] and dist.get_rank() == 0 and dist.get_world_size() == 1
+        g = dist.new_group([0])
+        assert dist.get_rank(g) == 0 and dist.get_process_group_ranks(g) == [0]
+        try:
+            dist.new_group([0, 3])
+            raise SystemExit("a rank outside the world was accepted")
+        except ValueError as e:
+            assert "outside the world" in str(e)
+        dist.destroy_process_group()
+        assert not dist.is_initialized()
+        print("ok")
+    ''') % (29600 + os.getpid() % 300)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                              "MASTER_PORT", "LOCAL_WORLD_SIZE")}
+    env["PYTHONPATH"] = SRC
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-3000:]
