@@ -10,6 +10,7 @@ import pytest
 
 import holoflow as flow
 from holoflow.distributed import launch
+from plain_env import plain_env
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
 
@@ -36,10 +37,7 @@ def test_env_world_of_one_in_a_plain_process():
         assert not dist.is_initialized()
         print("ok")
     """)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                              "MASTER_PORT", "LOCAL_WORLD_SIZE")}
-    env["PYTHONPATH"] = SRC
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], env=plain_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 

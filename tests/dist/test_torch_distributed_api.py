@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+from plain_env import plain_env
 
 SCRIPT = textwrap.dedent('''
     import json, sys
@@ -72,9 +72,7 @@ def _run(tmp_path, lib: str) -> dict:
     script.write_text(SCRIPT)
     outdir = tmp_path / lib
     outdir.mkdir()
-    env = dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
-        env.pop(k, None)
+    env = plain_env(OMP_NUM_THREADS="1")
     launcher = "holoflow.distributed.launch" if lib == "holoflow" else "torch.distributed.run"
     out = subprocess.run([sys.executable, "-m", launcher, "--nproc_per_node", "2", str(script), lib, str(outdir)],
                          env=env, capture_output=True, text=True, timeout=300)
@@ -115,8 +113,5 @@ def test_the_process_group_api_in_one_process():
         assert not dist.is_initialized()
         print("ok")
     ''') % (29600 + os.getpid() % 300)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                              "MASTER_PORT", "LOCAL_WORLD_SIZE")}
-    env["PYTHONPATH"] = SRC
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], env=plain_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-3000:]
