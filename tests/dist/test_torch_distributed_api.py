@@ -102,6 +102,11 @@ def test_the_process_group_api_in_one_process():
         t = torch.ones(3)
         dist.all_reduce(t)
         assert t.tolist() == [1.0, 1.0, 1.0] and dist.get_rank() == 0 and dist.get_world_size() == 1
+        for work in (dist.all_reduce(t, async_op=True), dist.broadcast(t, 0, async_op=True),
+                     dist.barrier(async_op=True), dist.all_gather([torch.empty(3)], t, async_op=True)):
+            work.wait()
+            assert work.is_completed()
+        assert dist.broadcast(t, 0) is None and isinstance(dist.new_group(), dist.ProcessGroup)
         g = dist.new_group([0])
         assert dist.get_rank(g) == 0 and dist.get_process_group_ranks(g) == [0]
         try:

@@ -38,6 +38,23 @@ class RankGroup(tuple):
         return len(self)
 
 
+ProcessGroup = RankGroup
+
+
+class _Done:
+    """What ``async_op=True`` returns for a collective holoflow runs synchronously: finished."""
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def _work(async_op: bool) -> _Done | None:
+    return _Done() if async_op else None
+
+
 def is_available() -> bool:
     return dist.is_available()
 
@@ -113,8 +130,9 @@ def get_process_group_ranks(group: Sequence[int] | None) -> list[int]:
     return list(range(env.get_world_size())) if group is None else list(group)
 
 
-def barrier(group: Sequence[int] | None = None, async_op: bool = False, device_ids=None) -> None:
+def barrier(group: Sequence[int] | None = None, async_op: bool = False, device_ids=None) -> _Done | None:
     comm_api.barrier(group)
+    return _work(async_op)
 
 
 def all_reduce(tensor: Tensor, op=ReduceOp.SUM, group: Sequence[int] | None = None, async_op: bool = False):
@@ -122,22 +140,25 @@ def all_reduce(tensor: Tensor, op=ReduceOp.SUM, group: Sequence[int] | None = No
 
 
 def reduce(tensor: Tensor, dst: int, op=ReduceOp.SUM, group: Sequence[int] | None = None,
-           async_op: bool = False) -> None:
+           async_op: bool = False) -> _Done | None:
     """Only ``dst``'s result is defined (torch's contract); the others get it too (an all-reduce)."""
     comm_api.all_reduce(tensor, op, group)
+    return _work(async_op)
 
 
-def broadcast(tensor: Tensor, src: int, group: Sequence[int] | None = None, async_op: bool = False) -> None:
+def broadcast(tensor: Tensor, src: int, group: Sequence[int] | None = None, async_op: bool = False) -> _Done | None:
     comm_api.broadcast(tensor, src, group)
+    return _work(async_op)
 
 
 def all_gather(tensor_list: list[Tensor], tensor: Tensor, group: Sequence[int] | None = None,
-               async_op: bool = False) -> None:
+               async_op: bool = False) -> _Done | None:
     comm_api.all_gather(tensor_list, tensor, group)
+    return _work(async_op)
 
 
 def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor, group: Sequence[int] | None = None,
-                           async_op: bool = False) -> None:
+                           async_op: bool = False) -> _Done | None:
     """``output_tensor`` = the ranks' ``input_tensor`` concatenated along dim 0 (or stacked, when
     ``output_tensor`` has one more dim), as torch's."""
     pieces = _c.all_gather(comm_api._local(input_tensor, "all_gather_into_tensor"), group)
@@ -147,36 +168,42 @@ def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor, group: S
         raise HoloflowError(f"holoflow.distributed.all_gather_into_tensor: output of shape {tuple(out.shape)} for "
                             f"{len(pieces)} inputs of shape {tuple(pieces[0].shape)}; expected {tuple(whole.shape)}")
     out.copy_(whole)
+    return _work(async_op)
 
 
 def reduce_scatter(output: Tensor, input_list: list[Tensor], op=ReduceOp.SUM,
-                   group: Sequence[int] | None = None, async_op: bool = False) -> None:
+                   group: Sequence[int] | None = None, async_op: bool = False) -> _Done | None:
     comm_api.reduce_scatter(output, input_list, op, group)
+    return _work(async_op)
 
 
 def reduce_scatter_tensor(output: Tensor, input: Tensor, op=ReduceOp.SUM,  # noqa: A002 (torch's name)
-                          group: Sequence[int] | None = None, async_op: bool = False) -> None:
+                          group: Sequence[int] | None = None, async_op: bool = False) -> _Done | None:
     """``output`` = this rank's chunk (along dim 0) of the sum of every rank's ``input``."""
     n = get_world_size(group)
     if input.shape[0] != n * output.shape[0] or tuple(input.shape[1:]) != tuple(output.shape[1:]):
         raise HoloflowError(f"holoflow.distributed.reduce_scatter_tensor: input of shape {tuple(input.shape)} "
                             f"must be {n} chunks of the output's shape {tuple(output.shape)} along dim 0")
     comm_api.reduce_scatter(output, list(input.chunk(n)), op, group)
+    return _work(async_op)
 
 
 def all_to_all(output_tensor_list: list[Tensor], input_tensor_list: list[Tensor],
-               group: Sequence[int] | None = None, async_op: bool = False) -> None:
+               group: Sequence[int] | None = None, async_op: bool = False) -> _Done | None:
     comm_api.all_to_all(output_tensor_list, input_tensor_list, group)
+    return _work(async_op)
 
 
 def gather(tensor: Tensor, gather_list: list[Tensor] | None = None, dst: int = 0,
-           group: Sequence[int] | None = None, async_op: bool = False) -> None:
+           group: Sequence[int] | None = None, async_op: bool = False) -> _Done | None:
     comm_api.gather(tensor, gather_list, dst, group)
+    return _work(async_op)
 
 
 def scatter(tensor: Tensor, scatter_list: list[Tensor] | None = None, src: int = 0,
-            group: Sequence[int] | None = None, async_op: bool = False) -> None:
+            group: Sequence[int] | None = None, async_op: bool = False) -> _Done | None:
     comm_api.scatter(tensor, scatter_list, src, group)
+    return _work(async_op)
 
 
 def send(tensor: Tensor, dst: int, group: Sequence[int] | None = None, tag: int = 0) -> None:
@@ -193,7 +220,7 @@ def recv(tensor: Tensor, src: int | None = None, group: Sequence[int] | None = N
     return src
 
 
-__all__ = ["Backend", "ReduceOp", "group", "GroupMember", "RankGroup", "is_available", "is_initialized",
+__all__ = ["Backend", "ReduceOp", "group", "GroupMember", "RankGroup", "ProcessGroup", "is_available", "is_initialized",
            "is_torchelastic_launched", "init_process_group", "destroy_process_group", "get_backend", "new_group",
            "get_rank", "get_world_size", "get_global_rank", "get_process_group_ranks", "barrier", "all_reduce",
            "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
