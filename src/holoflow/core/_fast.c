@@ -1,15 +1,23 @@
-/* The eager per-op path in C: ``apply`` and ``eager`` of core/dispatch.py for the common case.
+/* The eager per-op path and the backward loop in C (built by setup.py, optional).
  *
- * dispatch.py's Python ``_eager`` is the reference; this file does exactly what it does for an op
- * whose tensor inputs are all local tensors that are not views, and whose kernel returns one
- * tensor (or any result, handed to ``wrap``): run the kernel on the storages, wrap the result, and
- * record a grad node (edges, shapes, dtypes, what the rule reads with its storage versions). Any
- * other case (a global input, a view input, a view op, saved-tensor hooks, anomaly mode) is
- * handed, before the kernel runs, to the Python path, or to the Python helper the Python path
- * itself calls. Nothing here knows an op: it reads the fields every Op has.
+ * core/dispatch.py's ``_eager`` and core/autograd.py's ``_drain`` are the reference; this file
+ * does what they do for the common cases, and hands every other case to them:
  *
- * Tensor and GradNode keep their fields in ``__slots__``; their offsets are read once from the
- * classes' member descriptors (``init`` refuses classes whose fields are not plain slots).
+ * - ``apply`` / ``eager``: an op whose tensor inputs are local runs its kernel on the storages;
+ *   the result is wrapped (one tensor, or several: a multi-output op's named tuple), a grad node is
+ *   recorded (edges, shapes, dtypes, what the rule reads with its storage versions), and a view
+ *   op's results that alias input 0 are marked as views of its base. Handed to Python before the
+ *   kernel runs: a global input, a view input whose base moved on or a written piece of a
+ *   multi-output view, a view under a tracer (an interpreter that tracks values); saved-tensor
+ *   hooks and anomaly mode call the Python helpers the reference calls.
+ * - ``binary_method``: Tensor's ``__mul__`` and friends as one C call.
+ * - ``drain``: ready nodes run their rules and their gradients are summed into buffers and
+ *   leaves; nodes with hooks, retained gradients or packed saved tensors, or whose rule reads
+ *   zeros for a missing output gradient, run through ``autograd._run_node``.
+ *
+ * Nothing here knows an op: it reads the fields every Op has. Tensor, GradNode and ViewInfo keep
+ * their fields in ``__slots__``; their offsets are read once from the classes' member
+ * descriptors (``init`` refuses classes whose fields are not plain slots).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,7 +43,7 @@ static Py_ssize_t N_op, N_edges, N_attrs, N_shapes, N_dtypes, N_saved, N_version
 
 /* interned attribute names */
 static PyObject *s_kernel, *s_grad, *s_view, *s_saves, *s_saved_inputs, *s_saved_outputs,
-    *s_shape, *s_dtype, *s__version, *s__view, *s_enabled, *s_bind, *s_saved_of, *s_outputs_of,
+    *s_shape, *s_dtype, *s__version, *s__view, *s_enabled, *s_bind, *s_saved_of,
     *s_save, *s__kept, *s_is_floating_point, *s_is_complex, *s__base;
 static PyObject *py_note_forward;
 
@@ -102,8 +110,8 @@ static inline PyObject *view_info(PyObject *x) {
  * the stamp's token is None), -1 on error */
 static int stale(PyObject *vi) {
     PyObject *st = get_slot(vi, V_stamp), *b = get_slot(vi, V_base);
-    if (!PyTuple_Check(st) || PyTuple_GET_SIZE(st) != 3)
-        return 1;
+    if (!PyTuple_Check(st) || PyTuple_GET_SIZE(st) != 3 || !PyObject_TypeCheck(b, Tensor_T))
+        return 1;   /* (the Python path looks) */
     if (get_slot(b, T_grad_fn) != PyTuple_GET_ITEM(st, 0) || PyTuple_GET_ITEM(st, 2) != Py_None)
         return 1;
     int same = PyObject_RichCompareBool(get_slot(b, T_out_idx), PyTuple_GET_ITEM(st, 1), Py_EQ);
@@ -1268,7 +1276,6 @@ PyMODINIT_FUNC PyInit__fast(void) {
     INTERN(s_enabled, "enabled");
     INTERN(s_bind, "bind");
     INTERN(s_saved_of, "saved_of");
-    INTERN(s_outputs_of, "outputs_of");
     INTERN(s_save, "save");
     INTERN(s__kept, "_kept");
     INTERN(s_is_floating_point, "is_floating_point");
