@@ -1,6 +1,6 @@
-"""The one compiled part: core/_fast.c, the eager per-op path (core/dispatch.py falls back to its
-Python reference where the extension could not be built: ``optional=True``)."""
+"""The one compiled part: core/_fast.c, the eager per-op path and the backward loop. Optional:
+where it cannot be built (no C compiler), the install goes on and core/dispatch.py and
+core/autograd.py run their Python reference."""
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("holoflow.core._fast", ["src/holoflow/core/_fast.c"],
-                             extra_compile_args=["-O2"], optional=True)])
+setup(ext_modules=[Extension("holoflow.core._fast", ["src/holoflow/core/_fast.c"], optional=True)])
