@@ -462,8 +462,8 @@ static void reraise_as_op_error(PyObject *op, PyObject *inputs, PyObject *attrs)
 
 static PyObject *s_device, *s_out_type;
 
-static int make_view(PyObject *t, PyObject *x, PyObject *xvi, PyObject *op, PyObject *attrs,
-                     PyObject *idx, PyObject *out, int grad_on);
+static int mark_view(PyObject *t, PyObject *x, PyObject *op, PyObject *attrs, PyObject *idx,
+                     PyObject *out, int grad_on);
 static int aliases(PyObject *out, PyObject *d);
 
 /* dispatch.wrap for a kernel's several outputs: each wrapped, and linked to one new node when
@@ -471,7 +471,7 @@ static int aliases(PyObject *out, PyObject *d);
  * view op (``xvi``: its input's ViewInfo or None, NULL for other ops), those aliasing the input
  * become its views. NULL without an error: not all outputs are tensors (the Python wrap decides) */
 static PyObject *wrap_many(PyObject *op, PyObject *inputs, PyObject *attrs, PyObject *out, int record_it,
-                           PyObject *xvi, int grad_on) {
+                           int view, int grad_on) {
     PyObject *outs = PySequence_Tuple(out);
     if (outs == NULL)
         return NULL;
@@ -520,18 +520,22 @@ static PyObject *wrap_many(PyObject *op, PyObject *inputs, PyObject *attrs, PyOb
     }
     if (record_it)
         set_slot(node, N_out_metas, metas);
-    if (xvi != NULL) {
+    if (view) {   /* (input 0's storage as it is now, as the Python wrap reads it; held) */
         PyObject *x = PyTuple_GET_ITEM(inputs, 0), *d = get_slot(x, T_data);
+        Py_INCREF(d);
         for (Py_ssize_t i = 0; i < m; i++) {
             PyObject *o = PyTuple_GET_ITEM(outs, i);
             int al = aliases(o, d);
             PyObject *idx = al > 0 ? PyLong_FromSsize_t(i) : NULL;
             int bad = al < 0 || (al > 0 && (idx == NULL ||
-                      make_view(PyTuple_GET_ITEM(wrapped, i), x, xvi, op, attrs, idx, o, grad_on) < 0));
+                      mark_view(PyTuple_GET_ITEM(wrapped, i), x, op, attrs, idx, o, grad_on) < 0));
             Py_XDECREF(idx);
-            if (bad)
+            if (bad) {
+                Py_DECREF(d);
                 goto done;
+            }
         }
+        Py_DECREF(d);
     }
     PyObject *out_type = PyObject_GetAttr(op, s_out_type);
     if (out_type == NULL)
@@ -588,6 +592,23 @@ done:
     Py_XDECREF(stamp);
     Py_XDECREF(at);
     Py_XDECREF(v);
+    return r;
+}
+
+/* make_view with ``x``'s ViewInfo as it is now (read after the kernel, as the Python path reads
+ * it, and held while used) */
+static int mark_view(PyObject *t, PyObject *x, PyObject *op, PyObject *attrs, PyObject *idx,
+                     PyObject *out, int grad_on) {
+    PyObject *xvi = view_info(x);
+    if (xvi == NULL)
+        return -1;
+    if (xvi != Py_None && Py_TYPE(xvi) != ViewInfo_T) {
+        PyErr_SetString(PyExc_TypeError, "holoflow: a tensor's _view must be a ViewInfo");
+        return -1;
+    }
+    Py_INCREF(xvi);
+    int r = make_view(t, x, xvi, op, attrs, idx, out, grad_on);
+    Py_DECREF(xvi);
     return r;
 }
 
@@ -725,10 +746,16 @@ static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
     PyObject *kernel = PyObject_GetAttr(op, s_kernel);
     if (kernel == NULL)
         return NULL;
+    /* input 0's storage, held while the kernel runs: a view op's result is compared with it
+     * after, and another thread may replace the tensor's storage meanwhile (the kernel releases
+     * the GIL) */
+    PyObject *d0 = view ? datas[0] : NULL;
+    Py_XINCREF(d0);
     PyObject *out = PyObject_VectorcallDict(kernel, datas, (size_t)n,
                                            PyDict_GET_SIZE(attrs) ? attrs : NULL);
     Py_DECREF(kernel);
     if (out == NULL) {
+        Py_XDECREF(d0);
         if (PyErr_ExceptionMatches(PyExc_Exception))
             reraise_as_op_error(op, inputs, attrs);
         return NULL;
@@ -737,10 +764,11 @@ static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
         /* (a tensor subclass is one output: the Python wrap takes it, as any result that is not
          * a sequence of plain tensors) */
         PyObject *r = PyObject_TypeCheck(out, TorchTensor_T) ? NULL :
-            wrap_many(op, inputs, attrs, out, record_it, view ? vis[0] : NULL, grad_on);
+            wrap_many(op, inputs, attrs, out, record_it, view, grad_on);
         if (r == NULL && !PyErr_Occurred())
             r = PyObject_CallFunctionObjArgs(py_wrap, op, inputs, attrs, out,
                                              record_it ? Py_True : Py_False, NULL);
+        Py_XDECREF(d0);
         Py_DECREF(out);
         return r;
     }
@@ -765,19 +793,19 @@ static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
         Py_DECREF(node);
     }
     if (view) {
-        int al = aliases(out, datas[0]);
+        int al = aliases(out, d0);
         if (al < 0)
             goto fail_t;
-        if (al) {
-            if (make_view(t, PyTuple_GET_ITEM(inputs, 0), vis[0], op, attrs, Py_None, out, grad_on) < 0)
-                goto fail_t;
-        }
+        if (al && mark_view(t, PyTuple_GET_ITEM(inputs, 0), op, attrs, Py_None, out, grad_on) < 0)
+            goto fail_t;
     }
+    Py_XDECREF(d0);
     Py_DECREF(out);
     return t;
 fail_t:
     Py_DECREF(t);
 fail:
+    Py_XDECREF(d0);
     Py_DECREF(out);
     return NULL;
 }
