@@ -3,16 +3,20 @@
     python bench/ops_overhead.py            # the table
     python bench/ops_overhead.py --profile  # + cProfile of holoflow's matmul fwd+bwd loop
 
-Each row times one call (min over repeats of the mean of ``number`` calls, timeit), for holoflow
-and torch in the same process, and prints holoflow / torch. Not a timed test: numbers depend on
-the machine; the ratios are what to watch. Findings are in bench/README.md.
+Each row times one call (min over repeats of the mean of ``number`` calls, timeit). Each library
+runs in its own fresh process (``--one LIB``), the order reversed every other round, and each
+row keeps its best over ``--rounds``; the table prints holoflow / torch. One intra-op thread.
+Not a timed test: numbers depend on the machine; the ratios are what to watch. Findings are in
+bench/README.md.
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import os
 import pstats
+import subprocess
 import sys
 import timeit
 from typing import Callable
@@ -74,15 +78,23 @@ def cases(lib) -> dict[str, Callable[[], object]]:
     }
 
 
-def table(number: int, repeat: int) -> list[tuple[str, float, float]]:
+def one(lib_name: str, number: int, repeat: int) -> dict[str, float]:
+    """Microseconds per call of every case, for one library, in this process."""
     torch.set_num_threads(1)
-    fcases, tcases = cases(flow), cases(torch)
-    rows = []
-    for name in fcases:
-        t_flow = best_us(fcases[name], number, repeat)
-        t_torch = best_us(tcases[name], number, repeat)
-        rows.append((name, t_flow, t_torch))
-    return rows
+    return {name: best_us(fn, number, repeat) for name, fn in cases(flow if lib_name == "holoflow" else torch).items()}
+
+
+def table(number: int, repeat: int, rounds: int) -> list[tuple[str, float, float]]:
+    """(case, holoflow us, torch us): each library in fresh processes, alternated, best of rounds."""
+    best: dict[str, dict[str, float]] = {"holoflow": {}, "torch": {}}
+    for r in range(rounds):
+        for lib_name in (("holoflow", "torch") if r % 2 == 0 else ("torch", "holoflow")):
+            cmd = [sys.executable, os.path.abspath(__file__), "--one", lib_name, "--number", str(number),
+                   "--repeat", str(repeat)]
+            got = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+            for name, us in got.items():
+                best[lib_name][name] = min(best[lib_name].get(name, us), us)
+    return [(name, best["holoflow"][name], best["torch"][name]) for name in best["holoflow"]]
 
 
 def profile(n: int = 3000, top: int = 18) -> None:
@@ -100,9 +112,14 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--number", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--one", choices=("holoflow", "torch"), help="time one library here, print JSON")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
-    rows = table(args.number, args.repeat)
+    if args.one:
+        print(json.dumps(one(args.one, args.number, args.repeat)))
+        return
+    rows = table(args.number, args.repeat, args.rounds)
     print(f"{'op':<28}{'holoflow us':>13}{'torch us':>11}{'ratio':>8}")
     for name, tf, tt in rows:
         print(f"{name:<28}{tf:>13.1f}{tt:>11.1f}{tf / tt:>8.1f}")

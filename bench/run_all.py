@@ -201,9 +201,9 @@ def runtime_rows(best: dict[str, dict[str, float]]) -> list[str]:
 def others(q: bool) -> list[tuple[str, list[str], float]]:
     """(title, argv after the script, timeout s) for every bench script present besides ours."""
     cands = [
-        ("eager.py", "holoflow eager vs torch eager, one process (bench/eager.py)",
+        ("eager.py", "holoflow eager vs torch eager, each library in fresh processes (bench/eager.py)",
          ["--number", "3", "--repeat", "3"] if q else []),
-        ("ops_overhead.py", "per-op overhead on tiny tensors (bench/ops_overhead.py)",
+        ("ops_overhead.py", "per-op overhead on tiny tensors, each library in fresh processes (bench/ops_overhead.py)",
          ["--number", "300", "--repeat", "3"] if q else []),
         ("dp_overlap.py", "data parallelism vs its no-communication limit, 2 Gloo ranks (bench/dp_overlap.py)",
          ["--rounds", "4"] if q else []),

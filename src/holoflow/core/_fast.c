@@ -142,18 +142,18 @@ static int takes_grad(PyObject *out) {
     return f || c;
 }
 
+/* a new instance of ``type`` (one of the slotted classes init() took) with ``n`` fields set */
+static PyObject *alloc_with(PyTypeObject *type, const Py_ssize_t *offs, PyObject *const *vals, int n) {
+    PyObject *o = type->tp_alloc(type, 0);
+    for (int i = 0; o != NULL && i < n; i++)
+        set_slot(o, offs[i], vals[i]);
+    return o;
+}
+
 static PyObject *new_tensor(PyObject *data) {
-    PyObject *t = Tensor_T->tp_alloc(Tensor_T, 0);
-    if (t == NULL)
-        return NULL;
-    set_slot(t, T_data, data);
-    set_slot(t, T_rg, Py_False);
-    set_slot(t, T_grad, Py_None);
-    set_slot(t, T_grad_fn, Py_None);
-    set_slot(t, T_out_idx, zero);
-    set_slot(t, T_hooks, Py_None);
-    set_slot(t, T_global, Py_None);
-    return t;
+    const Py_ssize_t offs[] = {T_data, T_rg, T_grad, T_grad_fn, T_out_idx, T_hooks, T_global};
+    PyObject *const vals[] = {data, Py_False, Py_None, Py_None, zero, Py_None, Py_None};
+    return alloc_with(Tensor_T, offs, vals, 7);
 }
 
 /* -- what the grad rule reads (Op.saved_of / Op.outputs_of, GradNode.save) ---------------- */
@@ -334,19 +334,13 @@ static PyObject *record(PyObject *op, PyObject *inputs, PyObject *attrs, PyObjec
             Py_INCREF(e);
         PyTuple_SET_ITEM(edges, i, e);
     }
-    node = Node_T->tp_alloc(Node_T, 0);
-    if (node == NULL)
-        goto fail;
-    set_slot(node, N_op, op);
-    set_slot(node, N_edges, edges);
-    set_slot(node, N_attrs, attrs);
-    set_slot(node, N_shapes, shapes);
-    set_slot(node, N_dtypes, dtypes);
-    set_slot(node, N_outs, Py_None);
-    set_slot(node, N_versions, Py_None);
-    set_slot(node, N_out_metas, Py_None);
-    set_slot(node, N_hooks, Py_None);
-    set_slot(node, N_retains, Py_None);
+    {
+        const Py_ssize_t offs[] = {N_op, N_edges, N_attrs, N_shapes, N_dtypes, N_outs, N_versions, N_out_metas,
+                                   N_hooks, N_retains};
+        PyObject *const vals[] = {op, edges, attrs, shapes, dtypes, Py_None, Py_None, Py_None, Py_None, Py_None};
+        if ((node = alloc_with(Node_T, offs, vals, 10)) == NULL)
+            goto fail;
+    }
     saves = PyObject_GetAttr(op, s_saves);
     if (saves == NULL)
         goto fail;
@@ -574,18 +568,16 @@ static int make_view(PyObject *t, PyObject *x, PyObject *xvi, PyObject *op, PyOb
         stamp = get_slot(xvi, V_stamp);
         Py_INCREF(stamp);
     }
-    if (chain == NULL || stamp == NULL || (v = ViewInfo_T->tp_alloc(ViewInfo_T, 0)) == NULL)
+    if (chain == NULL || stamp == NULL)
         goto done;
     /* one of several outputs, or taken from one */
     int multi = idx != Py_None || (xvi != Py_None && get_slot(xvi, V_version) != Py_None);
     int nograd = !grad_on || (xvi != Py_None && get_slot(xvi, V_nograd) == Py_True);
-    set_slot(v, V_base, xvi == Py_None ? x : get_slot(xvi, V_base));
-    set_slot(v, V_chain, chain);
-    set_slot(v, V_stamp, stamp);
-    set_slot(v, V_nograd, nograd ? Py_True : Py_False);
-    set_slot(v, V_version, multi ? at : Py_None);
-    set_slot(v, V_at, at);
-    r = PyObject_SetAttr(t, s__view, v);
+    const Py_ssize_t offs[] = {V_base, V_chain, V_stamp, V_nograd, V_version, V_at};
+    PyObject *const vals[] = {xvi == Py_None ? x : get_slot(xvi, V_base), chain, stamp,
+                              nograd ? Py_True : Py_False, multi ? at : Py_None, at};
+    if ((v = alloc_with(ViewInfo_T, offs, vals, 6)) != NULL)
+        r = PyObject_SetAttr(t, s__view, v);
 done:
     Py_XDECREF(link);
     Py_XDECREF(chain);
