@@ -43,6 +43,8 @@ from . import functional, return_types, signal  # torch.functional, torch.return
 from .compat_ops import *  # noqa: F403  (torch's ATen-style top-level names: ctc_loss, convolution, lstm ...)
 
 _global_tensor.install()
+from . import dtensor as _dtensor_api  # noqa: E402  (torch.distributed.tensor: DTensor methods on Tensor)
+_dtensor_api.install()
 from .compat import install_torch_arguments as _install_torch_arguments  # noqa: E402
 globals().update(_ELEMENTWISE)
 globals().update({_d.name: _d for _d in _RARE})   # holoflow.uint16, holoflow.float8_e4m3fn, ...

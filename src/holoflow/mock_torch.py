@@ -46,6 +46,17 @@ class _State:
     mocks: dict[str, "_MockModule"] = {}
 
 
+# torch modules that are holoflow modules of another name (the module-level DTensor API needs nn,
+# which sits above the distributed layer)
+ALIASES = {"torch.distributed.tensor": "holoflow.dtensor", "torch.distributed._tensor": "holoflow.dtensor",
+           "torch.distributed.tensor.parallel": "holoflow.dtensor.parallel"}
+
+
+def _target_name(name: str) -> str:
+    """The holoflow module behind ``torch.X.Y``."""
+    return ALIASES.get(name, "holoflow" + name[len("torch"):])
+
+
 def _is_torch(name: str) -> bool:
     return name == "torch" or name.startswith("torch.")
 
@@ -68,7 +79,10 @@ class _MockModule(types.ModuleType):
         if attr.startswith("__") and attr.endswith("__"):
             raise AttributeError(attr)
         target = self.__dict__["_holoflow_target"]
-        if hasattr(target, attr):
+        alias = ALIASES.get(f"{self.__name__}.{attr}")
+        if alias is not None:
+            value = _ORIG_IMPORT_MODULE(alias)
+        elif hasattr(target, attr):
             value = getattr(target, attr)
         else:
             sub = f"{target.__name__}.{attr}"
@@ -111,7 +125,7 @@ def _resolve(name: str) -> _MockModule:
     """The mock for ``torch.X.Y`` (holoflow.X.Y), or ModuleNotFoundError naming what's missing."""
     if name in _State.mocks:
         return _State.mocks[name]
-    target = "holoflow" + name[len("torch"):]
+    target = _target_name(name)
     try:
         return _mock(name, _ORIG_IMPORT_MODULE(target))
     except ModuleNotFoundError as e:

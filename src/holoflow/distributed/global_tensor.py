@@ -30,6 +30,7 @@ from .boxing import apply_box
 from .moves import move
 from .sharding import check_placement, dual, local_shape, nd_str, normalize_sbp, shard_of
 from .placement import placement
+from .placement_types import as_nd_sbp, as_placement
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,10 @@ class GlobalMeta:
         return out._data
 
     def repr(self, t: Tensor) -> str:
+        if self.placement.torch_conventions:   # torch's DTensor repr: this rank's shard
+            placements = tuple(as_placement(s) for s in self.sbp)
+            return (f"DTensor(local_tensor={local_alias(t).detach()!r}, device_mesh={self.placement!r}, "
+                    f"placements={placements})")
         body = repr(self.gather(t).detach()) if self.placement.coords(world.rank()) is not None \
             else f"tensor(<not on this rank>, shape={tuple(self.shape)})"
         body = body[:-1] + f", placement={self.placement}, sbp={self.sbp})"
@@ -198,10 +203,10 @@ def _absent_grad(ctx, *dys):
     return tuple(got.get(i) for i in range(len(ctx.shapes)))
 
 
-def _from_local_kernel(t, place, nd, rank, comm, shape, copy=False):
+def _from_local_kernel(t, place, nd, rank, comm, shape, copy=False, broadcast=True):
     src = t
     for axis, s in enumerate(nd):  # broadcast axes take the first rank's data (OneFlow's rule)
-        if s == B:
+        if s == B and broadcast:
             group = place.axis_group(rank, axis)
             t = comm.broadcast(t.contiguous(), group[0], group)
     return t.clone() if copy and t.untyped_storage().data_ptr() == src.untyped_storage().data_ptr() else t
@@ -236,7 +241,11 @@ def absent_outputs(inputs: tuple, dtypes: tuple, single: bool):
     return run_local(ABSENT, inputs, {"dtypes": tuple(dtypes), "device": dev, "single": single})
 
 
-def _from_local(x: Tensor, place: placement, nd: tuple, check_meta: bool, grad_sbp, copy: bool = False) -> Tensor:
+def _from_local(x: Tensor, place: placement, nd: tuple, check_meta: bool, grad_sbp, copy: bool = False,
+                broadcast: bool = True) -> Tensor:
+    """``x`` as this rank's component of a global tensor. ``broadcast=False`` (torch's
+    ``DTensor.from_local`` without ``run_check``): broadcast axes keep each rank's own data, which
+    the caller promises is the same everywhere."""
     r = world.rank()
     data = x._data
     if place.coords(r) is None:  # absent here: the logical shape from this rank's local shape
@@ -253,7 +262,8 @@ def _from_local(x: Tensor, place: placement, nd: tuple, check_meta: bool, grad_s
             raise HoloflowError(f"holoflow.to_global: ranks disagree on the local tensor's rank or "
                                 f"dtype: {dict(zip(place.flat_ranks, shapes))}")
         shape = _logical_shape(shapes, place, nd, check_meta)
-    attrs = {"place": place, "nd": nd, "rank": r, "comm": comm, "shape": tuple(shape), "copy": copy}
+    attrs = {"place": place, "nd": nd, "rank": r, "comm": comm, "shape": tuple(shape), "copy": copy,
+             "broadcast": broadcast}
     out = run_local(FROM_LOCAL, (x,), attrs)
     return make_global(out, place, nd, shape, grad_sbp)
 
@@ -337,10 +347,20 @@ def to_global(self: Tensor, placement=None, sbp=None, *, grad_sbp=None, check_me
     return out
 
 
-def to_local(self: Tensor, *, copy: bool = False) -> Tensor:
+def to_local(self: Tensor, *, copy: bool = False, grad_placements=None) -> Tensor:
     """This rank's shard as a local tensor (autograd continues through it, to a leaf too); an
-    empty tensor on a rank outside the placement."""
+    empty tensor on a rank outside the placement.
+
+    The gradient arriving at the local tensor is taken, as OneFlow takes it, as this rank's piece
+    of a gradient of SBP ``dual(sbp)`` (a broadcast tensor's replicas each contribute: their
+    gradients are summed). On a :class:`DeviceMesh` (torch's DTensor conventions) it is taken as
+    laid out like the tensor itself (a replica's gradient is the replicated gradient), as torch's
+    ``DTensor.to_local``; ``grad_placements`` (placements or SBPs, one per mesh dimension) says
+    how it is laid out instead."""
     if self._global is None:
+        if grad_placements is not None:
+            raise HoloflowError("holoflow.to_local: grad_placements= is for a global tensor (a DTensor); this "
+                                "tensor is local")
         return self
     if hasattr(self._global, "tracer"):
         # a value traced inside nn.Graph's build(): the program computes logical tensors, so a
@@ -366,8 +386,29 @@ def to_local(self: Tensor, *, copy: bool = False) -> Tensor:
             f"trained through nor follow later re-layouts. Compute on it globally inside build() "
             f"(.to_global(sbp=...) to change its layout), or call .to_local() outside build()")
     fresh(self)
-    t = linked_alias(self)
+    g = self._global
+    layout = None
+    if grad_placements is not None or g.placement.torch_conventions:
+        layout = as_nd_sbp(grad_placements if grad_placements is not None else g.sbp, g.placement.ndim,
+                           len(g.shape), "to_local")
+    if layout is None or layout == dual(g.sbp) or not (self._rg and grad_mode.STATE.enabled) or \
+            g.placement.coords(world.rank()) is None:
+        t = linked_alias(self)
+    else:
+        t = run_local(LOCAL_AS, (self,), {"place": g.placement, "nd": g.sbp, "layout": layout,
+                                         "shape": tuple(g.shape), "rank": world.rank(), "comm": world.comm()})
     return t.clone() if copy else t
+
+
+def _local_as_grad(ctx, dy):
+    """The local gradient, laid out as ``layout`` says, as the piece of a ``dual(nd)`` gradient
+    the global tensor's history takes (Replicate's gradient to partial sum: one rank's copy)."""
+    return (apply_box(dy, ctx.place, ctx.layout, dual(ctx.nd), ctx.shape, ctx.rank, ctx.comm),)
+
+
+# to_local whose gradient is laid out otherwise than dual(sbp) (torch's DTensor.to_local)
+LOCAL_AS = defop("to_local_as", lambda t, place, nd, layout, shape, rank, comm: t, grad=_local_as_grad,
+                 family="boxing")
 
 
 def box_grad(self: Tensor, g: Tensor) -> Tensor:

@@ -14,6 +14,9 @@ class placement:
     """
 
     __slots__ = ("type", "_ranks", "hierarchy", "_flat", "_coords", "_hash")
+    # global tensors on it follow OneFlow's conventions (to_local's gradient: dual(sbp)); torch's
+    # DeviceMesh (device_mesh.py) sets it: torch's DTensor conventions
+    torch_conventions = False
 
     def __init__(self, type: str = "cpu", ranks=None) -> None:  # noqa: A002 - OneFlow's name
         if type not in ("cpu", "cuda"):
