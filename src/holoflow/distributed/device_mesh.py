@@ -10,6 +10,7 @@ rows hold tensors on different sub-meshes, and each collective runs among a sub-
 from __future__ import annotations
 
 import math
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -23,7 +24,14 @@ from .process_group import RankGroup
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
 
-_CURRENT: list["DeviceMesh"] = []   # ``with mesh:`` blocks, innermost last
+_LOCAL = threading.local()   # .stack: this thread's ``with mesh:`` blocks, innermost last (a thread
+                             # per simulated rank)
+
+
+def _stack() -> list:
+    if not hasattr(_LOCAL, "stack"):
+        _LOCAL.stack = []
+    return _LOCAL.stack
 
 
 class DeviceMesh(placement):
@@ -136,11 +144,11 @@ class DeviceMesh(placement):
         return DeviceMesh(self.type, sub, mesh_dim_names=wanted)
 
     def __enter__(self) -> "DeviceMesh":
-        _CURRENT.append(self)
+        _stack().append(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        _CURRENT.pop()
+        _stack().pop()
 
     def __repr__(self) -> str:
         if self.mesh_dim_names is None:
@@ -170,7 +178,8 @@ def _rebuild(device_type: str, ranks: list, names) -> DeviceMesh:
 
 def current_mesh() -> DeviceMesh | None:
     """The mesh of the innermost ``with mesh:`` block, if any."""
-    return _CURRENT[-1] if _CURRENT else None
+    stack = _stack()
+    return stack[-1] if stack else None
 
 
 def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *,

@@ -1,0 +1,189 @@
+"""torch's DTensor API on simulated ranks: the mesh, placements as SBP, conversions against the
+logical tensor, the gradient conventions, the styles' layouts, every refusal's class and words,
+and what mock_torch resolves. (tests/dist/test_dtensor_api.py runs the same API on real Gloo
+worlds against torch's own DTensor.)"""
+import numpy as np
+import pytest
+
+import holoflow as flow
+from holoflow import mock_torch
+from holoflow.core.errors import UnsupportedError
+from holoflow.distributed import world
+from holoflow.dtensor import (DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor,
+                              init_device_mesh)
+from holoflow.dtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+
+def _sim(n, fn):
+    return world.simulate(n, fn)
+
+
+def test_mesh_is_the_placement_of_its_ranks_and_slices_by_name():
+    def f(r):
+        mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+        tp, dp = mesh["tp"], mesh["dp"]
+        assert mesh == flow.placement("cpu", ranks=[[0, 1], [2, 3]]) and hash(mesh) == hash(
+            flow.placement("cpu", ranks=[[0, 1], [2, 3]]))
+        swapped = mesh["tp", "dp"]
+        return (tp.flat_ranks, dp.flat_ranks, tp.get_local_rank(), mesh.get_local_rank("dp"), mesh.get_coordinate(),
+                tuple(mesh.get_group("tp")), swapped.ranks.tolist(), swapped.mesh_dim_names, repr(tp))
+    got = _sim(4, f)
+    assert [g[0] for g in got] == [(0, 1), (0, 1), (2, 3), (2, 3)]
+    assert [g[1] for g in got] == [(0, 2), (1, 3), (0, 2), (1, 3)]
+    assert [g[2:5] for g in got] == [(0, 0, (0, 0)), (1, 0, (0, 1)), (0, 1, (1, 0)), (1, 1, (1, 1))]
+    assert [g[5] for g in got] == [(0, 1), (0, 1), (2, 3), (2, 3)]
+    assert got[0][6] == [[0, 2], [1, 3]] and got[0][7] == ("tp", "dp")
+    assert got[0][8] == "DeviceMesh((tp=2), 'cpu', stride=(1,))"
+
+
+def test_placements_are_sbp_and_values_are_the_logical_tensor():
+    full = np.arange(30.0, dtype=np.float32).reshape(5, 6)
+
+    def f(r):
+        mesh = DeviceMesh("cpu", [0, 1])
+        t = flow.tensor(full)
+        out = {}
+        for p in (Shard(0), Shard(1), Shard(-1), Replicate(), Partial()):
+            d = distribute_tensor(t, mesh, [p])
+            out[repr(p)] = (d.placements, tuple(d.sbp), d.to_local().numpy(), d.full_tensor().numpy())
+        return out
+    for r, got in enumerate(_sim(2, f)):
+        rows = [full[:3], full[3:]][r]   # the first n % p ranks one larger
+        assert got["Shard(dim=0)"][0] == (Shard(0),) and got["Shard(dim=0)"][1] == (flow.sbp.split(0),)
+        np.testing.assert_array_equal(got["Shard(dim=0)"][2], rows)
+        np.testing.assert_array_equal(got["Shard(dim=1)"][2], full[:, 3 * r:3 * r + 3])
+        assert got["Shard(dim=-1)"][0] == (Shard(1),)   # normalised, as torch
+        np.testing.assert_array_equal(got["Replicate()"][2], full)
+        np.testing.assert_array_equal(got["Partial(sum)"][2], full / 2)   # torch's share of a whole value
+        assert got["Partial(sum)"][1] == (flow.sbp.partial_sum,)
+        for k in got:
+            np.testing.assert_array_equal(got[k][3], full)
+
+
+def test_gradient_conventions_on_a_mesh_and_on_a_placement():
+    """A DeviceMesh tensor's to_local gradient is laid out like the tensor (torch); a placement's
+    is dual(sbp) (OneFlow: replicas' gradients summed); grad_placements says it explicitly."""
+    def f(r):
+        out = []
+        for place in (DeviceMesh("cpu", [0, 1]), flow.placement("cpu", ranks=[0, 1])):
+            x = flow.ones(3, placement=place, sbp=flow.sbp.broadcast).detach().requires_grad_()
+            (x.to_local() * 2).sum().backward()
+            y = flow.ones(3, placement=place, sbp=flow.sbp.broadcast).detach().requires_grad_()
+            (y.to_local(grad_placements=[Partial()]) * 2).sum().backward()
+            out.append((x.grad.to_local().tolist(), y.grad.to_local().tolist()))
+        return out
+    for mesh_grads, place_grads in _sim(2, f):
+        assert mesh_grads == ([2.0] * 3, [4.0] * 3)
+        assert place_grads == ([4.0] * 3, [4.0] * 3)
+
+
+def test_from_local_trusts_replicas_unless_run_check():
+    def f(r):
+        mesh = DeviceMesh("cpu", [0, 1])
+        mine = flow.full((2,), float(r))
+        return (DTensor.from_local(mine, mesh, [Replicate()]).to_local().tolist(),
+                DTensor.from_local(mine, mesh, [Replicate()], run_check=True).to_local().tolist())
+    assert _sim(2, f) == [([0.0, 0.0], [0.0, 0.0]), ([1.0, 1.0], [0.0, 0.0])]
+
+
+def test_tensor_parallel_mlp_equals_one_process():
+    """Colwise then rowwise Linear: forward, gradients and SGD steps equal the unsharded model's."""
+    def run(r):
+        flow.manual_seed(0)
+        m = flow.nn.Sequential(flow.nn.Linear(6, 8), flow.nn.Tanh(), flow.nn.Linear(8, 3))
+        if r is not None:
+            parallelize_module(m, DeviceMesh("cpu", [0, 1]), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        opt = flow.optim.SGD(m.parameters(), lr=0.2)
+        x = flow.tensor(np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6))
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = (m(x) ** 2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        ws = {k: (p.full_tensor() if p.is_global else p).detach().numpy() for k, p in m.named_parameters()}
+        return losses, ws, {k: p.placements for k, p in m.named_parameters() if p.is_global}
+    want_l, want_w, _ = run(None)
+    for losses, ws, layouts in _sim(2, run):
+        np.testing.assert_allclose(losses, want_l, rtol=1e-6)
+        for k in want_w:
+            np.testing.assert_allclose(ws[k], want_w[k], rtol=1e-5, atol=1e-7)
+        assert layouts == {"0.weight": (Shard(0),), "0.bias": (Shard(0),), "2.weight": (Shard(1),),
+                           "2.bias": (Replicate(),)}
+
+
+def test_distribute_module_replicates_the_rest_and_refuses_twice():
+    def f(r):
+        mesh = DeviceMesh("cpu", [0, 1])
+        m = flow.nn.Sequential(flow.nn.Linear(2, 2), flow.nn.BatchNorm1d(2))
+        distribute_module(m, mesh)
+        layouts = {k: t.placements for k, t in [*m.named_parameters(), *m.named_buffers()]}
+        with pytest.raises(RuntimeError, match="only be called once"):
+            distribute_module(m, mesh)
+        return layouts
+    for layouts in _sim(2, f):
+        assert set(layouts.values()) == {(Replicate(),)} and len(layouts) == 7
+
+
+def test_refusals_name_what_is_legal():
+    def f(r):
+        mesh = DeviceMesh("cpu", [0, 1])
+        d = distribute_tensor(flow.ones(4, 2), mesh, [Shard(0)])
+        with pytest.raises(ValueError, match="needs 1 value"):
+            distribute_tensor(flow.ones(4), mesh, [Shard(0), Replicate()])
+        with pytest.raises(IndexError, match=r"Shard\(dim=2\) is out of range .* legal dims are -2..1"):
+            distribute_tensor(flow.ones(4, 2), mesh, [Shard(2)])
+        with pytest.raises(UnsupportedError, match=r"Partial\('max'\).*only Partial\('sum'\)"):
+            distribute_tensor(flow.ones(4), mesh, [Partial("max")])
+        with pytest.raises(RuntimeError, match="redistributing to Partial is for ops' own outputs"):
+            d.redistribute(mesh, [Partial()])
+        with pytest.raises(RuntimeError, match="already a DTensor"):
+            DTensor.from_local(d, mesh, [Shard(0)])
+        with pytest.raises(ValueError, match="different placements"):
+            distribute_tensor(d, mesh, [Replicate()])
+        with pytest.raises(AttributeError, match="placements"):
+            getattr(flow.ones(2), "placements")  # noqa: B009
+        with pytest.raises(AttributeError, match="local"):
+            flow.ones(2).full_tensor()
+        with pytest.raises(RuntimeError, match="no device_mesh given and none is current"):
+            distribute_tensor(flow.ones(2))
+        with mesh:   # the current mesh serves
+            assert distribute_tensor(flow.ones(2)).placements == (Replicate(),)
+        with pytest.raises(TypeError, match="DTensor.from_local"):
+            DTensor(flow.ones(2))
+        with pytest.raises(NotImplementedError, match="supports nn.Linear and nn.Embedding"):
+            parallelize_module(flow.nn.ReLU(), mesh, ColwiseParallel())
+        two_d = DeviceMesh("cpu", [[0, 1]], mesh_dim_names=("dp", "tp"))
+        with pytest.raises(ValueError, match=r"1-D mesh; slice this 2-D one first \(mesh\['tp'\]\)"):
+            parallelize_module(flow.nn.Linear(2, 2), two_d, ColwiseParallel())
+        with pytest.raises(KeyError, match="no dimension named 'pp'"):
+            two_d["pp"]
+        with pytest.raises(RuntimeError, match="pass mesh_dim="):
+            two_d.get_local_rank()
+        with pytest.raises(KeyError, match="no mesh_dim_names"):
+            mesh["tp"]
+        return True
+    assert _sim(2, f) == [True, True]
+
+
+def test_init_device_mesh_refuses_a_shape_of_another_size():
+    with pytest.raises(RuntimeError, match=r"mesh_shape \(2, 2\) holds 4 ranks, but the world has 1"):
+        init_device_mesh("cpu", (2, 2))
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+    assert mesh.flat_ranks == (0,) and repr(mesh) == "DeviceMesh((dp=1), 'cpu', stride=(1,))"
+    t = distribute_tensor(flow.arange(4.0), mesh, [Shard(0)])
+    assert t.to_local().tolist() == [0.0, 1.0, 2.0, 3.0] and isinstance(t, DTensor)
+
+
+def test_mock_torch_resolves_the_dtensor_modules():
+    with mock_torch.enable():
+        import torch.distributed.tensor as dt
+        from torch.distributed._tensor import Shard as OldShard
+        from torch.distributed.device_mesh import DeviceMesh as Mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel as Col
+        import torch
+        assert dt.distribute_tensor is distribute_tensor and OldShard is Shard
+        assert Mesh is DeviceMesh and Col is ColwiseParallel
+        assert torch.distributed.tensor.DTensor is DTensor
+        assert torch.distributed.tensor.parallel.parallelize_module is parallelize_module
