@@ -86,27 +86,40 @@ def test_from_local_trusts_replicas_unless_run_check():
     assert _sim(2, f) == [([0.0, 0.0], [0.0, 0.0]), ([1.0, 1.0], [0.0, 0.0])]
 
 
+def _mlp_weights() -> dict:
+    rng = np.random.default_rng(0)   # (simulated ranks share the process's generator: no draws inside)
+    return {k: rng.standard_normal(s).astype(np.float32) * 0.5
+            for k, s in (("0.weight", (8, 6)), ("0.bias", (8,)), ("2.weight", (3, 8)), ("2.bias", (3,)))}
+
+
 def test_tensor_parallel_mlp_equals_one_process():
-    """Colwise then rowwise Linear: forward, gradients and SGD steps equal the unsharded model's."""
+    """Colwise then rowwise Linear: forward, gradients, grad-norm clipping and SGD steps equal the
+    unsharded model's."""
+    weights = _mlp_weights()
+
     def run(r):
-        flow.manual_seed(0)
         m = flow.nn.Sequential(flow.nn.Linear(6, 8), flow.nn.Tanh(), flow.nn.Linear(8, 3))
+        m.load_state_dict({k: flow.tensor(v) for k, v in weights.items()})
         if r is not None:
             parallelize_module(m, DeviceMesh("cpu", [0, 1]), {"0": ColwiseParallel(), "2": RowwiseParallel()})
         opt = flow.optim.SGD(m.parameters(), lr=0.2)
         x = flow.tensor(np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6))
-        losses = []
+        losses, norms = [], []
         for _ in range(3):
             opt.zero_grad()
             loss = (m(x) ** 2).mean()
             loss.backward()
+            norm = flow.nn.utils.clip_grad_norm_(m.parameters(), 0.05)
             opt.step()
             losses.append(loss.item())
+            norms.append((norm.full_tensor() if norm.is_global else norm).item())
         ws = {k: (p.full_tensor() if p.is_global else p).detach().numpy() for k, p in m.named_parameters()}
-        return losses, ws, {k: p.placements for k, p in m.named_parameters() if p.is_global}
-    want_l, want_w, _ = run(None)
-    for losses, ws, layouts in _sim(2, run):
+        return losses, norms, ws, {k: p.placements for k, p in m.named_parameters() if p.is_global}
+    want_l, want_n, want_w, _ = run(None)
+    assert want_n[0] > 0.05   # (the clipping scales)
+    for losses, norms, ws, layouts in _sim(2, run):
         np.testing.assert_allclose(losses, want_l, rtol=1e-6)
+        np.testing.assert_allclose(norms, want_n, rtol=1e-6)
         for k in want_w:
             np.testing.assert_allclose(ws[k], want_w[k], rtol=1e-5, atol=1e-7)
         assert layouts == {"0.weight": (Shard(0),), "0.bias": (Shard(0),), "2.weight": (Shard(1),),
