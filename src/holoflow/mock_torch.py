@@ -49,7 +49,9 @@ class _State:
 # torch modules that are holoflow modules of another name (the module-level DTensor API needs nn,
 # which sits above the distributed layer)
 ALIASES = {"torch.distributed.tensor": "holoflow.dtensor", "torch.distributed._tensor": "holoflow.dtensor",
-           "torch.distributed.tensor.parallel": "holoflow.dtensor.parallel"}
+           "torch.distributed.tensor.parallel": "holoflow.dtensor.parallel",
+           "torch.distributed.fsdp": "holoflow.dtensor.fsdp",
+           "torch.distributed._composable.fsdp": "holoflow.dtensor.fsdp"}
 
 
 def _target_name(name: str) -> str:
