@@ -1,6 +1,6 @@
 """torch's DTensor API under mock_torch: scripts written for torch.distributed.tensor (DeviceMesh,
 distribute_tensor, from_local, redistribute, full_tensor, the tensor-parallel styles, a 2-D mesh
-of data x tensor parallelism), unchanged, launched on Gloo worlds by torch's launcher on torch and
+of data x tensor parallelism) and FSDP2's fully_shard, unchanged, launched on Gloo worlds by torch's launcher on torch and
 by holoflow's under mock_torch: every rank's answers must be torch's."""
 import json
 import subprocess
@@ -189,6 +189,36 @@ OUT["losses"] = losses
 OUT["weights"] = {k: r6(p.full_tensor()) for k, p in model.named_parameters()}
 '''
 
+FSDP = '''
+from torch.distributed.fsdp import FSDPModule, fully_shard
+mesh = init_device_mesh("cpu", (2,))
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+for layer in (model[0], model[2]):
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+OUT["class"] = [isinstance(model, FSDPModule), type(model).__name__, isinstance(model[0], FSDPModule),
+                isinstance(model[1], FSDPModule)]
+OUT["layouts"] = {k: [str(p.placements), list(p.to_local().shape)] for k, p in model.named_parameters()}
+opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+gen = torch.Generator().manual_seed(10 + rank)   # each rank its own batch
+x, y = torch.randn(4, 6, generator=gen), torch.randn(4, 3, generator=gen)
+losses, norms = [], []
+for _ in range(3):
+    opt.zero_grad()
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    norms.append(round(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5).full_tensor().item(), 5))
+    opt.step()
+    losses.append(round(loss.item(), 5))
+OUT["losses"] = losses
+OUT["norms"] = norms
+OUT["weights"] = {k: r6(p.full_tensor()) for k, p in model.named_parameters()}
+OUT["grads"] = {k: [str(p.grad.placements), r6(p.grad.full_tensor())] for k, p in model.named_parameters()}
+OUT["state_dict"] = sorted([k, str(v.placements)] for k, v in model.state_dict().items())
+'''
+
 
 def _run(tmp_path, lib: str, name: str, body: str, ranks: int) -> dict:
     script = tmp_path / f"{name}.py"
@@ -213,7 +243,8 @@ def _compare(got: dict, want: dict) -> None:
 
 
 @pytest.mark.parametrize("name, body, ranks", [("basics", BASICS, 2), ("tp_mlp", TP_MLP, 2),
-                                               ("mesh_2d", MESH_2D, 4)], ids=["basics", "tp_mlp", "mesh_2d"])
+                                               ("mesh_2d", MESH_2D, 4), ("fsdp", FSDP, 2)],
+                         ids=["basics", "tp_mlp", "mesh_2d", "fsdp"])
 def test_dtensor_script_equals_torch(tmp_path, name, body, ranks):
     want = _run(tmp_path, "torch", name, body, ranks)
     got = _run(tmp_path, "holoflow", name, body, ranks)

@@ -200,3 +200,80 @@ def test_mock_torch_resolves_the_dtensor_modules():
         assert Mesh is DeviceMesh and Col is ColwiseParallel
         assert torch.distributed.tensor.DTensor is DTensor
         assert torch.distributed.tensor.parallel.parallelize_module is parallelize_module
+
+
+def _fsdp_run(r, mesh_ranks, weights, xs, mp=None):
+    """A 3-step AdamW run of the MLP: with ``r`` a simulated rank under fully_shard on
+    ``mesh_ranks`` (its own batch ``xs[r]``), else the one-process data-parallel reference (the
+    mean of every rank's loss)."""
+    from holoflow.dtensor.fsdp import MixedPrecisionPolicy, fully_shard
+    m = flow.nn.Sequential(flow.nn.Linear(6, 8), flow.nn.Tanh(), flow.nn.Linear(8, 3))
+    m.load_state_dict({k: flow.tensor(v) for k, v in weights.items()})
+    if r is not None:
+        mesh = DeviceMesh("cpu", mesh_ranks)
+        policy = mp or MixedPrecisionPolicy()
+        fully_shard(m[0], mesh=mesh, mp_policy=policy)
+        fully_shard(m, mesh=mesh, mp_policy=policy)
+    opt = flow.optim.AdamW(m.parameters(), lr=0.05)
+    for _ in range(3):
+        opt.zero_grad()
+        if r is None:
+            loss = sum((m(flow.tensor(x)) ** 2).mean() for x in xs) / len(xs)
+        else:
+            out = m(flow.tensor(xs[r]))
+            loss = (out.float() ** 2).mean()
+        loss.backward()
+        opt.step()
+    return {k: (p.full_tensor() if p.is_global else p).detach().numpy() for k, p in m.named_parameters()}, \
+        {k: p.placements for k, p in m.named_parameters() if p.is_global}
+
+
+@pytest.mark.parametrize("mesh_ranks", [[0, 1, 2, 3], [[0, 1], [2, 3]]], ids=["fsdp", "hsdp"])
+def test_fully_shard_equals_data_parallel(mesh_ranks):
+    weights = _mlp_weights()
+    xs = [np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6) * (1 + r / 2) for r in range(4)]
+    want, _ = _fsdp_run(None, mesh_ranks, weights, xs)
+    for got, layouts in _sim(4, lambda r: _fsdp_run(r, mesh_ranks, weights, xs)):
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+        shard = (Shard(0),) if np.ndim(mesh_ranks) == 1 else (Replicate(), Shard(0))
+        assert set(layouts.values()) == {shard} and len(layouts) == 4
+
+
+def test_fully_shard_mixed_precision_and_refusals():
+    from holoflow.dtensor.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    def f(r):
+        mesh = DeviceMesh("cpu", [0, 1])
+        m = flow.nn.Linear(4, 2)
+        seen = []
+        m.register_forward_hook(lambda mod, i, o: seen.append((i[0].dtype, mod.weight.dtype, o.dtype)))
+        fully_shard(m, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=flow.bfloat16,
+                                                                 output_dtype=flow.float32))
+        out = m(flow.ones(3, 4))
+        out.sum().backward()
+        assert m.weight.dtype == flow.float32 and m.weight.grad.dtype == flow.float32   # the shards' dtype
+        assert m.weight.placements == (Shard(0),) and isinstance(m, FSDPModule) and type(m).__name__ == "FSDPLinear"
+        m.probe = lambda: m.weight.is_global
+        register_fsdp_forward_method(m, "probe")
+        assert m.probe() is False and m.weight.is_global   # gathered for the call only
+        with pytest.raises(RuntimeError, match="already sharded"):
+            fully_shard(m, mesh=mesh)
+        with pytest.raises(NotImplementedError, match="set_requires_gradient_sync"):
+            m.set_requires_gradient_sync(False)
+        with pytest.raises(NotImplementedError, match="a list of modules"):
+            fully_shard([flow.nn.Linear(2, 2)], mesh=mesh)
+        with pytest.raises(ValueError, match="1-D mesh .* or a 2-D one"):
+            fully_shard(flow.nn.Linear(2, 2), mesh=DeviceMesh("cpu", [[[0, 1]]]))
+        return seen, out.dtype
+    for seen, dtype in _sim(2, f):
+        assert seen == [(flow.bfloat16, flow.bfloat16, flow.bfloat16)] and dtype == flow.float32
+
+
+def test_mock_torch_resolves_fsdp():
+    from holoflow.dtensor import fsdp
+    with mock_torch.enable():
+        from torch.distributed._composable.fsdp import fully_shard as old
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+        assert fully_shard is fsdp.fully_shard and old is fsdp.fully_shard
+        assert FSDPModule is fsdp.FSDPModule and MixedPrecisionPolicy is fsdp.MixedPrecisionPolicy
