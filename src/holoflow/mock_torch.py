@@ -51,12 +51,18 @@ class _State:
 ALIASES = {"torch.distributed.tensor": "holoflow.dtensor", "torch.distributed._tensor": "holoflow.dtensor",
            "torch.distributed.tensor.parallel": "holoflow.dtensor.parallel",
            "torch.distributed.fsdp": "holoflow.dtensor.fsdp",
-           "torch.distributed._composable.fsdp": "holoflow.dtensor.fsdp"}
+           "torch.distributed._composable.fsdp": "holoflow.dtensor.fsdp",
+           "torch.distributed.checkpoint": "holoflow.dtensor.checkpoint"}
 
 
 def _target_name(name: str) -> str:
-    """The holoflow module behind ``torch.X.Y``."""
-    return ALIASES.get(name, "holoflow" + name[len("torch"):])
+    """The holoflow module behind ``torch.X.Y`` (an alias covers the modules under it too)."""
+    parts = name.split(".")
+    for i in range(len(parts), 1, -1):
+        alias = ALIASES.get(".".join(parts[:i]))
+        if alias is not None:
+            return ".".join([alias, *parts[i:]])
+    return "holoflow" + name[len("torch"):]
 
 
 def _is_torch(name: str) -> bool:
@@ -81,7 +87,7 @@ class _MockModule(types.ModuleType):
         if attr.startswith("__") and attr.endswith("__"):
             raise AttributeError(attr)
         target = self.__dict__["_holoflow_target"]
-        alias = ALIASES.get(f"{self.__name__}.{attr}")
+        alias = ALIASES.get(f"{self.__name__}.{attr}")   # (below an alias, target is the aliased module)
         if alias is not None:
             value = _ORIG_IMPORT_MODULE(alias)
         elif hasattr(target, attr):

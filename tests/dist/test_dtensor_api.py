@@ -1,6 +1,6 @@
 """torch's DTensor API under mock_torch: scripts written for torch.distributed.tensor (DeviceMesh,
 distribute_tensor, from_local, redistribute, full_tensor, the tensor-parallel styles, a 2-D mesh
-of data x tensor parallelism) and FSDP2's fully_shard, unchanged, launched on Gloo worlds by torch's launcher on torch and
+of data x tensor parallelism), FSDP2's fully_shard and distributed checkpoints, unchanged, launched on Gloo worlds by torch's launcher on torch and
 by holoflow's under mock_torch: every rank's answers must be torch's."""
 import json
 import subprocess
@@ -219,6 +219,53 @@ OUT["grads"] = {k: [str(p.grad.placements), r6(p.grad.full_tensor())] for k, p i
 OUT["state_dict"] = sorted([k, str(v.placements)] for k, v in model.state_dict().items())
 '''
 
+DCP = '''
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
+from torch.distributed.fsdp import fully_shard
+mesh = init_device_mesh("cpu", (2,))
+rank = dist.get_rank()
+
+def make(seed):
+    torch.manual_seed(seed)
+    m = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    fully_shard(m[0], mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    return m, torch.optim.AdamW(m.parameters(), lr=0.05)
+
+gen = torch.Generator().manual_seed(10 + rank)
+x, y = torch.randn(4, 6, generator=gen), torch.randn(4, 3, generator=gen)
+
+def step(m, opt):
+    opt.zero_grad()
+    loss = ((m(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    return round(loss.item(), 5)
+
+model, opt = make(0)
+first = [step(model, opt) for _ in range(2)]
+msd, osd = get_state_dict(model, opt)
+dcp.save({"model": msd, "optim": osd}, checkpoint_id=sys.argv[2] + "/ckpt")
+cont = [step(model, opt) for _ in range(2)]
+m2, o2 = make(1)   # another model: everything it resumes with comes from the checkpoint
+msd2, osd2 = get_state_dict(m2, o2)
+sd = {"model": msd2, "optim": osd2}
+dcp.load(sd, checkpoint_id=sys.argv[2] + "/ckpt")
+set_state_dict(m2, o2, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+OUT["losses"] = [first, cont, [step(m2, o2) for _ in range(2)]]
+full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+OUT["full"] = {k: r6(v) for k, v in full.items()}
+fosd = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+OUT["full_optim"] = {k: {n: r6(v) for n, v in s.items()} for k, s in fosd.get("state", {}).items()}
+OUT["full_groups"] = [g["params"] for g in fosd.get("param_groups", [])]
+m3, o3 = make(2)
+set_model_state_dict(m3, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+OUT["broadcast_loaded"] = {k: r6(p.full_tensor()) for k, p in m3.named_parameters()}
+'''
+
 
 def _run(tmp_path, lib: str, name: str, body: str, ranks: int) -> dict:
     script = tmp_path / f"{name}.py"
@@ -243,8 +290,8 @@ def _compare(got: dict, want: dict) -> None:
 
 
 @pytest.mark.parametrize("name, body, ranks", [("basics", BASICS, 2), ("tp_mlp", TP_MLP, 2),
-                                               ("mesh_2d", MESH_2D, 4), ("fsdp", FSDP, 2)],
-                         ids=["basics", "tp_mlp", "mesh_2d", "fsdp"])
+                                               ("mesh_2d", MESH_2D, 4), ("fsdp", FSDP, 2), ("dcp", DCP, 2)],
+                         ids=["basics", "tp_mlp", "mesh_2d", "fsdp", "dcp"])
 def test_dtensor_script_equals_torch(tmp_path, name, body, ranks):
     want = _run(tmp_path, "torch", name, body, ranks)
     got = _run(tmp_path, "holoflow", name, body, ranks)

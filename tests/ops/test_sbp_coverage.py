@@ -21,6 +21,7 @@ NOT_IN_OP_TABLES = {
     "global_alias": "to_local / a no-op to_global of a leaf: tests/global/test_one_program.py",
     "absent": "an op skipped on a rank outside its placement: tests/global/test_one_program.py",
     "from_local": "a local tensor made global: tests/global/test_one_program.py",
+    "to_local_as": "torch's DTensor.to_local (its gradient laid out as told): tests/global/test_dtensor.py",
     "stage_move": "a graph's move between pipeline stages (send/recv tasks): tests/global/test_pipeline_stages.py",
 }
 # Random ops: the in-place fills take the in-place kernel path (no dispatch to record) and
