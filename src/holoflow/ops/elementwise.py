@@ -93,9 +93,28 @@ ACOS = unary("acos", torch.acos, lambda c, dy: (-dy * (1 - _x(c) ** 2).rsqrt(),)
 ATAN = unary("atan", torch.atan, lambda c, dy: (dy / (1 + _x(c) ** 2),), "inputs")
 SINH = unary("sinh", torch.sinh, lambda c, dy: (dy * _x(c).cosh(),), "inputs")
 COSH = unary("cosh", torch.cosh, lambda c, dy: (dy * _x(c).sinh(),), "inputs")
-TANH = unary("tanh", torch.tanh, lambda c, dy: (dy * (1 - c.out * c.out),), "output")
-SIGMOID = unary("sigmoid", torch.sigmoid, lambda c, dy: (  # torch's kernel: conj((1 - y) y) for complex y
-    dy * _conj((1 - c.out) * c.out) if c.out.is_complex() else dy * c.out * (1 - c.out),), "output")
+def _tanh_bwd_grad(c, ddx):
+    """``tanh_backward(dy, y) = dy * conj(1 - y^2)``, torch's formulas: in dy
+    ``tanh_backward(ddx, conj(y))``, in y ``conj(ddx) * conj(-2 conj(y) dy)``."""
+    dy, y = c.inputs
+    return (apply(TANH_BWD, ddx, _conj(y)) if needs(c, 0) else None,
+            _conj(ddx) * _conj(-2 * _conj(y) * dy) if needs(c, 1) else None)
+
+
+def _sigmoid_bwd_grad(c, ddx):
+    """``sigmoid_backward(dy, y) = dy * conj((1 - y) y)``, torch's formulas: in dy
+    ``sigmoid_backward(ddx, conj(y))``, in y ``conj(ddx) * dy * (1 - 2 conj(y))``."""
+    dy, y = c.inputs
+    return (apply(SIGMOID_BWD, ddx, _conj(y)) if needs(c, 0) else None,
+            _conj(ddx) * dy * (-2 * _conj(y) + 1) if needs(c, 1) else None)
+
+
+# aten's backward kernels, as torch's autograd calls them (bit for bit its gradients)
+TANH_BWD = binary("tanh_backward", torch.ops.aten.tanh_backward.default, _tanh_bwd_grad, "inputs", partial=("PB",))
+SIGMOID_BWD = binary("sigmoid_backward", torch.ops.aten.sigmoid_backward.default, _sigmoid_bwd_grad, "inputs",
+                     partial=("PB",))
+TANH = unary("tanh", torch.tanh, lambda c, dy: (apply(TANH_BWD, dy, c.out),), "output")
+SIGMOID = unary("sigmoid", torch.sigmoid, lambda c, dy: (apply(SIGMOID_BWD, dy, c.out),), "output")
 ERF = unary("erf", torch.erf,
             lambda c, dy: (dy * (2 / math.sqrt(math.pi)) * (-_x(c) * _x(c)).exp(),), "inputs")
 ERFINV = unary("erfinv", torch.erfinv,
@@ -135,7 +154,7 @@ CLAMP = unary("clamp", lambda x, min=None, max=None: torch.clamp(x, min, max),  
 # (sqrt, square, reciprocal, sigmoid and atanh conjugate as torch's formulas do: where the conjugate
 # sits decides which parts of an infinite product are NaN)
 for _op in (EXP, EXP2, EXPM1, LOG, LOG2, LOG10, LOG1P, RSQRT, SIN, COS, TAN, ASIN,
-            ACOS, ATAN, SINH, COSH, TANH, ACOSH, ASINH):
+            ACOS, ATAN, SINH, COSH, ACOSH, ASINH):
     holomorphic(_op)
 
 
