@@ -115,12 +115,13 @@ SIGMOID_BWD = binary("sigmoid_backward", torch.ops.aten.sigmoid_backward.default
                      partial=("PB",))
 TANH = unary("tanh", torch.tanh, lambda c, dy: (apply(TANH_BWD, dy, c.out),), "output")
 SIGMOID = unary("sigmoid", torch.sigmoid, lambda c, dy: (apply(SIGMOID_BWD, dy, c.out),), "output")
+# (torch's formulas in torch's order: the constant times the exponential, then the gradient)
 ERF = unary("erf", torch.erf,
-            lambda c, dy: (dy * (2 / math.sqrt(math.pi)) * (-_x(c) * _x(c)).exp(),), "inputs")
+            lambda c, dy: ((2.0 / math.sqrt(math.pi)) * (-(_x(c) * _x(c))).exp() * dy,), "inputs")
 ERFINV = unary("erfinv", torch.erfinv,
-               lambda c, dy: (dy * (math.sqrt(math.pi) / 2) * (c.out * c.out).exp(),), "output")
+               lambda c, dy: ((0.5 * math.sqrt(math.pi)) * (c.out * c.out).exp() * dy,), "output")
 ERFC = unary("erfc", torch.erfc,
-             lambda c, dy: (dy * (-2 / math.sqrt(math.pi)) * (-_x(c) * _x(c)).exp(),), "inputs")
+             lambda c, dy: ((-2.0 / math.sqrt(math.pi)) * (-(_x(c) * _x(c))).exp() * dy,), "inputs")
 def _acosh_grad(c, dy):
     """torch's two formulas: ``(x^2 - 1)^-1/2`` for real x (defined below -1 too), and ``(z + 1)^-1/2
     (z - 1)^-1/2`` for complex z (the branches differ from ``(z^2 - 1)^-1/2``)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import torch
 import torch.nn.functional as TF
 
@@ -27,7 +28,7 @@ from .conv import _check_pool, _lead_sbp, _tuple, adaptive_avg_pool2d, avg_pool2
 from .creation import empty_like, ones_like, zeros_like
 from .linalg import trilinear
 from .loss import _reduction, reduce_loss
-from .nn_ops import ELU, piecewise_linear
+from .nn_ops import ELU, GLU, piecewise_linear, write_into
 from .reduction import norm
 from .reduction import sum as _sum
 from .shape import pad
@@ -226,16 +227,17 @@ def glu(input: Tensor, dim: int = -1) -> Tensor:
     if input.shape[d] % 2:
         raise ShapeError(f"holoflow.glu: halving dimension must be even, but dim {dim} of input shape "
                          f"{tuple(input.shape)} has size {input.shape[d]}")
-    a, b = input.chunk(2, d)
-    return a * b.sigmoid()
+    return apply(GLU, input, dim=d)
 
 
 def celu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     """``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``, i.e. ``alpha * elu(x / alpha)``."""
     if alpha == 0:
         raise ValueError("holoflow.celu: alpha must not be 0 (it divides the input)")
-    out = apply(ELU, input / alpha, alpha=1.0) * alpha
-    return assign(input, out, "celu") if inplace else out
+    def compute(x: Tensor) -> Tensor:   # (torch's: aten's elu with an input scale)
+        return apply(ELU, x, alpha=alpha, scale=1.0, input_scale=1.0 / alpha,
+                     grad_input_scale=1.0 / float(np.float32(alpha)))   # (torch: 1.0 / alpha.toFloat())
+    return write_into(input, "celu", compute) if inplace else compute(input)
 
 
 def softsign(input: Tensor) -> Tensor:

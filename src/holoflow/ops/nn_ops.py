@@ -26,6 +26,7 @@ from ..core.tensor import Tensor
 from . import elementwise as E
 from .family import SUM_TO, binary, elementwise_sbp, needs, unary
 from .random_ops import rrelu_noise
+from .shape import cat
 
 # -- shared helpers ------------------------------------------------------------------------------
 
@@ -126,37 +127,70 @@ THRESHOLD = piecewise_linear(
     lambda dy, x, threshold, value: torch.ops.aten.threshold_backward.default(dy, x, threshold))
 
 
+# Activations whose torch backward is an aten kernel: the grad rule calls that kernel when no graph
+# of the backward is recorded (torch's own backward then: bit for bit), and the composite formula
+# (torch's where it has one) when it is (create_graph: double backward differentiates it).
+def _aten_grad(name: str, kernel):
+    """A backward-only op on aten's kernel ``kernel(dy, x, **attrs)`` (recorded never: it runs
+    with grad mode off)."""
+    return binary(name, kernel, None, partial=("PB",))
+
+
+SILU_BWD = _aten_grad("silu_backward", torch.ops.aten.silu_backward.default)
+
+
 def _silu_grad(c, dy):
     x = _x(c)
-    s = x.sigmoid()
+    if not grad_mode.STATE.enabled:
+        return (apply(SILU_BWD, dy, x),)
+    s = x.sigmoid()   # torch's infinitely differentiable formula
     return (dy * s * (1 + x * (1 - s)),)
 
 
 SILU = unary("silu", TF.silu, _silu_grad, "inputs")
+SOFTPLUS_BWD = _aten_grad("softplus_backward", lambda dy, x, beta=1.0, threshold=20.0:
+                          torch.ops.aten.softplus_backward.default(dy, x, beta, threshold))
 
 
 def _softplus_grad(c, dy):
+    if not grad_mode.STATE.enabled:
+        return (apply(SOFTPLUS_BWD, dy, _x(c), beta=c.beta, threshold=c.threshold),)
     z = _x(c) * c.beta
     return (E.where(z > c.threshold, dy, dy * z.sigmoid()),)
 
 
 SOFTPLUS = unary("softplus", lambda x, beta=1.0, threshold=20.0: TF.softplus(x, beta, threshold),
                  _softplus_grad, "inputs")
+ELU_BWD = _aten_grad("elu_backward", lambda dy, x, alpha=1.0, scale=1.0, input_scale=1.0:
+                     torch.ops.aten.elu_backward.default(dy, alpha, scale, input_scale, False, x))
 
 
 def _elu_grad(c, dy):
-    x = c.inputs[0]   # (torch's test: x <= 0 takes the exponential side, so a NaN input passes dy)
-    return (E.where(x <= 0, dy * (x.exp() * c.alpha), dy),)
+    """elu with torch's ``scale`` and ``input_scale`` (selu, celu: ``aten.elu``'s parameters).
+    ``grad_input_scale``: the input scale torch's backward uses where it differs (celu's backward
+    rounds alpha to float32 first)."""
+    x = c.inputs[0]
+    alpha, scale = c.alpha, c.scale
+    input_scale = c.grad_input_scale if c.grad_input_scale is not None else c.input_scale
+    if not grad_mode.STATE.enabled:
+        return (apply(ELU_BWD, dy, x, alpha=alpha, scale=scale, input_scale=input_scale),)
+    # (torch's test: x <= 0 takes the exponential side, so a NaN input passes dy)
+    neg = dy * ((x * input_scale).exp() * (alpha * scale * input_scale))
+    return (E.where(x <= 0, neg, dy if scale == 1 else dy * scale),)
 
 
-ELU = unary("elu", lambda x, alpha=1.0: TF.elu(x, alpha), _elu_grad, "inputs")
+ELU = unary("elu", lambda x, alpha=1.0, scale=1.0, input_scale=1.0, grad_input_scale=None:
+            torch.ops.aten.elu.default(x, alpha, scale, input_scale), _elu_grad, "inputs")
+MISH_BWD = _aten_grad("mish_backward", torch.ops.aten.mish_backward.default)
 
 
 def _mish_grad(c, dy):
     """torch's formula, one product with dy (the composite's product rule summed two, so an
     infinite dy gave inf - inf = NaN where torch's gives inf)."""
     x = c.inputs[0]
-    t = x.exp().log1p().tanh()
+    if not grad_mode.STATE.enabled:
+        return (apply(MISH_BWD, dy, x),)
+    t = apply(SOFTPLUS, x, beta=1.0, threshold=20.0).tanh()
     return (dy * (t + x * x.sigmoid() * (1 - t * t)),)
 
 
@@ -169,8 +203,30 @@ def _hardswish_grad(c, dy):
 
 
 HARDSWISH = unary("hardswish", TF.hardswish, _hardswish_grad, "inputs")
-HARDSIGMOID = unary("hardsigmoid", TF.hardsigmoid,   # (selected, not dy * mask: an infinite dy * 0 is NaN)
-                    lambda c, dy: (E.where((_x(c) > -3).logical_and(_x(c) < 3), dy / 6, 0.0),), "inputs")
+HARDSIGMOID_BWD = _aten_grad("hardsigmoid_backward", torch.ops.aten.hardsigmoid_backward.default)
+
+
+def _hardsigmoid_grad(c, dy):
+    if not grad_mode.STATE.enabled:
+        return (apply(HARDSIGMOID_BWD, dy, _x(c)),)
+    # (selected, not dy * mask: an infinite dy * 0 is NaN)
+    return (E.where((_x(c) > -3).logical_and(_x(c) < 3), dy / 6, 0.0),)
+
+
+HARDSIGMOID = unary("hardsigmoid", TF.hardsigmoid, _hardsigmoid_grad, "inputs")
+LOG_SIGMOID_BWD = _aten_grad("log_sigmoid_backward", lambda dy, x: torch.ops.aten.log_sigmoid_backward.default(
+    dy, x, torch.ops.aten.log_sigmoid_forward.default(x)[1]))   # (the CPU kernel's buffer, recomputed)
+
+
+def _log_sigmoid_grad(c, dy):
+    x = _x(c)
+    if not grad_mode.STATE.enabled:
+        return (apply(LOG_SIGMOID_BWD, dy, x),)
+    return (dy * (-x).sigmoid(),)
+
+
+LOG_SIGMOID = unary("log_sigmoid", lambda x: torch.ops.aten.log_sigmoid_forward.default(x)[0], _log_sigmoid_grad,
+                    "inputs")
 
 
 def _maybe_inplace(op, input: Tensor, inplace: bool, **attrs) -> Tensor:
@@ -217,13 +273,14 @@ _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804
 
 
 def selu(input: Tensor, inplace: bool = False) -> Tensor:
-    """``scale * elu(x, alpha)`` with the self-normalizing constants (a composite)."""
+    """``scale * elu(x, alpha)`` with the self-normalizing constants (aten's elu with a scale, as
+    torch's)."""
     def compute(x: Tensor) -> Tensor:
-        return apply(ELU, x, alpha=_SELU_ALPHA) * _SELU_SCALE
-    return _write_into(input, "selu", compute) if inplace else compute(input)
+        return apply(ELU, x, alpha=_SELU_ALPHA, scale=_SELU_SCALE, input_scale=1.0)
+    return write_into(input, "selu", compute) if inplace else compute(input)
 
 
-def _write_into(input: Tensor, name: str, compute) -> Tensor:
+def write_into(input: Tensor, name: str, compute) -> Tensor:
     """``compute(x)`` written into ``input`` after torch's in-place checks; when autograd records,
     it is computed from a copy, so what its backward saved is not the overwritten tensor."""
     recording = grad_mode.STATE.enabled and input.requires_grad
@@ -249,7 +306,7 @@ def rrelu(input: Tensor, lower: float = 1.0 / 8, upper: float = 1.0 / 3, trainin
     if not training:
         return leaky_relu(input, (lower + upper) / 2, inplace)
     if inplace:
-        return _write_into(input, "rrelu", lambda x: x * rrelu_noise(x, lower, upper, generator))
+        return write_into(input, "rrelu", lambda x: x * rrelu_noise(x, lower, upper, generator))
     return input * rrelu_noise(input, lower, upper, generator)
 
 
@@ -288,8 +345,8 @@ def mish(input: Tensor, inplace: bool = False) -> Tensor:
 
 
 def logsigmoid(input: Tensor) -> Tensor:
-    """``log(sigmoid(x)) = -softplus(-x)`` (a composite)."""
-    return -apply(SOFTPLUS, -input, beta=1.0, threshold=20.0)
+    """``log(sigmoid(x))``, aten's kernel."""
+    return apply(LOG_SIGMOID, input)
 
 
 # -- softmax / log_softmax ----------------------------------------------------------------------
@@ -305,6 +362,25 @@ def _softmax_sbp(metas, attrs):
     if n == 2:
         sigs.append(((P, B), (P,)))
     return sigs
+
+
+GLU_BWD = defop("glu_backward", lambda dy, x, dim: torch.ops.aten.glu_backward.default(dy, x, dim),
+                sbp=_softmax_sbp, family="elementwise")   # (runs with grad mode off: never recorded)
+
+
+def _glu_grad(c, dy):
+    """aten's glu_backward when no graph is recorded (torch's own); else the product rule of
+    ``a * sigmoid(b)`` (differentiable again)."""
+    x = c.inputs[0]
+    if not grad_mode.STATE.enabled:
+        return (apply(GLU_BWD, dy, x, dim=c.dim),)
+    a, b = x.chunk(2, c.dim)
+    s = b.sigmoid()
+    return (cat([dy * s, dy * a * s * (1 - s)], c.dim),)
+
+
+GLU = defop("glu", lambda x, dim: torch.ops.aten.glu.default(x, dim), grad=_glu_grad, save="inputs",
+            sbp=_softmax_sbp, family="elementwise")
 
 
 def _softmax_bwd_grad(c, ddx):
