@@ -1,4 +1,4 @@
-"""Activations bit for bit torch's: forward values and first-order gradients equal torch's exactly
+"""Activations (and std, rms_norm) bit for bit torch's: forward values and first-order gradients equal torch's exactly
 (aten's backward kernels, as torch's autograd calls them), second-order ones to rounding (the
 composite formulas run when a graph of the backward is recorded), and a few training steps of
 an MLP with AdamW equal torch's exactly."""
@@ -25,6 +25,9 @@ ACTIVATIONS = {
     "erfc": lambda lib, t: lib.erfc(t),
     "erfinv": lambda lib, t: lib.erfinv(t.tanh() * 0.9),
     "gelu": lambda lib, t: lib.nn.functional.gelu(t),
+    "std": lambda lib, t: t.std(-1),
+    "std_all": lambda lib, t: t.std(),
+    "rms_norm": lambda lib, t: lib.nn.functional.rms_norm(t, (t.shape[-1],)),
 }
 
 

@@ -249,8 +249,8 @@ def rms_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, eps:
     if eps is None:
         eps = torch.finfo(x._data.dtype).eps
     dims = list(range(input.dim() - len(ns), input.dim()))
-    ms = sum_keep(x * x, dims) / max(math.prod(ns), 1)
-    out = (x * (ms + eps).rsqrt()).to(dt)
+    # torch's composite, op for op (its gradients bit for bit)
+    out = (x * (x.pow(2).mean(dims, keepdim=True) + eps).rsqrt()).to(dt)
     return out * weight if weight is not None else out
 
 

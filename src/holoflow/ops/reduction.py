@@ -27,7 +27,7 @@ from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
 from .creation import full_like
-from .family import CAST, elementwise_sbp, holomorphic, like_first_input
+from .family import CAST, holomorphic
 from .more_ops import kthvalue, median
 
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "aminmax",
@@ -311,6 +311,11 @@ def _var_grad(c, dy):
     return ((_back(c, dy) * scale) * (x - mu),)   # torch's order: (2 / dof) * dy first (complex x: inf * 0j)
 
 
+def _std_grad(c, dy):
+    """torch's std_backward: var's gradient of ``dy / (2 std)``, 0 where std is 0."""
+    return _var_grad(c, E.where(c.out == 0, 0.0, dy / (c.out * 2)))
+
+
 def _logsumexp_grad(c, dy):
     x = c.inputs[0]
     return (_back(c, dy) * E._conj((x - _back(c, c.out)).exp()),)   # torch: dy * conj(exp(x - out))
@@ -372,6 +377,10 @@ ARGMIN = defop("argmin", lambda x, dim, keepdim: torch.argmin(x, dim, keepdim), 
 VAR = defop("var", lambda x, dim, correction, keepdim: torch.var(x, dim or None, correction=correction,
                                                                    keepdim=keepdim),
             grad=_var_grad, save="inputs", sbp=reduce_sbp(), **_RED)
+# (aten's std kernel: its square root rounds from the accumulation type, so sqrt(var) differs)
+STD = defop("std", lambda x, dim, correction, keepdim: torch.std(x, dim or None, correction=correction,
+                                                                 keepdim=keepdim),
+            grad=_std_grad, save="both", sbp=reduce_sbp(), **_RED)
 LOGSUMEXP = defop("logsumexp", lambda x, dim, keepdim: torch.logsumexp(x, dim, keepdim),
                   grad=_logsumexp_grad, save="both", sbp=reduce_sbp(), **_RED)
 VECTOR_NORM = defop("vector_norm", _norm_kernel, grad=_norm_grad, save="both", sbp=reduce_sbp(), **_RED)
@@ -384,8 +393,6 @@ MODE = defop("mode", lambda x, dim, keepdim: torch.mode(x, dim, keepdim), **_AT_
 MAX_ALL = defop("max_all", lambda x: torch.max(x), grad=_evenly_grad, save="both", sbp=reduce_sbp(), **_RED)
 MIN_ALL = defop("min_all", lambda x: torch.min(x), grad=_evenly_grad, save="both", sbp=reduce_sbp(), **_RED)
 # std's square root: torch's gradient is 0 where the deviation is 0 (a constant slice), not 0 * inf
-STD_SQRT = defop("std_sqrt", torch.sqrt, save="output", family="elementwise", shape=like_first_input,
-                 sbp=elementwise_sbp(), grad=lambda c, dy: (E.where(c.out == 0, 0.0, dy / (2 * c.out)),))
 NANMEDIAN_ALL = defop("nanmedian_all", lambda x: torch.nanmedian(x), grad=_evenly_grad, save="both",
                       sbp=reduce_sbp(), **_RED)
 COUNT_NONZERO = defop("count_nonzero", lambda x, dim: torch.count_nonzero(x, dim), sbp=_split_partial_sbp, **_RED)
@@ -504,8 +511,9 @@ def var(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = F
 
 def std(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *,
         correction=None) -> Tensor:
-    """Standard deviation: ``sqrt(var(...))``, with torch's gradient 0 where it is 0."""
-    return apply(STD_SQRT, var(input, dim, unbiased, keepdim, correction=correction))
+    """Standard deviation (aten's kernel), with torch's gradient 0 where it is 0."""
+    dims, corr, keep = _var_args("std", input, dim, unbiased, keepdim, correction)
+    return apply(STD, input, dim=dims, correction=corr, keepdim=keep)
 
 
 def var_mean(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *,
@@ -518,8 +526,8 @@ def var_mean(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: boo
 def std_mean(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *,
              correction=None) -> tuple[Tensor, Tensor]:
     """``(std, mean)`` over ``dim``."""
-    v, m = var_mean(input, dim, unbiased, keepdim, correction=correction)
-    return apply(STD_SQRT, v), m
+    dims, _, _ = _var_args("std_mean", input, dim, unbiased, keepdim, correction)
+    return std(input, dim, unbiased, keepdim, correction=correction), mean(input, dims or None, keepdim)
 
 
 def logsumexp(input: Tensor, dim, keepdim: bool = False) -> Tensor:
