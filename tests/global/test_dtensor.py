@@ -277,3 +277,20 @@ def test_mock_torch_resolves_fsdp():
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
         assert fully_shard is fsdp.fully_shard and old is fsdp.fully_shard
         assert FSDPModule is fsdp.FSDPModule and MixedPrecisionPolicy is fsdp.MixedPrecisionPolicy
+
+
+def test_a_shard_layout_unlike_torchs_warns():
+    """5 rows over 4 ranks: holoflow 2,1,1,1, torch.chunk 2,2,1,0 (same values, other offsets):
+    a warning names both; 7 over 4 (2,2,2,1 either way) and even splits are quiet."""
+    import warnings
+
+    def f(r):
+        mesh = DeviceMesh("cpu", [0, 1, 2, 3])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            odd = distribute_tensor(flow.arange(10.0).reshape(5, 2), mesh, [Shard(0)])
+            quiet = [distribute_tensor(flow.ones(n, 2), mesh, [Shard(0)]) for n in (7, 8)]
+        return [str(w.message) for w in caught], odd.to_local().shape[0], odd.full_tensor().tolist(), len(quiet)
+    for r, (msgs, rows, full, _) in enumerate(_sim(4, f)):
+        assert len(msgs) == 1 and "[2, 1, 1, 1]" in msgs[0] and "[2, 2, 1, 0]" in msgs[0]
+        assert rows == [2, 1, 1, 1][r] and full == np.arange(10.0).reshape(5, 2).tolist()

@@ -14,13 +14,14 @@ Uneven shards follow holoflow's layout (the first ``n % p`` ranks one larger), n
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Sequence
 
 import torch
 
 from ..core import grad_mode
 from ..core.errors import HoloflowError
-from ..core.sbp import B, P
+from ..core.sbp import B, P, split
 from ..core.tensor import Tensor
 from ..ops import creation
 from . import world
@@ -67,11 +68,33 @@ class DTensor(metaclass=_DTensorType):
         placements = placements if placements is not None else [Replicate()] * mesh.ndim
         nd = as_nd_sbp(placements, mesh.ndim, local_tensor.dim(), "DTensor.from_local")
         out = _from_local(local_tensor, mesh, nd, run_check or shape is not None, None, broadcast=run_check)
+        _warn_uneven(out.shape, nd, mesh, "DTensor.from_local")
         if shape is not None and tuple(out.shape) != tuple(shape):
             raise HoloflowError(f"holoflow.DTensor.from_local: the ranks' local shapes make a tensor of shape "
                                 f"{tuple(out.shape)}, not the given {tuple(shape)}: holoflow lays uneven shards "
                                 f"out with the first n % p ranks one larger")
         return out
+
+
+def _chunk_sizes(n: int, p: int) -> list[int]:
+    """torch.chunk's split of ``n`` over ``p`` (ceil-sized pieces, the last ones short or empty)."""
+    c = -(-n // p) if p else 0
+    return [max(0, min(c, n - i * c)) for i in range(p)]
+
+
+def _warn_uneven(shape, nd: tuple, mesh, op: str) -> None:
+    """Warns where a shard layout differs from torch's: holoflow splits ``n`` over ``p`` ranks
+    with the first ``n % p`` one larger, torch.chunk in ceil-sized pieces (5 over 4: 2,1,1,1 vs
+    2,2,1,0). The logical tensor is the same; code that computes a rank's offsets by torch's rule
+    would not be."""
+    for axis, s in enumerate(nd):
+        if isinstance(s, split):
+            n, p = shape[s.axis], mesh.hierarchy[axis]
+            ours = [n // p + (1 if i < n % p else 0) for i in range(p)]
+            if ours != _chunk_sizes(n, p):
+                warnings.warn(f"holoflow.{op}: dim {s.axis} of size {n} is split over {p} ranks as {ours} "
+                              f"(holoflow's balanced layout), torch's DTensor splits it as {_chunk_sizes(n, p)}; "
+                              f"the values are the same, local shapes and offsets differ", stacklevel=3)
 
 
 def distribute_tensor(tensor: Tensor, device_mesh: DeviceMesh | None = None,
@@ -94,6 +117,7 @@ def distribute_tensor(tensor: Tensor, device_mesh: DeviceMesh | None = None,
     if src_data_rank not in (0, None):
         raise HoloflowError(f"holoflow.distribute_tensor: src_data_rank={src_data_rank!r}; holoflow takes the data "
                             f"of each mesh dimension's first rank (0) or each rank's own (None)")
+    _warn_uneven(tensor.shape, nd, mesh, "distribute_tensor")
     whole = tuple(B if s == P else s for s in nd)
     with grad_mode.no_grad():
         data = tensor.detach()._data.to(mesh.device_for(world.rank()))
@@ -127,6 +151,7 @@ def redistribute(self: Tensor, device_mesh: DeviceMesh | None = None, placements
                                f"it too); redistribute to Replicate() or Shard(d)")
     if backward_dtype is not None:
         raise HoloflowError("holoflow.redistribute: backward_dtype= is not supported; cast the gradient in a hook")
+    _warn_uneven(self.shape, nd, mesh, "redistribute")
     x = self.to(forward_dtype) if forward_dtype is not None else self
     return to_global(x, placement=mesh if mesh != g.placement else g.placement, sbp=nd)
 
@@ -170,6 +195,7 @@ def _factory(make, size, kwargs: dict, op: str) -> Tensor:
     if P in nd:
         raise HoloflowError(f"holoflow.{op}: a factory makes whole values; use Shard(d) or Replicate() placements "
                             f"(got {tuple(placements)})")
+    _warn_uneven(shape, nd, mesh, op)
     return make(shape, placement=mesh, sbp=nd, **kwargs)
 
 
