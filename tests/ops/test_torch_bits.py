@@ -91,3 +91,21 @@ def test_mlp_training_bit_for_bit():
         assert lf.item() == lt.item()
     for a, b in zip(tm.parameters(), fm.parameters()):
         assert _same(b.detach().numpy(), a.detach().numpy())
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_mse_loss_bit_for_bit(reduction):
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(9, 13, generator=g), torch.randn(9, 13, generator=g)
+    at, bt = a.clone().requires_grad_(), b.clone().requires_grad_()
+    af, bf = flow.from_torch(a.clone()).requires_grad_(), flow.from_torch(b.clone()).requires_grad_()
+    lt = torch.nn.functional.mse_loss(at, bt, reduction=reduction)
+    lf = flow.nn.functional.mse_loss(af, bf, reduction=reduction)
+    dy = torch.randn(lt.shape, generator=g)
+    lt.backward(dy)
+    lf.backward(flow.from_torch(dy))
+    assert _same(lf.detach().numpy(), lt.detach().numpy())
+    assert _same(af.grad.numpy(), at.grad.numpy()) and _same(bf.grad.numpy(), bt.grad.numpy())
+    (d,) = flow.autograd.grad(flow.nn.functional.mse_loss(af, bf, reduction=reduction).sum(), af, create_graph=True)
+    (dt,) = torch.autograd.grad(torch.nn.functional.mse_loss(at, bt, reduction=reduction).sum(), at, create_graph=True)
+    np.testing.assert_allclose(d.detach().numpy(), dt.detach().numpy(), rtol=1e-6, atol=1e-7)

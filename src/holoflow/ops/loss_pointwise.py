@@ -5,12 +5,14 @@ kernels with torch's backward formulas (written with holoflow ops, so they diffe
 since their composites differ from torch at the edges (x = 0 or 1, infinite logits)."""
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as TF
 
-from ..core import interpret
+from ..core import grad_mode, interpret
 from ..core.dispatch import apply
 from ..core.errors import ShapeError
 from ..core.registry import defop
+from ..core.sbp import B
 from ..core.tensor import Tensor
 from . import elementwise as E
 from .family import SUM_TO, elementwise_sbp, elementwise_shape, needs, reduce_grad
@@ -105,12 +107,39 @@ SOFT_MARGIN = defop("soft_margin_loss", _soft_margin_kernel, grad=_soft_margin_g
                     sbp=elementwise_sbp())
 
 
+_ENUM = {"none": 0, "mean": 1, "sum": 2}   # (torch's reduction enum)
+MSE_BWD = defop("mse_loss_backward", lambda dy, x, t, reduction: torch.ops.aten.mse_loss_backward.default(
+    dy, x, t, _ENUM[reduction]), sbp=lambda metas, attrs: [((B, B, B), (B,))])   # (runs with grad mode off)
+
+
+def _mse_grad(c, dy):
+    """torch's: aten's mse_loss_backward (``norm (x - t) dy``, norm ``2 / numel`` for a mean) when
+    no graph of the backward is recorded; else that formula with holoflow ops."""
+    x, t = c.inputs
+    if not grad_mode.STATE.enabled:
+        return (apply(MSE_BWD, dy, x, t, reduction=c.reduction) if needs(c, 0) else None,
+                apply(MSE_BWD, dy, t, x, reduction=c.reduction) if needs(c, 1) else None)
+    norm = 2.0 / x.numel() if c.reduction == "mean" else 2.0
+    return (norm * (x - t) * dy if needs(c, 0) else None, norm * (t - x) * dy if needs(c, 1) else None)
+
+
+# the common eager case as torch runs it (aten's kernels: its values and gradients bit for bit); global
+# tensors, traces, broadcasting and mixed dtypes take the composite
+MSE = defop("mse_loss", lambda x, t, reduction: torch.ops.aten.mse_loss.default(x, t, _ENUM[reduction]),
+            grad=_mse_grad, save="inputs", sbp=lambda metas, attrs: [((B, B), (B,))])
+
+
 def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
              weight=None) -> Tensor:
     """Mean squared error ``(input - target)^2``, reduced."""
     input, target = interpret.composite("mse_loss", input, target)
+    reduction = _reduction("mse_loss", reduction, size_average, reduce)
+    if (isinstance(input, Tensor) and isinstance(target, Tensor) and input._global is None and target._global is None
+            and not interpret.is_lazy() and input.shape == target.shape and input.dtype == target.dtype
+            and input.dtype.is_floating_point and input.numel()):
+        return apply(MSE, input, target, reduction=reduction)
     d = input - target
-    return reduce_loss(d * d, _reduction("mse_loss", reduction, size_average, reduce))
+    return reduce_loss(d * d, reduction)
 
 
 def l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
