@@ -297,3 +297,27 @@ def test_a_shard_layout_unlike_torchs_warns():
     assert len(msgs) == 4 and all("[2, 1, 1, 1]" in m and "[2, 2, 1, 0]" in m for m in msgs)
     for r, (rows, full) in enumerate(got):
         assert rows == [2, 1, 1, 1][r] and full == np.arange(10.0).reshape(5, 2).tolist()
+
+
+def test_fully_shard_keeps_tied_weights_tied():
+    """An embedding tied to the output head: one shard, gathered once, its gradient the sum of
+    both uses (as the unsharded model's)."""
+    from holoflow.dtensor.fsdp import fully_shard
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((6, 4)).astype(np.float32)
+    ids = np.array([[1, 2, 5], [0, 3, 3]])
+
+    def run(r):
+        m = flow.nn.Sequential(flow.nn.Embedding(6, 4), flow.nn.Linear(4, 6, bias=False))
+        m[1].weight = m[0].weight
+        with flow.no_grad():
+            m[0].weight.copy_(flow.tensor(w))
+        if r is not None:
+            fully_shard(m, mesh=DeviceMesh("cpu", [0, 1]))
+        (m(flow.tensor(ids)) ** 2).sum().backward()
+        g = m[0].weight.grad
+        return m[0].weight is m[1].weight, (g.full_tensor() if g.is_global else g).numpy()
+    tied, want = run(None)
+    for same, got in _sim(2, run):
+        assert same and tied
+        np.testing.assert_allclose(got, want, rtol=1e-6)   # (every rank the same batch: their average)

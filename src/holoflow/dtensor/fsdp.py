@@ -108,16 +108,21 @@ class _State:
         self.gathered = False
 
     def gather(self) -> None:
-        """Each taken parameter's unsharded local tensor registered in its place."""
+        """Each taken parameter's unsharded local tensor registered in its place (one gather for a
+        parameter tied between modules)."""
         whole = [Replicate()] * self.mesh.ndim
         partial = [Partial()] * self.mesh.ndim
+        gathered: dict = {}
         for mod, name, shard in self.params:
+            if id(shard) in gathered:
+                mod._parameters[name] = gathered[id(shard)]
+                continue
             full = shard.redistribute(placements=whole).to_local(grad_placements=partial)
             if full.requires_grad:   # (the average over data-parallel ranks, in the shards' dtype)
                 full.register_hook(lambda g, k=self.divide: g / k)
             if self.mp.param_dtype is not None and full.dtype.is_floating_point:
                 full = full.to(self.mp.param_dtype)
-            mod._parameters[name] = full
+            mod._parameters[name] = gathered[id(shard)] = full
         self.gathered = True
 
     def reshard(self) -> None:
@@ -162,14 +167,16 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
         raise RuntimeError("holoflow fully_shard: this module is already sharded by fully_shard")
     placements = [Replicate()] * (mesh.ndim - 1) + [Shard(0)]
     ignored = {id(p) for p in ignored_params or ()}
-    taken = []
+    taken, shards = [], {}   # (a parameter tied between modules stays one: one shard)
     for mod in module.modules():
         for name, p in list(mod._parameters.items()):
             if p is None or p._global is not None or id(p) in ignored:
                 continue   # (global: taken by a fully_shard of a submodule, or laid out by the user)
-            shard = Parameter(distribute_tensor(p.detach(), mesh, placements), requires_grad=p.requires_grad)
-            mod._parameters[name] = shard
-            taken.append((mod, name, shard))
+            if id(p) not in shards:
+                shards[id(p)] = Parameter(distribute_tensor(p.detach(), mesh, placements),
+                                          requires_grad=p.requires_grad)
+            mod._parameters[name] = shards[id(p)]
+            taken.append((mod, name, shards[id(p)]))
     state = _State(mesh, taken, mp_policy, reshard_after_forward)
     module.__dict__["_fsdp_state"] = state
 
