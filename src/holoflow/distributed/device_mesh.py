@@ -94,29 +94,27 @@ class DeviceMesh(placement):
 
     def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
         """This rank's index along ``mesh_dim`` (may be omitted on a 1-D mesh)."""
-        if mesh_dim is None:
-            if self.ndim > 1:
-                raise RuntimeError(f"holoflow.DeviceMesh.get_local_rank: the mesh has {self.ndim} dimensions "
-                                   f"(shape {self.hierarchy}); pass mesh_dim= (an index or one of "
-                                   f"{self.mesh_dim_names or tuple(range(self.ndim))})")
-            mesh_dim = 0
-        c = self.get_coordinate()
-        if c is None:
-            raise RuntimeError(f"holoflow.DeviceMesh.get_local_rank: rank {world.rank()} is not in {self!r}")
-        return c[self._dim(mesh_dim)]
+        coords, dim = self._here(mesh_dim, "get_local_rank")
+        return coords[dim]
 
     def get_group(self, mesh_dim: int | str | None = None) -> RankGroup:
         """The process group of this rank's ranks along ``mesh_dim`` (for ``torch.distributed``'s
         collectives: ``dist.all_reduce(t, group=mesh.get_group("tp"))``)."""
+        _, dim = self._here(mesh_dim, "get_group")
+        return RankGroup(sorted(self.axis_group(world.rank(), dim)))
+
+    def _here(self, mesh_dim: int | str | None, op: str) -> tuple[tuple[int, ...], int]:
+        """This rank's coordinates and ``mesh_dim`` as an index (None: the only one of a 1-D mesh)."""
         if mesh_dim is None:
             if self.ndim > 1:
-                raise RuntimeError(f"holoflow.DeviceMesh.get_group: the mesh has {self.ndim} dimensions; pass "
-                                   f"mesh_dim= (an index or one of {self.mesh_dim_names or tuple(range(self.ndim))})"
-                                   f", or get_all_groups()")
+                raise RuntimeError(f"holoflow.DeviceMesh.{op}: the mesh has {self.ndim} dimensions (shape "
+                                   f"{self.hierarchy}); pass mesh_dim= (an index or one of "
+                                   f"{self.mesh_dim_names or tuple(range(self.ndim))})")
             mesh_dim = 0
-        if self.get_coordinate() is None:
-            raise RuntimeError(f"holoflow.DeviceMesh.get_group: rank {world.rank()} is not in {self!r}")
-        return RankGroup(sorted(self.axis_group(world.rank(), self._dim(mesh_dim))))
+        coords = self.get_coordinate()
+        if coords is None:
+            raise RuntimeError(f"holoflow.DeviceMesh.{op}: rank {world.rank()} is not in {self!r}")
+        return coords, self._dim(mesh_dim)
 
     def get_all_groups(self) -> list[RankGroup]:
         return [self.get_group(d) for d in range(self.ndim)]

@@ -64,7 +64,32 @@ def _shard_params(module: Module, mesh: DeviceMesh, placements: dict, src_data_r
                                                   requires_grad=param.requires_grad))
 
 
-class ColwiseParallel(ParallelStyle):
+class _LayerStyle(ParallelStyle):
+    """A style for nn.Linear and nn.Embedding: a layout of their parameters and conversions of
+    their input and output at the boundary."""
+
+    def _layouts(self, module: Module) -> tuple[dict, tuple] | None:
+        """``(placement per parameter name, desired input layouts)`` for ``module``, or None."""
+        raise NotImplementedError
+
+    def _apply(self, module: Module, device_mesh: DeviceMesh) -> Module:
+        got = self._layouts(module)
+        if got is None:
+            raise NotImplementedError(f"holoflow {type(self).__name__} supports nn.Linear and nn.Embedding, got "
+                                      f"{type(module).__name__}")
+        layout, desired = got
+        return distribute_module(
+            module, device_mesh,
+            lambda name, mod, mesh: _shard_params(mod, mesh, layout, self.src_data_rank) if mod is module else None,
+            partial(_prepare_input, self.input_layouts, desired),
+            partial(_prepare_output, self.output_layouts, self.use_local_output))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(input_layouts={self.input_layouts}, output_layouts={self.output_layouts}, "
+                f"use_local_output={self.use_local_output})")
+
+
+class ColwiseParallel(_LayerStyle):
     """A Linear's output features (an Embedding's embedding dim) split across the mesh: input
     replicated, output ``Shard(-1)`` (a local tensor unless ``use_local_output=False``)."""
 
@@ -75,26 +100,15 @@ class ColwiseParallel(ParallelStyle):
         self.desired_input_layouts = (Replicate(),)
         self.use_local_output = use_local_output
 
-    def _apply(self, module: Module, device_mesh: DeviceMesh) -> Module:
+    def _layouts(self, module: Module) -> tuple[dict, tuple] | None:
         if isinstance(module, Linear):
-            layout = {"weight": Shard(0), "bias": Shard(0)}
-        elif isinstance(module, Embedding):
-            layout = {"weight": Shard(1)}
-        else:
-            raise NotImplementedError(f"holoflow ColwiseParallel supports nn.Linear and nn.Embedding, got "
-                                      f"{type(module).__name__}")
-        return distribute_module(
-            module, device_mesh,
-            lambda name, mod, mesh: _shard_params(mod, mesh, layout, self.src_data_rank) if mod is module else None,
-            partial(_prepare_input, self.input_layouts, self.desired_input_layouts),
-            partial(_prepare_output, self.output_layouts, self.use_local_output))
-
-    def __repr__(self) -> str:
-        return (f"ColwiseParallel(input_layouts={self.input_layouts}, output_layouts={self.output_layouts}, "
-                f"use_local_output={self.use_local_output})")
+            return {"weight": Shard(0), "bias": Shard(0)}, self.desired_input_layouts
+        if isinstance(module, Embedding):
+            return {"weight": Shard(1)}, self.desired_input_layouts
+        return None
 
 
-class RowwiseParallel(ParallelStyle):
+class RowwiseParallel(_LayerStyle):
     """A Linear's input features split across the mesh (input ``Shard(-1)``; an Embedding's rows,
     input replicated): the partial sums become the output layout (replicated by default: an
     all-reduce)."""
@@ -105,23 +119,12 @@ class RowwiseParallel(ParallelStyle):
         self.output_layouts = (output_layouts or Replicate(),)
         self.use_local_output = use_local_output
 
-    def _apply(self, module: Module, device_mesh: DeviceMesh) -> Module:
+    def _layouts(self, module: Module) -> tuple[dict, tuple] | None:
         if isinstance(module, Linear):
-            layout, desired = {"weight": Shard(1), "bias": Replicate()}, (Shard(-1),)
-        elif isinstance(module, Embedding):
-            layout, desired = {"weight": Shard(0)}, (Replicate(),)
-        else:
-            raise NotImplementedError(f"holoflow RowwiseParallel supports nn.Linear and nn.Embedding, got "
-                                      f"{type(module).__name__}")
-        return distribute_module(
-            module, device_mesh,
-            lambda name, mod, mesh: _shard_params(mod, mesh, layout, self.src_data_rank) if mod is module else None,
-            partial(_prepare_input, self.input_layouts, desired),
-            partial(_prepare_output, self.output_layouts, self.use_local_output))
-
-    def __repr__(self) -> str:
-        return (f"RowwiseParallel(input_layouts={self.input_layouts}, output_layouts={self.output_layouts}, "
-                f"use_local_output={self.use_local_output})")
+            return {"weight": Shard(1), "bias": Replicate()}, (Shard(-1),)
+        if isinstance(module, Embedding):
+            return {"weight": Shard(0)}, (Replicate(),)
+        return None
 
 
 class SequenceParallel(ParallelStyle):
