@@ -109,3 +109,31 @@ def test_mse_loss_bit_for_bit(reduction):
     (d,) = flow.autograd.grad(flow.nn.functional.mse_loss(af, bf, reduction=reduction).sum(), af, create_graph=True)
     (dt,) = torch.autograd.grad(torch.nn.functional.mse_loss(at, bt, reduction=reduction).sum(), at, create_graph=True)
     np.testing.assert_allclose(d.detach().numpy(), dt.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weights", ["", "weight", "pos_weight", "both"])
+def test_bce_with_logits_bit_for_bit(reduction, weights):
+    g = torch.Generator().manual_seed(6)
+    x, t, w, pw = (torch.randn(6, 5, generator=g), torch.rand(6, 5, generator=g), torch.rand(6, 5, generator=g),
+                   torch.rand(5, generator=g) * 2)
+    dy = torch.full((6, 5) if reduction == "none" else (), 0.7)
+    out = []
+    for lib in (torch, flow):
+        cv = (lambda a: a.clone()) if lib is torch else (lambda a: flow.from_torch(a.clone()))
+        xx, tt = cv(x).requires_grad_(), cv(t).requires_grad_()
+        kw = {"weight": cv(w)} if weights in ("weight", "both") else {}
+        kw.update({"pos_weight": cv(pw)} if weights in ("pos_weight", "both") else {})
+        loss = lib.nn.functional.binary_cross_entropy_with_logits(xx, tt, reduction=reduction, **kw)
+        loss.backward(cv(dy))
+        out.append((loss.detach().numpy(), xx.grad.numpy(), tt.grad.numpy()))
+    for a, b in zip(*out):
+        assert _same(b, a)
+
+
+def test_bce_with_logits_differentiates_a_pos_weight_that_requires_grad():
+    """torch refuses it; holoflow's composite path gives it its gradient (not silently none)."""
+    pw = flow.tensor([2.0, 0.5], requires_grad=True)
+    flow.nn.functional.binary_cross_entropy_with_logits(flow.tensor([[0.3, -1.0]]), flow.tensor([[1.0, 0.0]]),
+                                                        pos_weight=pw).backward()
+    assert pw.grad is not None and pw.grad.abs().sum().item() > 0

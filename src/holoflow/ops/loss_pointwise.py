@@ -195,16 +195,51 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
     return reduce_loss(loss, _reduction("binary_cross_entropy", reduction, size_average, reduce))
 
 
+def _bce_logits_reduced_grad(c, dy):
+    """torch's binary_cross_entropy_with_logits_backward and _target_backward, in its order: the
+    elementwise gradient times dy, times weight, then divided by the count for a mean."""
+    x, t, w, pw = c.inputs
+
+    def finish(g):
+        g = g * dy
+        g = g * w if w is not None else g
+        return g / x.numel() if c.reduction == "mean" else g
+    gx = gt = None
+    if needs(c, 0):
+        if pw is None:
+            gx = finish(x.sigmoid() - t)
+        else:
+            pt = pw * t
+            gx = finish((pt + 1 - t) * x.sigmoid() - pt)
+    if needs(c, 1):
+        gt = finish(-x if pw is None else logsigmoid(-x) - logsigmoid(x) * pw)
+    return gx, gt, None, None
+
+
+# the common eager case (local tensors) as torch runs it: its kernel with the reduction, its backward
+# formulas (bit for bit torch's); global tensors and traces take the elementwise op and a reduction
+BCE_LOGITS_REDUCED = defop("binary_cross_entropy_with_logits_reduced", lambda x, t, w, pw, reduction:
+                           TF.binary_cross_entropy_with_logits(x, t, w, reduction=reduction, pos_weight=pw),
+                           grad=_bce_logits_reduced_grad, save="inputs",
+                           sbp=lambda metas, attrs: [((B,) * sum(m is not None for m in metas), (B,))])
+
+
 def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tensor | None = None,
                                      size_average=None, reduce=None, reduction: str = "mean",
                                      pos_weight: Tensor | None = None) -> Tensor:
     """``binary_cross_entropy(sigmoid(input), target)`` computed stably from logits;
     ``pos_weight`` weighs the positive term (broadcast along the class dim)."""
     _pair("binary_cross_entropy_with_logits", input, target, same_shape=True)
+    red = _reduction("binary_cross_entropy_with_logits", reduction, size_average, reduce)
+    # (weights that require grad keep the composite, which differentiates them: torch refuses to)
+    if all(v is None or (isinstance(v, Tensor) and v._global is None) for v in (input, target, weight, pos_weight)) \
+            and not interpret.is_lazy() and input.numel() and \
+            not any(v is not None and v.requires_grad for v in (weight, pos_weight)):
+        return apply(BCE_LOGITS_REDUCED, input, target, weight, pos_weight, reduction=red)
     loss = apply(BCE_LOGITS, input, target, pos_weight)
     if weight is not None:
         loss = loss * weight
-    return reduce_loss(loss, _reduction("binary_cross_entropy_with_logits", reduction, size_average, reduce))
+    return reduce_loss(loss, red)
 
 
 def kl_div(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
