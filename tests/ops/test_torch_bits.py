@@ -93,22 +93,33 @@ def test_mlp_training_bit_for_bit():
         assert _same(b.detach().numpy(), a.detach().numpy())
 
 
+POINTWISE_LOSSES = {
+    "mse": lambda lib, a, b, r: lib.nn.functional.mse_loss(a, b, reduction=r),
+    "smooth_l1": lambda lib, a, b, r: lib.nn.functional.smooth_l1_loss(a, b, reduction=r, beta=0.6),
+    "huber": lambda lib, a, b, r: lib.nn.functional.huber_loss(a, b, reduction=r, delta=0.7),
+}
+
+
+@pytest.mark.parametrize("name", list(POINTWISE_LOSSES))
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_mse_loss_bit_for_bit(reduction):
+def test_pointwise_loss_bit_for_bit(name, reduction):
     g = torch.Generator().manual_seed(5)
     a, b = torch.randn(9, 13, generator=g), torch.randn(9, 13, generator=g)
     at, bt = a.clone().requires_grad_(), b.clone().requires_grad_()
     af, bf = flow.from_torch(a.clone()).requires_grad_(), flow.from_torch(b.clone()).requires_grad_()
-    lt = torch.nn.functional.mse_loss(at, bt, reduction=reduction)
-    lf = flow.nn.functional.mse_loss(af, bf, reduction=reduction)
+    fn = POINTWISE_LOSSES[name]
+    lt, lf = fn(torch, at, bt, reduction), fn(flow, af, bf, reduction)
     dy = torch.randn(lt.shape, generator=g)
     lt.backward(dy)
     lf.backward(flow.from_torch(dy))
     assert _same(lf.detach().numpy(), lt.detach().numpy())
     assert _same(af.grad.numpy(), at.grad.numpy()) and _same(bf.grad.numpy(), bt.grad.numpy())
-    (d,) = flow.autograd.grad(flow.nn.functional.mse_loss(af, bf, reduction=reduction).sum(), af, create_graph=True)
-    (dt,) = torch.autograd.grad(torch.nn.functional.mse_loss(at, bt, reduction=reduction).sum(), at, create_graph=True)
+    (d,) = flow.autograd.grad(fn(flow, af, bf, reduction).sum(), af, create_graph=True)
+    (dt,) = torch.autograd.grad(fn(torch, at, bt, reduction).sum(), at, create_graph=True)
     np.testing.assert_allclose(d.detach().numpy(), dt.detach().numpy(), rtol=1e-6, atol=1e-7)
+    (dd,) = flow.autograd.grad((d * d).sum(), af)   # (the formula differentiates again)
+    (ddt,) = torch.autograd.grad((dt * dt).sum(), at)
+    np.testing.assert_allclose(dd.numpy(), ddt.numpy(), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

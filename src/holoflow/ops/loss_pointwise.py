@@ -108,25 +108,51 @@ SOFT_MARGIN = defop("soft_margin_loss", _soft_margin_kernel, grad=_soft_margin_g
 
 
 _ENUM = {"none": 0, "mean": 1, "sum": 2}   # (torch's reduction enum)
-MSE_BWD = defop("mse_loss_backward", lambda dy, x, t, reduction: torch.ops.aten.mse_loss_backward.default(
-    dy, x, t, _ENUM[reduction]), sbp=lambda metas, attrs: [((B, B, B), (B,))])   # (runs with grad mode off)
+_LOCAL_ONLY = dict(save="inputs", sbp=lambda metas, attrs: [((B,) * sum(m is not None for m in metas), (B,))])
 
 
-def _mse_grad(c, dy):
-    """torch's: aten's mse_loss_backward (``norm (x - t) dy``, norm ``2 / numel`` for a mean) when
-    no graph of the backward is recorded; else that formula with holoflow ops."""
-    x, t = c.inputs
-    if not grad_mode.STATE.enabled:
-        return (apply(MSE_BWD, dy, x, t, reduction=c.reduction) if needs(c, 0) else None,
-                apply(MSE_BWD, dy, t, x, reduction=c.reduction) if needs(c, 1) else None)
-    norm = 2.0 / x.numel() if c.reduction == "mean" else 2.0
-    return (norm * (x - t) * dy if needs(c, 0) else None, norm * (t - x) * dy if needs(c, 1) else None)
+def _aten_loss(name: str, forward, backward, formula):
+    """A pointwise loss with its reduction as torch runs its eager case: ``forward(x, t, enum,
+    **attrs)`` (aten's kernel) and, for each input, aten's ``backward(dy, x, t, enum, **attrs)``
+    (the target's: the input's negated, as torch's formulas are) when no graph of the backward is
+    recorded, else ``formula(d, dy, norm, **attrs)`` with holoflow ops (differentiable again; ``d``
+    the difference, ``norm`` 1/numel for a mean). Local eager tensors only (``_eager_case``);
+    global tensors and traces take the loss's composite."""
+    bwd = defop(f"{name}_backward", lambda dy, x, t, reduction, **a: backward(dy, x, t, _ENUM[reduction], **a),
+                **_LOCAL_ONLY)   # (runs with grad mode off: never recorded)
+
+    def grad(c, dy):
+        x, t = c.inputs
+        attrs = {k: v for k, v in c.attrs.items() if k != "reduction"}
+        if not grad_mode.STATE.enabled:
+            gx = apply(bwd, dy, x, t, **c.attrs) if needs(c, 0) or needs(c, 1) else None
+            return (gx if needs(c, 0) else None, -gx if needs(c, 1) else None)
+        norm = 1.0 / x.numel() if c.reduction == "mean" else 1.0
+        gx = formula(x - t, dy, norm, **attrs)
+        return (gx if needs(c, 0) else None, -gx if needs(c, 1) else None)
+    return defop(name, lambda x, t, reduction, **a: forward(x, t, _ENUM[reduction], **a), grad=grad, **_LOCAL_ONLY)
 
 
-# the common eager case as torch runs it (aten's kernels: its values and gradients bit for bit); global
-# tensors, traces, broadcasting and mixed dtypes take the composite
-MSE = defop("mse_loss", lambda x, t, reduction: torch.ops.aten.mse_loss.default(x, t, _ENUM[reduction]),
-            grad=_mse_grad, save="inputs", sbp=lambda metas, attrs: [((B, B), (B,))])
+def _eager_case(input, target) -> bool:
+    """Whether a pointwise loss runs as torch's eager kernels: local, untraced, same shape and
+    floating dtype, not empty (the rest: broadcasting, mixed dtypes, global tensors, traces)."""
+    return (isinstance(input, Tensor) and isinstance(target, Tensor) and input._global is None
+            and target._global is None and not interpret.is_lazy() and input.shape == target.shape
+            and input.dtype == target.dtype and input.dtype.is_floating_point and input.numel() > 0)
+
+
+# values and gradients bit for bit torch's (a composite's mean backward scales first: last-bit differences)
+MSE = _aten_loss("mse_loss", torch.ops.aten.mse_loss.default, torch.ops.aten.mse_loss_backward.default,
+                 lambda d, dy, norm: (2.0 * norm) * d * dy)
+SMOOTH_L1 = _aten_loss(
+    "smooth_l1_loss", lambda x, t, r, beta: torch.ops.aten.smooth_l1_loss.default(x, t, r, beta),
+    lambda dy, x, t, r, beta: torch.ops.aten.smooth_l1_loss_backward.default(dy, x, t, r, beta),
+    lambda d, dy, norm, beta: E.where(d < -beta, -norm * dy, E.where(d > beta, norm * dy, norm * d * dy / beta)))
+HUBER = _aten_loss(
+    "huber_loss", lambda x, t, r, delta: torch.ops.aten.huber_loss.default(x, t, r, delta),
+    lambda dy, x, t, r, delta: torch.ops.aten.huber_loss_backward.default(dy, x, t, r, delta),
+    lambda d, dy, norm, delta: E.where(d < -delta, -norm * dy * delta,
+                                       E.where(d > delta, norm * dy * delta, norm * d * dy)))
 
 
 def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
@@ -134,9 +160,7 @@ def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, redu
     """Mean squared error ``(input - target)^2``, reduced."""
     input, target = interpret.composite("mse_loss", input, target)
     reduction = _reduction("mse_loss", reduction, size_average, reduce)
-    if (isinstance(input, Tensor) and isinstance(target, Tensor) and input._global is None and target._global is None
-            and not interpret.is_lazy() and input.shape == target.shape and input.dtype == target.dtype
-            and input.dtype.is_floating_point and input.numel()):
+    if _eager_case(input, target):
         return apply(MSE, input, target, reduction=reduction)
     d = input - target
     return reduce_loss(d * d, reduction)
@@ -155,6 +179,8 @@ def smooth_l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None
     reduction = _reduction("smooth_l1_loss", reduction, size_average, reduce)
     if beta < 0:
         raise RuntimeError(f"holoflow.smooth_l1_loss: beta must be non-negative, got {beta}")
+    if beta > 0 and _eager_case(input, target):
+        return apply(SMOOTH_L1, input, target, reduction=reduction, beta=float(beta))
     d = (input - target).abs()
     if beta == 0:
         return reduce_loss(d, reduction)
@@ -170,6 +196,8 @@ def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: fl
     input, target = interpret.composite("huber_loss", input, target)
     if delta <= 0:
         raise RuntimeError(f"holoflow.huber_loss: delta must be positive, got {delta}")
+    if _eager_case(input, target):
+        return apply(HUBER, input, target, reduction=_reduction("huber_loss", reduction), delta=float(delta))
     d = (input - target).abs()
     inside = ~(d >= delta)   # (as smooth_l1_loss)
     dq = E.where(inside, d, 0.0)
@@ -220,8 +248,7 @@ def _bce_logits_reduced_grad(c, dy):
 # formulas (bit for bit torch's); global tensors and traces take the elementwise op and a reduction
 BCE_LOGITS_REDUCED = defop("binary_cross_entropy_with_logits_reduced", lambda x, t, w, pw, reduction:
                            TF.binary_cross_entropy_with_logits(x, t, w, reduction=reduction, pos_weight=pw),
-                           grad=_bce_logits_reduced_grad, save="inputs",
-                           sbp=lambda metas, attrs: [((B,) * sum(m is not None for m in metas), (B,))])
+                           grad=_bce_logits_reduced_grad, **_LOCAL_ONLY)
 
 
 def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tensor | None = None,
