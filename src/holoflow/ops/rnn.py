@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core import grad_mode
 from ..core.dispatch import apply
 from ..core.errors import DTypeError
 from ..core.registry import Meta
@@ -30,7 +31,7 @@ MODES = ("RNN_TANH", "RNN_RELU", "LSTM", "GRU")
 _ATEN = {"LSTM": torch.lstm, "GRU": torch.gru, "RNN_TANH": torch.rnn_tanh, "RNN_RELU": torch.rnn_relu}
 
 
-def _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode: str, reverse: bool, batch_sizes):
+def _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode: str, reverse: bool, batch_sizes, weights_rg=False):
     """One layer, one direction, on ATen's kernel: (output rows like x, final h, final c).
     The reverse direction of a padded sequence is the forward one over the time-flipped input;
     of a packed one, the second half of a bidirectional call whose halves share the weights."""
@@ -44,6 +45,16 @@ def _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode: str, reverse: bool, ba
     # reserve space and its backward refuses to run ("cudnn RNN backward can only be called in
     # training mode"), as torch.nn.LSTM's in eval(); ATen's CPU kernels ignore it.
     train = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in [x, h0, c0, *params])
+    if weights_rg and not any(p.requires_grad for p in params):
+        # ATen's CPU RNN kernels choose their code path (and so their rounding) by whether the
+        # weights require grad and whether grad mode is on; the module's weights do (``weights_rg``,
+        # the holoflow parameters'), so the call runs on flagged aliases in holoflow's grad mode, as
+        # torch's nn.GRU/LSTM/RNN would (its values bit for bit), and its outputs are detached
+        params = [p.detach().requires_grad_() for p in params]
+        with torch.set_grad_enabled(grad_mode.STATE.enabled):
+            got = _layer(x, h0, c0, *params[:2], *(params[2:4] if has_bias else (None, None)),
+                         params[-1] if w_hr is not None else None, mode, reverse, batch_sizes)
+        return tuple(t.detach() if t is not None else None for t in got)
     # batch_sizes: a CPU int64 tensor whatever x's device (ATen's packed kernels read it on the host)
     if batch_sizes is not None and reverse:
         h2 = torch.stack([h0, h0])
@@ -61,12 +72,12 @@ def _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode: str, reverse: bool, ba
     return out, res[1][0], res[2][0] if lstm else None
 
 
-def _lstm_kernel(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse, batch_sizes):
-    return _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse, batch_sizes)
+def _lstm_kernel(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse, batch_sizes, weights_rg=False):
+    return _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse, batch_sizes, weights_rg)
 
 
-def _rnn_kernel(x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse, batch_sizes):
-    out, h, _ = _layer(x, h0, None, w_ih, w_hh, b_ih, b_hh, None, mode, reverse, batch_sizes)
+def _rnn_kernel(x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse, batch_sizes, weights_rg=False):
+    out, h, _ = _layer(x, h0, None, w_ih, w_hh, b_ih, b_hh, None, mode, reverse, batch_sizes, weights_rg)
     return out, h
 
 
@@ -128,8 +139,9 @@ def rnn_layer(mode: str, x: Tensor, h0: Tensor, c0: Tensor | None, w_ih: Tensor,
             raise DTypeError(f"holoflow.nn.{mode.split('_')[0]}: input must have the type {x.dtype}, got {name} of "
                              f"type {t.dtype}")
     bs = tuple(int(b) for b in batch_sizes) if batch_sizes is not None else None
+    rg = any(w is not None and w.requires_grad for w in (w_ih, w_hh, b_ih, b_hh, w_hr))
     if mode == "LSTM":
         return tuple(apply(LSTM_LAYER, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode=mode, reverse=bool(reverse),
-                           batch_sizes=bs))
+                           batch_sizes=bs, weights_rg=rg))
     return tuple(apply(RNN_LAYER, x, h0, w_ih, w_hh, b_ih, b_hh, mode=mode, reverse=bool(reverse),
-                       batch_sizes=bs)) + (None,)
+                       batch_sizes=bs, weights_rg=rg)) + (None,)
