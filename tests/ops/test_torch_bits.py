@@ -172,3 +172,19 @@ def test_recurrent_layers_bit_for_bit(kind, batch_first):
     assert _same(yf.detach().numpy(), yt.detach().numpy())
     for (name, a), b in zip(tm.named_parameters(), fm.parameters()):
         assert _same(b.grad.numpy(), a.grad.numpy()), name
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("ignore_index", [-100, 3])
+def test_cross_entropy_label_smoothing_bit_for_bit(reduction, ignore_index):
+    g = torch.Generator().manual_seed(8)
+    x, t = torch.randn(8, 33, generator=g), torch.randint(0, 33, (8,), generator=g)
+    t[2] = 3
+    a, b = x.clone().requires_grad_(), flow.from_torch(x.clone()).requires_grad_()
+    lt = torch.nn.functional.cross_entropy(a, t, label_smoothing=0.1, reduction=reduction, ignore_index=ignore_index)
+    lf = flow.nn.functional.cross_entropy(b, flow.from_torch(t), label_smoothing=0.1, reduction=reduction,
+                                          ignore_index=ignore_index)
+    dy = torch.randn(lt.shape, generator=g)
+    lt.backward(dy)
+    lf.backward(flow.from_torch(dy))
+    assert _same(lf.detach().numpy(), lt.detach().numpy()) and _same(b.grad.numpy(), a.grad.numpy())

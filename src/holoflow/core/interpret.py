@@ -117,6 +117,12 @@ def stack() -> list[Interpreter]:
     return out
 
 
+def plain() -> bool:
+    """Whether nothing is pushed: ops run on the eager interpreter itself (no autocast region,
+    trace or observer)."""
+    return _CURRENT.get() is None
+
+
 def is_lazy() -> bool:
     """Whether ops are being traced (values are symbolic) in this context."""
     top = _CURRENT.get()

@@ -13,6 +13,7 @@ from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
 from .family import elementwise_sbp, like_first_input
+from .nn_ops import log_softmax
 from .loss_pointwise import (_reduction, binary_cross_entropy, binary_cross_entropy_with_logits, huber_loss, kl_div,
                              l1_loss, mse_loss, smooth_l1_loss, soft_margin_loss)
 from .loss_pointwise import reduce_loss as reduce_loss  # (its home before: nn_extra, sequence, nn import it here)
@@ -458,6 +459,21 @@ def _check_class_target(name: str, input: Tensor, target: Tensor, weight, allow_
         raise ShapeError(f"holoflow.{name}: weight of shape {tuple(weight.shape)} should be ({n_cls},)")
 
 
+def _smoothed_cross_entropy(x: Tensor, target: Tensor, reduction: str, ignore_index: int,
+                            label_smoothing: float) -> Tensor:
+    """torch's label-smoothing composite for class indices without weights, op for op (its
+    gradients bit for bit): ``(1 - ls) nll + ls / C`` times the masked ``-sum(log_softmax)``."""
+    logp = log_softmax(x, 1)
+    nll = nll_loss(logp, target, ignore_index=ignore_index, reduction=reduction)
+    ignored = target == ignore_index
+    smooth = (-logp.sum(1)).masked_fill(ignored, 0.0)
+    if reduction == "mean":
+        smooth = smooth.sum() / (~ignored).sum()
+    elif reduction == "sum":
+        smooth = smooth.sum()
+    return (1 - label_smoothing) * nll + smooth * (label_smoothing / x.shape[1])
+
+
 def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average=None,
                   ignore_index: int = -100, reduce=None, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> Tensor:
@@ -467,6 +483,9 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
     _check_class_target("cross_entropy", input, target, weight, True)
     if not 0.0 <= label_smoothing <= 1.0:
         raise RuntimeError(f"holoflow.cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if (label_smoothing and weight is None and input.dim() == 2 and input.shape[0] > 0 and not input.is_global
+            and not target.is_floating_point() and input._data.dtype.is_floating_point and interpret.plain()):
+        return _smoothed_cross_entropy(input, target, reduction, ignore_index, float(label_smoothing))
     if reduction == "mean":
         out = _split_mean(CROSS_ENTROPY, input, target, weight, ignore_index=ignore_index,
                           label_smoothing=float(label_smoothing))
