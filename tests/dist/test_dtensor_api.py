@@ -149,6 +149,20 @@ parallelize_module(d, mesh, PrepareModuleInput(input_layouts=Shard(0), desired_i
                                                use_local_output=True))
 OUT["prepare_input"] = r6(d(torch.full((2,), float(dist.get_rank()))))
 
+# loss_parallel: a colwise head's class-sharded logits against plain labels
+from torch.distributed.tensor.parallel import loss_parallel
+torch.manual_seed(4)
+head = nn.Linear(6, 10)
+parallelize_module(head, mesh, ColwiseParallel(use_local_output=False))
+feats = torch.randn(5, 6, generator=torch.Generator().manual_seed(5))
+with loss_parallel():
+    logits = head(feats)
+    loss = torch.nn.functional.cross_entropy(logits, torch.tensor([1, 9, 0, 4, 4]))
+    loss.backward()
+# (the loss's own placement differs: torch's is Replicate(), holoflow's Partial(sum); same value)
+OUT["loss_parallel"] = [str(logits.placements), round(loss.full_tensor().item(), 5), round(loss.item(), 5),
+                        r6(head.weight.grad.full_tensor()), r6(head.bias.grad.full_tensor())]
+
 # distribute_module: a custom partition and input/output functions
 lin = nn.Linear(4, 2)
 def shard_rows(name, module, mesh):

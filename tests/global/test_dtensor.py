@@ -25,6 +25,9 @@ def test_mesh_is_the_placement_of_its_ranks_and_slices_by_name():
         assert mesh == flow.placement("cpu", ranks=[[0, 1], [2, 3]]) and hash(mesh) == hash(
             flow.placement("cpu", ranks=[[0, 1], [2, 3]]))
         swapped = mesh["tp", "dp"]
+        # whole values of a sub-mesh tensor come from its own ranks (each row holds another tensor)
+        row = distribute_tensor(flow.arange(4.0) + 10 * mesh.get_local_rank("dp"), tp, [Shard(0)], src_data_rank=None)
+        assert row.sum().item() == 6.0 + 40 * mesh.get_local_rank("dp") and row.tolist() == row.full_tensor().tolist()
         return (tp.flat_ranks, dp.flat_ranks, tp.get_local_rank(), mesh.get_local_rank("dp"), mesh.get_coordinate(),
                 tuple(mesh.get_group("tp")), swapped.ranks.tolist(), swapped.mesh_dim_names, repr(tp))
     got = _sim(4, f)

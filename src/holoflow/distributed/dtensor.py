@@ -13,9 +13,10 @@ Uneven shards follow holoflow's layout (the first ``n % p`` ranks one larger), n
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -26,12 +27,13 @@ from ..core.tensor import Tensor
 from ..ops import creation
 from . import world
 from .device_mesh import DeviceMesh, _check_mesh
+from .global_dispatch import IMPLICIT_REPLICATION
 from .global_tensor import _from_local, make_global, to_global, to_local
 from .placement_types import Partial, Placement, Replicate, Shard, as_nd_sbp, as_placement
 from .sharding import shard_of
 
 __all__ = ["DTensor", "Placement", "Shard", "Replicate", "Partial", "distribute_tensor", "zeros", "ones", "empty",
-           "full", "rand", "randn"]
+           "full", "rand", "randn", "implicit_replication"]
 
 
 class _DTensorType(type):
@@ -162,6 +164,18 @@ def full_tensor(self: Tensor, *, grad_placements: Sequence[Placement] | None = N
     g = _global_of(self, "full_tensor")
     whole = to_global(self, sbp=(B,) * len(g.sbp))
     return to_local(whole, grad_placements=grad_placements if grad_placements is not None else (B,) * len(g.sbp))
+
+
+@contextlib.contextmanager
+def implicit_replication() -> Iterator[None]:
+    """torch's ``implicit_replication()``: inside, a local tensor among a global op's operands is
+    taken as every rank's replica (``Replicate()``, no communication) instead of refused."""
+    was = getattr(IMPLICIT_REPLICATION, "on", False)
+    IMPLICIT_REPLICATION.on = True
+    try:
+        yield
+    finally:
+        IMPLICIT_REPLICATION.on = was
 
 
 def _global_of(t: Tensor, op: str):

@@ -7,6 +7,7 @@ shards with attrs mapped to local shapes, and wrap the outputs with their nd-SBP
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import replace
 
 import torch
@@ -23,14 +24,29 @@ from ..core.views import CopyOf, aliases, make_view
 from . import rng, world
 from .boxing import apply_box, cost
 from .comm_check import user_site
-from .global_tensor import (GlobalMeta, absent_outputs, fresh, from_full, leaves_ranks_out, linked_alias,
-                            make_global, world_ranks)
+from .global_tensor import (GlobalMeta, absent_outputs, fresh, from_full, from_local_replica, leaves_ranks_out,
+                            linked_alias, make_global, world_ranks)
 from .sharding import local_shape, nd_str
 from .placement import placement
 
 _CHOICES: dict = {}   # decide(): (op, metas, attrs, SBPs, placement) -> (signature, logical metas)
 _MAX_CHOICES = 1 << 16
 _SINGLE: dict = {}   # whether an op returns one tensor, for ranks that skip its kernel
+
+
+# torch's ``implicit_replication()`` / ``loss_parallel()`` (distributed/dtensor.py): while on in a
+# thread, a local tensor among global operands is taken as every rank's replica (broadcast, each
+# rank's own data, no communication) instead of refused
+IMPLICIT_REPLICATION = threading.local()
+
+
+def _replicated_locals(inputs: tuple) -> tuple:
+    """``inputs`` with local tensors made broadcast on the first global input's placement."""
+    place = next((x._global.placement for x in inputs if isinstance(x, Tensor) and x._global is not None), None)
+    if place is None:
+        return inputs
+    return tuple(from_local_replica(x, place) if isinstance(x, Tensor) and x._global is None else x
+                 for x in inputs)
 
 
 def _placement_of(op: Op, inputs: tuple):
@@ -180,6 +196,8 @@ def local_attrs(op: Op, attrs: dict, metas: list, sig_in: tuple, place, rank: in
 
 
 def global_apply(op: Op, inputs: tuple, attrs: dict):
+    if getattr(IMPLICIT_REPLICATION, "on", False):
+        inputs = _replicated_locals(inputs)
     if op.grad is not None and grad_mode.STATE.enabled:
         follows_base(inputs)   # a view of a base that requires grad since it was taken does too
     place = _placement_of(op, inputs)

@@ -108,7 +108,9 @@ class GlobalMeta:
         (a collective every rank calls: one program on every rank), so ``numpy()``, ``item()``
         and ``bool()`` answer on ranks outside the placement too."""
         ranks = world_ranks()
-        if leaves_ranks_out(self.placement, ranks):
+        # (a DeviceMesh's tensors follow torch: each rank's program holds its own sub-mesh's, so
+        # ranks outside one hold other tensors; the whole value is gathered among its ranks only)
+        if leaves_ranks_out(self.placement, ranks) and not self.placement.torch_conventions:
             every = placement(self.placement.type, list(ranks))
             with grad_mode.no_grad():
                 out = move(t, self.placement, self.sbp, every, (B,), self.shape, world.rank(), world.comm())
@@ -137,7 +139,7 @@ class GlobalMeta:
 
 def leaves_ranks_out(place: placement, ranks: tuple) -> bool:
     """Whether ``place`` lies inside this world of ``ranks`` and leaves some of them out."""
-    return len(ranks) > place.size and max(place.flat_ranks) < len(ranks)
+    return len(ranks) > len(place.flat_ranks) and max(place.flat_ranks) < len(ranks)
 
 
 def world_ranks() -> tuple[int, ...]:
@@ -266,6 +268,12 @@ def _from_local(x: Tensor, place: placement, nd: tuple, check_meta: bool, grad_s
              "broadcast": broadcast}
     out = run_local(FROM_LOCAL, (x,), attrs)
     return make_global(out, place, nd, shape, grad_sbp)
+
+
+def from_local_replica(x: Tensor, place: placement) -> Tensor:
+    """Local ``x`` as a broadcast global tensor of ``place``: every rank's own replica, trusted
+    (no communication; its gradient is all-reduced, as a replica's)."""
+    return _from_local(x, place, (B,) * place.ndim, False, None, broadcast=False)
 
 
 def _outside_shape(local: tuple, place: placement, nd: tuple) -> list:

@@ -10,13 +10,14 @@ layouts: colwise output ``Shard(-1)``, rowwise output ``Partial``).
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from fnmatch import fnmatch
 from functools import partial
-from typing import Any
+from typing import Any, Iterator
 
 from ..distributed.device_mesh import DeviceMesh, _check_mesh
-from ..distributed.dtensor import DTensor, distribute_tensor
+from ..distributed.dtensor import DTensor, distribute_tensor, implicit_replication
 from ..distributed.placement_types import Placement, Replicate, Shard
 from ..nn.module import Module
 from ..nn.modules.linear import Linear
@@ -25,7 +26,17 @@ from ..nn.parameter import Parameter
 from . import distribute_module
 
 __all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel", "PrepareModuleInput",
-           "PrepareModuleOutput", "PrepareModuleInputOutput", "parallelize_module"]
+           "PrepareModuleOutput", "PrepareModuleInputOutput", "parallelize_module", "loss_parallel"]
+
+
+@contextlib.contextmanager
+def loss_parallel() -> Iterator[None]:
+    """torch's ``loss_parallel()``: ``cross_entropy`` / ``nll_loss`` of logits sharded on the
+    class dim (a colwise head with ``use_local_output=False``) against plain labels; the loss is a
+    replicated DTensor and ``loss.backward()`` runs inside the block too. holoflow's global
+    cross-entropy takes any layout; the labels are taken as every rank's replica."""
+    with implicit_replication():
+        yield
 
 
 class ParallelStyle:
