@@ -18,7 +18,8 @@ from ..nn.module import Module
 from ..nn.parameter import Parameter
 
 __all__ = ["DTensor", "DeviceMesh", "distribute_tensor", "distribute_module", "Shard", "Replicate", "Partial",
-           "Placement", "init_device_mesh", "ones", "empty", "full", "rand", "randn", "zeros", "install"]
+           "Placement", "init_device_mesh", "ones", "empty", "full", "rand", "randn", "zeros"]
+# (``install``: the facade puts the DTensor methods on Tensor once, at import)
 
 
 def _replicate_params_and_buffers(module: Module, mesh: DeviceMesh) -> None:
