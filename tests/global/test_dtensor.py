@@ -324,3 +324,46 @@ def test_fully_shard_keeps_tied_weights_tied():
     for same, got in _sim(2, run):
         assert same and tied
         np.testing.assert_allclose(got, want, rtol=1e-6)   # (every rank the same batch: their average)
+
+
+def test_full_optimizer_state_dict_round_trip():
+    """get_optimizer_state_dict(full) of an FSDP model, loaded with set_optimizer_state_dict(full)
+    into another FSDP model's fresh optimizer (from rank 0's copy, broadcast): the same states and
+    the same next step."""
+    from holoflow.dtensor.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                        set_model_state_dict, set_optimizer_state_dict,
+                                                        get_model_state_dict)
+    from holoflow.dtensor.fsdp import fully_shard
+    weights = _mlp_weights()
+    x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6)
+
+    def make():
+        m = flow.nn.Sequential(flow.nn.Linear(6, 8), flow.nn.Tanh(), flow.nn.Linear(8, 3))
+        m.load_state_dict({k: flow.tensor(v) for k, v in weights.items()})
+        fully_shard(m, mesh=DeviceMesh("cpu", [0, 1]))
+        return m, flow.optim.AdamW(m.parameters(), lr=0.05)
+
+    def step(m, opt):
+        opt.zero_grad()
+        (m(flow.tensor(x)) ** 2).mean().backward()
+        opt.step()
+
+    def f(r):
+        m, opt = make()
+        for _ in range(2):
+            step(m, opt)
+        full = StateDictOptions(full_state_dict=True)
+        osd = get_optimizer_state_dict(m, opt, options=full)
+        msd = get_model_state_dict(m, options=full)
+        m2, opt2 = make()
+        bcast = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(m2, msd if r == 0 else {}, options=bcast)
+        set_optimizer_state_dict(m2, opt2, osd if r == 0 else {}, options=bcast)
+        step(m, opt)
+        step(m2, opt2)
+        return ({k: p.full_tensor().detach().numpy() for k, p in m.named_parameters()},
+                {k: p.full_tensor().detach().numpy() for k, p in m2.named_parameters()}, sorted(osd["state"]))
+    for a, b, names in _sim(2, f):
+        assert names == ["0.bias", "0.weight", "2.bias", "2.weight"]
+        for k in a:
+            np.testing.assert_array_equal(b[k], a[k])

@@ -10,7 +10,7 @@ from ...core.grad_mode import no_grad
 from ...core.tensor import Tensor
 from ...distributed import world
 from ...distributed.dtensor import distribute_tensor
-from ...distributed.process_group import broadcast
+from ...distributed.global_tensor import world_ranks
 from ...nn.module import Module
 from ...ops.creation import zeros
 
@@ -129,9 +129,8 @@ def _place_like(target: Tensor, value: Tensor | None, o: StateDictOptions) -> Te
     if target._global is None:
         if not o.broadcast_from_rank0:
             return value
-        out = (value if world.rank() == 0 else target).detach().clone().to(target.dtype)
-        broadcast(out, src=0)
-        return out
+        mine = (value if world.rank() == 0 else target).detach().to(target.dtype)._data.contiguous()
+        return Tensor._make(world.comm().broadcast(mine, 0, world_ranks()))   # (simulated worlds too)
     if value is None or (o.broadcast_from_rank0 and world.rank() != 0):
         value = zeros(target.shape, dtype=target.dtype)   # (what rank 0 broadcasts replaces it)
     return distribute_tensor(value.to(target.dtype), target.device_mesh, target.placements,
