@@ -30,7 +30,7 @@ from .device_mesh import DeviceMesh, _check_mesh
 from .global_dispatch import IMPLICIT_REPLICATION
 from .global_tensor import _from_local, make_global, to_global, to_local
 from .placement_types import Partial, Placement, Replicate, Shard, as_nd_sbp, as_placement
-from .sharding import shard_of
+from .sharding import balanced, shard_of
 
 __all__ = ["DTensor", "Placement", "Shard", "Replicate", "Partial", "distribute_tensor", "zeros", "ones", "empty",
            "full", "rand", "randn", "implicit_replication"]
@@ -92,7 +92,7 @@ def _warn_uneven(shape, nd: tuple, mesh, op: str) -> None:
     for axis, s in enumerate(nd):
         if isinstance(s, split):
             n, p = shape[s.axis], mesh.hierarchy[axis]
-            ours = [n // p + (1 if i < n % p else 0) for i in range(p)]
+            ours = [balanced(n, p, i)[1] for i in range(p)]
             if ours != _chunk_sizes(n, p):
                 warnings.warn(f"holoflow.{op}: dim {s.axis} of size {n} is split over {p} ranks as {ours} "
                               f"(holoflow's balanced layout), torch's DTensor splits it as {_chunk_sizes(n, p)}; "
