@@ -231,6 +231,27 @@ OUT["norms"] = norms
 OUT["weights"] = {k: r6(p.full_tensor()) for k, p in model.named_parameters()}
 OUT["grads"] = {k: [str(p.grad.placements), r6(p.grad.full_tensor())] for k, p in model.named_parameters()}
 OUT["state_dict"] = sorted([k, str(v.placements)] for k, v in model.state_dict().items())
+
+# the unsharded weights' storage: freed after forward (model[2] keeps its own until backward)
+seen = []
+for layer in (model[0], model[2]):
+    layer.register_forward_pre_hook(lambda mod, args: seen.append(mod.weight))
+model[2].set_reshard_after_forward(False)
+loss = ((model(x) - y) ** 2).mean()
+OUT["unsharded_after_forward"] = [[list(w.shape), w.untyped_storage().nbytes() > 0] for w in seen]
+loss.backward()   # (torch pads its gather buffers: whether storage is held is compared, not its bytes)
+OUT["after_backward"] = [w.untyped_storage().nbytes() > 0 for w in seen]
+model[2].set_reshard_after_forward(True)
+
+# gradient accumulation without communication, then one synchronized micro-batch
+opt.zero_grad()
+model.set_requires_gradient_sync(False)
+for j in range(2):
+    ((model(x * (j + 2)) - y) ** 2).mean().backward()
+OUT["unsynced_grads"] = [p.grad is None for p in model.parameters()]
+model.set_requires_gradient_sync(True)
+((model(x) - y) ** 2).mean().backward()
+OUT["accumulated"] = {k: r6(p.grad.full_tensor()) for k, p in model.named_parameters()}
 '''
 
 DCP = '''

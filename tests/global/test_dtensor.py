@@ -262,8 +262,8 @@ def test_fully_shard_mixed_precision_and_refusals():
         assert m.probe() is False and m.weight.is_global   # gathered for the call only
         with pytest.raises(RuntimeError, match="already sharded"):
             fully_shard(m, mesh=mesh)
-        with pytest.raises(NotImplementedError, match="set_requires_gradient_sync"):
-            m.set_requires_gradient_sync(False)
+        with pytest.raises(ValueError, match="reshard_after_forward should be a bool, got int"):
+            m.set_reshard_after_forward(2)
         with pytest.raises(NotImplementedError, match="a list of modules"):
             fully_shard([flow.nn.Linear(2, 2)], mesh=mesh)
         with pytest.raises(ValueError, match="1-D mesh .* or a 2-D one"):
@@ -367,3 +367,164 @@ def test_full_optimizer_state_dict_round_trip():
         assert names == ["0.bias", "0.weight", "2.bias", "2.weight"]
         for k in a:
             np.testing.assert_array_equal(b[k], a[k])
+
+
+def _blocks_weights() -> dict:
+    rng = np.random.default_rng(2)
+    return {f"{i}.weight": rng.standard_normal((6, 6)).astype(np.float32) * 0.4 for i in range(4)}
+
+
+def _blocks_run(r, weights, xs, reshard=None, mp=None, unsynced=0):
+    """Four Linear+Tanh blocks (the last directly under the root): with ``r`` a simulated rank
+    under fully_shard per block and on the root (each rank its batches ``xs[r]``), else one
+    process on every rank's batches. ``unsynced``: that many micro-batches backward without
+    gradient sync before the synchronized one. Returns the parameters after one SGD step and
+    the shards' gradients after the unsynced micro-batches."""
+    from holoflow.dtensor.fsdp import MixedPrecisionPolicy, fully_shard
+    layers = []
+    for _ in range(4):
+        layers += [flow.nn.Linear(6, 6, bias=False), flow.nn.Tanh()]
+    m = flow.nn.Sequential(*layers)
+    m.load_state_dict({f"{2 * int(k[0])}.weight": flow.tensor(v) for k, v in weights.items()})
+    if r is not None:
+        mesh = DeviceMesh("cpu", [0, 1])
+        policy = mp or MixedPrecisionPolicy()
+        for i in (0, 2, 4):
+            fully_shard(m[i], mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(m, mesh=mesh, mp_policy=policy)
+    opt = flow.optim.SGD(m.parameters(), lr=0.5)
+
+    def loss_of(batch):
+        return (m(flow.tensor(batch)).float() ** 2).mean()
+    early = None
+    if r is None:   # every rank's micro-batches: the mean over ranks of each rank's sum
+        loss = sum(loss_of(b) for bs in xs for b in bs) / len(xs)
+    else:
+        if unsynced:
+            m.set_requires_gradient_sync(False)
+            for b in xs[r][:unsynced]:
+                loss_of(b).backward()
+            early = [p.grad for p in m.parameters()]
+            m.set_requires_gradient_sync(True)
+        loss = loss_of(xs[r][unsynced])
+    loss.backward()
+    opt.step()
+    return {k: (p.full_tensor() if p.is_global else p).detach().numpy() for k, p in m.named_parameters()}, early
+
+
+def _storage_sizes(r, weights, x, reshard):
+    """The unsharded weights' storage bytes on rank ``r`` after forward and after backward."""
+    from holoflow.dtensor.fsdp import fully_shard
+    m = flow.nn.Sequential(*[flow.nn.Linear(6, 6, bias=False) for _ in range(4)])
+    m.load_state_dict({k: flow.tensor(v) for k, v in weights.items()})
+    seen = []
+    for lin in m:
+        lin.register_forward_hook(lambda mod, a, out: seen.append(mod.weight))
+    mesh = DeviceMesh("cpu", [0, 1])
+    for lin in m[:3]:
+        fully_shard(lin, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(m, mesh=mesh)
+    loss = (m(flow.tensor(x)) ** 2).sum()
+    after_forward = [t._data.untyped_storage().nbytes() for t in seen]
+    loss.backward()
+    after_backward = [t._data.untyped_storage().nbytes() for t in seen]
+    grads = {k: p.grad.full_tensor().numpy() for k, p in m.named_parameters()}
+    return after_forward, after_backward, [t.is_global for t in seen], grads
+
+
+def test_reshard_after_forward_frees_the_unsharded_weights_and_regathers_them_for_backward():
+    """Blocks reshard after forward by default (the root keeps its own: torch's choice): their
+    unsharded weights' storage is empty once the forward returned, gathered again when backward
+    reaches the block, and every one is empty after backward; the gradients are those of keeping them
+    (reshard_after_forward=False), which equal one process's."""
+    weights = {f"{i}.weight": w for i, w in enumerate(_blocks_weights().values())}
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6)
+    m = flow.nn.Sequential(*[flow.nn.Linear(6, 6, bias=False) for _ in range(4)])
+    m.load_state_dict({k: flow.tensor(v) for k, v in weights.items()})
+    (m(flow.tensor(x)) ** 2).sum().backward()
+    want = {k: p.grad.numpy() for k, p in m.named_parameters()}
+    full = 6 * 6 * 4
+    for reshard, forward_sizes in ((None, [0, 0, 0, full]), (True, [0, 0, 0, full]), (False, [full] * 4)):
+        for fwd, bwd, is_global, grads in _sim(2, lambda r: _storage_sizes(r, weights, x, reshard)):
+            assert fwd == forward_sizes and not any(is_global)
+            assert bwd == [0, 0, 0, 0]   # (resharded after backward, the root's too: torch's default)
+            for k in want:   # (both ranks the same batch: the average is one process's gradient)
+                np.testing.assert_allclose(grads[k], want[k], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16_params"])
+def test_resharded_blocks_train_as_kept_ones(mp):
+    """A step of the four-block model, blocks resharded after forward vs kept, each rank its own
+    batch: the same parameters (bit for bit: the same values are gathered again), and equal to
+    one process's data parallel step without mixed precision."""
+    from holoflow.dtensor.fsdp import MixedPrecisionPolicy
+    weights = _blocks_weights()
+    xs = [[np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6) * (1 + r)] for r in range(2)]
+    policy = MixedPrecisionPolicy(param_dtype=flow.bfloat16) if mp else None
+    want, _ = _blocks_run(None, weights, xs)
+    kept = _sim(2, lambda r: _blocks_run(r, weights, xs, reshard=False, mp=policy))
+    freed = _sim(2, lambda r: _blocks_run(r, weights, xs, reshard=True, mp=policy))
+    for (a, _), (b, _) in zip(kept, freed):
+        for k in a:
+            np.testing.assert_array_equal(b[k], a[k])
+            np.testing.assert_allclose(b[k], want[k], rtol=3e-2 if mp else 1e-5, atol=3e-3 if mp else 1e-6)
+
+
+def test_an_in_place_write_of_a_saved_activation_is_still_caught_in_a_resharded_block():
+    """Resharding keeps autograd's saved tensors (it frees storage, it packs nothing): a block
+    writing in place into what tanh saved fails backward as torch's does."""
+    from holoflow.dtensor.fsdp import fully_shard
+
+    class Bad(flow.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = flow.nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = flow.tanh(self.lin(x))
+            y.mul_(2)
+            return y
+
+    def f(r):
+        m = flow.nn.Sequential(Bad(), flow.nn.Linear(4, 1))
+        fully_shard(m[0], mesh=DeviceMesh("cpu", [0, 1]))
+        fully_shard(m, mesh=DeviceMesh("cpu", [0, 1]))
+        out = m(flow.ones(2, 4)).sum()
+        with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+            out.backward()
+        return True
+    assert _sim(2, f) == [True, True]
+
+
+@pytest.mark.parametrize("reshard, mp", [(True, False), (False, False), (True, True)],
+                         ids=["resharded", "kept", "resharded_bf16_params"])
+def test_gradient_accumulation_without_sync(reshard, mp):
+    """Two micro-batches with set_requires_gradient_sync(False) then one with True: no shard
+    gets a gradient until the synchronized backward, which reduces all three; one SGD step equals
+    one process's over every rank's three micro-batches."""
+    from holoflow.dtensor.fsdp import MixedPrecisionPolicy
+    weights = _blocks_weights()
+    xs = [[np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6) * (1 + r + j / 3) for j in range(3)]
+          for r in range(2)]
+    want, _ = _blocks_run(None, weights, xs)
+    policy = MixedPrecisionPolicy(param_dtype=flow.bfloat16) if mp else None
+    for got, early in _sim(2, lambda r: _blocks_run(r, weights, xs, reshard=reshard, mp=policy, unsynced=2)):
+        assert early == [None] * 4
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=3e-2 if mp else 1e-5, atol=3e-3 if mp else 1e-6)
+
+
+def test_unshard_registers_the_unsharded_parameters_until_reshard():
+    from holoflow.dtensor.fsdp import fully_shard
+
+    def f(r):
+        m = flow.nn.Linear(4, 2)
+        fully_shard(m, mesh=DeviceMesh("cpu", [0, 1]))
+        m.unshard()
+        whole = m.weight
+        out = m(flow.ones(1, 4))
+        m.reshard()
+        return whole.is_global, tuple(whole.shape), m.weight.is_global, tuple(m.weight.to_local().shape), \
+            out.shape
+    for unsharded, shape, sharded, local, out in _sim(2, f):
+        assert not unsharded and shape == (2, 4) and sharded and local == (1, 4) and tuple(out) == (1, 2)

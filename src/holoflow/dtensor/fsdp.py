@@ -9,15 +9,27 @@ registers the unsharded local tensors in their place for the forward, which then
 local tensors, each rank on its own batch; the forward hook puts the shards back. In backward each
 rank's gradient of an unsharded parameter is a partial sum of the data-parallel gradient: the
 boxing to the leaf's ``Shard(0)`` reduce-scatters it, and a hook divides it by the number of
-data-parallel ranks (torch's default: the average). Memory behaves as if ``reshard_after_forward``
-were False (autograd keeps the gathered tensors until backward); the values are FSDP's.
+data-parallel ranks (torch's default: the average).
+
+Resharding after forward (torch's default for every module but the root) frees the unsharded
+tensors' storage when the forward returns, as torch's does: what autograd saved keeps its tensor
+objects (and version counters), a hook on the module's outputs all-gathers into the same storage
+when backward reaches the module, and each tensor's storage is freed again once its gradient is
+complete (or at the end of backward). ``set_requires_gradient_sync(False)`` accumulates the
+unsharded gradients on each rank without communication; the next synchronized backward
+reduce-scatters them with its own.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+import torch
+
+from ..core import grad_mode
+from ..core.autograd import current_graph_task, queue_callback
 from ..core.dtype import dtype as DType
+from ..core.grad_mode import no_grad
 from ..core.tensor import Tensor
 from ..distributed import env
 from ..distributed.device_mesh import DeviceMesh, current_mesh, init_device_mesh
@@ -54,10 +66,15 @@ class CPUOffloadPolicy(OffloadPolicy):
 
 
 class UnshardHandle:
-    """What ``unshard(async_op=True)`` returns: holoflow gathers in the forward pre-hook."""
+    """What ``unshard(async_op=True)`` returns: the gather has completed when it is made."""
 
     def wait(self) -> None:
         return None
+
+
+def _fsdp_states(module: Module, recurse: bool) -> list:
+    mods = module.modules() if recurse else (module,)
+    return [m._fsdp_state for m in mods if isinstance(m, FSDPModule)]
 
 
 class FSDPModule:
@@ -67,33 +84,97 @@ class FSDPModule:
         raise TypeError("holoflow: FSDPModule is mixed in by fully_shard(module); it is not constructed")
 
     def reshard(self) -> None:
-        """The shards are registered outside forward already."""
+        """Registers the shards again after :meth:`unshard` (forward reshards by itself)."""
+        self._fsdp_state.reshard()
 
     def unshard(self, async_op: bool = False) -> UnshardHandle | None:
+        """Registers the unsharded parameters until :meth:`reshard` (forward then uses them)."""
+        state = self._fsdp_state
+        if not state.gathered:
+            state.gather(None)
         return UnshardHandle() if async_op else None
 
     def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
-        if not requires_gradient_sync:
-            raise NotImplementedError("holoflow fully_shard: gradients are reduce-scattered in every backward; "
-                                      "set_requires_gradient_sync(False) (local accumulation) is not supported")
+        """False: each rank accumulates its unsharded gradients without communication (``p.grad``
+        stays as it was); the next backward with True reduce-scatters them with its own."""
+        for state in _fsdp_states(self, recurse):
+            state.sync = bool(requires_gradient_sync)
 
     def set_reshard_after_forward(self, reshard_after_forward: bool, recurse: bool = True) -> None:
-        self._fsdp_state.reshard_after_forward = reshard_after_forward
+        if not isinstance(reshard_after_forward, bool):
+            raise ValueError(f"holoflow fully_shard: reshard_after_forward should be a bool, got "
+                             f"{type(reshard_after_forward).__name__}")
+        for state in _fsdp_states(self, recurse):
+            state.reshard_after_forward = reshard_after_forward
 
     def set_reshard_after_backward(self, reshard_after_backward: bool, *, recurse: bool = True) -> None:
-        """Shards are what the module holds after backward."""
+        """False: the unsharded parameters' storage stays after backward (freed by the next
+        forward's gather replacing them)."""
+        for state in _fsdp_states(self, recurse):
+            state.reshard_after_backward = bool(reshard_after_backward)
 
     def set_is_last_backward(self, is_last_backward: bool) -> None:
-        """Every backward reduces its gradients."""
+        """Every synchronized backward reduces its gradients."""
 
     def set_modules_to_forward_prefetch(self, modules: list) -> None:
         """Gathers are not prefetched: each module gathers in its forward pre-hook."""
 
     def set_modules_to_backward_prefetch(self, modules: list) -> None:
-        """Gathers are not prefetched (autograd keeps the gathered parameters)."""
+        """Gathers are not prefetched: a module gathers again when backward reaches it."""
 
     def set_gradient_divide_factor(self, factor: float) -> None:
         self._fsdp_state.divide = float(factor)
+
+
+def _owned(t: Tensor, shard: Parameter) -> Tensor:
+    """``t``, or a copy of it that owns its storage alone, so that freeing the storage frees
+    nothing else (a gather over one rank aliases the shard; one may hand out a view of a buffer)."""
+    d = t._data
+    st = d.untyped_storage()
+    if st.resizable() and d.storage_offset() == 0 and st.nbytes() == d.numel() * d.element_size() \
+            and st.data_ptr() != shard._data.untyped_storage().data_ptr():
+        return t
+    return t.clone()
+
+
+def _free(t: Tensor) -> None:
+    t._data.untyped_storage().resize_(0)
+
+
+class _Unsharded:
+    """The unsharded tensors one forward call of a module registered (under grad mode), ``(shard,
+    tensor)`` each: their storage is freed after the forward when the module reshards, gathered
+    into again when backward reaches the module, and freed once each one's gradient is complete
+    (or at the end of backward), as torch's reshard after backward."""
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+        self.tensors: list = []
+        self.nbytes: list = []
+
+    def free(self) -> None:
+        for _, t in self.tensors:
+            _free(t)
+
+    def refill(self) -> None:
+        """Gathers each freed tensor's value into its own storage (its version counter kept:
+        autograd's saved-tensor checks see the tensor it saved)."""
+        for (shard, t), n in zip(self.tensors, self.nbytes):
+            d = t._data
+            storage = d.untyped_storage()
+            if storage.nbytes() == n:
+                continue
+            value = self.state.unsharded_value(shard)._data
+            storage.resize_(n)
+            with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(d):
+                d.copy_(value)
+
+    def before_backward(self, grad):
+        """A hook on the forward's outputs: the module's backward reads its unsharded parameters."""
+        self.refill()
+        if self.state.reshard_after_backward and current_graph_task() is not None:
+            queue_callback(self.free)
+        return None
 
 
 class _State:
@@ -103,32 +184,95 @@ class _State:
         self.mesh = mesh
         self.params = params
         self.mp = mp
-        self.reshard_after_forward = reshard_after_forward
+        self.reshard_after_forward = reshard_after_forward   # None: True unless this is the root
+        self.reshard_after_backward = True
+        self.is_root: bool | None = None                     # the first of the tree to run forward
         self.divide = float(mesh.size())
+        self.sync = True
+        self.accumulated: dict = {}   # id(shard) -> unsharded gradient summed without sync
         self.gathered = False
 
-    def gather(self) -> None:
+    def reshards(self) -> bool:
+        flag = self.reshard_after_forward
+        return (not self.is_root) if flag is None else bool(flag)   # (an int: resharded fully)
+
+    def unsharded_value(self, shard: Parameter, cast: bool = True) -> Tensor:
+        """``shard``'s whole value on this rank (no autograd), in the forward's dtype (``cast``)."""
+        with no_grad():
+            full = shard.redistribute(placements=[Replicate()] * self.mesh.ndim).to_local()
+            return self._in_param_dtype(full) if cast else full
+
+    def _in_param_dtype(self, t: Tensor) -> Tensor:
+        dtype = self.mp.param_dtype
+        return t.to(dtype) if dtype is not None and t.dtype.is_floating_point else t
+
+    def gather(self, call: _Unsharded | None) -> None:
         """Each taken parameter's unsharded local tensor registered in its place (one gather for a
-        parameter tied between modules)."""
-        whole = [Replicate()] * self.mesh.ndim
+        parameter tied between modules). Synchronized, its gradient reaches the shard through a
+        reduce-scatter (averaged); unsynchronized, it is a leaf whose gradient is kept here. Under
+        grad mode the tensors go to ``call`` (None: an explicit ``unshard()``), each freed once
+        its gradient is complete: no reader of it is left."""
         partial = [Partial()] * self.mesh.ndim
+        track = call is not None and grad_mode.STATE.enabled
         gathered: dict = {}
         for mod, name, shard in self.params:
-            if id(shard) in gathered:
-                mod._parameters[name] = gathered[id(shard)]
+            key = id(shard)
+            if key in gathered:
+                mod._parameters[name] = gathered[key]
                 continue
-            full = shard.redistribute(placements=whole).to_local(grad_placements=partial)
-            if full.requires_grad:   # (the average over data-parallel ranks, in the shards' dtype)
-                full.register_hook(lambda g, k=self.divide: g / k)
-            if self.mp.param_dtype is not None and full.dtype.is_floating_point:
-                full = full.to(self.mp.param_dtype)
-            mod._parameters[name] = gathered[id(shard)] = full
+            if not self.sync and shard.requires_grad and grad_mode.STATE.enabled:
+                full = self.unsharded_value(shard, cast=False).detach().requires_grad_()
+                full.register_post_accumulate_grad_hook(lambda t, k=key: self._accumulate(k, t))
+            else:
+                full = shard.redistribute(placements=[Replicate()] * self.mesh.ndim).to_local(
+                    grad_placements=partial)
+                if full.requires_grad:
+                    full.register_hook(lambda g, k=key: self._reduce(k, g))
+            used = self._in_param_dtype(full)   # (gradients are kept and reduced in the shards' dtype)
+            if track:
+                used = _owned(used, shard)
+                call.tensors.append((shard, used))
+                call.nbytes.append(used._data.untyped_storage().nbytes())
+                if full.requires_grad and self.reshard_after_backward:
+                    done = full.register_post_accumulate_grad_hook if full.grad_fn is None else full.register_hook
+                    done(lambda _, t=used: _free(t))
+            mod._parameters[name] = gathered[key] = used
         self.gathered = True
+
+    def _reduce(self, key: int, grad: Tensor) -> Tensor:
+        """The gradient the reduce-scatter takes: this rank's, with what it accumulated unsynced,
+        divided for the average (in the shards' dtype)."""
+        held = self.accumulated.pop(key, None)
+        return (grad if held is None else grad + held) / self.divide
+
+    def _accumulate(self, key: int, leaf: Tensor) -> None:
+        held = self.accumulated.get(key)
+        self.accumulated[key] = leaf.grad if held is None else held + leaf.grad
+        leaf.grad = None
 
     def reshard(self) -> None:
         for mod, name, shard in self.params:
             mod._parameters[name] = shard
         self.gathered = False
+
+    def mark_root(self, module: Module) -> None:
+        """The first module of a tree to run forward is its root (torch's lazy init)."""
+        if self.is_root is not None:
+            return
+        self.is_root = True
+        for state in _fsdp_states(module, True):
+            if state.is_root is None:
+                state.is_root = False
+
+
+def _grad_outputs(x: Any) -> list:
+    if isinstance(x, Tensor):
+        return [x] if x.requires_grad else []
+    if isinstance(x, (tuple, list)):
+        return [t for v in x for t in _grad_outputs(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _grad_outputs(v)]
+    return []
 
 
 def _cast(x: Any, dtype: DType | None):
@@ -180,14 +324,26 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
     state = _State(mesh, taken, mp_policy, reshard_after_forward)
     module.__dict__["_fsdp_state"] = state
 
+    calls: list = []   # the forward calls running (a module may run inside itself)
+
     def pre(mod, args, kwargs):
-        state.gather()
+        state.mark_root(mod)
+        call = _Unsharded(state)
+        if not state.gathered:   # (after unshard(), its parameters stay)
+            state.gather(call)
+        calls.append(call)
         if mp_policy.cast_forward_inputs and mp_policy.param_dtype is not None:
             args, kwargs = _cast(args, mp_policy.param_dtype), _cast(kwargs, mp_policy.param_dtype)
         return args, kwargs
 
     def post(mod, args, output):
+        call = calls.pop()
         state.reshard()
+        if call.tensors:
+            for t in _grad_outputs(output):
+                t.register_hook(call.before_backward)
+            if state.reshards():
+                call.free()
         return _cast(output, mp_policy.output_dtype)
     module.register_forward_pre_hook(pre, with_kwargs=True)
     module.register_forward_hook(post)
@@ -214,7 +370,7 @@ def register_fsdp_forward_method(module: Module, method_name: str) -> None:
     def gathered(*args, **kwargs):
         if state.gathered:
             return method(*args, **kwargs)
-        state.gather()
+        state.gather(None)
         try:
             return method(*args, **kwargs)
         finally:
