@@ -9,10 +9,10 @@ nn.Graph vs the sequential executor vs holoflow eager vs torch eager vs torch.co
 and the CNN (bench/graph.py variants, alternated in fresh processes, best of rounds), with the
 issue's ratio targets; the actor runtime's per-act overhead (bench/runtime.py, best of rounds);
 then the other benches found in bench/ (eager.py, ops_overhead.py, dp_overlap.py and its
---zero3, boxing.py, pipeline.py), each run through its own CLI with its output quoted. ``--lock`` takes that file's
-flock around each child only, so other benches can slip in between (do not also wrap the whole
-command in flock on the same file). A failing bench is reported in the file, not fatal.
-Figures from a loaded machine are noisy: the header records the load average.
+--zero3, fsdp_memory.py, boxing.py, pipeline.py), each run through its own CLI with its output
+quoted. ``--lock`` takes that file's flock around each child only, so other benches can slip in
+between (do not also wrap the whole command in flock on the same file). A failing bench is
+reported in the file, not fatal. Figures from a loaded machine are noisy: the header records the load average.
 """
 from __future__ import annotations
 
@@ -209,6 +209,8 @@ def others(q: bool) -> list[tuple[str, list[str], float]]:
          ["--rounds", "4"] if q else []),
         ("dp_overlap.py", "ZeRO-3 (holoflow graph, torch FSDP2) vs the same limit (bench/dp_overlap.py --zero3)",
          ["--zero3", "--rounds", "4"] if q else ["--zero3"]),
+        ("fsdp_memory.py", "FSDP2 peak memory per rank, holoflow's mock vs torch, 2 Gloo ranks "
+         "(bench/fsdp_memory.py)", ["--rounds", "1"] if q else ["--rounds", "3"]),
         ("boxing.py", "boxing vs raw collectives, 2 Gloo ranks (bench/boxing.py)", []),
         ("pipeline.py", "pipeline schedules (bench/pipeline.py)", ["--steps", "2"] if q else []),
     ]

@@ -528,3 +528,40 @@ def test_unshard_registers_the_unsharded_parameters_until_reshard():
             out.shape
     for unsharded, shape, sharded, local, out in _sim(2, f):
         assert not unsharded and shape == (2, 4) and sharded and local == (1, 4) and tuple(out) == (1, 2)
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+@pytest.mark.parametrize("reshard", [True, False], ids=["resharded", "kept"])
+def test_activation_checkpointed_blocks_under_fully_shard(reshard, reentrant):
+    """Blocks whose forward recomputes under activation checkpointing (torchtitan's order: wrap,
+    then fully_shard the wrapper): the recomputation in backward reads the unsharded weights,
+    registered again when backward reaches the block; the gradients equal one process's and the
+    shards are registered back after backward."""
+    from holoflow.dtensor.fsdp import fully_shard
+    from holoflow.utils.checkpoint import checkpoint
+
+    class Checkpointed(flow.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = flow.nn.Sequential(flow.nn.Linear(6, 6, bias=False), flow.nn.Tanh())
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=reentrant)
+    weights = list(_blocks_weights().values())[:3]
+
+    def run(r):
+        m = flow.nn.Sequential(*[Checkpointed() for _ in range(3)])
+        m.load_state_dict({f"{i}.inner.0.weight": flow.tensor(w) for i, w in enumerate(weights)})
+        if r is not None:
+            for block in m:
+                fully_shard(block, mesh=DeviceMesh("cpu", [0, 1]), reshard_after_forward=reshard)
+            fully_shard(m, mesh=DeviceMesh("cpu", [0, 1]))
+        x = flow.linspace(-1, 1, 12).reshape(2, 6).requires_grad_(reentrant)   # (reentrant: an input needs grad)
+        (m(x) ** 2).sum().backward()
+        return [(p.grad.full_tensor() if p.is_global else p.grad).numpy() for p in m.parameters()], \
+            [p.is_global for p in m.parameters()]
+    want, _ = run(None)
+    for got, sharded in _sim(2, run):
+        assert sharded == [True] * 3
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -142,15 +142,20 @@ def _free(t: Tensor) -> None:
 
 
 class _Unsharded:
-    """The unsharded tensors one forward call of a module registered (under grad mode), ``(shard,
-    tensor)`` each: their storage is freed after the forward when the module reshards, gathered
-    into again when backward reaches the module, and freed once each one's gradient is complete
-    (or at the end of backward), as torch's reshard after backward."""
+    """The unsharded tensors one forward call of a module registered (under grad mode): ``tensors``
+    ``(shard, tensor)`` once each, ``registered`` ``(module, name, tensor)`` per registration.
+    Their storage is freed after the forward when the module reshards; when backward reaches the
+    module they are gathered into again and registered again (a recomputing activation
+    checkpoint reads them), and at the end of backward the shards are registered back; each
+    storage is freed once its gradient is complete (or at the end of backward), as torch's
+    reshard after backward."""
 
     def __init__(self, state: _State) -> None:
         self.state = state
         self.tensors: list = []
         self.nbytes: list = []
+        self.registered: list = []
+        self.reached = False
 
     def free(self) -> None:
         for _, t in self.tensors:
@@ -171,10 +176,21 @@ class _Unsharded:
 
     def before_backward(self, grad):
         """A hook on the forward's outputs: the module's backward reads its unsharded parameters."""
+        if self.reached:   # (another output of the same call)
+            return None
         self.refill()
-        if self.state.reshard_after_backward and current_graph_task() is not None:
-            queue_callback(self.free)
+        for mod, name, t in self.registered:
+            mod._parameters[name] = t
+        if current_graph_task() is not None:
+            self.reached = True
+            queue_callback(self.after_backward)
         return None
+
+    def after_backward(self) -> None:
+        self.reached = False
+        self.state.reshard()
+        if self.state.reshard_after_backward:
+            self.free()
 
 
 class _State:
@@ -219,6 +235,8 @@ class _State:
             key = id(shard)
             if key in gathered:
                 mod._parameters[name] = gathered[key]
+                if track:
+                    call.registered.append((mod, name, gathered[key]))
                 continue
             if not self.sync and shard.requires_grad and grad_mode.STATE.enabled:
                 full = self.unsharded_value(shard, cast=False).detach().requires_grad_()
@@ -236,6 +254,7 @@ class _State:
                 if full.requires_grad and self.reshard_after_backward:
                     done = full.register_post_accumulate_grad_hook if full.grad_fn is None else full.register_hook
                     done(lambda _, t=used: _free(t))
+                call.registered.append((mod, name, used))
             mod._parameters[name] = gathered[key] = used
         self.gathered = True
 
