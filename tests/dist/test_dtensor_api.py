@@ -90,6 +90,26 @@ OUT["from_local_replicate"] = r6(loc2.grad)
 t = torch.tensor([float(rank + 1)])
 dist.all_reduce(t, group=mesh.get_group())
 OUT["group"] = t.tolist()
+# local_map: a function of local tensors on DTensors (a column-sharded W times a row-sharded X is a
+# partial sum; an input laid out otherwise is redistributed or refused)
+from torch.distributed.tensor.experimental import local_map
+lw = distribute_tensor(torch.arange(16.0).reshape(4, 4) / 10, mesh, [Shard(1)])
+lw.requires_grad_()
+lx = distribute_tensor(torch.arange(8.0).reshape(4, 2) / 10, mesh, [Shard(0)])
+mm = local_map(torch.mm, out_placements=[Partial()], in_placements=([Shard(1)], [Shard(0)]))
+ly = mm(lw, lx)
+(ly.full_tensor() ** 2).sum().backward()
+OUT["local_map"] = [str(ly.placements), r6(ly.to_local()), r6(ly.full_tensor()), str(lw.grad.placements),
+                    r6(lw.grad.to_local())]
+scaled = local_map(lambda a, k: (a * k, a.sum()), out_placements=([Shard(0)], [Partial()]),
+                   in_placements=([Shard(0)], None), redistribute_inputs=True)(lw.detach(), 2.0)
+OUT["local_map_redistributed"] = [[str(v.placements), r6(v.full_tensor())] for v in scaled]
+try:
+    mm(lx, lx)
+    OUT["local_map_mismatch"] = "allowed"
+except ValueError:
+    OUT["local_map_mismatch"] = "ValueError"
+OUT["local_map_plain"] = r6(mm(torch.ones(2, 2), torch.ones(2, 2)))
 '''
 
 TP_MLP = '''

@@ -565,3 +565,55 @@ def test_activation_checkpointed_blocks_under_fully_shard(reshard, reentrant):
         assert sharded == [True] * 3
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_local_map_runs_a_local_function_on_shards():
+    """W (4x6, columns sharded) times X (6x2, rows sharded) locally is a partial sum: the mapped
+    function's output as Partial equals W @ X, its gradients W's and X's; the decorator form,
+    in_grad_placements, a call without DTensors, and the refusals with torch's classes."""
+    from holoflow.dtensor.experimental import local_map
+    w = np.arange(24, dtype=np.float32).reshape(4, 6) / 10
+    x = np.arange(12, dtype=np.float32).reshape(6, 2) / 10
+    tw, tx = flow.tensor(w, requires_grad=True), flow.tensor(x, requires_grad=True)
+    (flow.mm(tw, tx) ** 2).sum().backward()
+
+    @local_map(out_placements=[Partial()], in_placements=([Shard(1)], [Shard(0)]))
+    def mm(a, b):
+        return flow.mm(a, b)
+
+    def f(r):
+        mesh = DeviceMesh("cpu", [0, 1])
+        dw = distribute_tensor(flow.tensor(w), mesh, [Shard(1)]).requires_grad_()
+        dx = distribute_tensor(flow.tensor(x), mesh, [Shard(0)]).requires_grad_()
+        y = mm(dw, dx)
+        (y.full_tensor() ** 2).sum().backward()
+        rep = distribute_tensor(flow.tensor(x), mesh, [Replicate()]).requires_grad_()
+        # a replica's local gradient is a partial sum when told so: the ranks' halves add up
+        half = local_map(lambda a: a * (r + 1), out_placements=[Replicate()], in_placements=([Replicate()],),
+                         in_grad_placements=([Partial()],))(rep)
+        half.to_local().sum().backward()
+        errors = []
+        for call, cls in ((lambda: mm(dx, dx), ValueError),
+                          (lambda: local_map(flow.mm, [Partial()], in_placements=([Shard(1)],))(dw, dx), AssertionError),
+                          (lambda: local_map(lambda a: (a, a), [Shard(0)])(dx), AssertionError),
+                          (lambda: local_map(lambda a, k: a, [Shard(0)], in_placements=([Shard(0)], [Shard(0)]))(dx, 2),
+                           AssertionError),
+                          (lambda: local_map(lambda a: dx, [Shard(0)])(dx), AssertionError)):
+            with pytest.raises(cls) as info:
+                call()
+            errors.append(str(info.value))
+        plain = mm(flow.ones(2, 3), flow.ones(3, 2))
+        return (y.placements, y.full_tensor().detach().numpy(), dw.grad.full_tensor().numpy(), dx.grad.full_tensor().numpy(),
+                rep.grad.full_tensor().numpy(), errors, plain.is_global)
+    for placements, y, gw, gx, grep, errors, plain_global in _sim(2, f):
+        assert placements == (Partial(),) and not plain_global
+        np.testing.assert_allclose(y, w @ x, rtol=1e-6)
+        np.testing.assert_allclose(gw, tw.grad.numpy(), rtol=1e-5)
+        np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-5)
+        np.testing.assert_allclose(grep, np.full((6, 2), 3.0))   # 1 + 2: each rank's own factor
+        assert "laid out as (Shard(dim=0),), the function takes (Shard(dim=1),)" in errors[0]
+        assert "redistribute_inputs=True" in errors[0]
+        assert "in_placements has 1 entries for 2" in errors[1]
+        assert "out_placements has 1 entries, the function returned 2" in errors[2]
+        assert "argument 1 is a int, not a tensor" in errors[3]
+        assert "output 0 is a DTensor" in errors[4]
