@@ -617,3 +617,61 @@ def test_local_map_runs_a_local_function_on_shards():
         assert "out_placements has 1 entries, the function returned 2" in errors[2]
         assert "argument 1 is a int, not a tensor" in errors[3]
         assert "output 0 is a DTensor" in errors[4]
+
+
+def test_tensor_parallel_styles_inside_nn_graph():
+    """Colwise/Rowwise with use_local_output=False (layers pass DTensors) trace into nn.Graph: three
+    SGD steps equal one process's eager ones. With use_local_output=True (a rank's local shard for
+    the next layer) and under fully_shard (each rank's batch, local tensors) the trace stops with
+    what to do instead."""
+    weights = _mlp_weights()
+    x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6)
+
+    def run(r, local_output=False, fsdp=False):
+        from holoflow.dtensor.fsdp import fully_shard
+        m = flow.nn.Sequential(flow.nn.Linear(6, 8), flow.nn.Tanh(), flow.nn.Linear(8, 3))
+        m.load_state_dict({k: flow.tensor(v) for k, v in weights.items()})
+        mesh = DeviceMesh("cpu", [0, 1])
+        if fsdp:
+            fully_shard(m, mesh=mesh)
+        elif r is not None:
+            parallelize_module(m, mesh, {"0": ColwiseParallel(use_local_output=local_output),
+                                         "2": RowwiseParallel(use_local_output=local_output)})
+        opt = flow.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(batch):
+            loss = (m(batch) ** 2).mean()
+            loss.backward()
+            return loss
+        if r is None:
+            for _ in range(3):
+                opt.zero_grad()
+                step(flow.tensor(x))
+                opt.step()
+        else:
+            class Train(flow.nn.Graph):
+                def __init__(self):
+                    super().__init__()
+                    self.m = m
+                    self.add_optimizer(opt)
+
+                def build(self, batch):
+                    return step(batch)
+            train = Train()
+            for _ in range(3):
+                train(flow.tensor(x))
+        return {k: (p.full_tensor() if p.is_global else p).detach().numpy() for k, p in m.named_parameters()}
+
+    def refused(r, **kw):
+        with pytest.raises(Exception) as info:
+            run(r, **kw)
+        return str(info.value)
+    want = run(None)
+    for got in _sim(2, run):
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+    for msg in _sim(2, lambda r: refused(r, local_output=True)):
+        assert "ColwiseParallel: use_local_output=True hands the next layer" in msg
+        assert "use_local_output=False" in msg
+    for msg in _sim(2, lambda r: refused(r, fsdp=True)):
+        assert "fully_shard: FSDPSequential runs on each rank's own batch" in msg and "enable_zero(True, stage=3)" in msg

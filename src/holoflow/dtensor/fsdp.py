@@ -26,9 +26,10 @@ from typing import Any, Iterable
 
 import torch
 
-from ..core import grad_mode
+from ..core import grad_mode, interpret
 from ..core.autograd import current_graph_task, queue_callback
 from ..core.dtype import dtype as DType
+from ..core.errors import UnsupportedError
 from ..core.grad_mode import no_grad
 from ..core.tensor import Tensor
 from ..distributed import env
@@ -346,6 +347,13 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
     calls: list = []   # the forward calls running (a module may run inside itself)
 
     def pre(mod, args, kwargs):
+        if interpret.is_lazy():
+            raise UnsupportedError(
+                f"holoflow fully_shard: {type(mod).__name__} runs on each rank's own batch with local "
+                f"tensors, eagerly; inside nn.Graph's build() the program is one logical one. For a graph, "
+                f"leave fully_shard out: lay the model out with model.to_global(placement, flow.sbp.broadcast), "
+                f"feed batches split(0), and shard parameters, gradients and optimizer state with "
+                f"self.config.enable_zero(True, stage=3)")
         state.mark_root(mod)
         call = _Unsharded(state)
         if not state.gathered:   # (after unshard(), its parameters stay)

@@ -16,6 +16,8 @@ from fnmatch import fnmatch
 from functools import partial
 from typing import Any, Iterator
 
+from ..core import interpret
+from ..core.errors import UnsupportedError
 from ..distributed.device_mesh import DeviceMesh, _check_mesh
 from ..distributed.dtensor import DTensor, distribute_tensor, implicit_replication
 from ..distributed.placement_types import Placement, Replicate, Shard
@@ -59,10 +61,22 @@ def _prepare_input(input_layouts, desired, mod, inputs, mesh):
     return x
 
 
-def _prepare_output(output_layouts, use_local_output, mod, outputs, mesh):
+def _local(x: DTensor, style: str) -> Any:
+    """``x.to_local()`` for the next layer (``use_local_output=True``), outside nn.Graph only."""
+    if interpret.is_lazy():
+        raise UnsupportedError(
+            f"holoflow {style}: use_local_output=True hands the next layer this rank's shard of a DTensor "
+            f"(shape {tuple(x.shape)}, {x.placements}); inside nn.Graph's build() values are logical, one "
+            f"program for every rank. Construct the style with use_local_output=False: layers then pass "
+            f"DTensors, whose shapes are logical as in torch (head counts and views must be the whole "
+            f"model's, not a rank's)")
+    return x.to_local()
+
+
+def _prepare_output(output_layouts, use_local_output, style, mod, outputs, mesh):
     if outputs.placements != output_layouts:
         outputs = outputs.redistribute(placements=output_layouts)
-    return outputs.to_local() if use_local_output else outputs
+    return _local(outputs, style) if use_local_output else outputs
 
 
 def _shard_params(module: Module, mesh: DeviceMesh, placements: dict, src_data_rank) -> None:
@@ -93,7 +107,7 @@ class _LayerStyle(ParallelStyle):
             module, device_mesh,
             lambda name, mod, mesh: _shard_params(mod, mesh, layout, self.src_data_rank) if mod is module else None,
             partial(_prepare_input, self.input_layouts, desired),
-            partial(_prepare_output, self.output_layouts, self.use_local_output))
+            partial(_prepare_output, self.output_layouts, self.use_local_output, type(self).__name__))
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(input_layouts={self.input_layouts}, output_layouts={self.output_layouts}, "
@@ -163,7 +177,8 @@ class SequenceParallel(ParallelStyle):
 
     def _apply(self, module: Module, device_mesh: DeviceMesh) -> Module:
         return distribute_module(module, device_mesh, self._replicate, self._prepare_input,
-                                 lambda mod, out, mesh: out.to_local() if self.use_local_output else out)
+                                 lambda mod, out, mesh: _local(out, "SequenceParallel") if self.use_local_output
+                                 else out)
 
     def __repr__(self) -> str:
         return (f"SequenceParallel(sequence_dim={self.sequence_sharding[0].dim}, "
@@ -189,7 +204,7 @@ def _convert(x, layout, desired, mesh: DeviceMesh, use_local: bool, what: str):
         return x
     if desired is not None and layout != desired:
         x = x.redistribute(placements=(desired,))
-    return x.to_local() if use_local else x
+    return _local(x, what) if use_local else x
 
 
 class PrepareModuleInput(ParallelStyle):
