@@ -174,3 +174,32 @@ def test_a_dtype_cast_of_a_split_tensor_communicates_nothing(sbp):
         for (s, value), w in zip(got, want):
             assert s == (sbp,)
             assert torch.equal(value, w)
+
+
+_SHARD_CASES = {   # (op, sbp of a, sbp of c): before, each output was a whole-size partial sum
+    "add": (lambda a, c: a + c, S(0), S(1)), "mul": (lambda a, c: a * c, S(1), S(0)),
+    "where": (lambda a, c: flow.where(a > 0, a, c), S(0), S(1)),
+    "cat_rows": (lambda a, c: flow.cat([a, c], 0), S(0), S(0)), "cat_cols": (lambda a, c: flow.cat([a, c], 1), S(1), B),
+    "rows": (lambda a, c: a[1:3], S(0), B), "cols": (lambda a, c: a[:, 2:5], S(1), B),
+    "cumsum": (lambda a, c: a.cumsum(1), S(1), B), "flat": (lambda a, c: a.reshape(-1), S(1), B),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_SHARD_CASES))
+def test_a_split_input_is_not_made_a_partial_sum(case):
+    """S -> P is free (a shard padded with zeros), so an op could take it to run without
+    communication, leaving a whole-size partial sum on every rank that the next reader pays to
+    reduce, and a DTensor whose to_local() is a piece of a sum where torch gives a shard. The
+    choice ranks such signatures last (as OneFlow's SBP inference rules S -> P out): the values
+    are the same, the output is split or broadcast."""
+    fn, sa, sc = _SHARD_CASES[case]
+    a, c = torch.randn(4, 6), torch.randn(4, 6)
+    want = fn(flow.from_torch(a), flow.from_torch(c)).to_torch()
+
+    def run(r):
+        place = flow.placement("cpu", ranks=[0, 1])
+        y = fn(from_full(a, place, (sa,)), from_full(c, place, (sc,)))
+        return tuple(y.sbp), y.to_global(sbp=B).to_local().to_torch()
+    for sbp, got in world.simulate(2, run):
+        assert P not in sbp, (case, sbp)
+        torch.testing.assert_close(got, want)

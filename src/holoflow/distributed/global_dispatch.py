@@ -18,7 +18,7 @@ from ..core.errors import HoloflowError, UnsupportedError
 from ..core.interpret import Interpreter
 from ..core.keys import cache_key
 from ..core.registry import Meta, Op, infer_metas, meta_attrs
-from ..core.sbp import B, P
+from ..core.sbp import B, P, split
 from ..core.tensor import Tensor
 from ..core.views import CopyOf, aliases, make_view
 from . import rng, world
@@ -94,7 +94,7 @@ def choose(op: Op, metas: list, attrs: dict, cur: list[tuple], place, logical=No
     for i, sig in enumerate(nd_signatures(op, metas, attrs, place.ndim)):
         c = sum(cost(s, d, place.hierarchy, n) for s, d, n in zip(cur, sig[0], nbytes))
         moves = sum(s != d for s, d in zip(cur, sig[0]))
-        ranked.append(((c, moves, i), sig))
+        ranked.append(((_split_to_partial(cur, sig[0]), c, moves, i), sig))
     ranked.sort(key=lambda t: t[0])
     for _, sig in ranked:
         if logical is None:  # data-dependent output shape: only broadcast outputs are knowable
@@ -104,6 +104,22 @@ def choose(op: Op, metas: list, attrs: dict, cur: list[tuple], place, logical=No
             return sig
     raise HoloflowError(f"holoflow.{op.name}: no signature computes balanced shards for inputs "
                         f"{[tuple(m.shape) for m in tens]} on {place}; box the inputs to broadcast")
+
+
+def _split_to_partial(cur: list, ins: tuple) -> bool:
+    """Whether a signature makes a partial sum out of split inputs alone (on a mesh axis where no
+    input is partial yet, a split one padded with zeros): no communication, but a whole-size
+    partial output where a split or broadcast one was possible (every later reader pays to reduce
+    it, and a DTensor's ``to_local()`` would be a piece of a sum where torch gives a shard). Such
+    signatures come last, as OneFlow's SBP inference rules S -> P out (sbp_infer_util.cpp) and
+    torch never makes a shard Partial. Padding a split input to join an operand that is partial
+    already stays free (the sum is reduced once, later, instead of now and again)."""
+    for axis in range(len(cur[0]) if cur else 0):
+        if any(src[axis] == P for src in cur):
+            continue
+        if any(isinstance(src[axis], split) and dst[axis] == P for src, dst in zip(cur, ins)):
+            return True
+    return False
 
 
 def _consistent(op: Op, metas: list, attrs: dict, sig: tuple, place, logical) -> bool:
