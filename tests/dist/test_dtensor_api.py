@@ -354,6 +354,29 @@ for name, fn in CASES.items():
 '''
 
 
+OPS_2D = '''
+import torch.nn.functional as F
+mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+A = torch.arange(48.0).reshape(4, 12) / 10
+C = torch.arange(48.0).reshape(4, 12) / 7 - 1
+W = torch.arange(36.0).reshape(12, 3) / 10 - 0.5
+ONE = {"S0": Shard(0), "S1": Shard(1), "R": Replicate()}
+LAYOUT = {a + b: [ONE[a], ONE[b]] for a in ONE for b in ONE}
+CASES = {
+    "add": lambda a, c: a + c, "cat1": lambda a, c: torch.cat([a, c], 1), "a_ct": lambda a, c: a @ c.t(),
+    "mm": lambda a, c: a @ distribute_tensor(W, mesh, [Replicate(), Shard(0)]), "sum1": lambda a, c: a.sum(1),
+    "softmax1": lambda a, c: a.softmax(1), "t": lambda a, c: a.t(), "layer_norm": lambda a, c: F.layer_norm(a, (12,)),
+    "cols": lambda a, c: a[:, 3:9], "flat": lambda a, c: a.reshape(-1), "mean": lambda a, c: a.mean(),
+}
+TWO = {"add", "cat1", "a_ct"}
+for name, fn in CASES.items():
+    for la in LAYOUT:
+        for lc in (LAYOUT if name in TWO else ["RR"]):
+            y = fn(distribute_tensor(A, mesh, LAYOUT[la]), distribute_tensor(C, mesh, LAYOUT[lc]))
+            OUT[f"{name}[{la},{lc}]"] = [str(y.placements), r6(y.full_tensor())]
+'''
+
+
 def _run(tmp_path, lib: str, name: str, body: str, ranks: int) -> dict:
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(HEADER) + textwrap.dedent(body) + textwrap.dedent(FOOTER))
@@ -385,21 +408,23 @@ def test_dtensor_script_equals_torch(tmp_path, name, body, ranks):
     _compare(got, want)
 
 
-# holoflow contracts a split dim (an all-to-all of one operand, output Partial) where torch's cost
-# model all-gathers the other operand (output Shard): both legal, the values equal
-_CONTRACTS = {"mm_w_s0[S0,S0]", "a_ct[S0,S1]", "a_ct[S1,S0]"}
+# holoflow may contract a split dim (an all-to-all of one operand, output Partial) where torch's
+# cost model all-gathers the other operand (output Shard): both legal, the values equal
+_CONTRACTIONS = {"mm", "mm_w_s0", "a_ct"}
 
 
-def test_dtensor_ops_equal_torchs_and_make_no_partial_torch_does_not(tmp_path):
-    """30 ops over Shard(0)/Shard(1)/Replicate operands on 2 Gloo ranks: every logical value is
-    torch's; holoflow's layouts may differ from torch's (its own cost model), but an output is
-    Partial only where torch's is too, or where holoflow contracts a split dim (_CONTRACTS):
-    an S -> P padding made `a(S0) + c(S1)`, cat, slices, cumsum and reshapes partial sums."""
-    want = _run(tmp_path, "torch", "ops", OPS, 2)
-    got = _run(tmp_path, "holoflow", "ops", OPS, 2)
+@pytest.mark.parametrize("name, body, ranks", [("ops", OPS, 2), ("ops_2d", OPS_2D, 4)], ids=["1d", "2x2"])
+def test_dtensor_ops_equal_torchs_and_make_no_partial_torch_does_not(tmp_path, name, body, ranks):
+    """Ops over Shard(0)/Shard(1)/Replicate operands (30 ops on 2 Gloo ranks; 11 over the 9
+    layouts of a 2x2 mesh, 4 ranks): every logical value is torch's; holoflow's layouts may differ
+    from torch's (its own cost model), but an output is Partial only where torch's is too, or where
+    holoflow contracts a split dim (_CONTRACTIONS): an S -> P padding made `a(S0) + c(S1)`, cat,
+    slices, cumsum and reshapes partial sums."""
+    want = _run(tmp_path, "torch", name, body, ranks)
+    got = _run(tmp_path, "holoflow", name, body, ranks)
     for r in want:
         assert set(got[r]) == set(want[r])
         for key, (placements, value) in want[r].items():
             np.testing.assert_allclose(got[r][key][1], value, rtol=1e-4, atol=1e-4, err_msg=key)
-            if "Partial" in got[r][key][0] and key not in _CONTRACTS:
+            if "Partial" in got[r][key][0] and key.split("[")[0] not in _CONTRACTIONS:
                 assert "Partial" in placements, f"{key}: holoflow {got[r][key][0]}, torch {placements}"
