@@ -273,6 +273,18 @@ OUT["unsynced_grads"] = [p.grad is None for p in model.parameters()]
 model.set_requires_gradient_sync(True)
 ((model(x) - y) ** 2).mean().backward()
 OUT["accumulated"] = {k: r6(p.grad.full_tensor()) for k, p in model.named_parameters()}
+
+# matrices sharded on their columns (shard_placement_fn)
+torch.manual_seed(1)
+cols = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 4))
+fully_shard(cols, mesh=mesh, shard_placement_fn=lambda p: Shard(1) if p.ndim == 2 else None)
+copt = torch.optim.SGD(cols.parameters(), lr=0.1)
+for _ in range(2):
+    copt.zero_grad()
+    ((cols(x) - 1) ** 2).mean().backward()
+    copt.step()
+OUT["columns"] = {k: [str(p.placements), list(p.to_local().shape), r6(p.full_tensor())]
+                  for k, p in cols.named_parameters()}
 '''
 
 DCP = '''

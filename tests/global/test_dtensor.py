@@ -205,7 +205,7 @@ def test_mock_torch_resolves_the_dtensor_modules():
         assert torch.distributed.tensor.parallel.parallelize_module is parallelize_module
 
 
-def _fsdp_run(r, mesh_ranks, weights, xs, mp=None):
+def _fsdp_run(r, mesh_ranks, weights, xs, mp=None, placement_fn=None):
     """A 3-step AdamW run of the MLP: with ``r`` a simulated rank under fully_shard on
     ``mesh_ranks`` (its own batch ``xs[r]``), else the one-process data-parallel reference (the
     mean of every rank's loss)."""
@@ -215,8 +215,8 @@ def _fsdp_run(r, mesh_ranks, weights, xs, mp=None):
     if r is not None:
         mesh = DeviceMesh("cpu", mesh_ranks)
         policy = mp or MixedPrecisionPolicy()
-        fully_shard(m[0], mesh=mesh, mp_policy=policy)
-        fully_shard(m, mesh=mesh, mp_policy=policy)
+        fully_shard(m[0], mesh=mesh, mp_policy=policy, shard_placement_fn=placement_fn)
+        fully_shard(m, mesh=mesh, mp_policy=policy, shard_placement_fn=placement_fn)
     opt = flow.optim.AdamW(m.parameters(), lr=0.05)
     for _ in range(3):
         opt.zero_grad()
@@ -231,16 +231,21 @@ def _fsdp_run(r, mesh_ranks, weights, xs, mp=None):
         {k: p.placements for k, p in m.named_parameters() if p.is_global}
 
 
-@pytest.mark.parametrize("mesh_ranks", [[0, 1, 2, 3], [[0, 1], [2, 3]]], ids=["fsdp", "hsdp"])
-def test_fully_shard_equals_data_parallel(mesh_ranks):
+@pytest.mark.filterwarnings("ignore:.*dim 1 of size 6 is split over 4 ranks")   # (6 columns over 4 ranks)
+@pytest.mark.parametrize("mesh_ranks, dim", [([0, 1, 2, 3], 0), ([[0, 1], [2, 3]], 0), ([0, 1, 2, 3], 1)],
+                         ids=["fsdp", "hsdp", "fsdp_columns"])
+def test_fully_shard_equals_data_parallel(mesh_ranks, dim):
+    """FSDP, HSDP, and FSDP with shard_placement_fn sharding matrices on their columns (Shard(-1);
+    vectors on dim 0): three AdamW steps equal one process's data parallel ones."""
     weights = _mlp_weights()
     xs = [np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6) * (1 + r / 2) for r in range(4)]
     want, _ = _fsdp_run(None, mesh_ranks, weights, xs)
-    for got, layouts in _sim(4, lambda r: _fsdp_run(r, mesh_ranks, weights, xs)):
+    fn = (lambda p: Shard(-1) if p.dim() == 2 else None) if dim else None
+    for got, layouts in _sim(4, lambda r: _fsdp_run(r, mesh_ranks, weights, xs, placement_fn=fn)):
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
-        shard = (Shard(0),) if np.ndim(mesh_ranks) == 1 else (Replicate(), Shard(0))
-        assert set(layouts.values()) == {shard} and len(layouts) == 4
+        lead = (Replicate(),) * (np.ndim(mesh_ranks) - 1)
+        assert layouts == {k: lead + (Shard(dim if k.endswith("weight") else 0),) for k in want}
 
 
 def test_fully_shard_mixed_precision_and_refusals():
@@ -264,6 +269,10 @@ def test_fully_shard_mixed_precision_and_refusals():
             fully_shard(m, mesh=mesh)
         with pytest.raises(ValueError, match="reshard_after_forward should be a bool, got int"):
             m.set_reshard_after_forward(2)
+        with pytest.raises(ValueError, match=r"gave Shard\(2\) for 'weight' of shape \(2, 2\); the dim must be in"):
+            fully_shard(flow.nn.Linear(2, 2), mesh=mesh, shard_placement_fn=lambda p: Shard(2))
+        with pytest.raises(NotImplementedError, match="may return a Shard\\(dim\\) or None"):
+            fully_shard(flow.nn.Linear(2, 2), mesh=mesh, shard_placement_fn=lambda p: Replicate())
         with pytest.raises(NotImplementedError, match="a list of modules"):
             fully_shard([flow.nn.Linear(2, 2)], mesh=mesh)
         with pytest.raises(ValueError, match="1-D mesh .* or a 2-D one"):

@@ -318,9 +318,6 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
                                   "on each module")
     if type(offload_policy) is not OffloadPolicy:
         raise NotImplementedError("holoflow fully_shard: offload_policy (CPU offloading) is not supported")
-    if shard_placement_fn is not None:
-        raise NotImplementedError("holoflow fully_shard: shard_placement_fn is not supported; parameters are "
-                                  "sharded on dim 0")
     if kwargs:
         raise TypeError(f"holoflow fully_shard: unexpected keyword argument(s) {sorted(kwargs)}")
     mesh = DeviceMesh.from_placement(mesh if mesh is not None else (current_mesh() or _default_mesh(module)))
@@ -329,7 +326,6 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
                          f"got {mesh.ndim}-D")
     if isinstance(module, FSDPModule):
         raise RuntimeError("holoflow fully_shard: this module is already sharded by fully_shard")
-    placements = [Replicate()] * (mesh.ndim - 1) + [Shard(0)]
     ignored = {id(p) for p in ignored_params or ()}
     taken, shards = [], {}   # (a parameter tied between modules stays one: one shard)
     for mod in module.modules():
@@ -337,6 +333,7 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
             if p is None or p._global is not None or id(p) in ignored:
                 continue   # (global: taken by a fully_shard of a submodule, or laid out by the user)
             if id(p) not in shards:
+                placements = [Replicate()] * (mesh.ndim - 1) + [_shard_of(p, shard_placement_fn, name)]
                 shards[id(p)] = Parameter(distribute_tensor(p.detach(), mesh, placements),
                                           requires_grad=p.requires_grad)
             mod._parameters[name] = shards[id(p)]
@@ -377,6 +374,23 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
     cls = type(module)
     module.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
     return module
+
+
+def _shard_of(p: Parameter, fn, name: str) -> Shard:
+    """The dim ``p`` is sharded on: ``fn(p)``'s ``Shard`` (None: dim 0), as torch's
+    ``shard_placement_fn``."""
+    got = fn(p) if fn is not None else None
+    if got is None:
+        return Shard(0)
+    if not isinstance(got, Shard):
+        raise NotImplementedError(f"holoflow fully_shard: shard_placement_fn returned {got!r} for {name!r}; it "
+                                  f"may return a Shard(dim) or None (a ShardPlacementResult with its own mesh is "
+                                  f"not supported)")
+    dim = got.dim + p.dim() if got.dim < 0 else got.dim
+    if not 0 <= dim < max(p.dim(), 1):
+        raise ValueError(f"holoflow fully_shard: shard_placement_fn gave Shard({got.dim}) for {name!r} of shape "
+                         f"{tuple(p.shape)}; the dim must be in [{-p.dim()}, {p.dim() - 1}]")
+    return Shard(dim)
 
 
 def _default_mesh(module: Module) -> DeviceMesh:
