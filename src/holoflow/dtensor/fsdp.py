@@ -2,8 +2,8 @@
 global tensors.
 
 ``fully_shard(module)`` replaces each parameter of ``module`` (those not already taken by a
-``fully_shard`` of a submodule) by a DTensor leaf ``Shard(0)`` on the mesh (``(Replicate(),
-Shard(0))`` on a 2-D mesh: HSDP): that is what the optimizer steps, what ``state_dict`` holds and
+``fully_shard`` of a submodule) by a DTensor leaf ``Shard(0)`` on the mesh (or the dim
+``shard_placement_fn`` gives; ``(Replicate(), Shard(0))`` on a 2-D mesh: HSDP): that is what the optimizer steps, what ``state_dict`` holds and
 what ``p.grad`` is. A forward pre-hook all-gathers them (a ``redistribute`` to ``Replicate``) and
 registers the unsharded local tensors in their place for the forward, which then runs on plain
 local tensors, each rank on its own batch; the forward hook puts the shards back. In backward each
