@@ -1,12 +1,13 @@
-"""ops/rnn.py (one recurrent layer, one direction) vs torch's own RNN kernels: ``torch._VF``
-layers of one layer (the reverse direction as torch's bidirectional half), padded and packed
-input; forward + backward, gradcheck, SBP rules on simulated ranks."""
+"""ops/rnn.py (one recurrent layer, one direction or both) vs torch's own RNN kernels:
+``torch._VF`` layers of one layer (the reverse direction as torch's bidirectional half; both
+directions as its bidirectional call), padded and packed input; forward + backward, gradcheck,
+SBP rules on simulated ranks."""
 import pytest
 import torch
 
 import holoflow as flow
 from harness import F32, F64, Case, parametrize, randn
-from holoflow.ops.rnn import rnn_layer
+from holoflow.ops.rnn import rnn_bidi_layer, rnn_layer
 
 H, IN, T, N = 3, 2, 4, 3
 GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
@@ -71,7 +72,45 @@ def _case(mode, reverse, bias=True, proj=0, packed=False):
     return Case(name, fl, tf, _make(mode, bias, proj, packed), dtypes=(F32, F64))
 
 
+def _make_bidi(mode, bias=True, proj=0, packed=False):
+    """Inputs of a bidirectional layer: states ``(2, N, H)`` and each direction's weights."""
+    one = _make(mode, bias, proj, packed)
+
+    def make(dt, g):
+        (x, h0, c0, *wf), _ = one(dt, g)
+        (_, h1, c1, *wr), _ = one(dt, g)
+        return (x, torch.stack([h0, h1]), torch.stack([c0, c1]) if c0 is not None else None, *wf, *wr), {}
+    return make
+
+
+def _bidi_case(mode, bias=True, proj=0, packed=False):
+    bs = PACKED if packed else None
+    n = 2 + (2 if bias else 0) + (1 if proj else 0)
+
+    def full(ws):
+        w = list(ws) if bias else [ws[0], ws[1], None, None] + list(ws[2:])
+        return tuple(w) + (None,) * (5 - len(w))
+
+    def fl(x, h0, c0, *ws):
+        out = rnn_bidi_layer(mode, x, h0, c0, full(ws[:n]), full(ws[n:]), batch_sizes=bs)
+        return out if mode == "LSTM" else out[:2]
+
+    def tf(x, h0, c0, *ws):
+        fn = {"LSTM": torch._VF.lstm, "GRU": torch._VF.gru, "RNN_TANH": torch._VF.rnn_tanh,
+              "RNN_RELU": torch._VF.rnn_relu}[mode]
+        hx = (h0, c0) if mode == "LSTM" else h0
+        if bs is None:
+            res = fn(x, hx, list(ws), bias, 1, 0.0, True, True, False)
+        else:
+            res = fn(x, torch.tensor(bs), hx, list(ws), bias, 1, 0.0, True, True)
+        return tuple(res) if mode == "LSTM" else tuple(res[:2])
+    name = f"{mode}-bidi{'-nobias' if not bias else ''}{f'-proj{proj}' if proj else ''}{'-packed' if packed else ''}"
+    return Case(name, fl, tf, _make_bidi(mode, bias, proj, packed), dtypes=(F32, F64))
+
+
 CASES = [_case(m, r, packed=p) for m in GATES for r in (False, True) for p in (False, True)]
+CASES += [_bidi_case(m, packed=p) for m in GATES for p in (False, True)]
+CASES += [_bidi_case("GRU", bias=False), _bidi_case("LSTM", proj=2), _bidi_case("LSTM", bias=False, proj=2, packed=True)]
 CASES += [_case("GRU", False, bias=False), _case("LSTM", True, bias=False, packed=True),
           _case("LSTM", False, proj=2), _case("LSTM", True, proj=2, packed=True)]
 globals().update(parametrize(CASES))

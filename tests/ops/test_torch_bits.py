@@ -150,15 +150,17 @@ def test_bce_with_logits_differentiates_a_pos_weight_that_requires_grad():
     assert pw.grad is not None and pw.grad.abs().sum().item() > 0
 
 
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["one_way", "bidirectional"])
 @pytest.mark.parametrize("batch_first", [True, False])
 @pytest.mark.parametrize("kind", ["RNN", "LSTM", "GRU"])
-def test_recurrent_layers_bit_for_bit(kind, batch_first):
-    """Unidirectional 2-layer RNN/LSTM/GRU: outputs with and without grad mode, and the weights'
-    gradients, exactly torch's (ATen's CPU kernels choose their path by whether the weights require
-    grad; holoflow calls them as the module would). Bidirectional stacks differ in the last bit."""
+def test_recurrent_layers_bit_for_bit(kind, batch_first, bidirectional):
+    """2-layer RNN/LSTM/GRU, one way and bidirectional: outputs with and without grad mode, and
+    the weights' gradients, exactly torch's (ATen's CPU kernels choose their path by whether the
+    weights require grad; holoflow calls them as the module would; a plain RNN's reverse direction
+    is ATen's own, not the flipped forward: tanh's last bit differed)."""
     torch.manual_seed(0)
-    tm = getattr(torch.nn, kind)(5, 7, num_layers=2, batch_first=batch_first)
-    fm = getattr(flow.nn, kind)(5, 7, num_layers=2, batch_first=batch_first)
+    tm = getattr(torch.nn, kind)(5, 7, num_layers=2, batch_first=batch_first, bidirectional=bidirectional)
+    fm = getattr(flow.nn, kind)(5, 7, num_layers=2, batch_first=batch_first, bidirectional=bidirectional)
     fm.load_state_dict({k: flow.from_torch(v.detach().clone()) for k, v in tm.state_dict().items()})
     x = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -31,20 +31,21 @@ MODES = ("RNN_TANH", "RNN_RELU", "LSTM", "GRU")
 _ATEN = {"LSTM": torch.lstm, "GRU": torch.gru, "RNN_TANH": torch.rnn_tanh, "RNN_RELU": torch.rnn_relu}
 
 
-def _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode: str, reverse: bool, batch_sizes, weights_rg=False):
-    """One layer, one direction, on ATen's kernel: (output rows like x, final h, final c).
-    The reverse direction of a padded sequence is the forward one over the time-flipped input;
-    of a packed one, the second half of a bidirectional call whose halves share the weights."""
+# Modes whose reverse direction ATen computes otherwise than its forward one over the flipped
+# sequence (its simple cells add the input projection per step there: another rounding)
+_OWN_REVERSE = ("RNN_TANH", "RNN_RELU")
+
+
+def _run(mode: str, x, hx, params: list, has_bias: bool, bidirectional: bool, batch_sizes, weights_rg: bool):
+    """ATen's one-layer kernel: ``(output, h_n, c_n)`` (``(output, h_n)`` but LSTM's)."""
     fn = _ATEN[mode]
-    has_bias = b_ih is not None
-    params = [w_ih, w_hh] + ([b_ih, b_hh] if has_bias else []) + ([w_hr] if w_hr is not None else [])
-    lstm = mode == "LSTM"
+    states = list(hx) if isinstance(hx, tuple) else [hx]
     # ``train``: whether a backward through torch's graph follows (ops/torch_vjp.py's backward re-runs
     # this kernel under enable_grad with leaves that require grad; the forward op's inputs do not).
     # With dropout 0 and one layer it changes no value, but cuDNN's inference forward keeps no
     # reserve space and its backward refuses to run ("cudnn RNN backward can only be called in
     # training mode"), as torch.nn.LSTM's in eval(); ATen's CPU kernels ignore it.
-    train = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in [x, h0, c0, *params])
+    train = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in [x, *states, *params])
     if weights_rg and not any(p.requires_grad for p in params):
         # ATen's CPU RNN kernels choose their code path (and so their rounding) by whether the
         # weights require grad and whether grad mode is on; the module's weights do (``weights_rg``,
@@ -52,23 +53,42 @@ def _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode: str, reverse: bool, ba
         # torch's nn.GRU/LSTM/RNN would (its values bit for bit), and its outputs are detached
         params = [p.detach().requires_grad_() for p in params]
         with torch.set_grad_enabled(grad_mode.STATE.enabled):
-            got = _layer(x, h0, c0, *params[:2], *(params[2:4] if has_bias else (None, None)),
-                         params[-1] if w_hr is not None else None, mode, reverse, batch_sizes)
-        return tuple(t.detach() if t is not None else None for t in got)
+            got = _run(mode, x, hx, params, has_bias, bidirectional, batch_sizes, False)
+        return tuple(t.detach() for t in got)
     # batch_sizes: a CPU int64 tensor whatever x's device (ATen's packed kernels read it on the host)
-    if batch_sizes is not None and reverse:
+    if batch_sizes is not None:
+        return fn(x, torch.tensor(batch_sizes, device="cpu"), hx, params, has_bias, 1, 0.0, train, bidirectional)
+    return fn(x, hx, params, has_bias, 1, 0.0, train, bidirectional, False)
+
+
+def _params(w_ih, w_hh, b_ih, b_hh, w_hr) -> list:
+    """One direction's weights in ATen's order (biases and projection where present)."""
+    return [w_ih, w_hh] + ([b_ih, b_hh] if b_ih is not None else []) + ([w_hr] if w_hr is not None else [])
+
+
+# Modes whose reverse direction ATen computes otherwise than its forward one over the flipped
+# sequence (its simple cells add the input projection per step there: another rounding)
+_OWN_REVERSE = ("RNN_TANH", "RNN_RELU")
+
+
+def _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode: str, reverse: bool, batch_sizes, weights_rg=False):
+    """One layer, one direction, on ATen's kernel: (output rows like x, final h, final c).
+    The reverse direction of a padded LSTM/GRU sequence is the forward one over the time-flipped
+    input; of a packed sequence or a plain RNN, the second half of a bidirectional call whose
+    halves share the weights (twice the work of that direction; a bidirectional module runs
+    both directions in one call instead: ``rnn_bidi_layer``)."""
+    params = _params(w_ih, w_hh, b_ih, b_hh, w_hr)
+    has_bias, lstm = b_ih is not None, mode == "LSTM"
+    if reverse and (batch_sizes is not None or mode in _OWN_REVERSE):
         h2 = torch.stack([h0, h0])
         hx = (h2, torch.stack([c0, c0])) if lstm else h2
-        res = fn(x, torch.tensor(batch_sizes, device="cpu"), hx, params + params, has_bias, 1, 0.0, train, True)
+        res = _run(mode, x, hx, params + params, has_bias, True, batch_sizes, weights_rg)
         out = res[0].narrow(-1, res[0].shape[-1] // 2, res[0].shape[-1] // 2)
         return out, res[1][1], res[2][1] if lstm else None
     hx = (h0.unsqueeze(0), c0.unsqueeze(0)) if lstm else h0.unsqueeze(0)
-    if batch_sizes is not None:
-        res = fn(x, torch.tensor(batch_sizes, device="cpu"), hx, params, has_bias, 1, 0.0, train, False)
-        out = res[0]
-    else:
-        res = fn(x.flip(0) if reverse else x, hx, params, has_bias, 1, 0.0, train, False, False)
-        out = res[0].flip(0) if reverse else res[0]
+    flip = reverse and batch_sizes is None
+    res = _run(mode, x.flip(0) if flip else x, hx, params, has_bias, False, batch_sizes, weights_rg)
+    out = res[0].flip(0) if flip else res[0]
     return out, res[1][0], res[2][0] if lstm else None
 
 
@@ -81,6 +101,21 @@ def _rnn_kernel(x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse, batch_sizes, weigh
     return out, h
 
 
+def _lstm_bidi_kernel(x, h0, c0, *weights, mode, batch_sizes, weights_rg=False):
+    """Both directions of one LSTM layer in ATen's bidirectional call: ``h0``/``c0`` ``(2, B, H)``,
+    ``weights`` each direction's ``(w_ih, w_hh, b_ih, b_hh, w_hr)``; output ``(.., 2 * H)``."""
+    params = _params(*weights[:5]) + _params(*weights[5:])
+    out, h, c = _run(mode, x, (h0, c0), params, weights[2] is not None, True, batch_sizes, weights_rg)
+    return out, h, c
+
+
+def _rnn_bidi_kernel(x, h0, *weights, mode, batch_sizes, weights_rg=False):
+    """Both directions of one GRU/RNN layer (``weights``: ``(w_ih, w_hh, b_ih, b_hh)`` each)."""
+    params = _params(*weights[:4], None) + _params(*weights[4:], None)
+    out, h = _run(mode, x, h0, params, weights[2] is not None, True, batch_sizes, weights_rg)
+    return out, h
+
+
 def _roles(metas, lstm: bool) -> list[str]:
     """The role of each present tensor input: 'x', 'state' or 'weight'."""
     names = ["x", "state", "state"] if lstm else ["x", "state"]
@@ -88,20 +123,22 @@ def _roles(metas, lstm: bool) -> list[str]:
     return [n for n, m in zip(names, metas) if isinstance(m, Meta)]
 
 
-def _layer_sbp(lstm: bool):
+def _layer_sbp(lstm: bool, state_axis: int = 0):
+    """Broadcast everything, or (unpacked) split the batch: x on axis 1, the states on
+    ``state_axis`` (0 for one direction's ``(B, H)``, 1 for both directions' ``(2, B, H)``)."""
     n_out = 3 if lstm else 2
 
     def rule(metas, attrs):
         roles = _roles(metas, lstm)
         sigs = [((B,) * len(roles), (B,) * n_out)]
         if attrs["batch_sizes"] is None:
-            per = {"x": S(1), "state": S(0), "weight": B}
-            sigs.append((tuple(per[r] for r in roles), (S(1),) + (S(0),) * (n_out - 1)))
+            per = {"x": S(1), "state": S(state_axis), "weight": B}
+            sigs.append((tuple(per[r] for r in roles), (S(1),) + (S(state_axis),) * (n_out - 1)))
         return sigs
     return rule
 
 
-def _layer_bwd_sbp(lstm: bool):
+def _layer_bwd_sbp(lstm: bool, state_axis: int = 0):
     n_out = 3 if lstm else 2
 
     def rule(metas, attrs):
@@ -112,9 +149,9 @@ def _layer_bwd_sbp(lstm: bool):
         all_roles += ["weight"] * (n_in - len(all_roles))
         sigs = [((B,) * (len(roles) + n_out), (B,) * len(diff))]
         if attrs["batch_sizes"] is None:
-            per_in = {"x": S(1), "state": S(0), "weight": B}
-            per_grad = {"x": S(1), "state": S(0), "weight": P}
-            ins = tuple(per_in[r] for r in roles) + (S(1),) + (S(0),) * (n_out - 1)
+            per_in = {"x": S(1), "state": S(state_axis), "weight": B}
+            per_grad = {"x": S(1), "state": S(state_axis), "weight": P}
+            ins = tuple(per_in[r] for r in roles) + (S(1),) + (S(state_axis),) * (n_out - 1)
             sigs.append((ins, tuple(per_grad[all_roles[i]] for i in diff)))
         return sigs
     return rule
@@ -124,6 +161,10 @@ LSTM_LAYER = defop_vjp("lstm_layer", _lstm_kernel, sbp=_layer_sbp(True), bwd_sbp
                        family="rnn", outputs=("output", "h_n", "c_n"))
 RNN_LAYER = defop_vjp("rnn_layer", _rnn_kernel, sbp=_layer_sbp(False), bwd_sbp=_layer_bwd_sbp(False),
                       family="rnn", outputs=("output", "h_n"))
+LSTM_BIDI_LAYER = defop_vjp("lstm_bidi_layer", _lstm_bidi_kernel, sbp=_layer_sbp(True, 1),
+                            bwd_sbp=_layer_bwd_sbp(True, 1), family="rnn", outputs=("output", "h_n", "c_n"))
+RNN_BIDI_LAYER = defop_vjp("rnn_bidi_layer", _rnn_bidi_kernel, sbp=_layer_sbp(False, 1),
+                           bwd_sbp=_layer_bwd_sbp(False, 1), family="rnn", outputs=("output", "h_n"))
 
 
 def rnn_layer(mode: str, x: Tensor, h0: Tensor, c0: Tensor | None, w_ih: Tensor, w_hh: Tensor,
@@ -145,3 +186,24 @@ def rnn_layer(mode: str, x: Tensor, h0: Tensor, c0: Tensor | None, w_ih: Tensor,
                            batch_sizes=bs, weights_rg=rg))
     return tuple(apply(RNN_LAYER, x, h0, w_ih, w_hh, b_ih, b_hh, mode=mode, reverse=bool(reverse),
                        batch_sizes=bs, weights_rg=rg)) + (None,)
+
+
+def rnn_bidi_layer(mode: str, x: Tensor, h0: Tensor, c0: Tensor | None, forward: tuple, backward: tuple,
+                   batch_sizes: tuple | None = None) -> tuple:
+    """One bidirectional recurrent layer in ATen's one call (torch's values and gradients bit for
+    bit): ``x`` ``(T, B, in)`` (or packed rows with ``batch_sizes``), states ``(2, B, H)``,
+    ``forward``/``backward`` each direction's ``(w_ih, w_hh, b_ih, b_hh, w_hr)`` (None where
+    absent); returns ``(output (.., 2 * H), h_n, c_n or None)``."""
+    if mode not in MODES:
+        raise ValueError(f"holoflow.rnn_bidi_layer: mode must be one of {MODES}, got {mode!r}")
+    weights = tuple(forward) + tuple(backward)
+    for t in (h0, c0, *weights):
+        if t is not None and t.dtype != x.dtype:
+            raise DTypeError(f"holoflow.nn.{mode.split('_')[0]}: input must have the type {x.dtype}, got a state "
+                             f"or weight of type {t.dtype}")
+    bs = tuple(int(b) for b in batch_sizes) if batch_sizes is not None else None
+    rg = any(w is not None and w.requires_grad for w in weights)
+    if mode == "LSTM":
+        return tuple(apply(LSTM_BIDI_LAYER, x, h0, c0, *weights, mode=mode, batch_sizes=bs, weights_rg=rg))
+    w = weights[:4] + weights[5:9]   # (no projection but LSTM's)
+    return tuple(apply(RNN_BIDI_LAYER, x, h0, *w, mode=mode, batch_sizes=bs, weights_rg=rg)) + (None,)

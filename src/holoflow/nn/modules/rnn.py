@@ -1,8 +1,8 @@
 """``RNN``, ``LSTM``, ``GRU`` and their cells, with torch's parameters, init and equations.
 
-Each layer and direction is one ``rnn_layer`` op (ops/rnn.py: the time loop in one kernel, with
-ATen's cell math and derivatives); dropout between layers and the bidirectional concatenation
-are holoflow ops. Packed input (:class:`~holoflow.nn.utils.rnn.PackedSequence`) runs the
+Each layer is one op (ops/rnn.py: the time loop in one kernel, with ATen's cell math and
+derivatives): ``rnn_layer`` one way, ``rnn_bidi_layer`` both directions in ATen's one call (its
+reverse direction is its own: torch's values bit for bit); dropout between layers is a holoflow op. Packed input (:class:`~holoflow.nn.utils.rnn.PackedSequence`) runs the
 shrinking batch of each time step, as torch does, so final hidden states are each sequence's
 last real step. The cells are composites of holoflow ops (one step: nothing to fuse).
 """
@@ -18,8 +18,8 @@ from ...core.tensor import Tensor
 from ...ops.creation import empty, zeros
 from ...ops.linalg import linear
 from ...ops.random_ops import dropout
-from ...ops.rnn import rnn_layer
-from ...ops.shape import cat, stack
+from ...ops.rnn import rnn_bidi_layer, rnn_layer
+from ...ops.shape import stack
 from .. import init
 from ..module import Module
 from ..parameter import Parameter
@@ -191,17 +191,21 @@ class RNNBase(Module):
                 c0 = c0.index_select(1, sorted_idx) if c0 is not None else None
         dirs = 2 if self.bidirectional else 1
         hs, cs, layer_in = [], [], x
+        names = ("w_ih", "w_hh", "b_ih", "b_hh", "w_hr")
         for layer in range(self.num_layers):
-            outs = []
-            for d in range(dirs):
-                k = layer * dirs + d
-                w = self._weights(layer, d)
-                out, h, c = rnn_layer(self.mode, layer_in, h0[k], c0[k] if c0 is not None else None, w["w_ih"],
-                                      w["w_hh"], w["b_ih"], w["b_hh"], w["w_hr"], d == 1, bs)
-                outs.append(out)
+            if dirs == 2:   # both directions in ATen's one call (the reverse one is its own)
+                ws = [self._weights(layer, d) for d in (0, 1)]
+                pair = slice(2 * layer, 2 * layer + 2)
+                layer_in, h, c = rnn_bidi_layer(self.mode, layer_in, h0[pair], c0[pair] if c0 is not None else None,
+                                                tuple(ws[0][n] for n in names), tuple(ws[1][n] for n in names), bs)
+                hs += [h[0], h[1]]
+                cs += [c[0], c[1]] if c is not None else [None, None]
+            else:
+                w = self._weights(layer, 0)
+                layer_in, h, c = rnn_layer(self.mode, layer_in, h0[layer], c0[layer] if c0 is not None else None,
+                                           *(w[n] for n in names), False, bs)
                 hs.append(h)
                 cs.append(c)
-            layer_in = outs[0] if dirs == 1 else cat(outs, -1)
             if self.dropout and self.training and layer < self.num_layers - 1:
                 layer_in = dropout(layer_in, self.dropout, True)
         h_n = stack(hs, 0)
