@@ -247,3 +247,54 @@ def _histories(rank):
 
 def test_groups_created_in_different_histories(world4):
     assert world4.run(_histories) == [[3.0, 2.0, 2.0], [2.0, 3.0], [3.0, 3.0, 2.0, 2.0], [3.0, 3.0, 2.0]]
+
+
+def _oneflow_comm(rank: int) -> dict:
+    """OneFlow's comm.reduce / all_gather_into_tensor / reduce_scatter_tensor (concatenated and
+    stacked forms) and env.all_device_placement on this rank, with a wrong shape's refusal."""
+    import holoflow as flow
+    from holoflow.core.errors import HoloflowError
+    n = flow.env.get_world_size()
+    mine = flow.tensor([[1.0, 2.0], [3.0, 4.0]]) * (rank + 1)
+    out = {"placement": repr(flow.env.all_device_placement("cpu"))}
+    red = mine.clone()
+    flow.comm.reduce(red, 1)
+    out["reduce"] = red.tolist()
+    cat_ = flow.zeros(2 * n, 2)
+    flow.comm.all_gather_into_tensor(cat_, mine)
+    stack_ = flow.zeros(n, 2, 2)
+    flow.comm.all_gather_into_tensor(stack_, mine)
+    out["gather"] = [cat_.tolist(), stack_.tolist()]
+    big = flow.arange(4.0 * n).reshape(2 * n, 2) + rank
+    rs_cat = flow.zeros(2, 2)
+    flow.comm.reduce_scatter_tensor(rs_cat, big)
+    rs_stack = flow.zeros(2, 2)
+    flow.comm.reduce_scatter_tensor(rs_stack, big.reshape(n, 2, 2))
+    out["scatter"] = [rs_cat.tolist(), rs_stack.tolist()]
+    try:
+        flow.comm.all_gather_into_tensor(flow.zeros(3, 2), mine)
+        out["refused"] = None
+    except HoloflowError as e:
+        out["refused"] = str(e)
+    return out
+
+
+def test_oneflow_comm_reduce_and_tensor_collectives(world):
+    """OneFlow's comm.reduce (only dst takes the sum), all_gather_into_tensor and
+    reduce_scatter_tensor (concatenated or stacked), and env.all_device_placement: values from
+    numpy; a wrong shape names both legal forms."""
+    import numpy as np
+    got = world.run(_oneflow_comm)
+    ranks = len(got)
+    mine = [np.array([[1.0, 2.0], [3.0, 4.0]]) * (r + 1) for r in range(ranks)]
+    total = sum(mine)
+    bigs = [np.arange(4.0 * ranks).reshape(2 * ranks, 2) + r for r in range(ranks)]
+    for r, out in enumerate(got):
+        assert out["placement"] == f'holoflow.placement(type="cpu", ranks={list(range(ranks))})'
+        assert out["reduce"] == (total if r == 1 else mine[r]).tolist()
+        assert out["gather"] == [np.concatenate(mine).tolist(), np.stack(mine).tolist()]
+        want = sum(b[2 * r:2 * r + 2] for b in bigs).tolist()
+        assert out["scatter"] == [want, want]
+        assert out["refused"] == (f"holoflow.comm.all_gather_into_tensor: output_tensor has shape (3, 2); for {ranks} "
+                                  f"ranks and pieces of shape (2, 2) it must be their stack ({ranks}, 2, 2) or "
+                                  f"concatenation ({2 * ranks}, 2)")

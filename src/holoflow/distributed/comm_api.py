@@ -141,5 +141,55 @@ def scatter(tensor: Tensor, scatter_list: list[Tensor] | None = None, src: int =
     _set(tensor, got[r.index(src)])
 
 
+def reduce(tensor: Tensor, dst: int, op=ReduceOp.SUM, group: Sequence[int] | None = None) -> None:
+    """Reduces ``tensor`` over ``group``; only global rank ``dst``'s is overwritten with the result
+    (OneFlow's ``comm.reduce``; the others keep theirs)."""
+    t = _local(tensor, "reduce")
+    r = _c._ranks(group)
+    if dst not in r:
+        raise HoloflowError(f"holoflow.comm.reduce: dst {dst} is not a rank of the group {list(r)}")
+    total = t.clone()
+    _c.all_reduce(total, r, _op(op))
+    if env.get_rank() == dst:
+        t.copy_(total)
+
+
+def _pieces(big: torch.Tensor, small: tuple, n: int, fn: str, big_name: str) -> list[torch.Tensor]:
+    """``big`` as ``n`` pieces of shape ``small``: its concatenation along dim 0 or its stack."""
+    if tuple(big.shape) == (n,) + small:
+        return list(big.unbind(0))
+    if small and tuple(big.shape) == (n * small[0],) + small[1:]:
+        return list(big.chunk(n, 0))
+    stack = (n,) + small
+    cat = ((n * small[0],) + small[1:]) if small else None
+    raise HoloflowError(f"holoflow.comm.{fn}: {big_name} has shape {tuple(big.shape)}; for {n} ranks and pieces of "
+                        f"shape {small} it must be their stack {stack}" + (f" or concatenation {cat}" if cat else ""))
+
+
+def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor, group: Sequence[int] | None = None) -> None:
+    """Fills ``output_tensor`` with every rank's ``input_tensor`` (same shape everywhere), as their
+    concatenation along dim 0 or their stack, whichever ``output_tensor``'s shape is."""
+    x = _local(input_tensor, "all_gather_into_tensor")
+    out = _local(output_tensor, "all_gather_into_tensor")
+    r = _c._ranks(group)
+    pieces = _pieces(out, tuple(x.shape), len(r), "all_gather_into_tensor", "output_tensor")
+    for dst, v in zip(pieces, _c.all_gather(x, r, 0, [x.shape[0]] * len(r) if x.dim() else None)):
+        dst.copy_(v)
+
+
+def reduce_scatter_tensor(output_tensor: Tensor, input_tensor: Tensor, op=ReduceOp.SUM,
+                          group: Sequence[int] | None = None) -> None:
+    """``output_tensor`` = the sum over ranks of piece ``i`` of ``input_tensor`` on rank
+    ``group[i]``; ``input_tensor`` is the pieces' concatenation along dim 0 or their stack."""
+    if _op(op) != "sum":
+        raise HoloflowError("holoflow.comm.reduce_scatter_tensor: only op=SUM is supported")
+    out = _local(output_tensor, "reduce_scatter_tensor")
+    r = _c._ranks(group)
+    pieces = _pieces(_local(input_tensor, "reduce_scatter_tensor"), tuple(out.shape), len(r),
+                     "reduce_scatter_tensor", "input_tensor")
+    out.copy_(_c.reduce_scatter_chunks([p.contiguous() for p in pieces], r))
+
+
 __all__ = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv", "barrier",
-           "gather", "scatter", "count", "call_site", "CommCount", "CommError", "Handle", "ReduceOp", "set_tracking"]
+           "gather", "scatter", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "count", "call_site",
+           "CommCount", "CommError", "Handle", "ReduceOp", "set_tracking"]

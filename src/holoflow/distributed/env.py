@@ -173,5 +173,13 @@ def shutdown() -> None:
     groups.destroy_world(get_comm_timeout())
 
 
-__all__ = ["get_rank", "get_world_size", "get_local_rank", "get_local_world_size", "get_node_size",
+def all_device_placement(device_type: str = "cpu"):
+    """OneFlow's ``flow.env.all_device_placement``: the placement of every rank of the world on
+    ``device_type`` (``flow.placement.all(device_type)``)."""
+    from .placement import placement
+    return placement.all(device_type)
+
+
+__all__ = ["all_device_placement", "get_rank", "get_world_size", "get_local_rank", "get_local_world_size",
+           "get_node_size",
            "is_multi_process", "init", "set_comm_timeout", "get_comm_timeout", "shutdown"]
