@@ -273,8 +273,8 @@ def test_fully_shard_mixed_precision_and_refusals():
             fully_shard(flow.nn.Linear(2, 2), mesh=mesh, shard_placement_fn=lambda p: Shard(2))
         with pytest.raises(NotImplementedError, match="may return a Shard\\(dim\\) or None"):
             fully_shard(flow.nn.Linear(2, 2), mesh=mesh, shard_placement_fn=lambda p: Replicate())
-        with pytest.raises(NotImplementedError, match="a list of modules"):
-            fully_shard([flow.nn.Linear(2, 2)], mesh=mesh)
+        with pytest.raises(TypeError, match="takes a Module or a non-empty list of Modules, got \\[\\]"):
+            fully_shard([], mesh=mesh)
         with pytest.raises(ValueError, match="1-D mesh .* or a 2-D one"):
             fully_shard(flow.nn.Linear(2, 2), mesh=DeviceMesh("cpu", [[[0, 1]]]))
         return seen, out.dtype
@@ -684,3 +684,51 @@ def test_tensor_parallel_styles_inside_nn_graph():
         assert "use_local_output=False" in msg
     for msg in _sim(2, lambda r: refused(r, fsdp=True)):
         assert "fully_shard: FSDPSequential runs on each rank's own batch" in msg and "enable_zero(True, stage=3)" in msg
+
+
+@pytest.mark.parametrize("reshard", [True, False], ids=["resharded", "kept"])
+def test_a_group_of_modules_is_gathered_from_its_first_forward_to_its_last(reshard):
+    """fully_shard([embedding, head]) (torchtitan's group): gathered when the embedding runs,
+    still unsharded while the block between runs, resharded after the head; one process's
+    gradients; a pass that skips the head ends the group with the root's forward."""
+    from holoflow.dtensor.fsdp import FSDPModule, fully_shard
+    rng = np.random.default_rng(3)
+    weights = {"0.weight": rng.standard_normal((10, 4)).astype(np.float32),
+               "1.weight": rng.standard_normal((4, 4)).astype(np.float32) * 0.5,
+               "2.weight": rng.standard_normal((10, 4)).astype(np.float32) * 0.5}
+    ids = np.array([[1, 2, 9], [0, 3, 3]])
+
+    class Net(flow.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.mid = flow.nn.Embedding(10, 4), flow.nn.Linear(4, 4, bias=False)
+            self.head = flow.nn.Linear(4, 10, bias=False)
+
+        def forward(self, x, head=True):
+            h = flow.tanh(self.mid(self.emb(x)))
+            return self.head(h) if head else h
+
+    def run(r):
+        m = Net()
+        m.load_state_dict({k.replace("0.", "emb.").replace("1.", "mid.").replace("2.", "head."): flow.tensor(v)
+                           for k, v in weights.items()})
+        seen = []
+        m.mid.register_forward_pre_hook(lambda mod, a: seen.append((m.emb.weight.is_global, m.head.weight.is_global)))
+        if r is not None:
+            mesh = DeviceMesh("cpu", [0, 1])
+            fully_shard([m.emb, m.head], mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(m.mid, mesh=mesh)
+            fully_shard(m, mesh=mesh)
+        (m(flow.tensor(ids)) ** 2).sum().backward()
+        after = (m.emb.weight.is_global, m.head.weight.is_global)
+        short = m(flow.tensor(ids), head=False)   # the head does not run: the root's forward ends the group
+        ended = (m.emb.weight.is_global, m.head.weight.is_global)
+        grads = {k: (p.grad.full_tensor() if p.is_global else p.grad).numpy() for k, p in m.named_parameters()}
+        return seen, after, ended, grads, tuple(short.shape), isinstance(m.emb, FSDPModule) and isinstance(m.head,
+                                                                                                             FSDPModule)
+    _, _, _, want, _, _ = run(None)
+    for seen, after, ended, grads, shape, mixed in _sim(2, run):
+        assert seen == [(False, False), (False, False)]   # (unsharded while the block between runs)
+        assert after == ended == (True, True) and shape == (2, 3, 4) and mixed
+        for k in want:
+            np.testing.assert_allclose(grads[k], want[k], rtol=1e-5, atol=1e-6)

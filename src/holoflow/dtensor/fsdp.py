@@ -3,13 +3,13 @@ global tensors.
 
 ``fully_shard(module)`` replaces each parameter of ``module`` (those not already taken by a
 ``fully_shard`` of a submodule) by a DTensor leaf ``Shard(0)`` on the mesh (or the dim
-``shard_placement_fn`` gives; ``(Replicate(), Shard(0))`` on a 2-D mesh: HSDP): that is what the optimizer steps, what ``state_dict`` holds and
-what ``p.grad`` is. A forward pre-hook all-gathers them (a ``redistribute`` to ``Replicate``) and
-registers the unsharded local tensors in their place for the forward, which then runs on plain
-local tensors, each rank on its own batch; the forward hook puts the shards back. In backward each
-rank's gradient of an unsharded parameter is a partial sum of the data-parallel gradient: the
-boxing to the leaf's ``Shard(0)`` reduce-scatters it, and a hook divides it by the number of
-data-parallel ranks (torch's default: the average).
+``shard_placement_fn`` gives; ``(Replicate(), Shard(0))`` on a 2-D mesh: HSDP): that is what the
+optimizer steps, what ``state_dict`` holds and what ``p.grad`` is. A forward pre-hook all-gathers
+them (a ``redistribute`` to ``Replicate``) and registers the unsharded local tensors in their place
+for the forward, which then runs on plain local tensors, each rank on its own batch; the forward
+hook puts the shards back. In backward each rank's gradient of an unsharded parameter is a partial
+sum of the data-parallel gradient: the boxing to the leaf's ``Shard(0)`` reduce-scatters it, and a
+hook divides it by the number of data-parallel ranks (torch's default: the average).
 
 Resharding after forward (torch's default for every module but the root) frees the unsharded
 tensors' storage when the forward returns, as torch's does: what autograd saved keeps its tensor
@@ -208,6 +208,7 @@ class _State:
         self.sync = True
         self.accumulated: dict = {}   # id(shard) -> unsharded gradient summed without sync
         self.gathered = False
+        self.finish_pass = lambda: None   # ends an open forward pass of the group (fully_shard)
 
     def reshards(self) -> bool:
         flag = self.reshard_after_forward
@@ -310,25 +311,27 @@ def _cast(x: Any, dtype: DType | None):
 def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshard_after_forward: bool | None = None,
                 shard_placement_fn=None, mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
                 offload_policy: OffloadPolicy = OffloadPolicy(), ignored_params: Iterable[Parameter] | None = None,
-                **kwargs) -> Module:
+                **kwargs) -> Module | list:
     """torch's FSDP2 on ``module`` (in place; returns it). Call it bottom-up, each block then the
-    root, as torch's: each call takes the parameters no earlier call on a submodule took."""
-    if isinstance(module, list):
-        raise NotImplementedError("holoflow fully_shard: a list of modules (one group) is not supported; call it "
-                                  "on each module")
+    root, as torch's: each call takes the parameters no earlier call on a submodule took. A list
+    of modules is one group: its parameters are gathered when the first of them runs forward and
+    resharded when all of them have (or when the root's forward returns)."""
+    group = list(module) if isinstance(module, (list, tuple)) else [module]
+    if not group or not all(isinstance(m, Module) for m in group):
+        raise TypeError(f"holoflow fully_shard: takes a Module or a non-empty list of Modules, got {module!r}")
     if type(offload_policy) is not OffloadPolicy:
         raise NotImplementedError("holoflow fully_shard: offload_policy (CPU offloading) is not supported")
     if kwargs:
         raise TypeError(f"holoflow fully_shard: unexpected keyword argument(s) {sorted(kwargs)}")
-    mesh = DeviceMesh.from_placement(mesh if mesh is not None else (current_mesh() or _default_mesh(module)))
+    mesh = DeviceMesh.from_placement(mesh if mesh is not None else (current_mesh() or _default_mesh(group[0])))
     if mesh.ndim not in (1, 2):
         raise ValueError(f"holoflow fully_shard: takes a 1-D mesh (FSDP) or a 2-D one (HSDP: replicate, shard), "
                          f"got {mesh.ndim}-D")
-    if isinstance(module, FSDPModule):
+    if any(isinstance(m, FSDPModule) for m in group):
         raise RuntimeError("holoflow fully_shard: this module is already sharded by fully_shard")
     ignored = {id(p) for p in ignored_params or ()}
     taken, shards = [], {}   # (a parameter tied between modules stays one: one shard)
-    for mod in module.modules():
+    for mod in (sub for m in group for sub in m.modules()):
         for name, p in list(mod._parameters.items()):
             if p is None or p._global is not None or id(p) in ignored:
                 continue   # (global: taken by a fully_shard of a submodule, or laid out by the user)
@@ -339,9 +342,18 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
             mod._parameters[name] = shards[id(p)]
             taken.append((mod, name, shards[id(p)]))
     state = _State(mesh, taken, mp_policy, reshard_after_forward)
-    module.__dict__["_fsdp_state"] = state
+    members = {id(m) for m in group}
+    # one forward pass of the group: its gather, the forwards running, the members that ran
+    running: dict = {"call": None, "depth": 0, "ran": set()}
 
-    calls: list = []   # the forward calls running (a module may run inside itself)
+    def finish() -> None:
+        call, running["call"] = running["call"], None
+        if call is None:
+            return
+        state.reshard()
+        if call.tensors and state.reshards():
+            call.free()
+    state.finish_pass = finish
 
     def pre(mod, args, kwargs):
         if interpret.is_lazy():
@@ -352,27 +364,34 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
                 f"feed batches split(0), and shard parameters, gradients and optimizer state with "
                 f"self.config.enable_zero(True, stage=3)")
         state.mark_root(mod)
-        call = _Unsharded(state)
-        if not state.gathered:   # (after unshard(), its parameters stay)
-            state.gather(call)
-        calls.append(call)
+        if running["call"] is None:   # the group's first forward of this pass
+            running["call"], running["ran"] = _Unsharded(state), set()
+            if not state.gathered:   # (after unshard(), its parameters stay)
+                state.gather(running["call"])
+        running["depth"] += 1
         if mp_policy.cast_forward_inputs and mp_policy.param_dtype is not None:
             args, kwargs = _cast(args, mp_policy.param_dtype), _cast(kwargs, mp_policy.param_dtype)
         return args, kwargs
 
     def post(mod, args, output):
-        call = calls.pop()
-        state.reshard()
-        if call.tensors:
+        call = running["call"]
+        running["depth"] -= 1
+        running["ran"].add(id(mod))
+        if call is not None and call.tensors:
             for t in _grad_outputs(output):
                 t.register_hook(call.before_backward)
-            if state.reshards():
-                call.free()
+        if running["depth"] == 0 and running["ran"] >= members:
+            finish()
+        if state.is_root:   # a group some of whose modules did not run this pass ends with the root's
+            for sub in _fsdp_states(mod, True):
+                sub.finish_pass()
         return _cast(output, mp_policy.output_dtype)
-    module.register_forward_pre_hook(pre, with_kwargs=True)
-    module.register_forward_hook(post)
-    cls = type(module)
-    module.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+    for m in group:
+        m.__dict__["_fsdp_state"] = state
+        m.register_forward_pre_hook(pre, with_kwargs=True)
+        m.register_forward_hook(post)
+        cls = type(m)
+        m.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
     return module
 
 
