@@ -2,9 +2,10 @@
 
 Each layer is one op (ops/rnn.py: the time loop in one kernel, with ATen's cell math and
 derivatives): ``rnn_layer`` one way, ``rnn_bidi_layer`` both directions in ATen's one call (its
-reverse direction is its own: torch's values bit for bit); dropout between layers is a holoflow op. Packed input (:class:`~holoflow.nn.utils.rnn.PackedSequence`) runs the
-shrinking batch of each time step, as torch does, so final hidden states are each sequence's
-last real step. The cells are composites of holoflow ops (one step: nothing to fuse).
+reverse direction is its own: torch's values bit for bit); dropout between layers is a holoflow op.
+Packed input (:class:`~holoflow.nn.utils.rnn.PackedSequence`) runs the shrinking batch of each time
+step, as torch does, so final hidden states are each sequence's last real step. The cells are
+composites of holoflow ops (one step: nothing to fuse).
 """
 from __future__ import annotations
 
