@@ -361,8 +361,15 @@ TWO = {"add", "mul", "where", "cat0", "cat1", "a_ct", "rowdot"}
 for name, fn in CASES.items():
     for la in LAYOUT:
         for lc in (LAYOUT if name in TWO else ["S0"]):
-            y = fn(distribute_tensor(A, mesh, LAYOUT[la]), distribute_tensor(C, mesh, LAYOUT[lc]))
-            OUT[f"{name}[{la},{lc}]"] = [str(y.placements), r6(y.full_tensor())]
+            a = distribute_tensor(A, mesh, LAYOUT[la]).requires_grad_()
+            c = distribute_tensor(C, mesh, LAYOUT[lc]).requires_grad_()
+            y = fn(a, c)
+            row = [str(y.placements), r6(y.full_tensor())]
+            if y.dtype.is_floating_point:   # gradients through the DTensor ops (a weighted sum)
+                weights = torch.linspace(0.5, 1.5, y.numel()).reshape(y.shape)
+                (y * distribute_tensor(weights, mesh, [Replicate()] * mesh.ndim)).sum().backward()
+                row += [r6(g.full_tensor()) if g is not None else None for g in (a.grad, c.grad)]
+            OUT[f"{name}[{la},{lc}]"] = row
 '''
 
 
@@ -384,8 +391,13 @@ TWO = {"add", "cat1", "a_ct"}
 for name, fn in CASES.items():
     for la in LAYOUT:
         for lc in (LAYOUT if name in TWO else ["RR"]):
-            y = fn(distribute_tensor(A, mesh, LAYOUT[la]), distribute_tensor(C, mesh, LAYOUT[lc]))
-            OUT[f"{name}[{la},{lc}]"] = [str(y.placements), r6(y.full_tensor())]
+            a = distribute_tensor(A, mesh, LAYOUT[la]).requires_grad_()
+            c = distribute_tensor(C, mesh, LAYOUT[lc]).requires_grad_()
+            y = fn(a, c)
+            weights = torch.linspace(0.5, 1.5, y.numel()).reshape(y.shape)
+            (y * distribute_tensor(weights, mesh, [Replicate()] * mesh.ndim)).sum().backward()
+            OUT[f"{name}[{la},{lc}]"] = [str(y.placements), r6(y.full_tensor())] + [
+                r6(g.full_tensor()) if g is not None else None for g in (a.grad, c.grad)]
 '''
 
 
@@ -428,7 +440,8 @@ _CONTRACTIONS = {"mm", "mm_w_s0", "a_ct"}
 @pytest.mark.parametrize("name, body, ranks", [("ops", OPS, 2), ("ops_2d", OPS_2D, 4)], ids=["1d", "2x2"])
 def test_dtensor_ops_equal_torchs_and_make_no_partial_torch_does_not(tmp_path, name, body, ranks):
     """Ops over Shard(0)/Shard(1)/Replicate operands (30 ops on 2 Gloo ranks; 11 over the 9
-    layouts of a 2x2 mesh, 4 ranks): every logical value is torch's; holoflow's layouts may differ
+    layouts of a 2x2 mesh, 4 ranks): every logical value and both operands' gradients (of a
+    weighted sum, through the DTensor ops' backward) are torch's; holoflow's layouts may differ
     from torch's (its own cost model), but an output is Partial only where torch's is too, or where
     holoflow contracts a split dim (_CONTRACTIONS): an S -> P padding made `a(S0) + c(S1)`, cat,
     slices, cumsum and reshapes partial sums."""
@@ -436,7 +449,12 @@ def test_dtensor_ops_equal_torchs_and_make_no_partial_torch_does_not(tmp_path, n
     got = _run(tmp_path, "holoflow", name, body, ranks)
     for r in want:
         assert set(got[r]) == set(want[r])
-        for key, (placements, value) in want[r].items():
+        for key, (placements, value, *grads) in want[r].items():
             np.testing.assert_allclose(got[r][key][1], value, rtol=1e-4, atol=1e-4, err_msg=key)
+            assert len(got[r][key]) == 2 + len(grads), key
+            for g, w in zip(got[r][key][2:], grads):
+                assert (g is None) == (w is None), key
+                if w is not None:
+                    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=f"{key} gradient")
             if "Partial" in got[r][key][0] and key.split("[")[0] not in _CONTRACTIONS:
                 assert "Partial" in placements, f"{key}: holoflow {got[r][key][0]}, torch {placements}"
