@@ -732,3 +732,45 @@ def test_a_group_of_modules_is_gathered_from_its_first_forward_to_its_last(resha
         assert after == ended == (True, True) and shape == (2, 3, 4) and mixed
         for k in want:
             np.testing.assert_allclose(grads[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["fully_shard", "parallelize_module", "distribute_module"])
+def test_an_optimizer_made_before_sharding_trains_the_shards(how):
+    """fully_shard / parallelize_module / distribute_module lay out the parameter objects
+    themselves (torch registers new ones: an optimizer built before would hold the old tensors
+    and silently train nothing): the same objects before and after, three SGD steps equal one
+    process's, and a weight tied between two modules stays one parameter."""
+    from holoflow.dtensor.fsdp import fully_shard
+    weights = _mlp_weights()
+    x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6)
+
+    def run(r):
+        m = flow.nn.Sequential(flow.nn.Linear(6, 8), flow.nn.Tanh(), flow.nn.Linear(8, 3))
+        m.load_state_dict({k: flow.tensor(v) for k, v in weights.items()})
+        tied = flow.nn.ModuleList([flow.nn.Linear(2, 2, bias=False), flow.nn.Linear(2, 2, bias=False)])
+        tied[1].weight = tied[0].weight
+        opt = flow.optim.SGD(m.parameters(), lr=0.1)
+        before = [id(p) for p in m.parameters()]
+        if r is not None:
+            mesh = DeviceMesh("cpu", [0, 1])
+            if how == "fully_shard":
+                fully_shard(m, mesh=mesh)
+                fully_shard(tied, mesh=mesh)
+            elif how == "parallelize_module":
+                parallelize_module(m, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+                parallelize_module(tied, mesh, {"0": ColwiseParallel(), "1": ColwiseParallel()})
+            else:   # (replicated; the input made a replicated DTensor at the module's boundary)
+                distribute_module(m, mesh, input_fn=lambda mod, inputs, mesh: tuple(
+                    DTensor.from_local(t, mesh, [Replicate()]) for t in inputs))
+                distribute_module(tied, mesh)
+        for _ in range(3):
+            opt.zero_grad()
+            (m(flow.tensor(x)) ** 2).mean().backward()
+            opt.step()
+        return ([id(p) for p in m.parameters()] == before, tied[0].weight is tied[1].weight,
+                {k: (p.full_tensor() if p.is_global else p).detach().numpy() for k, p in m.named_parameters()})
+    _, _, want = run(None)
+    for same, still_tied, got in _sim(2, run):
+        assert same and still_tied
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)

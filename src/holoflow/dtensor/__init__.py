@@ -22,13 +22,25 @@ __all__ = ["DTensor", "DeviceMesh", "distribute_tensor", "distribute_module", "S
 # (``install``: the facade puts the DTensor methods on Tensor once, at import)
 
 
+def distribute_parameter(p: Parameter, mesh: DeviceMesh, placements, src_data_rank: int | None = 0) -> Parameter:
+    """``p`` itself made a DTensor laid out as ``placements`` (its gradient dropped). torch
+    registers a new Parameter instead, so an optimizer built before still holds the old tensors
+    and silently trains nothing; here the parameter objects stay, and so do ties between modules."""
+    moved = distribute_tensor(p.detach(), mesh, placements, src_data_rank=src_data_rank)
+    rg = p.requires_grad
+    p.grad = None
+    p._data, p._global = moved._data, moved._global
+    if p.requires_grad != rg:
+        p.requires_grad_(rg)
+    return p
+
+
 def _replicate_params_and_buffers(module: Module, mesh: DeviceMesh) -> None:
     """Every parameter and buffer of ``module`` itself that is not a DTensor yet, replicated."""
     full_replicate = [Replicate()] * mesh.ndim
-    for key, p in list(module._parameters.items()):
+    for p in module._parameters.values():
         if p is not None and p._global is None:
-            module.register_parameter(key, Parameter(distribute_tensor(p.data, mesh, full_replicate),
-                                                     requires_grad=p.requires_grad))
+            distribute_parameter(p, mesh, full_replicate)
     for key, b in list(module._buffers.items()):
         if b is not None and b._global is None:
             module._buffers[key] = distribute_tensor(b, mesh, full_replicate)

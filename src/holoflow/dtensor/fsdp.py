@@ -34,7 +34,7 @@ from ..core.grad_mode import no_grad
 from ..core.tensor import Tensor
 from ..distributed import env
 from ..distributed.device_mesh import DeviceMesh, current_mesh, init_device_mesh
-from ..distributed.dtensor import distribute_tensor
+from . import distribute_parameter
 from ..distributed.placement_types import Partial, Replicate, Shard
 from ..nn.module import Module
 from ..nn.parameter import Parameter
@@ -330,17 +330,17 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
     if any(isinstance(m, FSDPModule) for m in group):
         raise RuntimeError("holoflow fully_shard: this module is already sharded by fully_shard")
     ignored = {id(p) for p in ignored_params or ()}
-    taken, shards = [], {}   # (a parameter tied between modules stays one: one shard)
+    taken = []   # (module, name, parameter): a parameter tied between modules is sharded once
     for mod in (sub for m in group for sub in m.modules()):
         for name, p in list(mod._parameters.items()):
-            if p is None or p._global is not None or id(p) in ignored:
+            if p is None or id(p) in ignored:
+                continue
+            if p._global is None:
+                distribute_parameter(p, mesh, [Replicate()] * (mesh.ndim - 1) + [_shard_of(p, shard_placement_fn,
+                                                                                             name)])
+            elif not any(q is p for _, _, q in taken):
                 continue   # (global: taken by a fully_shard of a submodule, or laid out by the user)
-            if id(p) not in shards:
-                placements = [Replicate()] * (mesh.ndim - 1) + [_shard_of(p, shard_placement_fn, name)]
-                shards[id(p)] = Parameter(distribute_tensor(p.detach(), mesh, placements),
-                                          requires_grad=p.requires_grad)
-            mod._parameters[name] = shards[id(p)]
-            taken.append((mod, name, shards[id(p)]))
+            taken.append((mod, name, p))
     state = _State(mesh, taken, mp_policy, reshard_after_forward)
     members = {id(m) for m in group}
     # one forward pass of the group: its gather, the forwards running, the members that ran

@@ -19,13 +19,13 @@ from typing import Any, Iterator
 from ..core import interpret
 from ..core.errors import UnsupportedError
 from ..distributed.device_mesh import DeviceMesh, _check_mesh
-from ..distributed.dtensor import DTensor, distribute_tensor, implicit_replication
+from ..distributed.dtensor import DTensor, implicit_replication
 from ..distributed.placement_types import Placement, Replicate, Shard
 from ..nn.module import Module
 from ..nn.modules.linear import Linear
 from ..nn.modules.sparse import Embedding
 from ..nn.parameter import Parameter
-from . import distribute_module
+from . import distribute_module, distribute_parameter
 
 __all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel", "PrepareModuleInput",
            "PrepareModuleOutput", "PrepareModuleInputOutput", "parallelize_module", "loss_parallel"]
@@ -84,9 +84,7 @@ def _shard_params(module: Module, mesh: DeviceMesh, placements: dict, src_data_r
     for name, param in list(module.named_parameters(recurse=False)):
         if param is None or name not in placements:
             continue
-        module.register_parameter(name, Parameter(distribute_tensor(param, mesh, [placements[name]],
-                                                                    src_data_rank=src_data_rank),
-                                                  requires_grad=param.requires_grad))
+        distribute_parameter(param, mesh, [placements[name]], src_data_rank)
 
 
 class _LayerStyle(ParallelStyle):
