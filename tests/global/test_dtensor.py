@@ -205,7 +205,7 @@ def test_mock_torch_resolves_the_dtensor_modules():
         assert torch.distributed.tensor.parallel.parallelize_module is parallelize_module
 
 
-def _fsdp_run(r, mesh_ranks, weights, xs, mp=None, placement_fn=None):
+def _fsdp_run(r, mesh_ranks, weights, xs, mp=None, placement_fn=None, offload=None):
     """A 3-step AdamW run of the MLP: with ``r`` a simulated rank under fully_shard on
     ``mesh_ranks`` (its own batch ``xs[r]``), else the one-process data-parallel reference (the
     mean of every rank's loss)."""
@@ -215,8 +215,9 @@ def _fsdp_run(r, mesh_ranks, weights, xs, mp=None, placement_fn=None):
     if r is not None:
         mesh = DeviceMesh("cpu", mesh_ranks)
         policy = mp or MixedPrecisionPolicy()
-        fully_shard(m[0], mesh=mesh, mp_policy=policy, shard_placement_fn=placement_fn)
-        fully_shard(m, mesh=mesh, mp_policy=policy, shard_placement_fn=placement_fn)
+        more = {"offload_policy": offload} if offload is not None else {}
+        fully_shard(m[0], mesh=mesh, mp_policy=policy, shard_placement_fn=placement_fn, **more)
+        fully_shard(m, mesh=mesh, mp_policy=policy, shard_placement_fn=placement_fn, **more)
     opt = flow.optim.AdamW(m.parameters(), lr=0.05)
     for _ in range(3):
         opt.zero_grad()
@@ -232,16 +233,20 @@ def _fsdp_run(r, mesh_ranks, weights, xs, mp=None, placement_fn=None):
 
 
 @pytest.mark.filterwarnings("ignore:.*dim 1 of size 6 is split over 4 ranks")   # (6 columns over 4 ranks)
-@pytest.mark.parametrize("mesh_ranks, dim", [([0, 1, 2, 3], 0), ([[0, 1], [2, 3]], 0), ([0, 1, 2, 3], 1)],
-                         ids=["fsdp", "hsdp", "fsdp_columns"])
-def test_fully_shard_equals_data_parallel(mesh_ranks, dim):
-    """FSDP, HSDP, and FSDP with shard_placement_fn sharding matrices on their columns (Shard(-1);
-    vectors on dim 0): three AdamW steps equal one process's data parallel ones."""
+@pytest.mark.parametrize("mesh_ranks, dim, offload", [([0, 1, 2, 3], 0, False), ([[0, 1], [2, 3]], 0, False),
+                                                       ([0, 1, 2, 3], 1, False), ([0, 1, 2, 3], 0, True)],
+                         ids=["fsdp", "hsdp", "fsdp_columns", "cpu_offload"])
+def test_fully_shard_equals_data_parallel(mesh_ranks, dim, offload):
+    """FSDP, HSDP, FSDP with shard_placement_fn sharding matrices on their columns (Shard(-1);
+    vectors on dim 0), and with CPUOffloadPolicy on a cpu mesh (where the shards are):
+    three AdamW steps equal one process's data parallel ones."""
+    from holoflow.dtensor.fsdp import CPUOffloadPolicy
     weights = _mlp_weights()
     xs = [np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6) * (1 + r / 2) for r in range(4)]
     want, _ = _fsdp_run(None, mesh_ranks, weights, xs)
     fn = (lambda p: Shard(-1) if p.dim() == 2 else None) if dim else None
-    for got, layouts in _sim(4, lambda r: _fsdp_run(r, mesh_ranks, weights, xs, placement_fn=fn)):
+    policy = CPUOffloadPolicy() if offload else None
+    for got, layouts in _sim(4, lambda r: _fsdp_run(r, mesh_ranks, weights, xs, placement_fn=fn, offload=policy)):
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
         lead = (Replicate(),) * (np.ndim(mesh_ranks) - 1)
@@ -249,7 +254,8 @@ def test_fully_shard_equals_data_parallel(mesh_ranks, dim):
 
 
 def test_fully_shard_mixed_precision_and_refusals():
-    from holoflow.dtensor.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+    from holoflow.dtensor.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard,
+                                       register_fsdp_forward_method)
 
     def f(r):
         mesh = DeviceMesh("cpu", [0, 1])
@@ -275,6 +281,10 @@ def test_fully_shard_mixed_precision_and_refusals():
             fully_shard(flow.nn.Linear(2, 2), mesh=mesh, shard_placement_fn=lambda p: Replicate())
         with pytest.raises(TypeError, match="takes a Module or a non-empty list of Modules, got \\[\\]"):
             fully_shard([], mesh=mesh)
+        with pytest.raises(TypeError, match="offload_policy must be an OffloadPolicy or a CPUOffloadPolicy, got str"):
+            fully_shard(flow.nn.Linear(2, 2), mesh=mesh, offload_policy="cpu")
+        with pytest.raises(NotImplementedError, match="CPUOffloadPolicy on a cuda mesh .* is not supported"):
+            fully_shard(flow.nn.Linear(2, 2), mesh=DeviceMesh("cuda", [0, 1]), offload_policy=CPUOffloadPolicy())
         with pytest.raises(ValueError, match="1-D mesh .* or a 2-D one"):
             fully_shard(flow.nn.Linear(2, 2), mesh=DeviceMesh("cpu", [[[0, 1]]]))
         return seen, out.dtype

@@ -63,6 +63,9 @@ class OffloadPolicy:
 
 @dataclass
 class CPUOffloadPolicy(OffloadPolicy):
+    """Shards, gradients and the optimizer step on the CPU: what a cpu mesh does anyway (a device
+    mesh's is refused)."""
+
     pin_memory: bool = True
 
 
@@ -319,14 +322,19 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
     group = list(module) if isinstance(module, (list, tuple)) else [module]
     if not group or not all(isinstance(m, Module) for m in group):
         raise TypeError(f"holoflow fully_shard: takes a Module or a non-empty list of Modules, got {module!r}")
-    if type(offload_policy) is not OffloadPolicy:
-        raise NotImplementedError("holoflow fully_shard: offload_policy (CPU offloading) is not supported")
     if kwargs:
         raise TypeError(f"holoflow fully_shard: unexpected keyword argument(s) {sorted(kwargs)}")
     mesh = DeviceMesh.from_placement(mesh if mesh is not None else (current_mesh() or _default_mesh(group[0])))
     if mesh.ndim not in (1, 2):
         raise ValueError(f"holoflow fully_shard: takes a 1-D mesh (FSDP) or a 2-D one (HSDP: replicate, shard), "
                          f"got {mesh.ndim}-D")
+    if isinstance(offload_policy, CPUOffloadPolicy) and mesh.device_type != "cpu":
+        raise NotImplementedError(f"holoflow fully_shard: CPUOffloadPolicy on a {mesh.device_type} mesh (shards "
+                                  f"kept on the CPU, gathered to the device) is not supported; on a cpu mesh the "
+                                  f"shards are on the CPU already")
+    if type(offload_policy) not in (OffloadPolicy, CPUOffloadPolicy):
+        raise TypeError(f"holoflow fully_shard: offload_policy must be an OffloadPolicy or a CPUOffloadPolicy, got "
+                        f"{type(offload_policy).__name__}")
     if any(isinstance(m, FSDPModule) for m in group):
         raise RuntimeError("holoflow fully_shard: this module is already sharded by fully_shard")
     ignored = {id(p) for p in ignored_params or ()}
