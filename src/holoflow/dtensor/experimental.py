@@ -49,13 +49,13 @@ def _local_map_call(func, out_placements, in_placements, in_grad_placements, mes
     for what, given in (("in_placements", in_placements), ("in_grad_placements", in_grad_placements)):
         if given is not None and len(given) != len(flat):
             raise AssertionError(f"{where}: {what} has {len(given)} entries for {len(flat)} flattened positional "
-                             f"arguments; give one per argument (None for a non-tensor)")
+                                 f"arguments; give one per argument (None for a non-tensor)")
     local, seen = [], False
     for i, arg in enumerate(flat):
         if not isinstance(arg, DTensor):
             if in_placements is not None and in_placements[i] is not None and not isinstance(arg, Tensor):
                 raise AssertionError(f"{where}: argument {i} is a {type(arg).__name__}, not a tensor, but "
-                                 f"in_placements gives it {in_placements[i]}; give None")
+                                     f"in_placements gives it {in_placements[i]}; give None")
             local.append(arg)
             continue
         seen = True
@@ -64,7 +64,7 @@ def _local_map_call(func, out_placements, in_placements, in_grad_placements, mes
             want = in_placements[i]
             if want is None:
                 raise AssertionError(f"{where}: argument {i} is a DTensor ({arg.placements}) but in_placements "
-                                 f"gives it None; give the placements the function takes")
+                                     f"gives it None; give the placements the function takes")
             if tuple(arg.placements) != tuple(want):
                 if not redistribute:
                     raise ValueError(f"{where}: argument {i} is laid out as {tuple(arg.placements)}, the "
@@ -82,7 +82,7 @@ def _local_map_call(func, out_placements, in_placements, in_grad_placements, mes
     specs = out_placements if isinstance(out_placements, tuple) else (out_placements,)
     if len(specs) != len(flat_out):
         raise AssertionError(f"{where}: out_placements has {len(specs)} entries, the function returned "
-                         f"{len(flat_out)} values; give one per flattened output (None for a non-tensor)")
+                             f"{len(flat_out)} values; give one per flattened output (None for a non-tensor)")
     wrapped = []
     for j, (value, placements) in enumerate(zip(flat_out, specs)):
         if isinstance(value, DTensor):
@@ -91,6 +91,6 @@ def _local_map_call(func, out_placements, in_placements, in_grad_placements, mes
             value = DTensor.from_local(value, mesh, placements, run_check=False)
         elif placements is not None:
             raise AssertionError(f"{where}: output {j} is a {type(value).__name__}, not a tensor, but "
-                             f"out_placements gives it {placements}; give None")
+                                 f"out_placements gives it {placements}; give None")
         wrapped.append(value)
     return unflatten(wrapped, out_spec)
