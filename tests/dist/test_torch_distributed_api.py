@@ -1,6 +1,7 @@
 """torch.distributed's process-group API under mock_torch: one DDP training script, unchanged,
 run by torch's launcher on torch and by holoflow's on holoflow (2 Gloo ranks each); every
-rank's weights, collective results and group answers must be torch's."""
+rank's weights, collective results (tensors and objects, point-to-point in flight,
+all_to_all_single) and group answers must be torch's."""
 import json
 import os
 import subprocess
@@ -56,13 +57,39 @@ SCRIPT = textwrap.dedent('''
     g = dist.new_group([1, 0])
     in_group = [dist.get_rank(g), dist.get_world_size(g), dist.get_global_rank(g, 0)]
     dist.barrier()
+    # objects, point-to-point in flight, all_to_all_single
+    objs = [None] * ws
+    dist.all_gather_object(objs, {"rank": rank, "s": "x" * rank})
+    cfg = [{"lr": 0.1}, "a"] if rank == 0 else [None, None]
+    dist.broadcast_object_list(cfg, src=0)
+    gathered = [None] * ws if rank == 0 else None
+    dist.gather_object(rank * 10, gathered, dst=0)
+    scattered = [None]
+    dist.scatter_object_list(scattered, [f"to{i}" for i in range(ws)] if rank == 1 else None, src=1)
+    dist.monitored_barrier()
+    peer = 1 - rank
+    sent, came = torch.full((3,), float(rank)), torch.zeros(3)
+    for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, sent, peer), dist.P2POp(dist.irecv, came, peer)]):
+        w.wait()
+    late = torch.zeros(2)
+    works = [dist.isend(torch.tensor([7.0, 8.0]) + rank, peer), dist.irecv(late, peer)]
+    for w in works:
+        w.wait()
+    a2a = torch.empty(4)
+    dist.all_to_all_single(a2a, torch.arange(4.0) + 10 * rank)
+    uneven = torch.empty(3 if rank == 0 else 7)   # rank 0 sends 2 and 3 rows, rank 1 sends 1 and 4
+    dist.all_to_all_single(uneven, torch.arange(5.0) + 10 * rank, output_split_sizes=[2, 1] if rank == 0 else [3, 4],
+                           input_split_sizes=[2, 3] if rank == 0 else [1, 4])
+    more = {"objs": objs, "cfg": cfg, "gathered": gathered, "scattered": scattered, "came": came.tolist(),
+            "late": late.tolist(), "a2a": a2a.tolist(), "uneven": uneven.tolist(),
+            "node_local": dist.get_node_local_rank()}
     with open(f"{sys.argv[2]}/rank{rank}.json", "w") as f:
         json.dump({
         "weight": [round(v, 6) for v in model.module.weight.detach().reshape(-1).tolist()],
         "bias": [round(v, 6) for v in model.module.bias.detach().tolist()],
         "loss": round(total.item(), 6), "max": biggest.item(), "together": together.tolist(),
         "pieces": [p.tolist() for p in pieces], "mine": mine.tolist(), "b": b.tolist(), "got": got,
-        "group": in_group}, f)
+        "group": in_group, **more}, f)
     dist.destroy_process_group()
 ''')
 
@@ -85,6 +112,10 @@ def test_a_torch_ddp_script_runs_unchanged_under_mock_torch(tmp_path):
     assert ours == theirs
     assert ours[0]["together"] == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
     assert ours[1]["got"] == [5.0, 6.0, 0] and ours[0]["group"] == [0, 2, 0]
+    assert ours[0]["objs"] == [{"rank": 0, "s": ""}, {"rank": 1, "s": "x"}] and ours[1]["cfg"] == [{"lr": 0.1}, "a"]
+    assert ours[0]["gathered"] == [0, 10] and ours[1]["gathered"] is None and ours[1]["scattered"] == ["to1"]
+    assert ours[0]["came"] == [1.0] * 3 and ours[0]["late"] == [8.0, 9.0] and ours[1]["late"] == [7.0, 8.0]
+    assert ours[1]["a2a"] == [2.0, 3.0, 12.0, 13.0] and ours[1]["uneven"] == [2.0, 3.0, 4.0, 11.0, 12.0, 13.0, 14.0]
 
 
 def test_the_process_group_api_in_one_process():

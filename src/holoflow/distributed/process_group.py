@@ -13,7 +13,6 @@ import datetime
 import types
 from typing import Sequence
 
-import torch
 import torch.distributed as dist
 
 from ..core.errors import HoloflowError
@@ -161,13 +160,7 @@ def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor, group: S
                            async_op: bool = False) -> _Done | None:
     """``output_tensor`` = the ranks' ``input_tensor`` concatenated along dim 0 (or stacked, when
     ``output_tensor`` has one more dim), as torch's."""
-    pieces = _c.all_gather(comm_api._local(input_tensor, "all_gather_into_tensor"), group)
-    out = comm_api._local(output_tensor, "all_gather_into_tensor")
-    whole = torch.stack(pieces) if out.dim() == pieces[0].dim() + 1 else torch.cat(pieces)
-    if whole.shape != out.shape:
-        raise HoloflowError(f"holoflow.distributed.all_gather_into_tensor: output of shape {tuple(out.shape)} for "
-                            f"{len(pieces)} inputs of shape {tuple(pieces[0].shape)}; expected {tuple(whole.shape)}")
-    out.copy_(whole)
+    comm_api.all_gather_into_tensor(output_tensor, input_tensor, group)
     return _work(async_op)
 
 
@@ -179,12 +172,9 @@ def reduce_scatter(output: Tensor, input_list: list[Tensor], op=ReduceOp.SUM,
 
 def reduce_scatter_tensor(output: Tensor, input: Tensor, op=ReduceOp.SUM,  # noqa: A002 (torch's name)
                           group: Sequence[int] | None = None, async_op: bool = False) -> _Done | None:
-    """``output`` = this rank's chunk (along dim 0) of the sum of every rank's ``input``."""
-    n = get_world_size(group)
-    if input.shape[0] != n * output.shape[0] or tuple(input.shape[1:]) != tuple(output.shape[1:]):
-        raise HoloflowError(f"holoflow.distributed.reduce_scatter_tensor: input of shape {tuple(input.shape)} "
-                            f"must be {n} chunks of the output's shape {tuple(output.shape)} along dim 0")
-    comm_api.reduce_scatter(output, list(input.chunk(n)), op, group)
+    """``output`` = this rank's piece of the sum of every rank's ``input`` (the pieces
+    concatenated along dim 0, or stacked)."""
+    comm_api.reduce_scatter_tensor(output, input, op, group)
     return _work(async_op)
 
 
@@ -220,8 +210,154 @@ def recv(tensor: Tensor, src: int | None = None, group: Sequence[int] | None = N
     return src
 
 
+def all_to_all_single(output: Tensor, input: Tensor, output_split_sizes: Sequence[int] | None = None,  # noqa: A002
+                      input_split_sizes: Sequence[int] | None = None, group: Sequence[int] | None = None,
+                      async_op: bool = False) -> _Done | None:
+    """Rank ``i`` of ``group`` gets piece ``i`` (along dim 0) of every rank's ``input``, stacked in
+    rank order into ``output``; the split sizes default to equal pieces, as torch's."""
+    n = get_world_size(group)
+
+    def pieces(t: Tensor, sizes, what: str) -> list:
+        if sizes is None:
+            if t.shape[0] % n:
+                raise ValueError(f"holoflow.distributed.all_to_all_single: {what} dim 0 ({t.shape[0]}) does not "
+                                 f"split into {n} equal pieces; give {what}_split_sizes")
+            sizes = [t.shape[0] // n] * n
+        if len(sizes) != n or sum(sizes) != t.shape[0]:
+            raise ValueError(f"holoflow.distributed.all_to_all_single: {what}_split_sizes {list(sizes)} must be "
+                             f"{n} sizes summing to {what} dim 0 ({t.shape[0]})")
+        return list(t.split(list(sizes), 0))
+    outs = pieces(output, output_split_sizes, "output")
+    comm_api.all_to_all(outs, pieces(input, input_split_sizes, "input"), group)
+    return _work(async_op)
+
+
+def all_gather_object(object_list: list, obj, group: Sequence[int] | None = None) -> None:
+    """``object_list[i]`` = the picklable ``obj`` of the group's rank ``i``."""
+    got = _c.all_gather_object(obj, group)
+    if len(object_list) != len(got):
+        raise ValueError(f"holoflow.distributed.all_gather_object: object_list has {len(object_list)} entries for "
+                         f"a group of {len(got)}")
+    object_list[:] = got
+
+
+def broadcast_object_list(object_list: list, src: int = 0, group: Sequence[int] | None = None,
+                          device=None) -> None:
+    """Every rank's ``object_list`` becomes global rank ``src``'s (its length must match)."""
+    ranks = get_process_group_ranks(group)
+    got = _c.all_gather_object(list(object_list) if env.get_rank() == src else None, group)[ranks.index(src)]
+    if len(got) != len(object_list):
+        raise ValueError(f"holoflow.distributed.broadcast_object_list: rank {src} sent {len(got)} objects, this "
+                         f"rank's object_list has {len(object_list)}")
+    object_list[:] = got
+
+
+def gather_object(obj, object_gather_list: list | None = None, dst: int = 0,
+                  group: Sequence[int] | None = None) -> None:
+    """On global rank ``dst``, ``object_gather_list[i]`` = the group's rank ``i``'s ``obj``."""
+    got = _c.all_gather_object(obj, group)
+    if env.get_rank() == dst:
+        if object_gather_list is None or len(object_gather_list) != len(got):
+            raise ValueError(f"holoflow.distributed.gather_object: rank {dst} needs an object_gather_list of "
+                             f"{len(got)} entries")
+        object_gather_list[:] = got
+
+
+def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
+                        src: int = 0, group: Sequence[int] | None = None) -> None:
+    """``scatter_object_output_list[0]`` = entry ``i`` of global rank ``src``'s input list, on the
+    group's rank ``i``."""
+    ranks = get_process_group_ranks(group)
+    sent = list(scatter_object_input_list) if env.get_rank() == src and scatter_object_input_list is not None \
+        else None
+    got = _c.all_gather_object(sent, group)[ranks.index(src)]
+    if got is None or len(got) != len(ranks):
+        raise ValueError(f"holoflow.distributed.scatter_object_list: rank {src} needs a scatter_object_input_list "
+                         f"of {len(ranks)} entries")
+    if not scatter_object_output_list:
+        raise ValueError("holoflow.distributed.scatter_object_list: scatter_object_output_list needs one entry")
+    scatter_object_output_list[0] = got[ranks.index(env.get_rank())]
+
+
+def monitored_barrier(group: Sequence[int] | None = None, timeout: datetime.timedelta | None = None,
+                      wait_all_ranks: bool = False) -> None:
+    """A barrier; a rank that does not arrive within the communication timeout is named in the
+    error (holoflow's barriers always report the ranks that are late)."""
+    comm_api.barrier(group)
+
+
+class _P2PWork:
+    """A point-to-point transfer in flight (torch's Work): ``wait()`` finishes it."""
+
+    def __init__(self, work, finish=None) -> None:
+        self.work, self.finish = work, finish
+
+    def wait(self, timeout=None) -> bool:
+        self.work.wait(timeout=timeout or env.comm_timeout())
+        if self.finish is not None:
+            self.finish()
+            self.finish = None
+        return True
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+
+def _p2p(fn, tensor: Tensor, peer: int, what: str):
+    t = comm_api._local(tensor, what)
+    env.ensure_initialized()
+    buf = t if t.is_contiguous() else t.contiguous()
+    work = fn(buf, peer)
+    return _P2PWork(work, (lambda: t.copy_(buf)) if buf is not t and fn is dist.irecv else None)
+
+
+def isend(tensor: Tensor, dst: int, group: Sequence[int] | None = None, tag: int = 0) -> _P2PWork:
+    """Starts sending ``tensor`` to global rank ``dst``; ``wait()`` on the result (torch's)."""
+    return _p2p(dist.isend, tensor, dst, "isend")
+
+
+def irecv(tensor: Tensor, src: int | None = None, group: Sequence[int] | None = None, tag: int = 0) -> _P2PWork:
+    """Starts receiving into ``tensor`` from global rank ``src``; ``wait()`` before reading it."""
+    if src is None:
+        raise HoloflowError("holoflow.distributed.irecv: give src (receiving from any rank is not supported)")
+    return _p2p(dist.irecv, tensor, src, "irecv")
+
+
+class P2POp:
+    """One transfer of :func:`batch_isend_irecv`: ``op`` is ``isend`` or ``irecv``."""
+
+    def __init__(self, op, tensor: Tensor, peer: int | None = None, group: Sequence[int] | None = None,
+                 tag: int = 0, group_peer: int | None = None) -> None:
+        if op not in (isend, irecv):
+            raise ValueError("holoflow.distributed.P2POp: op must be isend or irecv")
+        if peer is None and group_peer is None:
+            raise ValueError("holoflow.distributed.P2POp: give peer (or group_peer)")
+        self.op, self.tensor, self.group, self.tag = op, tensor, group, tag
+        self.peer = peer if peer is not None else get_global_rank(group, group_peer)
+
+
+def batch_isend_irecv(p2p_op_list: list) -> list:
+    """Starts every transfer of ``p2p_op_list``; the works to ``wait()`` on, in order."""
+    if not p2p_op_list or not all(isinstance(o, P2POp) for o in p2p_op_list):
+        raise ValueError("holoflow.distributed.batch_isend_irecv: expects a non-empty list of P2POp")
+    return [o.op(o.tensor, o.peer) for o in p2p_op_list]
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """This process's rank on its node (``LOCAL_RANK``; ``fallback_rank`` when unset)."""
+    import os
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError("holoflow.distributed.get_node_local_rank: LOCAL_RANK is not set and no fallback_rank "
+                       "was given (launch with holoflow.distributed.launch or torchrun)")
+
+
 __all__ = ["Backend", "ReduceOp", "group", "GroupMember", "RankGroup", "ProcessGroup", "is_available", "is_initialized",
            "is_torchelastic_launched", "init_process_group", "destroy_process_group", "get_backend", "new_group",
            "get_rank", "get_world_size", "get_global_rank", "get_process_group_ranks", "barrier", "all_reduce",
            "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-           "reduce_scatter_tensor", "all_to_all", "gather", "scatter", "send", "recv"]
+           "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv", "isend",
+           "irecv", "P2POp", "batch_isend_irecv", "all_gather_object", "broadcast_object_list", "gather_object",
+           "scatter_object_list", "monitored_barrier", "get_node_local_rank"]
