@@ -52,7 +52,8 @@ ALIASES = {"torch.distributed.tensor": "holoflow.dtensor", "torch.distributed._t
            "torch.distributed.tensor.parallel": "holoflow.dtensor.parallel",
            "torch.distributed.fsdp": "holoflow.dtensor.fsdp",
            "torch.distributed._composable.fsdp": "holoflow.dtensor.fsdp",
-           "torch.distributed.checkpoint": "holoflow.dtensor.checkpoint"}
+           "torch.distributed.checkpoint": "holoflow.dtensor.checkpoint",
+           "torch.distributed.nn": "holoflow.distributed_nn"}
 
 
 def _target_name(name: str) -> str:

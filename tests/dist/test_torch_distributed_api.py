@@ -94,15 +94,18 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _run(tmp_path, lib: str) -> dict:
-    script = tmp_path / "ddp_script.py"
-    script.write_text(SCRIPT)
-    outdir = tmp_path / lib
+def _run(tmp_path, lib: str, code: str = SCRIPT) -> dict:
+    script = tmp_path / f"script_{abs(hash(code))}.py"
+    script.write_text(code)
+    outdir = tmp_path / f"{lib}_{abs(hash(code))}"
     outdir.mkdir()
     env = plain_env(OMP_NUM_THREADS="1")
     launcher = "holoflow.distributed.launch" if lib == "holoflow" else "torch.distributed.run"
-    out = subprocess.run([sys.executable, "-m", launcher, "--nproc_per_node", "2", str(script), lib, str(outdir)],
-                         env=env, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-m", launcher, "--nproc_per_node", "2", str(script), lib, str(outdir)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if out.returncode != 0 and lib == "torch" and "terminate called without an active exception" in out.stderr:
+        # the reference itself: torch's Gloo teardown aborts now and then (2 in 10 runs of this script)
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return {r: json.loads((outdir / f"rank{r}.json").read_text()) for r in range(2)}
 
@@ -151,3 +154,65 @@ def test_the_process_group_api_in_one_process():
     ''') % (29600 + os.getpid() % 300)
     out = subprocess.run([sys.executable, "-c", code], env=plain_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-3000:]
+
+
+COLLECTIVES_WITH_GRAD = textwrap.dedent('''
+    import json, sys
+    if sys.argv[1] == "holoflow":
+        import holoflow.mock_torch
+        holoflow.mock_torch.enable()
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.nn.functional as dnn
+
+    dist.init_process_group("gloo")
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    out = {}
+
+    def leaf(*shape):
+        return (torch.arange(float(torch.Size(shape).numel())).reshape(shape) / 7 + rank).requires_grad_()
+
+    def weights(t):
+        return torch.linspace(-1.0, 2.0, t.numel()).reshape(t.shape) * (rank + 1)
+
+    # a contrastive loss over every rank's embeddings
+    x = leaf(3, 4)
+    every = torch.cat(dnn.all_gather(x))
+    logits = x @ every.t()
+    torch.nn.functional.cross_entropy(logits, torch.arange(3) + 3 * rank).backward()
+    out["all_gather"] = [every.tolist(), [round(v, 5) for v in x.grad.reshape(-1).tolist()]]
+    for name, fn in (("all_reduce", lambda t: dnn.all_reduce(t)), ("broadcast", lambda t: dnn.broadcast(t, 1)),
+                     ("reduce", lambda t: dnn.reduce(t, 0))):
+        t = leaf(2, 3)
+        y = fn(t)
+        (y * weights(y)).sum().backward()
+        out[name] = [y.tolist() if name != "reduce" or rank == 0 else None, [round(v, 5) for v in t.grad.reshape(-1).tolist()]]
+    ins = [leaf(2), leaf(2)]
+    y = dnn.reduce_scatter(torch.empty(2), ins)
+    (y * weights(y)).sum().backward()
+    out["reduce_scatter"] = [y.tolist(), [[round(v, 5) for v in t.grad.tolist()] for t in ins]]
+    ins = [leaf(2, 2), leaf(2, 2)]
+    got = dnn.all_to_all([torch.empty(2, 2), torch.empty(2, 2)], ins)
+    sum((g * weights(g)).sum() for g in got).backward()
+    out["all_to_all"] = [[g.tolist() for g in got], [[round(v, 5) for v in t.grad.reshape(-1).tolist()] for t in ins]]
+    t = leaf(4, 2)
+    y = dnn.all_to_all_single(torch.empty(4, 2), t)
+    (y * weights(y)).sum().backward()
+    out["all_to_all_single"] = [y.tolist(), [round(v, 5) for v in t.grad.reshape(-1).tolist()]]
+    with open(f"{sys.argv[2]}/rank{rank}.json", "w") as f:
+        json.dump(out, f)
+    dist.destroy_process_group()
+''')
+
+
+def test_differentiable_collectives_equal_torchs(tmp_path):
+    """torch.distributed.nn.functional under mock_torch (a contrastive loss over all_gather, and
+    all_reduce, broadcast, reduce, reduce_scatter, all_to_all, all_to_all_single with a backward):
+    every rank's values and input gradients are torch's."""
+    ours = _run(tmp_path, "holoflow", COLLECTIVES_WITH_GRAD)
+    theirs = _run(tmp_path, "torch", COLLECTIVES_WITH_GRAD)
+    assert ours == theirs
+    import numpy as np   # rank 1 took rank 1's tensor; rank 1 (the source) gets both ranks' gradients
+    np.testing.assert_allclose(ours[0]["broadcast"][0], 1.0 + np.arange(6.0).reshape(2, 3) / 7, rtol=1e-6)
+    np.testing.assert_allclose(ours[1]["broadcast"][1], np.linspace(-1.0, 2.0, 6) * 3, rtol=1e-4)
+    np.testing.assert_allclose(ours[0]["broadcast"][1], np.zeros(6))
