@@ -127,3 +127,26 @@ def test_ddp_different_shapes_fail_at_construction(world2):
                "model, but '0.weight' is float32[16, 5] on rank 0 and '0.weight' is float32[32, 5] on rank 1" \
                in shapes, (r, shapes)
         assert "rank 0 has 4 parameters/buffers and rank 1 has 6" in count and "'3.weight'" in count, (r, count)
+
+
+def _init_sync_off(rank):
+    """init_sync=False keeps each rank's own initial weights (torch's); refusals name the argument."""
+    model = DDP(_mlp(100 + rank), init_sync=False, find_unused_parameters=True, static_graph=True)
+    first = model.module[0].weight.detach().clone()
+    errors = []
+    for kwargs in ({"mixed_precision": object()}, {"skip_all_reduce_unused_params": True}, {"bucket_size": 3}):
+        try:
+            DDP(_mlp(0), **kwargs)
+            errors.append("no error")
+        except (NotImplementedError, TypeError) as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    return first.sum().item(), errors
+
+
+def test_ddp_init_sync_off_and_refusals(world2):
+    (a, errors), (b, _) = world2.run(_init_sync_off)
+    assert a != b   # (the ranks' own inits: nothing broadcast)
+    assert "NotImplementedError: holoflow.nn.parallel.DistributedDataParallel: mixed_precision=" in errors[0]
+    assert "skip_all_reduce_unused_params=True is not supported" in errors[1]
+    assert errors[2] == "TypeError: holoflow.nn.parallel.DistributedDataParallel: unexpected keyword argument " \
+                        "'bucket_size'"

@@ -25,7 +25,8 @@ SCRIPT = textwrap.dedent('''
     assert dist.is_initialized() and dist.get_backend() == "gloo"
     rank, ws = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = DDP(nn.Linear(4, 2))
+    model = DDP(nn.Linear(4, 2), device_ids=None, output_device=None, find_unused_parameters=True,
+                gradient_as_bucket_view=True, static_graph=False, bucket_cap_mb=25, init_sync=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.arange(32.0).reshape(8, 4) / 10 + rank
     y = torch.ones(8, 2) * (rank - 0.5)
