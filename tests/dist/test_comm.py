@@ -298,3 +298,28 @@ def test_oneflow_comm_reduce_and_tensor_collectives(world):
         assert out["refused"] == (f"holoflow.comm.all_gather_into_tensor: output_tensor has shape (3, 2); for {ranks} "
                                   f"ranks and pieces of shape (2, 2) it must be their stack ({ranks}, 2, 2) or "
                                   f"concatenation ({2 * ranks}, 2)")
+
+
+def _avg_with_grad(rank: int):
+    import holoflow as flow
+    from holoflow.distributed_nn import functional as dnn
+    x = (flow.arange(3.0) + 10 * rank).requires_grad_()
+    y = dnn.all_reduce(x, op="avg")
+    (y * (rank + 1)).sum().backward()
+    try:
+        dnn.all_reduce(x, op="max")
+        refused = None
+    except NotImplementedError as e:
+        refused = str(e)
+    return y.tolist(), x.grad.tolist(), refused
+
+
+def test_differentiable_all_reduce_average(world):
+    """distributed.nn.functional.all_reduce with AVG: the mean, and a gradient that is the mean of
+    every rank's (torch's rule; Gloo's own all_reduce has no AVG, so torch cannot run this on CPU)."""
+    got = world.run(_avg_with_grad)
+    n = len(got)
+    for y, grad, refused in got:
+        assert y == [5.0 * (n - 1) + i for i in range(3)]
+        assert grad == [sum(range(1, n + 1)) / n] * 3
+        assert refused.startswith("holoflow.distributed.nn.functional.all_reduce: op max is not differentiable here")

@@ -16,10 +16,14 @@ from ..ops.creation import empty_like, zeros_like
 __all__ = ["all_gather", "all_reduce", "broadcast", "reduce_scatter", "all_to_all", "all_to_all_single", "reduce"]
 
 
-def _sum_only(op, fn: str) -> None:
-    if comm_api._op(op) != "sum":
-        raise NotImplementedError(f"holoflow.distributed.nn.functional.{fn}: only ReduceOp.SUM is differentiable "
-                                  f"here (torch's backward of the others is not defined either)")
+def _linear_op(op, fn: str, allowed=("sum", "avg")) -> str:
+    """``op``'s name when its gradient is the same reduction of the gradients (SUM, AVG)."""
+    name = comm_api._op(op)
+    if name not in allowed:
+        raise NotImplementedError(f"holoflow.distributed.nn.functional.{fn}: op {name} is not differentiable here; "
+                                  f"use ReduceOp.SUM{' or AVG' if 'avg' in allowed else ''} (torch reduces the "
+                                  f"gradients with the same op, the derivative only for those)")
+    return name
 
 
 class _AllGather(Function):
@@ -39,15 +43,15 @@ class _AllGather(Function):
 
 class _AllReduce(Function):
     @staticmethod
-    def forward(ctx, group, tensor):
-        ctx.group = group
+    def forward(ctx, op, group, tensor):
+        ctx.op, ctx.group = op, group
         out = tensor.detach().clone()
-        comm_api.all_reduce(out, ReduceOp.SUM, group)
+        comm_api.all_reduce(out, op, group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        return None, _AllReduce.apply(ctx.group, grad)
+        return None, None, _AllReduce.apply(ctx.op, ctx.group, grad)
 
 
 class _Broadcast(Function):
@@ -60,7 +64,7 @@ class _Broadcast(Function):
 
     @staticmethod
     def backward(ctx, grad):
-        total = _AllReduce.apply(ctx.group, grad)
+        total = _AllReduce.apply("sum", ctx.group, grad)
         return None, None, total if env.get_rank() == ctx.src else zeros_like(grad)
 
 
@@ -110,9 +114,9 @@ def all_gather(tensor: Tensor, group: Sequence[int] | None = None) -> tuple:
 
 
 def all_reduce(tensor: Tensor, op=ReduceOp.SUM, group: Sequence[int] | None = None) -> Tensor:
-    """The sum of every rank's ``tensor`` (a new tensor); its gradient is all-reduced back."""
-    _sum_only(op, "all_reduce")
-    return _AllReduce.apply(group, tensor)
+    """Every rank's ``tensor`` summed (or averaged), a new tensor; its gradient is reduced back the
+    same way."""
+    return _AllReduce.apply(_linear_op(op, "all_reduce"), group, tensor)
 
 
 def broadcast(tensor: Tensor, src: int, group: Sequence[int] | None = None) -> Tensor:
@@ -123,14 +127,14 @@ def broadcast(tensor: Tensor, src: int, group: Sequence[int] | None = None) -> T
 def reduce(tensor: Tensor, dst: int, op=ReduceOp.SUM, group: Sequence[int] | None = None) -> Tensor:
     """The sum of every rank's ``tensor``, defined on global rank ``dst`` (the others get it too);
     every rank's gradient is ``dst``'s, broadcast (torch's)."""
-    _sum_only(op, "reduce")
+    _linear_op(op, "reduce", ("sum",))
     return _Reduce.apply(dst, group, tensor)
 
 
 def reduce_scatter(output: Tensor, input_list: list, op=ReduceOp.SUM, group: Sequence[int] | None = None) -> Tensor:
     """This rank's entry of the sum over ranks of ``input_list`` (shaped like ``output``, which is
     left alone); the gradients of ``input_list`` are all-gathered."""
-    _sum_only(op, "reduce_scatter")
+    _linear_op(op, "reduce_scatter", ("sum",))
     return _ReduceScatter.apply(group, output, *input_list)
 
 
