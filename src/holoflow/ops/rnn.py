@@ -31,11 +31,6 @@ MODES = ("RNN_TANH", "RNN_RELU", "LSTM", "GRU")
 _ATEN = {"LSTM": torch.lstm, "GRU": torch.gru, "RNN_TANH": torch.rnn_tanh, "RNN_RELU": torch.rnn_relu}
 
 
-# Modes whose reverse direction ATen computes otherwise than its forward one over the flipped
-# sequence (its simple cells add the input projection per step there: another rounding)
-_OWN_REVERSE = ("RNN_TANH", "RNN_RELU")
-
-
 def _run(mode: str, x, hx, params: list, has_bias: bool, bidirectional: bool, batch_sizes, weights_rg: bool):
     """ATen's one-layer kernel: ``(output, h_n, c_n)`` (``(output, h_n)`` but LSTM's)."""
     fn = _ATEN[mode]
