@@ -181,5 +181,4 @@ def all_device_placement(device_type: str = "cpu"):
 
 
 __all__ = ["all_device_placement", "get_rank", "get_world_size", "get_local_rank", "get_local_world_size",
-           "get_node_size",
-           "is_multi_process", "init", "set_comm_timeout", "get_comm_timeout", "shutdown"]
+           "get_node_size", "is_multi_process", "init", "set_comm_timeout", "get_comm_timeout", "shutdown"]
