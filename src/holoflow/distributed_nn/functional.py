@@ -71,10 +71,8 @@ class _Broadcast(Function):
 class _Reduce(Function):
     @staticmethod
     def forward(ctx, dst, group, tensor):
-        ctx.dst, ctx.group = dst, group
-        out = tensor.detach().clone()
-        comm_api.all_reduce(out, ReduceOp.SUM, group)
-        return out
+        ctx.dst = dst   # (the sum everywhere; only dst's is torch's contract)
+        return _AllReduce.forward(ctx, "sum", group, tensor)
 
     @staticmethod
     def backward(ctx, grad):
