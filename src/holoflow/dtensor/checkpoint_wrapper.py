@@ -118,25 +118,34 @@ def offload_wrapper(module: Module) -> Module:
 def apply_activation_checkpointing(model: Module, checkpoint_wrapper_fn: Callable = checkpoint_wrapper,
                                    check_fn: Callable = lambda _: True, auto_wrap_policy: Callable | None = None
                                    ) -> None:
-    """Replaces, in place, each submodule of ``model`` (not ``model`` itself) that ``check_fn``
-    picks (or a callable ``auto_wrap_policy(module=, recurse=False, nonwrapped_numel=)``) by
-    ``checkpoint_wrapper_fn(submodule)``; a wrapped submodule's own children are left alone."""
-    if auto_wrap_policy is not None:
-        if not callable(auto_wrap_policy):
-            raise NotImplementedError(f"holoflow apply_activation_checkpointing: auto_wrap_policy "
-                                      f"{type(auto_wrap_policy).__name__} is not supported; pass check_fn (a "
-                                      f"predicate on modules) or a callable policy")
-        policy = auto_wrap_policy
+    """Replaces, in place, the submodules of ``model`` (not ``model`` itself) that ``check_fn``
+    picks, or that ``auto_wrap_policy`` (``policy(module=, recurse=, nonwrapped_numel=)``, as
+    ``holoflow.dtensor.wrap``'s) chooses, by ``checkpoint_wrapper_fn(submodule)`` — bottom-up as
+    torch's recursive wrap: children first, so a picked module inside a picked one is wrapped
+    too."""
+    if auto_wrap_policy is None:
+        def auto_wrap_policy(module: Module, recurse: bool, nonwrapped_numel: int) -> bool:
+            return True if recurse else bool(check_fn(module))
+    elif not callable(auto_wrap_policy):
+        raise NotImplementedError(f"holoflow apply_activation_checkpointing: auto_wrap_policy "
+                                  f"{type(auto_wrap_policy).__name__} is not callable; pass check_fn or a policy of "
+                                  f"holoflow.dtensor.wrap (torch.distributed.fsdp.wrap)")
+    _recursive_wrap(model, auto_wrap_policy, checkpoint_wrapper_fn, only_children=True)
 
-        def check_fn(m: Module) -> bool:
-            return bool(policy(module=m, recurse=False, nonwrapped_numel=sum(p.numel() for p in m.parameters())))
 
-    def visit(parent: Module) -> None:
-        for name, child in list(parent.named_children()):
-            if isinstance(child, ActivationWrapper):
-                continue
-            if check_fn(child):
-                setattr(parent, name, checkpoint_wrapper_fn(child))
-            else:
-                visit(child)
-    visit(model)
+def _recursive_wrap(module: Module, policy: Callable, wrap: Callable, only_children: bool = False) -> tuple:
+    """``(module or its wrapper, parameters wrapped below and here)``: the children are visited
+    while the policy says to recurse, then ``module`` is wrapped if the policy says so for the
+    parameters its wrapped children left (torch's ``_recursive_wrap``)."""
+    numel = sum(p.numel() for p in module.parameters())
+    if not policy(module=module, recurse=True, nonwrapped_numel=numel):
+        return module, 0
+    wrapped = 0
+    for name, child in list(module.named_children()):
+        new, n = _recursive_wrap(child, policy, wrap)
+        if new is not child:
+            setattr(module, name, new)
+        wrapped += n
+    if not only_children and policy(module=module, recurse=False, nonwrapped_numel=numel - wrapped):
+        return wrap(module), numel
+    return module, wrapped

@@ -9,6 +9,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (Checkpo
                                                                          apply_activation_checkpointing,
                                                                          checkpoint_wrapper, offload_wrapper)
 from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
 
 class Block(nn.Module):
@@ -52,6 +53,22 @@ def build():
     return model
 
 
+def wrapped_types(model):
+    """Which submodules a policy wrapped (bottom-up: a picked module inside a picked one too)."""
+    return [(name, type(m).__name__) for name, m in model.named_modules() if isinstance(m, CheckpointWrapper)]
+
+
+def policies():
+    by_class = Net()
+    apply_activation_checkpointing(by_class, auto_wrap_policy=ModuleWrapPolicy({Block, nn.Linear}))
+    by_size = Net()
+    apply_activation_checkpointing(by_size, auto_wrap_policy=lambda module, recurse, nonwrapped_numel:
+                                   size_based_auto_wrap_policy(module, recurse, nonwrapped_numel, min_num_params=1000))
+    everything = Net()
+    apply_activation_checkpointing(everything)
+    return wrapped_types(by_class), wrapped_types(by_size), len(wrapped_types(everything))
+
+
 @record
 def main():
     model = build()
@@ -75,3 +92,8 @@ def main():
 
 model, LOSSES = main()
 MODELS = {"model": model}
+WRAPPED = policies()
+assert WRAPPED[0][:3] == [("blocks.0", "CheckpointWrapper"), ("blocks.0._checkpoint_wrapped_module.fc1",
+                                                               "CheckpointWrapper"),
+                          ("blocks.0._checkpoint_wrapped_module.fc2", "CheckpointWrapper")], WRAPPED[0]
+assert len(WRAPPED[1]) == 10 and WRAPPED[2] == 22, WRAPPED   # (torch's own counts)
