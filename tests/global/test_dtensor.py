@@ -784,3 +784,47 @@ def test_an_optimizer_made_before_sharding_trains_the_shards(how):
         assert same and still_tied
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+class _ViewedWeight(flow.nn.Module):
+    """A weight read through views (a transpose, then a slice): matmul saves a view of the
+    unsharded storage that resharding frees and backward gathers into again."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = flow.nn.Parameter(flow.tensor(np.arange(24, dtype=np.float32).reshape(4, 6) / 20))
+
+    def forward(self, x):
+        return flow.tanh(x[:, :5] @ self.w.t()[1:])
+
+
+@pytest.mark.parametrize("reshard", [True, False], ids=["resharded", "kept"])
+def test_views_of_unsharded_weights_and_an_eval_pass_between(reshard):
+    """Views of an unsharded weight saved by autograd read the re-gathered storage (the input's
+    gradient reads them); a no_grad forward between training steps (evaluation) leaves the next
+    step's gradients as one process's."""
+    from holoflow.dtensor.fsdp import fully_shard
+
+    def run(r):
+        m = flow.nn.Sequential(_ViewedWeight(), flow.nn.Linear(4, 2))
+        with flow.no_grad():
+            m[1].weight.copy_(flow.tensor(np.arange(8, dtype=np.float32).reshape(2, 4) / 10 - 0.3))
+            m[1].bias.fill_(0.1)
+        if r is not None:
+            mesh = DeviceMesh("cpu", [0, 1])
+            fully_shard(m[0], mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(m, mesh=mesh)
+        x = flow.linspace(-1, 1, 18).reshape(3, 6).requires_grad_()   # (its gradient reads the weight)
+        with flow.no_grad():
+            evaluated = m(x).sum().item()
+        loss = (m(x) ** 2).sum()
+        junk = [flow.full((4, 6), float("nan")) for _ in range(16)]   # (freed blocks now hold NaN: a
+        del junk                                                     # re-gather must write its values)
+        loss.backward()
+        grads = [(p.grad.full_tensor() if p.is_global else p.grad).numpy() for p in m.parameters()]
+        return evaluated, grads + [x.grad.numpy()]
+    want_eval, want = run(None)
+    for evaluated, got in _sim(2, run):
+        assert evaluated == pytest.approx(want_eval, rel=1e-6)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
