@@ -50,7 +50,7 @@ class _State:
 # which sits above the distributed layer)
 ALIASES = {"torch.distributed.tensor": "holoflow.dtensor", "torch.distributed._tensor": "holoflow.dtensor",
            "torch.distributed.tensor.parallel": "holoflow.dtensor.parallel",
-           "torch.distributed.fsdp": "holoflow.dtensor.fsdp", "torch.distributed.fsdp.wrap": "holoflow.dtensor.wrap",
+           "torch.distributed.fsdp": "holoflow.dtensor.fsdp",
            "torch.distributed._composable.fsdp": "holoflow.dtensor.fsdp",
            "torch.distributed.checkpoint": "holoflow.dtensor.checkpoint",
            "torch.distributed.nn": "holoflow.distributed_nn",

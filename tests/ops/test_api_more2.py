@@ -220,6 +220,22 @@ def test_default_device_is_honoured():
     assert flow.ones(1).device == flow.device("cpu") and flow.get_default_device() == flow.device("cpu")
 
 
+def test_a_device_is_a_default_device_context_as_torchs():
+    """``with flow.device("meta"):`` (how models are built without memory) nests, and is left
+    on an exception too."""
+    with flow.device("meta") as d:
+        assert d == flow.device("meta")
+        m = flow.nn.Linear(3, 4)
+        assert m.weight.is_meta and flow.ones(2).device.type == "meta"
+        with flow.device("cpu"):
+            assert flow.zeros(1).device.type == "cpu"
+        assert flow.get_default_device().type == "meta"
+    with pytest.raises(ValueError):
+        with flow.device("meta"):
+            raise ValueError("inside")
+    assert flow.ones(1).device == flow.device("cpu") and flow.get_default_device() == flow.device("cpu")
+
+
 def test_inference_mode_state():
     assert flow.is_inference_mode_enabled() is False
     with flow.inference_mode():

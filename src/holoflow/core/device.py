@@ -33,6 +33,15 @@ class device:
     def __reduce__(self):
         return (device, (str(self),))
 
+    def __enter__(self) -> "device":
+        """``with device("meta"):`` makes it the default device of the creation functions inside
+        (torch's own device context: holoflow's creation functions call torch's factories)."""
+        self.torch.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.torch.__exit__(*exc)
+
 
 _CACHE: dict[torch.device, device] = {}
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 from ..autograd.graph import save_on_cpu
 from ..nn.module import Module
 from ..utils.checkpoint import checkpoint
+from .fsdp.wrap import _recursive_wrap
 
 __all__ = ["CheckpointImpl", "ActivationWrapper", "CheckpointWrapper", "OffloadWrapper", "checkpoint_wrapper",
            "offload_wrapper", "apply_activation_checkpointing"]
@@ -120,7 +121,7 @@ def apply_activation_checkpointing(model: Module, checkpoint_wrapper_fn: Callabl
                                    ) -> None:
     """Replaces, in place, the submodules of ``model`` (not ``model`` itself) that ``check_fn``
     picks, or that ``auto_wrap_policy`` (``policy(module=, recurse=, nonwrapped_numel=)``, as
-    ``holoflow.dtensor.wrap``'s) chooses, by ``checkpoint_wrapper_fn(submodule)`` — bottom-up as
+    ``holoflow.dtensor.fsdp.wrap``'s) chooses, by ``checkpoint_wrapper_fn(submodule)`` — bottom-up as
     torch's recursive wrap: children first, so a picked module inside a picked one is wrapped
     too."""
     if auto_wrap_policy is None:
@@ -129,23 +130,5 @@ def apply_activation_checkpointing(model: Module, checkpoint_wrapper_fn: Callabl
     elif not callable(auto_wrap_policy):
         raise NotImplementedError(f"holoflow apply_activation_checkpointing: auto_wrap_policy "
                                   f"{type(auto_wrap_policy).__name__} is not callable; pass check_fn or a policy of "
-                                  f"holoflow.dtensor.wrap (torch.distributed.fsdp.wrap)")
+                                  f"holoflow.dtensor.fsdp.wrap (torch.distributed.fsdp.wrap)")
     _recursive_wrap(model, auto_wrap_policy, checkpoint_wrapper_fn, only_children=True)
-
-
-def _recursive_wrap(module: Module, policy: Callable, wrap: Callable, only_children: bool = False) -> tuple:
-    """``(module or its wrapper, parameters wrapped below and here)``: the children are visited
-    while the policy says to recurse, then ``module`` is wrapped if the policy says so for the
-    parameters its wrapped children left (torch's ``_recursive_wrap``)."""
-    numel = sum(p.numel() for p in module.parameters())
-    if not policy(module=module, recurse=True, nonwrapped_numel=numel):
-        return module, 0
-    wrapped = 0
-    for name, child in list(module.named_children()):
-        new, n = _recursive_wrap(child, policy, wrap)
-        if new is not child:
-            setattr(module, name, new)
-        wrapped += n
-    if not only_children and policy(module=module, recurse=False, nonwrapped_numel=numel - wrapped):
-        return wrap(module), numel
-    return module, wrapped

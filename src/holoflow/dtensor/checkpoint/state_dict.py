@@ -3,8 +3,10 @@ keyed by parameter names (FQNs), sharded (DTensors as they are) or full (whole l
 with ``cpu_offload`` only rank 0 gets them, as torch), and loaded back into any layout."""
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 from ...core.grad_mode import no_grad
 from ...core.tensor import Tensor
@@ -31,6 +33,34 @@ class StateDictOptions:
     strict: bool = True
     broadcast_from_rank0: bool = False
     flatten_optimizer_state_dict: bool = False
+
+
+# wrappers whose names torch's FQNs leave out: FSDP1's and the activation checkpoint's
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+_VIEW = threading.local()
+
+
+@contextlib.contextmanager
+def sharded_view() -> Iterator[None]:
+    """``state_dict()`` of FSDP1 models inside it holds their DTensors as they are, whatever
+    state-dict type they were set to (these functions convert them themselves)."""
+    before = getattr(_VIEW, "on", False)
+    _VIEW.on = True
+    try:
+        yield
+    finally:
+        _VIEW.on = before
+
+
+def in_sharded_view() -> bool:
+    return getattr(_VIEW, "on", False)
+
+
+def fqn(name: str) -> str:
+    """A parameter's name without the wrappers' segments (torch's FQN)."""
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
 
 
 class IncompatibleKeys(NamedTuple):
@@ -63,8 +93,10 @@ def _optimizers(optimizers) -> list:
 
 def get_model_state_dict(model: Module, *, submodules=None, options: StateDictOptions | None = None) -> dict:
     o = _opts(options)
-    frozen = {n for n, p in model.named_parameters() if not p.requires_grad} if o.ignore_frozen_params else set()
-    out = {k: _export(v, o) for k, v in model.state_dict().items() if k not in frozen}
+    frozen = {fqn(n) for n, p in model.named_parameters() if not p.requires_grad} if o.ignore_frozen_params else set()
+    with sharded_view():
+        own = model.state_dict()
+    out = {k: _export(v, o) for k, v in own.items() if k not in frozen}
     return out if _keep(o) else {}
 
 
@@ -97,7 +129,7 @@ def _names(model: Module) -> dict:
     """Each parameter's name (a tied one's first)."""
     names: dict = {}
     for n, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), n)
+        names.setdefault(id(p), fqn(n))
     return names
 
 
@@ -145,7 +177,8 @@ def set_model_state_dict(model: Module, model_state_dict: dict, *,
     if not o.full_state_dict:
         got = model.load_state_dict(model_state_dict, strict=o.strict)
         return IncompatibleKeys(list(got.missing_keys), list(got.unexpected_keys))
-    own = model.state_dict()
+    with sharded_view():
+        own = model.state_dict()
     have = model_state_dict if not o.broadcast_from_rank0 or world.rank() == 0 else {}
     missing = [k for k in own if k not in have] if have or world.rank() == 0 else []
     unexpected = [k for k in have if k not in own]
@@ -166,25 +199,31 @@ def set_optimizer_state_dict(model: Module, optimizers, optim_state_dict: dict, 
     """Loads a state dict keyed by parameter names into the optimizers (full tensors laid out as
     their parameters)."""
     o = _opts(options)
-    names = _names(model)
     for opt in _optimizers(optimizers):
-        _init_optim_state(opt)
-        order = [p for g in opt.param_groups for p in g["params"]]
-        index = {names[id(p)]: i for i, p in enumerate(order)}
-        own = opt.state_dict()
-        state = {}
-        for i, s in own["state"].items():
-            name = names[id(order[i])]
-            src = optim_state_dict.get("state", {}).get(name)
-            if src is None and not o.broadcast_from_rank0:
-                raise RuntimeError(f"holoflow set_optimizer_state_dict: no state for parameter {name!r}")
-            state[i] = {k: (_place_like(v, (src or {}).get(k), o) if isinstance(v, Tensor) and o.full_state_dict
-                            else (src or {}).get(k, v)) for k, v in s.items()}
-        groups = []
-        mine = [g for g in optim_state_dict.get("param_groups", []) if all(n in index for n in g["params"])]
-        for g_own, g in zip(own["param_groups"], mine or own["param_groups"]):
-            groups.append({**g, "params": g_own["params"]})
-        opt.load_state_dict({"state": state, "param_groups": groups})
+        opt.load_state_dict(optimizer_state_to_load(model, opt, optim_state_dict, o))
+
+
+def optimizer_state_to_load(model: Module, opt, optim_state_dict: dict, o: StateDictOptions) -> dict:
+    """``optim_state_dict`` (keyed by parameter names) as ``opt.load_state_dict`` takes it: keyed
+    by ``opt``'s parameter indices, full tensors laid out as the parameters' states."""
+    names = _names(model)
+    _init_optim_state(opt)
+    order = [p for g in opt.param_groups for p in g["params"]]
+    index = {names[id(p)]: i for i, p in enumerate(order)}
+    own = opt.state_dict()
+    state = {}
+    for i, s in own["state"].items():
+        name = names[id(order[i])]
+        src = optim_state_dict.get("state", {}).get(name)
+        if src is None and not o.broadcast_from_rank0:
+            raise RuntimeError(f"holoflow set_optimizer_state_dict: no state for parameter {name!r}")
+        state[i] = {k: (_place_like(v, (src or {}).get(k), o) if isinstance(v, Tensor) and o.full_state_dict
+                        else (src or {}).get(k, v)) for k, v in s.items()}
+    groups = []
+    mine = [g for g in optim_state_dict.get("param_groups", []) if all(n in index for n in g["params"])]
+    for g_own, g in zip(own["param_groups"], mine or own["param_groups"]):
+        groups.append({**g, "params": g_own["params"]})
+    return {"state": state, "param_groups": groups}
 
 
 def set_state_dict(model: Module, optimizers, *, model_state_dict: dict, optim_state_dict: dict,

@@ -26,18 +26,18 @@ from typing import Any, Iterable
 
 import torch
 
-from ..core import grad_mode, interpret
-from ..core.autograd import current_graph_task, queue_callback
-from ..core.dtype import dtype as DType
-from ..core.errors import UnsupportedError
-from ..core.grad_mode import no_grad
-from ..core.tensor import Tensor
-from ..distributed import env
-from ..distributed.device_mesh import DeviceMesh, current_mesh, init_device_mesh
-from . import distribute_parameter
-from ..distributed.placement_types import Partial, Replicate, Shard
-from ..nn.module import Module
-from ..nn.parameter import Parameter
+from ...core import grad_mode, interpret
+from ...core.autograd import current_graph_task, queue_callback
+from ...core.dtype import dtype as DType
+from ...core.errors import UnsupportedError
+from ...core.grad_mode import no_grad
+from ...core.tensor import Tensor
+from ...distributed import env
+from ...distributed.device_mesh import DeviceMesh, current_mesh, init_device_mesh
+from .. import distribute_parameter
+from ...distributed.placement_types import Partial, Replicate, Shard
+from ...nn.module import Module
+from ...nn.parameter import Parameter
 
 __all__ = ["fully_shard", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "CPUOffloadPolicy",
            "UnshardHandle", "register_fsdp_forward_method"]
@@ -77,8 +77,9 @@ class UnshardHandle:
 
 
 def _fsdp_states(module: Module, recurse: bool) -> list:
+    """The sharding states of ``module`` (and below): ``fully_shard``'s and FSDP1 wrappers'."""
     mods = module.modules() if recurse else (module,)
-    return [m._fsdp_state for m in mods if isinstance(m, FSDPModule)]
+    return [m.__dict__["_fsdp_state"] for m in mods if "_fsdp_state" in m.__dict__]
 
 
 class FSDPModule:
@@ -324,19 +325,31 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
         raise TypeError(f"holoflow fully_shard: takes a Module or a non-empty list of Modules, got {module!r}")
     if kwargs:
         raise TypeError(f"holoflow fully_shard: unexpected keyword argument(s) {sorted(kwargs)}")
+    if any(isinstance(m, FSDPModule) for m in group):
+        raise RuntimeError("holoflow fully_shard: this module is already sharded by fully_shard")
+    shard(group, mesh, reshard_after_forward, shard_placement_fn, mp_policy, offload_policy, ignored_params)
+    for m in group:
+        cls = type(m)
+        m.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+    return module
+
+
+def shard(group: list, mesh: DeviceMesh | None, reshard_after_forward: bool | None, shard_placement_fn,
+          mp_policy: MixedPrecisionPolicy, offload_policy: OffloadPolicy, ignored_params,
+          who: str = "fully_shard") -> _State:
+    """What ``fully_shard`` does but mixing its class in (FSDP1's wrapper uses it too): the
+    group's parameters sharded, its forward hooks registered, its state at ``m._fsdp_state``."""
     mesh = DeviceMesh.from_placement(mesh if mesh is not None else (current_mesh() or _default_mesh(group[0])))
     if mesh.ndim not in (1, 2):
-        raise ValueError(f"holoflow fully_shard: takes a 1-D mesh (FSDP) or a 2-D one (HSDP: replicate, shard), "
+        raise ValueError(f"holoflow {who}: takes a 1-D mesh (FSDP) or a 2-D one (HSDP: replicate, shard), "
                          f"got {mesh.ndim}-D")
     if isinstance(offload_policy, CPUOffloadPolicy) and mesh.device_type != "cpu":
-        raise NotImplementedError(f"holoflow fully_shard: CPUOffloadPolicy on a {mesh.device_type} mesh (shards "
+        raise NotImplementedError(f"holoflow {who}: CPUOffloadPolicy on a {mesh.device_type} mesh (shards "
                                   f"kept on the CPU, gathered to the device) is not supported; on a cpu mesh the "
                                   f"shards are on the CPU already")
     if type(offload_policy) not in (OffloadPolicy, CPUOffloadPolicy):
-        raise TypeError(f"holoflow fully_shard: offload_policy must be an OffloadPolicy or a CPUOffloadPolicy, got "
+        raise TypeError(f"holoflow {who}: offload_policy must be an OffloadPolicy or a CPUOffloadPolicy, got "
                         f"{type(offload_policy).__name__}")
-    if any(isinstance(m, FSDPModule) for m in group):
-        raise RuntimeError("holoflow fully_shard: this module is already sharded by fully_shard")
     ignored = {id(p) for p in ignored_params or ()}
     taken = []   # (module, name, parameter): a parameter tied between modules is sharded once
     for mod in (sub for m in group for sub in m.modules()):
@@ -344,8 +357,8 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
             if p is None or id(p) in ignored:
                 continue
             if p._global is None:
-                distribute_parameter(p, mesh, [Replicate()] * (mesh.ndim - 1) + [_shard_of(p, shard_placement_fn,
-                                                                                             name)])
+                layout = [Replicate()] * (mesh.ndim - 1) + [_shard_of(p, shard_placement_fn, who, name)]
+                distribute_parameter(p, mesh, layout)
             elif not any(q is p for _, _, q in taken):
                 continue   # (global: taken by a fully_shard of a submodule, or laid out by the user)
             taken.append((mod, name, p))
@@ -366,9 +379,9 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
     def pre(mod, args, kwargs):
         if interpret.is_lazy():
             raise UnsupportedError(
-                f"holoflow fully_shard: {type(mod).__name__} runs on each rank's own batch with local "
+                f"holoflow {who}: {type(mod).__name__} runs on each rank's own batch with local "
                 f"tensors, eagerly; inside nn.Graph's build() the program is one logical one. For a graph, "
-                f"leave fully_shard out: lay the model out with model.to_global(placement, flow.sbp.broadcast), "
+                f"leave {who} out: lay the model out with model.to_global(placement, flow.sbp.broadcast), "
                 f"feed batches split(0), and shard parameters, gradients and optimizer state with "
                 f"self.config.enable_zero(True, stage=3)")
         state.mark_root(mod)
@@ -398,24 +411,22 @@ def fully_shard(module: Module | list, *, mesh: DeviceMesh | None = None, reshar
         m.__dict__["_fsdp_state"] = state
         m.register_forward_pre_hook(pre, with_kwargs=True)
         m.register_forward_hook(post)
-        cls = type(m)
-        m.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
-    return module
+    return state
 
 
-def _shard_of(p: Parameter, fn, name: str) -> Shard:
+def _shard_of(p: Parameter, fn, who: str, name: str) -> Shard:
     """The dim ``p`` is sharded on: ``fn(p)``'s ``Shard`` (None: dim 0), as torch's
     ``shard_placement_fn``."""
     got = fn(p) if fn is not None else None
     if got is None:
         return Shard(0)
     if not isinstance(got, Shard):
-        raise NotImplementedError(f"holoflow fully_shard: shard_placement_fn returned {got!r} for {name!r}; it "
+        raise NotImplementedError(f"holoflow {who}: shard_placement_fn returned {got!r} for {name!r}; it "
                                   f"may return a Shard(dim) or None (a ShardPlacementResult with its own mesh is "
                                   f"not supported)")
     dim = got.dim + p.dim() if got.dim < 0 else got.dim
     if not 0 <= dim < max(p.dim(), 1):
-        raise ValueError(f"holoflow fully_shard: shard_placement_fn gave Shard({got.dim}) for {name!r} of shape "
+        raise ValueError(f"holoflow {who}: shard_placement_fn gave Shard({got.dim}) for {name!r} of shape "
                          f"{tuple(p.shape)}; the dim must be in [{-p.dim()}, {p.dim() - 1}]")
     return Shard(dim)
 

@@ -1,15 +1,15 @@
 """torch's auto-wrap policies (``torch.distributed.fsdp.wrap``; what mock_torch gives for it):
 predicates ``policy(module, recurse, nonwrapped_numel)`` saying whether to descend into a
 module (``recurse=True``) and whether to wrap it (``recurse=False``), as
-``apply_activation_checkpointing`` (holoflow.dtensor.checkpoint_wrapper) reads them. FSDP1's
-``FullyShardedDataParallel`` itself is not provided (FSDP2's ``fully_shard`` is)."""
+``apply_activation_checkpointing`` (holoflow.dtensor.checkpoint_wrapper) and FSDP1's
+``FullyShardedDataParallel(auto_wrap_policy=...)`` read them, through :func:`_recursive_wrap`."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from ..nn.module import Module
-from ..nn.containers import ModuleDict, ModuleList
-from ..nn.modules.attention import MultiheadAttention
+from ...nn.module import Module
+from ...nn.containers import ModuleDict, ModuleList
+from ...nn.modules.attention import MultiheadAttention
 
 __all__ = ["ModuleWrapPolicy", "CustomPolicy", "lambda_auto_wrap_policy", "transformer_auto_wrap_policy",
            "size_based_auto_wrap_policy"]
@@ -62,3 +62,26 @@ class CustomPolicy:
 
     def __call__(self, module: Module, recurse: bool, *args: Any, **kwargs: Any) -> bool:
         return True if recurse else bool(self._lambda_fn(module))
+
+
+def _recursive_wrap(module: Module, policy: Callable, wrap: Callable, only_children: bool = False,
+                    ignored: frozenset = frozenset()) -> tuple:
+    """``(module or its wrapper, parameters wrapped below and here)``: the children are visited
+    while the policy says to recurse, then ``module`` is wrapped if the policy says so for the
+    parameters its wrapped children left (torch's ``_recursive_wrap``). Modules whose id is in
+    ``ignored`` are neither wrapped nor entered, and their parameters are not counted."""
+    if id(module) in ignored:
+        return module, 0
+    skip = {id(p) for m in module.modules() if id(m) in ignored for p in m.parameters()}
+    numel = sum(p.numel() for p in module.parameters() if id(p) not in skip)
+    if not policy(module=module, recurse=True, nonwrapped_numel=numel):
+        return module, 0
+    wrapped = 0
+    for name, child in list(module.named_children()):
+        new, n = _recursive_wrap(child, policy, wrap, ignored=ignored)
+        if new is not child:
+            setattr(module, name, new)
+        wrapped += n
+    if not only_children and policy(module=module, recurse=False, nonwrapped_numel=numel - wrapped):
+        return wrap(module), numel
+    return module, wrapped
