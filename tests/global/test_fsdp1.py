@@ -261,3 +261,36 @@ def test_mock_torch_resolves_fsdp1():
         assert MP is MixedPrecision and T is StateDictType
         assert transformer_auto_wrap_policy is fsdp.wrap.transformer_auto_wrap_policy
         assert torch.device("meta").__enter__ is not None
+
+
+@pytest.mark.parametrize("reshard", [ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP])
+def test_activation_checkpointing_applied_after_wrapping(reshard):
+    """The llama-recipe order: FSDP1 with blocks wrapped, then apply_activation_checkpointing
+    on the blocks inside the wrappers; the recomputation reads the gathered parameters again,
+    and the state dict keeps the plain names."""
+    from holoflow.dtensor.checkpoint_wrapper import apply_activation_checkpointing
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 6)
+
+        def forward(self, x):
+            return x + self.fc(x).tanh()
+
+    def net():
+        flow.manual_seed(4)
+        return nn.Sequential(Block(), Block(), nn.Linear(6, 3))
+
+    want = {k: v.numpy() for k, v in _train(net(), XS[:2]).state_dict().items()}
+
+    def f(r):
+        w = FSDP(net(), sharding_strategy=reshard, auto_wrap_policy=ModuleWrapPolicy({Block}))
+        apply_activation_checkpointing(w, check_fn=lambda m: isinstance(m, Block))
+        kinds = [type(w.module[0].module).__name__, type(w.module[0].module._checkpoint_wrapped_module).__name__]
+        _train(w, [XS[r]])
+        return kinds, {k: v.numpy() for k, v in w.state_dict().items()}
+    for kinds, got in world.simulate(2, f):
+        assert kinds == ["CheckpointWrapper", "Block"] and set(got) == set(want)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
