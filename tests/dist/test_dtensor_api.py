@@ -179,10 +179,12 @@ feats = torch.randn(5, 6, generator=torch.Generator().manual_seed(5))
 with loss_parallel():
     logits = head(feats)
     loss = torch.nn.functional.cross_entropy(logits, torch.tensor([1, 9, 0, 4, 4]))
+    per_row = torch.nn.functional.cross_entropy(logits, torch.tensor([1, 9, 0, 4, 4]), reduction="none")
     loss.backward()
-# (the loss's own placement differs: torch's is Replicate(), holoflow's Partial(sum); same value)
+# (the loss is Replicate(): every rank's to_local() is the loss, which a training loop logs)
 OUT["loss_parallel"] = [str(logits.placements), round(loss.full_tensor().item(), 5), round(loss.item(), 5),
-                        r6(head.weight.grad.full_tensor()), r6(head.bias.grad.full_tensor())]
+                        str(loss.placements), round(loss.to_local().item(), 5), str(per_row.placements),
+                        r6(per_row.to_local()), r6(head.weight.grad.full_tensor()), r6(head.bias.grad.full_tensor())]
 
 # distribute_module: a custom partition and input/output functions
 lin = nn.Linear(4, 2)

@@ -828,3 +828,31 @@ def test_views_of_unsharded_weights_and_an_eval_pass_between(reshard):
         assert evaluated == pytest.approx(want_eval, rel=1e-6)
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_loss_parallel_losses_are_replicas():
+    """torch's loss is Replicate() inside loss_parallel(): each rank's to_local() is the whole
+    loss (a training loop logs it), per-sample losses too; the gradients are the unsharded ones."""
+    from holoflow.dtensor.parallel import loss_parallel
+    x = np.linspace(-2, 2, 30, dtype=np.float32).reshape(5, 6)
+    labels = [1, 5, 0, 3, 3]
+    want = flow.tensor(x, requires_grad=True)
+    whole = flow.nn.functional.cross_entropy(want, flow.tensor(labels))
+    whole.backward()
+    rows = flow.nn.functional.nll_loss(flow.tensor(x).log_softmax(1), flow.tensor(labels), reduction="none")
+
+    def f(r):
+        mesh = DeviceMesh("cpu", [0, 1])
+        logits = distribute_tensor(flow.tensor(x), mesh, [Shard(1)]).requires_grad_()
+        with loss_parallel():
+            loss = flow.nn.functional.cross_entropy(logits, flow.tensor(labels))
+            per_row = flow.nn.functional.nll_loss(logits.log_softmax(1), flow.tensor(labels), reduction="none")
+            loss.backward()
+        outside = (logits.detach() * 2).sum()   # (after the block, a sum over the split dim is partial again)
+        return (loss.placements, loss.to_local().item(), per_row.placements, per_row.to_local().detach().numpy(),
+                logits.grad.full_tensor().numpy(), outside.placements)
+    for placements, local, row_placements, local_rows, grad, outside in _sim(2, f):
+        assert placements == row_placements == (Replicate(),) and outside == (Partial(),)
+        assert abs(local - whole.item()) < 1e-6
+        np.testing.assert_allclose(local_rows, rows.detach().numpy(), rtol=1e-6)
+        np.testing.assert_allclose(grad, want.grad.numpy(), rtol=1e-5, atol=1e-7)

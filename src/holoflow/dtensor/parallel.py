@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 from ..core import interpret
 from ..core.errors import UnsupportedError
+from ..core.sbp import B
 from ..distributed.device_mesh import DeviceMesh, _check_mesh
 from ..distributed.dtensor import DTensor, implicit_replication
 from ..distributed.placement_types import Placement, Replicate, Shard
@@ -31,13 +32,35 @@ __all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParal
            "PrepareModuleOutput", "PrepareModuleInputOutput", "parallelize_module", "loss_parallel"]
 
 
+class _ReplicatedLosses(interpret.Interpreter):
+    """Inside ``loss_parallel()``: the loss an op of the loss family returns (its first output)
+    is made a replica, as torch's loss is ``Replicate()`` there (partial sums are all-reduced,
+    per-sample losses gathered): every rank's ``to_local()`` is the loss."""
+
+    def bind(self, op, inputs: tuple, attrs: dict):
+        out = self.parent.bind(op, inputs, attrs)
+        if op.family != "loss":
+            return out
+        if isinstance(out, tuple):
+            items = [_replicated(out[0]), *out[1:]]
+            return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
+        return _replicated(out)
+
+
+def _replicated(x: Any) -> Any:
+    g = getattr(x, "_global", None)
+    if g is None or all(s == B for s in g.sbp):
+        return x
+    return x.to_global(placement=g.placement, sbp=[B] * len(g.sbp))
+
+
 @contextlib.contextmanager
 def loss_parallel() -> Iterator[None]:
     """torch's ``loss_parallel()``: ``cross_entropy`` / ``nll_loss`` of logits sharded on the
     class dim (a colwise head with ``use_local_output=False``) against plain labels; the loss is a
     replicated DTensor and ``loss.backward()`` runs inside the block too. holoflow's global
     cross-entropy takes any layout; the labels are taken as every rank's replica."""
-    with implicit_replication():
+    with implicit_replication(), interpret.pushed(_ReplicatedLosses()):
         yield
 
 
