@@ -219,8 +219,12 @@ def _flags(t) -> tuple:
         return ("raises", type(e).__name__)
 
 
-def _run(lib, program: list) -> tuple[list, BaseException | None]:
-    """Runs ``program``: per step (value or None, flags of every live tensor), and the error."""
+def _run(lib, program: list, observe: bool = True) -> tuple[list, BaseException | None]:
+    """Runs ``program``: per step (value or None, flags of every live tensor), and the error.
+    ``observe=False`` reads nothing between steps: torch regenerates a stale view's grad_fn when
+    it is read, from its base's history at that moment, so reading it between a write and the
+    base's ``detach_()`` keeps gradients flowing that an unread view would not send (holoflow's
+    views behave as torch's unread ones)."""
     pool = _leaves(lib)
     trace = []
     for name, operands, p in program:
@@ -230,7 +234,8 @@ def _run(lib, program: list) -> tuple[list, BaseException | None]:
             return trace, pool, e
         if name not in INPLACE:
             pool.append(out)
-        trace.append([(_plain(t), _flags(t)) for t in pool])
+        if observe:
+            trace.append([(_plain(t), _flags(t)) for t in pool])
     return trace, pool, None
 
 
@@ -266,6 +271,8 @@ def test_random_program_agrees_with_torch(seed):
     if t_err is not None:
         return
     # every live tensor that requires grad, weighted, into one loss: the leaves' gradients agree
+    # (each library's program run again without reading anything between steps, as a user's)
+    t_pool, f_pool = _run(torch, program, observe=False)[1], _run(flow, program, observe=False)[1]
     rng = np.random.default_rng(seed)
     # odd seeds read matrices through a product, so gradients arrive transposed and strided
     weights = [rng.standard_normal(tuple(t.shape[-1:]) + (3,) if seed % 2 and t.dim() == 2 else tuple(t.shape))

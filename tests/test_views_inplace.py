@@ -255,6 +255,29 @@ def test_no_grad_write_through_a_view_changes_the_base_only():
     assert a.grad.tolist() == [1.0, 1.0, 1.0, 1.0]   # torch: the no_grad write is not recorded
 
 
+@pytest.mark.parametrize("write", [False, True], ids=["unwritten", "no_grad_write"])
+def test_detaching_a_base_in_place_after_its_views_were_taken(write):
+    """A view taken before its base's detach_() keeps sending gradient to the base's history,
+    unless the storage was written since (here under no_grad): then the view's history is
+    re-derived from the detached base and its gradient goes nowhere, as torch's (whose view
+    regenerates its grad_fn lazily: reading it between the write and the detach_ would keep it;
+    tests/test_fuzz_views_inplace.py compares gradients of programs run without such reads)."""
+    got = []
+    for lib in (torch, flow):
+        d = lib.tensor(np.arange(12.0).reshape(4, 3), requires_grad=True)
+        x = d.clone()
+        v = x[:, 2]
+        if write:
+            with lib.no_grad():
+                v.mul_(0.5)
+        x.detach_()
+        (v * lib.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
+        got.append((v.requires_grad, None if d.grad is None else d.grad.numpy().tolist()))
+    assert got[0] == got[1]
+    want = (True, None) if write else (True, [[0, 0, 1], [0, 0, 2], [0, 0, 3], [0, 0, 4]])
+    assert got[1] == want
+
+
 def test_write_into_a_base_that_needs_no_grad_makes_it_require_grad():
     for lib in (torch, flow):
         c = lib.tensor([2.0, 3.0], requires_grad=True)

@@ -37,6 +37,7 @@ from .compat import *  # noqa: F403  (torch's switches, compile, _assert, LongTe
 from .func import vmap  # torch.vmap
 from . import compiler, cpu, profiler, random  # torch.compiler, torch.cpu, torch.profiler, torch.random
 from . import quasirandom  # torch.quasirandom (SobolEngine)
+from . import futures  # torch.futures (Future, collect_all, wait_all)
 from . import mps, mtia, xpu  # torch's other device modules (torch's own queries)
 from . import multiprocessing  # torch.multiprocessing (spawn, Queue, start methods)
 from . import functional, return_types, signal  # torch.functional, torch.return_types, torch.signal

@@ -76,9 +76,11 @@ def test_ddp_no_sync(world2):
     assert counts[0] == counts[1] > 2
 
 
-def _shared_weight(rank):
+def _shared_weight(rank, hook=None):
     lin = flow.nn.Linear(4, 4)
     model = DDP(lin)
+    if hook is not None:
+        model.register_comm_hook(None, hook)
     x = flow.ones(2, 4) * (rank + 1)
     model(model(x)).sum().backward()  # the same parameters used twice in one backward
     ref = flow.nn.Linear(4, 4)
@@ -92,8 +94,56 @@ def _shared_weight(rank):
     return True
 
 
+def _shared_weight_hooked(rank):
+    from holoflow.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    return _shared_weight(rank, allreduce_hook)
+
+
 def test_ddp_parameter_used_twice(world2):
     assert world2.run(_shared_weight) == [True, True]
+    assert world2.run(_shared_weight_hooked) == [True, True]   # (the hook reduces the bucket again)
+
+
+def _hooks_vs_plain(rank):
+    """bf16/fp16 compression (and the wrappers) train as plain DDP up to their rounding; a hook's
+    own async collective overlaps; a bad hook is named."""
+    from holoflow.distributed.algorithms.ddp_comm_hooks import default_hooks as dh
+    n = flow.env.get_world_size()
+    results = {}
+    for name, hook, tol in (("plain", None, 0), ("bf16", dh.bf16_compress_hook, 2e-2),
+                            ("fp16", dh.fp16_compress_hook, 2e-3),
+                            ("bf16_wrapped", dh.bf16_compress_wrapper(dh.allreduce_hook), 2e-2),
+                            ("fp16_wrapped", dh.fp16_compress_wrapper(dh.allreduce_hook), 2e-3)):
+        model = DDP(_mlp(0), bucket_cap_mb=0.0002)
+        if hook is not None:
+            model.register_comm_hook(None, hook)
+        flow.manual_seed(3)
+        x = flow.randn(4 * n, 5)
+        model(x[4 * rank:4 * rank + 4]).pow(2).mean().backward()
+        results[name] = [p.grad.clone() for p in model.parameters()]
+        if hook is not None:
+            for g, want in zip(results[name], results["plain"]):
+                assert (g - want).abs().max().item() <= tol * max(want.abs().max().item(), 1e-3), name
+                assert g.dtype == want.dtype
+    errors = []
+    for bad in (lambda state, bucket: bucket.buffer(),
+                lambda state, bucket: flow.futures.Future._completed(flow.ones(1))):
+        model = DDP(_mlp(0))
+        model.register_comm_hook(None, bad)
+        try:
+            model(flow.ones(2, 5)).sum().backward()
+            errors.append("no error")
+        except (TypeError, RuntimeError) as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    return errors
+
+
+def test_ddp_comm_hooks_compress_and_refuse_bad_hooks(world2):
+    for errors in world2.run(_hooks_vs_plain):
+        assert errors[0].startswith("TypeError: holoflow DistributedDataParallel: the communication hook")
+        assert "must return a torch.futures.Future of the bucket's reduced tensor, got Tensor" in errors[0]
+        assert errors[1].startswith("RuntimeError: holoflow DistributedDataParallel: the communication hook's "
+                                    "future must hold a tensor of the bucket's")
 
 
 def test_ddp_single_process():

@@ -8,6 +8,7 @@ tensors, what boxing calls), :mod:`.comm_api` (``holoflow.comm``, on holoflow Te
 """
 from . import env, groups, comm, comm_api, process_group
 from .comm_track import CommError, count
+from .ddp import GradBucket
 from .env import get_local_rank, get_local_world_size, get_node_size, is_multi_process, set_comm_timeout
 # torch.distributed's process-group API on holoflow Tensors (``import torch.distributed`` under mock_torch)
 from .process_group import *  # noqa: F403

@@ -5,7 +5,9 @@ backward produces their gradients). A post-accumulate-grad hook marks a paramete
 bucket is complete it is flattened and all-reduced asynchronously, so communication overlaps
 the rest of backward. Buckets are launched strictly in index order, so every rank issues the
 same collectives in the same order. A callback queued on the first hook waits for every bucket at
-the end of backward, averages, and writes the gradients back.
+the end of backward, averages, and writes the gradients back. A communication hook
+(``register_comm_hook``, torch's) replaces the all-reduce: it gets each bucket as a
+:class:`GradBucket` and returns a future of the reduced (averaged) flat gradients.
 """
 from __future__ import annotations
 
@@ -20,19 +22,78 @@ from ..core.tensor import Tensor
 from . import comm, env
 
 
-class _Bucket:
-    __slots__ = ("params", "ready", "handle", "flat", "dirty")
+class GradBucket:
+    """torch's ``dist.GradBucket``: what a communication hook gets, one bucket of flattened
+    gradients (not yet averaged)."""
 
-    def __init__(self, params: list[Tensor]) -> None:
+    def __init__(self, index: int, flat: torch.Tensor, params: list[Tensor], last: bool) -> None:
+        self._index, self._flat, self._params, self._last = index, flat, params, last
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self) -> Tensor:
+        """The bucket's gradients flattened into one tensor (the hook may reduce it in place)."""
+        return Tensor._make(self._flat)
+
+    def gradients(self) -> list[Tensor]:
+        """Each parameter's gradient, a view of :meth:`buffer`."""
+        out, off = [], 0
+        for p in self._params:
+            out.append(Tensor._make(self._flat[off:off + p.numel()].view(p._data.shape)))
+            off += p.numel()
+        return out
+
+    def parameters(self) -> list[Tensor]:
+        return list(self._params)
+
+    def is_last(self) -> bool:
+        return self._last
+
+    def set_buffer(self, buffer: Tensor) -> None:
+        self._flat.copy_(buffer._data if isinstance(buffer, Tensor) else buffer)
+
+
+class _Bucket:
+    __slots__ = ("params", "ready", "handle", "flat", "dirty", "index", "last")
+
+    def __init__(self, params: list[Tensor], index: int = 0) -> None:
         self.params = params
+        self.index, self.last = index, False
         self.ready: set[int] = set()
-        self.handle = None
+        self.handle = None   # the all-reduce in flight, or the hook's future
         self.flat: torch.Tensor | None = None
         self.dirty = False  # a gradient grew after the bucket was launched (a parameter used twice)
 
-    def launch(self, ranks: tuple[int, ...]) -> None:
+    def launch(self, ranks: tuple[int, ...], hook=None) -> None:
         self.flat = torch.cat([_grad_or_zeros(p).reshape(-1) for p in self.params])
-        self.handle = comm.all_reduce(self.flat, ranks, async_op=True)
+        if hook is None:
+            self.handle = comm.all_reduce(self.flat, ranks, async_op=True)
+            return
+        state, fn = hook
+        fut = fn(state, GradBucket(self.index, self.flat, self.params, self.last))
+        if not hasattr(fut, "wait"):
+            raise TypeError(f"holoflow DistributedDataParallel: the communication hook {_name(fn)} must return a "
+                            f"torch.futures.Future of the bucket's reduced tensor, got {type(fut).__name__}")
+        self.handle = fut
+
+    def result(self, hooked: bool, n: int) -> torch.Tensor:
+        """The reduced, averaged flat gradients (a hook's future holds them averaged already)."""
+        if not hooked:
+            self.handle.wait()
+            return self.flat.div_(n)
+        got = self.handle.wait()
+        got = got[0] if isinstance(got, (list, tuple)) else got
+        got = got._data if isinstance(got, Tensor) else got
+        if not isinstance(got, torch.Tensor) or got.numel() != self.flat.numel():
+            raise RuntimeError(f"holoflow DistributedDataParallel: the communication hook's future must hold a "
+                               f"tensor of the bucket's {self.flat.numel()} elements, got "
+                               f"{tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}")
+        return got.reshape(-1)
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
 class GradReducer:
@@ -45,9 +106,21 @@ class GradReducer:
         self.buckets = _make_buckets(self.params, int(bucket_cap_mb * 2 ** 20))
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.enabled = True
+        self.comm_hook = None   # (state, hook): register_comm_hook's
         self._active = False
         self._next = 0
         self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self.params]
+
+    def register_comm_hook(self, state: object, hook) -> None:
+        """torch's ``register_comm_hook``: ``hook(state, bucket)`` reduces each bucket instead of the
+        averaging all-reduce; once, before training."""
+        if self.comm_hook is not None:
+            raise RuntimeError("holoflow DistributedDataParallel.register_comm_hook: a communication hook is "
+                               "already registered; it can be registered only once")
+        if not callable(hook):
+            raise TypeError(f"holoflow DistributedDataParallel.register_comm_hook: hook must be callable "
+                            f"(state, bucket) -> Future, got {type(hook).__name__}")
+        self.comm_hook = (state, hook)
 
     # -- during backward -------------------------------------------------------------------
     def _hook(self, p: Tensor) -> None:
@@ -68,7 +141,7 @@ class GradReducer:
             b = self.buckets[self._next]
             if len(b.ready) < len(b.params) and not force:
                 return
-            b.launch(self.ranks)
+            b.launch(self.ranks, self.comm_hook)
             self._next += 1
 
     def finish(self) -> None:
@@ -76,16 +149,16 @@ class GradReducer:
         averages, and writes the gradients back. Called at the end of backward."""
         self._launch_ready(force=True)
         n = len(self.ranks)
+        hooked = self.comm_hook is not None
         for b in self.buckets:
-            b.handle.wait()
             if b.dirty:  # reduce again with the complete gradients (same on every rank: same graph)
-                b.launch(self.ranks)
-                b.handle.wait()
-            b.flat.div_(n)
+                b.result(hooked, n)
+                b.launch(self.ranks, self.comm_hook)
+            flat = b.result(hooked, n)
             off = 0
             for p in b.params:
                 k = p.numel()
-                g = b.flat[off:off + k].view(p._data.shape)
+                g = flat[off:off + k].view(p._data.shape)
                 if p.grad is None:
                     p.grad = Tensor._make(g.clone())
                 else:
@@ -167,4 +240,6 @@ def _make_buckets(params: list[Tensor], cap_bytes: int) -> list[_Bucket]:
         size += nbytes
     if cur:
         buckets.append(_Bucket(cur))
+    for i, b in enumerate(buckets):
+        b.index, b.last = i, i == len(buckets) - 1
     return buckets

@@ -19,6 +19,7 @@ from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from . import comm as _c
 from . import comm_api, env
+from .futures import Future
 
 Backend = dist.Backend
 ReduceOp = dist.ReduceOp
@@ -41,7 +42,11 @@ ProcessGroup = RankGroup
 
 
 class _Done:
-    """What ``async_op=True`` returns for a collective holoflow runs synchronously: finished."""
+    """What ``async_op=True`` returns for a collective holoflow runs synchronously: finished;
+    ``get_future()``'s value is the collective's output tensors, as torch's."""
+
+    def __init__(self, result: list | None = None) -> None:
+        self.result = result
 
     def wait(self, timeout=None) -> bool:
         return True
@@ -49,9 +54,30 @@ class _Done:
     def is_completed(self) -> bool:
         return True
 
+    def get_future(self) -> Future:
+        return Future._completed(self.result)
 
-def _work(async_op: bool) -> _Done | None:
-    return _Done() if async_op else None
+
+class _InFlight:
+    """An asynchronous collective in flight (torch's Work): ``wait()`` finishes it."""
+
+    def __init__(self, handle, result: list) -> None:
+        self.handle, self.result = handle, result
+
+    def wait(self, timeout=None) -> bool:
+        self.handle.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self.handle.is_completed()
+
+    def get_future(self) -> Future:
+        """A future of the output tensors, complete once the collective is waited for."""
+        return Future._of(lambda: (self.wait(), self.result)[1])
+
+
+def _work(async_op: bool, *result: Tensor) -> _Done | None:
+    return _Done(list(result)) if async_op else None
 
 
 def is_available() -> bool:
@@ -135,25 +161,26 @@ def barrier(group: Sequence[int] | None = None, async_op: bool = False, device_i
 
 
 def all_reduce(tensor: Tensor, op=ReduceOp.SUM, group: Sequence[int] | None = None, async_op: bool = False):
-    return comm_api.all_reduce(tensor, op, group, async_op)
+    handle = comm_api.all_reduce(tensor, op, group, async_op)
+    return _InFlight(handle, [tensor]) if async_op else None
 
 
 def reduce(tensor: Tensor, dst: int, op=ReduceOp.SUM, group: Sequence[int] | None = None,
            async_op: bool = False) -> _Done | None:
     """Only ``dst``'s result is defined (torch's contract); the others get it too (an all-reduce)."""
     comm_api.all_reduce(tensor, op, group)
-    return _work(async_op)
+    return _work(async_op, tensor)
 
 
 def broadcast(tensor: Tensor, src: int, group: Sequence[int] | None = None, async_op: bool = False) -> _Done | None:
     comm_api.broadcast(tensor, src, group)
-    return _work(async_op)
+    return _work(async_op, tensor)
 
 
 def all_gather(tensor_list: list[Tensor], tensor: Tensor, group: Sequence[int] | None = None,
                async_op: bool = False) -> _Done | None:
     comm_api.all_gather(tensor_list, tensor, group)
-    return _work(async_op)
+    return _work(async_op, *tensor_list)
 
 
 def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor, group: Sequence[int] | None = None,
@@ -161,13 +188,13 @@ def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor, group: S
     """``output_tensor`` = the ranks' ``input_tensor`` concatenated along dim 0 (or stacked, when
     ``output_tensor`` has one more dim), as torch's."""
     comm_api.all_gather_into_tensor(output_tensor, input_tensor, group)
-    return _work(async_op)
+    return _work(async_op, output_tensor)
 
 
 def reduce_scatter(output: Tensor, input_list: list[Tensor], op=ReduceOp.SUM,
                    group: Sequence[int] | None = None, async_op: bool = False) -> _Done | None:
     comm_api.reduce_scatter(output, input_list, op, group)
-    return _work(async_op)
+    return _work(async_op, output)
 
 
 def reduce_scatter_tensor(output: Tensor, input: Tensor, op=ReduceOp.SUM,  # noqa: A002 (torch's name)
@@ -175,25 +202,25 @@ def reduce_scatter_tensor(output: Tensor, input: Tensor, op=ReduceOp.SUM,  # noq
     """``output`` = this rank's piece of the sum of every rank's ``input`` (the pieces
     concatenated along dim 0, or stacked)."""
     comm_api.reduce_scatter_tensor(output, input, op, group)
-    return _work(async_op)
+    return _work(async_op, output)
 
 
 def all_to_all(output_tensor_list: list[Tensor], input_tensor_list: list[Tensor],
                group: Sequence[int] | None = None, async_op: bool = False) -> _Done | None:
     comm_api.all_to_all(output_tensor_list, input_tensor_list, group)
-    return _work(async_op)
+    return _work(async_op, *output_tensor_list)
 
 
 def gather(tensor: Tensor, gather_list: list[Tensor] | None = None, dst: int = 0,
            group: Sequence[int] | None = None, async_op: bool = False) -> _Done | None:
     comm_api.gather(tensor, gather_list, dst, group)
-    return _work(async_op)
+    return _work(async_op, *(gather_list or ()))
 
 
 def scatter(tensor: Tensor, scatter_list: list[Tensor] | None = None, src: int = 0,
             group: Sequence[int] | None = None, async_op: bool = False) -> _Done | None:
     comm_api.scatter(tensor, scatter_list, src, group)
-    return _work(async_op)
+    return _work(async_op, tensor)
 
 
 def send(tensor: Tensor, dst: int, group: Sequence[int] | None = None, tag: int = 0) -> None:
@@ -229,7 +256,7 @@ def all_to_all_single(output: Tensor, input: Tensor, output_split_sizes: Sequenc
         return list(t.split(list(sizes), 0))
     outs = pieces(output, output_split_sizes, "output")
     comm_api.all_to_all(outs, pieces(input, input_split_sizes, "input"), group)
-    return _work(async_op)
+    return _work(async_op, output)
 
 
 def all_gather_object(object_list: list, obj, group: Sequence[int] | None = None) -> None:

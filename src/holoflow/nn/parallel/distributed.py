@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ...distributed import env
 from ...distributed.ddp import GradReducer, verify_same_model
@@ -81,3 +81,10 @@ class DistributedDataParallel(Module):
         """Skips the gradient all-reduce inside; the next synchronised backward includes these grads."""
         with self.reducer.no_sync():
             yield
+
+    def register_comm_hook(self, state: object, hook: Callable) -> None:
+        """torch's communication hook: ``hook(state, bucket)`` gets each bucket of flattened
+        gradients (a ``GradBucket``, not averaged) and returns a ``torch.futures.Future`` of the
+        averaged result, which becomes the gradients (``torch.distributed.algorithms.
+        ddp_comm_hooks.default_hooks``: ``allreduce_hook``, ``fp16_compress_hook``, ...)."""
+        self.reducer.register_comm_hook(state, hook)
