@@ -57,9 +57,19 @@ class Future(Generic[T]):
         return self.wait()
 
     def then(self, callback: Callable[["Future[T]"], Any]) -> "Future":
+        """A future of ``callback(this future)``, run once this one completes (failed too: its
+        ``value()`` raises inside the callback); what the callback raises is a RuntimeError
+        naming it, as torch's."""
         def produce() -> Any:
-            self.wait()
-            return callback(self)
+            try:
+                self.wait()
+            except BaseException:   # noqa: BLE001 - the callback sees it through value()
+                pass
+            try:
+                return callback(self)
+            except Exception as e:
+                raise RuntimeError(f"Got the following error when running the callback: "
+                                   f"{type(e).__name__}: {e}") from e
         return Future._of(produce)
 
     def add_done_callback(self, callback: Callable[["Future[T]"], None]) -> None:
