@@ -163,6 +163,19 @@ with FSDP.state_dict_type(again, StateDictType.SHARDED_STATE_DICT):
     again.load_state_dict(ssd)
 OUT["sharded_loaded"] = {k: r6(v) == OUT["full_sd"][k] for k, v in again.state_dict().items()}
 
+# torch.distributed.checkpoint of the sharded state dict, loaded into another model
+import torch.distributed.checkpoint as dcp
+ckpt = f"{sys.argv[2]}/dcp"
+with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+    dcp.save({"model": model.state_dict()}, checkpoint_id=ckpt)
+torch.manual_seed(11)
+other = FSDP(Net(), auto_wrap_policy=policy, device_id=torch.device("cpu"), use_orig_params=True)
+with FSDP.state_dict_type(other, StateDictType.SHARDED_STATE_DICT):
+    state = {"model": other.state_dict()}
+    dcp.load(state, checkpoint_id=ckpt)
+    other.load_state_dict(state["model"])
+OUT["dcp_resumed"] = {k: r6(v) == r6(model.state_dict()[k]) for k, v in other.state_dict().items()}
+
 # a model built on the meta device: reset_parameters() on the CPU
 torch.manual_seed(3)
 with torch.device("meta"):
@@ -184,6 +197,7 @@ def test_fsdp1_script_equals_torch(runs):
     got, want = runs["holoflow"], runs["torch"]
     for r in want:
         assert set(got[r]) == set(want[r])
+        assert all(want[r]["sharded_loaded"].values()) and all(want[r]["dcp_resumed"].values())
         for key in set(want[r]) - TORCH_WRONG:
             assert got[r][key] == want[r][key], f"rank {r}, {key}: holoflow {got[r][key]} != torch {want[r][key]}"
 
