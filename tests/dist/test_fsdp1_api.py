@@ -1,7 +1,7 @@
 """FSDP1 under mock_torch: a script written for torch's ``FullyShardedDataParallel`` (auto-wrap
 policies, the sharding strategies, clip_grad_norm_, no_sync, summon_full_params with writeback and
 gradients, apply, full / rank-0 / sharded state dicts and optimizer state dicts, resuming from
-them, a model built on the meta device) runs unchanged on 2 Gloo ranks under torch's launcher on
+them, a model built on the meta device, torch.distributed.checkpoint, ShardedGradScaler) runs unchanged on 2 Gloo ranks under torch's launcher on
 torch and under holoflow's; every rank's answers must be torch's. Where torch's FSDP1 is wrong on
 CPU (its full optimizer state dict reports exp_avg_sq as exp_avg, so a resumed run diverges) the
 answers are checked against the same training unsharded in one process instead."""
@@ -182,6 +182,34 @@ with torch.device("meta"):
     meta = Net()
 built = FSDP(meta, device_id=torch.device("cpu"))
 OUT["from_meta"] = {k: r6(v) for k, v in built.state_dict().items()}
+
+# ShardedGradScaler: an inf in one rank's gradient shard skips the step on every rank
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+torch.manual_seed(0)
+model = FSDP(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)), device_id=torch.device("cpu"),
+             use_orig_params=True)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = ShardedGradScaler(device="cpu", init_scale=1024.0)
+x = torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))
+scales, changed = [], []
+for step in range(3):
+    opt.zero_grad()
+    scaler.scale(model(x).pow(2).mean()).backward()
+    if step == 1 and rank == 1:   # an inf in one rank's shard only: every rank skips the step
+        g = next(p.grad for p in model.parameters() if p.grad is not None and p.grad.to_local().numel() > 0) \
+            if hasattr(next(model.parameters()), "to_local") else \
+            next(p.grad for p in model.parameters() if p.grad is not None and p.grad.numel() > 0)
+        (g.to_local() if hasattr(g, "to_local") else g).view(-1)[0] = float("inf")
+    with FSDP.summon_full_params(model):
+        before = [p.detach().clone() for p in model.parameters()]
+    scaler.step(opt)
+    scaler.update()
+    with FSDP.summon_full_params(model):
+        changed.append(any(not torch.equal(a, p) for a, p in zip(before, model.parameters())))
+    scales.append(scaler.get_scale())
+OUT["scaler"] = [scales, changed]
+with FSDP.summon_full_params(model):
+    OUT["scaled_weights"] = [r6(p) for p in model.parameters()]
 '''
 
 # what torch's FSDP1 gets wrong on CPU, checked against the unsharded run instead
@@ -198,6 +226,7 @@ def test_fsdp1_script_equals_torch(runs):
     for r in want:
         assert set(got[r]) == set(want[r])
         assert all(want[r]["sharded_loaded"].values()) and all(want[r]["dcp_resumed"].values())
+        assert want[r]["scaler"] == [[1024.0, 512.0, 512.0], [True, False, True]]
         for key in set(want[r]) - TORCH_WRONG:
             assert got[r][key] == want[r][key], f"rank {r}, {key}: holoflow {got[r][key]} != torch {want[r][key]}"
 

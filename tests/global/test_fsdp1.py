@@ -294,3 +294,33 @@ def test_activation_checkpointing_applied_after_wrapping(reshard):
         assert kinds == ["CheckpointWrapper", "Block"] and set(got) == set(want)
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("wrap", ["fsdp1", "fully_shard"])
+def test_grad_scaler_skips_a_step_on_every_rank_when_one_shard_overflows(wrap):
+    """GradScaler (and ShardedGradScaler) on sharded gradients: the inf/nan counts of each
+    placement's shards are summed over its ranks, so all ranks skip (and back off) together;
+    a local parameter beside them (ignored by FSDP) is checked as before."""
+    from holoflow.dtensor.fsdp import ShardedGradScaler, fully_shard
+
+    def f(r, poison):
+        flow.manual_seed(0)
+        m = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+        extra = nn.Parameter(flow.ones(3))
+        if wrap == "fsdp1":
+            m = FSDP(m)
+        else:
+            fully_shard(m, mesh=DeviceMesh("cpu", [0, 1]))
+        opt = flow.optim.SGD([*m.parameters(), extra], lr=0.1)
+        scaler = (ShardedGradScaler if wrap == "fsdp1" else flow.amp.GradScaler)("cpu", init_scale=64.0)
+        scaler.scale((m(flow.tensor(XS[r])) + extra).pow(2).mean()).backward()
+        first = next(iter(m.parameters()))
+        if poison and r == 1:
+            first.grad._data.view(-1)[0] = float("inf")   # rank 1's shard only
+        before = first.full_tensor().clone()
+        scaler.step(opt)
+        scaler.update()
+        return scaler.get_scale(), bool((first.full_tensor() != before).any()), extra.tolist()
+    assert world.simulate(2, lambda r: f(r, True)) == [(32.0, False, [1.0] * 3)] * 2
+    clean = world.simulate(2, lambda r: f(r, False))
+    assert [c[:2] for c in clean] == [(64.0, True)] * 2 and clean[0][2] != [1.0] * 3

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..core import grad_mode
+from ..core.sbp import B, P
 from ..core.tensor import Tensor
 from ..ops.creation import full, zeros
 
@@ -104,7 +105,13 @@ class GradScaler:
         state["stage"] = _Stage.UNSCALED
 
     def _unscale_grads(self, optimizer, inv_scale: Tensor) -> dict[str, Tensor]:
+        """Divides every gradient by the scale and counts, per device, the gradients holding an
+        inf/nan. A global gradient (FSDP's, a DTensor's) is checked on each rank's shard and the
+        counts of one placement summed over its ranks in one all-reduce: every rank skips the
+        same steps."""
         found: dict[str, Tensor] = {}
+        shards: dict = {}   # placement -> [device, shards holding an inf/nan on this rank]
+        placed: dict = {}   # placement -> inv_scale broadcast on it
         with grad_mode.no_grad():
             for group in optimizer.param_groups:
                 for p in group["params"]:
@@ -118,9 +125,22 @@ class GradScaler:
                     dev = str(g.device)
                     if dev not in found:
                         found[dev] = zeros((), dtype=torch.float32, device=g.device)
-                    if not bool(g.isfinite().all()):
-                        found[dev] = found[dev] + 1.0
-                    g.mul_(inv_scale.to(g.device))
+                    meta = g._global
+                    if meta is None:
+                        if not bool(g.isfinite().all()):
+                            found[dev] = found[dev] + 1.0
+                        g.mul_(inv_scale.to(g.device))
+                        continue
+                    place = meta.placement
+                    seen = shards.setdefault(place, [dev, 0])
+                    seen[1] += not bool(torch.isfinite(g._data).all())
+                    if place not in placed:
+                        placed[place] = inv_scale.to(g.device).to_global(placement=place, sbp=[B] * place.ndim)
+                    g.mul_(placed[place])
+            for place, (dev, bad) in shards.items():
+                mine = full((), float(bad), dtype=torch.float32, device=self._scale.device)
+                total = mine.to_global(placement=place, sbp=[P] * place.ndim).to_global(sbp=[B] * place.ndim)
+                found[dev] = found[dev] + total.to_local().to(found[dev].device)
         if not found:  # no gradients at all still records a (clean) check, as torch does
             found[str(self._scale.device)] = zeros((), dtype=torch.float32, device=self._scale.device)
         return found

@@ -9,9 +9,11 @@ from .api import (BackwardPrefetch, CPUOffload, FullOptimStateDictConfig, FullSt
                   OptimStateKeyType, ShardedOptimStateDictConfig, ShardedStateDictConfig, ShardingStrategy,
                   StateDictConfig, StateDictSettings, StateDictType)
 from .fully_sharded_data_parallel import FullyShardedDataParallel
+from .sharded_grad_scaler import ShardedGradScaler
 
 __all__ = ["fully_shard", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "CPUOffloadPolicy", "UnshardHandle",
            "register_fsdp_forward_method", "FullyShardedDataParallel", "ShardingStrategy", "BackwardPrefetch",
            "MixedPrecision", "CPUOffload", "StateDictType", "StateDictConfig", "FullStateDictConfig",
            "LocalStateDictConfig", "ShardedStateDictConfig", "OptimStateDictConfig", "FullOptimStateDictConfig",
-           "LocalOptimStateDictConfig", "ShardedOptimStateDictConfig", "StateDictSettings", "OptimStateKeyType"]
+           "LocalOptimStateDictConfig", "ShardedOptimStateDictConfig", "StateDictSettings", "OptimStateKeyType",
+           "ShardedGradScaler"]
