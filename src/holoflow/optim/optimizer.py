@@ -295,16 +295,12 @@ class Optimizer:
 
     @staticmethod
     def _use_foreach(group: dict, params: list, grads: list) -> bool:
-        """The torch fast path runs on local eager tensors; global tensors and traces take ops."""
-        foreach = group.get("foreach")
-        if foreach is False:
+        """The torch fast path runs on local eager tensors; global tensors (FSDP's, DTensors) and
+        traces take ops, ``foreach=True`` too (torch accepts it for DTensors: a speed hint, the
+        same numbers)."""
+        if group.get("foreach") is False:
             return False
-        local = not is_lazy() and all(p._global is None for p in params) and \
-            all(g._global is None for g in grads)
-        if foreach and not local:
-            raise UnsupportedError("holoflow.optim: foreach=True needs local tensors in eager mode; "
-                                   "use foreach=None (auto) or False for global tensors / nn.Graph")
-        return local
+        return not is_lazy() and all(p._global is None for p in params) and all(g._global is None for g in grads)
 
     def _use_fused(self, group: dict, params: list, grads: list) -> bool:
         """``fused=True`` (torch's flag) runs the declared ``fused_update`` on local eager tensors,
