@@ -868,8 +868,9 @@ def _optimizer_classes():
 @pytest.mark.parametrize("name", _optimizer_classes())
 def test_every_optimizer_steps_sharded_parameters_as_unsharded_ones(name):
     """Each optimizer on fully_shard's DTensor parameters, foreach left to choose, off, and on
-    (torch accepts foreach=True for DTensors: the per-tensor path here): three steps equal the
-    unsharded model's on every rank's batch."""
+    (torch accepts foreach=True for DTensors: the per-tensor path here), and fused where it has a
+    fused kernel (run on each rank's shards): three steps equal the unsharded model's on every
+    rank's batch."""
     from holoflow.dtensor.fsdp import fully_shard
     cls = getattr(flow.optim, name)
     rng = np.random.default_rng(2)
@@ -891,7 +892,10 @@ def test_every_optimizer_steps_sharded_parameters_as_unsharded_ones(name):
         return {k: (v.full_tensor() if v.is_global else v).detach().numpy() for k, v in m.state_dict().items()}
     import inspect
     takes_foreach = "foreach" in inspect.signature(cls).parameters
-    for kw in ({}, {"foreach": False}, {"foreach": True}) if takes_foreach else ({},):
+    kws = [{}, {"foreach": False}, {"foreach": True}] if takes_foreach else [{}]
+    if getattr(cls, "fused_update", None) is not None:   # torch's fused kernel on each rank's shards
+        kws.append({"fused": True, **({"momentum": 0.9} if name == "SGD" else {})})
+    for kw in kws:
         want = train(net(), kw, xs)
 
         def f(r):
@@ -901,3 +905,20 @@ def test_every_optimizer_steps_sharded_parameters_as_unsharded_ones(name):
         for got in _sim(2, f):
             for k in want:
                 np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=f"{name} {kw} {k}")
+
+
+def test_a_fused_step_refuses_state_laid_out_unlike_its_parameter():
+    def f(r):
+        mesh = DeviceMesh("cpu", [0, 1])
+        p = distribute_tensor(flow.ones(4, 2), mesh, [Shard(0)]).requires_grad_()
+        opt = flow.optim.Adam([p], lr=0.1, fused=True)
+        (p * p).sum().backward()
+        opt.step()
+        opt.state[p]["exp_avg"] = distribute_tensor(flow.zeros(4, 2), mesh, [Replicate()])
+        (p * p).sum().backward()
+        with pytest.raises(UnsupportedError, match=r"fused=True runs on each rank's shards, so the exp_avg of "
+                                                   r"parameter 0 must be laid out as the parameter \(\(holoflow.sbp."
+                                                   r"split\(dim=0\),\)\), got \(holoflow.sbp.broadcast,\)"):
+            opt.step()
+        return True
+    assert _sim(2, f) == [True, True]

@@ -316,8 +316,7 @@ class Optimizer:
         if is_lazy():   # nn.Graph chooses the fused lowering itself (graph/passes/fuse_update.py)
             return False
         if any(p._global is not None for p in params) or any(g._global is not None for g in grads):
-            raise UnsupportedError(f"holoflow.optim.{type(self).__name__}: fused=True needs local tensors; "
-                                   f"leave fused=None for global tensors")
+            _check_aligned(type(self).__name__, params, grads, [self._state_of(p, group) for p in params])
         if not all(p._data.is_floating_point() for p in params):
             raise RuntimeError(f"holoflow.optim.{type(self).__name__}: fused=True requires floating "
                                f"point parameters (as torch)")
@@ -412,6 +411,21 @@ def scalar_dtype(fused: bool = False) -> torch.dtype:
     and ``mu``), as torch's ``_get_scalar_dtype``: float64 under a float64 default dtype, else
     float32; always float32 for a fused kernel's counters."""
     return torch.float64 if not fused and torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def _check_aligned(name: str, params: list, grads: list, states: list) -> None:
+    """A fused kernel on global tensors runs on each rank's shards (torch's fused kernels on
+    DTensors): elementwise, so every gradient and state tensor must be laid out as its
+    parameter (FSDP's are)."""
+    for i, (p, g, st) in enumerate(zip(params, grads, states)):
+        want = None if p._global is None else (p._global.placement, tuple(p._global.sbp))
+        for what, t in [("gradient", g), *((k, v) for k, v in st.items() if isinstance(v, Tensor) and v.dim())]:
+            got = None if t._global is None else (t._global.placement, tuple(t._global.sbp))
+            if got != want:
+                raise UnsupportedError(f"holoflow.optim.{name}: fused=True runs on each rank's shards, so the "
+                                       f"{what} of parameter {i} must be laid out as the parameter "
+                                       f"({'local' if want is None else want[1]}), got "
+                                       f"{'local' if got is None else got[1]}; leave fused=None")
 
 
 def new_step(fused: bool = False) -> Tensor:

@@ -6,6 +6,7 @@ from typing import Iterable
 import torch
 
 from ..core.tensor import Tensor
+from ..ops import creation as C
 from .optimizer import Optimizer, required
 
 __all__ = ["SGD"]
@@ -24,8 +25,8 @@ def _fused_sgd(group: dict, params: list, grads: list, states: list) -> None:
         return
     fresh = [i for i, st in enumerate(states) if "momentum_buffer" not in st]
     old = [i for i, st in enumerate(states) if "momentum_buffer" in st]
-    for i in fresh:
-        states[i]["momentum_buffer"] = Tensor._make(torch.empty_like(gs[i]))
+    for i in fresh:   # (laid out as the gradient: a global one's buffer is global, its shard here)
+        states[i]["momentum_buffer"] = C.zeros_like(grads[i])
     for first, idx in ((True, fresh), (False, old)):
         if idx:
             torch._fused_sgd_([ps[i] for i in idx], [gs[i] for i in idx],
