@@ -25,8 +25,10 @@ def _fused_sgd(group: dict, params: list, grads: list, states: list) -> None:
         return
     fresh = [i for i, st in enumerate(states) if "momentum_buffer" not in st]
     old = [i for i, st in enumerate(states) if "momentum_buffer" in st]
-    for i in fresh:   # (laid out as the gradient: a global one's buffer is global, its shard here)
-        states[i]["momentum_buffer"] = C.zeros_like(grads[i])
+    for i in fresh:   # (a global gradient's buffer is global too: its shard is what the kernel fills)
+        g = grads[i]
+        states[i]["momentum_buffer"] = C.zeros_like(g) if g._global is not None else \
+            Tensor._make(torch.empty_like(gs[i]))
     for first, idx in ((True, fresh), (False, old)):
         if idx:
             torch._fused_sgd_([ps[i] for i in idx], [gs[i] for i in idx],
