@@ -20,6 +20,7 @@ from ..core.autograd import queue_callback
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from . import comm, env
+from .comm_check import call_site
 
 
 class GradBucket:
@@ -54,6 +55,9 @@ class GradBucket:
         self._flat.copy_(buffer._data if isinstance(buffer, Tensor) else buffer)
 
 
+BUCKET_SITE = "DistributedDataParallel gradient bucket"
+
+
 class _Bucket:
     __slots__ = ("params", "ready", "handle", "flat", "dirty", "index", "last")
 
@@ -67,11 +71,12 @@ class _Bucket:
 
     def launch(self, ranks: tuple[int, ...], hook=None) -> None:
         self.flat = torch.cat([_grad_or_zeros(p).reshape(-1) for p in self.params])
-        if hook is None:
-            self.handle = comm.all_reduce(self.flat, ranks, async_op=True)
-            return
-        state, fn = hook
-        fut = fn(state, GradBucket(self.index, self.flat, self.params, self.last))
+        with call_site(BUCKET_SITE):   # (a rank out of inputs issues it from elsewhere: Join)
+            if hook is None:
+                self.handle = comm.all_reduce(self.flat, ranks, async_op=True)
+                return
+            state, fn = hook
+            fut = fn(state, GradBucket(self.index, self.flat, self.params, self.last))
         if not hasattr(fut, "wait"):
             raise TypeError(f"holoflow DistributedDataParallel: the communication hook {_name(fn)} must return a "
                             f"torch.futures.Future of the bucket's reduced tensor, got {type(fut).__name__}")
@@ -107,6 +112,8 @@ class GradReducer:
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.enabled = True
         self.comm_hook = None   # (state, hook): register_comm_hook's
+        self.joining = False    # inside a Join block: the ranks that joined shadow this backward
+        self.divide_by: int | None = None   # (Join with divide_by_initial_world_size=False: the ranks training)
         self._active = False
         self._next = 0
         self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self.params]
@@ -148,8 +155,11 @@ class GradReducer:
         """Waits for every bucket (launching those whose parameters got no gradient, with zeros),
         averages, and writes the gradients back. Called at the end of backward."""
         self._launch_ready(force=True)
-        n = len(self.ranks)
+        n = self.divide_by or len(self.ranks)
         hooked = self.comm_hook is not None
+        if self.joining:   # every rank learns which buckets are reduced again (the joined ones shadow them)
+            for b, again in zip(self.buckets, self._exchange_dirty([b.dirty for b in self.buckets])):
+                b.dirty = again
         for b in self.buckets:
             if b.dirty:  # reduce again with the complete gradients (same on every rank: same graph)
                 b.result(hooked, n)
@@ -168,14 +178,39 @@ class GradReducer:
             b.ready.clear()
         self._next, self._active = 0, False
 
+    # -- uneven inputs (Join) ---------------------------------------------------------------
+    def _exchange_dirty(self, dirty: list) -> list:
+        flags = torch.tensor([float(d) for d in dirty], dtype=torch.float64)
+        with call_site("DistributedDataParallel join: buckets reduced again"):
+            comm.all_reduce(flags, self.ranks)
+        return [bool(f > 0) for f in flags.tolist()]
+
+    def shadow_backward(self) -> None:
+        """A rank out of inputs takes part in another rank's backward: each bucket's all-reduce
+        with zeros, in order, then the buckets reduced again (a parameter used twice)."""
+        def reduce(b: _Bucket):   # (a communication hook runs on the zeros: its own collectives)
+            z = torch.zeros(sum(p.numel() for p in b.params), dtype=b.params[0]._data.dtype,
+                            device=b.params[0]._data.device)
+            with call_site(BUCKET_SITE):
+                if self.comm_hook is None:
+                    return comm.all_reduce(z, self.ranks, async_op=True)
+                state, fn = self.comm_hook
+                return fn(state, GradBucket(b.index, z, b.params, b.last))
+        for pending in [reduce(b) for b in self.buckets]:
+            pending.wait()
+        for b, again in zip(self.buckets, self._exchange_dirty([False] * len(self.buckets))):
+            if again:
+                reduce(b).wait()
+
     # -- set-up and control ----------------------------------------------------------------
-    def broadcast_from_first(self, tensors: Sequence[Tensor]) -> None:
-        """Copies the first rank's values of ``tensors`` to every rank (one broadcast per bucket)."""
+    def broadcast_from_first(self, tensors: Sequence[Tensor], src: int | None = None) -> None:
+        """Copies the first rank's (or ``src``'s) values of ``tensors`` to every rank (one broadcast
+        per bucket)."""
         if len(self.ranks) == 1:
             return
         for group in _make_buckets(list(tensors), 25 * 2 ** 20):
             flat = torch.cat([t._data.reshape(-1) for t in group.params])
-            comm.broadcast(flat, self.ranks[0], self.ranks)
+            comm.broadcast(flat, self.ranks[0] if src is None else src, self.ranks)
             off = 0
             for t in group.params:
                 t._data.copy_(flat[off:off + t.numel()].view(t._data.shape))

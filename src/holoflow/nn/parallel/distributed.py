@@ -4,7 +4,12 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator, Sequence
 
-from ...distributed import env
+import torch
+
+from ...core import grad_mode
+from ...distributed import comm, env
+from ...distributed.algorithms.join import Join, Joinable, JoinHook
+from ...distributed.comm_check import call_site
 from ...distributed.ddp import GradReducer, verify_same_model
 from ..module import Module
 
@@ -25,7 +30,33 @@ def _refuse_unsupported(kwargs: dict) -> None:
         raise TypeError(f"holoflow.nn.parallel.DistributedDataParallel: unexpected keyword argument {name!r}")
 
 
-class DistributedDataParallel(Module):
+class _DDPJoinHook(JoinHook):
+    """What a rank out of inputs does for DDP while others train: take part in their buffer
+    broadcast and gradient all-reduces (with zeros); at the end, every rank copies the model of
+    the last rank to join (torch's)."""
+
+    def __init__(self, ddp: "DistributedDataParallel", divide_by_initial_world_size: bool) -> None:
+        self.ddp = ddp
+        ddp.reducer.divide_by = None if divide_by_initial_world_size else 0
+
+    def main_hook(self) -> None:
+        ddp, join = self.ddp, self.ddp._join_config
+        if join.sync:
+            ddp._sync_buffers(max(join.training))
+            ddp.reducer.shadow_backward()
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        ddp = self.ddp
+        ranks = ddp.process_group
+        mine = torch.tensor([float(env.get_rank() if is_last_joiner else -1)], dtype=torch.float64)
+        with call_site("DistributedDataParallel join: the final model"):
+            comm.all_reduce(mine, ranks, op="max")
+            ddp.reducer.broadcast_from_first(list(ddp.module.parameters()) + list(ddp.module.buffers()),
+                                             int(mine.item()))
+        ddp.reducer.divide_by, ddp.reducer.joining = None, False
+
+
+class DistributedDataParallel(Module, Joinable):
     """Data parallelism: each rank runs ``module`` on its own batch; gradients are averaged.
 
     At construction the parameters and buffers of the first rank are broadcast to every rank.
@@ -70,17 +101,50 @@ class DistributedDataParallel(Module):
             self.reducer.broadcast_from_first(list(module.parameters()) + list(module.buffers()))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.broadcast_buffers and self.reducer.enabled:
+        reducer = self.reducer
+        sync = reducer.enabled and grad_mode.STATE.enabled
+        training = Join.notify_join_context(self, sync=sync)   # (None outside a join() block)
+        reducer.joining = training is not None
+        if training is not None and reducer.divide_by is not None:
+            reducer.divide_by = len(training)
+        if sync:
+            self._sync_buffers(None if training is None else max(training))
+        return self.module(*args, **kwargs)
+
+    def _sync_buffers(self, src: int | None) -> None:
+        if self.broadcast_buffers:
             buffers = [b for b in self.module.buffers() if b is not None]
             if buffers:
-                self.reducer.broadcast_from_first(buffers)
-        return self.module(*args, **kwargs)
+                with call_site("DistributedDataParallel buffers"):   # (joined ranks: from the join)
+                    self.reducer.broadcast_from_first(buffers, src)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Skips the gradient all-reduce inside; the next synchronised backward includes these grads."""
         with self.reducer.no_sync():
             yield
+
+    # -- uneven inputs: torch's join() -------------------------------------------------------
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False) -> Join:
+        """A context in which ranks may run different numbers of iterations: a rank out of inputs
+        shadows the others' collectives until all are done (gradients are averaged over the
+        initial world size, or over the ranks still training), then every rank takes the model
+        of the last rank to finish."""
+        return Join([self], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
+
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        return _DDPJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
+
+    @property
+    def join_device(self) -> torch.device:
+        first = next(iter(self.module.parameters()), None)
+        return torch.device("cpu") if first is None else first._data.device
+
+    @property
+    def join_process_group(self) -> Sequence[int]:
+        return self.process_group
 
     def register_comm_hook(self, state: object, hook: Callable) -> None:
         """torch's communication hook: ``hook(state, bucket)`` gets each bucket of flattened
