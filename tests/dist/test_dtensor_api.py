@@ -411,8 +411,9 @@ def _run(tmp_path, lib: str, name: str, body: str, ranks: int) -> dict:
     launcher = "holoflow.distributed.launch" if lib == "holoflow" else "torch.distributed.run"
     cmd = [sys.executable, "-m", launcher, "--nproc_per_node", str(ranks), str(script), lib, str(outdir)]
     out = subprocess.run(cmd, env=plain_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
-    if out.returncode != 0 and lib == "torch" and "terminate called without an active exception" in out.stderr:
-        # the reference itself: torch's Gloo teardown aborted once in ~10 runs of 4 ranks on 2 cores
+    for _ in range(3):   # the reference itself: torch's Gloo teardown aborts now and then (twice in a row too)
+        if out.returncode == 0 or lib != "torch" or "terminate called without an active exception" not in out.stderr:
+            break
         out = subprocess.run(cmd, env=plain_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return {r: json.loads((outdir / f"rank{r}.json").read_text()) for r in range(ranks)}

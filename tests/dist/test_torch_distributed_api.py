@@ -104,8 +104,9 @@ def _run(tmp_path, lib: str, code: str = SCRIPT) -> dict:
     launcher = "holoflow.distributed.launch" if lib == "holoflow" else "torch.distributed.run"
     cmd = [sys.executable, "-m", launcher, "--nproc_per_node", "2", str(script), lib, str(outdir)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    if out.returncode != 0 and lib == "torch" and "terminate called without an active exception" in out.stderr:
-        # the reference itself: torch's Gloo teardown aborts now and then (2 in 10 runs of this script)
+    for _ in range(3):   # the reference itself: torch's Gloo teardown aborts now and then (twice in a row too)
+        if out.returncode == 0 or lib != "torch" or "terminate called without an active exception" not in out.stderr:
+            break
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return {r: json.loads((outdir / f"rank{r}.json").read_text()) for r in range(2)}
