@@ -53,7 +53,7 @@ ALIASES = {"torch.distributed.tensor": "holoflow.dtensor", "torch.distributed._t
            "torch.distributed.fsdp": "holoflow.dtensor.fsdp",
            "torch.distributed._composable.fsdp": "holoflow.dtensor.fsdp",
            "torch.distributed.checkpoint": "holoflow.dtensor.checkpoint",
-           "torch.distributed.nn": "holoflow.distributed_nn",
+           "torch.distributed.nn": "holoflow.distributed_nn", "torch.distributed.optim": "holoflow.distributed_optim",
            "torch.distributed.algorithms._checkpoint.checkpoint_wrapper": "holoflow.dtensor.checkpoint_wrapper",
            # torchrun's error recording (``@record``) touches no tensor: torch's own
            "torch.distributed.elastic": "torch.distributed.elastic"}

@@ -65,7 +65,8 @@ class Join:
         for j in joinables:
             if not isinstance(j, Joinable):
                 raise TypeError(f"holoflow Join: {type(j).__name__} is not Joinable (holoflow's "
-                                f"DistributedDataParallel is; optimizers need no joining)")
+                                f"DistributedDataParallel is; a plain optimizer communicates nothing and needs "
+                                f"no joining; ZeroRedundancyOptimizer's steps on uneven inputs are not supported)")
         groups = {_ranks(j.join_process_group) for j in joinables}
         if len(groups) != 1:
             raise ValueError(f"holoflow Join: the joinables must share one process group, got {sorted(groups)}")
