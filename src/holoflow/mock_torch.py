@@ -54,6 +54,7 @@ ALIASES = {"torch.distributed.tensor": "holoflow.dtensor", "torch.distributed._t
            "torch.distributed._composable.fsdp": "holoflow.dtensor.fsdp",
            "torch.distributed.checkpoint": "holoflow.dtensor.checkpoint",
            "torch.distributed.nn": "holoflow.distributed_nn", "torch.distributed.optim": "holoflow.distributed_optim",
+           "torch.distributed._functional_collectives": "holoflow.distributed_nn._functional_collectives",
            "torch.distributed.algorithms._checkpoint.checkpoint_wrapper": "holoflow.dtensor.checkpoint_wrapper",
            # torchrun's error recording (``@record``) touches no tensor: torch's own
            "torch.distributed.elastic": "torch.distributed.elastic"}
