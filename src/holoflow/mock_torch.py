@@ -55,6 +55,7 @@ ALIASES = {"torch.distributed.tensor": "holoflow.dtensor", "torch.distributed._t
            "torch.distributed.checkpoint": "holoflow.dtensor.checkpoint",
            "torch.distributed.nn": "holoflow.distributed_nn", "torch.distributed.optim": "holoflow.distributed_optim",
            "torch.distributed._functional_collectives": "holoflow.distributed_nn._functional_collectives",
+           "torch.distributed.pipelining": "holoflow.distributed_pipelining",
            "torch.distributed.algorithms._checkpoint.checkpoint_wrapper": "holoflow.dtensor.checkpoint_wrapper",
            # torchrun's error recording (``@record``) touches no tensor: torch's own
            "torch.distributed.elastic": "torch.distributed.elastic"}
