@@ -1,6 +1,7 @@
 """torch's ``torch.distributed.pipelining`` under mock_torch: manual PipelineStages run by GPipe
 and 1F1B on 2 and 4 Gloo ranks (stages passing a tuple of tensors on; 1F1B's refusal of fewer
-micro-batches than stages) and by ScheduleLoopedBFS with two stages per rank, unchanged under
+micro-batches than stages) and by ScheduleLoopedBFS and ScheduleInterleaved1F1B (4, 6 and 3
+micro-batches: one round and several) with two stages per rank, unchanged under
 torch's launcher on torch and under holoflow's: every rank's outputs, per-micro-batch losses,
 gradients and weights after two SGD steps equal torch's."""
 import pytest
@@ -128,8 +129,34 @@ OUT["looped"] = [res, [{k: r6(v) for k, v in m.state_dict().items()} for m in mi
 '''
 
 
+INTERLEAVED = '''
+from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+n = dist.get_world_size()
+x = torch.randn(12, 6, generator=torch.Generator().manual_seed(1))
+y = torch.randn(12, 3, generator=torch.Generator().manual_seed(2))
+for mbs in (4, 6, 3):
+    torch.manual_seed(0)
+    parts = [nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(2 * n - 1)] + [nn.Linear(6, 3)]
+    mine = [parts[rank], parts[rank + n]]
+    stages = [PipelineStage(m, i, 2 * n, torch.device("cpu")) for m, i in zip(mine, (rank, rank + n))]
+    sched = ScheduleInterleaved1F1B(stages, n_microbatches=mbs, loss_fn=lambda out, t: ((out - t) ** 2).mean())
+    opt = torch.optim.SGD([p for m in mine for p in m.parameters()], lr=0.1)
+    res = []
+    for step in range(2):
+        opt.zero_grad()
+        losses = []
+        out = sched.step(x, target=y, losses=losses) if rank == 0 else sched.step(target=y, losses=losses)
+        res.append([None if out is None else r6(out), [round(l.item(), 5) for l in losses]])
+        opt.step()
+    OUT[f"interleaved_{mbs}"] = [res, [{k: r6(v) for k, v in m.state_dict().items()} for m in mine]]
+'''
+
+
 @pytest.mark.parametrize("name, body, ranks", [("two", TWO_STAGES, 2), ("four", FOUR_STAGES, 4),
-                                               ("looped", LOOPED, 2)], ids=["2_ranks", "4_ranks", "looped_bfs"])
+                                               ("looped", LOOPED, 2), ("interleaved", INTERLEAVED, 2)],
+                         ids=["2_ranks", "4_ranks", "looped_bfs", "interleaved_1f1b"])
 def test_pipelining_script_equals_torch(tmp_path, name, body, ranks):
     want = _run(tmp_path, "torch", name, body, ranks)
     got = _run(tmp_path, "holoflow", name, body, ranks)

@@ -12,7 +12,8 @@ from ..core.tensor import Tensor
 from ..ops.shape import cat
 from .stage import PipelineStage
 
-__all__ = ["PipelineScheduleSingle", "PipelineScheduleMulti", "ScheduleGPipe", "Schedule1F1B", "ScheduleLoopedBFS"]
+__all__ = ["PipelineScheduleSingle", "PipelineScheduleMulti", "ScheduleGPipe", "Schedule1F1B", "ScheduleLoopedBFS",
+           "ScheduleInterleaved1F1B"]
 
 
 def _split(value: Any, n: int) -> list:
@@ -178,3 +179,40 @@ class ScheduleLoopedBFS(PipelineScheduleMulti):
         n = self._n_microbatches
         return [("F", s, m) for s in self._multi for m in range(n)] + \
             [("B", s, m) for s in reversed(self._multi) for m in range(n)]
+
+
+class ScheduleInterleaved1F1B(PipelineScheduleMulti):
+    """Interleaved 1F1B (Megatron's, with torch's flexible rounds): the micro-batches go in rounds
+    of ``n // max(1, n // ranks)``; within a round each local stage runs them in turn (depth
+    first); after a warm-up of ``(local stages - 1) * round + 2 * (ranks - 1 - rank)`` forwards,
+    forwards and backwards alternate, the backwards visiting the local stages in reverse."""
+
+    def __init__(self, stages: list, n_microbatches: int, loss_fn: Callable | None = None, **kwargs: Any) -> None:
+        super().__init__(stages, n_microbatches, loss_fn, **kwargs)
+        self._ranks = len(self._multi[0].group)
+        self._rounds = max(1, n_microbatches // self._ranks)
+        if n_microbatches % self._rounds:
+            raise ValueError(f"holoflow ScheduleInterleaved1F1B: the number of micro-batches ({n_microbatches}) must "
+                             f"be a multiple of the number of rounds ({self._rounds}), as torch's")
+        self._per_round = n_microbatches // self._rounds
+
+    def _order(self) -> list:
+        v, n, per = len(self._multi), self._n_microbatches, self._per_round
+        rank = self._multi[0].group.index(self._multi[0]._rank_of(self._multi[0].stage_index))
+        total = v * n
+        warmup = min((v - 1) * per + 2 * (self._ranks - 1 - rank), total)
+        seen_f, seen_b = [0] * v, [0] * v
+
+        def forward(k: int) -> tuple:
+            j = (k // per) % v
+            seen_f[j] += 1
+            return ("F", self._multi[j], seen_f[j] - 1)
+
+        def backward(k: int) -> tuple:
+            j = v - 1 - (k // per) % v
+            seen_b[j] += 1
+            return ("B", self._multi[j], seen_b[j] - 1)
+        order = [forward(k) for k in range(warmup)]
+        for i in range(total - warmup):
+            order += [forward(warmup + i), backward(i)]
+        return order + [backward(k) for k in range(total - warmup, total)]
