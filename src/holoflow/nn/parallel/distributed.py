@@ -94,6 +94,7 @@ class DistributedDataParallel(Module, Joinable):
             self.broadcast_buffers = bool(forward_sync)
         ranks = tuple(process_group) if process_group is not None else tuple(range(env.get_world_size()))
         self.process_group = ranks
+        self._join_config = None   # (the Join block this model is in: model.join())
         named = [*module.named_parameters(), *((n, b) for n, b in module.named_buffers() if b is not None)]
         verify_same_model(named, ranks)
         self.reducer = GradReducer(list(module.parameters()), ranks, 25.0 if bucket_cap_mb is None else bucket_cap_mb)
