@@ -105,43 +105,20 @@ for name, cls, mbs in (("gpipe", ScheduleGPipe, 4), ("1f1b", Schedule1F1B, 6), (
     OUT[name] = [res, {k: r6(v) for k, v in mine.state_dict().items()}]
 '''
 
-LOOPED = '''
-from torch.distributed.pipelining import PipelineStage, ScheduleLoopedBFS
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-n = dist.get_world_size()
-torch.manual_seed(0)
-parts = [nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(3)] + [nn.Linear(6, 3)]
-mine = [parts[rank], parts[rank + n]]
-stages = [PipelineStage(m, i, 2 * n, torch.device("cpu")) for m, i in zip(mine, (rank, rank + n))]
-sched = ScheduleLoopedBFS(stages, n_microbatches=4, loss_fn=lambda out, t: ((out - t) ** 2).mean())
-x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
-y = torch.randn(8, 3, generator=torch.Generator().manual_seed(2))
-opt = torch.optim.SGD([p for m in mine for p in m.parameters()], lr=0.1)
-res = []
-for step in range(2):
-    opt.zero_grad()
-    losses = []
-    out = sched.step(x, target=y, losses=losses) if rank == 0 else sched.step(target=y, losses=losses)
-    res.append([None if out is None else r6(out), [round(l.item(), 5) for l in losses]])
-    opt.step()
-OUT["looped"] = [res, [{k: r6(v) for k, v in m.state_dict().items()} for m in mine]]
-'''
-
-
-INTERLEAVED = '''
-from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+MULTI = '''
+from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B, ScheduleLoopedBFS
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 n = dist.get_world_size()
 x = torch.randn(12, 6, generator=torch.Generator().manual_seed(1))
 y = torch.randn(12, 3, generator=torch.Generator().manual_seed(2))
-for mbs in (4, 6, 3):
+for name, cls, mbs in (("looped", ScheduleLoopedBFS, 4), ("interleaved_4", ScheduleInterleaved1F1B, 4),
+                       ("interleaved_6", ScheduleInterleaved1F1B, 6), ("interleaved_3", ScheduleInterleaved1F1B, 3)):
     torch.manual_seed(0)
     parts = [nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(2 * n - 1)] + [nn.Linear(6, 3)]
-    mine = [parts[rank], parts[rank + n]]
+    mine = [parts[rank], parts[rank + n]]   # (two stages per rank: rank, rank + n)
     stages = [PipelineStage(m, i, 2 * n, torch.device("cpu")) for m, i in zip(mine, (rank, rank + n))]
-    sched = ScheduleInterleaved1F1B(stages, n_microbatches=mbs, loss_fn=lambda out, t: ((out - t) ** 2).mean())
+    sched = cls(stages, n_microbatches=mbs, loss_fn=lambda out, t: ((out - t) ** 2).mean())
     opt = torch.optim.SGD([p for m in mine for p in m.parameters()], lr=0.1)
     res = []
     for step in range(2):
@@ -150,13 +127,12 @@ for mbs in (4, 6, 3):
         out = sched.step(x, target=y, losses=losses) if rank == 0 else sched.step(target=y, losses=losses)
         res.append([None if out is None else r6(out), [round(l.item(), 5) for l in losses]])
         opt.step()
-    OUT[f"interleaved_{mbs}"] = [res, [{k: r6(v) for k, v in m.state_dict().items()} for m in mine]]
+    OUT[name] = [res, [{k: r6(v) for k, v in m.state_dict().items()} for m in mine]]
 '''
 
 
 @pytest.mark.parametrize("name, body, ranks", [("two", TWO_STAGES, 2), ("four", FOUR_STAGES, 4),
-                                               ("looped", LOOPED, 2), ("interleaved", INTERLEAVED, 2)],
-                         ids=["2_ranks", "4_ranks", "looped_bfs", "interleaved_1f1b"])
+                                               ("multi", MULTI, 2)], ids=["2_ranks", "4_ranks", "2_stages_per_rank"])
 def test_pipelining_script_equals_torch(tmp_path, name, body, ranks):
     want = _run(tmp_path, "torch", name, body, ranks)
     got = _run(tmp_path, "holoflow", name, body, ranks)
