@@ -77,23 +77,26 @@ class _PipelineSchedule:
                         step_losses[mb] = self._loss_fn(out, mb_targets[mb])
                 elif backward:
                     stage.backward_one(mb, step_losses.get(mb) if stage.is_last else None)
-            outputs = [stage._results for stage in stages if stage.is_last]
-            merged = None
-            if outputs:
-                with no_grad():
-                    merged = _merge([outputs[0][mb] for mb in range(n)])
-            if backward and self.scale_grads:
-                with no_grad():
-                    for stage in stages:
-                        for p in stage.submod.parameters():
-                            if p.grad is not None:
-                                p.grad.div_(n)
-            if losses is not None and last and backward:
-                losses.extend(step_losses[mb].detach() for mb in range(n))
-            return merged
-        finally:
-            for stage in stages:
-                stage.finish()
+        except BaseException:
+            for stage in stages:   # (no waiting for sends a failed peer may never take)
+                stage._clear()
+            raise
+        outputs = [stage._results for stage in stages if stage.is_last]
+        for stage in stages:
+            stage.finish()
+        merged = None
+        if outputs:
+            with no_grad():
+                merged = _merge([outputs[0][mb] for mb in range(n)])
+        if backward and self.scale_grads:
+            with no_grad():
+                for stage in stages:
+                    for p in stage.submod.parameters():
+                        if p.grad is not None:
+                            p.grad.div_(n)
+        if losses is not None and last and backward:
+            losses.extend(step_losses[mb].detach() for mb in range(n))
+        return merged
 
     def eval(self, *args: Any, target: Any = None, losses: list | None = None, **kwargs: Any) -> Any:
         """Forward passes only (torch's eval): the losses are computed, nothing is differentiated."""
