@@ -39,7 +39,9 @@ limit: torch FSDP2 (``fully_shard`` on each block, then the model: a block's par
 together, the next block's prefetched) and holoflow's ZeRO-3 global graph (parameters kept as row
 shards, a block's gathered in one collective one block ahead in forward and again in backward,
 gradients reduce-scattered in buckets), and, for comparison, that graph with
-``config.gather_ahead = False`` (each parameter gathered alone where it stands).
+``config.gather_ahead = False`` (each parameter gathered alone where it stands), and holoflow's
+eager ``fully_shard`` (torch's FSDP2 API; each block gathered in its forward pre-hook, no
+prefetch).
 
 ``--explain``: the DP graph profiled (every node timed), the links calibrated
 (graph/global_graph.calibrate), and each boxing node's predicted time from the cost model next
@@ -62,11 +64,12 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 VARIANTS = ["torch-limit", "torch-ddp", "flow-eager-limit", "flow-eager-ddp", "flow-graph-limit", "flow-graph-dp",
-            "torch-fsdp", "flow-graph-zero3", "flow-graph-zero3-inplace"]
+            "torch-fsdp", "flow-graph-zero3", "flow-graph-zero3-inplace", "flow-eager-fsdp"]
 PAIRS = (("torch DDP", "torch-limit", "torch-ddp"), ("holoflow eager", "flow-eager-limit", "flow-eager-ddp"),
          ("holoflow graph", "flow-graph-limit", "flow-graph-dp"))
 ZERO3_PAIRS = (("torch FSDP", "torch-limit", "torch-fsdp"), ("holoflow ZeRO-3", "flow-graph-limit", "flow-graph-zero3"),
-               ("holoflow, in place", "flow-graph-limit", "flow-graph-zero3-inplace"))
+               ("holoflow, in place", "flow-graph-limit", "flow-graph-zero3-inplace"),
+               ("holoflow eager FSDP2", "flow-eager-limit", "flow-eager-fsdp"))
 
 
 def _cfg(gpt):
@@ -111,6 +114,11 @@ def make_step(variant: str, cfg, bucket_mb: float = 25.0, profile: bool = False)
     model = gpt.make_model(flow, cfg)
     if variant == "flow-eager-ddp":
         model = flow.nn.parallel.DistributedDataParallel(model)
+    if variant == "flow-eager-fsdp":   # holoflow's FSDP2, as torch-fsdp: each block a unit, then the rest
+        from holoflow.dtensor.fsdp import fully_shard
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
     place = flow.placement("cpu", [0, 1])
     dp = variant.startswith(("flow-graph-dp", "flow-graph-zero3"))
     if dp:

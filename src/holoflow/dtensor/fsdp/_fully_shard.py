@@ -21,18 +21,23 @@ reduce-scatters them with its own.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
 
+from ...autograd.function import Function
+from ...core import dtype as _dtype
 from ...core import grad_mode, interpret
 from ...core.autograd import current_graph_task, queue_callback
 from ...core.dtype import dtype as DType
 from ...core.errors import UnsupportedError
 from ...core.grad_mode import no_grad
 from ...core.tensor import Tensor
-from ...distributed import env
+from ...distributed import env, world
+from ...distributed.dtensor import DTensor
+from ...distributed.sharding import balanced
 from ...distributed.device_mesh import DeviceMesh, current_mesh, init_device_mesh
 from .. import distribute_parameter
 from ...distributed.placement_types import Partial, Replicate, Shard
@@ -168,14 +173,13 @@ class _Unsharded:
 
     def refill(self) -> None:
         """Gathers each freed tensor's value into its own storage (its version counter kept:
-        autograd's saved-tensor checks see the tensor it saved)."""
-        for (shard, t), n in zip(self.tensors, self.nbytes):
+        autograd's saved-tensor checks see the tensor it saved): one all-gather for all of them."""
+        freed = [(shard, t, n) for (shard, t), n in zip(self.tensors, self.nbytes)
+                 if t._data.untyped_storage().nbytes() != n]
+        values = self.state.whole_values([shard for shard, _, _ in freed], cast=True)
+        for (_, t, n), value in zip(freed, values):
             d = t._data
-            storage = d.untyped_storage()
-            if storage.nbytes() == n:
-                continue
-            value = self.state.unsharded_value(shard)._data
-            storage.resize_(n)
+            d.untyped_storage().resize_(n)
             with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(d):
                 d.copy_(value)
 
@@ -220,9 +224,22 @@ class _State:
 
     def unsharded_value(self, shard: Parameter, cast: bool = True) -> Tensor:
         """``shard``'s whole value on this rank (no autograd), in the forward's dtype (``cast``)."""
-        with no_grad():
-            full = shard.redistribute(placements=[Replicate()] * self.mesh.ndim).to_local()
-            return self._in_param_dtype(full) if cast else full
+        return Tensor._make(self.whole_values([shard], cast)[0])
+
+    def whole_values(self, shards: list, cast: bool) -> list:
+        """Each shard's whole value on this rank (torch tensors, no autograd), in the forward's
+        dtype with ``cast``: on a 1-D mesh one all-gather per dtype for all of them (each rank's
+        shards flattened end to end), as torch's FSDP2 gathers a module's parameters together; on
+        an HSDP mesh one redistribute each."""
+        if self.mesh.ndim != 1 or len(shards) <= 1:
+            with no_grad():
+                out = [s.redistribute(placements=[Replicate()] * self.mesh.ndim).to_local()._data for s in shards]
+        else:
+            out = _gather_flat(shards, self.mesh)
+        if cast and self.mp.param_dtype is not None:
+            want = _dtype.to_torch(self.mp.param_dtype)
+            out = [v.to(want) if v.is_floating_point() else v for v in out]
+        return out
 
     def _in_param_dtype(self, t: Tensor) -> Tensor:
         dtype = self.mp.param_dtype
@@ -234,8 +251,9 @@ class _State:
         reduce-scatter (averaged); unsynchronized, it is a leaf whose gradient is kept here. Under
         grad mode the tensors go to ``call`` (None: an explicit ``unshard()``), each freed once
         its gradient is complete: no reader of it is left."""
-        partial = [Partial()] * self.mesh.ndim
         track = call is not None and grad_mode.STATE.enabled
+        unique = list({id(shard): shard for _, _, shard in self.params}.values())
+        values = dict(zip(map(id, unique), self.whole_values(unique, cast=False)))
         gathered: dict = {}
         for mod, name, shard in self.params:
             key = id(shard)
@@ -244,14 +262,15 @@ class _State:
                 if track:
                     call.registered.append((mod, name, gathered[key]))
                 continue
-            if not self.sync and shard.requires_grad and grad_mode.STATE.enabled:
-                full = self.unsharded_value(shard, cast=False).detach().requires_grad_()
+            value = Tensor._make(values[key])
+            if not shard.requires_grad or not grad_mode.STATE.enabled:
+                full = value
+            elif not self.sync:
+                full = value.requires_grad_()
                 full.register_post_accumulate_grad_hook(lambda t, k=key: self._accumulate(k, t))
             else:
-                full = shard.redistribute(placements=[Replicate()] * self.mesh.ndim).to_local(
-                    grad_placements=partial)
-                if full.requires_grad:
-                    full.register_hook(lambda g, k=key: self._reduce(k, g))
+                full = _Unshard.apply(shard, value)
+                full.register_hook(lambda g, k=key: self._reduce(k, g))
             used = self._in_param_dtype(full)   # (gradients are kept and reduced in the shards' dtype)
             if track:
                 used = _owned(used, shard)
@@ -288,6 +307,51 @@ class _State:
         for state in _fsdp_states(module, True):
             if state.is_root is None:
                 state.is_root = False
+
+
+class _Unshard(Function):
+    """A shard's whole value (gathered by the caller, with its peers') as a local tensor whose
+    gradient, each rank's partial sum, reaches the shard reduce-scattered to its layout."""
+
+    @staticmethod
+    def forward(ctx, shard, whole):
+        ctx.mesh, ctx.placements = shard.device_mesh, shard.placements
+        return whole.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        partial = DTensor.from_local(grad, ctx.mesh, [Partial()] * ctx.mesh.ndim, run_check=False)
+        return partial.redistribute(placements=ctx.placements), None
+
+
+def _gather_flat(shards: list, mesh: DeviceMesh) -> list:
+    """The whole values of ``shards`` (each ``Shard(d)`` on the 1-D ``mesh``): per dtype, every
+    rank's shards flattened end to end, one all-gather, and each value put back together."""
+    ranks = tuple(mesh.flat_ranks)
+    n = len(ranks)
+    out: list = [None] * len(shards)
+    by_dtype: dict = {}
+    for i, s in enumerate(shards):
+        by_dtype.setdefault(s._data.dtype, []).append(i)
+    for idx in by_dtype.values():
+        layouts = []   # per shard: (dim, [each rank's local shape])
+        for i in idx:
+            shape, dim = tuple(shards[i].shape), shards[i].placements[-1].dim
+            locals_ = [shape[:dim] + (balanced(shape[dim], n, r)[1],) + shape[dim + 1:] for r in range(n)]
+            layouts.append((dim, locals_))
+        sizes = [sum(math.prod(loc[r]) for _, loc in layouts) for r in range(n)]
+        with no_grad():
+            flat = torch.cat([shards[i]._data.reshape(-1) for i in idx])
+        got = world.comm().all_gather(flat, ranks, 0, sizes).split(sizes)   # (simulated ranks too)
+        offsets = [0] * n
+        for i, (dim, locals_) in zip(idx, layouts):
+            pieces = []
+            for r in range(n):
+                k = math.prod(locals_[r])
+                pieces.append(got[r][offsets[r]:offsets[r] + k].view(locals_[r]))
+                offsets[r] += k
+            out[i] = torch.cat(pieces, dim)
+    return out
 
 
 def _grad_outputs(x: Any) -> list:
