@@ -304,6 +304,24 @@ def test_a_write_through_a_view_taken_before_its_base_required_grad():
     assert got[1] == got[2] == kept.tolist()
 
 
+@pytest.mark.parametrize("write", ["copy_", "mul_", "fill_", "masked_fill_"])
+def test_a_write_into_an_empty_view_of_an_expanded_tensor_is_taken(write):
+    """An empty view shares no element, so torch takes the write (nothing changes) where it
+    refuses one into the expanded tensor itself (views fuzz, seed 111162)."""
+    got = []
+    for lib in (torch, flow):
+        a = lib.tensor(np.arange(12.0).reshape(3, 4), requires_grad=True)
+        x = (a * 2).unsqueeze(0).expand(2, 3, 4)
+        e = x.narrow(2, 2, 0)
+        {"copy_": lambda: e.copy_(a[0, 0]), "mul_": lambda: e.mul_(2), "fill_": lambda: e.fill_(1.0),
+         "masked_fill_": lambda: e.masked_fill_(e > 0, 0.5)}[write]()
+        (x * lib.tensor(np.arange(24.0).reshape(2, 3, 4))).sum().backward()
+        got.append((tuple(e.shape), a.grad.numpy().tolist()))
+        with pytest.raises(RuntimeError, match="single memory location"):
+            x.mul_(2)   # (the expanded tensor itself is still refused)
+    assert got[0] == got[1]
+
+
 def test_write_into_a_base_that_needs_no_grad_makes_it_require_grad():
     for lib in (torch, flow):
         c = lib.tensor([2.0, 3.0], requires_grad=True)

@@ -377,7 +377,10 @@ def _check_nograd_view(x: Tensor, rest) -> None:
 
 def distinct_elements(d: torch.Tensor) -> tuple | None:
     """For a tensor whose elements are shared (expanded: stride 0 over a dim longer than 1), the
-    index that selects each distinct element once; None for the others."""
+    index that selects each distinct element once; None for the others (an empty one shares
+    nothing: torch writes into an empty view of an expanded tensor)."""
+    if d.numel() == 0:
+        return None
     sel = tuple([slice(0, 1) if st == 0 and n > 1 else slice(None) for st, n in zip(d.stride(), d.shape)])
     return sel if any(s.stop == 1 for s in sel) else None
 
