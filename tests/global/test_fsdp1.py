@@ -278,9 +278,13 @@ def test_activation_checkpointing_applied_after_wrapping(reshard):
         def forward(self, x):
             return x + self.fc(x).tanh()
 
-    def net():
-        flow.manual_seed(4)
-        return nn.Sequential(Block(), Block(), nn.Linear(6, 3))
+    flow.manual_seed(4)
+    weights = nn.Sequential(Block(), Block(), nn.Linear(6, 3)).state_dict()
+
+    def net():   # (weights loaded, not drawn: the simulated ranks share one generator)
+        m = nn.Sequential(Block(), Block(), nn.Linear(6, 3))
+        m.load_state_dict(weights)
+        return m
 
     want = {k: v.numpy() for k, v in _train(net(), XS[:2]).state_dict().items()}
 

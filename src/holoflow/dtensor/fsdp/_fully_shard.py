@@ -34,13 +34,14 @@ from ...core.autograd import current_graph_task, queue_callback
 from ...core.dtype import dtype as DType
 from ...core.errors import UnsupportedError
 from ...core.grad_mode import no_grad
+from ...core.sbp import P
 from ...core.tensor import Tensor
 from ...distributed import env, world
-from ...distributed.dtensor import DTensor
+from ...distributed.global_tensor import make_global
 from ...distributed.sharding import balanced
 from ...distributed.device_mesh import DeviceMesh, current_mesh, init_device_mesh
 from .. import distribute_parameter
-from ...distributed.placement_types import Partial, Replicate, Shard
+from ...distributed.placement_types import Replicate, Shard
 from ...nn.module import Module
 from ...nn.parameter import Parameter
 
@@ -215,6 +216,9 @@ class _State:
         self.divide = float(mesh.size())
         self.sync = True
         self.accumulated: dict = {}   # id(shard) -> unsharded gradient summed without sync
+        self.pending: dict = {}       # id(shard) -> (shard, its whole gradient in this backward)
+        self.expected: set = set()    # the shards whose gradients a reduce waits for
+        self.flush_queued = False     # (an end-of-backward reduce of what is left is queued)
         self.gathered = False
         self.finish_pass = lambda: None   # ends an open forward pass of the group (fully_shard)
 
@@ -269,7 +273,8 @@ class _State:
                 full = value.requires_grad_()
                 full.register_post_accumulate_grad_hook(lambda t, k=key: self._accumulate(k, t))
             else:
-                full = _Unshard.apply(shard, value)
+                full = _Unshard.apply(self, shard, value)
+                self.expected.add(key)
                 full.register_hook(lambda g, k=key: self._reduce(k, g))
             used = self._in_param_dtype(full)   # (gradients are kept and reduced in the shards' dtype)
             if track:
@@ -282,6 +287,43 @@ class _State:
                 call.registered.append((mod, name, used))
             mod._parameters[name] = gathered[key] = used
         self.gathered = True
+
+    def arrive(self, shard: Parameter, grad: Tensor) -> None:
+        """A shard's whole gradient from backward, reduced with the others once every expected
+        one came (the module's backward is done), else at the end of backward."""
+        key = id(shard)
+        held = self.pending.get(key)
+        self.pending[key] = (shard, grad if held is None else held[1] + grad)
+        if not self.flush_queued and current_graph_task() is not None:
+            self.flush_queued = True
+            queue_callback(self._end_of_backward)
+        if self.expected and self.expected <= self.pending.keys():
+            self.flush()
+
+    def _end_of_backward(self) -> None:
+        self.flush_queued = False
+        self.flush()
+
+    def flush(self) -> None:
+        """The pending gradients reduce-scattered to their shards' layouts (one collective per
+        dtype on a 1-D mesh; per shard on an HSDP mesh) and added to ``shard.grad``."""
+        items = [(shard, g._data) for shard, g in self.pending.values()]
+        self.pending.clear()
+        self.expected = set()
+        if not items:
+            return
+        with no_grad():
+            if self.mesh.ndim == 1:
+                locals_ = _reduce_scatter_flat(items, self.mesh)
+            else:
+                locals_ = [_as_global(g, shard, (P,) * self.mesh.ndim)
+                           .redistribute(placements=shard.placements).to_local()._data for shard, g in items]
+            for (shard, _), local in zip(items, locals_):
+                g = _as_global(local.contiguous(), shard, tuple(shard._global.sbp))
+                if shard.grad is None:
+                    shard.grad = g
+                else:
+                    shard.grad.add_(g)
 
     def _reduce(self, key: int, grad: Tensor) -> Tensor:
         """The gradient the reduce-scatter takes: this rank's, with what it accumulated unsynced,
@@ -310,18 +352,59 @@ class _State:
 
 
 class _Unshard(Function):
-    """A shard's whole value (gathered by the caller, with its peers') as a local tensor whose
-    gradient, each rank's partial sum, reaches the shard reduce-scattered to its layout."""
+    """A shard's whole value (gathered by the caller, with its peers') as a local tensor. Its
+    gradient, each rank's partial sum, goes to the state, not through autograd to the shard:
+    the state reduce-scatters its shards' gradients together and adds them to ``shard.grad``, as
+    torch's FSDP2 does after a module's backward."""
 
     @staticmethod
-    def forward(ctx, shard, whole):
-        ctx.mesh, ctx.placements = shard.device_mesh, shard.placements
+    def forward(ctx, state, shard, whole):
+        ctx.state, ctx.shard = state, shard
         return whole.detach()
 
     @staticmethod
     def backward(ctx, grad):
-        partial = DTensor.from_local(grad, ctx.mesh, [Partial()] * ctx.mesh.ndim, run_check=False)
-        return partial.redistribute(placements=ctx.placements), None
+        ctx.state.arrive(ctx.shard, grad)
+        return None, None, None
+
+
+def _as_global(local: torch.Tensor, shard: Parameter, nd: tuple) -> Tensor:
+    """``local`` as this rank's piece, laid out as ``nd``, of a tensor of ``shard``'s placement
+    and shape (no communication: every rank's piece is known to fit)."""
+    return make_global(Tensor._make(local), shard._global.placement, nd, tuple(shard.shape))
+
+
+def _reduce_scatter_flat(items: list, mesh: DeviceMesh) -> list:
+    """Each ``(shard, whole gradient)`` summed over the ranks of the 1-D ``mesh``, this rank's
+    piece laid out as its shard: per dtype, every rank's pieces end to end in an even-padded
+    block of its own, one reduce-scatter."""
+    ranks = tuple(mesh.flat_ranks)
+    n, me = len(ranks), ranks.index(world.rank())
+    out: list = [None] * len(items)
+    by_dtype: dict = {}
+    for i, (_, g) in enumerate(items):
+        by_dtype.setdefault(g.dtype, []).append(i)
+    for idx in by_dtype.values():
+        pieces: list = [[] for _ in range(n)]
+        for i in idx:
+            shard, g = items[i]
+            dim = shard.placements[-1].dim
+            for r in range(n):
+                start, size = balanced(g.shape[dim], n, r)
+                pieces[r].append(g.narrow(dim, start, size))
+        block = max(sum(p.numel() for p in rank_pieces) for rank_pieces in pieces)
+        flat = items[idx[0]][1].new_zeros(n * block)
+        for r, rank_pieces in enumerate(pieces):
+            off = r * block
+            for p in rank_pieces:
+                flat[off:off + p.numel()] = p.reshape(-1)
+                off += p.numel()
+        got = world.comm().reduce_scatter(flat, ranks, 0, [block] * n)
+        off = 0
+        for i, p in zip(idx, pieces[me]):
+            out[i] = got[off:off + p.numel()].view(p.shape)
+            off += p.numel()
+    return out
 
 
 def _gather_flat(shards: list, mesh: DeviceMesh) -> list:
