@@ -5,11 +5,12 @@ global tensors.
 ``fully_shard`` of a submodule) by a DTensor leaf ``Shard(0)`` on the mesh (or the dim
 ``shard_placement_fn`` gives; ``(Replicate(), Shard(0))`` on a 2-D mesh: HSDP): that is what the
 optimizer steps, what ``state_dict`` holds and what ``p.grad`` is. A forward pre-hook all-gathers
-them (a ``redistribute`` to ``Replicate``) and registers the unsharded local tensors in their place
-for the forward, which then runs on plain local tensors, each rank on its own batch; the forward
-hook puts the shards back. In backward each rank's gradient of an unsharded parameter is a partial
-sum of the data-parallel gradient: the boxing to the leaf's ``Shard(0)`` reduce-scatters it, and a
-hook divides it by the number of data-parallel ranks (torch's default: the average).
+them (all of the call's in one collective per dtype on a 1-D mesh) and registers the unsharded
+local tensors in their place for the forward, which then runs on plain local tensors, each rank
+on its own batch; the forward hook puts the shards back. In backward each rank's gradient of an
+unsharded parameter is a partial sum of the data-parallel gradient, divided by a hook by the
+number of data-parallel ranks (torch's default: the average); the call's gradients are
+reduce-scattered together once the module's backward is done and added to ``shard.grad``.
 
 Resharding after forward (torch's default for every module but the root) frees the unsharded
 tensors' storage when the forward returns, as torch's does: what autograd saved keeps its tensor
