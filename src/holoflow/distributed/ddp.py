@@ -204,17 +204,8 @@ class GradReducer:
 
     # -- set-up and control ----------------------------------------------------------------
     def broadcast_from_first(self, tensors: Sequence[Tensor], src: int | None = None) -> None:
-        """Copies the first rank's (or ``src``'s) values of ``tensors`` to every rank (one broadcast
-        per bucket)."""
-        if len(self.ranks) == 1:
-            return
-        for group in _make_buckets(list(tensors), 25 * 2 ** 20):
-            flat = torch.cat([t._data.reshape(-1) for t in group.params])
-            comm.broadcast(flat, self.ranks[0] if src is None else src, self.ranks)
-            off = 0
-            for t in group.params:
-                t._data.copy_(flat[off:off + t.numel()].view(t._data.shape))
-                off += t.numel()
+        """Copies the first rank's (or ``src``'s) values of ``tensors`` to every rank."""
+        broadcast_tensors(tensors, self.ranks[0] if src is None else src, self.ranks)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -228,6 +219,22 @@ class GradReducer:
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
+
+
+def broadcast_tensors(tensors: Sequence[Tensor], src: int, ranks: Sequence[int]) -> None:
+    """Copies global rank ``src``'s values of local ``tensors`` to every rank of ``ranks``: one
+    broadcast per bucket (of one dtype and device, about 25 MB)."""
+    if len(ranks) == 1:
+        return
+    for group in _make_buckets(list(tensors), 25 * 2 ** 20):
+        flat = torch.cat([t._data.reshape(-1) for t in group.params])
+        comm.broadcast(flat, src, tuple(ranks))
+        if env.get_rank() == src:
+            continue
+        off = 0
+        for t in group.params:
+            t._data.copy_(flat[off:off + t.numel()].view(t._data.shape))
+            off += t.numel()
 
 
 def verify_same_model(named: Sequence[tuple[str, Tensor]], ranks: Sequence[int] | None = None,

@@ -9,13 +9,13 @@ have (torch's format, every parameter's index); ``load_state_dict`` takes such a
 rank and keeps each rank's own part."""
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
 from ..core.tensor import Tensor
 from ..distributed import comm, env
+from ..distributed.ddp import broadcast_tensors
 from ..optim.optimizer import Optimizer
 
 __all__ = ["ZeroRedundancyOptimizer"]
@@ -85,22 +85,11 @@ class ZeroRedundancyOptimizer(Optimizer):
         return loss
 
     def _sync_params(self) -> None:
-        """Each rank's parameters from their owner: one broadcast per owner and dtype."""
+        """Each rank's parameters from their owner (its buckets broadcast)."""
         if len(self.ranks) == 1:
             return
         for r, src in enumerate(self.ranks):
-            owned = [p for part in self._partition for p in part[r]]
-            by_dtype: dict = defaultdict(list)
-            for p in owned:
-                by_dtype[(p._data.dtype, p._data.device)].append(p)
-            for group in by_dtype.values():
-                flat = torch.cat([p._data.detach().reshape(-1) for p in group])
-                comm.broadcast(flat, src, self.ranks)
-                if r != self.rank:
-                    off = 0
-                    for p in group:
-                        p._data.copy_(flat[off:off + p.numel()].view(p._data.shape))
-                        off += p.numel()
+            broadcast_tensors([p for part in self._partition for p in part[r]], src, self.ranks)
 
     # -- state dicts ------------------------------------------------------------------------
     def consolidate_state_dict(self, to: int = 0) -> None:

@@ -35,19 +35,11 @@ def pipeline(*args: Any, **kwargs: Any) -> None:
 
 def _wait(work, what: str, peer: int) -> None:
     try:
-        work.wait(timeout=env.comm_timeout()) if _takes_timeout(work) else work.wait()
+        work.wait(timeout=env.comm_timeout())
     except Exception as e:
-        raise RuntimeError(f"holoflow pipelining: rank {env.get_rank()} waited for {what} rank {peer}, which did not "
-                           f"come within the communication timeout ({e}); every stage's rank must run the same "
-                           f"schedule with the same number of micro-batches") from e
-
-
-def _takes_timeout(work) -> bool:
-    try:
-        import inspect
-        return "timeout" in inspect.signature(work.wait).parameters
-    except (TypeError, ValueError):
-        return True
+        raise RuntimeError(f"holoflow pipelining: rank {env.get_rank()} waiting for {what} rank {peer} failed "
+                           f"(the peer failed, or did not come within the communication timeout: {e}); every "
+                           f"stage's rank must run the same schedule with the same number of micro-batches") from e
 
 
 def _send_tensors(tensors: list, dst: int, header: bool) -> list:
