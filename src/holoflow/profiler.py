@@ -85,7 +85,13 @@ def tensorboard_trace_handler(dir_name: str, worker_name: str | None = None,
     def handler(prof: profile) -> None:
         os.makedirs(dir_name, exist_ok=True)
         worker = worker_name or f"{socket.gethostname()}_{os.getpid()}"
-        path = os.path.join(dir_name, f"{worker}.{time.time_ns() // 1_000_000}.pt.trace.json")
+        stamp = time.time_ns() // 1_000_000
+        # two traces within one millisecond would share torch's name: the later takes the next
+        # free stamp instead of overwriting the earlier
+        while any(os.path.exists(os.path.join(dir_name, f"{worker}.{stamp}.pt.trace.json{gz}"))
+                  for gz in ("", ".gz")):
+            stamp += 1
+        path = os.path.join(dir_name, f"{worker}.{stamp}.pt.trace.json")
         prof.export_chrome_trace(path)
         if use_gzip:
             import gzip

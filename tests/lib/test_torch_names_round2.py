@@ -215,6 +215,22 @@ def test_profiler_schedule_matches_torch_and_drives_trace_handler(tmp_path):
     assert all(e["ph"] == "X" and e["dur"] >= 0 for e in data["traceEvents"])
 
 
+@pytest.mark.parametrize("use_gzip", [False, True])
+def test_trace_handler_keeps_two_traces_of_one_millisecond(tmp_path, monkeypatch, use_gzip):
+    # torch names a trace by the millisecond it is written in; two within one millisecond must
+    # not overwrite each other (the clock is frozen so the collision is certain, not a race)
+    import holoflow.profiler as profiler_module
+    monkeypatch.setattr(profiler_module.time, "time_ns", lambda: 1_700_000_000_123_456_789)
+    handler = flow.profiler.tensorboard_trace_handler(str(tmp_path), worker_name="w", use_gzip=use_gzip)
+    for n in (1, 2):
+        with flow.profiler.profile() as prof:
+            for _ in range(n):
+                flow.ones(2).add(1)
+        handler(prof)
+    suffix = ".pt.trace.json.gz" if use_gzip else ".pt.trace.json"
+    assert sorted(os.listdir(tmp_path)) == [f"w.1700000000123{suffix}", f"w.1700000000124{suffix}"]
+
+
 def test_profiler_under_mock_torch():
     g = _run("""
 import torch
