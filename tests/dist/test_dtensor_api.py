@@ -287,6 +287,21 @@ for _ in range(2):
     copt.step()
 OUT["columns"] = {k: [str(p.placements), list(p.to_local().shape), r6(p.full_tensor())]
                   for k, p in cols.named_parameters()}
+
+# mixed precision: bf16 compute, gradients accumulated unsynced and summed across the ranks in
+# bf16 (reduce_dtype None) or in fp32; exact values (not rounded): the reduce dtype shows
+from torch.distributed.fsdp import MixedPrecisionPolicy
+for tag, reduce_dtype in (("mp_reduce_bf16", None), ("mp_reduce_fp32", torch.float32)):
+    torch.manual_seed(2)
+    mpm = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+    fully_shard(mpm[0], mesh=mesh, mp_policy=policy)
+    fully_shard(mpm, mesh=mesh, mp_policy=policy)
+    mpm.set_requires_gradient_sync(False)
+    ((mpm(x * 3).float() - y) ** 2).mean().backward()
+    mpm.set_requires_gradient_sync(True)
+    ((mpm(x).float() - y) ** 2).mean().backward()
+    OUT[tag] = {k: [str(p.grad.dtype), p.grad.full_tensor().tolist()] for k, p in mpm.named_parameters()}
 '''
 
 DCP = '''

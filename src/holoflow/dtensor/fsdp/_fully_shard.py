@@ -54,8 +54,10 @@ __all__ = ["fully_shard", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy",
 class MixedPrecisionPolicy:
     """``param_dtype``: the unsharded parameters' dtype in forward/backward (the shards and the
     optimizer stay in theirs); ``output_dtype``: the module outputs' floating dtype;
-    ``cast_forward_inputs``: floating inputs cast to ``param_dtype``. ``reduce_dtype`` is accepted:
-    gradients are reduced in the shards' dtype."""
+    ``cast_forward_inputs``: floating inputs cast to ``param_dtype``; ``reduce_dtype``: the dtype
+    gradients are summed in across ranks (and accumulated in without sync), ``param_dtype`` if
+    None, as torch's. The shards are gathered in ``param_dtype`` (cast before the all-gather:
+    half the bytes for bf16) and their gradients land in the shards' dtype."""
 
     param_dtype: DType | None = None
     reduce_dtype: DType | None = None
@@ -233,22 +235,20 @@ class _State:
 
     def whole_values(self, shards: list, cast: bool) -> list:
         """Each shard's whole value on this rank (torch tensors, no autograd), in the forward's
-        dtype with ``cast``: on a 1-D mesh one all-gather per dtype for all of them (each rank's
-        shards flattened end to end), as torch's FSDP2 gathers a module's parameters together; on
-        an HSDP mesh one redistribute each."""
+        dtype with ``cast`` (the shards cast before they are gathered, as torch's): on a 1-D mesh
+        one all-gather per dtype for all of them (each rank's shards flattened end to end), as
+        torch's FSDP2 gathers a module's parameters together; on an HSDP mesh one redistribute
+        each."""
+        want = self.mp.param_dtype if cast else None
         if self.mesh.ndim != 1 or len(shards) <= 1:
             with no_grad():
-                out = [s.redistribute(placements=[Replicate()] * self.mesh.ndim).to_local()._data for s in shards]
-        else:
-            out = _gather_flat(shards, self.mesh)
-        if cast and self.mp.param_dtype is not None:
-            want = _dtype.to_torch(self.mp.param_dtype)
-            out = [v.to(want) if v.is_floating_point() else v for v in out]
-        return out
+                return [_cast(s, want).redistribute(placements=[Replicate()] * self.mesh.ndim).to_local()._data
+                        for s in shards]
+        return _gather_flat(shards, self.mesh, None if want is None else _dtype.to_torch(want))
 
-    def _in_param_dtype(self, t: Tensor) -> Tensor:
-        dtype = self.mp.param_dtype
-        return t.to(dtype) if dtype is not None and t.dtype.is_floating_point else t
+    def _in_reduce_dtype(self, g: torch.Tensor) -> torch.Tensor:
+        dtype = self.mp.reduce_dtype or self.mp.param_dtype
+        return g.to(_dtype.to_torch(dtype)) if dtype is not None and g.is_floating_point() else g
 
     def gather(self, call: _Unsharded | None) -> None:
         """Each taken parameter's unsharded local tensor registered in its place (one gather for a
@@ -258,7 +258,7 @@ class _State:
         its gradient is complete: no reader of it is left."""
         track = call is not None and grad_mode.STATE.enabled
         unique = list({id(shard): shard for _, _, shard in self.params}.values())
-        values = dict(zip(map(id, unique), self.whole_values(unique, cast=False)))
+        values = dict(zip(map(id, unique), self.whole_values(unique, cast=True)))
         gathered: dict = {}
         for mod, name, shard in self.params:
             key = id(shard)
@@ -276,10 +276,8 @@ class _State:
             else:
                 full = _Unshard.apply(self, shard, value)
                 self.expected.add(key)
-                full.register_hook(lambda g, k=key: self._reduce(k, g))
-            used = self._in_param_dtype(full)   # (gradients are kept and reduced in the shards' dtype)
+            used = _owned(full, shard) if track else full
             if track:
-                used = _owned(used, shard)
                 call.tensors.append((shard, used))
                 call.nbytes.append(used._data.untyped_storage().nbytes())
                 if full.requires_grad and self.reshard_after_backward:
@@ -290,11 +288,15 @@ class _State:
         self.gathered = True
 
     def arrive(self, shard: Parameter, grad: Tensor) -> None:
-        """A shard's whole gradient from backward, reduced with the others once every expected
-        one came (the module's backward is done), else at the end of backward."""
+        """A shard's whole gradient from backward (with what it accumulated unsynced), in the
+        reduce dtype, reduced with the others once every expected one came (the module's backward
+        is done), else at the end of backward."""
         key = id(shard)
-        held = self.pending.get(key)
-        self.pending[key] = (shard, grad if held is None else held[1] + grad)
+        grad = self._in_reduce_dtype(grad._data)
+        for held in (self.accumulated.pop(key, None), self.pending.get(key, (None, None))[1]):
+            if held is not None:
+                grad = grad + held
+        self.pending[key] = (shard, grad)
         if not self.flush_queued and current_graph_task() is not None:
             self.flush_queued = True
             queue_callback(self._end_of_backward)
@@ -306,9 +308,10 @@ class _State:
         self.flush()
 
     def flush(self) -> None:
-        """The pending gradients reduce-scattered to their shards' layouts (one collective per
-        dtype on a 1-D mesh; per shard on an HSDP mesh) and added to ``shard.grad``."""
-        items = [(shard, g._data) for shard, g in self.pending.values()]
+        """The pending gradients averaged over the ranks in the reduce dtype (one reduce-scatter
+        per dtype on a 1-D mesh; per shard on an HSDP mesh) and added to ``shard.grad`` in the
+        shard's dtype."""
+        items = [(shard, g / self.divide) for shard, g in self.pending.values()]
         self.pending.clear()
         self.expected = set()
         if not items:
@@ -320,21 +323,16 @@ class _State:
                 locals_ = [_as_global(g, shard, (P,) * self.mesh.ndim)
                            .redistribute(placements=shard.placements).to_local()._data for shard, g in items]
             for (shard, _), local in zip(items, locals_):
-                g = _as_global(local.contiguous(), shard, tuple(shard._global.sbp))
+                g = _as_global(local.to(shard._data.dtype).contiguous(), shard, tuple(shard._global.sbp))
                 if shard.grad is None:
                     shard.grad = g
                 else:
                     shard.grad.add_(g)
 
-    def _reduce(self, key: int, grad: Tensor) -> Tensor:
-        """The gradient the reduce-scatter takes: this rank's, with what it accumulated unsynced,
-        divided for the average (in the shards' dtype)."""
-        held = self.accumulated.pop(key, None)
-        return (grad if held is None else grad + held) / self.divide
-
     def _accumulate(self, key: int, leaf: Tensor) -> None:
+        grad = self._in_reduce_dtype(leaf.grad._data)
         held = self.accumulated.get(key)
-        self.accumulated[key] = leaf.grad if held is None else held + leaf.grad
+        self.accumulated[key] = grad if held is None else held + grad
         leaf.grad = None
 
     def reshard(self) -> None:
@@ -408,15 +406,17 @@ def _reduce_scatter_flat(items: list, mesh: DeviceMesh) -> list:
     return out
 
 
-def _gather_flat(shards: list, mesh: DeviceMesh) -> list:
-    """The whole values of ``shards`` (each ``Shard(d)`` on the 1-D ``mesh``): per dtype, every
-    rank's shards flattened end to end, one all-gather, and each value put back together."""
+def _gather_flat(shards: list, mesh: DeviceMesh, dtype: torch.dtype | None = None) -> list:
+    """The whole values of ``shards`` (each ``Shard(d)`` on the 1-D ``mesh``; floating ones cast
+    to ``dtype`` first): per dtype, every rank's shards flattened end to end, one all-gather, and
+    each value put back together."""
     ranks = tuple(mesh.flat_ranks)
     n = len(ranks)
     out: list = [None] * len(shards)
+    datas = [s._data.to(dtype) if dtype is not None and s._data.is_floating_point() else s._data for s in shards]
     by_dtype: dict = {}
-    for i, s in enumerate(shards):
-        by_dtype.setdefault(s._data.dtype, []).append(i)
+    for i, d in enumerate(datas):
+        by_dtype.setdefault(d.dtype, []).append(i)
     for idx in by_dtype.values():
         layouts = []   # per shard: (dim, [each rank's local shape])
         for i in idx:
@@ -425,7 +425,7 @@ def _gather_flat(shards: list, mesh: DeviceMesh) -> list:
             layouts.append((dim, locals_))
         sizes = [sum(math.prod(loc[r]) for _, loc in layouts) for r in range(n)]
         with no_grad():
-            flat = torch.cat([shards[i]._data.reshape(-1) for i in idx])
+            flat = torch.cat([datas[i].reshape(-1) for i in idx])
         got = world.comm().all_gather(flat, ranks, 0, sizes).split(sizes)   # (simulated ranks too)
         offsets = [0] * n
         for i, (dim, locals_) in zip(idx, layouts):

@@ -52,7 +52,8 @@ class MixedPrecision:
     """``param_dtype``: the gathered parameters' dtype in forward and backward (the shards and the
     optimizer stay in theirs); ``buffer_dtype``: the buffers' dtype; ``cast_root_forward_inputs``
     / ``cast_forward_inputs``: floating inputs of the root / of every wrapped module cast to
-    ``param_dtype``. Gradients are reduced in the shards' dtype (``reduce_dtype`` is accepted)."""
+    ``param_dtype``; ``reduce_dtype``: the dtype gradients are summed in across ranks
+    (``param_dtype`` if None, as torch's); they land in the shards' dtype."""
 
     param_dtype: DType | None = None
     reduce_dtype: DType | None = None
