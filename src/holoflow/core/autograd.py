@@ -83,6 +83,19 @@ def _grad_strides(leaf: torch.Tensor) -> tuple:
     return tuple(reversed(out))
 
 
+def _added_in_place(t, g) -> bool:
+    """Whether ``g`` was added into ``t``'s existing local ``.grad`` in place (then the caller
+    need not own a copy of ``g``)."""
+    old = t._grad
+    if old is None or g._data.is_meta or not _addable_in_place(old, g):
+        return False
+    with _ACC_LOCK:
+        if t._grad is not old:   # (a concurrent backward replaced it meanwhile)
+            return False
+        old._data.add_(g._data)
+    return True
+
+
 def _addable_in_place(old, g) -> bool:
     d, e = old._data, g._data
     return (old._global is None and g._global is None and not old._rg and not g._rg
@@ -276,29 +289,31 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
         want = t.__dict__.get("_grad_dtype")   # Tensor.grad_dtype set to a dtype: gradients cast to it
         if want is not None and g._data.dtype != want:
             g = g.to(want)
-        if not create_graph:  # own a dense buffer: in-place updates of .grad must be safe
-            d = g._data
-            if d.is_meta:  # a traced value (a trace is SSA: no aliasing)
-                g = g.detach()
-            else:
-                # a view, a gradient another leaf (or the caller) already holds, one not laid out
-                # as torch's AccumulateGrad lays it out (the leaf's strides if it is dense, e.g.
-                # channels_last; else contiguous): copy
-                ptr = d.data_ptr()
-                strides = None if t._data.is_contiguous() else _grad_strides(t._data)
-                if strides is None:
-                    if d._base is not None or ptr in handed or not d.is_contiguous():
-                        d = d.clone(memory_format=torch.contiguous_format)
-                        ptr = d.data_ptr()
-                elif d._base is not None or ptr in handed or d.stride() != strides:
-                    d = torch.empty_strided(d.shape, strides, dtype=d.dtype, device=d.device).copy_(d)
+        # (an existing local .grad takes g in place, as torch's AccumulateGrad: nothing to copy)
+        if create_graph or t._global is not None or not _added_in_place(t, g):
+            if not create_graph:  # own a dense buffer: in-place updates of .grad must be safe
+                d = g._data
+                if d.is_meta:  # a traced value (a trace is SSA: no aliasing)
+                    g = g.detach()
+                else:
+                    # a view, a gradient another leaf (or the caller) already holds, one not laid out
+                    # as torch's AccumulateGrad lays it out (the leaf's strides if it is dense, e.g.
+                    # channels_last; else contiguous): copy
                     ptr = d.data_ptr()
-                handed[ptr] = d  # held, so an address is never reused within this pass
-                g, glob = Tensor._make(d), g._global
-                g._global = glob
-        if t._global is not None:  # a local gradient of SBP dual(t.sbp): box it for .grad
-            g = t._global.box_grad(t, g)
-        accumulate_grad(t, g, not create_graph)
+                    strides = None if t._data.is_contiguous() else _grad_strides(t._data)
+                    if strides is None:
+                        if d._base is not None or ptr in handed or not d.is_contiguous():
+                            d = d.clone(memory_format=torch.contiguous_format)
+                            ptr = d.data_ptr()
+                    elif d._base is not None or ptr in handed or d.stride() != strides:
+                        d = torch.empty_strided(d.shape, strides, dtype=d.dtype, device=d.device).copy_(d)
+                        ptr = d.data_ptr()
+                    handed[ptr] = d  # held, so an address is never reused within this pass
+                    g, glob = Tensor._make(d), g._global
+                    g._global = glob
+            if t._global is not None:  # a local gradient of SBP dual(t.sbp): box it for .grad
+                g = t._global.box_grad(t, g)
+            accumulate_grad(t, g, not create_graph)
         post = t.__dict__.get("_post_acc_hooks")
         if post:
             for h in post:   # (AccumulateGrad.register_hook's: fn((), (grad,)), as torch's)
