@@ -302,6 +302,24 @@ for tag, reduce_dtype in (("mp_reduce_bf16", None), ("mp_reduce_fp32", torch.flo
     mpm.set_requires_gradient_sync(True)
     ((mpm(x).float() - y) ** 2).mean().backward()
     OUT[tag] = {k: [str(p.grad.dtype), p.grad.full_tensor().tolist()] for k, p in mpm.named_parameters()}
+
+# optimizer in backward (torchtune's pattern): each shard stepped by its post-accumulate-grad hook
+torch.manual_seed(3)
+ob = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+fully_shard(ob[0], mesh=mesh)
+fully_shard(ob, mesh=mesh)
+in_bwd = {p: torch.optim.SGD([p], lr=0.1) for p in ob.parameters()}
+stepped = []
+
+def step_in_backward(p):
+    stepped.append(isinstance(p.grad, DTensor))
+    in_bwd[p].step()
+    in_bwd[p].zero_grad()
+for p in ob.parameters():
+    p.register_post_accumulate_grad_hook(step_in_backward)
+for _ in range(2):
+    ((ob(x) - y) ** 2).mean().backward()
+OUT["optimizer_in_backward"] = [stepped, {k: [p.grad is None, r6(p.full_tensor())] for k, p in ob.named_parameters()}]
 '''
 
 DCP = '''

@@ -83,6 +83,16 @@ def _grad_strides(leaf: torch.Tensor) -> tuple:
     return tuple(reversed(out))
 
 
+def run_post_accumulate_hooks(t, g) -> None:
+    """The hooks run once ``g`` was accumulated into leaf ``t``'s ``.grad``:
+    ``register_post_accumulate_grad_hook``'s with the leaf, ``AccumulateGrad.register_hook``'s
+    with ``((), (g,))``, as torch's."""
+    post = t.__dict__.get("_post_acc_hooks")
+    if post:
+        for h in post:
+            h(t) if type(h) is not AccumulatePostHook else h.fn((), (g,))
+
+
 def _added_in_place(t, g) -> bool:
     """Whether ``g`` was added into ``t``'s existing local ``.grad`` in place (then the caller
     need not own a copy of ``g``)."""
@@ -314,10 +324,7 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
             if t._global is not None:  # a local gradient of SBP dual(t.sbp): box it for .grad
                 g = t._global.box_grad(t, g)
             accumulate_grad(t, g, not create_graph)
-        post = t.__dict__.get("_post_acc_hooks")
-        if post:
-            for h in post:   # (AccumulateGrad.register_hook's: fn((), (grad,)), as torch's)
-                h(t) if type(h) is not AccumulatePostHook else h.fn((), (g,))
+        run_post_accumulate_hooks(t, g)
 
     roots, root_leaves = [], []
     for t, g in zip(tensors, grads):

@@ -31,7 +31,7 @@ import torch
 from ...autograd.function import Function
 from ...core import dtype as _dtype
 from ...core import grad_mode, interpret
-from ...core.autograd import current_graph_task, queue_callback
+from ...core.autograd import current_graph_task, queue_callback, run_post_accumulate_hooks
 from ...core.dtype import dtype as DType
 from ...core.errors import UnsupportedError
 from ...core.grad_mode import no_grad
@@ -224,6 +224,7 @@ class _State:
         self.flush_queued = False     # (an end-of-backward reduce of what is left is queued)
         self.gathered = False
         self.finish_pass = lambda: None   # ends an open forward pass of the group (fully_shard)
+        self.post_hooks = True            # a shard's post-accumulate-grad hooks run (FSDP2's, not FSDP1's)
 
     def reshards(self) -> bool:
         flag = self.reshard_after_forward
@@ -328,6 +329,8 @@ class _State:
                     shard.grad = g
                 else:
                     shard.grad.add_(g)
+                if self.post_hooks:   # (FSDP2's: optimizer-in-backward steps a shard here)
+                    run_post_accumulate_hooks(shard, g)
 
     def _accumulate(self, key: int, leaf: Tensor) -> None:
         grad = self._in_reduce_dtype(leaf.grad._data)

@@ -200,7 +200,8 @@ class FullyShardedDataParallel(Module):
             cast_forward_inputs=False)
         offload = CPUOffloadPolicy() if self.cpu_offload.offload_params else OffloadPolicy()
         ignored = [p for p in module.parameters() if id(p) in ignored_params]
-        shard([self], mesh, _RESHARD[strategy], None, mp, offload, ignored, who=_WHO)
+        state = shard([self], mesh, _RESHARD[strategy], None, mp, offload, ignored, who=_WHO)
+        state.post_hooks = False   # (torch's FSDP1 runs no hook of its original parameters)
         for inner in self.modules():
             if isinstance(inner, FullyShardedDataParallel) and inner is not self:
                 inner.__dict__["_is_root"] = False
