@@ -3,6 +3,7 @@
     python bench/eager.py                   # each library in its own fresh process, alternated
     python bench/eager.py --in-process      # both in this process (a diagnostic: order effects)
     python bench/eager.py --fused           # AdamW(fused=True) in both libraries
+    python bench/eager.py --compile         # the model through lib.compile in both (Inductor)
     python bench/eager.py --profile         # + cProfile of holoflow's GPT step (top by own time)
 
 Models: the GPT of holoflow.examples.gpt at 2 layers, d=64, seq 32, batch 8 (AdamW, grad
@@ -44,6 +45,11 @@ from holoflow.examples import cnn, corpus, gpt  # noqa: E402
 
 
 FUSED = {"fused": False}   # --fused: AdamW(fused=True) in both libraries
+COMPILE = {"on": False}    # --compile: the model through torch.compile / holoflow.compile
+
+
+def _compiled(lib, model):
+    return lib.compile(model) if COMPILE["on"] else model
 
 
 def _fuse(lib, opt):
@@ -61,7 +67,8 @@ def gpt_step(lib) -> Callable[[], float]:
     data = corpus.encode(corpus.load_text(50_000))
     xb, yb = corpus.get_batch(data, cfg.block_size, cfg.batch_size, rng)
     x, y = lib.from_numpy(xb), lib.from_numpy(yb)
-    return lambda: gpt.train_step(lib, model, opt, x, y, 1e-3, cfg)
+    step_model = _compiled(lib, model)
+    return lambda: gpt.train_step(lib, step_model, opt, x, y, 1e-3, cfg)
 
 
 def cnn_step(lib) -> Callable[[], float]:
@@ -71,7 +78,8 @@ def cnn_step(lib) -> Callable[[], float]:
     rng = np.random.default_rng(0)
     x = lib.from_numpy(rng.random((64, 1, 8, 8), dtype=np.float32))
     y = lib.from_numpy(rng.integers(0, 10, 64))
-    return lambda: cnn.train_step(lib, model, opt, x, y)
+    step_model = _compiled(lib, model)
+    return lambda: cnn.train_step(lib, step_model, opt, x, y)
 
 
 def best_ms(fn: Callable[[], object], number: int, repeat: int) -> tuple[float, float]:
@@ -105,7 +113,8 @@ def one(case: str, lib_name: str, number: int, repeat: int) -> tuple[float, floa
 
 def fresh(case: str, lib_name: str, args) -> tuple[float, float]:
     cmd = [sys.executable, os.path.abspath(__file__), "--one", case, lib_name, "--number", str(args.number),
-           "--repeat", str(args.repeat), "--threads", str(args.threads)] + (["--fused"] if args.fused else [])
+           "--repeat", str(args.repeat), "--threads", str(args.threads)] + (["--fused"] if args.fused else []) \
+        + (["--compile"] if args.compile else [])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     got = json.loads(out.strip().splitlines()[-1])
     return got["ms"], got["minflt"]
@@ -118,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--fused", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="the model through lib.compile (Inductor) in both")
     ap.add_argument("--in-process", action="store_true")
     ap.add_argument("--one", nargs=2, metavar=("CASE", "LIB"))
     ap.add_argument("--profile", action="store_true")
@@ -125,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     FUSED["fused"] = args.fused
+    COMPILE["on"] = args.compile
     if args.one:
         ms, faults = one(args.one[0], args.one[1], args.number, args.repeat)
         print(json.dumps({"ms": ms, "minflt": faults}))

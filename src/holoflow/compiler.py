@@ -1,9 +1,9 @@
 """``holoflow.compiler``: torch.compiler's switches for eager holoflow.
 
-holoflow runs eagerly (a static graph is ``holoflow.nn.Graph``), so nothing is ever being
-compiled: ``is_compiling()`` is False, ``compile`` returns its argument, and the decorators that
-steer the compiler (``disable``, ``allow_in_graph``, ``assume_constant_result``) return the
-function unchanged, so code written for ``torch.compile`` runs unmodified with the same numbers.
+``compile`` is ``holoflow.compile`` (graph/compile_module.py: a call traced into holoflow's graph
+IR and run as lowered plans). Code never runs *while* being compiled as dynamo's does (the trace
+runs it once on lazy tensors), so ``is_compiling()`` is False, and the decorators that steer
+dynamo (``disable``, ``allow_in_graph``, ``assume_constant_result``) return the function unchanged.
 """
 from __future__ import annotations
 
@@ -14,13 +14,9 @@ __all__ = ["compile", "is_compiling", "is_dynamo_compiling", "is_exporting", "di
 
 
 def compile(model: Callable | None = None, **kwargs: Any) -> Any:  # noqa: A001 - torch's name
-    """``torch.compiler.compile``: returns ``model`` itself (eager holoflow); with no model,
-    a decorator doing the same."""
-    if model is None:
-        return lambda fn: fn
-    if not callable(model):
-        raise TypeError(f"holoflow.compiler.compile: expected a module or a function, got {type(model).__name__}")
-    return model
+    """``torch.compiler.compile``: ``holoflow.compile`` (the same arguments)."""
+    from .compat import compile as compile_
+    return compile_(model, **kwargs)
 
 
 def is_compiling() -> bool:
@@ -61,8 +57,10 @@ def assume_constant_result(fn: Callable) -> Callable:
 
 
 def list_backends(exclude_tags: tuple | None = ("debug", "experimental")) -> list[str]:
-    """The compiler backends holoflow has: none (``[]``)."""
-    return []
+    """The backends ``compile`` takes: ``inductor`` (each plan's tasks through Inductor), and the
+    debug ones running the plans' kernel calls as they are (``eager``, ``aot_eager``)."""
+    debug = exclude_tags is not None and "debug" in exclude_tags
+    return ["inductor"] if debug else ["aot_eager", "eager", "inductor"]
 
 
 def cudagraph_mark_step_begin() -> None:

@@ -63,7 +63,7 @@ s = torch.jit.script(lin)
 torch._assert(True, "fine")
 y = torch.ones(1, 3, 4, 4).to(memory_format=torch.channels_last).contiguous(memory_format=torch.channels_last)
 """)
-    assert g["m"] is g["lin"] and g["s"] is g["lin"] and g["f"](flow.ones(1)).item() == 2.0
+    assert g["m"]._orig_mod is g["lin"] and g["s"] is g["lin"] and g["f"](flow.ones(1)).item() == 2.0
     assert torch.get_float32_matmul_precision() == "high"
     torch.set_float32_matmul_precision("highest")
     with pytest.raises(AssertionError, match="boom"):

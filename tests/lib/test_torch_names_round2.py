@@ -93,9 +93,12 @@ def test_compiler_switches_are_pass_throughs():
     assert flow.compiler.disable(recursive=False)(f) is f
     assert flow.compiler.allow_in_graph(f) is f and flow.compiler.assume_constant_result(f) is f
     m = flow.nn.Linear(2, 2)
-    assert flow.compiler.compile(m) is m and flow.compiler.compile()(f) is f
+    cm, cf = flow.compiler.compile(m, backend="eager"), flow.compiler.compile(backend="eager")(f)
+    assert cm._orig_mod is m and isinstance(cm, flow.nn.Module) and cf._orig_mod is f and cf.__name__ == "f"
+    assert flow.compiler.compile(m, disable=True) is m
     assert flow.compiler.reset() is None and flow.compiler.cudagraph_mark_step_begin() is None
-    assert flow.compiler.list_backends() == []
+    assert flow.compiler.list_backends() == ["inductor"]
+    assert flow.compiler.list_backends(exclude_tags=None) == ["aot_eager", "eager", "inductor"]
     with pytest.raises(TypeError, match="holoflow"):
         flow.compiler.compile(3)
 

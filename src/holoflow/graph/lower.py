@@ -20,7 +20,7 @@ stream ordered by events (graph/cuda_streams.py), all launched from the caller's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -30,7 +30,7 @@ from ..runtime import CALLER, SOURCE_STREAM, Plan, Runtime, SequentialExecutor, 
 from .compile_tasks import PLAIN_STREAMS, compile_task
 from .cuda_streams import cuda_streams, with_h2d_copies
 from .global_graph import issue_collectives, state_views, wrap_outputs
-from .ir import TOKEN, IRGraph, Program, Value, program, uncompilable
+from .ir import ENTRY, TOKEN, IRGraph, Program, Value, program, uncompilable
 from .passes.memory_plan import peak_bytes
 
 
@@ -72,6 +72,7 @@ class Lowered:
     output_names: tuple
     device: torch.device = torch.device("cpu")
     compiled: dict = field(default_factory=dict)   # task name -> its CompiledTask (enable_compile)
+    entry: Any = None   # the program's driver (every task in order, on the caller's thread)
 
     @property
     def tasks(self) -> list:
@@ -113,7 +114,7 @@ def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_task
     if device.type == "cuda":
         specs, inputs = with_h2d_copies(specs, feeds, device, register_num)
     plan = Plan(tuple(specs), inputs=inputs, outputs=outs, initial={TOKEN: None} if has_update else {})
-    return Lowered(g, prog, plan, inputs, outs, device, compiled)
+    return Lowered(g, prog, plan, inputs, outs, device, compiled, ns[ENTRY])
 
 
 def device_of(g: IRGraph) -> torch.device:
