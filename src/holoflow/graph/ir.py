@@ -155,6 +155,7 @@ def check(g: IRGraph, where: str = "", sources: bool = False) -> IRGraph:
 
 # -- the program -----------------------------------------------------------------------------------
 
+SEQ1 = "seq1"   # a node tag: its kernel returns its one output inside a tuple
 TOKEN = "state_token"   # loop-carried: tasks reading state wait for the previous step's update
 ENTRY = "program"       # the function running every task in order
 _RESERVED = frozenset({"torch", "state", ENTRY, TOKEN, "_pc", "_tick", "_t"})
@@ -579,7 +580,7 @@ class _Gen:
         else:
             args.append(f"**{self.arg(n.attrs)}")
         call = f"{self.kernel(n)}({', '.join(args)})"
-        outs = ", ".join(self.vals[v] for v in n.outputs)
+        outs = ", ".join(self.vals[v] for v in n.outputs) + ("," if SEQ1 in n.tags else "")
         self.lines[len(self.out) + 1] = n
         metas = "  " + ", ".join(meta_str(v) for v in n.outputs) if n.outputs else ""
         self.out.append(f"    {outs + ' = ' if outs else ''}{call}  # {n.source or '?'}{metas}")

@@ -28,7 +28,7 @@ from ..ops.loss import AMP_BOUNDARY
 from .global_graph import GLOBAL_BOX, GLOBAL_TAG, LazyGlobal
 from ..core.registry import Meta, Op, infer_metas, meta_attrs
 from ..core.tensor import Tensor
-from .ir import IRGraph, Node, Value, may_alias
+from .ir import SEQ1, IRGraph, Node, Value, may_alias
 from .pipeline import trace_move
 from .zero import ZERO3, shard_parameter
 
@@ -455,6 +455,8 @@ class Tracer(Interpreter):
         for o, v in zip(outs, vals):
             self.bind_value(o, v)
         tags = frozenset({"bw"}) if self.in_backward else frozenset()
+        if len(outs) == 1 and not isinstance(res, Tensor):   # a kernel returning a 1-tuple (a vjp
+            tags |= {SEQ1}                                    # op's gradients): the program unpacks it
         # a lazy tensor's ``x.to(x.device)`` names meta: at run time that is the input's device
         attrs = {k: dev if isinstance(v, torch.device) and v.type == "meta" else v for k, v in attrs.items()}
         node = Node(op.name, ins, attrs, vals, user_line(), "/".join(self.scope),
