@@ -62,3 +62,51 @@ def test_program_matches_torch(path):
         assert (tv is None) == (fv is None), f"{path.stem}: grad of {k} is None on one side only"
         if tv is not None:
             real_torch.testing.assert_close(fv, tv, rtol=rtol, atol=atol, msg=lambda m: f"{path.stem} {k}: {m}")
+
+
+# -- the same programs with every model compiled -----------------------------------------------
+
+# torch.compile refuses a double backward through compiled code too
+DOUBLE_BACKWARD = {"maml_second_order", "pinn_hessian"}
+# programs whose every model call runs eagerly (holoflow.compile warns why): data-dependent
+# shapes or branches (bincount, nonzero, .tolist(), `if tensor`), module hooks, tensors reached
+# through lists, and a GP with no module call at all
+ALL_EAGER = {"clip_caption", "fno_darcy", "gnn_scatter", "gp_regression", "mdn_mixture", "moe_transformer_xl",
+             "qat_hooks", "transformer_masks"}
+
+
+def _compile_outermost_calls(monkeypatch) -> dict:
+    """Routes every outermost module call through a holoflow.compile of that module (plain
+    kernels); returns the compilers by module id."""
+    from holoflow.graph.compile_module import _Compiler
+    from holoflow.nn.module import Module
+    plain, compilers, depth = Module.__call__, {}, [0]
+
+    def call(self, *args, **kwargs):
+        if depth[0]:
+            return plain(self, *args, **kwargs)
+        depth[0] += 1
+        try:
+            c = compilers.get(id(self))
+            if c is None or c.fn is not self:
+                c = compilers[id(self)] = _Compiler(self, "eager", False)
+            return c(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+    monkeypatch.setattr(Module, "__call__", call)
+    return compilers
+
+
+@pytest.mark.filterwarnings("ignore:holoflow.compile")
+@pytest.mark.parametrize("path", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_program_with_its_models_compiled_matches_torch(path, monkeypatch):
+    """Each program with every model call traced into holoflow.compile's forward and backward
+    programs (or run eagerly where it cannot be traced) gives torch's losses and gradients."""
+    compilers = _compile_outermost_calls(monkeypatch)
+    if path.stem in DOUBLE_BACKWARD:
+        with pytest.raises(RuntimeError, match="backward of a compiled call cannot be differentiated"):
+            test_program_matches_torch(path)
+        return
+    test_program_matches_torch(path)
+    traced = sum(type(p).__name__ == "_Plan" for c in compilers.values() for p in c.plans.values())
+    assert (traced == 0) == (path.stem in ALL_EAGER), f"{path.stem}: {traced} traced plans"

@@ -154,7 +154,7 @@ class _Compiler:
                               f"size limit, as torch's): inputs of ever new shapes, or parameters replaced by "
                               f"new objects on every call (a fully_shard'd module), compile anew each call")
             else:
-                plan = self._trace(leaves, spec, need, {id(t) for t in tensors})
+                plan = self._trace(leaves, spec, need, roots, tensors)
             self.plans[key] = plan
             if isinstance(plan, _Eager):
                 if self.fullgraph:
@@ -170,7 +170,32 @@ class _Compiler:
         return unflatten(list(outs), plan.out_spec)
 
     # -- tracing ---------------------------------------------------------------------------------
-    def _trace(self, leaves: list, spec: Any, need_grad: bool, reachable: set) -> _Plan | _Eager:
+    def _trace(self, leaves: list, spec: Any, need_grad: bool, roots: list, tensors: list) -> _Plan | _Eager:
+        """The plan of one signature; the trace may change no Python state it can reach: the
+        ``.grad`` of real tensors and the attributes of the modules (``self.mask = ...``, a
+        counter) are restored after it, and a call that changed any runs eagerly (its change
+        would happen once, while tracing, and its lazy values would outlive the trace)."""
+        grads = [(t, t._grad) for t in tensors]
+        modules = _module_states(roots)
+        plan: _Plan | _Eager | None = None
+        try:
+            plan = self._trace_once(leaves, spec, need_grad, {id(t) for t in tensors})
+        except Exception as e:   # (splitting or lowering failed: run eagerly rather than fail the user)
+            plan = _Eager(f"compiling it failed: {type(e).__name__}: {e}")
+        finally:
+            leaked = [t for t, g in grads if t._grad is not g]
+            for t, g in grads:
+                t._grad = g
+            changed = _restore_modules(modules)
+        if changed:
+            return _Eager(f"it changes module attribute(s) {changed} when called (Python state a compiled "
+                          f"call would change only once, while tracing)")
+        if leaked and not isinstance(plan, _Eager):
+            return _Eager(f"tracing it wrote the .grad of {len(leaked)} tensor(s) (the first of shape "
+                          f"{tuple(leaked[0].shape)}) outside the gradients it returns")
+        return plan
+
+    def _trace_once(self, leaves: list, spec: Any, need_grad: bool, reachable: set) -> _Plan | _Eager:
         fn = self.fn
         why = _unsupported(fn, leaves)
         if why is not None:
@@ -212,7 +237,8 @@ class _Compiler:
                         dev = torch.device(tracer.device_type)
                         seeds = [tracer.feed(Tensor._make(torch.empty(tuple(o.shape), dtype=o._data.dtype)),
                                              f"grad{i}", dev if dev.type != "cpu" else None) for i, o in diff_outs]
-                        got = _traced_grads(tracer, [o for _, o in diff_outs], [t for _, t in wrt], seeds)
+                        got = _traced_grads(tracer, [o for _, o in diff_outs], [t for _, t in wrt], seeds,
+                                            {id(t) for (kind, _), t in wrt if kind == "state"})
                         diff = [ref for (ref, _), g in zip(wrt, got) if g is not None]
                         grads = [g for g in got if g is not None]
                         grad_outs = [i for i, _ in diff_outs]
@@ -273,20 +299,33 @@ class _Compiler:
         return _Plan(_compiled(fwd, inductor), _compiled(bwd, inductor), n_out, out_spec, diff, saved, grad_outs)
 
 
-def _traced_grads(tracer: Tracer, outs: list, wrt: list, seeds: list) -> tuple:
+def _traced_grads(tracer: Tracer, outs: list, wrt: list, seeds: list, leaves: set) -> list:
     """The gradients of ``outs`` w.r.t. ``wrt``, recorded as backward (``bw``) nodes. Tensor
-    hooks of ``wrt`` do not run here: at run time the engine runs them on the real gradients."""
+    hooks of ``wrt`` do not run here: at run time the engine runs them on the real gradients.
+    A backward that accumulates into leaves itself (an activation checkpoint's recomputation
+    runs ``backward()`` inside) leaves lazy values in the ``.grad`` of the ``leaves`` (ids of
+    parameters), cleared for the trace and restored after: those are added to their gradients."""
     from ..autograd import grad as autograd_grad
     hooks = [(t, t._hooks) for t in wrt]
+    held = [(t, t._grad) for t in wrt if id(t) in leaves]
     tracer.in_backward += 1
     try:
         for t, _ in hooks:
             t._hooks = None
-        return autograd_grad(outs, wrt, seeds, retain_graph=True, allow_unused=True)
+        for t, _ in held:
+            t._grad = None
+        got = list(autograd_grad(outs, wrt, seeds, retain_graph=True, allow_unused=True))
+        for k, t in enumerate(wrt):
+            acc = t._grad if id(t) in leaves else None
+            if acc is not None:
+                got[k] = acc if got[k] is None else got[k] + acc
+        return got
     finally:
         tracer.in_backward -= 1
         for t, h in hooks:
             t._hooks = h
+        for t, g in held:
+            t._grad = g
 
 
 def _reachable(fn: Any, leaves: list) -> tuple[list, list]:
@@ -323,6 +362,50 @@ def _reachable(fn: Any, leaves: list) -> tuple[list, list]:
         tensors += [v for v in m.__dict__.values() if isinstance(v, Tensor)]
         stack.extend(reversed(m._modules.values()))
     return roots, tensors
+
+
+def _module_states(roots: list) -> list:
+    """Each module under ``roots`` with a shallow copy of its attributes and of its parameter,
+    buffer and submodule tables (and the lengths of its list and dict attributes)."""
+    out, seen, stack = [], set(), roots[::-1]
+    while stack:
+        m = stack.pop()
+        if m is None or id(m) in seen:
+            continue
+        seen.add(id(m))
+        attrs = dict(m.__dict__)
+        tables = {k: dict(v) for k, v in attrs.items() if k in ("_parameters", "_buffers", "_modules")}
+        sizes = {k: len(v) for k, v in attrs.items() if type(v) in (list, dict) and k not in tables}
+        out.append((m, attrs, tables, sizes))
+        stack.extend(reversed(m._modules.values()))
+    return out
+
+
+def _restore_modules(states: list) -> list:
+    """Puts back what changed since :func:`_module_states`; returns the changed names."""
+    changed = []
+    for m, attrs, tables, sizes in states:
+        now = m.__dict__
+        names = [k for k in attrs.keys() | now.keys()
+                 if k not in tables and now.get(k, _MISSING) is not attrs.get(k, _MISSING)]
+        names += [k for k, n in tables.items() if now.get(k) is not attrs[k] or not _same_table(now[k], n)]
+        names += [k for k, n in sizes.items() if k in now and len(now[k]) != n]
+        if names:
+            changed += [f"{type(m).__name__}.{k}" for k in sorted(set(names))]
+            for k in [k for k in now if k not in attrs]:
+                del now[k]
+            now.update(attrs)
+            for k, table in tables.items():
+                now[k].clear()
+                now[k].update(table)
+    return changed
+
+
+_MISSING = object()
+
+
+def _same_table(a: dict, b: dict) -> bool:
+    return list(a) == list(b) and all(a[k] is b[k] for k in a)
 
 
 def _filled(cell) -> bool:
