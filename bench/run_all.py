@@ -8,7 +8,7 @@ Sections: the machine (CPU model, cores, torch version, date, load average befor
 nn.Graph vs the sequential executor vs holoflow eager vs torch eager vs torch.compile on GPT-mini
 and the CNN (bench/graph.py variants, alternated in fresh processes, best of rounds), with the
 issue's ratio targets; the actor runtime's per-act overhead (bench/runtime.py, best of rounds);
-then the other benches found in bench/ (eager.py, ops_overhead.py, dp_overlap.py and its
+then the other benches found in bench/ (eager.py and its --compile, ops_overhead.py, dp_overlap.py and its
 --zero3, fsdp_memory.py, boxing.py, pipeline.py), each run through its own CLI with its output
 quoted. ``--lock`` takes that file's flock around each child only, so other benches can slip in
 between (do not also wrap the whole command in flock on the same file). A failing bench is
@@ -203,6 +203,8 @@ def others(q: bool) -> list[tuple[str, list[str], float]]:
     cands = [
         ("eager.py", "holoflow eager vs torch eager, each library in fresh processes (bench/eager.py)",
          ["--number", "3", "--repeat", "3"] if q else []),
+        ("eager.py", "holoflow.compile vs torch.compile (Inductor), each library in fresh processes "
+         "(bench/eager.py --compile)", ["--compile", "--number", "3", "--repeat", "3"] if q else ["--compile"]),
         ("ops_overhead.py", "per-op overhead on tiny tensors, each library in fresh processes (bench/ops_overhead.py)",
          ["--number", "300", "--repeat", "3"] if q else []),
         ("dp_overlap.py", "data parallelism vs its no-communication limit, 2 Gloo ranks (bench/dp_overlap.py)",

@@ -307,3 +307,21 @@ def test_the_inductor_backend_trains_the_gpt_example_as_eager():
         step_model = flow.compile(model) if compiled else model
         runs.append([gpt.train_step(flow, step_model, opt, x, y, 1e-3, cfg) for _ in range(3)])
     np.testing.assert_allclose(runs[1], runs[0], rtol=1e-5)
+
+
+def test_saved_tensor_hooks_make_the_call_eager():
+    lin, ref = _pair(lambda: nn.Linear(3, 3))
+    cl = flow.compile(lin, backend="eager")
+    x = flow.randn(2, 3, requires_grad=True)
+    cl(x).sum().backward()   # traced without hooks
+    packed = []
+
+    def pack(t):
+        packed.append(tuple(t.shape))
+        return t
+    with flow.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        cl(x).sum().backward()   # eager under the hooks: they see what eager's nodes save
+    assert packed
+    ref(x.detach().requires_grad_()).sum().backward()
+    ref(x.detach().requires_grad_()).sum().backward()
+    _same(lin.weight.grad, ref.weight.grad)

@@ -33,7 +33,8 @@ from typing import Any, Callable
 import torch
 
 from ..autograd.function import Function
-from ..core import grad_mode, interpret
+from ..amp.autocast import Autocast
+from ..core import grad_mode, interpret, saved
 from ..core.tensor import Tensor
 from ..nn.module import Module
 from ..nn import module as _module
@@ -449,10 +450,14 @@ def _region() -> tuple:
 
 def _untraceable_context() -> str | None:
     """Why calls here run eagerly whatever the inputs: inside a trace (nn.Graph's build traces
-    the call itself) or under an interpreter other than autocast (functional transforms)."""
+    the call itself), under an interpreter other than autocast (functional transforms), or with
+    saved-tensor hooks active (they pack what eager's nodes save; the compiled forward's saved
+    values would bypass them)."""
     for it in interpret.stack():
-        if it.parent is not None and type(it).__name__ != "Autocast":
+        if it.parent is not None and not isinstance(it, Autocast):
             return f"called under {type(it).__name__}"
+    if saved._LIVE[0] and saved.current() is not None:
+        return "saved-tensor hooks are active"
     return None
 
 
