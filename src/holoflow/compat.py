@@ -57,15 +57,9 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     eagerly with a warning (``fullgraph=True``: raises instead). Works bare (``compile(model)``), as
     ``@compile`` and as ``@compile(mode=...)``; ``disable=True`` returns ``model`` itself. For a
     whole training step (optimizer, data parallelism, pipelines) use ``holoflow.nn.Graph``."""
-    if model is None:
-        return lambda fn: compile(fn, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
-                                  options=options, disable=disable)
-    if not callable(model):
-        raise TypeError(f"holoflow.compile: expected a module or a function, got {type(model).__name__}")
-    if disable:
-        return model
-    from .graph.compile_module import compile_callable
-    return compile_callable(model, "inductor" if backend == "inductor" else "eager", fullgraph=fullgraph)
+    from .graph.compile_module import compile as compile_
+    return compile_(model, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options,
+                    disable=disable)
 
 
 def _assert(condition: Any, message: str) -> None:

@@ -325,3 +325,24 @@ def test_saved_tensor_hooks_make_the_call_eager():
     ref(x.detach().requires_grad_()).sum().backward()
     ref(x.detach().requires_grad_()).sum().backward()
     _same(lin.weight.grad, ref.weight.grad)
+
+
+def test_module_compile_in_place_keeps_hooks_eager():
+    lin, ref = _pair(lambda: nn.Linear(3, 2))
+    calls = []
+    lin.register_forward_hook(lambda m, i, o: calls.append(tuple(o.shape)) or o * 2)
+    ref.register_forward_hook(lambda m, i, o: o * 2)
+    assert lin.compile(backend="eager") is None
+    x = flow.randn(4, 3, requires_grad=True)
+    for _ in range(2):
+        out, seen = _eager_warnings(lambda: lin(x))
+        _same(out, ref(x))
+        assert seen == []   # (the hook runs around the compiled forward, not inside a trace)
+    assert calls == [(4, 2), (4, 2)] and isinstance(lin.forward, compile_module.CompiledFunction)
+    assert [type(p).__name__ for p in lin.forward._compiler.plans.values()] == ["_Plan"]
+    lin.compile(backend="eager")   # again: the original forward compiled anew, not the compiled one
+    assert lin.forward._orig_mod.__func__ is nn.Linear.forward
+    lin.compile(disable=True)
+    assert "forward" not in lin.__dict__
+    with pytest.raises(TypeError, match="keyword arguments"):
+        lin.compile("eager")

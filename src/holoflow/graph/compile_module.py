@@ -180,7 +180,7 @@ class _Compiler:
         modules = _module_states(roots)
         plan: _Plan | _Eager | None = None
         try:
-            plan = self._trace_once(leaves, spec, need_grad, {id(t) for t in tensors})
+            plan = self._trace_once(leaves, spec, need_grad, roots, {id(t) for t in tensors})
         except Exception as e:   # (splitting or lowering failed: run eagerly rather than fail the user)
             plan = _Eager(f"compiling it failed: {type(e).__name__}: {e}")
         finally:
@@ -196,9 +196,9 @@ class _Compiler:
                           f"{tuple(leaked[0].shape)}) outside the gradients it returns")
         return plan
 
-    def _trace_once(self, leaves: list, spec: Any, need_grad: bool, reachable: set) -> _Plan | _Eager:
+    def _trace_once(self, leaves: list, spec: Any, need_grad: bool, roots: list, reachable: set) -> _Plan | _Eager:
         fn = self.fn
-        why = _unsupported(fn, leaves)
+        why = _unsupported(fn, leaves, roots)
         if why is not None:
             return _Eager(why)
         tracer = Tracer()
@@ -461,15 +461,17 @@ def _untraceable_context() -> str | None:
     return None
 
 
-def _unsupported(fn: Any, leaves: list) -> str | None:
+def _unsupported(fn: Any, leaves: list, roots: list) -> str | None:
     if any(isinstance(x, Tensor) and x._global is not None for x in leaves):
         return "its inputs are global tensors (compile a graph of global tensors with nn.Graph)"
     if _module._global_forward_pre_hooks or _module._global_forward_hooks or _module._global_backward_hooks \
             or _module._global_backward_pre_hooks:
         return "global module hooks are registered (their side effects would run only while tracing)"
-    if isinstance(fn, Module):
-        for m in fn.modules():
-            if m._forward_pre_hooks or m._forward_hooks or m._backward_hooks or m.__dict__.get("_backward_pre_hooks"):
+    owner = getattr(fn, "__self__", None)   # a compiled method: its own module's hooks run outside it
+    for root in roots:
+        for m in root.modules():
+            if m is not owner and (m._forward_pre_hooks or m._forward_hooks or m._backward_hooks
+                                   or m.__dict__.get("_backward_pre_hooks")):
                 return f"module {type(m).__name__} has forward or backward hooks (their side effects would run " \
                        f"only while tracing)"
             if any(p is not None and p._global is not None for p in m._parameters.values()):
@@ -542,3 +544,33 @@ def compile_callable(fn: Callable, backend: str = "inductor", fullgraph: bool = 
     if isinstance(fn, Module):
         return OptimizedModule(fn, backend, fullgraph)
     return CompiledFunction(fn, backend, fullgraph)
+
+
+def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: bool | None = None,  # noqa: A001
+            backend: Any = "inductor", mode: str | None = None, options: dict | None = None,
+            disable: bool = False) -> Any:
+    """``torch.compile``'s signature (``holoflow.compile``): ``backend="inductor"`` (torch's
+    default) runs each program's tasks through Inductor, any other backend the programs' kernel
+    calls as they are; ``dynamic``, ``mode`` and ``options`` are accepted (a new shape traces
+    anew, up to :data:`CACHE_SIZE_LIMIT` signatures); ``disable=True`` returns ``model``. Bare, as
+    ``@compile`` and as ``@compile(...)``."""
+    if model is None:
+        return lambda fn: compile(fn, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
+                                  options=options, disable=disable)
+    if not callable(model):
+        raise TypeError(f"holoflow.compile: expected a module or a function, got {type(model).__name__}")
+    if disable:
+        return model
+    return compile_callable(model, "inductor" if backend == "inductor" else "eager", fullgraph)
+
+
+def compile_forward(module: Module, **kwargs: Any) -> None:
+    """``module.compile(**kwargs)`` (torch's ``nn.Module.compile``, in place): the module's
+    forward becomes its compiled form; its own hooks keep running eagerly around it."""
+    held = module.__dict__.get("forward")
+    plain = held._orig_mod if isinstance(held, CompiledFunction) else type(module).forward.__get__(module)
+    compiled = compile(plain, **kwargs)
+    if compiled is plain:   # (disable=True)
+        module.__dict__.pop("forward", None)
+    else:
+        module.__dict__["forward"] = compiled

@@ -439,11 +439,19 @@ class Module(StateMixin):
                 t.grad.share_memory_()
         return self
 
+    # holoflow.graph (above nn) publishes holoflow.compile's in-place form here, as it publishes
+    # nn.Graph; None until it is imported
+    _compile_forward: Callable | None = None
+
     def compile(self, *args: Any, **kwargs: Any) -> None:
-        """``torch.nn.Module.compile``: in place and a pass-through here (eager holoflow, as
-        ``holoflow.compile``), so the module computes the same numbers; returns None. For a
-        compiled static graph use ``holoflow.nn.Graph``."""
-        return None
+        """``torch.nn.Module.compile(**torch.compile's kwargs)``: in place, this module's forward
+        becomes ``holoflow.compile``'s of it (graph/compile_module.py; its own hooks run eagerly
+        around it); returns None."""
+        if args:
+            raise TypeError(f"holoflow.nn.Module.compile: takes torch.compile's keyword arguments, got "
+                            f"{len(args)} positional")
+        if Module._compile_forward is not None:
+            Module._compile_forward(self, **kwargs)
 
     # -- printing ------------------------------------------------------------------------------
     def _get_name(self) -> str:
