@@ -3,7 +3,7 @@ the fp16 wrapper) and a user's hook with its own async all-reduce and future cha
 2 Gloo ranks under torch's launcher on torch and under holoflow's: every rank's weights equal
 torch's; each backward hands the hook buckets 0..n-1, the last one last, every gradient once.
 (bf16 compression, which torch refuses without NCCL, is checked against plain DDP in
-tests/dist/test_ddp.py.)"""
+tests/dist/test_ddp.py.) DDP of a torch.compile'd model trains as torch's too."""
 from test_dtensor_api import _compare, _run
 
 BODY = '''
@@ -24,10 +24,13 @@ for name, hook, state in (("allreduce", default_hooks.allreduce_hook, None),
                           ("fp16", default_hooks.fp16_compress_hook, None),
                           ("wrapped", default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook), None),
                           ("user", noisy_hook, {"calls": []}),
-                          ("none", None, None)):
+                          ("none", None, None),
+                          ("compiled", None, None)):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(6, 40), nn.Tanh(), nn.Linear(40, 3))
-    model = DDP(net, bucket_cap_mb=0.0005)
+    if name == "compiled":   # DDP of a compiled model: its buckets fill from the compiled backward
+        net = torch.compile(net, backend="eager")   # (torch's DDP optimizer asserts on tiny buckets)
+    model = DDP(net) if name == "compiled" else DDP(net, bucket_cap_mb=0.0005)
     if hook is not None:
         model.register_comm_hook(state, hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
