@@ -43,6 +43,7 @@ class Config:
     tie: bool = True
     device: str = "cpu"
     dtype: str = "float32"
+    compile: bool = False   # train steps through torch.compile / holoflow.compile
     seed: int = 1337
     out: str = "out-gpt"
     sample_len: int = 200
@@ -201,6 +202,7 @@ def train(torch: ModuleType, cfg: Config, model=None, data: tuple | None = None,
     train_data, val_data = data if data is not None else corpus.splits(cfg.corpus_chars)
     model = model if model is not None else make_model(torch, cfg)
     opt = make_optimizer(torch, model, cfg)
+    step_model = torch.compile(model) if cfg.compile else model   # (evaluation and sampling run eagerly)
     rng = np.random.default_rng(cfg.seed)
     hist: dict[str, Any] = {"train": [], "val": []}
     bar = _progress(cfg.steps, progress)
@@ -208,7 +210,7 @@ def train(torch: ModuleType, cfg: Config, model=None, data: tuple | None = None,
     for step in range(cfg.steps):
         xb, yb = corpus.get_batch(train_data, cfg.block_size, cfg.batch_size, rng)
         x, y = to_tensor(torch, xb, cfg.device), to_tensor(torch, yb, cfg.device)
-        hist["train"].append(train_step(torch, model, opt, x, y, lr_at(step, cfg), cfg))
+        hist["train"].append(train_step(torch, step_model, opt, x, y, lr_at(step, cfg), cfg))
         if evaluate_every and cfg.eval_interval > 0 and (step + 1) % cfg.eval_interval == 0 \
                 and step + 1 < cfg.steps:
             hist["val"].append((step + 1, evaluate(torch, model, val_data, cfg)))
@@ -260,6 +262,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                     help="bf16 runs the forward under holoflow.autocast")
     ap.add_argument("--out", default=d.out, help="checkpoint directory")
     ap.add_argument("--untied", action="store_true", help="a separate output head")
+    ap.add_argument("--compile", action="store_true", help="train steps through holoflow.compile (Inductor)")
     args = vars(ap.parse_args(argv))
     args["tie"] = not args.pop("untied")
     return Config(**{**asdict(d), **args, "warmup": min(d.warmup, max(1, args["steps"] // 10))})
