@@ -297,7 +297,11 @@ class _Compiler:
                       tuple(n.with_(inputs=tuple(fresh.get(x, x) if isinstance(x, Value) else x for x in n.inputs))
                             for n in bwd_nodes),
                       tuple(fresh.get(v, v) if isinstance(v, Value) else v for v in grad_vals))
-        return _Plan(_compiled(fwd, inductor), _compiled(bwd, inductor), n_out, out_spec, diff, saved, grad_outs)
+        # saved values go only to the backward: in Inductor's layouts (channels-last activations
+        # cross as they are), unless the user gets them too
+        keep = frozenset(fwd_extra) - {v for v in user_outs if isinstance(v, Value)}
+        return _Plan(_compiled(fwd, inductor, keep), _compiled(bwd, inductor), n_out, out_spec, diff, saved,
+                     grad_outs)
 
 
 def _traced_grads(tracer: Tracer, outs: list, wrt: list, seeds: list, leaves: set) -> list:
@@ -428,10 +432,11 @@ def _joint_passes(g: IRGraph) -> IRGraph:
     return g
 
 
-def _compiled(g: IRGraph, inductor: bool) -> Lowered:
+def _compiled(g: IRGraph, inductor: bool, keep_layouts: frozenset = frozenset()) -> Lowered:
     """One half, memory-planned (feeds are never reused in place) and lowered."""
     from .passes.memory_plan import memory_plan
-    return lower(check(memory_plan(g, GraphConfig()), where="memory_plan"), compile_tasks=inductor)
+    return lower(check(memory_plan(g, GraphConfig()), where="memory_plan"), compile_tasks=inductor,
+                 keep_layouts=keep_layouts)
 
 
 def _feed_index(leaves: list, i: int) -> int:

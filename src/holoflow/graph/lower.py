@@ -80,10 +80,11 @@ class Lowered:
 
 
 def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_tasks: bool = False,
-          gather_ahead: bool = True) -> Lowered:
+          gather_ahead: bool = True, keep_layouts: frozenset = frozenset()) -> Lowered:
     """The graph's program, executed, its task functions wired into a runtime Plan (each compiled by
     Inductor with ``compile_tasks``: graph/compile_tasks.py; ``gather_ahead``: see
-    global_graph.issue_collectives)."""
+    global_graph.issue_collectives). Graph outputs in ``keep_layouts`` keep the layout compiled
+    code gave them (holoflow.compile's saved values, read only by its compiled backward)."""
     g = issue_collectives(g, gather_ahead)
     prog = program(g, profile, for_compile=compile_tasks and not profile)
     ns = prog.load()
@@ -91,7 +92,7 @@ def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_task
     plain = [profile or not compile_tasks or t.stream in PLAIN_STREAMS or any(map(uncompilable, t.nodes))
              for t in prog.tasks]
     read_plain = {v for t, p in zip(prog.tasks, plain) if p for v in t.inputs} | \
-        {o for o in g.outputs if isinstance(o, Value)}
+        {o for o in g.outputs if isinstance(o, Value) and o not in keep_layouts}
     specs, compiled = [], {}
     for t, p in zip(prog.tasks, plain):
         consumes = [prog.name(v) for v in t.inputs] + ([TOKEN] if t.token else [])
