@@ -215,6 +215,8 @@ def test_each_signature_traces_once_and_the_cache_is_bounded():
     assert len(plans) == compile_module.CACHE_SIZE_LIMIT
     out, seen = _eager_warnings(lambda: cl(flow.randn(99, 4)))
     assert "cache size limit" in seen[0] and tuple(out.shape) == (99, 2)
+    out, seen = _eager_warnings(lambda: cl(flow.randn(98, 4)))   # (said once; nothing more kept)
+    assert seen == [] and tuple(out.shape) == (98, 2) and len(plans) == compile_module.CACHE_SIZE_LIMIT
 
 
 def test_an_optimized_module_is_a_module_of_its_parent():

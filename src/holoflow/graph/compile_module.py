@@ -1,28 +1,32 @@
 """``holoflow.compile(module_or_fn)``: what ``torch.compile`` promises (the same numbers, less time)
-for eager holoflow code, on nn.Graph's tracer and lowering.
+for eager holoflow code, on nn.Graph's tracer and lowering (docs/architecture.md,
+"holoflow.compile").
 
-A call is traced once per input signature (shapes, dtypes, devices, the modules' train/eval flags
-and ``requires_grad``, grad mode, the autocast region): the forward into the graph IR and, when a
-gradient is needed, its backward too, recorded from holoflow's own grad rules (custom autograd
-Functions included) on lazy gradients of the outputs (AOT autograd's joint graph). The IR is cut
-in two: the forward nodes, which also return what the backward reads (the *saved* values), and
-the backward nodes (``bw``-tagged), whose feeds are the saved values and the outputs' gradients.
-Each half is lowered as a graph's plan is (one program of direct kernel calls; with
-``backend="inductor"`` each task through Inductor, as ``config.enable_compile()``) and a call
-runs the forward plan inside one autograd Function whose backward runs the backward plan: the
-inputs and the parameters get their gradients through holoflow's engine as from any op (hooks,
-DDP's buckets and gradient accumulation see them as in eager).
+A call is traced once per input signature (shapes, dtypes, devices and ``requires_grad`` of the
+inputs, grad mode, the modules' train/eval flags, the autocast region, and the identity of every
+tensor the call can reach): the forward into the graph IR and, when a gradient is needed, its
+backward too, recorded from holoflow's own grad rules (custom autograd Functions included) on lazy
+gradients of the outputs (AOT autograd's joint graph). The IR is cut in two: the forward nodes,
+which also return what the backward reads (the *saved* values), and the backward nodes
+(``bw``-tagged), whose feeds are the saved values and the outputs' gradients. Each half is
+lowered as a graph's plan is (one program of direct kernel calls; with ``backend="inductor"``
+each task through Inductor, as ``config.enable_compile()``), and a call runs the forward
+program inside one autograd Function whose backward runs the backward program: the inputs and
+the parameters get their gradients through holoflow's engine as from any op (hooks, DDP's
+buckets and gradient accumulation see them as in eager).
 
 What is not traced runs eagerly, as torch's graph breaks fall back to Python: a trace that fails
-(data-dependent shapes or control flow, ``.item()``), modules with forward or backward hooks (a
-hook's Python side effects would run once, at trace time), global tensors (``nn.Graph`` compiles
-those), inputs written in place, outputs that are inputs or state themselves, and calls inside an
-``nn.Graph`` trace or under a functional transform. Each such signature warns once with the
-reason and then runs eagerly without trying again.
+(data-dependent shapes or control flow, ``.item()``), module hooks inside the call (a hook's
+Python side effects would run once, at trace time), a call that changes module attributes or
+reads tensors it can reach only through containers, global tensors (``nn.Graph`` compiles
+those), inputs written in place, outputs that are inputs or state themselves, signatures beyond
+the cache limit, and calls inside an ``nn.Graph`` trace, under a functional transform or under
+saved-tensor hooks. Each such signature warns once with the reason (``fullgraph=True`` raises)
+and then runs eagerly without trying again.
 
 Differences from eager, by design: the backward of a compiled call cannot itself be
-differentiated (``create_graph=True`` raises), and a parameter changed in place between forward
-and backward raises as torch's saved-tensor version check does.
+differentiated (``create_graph=True`` raises, as torch.compile's does), and a saved tensor
+changed in place between forward and backward raises as torch's version check does.
 """
 from __future__ import annotations
 
@@ -135,6 +139,7 @@ class _Compiler:
             raise ValueError(f"holoflow.compile: backend must be one of {BACKENDS}, got {backend!r}")
         self.fn, self.backend, self.fullgraph = fn, backend, fullgraph
         self.plans: dict = {}
+        self.limit_warned = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fn = self.fn
@@ -149,26 +154,33 @@ class _Compiler:
         key = _cache_key(leaves, spec, (need, tuple(isinstance(x, Tensor) and x.requires_grad for x in leaves),
                                         _state_walk(roots, ())[0], _region(), tuple(map(id, tensors))))
         plan = self.plans.get(key)
+        if plan is None and len(self.plans) >= CACHE_SIZE_LIMIT:   # (new signatures are not kept)
+            if self.fullgraph or not self.limit_warned:
+                self.limit_warned = True
+                self._eager(_Eager(f"{CACHE_SIZE_LIMIT} signatures were traced already (holoflow.compile's "
+                                   f"cache size limit, as torch's): inputs of ever new shapes, or parameters "
+                                   f"replaced by new objects on every call (a fully_shard'd module), would "
+                                   f"compile anew each call; new signatures run eagerly"))
+            return fn(*args, **kwargs)
         if plan is None:
-            if len(self.plans) >= CACHE_SIZE_LIMIT:
-                plan = _Eager(f"{CACHE_SIZE_LIMIT} signatures were traced already (holoflow.compile's cache "
-                              f"size limit, as torch's): inputs of ever new shapes, or parameters replaced by "
-                              f"new objects on every call (a fully_shard'd module), compile anew each call")
-            else:
-                plan = self._trace(leaves, spec, need, roots, tensors)
-            self.plans[key] = plan
+            plan = self.plans[key] = self._trace(leaves, spec, need, roots, tensors)
             if isinstance(plan, _Eager):
                 if self.fullgraph:
                     del self.plans[key]
-                    raise RuntimeError(f"holoflow.compile(fullgraph=True): {_name(fn)} cannot be traced whole: "
-                                       f"{plan.why}")
-                warnings.warn(f"holoflow.compile: {_name(fn)} runs eagerly for this input signature: {plan.why}",
-                              stacklevel=3)
+                self._eager(plan)
         if isinstance(plan, _Eager):
             return fn(*args, **kwargs)
         diff = [leaves[ref] if kind == "feed" else ref for kind, ref in plan.diff]
         outs = _Run.apply(plan, leaves, *diff)
         return unflatten(list(outs), plan.out_spec)
+
+    def _eager(self, plan: _Eager) -> None:
+        """Says why a signature runs eagerly: a warning, or with ``fullgraph=True`` an error."""
+        if self.fullgraph:
+            raise RuntimeError(f"holoflow.compile(fullgraph=True): {_name(self.fn)} cannot be traced whole: "
+                               f"{plan.why}")
+        warnings.warn(f"holoflow.compile: {_name(self.fn)} runs eagerly for this input signature: {plan.why}",
+                      stacklevel=4)
 
     # -- tracing ---------------------------------------------------------------------------------
     def _trace(self, leaves: list, spec: Any, need_grad: bool, roots: list, tensors: list) -> _Plan | _Eager:
@@ -248,10 +260,10 @@ class _Compiler:
             # (the tracer is nn.Graph's: its words for build() hold for this traced call)
             msg = str(e).removeprefix("holoflow.nn.Graph: ").replace("inside build()", "in a traced call")
             return _Eager(f"tracing failed: {type(e).__name__}: {msg}")
-        return self._split(ir, leaves, len(out_leaves), out_spec, diff, grad_outs, tracer)
+        return self._split(ir, leaves, len(out_leaves), out_spec, diff, grad_outs)
 
-    def _split(self, ir: IRGraph, leaves: list, n_out: int, out_spec: Any, diff: list, grad_outs: list,
-               tracer: Tracer) -> _Plan | _Eager:
+    def _split(self, ir: IRGraph, leaves: list, n_out: int, out_spec: Any, diff: list,
+               grad_outs: list) -> _Plan | _Eager:
         inductor = self.backend == "inductor"
         ir = _joint_passes(ir)
         n_in = len([x for x in leaves if isinstance(x, Tensor)])
@@ -263,7 +275,8 @@ class _Compiler:
             fwd = IRGraph(input_feeds, ir.state, tuple(fwd_nodes), user_outs, ir.updates, out_spec)
             return _Plan(_compiled(fwd, inductor), None, n_out, out_spec, [], [], [])
         fwd_defined = {v for n in fwd_nodes for v in n.outputs}
-        if any(v in {o for n in bwd_nodes for o in n.outputs} for n in fwd_nodes for v in n.value_inputs()):
+        bwd_defined = {v for n in bwd_nodes for v in n.outputs}
+        if any(v in bwd_defined for n in fwd_nodes for v in n.value_inputs()):
             return _Eager("its forward reads a value its backward computes")
         state_of = {v: t for v, t in ir.state}
         feed_index = {v: i for i, v in enumerate(input_feeds)}
@@ -272,7 +285,6 @@ class _Compiler:
                                     [v for v in grad_vals if isinstance(v, Value)]))
         saved_vals, saved, fwd_extra = [], [], []
         seeds = set(seed_feeds)
-        bwd_defined = {v for n in bwd_nodes for v in n.outputs}
         for v in needed:
             if v in seeds or v in bwd_defined:
                 continue
