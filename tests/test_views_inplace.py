@@ -322,6 +322,30 @@ def test_a_write_into_an_empty_view_of_an_expanded_tensor_is_taken(write):
     assert got[0] == got[1]
 
 
+@pytest.mark.filterwarnings("ignore:Use of index_put_ on expanded tensors is deprecated")
+@pytest.mark.parametrize("read", ["view", "base", "base_after_write"])
+def test_gradients_through_an_expanded_view_written_by_index(read):
+    """``v = b.unsqueeze(0).expand(2, 3, 4); v[[0, 1]] = a`` writes ``a`` into ``b``'s memory
+    through both (aliased) rows. Read through ``v`` afterwards, torch's gradient of ``a`` is that
+    of the view re-derived from ``b``'s new history (its rows both read ``b``'s gradient, then the
+    write's backward sums them); holoflow used to read ``v``'s own write node instead and gave
+    half of it (views fuzz, seed 140134)."""
+    values = np.random.default_rng(0).standard_normal((3, 4))
+    got = []
+    for lib in (torch, flow):
+        a = lib.tensor(values, requires_grad=True)
+        b = lib.zeros(3, 4, dtype=lib.float64)
+        v = b.unsqueeze(0).expand(2, 3, 4)
+        v[lib.tensor([0, 1])] = a
+        w = lib.tensor(np.arange(24.0).reshape(2, 3, 4))
+        if read == "base_after_write":
+            b.mul_(0.5)
+        loss = (b * w[0]).sum() if read == "base" else (v * w).sum()
+        loss.backward()
+        got.append(a.grad.numpy().tolist())
+    assert got[0] == got[1]
+
+
 def test_write_into_a_base_that_needs_no_grad_makes_it_require_grad():
     for lib in (torch, flow):
         c = lib.tensor([2.0, 3.0], requires_grad=True)

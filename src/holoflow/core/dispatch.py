@@ -587,7 +587,11 @@ def _take_history(x: Tensor, out: Tensor) -> None:
         node = GradNode(VIEW_SCATTER, (edge, (out.grad_fn, out._out_idx)), {"chain": vi.chain},
                     (base._data.shape, out._data.shape), (base._data.dtype, out._data.dtype))
         base.grad_fn, base._out_idx, base._rg = node, 0, True
-        vi.stamp, vi.at = stamp_of(base), x._data._version
+        # a view whose elements alias each other (expanded) stays stale: its next use re-derives
+        # it from the base's new history, as torch regenerates every written view's grad_fn (the
+        # shortcut below equals that only when each element is its own)
+        if torch._debug_has_internal_overlap(x._data) != 1:
+            vi.stamp, vi.at = stamp_of(base), x._data._version
     x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True
 
 
