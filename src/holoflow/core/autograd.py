@@ -97,8 +97,9 @@ def _added_in_place(t, g) -> bool:
     """Whether ``g`` was added into ``t``'s existing local ``.grad`` in place (then the caller
     need not own a copy of ``g``)."""
     old = t._grad
-    if old is None or g._data.is_meta or not _addable_in_place(old, g):
-        return False
+    if old is None or g._data.is_meta or not _addable_in_place(old, g) or \
+            g._data.untyped_storage().data_ptr() == old._data.untyped_storage().data_ptr():
+        return False   # (a gradient sharing the .grad's memory is copied first, as before)
     with _ACC_LOCK:
         if t._grad is not old:   # (a concurrent backward replaced it meanwhile)
             return False
