@@ -110,7 +110,7 @@ class CompiledTask:
     def _fall_back(self, e: BaseException) -> None:
         self._compiled = None
         self.state, self.reason = "plain", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        LOG.warning(f"holoflow.nn.Graph enable_compile: Inductor cannot compile task {self.name!r} "
+        LOG.warning(f"holoflow: Inductor cannot compile task {self.name!r} "
                     f"({self.reason}); it runs uncompiled")
 
     def _compile(self, args: tuple) -> Callable | None:
@@ -142,7 +142,7 @@ class CompiledTask:
         where the failing op raises with its program line; the compiled layouts stay compiled."""
         self._layouts[key] = _PLAIN
         why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        LOG.warning(f"holoflow.nn.Graph enable_compile: Inductor cannot compile task {self.name!r} for "
+        LOG.warning(f"holoflow: Inductor cannot compile task {self.name!r} for "
                     f"inputs of shapes {[k[0] for k in key if k is not None]} ({why}); it runs uncompiled "
                     f"for them")
 
