@@ -103,10 +103,7 @@ class _Run(Function):
                           for kind, ref in plan.saved]
             ctx.versions = [v._version for v in ctx.values]   # (a view shares its base's counter)
             ctx.plan = plan
-        for o in user:   # integer outputs carry no gradient
-            if isinstance(o, Tensor) and not (o._data.is_floating_point() or o._data.is_complex()):
-                ctx.mark_non_differentiable(o)
-        return tuple(user)
+        return tuple(user)   # (Function.apply gives integer outputs no gradient)
 
     @staticmethod
     def backward(ctx, *grads):
