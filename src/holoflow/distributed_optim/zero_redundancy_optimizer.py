@@ -6,7 +6,11 @@ The partition is torch's: group by group, parameters from the largest down, each
 holding the fewest elements so far over all groups (the lowest such rank). ``state_dict()`` after
 ``consolidate_state_dict(to)`` is, on rank ``to``, the state dict the unsharded optimizer would
 have (torch's format, every parameter's index); ``load_state_dict`` takes such a dict on every
-rank and keeps each rank's own part."""
+rank and keeps each rank's own part.
+
+It is ``Joinable``, as torch's: inside ``Join([ddp_model, zero_opt])`` a rank out of inputs answers
+each step of the ranks still training with a step of its own partition (on the gradients it last
+had, as torch's hook does) and that step's broadcasts, so every rank's broadcasts pair up."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Sequence
@@ -15,6 +19,8 @@ import torch
 
 from ..core.tensor import Tensor
 from ..distributed import comm, env
+from ..distributed.algorithms.join import Join, Joinable, JoinHook
+from ..distributed.comm_check import call_site
 from ..distributed.ddp import broadcast_tensors
 from ..optim.optimizer import Optimizer
 
@@ -26,7 +32,19 @@ def _plain(v: Any) -> Any:
     return v._data.detach().clone() if isinstance(v, Tensor) else v
 
 
-class ZeroRedundancyOptimizer(Optimizer):
+class _ZeROJoinHook(JoinHook):
+    """What a joined rank does for ZeRO while others train: steps its partition and broadcasts it
+    (torch's ``_ZeROJoinHook``), the broadcasts a training rank's ``step`` makes."""
+
+    def __init__(self, zero: "ZeroRedundancyOptimizer") -> None:
+        self.zero = zero
+
+    def main_hook(self) -> None:
+        self.zero._local_step()
+        self.zero._sync_params()
+
+
+class ZeroRedundancyOptimizer(Optimizer, Joinable):
     """``ZeroRedundancyOptimizer(params, optimizer_class, process_group=None, **defaults)``:
     ``optimizer_class(partition, **defaults)`` steps this rank's partition."""
 
@@ -46,6 +64,7 @@ class ZeroRedundancyOptimizer(Optimizer):
         self.parameters_as_bucket_view = parameters_as_bucket_view
         self._partition = self._partition_parameters()
         self._all_state_dicts: list | None = None
+        self._join_config: Join | None = None   # (the Join block this optimizer is in)
         mine = [{**self._hyper(g), "params": part[self.rank]} for g, part in zip(self.param_groups, self._partition)]
         self.optim = optimizer_class(mine, **defaults)
 
@@ -75,21 +94,45 @@ class ZeroRedundancyOptimizer(Optimizer):
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """Steps this rank's partition (with the groups' current hyper-parameters: a scheduler
-        sets them here), then every rank broadcasts its updated parameters."""
+        sets them here), then every rank broadcasts its updated parameters. Inside a ``Join``
+        block whose first joinable is this optimizer, first tells the block this rank still
+        trains (torch's: only the first joinable does; DDP's forward, when it comes first)."""
+        join = self._join_config
+        if join is not None and join.joinables[0] is self:
+            Join.notify_join_context(self)
+        loss = self._local_step(closure, **kwargs)
+        self._sync_params()
+        return loss
+
+    def _local_step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         for g, local in zip(self.param_groups, self.optim.param_groups):
             local.update(self._hyper(g))
         loss = self.optim.step(closure, **kwargs) if closure is not None or kwargs else self.optim.step()
         for g, local in zip(self.param_groups, self.optim.param_groups):
             g.update(self._hyper(local))
-        self._sync_params()
         return loss
+
+    # -- uneven inputs: torch's Joinable ------------------------------------------------------
+    def join_hook(self, **_kwargs: Any) -> JoinHook:
+        """The hook a rank out of inputs runs while others step (torch's takes no keyword)."""
+        return _ZeROJoinHook(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        first = next((p for g in self.param_groups for p in g["params"]), None)
+        return torch.device("cpu") if first is None else first._data.device
+
+    @property
+    def join_process_group(self) -> Sequence[int]:
+        return self.ranks
 
     def _sync_params(self) -> None:
         """Each rank's parameters from their owner (its buckets broadcast)."""
         if len(self.ranks) == 1:
             return
-        for r, src in enumerate(self.ranks):
-            broadcast_tensors([p for part in self._partition for p in part[r]], src, self.ranks)
+        with call_site("ZeroRedundancyOptimizer step: the partitions' broadcasts"):   # (joined ranks: from Join)
+            for r, src in enumerate(self.ranks):
+                broadcast_tensors([p for part in self._partition for p in part[r]], src, self.ranks)
 
     # -- state dicts ------------------------------------------------------------------------
     def consolidate_state_dict(self, to: int = 0) -> None:
