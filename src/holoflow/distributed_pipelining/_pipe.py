@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..core.device import to_torch
 from ..core.dispatch import apply
 from ..core.registry import REGISTRY
 from ..core.tensor import Tensor
@@ -316,9 +317,10 @@ class _StageModule(Module):
 
 def _stage_modules(module: Module, programs: list, feeds: tuple) -> tuple[list, list]:
     """The stage modules, and torch's ``replicated_params``: per parameter held by several
-    stages, ``{stage module name: qualified name}`` (each stage holds its own copy, as torch's)."""
+    stages, ``{stage module name: qualified name}`` (each stage holds its own copy, as torch's).
+    A stage's buffers are all persistent: torch's stage modules hold a non-persistent buffer (a
+    causal mask) as a persistent one, in their ``state_dict``."""
     state = dict(list(module.named_parameters()) + list(module.named_buffers()))
-    persistent = set(module.state_dict(keep_vars=True))
     order = {n: k for k, n in enumerate(module.state_dict(keep_vars=True))}
     users: dict[str, list[int]] = {}
     for i, p in enumerate(programs):
@@ -336,7 +338,7 @@ def _stage_modules(module: Module, programs: list, feeds: tuple) -> tuple[list, 
             if isinstance(t, Parameter):
                 m.register_parameter(name, t)
             else:
-                m.register_buffer(name, t, persistent=n in persistent)
+                m.register_buffer(name, t)
         stages.append(stage)
     return stages, [{_SUBMOD.format(i): n for i in users[n]} for n in replicated]
 
@@ -383,9 +385,8 @@ class Pipe(Module):
         """A :class:`PipelineStage` running stage ``stage_index`` on ``device`` (its module moved
         there, and the ops that create tensors creating them there), usable with the schedules."""
         stage = self.get_stage_module(stage_index)
-        device = torch.device(device) if not isinstance(device, torch.device) else device
         stage.to(device)
-        object.__setattr__(stage, "_device", device)
+        object.__setattr__(stage, "_device", to_torch(device))
         object.__setattr__(stage, "_constants", {v: t.to(device) for v, t in stage._constants.items()})
         return PipelineStage(stage, stage_index, self.num_stages, device, group=group)
 
