@@ -3,8 +3,10 @@ split_spec=...)`` and ``pipe_split()`` against torch's own ``pipeline()`` on the
 weights. In one process: an MLP split at the BEGINNING of layers, a model whose activation crosses
 two split points (and a ``detach()`` across a boundary), a stack of transformer blocks split at
 their END, a ``pipe_split()`` marker with a keyword input read after it, batch norm's running
-statistics written in a stage; the stages' composition gives the module's output and gradients
-(torch's, and the unsplit holoflow module's), each stage holds torch's state_dict keys. On 2 Gloo
+statistics written in a stage, in-place writes through views; the stages' composition gives the
+module's output and gradients (torch's, and the unsplit holoflow module's), each stage holds
+torch's state_dict keys; a ``no_grad`` region (torch's own pipeline() fails on it) against the
+unsplit module. On 2 Gloo
 ranks: the same script under torch and under mock_torch, ``pipe.build_stage(rank, device)`` run by
 GPipe and 1F1B, every rank's outputs, losses, gradients and stepped weights equal torch's. And
 torch's refusals: a split_spec key naming no submodule, data-dependent control flow, both
@@ -77,6 +79,20 @@ def models(T, marker):
             marker()
             return self.b(h + bias), h.sum()
 
+    class InPlace(nn.Module):   # in-place writes through views, a view read across the split
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 3)
+
+        def forward(self, x):
+            h = self.a(x)
+            v = h.view(4, 3, 2)
+            v[:, 0].mul_(2.0)
+            h.add_(1.0)
+            marker()
+            g = (h * 3).detach()
+            return self.b(T.relu_(h) + g), v.transpose(1, 2)
+
     def mlp():
         return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(),
                              nn.Linear(8, 3))
@@ -88,6 +104,7 @@ def models(T, marker):
             "skip": (Skip, [(4, 6)], {}, {"b": "BEGINNING", "c": "BEGINNING", "d": "BEGINNING"}),
             "tiny": (Tiny, [(2, 5, 8)], {}, {"blocks.0": "END", "blocks.1": "END"}),
             "marked": (Marked, [(4, 6)], {"bias": (4, 6)}, {}),
+            "inplace": (InPlace, [(4, 6)], {}, {}),
             "bn": (bn, [(4, 6)], {}, {"3": "BEGINNING"})}
 
 
@@ -127,7 +144,7 @@ def _loss(out, T):
     return sum(((o * T.arange(o.numel()).reshape(o.shape).to(o.dtype).cos()).sum() for o in outs), T.tensor(0.0))
 
 
-@pytest.mark.parametrize("name", ["mlp", "skip", "tiny", "marked", "bn"])
+@pytest.mark.parametrize("name", ["mlp", "skip", "tiny", "marked", "inplace", "bn"])
 def test_stages_compose_to_the_module_with_torchs_gradients_and_keys(name):
     (mt, args_t, kwargs_t, pt), (mf, args_f, kwargs_f, pf) = _both(name)
     assert isinstance(pf, Pipe) and pf.num_stages == pt.num_stages > 1
@@ -183,6 +200,37 @@ def test_a_skip_value_is_relayed_through_the_stages_between():
     np.testing.assert_allclose(out.detach().numpy(), mf(*args_f).detach().numpy(), rtol=1e-6)
 
 
+def test_a_no_grad_region_stays_out_of_the_gradients():
+    """The IR has no node for a ``no_grad`` region: the stage replays its ops cut from autograd as
+    traced. (torch's own pipeline() fails on such a region: its export makes it a submodule that
+    split_module loses.)"""
+    class NoGrad(flow.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = flow.nn.Linear(6, 6), flow.nn.Linear(6, 3)
+
+        def forward(self, x):
+            h = self.a(x)
+            pipe_split()
+            with flow.no_grad():
+                g = h * 3
+            return self.b(h + g) * g.sum()
+
+    model = NoGrad()
+    x = flow.randn(4, 6, requires_grad=True)
+    pipe = pipeline(model, (x,))
+    out = pipe(x)
+    out.sum().backward()
+    got = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x.grad = None
+    ref = model(x)
+    ref.sum().backward()
+    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-6)
+    for g, p in zip(got, list(model.parameters()) + [x]):
+        np.testing.assert_allclose(g.numpy(), p.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_pipe_split_is_a_no_op_eagerly_and_the_stages_share_the_module_parameters():
     _, (mf, args_f, kwargs_f, pf) = _both("marked")
     out, total = mf(*args_f, **kwargs_f)
@@ -216,6 +264,12 @@ def test_refusals_use_torchs_exception_classes():
     x = flow.randn(3, 4)
     with pytest.raises(RuntimeError, match="cannot capture your model as a full graph"):
         pipeline(Branchy(), (x,), split_spec={"a": SplitPoint.END})
+    class WritesInput(flow.nn.Module):
+        def forward(self, x):
+            return x.mul_(2)
+
+    with pytest.raises(NotImplementedError, match=r"writes its input\(s\) \[0\] in place"):
+        pipeline(WritesInput(), (x,))
     lin = flow.nn.Linear(4, 4)
     with pytest.raises(ValueError, match="Cannot specify both"):
         pipeline(lin, (x,), split_spec={}, split_policy=lambda gm: gm)

@@ -21,7 +21,6 @@ import torch
 
 from ..core.device import to_torch
 from ..core.dispatch import apply
-from ..core.registry import REGISTRY
 from ..core.tensor import Tensor
 from ..graph.ir import IRGraph, Node, Value
 from ..graph.pytree import flatten, unflatten
@@ -53,14 +52,16 @@ def pipe_split() -> None:
 # -- tracing ---------------------------------------------------------------------------------------
 
 class _SplitTracer(Tracer):
-    """nn.Graph's tracer, also noting where stages are cut (node counts) and, per node, whether
-    each tensor input and output required grad: the IR has no node for ``detach()`` or a
-    ``no_grad`` region, which the eager replay must keep."""
+    """nn.Graph's tracer, also noting where stages are cut (node counts) and, per node, its op and
+    whether each tensor input required grad as the op read it: the IR has no node for
+    ``detach()`` or a ``no_grad`` region, which the eager replay must keep. (An op's own outputs
+    do not say it: the tracer records an in-place write's ``view_scatter`` under no_grad and links
+    its history aside.)"""
 
     def __init__(self, names: dict[int, str]) -> None:
         super().__init__(names)
         self.cuts: list[int] = []
-        self.grads: dict[int, tuple[tuple, tuple]] = {}   # id(node) -> (inputs', outputs' requires_grad)
+        self.steps: dict[int, tuple] = {}   # id(node) -> (op, its tensor inputs' requires_grad)
 
     def cut(self) -> None:
         self.cuts.append(len(self.nodes))
@@ -69,10 +70,9 @@ class _SplitTracer(Tracer):
         if glob is not None:
             raise NotImplementedError(f"holoflow pipeline(): op {op.name} reads global tensors (DTensors); trace "
                                       f"the module with local parameters and inputs, then distribute the stages")
+        needs = tuple(isinstance(x, Tensor) and x.requires_grad for x in inputs)
         res = super()._record(op, inputs, attrs, glob)
-        outs = (res,) if isinstance(res, Tensor) else tuple(res)
-        self.grads[id(self.nodes[-1])] = (tuple(isinstance(x, Tensor) and x.requires_grad for x in inputs),
-                                          tuple(o.requires_grad for o in outs))
+        self.steps[id(self.nodes[-1])] = (op, needs)
         return res
 
     def effect(self, op: str, inputs: tuple, attrs: dict, kernel: Any) -> None:
@@ -122,8 +122,26 @@ def _state_names(module: Module) -> dict[int, str]:
     return names
 
 
+def _traced_call(tracer: _SplitTracer, module: Module, leaves: list, spec: Any) -> tuple[IRGraph, tuple]:
+    """The IR of ``module`` called on lazy stand-ins of ``leaves``, and whether each output
+    requires grad."""
+    lazy = [tracer.feed(x, f"input{i}") if isinstance(x, Tensor) else x for i, x in enumerate(leaves)]
+    for x, t in zip(leaves, lazy):
+        if isinstance(x, Tensor) and x.requires_grad:
+            t.requires_grad_()
+    args, kwargs = unflatten(lazy, spec)
+    out_leaves, out_spec = flatten(module(*args, **kwargs))
+    written = [i for i, t in enumerate(lazy) if isinstance(t, Tensor) and t.__dict__.get("_v") not in tracer.feeds]
+    if written:
+        raise NotImplementedError(f"holoflow pipeline(): the module's forward writes its input(s) {written} in "
+                                  f"place, which the stages would not pass back to the caller; write a copy")
+    return tracer.graph(tuple(out_leaves), out_spec), tuple(isinstance(o, Tensor) and o.requires_grad
+                                                            for o in out_leaves)
+
+
 def _trace(module: Module, mb_args: tuple, mb_kwargs: dict, split_spec: dict | None) -> tuple:
-    """``(ir, cuts, grads, input spec, input leaves)`` of one traced call of ``module``."""
+    """``(ir, cuts, steps, outputs' requires_grad, input spec, input leaves)`` of one traced call
+    of ``module`` (the tensor leaves as ``_TENSOR``: the others are constants of the program)."""
     leaves, spec = flatten((tuple(mb_args), dict(mb_kwargs)))
     tracer = _SplitTracer(_state_names(module))
     tracer.device_type = next((x._data.device.type for x in leaves if isinstance(x, Tensor)), "cpu")
@@ -131,16 +149,10 @@ def _trace(module: Module, mb_args: tuple, mb_kwargs: dict, split_spec: dict | N
     _TRACING.append(tracer)
     try:
         with tracer:
-            lazy = [tracer.feed(x, f"input{i}") if isinstance(x, Tensor) else x for i, x in enumerate(leaves)]
-            for x, t in zip(leaves, lazy):
-                if isinstance(x, Tensor) and x.requires_grad:
-                    t.requires_grad_()
-            args, kwargs = unflatten(lazy, spec)
-            out_leaves, out_spec = flatten(module(*args, **kwargs))
-            ir = tracer.graph(tuple(out_leaves), out_spec)
+            ir, out_grads = _traced_call(tracer, module, leaves, spec)
     except (NotImplementedError, AttributeError, ValueError):
         raise
-    except Exception as e:
+    except Exception as e:   # (torch's class and words for what its export cannot capture)
         raise RuntimeError(f"holoflow pipeline(): it seems that we cannot capture your model as a full graph "
                            f"({type(e).__name__}: {e}). Typical reasons are data-dependent control flow or "
                            f"output shapes; split the model by hand into PipelineStage(submodule, stage_index, "
@@ -149,17 +161,18 @@ def _trace(module: Module, mb_args: tuple, mb_kwargs: dict, split_spec: dict | N
         _TRACING.pop()
         for h in handles:
             h.remove()
-    return ir, tracer.cuts, tracer.grads, spec, tuple(_TENSOR if isinstance(x, Tensor) else x for x in leaves)
+    traced = tuple(_TENSOR if isinstance(x, Tensor) else x for x in leaves)
+    return ir, tracer.cuts, tracer.steps, out_grads, spec, traced
 
 
 # -- splitting -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class _Step:
-    """One node to replay, with whether each tensor input and output required grad when traced."""
+    """One node to replay: its op, and whether each tensor input required grad when traced."""
     node: Node
+    op: Any
     needs: tuple
-    gives: tuple
 
 
 @dataclass(frozen=True)
@@ -174,6 +187,7 @@ class _Program:
     steps: tuple         # _Step
     updates: tuple       # (qualified name or None, tensor, Value): state written back after the steps
     outputs: tuple       # Values or constants
+    out_grads: tuple     # whether each output requires grad (the last stage's, as traced; the others' all do)
     last: bool = False   # the last stage returns its outputs in the module's structure, the others a tuple
     out_spec: Any = None
 
@@ -202,8 +216,8 @@ def _carried(ir: IRGraph, parts: list) -> list[tuple]:
     return out
 
 
-def _program(ir: IRGraph, part: tuple, inputs: tuple, outputs: tuple, grads: dict, held: dict[int, str],
-             last: bool) -> _Program:
+def _program(ir: IRGraph, part: tuple, inputs: tuple, outputs: tuple, steps: dict, held: dict[int, str],
+             out_grads: tuple | None) -> _Program:
     state_of = dict(ir.state)
     made = {v for node in part for v in node.outputs}
     updates = tuple((held.get(id(t)), t, v) for t, v in ir.updates if v in made)
@@ -213,15 +227,16 @@ def _program(ir: IRGraph, part: tuple, inputs: tuple, outputs: tuple, grads: dic
     names = list(dict.fromkeys([n for _, n in state] + [n for n, _, _ in updates if n is not None]))
     return _Program(inputs, tuple(names), state,
                     tuple((v, state_of[v]) for v in read_state if id(state_of[v]) not in held),
-                    tuple(_Step(node, *grads[id(node)]) for node in part), updates, tuple(outputs), last,
-                    ir.out_spec)
+                    tuple(_Step(node, *steps[id(node)]) for node in part), updates, tuple(outputs),
+                    out_grads or (True,) * len(outputs), out_grads is not None, ir.out_spec)
 
 
-def _programs(ir: IRGraph, parts: list, grads: dict, held: dict[int, str]) -> list[_Program]:
+def _programs(ir: IRGraph, parts: list, steps: dict, out_grads: tuple, held: dict[int, str]) -> list[_Program]:
     """One program per part: stage 0 takes the feeds, stage ``i`` what stage ``i - 1`` carries."""
     carried = _carried(ir, parts)
-    return [_program(ir, part, ir.feeds if i == 0 else carried[i - 1],
-                     ir.outputs if i == len(parts) - 1 else carried[i], grads, held, i == len(parts) - 1)
+    last = len(parts) - 1
+    return [_program(ir, part, ir.feeds if i == 0 else carried[i - 1], ir.outputs if i == last else carried[i],
+                     steps, held, out_grads if i == last else None)
             for i, part in enumerate(parts)]
 
 
@@ -247,10 +262,8 @@ def _replay(steps: tuple, env: dict, device: torch.device | None) -> None:
     for step in steps:
         node = step.node
         args = [_detached(env[x], rg) if isinstance(x, Value) else x for x, rg in zip(node.inputs, step.needs)]
-        res = apply(REGISTRY[node.op], *args, **_on(device, node.attrs))
-        outs = (res,) if isinstance(res, Tensor) else tuple(res)
-        for v, o, rg in zip(node.outputs, outs, step.gives):
-            env[v] = _detached(o, rg)
+        res = apply(step.op, *args, **_on(device, node.attrs))
+        env.update(zip(node.outputs, (res,) if isinstance(res, Tensor) else tuple(res)))
 
 
 class _StageModule(Module):
@@ -307,7 +320,8 @@ class _StageModule(Module):
         _replay(program.steps, env, self._device)
         for name, t, v in program.updates:   # (a copy: the value may view the tensor it is written into)
             (t if name is None else self._tensor(name))._data.copy_(env[v]._data.clone())
-        outs = [env[v] if isinstance(v, Value) else v for v in program.outputs]
+        outs = [_detached(env[v], rg) if isinstance(v, Value) else v
+                for v, rg in zip(program.outputs, program.out_grads)]
         return unflatten(outs, program.out_spec) if program.last else tuple(outs)
 
     def extra_repr(self) -> str:
@@ -417,8 +431,8 @@ def pipeline(module: Module, mb_args: tuple, mb_kwargs: dict | None = None, spli
         raise TypeError(f"pipeline(): module must be an nn.Module, got {type(module).__name__}")
     if not isinstance(mb_args, tuple):
         mb_args = (mb_args,)
-    ir, cuts, grads, spec, leaves = _trace(module, mb_args, mb_kwargs or {}, split_spec)
+    ir, cuts, steps, out_grads, spec, leaves = _trace(module, mb_args, mb_kwargs or {}, split_spec)
     held = {id(t): n for n, t in list(module.named_parameters()) + list(module.named_buffers())}
-    programs = _programs(ir, _parts(ir, cuts), grads, held)
+    programs = _programs(ir, _parts(ir, cuts), steps, out_grads, held)
     stages, replicated = _stage_modules(module, programs, (spec, leaves))
     return Pipe(_SplitModule(stages), len(stages), replicated)
