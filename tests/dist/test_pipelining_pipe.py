@@ -231,6 +231,30 @@ def test_a_no_grad_region_stays_out_of_the_gradients():
         np.testing.assert_allclose(g.numpy(), p.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_build_stage_moves_the_stage_and_the_devices_its_ops_create_on():
+    """build_stage gives a PipelineStage of the stage module; ops that create tensors (a device
+    attribute, or none: the default device) create them on the stage's device, as torch's
+    build_stage rewrites the devices its trace burned in."""
+    class Creates(flow.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = flow.nn.Linear(4, 4), flow.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.a(x) + flow.arange(4.0)
+            pipe_split()
+            return self.b(h) * flow.ones(4, device=x.device)
+
+    model = Creates()
+    x = flow.randn(3, 4)
+    pipe = pipeline(model, (x,))
+    stages = [pipe.build_stage(i, flow.device("cpu"), group=[0, 1]) for i in range(2)]
+    assert [s.submod for s in stages] == [pipe.get_stage_module(0), pipe.get_stage_module(1)]
+    assert [s.stage_index for s in stages] == [0, 1] and stages[1].is_last
+    out = stages[1].submod(*stages[0].submod(x))
+    np.testing.assert_allclose(out.detach().numpy(), model(x).detach().numpy(), rtol=1e-6)
+
+
 def test_pipe_split_is_a_no_op_eagerly_and_the_stages_share_the_module_parameters():
     _, (mf, args_f, kwargs_f, pf) = _both("marked")
     out, total = mf(*args_f, **kwargs_f)
