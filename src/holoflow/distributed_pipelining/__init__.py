@@ -6,9 +6,11 @@ each batch into micro-batches, sends activations forward and their gradients bac
 stages' ranks, and leaves each stage's parameter gradients accumulated (averaged over the
 micro-batches, as torch's ``scale_grads``). ``nn.Graph`` has its own pipelines
 (``config.set_pipeline_stages``)."""
-from .schedules import (PipelineScheduleMulti, PipelineScheduleSingle, Schedule1F1B, ScheduleGPipe,
-                        ScheduleInterleaved1F1B, ScheduleLoopedBFS)
+from .schedules import (PipelineScheduleMulti, PipelineScheduleSingle, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                        ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleLoopedBFS,
+                        ScheduleZBVZeroBubble)
 from .stage import PipelineStage, SplitPoint, pipeline
 
 __all__ = ["PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleLoopedBFS", "ScheduleInterleaved1F1B",
+           "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV",
            "PipelineScheduleSingle", "PipelineScheduleMulti", "SplitPoint", "pipeline"]

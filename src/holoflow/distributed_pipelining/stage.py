@@ -3,7 +3,17 @@
 Activations go forward as a small header (each tensor's dtype and shape, pickled) followed by the
 tensors; gradients come back shaped as the activations went (zeros for an activation nothing
 differentiated). Transfers are point-to-point (torch's isend/irecv), waited for with the
-communication timeout, whose error names both ranks."""
+communication timeout, whose error names both ranks. Each transfer has its own tag (direction,
+sending stage, micro-batch), so a receive takes its own message whatever order the peer sent
+others in (two stages per rank send activations and gradients the same way); between two stages
+of one rank (a V's turn) the tensors are handed over in a mailbox the schedule gives its stages.
+
+The backward is one act (``backward_one``) or, for zero-bubble schedules, two, as torch's
+``stage_backward_input`` / ``stage_backward_weight``: ``backward_input_one`` computes and sends the
+inputs' gradients only (``autograd.grad``, keeping the graph), ``backward_weight_one`` later
+accumulates the parameters' (``backward(inputs=parameters)`` from the same outputs and output
+gradients: the engine runs only the nodes on a path to a parameter). On the first stage, which
+sends nothing back, the input part is empty and the weight part is the whole backward (torch's)."""
 from __future__ import annotations
 
 import enum
@@ -14,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..autograd import backward as run_backward
+from ..autograd import grad as autograd_grad
 from ..core.grad_mode import no_grad
 from ..core.tensor import Tensor
 from ..distributed import env
@@ -42,7 +53,7 @@ def _wait(work, what: str, peer: int) -> None:
                            f"stage's rank must run the same schedule with the same number of micro-batches") from e
 
 
-def _send_tensors(tensors: list, dst: int, header: bool) -> list:
+def _send_tensors(tensors: list, dst: int, header: bool, tag: int) -> list:
     """Starts sending ``tensors`` (torch tensors) to global rank ``dst``; ``(work, buffer, dst)``
     for each transfer, to wait on (the buffers kept alive until then)."""
     bufs = []
@@ -50,22 +61,22 @@ def _send_tensors(tensors: list, dst: int, header: bool) -> list:
         meta = pickle.dumps([(str(t.dtype).split(".")[-1], tuple(t.shape)) for t in tensors])
         bufs += [torch.tensor([len(meta)], dtype=torch.int64), torch.frombuffer(bytearray(meta), dtype=torch.uint8)]
     bufs += [t.contiguous() for t in tensors]
-    return [(dist.isend(b, dst), b, dst) for b in bufs]
+    return [(dist.isend(b, dst, tag=tag), b, dst) for b in bufs]
 
 
-def _recv_tensors(src: int, like: list | None) -> list:
+def _recv_tensors(src: int, like: list | None, tag: int) -> list:
     """Receives tensors from global rank ``src``: shaped as ``like`` (dtype, shape) pairs, or as a
     header sent first says."""
     if like is None:
         size = torch.zeros(1, dtype=torch.int64)
-        _wait(dist.irecv(size, src), "the activations' header from", src)
+        _wait(dist.irecv(size, src, tag=tag), "the activations' header from", src)
         raw = torch.zeros(int(size.item()), dtype=torch.uint8)
-        _wait(dist.irecv(raw, src), "the activations' header from", src)
+        _wait(dist.irecv(raw, src, tag=tag), "the activations' header from", src)
         like = pickle.loads(raw.numpy().tobytes())
     out = []
     for dtype, shape in like:
         buf = torch.empty(shape, dtype=getattr(torch, dtype))
-        _wait(dist.irecv(buf, src), "a tensor from", src)
+        _wait(dist.irecv(buf, src, tag=tag), "a tensor from", src)
         out.append(buf)
     return out
 
@@ -73,7 +84,8 @@ def _recv_tensors(src: int, like: list | None) -> list:
 class PipelineStage:
     """torch's ``PipelineStage(submodule, stage_index, num_stages, device)``: ``submodule`` runs as
     stage ``stage_index`` of ``num_stages``; with ``group`` (global ranks) stage ``i`` of a
-    single-stage schedule is on ``group[i]``, of a looped one on ``group[i % len(group)]``."""
+    single-stage schedule is on ``group[i]``, of a looped one on ``group[i % len(group)]``, of a
+    V-shaped one where the schedule's ``stage_index_to_group_rank`` says."""
 
     def __init__(self, submodule: Module, stage_index: int, num_stages: int, device: Any,
                  input_args: Any = None, output_args: Any = None, group: Sequence[int] | None = None,
@@ -83,12 +95,14 @@ class PipelineStage:
         if not 0 <= stage_index < num_stages:
             raise ValueError(f"holoflow PipelineStage: stage_index {stage_index} is not in [0, {num_stages})")
         if dw_builder is not None:
-            raise NotImplementedError("holoflow PipelineStage: dw_builder (zero-bubble weight gradients) is not "
-                                      "supported")
+            raise NotImplementedError("holoflow PipelineStage: dw_builder (a custom weight-gradient function) is not "
+                                      "supported; leave it None: zero-bubble schedules split the backward themselves")
         self.submod = submodule
         self.stage_index, self.num_stages = stage_index, num_stages
         self.device = device
         self.group = tuple(range(env.get_world_size())) if group is None else tuple(group)
+        self.stage_index_to_group_rank: dict | None = None   # (set by a schedule placing stages in a V)
+        self._local: dict = {}   # tag -> tensors handed to a stage of this rank (the schedule shares one)
         self._clear()
 
     @property
@@ -104,14 +118,38 @@ class PipelineStage:
         return self.stage_index == self.num_stages - 1
 
     def _rank_of(self, stage: int) -> int:
-        return self.group[stage % len(self.group)]
+        placed = self.stage_index_to_group_rank
+        return self.group[placed[stage] if placed is not None else stage % len(self.group)]
 
     def _clear(self) -> None:
         self._inputs: dict = {}    # micro-batch -> the inputs it ran on (leaves for received ones)
         self._outputs: dict = {}   # micro-batch -> its outputs (the loss's input on the last stage)
         self._results: dict = {}   # micro-batch -> the last stage's outputs, for the step's result
         self._sent: dict = {}      # micro-batch -> the (dtype, shape) of what went forward
+        self._deferred: dict = {}  # micro-batch -> (outputs, output gradients) its weight part starts from
         self._works: list = []
+        self._local.clear()
+
+    # -- transfers -----------------------------------------------------------------------------
+    def _tag(self, sender: int, mb: int, grads: bool) -> int:
+        return 2 * (mb * self.num_stages + sender) + int(grads)
+
+    def _send(self, datas: list, to_stage: int, mb: int, grads: bool) -> None:
+        dst, tag = self._rank_of(to_stage), self._tag(self.stage_index, mb, grads)
+        if dst == env.get_rank():
+            self._local[tag] = [d.clone() for d in datas]
+        else:
+            self._works += _send_tensors(datas, dst, header=not grads, tag=tag)
+
+    def _recv(self, from_stage: int, mb: int, like: list | None) -> list:
+        src, tag = self._rank_of(from_stage), self._tag(from_stage, mb, like is not None)
+        if src != env.get_rank():
+            return _recv_tensors(src, like, tag)
+        if tag not in self._local:
+            raise RuntimeError(f"holoflow pipelining: stage {self.stage_index} needs micro-batch {mb}'s "
+                               f"{'gradients' if like is not None else 'activations'} from stage {from_stage} of "
+                               f"the same rank before that stage ran it; the schedule's order is invalid")
+        return self._local.pop(tag)
 
     # -- forward -------------------------------------------------------------------------------
     def forward_one(self, mb: int, args: tuple, kwargs: dict) -> Any:
@@ -120,7 +158,7 @@ class PipelineStage:
         if self.is_first:
             inputs = list(args)
         else:
-            got = _recv_tensors(self._rank_of(self.stage_index - 1), None)
+            got = self._recv(self.stage_index - 1, mb, None)
             inputs = [Tensor._make(t).requires_grad_() if t.is_floating_point() else Tensor._make(t) for t in got]
         self._inputs[mb] = inputs
         out = self.submod(*inputs, **kwargs)
@@ -134,28 +172,63 @@ class PipelineStage:
                                 f"tuple of tensors to send to the next stage, got {type(out).__name__}")
             datas = [o._data.detach() for o in outs]
             self._sent[mb] = [(str(d.dtype).split(".")[-1], tuple(d.shape)) for d in datas]
-            self._works += _send_tensors(datas, self._rank_of(self.stage_index + 1), header=True)
+            self._send(datas, self.stage_index + 1, mb, grads=False)
         return out
 
     # -- backward ------------------------------------------------------------------------------
+    def _seed(self, mb: int, loss: Tensor | None) -> tuple[list, list]:
+        """What micro-batch ``mb``'s backward starts from: the loss (last stage), else the
+        outputs that require grad and the gradients the next stage sends for them."""
+        if self.is_last:
+            return ([loss], [None]) if loss is not None and loss.requires_grad else ([], [])
+        outs = self._outputs[mb]
+        outs = [outs] if isinstance(outs, Tensor) else list(outs)
+        grads = self._recv(self.stage_index + 1, mb, self._sent.pop(mb))
+        pairs = [(o, Tensor._make(g)) for o, g in zip(outs, grads) if o.requires_grad]
+        return [o for o, _ in pairs], [g for _, g in pairs]
+
+    def _send_back(self, mb: int, grads: list) -> None:
+        """Sends the inputs' gradients (torch tensors or None: zeros) to the previous stage."""
+        with no_grad():
+            back = [g if g is not None else torch.zeros_like(x._data) for x, g in zip(self._inputs[mb], grads)]
+        self._send(back, self.stage_index - 1, mb, grads=True)
+
     def backward_one(self, mb: int, loss: Tensor | None) -> None:
         """Backpropagates micro-batch ``mb`` (from its loss on the last stage, else from the
         gradients the next stage sends) and sends its inputs' gradients back."""
-        if self.is_last:
-            if loss is not None and loss.requires_grad:
-                run_backward([loss], [None])
-        else:
-            outs = self._outputs[mb]
-            outs = [outs] if isinstance(outs, Tensor) else list(outs)
-            grads = _recv_tensors(self._rank_of(self.stage_index + 1), self._sent.pop(mb))
-            pairs = [(o, Tensor._make(g)) for o, g in zip(outs, grads) if o.requires_grad]
-            if pairs:
-                run_backward([o for o, _ in pairs], [g for _, g in pairs])
+        outs, grads = self._seed(mb, loss)
+        if outs:
+            run_backward(outs, grads)
         if not self.is_first:
-            with no_grad():
-                back = [(x.grad._data if x.grad is not None else torch.zeros_like(x._data))
-                        for x in self._inputs[mb]]
-            self._works += _send_tensors(back, self._rank_of(self.stage_index - 1), header=False)
+            self._send_back(mb, [x.grad._data if x.grad is not None else None for x in self._inputs[mb]])
+        self._inputs.pop(mb, None)
+        self._outputs.pop(mb, None)
+
+    def backward_input_one(self, mb: int, loss: Tensor | None) -> None:
+        """The input part of micro-batch ``mb``'s backward (torch's ``I``): its inputs' gradients,
+        sent back; the graph is kept for :meth:`backward_weight_one`."""
+        outs, grads = self._seed(mb, loss)
+        self._deferred[mb] = (outs, grads)
+        if self.is_first:
+            return
+        inputs = self._inputs[mb]
+        wanted = [x for x in inputs if x.requires_grad]
+        got = iter(autograd_grad(outs, wanted, grads, retain_graph=True, allow_unused=True)
+                   if outs and wanted else [None] * len(wanted))
+        self._send_back(mb, [_data_of(next(got)) if x.requires_grad else None for x in inputs])
+
+    def backward_weight_one(self, mb: int) -> None:
+        """The weight part of micro-batch ``mb``'s backward (torch's ``W``): its parameters'
+        gradients accumulated into their ``.grad``; the whole backward on the first stage."""
+        if mb not in self._deferred:
+            raise RuntimeError(f"holoflow PipelineStage {self.stage_index}: the weight gradients of micro-batch {mb} "
+                               f"before its input gradients; a schedule runs backward_input_one({mb}) first")
+        outs, grads = self._deferred.pop(mb)
+        params = [p for p in self.submod.parameters() if p.requires_grad]
+        if outs and self.is_first:
+            run_backward(outs, grads)
+        elif outs and params:
+            run_backward(outs, grads, inputs=params)
         self._inputs.pop(mb, None)
         self._outputs.pop(mb, None)
 
@@ -164,3 +237,7 @@ class PipelineStage:
         for work, _, dst in self._works:
             _wait(work, "its send to be received by", dst)
         self._clear()
+
+
+def _data_of(grad: Tensor | None) -> torch.Tensor | None:
+    return None if grad is None else grad._data
