@@ -31,9 +31,13 @@ from .stage import PipelineStage, SplitPoint
 
 __all__ = ["Pipe", "pipe_split", "pipeline"]
 
+
+class _TENSOR:
+    """Marks a tensor leaf of the traced inputs (the others are constants of the program); a
+    class, so a deep-copied stage still finds it."""
+
 _SUBMOD = "submod_pp_{}"   # torch's names of the stage modules in ``split_gm``
 _TRACING: list = []        # the tracers of pipeline() calls in progress (pipe_split marks the innermost)
-_TENSOR = object()         # a tensor leaf of the traced inputs (the others are constants of the program)
 
 
 def pipe_split() -> None:
@@ -191,6 +195,9 @@ class _Program:
     last: bool = False   # the last stage returns its outputs in the module's structure, the others a tuple
     out_spec: Any = None
 
+    def __deepcopy__(self, memo: dict) -> "_Program":
+        return self   # (immutable: a copied stage runs the same program on its own copies of the state)
+
 
 def _parts(ir: IRGraph, cuts: Iterable[int]) -> list[tuple]:
     """The node list cut at ``cuts``; empty parts (a cut before the first op, two cuts with no op
@@ -218,6 +225,7 @@ def _carried(ir: IRGraph, parts: list) -> list[tuple]:
 
 def _program(ir: IRGraph, part: tuple, inputs: tuple, outputs: tuple, steps: dict, held: dict[int, str],
              out_grads: tuple | None) -> _Program:
+    """The program of the stage running ``part``; ``out_grads`` is None but for the last stage."""
     state_of = dict(ir.state)
     made = {v for node in part for v in node.outputs}
     updates = tuple((held.get(id(t)), t, v) for t, v in ir.updates if v in made)
@@ -289,8 +297,17 @@ class _StageModule(Module):
         return m, name
 
     def _tensor(self, qualname: str) -> Tensor:
-        m, name = self._parent(qualname)
+        *path, name = qualname.split(".")
+        m: Module = self
+        for atom in path:
+            m = m._modules[atom]
         return m._parameters[name] if name in m._parameters else m._buffers[name]
+
+    def _move(self, device: Any) -> None:
+        """The stage's state and constants moved to ``device``, and its ops creating tensors there."""
+        self.to(device)
+        object.__setattr__(self, "_device", to_torch(device))
+        object.__setattr__(self, "_constants", {v: t.to(device) for v, t in self._constants.items()})
 
     def _inputs(self, args: tuple, kwargs: dict) -> list:
         inputs = self._program.inputs
@@ -399,9 +416,7 @@ class Pipe(Module):
         """A :class:`PipelineStage` running stage ``stage_index`` on ``device`` (its module moved
         there, and the ops that create tensors creating them there), usable with the schedules."""
         stage = self.get_stage_module(stage_index)
-        stage.to(device)
-        object.__setattr__(stage, "_device", to_torch(device))
-        object.__setattr__(stage, "_constants", {v: t.to(device) for v, t in stage._constants.items()})
+        stage._move(device)
         return PipelineStage(stage, stage_index, self.num_stages, device, group=group)
 
     def print_readable(self) -> None:
