@@ -23,7 +23,7 @@ from torch.distributed.pipelining import pipe_split as torch_pipe_split
 from torch.distributed.pipelining import pipeline as torch_pipeline
 
 import holoflow as flow
-from holoflow.distributed_pipelining._pipe import Pipe, pipe_split, pipeline
+from holoflow.distributed_pipelining._pipe import Pipe, build_stage, pipe_split, pipeline
 from holoflow.distributed_pipelining.stage import SplitPoint
 
 
@@ -253,6 +253,8 @@ def test_build_stage_moves_the_stage_and_the_devices_its_ops_create_on():
     assert [s.stage_index for s in stages] == [0, 1] and stages[1].is_last
     out = stages[1].submod(*stages[0].submod(x))
     np.testing.assert_allclose(out.detach().numpy(), model(x).detach().numpy(), rtol=1e-6)
+    again = build_stage(pipe.get_stage_module(1), 1, pipe.info(), "cpu", group=[0, 1])   # torch's module-level form
+    assert again.submod is pipe.get_stage_module(1) and again.num_stages == pipe.info().num_stages == 2
 
 
 def test_pipe_split_is_a_no_op_eagerly_and_the_stages_share_the_module_parameters():

@@ -29,7 +29,7 @@ from ..nn.module import Module
 from ..nn.parameter import Parameter
 from .stage import PipelineStage, SplitPoint
 
-__all__ = ["Pipe", "pipe_split", "pipeline"]
+__all__ = ["Pipe", "PipeInfo", "build_stage", "pipe_split", "pipeline"]
 
 
 class _TENSOR:
@@ -391,6 +391,26 @@ class _SplitModule(Module):
         return out
 
 
+@dataclass(frozen=True)
+class PipeInfo:
+    """torch's ``pipe.info()``: what :func:`build_stage` needs of a pipe (``graph``: torch's fx
+    graph; holoflow's split module)."""
+    graph: Any
+    num_stages: int
+    has_loss_and_backward: bool = False
+
+
+def build_stage(stage_module: Module, stage_index: int, pipe_info: PipeInfo, device: Any,
+                group: Any = None) -> PipelineStage:
+    """torch's module-level ``build_stage``: a :class:`PipelineStage` of ``stage_module`` (a
+    pipe's stage module, moved to ``device``) as stage ``stage_index`` of ``pipe_info``'s."""
+    if isinstance(stage_module, _StageModule):
+        stage_module._move(device)
+    else:
+        stage_module.to(device)
+    return PipelineStage(stage_module, stage_index, pipe_info.num_stages, device, group=group)
+
+
 class Pipe(Module):
     """A module split into pipeline stages by :func:`pipeline`: ``num_stages``,
     ``get_stage_module(i)``, ``split_gm`` (the stage modules as ``submod_pp_i``),
@@ -415,9 +435,11 @@ class Pipe(Module):
     def build_stage(self, stage_index: int, device: Any, group: Any = None) -> PipelineStage:
         """A :class:`PipelineStage` running stage ``stage_index`` on ``device`` (its module moved
         there, and the ops that create tensors creating them there), usable with the schedules."""
-        stage = self.get_stage_module(stage_index)
-        stage._move(device)
-        return PipelineStage(stage, stage_index, self.num_stages, device, group=group)
+        return build_stage(self.get_stage_module(stage_index), stage_index, self.info(), device, group)
+
+    def info(self) -> PipeInfo:
+        """torch's ``pipe.info()``: the stage count (and the split module as its graph)."""
+        return PipeInfo(self.split_gm, self.num_stages, self.has_loss_and_backward)
 
     def print_readable(self) -> None:
         print(self.split_gm)
