@@ -10,7 +10,12 @@ a parameter read in several stages is copied per stage, as torch's ``replicated_
 computed before it and read at or after it, and a stage that is not the last returns those for
 the next one: a skip connection crossing several stages is relayed through the stages between,
 since a :class:`PipelineStage` talks only to its neighbours (torch's stages send it to the
-reading stage directly). The last stage returns the module's output."""
+reading stage directly). The last stage returns the module's output.
+
+As torch's stages, a stage is the trace replayed: shapes are the micro-batch's, Python control
+flow is frozen as traced, and a module called twice is cut at each call; ``detach()`` and
+``no_grad`` regions, which leave no node in the IR, are kept by detaching each input an op read
+without grad when traced. Control flow on tensor values raises torch's RuntimeError."""
 from __future__ import annotations
 
 import copy
@@ -35,6 +40,7 @@ __all__ = ["Pipe", "PipeInfo", "build_stage", "pipe_split", "pipeline"]
 class _TENSOR:
     """Marks a tensor leaf of the traced inputs (the others are constants of the program); a
     class, so a deep-copied stage still finds it."""
+
 
 _SUBMOD = "submod_pp_{}"   # torch's names of the stage modules in ``split_gm``
 _TRACING: list = []        # the tracers of pipeline() calls in progress (pipe_split marks the innermost)
