@@ -185,6 +185,7 @@ class PipelineScheduleMulti(_PipelineSchedule):
         mailbox: dict = {}   # (what one of these stages hands another: they are on this rank)
         for stage in self._multi:
             stage._local = mailbox
+            stage.stage_index_to_group_rank = None   # (looped, unless a V schedule places them)
 
     @property
     def _stages(self) -> list:
@@ -386,7 +387,9 @@ class _StageIndexSchedule(PipelineScheduleMulti):
 class ScheduleInterleavedZeroBubble(_StageIndexSchedule):
     """torch's interleaved zero-bubble schedule (ZB1P, https://arxiv.org/abs/2401.10241): stages
     looped over the ranks as for ScheduleInterleaved1F1B, each backward split into the input
-    gradients sent at once and the weight gradients run later in the rank's idle time."""
+    gradients sent at once and the weight gradients run later in the rank's idle time.
+    ``backward_requires_autograd`` and ``defer_pp_recv`` (torch's: when receives are posted) are
+    accepted and change no value."""
 
     def __init__(self, stages: list, n_microbatches: int, loss_fn: Callable | None = None, **kwargs: Any) -> None:
         kwargs.pop("backward_requires_autograd", None)
