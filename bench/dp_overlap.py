@@ -40,8 +40,9 @@ together, the next block's prefetched) and holoflow's ZeRO-3 global graph (param
 shards, a block's gathered in one collective one block ahead in forward and again in backward,
 gradients reduce-scattered in buckets), and, for comparison, that graph with
 ``config.gather_ahead = False`` (each parameter gathered alone where it stands), and holoflow's
-eager ``fully_shard`` (torch's FSDP2 API; each block gathered in its forward pre-hook, no
-prefetch).
+eager ``fully_shard`` (torch's FSDP2 API: the next block's all-gather issued when a block's
+forward or backward begins, its reduce-scatter left running while the next block's backward
+computes) and, for comparison, the same with empty prefetch lists (each gather where it is used).
 
 ``--explain``: the DP graph profiled (every node timed), the links calibrated
 (graph/global_graph.calibrate), and each boxing node's predicted time from the cost model next
@@ -64,12 +65,14 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 VARIANTS = ["torch-limit", "torch-ddp", "flow-eager-limit", "flow-eager-ddp", "flow-graph-limit", "flow-graph-dp",
-            "torch-fsdp", "flow-graph-zero3", "flow-graph-zero3-inplace", "flow-eager-fsdp"]
+            "torch-fsdp", "flow-graph-zero3", "flow-graph-zero3-inplace", "flow-eager-fsdp",
+            "flow-eager-fsdp-noprefetch"]
 PAIRS = (("torch DDP", "torch-limit", "torch-ddp"), ("holoflow eager", "flow-eager-limit", "flow-eager-ddp"),
          ("holoflow graph", "flow-graph-limit", "flow-graph-dp"))
 ZERO3_PAIRS = (("torch FSDP", "torch-limit", "torch-fsdp"), ("holoflow ZeRO-3", "flow-graph-limit", "flow-graph-zero3"),
                ("holoflow, in place", "flow-graph-limit", "flow-graph-zero3-inplace"),
-               ("holoflow eager FSDP2", "flow-eager-limit", "flow-eager-fsdp"))
+               ("holoflow eager FSDP2", "flow-eager-limit", "flow-eager-fsdp"),
+               ("eager, no prefetch", "flow-eager-limit", "flow-eager-fsdp-noprefetch"))
 
 
 def _cfg(gpt):
@@ -114,11 +117,15 @@ def make_step(variant: str, cfg, bucket_mb: float = 25.0, profile: bool = False)
     model = gpt.make_model(flow, cfg)
     if variant == "flow-eager-ddp":
         model = flow.nn.parallel.DistributedDataParallel(model)
-    if variant == "flow-eager-fsdp":   # holoflow's FSDP2, as torch-fsdp: each block a unit, then the rest
+    if variant.startswith("flow-eager-fsdp"):   # holoflow's FSDP2, as torch-fsdp: each block a unit, then the rest
         from holoflow.dtensor.fsdp import fully_shard
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
+        if variant == "flow-eager-fsdp-noprefetch":   # each gather where it is used
+            for unit in [*model.blocks, model]:
+                unit.set_modules_to_forward_prefetch([])
+                unit.set_modules_to_backward_prefetch([])
     place = flow.placement("cpu", [0, 1])
     dp = variant.startswith(("flow-graph-dp", "flow-graph-zero3"))
     if dp:

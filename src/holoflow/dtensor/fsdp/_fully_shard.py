@@ -19,6 +19,15 @@ when backward reaches the module, and each tensor's storage is freed again once 
 complete (or at the end of backward). ``set_requires_gradient_sync(False)`` accumulates the
 unsharded gradients on each rank without communication; the next synchronized backward
 reduce-scatters them with its own.
+
+Communication runs while the ranks compute, as torch's FSDP2 overlaps it on its own streams: in
+forward a group's pre-hook issues the all-gather of the group that ran next in the last forward
+pass (or those ``set_modules_to_forward_prefetch`` names), in backward a call's pre-backward hook
+issues the refill of the call whose forward ended before its own (or the modules
+``set_modules_to_backward_prefetch`` names), and a group's reduce-scatter runs while the next
+group's backward computes (at most one in flight; backward ends with none). A gather issued ahead
+is used only if no shard was written since (an optimizer step between issue and use: gathered
+anew).
 """
 from __future__ import annotations
 
@@ -79,10 +88,16 @@ class CPUOffloadPolicy(OffloadPolicy):
 
 
 class UnshardHandle:
-    """What ``unshard(async_op=True)`` returns: the gather has completed when it is made."""
+    """What ``unshard(async_op=True)`` returns: ``wait()`` waits for the all-gather and registers
+    the unsharded parameters (the module's forward does it too if nobody waited)."""
+
+    def __init__(self, state: _State | None = None) -> None:
+        self._state = state
 
     def wait(self) -> None:
-        return None
+        state, self._state = self._state, None
+        if state is not None and not state.gathered:
+            state.gather(None)
 
 
 def _fsdp_states(module: Module, recurse: bool) -> list:
@@ -102,11 +117,16 @@ class FSDPModule:
         self._fsdp_state.reshard()
 
     def unshard(self, async_op: bool = False) -> UnshardHandle | None:
-        """Registers the unsharded parameters until :meth:`reshard` (forward then uses them)."""
+        """Registers the unsharded parameters until :meth:`reshard` (forward then uses them);
+        with ``async_op`` the all-gather is only issued, and the handle's ``wait()`` (or the
+        module's forward) registers them."""
         state = self._fsdp_state
+        if async_op:
+            state.prefetch()
+            return UnshardHandle(state)
         if not state.gathered:
             state.gather(None)
-        return UnshardHandle() if async_op else None
+        return None
 
     def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
         """False: each rank accumulates its unsharded gradients without communication (``p.grad``
@@ -131,13 +151,90 @@ class FSDPModule:
         """Every synchronized backward reduces its gradients."""
 
     def set_modules_to_forward_prefetch(self, modules: list) -> None:
-        """Gathers are not prefetched: each module gathers in its forward pre-hook."""
+        """This module's forward pre-hook issues the all-gathers of ``modules`` (instead of the
+        group that ran next in the last forward pass)."""
+        self._fsdp_state.forward_prefetch = _states_of(modules, "set_modules_to_forward_prefetch")
 
     def set_modules_to_backward_prefetch(self, modules: list) -> None:
-        """Gathers are not prefetched: a module gathers again when backward reaches it."""
+        """This module's pre-backward issues the all-gathers of ``modules``' latest forward calls
+        (instead of the call whose forward ended before its own)."""
+        self._fsdp_state.backward_prefetch = _states_of(modules, "set_modules_to_backward_prefetch")
 
     def set_gradient_divide_factor(self, factor: float) -> None:
         self._fsdp_state.divide = float(factor)
+
+
+def _states_of(modules: list, who: str) -> list:
+    if not all(isinstance(m, FSDPModule) for m in modules):
+        bad = [type(m).__name__ for m in modules if not isinstance(m, FSDPModule)]
+        raise ValueError(f"holoflow FSDPModule.{who}: takes modules sharded by fully_shard, got {bad}")
+    return [m._fsdp_state for m in modules]
+
+
+class _Ahead:
+    """An all-gather of ``shards`` issued ahead of its use. ``take()`` waits for it and returns the
+    whole values, or None if a shard was written since the issue (an optimizer step): the
+    caller gathers anew."""
+
+    def __init__(self, shards: list, wait) -> None:
+        self.shards = shards
+        self.versions = [s._data._version for s in shards]
+        self._wait = wait
+
+    def take(self, shards: list) -> list | None:
+        values = self._wait()
+        fresh = len(shards) == len(self.shards) and all(
+            a is b and a._data._version == v for a, b, v in zip(shards, self.shards, self.versions))
+        return values if fresh else None
+
+
+class _Order:
+    """What one tree of ``fully_shard`` groups (its states share it) knows of its passes, for
+    communicating ahead: the groups in the order their forwards began (this pass and the last),
+    the calls in the order their forwards ended (backward runs them in reverse), and the one
+    reduce-scatter in flight."""
+
+    def __init__(self) -> None:
+        self.forward: list = []
+        self.last_forward: list = []
+        self.calls: list = []
+        self.reducing = None   # () -> None: waits for the reduce-scatter and adds the gradients
+
+    def begin_pass(self) -> None:
+        """A new forward pass of the tree: an earlier pass's calls that backward has not reached
+        are forgotten (their backward gathers when it comes, without prefetching)."""
+        if self.forward:
+            self.last_forward, self.forward = self.forward, []
+        self.calls = [c for c in self.calls if c.reached]
+
+    def next_forward(self, state: _State) -> list:
+        """The group that began its forward after ``state``'s in the last pass."""
+        order = self.last_forward
+        for i, s in enumerate(order[:-1]):
+            if s is state:
+                return [order[i + 1]]
+        return []
+
+    def previous_calls(self, call: _Unsharded) -> list:
+        """The call whose forward ended just before ``call``'s (its backward comes next)."""
+        for i, c in enumerate(self.calls):
+            if c is call:
+                return [self.calls[i - 1]] if i else []
+        return []
+
+    def latest_calls(self, states: list) -> list:
+        """Each state's latest call of this pass."""
+        found = []
+        for state in states:
+            c = next((c for c in reversed(self.calls) if c.state is state), None)
+            if c is not None:
+                found.append(c)
+        return found
+
+    def finish_reduce(self) -> None:
+        done, self.reducing = self.reducing, None
+        if done is not None:
+            done()
 
 
 def _owned(t: Tensor, shard: Parameter) -> Tensor:
@@ -170,18 +267,42 @@ class _Unsharded:
         self.nbytes: list = []
         self.registered: list = []
         self.reached = False
+        self.ahead: _Ahead | None = None
 
     def free(self) -> None:
         for _, t in self.tensors:
             _free(t)
 
+    def _freed(self) -> list:
+        return [(shard, t, n) for (shard, t), n in zip(self.tensors, self.nbytes)
+                if t._data.untyped_storage().nbytes() != n]
+
+    def prefetch(self) -> None:
+        """Issues the all-gather :meth:`refill` will wait for (inside a backward pass: at its end
+        one that no gradient came to use is waited for and dropped)."""
+        if self.ahead is None and not self.reached:
+            shards = [shard for shard, _, _ in self._freed()]
+            if shards:
+                self.ahead = _Ahead(shards, self.state.issue_values(shards, cast=True))
+                if current_graph_task() is not None:
+                    queue_callback(self.drop_ahead)
+
+    def drop_ahead(self) -> None:
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            ahead.take([])
+
     def refill(self) -> None:
         """Gathers each freed tensor's value into its own storage (its version counter kept:
-        autograd's saved-tensor checks see the tensor it saved): one all-gather for all of them."""
-        freed = [(shard, t, n) for (shard, t), n in zip(self.tensors, self.nbytes)
-                 if t._data.untyped_storage().nbytes() != n]
-        values = self.state.whole_values([shard for shard, _, _ in freed], cast=True)
-        for (_, t, n), value in zip(freed, values):
+        autograd's saved-tensor checks see the tensor it saved): one all-gather for all of them
+        (the one issued ahead, if any)."""
+        freed = self._freed()
+        shards = [shard for shard, _, _ in freed]
+        ahead, self.ahead = self.ahead, None
+        values = ahead.take(shards) if ahead is not None else None
+        if values is None and shards:
+            values = self.state.whole_values(shards, cast=True)
+        for (_, t, n), value in zip(freed, values or ()):
             d = t._data
             d.untyped_storage().resize_(n)
             with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(d):
@@ -197,10 +318,18 @@ class _Unsharded:
         if current_graph_task() is not None:
             self.reached = True
             queue_callback(self.after_backward)
+            order = self.state.order
+            if order is not None:   # the next call's gather runs while this one's backward computes
+                targets = self.state.backward_prefetch
+                for call in (order.previous_calls(self) if targets is None else order.latest_calls(targets)):
+                    call.prefetch()
         return None
 
     def after_backward(self) -> None:
         self.reached = False
+        order = self.state.order
+        if order is not None and self in order.calls:
+            order.calls.remove(self)
         self.state.reshard()
         if self.state.reshard_after_backward:
             self.free()
@@ -225,6 +354,10 @@ class _State:
         self.gathered = False
         self.finish_pass = lambda: None   # ends an open forward pass of the group (fully_shard)
         self.post_hooks = True            # a shard's post-accumulate-grad hooks run (FSDP2's, not FSDP1's)
+        self.order: _Order | None = None  # the tree's, from its root's first forward
+        self.ahead: _Ahead | None = None  # an all-gather of the parameters issued ahead of the forward
+        self.forward_prefetch: list | None = None    # None: the group that ran next in the last pass
+        self.backward_prefetch: list | None = None   # None: the call whose forward ended before
 
     def reshards(self) -> bool:
         flag = self.reshard_after_forward
@@ -240,12 +373,32 @@ class _State:
         one all-gather per dtype for all of them (each rank's shards flattened end to end), as
         torch's FSDP2 gathers a module's parameters together; on an HSDP mesh one redistribute
         each."""
+        return self.issue_values(shards, cast)()
+
+    def issue_values(self, shards: list, cast: bool):
+        """:meth:`whole_values` issued: returns the wait that gives them (on an HSDP mesh the
+        redistributes run at once)."""
         want = self.mp.param_dtype if cast else None
         if self.mesh.ndim != 1 or len(shards) <= 1:
             with no_grad():
-                return [_cast(s, want).redistribute(placements=[Replicate()] * self.mesh.ndim).to_local()._data
-                        for s in shards]
-        return _gather_flat(shards, self.mesh, None if want is None else _dtype.to_torch(want))
+                values = [_cast(s, want).redistribute(placements=[Replicate()] * self.mesh.ndim).to_local()._data
+                          for s in shards]
+            return lambda: values
+        return _gather_flat_async(shards, self.mesh, None if want is None else _dtype.to_torch(want))
+
+    def _unique(self) -> list:
+        return list({id(shard): shard for _, _, shard in self.params}.values())
+
+    def prefetch(self) -> None:
+        """Issues the all-gather of the parameters for a forward (theirs or an ``unshard()``)."""
+        if not self.gathered and self.ahead is None:
+            unique = self._unique()
+            self.ahead = _Ahead(unique, self.issue_values(unique, cast=True))
+
+    def drop_ahead(self) -> None:
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            ahead.take([])
 
     def _in_reduce_dtype(self, g: torch.Tensor) -> torch.Tensor:
         dtype = self.mp.reduce_dtype or self.mp.param_dtype
@@ -258,8 +411,10 @@ class _State:
         grad mode the tensors go to ``call`` (None: an explicit ``unshard()``), each freed once
         its gradient is complete: no reader of it is left."""
         track = call is not None and grad_mode.STATE.enabled
-        unique = list({id(shard): shard for _, _, shard in self.params}.values())
-        values = dict(zip(map(id, unique), self.whole_values(unique, cast=True)))
+        unique = self._unique()
+        ahead, self.ahead = self.ahead, None
+        got = ahead.take(unique) if ahead is not None else None
+        values = dict(zip(map(id, unique), got if got is not None else self.whole_values(unique, cast=True)))
         gathered: dict = {}
         for mod, name, shard in self.params:
             key = id(shard)
@@ -307,11 +462,15 @@ class _State:
     def _end_of_backward(self) -> None:
         self.flush_queued = False
         self.flush()
+        if self.order is not None:
+            self.order.finish_reduce()
 
     def flush(self) -> None:
         """The pending gradients averaged over the ranks in the reduce dtype (one reduce-scatter
         per dtype on a 1-D mesh; per shard on an HSDP mesh) and added to ``shard.grad`` in the
-        shard's dtype."""
+        shard's dtype. Inside a backward pass the reduce-scatter is left running while backward
+        goes on: it completes when the next group's starts (gradients land in order) or when
+        backward ends."""
         items = [(shard, g / self.divide) for shard, g in self.pending.values()]
         self.pending.clear()
         self.expected = set()
@@ -319,10 +478,21 @@ class _State:
             return
         with no_grad():
             if self.mesh.ndim == 1:
-                locals_ = _reduce_scatter_flat(items, self.mesh)
+                wait = _reduce_scatter_flat_async(items, self.mesh)
             else:
                 locals_ = [_as_global(g, shard, (P,) * self.mesh.ndim)
                            .redistribute(placements=shard.placements).to_local()._data for shard, g in items]
+                wait = lambda: locals_   # noqa: E731
+        order = self.order
+        if order is None or not self.flush_queued:   # (the end of backward, or no backward running)
+            self._land(items, wait())
+            return
+        order.finish_reduce()
+        order.reducing = lambda: self._land(items, wait())
+
+    def _land(self, items: list, locals_: list) -> None:
+        """The reduced shards of ``items``' gradients added to ``shard.grad``."""
+        with no_grad():
             for (shard, _), local in zip(items, locals_):
                 g = _as_global(local.to(shard._data.dtype).contiguous(), shard, tuple(shard._global.sbp))
                 if shard.grad is None:
@@ -348,9 +518,11 @@ class _State:
         if self.is_root is not None:
             return
         self.is_root = True
+        self.order = _Order()
         for state in _fsdp_states(module, True):
             if state.is_root is None:
                 state.is_root = False
+                state.order = self.order
 
 
 class _Unshard(Function):
@@ -376,16 +548,17 @@ def _as_global(local: torch.Tensor, shard: Parameter, nd: tuple) -> Tensor:
     return make_global(Tensor._make(local), shard._global.placement, nd, tuple(shard.shape))
 
 
-def _reduce_scatter_flat(items: list, mesh: DeviceMesh) -> list:
-    """Each ``(shard, whole gradient)`` summed over the ranks of the 1-D ``mesh``, this rank's
-    piece laid out as its shard: per dtype, every rank's pieces end to end in an even-padded
-    block of its own, one reduce-scatter."""
+def _reduce_scatter_flat_async(items: list, mesh: DeviceMesh):
+    """Issues the sum of each ``(shard, whole gradient)`` over the ranks of the 1-D ``mesh``;
+    returns the wait giving this rank's pieces, laid out as its shards: per dtype, every rank's
+    pieces end to end in an even-padded block of its own, one reduce-scatter."""
     ranks = tuple(mesh.flat_ranks)
     n, me = len(ranks), ranks.index(world.rank())
     out: list = [None] * len(items)
     by_dtype: dict = {}
     for i, (_, g) in enumerate(items):
         by_dtype.setdefault(g.dtype, []).append(i)
+    issued = []
     for idx in by_dtype.values():
         pieces: list = [[] for _ in range(n)]
         for i in idx:
@@ -401,18 +574,22 @@ def _reduce_scatter_flat(items: list, mesh: DeviceMesh) -> list:
             for p in rank_pieces:
                 flat[off:off + p.numel()] = p.reshape(-1)
                 off += p.numel()
-        got = world.comm().reduce_scatter(flat, ranks, 0, [block] * n)
-        off = 0
-        for i, p in zip(idx, pieces[me]):
-            out[i] = got[off:off + p.numel()].view(p.shape)
-            off += p.numel()
-    return out
+        issued.append((idx, pieces[me], world.comm().reduce_scatter_async(flat, ranks, 0, [block] * n)))
+
+    def wait() -> list:
+        for idx, mine, handle in issued:
+            got, off = handle.wait(), 0
+            for i, p in zip(idx, mine):
+                out[i] = got[off:off + p.numel()].view(p.shape)
+                off += p.numel()
+        return out
+    return wait
 
 
-def _gather_flat(shards: list, mesh: DeviceMesh, dtype: torch.dtype | None = None) -> list:
-    """The whole values of ``shards`` (each ``Shard(d)`` on the 1-D ``mesh``; floating ones cast
-    to ``dtype`` first): per dtype, every rank's shards flattened end to end, one all-gather, and
-    each value put back together."""
+def _gather_flat_async(shards: list, mesh: DeviceMesh, dtype: torch.dtype | None = None):
+    """Issues the gather of the whole values of ``shards`` (each ``Shard(d)`` on the 1-D
+    ``mesh``; floating ones cast to ``dtype`` first); returns the wait that gives them: per dtype,
+    every rank's shards flattened end to end, one all-gather, and each value put back together."""
     ranks = tuple(mesh.flat_ranks)
     n = len(ranks)
     out: list = [None] * len(shards)
@@ -420,6 +597,7 @@ def _gather_flat(shards: list, mesh: DeviceMesh, dtype: torch.dtype | None = Non
     by_dtype: dict = {}
     for i, d in enumerate(datas):
         by_dtype.setdefault(d.dtype, []).append(i)
+    issued = []
     for idx in by_dtype.values():
         layouts = []   # per shard: (dim, [each rank's local shape])
         for i in idx:
@@ -429,16 +607,21 @@ def _gather_flat(shards: list, mesh: DeviceMesh, dtype: torch.dtype | None = Non
         sizes = [sum(math.prod(loc[r]) for _, loc in layouts) for r in range(n)]
         with no_grad():
             flat = torch.cat([datas[i].reshape(-1) for i in idx])
-        got = world.comm().all_gather(flat, ranks, 0, sizes).split(sizes)   # (simulated ranks too)
-        offsets = [0] * n
-        for i, (dim, locals_) in zip(idx, layouts):
-            pieces = []
-            for r in range(n):
-                k = math.prod(locals_[r])
-                pieces.append(got[r][offsets[r]:offsets[r] + k].view(locals_[r]))
-                offsets[r] += k
-            out[i] = torch.cat(pieces, dim)
-    return out
+        issued.append((idx, layouts, sizes, world.comm().all_gather_async(flat, ranks, 0, sizes)))  # (simulated too)
+
+    def wait() -> list:
+        for idx, layouts, sizes, handle in issued:
+            got = handle.wait().split(sizes)
+            offsets = [0] * n
+            for i, (dim, locals_) in zip(idx, layouts):
+                pieces = []
+                for r in range(n):
+                    k = math.prod(locals_[r])
+                    pieces.append(got[r][offsets[r]:offsets[r] + k].view(locals_[r]))
+                    offsets[r] += k
+                out[i] = torch.cat(pieces, dim)
+        return out
+    return wait
 
 
 def _grad_outputs(x: Any) -> list:
@@ -525,6 +708,8 @@ def shard(group: list, mesh: DeviceMesh | None, reshard_after_forward: bool | No
         state.reshard()
         if call.tensors and state.reshards():
             call.free()
+        if call.tensors and state.order is not None and current_graph_task() is None:
+            state.order.calls.append(call)   # (not a checkpoint's recomputation inside backward)
     state.finish_pass = finish
 
     def pre(mod, args, kwargs):
@@ -536,10 +721,18 @@ def shard(group: list, mesh: DeviceMesh | None, reshard_after_forward: bool | No
                 f"feed batches split(0), and shard parameters, gradients and optimizer state with "
                 f"self.config.enable_zero(True, stage=3)")
         state.mark_root(mod)
+        order = state.order
         if running["call"] is None:   # the group's first forward of this pass
+            if state.is_root:
+                order.begin_pass()
             running["call"], running["ran"] = _Unsharded(state), set()
             if not state.gathered:   # (after unshard(), its parameters stay)
                 state.gather(running["call"])
+            if order is not None and current_graph_task() is None:   # (not recomputing in backward)
+                order.forward.append(state)
+                ahead = order.next_forward(state) if state.forward_prefetch is None else state.forward_prefetch
+                for target in ahead:   # its all-gather runs while this group computes
+                    target.prefetch()
         running["depth"] += 1
         if mp_policy.cast_forward_inputs and mp_policy.param_dtype is not None:
             args, kwargs = _cast(args, mp_policy.param_dtype), _cast(kwargs, mp_policy.param_dtype)
@@ -557,6 +750,7 @@ def shard(group: list, mesh: DeviceMesh | None, reshard_after_forward: bool | No
         if state.is_root:   # a group some of whose modules did not run this pass ends with the root's
             for sub in _fsdp_states(mod, True):
                 sub.finish_pass()
+                sub.drop_ahead()   # (a prefetched group that did not run)
         return _cast(output, mp_policy.output_dtype)
     for m in group:
         m.__dict__["_fsdp_state"] = state

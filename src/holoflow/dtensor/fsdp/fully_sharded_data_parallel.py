@@ -202,6 +202,8 @@ class FullyShardedDataParallel(Module):
         ignored = [p for p in module.parameters() if id(p) in ignored_params]
         state = shard([self], mesh, _RESHARD[strategy], None, mp, offload, ignored, who=_WHO)
         state.post_hooks = False   # (torch's FSDP1 runs no hook of its original parameters)
+        if backward_prefetch is None:   # (no refill issued ahead in backward; forward's always are)
+            state.backward_prefetch = []
         for inner in self.modules():
             if isinstance(inner, FullyShardedDataParallel) and inner is not self:
                 inner.__dict__["_is_root"] = False
