@@ -30,6 +30,7 @@ from ..core import grad_mode
 from ..core.interpret import is_lazy
 from ..core.errors import UnsupportedError
 from ..core.tensor import Tensor, clear_grads
+from ..distributed.global_tensor import make_global
 from ..nn.hooks import RemovableHandle
 from .lowering import FOREACH, OPS
 
@@ -273,11 +274,15 @@ class Optimizer:
                     _check_state_is_whole(self, params, states)
                 fused = self._use_fused(group, params, grads)
                 foreach = not fused and self._use_foreach(group, params, grads)
+                on_shards = not fused and not foreach and self._on_shards(group, params, grads, states)
                 params, grads, states, back = _complex_as_real(params, grads, states)
                 if fused:
                     self._step_fused(group, params, grads, states)
                 elif foreach:
                     self._step_foreach(group, params, grads, states)
+                elif on_shards:
+                    self._step_foreach(group, params, grads, states)
+                    _lay_out_new_state(params, states)
                 else:
                     self._step_ops(group, params, grads, states)
                 _write_back_complex(back)
@@ -301,6 +306,21 @@ class Optimizer:
         if group.get("foreach") is False:
             return False
         return not is_lazy() and all(p._global is None for p in params) and all(g._global is None for g in grads)
+
+    def _on_shards(self, group: dict, params: list, grads: list, states: list) -> bool:
+        """Whether eager global parameters step by the foreach lowering on each rank's pieces:
+        the rule is elementwise (the class keeps the shared ``_step_foreach``), and every
+        gradient and state tensor is laid out as its parameter (FSDP's shards, replicas), so a
+        piece's update is that piece of the update (torch steps DTensors by foreach ops too)."""
+        if group.get("foreach") is False or is_lazy() or type(self)._step_foreach is not Optimizer._step_foreach:
+            return False
+        for p, g, st in zip(params, grads, states):
+            layout = _layout(p)
+            if layout is None or p.is_complex() or _layout(g) != layout:
+                return False
+            if any(_layout(v) != layout for v in st.values() if isinstance(v, Tensor) and v.dim()):
+                return False
+        return True
 
     def _use_fused(self, group: dict, params: list, grads: list) -> bool:
         """``fused=True`` (torch's flag) runs the declared ``fused_update`` on local eager tensors,
@@ -411,6 +431,20 @@ def scalar_dtype(fused: bool = False) -> torch.dtype:
     and ``mu``), as torch's ``_get_scalar_dtype``: float64 under a float64 default dtype, else
     float32; always float32 for a fused kernel's counters."""
     return torch.float64 if not fused and torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def _layout(t: Tensor) -> tuple | None:
+    g = t._global
+    return None if g is None else (g.placement, tuple(g.sbp), tuple(t.shape))
+
+
+def _lay_out_new_state(params: list, states: list) -> None:
+    """State tensors the rule made on a step of pieces (SGD's first momentum buffer, a piece of
+    the gradient) become global tensors laid out as their parameter."""
+    for p, st in zip(params, states):
+        for k, v in st.items():
+            if isinstance(v, Tensor) and v.dim() and v._global is None:
+                st[k] = make_global(v, p._global.placement, tuple(p._global.sbp), tuple(p.shape))
 
 
 def _check_aligned(name: str, params: list, grads: list, states: list) -> None:

@@ -1,0 +1,76 @@
+"""Eager optimizer steps of global parameters whose gradients and state are laid out as they are
+(fully_shard's shards) run the foreach lowering on each rank's pieces (simulated ranks): bit for
+bit the per-tensor holoflow ops (``foreach=False``), with state made by the rule laid out as its
+parameter, and no global op dispatched."""
+import inspect
+
+import numpy as np
+import pytest
+
+import holoflow as flow
+from holoflow.distributed import world
+from holoflow.distributed.device_mesh import DeviceMesh
+from holoflow.dtensor.fsdp import fully_shard
+from holoflow.optim.optimizer import Optimizer
+
+
+def _classes() -> list:
+    return sorted(n for n in dir(flow.optim) if inspect.isclass(getattr(flow.optim, n))
+                  and issubclass(getattr(flow.optim, n), Optimizer)
+                  and n not in ("Optimizer", "SparseAdam", "LBFGS"))   # (sparse gradients; a closure)
+
+
+def _elementwise() -> list:
+    """The optimizers whose rule runs elementwise (the others read whole tensors: norms, matrix
+    products, factored statistics; their eager steps of global parameters see them whole)."""
+    return [n for n in _classes() if getattr(flow.optim, n)._step_foreach is Optimizer._step_foreach]
+
+
+_OPTIONS = {"SGD": {"momentum": 0.9, "weight_decay": 0.1}, "Adam": {"amsgrad": True, "weight_decay": 0.1},
+            "AdamW": {"weight_decay": 0.1}, "RMSprop": {"momentum": 0.5, "centered": True}}
+
+
+def _train(name: str, foreach, r: int, forbid_ops: bool) -> tuple:
+    cls = getattr(flow.optim, name)
+    rng = np.random.default_rng(3)
+    m = flow.nn.Sequential(flow.nn.Linear(6, 5), flow.nn.Tanh(), flow.nn.Linear(5, 3))
+    m.load_state_dict({k: flow.tensor(rng.standard_normal(tuple(v.shape)).astype(np.float32))
+                       for k, v in m.state_dict().items()})
+    fully_shard(m, mesh=DeviceMesh("cpu", [0, 1]))
+    kw = dict(_OPTIONS.get(name, {}), lr=0.01)
+    if "foreach" in inspect.signature(cls).parameters:
+        kw["foreach"] = foreach
+    opt = cls(m.parameters(), **kw)
+    if forbid_ops:
+        def refuse(*a, **k):
+            raise AssertionError(f"{name}: an eager step of shards took the per-tensor ops")
+        opt._step_ops = refuse
+    x = flow.tensor(np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6) * (1 + r))
+    for _ in range(3):
+        opt.zero_grad()
+        (m(x) ** 2).mean().backward()
+        opt.step()
+    params = {k: p.to_local().detach().numpy() for k, p in m.named_parameters()}
+    state = {(k, s): (v.to_local().detach().numpy(), (v.placements == p.placements))
+             for k, p in m.named_parameters() for s, v in opt.state[p].items()
+             if isinstance(v, flow.Tensor) and v.dim()}
+    return params, state
+
+
+@pytest.mark.parametrize("name", _elementwise())
+def test_a_step_of_shards_is_the_per_tensor_step_bit_for_bit(name):
+    on = world.simulate(2, lambda r: _train(name, None, r, forbid_ops=True))
+    off = world.simulate(2, lambda r: _train(name, False, r, forbid_ops=False))
+    for (p_on, s_on), (p_off, s_off) in zip(on, off):
+        for k in p_off:
+            np.testing.assert_array_equal(p_on[k], p_off[k], err_msg=f"{name} {k}")
+        assert s_on.keys() == s_off.keys()
+        for k, (v, laid_out) in s_off.items():
+            np.testing.assert_array_equal(s_on[k][0], v, err_msg=f"{name} state {k}")
+            assert laid_out and s_on[k][1], f"{name} state {k} is not laid out as its parameter"
+
+
+def test_which_optimizers_step_pieces():
+    elementwise = set(_elementwise())
+    assert {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Rprop", "ASGD"} <= elementwise
+    assert not {"Adafactor", "Muon"} & elementwise
