@@ -143,8 +143,8 @@ def test_pipelining_script_equals_torch(tmp_path, name, body, ranks):
 
 def test_pipelining_refusals():
     lin = flow.nn.Linear(2, 2)
-    with pytest.raises(NotImplementedError, match="give each rank its part of the model as a PipelineStage"):
-        pipeline(lin, mb_args=(flow.ones(2, 2),))
+    with pytest.raises(ValueError, match="Cannot specify both `split_spec` and `split_policy`"):
+        pipeline(lin, mb_args=(flow.ones(2, 2),), split_spec={}, split_policy=lambda g: g)
     with pytest.raises(ValueError, match=r"stage_index 2 is not in \[0, 2\)"):
         PipelineStage(lin, 2, 2, "cpu", group=[0, 1])
     stage = PipelineStage(lin, 0, 2, "cpu", group=[0, 1])

@@ -23,7 +23,7 @@ from torch.distributed.pipelining import pipe_split as torch_pipe_split
 from torch.distributed.pipelining import pipeline as torch_pipeline
 
 import holoflow as flow
-from holoflow.distributed_pipelining._pipe import Pipe, build_stage, pipe_split, pipeline
+from holoflow.distributed_pipelining import Pipe, build_stage, pipe_split, pipeline
 from holoflow.distributed_pipelining.stage import SplitPoint
 
 
@@ -340,11 +340,7 @@ def test_a_parameter_read_in_two_stages_is_copied_per_stage_as_torchs():
 
 
 PIPE_SCRIPT = '''
-from torch.distributed.pipelining import ScheduleGPipe, Schedule1F1B, SplitPoint
-if sys.argv[1] == "holoflow":   # (until holoflow.distributed_pipelining publishes it)
-    from holoflow.distributed_pipelining._pipe import pipeline
-else:
-    from torch.distributed.pipelining import pipeline
+from torch.distributed.pipelining import ScheduleGPipe, Schedule1F1B, SplitPoint, pipeline
 import math
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -30,18 +30,12 @@ from ..core.tensor import Tensor
 from ..distributed import env
 from ..nn.module import Module
 
-__all__ = ["PipelineStage", "SplitPoint", "pipeline"]
+__all__ = ["PipelineStage", "SplitPoint"]
 
 
 class SplitPoint(enum.Enum):
     BEGINNING = 1
     END = 2
-
-
-def pipeline(*args: Any, **kwargs: Any) -> None:
-    raise NotImplementedError("holoflow.distributed.pipelining.pipeline (splitting a traced model at SplitPoints) is "
-                              "not supported; give each rank its part of the model as a PipelineStage(submodule, "
-                              "stage_index, num_stages, device)")
 
 
 def _wait(work, what: str, peer: int) -> None:

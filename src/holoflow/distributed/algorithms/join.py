@@ -5,9 +5,11 @@ Every iteration of a rank still training starts with :meth:`Join.notify_join_con
 all-reduce in which each rank says whether it is still training (and whether this iteration's
 backward synchronizes gradients). A rank that ran out of inputs leaves the block's body and, in
 ``__exit__``, answers those all-reduces with "joined", and while some rank still trains runs each
-joinable's ``main_hook`` (DDP's shadows the gradient all-reduces of that iteration with zeros);
-when every rank has joined each joinable's ``post_hook`` runs (DDP's copies the model from the
-last rank to join to every rank)."""
+joinable's ``main_hook`` (DDP's shadows the gradient all-reduces of that iteration with zeros;
+ZeroRedundancyOptimizer's steps its own share on its last gradients and makes the step's
+broadcasts; only the first joinable of the list notifies, as torch's); when every rank has
+joined each joinable's ``post_hook`` runs (DDP's copies the model from the last rank to join to
+every rank)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -65,8 +67,8 @@ class Join:
         for j in joinables:
             if not isinstance(j, Joinable):
                 raise TypeError(f"holoflow Join: {type(j).__name__} is not Joinable (holoflow's "
-                                f"DistributedDataParallel is; a plain optimizer communicates nothing and needs "
-                                f"no joining; ZeroRedundancyOptimizer's steps on uneven inputs are not supported)")
+                                f"DistributedDataParallel and ZeroRedundancyOptimizer are; a plain optimizer "
+                                f"communicates nothing and needs no joining)")
         groups = {_ranks(j.join_process_group) for j in joinables}
         if len(groups) != 1:
             raise ValueError(f"holoflow Join: the joinables must share one process group, got {sorted(groups)}")
