@@ -68,7 +68,7 @@ def all_reduce(t: torch.Tensor, ranks: Sequence[int] | None = None, op: str = "s
         return Handle(None, None, finish) if async_op else t
     key = normalize(r)
     buf = t if t.is_contiguous() else t.contiguous()
-    info = begin("all_reduce", key, _nbytes(t), buf, detail=op)
+    info = begin("all_reduce", key, _nbytes(t), buf, detail=op, defer=async_op)
     g = group_for(key)
 
     def launch():
@@ -108,7 +108,7 @@ def all_reduce_many(ts: Sequence[torch.Tensor], ranks: Sequence[int] | None = No
         out = torch.cat(flats) if len(flats) > 1 else flats[0].clone()
         return all_reduce(out, r, async_op=async_op)
     out = ts[0].new_empty(total)
-    info = begin("all_reduce", key, total * out.element_size(), out, detail="sum")
+    info = begin("all_reduce", key, total * out.element_size(), out, detail="sum", defer=async_op)
     h = Handle(launch_checked(info, lambda: shm.all_reduce_parts(flats, out)), info, lambda: out)
     return h if async_op else h.wait()
 
@@ -218,7 +218,7 @@ def all_gather_rows(t: torch.Tensor, ranks: Sequence[int], async_op: bool = Fals
 def _rows(kind: str, key: tuple[int, ...], t: torch.Tensor, out: torch.Tensor, gloo, async_op: bool):
     """``kind`` from ``t`` into ``out``, flat: through shared memory between ranks of one host,
     else the backend's collective (``gloo``); counted, checked and timed out as every call is."""
-    info = begin(kind, key, _nbytes(t), t)
+    info = begin(kind, key, _nbytes(t), t, defer=async_op)
     shm = shm_comm.transport(key, t)
     if shm is not None:
         work = launch_checked(info, lambda: getattr(shm, kind)(t, out))

@@ -4,13 +4,16 @@ Each collective goes through :func:`run` (or :func:`begin` + :func:`launch_check
 the call in every active :func:`count` context, writes ``"<seq> <kind>"`` under
 ``holoflow/seq/<group>/<rank>`` in the c10d store (one ``store.set``, a few microseconds; off with
 ``HOLOFLOW_COMM_TRACK=0``), verifies the call's fingerprint with its peers (always on, see
-:mod:`.comm_check`: a mismatch raises :class:`CommError` on every rank before any payload moves),
+:mod:`.comm_check`: a mismatch raises :class:`CommError` on every rank before any payload moves;
+an asynchronous collective sends its fingerprint when issued and compares its peers' when waited
+for, before its result is handed out, so issuing one never waits for the peers to arrive),
 launches the torch collective asynchronously and waits with the configured timeout. On timeout or
 a peer's failure it reads the peers' keys and raises :class:`CommError` naming the collective, the
 group, the ranks that did not arrive, and peers whose processes are gone.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import datetime
@@ -131,6 +134,7 @@ class CallInfo:
     start: float
     site: str = ""
     recorded: bool = True   # this rank's arrival is in the store (a plan's is written only if it waits)
+    check: Any = None       # a fingerprint comparison deferred to the wait (an asynchronous collective)
 
 
 def _key(ranks: tuple[int, ...]) -> str:
@@ -142,9 +146,12 @@ ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_te
 
 
 def begin(kind: str, ranks: tuple[int, ...], nbytes: int, tensor: torch.Tensor | None = None, *,
-          detail: str = "", splits: tuple | None = None, peer: int | None = None) -> CallInfo:
+          detail: str = "", splits: tuple | None = None, peer: int | None = None,
+          defer: bool = False) -> CallInfo:
     """Counts the call, records this rank's arrival in the store, and verifies the call's
-    fingerprint with the peers (raising :class:`CommError` on every rank on a mismatch).
+    fingerprint with the peers (raising :class:`CommError` on every rank on a mismatch). With
+    ``defer`` (an asynchronous collective) the fingerprint is only sent: the :class:`Handle`'s
+    ``wait()`` compares the peers' (and writes the arrival record if it has to wait for them).
 
     ``tensor`` is the payload this rank sends (its dtype and shape must match the peers');
     ``detail`` distinguishes variants that must agree too (the reduce op, the broadcast source);
@@ -167,6 +174,10 @@ def begin(kind: str, ranks: tuple[int, ...], nbytes: int, tensor: torch.Tensor |
     # complete when waited for proves it too, and an issue then costs no store round trip
     if _PLANNED.get():
         info.recorded = False
+    elif check is not None and defer:
+        check.send()
+        info.check, info.recorded = check, False
+        return info
     elif TRACK and len(ranks) > 1 and (check is None or not check.arrived(_GRACE_S)):
         _record(info)
     if check is not None:
@@ -197,6 +208,9 @@ class _Route:
 
 
 _ROUTES: dict[tuple, _Route] = {}
+# per fingerprint group id: the reads of this rank's calls whose peers' fingerprints are not read
+# yet, in issue order (a deferred comparison reads at its wait; a later call reads those first)
+_UNREAD: dict[int, collections.deque] = {}
 
 
 def _route(ranks: tuple[int, ...], peer: int | None) -> _Route:
@@ -221,6 +235,7 @@ def forget_world() -> None:
     fingerprint wire: called when the world is destroyed, so the groups are freed (their Gloo
     threads joined) then, not during interpreter finalization."""
     _ROUTES.clear()
+    _UNREAD.clear()
     _PENDING.clear()
     comm_wire.close()
     shm_comm.close_all()
@@ -232,7 +247,7 @@ def _launch_fingerprint(info: CallInfo, t: torch.Tensor | None, kind: str, split
     never mismatch); returns the function that waits for theirs and raises on a mismatch.
     ``check.arrived(grace_s)`` waits at most ``grace_s`` and says whether every peer's is here."""
     route = _route(info.ranks, peer)
-    me, peers, wire, gid = route.me, route.peers, route.wire, route.gid
+    me, peers, wire, gid, order = route.me, route.peers, route.wire, route.gid, route.order
     words = comm_check.fingerprint(info.seq, kind, t, info.site, len(info.ranks), splits)
     if wire is None:
         return _gloo_fingerprint(info, words, route.group, me)
@@ -241,14 +256,26 @@ def _launch_fingerprint(info: CallInfo, t: torch.Tensor | None, kind: str, split
     got: dict[int, bytes] = {}
     unsent, todo = list(peers), list(peers)
 
-    def step(deadline: float) -> None:
-        """Sends what is unsent and reads what is missing, until ``deadline`` (TimeoutError)."""
+    def send(deadline: float) -> None:
         while unsent:  # connecting waits until the deadline, the write itself until the timeout
             wire.send(unsent[0], gid, payload, deadline, time.monotonic() + timeout)
             unsent.pop(0)
+
+    def read(deadline: float) -> None:
         while todo:
             got[todo[0]] = wire.recv(todo[0], gid, deadline)
             todo.pop(0)
+
+    def step(deadline: float) -> None:
+        """Sends what is unsent and reads what is missing, until ``deadline`` (TimeoutError).
+        The peers' fingerprints of this group come in issue order: those of earlier calls whose
+        comparison waits for their ``wait()`` are read first."""
+        send(deadline)
+        unread = _UNREAD[gid]
+        while todo:   # (none left: a later call read them)
+            unread[0](deadline)
+            unread.popleft()
+    _UNREAD.setdefault(gid, collections.deque()).append(read)
 
     def arrived(grace_s: float) -> bool:
         try:
@@ -264,9 +291,10 @@ def _launch_fingerprint(info: CallInfo, t: torch.Tensor | None, kind: str, split
             step(info.start + timeout)
         except (TimeoutError, comm_wire.WireError) as e:
             raise failure(info, e) from e
-        rows = [words if r == me else _words(got[r]) for r in route.order]
+        rows = [words if r == me else _words(got[r]) for r in order]
         _raise_on_mismatch(info, rows, me, peer is not None)
     check.arrived = arrived
+    check.send = lambda: send(info.start + timeout)
     return check
 
 
@@ -293,6 +321,7 @@ def _gloo_fingerprint(info: CallInfo, words: list[int], g, me: int) -> Callable[
         Handle(work, info).wait()
         _raise_on_mismatch(info, out.view(n, -1).tolist(), me, False)
     check.arrived = arrived
+    check.send = lambda: None   # (launched: the all-gather carries it)
     return check
 
 
@@ -362,6 +391,12 @@ class Handle:
         if self._done:
             return self._result
         info = self.info
+        if info is not None and info.check is not None:   # the peers' fingerprints, compared first
+            check, info.check = info.check, None
+            if TRACK and not check.arrived(_GRACE_S):
+                _record(info)
+            check()
+            _VERIFIED[info.ranks] = (info.seq, info.kind)
         if self.work is not None:
             if info is not None and not info.recorded and TRACK and len(info.ranks) > 1 \
                     and not self.work.is_completed() and not _done_within(self.work, _GRACE_S):
