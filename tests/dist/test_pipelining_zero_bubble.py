@@ -214,6 +214,73 @@ def test_input_part_defers_weight_gradients_to_weight_part():
         assert flow.equal(g, p.grad)
 
 
+class _Counted(flow.autograd.Function):
+    """The identity, counting its backward's calls."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        _Counted.calls += 1
+        return g
+
+
+class _Rich(flow.nn.Module):
+    """A stage whose paths to its parameters leave the paths to its input in several ways: a
+    Linear used twice (tied), a parameter added after a node on the input path, a branch reading a
+    parameter alone; a doubling hook on an activation, and a counted node on the input path."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = flow.nn.Linear(4, 4), flow.nn.Linear(4, 4)
+        self.side = flow.nn.Parameter(flow.linspace(-1, 1, 4))
+        self.hooked = 0
+
+    def forward(self, x):
+        h = _Counted.apply(flow.tanh(self.a(x)))
+
+        def double(g):
+            self.hooked += 1
+            return g * 2
+        h.register_hook(double)
+        h = self.b(h)
+        h.register_hook(double)   # (on a node the weight part resumes from: its hooks ran already)
+        h = self.a(h + self.side)
+        return h * (self.side ** 2).sum()
+
+
+def test_the_weight_part_resumes_where_the_input_part_left_the_parameters_paths():
+    """I then W on a stage with tied weights, parameters off the input path and a doubling hook:
+    every node's rule runs once over both parts (the counted node on the input path, which the
+    weight part used to run again, once) and each hook once; the input's gradient (sent back)
+    and the parameters' equal one whole backward's."""
+    flow.manual_seed(0)
+    first, last = flow.nn.Sequential(flow.nn.Linear(3, 4), flow.nn.Tanh()), _Rich()
+    s0, s1 = [PipelineStage(m, i, 2, "cpu", group=[0]) for i, m in enumerate((first, last))]
+    ScheduleZBVZeroBubble([s0, s1], 2)   # (the mailbox between the two stages of one rank)
+    x = flow.randn(5, 3, generator=flow.Generator().manual_seed(1))
+    s0.forward_one(0, (x,), {})
+    loss = (s1.forward_one(0, (), {}) ** 2).mean()
+    _Counted.calls = 0
+    s1.backward_input_one(0, loss)
+    assert (_Counted.calls, last.hooked) == (1, 2) and all(p.grad is None for p in last.parameters())
+    s0.backward_input_one(0, None)
+    s1.backward_weight_one(0)
+    s0.backward_weight_one(0)
+    assert (_Counted.calls, last.hooked) == (1, 2)
+    params = [*first.parameters(), *last.parameters()]
+    got = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    (last(first(x)) ** 2).mean().backward()
+    for g, p in zip(got, params):
+        assert flow.allclose(g, p.grad, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("cls", [ScheduleZBVZeroBubble, ScheduleDualPipeV])
 def test_v_schedule_on_one_rank_equals_full_batch(cls):
     first, last, stages = _two_stages()

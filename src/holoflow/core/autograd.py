@@ -22,6 +22,7 @@ from .node import (_FREED, _TASK, AccumulateGrad, AccumulatePostHook, GradNode, 
 from .views import dense_layout
 
 __all__ = ["GradNode", "PackedNode", "AccumulateGrad", "GraphTask", "queue_callback", "current_graph_task",
+           "EdgeRoot", "split_backward",
            "will_execute", "accumulate_grad", "seed_grads", "run_backward"]
 
 _ACC_LOCK = threading.Lock()
@@ -187,6 +188,40 @@ def _dependencies(roots: Sequence[GradNode]) -> tuple[dict[GradNode, int], dict[
                 k = id(e)
                 leaves[k] = leaves.get(k, 0) + 1
     return deps, leaves
+
+
+class EdgeRoot:
+    """Output ``_out_idx`` of the grad node ``grad_fn`` as a root of :func:`run_backward` (what
+    it reads of a root tensor): a backward resumed from a node's incoming gradients."""
+
+    __slots__ = ("grad_fn", "_out_idx")
+    _view = None
+
+    def __init__(self, node: GradNode, index: int) -> None:
+        self.grad_fn, self._out_idx = node, index
+
+
+def split_backward(tensors: Sequence, inputs: Sequence, weights: Sequence) -> tuple[set, list]:
+    """How a backward from ``tensors`` splits into an input part (``autograd.grad`` of
+    ``inputs``) and a weight part (zero-bubble pipelines): ``region``, the nodes the input part
+    runs (those on a path to an input), and ``frontier``, the nodes of the region and the roots
+    outside it with an edge towards a weight that leaves the region. The weight part is the
+    backward from the frontier's incoming gradients with its edges into the region cut: no node
+    outside the region has an edge into it (it would be on a path to an input), so nothing of the
+    input part runs twice."""
+    roots = [t.grad_fn for t in tensors if t.grad_fn is not None]
+    deps, _ = _dependencies(roots)
+    region = _needed(deps, {((t.grad_fn, t._out_idx) if t.grad_fn is not None else id(t)): i
+                            for i, t in enumerate(inputs)})
+    wanted = {id(w) for w in weights}
+    toward = _needed(deps, dict.fromkeys(wanted, 0))
+
+    def leaves_region(e) -> bool:
+        if type(e) is tuple:
+            return e[0] not in region and e[0] in toward
+        return e is not None and id(e) in wanted
+    frontier = [n for n in deps if (n in region or n in roots) and any(map(leaves_region, n.edges))]
+    return region, frontier
 
 
 def _zeros_for(meta, like):

@@ -12,6 +12,8 @@ innermost interpreter of the stack (core/interpret.py). At the bottom, :class:`E
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from . import grad_mode, interpret
@@ -57,15 +59,7 @@ class Eager(Interpreter):
             run_backward(tensors, grads, retain_graph, create_graph)
             return
         got = run_backward(tensors, grads, retain_graph, create_graph, capture=inputs, accumulate=False)
-        for t, g in zip(inputs, got):
-            if g is not None:
-                if t._global is not None:
-                    g = t._global.box_grad(t, g)
-                if not create_graph:   # an own buffer: the gradient may be the caller's seed, or
-                    g = g.detach()     # shared with another input's (as the engine's leaves get)
-                    if t._grad is None and g._global is None and not g._data.is_meta:
-                        g = Tensor._make(g._data.clone(memory_format=torch.contiguous_format))
-                accumulate_grad(t, g, not create_graph)
+        accumulate_captured(inputs, got, create_graph)
 
     def composite(self, name: str, inputs: tuple) -> tuple:
         return inputs
@@ -88,6 +82,20 @@ interpret._BOTTOM.append(EAGER)
 _CURRENT = interpret._CURRENT
 _STATE = grad_mode.STATE
 _new = object.__new__
+
+
+def accumulate_captured(inputs: Sequence, got: Sequence, create_graph: bool = False) -> None:
+    """``backward(inputs=...)``'s end: each gradient captured for ``inputs`` added to its
+    ``.grad`` (boxed to a global input's SBP)."""
+    for t, g in zip(inputs, got):
+        if g is not None:
+            if t._global is not None:
+                g = t._global.box_grad(t, g)
+            if not create_graph:   # an own buffer: the gradient may be the caller's seed, or
+                g = g.detach()     # shared with another input's (as the engine's leaves get)
+                if t._grad is None and g._global is None and not g._data.is_meta:
+                    g = Tensor._make(g._data.clone(memory_format=torch.contiguous_format))
+            accumulate_grad(t, g, not create_graph)
 
 
 def apply(op: Op, *inputs, **attrs):

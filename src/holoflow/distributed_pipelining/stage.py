@@ -10,9 +10,11 @@ of one rank (a V's turn) the tensors are handed over in a mailbox the schedule g
 
 The backward is one act (``backward_one``) or, for zero-bubble schedules, two, as torch's
 ``stage_backward_input`` / ``stage_backward_weight``: ``backward_input_one`` computes and sends the
-inputs' gradients only (``autograd.grad``, keeping the graph), ``backward_weight_one`` later
-accumulates the parameters' (``backward(inputs=parameters)`` from the same outputs and output
-gradients: the engine runs only the nodes on a path to a parameter). On the first stage, which
+inputs' gradients only (``autograd.grad``, keeping the graph), capturing the gradients that reach
+the nodes where the paths towards the parameters leave those towards the inputs (the frontier,
+``core.autograd.split_backward``); ``backward_weight_one`` later resumes the backward from there,
+with the frontier's edges into the input part cut, and accumulates the parameters' gradients:
+each node runs once over both parts, so the two cost one backward. On the first stage, which
 sends nothing back, the input part is empty and the weight part is the whole backward (torch's)."""
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ import torch.distributed as dist
 
 from ..autograd import backward as run_backward
 from ..autograd import grad as autograd_grad
+from ..core.autograd import EdgeRoot, seed_grads, split_backward
+from ..core.autograd import run_backward as engine_backward
+from ..core.dispatch import accumulate_captured
 from ..core.grad_mode import no_grad
 from ..core.tensor import Tensor
 from ..distributed import env
@@ -200,15 +205,32 @@ class PipelineStage:
 
     def backward_input_one(self, mb: int, loss: Tensor | None) -> None:
         """The input part of micro-batch ``mb``'s backward (torch's ``I``): its inputs' gradients,
-        sent back; the graph is kept for :meth:`backward_weight_one`."""
+        sent back; the graph is kept for :meth:`backward_weight_one`, with the gradients reaching
+        its frontier."""
         outs, grads = self._seed(mb, loss)
-        self._deferred[mb] = (outs, grads)
-        if self.is_first:
+        if self.is_first or not outs:
+            self._deferred[mb] = (outs, grads, None)
             return
+        grads = seed_grads(outs, grads)
         inputs = self._inputs[mb]
         wanted = [x for x in inputs if x.requires_grad]
-        got = iter(autograd_grad(outs, wanted, grads, retain_graph=True, allow_unused=True)
-                   if outs and wanted else [None] * len(wanted))
+        params = [p for p in self.submod.parameters() if p.requires_grad]
+        region, frontier = split_backward(outs, wanted, params)
+        reached: dict = {}
+        handles = [n.register_prehook(lambda gs, n=n: reached.__setitem__(n, list(gs)))
+                   for n in frontier if n in region]
+        try:
+            got = iter(autograd_grad(outs, wanted, grads, retain_graph=True, allow_unused=True)
+                       if wanted else [None] * len(wanted))
+        finally:
+            for h in handles:
+                h.remove()
+        for o, g in zip(outs, grads):   # (a frontier root outside the region: its seed)
+            n = o.grad_fn
+            if n is not None and n not in region and n in frontier:
+                seeds = reached.setdefault(n, [None] * n.n_outputs)
+                seeds[o._out_idx] = g if seeds[o._out_idx] is None else seeds[o._out_idx] + g
+        self._deferred[mb] = (outs, grads, (region, frontier, reached))
         self._send_back(mb, [_data_of(next(got)) if x.requires_grad else None for x in inputs])
 
     def backward_weight_one(self, mb: int) -> None:
@@ -217,12 +239,12 @@ class PipelineStage:
         if mb not in self._deferred:
             raise RuntimeError(f"holoflow PipelineStage {self.stage_index}: the weight gradients of micro-batch {mb} "
                                f"before its input gradients; a schedule runs backward_input_one({mb}) first")
-        outs, grads = self._deferred.pop(mb)
+        outs, grads, split = self._deferred.pop(mb)
         params = [p for p in self.submod.parameters() if p.requires_grad]
-        if outs and self.is_first:
+        if outs and split is None:
             run_backward(outs, grads)
         elif outs and params:
-            run_backward(outs, grads, inputs=params)
+            _backward_from_frontier(*split, params)
         self._inputs.pop(mb, None)
         self._outputs.pop(mb, None)
 
@@ -231,6 +253,30 @@ class PipelineStage:
         for work, _, dst in self._works:
             _wait(work, "its send to be received by", dst)
         self._clear()
+
+
+def _backward_from_frontier(region: set, frontier: list, reached: dict, params: list) -> None:
+    """The weight part of a split backward: from the gradients that reached each frontier node in
+    the input part, with the frontier's edges into that part cut (and its hooks, which ran then,
+    held back), the parameters' gradients accumulated into their ``.grad``."""
+    roots, grads = [], []
+    for n in frontier:
+        for i, g in enumerate(reached.get(n, ())):
+            if g is not None:
+                roots.append(EdgeRoot(n, i))
+                grads.append(g)
+    if not roots:
+        return
+    kept = {n: (n.edges, n.hooks, n.retains) for n in frontier}
+    for n in frontier:   # (its hooks ran when the input part reached it)
+        n.edges = tuple(None if type(e) is tuple and e[0] in region else e for e in n.edges)
+        n.hooks = n.retains = None
+    try:
+        got = engine_backward(roots, grads, False, False, capture=params, accumulate=False)
+    finally:
+        for n, (edges, hooks, retains) in kept.items():
+            n.edges, n.hooks, n.retains = edges, hooks, retains
+    accumulate_captured(params, got)
 
 
 def _data_of(grad: Tensor | None) -> torch.Tensor | None:
