@@ -68,13 +68,13 @@ def gathers(monkeypatch):
         logs.setdefault(world.rank(), []).append("gather" + blocks(shards))
         return issue(shards, mesh, dtype)
 
-    def logged_reduce(items, mesh):
+    def logged_reduce(items, mesh, divide=1.0):
         logs.setdefault(world.rank(), []).append("reduce" + blocks([s for s, _ in items]))
-        return reduce(items, mesh)
+        return reduce(items, mesh, divide)
 
-    def logged_land(self, items, locals_):
-        logs.setdefault(world.rank(), []).append("landed" + blocks([s for s, _ in items]))
-        return land(self, items, locals_)
+    def logged_land(self, shards, locals_):
+        logs.setdefault(world.rank(), []).append("landed" + blocks(shards))
+        return land(self, shards, locals_)
     monkeypatch.setattr(_fully_shard, "_gather_flat_async", logged)
     monkeypatch.setattr(_fully_shard, "_reduce_scatter_flat_async", logged_reduce)
     monkeypatch.setattr(_fully_shard._State, "_land", logged_land)

@@ -471,29 +471,31 @@ class _State:
         shard's dtype. Inside a backward pass the reduce-scatter is left running while backward
         goes on: it completes when the next group's starts (gradients land in order) or when
         backward ends."""
-        items = [(shard, g / self.divide) for shard, g in self.pending.values()]
+        items = list(self.pending.values())
         self.pending.clear()
         self.expected = set()
         if not items:
             return
+        shards = [shard for shard, _ in items]
         with no_grad():
-            if self.mesh.ndim == 1:
-                wait = _reduce_scatter_flat_async(items, self.mesh)
+            if self.mesh.ndim == 1:   # (the whole gradients are dropped once copied into the collective's buffer)
+                wait = _reduce_scatter_flat_async(items, self.mesh, self.divide)
             else:
-                locals_ = [_as_global(g, shard, (P,) * self.mesh.ndim)
+                locals_ = [_as_global(g / self.divide, shard, (P,) * self.mesh.ndim)
                            .redistribute(placements=shard.placements).to_local()._data for shard, g in items]
                 wait = lambda: locals_   # noqa: E731
+        del items
         order = self.order
         if order is None or not self.flush_queued:   # (the end of backward, or no backward running)
-            self._land(items, wait())
+            self._land(shards, wait())
             return
         order.finish_reduce()
-        order.reducing = lambda: self._land(items, wait())
+        order.reducing = lambda: self._land(shards, wait())
 
-    def _land(self, items: list, locals_: list) -> None:
-        """The reduced shards of ``items``' gradients added to ``shard.grad``."""
+    def _land(self, shards: list, locals_: list) -> None:
+        """The reduced pieces of ``shards``' gradients added to their ``.grad``."""
         with no_grad():
-            for (shard, _), local in zip(items, locals_):
+            for shard, local in zip(shards, locals_):
                 g = _as_global(local.to(shard._data.dtype).contiguous(), shard, tuple(shard._global.sbp))
                 if shard.grad is None:
                     shard.grad = g
@@ -548,10 +550,11 @@ def _as_global(local: torch.Tensor, shard: Parameter, nd: tuple) -> Tensor:
     return make_global(Tensor._make(local), shard._global.placement, nd, tuple(shard.shape))
 
 
-def _reduce_scatter_flat_async(items: list, mesh: DeviceMesh):
-    """Issues the sum of each ``(shard, whole gradient)`` over the ranks of the 1-D ``mesh``;
-    returns the wait giving this rank's pieces, laid out as its shards: per dtype, every rank's
-    pieces end to end in an even-padded block of its own, one reduce-scatter."""
+def _reduce_scatter_flat_async(items: list, mesh: DeviceMesh, divide: float = 1.0):
+    """Issues the sum of each ``(shard, whole gradient)`` over the ranks of the 1-D ``mesh``,
+    divided by ``divide``; returns the wait giving this rank's pieces, laid out as its shards:
+    per dtype, every rank's pieces end to end in an even-padded block of its own, one
+    reduce-scatter (the gradients are read only while the block is filled)."""
     ranks = tuple(mesh.flat_ranks)
     n, me = len(ranks), ranks.index(world.rank())
     out: list = [None] * len(items)
@@ -574,14 +577,18 @@ def _reduce_scatter_flat_async(items: list, mesh: DeviceMesh):
             for p in rank_pieces:
                 flat[off:off + p.numel()] = p.reshape(-1)
                 off += p.numel()
-        issued.append((idx, pieces[me], world.comm().reduce_scatter_async(flat, ranks, 0, [block] * n)))
+        if divide != 1.0:
+            flat.div_(divide)
+        mine = [tuple(p.shape) for p in pieces[me]]
+        issued.append((idx, mine, world.comm().reduce_scatter_async(flat, ranks, 0, [block] * n)))
 
     def wait() -> list:
         for idx, mine, handle in issued:
             got, off = handle.wait(), 0
-            for i, p in zip(idx, mine):
-                out[i] = got[off:off + p.numel()].view(p.shape)
-                off += p.numel()
+            for i, shape in zip(idx, mine):
+                k = math.prod(shape)
+                out[i] = got[off:off + k].view(shape)
+                off += k
         return out
     return wait
 
