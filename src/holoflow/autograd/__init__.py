@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from ..core import grad_mode, interpret
-from ..core.autograd import run_backward, seed_grads
+from ..core.autograd import EdgeRoot, run_backward, seed_grads
 from ..core.grad_mode import enable_grad, inference_mode, no_grad, set_grad_enabled
 from ..core.tensor import Tensor
 from .anomaly_mode import detect_anomaly, set_detect_anomaly
@@ -29,17 +29,32 @@ def variable(*args, **kwargs):
 
 
 def _as_list(x) -> list:
-    return [x] if isinstance(x, Tensor) else list(x)
+    """Tensors (or one); a ``GradientEdge`` stands for the tensor whose gradient flows through
+    it: a leaf's (its AccumulateGrad) is the leaf, another node's output an ``EdgeRoot``."""
+    xs = [x] if isinstance(x, (Tensor, graph.GradientEdge)) else list(x)
+    return [_edge(e) if isinstance(e, graph.GradientEdge) else e for e in xs]
+
+
+def _edge(e) -> Tensor | EdgeRoot:
+    if isinstance(e.node, graph.AccumulateGrad):
+        return e.node.variable
+    return EdgeRoot(e.node, e.output_nr)
 
 
 def backward(tensors, grad_tensors=None, retain_graph: bool | None = None,
              create_graph: bool = False, inputs=None) -> None:
-    """Accumulates gradients of ``tensors`` into the ``.grad`` of graph leaves."""
+    """Accumulates gradients of ``tensors`` (tensors or GradientEdges) into the ``.grad`` of
+    graph leaves (or of ``inputs``)."""
     outputs = _as_list(tensors)
     grads = _grad_list(outputs, grad_tensors)
     retain = create_graph if retain_graph is None else retain_graph
-    interpret.current().backward(outputs, grads, retain, create_graph,
-                                 None if inputs is None else _as_list(inputs))
+    if inputs is not None:
+        inputs = _as_list(inputs)
+        if any(type(t) is EdgeRoot for t in inputs):
+            raise RuntimeError("holoflow.autograd.backward: inputs= takes tensors (or the GradientEdge of a "
+                               "leaf): the gradient flowing into another node has no .grad to accumulate "
+                               "into; use autograd.grad(outputs, inputs=[edge]) to get it")
+    interpret.current().backward(outputs, grads, retain, create_graph, inputs)
 
 
 def _grad_list(outputs: list, grads) -> list:
@@ -99,9 +114,9 @@ def _grad_once(outputs, inputs, grad_outputs, retain, create_graph, allow_unused
                 if create_graph:
                     g.requires_grad_(True)
             elif not allow_unused:
-                raise RuntimeError(f"holoflow.autograd.grad: input {i} (shape {tuple(t.shape)}) was "
-                                   f"not used to compute the outputs; pass allow_unused=True if that "
-                                   f"is expected")
+                what = f"shape {tuple(t.shape)}" if isinstance(t, Tensor) else "a GradientEdge"
+                raise RuntimeError(f"holoflow.autograd.grad: input {i} ({what}) was not used to compute "
+                                   f"the outputs; pass allow_unused=True if that is expected")
         result.append(g)
     return result
 

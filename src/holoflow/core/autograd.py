@@ -124,6 +124,12 @@ def seed_grads(outputs: list, grads: list) -> list:
     from .tensor import Tensor
     seeded = []
     for i, (t, g) in enumerate(zip(outputs, grads)):
+        if type(t) is EdgeRoot:   # (a GradientEdge: the gradient given is where backward starts)
+            if not isinstance(g, Tensor):
+                raise RuntimeError(f"holoflow.autograd: output {i} is a GradientEdge (of "
+                                   f"{t.grad_fn.name()}); pass its gradient in grad_outputs / grad_tensors")
+            seeded.append(g)
+            continue
         if not t.requires_grad:
             raise RuntimeError(f"holoflow.autograd: element {i} of tensors does not require grad and "
                                f"does not have a grad_fn; call .requires_grad_() on the inputs you "
@@ -192,10 +198,12 @@ def _dependencies(roots: Sequence[GradNode]) -> tuple[dict[GradNode, int], dict[
 
 class EdgeRoot:
     """Output ``_out_idx`` of the grad node ``grad_fn`` as a root of :func:`run_backward` (what
-    it reads of a root tensor): a backward resumed from a node's incoming gradients."""
+    it reads of a root tensor): a backward resumed from a node's incoming gradients, or, as a
+    captured input, the gradient flowing into it (torch's ``GradientEdge``)."""
 
     __slots__ = ("grad_fn", "_out_idx")
-    _view = None
+    _view = _global = None
+    requires_grad = True
 
     def __init__(self, node: GradNode, index: int) -> None:
         self.grad_fn, self._out_idx = node, index
