@@ -125,7 +125,7 @@ class PipelineStage:
         self._outputs: dict = {}   # micro-batch -> its outputs (the loss's input on the last stage)
         self._results: dict = {}   # micro-batch -> the last stage's outputs, for the step's result
         self._sent: dict = {}      # micro-batch -> the (dtype, shape) of what went forward
-        self._deferred: dict = {}  # micro-batch -> (outputs, output gradients) its weight part starts from
+        self._deferred: dict = {}  # micro-batch -> (outputs, their gradients, (region, frontier, reached) or None)
         self._works: list = []
         self._local.clear()
 
