@@ -174,6 +174,16 @@ class Schedule1F1B(PipelineScheduleSingle):
         return order + [("B", s, m) for m in range(n - warmup, n)]
 
 
+def _per_round(name: str, n: int, ranks: int) -> int:
+    """The micro-batches of one round of an interleaved schedule (torch's flexible rounds: ``n``
+    in ``max(1, n // ranks)`` rounds, which must divide it)."""
+    rounds = max(1, n // ranks)
+    if n % rounds:
+        raise ValueError(f"holoflow {name}: the number of micro-batches ({n}) must be a multiple of the number "
+                         f"of rounds ({rounds}), as torch's")
+    return n // rounds
+
+
 class PipelineScheduleMulti(_PipelineSchedule):
     """A schedule of several stages per rank (stage ``i`` on the group's rank ``i % ranks``)."""
 
@@ -210,11 +220,7 @@ class ScheduleInterleaved1F1B(PipelineScheduleMulti):
     def __init__(self, stages: list, n_microbatches: int, loss_fn: Callable | None = None, **kwargs: Any) -> None:
         super().__init__(stages, n_microbatches, loss_fn, **kwargs)
         self._ranks = len(self._multi[0].group)
-        self._rounds = max(1, n_microbatches // self._ranks)
-        if n_microbatches % self._rounds:
-            raise ValueError(f"holoflow ScheduleInterleaved1F1B: the number of micro-batches ({n_microbatches}) must "
-                             f"be a multiple of the number of rounds ({self._rounds}), as torch's")
-        self._per_round = n_microbatches // self._rounds
+        self._per_round = _per_round(type(self).__name__, n_microbatches, self._ranks)
 
     def _order(self) -> list:
         v, n, per = len(self._multi), self._n_microbatches, self._per_round
@@ -396,10 +402,7 @@ class ScheduleInterleavedZeroBubble(_StageIndexSchedule):
         kwargs.pop("defer_pp_recv", None)
         super().__init__(stages, n_microbatches, loss_fn, **kwargs)
         self._ranks = len(self._multi[0].group)
-        self._rounds = max(1, n_microbatches // self._ranks)
-        if n_microbatches % self._rounds:
-            raise ValueError(f"holoflow ScheduleInterleavedZeroBubble: the number of micro-batches ({n_microbatches}) "
-                             f"must be a multiple of the number of rounds ({self._rounds}), as torch's")
+        self._per_round = _per_round(type(self).__name__, n_microbatches, self._ranks)
         self._rank = self._multi[0].stage_index % self._ranks
         if any(s.stage_index % self._ranks != self._rank for s in self._multi):
             raise ValueError(f"holoflow ScheduleInterleavedZeroBubble: stages {[s.stage_index for s in self._multi]} "
@@ -408,7 +411,7 @@ class ScheduleInterleavedZeroBubble(_StageIndexSchedule):
 
     def _rank_order(self) -> list:
         n = self._n_microbatches
-        return interleaved_zero_bubble_order(self._rank, self._ranks, len(self._multi), n, n // self._rounds)
+        return interleaved_zero_bubble_order(self._rank, self._ranks, len(self._multi), n, self._per_round)
 
 
 class _VSchedule(_StageIndexSchedule):
