@@ -74,3 +74,37 @@ def test_which_optimizers_step_pieces():
     elementwise = set(_elementwise())
     assert {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Rprop", "ASGD"} <= elementwise
     assert not {"Adafactor", "Muon"} & elementwise
+
+
+def test_a_partial_sum_parameter_steps_whole():
+    """A parameter laid out as a partial sum (its gradient too) is no sum of pieces for Adam's
+    squares: it takes the per-tensor global ops and steps as the whole tensor would."""
+    from holoflow.distributed.placement_types import Partial, Shard
+    from holoflow.dtensor import distribute_tensor
+
+    def f(r):
+        mesh = DeviceMesh("cpu", [0, 1])
+        w = distribute_tensor(flow.linspace(-1, 1, 6), mesh, [Partial()])   # (each rank half of it)
+        p = flow.nn.Parameter(w)
+        opt = flow.optim.Adam([p], lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            (p * p * p).sum().backward()
+            assert p.grad.placements == p.placements
+            opt.step()
+        group = opt.param_groups[0]   # (state laid out as the parameter too: still not pieces)
+        laid_out = {"exp_avg": p.detach() * 0, "exp_avg_sq": p.detach() * 0}
+        assert all(v.placements == p.placements for v in laid_out.values())
+        assert not opt._on_shards(group, [p], [p.grad], [laid_out])
+        row = flow.nn.Parameter(distribute_tensor(flow.linspace(-1, 1, 6), mesh, [Shard(0)]))
+        row.grad = row.detach() * 2
+        assert opt._on_shards(group, [row], [row.grad], [{"exp_avg": row.detach() * 0}])
+        return p.full_tensor().detach().numpy()
+    want = flow.nn.Parameter(flow.linspace(-1, 1, 6))
+    opt = flow.optim.Adam([want], lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        (want * want * want).sum().backward()
+        opt.step()
+    for got in world.simulate(2, f):
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-6, atol=1e-7)

@@ -29,6 +29,7 @@ import torch
 from ..core import grad_mode
 from ..core.interpret import is_lazy
 from ..core.errors import UnsupportedError
+from ..core.sbp import P
 from ..core.tensor import Tensor, clear_grads
 from ..distributed.global_tensor import make_global
 from ..nn.hooks import RemovableHandle
@@ -310,13 +311,14 @@ class Optimizer:
     def _on_shards(self, group: dict, params: list, grads: list, states: list) -> bool:
         """Whether eager global parameters step by the foreach lowering on each rank's pieces:
         the rule is elementwise (the class keeps the shared ``_step_foreach``), and every
-        gradient and state tensor is laid out as its parameter (FSDP's shards, replicas), so a
-        piece's update is that piece of the update (torch steps DTensors by foreach ops too)."""
+        gradient and state tensor is laid out as its parameter (FSDP's shards, replicas; no
+        partial sums), so a piece's update is that piece of the update (torch steps DTensors by
+        foreach ops too)."""
         if group.get("foreach") is False or is_lazy() or type(self)._step_foreach is not Optimizer._step_foreach:
             return False
         for p, g, st in zip(params, grads, states):
-            layout = _layout(p)
-            if layout is None or p.is_complex() or _layout(g) != layout:
+            layout = _layout(p)   # (a partial-sum piece is no piece of the value: Adam squares it)
+            if layout is None or P in layout[1] or p.is_complex() or _layout(g) != layout:
                 return False
             if any(_layout(v) != layout for v in st.values() if isinstance(v, Tensor) and v.dim()):
                 return False
