@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import holoflow as flow
+from holoflow.core.errors import UnsupportedError
 from holoflow.distributed import world
 from holoflow.distributed.device_mesh import DeviceMesh
 from holoflow.dtensor.fsdp import fully_shard
@@ -78,7 +79,8 @@ def test_which_optimizers_step_pieces():
 
 def test_a_partial_sum_parameter_steps_whole():
     """A parameter laid out as a partial sum (its gradient too) is no sum of pieces for Adam's
-    squares: it takes the per-tensor global ops and steps as the whole tensor would."""
+    squares: it takes the per-tensor global ops and steps as the whole tensor would (a state laid
+    out as it does not let it through); fused=True, which runs on pieces, refuses it."""
     from holoflow.distributed.placement_types import Partial, Shard
     from holoflow.dtensor import distribute_tensor
 
@@ -96,6 +98,9 @@ def test_a_partial_sum_parameter_steps_whole():
         laid_out = {"exp_avg": p.detach() * 0, "exp_avg_sq": p.detach() * 0}
         assert all(v.placements == p.placements for v in laid_out.values())
         assert not opt._on_shards(group, [p], [p.grad], [laid_out])
+        fused = flow.optim.Adam([p], lr=0.1, fused=True)
+        with pytest.raises(UnsupportedError, match="parameter 0 is laid out as a partial sum .* leave fused=None"):
+            fused.step()
         row = flow.nn.Parameter(distribute_tensor(flow.linspace(-1, 1, 6), mesh, [Shard(0)]))
         row.grad = row.detach() * 2
         assert opt._on_shards(group, [row], [row.grad], [{"exp_avg": row.detach() * 0}])

@@ -455,6 +455,10 @@ def _check_aligned(name: str, params: list, grads: list, states: list) -> None:
     parameter (FSDP's are)."""
     for i, (p, g, st) in enumerate(zip(params, grads, states)):
         want = None if p._global is None else (p._global.placement, tuple(p._global.sbp))
+        if want is not None and P in want[1]:
+            raise UnsupportedError(f"holoflow.optim.{name}: fused=True runs on each rank's shards, and parameter "
+                                   f"{i} is laid out as a partial sum ({want[1]}), whose pieces are no pieces of "
+                                   f"its value; leave fused=None")
         for what, t in [("gradient", g), *((k, v) for k, v in st.items() if isinstance(v, Tensor) and v.dim())]:
             got = None if t._global is None else (t._global.placement, tuple(t._global.sbp))
             if got != want:
