@@ -9,7 +9,8 @@ and graph share one update rule.
   the step on inf/nan) and ``scaler.update()``, then publishes the new scale to the tensor the
   traced loss scaling reads; under ZeRO the gradients are shards, so that effect unscales them,
   sums the inf/nan count over the ranks (every rank skips, or steps, alike) and runs the sharded
-  updates itself;
+  updates itself; a pipeline stage runs its share of that effect (its parameters' updates), the
+  count summed over every stage;
 - an optimizer with step hooks (``register_step_pre_hook`` / ``register_step_post_hook``, or
   every optimizer's) gets an effect running its pre hooks before its updates and one running its
   post hooks after them, once per graph step as eager's ``opt.step()`` (with a grad scaler: when
@@ -22,6 +23,7 @@ and graph share one update rule.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,10 +33,11 @@ from ..core.errors import HoloflowError
 from ..core.sbp import B
 from ..core.tensor import Tensor
 from ..distributed import world
+from ..distributed.comm_check import call_site
 from ..distributed.global_tensor import make_global
 from ..distributed.sharding import shard_of
 from ..optim.optimizer import has_step_hooks, run_step_post_hooks, run_step_pre_hooks
-from .step_book import StepBook, booking
+from .step_book import StepBook, booking, count_step
 from .zero import sharded_update
 
 
@@ -121,7 +124,6 @@ def _scaler_update(scaler, optimizers: list, params: list, scale: Tensor):
             for p, g in zip(params, saved):
                 p.grad = g
         scale._data.copy_(scaler._scale._data)
-    update.scaler, update.optimizers, update.params, update.scale = scaler, optimizers, params, scale  # pipelines
     return update
 
 
@@ -145,31 +147,65 @@ def finish_scaler_step(scaler, found_inf: bool, scale: Tensor) -> None:
     scale._data.copy_(scaler._scale._data)
 
 
+def rank_sum(ranks: tuple, rank: int | None = None, comm: Any = None):
+    """A function summing a float over ``ranks`` (one scalar gather; each of them calls it once,
+    in the same order): a scaler update's inf/nan count. ``rank`` and ``comm`` default to the
+    caller's, read now, as the sum runs on a runtime thread."""
+    rank = world.rank() if rank is None else rank
+    comm = world.comm() if comm is None else comm
+
+    def total(x: float) -> float:
+        if len(ranks) < 2:
+            return float(x)
+        # pipeline stages call it from their own update programs, at different lines
+        with world.acting_as(rank, comm), call_site("GradScaler: the inf/nan count of every rank"):
+            return float(sum(comm.all_gather_shapes(float(x), ranks)))
+    return total
+
+
 def _zero_scaler_update(scaler, updates: list, scale: Tensor, ranks: tuple, optimizers: list = (),
-                        params: list = (), sbps: list = ()):
+                        params: list = (), sbps: list = (), sync: Any = None):
     """``scaler.step(opt); scaler.update()`` on global parameters (under ZeRO or not): the
     gradients are this rank's shards (or whole), so the inf/nan count is summed over ``ranks``
-    before every rank decides to step (the updates, sharded ones with their all-gathers, between
-    ``optimizers``' step hooks, which see the unscaled gradients of ``params`` (nd-SBPs ``sbps``) as
-    their ``.grad``) or to skip. ``updates``: (update, gradient indices)."""
+    (or by ``sync``: a pipeline's sum over every stage) before every rank decides to step or to
+    skip. A step runs, for each of ``optimizers`` as eager's ``opt.step()``, its pre hooks, its
+    updates (sharded ones with their all-gathers) and its post hooks; the hooks see the unscaled
+    gradients of ``params`` (nd-SBPs ``sbps``) as their ``.grad``. ``updates``: (optimizer,
+    update, gradient indices), each update over one placement. ``kernel.share(indices, sync)``:
+    a pipeline stage's share, the updates of the parameters at ``indices``, summing with ``sync``."""
     rank, comm = world.rank(), world.comm()
+    total = sync if sync is not None else rank_sum(ranks, rank, comm)
 
     def update(*grads):
-        bad = unscale_count(scaler, grads)
-        if len(ranks) > 1:
-            with world.acting_as(rank, comm):   # the update runs on a runtime thread
-                bad = float(sum(comm.all_gather_shapes(bad, ranks)))
+        bad = total(unscale_count(scaler, grads))
         if not bad:   # eager's scaler.step(opt) runs opt.step(), with its hooks, only when finite
-            with world.acting_as(rank, comm), grads_as_dot_grad(params, sbps, grads):
-                for opt in optimizers:
+            for opt in optimizers:
+                with world.acting_as(rank, comm), grads_as_dot_grad(params, sbps, grads):
                     run_step_pre_hooks(opt, (opt,), {}, f"a step pre-hook of {type(opt).__name__}")
-            for fn, idx in updates:   # (booking each optimizer's step once)
-                fn(*(grads[i] for i in idx))
-            with world.acting_as(rank, comm), grads_as_dot_grad(params, sbps, grads):
-                for opt in optimizers:
+                for fn, idx in [(fn, idx) for o, fn, idx in updates if o is opt]:   # (booking its step once)
+                    fn(*(grads[i] for i in idx))
+                with world.acting_as(rank, comm), grads_as_dot_grad(params, sbps, grads):
                     run_step_post_hooks(opt, (opt,), {})
         finish_scaler_step(scaler, bad > 0, scale)
+
+    def share(here: list, stage_sync: Any):
+        at = {i: j for j, i in enumerate(here)}
+        mine = []
+        for opt, fn, idx in updates:
+            if any(i in at for i in idx) and not all(i in at for i in idx):
+                raise HoloflowError(f"holoflow.nn.Graph: the update {fn.__name__!r} reads gradients of several "
+                                    f"pipeline stages and cannot be split by stage")
+            if idx and idx[0] in at:
+                mine.append((opt, fn, [at[i] for i in idx]))
+        for opt in optimizers:   # a stage holding none of opt's parameters counts its step too, as eager's
+            if not any(o is opt for o, _, _ in mine):
+                mine.append((opt, partial(count_step, opt), []))
+        part = _zero_scaler_update(scaler, mine, scale, ranks, optimizers, [params[i] for i in here],
+                                   [sbps[i] for i in here], stage_sync)
+        part.__name__ = update.__name__
+        return part
     update.__name__ = "grad_scaler_zero_update"
+    update.share = share   # for pipeline stages (passes/stages.py)
     return update
 
 
@@ -250,20 +286,15 @@ def add_optimizer_updates(tracer, optimizers: list, scaler=None, scale: Tensor |
                 for ps in _by_placement([p for p in group["params"] if p.grad is not None]):
                     fn = sharded_update(opt, gi, ps, zero, book) if zero is not None and \
                         any(zero.sharded(p) for p in ps) else _group_update(opt, gi, ps, book)
-                    updates.append((fn, list(range(len(params), len(params) + len(ps)))))
+                    updates.append((opt, fn, list(range(len(params), len(params) + len(ps)))))
                     params += ps
         ranks = tuple(sorted({r for p in params if p._global is not None for r in p._global.placement.flat_ranks}))
         grads = _graph_grads(params)
         sbps = [g._global.sbp if g._global is not None else None for g in grads]
         update = _zero_scaler_update(scaler, updates, scale, ranks, [o for o, _ in optimizers], params, sbps)
-        if zero is not None:
-            update.zero_scaler = True   # pipelines cannot split it by stage (passes/stages.py)
-        else:   # pipelines split it by stage as the local scaler update (passes/stages.py)
-            update.__name__ = "grad_scaler_update"
-            update.scaler, update.optimizers, update.params, update.scale, update.sbps = \
-                scaler, [o for o, _ in optimizers], params, scale, sbps
-        tracer.effect("grad_scaler_zero_update" if zero is not None else "grad_scaler_update",
-                      tuple(grads), {}, update)
+        name = "grad_scaler_zero_update" if zero is not None else "grad_scaler_update"
+        update.__name__ = name
+        tracer.effect(name, tuple(grads), {}, update)
     elif scaler is not None:   # scaler.step(opt) runs opt.step(), hooks included
         params = [p for opt, _ in optimizers for g in opt.param_groups for p in g["params"] if p.grad is not None]
         tracer.effect("grad_scaler_update", tuple(_graph_grads(params)), {},

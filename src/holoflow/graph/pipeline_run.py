@@ -16,7 +16,6 @@ import torch.distributed as dist
 
 from ..core.errors import HoloflowError, UnsupportedError
 from ..core.tensor import Tensor
-from ..distributed import world
 from ..distributed.global_tensor import make_global
 from ..distributed.sharding import local_shape, nd_str
 from ..runtime import Plan, Runtime, TaskSpec
@@ -24,6 +23,7 @@ from ..runtime.timeline import write_merged
 from .global_graph import localize
 from ..ops.conversion import CLONE
 from .ir import IRGraph, Node, Task, Value, _Gen, program, wire_tasks
+from .optimizer import rank_sum
 from .passes.stages import (check_stages, phases, rank_graph, split_weight_grads, split_weight_grads_within,
                             undo_clobbering, work)
 from .pipeline import batch_blocks, pack, row_blocks, split_local, splits_rows
@@ -138,18 +138,12 @@ class PipelineCompiled:
         ph = phases(logical)
         check_stages(logical, placements, ph)
         _check_step_outputs(logical, ph, m)
-        self.rg = rank_graph(logical, placements, ph, rank, _UMoves(comm, rank), self._sync_sum)
+        # a grad scaler's inf/nan count, summed over every stage's ranks (once per step by each)
+        every = tuple(sorted({r for p in placements for r in p.flat_ranks}))
+        self.rg = rank_graph(logical, placements, ph, rank, _UMoves(comm, rank), rank_sum(every, rank, comm))
         self.lowered, self.program = _Lowered([]), _Source("# this rank holds no pipeline stage\n")
         if self.rg is not None:
             self._build()
-
-    def _sync_sum(self, x: float) -> float:
-        """``x`` summed over every stage's ranks (called once per step by each of them)."""
-        ranks = tuple(sorted({r for p in self.placements for r in p.flat_ranks}))
-        if len(ranks) < 2:
-            return float(x)
-        with world.acting_as(self.rank, self.comm):   # the update runs on a runtime thread
-            return float(sum(self.comm.all_gather_shapes(float(x), ranks)))
 
     # -- building ------------------------------------------------------------------------------------
     def _build(self) -> None:

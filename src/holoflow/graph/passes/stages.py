@@ -17,11 +17,8 @@ from typing import Any
 
 from ...core.errors import HoloflowError, UnsupportedError
 from ...core.registry import REGISTRY
-from ...distributed import world
 from ..ir import AliasGroups, IRGraph, Node, Value
-from ..optimizer import _group_update, finish_scaler_step, grads_as_dot_grad, unscale_count
-from ..step_book import count_step
-from ...optim.optimizer import run_step_post_hooks, run_step_pre_hooks
+from ..optimizer import _group_update
 
 STAGE = "stage"   # the family of a move between stages' placements (graph/pipeline.py's stage_move)
 
@@ -164,20 +161,17 @@ def check_stages(g: IRGraph, placements: list, ph: dict) -> None:
 def _effect_share(n: Node, mine, places: dict, sync: Any = None) -> Node | None:
     """An optimizer effect over parameters of several stages, restricted to this stage's: the
     optimizer's own update on those parameters (None if it has none); a grad scaler's update
-    becomes this stage's share of it, with the inf check summed over every stage (``sync``)."""
+    (under ZeRO or not) becomes this stage's share of it, every stage's inf checks summed by
+    ``sync`` (graph/optimizer.py's ``_zero_scaler_update``)."""
     vals = n.value_inputs()
     here = [i for i, v in enumerate(n.inputs)
             if isinstance(v, Value) and (v.placement or places.get(v)) in (None, mine)]
     k = n.kernel
-    if getattr(k, "scaler", None) is not None:
+    share = getattr(k, "share", None)
+    if share is not None:   # every stage runs its share, to step or skip with the others
         if sync is None:
             raise UnsupportedError("holoflow.nn.Graph: a GradScaler with pipeline stages needs the pipeline runner")
-        sbps = getattr(k, "sbps", None) or [None] * len(k.params)
-        return n.with_(inputs=tuple(n.inputs[i] for i in here),
-                       kernel=_stage_scaler_update(k, [k.params[i] for i in here], [sbps[i] for i in here], sync))
-    if getattr(k, "zero_scaler", False):
-        raise UnsupportedError("holoflow.nn.Graph: ZeRO together with a GradScaler is not supported with pipeline "
-                               "stages yet; use bfloat16 autocast (no scaler), or ZeRO without stages")
+        return n.with_(inputs=tuple(n.inputs[i] for i in here), kernel=share(here, sync))
     if len(here) == len(n.inputs) or not vals:
         return n
     restrict = getattr(k, "restrict", None)
@@ -187,38 +181,9 @@ def _effect_share(n: Node, mine, places: dict, sync: Any = None) -> Node | None:
         return None
     if getattr(k, "params", None) is None or len(k.params) != len(n.inputs):
         raise HoloflowError(f"holoflow.nn.Graph: the update {n.op!r} reads gradients of several pipeline stages "
-                            f"and cannot be split by stage (ZeRO with a grad scaler is not supported)")
+                            f"and cannot be split by stage")
     part = _group_update(k.opt, k.group_index, [k.params[i] for i in here], getattr(k, "book", None))
     return n.with_(inputs=tuple(n.inputs[i] for i in here), kernel=part)
-
-
-def _stage_scaler_update(k: Any, params: list, sbps: list, sync: Any):
-    """One stage's ``scaler.step(opt); scaler.update()`` (``k``: graph/optimizer.py's scaler
-    update): unscale this stage's gradients, count the non-finite ones, sum that count over every
-    stage (``sync``: one scalar all-reduce per step), then step this stage's parameters unless
-    some stage found inf/nan; every rank updates the scale the same way. The optimizers' step
-    hooks run around the update seeing the unscaled gradients of ``params`` (nd-SBPs ``sbps``) as
-    their ``.grad``, as torch's ``scaler.step(opt)`` hands them to ``opt.step()``."""
-    scaler, optimizers, scale = k.scaler, k.optimizers, k.scale
-    rank, comm = world.rank(), world.comm()   # the update runs on a runtime thread
-
-    def update(*grads):
-        found = sync(unscale_count(scaler, grads)) > 0
-        if not found:   # the optimizers' own update on this stage's parameters (as without a scaler)
-            grad_of = {id(p): g for p, g in zip(params, grads)}
-            for opt in optimizers:
-                with world.acting_as(rank, comm), grads_as_dot_grad(params, sbps, grads):
-                    run_step_pre_hooks(opt, (opt,), {}, f"a step pre-hook of {type(opt).__name__}")
-                for gi, group in enumerate(opt.param_groups):
-                    ps = [p for p in group["params"] if id(p) in grad_of]
-                    if ps:
-                        _group_update(opt, gi, ps)(*(grad_of[id(p)] for p in ps))
-                count_step(opt)
-                with world.acting_as(rank, comm), grads_as_dot_grad(params, sbps, grads):
-                    run_step_post_hooks(opt, (opt,), {})
-        finish_scaler_step(scaler, found, scale)
-    update.__name__ = "grad_scaler_stage_update"
-    return update
 
 
 @dataclass
