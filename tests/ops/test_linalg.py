@@ -42,6 +42,11 @@ CASES += [
     Case("linear-nobias", flow.linear, F.linear, ins((2, 3, 4), (5, 4))),
     Case("linear-1d-input", flow.linear, F.linear, ins((4,), (5, 4), (5,))),
     Case("linear-zero-batch", flow.linear, F.linear, ins((0, 4), (5, 4), (5,))),
+    # (no input or no output features, as AdaptiveLogSoftmaxWithLoss's narrow tails are: the
+    # backward's reshape(-1, 0) raised)
+    Case("linear-zero-in-features", flow.linear, F.linear, ins((2, 3, 0), (5, 0), (5,))),
+    Case("linear-zero-out-features", flow.linear, F.linear, ins((2, 3, 4), (0, 4), (0,))),
+    Case("linear-zero-features-1d-input", flow.linear, F.linear, ins((0,), (5, 0))),
 ]
 EINSUMS = [("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
            ("i,j->ij", [(3,), (4,)]), ("ij->ji", [(3, 4)]), ("ij->", [(3, 4)]), ("ij->j", [(3, 4)]),
@@ -149,3 +154,25 @@ def test_rmatmul_and_linalg_namespace():
     torch.testing.assert_close(flow.linalg.matmul(flow.from_torch(a), flow.from_torch(b)).to_torch(), a @ b)
     torch.testing.assert_close(flow.linalg.vecdot(flow.from_torch(a), flow.from_torch(a)).to_torch(),
                                torch.linalg.vecdot(a, a))
+
+
+@pytest.mark.parametrize("shape", [(3, 0, 5), (3, 4, 0)], ids=["no-inputs", "no-outputs"])
+def test_compiled_linear_plus_residual_with_no_features_matches_torch(shape):
+    """A traced ``linear(x) + r`` (its gradient ops, and the add-to-output fusion) with zero input
+    or output features: tracing raised in linear_grad_weight's reshape(-1, 0) and fell back to eager."""
+    import warnings
+    n, i, o = shape
+    x, w, b, r = (torch.randn(*s, dtype=torch.float64) for s in ((n, i), (o, i), (o,), (n, o)))
+
+    def f(lib, x, w, b, r):
+        return (lib.nn.functional.linear(x, w, b) + r).sin().sum()
+    tx, tw, tb, tr = (t.clone().requires_grad_() for t in (x, w, b, r))
+    f(torch, tx, tw, tb, tr).backward()
+    fx, fw, fb, fr = (flow.from_torch(t.clone()).requires_grad_() for t in (x, w, b, r))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled = flow.compile(lambda *a: f(flow, *a))
+        out = compiled(fx, fw, fb, fr)
+    out.backward()
+    for got, want in ((fx, tx), (fw, tw), (fb, tb), (fr, tr)):
+        torch.testing.assert_close(got.grad.to_torch(), want.grad)

@@ -407,9 +407,14 @@ def _lgi_kernel(dy, w):
     return torch.matmul(dy, w)
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a matrix of its last dim's rows (``reshape(-1, n)``, which cannot infer the row
+    count when ``n`` is 0: a Linear with no inputs or no outputs, as AdaptiveLogSoftmax makes)."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
 def _lgw_kernel(dy, x):
-    o, i = dy.shape[-1], x.shape[-1]
-    return torch.mm(dy.reshape(-1, o).t(), x.reshape(-1, i))
+    return torch.mm(_rows(dy).t(), _rows(x))
 
 
 def _lgi_grad(c, g):  # out = dy @ w
@@ -466,10 +471,10 @@ def _linear_bwd_kernel(dy, x, w, output_mask):
     mask switches off is zeros (an expanded scalar). ``x`` (``w``) is None where only ``x``'s
     (``w``'s) gradient is wanted: linear saves what the wanted gradients read."""
     o = dy.shape[-1]
-    dy2 = dy.reshape(-1, o)
+    dy2 = _rows(dy)
     dx = torch.matmul(dy, w) if output_mask[0] else \
         _zeros(dy.shape[:-1] + (w if w is not None else x).shape[-1:], dy)
-    dw = torch.mm(dy2.t(), x.reshape(-1, x.shape[-1])) if output_mask[1] else \
+    dw = torch.mm(dy2.t(), _rows(x)) if output_mask[1] else \
         _zeros((o, (x if x is not None else w).shape[-1]), dy)
     db = dy2.sum(0) if output_mask[2] else _zeros((o,), dy)
     return dx, dw, db
@@ -509,7 +514,7 @@ def _linear_add_to_output(shapes: tuple, beta, alpha):
         return None
 
     def linear_add(x, w, bias, r):
-        out = torch.addmm(r.reshape(-1, r.shape[-1]), x.reshape(-1, x.shape[-1]), w.t(),
+        out = torch.addmm(_rows(r), _rows(x), w.t(),
                           beta=beta, alpha=alpha).reshape(r.shape)
         return out if bias is None else out.add_(bias, alpha=alpha)
     return linear_add
