@@ -121,6 +121,22 @@ CASES = [
     Case("searchsorted-batched", lambda s, v: flow.searchsorted(s, v), lambda s, v: torch.searchsorted(s, v),
          lambda dt, g: ((torch.sort(randn(3, 5, gen=g, dtype=dt), -1).values, randn(3, 2, gen=g, dtype=dt)), {}),
          grad=False),
+    # (sorter and a number as the value were TypeErrors; a bad side was read as 'left')
+    Case("searchsorted-sorter", lambda s, v, o: (flow.searchsorted(s, v, sorter=o),
+                                                 flow.searchsorted(s, v, side="right", sorter=o)),
+         lambda s, v, o: (torch.searchsorted(s, v, sorter=o), torch.searchsorted(s, v, side="right", sorter=o)),
+         lambda dt, g: ((torch.tensor([[3.0, 1.0, 2.0, 1.0], [0.0, 5.0, 4.0, -2.0]], dtype=dt),
+                         torch.tensor([[1.0, 2.5, 9.0], [4.0, -3.0, 0.5]], dtype=dt),
+                         torch.tensor([[1, 3, 2, 0], [3, 0, 2, 1]])), {}),
+         grad=False),
+    Case("searchsorted-sorter-1d", lambda s, v, o: flow.searchsorted(s, v, sorter=o, out_int32=True),
+         lambda s, v, o: torch.searchsorted(s, v, sorter=o, out_int32=True),
+         lambda dt, g: ((torch.tensor([3.0, 1.0, 2.0, 0.0], dtype=dt), torch.tensor([[1.5, 2.0], [-1.0, 4.0]], dtype=dt),
+                         torch.tensor([3, 1, 2, 0])), {}),
+         grad=False),
+    Case("searchsorted-number", lambda s: (flow.searchsorted(s, 1.0), flow.searchsorted(s, 1, side="right")),
+         lambda s: (torch.searchsorted(s, 1.0), torch.searchsorted(s, 1, side="right")),
+         lambda dt, g: ((torch.tensor([0.0, 1.0, 1.0, 3.0], dtype=dt),), {}), grad=False),
 ]
 
 
@@ -309,3 +325,19 @@ def test_sort_returns_namedtuple():
 def test_masked_fill_rejects_non_scalar_tensor_value():
     with pytest.raises(ValueError, match=r"holoflow\.masked_fill: value must be a number or a 0-d tensor"):
         flow.masked_fill(flow.zeros(3), flow.tensor([True, False, True]), flow.ones(3))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(side="middle"), "side can only be 'left' or 'right'"),
+    (dict(side="left", right=True), "side and right can't be set to opposites"),
+    (dict(sorter=[3.0, 1.0, 2.0, 0.0]), "sorter must be a tensor of long dtype"),
+    (dict(sorter=[3, 1, 2]), "boundary and sorter must have the same size"),
+])
+def test_searchsorted_refuses_torchs_bad_arguments(kwargs, match):
+    """(a side other than 'left'/'right' was read as 'left', a side contradicting right won)"""
+    for lib in (torch, flow):
+        kw = {k: lib.tensor(v) if k == "sorter" else v for k, v in kwargs.items()}
+        with pytest.raises(RuntimeError, match=match):
+            lib.searchsorted(lib.tensor([3.0, 1.0, 2.0, 0.0]), lib.tensor([1.5]), **kw)
+    with pytest.raises(RuntimeError, match="scalar only when boundaries tensor dimension is 1"):
+        flow.searchsorted(flow.zeros(2, 3), 1.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..core.dispatch import apply
+from ..core.dtype import int64 as _int64
 from ..core.errors import HoloflowError, normalize_dim
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
@@ -79,25 +80,52 @@ def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False,  # 
 
 
 def _searchsorted_sbp(metas, attrs):
-    seq, vals = metas
-    sigs = [((B, B), (B,))]
+    """(sorted_sequence, values[, sorter]): a 1-D sequence (and its sorter) is broadcast to
+    every split of the values; an N-D one splits with the values on any batch axis."""
+    seq, vals = metas[0], metas[1]
+    n = 2 if metas[2] is None else 3
+
+    def sig(seq_sbp, vals_sbp, out):
+        return ((seq_sbp, vals_sbp, seq_sbp)[:n], (out,))
+    sigs = [sig(B, B, B)]
     if len(seq.shape) == 1:
-        return sigs + [((B, S(a)), (S(a),)) for a in range(len(vals.shape))]
-    return sigs + [((S(a), S(a)), (S(a),)) for a in range(len(seq.shape) - 1)]
+        return sigs + [sig(B, S(a), S(a)) for a in range(len(vals.shape))]
+    return sigs + [sig(S(a), S(a), S(a)) for a in range(len(seq.shape) - 1)]
 
 
-SEARCHSORTED = defop("searchsorted",
-                     lambda seq, vals, out_int32, right: torch.searchsorted(seq, vals.contiguous(), out_int32=out_int32,
-                                                                             right=right),
-                     sbp=_searchsorted_sbp, family="sorting", differentiable=False)
+def _searchsorted_kernel(seq, vals, sorter, out_int32, right):
+    return torch.searchsorted(seq, vals.contiguous(), out_int32=out_int32, right=right, sorter=sorter)
 
 
-def searchsorted(sorted_sequence: Tensor, input: Tensor, *, out_int32: bool = False, right: bool = False,
-                 side: str | None = None) -> Tensor:
-    """Insertion points of ``input`` into the last dim of ``sorted_sequence``."""
+SEARCHSORTED = defop("searchsorted", _searchsorted_kernel, sbp=_searchsorted_sbp, family="sorting",
+                     differentiable=False)
+
+
+def searchsorted(sorted_sequence: Tensor, input, *, out_int32: bool = False, right: bool = False,
+                 side: str | None = None, sorter: Tensor | None = None) -> Tensor:
+    """Insertion points of ``input`` (a tensor or a number) into the last dim of
+    ``sorted_sequence``, as ``torch.searchsorted``; with ``sorter`` (int64 indices that sort that
+    dim) the sequence need not be sorted."""
     if side is not None:
+        if side not in ("left", "right"):
+            raise RuntimeError(f"holoflow.searchsorted: side can only be 'left' or 'right' but got {side!r}")
+        if side == "left" and right:
+            raise RuntimeError("holoflow.searchsorted: side and right can't be set to opposites, got side of "
+                               "left while right was True")
         right = side == "right"
-    return apply(SEARCHSORTED, sorted_sequence, input, out_int32=out_int32, right=right)
+    if not isinstance(input, Tensor):   # a number: a 0-d tensor, allowed with a 1-D sequence only (torch's rule)
+        if sorted_sequence.dim() != 1:
+            raise RuntimeError(f"holoflow.searchsorted: input value can be a scalar only when boundaries tensor "
+                               f"dimension is 1, but got boundaries of shape {tuple(sorted_sequence.shape)}")
+        input = Tensor._make(torch.tensor(input, device=sorted_sequence._data.device))
+    if sorter is not None:
+        if sorter.dtype is not _int64:
+            raise RuntimeError(f"holoflow.searchsorted: sorter must be a tensor of long dtype but got {sorter.dtype}")
+        if tuple(sorter.shape) != tuple(sorted_sequence.shape):
+            raise RuntimeError(f"holoflow.searchsorted: boundary and sorter must have the same size, but got "
+                               f"boundaries of shape {tuple(sorted_sequence.shape)} and sorter of shape "
+                               f"{tuple(sorter.shape)}")
+    return apply(SEARCHSORTED, sorted_sequence, input, sorter, out_int32=bool(out_int32), right=bool(right))
 
 
 Tensor.sort = sort
