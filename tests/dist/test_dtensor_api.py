@@ -436,6 +436,60 @@ for name, fn in CASES.items():
 '''
 
 
+UNEVEN = '''
+from torch.distributed.fsdp import fully_shard
+mesh = init_device_mesh("cpu", (4,))   # sizes that 4 ranks split unevenly: torch.chunk's pieces
+rank = dist.get_rank()
+A = torch.arange(30.0).reshape(5, 6) / 10
+for n in (1, 2, 3, 5, 6, 7, 9, 10):
+    d = distribute_tensor(torch.arange(float(n * 3)).reshape(n, 3), mesh, [Shard(0)])
+    OUT[f"rows{n}"] = [list(d.to_local().shape), r6(d.to_local())]
+a = distribute_tensor(A, mesh, [Shard(0)]).requires_grad_()
+OUT["a_local"] = [list(a.to_local().shape), r6(a.to_local())]
+b = a.redistribute(mesh, [Shard(1)])
+OUT["s0_to_s1"] = [list(b.to_local().shape), r6(b.to_local())]
+c = distribute_tensor(torch.arange(12.0).reshape(6, 2), mesh, [Shard(1)])
+OUT["two_cols"] = [list(c.to_local().shape), r6(c.redistribute(mesh, [Shard(0)]).to_local())]
+y = (a * 2 + 1).relu().sum(1)
+OUT["rowsum"] = [str(y.placements), list(y.to_local().shape), r6(y.full_tensor())]
+z = a @ distribute_tensor(torch.ones(6, 3), mesh, [Replicate()])
+OUT["mm"] = [str(z.placements), list(z.to_local().shape), r6(z.full_tensor())]
+(y.sum() + z.sum()).backward()
+OUT["grad"] = [str(a.grad.placements), list(a.grad.to_local().shape), r6(a.grad.to_local())]
+# from_local with torch.chunk's pieces and the logical shape given
+pieces = torch.arange(30.0).reshape(10, 3).chunk(4)
+mine = pieces[rank] if rank < len(pieces) else torch.empty(0, 3)
+fl = DTensor.from_local(mine, mesh, [Shard(0)], shape=torch.Size([10, 3]), stride=(3, 1))
+OUT["from_local"] = [list(fl.shape), r6(fl.full_tensor()), r6(fl.redistribute(mesh, [Shard(1)]).to_local())]
+# FSDP2 on uneven parameters: 5 rows over 4 ranks (2,2,1,0), 10 (3,3,3,1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 10), nn.Tanh(), nn.Linear(10, 2))
+for layer in (model[0], model[2]):
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+OUT["fsdp_layouts"] = {k: [str(p.placements), list(p.to_local().shape), r6(p.to_local())] for k, p in model.named_parameters()}
+opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+gen = torch.Generator().manual_seed(10 + rank)
+x, t = torch.randn(4, 3, generator=gen), torch.randn(4, 2, generator=gen)
+losses = []
+for _ in range(3):
+    opt.zero_grad()
+    loss = ((model(x) - t) ** 2).mean()
+    loss.backward()
+    opt.step()
+    losses.append(round(loss.item(), 5))
+OUT["fsdp_losses"] = losses
+OUT["fsdp_after"] = {k: [list(p.to_local().shape), r6(p.to_local()), list(p.grad.to_local().shape)] for k, p in model.named_parameters()}
+OUT["fsdp_sd"] = {k: [list(v.to_local().shape)] for k, v in model.state_dict().items()}
+# a 2x2 mesh: a dim split on both mesh dims is chunked on the first, then each piece on the second
+mesh2 = init_device_mesh("cpu", (2, 2))
+for name, pl in (("S0S0", [Shard(0), Shard(0)]), ("S0S1", [Shard(0), Shard(1)]), ("S1S0", [Shard(1), Shard(0)])):
+    d = distribute_tensor(torch.arange(35.0).reshape(5, 7), mesh2, pl)
+    OUT[name] = [list(d.to_local().shape), r6(d.to_local()),
+                 r6(d.redistribute(mesh2, [Shard(1), Shard(1)]).to_local()), r6((d * 2).sum(1).full_tensor())]
+'''
+
+
 def _run(tmp_path, lib: str, name: str, body: str, ranks: int) -> dict:
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(HEADER) + textwrap.dedent(body) + textwrap.dedent(FOOTER))
@@ -460,8 +514,9 @@ def _compare(got: dict, want: dict) -> None:
 
 
 @pytest.mark.parametrize("name, body, ranks", [("basics", BASICS, 2), ("tp_mlp", TP_MLP, 2),
-                                               ("mesh_2d", MESH_2D, 4), ("fsdp", FSDP, 2), ("dcp", DCP, 2)],
-                         ids=["basics", "tp_mlp", "mesh_2d", "fsdp", "dcp"])
+                                               ("mesh_2d", MESH_2D, 4), ("fsdp", FSDP, 2), ("dcp", DCP, 2),
+                                               ("uneven", UNEVEN, 4)],
+                         ids=["basics", "tp_mlp", "mesh_2d", "fsdp", "dcp", "uneven"])
 def test_dtensor_script_equals_torch(tmp_path, name, body, ranks):
     want = _run(tmp_path, "torch", name, body, ranks)
     got = _run(tmp_path, "holoflow", name, body, ranks)

@@ -22,8 +22,11 @@ def test_mesh_is_the_placement_of_its_ranks_and_slices_by_name():
     def f(r):
         mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
         tp, dp = mesh["tp"], mesh["dp"]
-        assert mesh == flow.placement("cpu", ranks=[[0, 1], [2, 3]]) and hash(mesh) == hash(
-            flow.placement("cpu", ranks=[[0, 1], [2, 3]]))
+        # a placement of its ranks under torch's conventions, so not OneFlow's placement of them
+        # (an uneven split gives other shards); meshes of the same ranks are equal whatever their names
+        same = DeviceMesh("cpu", [[0, 1], [2, 3]])
+        assert isinstance(mesh, flow.placement) and mesh.hierarchy == (2, 2)
+        assert mesh != flow.placement("cpu", ranks=[[0, 1], [2, 3]]) and mesh == same and hash(mesh) == hash(same)
         swapped = mesh["tp", "dp"]
         # whole values of a sub-mesh tensor come from its own ranks (each row holds another tensor)
         row = distribute_tensor(flow.arange(4.0) + 10 * mesh.get_local_rank("dp"), tp, [Shard(0)], src_data_rank=None)
@@ -232,7 +235,6 @@ def _fsdp_run(r, mesh_ranks, weights, xs, mp=None, placement_fn=None, offload=No
         {k: p.placements for k, p in m.named_parameters() if p.is_global}
 
 
-@pytest.mark.filterwarnings("ignore:.*dim 1 of size 6 is split over 4 ranks")   # (6 columns over 4 ranks)
 @pytest.mark.parametrize("mesh_ranks, dim, offload", [([0, 1, 2, 3], 0, False), ([[0, 1], [2, 3]], 0, False),
                                                        ([0, 1, 2, 3], 1, False), ([0, 1, 2, 3], 0, True)],
                          ids=["fsdp", "hsdp", "fsdp_columns", "cpu_offload"])
@@ -301,24 +303,50 @@ def test_mock_torch_resolves_fsdp():
         assert FSDPModule is fsdp.FSDPModule and MixedPrecisionPolicy is fsdp.MixedPrecisionPolicy
 
 
-def test_a_shard_layout_unlike_torchs_warns():
-    """5 rows over 4 ranks: holoflow 2,1,1,1, torch.chunk 2,2,1,0 (same values, other offsets):
-    a warning names both; 7 over 4 (2,2,2,1 either way) and even splits are quiet."""
-    import warnings
+def test_uneven_shards_are_torch_chunks_on_a_mesh_and_balanced_on_a_placement():
+    """n rows over 4 ranks: a DeviceMesh's shards are torch.chunk's pieces (5: 2,2,1,0; the last
+    ones empty), a OneFlow placement's balanced (5: 2,1,1,1); each redistributes, moves to the
+    other and takes torch.chunk's pieces in from_local; mixing the two in one op is refused by name."""
+    import torch
+
+    def chunk(t, p, r, dim=0):   # torch's own pieces, empty ones appended
+        parts = torch.chunk(t, p, dim)
+        return parts[r] if r < len(parts) else t.narrow(dim, 0, 0)
 
     def f(r):
-        mesh = DeviceMesh("cpu", [0, 1, 2, 3])
-        odd = distribute_tensor(flow.arange(10.0).reshape(5, 2), mesh, [Shard(0)])
-        for n in (7, 8):
-            distribute_tensor(flow.ones(n, 2), mesh, [Shard(0)])
-        return odd.to_local().shape[0], odd.full_tensor().tolist()
-    with warnings.catch_warnings(record=True) as caught:   # (the threads' warnings: one filter state)
-        warnings.simplefilter("always")
-        got = _sim(4, f)
-    msgs = [str(w.message) for w in caught if "torch's DTensor splits" in str(w.message)]
-    assert len(msgs) == 4 and all("[2, 1, 1, 1]" in m and "[2, 2, 1, 0]" in m for m in msgs)
-    for r, (rows, full) in enumerate(got):
-        assert rows == [2, 1, 1, 1][r] and full == np.arange(10.0).reshape(5, 2).tolist()
+        mesh, place = DeviceMesh("cpu", [0, 1, 2, 3]), flow.placement("cpu", ranks=[0, 1, 2, 3])
+        out = {}
+        for n in (1, 2, 3, 5, 6, 9, 10):
+            full = flow.arange(float(3 * n)).reshape(n, 3)
+            d = distribute_tensor(full, mesh, [Shard(0)])
+            o = full.to_global(place, flow.sbp.broadcast).to_global(sbp=flow.sbp.split(0))
+            out[n] = (d.to_local().tolist(), o.to_local().tolist(),
+                      d.redistribute(mesh, [Shard(1)]).to_local().tolist(),
+                      o.to_global(placement=mesh).to_local().tolist(), d.to_global(placement=place).to_local().tolist())
+        mine = chunk(torch.arange(30.0).reshape(10, 3), 4, r)
+        fl = DTensor.from_local(flow.tensor(mine.numpy()), mesh, [Shard(0)], shape=(10, 3), stride=(3, 1))
+        out["from_local"] = (tuple(fl.shape), fl.full_tensor().tolist(), (fl * 2).sum(0).full_tensor().tolist())
+        try:
+            distribute_tensor(flow.ones(5, 3), mesh, [Shard(0)]) + flow.ones(5, 3).to_global(place, flow.sbp.broadcast)
+        except Exception as e:   # noqa: BLE001 -- the message is checked below
+            out["mixed"] = f"{type(e).__name__}: {e}"
+        return out
+    got = _sim(4, f)
+    for r in range(4):
+        for n in (1, 2, 3, 5, 6, 9, 10):
+            full = torch.arange(float(3 * n)).reshape(n, 3)
+            base, extra = divmod(n, 4)   # OneFlow's: the first n % 4 ranks one larger
+            start = r * base + min(r, extra)
+            balanced = full[start:start + base + (r < extra)]
+            mesh_rows, place_rows, mesh_cols, moved_to_mesh, moved_to_place = got[r][n]
+            assert mesh_rows == chunk(full, 4, r).tolist(), (n, r)
+            assert place_rows == balanced.tolist(), (n, r)
+            assert mesh_cols == chunk(full, 4, r, dim=1).tolist(), (n, r)
+            assert moved_to_mesh == chunk(full, 4, r).tolist() and moved_to_place == balanced.tolist(), (n, r)
+        shape, whole, col_sums = got[r]["from_local"]
+        assert shape == (10, 3) and whole == torch.arange(30.0).reshape(10, 3).tolist()
+        assert col_sums == (torch.arange(30.0).reshape(10, 3) * 2).sum(0).tolist()
+        assert got[r]["mixed"].startswith("HoloflowError") and "OneFlow's and torch's conventions" in got[r]["mixed"]
 
 
 def test_fully_shard_keeps_tied_weights_tied():

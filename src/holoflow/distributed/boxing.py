@@ -20,7 +20,7 @@ import torch
 from ..core.dispatch import run_local
 from ..core.registry import defop
 from ..core.sbp import B, P, S
-from .sharding import balanced, dual, local_ranges, shard_of
+from .sharding import dual, local_ranges, piece, shard_of
 from .placement import placement
 
 
@@ -124,11 +124,10 @@ def run_step(t: torch.Tensor, step: Step, shape, place: placement, rank: int, co
                                    sizes_along(shape, step.dst, place, rank, axis, step.dim))
     if kind == "all_to_all":
         n = t.shape[step.dim2]
-        p = place.hierarchy[axis]
-        chunks = [t.narrow(step.dim2, *balanced(n, p, c)) for c in range(p)]  # comm packs them
-        mine = balanced(n, p, coords[axis])[1]
+        chunks = [t.narrow(step.dim2, *piece(n, place, axis, c)) for c in range(place.hierarchy[axis])]
+        mine = piece(n, place, axis, coords[axis])[1]   # (comm packs the chunks)
         shapes = []
-        for c in range(p):  # member c's shard (before the step) narrowed to my chunk of dim2
+        for c in range(place.hierarchy[axis]):  # member c's shard (before the step) narrowed to my chunk of dim2
             member = list(coords)
             member[axis] = c
             s_ = [sz for _, sz in local_ranges(shape, step.src, place, member)]
@@ -137,7 +136,7 @@ def run_step(t: torch.Tensor, step: Step, shape, place: placement, rank: int, co
         got = comm.all_to_all(chunks, group, shapes)
         return _cat(got, step.dim)
     if kind == "slice":
-        return t.narrow(step.dim, *balanced(t.shape[step.dim], place.hierarchy[axis], coords[axis]))
+        return t.narrow(step.dim, *piece(t.shape[step.dim], place, axis, coords[axis]))
     if kind == "zero":
         return t if coords[axis] == 0 else torch.zeros_like(t)
     if kind == "pad":   # every member's shard at its place in zeros: their sum is the whole

@@ -15,22 +15,22 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 from typing import Iterator, Sequence
 
 import torch
 
 from ..core import grad_mode
 from ..core.errors import HoloflowError
-from ..core.sbp import B, P, split
+from ..core.sbp import B, P
 from ..core.tensor import Tensor
 from ..ops import creation
 from . import world
 from .device_mesh import DeviceMesh, _check_mesh
 from .global_dispatch import IMPLICIT_REPLICATION
 from .global_tensor import _from_local, make_global, to_global, to_local
+from .placement import placement
 from .placement_types import Partial, Placement, Replicate, Shard, as_nd_sbp, as_placement
-from .sharding import balanced, shard_of
+from .sharding import shard_of
 
 __all__ = ["DTensor", "Placement", "Shard", "Replicate", "Partial", "distribute_tensor", "zeros", "ones", "empty",
            "full", "rand", "randn", "implicit_replication"]
@@ -70,33 +70,10 @@ class DTensor(metaclass=_DTensorType):
         placements = placements if placements is not None else [Replicate()] * mesh.ndim
         nd = as_nd_sbp(placements, mesh.ndim, local_tensor.dim(), "DTensor.from_local")
         out = _from_local(local_tensor, mesh, nd, run_check or shape is not None, None, broadcast=run_check)
-        _warn_uneven(out.shape, nd, mesh, "DTensor.from_local")
         if shape is not None and tuple(out.shape) != tuple(shape):
             raise HoloflowError(f"holoflow.DTensor.from_local: the ranks' local shapes make a tensor of shape "
-                                f"{tuple(out.shape)}, not the given {tuple(shape)}: holoflow lays uneven shards "
-                                f"out with the first n % p ranks one larger")
+                                f"{tuple(out.shape)}, not the given {tuple(shape)}")
         return out
-
-
-def _chunk_sizes(n: int, p: int) -> list[int]:
-    """torch.chunk's split of ``n`` over ``p`` (ceil-sized pieces, the last ones short or empty)."""
-    c = -(-n // p) if p else 0
-    return [max(0, min(c, n - i * c)) for i in range(p)]
-
-
-def _warn_uneven(shape, nd: tuple, mesh, op: str) -> None:
-    """Warns where a shard layout differs from torch's: holoflow splits ``n`` over ``p`` ranks
-    with the first ``n % p`` one larger, torch.chunk in ceil-sized pieces (5 over 4: 2,1,1,1 vs
-    2,2,1,0). The logical tensor is the same; code that computes a rank's offsets by torch's rule
-    would not be."""
-    for axis, s in enumerate(nd):
-        if isinstance(s, split):
-            n, p = shape[s.axis], mesh.hierarchy[axis]
-            ours = [balanced(n, p, i)[1] for i in range(p)]
-            if ours != _chunk_sizes(n, p):
-                warnings.warn(f"holoflow.{op}: dim {s.axis} of size {n} is split over {p} ranks as {ours} "
-                              f"(holoflow's balanced layout), torch's DTensor splits it as {_chunk_sizes(n, p)}; "
-                              f"the values are the same, local shapes and offsets differ", stacklevel=3)
 
 
 def distribute_tensor(tensor: Tensor, device_mesh: DeviceMesh | None = None,
@@ -119,7 +96,6 @@ def distribute_tensor(tensor: Tensor, device_mesh: DeviceMesh | None = None,
     if src_data_rank not in (0, None):
         raise HoloflowError(f"holoflow.distribute_tensor: src_data_rank={src_data_rank!r}; holoflow takes the data "
                             f"of each mesh dimension's first rank (0) or each rank's own (None)")
-    _warn_uneven(tensor.shape, nd, mesh, "distribute_tensor")
     whole = tuple(B if s == P else s for s in nd)
     with grad_mode.no_grad():
         data = tensor.detach()._data.to(mesh.device_for(world.rank()))
@@ -141,7 +117,9 @@ def redistribute(self: Tensor, device_mesh: DeviceMesh | None = None, placements
     """This DTensor laid out as ``placements`` (differentiable; holoflow's boxing). As torch, a
     placement cannot become ``Partial`` (that is for ops' own outputs)."""
     g = _global_of(self, "redistribute")
-    mesh = DeviceMesh.from_placement(device_mesh if device_mesh is not None else g.placement)
+    # (without a mesh, the tensor's own placement: a OneFlow placement's tensor keeps its conventions)
+    mesh = g.placement if device_mesh is None else \
+        device_mesh if isinstance(device_mesh, placement) else _check_mesh(device_mesh, "redistribute")
     nd = as_nd_sbp(placements if placements is not None else self.placements, mesh.ndim, self.dim(),
                    "redistribute")
     src = g.sbp if mesh.ndim == len(g.sbp) else (None,) * mesh.ndim
@@ -153,7 +131,6 @@ def redistribute(self: Tensor, device_mesh: DeviceMesh | None = None, placements
                                f"it too); redistribute to Replicate() or Shard(d)")
     if backward_dtype is not None:
         raise HoloflowError("holoflow.redistribute: backward_dtype= is not supported; cast the gradient in a hook")
-    _warn_uneven(self.shape, nd, mesh, "redistribute")
     x = self.to(forward_dtype) if forward_dtype is not None else self
     return to_global(x, placement=mesh if mesh != g.placement else g.placement, sbp=nd)
 
@@ -209,7 +186,6 @@ def _factory(make, size, kwargs: dict, op: str) -> Tensor:
     if P in nd:
         raise HoloflowError(f"holoflow.{op}: a factory makes whole values; use Shard(d) or Replicate() placements "
                             f"(got {tuple(placements)})")
-    _warn_uneven(shape, nd, mesh, op)
     return make(shape, placement=mesh, sbp=nd, **kwargs)
 
 

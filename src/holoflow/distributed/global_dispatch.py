@@ -60,10 +60,12 @@ def _placement_of(op: Op, inputs: tuple):
             if place is None:
                 place = x._global.placement
             elif x._global.placement != place:
+                other = x._global.placement
+                why = "a stage boundary crossed without a move" if place.flat_ranks != other.flat_ranks else \
+                    "the same ranks under OneFlow's and torch's conventions, which split uneven sizes differently"
                 raise HoloflowError(
                     f"holoflow.{op.name} at {user_site()}: operands are on different placements: "
-                    f"{place} and {x._global.placement} (a stage boundary crossed without a move); "
-                    f"move one with .to_global(placement=...)")
+                    f"{place} and {other} ({why}); move one with .to_global(placement=...)")
     return place
 
 

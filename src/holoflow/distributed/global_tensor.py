@@ -28,7 +28,7 @@ from ..core.tensor import Tensor, _repr_with
 from . import env, world
 from .boxing import apply_box
 from .moves import move
-from .sharding import check_placement, dual, local_shape, nd_str, normalize_sbp, shard_of
+from .sharding import check_placement, dual, local_shape, nd_str, normalize_sbp, shard_of, split_rule
 from .placement import placement
 from .placement_types import as_nd_sbp, as_placement
 
@@ -302,7 +302,7 @@ def _logical_shape(shapes: list, place: placement, nd: tuple, check: bool) -> li
                 raise HoloflowError(
                     f"holoflow.to_global: rank {rk} holds a local tensor of shape {tuple(got)}, but "
                     f"a logical shape {tuple(shape)} with sbp {nd_str(nd)} on {place} gives it "
-                    f"{tuple(want)}; shards must be balanced (the first n % p ranks one larger)")
+                    f"{tuple(want)}; {split_rule(place)}")
     return shape
 
 

@@ -1,7 +1,7 @@
 """Moving a global tensor to another placement (subset, superset, disjoint, 1-D <-> N-D).
 
-Between meshes of the same shape with the same SBP (a pipeline stage boundary, also under data
-parallelism) each shard goes straight to the rank at the same mesh position. Otherwise the
+Between meshes of the same shape with the same SBP and conventions (a pipeline stage boundary,
+also under data parallelism) each shard goes straight to the rank at the same mesh position. Otherwise the
 source ranks box to broadcast, the first source rank hands the whole tensor to the destination
 ranks (a broadcast over ``{root} | dst``: a send/recv for one destination), and the destination
 ranks take their shards: correct for every pair, moving the whole tensor once.
@@ -26,7 +26,8 @@ from .sharding import dual, local_shape, shard_of
 
 def _move_kernel(t: torch.Tensor, src_place: placement, src: tuple, dst_place: placement, dst: tuple,
                  shape: tuple, rank: int, comm) -> torch.Tensor:
-    if src == dst and src_place.hierarchy == dst_place.hierarchy:
+    if src == dst and src_place.hierarchy == dst_place.hierarchy and \
+            src_place.torch_conventions == dst_place.torch_conventions:   # (the same pieces)
         return _pairwise(t, src_place, dst_place, local_shape(shape, dst, dst_place, rank), rank, comm)
     root = src_place.flat_ranks[0]
     group = tuple(sorted({root} | set(dst_place.flat_ranks)))

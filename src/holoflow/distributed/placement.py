@@ -14,8 +14,10 @@ class placement:
     """
 
     __slots__ = ("type", "_ranks", "hierarchy", "_flat", "_coords", "_hash")
-    # global tensors on it follow OneFlow's conventions (to_local's gradient: dual(sbp)); torch's
-    # DeviceMesh (device_mesh.py) sets it: torch's DTensor conventions
+    # global tensors on it follow OneFlow's conventions (to_local's gradient: dual(sbp); an uneven
+    # split gives the first n % p ranks one more); torch's DeviceMesh (device_mesh.py) sets it:
+    # torch's DTensor conventions (an uneven split is torch.chunk's). Part of equality: the same
+    # ranks under the two conventions hold different shards of an uneven split
     torch_conventions = False
 
     def __init__(self, type: str = "cpu", ranks=None) -> None:  # noqa: A002 - OneFlow's name
@@ -30,7 +32,7 @@ class placement:
         self.hierarchy = tuple(arr.shape)
         self._flat = tuple(int(r) for r in arr.reshape(-1))
         self._coords = {r: tuple(int(i) for i in idx) for idx, r in np.ndenumerate(arr)}
-        self._hash = hash((type, self.hierarchy, self._flat))
+        self._hash = hash((type, self.hierarchy, self._flat, self.torch_conventions))
 
     @staticmethod
     def all(type: str = "cpu") -> "placement":  # noqa: A002
@@ -71,7 +73,8 @@ class placement:
 
     def __eq__(self, other) -> bool:
         return isinstance(other, placement) and self.type == other.type and \
-            self.hierarchy == other.hierarchy and self._flat == other._flat
+            self.hierarchy == other.hierarchy and self._flat == other._flat and \
+            self.torch_conventions == other.torch_conventions
 
     def __hash__(self) -> int:
         return self._hash

@@ -1,8 +1,11 @@
 """Sharding math of global tensors (which part of the logical tensor each rank holds): nd-SBP
-normalisation, balanced splits, local shapes.
+normalisation, uneven splits, local shapes.
 
 Splitting is hierarchical: mesh axis 0 splits first, axis 1 splits each piece further, ... A
-size ``n`` split over ``p`` ranks is balanced: the first ``n % p`` ranks get one more element.
+size ``n`` split over ``p`` ranks follows the placement's conventions: balanced on a OneFlow
+``placement`` (the first ``n % p`` ranks get one more element: 5 over 4 is 2,1,1,1) and
+``torch.chunk``'s pieces on a torch ``DeviceMesh`` (ceil-sized, the last ones short or empty:
+2,2,1,0), so a DTensor script sees torch's local shapes and offsets.
 """
 from __future__ import annotations
 
@@ -48,9 +51,35 @@ def nd_str(nd: Sequence[SBP]) -> str:
 
 
 def balanced(n: int, p: int, i: int) -> tuple[int, int]:
-    """(start, size) of part ``i`` when ``n`` items are split over ``p`` parts."""
+    """(start, size) of part ``i`` when ``n`` items are split over ``p`` parts, OneFlow's way."""
     base, extra = divmod(n, p)
     return i * base + min(i, extra), base + (1 if i < extra else 0)
+
+
+def chunked(n: int, p: int, i: int) -> tuple[int, int]:
+    """(start, size) of part ``i`` of ``torch.chunk(range(n), p)``, with the empty parts it leaves
+    out at the end (torch DTensor's ``Shard`` layout)."""
+    c = -(-n // p)
+    start = min(i * c, n)
+    return start, min(c, n - start)
+
+
+def piece(n: int, place: placement, axis: int, coord: int) -> tuple[int, int]:
+    """(start, size) of the part at ``coord`` of ``n`` items split along mesh ``axis`` of
+    ``place``, under the placement's conventions."""
+    return (chunked if place.torch_conventions else balanced)(n, place.hierarchy[axis], coord)
+
+
+def piece_sizes(n: int, place: placement, axis: int) -> list[int]:
+    """Every part's size when ``n`` items are split along mesh ``axis`` of ``place``."""
+    return [piece(n, place, axis, c)[1] for c in range(place.hierarchy[axis])]
+
+
+def split_rule(place: placement) -> str:
+    """How ``place`` splits a size unevenly, for error messages."""
+    if place.torch_conventions:
+        return "a DeviceMesh splits as torch.chunk does (ceil-sized pieces, the last ones short or empty)"
+    return "a placement splits balanced (the first n % p ranks one larger)"
 
 
 def local_ranges(shape: Sequence[int], nd: Sequence[SBP], place: placement,
@@ -60,7 +89,7 @@ def local_ranges(shape: Sequence[int], nd: Sequence[SBP], place: placement,
     for axis, s in enumerate(nd):
         if isinstance(s, S):
             start, size = ranges[s.axis]
-            off, n = balanced(size, place.hierarchy[axis], coords[axis])
+            off, n = piece(size, place, axis, coords[axis])
             ranges[s.axis] = (start + off, n)
     return ranges
 

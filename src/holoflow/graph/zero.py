@@ -33,7 +33,7 @@ from ..core.sbp import B, S
 from ..core.tensor import Tensor
 from ..distributed import world
 from ..distributed.global_tensor import make_global
-from ..distributed.sharding import balanced, shard_of
+from ..distributed.sharding import local_ranges, shard_of
 from .step_book import StepBook, booking
 
 
@@ -94,8 +94,11 @@ def _axes(place) -> list[int]:
 
 
 def _rows(p: Tensor, rank: int) -> tuple[int, int]:
-    ranks = p._global.placement.flat_ranks
-    return balanced(p.shape[0], len(ranks), ranks.index(rank))
+    """(start, count) of the rows of sharded ``p`` that ``rank`` updates: its piece of ``p``'s
+    rows laid out as ``_row_sbp`` on ``p``'s placement (whose conventions say how an uneven
+    count splits)."""
+    g = p._global
+    return local_ranges(p.shape, _row_sbp(g.placement), g.placement, g.placement.coords(rank))[0]
 
 
 def sharded_update(opt, group_index: int, params: list, zero: Zero, book: StepBook | None = None):
@@ -140,7 +143,7 @@ def sharded_update(opt, group_index: int, params: list, zero: Zero, book: StepBo
             for p, v, s in zip(params, views, sharded):
                 if s:
                     ranks = p._global.placement.flat_ranks
-                    sizes = [balanced(p.shape[0], len(ranks), i)[1] for i in range(len(ranks))]
+                    sizes = [_rows(p, r)[1] for r in ranks]
                     whole = comm.all_gather(v._data.contiguous(), tuple(ranks), 0, sizes)
                     if whole.data_ptr() != p._data.data_ptr():
                         p._data.copy_(whole)

@@ -48,7 +48,7 @@ from ...core.sbp import P
 from ...core.tensor import Tensor
 from ...distributed import env, world
 from ...distributed.global_tensor import make_global
-from ...distributed.sharding import balanced
+from ...distributed.sharding import piece
 from ...distributed.device_mesh import DeviceMesh, current_mesh, init_device_mesh
 from .. import distribute_parameter
 from ...distributed.placement_types import Replicate, Shard
@@ -568,7 +568,7 @@ def _reduce_scatter_flat_async(items: list, mesh: DeviceMesh, divide: float = 1.
             shard, g = items[i]
             dim = shard.placements[-1].dim
             for r in range(n):
-                start, size = balanced(g.shape[dim], n, r)
+                start, size = piece(g.shape[dim], mesh, 0, r)
                 pieces[r].append(g.narrow(dim, start, size))
         block = max(sum(p.numel() for p in rank_pieces) for rank_pieces in pieces)
         flat = items[idx[0]][1].new_zeros(n * block)
@@ -609,7 +609,7 @@ def _gather_flat_async(shards: list, mesh: DeviceMesh, dtype: torch.dtype | None
         layouts = []   # per shard: (dim, [each rank's local shape])
         for i in idx:
             shape, dim = tuple(shards[i].shape), shards[i].placements[-1].dim
-            locals_ = [shape[:dim] + (balanced(shape[dim], n, r)[1],) + shape[dim + 1:] for r in range(n)]
+            locals_ = [shape[:dim] + (piece(shape[dim], mesh, 0, r)[1],) + shape[dim + 1:] for r in range(n)]
             layouts.append((dim, locals_))
         sizes = [sum(math.prod(loc[r]) for _, loc in layouts) for r in range(n)]
         with no_grad():
