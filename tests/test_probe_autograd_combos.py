@@ -390,6 +390,36 @@ def test_custom_function(program):
     check(program)
 
 
+@pytest.mark.parametrize("materialize", [True, False])
+@pytest.mark.parametrize("used", [0, 3])
+def test_custom_function_backward_gets_torchs_unused_output_gradients(materialize, used):
+    """What ``backward`` gets for the outputs nothing used: zeros of the output's dtype (an
+    integer output marked non-differentiable too), None for a non-tensor output, and None for all
+    of them after ``ctx.set_materialize_grads(False)``. (set_materialize_grads was ignored: zeros
+    came; a non-tensor output got a float zero.)"""
+    def program(lib):
+        seen = []
+
+        class SortPlus(lib.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.set_materialize_grads(materialize)
+                v, i = x.sort(dim=-1)
+                ctx.mark_non_differentiable(i)
+                return v, i, 3, x * 2
+
+            @staticmethod
+            def backward(ctx, gv, gi, gk, gw):
+                seen.extend(None if g is None else (str(g.dtype).split(".")[-1], tuple(g.shape), _plain(g))
+                            for g in (gv, gi, gk, gw))
+                return (gv if gv is not None else 0) + (2 * gw if gw is not None else 0)
+        a = T(lib, A, rg=True)
+        outs = SortPlus.apply(a)
+        (outs[used] * T(lib, B)).sum().backward()
+        return seen, a.grad
+    check(program)
+
+
 # -- complex numbers -------------------------------------------------------------------------
 
 COMPLEX_SCALAR_PROGRAMS = {

@@ -7,7 +7,7 @@ import functools
 
 from ..core import grad_mode
 from ..core.anomaly import ANOMALY, note_forward
-from ..core.autograd import _FREED, GradNode
+from ..core.autograd import _FREED, GradNode, _zeros_for
 from ..core.node import unpack_saved
 from ..core.saved import _LIVE, SavedTensor, current as _saved_hooks, pack
 from ..core.dispatch import check_inplace_target, take_history
@@ -55,6 +55,8 @@ class FunctionCtx:
         self._dirty = tensors
 
     def set_materialize_grads(self, value: bool) -> None:
+        """Whether ``backward`` gets zeros (the default) or None for the gradient of an output
+        that nothing used; a non-tensor output's is always None, as torch's."""
         self._materialize = value
 
 
@@ -66,6 +68,9 @@ def _function_grad(node: GradNode, *dys):
     # backward of global tensors flows as each rank's local pieces: the user's backward sees (and
     # returns) global gradients, as hooks do
     dys = tuple(m.grad_view(d) if m is not None and d is not None else d for m, d in zip(ctx._output_globals, dys))
+    if node.out_metas is not None and getattr(ctx, "_materialize", True):   # (the op reads none: see apply)
+        like = next((d for d in dys if d is not None), None)
+        dys = tuple(_zeros_for(m, like) if d is None and m is not None else d for d, m in zip(dys, node.out_metas))
     grads = fn.backward(ctx, *dys)
     grads = grads if isinstance(grads, tuple) else (grads,)
     n = len(node.edges)
@@ -150,12 +155,14 @@ class Function:
         if not record:
             return outs[0] if single else outs
         if cls.__dict__.get("_op") is None:
-            cls._op = Op(cls.__name__, kernel=None, grad=_function_grad, save="inputs")
+            # the engine passes None for an output that got no gradient (grad_reads=()): the
+            # rule gives zeros in its place unless ctx.set_materialize_grads(False) said not to
+            cls._op = Op(cls.__name__, kernel=None, grad=_function_grad, save="inputs", grad_reads=())
         ctx._output_globals = [o._global if isinstance(o, Tensor) else None for o in outs]
         node = GradNode(cls._op, edges, {"fn": cls, "ctx": ctx}, (), ())
         if len(outs) > 1:
             node.out_metas = tuple((o._data.shape, o._data.dtype, o._data.device) if isinstance(o, Tensor)
-                                   else ((), torch.float32, torch.device("cpu")) for o in outs)
+                                   else None for o in outs)
         non_diff = getattr(ctx, "_non_diff", set())
         for i, o in enumerate(outs):
             if not isinstance(o, Tensor) or id(o) in non_diff:
