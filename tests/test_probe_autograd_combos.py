@@ -390,6 +390,44 @@ def test_custom_function(program):
     check(program)
 
 
+@pytest.mark.parametrize("how", ["backward", "func.grad", "func.jacrev", "func.vmap"])
+def test_custom_function_with_setup_context(how):
+    """torch's second style of Function: ``forward(*args)`` without ctx and a static
+    ``setup_context(ctx, inputs, output)`` that saves state and marks outputs. (forward was called
+    with ctx as a first argument: TypeError)"""
+    def program(lib):
+        class ScaledExp(lib.autograd.Function):
+            generate_vmap_rule = True   # (torch's vmap refuses a Function without it)
+
+            @staticmethod
+            def forward(x, scale):
+                return x.exp() * scale, x > 0
+
+            @staticmethod
+            def setup_context(ctx, inputs, output):
+                x, scale = inputs
+                y, positive = output
+                ctx.mark_non_differentiable(positive)
+                ctx.scale = scale
+                ctx.save_for_backward(y)
+
+            @staticmethod
+            def backward(ctx, g, _):
+                y, = ctx.saved_tensors
+                return g * y, None
+        a = T(lib, A, rg=how == "backward")
+        if how == "func.grad":
+            return lib.func.grad(lambda x: ScaledExp.apply(x, 2.0)[0].sin().sum())(a)
+        if how == "func.jacrev":
+            return lib.func.jacrev(lambda x: ScaledExp.apply(x, 0.5)[0])(a[0])
+        if how == "func.vmap":
+            return lib.func.vmap(lambda x: ScaledExp.apply(x, 3.0)[0])(a)
+        y, positive = ScaledExp.apply(a, 2.0)
+        (y * T(lib, B)).sum().backward()
+        return y, info(y), positive, info(positive), a.grad
+    check(program)
+
+
 @pytest.mark.parametrize("materialize", [True, False])
 @pytest.mark.parametrize("used", [0, 3])
 def test_custom_function_backward_gets_torchs_unused_output_gradients(materialize, used):

@@ -67,7 +67,7 @@ def test_program_matches_torch(path):
 # -- the same programs with every model compiled -----------------------------------------------
 
 # torch.compile refuses a double backward through compiled code too
-DOUBLE_BACKWARD = {"maml_second_order", "pinn_hessian"}
+DOUBLE_BACKWARD = {"hnn_custom_autograd", "maml_second_order", "pinn_hessian"}
 # programs whose every model call runs eagerly (holoflow.compile warns why): data-dependent
 # shapes or branches (bincount, nonzero, .tolist(), `if tensor`), module hooks, tensors reached
 # through lists, and a GP with no module call at all

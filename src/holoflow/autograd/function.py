@@ -126,9 +126,17 @@ def _validate(name: str, i: int, g, meta):
 
 
 class Function:
-    """Subclass with static ``forward(ctx, *args)`` and ``backward(ctx, *grads)``; call ``apply``."""
+    """Subclass with static ``forward(ctx, *args)`` and ``backward(ctx, *grads)``; call ``apply``.
+    Or, torch's other style: ``forward(*args)`` without ``ctx`` plus a static
+    ``setup_context(ctx, inputs, output)`` that saves what ``backward`` needs."""
 
     _op: Op | None = None
+
+    @staticmethod
+    def setup_context(ctx: FunctionCtx, inputs: tuple, output) -> None:
+        """Overridden to split ``forward`` from the saving of state: ``forward`` then takes no
+        ``ctx``; this one gets the inputs and ``forward``'s result (in no-grad mode, as forward)."""
+        raise NotImplementedError("holoflow: setup_context is not overridden: forward takes ctx")
 
     @classmethod
     def apply(cls, *args):
@@ -139,7 +147,11 @@ class Function:
         edges = tuple(((a.grad_fn, a._out_idx) if a.grad_fn is not None else a)
                       if isinstance(a, Tensor) and a.requires_grad else None for a in args)
         with grad_mode.no_grad():
-            out = cls.forward(ctx, *args)
+            if cls.setup_context is Function.setup_context:
+                out = cls.forward(ctx, *args)
+            else:
+                out = cls.forward(*args)
+                cls.setup_context(ctx, args, out)
         record = any(ctx.needs_input_grad) and grad_mode.is_grad_enabled()
         single = not isinstance(out, tuple)
         outs = (out,) if single else out
