@@ -317,14 +317,19 @@ def test_leaf_gradients_are_laid_out_as_torchs(make):
     np.testing.assert_allclose(g_f, g_t, rtol=1e-6)
 
 
-def test_a_real_inputs_gradient_from_complex_math_is_the_real_part_silently():
+@pytest.mark.parametrize("enter", ["mul", "to", "type_as", "cfloat"])
+def test_a_real_inputs_gradient_from_complex_math_is_the_real_part_silently(enter):
+    """(through ``x.to(torch.cfloat)`` the gradient came back by a complex-to-real ``to`` that
+    warned it discards the imaginary part; type_as and cfloat() cast by another op)"""
     import warnings
+    enters = {"mul": lambda x, z: x * z, "to": lambda x, z: x.to(z.dtype) * z,
+              "type_as": lambda x, z: x.type_as(z) @ z, "cfloat": lambda x, z: (x.cfloat() / z).exp()}
 
     def run(lib):
         lib.manual_seed(0)
         x = lib.randn(4, requires_grad=True)
         z = lib.randn(4, dtype=lib.cfloat)
-        lib.view_as_real(x * z).sum().backward()
+        lib.view_as_real(enters[enter](x, z)).sum().backward()
         return x.grad.numpy()
     want = run(torch)
     with warnings.catch_warnings():

@@ -9,6 +9,7 @@ from ..core import grad_mode, interpret
 from ..core.autograd import GradNode
 from ..core.dispatch import apply, assign, check_inplace_target, distinct_elements
 from ..core.errors import HoloflowError
+from ..core.registry import REGISTRY
 from ..core.sbp import B
 from ..core.views import VIEW_SCATTER
 from ..core.tensor import Tensor
@@ -16,6 +17,9 @@ from .family import cast_sbp, defop, elementwise_sbp
 
 
 def _to_grad(ctx, dy):
+    if dy._data.is_complex() and not ctx.dtypes[0].is_complex:
+        # a real input's gradient is the real part, as torch's (casting would warn that it drops it)
+        dy = apply(REGISTRY["real"], dy)
     return (apply(TO, dy, dtype=ctx.dtypes[0], device=ctx.src_device, src_device=ctx.device),)
 
 
