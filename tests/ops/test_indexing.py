@@ -85,6 +85,14 @@ CASES = [
     Case("index_fill", lambda x, i: (flow.index_fill(x, 1, i, -1.0), x.index_fill(0, i[:1], 0.0)),
          lambda x, i: (torch.index_fill(x, 1, i, -1.0), x.index_fill(0, i[:1], 0.0)),
          lambda dt, g: ((randn(3, 4, gen=g, dtype=dt), idx(0, 2)), {})),
+    # (a 0-d tensor value was a TypeError; its gradient is what the filled entries receive,
+    # each once under duplicate indices)
+    Case("index_fill-tensor-value", lambda x, i, v: (flow.index_fill(x, 1, i, v), x.index_fill(0, i[:1], v * 2)),
+         lambda x, i, v: (torch.index_fill(x, 1, i, v), x.index_fill(0, i[:1], v * 2)),
+         lambda dt, g: ((randn(3, 4, gen=g, dtype=dt), idx(0, 2, 0), randn(gen=g, dtype=dt)), {})),
+    Case("index_fill_-tensor-value", lambda x, i, v: (x * 1).index_fill_(1, i, v),
+         lambda x, i, v: (x * 1).index_fill_(1, i, v),
+         lambda dt, g: ((randn(3, 4, gen=g, dtype=dt), idx(3, 1), randn(gen=g, dtype=dt)), {})),
     # masked_fill / masked_select
     Case("masked_fill", lambda x, m: (flow.masked_fill(x, m, 0.5), x.masked_fill(m, 0.0)),
          lambda x, m: (torch.masked_fill(x, m, 0.5), x.masked_fill(m, 0.0)),
@@ -307,7 +315,8 @@ def test_inplace_scatter_family_matches_torch():
     s = torch.arange(6.0).reshape(3, 2)
     for fn in (lambda x, ii, ss: x.scatter_(1, ii, ss), lambda x, ii, ss: x.scatter_add_(1, ii, ss),
                lambda x, ii, ss: x.scatter_(1, ii, value=9.0), lambda x, ii, ss: x.index_add_(0, ii[0], ss[:2].repeat(1, 2)),
-               lambda x, ii, ss: x.index_fill_(1, ii[0], -2.0), lambda x, ii, ss: x.masked_fill_(x > 3, 0.5)):
+               lambda x, ii, ss: x.index_fill_(1, ii[0], -2.0), lambda x, ii, ss: x.masked_fill_(x > 3, 0.5),
+               lambda x, ii, ss: x.index_fill_(0, ii[2], ss[2, 1])):
         fn(t, i, s)
         fn(f, flow.from_torch(i), flow.from_torch(s))
         torch.testing.assert_close(f.to_torch(), t)
@@ -341,3 +350,9 @@ def test_searchsorted_refuses_torchs_bad_arguments(kwargs, match):
             lib.searchsorted(lib.tensor([3.0, 1.0, 2.0, 0.0]), lib.tensor([1.5]), **kw)
     with pytest.raises(RuntimeError, match="scalar only when boundaries tensor dimension is 1"):
         flow.searchsorted(flow.zeros(2, 3), 1.0)
+
+
+def test_index_fill_refuses_a_value_tensor_with_dims_as_torch():
+    for lib in (torch, flow):
+        with pytest.raises(RuntimeError, match="only supports a 0-dimensional value tensor"):
+            lib.ones(3, 4).index_fill(1, lib.tensor([0]), lib.tensor([1.0, 2.0]))

@@ -218,9 +218,47 @@ INDEX_FILL = defop("index_fill", lambda x, index, dim, value: torch.index_fill(x
                    grad=lambda ctx, dy: (apply(INDEX_FILL, dy, ctx.inputs[1], dim=ctx.dim, value=0.0), None))
 
 
-def index_fill(input: Tensor, dim: int, index: Tensor, value: float) -> Tensor:
-    """Sets the entries ``index`` of dim ``dim`` to the number ``value``."""
-    return apply(INDEX_FILL, input, index, dim=normalize_dim("index_fill", dim, input.dim()), value=value)
+def _index_fill_tensor_grad(ctx, dy):
+    """``x``'s gradient is ``dy`` with the filled entries zeroed; the value's is what those
+    entries (each once, duplicate indices or not) receive: ``dy`` minus that, summed."""
+    index, d = ctx.inputs[1], ctx.dim
+    gx = apply(INDEX_FILL, dy, index, dim=d, value=0.0)
+    gv = reduce_grad((dy - gx).sum(), ctx, 2) if needs(ctx, 2) else None
+    return gx if needs(ctx, 0) else None, None, gv
+
+
+def _index_fill_tensor_sbp(metas, attrs):
+    nd, d = len(metas[0].shape), attrs["dim"]
+    return [((B, B, B), (B,)), ((P, B, P), (P,))] + [((S(a), B, B), (S(a),)) for a in range(nd) if a != d]
+
+
+# the value as a 0-d tensor (differentiable, as torch's index_fill.int_Tensor)
+INDEX_FILL_TENSOR = defop("index_fill_tensor", lambda x, index, value, dim: torch.index_fill(x, dim, index, value),
+                          sbp=_index_fill_tensor_sbp, save="inputs", saved_inputs=(1,), family="indexing",
+                          inplace_kernel=lambda x, index, value, dim: x.index_fill_(dim, index, value),
+                          grad=_index_fill_tensor_grad)
+
+
+def _index_fill_args(name: str, input: Tensor, dim: int, index: Tensor, value) -> tuple:
+    d = normalize_dim(name, dim, input.dim())
+    if not isinstance(value, Tensor):
+        return INDEX_FILL, (index,), dict(dim=d, value=value)
+    if value.dim() != 0:
+        raise RuntimeError(f"holoflow.{name}: index_fill_ only supports a 0-dimensional value tensor, but got "
+                           f"tensor with {value.dim()} dimension(s)")
+    return INDEX_FILL_TENSOR, (index, value), dict(dim=d)
+
+
+def index_fill(input: Tensor, dim: int, index: Tensor, value) -> Tensor:
+    """Sets the entries ``index`` of dim ``dim`` to ``value``: a number, or a 0-d tensor (whose
+    gradient is then what the filled entries receive)."""
+    op, args, attrs = _index_fill_args("index_fill", input, dim, index, value)
+    return apply(op, input, *args, **attrs)
+
+
+def _index_fill_(self: Tensor, dim: int, index: Tensor, value) -> Tensor:
+    op, args, attrs = _index_fill_args("index_fill_", self, dim, index, value)
+    return apply_inplace(op, self, *args, **attrs)
 
 
 # -- index_put (with accumulate) -------------------------------------------------------------------------
@@ -465,8 +503,7 @@ Tensor.scatter_ = _scatter_
 Tensor.scatter_add_ = _inplace(SCATTER_ADD, "scatter_add")
 Tensor.index_add_ = lambda self, dim, index, source, *, alpha=1: _inplace(INDEX_ADD, "index_add")(
     self, dim, index, source, alpha=alpha)
-Tensor.index_fill_ = lambda self, dim, index, value: _inplace(INDEX_FILL, "index_fill")(
-    self, dim, index, value=value)
+Tensor.index_fill_ = _index_fill_
 Tensor.index_put_, Tensor.index_reduce_, Tensor.fill_diagonal_ = _index_put_, _index_reduce_, fill_diagonal_
 
 # index_put's op, rules and index helpers: ops/indexing.py imports this module at its end, so
