@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .autograd import grad as _autograd_grad
-from .core import grad_mode
+from .core import generators, grad_mode
 from .core.tensor import Tensor
 from .graph.pytree import flatten, unflatten
 from .nn.module import Module
@@ -276,17 +276,22 @@ def _dims_like(in_dims: Any, args: tuple) -> list:
     return out
 
 
+def _rng_devices() -> list[torch.device]:
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() and torch.cuda.is_initialized() else 0
+    return [torch.device("cpu")] + [torch.device("cuda", i) for i in range(cuda)]
+
+
 def _rng_state() -> list:
-    state = [torch.get_rng_state()]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state.append(torch.cuda.get_rng_state_all())
-    return state
+    """The default generators' states (a simulated rank's own on its thread): CPU, then CUDA's."""
+    cpu, *cuda = [generators.get_state(d) for d in _rng_devices()]
+    return [cpu, cuda] if cuda else [cpu]
 
 
 def _set_rng_state(state: list) -> None:
-    torch.set_rng_state(state[0])
-    if len(state) > 1:
-        torch.cuda.set_rng_state_all(state[1])
+    devices = _rng_devices()
+    generators.set_state(state[0])
+    for d, st in zip(devices[1:], state[1] if len(state) > 1 else ()):
+        generators.set_state(st, d)
 
 
 def _same_rng(a: list, b: list) -> bool:

@@ -187,6 +187,7 @@ def test_module_to_global_makes_replicas_identical_and_to_local_gives_shards():
         assert not is_global
 
     def differ(r):
+        flow.manual_seed(r)   # seeded apart: each rank's own generator, as each process's
         return flow.nn.Linear(4, 6).to_global(place, B, broadcast=False)
     with pytest.raises(RuntimeError, match=r"broadcast=False.*ranks \[1\] differ"):
         world.simulate(2, differ, timeout=QUICK)

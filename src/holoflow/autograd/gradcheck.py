@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..core import generators
 from ..core.autograd import run_backward
 from ..core.errors import UnsupportedError
 from ..core.tensor import Tensor
@@ -339,7 +340,8 @@ def _undefined_grads(func, inputs: tuple) -> None:
 def _batched(inputs: tuple, output: Tensor, output_idx: int) -> None:
     """``autograd.grad(is_grads_batched=True)`` against one vjp per grad_output."""
     diff = _diff_inputs(inputs)
-    gos = [torch.randn_like(output._data) for _ in range(2)]
+    d = output._data   # (randn_like's draws, from a simulated rank's own generator on its thread)
+    gos = [torch.empty_like(d).normal_(generator=generators.for_kernel(None, d.device)) for _ in range(2)]
 
     def vjp(v):
         return [g._data if g is not None else torch.zeros_like(x._data)

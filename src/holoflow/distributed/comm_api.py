@@ -8,6 +8,7 @@ place. These work on the local storage of a tensor (``._data``) and record no au
 """
 from __future__ import annotations
 
+import pickle
 from typing import Sequence
 
 import torch
@@ -25,9 +26,9 @@ _OP_NAMES = {"SUM": "sum", "MAX": "max", "MIN": "min", "PRODUCT": "prod", "AVG":
 
 
 class _Simulated:
-    """The functions of ``distributed/comm.py`` that holoflow.comm calls, on a simulated world's
-    in-memory communicator (``world.simulate``): the same values as on real ranks (checked against
-    Gloo worlds by tests/global/test_comm_simulated.py)."""
+    """The functions of ``distributed/comm.py`` that holoflow.comm (and DDP, Join, ZeRO) call, on a
+    simulated world's in-memory communicator (``world.simulate``): the same values as on real ranks
+    (checked against Gloo worlds by tests/global/test_comm_simulated.py)."""
 
     def __init__(self, sim) -> None:
         self.sim = sim
@@ -71,6 +72,14 @@ class _Simulated:
     def barrier(self, ranks=None) -> None:
         self.sim.all_reduce(torch.zeros(1), self._ranks(ranks))
 
+    def all_gather_object(self, obj, ranks=None) -> list:
+        """As distributed/comm.py's: the pickled bytes all-gathered (after their sizes)."""
+        r = self._ranks(ranks)
+        if len(r) == 1:
+            return [obj]
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        return [pickle.loads(p.numpy().tobytes()) for p in self.all_gather(data, r)]
+
     def send(self, t: torch.Tensor, peer: int) -> None:
         raise HoloflowError("holoflow.comm.send / recv: point-to-point between simulated ranks (world.simulate) is "
                             "not supported; run the ranks as processes (holoflow.distributed.launch), or exchange "
@@ -79,9 +88,15 @@ class _Simulated:
     recv = send
 
 
-def _c():
-    """The communicator's functions: the processes' (distributed/comm.py), or a simulated world's."""
+def functions():
+    """The communicator's functions: the processes' (distributed/comm.py), or on a simulated
+    rank's thread a simulated world's, with the same signatures and values. Library code talking
+    for its rank (DDP, Join, ZeRO, the object collectives) calls them, so it runs on simulated
+    ranks too, which answer a world of their own size (env.get_world_size)."""
     return _Simulated(world.comm()) if world.simulated_rank() is not None else _comm_module
+
+
+_c = functions   # (the short name the functions below call)
 
 
 def _op(op) -> str:

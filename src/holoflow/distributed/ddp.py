@@ -19,7 +19,7 @@ import torch
 from ..core.autograd import queue_callback
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
-from . import comm, env
+from . import comm_api, env
 from .comm_check import call_site
 
 
@@ -73,7 +73,7 @@ class _Bucket:
         self.flat = torch.cat([_grad_or_zeros(p).reshape(-1) for p in self.params])
         with call_site(BUCKET_SITE):   # (a rank out of inputs issues it from elsewhere: Join)
             if hook is None:
-                self.handle = comm.all_reduce(self.flat, ranks, async_op=True)
+                self.handle = comm_api.functions().all_reduce(self.flat, ranks, async_op=True)
                 return
             state, fn = hook
             fut = fn(state, GradBucket(self.index, self.flat, self.params, self.last))
@@ -182,7 +182,7 @@ class GradReducer:
     def _exchange_dirty(self, dirty: list) -> list:
         flags = torch.tensor([float(d) for d in dirty], dtype=torch.float64)
         with call_site("DistributedDataParallel join: buckets reduced again"):
-            comm.all_reduce(flags, self.ranks)
+            comm_api.functions().all_reduce(flags, self.ranks)
         return [bool(f > 0) for f in flags.tolist()]
 
     def shadow_backward(self) -> None:
@@ -193,7 +193,7 @@ class GradReducer:
                             device=b.params[0]._data.device)
             with call_site(BUCKET_SITE):
                 if self.comm_hook is None:
-                    return comm.all_reduce(z, self.ranks, async_op=True)
+                    return comm_api.functions().all_reduce(z, self.ranks, async_op=True)
                 state, fn = self.comm_hook
                 return fn(state, GradBucket(b.index, z, b.params, b.last))
         for pending in [reduce(b) for b in self.buckets]:
@@ -228,7 +228,7 @@ def broadcast_tensors(tensors: Sequence[Tensor], src: int, ranks: Sequence[int])
         return
     for group in _make_buckets(list(tensors), 25 * 2 ** 20):
         flat = torch.cat([t._data.reshape(-1) for t in group.params])
-        comm.broadcast(flat, src, tuple(ranks))
+        comm_api.functions().broadcast(flat, src, tuple(ranks))
         if env.get_rank() == src:
             continue
         off = 0
@@ -246,7 +246,7 @@ def verify_same_model(named: Sequence[tuple[str, Tensor]], ranks: Sequence[int] 
     if len(r) == 1:
         return
     mine = [(n, tuple(t.shape), str(t.dtype).split('.')[-1]) for n, t in named]
-    every = comm.all_gather_object(mine, r)
+    every = comm_api.functions().all_gather_object(mine, r)
     first = every[0]
     for rank, theirs in zip(r[1:], every[1:]):
         if theirs == first:

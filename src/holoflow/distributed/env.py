@@ -8,6 +8,10 @@ variables the world is one process and no process group is ever created.
 
 Every rank of the world must call :func:`init` (directly or through its first collective):
 creating the default group is a rendezvous of all ranks.
+
+On a thread acting as a simulated rank (``world.simulate``) the queries answer as that rank's
+process would: its rank, the simulated world's size, one node holding every rank. So a program
+that branches on its rank (``if flow.env.get_rank() == 0: print(...)``) runs as on real ranks.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.errors import HoloflowError
+from . import world
 
 _DEFAULT_TIMEOUT_S = 300.0
 _timeout_s: float | None = None  # None: read HOLOFLOW_COMM_TIMEOUT on first use
@@ -35,31 +40,46 @@ def _int_env(name: str, default: int) -> int:
 
 
 def get_rank() -> int:
-    """This process's global rank (0 in a world of one)."""
+    """This process's global rank (0 in a world of one); a simulated rank's on its thread."""
+    sim = world.simulated_rank()
+    if sim is not None:
+        return sim
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return _int_env("RANK", 0)
 
 
 def get_world_size() -> int:
-    """The number of processes in the world (1 without torchrun's variables)."""
+    """The number of processes in the world (1 without torchrun's variables); the simulated
+    world's ranks on a simulated rank's thread."""
+    sim = world.simulated_world_size()
+    if sim is not None:
+        return sim
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     return _int_env("WORLD_SIZE", 1)
 
 
 def get_local_rank() -> int:
-    """This process's rank on its node (LOCAL_RANK)."""
+    """This process's rank on its node (LOCAL_RANK); a simulated rank's (one node) on its thread."""
+    sim = world.simulated_rank()
+    if sim is not None:
+        return sim
     return _int_env("LOCAL_RANK", get_rank() % get_local_world_size())
 
 
 def get_local_world_size() -> int:
-    """The number of processes on this node (LOCAL_WORLD_SIZE)."""
+    """The number of processes on this node (LOCAL_WORLD_SIZE); a simulated world's ranks."""
+    sim = world.simulated_world_size()
+    if sim is not None:
+        return sim
     return _int_env("LOCAL_WORLD_SIZE", get_world_size())
 
 
 def get_node_size() -> int:
-    """The number of nodes: world size / processes per node."""
+    """The number of nodes: world size / processes per node (a simulated world: one)."""
+    if world.simulated_world_size() is not None:
+        return 1
     local = _int_env("LOCAL_WORLD_SIZE", 0)
     ws = get_world_size()
     return max(1, ws // local) if local > 0 else 1
@@ -101,9 +121,10 @@ def backend() -> str:
 
 def init() -> bool:
     """Creates the default process group from torchrun's variables if the world has more than one
-    process; returns whether a group exists. Idempotent; every rank must call it."""
+    process; returns whether a group exists. Idempotent; every rank must call it. It reads the
+    process's variables alone (a simulated rank's thread sets up its process's group, if any)."""
     if not dist.is_available():
-        if get_world_size() > 1:
+        if _int_env("WORLD_SIZE", 1) > 1:
             raise HoloflowError("holoflow.env.init: torch.distributed is not available in this build")
         return False
     if dist.is_initialized():
@@ -115,9 +136,10 @@ def init() -> bool:
     if missing:
         raise HoloflowError(f"holoflow.env.init: WORLD_SIZE={ws} but {', '.join(missing)} not set; "
                             f"launch with `python -m holoflow.distributed.launch --nproc_per_node N script.py`")
-    if torch.cuda.is_available():
-        torch.cuda.set_device(get_local_rank() % max(1, torch.cuda.device_count()))
     rank = _int_env("RANK", 0)
+    if torch.cuda.is_available():
+        local = _int_env("LOCAL_RANK", rank % _int_env("LOCAL_WORLD_SIZE", ws))
+        torch.cuda.set_device(local % max(1, torch.cuda.device_count()))
     _import_group_pinning_modules()
     dist.init_process_group(backend(), rank=rank, world_size=ws, timeout=comm_timeout(),
                             store=_restart_store(rank, ws))

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from . import comm as _c
-from . import comm_api, env
+from . import comm_api, env, world
 from .futures import Future
 
 Backend = dist.Backend
@@ -85,7 +85,8 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    """Whether the default group exists (a simulated world is one, set up by ``simulate``)."""
+    return world.simulated_rank() is not None or (dist.is_available() and dist.is_initialized())
 
 
 def is_torchelastic_launched() -> bool:
@@ -96,7 +97,12 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
                        timeout: datetime.timedelta | None = None, world_size: int = -1, rank: int = -1,
                        store=None, group_name: str = "", pg_options=None, device_id=None) -> None:
     """torch's ``init_process_group``; the backend defaults to Gloo on the CPU and NCCL for CUDA
-    tensors, the timeout to holoflow's communication timeout (``set_comm_timeout``)."""
+    tensors, the timeout to holoflow's communication timeout (``set_comm_timeout``). On a
+    simulated rank the simulated world is the group: nothing to set up, but ``rank`` and
+    ``world_size``, when given, must be that rank's."""
+    if world.simulated_rank() is not None:
+        _check_simulated(rank, world_size)
+        return
     if is_initialized():
         raise RuntimeError("holoflow.distributed.init_process_group: the default process group is already "
                            "initialized (torch: 'trying to initialize the default process group twice'); "
@@ -109,16 +115,24 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     env.announce()
 
 
+def _check_simulated(rank: int, world_size: int) -> None:
+    me, n = env.get_rank(), env.get_world_size()
+    if rank not in (-1, me) or world_size not in (-1, n):
+        raise ValueError(f"holoflow.distributed.init_process_group: rank={rank}, world_size={world_size} on simulated "
+                         f"rank {me} of a simulated world of {n}; pass this rank's own (or neither)")
+
+
 def destroy_process_group(group: RankGroup | None = None) -> None:
     """The default group (``group=None``): every group is destroyed once the collectives in flight
     finished (``env.shutdown``). A group of some ranks stays cached (holoflow creates a group
-    once per set of ranks); nothing to free."""
-    if group is None and is_initialized():
+    once per set of ranks); nothing to free. A simulated world lives as long as ``simulate``."""
+    if group is None and world.simulated_rank() is None and is_initialized():
         env.shutdown()
 
 
 def get_backend(group: RankGroup | None = None) -> str:
-    return dist.get_backend()
+    """The default group's backend (a simulated world's collectives give the values Gloo's do)."""
+    return "gloo" if world.simulated_rank() is not None else dist.get_backend()
 
 
 def new_group(ranks: Sequence[int] | None = None, timeout=None, backend=None, pg_options=None,
@@ -261,7 +275,7 @@ def all_to_all_single(output: Tensor, input: Tensor, output_split_sizes: Sequenc
 
 def all_gather_object(object_list: list, obj, group: Sequence[int] | None = None) -> None:
     """``object_list[i]`` = the picklable ``obj`` of the group's rank ``i``."""
-    got = _c.all_gather_object(obj, group)
+    got = comm_api.functions().all_gather_object(obj, group)
     if len(object_list) != len(got):
         raise ValueError(f"holoflow.distributed.all_gather_object: object_list has {len(object_list)} entries for "
                          f"a group of {len(got)}")
@@ -272,7 +286,8 @@ def broadcast_object_list(object_list: list, src: int = 0, group: Sequence[int] 
                           device=None) -> None:
     """Every rank's ``object_list`` becomes global rank ``src``'s (its length must match)."""
     ranks = get_process_group_ranks(group)
-    got = _c.all_gather_object(list(object_list) if env.get_rank() == src else None, group)[ranks.index(src)]
+    mine = list(object_list) if env.get_rank() == src else None
+    got = comm_api.functions().all_gather_object(mine, group)[ranks.index(src)]
     if len(got) != len(object_list):
         raise ValueError(f"holoflow.distributed.broadcast_object_list: rank {src} sent {len(got)} objects, this "
                          f"rank's object_list has {len(object_list)}")
@@ -282,7 +297,7 @@ def broadcast_object_list(object_list: list, src: int = 0, group: Sequence[int] 
 def gather_object(obj, object_gather_list: list | None = None, dst: int = 0,
                   group: Sequence[int] | None = None) -> None:
     """On global rank ``dst``, ``object_gather_list[i]`` = the group's rank ``i``'s ``obj``."""
-    got = _c.all_gather_object(obj, group)
+    got = comm_api.functions().all_gather_object(obj, group)
     if env.get_rank() == dst:
         if object_gather_list is None or len(object_gather_list) != len(got):
             raise ValueError(f"holoflow.distributed.gather_object: rank {dst} needs an object_gather_list of "
@@ -297,7 +312,7 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     ranks = get_process_group_ranks(group)
     sent = list(scatter_object_input_list) if env.get_rank() == src and scatter_object_input_list is not None \
         else None
-    got = _c.all_gather_object(sent, group)[ranks.index(src)]
+    got = comm_api.functions().all_gather_object(sent, group)[ranks.index(src)]
     if got is None or len(got) != len(ranks):
         raise ValueError(f"holoflow.distributed.scatter_object_list: rank {src} needs a scatter_object_input_list "
                          f"of {len(ranks)} entries")
@@ -371,8 +386,11 @@ def batch_isend_irecv(p2p_op_list: list) -> list:
 
 
 def get_node_local_rank(fallback_rank: int | None = None) -> int:
-    """This process's rank on its node (``LOCAL_RANK``; ``fallback_rank`` when unset)."""
+    """This process's rank on its node (``LOCAL_RANK``; ``fallback_rank`` when unset); a
+    simulated rank's (one node holds the simulated world)."""
     import os
+    if world.simulated_rank() is not None:
+        return env.get_local_rank()
     if "LOCAL_RANK" in os.environ:
         return int(os.environ["LOCAL_RANK"])
     if fallback_rank is not None:

@@ -2,8 +2,8 @@
 
 A random op on global tensors (dropout, bernoulli, the in-place samplers, attention dropout) runs
 its kernel on every rank's shard. Drawn from each rank's own default generator, a broadcast result
-would hold different values on different ranks wherever their generators differ (simulated ranks
-share one; processes seeded apart), and a split one would repeat the same pattern on every shard
+would hold different values on different ranks wherever their generators differ (processes, or
+simulated ranks, seeded apart), and a split one would repeat the same pattern on every shard
 wherever they agree. OneFlow's rule fixes both, and holoflow follows it: one *initial seed* per
 random op, the first rank's draw, agreed by every rank of the placement; each rank's kernel then
 draws from a generator of its own seeded by :func:`rank_seed`, which numbers the rank by its mesh
@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from ..core import generators
 from ..core.errors import HoloflowError
 from ..core.sbp import SBP, broadcast, split
 from . import world
@@ -30,7 +31,10 @@ _MASK = (1 << 64) - 1
 
 
 def draw(generator: torch.Generator | None = None) -> int:
-    """One 63-bit integer from ``generator`` (torch's default CPU generator when None)."""
+    """One 63-bit integer from ``generator`` (when None, the default CPU generator: torch's, or a
+    simulated rank's own, as each process draws from its own)."""
+    if generator is None:
+        generator = generators.default(generators.CPU)
     dev = generator.device if generator is not None else "cpu"
     return int(torch.empty((), dtype=torch.int64, device=dev).random_(generator=generator))
 

@@ -4,6 +4,9 @@ Normally the rank comes from ``holoflow.env`` and collectives from ``holoflow.di
 (torch.distributed). ``simulate(world_size)`` runs a function once per rank in threads of one
 process, with an in-memory communicator: the whole global view can be exercised without
 processes (tests, the explain tools); real multi-process tests check the same code on Gloo.
+A simulated rank answers as its process would: ``env.get_rank()``/``get_world_size()`` (and
+torch.distributed's under mock_torch) give its rank and world, and its random ops draw from
+default generators of its own (core/generators.py), so a program runs as on real ranks.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..core import generators
 from ..core.errors import HoloflowError
 from . import comm_track
 
@@ -35,6 +39,12 @@ def simulated_rank() -> int | None:
     """The rank this thread acts as in a simulated world (``simulate``, ``acting_as`` with a
     simulated communicator), else None."""
     return _LOCAL.rank if isinstance(_LOCAL.comm, SimComm) else None
+
+
+def simulated_world_size() -> int | None:
+    """The number of ranks of the simulated world this thread acts in, else None."""
+    c = _LOCAL.comm
+    return c.world_size if isinstance(c, SimComm) else None
 
 
 def comm():
@@ -65,10 +75,13 @@ class PeerFailed(RuntimeError):
 
 class SimComm:
     """Collectives among threads of one process: each call deposits this rank's tensor, waits
-    for the group, and computes the result from everyone's deposits."""
+    for the group, and computes the result from everyone's deposits. It also holds each rank's
+    default generators (core/generators.py): a process's own, as every real rank has."""
 
     def __init__(self, world_size: int, timeout: float = 60.0) -> None:
         self.world_size, self.timeout = world_size, timeout
+        fork = generators.Fork()
+        self.generators = [generators.RankGenerators(fork) for _ in range(world_size)]
         self._cv = threading.Condition()
         self._slots: dict = {}
         self._seq: dict = {}
@@ -228,6 +241,7 @@ def simulate(world_size: int, fn: Callable[[int], Any], timeout: float = 60.0) -
 
     def run(r: int) -> None:
         _LOCAL.rank, _LOCAL.comm = r, comm_
+        generators.install(comm_.generators[r])
         try:
             results[r] = fn(r)
         except BaseException as e:  # reported to the caller below
@@ -235,6 +249,7 @@ def simulate(world_size: int, fn: Callable[[int], Any], timeout: float = 60.0) -
             comm_.fail(r, e)
         finally:
             _LOCAL.rank = _LOCAL.comm = None
+            generators.install(None)
     threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world_size)]
     for t in threads:
         t.start()
@@ -256,8 +271,11 @@ class acting_as:
         self.rank, self.comm = rank_, comm_
 
     def __enter__(self) -> None:
-        self.prev = _LOCAL.rank, _LOCAL.comm
+        # a simulated rank's generators, or (a real rank's comm) torch's
+        gens = self.comm.generators[self.rank] if isinstance(self.comm, SimComm) else None
+        self.prev = _LOCAL.rank, _LOCAL.comm, generators.install(gens)
         _LOCAL.rank, _LOCAL.comm = self.rank, self.comm
 
     def __exit__(self, *exc) -> None:
-        _LOCAL.rank, _LOCAL.comm = self.prev
+        _LOCAL.rank, _LOCAL.comm, gens = self.prev
+        generators.install(gens)

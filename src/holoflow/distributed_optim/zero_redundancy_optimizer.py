@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from ..core.tensor import Tensor
-from ..distributed import comm, env
+from ..distributed import comm_api, env
 from ..distributed.algorithms.join import Join, Joinable, JoinHook
 from ..distributed.comm_check import call_site
 from ..distributed.ddp import broadcast_tensors
@@ -141,7 +141,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         local = self.optim.state_dict()
         local = {"state": {i: {k: _plain(v) for k, v in s.items()} for i, s in local["state"].items()},
                  "param_groups": local["param_groups"]}
-        every = comm.all_gather_object(local, self.ranks)
+        every = comm_api.functions().all_gather_object(local, self.ranks)
         self._all_state_dicts = every if env.get_rank() == to else None
 
     def state_dict(self) -> dict:

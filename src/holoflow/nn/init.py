@@ -2,7 +2,7 @@
 
 Each fills the tensor's storage under ``no_grad`` with the same kernel calls, in the same order,
 as ``torch.nn.init``; holoflow draws from torch's global RNG, so under one ``manual_seed`` the
-values are torch's exactly.
+values are torch's exactly (on a simulated rank's thread, from the rank's own: core/generators.py).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..core import generators
 from ..core.tensor import Tensor
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_",
@@ -21,8 +22,9 @@ __all__ = ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_"
            "xavier_normal", "kaiming_uniform", "kaiming_normal", "orthogonal", "sparse"]
 
 
-def _gen(generator: Any) -> torch.Generator | None:
-    return getattr(generator, "torch", generator)
+def _gen(generator: Any, t: torch.Tensor) -> torch.Generator | None:
+    """The generator drawing into ``t``: the caller's, else a simulated rank's own, else torch's."""
+    return generators.for_kernel(generator, t.device)
 
 
 def _storage(tensor: Tensor) -> torch.Tensor:
@@ -91,14 +93,16 @@ def _calculate_correct_fan(tensor: Tensor, mode: str) -> int:
 def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0, generator: Any = None) -> Tensor:
     """Fills ``tensor`` from U(a, b)."""
     with torch.no_grad():
-        _storage(tensor).uniform_(a, b, generator=_gen(generator))
+        t = _storage(tensor)
+        t.uniform_(a, b, generator=_gen(generator, t))
     return tensor
 
 
 def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any = None) -> Tensor:
     """Fills ``tensor`` from N(mean, std²)."""
     with torch.no_grad():
-        _storage(tensor).normal_(mean, std, generator=_gen(generator))
+        t = _storage(tensor)
+        t.normal_(mean, std, generator=_gen(generator, t))
     return tensor
 
 
@@ -112,7 +116,8 @@ def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float 
     if (mean < a - 2 * std) or (mean > b + 2 * std):
         warnings.warn("mean is more than 2 std from [a, b] in nn.init.trunc_normal_. "
                       "The distribution of values may be incorrect.", stacklevel=2)
-    t, g = _storage(tensor), _gen(generator)
+    t = _storage(tensor)
+    g = _gen(generator, t)
     with torch.no_grad():
         if norm_cdf((b - mean) / std) - norm_cdf((a - mean) / std) > 0.3:
             _trunc_by_normal(t, mean, std, a, b, g)
@@ -233,7 +238,7 @@ def orthogonal_(tensor: Tensor, gain: float = 1, generator: Any = None) -> Tenso
     t = _storage(tensor)
     rows = t.size(0)
     cols = t.numel() // rows
-    flat = t.new_empty((rows, cols)).normal_(0, 1, generator=_gen(generator))
+    flat = t.new_empty((rows, cols)).normal_(0, 1, generator=_gen(generator, t))
     if rows < cols:
         flat.t_()
     q, r = torch.linalg.qr(flat)
@@ -258,9 +263,10 @@ def sparse_(tensor: Tensor, sparsity: float, std: float = 0.01, generator: Any =
     rows, cols = t.shape
     num_zeros = int(math.ceil(sparsity * rows))
     with torch.no_grad():
-        t.normal_(0, std, generator=_gen(generator))
+        t.normal_(0, std, generator=_gen(generator, t))
+        perms = _gen(None, torch.empty(0))   # (the default device's default generator)
         for col in range(cols):
-            zero_rows = torch.randperm(rows)[:num_zeros]
+            zero_rows = torch.randperm(rows, generator=perms)[:num_zeros]
             t[zero_rows, col] = 0
     return tensor
 

@@ -41,7 +41,7 @@ import torch.nn.functional as TF
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalVariant
 
-from ..core import grad_mode
+from ..core import generators, grad_mode
 from ..core.dispatch import apply
 from ..core.errors import ShapeError, UnsupportedError
 from ..core.registry import Meta, defop
@@ -394,8 +394,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     if is_causal and attn_mask is not None:
         raise ValueError("holoflow.scaled_dot_product_attention: give attn_mask or is_causal, not both")
     if dropout_p > 0:
+        g = generators.for_op(None, query)   # (a simulated rank's own)
         return apply(SDPA_DROPOUT, query, key, value, attn_mask, is_causal=is_causal, scale=scale,
-                     dropout_p=float(dropout_p)).out
+                     dropout_p=float(dropout_p), **({} if g is None else {"generator": g})).out
     return apply(SDPA, query, key, value, attn_mask, is_causal=is_causal, scale=scale,
                  backends=enabled_backends()).out
 

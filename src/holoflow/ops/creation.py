@@ -14,6 +14,7 @@ import torch
 
 from ..core import device as _device
 from ..core import dtype as _dtype
+from ..core import generators
 from ..core.dispatch import apply
 from ..core.errors import ArgTypeError, ArgValueError, int_sizes
 from ..core import interpret
@@ -269,10 +270,16 @@ def _traced_draw(name: str, fn, g, **attrs) -> Tensor | None:
         g.set_state(state)
 
 
+def _draws_from(generator, device) -> torch.Generator | None:
+    """The generator a creation on ``device`` draws from: the caller's, else (eager, on a
+    simulated rank) the rank's own, else None: torch's default (core/generators.py)."""
+    return generators.for_kernel(generator, _device.to_torch(device) or torch.get_default_device())
+
+
 def _random(fn):
     def make(*size, generator=None, dtype=None, device=None, requires_grad=False,
              placement=None, sbp=None):
-        g = generator.torch if generator is not None else None
+        g = _draws_from(generator, device)
         t = _traced_draw(fn.__name__, fn, g, size=_sizes(size, fn.__name__), placement=placement, sbp=sbp,
                          **_kw(dtype, device))
         if t is not None:
@@ -295,7 +302,7 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
         low, high = 0, low
     if size is None:
         raise TypeError("holoflow.randint: size= is required, e.g. randint(0, 10, (3,))")
-    g = generator.torch if generator is not None else None
+    g = _draws_from(generator, device)
     kw = _kw(dtype or _dtype.int64, device)
     t = _traced_draw("randint", torch.randint, g, low=low, high=high, size=_sizes((size,), "randint"),
                      placement=placement, sbp=sbp, **kw)
@@ -306,7 +313,7 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
 
 
 def randperm(n: int, *, generator=None, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
-    g = generator.torch if generator is not None else None
+    g = _draws_from(generator, device)
     t = _traced_draw("randperm", torch.randperm, g, n=n, placement=placement, sbp=sbp,
                      **_kw(dtype or _dtype.int64, device))
     if t is not None:
@@ -318,11 +325,12 @@ def randperm(n: int, *, generator=None, dtype=None, device=None, placement=None,
 def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=None,
            requires_grad=False) -> Tensor:
     """Samples N(mean, std); ``mean``/``std`` may be tensors (then ``size`` comes from them)."""
-    g = generator.torch if generator is not None else None
     if isinstance(mean, Tensor) or isinstance(std, Tensor):
         m = mean._data if isinstance(mean, Tensor) else mean
         s = std._data if isinstance(std, Tensor) else std
+        g = _draws_from(generator, (m if isinstance(mean, Tensor) else s).device)
         return Tensor._make(torch.normal(m, s, generator=g))
+    g = _draws_from(generator, device)
     if size is None:
         raise TypeError("holoflow.normal: size= is required when mean and std are numbers")
     t = _traced_draw("normal", torch.normal, g, mean=float(mean), std=float(std), size=_sizes((size,)),
@@ -365,6 +373,9 @@ def _like(fn_name: str):
         t = _traced(fn_name, fn, input, *args, **kw, **kwargs)
         if t is not None:
             return t
+        if fn_name in _RANDOM_LIKE and input._global is None and kwargs.get("generator") is None:
+            g = _draws_from(None, kw.get("device") or input._data.device)   # (a global one's: rng.py)
+            kwargs = kwargs if g is None else {**kwargs, "generator": g}
         if input._global is not None and fn_name in _RANDOM_LIKE:   # each shard its own draws
             t = apply(_create_op(fn_name, fn), input, *args, **kw, **kwargs)
             return t.requires_grad_(True) if requires_grad else t
@@ -416,23 +427,24 @@ def manual_seed(seed: int):
     if isinstance(seed, (str, bytes)) or not hasattr(seed, "__index__") and not isinstance(seed, float):
         raise ArgTypeError(f"holoflow.manual_seed: the seed must be an int, got {seed!r} of type "
                            f"{type(seed).__name__}")   # torch: ValueError (int('a')); also a TypeError
-    return torch.manual_seed(seed)
+    return generators.manual_seed(seed)
 
 
+# the default CPU generator these read and write is a simulated rank's own on its thread
 def seed() -> int:
-    return torch.seed()
+    return generators.seed()
 
 
 def initial_seed() -> int:
-    return torch.initial_seed()
+    return generators.cpu().initial_seed()
 
 
 def get_rng_state() -> Tensor:
-    return Tensor._make(torch.get_rng_state())
+    return Tensor._make(generators.cpu().get_state())
 
 
 def set_rng_state(state: Tensor) -> None:
-    torch.set_rng_state(state._data if isinstance(state, Tensor) else state)
+    generators.cpu().set_state(state._data if isinstance(state, Tensor) else state)
 
 
 class Generator:

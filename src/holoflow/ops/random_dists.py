@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core import generators
 from ..core.dispatch import apply
 from ..core.errors import ArgValueError
 from ..core.registry import defop
@@ -22,8 +23,9 @@ from .family import elementwise_sbp, like_first_input, tensor_metas
 __all__ = ["standard_gamma", "standard_gamma_grad", "sample_dirichlet", "dirichlet_grad"]
 
 
-def _gen(generator):
-    return getattr(generator, "torch", generator)
+def _gen(generator, like: Tensor):
+    """The caller's generator, else (eager, on a simulated rank) the rank's own (core/generators.py)."""
+    return generators.for_op(generator, like)
 
 
 def _batch_sbp(metas, attrs):
@@ -62,7 +64,7 @@ SAMPLE_DIRICHLET = defop("sample_dirichlet",
 def standard_gamma(concentration: Tensor, generator=None) -> Tensor:
     """A Gamma(``concentration``, rate 1) draw per element (``torch._standard_gamma``),
     differentiable in ``concentration``."""
-    return apply(STANDARD_GAMMA, concentration, generator=_gen(generator))
+    return apply(STANDARD_GAMMA, concentration, generator=_gen(generator, concentration))
 
 
 def standard_gamma_grad(concentration: Tensor, sample: Tensor) -> Tensor:
@@ -76,7 +78,7 @@ def sample_dirichlet(concentration: Tensor, generator=None) -> Tensor:
     if concentration.dim() < 1:
         raise ArgValueError("holoflow.sample_dirichlet: concentration must be at least one-dimensional (the last "
                             "dim is the simplex), got a 0-d tensor")
-    return apply(SAMPLE_DIRICHLET, concentration, generator=_gen(generator))
+    return apply(SAMPLE_DIRICHLET, concentration, generator=_gen(generator, concentration))
 
 
 def dirichlet_grad(x: Tensor, concentration: Tensor, total: Tensor) -> Tensor:

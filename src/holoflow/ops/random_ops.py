@@ -4,13 +4,14 @@
 ``log_normal_``, ``geometric_``; ``poisson``, ``binomial`` and rrelu's training slopes; plus ``fill_``.
 
 Each kernel draws exactly as torch's own CPU kernel does (dropout: ``bernoulli_(1 - p)`` on a
-tensor like the input, divided by ``1 - p``), which is what makes the values match.
+tensor like the input, divided by ``1 - p``), which is what makes the values match. On a simulated
+rank's thread the default generator is the rank's own (core/generators.py), as each process's is.
 """
 from __future__ import annotations
 
 import torch
 
-from ..core import grad_mode
+from ..core import generators, grad_mode
 from ..core.dispatch import apply, apply_inplace, assign, check_inplace_target
 from ..core.errors import ArgValueError
 from ..core.registry import Meta, defop
@@ -20,8 +21,10 @@ from .creation import ones_like, zeros_like
 from .family import elementwise_sbp, like_first_input
 
 
-def _gen(generator):
-    return getattr(generator, "torch", generator)
+def _gen(generator, like: Tensor):
+    """The generator a kernel drawing like ``like`` gets: the caller's, else (eager, on a simulated
+    rank) the rank's own, else None: torch's default (core/generators.py)."""
+    return generators.for_op(generator, like)
 
 
 def _dropout_kernel(x, p, generator=None):
@@ -57,8 +60,9 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
         return input
     if p == 1.0:
         out = input * 0.0
-    else:
-        out = apply(DROPOUT, input, p=float(p)).out
+    else:   # (off simulated ranks no generator attr: torch's CUDA dropout stays its fused kernel)
+        g = _gen(None, input)
+        out = apply(DROPOUT, input, p=float(p), **({} if g is None else {"generator": g})).out
     if inplace:
         return assign(input, out, "dropout")
     return out
@@ -71,7 +75,7 @@ BERNOULLI = defop("bernoulli", lambda x, p, generator: torch.bernoulli(x, genera
 
 def bernoulli(input: Tensor, p: float | None = None, *, generator=None) -> Tensor:
     """Draws 0/1 with probability ``input`` (or the constant ``p``) per element."""
-    return apply(BERNOULLI, input, p=p, generator=_gen(generator))
+    return apply(BERNOULLI, input, p=p, generator=_gen(generator, input))
 
 
 def _multinomial_sbp(metas, attrs):
@@ -93,7 +97,7 @@ def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *, g
                             f"{input.shape[-1]} categories (input of shape {tuple(input.shape)}); pass "
                             f"replacement=True or num_samples <= {input.shape[-1]}")
     return apply(MULTINOMIAL, input, num_samples=int(num_samples), replacement=bool(replacement),
-                 generator=_gen(generator))
+                 generator=_gen(generator, input))
 
 
 # torch's kernels of poisson, binomial and rrelu's noise have no meta version: without a shape
@@ -106,7 +110,7 @@ BINOMIAL = defop("binomial", lambda count, prob, generator: torch.binomial(count
 
 def poisson(input: Tensor, generator=None) -> Tensor:
     """A Poisson draw of rate ``input`` per element, as ``torch.poisson``."""
-    return apply(POISSON, input, generator=_gen(generator))
+    return apply(POISSON, input, generator=_gen(generator, input))
 
 
 def binomial(count: Tensor, prob: Tensor, generator=None) -> Tensor:
@@ -114,7 +118,7 @@ def binomial(count: Tensor, prob: Tensor, generator=None) -> Tensor:
     if tuple(count.shape) != tuple(prob.shape):
         raise ArgValueError(f"holoflow.binomial: count of shape {tuple(count.shape)} and prob of shape "
                             f"{tuple(prob.shape)} must have the same shape")
-    return apply(BINOMIAL, count, prob, generator=_gen(generator))
+    return apply(BINOMIAL, count, prob, generator=_gen(generator, count))
 
 
 def _rrelu_noise_kernel(x, lower, upper, generator=None):
@@ -135,7 +139,7 @@ RRELU_NOISE = defop("rrelu_noise", _rrelu_noise_kernel, sbp=_same_split_sbp(1), 
 
 def rrelu_noise(input: Tensor, lower: float, upper: float, generator=None) -> Tensor:
     """The slope ``rrelu`` multiplies each element by in training (random below 0, else 1)."""
-    return apply(RRELU_NOISE, input, lower=float(lower), upper=float(upper), generator=_gen(generator))
+    return apply(RRELU_NOISE, input, lower=float(lower), upper=float(upper), generator=_gen(generator, input))
 
 
 # -- in-place samplers and fill_ --------------------------------------------------------------------
@@ -169,12 +173,12 @@ FILL_ = defop("fill_", lambda x, value: torch.full_like(x, value), inplace_kerne
 
 def normal_(self: Tensor, mean: float = 0.0, std: float = 1.0, *, generator=None) -> Tensor:
     """Fills ``self`` with samples of N(mean, std^2)."""
-    return apply_inplace(NORMAL_, self, mean=float(mean), std=float(std), generator=_gen(generator))
+    return apply_inplace(NORMAL_, self, mean=float(mean), std=float(std), generator=_gen(generator, self))
 
 
 def uniform_(self: Tensor, a: float = 0.0, b: float = 1.0, *, generator=None) -> Tensor:
     """Fills ``self`` with samples of U[a, b)."""
-    return apply_inplace(UNIFORM_, self, low=float(a), high=float(b), generator=_gen(generator))
+    return apply_inplace(UNIFORM_, self, low=float(a), high=float(b), generator=_gen(generator, self))
 
 
 def random_(self: Tensor, from_: int = 0, to: int | None = None, *, generator=None, **kw) -> Tensor:
@@ -184,32 +188,32 @@ def random_(self: Tensor, from_: int = 0, to: int | None = None, *, generator=No
     if kw:
         raise TypeError(f"holoflow.Tensor.random_: unexpected arguments {sorted(kw)}")
     bounds = () if (from_ == 0 and to is None) else ((from_,) if to is None else (from_, to))
-    return apply_inplace(RANDOM_, self, bounds=bounds, generator=_gen(generator))
+    return apply_inplace(RANDOM_, self, bounds=bounds, generator=_gen(generator, self))
 
 
 def exponential_(self: Tensor, lambd: float = 1.0, *, generator=None) -> Tensor:
     """Fills ``self`` with samples of Exp(lambd)."""
-    return apply_inplace(EXPONENTIAL_, self, lambd=float(lambd), generator=_gen(generator))
+    return apply_inplace(EXPONENTIAL_, self, lambd=float(lambd), generator=_gen(generator, self))
 
 
 def bernoulli_(self: Tensor, p=0.5, *, generator=None) -> Tensor:
     """Fills ``self`` with 0/1 draws of probability ``p`` (a number or a broadcastable tensor)."""
-    return apply_inplace(BERNOULLI_, self, p, generator=_gen(generator))
+    return apply_inplace(BERNOULLI_, self, p, generator=_gen(generator, self))
 
 
 def cauchy_(self: Tensor, median: float = 0.0, sigma: float = 1.0, *, generator=None) -> Tensor:
     """Fills ``self`` with samples of the Cauchy distribution (location ``median``, scale ``sigma``)."""
-    return apply_inplace(CAUCHY_, self, median=float(median), sigma=float(sigma), generator=_gen(generator))
+    return apply_inplace(CAUCHY_, self, median=float(median), sigma=float(sigma), generator=_gen(generator, self))
 
 
 def log_normal_(self: Tensor, mean: float = 1.0, std: float = 2.0, *, generator=None) -> Tensor:
     """Fills ``self`` with samples of exp(N(mean, std^2))."""
-    return apply_inplace(LOG_NORMAL_, self, mean=float(mean), std=float(std), generator=_gen(generator))
+    return apply_inplace(LOG_NORMAL_, self, mean=float(mean), std=float(std), generator=_gen(generator, self))
 
 
 def geometric_(self: Tensor, p: float, *, generator=None) -> Tensor:
     """Fills ``self`` with the number of Bernoulli(``p``) trials up to the first success (1, 2, ...)."""
-    return apply_inplace(GEOMETRIC_, self, p=float(p), generator=_gen(generator))
+    return apply_inplace(GEOMETRIC_, self, p=float(p), generator=_gen(generator, self))
 
 
 def fill_(self: Tensor, value) -> Tensor:

@@ -20,7 +20,7 @@ import torch
 from ..amp.autocast import autocast, get_autocast_dtype, is_autocast_enabled
 from ..autograd import Function
 from ..autograd import backward as _backward
-from ..core import grad_mode
+from ..core import generators, grad_mode
 from ..core.tensor import Tensor
 
 __all__ = ["checkpoint", "checkpoint_sequential"]
@@ -36,17 +36,36 @@ def _autocast_state() -> list[tuple[str, Any]]:
     return [(dev, get_autocast_dtype(dev)) for dev in ("cpu", "cuda") if is_autocast_enabled(dev)]
 
 
-def _cuda_devices(args: tuple) -> list[int]:
-    return sorted({a._data.device.index or 0 for a in args if isinstance(a, Tensor) and a.is_cuda})
+def _rng_devices(args: tuple) -> list[torch.device]:
+    """The devices whose random state a recompute replays: the CPU and the inputs' CUDA devices."""
+    cuda = sorted({a._data.device.index or 0 for a in args if isinstance(a, Tensor) and a.is_cuda})
+    return [torch.device("cpu")] + [torch.device("cuda", d) for d in cuda]
+
+
+@contextlib.contextmanager
+def _replaying(states: list | None, devices: list):
+    """Runs the block from the random ``states`` of ``devices`` (the forward's), leaving this
+    thread's default generators (a simulated rank's own) as they were, as torch's fork_rng;
+    nothing when ``states`` is None."""
+    if states is None:
+        yield
+        return
+    before = [generators.get_state(d) for d in devices]
+    for d, st in zip(devices, states):
+        generators.set_state(st, d)
+    try:
+        yield
+    finally:
+        for d, st in zip(devices, before):
+            generators.set_state(st, d)
 
 
 class _Recompute(Function):
     @staticmethod
     def forward(ctx, run: Callable, preserve_rng: bool, n_args: int, *args):
         ctx.run, ctx.preserve_rng, ctx.n_args = run, preserve_rng, n_args
-        ctx.devices = _cuda_devices(args[:n_args])
-        ctx.cpu_state = torch.get_rng_state() if preserve_rng else None
-        ctx.cuda_states = [torch.cuda.get_rng_state(d) for d in ctx.devices] if preserve_rng else []
+        ctx.devices = _rng_devices(args[:n_args])
+        ctx.rng_states = [generators.get_state(d) for d in ctx.devices] if preserve_rng else None
         ctx.autocast = _autocast_state()
         ctx.args, ctx.n_anchors = args[:n_args], len(args) - n_args
         ctx.save_for_backward(*[a for a in args[:n_args] if isinstance(a, Tensor)])
@@ -57,11 +76,7 @@ class _Recompute(Function):
         ctx.saved_tensors  # noqa: B018 - raises if an input was modified in place since forward
         inputs = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, Tensor) else a
                        for a in ctx.args)
-        with torch.random.fork_rng(devices=ctx.devices, enabled=ctx.preserve_rng):
-            if ctx.preserve_rng:
-                torch.set_rng_state(ctx.cpu_state)
-                for d, st in zip(ctx.devices, ctx.cuda_states):
-                    torch.cuda.set_rng_state(st, d)
+        with _replaying(ctx.rng_states, ctx.devices):
             with grad_mode.enable_grad(), contextlib.ExitStack() as stack:
                 for dev, dt in ctx.autocast:
                     stack.enter_context(autocast(dev, dtype=dt))

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .. import comm, env
+from .. import comm_api, env
 from ..comm_check import call_site
 
 __all__ = ["Join", "Joinable", "JoinHook"]
@@ -115,7 +115,7 @@ class Join:
         flags = torch.zeros(2 * len(self.ranks), dtype=torch.float64)
         flags[2 * me], flags[2 * me + 1] = float(active), float(sync)
         with call_site("Join: the ranks still training"):   # (joined ranks ask from __exit__)
-            comm.all_reduce(flags, self.ranks)
+            comm_api.functions().all_reduce(flags, self.ranks)
         self.training = [r for i, r in enumerate(self.ranks) if flags[2 * i] > 0]
         return self.training, bool(flags[1::2].sum() > 0)
 

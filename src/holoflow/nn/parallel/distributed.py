@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from ...core import grad_mode
-from ...distributed import comm, env
+from ...distributed import comm_api, env
 from ...distributed.algorithms.join import Join, Joinable, JoinHook
 from ...distributed.comm_check import call_site
 from ...distributed.ddp import GradReducer, verify_same_model
@@ -50,7 +50,7 @@ class _DDPJoinHook(JoinHook):
         ranks = ddp.process_group
         mine = torch.tensor([float(env.get_rank() if is_last_joiner else -1)], dtype=torch.float64)
         with call_site("DistributedDataParallel join: the final model"):
-            comm.all_reduce(mine, ranks, op="max")
+            comm_api.functions().all_reduce(mine, ranks, op="max")
             ddp.reducer.broadcast_from_first(list(ddp.module.parameters()) + list(ddp.module.buffers()),
                                              int(mine.item()))
         ddp.reducer.divide_by, ddp.reducer.joining = None, False

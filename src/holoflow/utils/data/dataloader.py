@@ -17,7 +17,7 @@ import torch
 
 from ._worker import ExceptionWrapper, Fetcher, IterableEnd, Packed, worker_loop
 from .collate import default_collate, default_convert
-from .dataset import Dataset, IterableDataset, torch_generator
+from .dataset import Dataset, IterableDataset, drawing_generator
 from .sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from ...core.tensor import Tensor
 
@@ -106,7 +106,7 @@ class DataLoader:
                        self.batch_size)
 
     def _base_seed(self) -> int:
-        return int(torch.empty((), dtype=torch.int64).random_(generator=torch_generator(self.generator)).item())
+        return int(torch.empty((), dtype=torch.int64).random_(generator=drawing_generator(self.generator)).item())
 
     def __iter__(self) -> Iterator[Any]:
         sampler_iter = iter(self._index_sampler)   # lazy: the base seed is drawn first, as torch

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
+from ...core import generators
 from ...core.tensor import Tensor
 
 __all__ = ["Dataset", "IterableDataset", "TensorDataset", "StackDataset", "Subset", "ConcatDataset", "ChainDataset",
@@ -20,6 +21,12 @@ __all__ = ["Dataset", "IterableDataset", "TensorDataset", "StackDataset", "Subse
 def torch_generator(generator) -> torch.Generator | None:
     """The ``torch.Generator`` behind a holoflow ``Generator`` (or a torch one, or None)."""
     return getattr(generator, "torch", generator)
+
+
+def drawing_generator(generator) -> torch.Generator | None:
+    """What a CPU draw takes: the caller's generator, else None for torch's default, or on a
+    simulated rank's thread the rank's own (core/generators.py)."""
+    return generators.for_kernel(generator, "cpu")
 
 
 class Dataset:
@@ -212,6 +219,5 @@ def random_split(dataset: Dataset, lengths: Sequence[int | float], generator=Non
     if sum(lengths) != n:
         raise ValueError(f"holoflow.utils.data.random_split: sum of lengths {sum(lengths)} does not equal "
                          f"the length of the dataset {n}")
-    g = torch_generator(generator)
-    perm = torch.randperm(sum(lengths), generator=g if g is not None else torch.default_generator).tolist()
+    perm = torch.randperm(sum(lengths), generator=drawing_generator(generator)).tolist()
     return [Subset(dataset, perm[end - k:end]) for end, k in zip(itertools.accumulate(lengths), lengths)]

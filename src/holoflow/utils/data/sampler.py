@@ -6,7 +6,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from ...core.tensor import Tensor
-from .dataset import torch_generator
+from .dataset import drawing_generator, torch_generator
 
 __all__ = ["Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler",
            "WeightedRandomSampler", "BatchSampler"]
@@ -57,7 +57,7 @@ class RandomSampler(Sampler):
         g = torch_generator(self.generator)
         if g is None:
             g = torch.Generator()
-            g.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+            g.manual_seed(int(torch.empty((), dtype=torch.int64).random_(generator=drawing_generator(None)).item()))
         if self.replacement:
             for _ in range(self.num_samples // 32):
                 yield from torch.randint(high=n, size=(32,), dtype=torch.int64, generator=g).tolist()
@@ -78,7 +78,7 @@ class SubsetRandomSampler(Sampler):
         self.indices, self.generator = indices, generator
 
     def __iter__(self) -> Iterator[int]:
-        for i in torch.randperm(len(self.indices), generator=torch_generator(self.generator)).tolist():
+        for i in torch.randperm(len(self.indices), generator=drawing_generator(self.generator)).tolist():
             yield self.indices[i]
 
     def __len__(self) -> int:
@@ -100,7 +100,7 @@ class WeightedRandomSampler(Sampler):
 
     def __iter__(self) -> Iterator[int]:
         draw = torch.multinomial(self.weights, self.num_samples, self.replacement,
-                                 generator=torch_generator(self.generator))
+                                 generator=drawing_generator(self.generator))
         yield from draw.tolist()
 
     def __len__(self) -> int:
