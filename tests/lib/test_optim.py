@@ -313,3 +313,35 @@ def test_step_hooks_like_torch():
     opt.register_step_pre_hook(lambda o, a, k: 3)
     with pytest.raises(RuntimeError, match="must return None or a tuple"):
         opt.step()
+
+
+def test_state_dict_hooks_like_torch():
+    """Optimizer.register_state_dict_pre/post_hook and register_load_state_dict_pre/post_hook
+    (they were missing: AttributeError): their order (prepend too), a post hook's or load pre
+    hook's replacement dict, removal, and the loaded state."""
+    logs = []
+    for lib in (torch, flow):
+        log = []
+        w = lib.nn.Parameter(lib.tensor([1.0, -2.0]))
+        opt = lib.optim.Adam([w], lr=0.1)
+        w.grad = lib.tensor([0.5, 0.25])
+        opt.step()
+        opt.register_state_dict_pre_hook(lambda o: log.append(("pre", len(o.state))))
+        opt.register_state_dict_pre_hook(lambda o: log.append("pre-first"), prepend=True)
+        opt.register_state_dict_post_hook(lambda o, sd: {**sd, "extra": 7})
+        h = opt.register_state_dict_post_hook(lambda o, sd: log.append(("post", sorted(sd))))
+        sd = opt.state_dict()
+        h.remove()
+        log.append(sorted(opt.state_dict()))
+        fresh = lib.optim.Adam([w], lr=0.5)
+
+        def rename(o, sd):   # a checkpoint library's pre hook: drops its key, changes the lr
+            log.append(("load-pre", sd.pop("extra")))
+            return {**sd, "param_groups": [{**g, "lr": 0.01} for g in sd["param_groups"]]}
+        fresh.register_load_state_dict_pre_hook(rename)
+        fresh.register_load_state_dict_post_hook(lambda o: log.append(("load-post", o.param_groups[0]["lr"])))
+        fresh.load_state_dict(sd)
+        log.append(("kept", "extra" in sd))    # (loading works on a shallow copy)
+        log.append(float(fresh.state[w]["step"]))
+        logs.append(log)
+    assert logs[1] == logs[0]

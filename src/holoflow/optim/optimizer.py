@@ -34,6 +34,7 @@ from ..core.tensor import Tensor, clear_grads
 from ..distributed.global_tensor import make_global
 from ..nn.hooks import RemovableHandle
 from .lowering import FOREACH, OPS
+from .state_dict_hooks import StateDictHooks
 
 __all__ = ["Optimizer", "register_optimizer_step_pre_hook", "register_optimizer_step_post_hook"]
 
@@ -160,7 +161,7 @@ def _hooked_step(step: Callable) -> Callable:
     return wrapper
 
 
-class Optimizer:
+class Optimizer(StateDictHooks):
     """Base class of holoflow's optimizers, API-compatible with ``torch.optim.Optimizer``.
 
     >>> opt = flow.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -370,7 +371,9 @@ class Optimizer:
 
     # -- state dict ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """``{'state': {idx: {...}}, 'param_groups': [{..., 'params': [idx, ...]}]}``, as torch."""
+        """``{'state': {idx: {...}}, 'param_groups': [{..., 'params': [idx, ...]}]}``, as torch
+        (through the state-dict hooks, optim/state_dict_hooks.py)."""
+        self._run_hooks("state_dict_pre")
         index: dict[int, int] = {}
         groups = []
         for g in self.param_groups:
@@ -380,12 +383,13 @@ class Optimizer:
             packed["params"] = [index[id(p)] for p in g["params"]]
             groups.append(packed)
         state = {index[id(p)]: s for p, s in self.state.items() if id(p) in index}
-        return {"state": state, "param_groups": groups}
+        return self._run_hooks("state_dict_post", {"state": state, "param_groups": groups})
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a state written by :meth:`state_dict` (holoflow's or torch's: torch tensors are
         converted). State tensors are copied and cast to their parameter's dtype/device, except
         ``step``."""
+        state_dict = self._run_hooks("load_state_dict_pre", state_dict.copy())   # (shallow, as torch)
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"holoflow.optim: loaded state dict has {len(saved_groups)} parameter "
@@ -409,6 +413,7 @@ class Optimizer:
                 ng["param_names"] = g["param_names"]
             new_groups.append(ng)
         self.param_groups = new_groups
+        self._run_hooks("load_state_dict_post")
 
 
 def _cast_state(name: str, value: Any, p: Tensor) -> Any:

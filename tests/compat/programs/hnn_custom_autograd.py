@@ -9,7 +9,8 @@ outputs) soft-clamps the energy; a robust loss is an autograd.Function with @onc
 a custom nn.utils.parametrize parametrization with two originals (right_inverse returning a
 tuple); a tensor hook rescaling dH/dp and retain_grad on a view of it; weight surgery on views of
 a parameter under torch.no_grad; Adamax with two param groups, CyclicLR cycling the betas,
-clip_grad_value_, and an optimizer + scheduler state_dict round trip mid-training."""
+clip_grad_value_, and an optimizer + scheduler state_dict round trip mid-training (metadata carried
+by the optimizer's state-dict hooks)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -133,8 +134,12 @@ for step in range(8):
             w = model.out.weight
             w[:, :12].mul_((w[:, :12].abs() > w.abs().median()).float())
             model.mid.parametrizations.weight.original1[::2].fill_(0.1)
+        # checkpoint metadata travels in the optimizer's state dict through state-dict hooks
+        opt.register_state_dict_post_hook(lambda o, sd: {**sd, "meta": {"n_state": len(sd["state"])}})
         state = {"opt": opt.state_dict(), "sched": sched.state_dict()}
         opt, sched = make_opt(model)
+        opt.register_load_state_dict_pre_hook(lambda o, sd: LOSSES.append(sd.pop("meta")["n_state"]))
+        opt.register_load_state_dict_post_hook(lambda o: LOSSES.append(len(o.state)))
         opt.load_state_dict(state["opt"])
         sched.load_state_dict(state["sched"])
 LOSSES += [AUX_GRADS["none"], AUX_GRADS["tensor"]]
