@@ -24,6 +24,13 @@ class ForwardingModule(types.ModuleType):
         else:
             setattr(self.__dict__["_torch_target"], name, value)
 
+    def __delattr__(self, name: str) -> None:
+        # where __setattr__ set: unittest.mock.patch deletes what it set before restoring
+        if name in self.__dict__ or name.startswith("_"):
+            super().__delattr__(name)
+        else:
+            delattr(self.__dict__["_torch_target"], name)
+
     def __dir__(self) -> list[str]:
         return sorted(set(self.__dict__) | set(dir(self.__dict__["_torch_target"])))
 

@@ -117,6 +117,15 @@ class _MockModule(types.ModuleType):
         else:
             setattr(self.__dict__["_holoflow_target"], attr, value)
 
+    def __delattr__(self, attr: str) -> None:
+        """Deletes where ``__setattr__`` set: ``unittest.mock.patch("torch.cuda.set_rng_state", f)``
+        (AOTAutograd patches it while Inductor compiles) sets holoflow's attribute on entry and
+        deletes it on exit before restoring the original."""
+        if attr.startswith("_") or attr in self.__dict__:
+            super().__delattr__(attr)
+        else:
+            delattr(self.__dict__["_holoflow_target"], attr)
+
     def __dir__(self) -> list[str]:
         return dir(self.__dict__["_holoflow_target"])
 

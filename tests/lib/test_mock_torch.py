@@ -87,3 +87,39 @@ def test_holoflow_keeps_real_torch_under_the_mock():
         exec("import torch\nimport torch.nn.functional as F", ns)
         assert ns["torch"] is real_torch and ns["F"] is real_torch.nn.functional
         assert flow.load is not None and sys.modules["torch"] is real_torch
+
+
+def test_patching_through_the_mock_restores_torchs_attribute():
+    """``unittest.mock.patch("torch.cuda.set_rng_state", f)`` under the mock (AOTAutograd does it
+    while Inductor compiles) sets torch's attribute through holoflow's module and, on exit,
+    deletes what it set and restores the original; a missing ``__delattr__`` raised on exit and
+    left torch.cuda.set_rng_state a no-op for the rest of the process."""
+    from unittest import mock
+    original = real_torch.cuda.set_rng_state
+    with mock_torch.enable():
+        with mock.patch("torch.cuda.set_rng_state", lambda *args: None):
+            assert real_torch.cuda.set_rng_state is not original
+        gelu = flow.nn.functional.gelu
+        with mock.patch("torch.nn.functional.gelu", lambda x: x):   # (a holoflow module's own function)
+            assert flow.nn.functional.gelu is not gelu
+    assert real_torch.cuda.set_rng_state is original and flow.nn.functional.gelu is gelu
+
+
+def test_torch_compile_under_the_mock_compiles_with_inductor(recwarn):
+    """torch.compile under the mock is holoflow.compile, whose tasks Inductor compiles (it fell
+    back to uncompiled tasks on every call: AOTAutograd's patch of torch.cuda raised)."""
+    from holoflow.graph import compile_tasks
+    states = []
+    orig = compile_tasks.CompiledTask._compile
+
+    def seen(self, args):
+        got = orig(self, args)
+        states.append(self.state)
+        return got
+    with mock_torch.enable(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(compile_tasks.CompiledTask, "_compile", seen)
+        g = _run("import torch\nm = torch.nn.Linear(3, 2)\nf = torch.compile(m)\n"
+                 "x = torch.ones(4, 3)\nf(x).sum().backward()\nwant = m(x)\ngot = f(x)\n")
+    assert states and set(states) == {"compiled"}, states
+    assert not [w for w in recwarn if "cannot compile" in str(w.message)]
+    flow.testing.assert_close(g["got"], g["want"])

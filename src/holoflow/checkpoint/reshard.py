@@ -79,7 +79,7 @@ def _like_tensor(like: Any, shape: list, where: str) -> Tensor | None:
 
 def _walk(obj: Any, like: Any, fn, where: str = "obj") -> Any:
     """``obj`` with each tensor replaced by ``fn(tensor, like leaf, where)``."""
-    if isinstance(obj, (Tensor, _Pending)):
+    if isinstance(obj, (Tensor, _Pending, _Spec)):
         return fn(obj, like, where)
     if isinstance(obj, dict):
         items = ((k, _walk(v, _like_child(like, k), fn, f"{where}[{k!r}]")) for k, v in obj.items())
@@ -345,7 +345,11 @@ def load_from_rank(path: Any, src: int, map_location=None, like: Any = None) -> 
             data = t._data if r == src else torch.empty((0,), dtype=_dtype_from(spec.dtype, "manifest"))
             globals_[id(spec)] = (make_global(Tensor._make(data), place, (B,), spec.shape), spec)
 
+    done: dict = {}   # id(spec) -> its tensor, once (a tensor saved under two names stays one)
+
     def finish(spec: Any, lk: Any, where: str) -> Tensor:
+        if id(spec) in done:
+            return done[id(spec)]
         g, spec = globals_[id(spec)]
         lk = _like_tensor(lk, spec.shape, where)
         if lk is not None and lk._global is not None:
@@ -359,8 +363,9 @@ def load_from_rank(path: Any, src: int, map_location=None, like: Any = None) -> 
                                     tuple(tg.sbp), spec.shape)
         if spec.requires_grad:
             g.requires_grad_(True)
+        done[id(spec)] = g
         return g
-    return _walk_specs(skeleton, like, finish)
+    return _walk(skeleton, like, finish)
 
 
 def _is_dir(path: Any) -> bool:
@@ -369,32 +374,18 @@ def _is_dir(path: Any) -> bool:
 
 def _flatten(obj: Any) -> list:
     out: list = []
-
-    def visit(x: Any) -> None:
-        if isinstance(x, (Tensor, _Spec)):
-            out.append(x)
-        elif isinstance(x, dict):
-            for v in x.values():
-                visit(v)
-        elif isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
-            for v in x:
-                visit(v)
-    visit(obj)
+    _visit(obj, out)
     return out
 
 
-def _walk_specs(obj: Any, like: Any, fn, where: str = "obj") -> Any:
-    memo: dict = {}
-
-    def go(x: Any, lk: Any, w: str) -> Any:
-        if isinstance(x, _Spec):
-            if id(x) not in memo:
-                memo[id(x)] = fn(x, lk, w)
-            return memo[id(x)]
-        if isinstance(x, dict):
-            items = ((k, go(v, _like_child(lk, k), f"{w}[{k!r}]")) for k, v in x.items())
-            return OrderedDict(items) if isinstance(x, OrderedDict) else dict(items)
-        if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
-            return type(x)(go(v, _like_child(lk, i), f"{w}[{i}]") for i, v in enumerate(x))
-        return x
-    return go(obj, like, where)
+def _visit(x: Any, out: list) -> None:
+    # (module-level, not a closure calling itself: that is a cycle holding the tensors until a
+    # collection)
+    if isinstance(x, (Tensor, _Spec)):
+        out.append(x)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _visit(v, out)
+    elif isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+        for v in x:
+            _visit(v, out)

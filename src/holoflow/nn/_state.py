@@ -70,6 +70,29 @@ def _parse_to(args: tuple, kwargs: dict) -> tuple[torch.device | None, torch.dty
     return dev, dt
 
 
+def _load_tree(module, local_state_dict: dict, prefix: str, metadata, assign: bool, missing_keys: list,
+               unexpected_keys: list, error_msgs: list) -> None:
+    """``load_state_dict``'s walk: ``module``'s own entries, then each child's under its prefix,
+    then ``module``'s post hooks. (Module-level: a closure calling itself is a cycle that would
+    hold the state dict's tensors until a collection.)"""
+    local_metadata = dict({} if metadata is None else metadata.get(prefix[:-1], {}))
+    if assign:
+        local_metadata["assign_to_params_buffers"] = True
+    module._load_from_state_dict(local_state_dict, prefix, local_metadata, True,
+                                 missing_keys, unexpected_keys, error_msgs)
+    for name, child in module._modules.items():
+        if child is not None:
+            child_prefix = prefix + name + "."
+            child_sd = {k: v for k, v in local_state_dict.items() if k.startswith(child_prefix)}
+            _load_tree(child, child_sd, child_prefix, metadata, assign, missing_keys, unexpected_keys, error_msgs)
+    post_hooks = module.__dict__.get("_load_state_dict_post_hooks")
+    if post_hooks:
+        incompatible = _IncompatibleKeys(missing_keys, unexpected_keys)
+        for hook in post_hooks.values():
+            if hook(module, incompatible) is not None:
+                raise RuntimeError("load_state_dict post-hook must return None")
+
+
 class StateMixin:
     """``state_dict``/``load_state_dict`` and ``to``/``cuda``/``float``... for ``nn.Module``."""
 
@@ -242,25 +265,7 @@ class StateMixin:
         metadata = getattr(state_dict, "_metadata", None)
         state_dict = OrderedDict(state_dict)
 
-        def load(module, local_state_dict: dict, prefix: str = "") -> None:
-            local_metadata = dict({} if metadata is None else metadata.get(prefix[:-1], {}))
-            if assign:
-                local_metadata["assign_to_params_buffers"] = True
-            module._load_from_state_dict(local_state_dict, prefix, local_metadata, True,
-                                         missing_keys, unexpected_keys, error_msgs)
-            for name, child in module._modules.items():
-                if child is not None:
-                    child_prefix = prefix + name + "."
-                    child_sd = {k: v for k, v in local_state_dict.items() if k.startswith(child_prefix)}
-                    load(child, child_sd, child_prefix)
-            post_hooks = module.__dict__.get("_load_state_dict_post_hooks")
-            if post_hooks:
-                incompatible = _IncompatibleKeys(missing_keys, unexpected_keys)
-                for hook in post_hooks.values():
-                    if hook(module, incompatible) is not None:
-                        raise RuntimeError("load_state_dict post-hook must return None")
-
-        load(self, state_dict)
+        _load_tree(self, state_dict, "", metadata, assign, missing_keys, unexpected_keys, error_msgs)
         if strict:
             if unexpected_keys:
                 error_msgs.insert(0, "Unexpected key(s) in state_dict: {}. ".format(
