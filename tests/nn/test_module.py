@@ -286,6 +286,21 @@ def test_deepcopy_and_pickle_keep_ties():
     torch.testing.assert_close(p[0].weight.to_torch(), s[0].weight.to_torch())
 
 
+def test_deepcopy_of_a_parameter_drops_its_grad_as_torch():
+    """(holoflow copied ``.grad``: a deep-copied model's first backward then added to the
+    original's stale gradients, where torch's copy starts with none); a plain tensor keeps it."""
+    for lib in (torch, flow):
+        model = lib.nn.Linear(3, 2)
+        model(lib.ones(4, 3)).sum().backward()
+        t = lib.ones(2, requires_grad=True)
+        (t * 3).sum().backward()
+        copy_ = copy.deepcopy(model)
+        assert all(p.grad is None for p in copy_.parameters())
+        assert model.weight.grad is not None and copy.deepcopy(t).grad.tolist() == [3.0, 3.0]
+        copy_(lib.ones(4, 3)).sum().backward()
+        assert copy_.bias.grad.tolist() == [4.0, 4.0]
+
+
 def test_state_dict_hooks_and_extra_state():
     class E(nn.Module):
         def __init__(self):

@@ -34,12 +34,12 @@ class Parameter(Tensor):
         return "Parameter containing:\n" + super().__repr__()
 
     def __deepcopy__(self, memo) -> "Parameter":
+        """A new parameter with a copy of the data and no ``.grad``, as torch's: a deep-copied
+        model (a target network, a copy to fine-tune) starts with no gradients."""
         if id(self) in memo:
             return memo[id(self)]
         p = type(self)(Tensor._make(self._data.clone()), self.requires_grad)
         p._global = self._global
-        if self.grad is not None:
-            p.grad = self.grad.__deepcopy__(memo)
         p.__dict__.update(self.__dict__)
         memo[id(self)] = p
         return p

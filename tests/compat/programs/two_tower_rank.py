@@ -6,7 +6,10 @@ nn.Embedding for item ids, Adagrad on the embedding tables and AdamW on the dens
 optimizers, as the recipe); a pairwise MarginRankingLoss over positive/negative scores, a listwise
 softmax loss, in-batch hard negatives picked by torch.topk on a masked score matrix, and ranking
 metrics by argsort(stable=True) / nanquantile / kthvalue / torch.quantile, searchsorted into the
-unsorted score rows through sorter=, bucketize into the quantile bins."""
+unsorted score rows through sorter=, bucketize into the quantile bins; then a copy.deepcopy of the
+model fine-tuned with SGD and gradient accumulation."""
+import copy
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -103,4 +106,21 @@ for step in range(5):
                median_neg.mean().item(), kth.sum().item(), *q.tolist(), float(hard_idx.sum()),
                float(beaten.sum()), float(bins.sum()), float(above)]
 
-MODELS = {"model": model}
+# a copy adapted to a new region: plain SGD with gradient accumulation over two micro-batches
+# (zero_grad after each step, so the copy's first backward finds whatever .grad it came with)
+regional = copy.deepcopy(model)
+ft_opt = torch.optim.SGD(regional.parameters(), lr=0.05, momentum=0.9)
+for micro in range(5):     # (the last micro-batch's gradients stay, for the comparison)
+    hist, hist_off, _ = bags(N_ITEMS, B, gen)
+    prof, prof_off, _ = bags(N_USERS, B, gen, max_len=2, min_len=0)
+    item = torch.randint(0, N_ITEMS, (B,), generator=gen)
+    tags, tag_off, _ = bags(N_TAGS, B, gen, max_len=3, min_len=0)
+    tag_off = torch.cat([tag_off, torch.tensor([tags.numel()])])
+    u, v, temp = regional((hist, hist_off, None, prof, prof_off), (item, tags, tag_off))
+    loss = F.cross_entropy(u @ v.t() * temp, torch.arange(B)) / 2
+    loss.backward()
+    if micro % 2 == 1:
+        ft_opt.step()
+        ft_opt.zero_grad()
+    LOSSES.append(loss.item())
+MODELS = {"model": model, "regional": regional}
