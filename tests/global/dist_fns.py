@@ -53,12 +53,15 @@ def sbp_choices(x: torch.Tensor, ndim: int):
     return [c for c in itertools.product(one, repeat=ndim)]
 
 
-def op_case_names(module: str, step: int) -> list[str]:
-    """Every ``step``-th case of an op-table module, leaving out what cannot be globalized:
-    random cases (each rank's RNG draws for its own shard)."""
+def op_case_names(module: str, step: int, at_least: int = 1) -> list[str]:
+    """Every ``step``-th case of an op-table module (more often where that would give fewer than
+    ``at_least``: a small table sampled sparsely is a sample of two, whose checks on proportions
+    flip when a case is added), leaving out what cannot be globalized: random cases (each rank's
+    RNG draws for its own shard)."""
     import importlib
     mod = importlib.import_module(module)
-    return [c.name for c in mod.CASES if not c.random][::step]
+    names = [c.name for c in mod.CASES if not c.random]
+    return names[::max(1, min(step, len(names) // at_least))]
 
 
 def _second_order(outs, ins, ups, gen):
