@@ -151,12 +151,28 @@ class _Encoder:
             if ptr is not None:
                 self.storages.add(ptr)
             self.tensors[name] = data
-        return {"t": "tensor", "key": name, "codec": codec.name, "requires_grad": t.requires_grad, **info}
+        node = {"t": "tensor", "key": name, "codec": codec.name, "requires_grad": t.requires_grad, **info}
+        if _is_parameter(t):   # (loads as a Parameter again, as torch's)
+            node["parameter"] = True
+        return node
 
 
-def save(obj: Any, path: str | os.PathLike, global_dst_rank: int | None = None) -> None:
+def _is_parameter(t: Tensor) -> bool:
+    from .nn.parameter import Parameter   # (nn imports this module's layer; imported when used)
+    return isinstance(t, Parameter)
+
+
+def _as_parameter(t: Tensor, requires_grad: bool) -> Tensor:
+    from .nn.parameter import Parameter
+    return Parameter(t, requires_grad=requires_grad)
+
+
+def save(obj: Any, path: str | os.PathLike, global_dst_rank: int | None = None, *, pickle_module: Any = None,
+         pickle_protocol: Any = None, _use_new_zipfile_serialization: bool = True,
+         _disable_byteorder_record: bool = False) -> None:
     """Saves tensors and nested dicts/lists/tuples of tensors and plain values to ``path``
     (atomically: the previous file survives a crash). See the module doc for the format.
+    torch.save's pickle and zip options are accepted and have no effect: the file is holoflow's.
 
     A tree holding global tensors is saved by every rank together: into the directory ``path``
     (each rank writes its own shards), or, with ``global_dst_rank=r``, as one ordinary file that
@@ -305,11 +321,14 @@ def register_sharded(fmt: ShardedFormat) -> None:
 
 
 # -- load ------------------------------------------------------------------------------------
-def load(path: str | os.PathLike, map_location=None, weights_only: bool = True, *,
-         global_src_rank: int | None = None, like: Any = None) -> Any:
+def load(path: str | os.PathLike, map_location=None, pickle_module: Any = None, *, weights_only: bool = True,
+         mmap: bool | None = None, global_src_rank: int | None = None, like: Any = None, **pickle_load_args) -> Any:
     """Loads what :func:`save` wrote (or a safetensors / ``torch.save`` file) without running any
-    code. ``map_location``: a device (``"cpu"``, ``"cuda:0"``, a holoflow/torch device) or a dict
-    ``{"cuda:0": "cpu"}`` moving tensors saved on one device to another.
+    code. ``map_location``: a device (``"cpu"``, ``"cuda:0"``, a holoflow/torch device), a dict
+    ``{"cuda:0": "cpu"}`` moving tensors saved on one device to another, or torch's function
+    ``(storage, location) -> storage`` (the tensor goes where the returned storage is).
+    ``mmap`` and ``pickle_load_args`` (``encoding=...``) reach torch.load for torch files; a
+    holoflow file is read through safetensors, which maps the file anyway.
 
     Global tensors: ``like`` is a tree shaped like the saved one (a state dict, a module, an
     optimizer, ...) whose global tensors give each loaded tensor its placement and SBP; each
@@ -319,21 +338,26 @@ def load(path: str | os.PathLike, map_location=None, weights_only: bool = True, 
     >>> ckpt = flow.load("ckpt.hf", map_location="cpu")
     >>> ckpt = flow.load("ckpt_dir", like={"model": model, "optim": opt})
     """
+    if pickle_module is not None and weights_only:
+        raise RuntimeError("holoflow.load: can not safely load weights when explicit pickle_module is specified "
+                           "(as torch.load)")
+    torch_args = dict(pickle_load_args, **({} if mmap is None else {"mmap": mmap}))
     if not weights_only:   # modules saved whole may be rebuilt (their code runs), as torch.load
         with _whole.allowing_code(True):
-            return load_file(path, map_location)
+            return load_file(path, map_location, torch_args)
     if global_src_rank is not None or (_SHARDED is not None and _SHARDED.is_sharded(path)):
         if _SHARDED is None:
             raise UnsupportedError("holoflow.load: global checkpoints need holoflow.checkpoint (import holoflow)")
         return _SHARDED.load(path, map_location, global_src_rank, like)
-    obj = load_file(path, map_location)
+    obj = load_file(path, map_location, torch_args)
     if like is not None and _SHARDED is not None:
         obj = _SHARDED.relayout(obj, like)
     return obj
 
 
-def load_file(path, map_location=None) -> Any:
-    """:func:`load` of one file or file object (no global layout)."""
+def load_file(path, map_location=None, torch_args: dict | None = None) -> Any:
+    """:func:`load` of one file or file object (no global layout); ``torch_args`` go to
+    torch.load for a torch.save file."""
     name = repr(getattr(path, "name", path)) if hasattr(path, "read") else repr(os.fspath(path))
     data = path.read() if hasattr(path, "read") else None
     if data is None:
@@ -353,7 +377,7 @@ def load_file(path, map_location=None) -> Any:
     if kind == "empty":
         raise CheckpointError(f"holoflow.load({name}): the file is empty")
     if kind in ("zip", "pickle"):
-        return _load_torch(path if data is None else data, name, map_location)
+        return _load_torch(path if data is None else data, name, map_location, torch_args or {})
     if kind != "safetensors":
         raise CheckpointError(f"holoflow.load({name}): not a valid checkpoint (safetensors, torch.save "
                               f"zip or pickle): {kind}")
@@ -418,6 +442,8 @@ def _move(t: torch.Tensor, map_location) -> torch.Tensor:
     if isinstance(map_location, dict):
         target = map_location.get(str(t.device))
         return t if target is None else t.to(str(target))
+    if callable(map_location):   # torch's (storage, location) -> storage
+        return t.to(map_location(t.untyped_storage(), str(t.device)).device)
     return t.to(str(map_location))
 
 
@@ -515,26 +541,29 @@ class _Decoder:
         codec = next((c for c in CODECS if c.name == n.get("codec")), None)
         if codec is None:
             raise self.bad(f"unknown tensor codec {n.get('codec')!r} (saved by a layer not loaded here?)")
-        info = {k: v for k, v in n.items() if k not in ("t", "key", "codec", "requires_grad")}
+        info = {k: v for k, v in n.items() if k not in ("t", "key", "codec", "requires_grad", "parameter")}
         t = codec.decode(self.tensors[key], info)
         if n.get("requires_grad"):
             if not (t.is_floating_point() or t.is_complex()):
                 raise self.bad(f"tensor {key!r} of dtype {t.dtype} is marked requires_grad (only floating "
                                f"point and complex tensors can be)")
             t.requires_grad_(True)
+        if n.get("parameter"):
+            t = _as_parameter(t, bool(n.get("requires_grad")))
         self.made[key] = t
         return t
 
 
-def _load_torch(src, name: str, map_location) -> Any:
+def _load_torch(src, name: str, map_location, torch_args: dict) -> Any:
     import io
     if isinstance(map_location, dict):
         map_location = {str(k): str(v) for k, v in map_location.items()}
-    elif map_location is not None:
+    elif map_location is not None and not callable(map_location):
         map_location = str(map_location)
+    if isinstance(src, bytes):
+        src, torch_args = io.BytesIO(src), {k: v for k, v in torch_args.items() if k != "mmap"}  # (files only)
     try:
-        obj = torch.load(io.BytesIO(src) if isinstance(src, bytes) else src,
-                         map_location=map_location, weights_only=True)
+        obj = torch.load(src, map_location=map_location, weights_only=True, **torch_args)
     except Exception as e:  # UnpicklingError for code, RuntimeError/EOFError for truncation
         reason = str(e).split("\n")[0]
         raise CheckpointError(f"holoflow.load({name}): refused: a torch.save/pickle file that "
@@ -544,6 +573,8 @@ def _load_torch(src, name: str, map_location) -> Any:
 
 
 def _from_torch(obj: Any) -> Any:
+    if isinstance(obj, torch.nn.Parameter):
+        return _as_parameter(Tensor._make(obj.detach()), obj.requires_grad)
     if isinstance(obj, torch.Tensor):
         t = Tensor._make(obj.detach())
         if obj.requires_grad:

@@ -168,3 +168,26 @@ def test_bad_manifests_raise_checkpoint_errors(tmp_path, text, dtype, message):
     safetensors.torch.save_file({"0": torch.ones(1, dtype=dtype)}, str(path), metadata={"holoflow": text})
     with pytest.raises(S.CheckpointError, match=r"m\.hf.*" + message):
         flow.load(path)
+
+
+def test_torch_save_and_load_arguments_and_parameters(tmp_path):
+    """torch.save's pickle/zip options and torch.load's mmap=, pickle_load_args and a map_location
+    function are taken (they were TypeErrors / an invalid device string); a Parameter loads as a
+    Parameter with its requires_grad, as torch's (it loaded as a plain tensor)."""
+    p = flow.nn.Parameter(flow.arange(6.0).reshape(2, 3))
+    frozen = flow.nn.Parameter(flow.ones(2), requires_grad=False)
+    path = str(tmp_path / "ck.pt")
+    flow.save({"p": p, "frozen": frozen, "t": flow.ones(1)}, path, _use_new_zipfile_serialization=False,
+              pickle_protocol=4)
+    for kwargs in (dict(mmap=True), dict(map_location=lambda storage, loc: storage), dict(map_location="cpu")):
+        got = flow.load(path, weights_only=True, **kwargs)
+        assert type(got["p"]) is flow.nn.Parameter and got["p"].requires_grad and got["p"].tolist() == p.tolist()
+        assert type(got["frozen"]) is flow.nn.Parameter and not got["frozen"].requires_grad
+        assert type(got["t"]) is flow.Tensor
+    tpath = str(tmp_path / "torch.pt")
+    torch.save({"p": torch.nn.Parameter(torch.ones(3)), "w": torch.zeros(2)}, tpath)
+    for kwargs in (dict(mmap=True), dict(map_location=lambda storage, loc: storage), dict(encoding="latin1")):
+        got = flow.load(tpath, **kwargs)
+        assert type(got["p"]) is flow.nn.Parameter and got["p"].requires_grad and type(got["w"]) is flow.Tensor
+    with pytest.raises(RuntimeError, match="explicit pickle_module"):
+        flow.load(path, pickle_module=__import__("pickle"))

@@ -7,8 +7,12 @@ spatial covariance and its diagonal loading, torch.linalg.solve on the complex s
 a modReLU activation (|z| and angle, rebuilt by torch.polar), torch.complex, .real / .imag,
 torch.view_as_real back to real features, a phase loss through torch.angle and a magnitude loss
 through .abs(); a real taper parameter cast to complex with .to(x.dtype); Adam with amsgrad and
-ExponentialLR, the training loop run with warnings as errors."""
+ExponentialLR, the training loop run with warnings as errors; a legacy-format checkpoint (torch.save
+with _use_new_zipfile_serialization=False, torch.load with a map_location function) restored into
+a fresh model."""
 import math
+import os
+import tempfile
 import warnings
 
 import torch
@@ -87,4 +91,16 @@ with warnings.catch_warnings():
         sched.step()
         LOSSES.append(loss.item())
 LOSSES += [y.abs().mean().item(), torch.view_as_real(z).sum().item(), z.angle().abs().mean().item()]
+
+# an old-style checkpoint: the whole state dict plus the taper Parameter itself, saved in the
+# legacy (non-zip) format and loaded back onto the CPU with the classic map_location function
+ckpt_path = os.path.join(tempfile.mkdtemp(), "beamformer.pt")
+torch.save({"state": model.state_dict(), "taper": model.taper}, ckpt_path, _use_new_zipfile_serialization=False)
+ckpt = torch.load(ckpt_path, map_location=lambda storage, loc: storage, weights_only=True)
+restored = Beamformer()
+restored.load_state_dict(ckpt["state"])
+restored.taper = ckpt["taper"]          # a Parameter, so it may replace the registered one
+with torch.no_grad():
+    LOSSES.append((restored(snapshots)[0] - model(snapshots)[0]).abs().max().item())
+LOSSES.append(sorted(n for n, _ in restored.named_parameters()).index("taper"))
 MODELS = {"bf": model}
