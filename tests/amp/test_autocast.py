@@ -1,6 +1,7 @@
 """autocast: output dtypes per op class against torch.autocast("cpu", bfloat16), gradients, nesting."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
@@ -266,3 +267,57 @@ def _region_program(lib) -> list[str]:
 
 def test_disabled_regions_and_set_autocast_enabled_inside_them_as_torch():
     assert _region_program(flow) == _region_program(torch)
+
+
+@pytest.mark.parametrize("cast_inputs", [None, "float32"])
+@pytest.mark.parametrize("in_region", [True, False])
+def test_custom_fwd_and_custom_bwd_as_torch(cast_inputs, in_region):
+    """torch.amp.custom_fwd / custom_bwd on a custom Function (they were missing): the dtypes its
+    forward and backward compute in, the output, and the input's gradient, as torch's."""
+    def run(lib):
+        seen = []
+        amp = lib.amp
+        cast = None if cast_inputs is None else getattr(lib, cast_inputs)
+
+        class Gram(lib.autograd.Function):
+            @staticmethod
+            @amp.custom_fwd(device_type="cpu", cast_inputs=cast)
+            def forward(ctx, x, w):
+                ctx.save_for_backward(x, w)
+                y = x @ w
+                seen.append(("fwd", str(x.dtype).split(".")[-1], str(y.dtype).split(".")[-1]))
+                return y
+
+            @staticmethod
+            @amp.custom_bwd(device_type="cpu")
+            def backward(ctx, g):
+                x, w = ctx.saved_tensors
+                gx = g @ w.t()
+                seen.append(("bwd", str(g.dtype).split(".")[-1], str(gx.dtype).split(".")[-1]))
+                return gx, None
+        lib.manual_seed(0)
+        x = lib.randn(3, 4, requires_grad=True)
+        w = lib.randn(4, 2)
+        with lib.autocast("cpu", dtype=lib.bfloat16, enabled=in_region):
+            y = Gram.apply(x, w)
+        y.float().sum().backward()
+        return seen, str(y.dtype).split(".")[-1], y.detach().float().numpy(), x.grad.numpy()
+    want, got = run(torch), run(flow)
+    assert got[:2] == want[:2]
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-6)
+    np.testing.assert_allclose(got[3], want[3], rtol=1e-6)
+
+
+def test_legacy_cuda_custom_fwd_spellings_warn_and_decorate_as_torch():
+    for lib in (torch, flow):
+        with pytest.warns(FutureWarning, match="torch.amp.custom_fwd"):
+            fwd = lib.cuda.amp.custom_fwd(cast_inputs=lib.float32)
+        with pytest.warns(FutureWarning, match="torch.amp.custom_bwd"):
+            bwd = lib.cuda.amp.custom_bwd(lambda ctx, g: g * 2)
+
+        class Double(lib.autograd.Function):
+            forward = staticmethod(fwd(lambda ctx, x: x * 2))
+            backward = staticmethod(bwd)
+        x = lib.ones(2, requires_grad=True)
+        Double.apply(x).sum().backward()
+        assert x.grad.tolist() == [2.0, 2.0]

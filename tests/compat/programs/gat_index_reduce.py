@@ -2,12 +2,13 @@
 """A graph attention network (Velickovic et al.) with PNA-style multi-aggregators, written with
 PyTorch's reduction-by-index ops as PyG's pure-torch fallbacks are: multi-head edge scores with
 LeakyReLU, flagged edges' scores set to a learned 0-d parameter by Tensor.index_fill, a segment
-softmax by Tensor.scatter_reduce(amax, include_self=False) + index_add_, messages aggregated by
-scatter_reduce in the modes sum / mean / amax / amin (include_self False and True, nodes without
-in-edges included), Tensor.index_reduce_ (mean and amax, ReLU'd messages so the max has ties),
-Tensor.index_add with alpha, scatter_add for degrees, per-graph readout by index_reduce('amax'),
-nn.ParameterList of per-layer attention vectors, node classification with label smoothing and
-masks, NAdam + CosineAnnealingLR."""
+softmax by Tensor.scatter_reduce(amax, include_self=False) + index_add_ (an autograd.Function with
+its own backward, kept in float32 by torch.amp.custom_fwd/custom_bwd inside an autocast region),
+messages aggregated by scatter_reduce in the modes sum / mean / amax / amin (include_self False
+and True, nodes without in-edges included), Tensor.index_reduce_ (mean and amax, ReLU'd messages
+so the max has ties), Tensor.index_add with alpha, scatter_add for degrees, per-graph readout by
+index_reduce('amax'), nn.ParameterList of per-layer attention vectors, node classification with
+label smoothing and masks, NAdam + CosineAnnealingLR."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -21,6 +22,26 @@ def segment_softmax(score, dst, n):
     w = (score - top[dst]).exp()
     denom = score.new_zeros(n, score.shape[1]).index_add_(0, dst, w)
     return w / denom[dst]
+
+
+class SegmentSoftmax(torch.autograd.Function):
+    """The attention normalization with its own backward, kept in float32 under autocast."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+    def forward(ctx, score, dst, n):
+        alpha = segment_softmax(score, dst, n)
+        ctx.save_for_backward(alpha, dst)
+        ctx.n = n
+        return alpha
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, g):
+        alpha, dst = ctx.saved_tensors
+        ga = g * alpha
+        total = ga.new_zeros(ctx.n, ga.shape[1]).index_add_(0, dst, ga)
+        return ga - alpha * total[dst], None, None
 
 
 class GATLayer(nn.Module):
@@ -37,7 +58,8 @@ class GATLayer(nn.Module):
         h = self.lin(x).view(n, self.heads, self.d_out)
         score = F.leaky_relu((h[src] * self.att[0]).sum(-1) + (h[dst] * self.att[1]).sum(-1), 0.2)
         score = score.index_fill(0, flagged, self.null_score)
-        alpha = segment_softmax(score, dst, n)                          # (E, heads)
+        with torch.autocast("cpu", dtype=torch.bfloat16):               # (AMP around the kernel)
+            alpha = SegmentSoftmax.apply(score, dst, n)                 # (E, heads), float32
         msg = (h[src] * alpha.unsqueeze(-1)).reshape(len(src), -1)      # (E, heads * d_out)
         idx = dst.unsqueeze(1).expand_as(msg)
         zeros = msg.new_zeros(n, msg.shape[1])
