@@ -437,3 +437,45 @@ def test_zero3_parameter_read_without_an_op_before_its_first_use_sees_the_whole_
     for want, got in zip(eager, graph):
         for a, b in zip(want, got):
             torch.testing.assert_close(b, a)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_on_a_device_mesh_shards_rows_as_torch_chunk_and_trains_as_on_a_placement(stage):
+    """Parameters replicated on torch's DeviceMesh of 4 ranks: ZeRO's rows of a 5-row weight are
+    torch.chunk's (2, 2, 1, 0: one rank holds none), laid out as the state's SBP says, and the
+    losses and parameters equal the same graph's on a OneFlow placement (rows 2, 1, 1, 1)."""
+    from holoflow.distributed.device_mesh import DeviceMesh
+
+    def run(mesh: bool):
+        def f(r):
+            place = DeviceMesh("cpu", [0, 1, 2, 3]) if mesh else flow.placement("cpu", [0, 1, 2, 3])
+            flow.manual_seed(0)
+            m = flow.nn.Sequential(flow.nn.Linear(6, 5), flow.nn.Tanh(), flow.nn.Linear(5, 7))
+            m.to_global(place, B)
+            opt = flow.optim.Adam(m.parameters(), lr=0.1)
+
+            class Train(flow.nn.Graph):
+                def __init__(self):
+                    super().__init__()
+                    self.m = m
+                    self.add_optimizer(opt)
+                    self.config.enable_zero(True, stage=stage, shard_min_size=1)
+
+                def build(self, x):
+                    loss = self.m(x).pow(2).mean()
+                    loss.backward()
+                    return loss
+            g = Train()
+            x = (flow.arange(48.0).reshape(8, 6) / 48).to_global(place, B).to_global(sbp=S(0))
+            losses = [g(x).to_global(sbp=B).to_local().item() for _ in range(3)]
+            rows = [opt.state[p]["exp_avg"].to_local().shape[0] for p in m.parameters()]
+            whole = [opt.state[p]["exp_avg"].to_global(sbp=B).to_local().numpy() for p in m.parameters()]
+            return losses, [p.detach().to_global(sbp=B).to_local().numpy() for p in m.parameters()], rows, whole
+        return world.simulate(4, f)
+    on_mesh, on_place = run(True), run(False)
+    assert [r[2] for r in on_mesh] == [[2, 2, 2, 2], [2, 2, 2, 2], [1, 1, 2, 2], [0, 0, 1, 1]]
+    assert [r[2] for r in on_place] == [[2, 2, 2, 2], [1, 1, 2, 2], [1, 1, 2, 2], [1, 1, 1, 1]]
+    for a, b in zip(on_mesh, on_place):
+        assert a[0] == b[0]
+        for x, y in zip(a[1] + a[3], b[1] + b[3]):
+            torch.testing.assert_close(torch.from_numpy(x), torch.from_numpy(y), rtol=0, atol=0)
