@@ -724,6 +724,57 @@ def test_tensor_parallel_styles_inside_nn_graph():
         assert "fully_shard: FSDPSequential runs on each rank's own batch" in msg and "enable_zero(True, stage=3)" in msg
 
 
+def test_uneven_tensor_parallel_layers_in_nn_graph_on_four_ranks():
+    """A column-parallel layer of 5 outputs on 4 ranks (torch.chunk's 2,2,1,0: one rank holds no
+    rows) after a column/row-parallel pair, trained 3 SGD steps in nn.Graph: every weight equals
+    one process's eager training, and each rank's shard is torch's."""
+    rng = np.random.default_rng(7)
+    shapes = {"0.weight": (12, 6), "0.bias": (12,), "2.weight": (3, 12), "2.bias": (3,), "3.weight": (5, 3),
+              "3.bias": (5,)}
+    weights = {k: rng.standard_normal(s).astype(np.float32) * 0.5 for k, s in shapes.items()}
+    x = np.linspace(-1, 1, 30, dtype=np.float32).reshape(5, 6)
+
+    def run(r):
+        m = flow.nn.Sequential(flow.nn.Linear(6, 12), flow.nn.Tanh(), flow.nn.Linear(12, 3), flow.nn.Linear(3, 5))
+        m.load_state_dict({k: flow.tensor(v) for k, v in weights.items()})
+        if r is not None:
+            parallelize_module(m, DeviceMesh("cpu", [0, 1, 2, 3]),
+                               {"0": ColwiseParallel(use_local_output=False), "2": RowwiseParallel(use_local_output=False),
+                                "3": ColwiseParallel(use_local_output=False)})
+        opt = flow.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(batch):
+            loss = (m(batch) ** 2).mean()
+            loss.backward()
+            return loss
+        if r is None:
+            for _ in range(3):
+                opt.zero_grad()
+                step(flow.tensor(x))
+                opt.step()
+        else:
+            class Train(flow.nn.Graph):
+                def __init__(self):
+                    super().__init__()
+                    self.m = m
+                    self.add_optimizer(opt)
+
+                def build(self, batch):
+                    return step(batch)
+            train = Train()
+            for _ in range(3):
+                train(flow.tensor(x))
+        return {k: ((p.full_tensor() if p.is_global else p).detach().numpy(),
+                    tuple(p.to_local().shape) if p.is_global else None) for k, p in m.named_parameters()}
+    want = run(None)
+    got = _sim(4, run)
+    for r, ranks in enumerate(got):
+        for k in want:
+            np.testing.assert_allclose(ranks[k][0], want[k][0], rtol=1e-5, atol=1e-6, err_msg=f"rank {r} {k}")
+        assert ranks["3.weight"][1] == ((2, 3), (2, 3), (1, 3), (0, 3))[r]
+        assert ranks["0.weight"][1] == (3, 6) and ranks["2.weight"][1] == (3, 3)
+
+
 @pytest.mark.parametrize("reshard", [True, False], ids=["resharded", "kept"])
 def test_a_group_of_modules_is_gathered_from_its_first_forward_to_its_last(reshard):
     """fully_shard([embedding, head]) (torchtitan's group): gathered when the embedding runs,
