@@ -1,6 +1,7 @@
 """holoflow.func against torch.func: functional_call, grad, grad_and_value, vjp, jvp, jacrev,
 jacfwd, hessian, vmap and stack_module_state on the same functions and values, composed as users
 compose them (per-sample gradients, ensembles, second derivatives), plus their errors."""
+import numpy as np
 import pytest
 import torch
 
@@ -174,13 +175,43 @@ def test_functional_call_ties_shared_weights_and_names_bad_keys():
     m.forward = fwd
     flow.func.functional_call(m, {"emb.weight": w}, (flow.tensor([1, 2]),))
     assert seen["head"] is w                 # the tied head follows, as torch's tie_weights=True
-    with pytest.raises(RuntimeError, match=r"unexpected key\(s\) \['nope'\]"):
-        flow.func.functional_call(m, {"nope": w}, (flow.tensor([1]),))
-    with pytest.raises(RuntimeError, match=r"missing key\(s\)"):
+    with pytest.raises(RuntimeError, match=r"Unexpected key\(s\): 'nope'"):
+        flow.func.functional_call(m, {"nope": w, "emb.weight": w}, (flow.tensor([1]),), strict=True)
+    with pytest.raises(AttributeError, match="ModuleDict has no attribute `nope`"):
+        flow.func.functional_call(m, {"nope.x": w}, (flow.tensor([1]),))
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\): 'bias'"):
         flow.func.functional_call(flow.nn.Linear(2, 2), {"weight": flow.ones(2, 2)}, (flow.ones(1, 2),), strict=True)
     with pytest.raises(ValueError, match="more than one dict"):
         flow.func.functional_call(flow.nn.Linear(2, 2), ({"bias": flow.ones(2)}, {"bias": flow.ones(2)}),
                                   (flow.ones(1, 2),))
+
+
+def test_functional_call_swaps_plain_tensor_attributes_and_counts_tied_aliases_as_torch():
+    """A key naming a plain tensor attribute (or none yet) sets it for the call, restored after;
+    strict=True takes a tied model's deduplicated named_parameters(). (holoflow refused the
+    first as an unexpected key and reported the tied alias missing)"""
+    def run(lib):
+        class Scaled(lib.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = lib.nn.Embedding(4, 3)
+                self.head = lib.nn.Linear(3, 4, bias=False)
+                self.head.weight = self.emb.weight
+                self.scale = lib.tensor(2.0)        # a plain attribute, not a buffer
+
+            def forward(self, ids):
+                out = self.head(self.emb(ids)) * self.scale
+                return out + self.shift if hasattr(self, "shift") else out
+        lib.manual_seed(0)
+        m, ids = Scaled(), lib.tensor([1, 3])
+        outs = [lib.func.functional_call(m, {"scale": lib.tensor(10.0)}, (ids,)),
+                lib.func.functional_call(m, {"shift": lib.tensor(100.0)}, (ids,)),
+                lib.func.functional_call(m, dict(m.named_parameters()), (ids,), strict=True)]
+        return [o.detach().numpy() for o in outs], float(m.scale), hasattr(m, "shift")
+    (want, *flags_t), (got, *flags_f) = run(torch), run(flow)
+    assert flags_f == flags_t == [2.0, False]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
 
 
 def test_per_sample_gradients_vmap_of_grad_of_functional_call():

@@ -3,14 +3,15 @@
 extension points a physics codebase uses: the learned H(q, p) is differentiated with
 torch.autograd.grad(create_graph=True) for the symplectic field, and again per sample through
 torch.func (vmap of jacrev over functional_call with the parameters passed in, parametrized
-weights included); a torch-2-style autograd.Function (forward without ctx + setup_context, an
-output marked non-differentiable, set_materialize_grads(False) so backward sees None for unused
-outputs) soft-clamps the energy; a robust loss is an autograd.Function with @once_differentiable;
-a custom nn.utils.parametrize parametrization with two originals (right_inverse returning a
-tuple); a tensor hook rescaling dH/dp and retain_grad on a view of it; weight surgery on views of
-a parameter under torch.no_grad; Adamax with two param groups, CyclicLR cycling the betas,
-clip_grad_value_, and an optimizer + scheduler state_dict round trip mid-training (metadata carried
-by the optimizer's state-dict hooks)."""
+weights included; functional_call also swapping a plain tensor attribute); a torch-2-style
+autograd.Function (forward without ctx + setup_context, an output marked non-differentiable,
+set_materialize_grads(False) so backward sees None for unused outputs) soft-clamps the energy; a
+robust loss is an autograd.Function with @once_differentiable; a custom nn.utils.parametrize
+parametrization with two originals (right_inverse returning a tuple); a tensor hook rescaling
+dH/dp and retain_grad on a view of it; weight surgery on views of a parameter under
+torch.no_grad; Adamax with two param groups, CyclicLR cycling the betas, clip_grad_value_, and an
+optimizer + scheduler state_dict round trip mid-training (metadata carried by the optimizer's
+state-dict hooks)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -78,11 +79,12 @@ class HNN(nn.Module):
         self.mid = nn.Linear(hidden, hidden)
         parametrize.register_parametrization(self.mid, "weight", LowRankPlusDiag())
         self.out = nn.Linear(hidden, 1, bias=False)
+        self.energy_unit = torch.tensor(1.0)      # a plain tensor attribute (not a buffer)
 
     def forward(self, x):
         h = torch.tanh(self.inp(x))
         h = F.softplus(self.mid(h), beta=2.0)
-        return self.out(h)
+        return self.out(h) * self.energy_unit
 
 
 def true_field(x):
@@ -149,6 +151,9 @@ params = {k: v.detach() for k, v in model.named_parameters()}
 per_sample = vmap(jacrev(lambda p, xi: functional_call(model, p, (xi.unsqueeze(0),)).squeeze(), argnums=1),
                   in_dims=(None, 0))
 dh_func = per_sample(params, x)
+# the same in other energy units: functional_call swaps the plain attribute for the call
+in_kj = functional_call(model, {**params, "energy_unit": torch.tensor(1e-3)}, (x,))
+LOSSES += [(in_kj * 1e3 - model(x)).abs().max().item() < 1e-5, model.energy_unit.item()]
 with torch.no_grad():
     LOSSES.append(model.mid.weight.abs().sum().item())
 xs = x.clone().requires_grad_()

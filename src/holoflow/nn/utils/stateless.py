@@ -24,24 +24,44 @@ def _owner(module: Module, name: str) -> tuple[Module, str]:
     return m, leaf
 
 
+_MISSING = object()
+
+
+def _attr_owner(module: Module, name: str, who: str) -> tuple[Module, str]:
+    """The module holding ``name`` (a dotted path) for a key that names no parameter or buffer:
+    every module on the path must exist, as torch's."""
+    *path, leaf = name.split(".")
+    m = module
+    for p in path:
+        if not isinstance(getattr(m, p, None), Module):
+            raise AttributeError(f"holoflow.{who}: {type(m).__name__} has no attribute `{p}` (key {name!r})")
+        m = getattr(m, p)
+    return m, leaf
+
+
+def _check_strict(module: Module, names: dict, values: dict, plan: dict, who: str) -> None:
+    unexpected = sorted(k for k in values if k not in names)
+    missing = sorted(k for k in names if k not in plan)   # (a tied alias of a given key is given)
+    errors = ([f"Unexpected key(s): {', '.join(map(repr, unexpected))}."] if unexpected else []) + \
+             ([f"Missing key(s): {', '.join(map(repr, missing))}."] if missing else [])
+    if errors:
+        raise RuntimeError(f"holoflow.{who}: Error(s) in reparametrizing for {type(module).__name__}:\n\t"
+                           + "\n\t".join(errors))
+
+
 @contextlib.contextmanager
 def swapped(module: Module, values: dict, tie_weights: bool, strict: bool,
             who: str = "func.functional_call") -> Iterator[None]:
     """``module`` with the parameters/buffers named in ``values`` replaced for the block (tied
     ones too when ``tie_weights``), restored afterwards whatever happens; errors name
-    ``holoflow.<who>``."""
+    ``holoflow.<who>``. A key naming no parameter or buffer sets that attribute (a plain tensor
+    attribute, or a new one) for the block, as torch's; ``strict=True`` refuses such keys and
+    requires every parameter and buffer (tied aliases count as given)."""
     names = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
-    unknown = [k for k in values if k not in names]
-    if unknown:
-        raise RuntimeError(f"holoflow.{who}: unexpected key(s) {unknown}; the module has "
-                           f"parameters and buffers {sorted(names)}")
-    if strict:
-        missing = sorted(set(names) - set(values))
-        if missing:
-            raise RuntimeError(f"holoflow.{who}: missing key(s) {missing} (strict=True)")
     by_id: dict = {}
     for k, v in values.items():
-        by_id.setdefault(id(names[k]), []).append((k, v))
+        if k in names:
+            by_id.setdefault(id(names[k]), []).append((k, v))
     if tie_weights:   # one tensor under several names takes one value (torch's ValueError)
         for given in by_id.values():
             if len({id(v) for _, v in given}) > 1:
@@ -50,17 +70,35 @@ def swapped(module: Module, values: dict, tie_weights: bool, strict: bool,
                                  f"tie_weights=False")
     plan = {k: by_id[id(t)][0][1] if tie_weights and id(t) in by_id else values[k]
             for k, t in names.items() if k in values or (tie_weights and id(t) in by_id)}
-    saved = []
+    if strict:
+        _check_strict(module, names, values, plan, who)
+    attrs = []
+    for k in values:
+        if k not in names:
+            m, leaf = _attr_owner(module, k, who)
+            old = m.__dict__.get(leaf, _MISSING)
+            if old is not _MISSING and not isinstance(old, Tensor):
+                raise TypeError(f"holoflow.{who}: attribute `{k}`: {type(old).__name__} is not a Tensor")
+            attrs.append((m, leaf, old, values[k]))
+    saved, set_attrs = [], []
     try:
         for k, v in plan.items():
             m, leaf = _owner(module, k)
             store = m._parameters if leaf in m._parameters else m._buffers
             saved.append((store, leaf, store[leaf]))
             store[leaf] = v
+        for m, leaf, old, v in attrs:
+            m.__dict__[leaf] = v
+            set_attrs.append((m, leaf, old))
         yield
     finally:
         for store, leaf, old in reversed(saved):
             store[leaf] = old
+        for m, leaf, old in reversed(set_attrs):
+            if old is _MISSING:
+                m.__dict__.pop(leaf, None)
+            else:
+                m.__dict__[leaf] = old
 
 
 def functional_call(module: Module, parameters_and_buffers: dict[str, Tensor], args: Any = None,
