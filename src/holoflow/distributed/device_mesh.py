@@ -39,7 +39,7 @@ class DeviceMesh(placement):
     global ranks (a list, NumPy array or tensor), as torch's; ``mesh_dim_names`` names its
     dimensions (``mesh["tp"]``)."""
 
-    __slots__ = ("mesh_dim_names",)
+    __slots__ = ("mesh_dim_names", "_root")
     torch_conventions = True
 
     def __init__(self, device_type: str, mesh, *, mesh_dim_names: Sequence[str] | None = None,
@@ -58,6 +58,7 @@ class DeviceMesh(placement):
             if len(set(mesh_dim_names)) != len(mesh_dim_names):
                 raise RuntimeError(f"holoflow.DeviceMesh: mesh_dim_names must be unique, got {mesh_dim_names}")
         self.mesh_dim_names = mesh_dim_names
+        self._root: DeviceMesh | None = None   # the mesh this one was sliced from (torch's root mesh)
 
     @staticmethod
     def from_placement(place: placement) -> "DeviceMesh":
@@ -139,7 +140,14 @@ class DeviceMesh(placement):
                                f"sub-mesh {wanted}")
         index = tuple(slice(None) if a in dims else c[a] for a in range(self.ndim))
         sub = np.transpose(self._ranks[index], np.argsort(np.argsort(dims)))   # in the asked order
-        return DeviceMesh(self.type, sub, mesh_dim_names=wanted)
+        out = DeviceMesh(self.type, sub, mesh_dim_names=wanted)
+        out._root = self.root_mesh()
+        return out
+
+    def root_mesh(self) -> "DeviceMesh":
+        """The mesh this one was sliced from by name (itself if it was not), as torch's
+        ``_get_root_mesh``: FSDP composes a tensor-parallel layout with its own through it."""
+        return self._root if self._root is not None else self
 
     def __enter__(self) -> "DeviceMesh":
         _stack().append(self)

@@ -244,20 +244,24 @@ def absent_outputs(inputs: tuple, dtypes: tuple, single: bool):
 
 
 def _from_local(x: Tensor, place: placement, nd: tuple, check_meta: bool, grad_sbp, copy: bool = False,
-                broadcast: bool = True) -> Tensor:
+                broadcast: bool = True, shape: tuple | None = None) -> Tensor:
     """``x`` as this rank's component of a global tensor. ``broadcast=False`` (torch's
     ``DTensor.from_local`` without ``run_check``): broadcast axes keep each rank's own data, which
-    the caller promises is the same everywhere."""
+    the caller promises is the same everywhere. ``shape``: the logical shape, known to the caller
+    (an uneven split's), taken without communication."""
     r = world.rank()
     data = x._data
     if place.coords(r) is None:  # absent here: the logical shape from this rank's local shape
-        shape = _outside_shape(tuple(data.shape), place, nd)
+        shape = shape or _outside_shape(tuple(data.shape), place, nd)
         out = absent_outputs((x,), (data.dtype,), True)
         return make_global(out, place, nd, shape, grad_sbp)
     comm = world.comm()
     # check_meta=False: the caller promises every rank's local shape and dtype are the same, so
     # the logical shape needs no communication (OneFlow's local_to_global)
-    shape = _outside_shape(tuple(data.shape), place, nd)
+    if shape is not None:
+        check_meta = False
+    else:
+        shape = _outside_shape(tuple(data.shape), place, nd)
     if check_meta:
         shapes = comm.all_gather_shapes((tuple(data.shape), str(data.dtype)), place.flat_ranks)
         if len({(len(s), d) for s, d in shapes}) != 1:

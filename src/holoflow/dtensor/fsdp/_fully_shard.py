@@ -44,11 +44,11 @@ from ...core.autograd import current_graph_task, queue_callback, run_post_accumu
 from ...core.dtype import dtype as DType
 from ...core.errors import UnsupportedError
 from ...core.grad_mode import no_grad
-from ...core.sbp import P
+from ...core.sbp import B, P, S
 from ...core.tensor import Tensor
 from ...distributed import env, world
-from ...distributed.global_tensor import make_global
-from ...distributed.sharding import piece
+from ...distributed.global_tensor import _from_local, make_global
+from ...distributed.sharding import local_shape, piece
 from ...distributed.device_mesh import DeviceMesh, current_mesh, init_device_mesh
 from .. import distribute_parameter
 from ...distributed.placement_types import Replicate, Shard
@@ -338,9 +338,11 @@ class _Unsharded:
 class _State:
     """One ``fully_shard`` call: its mesh, the parameters it took (module, name) and how it runs."""
 
-    def __init__(self, mesh: DeviceMesh, params: list, mp: MixedPrecisionPolicy, reshard_after_forward) -> None:
+    def __init__(self, mesh: DeviceMesh, params: list, mp: MixedPrecisionPolicy, reshard_after_forward,
+                 tensor_parallel: dict | None = None) -> None:
         self.mesh = mesh
         self.params = params
+        self.tensor_parallel = tensor_parallel or {}   # id(shard) -> (mesh, SBP) forward runs it on
         self.mp = mp
         self.reshard_after_forward = reshard_after_forward   # None: True unless this is the root
         self.reshard_after_backward = True
@@ -380,8 +382,8 @@ class _State:
         redistributes run at once)."""
         want = self.mp.param_dtype if cast else None
         if self.mesh.ndim != 1 or len(shards) <= 1:
-            with no_grad():
-                values = [_cast(s, want).redistribute(placements=[Replicate()] * self.mesh.ndim).to_local()._data
+            with no_grad():   # (FSDP's is the last mesh dimension; a tensor-parallel layout before it stays)
+                values = [_cast(s, want).redistribute(placements=s.placements[:-1] + (Replicate(),)).to_local()._data
                           for s in shards]
             return lambda: values
         return _gather_flat_async(shards, self.mesh, None if want is None else _dtype.to_torch(want))
@@ -433,15 +435,25 @@ class _State:
                 full = _Unshard.apply(self, shard, value)
                 self.expected.add(key)
             used = _owned(full, shard) if track else full
+            runs = self._as_run(shard, used)
             if track:
                 call.tensors.append((shard, used))
                 call.nbytes.append(used._data.untyped_storage().nbytes())
                 if full.requires_grad and self.reshard_after_backward:
                     done = full.register_post_accumulate_grad_hook if full.grad_fn is None else full.register_hook
                     done(lambda _, t=used: _free(t))
-                call.registered.append((mod, name, used))
-            mod._parameters[name] = gathered[key] = used
+                call.registered.append((mod, name, runs))
+            mod._parameters[name] = gathered[key] = runs
         self.gathered = True
+
+    def _as_run(self, shard: Parameter, unsharded: Tensor) -> Tensor:
+        """The unsharded local tensor as forward runs it: itself, or under tensor parallelism
+        this rank's piece of a DTensor on the tensor-parallel mesh (sharing its storage; its
+        gradient comes back laid out as the piece, as torch's FSDP redistributes it there)."""
+        layout = self.tensor_parallel.get(id(shard))
+        if layout is None:
+            return unsharded
+        return _from_local(unsharded, layout[0], layout[1], False, None, broadcast=False, shape=tuple(shard.shape))
 
     def arrive(self, shard: Parameter, grad: Tensor) -> None:
         """A shard's whole gradient from backward (with what it accumulated unsynced), in the
@@ -608,7 +620,7 @@ def _gather_flat_async(shards: list, mesh: DeviceMesh, dtype: torch.dtype | None
     for idx in by_dtype.values():
         layouts = []   # per shard: (dim, [each rank's local shape])
         for i in idx:
-            shape, dim = tuple(shards[i].shape), shards[i].placements[-1].dim
+            shape, dim = _unsharded_shape(shards[i]), shards[i].placements[-1].dim
             locals_ = [shape[:dim] + (piece(shape[dim], mesh, 0, r)[1],) + shape[dim + 1:] for r in range(n)]
             layouts.append((dim, locals_))
         sizes = [sum(math.prod(loc[r]) for _, loc in layouts) for r in range(n)]
@@ -629,6 +641,13 @@ def _gather_flat_async(shards: list, mesh: DeviceMesh, dtype: torch.dtype | None
                 out[i] = torch.cat(pieces, dim)
         return out
     return wait
+
+
+def _unsharded_shape(shard: Parameter) -> tuple:
+    """The shape FSDP's (last) mesh dimension splits: the logical one, or under tensor
+    parallelism this rank's tensor-parallel piece's."""
+    g = shard._global
+    return local_shape(tuple(g.shape), tuple(g.sbp[:-1]) + (B,), g.placement, world.rank())
 
 
 def _grad_outputs(x: Any) -> list:
@@ -692,18 +711,23 @@ def shard(group: list, mesh: DeviceMesh | None, reshard_after_forward: bool | No
         raise TypeError(f"holoflow {who}: offload_policy must be an OffloadPolicy or a CPUOffloadPolicy, got "
                         f"{type(offload_policy).__name__}")
     ignored = {id(p) for p in ignored_params or ()}
+    ignored |= {id(p) for m in group for st in _fsdp_states(m, True) for _, _, p in st.params}   # (a submodule's)
     taken = []   # (module, name, parameter): a parameter tied between modules is sharded once
+    tensor_parallel: dict = {}   # id(parameter) -> (its tensor-parallel mesh, SBP): what forward runs on
     for mod in (sub for m in group for sub in m.modules()):
         for name, p in list(mod._parameters.items()):
             if p is None or id(p) in ignored:
                 continue
-            if p._global is None:
+            if any(q is p for _, _, q in taken):
+                pass
+            elif p._global is None:
                 layout = [Replicate()] * (mesh.ndim - 1) + [_shard_of(p, shard_placement_fn, who, name)]
                 distribute_parameter(p, mesh, layout)
-            elif not any(q is p for _, _, q in taken):
-                continue   # (global: taken by a fully_shard of a submodule, or laid out by the user)
+            else:
+                tensor_parallel[id(p)] = _shard_tensor_parallel(p, mesh, _shard_of(p, shard_placement_fn, who, name),
+                                                                who, name)
             taken.append((mod, name, p))
-    state = _State(mesh, taken, mp_policy, reshard_after_forward)
+    state = _State(mesh, taken, mp_policy, reshard_after_forward, tensor_parallel)
     members = {id(m) for m in group}
     # one forward pass of the group: its gather, the forwards running, the members that ran
     running: dict = {"call": None, "depth": 0, "ran": set()}
@@ -764,6 +788,35 @@ def shard(group: list, mesh: DeviceMesh | None, reshard_after_forward: bool | No
         m.register_forward_pre_hook(pre, with_kwargs=True)
         m.register_forward_hook(post)
     return state
+
+
+def _shard_tensor_parallel(p: Parameter, mesh: DeviceMesh, fsdp: Shard, who: str, name: str) -> tuple:
+    """``p``, a DTensor of a 1-D tensor-parallel mesh sliced from the root mesh FSDP's ``mesh``
+    was sliced from, sharded once more on FSDP's dimension (torch's FSDP + TP): each rank keeps
+    its FSDP piece of its tensor-parallel piece, as torch's ``(_StridedShard, tp placement)`` on
+    the ``(dp, tp)`` mesh. holoflow splits along a mesh's dimensions in order, so the parameter
+    lies on the mesh ``(tp, dp)``: tensor-parallel placement first, FSDP's ``Shard`` second.
+    Returns what forward runs on: the tensor-parallel mesh and SBP."""
+    g = p._global
+    tp = g.placement
+    ok = isinstance(tp, DeviceMesh) and tp.ndim == 1 and mesh.ndim == 1 and tp.mesh_dim_names and \
+        mesh.mesh_dim_names and tp.root_mesh() == mesh.root_mesh() and tp.mesh_dim_names != mesh.mesh_dim_names
+    if not ok:
+        raise NotImplementedError(
+            f"holoflow {who}: parameter {name!r} is a DTensor already ({tuple(p.placements)} on {tp!r}); "
+            f"fully_shard composes with a layout on a 1-D mesh sliced by name from the same mesh as its own "
+            f"(FSDP + TP: parallelize_module(m, mesh['tp'], ...), then fully_shard(m, mesh=mesh['dp'])), got "
+            f"FSDP's mesh {mesh!r}")
+    if g.sbp[0] == P:
+        raise NotImplementedError(f"holoflow {who}: parameter {name!r} is Partial on {tp!r}; a parameter "
+                                  f"sharded by fully_shard is Shard or Replicate there")
+    both = mesh.root_mesh()[tp.mesh_dim_names + mesh.mesh_dim_names]
+    at, n = piece(p._data.shape[fsdp.dim], both, 1, both.get_coordinate()[1])
+    moved = make_global(Tensor._make(p._data.narrow(fsdp.dim, at, n).clone()), both, (g.sbp[0], S(fsdp.dim)),
+                        tuple(p.shape))
+    p.grad = None
+    p._data, p._global = moved._data, moved._global
+    return tp, g.sbp
 
 
 def _shard_of(p: Parameter, fn, who: str, name: str) -> Shard:
