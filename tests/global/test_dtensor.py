@@ -206,6 +206,9 @@ def test_mock_torch_resolves_the_dtensor_modules():
         assert Mesh is DeviceMesh and Col is ColwiseParallel
         assert torch.distributed.tensor.DTensor is DTensor
         assert torch.distributed.tensor.parallel.parallelize_module is parallelize_module
+        # (DCP's tutorial saves an app state through torch's Stateful protocol: it was missing)
+        from torch.distributed.checkpoint.stateful import Stateful
+        assert isinstance(flow.nn.Linear(2, 2), Stateful) and not isinstance(flow.ones(2), Stateful)
 
 
 def _fsdp_run(r, mesh_ranks, weights, xs, mp=None, placement_fn=None, offload=None):
@@ -1001,3 +1004,31 @@ def test_a_fused_step_refuses_state_laid_out_unlike_its_parameter():
             opt.step()
         return True
     assert _sim(2, f) == [True, True]
+
+
+def test_a_rank_holding_an_empty_shard_decides_views_as_the_others():
+    """6 columns over 4 ranks: rank 3 holds none. ``x.t() * 0.5`` is column-major in torch, so its
+    reshape is a copy (a write to it stays there); ``x * 0.5`` is row-major, its reshape a view
+    (a write reaches it). torch lays an empty result out row-major whatever its inputs: the rank
+    holding nothing took the first reshape for a view, wrote back and issued a collective the
+    others did not (a CommError; global fuzzer seed 14477)."""
+    import torch
+    full = torch.arange(24.0).reshape(4, 6)
+
+    def f(r):
+        mesh = DeviceMesh("cpu", [0, 1, 2, 3])
+        x = distribute_tensor(flow.tensor(full.numpy()), mesh, [Shard(1)])
+        out = []
+        for y in (x.t() * 0.5, x * 0.5):
+            z = y.reshape(-1)
+            z.masked_fill_(z > 3, -1.0)
+            out.append((y.full_tensor().tolist(), z.full_tensor().tolist()))
+        return out, tuple(x.to_local().shape)
+    want = []
+    for y in (full.t() * 0.5, full * 0.5):
+        z = y.reshape(-1)
+        z.masked_fill_(z > 3, -1.0)
+        want.append((y.tolist(), z.tolist()))
+    for r, (got, local) in enumerate(_sim(4, f)):
+        assert local == ((4, 2), (4, 2), (4, 2), (4, 0))[r]
+        assert got == want, f"rank {r}"

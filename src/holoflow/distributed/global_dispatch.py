@@ -250,6 +250,8 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
         la = {**la, "generator": rng.generator_for(seed, dev)}
     out = run_local(op, tuple(local_in), la, tuple(saved))
     outs = (out,) if isinstance(out, Tensor) else tuple(out)
+    if not op.view and any(isinstance(o, Tensor) and o._data.numel() == 0 for o in outs):
+        _order_empty(op, local_in, la, outs)
     if logical is None:
         if any(s != B for nd in sig[1] for s in nd):
             raise UnsupportedError(f"holoflow.{op.name}: its output shape depends on the data, so it "
@@ -295,6 +297,43 @@ def _views(op: Op, x: Tensor, in_place: bool, attrs: dict, la: dict, outs: tuple
             o.__dict__["_copy_of"] = CopyOf(x, ((op, attrs, idx),), x._data._version)
         if lm is not None:
             o._global = replace(o._global, strides=tuple(lm.stride()))
+
+
+def _dense_in_order(shape: tuple, order: list) -> tuple:
+    """Dense strides for ``shape`` with dims laid out in ``order`` (outermost first); a dim of
+    size 0 counts as 2, so the order stays readable from the strides."""
+    strides, acc = [0] * len(shape), 1
+    for k in reversed(order):
+        strides[k] = acc
+        acc *= max(shape[k], 1) if shape[k] else 2
+    return tuple(strides)
+
+
+def _order_of(d: torch.Tensor) -> list:
+    return sorted(range(d.dim()), key=lambda k: d.stride()[k], reverse=True)   # outermost first
+
+
+def _order_empty(op: Op, local_in: list, la: dict, outs: tuple) -> None:
+    """Empty local outputs (a rank holding none of an uneven split) restrided in the dim order a
+    non-empty shard's take: torch lays an empty result out without regard to its inputs' layout
+    (``t() * 2`` of an empty shard is row-major, of a full one column-major), and what torch's
+    tensor would be (:func:`_logical_meta`: does a reshape view or copy it?) is read from the
+    shard's strides, the same decision on every rank. The op's kernel is asked on meta inputs of
+    the same layouts with empty dims of size 2; an op it refuses them leaves the outputs as they
+    are."""
+    ins = [torch.empty_strided(tuple(d.shape[k] or 2 for k in range(d.dim())),
+                               _dense_in_order(tuple(d.shape), _order_of(d)), dtype=d.dtype, device="meta")
+           if isinstance(x, Tensor) and (d := x._data).numel() == 0 else
+           x._data.to("meta") if isinstance(x, Tensor) else x for x in local_in]
+    try:
+        got = op.kernel(*ins, **meta_attrs(la))
+    except Exception:   # noqa: BLE001 -- sizes the op's attrs do not fit: the layout stays torch's
+        return
+    got = (got,) if isinstance(got, torch.Tensor) else tuple(got)
+    for o, m in zip(outs, got):
+        if isinstance(o, Tensor) and o._data.numel() == 0 and isinstance(m, torch.Tensor) and m.dim() == o._data.dim():
+            d = o._data
+            o._data = d.as_strided(d.shape, _dense_in_order(tuple(d.shape), _order_of(m)))
 
 
 def _logical_meta(x: Tensor) -> torch.Tensor:
