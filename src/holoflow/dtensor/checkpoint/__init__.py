@@ -19,7 +19,7 @@ from ...core.grad_mode import no_grad
 from ...core.tensor import Tensor
 from ...serialization import CheckpointError
 
-__all__ = ["save", "load", "async_save", "FileSystemWriter", "FileSystemReader", "state_dict"]
+__all__ = ["save", "load", "async_save", "FileSystemWriter", "FileSystemReader", "state_dict", "stateful"]
 
 
 class FileSystemWriter:
@@ -116,4 +116,4 @@ def _fill(like: Any, new: Any, key: Any, where: str) -> Any:
     return new
 
 
-from . import state_dict  # noqa: E402  (torch.distributed.checkpoint.state_dict)
+from . import state_dict, stateful  # noqa: E402  (torch.distributed.checkpoint.state_dict, .stateful)
