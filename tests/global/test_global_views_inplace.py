@@ -201,3 +201,35 @@ def test_view_of_a_global_view_follows_torchs_strides(name, sbp):
             assert got is None, f"{name}: torch refuses this view; holoflow gave {got}"
         else:
             torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("kind", ["placement", "device_mesh"])
+def test_ranks_holding_one_column_or_none_decide_views_as_the_others(kind):
+    """5 columns over 4 ranks (OneFlow's 2,1,1,1) or 6 over torch's DeviceMesh (2,2,2,0): a shard
+    of one column or none has strides that say nothing of its layout. ``x.t() * 0.5`` is
+    column-major in torch, its reshape a copy (a write stays there); ``x * 0.5`` row-major, its
+    reshape a view (a write reaches it). The ranks holding less took the copy for a view, wrote
+    back and issued a collective their peers did not (a CommError)."""
+    from holoflow.distributed.device_mesh import DeviceMesh
+    cols = 5 if kind == "placement" else 6
+    full = torch.arange(4.0 * cols).reshape(4, cols)
+
+    def f(r):
+        place = flow.placement("cpu", [0, 1, 2, 3]) if kind == "placement" else DeviceMesh("cpu", [0, 1, 2, 3])
+        x = flow.tensor(full.numpy()).to_global(place, B).to_global(sbp=S(1))
+        out = []
+        for y in (x.t() * 0.5, x * 0.5, (x.t() * 0.5).exp().t()):
+            z = y.reshape(-1)
+            z.masked_fill_(z > 3, -1.0)
+            out.append((y.to_global(sbp=B).to_local().tolist(), z.to_global(sbp=B).to_local().tolist()))
+        return out, x.to_local().shape[1]
+    want = []
+    for y in (full.t() * 0.5, full * 0.5, (full.t() * 0.5).exp().t()):
+        z = y.reshape(-1)
+        z.masked_fill_(z > 3, -1.0)
+        want.append((y.tolist(), z.tolist()))
+    for r, (got, width) in enumerate(world.simulate(4, f, timeout=60)):
+        assert width == ((2, 1, 1, 1) if kind == "placement" else (2, 2, 2, 0))[r]
+        for (gy, gz), (wy, wz) in zip(got, want):
+            np.testing.assert_allclose(gy, wy, rtol=1e-6, err_msg=f"rank {r}")
+            np.testing.assert_allclose(gz, wz, rtol=1e-6, err_msg=f"rank {r}")

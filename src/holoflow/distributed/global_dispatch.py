@@ -26,7 +26,7 @@ from .boxing import apply_box, cost
 from .comm_check import user_site
 from .global_tensor import (GlobalMeta, absent_outputs, fresh, from_full, from_local_replica, leaves_ranks_out,
                             linked_alias, make_global, world_ranks)
-from .sharding import local_shape, nd_str
+from .sharding import degenerate, local_shape, nd_str
 from .placement import placement
 
 _CHOICES: dict = {}   # decide(): (op, metas, attrs, SBPs, placement) -> (signature, logical metas)
@@ -250,8 +250,6 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
         la = {**la, "generator": rng.generator_for(seed, dev)}
     out = run_local(op, tuple(local_in), la, tuple(saved))
     outs = (out,) if isinstance(out, Tensor) else tuple(out)
-    if not op.view and any(isinstance(o, Tensor) and o._data.numel() == 0 for o in outs):
-        _order_empty(op, local_in, la, outs)
     if logical is None:
         if any(s != B for nd in sig[1] for s in nd):
             raise UnsupportedError(f"holoflow.{op.name}: its output shape depends on the data, so it "
@@ -260,6 +258,9 @@ def global_apply(op: Op, inputs: tuple, attrs: dict):
     for o, nd, m in zip(outs, sig[1], logical):
         make_global(o, place, nd, m.shape)
         _check_local(op, o, place, nd, m.shape, rank)
+    if not op.view and any(isinstance(x, Tensor) and degenerate(tuple(x.shape), x._global.sbp, place)
+                           for x in (*inputs, *outs)):
+        _keep_logical_strides(op, inputs, attrs, outs)
     if op.view:
         _views(op, inputs[0], local_in[0] is inputs[0], attrs, la, outs, isinstance(out, Tensor))
     return out
@@ -299,41 +300,22 @@ def _views(op: Op, x: Tensor, in_place: bool, attrs: dict, la: dict, outs: tuple
             o._global = replace(o._global, strides=tuple(lm.stride()))
 
 
-def _dense_in_order(shape: tuple, order: list) -> tuple:
-    """Dense strides for ``shape`` with dims laid out in ``order`` (outermost first); a dim of
-    size 0 counts as 2, so the order stays readable from the strides."""
-    strides, acc = [0] * len(shape), 1
-    for k in reversed(order):
-        strides[k] = acc
-        acc *= max(shape[k], 1) if shape[k] else 2
-    return tuple(strides)
-
-
-def _order_of(d: torch.Tensor) -> list:
-    return sorted(range(d.dim()), key=lambda k: d.stride()[k], reverse=True)   # outermost first
-
-
-def _order_empty(op: Op, local_in: list, la: dict, outs: tuple) -> None:
-    """Empty local outputs (a rank holding none of an uneven split) restrided in the dim order a
-    non-empty shard's take: torch lays an empty result out without regard to its inputs' layout
-    (``t() * 2`` of an empty shard is row-major, of a full one column-major), and what torch's
-    tensor would be (:func:`_logical_meta`: does a reshape view or copy it?) is read from the
-    shard's strides, the same decision on every rank. The op's kernel is asked on meta inputs of
-    the same layouts with empty dims of size 2; an op it refuses them leaves the outputs as they
-    are."""
-    ins = [torch.empty_strided(tuple(d.shape[k] or 2 for k in range(d.dim())),
-                               _dense_in_order(tuple(d.shape), _order_of(d)), dtype=d.dtype, device="meta")
-           if isinstance(x, Tensor) and (d := x._data).numel() == 0 else
-           x._data.to("meta") if isinstance(x, Tensor) else x for x in local_in]
+def _keep_logical_strides(op: Op, inputs: tuple, attrs: dict, outs: tuple) -> None:
+    """Outputs of tensors some rank holds a degenerate shard of (a split dim of 0 or 1 there)
+    keep the strides torch's tensor has, from the op on meta tensors of its inputs' logical
+    layouts: a shard's strides along such a dim say nothing (torch lays an empty result out
+    row-major whatever its inputs, and a dim of one has any stride), and whether a reshape views
+    or copies is read from them (:func:`_logical_meta`), a decision every rank must make alike
+    (6 columns over a DeviceMesh of 4 ranks, 2,2,2,0, or over a placement, 2,2,1,1: the ranks
+    holding less took a copy for a view and issued a collective their peers did not)."""
     try:
-        got = op.kernel(*ins, **meta_attrs(la))
-    except Exception:   # noqa: BLE001 -- sizes the op's attrs do not fit: the layout stays torch's
+        got = op.kernel(*[_logical_meta(x) if isinstance(x, Tensor) else x for x in inputs], **meta_attrs(attrs))
+    except Exception:   # noqa: BLE001 -- the meta kernel refuses: the shards' strides answer, as before
         return
     got = (got,) if isinstance(got, torch.Tensor) else tuple(got)
     for o, m in zip(outs, got):
-        if isinstance(o, Tensor) and o._data.numel() == 0 and isinstance(m, torch.Tensor) and m.dim() == o._data.dim():
-            d = o._data
-            o._data = d.as_strided(d.shape, _dense_in_order(tuple(d.shape), _order_of(m)))
+        if isinstance(o, Tensor) and isinstance(m, torch.Tensor) and tuple(m.shape) == tuple(o.shape):
+            o._global = replace(o._global, strides=tuple(m.stride()))
 
 
 def _logical_meta(x: Tensor) -> torch.Tensor:

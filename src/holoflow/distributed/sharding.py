@@ -94,6 +94,17 @@ def local_ranges(shape: Sequence[int], nd: Sequence[SBP], place: placement,
     return ranges
 
 
+@functools.lru_cache(maxsize=1 << 12)
+def degenerate(shape: tuple, nd: tuple, place: placement) -> bool:
+    """Whether some rank holds a shard with a split dim of size 0 or 1 where the logical dim is
+    longer: that shard's strides along the dim carry no layout."""
+    split_dims = {s.axis for s in nd if isinstance(s, S)}
+    if not split_dims:
+        return False
+    return any(_local_shape(shape, nd, place, r)[d] <= 1 < shape[d]
+               for r in place.flat_ranks for d in split_dims)
+
+
 def local_shape(shape: Sequence[int], nd: Sequence[SBP], place: placement, rank: int) -> tuple:
     """The shape of the shard ``rank`` holds (zeros off the placement)."""
     return _local_shape(tuple(shape), tuple(nd), place, rank)
