@@ -211,6 +211,8 @@ CONV2D = [
     ("valid", (2, 3, 5, 6), (3, 3, 3, 3), {"padding": "valid"}, True),
     ("unbatched", (3, 6, 5), (4, 3, 3, 3), {"padding": 1}, True),
     ("empty-batch", (0, 3, 6, 5), (4, 3, 3, 3), {}, True),
+    # one value for both spatial dims, as ATen expands it (it was a ValueError)
+    ("one-element-tuples", (1, 3, 7, 6), (3, 3, 3, 2), {"stride": (2,), "padding": [1], "dilation": (1,)}, True),
 ]
 for name, xs, ws, kw, bias in CONV2D:
     CASES.append(_c(f"conv2d-{name}", lambda x, w, b, k=kw: HF.conv2d(x, w, b, **k),
@@ -227,6 +229,10 @@ CASES += [
        _convt((2, 3, 4, 5), (3, 4, 3, 3)), dtypes=ALL, atol=1e-4),
     _c("conv_transpose2d-groups", lambda x, w, b: HF.conv_transpose2d(x, w, b, groups=2, dilation=2),
        lambda x, w, b: F.conv_transpose2d(x, w, b, groups=2, dilation=2), _convt((1, 4, 3, 3), (4, 3, 2, 2), groups=2)),
+    _c("conv_transpose2d-one-element-tuples",
+       lambda x, w, b: HF.conv_transpose2d(x, w, b, stride=(2,), padding=(1,), output_padding=(1,)),
+       lambda x, w, b: F.conv_transpose2d(x, w, b, stride=(2,), padding=(1,), output_padding=(1,)),
+       _convt((1, 3, 4, 5), (3, 3, 3, 3))),
     _c("conv_transpose1d", lambda x, w, b: HF.conv_transpose1d(x, w, b, stride=3),
        lambda x, w, b: F.conv_transpose1d(x, w, b, stride=3), _convt((2, 3, 5), (3, 3, 2))),
 ]
@@ -239,6 +245,8 @@ POOLS = [
     ("avg_pool2d", {"kernel_size": 3, "ceil_mode": True, "divisor_override": 2}),
     ("adaptive_avg_pool2d", {"output_size": (3, 2)}), ("adaptive_avg_pool2d", {"output_size": 1}),
     ("adaptive_avg_pool2d", {"output_size": (None, 4)}),
+    ("max_pool2d", {"kernel_size": (2,), "stride": (1,), "padding": (1,), "dilation": (2,)}),
+    ("avg_pool2d", {"kernel_size": (3,), "stride": [2], "padding": (1,)}),
 ]
 for name, kw in POOLS:
     for shape in [(2, 3, 7, 8), (3, 6, 5)]:

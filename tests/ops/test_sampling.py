@@ -49,7 +49,9 @@ for kw, shape in [({"output_size": (4, 5), "kernel_size": 2}, (2, 12, 12)),
 for kw, shape in [({"kernel_size": 2}, (2, 3, 4, 4, 4)), ({"kernel_size": (2, 3, 2), "stride": 1, "padding": 1},
                                                            (1, 2, 3, 4, 5)),
                   ({"kernel_size": 3, "stride": 2, "ceil_mode": True}, (2, 5, 5, 5)),
-                  ({"kernel_size": 2, "dilation": 2}, (1, 2, 5, 5, 5))]:
+                  ({"kernel_size": 2, "dilation": 2}, (1, 2, 5, 5, 5)),
+                  # one value for all three dims, as ATen expands it (it was a ValueError)
+                  ({"kernel_size": (2,), "stride": (1,), "padding": [1], "dilation": (1,)}, (1, 2, 3, 4, 5))]:
     CASES.append(_same("max_pool3d", kw, _x(*shape), list(shape), dtypes=ALL, gradcheck=False))
     kw = {k: v for k, v in kw.items() if k != "dilation"}
     CASES.append(_same("avg_pool3d", kw, _x(*shape), list(shape)))  # no bf16 avg_pool3d in torch on CPU

@@ -151,10 +151,14 @@ CONV = defop("convolution", _conv_kernel, grad=_conv_grad, save="inputs", sbp=_c
              layout=True, flops=_conv_flops)
 
 
-def _tuple(v, n: int, what: str, name: str) -> tuple:
+def _tuple(v, n: int, what: str, name: str, expand_one: bool = False) -> tuple:
+    """``v`` as ``n`` ints: an int repeated, or a sequence of ``n``; with ``expand_one`` (ATen's
+    convolutions and max/avg pools) also a sequence of one, repeated."""
     if type(v) is int:   # the usual argument: nothing to check
         return (v,) * n
     t = tuple(v) if isinstance(v, (list, tuple)) else (v,) * n
+    if expand_one and len(t) == 1:
+        t = t * n
     if len(t) != n:
         raise ValueError(f"holoflow.{name}: {what} must be an int or {n} ints, got {v!r}")
     if not all(hasattr(i, "__index__") and not isinstance(i, bool) for i in t):   # (torch refuses bools)
@@ -199,7 +203,7 @@ def _conv(name: str, k: int, input: Tensor, weight: Tensor, bias, stride, paddin
     if input.is_complex() and weight.is_complex() and (bias is None or bias.is_complex()):
         return _complex_conv(lambda x, w, b: _conv(name, k, x, w, b, stride, padding, dilation, groups),
                              input, weight, bias)
-    stride, dilation = _tuple(stride, k, "stride", name), _tuple(dilation, k, "dilation", name)
+    stride, dilation = _tuple(stride, k, "stride", name, True), _tuple(dilation, k, "dilation", name, True)
     extra = None
     if isinstance(padding, str):
         if padding == "valid":
@@ -213,7 +217,7 @@ def _conv(name: str, k: int, input: Tensor, weight: Tensor, bias, stride, paddin
             extra = extra if any(extra) else None
         else:
             raise RuntimeError(f"holoflow.{name}: padding must be 'valid', 'same' or ints, got {padding!r}")
-    padding = _tuple(padding, k, "padding", name)
+    padding = _tuple(padding, k, "padding", name, True)
     return apply(CONV, input, weight, bias, stride=stride, padding=padding, dilation=dilation,
                  transposed=False, output_padding=(0,) * k, groups=groups, extra=extra)
 
@@ -241,9 +245,10 @@ def _conv_transpose(name: str, k: int, input, weight, bias, stride, padding, out
     if input.is_complex() and weight.is_complex() and (bias is None or bias.is_complex()):
         return _complex_conv(lambda x, w, b: _conv_transpose(name, k, x, w, b, stride, padding, output_padding,
                                                              groups, dilation), input, weight, bias)
-    return apply(CONV, input, weight, bias, stride=_tuple(stride, k, "stride", name),
-                 padding=_tuple(padding, k, "padding", name), dilation=_tuple(dilation, k, "dilation", name),
-                 transposed=True, output_padding=_tuple(output_padding, k, "output_padding", name),
+    return apply(CONV, input, weight, bias, stride=_tuple(stride, k, "stride", name, True),
+                 padding=_tuple(padding, k, "padding", name, True),
+                 dilation=_tuple(dilation, k, "dilation", name, True), transposed=True,
+                 output_padding=_tuple(output_padding, k, "output_padding", name, True),
                  groups=groups, extra=None)
 
 
@@ -304,10 +309,11 @@ MAX_POOL2D = defop("max_pool2d", lambda x, kernel_size, stride, padding, dilatio
 
 
 def _pool_args(name, kernel_size, stride, padding, dilation=1) -> dict:
-    k = _tuple(kernel_size, 2, "kernel_size", name)
-    s = k if stride is None or (isinstance(stride, (list, tuple)) and not stride) else _tuple(stride, 2, "stride", name)
-    return {"kernel_size": k, "stride": s, "padding": _tuple(padding, 2, "padding", name),
-            "dilation": _tuple(dilation, 2, "dilation", name)}
+    k = _tuple(kernel_size, 2, "kernel_size", name, True)
+    s = k if stride is None or (isinstance(stride, (list, tuple)) and not stride) else \
+        _tuple(stride, 2, "stride", name, True)
+    return {"kernel_size": k, "stride": s, "padding": _tuple(padding, 2, "padding", name, True),
+            "dilation": _tuple(dilation, 2, "dilation", name, True)}
 
 
 def _check_pool(name: str, x: Tensor) -> None:

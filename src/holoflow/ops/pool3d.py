@@ -76,16 +76,17 @@ def _check(name: str, x: Tensor) -> None:
 
 
 def _args(name: str, kernel_size, stride, padding) -> dict:
-    k = _tuple(kernel_size, 3, "kernel_size", name)
-    s = k if stride is None or (isinstance(stride, (list, tuple)) and not stride) else _tuple(stride, 3, "stride", name)
-    return {"kernel_size": k, "stride": s, "padding": _tuple(padding, 3, "padding", name)}
+    k = _tuple(kernel_size, 3, "kernel_size", name, True)
+    s = k if stride is None or (isinstance(stride, (list, tuple)) and not stride) else \
+        _tuple(stride, 3, "stride", name, True)
+    return {"kernel_size": k, "stride": s, "padding": _tuple(padding, 3, "padding", name, True)}
 
 
 def max_pool3d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
                return_indices: bool = False):
     """Max over ``kernel_size`` 3-d windows; with ``return_indices`` also the flat D*H*W argmax."""
     _check("max_pool3d", input)
-    out, idx = apply(MAX_POOL3D, input, dilation=_tuple(dilation, 3, "dilation", "max_pool3d"),
+    out, idx = apply(MAX_POOL3D, input, dilation=_tuple(dilation, 3, "dilation", "max_pool3d", True),
                      ceil_mode=bool(ceil_mode), **_args("max_pool3d", kernel_size, stride, padding))
     return (out, idx) if return_indices else out
 

@@ -6,7 +6,8 @@ complex (torch.view_as_complex on a parameter), complex matmul / conj / transpos
 spatial covariance and its diagonal loading, torch.linalg.solve on the complex system (MVDR weights),
 a modReLU activation (|z| and angle, rebuilt by torch.polar), torch.complex, .real / .imag,
 torch.view_as_real back to real features, a phase loss through torch.angle and a magnitude loss
-through .abs(); a real taper parameter cast to complex with .to(x.dtype); Adam with amsgrad and
+through .abs(); a real taper parameter cast to complex with .to(x.dtype); a real CNN branch
+(Conv2d / MaxPool2d with one-element list hyper-parameters from a config); Adam with amsgrad and
 ExponentialLR, the training loop run with warnings as errors; a legacy-format checkpoint (torch.save
 with _use_new_zipfile_serialization=False, torch.load with a map_location function) restored into
 a fresh model."""
@@ -52,6 +53,12 @@ class Beamformer(nn.Module):
         self.taper = nn.Parameter(torch.linspace(0.8, 1.2, M))      # a real array taper
         self.head = ComplexLinear(M, OUT)
         self.mag_scale = nn.Linear(2 * OUT, OUT)
+        # a real CNN over the (array element, time) "image" of the I/Q channels; its hyper-parameters
+        # come from a config written as lists, as YAML configs give them
+        cfg = {"kernel": [3], "stride": [1], "padding": [1], "pool": [2]}
+        self.cnn = nn.Conv2d(2, 4, kernel_size=cfg["kernel"] * 2, stride=cfg["stride"], padding=cfg["padding"])
+        self.pool = nn.MaxPool2d(kernel_size=cfg["pool"], stride=cfg["pool"])
+        self.cnn_head = nn.Linear(4 * (M // 2) * (T // 2), OUT)
         self.register_buffer("eye", torch.eye(M, dtype=torch.cfloat), persistent=False)
 
     def forward(self, snapshots):
@@ -66,7 +73,9 @@ class Beamformer(nn.Module):
         y = (w.conj().transpose(-2, -1) @ x).squeeze(1)               # (B, T) beamformed signal
         feats = x.mean(-1) * y.mean(-1, keepdim=True).conj()          # (B, M)
         z = self.head(feats)                                          # (B, OUT) complex
-        mag = self.mag_scale(torch.view_as_real(z).flatten(1))
+        image = snapshots.permute(0, 3, 1, 2)                         # (B, 2, M, T)
+        cnn = self.cnn_head(self.pool(torch.relu(self.cnn(image))).flatten(1))
+        mag = self.mag_scale(torch.view_as_real(z).flatten(1)) + 0.1 * cnn
         return z, mag, y
 
 
