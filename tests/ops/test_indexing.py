@@ -107,6 +107,10 @@ CASES = [
     Case("nonzero", lambda x: (flow.nonzero(x), x.nonzero(as_tuple=True), flow.where(x > 0)),
          lambda x: (torch.nonzero(x), x.nonzero(as_tuple=True), torch.where(x > 0)),
          lambda dt, g: ((randn(3, 4, gen=g, dtype=dt).round(),), {}), grad=False),
+    # (a 0-d input's as_tuple form raised from a reshape of its (n, 0) result)
+    Case("nonzero-0d", lambda x, z: (flow.nonzero(x, as_tuple=True), z.nonzero(as_tuple=True), flow.nonzero(x)),
+         lambda x, z: (torch.nonzero(x, as_tuple=True), z.nonzero(as_tuple=True), torch.nonzero(x)),
+         lambda dt, g: ((torch.tensor(2.5, dtype=dt), torch.tensor(0.0, dtype=dt)), {}), grad=False),
     # sorting
     Case("sort", lambda x: (flow.sort(x, dim=1, stable=True), x.sort(dim=0, descending=True, stable=True)),
          lambda x: (torch.sort(x, dim=1, stable=True), x.sort(dim=0, descending=True, stable=True)), one(3, 5), dtypes=ALL),
