@@ -270,8 +270,7 @@ def softshrink(input: Tensor, lambd: float = 0.5) -> Tensor:
 
 
 def hardshrink(input: Tensor, lambd: float = 0.5) -> Tensor:
-    """``x`` where ``|x| > lambd``, else 0."""
-    _check_lambd("hardshrink", lambd)
+    """``x`` where ``|x| > lambd``, else 0 (a negative ``lambd`` keeps every ``x``, as torch's)."""
     return apply(HARDSHRINK, input, lambd=float(lambd))
 
 
