@@ -493,7 +493,7 @@ class _State:
             if self.mesh.ndim == 1:   # (the whole gradients are dropped once copied into the collective's buffer)
                 wait = _reduce_scatter_flat_async(items, self.mesh, self.divide)
             else:
-                locals_ = [_as_global(g / self.divide, shard, (P,) * self.mesh.ndim)
+                locals_ = [_as_global(g / self.divide, shard, _partial_over(shard, self.mesh.ndim))
                            .redistribute(placements=shard.placements).to_local()._data for shard, g in items]
                 wait = lambda: locals_   # noqa: E731
         del items
@@ -641,6 +641,13 @@ def _gather_flat_async(shards: list, mesh: DeviceMesh, dtype: torch.dtype | None
                 out[i] = torch.cat(pieces, dim)
         return out
     return wait
+
+
+def _partial_over(shard: Parameter, axes: int) -> tuple:
+    """``shard``'s layout with its last ``axes`` mesh dimensions (FSDP's) partial sums: how each
+    rank's unsharded gradient lies (a tensor-parallel placement before them stays)."""
+    sbp = tuple(shard._global.sbp)
+    return sbp[:len(sbp) - axes] + (P,) * axes
 
 
 def _unsharded_shape(shard: Parameter) -> tuple:
@@ -795,12 +802,13 @@ def _shard_tensor_parallel(p: Parameter, mesh: DeviceMesh, fsdp: Shard, who: str
     was sliced from, sharded once more on FSDP's dimension (torch's FSDP + TP): each rank keeps
     its FSDP piece of its tensor-parallel piece, as torch's ``(_StridedShard, tp placement)`` on
     the ``(dp, tp)`` mesh. holoflow splits along a mesh's dimensions in order, so the parameter
-    lies on the mesh ``(tp, dp)``: tensor-parallel placement first, FSDP's ``Shard`` second.
-    Returns what forward runs on: the tensor-parallel mesh and SBP."""
+    lies on the mesh ``(tp, dp)``: tensor-parallel placement first, FSDP's ``Shard`` last (HSDP:
+    ``(tp, replicate, shard)``, replicated between). Returns what forward runs on: the
+    tensor-parallel mesh and SBP."""
     g = p._global
     tp = g.placement
-    ok = isinstance(tp, DeviceMesh) and tp.ndim == 1 and mesh.ndim == 1 and tp.mesh_dim_names and \
-        mesh.mesh_dim_names and tp.root_mesh() == mesh.root_mesh() and tp.mesh_dim_names != mesh.mesh_dim_names
+    ok = isinstance(tp, DeviceMesh) and tp.ndim == 1 and tp.mesh_dim_names and mesh.mesh_dim_names and \
+        tp.root_mesh() == mesh.root_mesh() and not set(tp.mesh_dim_names) & set(mesh.mesh_dim_names)
     if not ok:
         raise NotImplementedError(
             f"holoflow {who}: parameter {name!r} is a DTensor already ({tuple(p.placements)} on {tp!r}); "
@@ -810,10 +818,10 @@ def _shard_tensor_parallel(p: Parameter, mesh: DeviceMesh, fsdp: Shard, who: str
     if g.sbp[0] == P:
         raise NotImplementedError(f"holoflow {who}: parameter {name!r} is Partial on {tp!r}; a parameter "
                                   f"sharded by fully_shard is Shard or Replicate there")
-    both = mesh.root_mesh()[tp.mesh_dim_names + mesh.mesh_dim_names]
-    at, n = piece(p._data.shape[fsdp.dim], both, 1, both.get_coordinate()[1])
-    moved = make_global(Tensor._make(p._data.narrow(fsdp.dim, at, n).clone()), both, (g.sbp[0], S(fsdp.dim)),
-                        tuple(p.shape))
+    every = mesh.root_mesh()[tp.mesh_dim_names + mesh.mesh_dim_names]
+    at, n = piece(p._data.shape[fsdp.dim], every, every.ndim - 1, every.get_coordinate()[-1])
+    nd = (g.sbp[0],) + (B,) * (mesh.ndim - 1) + (S(fsdp.dim),)
+    moved = make_global(Tensor._make(p._data.narrow(fsdp.dim, at, n).clone()), every, nd, tuple(p.shape))
     p.grad = None
     p._data, p._global = moved._data, moved._global
     return tp, g.sbp
