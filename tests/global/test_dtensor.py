@@ -1032,3 +1032,27 @@ def test_a_rank_holding_an_empty_shard_decides_views_as_the_others():
     for r, (got, local) in enumerate(_sim(4, f)):
         assert local == ((4, 2), (4, 2), (4, 2), (4, 0))[r]
         assert got == want, f"rank {r}"
+
+
+def test_a_one_element_local_tensor_is_a_replica_among_dtensors():
+    """torch's DTensor takes a local tensor of one element as every rank's replica: torchtitan's
+    clipping scales the DTensor gradients by a coefficient from the total norm made whole
+    (clip_grads_with_norm_), which was refused ('mixes a local tensor'). A larger local tensor is
+    still refused, and on a OneFlow placement any."""
+    def f(r):
+        mesh = DeviceMesh("cpu", [0, 1])
+        d = distribute_tensor(flow.arange(4.0), mesh, [Shard(0)])
+        got = [(d * flow.tensor(0.5)).full_tensor().tolist(), (d + flow.tensor([1.0])).full_tensor().tolist()]
+        w = distribute_tensor(flow.ones(4), mesh, [Shard(0)]).requires_grad_()
+        (w * d).sum().backward()
+        norm = flow.nn.utils.get_total_norm([w.grad]).full_tensor()
+        flow.nn.utils.clip_grads_with_norm_([w], 1.0, norm)
+        got.append(w.grad.full_tensor().tolist())
+        for a, b in ((d, flow.ones(4)), (flow.arange(4.0).to_global(flow.placement("cpu", [0, 1]), flow.sbp.split(0)),
+                                         flow.tensor(0.5))):
+            with pytest.raises(Exception, match="mixes a local tensor"):
+                a * b
+        return got
+    for got in _sim(2, f):
+        assert got[:2] == [[0.0, 0.5, 1.0, 1.5], [1.0, 2.0, 3.0, 4.0]]
+        np.testing.assert_allclose(got[2], np.arange(4.0) / np.sqrt(14.0), rtol=1e-5)

@@ -40,13 +40,16 @@ _SINGLE: dict = {}   # whether an op returns one tensor, for ranks that skip its
 IMPLICIT_REPLICATION = threading.local()
 
 
-def _replicated_locals(inputs: tuple) -> tuple:
-    """``inputs`` with local tensors made broadcast on the first global input's placement."""
+def _replicated_locals(inputs: tuple, scalars: bool = False) -> tuple:
+    """``inputs`` with local tensors made broadcast on the first global input's placement. With
+    ``scalars``, only one-element ones, and only among a DeviceMesh's tensors: torch's DTensor
+    takes those as replicas always (a clipping coefficient from a norm made whole, a loss scale);
+    OneFlow's placements refuse any local operand."""
     place = next((x._global.placement for x in inputs if isinstance(x, Tensor) and x._global is not None), None)
-    if place is None:
+    if place is None or (scalars and not place.torch_conventions):
         return inputs
-    return tuple(from_local_replica(x, place) if isinstance(x, Tensor) and x._global is None else x
-                 for x in inputs)
+    return tuple(from_local_replica(x, place) if isinstance(x, Tensor) and x._global is None and
+                 (not scalars or x._data.numel() == 1) else x for x in inputs)
 
 
 def _placement_of(op: Op, inputs: tuple):
@@ -214,8 +217,8 @@ def local_attrs(op: Op, attrs: dict, metas: list, sig_in: tuple, place, rank: in
 
 
 def global_apply(op: Op, inputs: tuple, attrs: dict):
-    if getattr(IMPLICIT_REPLICATION, "on", False):
-        inputs = _replicated_locals(inputs)
+    if any(isinstance(x, Tensor) and x._global is None for x in inputs):
+        inputs = _replicated_locals(inputs, scalars=not getattr(IMPLICIT_REPLICATION, "on", False))
     if op.grad is not None and grad_mode.STATE.enabled:
         follows_base(inputs)   # a view of a base that requires grad since it was taken does too
     place = _placement_of(op, inputs)
