@@ -86,6 +86,9 @@ CASES = [
     same("gradient-spacings-edge2", lambda x: lib_of(x).gradient(x, spacing=[2.0, 0.5], edge_order=2),
          inputs((4, 3))),
     same("gradient-dims", lambda x: lib_of(x).gradient(x, dim=(0, -1), edge_order=2), inputs((3, 2, 4))),
+    # (an explicit spacing=None, torch's default spacing, crashed in a division by None)
+    same("gradient-spacing-none", lambda x: lib_of(x).gradient(x, spacing=None, dim=1, edge_order=2),
+         inputs((3, 4))),
     same("gradient-coordinates", lambda x, c: lib_of(x).gradient(x, spacing=(c.abs().cumsum(0),), dim=1),
          inputs((3, 5), (5,), low=0.3)),
     same("gradient-coordinates-edge2",

@@ -357,6 +357,8 @@ def gradient(input: Tensor, *, spacing: Any = 1, dim: Any = None, edge_order: in
     nd = input.dim()
     dims = list(range(nd)) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
     dims = [normalize_dim("gradient", d, nd) for d in dims]
+    if spacing is None:   # (torch's schema default: unit spacing)
+        spacing = 1
     if isinstance(spacing, (list, tuple)):
         if len(spacing) == 1 and isinstance(spacing[0], Tensor) and spacing[0].dim() == 0:
             spacing = [spacing[0]] * len(dims)
