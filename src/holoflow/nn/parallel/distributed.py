@@ -41,8 +41,10 @@ class _DDPJoinHook(JoinHook):
 
     def main_hook(self) -> None:
         ddp, join = self.ddp, self.ddp._join_config
-        if join.sync:
+        if ddp.require_forward_param_sync:   # (as the training ranks decide theirs: the last iteration's sync)
             ddp._sync_buffers(max(join.training))
+        ddp.require_forward_param_sync = join.sync
+        if join.sync:
             ddp.reducer.shadow_backward()
 
     def post_hook(self, is_last_joiner: bool) -> None:
@@ -59,7 +61,9 @@ class _DDPJoinHook(JoinHook):
 class DistributedDataParallel(Module, Joinable):
     """Data parallelism: each rank runs ``module`` on its own batch; gradients are averaged.
 
-    At construction the parameters and buffers of the first rank are broadcast to every rank.
+    At construction the parameters and buffers of the first rank are broadcast to every rank; a
+    forward broadcasts the first rank's buffers again when the forward before it synchronised
+    gradients (``broadcast_buffers``; torch's ``require_forward_param_sync``).
     During backward, gradients are packed into buckets of about ``bucket_cap_mb`` (in reverse
     parameter order) and each bucket is all-reduced asynchronously as soon as it is complete;
     the end of backward waits for them and divides by the world size. ``process_group`` is a
@@ -98,6 +102,10 @@ class DistributedDataParallel(Module, Joinable):
         named = [*module.named_parameters(), *((n, b) for n, b in module.named_buffers() if b is not None)]
         verify_same_model(named, ranks)
         self.reducer = GradReducer(list(module.parameters()), ranks, 25.0 if bucket_cap_mb is None else bucket_cap_mb)
+        # torch's flag: a forward broadcasts the first rank's buffers when the forward before it
+        # synchronised gradients (so an evaluation pass right after training runs on rank 0's
+        # BatchNorm statistics, and the forward ending a no_sync() accumulation keeps each rank's)
+        self.require_forward_param_sync = True
         if init_sync:
             self.reducer.broadcast_from_first(list(module.parameters()) + list(module.buffers()))
 
@@ -108,8 +116,9 @@ class DistributedDataParallel(Module, Joinable):
         reducer.joining = training is not None
         if training is not None and reducer.divide_by is not None:
             reducer.divide_by = len(training)
-        if sync:
+        if self.require_forward_param_sync:
             self._sync_buffers(None if training is None else max(training))
+        self.require_forward_param_sync = sync
         return self.module(*args, **kwargs)
 
     def _sync_buffers(self, src: int | None) -> None:
