@@ -278,3 +278,23 @@ ERRORS = {
 @pytest.mark.parametrize("name", sorted(ERRORS))
 def test_errors_like_torch(name):
     error_like_torch(ERRORS[name], name)
+
+
+def test_tensor_to_copy_and_positional_flags_like_torch():
+    """``to(..., copy=True)`` with nothing to change returns a copy (it returned the input's
+    storage: writing the copy changed the original); positional bools are non_blocking, copy;
+    the dtype methods and as_strided_ take torch's keywords (memory_format, storage_offset)."""
+    def run(lib):
+        x = lib.arange(120.0).reshape(2, 3, 4, 5)
+        outs = [x.to(lib.float32, copy=True), x.to("cpu", copy=True), x.to("cpu", lib.float32, False, True),
+                x.to(x, True, True), x.to(lib.float64, False, False)]
+        for o in outs:
+            o.add_(1)
+        flags = [o.data_ptr() == x.data_ptr() for o in outs] + [x.to("cpu", lib.float32, False, False) is x]
+        layouts = [y.is_contiguous(memory_format=lib.channels_last)
+                   for y in (x.double(memory_format=lib.channels_last), x.cfloat(memory_format=lib.channels_last),
+                             x.half(memory_format=lib.preserve_format))]
+        s = lib.arange(9.0)
+        s.as_strided_((2, 2), (1, 2), storage_offset=1)
+        return x.sum().item(), flags, layouts, s.tolist()
+    assert run(flow) == run(torch)

@@ -705,7 +705,8 @@ for _name, _fn in {"new": _new, "resize": _resize, "resize_as": _resize_as, "app
                    "as_strided_scatter": as_strided_scatter, "stft": stft, "istft": istft}.items():
     if not hasattr(Tensor, _name):
         setattr(Tensor, _name, _fn)
-Tensor.cfloat = lambda self: self.to(_dtype.complex64)
-Tensor.cdouble = lambda self: self.to(_dtype.complex128)
+Tensor.cfloat = lambda self, memory_format=torch.preserve_format: self.to(_dtype.complex64, memory_format=memory_format)
+Tensor.cdouble = lambda self, memory_format=torch.preserve_format: self.to(_dtype.complex128,
+                                                                         memory_format=memory_format)
 Tensor.layout = property(lambda self: torch.strided, doc="Always ``torch.strided`` (dense tensors).")
 Tensor.output_nr = property(_output_nr, doc="Which output of its grad_fn this tensor is (0 for leaves).")

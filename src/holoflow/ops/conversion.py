@@ -31,19 +31,29 @@ CLONE = defop("clone", lambda x, memory_format=torch.preserve_format: x.clone(me
 
 
 def _parse_to(self: Tensor, args, kwargs):
+    """``(device, dtype)`` of ``Tensor.to``'s forms; positional bools after them are
+    ``non_blocking`` then ``copy`` (torch's order), a positional ``copy`` moved into ``kwargs``."""
     dev, dt = kwargs.pop("device", None), kwargs.pop("dtype", None)
+    flags = []
     for a in args:
         if isinstance(a, Tensor):
             dev, dt = a.device, a.dtype
+        elif type(a) is bool:
+            flags.append(a)
         elif isinstance(a, (_dtype.dtype, torch.dtype)) or a in (float, int, bool):
             dt = a
         elif a is not None:
             dev = a
-    for k in ("non_blocking", "copy", "memory_format"):
+    if len(flags) > 2:
+        raise TypeError(f"holoflow.Tensor.to: too many positional arguments {args!r}")
+    if len(flags) == 2:
+        kwargs["copy"] = flags[1]
+    for k in ("non_blocking", "memory_format"):
         kwargs.pop(k, None)
+    copy = kwargs.pop("copy", False)
     if kwargs:
         raise TypeError(f"holoflow.Tensor.to: unexpected arguments {sorted(kwargs)}")
-    return _device.to_torch(dev), _dtype.to_torch(dt)
+    return _device.to_torch(dev), _dtype.to_torch(dt), bool(copy)
 
 
 def to(self: Tensor, *args, **kwargs) -> Tensor:
@@ -54,8 +64,7 @@ def to(self: Tensor, *args, **kwargs) -> Tensor:
         kwargs = {k: v for k, v in kwargs.items() if k != "memory_format"}
         out = to(self, *args, **kwargs)
         return contiguous(out, memory_format=fmt)
-    copy = kwargs.get("copy", False)
-    dev, dt = _parse_to(self, args, kwargs)
+    dev, dt, copy = _parse_to(self, args, dict(kwargs))
     cur = self._data
     if dev is not None and dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else dev
@@ -70,7 +79,9 @@ def to(self: Tensor, *args, **kwargs) -> Tensor:
     # a trace whose values the AMP pass retypes afterwards (nn.Graph config.enable_amp) records an
     # explicit dtype even when it changes nothing yet: ``x.float()`` stays float32 there, as under
     # autocast
-    if same_dev and same_dt and not copy and (dt is None or not getattr(interpret._CURRENT.get(), "amp", False)):
+    if same_dev and same_dt and copy:   # (TO's kernel would return the input's storage)
+        return clone(self)
+    if same_dev and same_dt and (dt is None or not getattr(interpret._CURRENT.get(), "amp", False)):
         return self
     return apply(TO, self, dtype=dt or cur.dtype, device=dev or cur.device, src_device=cur.device)
 
@@ -86,8 +97,8 @@ def contiguous(self: Tensor, memory_format=torch.contiguous_format) -> Tensor:
 
 
 def _cast(dt):
-    def method(self: Tensor, memory_format=None) -> Tensor:
-        return to(self, dt)
+    def method(self: Tensor, memory_format=torch.preserve_format) -> Tensor:
+        return to(self, dt, memory_format=memory_format)
     return method
 
 

@@ -742,7 +742,7 @@ def _shape_inplace(name: str, fn: Callable) -> Callable:
     before the change would be re-derived from its new shape once its history changes, so that
     is refused while autograd records (without it, their values stay right: they alias the
     storage, and their history does not move)."""
-    def method(self: Tensor, *args) -> Tensor:
+    def method(self: Tensor, *args, **kwargs) -> Tensor:
         _local_eager(self, name)
         if self._rg and grad_mode.is_grad_enabled():
             check_inplace_target(self, name[:-1])
@@ -750,7 +750,7 @@ def _shape_inplace(name: str, fn: Callable) -> Callable:
                 raise RuntimeError(f"holoflow.{name}: this tensor has views, which holoflow would re-derive "
                                    f"from its new shape (views follow their base by ops, not strides); change "
                                    f"the shape before taking views, or use the out-of-place {name[:-1]}()")
-        y = fn(self, *args)
+        y = fn(self, *args, **kwargs)
         torch.autograd.graph.increment_version(self._data)
         if self._view is not None:
             self._data, self._view = y._data, y._view

@@ -4,10 +4,10 @@ gradients, so the tables are dense): user and item towers of nn.EmbeddingBag in 
 (sum with per_sample_weights, mean over 1-D indices + offsets, max with include_last_offset) and an
 nn.Embedding for item ids, Adagrad on the embedding tables and AdamW on the dense MLPs (two
 optimizers, as the recipe); a pairwise MarginRankingLoss over positive/negative scores, a listwise
-softmax loss, in-batch hard negatives picked by torch.topk on a masked score matrix, and ranking
-metrics by argsort(stable=True) / nanquantile / kthvalue / torch.quantile, searchsorted into the
-unsorted score rows through sorter=, bucketize into the quantile bins; then a copy.deepcopy of the
-model fine-tuned with SGD and gradient accumulation."""
+softmax loss, in-batch hard negatives picked by torch.topk on a copy (to(copy=True)) of the score
+matrix masked in place, and ranking metrics by argsort(stable=True) / nanquantile / kthvalue /
+torch.quantile, searchsorted into the unsorted score rows through sorter=, bucketize into the
+quantile bins; then a copy.deepcopy of the model fine-tuned with SGD and gradient accumulation."""
 import copy
 
 import torch
@@ -82,7 +82,9 @@ for step in range(5):
     scores = u @ v.t() * temp                               # (B, B): the diagonal are the positives
     listwise = F.cross_entropy(scores, torch.arange(B))
     eye = torch.eye(B, dtype=torch.bool)
-    hard_neg, hard_idx = scores.masked_fill(eye, float("-inf")).topk(2, dim=1)
+    negatives = scores.to(torch.float32, copy=True)        # a working copy to mask in place
+    negatives.masked_fill_(eye, float("-inf"))
+    hard_neg, hard_idx = negatives.topk(2, dim=1)
     pos = scores.diagonal()
     pairwise = rank_loss(pos.repeat_interleave(2), hard_neg.reshape(-1), torch.ones(2 * B))
     loss = listwise + pairwise
