@@ -15,6 +15,7 @@ from test_dtensor_api import _compare, _run
 LLAMA_2D = '''
 import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
+import torch.distributed._functional_collectives as funcol
 from torch.distributed.tensor.parallel import loss_parallel
 mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
 rank = dist.get_rank()
@@ -134,7 +135,8 @@ for step in range(3):
     torch.nn.utils.clip_grads_with_norm_(model.parameters(), 0.5, norm, foreach=True)
     norms.append(round(norm.item(), 5))
     opt.step()
-    losses.append(round(loss.full_tensor().item(), 5))
+    # (torchtitan's logging: the loss averaged over "dp" with a functional collective)
+    losses.append(round(funcol.all_reduce(loss.detach().full_tensor(), reduceOp="avg", group=dp_mesh).item(), 5))
 OUT["logits"] = [str(logits.placements), list(logits.shape), list(logits.to_local().shape)]
 OUT["losses"] = losses
 OUT["norms"] = norms
