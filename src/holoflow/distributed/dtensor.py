@@ -7,9 +7,9 @@ on it are holoflow's global ops (the SBP each op chooses, the boxing it inserts)
 values are the same as torch's. Where the two conventions differ, a tensor on a DeviceMesh takes
 torch's: ``to_local()``'s gradient is laid out like the tensor (global_tensor.to_local),
 ``from_local`` without ``run_check`` trusts each rank's replica (no broadcast), ``distribute_tensor``
-of a ``Partial`` placement divides the value among the ranks, and ``repr`` shows this rank's shard.
-Uneven shards follow holoflow's layout (the first ``n % p`` ranks one larger), not
-``torch.chunk``'s: the logical tensor is the same, ``to_local()`` shapes can differ from torch's.
+of a ``Partial`` placement divides the value among the ranks, ``repr`` shows this rank's shard,
+and uneven shards are ``torch.chunk``'s pieces (the last ones short or empty), so ``to_local()``
+shapes are torch's (``sharding.piece``).
 """
 from __future__ import annotations
 
