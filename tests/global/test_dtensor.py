@@ -669,6 +669,34 @@ def test_local_map_runs_a_local_function_on_shards():
         assert "output 0 is a DTensor" in errors[4]
 
 
+def _three_sgd_steps(m, x: np.ndarray, graph: bool) -> None:
+    """Three SGD steps (lr 0.1) of ``m`` on the loss mean(m(x) ** 2): eager, or as an nn.Graph."""
+    opt = flow.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(batch):
+        loss = (m(batch) ** 2).mean()
+        loss.backward()
+        return loss
+    if not graph:
+        for _ in range(3):
+            opt.zero_grad()
+            step(flow.tensor(x))
+            opt.step()
+        return
+
+    class Train(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+
+        def build(self, batch):
+            return step(batch)
+    train = Train()
+    for _ in range(3):
+        train(flow.tensor(x))
+
+
 def test_tensor_parallel_styles_inside_nn_graph():
     """Colwise/Rowwise with use_local_output=False (layers pass DTensors) trace into nn.Graph: three
     SGD steps equal one process's eager ones. With use_local_output=True (a rank's local shard for
@@ -687,29 +715,7 @@ def test_tensor_parallel_styles_inside_nn_graph():
         elif r is not None:
             parallelize_module(m, mesh, {"0": ColwiseParallel(use_local_output=local_output),
                                          "2": RowwiseParallel(use_local_output=local_output)})
-        opt = flow.optim.SGD(m.parameters(), lr=0.1)
-
-        def step(batch):
-            loss = (m(batch) ** 2).mean()
-            loss.backward()
-            return loss
-        if r is None:
-            for _ in range(3):
-                opt.zero_grad()
-                step(flow.tensor(x))
-                opt.step()
-        else:
-            class Train(flow.nn.Graph):
-                def __init__(self):
-                    super().__init__()
-                    self.m = m
-                    self.add_optimizer(opt)
-
-                def build(self, batch):
-                    return step(batch)
-            train = Train()
-            for _ in range(3):
-                train(flow.tensor(x))
+        _three_sgd_steps(m, x, graph=r is not None)
         return {k: (p.full_tensor() if p.is_global else p).detach().numpy() for k, p in m.named_parameters()}
 
     def refused(r, **kw):
@@ -744,29 +750,7 @@ def test_uneven_tensor_parallel_layers_in_nn_graph_on_four_ranks():
             parallelize_module(m, DeviceMesh("cpu", [0, 1, 2, 3]),
                                {"0": ColwiseParallel(use_local_output=False), "2": RowwiseParallel(use_local_output=False),
                                 "3": ColwiseParallel(use_local_output=False)})
-        opt = flow.optim.SGD(m.parameters(), lr=0.1)
-
-        def step(batch):
-            loss = (m(batch) ** 2).mean()
-            loss.backward()
-            return loss
-        if r is None:
-            for _ in range(3):
-                opt.zero_grad()
-                step(flow.tensor(x))
-                opt.step()
-        else:
-            class Train(flow.nn.Graph):
-                def __init__(self):
-                    super().__init__()
-                    self.m = m
-                    self.add_optimizer(opt)
-
-                def build(self, batch):
-                    return step(batch)
-            train = Train()
-            for _ in range(3):
-                train(flow.tensor(x))
+        _three_sgd_steps(m, x, graph=r is not None)
         return {k: ((p.full_tensor() if p.is_global else p).detach().numpy(),
                     tuple(p.to_local().shape) if p.is_global else None) for k, p in m.named_parameters()}
     want = run(None)
