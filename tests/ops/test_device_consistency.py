@@ -119,6 +119,10 @@ NEEDS_DATA = {
     "masked_select_backward": _NONZERO,
     "index_backward-mask": _NONZERO,
     "nonzero": _NONZERO,
+    "nonzero-0d": _NONZERO,
+    # torch's gradient of the value counts each filled entry once through aten::_unique
+    "index_fill-tensor-value": "torch's gradient of the value runs aten::_unique: no meta kernel",
+    "index_fill_-tensor-value": "torch's gradient of the value runs aten::_unique: no meta kernel",
     "repeat_interleave-tensor": _ITEM.format("repeats must be >= 0 (as torch checks); the length is their sum"),
     "unique": "data-dependent output shape (the distinct values): no meta kernel",
     "one_hot-infer": _ITEM.format("num_classes=-1 is the largest index + 1"),

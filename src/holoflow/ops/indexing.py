@@ -464,8 +464,8 @@ def nonzero(input: Tensor, *, as_tuple: bool = False):
     out = apply(NONZERO, input)
     if not as_tuple:
         return out
-    if input.dim() == 0:   # (out is (n, 0): no column to take; torch gives n zeros)
-        return (out.new_zeros((out.shape[0],)),)
+    if input.dim() == 0:   # (out is (n, 0): no column to take; torch gives n zeros: the sum of
+        return (out.sum(1),)   # each empty row, an op, so a global input gives a global result)
     return out.unbind(1)
 
 
