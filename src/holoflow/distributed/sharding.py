@@ -70,11 +70,6 @@ def piece(n: int, place: placement, axis: int, coord: int) -> tuple[int, int]:
     return (chunked if place.torch_conventions else balanced)(n, place.hierarchy[axis], coord)
 
 
-def piece_sizes(n: int, place: placement, axis: int) -> list[int]:
-    """Every part's size when ``n`` items are split along mesh ``axis`` of ``place``."""
-    return [piece(n, place, axis, c)[1] for c in range(place.hierarchy[axis])]
-
-
 def split_rule(place: placement) -> str:
     """How ``place`` splits a size unevenly, for error messages."""
     if place.torch_conventions:
