@@ -22,7 +22,13 @@ The cost model (:func:`predict`), per rank, on the traced logical graph after th
 - communication: every boxing node (``global_graph.boxing_points``: the collectives and their bytes
   over links per rank, from the one cost function ``boxing.cost``) at the placement's
   :class:`~holoflow.graph.global_graph.LinkModel` (measured by ``calibrate`` or the default guess),
-  plus ``set_auto_parallel_wait_time`` per collective; no overlap with compute is assumed;
+  plus ``set_auto_parallel_wait_time`` per collective;
+- the step: compute and communication on one :func:`timeline`, as the runtime runs them: a
+  collective lowering issues in flight (a gradient bucket's all-reduce, a ZeRO reduce-scatter, an
+  all-gather) runs beside the compute after it until a node reads its result, so data
+  parallelism's gradient all-reduces hide behind the rest of backward; where the placement has
+  no core to spare for the communicator (CPU ranks already keeping every core busy:
+  ``bucket_grads.spare_core``) nothing overlaps and the step is their sum;
 - memory: the parameters and the optimizer's state (``state_per_param`` tensors of each
   parameter's local shape) this rank holds, plus the peak of its intermediates (activations,
   gradients) under the memory plan (``memory_plan.peak_bytes`` of this rank's graph).
@@ -71,8 +77,9 @@ from ..core.tensor import Tensor
 from ..distributed import world
 from ..distributed.sharding import local_shape, nd_str, shard_of
 from . import global_graph
-from .global_graph import GLOBAL_BOX, GLOBAL_BOX_BUCKET, boxing_points, link_model, localize
+from .global_graph import ASYNC_FORMS, GLOBAL_BOX, GLOBAL_BOX_BUCKET, link_model, localize, node_boxing_points
 from .ir import IRGraph, Node, Value
+from .passes.bucket_grads import spare_core
 from .passes.memory_plan import peak_bytes
 
 MAX_SWEEPS = 3
@@ -215,21 +222,24 @@ def _time_kernel(op, n: Node) -> float | None:
 
 @dataclass(frozen=True)
 class Prediction:
-    """Predicted per-rank figures of one step of a plan."""
+    """Predicted per-rank figures of one step of a plan: the step is its compute and its
+    communication less what of the communication runs hidden behind compute (``hidden_s``)."""
 
     compute_s: float
     comm_s: float
     memory_bytes: int    # state held (parameters, optimizer state) + the intermediates' planned peak
     collectives: int
     state_bytes: int = 0
+    hidden_s: float = 0.0
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.comm_s
+        return self.compute_s + self.comm_s - self.hidden_s
 
     def __str__(self) -> str:
+        hidden = f", {self.hidden_s * 1e3:.3f} of it hidden behind compute" if self.hidden_s else ""
         return (f"step {self.step_s * 1e3:.3f} ms (compute {self.compute_s * 1e3:.3f} + communication "
-                f"{self.comm_s * 1e3:.3f}, {self.collectives} collective(s)), "
+                f"{self.comm_s * 1e3:.3f}{hidden}, {self.collectives} collective(s)), "
                 f"memory {self.memory_bytes / 2**20:.2f} MiB ({self.state_bytes / 2**20:.2f} of parameters and "
                 f"optimizer state)")
 
@@ -274,41 +284,76 @@ def _nbytes(shape: tuple, dtype: torch.dtype) -> int:
 
 
 def predict(g: IRGraph, params: list, state_per_param: int, device: DeviceModel,
-            ratio: float = 1.0, wait_s: float = 0.0, link=None) -> Prediction:
+            ratio: float = 1.0, wait_s: float = 0.0, link=None, overlap: bool | None = None) -> Prediction:
     """Predicted step of the logical graph ``g`` on the first rank of its placement (every rank
     holds equal shards of evenly divided tensors; all ranks agree on the figures); ``link``:
-    the links' model (default: the placement's, calibrated or the default guess)."""
+    the links' model (default: the placement's, calibrated or the default guess); ``overlap``:
+    whether collectives issued in flight run beside compute (default: when the placement has a
+    core to spare for them, ``bucket_grads.spare_core``), see :func:`timeline`."""
     place = next((v.placement for v in (*g.feeds, *(v for v, _ in g.state)) if v.placement is not None), None)
     rank = place.flat_ranks[0] if place is not None else 0
     local = localize(g, rank)   # local shapes and attrs: the kernels a calibrated model times
-    compute = 0.0
-    for n, ln in zip(g.nodes, local.nodes):
-        if n.op in (GLOBAL_BOX.name, GLOBAL_BOX_BUCKET.name):
-            continue
-        measured = device.node_seconds(ln)
-        if measured is not None:
-            compute += measured
-            continue
-        ins = [_local(v, rank) for v in n.value_inputs()]
-        outs = [_local(v, rank) for v in n.outputs]
-        moved = sum(_nbytes(s, v.dtype) for s, v in zip(ins, n.value_inputs())) + \
-            sum(_nbytes(s, v.dtype) for s, v in zip(outs, n.outputs))
-        if n.effect:   # an update reads its gradients, reads and writes the parameter and its state
-            moved *= 3 + 2 * state_per_param
-        op = REGISTRY.get(n.op) if n.kernel is None else None
-        flops = op.flops(ins, outs, n.attrs) if op is not None and op.flops is not None and ins and outs else 0.0
-        # the roofline: a product of a small batch with a large weight is bound by reading the weight
-        compute += max(flops / device.flops_per_s, moved / device.bytes_per_s)
-    points = boxing_points(g)
     link = link or (link_model(place) if place is not None else None)
-    comm = sum(link.seconds(p) for p in points) if link is not None else 0.0
-    collectives = sum(p.share * sum(1 for s in p.steps if s.collective) for p in points)
-    comm += wait_s * collectives
+    compute, comm, collectives = [], [], 0.0
+    for n, ln in zip(g.nodes, local.nodes):
+        points = node_boxing_points(n)
+        count = sum(p.share * sum(1 for s in p.steps if s.collective) for p in points)
+        collectives += count
+        comm.append(sum(link.seconds(p) for p in points) + wait_s * count if link is not None else 0.0)
+        compute.append(0.0 if n.op in (GLOBAL_BOX.name, GLOBAL_BOX_BUCKET.name)
+                       else _node_seconds(n, ln, rank, state_per_param, device) * ratio)
+    overlap = (place is None or spare_core(place)) if overlap is None else overlap
+    step = timeline(local.nodes, compute, comm) if overlap else sum(compute) + sum(comm)
     held = sum(_nbytes(local_shape(p.shape, p._global.sbp, p._global.placement, rank), p.dtype)
                for p in params) * (1 + state_per_param)
     # + intermediates (activations, gradients) at the memory plan's peak
-    return Prediction(compute * ratio, comm, int(held + peak_bytes(local, local.frees)), round(collectives),
-                      int(held))
+    return Prediction(sum(compute), sum(comm), int(held + peak_bytes(local, local.frees)), round(collectives),
+                      int(held), hidden_s=max(0.0, sum(compute) + sum(comm) - step))
+
+
+def _node_seconds(n: Node, ln: Node, rank: int, state_per_param: int, device: DeviceModel) -> float:
+    """One compute node's predicted seconds: its timed kernel (a calibrated model), else the
+    roofline of its declared FLOPs and the bytes it moves."""
+    measured = device.node_seconds(ln)
+    if measured is not None:
+        return measured
+    ins = [_local(v, rank) for v in n.value_inputs()]
+    outs = [_local(v, rank) for v in n.outputs]
+    moved = sum(_nbytes(s, v.dtype) for s, v in zip(ins, n.value_inputs())) + \
+        sum(_nbytes(s, v.dtype) for s, v in zip(outs, n.outputs))
+    if n.effect:   # an update reads its gradients, reads and writes the parameter and its state
+        moved *= 3 + 2 * state_per_param
+    op = REGISTRY.get(n.op) if n.kernel is None else None
+    flops = op.flops(ins, outs, n.attrs) if op is not None and op.flops is not None and ins and outs else 0.0
+    # the roofline: a product of a small batch with a large weight is bound by reading the weight
+    return max(flops / device.flops_per_s, moved / device.bytes_per_s)
+
+
+def timeline(nodes, compute: list[float], comm: list[float]) -> float:
+    """The step's seconds when the collectives lowering issues in flight (``ASYNC_FORMS``: one
+    all-reduce, reduce-scatter or all-gather, a gradient bucket's included) run beside compute,
+    as the runtime runs them (global_graph.issue_collectives, graph/lower.py): the caller runs
+    the compute nodes one after another in program order; a collective starts when it is issued
+    and the collective before it has finished (one communicator, in program order), and the
+    caller waits for it only where a node reads its result; other collectives hold the caller
+    until they finish. The effect nodes (the update task) run after every other node and every
+    collective in flight. ``compute`` / ``comm``: each node's seconds."""
+    t = link = 0.0           # when the caller, and the communicator, are next free
+    ready: dict = {}         # value -> when a collective in flight delivers it
+    rows = list(zip(nodes, compute, comm))
+    for phase in (False, True):
+        for n, c, m in (r for r in rows if r[0].effect == phase):
+            t = max([t, *(ready[v] for v in n.value_inputs() if v in ready)])
+            form = ASYNC_FORMS.get(n.op) if n.kernel is None and not n.effect else None
+            if m and form is not None and form(n) is not None:
+                link = max(t, link) + m
+                ready.update((v, link) for v in n.outputs)
+            elif m:
+                t = link = max(t, link) + c + m
+            else:
+                t += c
+        t = max(t, link)
+    return t
 
 
 def candidates(p: Tensor) -> list[tuple]:
@@ -434,8 +479,9 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
         if device.calibrated and len(place.flat_ranks) > 1:
             # timed kernels differ a little from rank to rank: every rank takes the slowest
             # rank's figure, so all keep the same moves and derive one plan
-            got = world.comm().all_gather_shapes(q.compute_s, tuple(place.flat_ranks))
-            q = replace(q, compute_s=max(got))
+            got = world.comm().all_gather_shapes((q.compute_s, q.hidden_s), tuple(place.flat_ranks))
+            compute_s, hidden_s = max(got, key=lambda f: f[0] - f[1])
+            q = replace(q, compute_s=compute_s, hidden_s=hidden_s)
         return q
 
     start = best = evaluate(current)

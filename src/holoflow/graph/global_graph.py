@@ -651,27 +651,32 @@ def calibrate(place, nbytes: int = 8 << 20, repeats: int = 5) -> LinkModel:
 def boxing_points(g: IRGraph) -> list[BoxingPoint]:
     """Every redistribution of a global graph (each member of a bucket too): source line, SBP
     before -> after, bytes."""
+    return [p for n in g.nodes for p in node_boxing_points(n)]
+
+
+def node_boxing_points(n: Node) -> list[BoxingPoint]:
+    """The redistributions node ``n`` runs: a boxing node's (one per bucket member), or the
+    all-gathers of the parameters an update effect shards (ZeRO 1/2); none for other nodes."""
     out = []
-    for n in g.nodes:
-        for place, nd, shape, dtype in getattr(n.kernel, "zero_gathers", ()) if n.effect else ():
-            # ZeRO 1/2: an update effect all-gathers each sharded parameter's updated rows
-            v = Value(shape, dtype, placement=place, sbp=nd)
-            member = Node(GLOBAL_BOX.name, (v,), {"place": place, "src": nd, "dst": (B,) * len(nd)}, (),
-                          n.source, n.scope, tags=n.tags | {"update"})
-            steps = tuple(s for s in box_plan(nd, (B,) * len(nd), place.hierarchy) if s.kind != "reshard")
-            out.append(BoxingPoint(member, nd, (B,) * len(nd), v.nbytes,
-                                   cost(nd, (B,) * len(nd), place.hierarchy, v.nbytes), steps))
-        if n.op not in (GLOBAL_BOX.name, GLOBAL_BOX_BUCKET.name):
-            continue
-        a = n.attrs
-        place = a["place"]
-        steps = tuple(s for s in box_plan(a["src"], a["dst"], place.hierarchy) if s.kind != "reshard")
-        for v in n.value_inputs():
-            member = n if n.op == GLOBAL_BOX.name else n.with_(inputs=(v,))
-            # a bucket's members share its collectives: each carries its part of their latency
-            out.append(BoxingPoint(member, a["src"], a["dst"], v.nbytes,
-                                   cost(a["src"], a["dst"], place.hierarchy, v.nbytes), steps,
-                                   1.0 / len(n.value_inputs())))
+    for place, nd, shape, dtype in getattr(n.kernel, "zero_gathers", ()) if n.effect else ():
+        # ZeRO 1/2: an update effect all-gathers each sharded parameter's updated rows
+        v = Value(shape, dtype, placement=place, sbp=nd)
+        member = Node(GLOBAL_BOX.name, (v,), {"place": place, "src": nd, "dst": (B,) * len(nd)}, (),
+                      n.source, n.scope, tags=n.tags | {"update"})
+        steps = tuple(s for s in box_plan(nd, (B,) * len(nd), place.hierarchy) if s.kind != "reshard")
+        out.append(BoxingPoint(member, nd, (B,) * len(nd), v.nbytes,
+                               cost(nd, (B,) * len(nd), place.hierarchy, v.nbytes), steps))
+    if n.op not in (GLOBAL_BOX.name, GLOBAL_BOX_BUCKET.name):
+        return out
+    a = n.attrs
+    place = a["place"]
+    steps = tuple(s for s in box_plan(a["src"], a["dst"], place.hierarchy) if s.kind != "reshard")
+    for v in n.value_inputs():
+        member = n if n.op == GLOBAL_BOX.name else n.with_(inputs=(v,))
+        # a bucket's members share its collectives: each carries its part of their latency
+        out.append(BoxingPoint(member, a["src"], a["dst"], v.nbytes,
+                               cost(a["src"], a["dst"], place.hierarchy, v.nbytes), steps,
+                               1.0 / len(n.value_inputs())))
     return out
 
 
