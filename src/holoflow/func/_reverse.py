@@ -1,0 +1,315 @@
+"""torch.func's differentiating transforms on holoflow's tape autograd: ``grad``,
+``grad_and_value``, ``vjp``, ``jvp``, ``linearize``, ``jacrev``, ``jacfwd`` and ``hessian`` record
+the function on fresh inputs and run ``autograd.grad`` (with ``create_graph`` where an enclosing
+transform, or the caller, differentiates the result again: ``grad(grad(f))``, ``hessian`` and
+per-sample gradients compose); ``functional_call`` runs a module on other parameters.
+
+Forward mode is computed by reverse mode: the vjp with a symbolic cotangent ``u`` is linear in
+``u``, and differentiating it against the tangents gives J t (``jvp``, ``linearize``); ``jacfwd``
+is one vjp per output element, as ``jacrev``. The same values, at reverse mode's cost.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from ..autograd import grad as _autograd_grad
+from ..core import grad_mode
+from ..core.tensor import Tensor
+from ..graph.pytree import flatten, unflatten
+from ..nn.module import Module
+from ..nn.utils.stateless import swapped
+from ..ops import creation as C
+from ..ops import shape as _shape
+from . import _rng
+from ._vmap import check_chunk_size
+
+
+# -- functional_call ------------------------------------------------------------------------------
+
+def functional_call(module: Module, parameter_and_buffer_dicts: dict | Sequence[dict], args: Any = (),
+                    kwargs: dict | None = None, *, tie_weights: bool = True, strict: bool = False) -> Any:
+    """``module(*args, **kwargs)`` with its parameters and buffers replaced by the tensors of
+    ``parameter_and_buffer_dicts`` (by qualified name; several dicts are merged, a key given
+    twice is an error), as ``torch.func.functional_call``."""
+    dicts = [parameter_and_buffer_dicts] if isinstance(parameter_and_buffer_dicts, dict) \
+        else list(parameter_and_buffer_dicts)
+    values: dict = {}
+    for d in dicts:
+        twice = sorted(set(values) & set(d))
+        if twice:
+            raise ValueError(f"holoflow.func.functional_call: {twice} appear in more than one dict")
+        values.update(d)
+    args = args if isinstance(args, tuple) else (args,)
+    with swapped(module, values, tie_weights, strict):
+        return module(*args, **(kwargs or {}))
+
+
+# -- reverse mode ------------------------------------------------------------------------------
+
+def _argnums(argnums, n: int, who: str) -> tuple[int, ...]:
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    if not nums or any(not isinstance(a, int) or not -n <= a < n for a in nums):
+        raise RuntimeError(f"holoflow.func.{who}: argnums {argnums!r} must be an int or a tuple of ints "
+                           f"indexing the {n} positional argument(s)")
+    return tuple(a % n for a in nums)
+
+
+def _tensors(tree: Any, who: str, what: str = "outputs", error: type = RuntimeError) -> tuple[list, Any]:
+    """The leaves of ``tree``, which must all be tensors (torch: a ValueError for an input, a
+    RuntimeError for an output), and its structure."""
+    leaves, spec = flatten(tree)
+    for x in leaves:
+        if not isinstance(x, Tensor):
+            raise error(f"holoflow.func.{who}: expected the {what} to be tensors (or tuples, lists, dicts of "
+                        f"them), got {type(x).__name__}")
+    return leaves, spec
+
+
+def _track(x: Tensor) -> Tensor:
+    """A fresh input to differentiate with respect to: still differentiable with respect to what
+    ``x`` came from when an enclosing transform (or the caller) records ``x``."""
+    if x.requires_grad and grad_mode.STATE.enabled:
+        return x.view_as(x)
+    return x.detach().requires_grad_(True)
+
+
+def _outer(xs: list) -> bool:
+    """Whether the results must stay differentiable: an input was recorded from outside."""
+    return grad_mode.STATE.enabled and any(x.requires_grad for x in xs)
+
+
+def _grads(out: list, wrt: list, cot: list | None, keep: bool, retain: bool = False) -> list:
+    """d(out)/d(wrt) contracted with ``cot``: zeros for inputs the outputs do not depend on."""
+    live = [(o, c) for o, c in zip(out, cot or [None] * len(out)) if o.requires_grad]
+    if not live:
+        return [C.zeros_like(w) for w in wrt]
+    got = _autograd_grad([o for o, _ in live], wrt, None if cot is None else [c for _, c in live],
+                         retain_graph=keep or retain, create_graph=keep, allow_unused=True)
+    return [C.zeros_like(w) if g is None else (g if keep else g.detach()) for g, w in zip(got, wrt)]
+
+
+def _fresh_args(args: tuple, nums: tuple, who: str) -> tuple[list, list, bool]:
+    """``args`` with the arguments ``nums`` replaced by fresh inputs to differentiate with respect
+    to: ``(args, parts, keep)``, ``parts`` one ``(fresh leaves, structure)`` per argument, ``keep``
+    whether an enclosing transform (or the caller) records them."""
+    args, parts, originals = list(args), [], []
+    for a in nums:
+        leaves, spec = _tensors(args[a], who, "inputs to differentiate with respect to", ValueError)
+        originals += leaves
+        fresh = [_track(x) for x in leaves]
+        parts.append((fresh, spec))
+        args[a] = unflatten(fresh, spec)
+    return args, parts, _outer(originals)
+
+
+def _regroup(values: list, parts: list) -> list:
+    """One value per fresh leaf, back into each argument's structure."""
+    out, i = [], 0
+    for fresh, spec in parts:
+        out.append(unflatten(values[i:i + len(fresh)], spec))
+        i += len(fresh)
+    return out
+
+
+def grad_and_value(func: Callable, argnums: int | tuple = 0, has_aux: bool = False) -> Callable:
+    """``(gradient, value)`` of a function returning a one-element tensor, with respect to the
+    arguments ``argnums`` (the gradient mirrors their structure); with ``has_aux`` the function
+    returns ``(value, aux)`` and the result is ``(gradient, (value, aux))``."""
+    def wrapped(*args, **kwargs):
+        args, parts, keep = _fresh_args(args, _argnums(argnums, len(args), "grad"), "grad")
+        with grad_mode.enable_grad():
+            res = func(*args, **kwargs)
+            value, aux = _split_aux(res, has_aux, "grad")
+            if not isinstance(value, Tensor) or value.numel() != 1:
+                what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
+                raise RuntimeError(f"holoflow.func.grad: the function must return a scalar tensor (one "
+                                   f"element) to differentiate, got {what}; use jacrev or vjp for others")
+            gs = _grads([value], [x for fresh, _ in parts for x in fresh], None, keep)
+        out = _regroup(gs, parts)
+        g = out[0] if isinstance(argnums, int) else tuple(out)
+        value = value if keep else value.detach()
+        return (g, (value, aux)) if has_aux else (g, value)
+    return wrapped
+
+
+def _split_aux(res: Any, has_aux: bool, who: str) -> tuple[Any, Any]:
+    if not has_aux:
+        return res, None
+    if not isinstance(res, tuple) or len(res) != 2:
+        raise RuntimeError(f"holoflow.func.{who}: with has_aux=True the function must return a "
+                           f"(output, aux) tuple")
+    return res
+
+
+def grad(func: Callable, argnums: int | tuple = 0, has_aux: bool = False) -> Callable:
+    """The gradient of a function returning a one-element tensor (``torch.func.grad``)."""
+    gv = grad_and_value(func, argnums, has_aux)
+
+    def wrapped(*args, **kwargs):
+        g, (value_aux) = gv(*args, **kwargs)
+        return (g, value_aux[1]) if has_aux else g
+    return wrapped
+
+
+def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
+    """``(func(*primals), vjp_fn)``: ``vjp_fn(cotangents)`` gives one gradient per primal
+    (structured as the primals), as ``torch.func.vjp``; it may be called more than once."""
+    args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "vjp")
+    with grad_mode.enable_grad():
+        res = func(*args)
+    out, aux = _split_aux(res, has_aux, "vjp")
+    out_leaves, out_spec = _tensors(out, "vjp")
+    wrt = [x for f, _ in fresh for x in f]
+
+    def vjp_fn(cotangents: Any) -> tuple:
+        cot, cspec = _tensors(cotangents, "vjp", "cotangents")
+        if len(cot) != len(out_leaves) or any(tuple(c.shape) != tuple(o.shape) for c, o in zip(cot, out_leaves)):
+            raise RuntimeError(f"holoflow.func.vjp: cotangents of shapes {[tuple(c.shape) for c in cot]} do "
+                               f"not match the outputs' {[tuple(o.shape) for o in out_leaves]}")
+        with grad_mode.enable_grad():
+            gs = _grads(out_leaves, wrt, cot, keep, retain=True)
+        return tuple(_regroup(gs, fresh))
+    shown = out if keep else unflatten([o.detach() for o in out_leaves], out_spec)
+    return (shown, vjp_fn, aux) if has_aux else (shown, vjp_fn)
+
+
+def _linear_map(outs: list, wrt: list) -> Callable[[list, bool, bool], list]:
+    """``apply(tangents, keep, retain)``: J @ tangents at the recorded point, one tensor per
+    output (zeros where an output does not depend on the inputs). Records, under grad mode, the
+    vjp with a symbolic cotangent ``u``: linear in ``u``, so its gradient against the tangents is
+    J t. ``retain`` keeps that record for further calls (``linearize``'s jvp_fn)."""
+    us = [C.zeros_like(o).requires_grad_(True) for o in outs]
+    live = [(o, u) for o, u in zip(outs, us) if o.requires_grad]
+    vj = [None] * len(wrt)
+    if live and wrt:
+        vj = _autograd_grad([o for o, _ in live], wrt, [u for _, u in live], create_graph=True, allow_unused=True)
+
+    def apply(tangents: list, keep: bool, retain: bool) -> list:
+        pairs = [(g, t) for g, t in zip(vj, tangents) if g is not None and g.requires_grad]
+        jt = [None] * len(us)
+        if pairs:
+            jt = _autograd_grad([g for g, _ in pairs], us, [t for _, t in pairs], retain_graph=retain or keep,
+                                create_graph=keep, allow_unused=True)
+        return [C.zeros_like(o) if j is None else (j if keep else j.detach()) for j, o in zip(jt, outs)]
+    return apply
+
+
+def _check_tangents(tangents: Any, primals: tuple, wrt: list, who: str) -> list:
+    """The tangents' leaves, which must match the primals' structure, shapes and dtypes."""
+    leaves, spec = flatten(tangents)
+    if spec != flatten(primals)[1]:
+        raise RuntimeError(f"holoflow.func.{who}: expected the tangents to have the primals' structure "
+                           f"({len(primals)} argument(s) of {len(wrt)} tensor(s) in all), got {len(leaves)} leaves")
+    for i, (t, p) in enumerate(zip(leaves, wrt)):
+        if not isinstance(t, Tensor):
+            raise RuntimeError(f"holoflow.func.{who}: tangent {i} is a {type(t).__name__}, not a tensor")
+        if tuple(t.shape) != tuple(p.shape) or t.dtype != p.dtype:
+            raise RuntimeError(f"holoflow.func.{who}: tangent {i} of shape {tuple(t.shape)} and dtype {t.dtype} "
+                               f"does not match its primal's shape {tuple(p.shape)} and dtype {p.dtype}")
+    return leaves
+
+
+def jvp(func: Callable, primals: tuple, tangents: tuple, *, strict: bool = False, has_aux: bool = False) -> tuple:
+    """``(func(*primals), J @ tangents)`` (``torch.func.jvp``), computed by reverse mode (see the
+    module doc). ``strict``: an output that does not depend on the primals is an error rather
+    than a zero tangent."""
+    for name, value in (("primals", primals), ("tangents", tangents)):
+        if not isinstance(value, tuple):
+            raise RuntimeError(f"holoflow.func.jvp: expected {name} to be a tuple (func(*primals) is called), "
+                               f"got {type(value).__name__}")
+    args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "jvp")
+    wrt = [x for f, _ in fresh for x in f]
+    tl = _check_tangents(tangents, primals, wrt, "jvp")
+    with grad_mode.enable_grad():
+        out, aux = _split_aux(func(*args), has_aux, "jvp")
+        outs, ospec = _tensors(out, "jvp")
+        if strict and not all(o.requires_grad for o in outs):
+            raise RuntimeError("holoflow.func.jvp(strict=True): an output of the function does not depend on "
+                               "the primals; strict=False gives it a zero tangent")
+        tans = _linear_map(outs, wrt)(tl, keep, retain=False)
+    shown = out if keep else unflatten([o.detach() for o in outs], ospec)
+    result = (shown, unflatten(tans, ospec))
+    return (*result, aux) if has_aux else result
+
+
+def linearize(func: Callable, *primals: Any) -> tuple[Any, Callable]:
+    """``(func(*primals), jvp_fn)`` as ``torch.func.linearize``: ``jvp_fn(*tangents)`` is the
+    Jacobian-vector product at ``primals``, from one recording of ``func`` kept for every call
+    (computed by reverse mode, see the module doc).
+
+    >>> out, jvp_fn = linearize(flow.sin, x)
+    >>> jvp_fn(t)            # == flow.cos(x) * t
+    """
+    args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "linearize")
+    wrt = [x for f, _ in fresh for x in f]
+    with grad_mode.enable_grad():
+        out = func(*args)
+        outs, ospec = _tensors(out, "linearize")
+        apply = _linear_map(outs, wrt)
+
+    def jvp_fn(*tangents: Any) -> Any:
+        tl = _check_tangents(tangents, primals, wrt, "linearize")
+        with grad_mode.enable_grad():
+            return unflatten(apply(tl, keep, retain=True), ospec)
+    shown = out if keep else unflatten([o.detach() for o in outs], ospec)
+    return shown, jvp_fn
+
+
+def _jacobian(func: Callable, argnums: int | tuple, has_aux: bool, who: str) -> Callable:
+    """For each output, a tensor of shape ``output.shape + input.shape`` (nested as outputs, then
+    inputs): one vjp per output element."""
+    def wrapped(*args, **kwargs):
+        args, parts, keep = _fresh_args(args, _argnums(argnums, len(args), who), who)
+        wrt = [x for f, _ in parts for x in f]
+        with grad_mode.enable_grad():
+            out, aux = _split_aux(func(*args, **kwargs), has_aux, who)
+            outs, ospec = _tensors(out, who)
+            per_out = []
+            for o in outs:
+                rows = [[] for _ in wrt]
+                flat_o = o.reshape(-1)
+                for k in range(flat_o.numel()):
+                    cot = C.zeros_like(flat_o)
+                    cot[k] = 1.0
+                    for i, g in enumerate(_grads([flat_o], wrt, [cot], keep, retain=True)):
+                        rows[i].append(g)
+                jac = [(_shape.stack(r) if r else C.zeros((0,) + tuple(w.shape), dtype=w.dtype))
+                       .reshape(tuple(o.shape) + tuple(w.shape)) for r, w in zip(rows, wrt)]
+                per_in = _regroup(jac, parts)
+                per_out.append(per_in[0] if isinstance(argnums, int) else tuple(per_in))
+        result = unflatten(per_out, ospec)
+        return (result, aux) if has_aux else result
+    return wrapped
+
+
+def jacrev(func: Callable, argnums: int | tuple = 0, *, has_aux: bool = False, chunk_size: int | None = None,
+           _preallocate_and_copy: bool = False) -> Callable:
+    """The Jacobian of ``func`` with respect to ``argnums`` (``torch.func.jacrev``): for each
+    output, a tensor of shape ``output.shape + input.shape`` (nested as outputs, then inputs).
+    ``chunk_size`` (None or positive) is torch's bound on how many vjps run at once, and
+    ``_preallocate_and_copy`` its way of assembling them; holoflow runs one vjp per output
+    element, so neither changes the result."""
+    check_chunk_size(chunk_size, "jacrev")
+    return _jacobian(func, argnums, has_aux, "jacrev")
+
+
+def jacfwd(func: Callable, argnums: int | tuple = 0, has_aux: bool = False, *,
+           randomness: str = "error") -> Callable:
+    """The Jacobian as ``torch.func.jacfwd`` gives it, computed here by reverse mode from one run
+    of ``func``. ``randomness`` as torch's: with ``"error"`` a function that draws random numbers
+    raises; ``"same"`` and ``"different"`` both take every column from that one run's draws
+    (torch's ``"different"`` draws anew per column)."""
+    _rng.check_randomness(randomness, "jacfwd")
+
+    def checked(*args, **kwargs):
+        start = _rng.get_state() if randomness == "error" else None
+        res = func(*args, **kwargs)
+        if start is not None and not _rng.same(start, _rng.get_state()):
+            raise _rng.drew_error("jacfwd")
+        return res
+    return _jacobian(checked, argnums, has_aux, "jacfwd")
+
+
+def hessian(func: Callable, argnums: int | tuple = 0) -> Callable:
+    """The Hessian of a scalar function: the Jacobian of its gradient (``torch.func.hessian``)."""
+    return jacrev(jacrev(func, argnums), argnums)
