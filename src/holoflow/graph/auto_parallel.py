@@ -80,7 +80,7 @@ from . import global_graph
 from .global_graph import ASYNC_FORMS, GLOBAL_BOX, GLOBAL_BOX_BUCKET, link_model, localize, node_boxing_points
 from .ir import IRGraph, Node, Value
 from .passes.bucket_grads import spare_core
-from .passes.memory_plan import peak_bytes
+from .passes.memory_plan import last_uses, peak_bytes
 
 MAX_SWEEPS = 3
 # a calibrated model's figures carry timing noise (a few percent between runs of one kernel): a
@@ -223,7 +223,9 @@ def _time_kernel(op, n: Node) -> float | None:
 @dataclass(frozen=True)
 class Prediction:
     """Predicted per-rank figures of one step of a plan: the step is its compute and its
-    communication less what of the communication runs hidden behind compute (``hidden_s``)."""
+    communication, less what of the communication runs hidden behind compute (``hidden_s``),
+    plus the time a pipeline stage waits for the others (``bubble_s``; a pipeline's figures are
+    its busiest stage's, :func:`predict_pipeline`)."""
 
     compute_s: float
     comm_s: float
@@ -231,15 +233,17 @@ class Prediction:
     collectives: int
     state_bytes: int = 0
     hidden_s: float = 0.0
+    bubble_s: float = 0.0
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.comm_s - self.hidden_s
+        return self.compute_s + self.comm_s - self.hidden_s + self.bubble_s
 
     def __str__(self) -> str:
         hidden = f", {self.hidden_s * 1e3:.3f} of it hidden behind compute" if self.hidden_s else ""
+        bubble = f" + pipeline bubble {self.bubble_s * 1e3:.3f}" if self.bubble_s else ""
         return (f"step {self.step_s * 1e3:.3f} ms (compute {self.compute_s * 1e3:.3f} + communication "
-                f"{self.comm_s * 1e3:.3f}{hidden}, {self.collectives} collective(s)), "
+                f"{self.comm_s * 1e3:.3f}{hidden}{bubble}, {self.collectives} collective(s)), "
                 f"memory {self.memory_bytes / 2**20:.2f} MiB ({self.state_bytes / 2**20:.2f} of parameters and "
                 f"optimizer state)")
 
@@ -354,6 +358,97 @@ def timeline(nodes, compute: list[float], comm: list[float]) -> float:
                 t += c
         t = max(t, link)
     return t
+
+
+class _NoSend:
+    """Kernels for the once-per-step moves of a rank graph that is predicted, never run."""
+
+    def send(self, peer: int, tag: int):
+        return lambda x: x
+
+    def recv(self, value: Value, peer: int, tag: int):
+        return lambda: None
+
+
+def predict_pipeline(g: IRGraph, placements: list, m: int, schedule: str, params: list, state_per_param: int,
+                     device: DeviceModel, ratio: float = 1.0, wait_s: float = 0.0, link=None) -> Prediction:
+    """Predicted step of the pipelined logical graph ``g`` (traced on one micro-batch, passed):
+    ``m`` micro-batches over the stages on ``placements`` in ``schedule``'s act order.
+
+    Each stage's share (``stages.rank_graph`` of its first rank, localized) is split by phase:
+    a micro-batch's forward ``F`` and backward ``B`` (for ZB-H1, ``B`` less the weight gradients
+    ``W`` it defers: ``stages.split_weight_grads``) cost their nodes' compute and in-stage
+    boxing as :func:`predict` counts them; the acts run as the runtime orders them
+    (``pipeline_run.stage_order``) in an event simulation (``pipeline_run.simulate_schedule``),
+    each move between stages taking the slowest move's link time; then each stage's once-per-step
+    update ``U`` (its gradient all-reduces and the optimizer, on :func:`timeline`). The
+    figures returned are the busiest stage's: its compute and communication, the rest of the step
+    its bubble. Memory is the fullest stage's: parameters and optimizer state, one micro-batch's
+    planned peak, and the forward-to-backward bytes of each further micro-batch its window holds
+    in flight (``pipeline_run.window``)."""
+    from .passes.stages import phases, rank_graph, split_weight_grads
+    from .pipeline import stage_moves
+    from .pipeline_run import simulate_schedule, stage_order, window
+    ph = phases(g)
+    p = len(placements)
+    link_of = link or link_model(placements[0])
+    moves = stage_moves(g, placements, m)
+    hop = max((link_of.latency_s + mv.bytes_per_micro_batch / link_of.bytes_per_s
+               for mv in moves if mv.phase in ("F", "B")), default=0.0)
+    durations, figures, orders = [], [], []
+    for s, place in enumerate(placements):
+        rank = place.flat_ranks[0]
+        rg = rank_graph(g, placements, ph, rank, _NoSend())
+        local = localize(rg.graph, rank)
+        cost = {}   # id(local node) -> (compute seconds, communication seconds, collectives)
+        for n, ln in zip(rg.graph.nodes, local.nodes):
+            points = node_boxing_points(n)
+            count = sum(q.share * sum(1 for st in q.steps if st.collective) for q in points)
+            comm = sum(link_of.seconds(q) for q in points) + wait_s * count
+            compute = 0.0 if n.op in (GLOBAL_BOX.name, GLOBAL_BOX_BUCKET.name) \
+                else _node_seconds(n, ln, rank, state_per_param, device) * ratio
+            cost[id(ln)] = (compute, comm, count)
+        phase = {id(ln): rg.phase[id(n)] for n, ln in zip(rg.graph.nodes, local.nodes)}
+        by = {k: [ln for ln in local.nodes if phase[id(ln)] == k] for k in "FBU"}
+        w_nodes: list = []
+        if schedule == "zb-h1":
+            sent = {v for (ph_, _, _), vs in rg.send.items() if ph_ == "B" for v in vs}
+            keep = sent | {o for o in local.outputs if isinstance(o, Value)} | {v for n in by["F"] for v in n.outputs}
+            local_of = dict(zip((v for n in rg.graph.nodes for v in n.outputs),
+                                (v for n in local.nodes for v in n.outputs)))
+            keep = {local_of.get(v, v) for v in keep}
+            first, w_nodes = split_weight_grads(by["B"], keep)
+            known = {id(n) for n in by["B"]}
+            by["B"] = [n for n in first if id(n) in known]
+            w_nodes = [n for n in w_nodes if id(n) in known]
+
+        def secs(nodes: list) -> float:
+            return sum(cost[id(n)][0] + cost[id(n)][1] for n in nodes)
+        durations.append({"F": secs(by["F"]), "B": secs(by["B"]), "W": secs(w_nodes)})
+        orders.append(stage_order(schedule, s, p, m, wgrad=bool(w_nodes)))
+        u = by["U"]
+        u_step = timeline(u, [cost[id(n)][0] for n in u], [cost[id(n)][1] for n in u]) \
+            if place is None or spare_core(place) else secs(u)
+        fb = [n for n in local.nodes if phase[id(n)] != "U"]
+        made = {v for n in by["F"] for v in n.outputs}
+        act = sum(v.nbytes for v in made & {v for n in fb if phase[id(n)] == "B" for v in n.value_inputs()})
+        held = sum(_nbytes(local_shape(q.shape, q._global.sbp, q._global.placement, rank), q.dtype)
+                   for q in params if q._global.placement == place) * (1 + state_per_param)
+        mine = [mv for mv in moves if mv.src_stage == s and mv.phase in ("F", "B")]
+        figures.append(dict(
+            compute=m * sum(cost[id(n)][0] for n in fb) + sum(cost[id(n)][0] for n in u),
+            comm=m * sum(cost[id(n)][1] for n in fb) + sum(cost[id(n)][1] for n in u)
+            + sum(link_of.latency_s + mv.comm_bytes / m / link_of.bytes_per_s for mv in mine) * m,
+            u_step=u_step, u=secs(u), collectives=m * sum(cost[id(n)][2] for n in fb) + sum(cost[id(n)][2] for n in u),
+            memory=held + peak_bytes(local, last_uses(local)) + (window(schedule, s, p, m) - 1) * act,
+            held=held))
+    span = simulate_schedule(orders, durations, hop)[0]
+    step = span + max(f["u_step"] for f in figures)
+    busy = max(figures, key=lambda f: f["compute"] + f["comm"])
+    rest = step - busy["compute"] - busy["comm"]
+    return Prediction(busy["compute"], busy["comm"], int(max(f["memory"] for f in figures)),
+                      round(busy["collectives"]), int(busy["held"]), hidden_s=max(0.0, -rest),
+                      bubble_s=max(0.0, rest))
 
 
 def candidates(p: Tensor) -> list[tuple]:

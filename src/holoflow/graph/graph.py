@@ -317,33 +317,59 @@ class Graph:
 
     def predict(self, *args, device=None, link=None, **kwargs):
         """The cost model's prediction of one step on these inputs (``graph/auto_parallel.Prediction``:
-        compute, communication, collectives, memory per rank), with the auto-parallel plan first
-        when ``config.enable_auto_parallel()`` is on (under the same figures). Traced and passed,
-        never run, so ranks that exist only as simulated ones (``distributed.world.simulate(64,
-        ...)``: the others need only convert the model) predict a cluster that is not there
-        (``device``: an ``auto_parallel.DeviceModel`` such as ``DeviceModel.default("cuda")``;
-        ``link``: a ``global_graph.LinkModel``)."""
+        compute, communication, collectives, memory per rank; for pipeline stages or micro-batches,
+        the busiest stage's figures and the schedule's bubble, ``auto_parallel.predict_pipeline``),
+        with the auto-parallel plan first when ``config.enable_auto_parallel()`` is on (under the
+        same figures). Traced and passed, never run, so ranks that exist only as simulated ones
+        (``distributed.world.simulate(64, ...)``: the others need only convert the model) predict
+        a cluster that is not there (``device``: an ``auto_parallel.DeviceModel`` such as
+        ``DeviceModel.default("cuda")``; ``link``: a ``global_graph.LinkModel``)."""
         from . import auto_parallel
         leaves, spec = flatten((args, kwargs))
-        if self.config.auto_parallel and self._auto_plan is None:
-            self._plan_parallel(leaves, spec, device, link)
-        ir = self._traced_passed(self._lay_out(leaves, spec), spec)
         params = [p for p in self._all_params() if p._global is not None]
         dev = device or auto_parallel.DeviceModel.default(
             next((p._data.device.type for p in params), "cpu"))
-        return auto_parallel.predict(ir, params, auto_parallel.state_per_param([o for o, _ in self._optimizers]),
-                                     dev, self.config.auto_parallel_ratio, self.config.auto_parallel_wait_s, link)
+        k = auto_parallel.state_per_param([o for o, _ in self._optimizers])
+        cfg = self.config
+        if cfg.auto_parallel and self._auto_plan is None:
+            self._plan_parallel(leaves, spec, device, link)
+        ir, pipe = self._passed(self._lay_out(leaves, spec), spec)
+        if pipe is not None:
+            return auto_parallel.predict_pipeline(ir, *pipe, cfg.pipeline_schedule, params, k, dev,
+                                                  cfg.auto_parallel_ratio, cfg.auto_parallel_wait_s, link)
+        return auto_parallel.predict(ir, params, k, dev, cfg.auto_parallel_ratio, cfg.auto_parallel_wait_s, link)
+
+    def _pipeline_logical(self, ir, cfg, log: list, mark: int):
+        """A pipeline's logical graph: micro-batches are the runtime's iterations, so the grad_acc
+        pass is off; gradient reductions run once per step in the update task."""
+        if not is_global(ir):
+            raise UnsupportedError(f"holoflow.nn.Graph {type(self).__name__}: pipeline stages need global tensors: "
+                                   f"module.to_global(placement, sbp) for each stage's modules and global inputs")
+        ir = tag_update_nodes(ir, mark)
+        cfg.grad_acc_steps, cfg.allreduce_bucket_mb = 1, 0
+        return passes.run(ir, cfg, log)
 
     def _traced_passed(self, leaves: list, spec):
-        """``build`` traced on ``leaves`` and passed: the logical graph a compile would lower."""
-        from .passes.checkpointing import flagged_paths
-        ir, _, _, _, piped, _ = self._trace(leaves, spec)
-        if piped or any(is_move(n) for n in ir.nodes):
-            raise UnsupportedError("holoflow.nn.Graph: predictions and auto-parallel plans cover one placement; "
+        """``build`` traced on ``leaves`` and passed: the logical graph a compile would lower (one
+        placement: what the auto-parallel planner reads)."""
+        ir, pipe = self._passed(leaves, spec)
+        if pipe is not None:
+            raise UnsupportedError("holoflow.nn.Graph: auto-parallel plans cover one placement; "
                                    "this graph has pipeline stages or micro-batches of global tensors")
+        return ir
+
+    def _passed(self, leaves: list, spec) -> tuple:
+        """``build`` traced on ``leaves`` and passed as a compile passes it: (the logical graph,
+        None), or for pipeline stages / micro-batches of global tensors (the logical graph traced
+        on one micro-batch, (the stages' placements, micro-batches))."""
+        from .passes.checkpointing import flagged_paths
+        ir, _, stages, m, piped, mark = self._trace(leaves, spec)
         cfg = self.config.for_passes(flagged_paths(self))
         cfg.global_graph = is_global(ir)
-        return passes.run(ir, cfg, [])
+        if piped or any(is_move(n) for n in ir.nodes):
+            ir = self._pipeline_logical(ir, cfg, [], mark)
+            return ir, (stages.placements if stages is not None else implicit_placements(ir), m)
+        return passes.run(ir, cfg, []), None
 
     def _plan_parallel(self, leaves: list, spec, device=None, link=None) -> None:
         """``config.enable_auto_parallel``: the parameters' SBP chosen by the cost model before the
@@ -514,17 +540,11 @@ class Graph:
         return c
 
     def _compile_pipeline(self, ir, cfg, log: list, stages, m: int, t0: float, mark: int):
-        """Stages / micro-batches (graph/pipeline.py): micro-batches are the runtime's iterations,
-        so the grad_acc pass is off; gradient reductions run once per step in the update task."""
-        if not is_global(ir):
-            raise UnsupportedError(f"holoflow.nn.Graph {type(self).__name__}: pipeline stages need global tensors: "
-                                   f"module.to_global(placement, sbp) for each stage's modules and global inputs")
+        """Stages / micro-batches (graph/pipeline.py), each rank's plan (graph/pipeline_run.py)."""
         if self.config.compile_tasks:
             LOG.warning(f"holoflow.nn.Graph {type(self).__name__}: enable_compile does not apply to pipeline stages "
                         f"or micro-batches of global tensors yet; this graph runs uncompiled")
-        ir = tag_update_nodes(ir, mark)
-        cfg.grad_acc_steps, cfg.allreduce_bucket_mb = 1, 0
-        ir = passes.run(ir, cfg, log)
+        ir = self._pipeline_logical(ir, cfg, log, mark)
         placements = stages.placements if stages is not None else implicit_placements(ir)
         seed = pipeline.check_same_program(ir, placements)
         c = PipelineCompiled(ir, placements, m, self.config.pipeline_schedule, memory=self.config.pipeline_memory,
