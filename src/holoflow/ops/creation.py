@@ -22,6 +22,7 @@ from ..core.interpret import is_lazy
 from ..core.registry import defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor, _as_torch
+from .family import elementwise_sbp
 
 # -- creation inside a graph trace: recorded as ops (eager calls torch directly) --------------
 def _no_input_sbp(metas, attrs):
@@ -102,13 +103,53 @@ def _kw(dtype, device) -> dict:
     return {"dtype": _dtype.to_torch(dtype), "device": _device.to_torch(device)}
 
 
+def _check_options(op: str, layout=None, out=None) -> None:
+    """torch's ``layout=`` (only ``strided``: holoflow tensors are dense) and ``out=`` (refused,
+    as across holoflow) of a factory."""
+    if layout is not None and layout is not torch.strided:
+        raise NotImplementedError(f"holoflow.{op}: layout={layout} is not supported; holoflow tensors are strided "
+                                  f"(pass layout=holoflow.strided or leave it out)")
+    if out is not None:
+        raise TypeError(f"holoflow.{op}: out= is not supported; assign the returned tensor")
+
+
+def _number(x):
+    """A 0-d tensor argument torch reads as a number (``arange(t)``, ``randint(t, ...)``)."""
+    return x.item() if isinstance(x, Tensor) else x
+
+
+def _create(op: str, fn, *args, requires_grad: bool = False, placement=None, sbp=None, layout=None, out=None,
+            pin_memory: bool = False, **params) -> Tensor:
+    """``fn(*args, **params)`` as a new tensor: under a graph trace a recorded op (a node of the
+    program, so a compiled call makes it anew, from its tensor arguments' current values), else
+    torch's call (its errors re-raised naming ``op``); global with ``placement``/``sbp`` or inside
+    ``global_mode``."""
+    _check_options(op, layout, out)
+    t = _traced(op, fn, *args, placement=placement, sbp=sbp, **params)
+    if t is None:
+        data = _torch_call(op, fn, *[a._data if isinstance(a, Tensor) else a for a in args], **params)
+        if pin_memory:
+            data = _torch_call(op, torch.Tensor.pin_memory, data)
+        t = _finish(data, False, placement, sbp, op)
+    return t.requires_grad_(True) if requires_grad else t
+
+
+def _tensor_kernel(data, dtype=None, device=None) -> torch.Tensor:
+    """``torch.tensor(data)``: a copy (of a tensor: detached) in ``dtype`` on ``device``."""
+    out = _as_torch(data, dtype, device)
+    return out.clone() if isinstance(data, (Tensor, torch.Tensor)) else out
+
+
 def tensor(data, dtype=None, device=None, requires_grad: bool = False, placement=None,
            sbp=None, pin_memory: bool = False) -> Tensor:
     """Copies ``data`` (lists, numbers, numpy arrays, tensors) into a new tensor."""
-    return _finish(_as_torch(data, _dtype.to_torch(dtype), _device.to_torch(device)).clone()
-                   if isinstance(data, (Tensor, torch.Tensor)) else
-                   _as_torch(data, _dtype.to_torch(dtype), _device.to_torch(device)),
-                   requires_grad, placement, sbp)
+    if is_lazy():   # a node of the trace (its data an attr, or the lazy tensor it copies)
+        return _create("tensor", _tensor_kernel, data, requires_grad=requires_grad, placement=placement, sbp=sbp,
+                       **_kw(dtype, device))
+    data = _tensor_kernel(data, _dtype.to_torch(dtype), _device.to_torch(device))
+    if pin_memory:
+        data = _torch_call("tensor", torch.Tensor.pin_memory, data)
+    return _finish(data, requires_grad, placement, sbp)
 
 
 def as_tensor(data, dtype=None, device=None) -> Tensor:
@@ -117,6 +158,8 @@ def as_tensor(data, dtype=None, device=None) -> Tensor:
         return data
     if isinstance(data, np.ndarray):
         return Tensor._make(torch.as_tensor(data, dtype=_dtype.to_torch(dtype), device=_device.to_torch(device)))
+    if is_lazy() and not isinstance(data, torch.Tensor):   # nothing to share: a copy, as tensor()
+        return tensor(data, dtype, device, placement=LOCAL, sbp=LOCAL)
     return Tensor._make(_as_torch(data, _dtype.to_torch(dtype), _device.to_torch(device)))
 
 
@@ -138,15 +181,23 @@ def from_dlpack(ext) -> Tensor:
     return Tensor._make(torch.from_dlpack(ext))
 
 
+def _size_arg(size: tuple, kw_size, op: str) -> tuple:
+    """The sizes of ``zeros(2, 3)``, ``zeros((2, 3))`` or ``zeros(size=(2, 3))``."""
+    if kw_size is not None:
+        if size:
+            raise TypeError(f"holoflow.{op}: got the size both positionally and as size=")
+        size = (kw_size,)
+    return _sizes(size, op)
+
+
 def _filled(fn):
     def make(*size, dtype=None, device=None, requires_grad=False, placement=None, sbp=None,
-             out=None, layout=None, pin_memory=False):
-        t = _traced(fn.__name__, fn, size=_sizes(size, fn.__name__), placement=placement, sbp=sbp,
-                    **_kw(dtype, device))
-        if t is not None:
-            return t
-        return _finish(fn(_sizes(size, fn.__name__), **_kw(dtype, device)), requires_grad, placement, sbp,
-                       fn.__name__)
+             out=None, layout=None, pin_memory=False, **kw):
+        shape = _size_arg(size, kw.pop("size", None), fn.__name__)
+        if kw:
+            raise TypeError(f"holoflow.{fn.__name__}: unexpected keyword arguments {sorted(kw)}")
+        return _create(fn.__name__, fn, size=shape, requires_grad=requires_grad, placement=placement, sbp=sbp,
+                       layout=layout, out=out, pin_memory=pin_memory, **_kw(dtype, device))
     make.__name__ = fn.__name__
     make.__doc__ = f"A new tensor of the given size, as ``torch.{fn.__name__}``."
     return make
@@ -158,74 +209,76 @@ empty = _filled(torch.empty)
 
 
 def full(size, fill_value, *, dtype=None, device=None, requires_grad=False, placement=None,
-         sbp=None) -> Tensor:
-    if isinstance(fill_value, Tensor):
-        fill_value = fill_value.item()
-    t = _traced("full", torch.full, size=_sizes((size,)), fill_value=fill_value, placement=placement, sbp=sbp,
-                **_kw(dtype, device))
-    if t is not None:
-        return t
-    return _finish(torch.full(_sizes((size,)), fill_value, **_kw(dtype, device)), requires_grad,
-                   placement, sbp, "full")
+         sbp=None, out=None, layout=None, pin_memory: bool = False) -> Tensor:
+    """A tensor of ``size`` filled with ``fill_value`` (a number or a 0-d tensor), as ``torch.full``."""
+    return _create("full", torch.full, size=_sizes((size,), "full"), fill_value=_number(fill_value),
+                   requires_grad=requires_grad, placement=placement, sbp=sbp, out=out, layout=layout,
+                   pin_memory=pin_memory, **_kw(dtype, device))
 
 
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=False,
-           placement=None, sbp=None) -> Tensor:
+           placement=None, sbp=None, out=None, layout=None, pin_memory: bool = False) -> Tensor:
+    """``start, start + step, ...`` below ``end`` (numbers or 0-d tensors), as ``torch.arange``."""
     if end is None:
         start, end = 0, start
-    t = _traced("arange", torch.arange, start=start, end=end, step=step, placement=placement, sbp=sbp,
-                **_kw(dtype, device))
-    if t is not None:
-        return t
-    data = _torch_call("arange", torch.arange, start, end, step, **_kw(dtype, device))
-    return _finish(data, requires_grad, placement, sbp, "arange")
+    return _create("arange", torch.arange, start=_number(start), end=_number(end), step=_number(step),
+                   requires_grad=requires_grad, placement=placement, sbp=sbp, out=out, layout=layout,
+                   pin_memory=pin_memory, **_kw(dtype, device))
 
 
 def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad=False,
-             placement=None, sbp=None) -> Tensor:
-    return _finish(_torch_call("linspace", torch.linspace, start, end, steps, **_kw(dtype, device)), requires_grad,
-                   placement, sbp, "linspace")
+             placement=None, sbp=None, out=None, layout=None, pin_memory: bool = False) -> Tensor:
+    """``steps`` evenly spaced values from ``start`` to ``end`` (numbers or 0-d tensors), as
+    ``torch.linspace``."""
+    return _create("linspace", torch.linspace, start, end, steps, requires_grad=requires_grad, placement=placement,
+                   sbp=sbp, out=out, layout=layout, pin_memory=pin_memory, **_kw(dtype, device))
 
 
-def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, device=None) -> Tensor:
-    return Tensor._make(torch.logspace(start, end, steps, base, **_kw(dtype, device)))
+def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, device=None, requires_grad=False,
+             placement=None, sbp=None, out=None, layout=None, pin_memory: bool = False) -> Tensor:
+    """``base ** linspace(start, end, steps)``, as ``torch.logspace``."""
+    return _create("logspace", torch.logspace, start, end, steps, base, requires_grad=requires_grad,
+                   placement=placement, sbp=sbp, out=out, layout=layout, pin_memory=pin_memory,
+                   **_kw(dtype, device))
 
 
 def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad=False,
-        placement=None, sbp=None) -> Tensor:
-    return _finish(torch.eye(n, n if m is None else m, **_kw(dtype, device)), requires_grad,
-                   placement, sbp, "eye")
+        placement=None, sbp=None, out=None, layout=None, pin_memory: bool = False) -> Tensor:
+    """The ``n x m`` identity matrix, as ``torch.eye``."""
+    return _create("eye", torch.eye, n, n if m is None else m, requires_grad=requires_grad, placement=placement,
+                   sbp=sbp, out=out, layout=layout, pin_memory=pin_memory, **_kw(dtype, device))
 
 
 def _factory(op: str, fn, *args, dtype=None, device=None, requires_grad: bool = False, **params) -> Tensor:
     """``fn(*args, **params)`` with torch's ``dtype``/``device`` as a new tensor (global inside
-    ``global_mode``, like ``linspace``; torch's errors re-raised naming ``op``)."""
-    return _finish(_torch_call(op, fn, *args, **params, **_kw(dtype, device)), requires_grad)
+    ``global_mode``; a node under a graph trace; torch's errors re-raised naming ``op``)."""
+    return _create(op, fn, *args, requires_grad=requires_grad, **params, **_kw(dtype, device))
 
 
 def tril_indices(row: int, col: int, offset: int = 0, *, dtype=None, device=None, layout=None) -> Tensor:
     """The (2, N) coordinates of the lower triangle of a ``row x col`` matrix, as torch."""
-    return _factory("tril_indices", torch.tril_indices, row, col, offset, dtype=dtype or _dtype.int64, device=device)
+    return _factory("tril_indices", torch.tril_indices, row, col, offset, dtype=dtype or _dtype.int64, device=device,
+                    layout=layout)
 
 
 def triu_indices(row: int, col: int, offset: int = 0, *, dtype=None, device=None, layout=None) -> Tensor:
     """The (2, N) coordinates of the upper triangle of a ``row x col`` matrix, as torch."""
-    return _factory("triu_indices", torch.triu_indices, row, col, offset, dtype=dtype or _dtype.int64, device=device)
+    return _factory("triu_indices", torch.triu_indices, row, col, offset, dtype=dtype or _dtype.int64, device=device,
+                    layout=layout)
 
 
 def scalar_tensor(s, *, dtype=None, device=None, requires_grad: bool = False, layout=None,
                   pin_memory: bool = False) -> Tensor:
     """A 0-d tensor holding the number ``s`` (default dtype: torch's default float)."""
-    if isinstance(s, Tensor):
-        s = s.item()
-    return _factory("scalar_tensor", torch.scalar_tensor, s, dtype=dtype, device=device, requires_grad=requires_grad)
+    return _factory("scalar_tensor", torch.scalar_tensor, _number(s), dtype=dtype, device=device,
+                    requires_grad=requires_grad, layout=layout, pin_memory=pin_memory)
 
 
 def empty_strided(size, stride, *, dtype=None, device=None, requires_grad: bool = False, layout=None,
                   pin_memory: bool = False) -> Tensor:
     """An uninitialised tensor with the given sizes and strides, as ``torch.empty_strided``."""
     return _factory("empty_strided", torch.empty_strided, tuple(size), tuple(stride), dtype=dtype, device=device,
-                    requires_grad=requires_grad)
+                    requires_grad=requires_grad, layout=layout, pin_memory=pin_memory)
 
 
 def asarray(obj, *, dtype=None, device=None, copy: bool | None = None, requires_grad: bool | None = None) -> Tensor:
@@ -237,6 +290,8 @@ def asarray(obj, *, dtype=None, device=None, copy: bool | None = None, requires_
             out = obj.clone()
         return out if requires_grad is None or out.requires_grad == requires_grad else \
             out.detach().requires_grad_(requires_grad)
+    if is_lazy() and not isinstance(obj, (np.ndarray, torch.Tensor)):   # nothing to share: a node
+        return tensor(obj, dtype, device, bool(requires_grad), LOCAL, LOCAL)
     data = _torch_call("asarray", torch.asarray, obj, dtype=_dtype.to_torch(dtype), device=_device.to_torch(device),
                        copy=copy)
     return _finish(data, bool(requires_grad), LOCAL, LOCAL)
@@ -248,7 +303,7 @@ def _window(name: str):
     def make(window_length: int, *args, dtype=None, layout=None, device=None, pin_memory: bool = False,
              requires_grad: bool = False, **params) -> Tensor:
         return _factory(name, fn, window_length, *args, dtype=dtype, device=device, requires_grad=requires_grad,
-                        **params)
+                        layout=layout, pin_memory=pin_memory, **params)
     make.__name__ = name
     make.__doc__ = f"The window of ``torch.{name}`` (same arguments, dtype and values)."
     return make
@@ -258,34 +313,36 @@ hann_window, hamming_window, blackman_window, bartlett_window, kaiser_window = (
     _window(n) for n in ("hann_window", "hamming_window", "blackman_window", "bartlett_window", "kaiser_window"))
 
 
-def _traced_draw(name: str, fn, g, **attrs) -> Tensor | None:
-    """``_traced`` for a random creation: a generator given is an attr (drawn from at run time,
-    not during the trace's shape inference, which runs the kernel)."""
-    if g is None:
-        return _traced(name, fn, **attrs)
-    state = g.get_state()
-    try:
-        return _traced(name, fn, generator=g, **attrs)
-    finally:
-        g.set_state(state)
-
-
 def _draws_from(generator, device) -> torch.Generator | None:
     """The generator a creation on ``device`` draws from: the caller's, else (eager, on a
     simulated rank) the rank's own, else None: torch's default (core/generators.py)."""
     return generators.for_kernel(generator, _device.to_torch(device) or torch.get_default_device())
 
 
+def _draw(op: str, fn, *args, generator=None, device=None, **params) -> Tensor:
+    """:func:`_create` of a random tensor: a generator given is an attr of the traced node
+    (drawn from at run time: the trace's shape inference, which runs the kernel, puts its state
+    back)."""
+    g = _draws_from(generator, device)
+    device = _device.to_torch(device)
+    if g is None or not is_lazy():
+        return _create(op, fn, *args, **({} if g is None else {"generator": g}), device=device, **params)
+    state = g.get_state()
+    try:
+        return _create(op, fn, *args, generator=g, device=device, **params)
+    finally:
+        g.set_state(state)
+
+
 def _random(fn):
-    def make(*size, generator=None, dtype=None, device=None, requires_grad=False,
-             placement=None, sbp=None):
-        g = _draws_from(generator, device)
-        t = _traced_draw(fn.__name__, fn, g, size=_sizes(size, fn.__name__), placement=placement, sbp=sbp,
-                         **_kw(dtype, device))
-        if t is not None:
-            return t
-        return _finish(_torch_call(fn.__name__, fn, _sizes(size, fn.__name__), generator=g, **_kw(dtype, device)),
-                       requires_grad, placement, sbp, fn.__name__)
+    def make(*size, generator=None, dtype=None, device=None, requires_grad=False, placement=None, sbp=None,
+             out=None, layout=None, pin_memory: bool = False, **kw):
+        shape = _size_arg(size, kw.pop("size", None), fn.__name__)
+        if kw:
+            raise TypeError(f"holoflow.{fn.__name__}: unexpected keyword arguments {sorted(kw)}")
+        return _draw(fn.__name__, fn, size=shape, generator=generator, dtype=_dtype.to_torch(dtype), device=device,
+                     requires_grad=requires_grad, placement=placement, sbp=sbp, out=out, layout=layout,
+                     pin_memory=pin_memory)
     make.__name__ = fn.__name__
     make.__doc__ = (f"Random tensor, as ``torch.{fn.__name__}``; a global one holds the same "
                     f"logical values as the single-process call with the same seed.")
@@ -296,49 +353,54 @@ rand = _random(torch.rand)
 randn = _random(torch.randn)
 
 
-def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None,
-            placement=None, sbp=None) -> Tensor:
+def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None, requires_grad: bool = False,
+            placement=None, sbp=None, out=None, layout=None, pin_memory: bool = False) -> Tensor:
+    """Integers drawn uniformly from ``[low, high)`` (``randint(high, size)``: from 0; the bounds
+    numbers or 0-d tensors), as ``torch.randint``."""
+    if size is None and isinstance(high, (tuple, list, torch.Size)):   # randint(high, size)
+        low, high, size = 0, low, high
     if high is None:
         low, high = 0, low
     if size is None:
         raise TypeError("holoflow.randint: size= is required, e.g. randint(0, 10, (3,))")
-    g = _draws_from(generator, device)
-    kw = _kw(dtype or _dtype.int64, device)
-    t = _traced_draw("randint", torch.randint, g, low=low, high=high, size=_sizes((size,), "randint"),
-                     placement=placement, sbp=sbp, **kw)
-    if t is not None:   # under a graph trace: a draw per call, not a constant
-        return t
-    return _finish(_torch_call("randint", torch.randint, low, high, _sizes((size,), "randint"), generator=g, **kw),
-                   False, placement, sbp, "randint")
+    return _draw("randint", torch.randint, low=_number(low), high=_number(high), size=_sizes((size,), "randint"),
+                 generator=generator, dtype=_dtype.to_torch(dtype or _dtype.int64), device=device,
+                 requires_grad=requires_grad, placement=placement, sbp=sbp, out=out, layout=layout,
+                 pin_memory=pin_memory)
 
 
-def randperm(n: int, *, generator=None, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
-    g = _draws_from(generator, device)
-    t = _traced_draw("randperm", torch.randperm, g, n=n, placement=placement, sbp=sbp,
-                     **_kw(dtype or _dtype.int64, device))
-    if t is not None:
-        return t
-    return _finish(torch.randperm(n, generator=g, **_kw(dtype or _dtype.int64, device)), False,
-                   placement, sbp, "randperm")
+def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: bool = False, placement=None,
+             sbp=None, out=None, layout=None, pin_memory: bool = False) -> Tensor:
+    """A random permutation of ``0 .. n - 1`` (``n`` a number or a 0-d tensor), as ``torch.randperm``."""
+    return _draw("randperm", torch.randperm, n=_number(n), generator=generator,
+                 dtype=_dtype.to_torch(dtype or _dtype.int64), device=device, requires_grad=requires_grad,
+                 placement=placement, sbp=sbp, out=out, layout=layout, pin_memory=pin_memory)
 
 
-def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=None,
-           requires_grad=False) -> Tensor:
-    """Samples N(mean, std); ``mean``/``std`` may be tensors (then ``size`` comes from them)."""
+def _zero_grads(c, dy):
+    """torch's gradient of ``normal(mean, std)`` in its tensor arguments: zeros of their shapes."""
+    zero = zeros_like(dy)
+    return tuple(zero.sum_to_size(c.shapes[i]) if need else None for i, need in enumerate(c.needs_grad))
+
+
+NORMAL = defop("normal", lambda mean, std, generator=None: torch.normal(mean, std, generator=generator),
+               grad=_zero_grads, sbp=elementwise_sbp(), random=True, family="random")
+
+
+def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=None, requires_grad=False,
+           placement=None, sbp=None, out=None, layout=None, pin_memory: bool = False) -> Tensor:
+    """Samples N(mean, std); ``mean``/``std`` may be tensors (then ``size`` comes from them, and
+    the result is differentiable in them with torch's zero gradient)."""
     if isinstance(mean, Tensor) or isinstance(std, Tensor):
-        m = mean._data if isinstance(mean, Tensor) else mean
-        s = std._data if isinstance(std, Tensor) else std
-        g = _draws_from(generator, (m if isinstance(mean, Tensor) else s).device)
-        return Tensor._make(torch.normal(m, s, generator=g))
-    g = _draws_from(generator, device)
+        _check_options("normal", layout, out)
+        like = mean if isinstance(mean, Tensor) else std
+        g = generators.for_op(generator, like)
+        return apply(NORMAL, mean, std, **({} if g is None else {"generator": g}))
     if size is None:
         raise TypeError("holoflow.normal: size= is required when mean and std are numbers")
-    t = _traced_draw("normal", torch.normal, g, mean=float(mean), std=float(std), size=_sizes((size,)),
-                     **_kw(dtype, device))
-    if t is not None:
-        return t
-    return _finish(torch.normal(mean, std, _sizes((size,)), generator=g, **_kw(dtype, device)),
-                   requires_grad)
+    return _draw("normal", torch.normal, mean=float(mean), std=float(std), size=_sizes((size,), "normal"),
+                 generator=generator, dtype=_dtype.to_torch(dtype), device=device, requires_grad=requires_grad,
+                 placement=placement, sbp=sbp, out=out, layout=layout, pin_memory=pin_memory)
 
 
 def _rand_like(x, *, generator=None, **kw):
@@ -367,12 +429,19 @@ def _like(fn_name: str):
     fn = _RANDOM_LIKE.get(fn_name) or getattr(torch, fn_name)
 
     def make(input: Tensor, *args, dtype=None, device=None, requires_grad=False,
-             memory_format=None, **kwargs):
+             memory_format=None, layout=None, pin_memory: bool = False, **kwargs):
+        _check_options(fn_name, layout)
         kw = _kw(dtype, device)
         kw = {k: v for k, v in kw.items() if v is not None}
+        if memory_format is not None:
+            kw["memory_format"] = memory_format
+        args = tuple(_number(a) for a in args)   # (full_like's value, randint_like's bounds: 0-d tensors too)
+        kwargs = {k: _number(v) if k in ("fill_value", "low", "high") else v for k, v in kwargs.items()}
+        if kwargs.get("generator") is not None:
+            kwargs["generator"] = getattr(kwargs["generator"], "torch", kwargs["generator"])
         t = _traced(fn_name, fn, input, *args, **kw, **kwargs)
         if t is not None:
-            return t
+            return t.requires_grad_(True) if requires_grad else t
         if fn_name in _RANDOM_LIKE and input._global is None and kwargs.get("generator") is None:
             g = _draws_from(None, kw.get("device") or input._data.device)   # (a global one's: rng.py)
             kwargs = kwargs if g is None else {**kwargs, "generator": g}

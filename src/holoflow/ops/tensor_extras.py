@@ -23,6 +23,7 @@ from ..core.dispatch import apply
 from ..core.interpret import is_lazy
 from ..core.registry import defop
 from ..core.tensor import Tensor
+from . import creation as _creation
 from .complex_ops import view_as_complex, view_as_real
 from .layout import as_strided
 from .nn_extra import _dropout_impl
@@ -150,23 +151,24 @@ def _backend_move(kind: str, exc: type[BaseException], message: str):
 
 # -- top-level functions -----------------------------------------------------------------------------
 
+def _range_kernel(start: Any, end: Any, step: Any, **kw: Any) -> torch.Tensor:
+    with warnings.catch_warnings():   # (holoflow.range warned already)
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.range(start, end, step, **kw)
+
+
 def range(start: Any, end: Any, step: Any = 1, *, out: Any = None, dtype: Any = None,  # noqa: A001
           layout: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    """The deprecated ``torch.range``: ``start, start + step, ...`` up to and *including* ``end``,
-    in the default float dtype unless ``dtype`` is given (``arange`` excludes ``end``). Warns, as
-    torch does."""
-    if out is not None:
-        raise TypeError("holoflow.range: out= is not supported; assign the returned tensor")
+    """The deprecated ``torch.range``: ``start, start + step, ...`` up to and *including* ``end``
+    (numbers or 0-d tensors), in the default float dtype unless ``dtype`` is given (``arange``
+    excludes ``end``). Warns, as torch does."""
+    _creation._check_options("range", layout, out)
     warnings.warn("holoflow.range is deprecated and will be removed, as torch.range, because its behavior is "
                   "inconsistent with Python's range builtin. Instead, use holoflow.arange, which produces values "
                   "in [start, end).", UserWarning, stacklevel=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        try:
-            data = torch.range(start, end, step, dtype=_dtype.to_torch(dtype), device=_device.to_torch(device))
-        except RuntimeError as e:
-            raise RuntimeError(f"holoflow.range: {str(e).splitlines()[0]}") from None
-    return Tensor._make(data).requires_grad_(requires_grad)
+    num = _creation._number
+    return _creation._factory("range", _range_kernel, num(start), num(end), num(step), dtype=dtype, device=device,
+                              requires_grad=requires_grad)
 
 
 def feature_dropout(input: Tensor, p: float, train: bool) -> Tensor:
