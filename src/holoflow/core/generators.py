@@ -52,14 +52,37 @@ class Fork:
 
 class RankGenerators:
     """One simulated rank's default generators, a process's worth: the CPU one, and one per
-    accelerator device made on first use (forked, or seeded with the rank's last ``manual_seed``,
-    as torch's ``manual_seed`` seeds every device's)."""
+    accelerator device made on first use (forked, or seeded with the last seed the rank gave that
+    device: ``manual_seed`` seeds every device's, as torch's does, and ``holoflow.cuda.manual_seed``
+    / ``manual_seed_all`` one or every CUDA device's, made or not, as torch.cuda's do)."""
 
     def __init__(self, fork: Fork) -> None:
         self._fork = fork
         self._seed: int | None = None
+        # (device type, index or None: every device of the type) -> the seed it was given last
+        self._device_seeds: dict[tuple[str, int | None], int] = {}
         self._gens: dict[torch.device, torch.Generator] = {CPU: fork.generator(CPU)}
         self._lock = threading.Lock()   # (runtime threads acting as the rank share it)
+
+    def seed_of(self, device) -> int | None:
+        """The seed the rank's generator on ``device`` was given last (made or not yet), or None
+        while it is (or would be made) in the process's state at the fork."""
+        dev = _canonical(device)
+        if dev == CPU:
+            return self._seed
+        seeds = self._device_seeds
+        return seeds.get((dev.type, dev.index), seeds.get((dev.type, None), self._seed))
+
+    def seed_devices(self, seed: int, device_type: str, index: int | None) -> None:
+        """Seeds the rank's ``device_type`` generator ``index`` (None: every one of that type), as
+        ``torch.cuda.manual_seed`` (``manual_seed_all``) seeds a process's; the CPU's is untouched."""
+        with self._lock:
+            if index is None:
+                self._device_seeds = {k: v for k, v in self._device_seeds.items() if k[0] != device_type}
+            self._device_seeds[(device_type, index)] = seed
+            for dev, g in self._gens.items():
+                if dev.type == device_type and index in (None, dev.index):
+                    g.manual_seed(seed)
 
     def get(self, device) -> torch.Generator | None:
         """The rank's generator on ``device``; None on a device without random state (meta)."""
@@ -71,14 +94,16 @@ class RankGenerators:
             with self._lock:
                 g = self._gens.get(dev)
                 if g is None:
-                    g = self._gens[dev] = self._fork.generator(dev) if self._seed is None else \
-                        torch.Generator(device=dev).manual_seed(self._seed)
+                    seed = self.seed_of(dev)
+                    g = self._gens[dev] = self._fork.generator(dev) if seed is None else \
+                        torch.Generator(device=dev).manual_seed(seed)
         return g
 
     def manual_seed(self, seed: int) -> torch.Generator:
         """Seeds every generator of the rank (and those it makes later) with ``seed``."""
         with self._lock:
             self._seed = seed
+            self._device_seeds.clear()
             for g in self._gens.values():
                 g.manual_seed(seed)
         return self._gens[CPU]
@@ -115,6 +140,11 @@ def install(gens: RankGenerators | None) -> RankGenerators | None:
     """Makes ``gens`` this thread's default generators (None: torch's); returns the previous."""
     prev, _LOCAL.gens = _LOCAL.gens, gens
     return prev
+
+
+def current() -> RankGenerators | None:
+    """This thread's simulated rank's default generators, else None (torch's)."""
+    return _LOCAL.gens
 
 
 def default(device) -> torch.Generator | None:

@@ -207,10 +207,12 @@ _META = torch.device("meta")
 
 def meta_attrs(attrs: dict) -> dict:
     """``attrs`` with every device naming the meta device: a kernel run on meta tensors (a shape
-    rule, a trace) cannot move them to a real one."""
-    if not any(isinstance(v, torch.device) for v in attrs.values()):
+    rule, a trace) cannot move them to a real one. ``device=None`` (a creation on the default
+    device) names it too: run for real, a random creation's shape rule would draw from the
+    default generator, and the graph's draws would then start one draw late."""
+    if not any(isinstance(v, torch.device) or k == "device" and v is None for k, v in attrs.items()):
         return attrs
-    return {k: (_META if isinstance(v, torch.device) else v) for k, v in attrs.items()}
+    return {k: (_META if isinstance(v, torch.device) or k == "device" and v is None else v) for k, v in attrs.items()}
 
 
 def infer_metas(op: Op, inputs: tuple, attrs: dict) -> tuple[Meta, ...]:

@@ -24,13 +24,15 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from ..core import generators
 from ..core.errors import HoloflowError
+from ..core.registry import REGISTRY
 from ..core.tensor import Tensor
 from ..runtime import CALLER, SOURCE_STREAM, Plan, Runtime, SequentialExecutor, TaskError, TaskSpec
 from .compile_tasks import PLAIN_STREAMS, compile_task
 from .cuda_streams import cuda_streams, with_h2d_copies
 from .global_graph import issue_collectives, state_views, wrap_outputs
-from .ir import ENTRY, TOKEN, IRGraph, Program, Value, program, uncompilable
+from .ir import ENTRY, TOKEN, IRGraph, Node, Program, Value, program, uncompilable
 from .passes.memory_plan import peak_bytes
 
 
@@ -85,7 +87,7 @@ def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_task
     Inductor with ``compile_tasks``: graph/compile_tasks.py; ``gather_ahead``: see
     global_graph.issue_collectives). Graph outputs in ``keep_layouts`` keep the layout compiled
     code gave them (holoflow.compile's saved values, read only by its compiled backward)."""
-    g = issue_collectives(g, gather_ahead)
+    g = bind_default_generators(issue_collectives(g, gather_ahead))
     prog = program(g, profile, for_compile=compile_tasks and not profile)
     ns = prog.load()
     # a task issuing collectives, or running kernels opaque to tracing, stays plain
@@ -116,6 +118,34 @@ def lower(g: IRGraph, register_num: int = 2, profile: bool = False, compile_task
         specs, inputs = with_h2d_copies(specs, feeds, device, register_num)
     plan = Plan(tuple(specs), inputs=inputs, outputs=outs, initial={TOKEN: None} if has_update else {})
     return Lowered(g, prog, plan, inputs, outs, device, compiled, ns[ENTRY])
+
+
+def bind_default_generators(g: IRGraph) -> IRGraph:
+    """``g`` with each node of a random op that draws from the default generator (it was given
+    none) bound to the lowering thread's default generator where that is a simulated rank's
+    (core/generators.py), as eager's random ops are handed it: the rank's plan draws from the
+    rank's stream, as a process's plan draws from the process's. Elsewhere ``g`` is unchanged (the
+    kernels draw from torch's). Bound after the passes and the ranks' program check, so simulated
+    ranks plan what processes plan; with ``enable_compile`` such a node runs plain, as every node
+    drawing from a generator given to it does (``ir.draws``)."""
+    if generators.current() is None:
+        return g
+    nodes = tuple(_bound_generator(n) for n in g.nodes)
+    if all(a is b for a, b in zip(nodes, g.nodes)):
+        return g
+    frees = None if g.frees is None else {id(new): g.frees[id(old)] for old, new in zip(g.nodes, nodes)
+                                          if id(old) in g.frees}
+    return g.with_(nodes=nodes, frees=frees)
+
+
+def _bound_generator(n: Node) -> Node:
+    op = REGISTRY.get(n.op)
+    if op is None or not op.random or n.kernel not in (None, op.inplace_kernel) or \
+            isinstance(n.attrs.get("generator"), torch.Generator):
+        return n
+    device = next((v.device for v in (*n.outputs, *n.value_inputs())), torch.device("cpu"))
+    gen = generators.default(device)
+    return n if gen is None else n.with_(attrs={**n.attrs, "generator": gen})
 
 
 def device_of(g: IRGraph) -> torch.device:
