@@ -1,7 +1,7 @@
 """holoflow.func against torch.func where a compat hunt found gaps: jacrev's chunk_size and
 jacfwd's randomness, vmap's keyword arguments, None in_dims/out_dims, pytree prefixes, chunk_size,
 empty batches and its errors, linearize, jvp's strict, functionalize, debug_unwrap,
-replace_all_batch_norm_modules_, stack_module_state's requires_grad, and the signatures and
+replace_all_batch_norm_modules_, stack_module_state's requires_grad, rearrange, and the signatures and
 exception classes of every public name. Each case runs the same function on both libraries."""
 import inspect
 
@@ -39,9 +39,8 @@ def _lift(lib, x):
 
 # -- names and signatures -----------------------------------------------------------------------------
 
-def test_every_torch_func_name_but_rearrange_is_there_with_torchs_signature():
-    missing = {n for n in dir(torch.func) if not n.startswith("_") and not hasattr(flow.func, n)}
-    assert missing == {"rearrange"}      # (einops patterns on first-class dims: not implemented)
+def test_every_torch_func_name_is_there_with_torchs_signature():
+    assert {n for n in dir(torch.func) if not n.startswith("_") and not hasattr(flow.func, n)} == set()
     for name in flow.func.__all__:
         ours = inspect.signature(getattr(flow.func, name)).parameters
         theirs = inspect.signature(getattr(torch.func, name)).parameters
@@ -50,12 +49,14 @@ def test_every_torch_func_name_but_rearrange_is_there_with_torchs_signature():
 
 def test_mock_torch_exposes_the_new_names_as_torch_func():
     from holoflow import mock_torch
+    real_func = [n for n in dir(torch.func) if not n.startswith("_")]
     with mock_torch.enable():
         import torch.func as mocked
         from torch.func import linearize, replace_all_batch_norm_modules_
         assert mocked.jacrev is flow.func.jacrev and linearize is flow.func.linearize
         assert replace_all_batch_norm_modules_ is flow.func.replace_all_batch_norm_modules_
         assert mocked.functionalize is flow.func.functionalize and mocked.debug_unwrap is flow.func.debug_unwrap
+        assert mocked.rearrange is flow.func.rearrange and set(real_func) <= set(dir(mocked))
 
 
 # -- jacrev / jacfwd ----------------------------------------------------------------------------------
@@ -355,3 +356,43 @@ def test_stack_module_state_requires_grad_and_errors_as_torch():
     _same_error(lambda lib: lib.func.stack_module_state([lib.nn.Linear(2, 2), lib.nn.Linear(2, 2).eval()]))
     _same_error(lambda lib: lib.func.stack_module_state([lib.nn.Linear(2, 2), lib.nn.Bilinear(2, 2, 2)]))
     _same_error(lambda lib: lib.func.stack_module_state([]))
+
+
+# -- rearrange -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pattern, lengths", [
+    ("a b c -> c (a b)", {}), ("a ... -> ... a", {}), ("... c -> (...) c", {}), ("a b c -> (a b c)", {}),
+    ("a b (c d) -> a b c d", {"d": 2}), ("a b c -> b 1 c a ()", {}), ("(a1 a2) b c -> a1 a2 b c", {"a1": 1}),
+    ("a b c -> c b a", {"a": 2, "b": 3}), ("a ... c -> c (...) a", {}), ("a b c d ... -> d (c a) ... b", {}),
+    ("b (h h1) (w w1) -> b h w (h1 w1)", {"h1": 3, "w1": 2})])
+def test_rearrange_as_torch(pattern, lengths):
+    x = _rand(2, 3, 4, 1) if "d ..." in pattern else _rand(2, 3, 4)
+    x = _rand(2, 6, 4) if "h1" in pattern else x
+    got, want = _both(lambda lib: lib.func.rearrange(_lift(lib, x), pattern, **lengths))
+    _close(got, want)
+    got, want = _both(lambda lib: lib.func.rearrange([_lift(lib, x), _lift(lib, x * 2)], "n a ... -> a (n ...)"))
+    _close(got, want)
+
+
+@pytest.mark.parametrize("pattern, lengths", [
+    ("a b c -> a b d", {}), ("a b -> a b", {}), ("a b c -> a a b c", {}), ("a b c", {}), ("a b c -> b 2 c a", {}),
+    ("a b c -> c b a)", {}), ("... b c ... -> c b", {}), ("a b c -> c b a", {"e": 5}),
+    ("a b c () -> a b c", {})])
+def test_rearrange_errors_are_torchs_value_errors(pattern, lengths):
+    _same_error(lambda lib: lib.func.rearrange(_lift(lib, _rand(2, 3, 4)), pattern, **lengths))
+    with pytest.raises(ValueError, match=r"holoflow\.func\.rearrange: "):
+        flow.func.rearrange(_f(_rand(2, 3, 4)), pattern, **lengths)
+
+
+def test_rearrange_size_errors():
+    """(torch raises functorch.dim's DimensionBindError, an Exception; holoflow a ValueError)"""
+    x = _f(_rand(2, 3, 4))
+    with pytest.raises(ValueError, match=r"cannot infer the sizes of \['c', 'd'\] at once"):
+        flow.func.rearrange(x, "a b (c d) -> a b c d")
+    with pytest.raises(ValueError, match="does not match the sizes given"):
+        flow.func.rearrange(x, "a b c -> c b a", a=5)
+    with pytest.raises(ValueError, match=r"dim of size 4 does not split evenly into \['c', 'd'\]"):
+        flow.func.rearrange(x, "a b (c d) -> a b c d", d=3)
+    for bad, lengths in (("a b (c d) -> a b c d", {}), ("a b c -> c b a", {"a": 5}), ("a b (c d) -> a b c d", {"d": 3})):
+        with pytest.raises(Exception, match="cannot infer|do not match|does not evenly fit"):
+            torch.func.rearrange(_rand(2, 3, 4), bad, **lengths)
