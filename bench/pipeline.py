@@ -79,6 +79,7 @@ STAGE = {"kind": "linear"}      # --stage: "linear" (Linear(16, 16)) or "gpt" (a
 GPT = {"d": 32, "T": 16, "seqs": 2}   # --gpt-d, --gpt-t, --gpt-seqs
 SCHEDULES = ("1f1b", "gpipe", "zb-h1", "zb-h1-mem")
 LAST: dict = {}   # the last run's compiled plan (a launched rank closes its runtime before exiting)
+PREDICT = {"on": False}   # --predict: graph.predict's step (calibrated kernels) before the first call
 
 
 def _work(x: torch.Tensor, ms: float = 0.0) -> torch.Tensor:
@@ -169,17 +170,25 @@ def run_rank(rank: int, p: int, m: int, schedule: str, ms: float, steps: int, ba
     g = G()
     shape = (GPT["seqs"] * m, GPT["T"], GPT["d"]) if STAGE["kind"] == "gpt" else (batch, 16)
     x = flow.tensor(torch.randn(*shape)).to_global(placement=places[0], sbp=[B])
+    predicted = None
+    if PREDICT["on"]:   # before anything ran: each node's kernel timed on example inputs (a collective)
+        from holoflow.graph.auto_parallel import DeviceModel
+        q = g.predict(x, device=DeviceModel.calibrate(torch.device("cpu"), tuple(range(p))))
+        predicted = {"step_s": q.step_s, "bubble_s": q.bubble_s, "memory_bytes": q.memory_bytes}
     g(x)   # compiles; its step is dropped
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    t0 = time.perf_counter()
     for _ in range(steps - 1):
         g(x)
+    step_s = (time.perf_counter() - t0) / max(steps - 1, 1)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     c = next(iter(g._compiled.values()))
     if trace:
         g.write_trace(trace)
     LAST["compiled"] = c
     return {"acts": c.acts(), "mem": dict(c.mem), "stage": c.stage, "zb_delay": c.zb_delay,
-            "zb_w_share": c.zb_w_share, "faults": faults / max(steps - 1, 1)}
+            "zb_w_share": c.zb_w_share, "faults": faults / max(steps - 1, 1), "step_s": step_s,
+            "predicted": predicted}
 
 
 def _summarize(res: list[dict], p: int) -> dict:
@@ -200,7 +209,8 @@ def _summarize(res: list[dict], p: int) -> dict:
             "mem": [r["mem"] for r in by_stage], "delay": [r["zb_delay"] for r in by_stage],
             "share": [r["zb_w_share"] for r in by_stage], "faults": [r["faults"] for r in by_stage],
             "hop": statistics.median(hops) if hops else 0.0,
-            "hops": hops, "acts": acts, "steps": list(steps.values())}
+            "hops": hops, "acts": acts, "steps": list(steps.values()),
+            "step_s": max(r["step_s"] for r in by_stage), "predicted": by_stage[0]["predicted"]}
 
 
 def _waited_hops(acts: list[dict]) -> list[float]:
@@ -250,7 +260,8 @@ def measure_gloo(p: int, m: int, schedule: str, args: argparse.Namespace) -> dic
 
 
 def _child_args(a: argparse.Namespace) -> list[str]:
-    return ["--kernel", a.kernel, "--ms", str(a.ms), "--matmul-d", str(a.d), "--steps", str(a.steps),
+    return [*(["--predict"] if a.predict else []), "--kernel", a.kernel, "--ms", str(a.ms), "--matmul-d", str(a.d),
+            "--steps", str(a.steps),
             "--stage", a.stage, "--gpt-d", str(a.gpt_d), "--gpt-t", str(a.gpt_t), "--gpt-seqs", str(a.gpt_seqs)]
 
 
@@ -315,12 +326,15 @@ def main() -> None:
     ap.add_argument("--gpt-d", type=int, default=32, help="model width of the GPT block stages")
     ap.add_argument("--gpt-t", type=int, default=16, help="sequence length of the GPT block stages")
     ap.add_argument("--gpt-seqs", type=int, default=2, help="sequences per micro-batch of the GPT block stages")
+    ap.add_argument("--predict", action="store_true", help="also graph.predict's step before the first call "
+                    "(each node's kernel timed on example inputs), printed next to the measured step")
     ap.add_argument("--rank-run", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     KERNEL.update(kind=args.kernel, d=args.d)
     STAGE.update(kind=args.stage)
     GPT.update(d=args.gpt_d, T=args.gpt_t, seqs=args.gpt_seqs)
+    PREDICT.update(on=args.predict)
     if args.kernel == "none" and args.stage != "gpt":
         ap.error("--kernel none needs --stage gpt (the linear stage has no compute of its own)")
     if args.rank_run:
@@ -364,6 +378,10 @@ def main() -> None:
             print(f"  {s:<10} {_fr(r['bubble']):<{w}} {_fr(ideal):<{w}} {_fr(r['ideal_lat']):<{w}} "
                   f"{_fr(r['replay']):<{w}}{_ms(r['dur']):<28} {1e3 * r['hop']:<8.2f} {_faults(r['faults']):<14} "
                   f"{str(flight):<10} {[mm['peak_bytes'] for mm in r['mem']]}")
+            if r["predicted"] is not None:
+                q = r["predicted"]
+                print(f"  {'':<10} step: predicted {1e3 * q['step_s']:.2f} ms (bubble {1e3 * q['bubble_s']:.2f}), "
+                      f"measured {1e3 * r['step_s']:.2f} ms: {q['step_s'] / r['step_s']:.2f}x")
             if min(r["hops"], default=0.0) < 0:
                 print(f"  WARNING: a stage started before its input's producer ended ({min(r['hops']):.6f} s): "
                       f"the ranks' clocks are not on one time base")

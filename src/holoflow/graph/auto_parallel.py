@@ -371,24 +371,27 @@ class _NoSend:
 
 
 def predict_pipeline(g: IRGraph, placements: list, m: int, schedule: str, params: list, state_per_param: int,
-                     device: DeviceModel, ratio: float = 1.0, wait_s: float = 0.0, link=None) -> Prediction:
+                     device: DeviceModel, ratio: float = 1.0, wait_s: float = 0.0, link=None,
+                     memory: str | None = None) -> Prediction:
     """Predicted step of the pipelined logical graph ``g`` (traced on one micro-batch, passed):
     ``m`` micro-batches over the stages on ``placements`` in ``schedule``'s act order.
 
     Each stage's share (``stages.rank_graph`` of its first rank, localized) is split by phase:
     a micro-batch's forward ``F`` and backward ``B`` (for ZB-H1, ``B`` less the weight gradients
-    ``W`` it defers: ``stages.split_weight_grads``) cost their nodes' compute and in-stage
+    ``W`` it defers: ``stages.split_weight_grads``; under ``memory="1f1b"`` only what fits, and
+    fewer waiting, as the runtime keeps them) cost their nodes' compute and in-stage
     boxing as :func:`predict` counts them; the acts run as the runtime orders them
     (``pipeline_run.stage_order``) in an event simulation (``pipeline_run.simulate_schedule``),
     each move between stages taking the slowest move's link time; then each stage's once-per-step
     update ``U`` (its gradient all-reduces and the optimizer, on :func:`timeline`). The
     figures returned are the busiest stage's: its compute and communication, the rest of the step
     its bubble. Memory is the fullest stage's: parameters and optimizer state, one micro-batch's
-    planned peak, and the forward-to-backward bytes of each further micro-batch its window holds
-    in flight (``pipeline_run.window``)."""
-    from .passes.stages import phases, rank_graph, split_weight_grads
+    planned peak, the forward-to-backward bytes of each further micro-batch its window holds in
+    flight (``pipeline_run.window``) and, for ZB-H1, the inputs of the weight gradients it lets
+    wait."""
+    from .passes.stages import phases, rank_graph, split_weight_grads, split_weight_grads_within
     from .pipeline import stage_moves
-    from .pipeline_run import simulate_schedule, stage_order, window
+    from .pipeline_run import simulate_schedule, stage_order, window, zb_delay
     ph = phases(g)
     p = len(placements)
     link_of = link or link_model(placements[0])
@@ -408,39 +411,58 @@ def predict_pipeline(g: IRGraph, placements: list, m: int, schedule: str, params
             compute = 0.0 if n.op in (GLOBAL_BOX.name, GLOBAL_BOX_BUCKET.name) \
                 else _node_seconds(n, ln, rank, state_per_param, device) * ratio
             cost[id(ln)] = (compute, comm, count)
+
+        def of(n: Node) -> tuple:
+            """A node's figures; a node the split below made (a norm backward's halves, an
+            in-place node made out of place) is costed on its local shapes."""
+            if id(n) not in cost:
+                cost[id(n)] = (_node_seconds(n, n, rank, state_per_param, device) * ratio, 0.0, 0.0)
+            return cost[id(n)]
         phase = {id(ln): rg.phase[id(n)] for n, ln in zip(rg.graph.nodes, local.nodes)}
         by = {k: [ln for ln in local.nodes if phase[id(ln)] == k] for k in "FBU"}
         w_nodes: list = []
-        if schedule == "zb-h1":
+        delay, w_bytes = None, 0
+        state = {v for v, _ in local.state}
+        made = {v for n in by["F"] for v in n.outputs}
+        reads_b = {v for n in by["B"] for v in n.value_inputs()}
+        # a micro-batch's forward-to-backward bytes (its results and inputs that backward reads)
+        act = sum(v.nbytes for v in (made | {v for n in by["F"] for v in n.value_inputs()}) - state if v in reads_b)
+        if schedule == "zb-h1":   # weight gradients split off the backward, as the runtime splits them
             sent = {v for (ph_, _, _), vs in rg.send.items() if ph_ == "B" for v in vs}
-            keep = sent | {o for o in local.outputs if isinstance(o, Value)} | {v for n in by["F"] for v in n.outputs}
+            keep = sent | {o for o in local.outputs if isinstance(o, Value)} | made
             local_of = dict(zip((v for n in rg.graph.nodes for v in n.outputs),
                                 (v for n in local.nodes for v in n.outputs)))
             keep = {local_of.get(v, v) for v in keep}
-            first, w_nodes = split_weight_grads(by["B"], keep)
-            known = {id(n) for n in by["B"]}
-            by["B"] = [n for n in first if id(n) in known]
-            w_nodes = [n for n in w_nodes if id(n) in known]
+            if memory == "1f1b" and s > 0:   # deferring only what fits in one micro-batch's activations
+                first, w_nodes = split_weight_grads_within(by["B"], keep, act, state)
+            else:
+                first, w_nodes = split_weight_grads(by["B"], keep)
+            w_made = {v for n in w_nodes for v in n.outputs}
+            w_bytes = sum(v.nbytes for v in {v for n in w_nodes for v in n.value_inputs()} - w_made - state)
+            # the weight gradients a stage lets wait: s, or under memory="1f1b" what fits (`zb_delay`)
+            delay = zb_delay(s, act, w_bytes) if memory == "1f1b" and w_nodes else s
+            by["B"] = first
 
         def secs(nodes: list) -> float:
-            return sum(cost[id(n)][0] + cost[id(n)][1] for n in nodes)
+            return sum(of(n)[0] + of(n)[1] for n in nodes)
         durations.append({"F": secs(by["F"]), "B": secs(by["B"]), "W": secs(w_nodes)})
-        orders.append(stage_order(schedule, s, p, m, wgrad=bool(w_nodes)))
+        orders.append(stage_order(schedule, s, p, m, wgrad=bool(w_nodes), delay=delay))
         u = by["U"]
-        u_step = timeline(u, [cost[id(n)][0] for n in u], [cost[id(n)][1] for n in u]) \
+        u_step = timeline(u, [of(n)[0] for n in u], [of(n)[1] for n in u]) \
             if place is None or spare_core(place) else secs(u)
-        fb = [n for n in local.nodes if phase[id(n)] != "U"]
-        made = {v for n in by["F"] for v in n.outputs}
-        act = sum(v.nbytes for v in made & {v for n in fb if phase[id(n)] == "B" for v in n.value_inputs()})
+        fb = [*by["F"], *by["B"], *w_nodes]
         held = sum(_nbytes(local_shape(q.shape, q._global.sbp, q._global.placement, rank), q.dtype)
                    for q in params if q._global.placement == place) * (1 + state_per_param)
         mine = [mv for mv in moves if mv.src_stage == s and mv.phase in ("F", "B")]
         figures.append(dict(
-            compute=m * sum(cost[id(n)][0] for n in fb) + sum(cost[id(n)][0] for n in u),
-            comm=m * sum(cost[id(n)][1] for n in fb) + sum(cost[id(n)][1] for n in u)
-            + sum(link_of.latency_s + mv.comm_bytes / m / link_of.bytes_per_s for mv in mine) * m,
-            u_step=u_step, u=secs(u), collectives=m * sum(cost[id(n)][2] for n in fb) + sum(cost[id(n)][2] for n in u),
-            memory=held + peak_bytes(local, last_uses(local)) + (window(schedule, s, p, m) - 1) * act,
+            compute=m * sum(of(n)[0] for n in fb) + sum(of(n)[0] for n in u),
+            comm=m * sum(of(n)[1] for n in fb) + sum(of(n)[1] for n in u)
+            + m * sum(link_of.latency_s + mv.bytes_per_micro_batch / link_of.bytes_per_s for mv in mine),
+            u_step=u_step, collectives=m * sum(of(n)[2] for n in fb) + sum(of(n)[2] for n in u),
+            # one micro-batch's peak, the activations of the others its window holds in flight
+            # and (ZB-H1) the inputs of the weight gradients it lets wait
+            memory=held + peak_bytes(local, last_uses(local)) + (window(schedule, s, p, m) - 1) * act
+            + (min(delay, m) * w_bytes if w_nodes else 0),
             held=held))
     span = simulate_schedule(orders, durations, hop)[0]
     step = span + max(f["u_step"] for f in figures)

@@ -336,7 +336,8 @@ class Graph:
         ir, pipe = self._passed(self._lay_out(leaves, spec), spec)
         if pipe is not None:
             return auto_parallel.predict_pipeline(ir, *pipe, cfg.pipeline_schedule, params, k, dev,
-                                                  cfg.auto_parallel_ratio, cfg.auto_parallel_wait_s, link)
+                                                  cfg.auto_parallel_ratio, cfg.auto_parallel_wait_s, link,
+                                                  memory=cfg.pipeline_memory)
         return auto_parallel.predict(ir, params, k, dev, cfg.auto_parallel_ratio, cfg.auto_parallel_wait_s, link)
 
     def _pipeline_logical(self, ir, cfg, log: list, mark: int):
