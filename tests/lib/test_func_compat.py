@@ -59,6 +59,20 @@ def test_mock_torch_exposes_the_new_names_as_torch_func():
         assert mocked.rearrange is flow.func.rearrange and set(real_func) <= set(dir(mocked))
 
 
+def test_functional_call_args_none_and_bad_dicts_as_torch():
+    """(holoflow passed args=None on as one argument, and failed on a non-dict with a TypeError)"""
+    def run(lib):
+        class Count(lib.nn.Module):
+            def forward(self, *a):
+                return len(a)
+        m = Count()
+        return [lib.func.functional_call(m, {}, a) for a in (None, (), [1, 2], (1, 2))]
+    got, want = _both(run)
+    assert got == want == [0, 0, 1, 2]
+    _same_error(lambda lib: lib.func.functional_call(lib.nn.Linear(2, 2), [{}, 3], ()))
+    _same_error(lambda lib: lib.func.functional_call(lib.nn.Linear(2, 2), 3, ()))
+
+
 # -- jacrev / jacfwd ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("chunk_size", [None, 1, 2, 5, 100])

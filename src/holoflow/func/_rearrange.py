@@ -93,7 +93,7 @@ def rearrange(tensor: Tensor | Sequence[Tensor], pattern: str, **axes_lengths: i
     says, einops' notation (``torch.func.rearrange``).
 
     >>> rearrange(flow.ones(32, 30, 40, 3), "b (h h1) (w w1) c -> b h w (c h1 w1)", h1=2, w1=2).shape
-    holoflow.Size([32, 15, 20, 12])
+    torch.Size([32, 15, 20, 12])
     """
     if not isinstance(tensor, Tensor):
         tensor = _shape.stack(list(tensor))

@@ -26,20 +26,24 @@ from ._vmap import check_chunk_size
 
 # -- functional_call ------------------------------------------------------------------------------
 
-def functional_call(module: Module, parameter_and_buffer_dicts: dict | Sequence[dict], args: Any = (),
+def functional_call(module: Module, parameter_and_buffer_dicts: dict | Sequence[dict], args: Any = None,
                     kwargs: dict | None = None, *, tie_weights: bool = True, strict: bool = False) -> Any:
     """``module(*args, **kwargs)`` with its parameters and buffers replaced by the tensors of
     ``parameter_and_buffer_dicts`` (by qualified name; several dicts are merged, a key given
-    twice is an error), as ``torch.func.functional_call``."""
+    twice is an error), as ``torch.func.functional_call``: ``args`` None is no arguments, and
+    one that is not a tuple is the only one."""
     dicts = [parameter_and_buffer_dicts] if isinstance(parameter_and_buffer_dicts, dict) \
-        else list(parameter_and_buffer_dicts)
+        else parameter_and_buffer_dicts
+    if not isinstance(dicts, (list, tuple)) or not all(isinstance(d, dict) for d in dicts):
+        raise ValueError(f"holoflow.func.functional_call: expected parameter_and_buffer_dicts to be a dict or a "
+                         f"list/tuple of dicts, got {type(parameter_and_buffer_dicts).__name__}")
     values: dict = {}
     for d in dicts:
         twice = sorted(set(values) & set(d))
         if twice:
             raise ValueError(f"holoflow.func.functional_call: {twice} appear in more than one dict")
         values.update(d)
-    args = args if isinstance(args, tuple) else (args,)
+    args = () if args is None else args if isinstance(args, tuple) else (args,)
     with swapped(module, values, tie_weights, strict):
         return module(*args, **(kwargs or {}))
 

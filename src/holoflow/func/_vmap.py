@@ -39,7 +39,7 @@ def vmap(func: Callable, in_dims: int | tuple = 0, out_dims: Any = 0, randomness
     runs one at a time, so the results do not depend on it.
 
     >>> vmap(lambda x, w: x @ w, in_dims=(0, None))(flow.ones(5, 3), flow.ones(3, 2)).shape
-    holoflow.Size([5, 2])
+    torch.Size([5, 2])
     """
     _rng.check_randomness(randomness, "vmap")
     check_chunk_size(chunk_size, "vmap")
