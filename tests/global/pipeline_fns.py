@@ -146,11 +146,12 @@ def pipelined(rank: int, init: dict, steps: int = 3, m: int = 4, lr: float = 0.1
     return params, losses, dict(c.mem), c.stage
 
 
-def run_example(rank: int, iterations: int = 20, trace: str | None = None):
-    """holoflow/examples/pipeline.py (OneFlow's documented example, cpu for cuda) on this rank."""
+def run_example(rank: int, iterations: int = 20, trace: str | None = None, predict: bool = False):
+    """holoflow/examples/pipeline.py (OneFlow's documented example, cpu for cuda) on this rank
+    (``predict``: with its --predict, the step predicted before training)."""
     from holoflow.examples import pipeline as example
     flow.manual_seed(1)
-    return example.main(iterations, trace, verbose=False)
+    return example.main(iterations, trace, verbose=False, predict=predict)
 
 
 # -- GPT: PP 2 x DP 2 --------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ def test_pp2_x_dp2_gpt_style_on_four_gloo_ranks_equals_full_batch(world4):
 
 def test_oneflow_pipeline_example_runs_and_its_loss_decreases(world2, tmp_path):
     path = str(tmp_path / "example_trace.json")
-    res = world2.run(F.run_example, 20, path, timeout=240)
+    res = world2.run(F.run_example, 20, path, True, timeout=240)   # --predict: the step predicted first
     assert res[0] == []                               # rank 0 holds no loss (stage 0)
     losses = res[1]
     assert len(losses) == 20 and losses[-1] < losses[0], losses

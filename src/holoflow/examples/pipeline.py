@@ -3,9 +3,11 @@
 
 Run with::
 
-    python -m holoflow.distributed.launch --nproc_per_node 2 -m holoflow.examples.pipeline [--trace pipe.json]
+    python -m holoflow.distributed.launch --nproc_per_node 2 -m holoflow.examples.pipeline [--trace t.json] [--predict]
 
-``--trace`` writes one Perfetto trace of both ranks (open it at https://ui.perfetto.dev).
+``--trace`` writes one Perfetto trace of both ranks (open it at https://ui.perfetto.dev);
+``--predict`` prints the cost model's step before training (``graph.predict``: each stage's
+kernels timed on example inputs, the schedule simulated; nothing runs).
 """
 import argparse
 
@@ -63,7 +65,7 @@ class PipelineModule(flow.nn.Module):
         return out_stage1
 
 
-def main(iterations: int = 20, trace: str | None = None, verbose: bool = True) -> list:
+def main(iterations: int = 20, trace: str | None = None, verbose: bool = True, predict: bool = False) -> list:
     """Trains 20 iterations; returns the losses (each the mean of the step's micro-batch losses)
     on the rank holding them (rank 1), an empty list elsewhere."""
     module_pipeline = PipelineModule()
@@ -92,6 +94,11 @@ def main(iterations: int = 20, trace: str | None = None, verbose: bool = True) -
     y = flow.randint(0, 10, (BATCH_SIZE,))
     y = y.to_global(P1, BROADCAST)
 
+    if predict:   # each rank times its stage's kernels; the figures are agreed by the ranks
+        from holoflow.graph.auto_parallel import DeviceModel
+        q = graph_pipeline.predict(x, y, device=DeviceModel.calibrate(flow.device("cpu"), (0, 1)))
+        if flow.env.get_rank() == 0:
+            print(f"predicted before the first step: {q}")
     losses = []
     for i in range(iterations):
         loss = graph_pipeline(x, y)
@@ -108,5 +115,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--trace", default=None, help="write one Perfetto trace of both ranks here")
+    ap.add_argument("--predict", action="store_true", help="print the cost model's step before training")
     args = ap.parse_args()
-    main(args.iterations, args.trace)
+    main(args.iterations, args.trace, predict=args.predict)

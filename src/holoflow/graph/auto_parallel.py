@@ -108,10 +108,11 @@ class DeviceModel:
         return DeviceModel(50e9, 10e9)
 
     @staticmethod
-    def calibrate(device: torch.device, ranks: tuple = (), repeats: int = 5) -> "DeviceModel":
+    def calibrate(device, ranks: tuple = (), repeats: int = 5) -> "DeviceModel":
         """Measures a float32 matmul's FLOP rate and a copy's bytes per second on ``device``; with
         ``ranks`` (a collective: every rank calls it) every rank takes the slowest rank's figures,
-        so all derive the same plan."""
+        so all derive the same plan. ``device``: a torch or holoflow device, or its name."""
+        device = torch.device(str(device))
         n = 512 if device.type == "cpu" else 4096
         g = _generator(device)
         a, b = torch.randn(n, n, device=device, generator=g), torch.randn(n, n, device=device, generator=g)
