@@ -109,6 +109,18 @@ def test_jacobians_refuse_non_tensor_inputs_with_torchs_class():
     _same_error(lambda lib: lib.func.jacrev(lambda a: 3)(_lift(lib, _rand(2))))
 
 
+def test_argnums_must_be_an_int_or_a_tuple_of_distinct_ints_as_torch():
+    """(holoflow took a list and a repeated position, and failed on a float with a TypeError)"""
+    x = _rand(3)
+    for argnums in ([0, 1], 0.5, (0, 0), (1, -1), (), 2):
+        for transform in ("grad", "jacrev", "jacfwd"):
+            _same_error(lambda lib: getattr(lib.func, transform)(lambda a, b: (a * b).sum(), argnums=argnums)(
+                _lift(lib, x), _lift(lib, x)))
+    with pytest.raises(RuntimeError, match=r"holoflow\.func\.grad: argnums must be an int or a non-empty tuple of "
+                                           r"distinct ints indexing the 2 positional argument\(s\); \(0, 0\)"):
+        flow.func.grad(lambda a, b: a.sum(), argnums=(0, 0))(_f(x), _f(x))
+
+
 # -- vmap -----------------------------------------------------------------------------------------------
 
 def test_vmap_passes_keyword_arguments_unmapped():

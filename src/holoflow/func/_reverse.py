@@ -50,11 +50,15 @@ def functional_call(module: Module, parameter_and_buffer_dicts: dict | Sequence[
 
 # -- reverse mode ------------------------------------------------------------------------------
 
-def _argnums(argnums, n: int, who: str) -> tuple[int, ...]:
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-    if not nums or any(not isinstance(a, int) or not -n <= a < n for a in nums):
-        raise RuntimeError(f"holoflow.func.{who}: argnums {argnums!r} must be an int or a tuple of ints "
-                           f"indexing the {n} positional argument(s)")
+def _argnums(argnums: Any, n: int, who: str) -> tuple[int, ...]:
+    """``argnums`` as non-negative positions: an int or a non-empty tuple of distinct ints, each
+    indexing the ``n`` positional arguments (torch raises a RuntimeError otherwise)."""
+    nums = (argnums,) if isinstance(argnums, int) else argnums
+    legal = f"argnums must be an int or a non-empty tuple of distinct ints indexing the {n} positional argument(s)"
+    if not isinstance(nums, tuple) or not nums or any(not isinstance(a, int) or not -n <= a < n for a in nums):
+        raise RuntimeError(f"holoflow.func.{who}: {legal}, got {argnums!r}")
+    if len({a % n for a in nums}) != len(nums):
+        raise RuntimeError(f"holoflow.func.{who}: {legal}; {argnums!r} repeats one")
     return tuple(a % n for a in nums)
 
 
