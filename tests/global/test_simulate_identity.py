@@ -231,6 +231,154 @@ def test_fork_rng_and_rng_state_on_a_rank_are_the_ranks():
         assert seed == r
 
 
+# -- nn.Graph's local random nodes, holoflow.cuda's seeding ------------------------------------------
+
+class _RandomGraph(flow.nn.Graph):
+    """Local random nodes of each kind a graph holds: dropout, random creation (the trace ran
+    ``flow.rand``'s kernel for real to learn its shape: a draw from the default generator), a
+    sampler with ``generator=None`` attr, an in-place sampler and ``randn_like``."""
+
+    def build(self, x):
+        return (F.dropout(x, 0.5), flow.rand(3), flow.randint(0, 50, (4,)), flow.bernoulli(x * 0.3),
+                flow.zeros(5).uniform_(), flow.randn_like(x), flow.normal(0.0, 2.0, (3,)), flow.randperm(6))
+
+
+def _graph_draws(x=None) -> np.ndarray:
+    """Two steps of ``_RandomGraph``, an eager draw between them and one after."""
+    g, x = _RandomGraph(), flow.ones(6) if x is None else x
+    parts = []
+    for _ in range(2):
+        parts += [o.numpy().astype(np.float64).ravel() for o in g(x)] + [flow.randn(2).numpy().astype(np.float64)]
+    return np.concatenate(parts)
+
+
+def _eager_draws() -> np.ndarray:
+    """What ``_graph_draws`` computes, eagerly."""
+    x, parts = flow.ones(6), []
+    for _ in range(2):
+        outs = (F.dropout(x, 0.5), flow.rand(3), flow.randint(0, 50, (4,)), flow.bernoulli(x * 0.3),
+                flow.zeros(5).uniform_(), flow.randn_like(x), flow.normal(0.0, 2.0, (3,)), flow.randperm(6))
+        parts += [o.numpy().astype(np.float64).ravel() for o in outs] + [flow.randn(2).numpy().astype(np.float64)]
+    return np.concatenate(parts)
+
+
+def test_a_graphs_random_nodes_draw_as_eager_in_one_process():
+    """Regression: the trace ran a random creation's kernel for real (``device=None`` was not
+    made meta for its shape rule), so a graph holding ``flow.rand`` drew one draw late."""
+    want = _fresh(4, _eager_draws)
+    np.testing.assert_array_equal(_fresh(4, _graph_draws), want)
+
+
+def test_a_graphs_random_nodes_on_a_rank_draw_from_the_ranks_generator():
+    """Local random nodes of an nn.Graph on simulated ranks draw what eager draws there and what a
+    process seeded alike draws (they drew from the process's generator, shared by the ranks),
+    and leave the process's stream alone."""
+    flow.manual_seed(1)
+    state = flow.get_rng_state().numpy()
+
+    def program(rank):
+        flow.manual_seed(30 + rank)
+        flow.comm.barrier()   # every rank seeded before any draws
+        return _graph_draws()
+
+    got = world.simulate(3, program)
+    assert np.array_equal(flow.get_rng_state().numpy(), state)
+    for r in range(3):
+        want = _fresh(30 + r, _eager_draws)
+        np.testing.assert_array_equal(got[r], want, err_msg=f"rank {r}")
+    assert not np.array_equal(got[0], got[1])
+
+
+def test_graph_draws_on_four_interleaved_ranks_are_four_processes_draws():
+    """The ranks' threads switched as often as the interpreter can, each compiling and running
+    its own graph: every rank's stream is its own seed's."""
+    def program(rank):
+        flow.manual_seed(rank + 100)
+        flow.comm.barrier()
+        return _graph_draws(flow.ones(40))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        got = world.simulate(4, program)
+    finally:
+        sys.setswitchinterval(interval)
+    for r in range(4):
+        np.testing.assert_array_equal(got[r], _fresh(r + 100, lambda: _graph_draws(flow.ones(40))))
+
+
+def test_cuda_seeding_on_a_rank_leaves_the_process_cuda_state_alone():
+    """holoflow.cuda's seeding on a simulated rank was torch.cuda's: it queued (on a machine
+    without CUDA; on a GPU it did at once) a seeding of the process's CUDA generators, which
+    every rank and the process share."""
+    import torch
+    queued = len(torch.cuda._queued_calls)
+
+    def program(rank):
+        flow.cuda.manual_seed(rank)
+        flow.cuda.manual_seed_all(rank)
+        flow.cuda.seed()
+        flow.cuda.seed_all()
+        return True
+
+    assert world.simulate(2, program) == [True, True]
+    assert len(torch.cuda._queued_calls) == queued
+
+
+def test_cuda_seeding_on_a_rank_seeds_that_ranks_cuda_generators_alone():
+    """``holoflow.cuda.manual_seed`` / ``manual_seed_all`` / ``seed_all`` on a simulated rank seed
+    the rank's own CUDA generators (those made later too), as they seed a process's.
+    ``manual_seed`` still seeds every device; the CPU's stream is left alone by the CUDA calls."""
+    import torch
+    from holoflow.core import generators
+    queued = len(torch.cuda._queued_calls)
+
+    def program(rank):
+        gens = generators.current()
+        flow.manual_seed(rank)
+        cpu = flow.randn(3).numpy()
+        flow.cuda.manual_seed(10 + rank)
+        seeds = [(gens.seed_of("cuda:0"), gens.seed_of("cuda:1"))]
+        flow.cuda.manual_seed_all(20 + rank)
+        seeds.append((gens.seed_of("cuda:0"), gens.seed_of("cuda:1")))
+        flow.cuda.manual_seed(30 + rank)   # (device 0: the current one)
+        seeds.append((gens.seed_of("cuda:0"), gens.seed_of("cuda:1")))
+        flow.cuda.seed_all()
+        drawn = gens.seed_of("cuda:0")
+        seeds.append(drawn == gens.seed_of("cuda:1") and drawn not in (20 + rank, 30 + rank))
+        flow.manual_seed(40 + rank)
+        seeds.append((gens.seed_of("cuda:0"), gens.seed_of("cuda:1"), gens.seed_of("cpu")))
+        flow.manual_seed(rank)
+        return seeds, cpu, flow.randn(3).numpy()
+
+    got = world.simulate(2, program)
+    for r, (seeds, cpu, again) in enumerate(got):
+        assert seeds == [(10 + r, r), (20 + r, 20 + r), (30 + r, 20 + r), True, (40 + r, 40 + r, 40 + r)]
+        np.testing.assert_array_equal(cpu, again)   # (the CUDA calls drew nothing from the CPU's)
+    assert len(torch.cuda._queued_calls) == queued   # the process's CUDA state: untouched
+
+
+def test_cuda_seeding_under_mock_torch_is_the_ranks_and_patches_restore_torchs():
+    """torch.cuda's seeding functions under mock_torch are holoflow.cuda's (the rank's), and a
+    ``mock.patch("torch.cuda.manual_seed", f)`` through the mock patches torch's own and restores it."""
+    from unittest import mock
+
+    import torch as real_torch
+    from holoflow.core import generators
+    original = real_torch.cuda.manual_seed
+    with mock_torch.enable():
+        import torch
+        assert torch.cuda.manual_seed is flow.cuda.manual_seed is flow.cuda.random.manual_seed
+        with mock.patch("torch.cuda.manual_seed", lambda s: None):
+            assert real_torch.cuda.manual_seed is not original
+    assert real_torch.cuda.manual_seed is original and flow.cuda.manual_seed is flow.cuda.random.manual_seed
+
+    def program(rank):
+        torch.cuda.manual_seed_all(7 * rank)
+        return generators.current().seed_of("cuda:0")
+    assert world.simulate(2, program) == [0, 7]
+
+
 # -- against real ranks --------------------------------------------------------------------------
 
 def _rank_program(rank: int) -> dict:
@@ -245,6 +393,10 @@ def _rank_program(rank: int) -> dict:
     out["global_dropout"] = F.dropout(flow.ones(8, 4, placement=place, sbp=S(1)), 0.5).to_global(sbp=B) \
         .to_local().numpy()
     out["after"] = flow.rand(3).numpy()
+    out["graph"] = _graph_draws()   # local random nodes of nn.Graph: the rank's generator
+    flow.cuda.manual_seed(5 + rank)   # (CUDA's generators: the CPU's stream goes on)
+    flow.cuda.manual_seed_all(9)
+    out["after_cuda_seeding"] = flow.randn(3).numpy()
     return out
 
 
@@ -285,8 +437,27 @@ def _torch_ddp_script(rank: int) -> dict:
     dist.broadcast_object_list(objs, src=1)
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, (dist.get_rank(), "hi"))
+    # point to point: send/recv, batch_isend_irecv, and isends waited for after later irecvs
+    rank, peer = dist.get_rank(), 1 - dist.get_rank()
+    got = torch.zeros(2)
+    if rank == 0:
+        dist.send(model.module.bias.detach() * 3, dst=1)
+        dist.recv(got, src=1)
+    else:
+        dist.recv(got, src=0)
+        dist.send(got + 1, dst=0)
+    came = torch.zeros(3, dtype=torch.float64)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.arange(3.0, dtype=torch.float64) + 10 * rank, peer),
+                                    dist.P2POp(dist.irecv, came, peer)])
+    for w in works:
+        w.wait()
+    first, second = torch.zeros(2), torch.zeros(4)
+    sends = [dist.isend(torch.full((2,), 1.0 + rank), peer), dist.isend(torch.arange(4.0) * (rank + 2), peer)]
+    recvs = [dist.irecv(first, peer), dist.irecv(second, peer)]
+    for w in recvs + sends:
+        w.wait()
     return {"weight": model.module.weight.detach().numpy(), "bias": model.module.bias.detach().numpy(),
-            "objs": objs, "every": every}
+            "objs": objs, "every": every, "p2p": [got.tolist(), came.tolist(), first.tolist(), second.tolist()]}
 
 
 def test_a_torch_ddp_script_on_simulated_ranks_runs_as_on_gloo_ranks(world2):
@@ -295,6 +466,9 @@ def test_a_torch_ddp_script_on_simulated_ranks_runs_as_on_gloo_ranks(world2):
     for r in range(2):
         assert simulated[r]["objs"] == real[r]["objs"] == [{"from": 1}]
         assert simulated[r]["every"] == real[r]["every"] == [(0, "hi"), (1, "hi")]
+        assert simulated[r]["p2p"] == real[r]["p2p"]
+        assert real[r]["p2p"][1:] == [[10.0 * (1 - r) + i for i in range(3)], [2.0 - r] * 2,
+                                      [i * (3.0 - r) for i in range(4)]]
         for k in ("weight", "bias"):
             np.testing.assert_array_equal(simulated[r][k], real[r][k], err_msg=f"rank {r}: {k}")
     np.testing.assert_array_equal(simulated[0]["weight"], simulated[1]["weight"])   # (averaged gradients)

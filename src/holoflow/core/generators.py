@@ -156,8 +156,9 @@ def default(device) -> torch.Generator | None:
 
 def for_kernel(generator, device) -> torch.Generator | None:
     """What an eager random op on ``device`` hands its kernel: ``generator`` (holoflow's or
-    torch's) when given, else :func:`default`. Under a graph trace the default stays None: the
-    graph draws at run time (a generator attr would make the node one that draws from its own)."""
+    torch's) when given, else :func:`default`. Under a graph trace the default stays None, so
+    every rank traces and plans the same program; lowering then binds a simulated rank's
+    generator to the plan's random nodes (graph/lower.py ``bind_default_generators``)."""
     if generator is not None:
         return getattr(generator, "torch", generator)
     gens = _LOCAL.gens

@@ -80,12 +80,18 @@ class _Simulated:
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
         return [pickle.loads(p.numpy().tobytes()) for p in self.all_gather(data, r)]
 
-    def send(self, t: torch.Tensor, peer: int) -> None:
-        raise HoloflowError("holoflow.comm.send / recv: point-to-point between simulated ranks (world.simulate) is "
-                            "not supported; run the ranks as processes (holoflow.distributed.launch), or exchange "
-                            "with a collective (all_to_all)")
+    def send(self, t: torch.Tensor, dst: int) -> None:
+        self.sim.send(t.contiguous(), dst)
 
-    recv = send
+    def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
+        return self.sim.recv(t, src)
+
+    def isend(self, t: torch.Tensor, dst: int):
+        """torch.distributed's isend (a Work to ``wait()`` on); see ``world.SimComm.isend``."""
+        return self.sim.isend(t, dst)
+
+    def irecv(self, t: torch.Tensor, src: int):
+        return self.sim.irecv(t, src)
 
 
 def functions():

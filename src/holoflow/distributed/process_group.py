@@ -331,11 +331,12 @@ def monitored_barrier(group: Sequence[int] | None = None, timeout: datetime.time
 class _P2PWork:
     """A point-to-point transfer in flight (torch's Work): ``wait()`` finishes it."""
 
-    def __init__(self, work, finish=None) -> None:
-        self.work, self.finish = work, finish
+    def __init__(self, work, finish=None, simulated: bool = False) -> None:
+        self.work, self.finish, self.simulated = work, finish, simulated
 
     def wait(self, timeout=None) -> bool:
-        self.work.wait(timeout=timeout or env.comm_timeout())
+        # (a simulated world's wait has the world's timeout, as its collectives)
+        self.work.wait(timeout=timeout if self.simulated else timeout or env.comm_timeout())
         if self.finish is not None:
             self.finish()
             self.finish = None
@@ -347,6 +348,9 @@ class _P2PWork:
 
 def _p2p(fn, tensor: Tensor, peer: int, what: str):
     t = comm_api._local(tensor, what)
+    if world.simulated_rank() is not None:   # the simulated world's messages, paired as Gloo pairs them
+        sim = comm_api.functions()
+        return _P2PWork(sim.isend(t, peer) if fn is dist.isend else sim.irecv(t, peer), simulated=True)
     env.ensure_initialized()
     buf = t if t.is_contiguous() else t.contiguous()
     work = fn(buf, peer)

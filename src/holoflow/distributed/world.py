@@ -87,6 +87,8 @@ class SimComm:
         self._seq: dict = {}
         self._prints: dict = {}       # (group, seq) -> rank -> (kind, signature): checked like real ranks'
         self._failed: dict = {}       # rank -> its error, once its program raised (simulate)
+        self._mail: dict = {}         # (src, dst, k) -> the k-th isend from src to dst, in flight
+        self._posted: dict = {}       # (src, dst, "send" | "recv") -> how many were posted
         self.calls: list[tuple[str, tuple, int]] = []
 
     def fail(self, r: int, err: BaseException) -> None:
@@ -141,12 +143,82 @@ class SimComm:
                 raise PeerFailed(f"holoflow (simulated): {kind} over ranks {list(group)}: rank(s) {gone} "
                                  f"failed before arriving ({failed[gone[0]]})")
             prints = self._prints[key]
-        if len(set(prints.values())) > 1:
+        p2p = {k for k, _ in prints.values()} <= {"send", "recv"}
+        if (len({k for k, _ in prints.values()}) != 2 or len({sig for _, sig in prints.values()}) > 1) if p2p \
+                else len(set(prints.values())) > 1:
             from .comm_track import CommError
             calls = "; ".join(f"rank {q}: {k}{' ' + sig if sig else ''}" for q, (k, sig) in sorted(prints.items()))
-            raise CommError(f"holoflow (simulated): collective #{key[1]} over ranks {list(group)} does not match "
-                            f"across ranks ({calls}); every rank must issue the same collectives in the same order")
+            rule = ("a send must meet a recv of the same dtype and size, as the k-th message between two ranks"
+                    if p2p else "every rank must issue the same collectives in the same order")
+            raise CommError(f"holoflow (simulated): {'call' if p2p else 'collective'} #{key[1]} over ranks "
+                            f"{list(group)} does not match across ranks ({calls}); {rule}")
         return dict(box)
+
+    # -- point to point ----------------------------------------------------------------------------
+    def send(self, t: torch.Tensor, dst: int) -> None:
+        """holoflow.comm's send, as on Gloo: the k-th call between two ranks (their collectives
+        over the pair counted too) must be a send meeting the peer's recv of the same dtype and
+        size; it returns once the peer's recv arrived, else times out naming it."""
+        self._exchange("send", self._pair("send", dst), t)
+
+    def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
+        """holoflow.comm's recv into ``t`` (see :meth:`send`); returns ``t``."""
+        got = self._exchange("recv", self._pair("recv", src), torch.empty(t.shape, dtype=t.dtype, device="meta"))
+        return t.copy_(got[src].view(t.shape))
+
+    def _pair(self, kind: str, peer: int) -> tuple[int, int]:
+        me = rank()
+        if peer == me:
+            raise HoloflowError(f"holoflow.comm.{kind}: rank {me} cannot {kind} {'to' if kind == 'send' else 'from'} "
+                                f"itself")
+        return (min(me, peer), max(me, peer))
+
+    def isend(self, t: torch.Tensor, dst: int) -> "_P2P":
+        """torch.distributed's isend: hands a copy of ``t`` to rank ``dst`` now; ``wait()`` returns
+        once ``dst`` posted the matching irecv (its k-th from this rank, as Gloo pairs them)."""
+        return self._post("send", rank(), dst, t)
+
+    def irecv(self, t: torch.Tensor, src: int) -> "_P2P":
+        """torch.distributed's irecv into ``t``: ``wait()`` returns once rank ``src``'s matching
+        isend arrived (checked for ``t``'s dtype and size) and was copied in."""
+        return self._post("recv", src, rank(), t)
+
+    def _post(self, kind: str, src: int, dst: int, t: torch.Tensor) -> "_P2P":
+        peer = dst if kind == "send" else src
+        if not 0 <= peer < self.world_size or peer == rank():
+            raise HoloflowError(f"holoflow.distributed.i{kind} on simulated rank {rank()}: peer {peer} is not another "
+                                f"rank of the world of {self.world_size} (ranks 0..{self.world_size - 1})")
+        with self._cv:
+            k = self._posted.get((src, dst, kind), 0)
+            self._posted[(src, dst, kind)] = k + 1
+            slot = self._mail.setdefault((src, dst, k), {})
+            slot[kind] = t.detach().clone() if kind == "send" else t
+            if len(slot) == 2:   # both sides posted: each holds the slot
+                del self._mail[(src, dst, k)]
+            self._cv.notify_all()
+        comm_track.count_simulated(kind, t.numel() * t.element_size(), 2, rank())
+        return _P2P(self, kind, (src, dst, k), slot)
+
+    def _finish(self, kind: str, key: tuple, slot: dict, timeout: float | None) -> None:
+        """Waits for the other side of message ``key`` (src, dst, k); a receiver copies it in."""
+        src, dst, k = key
+        peer, other = (dst, "recv") if kind == "send" else (src, "send")
+        limit = self.timeout if timeout is None else timeout
+        with self._cv:
+            if not self._cv.wait_for(lambda: other in slot or peer in self._failed, limit):
+                raise RuntimeError(f"holoflow (simulated): i{kind} #{k} from rank {src} to rank {dst} timed out after "
+                                   f"{limit:g}s: rank {peer} did not post the matching i{other}")
+            if other not in slot:
+                raise PeerFailed(f"holoflow (simulated): i{kind} #{k} from rank {src} to rank {dst}: rank {peer} "
+                                 f"failed before posting the matching i{other} ({self._failed[peer]})")
+            sent, into = slot["send"], slot["recv"]
+        if sent.dtype != into.dtype or sent.numel() != into.numel():
+            from .comm_track import CommError
+            raise CommError(f"holoflow (simulated): message #{k} from rank {src} to rank {dst} does not match: rank "
+                            f"{src} sent {_describe(sent)}, rank {dst} receives into {_describe(into)}; an isend must "
+                            f"meet an irecv of the same dtype and size")
+        if kind == "recv":
+            into.copy_(sent.view(into.shape))
 
     def all_reduce_async(self, t, group) -> "_Later":
         """Deposits ``t`` now (the caller hands it over); ``wait()`` returns the sum."""
@@ -218,6 +290,30 @@ class _Later:
         return self._done
 
 
+class _P2P:
+    """A simulated isend or irecv in flight (torch's Work): ``wait()`` finishes it (once)."""
+
+    def __init__(self, sim: SimComm, kind: str, key: tuple, slot: dict) -> None:
+        self.sim, self.kind, self.key, self.slot, self._done = sim, kind, key, slot, False
+
+    def wait(self, timeout: Any = None) -> bool:
+        if not self._done:
+            secs = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+            self.sim._finish(self.kind, self.key, self.slot, secs)
+            self._done = True
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the other side posted (then the transfer is finished here, as a wait would)."""
+        if not self._done and len(self.slot) == 2:
+            self.wait()
+        return self._done
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+
+
 def _signature(kind: str, value) -> str:
     """What every rank's call must agree on: dtype and shape where the collective needs equal
     shapes (all_gather and all_to_all take uneven pieces, the shape exchange differs by design)."""
@@ -225,6 +321,8 @@ def _signature(kind: str, value) -> str:
         return f"{str(value.dtype).replace('torch.', '')}{list(value.shape)}"
     if kind == "all_gather" and isinstance(value, torch.Tensor):
         return str(value.dtype).replace("torch.", "")
+    if kind in ("send", "recv"):   # (the payload, or the receiving buffer's meta)
+        return f"{str(value.dtype).replace('torch.', '')}[{value.numel()} elements]"
     return ""
 
 
