@@ -209,6 +209,19 @@ def test_vmap_in_dims_errors_are_torchs():
         cases[5](flow)
 
 
+def test_gradients_flow_through_vmap_with_keywords_and_unmapped_outputs():
+    x, w, b = _rand(4, 3), _rand(3, seed=1), _rand(3, seed=2)
+
+    def run(lib):
+        def loss(w, b):
+            f = lambda xi, scale: ((xi * w).sin() * scale, b * 2)  # noqa: E731
+            mapped, shared = lib.func.vmap(f, out_dims=(1, None))(_lift(lib, x), scale=b)
+            return mapped.sum() + shared.pow(2).sum()
+        return lib.func.grad(loss, argnums=(0, 1))(_lift(lib, w), _lift(lib, b))
+    got, want = _both(run)
+    _close(got, want)
+
+
 @pytest.mark.parametrize("chunk_size", [1, 2, 3, 10])
 def test_vmap_chunk_size_gives_torchs_results(chunk_size):
     x, y = _rand(5, 3), _rand(3, 5, seed=1)
