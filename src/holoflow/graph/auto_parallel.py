@@ -8,7 +8,8 @@ graph's global inputs, so a broadcast batch may be split), each among the nd-SBP
 ``build`` is traced every op takes the signature the one cost function picks for its inputs (as
 eager does), and gradients are boxed to their parameter's SBP, so one assignment of parameter
 SBPs is one program: data parallel (all ``B``), Megatron-style tensor parallel (``S(0)`` then
-``S(1)``), or a mix.
+``S(1)``), or a mix. Under ``enable_zero`` (stages 1-3) the traces run the ZeRO passes, so what
+stays data parallel is costed sharded.
 
 The cost model (:func:`predict`), per rank, on the traced logical graph after the passes:
 
@@ -522,7 +523,9 @@ def state_per_param(optimizers: list) -> int:
 
 class _Override:
     """Parameters laid out as an assignment says for one trace: their metas change, their data is an
-    uninitialized shard (a trace reads shapes, never values); restored on exit."""
+    uninitialized shard (a trace reads shapes, never values); restored on exit. Every parameter of
+    the assignment is restored, changed or not: a trace under ZeRO-3 re-lays broadcast parameters
+    as their rows (``zero.shard_parameter``), which planning must not keep."""
 
     def __init__(self, assignment: dict) -> None:
         self.assignment, self.saved = assignment, []
@@ -530,16 +533,18 @@ class _Override:
     def __enter__(self) -> None:
         for p, nd in self.assignment.items():
             g = p._global
+            self.saved.append((p, p._data, g, p.__dict__.get("_zero3")))
             if nd == g.sbp:
                 continue
-            self.saved.append((p, p._data, g))
             shape = local_shape(g.shape, nd, g.placement, world.rank())
             p._data = torch.empty(shape, dtype=p._data.dtype, device=p._data.device)
             p._global = replace(g, sbp=nd)
 
     def __exit__(self, *exc) -> None:
-        for p, data, g in reversed(self.saved):
+        for p, data, g, zero3 in reversed(self.saved):
             p._data, p._global = data, g
+            if zero3 is None:
+                p.__dict__.pop("_zero3", None)
 
 
 def _objective(mode: str, limit: int | None) -> Callable[[Prediction], tuple]:

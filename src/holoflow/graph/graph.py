@@ -377,9 +377,6 @@ class Graph:
         first compile (graph/auto_parallel.py), each candidate traced and passed, then applied."""
         from . import auto_parallel
         cfg = self.config
-        if cfg.zero is not None and cfg.zero.stage >= 3:
-            raise UnsupportedError("holoflow.nn.Graph: enable_auto_parallel with ZeRO stage 3 is not supported "
-                                   "(stage 3 lays parameters out itself); use stage 1 or 2, or no ZeRO")
         names = self._state_names()
         params = {names.get(id(p), f"param{i}"): p for i, p in enumerate(self._all_params())}
         feeds = {f"input{i}": x for i, x in enumerate(leaves) if isinstance(x, Tensor) and x._global is not None}
