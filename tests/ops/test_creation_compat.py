@@ -227,3 +227,80 @@ def test_normal_of_tensors_is_differentiable_with_torchs_zero_gradient(mean_t, s
     torch.testing.assert_close(got.detach().to_torch(), want.detach(), rtol=0, atol=0)
     for g, w in zip(ggrads, wgrads, strict=True):
         torch.testing.assert_close(g.to_torch(), w, rtol=0, atol=0)
+
+
+# -- recurrent layers under CPU autocast ------------------------------------------------------------
+
+RNNS = [("LSTM", {}), ("LSTM", {"bidirectional": True, "num_layers": 2}), ("LSTM", {"proj_size": 3, "num_layers": 2}),
+        ("GRU", {}), ("GRU", {"bidirectional": True, "num_layers": 2}), ("RNN", {"num_layers": 2}),
+        ("RNN", {"nonlinearity": "relu", "bidirectional": True})]
+
+
+def _rnn_pair(name, kw):
+    torch.manual_seed(0)
+    ref = getattr(torch.nn, name)(4, 5, **kw)
+    mod = getattr(flow.nn, name)(4, 5, **kw)
+    mod.load_state_dict({k: flow.from_torch(v.detach().clone()) for k, v in ref.state_dict().items()})
+    return mod, ref
+
+
+def _flat(out):
+    return [t for o in out for t in (_flat(o) if isinstance(o, tuple) else [o])]
+
+
+@pytest.mark.parametrize("name,kw", RNNS + [("GRU", {"bidirectional": True, "computed_input": True}),
+                                            ("LSTM", {"bidirectional": True, "computed_input": True})])
+def test_rnn_under_cpu_bf16_autocast_has_torchs_dtypes_values_and_gradients(name, kw):
+    """torch's CPU autocast: oneDNN's LSTM runs in bf16; GRU's state math in float32 (a float32
+    output); an LSTM with projections keeps a float32 cell state. (An input that is no leaf is
+    cast per direction, a leaf once: the gradients' rounding differs.)"""
+    kw = dict(kw)
+    computed = kw.pop("computed_input", False)
+    mod, ref = _rnn_pair(name, kw)
+    x = torch.randn(3, 2, 4, requires_grad=True)
+    fx = flow.from_torch(x.detach().clone()).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # (torch: LSTM projections not with oneDNN)
+        want = _flat(ref(x * 3 if computed else x))
+    with flow.autocast("cpu", dtype=flow.bfloat16):
+        got = _flat(mod(fx * 3 if computed else fx))
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == flow.from_torch(w.detach()).dtype
+        torch.testing.assert_close(g.detach().to_torch(), w.detach(), rtol=0, atol=0)
+    sum((w.float() * (i + 1)).sum() for i, w in enumerate(want)).backward()
+    sum((g.float() * (i + 1)).sum() for i, g in enumerate(got)).backward()
+    assert fx.grad.dtype == flow.float32
+    torch.testing.assert_close(fx.grad.to_torch(), x.grad, rtol=0, atol=0)
+    for p, q in zip(mod.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.to_torch(), q.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name,kw", [("LSTM", {"num_layers": 2}), ("GRU", {}), ("LSTM", {"proj_size": 3})])
+def test_rnn_autocast_in_graphs_and_compile_as_eager_torch(name, kw):
+    mod, ref = _rnn_pair(name, kw)
+    x = torch.randn(3, 2, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        want = ref(x)[0]
+
+    class Traced(flow.nn.Graph):
+        def __init__(self, amp=False):
+            super().__init__()
+            self.m = mod
+            if amp:
+                self.config.enable_amp(True, dtype=flow.bfloat16)
+
+        def build(self, x):
+            return self.m(x)[0]
+    with flow.autocast("cpu", dtype=flow.bfloat16):
+        outs = [Traced()(flow.from_torch(x)), flow.compile(mod, fullgraph=True, backend="eager")(flow.from_torch(x))[0]]
+    outs.append(Traced(amp=True)(flow.from_torch(x)))   # (the graph's AMP rewrite)
+    for got in outs:
+        assert got.dtype == flow.from_torch(want.detach()).dtype
+        torch.testing.assert_close(got.to_torch(), want.detach(), rtol=0, atol=0)
+
+
+def test_rnn_dtype_mismatch_outside_autocast_still_raises():
+    mod, _ = _rnn_pair("LSTM", {})
+    with pytest.raises(TypeError, match="holoflow.nn.LSTM: input must have the type"):
+        mod(flow.randn(3, 2, 4, dtype=flow.float64))

@@ -25,7 +25,7 @@ from ..core import grad_mode
 from ..core import interpret
 from ..core.interpret import Interpreter
 from ..core.tensor import Tensor
-from .policy import DEFAULT_DTYPE, FP32, FP32_ATTR, LOWER, OPT_DTYPE, POLICIES, PROMOTE
+from .policy import DEFAULT_DTYPE, FP32, FP32_ATTR, LOWER, NATIVE, OPT_DTYPE, POLICIES, PROMOTE
 
 _LOW = (torch.float16, torch.bfloat16)
 _ALLOWED = {"cpu": (torch.bfloat16, torch.float16), "cuda": (torch.float16, torch.bfloat16)}
@@ -102,6 +102,8 @@ class Autocast(Interpreter):
             if attrs.get("dtype") is None and any(isinstance(x, Tensor) and _is_low(x._data.dtype) for x in inputs):
                 return inputs, {**attrs, "dtype": torch.float32}
             return inputs, attrs
+        if kind == NATIVE:   # the kernel casts as torch.autocast does inside it
+            return inputs, {**attrs, "autocast": low}
         assert kind == PROMOTE
         return self._promote(inputs, devtype), attrs
 

@@ -1,6 +1,6 @@
 """Which ops autocast casts, and to what: torch.autocast's op lists, keyed by holoflow op name.
 
-Four policies, as data:
+Five policies, as data:
 
 - ``LOWER``: floating inputs are cast to the autocast dtype (bfloat16/float16) — matmuls, convs;
 - ``FP32``: low-precision floating inputs are cast up to float32 — ops that need the range or
@@ -11,7 +11,11 @@ Four policies, as data:
   dtype of its result: CUDA's cross_entropy, which torch decomposes into
   ``log_softmax(x, 1, dtype=x.dtype)`` (an explicit dtype, so autocast leaves the log-probs in the
   logits' dtype) and ``nll_loss`` (on autocast's float32 list): a float32 loss of log-probs in
-  the logits' dtype (ops/loss.py reads only the targets' log-probs in float32).
+  the logits' dtype (ops/loss.py reads only the targets' log-probs in float32);
+- ``NATIVE``: inputs stay as they are and the op gets ``autocast=<dtype>``: its kernel runs under
+  ``torch.autocast`` itself. For ops whose dtypes come from the path ATen picks inside: CPU's
+  recurrent layers (oneDNN's LSTM runs wholly in the low dtype; GRU's cell does its state math in
+  float32, so its output is float32; an LSTM with projections keeps a float32 cell state).
 
 The lists follow PyTorch's ``aten/src/ATen/autocast_mode.cpp`` per device type, so the same
 program gets the same dtypes as under ``torch.autocast``. Names of ops holoflow doesn't declare
@@ -20,7 +24,7 @@ decomposes) are added where torch reaches the same dtype through its decompositi
 """
 from __future__ import annotations
 
-LOWER, FP32, PROMOTE, FP32_ATTR = "lower", "fp32", "promote", "fp32_attr"
+LOWER, FP32, PROMOTE, FP32_ATTR, NATIVE = "lower", "fp32", "promote", "fp32_attr", "native"
 
 _MATMUL_CONV = """
 conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d conv_transpose3d convolution
@@ -71,6 +75,10 @@ normalize
 _CUDA_FP32_ATTR = "cross_entropy cross_entropy_backward cross_entropy_log_softmax"
 
 _CPU_PROMOTE = "stack cat index_copy"
+_CPU_NATIVE = """
+rnn_layer lstm_layer rnn_bidi_layer lstm_bidi_layer
+rnn_layer_backward lstm_layer_backward rnn_bidi_layer_backward lstm_bidi_layer_backward
+"""
 _CUDA_PROMOTE = """
 addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot scatter_add
 """
@@ -82,7 +90,7 @@ OPT_DTYPE = frozenset("prod softmax log_softmax cumprod cumsum linalg_vector_nor
 
 
 def _table(**lists: str) -> dict[str, str]:
-    kinds = {"lower": LOWER, "fp32": FP32, "promote": PROMOTE, "fp32_attr": FP32_ATTR}
+    kinds = {"lower": LOWER, "fp32": FP32, "promote": PROMOTE, "fp32_attr": FP32_ATTR, "native": NATIVE}
     return {name: kinds[k] for k, names in lists.items() for name in names.split()}
 
 
@@ -94,7 +102,7 @@ def _merge(*tables: dict[str, str]) -> dict[str, str]:
 
 
 POLICIES: dict[str, dict[str, str]] = {
-    "cpu": _table(lower=_MATMUL_CONV, fp32=_CPU_FP32, promote=_CPU_PROMOTE),
+    "cpu": _table(lower=_MATMUL_CONV, fp32=_CPU_FP32, promote=_CPU_PROMOTE, native=_CPU_NATIVE),
     "cuda": _merge(_table(lower=_MATMUL_CONV + _CUDA_ONLY_LOWER, fp32=_CUDA_FP32, fp32_attr=_CUDA_FP32_ATTR),
                    _table(promote=_CUDA_PROMOTE + _CPU_PROMOTE)),
 }

@@ -31,8 +31,21 @@ MODES = ("RNN_TANH", "RNN_RELU", "LSTM", "GRU")
 _ATEN = {"LSTM": torch.lstm, "GRU": torch.gru, "RNN_TANH": torch.rnn_tanh, "RNN_RELU": torch.rnn_relu}
 
 
-def _run(mode: str, x, hx, params: list, has_bias: bool, bidirectional: bool, batch_sizes, weights_rg: bool):
-    """ATen's one-layer kernel: ``(output, h_n, c_n)`` (``(output, h_n)`` but LSTM's)."""
+def _run(mode: str, x, hx, params: list, has_bias: bool, bidirectional: bool, batch_sizes, weights_rg: bool,
+         autocast=None, x_leaf: bool = True):
+    """ATen's one-layer kernel: ``(output, h_n, c_n)`` (``(output, h_n)`` but LSTM's); under
+    ``torch.autocast(dtype=autocast)`` when an autocast region gives the op that attr
+    (amp/policy.py's NATIVE: the dtypes are those of the path ATen takes inside)."""
+    if autocast is not None:
+        if x.device.type == "meta":
+            return _autocast_metas(mode, x, hx, params, has_bias, bidirectional, batch_sizes, autocast)
+        if bidirectional and not x_leaf and x.requires_grad:
+            # torch.autocast casts a leaf once for all its uses (its cache), anything else per use:
+            # both directions read x, and the gradients of one cast sum in the low dtype. A layer
+            # over another's output (not a leaf in torch's graph) casts it per direction
+            x = x.view_as(x)
+        with torch.autocast(x.device.type, dtype=autocast):
+            return _run(mode, x, hx, params, has_bias, bidirectional, batch_sizes, weights_rg)
     fn = _ATEN[mode]
     states = list(hx) if isinstance(hx, tuple) else [hx]
     # ``train``: whether a backward through torch's graph follows (ops/torch_vjp.py's backward re-runs
@@ -56,6 +69,28 @@ def _run(mode: str, x, hx, params: list, has_bias: bool, bidirectional: bool, ba
     return fn(x, hx, params, has_bias, 1, 0.0, train, bidirectional, False)
 
 
+def _autocast_metas(mode: str, x, hx, params: list, has_bias: bool, bidirectional: bool, batch_sizes, low):
+    """The outputs on meta tensors (a trace's shape inference) in the dtypes autocast gives them:
+    torch.autocast casts no meta tensor, so the dtypes come from a one-step, batch-one run on
+    the CPU (the CPU is autocast's only device taking this path: amp/policy.py)."""
+    shapes = _run(mode, x, hx, params, has_bias, bidirectional, batch_sizes, False)
+    one = torch.zeros(x.shape[-1], dtype=x.dtype).expand(*(1,) * (x.dim() - 1), x.shape[-1])
+    states = [torch.zeros(s.shape[0], 1, s.shape[-1], dtype=s.dtype) for s in (hx if isinstance(hx, tuple) else (hx,))]
+    probe = _run(mode, one, tuple(states) if isinstance(hx, tuple) else states[0],
+                 [torch.zeros(p.shape, dtype=p.dtype) for p in params], has_bias, bidirectional,
+                 None if batch_sizes is None else (1,), False, low)
+    return tuple(s.to(p.dtype) for s, p in zip(shapes, probe))
+
+
+def _check_dtypes(mode: str, x, tensors) -> None:
+    """torch's check (outside autocast, which casts them): states and weights (``(name, tensor)``
+    pairs) in ``x``'s dtype."""
+    for name, t in tensors:
+        if t is not None and t.dtype != x.dtype:
+            raise DTypeError(f"holoflow.nn.{mode.split('_')[0]}: input must have the type {x.dtype}, got {name} of "
+                             f"type {t.dtype}")
+
+
 def _params(w_ih, w_hh, b_ih, b_hh, w_hr) -> list:
     """One direction's weights in ATen's order (biases and projection where present)."""
     return [w_ih, w_hh] + ([b_ih, b_hh] if b_ih is not None else []) + ([w_hr] if w_hr is not None else [])
@@ -66,48 +101,60 @@ def _params(w_ih, w_hh, b_ih, b_hh, w_hr) -> list:
 _OWN_REVERSE = ("RNN_TANH", "RNN_RELU")
 
 
-def _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode: str, reverse: bool, batch_sizes, weights_rg=False):
+def _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode: str, reverse: bool, batch_sizes, weights_rg=False,
+           autocast=None, x_leaf=True):
     """One layer, one direction, on ATen's kernel: (output rows like x, final h, final c).
     The reverse direction of a padded LSTM/GRU sequence is the forward one over the time-flipped
     input; of a packed sequence or a plain RNN, the second half of a bidirectional call whose
     halves share the weights (twice the work of that direction; a bidirectional module runs
     both directions in one call instead: ``rnn_bidi_layer``)."""
+    if autocast is None:
+        _check_dtypes(mode, x, (("h0", h0), ("c0", c0), ("weight_ih", w_ih), ("weight_hh", w_hh), ("bias_ih", b_ih),
+                                ("bias_hh", b_hh), ("weight_hr", w_hr)))
     params = _params(w_ih, w_hh, b_ih, b_hh, w_hr)
     has_bias, lstm = b_ih is not None, mode == "LSTM"
     if reverse and (batch_sizes is not None or mode in _OWN_REVERSE):
         h2 = torch.stack([h0, h0])
         hx = (h2, torch.stack([c0, c0])) if lstm else h2
-        res = _run(mode, x, hx, params + params, has_bias, True, batch_sizes, weights_rg)
+        res = _run(mode, x, hx, params + params, has_bias, True, batch_sizes, weights_rg, autocast, x_leaf)
         out = res[0].narrow(-1, res[0].shape[-1] // 2, res[0].shape[-1] // 2)
         return out, res[1][1], res[2][1] if lstm else None
     hx = (h0.unsqueeze(0), c0.unsqueeze(0)) if lstm else h0.unsqueeze(0)
     flip = reverse and batch_sizes is None
-    res = _run(mode, x.flip(0) if flip else x, hx, params, has_bias, False, batch_sizes, weights_rg)
+    res = _run(mode, x.flip(0) if flip else x, hx, params, has_bias, False, batch_sizes, weights_rg, autocast)
     out = res[0].flip(0) if flip else res[0]
     return out, res[1][0], res[2][0] if lstm else None
 
 
-def _lstm_kernel(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse, batch_sizes, weights_rg=False):
-    return _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse, batch_sizes, weights_rg)
+def _lstm_kernel(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse, batch_sizes, weights_rg=False,
+                 autocast=None, x_leaf=True):
+    return _layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse, batch_sizes, weights_rg, autocast, x_leaf)
 
 
-def _rnn_kernel(x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse, batch_sizes, weights_rg=False):
-    out, h, _ = _layer(x, h0, None, w_ih, w_hh, b_ih, b_hh, None, mode, reverse, batch_sizes, weights_rg)
+def _rnn_kernel(x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse, batch_sizes, weights_rg=False, autocast=None,
+                x_leaf=True):
+    out, h, _ = _layer(x, h0, None, w_ih, w_hh, b_ih, b_hh, None, mode, reverse, batch_sizes, weights_rg, autocast,
+                       x_leaf)
     return out, h
 
 
-def _lstm_bidi_kernel(x, h0, c0, *weights, mode, batch_sizes, weights_rg=False):
+def _lstm_bidi_kernel(x, h0, c0, *weights, mode, batch_sizes, weights_rg=False, autocast=None, x_leaf=True):
     """Both directions of one LSTM layer in ATen's bidirectional call: ``h0``/``c0`` ``(2, B, H)``,
     ``weights`` each direction's ``(w_ih, w_hh, b_ih, b_hh, w_hr)``; output ``(.., 2 * H)``."""
+    if autocast is None:
+        _check_dtypes(mode, x, [("a state or weight", t) for t in (h0, c0, *weights)])
     params = _params(*weights[:5]) + _params(*weights[5:])
-    out, h, c = _run(mode, x, (h0, c0), params, weights[2] is not None, True, batch_sizes, weights_rg)
+    out, h, c = _run(mode, x, (h0, c0), params, weights[2] is not None, True, batch_sizes, weights_rg, autocast,
+                     x_leaf)
     return out, h, c
 
 
-def _rnn_bidi_kernel(x, h0, *weights, mode, batch_sizes, weights_rg=False):
+def _rnn_bidi_kernel(x, h0, *weights, mode, batch_sizes, weights_rg=False, autocast=None, x_leaf=True):
     """Both directions of one GRU/RNN layer (``weights``: ``(w_ih, w_hh, b_ih, b_hh)`` each)."""
+    if autocast is None:
+        _check_dtypes(mode, x, [("a state or weight", t) for t in (h0, *weights)])
     params = _params(*weights[:4], None) + _params(*weights[4:], None)
-    out, h = _run(mode, x, h0, params, weights[2] is not None, True, batch_sizes, weights_rg)
+    out, h = _run(mode, x, h0, params, weights[2] is not None, True, batch_sizes, weights_rg, autocast, x_leaf)
     return out, h
 
 
@@ -169,18 +216,13 @@ def rnn_layer(mode: str, x: Tensor, h0: Tensor, c0: Tensor | None, w_ih: Tensor,
     ``batch_sizes``), states ``(B, H)``; returns ``(output, h_n)`` or, for LSTM, ``(output, h_n, c_n)``."""
     if mode not in MODES:
         raise ValueError(f"holoflow.rnn_layer: mode must be one of {MODES}, got {mode!r}")
-    for name, t in (("h0", h0), ("c0", c0), ("weight_ih", w_ih), ("weight_hh", w_hh), ("bias_ih", b_ih),
-                    ("bias_hh", b_hh), ("weight_hr", w_hr)):
-        if t is not None and t.dtype != x.dtype:
-            raise DTypeError(f"holoflow.nn.{mode.split('_')[0]}: input must have the type {x.dtype}, got {name} of "
-                             f"type {t.dtype}")
     bs = tuple(int(b) for b in batch_sizes) if batch_sizes is not None else None
     rg = any(w is not None and w.requires_grad for w in (w_ih, w_hh, b_ih, b_hh, w_hr))
     if mode == "LSTM":
         return tuple(apply(LSTM_LAYER, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode=mode, reverse=bool(reverse),
-                           batch_sizes=bs, weights_rg=rg))
+                           batch_sizes=bs, weights_rg=rg, x_leaf=x.is_leaf))
     return tuple(apply(RNN_LAYER, x, h0, w_ih, w_hh, b_ih, b_hh, mode=mode, reverse=bool(reverse),
-                       batch_sizes=bs, weights_rg=rg)) + (None,)
+                       batch_sizes=bs, weights_rg=rg, x_leaf=x.is_leaf)) + (None,)
 
 
 def rnn_bidi_layer(mode: str, x: Tensor, h0: Tensor, c0: Tensor | None, forward: tuple, backward: tuple,
@@ -192,13 +234,11 @@ def rnn_bidi_layer(mode: str, x: Tensor, h0: Tensor, c0: Tensor | None, forward:
     if mode not in MODES:
         raise ValueError(f"holoflow.rnn_bidi_layer: mode must be one of {MODES}, got {mode!r}")
     weights = tuple(forward) + tuple(backward)
-    for t in (h0, c0, *weights):
-        if t is not None and t.dtype != x.dtype:
-            raise DTypeError(f"holoflow.nn.{mode.split('_')[0]}: input must have the type {x.dtype}, got a state "
-                             f"or weight of type {t.dtype}")
     bs = tuple(int(b) for b in batch_sizes) if batch_sizes is not None else None
     rg = any(w is not None and w.requires_grad for w in weights)
     if mode == "LSTM":
-        return tuple(apply(LSTM_BIDI_LAYER, x, h0, c0, *weights, mode=mode, batch_sizes=bs, weights_rg=rg))
+        return tuple(apply(LSTM_BIDI_LAYER, x, h0, c0, *weights, mode=mode, batch_sizes=bs, weights_rg=rg,
+                           x_leaf=x.is_leaf))
     w = weights[:4] + weights[5:9]   # (no projection but LSTM's)
-    return tuple(apply(RNN_BIDI_LAYER, x, h0, *w, mode=mode, batch_sizes=bs, weights_rg=rg)) + (None,)
+    return tuple(apply(RNN_BIDI_LAYER, x, h0, *w, mode=mode, batch_sizes=bs, weights_rg=rg,
+                       x_leaf=x.is_leaf)) + (None,)

@@ -10,6 +10,8 @@ node's inputs), applied to forward and backward nodes alike by op name:
 - ``PROMOTE`` ops (cat, stack...) get their floating inputs cast to the widest among them;
 - ``FP32_ATTR`` ops (CUDA's cross_entropy) keep their low-precision inputs and get
   ``dtype=float32``, the dtype of their result (amp/policy.py);
+- ``NATIVE`` ops (CPU's recurrent layers) keep their inputs and get ``autocast=config.amp_dtype``:
+  their kernels run under ``torch.autocast``;
 - every other op runs in whatever dtype reaches it; its outputs' dtypes are inferred again
   (the op's shape rule or its kernel on meta tensors), and a changed output is a new Value.
 
@@ -27,7 +29,7 @@ import functools
 
 import torch
 
-from ...amp.policy import FP32, FP32_ATTR, LOWER, POLICIES, PROMOTE
+from ...amp.policy import FP32, FP32_ATTR, LOWER, NATIVE, POLICIES, PROMOTE
 from ...core import dtype as _dtype
 from ...core.registry import REGISTRY, infer_metas, meta_attrs
 from ..ir import IRGraph, Node, Value
@@ -76,8 +78,11 @@ class _Rewriter:
         return ins
 
     def policy_attrs(self, n: Node, ins: list) -> dict:
-        """``n``'s attrs, with ``dtype=float32`` for an FP32_ATTR op reading low-precision values."""
+        """``n``'s attrs, with ``dtype=float32`` for an FP32_ATTR op reading low-precision values,
+        and ``autocast`` for a NATIVE op."""
         policy = POLICIES.get(_device(n), POLICIES["cuda"]).get(_policy_name(n))
+        if policy == NATIVE:
+            return {**n.attrs, "autocast": self.low}
         if n.attrs.get("dtype") is not None or policy != FP32_ATTR:
             return n.attrs
         if any(_is_float(x) and x.dtype in (torch.bfloat16, torch.float16) for x in ins):
