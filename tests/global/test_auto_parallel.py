@@ -619,3 +619,27 @@ def test_predicted_gradient_all_reduces_hide_behind_backward(overlap, monkeypatc
         return
     assert 0 < q.hidden_s <= min(q.compute_s, q.comm_s - last * 0.999), q
     assert q.step_s >= max(q.compute_s, q.comm_s)
+
+
+def test_a_limit_no_layout_fits_is_named_with_what_would_fit(caplog):
+    """A limit below every layout's memory: the least-memory layout is kept and the warning names
+    the limit, what was found and what to change (ZeRO-3 first while it is off); under ZeRO-3
+    it no longer suggests ZeRO."""
+    import logging
+    with caplog.at_level(logging.WARNING, logger="holoflow.graph"):
+        results = world.simulate(2, lambda r: _planned(1024, 4, lambda c: c.enable_auto_memory(limit=1024)),
+                                 timeout=300)
+    warned = [r.getMessage() for r in caplog.records if "no layout within the memory limit" in r.getMessage()]
+    assert len(warned) == 2 and "0.0 MiB per rank" in warned[0] and "enable_zero(True, stage=3)" in warned[0]
+    least = min(q.memory_bytes for _, q in results[0][0].trail)
+    assert results[0][0].chosen.memory_bytes <= least and f"{least / 2**20:.1f} MiB" in warned[0]
+    _check_equal_to_eager(results, 1024, 4)
+    caplog.clear()
+
+    def zero3(c):
+        c.enable_auto_memory(limit=1024)
+        c.enable_zero(True, stage=3, shard_min_size=1)
+    with caplog.at_level(logging.WARNING, logger="holoflow.graph"):
+        world.simulate(2, lambda r: _planned(1024, 4, zero3), timeout=300)
+    warned = [r.getMessage() for r in caplog.records if "no layout within the memory limit" in r.getMessage()]
+    assert len(warned) == 2 and "enable_zero" not in warned[0] and "activation checkpointing" in warned[0]

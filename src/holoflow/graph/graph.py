@@ -392,6 +392,14 @@ class Graph:
                                     limit=limit, ratio=cfg.auto_parallel_ratio, wait_s=cfg.auto_parallel_wait_s,
                                     calibrate=cfg.auto_parallel_calibrate, device=device, link=link, feeds=feeds)
         auto_parallel.apply(chosen, params)
+        if limit is not None and chosen.chosen.memory_bytes > limit:
+            LOG.warning(f"holoflow.nn.Graph {type(self).__name__}: enable_auto_parallel found no layout within the "
+                        f"memory limit of {limit / 2**20:.1f} MiB per rank; the least memory it found is "
+                        f"{chosen.chosen.memory_bytes / 2**20:.1f} MiB ({chosen.chosen.state_bytes / 2**20:.1f} of "
+                        f"parameters and optimizer state), kept. To fit: "
+                        + ("enable_zero(True, stage=3) (shards what stays data parallel), " if
+                           cfg.zero is None or cfg.zero.stage < 3 else "")
+                        + "activation checkpointing, a smaller batch per rank, or more ranks")
         self._feed_sbp = {int(name[len("input"):]): after for name, (before, after) in chosen.choices.items()
                           if name in feeds and before != after}
         self._auto_plan = chosen
