@@ -589,7 +589,15 @@ class BoxingPoint:
         return (f"{where:<28} {nd_str(self.src)} -> {nd_str(self.dst)}  {steps:<28} "
                 f"{tuple(v.shape)} {str(v.dtype).replace('torch.', '')}  {self.comm_bytes / 1e6:.3f} MB/rank"
                 + ("  [backward]" if "bw" in self.node.tags else "")
-                + ("  [update]" if "update" in self.node.tags else ""))
+                + ("  [update]" if "update" in self.node.tags else "")
+                + ("  [in flight]" if self.in_flight else ""))
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether lowering issues this collective in flight (``ASYNC_FORMS``): compute after it
+        runs while it moves, until a node reads its result (``issue_collectives``)."""
+        form = ASYNC_FORMS.get(self.node.op) if self.node.kernel is None and "update" not in self.node.tags else None
+        return form is not None and form(self.node) is not None
 
 
 @dataclass(frozen=True)
