@@ -111,3 +111,21 @@ def test_a_buckets_latency_is_predicted_once_not_per_member():
     predicted = sum(link.seconds(p) for p in members)
     expected = len(buckets) * 1e-3 + sum(p.comm_bytes for p in members) / 1e9
     assert predicted == pytest.approx(expected, rel=1e-9)
+
+
+def test_collectives_issued_in_flight_are_marked():
+    """Data parallel's gradient all-reduces (one collective each) are issued in flight and say
+    so; on a 2 x 2 mesh a partial sum over both axes boxed to broadcast takes two all-reduces
+    one after the other, which hold the caller: not marked."""
+    from holoflow.graph.global_graph import GLOBAL_BOX, BoxingPoint
+    from holoflow.graph.ir import Node, Value
+    from holoflow.sbp import P
+    for _, _, text, _ in world.simulate(2, lambda r: _train_step(r, 0)):
+        grads = [line for line in text.splitlines() if "all_reduce" in line and "[backward]" in line]
+        assert grads and all("[in flight]" in line for line in grads), text
+    mesh = flow.placement("cpu", [[0, 1], [2, 3]])
+    x, y = Value((4,), torch.float32), Value((4,), torch.float32)
+    node = Node(GLOBAL_BOX.name, (x,), {"place": mesh, "src": (P, P), "dst": (B, B)}, (y,))
+    one = node.with_(attrs={"place": mesh, "src": (P, B), "dst": (B, B)})
+    assert not BoxingPoint(node, (P, P), (B, B), 16, 16.0, ()).in_flight
+    assert BoxingPoint(one, (P, B), (B, B), 16, 16.0, ()).in_flight
