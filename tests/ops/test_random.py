@@ -38,6 +38,11 @@ for name, args in SAMPLERS:
                       lambda dt, g: ((randn(4, 5, gen=g, dtype=dt),), {}), random=True, grad=False, dtypes=(F32, F64, BF16)))
 CASES.append(Case("bernoulli_-tensor-p", lambda x, p: x.clone().bernoulli_(p), lambda x, p: x.clone().bernoulli_(p),
                   lambda dt, g: ((randn(4, 5, gen=g, dtype=dt), torch.rand(5, generator=g, dtype=dt)), {}), random=True, grad=False))
+CASES.append(Case("normal-tensor-mean-std", flow.normal, torch.normal,
+                  lambda dt, g: ((randn(4, 5, gen=g, dtype=dt), torch.rand(4, 5, generator=g, dtype=dt) + 0.1), {}),
+                  random=True, grad=False))
+CASES.append(Case("normal-tensor-mean", lambda m: flow.normal(m, 2.0), lambda m: torch.normal(m, 2.0),
+                  lambda dt, g: ((randn(3, 4, gen=g, dtype=dt),), {}), random=True, grad=False))
 CASES.append(Case("fill_", lambda x: x.clone().fill_(2.5) * x, lambda x: x.clone().fill_(2.5) * x,
                   lambda dt, g: ((randn(3, 4, gen=g, dtype=dt),), {})))
 
