@@ -193,3 +193,21 @@ def test_p2p_counts_as_on_gloo_ranks():
         return dict(c.counts), dict(c.bytes)
 
     assert world.simulate(2, program) == [({"send": 1}, {"send": 16}), ({"recv": 1}, {"recv": 16})]
+
+
+def test_a_gloo_p2p_wait_that_fails_names_the_ranks():
+    """torch.distributed's isend/irecv on real ranks waited with Gloo's own error, which names no
+    rank ("Timed out waiting 100ms for recv operation to complete"); it names both now, as the
+    simulated world's does. (A stub work: a real timed-out irecv would stay posted in the shared
+    Gloo world and take a later test's message.)"""
+    from holoflow.distributed import process_group
+
+    class TimedOut:
+        def wait(self, timeout=None):
+            raise RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 100ms for recv "
+                               "operation to complete")
+
+    work = process_group._P2PWork(TimedOut(), what="irecv from rank 1 to rank 0")
+    with pytest.raises(CommError, match=r"holoflow.distributed.irecv from rank 1 to rank 0 timed out \(timeout 0.1s\)"
+                                        r".*Cause: \[gloo.*Timed out waiting 100ms"):
+        work.wait(timeout=0.1)

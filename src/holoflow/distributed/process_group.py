@@ -329,14 +329,26 @@ def monitored_barrier(group: Sequence[int] | None = None, timeout: datetime.time
 
 
 class _P2PWork:
-    """A point-to-point transfer in flight (torch's Work): ``wait()`` finishes it."""
+    """A point-to-point transfer in flight (torch's Work): ``wait()`` finishes it. ``what`` names
+    it (``"isend from rank 0 to rank 1"``) in the error of a wait that fails or times out."""
 
-    def __init__(self, work, finish=None, simulated: bool = False) -> None:
-        self.work, self.finish, self.simulated = work, finish, simulated
+    def __init__(self, work, finish=None, simulated: bool = False, what: str = "") -> None:
+        self.work, self.finish, self.simulated, self.what = work, finish, simulated, what
 
     def wait(self, timeout=None) -> bool:
-        # (a simulated world's wait has the world's timeout, as its collectives)
-        self.work.wait(timeout=timeout if self.simulated else timeout or env.comm_timeout())
+        if self.simulated:   # (the simulated world's timeout, as its collectives'; its errors name the ranks)
+            self.work.wait(timeout=timeout)
+        else:
+            limit = timeout or env.comm_timeout()
+            try:
+                self.work.wait(timeout=limit)
+            except Exception as e:  # noqa: BLE001 - Gloo's text names no rank
+                from .comm_track import CommError
+                text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                verb = "timed out" if "timed out" in text.lower() or "timeout" in text.lower() else "failed"
+                secs = limit.total_seconds() if hasattr(limit, "total_seconds") else limit
+                raise CommError(f"holoflow.distributed.{self.what} {verb} (timeout {secs:g}s); the peer did not "
+                                f"post the matching transfer in time, or failed. Cause: {text}") from e
         if self.finish is not None:
             self.finish()
             self.finish = None
@@ -354,7 +366,10 @@ def _p2p(fn, tensor: Tensor, peer: int, what: str):
     env.ensure_initialized()
     buf = t if t.is_contiguous() else t.contiguous()
     work = fn(buf, peer)
-    return _P2PWork(work, (lambda: t.copy_(buf)) if buf is not t and fn is dist.irecv else None)
+    me = env.get_rank()
+    src, dst = (me, peer) if fn is dist.isend else (peer, me)
+    return _P2PWork(work, (lambda: t.copy_(buf)) if buf is not t and fn is dist.irecv else None,
+                    what=f"{what} from rank {src} to rank {dst}")
 
 
 def isend(tensor: Tensor, dst: int, group: Sequence[int] | None = None, tag: int = 0) -> _P2PWork:
