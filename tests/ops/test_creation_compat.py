@@ -304,3 +304,14 @@ def test_rnn_dtype_mismatch_outside_autocast_still_raises():
     mod, _ = _rnn_pair("LSTM", {})
     with pytest.raises(TypeError, match="holoflow.nn.LSTM: input must have the type"):
         mod(flow.randn(3, 2, 4, dtype=flow.float64))
+
+
+def test_as_tensor_of_a_tensor_converts_it_differentiably_as_torch():
+    t = torch.tensor([1.0, 2.0], requires_grad=True)
+    f = flow.tensor([1.0, 2.0], requires_grad=True)
+    want, got = torch.as_tensor(t, dtype=torch.float64), flow.as_tensor(f, dtype=flow.float64)
+    assert got.dtype == flow.float64 and got.requires_grad and want.requires_grad
+    (want * want).sum().backward()
+    (got * got).sum().backward()
+    torch.testing.assert_close(f.grad.to_torch(), t.grad, rtol=0, atol=0)
+    assert flow.as_tensor(f) is f

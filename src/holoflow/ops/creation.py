@@ -154,8 +154,8 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False, placement
 
 def as_tensor(data, dtype=None, device=None) -> Tensor:
     """Like :func:`tensor`, but shares memory with a numpy array or tensor when it can."""
-    if isinstance(data, Tensor) and dtype is None and device is None:
-        return data
+    if isinstance(data, Tensor):   # itself, or a differentiable conversion of it (torch's ``to``)
+        return data.to(dtype=_dtype.to_torch(dtype) or data.dtype, device=_device.to_torch(device) or data.device)
     if isinstance(data, np.ndarray):
         return Tensor._make(torch.as_tensor(data, dtype=_dtype.to_torch(dtype), device=_device.to_torch(device)))
     if is_lazy() and not isinstance(data, torch.Tensor):   # nothing to share: a copy, as tensor()
