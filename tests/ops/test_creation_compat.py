@@ -315,3 +315,22 @@ def test_as_tensor_of_a_tensor_converts_it_differentiably_as_torch():
     (got * got).sum().backward()
     torch.testing.assert_close(f.grad.to_torch(), t.grad, rtol=0, atol=0)
     assert flow.as_tensor(f) is f
+
+
+NEW_METHODS = {
+    "new_zeros": lambda x, **k: x.new_zeros(2, 3, **k), "new_ones_size_kw": lambda x, **k: x.new_ones(size=(2,), **k),
+    "new_empty": lambda x, **k: x.new_empty((2,), **k).zero_(), "new_full": lambda x, **k: x.new_full((2,), 3.0, **k),
+    "empty_permuted": lambda x, **k: (flow if isinstance(x, flow.Tensor) else torch).empty_permuted(
+        (2, 3), (1, 0), **k).zero_(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEW_METHODS))
+def test_new_methods_and_empty_permuted_take_layout_and_pin_memory(name):
+    fn = NEW_METHODS[name]
+    want = fn(torch.ones(2, dtype=torch.float64), layout=torch.strided, pin_memory=False)
+    got = fn(flow.ones(2, dtype=flow.float64), layout=flow.strided, pin_memory=False)
+    assert got.dtype == flow.from_torch(want).dtype and _t(got).stride() == want.stride()
+    torch.testing.assert_close(got.to_torch(), want, rtol=0, atol=0)
+    with pytest.raises(NotImplementedError, match="layout=torch.sparse_coo is not supported"):
+        fn(flow.ones(2), layout=torch.sparse_coo)

@@ -564,7 +564,8 @@ def empty_permuted(size: Sequence[int], physical_layout: Sequence[int], *, dtype
     """An uninitialised tensor of ``size`` whose memory runs in ``physical_layout``'s dim order,
     as ``torch.empty_permuted``."""
     return _creation._factory("empty_permuted", torch.empty_permuted, tuple(size), tuple(physical_layout),
-                              dtype=dtype, device=device, requires_grad=requires_grad)
+                              dtype=dtype, device=device, requires_grad=requires_grad, layout=layout,
+                              pin_memory=pin_memory)
 
 
 # -- Tensor methods -----------------------------------------------------------------------------------------

@@ -467,16 +467,19 @@ rand_like, randn_like, randint_like = (_like(n) for n in ("rand_like", "randn_li
 
 
 def _new(fn):
-    def method(self: Tensor, *size, dtype=None, device=None, requires_grad=False):
-        kw = {"dtype": dtype or self.dtype, "device": device or self.device}
+    def method(self: Tensor, *size, dtype=None, device=None, requires_grad=False, layout=None,
+               pin_memory: bool = False, **kw):
+        kw = {"dtype": dtype or self.dtype, "device": device or self.device, **kw}   # (size=)
         # a new local tensor, even inside global_mode
-        return fn(*size, requires_grad=requires_grad, placement=LOCAL, sbp=LOCAL, **kw)
+        return fn(*size, requires_grad=requires_grad, placement=LOCAL, sbp=LOCAL, layout=layout,
+                  pin_memory=pin_memory, **kw)
     return method
 
 
-def _new_full(self: Tensor, size, fill_value, *, dtype=None, device=None, requires_grad=False):
+def _new_full(self: Tensor, size, fill_value, *, dtype=None, device=None, requires_grad=False, layout=None,
+              pin_memory: bool = False):
     return full(size, fill_value, dtype=dtype or self.dtype, device=device or self.device,
-                requires_grad=requires_grad, placement=LOCAL, sbp=LOCAL)
+                requires_grad=requires_grad, placement=LOCAL, sbp=LOCAL, layout=layout, pin_memory=pin_memory)
 
 
 def _new_tensor(self: Tensor, data, *, dtype=None, device=None, requires_grad=False):
