@@ -118,6 +118,19 @@ static int stale(PyObject *vi) {
     return same < 0 ? -1 : !same;
 }
 
+/* whether a view's storage was written since its history was derived, its base's history
+ * unchanged (dispatch.written_since: a write under no_grad), -1 on error */
+static int written_since(PyObject *x, PyObject *vi) {
+    if (get_slot(vi, V_nograd) == Py_True)
+        return 0;
+    PyObject *now = PyObject_GetAttr(get_slot(x, T_data), s__version);
+    if (now == NULL)
+        return -1;
+    int same = PyObject_RichCompareBool(now, get_slot(vi, V_at), Py_EQ);
+    Py_DECREF(now);
+    return same < 0 ? -1 : !same;
+}
+
 /* whether a kernel's result takes a gradient: floating point or complex (cached per dtype) */
 static int takes_grad(PyObject *out) {
     PyObject *dt = PyObject_GetAttr(out, s_dtype);
@@ -702,6 +715,8 @@ static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
             if (vi == Py_None)
                 continue;
             int st = stale(vi);
+            if (st == 0 && record_it)
+                st = written_since(PyTuple_GET_ITEM(inputs, i), vi);
             if (st < 0)
                 return NULL;
             if (record_it && st)

@@ -249,7 +249,7 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None
                 if vi.version is not None and _CURRENT.get() is None:
                     check_multi_output(x)
                 st, b = vi.stamp, vi.base
-                if b.grad_fn is not st[0] or b._out_idx != st[1] or \
+                if b.grad_fn is not st[0] or b._out_idx != st[1] or written_since(x, vi) or \
                         ((st[2] is not None or _CURRENT.get() is not None) and stamp_of(b) != st):
                     refresh(x)
             d = x._data
@@ -294,12 +294,15 @@ def follows_base(inputs) -> bool:
     return got
 
 
-def refresh(v: Tensor) -> None:
+def refresh(v: Tensor, force: bool = False) -> None:
     """Re-derives a view from its base when the base changed since (an in-place write to the
-    base or to another of its views): the view's history, and while tracing its value."""
+    base or to another of its views): the view's history, and while tracing its value.
+    ``force``: re-derived even if the base did not change (a fresh history for an in-place
+    write to the view, as torch's CopySlices bypasses the view's old one). A ``retain_grad()``
+    follows the view to its new history; its other hooks stay with the old one, as torch's."""
     vi = v._view
     base = vi.base
-    if stamp_of(base) == vi.stamp:
+    if not force and stamp_of(base) == vi.stamp and not written_since(v, vi):
         return
     # (torch's error is about the base's history changing; a trace's symbolic value moving on,
     # the stamp's last part, is no in-place write)
@@ -324,10 +327,20 @@ def refresh(v: Tensor) -> None:
         fresh = replay(vi.chain, src, lambda op, x, attrs: apply(op, x, **attrs))
     vi.at = base._data._version
     if fresh.grad_fn is not None:
+        old, old_idx = v.grad_fn, v._out_idx
         v.grad_fn, v._out_idx, v._rg = fresh.grad_fn, fresh._out_idx, True
+        move_retain(old, old_idx, v)
     if "_v" in fresh.__dict__:  # a trace: the view's symbolic value is the re-derived one
         v._data = fresh._data
         v.__dict__["_v"] = fresh.__dict__["_v"]
+
+
+def written_since(v: Tensor, vi: ViewInfo) -> bool:
+    """Whether ``v``'s storage was written since its history was derived without its base's
+    history changing (a write under ``no_grad``, or through a ``detach()``): torch regenerates
+    such a view's grad_fn when its version counter moved, so hooks registered on it before the
+    write stay with the old one. (Not for views made under ``no_grad``, nor global ones.)"""
+    return v._data._version != vi.at and not vi.nograd and v._global is None
 
 
 def cut_history(v: Tensor) -> None:
@@ -439,6 +452,12 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
                 fresh_copy(x._view.base, True)
         if x._view is not None:
             refresh(x)
+    if grad_on and x._view is not None and not lazy and x._view.base._rg:
+        # the op reads the view through a history of its own: as torch's CopySlices, the
+        # gradient of the view's old value goes to the base's old history, past the view's
+        # old node (whose tensor hooks belong to the view as it was)
+        refresh(x, force=True)
+    if grad_on and op.saves_inputs and not lazy:
         src = Tensor._make(x._data.clone(), x.grad_fn, x._out_idx)
         src._rg, src._global = x._rg, x._global
     out = apply(op, src, *rest, **attrs)
@@ -562,14 +581,25 @@ def take_history(x: Tensor, out: Tensor, name: str) -> None:
     view's base) moves to its new history, as torch moves it: ``.grad`` is that of the new value."""
     t = x._view.base if x._view is not None else x
     old, old_idx = t.grad_fn, t._out_idx
+    vold, vold_idx = x.grad_fn, x._out_idx
     _take_history(x, out)
-    if old is not None and old.retains and (t.grad_fn is not old or t._out_idx != old_idx):
-        keep = old.retains.pop(old_idx, None)
-        node = t.grad_fn
-        if keep is not None and node is not None:
-            if node.retains is None:
-                node.retains = {}
-            node.retains[t._out_idx] = keep
+    move_retain(old, old_idx, t)
+    if t is not x and vold is not None and vold.retains and vold_idx in vold.retains:
+        move_retain(vold, vold_idx, x)   # (the written view's retain_grad: to its history re-derived
+        refresh(x)                       # from the base's new one, as torch regenerates it)
+
+
+def move_retain(old, old_idx: int, t: Tensor) -> None:
+    """A ``retain_grad()`` of ``t`` kept at output ``old_idx`` of its old grad node moves to its
+    current one, as torch moves it when a tensor's history changes."""
+    if old is None or not old.retains or (t.grad_fn is old and t._out_idx == old_idx):
+        return
+    keep = old.retains.pop(old_idx, None)
+    node = t.grad_fn
+    if keep is not None and node is not None:
+        if node.retains is None:
+            node.retains = {}
+        node.retains[t._out_idx] = keep
 
 
 def _take_history(x: Tensor, out: Tensor) -> None:
@@ -595,11 +625,9 @@ def _take_history(x: Tensor, out: Tensor) -> None:
         node = GradNode(VIEW_SCATTER, (edge, (out.grad_fn, out._out_idx)), {"chain": vi.chain},
                     (base._data.shape, out._data.shape), (base._data.dtype, out._data.dtype))
         base.grad_fn, base._out_idx, base._rg = node, 0, True
-        # a view whose elements alias each other (expanded) stays stale: its next use re-derives
-        # it from the base's new history, as torch regenerates every written view's grad_fn (the
-        # shortcut below equals that only when each element is its own)
-        if torch._debug_has_internal_overlap(x._data) != 1:
-            vi.stamp, vi.at = stamp_of(base), x._data._version
+        # the view stays stale: its next use re-derives it from the base's new history, as
+        # torch regenerates a written view's grad_fn (hooks registered on it since see the
+        # gradient of the view, not of every later write that passes through the op's node)
     x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True
 
 

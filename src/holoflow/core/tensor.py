@@ -309,7 +309,10 @@ class Tensor:
         interpret.current().backward([self], [gradient], retain, create_graph, ins)
 
     def register_hook(self, hook: Callable) -> Any:
-        """Calls ``hook(grad)`` when this tensor's gradient is computed; it may return a new one."""
+        """Calls ``hook(grad)`` when this tensor's gradient is computed; it may return a new one.
+        The hook belongs to the tensor's history as it is now: after an in-place write it sees
+        the gradient of the value before the write (torch's rule)."""
+        self._current_history()
         if not self._rg:
             raise RuntimeError("holoflow: cannot register a hook on a tensor that doesn't require grad")
         meta = self._global
@@ -340,6 +343,13 @@ class Tensor:
         hooks.append(hook)
         return _RemovableHandle(hooks, hook)
 
+    def _current_history(self) -> None:
+        """A view whose base was written since takes its re-derived history first (what torch's
+        ``grad_fn`` of such a view returns), so a hook registered now goes there."""
+        if self._view is not None:
+            from .dispatch import refresh
+            refresh(self)
+
     @property
     def retains_grad(self) -> bool:
         """Whether this non-leaf tensor keeps its ``.grad`` (``retain_grad()`` was called)."""
@@ -348,6 +358,7 @@ class Tensor:
 
     def retain_grad(self) -> None:
         """Keeps ``.grad`` of a non-leaf tensor after backward (after its other hooks ran)."""
+        self._current_history()
         if not self._rg:
             raise RuntimeError("holoflow.retain_grad: can't retain_grad on a tensor that has requires_grad=False")
         if self.grad_fn is None:
