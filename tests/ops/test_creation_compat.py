@@ -334,3 +334,18 @@ def test_new_methods_and_empty_permuted_take_layout_and_pin_memory(name):
     torch.testing.assert_close(got.to_torch(), want, rtol=0, atol=0)
     with pytest.raises(NotImplementedError, match="layout=torch.sparse_coo is not supported"):
         fn(flow.ones(2), layout=torch.sparse_coo)
+
+
+BAD_TYPES = {
+    "linspace": lambda L: L.linspace("a", 1, 3), "full": lambda L: L.full((2,), "a"),
+    "scalar_tensor": lambda L: L.scalar_tensor("x"), "full_like": lambda L: L.full_like(L.ones(2), "a"),
+    "arange": lambda L: L.arange("a"), "eye": lambda L: L.eye(2, "b"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_TYPES))
+def test_bad_argument_types_raise_torchs_type_error_naming_the_op(name):
+    with pytest.raises(TypeError):
+        BAD_TYPES[name](torch)
+    with pytest.raises(TypeError, match=f"holoflow.{name}"):
+        BAD_TYPES[name](flow)

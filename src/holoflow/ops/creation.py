@@ -82,9 +82,11 @@ def _torch_call(op: str, fn, *args, **kwargs) -> torch.Tensor:
     what it was given."""
     try:
         return fn(*args, **kwargs)
-    except (RuntimeError, ValueError) as e:
+    except (RuntimeError, ValueError, TypeError) as e:
+        if str(e).startswith("holoflow"):
+            raise
         given = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items() if k != "generator"])
-        cls = type(e) if type(e) in (RuntimeError, NotImplementedError, ValueError) else RuntimeError
+        cls = type(e) if type(e) in (RuntimeError, NotImplementedError, ValueError, TypeError) else RuntimeError
         raise cls(f"holoflow.{op}({given}): {str(e).splitlines()[0]}") from e
 
 
@@ -448,7 +450,7 @@ def _like(fn_name: str):
         if input._global is not None and fn_name in _RANDOM_LIKE:   # each shard its own draws
             t = apply(_create_op(fn_name, fn), input, *args, **kw, **kwargs)
             return t.requires_grad_(True) if requires_grad else t
-        data = fn(input._data, *args, **kw, **kwargs)
+        data = _torch_call(fn_name, fn, input._data, *args, **kw, **kwargs)
         out = Tensor._make(data)   # like its input: local, or global below (never global_mode's)
         if requires_grad:
             out.requires_grad_(True)
