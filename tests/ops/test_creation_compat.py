@@ -349,3 +349,11 @@ def test_bad_argument_types_raise_torchs_type_error_naming_the_op(name):
         BAD_TYPES[name](torch)
     with pytest.raises(TypeError, match=f"holoflow.{name}"):
         BAD_TYPES[name](flow)
+
+
+@pytest.mark.parametrize("kw", [{"size": (2,)}, {"dtype": "float64"}, {"requires_grad": True}, {"device": "cpu"}])
+def test_normal_of_a_tensor_refuses_what_torch_refuses(kw):
+    with pytest.raises(TypeError):
+        torch.normal(torch.zeros(2), 1.0, **{k: getattr(torch, v) if k == "dtype" else v for k, v in kw.items()})
+    with pytest.raises(TypeError, match="holoflow.normal: with a tensor mean or std"):
+        flow.normal(flow.zeros(2), 1.0, **{k: getattr(flow, v) if k == "dtype" else v for k, v in kw.items()})

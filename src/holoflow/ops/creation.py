@@ -395,6 +395,11 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=N
     the result is differentiable in them with torch's zero gradient)."""
     if isinstance(mean, Tensor) or isinstance(std, Tensor):
         _check_options("normal", layout, out)
+        given = {"size": size, "dtype": dtype, "device": device, "placement": placement, "sbp": sbp}
+        extra = sorted(k for k, v in given.items() if v is not None) + (["requires_grad"] if requires_grad else [])
+        if extra or pin_memory:
+            raise TypeError(f"holoflow.normal: with a tensor mean or std the result takes their shape, dtype and "
+                            f"device; got {extra or ['pin_memory']} too (leave them out, or pass numbers)")
         like = mean if isinstance(mean, Tensor) else std
         g = generators.for_op(generator, like)
         return apply(NORMAL, mean, std, **({} if g is None else {"generator": g}))
