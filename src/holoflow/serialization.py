@@ -11,10 +11,14 @@ where a NODE is one of
 
     {"t": "value", "v": <null | bool | int | float | str>}
     {"t": "tensor", "key": "<tensor name>", "codec": "local", "requires_grad": bool, ...codec info}
+        (+ "parameter": true for a Parameter; + "view": {...} for a tensor stored as a view of
+        another's storage, see :mod:`holoflow.serialization_storage`; files with views are version 2)
     {"t": "list" | "tuple", "items": [NODE, ...]}
     {"t": "dict" | "odict", "items": [[KEY_NODE, NODE], ...]}     (keys: values or tuples)
 
 A tensor object that appears several times is stored once and loads as one object again.
+Tensors sharing a storage (views, tied weights) store it once and load sharing it, with their
+strides and storage offsets, as ``torch.load`` gives them back.
 Saving writes a temporary file ``<target>.holoflow-tmp-<pid>`` next to the target, fsyncs it and
 ``os.replace``-s it over the target, so a crash mid-save leaves the previous checkpoint intact. A
 temp file left by a killed process (its pid is gone) is deleted by the next save of that target.
@@ -54,10 +58,11 @@ import torch
 from .core.errors import HoloflowError, UnsupportedError
 from .core.tensor import Tensor
 from . import serialization_module as _whole
+from .serialization_storage import StorageTable, identity, owned, retyped, view_of
 
 __all__ = ["save", "load", "CheckpointError", "TensorCodec", "register_codec", "CODECS", "register_sharded"]
 
-FORMAT, VERSION, META_KEY = "holoflow", 1, "holoflow"
+FORMAT, VERSION, META_KEY = "holoflow", 2, "holoflow"   # (VERSION: the newest this code reads)
 MAX_DEPTH = 200   # nesting a manifest may have (deeper is corrupt or hostile)
 
 
@@ -103,16 +108,26 @@ def register_codec(codec: TensorCodec) -> None:
 # -- save ------------------------------------------------------------------------------------
 class _Encoder:
     def __init__(self) -> None:
-        self.tensors: dict[str, torch.Tensor] = {}
-        self.seen: dict[int, str] = {}
-        self.storages: set[int] = set()
+        self.table = StorageTable(lambda: str(len(self.tensors)))
+        self.tensors: dict[str, torch.Tensor] = self.table.entries   # one entry per storage
+        self.seen: dict = {}   # id of a tensor object -> its node
+        self.storages: set[int] = set()   # (the sharded encoder's)
         self.keep: list = []   # holds encoded objects alive so ids stay unique
+        self.from_torch: dict[int, Tensor] = {}   # a torch tensor saved twice is one object too
+
+    @property
+    def version(self) -> int:
+        """The format version a reader needs: 2 once a tensor is stored as a view."""
+        return 2 if self.table.has_views else 1
 
     def node(self, obj: Any, where: str) -> dict:
         if obj is None or isinstance(obj, (bool, int, float, str)):
             return {"t": "value", "v": obj}
         if isinstance(obj, torch.Tensor):
-            obj = Tensor._make(obj.detach())
+            if id(obj) not in self.from_torch:
+                self.keep.append(obj)
+                self.from_torch[id(obj)] = _from_torch(obj)
+            obj = self.from_torch[id(obj)]
         if isinstance(obj, Tensor):
             return self.tensor(obj, where)
         if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
@@ -139,19 +154,16 @@ class _Encoder:
         if codec is None:
             raise UnsupportedError(f"holoflow.save: no checkpoint codec for the global tensor at {where}; "
                                    f"holoflow.distributed registers one, or save t.to_local()")
-        name = self.seen.get(id(t))
+        node = self.seen.get(id(t))
+        if node is not None:
+            return node
         data, info = codec.encode(t)
-        if name is None:
-            name = self.seen[id(t)] = str(len(self.tensors))
-            self.keep.append(t)
-            data = data.cpu()
-            ptr = data.untyped_storage().data_ptr() if data.numel() else None
-            if ptr in self.storages or not data.is_contiguous():
-                data = data.contiguous().clone()   # safetensors refuses tensors sharing memory
-            if ptr is not None:
-                self.storages.add(ptr)
-            self.tensors[name] = data
-        node = {"t": "tensor", "key": name, "codec": codec.name, "requires_grad": t.requires_grad, **info}
+        name, view = self.table.add(data)
+        self.keep.append(t)
+        node = self.seen[id(t)] = {"t": "tensor", "key": name, "codec": codec.name,
+                                   "requires_grad": t.requires_grad, **info}
+        if view is not None:
+            node["view"] = view
         if _is_parameter(t):   # (loads as a Parameter again, as torch's)
             node["parameter"] = True
         return node
@@ -192,7 +204,10 @@ def save(obj: Any, path: str | os.PathLike, global_dst_rank: int | None = None, 
 def save_file(obj: Any, path: str | os.PathLike) -> None:
     """:func:`save` of a tree of local tensors into one file (or file object)."""
     enc = _Encoder()
-    manifest = {"format": FORMAT, "version": VERSION, "root": enc.node(obj, "obj")}
+    root = enc.node(obj, "obj")
+    manifest = {"format": FORMAT, "version": enc.version, "root": root}
+    if enc.table.dtypes:
+        manifest["dtypes"] = enc.table.dtypes
     metadata = {META_KEY: json.dumps(manifest)}
     if hasattr(path, "write"):
         path.write(safetensors.torch.save(enc.tensors, metadata=metadata))
@@ -459,7 +474,7 @@ def _load_safetensors(path, data: bytes | None, name: str, map_location) -> Any:
     except (safetensors.SafetensorError, ValueError, OSError, struct.error) as e:
         raise CheckpointError(f"holoflow.load({name}): not a valid checkpoint (safetensors, torch.save "
                               f"zip or pickle): {e}") from e
-    tensors = {k: _move(v, map_location) for k, v in tensors.items()}
+    tensors = {k: owned(_move(v, map_location)) for k, v in tensors.items()}
     if META_KEY not in meta:
         return {k: Tensor._make(v) for k, v in tensors.items()}   # a plain safetensors file
     try:
@@ -476,7 +491,10 @@ def _load_safetensors(path, data: bytes | None, name: str, map_location) -> Any:
     if manifest.get("version", 0) > VERSION:
         raise CheckpointError(f"holoflow.load({name}): format version {manifest['version']} is newer than "
                               f"this holoflow reads ({VERSION}); upgrade holoflow")
-    return _Decoder(tensors, name).node(manifest["root"])
+    dec = _Decoder(tensors, name)
+    if "dtypes" in manifest:
+        retyped(tensors, manifest["dtypes"], dec.bad)
+    return dec.node(manifest["root"])
 
 
 def _header(data: bytes) -> dict:
@@ -534,15 +552,17 @@ class _Decoder:
         key = n.get("key")
         if not isinstance(key, str):
             raise self.bad(f"a tensor node's key is {key!r}, not a string")
-        if key in self.made:
-            return self.made[key]
+        ident = identity(n)
+        if ident in self.made:
+            return self.made[ident]
         if key not in self.tensors:
             raise self.bad(f"tensor {key!r} is referenced but not stored in the file")
         codec = next((c for c in CODECS if c.name == n.get("codec")), None)
         if codec is None:
             raise self.bad(f"unknown tensor codec {n.get('codec')!r} (saved by a layer not loaded here?)")
-        info = {k: v for k, v in n.items() if k not in ("t", "key", "codec", "requires_grad", "parameter")}
-        t = codec.decode(self.tensors[key], info)
+        info = {k: v for k, v in n.items() if k not in ("t", "key", "codec", "requires_grad", "parameter", "view")}
+        data = self.tensors[key] if "view" not in n else view_of(self.tensors[key], n["view"], self.bad)
+        t = codec.decode(data, info)
         if n.get("requires_grad"):
             if not (t.is_floating_point() or t.is_complex()):
                 raise self.bad(f"tensor {key!r} of dtype {t.dtype} is marked requires_grad (only floating "
@@ -550,7 +570,7 @@ class _Decoder:
             t.requires_grad_(True)
         if n.get("parameter"):
             t = _as_parameter(t, bool(n.get("requires_grad")))
-        self.made[key] = t
+        self.made[ident] = t
         return t
 
 
@@ -572,17 +592,26 @@ def _load_torch(src, name: str, map_location, torch_args: dict) -> Any:
     return _from_torch(obj)
 
 
-def _from_torch(obj: Any) -> Any:
-    if isinstance(obj, torch.nn.Parameter):
-        return _as_parameter(Tensor._make(obj.detach()), obj.requires_grad)
+def _from_torch(obj: Any, memo: dict | None = None) -> Any:
+    """torch tensors in ``obj`` as holoflow tensors (sharing their storages; one torch tensor
+    object met twice is one holoflow tensor, as torch.load's tied tensors are one object)."""
+    memo = {} if memo is None else memo
     if isinstance(obj, torch.Tensor):
-        t = Tensor._make(obj.detach())
-        if obj.requires_grad:
-            t.requires_grad_(True)
-        return t
+        if id(obj) not in memo:
+            memo[id(obj)] = _tensor_from_torch(obj)
+        return memo[id(obj)]
     if isinstance(obj, dict):
         kind = OrderedDict if isinstance(obj, OrderedDict) else dict
-        return kind((k, _from_torch(v)) for k, v in obj.items())
+        return kind((k, _from_torch(v, memo)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_from_torch(v) for v in obj)
+        return type(obj)(_from_torch(v, memo) for v in obj)
     return obj
+
+
+def _tensor_from_torch(obj: torch.Tensor) -> Tensor:
+    if isinstance(obj, torch.nn.Parameter):
+        return _as_parameter(Tensor._make(obj.detach()), obj.requires_grad)
+    t = Tensor._make(obj.detach())
+    if obj.requires_grad:
+        t.requires_grad_(True)
+    return t

@@ -18,6 +18,7 @@ import pickle
 from typing import Any, Callable
 
 from .core.tensor import Tensor
+from .serialization_storage import identity
 
 __all__ = ["is_module", "encode_module", "decode_module", "ALLOW_CODE", "allowing_code"]
 
@@ -59,8 +60,8 @@ class _Unpickler(pickle.Unpickler):
         t = self.load_tensor(node)
         if not is_param:
             return t
-        key = node.get("key")
-        if key not in self.params:   # one Parameter per stored tensor: tied weights stay tied
+        key = identity(node)
+        if key not in self.params:   # one Parameter per saved tensor object: tied weights stay tied
             from .nn.parameter import Parameter
             self.params[key] = Parameter(t.detach(), requires_grad=requires_grad)
         return self.params[key]

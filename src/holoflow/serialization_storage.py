@@ -1,0 +1,172 @@
+"""Tensors sharing a storage in a holoflow checkpoint: stored once, loaded sharing again.
+
+``torch.save`` stores each storage once and each tensor as (storage, offset, shape, stride), so
+``torch.load`` gives views back their sharing (a write through one loaded tensor shows in the
+others), their strides and storage offsets, and the whole storage even of a small slice. A
+holoflow file does the same inside safetensors, which holds only dense tensors:
+
+- a storage is one entry of the file's tensor table: the first tensor saved from it, as is,
+  when that tensor covers it exactly (a fresh layout, offset 0, every byte; the common case, written
+  as format version 1 wrote every tensor), else the storage's bytes as a flat tensor of the
+  tensors' dtype;
+- a tensor that is not its storage's entry as is carries a ``"view"`` in its manifest node,
+  ``{"id": n, "offset": elements, "shape": [...], "stride": [...]}`` over the entry's storage;
+  ``id`` (1, 2, ...) tells apart the tensor objects of one storage, the entry itself being 0.
+
+Dtypes safetensors lacks (complex128, complex32) are stored flat as their real pairs, the
+manifest's ``"dtypes"`` naming each such entry's dtype (so their tensors are all views).
+
+A file holding a view is format version 2 (a version 1 reader would load the entry in the
+view's place); a version 1 file has none and loads as before. As ``torch.save``, tensors of two
+dtypes over one storage are refused (RuntimeError), and the storage's bytes past its last whole
+element (unreachable by its tensors) are not kept.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["StorageTable", "identity", "owned", "view_of", "retyped"]
+
+STORED_AS = {torch.complex128: torch.float64, torch.complex32: torch.float16}   # (not in safetensors)
+
+
+class _Group:
+    """One storage seen while saving: its table entry and how many views named it so far."""
+
+    __slots__ = ("name", "nbytes", "dtype", "views")
+
+    def __init__(self, name: str, nbytes: int, dtype: torch.dtype) -> None:
+        self.name, self.nbytes, self.dtype, self.views = name, nbytes, dtype, 0
+
+
+def _dense_strides(shape: torch.Size) -> tuple:
+    """The strides of a fresh tensor of ``shape`` (what safetensors' entries load with)."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _covers(data: torch.Tensor, nbytes: int) -> bool:
+    """Whether ``data`` is its whole storage, laid out as a fresh tensor (is_contiguous() is not
+    enough: it overlooks the strides of size-1 and empty dims, which torch.load keeps)."""
+    return (data.storage_offset() == 0 and data.numel() * data.element_size() == nbytes
+            and data.stride() == _dense_strides(data.shape))
+
+
+def _flat(data: torch.Tensor) -> torch.Tensor:
+    """The whole storage of ``data`` as a 1-d tensor of its dtype."""
+    storage = data.untyped_storage()
+    n = storage.nbytes() // data.element_size()
+    return torch.empty(0, dtype=data.dtype, device=data.device).set_(storage, 0, (n,), (1,))
+
+
+class StorageTable:
+    """The save side: maps each tensor's data to (table entry, view or None); ``entries`` are
+    the dense CPU tensors to write, ``has_views`` whether any tensor needed a view."""
+
+    def __init__(self, new_name: Callable[[], str]) -> None:
+        self.new_name = new_name
+        self.entries: dict[str, torch.Tensor] = {}
+        self.groups: dict[tuple, _Group] = {}
+        self.entry_ptrs: set[int] = set()
+        self.dtypes: dict[str, str] = {}   # entries stored as another dtype: their own
+        self.has_views = False
+
+    def add(self, data: torch.Tensor) -> tuple[str, dict | None]:
+        """The entry name and view node of one tensor object's data (each object added once)."""
+        data = data.detach()
+        if data.is_conj() or data.is_neg():   # lazy bits safetensors can't hold: a resolved copy
+            data = data.resolve_conj().resolve_neg()
+        nbytes = data.untyped_storage().nbytes()
+        key = (str(data.device), data.untyped_storage().data_ptr()) if nbytes else None
+        g = self.groups.get(key) if key is not None else None
+        if g is not None and g.dtype != data.dtype:
+            raise RuntimeError(f"holoflow.save: cannot save multiple tensors that view the same data as "
+                               f"different types ({g.dtype} and {data.dtype}), as torch.save; save a "
+                               f".clone() of one of them")
+        if g is None or g.nbytes < nbytes:   # (a second storage object at the same address, larger)
+            return self._new_group(data, key, nbytes)
+        return g.name, self._view(g, data)
+
+    def _new_group(self, data: torch.Tensor, key: tuple | None, nbytes: int) -> tuple[str, dict | None]:
+        g = _Group(self.new_name(), nbytes, data.dtype)
+        if key is not None:
+            self.groups[key] = g
+        real = STORED_AS.get(data.dtype)
+        whole = _covers(data, nbytes) and real is None
+        entry = (data if whole else _flat(data)).cpu()
+        if real is not None:
+            entry = entry.view(real)
+            self.dtypes[g.name] = str(data.dtype).removeprefix("torch.")
+        ptr = entry.untyped_storage().data_ptr() if entry.numel() else None
+        if ptr in self.entry_ptrs:
+            entry = entry.clone()   # safetensors refuses two entries over one buffer
+        elif ptr is not None:
+            self.entry_ptrs.add(ptr)
+        self.entries[g.name] = entry
+        return g.name, None if whole else self._view(g, data)
+
+    def _view(self, g: _Group, data: torch.Tensor) -> dict:
+        g.views += 1
+        self.has_views = True
+        return {"id": g.views, "offset": data.storage_offset(), "shape": list(data.shape),
+                "stride": list(data.stride())}
+
+
+def identity(node: dict) -> tuple:
+    """Which loaded tensor object a tensor node stands for: nodes of one object are equal here."""
+    view = node.get("view")
+    if "view" not in node:
+        return node.get("key"), 0
+    vid = view.get("id") if isinstance(view, dict) else None
+    ok = isinstance(vid, int) and not isinstance(vid, bool) and vid >= 1
+    return node.get("key"), vid if ok else -1   # (-1: malformed, refused by view_of, never cached)
+
+
+def _ints(v: Any, n: int | None = None) -> bool:
+    return (isinstance(v, list) and (n is None or len(v) == n)
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v))
+
+
+def retyped(tensors: dict[str, torch.Tensor], dtypes: Any, bad: Callable[[str], Exception]) -> None:
+    """Gives the entries a manifest's ``"dtypes"`` names their own dtype back (in place)."""
+    if not isinstance(dtypes, dict):
+        raise bad(f"\"dtypes\" is {str(dtypes)[:60]}, not a map of entry names to dtypes")
+    for name, text in dtypes.items():
+        dt = next((d for d, real in STORED_AS.items() if str(d) == f"torch.{text}"), None)
+        entry = tensors.get(name)
+        if dt is None or entry is None or entry.dim() != 1 or entry.dtype != STORED_AS[dt] or entry.numel() % 2:
+            raise bad(f"entry {name!r} can't be read as {str(text)[:40]} (stored as a flat tensor of "
+                      f"real pairs of complex128 or complex32)")
+        tensors[name] = entry.view(dt)
+
+
+def owned(entry: torch.Tensor) -> torch.Tensor:
+    """``entry`` as the whole of its own storage (what views' offsets count from)."""
+    if entry.storage_offset() == 0 and entry.untyped_storage().nbytes() == entry.numel() * entry.element_size() \
+            and entry.is_contiguous():
+        return entry
+    return entry.contiguous().clone()
+
+
+def view_of(entry: torch.Tensor, view: Any, bad: Callable[[str], Exception]) -> torch.Tensor:
+    """The tensor a ``"view"`` node describes over the storage of ``entry`` (an :func:`owned`
+    table entry), sharing it; ``bad`` makes the error for a malformed or out-of-bounds view."""
+    if not isinstance(view, dict) or not _ints([view.get("id"), view.get("offset")]) or view["id"] < 1:
+        raise bad(f"a tensor view is not {{id >= 1, offset, shape, stride}} of non-negative ints: "
+                  f"{str(view)[:80]}")
+    shape, stride, offset = view.get("shape"), view.get("stride"), view["offset"]
+    if not (_ints(shape) and _ints(stride, len(shape))):
+        raise bad(f"a tensor view's shape {shape!r} and stride {stride!r} are not lists of non-negative "
+                  f"ints of one length")
+    storage = entry.untyped_storage()
+    size = storage.nbytes() // entry.element_size()
+    span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    if offset + span > size:
+        raise bad(f"a tensor view (offset {offset}, shape {shape}, stride {stride}) reaches element "
+                  f"{offset + span} of a storage of {size}")
+    return torch.empty(0, dtype=entry.dtype, device=entry.device).set_(storage, offset, shape, stride)
