@@ -75,8 +75,10 @@ class PeerFailed(RuntimeError):
 
 class SimComm:
     """Collectives among threads of one process: each call deposits this rank's tensor, waits
-    for the group, and computes the result from everyone's deposits. It also holds each rank's
-    default generators (core/generators.py): a process's own, as every real rank has."""
+    for the group, and computes the result from everyone's deposits. Point-to-point messages
+    pair as Gloo's do (:meth:`send`, :meth:`isend`); every wait times out naming the ranks. It also
+    holds each rank's default generators (core/generators.py): a process's own, as every real
+    rank has."""
 
     def __init__(self, world_size: int, timeout: float = 60.0) -> None:
         self.world_size, self.timeout = world_size, timeout
