@@ -349,3 +349,68 @@ def test_weights_only_still_never_unpickles_views(tmp_path):
     flow.save({"m": Tied(), "w": flow.ones(2)[1:]}, path)
     with pytest.raises(pickle.UnpicklingError, match="weights_only=False"):
         flow.load(path)
+
+
+# -- global tensors: the sharded format is unchanged; views load into global layouts ---------
+def test_views_load_into_global_layouts(tmp_path):
+    from holoflow.distributed.world import simulate
+    path = tmp_path / "v.hf"
+    t = flow.arange(24.0).reshape(4, 6)
+    flow.save({"T": t.T, "rows": t[1:3]}, path)
+    want = torch.arange(24.0).reshape(4, 6)
+
+    def fn(r):
+        pl = flow.placement("cpu", [0, 1])
+        like = {"T": flow.zeros(6, 4, placement=pl, sbp=flow.sbp.split(0)),
+                "rows": flow.zeros(2, 6, placement=pl, sbp=flow.sbp.split(1))}
+        got = flow.load(path, like=like)
+        return got["T"].to_local().to_torch(), got["rows"].to_local().to_torch(), got["T"].sbp
+
+    for r, (tt, rows, sbp) in enumerate(simulate(2, fn)):
+        assert sbp == (flow.sbp.split(0),)
+        assert torch.equal(tt, want.T[3 * r:3 * r + 3]) and torch.equal(rows, want[1:3, 3 * r:3 * r + 3])
+
+
+def test_global_dst_rank_file_keeps_local_views(tmp_path):
+    from holoflow.distributed.world import simulate
+    path = tmp_path / "g.hf"
+
+    def fn(r):
+        pl = flow.placement("cpu", [0, 1])
+        g = flow.arange(8.0, placement=pl, sbp=flow.sbp.split(0))
+        loc = flow.arange(6.0)
+        flow.save({"g": g, "loc": loc, "tail": loc[2:]}, path, global_dst_rank=0)
+
+    simulate(2, fn)
+    got = flow.load(path)
+    ref = _torch_rt({"g": torch.arange(8.0), "loc": (x := torch.arange(6.0)), "tail": x[2:]}, True)
+    _assert_same(ref, got)
+
+
+def test_storage_with_a_partial_last_element(tmp_path):
+    # 10 bytes viewed as 2 float32: torch.save writes it, torch.load refuses it ("record size");
+    # holoflow keeps the 8 reachable bytes
+    tu = torch.arange(10, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="record size"):
+        _torch_rt({"f": tu[:8].view(torch.float32)}, True)
+    u = flow.arange(10, dtype=flow.uint8)
+    got = _flow_rt({"f": u[:8].view(flow.float32), "g": u[4:8].view(flow.float32)}, tmp_path)
+    assert torch.equal(got["f"].to_torch(), tu[:8].view(torch.float32))
+    assert got["g"].storage_offset() == 1 and got["g"]._data.untyped_storage().nbytes() == 8
+    with flow.no_grad():
+        got["g"][0] = 2.0
+    assert got["f"][1].item() == 2.0
+
+
+def test_corrupt_dtypes_map_is_refused(tmp_path):
+    path = tmp_path / "c.hf"
+    flow.save([flow.tensor([1 + 2j, 3j], dtype=flow.complex128)], path)
+    with safetensors.safe_open(str(path), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        manifest = json.loads(f.metadata()["holoflow"])
+    assert manifest["dtypes"] == {"0": "complex128"} and tensors["0"].dtype == torch.float64
+    assert flow.load(path)[0].tolist() == [1 + 2j, 3j]
+    for bad in [{"0": "float32"}, {"0": "os.system"}, {"9": "complex128"}, ["complex128"]]:
+        safetensors.torch.save_file(tensors, str(path), metadata={"holoflow": json.dumps(dict(manifest, dtypes=bad))})
+        with pytest.raises(S.CheckpointError, match="corrupt manifest"):
+            flow.load(path)
