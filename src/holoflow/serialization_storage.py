@@ -119,9 +119,9 @@ class StorageTable:
 
 def identity(node: dict) -> tuple:
     """Which loaded tensor object a tensor node stands for: nodes of one object are equal here."""
-    view = node.get("view")
     if "view" not in node:
         return node.get("key"), 0
+    view = node["view"]
     vid = view.get("id") if isinstance(view, dict) else None
     ok = isinstance(vid, int) and not isinstance(vid, bool) and vid >= 1
     return node.get("key"), vid if ok else -1   # (-1: malformed, refused by view_of, never cached)
@@ -137,7 +137,7 @@ def retyped(tensors: dict[str, torch.Tensor], dtypes: Any, bad: Callable[[str], 
     if not isinstance(dtypes, dict):
         raise bad(f"\"dtypes\" is {str(dtypes)[:60]}, not a map of entry names to dtypes")
     for name, text in dtypes.items():
-        dt = next((d for d, real in STORED_AS.items() if str(d) == f"torch.{text}"), None)
+        dt = next((d for d in STORED_AS if str(d) == f"torch.{text}"), None)
         entry = tensors.get(name)
         if dt is None or entry is None or entry.dim() != 1 or entry.dtype != STORED_AS[dt] or entry.numel() % 2:
             raise bad(f"entry {name!r} can't be read as {str(text)[:40]} (stored as a flat tensor of "
@@ -169,4 +169,8 @@ def view_of(entry: torch.Tensor, view: Any, bad: Callable[[str], Exception]) -> 
     if offset + span > size:
         raise bad(f"a tensor view (offset {offset}, shape {shape}, stride {stride}) reaches element "
                   f"{offset + span} of a storage of {size}")
-    return torch.empty(0, dtype=entry.dtype, device=entry.device).set_(storage, offset, shape, stride)
+    try:
+        return torch.empty(0, dtype=entry.dtype, device=entry.device).set_(storage, offset, shape, stride)
+    except (RuntimeError, OverflowError, TypeError) as e:   # (sizes past int64)
+        raise bad(f"a tensor view (offset {offset}, shape {shape}, stride {stride}) is not a valid "
+                  f"layout: {str(e).splitlines()[0]}") from e

@@ -330,6 +330,7 @@ def _patched(tmp_path, fn):
     (lambda v: v.update(stride=[True]), "are not lists"),
     (lambda v: v.update(id=0), "id >= 1"),
     (lambda v: v.pop("shape"), "are not lists"),
+    (lambda v: v.update(shape=[2 ** 70], stride=[0]), "not a valid layout"),
 ])
 def test_corrupt_views_are_refused(tmp_path, damage, message):
     with pytest.raises(S.CheckpointError, match=message):
