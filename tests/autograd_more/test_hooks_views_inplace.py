@@ -378,3 +378,32 @@ def test_the_matrix_exercises_hooks() -> None:
     assert fired["view_hook_then_inplace_view"] == []
     assert fired["nonleaf_hook_then_inplace"] == ["b_before"]
     assert any(fired.values())
+
+
+def _node_prehook_of_written_view(lib) -> list:
+    a = lib.ones(3, 4, requires_grad=True)
+    b = a * 2
+    w = b[1:]
+    calls: list = []
+    w.grad_fn.register_prehook(lambda go: calls.append("pre"))
+    w.mul_(2)
+    b.sum().backward()
+    return calls
+
+
+def test_a_written_views_old_node_is_off_the_path_as_torch() -> None:
+    """A node pre-hook on the grad_fn a view had before a write through it: torch's CopySlices
+    passes it by, so it does not run."""
+    assert _node_prehook_of_written_view(flow) == _node_prehook_of_written_view(torch) == []
+
+
+@pytest.mark.parametrize("lib", [torch, flow], ids=["torch", "holoflow"])
+def test_hook_on_a_no_grad_view_of_a_written_base_is_refused(lib) -> None:
+    """torch re-derives the view's history to answer ``register_hook``, which refuses a view
+    made under no_grad whose base was written with grad mode on."""
+    b = lib.ones(3, 4, requires_grad=True) * 2
+    with lib.no_grad():
+        v = b[1:]
+    b.mul_(3)
+    with pytest.raises(RuntimeError, match="(?i)view was created in no_grad mode"):
+        v.register_hook(lambda g: None)
