@@ -620,9 +620,11 @@ def _describe(fn: Any) -> str:
 
 
 def _short(x: Any) -> str:
+    """One line describing a named constant in the program's comments (a numpy array's repr
+    spans lines)."""
     if isinstance(x, torch.Tensor):
         return f"tensor {meta_str(Value.like(x))}"
-    r = repr(x)
+    r = " ".join(repr(x).split())
     return r if len(r) <= 80 else r[:77] + "..."
 
 
