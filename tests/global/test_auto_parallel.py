@@ -643,3 +643,62 @@ def test_a_limit_no_layout_fits_is_named_with_what_would_fit(caplog):
         world.simulate(2, lambda r: _planned(1024, 4, zero3), timeout=300)
     warned = [r.getMessage() for r in caplog.records if "no layout within the memory limit" in r.getMessage()]
     assert len(warned) == 2 and "enable_zero" not in warned[0] and "activation checkpointing" in warned[0]
+
+
+class _Block(flow.nn.Module):
+    """A pre-norm MLP block with a residual: the tensor-parallel stack's unit."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.ln = flow.nn.LayerNorm(d)
+        self.fc = flow.nn.Linear(d, 4 * d)
+        self.proj = flow.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.proj(flow.nn.functional.gelu(self.fc(self.ln(x))))
+
+
+def _megatron_stack(mode: str | None, steps: int = 3, d: int = 32, t: int = 16):
+    """Two blocks under the user's Megatron layout (first weights by rows, second by columns) on
+    2 ranks, a replicated batch; planned with ``mode`` (None: one process, eager, no placement).
+    Returns the losses, the parameters, and (planned) the plan and the graph's explanation."""
+    flow.manual_seed(0)
+    m = flow.nn.Sequential(_Block(d), _Block(d))
+    x = flow.randn(4, t, d)
+    opt = flow.optim.SGD(m.parameters(), lr=0.1)
+    if mode is None:
+        losses = _train_eagerly(m, opt, x, steps)
+        return losses, {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
+    P = flow.placement("cpu", ranks=[0, 1])
+    m.to_global(placement=P, sbp=[B])
+    for blk in m:
+        for w, nd in ((blk.fc.weight, S(0)), (blk.fc.bias, S(0)), (blk.proj.weight, S(1))):
+            moved = w.detach().to_global(sbp=[nd])
+            w._data, w._global = moved._data, moved._global
+    g = _train_graph(m, opt, True)
+    g.config.enable_auto_memory(mode)
+    x = x.to_global(placement=P, sbp=[B])
+    losses = [g(x).to_global(sbp=[B]).to_local().item() for _ in range(steps)]
+    params = {k: v.to_global(sbp=[B]).to_local().numpy().copy() for k, v in m.state_dict().items()}
+    return losses, params, g.auto_parallel_plan(), g.explain()
+
+
+def test_when_memory_decides_the_blocks_outputs_are_laid_out_too():
+    """Under HeavyMemoryDown the planner also chooses the layout of each block's output (the
+    blocks of a Sequential): kept split between the blocks (here along the batch rows), the
+    residual stream and the loss run on shards, where the ops' own choices gather it back to
+    whole. Less memory predicted, the same collectives' bytes; trains as one process. Planning
+    for time alone (no limit) leaves the outputs out: no extra traces."""
+    want_l, want_p = _megatron_stack(None)
+    heavy = world.simulate(2, lambda r: _megatron_stack("HeavyMemoryDown"), timeout=300)
+    timed = world.simulate(2, lambda r: _megatron_stack("AdaptiveMemory"), timeout=300)
+    for (losses, params, plan, _), (t_losses, _, t_plan, _) in zip(heavy, timed):
+        for got in (losses, t_losses):
+            np.testing.assert_allclose(got, want_l, rtol=1e-5, atol=1e-7)
+        for k in want_p:
+            np.testing.assert_allclose(params[k], want_p[k], rtol=1e-5, atol=1e-6)
+        outs = {k: after for k, (_, after) in plan.choices.items() if k.endswith("(output)")}
+        assert set(outs) == {"m.0 (output)", "m.1 (output)"} and all(isinstance(s[0], S) for s in outs.values())
+        assert plan.chosen.memory_bytes < plan.start.memory_bytes == t_plan.chosen.memory_bytes
+        assert not any(k.endswith("(output)") for k in t_plan.choices)
+        assert t_plan.evaluated < plan.evaluated

@@ -9,7 +9,9 @@ graph's global inputs, so a broadcast batch may be split), each among the nd-SBP
 eager does), and gradients are boxed to their parameter's SBP, so one assignment of parameter
 SBPs is one program: data parallel (all ``B``), Megatron-style tensor parallel (``S(0)`` then
 ``S(1)``), or a mix. Under ``enable_zero`` (stages 1-3) the traces run the ZeRO passes, so what
-stays data parallel is costed sharded.
+stays data parallel is costed sharded. When memory decides (``HeavyMemoryDown``, or a limit the
+parameters' layouts do not meet), the outputs of a stack's blocks are variables too
+(:class:`Activation`).
 
 The cost model (:func:`predict`), per rank, on the traced logical graph after the passes:
 
@@ -521,6 +523,45 @@ def state_per_param(optimizers: list) -> int:
     return most
 
 
+class Activation:
+    """A block's output as a planning variable: the graph boxes it to the chosen nd-SBP where the
+    block returns it (a forward hook while ``build`` is traced), and the ops after it take their
+    signatures from that layout. Between the blocks of a tensor-parallel stack, ``S`` along the
+    sequence is Megatron's sequence parallelism: the norms and residuals run on a shard, the
+    all-reduce after a row-parallel layer becomes a reduce-scatter and the input of the next
+    column-parallel layer is all-gathered. Duck-types a parameter for :func:`candidates`."""
+
+    def __init__(self, path: str, t: Tensor) -> None:
+        self.path, self.shape, self.dtype = path, tuple(t.shape), t.dtype
+        self._global = t._global    # the layout the block gives it (the starting point)
+        self.chosen: tuple | None = None   # the layout it is boxed to (None: as the block gives it)
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def box(self, out):
+        """A forward hook's result: ``out`` in the chosen layout (what is no global tensor of the
+        planned placement passes as it is)."""
+        nd = self.chosen
+        if nd is None or not isinstance(out, Tensor) or out._global is None or out._global.sbp == nd \
+                or out._global.placement != self._global.placement:
+            return out
+        return out.to_global(sbp=list(nd))
+
+
+def activation_roles(acts: dict) -> list[list[Activation]]:
+    """Outputs of blocks alike in position, shape, dtype and layout (``blocks.3`` and
+    ``blocks.7``) move together, as parameters of one role do."""
+    groups: dict = {}
+    for path, a in acts.items():
+        key = (re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", path), a.shape, a.dtype, a._global.sbp)
+        groups.setdefault(key, []).append(a)
+    return sorted(groups.values(), key=lambda g: -sum(a.numel() for a in g))
+
+
 class _Override:
     """Parameters laid out as an assignment says for one trace: their metas change, their data is an
     uninitialized shard (a trace reads shapes, never values); restored on exit. Every parameter of
@@ -533,6 +574,10 @@ class _Override:
     def __enter__(self) -> None:
         for p, nd in self.assignment.items():
             g = p._global
+            if isinstance(p, Activation):
+                self.saved.append((p, None, p.chosen, None))
+                p.chosen = None if nd == g.sbp else nd
+                continue
             self.saved.append((p, p._data, g, p.__dict__.get("_zero3")))
             if nd == g.sbp:
                 continue
@@ -542,6 +587,9 @@ class _Override:
 
     def __exit__(self, *exc) -> None:
         for p, data, g, zero3 in reversed(self.saved):
+            if isinstance(p, Activation):
+                p.chosen = g
+                continue
             p._data, p._global = data, g
             if zero3 is None:
                 p.__dict__.pop("_zero3", None)
@@ -560,14 +608,16 @@ def _objective(mode: str, limit: int | None) -> Callable[[Prediction], tuple]:
 def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore_user_sbp: bool = False,
          memory_mode: str = "AdaptiveMemory", limit: int | None = None, ratio: float = 1.0,
          wait_s: float = 0.0, device: DeviceModel | None = None, calibrate: bool = False, link=None,
-         feeds: dict | None = None) -> Plan:
+         feeds: dict | None = None, activations: dict | None = None) -> Plan:
     """Chooses the SBP of ``params`` (name -> global parameter) by coordinate descent over
     :func:`predict` of ``trace()`` (the graph traced and passed, under the parameters' current
     layout). With ``ignore_user_sbp`` the global inputs in ``feeds`` (name -> the tensor ``trace``
     reads) are chosen too, as OneFlow ignores every SBP the user gave (the caller lays them out
     so before each run). ``calibrate``: measure the links and the device first (collectives:
     every rank of the placement plans at once); else ``device`` and ``link`` if given, or the
-    round default figures."""
+    round default figures. ``activations`` (path -> :class:`Activation`): block outputs whose
+    layout is chosen too when memory decides (``HeavyMemoryDown``, or a limit the parameters'
+    layouts alone do not meet): a second descent after the parameters'."""
     if memory_mode not in MEMORY_MODES:
         raise UnsupportedError(f"holoflow.nn.Graph enable_auto_memory: mode {memory_mode!r} is not supported; "
                                f"supported: {', '.join(MEMORY_MODES)}")
@@ -593,7 +643,8 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
     device = device or DeviceModel.default(dev.type)
     k = state_per_param(optimizers)
     better = _objective(memory_mode, limit)
-    current = {p: p._global.sbp for p in (*glob.values(), *inputs.values())}
+    acts = {a.path: a for a in (activations or {}).values() if a._global.placement == place}
+    current = {p: p._global.sbp for p in (*glob.values(), *inputs.values(), *acts.values())}
     trail: list = []
 
     def evaluate(assignment: dict) -> Prediction:
@@ -652,7 +703,12 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
         if not improve(pairs):
             break
         descend()
+    if acts and (memory_mode == "HeavyMemoryDown" or
+                 (memory_mode == "AdaptiveMemory" and limit is not None and best.memory_bytes > limit)):
+        free[:] = activation_roles(acts)   # then the blocks' outputs (sequence parallelism, ...)
+        descend()
     names = {id(p): k for k, p in (*glob.items(), *inputs.items())}
+    names.update({id(a): f"{path} (output)" for path, a in acts.items()})
     choices = {names[id(p)]: (p._global.sbp, current[p]) for p in current}
     return Plan(choices, start, best, len(trail) + 1, memory_mode, limit,
                 [({names[id(p)]: nd for p, nd in change.items()}, q) for change, q in trail], device,

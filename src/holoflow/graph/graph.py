@@ -145,6 +145,8 @@ class Graph:
         self._log: list = []
         self._auto_plan = None   # config.enable_auto_parallel: the plan chosen (graph/auto_parallel.py)
         self._feed_sbp: dict = {}   # input position -> the nd-SBP the plan lays that input out in
+        # block path -> auto_parallel.Activation: block outputs the plan boxes to a layout of its own
+        self._act_vars: dict = {}
 
     # -- definition ----------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
@@ -387,11 +389,19 @@ class Graph:
         dev = self._device(leaves)
         if limit is None and dev is not None and dev.type == "cuda":
             limit = torch.cuda.get_device_properties(dev).total_memory
+        if cfg.auto_memory == "HeavyMemoryDown" or limit is not None:   # memory may decide: blocks'
+            self._act_vars = self._block_outputs(leaves, spec)           # outputs are variables too
         chosen = auto_parallel.plan(trace, params, [o for o, _ in self._optimizers],
                                     ignore_user_sbp=cfg.auto_parallel_ignore_user_sbp, memory_mode=cfg.auto_memory,
                                     limit=limit, ratio=cfg.auto_parallel_ratio, wait_s=cfg.auto_parallel_wait_s,
-                                    calibrate=cfg.auto_parallel_calibrate, device=device, link=link, feeds=feeds)
+                                    calibrate=cfg.auto_parallel_calibrate, device=device, link=link, feeds=feeds,
+                                    activations=self._act_vars)
         auto_parallel.apply(chosen, params)
+        for path, var in list(self._act_vars.items()):   # the chosen block outputs stay boxed
+            before, after = chosen.choices[f"{path} (output)"]
+            var.chosen = after if after != before else None
+            if var.chosen is None:
+                del self._act_vars[path]
         if limit is not None and chosen.chosen.memory_bytes > limit:
             LOG.warning(f"holoflow.nn.Graph {type(self).__name__}: enable_auto_parallel found no layout within the "
                         f"memory limit of {limit / 2**20:.1f} MiB per rank; the least memory it found is "
@@ -405,6 +415,43 @@ class Graph:
         self._auto_plan = chosen
         if self._debug >= 1:
             print(chosen)
+
+    def _repeated_blocks(self):
+        """``(path, module)`` of every block of a stack: a child of a Sequential or ModuleList
+        that has another child of its class (transformer blocks, a CNN's stages)."""
+        from ..nn.containers import ModuleList, Sequential
+        for mname, root in self._modules.items():
+            for path, m in root.named_modules(prefix=mname):
+                if not isinstance(m, (Sequential, ModuleList)):
+                    continue
+                kids = list(m.named_children())
+                kinds = [type(c) for _, c in kids]
+                yield from ((f"{path}.{name}", c) for name, c in kids if kinds.count(type(c)) > 1)
+
+    def _block_outputs(self, leaves: list, spec) -> dict:
+        """The outputs of the stacks' blocks that are global tensors: one trace with recording
+        hooks, each an ``auto_parallel.Activation`` at the layout the block gives it."""
+        from .auto_parallel import Activation
+        seen: dict = {}
+
+        def record(path: str):
+            def hook(mod, inp, out) -> None:
+                seen.setdefault(path, out)
+            return hook
+        handles = [m.register_forward_hook(record(path)) for path, m in self._repeated_blocks()]
+        try:
+            self._traced_passed(leaves, spec)
+        finally:
+            for h in handles:
+                h.remove()
+        return {p: Activation(p, t) for p, t in seen.items()
+                if isinstance(t, Tensor) and t._global is not None and t.dim() > 0}
+
+    def _layout_hooks(self) -> list:
+        """Forward hooks boxing the blocks' outputs the auto-parallel plan lays out (while traced)."""
+        modules = dict(self._repeated_blocks()) if self._act_vars else {}
+        return [modules[path].register_forward_hook(lambda mod, inp, out, _v=var: _v.box(out))
+                for path, var in self._act_vars.items() if path in modules]
 
     def _lay_out(self, leaves: list, spec) -> list:
         """The inputs as the auto-parallel plan lays them out (planning first if it is due): with
@@ -458,7 +505,8 @@ class Graph:
                 if isinstance(x, Tensor) else x for i, x in enumerate(traced)]
         args, kwargs = unflatten(lazy, spec)
         scale = self._scale_tensor(dev)
-        hooks = self._scope_hooks(tracer) + (pipeline.stage_hooks(self, stages) if stages is not None else [])
+        hooks = self._scope_hooks(tracer) + (pipeline.stage_hooks(self, stages) if stages is not None else []) \
+            + self._layout_hooks()
         saved_grads = {id(p): p.grad for p in self._all_params()}
         for p in self._all_params():   # an eager step's leftover .grad is no part of the program
             p.grad = None
