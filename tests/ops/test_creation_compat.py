@@ -40,6 +40,11 @@ DETERMINISTIC = {
     "range": lambda L, x: L.range(0, 3),
     "full_like": lambda L, x: L.full_like(x, 2, dtype=L.int32),
     "zeros_like": lambda L, x: L.zeros_like(x),
+    # tensor() of values computed in the function: torch reads each one-element tensor's value in
+    # its own dtype (a float64 element gives float64, int32 and an int give int64)
+    "tensor_of_elements": lambda L, x: L.tensor([x.sum(), 2.0, x[0, 0]]),
+    "tensor_of_elements_nested": lambda L, x: L.tensor([[x.sum().double(), 1], [x.mean(), 2]]),
+    "tensor_of_elements_int": lambda L, x: L.tensor([(x > 0).sum().int(), 2]),
 }
 INDUCTOR = ("eye", "linspace_tensor_ends")   # (the rest compile with backend="eager": the same trace, faster;
 # Inductor draws random numbers its own way, as torch.compile does)
@@ -357,3 +362,14 @@ def test_normal_of_a_tensor_refuses_what_torch_refuses(kw):
         torch.normal(torch.zeros(2), 1.0, **{k: getattr(torch, v) if k == "dtype" else v for k, v in kw.items()})
     with pytest.raises(TypeError, match="holoflow.normal: with a tensor mean or std"):
         flow.normal(flow.zeros(2), 1.0, **{k: getattr(flow, v) if k == "dtype" else v for k, v in kw.items()})
+
+
+def test_tensor_of_elements_refuses_a_many_element_one_as_torch():
+    """torch.tensor([t]) reads t as a number: a t of several elements is a ValueError, eagerly and
+    inside a trace (holoflow built a larger tensor from its values before)."""
+    with pytest.raises(ValueError, match="only one element tensors"):
+        torch.tensor([torch.ones(2)])
+    with pytest.raises(ValueError, match="only one element tensors"):
+        flow.tensor([flow.ones(2)])
+    with pytest.raises(ValueError, match="only one element tensors"):
+        _graph(lambda L, x: L.tensor([x.sum(), x[0]]))(flow.randn(2, 3))

@@ -568,8 +568,11 @@ def _flat(xs):
 
 
 def _unwrap_nested(x):
+    """Nested lists with holoflow Tensors in them, for ``torch.tensor``: each Tensor as the torch
+    tensor it holds, so torch infers the dtype from its dtype (a float64 element gives float64)
+    and refuses one of more than one element, as torch's own."""
     if isinstance(x, Tensor):
-        return x.tolist()
+        return x._local_full().detach()
     if isinstance(x, (list, tuple)):
         return [_unwrap_nested(v) for v in x]
     return x

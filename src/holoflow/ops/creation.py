@@ -146,12 +146,49 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False, placement
            sbp=None, pin_memory: bool = False) -> Tensor:
     """Copies ``data`` (lists, numbers, numpy arrays, tensors) into a new tensor."""
     if is_lazy():   # a node of the trace (its data an attr, or the lazy tensor it copies)
+        if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flat(data)):
+            t = _of_elements(data, _dtype.to_torch(dtype), _device.to_torch(device))
+            placement, sbp = _where(placement, sbp, "tensor")
+            t = t if placement is None else interpret.current().globalize(t, placement, sbp)
+            return t.requires_grad_(True) if requires_grad else t
         return _create("tensor", _tensor_kernel, data, requires_grad=requires_grad, placement=placement, sbp=sbp,
                        **_kw(dtype, device))
     data = _tensor_kernel(data, _dtype.to_torch(dtype), _device.to_torch(device))
     if pin_memory:
         data = _torch_call("tensor", torch.Tensor.pin_memory, data)
     return _finish(data, requires_grad, placement, sbp)
+
+
+def _flat(xs):
+    for x in xs:
+        if isinstance(x, (list, tuple)):
+            yield from _flat(x)
+        else:
+            yield x
+
+
+def _of_elements(data, dtype: torch.dtype | None, device) -> Tensor:
+    """``tensor([x.sum(), 2.0, ...])`` inside a trace, where the elements have no values yet: the
+    one-element tensors and numbers stacked by ops (detached, as torch reads values), in the
+    dtype torch infers when none is given (each tensor's own, a number's default, promoted)."""
+    from .shape import stack
+    if dtype is None:
+        dtype = torch.tensor(False).dtype
+        for x in _flat(data):
+            own = _dtype.to_torch(x.dtype) if isinstance(x, Tensor) else torch.tensor(x).dtype
+            dtype = torch.promote_types(dtype, own)
+
+    def build(x) -> Tensor:
+        if isinstance(x, (list, tuple)):
+            return stack([build(e) for e in x]) if len(x) else _create("tensor", _tensor_kernel, [], dtype=dtype,
+                                                                          device=device)
+        if isinstance(x, Tensor):
+            if x.numel() != 1:
+                raise ValueError(f"holoflow.tensor: only one element tensors can be converted to Python scalars "
+                                 f"(an element of shape {tuple(x.shape)})")
+            return x.detach().reshape(()).to(dtype=dtype, device=device)
+        return _create("tensor", _tensor_kernel, x, dtype=dtype, device=device)
+    return build(data)
 
 
 def as_tensor(data, dtype=None, device=None) -> Tensor:
