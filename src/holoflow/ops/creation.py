@@ -21,7 +21,7 @@ from ..core import interpret
 from ..core.interpret import is_lazy
 from ..core.registry import defop
 from ..core.sbp import B, P, S
-from ..core.tensor import Tensor, _as_torch
+from ..core.tensor import Tensor, _as_torch, _flat
 from .family import elementwise_sbp
 
 # -- creation inside a graph trace: recorded as ops (eager calls torch directly) --------------
@@ -157,14 +157,6 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False, placement
     if pin_memory:
         data = _torch_call("tensor", torch.Tensor.pin_memory, data)
     return _finish(data, requires_grad, placement, sbp)
-
-
-def _flat(xs):
-    for x in xs:
-        if isinstance(x, (list, tuple)):
-            yield from _flat(x)
-        else:
-            yield x
 
 
 def _of_elements(data, dtype: torch.dtype | None, device) -> Tensor:
