@@ -78,6 +78,7 @@ from ..core.registry import REGISTRY
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
 from ..distributed import world
+from ..distributed.global_tensor import GlobalMeta
 from ..distributed.sharding import local_shape, nd_str, shard_of
 from . import global_graph
 from .global_graph import ASYNC_FORMS, GLOBAL_BOX, GLOBAL_BOX_BUCKET, link_model, localize, node_boxing_points
@@ -302,14 +303,10 @@ def predict(g: IRGraph, params: list, state_per_param: int, device: DeviceModel,
     rank = place.flat_ranks[0] if place is not None else 0
     local = localize(g, rank)   # local shapes and attrs: the kernels a calibrated model times
     link = link or (link_model(place) if place is not None else None)
-    compute, comm, collectives = [], [], 0.0
-    for n, ln in zip(g.nodes, local.nodes):
-        points = node_boxing_points(n)
-        count = sum(p.share * sum(1 for s in p.steps if s.collective) for p in points)
-        collectives += count
-        comm.append(sum(link.seconds(p) for p in points) + wait_s * count if link is not None else 0.0)
-        compute.append(0.0 if n.op in (GLOBAL_BOX.name, GLOBAL_BOX_BUCKET.name)
-                       else _node_seconds(n, ln, rank, state_per_param, device) * ratio)
+    costs = [_node_cost(n, ln, rank, state_per_param, device, ratio, link, wait_s)
+             for n, ln in zip(g.nodes, local.nodes)]
+    compute, comm = [c[0] for c in costs], [c[1] for c in costs]
+    collectives = sum(c[2] for c in costs)
     overlap = (place is None or spare_core(place)) if overlap is None else overlap
     step = timeline(local.nodes, compute, comm) if overlap else sum(compute) + sum(comm)
     held = sum(_nbytes(local_shape(p.shape, p._global.sbp, p._global.placement, rank), p.dtype)
@@ -317,6 +314,17 @@ def predict(g: IRGraph, params: list, state_per_param: int, device: DeviceModel,
     # + intermediates (activations, gradients) at the memory plan's peak
     return Prediction(sum(compute), sum(comm), int(held + peak_bytes(local, local.frees)), round(collectives),
                       int(held), hidden_s=max(0.0, sum(compute) + sum(comm) - step))
+
+
+def _node_cost(n: Node, ln: Node, rank: int, state_per_param: int, device: DeviceModel, ratio: float,
+               link, wait_s: float) -> tuple[float, float, float]:
+    """(compute seconds, communication seconds, collectives) of the logical graph's node ``n``
+    on ``rank`` (``ln``: its localized twin)."""
+    points = node_boxing_points(n)
+    count = sum(p.share * sum(1 for s in p.steps if s.collective) for p in points)
+    comm = sum(link.seconds(p) for p in points) + wait_s * count if link is not None else 0.0
+    boxing = n.op in (GLOBAL_BOX.name, GLOBAL_BOX_BUCKET.name)
+    return (0.0 if boxing else _node_seconds(n, ln, rank, state_per_param, device) * ratio), comm, count
 
 
 def _node_seconds(n: Node, ln: Node, rank: int, state_per_param: int, device: DeviceModel) -> float:
@@ -407,14 +415,9 @@ def predict_pipeline(g: IRGraph, placements: list, m: int, schedule: str, params
         rank = place.flat_ranks[0]
         rg = rank_graph(g, placements, ph, rank, _NoSend())
         local = localize(rg.graph, rank)
-        cost = {}   # id(local node) -> (compute seconds, communication seconds, collectives)
-        for n, ln in zip(rg.graph.nodes, local.nodes):
-            points = node_boxing_points(n)
-            count = sum(q.share * sum(1 for st in q.steps if st.collective) for q in points)
-            comm = sum(link_of.seconds(q) for q in points) + wait_s * count
-            compute = 0.0 if n.op in (GLOBAL_BOX.name, GLOBAL_BOX_BUCKET.name) \
-                else _node_seconds(n, ln, rank, state_per_param, device) * ratio
-            cost[id(ln)] = (compute, comm, count)
+        # id(local node) -> (compute seconds, communication seconds, collectives)
+        cost = {id(ln): _node_cost(n, ln, rank, state_per_param, device, ratio, link_of, wait_s)
+                for n, ln in zip(rg.graph.nodes, local.nodes)}
 
         def of(n: Node) -> tuple:
             """A node's figures; a node the split below made (a norm backward's halves, an
@@ -533,7 +536,8 @@ class Activation:
 
     def __init__(self, path: str, t: Tensor) -> None:
         self.path, self.shape, self.dtype = path, tuple(t.shape), t.dtype
-        self._global = t._global    # the layout the block gives it (the starting point)
+        g = t._global   # the layout the block gives it (the starting point), not the trace's meta
+        self._global = GlobalMeta(g.placement, g.sbp, g.shape)   # (which holds the whole trace)
         self.chosen: tuple | None = None   # the layout it is boxed to (None: as the block gives it)
 
     def numel(self) -> int:

@@ -342,15 +342,17 @@ class Graph:
                                                   memory=cfg.pipeline_memory)
         return auto_parallel.predict(ir, params, k, dev, cfg.auto_parallel_ratio, cfg.auto_parallel_wait_s, link)
 
-    def _pipeline_logical(self, ir, cfg, log: list, mark: int):
-        """A pipeline's logical graph: micro-batches are the runtime's iterations, so the grad_acc
+    def _pipeline_logical(self, ir, cfg, log: list, mark: int, stages) -> tuple:
+        """A pipeline's logical graph and its stages' placements (set, or one per placement in the
+        order of the forward moves): micro-batches are the runtime's iterations, so the grad_acc
         pass is off; gradient reductions run once per step in the update task."""
         if not is_global(ir):
             raise UnsupportedError(f"holoflow.nn.Graph {type(self).__name__}: pipeline stages need global tensors: "
                                    f"module.to_global(placement, sbp) for each stage's modules and global inputs")
         ir = tag_update_nodes(ir, mark)
         cfg.grad_acc_steps, cfg.allreduce_bucket_mb = 1, 0
-        return passes.run(ir, cfg, log)
+        ir = passes.run(ir, cfg, log)
+        return ir, stages.placements if stages is not None else implicit_placements(ir)
 
     def _traced_passed(self, leaves: list, spec):
         """``build`` traced on ``leaves`` and passed: the logical graph a compile would lower (one
@@ -370,8 +372,8 @@ class Graph:
         cfg = self.config.for_passes(flagged_paths(self))
         cfg.global_graph = is_global(ir)
         if piped or any(is_move(n) for n in ir.nodes):
-            ir = self._pipeline_logical(ir, cfg, [], mark)
-            return ir, (stages.placements if stages is not None else implicit_placements(ir), m)
+            ir, placements = self._pipeline_logical(ir, cfg, [], mark, stages)
+            return ir, (placements, m)
         return passes.run(ir, cfg, []), None
 
     def _plan_parallel(self, leaves: list, spec, device=None, link=None) -> None:
@@ -598,8 +600,7 @@ class Graph:
         if self.config.compile_tasks:
             LOG.warning(f"holoflow.nn.Graph {type(self).__name__}: enable_compile does not apply to pipeline stages "
                         f"or micro-batches of global tensors yet; this graph runs uncompiled")
-        ir = self._pipeline_logical(ir, cfg, log, mark)
-        placements = stages.placements if stages is not None else implicit_placements(ir)
+        ir, placements = self._pipeline_logical(ir, cfg, log, mark, stages)
         seed = pipeline.check_same_program(ir, placements)
         c = PipelineCompiled(ir, placements, m, self.config.pipeline_schedule, memory=self.config.pipeline_memory,
                              seed=seed,
