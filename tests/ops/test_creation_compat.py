@@ -373,3 +373,23 @@ def test_tensor_of_elements_refuses_a_many_element_one_as_torch():
         flow.tensor([flow.ones(2)])
     with pytest.raises(ValueError, match="only one element tensors"):
         _graph(lambda L, x: L.tensor([x.sum(), x[0]]))(flow.randn(2, 3))
+
+
+def test_tensor_of_global_elements_in_a_global_graph_as_eager():
+    """tensor([x.sum(), 2.0], placement=, sbp=) of a global x: the graph's result equals eager's
+    on every rank (each rank its shard of the whole values); without placement eager reads the
+    global value into a local tensor, which a global graph's one program cannot: a clear error
+    naming placement= (before: a 'mixes a local tensor' error from inside stack)."""
+    import numpy as np
+
+    def run(rank):
+        P = flow.placement("cpu", ranks=[0, 1])
+        x = flow.tensor(np.arange(8.0).reshape(4, 2)).to_global(placement=P, sbp=[B]).to_global(sbp=[S(0)])
+        made = _graph(lambda L, x: L.tensor([x.sum(), 2.0], placement=P, sbp=[S(0)]))(x)
+        eager = flow.tensor([x.sum(), 2.0], placement=P, sbp=[S(0)])
+        assert made.sbp == eager.sbp == (S(0),)
+        with pytest.raises(NotImplementedError, match="pass placement= and sbp="):   # (the build error's class)
+            _graph(lambda L, x: L.tensor([x.sum(), 2.0]))(x)
+        return made.to_local().numpy().tolist(), eager.to_local().numpy().tolist()
+    got = world.simulate(2, run)
+    assert got == [([28.0], [28.0]), ([2.0], [2.0])]

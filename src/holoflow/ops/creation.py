@@ -16,7 +16,7 @@ from ..core import device as _device
 from ..core import dtype as _dtype
 from ..core import generators
 from ..core.dispatch import apply
-from ..core.errors import ArgTypeError, ArgValueError, int_sizes
+from ..core.errors import ArgTypeError, ArgValueError, UnsupportedError, int_sizes
 from ..core import interpret
 from ..core.interpret import is_lazy
 from ..core.registry import defop
@@ -147,9 +147,10 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False, placement
     """Copies ``data`` (lists, numbers, numpy arrays, tensors) into a new tensor."""
     if is_lazy():   # a node of the trace (its data an attr, or the lazy tensor it copies)
         if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flat(data)):
-            t = _of_elements(data, _dtype.to_torch(dtype), _device.to_torch(device))
             placement, sbp = _where(placement, sbp, "tensor")
-            t = t if placement is None else interpret.current().globalize(t, placement, sbp)
+            t = _of_elements(data, _dtype.to_torch(dtype), _device.to_torch(device), placement)
+            if placement is not None and tuple(t.sbp) != tuple(sbp):
+                t = t.to_global(sbp=sbp)
             return t.requires_grad_(True) if requires_grad else t
         return _create("tensor", _tensor_kernel, data, requires_grad=requires_grad, placement=placement, sbp=sbp,
                        **_kw(dtype, device))
@@ -159,27 +160,38 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False, placement
     return _finish(data, requires_grad, placement, sbp)
 
 
-def _of_elements(data, dtype: torch.dtype | None, device) -> Tensor:
+def _of_elements(data, dtype: torch.dtype | None, device, place=None) -> Tensor:
     """``tensor([x.sum(), 2.0, ...])`` inside a trace, where the elements have no values yet: the
     one-element tensors and numbers stacked by ops (detached, as torch reads values), in the
-    dtype torch infers when none is given (each tensor's own, a number's default, promoted)."""
+    dtype torch infers when none is given (each tensor's own, a number's default, promoted);
+    with a placement, a broadcast global tensor of the whole values (a global element's too)."""
     from .shape import stack
     if dtype is None:
         dtype = torch.tensor(False).dtype
         for x in _flat(data):
             own = _dtype.to_torch(x.dtype) if isinstance(x, Tensor) else torch.tensor(x).dtype
             dtype = torch.promote_types(dtype, own)
+    whole = None if place is None else (B,) * len(place.hierarchy)
 
     def build(x) -> Tensor:
         if isinstance(x, (list, tuple)):
             return stack([build(e) for e in x]) if len(x) else _create("tensor", _tensor_kernel, [], dtype=dtype,
-                                                                          device=device)
-        if isinstance(x, Tensor):
-            if x.numel() != 1:
-                raise ValueError(f"holoflow.tensor: only one element tensors can be converted to Python scalars "
-                                 f"(an element of shape {tuple(x.shape)})")
-            return x.detach().reshape(()).to(dtype=dtype, device=device)
-        return _create("tensor", _tensor_kernel, x, dtype=dtype, device=device)
+                                                                          device=device, placement=place, sbp=whole)
+        if not isinstance(x, Tensor):
+            return _create("tensor", _tensor_kernel, x, dtype=dtype, device=device, placement=place, sbp=whole)
+        if x.numel() != 1:
+            raise ValueError(f"holoflow.tensor: only one element tensors can be converted to Python scalars "
+                             f"(an element of shape {tuple(x.shape)})")
+        x = x.detach()
+        if x.is_global and place is None:
+            raise UnsupportedError(
+                f"holoflow.tensor: inside nn.Graph's build(), an element is a global tensor (sbp "
+                f"{tuple(x.sbp)} on {x.placement}), whose value eager reads into a local tensor; a graph's one "
+                f"program keeps it global: pass placement= and sbp= (holoflow.tensor([...], placement=P, "
+                f"sbp=holoflow.sbp.broadcast)), or compute with tensor ops (holoflow.stack)")
+        if place is not None:
+            x = x.to_global(placement=place, sbp=whole)
+        return x.reshape(()).to(dtype=dtype, device=device)
     return build(data)
 
 
