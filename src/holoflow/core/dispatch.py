@@ -534,7 +534,7 @@ def write_back(t: Tensor, name: str) -> None:
     c = t.__dict__["_copy_of"]
     fresh_copy(c.source)
     assign(c.source, apply(VIEW_SCATTER, c.source, t, chain=c.chain), name)
-    c.version = c.source._data._version
+    c.version = c.held[0] = c.source._data._version
 
 
 def fresh_copy(t: Tensor, strict: bool = False) -> None:
@@ -556,18 +556,21 @@ def fresh_copy(t: Tensor, strict: bool = False) -> None:
                 f"such views (outputs of an op returning several views: unbind, split, chunk) can't be "
                 f"used by autograd after that, as in torch: take the pieces after the write, or .clone() "
                 f"them before it")
-        with grad_mode.no_grad():   # its values only: its history stays refused (version unchanged)
-            t._data.copy_(replay(c.chain, src, lambda op, x, attrs: apply(op, x, **attrs))._data)
+        if c.held[0] != src._data._version:   # its values only: its history stays refused (version unchanged)
+            with grad_mode.no_grad():
+                t._data.copy_(replay(c.chain, src, lambda op, x, attrs: apply(op, x, **attrs))._data)
+            c.held[0] = src._data._version
         return
     had_history = t.grad_fn is not None
     with grad_mode.set_grad_enabled(src._rg):
         y = replay(c.chain, src, lambda op, x, attrs: apply(op, x, **attrs))
-    with grad_mode.no_grad():
-        t._data.copy_(y._data)
+    if c.held[0] != src._data._version:   # (not by a detach() sharing the storage already)
+        with grad_mode.no_grad():
+            t._data.copy_(y._data)
     t.grad_fn, t._out_idx, t._rg = y.grad_fn, y._out_idx, y._rg
     if had_history and not src._rg:   # (its source detach_()ed since: as refresh's views)
         cut_history(t)
-    c.version = src._data._version
+    c.version = c.held[0] = src._data._version
 
 
 def take_history(x: Tensor, out: Tensor, name: str) -> None:

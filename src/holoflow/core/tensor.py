@@ -283,7 +283,8 @@ class Tensor:
         t._global = self._global
         if c is not None:   # and stands for the view of the detached source: writes reach its storage
             from .views import CopyOf
-            t.__dict__["_copy_of"] = CopyOf(c.source.detach(), c.chain, c.version, detached=True)
+            t.__dict__["_copy_of"] = CopyOf(c.source.detach(), c.chain, c.version, detached=True,
+                                              held=c.held)
         elif reads is not None:   # it aliases that copy's storage: a read re-derives the copy first
             t.__dict__["_reads_copy"] = reads
         if "_v" in self.__dict__:  # a lazy tensor of a graph trace: same value, no history

@@ -49,12 +49,17 @@ class CopyOf:
     ``source``'s storage changed since ``version`` it is re-derived before it is read
     (``dispatch.fresh_copy``), so it behaves as the view torch would return. ``detached``: one
     of ``detach()`` (it shares the values, not the view's autograd: no piece of a multi-output op
-    for autograd then, as torch's detached view)."""
+    for autograd then, as torch's detached view). ``held``: the source's version whose values the
+    storage holds, one cell shared by a copy and its ``detach()``es (one storage): a copy
+    re-derived once is not written again by another (a second write would bump the version the
+    first one's readers saved, where torch's views write nothing)."""
 
-    __slots__ = ("source", "chain", "version", "detached")
+    __slots__ = ("source", "chain", "version", "detached", "held")
 
-    def __init__(self, source, chain: tuple, version: int, detached: bool = False) -> None:
+    def __init__(self, source, chain: tuple, version: int, detached: bool = False,
+                 held: list | None = None) -> None:
         self.source, self.chain, self.version, self.detached = source, chain, version, detached
+        self.held = [version] if held is None else held
 
     @property
     def multi(self) -> bool:
