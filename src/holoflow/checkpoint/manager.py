@@ -23,8 +23,9 @@ import re
 import shutil
 from typing import Any
 
-from ..serialization import (TEMP_TAG, CheckpointError, _has_global, clean_stale_temps, fsync_dir, load, save,
-                             save_file, temp_path)
+from ..serialization import load, save, save_file
+from ..serialization_files import TEMP_TAG, clean_stale_temps, fsync_dir, temp_path
+from ..serialization_tree import CheckpointError, has_global
 from .sharded import _ctx, _gather, _raise_failed
 
 POINTER = "latest"
@@ -55,7 +56,7 @@ class CheckpointManager:
         if r == 0:
             os.makedirs(self.directory, exist_ok=True)
         name = f"{self.prefix}{step:08d}"
-        if _has_global(obj):
+        if has_global(obj):
             _gather(None, n)   # the directory exists before any rank writes into it
             save(obj, os.path.join(self.directory, name))
         else:

@@ -28,7 +28,8 @@ from ..core.tensor import Tensor
 from ..distributed.global_tensor import from_full, make_global
 from ..distributed.sharding import local_ranges
 from ..distributed.placement import placement
-from ..serialization import CONTAINERS, CheckpointError, _move, decode_container, load_file
+from ..serialization import _move, load_file
+from ..serialization_tree import CONTAINERS, CheckpointError, decode_container
 from .sharded import FORMAT, MANIFEST, OLD_TAG, VERSION, _ctx, _dtype_from, _gather, _map_tensors, _sbp_from
 
 

@@ -37,7 +37,9 @@ from ..core.tensor import Tensor
 from ..distributed import env, world
 from ..distributed.sharding import local_ranges
 from ..distributed.placement import placement
-from ..serialization import (CheckpointError, _Encoder, clean_stale_temps, fsync_dir, save_file, temp_path)
+from ..serialization import save_file
+from ..serialization_files import clean_stale_temps, fsync_dir, temp_path
+from ..serialization_tree import CheckpointError, Encoder
 
 FORMAT, VERSION, MANIFEST = "holoflow-sharded", 1, "manifest.json"
 OLD_TAG = ".holoflow-old-"
@@ -84,13 +86,14 @@ def _dtype_from(text: Any, where: str) -> torch.dtype:
 
 
 # -- save ------------------------------------------------------------------------------------
-class _ShardEncoder(_Encoder):
+class _ShardEncoder(Encoder):
     """Walks the tree like the file encoder; a tensor becomes a node listing its shards, and
     this rank keeps the shards it owns in ``self.tensors``."""
 
     def __init__(self, rank: int) -> None:
         super().__init__()
         self.rank, self.nodes = rank, {}
+        self.storages: set[int] = set()   # data pointers already written (safetensors refuses aliases)
 
     def _store(self, name: str, data: torch.Tensor) -> None:
         data = data.detach().cpu()
