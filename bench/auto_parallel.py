@@ -7,7 +7,7 @@ nn.Graph of global tensors in three layouts of its parameters: ``dp`` (all broad
 split: data parallel), ``tp`` (the first weight split by rows, the second by columns: Megatron's
 MLP) and ``auto`` (``config.enable_auto_parallel(calibrate=True)``: the planner measures the
 device and the links, then chooses). For every layout the table gives the cost model's predicted
-step (``graph/auto_parallel.predict`` with the calibrated figures, on the compiled graph) next to
+step (``graph/cost_model.predict`` with the calibrated figures, on the compiled graph) next to
 the measured one, and says which layout auto chose and whether it is the fastest measured.
 
 All layouts are built in one launched world and measured in alternating blocks of ``--steps``
@@ -70,7 +70,7 @@ def child(cases: list[str], steps: int, rounds: int, out: str, profile: bool = F
     from holoflow.distributed import world
     from holoflow.distributed.comm import barrier
     from holoflow.distributed.sharding import nd_str
-    from holoflow.graph import auto_parallel
+    from holoflow.graph import auto_parallel, cost_model
     rank = world.rank()
     result = {}
     for case in cases:
@@ -84,8 +84,8 @@ def child(cases: list[str], steps: int, rounds: int, out: str, profile: bool = F
         pred, pred_text = {}, {}
         for k, (g, _, m, opt) in built.items():
             c = next(iter(g._compiled.values()))
-            q = auto_parallel.predict(c.logical, list(m.parameters()), auto_parallel.state_per_param([opt]),
-                                      plan.device)
+            q = cost_model.predict(c.logical, list(m.parameters()), auto_parallel.state_per_param([opt]),
+                                   plan.device)
             pred[k] = q.step_s * 1e3
             pred_text[k] = str(q)
         best = {k: float("inf") for k in built}

@@ -172,7 +172,7 @@ def run_rank(rank: int, p: int, m: int, schedule: str, ms: float, steps: int, ba
     x = flow.tensor(torch.randn(*shape)).to_global(placement=places[0], sbp=[B])
     predicted = None
     if PREDICT["on"]:   # before anything ran: each node's kernel timed on example inputs (a collective)
-        from holoflow.graph.auto_parallel import DeviceModel
+        from holoflow.graph.cost_model import DeviceModel
         q = g.predict(x, device=DeviceModel.calibrate(torch.device("cpu"), tuple(range(p))))
         predicted = {"step_s": q.step_s, "bubble_s": q.bubble_s, "memory_bytes": q.memory_bytes}
     g(x)   # compiles; its step is dropped

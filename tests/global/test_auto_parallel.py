@@ -19,7 +19,7 @@ def _uncalibrated():
     """Each test starts from the default figures: a calibrated test leaves its placement's
     measured link model (and timed kernels) for later plans in the process, which would make the
     default-figure tests' choices depend on what ran before."""
-    from holoflow.graph import auto_parallel as ap
+    from holoflow.graph import cost_model as ap
     from holoflow.graph import global_graph
     global_graph._LINKS.clear()
     ap._MEASURED.clear()
@@ -136,7 +136,7 @@ def test_narrow_layers_and_a_large_batch_stay_data_parallel():
 def test_a_memory_limit_shards_what_time_alone_keeps_whole():
     """hidden=1024, batch 4: data parallel is predicted fastest (one bucketed all-reduce) but holds
     every parameter, its gradient and its momentum whole; under a limit below that the planner
-    takes the fastest plan that fits."""
+    takes the fastest plan that fits (layouts, or ZeRO's stages: the user set none)."""
     t = world.simulate(2, lambda r: _planned(1024, 4), timeout=300)
     assert all(s == (B,) for s in t[0][1].values()), t[0][1]
     whole = t[0][0].chosen.memory_bytes
@@ -154,7 +154,9 @@ def test_a_memory_limit_shards_what_time_alone_keeps_whole():
     _check_equal_to_eager(results, 1024, 4)
     heavy = world.simulate(2, lambda r: _planned(1024, 4, lambda c: c.enable_auto_memory("HeavyMemoryDown")),
                            timeout=300)
-    assert heavy[0][0].chosen.memory_bytes <= results[0][0].chosen.memory_bytes
+    # (the least memory it finds is no less than it starts from, and within the limit: which
+    # local optimum each descent ends in is the search's, not a guarantee of one below the other)
+    assert heavy[0][0].chosen.memory_bytes <= limit and heavy[0][0].chosen.memory_bytes < whole
     _check_equal_to_eager(heavy, 1024, 4)
 
 
@@ -217,8 +219,8 @@ def test_calibrated_close_calls_keep_the_starting_layout(monkeypatch):
     default figures) keeps the layout it started from although a move predicts a gain. The
     measurements return the default figures marked calibrated (measured ones vary with the
     machine's load, and the gain this test needs is then not certain)."""
-    from holoflow.graph import auto_parallel as ap
-    from holoflow.graph import global_graph
+    from holoflow.graph import auto_parallel, global_graph
+    from holoflow.graph import cost_model as ap
 
     def fixed_links(place):
         global_graph._LINKS[place] = model = global_graph.LinkModel(calibrated=True)
@@ -229,7 +231,7 @@ def test_calibrated_close_calls_keep_the_starting_layout(monkeypatch):
                         staticmethod(lambda *a, **k: ap.DeviceModel(default.flops_per_s, default.bytes_per_s, True)))
     monkeypatch.setattr(ap, "_time_kernel", lambda op, n: None)   # the roofline times each node
     monkeypatch.setattr(ap, "_MEASURED", {})
-    monkeypatch.setattr(ap, "NOISE", 10.0)
+    monkeypatch.setattr(auto_parallel, "NOISE", 10.0)
     kept = world.simulate(2, lambda r: _planned(8192, 4, lambda c: c.enable_auto_parallel(calibrate=True), steps=1),
                           timeout=300)
     for plan, sbps, _, _ in kept:
@@ -244,7 +246,7 @@ def test_a_calibrated_model_times_the_kernels():
     uncalibrated model and for kernels that refuse example data."""
     import torch
 
-    from holoflow.graph import auto_parallel as ap
+    from holoflow.graph import cost_model as ap
     from holoflow.graph.ir import Node, Value
     # (sizes far apart: on a loaded machine a small kernel's time is mostly scheduling stalls)
     w, x = Value((512, 256), torch.float32), Value((4096, 256), torch.float32)
@@ -280,7 +282,7 @@ def test_kernel_timing_leaves_every_generator_alone():
 
     import torch
 
-    from holoflow.graph import auto_parallel as ap
+    from holoflow.graph import cost_model as ap
     from holoflow.graph.ir import Node, Value
     x = Value((256, 256), torch.float32)
     drop = Node("dropout", (x,), {"p": 0.5, "generator": None}, (Value((256, 256), torch.float32),))
@@ -345,7 +347,7 @@ def test_predict_a_step_before_running_it():
     gradient all-reduce moves 2 (p - 1) / p of the gradients' bytes over each rank's links, so
     with latency 0 and 1 byte/s the communication seconds are those bytes (+ the loss's few); the
     prediction on 4 ranks is 1.5x the one on 2, and nothing ran (parameters unchanged)."""
-    from holoflow.graph.auto_parallel import DeviceModel
+    from holoflow.graph.cost_model import DeviceModel
     from holoflow.graph.global_graph import LinkModel
 
     def run(rank: int, n: int):
@@ -371,7 +373,7 @@ def test_plan_and_predict_for_8_gpus_from_simulated_ranks():
     """A cluster that is not there: 8 simulated ranks convert the model (the first rank's values
     broadcast), one of them plans and predicts under CUDA's figures without running anything;
     the plan it finds is predicted faster and smaller than data parallel."""
-    from holoflow.graph.auto_parallel import DeviceModel
+    from holoflow.graph.cost_model import DeviceModel
     from holoflow.graph.global_graph import LinkModel
 
     def run(rank: int, auto: bool):
@@ -570,7 +572,7 @@ def test_timeline_overlaps_collectives_issued_in_flight_by_hand():
     not split: the caller holds for it (1 + 2 + 1 + 1 = 5). Two in flight back to back share
     the communicator: the second starts when the first ends."""
     from holoflow.core.sbp import P as Psum
-    from holoflow.graph.auto_parallel import timeline
+    from holoflow.graph.cost_model import timeline
     from holoflow.graph.global_graph import GLOBAL_BOX
     from holoflow.graph.ir import Node, Value
 
@@ -600,7 +602,7 @@ def test_predicted_gradient_all_reduces_hide_behind_backward(overlap, monkeypatc
     layer's weight gradient, reduced last with nothing after it but the update, stays exposed;
     without overlap (a CPU host with no core to spare: ``HOLOFLOW_DP_OVERLAP=0``, as
     ``bucket_grads.spare_core`` reads it) the step is compute + communication."""
-    from holoflow.graph.auto_parallel import DeviceModel
+    from holoflow.graph.cost_model import DeviceModel
     from holoflow.graph.global_graph import LinkModel
     monkeypatch.setenv("HOLOFLOW_DP_OVERLAP", "1" if overlap else "0")
 
@@ -623,14 +625,15 @@ def test_predicted_gradient_all_reduces_hide_behind_backward(overlap, monkeypatc
 
 def test_a_limit_no_layout_fits_is_named_with_what_would_fit(caplog):
     """A limit below every layout's memory: the least-memory layout is kept and the warning names
-    the limit, what was found and what to change (ZeRO-3 first while it is off); under ZeRO-3
-    it no longer suggests ZeRO."""
+    the limit, what was found, what planning tried (ZeRO's stages, while the user set none) and
+    what to change; under the user's ZeRO-3 it tried no ZeRO and suggests none."""
     import logging
     with caplog.at_level(logging.WARNING, logger="holoflow.graph"):
         results = world.simulate(2, lambda r: _planned(1024, 4, lambda c: c.enable_auto_memory(limit=1024)),
                                  timeout=300)
     warned = [r.getMessage() for r in caplog.records if "no layout within the memory limit" in r.getMessage()]
-    assert len(warned) == 2 and "0.0 MiB per rank" in warned[0] and "enable_zero(True, stage=3)" in warned[0]
+    assert len(warned) == 2 and "0.0 MiB per rank" in warned[0] and "it tried ZeRO too" in warned[0]
+    assert "enable_zero" not in warned[0] and "activation checkpointing, a smaller batch" in warned[0]
     least = min(q.memory_bytes for _, q in results[0][0].trail)
     assert results[0][0].chosen.memory_bytes <= least and f"{least / 2**20:.1f} MiB" in warned[0]
     _check_equal_to_eager(results, 1024, 4)
@@ -643,6 +646,7 @@ def test_a_limit_no_layout_fits_is_named_with_what_would_fit(caplog):
         world.simulate(2, lambda r: _planned(1024, 4, zero3), timeout=300)
     warned = [r.getMessage() for r in caplog.records if "no layout within the memory limit" in r.getMessage()]
     assert len(warned) == 2 and "enable_zero" not in warned[0] and "activation checkpointing" in warned[0]
+    assert "it tried" not in warned[0]
 
 
 class _Block(flow.nn.Module):

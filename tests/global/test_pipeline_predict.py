@@ -1,4 +1,4 @@
-"""``graph.predict`` of pipeline stages (graph/auto_parallel.predict_pipeline): each stage's
+"""``graph.predict`` of pipeline stages (graph/cost_model.predict_pipeline): each stage's
 micro-batch forward / backward (ZB-H1: weight gradients apart) under the cost model, in the
 schedule's act order, then the once-per-step update; traced and passed, never run. Checked
 against properties of the schedules that hold whatever the figures: a steady state that grows
@@ -9,7 +9,7 @@ import pytest
 import holoflow as flow
 from holoflow.core.sbp import B, S
 from holoflow.distributed import world
-from holoflow.graph.auto_parallel import DeviceModel
+from holoflow.graph.cost_model import DeviceModel
 from holoflow.graph.global_graph import LinkModel
 
 D, MICRO = 64, 8   # features; rows per micro-batch (the batch grows with the micro-batches)

@@ -95,7 +95,7 @@ def main(iterations: int = 20, trace: str | None = None, verbose: bool = True, p
     y = y.to_global(P1, BROADCAST)
 
     if predict:   # each rank times its stage's kernels; the figures are agreed by the ranks
-        from holoflow.graph.auto_parallel import DeviceModel
+        from holoflow.graph.cost_model import DeviceModel
         q = graph_pipeline.predict(x, y, device=DeviceModel.calibrate(flow.device("cpu"), (0, 1)))
         if flow.env.get_rank() == 0:
             print(f"predicted before the first step: {q}")

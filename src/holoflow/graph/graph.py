@@ -318,18 +318,18 @@ class Graph:
         return c
 
     def predict(self, *args, device=None, link=None, **kwargs):
-        """The cost model's prediction of one step on these inputs (``graph/auto_parallel.Prediction``:
+        """The cost model's prediction of one step on these inputs (``graph/cost_model.Prediction``:
         compute, communication, collectives, memory per rank; for pipeline stages or micro-batches,
-        the busiest stage's figures and the schedule's bubble, ``auto_parallel.predict_pipeline``),
+        the busiest stage's figures and the schedule's bubble, ``cost_model.predict_pipeline``),
         with the auto-parallel plan first when ``config.enable_auto_parallel()`` is on (under the
         same figures). Traced and passed, never run, so ranks that exist only as simulated ones
         (``distributed.world.simulate(64, ...)``: the others need only convert the model) predict
-        a cluster that is not there (``device``: an ``auto_parallel.DeviceModel`` such as
+        a cluster that is not there (``device``: a ``cost_model.DeviceModel`` such as
         ``DeviceModel.default("cuda")``; ``link``: a ``global_graph.LinkModel``)."""
-        from . import auto_parallel
+        from . import auto_parallel, cost_model
         leaves, spec = flatten((args, kwargs))
         params = [p for p in self._all_params() if p._global is not None]
-        dev = device or auto_parallel.DeviceModel.default(
+        dev = device or cost_model.DeviceModel.default(
             next((p._data.device.type for p in params), "cpu"))
         k = auto_parallel.state_per_param([o for o, _ in self._optimizers])
         cfg = self.config
@@ -337,10 +337,11 @@ class Graph:
             self._plan_parallel(leaves, spec, device, link)
         ir, pipe = self._passed(self._lay_out(leaves, spec), spec)
         if pipe is not None:
-            return auto_parallel.predict_pipeline(ir, *pipe, cfg.pipeline_schedule, params, k, dev,
-                                                  cfg.auto_parallel_ratio, cfg.auto_parallel_wait_s, link,
-                                                  memory=cfg.pipeline_memory)
-        return auto_parallel.predict(ir, params, k, dev, cfg.auto_parallel_ratio, cfg.auto_parallel_wait_s, link)
+            return cost_model.predict_pipeline(ir, *pipe, cfg.pipeline_schedule, params, k, dev,
+                                               cfg.auto_parallel_ratio, cfg.auto_parallel_wait_s, link,
+                                               memory=cfg.pipeline_memory)
+        return cost_model.predict(ir, params, k, dev, cfg.auto_parallel_ratio, cfg.auto_parallel_wait_s, link,
+                                  zero=cfg.zero)
 
     def _pipeline_logical(self, ir, cfg, log: list, mark: int, stages) -> tuple:
         """A pipeline's logical graph and its stages' placements (set, or one per placement in the
@@ -380,6 +381,7 @@ class Graph:
         """``config.enable_auto_parallel``: the parameters' SBP chosen by the cost model before the
         first compile (graph/auto_parallel.py), each candidate traced and passed, then applied."""
         from . import auto_parallel
+        from .passes.checkpointing import flagged_paths
         cfg = self.config
         names = self._state_names()
         params = {names.get(id(p), f"param{i}"): p for i, p in enumerate(self._all_params())}
@@ -391,14 +393,20 @@ class Graph:
         dev = self._device(leaves)
         if limit is None and dev is not None and dev.type == "cuda":
             limit = torch.cuda.get_device_properties(dev).total_memory
+        settings = []
         if cfg.auto_memory == "HeavyMemoryDown" or limit is not None:   # memory may decide: blocks'
-            self._act_vars = self._block_outputs(leaves, spec)           # outputs are variables too
+            self._act_vars = self._block_outputs(leaves, spec)           # outputs are variables too,
+            settings = auto_parallel.memory_settings(                    # ZeRO and recomputation
+                cfg, [] if flagged_paths(self) else [path for path, m in self._repeated_blocks()
+                                                      if next(m.children(), None) is not None])
         chosen = auto_parallel.plan(trace, params, [o for o, _ in self._optimizers],
                                     ignore_user_sbp=cfg.auto_parallel_ignore_user_sbp, memory_mode=cfg.auto_memory,
                                     limit=limit, ratio=cfg.auto_parallel_ratio, wait_s=cfg.auto_parallel_wait_s,
                                     calibrate=cfg.auto_parallel_calibrate, device=device, link=link, feeds=feeds,
-                                    activations=self._act_vars)
+                                    activations=self._act_vars, settings=settings, zero=lambda: cfg.zero)
         auto_parallel.apply(chosen, params)
+        for setting in settings:
+            setting.set(chosen.choices[setting.name][1])
         for path, var in list(self._act_vars.items()):   # the chosen block outputs stay boxed
             before, after = chosen.choices[f"{path} (output)"]
             var.chosen = after if after != before else None
@@ -408,10 +416,14 @@ class Graph:
             LOG.warning(f"holoflow.nn.Graph {type(self).__name__}: enable_auto_parallel found no layout within the "
                         f"memory limit of {limit / 2**20:.1f} MiB per rank; the least memory it found is "
                         f"{chosen.chosen.memory_bytes / 2**20:.1f} MiB ({chosen.chosen.state_bytes / 2**20:.1f} of "
-                        f"parameters and optimizer state), kept. To fit: "
+                        f"parameters and optimizer state), kept"
+                        + (f" (it tried {' and '.join(s.name for s in settings)} too)" if settings else "")
+                        + ". To fit: "
                         + ("enable_zero(True, stage=3) (shards what stays data parallel), " if
-                           cfg.zero is None or cfg.zero.stage < 3 else "")
-                        + "activation checkpointing, a smaller batch per rank, or more ranks")
+                           not any(s.name == "ZeRO" for s in settings) and (cfg.zero is None or cfg.zero.stage < 3)
+                           else "")
+                        + ("activation checkpointing, " if not any(s.name != "ZeRO" for s in settings) else "")
+                        + "a smaller batch per rank, or more ranks")
         self._feed_sbp = {int(name[len("input"):]): after for name, (before, after) in chosen.choices.items()
                           if name in feeds and before != after}
         self._auto_plan = chosen

@@ -64,7 +64,7 @@ class Zero:
         """The SBP a sharded parameter's gradient is boxed to (stage 2: its rows, S(0))."""
         if not (self.stage >= 2 and self.sharded(p)):
             return None
-        return _row_sbp(p._global.placement)
+        return row_sbp(p._global.placement)
 
 
 ZERO3 = "zero3"   # the tag of a stage-3 parameter's gather nodes
@@ -80,7 +80,7 @@ def shard_parameter(p: Tensor, zero: Zero | None) -> bool:
     if not (p.requires_grad and p.is_leaf and zero.sharded(p)):
         return False
     g = p._global
-    nd = _row_sbp(g.placement)
+    nd = row_sbp(g.placement)
     # this rank's rows of the whole tensor it holds: torch directly, not an op (a trace is running)
     p._data = shard_of(p._data, nd, g.placement, world.rank()).clone()
     p._global = replace(g, sbp=nd)
@@ -95,10 +95,10 @@ def _axes(place) -> list[int]:
 
 def _rows(p: Tensor, rank: int) -> tuple[int, int]:
     """(start, count) of the rows of sharded ``p`` that ``rank`` updates: its piece of ``p``'s
-    rows laid out as ``_row_sbp`` on ``p``'s placement (whose conventions say how an uneven
+    rows laid out as ``row_sbp`` on ``p``'s placement (whose conventions say how an uneven
     count splits)."""
     g = p._global
-    return local_ranges(p.shape, _row_sbp(g.placement), g.placement, g.placement.coords(rank))[0]
+    return local_ranges(p.shape, row_sbp(g.placement), g.placement, g.placement.coords(rank))[0]
 
 
 def sharded_update(opt, group_index: int, params: list, zero: Zero, book: StepBook | None = None):
@@ -149,7 +149,7 @@ def sharded_update(opt, group_index: int, params: list, zero: Zero, book: StepBo
                         p._data.copy_(whole)
     update.__name__ = f"{type(opt).__name__.lower()}_zero{zero.stage}_update"
     # what explain lists for this node: the updated rows of each sharded parameter all-gathered
-    update.zero_gathers = tuple((p._global.placement, _row_sbp(p._global.placement), tuple(p.shape), p._data.dtype)
+    update.zero_gathers = tuple((p._global.placement, row_sbp(p._global.placement), tuple(p.shape), p._data.dtype)
                                 for p, s in zip(params, sharded) if s)
     return update
 
@@ -163,10 +163,12 @@ def _global_rows(p: Tensor, st: dict, r: tuple[int, int]) -> None:
     for v in st.values():
         if isinstance(v, Tensor) and v._global is None and v._data.dim() == p._data.dim() and \
                 tuple(v._data.shape) == (r[1],) + tuple(p._data.shape[1:]):
-            make_global(v, g.placement, _row_sbp(g.placement), g.shape)
+            make_global(v, g.placement, row_sbp(g.placement), g.shape)
 
 
-def _row_sbp(place) -> tuple:
+def row_sbp(place) -> tuple:
+    """The layout of a sharded parameter's rows on ``place``: ``S(0)`` along its one mesh axis of
+    more than one rank."""
     axis = _axes(place)[0]
     return tuple(S(0) if i == axis else B for i in range(place.ndim))
 

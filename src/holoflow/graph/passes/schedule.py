@@ -16,7 +16,8 @@ by a list schedule over the data flow; among the nodes whose inputs are ready it
 Ties go to the traced order, so the result depends on the graph alone and every rank derives the
 same schedule from the same logical graph. A collective reading state directly (a ZeRO-3
 parameter all-gather, placed by its pass just before use) is not hoisted: issuing it earlier
-would only keep the gathered parameter alive longer. Random nodes keep their relative order (one
+would only keep the gathered parameter alive longer; nor is a checkpointed module's
+recomputation (it would hold the activations checkpointing frees). Random nodes keep their relative order (one
 RNG stream), and so do effect nodes. Reordering equations of a functional IR changes no value:
 the scheduled graph's results are bit-equal to the traced order's.
 """
@@ -27,6 +28,7 @@ import heapq
 from ...core.registry import REGISTRY
 from ..ir import IRGraph, Node, talks
 from . import register
+from .checkpointing import RECOMPUTE
 
 COLLECTIVE, CONE, OTHER, WAITER = range(4)   # ready-node classes, taken in this order
 
@@ -43,13 +45,15 @@ def _declares(n: Node, prop: str) -> bool:
 def _deps(nodes: tuple, state: set) -> list[set[int]]:
     """Per node, the indices it must follow: producers of its inputs, the previous node of its
     ordered kind (collectives, random draws, effects) whose relative order is kept, and, for a
-    collective that is not hoisted, the node traced just before it (it stays where it was put)."""
+    collective that is not hoisted or a recomputation (passes/checkpointing.py puts it just before
+    the backward reads it: hoisted, it would hold what checkpointing frees), the node traced just
+    before it (it stays where it was put)."""
     made = {v: i for i, n in enumerate(nodes) for v in n.outputs}
     last: dict[str, int] = {}
     deps = []
     for i, n in enumerate(nodes):
         d = {made[v] for v in n.value_inputs() if v in made}
-        if i and _declares(n, "collective") and not _hoisted(n, state):
+        if i and ((_declares(n, "collective") and not _hoisted(n, state)) or RECOMPUTE in n.tags):
             d.add(i - 1)
         for kind in _ordered_kinds(n):
             if kind in last:
