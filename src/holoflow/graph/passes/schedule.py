@@ -90,6 +90,13 @@ def _cone_rank(nodes: tuple, deps: list[set[int]], state: set) -> list[int]:
     return rank
 
 
+def _shrinks(n: Node, state: set) -> bool:
+    """Whether ``n`` reduces a computed value to a quarter of it or less (a bias gradient's
+    ``sum_to_size`` of a layer's output gradient)."""
+    ins = [v.nbytes for v in n.value_inputs() if v not in state]
+    return bool(ins) and 4 * sum(v.nbytes for v in n.outputs) <= max(ins)
+
+
 def order(g: IRGraph) -> list[int]:
     """The scheduled order of ``g.nodes``, as indices (see the module docstring)."""
     nodes = g.nodes
@@ -97,6 +104,7 @@ def order(g: IRGraph) -> list[int]:
     deps = _deps(nodes, state)
     cone = _cone_rank(nodes, deps, state)
     from_comm = {v for n in nodes if _declares(n, "collective") for v in n.outputs}
+    shrinks = [_shrinks(n, state) for n in nodes]
     users: list[list[int]] = [[] for _ in nodes]
     waiting = [len(d) for d in deps]
     for i, d in enumerate(deps):
@@ -109,7 +117,9 @@ def order(g: IRGraph) -> list[int]:
             return (COLLECTIVE, 0, i)
         if any(v in from_comm for v in n.value_inputs()):
             return (WAITER, cone[i], i)
-        return (CONE, cone[i], i) if cone[i] < len(nodes) else (OTHER, 0, i)
+        if cone[i] < len(nodes):   # (a reduction of a computed value, as soon as it can: its large
+            return (CONE, -1 if shrinks[i] else cone[i], i)   # input need not wait for a later cone)
+        return (OTHER, 0, i)
 
     ready = [key(i) for i, w in enumerate(waiting) if w == 0]
     heapq.heapify(ready)
