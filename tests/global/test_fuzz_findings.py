@@ -487,3 +487,27 @@ def test_a_boxed_view_and_its_detach_re_derive_their_storage_once(first):
     for got, sbp in _on_two(run):
         np.testing.assert_allclose(got, want, rtol=1e-12)
         assert sbp == (S(1),)
+
+
+def test_a_view_of_a_boxed_piece_of_chunk_reads_its_values_after_a_write_as_torchs():
+    """``v = t.chunk(2, 1)[0][1:]`` of a column-split ``t`` (the piece is a copy standing for a
+    view, ``v`` a view of it); after a write to ``t``, ``v.detach()`` raised the multi-output
+    refusal, which torch raises only when autograd would use ``v`` (global fuzzer, seed 39650 on
+    a 2x2 mesh, reading every tensor's value at the end). Now the values, as torch's; an op
+    recording autograd on ``v`` is still refused."""
+    def program(L, x):
+        t = x * 1
+        v = t.chunk(2, 1)[0][1:]
+        t.mul_(2)
+        values = v.detach()
+        with pytest.raises(RuntimeError, match="modified"):
+            v * 2
+        return values
+
+    want = program(torch, torch.tensor(W, requires_grad=True)).numpy()
+
+    def run(place):
+        x = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[S(1)]).requires_grad_()
+        return program(flow, x).to_global(sbp=[B]).to_local().numpy()
+    for got in _on_two(run):
+        np.testing.assert_array_equal(got, want)

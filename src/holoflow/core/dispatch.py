@@ -540,7 +540,8 @@ def write_back(t: Tensor, name: str) -> None:
 def fresh_copy(t: Tensor, strict: bool = False) -> None:
     """Re-derives a :class:`CopyOf` view whose source changed since (its values and history),
     in its own storage: views of it see the new values. ``strict`` (an op about to read it with
-    autograd): a piece of a multi-output op is refused then, as torch refuses such a view."""
+    autograd): a piece of a multi-output op, or a view of one, is refused then, as torch refuses
+    such views; otherwise only its values are re-derived (``detach()`` reads them)."""
     c = t.__dict__.get("_copy_of")
     if c is None:
         return
@@ -548,9 +549,9 @@ def fresh_copy(t: Tensor, strict: bool = False) -> None:
     fresh_copy(src)
     if src._data._version == c.version:
         return
-    if c.multi and (t.grad_fn is not None or src._rg):
+    op = next((op for op, _, idx in c.chain if idx is not None), None) if c.multi else refused_piece(src)
+    if op is not None and (t.grad_fn is not None or src._rg):
         if strict and grad_mode.STATE.enabled:
-            op = next(op for op, _, idx in c.chain if idx is not None)
             raise RuntimeError(   # (as a piece that aliases its source: views.check_multi_output)
                 f"holoflow: a piece of {op.name} is a view whose base has been modified in place since; "
                 f"such views (outputs of an op returning several views: unbind, split, chunk) can't be "
@@ -571,6 +572,18 @@ def fresh_copy(t: Tensor, strict: bool = False) -> None:
     if had_history and not src._rg:   # (its source detach_()ed since: as refresh's views)
         cut_history(t)
     c.version = c.held[0] = src._data._version
+
+
+def refused_piece(t: Tensor):
+    """The multi-output view op (``split``, ``chunk``, ...) whose piece ``t`` is, or a view of
+    whose piece it is, when that piece's source was written since (its history refused, as torch
+    refuses such views and views of them: only values are re-derived), else None."""
+    c = t.__dict__.get("_copy_of")
+    while c is not None:
+        if c.multi and c.source._data._version != c.version:
+            return next(op for op, _, idx in c.chain if idx is not None)
+        c = c.source.__dict__.get("_copy_of")
+    return None
 
 
 def take_history(x: Tensor, out: Tensor, name: str) -> None:
