@@ -13,8 +13,11 @@ holoflow file does the same inside safetensors, which holds only dense tensors:
   ``{"id": n, "offset": elements, "shape": [...], "stride": [...]}`` over the entry's storage;
   ``id`` (1, 2, ...) tells apart the tensor objects of one storage, the entry itself being 0.
 
-Dtypes safetensors lacks (complex128, complex32) are stored flat as their real pairs, the
-manifest's ``"dtypes"`` naming each such entry's dtype (so their tensors are all views).
+Dtypes safetensors lacks but torch.save keeps (complex128 and complex32 as their real pairs;
+float8_e8m0fnu, float4_e2m1fn_x2 and the bits types as bytes or uint16) are stored flat as a dtype
+it has, the manifest's ``"dtypes"`` naming each such entry's dtype (so their tensors are all
+views). A shard of a sharded checkpoint (an n-d box, read by slices) keeps its dims instead, one
+trailing dim added for the parts of an element (:func:`storable`, :func:`from_storable`).
 
 A file holding a view is format version 2 (a version 1 reader would load the entry in the
 view's place); a version 1 file has none and loads as before. As ``torch.save``, tensors of two
@@ -27,9 +30,50 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["StorageTable", "identity", "owned", "view_of", "retyped"]
+__all__ = ["StorageTable", "identity", "owned", "view_of", "retyped", "STORED_AS", "storable", "stored_shape",
+           "from_storable"]
 
-STORED_AS = {torch.complex128: torch.float64, torch.complex32: torch.float16}   # (not in safetensors)
+# dtypes safetensors can't hold -> the dtype their elements' bytes are stored as (torch.save keeps
+# them all; a torch lacking one of the newer names simply has no such tensors to save)
+STORED_AS = {torch.complex128: torch.float64, torch.complex32: torch.float16,
+             **{dt: torch.uint8 for dt in (getattr(torch, n, None) for n in (
+                 "float8_e8m0fnu", "float4_e2m1fn_x2", "bits8", "bits1x8", "bits2x4", "bits4x2")) if dt is not None},
+             **({torch.bits16: torch.uint16} if hasattr(torch, "bits16") else {})}
+
+
+def _parts(dtype: torch.dtype) -> int:
+    """How many stored elements one element of ``dtype`` is (2 for a complex128's float64 pair)."""
+    return dtype.itemsize // STORED_AS[dtype].itemsize
+
+
+def storable(data: torch.Tensor) -> torch.Tensor:
+    """``data`` as a tensor safetensors can hold, keeping its dims: itself, or (a dtype in
+    ``STORED_AS``) its bytes as that dtype with a trailing dim for the parts of an element."""
+    real = STORED_AS.get(data.dtype)
+    if real is None:
+        return data
+    data = data.resolve_conj().resolve_neg().contiguous()
+    return data.unsqueeze(-1).view(real) if _parts(data.dtype) > 1 else data.view(real)
+
+
+def stored_shape(shape: list, dtype: torch.dtype) -> list:
+    """The shape :func:`storable` gives a tensor of ``shape`` and ``dtype``."""
+    return list(shape) + [_parts(dtype)] if dtype in STORED_AS and _parts(dtype) > 1 else list(shape)
+
+
+def from_storable(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of :func:`storable`: a slice of a stored shard back as ``dtype``."""
+    if dtype not in STORED_AS or part.dtype == dtype:
+        return part.to(dtype)
+    part = _aligned(part.contiguous(), dtype).view(dtype)
+    return part.squeeze(-1) if _parts(dtype) > 1 else part
+
+
+def _aligned(data: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``data`` at an address that ``dtype``'s elements may start at (a safetensors entry read from
+    a file is aligned for its stored dtype only: a complex128 read there at a mere 8-byte boundary
+    makes torch's vectorized kernels fault), copied when it is not."""
+    return data if data.data_ptr() % dtype.itemsize == 0 else data.clone()
 
 
 class _Group:
@@ -139,10 +183,11 @@ def retyped(tensors: dict[str, torch.Tensor], dtypes: Any, bad: Callable[[str], 
     for name, text in dtypes.items():
         dt = next((d for d in STORED_AS if str(d) == f"torch.{text}"), None)
         entry = tensors.get(name)
-        if dt is None or entry is None or entry.dim() != 1 or entry.dtype != STORED_AS[dt] or entry.numel() % 2:
-            raise bad(f"entry {name!r} can't be read as {str(text)[:40]} (stored as a flat tensor of "
-                      f"real pairs of complex128 or complex32)")
-        tensors[name] = entry.view(dt)
+        if dt is None or entry is None or entry.dim() != 1 or entry.dtype != STORED_AS[dt] \
+                or entry.numel() % _parts(dt):
+            raise bad(f"entry {name!r} can't be read as {str(text)[:40]} (stored as a flat tensor of the "
+                      f"real pairs of complex128 or complex32, or of the bytes of a dtype safetensors lacks)")
+        tensors[name] = _aligned(entry, dt).view(dt)
 
 
 def owned(entry: torch.Tensor) -> torch.Tensor:
@@ -174,3 +219,4 @@ def view_of(entry: torch.Tensor, view: Any, bad: Callable[[str], Exception]) -> 
     except (RuntimeError, OverflowError, TypeError) as e:   # (sizes past int64)
         raise bad(f"a tensor view (offset {offset}, shape {shape}, stride {stride}) is not a valid "
                   f"layout: {str(e).splitlines()[0]}") from e
+

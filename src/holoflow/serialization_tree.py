@@ -31,7 +31,8 @@ from . import serialization_module as _whole
 from .serialization_storage import StorageTable, identity, view_of
 
 __all__ = ["FORMAT", "VERSION", "META_KEY", "CheckpointError", "TensorCodec", "LocalCodec", "CODECS",
-           "register_codec", "Encoder", "Decoder", "CONTAINERS", "decode_container", "from_torch", "has_global"]
+           "register_codec", "Encoder", "Decoder", "CONTAINERS", "decode_container", "from_torch", "has_global",
+           "is_parameter", "as_parameter"]
 
 FORMAT, VERSION, META_KEY = "holoflow", 2, "holoflow"   # (VERSION: the newest this code reads)
 MAX_DEPTH = 200   # nesting a manifest may have (deeper is corrupt or hostile)
@@ -136,17 +137,17 @@ class Encoder:
                                    "requires_grad": t.requires_grad, **info}
         if view is not None:
             node["view"] = view
-        if _is_parameter(t):   # (loads as a Parameter again, as torch's)
+        if is_parameter(t):   # (loads as a Parameter again, as torch's)
             node["parameter"] = True
         return node
 
 
-def _is_parameter(t: Tensor) -> bool:
+def is_parameter(t: Tensor) -> bool:
     from .nn.parameter import Parameter   # (nn imports this module's layer; imported when used)
     return isinstance(t, Parameter)
 
 
-def _as_parameter(t: Tensor, requires_grad: bool) -> Tensor:
+def as_parameter(t: Tensor, requires_grad: bool) -> Tensor:
     from .nn.parameter import Parameter
     return Parameter(t, requires_grad=requires_grad)
 
@@ -232,7 +233,7 @@ class Decoder:
                                f"point and complex tensors can be)")
             t.requires_grad_(True)
         if n.get("parameter"):
-            t = _as_parameter(t, bool(n.get("requires_grad")))
+            t = as_parameter(t, bool(n.get("requires_grad")))
         self.made[ident] = t
         return t
 
@@ -256,7 +257,7 @@ def from_torch(obj: Any, memo: dict | None = None) -> Any:
 
 def _tensor_from_torch(obj: torch.Tensor) -> Tensor:
     if isinstance(obj, torch.nn.Parameter):
-        return _as_parameter(Tensor._make(obj.detach()), obj.requires_grad)
+        return as_parameter(Tensor._make(obj.detach()), obj.requires_grad)
     t = Tensor._make(obj.detach())
     if obj.requires_grad:
         t.requires_grad_(True)

@@ -29,7 +29,8 @@ from ..distributed.global_tensor import from_full, make_global
 from ..distributed.sharding import local_ranges
 from ..distributed.placement import placement
 from ..serialization import _move, load_file
-from ..serialization_tree import CONTAINERS, CheckpointError, decode_container
+from ..serialization_storage import from_storable, identity, owned, retyped, stored_shape, view_of
+from ..serialization_tree import CONTAINERS, CheckpointError, as_parameter, decode_container
 from .sharded import FORMAT, MANIFEST, OLD_TAG, VERSION, _ctx, _dtype_from, _gather, _map_tensors, _sbp_from
 
 
@@ -120,17 +121,22 @@ class _Tree:
             key = n.get("key")
             if not isinstance(key, str):
                 raise self.bad(f"a tensor node without a key: {str(n)[:80]}")
-            return self.pending.setdefault(key, _Pending(n))
+            return self.pending.setdefault(identity(n), _Pending(n))   # (views of one storage: one key)
         if kind in CONTAINERS and isinstance(n.get("items"), list):
             return decode_container(self, kind, n["items"], depth)
         raise self.bad(f"unknown node {str(n)[:80]}")
 
 
 class _Reader:
-    """Reads boxes of saved tensors from the rank files (opened once, on first use)."""
+    """Reads boxes of saved tensors from the rank files (opened once, on first use). A local
+    tensor is read whole, over its storage's entry (read once, moved by ``map_location``), so
+    views of one storage load sharing it."""
 
-    def __init__(self, directory: str, name: str) -> None:
-        self.dir, self.name, self.files = directory, name, {}
+    def __init__(self, directory: str, name: str, manifest: dict, map_location: Any = None) -> None:
+        self.dir, self.name, self.files, self.entries = directory, name, {}, {}
+        self.dtypes, self.map_location = manifest.get("dtypes", {}), map_location
+        if not isinstance(self.dtypes, dict):
+            raise self.corrupt(f"\"dtypes\" is {str(self.dtypes)[:60]}, not a map of entry names to dtypes")
 
     def bad(self, what: str) -> CheckpointError:
         return CheckpointError(f"holoflow.load({self.name}): {what}")
@@ -146,9 +152,39 @@ class _Reader:
                 raise self.bad(f"shard file {fname} is missing or unreadable: {e}") from e
         return self.files[fname]
 
-    def read(self, n: dict, box: list[tuple[int, int]], where: str) -> torch.Tensor:
-        """The box ``[(start, size)] per dim`` of the saved tensor ``n``."""
+    def local(self, n: dict, where: str) -> torch.Tensor:
+        """The whole local tensor ``n``: its storage's entry, or a view of it (sharing it)."""
+        shards, key = n.get("shards"), n["key"]
+        if not (isinstance(shards, list) and len(shards) == 1 and isinstance(shards[0], dict)):
+            raise self.bad(f"corrupt manifest: the local tensor {where} is not one shard of one file")
+        fname = shards[0].get("file")
+        entry = self.entries.get((fname, key))
+        if entry is None:
+            f = self.file(fname)
+            try:
+                entries = {key: owned(f.get_tensor(key))}
+            except Exception as e:  # noqa: BLE001 - safetensors raises several kinds
+                raise self.bad(f"shard file {fname} lacks {where} (key {key!r}): {e}") from e
+            if key in self.dtypes:
+                retyped(entries, {key: self.dtypes[key]}, self.corrupt)
+            entry = self.entries[(fname, key)] = _move(entries[key], self.map_location)
+        data = view_of(entry, n["view"], self.corrupt) if "view" in n else entry
         dtype = _dtype_from(n.get("dtype"), self.name)
+        if data.dtype != dtype or list(data.shape) != n["shape"]:
+            raise self.bad(f"{where} in {fname} is {data.dtype} of shape {list(data.shape)}, the manifest says "
+                           f"{dtype} of shape {n['shape']}")
+        return data
+
+    def corrupt(self, what: str) -> CheckpointError:
+        return self.bad(f"corrupt manifest: {what}")
+
+    def read(self, n: dict, box: list[tuple[int, int]], where: str, whole: bool = False) -> torch.Tensor:
+        """The box ``[(start, size)] per dim`` of the saved tensor ``n``, a tensor of its own; with
+        ``whole`` (the box is all of it) a local one comes back sharing its storage."""
+        dtype = _dtype_from(n.get("dtype"), self.name)
+        if n.get("placement") is None:
+            data = self.local(n, where)
+            return data if whole else data[tuple(slice(a, a + s) for a, s in box)].clone()
         if math.prod(size for _, size in box) == 0:
             return torch.empty([s for _, s in box], dtype=dtype)
         shards = n.get("shards")
@@ -170,9 +206,9 @@ class _Reader:
                 sl = f.get_slice(n["key"])
             except Exception as e:  # noqa: BLE001 - safetensors raises several kinds
                 raise self.bad(f"shard file {sh.get('file')} lacks {where} (key {n['key']!r}): {e}") from e
-            if list(sl.get_shape()) != list(size):
+            if list(sl.get_shape()) != stored_shape(size, dtype):
                 raise self.bad(f"shard of {where} in {sh.get('file')} has shape {sl.get_shape()}, the manifest "
-                               f"says {size}")
+                               f"says {stored_shape(size, dtype)}")
             parts.append((f, sl, lo, hi, off))
             covered += math.prod(h - l for l, h in zip(lo, hi))
         need = math.prod(s for _, s in box)
@@ -182,9 +218,10 @@ class _Reader:
         out = torch.empty([s for _, s in box], dtype=dtype)
         for f, sl, lo, hi, off in parts:
             src = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, off))
+            src += (slice(None),) * (len(stored_shape(size, dtype)) - len(size))   # (an element's parts)
             part = sl[src] if src else f.get_tensor(n["key"])
             dst = tuple(slice(l - a, h - a) for l, h, (a, _) in zip(lo, hi, box))
-            out[dst] = part.to(dtype)
+            out[dst] = from_storable(part, dtype)
         return out
 
 
@@ -219,8 +256,8 @@ def _target(n: dict, like: Any, where: str, name: str) -> tuple | None:
 
 def _build(data: torch.Tensor | None, n: dict, target: tuple | None, map_location) -> Tensor:
     r, _ = _ctx()
-    if target is None:
-        t = Tensor._make(_move(data, map_location))
+    if target is None:   # (a local tensor was moved with its storage, by the reader)
+        t = Tensor._make(data if n.get("placement") is None else _move(data, map_location))
     else:
         place, nd = target
         local = data.to(place.device_for(r)) if data is not None else torch.empty((0,), dtype=_dtype_from(
@@ -231,6 +268,8 @@ def _build(data: torch.Tensor | None, n: dict, target: tuple | None, map_locatio
             raise CheckpointError(f"holoflow.load: corrupt manifest: tensor {n['key']!r} of dtype {t.dtype} is "
                                   f"marked requires_grad (only floating point and complex tensors can be)")
         t.requires_grad_(True)
+    if n.get("parameter"):
+        t = as_parameter(t, bool(n.get("requires_grad")))
     return t
 
 
@@ -251,7 +290,7 @@ def load_sharded(path: Any, map_location=None, like: Any = None) -> Any:
         raise CheckpointError(f"holoflow.load({name}): format version {manifest.get('version')!r} is not one "
                               f"this holoflow reads ({VERSION}); upgrade holoflow")
     tree = _Tree(name).node(manifest["root"])
-    reader = _Reader(directory, name)
+    reader = _Reader(directory, name, manifest, map_location)
     r, _ = _ctx()
     made: dict = {}
 
@@ -261,7 +300,7 @@ def load_sharded(path: Any, map_location=None, like: Any = None) -> Any:
         n = p.node
         target = _target(n, like, where, name)
         if target is None:
-            data = reader.read(n, [(0, d) for d in n["shape"]], where)
+            data = reader.read(n, [(0, d) for d in n["shape"]], where, whole=True)
         else:
             place, nd = target
             coords = place.coords(r)

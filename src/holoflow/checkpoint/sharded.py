@@ -8,7 +8,16 @@ Layout of ``flow.save(tree_with_global_tensors, "ckpt")``::
 
 A shard is a box of the logical tensor (an offset and a size per dim). Each distinct box is
 written once, by the first rank holding it (broadcast copies are not repeated); a partial-sum
-tensor is reduced (P -> B) before saving. Local tensors in the tree are rank 0's.
+tensor is reduced (P -> B) before saving. A dtype safetensors lacks (complex128, ...) is stored
+as its parts, one trailing dim added (``serialization_storage.storable``).
+
+Local tensors in the tree are rank 0's, kept as ``torch.save`` keeps them: one entry of rank 0's
+file per storage, named by the first tensor saved from it, and every other tensor on that storage
+a ``"view"`` of it (offset, shape, stride), as in a plain checkpoint
+(:mod:`holoflow.serialization_storage`), so views and tied tensors load sharing their storage,
+with their strides and offsets. A directory holding such a view or a dtype stored as its parts is
+format version 2; one without them is version 1, as older holoflow wrote and reads. Parameters
+load as Parameters, as ``torch.load`` gives them.
 
 Atomic as a whole: the ranks write into ``ckpt.holoflow-tmp-<pid of rank 0>``, report to each
 other (a collective with the communication timeout), and rank 0 writes the manifest last and
@@ -39,9 +48,10 @@ from ..distributed.sharding import local_ranges
 from ..distributed.placement import placement
 from ..serialization import save_file
 from ..serialization_files import clean_stale_temps, fsync_dir, temp_path
-from ..serialization_tree import CheckpointError, Encoder
+from ..serialization_storage import STORED_AS, storable
+from ..serialization_tree import CheckpointError, Encoder, is_parameter
 
-FORMAT, VERSION, MANIFEST = "holoflow-sharded", 1, "manifest.json"
+FORMAT, VERSION, MANIFEST = "holoflow-sharded", 2, "manifest.json"   # (VERSION: the newest read)
 OLD_TAG = ".holoflow-old-"
 
 
@@ -87,28 +97,40 @@ def _dtype_from(text: Any, where: str) -> torch.dtype:
 
 # -- save ------------------------------------------------------------------------------------
 class _ShardEncoder(Encoder):
-    """Walks the tree like the file encoder; a tensor becomes a node listing its shards, and
-    this rank keeps the shards it owns in ``self.tensors``."""
+    """Walks the tree like the file encoder; a global tensor becomes a node listing its shards,
+    and this rank keeps the shards it owns in ``self.tensors``. Local tensors (rank 0's) go to
+    rank 0's file as in a plain checkpoint: one entry per storage, the others views of it."""
 
     def __init__(self, rank: int) -> None:
         super().__init__()
-        self.rank, self.nodes = rank, {}
-        self.storages: set[int] = set()   # data pointers already written (safetensors refuses aliases)
+        self.rank, self.next_key, self.stored_as = rank, "0", False
+        self.failed: Exception | None = None
+        self.table.new_name = lambda: self.next_key   # a storage's entry: its first tensor's key
+
+    @property
+    def version(self) -> int:
+        """2 once a local tensor is a view or a shard is stored as another dtype (older code
+        would misread those), else 1."""
+        return 2 if self.table.has_views or self.stored_as else 1
 
     def _store(self, name: str, data: torch.Tensor) -> None:
         data = data.detach().cpu()
+        if data.dtype in STORED_AS:
+            data, self.stored_as = storable(data), True
+        data = data.resolve_conj().resolve_neg()
         ptr = data.untyped_storage().data_ptr() if data.numel() else None
-        if ptr in self.storages or not data.is_contiguous():
+        if ptr in self.table.entry_ptrs or not data.is_contiguous():
             data = data.contiguous().clone()   # safetensors refuses tensors sharing memory
+            ptr = data.untyped_storage().data_ptr() if data.numel() else None
         if ptr is not None:
-            self.storages.add(ptr)
+            self.table.entry_ptrs.add(ptr)
         self.tensors[name] = data
 
     def tensor(self, t: Tensor, where: str) -> dict:
-        name = self.seen.get(id(t))
-        if name is not None:
-            return self.nodes[name]
-        name = self.seen[id(t)] = str(len(self.seen))
+        node = self.seen.get(id(t))
+        if node is not None:
+            return node
+        name = self.next_key = str(len(self.seen))   # (every rank numbers the tensors alike)
         self.keep.append(t)
         node = {"t": "tensor", "key": name, "codec": "sharded", "requires_grad": t.requires_grad,
                 "dtype": str(t._data.dtype).replace("torch.", "")}
@@ -118,10 +140,18 @@ class _ShardEncoder(Encoder):
             node.update(shape=shape, placement=None, sbp=None,
                         shards=[{"file": rank_file(0), "offset": [0] * len(shape), "size": shape}])
             if self.rank == 0:
-                self._store(name, t._data)
+                try:
+                    node["key"], view = self.table.add(t._data)
+                except RuntimeError as e:   # (two dtypes over one storage) raised on every rank, after
+                    self.failed = self.failed or e   # the walk: the others are in its collectives
+                    view = None
+                if view is not None:
+                    node["view"] = view
         else:
             node.update(self._global(t, name, g))
-        self.nodes[name] = node
+        if is_parameter(t):   # (loads as a Parameter again, as torch.load's)
+            node["parameter"] = True
+        self.seen[id(t)] = node
         return node
 
     def _global(self, t: Tensor, name: str, g) -> dict:
@@ -157,6 +187,8 @@ def save_sharded(obj: Any, path: str | os.PathLike) -> None:
     tmp = err = None
     if r == 0:
         try:
+            if enc.failed is not None:
+                raise enc.failed
             if os.path.isfile(path):
                 raise CheckpointError(f"{path!r} is a file; a checkpoint of global tensors is a directory")
             clean_stale_temps(path)
@@ -180,7 +212,9 @@ def save_sharded(obj: Any, path: str | os.PathLike) -> None:
             if any(errs):
                 shutil.rmtree(tmp, ignore_errors=True)
             else:
-                manifest = {"format": FORMAT, "version": VERSION, "world_size": n, "root": root}
+                manifest = {"format": FORMAT, "version": enc.version, "world_size": n, "root": root}
+                if enc.table.dtypes:
+                    manifest["dtypes"] = enc.table.dtypes
                 _write_synced(tmp, MANIFEST, manifest)
                 _commit(tmp, path)
         except Exception as e:  # noqa: BLE001
