@@ -45,7 +45,7 @@ from .core.errors import UnsupportedError
 from .core.tensor import Tensor
 from . import serialization_module as _whole
 from .serialization_files import clean_stale_temps, fsync_dir, read_header, sniff, temp_path
-from .serialization_storage import owned, retyped
+from .serialization_storage import checked_locations, owned, restore, retyped
 from .serialization_tree import (CODECS, FORMAT, META_KEY, VERSION, CheckpointError, Decoder, Encoder, TensorCodec,
                                  from_torch, has_global, register_codec)
 
@@ -81,6 +81,8 @@ def save_file(obj: Any, path: str | os.PathLike) -> None:
     manifest = {"format": FORMAT, "version": enc.version, "root": root}
     if enc.table.dtypes:
         manifest["dtypes"] = enc.table.dtypes
+    if enc.table.locations:
+        manifest["locations"] = enc.table.locations
     metadata = {META_KEY: json.dumps(manifest)}
     if hasattr(path, "write"):
         path.write(safetensors.torch.save(enc.tensors, metadata=metadata))
@@ -136,9 +138,11 @@ def register_sharded(fmt: ShardedFormat) -> None:
 def load(path: str | os.PathLike, map_location=None, pickle_module: Any = None, *, weights_only: bool = True,
          mmap: bool | None = None, global_src_rank: int | None = None, like: Any = None, **pickle_load_args) -> Any:
     """Loads what :func:`save` wrote (or a safetensors / ``torch.save`` file) without running any
-    code. ``map_location``: a device (``"cpu"``, ``"cuda:0"``, a holoflow/torch device), a dict
-    ``{"cuda:0": "cpu"}`` moving tensors saved on one device to another, or torch's function
-    ``(storage, location) -> storage`` (the tensor goes where the returned storage is).
+    code. As ``torch.load``, tensors go back to the device they were saved on (a CUDA checkpoint
+    on a machine without CUDA raises torch's RuntimeError asking for ``map_location``), unless
+    ``map_location`` says otherwise: a device (``"cpu"``, ``"cuda:0"``, a holoflow/torch device),
+    a dict ``{"cuda:0": "cpu"}`` moving tensors saved on one device to another, or torch's
+    function ``(storage, location) -> storage`` (None: the default).
     ``mmap`` and ``pickle_load_args`` (``encoding=...``) reach torch.load for torch files; a
     holoflow file is read through safetensors, which maps the file anyway.
 
@@ -195,17 +199,6 @@ def load_file(path, map_location=None, torch_args: dict | None = None) -> Any:
     return _load_safetensors(path, data, name, map_location)
 
 
-def _move(t: torch.Tensor, map_location) -> torch.Tensor:
-    if map_location is None:
-        return t
-    if isinstance(map_location, dict):
-        target = map_location.get(str(t.device))
-        return t if target is None else t.to(str(target))
-    if callable(map_location):   # torch's (storage, location) -> storage
-        return t.to(map_location(t.untyped_storage(), str(t.device)).device)
-    return t.to(str(map_location))
-
-
 def _load_safetensors(path, data: bytes | None, name: str, map_location) -> Any:
     try:
         if data is None:
@@ -218,9 +211,9 @@ def _load_safetensors(path, data: bytes | None, name: str, map_location) -> Any:
     except (safetensors.SafetensorError, ValueError, OSError, struct.error) as e:
         raise CheckpointError(f"holoflow.load({name}): not a valid checkpoint (safetensors, torch.save "
                               f"zip or pickle): {e}") from e
-    tensors = {k: owned(_move(v, map_location)) for k, v in tensors.items()}
-    if META_KEY not in meta:
-        return {k: Tensor._make(v) for k, v in tensors.items()}   # a plain safetensors file
+    tensors = {k: owned(v) for k, v in tensors.items()}
+    if META_KEY not in meta:   # a plain safetensors file
+        return {k: Tensor._make(restore(v, "cpu", map_location)) for k, v in tensors.items()}
     try:
         manifest = json.loads(meta[META_KEY])
     except json.JSONDecodeError as e:
@@ -238,6 +231,9 @@ def _load_safetensors(path, data: bytes | None, name: str, map_location) -> Any:
     dec = Decoder(tensors, name)
     if "dtypes" in manifest:
         retyped(tensors, manifest["dtypes"], dec.bad)
+    locations = checked_locations(manifest.get("locations"), dec.bad)
+    for k, v in tensors.items():   # (each storage as torch.load restores it: views made after share it)
+        tensors[k] = restore(v, locations.get(k, "cpu"), map_location)
     return dec.node(manifest["root"])
 
 
@@ -251,6 +247,8 @@ def _load_torch(src, name: str, map_location, torch_args: dict) -> Any:
     try:
         obj = torch.load(src, map_location=map_location, weights_only=True, **torch_args)
     except Exception as e:  # UnpicklingError for code, RuntimeError/EOFError for truncation
+        if type(e) is RuntimeError and "map_location" in str(e):
+            raise   # torch's own: a device this machine lacks (a CUDA file on a CPU-only machine)
         reason = str(e).split("\n")[0]
         raise CheckpointError(f"holoflow.load({name}): refused: a torch.save/pickle file that "
                               f"torch.load(weights_only=True) can't load safely ({type(e).__name__}: "

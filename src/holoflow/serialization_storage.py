@@ -19,6 +19,12 @@ it has, the manifest's ``"dtypes"`` naming each such entry's dtype (so their ten
 views). A shard of a sharded checkpoint (an n-d box, read by slices) keeps its dims instead, one
 trailing dim added for the parts of an element (:func:`storable`, :func:`from_storable`).
 
+Where a storage lives is recorded as ``torch.save`` records it, by its location tag (``"cuda:0"``;
+the manifest's ``"locations"`` names each entry not on the CPU), and loading restores it there as
+``torch.load`` does (:func:`restore`): to that device, or where ``map_location`` sends it, and on
+a machine without that device torch's RuntimeError saying to pass ``map_location``. A file
+without ``"locations"`` (every file older code wrote) is all CPU.
+
 A file holding a view is format version 2 (a version 1 reader would load the entry in the
 view's place); a version 1 file has none and loads as before. As ``torch.save``, tensors of two
 dtypes over one storage are refused (RuntimeError), and the storage's bytes past its last whole
@@ -31,7 +37,7 @@ from typing import Any, Callable
 import torch
 
 __all__ = ["StorageTable", "identity", "owned", "view_of", "retyped", "STORED_AS", "storable", "stored_shape",
-           "from_storable"]
+           "from_storable", "restore", "checked_locations"]
 
 # dtypes safetensors can't hold -> the dtype their elements' bytes are stored as (torch.save keeps
 # them all; a torch lacking one of the newer names simply has no such tensors to save)
@@ -118,6 +124,7 @@ class StorageTable:
         self.groups: dict[tuple, _Group] = {}
         self.entry_ptrs: set[int] = set()
         self.dtypes: dict[str, str] = {}   # entries stored as another dtype: their own
+        self.locations: dict[str, str] = {}   # entries saved from another device than the CPU: its tag
         self.has_views = False
 
     def add(self, data: torch.Tensor) -> tuple[str, dict | None]:
@@ -140,6 +147,9 @@ class StorageTable:
         g = _Group(self.new_name(), nbytes, data.dtype)
         if key is not None:
             self.groups[key] = g
+        location = torch.serialization.location_tag(data.untyped_storage())   # (torch.save's record)
+        if location != "cpu":
+            self.locations[g.name] = location
         real = STORED_AS.get(data.dtype)
         whole = _covers(data, nbytes) and real is None
         entry = (data if whole else _flat(data)).cpu()
@@ -220,3 +230,43 @@ def view_of(entry: torch.Tensor, view: Any, bad: Callable[[str], Exception]) -> 
         raise bad(f"a tensor view (offset {offset}, shape {shape}, stride {stride}) is not a valid "
                   f"layout: {str(e).splitlines()[0]}") from e
 
+
+# -- where storages go on load ------------------------------------------------------------------
+def checked_locations(locations: Any, bad: Callable[[str], Exception]) -> dict[str, str]:
+    """A manifest's ``"locations"`` (entry name -> location tag), or ``bad``'s error."""
+    if locations is None:
+        return {}
+    if not (isinstance(locations, dict) and all(isinstance(v, str) for v in locations.values())):
+        raise bad(f"\"locations\" is {str(locations)[:60]}, not a map of entry names to device names")
+    return locations
+
+
+def restore(entry: torch.Tensor, location: str, map_location: Any) -> torch.Tensor:
+    """``entry`` (the whole of a storage read on the CPU) where ``torch.load`` puts a storage saved
+    at ``location`` (``"cpu"``, ``"cuda:0"``, ...) given ``map_location``: a device, a dict of
+    locations, or ``(storage, location) -> storage | None``; the same tensor when it stays."""
+    storage = entry.untyped_storage()
+    if map_location is None:
+        moved = _restore_location(storage, location)
+    elif isinstance(map_location, dict):
+        target = {str(k): v for k, v in map_location.items()}.get(location, location)
+        moved = _restore_location(storage, str(target))
+    elif callable(map_location):
+        moved = map_location(storage, location)
+        moved = _restore_location(storage, location) if moved is None else moved
+    else:
+        moved = _restore_location(storage, str(map_location))
+    if isinstance(moved, torch.TypedStorage):
+        moved = moved.untyped()
+    if moved is storage:
+        return entry
+    return torch.empty(0, dtype=entry.dtype, device=moved.device).set_(moved, entry.storage_offset(), entry.shape,
+                                                                       entry.stride())
+
+
+def _restore_location(storage: torch.UntypedStorage, location: str) -> torch.UntypedStorage:
+    """torch.load's own restore (its device checks and errors), naming holoflow.load."""
+    try:
+        return torch.serialization.default_restore_location(storage, location)
+    except RuntimeError as e:
+        raise RuntimeError(f"holoflow.load: {e}".replace("use torch.load with", "use holoflow.load with")) from None

@@ -28,8 +28,9 @@ from ..core.tensor import Tensor
 from ..distributed.global_tensor import from_full, make_global
 from ..distributed.sharding import local_ranges
 from ..distributed.placement import placement
-from ..serialization import _move, load_file
-from ..serialization_storage import from_storable, identity, owned, retyped, stored_shape, view_of
+from ..serialization import load_file
+from ..serialization_storage import (checked_locations, from_storable, identity, owned, restore, retyped, stored_shape,
+                                     view_of)
 from ..serialization_tree import CONTAINERS, CheckpointError, as_parameter, decode_container
 from .sharded import FORMAT, MANIFEST, OLD_TAG, VERSION, _ctx, _dtype_from, _gather, _map_tensors, _sbp_from
 
@@ -129,14 +130,15 @@ class _Tree:
 
 class _Reader:
     """Reads boxes of saved tensors from the rank files (opened once, on first use). A local
-    tensor is read whole, over its storage's entry (read once, moved by ``map_location``), so
-    views of one storage load sharing it."""
+    tensor is read whole, over its storage's entry (read once, restored to the device it was
+    saved on, or where ``map_location`` sends it), so views of one storage load sharing it."""
 
     def __init__(self, directory: str, name: str, manifest: dict, map_location: Any = None) -> None:
         self.dir, self.name, self.files, self.entries = directory, name, {}, {}
         self.dtypes, self.map_location = manifest.get("dtypes", {}), map_location
         if not isinstance(self.dtypes, dict):
             raise self.corrupt(f"\"dtypes\" is {str(self.dtypes)[:60]}, not a map of entry names to dtypes")
+        self.locations = checked_locations(manifest.get("locations"), self.corrupt)
 
     def bad(self, what: str) -> CheckpointError:
         return CheckpointError(f"holoflow.load({self.name}): {what}")
@@ -167,7 +169,8 @@ class _Reader:
                 raise self.bad(f"shard file {fname} lacks {where} (key {key!r}): {e}") from e
             if key in self.dtypes:
                 retyped(entries, {key: self.dtypes[key]}, self.corrupt)
-            entry = self.entries[(fname, key)] = _move(entries[key], self.map_location)
+            entry = restore(entries[key], self.locations.get(key, "cpu"), self.map_location)
+            self.entries[(fname, key)] = entry
         data = view_of(entry, n["view"], self.corrupt) if "view" in n else entry
         dtype = _dtype_from(n.get("dtype"), self.name)
         if data.dtype != dtype or list(data.shape) != n["shape"]:
@@ -256,8 +259,8 @@ def _target(n: dict, like: Any, where: str, name: str) -> tuple | None:
 
 def _build(data: torch.Tensor | None, n: dict, target: tuple | None, map_location) -> Tensor:
     r, _ = _ctx()
-    if target is None:   # (a local tensor was moved with its storage, by the reader)
-        t = Tensor._make(data if n.get("placement") is None else _move(data, map_location))
+    if target is None:   # (a local tensor was restored with its storage, by the reader)
+        t = Tensor._make(data if n.get("placement") is None else restore(data, _location(n), map_location))
     else:
         place, nd = target
         local = data.to(place.device_for(r)) if data is not None else torch.empty((0,), dtype=_dtype_from(
@@ -271,6 +274,14 @@ def _build(data: torch.Tensor | None, n: dict, target: tuple | None, map_locatio
     if n.get("parameter"):
         t = as_parameter(t, bool(n.get("requires_grad")))
     return t
+
+
+def _location(n: dict) -> str:
+    """Where a global tensor loaded whole goes (as torch.load, before ``map_location``): the
+    device type of the placement it was saved on."""
+    saved = n.get("placement")
+    kind = saved.get("type") if isinstance(saved, dict) else None
+    return kind if isinstance(kind, str) else "cpu"
 
 
 def load_sharded(path: Any, map_location=None, like: Any = None) -> Any:

@@ -215,6 +215,8 @@ def save_sharded(obj: Any, path: str | os.PathLike) -> None:
                 manifest = {"format": FORMAT, "version": enc.version, "world_size": n, "root": root}
                 if enc.table.dtypes:
                     manifest["dtypes"] = enc.table.dtypes
+                if enc.table.locations:
+                    manifest["locations"] = enc.table.locations
                 _write_synced(tmp, MANIFEST, manifest)
                 _commit(tmp, path)
         except Exception as e:  # noqa: BLE001
