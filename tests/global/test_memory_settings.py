@@ -12,7 +12,7 @@ import pytest
 import holoflow as flow
 from holoflow.core.sbp import B, S
 from holoflow.distributed import world
-from holoflow.graph.graph import Graph
+from test_auto_parallel import _train_eagerly, _train_graph
 
 D, HIDDEN, BATCH, BLOCKS = 15, 255, 512, 4   # odd widths: no parameter splits evenly over 2 ranks
 BLOCK_PATHS = {f"m.{i}" for i in range(BLOCKS)}
@@ -37,13 +37,7 @@ def _model():
 
 def _eager(steps: int = 2):
     m, x, opt = _model()
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = m(x).square().mean()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = _train_eagerly(m, opt, x, steps)
     return losses, {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
 
 
@@ -52,19 +46,7 @@ def _graph(configure, auto: bool):
     m, x, opt = _model()
     place = flow.placement("cpu", ranks=[0, 1])
     m.to_global(placement=place, sbp=[B])
-
-    class Train(Graph):
-        def __init__(self):
-            super().__init__()
-            self.m = m
-            self.add_optimizer(opt)
-            self.config.enable_auto_parallel(auto)
-
-        def build(self, x):
-            loss = self.m(x).square().mean()
-            loss.backward()
-            return loss
-    g = Train()
+    g = _train_graph(m, opt, auto)
     configure(g.config)
     return g, x.to_global(placement=place, sbp=[B]).to_global(sbp=[S(0)]), m
 
