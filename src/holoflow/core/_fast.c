@@ -11,9 +11,9 @@
  *   multi-output view, a view under a tracer (an interpreter that tracks values); saved-tensor
  *   hooks and anomaly mode call the Python helpers the reference calls.
  * - ``binary_method``: Tensor's ``__mul__`` and friends as one C call.
- * - ``drain``: ready nodes run their rules and their gradients are summed into buffers and
- *   leaves; nodes with hooks, retained gradients or packed saved tensors, or whose rule reads
- *   zeros for a missing output gradient, run through ``autograd._run_node``.
+ * - ``drain``: ready nodes run their rules, the one made last first, and their gradients are
+ *   summed into buffers and leaves; nodes with hooks, retained gradients or packed saved tensors,
+ *   or whose rule reads zeros for a missing output gradient, run through ``autograd._run_node``.
  *
  * Nothing here knows an op: it reads the fields every Op has. Tensor, GradNode and ViewInfo keep
  * their fields in ``__slots__``; their offsets are read once from the classes' member
@@ -34,12 +34,13 @@ static PyObject *anomaly_state;     /* anomaly.ANOMALY */
 static PyObject *live_hooks;        /* saved._LIVE: a one-element list */
 static PyObject *float_dtypes;      /* dict: torch dtype -> bool (floating point or complex) */
 static PyObject *zero;              /* 0, a new tensor's _out_idx */
+static PyObject *seq_counter;       /* node.SEQ (an itertools.count): a new node's creation number */
 
 /* field offsets */
 static Py_ssize_t T_data, T_rg, T_grad, T_grad_fn, T_out_idx, T_hooks, T_global;
 static Py_ssize_t V_base, V_chain, V_stamp, V_nograd, V_version, V_at;
 static Py_ssize_t N_op, N_edges, N_attrs, N_shapes, N_dtypes, N_saved, N_versions, N_outs,
-    N_out_metas, N_hooks, N_retains;
+    N_out_metas, N_hooks, N_retains, N_seq;
 
 /* interned attribute names */
 static PyObject *s_kernel, *s_grad, *s_view, *s_saves, *s_saved_inputs, *s_saved_outputs,
@@ -348,10 +349,16 @@ static PyObject *record(PyObject *op, PyObject *inputs, PyObject *attrs, PyObjec
         PyTuple_SET_ITEM(edges, i, e);
     }
     {
+        PyObject *seq = Py_TYPE(seq_counter)->tp_iternext(seq_counter);
+        if (seq == NULL)
+            goto fail;
         const Py_ssize_t offs[] = {N_op, N_edges, N_attrs, N_shapes, N_dtypes, N_outs, N_versions, N_out_metas,
-                                   N_hooks, N_retains};
-        PyObject *const vals[] = {op, edges, attrs, shapes, dtypes, Py_None, Py_None, Py_None, Py_None, Py_None};
-        if ((node = alloc_with(Node_T, offs, vals, 10)) == NULL)
+                                   N_hooks, N_retains, N_seq};
+        PyObject *const vals[] = {op, edges, attrs, shapes, dtypes, Py_None, Py_None, Py_None, Py_None, Py_None,
+                                  seq};
+        node = alloc_with(Node_T, offs, vals, 11);
+        Py_DECREF(seq);
+        if (node == NULL)
             goto fail;
     }
     saves = PyObject_GetAttr(op, s_saves);
@@ -903,6 +910,79 @@ static Py_ssize_t count_down(PyObject *d, PyObject *k) {
     return left;
 }
 
+/* -- the ready queue: torch's (a std::priority_queue of nodes by sequence number) ---------- *
+ * A binary max-heap in a list, with autograd._heap_push/_heap_pop's steps (heapq's, which are
+ * libstdc++'s push_heap/pop_heap): entries of equal key (ready leaves) come out in torch's order.
+ * An entry is a node (key: its creation number) or a ready leaf, a (leaf, gradient) tuple (key:
+ * the largest, as torch's AccumulateGrad). */
+
+static inline long long entry_key(PyObject *e) {
+    if (PyTuple_CheckExact(e))
+        return LLONG_MAX;
+    return PyLong_AsLongLong(get_slot(e, N_seq));   /* (an int set at creation) */
+}
+
+/* appends ``e`` (borrowed; the heap takes a reference) */
+static int heap_push(PyObject *heap, PyObject *e) {
+    if (PyList_Append(heap, e) < 0)
+        return -1;
+    PyObject **items = PySequence_Fast_ITEMS(heap);
+    Py_ssize_t pos = PyList_GET_SIZE(heap) - 1;
+    long long key = entry_key(e);
+    while (pos > 0) {
+        Py_ssize_t parent = (pos - 1) >> 1;
+        if (!(entry_key(items[parent]) < key))
+            break;
+        items[pos] = items[parent];
+        pos = parent;
+    }
+    items[pos] = e;
+    return 0;
+}
+
+/* the entry of the largest key (a new reference); the heap must not be empty */
+static PyObject *heap_pop(PyObject *heap) {
+    Py_ssize_t n = PyList_GET_SIZE(heap) - 1;
+    PyObject *last = PyList_GET_ITEM(heap, n);
+    Py_INCREF(last);
+    if (PyList_SetSlice(heap, n, n + 1, NULL) < 0) {
+        Py_DECREF(last);
+        return NULL;
+    }
+    if (n == 0)
+        return last;
+    PyObject **items = PySequence_Fast_ITEMS(heap);
+    PyObject *top = items[0];   /* (the list's reference, now the caller's; last's goes to the list) */
+    long long key = entry_key(last);
+    Py_ssize_t pos = 0, child = 1;
+    while (child < n) {   /* the hole goes down the larger children to the bottom ... */
+        if (child + 1 < n && !(entry_key(items[child + 1]) < entry_key(items[child])))
+            child++;
+        items[pos] = items[child];
+        pos = child;
+        child = 2 * pos + 1;
+    }
+    while (pos > 0) {     /* ... and the last entry comes up from there */
+        Py_ssize_t parent = (pos - 1) >> 1;
+        if (!(entry_key(items[parent]) < key))
+            break;
+        items[pos] = items[parent];
+        pos = parent;
+    }
+    items[pos] = last;
+    return top;
+}
+
+/* a leaf whose last gradient came: queued as torch queues its AccumulateGrad */
+static int push_leaf(PyObject *heap, PyObject *leaf, PyObject *g) {
+    PyObject *e = PyTuple_Pack(2, leaf, g);
+    if (e == NULL)
+        return -1;
+    int r = heap_push(heap, e);
+    Py_DECREF(e);
+    return r;
+}
+
 /* ``old + g`` where old may be None: a new reference */
 static PyObject *summed(PyObject *old, PyObject *g) {
     if (old == NULL || old == Py_None) {
@@ -913,9 +993,9 @@ static PyObject *summed(PyObject *old, PyObject *g) {
 }
 
 /* hands each input gradient to its edge: a node's buffer (a node whose last gradient came is
- * ready), or a leaf (its gradients summed, given to to_leaf once the last came) */
+ * ready), or a leaf (its gradients summed, ready once the last came) */
 static int distribute(PyObject *edges, PyObject *in_grads, PyObject *buffers, PyObject *deps,
-                      PyObject *ready, PyObject *leaf_deps, PyObject *leaf_sums, PyObject *to_leaf) {
+                      PyObject *ready, PyObject *leaf_deps, PyObject *leaf_sums) {
     Py_ssize_t n = PyTuple_GET_SIZE(edges);
     if (PyTuple_GET_SIZE(in_grads) < n)
         n = PyTuple_GET_SIZE(in_grads);
@@ -943,7 +1023,7 @@ static int distribute(PyObject *edges, PyObject *in_grads, PyObject *buffers, Py
             Py_ssize_t left = count_down(deps, child);
             if (left < 0)
                 return -1;
-            if (left == 0 && PyList_Append(ready, child) < 0)
+            if (left == 0 && heap_push(ready, child) < 0)
                 return -1;
         } else {
             PyObject *k = PyLong_FromVoidPtr(e);
@@ -966,20 +1046,15 @@ static int distribute(PyObject *edges, PyObject *in_grads, PyObject *buffers, Py
                     if (all != NULL) {
                         Py_INCREF(all);
                         r = PyDict_DelItem(leaf_sums, k);
-                        if (r == 0 && all != Py_None) {
-                            PyObject *done = PyObject_CallFunctionObjArgs(to_leaf, e, all, NULL);
-                            r = done == NULL ? -1 : 0;
-                            Py_XDECREF(done);
-                        }
+                        if (r == 0)
+                            r = push_leaf(ready, e, all);
                         Py_DECREF(all);
                     } else if (PyErr_Occurred()) {
                         r = -1;
                     }
                 }
-            } else if (g != Py_None) {
-                PyObject *done = PyObject_CallFunctionObjArgs(to_leaf, e, g, NULL);
-                r = done == NULL ? -1 : 0;
-                Py_XDECREF(done);
+            } else {
+                r = push_leaf(ready, e, g);
             }
             Py_DECREF(k);
             if (r < 0)
@@ -1079,12 +1154,17 @@ static PyObject *fast_drain(PyObject *self, PyObject *args) {
         return NULL;
     }
     while (PyList_GET_SIZE(ready)) {
-        Py_ssize_t last = PyList_GET_SIZE(ready) - 1;
-        PyObject *node = PyList_GET_ITEM(ready, last);
-        Py_INCREF(node);
-        if (PyList_SetSlice(ready, last, last + 1, NULL) < 0) {
-            Py_DECREF(node);
+        PyObject *node = heap_pop(ready);
+        if (node == NULL)
             return NULL;
+        if (PyTuple_CheckExact(node)) {   /* a leaf: its summed gradient (or None) handed over */
+            PyObject *done = PyObject_CallFunctionObjArgs(to_leaf, PyTuple_GET_ITEM(node, 0),
+                                                          PyTuple_GET_ITEM(node, 1), NULL);
+            Py_DECREF(node);
+            if (done == NULL)
+                return NULL;
+            Py_DECREF(done);
+            continue;
         }
         PyObject *gs = PyDict_GetItemWithError(buffers, node);
         if (gs == NULL) {
@@ -1121,7 +1201,7 @@ static PyObject *fast_drain(PyObject *self, PyObject *args) {
             if (edges == NULL)
                 goto fail;
         }
-        if (distribute(edges, in_grads, buffers, deps, ready, leaf_deps, leaf_sums, to_leaf) < 0)
+        if (distribute(edges, in_grads, buffers, deps, ready, leaf_deps, leaf_sums) < 0)
             goto fail;
         Py_DECREF(in_grads);
         Py_DECREF(edges);
@@ -1245,12 +1325,12 @@ static PyObject *fast_binary_method(PyObject *self, PyObject *args) {
 
 static PyObject *fast_init(PyObject *self, PyObject *args) {
     PyObject *tensor_t, *node_t, *torch_t, *view_t;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOO", &tensor_t, &node_t, &torch_t, &view_t, &py_eager,
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOO", &tensor_t, &node_t, &torch_t, &view_t, &py_eager,
                           &py_wrap, &py_op_error, &current_var, &grad_state, &anomaly_state,
-                          &live_hooks, &py_note_forward))
+                          &live_hooks, &py_note_forward, &seq_counter))
         return NULL;
     if (!PyType_Check(tensor_t) || !PyType_Check(node_t) || !PyType_Check(torch_t) ||
-        !PyType_Check(view_t) ||
+        !PyType_Check(view_t) || !PyIter_Check(seq_counter) ||
         !PyList_Check(live_hooks) || PyList_GET_SIZE(live_hooks) != 1) {
         PyErr_SetString(PyExc_TypeError, "holoflow._fast.init: unexpected arguments");
         return NULL;
@@ -1260,7 +1340,7 @@ static PyObject *fast_init(PyObject *self, PyObject *args) {
     TorchTensor_T = (PyTypeObject *)torch_t;
     ViewInfo_T = (PyTypeObject *)view_t;
     PyObject *held[] = {tensor_t, node_t, torch_t, view_t, py_eager, py_wrap, py_op_error,
-                        current_var, grad_state, anomaly_state, live_hooks, py_note_forward};
+                        current_var, grad_state, anomaly_state, live_hooks, py_note_forward, seq_counter};
     for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++)
         Py_INCREF(held[i]);
     if (slot_offset(Tensor_T, "_data", &T_data) || slot_offset(Tensor_T, "_rg", &T_rg) ||
@@ -1272,6 +1352,7 @@ static PyObject *fast_init(PyObject *self, PyObject *args) {
         slot_offset(Node_T, "_saved", &N_saved) || slot_offset(Node_T, "_versions", &N_versions) ||
         slot_offset(Node_T, "_outs", &N_outs) || slot_offset(Node_T, "out_metas", &N_out_metas) ||
         slot_offset(Node_T, "hooks", &N_hooks) || slot_offset(Node_T, "retains", &N_retains) ||
+        slot_offset(Node_T, "seq", &N_seq) ||
         slot_offset(ViewInfo_T, "base", &V_base) || slot_offset(ViewInfo_T, "chain", &V_chain) ||
         slot_offset(ViewInfo_T, "stamp", &V_stamp) || slot_offset(ViewInfo_T, "nograd", &V_nograd) ||
         slot_offset(ViewInfo_T, "version", &V_version) || slot_offset(ViewInfo_T, "at", &V_at))

@@ -52,7 +52,7 @@ def will_execute(grad_fn, out_idx: int = 0, leaf=None) -> bool:
         if task.runs is None:
             return grad_fn in task.deps
         return grad_fn in task.runs or (grad_fn, out_idx) in task.cap_keys
-    if not task.accumulate:
+    if task.runs is not None:
         return id(leaf) in task.cap_keys
     return id(leaf) in task.leaf_deps
 
@@ -169,6 +169,52 @@ def _tensor_type() -> type:
 
 
 # -- the backward pass ------------------------------------------------------------------------
+#
+# The ready queue is torch's (CPU, one queue): a std::priority_queue of nodes by creation number
+# (``GradNode.seq``), the largest first; a leaf whose gradients all came (torch's AccumulateGrad,
+# sequence number UINT64_MAX) before any node. Entries of equal key (ready leaves) leave in the
+# order std::priority_queue's push_heap/pop_heap give them, which heapq's steps are; core/_fast.c
+# has the same two functions. An entry is a node or a ``(leaf, gradient)`` pair.
+
+_LAST = 1 << 63   # (a leaf's key: above any node's creation number)
+
+
+def _key(e) -> int:
+    return _LAST if type(e) is tuple else e.seq
+
+
+def _heap_push(heap: list, e) -> None:
+    key, pos = _key(e), len(heap)
+    heap.append(e)
+    while pos:
+        parent = (pos - 1) >> 1
+        if not _key(heap[parent]) < key:
+            break
+        heap[pos] = heap[parent]
+        pos = parent
+    heap[pos] = e
+
+
+def _heap_pop(heap: list):
+    last = heap.pop()
+    n = len(heap)
+    if not n:
+        return last
+    top, key, pos, child = heap[0], _key(last), 0, 1
+    while child < n:   # the hole goes down the larger children to the bottom ...
+        if child + 1 < n and not _key(heap[child + 1]) < _key(heap[child]):
+            child += 1
+        heap[pos] = heap[child]
+        pos, child = child, 2 * child + 1
+    while pos:         # ... and the last entry comes up from there
+        parent = (pos - 1) >> 1
+        if not _key(heap[parent]) < key:
+            break
+        heap[pos] = heap[parent]
+        pos = parent
+    heap[pos] = last
+    return top
+
 
 def _accumulate(old, new):
     return new if old is None else old + new
@@ -268,7 +314,7 @@ def _capture_only(node: GradNode, gs: list, cap_keys: dict, captured: dict) -> N
     """A captured tensor's gradient, with its hooks and ``retain_grad`` run, at a node that
     itself need not run."""
     if node.hooks:
-        gs = [_apply_hooks(node.hooks.get(i, ()), g) if g is not None else g for i, g in enumerate(gs)]
+        gs = [_apply_hooks(node.hooks.get(i, ()), g) for i, g in enumerate(gs)]
     if node.retains:
         for i, keep in node.retains.items():
             if gs[i] is not None:
@@ -291,6 +337,8 @@ def _apply_hooks(hooks, g):
 def _check_hook_result(hook, g, r) -> None:
     """torch's checks on what a tensor hook returned: a tensor like the gradient it was given."""
     name = getattr(hook, "__name__", type(hook).__name__)
+    if g is None:
+        raise RuntimeError(f"holoflow: hook {name!r} can't replace a None gradient with a non-None value")
     if not isinstance(r, _tensor_type()):
         raise TypeError(f"holoflow: expected a Tensor, but hook {name!r} returned {type(r).__name__!r}")
     d, e = g._data, r._data
@@ -308,7 +356,10 @@ def _check_hook_result(hook, g, r) -> None:
 def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_graph: bool,
                  capture: Sequence | None = None, accumulate: bool = True) -> list | None:
     """Backpropagates ``grads`` from ``tensors``; accumulates into leaves' ``.grad`` and/or
-    returns the gradients of the ``capture`` tensors (``autograd.grad``)."""
+    returns the gradients of the ``capture`` tensors (``autograd.grad``: ``accumulate=False``).
+    ``capture`` with ``accumulate`` is ``backward(inputs=capture)``: only what leads to them
+    runs, and only their gradients accumulate (a non-leaf's through its ``retain_grad``, which
+    the caller sets, as torch's); nothing is returned."""
     from .tensor import Tensor
     stale = [t for t in (*tensors, *(capture or ())) if t._view is not None]
     if stale:   # a view whose base was written in place since: its history re-derived first
@@ -316,16 +367,25 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
         for t in stale:
             refresh(t)
     captured: dict = {}
-    cap_keys = {}
+    keys = {}   # what the backward is for: autograd.grad's inputs, or backward(inputs=)'s
     for i, t in enumerate(capture or ()):
-        cap_keys[(t.grad_fn, t._out_idx) if t.grad_fn is not None else id(t)] = i
+        keys[(t.grad_fn, t._out_idx) if t.grad_fn is not None else id(t)] = i
+    cap_keys = keys if not accumulate else {}
     buffers: dict[GradNode, list] = {}
     # storages already handed out as a leaf's .grad, or given by the caller: another leaf's copies
     handed: dict[int, torch.Tensor] = {g._data.data_ptr(): g._data for g in grads
                                        if isinstance(g, Tensor) and g._data.numel() and not g._data.is_meta}
 
     def to_leaf(t, g):
-        if not accumulate and id(t) not in cap_keys:   # (torch runs no hook of a leaf it skips)
+        if keys and id(t) not in keys:   # a lone root that leads nowhere wanted: as torch's, its
+            if t._hooks:                 # hooks run and nothing accumulates
+                _apply_hooks(t._hooks, g)
+            return
+        if g is None:   # no gradient came (a rule gave None): as torch's AccumulateGrad, its hooks
+            if t._hooks:   # see None and nothing accumulates
+                _apply_hooks(t._hooks, None)
+            if accumulate and t._rg:
+                run_post_accumulate_hooks(t, None)
             return
         if t.grad_fn is not None:   # detach_()ed since this use, then written with a value that
             raise RuntimeError(     # requires grad: no longer a leaf (torch's AccumulateGrad check)
@@ -370,43 +430,55 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
             accumulate_grad(t, g, not create_graph)
         run_post_accumulate_hooks(t, g)
 
-    roots, root_leaves = [], []
+    roots, seeds = [], []   # seeds: each root's node or leaf (torch's GraphRoot's edges, in order)
+    leaf_sums: dict[int, Any] = {}   # gradients of leaves still waiting for more
     for t, g in zip(tensors, grads):
-        if t.grad_fn is None:
-            root_leaves.append((t, g))
-            continue
         node = t.grad_fn
+        if node is None:   # a leaf given as a root: summed with what reaches it
+            leaf_sums[id(t)] = _accumulate(leaf_sums.get(id(t)), g)
+            seeds.append(t)
+            continue
         buf = buffers.get(node)
         if buf is None:
             buf = buffers[node] = [None] * node.n_outputs
             roots.append(node)
         buf[t._out_idx] = _accumulate(buf[t._out_idx], g)
+        seeds.append(node)
 
     deps, leaf_deps = _dependencies(roots)
-    runs = _needed(deps, cap_keys) if cap_keys and not accumulate else None
-    leaf_sums: dict[int, Any] = {}   # gradients of leaves still waiting for more
-    for t, g in root_leaves:         # a leaf given as a root: summed with what reaches it
-        if id(t) in leaf_deps:
-            leaf_sums[id(t)] = _accumulate(leaf_sums.get(id(t)), g)
-        else:
-            to_leaf(t, g)
-    ready = [n for n in roots if deps[n] == 0]
+    runs = queued = None   # (None: every node runs)
+    if keys:   # only the nodes on a path to what is wanted run (and, for backward(inputs=), its nodes)
+        runs = _needed(deps, keys)
+        wanted = {k[0] for k in keys if type(k) is tuple and k[0] in deps}
+        if accumulate:
+            runs |= wanted
+        queued = runs | wanted   # (a captured node's hooks run, though it need not)
+    ready: list = []
+    last = {id(s): i for i, s in enumerate(seeds)}
+    for i, s in enumerate(seeds):   # queued at its last seed, if nothing inside the graph feeds it
+        if last[id(s)] != i:
+            continue
+        if isinstance(s, GradNode):
+            if not deps[s] and (queued is None or s in queued or len(seeds) == 1):
+                _heap_push(ready, s)    # (a lone root is queued even if it leads nowhere wanted)
+        elif id(s) not in leaf_deps and (not keys or id(s) in keys or len(seeds) == 1):
+            _heap_push(ready, (s, leaf_sums.pop(id(s))))
     task = GraphTask()
     task.id, task.callbacks, task.deps, task.leaf_deps = next(_TASK_IDS), [], deps, leaf_deps
-    task.runs, task.cap_keys, task.accumulate = runs, cap_keys, accumulate
+    task.runs, task.cap_keys, task.accumulate = runs, keys, accumulate
     token = _TASK.set(task)
     try:
-        _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retain_graph, create_graph,
-               to_leaf, runs)
+        _drain(ready, buffers, deps, leaf_deps, leaf_sums, keys, cap_keys, captured, retain_graph,
+               create_graph, to_leaf, runs, queued)
         pending = task.callbacks
         while pending:
             pending.pop(0)()
     finally:
         _TASK.reset(token)
-    if capture is None:
+    if capture is None or accumulate:
         return None
-    keys = {v: k for k, v in cap_keys.items()}
-    return [captured.get(keys[i]) for i in range(len(capture))]
+    by_index = {v: k for k, v in cap_keys.items()}
+    return [captured.get(by_index[i]) for i in range(len(capture))]
 
 
 def _needed(deps: dict, cap_keys: dict) -> set:
@@ -430,36 +502,38 @@ def _needed(deps: dict, cap_keys: dict) -> set:
     return runs
 
 
-def _needed_edges(edges: tuple, runs: set, cap_keys: dict) -> tuple:
-    """``edges`` with those that lead to no tensor ``autograd.grad`` returns replaced by None, so
-    a grad rule asks for (``needs``) only the gradients wanted: ``zeta(x, q)`` with ``x``
-    requiring grad gives ``q``'s gradient alone, as torch's engine does."""
-    return tuple([e if e is not None and (id(e) in cap_keys if type(e) is not tuple else
-                                          e[0] in runs or e in cap_keys) else None for e in edges])
+def _needed_edges(edges: tuple, queued: set, keys: dict) -> tuple:
+    """``edges`` with those that lead to no wanted tensor (``autograd.grad``'s, ``backward``'s
+    ``inputs``) replaced by None, so a grad rule asks for (``needs``) only the gradients wanted:
+    ``zeta(x, q)`` with ``x`` requiring grad gives ``q``'s gradient alone, as torch's engine does
+    (an edge into a node that runs or is captured is computed, whichever output it is)."""
+    return tuple([e if e is not None and (id(e) in keys if type(e) is not tuple else e[0] in queued)
+                  else None for e in edges])
 
 
-def _run_node(node: GradNode, gs: list, retain_graph: bool, checks: bool, runs, cap_keys: dict,
+def _run_node(node: GradNode, gs: list, retain_graph: bool, checks: bool, queued, keys: dict, cap_keys: dict,
               captured: dict) -> tuple:
-    """Runs one node of a backward pass: its tensors' hooks, retained gradients and captures,
-    node pre-hooks, the grad rule, node post-hooks; returns one gradient per edge."""
+    """Runs one node of a backward pass: captures (the gradients as they came, as torch's), its
+    tensors' hooks, retained gradients, node pre-hooks, the grad rule, node post-hooks; returns
+    one gradient per edge."""
+    if cap_keys:
+        for i, g in enumerate(gs):
+            key = (node, i)
+            if key in cap_keys and g is not None:
+                captured[key] = _accumulate(captured.get(key), g)
     hooks = node.hooks
     if hooks:
-        gs = [_apply_hooks(hooks.get(i, ()), g) if g is not None else g
-              for i, g in enumerate(gs)]
+        # (as torch's, an output the node got no gradient for calls its hooks with None)
+        gs = [_apply_hooks(hooks.get(i, ()), g) for i, g in enumerate(gs)]
     if node.retains:  # after every other tensor hook, as torch does
         for i, keep in node.retains.items():
             if gs[i] is not None:
                 keep(gs[i])
     if hooks and "pre" in hooks:   # Node.register_prehook: after the tensors' hooks
         gs = _run_node_hooks(hooks["pre"], len(gs), gs)
-    if cap_keys:
-        for i, g in enumerate(gs):
-            key = (node, i)
-            if key in cap_keys and g is not None:
-                captured[key] = _accumulate(captured.get(key), g)
     op, edges = node.op, node.edges
-    if runs is not None:   # rules compute only what reaches the captured tensors (torch's
-        node.edges = _needed_edges(edges, runs, cap_keys)   # should_compute_output)
+    if queued is not None:   # rules compute only what reaches the wanted tensors (torch's
+        node.edges = _needed_edges(edges, queued, keys)   # should_compute_output)
     if checks:
         prev = anomaly.running(node)
     try:
@@ -498,8 +572,11 @@ def _run_node(node: GradNode, gs: list, retain_graph: bool, checks: bool, runs, 
     return in_grads
 
 
-def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retain_graph, create_graph,
-           to_leaf, runs=None) -> None:
+def _drain(ready, buffers, deps, leaf_deps, leaf_sums, keys, cap_keys, captured, retain_graph, create_graph,
+           to_leaf, runs=None, queued=None) -> None:
+    """Runs the ready nodes (a heap: ``_heap_pop``) until none is left. With ``runs`` (a backward
+    for some tensors only) a node or leaf joins the queue only if torch's would: it runs, is
+    captured, or is a wanted leaf."""
     checks = ANOMALY.enabled   # (anomaly mode: read once a pass)
     with grad_mode.set_grad_enabled(create_graph):
         if FAST is not None and runs is None and not cap_keys and not checks:
@@ -507,35 +584,27 @@ def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retai
             # whose rule reads zeros for an output gradient that never came, runs here
             # (_run_node); every other node's rule is called from C
             FAST.drain(ready, buffers, deps, leaf_deps, leaf_sums, to_leaf, retain_graph, _FREED, _as_grads,
-                       lambda node, gs: _run_node(node, gs, retain_graph, False, None, cap_keys, captured))
+                       lambda node, gs: _run_node(node, gs, retain_graph, False, None, keys, cap_keys, captured))
             return
         while ready:
-            node = ready.pop()
+            node = _heap_pop(ready)
+            if type(node) is tuple:   # a leaf whose gradients all came
+                to_leaf(*node)
+                continue
             gs = buffers.pop(node)
-            if runs is not None and node not in runs:   # not on a path to what autograd.grad returns
-                if any((node, i) in cap_keys for i in range(len(gs))):
-                    _capture_only(node, gs, cap_keys, captured)
-                for e in node.edges:
-                    if type(e) is tuple:
-                        child = e[0]
-                        if child not in buffers:
-                            buffers[child] = [None] * child.n_outputs
-                        deps[child] -= 1
-                        if not deps[child]:
-                            ready.append(child)
-                    elif e is not None:
-                        k = id(e)
-                        leaf_deps[k] -= 1
-                        if not leaf_deps[k] and k in leaf_sums:
-                            to_leaf(e, leaf_sums.pop(k))
+            if runs is not None and node not in runs:   # captured, or a lone root: its hooks alone
+                _capture_only(node, gs, cap_keys, captured)
                 continue
             edges = node.edges
-            in_grads = _run_node(node, gs, retain_graph, checks, runs, cap_keys, captured)
+            in_grads = _run_node(node, gs, retain_graph, checks, queued, keys, cap_keys, captured)
             for e, g in zip(edges, in_grads):
                 if e is None:
                     continue
                 if type(e) is tuple:
                     child, idx = e
+                    if queued is not None and child not in queued:   # (torch's skips it)
+                        deps[child] -= 1
+                        continue
                     if g is not None:
                         buf = buffers.get(child)
                         if buf is None:
@@ -547,8 +616,8 @@ def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retai
                     left = deps[child] - 1
                     deps[child] = left
                     if not left:
-                        ready.append(child)
-                else:   # a leaf: its gradients summed, handed over once the last one arrived
+                        _heap_push(ready, child)
+                else:   # a leaf: its gradients summed, queued once the last one arrived
                     k = id(e)
                     left = leaf_deps[k] - 1
                     leaf_deps[k] = left
@@ -558,10 +627,10 @@ def _drain(ready, buffers, deps, leaf_deps, leaf_sums, cap_keys, captured, retai
                             leaf_sums[k] = g if old is None else old + g
                         if not left:
                             g = leaf_sums.pop(k, None)
-                            if g is not None:
-                                to_leaf(e, g)
-                    elif g is not None:
-                        to_leaf(e, g)
+                            if not keys or k in keys:
+                                _heap_push(ready, (e, g))
+                    elif not keys or k in keys:
+                        _heap_push(ready, (e, g))
             # drop this node's gradients now (torch frees a node's buffers once it ran): held
             # until the next node's kernels they raise the step's peak memory
             gs = in_grads = g = old = None

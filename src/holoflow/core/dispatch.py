@@ -20,6 +20,7 @@ from . import grad_mode, interpret
 from .anomaly import ANOMALY, note_forward
 from .dtype import scalar_name
 from .autograd import GradNode, accumulate_grad, run_backward, seed_grads
+from .node import SEQ
 from .errors import HoloflowError, describe
 from .interpret import Interpreter
 from .native import FAST
@@ -55,11 +56,10 @@ class Eager(Interpreter):
 
     def backward(self, tensors: list, grads: list, retain_graph: bool, create_graph: bool, inputs):
         grads = seed_grads(tensors, grads)
-        if inputs is None:
-            run_backward(tensors, grads, retain_graph, create_graph)
-            return
-        got = run_backward(tensors, grads, retain_graph, create_graph, capture=inputs, accumulate=False)
-        accumulate_captured(inputs, got, create_graph)
+        for t in inputs or ():   # as torch's: a non-leaf input keeps its .grad from now on
+            if t.grad_fn is not None and t.requires_grad:
+                t.retain_grad()
+        run_backward(tensors, grads, retain_graph, create_graph, capture=inputs)
 
     def composite(self, name: str, inputs: tuple) -> tuple:
         return inputs
@@ -85,8 +85,8 @@ _new = object.__new__
 
 
 def accumulate_captured(inputs: Sequence, got: Sequence, create_graph: bool = False) -> None:
-    """``backward(inputs=...)``'s end: each gradient captured for ``inputs`` added to its
-    ``.grad`` (boxed to a global input's SBP)."""
+    """Each gradient captured for ``inputs`` (``run_backward(capture=...)``) added to its
+    ``.grad`` (boxed to a global input's SBP): a pipeline stage's weight part."""
     for t, g in zip(inputs, got):
         if g is not None:
             if t._global is not None:
@@ -167,7 +167,7 @@ def _init_fast():
     (core/_fast.c), which passes every case but the common one back to the functions above."""
     if FAST is not None:
         FAST.init(Tensor, GradNode, torch.Tensor, ViewInfo, _eager_py, wrap, op_error, _CURRENT, _STATE,
-                  ANOMALY, _LIVE, note_forward)
+                  ANOMALY, _LIVE, note_forward, SEQ)
     return FAST
 
 
@@ -267,6 +267,7 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None
     node = _new(GradNode)
     node.op, node.edges, node.attrs, node.shapes, node.dtypes = op, tuple(edges), attrs, tuple(shapes), tuple(dtypes)
     node._outs = node._versions = node.out_metas = node.hooks = node.retains = None
+    node.seq = next(SEQ)
     saves_in, saves_out = op._saves
     if saves_in or saves_out:
         node.save(op.saved_of(saved or inputs, node.edges) if saves_in else None,

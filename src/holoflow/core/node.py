@@ -6,6 +6,7 @@ post-hooks, a leaf's :class:`AccumulateGrad`). The engine that runs them is core
 from __future__ import annotations
 
 import contextvars
+import itertools
 import weakref
 from typing import Any, Callable
 
@@ -15,6 +16,10 @@ from .saved import _LIVE, SavedTensor, current as _saved_hooks, pack
 from .tensor import Tensor, _RemovableHandle
 
 _FREED = object()
+
+# every node's creation number (torch's sequence_nr): the engine runs the ready node made last
+# first. One counter for the Python and the C paths (core/_fast.c's ``record`` draws from it).
+SEQ = itertools.count()
 
 
 class GraphTask:
@@ -32,9 +37,10 @@ class GradNode:
     """One recorded op application; also the ``ctx`` its grad rule reads."""
 
     __slots__ = ("op", "edges", "attrs", "shapes", "dtypes", "_saved", "_versions", "_outs",
-                 "out_metas", "hooks", "retains", "__weakref__")
+                 "out_metas", "hooks", "retains", "seq", "__weakref__")
 
     def __init__(self, op, edges: tuple, attrs: dict, shapes: tuple, dtypes: tuple) -> None:
+        self.seq = next(SEQ)
         self.op, self.edges, self.attrs = op, edges, attrs
         self.shapes, self.dtypes = shapes, dtypes
         self._saved = self._outs = self._versions = None
@@ -146,6 +152,11 @@ class GradNode:
 
     def name(self) -> str:
         return f"<{self.op.name.title().replace('_', '')}Backward>"
+
+    def _sequence_nr(self) -> int:
+        """torch's ``Node._sequence_nr()``: the node's creation number; of the nodes ready at
+        once, backward runs the one with the largest first."""
+        return self.seq
 
     # -- torch.autograd.graph.Node ------------------------------------------------------------
     @property
@@ -268,6 +279,10 @@ class AccumulateGrad:
 
     def name(self) -> str:
         return "<AccumulateGrad>"
+
+    def _sequence_nr(self) -> int:
+        """torch's: UINT64_MAX, so a leaf whose gradients all came goes before any ready node."""
+        return (1 << 64) - 1
 
     @property
     def next_functions(self) -> tuple:
