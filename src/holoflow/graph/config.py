@@ -154,7 +154,9 @@ class GraphConfig:
     def enable_auto_memory(self, mode: str = "AdaptiveMemory", *, limit: int | None = None) -> None:
         """How auto-parallel weighs memory: ``"Disable"`` (time only), ``"AdaptiveMemory"`` (time
         within ``limit`` bytes per rank: on CUDA the device's memory by default), or
-        ``"HeavyMemoryDown"`` (least memory, then time)."""
+        ``"HeavyMemoryDown"`` (least memory, then time). Where memory decides (a limit the
+        user's layout misses, or ``HeavyMemoryDown``) the plan may also turn on ZeRO (a stage)
+        and recompute the stacks' blocks, unless the user set either."""
         from .auto_parallel import MEMORY_MODES
         if mode not in MEMORY_MODES:
             raise ValueError(f"holoflow.nn.Graph enable_auto_memory: mode must be one of {', '.join(MEMORY_MODES)}; "
