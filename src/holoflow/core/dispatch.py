@@ -51,7 +51,13 @@ class Eager(Interpreter):
             d[sel].copy_(o[sel])
         if out.grad_fn is not None:
             out.grad_fn.moved_output(out._data, x._data)
+        vi = x._view
+        before = None if vi is None else (vi.base.grad_fn, vi.base._out_idx)
         take_history(x, out, name)
+        if vi is not None and (vi.base.grad_fn, vi.base._out_idx) != before:
+            # the write rebased the base's history: as torch's rebase_history, the view's is
+            # re-derived from it right away (what its grad_fn shows from now on), not at its next use
+            refresh(x)
         return x
 
     def backward(self, tensors: list, grads: list, retain_graph: bool, create_graph: bool, inputs):
@@ -642,9 +648,10 @@ def _take_history(x: Tensor, out: Tensor) -> None:
         node = GradNode(VIEW_SCATTER, (edge, (out.grad_fn, out._out_idx)), {"chain": vi.chain},
                     (base._data.shape, out._data.shape), (base._data.dtype, out._data.dtype))
         base.grad_fn, base._out_idx, base._rg = node, 0, True
-        # the view stays stale: its next use re-derives it from the base's new history, as
-        # torch regenerates a written view's grad_fn (hooks registered on it since see the
-        # gradient of the view, not of every later write that passes through the op's node)
+        # the view is stale now: Eager.assign re-derives it from the base's new history, as torch
+        # regenerates a written view's grad_fn (hooks registered on it since see the gradient of
+        # the view, not of every later write that passes through the op's node); a trace keeps
+        # the op's node as the view's (graph/trace.py, Tracer.assign)
     x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True
 
 
