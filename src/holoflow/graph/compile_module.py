@@ -69,6 +69,9 @@ class _Plan:
                  saved: list, grad_outs: list) -> None:
         self.fwd, self.bwd = fwd, bwd
         self.n_out, self.out_spec = n_out, out_spec
+        # leaves the call makes (``ones(3, requires_grad=True)``): the forward's outputs n_user..n_out,
+        # each call a fresh leaf of that meta; user output i that is one of them is made[k]
+        self.n_user, self.made_metas, self.made_outs = n_out, [], {}
         self.diff = diff            # the tensors gradients flow to: (kind, index or tensor)
         self.saved = saved          # per saved value: ("feed", i) | ("state", tensor) | ("fwd", j)
         self.grad_outs = grad_outs  # indices of the outputs whose gradients backward takes
@@ -94,9 +97,11 @@ class _Run(Function):
     """The forward program as one op; its backward runs the backward program."""
 
     @staticmethod
-    def forward(ctx, plan: _Plan, leaves: list, *diff_tensors):
+    def forward(ctx, plan: _Plan, leaves: list, made: list, *diff_tensors):
         outs = _run(plan.fwd, [x._data for x in leaves if isinstance(x, Tensor)], "forward")
-        user = [Tensor._make(o) if isinstance(o, torch.Tensor) else o for o in outs[:plan.n_out]]
+        for leaf, d in zip(made, outs[plan.n_user:plan.n_out]):   # (the values the call made them with)
+            leaf._data = d
+        user = [Tensor._make(o) if isinstance(o, torch.Tensor) else o for o in outs[:plan.n_user]]
         if plan.bwd is not None:
             rest = outs[plan.n_out:]
             ctx.values = [leaves[ref]._data if kind == "feed" else ref._data if kind == "state" else rest[ref]
@@ -122,7 +127,7 @@ class _Run(Function):
         seeds = [grads[i]._data if grads[i] is not None else torch.zeros(shape, dtype=dtype, device=device)
                  for i, (shape, dtype, device) in zip(plan.grad_outs, plan.seed_metas)]
         got = _run(plan.bwd, ctx.values + seeds, "backward")
-        return (None, None) + tuple(Tensor._make(g) for g in got)
+        return (None, None, None) + tuple(Tensor._make(g) for g in got)
 
 
 CACHE_SIZE_LIMIT = 8   # traced signatures per compiled callable (torch's dynamo cache_size_limit)
@@ -167,9 +172,15 @@ class _Compiler:
                 self._eager(plan)
         if isinstance(plan, _Eager):
             return fn(*args, **kwargs)
-        diff = [leaves[ref] if kind == "feed" else ref for kind, ref in plan.diff]
-        outs = _Run.apply(plan, leaves, *diff)
-        return unflatten(list(outs), plan.out_spec)
+        # as torch.compile's, a leaf the call makes is a fresh one each call: its gradient flows
+        # (an output that is one is the leaf itself)
+        made = [Tensor._make(torch.empty(shape, dtype=dtype, device="meta")).requires_grad_()
+                for shape, dtype in plan.made_metas]
+        diff = [leaves[ref] if kind == "feed" else made[ref] if kind == "made" else ref for kind, ref in plan.diff]
+        outs = list(_Run.apply(plan, leaves, made, *diff))
+        for i, k in plan.made_outs.items():
+            outs[i] = made[k]
+        return unflatten(outs, plan.out_spec)
 
     def _eager(self, plan: _Eager) -> None:
         """Says why a signature runs eagerly: a warning, or with ``fullgraph=True`` an error."""
@@ -224,6 +235,7 @@ class _Compiler:
                 why = _bad_outputs(tracer, out_leaves, lazy)
                 if why is not None:
                     return _Eager(why)
+                made = _made_leaves(out_leaves, lazy, tracer)
                 written = [i for i, t in enumerate(lazy) if isinstance(t, Tensor)
                            and t.__dict__.get("_v") is not tracer.feeds[_feed_index(leaves, i)]]
                 if written:
@@ -242,7 +254,9 @@ class _Compiler:
                     if any(x.requires_grad and x.grad_fn is not None for _, x in tracer.state.values()):
                         return _Eager("it reads a tensor with autograd history from outside the call "
                                       "(pass it as an argument)")
-                    diff_outs = [(i, o) for i, o in enumerate(out_leaves) if isinstance(o, Tensor) and o.requires_grad]
+                    wrt += [(("made", k), t) for k, t in enumerate(made)]
+                    diff_outs = [(i, o) for i, o in enumerate(out_leaves) if isinstance(o, Tensor) and o.requires_grad
+                                 and not any(o is t for t in made)]
                     if wrt and diff_outs:
                         dev = torch.device(tracer.device_type)
                         seeds = [tracer.feed(Tensor._make(torch.empty(tuple(o.shape), dtype=o._data.dtype)),
@@ -252,12 +266,17 @@ class _Compiler:
                         diff = [ref for (ref, _), g in zip(wrt, got) if g is not None]
                         grads = [g for g in got if g is not None]
                         grad_outs = [i for i, _ in diff_outs]
-                ir = tracer.graph(tuple(out_leaves) + tuple(grads), out_spec)
+                ir = tracer.graph(tuple(out_leaves) + tuple(made) + tuple(grads), out_spec)
         except Exception as e:   # (a graph break: the call runs eagerly)
             # (the tracer is nn.Graph's: its words for build() hold for this traced call)
             msg = str(e).removeprefix("holoflow.nn.Graph: ").replace("inside build()", "in a traced call")
             return _Eager(f"tracing failed: {type(e).__name__}: {msg}")
-        return self._split(ir, leaves, len(out_leaves), out_spec, diff, grad_outs)
+        plan = self._split(ir, leaves, len(out_leaves) + len(made), out_spec, diff, grad_outs)
+        if isinstance(plan, _Plan):
+            plan.n_user = len(out_leaves)
+            plan.made_metas = [(tuple(t.shape), t._data.dtype) for t in made]
+            plan.made_outs = {i: k for i, o in enumerate(out_leaves) for k, t in enumerate(made) if o is t}
+        return plan
 
     def _split(self, ir: IRGraph, leaves: list, n_out: int, out_spec: Any, diff: list,
                grad_outs: list) -> _Plan | _Eager:
@@ -311,6 +330,33 @@ class _Compiler:
         keep = frozenset(fwd_extra) - {v for v in user_outs if isinstance(v, Value)}
         return _Plan(_compiled(fwd, inductor, keep), _compiled(bwd, inductor), n_out, out_spec, diff, saved,
                      grad_outs)
+
+
+def _made_leaves(outs: list, lazy: list, tracer: Tracer) -> list:
+    """The leaves requiring grad the call makes itself (``ones(3, requires_grad=True)``,
+    ``zeros(3).requires_grad_()``) that its outputs are or were computed from: differentiated as
+    its inputs are, and at run time a fresh leaf each call, as torch.compile's."""
+    known = {id(t) for t in lazy if isinstance(t, Tensor)} | {id(x) for _, x in tracer.state.values()}
+    found: dict = {}
+    seen: set = set()
+    stack = []
+    for o in outs:
+        if isinstance(o, Tensor) and o.requires_grad:
+            if o.grad_fn is not None:
+                stack.append(o.grad_fn)
+            elif id(o) not in known and "_v" in o.__dict__:
+                found.setdefault(id(o), o)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for e in node.edges:
+            if type(e) is tuple:
+                stack.append(e[0])
+            elif e is not None and id(e) not in known and "_v" in e.__dict__:
+                found.setdefault(id(e), e)
+    return list(found.values())
 
 
 def _traced_grads(tracer: Tracer, outs: list, wrt: list, seeds: list, leaves: set) -> list:
