@@ -453,16 +453,20 @@ def run_backward(tensors: Sequence, grads: Sequence, retain_graph: bool, create_
         if accumulate:
             runs |= wanted
         queued = runs | wanted   # (a captured node's hooks run, though it need not)
-    ready: list = []
-    last = {id(s): i for i, s in enumerate(seeds)}
-    for i, s in enumerate(seeds):   # queued at its last seed, if nothing inside the graph feeds it
-        if last[id(s)] != i:
-            continue
-        if isinstance(s, GradNode):
-            if not deps[s] and (queued is None or s in queued or len(seeds) == 1):
-                _heap_push(ready, s)    # (a lone root is queued even if it leads nowhere wanted)
-        elif id(s) not in leaf_deps and (not keys or id(s) in keys or len(seeds) == 1):
-            _heap_push(ready, (s, leaf_sums.pop(id(s))))
+    if len(seeds) == 1:   # a lone root is queued as it is, even if it leads nowhere wanted
+        s = seeds[0]
+        ready = [s if isinstance(s, GradNode) else (s, leaf_sums.pop(id(s)))]
+    else:
+        ready = []
+        last = {id(s): i for i, s in enumerate(seeds)}
+        for i, s in enumerate(seeds):   # queued at its last seed, if nothing inside the graph feeds it
+            if last[id(s)] != i:
+                continue
+            if isinstance(s, GradNode):
+                if not deps[s] and (queued is None or s in queued):
+                    _heap_push(ready, s)
+            elif id(s) not in leaf_deps and (not keys or id(s) in keys):
+                _heap_push(ready, (s, leaf_sums.pop(id(s))))
     task = GraphTask()
     task.id, task.callbacks, task.deps, task.leaf_deps = next(_TASK_IDS), [], deps, leaf_deps
     task.runs, task.cap_keys, task.accumulate = runs, keys, accumulate
