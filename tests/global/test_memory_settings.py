@@ -64,12 +64,15 @@ def _check_equal_to_eager(runs):
             np.testing.assert_allclose(params[k], want_p[k], rtol=1e-5, atol=1e-6)
 
 
+CHECKPOINTED = {"off": set(), "half": {f"m.{i}" for i in range(BLOCKS // 2)}, "all": BLOCK_PATHS}
+
+
 def _settings(zero, ckpt):
     def configure(cfg):
         if zero is not None:
             cfg.enable_zero(True, stage=zero)
         if ckpt:
-            cfg.checkpointed_scopes = set(BLOCK_PATHS)
+            cfg.checkpointed_scopes = set(CHECKPOINTED[ckpt] if isinstance(ckpt, str) else BLOCK_PATHS)
     return configure
 
 
@@ -97,11 +100,11 @@ def test_checkpointed_blocks_lower_a_data_parallel_graphs_planned_peak(zero):
 
 def test_under_a_memory_limit_the_planner_chooses_zero_and_recomputation():
     """No parameter splits over the ranks (odd widths), so only ZeRO's stage and recomputing the
-    blocks can meet a limit below data parallelism's memory. Each setting's prediction comes from
+    blocks (none, the first half, all) can meet a limit below data parallelism's memory. Each setting's prediction comes from
     ``graph.predict`` of a graph configured by hand; under a limit the planner takes the fastest
     combination that fits (every combination is one move), reports it, keeps it in the config,
     and trains as one process. Without a limit it changes no setting."""
-    combos = list(itertools.product([None, 1, 2, 3], [False, True]))
+    combos = list(itertools.product([None, 1, 2, 3], CHECKPOINTED))
 
     def run(rank):
         by_hand = {}
@@ -112,15 +115,15 @@ def test_under_a_memory_limit_the_planner_chooses_zero_and_recomputation():
         free, x, m = _graph(lambda cfg: None, auto=True)
         free(x)
         out = {"by_hand": by_hand, "free": free.auto_parallel_plan().choices}
-        plain = by_hand[(None, False)][1]
+        plain = by_hand[(None, "off")][1]
         for name, limit in (("below data parallel", plain - 1),
                             ("least", min(mem for _, mem in by_hand.values()))):
             g, x, m = _graph(lambda cfg, limit=limit: cfg.enable_auto_memory(limit=limit), auto=True)
             trained = _train(g, x, m)
             plan = g.auto_parallel_plan()
             zero = g.config.zero.stage if g.config.zero is not None else None
-            out[name] = (limit, plan, (zero, bool(g.config.checkpointed_scopes)), set(g.config.checkpointed_scopes),
-                         trained, g.explain())
+            ckpt = next(k for k, v in CHECKPOINTED.items() if v == set(g.config.checkpointed_scopes))
+            out[name] = (limit, plan, (zero, ckpt), trained, g.explain())
         return out
     runs = world.simulate(2, run, timeout=300)
     for got in runs:
@@ -128,17 +131,16 @@ def test_under_a_memory_limit_the_planner_chooses_zero_and_recomputation():
         assert not any(k in got["free"] for k in ("ZeRO", "activation checkpointing")), got["free"]
         chosen_kinds = set()
         for name in ("below data parallel", "least"):
-            limit, plan, chosen, scopes, trained, text = got[name]
+            limit, plan, chosen, trained, text = got[name]
             fits = {c: f for c, f in by_hand.items() if f[1] <= limit}
             assert fits and chosen == min(fits, key=lambda c: fits[c][0]), (name, chosen, by_hand)
             assert plan.chosen.memory_bytes <= limit < plan.start.memory_bytes
             assert plan.chosen.memory_bytes == by_hand[chosen][1]   # the planner's figure is graph.predict's
-            assert scopes in (set(), BLOCK_PATHS)
             assert str(plan) in text and "(changed)" in str(plan)
             zero_after, ckpt_after = plan.choices["ZeRO"][1], plan.choices["activation checkpointing"][1]
-            assert (zero_after.stage if zero_after is not None else None, bool(ckpt_after)) == chosen
-            assert ckpt_after in (frozenset(), frozenset(BLOCK_PATHS))
+            assert (zero_after.stage if zero_after is not None else None, ckpt_after) == \
+                (chosen[0], frozenset(CHECKPOINTED[chosen[1]]))
             assert re.search(r"ZeRO +off -> " + ("off" if chosen[0] is None else f"stage {chosen[0]}"), str(plan))
-            chosen_kinds.update(k for k, on in zip(("zero", "ckpt"), chosen) if on)
+            chosen_kinds.update(k for k, on in zip(("zero", "ckpt"), chosen) if on not in (None, "off"))
             _check_equal_to_eager([trained])
         assert chosen_kinds == {"zero", "ckpt"}, chosen_kinds   # both settings took part

@@ -195,13 +195,15 @@ class Setting:
 def memory_settings(cfg, blocks: list[str]) -> list[Setting]:
     """What may trade time for memory besides layouts, where the user set none of it: ZeRO's
     stage (default ``shard_min_size``) and recomputing the stacks' blocks in backward
-    (``blocks``: their module paths; the outermost ones are checkpointed)."""
+    (``blocks``: their module paths in order; the outermost ones are checkpointed: none, the
+    first half, or all, each block's recomputation costing alike)."""
     out = []
     if cfg.zero is None:
         out.append(Setting("ZeRO", (None, Zero(1), Zero(2), Zero(3)), lambda v: setattr(cfg, "zero", v)))
-    outer = frozenset(b for b in blocks if not any(b.startswith(a + ".") for a in blocks))
+    outer = [b for b in blocks if not any(b.startswith(a + ".") for a in blocks)]
     if outer and not cfg.checkpointed_scopes:
-        out.append(Setting("activation checkpointing", (frozenset(), outer),
+        options = (frozenset(), frozenset(outer[:len(outer) // 2]), frozenset(outer))
+        out.append(Setting("activation checkpointing", tuple(dict.fromkeys(options)),
                            lambda v: setattr(cfg, "checkpointed_scopes", set(v))))
     return out
 
