@@ -115,13 +115,15 @@ def test_the_next_groups_gather_is_issued_before_this_group_computes(gathers):
     """Default: in forward each block's pre-hook issues the next block's gather (the order of
     the last pass), in backward each block's pre-backward issues the refill of the block before
     it: every gather after the first of each direction is in flight while a block computes. A
-    block's reduce-scatter is issued when its gradients are complete and lands (its gradients
-    added to the shards) once the next block's are: it runs while that block's backward computes.
-    The first block's lands before backward returns."""
+    block's reduce-scatter is issued when its gradients are complete (after the block's backward
+    hook: the engine runs the newest ready node first, as torch's, so the block's input gradient
+    before its parameters' older gradient nodes, as torch FSDP2's post-backward) and lands (its
+    gradients added to the shards) once the next block's are: it runs while that block's backward
+    computes. The first block's lands before backward returns."""
     weights = _weights()
     for log in world.simulate(2, lambda r: _order(r, weights, X, gathers)):
         assert [e for e in log if e.startswith(("reduce", "landed", "bwd"))] == [
-            "reduce3", "bwd3", "reduce2", "landed3", "bwd2", "reduce1", "landed2", "bwd1", "bwd0", "reduce0",
+            "bwd3", "reduce3", "bwd2", "reduce2", "landed3", "bwd1", "reduce1", "landed2", "bwd0", "reduce0",
             "landed1", "landed0"]
         assert _gathers_and_compute(log) == ["gather0", "gather1", "fwd0", "gather2", "fwd1", "gather3", "fwd2", "fwd3",
                        "gather3", "gather2", "bwd3", "gather1", "bwd2", "gather0", "bwd1", "bwd0"]

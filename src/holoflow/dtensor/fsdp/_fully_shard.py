@@ -432,7 +432,10 @@ class _State:
                 full = value.requires_grad_()
                 full.register_post_accumulate_grad_hook(lambda t, k=key: self._accumulate(k, t))
             else:
-                full = _Unshard.apply(self, shard, value)
+                # (the shard goes in by reference, not as an autograd input: as in torch's FSDP2 no
+                # gradient edge reaches it, so backward runs no hook of it; the state calls its
+                # post-accumulate hooks once the reduced gradient lands)
+                full = _Unshard.apply(self, _Ref(shard), value.requires_grad_())
                 self.expected.add(key)
             used = _owned(full, shard) if track else full
             runs = self._as_run(shard, used)
@@ -539,15 +542,25 @@ class _State:
                 state.order = self.order
 
 
+class _Ref:
+    """A tensor handed to a Function's forward without making it an input of the graph."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: Tensor) -> None:
+        self.tensor = tensor
+
+
 class _Unshard(Function):
-    """A shard's whole value (gathered by the caller, with its peers') as a local tensor. Its
-    gradient, each rank's partial sum, goes to the state, not through autograd to the shard:
+    """A shard's whole value (gathered by the caller, with its peers'; a fresh leaf) as a local
+    tensor. Its gradient, each rank's partial sum, goes to the state, not through autograd to the
+    shard (no input of the node):
     the state reduce-scatters its shards' gradients together and adds them to ``shard.grad``, as
     torch's FSDP2 does after a module's backward."""
 
     @staticmethod
     def forward(ctx, state, shard, whole):
-        ctx.state, ctx.shard = state, shard
+        ctx.state, ctx.shard = state, shard.tensor
         return whole.detach()
 
     @staticmethod
