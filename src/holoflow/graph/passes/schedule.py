@@ -9,7 +9,9 @@ all-reduce starts only where the traced order happens to reach it. This pass reo
 by a list schedule over the data flow; among the nodes whose inputs are ready it takes, in order:
 
 1. a collective (in traced order: every rank issues its collectives in one sequence);
-2. a node some *hoisted* collective needs, for the earliest such collective first (its cone);
+2. a node some *hoisted* collective needs, for the earliest such collective first (its cone),
+   a reduction of a computed value to a quarter of it or less before any cone's (its input
+   need not wait for a later collective's cone);
 3. any other node, except
 4. nodes that read a collective's result: they wait until nothing else is ready.
 
@@ -17,8 +19,8 @@ Ties go to the traced order, so the result depends on the graph alone and every 
 same schedule from the same logical graph. A collective reading state directly (a ZeRO-3
 parameter all-gather, placed by its pass just before use) is not hoisted: issuing it earlier
 would only keep the gathered parameter alive longer; nor is a checkpointed module's
-recomputation (it would hold the activations checkpointing frees). Random nodes keep their relative order (one
-RNG stream), and so do effect nodes. Reordering equations of a functional IR changes no value:
+recomputation (it would hold the activations checkpointing frees). Random nodes keep their
+relative order (one RNG stream), and so do effect nodes. Reordering equations of a functional IR changes no value:
 the scheduled graph's results are bit-equal to the traced order's.
 """
 from __future__ import annotations
