@@ -2,6 +2,7 @@
 distribute_tensor, from_local, redistribute, full_tensor, the tensor-parallel styles, a 2-D mesh
 of data x tensor parallelism), FSDP2's fully_shard and distributed checkpoints, unchanged, launched on Gloo worlds by torch's launcher on torch and
 by holoflow's under mock_torch: every rank's answers must be torch's."""
+import inspect
 import json
 import subprocess
 import sys
@@ -9,7 +10,11 @@ import textwrap
 
 import numpy as np
 import pytest
+import plain_env as plain_env_module
+import torch_outputs
 from plain_env import plain_env
+
+from holoflow.distributed import launch
 
 HEADER = '''
 import json, sys
@@ -490,20 +495,52 @@ for name, pl in (("S0S0", [Shard(0), Shard(0)]), ("S0S1", [Shard(0), Shard(1)]),
 '''
 
 
-def _run(tmp_path, lib: str, name: str, body: str, ranks: int) -> dict:
+def _launch(tmp_path, lib: str, name: str, text: str, ranks: int) -> list:
+    """Runs the script ``text`` on ``ranks`` Gloo ranks, by torch's launcher on torch or by
+    holoflow's under mock_torch (``sys.argv[1]``); each rank's JSON answers, by rank.
+
+    holoflow's launcher is its ``translate`` of the arguments, then torchrun: run as such here, so
+    that the launching process does not import all of holoflow first, which it never uses (2-4 s
+    a launch). test_env_launch.py runs ``python -m holoflow.distributed.launch`` itself."""
     script = tmp_path / f"{name}.py"
-    script.write_text(textwrap.dedent(HEADER) + textwrap.dedent(body) + textwrap.dedent(FOOTER))
+    script.write_text(text)
     outdir = tmp_path / f"{name}_{lib}"
     outdir.mkdir()
-    launcher = "holoflow.distributed.launch" if lib == "holoflow" else "torch.distributed.run"
-    cmd = [sys.executable, "-m", launcher, "--nproc_per_node", str(ranks), str(script), lib, str(outdir)]
+    args = ["--nproc_per_node", str(ranks), str(script), lib, str(outdir)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *(launch.translate(args) if lib == "holoflow" else args)]
     out = subprocess.run(cmd, env=plain_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
     for _ in range(3):   # the reference itself: torch's Gloo teardown aborts now and then (twice in a row too)
         if out.returncode == 0 or lib != "torch" or "terminate called without an active exception" not in out.stderr:
             break
         out = subprocess.run(cmd, env=plain_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    return {r: json.loads((outdir / f"rank{r}.json").read_text()) for r in range(ranks)}
+    return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def launch_parts(text: str, ranks: int) -> dict:
+    """What torch's run of the script ``text`` depends on (the store key's parts, tests/torch_outputs.py):
+    the script, the launching code (its command and environment) and the world size."""
+    return {"script": text, "harness": inspect.getsource(_launch) + inspect.getsource(plain_env_module),
+            "world_size": ranks}
+
+
+def _script_outputs(tmp_path, lib: str, name: str, text: str, ranks: int) -> dict:
+    """Every rank's answers to the script ``text``: holoflow's run, or torch's (recorded)."""
+    if lib == "torch":
+        outs = torch_outputs.recorded(f"{name}-{ranks}", launch_parts(text, ranks),
+                                      lambda: _launch(tmp_path, lib, name, text, ranks))
+    else:
+        outs = _launch(tmp_path, lib, name, text, ranks)
+    return dict(enumerate(outs))
+
+
+def script_text(body: str) -> str:
+    return textwrap.dedent(HEADER) + textwrap.dedent(body) + textwrap.dedent(FOOTER)
+
+
+def _run(tmp_path, lib: str, name: str, body: str, ranks: int) -> dict:
+    """Every rank's answers to HEADER + ``body`` + FOOTER on ``ranks`` ranks, holoflow's or torch's."""
+    return _script_outputs(tmp_path, lib, name, script_text(body), ranks)
 
 
 def _compare(got: dict, want: dict) -> None:

@@ -2,13 +2,13 @@
 run by torch's launcher on torch and by holoflow's on holoflow (2 Gloo ranks each); every
 rank's weights, collective results (tensors and objects, point-to-point in flight,
 all_to_all_single) and group answers must be torch's."""
-import json
 import os
 import subprocess
 import sys
 import textwrap
 
 from plain_env import plain_env
+from test_dtensor_api import _script_outputs
 
 SCRIPT = textwrap.dedent('''
     import json, sys
@@ -95,21 +95,9 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _run(tmp_path, lib: str, code: str = SCRIPT) -> dict:
-    script = tmp_path / f"script_{abs(hash(code))}.py"
-    script.write_text(code)
-    outdir = tmp_path / f"{lib}_{abs(hash(code))}"
-    outdir.mkdir()
-    env = plain_env(OMP_NUM_THREADS="1")
-    launcher = "holoflow.distributed.launch" if lib == "holoflow" else "torch.distributed.run"
-    cmd = [sys.executable, "-m", launcher, "--nproc_per_node", "2", str(script), lib, str(outdir)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    for _ in range(3):   # the reference itself: torch's Gloo teardown aborts now and then (twice in a row too)
-        if out.returncode == 0 or lib != "torch" or "terminate called without an active exception" not in out.stderr:
-            break
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    return {r: json.loads((outdir / f"rank{r}.json").read_text()) for r in range(2)}
+def _run(tmp_path, lib: str, code: str = SCRIPT, name: str = "ddp_script") -> dict:
+    """Both ranks' answers to ``code``, holoflow's or torch's (test_dtensor_api's launcher)."""
+    return _script_outputs(tmp_path, lib, name, code, 2)
 
 
 def test_a_torch_ddp_script_runs_unchanged_under_mock_torch(tmp_path):
@@ -211,8 +199,8 @@ def test_differentiable_collectives_equal_torchs(tmp_path):
     """torch.distributed.nn.functional under mock_torch (a contrastive loss over all_gather, and
     all_reduce, broadcast, reduce, reduce_scatter, all_to_all, all_to_all_single with a backward):
     every rank's values and input gradients are torch's."""
-    ours = _run(tmp_path, "holoflow", COLLECTIVES_WITH_GRAD)
-    theirs = _run(tmp_path, "torch", COLLECTIVES_WITH_GRAD)
+    ours = _run(tmp_path, "holoflow", COLLECTIVES_WITH_GRAD, "collectives_with_grad")
+    theirs = _run(tmp_path, "torch", COLLECTIVES_WITH_GRAD, "collectives_with_grad")
     assert ours == theirs
     import numpy as np   # rank 1 took rank 1's tensor; rank 1 (the source) gets both ranks' gradients
     np.testing.assert_allclose(ours[0]["broadcast"][0], 1.0 + np.arange(6.0).reshape(2, 3) / 7, rtol=1e-6)
