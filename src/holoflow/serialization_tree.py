@@ -187,7 +187,9 @@ def decode_container(dec: Any, kind: str, items: list, depth: int) -> Any:
 
 
 class Decoder:
-    """Manifest nodes back into a tree, over the file's table of storages ``tensors``."""
+    """Manifest nodes back into a tree, over the file's table of storages ``tensors``. A reader
+    of another layout of tensors (the sharded directory's, ``checkpoint/reshard.py``) subclasses it,
+    overriding :meth:`tensor` (and :meth:`module`), and keeps the walk, its checks and errors."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], name: str) -> None:
         self.tensors, self.name, self.made = tensors, name, {}
@@ -209,8 +211,12 @@ class Decoder:
         if kind in CONTAINERS and isinstance(n.get("items"), list):
             return decode_container(self, kind, n["items"], depth)
         if kind == "module":
-            return _whole.decode_module(self.tensor, n, self.name)
+            return self.module(n)
         raise self.bad(f"unknown node {str(n)[:80]}")
+
+    def module(self, n: dict) -> Any:
+        """A module saved whole (see serialization_module.py)."""
+        return _whole.decode_module(self.tensor, n, self.name)
 
     def tensor(self, n: dict) -> Tensor:
         key = n.get("key")

@@ -237,6 +237,25 @@ def test_corrupt_sharded_checkpoints_raise_naming_the_problem(tmp_path):
         simulate(1, lambda r: flow.save({"x": from_full(torch.ones(2), _place("1"), B)}, __import__("io").BytesIO()))
 
 
+@pytest.mark.parametrize("root,message", [
+    ('{"t": "list", "items": [' * 300 + '{"t": "value", "v": 1}' + "]}" * 300, "nested more than 200"),
+    ('{"t": "dict", "items": [[{"t": "list", "items": []}, {"t": "value", "v": 1}]]}', "a dict key holds a list"),
+    ('{"t": "value", "v": [1]}', "a value node holds list"),
+    ('{"t": "tensor", "codec": "sharded"}', "a tensor node without a key"),
+    ('{"t": "module", "class": "x"}', "unknown node"),   # (modules saved whole: plain files only)
+])
+def test_a_sharded_manifest_tree_is_checked_as_a_file_manifest(tmp_path, root, message):
+    """The directory's tree is read by the file decoder's walk (reshard._Tree is a Decoder)."""
+    path = str(tmp_path / "ck")
+    _save(path, 2, "2", (S(0),))
+    man_path = os.path.join(path, "manifest.json")
+    man = json.load(open(man_path))
+    with open(man_path, "w") as f:
+        f.write(json.dumps(dict(man, root="ROOT")).replace('"ROOT"', root))
+    with pytest.raises(CheckpointError, match=r"corrupt manifest: " + message):
+        flow.load(path)
+
+
 def test_each_rank_opens_only_the_files_overlapping_its_shard(tmp_path, monkeypatch):
     from holoflow.checkpoint import reshard
     path = str(tmp_path / "ck")

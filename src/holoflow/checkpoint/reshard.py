@@ -31,7 +31,7 @@ from ..distributed.placement import placement
 from ..serialization import load_file
 from ..serialization_storage import (checked_locations, from_storable, identity, owned, restore, retyped, stored_shape,
                                      view_of)
-from ..serialization_tree import CONTAINERS, CheckpointError, as_parameter, decode_container
+from ..serialization_tree import CheckpointError, Decoder, as_parameter
 from .sharded import FORMAT, MANIFEST, OLD_TAG, VERSION, _ctx, _dtype_from, _gather, _map_tensors, _sbp_from
 
 
@@ -100,32 +100,20 @@ class _Pending:
         self.node = node
 
 
-class _Tree:
-    """The manifest's tree with tensors left as :class:`_Pending` (one object per saved tensor)."""
+class _Tree(Decoder):
+    """The manifest's tree with tensors left as :class:`_Pending` (one object per saved tensor,
+    in ``made``); the walk is the file decoder's."""
 
     def __init__(self, name: str) -> None:
-        self.name, self.pending = name, {}
+        super().__init__({}, name)
 
-    def bad(self, what: str) -> CheckpointError:
-        return CheckpointError(f"holoflow.load({self.name}): corrupt manifest: {what}")
+    def tensor(self, n: dict) -> _Pending:
+        if not isinstance(n.get("key"), str):
+            raise self.bad(f"a tensor node without a key: {str(n)[:80]}")
+        return self.made.setdefault(identity(n), _Pending(n))   # (views of one storage: one key)
 
-    def node(self, n: Any, depth: int = 0) -> Any:
-        if depth > 200:
-            raise self.bad("nested more than 200 levels")
-        kind = n.get("t") if isinstance(n, dict) else None
-        if kind == "value":
-            v = n.get("v")
-            if v is not None and not isinstance(v, (bool, int, float, str)):
-                raise self.bad(f"a value node holds {type(v).__name__}")
-            return v
-        if kind == "tensor":
-            key = n.get("key")
-            if not isinstance(key, str):
-                raise self.bad(f"a tensor node without a key: {str(n)[:80]}")
-            return self.pending.setdefault(identity(n), _Pending(n))   # (views of one storage: one key)
-        if kind in CONTAINERS and isinstance(n.get("items"), list):
-            return decode_container(self, kind, n["items"], depth)
-        raise self.bad(f"unknown node {str(n)[:80]}")
+    def module(self, n: dict) -> Any:
+        raise self.bad(f"unknown node {str(n)[:80]}")   # (modules saved whole: plain files only)
 
 
 class _Reader:
