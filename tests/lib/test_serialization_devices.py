@@ -5,13 +5,16 @@ function of (storage, location)). No GPU is needed: the files are written with t
 of a storage's device (``torch.serialization.location_tag``) patched, for torch.save and
 flow.save alike, and CUDA is reported missing. The "meta" device stands in for a device that
 exists here: storages saved there come back there."""
+import json
+import os
+
 import pytest
 import torch
 
 import holoflow as flow
 from holoflow.distributed.global_tensor import from_full
 from holoflow.distributed.world import simulate
-from holoflow.sbp import S
+from holoflow.sbp import B, S
 
 from .test_serialization_views import _assert_same, _layout, _leaves, _torch_of, _views
 
@@ -96,3 +99,58 @@ def test_storages_come_back_on_the_device_they_were_saved_on(tmp_path, monkeypat
             assert _layout(g) == _layout(r), (path, where)
     for path in (fpath, dpath):
         _assert_same(torch.load(tpath, weights_only=True, map_location="cpu"), _load_obj(path, map_location="cpu"))
+
+
+# -- global tensors loaded into a global layout ----------------------------------------------------
+def _global_dir_saved_on_cuda(tmp_path):
+    """A directory of global tensors saved on ``placement("cuda", [0, 1])``: written from the CPU
+    placement, then its manifest's placements made "cuda" (what a GPU run records)."""
+    path = str(tmp_path / "gk")
+    simulate(2, lambda r: flow.save({"g": from_full(torch.arange(6.0), PLACE, S(0)),
+                                     "b": from_full(torch.ones(2, 3), PLACE, B)}, path))
+    man_path = os.path.join(path, "manifest.json")
+    with open(man_path) as f:
+        man = json.load(f)
+    for _, node in man["root"]["items"]:
+        node["placement"]["type"] = "cuda"
+    with open(man_path, "w") as f:
+        json.dump(man, f)
+    return path
+
+
+def _load_global(path, **kw):
+    """Every simulated rank's (placement, sbp, local part) per tensor, or its RuntimeError."""
+    def fn(r):
+        try:
+            got = flow.load(path, **kw)
+        except RuntimeError as e:
+            return e
+        return {k: (t.placement, tuple(t.sbp), t.to_local().to_torch()) for k, t in got.items()}
+    return simulate(2, fn)
+
+
+def test_a_global_tensor_saved_on_cuda_raises_torchs_error_or_moves_by_map_location(tmp_path, no_cuda):
+    path = _global_dir_saved_on_cuda(tmp_path)
+    for kw in ({}, {"map_location": {"cuda:7": "cpu"}}, {"map_location": lambda storage, location: None}):
+        for got in _load_global(path, **kw):   # (torch's deep "not compiled with CUDA" before)
+            assert type(got) is RuntimeError, kw
+            assert "torch.cuda.is_available() is False" in str(got) and "map_location" in str(got), kw
+    seen = []
+
+    def mover(storage, location):
+        seen.append(location)
+        return storage
+    everywhere = {f"cuda:{i}": "cpu" for i in range(max(torch.cuda.device_count(), 2))}
+    for loc in ("cpu", torch.device("cpu"), everywhere, mover):
+        for r, got in enumerate(_load_global(path, map_location=loc)):
+            assert not isinstance(got, Exception), (loc, got)
+            assert got["g"][:2] == (PLACE, (S(0),)) and torch.equal(got["g"][2], torch.arange(6.0)[3 * r:3 * r + 3])
+            assert got["b"][:2] == (PLACE, (B,)) and torch.equal(got["b"][2], torch.ones(2, 3))
+    assert seen and all(loc.startswith("cuda:") for loc in seen)   # the function sees the saved device
+
+    def into_cpu_layout(r):   # like= gives the layout and the devices, as torch's DCP loads in place
+        got = flow.load(path, like={"g": from_full(torch.zeros(6), PLACE, S(0)),
+                                    "b": from_full(torch.zeros(2, 3), PLACE, B)})
+        return got["g"].placement, got["g"].to_local().to_torch()
+    for r, (place, local) in enumerate(simulate(2, into_cpu_layout)):
+        assert place == PLACE and torch.equal(local, torch.arange(6.0)[3 * r:3 * r + 3])

@@ -10,6 +10,12 @@ Target layout of each loaded tensor, first match wins:
 3. In a world of one process, the whole tensor as a local tensor.
 
 Otherwise loading fails, naming the tensor and asking for ``like``.
+
+Devices: in its saved layout (2.), each rank's part goes where ``torch.load`` puts a storage saved
+on the device that rank has on the saved placement (``placement.device_for``, e.g. ``"cuda:0"``):
+there, or where ``map_location`` sends it (the placement then takes that device's type), and on
+a machine without that device torch's RuntimeError asking for ``map_location``. ``like``'s layout
+(1.) brings its own devices (as torch's DCP loads into the tensors it is given).
 """
 from __future__ import annotations
 
@@ -217,13 +223,14 @@ class _Reader:
 
 
 def _target(n: dict, like: Any, where: str, name: str) -> tuple | None:
-    """(placement, nd-SBP) for a saved tensor node, or None for a local whole tensor."""
+    """(placement, nd-SBP, whether it is the saved layout rather than ``like``'s) for a saved
+    tensor node, or None for a local whole tensor."""
     shape = n.get("shape")
     if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
         raise CheckpointError(f"holoflow.load({name}): corrupt manifest: bad shape {shape!r} for {where}")
     lk = _like_tensor(like, shape, where)
     if lk is not None:
-        return (lk._global.placement, tuple(lk._global.sbp)) if lk._global is not None else None
+        return (lk._global.placement, tuple(lk._global.sbp), False) if lk._global is not None else None
     saved = n.get("placement")
     if saved is None:
         return None
@@ -237,7 +244,7 @@ def _target(n: dict, like: Any, where: str, name: str) -> tuple | None:
     nd = tuple(_sbp_from(s, name) for s in sbp)
     _, world_size = _ctx()
     if max(place.flat_ranks) < world_size:
-        return place, nd
+        return place, nd, True
     if world_size == 1:
         return None
     raise CheckpointError(f"holoflow.load({name}): {where} was saved on {place}, but this world has "
@@ -250,9 +257,14 @@ def _build(data: torch.Tensor | None, n: dict, target: tuple | None, map_locatio
     if target is None:   # (a local tensor was restored with its storage, by the reader)
         t = Tensor._make(data if n.get("placement") is None else restore(data, _location(n), map_location))
     else:
-        place, nd = target
-        local = data.to(place.device_for(r)) if data is not None else torch.empty((0,), dtype=_dtype_from(
-            n.get("dtype"), "manifest"))
+        place, nd, saved = target
+        if data is None:   # (a rank outside the placement: an empty part, on the CPU)
+            local = torch.empty((0,), dtype=_dtype_from(n.get("dtype"), "manifest"))
+            place = _restored(local, place, map_location)[1] if saved else place
+        elif saved:
+            local, place = _restored(data, place, map_location)
+        else:   # (like's layout: its devices, as torch's DCP loads into the tensors it is given)
+            local = data.to(place.device_for(r))
         t = make_global(Tensor._make(local), place, nd, n["shape"])
     if n.get("requires_grad"):
         if not (t.is_floating_point() or t.is_complex()):
@@ -262,6 +274,19 @@ def _build(data: torch.Tensor | None, n: dict, target: tuple | None, map_locatio
     if n.get("parameter"):
         t = as_parameter(t, bool(n.get("requires_grad")))
     return t
+
+
+def _restored(data: torch.Tensor, place: placement, map_location: Any) -> tuple[torch.Tensor, placement]:
+    """(this rank's part, its placement) of a global tensor loaded in its saved layout, its
+    storage restored as ``torch.load`` restores one (:func:`restore`): to the device this rank has
+    on the saved placement, or where ``map_location`` sends it (the placement takes that
+    device's type), and on a machine without that device torch's RuntimeError asking for
+    ``map_location``."""
+    r, _ = _ctx()
+    local = restore(data, str(place.device_for(r)), map_location)
+    if local.device.type != place.type:
+        place = placement(local.device.type, place.ranks.tolist())
+    return local, place
 
 
 def _location(n: dict) -> str:
@@ -301,7 +326,7 @@ def load_sharded(path: Any, map_location=None, like: Any = None) -> Any:
         if target is None:
             data = reader.read(n, [(0, d) for d in n["shape"]], where, whole=True)
         else:
-            place, nd = target
+            place, nd, _ = target
             coords = place.coords(r)
             data = None
             if coords is not None:
