@@ -160,3 +160,28 @@ def test_two_dtypes_over_one_local_storage_are_refused_on_every_rank_as_torch(tm
     errors = simulate(2, fn)
     assert all(e is not None and "view the same data as different types" in e for e in errors), errors
     assert not (tmp_path / "ck").exists()
+
+
+def test_global_views_keep_sharing_in_their_saved_layout_given_by_like_and_a_bad_shared_list_is_refused(tmp_path):
+    """(the Gloo twin: tests/checkpoint/test_sharded_sharing_gloo.py)"""
+    import json
+    import os
+    path = str(tmp_path / "ck")
+    simulate(2, lambda r: flow.save({"w": (w := from_full(torch.arange(12.0).reshape(3, 4), PLACE, S(0))),
+                                     "wT": w.t()}, path))
+
+    def fn(r):
+        got = flow.load(path, like={"w": from_full(torch.zeros(3, 4), PLACE, S(0))})   # (the saved layout)
+        got["w"]._data.add_(1)
+        return got["wT"].to_local().to_torch(), got["w"].to_local().to_torch()
+    for r, (wt, w) in enumerate(simulate(2, fn)):
+        assert torch.equal(wt, w.t()) and torch.equal(w, shard_of(torch.arange(12.0).reshape(3, 4) + 1, (S(0),),
+                                                                   PLACE, r))
+    man_path = os.path.join(path, "manifest.json")
+    with open(man_path) as f:
+        man = json.load(f)
+    man["shared"]["1"][0][0][2] = "x"
+    with open(man_path, "w") as f:
+        json.dump(man, f)
+    with pytest.raises(RuntimeError, match=r"corrupt manifest: \"shared\" of rank 1"):
+        simulate(2, lambda r: flow.load(path))

@@ -38,6 +38,7 @@ from ..serialization import load_file
 from ..serialization_storage import (checked_locations, from_storable, identity, owned, restore, retyped, stored_shape,
                                      view_of)
 from ..serialization_tree import CheckpointError, Decoder, as_parameter
+from .shared import joined, parts_of
 from .sharded import FORMAT, MANIFEST, OLD_TAG, VERSION, _ctx, _dtype_from, _gather, _map_tensors, _sbp_from
 
 
@@ -266,6 +267,11 @@ def _build(data: torch.Tensor | None, n: dict, target: tuple | None, map_locatio
         else:   # (like's layout: its devices, as torch's DCP loads into the tensors it is given)
             local = data.to(place.device_for(r))
         t = make_global(Tensor._make(local), place, nd, n["shape"])
+    return _finish(t, n)
+
+
+def _finish(t: Tensor, n: dict) -> Tensor:
+    """A loaded tensor marked as the node says: requires_grad, a Parameter."""
     if n.get("requires_grad"):
         if not (t.is_floating_point() or t.is_complex()):
             raise CheckpointError(f"holoflow.load: corrupt manifest: tensor {n['key']!r} of dtype {t.dtype} is "
@@ -284,9 +290,12 @@ def _restored(data: torch.Tensor, place: placement, map_location: Any) -> tuple[
     ``map_location``."""
     r, _ = _ctx()
     local = restore(data, str(place.device_for(r)), map_location)
-    if local.device.type != place.type:
-        place = placement(local.device.type, place.ranks.tolist())
-    return local, place
+    return local, _typed(place, local.device)
+
+
+def _typed(place: placement, device: torch.device) -> placement:
+    """``place`` on the type of ``device`` (where ``map_location`` moved a part saved on it)."""
+    return place if device.type == place.type else placement(device.type, place.ranks.tolist())
 
 
 def _location(n: dict) -> str:
@@ -313,32 +322,82 @@ def load_sharded(path: Any, map_location=None, like: Any = None) -> Any:
     if not isinstance(manifest.get("version"), int) or manifest["version"] > VERSION:
         raise CheckpointError(f"holoflow.load({name}): format version {manifest.get('version')!r} is not one "
                               f"this holoflow reads ({VERSION}); upgrade holoflow")
-    tree = _Tree(name).node(manifest["root"])
+    decoder = _Tree(name)
+    tree = decoder.node(manifest["root"])
     reader = _Reader(directory, name, manifest, map_location)
-    r, _ = _ctx()
-    made: dict = {}
+    planned: dict = {}   # id(pending) -> (pending, target, where): the layout where a tensor is met first
 
-    def load_one(p: _Pending, like: Any, where: str) -> Tensor:
-        if id(p) in made:
-            return made[id(p)]
-        n = p.node
-        target = _target(n, like, where, name)
-        if target is None:
-            data = reader.read(n, [(0, d) for d in n["shape"]], where, whole=True)
-        else:
-            place, nd, _ = target
-            coords = place.coords(r)
-            data = None
-            if coords is not None:
-                data = reader.read(n, local_ranges(n["shape"], nd, place, coords), where)
-                if any(s == P and coords[a] != 0 for a, s in enumerate(nd)):
-                    data.zero_()   # a partial sum: the value lives on the first rank of each P axis
-        t = made[id(p)] = _build(data, n, target, map_location)
-        return t
+    def plan(p: _Pending, like: Any, where: str) -> _Pending:
+        if id(p) not in planned:
+            planned[id(p)] = (p, _target(p.node, like, where, name), where)
+        return p
     try:
-        return _walk(tree, like, load_one)
+        _walk(tree, like, plan)
+        made = _load_shared(decoder.made, manifest, planned, reader, map_location)
+        for key, (p, target, where) in planned.items():
+            if key not in made:
+                made[key] = _build(_read_part(reader, p.node, target, where), p.node, target, map_location)
+        return _walk(tree, None, lambda p, _like, _where: made[id(p)])
     finally:
         reader.files.clear()
+
+
+def _read_part(reader: _Reader, n: dict, target: tuple | None, where: str) -> torch.Tensor | None:
+    """This rank's part of the saved tensor ``n`` in ``target`` (the whole tensor for a local
+    one; None outside the placement), read from the shards."""
+    if target is None:
+        return reader.read(n, [(0, d) for d in n["shape"]], where, whole=True)
+    place, nd, _ = target
+    coords = place.coords(_ctx()[0])
+    if coords is None:
+        return None
+    data = reader.read(n, local_ranges(n["shape"], nd, place, coords), where)
+    if any(s == P and coords[a] != 0 for a, s in enumerate(nd)):
+        data.zero_()   # a partial sum: the value lives on the first rank of each P axis
+    return data
+
+
+def _load_shared(pending: dict, manifest: dict, planned: dict, reader: _Reader, map_location: Any) -> dict:
+    """id(pending) -> tensor for the global tensors that shared a local storage on this rank when
+    saved and load in that layout: views of one storage again (:mod:`.shared`). ``pending``: the
+    manifest's tensors by identity, ``planned``: their targets."""
+    r, _ = _ctx()
+    made: dict = {}
+    for group in parts_of(manifest, r, reader.corrupt):
+        members = [planned.get(id(pending.get((key, 0)))) for key, *_ in group]
+        if not all(_in_saved_part(m, part, reader.name) for m, part in zip(members, group)) or \
+                len({m[0].node.get("dtype") for m in members}) != 1:
+            continue   # (some of them load in another layout: apart)
+        views = joined([(off, shape, stride, _read_part(reader, p.node, target, where))
+                        for (p, target, where), (_, off, shape, stride) in zip(members, group)])
+        if views is None:
+            continue
+        place, _, saved = members[0][1]   # (the storage, moved once: as saved, or to like's device)
+        first, _ = _restored(views[0], place, map_location if saved else str(place.device_for(r)))
+        storage = first.untyped_storage()
+        for (p, (place, nd, _), _), v in zip(members, views):
+            local = torch.empty(0, dtype=v.dtype, device=first.device).set_(storage, v.storage_offset(), v.shape,
+                                                                             v.stride())
+            made[id(p)] = _finish(make_global(Tensor._make(local), _typed(place, first.device), nd, p.node["shape"]),
+                                  p.node)
+    return made
+
+
+def _in_saved_part(member: tuple | None, part: tuple, name: str) -> bool:
+    """Whether a tensor of a shared storage loads, on this rank, the part it saved there (in its
+    saved layout, which ``like`` may give too)."""
+    if member is None or member[1] is None:   # (not in the tree, or loaded whole)
+        return False
+    p, (place, nd, saved), where = member
+    if not saved:
+        try:
+            saved = _target(p.node, None, where, name)
+        except CheckpointError:   # (saved on ranks this world lacks)
+            return False
+        if saved is None or saved[:2] != (place, nd):
+            return False
+    coords = place.coords(_ctx()[0])
+    return coords is not None and [s for _, s in local_ranges(p.node["shape"], nd, place, coords)] == part[2]
 
 
 def missing_hint(path: Any) -> str | None:

@@ -11,6 +11,11 @@ written once, by the first rank holding it (broadcast copies are not repeated); 
 tensor is reduced (P -> B) before saving. A dtype safetensors lacks (complex128, ...) is stored
 as its parts, one trailing dim added (``serialization_storage.storable``).
 
+Global tensors sharing a local storage (a global tensor and a global view of it, tied tensors) keep
+it: the manifest's ``"shared"`` lists, per rank, each storage's tensors with their parts' offset,
+shape and stride there, and a load in the saved layout writes their parts into one storage again
+(:mod:`holoflow.checkpoint.reshard`); older code ignores it and loads them apart, as it saved them.
+
 Local tensors in the tree are rank 0's, kept as ``torch.save`` keeps them: one entry of rank 0's
 file per storage, named by the first tensor saved from it, and every other tensor on that storage
 a ``"view"`` of it (offset, shape, stride), as in a plain checkpoint
@@ -105,6 +110,7 @@ class _ShardEncoder(Encoder):
         super().__init__()
         self.rank, self.next_key, self.stored_as = rank, "0", False
         self.failed: Exception | None = None
+        self.parts: dict[tuple, list] = {}   # a local storage -> this rank's global tensors' parts on it
         self.table.new_name = lambda: self.next_key   # a storage's entry: its first tensor's key
 
     @property
@@ -154,6 +160,18 @@ class _ShardEncoder(Encoder):
         self.seen[id(t)] = node
         return node
 
+    def _note_part(self, name: str, data: torch.Tensor) -> None:
+        """Where this rank's part of a global tensor lies in its local storage (see :meth:`shared`)."""
+        if data.numel() == 0 or data.is_conj() or data.is_neg():   # (lazy bits: not the storage's values)
+            return
+        key = (str(data.device), data.untyped_storage().data_ptr(), data.dtype)
+        self.parts.setdefault(key, []).append([name, data.storage_offset(), list(data.shape), list(data.stride())])
+
+    def shared(self) -> list:
+        """This rank's global tensors that share a local storage (views, tied tensors), one list per
+        storage of ``[key, offset, shape, stride]`` of each part: the manifest's ``"shared"``."""
+        return [group for group in self.parts.values() if len(group) > 1]
+
     def _global(self, t: Tensor, name: str, g) -> dict:
         place, shape = g.placement, list(g.shape)
         nd = tuple(B if s == P else s for s in g.sbp)   # partial sums are reduced before saving
@@ -163,6 +181,8 @@ class _ShardEncoder(Encoder):
             if box not in owners and all(n > 0 for _, n in box):
                 owners[box] = rk
         coords = place.coords(self.rank)
+        if coords is not None:
+            self._note_part(name, t._data)
         if coords is not None and owners.get(tuple(local_ranges(shape, nd, place, coords))) == self.rank:
             x = t.detach()
             if nd != tuple(g.sbp):
@@ -196,7 +216,9 @@ def save_sharded(obj: Any, path: str | os.PathLike) -> None:
             os.makedirs(tmp)
         except Exception as e:  # noqa: BLE001 - reported on every rank
             err = f"{type(e).__name__}: {e}"
-    tmp, err0 = _gather((tmp, err), n)[0]
+    started = _gather((tmp, err, enc.shared()), n)
+    tmp, err0, _ = started[0]
+    shared = {str(rk): groups for rk, (_, _, groups) in enumerate(started) if groups}
     if err0:
         raise CheckpointError(f"holoflow.save({path!r}): rank 0 could not start: {err0}")
     err = None
@@ -217,6 +239,8 @@ def save_sharded(obj: Any, path: str | os.PathLike) -> None:
                     manifest["dtypes"] = enc.table.dtypes
                 if enc.table.locations:
                     manifest["locations"] = enc.table.locations
+                if shared:
+                    manifest["shared"] = shared
                 _write_synced(tmp, MANIFEST, manifest)
                 _commit(tmp, path)
         except Exception as e:  # noqa: BLE001
