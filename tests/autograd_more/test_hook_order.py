@@ -28,6 +28,7 @@ BINARY = {
     "div": lambda L, a, b: a / (b * b + 1.0), "maximum": lambda L, a, b: L.maximum(a, b),
     "where": lambda L, a, b: L.where(a > 0, a, b), "lerp": lambda L, a, b: L.lerp(a, b, 0.25),
     "addcmul": lambda L, a, b: L.addcmul(a, a, b), "halves": lambda L, a, b: L.cat([a[2:], b[:2]]),
+    "stack": lambda L, a, b: (L.stack([a, b], 1) * L.tensor([1.0, -2.0])).sum(1),
 }
 
 

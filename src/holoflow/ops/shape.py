@@ -522,6 +522,23 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 concat = concatenate = cat
 
 
+def _stack_sbp(metas, attrs):
+    tens, d = tensor_metas(metas), attrs["dim"]
+    n = len(tens)
+    return [((B,) * n, (B,)), ((P,) * n, (P,))] + \
+        [((S(a),) * n, (S(a if a < d else a + 1),)) for a in range(len(tens[0].shape))]
+
+
+def _stack_grad(ctx, dy):
+    return tuple(_grad_to_dtype(g, dt) for g, dt in zip(apply(UNBIND, dy, dim=ctx.dim), ctx.dtypes))
+
+
+# its own node, as torch's StackBackward0: each input is one edge of it, so the inputs' hooks fire
+# in torch's order (an unsqueeze per input would put a node of its own before each of them)
+STACK = defop("stack", lambda *xs, dim: torch.stack(xs, dim), grad=_stack_grad, sbp=_stack_sbp, family="shape",
+              fresh=True)
+
+
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Joins equally shaped tensors along a new dim."""
     tensors = list(tensors)
@@ -533,7 +550,7 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
             raise ShapeError(f"holoflow.stack: tensor {i} has shape {_fmt(x.shape)} but tensor 0 has shape "
                              f"{_fmt(ref)}; stack needs equal shapes")
     d = normalize_dim("stack", dim, len(ref) + 1)
-    return cat([unsqueeze(x, d) for x in tensors], d)
+    return apply(STACK, *tensors, dim=d)
 
 
 def hstack(tensors: Sequence[Tensor]) -> Tensor:
