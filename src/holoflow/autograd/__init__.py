@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from ..core import grad_mode, interpret
-from ..core.autograd import EdgeRoot, run_backward, seed_grads
+from ..core.autograd import as_roots, run_backward, seed_grads
 from ..core.grad_mode import enable_grad, inference_mode, no_grad, set_grad_enabled
 from ..core.tensor import Tensor
 from .anomaly_mode import detect_anomaly, set_detect_anomaly
@@ -29,16 +29,7 @@ def variable(*args, **kwargs):
 
 
 def _as_list(x) -> list:
-    """Tensors (or one); a ``GradientEdge`` stands for the tensor whose gradient flows through
-    it: a leaf's (its AccumulateGrad) is the leaf, another node's output an ``EdgeRoot``."""
-    xs = [x] if isinstance(x, (Tensor, graph.GradientEdge)) else list(x)
-    return [_edge(e) if isinstance(e, graph.GradientEdge) else e for e in xs]
-
-
-def _edge(e) -> Tensor | EdgeRoot:
-    if isinstance(e.node, graph.AccumulateGrad):
-        return e.node.variable
-    return EdgeRoot(e.node, e.output_nr)
+    return as_roots(x if isinstance(x, (Tensor, tuple, list)) else list(x))
 
 
 def backward(tensors, grad_tensors=None, retain_graph: bool | None = None,
@@ -48,12 +39,8 @@ def backward(tensors, grad_tensors=None, retain_graph: bool | None = None,
     outputs = _as_list(tensors)
     grads = _grad_list(outputs, grad_tensors)
     retain = create_graph if retain_graph is None else retain_graph
-    if inputs is not None:
+    if inputs is not None:   # (a node's GradientEdge: the node runs, nothing accumulates, as torch's)
         inputs = _as_list(inputs)
-        if any(type(t) is EdgeRoot for t in inputs):
-            raise RuntimeError("holoflow.autograd.backward: inputs= takes tensors (or the GradientEdge of a "
-                               "leaf): the gradient flowing into another node has no .grad to accumulate "
-                               "into; use autograd.grad(outputs, inputs=[edge]) to get it")
     interpret.current().backward(outputs, grads, retain, create_graph, inputs)
 
 

@@ -14,13 +14,13 @@ import functools
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Generator, Iterable, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import torch
 
 from ..core import saved
 from ..core.autograd import current_graph_task, will_execute
-from ..core.node import AccumulateGrad, GradNode, grad_accumulator
+from ..core.node import AccumulateGrad, GradientEdge, GradNode, grad_accumulator
 from ..core.tensor import Tensor
 from .saved_mutation import allow_mutation_on_saved_tensors
 
@@ -58,15 +58,6 @@ class Node(abc.ABC):
 
 Node.register(GradNode)
 Node.register(AccumulateGrad)
-
-
-class GradientEdge(NamedTuple):
-    """A gradient edge of the graph: ``node`` (a grad node, or a leaf's AccumulateGrad) and the
-    index of its output; ``get_gradient_edge(t)`` is where ``t``'s gradient is computed."""
-
-    node: Node
-    output_nr: int
-    ownership_token: Node | None = None
 
 
 def get_gradient_edge(tensor: Tensor) -> GradientEdge:

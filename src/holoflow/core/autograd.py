@@ -17,12 +17,12 @@ from . import anomaly, grad_mode
 from .anomaly import ANOMALY
 from .errors import HoloflowError
 from .native import FAST
-from .node import (_FREED, _TASK, AccumulateGrad, AccumulatePostHook, GradNode, GraphTask, PackedNode,
-                   _run_node_hooks)
+from .node import (_FREED, _TASK, AccumulateGrad, AccumulatePostHook, GradientEdge, GradNode, GraphTask,
+                   PackedNode, _run_node_hooks)
 from .views import dense_layout
 
 __all__ = ["GradNode", "PackedNode", "AccumulateGrad", "GraphTask", "queue_callback", "current_graph_task",
-           "EdgeRoot", "split_backward",
+           "EdgeRoot", "as_roots", "split_backward",
            "will_execute", "accumulate_grad", "seed_grads", "run_backward"]
 
 _ACC_LOCK = threading.Lock()
@@ -253,6 +253,20 @@ class EdgeRoot:
 
     def __init__(self, node: GradNode, index: int) -> None:
         self.grad_fn, self._out_idx = node, index
+
+    def retain_grad(self) -> None:
+        """Nothing to keep: an edge has no ``.grad``. As torch's ``backward(inputs=[edge])`` of a
+        node's output, the node runs (its hooks fire) and nothing accumulates."""
+
+
+def as_roots(xs: Any) -> list:
+    """Tensors (or one) as the engine reads them; a ``GradientEdge`` stands for the tensor whose
+    gradient flows through it: a leaf's (its AccumulateGrad) is the leaf, another node's output an
+    :class:`EdgeRoot`."""
+    if not isinstance(xs, (list, tuple)) or isinstance(xs, GradientEdge):
+        xs = [xs]
+    return [(e.node.variable if isinstance(e.node, AccumulateGrad) else EdgeRoot(e.node, e.output_nr))
+            if isinstance(e, GradientEdge) else e for e in xs]
 
 
 def split_backward(tensors: Sequence, inputs: Sequence, weights: Sequence) -> tuple[set, list]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from . import anomaly, grad_mode
 from .registry import Op
@@ -323,6 +323,16 @@ class AccumulatePostHook:
 
     def __init__(self, fn: Callable) -> None:
         self.fn = fn
+
+
+class GradientEdge(NamedTuple):
+    """A gradient edge of the graph: ``node`` (a grad node, or a leaf's AccumulateGrad) and the
+    index of its output; ``autograd.graph.get_gradient_edge(t)`` is where ``t``'s gradient is
+    computed."""
+
+    node: GradNode | AccumulateGrad
+    output_nr: int
+    ownership_token: GradNode | AccumulateGrad | None = None
 
 
 def grad_accumulator(leaf) -> AccumulateGrad:

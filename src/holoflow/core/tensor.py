@@ -306,7 +306,10 @@ class Tensor:
                  create_graph: bool = False, inputs=None) -> None:
         """Computes gradients of this tensor w.r.t. graph leaves, like ``torch.Tensor.backward``."""
         retain = create_graph if retain_graph is None else retain_graph
-        ins = None if inputs is None else ([inputs] if isinstance(inputs, Tensor) else list(inputs))
+        ins = None
+        if inputs is not None:   # (tensors, or GradientEdges: core/autograd.as_roots)
+            from .autograd import as_roots
+            ins = as_roots(inputs if isinstance(inputs, (Tensor, tuple, list)) else list(inputs))
         interpret.current().backward([self], [gradient], retain, create_graph, ins)
 
     def register_hook(self, hook: Callable) -> Any:
