@@ -257,16 +257,16 @@ def test_a_sharded_manifest_tree_is_checked_as_a_file_manifest(tmp_path, root, m
 
 
 def test_each_rank_opens_only_the_files_overlapping_its_shard(tmp_path, monkeypatch):
-    from holoflow.checkpoint import reshard
+    from holoflow.checkpoint.reader import ShardReader
     path = str(tmp_path / "ck")
     _save(path, 2, "2", (S(0),))
     opened = {}
-    real = reshard._Reader.file
+    real = ShardReader.file
 
     def spy(self, fname):
         opened.setdefault(__import__("holoflow").distributed.world.rank(), set()).add(fname)
         return real(self, fname)
-    monkeypatch.setattr(reshard._Reader, "file", spy)
+    monkeypatch.setattr(ShardReader, "file", spy)
     place = _place("4")
     simulate(4, lambda r: flow.load(path, like={"i64": from_full(torch.zeros(6, 2, dtype=torch.int64), place,
                                                                  S(0))}))

@@ -2,7 +2,8 @@
 
 - :mod:`.sharded` / :mod:`.reshard`: ``flow.save(tree, dir)`` of global tensors (every rank
   writes its shards at once, atomically) and ``flow.load(dir, like=...)`` resharding to another
-  placement, SBP, mesh or world size; OneFlow's ``global_dst_rank`` / ``global_src_rank``.
+  placement, SBP, mesh or world size; OneFlow's ``global_dst_rank`` / ``global_src_rank``
+  (:mod:`.reader` reads the rank files; :mod:`.shared` gives tensors saved over one storage one again).
 - :mod:`.manager`: :class:`CheckpointManager` (save ``every`` n steps, keep the last ``keep``,
   an atomic ``latest`` pointer) for jobs restarted by ``launch --max_restarts``.
 
