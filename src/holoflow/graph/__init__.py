@@ -5,7 +5,8 @@ import sys as _sys
 from .. import nn as _nn
 from .compile_module import compile_forward
 from .config import GraphConfig
-from .graph import Graph, GraphBuildError, GraphModule
+from .graph import Graph, GraphModule
+from .graph_compile import GraphBuildError
 from .lower import GraphRunError
 
 __all__ = ["Graph", "GraphBuildError", "GraphConfig", "GraphModule", "GraphRunError"]

@@ -42,7 +42,7 @@ from ..core import grad_mode, interpret, saved
 from ..core.tensor import Tensor
 from ..nn.module import Module
 from ..nn import module as _module
-from .graph import _cache_key, _state_walk
+from .cache_key import _cache_key, _state_walk
 from . import passes
 from .config import GraphConfig
 from .ir import IRGraph, Value, check

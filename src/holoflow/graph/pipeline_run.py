@@ -116,7 +116,7 @@ class PipelineCompiled:
     """One rank's pipelined plan of a graph (what ``Graph._compile`` returns when stages or
     micro-batches are set on a global graph); the interface of ``lower.Compiled``."""
 
-    written_inputs: tuple = ()   # inputs written by build are refused for pipelines (graph.py)
+    written_inputs: tuple = ()   # inputs written by build are refused for pipelines (graph_compile.py)
 
     def __init__(self, logical, placements: list, m: int, schedule: str, *, rank: int, comm: Any,
                  passes_log: list, compile_s: float, profile: bool = False, memory: str | None = None,

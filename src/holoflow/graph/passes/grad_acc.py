@@ -3,7 +3,7 @@ each batch runs as ``m`` micro-batches, one forward and backward each, and the o
 once with the sum of their gradients.
 
 ``nn.Graph`` traces ``build`` on one micro-batch (inputs of ``batch / m`` rows, graph/pipeline.py
-``micro_protos``) with ``loss.backward()`` scaled by ``1 / m`` (graph/graph.py ``_backward_rule``),
+``micro_protos``) with ``loss.backward()`` scaled by ``1 / m`` (graph/graph_compile.py ``_backward_rule``),
 exactly what eager code does with ``(loss / m).backward()`` per micro-batch. This pass turns that
 micro-batch graph into the step:
 

@@ -1,0 +1,168 @@
+"""``nn.Graph`` before it compiles (docs/architecture.md, "Auto-parallel"): ``build()`` traced and
+passed, never run, for the cost model's ``predict()`` and for the auto-parallel planner
+(``config.enable_auto_parallel()``), which lays the parameters (and, as the plan says, inputs and
+blocks' outputs) out before the first compile.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..core.errors import HoloflowError, UnsupportedError
+from ..core.tensor import Tensor
+from . import passes
+from .pytree import flatten
+from .global_graph import is_global
+from .passes.stages import is_move
+from .graph_compile import GraphCompiling
+
+
+LOG = logging.getLogger("holoflow.graph")
+
+
+class GraphAutoParallel(GraphCompiling):
+    """The cost model's and the auto-parallel planner's view of :class:`graph.Graph` (a base class
+    of it: keeps the plan chosen in the ``_auto_plan``, ``_feed_sbp`` and ``_act_vars`` that
+    ``Graph.__init__`` sets)."""
+
+    def auto_parallel_plan(self):
+        """The plan ``config.enable_auto_parallel`` chose (``graph/auto_parallel.Plan``: each
+        parameter's SBP before and after, the predicted step and memory of both)."""
+        if self._auto_plan is None:
+            raise HoloflowError(f"holoflow.nn.Graph {type(self).__name__}: no auto-parallel plan: enable "
+                                f"config.enable_auto_parallel() and call the graph once")
+        return self._auto_plan
+
+    def predict(self, *args, device=None, link=None, **kwargs):
+        """The cost model's prediction of one step on these inputs (``graph/cost_model.Prediction``:
+        compute, communication, collectives, memory per rank; for pipeline stages or micro-batches,
+        the busiest stage's figures and the schedule's bubble, ``cost_model.predict_pipeline``),
+        with the auto-parallel plan first when ``config.enable_auto_parallel()`` is on (under the
+        same figures). Traced and passed, never run, so ranks that exist only as simulated ones
+        (``distributed.world.simulate(64, ...)``: the others need only convert the model) predict
+        a cluster that is not there (``device``: a ``cost_model.DeviceModel`` such as
+        ``DeviceModel.default("cuda")``; ``link``: a ``global_graph.LinkModel``)."""
+        from . import auto_parallel, cost_model
+        leaves, spec = flatten((args, kwargs))
+        params = [p for p in self._all_params() if p._global is not None]
+        dev = device or cost_model.DeviceModel.default(
+            next((p._data.device.type for p in params), "cpu"))
+        k = auto_parallel.state_per_param([o for o, _ in self._optimizers])
+        cfg = self.config
+        if cfg.auto_parallel and self._auto_plan is None:
+            self._plan_parallel(leaves, spec, device, link)
+        ir, pipe = self._passed(self._lay_out(leaves, spec), spec)
+        if pipe is not None:
+            return cost_model.predict_pipeline(ir, *pipe, cfg.pipeline_schedule, params, k, dev,
+                                               cfg.auto_parallel_ratio, cfg.auto_parallel_wait_s, link,
+                                               memory=cfg.pipeline_memory)
+        return cost_model.predict(ir, params, k, dev, cfg.auto_parallel_ratio, cfg.auto_parallel_wait_s, link,
+                                  zero=cfg.zero)
+
+    def _lay_out(self, leaves: list, spec) -> list:
+        """The inputs as the auto-parallel plan lays them out (planning first if it is due): with
+        ``enable_auto_parallel_ignore_user_sbp_config`` the plan may choose an input's SBP too
+        (a broadcast batch split for data parallelism: a local slice); the caller's tensors keep
+        theirs."""
+        if self.config.auto_parallel and self._auto_plan is None:
+            self._plan_parallel(leaves, spec)
+        if not self._feed_sbp:
+            return leaves
+        return [x.to_global(sbp=list(self._feed_sbp[i]))
+                if i in self._feed_sbp and isinstance(x, Tensor) and x._global is not None
+                and x._global.sbp != self._feed_sbp[i] else x for i, x in enumerate(leaves)]
+
+    def _plan_parallel(self, leaves: list, spec, device=None, link=None) -> None:
+        """``config.enable_auto_parallel``: the parameters' SBP chosen by the cost model before the
+        first compile (graph/auto_parallel.py), each candidate traced and passed, then applied."""
+        from . import auto_parallel
+        from .passes.checkpointing import flagged_paths
+        cfg = self.config
+        names = self._state_names()
+        params = {names.get(id(p), f"param{i}"): p for i, p in enumerate(self._all_params())}
+        feeds = {f"input{i}": x for i, x in enumerate(leaves) if isinstance(x, Tensor) and x._global is not None}
+
+        def trace():
+            return self._traced_passed(leaves, spec)
+        limit = cfg.auto_memory_limit
+        dev = self._device(leaves)
+        if limit is None and dev is not None and dev.type == "cuda":
+            limit = torch.cuda.get_device_properties(dev).total_memory
+        settings = []
+        if cfg.auto_memory == "HeavyMemoryDown" or limit is not None:   # memory may decide: blocks'
+            self._act_vars = self._block_outputs(leaves, spec)           # outputs are variables too,
+            settings = auto_parallel.memory_settings(                    # ZeRO and recomputation
+                cfg, [] if flagged_paths(self) else [path for path, m in self._repeated_blocks()
+                                                      if next(m.children(), None) is not None])
+        chosen = auto_parallel.plan(trace, params, [o for o, _ in self._optimizers],
+                                    ignore_user_sbp=cfg.auto_parallel_ignore_user_sbp, memory_mode=cfg.auto_memory,
+                                    limit=limit, ratio=cfg.auto_parallel_ratio, wait_s=cfg.auto_parallel_wait_s,
+                                    calibrate=cfg.auto_parallel_calibrate, device=device, link=link, feeds=feeds,
+                                    activations=self._act_vars, settings=settings, zero=lambda: cfg.zero)
+        auto_parallel.apply(chosen, params)
+        for setting in settings:
+            setting.set(chosen.choices[setting.name][1])
+        for path, var in list(self._act_vars.items()):   # the chosen block outputs stay boxed
+            before, after = chosen.choices[f"{path} (output)"]
+            var.chosen = after if after != before else None
+            if var.chosen is None:
+                del self._act_vars[path]
+        if limit is not None and chosen.chosen.memory_bytes > limit:
+            LOG.warning(f"holoflow.nn.Graph {type(self).__name__}: enable_auto_parallel found no layout within the "
+                        f"memory limit of {limit / 2**20:.1f} MiB per rank; the least memory it found is "
+                        f"{chosen.chosen.memory_bytes / 2**20:.1f} MiB ({chosen.chosen.state_bytes / 2**20:.1f} of "
+                        f"parameters and optimizer state), kept"
+                        + (f" (it tried {' and '.join(s.name for s in settings)} too)" if settings else "")
+                        + ". To fit: "
+                        + ("enable_zero(True, stage=3) (shards what stays data parallel), " if
+                           not any(s.name == "ZeRO" for s in settings) and (cfg.zero is None or cfg.zero.stage < 3)
+                           else "")
+                        + ("activation checkpointing, " if not any(s.name != "ZeRO" for s in settings) else "")
+                        + "a smaller batch per rank, or more ranks")
+        self._feed_sbp = {int(name[len("input"):]): after for name, (before, after) in chosen.choices.items()
+                          if name in feeds and before != after}
+        self._auto_plan = chosen
+        if self._debug >= 1:
+            print(chosen)
+
+    def _block_outputs(self, leaves: list, spec) -> dict:
+        """The outputs of the stacks' blocks that are global tensors: one trace with recording
+        hooks, each an ``auto_parallel.Activation`` at the layout the block gives it."""
+        from .auto_parallel import Activation
+        seen: dict = {}
+
+        def record(path: str):
+            def hook(mod, inp, out) -> None:
+                seen.setdefault(path, out)
+            return hook
+        handles = [m.register_forward_hook(record(path)) for path, m in self._repeated_blocks()]
+        try:
+            self._traced_passed(leaves, spec)
+        finally:
+            for h in handles:
+                h.remove()
+        return {p: Activation(p, t) for p, t in seen.items()
+                if isinstance(t, Tensor) and t._global is not None and t.dim() > 0}
+
+    def _traced_passed(self, leaves: list, spec):
+        """``build`` traced on ``leaves`` and passed: the logical graph a compile would lower (one
+        placement: what the auto-parallel planner reads)."""
+        ir, pipe = self._passed(leaves, spec)
+        if pipe is not None:
+            raise UnsupportedError("holoflow.nn.Graph: auto-parallel plans cover one placement; "
+                                   "this graph has pipeline stages or micro-batches of global tensors")
+        return ir
+
+    def _passed(self, leaves: list, spec) -> tuple:
+        """``build`` traced on ``leaves`` and passed as a compile passes it: (the logical graph,
+        None), or for pipeline stages / micro-batches of global tensors (the logical graph traced
+        on one micro-batch, (the stages' placements, micro-batches))."""
+        from .passes.checkpointing import flagged_paths
+        ir, _, stages, m, piped, mark = self._trace(leaves, spec)
+        cfg = self.config.for_passes(flagged_paths(self))
+        cfg.global_graph = is_global(ir)
+        if piped or any(is_move(n) for n in ir.nodes):
+            ir, placements = self._pipeline_logical(ir, cfg, [], mark, stages)
+            return ir, (placements, m)
+        return passes.run(ir, cfg, []), None
