@@ -44,7 +44,8 @@ CONFIGS = ("plain", "fuse_add_to_output", "fuse_model_update", "grad_acc", "chec
 # seeds from here run a combination of configs ("zero2+grad_acc+checkpointing"): a longer hunt
 # starts there (HOLOFLOW_FUZZ_FIRST=10000); CI's seeds keep single configs
 COMBOS_FROM = 10_000
-COMBINABLE = ("fuse_add_to_output", "fuse_model_update", "grad_acc", "checkpointing", "zero1", "zero2", "zero3")
+COMBINABLE = ("fuse_add_to_output", "fuse_model_update", "grad_acc", "checkpointing", "zero1", "zero2", "zero3",
+              "auto_parallel")   # (auto-parallel with accumulation plans the micro-batch graph: session 30)
 MESHES = {"1d": [0, 1], "2x2": [[0, 1], [2, 3]]}
 # A graph accumulating gradients returns its outputs' micro-batch shards packed back in row
 # order; an output split along dim 0 in other blocks than the batch inputs is refused, naming it

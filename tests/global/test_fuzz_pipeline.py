@@ -51,7 +51,9 @@ def _program(seed: int) -> dict:
         "sched": bool(rng.random() < 0.3),                 # an LR scheduler stepped by the graph
         "out": bool(rng.random() < 0.4),                   # build() also returns the output
         "bn": bool(rng.random() < 0.5),                    # batch norm in stage 0 (one micro-batch only:
-    }                                                      # its statistics are the batch's)
+                                                           # its statistics are the batch's)
+        "auto": bool(rng.random() < 0.3),                  # auto-parallel: each stage's layouts and
+    }                                                      # the schedule planned (the drawn one unused)
 
 
 def _describe(seed: int) -> str:
@@ -198,7 +200,10 @@ def _pipelined(rank: int, prog: dict, init: dict) -> tuple:
                 if prog["ckpt"][i]:
                     stage.to(flow.nn.graph.GraphModule).activation_checkpointing = True
             self.config.set_gradient_accumulation_steps(prog["m"])
-            self.config.set_pipeline_schedule(prog["schedule"])
+            if prog["auto"]:
+                self.config.enable_auto_parallel()
+            else:
+                self.config.set_pipeline_schedule(prog["schedule"])
             if prog["zero"]:
                 self.config.enable_zero(True, stage=prog["zero"], shard_min_size=1)
             self.add_optimizer(opt, lr_sch=sched)

@@ -11,7 +11,11 @@ SBPs is one program: data parallel (all ``B``), Megatron-style tensor parallel (
 ``S(1)``), or a mix. Under ``enable_zero`` (stages 1-3) the traces run the ZeRO passes, so what
 stays data parallel is costed sharded. When memory decides (``HeavyMemoryDown``, or a limit the
 parameters' layouts do not meet), the outputs of a stack's blocks are variables too
-(:class:`Activation`).
+(:class:`Activation`). A graph with micro-batches is planned on its micro-batch graph: gradient
+accumulation on one placement, or pipeline stages the user placed (``set_stage``), each stage's
+parameters among the nd-SBPs of its own mesh, and, unless the user set it, the pipeline schedule
+(:func:`schedule_setting`: 1F1B, ZB-H1, ZB-H1 within 1F1B's memory, GPipe), all predicted by
+:func:`~holoflow.graph.cost_model.predict_pipeline`. The stages themselves are the user's.
 
 The cost model is graph/cost_model.py (:func:`~holoflow.graph.cost_model.predict`).
 
@@ -50,11 +54,11 @@ from ..core.sbp import B, S
 from ..core.tensor import Tensor
 from ..distributed import world
 from ..distributed.global_tensor import GlobalMeta
+from ..distributed.placement import placement
 from ..distributed.sharding import local_shape, nd_str, shard_of
 from . import global_graph
-from .cost_model import DeviceModel, Prediction, predict
+from .cost_model import DeviceModel, Prediction, predict, predict_pipeline
 from .global_graph import link_model
-from .ir import IRGraph
 from .zero import Zero
 
 MAX_SWEEPS = 3
@@ -112,19 +116,20 @@ def candidates(p: Tensor) -> list[tuple]:
     return out
 
 
-_REPEATED = re.compile(r"(^|\.)\d+\.(?=[^.]+\.)")   # an index into repeated blocks, not the owner
+_REPEATED = re.compile(r"(?:(?<=\.)|^)\d+(?=\.[^.]+\.)")   # an index into repeated blocks, not the owner
 
 
 def roles(named: dict) -> list[list[Tensor]]:
     """The planner's variables: tensors that play one role in repeated blocks (``blocks.3.attn.
-    qkv.weight`` and ``blocks.7.attn.qkv.weight``, alike in shape, dtype and SBP) move together,
+    qkv.weight`` and ``blocks.7.attn.qkv.weight``, alike in shape, dtype, SBP and mesh shape; the
+    blocks of every pipeline stage, ``stages.0.1.fc.weight`` with ``stages.1.0.fc.weight``) move together,
     largest groups first. A homogeneous stack wants one layout per role, and planning a 12-layer
     model then costs what one layer does. An index that names the parameter's own module
     (``0.weight`` of a Sequential) groups nothing: layers of one stack differ in role (Megatron's
     column- then row-split pair)."""
     groups: dict = {}
     for name, t in named.items():
-        key = (_REPEATED.sub(r"\1*.", name), tuple(t.shape), t.dtype, t._global.sbp)
+        key = (_REPEATED.sub("*", name), tuple(t.shape), t.dtype, t._global.sbp, t._global.placement.hierarchy)
         groups.setdefault(key, []).append(t)
     return sorted(groups.values(), key=lambda g: -sum(t.numel() for t in g))
 
@@ -177,7 +182,8 @@ def activation_roles(acts: dict) -> list[list[Activation]]:
     ``blocks.7``) move together, as parameters of one role do."""
     groups: dict = {}
     for path, a in acts.items():
-        key = (re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", path), a.shape, a.dtype, a._global.sbp)
+        key = (re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", path), a.shape, a.dtype, a._global.sbp,
+               a._global.placement.hierarchy)
         groups.setdefault(key, []).append(a)
     return sorted(groups.values(), key=lambda g: -sum(a.numel() for a in g))
 
@@ -208,8 +214,26 @@ def memory_settings(cfg, blocks: list[str]) -> list[Setting]:
     return out
 
 
+SCHEDULES = {"1f1b": ("1f1b", None), "zb-h1": ("zb-h1", None), "zb-h1 (1F1B's memory)": ("zb-h1", "1f1b"),
+             "gpipe": ("gpipe", None)}
+
+
+def schedule_setting(cfg) -> Setting | None:
+    """The pipeline schedule (:data:`SCHEDULES`: ``set_pipeline_schedule``'s name and memory
+    mode), chosen by time and memory like a layout where the user set none, else None."""
+    if cfg.pipeline_schedule_set:
+        return None
+    now = next(k for k, v in SCHEDULES.items() if v == (cfg.pipeline_schedule, cfg.pipeline_memory))
+
+    def put(name: str) -> None:
+        cfg.pipeline_schedule, cfg.pipeline_memory = SCHEDULES[name]
+    return Setting("pipeline schedule", (now, *(k for k in SCHEDULES if k != now)), put)
+
+
 def _shown(v) -> str:
     """A choice as the plan prints it: an nd-SBP, or a setting's value."""
+    if isinstance(v, str):
+        return v
     if v is None or v == frozenset():
         return "off"
     if isinstance(v, Zero):
@@ -243,8 +267,9 @@ class _Override:
             self.saved.append((p, p._data, g, p.__dict__.get("_zero3")))
             if nd == g.sbp:
                 continue
-            shape = local_shape(g.shape, nd, g.placement, world.rank())
-            p._data = torch.empty(shape, dtype=p._data.dtype, device=p._data.device)
+            if world.rank() in g.placement.flat_ranks:   # (elsewhere absent: empty, whatever its layout)
+                shape = local_shape(g.shape, nd, g.placement, world.rank())
+                p._data = torch.empty(shape, dtype=p._data.dtype, device=p._data.device)
             p._global = replace(g, sbp=nd)
 
     def __exit__(self, *exc) -> None:
@@ -271,24 +296,29 @@ def _objective(mode: str, limit: int | None) -> Callable[[Prediction], tuple]:
     return lambda q: (q.memory_bytes > limit, q.step_s if q.memory_bytes <= limit else q.memory_bytes)
 
 
-def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore_user_sbp: bool = False,
+def plan(trace: Callable[[], tuple], params: dict, optimizers: list, *, ignore_user_sbp: bool = False,
          memory_mode: str = "AdaptiveMemory", limit: int | None = None, ratio: float = 1.0,
          wait_s: float = 0.0, device: DeviceModel | None = None, calibrate: bool = False, link=None,
          feeds: dict | None = None, activations: dict | None = None,
-         settings: list[Setting] | None = None, zero: Callable[[], object] = lambda: None) -> Plan:
-    """Chooses the SBP of ``params`` (name -> global parameter) by coordinate descent over
-    :func:`predict` of ``trace()`` (the graph traced and passed, under the parameters' current
-    layout). With ``ignore_user_sbp`` the global inputs in ``feeds`` (name -> the tensor ``trace``
-    reads) are chosen too, as OneFlow ignores every SBP the user gave (the caller lays them out
-    so before each run). ``calibrate``: measure the links and the device first (collectives:
-    every rank of the placement plans at once); else ``device`` and ``link`` if given, or the
+         settings: list[Setting] | None = None, zero: Callable[[], object] = lambda: None,
+         schedule: Setting | None = None, pipeline: Callable[[], tuple] = lambda: ("1f1b", None)) -> Plan:
+    """Chooses the SBP of ``params`` (name -> global parameter) by coordinate descent over the
+    prediction of ``trace()`` (the graph traced and passed under the parameters' current layout:
+    ``(logical graph, None)``, or for pipeline stages ``(logical graph, (the stages' placements,
+    micro-batches))``, predicted by :func:`predict_pipeline` under ``pipeline()``'s schedule and
+    memory mode; each parameter's candidates are on its own stage's placement). With
+    ``ignore_user_sbp`` the global inputs in ``feeds`` (name -> the tensor ``trace`` reads) are
+    chosen too, as OneFlow ignores every SBP the user gave (the caller lays them out so before
+    each run). ``calibrate``: measure the links and the device first (collectives: every rank of
+    the placements plans at once); else ``device`` and ``link`` if given, or the
     round default figures. ``activations`` (path -> :class:`Activation`): block outputs whose
     layout is chosen too when memory decides (``HeavyMemoryDown``, or a limit the parameters'
     layouts alone do not meet): a second descent after the parameters'. ``settings``
     (:func:`memory_settings`: ZeRO's stage, recomputation), when memory decides at the start: one
     more variable of the descent, tried first, each combination of their options one move (a
     handful), and again after the blocks' outputs; ``zero()``: the graph's ZeRO config of the
-    moment (the state it shards)."""
+    moment (the state it shards). ``schedule`` (:func:`schedule_setting`): the pipeline schedule,
+    a variable of every descent (it trades bubble for memory)."""
     if memory_mode not in MEMORY_MODES:
         raise UnsupportedError(f"holoflow.nn.Graph enable_auto_memory: mode {memory_mode!r} is not supported; "
                                f"supported: {', '.join(MEMORY_MODES)}")
@@ -298,36 +328,48 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
         raise UnsupportedError("holoflow.nn.Graph enable_auto_parallel: the graph has no global parameters; "
                                "place the model first: model.to_global(placement=flow.placement(...), "
                                "sbp=flow.sbp.broadcast)")
-    if len(places) > 1:
-        raise UnsupportedError(f"holoflow.nn.Graph enable_auto_parallel: plans parameters on one placement; "
-                               f"this graph's parameters are on {sorted(map(str, places))}")
-    place = next(iter(places))
+    with _Override({p: p._global.sbp for p in glob.values()}):   # (ZeRO-3's trace re-lays them)
+        pipe = trace()[1]
+    if len(places) > 1 and pipe is None:
+        raise UnsupportedError(f"holoflow.nn.Graph enable_auto_parallel: plans parameters on one placement, or "
+                               f"on each pipeline stage's; this graph's parameters are on {sorted(map(str, places))} "
+                               f"and it has no stages (module.config.set_stage(i, placement))")
+    place = next(iter(places)) if pipe is None else pipe[0][0]
+    ranks = sorted({r for q in places for r in q.flat_ranks})   # (every rank plans, each stage's too)
     inputs = {k: x for k, x in (feeds or {}).items()
-              if ignore_user_sbp and x._global.placement == place and not x.requires_grad}
+              if ignore_user_sbp and x._global.placement in places and not x.requires_grad}
     movable = {k: p for k, p in glob.items()
                if p.requires_grad and (ignore_user_sbp or all(s == B for s in p._global.sbp))}
     layouts = roles({**movable, **inputs})
     free = list(layouts)
     dev = next(iter(glob.values()))._data.device
-    if calibrate:
-        global_graph.calibrate(place)
-        device = device or DeviceModel.calibrate(dev, tuple(place.flat_ranks))
+    if calibrate:   # (pipeline stages: the links of all their ranks, one model every rank agrees on)
+        measured = global_graph.calibrate(place if pipe is None else placement(place.type, ranks))
+        link = link or (measured if pipe is not None else None)
+        device = device or DeviceModel.calibrate(dev, tuple(ranks))
     device = device or DeviceModel.default(dev.type)
     k = state_per_param(optimizers)
     better = _objective(memory_mode, limit)
-    acts = {a.path: a for a in (activations or {}).values() if a._global.placement == place}
+    acts = {a.path: a for a in (activations or {}).values() if a._global.placement in places}
     settings = settings or []
+    timing = [schedule] if schedule is not None and pipe is not None and len(pipe[0]) > 1 else []
     current = {p: p._global.sbp for p in (*glob.values(), *inputs.values(), *acts.values())}
-    current.update({s: s.value for s in settings})
+    current.update({s: s.value for s in (*settings, *timing)})
     trail: list = []
 
     def evaluate(assignment: dict) -> Prediction:
         with _Override(assignment):
-            q = predict(trace(), list(glob.values()), k, device, ratio, wait_s, link, zero=zero())
-        if device.calibrated and len(place.flat_ranks) > 1:
+            ir, pipe = trace()
+            if pipe is None:
+                q = predict(ir, list(glob.values()), k, device, ratio, wait_s, link, zero=zero())
+            else:
+                name, memory = pipeline()
+                q = predict_pipeline(ir, *pipe, name, list(glob.values()), k, device, ratio, wait_s, link,
+                                     memory=memory, zero=zero())
+        if device.calibrated and len(ranks) > 1:
             # timed kernels differ a little from rank to rank: every rank takes the slowest
             # rank's figure, so all keep the same moves and derive one plan
-            got = world.comm().all_gather_shapes((q.compute_s, q.hidden_s), tuple(place.flat_ranks))
+            got = world.comm().all_gather_shapes((q.compute_s, q.hidden_s), tuple(ranks))
             compute_s, hidden_s = max(got, key=lambda f: f[0] - f[1])
             q = replace(q, compute_s=compute_s, hidden_s=hidden_s)
         return q
@@ -335,9 +377,9 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
     start = best = evaluate(current)
 
     def moves_of(group):
-        if group is settings:   # ZeRO and recomputation: every combination, one move each
-            was = [current[s] for s in settings]
-            yield from [dict(zip(settings, combo)) for combo in itertools.product(*(s.options for s in settings))
+        if isinstance(group[0], Setting):   # ZeRO and recomputation, or the schedule: every
+            was = [current[s] for s in group]   # combination one move
+            yield from [dict(zip(group, combo)) for combo in itertools.product(*(s.options for s in group))
                         if list(combo) != was]
             return
         p = group[0]
@@ -390,6 +432,8 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
 
     if settings and memory_decides():   # tried first: from data parallel, ZeRO may fit where only
         free.insert(0, settings)        # slower layouts would
+    if timing:
+        free.insert(0, timing)
     descend()
     for _ in range(MAX_SWEEPS):   # then pairs of the largest parameters, descending after each gain
         if not improve(pairs):
@@ -399,11 +443,11 @@ def plan(trace: Callable[[], IRGraph], params: dict, optimizers: list, *, ignore
         free[:] = activation_roles(acts)   # then the blocks' outputs (sequence parallelism, ...)
         descend()
         if settings and memory_decides() and improve(lambda: moves_of(settings)):
-            free[:] = layouts + activation_roles(acts)
+            free[:] = layouts + activation_roles(acts) + ([timing] if timing else [])
             descend()
     names = {id(p): k for k, p in (*glob.items(), *inputs.items())}
     names.update({id(a): f"{path} (output)" for path, a in acts.items()})
-    names.update({id(s): s.name for s in settings})
+    names.update({id(s): s.name for s in (*settings, *timing)})
     choices = {names[id(p)]: (p.value if isinstance(p, Setting) else p._global.sbp, current[p]) for p in current}
     return Plan(choices, start, best, len(trail) + 1, memory_mode, limit,
                 [({names[id(p)]: nd for p, nd in change.items()}, q) for change, q in trail], device,

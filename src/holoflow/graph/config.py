@@ -34,6 +34,7 @@ class GraphConfig:
         self.allreduce_bucket_mb = 25.0  # global graphs: gradient all-reduces bucketed (0: one each)
         self.pipeline_schedule = "1f1b"  # pipeline stages: "1f1b" or "gpipe" (graph/pipeline.py)
         self.pipeline_memory: str | None = None   # "1f1b": zb-h1 holds no more than 1F1B does
+        self.pipeline_schedule_set = False   # set_pipeline_schedule called (else auto-parallel may choose)
         self.compile_tasks = False   # config.enable_compile (graph/compile_tasks.py)
         self.gather_ahead = True     # global graphs: an all-gather of early values issued one ahead
         # config.enable_auto_parallel (graph/auto_parallel.py) and its OneFlow knobs
@@ -90,13 +91,16 @@ class GraphConfig:
         (``p`` micro-batches of activations): where a micro-batch's weight-gradient inputs outweigh
         its activations (fused attention), a stage defers only the weight gradients that fit in one
         micro-batch's activations, most estimated work per byte first, and runs the rest with the
-        input gradients (``stages.split_weight_grads_within``); the full ZB-H1 otherwise."""
+        input gradients (``stages.split_weight_grads_within``); the full ZB-H1 otherwise.
+
+        Left unset, ``enable_auto_parallel()`` chooses the schedule with the stages' layouts (by
+        predicted step time, within the memory limit)."""
         if name not in ("1f1b", "gpipe", "zb-h1"):
             raise ValueError(f"holoflow.nn.Graph: pipeline schedule must be '1f1b', 'gpipe' or 'zb-h1', got {name!r}")
         if memory not in (None, "1f1b") or (memory is not None and name != "zb-h1"):
             raise ValueError(f"holoflow.nn.Graph: set_pipeline_schedule(memory=...) takes None or '1f1b', and only "
                              f"with 'zb-h1'; got memory={memory!r} for {name!r}")
-        self.pipeline_schedule, self.pipeline_memory = name, memory
+        self.pipeline_schedule, self.pipeline_memory, self.pipeline_schedule_set = name, memory, True
 
     def allow_fuse_add_to_output(self, mode: bool = True) -> None:
         self.fuse_add_to_output = mode

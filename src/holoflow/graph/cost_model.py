@@ -319,7 +319,7 @@ class _NoSend:
 
 def predict_pipeline(g: IRGraph, placements: list, m: int, schedule: str, params: list, state_per_param: int,
                      device: DeviceModel, ratio: float = 1.0, wait_s: float = 0.0, link=None,
-                     memory: str | None = None) -> Prediction:
+                     memory: str | None = None, zero=None) -> Prediction:
     """Predicted step of the pipelined logical graph ``g`` (traced on one micro-batch, passed):
     ``m`` micro-batches over the stages on ``placements`` in ``schedule``'s act order.
 
@@ -335,7 +335,7 @@ def predict_pipeline(g: IRGraph, placements: list, m: int, schedule: str, params
     its bubble. Memory is the fullest stage's: parameters and optimizer state, one micro-batch's
     planned peak, the forward-to-backward bytes of each further micro-batch its window holds in
     flight (``pipeline_run.window``) and, for ZB-H1, the inputs of the weight gradients it lets
-    wait."""
+    wait; ``zero``: the graph's ZeRO config, as :func:`predict`'s."""
     from .passes.stages import phases, rank_graph, split_weight_grads, split_weight_grads_within
     from .pipeline import stage_moves
     from .pipeline_run import simulate_schedule, stage_order, window, zb_delay
@@ -393,8 +393,7 @@ def predict_pipeline(g: IRGraph, placements: list, m: int, schedule: str, params
         u_step = timeline(u, [of(n)[0] for n in u], [of(n)[1] for n in u]) \
             if place is None or spare_core(place) else secs(u)
         fb = [*by["F"], *by["B"], *w_nodes]
-        held = sum(_nbytes(local_shape(q.shape, q._global.sbp, q._global.placement, rank), q.dtype)
-                   for q in params if q._global.placement == place) * (1 + state_per_param)
+        held = sum(_held(q, rank, state_per_param, zero) for q in params if q._global.placement == place)
         mine = [mv for mv in moves if mv.src_stage == s and mv.phase in ("F", "B")]
         figures.append(dict(
             compute=m * sum(of(n)[0] for n in fb) + sum(of(n)[0] for n in u),

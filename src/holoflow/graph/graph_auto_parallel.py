@@ -9,7 +9,7 @@ import logging
 
 import torch
 
-from ..core.errors import HoloflowError, UnsupportedError
+from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
 from . import passes
 from .pytree import flatten
@@ -56,7 +56,7 @@ class GraphAutoParallel(GraphCompiling):
         if pipe is not None:
             return cost_model.predict_pipeline(ir, *pipe, cfg.pipeline_schedule, params, k, dev,
                                                cfg.auto_parallel_ratio, cfg.auto_parallel_wait_s, link,
-                                               memory=cfg.pipeline_memory)
+                                               memory=cfg.pipeline_memory, zero=cfg.zero)
         return cost_model.predict(ir, params, k, dev, cfg.auto_parallel_ratio, cfg.auto_parallel_wait_s, link,
                                   zero=cfg.zero)
 
@@ -75,7 +75,8 @@ class GraphAutoParallel(GraphCompiling):
 
     def _plan_parallel(self, leaves: list, spec, device=None, link=None) -> None:
         """``config.enable_auto_parallel``: the parameters' SBP chosen by the cost model before the
-        first compile (graph/auto_parallel.py), each candidate traced and passed, then applied."""
+        first compile (graph/auto_parallel.py), each candidate traced and passed, then applied; with
+        pipeline stages each stage's on its own mesh, and the schedule unless the user set it."""
         from . import auto_parallel
         from .passes.checkpointing import flagged_paths
         cfg = self.config
@@ -84,7 +85,7 @@ class GraphAutoParallel(GraphCompiling):
         feeds = {f"input{i}": x for i, x in enumerate(leaves) if isinstance(x, Tensor) and x._global is not None}
 
         def trace():
-            return self._traced_passed(leaves, spec)
+            return self._passed(leaves, spec)
         limit = cfg.auto_memory_limit
         dev = self._device(leaves)
         if limit is None and dev is not None and dev.type == "cuda":
@@ -95,14 +96,17 @@ class GraphAutoParallel(GraphCompiling):
             settings = auto_parallel.memory_settings(                    # ZeRO and recomputation
                 cfg, [] if flagged_paths(self) else [path for path, m in self._repeated_blocks()
                                                       if next(m.children(), None) is not None])
+        schedule = auto_parallel.schedule_setting(cfg)
         chosen = auto_parallel.plan(trace, params, [o for o, _ in self._optimizers],
                                     ignore_user_sbp=cfg.auto_parallel_ignore_user_sbp, memory_mode=cfg.auto_memory,
                                     limit=limit, ratio=cfg.auto_parallel_ratio, wait_s=cfg.auto_parallel_wait_s,
                                     calibrate=cfg.auto_parallel_calibrate, device=device, link=link, feeds=feeds,
-                                    activations=self._act_vars, settings=settings, zero=lambda: cfg.zero)
+                                    activations=self._act_vars, settings=settings, zero=lambda: cfg.zero,
+                                    schedule=schedule, pipeline=lambda: (cfg.pipeline_schedule, cfg.pipeline_memory))
         auto_parallel.apply(chosen, params)
-        for setting in settings:
-            setting.set(chosen.choices[setting.name][1])
+        for setting in (*settings, *([schedule] if schedule is not None else [])):
+            if setting.name in chosen.choices:
+                setting.set(chosen.choices[setting.name][1])
         for path, var in list(self._act_vars.items()):   # the chosen block outputs stay boxed
             before, after = chosen.choices[f"{path} (output)"]
             var.chosen = after if after != before else None
@@ -138,21 +142,12 @@ class GraphAutoParallel(GraphCompiling):
             return hook
         handles = [m.register_forward_hook(record(path)) for path, m in self._repeated_blocks()]
         try:
-            self._traced_passed(leaves, spec)
+            self._passed(leaves, spec)
         finally:
             for h in handles:
                 h.remove()
         return {p: Activation(p, t) for p, t in seen.items()
                 if isinstance(t, Tensor) and t._global is not None and t.dim() > 0}
-
-    def _traced_passed(self, leaves: list, spec):
-        """``build`` traced on ``leaves`` and passed: the logical graph a compile would lower (one
-        placement: what the auto-parallel planner reads)."""
-        ir, pipe = self._passed(leaves, spec)
-        if pipe is not None:
-            raise UnsupportedError("holoflow.nn.Graph: auto-parallel plans cover one placement; "
-                                   "this graph has pipeline stages or micro-batches of global tensors")
-        return ir
 
     def _passed(self, leaves: list, spec) -> tuple:
         """``build`` traced on ``leaves`` and passed as a compile passes it: (the logical graph,
