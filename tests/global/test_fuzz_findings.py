@@ -511,3 +511,47 @@ def test_a_view_of_a_boxed_piece_of_chunk_reads_its_values_after_a_write_as_torc
         return program(flow, x).to_global(sbp=[B]).to_local().numpy()
     for got in _on_two(run):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("piece", ["narrow", "chunk"])
+def test_a_boxed_view_of_a_view_follows_its_base_written_through_another_boxed_view(piece):
+    """``t = b[:, 2:4]`` (a view of a row-split ``b``; or ``b.chunk(3, 1)[1]``, a piece of a
+    multi-output op), ``r = t[0]`` (a copy standing for a view: row 0 lives on one rank), then
+    ``b.narrow(0, 0, 1).add_(c)`` through another boxed view: ``b`` and its views require grad now,
+    and ``r`` must too. It stayed False: its re-derivation read its source's stale flag (fuzz seed
+    62781). ``r`` takes ``c``'s gradient, or, from the chunk's piece, is refused by autograd as torch's."""
+    w = np.array([0.5, -2.0])
+
+    def program(lib, b, c):
+        t = b[:, 2:4] if piece == "narrow" else b.chunk(3, 1)[1]
+        r = t[0]
+        b.narrow(0, 0, 1).add_(c)
+        return t, r
+
+    def run(place):
+        b = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[S(0)])
+        c = flow.tensor(np.arange(6.0)).to_global(placement=place, sbp=[B]).requires_grad_()
+        t, r = program(flow, b, c)
+        flags = (r.requires_grad, t.requires_grad, b.requires_grad)   # (r first: before t refreshes)
+        values = r.detach().to_global(sbp=[B]).to_local().numpy()
+        if piece == "chunk":
+            with pytest.raises(RuntimeError, match="modified in place since"):
+                r * 2
+            return flags, values, None
+        (r * flow.tensor(w).to_global(placement=place, sbp=[B])).sum().backward()
+        return flags, values, c.grad.to_local().numpy()
+
+    tb, tc = torch.tensor(W), torch.arange(6.0, dtype=torch.float64, requires_grad=True)
+    tt, tr = program(torch, tb, tc)
+    want_flags, want_values = (tr.requires_grad, tt.requires_grad, tb.requires_grad), tr.detach().numpy()
+    assert want_flags == (True, True, True)
+    if piece == "chunk":
+        with pytest.raises(RuntimeError, match="multiple views"):
+            tr * 2
+    else:
+        (tr * torch.tensor(w)).sum().backward()
+    for flags, values, grad in _on_two(run):
+        assert flags == want_flags
+        np.testing.assert_allclose(values, want_values)
+        if piece == "narrow":
+            np.testing.assert_allclose(grad, tc.grad.numpy())

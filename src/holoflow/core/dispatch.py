@@ -556,8 +556,10 @@ def fresh_copy(t: Tensor, strict: bool = False) -> None:
     fresh_copy(src)
     if src._data._version == c.version:
         return
+    # (the source's flag as read: a view of a base written since follows the base's new history)
+    src_rg = src.requires_grad
     op = next((op for op, _, idx in c.chain if idx is not None), None) if c.multi else refused_piece(src)
-    if op is not None and (t.grad_fn is not None or src._rg):
+    if op is not None and (t.grad_fn is not None or src_rg):
         if strict and grad_mode.STATE.enabled:
             raise RuntimeError(   # (as a piece that aliases its source: views.check_multi_output)
                 f"holoflow: a piece of {op.name} is a view whose base has been modified in place since; "
@@ -570,26 +572,33 @@ def fresh_copy(t: Tensor, strict: bool = False) -> None:
             c.held[0] = src._data._version
         return
     had_history = t.grad_fn is not None
-    with grad_mode.set_grad_enabled(src._rg):
+    with grad_mode.set_grad_enabled(src_rg):
         y = replay(c.chain, src, lambda op, x, attrs: apply(op, x, **attrs))
     if c.held[0] != src._data._version:   # (not by a detach() sharing the storage already)
         with grad_mode.no_grad():
             t._data.copy_(y._data)
     t.grad_fn, t._out_idx, t._rg = y.grad_fn, y._out_idx, y._rg
-    if had_history and not src._rg:   # (its source detach_()ed since: as refresh's views)
+    if had_history and not src_rg:   # (its source detach_()ed since: as refresh's views)
         cut_history(t)
     c.version = c.held[0] = src._data._version
 
 
 def refused_piece(t: Tensor):
     """The multi-output view op (``split``, ``chunk``, ...) whose piece ``t`` is, or a view of
-    whose piece it is, when that piece's source was written since (its history refused, as torch
-    refuses such views and views of them: only values are re-derived), else None."""
-    c = t.__dict__.get("_copy_of")
-    while c is not None:
+    whose piece it is, when that piece's storage or source was written since it was taken (its
+    history refused, as torch refuses such views and views of them: only values are re-derived),
+    else None. The piece is a view of its base (its storage written since) or a copy standing for
+    one (its source written since)."""
+    while t is not None:
+        vi = t._view
+        if vi is not None and vi.version is not None and t._data._version != vi.version:
+            return next(op for op, _, idx in reversed(vi.chain) if idx is not None)
+        c = t.__dict__.get("_copy_of")
+        if c is None:
+            return None
         if c.multi and c.source._data._version != c.version:
             return next(op for op, _, idx in c.chain if idx is not None)
-        c = c.source.__dict__.get("_copy_of")
+        t = c.source
     return None
 
 
