@@ -231,3 +231,15 @@ def test_gradient_accumulation_on_one_placement_is_planned():
     results = world.simulate(2, run, timeout=600)
     _check_trains_as_eager(results, init)
     assert "pipeline schedule" not in results[0][0].choices   # (one stage: no schedule to choose)
+
+
+def test_a_calibrated_plan_is_one_plan_on_every_rank():
+    """calibrate=True measures the links of all the stages' ranks as one model and each
+    candidate's compute as the slowest rank's: every rank derives the same plan."""
+    init = _init()
+    results = world.simulate(4, lambda r: _trained(init, lambda c: c.enable_auto_parallel(calibrate=True)),
+                             timeout=600)
+    _check_trains_as_eager(results, init)
+    plans = [p for p, _ in results]
+    assert all(p.device.calibrated and p.link.calibrated for p in plans)
+    assert len({str(p.choices) for p in plans}) == 1 and len({p.chosen.step_s for p in plans}) == 1

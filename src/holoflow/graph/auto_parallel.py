@@ -369,9 +369,10 @@ def plan(trace: Callable[[], tuple], params: dict, optimizers: list, *, ignore_u
         if device.calibrated and len(ranks) > 1:
             # timed kernels differ a little from rank to rank: every rank takes the slowest
             # rank's figure, so all keep the same moves and derive one plan
-            got = world.comm().all_gather_shapes((q.compute_s, q.hidden_s), tuple(ranks))
-            compute_s, hidden_s = max(got, key=lambda f: f[0] - f[1])
-            q = replace(q, compute_s=compute_s, hidden_s=hidden_s)
+            # (a pipeline's bubble comes from the timed acts too)
+            got = world.comm().all_gather_shapes((q.compute_s, q.hidden_s, q.bubble_s), tuple(ranks))
+            compute_s, hidden_s, bubble_s = max(got, key=lambda f: f[0] - f[1] + f[2])
+            q = replace(q, compute_s=compute_s, hidden_s=hidden_s, bubble_s=bubble_s)
         return q
 
     start = best = evaluate(current)
