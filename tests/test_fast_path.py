@@ -192,7 +192,8 @@ def test_the_python_reference_passes_the_autograd_and_views_suites():
              "test_inplace_cuts_history.py", "test_probe_autograd_combos.py",
              os.path.join("autograd_more", "test_hooks_views_inplace.py"),
              os.path.join("autograd_more", "test_hook_order.py"),
-             os.path.join("autograd_more", "test_written_view_grad_fn.py")]
+             os.path.join("autograd_more", "test_written_view_grad_fn.py"),
+             os.path.join("autograd_more", "test_other_view_grad_fn.py")]
     code = ("import holoflow.core.dispatch as d, holoflow.core.native as n, sys; assert d._FAST is None and n.FAST is None; import pytest; "
             f"sys.exit(pytest.main(['-q', '-x', '-p', 'no:warnings', *{[os.path.join(here, f) for f in files]!r}]))")
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)

@@ -1344,7 +1344,7 @@ static PyObject *fast_init(PyObject *self, PyObject *args) {
     for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++)
         Py_INCREF(held[i]);
     if (slot_offset(Tensor_T, "_data", &T_data) || slot_offset(Tensor_T, "_rg", &T_rg) ||
-        slot_offset(Tensor_T, "_grad", &T_grad) || slot_offset(Tensor_T, "grad_fn", &T_grad_fn) ||
+        slot_offset(Tensor_T, "_grad", &T_grad) || slot_offset(Tensor_T, "_grad_fn", &T_grad_fn) ||
         slot_offset(Tensor_T, "_out_idx", &T_out_idx) || slot_offset(Tensor_T, "_hooks", &T_hooks) ||
         slot_offset(Tensor_T, "_global", &T_global) || slot_offset(Node_T, "op", &N_op) ||
         slot_offset(Node_T, "edges", &N_edges) || slot_offset(Node_T, "attrs", &N_attrs) ||

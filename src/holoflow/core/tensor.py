@@ -25,7 +25,7 @@ class Tensor:
     an uninitialised 2x3 float tensor. Prefer :func:`holoflow.tensor` and friends.
     """
 
-    __slots__ = ("_data", "_rg", "_grad", "grad_fn", "_out_idx", "_hooks", "_global",
+    __slots__ = ("_data", "_rg", "_grad", "_grad_fn", "_out_idx", "_hooks", "_global",
                  "__weakref__", "__dict__")
     _view = None  # a view's ViewInfo (core/views.py), set in the instance dict of views only
 
@@ -42,9 +42,28 @@ class Tensor:
     @classmethod
     def _make(cls, data: torch.Tensor, grad_fn=None, out_idx: int = 0) -> "Tensor":
         t = object.__new__(cls)
-        t._data, t._rg, t._grad, t.grad_fn = data, grad_fn is not None, None, grad_fn
+        t._data, t._rg, t._grad, t._grad_fn = data, grad_fn is not None, None, grad_fn
         t._out_idx, t._hooks, t._global = out_idx, None, None
         return t
+
+    @property
+    def grad_fn(self) -> Any:
+        """The node that computed this tensor (None for a leaf). A view whose storage was written
+        since its node was made (through another view of its base, the base itself, or under
+        ``no_grad``) gets it re-derived from the base's history first, as torch's getter
+        regenerates it; torch's errors for the views it cannot re-derive (a no_grad view, one of
+        several outputs) are raised here too."""
+        vi = self._view
+        if vi is not None:   # (what dispatch.refresh and views.check_multi_output look at, inlined)
+            st, b, v = vi.stamp, vi.base, self._data._version
+            if (b._grad_fn is not st[0] or b._out_idx != st[1] or st[2] is not None or v != vi.at or
+                    (vi.version is not None and v != vi.version)) and id(self) not in _REDERIVING:
+                _rederive(self)
+        return self._grad_fn
+
+    @grad_fn.setter
+    def grad_fn(self, node: Any) -> None:
+        self._grad_fn = node
 
     # -- metadata --------------------------------------------------------------------------
     @property
@@ -525,8 +544,29 @@ def _copy_requires_grad(t: Tensor) -> bool:
     return src._data._version != c.version and src.requires_grad
 
 
+# views whose grad_fn is being re-derived: dispatch.refresh reads the node they have meanwhile
+_REDERIVING: set[int] = set()
+
+
+def _rederive(v: Tensor) -> None:
+    """``v``'s history re-derived from its base's if the storage was written since (what the
+    ``grad_fn`` getter shows). A traced view's value is re-derived at its next use."""
+    if "_v" in v.__dict__:
+        return
+    from .dispatch import refresh
+    from .views import check_multi_output
+    key = id(v)
+    _REDERIVING.add(key)
+    try:
+        if v._view.version is not None and interpret._CURRENT.get() is None:
+            check_multi_output(v)
+        refresh(v)
+    finally:
+        _REDERIVING.discard(key)
+
+
 def _init(t: Tensor, data: torch.Tensor) -> None:
-    t._data, t._rg, t._grad, t.grad_fn = data, False, None, None
+    t._data, t._rg, t._grad, t._grad_fn = data, False, None, None
     t._out_idx, t._hooks, t._global = 0, None, None
 
 
@@ -538,8 +578,12 @@ def _rebuild(data: torch.Tensor, requires_grad: bool) -> Tensor:
 
 def _repr_with(text: str, t: Tensor) -> str:
     text = text.replace("dtype=torch.", "dtype=holoflow.")
-    if t.grad_fn is not None:
-        return text[:-1] + f", grad_fn={t.grad_fn.name()})"
+    try:
+        fn = t.grad_fn
+    except RuntimeError:   # a view whose history torch cannot re-derive: torch prints it so
+        return text[:-1] + ", grad_fn=<Invalid>)"
+    if fn is not None:
+        return text[:-1] + f", grad_fn={fn.name()})"
     if t._rg:
         return text[:-1] + ", requires_grad=True)"
     return text

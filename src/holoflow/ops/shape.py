@@ -773,8 +773,8 @@ def _shape_inplace(name: str, fn: Callable) -> Callable:
             self._data, self._view = y._data, y._view
         else:   # a root alias of the storage (same version counter): its own views stay countable
             self._data = y._data.detach()
-        if y.grad_fn is not None:
-            self.grad_fn, self._out_idx = y.grad_fn, y._out_idx
+        if y._grad_fn is not None:   # (the node just recorded: the version moved by this method, not by a write)
+            self.grad_fn, self._out_idx = y._grad_fn, y._out_idx
         return self
     method.__name__ = method.__qualname__ = name
     return method
