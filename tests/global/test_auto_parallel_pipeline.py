@@ -243,3 +243,18 @@ def test_a_calibrated_plan_is_one_plan_on_every_rank():
     plans = [p for p, _ in results]
     assert all(p.device.calibrated and p.link.calibrated for p in plans)
     assert len({str(p.choices) for p in plans}) == 1 and len({p.chosen.step_s for p in plans}) == 1
+
+
+def _gloo_planned(rank: int, init: dict) -> tuple:
+    """_trained on a Gloo rank (calibrated), the plan's choices and predicted step as plain values."""
+    plan, params = _trained(init, lambda c: c.enable_auto_parallel(calibrate=True))
+    return {k: str(v) for k, v in plan.choices.items()}, plan.chosen.step_s, params
+
+
+def test_a_pipeline_is_planned_on_four_gloo_ranks(world4):
+    """The calibrated plan on real processes (2 stages x 2 ranks): one plan on every rank, and it
+    trains as single-process eager."""
+    init = _init()
+    results = world4.run(_gloo_planned, init, timeout=300)
+    assert len({str(c) for c, _, _ in results}) == 1 and len({s for _, s, _ in results}) == 1
+    _check_trains_as_eager([(None, params) for _, _, params in results], init)
