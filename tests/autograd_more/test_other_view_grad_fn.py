@@ -63,10 +63,13 @@ def _program(L, view: str, write: str):
     b = a.clone()
     v = VIEWS[view](b)
     old = v.grad_fn
+    calls = []   # a hook registered before the write stays with the old node (torch's rule)
+    v.register_hook(lambda g: calls.append("before"))
     WRITES[write](L, b, w)
     made_between = a * 3.0   # an op recorded after the write, before the read
     fn = v.grad_fn
-    return a, w, b, v, old, fn, made_between
+    v.register_hook(lambda g: calls.append("after"))
+    return a, w, b, v, old, fn, made_between, calls
 
 
 @pytest.mark.parametrize("write", sorted(WRITES))
@@ -74,7 +77,7 @@ def _program(L, view: str, write: str):
 def test_reading_grad_fn_of_another_view_regenerates_it_as_torch(view, write):
     got = {}
     for L in LIBS:
-        a, w, b, v, old, fn, later = _program(L, view, write)
+        a, w, b, v, old, fn, later, calls = _program(L, view, write)
         again = v.grad_fn
         v.retain_grad()
         weights = L.arange(1.0, v.numel() + 1.0).reshape(tuple(v.shape))
@@ -82,8 +85,8 @@ def test_reading_grad_fn_of_another_view_regenerates_it_as_torch(view, write):
         got[L] = dict(
             regenerated=fn is not old, stable=again is fn, chain=_chain(fn, b.grad_fn),
             after_later=fn._sequence_nr() > later.grad_fn._sequence_nr(),
-            a_grad=a.grad.tolist(), w_grad=None if w.grad is None else w.grad.tolist(), v_grad=v.grad.tolist())
-    for k in ("regenerated", "stable", "chain", "after_later"):
+            hooks=calls, a_grad=a.grad.tolist(), w_grad=None if w.grad is None else w.grad.tolist(), v_grad=v.grad.tolist())
+    for k in ("regenerated", "stable", "chain", "after_later", "hooks"):
         assert got[flow][k] == got[torch][k], (k, got[flow][k], got[torch][k])
     for k in ("a_grad", "w_grad", "v_grad"):
         assert (got[flow][k] is None) == (got[torch][k] is None), k
