@@ -72,29 +72,31 @@ def _staged(init: dict, configure, auto: bool = True, layouts: dict | None = Non
     net.load_state_dict({k: flow.tensor(v) for k, v in init.items()})
     for i, (stage, place) in enumerate(zip(net.stages, places)):
         stage.to_global(placement=place, sbp=lambda name, t, i=i: list((layouts or {}).get(f"net.stages.{i}.{name}", [B])))
-    opt = flow.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-
-    class G(flow.nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.net = net
-            for i, (stage, place) in enumerate(zip(self.net.stages, places)):
-                stage.to(flow.nn.graph.GraphModule).set_stage(i, place)
-            self.config.set_gradient_accumulation_steps(M)
-            if auto:
-                self.config.enable_auto_parallel()
-            configure(self.config)
-            self.add_optimizer(opt)
-
-        def build(self, x, y):
-            loss = flow.nn.functional.cross_entropy(self.net(x), y)
-            loss.backward()
-            return loss
-
     x, y = _data()
     feeds = (x.to_global(placement=places[0], sbp=[B]).to_global(sbp=[S(0)]),
              y.to_global(placement=places[1], sbp=[B]).to_global(sbp=[S(0)]))
-    return G(), feeds, net, places
+    return _Train(net, places, auto, configure), feeds, net, places
+
+
+class _Train(flow.nn.Graph):
+    """Cross-entropy training of ``net`` (SGD with momentum) in M micro-batches, its stages on
+    ``places`` (none: one placement, gradient accumulation); ``configure(config)`` last."""
+
+    def __init__(self, net, places: list, auto: bool, configure):
+        super().__init__()
+        self.net = net
+        for i, (stage, place) in enumerate(zip(self.net.stages, places)):
+            stage.to(flow.nn.graph.GraphModule).set_stage(i, place)
+        self.config.set_gradient_accumulation_steps(M)
+        if auto:
+            self.config.enable_auto_parallel()
+        configure(self.config)
+        self.add_optimizer(flow.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+
+    def build(self, x, y):
+        loss = flow.nn.functional.cross_entropy(self.net(x), y)
+        loss.backward()
+        return loss
 
 
 def _schedule(name: str):
@@ -205,23 +207,8 @@ def test_gradient_accumulation_on_one_placement_is_planned():
         net = _Net()
         net.load_state_dict({k: flow.tensor(v) for k, v in init.items()})
         net.to_global(placement=place, sbp=[B])
-        opt = flow.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-
-        class G(flow.nn.Graph):
-            def __init__(self):
-                super().__init__()
-                self.net = net
-                self.config.set_gradient_accumulation_steps(M)
-                self.config.enable_auto_parallel()
-                self.add_optimizer(opt)
-
-            def build(self, x, y):
-                loss = flow.nn.functional.cross_entropy(self.net(x), y)
-                loss.backward()
-                return loss
-
         x, y = _data()
-        g = G()
+        g = _Train(net, [], True, lambda c: None)
         feeds = [t.to_global(placement=place, sbp=[B]).to_global(sbp=[S(0)]) for t in (x, y)]
         for _ in range(2):
             g(*feeds)

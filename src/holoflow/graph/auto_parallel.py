@@ -44,7 +44,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -368,11 +368,10 @@ def plan(trace: Callable[[], tuple], params: dict, optimizers: list, *, ignore_u
                                      memory=memory, zero=zero())
         if device.calibrated and len(ranks) > 1:
             # timed kernels differ a little from rank to rank: every rank takes the slowest
-            # rank's figure, so all keep the same moves and derive one plan
-            # (a pipeline's bubble comes from the timed acts too)
-            got = world.comm().all_gather_shapes((q.compute_s, q.hidden_s, q.bubble_s), tuple(ranks))
-            compute_s, hidden_s, bubble_s = max(got, key=lambda f: f[0] - f[1] + f[2])
-            q = replace(q, compute_s=compute_s, hidden_s=hidden_s, bubble_s=bubble_s)
+            # rank's figures, so all keep the same moves and derive one plan (a pipeline's are
+            # the busiest stage's, which the timed acts pick: its communication too)
+            got = world.comm().all_gather_shapes(astuple(q), tuple(ranks))
+            q = max((Prediction(*f) for f in got), key=lambda f: f.step_s)
         return q
 
     start = best = evaluate(current)
