@@ -555,3 +555,34 @@ def test_a_boxed_view_of_a_view_follows_its_base_written_through_another_boxed_v
         np.testing.assert_allclose(values, want_values)
         if piece == "narrow":
             np.testing.assert_allclose(grad, tc.grad.numpy())
+
+
+@pytest.mark.parametrize("read", [False, True])
+def test_a_view_written_through_a_boxed_view_of_it_follows_its_base_detached_later(read):
+    """``t5 = t4.reshape(-1)`` (a view of a row-split ``t4``), ``t5[12:].mul_(2)`` (a boxed copy:
+    its write goes into ``t5``, then ``t4``), then ``t4.detach_()``: torch regenerates ``t5``'s
+    grad_fn at its next use, from the now detached base, so no gradient reaches ``a``, unless it
+    was read before the detach (``read``: then it keeps the write's history). holoflow re-derived
+    ``t5`` at the write, so its history survived the detach: a wrong, non-None gradient of ``a``,
+    silently (fuzz seed 69942, 1-D and the 4-rank mesh)."""
+    def program(a, weights):
+        t4 = a * -1.5
+        t5 = t4.reshape(-1)
+        t5[12:].mul_(2)
+        if read:
+            t5.grad_fn  # noqa: B018 - torch's getter regenerates the view's history here
+        t4.detach_()
+        (t5 * weights).sum().backward()
+        return a.grad
+
+    def run(place):
+        a = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[S(0)]).detach().requires_grad_()
+        g = program(a, flow.tensor(np.arange(24.0)).to_global(placement=place, sbp=[B]))
+        return None if g is None else g.to_global(sbp=[B]).to_local().numpy()
+    want = program(torch.tensor(W, requires_grad=True), torch.arange(24.0, dtype=torch.float64))
+    assert (want is None) == (not read)
+    for got in _on_two(run):
+        if want is None:
+            assert got is None
+        else:
+            np.testing.assert_allclose(got, want.numpy())

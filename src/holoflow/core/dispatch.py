@@ -540,7 +540,14 @@ def write_back(t: Tensor, name: str) -> None:
     assigned it, which goes on to the source's own base)."""
     c = t.__dict__["_copy_of"]
     fresh_copy(c.source)
+    vi = c.source._view
+    derived = None if vi is None else (vi.stamp, vi.at)
     assign(c.source, apply(VIEW_SCATTER, c.source, t, chain=c.chain), name)
+    if derived is not None and c.source._view is vi:
+        # the source (a view) was written only as the way to its base: as torch's view of a base
+        # written through another of its views, its history is re-derived at its next use, not
+        # now (so a base detach_()ed in between leaves it none, as torch's regenerated view)
+        vi.stamp, vi.at = derived
     c.version = c.held[0] = c.source._data._version
 
 
