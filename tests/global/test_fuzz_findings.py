@@ -586,3 +586,23 @@ def test_a_view_written_through_a_boxed_view_of_it_follows_its_base_detached_lat
             assert got is None
         else:
             np.testing.assert_allclose(got, want.numpy())
+
+
+@pytest.mark.parametrize("sbp", [P, S(0), S(1), B])
+def test_a_boxed_input_keeps_its_layout_so_a_reshape_copies_as_torchs(sbp):
+    """``b.t().tanh()``: torch's tanh lays its output out as its transposed input, so
+    ``reshape(-1)`` of it is a copy and a write into the tanh leaves it alone. A partial-sum ``b``
+    is boxed for tanh, and the boxing made the shard contiguous: the reshape became a view, and
+    the write showed through it, silently (fuzz seed 84748). Boxing keeps the shard's layout."""
+    def program(b):
+        y = b.t().tanh()
+        flat = y.reshape(-1)
+        y[3:] = -1.5
+        return flat
+
+    def run(place):
+        b = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[sbp])
+        return program(b).to_global(sbp=[B]).to_local().numpy()
+    want = program(torch.tensor(W)).numpy()
+    for got in _on_two(run):
+        np.testing.assert_allclose(got, want)

@@ -160,10 +160,35 @@ def _cat(parts: list, dim: int) -> torch.Tensor:
 
 
 def run_plan(t: torch.Tensor, place: placement, src: tuple, dst: tuple, shape, rank: int, comm) -> torch.Tensor:
-    """This rank's shard ``t`` (a torch tensor) boxed from ``src`` to ``dst``: the plan's steps."""
+    """This rank's shard ``t`` (a torch tensor) boxed from ``src`` to ``dst``: the plan's steps.
+    The result keeps the shard's layout (its dims in the same stride order) where that order is
+    plain: torch's tensor never moved, so an op after the boxing (an elementwise op keeps its
+    input's layout) lays its output out as torch's does, and a ``reshape`` of that output copies
+    where torch's copies (``b.t().tanh().reshape(-1)`` of a partial sum ``b``)."""
+    order = _dim_order(t)
     for step in plan(src, dst, place.hierarchy):
         t = run_step(t, step, shape, place, rank, comm)
+    if order is not None and t.dim() == len(order) and not _laid_out(t, order):
+        t = t.permute(order).contiguous().permute(sorted(range(len(order)), key=order.__getitem__))
     return t
+
+
+def _dim_order(t: torch.Tensor) -> tuple | None:
+    """A dense, non-contiguous tensor's dims from outermost to innermost (a permutation of a
+    contiguous layout), where every dim's size makes the order unambiguous; else None."""
+    if t.is_contiguous() or any(n <= 1 for n in t.shape):
+        return None
+    order = tuple(sorted(range(t.dim()), key=lambda d: -t.stride(d)))
+    expect = 1
+    for d in reversed(order):
+        if t.stride(d) != expect:
+            return None
+        expect *= t.shape[d]
+    return order
+
+
+def _laid_out(t: torch.Tensor, order: tuple) -> bool:
+    return t.permute(order).is_contiguous()
 
 
 def _box_grad(ctx, dy):
