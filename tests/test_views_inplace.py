@@ -533,3 +533,31 @@ def _sibling_of_a_detached_base_written_under_no_grad(lib):
 def test_in_place_write_then_backward_equals_torch(program):
     want, got = _torch_and_flow(program)
     assert want[0] == "ok" and got == want
+
+
+@pytest.mark.parametrize("read", [False, True])
+@pytest.mark.parametrize("index", ["slice", "int", "tensor"])
+def test_a_view_written_by_setitem_follows_its_base_detached_later(read, index):
+    """``v = base.reshape(-1); v[3:] = 0.5; base.detach_()``: torch writes the temporary view
+    ``v[3:]``, so ``v``'s grad_fn regenerates at its next use, from the detached base, and no
+    gradient reaches ``a`` (unless ``v.grad_fn`` was read before the detach). holoflow assigned
+    into ``v`` and re-derived it at once: a wrong gradient of ``a``, silently (global fuzz seed
+    75758). Advanced indexing (``v[t] = ...``) is torch's ``index_put_`` on ``v`` itself."""
+    a_np = np.random.default_rng(0).standard_normal((4, 6))
+
+    def program(lib, a):
+        base = (a * 1.0).var(1, keepdim=True)
+        v = base.reshape(-1)
+        key = {"slice": slice(3, None), "int": 3, "tensor": lib.tensor([1, 3])}[index]
+        v[key] = 0.5
+        if read:
+            v.grad_fn  # noqa: B018 - torch's getter regenerates the view's history here
+        base.detach_()
+        (v * lib.arange(4.0, dtype=lib.float64)).sum().backward()
+        return a.grad
+
+    want = program(torch, torch.tensor(a_np, requires_grad=True))
+    got = program(flow, flow.tensor(a_np, requires_grad=True))
+    assert (got is None) == (want is None)
+    if want is not None:
+        np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-12)

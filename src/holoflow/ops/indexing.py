@@ -374,7 +374,14 @@ def setitem(input: Tensor, index, value) -> None:
         # torch's (a region that still shares elements is refused by copy_, as torch's)
         getitem(input, index).copy_(value)
         return
+    vi = input._view
+    derived = None if vi is None or tensors else (vi.stamp, vi.at)
     apply_inplace(INDEX_PUT, input, value, *tensors, spec=spec)
+    if derived is not None and input._view is vi:
+        # torch writes the temporary view input[index] (basic indexing), not the view input:
+        # input is a sibling of it, its history re-derived at its next use, not now (a base
+        # detach_()ed in between leaves it none, as torch's regenerated view)
+        vi.stamp, vi.at = derived
 
 
 Tensor.__getitem__ = getitem
