@@ -19,6 +19,7 @@ import torch
 
 from ..core.dispatch import run_local
 from ..core.registry import defop
+from ..core.views import dense_layout
 from ..core.sbp import B, P, S
 from .sharding import dual, local_ranges, piece, shard_of
 from .placement import placement
@@ -176,15 +177,9 @@ def run_plan(t: torch.Tensor, place: placement, src: tuple, dst: tuple, shape, r
 def _dim_order(t: torch.Tensor) -> tuple | None:
     """A dense, non-contiguous tensor's dims from outermost to innermost (a permutation of a
     contiguous layout), where every dim's size makes the order unambiguous; else None."""
-    if t.is_contiguous() or any(n <= 1 for n in t.shape):
+    if t.is_contiguous() or any(n <= 1 for n in t.shape) or not dense_layout(t.shape, t.stride()):
         return None
-    order = tuple(sorted(range(t.dim()), key=lambda d: -t.stride(d)))
-    expect = 1
-    for d in reversed(order):
-        if t.stride(d) != expect:
-            return None
-        expect *= t.shape[d]
-    return order
+    return tuple(sorted(range(t.dim()), key=lambda d: -t.stride(d)))
 
 
 def _laid_out(t: torch.Tensor, order: tuple) -> bool:
