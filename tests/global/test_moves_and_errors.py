@@ -3,6 +3,7 @@ errors. Every error must be a HoloflowError on every rank that names what is wro
 hang (simulated collectives time out quickly here) and never a bare torch/numpy traceback."""
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -274,6 +275,44 @@ def test_nd_sbp_length_must_match_the_mesh():
     for msg in _every_rank_raises(4, lambda r: from_full(full, flow.placement("cpu", [0, 1, 2, 3]), S(0))
                                   .to_global(placement=p22)):
         assert "needs sbp= with 2 value(s)" in msg and str(p22) in msg, msg
+
+
+def test_a_model_creating_a_local_tensor_is_told_of_global_mode_and_trains_inside_it():
+    """A PyTorch model that creates a tensor in forward (GPT's ``torch.arange(T, device=idx.device)``)
+    fails on global inputs with an error naming the op, the user's line and both ways out; run
+    inside ``global_view.global_mode`` (creation ops make global tensors there) the same model
+    gives the one-process loss and gradients."""
+    from holoflow.examples import gpt
+    from holoflow.utils.global_view import global_mode
+    flow.manual_seed(0)
+    local = gpt.build(flow)(17, 8, 1, 16, 2)
+    state = {k: v.detach().clone() for k, v in local.state_dict().items()}
+    idx = flow.tensor(np.random.default_rng(0).integers(0, 17, (4, 8)))
+    want = local(idx, idx)[1]
+    want.backward()
+    place = flow.placement("cpu", [0, 1])
+
+    def model(rank):
+        m = gpt.build(flow)(17, 8, 1, 16, 2)
+        m.load_state_dict(state)
+        return m.to_global(placement=place, sbp=B), idx.to_global(placement=place, sbp=B).to_global(sbp=S(0))
+
+    def plain(rank):
+        m, x = model(rank)
+        m(x, x)
+    for msg in _every_rank_raises(2, plain):
+        assert "holoflow.embedding at global/test_moves_and_errors.py:" in msg and "mixes a local tensor of shape (8,)" in msg
+        assert ".to_global(placement, sbp)" in msg and "global_view.global_mode(True" in msg, msg
+
+    def inside(rank):
+        m, x = model(rank)
+        with global_mode(True, placement=place, sbp=B):
+            loss = m(x, x)[1]
+        loss.backward()
+        return loss.to_global(sbp=B).to_local().item(), m.blocks[0].mlp.fc.weight.grad.to_local().numpy()
+    for loss, grad in world.simulate(2, inside, timeout=60):
+        np.testing.assert_allclose(loss, want.item(), rtol=1e-5)
+        np.testing.assert_allclose(grad, local.blocks[0].mlp.fc.weight.grad.numpy(), rtol=1e-4, atol=1e-6)
 
 
 def test_mixing_local_and_global_in_an_op():

@@ -58,8 +58,11 @@ def _placement_of(op: Op, inputs: tuple):
         if isinstance(x, Tensor):
             if x._global is None:
                 raise HoloflowError(
-                    f"holoflow.{op.name}: mixes a local tensor of shape {tuple(x.shape)} with global "
-                    f"tensors; make it global first with .to_global(placement, sbp)")
+                    f"holoflow.{op.name} at {user_site()}: mixes a local tensor of shape {tuple(x.shape)} "
+                    f"with global tensors; make it global first with .to_global(placement, sbp), or, for "
+                    f"tensors the model creates itself (torch.arange(T, device=x.device)), run it inside "
+                    f"holoflow.utils.global_view.global_mode(True, placement=..., sbp=...), where creation "
+                    f"ops make global tensors")
             if place is None:
                 place = x._global.placement
             elif x._global.placement != place:

@@ -182,7 +182,10 @@ def _placement(op: Op, inputs: tuple, names: dict | None = None):
             if isinstance(x, Tensor) and x._global is None:
                 raise HoloflowError(f"holoflow.nn.Graph: {op.name} at {user_line()} mixes a local tensor, "
                                     f"{_what(x, names)}, with global tensors on {place}; make it global "
-                                    f"first (.to_global(placement, sbp)) or create it with placement=/sbp=")
+                                    f"first (.to_global(placement, sbp)), create it with placement=/sbp=, or, "
+                                    f"for tensors the model creates itself (torch.arange(T, device=x.device)), "
+                                    f"call it inside holoflow.utils.global_view.global_mode(True, "
+                                    f"placement=..., sbp=...), where creation ops make global tensors")
     return place
 
 
