@@ -158,9 +158,11 @@ def load(path: str | os.PathLike, map_location=None, pickle_module: Any = None, 
         raise RuntimeError("holoflow.load: can not safely load weights when explicit pickle_module is specified "
                            "(as torch.load)")
     torch_args = dict(pickle_load_args, **({} if mmap is None else {"mmap": mmap}))
-    if not weights_only:   # modules saved whole may be rebuilt (their code runs), as torch.load
-        with _whole.allowing_code(True):
-            return load_file(path, map_location, torch_args)
+    with _whole.allowing_code(not weights_only):   # modules saved whole may be rebuilt (their code runs)
+        return _load(path, map_location, torch_args, global_src_rank, like)
+
+
+def _load(path, map_location, torch_args: dict, global_src_rank: int | None, like: Any) -> Any:
     if global_src_rank is not None or (_SHARDED is not None and _SHARDED.is_sharded(path)):
         if _SHARDED is None:
             raise UnsupportedError("holoflow.load: global checkpoints need holoflow.checkpoint (import holoflow)")

@@ -153,9 +153,11 @@ def as_parameter(t: Tensor, requires_grad: bool) -> Tensor:
 
 
 def has_global(obj: Any) -> bool:
-    """Whether a tree (dicts, lists, tuples) holds a global tensor."""
+    """Whether a tree (dicts, lists, tuples, modules) holds a global tensor."""
     if isinstance(obj, Tensor):
         return obj._global is not None
+    if _whole.is_module(obj):   # (refused by the encoders, on every rank: see serialization_module.py)
+        return _whole.holds_global(obj)
     if isinstance(obj, dict):
         return any(has_global(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):

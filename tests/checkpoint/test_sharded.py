@@ -242,7 +242,6 @@ def test_corrupt_sharded_checkpoints_raise_naming_the_problem(tmp_path):
     ('{"t": "dict", "items": [[{"t": "list", "items": []}, {"t": "value", "v": 1}]]}', "a dict key holds a list"),
     ('{"t": "value", "v": [1]}', "a value node holds list"),
     ('{"t": "tensor", "codec": "sharded"}', "a tensor node without a key"),
-    ('{"t": "module", "class": "x"}', "unknown node"),   # (modules saved whole: plain files only)
 ])
 def test_a_sharded_manifest_tree_is_checked_as_a_file_manifest(tmp_path, root, message):
     """The directory's tree is read by the file decoder's walk (reshard._Tree is a Decoder)."""

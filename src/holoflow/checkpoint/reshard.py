@@ -118,7 +118,11 @@ class _Tree(Decoder):
         return self.made.setdefault(identity(n), _Pending(n))   # (views of one storage: one key)
 
     def module(self, n: dict) -> Any:
-        raise self.bad(f"unknown node {str(n)[:80]}")   # (modules saved whole: plain files only)
+        # (modules saved whole: plain files only; older holoflow wrote some here, with global tensors)
+        raise CheckpointError(
+            f"holoflow.load({self.name}): the checkpoint holds a whole module ({str(n.get('class', '?'))[:80]}) "
+            f"that older holoflow saved beside global tensors; a sharded checkpoint can't rebuild it. Save "
+            f"model.state_dict() instead and load it with like=model")
 
 
 def _target(n: dict, like: Any, where: str, name: str) -> tuple | None:
@@ -256,37 +260,46 @@ def _read_part(reader: ShardReader, n: dict, target: tuple | None, where: str) -
 
 
 def _load_shared(pending: dict, manifest: dict, planned: dict, reader: ShardReader, map_location: Any) -> dict:
-    """id(pending) -> tensor for the global tensors that shared a local storage on this rank when
-    saved and load in that layout: views of one storage again (:mod:`.shared`). ``pending``: the
-    manifest's tensors by identity, ``planned``: their targets."""
+    """id(pending) -> tensor for the tensors that shared a local storage on this rank when saved
+    (global tensors, and rank 0's local tensors over its part of one) and load in that layout:
+    views of one storage again (:mod:`.shared`). ``pending``: the manifest's tensors by identity,
+    ``planned``: their targets."""
     r, _ = _ctx()
+    by_part = {key if vid == 0 else f"{key}#{vid}": p for (key, vid), p in pending.items()}
     made: dict = {}
     for group in parts_of(manifest, r, reader.corrupt):
-        members = [planned.get(id(pending.get((key, 0)))) for key, *_ in group]
+        members = [planned.get(id(by_part.get(key))) for key, *_ in group]
         if not all(_in_saved_part(m, part, reader.name) for m, part in zip(members, group)) or \
                 len({m[0].node.get("dtype") for m in members}) != 1:
             continue   # (some of them load in another layout: apart)
+        anchor = next((m for m in members if m[1] is not None), None)
+        if anchor is None:   # (local tensors alone: sharing their entry already)
+            continue
         views = joined([(off, shape, stride, _read_part(reader, p.node, target, where))
                         for (p, target, where), (_, off, shape, stride) in zip(members, group)])
         if views is None:
             continue
-        place, _, saved = members[0][1]   # (the storage, moved once: as saved, or to like's device)
+        place, _, saved = anchor[1]   # (the storage, moved once: as saved, or to like's device)
         first, _ = _restored(views[0], place, map_location if saved else str(place.device_for(r)))
         storage = first.untyped_storage()
-        for (p, (place, nd, _), _), v in zip(members, views):
-            local = torch.empty(0, dtype=v.dtype, device=first.device).set_(storage, v.storage_offset(), v.shape,
-                                                                             v.stride())
-            made[id(p)] = _finish(make_global(Tensor._make(local), _typed(place, first.device), nd, p.node["shape"]),
-                                  p.node)
+        for (p, target, _), v in zip(members, views):
+            local = Tensor._make(torch.empty(0, dtype=v.dtype, device=first.device).set_(
+                storage, v.storage_offset(), v.shape, v.stride()))
+            if target is not None:
+                local = make_global(local, _typed(target[0], first.device), target[1], p.node["shape"])
+            made[id(p)] = _finish(local, p.node)
     return made
 
 
 def _in_saved_part(member: tuple | None, part: tuple, name: str) -> bool:
     """Whether a tensor of a shared storage loads, on this rank, the part it saved there (in its
-    saved layout, which ``like`` may give too)."""
-    if member is None or member[1] is None:   # (not in the tree, or loaded whole)
+    saved layout, which ``like`` may give too; a local tensor: whole, local)."""
+    if member is None:   # (not in the tree)
         return False
-    p, (place, nd, saved), where = member
+    p, target, where = member
+    if target is None:   # (loaded whole: a local tensor saved local, not a global one)
+        return p.node.get("placement") is None and p.node.get("shape") == part[2]
+    place, nd, saved = target
     if not saved:
         try:
             saved = _target(p.node, None, where, name)

@@ -53,6 +53,7 @@ from ..distributed.sharding import local_ranges
 from ..distributed.placement import placement
 from ..serialization import save_file
 from ..serialization_files import clean_stale_temps, fsync_dir, temp_path
+from ..serialization_module import is_module, refuse_global, refuse_in_sharded
 from ..serialization_storage import STORED_AS, storable
 from ..serialization_tree import CheckpointError, Encoder, is_parameter
 
@@ -110,7 +111,9 @@ class _ShardEncoder(Encoder):
         super().__init__()
         self.rank, self.next_key, self.stored_as = rank, "0", False
         self.failed: Exception | None = None
-        self.parts: dict[tuple, list] = {}   # a local storage -> this rank's global tensors' parts on it
+        self.parts: dict[tuple, list] = {}   # a local storage -> this rank's tensors' parts on it
+        self.dtypes: dict[tuple, torch.dtype] = {}   # a local storage -> the dtype its first tensor saw it as
+        self.local_keys: set[str] = set()   # parts of local tensors (rank 0's)
         self.table.new_name = lambda: self.next_key   # a storage's entry: its first tensor's key
 
     @property
@@ -131,6 +134,11 @@ class _ShardEncoder(Encoder):
         if ptr is not None:
             self.table.entry_ptrs.add(ptr)
         self.tensors[name] = data
+
+    def node(self, obj: Any, where: str) -> dict:
+        if is_module(obj):   # (refused on every rank, before any collective)
+            refuse_in_sharded(obj, where)
+        return super().node(obj, where)
 
     def tensor(self, t: Tensor, where: str) -> dict:
         node = self.seen.get(id(t))
@@ -153,26 +161,39 @@ class _ShardEncoder(Encoder):
                     view = None
                 if view is not None:
                     node["view"] = view
+                part = node["key"] if view is None else f"{node['key']}#{view['id']}"   # (its identity)
+                self.local_keys.add(part)
+                self._note_part(part, t._data, where)
         else:
-            node.update(self._global(t, name, g))
+            node.update(self._global(t, name, g, where))
         if is_parameter(t):   # (loads as a Parameter again, as torch.load's)
             node["parameter"] = True
         self.seen[id(t)] = node
         return node
 
-    def _note_part(self, name: str, data: torch.Tensor) -> None:
-        """Where this rank's part of a global tensor lies in its local storage (see :meth:`shared`)."""
+    def _note_part(self, name: str, data: torch.Tensor, where: str) -> None:
+        """Where this rank's part of a global tensor (or rank 0's local tensor) lies in its local
+        storage (see :meth:`shared`). Two dtypes over one storage are refused, as ``torch.save``."""
         if data.numel() == 0 or data.is_conj() or data.is_neg():   # (lazy bits: not the storage's values)
             return
-        key = (str(data.device), data.untyped_storage().data_ptr(), data.dtype)
+        key = (str(data.device), data.untyped_storage().data_ptr())
+        seen = self.dtypes.setdefault(key, data.dtype)
+        if seen != data.dtype:
+            self.failed = self.failed or RuntimeError(
+                f"holoflow.save: cannot save multiple tensors that view the same data as different types ({seen} "
+                f"and {data.dtype}, at {where}), as torch.save; save a .clone() of one of them")
+            return
         self.parts.setdefault(key, []).append([name, data.storage_offset(), list(data.shape), list(data.stride())])
 
     def shared(self) -> list:
-        """This rank's global tensors that share a local storage (views, tied tensors), one list per
-        storage of ``[key, offset, shape, stride]`` of each part: the manifest's ``"shared"``."""
-        return [group for group in self.parts.values() if len(group) > 1]
+        """This rank's tensors that share a local storage (global views, tied tensors, rank 0's local
+        tensors over its part of a global one), one list per storage holding a global tensor's part,
+        of ``[key, offset, shape, stride]`` of each part: the manifest's ``"shared"``. A local
+        tensor's key is its node's identity: ``key`` or ``key#view id``."""
+        return [group for group in self.parts.values()
+                if len(group) > 1 and any(part[0] not in self.local_keys for part in group)]
 
-    def _global(self, t: Tensor, name: str, g) -> dict:
+    def _global(self, t: Tensor, name: str, g, where: str) -> dict:
         place, shape = g.placement, list(g.shape)
         nd = tuple(B if s == P else s for s in g.sbp)   # partial sums are reduced before saving
         owners: dict = {}
@@ -182,7 +203,7 @@ class _ShardEncoder(Encoder):
                 owners[box] = rk
         coords = place.coords(self.rank)
         if coords is not None:
-            self._note_part(name, t._data)
+            self._note_part(name, t._data, where)
         if coords is not None and owners.get(tuple(local_ranges(shape, nd, place, coords))) == self.rank:
             x = t.detach()
             if nd != tuple(g.sbp):
@@ -205,10 +226,8 @@ def save_sharded(obj: Any, path: str | os.PathLike) -> None:
     enc = _ShardEncoder(r)
     root = enc.node(obj, "obj")
     tmp = err = None
-    if r == 0:
+    if r == 0 and enc.failed is None:
         try:
-            if enc.failed is not None:
-                raise enc.failed
             if os.path.isfile(path):
                 raise CheckpointError(f"{path!r} is a file; a checkpoint of global tensors is a directory")
             clean_stale_temps(path)
@@ -216,9 +235,13 @@ def save_sharded(obj: Any, path: str | os.PathLike) -> None:
             os.makedirs(tmp)
         except Exception as e:  # noqa: BLE001 - reported on every rank
             err = f"{type(e).__name__}: {e}"
-    started = _gather((tmp, err, enc.shared()), n)
-    tmp, err0, _ = started[0]
-    shared = {str(rk): groups for rk, (_, _, groups) in enumerate(started) if groups}
+    failed = None if enc.failed is None else str(enc.failed)
+    started = _gather((tmp, err, enc.shared(), failed), n)
+    tmp, err0, _, _ = started[0]
+    shared = {str(rk): groups for rk, (_, _, groups, _) in enumerate(started) if groups}
+    if r == 0 and tmp is not None and any(f for *_, f in started):
+        shutil.rmtree(tmp, ignore_errors=True)
+    _raise_refused(enc.failed, [f for *_, f in started], repr(path))
     if err0:
         raise CheckpointError(f"holoflow.save({path!r}): rank 0 could not start: {err0}")
     err = None
@@ -247,6 +270,16 @@ def save_sharded(obj: Any, path: str | os.PathLike) -> None:
             err = f"{type(e).__name__}: {e}"
     _raise_failed(errs, repr(path))
     _raise_failed([e if i == 0 else None for i, e in enumerate(_gather(err, n))], repr(path))
+
+
+def _raise_refused(mine: Exception | None, failed: list, what: str) -> None:
+    """A tree some rank refused while walking it (two dtypes over one storage): its own error on
+    that rank, a RuntimeError naming it on the others (nothing was written)."""
+    if mine is not None:
+        raise mine
+    bad = [(r, f) for r, f in enumerate(failed) if f]
+    if bad:
+        raise RuntimeError(f"holoflow.save({what}): " + "; ".join(f"rank {r}: {f}" for r, f in bad))
 
 
 def _write_synced(directory: str, name: str, content: Any) -> None:
@@ -281,6 +314,7 @@ def save_to_rank(obj: Any, path: str | os.PathLike, dst: int) -> None:
     r, n = _ctx()
     if not 0 <= dst < n:
         raise ValueError(f"holoflow.save: global_dst_rank={dst} is not a rank of this world of {n}")
+    _refuse_global_modules(obj, "obj")   # (on every rank, before any collective)
     memo: dict = {}
 
     def whole(t: Tensor) -> Tensor | None:
@@ -306,6 +340,19 @@ def save_to_rank(obj: Any, path: str | os.PathLike, dst: int) -> None:
         except Exception as e:  # noqa: BLE001
             err = f"{type(e).__name__}: {e}"
     _raise_failed([e if i == dst else None for i, e in enumerate(_gather(err, n))], repr(os.fspath(path)))
+
+
+def _refuse_global_modules(obj: Any, where: str) -> None:
+    """A module saved whole holding a global tensor raises :class:`WholeModuleError` (see
+    serialization_module.py): the sharded encoder meets it itself, ``save_to_rank`` asks here."""
+    if is_module(obj):
+        refuse_global(obj, where)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _refuse_global_modules(v, f"{where}[{k!r}]")
+    elif isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        for i, v in enumerate(obj):
+            _refuse_global_modules(v, f"{where}[{i}]")
 
 
 def _map_tensors(obj: Any, fn, memo: dict) -> Any:

@@ -3,8 +3,11 @@ and a global view of it, tied tensors) load sharing one again, as ``torch.load``
 tied tensors back (see the manifest's ``"shared"`` in :mod:`holoflow.checkpoint.sharded`).
 
 On each rank, the saved parts of such tensors (offset, shape and stride in their local storage)
-are written into one new storage, each tensor a view of it with its saved layout. This holds
-where every tensor of the storage loads in its saved layout (the same box of it on this rank);
+are written into one new storage, each tensor a view of it with its saved layout. Rank 0's
+local tensors over its part of a global tensor (``g.to_local()`` saved beside ``g``) join it too,
+as the local tensors of a sharded checkpoint are rank 0's. This holds where every tensor of the
+storage loads in its saved layout (the same box of it on this rank; a local tensor whole, local)
+and their values agree where they overlap (a partial sum is reduced when saved, its part not);
 in another layout (``like=``, another world) they load apart, as torch's DCP loads each tensor
 into its own.
 """
@@ -56,4 +59,13 @@ def joined(parts: list[tuple[int, list, list, torch.Tensor]]) -> list[torch.Tens
             view.copy_(values)
     except RuntimeError:   # (a view whose elements overlap, e.g. an expanded one)
         return None
+    if not all(_same(view, values) for view, (_, _, _, values) in zip(views, parts)):
+        return None   # (parts that disagree where they overlap: a partial sum's local part, reduced when saved)
     return views
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` hold the same values (NaNs where NaNs)."""
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.all((a == b) | (torch.isnan(a) & torch.isnan(b))))
+    return torch.equal(a, b)
