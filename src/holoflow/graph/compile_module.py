@@ -236,8 +236,7 @@ class _Compiler:
                 if why is not None:
                     return _Eager(why)
                 made = _made_leaves(out_leaves, lazy, tracer)
-                written = [i for i, t in enumerate(lazy) if isinstance(t, Tensor)
-                           and t.__dict__.get("_v") is not tracer.feeds[_feed_index(leaves, i)]]
+                written = tracer.written_inputs(lazy)
                 if written:
                     return _Eager(f"it writes its input(s) {written} in place")
                 hidden = [x for _, x in tracer.state.values() if id(x) not in reachable]
@@ -492,10 +491,6 @@ def _compiled(g: IRGraph, inductor: bool, keep_layouts: frozenset = frozenset())
     from .passes.memory_plan import memory_plan
     return lower(check(memory_plan(g, GraphConfig()), where="memory_plan"), compile_tasks=inductor,
                  keep_layouts=keep_layouts)
-
-
-def _feed_index(leaves: list, i: int) -> int:
-    return sum(isinstance(x, Tensor) for x in leaves[:i])
 
 
 def _name(fn: Any) -> str:

@@ -120,8 +120,7 @@ class GraphCompiling(GraphPrinting):
         # inputs written in place inside build (``x.add_(1)``, ``x[0] = 0``): their last values
         # are extra outputs (after the user's, which ``out_spec`` rebuilds) copied back into the
         # caller's tensors after the call, as eager's write would be seen
-        written = [i for i, (x, t) in enumerate(zip(traced, lazy)) if isinstance(x, Tensor)
-                   and t.__dict__.get("_v") is not tracer.feeds[_feed_index(traced, i)]]
+        written = tracer.written_inputs(lazy)
         ir = tracer.graph(tuple(out_leaves) + tuple(lazy[i] for i in written), out_spec)
         return ir, written, stages, m, piped, getattr(tracer, "pp_mark", len(ir.nodes))
 
@@ -304,11 +303,6 @@ class GraphCompiling(GraphPrinting):
         modules = dict(self._repeated_blocks()) if self._act_vars else {}
         return [modules[path].register_forward_hook(lambda mod, inp, out, _v=var: _v.box(out))
                 for path, var in self._act_vars.items() if path in modules]
-
-
-def _feed_index(leaves: list, i: int) -> int:
-    """The feed number of tensor leaf ``i`` (non-tensor leaves are constants, not feeds)."""
-    return sum(isinstance(x, Tensor) for x in leaves[:i])
 
 
 def _user_frame(e: BaseException) -> str:

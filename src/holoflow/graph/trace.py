@@ -233,6 +233,13 @@ class Tracer(Interpreter):
             t._global = LazyGlobal(x._global.placement, x._global.sbp, x._global.shape, tracer=self)
         return t
 
+    def written_inputs(self, lazy: list) -> list[int]:
+        """The positions in ``lazy`` (the traced function's flattened inputs: feeds in order,
+        non-tensor leaves between them) of the inputs the trace wrote in place (``x.add_(1)``,
+        ``x[0] = 0``): their value is no longer the feed's."""
+        feeds = iter(self.feeds)
+        return [i for i, t in enumerate(lazy) if isinstance(t, Tensor) and t.__dict__.get("_v") is not next(feeds)]
+
     def lazy_tensor(self, meta: torch.Tensor, v: Value) -> Tensor:
         t = Tensor._make(meta)
         self.bind_value(t, v)
