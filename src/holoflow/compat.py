@@ -19,7 +19,7 @@ from .ops.creation import empty, tensor
 from .ops.elementwise import ABS, LE, MUL, SUB
 from .core.dispatch import apply
 from .nn import functional as F
-from .ops.nn_extra import prelu
+from .ops.activation import prelu
 
 __all__ = ["set_float32_matmul_precision", "get_float32_matmul_precision", "use_deterministic_algorithms",
            "are_deterministic_algorithms_enabled", "set_num_threads", "get_num_threads",

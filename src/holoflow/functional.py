@@ -4,12 +4,15 @@ Scripts that write ``torch.functional.einsum`` or ``from torch.functional import
 from __future__ import annotations
 
 from .compat import broadcast_shapes, broadcast_tensors, meshgrid
-from .ops.api_more2 import istft, stft
+from .ops.spectral import istft, stft
 from .ops.decomp import cdist
-from .ops.extra_ops import block_diag, cartesian_prod, tensordot, unravel_index
+from .ops.flat_index import unravel_index
+from .ops.products import tensordot
+from .ops.stacking import block_diag, cartesian_prod
 from .ops.linalg import einsum
 from .ops.lowrank import lu, pca_lowrank, svd_lowrank
-from .ops.more_ops import atleast_1d, atleast_2d, atleast_3d, chain_matmul
+from .ops.products import chain_matmul
+from .ops.stacking import atleast_1d, atleast_2d, atleast_3d
 from .ops.reduction import norm
 from .ops.shape import split, unique_consecutive
 from .ops.sorting import unique

@@ -68,7 +68,7 @@ from .ops.decomp import eigh, eigvalsh, linalg_qr as qr, linalg_svd as svd, svdv
 
 __all__ += ["svd", "svdvals", "qr", "eigh", "eigvalsh"]
 
-from .ops.more_ops import cholesky, det, inv, solve  # noqa: E402
+from .ops.linalg_solve import cholesky, det, inv, solve  # noqa: E402
 
 __all__ += ["det", "inv", "solve", "cholesky"]
 
@@ -104,10 +104,10 @@ def _tolerance(name: str, value) -> float | None:
     return None if value is None else float(value)
 
 
-# -- LU, triangular, least squares, eig and the _ex forms: primitives in ops/linalg_more.py ---------------
+# -- LU, triangular, least squares, eig and the _ex forms: primitives in ops/linalg_solve.py --------------
 from .ops.layout import diagonal as _diagonal  # noqa: E402
 from .ops.shape import cat as _cat  # noqa: E402
-from .ops.linalg_more import (  # noqa: E402
+from .ops.linalg_solve import (  # noqa: E402
     cholesky_ex, eig, eigvals, householder_product, inv_ex, ldl_factor, ldl_factor_ex, ldl_solve, lstsq, lu,
     lu_factor, lu_factor_ex, linalg_lu_solve as lu_solve, solve_ex, solve_triangular,
 )

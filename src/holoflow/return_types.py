@@ -5,12 +5,12 @@ holds under ``mock_torch``."""
 from __future__ import annotations
 
 from .core.registry import REGISTRY
-from .ops.api_more2 import _HistogramddResult
+from .ops.numeric import _HistogramddResult
 from .ops.decomp import _SvdResult
-from .ops.extra_ops import _Frexp
-from .ops.linalg_more import (PLU, CholeskyEx, Eig, InvEx, LdlFactor, LdlFactorEx, Lstsq, LuFactor, LuFactorEx,
-                              LuUnpack, SolveEx, TriangularSolve)
-from .ops.more_ops import _KthResult, _MedianResult
+from .ops.pointwise import _Frexp
+from .ops.linalg_solve import (CholeskyEx, Eig, InvEx, LdlFactor, LdlFactorEx, Lstsq, LuFactor, LuFactorEx, LuUnpack,
+                               PLU, SolveEx, TriangularSolve)
+from .ops.order_stats import _KthResult, _MedianResult
 from .ops.reduction import _aminmax
 
 

@@ -16,11 +16,11 @@ import math
 
 from .core.tensor import Tensor
 from .ops import elementwise as _E
-from .ops.api_more2 import mvlgamma
+from .ops.numeric import mvlgamma
 from .ops.elementwise import _FUNCS as _EW
 from .ops.elementwise import logit, round, xlogy  # noqa: A004 - torch.special.round
-from .ops.extra_ops import (SPECIAL_FUNCTIONS, digamma, entr, erfcx, i0, i0e, i1, i1e, lgamma, log_ndtr, ndtri,
-                             polygamma, sinc, zeta)
+from .ops.special import (SPECIAL_FUNCTIONS, digamma, entr, erfcx, i0, i0e, i1, i1e, lgamma, log_ndtr, ndtri, polygamma,
+                          sinc, zeta)
 from .ops.nn_ops import log_softmax as _log_softmax
 from .ops.nn_ops import softmax as _softmax
 from .ops.reduction import logsumexp
@@ -31,7 +31,7 @@ __all__ = ["expit", "exp2", "expm1", "log1p", "erf", "erfc", "erfinv", "digamma"
            "zeta", *SPECIAL_FUNCTIONS]
 
 # the Bessel functions (airy_ai, bessel_j0, ..., spherical_bessel_j0) and the (x, n) polynomials
-# (chebyshev_polynomial_t, ..., legendre_polynomial_p): ops/extra_ops.py
+# (chebyshev_polynomial_t, ..., legendre_polynomial_p): ops/special.py
 globals().update(SPECIAL_FUNCTIONS)
 
 expit = _EW["sigmoid"]

@@ -12,7 +12,7 @@ from ..core.dtype import finfo
 from ..core.tensor import Tensor
 from ..ops.creation import full
 from ..ops.decomp import eigvalsh
-from ..ops.linalg_more import cholesky_ex
+from ..ops.linalg_solve import cholesky_ex
 from ..ops.shape import cat as _cat
 from ..ops.shape import stack as _stack
 

@@ -16,7 +16,7 @@ from ..core.errors import UnsupportedError
 from ..core.tensor import Tensor
 from ..nn.functional import softplus
 from ..ops.creation import full_like
-from ..ops.linalg_more import solve_triangular
+from ..ops.linalg_solve import solve_triangular
 from .base import Distribution
 from .bernoulli import Bernoulli
 from .beta import Beta

@@ -10,8 +10,8 @@ import torch
 
 from ..core.tensor import Tensor
 from ..ops.elementwise import where
-from ..ops.extra_ops import diag_embed
-from ..ops.linalg_more import solve_triangular
+from ..ops.stacking import diag_embed
+from ..ops.linalg_solve import solve_triangular
 from .beta import Beta
 from .continuous_bernoulli import ContinuousBernoulli
 from .exponential import Exponential

@@ -12,9 +12,9 @@ import torch
 from ..core import grad_mode
 from ..core.dtype import finfo
 from ..core.tensor import Tensor
-from ..ops.api_more2 import mvlgamma
+from ..ops.numeric import mvlgamma
 from ..ops.creation import arange, randn
-from ..ops.extra_ops import diag_embed
+from ..ops.stacking import diag_embed
 from ..ops.shape import cat
 from . import constraints
 from .base import Distribution

@@ -11,9 +11,8 @@ import torch
 
 from ..core.tensor import Tensor
 from ..ops.creation import empty, eye
-from ..ops.extra_ops import diag_embed
-from ..ops.linalg_more import solve_triangular
-from ..ops.more_ops import cholesky
+from ..ops.stacking import diag_embed
+from ..ops.linalg_solve import cholesky, solve_triangular
 from . import constraints
 from .base import Distribution
 from .utils import lazy_property

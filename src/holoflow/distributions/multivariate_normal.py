@@ -11,8 +11,7 @@ import torch
 from ..core.tensor import Tensor
 from ..ops.creation import empty, eye
 from ..ops.linalg import cholesky_inverse
-from ..ops.linalg_more import solve_triangular
-from ..ops.more_ops import cholesky
+from ..ops.linalg_solve import cholesky, solve_triangular
 from . import constraints
 from .base import Distribution, broadcast_all
 

@@ -16,7 +16,7 @@ from ..core.tensor import Tensor
 from ..nn.functional import logsigmoid, softplus
 from ..ops.creation import eye, ones
 from ..ops.layout import pad
-from ..ops.more_ops import cholesky
+from ..ops.linalg_solve import cholesky
 from ..ops.shape import cat, stack
 from . import constraints
 from .independent import sum_rightmost

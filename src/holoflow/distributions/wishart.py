@@ -17,13 +17,13 @@ import torch
 
 from ..core.dtype import finfo
 from ..core.tensor import Tensor
-from ..ops.api_more2 import mvlgamma
+from ..ops.numeric import mvlgamma
 from ..ops.creation import arange, eye, randn, tensor
-from ..ops.extra_ops import diag_embed, index_copy
+from ..ops.scatter import index_copy
+from ..ops.stacking import diag_embed
 from ..ops.layout import flip
 from ..ops.linalg import cholesky_solve, slogdet
-from ..ops.linalg_more import solve_triangular
-from ..ops.more_ops import cholesky
+from ..ops.linalg_solve import cholesky, solve_triangular
 from . import constraints
 from .chi2 import Chi2
 from .exp_family import ExponentialFamily

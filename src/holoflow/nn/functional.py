@@ -16,11 +16,14 @@ from ..ops.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, 
 from ..ops.nn_ops import (cosine_similarity, elu, embedding, gelu, hardsigmoid, hardswish, hardtanh, leaky_relu,
                           log_softmax, logsigmoid, mish, normalize, one_hot, relu, relu6, relu_, rrelu, rrelu_, selu,
                           silu, softmax, softmin, softplus, threshold, threshold_)
-from ..ops.nn_extra import (adaptive_avg_pool1d, adaptive_max_pool1d, adaptive_max_pool2d, alpha_dropout,
-                            avg_pool1d, bilinear, celu, cosine_embedding_loss, dropout1d, dropout2d, dropout3d,
-                            feature_alpha_dropout, gaussian_nll_loss, glu, hardshrink, local_response_norm,
-                            margin_ranking_loss, max_pool1d, pairwise_distance, pixel_shuffle, pixel_unshuffle,
-                            poisson_nll_loss, prelu, softshrink, softsign, tanhshrink)
+from ..ops.activation import celu, glu, hardshrink, prelu, softshrink, softsign, tanhshrink
+from ..ops.distance import pairwise_distance
+from ..ops.dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
+from ..ops.layout import pixel_shuffle, pixel_unshuffle
+from ..ops.loss import cosine_embedding_loss, gaussian_nll_loss, margin_ranking_loss, poisson_nll_loss
+from ..ops.norm import local_response_norm
+from ..ops.pooling import adaptive_avg_pool1d, adaptive_max_pool1d, adaptive_max_pool2d, avg_pool1d, max_pool1d
+from ..ops.products import bilinear
 from ..ops.norm import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
 from ..ops.random_ops import dropout
 
@@ -51,7 +54,7 @@ from ..ops.sequence import ctc_loss, embedding_bag  # noqa: E402
 
 __all__ += ["cdist", "adaptive_avg_pool3d", "avg_pool3d", "max_pool3d", "fold", "grid_sample", "unfold", "ctc_loss",
             "embedding_bag"]
-from ..ops.more_ops import pdist  # noqa: E402
+from ..ops.distance import pdist  # noqa: E402
 
 __all__ += ["pdist", "rrelu", "rrelu_", "threshold", "threshold_"]
 

@@ -2,7 +2,7 @@
 from the parts): in-place activations, gumbel_softmax, affine_grid, the ``*_with_indices`` pooling
 forms, max unpooling, power-average pooling, 3-d transposed convolution, margin and triplet
 losses, channel shuffle and the deprecated upsampling names. The primitives without a cheap
-composite (3-d adaptive and fractional max pooling) are in ops/nn_more.py.
+composite (3-d adaptive and fractional max pooling) are in ops/pooling.py.
 
 ``holoflow.nn.functional`` re-exports every name of ``__all__``.
 """
@@ -21,10 +21,12 @@ from ..ops.conv import _conv_transpose, _tuple, avg_pool2d, interpolate, max_poo
 from ..ops.creation import empty_like, linspace, ones, zeros, zeros_like
 from ..ops.linalg import matmul
 from ..ops.loss import _reduction, reduce_loss
-from ..ops.nn_extra import adaptive_max_pool1d, adaptive_max_pool2d, avg_pool1d, celu, max_pool1d, pairwise_distance
-from ..ops.nn_more import (adaptive_max_pool3d, adaptive_max_pool3d_with_indices, fractional_max_pool2d,
+from ..ops.activation import celu
+from ..ops.distance import pairwise_distance
+from ..ops.pooling import (adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d,
+                           adaptive_max_pool3d_with_indices, avg_pool1d, fractional_max_pool2d,
                            fractional_max_pool2d_with_indices, fractional_max_pool3d,
-                           fractional_max_pool3d_with_indices)
+                           fractional_max_pool3d_with_indices, max_pool1d)
 from ..ops.nn_ops import elu, hardtanh, leaky_relu, logsigmoid, one_hot, relu, selu, softmax
 from ..ops.pool3d import avg_pool3d, max_pool3d
 

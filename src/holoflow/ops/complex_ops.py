@@ -21,7 +21,7 @@ from ..core.tensor import Tensor
 from .elementwise import ZEROS_LIKE
 from .family import elementwise_sbp, needs, reduce_grad
 from .fft import AS_COMPLEX
-from .more_ops import _same_shape_bwd_sbp
+from .pointwise import _same_shape_bwd_sbp
 from .torch_vjp import defop_vjp
 
 __all__ = ["view_as_real", "view_as_complex", "complex", "polar", "real", "imag", "angle"]

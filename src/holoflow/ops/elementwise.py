@@ -279,7 +279,7 @@ def _igamma_grad(name: str, sign: int):
         if needs(c, 0):
             raise UnsupportedError(f"holoflow.{name}: the derivative for 'input' is not implemented (nor in "
                                    f"torch); only 'other' can require grad: pass input.detach()")
-        lgamma = apply(REGISTRY["lgamma"], a)   # ops/extra_ops.py, which imports this module
+        lgamma = apply(REGISTRY["lgamma"], a)   # ops/special.py, which imports this module
         d = ((a - 1) * x.log() - x - lgamma).exp()
         return None, reduce_grad(dy * d if sign > 0 else -dy * d, c, 1)
     return grad

@@ -1,5 +1,6 @@
-"""Layout ops: tril/triu, roll, flip, diagonal/diag and pad (nn.functional-compatible).
-Imported by ops/shape.py, which re-exports them."""
+"""Layout ops: tril/triu, roll, flip, diagonal/diag and pad (nn.functional-compatible),
+``Tensor.unfold`` (sliding windows as a view) and pixel_shuffle/pixel_unshuffle. Imported by
+ops/shape.py, which re-exports them."""
 from __future__ import annotations
 
 import math
@@ -254,7 +255,6 @@ def pad(input: Tensor, pad: Sequence[int], mode: str = "constant", value: float 
     return apply(PAD, input, pad=pad, mode=mode, value=0.0 if value is None else value)
 
 
-
 # -- as_strided: a view with explicit sizes and strides --------------------------------------------
 
 def _strided_index(shape: tuple, size: tuple, stride: tuple, offset: int, device) -> torch.Tensor:
@@ -316,3 +316,75 @@ for _name in ("tril", "triu", "roll", "flip", "fliplr", "flipud", "diagonal", "d
     setattr(Tensor, _name, globals()[_name])
 Tensor.tril_ = lambda self, diagonal=0: apply_inplace(TRIL, self, diagonal=diagonal)
 Tensor.triu_ = lambda self, diagonal=0: apply_inplace(TRIU, self, diagonal=diagonal)
+
+
+# -- Tensor.unfold: sliding windows as a view ---------------------------------------------------------------
+
+def _unfold_sbp(metas, attrs):
+    """A split on any axis but ``dimension`` stays (the window axis is appended last); linear."""
+    return [((B,), (B,)), ((P,), (P,))] + [((S(a),), (S(a),)) for a in range(len(metas[0].shape))
+                                           if a != attrs["dimension"]]
+
+
+def _unfold_backward_sbp(metas, attrs):
+    return [((B,), (B,)), ((P,), (P,))] + [((S(a),), (S(a),)) for a in range(len(attrs["shape"]))
+                                           if a != attrs["dimension"]]
+
+
+def _unfold_backward_local(attrs, metas, local_metas, in_sbps):
+    """The input's shape follows the gradient's split."""
+    s = in_sbps[0]
+    if not isinstance(s, S):
+        return attrs
+    shape = list(attrs["shape"])
+    shape[s.axis] = local_metas[0].shape[s.axis]
+    return {**attrs, "shape": tuple(shape)}
+
+
+_WINDOW = ("dimension", "size", "step")
+UNFOLD = defop("unfold", lambda x, dimension, size, step: x.unfold(dimension, size, step), sbp=_unfold_sbp,
+               family="shape", view=True,
+               grad=lambda c, dy: (apply(UNFOLD_BACKWARD, dy, shape=tuple(c.shapes[0]),
+                                         **{k: getattr(c, k) for k in _WINDOW}),))
+UNFOLD_BACKWARD = defop("unfold_backward", lambda dy, shape, dimension, size, step: torch.ops.aten.unfold_backward(
+    dy, shape, dimension, size, step), sbp=_unfold_backward_sbp, local_attrs=_unfold_backward_local, family="shape",
+    grad=lambda c, g: (apply(UNFOLD, g, **{k: getattr(c, k) for k in _WINDOW}),))
+
+
+def _unfold(self: Tensor, dimension: int, size: int, step: int) -> Tensor:
+    """``Tensor.unfold``: a view of every ``size``-long window along ``dimension``, ``step`` apart,
+    as a new last dim (writes through it reach ``self``, as torch's)."""
+    d = normalize_dim("unfold", dimension, self.dim())
+    return apply(UNFOLD, self, dimension=d, size=int(size), step=int(step))
+
+
+Tensor.unfold = _unfold
+
+
+# -- pixel shuffle, bilinear, distances, local response norm ---------------------------------------------
+
+def pixel_shuffle(input: Tensor, upscale_factor: int) -> Tensor:
+    """``(*, C r^2, H, W) -> (*, C, H r, W r)``: moves channel blocks into space."""
+    r = int(upscale_factor)
+    if input.dim() < 3 or r <= 0 or input.shape[-3] % (r * r):
+        raise ShapeError(f"holoflow.pixel_shuffle: expected a (*, C * {r}^2, H, W) input, got shape "
+                         f"{tuple(input.shape)}")
+    *lead, c, h, w = input.shape
+    n = len(lead)
+    x = input.reshape(*lead, c // (r * r), r, r, h, w).permute(*range(n), n, n + 3, n + 1, n + 4, n + 2)
+    return x.reshape(*lead, c // (r * r), h * r, w * r)
+
+
+def pixel_unshuffle(input: Tensor, downscale_factor: int) -> Tensor:
+    """``(*, C, H r, W r) -> (*, C r^2, H, W)``: the inverse of :func:`pixel_shuffle`."""
+    r = int(downscale_factor)
+    if input.dim() < 3 or r <= 0 or input.shape[-2] % r or input.shape[-1] % r:
+        raise ShapeError(f"holoflow.pixel_unshuffle: expected a (*, C, H, W) input with H and W divisible by "
+                         f"{r}, got shape {tuple(input.shape)}")
+    *lead, c, h, w = input.shape
+    n = len(lead)
+    x = input.reshape(*lead, c, h // r, r, w // r, r).permute(*range(n), n, n + 2, n + 4, n + 1, n + 3)
+    return x.reshape(*lead, c * r * r, h // r, w // r)
+
+
+__all__ += ["pixel_shuffle", "pixel_unshuffle"]

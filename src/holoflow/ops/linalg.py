@@ -1,6 +1,6 @@
 """Products: matmul (mm, bmm, mv, dot, vdot), einsum (outer), addmm, baddbmm, addbmm, addmv, addr,
 linear, cross; matrix functions: matrix_power, matrix_exp, slogdet/logdet, pinverse, cholesky,
-cholesky_inverse, cholesky_solve (det/inverse/linalg.cholesky are ops/more_ops.py's).
+cholesky_inverse, cholesky_solve (det/inverse/linalg.cholesky are ops/linalg_solve.py's).
 
 One helper, :func:`einsum_signatures`, turns a subscript string into SBP signatures (one mesh
 axis) for every op here; each op only says which subscripts its shapes mean. Every grad is an
@@ -31,8 +31,9 @@ from .creation import full_like
 from .family import (broadcast_shapes, contraction_flops, elementwise_sbp, holomorphic, needs, reads_other,
                      reduce_grad)
 from .layout import tril, triu
-from .more_ops import INV, _square, det, inverse
-from .more_ops import cholesky as _linalg_cholesky
+from . import linalg_solve  # (slogdet's gradient of a singular matrix: linalg_solve.INV_EX)
+from .linalg_solve import INV, _square, det, inverse
+from .linalg_solve import cholesky as _linalg_cholesky
 from .shape import cat
 
 __all__ = ["matmul", "mm", "bmm", "einsum", "outer", "ger", "dot", "inner", "addmm", "baddbmm", "linear",
@@ -789,7 +790,7 @@ def _slogdet_grad(c, dsign, dlogabsdet):
     try:
         inv = apply(INV, a)
     except RuntimeError:   # singular: torch's backward does not raise, its gradient is inf / NaN
-        inv = apply(linalg_more.INV_EX, a, check_errors=False).inverse
+        inv = apply(linalg_solve.INV_EX, a, check_errors=False).inverse
     return (dlogabsdet.unsqueeze(-1).unsqueeze(-1) * inv.mT,)
 
 
@@ -936,11 +937,9 @@ for _name in ("matmul", "mm", "bmm", "dot", "inner", "outer", "ger", "addmm", "b
               "mv", "vdot", "cross", "matrix_power", "matrix_exp", "slogdet", "logdet", "pinverse", "cholesky",
               "cholesky_inverse", "cholesky_solve"):
     setattr(Tensor, _name, globals()[_name])
-Tensor.det = det            # declared in more_ops.py (linalg.det)
+Tensor.det = det            # declared in linalg_solve.py (linalg.det)
 Tensor.inverse = inverse
 for _op in (ADDMM, BADDBMM, ADDBMM, ADDMV, ADDR):
     setattr(Tensor, _op.name + "_", _addmm_inplace(_op))
 Tensor.__matmul__ = matmul
 Tensor.__rmatmul__ = lambda self, other: matmul(other, self)
-
-from . import linalg_more  # noqa: E402  (slogdet's gradient of a singular matrix)

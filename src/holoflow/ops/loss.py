@@ -1,19 +1,25 @@
 """Losses. ``cross_entropy`` and ``nll_loss`` are primitives (torch's fused kernel forward, a
-closed-form backward op); the elementwise losses are in ``loss_pointwise`` (re-exported here)."""
+closed-form backward op); the elementwise losses are in ``loss_pointwise`` (re-exported here);
+margin_ranking, cosine_embedding, gaussian_nll and poisson_nll losses are composites."""
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as TF
 
 from ..core import interpret
 from ..core.dispatch import apply
+from ..core.grad_mode import no_grad
 from ..core.errors import DTypeError, ShapeError
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
+from .creation import ones_like, zeros_like
 from .family import elementwise_sbp, like_first_input
 from .nn_ops import log_softmax
+from .reduction import sum as _sum
 from .loss_pointwise import (_reduction, binary_cross_entropy, binary_cross_entropy_with_logits, huber_loss, kl_div,
                              l1_loss, mse_loss, smooth_l1_loss, soft_margin_loss)
 from .loss_pointwise import reduce_loss as reduce_loss  # (its home before: nn_extra, sequence, nn import it here)
@@ -521,3 +527,86 @@ AMP_BOUNDARY = defop("amp_boundary", lambda x, amp_policy: x, grad=lambda ctx, d
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
            "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "soft_margin_loss"]
+
+
+# -- losses ------------------------------------------------------------------------------------------
+
+def margin_ranking_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0.0, size_average=None,
+                        reduce=None, reduction: str = "mean") -> Tensor:
+    """``max(0, -target * (input1 - input2) + margin)``, reduced."""
+    red = _reduction("margin_ranking_loss", reduction, size_average, reduce)
+    input1, input2, target = interpret.composite("margin_ranking_loss", input1, input2, target)
+    if not input1.dim() == input2.dim() == target.dim():
+        raise ShapeError(f"holoflow.margin_ranking_loss: all inputs need the same number of dims, got "
+                         f"{tuple(input1.shape)}, {tuple(input2.shape)} and target {tuple(target.shape)}")
+    return reduce_loss((-target * (input1 - input2) + margin).clamp_min(0.0), red)
+
+
+def cosine_embedding_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0.0, size_average=None,
+                          reduce=None, reduction: str = "mean") -> Tensor:
+    """``1 - cos(x1, x2)`` where ``target == 1``, ``max(0, cos - margin)`` where ``target == -1``."""
+    red = _reduction("cosine_embedding_loss", reduction, size_average, reduce)
+    input1, input2 = interpret.composite("cosine_embedding_loss", input1, input2)
+    if target.dim() not in (0, 1) or input1.dim() != target.dim() + 1 or input2.dim() != target.dim() + 1:
+        raise ShapeError(f"holoflow.cosine_embedding_loss: expected a 1-D target with 2-D inputs or a 0-D target "
+                         f"with 1-D inputs, got {tuple(input1.shape)}, {tuple(input2.shape)} and target "
+                         f"{tuple(target.shape)}")
+    d = target.dim()
+    eps = 1e-12  # torch's EPSILON
+    prod = _sum(input1 * input2, d)
+    den = ((_sum(input1 * input1, d) + eps) * (_sum(input2 * input2, d) + eps)).sqrt()
+    cos = prod / den
+    zero = zeros_like(cos)
+    loss = E.where(target == 1, 1 - cos, zero) + E.where(target == -1, (cos - margin).clamp_min(0.0), zero)
+    return reduce_loss(loss, red)
+
+
+def _gaussian_var(input: Tensor, var) -> Tensor:
+    if not isinstance(var, Tensor):
+        if var < 0:
+            raise ValueError("holoflow.gaussian_nll_loss: var has negative entry/entries")
+        return ones_like(input) * float(var)   # (torch's; 0 * x would be NaN at an infinite x)
+    if bool((var < 0).any()):
+        raise ValueError("holoflow.gaussian_nll_loss: var has negative entry/entries")
+    vs, xs = tuple(var.shape), tuple(input.shape)
+    if vs == xs:
+        return var
+    if xs[:-1] == vs:
+        return var.unsqueeze(-1)
+    if len(vs) == len(xs) and sum(v for x, v in zip(xs, vs) if x != v) == 1:
+        return var  # one broadcast dim of size 1: homoscedastic along it
+    raise ShapeError(f"holoflow.gaussian_nll_loss: var of shape {vs} is of incorrect size for input of shape {xs} "
+                     f"(same shape, the input's shape without its last dim, or one dim of size 1)")
+
+
+def gaussian_nll_loss(input: Tensor, target: Tensor, var, full: bool = False, eps: float = 1e-6,
+                      reduction: str = "mean") -> Tensor:
+    """``0.5 (log var + (input - target)^2 / var)`` (+ ``0.5 log 2 pi`` if ``full``), reduced.
+    ``var`` is clamped to ``eps`` for the value only: its gradient passes the clamp unchanged, as
+    torch's: an in-place clamp of a clone under ``no_grad`` (the straight-through sum
+    ``clamp(v) + (v - v)`` was NaN at an infinite variance)."""
+    red = _reduction("gaussian_nll_loss", reduction)
+    var = _gaussian_var(input, var).clone()
+    with no_grad():
+        var.clamp_(min=eps)
+    d = input - target
+    loss = (var.log() + d * d / var) * 0.5
+    if full:
+        loss = loss + 0.5 * math.log(2 * math.pi)
+    return reduce_loss(loss, red)
+
+
+def poisson_nll_loss(input: Tensor, target: Tensor, log_input: bool = True, full: bool = False, size_average=None,
+                     eps: float = 1e-8, reduce=None, reduction: str = "mean") -> Tensor:
+    """Poisson negative log-likelihood: ``exp(input) - target * input`` for log-rates (else
+    ``input - target * log(input + eps)``), plus Stirling's term for ``target > 1`` if ``full``."""
+    red = _reduction("poisson_nll_loss", reduction, size_average, reduce)
+    input, target = interpret.composite("poisson_nll_loss", input, target)
+    loss = input.exp() - target * input if log_input else input - target * (input + eps).log()
+    if full:
+        stirling = target * target.log() - target + (target * (2 * math.pi)).log() * 0.5
+        loss = loss + stirling.masked_fill(target <= 1, 0.0)
+    return reduce_loss(loss, red)
+
+
+__all__ += ["margin_ranking_loss", "cosine_embedding_loss", "gaussian_nll_loss", "poisson_nll_loss"]

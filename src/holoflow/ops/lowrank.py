@@ -19,7 +19,7 @@ from .creation import randn, zeros
 from .decomp import _batch_sbp, linalg_qr, linalg_svd, svdvals
 from .linalg import matmul
 from .shape import cat
-from .linalg_more import householder_product, lu_factor_ex
+from .linalg_solve import householder_product, lu_factor_ex
 from .reduction import vector_norm
 
 __all__ = ["svd_lowrank", "pca_lowrank", "lu", "frobenius_norm", "nuclear_norm", "norm_except_dim", "orgqr", "geqrf",

@@ -10,9 +10,9 @@ from ..core.dtype import from_torch
 from ..core.grad_mode import is_grad_enabled
 from ..core.tensor import Tensor
 from . import elementwise as E
-from .more_ops import ADDCDIV, ADDCMUL, _addc_args, addcdiv, addcmul, fmax, fmin
+from .pointwise import ADDCDIV, ADDCMUL, _addc_args, addcdiv, addcmul, fmax, fmin
 from .random_ops import FILL_
-from .nn_ops import hardshrink   # (nn_ops re-exports ops/nn_extra.py, which imports nn_ops)
+from .nn_ops import hardshrink   # (nn_ops re-exports ops/activation.py, which imports nn_ops)
 
 
 def _inplace(op, **fixed):

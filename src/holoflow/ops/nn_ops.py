@@ -6,8 +6,9 @@ speed: each has a dedicated backward op whose kernel is ATen's backward. Double 
 written where it is a few lines (softmax, log_softmax, gelu 'none', embedding); elsewhere the
 backward op's grad raises ``UnsupportedError`` naming the op, so it never silently gives zero.
 Normalization lives in ops/norm.py, convolution/pooling/interpolation in ops/conv.py,
-attention in ops/attention.py; their
-public names are re-exported here so ops/_all.py picks them up.
+attention in ops/attention.py, more activations in ops/activation.py, dropout variants in
+ops/dropout.py and 1-d/adaptive/fractional pooling in ops/pooling.py; their public names are
+re-exported here so ops/_all.py picks them up.
 """
 from __future__ import annotations
 
@@ -586,13 +587,17 @@ from .conv import *  # noqa: E402,F401,F403
 from .conv import __all__ as _conv_all  # noqa: E402
 from .attention import *  # noqa: E402,F401,F403
 from .attention import __all__ as _attention_all  # noqa: E402
-from .nn_extra import *  # noqa: E402,F401,F403
-from .nn_extra import __all__ as _extra_all  # noqa: E402
+from .activation import *  # noqa: E402,F401,F403
+from .activation import __all__ as _activation_all  # noqa: E402
+from .dropout import *  # noqa: E402,F401,F403
+from .dropout import __all__ as _dropout_all  # noqa: E402
+from .pooling import *  # noqa: E402,F401,F403
+from .pooling import __all__ as _pooling_all  # noqa: E402
 
 __all__ = ["relu", "relu_", "leaky_relu", "gelu", "silu", "softplus", "elu", "selu", "hardswish",
            "hardsigmoid", "relu6", "hardtanh", "mish", "logsigmoid", "softmax", "log_softmax", "softmin",
            "embedding", "embedding_renorm_", "one_hot", "normalize", "cosine_similarity", "threshold", "threshold_",
            "rrelu", "rrelu_",
            *_norm_all, *_conv_all, *_attention_all,
-           *_extra_all]
+           *_activation_all, *_dropout_all, *_pooling_all]
 _ = elementwise_sbp  # the family's rule is what the activations above use

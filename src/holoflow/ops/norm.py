@@ -1,6 +1,7 @@
 """Normalization primitives: layer_norm, group_norm, batch_norm (ATen forward and backward
 kernels; the backward ops' own grad rules, the double backward, are written with holoflow ops),
-and rms_norm/instance_norm composites."""
+and rms_norm/instance_norm composites; local_response_norm (a composite) and renorm (each
+sub-tensor rescaled to a maximum norm: ATen's kernel and derivative)."""
 from __future__ import annotations
 
 import math
@@ -9,13 +10,16 @@ import torch
 
 from ..core import grad_mode
 from ..core.dispatch import apply
-from ..core.errors import ShapeError
+from ..core.errors import ShapeError, normalize_dim
 from ..core.interpret import is_lazy
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from ..core.registry import defop
 from .family import needs
 from .nn_ops import _tensor_flags, sum_keep
+from .pointwise import _tensor
+from .shape import pad
+from .torch_vjp import defop_vjp
 
 
 # -- layer_norm / group_norm / rms_norm --------------------------------------------------------
@@ -422,3 +426,58 @@ def instance_norm(input: Tensor, running_mean=None, running_var=None, weight=Non
 
 
 __all__ = ["layer_norm", "group_norm", "rms_norm", "batch_norm", "instance_norm"]
+
+
+def _one_split_sbp(axes):
+    """All inputs and outputs split alike on each axis ``axes(metas, attrs)`` names."""
+    def rule(metas, attrs):
+        n = len([m for m in metas if hasattr(m, "shape")])
+        return [((B,) * n, (B,))] + [((S(a),) * n, (S(a),)) for a in axes(metas, attrs)]
+    return rule
+
+
+def _one_split_bwd_sbp(axes):
+    def rule(metas, attrs):
+        n, k = len([m for m in metas if hasattr(m, "shape")]), len(attrs["diff"])
+        return [((B,) * n, (B,) * k)] + [((S(a),) * n, (S(a),) * k) for a in axes(metas, attrs)]
+    return rule
+
+
+RENORM = defop_vjp("renorm", lambda x, p, dim, maxnorm: torch.renorm(x, p, dim, maxnorm),
+                   sbp=_one_split_sbp(lambda m, a: [a["dim"]]), bwd_sbp=_one_split_bwd_sbp(lambda m, a: [a["dim"]]))
+
+
+def renorm(input: Tensor, p: float, dim: int, maxnorm: float) -> Tensor:
+    """Each sub-tensor along ``dim`` rescaled to ``p``-norm at most ``maxnorm``, as ``torch.renorm``."""
+    d = normalize_dim("renorm", dim, _tensor("renorm", input).dim())
+    if p <= 0:
+        raise RuntimeError(f"holoflow.renorm: non-positive-norm not supported, got p={p}")
+    if maxnorm < 0:
+        raise RuntimeError(f"holoflow.renorm: expected maxnorm to be >= 0 but got {maxnorm}")
+    return apply(RENORM, input, p=p, dim=d, maxnorm=maxnorm)
+
+
+for _name in ("renorm",):
+    setattr(Tensor, _name, globals()[_name])
+
+Tensor.renorm_ = lambda self, p, dim, maxnorm: self.copy_(renorm(self.clone(), p, dim, maxnorm))
+
+
+def local_response_norm(input: Tensor, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> Tensor:
+    """``x / (k + alpha * mean of x^2 over `size` neighbouring channels)^beta``, the window
+    zero-padded as torch pads it. The window sum is ``size`` shifted slices of the channel axis
+    (an average pool over it would fail on a shard with an empty leading dim)."""
+    if input.dim() < 3:
+        raise ShapeError(f"holoflow.local_response_norm: expected a 3-D or higher input, got shape "
+                         f"{tuple(input.shape)}")
+    if input.numel() == 0:
+        return input
+    c = input.shape[1]
+    sq = pad(input * input, [0, 0] * (input.dim() - 2) + [size // 2, (size - 1) // 2])
+    div = sq.narrow(1, 0, c)
+    for i in range(1, size):
+        div = div + sq.narrow(1, i, c)
+    return input / (div / size * alpha + k) ** beta
+
+
+__all__ += ["renorm", "local_response_norm"]

@@ -28,7 +28,7 @@ from ..core.tensor import Tensor
 from . import elementwise as E
 from .creation import full_like
 from .family import CAST, holomorphic
-from .more_ops import kthvalue, median
+from .order_stats import kthvalue, median
 
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "aminmax",
            "var", "std", "var_mean", "std_mean", "logsumexp", "norm", "all", "any",
@@ -698,7 +698,7 @@ for _name in ("sum", "nansum", "mean", "prod", "amax", "amin", "max", "min", "ar
               "aminmax", "var", "std", "logsumexp", "norm", "all", "any", "count_nonzero", "nanmean",
               "nanmedian", "mode", "quantile", "nanquantile", "trace", "dist"):
     setattr(Tensor, _name, globals()[_name])
-# median and kthvalue are declared in more_ops.py; their Tensor methods live with the reductions
+# median and kthvalue are declared in order_stats.py; their Tensor methods live with the reductions
 Tensor.median = median
 Tensor.kthvalue = kthvalue
 

@@ -1,12 +1,14 @@
 """Gather/scatter family: gather, scatter, scatter_add, index_select, index_add, index_fill,
-index_put, index_reduce, the view inverses slice_scatter / select_scatter / diagonal_scatter
-and fill_diagonal_ (imported and re-exported by ops/indexing.py)."""
+index_put, index_reduce, index_copy, masked_scatter, scatter_reduce, the view inverses
+slice_scatter / select_scatter / diagonal_scatter and fill_diagonal_ (imported and re-exported by
+ops/indexing.py)."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
 import torch
 
+from ..core import interpret
 from ..core.dispatch import apply, apply_inplace
 from ..core.errors import normalize_dim
 from ..core.registry import REGISTRY, Meta, Op
@@ -14,7 +16,10 @@ from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from .family import defop, needs, reduce_grad
 from .layout import _rest_axes
+from .norm import _one_split_bwd_sbp, _one_split_sbp
+from .pointwise import _tensor
 from .shape import RESHAPE
+from .stacking import _all_b, _all_b_bwd
 from .torch_vjp import defop_vjp
 
 __all__ = ["gather", "scatter", "scatter_add", "index_select", "index_add", "index_fill", "take_along_dim",
@@ -134,8 +139,8 @@ _SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}
 
 
 def _scatter_reduction(input: Tensor, index: Tensor, src, reduce: str) -> tuple:
-    """``scatter(..., reduce=reduce)`` as ``scatter_reduce`` (ops/extra_ops.py, which imports this
-    module; found in the registry): its source (a number: a tensor like ``index``) and reduction."""
+    """``scatter(..., reduce=reduce)`` as ``scatter_reduce`` (declared further down in
+    this module; found in the registry): its source (a number: a tensor like ``index``) and reduction."""
     if reduce not in _SCATTER_REDUCE:
         raise RuntimeError(f"holoflow.scatter: reduce argument must be either 'add' or 'multiply', got {reduce!r}")
     if not isinstance(src, Tensor):
@@ -505,6 +510,83 @@ Tensor.index_add_ = lambda self, dim, index, source, *, alpha=1: _inplace(INDEX_
     self, dim, index, source, alpha=alpha)
 Tensor.index_fill_ = _index_fill_
 Tensor.index_put_, Tensor.index_reduce_, Tensor.fill_diagonal_ = _index_put_, _index_reduce_, fill_diagonal_
+
+
+def _scatter_axes(metas, attrs):
+    """Axes other than ``dim`` where input, index and src have one size: split there."""
+    ts = [m for m in metas if hasattr(m, "shape")][:3]
+    return [a for a in range(len(ts[0].shape)) if a != attrs["dim"] and len({len(m.shape) for m in ts}) == 1
+            and len({m.shape[a] for m in ts}) == 1]
+
+
+def _index_copy_sbp(metas, attrs):  # (input, index, source): index stays broadcast
+    ts = [m for m in metas if hasattr(m, "shape")]
+    axes = [a for a in range(len(ts[0].shape)) if a != attrs["dim"] and len(ts[2].shape) == len(ts[0].shape)
+            and ts[0].shape[a] == ts[2].shape[a]]
+    k = len(attrs["diff"]) if "diff" in attrs else None
+    n = len(ts)
+    if k is None:
+        return [((B, B, B), (B,))] + [((S(a), B, S(a)), (S(a),)) for a in axes]
+    return [((B,) * n, (B,) * k)] + [((S(a), B, S(a)) + (S(a),) * (n - 3), (S(a),) * k) for a in axes]
+
+
+INDEX_COPY = defop_vjp("index_copy", lambda x, index, src, dim: torch.index_copy(x, dim, index, src),
+                       sbp=_index_copy_sbp, bwd_sbp=_index_copy_sbp, family="indexing")
+MASKED_SCATTER = defop_vjp("masked_scatter", torch.masked_scatter, sbp=_all_b(), bwd_sbp=_all_b_bwd,
+                           family="indexing")
+SCATTER_REDUCE = defop_vjp(
+    "scatter_reduce", lambda x, index, src, dim, reduce, include_self: torch.scatter_reduce(
+        x, dim, index, src, reduce, include_self=include_self),
+    sbp=_one_split_sbp(_scatter_axes), bwd_sbp=_one_split_bwd_sbp(_scatter_axes), family="indexing")
+
+
+def index_copy(input: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
+    """``input`` with the slices ``index`` along ``dim`` replaced by ``source``'s, as ``torch.index_copy``."""
+    d = normalize_dim("index_copy", dim, _tensor("index_copy", input).dim())
+    input, source = interpret.composite("index_copy", input, _tensor("index_copy", source, "source"))
+    if _tensor("index_copy", index, "index")._data.dtype is not torch.int64:
+        raise RuntimeError(f"holoflow.index_copy: expected a long tensor for index, but got {index.dtype}")
+    if _tensor("index_copy", source, "source")._data.dtype != input._data.dtype:
+        raise RuntimeError(f"holoflow.index_copy: self ({input.dtype}) and source ({source.dtype}) must have "
+                           f"the same scalar type")
+    return apply(INDEX_COPY, input, index, source, dim=d)
+
+
+def masked_scatter(input: Tensor, mask: Tensor, source: Tensor) -> Tensor:
+    """``input`` with the ``mask``ed positions filled from ``source`` in order, as ``torch.masked_scatter``."""
+    if _tensor("masked_scatter", mask, "mask")._data.dtype is not torch.bool:
+        raise RuntimeError(f"holoflow.masked_scatter: expected mask to be a bool tensor, got {mask.dtype}")
+    if _tensor("masked_scatter", source, "source")._data.dtype != _tensor("masked_scatter", input)._data.dtype:
+        raise RuntimeError(f"holoflow.masked_scatter: expected self and source to have same dtypes but got "
+                           f"{input.dtype} and {source.dtype}")
+    return apply(MASKED_SCATTER, input, mask, source)
+
+
+def scatter_reduce(input: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, *,
+                   include_self: bool = True) -> Tensor:
+    """``src`` reduced into ``input`` at ``index`` along ``dim`` with ``reduce``, as ``torch.scatter_reduce``."""
+    d = normalize_dim("scatter_reduce", dim, _tensor("scatter_reduce", input).dim())
+    if _tensor("scatter_reduce", index, "index")._data.dtype is not torch.int64:
+        raise RuntimeError(f"holoflow.scatter_reduce: expected dtype int64 for index, got {index.dtype}")
+    if _tensor("scatter_reduce", src, "src")._data.dtype != input._data.dtype:
+        raise RuntimeError(f"holoflow.scatter_reduce: expected self and src to have the same dtype, got "
+                           f"{input.dtype} and {src.dtype}")
+    if not (index.dim() == input.dim() == src.dim()) and index.numel():
+        raise RuntimeError(f"holoflow.scatter_reduce: index {tuple(index.shape)}, self {tuple(input.shape)} and "
+                           f"src {tuple(src.shape)} should all have the same number of dimensions")
+    return apply(SCATTER_REDUCE, input, index, src, dim=d, reduce=reduce, include_self=bool(include_self))
+
+
+for _name in ("index_copy", "masked_scatter", "scatter_reduce"):
+    setattr(Tensor, _name, globals()[_name])
+
+Tensor.index_copy_ = lambda self, dim, index, source: self.copy_(index_copy(self.clone(), dim, index, source))
+Tensor.masked_scatter_ = lambda self, mask, source: self.copy_(masked_scatter(self.clone(), mask, source))
+Tensor.scatter_reduce_ = lambda self, dim, index, src, reduce, *, include_self=True: self.copy_(
+    scatter_reduce(self.clone(), dim, index, src, reduce, include_self=include_self))
+
+
+__all__ += ["index_copy", "masked_scatter", "scatter_reduce"]
 
 # index_put's op, rules and index helpers: ops/indexing.py imports this module at its end, so
 # its names are bound here last, whichever of the two modules is imported first

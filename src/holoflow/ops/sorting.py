@@ -1,4 +1,5 @@
-"""Sorting: sort, argsort, topk, unique, searchsorted (imported by ops/indexing.py)."""
+"""Sorting: sort, argsort, topk, unique, searchsorted, and the searches and tests against sorted or
+listed values ``bucketize`` and ``isin`` (imported by ops/indexing.py)."""
 from __future__ import annotations
 
 import torch
@@ -9,6 +10,7 @@ from ..core.errors import HoloflowError, normalize_dim
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
 from .family import defop
+from .pointwise import _tensor
 
 __all__ = ["sort", "argsort", "topk", "unique", "searchsorted", "msort"]
 
@@ -133,3 +135,44 @@ Tensor.argsort = argsort
 Tensor.msort = msort
 Tensor.topk = topk
 Tensor.unique = unique
+
+
+# -- membership, binning ---------------------------------------------------------------------------------
+
+def _first_split_sbp(n_out: int = 1, shift: int = 0):
+    """Input 0 split on any axis (the others broadcast) splits the output on the same axis (+ shift)."""
+    def rule(metas, attrs):
+        n = len([m for m in metas if hasattr(m, "shape")])
+        sigs = [((B,) * n, (B,) * n_out)]
+        if hasattr(metas[0], "shape"):
+            sigs += [((S(a),) + (B,) * (n - 1), (S(a + shift),) * n_out) for a in range(len(metas[0].shape))]
+        return sigs
+    return rule
+
+
+ISIN = defop("isin", lambda e, t, assume_unique, invert: torch.isin(e, t, assume_unique=assume_unique, invert=invert),
+             sbp=_first_split_sbp(), differentiable=False)
+BUCKETIZE = defop("bucketize", lambda x, b, out_int32, right: torch.bucketize(
+    x.contiguous(), b, out_int32=out_int32, right=right), sbp=_first_split_sbp(), differentiable=False)
+
+
+def isin(elements, test_elements, *, assume_unique: bool = False, invert: bool = False) -> Tensor:
+    """Whether each of ``elements`` is in ``test_elements`` (either may be a number), as ``torch.isin``."""
+    if not isinstance(elements, Tensor) and not isinstance(test_elements, Tensor):
+        raise TypeError("holoflow.isin(): at least one of 'elements' and 'test_elements' must be a Tensor")
+    if not isinstance(elements, Tensor):
+        elements = Tensor._make(torch.tensor(elements, device=test_elements.device.torch))
+    return apply(ISIN, elements, test_elements, assume_unique=bool(assume_unique), invert=bool(invert))
+
+
+def bucketize(input, boundaries: Tensor, *, out_int32: bool = False, right: bool = False) -> Tensor:
+    """The bucket index of each value in the sorted 1-D ``boundaries``, as ``torch.bucketize``."""
+    if _tensor("bucketize", boundaries, "boundaries").dim() != 1:
+        raise RuntimeError(f"holoflow.bucketize: boundaries tensor must be 1 dimension, but got shape "
+                           f"{tuple(boundaries.shape)}")
+    if not isinstance(input, Tensor):
+        input = Tensor._make(torch.tensor(input, device=boundaries.device.torch))
+    return apply(BUCKETIZE, input, boundaries, out_int32=bool(out_int32), right=bool(right))
+
+
+__all__ += ["isin", "bucketize"]

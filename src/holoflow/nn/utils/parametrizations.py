@@ -13,8 +13,7 @@ from ...core.tensor import Tensor
 from ...ops.creation import empty, eye, randn
 from ...ops.layout import tril
 from ...ops.linalg import matrix_exp
-from ...ops.linalg_more import householder_product
-from ...ops.more_ops import solve
+from ...ops.linalg_solve import householder_product, solve
 from ...ops.reduction import vector_norm
 from ...ops.shape import cat
 from .. import init

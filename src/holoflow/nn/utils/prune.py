@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
 from ...ops.creation import ones_like, rand, rand_like, zeros_like
-from ...ops.more_ops import kthvalue
+from ...ops.order_stats import kthvalue
 from ...ops.reduction import norm as _norm
 from ...ops.sorting import topk as _topk
 from .convert import parameters_to_vector

@@ -1,11 +1,13 @@
-"""Pooling primitives of ``torch.nn.functional`` that have no cheap composite: 3-d adaptive max
-pooling and fractional max pooling (2-d and 3-d).
+"""Pooling of nn.functional beyond the 2-d/3-d primitives of ops/conv.py and ops/pool3d.py:
+1-d max/average/adaptive pooling, ``adaptive_max_pool2d``/``adaptive_max_pool3d`` and fractional
+max pooling (2-d and 3-d).
 
-Each is an ATen kernel returning values and flat spatial argmax indices, as
-``adaptive_max_pool2d`` in ops/nn_extra.py: the gradient is a ``scatter_add`` of ``dy`` at those
-indices (linear in ``dy``, so it differentiates again and is sharded by scatter's own rule). SBP:
-split on the non-spatial leading axes (N, C), every tensor operand alike (fractional pooling's
-``(N, C, k)`` random samples follow the input's N and C axes).
+1-D pooling runs the 2-D primitives on an input with a unit H axis. Adaptive and fractional max
+pooling (windows of varying size have no cheap composite) are ATen kernels returning values and
+flat spatial argmax indices: the gradient is a ``scatter_add`` of ``dy`` at those indices (linear
+in ``dy``, so it differentiates again and is sharded by scatter's own rule). SBP: split on the
+non-spatial leading axes (N, C). Re-exported by ops/nn_ops.py (the 3-d adaptive and fractional
+forms are nn.functional names only).
 """
 from __future__ import annotations
 
@@ -16,12 +18,94 @@ from ..core.errors import ShapeError
 from ..core.registry import defop
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
-from .conv import _tuple
+from .conv import _check_pool, _lead_sbp, _tuple, adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from .creation import rand, zeros_like
 from .family import empty_safe
 from .pool3d import _lead3_sbp
 
-__all__: list[str] = []   # nn.functional names only (torch's top level has none of these)
+__all__ = ["max_pool1d", "avg_pool1d", "adaptive_avg_pool1d", "adaptive_max_pool2d", "adaptive_max_pool1d"]
+
+
+# -- 1-D and adaptive pooling ------------------------------------------------------------------------
+
+def _check_1d(name: str, x: Tensor) -> None:
+    if x.dim() not in (2, 3):
+        raise ShapeError(f"holoflow.{name}: expected a 2-D (C, L) or 3-D (N, C, L) input, got shape "
+                         f"{tuple(x.shape)}")
+
+
+def _one(v, what: str, name: str) -> int:
+    return _tuple(v, 1, what, name)[0]
+
+
+def max_pool1d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+               return_indices: bool = False):
+    """Max over windows of an ``(N, C, L)`` input (max_pool2d over a unit H axis); indices index L."""
+    _check_1d("max_pool1d", input)
+    k = _one(kernel_size, "kernel_size", "max_pool1d")
+    s = k if stride is None or (isinstance(stride, (list, tuple)) and not stride) else _one(stride, "stride",
+                                                                                           "max_pool1d")
+    out, idx = max_pool2d(input.unsqueeze(-2), (1, k), (1, s), (0, _one(padding, "padding", "max_pool1d")),
+                          (1, _one(dilation, "dilation", "max_pool1d")), ceil_mode, return_indices=True)
+    out = out.squeeze(-2)
+    return (out, idx.squeeze(-2)) if return_indices else out
+
+
+def avg_pool1d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Tensor:
+    """Mean over windows of an ``(N, C, L)`` input (avg_pool2d over a unit H axis)."""
+    _check_1d("avg_pool1d", input)
+    k = _one(kernel_size, "kernel_size", "avg_pool1d")
+    s = k if stride is None or (isinstance(stride, (list, tuple)) and not stride) else _one(stride, "stride",
+                                                                                           "avg_pool1d")
+    return avg_pool2d(input.unsqueeze(-2), (1, k), (1, s), (0, _one(padding, "padding", "avg_pool1d")),
+                      ceil_mode, count_include_pad).squeeze(-2)
+
+
+def adaptive_avg_pool1d(input: Tensor, output_size) -> Tensor:
+    """Mean pooling of an ``(N, C, L)`` input to ``output_size`` positions."""
+    _check_1d("adaptive_avg_pool1d", input)
+    size = _one(output_size, "output_size", "adaptive_avg_pool1d")
+    return adaptive_avg_pool2d(input.unsqueeze(-2), (1, size)).squeeze(-2)
+
+
+def _amp2d_grad(c, dy, _didx) -> tuple:
+    """Scatter-add ``dy`` into the flat H*W positions the forward picked (linear in dy, so it is
+    differentiable again and sharded by scatter_add's rule)."""
+    x, idx = c.inputs[0], c.outs[1]
+    dx = zeros_like(x).flatten(-2).scatter_add(-1, idx.flatten(-2), dy.flatten(-2))
+    return (dx.reshape(c.shapes[0]),)
+
+
+def _amp2d_kernel(x: torch.Tensor, output_size: tuple) -> tuple:
+    if 0 in x.shape[:-2]:  # aten rejects an empty channel dim, which an uneven shard can have
+        shape = tuple(x.shape[:-2]) + tuple(output_size)
+        return x.new_empty(shape), torch.empty(shape, dtype=torch.int64, device=x.device)
+    return torch.ops.aten.adaptive_max_pool2d.default(x, output_size)
+
+
+ADAPTIVE_MAX_POOL2D = defop("adaptive_max_pool2d", _amp2d_kernel, grad=_amp2d_grad, save="both",
+                            saved_outputs=(1,),
+                            sbp=_lead_sbp(n_out=2), outputs=("out", "indices"), family="pool")
+
+
+def adaptive_max_pool2d(input: Tensor, output_size, return_indices: bool = False):
+    """Max pooling to a fixed ``output_size`` (None keeps that size); with ``return_indices``
+    also the flat H*W argmax of each window."""
+    _check_pool("adaptive_max_pool2d", input)
+    size = output_size if isinstance(output_size, (list, tuple)) else (output_size, output_size)
+    size = tuple(int(input.shape[-2 + i]) if s is None else int(s) for i, s in enumerate(size))
+    out, idx = apply(ADAPTIVE_MAX_POOL2D, input, output_size=size)
+    return (out, idx) if return_indices else out
+
+
+def adaptive_max_pool1d(input: Tensor, output_size, return_indices: bool = False):
+    """Max pooling of an ``(N, C, L)`` input to ``output_size`` positions; indices index L."""
+    _check_1d("adaptive_max_pool1d", input)
+    size = _one(output_size, "output_size", "adaptive_max_pool1d")
+    out, idx = adaptive_max_pool2d(input.unsqueeze(-2), (1, size), return_indices=True)
+    out = out.squeeze(-2)
+    return (out, idx.squeeze(-2)) if return_indices else out
 
 
 def _scatter_grad(k: int):
@@ -146,4 +230,3 @@ def fractional_max_pool3d(input: Tensor, kernel_size, output_size=None, output_r
     out, idx = fractional_max_pool3d_with_indices(input, kernel_size, output_size, output_ratio,
                                                   _random_samples=_random_samples)
     return (out, idx) if return_indices else out
-

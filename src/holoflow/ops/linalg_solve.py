@@ -1,5 +1,7 @@
-"""The rest of ``torch.linalg``: LU (factor, unpack, solve), triangular solves, least squares,
-the general eigendecomposition, Householder products, LDL and the ``_ex`` forms.
+"""Inverses, solvers and factorizations of ``torch.linalg`` on LAPACK kernels: ``det``/``inv``
+(``inverse``)/``solve``/``cholesky``, LU (factor, unpack, solve), triangular solves, least squares,
+the general eigendecomposition, Householder products, LDL and the ``_ex`` forms (SVD, QR and eigh
+are in ops/decomp.py; products and matrix functions in ops/linalg.py).
 
 Each is a primitive on its ATen kernel whose backward is ATen's derivative (ops/torch_vjp.py),
 so values and gradients are torch's. A singular input raises ``torch.linalg.LinAlgError`` naming
@@ -15,14 +17,78 @@ import torch
 
 from ..core import interpret
 from ..core.dispatch import apply
-from ..core.errors import ShapeError
+from ..core.errors import DTypeError, ShapeError
 from ..core.registry import defop
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
-from .more_ops import _square
 from .torch_vjp import defop_vjp
 
-__all__ = ["lu_solve", "lu_unpack", "triangular_solve"]
+__all__ = ["det", "inverse", "lu_unpack", "lu_solve", "triangular_solve"]
+
+
+# -- matrix functions ---------------------------------------------------------------------------------
+
+def _batch_sbp(n_in: int):
+    def rule(metas, attrs):
+        nd = len(metas[0].shape)
+        return [((B,) * n_in, (B,))] + [((S(a),) * n_in, (S(a),)) for a in range(nd - 2)]
+    return rule
+
+
+def _batch_bwd_sbp(metas, attrs):
+    n = len([m for m in metas if hasattr(m, "shape")])
+    nd = len(metas[0].shape)
+    k = len(attrs["diff"])
+    return [((B,) * n, (B,) * k)] + [((S(a),) * n, (S(a),) * k) for a in range(nd - 2)]
+
+
+DET = defop_vjp("linalg_det", torch.linalg.det, sbp=_batch_sbp(1), bwd_sbp=_batch_bwd_sbp, family="linalg")
+INV = defop_vjp("linalg_inv", torch.linalg.inv, sbp=_batch_sbp(1), bwd_sbp=_batch_bwd_sbp, family="linalg")
+CHOLESKY = defop_vjp("linalg_cholesky", lambda A, upper: torch.linalg.cholesky(A, upper=upper),
+                     sbp=_batch_sbp(1), bwd_sbp=_batch_bwd_sbp, family="linalg")
+SOLVE = defop_vjp("linalg_solve", lambda A, b, left: torch.linalg.solve(A, b, left=left),
+                  sbp=lambda metas, attrs: [((B, B), (B,))], bwd_sbp=lambda metas, attrs: [
+                      ((B,) * len([m for m in metas if hasattr(m, "shape")]), (B,) * len(attrs["diff"]))],
+                  family="linalg")
+
+
+def _square(name: str, A: Tensor) -> None:
+    if not isinstance(A, Tensor):
+        raise TypeError(f"holoflow.{name}: expected a tensor, got {type(A).__name__}")
+    if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+        raise ShapeError(f"holoflow.{name}: expected a tensor of square matrices (*, n, n), got shape "
+                         f"{tuple(A.shape)}")
+    if not (A.is_floating_point() or A.is_complex()):
+        raise DTypeError(f"holoflow.{name}: expected a floating point or complex input, got {A.dtype}")
+
+
+def det(A: Tensor) -> Tensor:
+    """The determinant of each square matrix of ``A``, as ``torch.linalg.det``."""
+    _square("linalg.det", A)
+    return apply(DET, A)
+
+
+def inv(A: Tensor) -> Tensor:
+    """The inverse of each square matrix of ``A``, as ``torch.linalg.inv`` (a singular matrix raises)."""
+    _square("linalg.inv", A)
+    return apply(INV, A)
+
+
+def cholesky(A: Tensor, *, upper: bool = False) -> Tensor:
+    """The Cholesky factor of each Hermitian positive-definite matrix, as ``torch.linalg.cholesky``."""
+    _square("linalg.cholesky", A)
+    return apply(CHOLESKY, A, upper=bool(upper))
+
+
+def solve(A: Tensor, B_: Tensor, *, left: bool = True) -> Tensor:
+    """``X`` with ``A X = B`` (``X A = B`` when not ``left``), as ``torch.linalg.solve``."""
+    _square("linalg.solve", A)
+    if not isinstance(B_, Tensor):
+        raise TypeError(f"holoflow.linalg.solve: B must be a tensor, got {type(B_).__name__}")
+    return apply(SOLVE, A, B_, left=bool(left))
+
+
+inverse = inv
 
 
 def _named_errors(name: str, fn: Callable) -> Callable:

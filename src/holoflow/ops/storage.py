@@ -1,37 +1,31 @@
-"""Tensor methods and top-level names torch has around dense tensors' layout and storage:
-``to_dense``, ``dense_dim``/``sparse_dim``, ``const_data_ptr``, the ``is_xla``-style device
-queries, ``untyped_storage``/``storage``, ``set_``, ``as_strided_``, ``chalf``, ``xpu``/``ipu``/
-``mtia``; and the top-level ``range`` (deprecated, end-inclusive), ``feature_dropout(_)``,
-``addmv_``, ``as_strided_``, ``resize_as_``, ``is_distributed``, ``view_as_real_copy``,
-``view_as_complex_copy``, ``from_file`` and ``hash_tensor`` (torch 2.13).
+"""Dense layout, storage and device queries: ``to_dense``, ``dense_dim``/``sparse_dim``,
+``const_data_ptr``, ``untyped_storage``/``storage``, ``set_``, ``as_strided_``, ``resize_as_``,
+``addmv_``, ``chalf``, ``nbytes``/``itemsize``/``storage_offset``, the ``is_xla``-style device
+queries, ``is_distributed``, ``xpu``/``ipu``/``mtia`` and ``hash_tensor`` (an xor of the elements'
+bit patterns, torch 2.13).
 
 holoflow tensors are dense (strided), so the sparse-layout queries give torch's answers for dense
 tensors. Storage access works on local tensors only: a global tensor's data is spread over ranks.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any, Sequence
 
 import torch
 
-from ..core import device as _device
-from ..core import dtype as _dtype
 from ..core import grad_mode
-from ..core.errors import UnsupportedError
+from ..core import dtype as _dtype
 from ..core.dispatch import apply
+from ..core.errors import UnsupportedError
 from ..core.interpret import is_lazy
 from ..core.registry import defop
 from ..core.tensor import Tensor
-from . import creation as _creation
-from .complex_ops import view_as_complex, view_as_real
 from .layout import as_strided
-from .nn_extra import _dropout_impl
 from .reduction import reduce_dims, reduce_sbp
 from .shape import _shape_inplace
 
-__all__ = ["range", "feature_dropout", "feature_dropout_", "addmv_", "as_strided_", "resize_as_",
-           "is_distributed", "view_as_real_copy", "view_as_complex_copy", "from_file", "hash_tensor"]
+__all__ = ["is_distributed", "addmv_", "as_strided_", "resize_as_", "hash_tensor"]
+
 
 _COMPLEX32 = next(d for d in _dtype.RARE if d.name == "complex32")
 
@@ -149,49 +143,6 @@ def _backend_move(kind: str, exc: type[BaseException], message: str):
     return move
 
 
-# -- top-level functions -----------------------------------------------------------------------------
-
-def _range_kernel(start: Any, end: Any, step: Any, **kw: Any) -> torch.Tensor:
-    with warnings.catch_warnings():   # (holoflow.range warned already)
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.range(start, end, step, **kw)
-
-
-def range(start: Any, end: Any, step: Any = 1, *, out: Any = None, dtype: Any = None,  # noqa: A001
-          layout: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    """The deprecated ``torch.range``: ``start, start + step, ...`` up to and *including* ``end``
-    (numbers or 0-d tensors), in the default float dtype unless ``dtype`` is given (``arange``
-    excludes ``end``). Warns, as torch does."""
-    _creation._check_options("range", layout, out)
-    warnings.warn("holoflow.range is deprecated and will be removed, as torch.range, because its behavior is "
-                  "inconsistent with Python's range builtin. Instead, use holoflow.arange, which produces values "
-                  "in [start, end).", UserWarning, stacklevel=2)
-    num = _creation._number
-    return _creation._factory("range", _range_kernel, num(start), num(end), num(step), dtype=dtype, device=device,
-                              requires_grad=requires_grad)
-
-
-def feature_dropout(input: Tensor, p: float, train: bool) -> Tensor:
-    """Dropout of whole features: one keep/drop draw per ``(N, C)`` entry of an ``(N, C, *)``
-    input, kept ones scaled by ``1 / (1 - p)``, as ``torch.feature_dropout``."""
-    _feature_check("feature_dropout", input)
-    return _dropout_impl("feature_dropout", input, p, train, False, 2, False)
-
-
-def feature_dropout_(input: Tensor, p: float, train: bool) -> Tensor:
-    """In-place :func:`feature_dropout`, as ``torch.feature_dropout_``."""
-    _feature_check("feature_dropout_", input)
-    return _dropout_impl("feature_dropout_", input, p, train, True, 2, False)
-
-
-def _feature_check(name: str, input: Tensor) -> None:
-    if not isinstance(input, Tensor):
-        raise TypeError(f"holoflow.{name}(): argument 'input' must be a Tensor, not {type(input).__name__}")
-    if input.dim() < 2:
-        raise RuntimeError(f"holoflow.{name}: feature dropout requires at least 2 dimensions in the input, got "
-                           f"shape {tuple(input.shape)}")
-
-
 def addmv_(input: Tensor, mat: Tensor, vec: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
     """``input = beta * input + alpha * (mat @ vec)`` in place, as ``torch.addmv_``."""
     return input.addmv_(mat, vec, beta=beta, alpha=alpha)
@@ -205,28 +156,6 @@ def as_strided_(input: Tensor, size: Sequence[int], stride: Sequence[int], stora
 def resize_as_(input: Tensor, the_template: Tensor, *, memory_format: Any = None) -> Tensor:
     """``input.resize_as_(the_template)``, as ``torch.resize_as_``."""
     return input.resize_as_(the_template, memory_format=memory_format)
-
-
-def view_as_real_copy(input: Tensor) -> Tensor:
-    """``view_as_real(input)`` as a new contiguous tensor (differentiable), as ``torch.view_as_real_copy``."""
-    return view_as_real(input).clone(memory_format=torch.contiguous_format)
-
-
-def view_as_complex_copy(input: Tensor) -> Tensor:
-    """``view_as_complex(input)`` as a new contiguous tensor (differentiable), as ``torch.view_as_complex_copy``."""
-    return view_as_complex(input).clone(memory_format=torch.contiguous_format)
-
-
-def from_file(filename: str, shared: bool | None = None, size: int = 0, *, dtype: Any = None, layout: Any = None,
-              device: Any = None, pin_memory: bool = False, requires_grad: bool = False) -> Tensor:
-    """A 1-D CPU tensor of ``size`` elements over a memory-mapped file, as ``torch.from_file``
-    (``shared=True``: writes go to the file)."""
-    try:
-        data = torch.from_file(filename, shared, size, dtype=_dtype.to_torch(dtype), device=_device.to_torch(device),
-                               pin_memory=pin_memory)
-    except (RuntimeError, ValueError) as e:
-        raise type(e)(f"holoflow.from_file({filename!r}): {str(e).splitlines()[0]}") from None
-    return Tensor._make(data).requires_grad_(requires_grad)
 
 
 def _hash_kernel(x, dim, keepdim, mode):
@@ -263,3 +192,7 @@ Tensor.xpu = _backend_move("xpu", AssertionError, "holoflow runs on a torch not 
 Tensor.ipu = _backend_move("ipu", RuntimeError, "holoflow runs on a torch not linked with support for ipu devices")
 Tensor.mtia = _backend_move("mtia", AssertionError, "holoflow runs on a torch not compiled with MTIA enabled (no "
                                                     "MTIA device is available)")
+
+Tensor.nbytes = property(lambda self: self.numel() * self.element_size(), doc="Bytes of the elements.")
+Tensor.itemsize = property(lambda self: self.element_size(), doc="Bytes of one element.")
+Tensor.storage_offset = lambda self: self._data.storage_offset()
