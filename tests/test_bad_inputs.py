@@ -468,7 +468,7 @@ CASES += [
       "o.load_state_dict({'state': {}, 'param_groups': []})", "group"),
 ]
 
-# ---- complex and extra math ops (ops/complex_ops.py, ops/extra_ops.py) ---------------------------
+# ---- complex and extra math ops (ops/complex_ops.py, ops/special.py, ops/pointwise.py, ...) ---------------------------
 CASES += [
     E("view_as_real-real", "L.view_as_real(L.ones(3))", "view_as_real"),
     E("view_as_complex-last-dim", "L.view_as_complex(L.ones(3, 3))", "view_as_complex", "2"),

@@ -1,5 +1,5 @@
-"""Layers built on the nn.functional functions of ops/nn_extra.py, each against its torch twin
-with copied weights: outputs, input and parameter gradients (float64)."""
+"""Layers built on the nn.functional functions of ops/dropout.py, activation.py, pooling.py, ..., each
+against its torch twin with copied weights: outputs, input and parameter gradients (float64)."""
 import pytest
 import torch
 

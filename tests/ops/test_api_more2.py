@@ -1,8 +1,9 @@
-"""torch APIs added together (ops/api_more2.py): stft/istft, gradient, histogramdd, mvlgamma,
-constant_pad_nd, fill, nonzero_static, conj_physical, as_strided_scatter, the ``*_copy`` view ops,
-eager cond/while_loop, the state switches (default device, inference/anomaly/autocast modes,
-warn-always), frombuffer/empty_permuted, and Tensor methods (new, resize/resize_as, cfloat,
-apply_/map_/map2_, layout, output_nr, dim_order, is_set_to, module_load, ...)."""
+"""torch APIs added together (formerly ops/api_more2.py, now ops/spectral, numeric, copies, control_flow,
+tensor_meta, factories): stft/istft, gradient, histogramdd, mvlgamma, constant_pad_nd, fill,
+nonzero_static, conj_physical, as_strided_scatter, the ``*_copy`` view ops, eager cond/while_loop, the
+state switches (default device, inference/anomaly/autocast modes, warn-always),
+frombuffer/empty_permuted, and Tensor methods (new, resize/resize_as, cfloat, apply_/map_/map2_, layout,
+output_nr, dim_order, is_set_to, module_load, ...)."""
 
 import pytest
 import torch

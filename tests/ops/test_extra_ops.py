@@ -1,8 +1,9 @@
-"""ops/extra_ops.py vs torch through the op-table harness: special functions, binary math, frexp,
+"""The ops that were ops/extra_ops.py (now ops/special, pointwise, stacking, scatter, flat_index, ...) vs
+torch through the op-table harness: special functions, binary math, frexp,
 isin/bucketize/histc/unravel_index, diff/kron/tensordot/rot90/trapezoid (composites), diag_embed,
-block_diag, cartesian_prod, vander, cov/corrcoef, renorm, index_copy, masked_scatter,
-scatter_reduce; forward, backward (ATen's derivatives), gradcheck, SBP rules on simulated ranks;
-the Tensor methods and in-place forms; nbytes/itemsize/storage_offset."""
+block_diag, cartesian_prod, vander, cov/corrcoef, renorm, index_copy, masked_scatter, scatter_reduce;
+forward, backward (ATen's derivatives), gradcheck, SBP rules on simulated ranks; the Tensor methods and
+in-place forms; nbytes/itemsize/storage_offset."""
 import sys
 
 import pytest

@@ -1,6 +1,7 @@
-"""ops/more_ops.py vs torch through the op-table harness: fmax/fmin (NaN and ties), kthvalue,
-median, bincount, det/inverse and linalg.det/inv/solve/cholesky; forward + backward (ATen's
-derivatives), gradcheck, SBP signatures on simulated ranks; and their bad inputs."""
+"""The ops that were ops/more_ops.py (now ops/pointwise, order_stats, histogram, linalg_solve) vs torch
+through the op-table harness: fmax/fmin (NaN and ties), kthvalue, median, bincount, det/inverse and
+linalg.det/inv/solve/cholesky; forward + backward (ATen's derivatives), gradcheck, SBP signatures on
+simulated ranks; and their bad inputs."""
 import pytest
 import torch
 

@@ -1,6 +1,7 @@
-"""ops/nn_extra.py vs torch.nn.functional: channel/alpha dropout, small activations, 1-D and
-adaptive pooling, pixel (un)shuffle, bilinear, distances, local response norm and the margin /
-NLL losses; forward + backward, gradcheck, SBP rules on simulated ranks."""
+"""The nn.functional ops that were ops/nn_extra.py (now ops/dropout, activation, pooling, ...) vs
+torch.nn.functional: channel/alpha dropout, small activations, 1-D and adaptive pooling, pixel
+(un)shuffle, bilinear, distances, local response norm and the margin / NLL losses; forward + backward,
+gradcheck, SBP rules on simulated ranks."""
 import pytest
 import torch
 import torch.nn.functional as F

@@ -1,4 +1,4 @@
-"""nn.functional functions of nn/functional_more.py and ops/nn_more.py against torch: values and
+"""nn.functional functions of nn/functional_more.py and ops/pooling.py against torch: values and
 gradients per dtype, a float64 gradcheck and every SBP signature of the ops they dispatch (the
 harness), plus torch's exception classes for bad input."""
 
