@@ -97,24 +97,25 @@ def test_a_local_part_of_a_partial_sum_loads_apart_its_values_right(world2, tmp_
     assert not torch.equal(saved_local0, FULL)   # rank 0's partial part, not the sum
 
 
-def save_two_dtypes(rank: int, path: str, which: str) -> str | None:
+def save_two_dtypes(rank: int, path: str, which: str, dst: int | None) -> str | None:
     place = flow.placement("cpu", [0, 1])
     g = from_full(FULL, place, S(0))
     other = g.view(flow.int32) if which == "global" else g.to_local().view(flow.int32)
     try:
-        flow.save({"g": g, "i": other}, path)
+        flow.save({"g": g, "i": other}, path, global_dst_rank=dst)
     except RuntimeError as e:
         return f"{type(e).__name__}: {e}"
     return None
 
 
+@pytest.mark.parametrize("dst", [None, 0], ids=["sharded", "global_dst_rank"])
 @pytest.mark.parametrize("which", ["global", "local"])
-def test_one_storage_as_two_dtypes_is_refused_on_every_rank_as_torch(world2, tmp_path, which):
+def test_one_storage_as_two_dtypes_is_refused_on_every_rank_as_torch(world2, tmp_path, which, dst):
     t = torch.arange(4.0)
     with pytest.raises(RuntimeError, match="view the same data as different types"):
         torch.save({"t": t, "i": t.view(torch.int32)}, io.BytesIO())
     path = str(tmp_path / "ck")
-    errors = world2.run(save_two_dtypes, path, which)
+    errors = world2.run(save_two_dtypes, path, which, dst)
     assert all(e is not None and e.startswith("RuntimeError") and "view the same data as different types" in e
                and "obj['i']" in e and ".clone()" in e for e in errors), errors
     assert not os.path.exists(path) and os.listdir(tmp_path) == []

@@ -102,6 +102,12 @@ def _dtype_from(text: Any, where: str) -> torch.dtype:
 
 
 # -- save ------------------------------------------------------------------------------------
+def _two_dtypes(first: torch.dtype, then: torch.dtype, where: str) -> RuntimeError:
+    """torch.save's refusal of one storage seen as two dtypes (a global tensor and g.view(int32))."""
+    return RuntimeError(f"holoflow.save: cannot save multiple tensors that view the same data as different types "
+                        f"({first} and {then}, at {where}), as torch.save; save a .clone() of one of them")
+
+
 class _ShardEncoder(Encoder):
     """Walks the tree like the file encoder; a global tensor becomes a node listing its shards,
     and this rank keeps the shards it owns in ``self.tensors``. Local tensors (rank 0's) go to
@@ -179,9 +185,7 @@ class _ShardEncoder(Encoder):
         key = (str(data.device), data.untyped_storage().data_ptr())
         seen = self.dtypes.setdefault(key, data.dtype)
         if seen != data.dtype:
-            self.failed = self.failed or RuntimeError(
-                f"holoflow.save: cannot save multiple tensors that view the same data as different types ({seen} "
-                f"and {data.dtype}, at {where}), as torch.save; save a .clone() of one of them")
+            self.failed = self.failed or _two_dtypes(seen, data.dtype, where)
             return
         self.parts.setdefault(key, []).append([name, data.storage_offset(), list(data.shape), list(data.stride())])
 
@@ -315,6 +319,8 @@ def save_to_rank(obj: Any, path: str | os.PathLike, dst: int) -> None:
     if not 0 <= dst < n:
         raise ValueError(f"holoflow.save: global_dst_rank={dst} is not a rank of this world of {n}")
     _refuse_global_modules(obj, "obj")   # (on every rank, before any collective)
+    clash = _retyped_storage(obj, r, dst)
+    _raise_refused(clash, _gather(None if clash is None else str(clash), n), repr(os.fspath(path)))
     memo: dict = {}
 
     def whole(t: Tensor) -> Tensor | None:
@@ -340,6 +346,33 @@ def save_to_rank(obj: Any, path: str | os.PathLike, dst: int) -> None:
         except Exception as e:  # noqa: BLE001
             err = f"{type(e).__name__}: {e}"
     _raise_failed([e if i == dst else None for i, e in enumerate(_gather(err, n))], repr(os.fspath(path)))
+
+
+def _retyped_storage(obj: Any, r: int, dst: int) -> RuntimeError | None:
+    """torch.save's refusal of one storage seen as two dtypes, among what this rank gives a
+    ``global_dst_rank`` save (its parts of global tensors; on ``dst`` the local tensors it writes
+    too), where the gathered copies would hide it."""
+    seen: dict = {}
+    for t, where in _tensors(obj, "obj"):
+        g, d = t._global, t._data
+        if d.numel() == 0 or (r not in g.placement.flat_ranks if g is not None else r != dst):
+            continue
+        first = seen.setdefault((str(d.device), d.untyped_storage().data_ptr()), d.dtype)
+        if first != d.dtype:
+            return _two_dtypes(first, d.dtype, where)
+    return None
+
+
+def _tensors(obj: Any, where: str):
+    """(tensor, where) for each tensor of a tree of dicts, lists and tuples."""
+    if isinstance(obj, Tensor):
+        yield obj, where
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _tensors(v, f"{where}[{k!r}]")
+    elif isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        for i, v in enumerate(obj):
+            yield from _tensors(v, f"{where}[{i}]")
 
 
 def _refuse_global_modules(obj: Any, where: str) -> None:
