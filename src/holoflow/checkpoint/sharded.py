@@ -15,6 +15,11 @@ Global tensors sharing a local storage (a global tensor and a global view of it,
 it: the manifest's ``"shared"`` lists, per rank, each storage's tensors with their parts' offset,
 shape and stride there, and a load in the saved layout writes their parts into one storage again
 (:mod:`holoflow.checkpoint.reshard`); older code ignores it and loads them apart, as it saved them.
+Rank 0's list also names its local tensors over such a storage (``g.to_local()`` beside ``g``; a
+local tensor's key there is its node's identity, ``key`` or ``key#view id``), so on rank 0 they
+load as views of ``g``'s part again. One storage seen as two dtypes is refused on every rank
+(torch.save's RuntimeError), as is a module saved whole (a TypeError: save its ``state_dict()``;
+see :mod:`holoflow.serialization_module`).
 
 Local tensors in the tree are rank 0's, kept as ``torch.save`` keeps them: one entry of rank 0's
 file per storage, named by the first tensor saved from it, and every other tensor on that storage
