@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as TF
 
 from ..core.dispatch import apply
-from ..core.errors import normalize_dim, ShapeError
+from ..core.errors import ShapeError, normalize_dim
 from ..core.registry import defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor

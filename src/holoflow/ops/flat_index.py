@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..core.dispatch import apply, apply_inplace
-from ..core.registry import defop, Meta
+from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from .family import needs

@@ -11,7 +11,7 @@ import torch
 
 from ..core.dispatch import apply
 from ..core.errors import ArgValueError, ShapeError, UnsupportedError
-from ..core.registry import defop, Meta
+from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from .pointwise import _tensor

@@ -16,7 +16,7 @@ import torch
 from ..core import dtype as _dtype
 from ..core.dispatch import apply
 from ..core.errors import normalize_dim
-from ..core.registry import defop, Meta
+from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from .spectral import _torch_checked

@@ -12,7 +12,7 @@ from collections import namedtuple
 import torch
 
 from ..core.dispatch import apply
-from ..core.errors import normalize_dim, ShapeError
+from ..core.errors import ShapeError, normalize_dim
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
 from .torch_vjp import defop_vjp

@@ -21,7 +21,7 @@ from ..core.errors import UnsupportedError
 from ..core.registry import defop
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
-from .elementwise import _conj, where, ZEROS_LIKE
+from .elementwise import ZEROS_LIKE, _conj, where
 from .family import binary, elementwise_sbp, elementwise_shape, needs, reduce_grad
 from .torch_vjp import defop_vjp
 

@@ -9,7 +9,7 @@ import math
 from functools import reduce
 
 from ..core import interpret
-from ..core.errors import normalize_dim, ShapeError
+from ..core.errors import ShapeError, normalize_dim
 from ..core.tensor import Tensor
 from .linalg import matmul, trilinear
 from .pointwise import _tensor
