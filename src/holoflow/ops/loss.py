@@ -22,7 +22,7 @@ from .nn_ops import log_softmax
 from .reduction import sum as _sum
 from .loss_pointwise import (_reduction, binary_cross_entropy, binary_cross_entropy_with_logits, huber_loss, kl_div,
                              l1_loss, mse_loss, smooth_l1_loss, soft_margin_loss)
-from .loss_pointwise import reduce_loss as reduce_loss  # (its home before: nn_extra, sequence, nn import it here)
+from .loss_pointwise import reduce_loss as reduce_loss  # (sequence and nn import it here)
 
 # -- cross_entropy / nll_loss primitives ------------------------------------------------------------
 

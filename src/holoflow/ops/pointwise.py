@@ -7,8 +7,9 @@ Each is a primitive on its ATen kernel: ``addcmul``/``addcdiv`` with gradients w
 rest with ATen's derivative (ops/torch_vjp.py), so values, ties and NaN rules are torch's.
 ``heaviside``'s output requires grad and its backward raises, as torch's; ``gcd`` is not
 differentiable. SBP: elementwise (the backward on equal shapes). The argument checks
-``_tensor``/``_floating`` here are shared by the other modules that came out of the old
-``extra_ops`` (special, histogram, calculus, products, stacking, flat_index, scatter, norm, sorting).
+``_tensor``/``_floating`` here are shared by ops/special.py, histogram.py, calculus.py,
+products.py, stacking.py, flat_index.py and the index_copy/scatter_reduce, renorm and
+isin/bucketize parts of scatter.py, norm.py and sorting.py.
 """
 from __future__ import annotations
 
