@@ -122,8 +122,6 @@ static int stale(PyObject *vi) {
 /* whether a view's storage was written since its history was derived, its base's history
  * unchanged (dispatch.written_since: a write under no_grad), -1 on error */
 static int written_since(PyObject *x, PyObject *vi) {
-    if (get_slot(vi, V_nograd) == Py_True)
-        return 0;
     PyObject *now = PyObject_GetAttr(get_slot(x, T_data), s__version);
     if (now == NULL)
         return -1;
@@ -711,7 +709,7 @@ static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
     if (any_view) {
         /* views the Python path re-derives or checks first: a stale one that autograd records
          * (refresh), one among several outputs of an op written since (check_multi_output), one
-         * whose base requires grad since it was taken (follows_base); any view under a tracer */
+         * whose base requires grad (follows_base); any view under a tracer */
         int traced = tracking_values();
         if (traced < 0)
             return NULL;
@@ -740,8 +738,8 @@ static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
                 if (!same)   /* (check_multi_output decides: it may refuse) */
                     return PyObject_CallFunctionObjArgs(py_eager, op, inputs, attrs, NULL);
             }
-            if (!needs_grad && grad_on && has_grad && st &&
-                get_slot(get_slot(vi, V_base), T_rg) == Py_True && get_slot(vi, V_nograd) != Py_True)
+            /* (a view whose base requires grad does too, with or without a history: follows_base) */
+            if (!needs_grad && grad_on && has_grad && get_slot(get_slot(vi, V_base), T_rg) == Py_True)
                 return PyObject_CallFunctionObjArgs(py_eager, op, inputs, attrs, NULL);
         }
     }

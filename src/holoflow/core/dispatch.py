@@ -286,19 +286,37 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None
 
 
 def follows_base(inputs) -> bool:
-    """Whether a view among ``inputs`` that needs no grad does now, as torch's views follow their
-    base: the base was written in place (through another view) with a value that requires grad
-    since the view was taken. Such views are re-derived first."""
+    """Whether a view among ``inputs`` requires grad through its base, as torch's view does
+    whenever its base requires grad. A view whose base was written in place (through another
+    view) with a value that requires grad since it was taken is re-derived first. One that has
+    no history still (made under ``no_grad``, or taken before its leaf base's ``requires_grad_()``)
+    requires grad with none: an op on it is recorded, and no gradient goes past it (torch's view
+    has no gradient accumulator of its own)."""
     got = False
     for x in inputs:
         if isinstance(x, Tensor):
             vi = x._view
-            if vi is not None and vi.base._rg and not vi.nograd and stamp_of(vi.base) != vi.stamp:
-                if vi.version is not None and _CURRENT.get() is None:
-                    check_multi_output(x)
-                refresh(x)
-                got = got or x._rg
+            if vi is not None and vi.base._rg:
+                if vi.nograd:
+                    check_nograd_view_unwritten(x)
+                elif stamp_of(vi.base) != vi.stamp:
+                    if vi.version is not None and _CURRENT.get() is None:
+                        check_multi_output(x)
+                    refresh(x)
+                got = True
     return got
+
+
+def check_nograd_view_unwritten(v: Tensor) -> None:
+    """torch's refusal to use a view made under ``no_grad`` (or taken from one) that requires grad
+    (its base does, or it has a history: an op on it recorded one) once its storage was written
+    since (by any write: torch compares version counters): which history it should have is
+    ambiguous. (Only while autograd records, outside a trace.)"""
+    vi = v._view
+    if vi.nograd and (vi.base._rg or v._grad_fn is not None) and v._data._version != vi.at and \
+            _STATE.enabled and _CURRENT.get() is None:
+        ops = " of ".join(op.name for op, _, _ in reversed(vi.chain))
+        raise RuntimeError(f"holoflow: a view was created in no_grad mode ({ops} of its base) {_NOGRAD_VIEW_REBASED}")
 
 
 def refresh(v: Tensor, force: bool = False) -> None:
@@ -309,19 +327,25 @@ def refresh(v: Tensor, force: bool = False) -> None:
     follows the view to its new history; its other hooks stay with the old one, as torch's."""
     vi = v._view
     base = vi.base
+    # (torch's error is about the storage being written; a trace's symbolic value moving on,
+    # the stamp's last part, is no in-place write)
+    check_nograd_view_unwritten(v)
     if not force and stamp_of(base) == vi.stamp and not written_since(v, vi):
         return
-    # (torch's error is about the base's history changing; a trace's symbolic value moving on,
-    # the stamp's last part, is no in-place write)
-    if vi.nograd and base._rg and _STATE.enabled and _CURRENT.get() is None and \
-            stamp_of(base)[:2] != vi.stamp[:2]:
-        raise RuntimeError(_NOGRAD_VIEW_REBASED)
+    if vi.nograd and "_v" not in base.__dict__ and "_v" not in v.__dict__:
+        # torch never re-derives a view made under no_grad: it has no history of its base's
+        # (one of its own at most, from an op on it that recorded), or the check above refused it
+        # (the version it compares stays: a base that requires grad later refuses it then)
+        vi.stamp = stamp_of(base)
+        return
     if not (base._rg or "_v" in base.__dict__ or "_v" in v.__dict__):
-        if v.grad_fn is not None:   # a base detach_()ed since the view was made
-            if base._data._version == vi.at:
-                return   # as torch, the view keeps its history until the storage is written (stale
-                         # on purpose: each use looks again)
-            cut_history(v)
+        if v.grad_fn is None:   # as torch's getter, which looks at nothing then: the storage's
+            vi.stamp = stamp_of(base)   # version it compares stays (a base that requires grad
+            return                      # later re-derives the view if it was written since)
+        if base._data._version == vi.at:   # a base detach_()ed since the view was made:
+            return   # as torch, the view keeps its history until the storage is written (stale
+                     # on purpose: each use looks again)
+        cut_history(v)
         vi.stamp, vi.at = stamp_of(base), base._data._version
         return
     vi.stamp = stamp_of(base)
@@ -346,8 +370,9 @@ def written_since(v: Tensor, vi: ViewInfo) -> bool:
     """Whether ``v``'s storage was written since its history was derived without its base's
     history changing (a write under ``no_grad``, or through a ``detach()``): torch regenerates
     such a view's grad_fn when its version counter moved, so hooks registered on it before the
-    write stay with the old one. (Not for views made under ``no_grad``, nor global ones.)"""
-    return v._data._version != vi.at and not vi.nograd and v._global is None
+    write stay with the old one; one made under ``no_grad`` is refused then, if its base requires
+    grad (``refresh``). (Not for global views.)"""
+    return v._data._version != vi.at and v._global is None
 
 
 def cut_history(v: Tensor) -> None:
@@ -389,9 +414,10 @@ _NOGRAD_VIEW_WRITTEN = (
     "as in torch, this ambiguous use is forbidden: make the view and the in-place write both inside the "
     "no_grad block (if the write should not be recorded) or both outside it (if it should)")
 _NOGRAD_VIEW_REBASED = (
-    "holoflow: a view was created in no_grad mode and its base or another view of its base has been "
-    "modified in place with grad mode enabled; as in torch, this ambiguous use is forbidden: make the "
-    "view and the in-place write both inside the no_grad block or both outside it")
+    "(or taken from such a view) and its base or another view of its base "
+    "has been modified in place since; as in torch, using it with grad mode enabled is forbidden (its "
+    "history is ambiguous): make the view and the in-place write both inside the no_grad block or both "
+    "outside it")
 
 
 def _check_nograd_view(x: Tensor, rest) -> None:
@@ -421,17 +447,23 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     ``x`` taken before the write.
     """
     lazy = _CURRENT.get() is not None and interpret.is_lazy()
+    rest_follow = False
     if grad_mode.STATE.enabled and not lazy:
-        # a view among the other inputs whose base requires grad since the view was taken does
-        # too (re-derived first), as an out-of-place op's inputs do
+        # a view among the other inputs whose base requires grad does too (re-derived first, if
+        # its base was written since), as an out-of-place op's inputs do
         views = tuple([r for r in rest if isinstance(r, Tensor) and r._view is not None])
         if views:
-            follows_base(views)
-    grad_on = grad_mode.STATE.enabled and (x._rg or any(isinstance(r, Tensor) and r._rg for r in rest))
+            rest_follow = follows_base(views)
+    grad_on = grad_mode.STATE.enabled and (x._rg or rest_follow or any(isinstance(r, Tensor) and r._rg for r in rest))
     if x._view is not None:
         _check_nograd_view(x, rest)
-        # a view of a base that requires grad since it was taken does too (its history re-derived)
-        grad_on = grad_on or (grad_mode.STATE.enabled and not lazy and follows_base((x,)))
+        # a view of a base that requires grad does too: checked as its history stands (torch's
+        # check_inplace reads it before anything re-derives it), then re-derived
+        follows = grad_mode.STATE.enabled and not lazy and x._view.base._rg
+        if follows:
+            check_inplace_target(x, op.name)
+            follows_base((x,))
+        grad_on = grad_on or follows
     if not lazy and x._global is None and not grad_on and op.inplace_kernel is not None:
         datas = [r._data if isinstance(r, Tensor) else r for r in rest]
         try:
@@ -493,6 +525,16 @@ def check_inplace_target(x: Tensor, name: str) -> None:
         raise RuntimeError(f"holoflow.{name}_: a view of a leaf tensor that requires grad is being "
                            f"used in an in-place operation; do it under holoflow.no_grad(), or "
                            f"clone the leaf first")
+    if vi is not None and vi.base._rg and x._grad_fn is None and not vi.nograd and x._global is None and \
+            "_v" not in x.__dict__:
+        # torch asks whether the view is a leaf by its history as stored, not re-derived: one that
+        # requires grad through its base but has none yet (taken before its base required grad,
+        # and neither used nor read since) is a leaf then
+        raise RuntimeError(f"holoflow.{name}_: a leaf tensor that requires grad is being used in an "
+                           f"in-place operation: this view requires grad through its base, written in "
+                           f"place since the view was taken, and has no history of its own yet (as in "
+                           f"torch, it is re-derived at the view's next use, not by this check): use or "
+                           f"read the view (.grad_fn) first, or take it again after the base's write")
     for chain in (vi.chain if vi is not None else (), c.chain if c is not None and not c.detached else ()):
         if any(idx is not None for _, _, idx in chain):
             raise RuntimeError(f"holoflow.{name}_: this tensor is one of several views returned by "
@@ -518,6 +560,10 @@ def assign(x: Tensor, out: Tensor, name: str) -> Tensor:
         return top.assign(x, out, name)
     if x._view is not None:
         _check_nograd_view(x, (out,))
+        if _STATE.enabled and x._view.base._rg and x._global is None:
+            # (a write whose value needs no grad, into a view that requires grad through its base:
+            # torch checks it as any recorded write; apply_inplace has, copy_ of a constant has not)
+            check_inplace_target(x, name)
     base = x._view.base if x._view is not None else x
     copy_of = "_copy_of" in base.__dict__
     if copy_of:   # a copy standing for a view, written: first its source's current values (the

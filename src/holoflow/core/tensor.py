@@ -211,11 +211,9 @@ class Tensor:
             if base._global is not None and "_copy_of" in base.__dict__ and \
                     not vi.nograd and _copy_requires_grad(base) and not base._rg:
                 return True   # (of a copy whose history is refused: the flag follows its source's)
-            from .dispatch import follows_base
-            try:
-                follows_base((self,))
-            except RuntimeError:   # (a history torch refuses to re-derive: the flag is still read)
-                return self._rg or (not vi.nograd and vi.base._rg)
+            # (as torch's: a read that re-derives nothing, so a view read before its base's
+            # detach_() keeps no history it would not have had unread)
+            return self._rg or vi.base._rg
         return self._rg
 
     @requires_grad.setter
@@ -265,10 +263,7 @@ class Tensor:
 
     @property
     def is_leaf(self) -> bool:
-        if self._view is not None:   # (a view whose base was written in place: its history re-derived)
-            from .dispatch import follows_base
-            follows_base((self,))
-        return self.grad_fn is None
+        return self.grad_fn is None   # (a view's re-derived first, as torch's getter regenerates it)
 
     @property
     def data(self) -> "Tensor":

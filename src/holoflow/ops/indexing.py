@@ -369,19 +369,24 @@ def setitem(input: Tensor, index, value) -> None:
         tensors = [_like_global(t, input) for t in tensors]
         value = _like_global(value, input)
         strides = getattr(input._global, "strides", None) or strides   # (torch's, for a boxed view)
-    if not tensors and any(st == 0 and n > 1 for st, n in zip(strides, input.shape)):
-        # an expanded tensor (elements shared): the write goes to the indexed region alone, as
-        # torch's (a region that still shares elements is refused by copy_, as torch's)
-        getitem(input, index).copy_(value)
+    if not tensors and (input._view is not None or any(st == 0 and n > 1 for st, n in zip(strides, input.shape))):
+        # basic indexing writes the temporary view input[index], as torch's: a view input is a
+        # sibling of it, untouched (its history re-derived at its next use, so a base detach_()ed
+        # in between leaves it none; one with no history yet keeps none); an expanded tensor
+        # (elements shared) has the indexed region alone written (one that still shares elements
+        # is refused by copy_, as torch's)
+        _write_region(getitem(input, index), value)
         return
-    vi = input._view
-    derived = None if vi is None or tensors else (vi.stamp, vi.at)
     apply_inplace(INDEX_PUT, input, value, *tensors, spec=spec)
-    if derived is not None and input._view is vi:
-        # torch writes the temporary view input[index] (basic indexing), not the view input:
-        # input is a sibling of it, its history re-derived at its next use, not now (a base
-        # detach_()ed in between leaves it none, as torch's regenerated view)
-        vi.stamp, vi.at = derived
+
+
+def _write_region(region: Tensor, value) -> None:
+    """``region.copy_(value)`` where ``value`` may have extra leading dims of size 1 (as torch's
+    ``x[idx] = value`` drops them)."""
+    if isinstance(value, Tensor) and value.dim() > region.dim() and \
+            all(n == 1 for n in value.shape[:value.dim() - region.dim()]):
+        value = value.reshape(tuple(value.shape[value.dim() - region.dim():]))
+    region.copy_(value)
 
 
 Tensor.__getitem__ = getitem
