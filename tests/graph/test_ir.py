@@ -256,3 +256,23 @@ def test_run_time_error_names_the_program_line():
     assert "= index_select(" in line and line.strip() in str(e.value)
     tb = "".join(traceback.format_exception(e.value.__cause__))   # the traceback quotes the program's line
     assert line.strip() in tb
+
+
+def test_alias_groups_join_a_nodes_outputs_and_inputs_and_nothing_else():
+    """``AliasGroups``: a node that may alias puts all its outputs and inputs in one set (a
+    many-in many-out node, as a bucket's all-reduce, as well); a fresh op's output stays apart,
+    and a node without outputs joins nothing (its inputs stay in their own sets)."""
+    from holoflow.graph.ir import AliasGroups
+    ins = [val(2, name=f"i{k}") for k in range(4)]
+    outs = [val(2, name=f"o{k}") for k in range(4)]
+    lone = [val(2, name=f"l{k}") for k in range(2)]
+    fresh_out, chained = val(2), val(2)
+    nodes = [Node("many", tuple(ins), {}, tuple(outs), tags=frozenset({"inplace"})),
+             Node("exp", (ins[0],), {}, (fresh_out,)),                      # fresh: no alias
+             Node("view_as_it", (outs[3],), {}, (chained,), tags=frozenset({"inplace"})),
+             Node("sink", tuple(lone), {}, (), tags=frozenset({"inplace"}))]
+    groups = AliasGroups(nodes)
+    root = groups.find(ins[0])
+    assert all(groups.find(v) is root for v in (*ins, *outs, chained))
+    assert groups.find(fresh_out) is fresh_out
+    assert groups.find(lone[0]) is not groups.find(lone[1])

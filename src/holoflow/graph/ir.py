@@ -212,17 +212,20 @@ class AliasGroups:
         self.parent: dict = {}
         for n in nodes:
             if may_alias(n):
-                for v in n.outputs:
-                    for x in n.value_inputs():
-                        self.union(v, x)
+                ins = n.value_inputs()
+                if ins and n.outputs:   # its outputs and inputs in one set: each joined to the first input
+                    first = ins[0]
+                    for v in (*n.outputs, *ins[1:]):
+                        self.union(v, first)
 
     def find(self, v: Value) -> Value:
-        p = self.parent.get(v, v)
-        if p is v:
-            return v
-        root = self.find(p)
-        self.parent[v] = root
-        return root
+        parent = self.parent
+        p = parent.get(v, v)
+        while p is not v:   # path splitting: each value on the way now points to its grandparent
+            up = parent.get(p, p)
+            parent[v] = up
+            v, p = p, up
+        return v
 
     def union(self, a: Value, b: Value) -> None:
         ra, rb = self.find(a), self.find(b)
