@@ -14,6 +14,7 @@ import torch
 
 import holoflow as flow
 from harness import broadcasts
+from holoflow.core.views import may_overlap
 
 # CI runs 240 programs; HOLOFLOW_FUZZ_SEEDS=N runs N (a longer local hunt)
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))   # (a longer hunt: new seeds from here)
@@ -117,7 +118,8 @@ def _params(name: str, xs: list, pool: list, rng: np.random.Generator, views_fol
         ok = [i for i, y in enumerate(pool) if broadcasts(tuple(y.shape), region, True) and not _overlap(x, y)
               and y is not x]
         return (p, int(rng.choice(ok))) if ok else None
-    if name in ("sum_dim", "select", "narrow", "unbind", "chunk", "transpose", "unsqueeze", "index"):
+    if name in ("sum_dim", "select", "narrow", "unbind", "chunk", "transpose", "unsqueeze", "index", "unfold",
+                "movedim"):
         if nd == 0 and name != "unsqueeze":
             return None
         dim = int(rng.integers(0, nd + (name == "unsqueeze")))
@@ -336,20 +338,38 @@ def test_random_program_agrees_with_torch(seed):
 # result), writes through unbind/split/chunk pieces, steps under no_grad, and detach_() /
 # requires_grad_() of a view's base. (A separate generator: the programs of the seeds above stay.)
 
+def _data_mul(lib, xs, p):
+    xs[0].data.mul_(p["c"])   # (through .data: a write autograd's version checks don't see)
+
+
+def _unfold(lib, xs, p):
+    return xs[0].unfold(p["dim"], min(2, xs[0].shape[p["dim"]]), 1)   # (windows that overlap)
+
+
+CHAIN_OPS = {
+    "unfold": (1, _unfold),
+    "movedim": (1, lambda lib, xs, p: xs[0].movedim(p["dim"], -1)),
+    "view_2": (1, lambda lib, xs, p: xs[0].view(2, -1)),
+    "data_mul_": (1, _data_mul),
+}
+ALL_OPS = {**OPS, **CHAIN_OPS}
+ALL_INPLACE = INPLACE | {"data_mul_"}
 READS = {
     "read_grad_fn": lambda t: t.grad_fn is None,
     "read_is_leaf": lambda t: t.is_leaf,
     "read_requires_grad": lambda t: t.requires_grad,
 }
 VIEW_OPS = ["t", "transpose", "index", "select", "narrow", "view_flat", "unsqueeze", "squeeze", "diagonal",
-            "unbind", "chunk", "expand", "permute", "reshape", "split"]
+            "unbind", "chunk", "expand", "permute", "reshape", "split", "unfold", "movedim", "view_2"]
 WRITE_OPS = ["mul_", "add_", "copy_", "zero_", "clamp_", "relu_", "sigmoid_", "tanh_", "setitem", "setitem_t",
-             "masked_fill_", "index_add_", "put_rows"]
+             "masked_fill_", "index_add_", "put_rows", "data_mul_"]
 OTHER_OPS = ["add", "mul", "scale", "sin", "sum_dim", "clone", "detach", "matmul", "where", "cumsum", "flip",
              "take_rows"]
 # (kind, names, weight): a view or a write most of the time, so chains of views get written
 KINDS = [(VIEW_OPS, 0.36), (WRITE_OPS, 0.3), (list(READS), 0.14), (["detach_", "requires_grad_"], 0.08),
          (OTHER_OPS, 0.12)]
+# writes whose result doesn't depend on the order a kernel visits elements held more than once
+IDEMPOTENT = {"zero_", "clamp_", "relu_", "setitem", "masked_fill_"}
 FOCUS = 0.55       # how often a step takes the last tensor made (a chain of views, then a write into it)
 NO_GRAD = 0.2      # how often a view, write or op runs under no_grad
 
@@ -369,37 +389,65 @@ def _step(lib, name: str, xs: list, p: dict):
         return READS[name](xs[0])
     if p.get("ng"):
         with lib.no_grad():
-            return OPS[name][1](lib, xs, p)
-    return OPS[name][1](lib, xs, p)
+            return ALL_OPS[name][1](lib, xs, p)
+    return ALL_OPS[name][1](lib, xs, p)
+
+
+def _chain_leaves(lib) -> list:
+    """The first generator's four leaves, then bases with a history (a 3-d one among them) and a
+    3-d leaf that needs no grad: more writes through views are taken than into leaves."""
+    a, b, c, d = _leaves(lib)
+    e = lib.tensor(np.linspace(-1.0, 1.0, 24).reshape(2, 3, 4))
+    return [a, b, c, d, a * 1.5, (d * c.unsqueeze(1)).reshape(2, 2, 3), e]
+
+
+def _leaf_write(t) -> bool:
+    """Whether torch refuses a write into ``t`` with grad mode on because it is a leaf that
+    requires grad or a view of one (asked without reading a view's ``grad_fn``, which would
+    regenerate it)."""
+    base = t if t._base is None else t._base
+    return base.requires_grad and base.grad_fn is None
 
 
 def _generate_chains(seed: int) -> list:
     """The program of ``seed`` for the second generator, chosen by running it on torch."""
     rng = np.random.default_rng([seed, 2])
-    pool = _leaves(torch)
+    pool = _chain_leaves(torch)
     program = []
     for _ in range(STEPS + 4):
         for _try in range(20):
             name = _draw_name(rng)
             i = len(pool) - 1 if rng.random() < FOCUS else int(rng.integers(0, len(pool)))
-            if name in ("detach_", "requires_grad_") and pool[i]._base is not None and rng.random() < 0.7:
+            if name in ("detach_", "requires_grad_") and pool[i]._base is not None and rng.random() < 0.85:
                 k = _pool_index(pool, pool[i]._base)   # (mostly the base of a view: its views follow)
-                i = i if k is None else k
+                if k is None:
+                    continue
+                i = k
+            if name in ("view_flat", "view_2") and not pool[i].is_contiguous() and rng.random() < 0.8:
+                continue   # (mostly not a program's end)
+            ng = name not in READS and name not in ("detach_", "requires_grad_") and rng.random() < NO_GRAD
+            if name in WRITE_OPS and name not in IDEMPOTENT and 0 not in pool[i].stride() and \
+                    may_overlap(pool[i]):
+                continue   # (torch's kernel reads back what it wrote in memory order: left out)
+            if name in WRITE_OPS and not ng and _leaf_write(pool[i]):   # (mostly not a program's end)
+                ng = rng.random() < 0.5
+                if not ng and rng.random() < 0.7:
+                    continue
             got = (({}, None) if name in READS else _params(name, [pool[i]], pool, rng, views_follow=True))
             if got is not None:
                 break
         else:
             continue
         p, j = got
-        if name not in READS and name not in ("detach_", "requires_grad_") and rng.random() < NO_GRAD:
+        if ng:
             p["ng"] = True
-        operands = (i,) if name in READS or OPS[name][0] == 1 else (i, j)
+        operands = (i,) if name in READS or ALL_OPS[name][0] == 1 else (i, j)
         program.append((name, operands, p))
         try:
             out = _step(torch, name, [pool[k] for k in operands], p)
         except Exception:   # the program ends at its first error (holoflow must raise there too)
             break
-        if name not in INPLACE and name not in READS:
+        if name not in ALL_INPLACE and name not in READS:
             pool.append(out)
     return program
 
@@ -407,14 +455,14 @@ def _generate_chains(seed: int) -> list:
 def _run_chains(lib, program: list) -> tuple[list, list, BaseException | None]:
     """Runs a program of the second generator: per step the read's answer (or None) and the value
     and ``requires_grad`` of every live tensor (reads torch's views don't regenerate on)."""
-    pool = _leaves(lib)
+    pool = _chain_leaves(lib)
     trace = []
     for name, operands, p in program:
         try:
             out = _step(lib, name, [pool[k] for k in operands], p)
         except Exception as e:
             return trace, pool, e
-        if name not in INPLACE and name not in READS:
+        if name not in ALL_INPLACE and name not in READS:
             pool.append(out)
         trace.append((out if name in READS else None, [(_plain(t), t.requires_grad) for t in pool]))
     return trace, pool, None

@@ -693,6 +693,16 @@ def _setitem_into_a_view_read_then_a_write_into_it(lib):
     return c.grad
 
 
+def _setitem_of_whole_slices_into_a_view_then_a_write_into_it(lib):
+    b = lib.zeros(3, 4)
+    c = lib.ones(4, requires_grad=True)
+    x = b.reshape(3, 4)
+    x[0:5, ...] = c           # (whole slices: torch writes x itself, which has a history then)
+    x.mul_(2)
+    (b * lib.arange(12.0).reshape(3, 4)).sum().backward()
+    return c.grad
+
+
 def _constant_copied_into_a_view_whose_base_was_written(lib):
     b = lib.zeros(3, 4)
     x = b.reshape(-1)
@@ -719,8 +729,29 @@ def _plain_result(r):
                                      _view_of_a_no_grad_view_used_after_its_detached_base_was_written,
                                      _setitem_into_a_view_then_a_write_into_it,
                                      _setitem_into_a_view_read_then_a_write_into_it,
+                                     _setitem_of_whole_slices_into_a_view_then_a_write_into_it,
                                      _constant_copied_into_a_view_whose_base_was_written],
                          ids=lambda f: f.__name__.strip("_"))
 def test_views_follow_their_base_as_torch_does(program):
     want, got = (_plain_result(r) if r[0] == "ok" else r for r in _torch_and_flow(program))
     assert got == want
+
+
+@pytest.mark.parametrize("write", ["clamp_", "mul_", "relu_"])
+def test_a_write_into_overlapping_windows_counts_each_element_once(write):
+    """``u = x.unfold(-1, 2, 1)`` holds the middle elements twice; ``u.clamp_(min=0.5)`` writes
+    them (the same value twice: an op that is not idempotent writes what torch's kernel reads
+    back in memory order, which holoflow doesn't copy). torch's CopySlices writes the gradient of the view's old value
+    back into the base once per element; holoflow sent it through the view's history, which sums
+    the windows: twice the gradient there, silently (_generate_chains seed 400263)."""
+    rng = np.random.default_rng(0)
+    d_np, w5, wu = rng.standard_normal((4, 3)), rng.standard_normal((2, 2, 3)), rng.standard_normal((2, 2, 2, 2))
+    grads = []
+    for lib in (torch, flow):
+        d = lib.tensor(d_np, requires_grad=True)
+        x = (d * 1.0).reshape(2, 2, 3)
+        u = x.unfold(2, 2, 1)
+        {"clamp_": lambda: u.clamp_(min=0.5), "mul_": lambda: u.mul_(1.0), "relu_": lambda: u.relu_()}[write]()
+        ((x * lib.tensor(w5)).sum() + (u * lib.tensor(wu)).sum()).backward()
+        grads.append(d.grad.numpy())
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-10, atol=1e-12)

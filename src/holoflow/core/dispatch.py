@@ -27,7 +27,8 @@ from .native import FAST
 from .registry import Op, infer_metas
 from .saved import _LIVE
 from .tensor import Tensor
-from .views import VIEW_SCATTER, ViewInfo, aliases, check_multi_output, make_view, replay, stamp_of
+from .views import (VIEW_READ, VIEW_SCATTER, ViewInfo, aliases, check_multi_output, make_view, may_overlap, replay,
+                    stamp_of)
 
 
 class Eager(Interpreter):
@@ -499,6 +500,12 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     if grad_on and op.saves_inputs and not lazy:
         src = Tensor._make(x._data.clone(), x.grad_fn, x._out_idx)
         src._rg, src._global = x._rg, x._global
+    if grad_on and not lazy and x._view is not None and x._view.base._rg and x._global is None and \
+            0 not in x._data.stride() and may_overlap(x._data):
+        # a view holding elements more than once (unfold's overlapping windows): the op's
+        # gradient of its old value goes back into the base's region written as torch's
+        # CopySlices writes it (once per element), not through the view's history (summed)
+        src = apply(VIEW_READ, x._view.base, chain=x._view.chain)
     out = apply(op, src, *rest, **attrs)
     return assign(x, out, op.name)
 

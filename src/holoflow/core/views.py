@@ -182,3 +182,32 @@ def _view_scatter_sbp(metas, attrs):
 
 VIEW_SCATTER = defop("view_scatter", _view_scatter_kernel, grad=_view_scatter_grad, sbp=_view_scatter_sbp,
                      family="view")
+
+
+def may_overlap(d: torch.Tensor) -> bool:
+    """Whether a layout may hold an element at more than one index (``unfold`` windows that
+    overlap), by torch's test: its dims sorted by stride don't each step past the ones before.
+    An expanded one (stride 0) is not asked here (its writes have their own rules)."""
+    extent = 0
+    for st, n in sorted((st, n) for st, n in zip(d.stride(), d.shape) if n != 1):
+        if st <= extent:
+            return True
+        extent = st * (n - 1) + extent
+    return False
+
+
+def _view_read_kernel(base: torch.Tensor, chain: tuple) -> torch.Tensor:
+    return replay(chain, base, _kernel_run).clone()
+
+
+def _view_read_grad(ctx, dy):
+    from .dispatch import apply
+    from .tensor import Tensor
+    zeros = Tensor._make(torch.zeros(ctx.shapes[0], dtype=ctx.dtypes[0], device=dy._data.device))
+    return (apply(VIEW_SCATTER, zeros, dy, chain=ctx.chain),)
+
+
+# the values of view ``chain`` of a base, whose gradient is written back into the base's region
+# (torch's CopySlices hands the in-place op's gradient of the view's old value to the base so:
+# where the view holds an element more than once, it arrives once, not summed over its places)
+VIEW_READ = defop("view_read", _view_read_kernel, grad=_view_read_grad, family="view")

@@ -370,14 +370,28 @@ def setitem(input: Tensor, index, value) -> None:
         value = _like_global(value, input)
         strides = getattr(input._global, "strides", None) or strides   # (torch's, for a boxed view)
     if not tensors and (input._view is not None or any(st == 0 and n > 1 for st, n in zip(strides, input.shape))):
-        # basic indexing writes the temporary view input[index], as torch's: a view input is a
-        # sibling of it, untouched (its history re-derived at its next use, so a base detach_()ed
-        # in between leaves it none; one with no history yet keeps none); an expanded tensor
+        # basic indexing writes the temporary view input[index], as torch's (input itself for an
+        # index of whole slices): a view input is a sibling of it, untouched (its history
+        # re-derived at its next use, so a base detach_()ed in between leaves it none; one with
+        # no history yet keeps none); an expanded tensor
         # (elements shared) has the indexed region alone written (one that still shares elements
         # is refused by copy_, as torch's)
-        _write_region(getitem(input, index), value)
+        _write_region(input if _whole(spec, tuple(input.shape)) else getitem(input, index), value)
         return
     apply_inplace(INDEX_PUT, input, value, *tensors, spec=spec)
+
+
+def _whole(spec: tuple, shape: tuple) -> bool:
+    """Whether basic index ``spec`` is full slices with step 1 and ``...`` only, each slice from 0
+    as written (``x[-3:]`` is not one) to the end or past it: torch's ``x[spec] = v`` then
+    writes ``x`` itself, not a view of it."""
+    if not all(it is Ellipsis or isinstance(it, slice) for it in spec):
+        return False
+    k = spec.index(Ellipsis) if Ellipsis in spec else len(spec)
+    dims = list(range(k)) + list(range(len(shape) - (len(spec) - k - 1), len(shape)))
+    items = [it for it in spec if it is not Ellipsis]
+    return all(s.start in (None, 0) and s.step in (None, 1) and (s.stop is None or s.stop >= shape[d])
+               for s, d in zip(items, dims))
 
 
 def _write_region(region: Tensor, value) -> None:
