@@ -310,7 +310,10 @@ def test_random_program_agrees_with_torch(seed):
     # write through a view taken before its base required grad: torch refuses it unless the view
     # was read since) or whether backward is (seed 135543: a view read before its base's detach_()
     # keeps the history whose saved output a no_grad write changed). Where torch's answer depends
-    # on them, holoflow's must be one of its answers.
+    # on them, holoflow's must be one of its answers. (Run only where the answers differ.)
+    if _same_error(theirs, ours) if isinstance(theirs, Exception) else \
+            isinstance(ours, list) and _same_grads(ours, theirs):
+        return
     _, unread_pool, unread_err = _run(torch, program, observe=False)
     unread = None if unread_err is not None else _leaf_grads(torch, unread_pool, weights, seed)
     if isinstance(unread, list) and isinstance(ours, list) and _same_grads(ours, unread) and \
@@ -476,8 +479,8 @@ def _same_error(theirs: BaseException, ours: BaseException | None) -> bool:
     return ours is not None and (isinstance(ours, type(theirs)) or isinstance(theirs, type(ours)))
 
 
-# CI runs 120 of these (a program is longer than one above); HOLOFLOW_FUZZ_SEEDS=N runs N
-CHAIN_SEEDS = range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 120)))
+# CI runs 80 of these (a program costs twice one above); HOLOFLOW_FUZZ_SEEDS=N runs N
+CHAIN_SEEDS = range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 80)))
 
 
 @pytest.mark.parametrize("seed", CHAIN_SEEDS)
