@@ -711,6 +711,16 @@ def _constant_copied_into_a_view_whose_base_was_written(lib):
     return x.sum().item()
 
 
+def _no_grad_write_into_a_view_then_its_base_detached(lib):   # (_generate_chains seed 412935)
+    b = lib.zeros(3, 4)
+    v = b.diagonal()
+    b.requires_grad_()
+    with lib.no_grad():
+        v.copy_(v)            # (holoflow's write read v.grad_fn, which re-derived it: a history)
+    b.detach_()
+    return v.requires_grad, v.is_leaf
+
+
 def _plain_result(r):
     if isinstance(r, tuple):
         return tuple(_plain_result(x) for x in r)
@@ -730,7 +740,8 @@ def _plain_result(r):
                                      _setitem_into_a_view_then_a_write_into_it,
                                      _setitem_into_a_view_read_then_a_write_into_it,
                                      _setitem_of_whole_slices_into_a_view_then_a_write_into_it,
-                                     _constant_copied_into_a_view_whose_base_was_written],
+                                     _constant_copied_into_a_view_whose_base_was_written,
+                                     _no_grad_write_into_a_view_then_its_base_detached],
                          ids=lambda f: f.__name__.strip("_"))
 def test_views_follow_their_base_as_torch_does(program):
     want, got = (_plain_result(r) if r[0] == "ok" else r for r in _torch_and_flow(program))

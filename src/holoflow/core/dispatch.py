@@ -340,7 +340,7 @@ def refresh(v: Tensor, force: bool = False) -> None:
         vi.stamp = stamp_of(base)
         return
     if not (base._rg or "_v" in base.__dict__ or "_v" in v.__dict__):
-        if v.grad_fn is None:   # as torch's getter, which looks at nothing then: the storage's
+        if v._grad_fn is None:   # as torch's getter, which looks at nothing then: the storage's
             vi.stamp = stamp_of(base)   # version it compares stays (a base that requires grad
             return                      # later re-derives the view if it was written since)
         if base._data._version == vi.at:   # a base detach_()ed since the view was made:
@@ -359,7 +359,7 @@ def refresh(v: Tensor, force: bool = False) -> None:
         fresh = replay(vi.chain, src, lambda op, x, attrs: apply(op, x, **attrs))
     vi.at = base._data._version
     if fresh.grad_fn is not None:
-        old, old_idx = v.grad_fn, v._out_idx
+        old, old_idx = v._grad_fn, v._out_idx
         v.grad_fn, v._out_idx, v._rg = fresh.grad_fn, fresh._out_idx, True
         move_retain(old, old_idx, v)
     if "_v" in fresh.__dict__:  # a trace: the view's symbolic value is the re-derived one
@@ -520,7 +520,7 @@ def check_inplace_target(x: Tensor, name: str) -> None:
                                f"used in an in-place operation; do it under holoflow.no_grad(), or "
                                f"clone the leaf first")
         check_inplace_target(src, name)
-    if x._rg and x.grad_fn is None and x._view is None:
+    if x._view is None and x._rg and x.grad_fn is None:
         raise RuntimeError(f"holoflow.{name}_: a leaf tensor that requires grad is being used in "
                            f"an in-place operation; do it under holoflow.no_grad() or out of place")
     vi = x._view
@@ -672,8 +672,10 @@ def take_history(x: Tensor, out: Tensor, name: str) -> None:
     its ``requires_grad``. A ``retain_grad()`` of the tensor whose history changed (``x``, or a
     view's base) moves to its new history, as torch moves it: ``.grad`` is that of the new value."""
     t = x._view.base if x._view is not None else x
-    old, old_idx = t.grad_fn, t._out_idx
-    vold, vold_idx = x.grad_fn, x._out_idx
+    # (the histories as stored: the grad_fn getter would re-derive a view written since, where
+    # torch's write looks at nothing, so under no_grad a view would take a history it never has)
+    old, old_idx = t._grad_fn, t._out_idx
+    vold, vold_idx = x._grad_fn, x._out_idx
     _take_history(x, out)
     move_retain(old, old_idx, t)
     if t is not x and vold is not None and vold.retains and vold_idx in vold.retains:
