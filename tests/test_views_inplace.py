@@ -721,6 +721,16 @@ def _no_grad_write_into_a_view_then_its_base_detached(lib):   # (_generate_chain
     return v.requires_grad, v.is_leaf
 
 
+def _base_detached_then_requiring_grad_again(lib):   # (silent; _generate_chains seed 415650)
+    d = lib.ones(4, 3, requires_grad=True)
+    x = (d * 2).cumsum(1)
+    v = x.unsqueeze(2)
+    x.detach_()
+    x.requires_grad_()        # (no write: v keeps the history it had, to d, not one to x)
+    (v * 3).sum().backward()
+    return d.grad, x.grad
+
+
 def _plain_result(r):
     if isinstance(r, tuple):
         return tuple(_plain_result(x) for x in r)
@@ -741,7 +751,8 @@ def _plain_result(r):
                                      _setitem_into_a_view_read_then_a_write_into_it,
                                      _setitem_of_whole_slices_into_a_view_then_a_write_into_it,
                                      _constant_copied_into_a_view_whose_base_was_written,
-                                     _no_grad_write_into_a_view_then_its_base_detached],
+                                     _no_grad_write_into_a_view_then_its_base_detached,
+                                     _base_detached_then_requiring_grad_again],
                          ids=lambda f: f.__name__.strip("_"))
 def test_views_follow_their_base_as_torch_does(program):
     want, got = (_plain_result(r) if r[0] == "ok" else r for r in _torch_and_flow(program))

@@ -333,6 +333,12 @@ def refresh(v: Tensor, force: bool = False) -> None:
     check_nograd_view_unwritten(v)
     if not force and stamp_of(base) == vi.stamp and not written_since(v, vi):
         return
+    if not force and v._data._version == vi.at and base._global is None and "_v" not in base.__dict__ \
+            and "_v" not in v.__dict__:
+        # torch re-derives a view's history only once its storage was written since: a base whose
+        # history changed without a write (detach_(), then requires_grad_() maybe) leaves the view
+        # the history it had, or none (stale on purpose: each use looks again)
+        return
     if vi.nograd and "_v" not in base.__dict__ and "_v" not in v.__dict__:
         # torch never re-derives a view made under no_grad: it has no history of its base's
         # (one of its own at most, from an op on it that recorded), or the check above refused it
