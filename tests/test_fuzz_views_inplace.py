@@ -240,9 +240,10 @@ def _run(lib, program: list, observe: bool = True) -> tuple[list, BaseException 
     return trace, pool, None
 
 
-def _leaf_grads(lib, pool: list, weights: list, seed: int):
+def _leaf_grads(lib, pool: list, weights: list, seed: int, keep: tuple = ()):
     """Every live tensor that requires grad, weighted, into one loss, backpropagated: the first
-    four (the leaves') gradients, the error it raised, or None when nothing requires grad."""
+    four (the leaves') gradients and those of ``keep`` (pool indices), the error it raised, or
+    None when nothing requires grad."""
     try:   # (using a view torch can't re-derive raises already)
         terms = [((t @ lib.tensor(w)) if seed % 2 and t.dim() == 2 else (t * lib.tensor(w))).sum()
                  for t, w in zip(pool, weights) if t.requires_grad]
@@ -251,7 +252,7 @@ def _leaf_grads(lib, pool: list, weights: list, seed: int):
         sum(terms).backward()
     except Exception as e:
         return e
-    return [None if t.grad is None else _plain(t.grad) for t in pool[:4]]
+    return [None if t.grad is None else _plain(t.grad) for t in pool[:4] + [pool[k] for k in keep]]
 
 
 def _same_grads(a: list, b: list) -> bool:
@@ -349,14 +350,20 @@ def _unfold(lib, xs, p):
     return xs[0].unfold(p["dim"], min(2, xs[0].shape[p["dim"]]), 1)   # (windows that overlap)
 
 
+def _hook_double(lib, xs, p):
+    xs[0].register_hook(lambda g: g * 2)
+
+
 CHAIN_OPS = {
+    "retain_grad": (1, lambda lib, xs, p: xs[0].retain_grad()),
+    "hook_double": (1, _hook_double),
     "unfold": (1, _unfold),
     "movedim": (1, lambda lib, xs, p: xs[0].movedim(p["dim"], -1)),
     "view_2": (1, lambda lib, xs, p: xs[0].view(2, -1)),
     "data_mul_": (1, _data_mul),
 }
 ALL_OPS = {**OPS, **CHAIN_OPS}
-ALL_INPLACE = INPLACE | {"data_mul_"}
+ALL_INPLACE = INPLACE | {"data_mul_", "retain_grad", "hook_double"}
 READS = {
     "read_grad_fn": lambda t: t.grad_fn is None,
     "read_is_leaf": lambda t: t.is_leaf,
@@ -369,8 +376,8 @@ WRITE_OPS = ["mul_", "add_", "copy_", "zero_", "clamp_", "relu_", "sigmoid_", "t
 OTHER_OPS = ["add", "mul", "scale", "sin", "sum_dim", "clone", "detach", "matmul", "where", "cumsum", "flip",
              "take_rows"]
 # (kind, names, weight): a view or a write most of the time, so chains of views get written
-KINDS = [(VIEW_OPS, 0.36), (WRITE_OPS, 0.3), (list(READS), 0.14), (["detach_", "requires_grad_"], 0.08),
-         (OTHER_OPS, 0.12)]
+KINDS = [(VIEW_OPS, 0.34), (WRITE_OPS, 0.29), (list(READS), 0.13), (["detach_", "requires_grad_"], 0.08),
+         (OTHER_OPS, 0.11), (["retain_grad", "hook_double"], 0.05)]
 # writes whose result doesn't depend on the order a kernel visits elements held more than once
 IDEMPOTENT = {"zero_", "clamp_", "relu_", "setitem", "masked_fill_"}
 FOCUS = 0.55       # how often a step takes the last tensor made (a chain of views, then a write into it)
@@ -416,6 +423,7 @@ def _generate_chains(seed: int) -> list:
     """The program of ``seed`` for the second generator, chosen by running it on torch."""
     rng = np.random.default_rng([seed, 2])
     pool = _chain_leaves(torch)
+    pieces = [False] * len(pool)   # (pieces of unbind/split/chunk and views of them)
     program = []
     for _ in range(STEPS + 4):
         for _try in range(20):
@@ -428,6 +436,9 @@ def _generate_chains(seed: int) -> list:
                 i = k
             if name in ("view_flat", "view_2") and not pool[i].is_contiguous() and rng.random() < 0.8:
                 continue   # (mostly not a program's end)
+            if name in ("retain_grad", "hook_double") and pieces[i] or \
+                    name == "hook_double" and pool[i]._base is not None and pool[i]._version > 0:
+                continue   # (torch 2.13 crashes hooking a view whose storage was written since)
             ng = name not in READS and name not in ("detach_", "requires_grad_") and rng.random() < NO_GRAD
             if name in WRITE_OPS and name not in IDEMPOTENT and 0 not in pool[i].stride() and \
                     may_overlap(pool[i]):
@@ -452,6 +463,7 @@ def _generate_chains(seed: int) -> list:
             break
         if name not in ALL_INPLACE and name not in READS:
             pool.append(out)
+            pieces.append(name in ("unbind", "chunk", "split") or (name in VIEW_OPS and pieces[i]))
     return program
 
 
@@ -504,7 +516,9 @@ def test_random_view_chain_program_agrees_with_torch(seed):
     rng = np.random.default_rng(seed)
     weights = [rng.standard_normal(tuple(t.shape[-1:]) + (3,) if seed % 2 and t.dim() == 2 else tuple(t.shape))
                for t in t_pool]
-    theirs, ours = _leaf_grads(torch, t_pool, weights, seed), _leaf_grads(flow, f_pool, weights, seed)
+    # (the 3-d leaf's gradient too, and those of the tensors retain_grad() was called on)
+    keep = tuple(sorted({6} | {ops[0] for name, ops, _ in program if name == "retain_grad"}))
+    theirs, ours = _leaf_grads(torch, t_pool, weights, seed, keep), _leaf_grads(flow, f_pool, weights, seed, keep)
     if theirs is None:
         assert ours is None, f"backward: torch had nothing requiring grad; holoflow {ours!r}. {where}"
         return

@@ -731,6 +731,25 @@ def _base_detached_then_requiring_grad_again(lib):   # (silent; _generate_chains
     return d.grad, x.grad
 
 
+def _retain_grad_and_hook_on_a_no_grad_view(lib):   # (it requires grad: both are taken)
+    a = lib.ones(3, requires_grad=True)
+    with lib.no_grad():
+        v = a[1:]
+    v.retain_grad()
+    v.register_hook(lambda g: g * 2)
+    (v * 2).sum().backward()
+    return v.grad, a.grad
+
+
+def _retain_grad_of_a_no_grad_view_whose_base_was_written(lib):   # (_generate_chains seed 400811)
+    a = lib.ones(3, requires_grad=True)
+    with lib.no_grad():
+        v = a[1:]
+        a.mul_(2)
+    v.retain_grad()           # (a leaf, as torch asks: nothing re-derived, nothing refused yet)
+    return v.requires_grad
+
+
 def _plain_result(r):
     if isinstance(r, tuple):
         return tuple(_plain_result(x) for x in r)
@@ -752,7 +771,9 @@ def _plain_result(r):
                                      _setitem_of_whole_slices_into_a_view_then_a_write_into_it,
                                      _constant_copied_into_a_view_whose_base_was_written,
                                      _no_grad_write_into_a_view_then_its_base_detached,
-                                     _base_detached_then_requiring_grad_again],
+                                     _base_detached_then_requiring_grad_again,
+                                     _retain_grad_and_hook_on_a_no_grad_view,
+                                     _retain_grad_of_a_no_grad_view_whose_base_was_written],
                          ids=lambda f: f.__name__.strip("_"))
 def test_views_follow_their_base_as_torch_does(program):
     want, got = (_plain_result(r) if r[0] == "ok" else r for r in _torch_and_flow(program))

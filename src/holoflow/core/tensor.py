@@ -331,7 +331,7 @@ class Tensor:
         The hook belongs to the tensor's history as it is now: after an in-place write it sees
         the gradient of the value before the write (torch's rule)."""
         self._current_history()
-        if not self._rg:
+        if not self.requires_grad:   # (a view requires grad through its base, history or not)
             raise RuntimeError("holoflow: cannot register a hook on a tensor that doesn't require grad")
         meta = self._global
         if meta is not None:   # the hook sees (and may return) the global gradient, not a shard
@@ -376,9 +376,11 @@ class Tensor:
 
     def retain_grad(self) -> None:
         """Keeps ``.grad`` of a non-leaf tensor after backward (after its other hooks ran)."""
-        self._current_history()
-        if not self._rg:
+        if not self.requires_grad:
             raise RuntimeError("holoflow.retain_grad: can't retain_grad on a tensor that has requires_grad=False")
+        if self._grad_fn is None and self._global is None and "_v" not in self.__dict__:
+            return   # a leaf, as torch asks it (by the history as stored: a view with none yet is one)
+        self._current_history()
         if self.grad_fn is None:
             return
         import weakref

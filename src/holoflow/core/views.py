@@ -209,5 +209,6 @@ def _view_read_grad(ctx, dy):
 
 # the values of view ``chain`` of a base, whose gradient is written back into the base's region
 # (torch's CopySlices hands the in-place op's gradient of the view's old value to the base so:
-# where the view holds an element more than once, it arrives once, not summed over its places)
-VIEW_READ = defop("view_read", _view_read_kernel, grad=_view_read_grad, family="view")
+# where the view holds an element more than once, it arrives once, not summed over its places).
+# Eager and local only (dispatch.apply_inplace): an internal op, not in the registry's tables
+VIEW_READ = Op("view_read", _view_read_kernel, grad=_view_read_grad, family="view")
