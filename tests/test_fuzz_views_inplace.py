@@ -503,6 +503,8 @@ def test_random_view_chain_program_agrees_with_torch(seed):
     where = f"seed {seed}, program (_generate_chains):\n{_program_chains(seed)}"
     if f_err is not None and "share memory" in str(f_err):
         return   # (as above: a write into an expanded tensor torch deprecates, holoflow refuses)
+    if t_err is not None and "INTERNAL ASSERT FAILED" in str(t_err):
+        return   # (torch 2.13's own bug: retain_grad(), detach_(), then a write, seed 422044)
     for step, ((g_read, g), (w_read, w)) in enumerate(zip(got, want)):
         assert g_read == w_read, f"step {step}: read {g_read} vs torch {w_read}. {where}"
         for k, ((gv, g_rg), (wv, w_rg)) in enumerate(zip(g, w)):

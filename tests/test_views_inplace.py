@@ -750,6 +750,27 @@ def _retain_grad_of_a_no_grad_view_whose_base_was_written(lib):   # (_generate_c
     return v.requires_grad
 
 
+def _view_added_to_itself_after_its_base_required_grad(lib):   # (_generate_chains seed 420726)
+    b = lib.zeros(3, 4)
+    x = b.t()
+    b.add_(lib.ones(4, requires_grad=True))   # (x has no history yet: a leaf, as torch asks)
+    x.add_(x)                 # (holoflow re-derived x as the source before checking x)
+    return x.sum().item()
+
+
+def _retain_grad_under_no_grad_of_a_written_no_grad_view(lib):   # (_generate_chains seed 421488)
+    a = lib.ones(3, 4, requires_grad=True)
+    with lib.no_grad():
+        v = a.squeeze()
+    w = v.view(-1)            # (recorded: w has a history, and is a view made from a no_grad one)
+    try:
+        with lib.no_grad():
+            a.mul_(2)
+            w.retain_grad()   # (torch's getter refuses it in any grad mode)
+    except RuntimeError as e:
+        return "no_grad mode" in str(e)
+
+
 def _plain_result(r):
     if isinstance(r, tuple):
         return tuple(_plain_result(x) for x in r)
@@ -773,7 +794,9 @@ def _plain_result(r):
                                      _no_grad_write_into_a_view_then_its_base_detached,
                                      _base_detached_then_requiring_grad_again,
                                      _retain_grad_and_hook_on_a_no_grad_view,
-                                     _retain_grad_of_a_no_grad_view_whose_base_was_written],
+                                     _retain_grad_of_a_no_grad_view_whose_base_was_written,
+                                     _view_added_to_itself_after_its_base_required_grad,
+                                     _retain_grad_under_no_grad_of_a_written_no_grad_view],
                          ids=lambda f: f.__name__.strip("_"))
 def test_views_follow_their_base_as_torch_does(program):
     want, got = (_plain_result(r) if r[0] == "ok" else r for r in _torch_and_flow(program))

@@ -50,8 +50,9 @@ class Eager(Interpreter):
                                    f"that share memory (an expanded tensor of shape {tuple(d.shape)}, "
                                    f"strides {d.stride()}); clone() the tensor before writing it")
             d[sel].copy_(o[sel])
-        if out.grad_fn is not None:
-            out.grad_fn.moved_output(out._data, x._data)
+        fn = out._grad_fn   # (as stored: out may be a view, copy_'s source, not to re-derive)
+        if fn is not None:
+            fn.moved_output(out._data, x._data)
         vi = x._view
         before = None if vi is None else (vi.base.grad_fn, vi.base._out_idx)
         take_history(x, out, name)
@@ -312,10 +313,11 @@ def check_nograd_view_unwritten(v: Tensor) -> None:
     """torch's refusal to use a view made under ``no_grad`` (or taken from one) that requires grad
     (its base does, or it has a history: an op on it recorded one) once its storage was written
     since (by any write: torch compares version counters): which history it should have is
-    ambiguous. (Only while autograd records, outside a trace.)"""
+    ambiguous: when autograd records with it, or its history is read (in any grad mode, as
+    torch's getter). (Not in a trace.)"""
     vi = v._view
     if vi.nograd and (vi.base._rg or v._grad_fn is not None) and v._data._version != vi.at and \
-            _STATE.enabled and _CURRENT.get() is None:
+            _CURRENT.get() is None:
         ops = " of ".join(op.name for op, _, _ in reversed(vi.chain))
         raise RuntimeError(f"holoflow: a view was created in no_grad mode ({ops} of its base) {_NOGRAD_VIEW_REBASED}")
 
@@ -454,6 +456,13 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     ``x`` taken before the write.
     """
     lazy = _CURRENT.get() is not None and interpret.is_lazy()
+    # a view of a base that requires grad does too: checked as its history stands (torch's
+    # check_inplace reads it before anything re-derives it, the other inputs too: x.add_(x))
+    follows = x._view is not None and grad_mode.STATE.enabled and not lazy and x._view.base._rg
+    if x._view is not None:
+        _check_nograd_view(x, rest)
+    if follows:
+        check_inplace_target(x, op.name)
     rest_follow = False
     if grad_mode.STATE.enabled and not lazy:
         # a view among the other inputs whose base requires grad does too (re-derived first, if
@@ -462,15 +471,9 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
         if views:
             rest_follow = follows_base(views)
     grad_on = grad_mode.STATE.enabled and (x._rg or rest_follow or any(isinstance(r, Tensor) and r._rg for r in rest))
-    if x._view is not None:
-        _check_nograd_view(x, rest)
-        # a view of a base that requires grad does too: checked as its history stands (torch's
-        # check_inplace reads it before anything re-derives it), then re-derived
-        follows = grad_mode.STATE.enabled and not lazy and x._view.base._rg
-        if follows:
-            check_inplace_target(x, op.name)
-            follows_base((x,))
-        grad_on = grad_on or follows
+    if follows:   # (re-derived now)
+        follows_base((x,))
+        grad_on = True
     if not lazy and x._global is None and not grad_on and op.inplace_kernel is not None:
         datas = [r._data if isinstance(r, Tensor) else r for r in rest]
         try:
@@ -704,7 +707,7 @@ def move_retain(old, old_idx: int, t: Tensor) -> None:
 
 def _take_history(x: Tensor, out: Tensor) -> None:
     vi = x._view
-    if out.grad_fn is None:
+    if out._grad_fn is None:
         if not grad_mode.STATE.enabled:
             return
         if vi is not None and vi.base._rg:
@@ -722,14 +725,14 @@ def _take_history(x: Tensor, out: Tensor) -> None:
     if vi is not None:
         base = vi.base
         edge = ((base.grad_fn, base._out_idx) if base.grad_fn is not None else base) if base._rg else None
-        node = GradNode(VIEW_SCATTER, (edge, (out.grad_fn, out._out_idx)), {"chain": vi.chain},
+        node = GradNode(VIEW_SCATTER, (edge, (out._grad_fn, out._out_idx)), {"chain": vi.chain},
                     (base._data.shape, out._data.shape), (base._data.dtype, out._data.dtype))
         base.grad_fn, base._out_idx, base._rg = node, 0, True
         # the view is stale now: Eager.assign re-derives it from the base's new history, as torch
         # regenerates a written view's grad_fn (hooks registered on it since see the gradient of
         # the view, not of every later write that passes through the op's node); a trace keeps
         # the op's node as the view's (graph/trace.py, Tracer.assign)
-    x.grad_fn, x._out_idx, x._rg = out.grad_fn, out._out_idx, True
+    x.grad_fn, x._out_idx, x._rg = out._grad_fn, out._out_idx, True
 
 
 _eager_py = _eager   # the Python reference: the C path hands it (and wrap, op_error) every other case
