@@ -387,9 +387,12 @@ def written_since(v: Tensor, vi: ViewInfo) -> bool:
 def cut_history(v: Tensor) -> None:
     """``v``, a view whose base has no history since (``detach_()``) and whose storage was written
     since, still requires grad, with a history no gradient goes past: torch regenerates such a
-    view's grad_fn from its base's, which is none (an ``AsStridedBackward`` leading nowhere)."""
+    view's grad_fn from its base's, which is none (an ``AsStridedBackward`` leading nowhere). A
+    ``retain_grad()`` follows it there, as torch's."""
     d = v._data
+    old, old_idx = v._grad_fn, v._out_idx
     v.grad_fn, v._out_idx, v._rg = _record(VIEW_SCATTER, (Tensor._make(d), 0.0), {"chain": ()}, (d,)), 0, True
+    move_retain(old, old_idx, v)
 
 
 def op_error(op: Op, inputs: tuple, attrs: dict, err: Exception) -> Exception:

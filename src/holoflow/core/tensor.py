@@ -378,8 +378,11 @@ class Tensor:
         """Keeps ``.grad`` of a non-leaf tensor after backward (after its other hooks ran)."""
         if not self.requires_grad:
             raise RuntimeError("holoflow.retain_grad: can't retain_grad on a tensor that has requires_grad=False")
-        if self._grad_fn is None and self._global is None and "_v" not in self.__dict__:
+        node = self._grad_fn
+        if node is None and self._global is None and "_v" not in self.__dict__:
             return   # a leaf, as torch asks it (by the history as stored: a view with none yet is one)
+        if node is not None and node.retains is not None and self._out_idx in node.retains:
+            return   # (retained already: nothing re-derived, as torch's)
         self._current_history()
         if self.grad_fn is None:
             return
