@@ -19,9 +19,10 @@ def _block():
     return flow.nn.Sequential(flow.nn.Linear(D, D), flow.nn.ReLU(), flow.nn.Linear(D, D), flow.nn.ReLU())
 
 
-def _pipeline(m: int, schedule: str, dp: int = 1, run: bool = False):
-    """Two stages of two layers each on ``dp`` ranks apiece; the step's prediction, and with
-    ``run`` the parameters' values after the prediction and after one real step."""
+def _pipeline(m: int, schedule: str, dp: int = 1, run: bool = False, zero: int = 0):
+    """Two stages of two layers each on ``dp`` ranks apiece (``zero``: that ZeRO stage); the
+    step's prediction, and with ``run`` the parameters' values after the prediction and after
+    one real step."""
     p0 = flow.placement("cpu", ranks=list(range(dp)))
     p1 = flow.placement("cpu", ranks=list(range(dp, 2 * dp)))
     flow.manual_seed(0)
@@ -38,6 +39,8 @@ def _pipeline(m: int, schedule: str, dp: int = 1, run: bool = False):
             self.s1.to(flow.nn.graph.GraphModule).set_stage(1, p1)
             self.config.set_gradient_accumulation_steps(m)
             self.config.set_pipeline_schedule(schedule)
+            if zero:
+                self.config.enable_zero(True, stage=zero, shard_min_size=1)
             self.add_optimizer(opt)
 
         def build(self, x):
@@ -89,6 +92,18 @@ def test_data_parallel_stages_reduce_gradients_once_per_step():
     two, four = _predict(2, "1f1b", dp=2), _predict(4, "1f1b", dp=2)
     assert two.collectives == four.collectives > 0
     assert four.comm_s > two.comm_s     # the moves between stages: one per micro-batch
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_every_rank_predicts_every_stage_alike_under_zero(zero):
+    """Each rank predicts all stages, the others' updates too: under ZeRO 1/2 a stage's update
+    all-gathers its parameters' rows, and a rank outside that stage counted none of them (its own
+    share of the update), so the ranks of the two stages predicted different steps — and
+    auto-parallel, planning from those figures, chose different layouts on them (the pipeline
+    fuzzer's seed 20246: "the pipeline's ranks traced different programs")."""
+    figures = world.simulate(4, lambda r: _pipeline(2, "1f1b", dp=2, zero=zero), timeout=120)
+    assert len({(q.compute_s, q.comm_s, q.collectives, q.memory_bytes, q.bubble_s) for q in figures}) == 1, figures
+    assert figures[0].collectives > _predict(2, "1f1b", dp=2).collectives   # the rows' all-gathers counted
 
 
 def test_predicting_a_pipeline_runs_nothing():

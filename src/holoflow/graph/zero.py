@@ -108,8 +108,8 @@ def sharded_update(opt, group_index: int, params: list, zero: Zero, book: StepBo
     group = opt.param_groups[group_index]
     ran = booking(book)
     rank, comm = world.rank(), world.comm()
-    sharded = [zero.sharded(p) for p in params]
-    sharded = [s and rank in p._global.placement.flat_ranks for p, s in zip(params, sharded)]   # this rank's
+    shards = [zero.sharded(p) for p in params]   # the program's: what every rank of a placement shards
+    sharded = [s and rank in p._global.placement.flat_ranks for p, s in zip(params, shards)]   # this rank's
     rows = [_rows(p, rank) if s else None for p, s in zip(params, sharded)]
     views = [Tensor._make(p._data.narrow(0, *r)) if r else p for p, r in zip(params, rows)]
 
@@ -148,9 +148,12 @@ def sharded_update(opt, group_index: int, params: list, zero: Zero, book: StepBo
                     if whole.data_ptr() != p._data.data_ptr():
                         p._data.copy_(whole)
     update.__name__ = f"{type(opt).__name__.lower()}_zero{zero.stage}_update"
-    # what explain lists for this node: the updated rows of each sharded parameter all-gathered
+    # what explain and the cost model list for this node: the updated rows of each sharded
+    # parameter all-gathered, as the program has them on every rank (a rank planning or predicting
+    # a pipeline costs the other stages' updates too: its own share would make its figures, and
+    # so its plan, differ from theirs)
     update.zero_gathers = tuple((p._global.placement, row_sbp(p._global.placement), tuple(p.shape), p._data.dtype)
-                                for p, s in zip(params, sharded) if s)
+                                for p, s in zip(params, shards) if s)
     return update
 
 
