@@ -794,6 +794,14 @@ def _no_grad_view_retained_twice_around_a_write(lib):   # (_generate_chains seed
     return w.requires_grad
 
 
+def _piece_of_a_written_base_read_under_no_grad(lib):   # (_generate_chains seed 452734)
+    c = lib.ones(4, requires_grad=True)
+    p = c.unbind(0)[1]
+    with lib.no_grad():
+        c.add_(c)
+        return p.is_leaf      # (torch's getter refuses it in any grad mode)
+
+
 def _plain_result(r):
     if isinstance(r, tuple):
         return tuple(_plain_result(x) for x in r)
@@ -821,7 +829,8 @@ def _plain_result(r):
                                      _view_added_to_itself_after_its_base_required_grad,
                                      _retain_grad_under_no_grad_of_a_written_no_grad_view,
                                      _retained_view_cut_from_its_detached_base,
-                                     _no_grad_view_retained_twice_around_a_write],
+                                     _no_grad_view_retained_twice_around_a_write,
+                                     _piece_of_a_written_base_read_under_no_grad],
                          ids=lambda f: f.__name__.strip("_"))
 def test_views_follow_their_base_as_torch_does(program):
     want, got = (_plain_result(r) if r[0] == "ok" else r for r in _torch_and_flow(program))

@@ -122,9 +122,10 @@ def make_view(out, x, op: Op, attrs: dict, idx: int) -> None:
 def check_multi_output(x) -> None:
     """torch's refusal to let autograd use a view among several outputs of one op (or taken from
     one) after its storage was written in place since it was made: its history can't be
-    re-derived as a single view's."""
+    re-derived as a single view's. (Asked where autograd records, or the history is read: in any
+    grad mode then, as torch's getter.)"""
     vi = x._view
-    if x._data._version != vi.version and (x.grad_fn is not None or vi.base._rg) and grad_mode.STATE.enabled:
+    if x._data._version != vi.version and (x._grad_fn is not None or vi.base._rg):
         op, _, idx = next((op, a, i) for op, a, i in reversed(vi.chain) if i is not None)
         raise RuntimeError(
             f"holoflow: output {idx} of {op.name} is a view and its base or another view of its base "
