@@ -872,3 +872,21 @@ def test_a_view_copied_into_itself_after_its_base_required_grad_is_refused():
     for lib in (torch, flow):
         with pytest.raises(RuntimeError, match="leaf"):
             program(lib)
+
+
+def test_a_view_written_with_itself_reads_itself_through_its_hooks():
+    """``v.register_hook(h); v.add_(v)``: the written v's old value reaches its base past v's
+    node (torch's CopySlices), but v as the other operand is read through it, hook included.
+    holoflow re-derived v before reading it as the operand: the hook was skipped, silently
+    (_generate_chains seed 460040)."""
+    a_np = np.random.default_rng(1).standard_normal((3, 4))
+    grads = []
+    for lib in (torch, flow):
+        a = lib.tensor(a_np, requires_grad=True)
+        s = a.unfold(1, 2, 1).sum(2, keepdim=True)
+        v = s.select(0, 2)
+        v.register_hook(lambda g: g * 2)
+        v.add_(v)
+        (s * lib.tensor(np.arange(9.0).reshape(3, 3, 1))).sum().backward()
+        grads.append(a.grad.numpy())
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12)

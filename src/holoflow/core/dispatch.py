@@ -507,7 +507,9 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     if grad_on and x._view is not None and not lazy and x._view.base._rg:
         # the op reads the view through a history of its own: as torch's CopySlices, the
         # gradient of the view's old value goes to the base's old history, past the view's
-        # old node (whose tensor hooks belong to the view as it was)
+        # old node (whose tensor hooks belong to the view as it was); x among the other inputs
+        # (x.add_(x)) is read as it was, through that node
+        rest = tuple([_as_it_is(x) if r is x else r for r in rest])
         refresh(x, force=True)
     if grad_on and op.saves_inputs and not lazy:
         src = Tensor._make(x._data.clone(), x.grad_fn, x._out_idx)
@@ -520,6 +522,13 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
         src = apply(VIEW_READ, x._view.base, chain=x._view.chain)
     out = apply(op, src, *rest, **attrs)
     return assign(x, out, op.name)
+
+
+def _as_it_is(x: Tensor) -> Tensor:
+    """An alias of ``x`` (its storage) with its history as it is now."""
+    t = Tensor._make(x._data, x._grad_fn, x._out_idx)
+    t._rg = x._rg
+    return t
 
 
 def check_inplace_target(x: Tensor, name: str) -> None:
