@@ -606,3 +606,27 @@ def test_a_boxed_input_keeps_its_layout_so_a_reshape_copies_as_torchs(sbp):
     want = program(torch.tensor(W)).numpy()
     for got in _on_two(run):
         np.testing.assert_allclose(got, want)
+
+
+@pytest.mark.parametrize("sbp", [B, S(0), S(1), P])
+def test_a_global_view_written_with_itself_stays_global(sbp):
+    """``v.add_(v)`` on a view of a tensor that requires grad reads ``v`` as it was through an
+    alias; the alias was made local, so a global ``v`` raised "mixes a local tensor" (seed 86642).
+    Values and the gradient as torch's."""
+    def fn(lib, a):
+        x = a * 1.0
+        v = x[1:]
+        v.add_(v)
+        (x * x).sum().backward()
+        return x
+
+    ta = torch.tensor(W, requires_grad=True)
+    want = fn(torch, ta).detach().numpy()
+
+    def run(place):
+        a = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[sbp]).detach().requires_grad_()
+        x = fn(flow, a)
+        return x.to_global(sbp=[B]).to_local().detach().numpy(), a.grad.to_global(sbp=[B]).to_local().numpy()
+    for xs, grad in _on_two(run):
+        np.testing.assert_allclose(xs, want)
+        np.testing.assert_allclose(grad, ta.grad.numpy(), rtol=1e-6)

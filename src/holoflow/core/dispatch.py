@@ -527,7 +527,7 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
 def _as_it_is(x: Tensor) -> Tensor:
     """An alias of ``x`` (its storage) with its history as it is now."""
     t = Tensor._make(x._data, x._grad_fn, x._out_idx)
-    t._rg = x._rg
+    t._rg, t._global = x._rg, x._global   # (a global view stays global: its shard, its layout)
     return t
 
 
