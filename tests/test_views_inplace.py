@@ -857,13 +857,11 @@ def test_a_write_into_overlapping_windows_counts_each_element_once(write):
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason="ops/conversion.py copy_ re-derives its source (x itself) before "
-                   "checking the target: x.copy_(x) into a view with no history yet is taken, torch refuses it")
 def test_a_view_copied_into_itself_after_its_base_required_grad_is_refused():
     """``x = b.view(-1); x[2:5] = c`` (b requires grad now, x has no history yet: a leaf, as
-    torch's in-place check asks it); ``x.copy_(x)``: torch refuses it, as ``x.add_(x)`` (which
-    holoflow refuses too). holoflow's copy_ expands its source first, which re-derives x
-    (_generate_chains seed 431569; left out of that generator)."""
+    torch's in-place check asks it); ``x.copy_(x)``: torch refuses it, as ``x.add_(x)``.
+    holoflow's copy_ expanded its source first, which re-derived x, and took the write
+    (_generate_chains seed 431569)."""
     def program(lib):
         b = lib.zeros(3, 4)
         x = b.view(-1)

@@ -459,13 +459,9 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     ``x`` taken before the write.
     """
     lazy = _CURRENT.get() is not None and interpret.is_lazy()
-    # a view of a base that requires grad does too: checked as its history stands (torch's
-    # check_inplace reads it before anything re-derives it, the other inputs too: x.add_(x))
-    follows = x._view is not None and grad_mode.STATE.enabled and not lazy and x._view.base._rg
     if x._view is not None:
         _check_nograd_view(x, rest)
-    if follows:
-        check_inplace_target(x, op.name)
+    follows = check_view_target(x, op.name)
     rest_follow = False
     if grad_mode.STATE.enabled and not lazy:
         # a view among the other inputs whose base requires grad does too (re-derived first, if
@@ -529,6 +525,17 @@ def _as_it_is(x: Tensor) -> Tensor:
     t = Tensor._make(x._data, x._grad_fn, x._out_idx)
     t._rg, t._global = x._rg, x._global   # (a global view stays global: its shard, its layout)
     return t
+
+
+def check_view_target(x: Tensor, name: str) -> bool:
+    """Whether ``x`` is a view whose base requires grad (so it does too), which an in-place op
+    then checks as its target here: as its history is stored, before anything re-derives it —
+    the op's other inputs included (``x.add_(x)``, ``x.copy_(x)``), as torch's check_inplace."""
+    follows = x._view is not None and grad_mode.STATE.enabled and x._view.base._rg and \
+        not (_CURRENT.get() is not None and interpret.is_lazy())
+    if follows:
+        check_inplace_target(x, name)
+    return follows
 
 
 def check_inplace_target(x: Tensor, name: str) -> None:

@@ -7,7 +7,7 @@ from ..core import device as _device
 from ..core import dtype as _dtype
 from ..core import grad_mode, interpret
 from ..core.autograd import GradNode
-from ..core.dispatch import apply, assign, check_inplace_target, distinct_elements
+from ..core.dispatch import apply, assign, check_inplace_target, check_view_target, distinct_elements
 from ..core.errors import HoloflowError
 from ..core.registry import REGISTRY
 from ..core.sbp import B
@@ -126,6 +126,7 @@ Tensor.cpu, Tensor.cuda = cpu, cuda   # (Tensor.type: holoflow/compat.py)
 def copy_(self: Tensor, src, non_blocking: bool = False) -> Tensor:
     """Copies ``src`` (broadcast, cast to this tensor's dtype and device) into this tensor; the
     gradient flows to ``src``, as ``torch.Tensor.copy_``."""
+    check_view_target(self, "copy")   # before reading src re-derives a view (x.copy_(x))
     if not isinstance(src, Tensor):
         src = Tensor._make(torch.as_tensor(src, dtype=self._data.dtype, device=self.device.torch))
         if self._global is not None:   # a number: the same constant on every rank of the placement
