@@ -358,7 +358,9 @@ def _retyped_storage(obj: Any, r: int, dst: int) -> RuntimeError | None:
     ``global_dst_rank`` save (its parts of global tensors; on ``dst`` the local tensors it writes
     too), where the gathered copies would hide it."""
     seen: dict = {}
-    for t, where in _tensors(obj, "obj"):
+    for t, where in _leaves(obj, "obj"):
+        if not isinstance(t, Tensor):
+            continue
         g, d = t._global, t._data
         if d.numel() == 0 or (r not in g.placement.flat_ranks if g is not None else r != dst):
             continue
@@ -368,29 +370,24 @@ def _retyped_storage(obj: Any, r: int, dst: int) -> RuntimeError | None:
     return None
 
 
-def _tensors(obj: Any, where: str):
-    """(tensor, where) for each tensor of a tree of dicts, lists and tuples."""
-    if isinstance(obj, Tensor):
-        yield obj, where
-    elif isinstance(obj, dict):
+def _leaves(obj: Any, where: str):
+    """(leaf, where) for each leaf of a tree of dicts, lists and tuples (tensors, modules, values)."""
+    if isinstance(obj, dict):
         for k, v in obj.items():
-            yield from _tensors(v, f"{where}[{k!r}]")
+            yield from _leaves(v, f"{where}[{k!r}]")
     elif isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
         for i, v in enumerate(obj):
-            yield from _tensors(v, f"{where}[{i}]")
+            yield from _leaves(v, f"{where}[{i}]")
+    else:
+        yield obj, where
 
 
 def _refuse_global_modules(obj: Any, where: str) -> None:
     """A module saved whole holding a global tensor raises :class:`WholeModuleError` (see
     serialization_module.py): the sharded encoder meets it itself, ``save_to_rank`` asks here."""
-    if is_module(obj):
-        refuse_global(obj, where)
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            _refuse_global_modules(v, f"{where}[{k!r}]")
-    elif isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        for i, v in enumerate(obj):
-            _refuse_global_modules(v, f"{where}[{i}]")
+    for leaf, at in _leaves(obj, where):
+        if is_module(leaf):
+            refuse_global(leaf, at)
 
 
 def _map_tensors(obj: Any, fn, memo: dict) -> Any:
