@@ -487,8 +487,9 @@ def clamp(input: Tensor, min=None, max=None) -> Tensor:  # noqa: A002
     if min is None and max is None:   # torch: RuntimeError (a ValueError too, as holoflow raised before)
         raise ArgValueError("holoflow.clamp: at least one of min and max must be given")
     if isinstance(min, Tensor) or isinstance(max, Tensor):
-        bound = [b if isinstance(b, Tensor) or b is None else _scalar_like(b, input) for b in (min, max)]
-        return apply(CLAMP_T, input, *bound)
+        # (a number beside a tensor bound goes to torch as a number: it promotes as one, so
+        # clamp(uint8, 0.5, t) is float32 there, not 0.5 cast to uint8)
+        return apply(CLAMP_T, input, min, max)
     return apply(CLAMP, input, min=min, max=max)
 
 
@@ -498,11 +499,6 @@ def clamp_min(input: Tensor, min) -> Tensor:  # noqa: A002
 
 def clamp_max(input: Tensor, max) -> Tensor:  # noqa: A002
     return clamp(input, max=max)
-
-
-def _scalar_like(v, like: Tensor) -> Tensor:
-    # like.device, not like._data.device: inside nn.Graph's trace the data is meta, the device real
-    return Tensor._make(torch.tensor(v, dtype=like._data.dtype, device=like.device.torch))
 
 
 def where(condition: Tensor, input=None, other=None):

@@ -409,6 +409,8 @@ Tensor.__setitem__ = setitem
 
 def narrow(input: Tensor, dim: int, start, length: int) -> Tensor:
     """The ``length`` entries of dim ``dim`` from ``start`` (a view)."""
+    if input.dim() == 0:   # (normalize_dim takes dim 0 of a 0-d tensor, which has no size)
+        raise ShapeError("holoflow.narrow: narrow() cannot be applied to a 0-dim tensor")
     d = normalize_dim("narrow", dim, input.dim())
     n, start = input.shape[d], int(start)
     start = start + n if start < 0 else start
@@ -419,6 +421,8 @@ def narrow(input: Tensor, dim: int, start, length: int) -> Tensor:
 
 def select(input: Tensor, dim: int, index: int) -> Tensor:
     """The slice at ``index`` of dim ``dim``, with that dim removed."""
+    if input.dim() == 0:
+        raise IndexError("holoflow.select: select() cannot be applied to a 0-dim tensor")
     d = normalize_dim("select", dim, input.dim())
     n, index = input.shape[d], int(index)
     if not -n <= index < n:

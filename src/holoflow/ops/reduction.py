@@ -307,6 +307,10 @@ def _var_grad(c, dy):
     for d in dims:
         n *= c.shapes[0][d]
     mu = apply(MEAN, x, dim=dims, keepdim=True, dtype=None, count=n)
+    if c.dim is None and n <= c.correction:
+        # torch's var_backward over every element (dim=None, or a 0-d input) with no degree of
+        # freedom left: NaN where x is its mean, else inf, whatever the sign of 2 / dof
+        return (apply(CAST, _back(c, dy) * E.where(x == mu, float("nan"), float("inf")), dtype=c.dtypes[0]),)
     scale = 2.0 / (n - c.correction) if n != c.correction else float("inf")
     return ((_back(c, dy) * scale) * (x - mu),)   # torch's order: (2 / dof) * dy first (complex x: inf * 0j)
 
@@ -499,7 +503,10 @@ def _correction(name: str, unbiased, correction) -> float:
 def _var_args(name, input, dim, unbiased, keepdim, correction):
     if isinstance(dim, bool):  # torch's var(x, unbiased) positional form
         dim, unbiased = None, dim
-    return (reduce_dims(name, dim, input.dim()), _correction(name, unbiased, correction), keepdim)
+    # (dim None stays None, as for a 0-d input: torch's gradient over every element differs
+    # from its gradient over dims listed, where no degree of freedom is left)
+    dims = reduce_dims(name, dim, input.dim())
+    return None if dim is None or input.dim() == 0 else dims, _correction(name, unbiased, correction), keepdim
 
 
 def var(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *,

@@ -580,6 +580,8 @@ def _split_by(input: Tensor, dim: int, parts: tuple) -> tuple:
 
 def split(tensor: Tensor, split_size_or_sections, dim: int = 0) -> tuple:
     """Pieces of ``split_size`` along ``dim`` (the last may be smaller), or of the given sizes."""
+    if tensor.dim() == 0:   # (normalize_dim takes dim 0 of a 0-d tensor, which has no size)
+        raise ShapeError("holoflow.split: split expects at least a 1-dimensional tensor")
     d = normalize_dim("split", dim, tensor.dim())
     if isinstance(split_size_or_sections, int):
         size = tensor.shape[d]
