@@ -888,3 +888,64 @@ def test_a_view_written_with_itself_reads_itself_through_its_hooks():
         (s * lib.tensor(np.arange(9.0).reshape(3, 3, 1))).sum().backward()
         grads.append(a.grad.numpy())
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12)
+
+
+_OVERLAPPING_WRITES = {
+    "mul_": lambda u, t: u.mul_(2.0),
+    "add_ tensor": lambda u, t: u.add_(t),
+    "exp_": lambda u, t: u.exp_(),
+    "sigmoid_": lambda u, t: u.sigmoid_(),
+    "addcmul_": lambda u, t: u.addcmul_(t, t, value=0.5),
+    "div_ tensor": lambda u, t: u.div_(t.abs() + 1),
+    "pow_": lambda u, t: u.pow_(2),
+    "mul_ tensor": lambda u, t: u.mul_(t),
+    "lerp_": lambda u, t: u.lerp_(t, 0.3),   # (a composite: computed out of place, copied in)
+}
+
+
+@pytest.mark.parametrize("requires_grad", ["base", "operand", "none"])
+@pytest.mark.parametrize("write", sorted(_OVERLAPPING_WRITES))
+def test_a_write_into_overlapping_windows_leaves_torchs_values(write, requires_grad):
+    """``x.unfold(2, 2, 1).mul_(2)``: torch's kernel writes the windows element after element,
+    each write seen by the next window holding the element, so an element held twice is doubled
+    twice. holoflow computed the op out of place and copied it in (doubled once) whenever autograd
+    recorded, silently; the values are now those torch's in-place kernel leaves, and the gradients
+    torch's (once per element, as its CopySlices writes them)."""
+    rng = np.random.default_rng(0)
+    d_np, t_np, w_np = rng.uniform(0.2, 0.9, (4, 3)), rng.uniform(0.2, 0.9, (2, 2, 2, 2)), rng.standard_normal((2, 2, 2, 2))
+    results = []
+    for lib in (torch, flow):
+        d = lib.tensor(d_np, requires_grad=requires_grad == "base")
+        t = lib.tensor(t_np, requires_grad=requires_grad == "operand")
+        x = (d * 1.0).reshape(2, 2, 3)
+        u = x.unfold(2, 2, 1)
+        _OVERLAPPING_WRITES[write](u, t)
+        loss = (x * 1.5).sum() + (u * lib.tensor(w_np)).sum()
+        if loss.requires_grad:
+            loss.backward()
+        results.append([x.detach().numpy().copy()] + [g.grad.numpy() for g in (d, t) if g.grad is not None])
+    assert len(results[0]) == len(results[1])   # (the same tensors got gradients)
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("write", ["cumsum_", "cumprod_", "hypot_", "i0_", "ldexp_", "copysign_", "tril_", "addmm_",
+                                   "put_"])
+def test_writes_without_an_in_place_kernel_into_overlapping_windows_leave_torchs_values(write):
+    """These ops had no in-place kernel: holoflow computed them out of place and copied the
+    result into the view even without autograd, so an element held by two windows took one
+    window's value (cumsum_ along the windows, hypot_ ...), silently. Each declares torch's
+    in-place kernel now (apply_inplace refuses, clearly, an op that declares none there)."""
+    rng = np.random.default_rng(1)
+    x_np, t_np = rng.uniform(0.2, 0.9, (2, 5)), rng.uniform(0.2, 0.9, (2, 4, 2))
+    calls = {"cumsum_": lambda u, t: u.cumsum_(2), "cumprod_": lambda u, t: u.cumprod_(1),
+             "hypot_": lambda u, t: u.hypot_(t), "i0_": lambda u, t: u.i0_(), "ldexp_": lambda u, t: u.ldexp_(t),
+             "copysign_": lambda u, t: u.copysign_(t - 0.5), "tril_": lambda u, t: u[0].tril_(),
+             "addmm_": lambda u, t: u[1].addmm_(t[0], t[1][:2]),
+             "put_": lambda u, t: u.put_((t[0, :, 0] * 10).long(), t[1, :, 1])}
+    values = []
+    for lib in (torch, flow):
+        x = lib.tensor(x_np)
+        calls[write](x.unfold(1, 2, 1), lib.tensor(t_np))
+        values.append(x.numpy())
+    np.testing.assert_allclose(values[1], values[0], rtol=1e-12)

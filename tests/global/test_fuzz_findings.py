@@ -630,3 +630,47 @@ def test_a_global_view_written_with_itself_stays_global(sbp):
     for xs, grad in _on_two(run):
         np.testing.assert_allclose(xs, want)
         np.testing.assert_allclose(grad, ta.grad.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("sbp", [B, S(0), S(1)])
+def test_a_write_into_overlapping_windows_of_a_global_tensor_leaves_torchs_values(sbp, requires_grad):
+    """``x.unfold(1, 2, 1).mul_(2)`` then ``.add_(t)`` (t of the windows' shape, broadcast: laid
+    out as the windows for the kernel): torch's kernel
+    writes the windows element after element, so an element held by two windows is written
+    twice. A global target was computed out of place and copied in (written once), silently;
+    each shard is now written by torch's kernel (S(1): the windows cross shards, a copy standing
+    for the view takes the write and hands it back to x)."""
+    t_np = np.arange(40.0).reshape(4, 5, 2) / 7
+
+    def program(lib, x, t):
+        x = x * 1.0
+        u = x.unfold(1, 2, 1)
+        u.mul_(2)
+        u.add_(t)
+        return x
+
+    want = program(torch, torch.tensor(W), torch.tensor(t_np)).numpy()
+
+    def run(place):
+        x = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[sbp]).requires_grad_(requires_grad)
+        t = flow.tensor(t_np).to_global(placement=place, sbp=[B])
+        return program(flow, x, t).detach().to_global(sbp=[B]).to_local().numpy()
+    for got in _on_two(run):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_a_write_into_overlapping_windows_of_partial_sums_or_with_broadcast_operands_is_refused():
+    """Partial sums can't be written element after element shard by shard (torch's result on
+    the sum is not the sum of the shards' results), nor a split target with an operand it
+    broadcasts: refused, naming what would work."""
+    def run(place):
+        x = flow.tensor(W).to_global(placement=place, sbp=[P])
+        with pytest.raises(RuntimeError, match=r"mul_: .*overlapping windows.*partial sums.*clone\(\)"):
+            x.unfold(1, 2, 1).mul_(2)
+        y = flow.tensor(W).to_global(placement=place, sbp=[B]).to_global(sbp=[S(0)])
+        t = flow.ones(2).to_global(placement=place, sbp=[B])
+        with pytest.raises(RuntimeError, match=r"add_: .*not \(2,\).*expand\(\) the operands"):
+            y.unfold(1, 2, 1).add_(t)
+        return True
+    assert all(_on_two(run))

@@ -12,7 +12,7 @@ innermost interpreter of the stack (core/interpret.py). At the bottom, :class:`E
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -27,6 +27,7 @@ from .native import FAST
 from .registry import Op, infer_metas
 from .saved import _LIVE
 from .tensor import Tensor
+from .sbp import P
 from .views import (VIEW_READ, VIEW_SCATTER, ViewInfo, aliases, check_multi_output, make_view, may_overlap, replay,
                     stamp_of)
 
@@ -473,6 +474,10 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     if follows:   # (re-derived now)
         follows_base((x,))
         grad_on = True
+    if op.inplace_kernel is None and holds_elements_twice(x):
+        raise RuntimeError(f"holoflow.{op.name}_: the target holds elements at more than one index (overlapping "
+                           f"windows, as unfold's), which only an in-place kernel writes as torch does, and "
+                           f"{op.name} declares none; write into a clone() of it")
     if not lazy and x._global is None and not grad_on and op.inplace_kernel is not None:
         datas = [r._data if isinstance(r, Tensor) else r for r in rest]
         try:
@@ -510,14 +515,72 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     if grad_on and op.saves_inputs and not lazy:
         src = Tensor._make(x._data.clone(), x.grad_fn, x._out_idx)
         src._rg, src._global = x._rg, x._global
-    if grad_on and not lazy and x._view is not None and x._view.base._rg and x._global is None and \
-            0 not in x._data.stride() and may_overlap(x._data):
-        # a view holding elements more than once (unfold's overlapping windows): the op's
-        # gradient of its old value goes back into the base's region written as torch's
-        # CopySlices writes it (once per element), not through the view's history (summed)
-        src = apply(VIEW_READ, x._view.base, chain=x._view.chain)
+    if grad_on and x._view is not None and x._view.base._rg and x._global is None and holds_elements_twice(x):
+        src = read_for_write(x)
     out = apply(op, src, *rest, **attrs)
+    if (grad_on or x._global is not None) and op.inplace_kernel is not None and holds_elements_twice(x):
+        try:
+            out = written_as_torch(op.inplace_kernel, op.name, x, out, rest, attrs)
+        except Exception as e:
+            raise op_error(op, (x, *rest), attrs, e) from e
     return assign(x, out, op.name)
+
+
+def holds_elements_twice(x: Tensor) -> bool:
+    """Whether eager ``x`` (a global one: its shard) is a layout holding elements at more than
+    one index, not expanded (``unfold``'s overlapping windows): writes into it are
+    :func:`written_by_kernel`."""
+    return not (_CURRENT.get() is not None and interpret.is_lazy()) and \
+        0 not in x._data.stride() and may_overlap(x._data)
+
+
+def written_as_torch(kernel: Callable, name: str, x: Tensor, out: Tensor, args: tuple, kwargs: dict) -> Tensor:
+    """``out`` (computed out of place, for the in-place write into ``x``, which holds elements
+    at more than one index) with the values torch's in-place ``kernel`` leaves in ``x``; the
+    recorded op gives the gradient (as torch's CopySlices: once per element). A global ``x``'s
+    shard is written so when it holds whole values (no partial sums) and every other tensor
+    operand has its shape (laid out as ``x`` for the kernel)."""
+    g = x._global
+    if g is not None:
+        fresh_copy(x)   # (a copy standing for a view: its source's values now)
+        if out._global.sbp != g.sbp:
+            out = out.to_global(sbp=g.sbp)
+        args = tuple([r.to_global(sbp=g.sbp) if isinstance(r, Tensor) and r._global is not None and
+                      r._global.sbp != g.sbp and tuple(r.shape) == tuple(x.shape) else r for r in args])
+        odd = [r for r in args if isinstance(r, Tensor) and (r._global is None or r._global.sbp != g.sbp)]
+        if P in g.sbp or odd:
+            raise RuntimeError(
+                f"holoflow.{name}_: the target, a global tensor of shape {tuple(x.shape)} and sbp {g.sbp}, holds "
+                f"elements at more than one index (overlapping windows, as unfold's): torch's kernel writes such "
+                f"a tensor element after element, which holoflow does shard by shard only for a target without "
+                f"partial sums whose tensor operands have its shape"
+                + (f" (not {', '.join(f'{tuple(r.shape)} {r.sbp if r._global else ()}' for r in odd)})" if odd else "")
+                + "; write into a clone() of it, or expand() the operands to its shape")
+    out._data.copy_(written_by_kernel(kernel, x._data, *args, **kwargs))
+    return out
+
+
+def read_for_write(x: Tensor) -> Tensor:
+    """A copy of ``x``'s values for an in-place write into it to compute from. For a view
+    holding elements more than once (unfold's overlapping windows) whose base requires grad,
+    its gradient goes back into the base's region as torch's CopySlices writes it (once per
+    element), not through the view's history (which sums the windows)."""
+    if x._view is not None and x._view.base._rg and x._global is None and grad_mode.STATE.enabled and \
+            holds_elements_twice(x):
+        return apply(VIEW_READ, x._view.base, chain=x._view.chain)
+    return x.clone()
+
+
+def written_by_kernel(kernel: Callable, d: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """The values in-place ``kernel`` (torch's ``Tensor.mul_``) leaves in ``d``, a layout holding
+    elements at more than one index (:func:`may_overlap`): torch's kernel writes it element after
+    element, each write seen by the next index holding the element (``mul_(2)`` doubles it once
+    per window), so the result is its own. Run on a copy of the memory ``d`` spans."""
+    span = 1 + sum(st * (n - 1) for st, n in zip(d.stride(), d.shape))
+    memory = torch.as_strided(d, (span,), (1,), d.storage_offset()).clone()
+    scratch = memory.as_strided(d.shape, d.stride(), 0)
+    kernel(scratch, *[a._data if isinstance(a, Tensor) else a for a in args], **kwargs)
+    return scratch
 
 
 def _as_it_is(x: Tensor) -> Tensor:

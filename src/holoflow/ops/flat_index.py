@@ -42,10 +42,18 @@ def _put_sbp(metas, attrs):
     return [((B, B), (B,))] + ([((P, B), (P,))] if metas[2] == 0 else [])
 
 
-def _put_kernel(x, index, source, accumulate):
+def _put_source(x, index, source):
     if not isinstance(source, torch.Tensor):  # a number at every indexed position (put's own gradient)
         source = x.new_full(index.shape, source)
-    return x.put(index, source, accumulate)
+    return source
+
+
+def _put_kernel(x, index, source, accumulate):
+    return x.put(index, _put_source(x, index, source), accumulate)
+
+
+def _put_inplace(x, index, source, accumulate):
+    return x.put_(index, _put_source(x, index, source), accumulate)
 
 
 def _put_grad(c, dy):
@@ -63,7 +71,7 @@ TAKE = defop("take", lambda x, index: torch.take(x, index), sbp=_take_sbp, **_IN
 TAKE_BACKWARD = defop("take_backward", lambda dy, index, shape: dy.new_zeros(shape).put_(index, dy, accumulate=True),
                       sbp=_take_backward_sbp, **_INDEX_ONLY,
                       grad=lambda c, g: (apply(TAKE, g, c.inputs[1]), None))
-PUT = defop("put", _put_kernel, grad=_put_grad, sbp=_put_sbp, **_INDEX_ONLY)
+PUT = defop("put", _put_kernel, grad=_put_grad, sbp=_put_sbp, inplace_kernel=_put_inplace, **_INDEX_ONLY)
 
 
 def take(input: Tensor, index: Tensor) -> Tensor:

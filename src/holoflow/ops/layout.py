@@ -41,8 +41,10 @@ def _batch_sbp(keep: int):
 
 
 TRIL = defop("tril", lambda x, diagonal: torch.tril(x, diagonal), sbp=_batch_sbp(2), family="shape",
+             inplace_kernel=lambda x, diagonal: x.tril_(diagonal),
              grad=lambda ctx, dy: (apply(TRIL, dy, diagonal=ctx.diagonal),))
 TRIU = defop("triu", lambda x, diagonal: torch.triu(x, diagonal), sbp=_batch_sbp(2), family="shape",
+             inplace_kernel=lambda x, diagonal: x.triu_(diagonal),
              grad=lambda ctx, dy: (apply(TRIU, dy, diagonal=ctx.diagonal),))
 
 

@@ -321,6 +321,9 @@ def _addmm_family(name: str, ins: list[str], out: str):
     def kernel(i, a, b, beta, alpha):
         return fn(i, a, b, beta=beta, alpha=alpha)
 
+    def inplace_kernel(i, a, b, beta, alpha):
+        return getattr(i, name + "_")(a, b, beta=beta, alpha=alpha)
+
     def shape(metas, attrs):
         inp, a, b = metas
         dt = _same_dtype(name, inp, a, b)
@@ -342,6 +345,7 @@ def _addmm_family(name: str, ins: list[str], out: str):
         return (g_in, *g)
     # holomorphic: complex operands take torch's conjugated gradients (dy @ b^H, a^H @ dy, conj(beta) dy)
     return holomorphic(defop(name, kernel, grad=grad, save="inputs", shape=shape, sbp=sbp, family="einsum",
+                             inplace_kernel=inplace_kernel,
                              flops=lambda i, o, attrs: contraction_flops(i[1:], o, attrs)))   # addend: no operand
 
 

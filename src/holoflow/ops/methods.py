@@ -5,7 +5,8 @@ from typing import Callable
 
 import torch
 
-from ..core.dispatch import apply, apply_inplace, binary_method, check_inplace_target
+from ..core.dispatch import (apply, apply_inplace, binary_method, check_inplace_target, holds_elements_twice,
+                             read_for_write, written_as_torch)
 from ..core.dtype import from_torch
 from ..core.grad_mode import is_grad_enabled
 from ..core.tensor import Tensor
@@ -102,13 +103,18 @@ def _composite_inplace(fn: Callable, name: str) -> Callable:
         recording = _records(self, *args, *kwargs.values())
         if recording:
             check_inplace_target(self, name)
-        out = fn(self.clone() if recording else self, *args, **kwargs)
+        out = fn(read_for_write(self) if recording else self, *args, **kwargs)
         if tuple(out.shape) != tuple(self.shape):
             raise RuntimeError(f"holoflow.{name}_: output with shape {list(self.shape)} doesn't match the "
                                f"broadcast shape {list(out.shape)}")
         if not torch.can_cast(out._data.dtype, self._data.dtype):
             raise RuntimeError(f"holoflow.{name}_: result type {out.dtype} can't be cast to the desired "
                                f"output type {self.dtype}")
+        if holds_elements_twice(self):   # (overlapping windows: the values torch's kernel leaves)
+            try:
+                out = written_as_torch(getattr(torch.Tensor, name + "_"), name, self, out, args, kwargs)
+            except Exception as e:
+                raise e if str(e).startswith("holoflow") else RuntimeError(f"holoflow.{name}_: {e}") from e
         return self.copy_(out)
     method.__name__ = name + "_"
     return method

@@ -132,7 +132,8 @@ def _ew(name: str, fn, outputs: tuple | None = None):
         return [(ins, outs * len(outputs or "x")) for ins, outs in one(metas, attrs)]
     # (two outputs of two dtypes: not a member of the fusible, in-place-able elementwise family)
     return defop_vjp(name, fn, sbp=sbp, bwd_sbp=_same_shape_bwd_sbp, outputs=outputs,
-                     family="other" if outputs else "elementwise")
+                     family="other" if outputs else "elementwise",
+                     inplace_kernel=None if outputs else getattr(torch.Tensor, name + "_", None))
 
 
 def _tensor(name: str, x, arg: str = "input") -> Tensor:

@@ -122,11 +122,12 @@ def _logcumsumexp_grad(c, dy):
 
 _SCAN = dict(family="scan")
 CUMSUM = defop("cumsum", lambda x, dim, dtype: torch.cumsum(x, dim, dtype=dtype), grad=_cumsum_grad,
-               sbp=scan_sbp(linear=True), **_SCAN)
+               sbp=scan_sbp(linear=True), inplace_kernel=lambda x, dim, dtype: x.cumsum_(dim, dtype=dtype), **_SCAN)
 REVERSE_CUMSUM = defop("reverse_cumsum", _reverse_cumsum, sbp=scan_sbp(linear=True), **_SCAN,
                        grad=lambda c, dy: (apply(CUMSUM, dy, dim=c.dim, dtype=None),))
 CUMPROD = holomorphic(defop("cumprod", lambda x, dim, dtype: torch.cumprod(x, dim, dtype=dtype),
-                            grad=_cumprod_grad, save="both", sbp=scan_sbp(linear=False), **_SCAN))
+                            grad=_cumprod_grad, save="both", sbp=scan_sbp(linear=False),
+                            inplace_kernel=lambda x, dim, dtype: x.cumprod_(dim, dtype=dtype), **_SCAN))
 _CUMEXTREME = dict(grad=_cumextreme_grad, save="output", saved_outputs=(1,), outputs=("values", "indices"),
                    sbp=scan_sbp(linear=False, n_out=2), **_SCAN)
 CUMMAX = defop("cummax", lambda x, dim: torch.cummax(x, dim), **_CUMEXTREME)

@@ -47,7 +47,8 @@ def _bwd_kernel(fn: Callable) -> Callable:
 
 
 def defop_vjp(name: str, fn: Callable, *, sbp: Callable, bwd_sbp: Callable, family: str = "other",
-              outputs: tuple | None = None, shape: Callable | None = None, complex_grads: bool = True) -> Op:
+              outputs: tuple | None = None, shape: Callable | None = None, complex_grads: bool = True,
+              inplace_kernel: Callable | None = None) -> Op:
     """Declares ``name`` (kernel ``fn(*inputs, **attrs)``) and ``name_backward``.
 
     ``bwd_sbp(metas, attrs)`` sees ``(*inputs, *dys)`` and ``attrs`` with ``n_in`` and ``diff``
@@ -74,7 +75,8 @@ def defop_vjp(name: str, fn: Callable, *, sbp: Callable, bwd_sbp: Callable, fami
         return tuple(res)
 
     return defop(name, fn, grad=grad, save="inputs", sbp=sbp, family=family, outputs=outputs, shape=shape,
-                 grad_reads=())   # (outputs without a gradient reach the backward as None)
+                 grad_reads=(),   # (outputs without a gradient reach the backward as None)
+                 inplace_kernel=inplace_kernel)
 
 
 __all__: list[str] = []
