@@ -140,6 +140,14 @@ class Function:
 
     @classmethod
     def apply(cls, *args):
+        # (torch.func refuses a Function whose forward takes ctx; holoflow's own, compiled calls and
+        # checkpoints among them, run under its transforms)
+        if grad_mode.HOOK_LEVEL[0] > 0 and cls.setup_context is Function.setup_context and \
+                not cls.__module__.startswith("holoflow."):
+            raise RuntimeError(f"holoflow: {cls.__name__} is an autograd.Function whose forward takes ctx; to use "
+                               f"it under holoflow.func's transforms (vmap, grad, jvp, jacrev, ...) it must override "
+                               f"the setup_context staticmethod, as torch.func asks: forward(*args) without ctx, "
+                               f"setup_context(ctx, inputs, output) saving what backward needs")
         ctx = FunctionCtx()
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         ctx._input_metas = [(tuple(a.shape), a.dtype) if isinstance(a, Tensor) else None for a in args]

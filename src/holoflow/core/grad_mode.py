@@ -12,6 +12,12 @@ class _State(threading.local):
 
 STATE = _State()
 
+# the holoflow.func transform level the code running now belongs to (func/_levels.py): a tensor
+# hook registered at a level fires only in that level's backward passes; -1: none fires. The
+# levels of vmaps and forward-mode transforms refuse hooks.
+HOOK_LEVEL = [0]
+NO_HOOK_LEVELS: set = set()
+
 
 def is_grad_enabled() -> bool:
     return STATE.enabled

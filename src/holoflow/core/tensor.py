@@ -12,7 +12,7 @@ import torch
 
 from . import device as _device
 from . import dtype as _dtype
-from . import interpret
+from . import grad_mode, interpret
 from .errors import UnsupportedError, check_grad_assignment
 
 _OWN = object()   # (Tensor.grad_dtype not set: the tensor's own dtype)
@@ -341,6 +341,13 @@ class Tensor:
                 r = user(meta.grad_view(g))
                 return None if r is None else meta.grad_local(r)
             hook.__wrapped__ = user
+        level = grad_mode.HOOK_LEVEL[0]
+        if level in grad_mode.NO_HOOK_LEVELS:
+            raise RuntimeError("holoflow: cannot register a hook on a tensor inside vmap or a forward-mode transform "
+                               "(jvp, jacfwd, linearize): as torch.func's tensors there, it doesn't require grad; "
+                               "register it outside, or inside a grad transform within it")
+        if level:   # (inside a holoflow.func transform: it fires in that transform's backward alone)
+            hook = _LevelHook(hook, level)
         if self.grad_fn is None:
             if self._hooks is None:
                 self._hooks = []
@@ -624,6 +631,23 @@ def _unwrap_nested(x):
     if isinstance(x, (list, tuple)):
         return [_unwrap_nested(v) for v in x]
     return x
+
+
+class _LevelHook:
+    """A tensor hook registered inside a holoflow.func transform, ``level`` deep: the engine runs
+    it in backward passes of that level only (``grad_mode.HOOK_LEVEL``)."""
+
+    __slots__ = ("hook", "transform_level")
+
+    def __init__(self, hook: Callable, level: int) -> None:
+        self.hook, self.transform_level = hook, level
+
+    def __call__(self, g):
+        return self.hook(g)
+
+    @property
+    def __name__(self) -> str:   # (named in the engine's checks of what a hook returned)
+        return getattr(self.hook, "__name__", type(self.hook).__name__)
 
 
 class _RemovableHandle:

@@ -10,6 +10,7 @@ is one vjp per output element, as ``jacrev``. The same values, at reverse mode's
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Sequence
 
 from ..autograd import grad as _autograd_grad
@@ -21,6 +22,7 @@ from ..nn.utils.stateless import swapped
 from ..ops import creation as C
 from ..ops import shape as _shape
 from . import _rng
+from ._levels import inner, level
 from ._vmap import check_chunk_size
 
 
@@ -125,7 +127,7 @@ def grad_and_value(func: Callable, argnums: int | tuple = 0, has_aux: bool = Fal
     returns ``(value, aux)`` and the result is ``(gradient, (value, aux))``."""
     def wrapped(*args, **kwargs):
         args, parts, keep = _fresh_args(args, _argnums(argnums, len(args), "grad"), "grad")
-        with grad_mode.enable_grad():
+        with grad_mode.enable_grad(), level(inner()):
             res = func(*args, **kwargs)
             value, aux = _split_aux(res, has_aux, "grad")
             if not isinstance(value, Tensor) or value.numel() != 1:
@@ -163,7 +165,8 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     """``(func(*primals), vjp_fn)``: ``vjp_fn(cotangents)`` gives one gradient per primal
     (structured as the primals), as ``torch.func.vjp``; it may be called more than once."""
     args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "vjp")
-    with grad_mode.enable_grad():
+    depth = inner()
+    with grad_mode.enable_grad(), level(depth):
         res = func(*args)
     out, aux = _split_aux(res, has_aux, "vjp")
     out_leaves, out_spec = _tensors(out, "vjp")
@@ -174,7 +177,7 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
         if len(cot) != len(out_leaves) or any(tuple(c.shape) != tuple(o.shape) for c, o in zip(cot, out_leaves)):
             raise RuntimeError(f"holoflow.func.vjp: cotangents of shapes {[tuple(c.shape) for c in cot]} do "
                                f"not match the outputs' {[tuple(o.shape) for o in out_leaves]}")
-        with grad_mode.enable_grad():
+        with grad_mode.enable_grad(), level(depth):
             gs = _grads(out_leaves, wrt, cot, keep, retain=True)
         return tuple(_regroup(gs, fresh))
     shown = out if keep else unflatten([o.detach() for o in out_leaves], out_spec)
@@ -185,18 +188,22 @@ def _linear_map(outs: list, wrt: list) -> Callable[[list, bool, bool], list]:
     """``apply(tangents, keep, retain)``: J @ tangents at the recorded point, one tensor per
     output (zeros where an output does not depend on the inputs). Records, under grad mode, the
     vjp with a symbolic cotangent ``u``: linear in ``u``, so its gradient against the tangents is
-    J t. ``retain`` keeps that record for further calls (``linearize``'s jvp_fn)."""
+    J t. ``retain`` keeps that record for further calls (``linearize``'s jvp_fn). Hooks the
+    function registered do not run: forward mode runs no backward."""
     us = [C.zeros_like(o).requires_grad_(True) for o in outs]
     live = [(o, u) for o, u in zip(outs, us) if o.requires_grad]
     vj = [None] * len(wrt)
     if live and wrt:
-        vj = _autograd_grad([o for o, _ in live], wrt, [u for _, u in live], create_graph=True, allow_unused=True)
+        with level(-1):
+            vj = _autograd_grad([o for o, _ in live], wrt, [u for _, u in live], create_graph=True,
+                                allow_unused=True)
 
     def apply(tangents: list, keep: bool, retain: bool) -> list:
         pairs = [(g, t) for g, t in zip(vj, tangents) if g is not None and g.requires_grad]
         jt = [None] * len(us)
         if pairs:
-            jt = _autograd_grad([g for g, _ in pairs], us, [t for _, t in pairs], retain_graph=retain or keep,
+            with level(-1):
+                jt = _autograd_grad([g for g, _ in pairs], us, [t for _, t in pairs], retain_graph=retain or keep,
                                 create_graph=keep, allow_unused=True)
         return [C.zeros_like(o) if j is None else (j if keep else j.detach()) for j, o in zip(jt, outs)]
     return apply
@@ -228,7 +235,7 @@ def jvp(func: Callable, primals: tuple, tangents: tuple, *, strict: bool = False
     args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "jvp")
     wrt = [x for f, _ in fresh for x in f]
     tl = _check_tangents(tangents, primals, wrt, "jvp")
-    with grad_mode.enable_grad():
+    with grad_mode.enable_grad(), level(inner(), hooks=False):
         out, aux = _split_aux(func(*args), has_aux, "jvp")
         outs, ospec = _tensors(out, "jvp")
         if strict and not all(o.requires_grad for o in outs):
@@ -250,7 +257,7 @@ def linearize(func: Callable, *primals: Any) -> tuple[Any, Callable]:
     """
     args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "linearize")
     wrt = [x for f, _ in fresh for x in f]
-    with grad_mode.enable_grad():
+    with grad_mode.enable_grad(), level(inner(), hooks=False):
         out = func(*args)
         outs, ospec = _tensors(out, "linearize")
         apply = _linear_map(outs, wrt)
@@ -265,11 +272,13 @@ def linearize(func: Callable, *primals: Any) -> tuple[Any, Callable]:
 
 def _jacobian(func: Callable, argnums: int | tuple, has_aux: bool, who: str) -> Callable:
     """For each output, a tensor of shape ``output.shape + input.shape`` (nested as outputs, then
-    inputs): one vjp per output element."""
+    inputs): one vjp per output element (jacfwd's run no hooks: forward mode runs no backward)."""
+    quiet = (lambda: level(-1)) if who == "jacfwd" else contextlib.nullcontext
+
     def wrapped(*args, **kwargs):
         args, parts, keep = _fresh_args(args, _argnums(argnums, len(args), who), who)
         wrt = [x for f, _ in parts for x in f]
-        with grad_mode.enable_grad():
+        with grad_mode.enable_grad(), level(inner(), hooks=who != "jacfwd"):
             out, aux = _split_aux(func(*args, **kwargs), has_aux, who)
             outs, ospec = _tensors(out, who)
             per_out = []
@@ -279,7 +288,9 @@ def _jacobian(func: Callable, argnums: int | tuple, has_aux: bool, who: str) -> 
                 for k in range(flat_o.numel()):
                     cot = C.zeros_like(flat_o)
                     cot[k] = 1.0
-                    for i, g in enumerate(_grads([flat_o], wrt, [cot], keep, retain=True)):
+                    with quiet():
+                        gs = _grads([flat_o], wrt, [cot], keep, retain=True)
+                    for i, g in enumerate(gs):
                         rows[i].append(g)
                 jac = [(_shape.stack(r) if r else C.zeros((0,) + tuple(w.shape), dtype=w.dtype))
                        .reshape(tuple(o.shape) + tuple(w.shape)) for r, w in zip(rows, wrt)]

@@ -17,6 +17,7 @@ from ..core.tensor import Tensor
 from ..graph.pytree import flatten, unflatten
 from ..ops import shape as _shape
 from . import _rng
+from ._levels import inner, level
 
 
 def check_chunk_size(chunk_size: Any, who: str) -> None:
@@ -133,10 +134,13 @@ def _run(func: Callable, leaves: list, spec: Any, dims: list, n: int, kwargs: di
     ``randomness`` asks for."""
     start = _rng.get_state() if randomness != "different" else None
     results = []
+    depth = inner()
     for i in range(max(n, 1)):
         if randomness == "same" and i:
             _rng.set_state(start)
-        results.append(func(*unflatten([_sample(x, d, i) for x, d in zip(leaves, dims)], spec), **kwargs))
+        sample = unflatten([_sample(x, d, i) for x, d in zip(leaves, dims)], spec)
+        with level(depth, hooks=False):
+            results.append(func(*sample, **kwargs))
         if randomness == "error" and i == 0 and not _rng.same(start, _rng.get_state()):
             raise _rng.drew_error("vmap")
     return results
