@@ -134,7 +134,8 @@ def grad_and_value(func: Callable, argnums: int | tuple = 0, has_aux: bool = Fal
                 what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
                 raise RuntimeError(f"holoflow.func.grad: the function must return a scalar tensor (one "
                                    f"element) to differentiate, got {what}; use jacrev or vjp for others")
-            gs = _grads([value], [x for fresh, _ in parts for x in fresh], None, keep)
+            # (aux, returned as it is, may reach back through the function's graph: kept for it)
+            gs = _grads([value], [x for fresh, _ in parts for x in fresh], None, keep, retain=has_aux)
         out = _regroup(gs, parts)
         g = out[0] if isinstance(argnums, int) else tuple(out)
         value = value if keep else value.detach()

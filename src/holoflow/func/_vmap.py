@@ -121,11 +121,12 @@ def _batch_size(leaves: list, dims: list) -> int:
 
 def _sample(x: Any, d: int | None, i: int) -> Any:
     """Sample ``i`` of a leaf; of an empty batch, zeros of a sample's shape (the function still
-    runs once, so that the outputs' shapes are known, as torch's batched call does)."""
+    runs once, so that the outputs' shapes are known, as torch's batched call does), summed from
+    ``x`` where it requires grad: ``x`` then gets its (empty) gradient, as torch's."""
     if d is None:
         return x
     if x.shape[d] == 0:
-        return x.new_zeros(tuple(x.shape[:d]) + tuple(x.shape[d + 1:]))
+        return x.sum(d) if x.requires_grad else x.new_zeros(tuple(x.shape[:d]) + tuple(x.shape[d + 1:]))
     return x.select(d, i)
 
 
