@@ -29,13 +29,13 @@ import holoflow as flow
 from harness import raised
 
 # seeds that found bugs (the focused tests at the end minimize them): 127 (var's gradient with no
-# degree of freedom left), 196 (split of a 0-d tensor: IndexError), 4639 (clamp(uint8, 0.5,
-# tensor) cast 0.5 to uint8)
-FOUND = (127, 196, 4639)
+# degree of freedom left), 132 (mse_loss of a bool input refused), 196 (split of a 0-d tensor:
+# IndexError), 354 (diag of a matrix was a view), 522 (movedim of a 0-d tensor: IndexError), 4639
+# (clamp(uint8, 0.5, tensor) cast 0.5 to uint8), 4784 (smooth_l1_loss(float16, 0-d float32) was float16)
+FOUND = (127, 132, 196, 354, 522, 4639, 4784)
 # found and left (strict xfails, so a fix shows): seed -> why
 KNOWN = {
     120: "logsumexp(x, None) computes; torch refuses dim=None (TypeError)",
-    132: "mse_loss(bool, float16) refuses the bool subtraction; torch's kernel promotes first",
     145: "permute(x, 0) (a bare int) computes; torch's function refuses it (TypeError)",
     221: "cumsum(x, dtype=int64) of a tensor requiring grad computes; torch refuses (int outputs can't require grad)",
 }
@@ -761,6 +761,17 @@ def _both(fn) -> tuple:
     return fn(torch), (got.to_torch() if isinstance(got, flow.Tensor) else got)
 
 
+def test_diag_of_a_matrix_is_a_copy():
+    """seed 354: ``diag(m)`` was ``m.diagonal()``'s view, so a later ``m.square_()`` changed it."""
+    def run(lib):
+        m = lib.arange(6.0).reshape(2, 3)
+        d = lib.diag(m, 1)
+        m.square_()
+        return d
+    want, got = _both(run)
+    assert torch.equal(got, want)
+
+
 def test_clamp_with_a_number_beside_a_tensor_bound_promotes_as_a_number():
     """seed 4639: ``clamp(uint8, 0.5, tensor)`` cast 0.5 to uint8 (0): uint8 values, torch's are float32."""
     def run(lib):
@@ -792,3 +803,28 @@ def test_pieces_of_a_0d_tensor_raise_as_torch(call):
     with pytest.raises(type(want), match=f"holoflow.{call}"):
         getattr(flow.tensor(1.0), call)(*args)
 
+
+
+def test_movedim_of_a_0d_tensor():
+    """seed 522: ``movedim(-1, 0)`` of a 0-d tensor raised a bare IndexError (list assignment)."""
+    want, got = _both(lambda lib: lib.tensor(2.0).movedim(-1, 0) * 3)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["l1_loss", "mse_loss", "smooth_l1_loss"])
+def test_pointwise_losses_promote_a_0d_target_as_torch(name):
+    """seed 4784: ``smooth_l1_loss(float16, 0-d float32)`` was float16 (``input - target`` promotes
+    a 0-d tensor as a number); torch broadcasts the pair first: float32. seed 132: ``mse_loss`` of
+    a bool input refused the bool subtraction; torch's kernel promotes it first."""
+    def run(lib):
+        f = getattr(lib.nn.functional, name)
+        x = lib.tensor([1.0, 2.5, -1.0], dtype=lib.float16)
+        a = f(x, lib.tensor(0.5, dtype=lib.float32), reduction="none")
+        b = f(lib.tensor([1, 3], dtype=lib.int8), lib.tensor(2, dtype=lib.int32), reduction="none") \
+            if name == "l1_loss" else f(lib.tensor([True, False]), lib.tensor([0.5, 2.0], dtype=lib.float16))
+        return a, b
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (torch warns that the shapes differ)
+        want, got = run(torch), [t.to_torch() for t in run(flow)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w)

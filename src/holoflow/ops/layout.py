@@ -174,8 +174,8 @@ def diag(input: Tensor, diagonal: int = 0) -> Tensor:
     """A 1-d tensor -> a square matrix with it on a diagonal; a matrix -> that diagonal."""
     if input.dim() == 1:
         return apply(DIAG, input, diagonal=diagonal)
-    if input.dim() == 2:
-        return apply(DIAGONAL, input, offset=diagonal, dim1=0, dim2=1)
+    if input.dim() == 2:   # (a copy, as torch's: not diagonal()'s view, which writes to the matrix reach)
+        return apply(DIAGONAL, input, offset=diagonal, dim1=0, dim2=1).clone()
     raise ShapeError(f"holoflow.diag: expects a 1-d or 2-d tensor, got shape {_fmt(input.shape)}")
 
 

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as TF
 
 from ..core import grad_mode, interpret
+from ..core.dtype import promote_types
 from ..core.dispatch import apply
-from ..core.errors import ShapeError
+from ..core.errors import ShapeError, UnsupportedError
 from ..core.registry import defop
 from ..core.sbp import B
 from ..core.tensor import Tensor
@@ -133,6 +134,29 @@ def _aten_loss(name: str, forward, backward, formula):
     return defop(name, lambda x, t, reduction, **a: forward(x, t, _ENUM[reduction], **a), grad=grad, **_LOCAL_ONLY)
 
 
+def _broadcast_pair(input, target) -> tuple:
+    """torch.nn.functional's first step: input and target expanded to one shape, so they promote
+    as equals (a 0-d float32 target makes a float16 input's loss float32, as ``input - target``
+    alone would not)."""
+    if not (isinstance(input, Tensor) and isinstance(target, Tensor)) or input.shape == target.shape:
+        return input, target
+    shape = tuple(torch.broadcast_shapes(tuple(input.shape), tuple(target.shape)))
+    return input.expand(shape), target.expand(shape)
+
+
+def _floating_pair(name: str, input, target) -> tuple:
+    """``_broadcast_pair``, cast to the promoted dtype torch's kernel computes in (a bool input
+    too); torch's kernels (mse, smooth_l1) take floating point dtypes only."""
+    input, target = _broadcast_pair(input, target)
+    if not (isinstance(input, Tensor) and isinstance(target, Tensor)):
+        return input, target
+    dt = promote_types(input.dtype, target.dtype)
+    if not dt.is_floating_point:
+        raise UnsupportedError(f"holoflow.{name}: torch's kernel is not implemented for {dt} (input {input.dtype}, "
+                               f"target {target.dtype}); pass floating point tensors")
+    return input.to(dt), target.to(dt)
+
+
 def _eager_case(input, target) -> bool:
     """Whether a pointwise loss runs as torch's eager kernels: local, untraced, same shape and
     floating dtype, not empty (the rest: broadcasting, mixed dtypes, global tensors, traces)."""
@@ -158,7 +182,7 @@ HUBER = _aten_loss(
 def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
              weight=None) -> Tensor:
     """Mean squared error ``(input - target)^2``, reduced."""
-    input, target = interpret.composite("mse_loss", input, target)
+    input, target = _floating_pair("mse_loss", *interpret.composite("mse_loss", input, target))
     reduction = _reduction("mse_loss", reduction, size_average, reduce)
     if _eager_case(input, target):
         return apply(MSE, input, target, reduction=reduction)
@@ -168,14 +192,14 @@ def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, redu
 
 def l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
     """Mean absolute error ``|input - target|``, reduced."""
-    input, target = interpret.composite("l1_loss", input, target)
+    input, target = _broadcast_pair(*interpret.composite("l1_loss", input, target))
     return reduce_loss((input - target).abs(), _reduction("l1_loss", reduction, size_average, reduce))
 
 
 def smooth_l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
                    beta: float = 1.0) -> Tensor:
     """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (L1 for ``beta == 0``)."""
-    input, target = interpret.composite("smooth_l1_loss", input, target)
+    input, target = _floating_pair("smooth_l1_loss", *interpret.composite("smooth_l1_loss", input, target))
     reduction = _reduction("smooth_l1_loss", reduction, size_average, reduce)
     if beta < 0:
         raise RuntimeError(f"holoflow.smooth_l1_loss: beta must be non-negative, got {beta}")

@@ -302,6 +302,8 @@ def movedim(input: Tensor, source, destination) -> Tensor:
         raise ValueError(f"holoflow.movedim: source {source} and destination {destination} differ in length")
     src = [normalize_dim("movedim", d, nd) for d in src]
     dst = [normalize_dim("movedim", d, nd) for d in dst]
+    if nd == 0:   # (dim 0 and -1 of a 0-d tensor name no dim: nothing moves)
+        return apply(PERMUTE, input, dims=())
     dims = [-1] * nd
     for s, d in zip(src, dst):
         dims[d] = s
