@@ -31,8 +31,9 @@ from harness import raised
 # seeds that found bugs (the focused tests at the end minimize them): 127 (var's gradient with no
 # degree of freedom left), 132 (mse_loss of a bool input refused), 196 (split of a 0-d tensor:
 # IndexError), 354 (diag of a matrix was a view), 522 (movedim of a 0-d tensor: IndexError), 4639
-# (clamp(uint8, 0.5, tensor) cast 0.5 to uint8), 4784 (smooth_l1_loss(float16, 0-d float32) was float16)
-FOUND = (127, 132, 196, 354, 522, 4639, 4784)
+# (clamp(uint8, 0.5, tensor) cast 0.5 to uint8), 4784 (smooth_l1_loss(float16, 0-d float32) was float16),
+# 8056 (einsum("ab->ba", y) was a copy, torch's a view)
+FOUND = (127, 132, 196, 354, 522, 4639, 4784, 8056)
 # found and left (strict xfails, so a fix shows): seed -> why
 KNOWN = {
     120: "logsumexp(x, None) computes; torch refuses dim=None (TypeError)",
@@ -828,3 +829,16 @@ def test_pointwise_losses_promote_a_0d_target_as_torch(name):
         want, got = run(torch), [t.to_torch() for t in run(flow)]
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+def test_einsum_permuting_one_operand_is_a_view():
+    """seeds 1257, 8056: ``einsum("ab->ba", y)`` was a copy; torch's is a view of ``y``, so a write
+    into it reaches ``y`` (and ``einsum("->", s)`` of a 0-d ``s`` is ``s``'s alias)."""
+    def run(lib):
+        y = lib.arange(6.0).reshape(2, 3)
+        lib.einsum("ab->ba", y).mul_(2)
+        s = lib.tensor(2.0)
+        lib.einsum("->", s).add_(1)
+        return lib.cat([y.reshape(-1), s.reshape(1)])
+    want, got = _both(run)
+    assert torch.equal(got, want)

@@ -34,7 +34,7 @@ from .layout import tril, triu
 from . import linalg_solve  # (slogdet's gradient of a singular matrix: linalg_solve.INV_EX)
 from .linalg_solve import INV, _square, det, inverse
 from .linalg_solve import cholesky as _linalg_cholesky
-from .shape import cat
+from .shape import PERMUTE, cat
 
 __all__ = ["matmul", "mm", "bmm", "einsum", "outer", "ger", "dot", "inner", "addmm", "baddbmm", "linear",
            "vecdot", "mv", "vdot", "addmv", "addr", "addbmm", "cross", "matrix_power", "matrix_exp", "slogdet",
@@ -626,6 +626,12 @@ def einsum(equation: str, *operands) -> Tensor:
         equation, operands = _sublist_equation((equation,) + operands)
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    if len(operands) == 1 and isinstance(operands[0], Tensor):
+        ins, out = parse_einsum(equation, [tuple(operands[0].shape)])
+        if len(set(ins[0])) == len(ins[0]) and sorted(out) == sorted(ins[0]):
+            # a permutation of one operand: torch's einsum returns a view (writes through it reach
+            # the operand), not a copy
+            return apply(PERMUTE, operands[0], dims=tuple(ins[0].index(c) for c in out))
     return _contract(EINSUM, equation, operands)
 
 
