@@ -32,8 +32,9 @@ from harness import raised
 # degree of freedom left), 132 (mse_loss of a bool input refused), 196 (split of a 0-d tensor:
 # IndexError), 354 (diag of a matrix was a view), 522 (movedim of a 0-d tensor: IndexError), 4639
 # (clamp(uint8, 0.5, tensor) cast 0.5 to uint8), 4784 (smooth_l1_loss(float16, 0-d float32) was float16),
-# 8056 (einsum("ab->ba", y) was a copy, torch's a view)
-FOUND = (127, 132, 196, 354, 522, 4639, 4784, 8056)
+# 6495 (cumprod(bfloat16, dtype=float64)'s gradient was float64), 7642 (addcdiv's complex64 input got a
+# complex128 gradient), 8056 (einsum("ab->ba", y) was a copy, torch's a view)
+FOUND = (127, 132, 196, 354, 522, 4639, 4784, 6495, 7642, 8056)
 # found and left (strict xfails, so a fix shows): seed -> why
 KNOWN = {
     120: "logsumexp(x, None) computes; torch refuses dim=None (TypeError)",
@@ -842,3 +843,19 @@ def test_einsum_permuting_one_operand_is_a_view():
         return lib.cat([y.reshape(-1), s.reshape(1)])
     want, got = _both(run)
     assert torch.equal(got, want)
+
+
+def test_gradients_come_back_in_the_input_dtype():
+    """seed 6495: ``cumprod(bfloat16, dtype=float64)``'s input gradient was float64; seed 7642:
+    ``addcdiv(complex64, float64, complex64)``'s was complex128 (torch casts every gradient to its
+    input's dtype)."""
+    def run(lib):
+        x = lib.tensor([1.5, 2.0, 3.0], dtype=lib.bfloat16, requires_grad=True)
+        lib.cumprod(x, 0, dtype=lib.float64).sum().backward()
+        z = lib.tensor([1 + 1j, 2j], dtype=lib.complex64, requires_grad=True)
+        t = lib.tensor([1.0, 2.0], dtype=lib.float64)
+        lib.addcdiv(z, t, lib.tensor([2 + 1j, 1j], dtype=lib.complex64)).real.sum().backward()
+        return x.grad, z.grad
+    want, got = run(torch), [g.to_torch() for g in run(flow)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w)

@@ -123,8 +123,8 @@ def reduce_grad(g: Tensor, ctx, i: int) -> Tensor:
     shape, dtype = ctx.shapes[i], ctx.dtypes[i]
     if g.shape != shape:
         g = apply(SUM_TO, g, shape=shape)
-    if g._data.dtype != dtype and dtype.is_floating_point:
-        if g._data.is_complex():   # a real input's gradient is the real part, as torch's autograd
+    if g._data.dtype != dtype and (dtype.is_floating_point or dtype.is_complex):   # (complex64 of a complex128 product)
+        if g._data.is_complex() and not dtype.is_complex:   # a real input's gradient is the real part, as torch's
             g = apply(REGISTRY["real"], g)
         if g._data.dtype != dtype:
             g = apply(CAST, g, dtype=dtype)

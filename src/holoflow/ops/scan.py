@@ -53,14 +53,19 @@ def _cumprod_grad(c, dy):
     x, out, d = c.inputs[0], c.out, c.dim
     if dy._data.dtype != x._data.dtype:   # (torch: grad.to(self.scalar_type()) first)
         dy = _cast_to(dy, x._data.dtype)
+    # (and the gradient in x's dtype: ``out`` is in the dtype= asked for, float64 for a bfloat16 x)
+    return (_cast_to(_cumprod_input_grad(x, out, dy, d), x._data.dtype),)
+
+
+def _cumprod_input_grad(x: Tensor, out: Tensor, dy: Tensor, d: int) -> Tensor:
     n = x.shape[d] if x.dim() else 1
     if x.numel() <= 1 or n == 1:
-        return (dy,)
+        return dy
     if not (is_lazy() or x._data.is_meta) and not bool((x == 0).any()):
-        return (apply(REVERSE_CUMSUM, out * dy, dim=d) / x,)
+        return apply(REVERSE_CUMSUM, out * dy, dim=d) / x
     if grad_mode.is_grad_enabled():
-        return (_omitted_products_grad(x, dy, d, n),)
-    return (_first_zero_grad(x, out, dy, d, n),)
+        return _omitted_products_grad(x, dy, d, n)
+    return _first_zero_grad(x, out, dy, d, n)
 
 
 def _first_zero_grad(x: Tensor, out: Tensor, dy: Tensor, d: int, n: int) -> Tensor:
