@@ -112,6 +112,36 @@ def _fresh_args(args: tuple, nums: tuple, who: str) -> tuple[list, list, bool]:
     return args, parts, _outer(originals)
 
 
+def _inner_leaves(parts: list) -> set:
+    """The fresh inputs that are leaves of their own (of arguments nothing outside records), by id."""
+    return {id(x) for fresh, _ in parts for x in fresh if x.grad_fn is None}
+
+
+def _reaches_outside(t: Tensor, inner: set) -> bool:
+    """Whether ``t``'s history reaches a leaf other than ``inner``'s: what outside records."""
+    seen, stack = set(), [t.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for e in node.edges:
+            if type(e) is tuple:
+                stack.append(e[0])
+            elif e is not None and id(e) not in inner:
+                return True
+    return False
+
+
+def _cut(tree: Any, inner: set) -> Any:
+    """``tree`` with every tensor differentiable only with respect to ``inner`` (a fresh input
+    of an argument nothing outside records) detached: as torch.func's results, which require grad
+    outside only through what outside records."""
+    leaves, spec = flatten(tree)
+    return unflatten([x.detach() if isinstance(x, Tensor) and x.requires_grad and (id(x) in inner or not
+                      _reaches_outside(x, inner)) else x for x in leaves], spec)
+
+
 def _regroup(values: list, parts: list) -> list:
     """One value per fresh leaf, back into each argument's structure."""
     out, i = [], 0
@@ -139,7 +169,7 @@ def grad_and_value(func: Callable, argnums: int | tuple = 0, has_aux: bool = Fal
         out = _regroup(gs, parts)
         g = out[0] if isinstance(argnums, int) else tuple(out)
         value = value if keep else value.detach()
-        return (g, (value, aux)) if has_aux else (g, value)
+        return _cut((g, (value, aux)) if has_aux else (g, value), _inner_leaves(parts))
     return wrapped
 
 
@@ -180,8 +210,10 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
                                f"not match the outputs' {[tuple(o.shape) for o in out_leaves]}")
         with grad_mode.enable_grad(), level(depth):
             gs = _grads(out_leaves, wrt, cot, keep, retain=True)
-        return tuple(_regroup(gs, fresh))
+        return _cut(tuple(_regroup(gs, fresh)), inner_leaves)
     shown = out if keep else unflatten([o.detach() for o in out_leaves], out_spec)
+    inner_leaves = _inner_leaves(fresh)
+    shown, aux = _cut((shown, aux), inner_leaves)
     return (shown, vjp_fn, aux) if has_aux else (shown, vjp_fn)
 
 
@@ -244,8 +276,8 @@ def jvp(func: Callable, primals: tuple, tangents: tuple, *, strict: bool = False
                                "the primals; strict=False gives it a zero tangent")
         tans = _linear_map(outs, wrt)(tl, keep, retain=False)
     shown = out if keep else unflatten([o.detach() for o in outs], ospec)
-    result = (shown, unflatten(tans, ospec))
-    return (*result, aux) if has_aux else result
+    result = _cut((shown, unflatten(tans, ospec), aux), _inner_leaves(fresh))
+    return result if has_aux else result[:2]
 
 
 def linearize(func: Callable, *primals: Any) -> tuple[Any, Callable]:
@@ -297,7 +329,7 @@ def _jacobian(func: Callable, argnums: int | tuple, has_aux: bool, who: str) -> 
                        .reshape(tuple(o.shape) + tuple(w.shape)) for r, w in zip(rows, wrt)]
                 per_in = _regroup(jac, parts)
                 per_out.append(per_in[0] if isinstance(argnums, int) else tuple(per_in))
-        result = unflatten(per_out, ospec)
+        result, aux = _cut((unflatten(per_out, ospec), aux), _inner_leaves(parts))
         return (result, aux) if has_aux else result
     return wrapped
 
@@ -331,5 +363,6 @@ def jacfwd(func: Callable, argnums: int | tuple = 0, has_aux: bool = False, *,
 
 
 def hessian(func: Callable, argnums: int | tuple = 0) -> Callable:
-    """The Hessian of a scalar function: the Jacobian of its gradient (``torch.func.hessian``)."""
-    return jacrev(jacrev(func, argnums), argnums)
+    """The Hessian of a scalar function: the Jacobian of its gradient (``torch.func.hessian``),
+    ``jacfwd(jacrev(func))`` as torch's: a function drawing random numbers is refused."""
+    return jacfwd(jacrev(func, argnums), argnums)
