@@ -6,6 +6,7 @@ deterministic algorithms, thread counts) are torch's own, since holoflow's kerne
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import math
 import types
@@ -13,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import out_arg
 from .core import dtype as _dtype
 from .core.tensor import Tensor
 from .ops.creation import empty, tensor
@@ -289,9 +291,10 @@ _CHECKED = {"Tensor": (Tensor, "Tensor"), "int": (int, "int"), "bool": (bool, "b
             "Tensor | None": ((Tensor, type(None)), "Tensor"), "int | None": ((int, type(None)), "int")}
 
 
-def torch_arguments(fn: Callable, name: str | None = None, check_types: bool = True) -> Callable:
-    """``fn`` with torch's argument handling (above); ``fn`` itself when there is nothing to add
-    (no ``dim``/``keepdim``, no annotated Tensor, int or bool parameter, or no signature).
+def torch_arguments(fn: Callable, name: str | None = None, check_types: bool = True, twin: Any = None) -> Callable:
+    """``fn`` with torch's argument handling (above), and ``out=`` where its torch ``twin`` takes
+    it (out_arg.py); ``fn`` itself when there is nothing to add (no ``dim``/``keepdim``, no
+    annotated Tensor, int or bool parameter, no ``out=``, or no signature).
     ``check_types=False``: the NumPy names only (a method: ``self`` is a tensor, and its hot ones,
     ``view``, ``transpose``..., keep their one frame)."""
     try:
@@ -303,20 +306,31 @@ def torch_arguments(fn: Callable, name: str | None = None, check_types: bool = T
     checked = {p.name: _CHECKED[p.annotation] for p in params.values()
                if check_types and isinstance(p.annotation, str) and p.annotation in _CHECKED and p.name != "self"
                and p.kind != p.VAR_KEYWORD}
-    if not renames and not checked:
+    outs = "out" not in params and twin is not None and out_arg.takes_out(twin, name or fn.__name__)
+    takes_dtype = "dtype" in params
+    if not renames and not checked and not outs:
         return fn
     label = f"holoflow.{name or fn.__name__}()"
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if renames and kwargs:
+        out, took = None, False
+        if kwargs:
             for numpy, ours in renames:
                 if numpy in kwargs:
                     if ours in kwargs:
                         raise TypeError(f"{label} got both {ours!r} and its NumPy name {numpy!r}")
                     kwargs[ours] = kwargs.pop(numpy)
+            if outs:
+                out = kwargs.pop("out", None)
+                if out is not None:
+                    took = out_arg.check_out(label, twin, out, args, kwargs)
+                    if takes_dtype and isinstance(took, torch.dtype) and isinstance(out, Tensor) and \
+                            took != out._data.dtype and kwargs.get("dtype") is None:
+                        kwargs["dtype"] = _dtype.from_torch(out._data.dtype)   # (computed in out's dtype)
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            return result if out is None else out_arg.write_out(label, result, out, took is not None)
         except Exception as e:
             # torch checks types before anything else: a non-tensor where a Tensor goes is its
             # TypeError whatever failed (a TypeError of holoflow's own already says so); a
@@ -329,6 +343,14 @@ def torch_arguments(fn: Callable, name: str | None = None, check_types: bool = T
                 raise
             raise TypeError(f"{label}: {wrong}") from e
     return wrapper
+
+
+def _torch_module(name: str) -> Any:
+    """torch's module for holoflow's ``name`` (``holoflow.linalg``: ``torch.linalg``), or None."""
+    try:
+        return importlib.import_module("torch" + name[len("holoflow"):])
+    except ImportError:
+        return None
 
 
 def _wrongly_typed(sig: inspect.Signature, checked: dict, args: tuple, kwargs: dict,
@@ -366,19 +388,21 @@ def install_torch_arguments(namespace: dict, tensor: type, *owners: Any) -> None
     reachable under several names gets one wrapper (``holoflow.vmap is holoflow.func.vmap``)."""
     done: dict = {}
 
-    def wrapped(name: str, fn: Any, check_types: bool = True) -> Any:
+    def wrapped(name: str, fn: Any, check_types: bool = True, twins: Any = None) -> Any:
         if not isinstance(fn, types.FunctionType) or name.startswith("_"):
             return fn
-        key = (fn, check_types)
+        key = (fn, check_types, twins)
         if key not in done:
-            done[key] = torch_arguments(fn, name, check_types)
+            done[key] = torch_arguments(fn, name, check_types, getattr(twins, name, None))
         return done[key]
     for name, fn in list(namespace.items()):
-        namespace[name] = wrapped(name, fn)
+        namespace[name] = wrapped(name, fn, twins=torch)
     for owner, check_types in [(tensor, False)] + [(o, True) for o in owners]:
+        # (torch's module of the same name: its functions tell which take out=)
+        twins = None if owner is tensor else _torch_module(owner.__name__)
         for name, fn in list(vars(owner).items()):
             if owner is tensor and name in _HOT_METADATA:
                 continue
-            new = wrapped(name, fn, check_types)
+            new = wrapped(name, fn, check_types, twins)
             if new is not fn:
                 setattr(owner, name, new)
