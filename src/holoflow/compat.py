@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import out_arg
+from .ops import out_arg
 from .core import dtype as _dtype
 from .core.tensor import Tensor
 from .ops.creation import empty, tensor
@@ -391,9 +391,12 @@ def install_torch_arguments(namespace: dict, tensor: type, *owners: Any) -> None
     def wrapped(name: str, fn: Any, check_types: bool = True, twins: Any = None) -> Any:
         if not isinstance(fn, types.FunctionType) or name.startswith("_"):
             return fn
-        key = (fn, check_types, twins)
+        twin = getattr(twins, name, None)
+        if twin is not None and not out_arg.takes_out(twin, name):
+            twin = None   # (one wrapper per function and handling: holoflow.vmap is holoflow.func.vmap)
+        key = (fn, check_types, twin is not None)
         if key not in done:
-            done[key] = torch_arguments(fn, name, check_types, getattr(twins, name, None))
+            done[key] = torch_arguments(fn, name, check_types, twin)
         return done[key]
     for name, fn in list(namespace.items()):
         namespace[name] = wrapped(name, fn, twins=torch)

@@ -1,4 +1,4 @@
-"""``out=`` as torch takes it (holoflow/out_arg.py), against torch: the result written into the
+"""``out=`` as torch takes it (holoflow/ops/out_arg.py), against torch: the result written into the
 given tensor and returned, resized and cast as torch does, refused where torch refuses (a dtype
 the function doesn't take, autograd recording), several results into a tuple. holoflow refused
 every ``out=`` with a bare TypeError ("unexpected keyword argument 'out'")."""

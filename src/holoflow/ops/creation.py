@@ -22,6 +22,7 @@ from ..core.interpret import is_lazy
 from ..core.registry import defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor, _as_torch, _flat
+from . import out_arg
 from .family import elementwise_sbp
 
 # -- creation inside a graph trace: recorded as ops (eager calls torch directly) --------------
@@ -106,8 +107,8 @@ def _kw(dtype, device) -> dict:
 
 
 def _check_options(op: str, layout=None, out=None) -> None:
-    """torch's ``layout=`` (only ``strided``: holoflow tensors are dense) and ``out=`` (refused,
-    as across holoflow) of a factory."""
+    """torch's ``layout=`` (only ``strided``: holoflow tensors are dense) and ``out=`` (refused
+    where a factory doesn't take it: ``normal`` of tensors, ``range``) of a factory."""
     if layout is not None and layout is not torch.strided:
         raise NotImplementedError(f"holoflow.{op}: layout={layout} is not supported; holoflow tensors are strided "
                                   f"(pass layout=holoflow.strided or leave it out)")
@@ -125,8 +126,12 @@ def _create(op: str, fn, *args, requires_grad: bool = False, placement=None, sbp
     """``fn(*args, **params)`` as a new tensor: under a graph trace a recorded op (a node of the
     program, so a compiled call makes it anew, from its tensor arguments' current values), else
     torch's call (its errors re-raised naming ``op``); global with ``placement``/``sbp`` or inside
-    ``global_mode``."""
-    _check_options(op, layout, out)
+    ``global_mode``; written into ``out`` when given, as torch's ``out=``)."""
+    if out is not None:
+        return _into(op, out, params, lambda **p: _create(op, fn, *args, requires_grad=requires_grad,
+                                                          placement=placement, sbp=sbp, layout=layout,
+                                                          pin_memory=pin_memory, **p))
+    _check_options(op, layout)
     t = _traced(op, fn, *args, placement=placement, sbp=sbp, **params)
     if t is None:
         data = _torch_call(op, fn, *[a._data if isinstance(a, Tensor) else a for a in args], **params)
@@ -134,6 +139,19 @@ def _create(op: str, fn, *args, requires_grad: bool = False, placement=None, sbp
             data = _torch_call(op, torch.Tensor.pin_memory, data)
         t = _finish(data, False, placement, sbp, op)
     return t.requires_grad_(True) if requires_grad else t
+
+
+def _into(op: str, out, params: dict, make) -> Tensor:
+    """A factory's ``out=``: the tensor made in out's dtype and on its device (unless given:
+    torch refuses a dtype other than out's), written into ``out`` (resized), ``out`` returned."""
+    if not isinstance(out, Tensor):
+        raise TypeError(f"holoflow.{op}(): argument 'out' must be Tensor, not {type(out).__name__}")
+    dt = params.get("dtype")
+    if dt is not None and dt != out._data.dtype:
+        raise RuntimeError(f"holoflow.{op}(): dtype {_dtype.scalar_name(dt)} does not match the dtype of out= "
+                           f"({_dtype.scalar_name(out._data.dtype)}); leave dtype out, or pass an out of that dtype")
+    made = make(**{**params, "dtype": out._data.dtype, "device": params.get("device") or out._data.device})
+    return out_arg.write_out(f"holoflow.{op}()", made, out, True)
 
 
 def _tensor_kernel(data, dtype=None, device=None) -> torch.Tensor:
@@ -407,7 +425,8 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
     if size is None:
         raise TypeError("holoflow.randint: size= is required, e.g. randint(0, 10, (3,))")
     return _draw("randint", torch.randint, low=_number(low), high=_number(high), size=_sizes((size,), "randint"),
-                 generator=generator, dtype=_dtype.to_torch(dtype or _dtype.int64), device=device,
+                 generator=generator, dtype=_dtype.to_torch(dtype or (None if out is not None else _dtype.int64)),
+                 device=device,
                  requires_grad=requires_grad, placement=placement, sbp=sbp, out=out, layout=layout,
                  pin_memory=pin_memory)
 

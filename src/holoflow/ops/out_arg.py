@@ -17,10 +17,10 @@ from typing import Any, Callable
 
 import torch
 
-from .core.device import device
-from .core.dtype import dtype, scalar_name, to_torch
-from .core.grad_mode import is_grad_enabled
-from .core.tensor import Tensor
+from ..core.device import device
+from ..core.dtype import dtype, scalar_name, to_torch
+from ..core.grad_mode import is_grad_enabled
+from ..core.tensor import Tensor
 
 
 def takes_out(twin: Any, name: str) -> bool:
