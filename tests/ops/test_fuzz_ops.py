@@ -33,8 +33,9 @@ from harness import raised
 # IndexError), 354 (diag of a matrix was a view), 522 (movedim of a 0-d tensor: IndexError), 4639
 # (clamp(uint8, 0.5, tensor) cast 0.5 to uint8), 4784 (smooth_l1_loss(float16, 0-d float32) was float16),
 # 6495 (cumprod(bfloat16, dtype=float64)'s gradient was float64), 7642 (addcdiv's complex64 input got a
-# complex128 gradient), 8056 (einsum("ab->ba", y) was a copy, torch's a view)
-FOUND = (127, 132, 196, 354, 522, 4639, 4784, 6495, 7642, 8056)
+# complex128 gradient), 8056 (einsum("ab->ba", y) was a copy, torch's a view),
+# 424 (amin() of an empty tensor: IndexError, torch's RuntimeError)
+FOUND = (127, 132, 196, 354, 424, 522, 4639, 4784, 6495, 7642, 8056)
 # found and left (strict xfails, so a fix shows): seed -> why
 KNOWN = {
     120: "logsumexp(x, None) computes; torch refuses dim=None (TypeError)",
@@ -859,3 +860,14 @@ def test_gradients_come_back_in_the_input_dtype():
     want, got = run(torch), [g.to_torch() for g in run(flow)]
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+@pytest.mark.parametrize("name", ["amax", "amin"])
+def test_extremes_of_every_dim_of_an_empty_tensor_raise_as_torch(name):
+    """seeds 424, 3354: ``amin()`` of an empty tensor raised IndexError (the kernel's, for a
+    listed empty dim); torch's default over every dim is a RuntimeError."""
+    want = raised(lambda: getattr(torch.zeros(6, 0), name)())
+    assert type(want) is RuntimeError
+    with pytest.raises(RuntimeError, match=f"holoflow.{name}") as got:
+        getattr(flow.zeros(6, 0), name)()
+    assert not isinstance(got.value, IndexError)

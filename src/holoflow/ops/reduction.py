@@ -439,13 +439,23 @@ def prod(input: Tensor, dim: int | None = None, keepdim: bool = False, *, dtype=
     return apply(PROD, input, dim=dims, keepdim=keepdim, dtype=_tdtype(dtype))
 
 
+def _every_dim_of_empty(name: str, input: Tensor, dim) -> None:
+    """torch's refusal (RuntimeError) to take an extreme over every dim of an empty tensor by
+    default; a listed empty dim is an IndexError (the kernel's)."""
+    if input.numel() == 0 and (dim is None or not isinstance(dim, int) and len(dim) == 0):
+        raise ShapeError(f"holoflow.{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                         f"Specify the reduction dim with the 'dim' argument")
+
+
 def amax(input: Tensor, dim=(), keepdim: bool = False) -> Tensor:
     """Maximum over ``dim`` (all dims by default); the gradient is shared evenly among ties."""
+    _every_dim_of_empty("amax", input, dim)
     return apply(AMAX, input, dim=reduce_dims("amax", dim, input.dim()), keepdim=keepdim)
 
 
 def amin(input: Tensor, dim=(), keepdim: bool = False) -> Tensor:
     """Minimum over ``dim`` (all dims by default); the gradient is shared evenly among ties."""
+    _every_dim_of_empty("amin", input, dim)
     return apply(AMIN, input, dim=reduce_dims("amin", dim, input.dim()), keepdim=keepdim)
 
 
