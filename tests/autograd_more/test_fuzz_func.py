@@ -23,7 +23,7 @@ import torch
 import holoflow as flow
 
 # seeds that found a bug (fixed since), run in CI besides the first ones
-FOUND = (0, 12, 33, 193, 239, 504, 508, 679, 752)
+FOUND = (0, 12, 33, 193, 239, 504, 508, 679, 752, 1231)
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))   # (a longer hunt: new seeds from here)
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 60)))) | set(FOUND))
 DTYPE = torch.float64
@@ -151,7 +151,7 @@ def _functions(lib) -> dict:
         @staticmethod
         def setup_context(ctx, inputs, output):
             ctx.save_for_backward(inputs[0])
-            ctx.x = inputs[0]
+            ctx.save_for_forward(inputs[0])
 
         @staticmethod
         def backward(ctx, g):
@@ -160,7 +160,8 @@ def _functions(lib) -> dict:
 
         @staticmethod
         def jvp(ctx, t):
-            return 2 * ctx.x * t
+            (x,) = ctx.saved_tensors
+            return 2 * x * t
 
     class Cube(F):   # the old style: forward takes ctx (torch.func refuses it)
         @staticmethod
@@ -697,6 +698,7 @@ TORCH_ONLY = (
     "escaped from inside a function being vmapped",   # (checkpoint under vmap)
     "index 0 out of range for tensor of size [0]",    # (jacrev/jacfwd/hessian under an empty vmap)
     "cannot reshape tensor of 0 elements into shape [0, -1]",   # (reshape(-1) under an empty vmap)
+    "Cannot set version_counter for inference tensor",   # (an inference_mode result under vmap and jvp)
 )
 
 # derivative orders, to skip what torch computes wrong
@@ -705,14 +707,18 @@ DRIVER_ORDER = {"call": 0, "backward": 1, "grad2": 2}
 
 
 def _torch_wrong(prog: dict) -> bool:
-    """Whether torch 2.13's answer is known wrong: its layer_norm derivatives past the first
+    """Whether torch 2.13's answer is known wrong: a custom Function's jvp staticmethod in a third
+    derivative (hessian(jvp(f))) disagrees with the same function written with plain ops; its
+    layer_norm derivatives past the first
     disagree with finite differences in reverse over forward mode (``vjp(jacfwd(layer_norm))``,
     hessian's jacfwd(jacrev)), and from the third on in reverse mode alone (holoflow's agree with
     torch's there, so that one is left to the op tests)."""
-    if not any(name == "layer_norm" for name, _, _ in prog["body"]):
-        return False
     order = sum(ORDER[n] for n, _ in prog["transforms"]) + DRIVER_ORDER[prog["driver"]]
     forward = any(n in ("jvp", "jacfwd", "hessian") for n, _ in prog["transforms"])
+    if any(name == "custom" and p["fn"] == "square" for name, _, p in prog["body"]) and forward and order >= 3:
+        return True   # (its jvp staticmethod differentiated twice more: torch's disagrees with x * x's, seed 1325)
+    if not any(name == "layer_norm" for name, _, _ in prog["body"]):
+        return False
     return order >= 3 or order >= 2 and forward
 
 
@@ -840,3 +846,38 @@ def test_a_result_requires_grad_only_through_what_outside_records(lib):
     assert not jx.requires_grad and jy.requires_grad
     out, vjp_fn = lib.func.vjp(lambda x: x.sin(), x)
     assert not out.requires_grad and not vjp_fn(lib.ones(3, dtype=lib.float64))[0].requires_grad
+
+
+@pytest.mark.parametrize("lib", [torch, flow], ids=["torch", "holoflow"])
+def test_a_transform_stays_differentiable_in_what_its_function_closes_over(lib):
+    # jacrev in x, which nothing outside records, of a function closing over w, which the grad
+    # around it records: holoflow decided from x alone that nothing outside differentiates the
+    # Jacobian, detached it, and the gradient in w was zeros (silent; seed 1231, there through
+    # functional_call's parameters)
+    x, w = _wave(lib, (3,), 0.1), _wave(lib, (3,), 0.6)
+    g = lib.func.grad(lambda w: (lib.func.jacrev(lambda x: (x * w).sin())(x) * _wave(lib, (3, 3))).sum())(w)
+    want = torch.func.grad(lambda w: (torch.func.jacrev(lambda x: (x * w).sin())(_wave(torch, (3,), 0.1)) *
+                                      _wave(torch, (3, 3))).sum())(_wave(torch, (3,), 0.6))
+    torch.testing.assert_close(torch.from_numpy(_numpy(g)[2]), want)
+
+
+# checkpoint(use_reentrant=False) is a custom Function whose backward recomputes the function and
+# backpropagates through it without create_graph, into every leaf the recomputation reaches:
+# gradients through it are not differentiable (torch's are), forward mode through it (computed
+# by reverse mode) gives zeros, and autograd.grad of the inputs alone accumulates .grad into the
+# parameters the function closes over (seeds 1100, 1106, 1427). torch's non-reentrant checkpoint
+# is saved-tensor hooks around the first run (recompute on unpack), which fixes all three.
+_CHECKPOINT = "holoflow's checkpoint backward is not differentiable and writes closed-over .grad (not fixed yet)"
+
+
+@pytest.mark.xfail(strict=True, reason=_CHECKPOINT)
+def test_checkpoint_is_differentiable_twice_and_in_forward_mode():
+    from holoflow.utils.checkpoint import checkpoint
+    x = flow.tensor([0.5, 1.0, 2.0], dtype=flow.float64, requires_grad=True)
+    w = flow.tensor([1.5, -1.0, 0.5], dtype=flow.float64, requires_grad=True)
+    (g,) = flow.autograd.grad(checkpoint(lambda a: (a * w).sin() * a, x, use_reentrant=False).sum(), x,
+                              create_graph=True)
+    assert w.grad is None and g.requires_grad
+    _, t = flow.func.jvp(lambda a: checkpoint(lambda b: b.sin() * b, a, use_reentrant=False), (x.detach(),),
+                         (flow.ones(3, dtype=flow.float64),))
+    assert bool((t != 0).all())

@@ -46,6 +46,11 @@ class FunctionCtx:
             self._saved = tuple(pack(t, hooks) if isinstance(t, Tensor) else t for t in saved)
             self._versions, self._packed = (), True
 
+    def save_for_forward(self, *tensors) -> None:
+        """torch's tensors for a ``jvp`` staticmethod (read back as ``saved_tensors`` there):
+        holoflow computes forward mode by reverse mode through ``backward``, so they are only kept."""
+        self._saved_for_forward = tensors
+
     def mark_non_differentiable(self, *tensors) -> None:
         self._non_diff = {id(t) for t in tensors}
 

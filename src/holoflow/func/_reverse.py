@@ -75,17 +75,15 @@ def _tensors(tree: Any, who: str, what: str = "outputs", error: type = RuntimeEr
     return leaves, spec
 
 
-def _track(x: Tensor) -> Tensor:
+def _track(x: Tensor, depth: int) -> Tensor:
     """A fresh input to differentiate with respect to: still differentiable with respect to what
-    ``x`` came from when an enclosing transform (or the caller) records ``x``."""
+    ``x`` came from when an enclosing transform (or the caller) records ``x``; else a leaf of the
+    transform at level ``depth``, which no transform outside it records (``_reaches_outside``)."""
     if x.requires_grad and grad_mode.STATE.enabled:
         return x.view_as(x)
-    return x.detach().requires_grad_(True)
-
-
-def _outer(xs: list) -> bool:
-    """Whether the results must stay differentiable: an input was recorded from outside."""
-    return grad_mode.STATE.enabled and any(x.requires_grad for x in xs)
+    fresh = x.detach().requires_grad_(True)
+    fresh._func_level = depth
+    return fresh
 
 
 def _grads(out: list, wrt: list, cot: list | None, keep: bool, retain: bool = False) -> list:
@@ -100,25 +98,21 @@ def _grads(out: list, wrt: list, cot: list | None, keep: bool, retain: bool = Fa
 
 def _fresh_args(args: tuple, nums: tuple, who: str) -> tuple[list, list, bool]:
     """``args`` with the arguments ``nums`` replaced by fresh inputs to differentiate with respect
-    to: ``(args, parts, keep)``, ``parts`` one ``(fresh leaves, structure)`` per argument, ``keep``
-    whether an enclosing transform (or the caller) records them."""
+    to: ``(args, parts, outer)``, ``parts`` one ``(fresh leaves, structure)`` per argument,
+    ``outer`` whether grad mode is on outside (see ``_keep``)."""
     args, parts, originals = list(args), [], []
     for a in nums:
         leaves, spec = _tensors(args[a], who, "inputs to differentiate with respect to", ValueError)
         originals += leaves
-        fresh = [_track(x) for x in leaves]
+        fresh = [_track(x, inner()) for x in leaves]
         parts.append((fresh, spec))
         args[a] = unflatten(fresh, spec)
-    return args, parts, _outer(originals)
+    return args, parts, grad_mode.STATE.enabled
 
 
-def _inner_leaves(parts: list) -> set:
-    """The fresh inputs that are leaves of their own (of arguments nothing outside records), by id."""
-    return {id(x) for fresh, _ in parts for x in fresh if x.grad_fn is None}
-
-
-def _reaches_outside(t: Tensor, inner: set) -> bool:
-    """Whether ``t``'s history reaches a leaf other than ``inner``'s: what outside records."""
+def _reaches_outside(t: Tensor, depth: int) -> bool:
+    """Whether ``t``'s history reaches a leaf recorded outside the transform at level ``depth``:
+    any but the fresh inputs of that transform and of those inside it."""
     seen, stack = set(), [t.grad_fn]
     while stack:
         node = stack.pop()
@@ -128,18 +122,26 @@ def _reaches_outside(t: Tensor, inner: set) -> bool:
         for e in node.edges:
             if type(e) is tuple:
                 stack.append(e[0])
-            elif e is not None and id(e) not in inner:
+            elif e is not None and e.__dict__.get("_func_level", 0) < depth:
                 return True
     return False
 
 
-def _cut(tree: Any, inner: set) -> Any:
-    """``tree`` with every tensor differentiable only with respect to ``inner`` (a fresh input
-    of an argument nothing outside records) detached: as torch.func's results, which require grad
-    outside only through what outside records."""
+def _keep(outer: bool, outs: list, depth: int) -> bool:
+    """Whether the results must stay differentiable (``create_graph``): grad mode is on outside
+    and an output reaches a tensor recorded there, an argument or one the function closes over
+    (``grad(lambda w: jacrev(lambda x: x * w)(x0).sum())(w)``); ``depth``: the transform's level."""
+    return outer and any(isinstance(o, Tensor) and o.requires_grad and _reaches_outside(o, depth) for o in outs)
+
+
+def _cut(tree: Any, depth: int) -> Any:
+    """``tree`` with every tensor differentiable only with respect to the fresh inputs of the
+    transform at level ``depth`` (and of those inside it) detached: as torch.func's results, which
+    require grad outside only through what outside records."""
     leaves, spec = flatten(tree)
-    return unflatten([x.detach() if isinstance(x, Tensor) and x.requires_grad and (id(x) in inner or not
-                      _reaches_outside(x, inner)) else x for x in leaves], spec)
+    return unflatten([x.detach() if isinstance(x, Tensor) and x.requires_grad and
+                      (x.__dict__.get("_func_level", 0) >= depth or not _reaches_outside(x, depth)) else x
+                      for x in leaves], spec)
 
 
 def _regroup(values: list, parts: list) -> list:
@@ -156,20 +158,22 @@ def grad_and_value(func: Callable, argnums: int | tuple = 0, has_aux: bool = Fal
     arguments ``argnums`` (the gradient mirrors their structure); with ``has_aux`` the function
     returns ``(value, aux)`` and the result is ``(gradient, (value, aux))``."""
     def wrapped(*args, **kwargs):
+        depth = inner()
         args, parts, keep = _fresh_args(args, _argnums(argnums, len(args), "grad"), "grad")
-        with grad_mode.enable_grad(), level(inner()):
+        with grad_mode.enable_grad(), level(depth):
             res = func(*args, **kwargs)
             value, aux = _split_aux(res, has_aux, "grad")
             if not isinstance(value, Tensor) or value.numel() != 1:
                 what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
                 raise RuntimeError(f"holoflow.func.grad: the function must return a scalar tensor (one "
                                    f"element) to differentiate, got {what}; use jacrev or vjp for others")
+            keep = _keep(keep, [value], depth)
             # (aux, returned as it is, may reach back through the function's graph: kept for it)
             gs = _grads([value], [x for fresh, _ in parts for x in fresh], None, keep, retain=has_aux)
         out = _regroup(gs, parts)
         g = out[0] if isinstance(argnums, int) else tuple(out)
         value = value if keep else value.detach()
-        return _cut((g, (value, aux)) if has_aux else (g, value), _inner_leaves(parts))
+        return _cut((g, (value, aux)) if has_aux else (g, value), depth)
     return wrapped
 
 
@@ -195,12 +199,13 @@ def grad(func: Callable, argnums: int | tuple = 0, has_aux: bool = False) -> Cal
 def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     """``(func(*primals), vjp_fn)``: ``vjp_fn(cotangents)`` gives one gradient per primal
     (structured as the primals), as ``torch.func.vjp``; it may be called more than once."""
-    args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "vjp")
     depth = inner()
+    args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "vjp")
     with grad_mode.enable_grad(), level(depth):
         res = func(*args)
     out, aux = _split_aux(res, has_aux, "vjp")
     out_leaves, out_spec = _tensors(out, "vjp")
+    keep = _keep(keep, out_leaves, depth)
     wrt = [x for f, _ in fresh for x in f]
 
     def vjp_fn(cotangents: Any) -> tuple:
@@ -210,10 +215,9 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
                                f"not match the outputs' {[tuple(o.shape) for o in out_leaves]}")
         with grad_mode.enable_grad(), level(depth):
             gs = _grads(out_leaves, wrt, cot, keep, retain=True)
-        return _cut(tuple(_regroup(gs, fresh)), inner_leaves)
+        return _cut(tuple(_regroup(gs, fresh)), depth)
     shown = out if keep else unflatten([o.detach() for o in out_leaves], out_spec)
-    inner_leaves = _inner_leaves(fresh)
-    shown, aux = _cut((shown, aux), inner_leaves)
+    shown, aux = _cut((shown, aux), depth)
     return (shown, vjp_fn, aux) if has_aux else (shown, vjp_fn)
 
 
@@ -265,18 +269,20 @@ def jvp(func: Callable, primals: tuple, tangents: tuple, *, strict: bool = False
         if not isinstance(value, tuple):
             raise RuntimeError(f"holoflow.func.jvp: expected {name} to be a tuple (func(*primals) is called), "
                                f"got {type(value).__name__}")
+    depth = inner()
     args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "jvp")
     wrt = [x for f, _ in fresh for x in f]
     tl = _check_tangents(tangents, primals, wrt, "jvp")
-    with grad_mode.enable_grad(), level(inner(), hooks=False):
+    with grad_mode.enable_grad(), level(depth, hooks=False):
         out, aux = _split_aux(func(*args), has_aux, "jvp")
         outs, ospec = _tensors(out, "jvp")
+        keep = _keep(keep, outs, depth)
         if strict and not all(o.requires_grad for o in outs):
             raise RuntimeError("holoflow.func.jvp(strict=True): an output of the function does not depend on "
                                "the primals; strict=False gives it a zero tangent")
         tans = _linear_map(outs, wrt)(tl, keep, retain=False)
     shown = out if keep else unflatten([o.detach() for o in outs], ospec)
-    result = _cut((shown, unflatten(tans, ospec), aux), _inner_leaves(fresh))
+    result = _cut((shown, unflatten(tans, ospec), aux), depth)
     return result if has_aux else result[:2]
 
 
@@ -288,11 +294,13 @@ def linearize(func: Callable, *primals: Any) -> tuple[Any, Callable]:
     >>> out, jvp_fn = linearize(flow.sin, x)
     >>> jvp_fn(t)            # == flow.cos(x) * t
     """
+    depth = inner()
     args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "linearize")
     wrt = [x for f, _ in fresh for x in f]
-    with grad_mode.enable_grad(), level(inner(), hooks=False):
+    with grad_mode.enable_grad(), level(depth, hooks=False):
         out = func(*args)
         outs, ospec = _tensors(out, "linearize")
+        keep = _keep(keep, outs, depth)
         apply = _linear_map(outs, wrt)
 
     def jvp_fn(*tangents: Any) -> Any:
@@ -309,11 +317,13 @@ def _jacobian(func: Callable, argnums: int | tuple, has_aux: bool, who: str) -> 
     quiet = (lambda: level(-1)) if who == "jacfwd" else contextlib.nullcontext
 
     def wrapped(*args, **kwargs):
+        depth = inner()
         args, parts, keep = _fresh_args(args, _argnums(argnums, len(args), who), who)
         wrt = [x for f, _ in parts for x in f]
-        with grad_mode.enable_grad(), level(inner(), hooks=who != "jacfwd"):
+        with grad_mode.enable_grad(), level(depth, hooks=who != "jacfwd"):
             out, aux = _split_aux(func(*args, **kwargs), has_aux, who)
             outs, ospec = _tensors(out, who)
+            keep = _keep(keep, outs, depth)
             per_out = []
             for o in outs:
                 rows = [[] for _ in wrt]
@@ -329,7 +339,7 @@ def _jacobian(func: Callable, argnums: int | tuple, has_aux: bool, who: str) -> 
                        .reshape(tuple(o.shape) + tuple(w.shape)) for r, w in zip(rows, wrt)]
                 per_in = _regroup(jac, parts)
                 per_out.append(per_in[0] if isinstance(argnums, int) else tuple(per_in))
-        result, aux = _cut((unflatten(per_out, ospec), aux), _inner_leaves(parts))
+        result, aux = _cut((unflatten(per_out, ospec), aux), depth)
         return (result, aux) if has_aux else result
     return wrapped
 
