@@ -34,8 +34,9 @@ from harness import raised
 # (clamp(uint8, 0.5, tensor) cast 0.5 to uint8), 4784 (smooth_l1_loss(float16, 0-d float32) was float16),
 # 6495 (cumprod(bfloat16, dtype=float64)'s gradient was float64), 7642 (addcdiv's complex64 input got a
 # complex128 gradient), 8056 (einsum("ab->ba", y) was a copy, torch's a view),
-# 424 (amin() of an empty tensor: IndexError, torch's RuntimeError)
-FOUND = (127, 132, 196, 354, 424, 522, 4639, 4784, 6495, 7642, 8056)
+# 424 (amin() of an empty tensor: IndexError, torch's RuntimeError), 4128 (cross_entropy with no
+# class: ZeroDivisionError)
+FOUND = (127, 132, 196, 354, 424, 522, 4128, 4639, 4784, 6495, 7642, 8056)
 # found and left (strict xfails, so a fix shows): seed -> why
 KNOWN = {
     120: "logsumexp(x, None) computes; torch refuses dim=None (TypeError)",
@@ -871,3 +872,18 @@ def test_extremes_of_every_dim_of_an_empty_tensor_raise_as_torch(name):
     with pytest.raises(RuntimeError, match=f"holoflow.{name}") as got:
         getattr(flow.zeros(6, 0), name)()
     assert not isinstance(got.value, IndexError)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean", "none"])
+def test_cross_entropy_with_no_class_and_every_target_ignored(reduction):
+    """seed 4128: ``cross_entropy`` of an (N, 0) input whose targets are all ``ignore_index``
+    raised ZeroDivisionError with label smoothing (torch: NaN), and its backward an index error."""
+    def run(lib):
+        x = lib.zeros(2, 0, requires_grad=True)
+        loss = lib.nn.functional.cross_entropy(x, lib.tensor([0, 0]), reduction=reduction, label_smoothing=0.1,
+                                               ignore_index=0)
+        loss.sum().backward()
+        return loss.detach(), x.grad
+    want, got = run(torch), [t.to_torch() for t in run(flow)]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, equal_nan=True)

@@ -36,7 +36,9 @@ def _class_coeffs(x, t, w, ignore_index, ls, cdim, acc):
     mask of the counted targets' positions."""
     valid = t != ignore_index
     ts = torch.where(valid, t, torch.zeros_like(t))
-    hit = torch.zeros(x.shape, dtype=torch.bool, device=x.device).scatter_(cdim, ts.unsqueeze(cdim), True)
+    hit = torch.zeros(x.shape, dtype=torch.bool, device=x.device)
+    if x.shape[cdim]:   # (no class at all: every target is ignored, nothing to mark)
+        hit.scatter_(cdim, ts.unsqueeze(cdim), True)
     hit &= valid.unsqueeze(cdim)
     wt = (w.to(acc)[ts] if w is not None else torch.ones(t.shape, dtype=acc, device=x.device)) * valid
     a = hit * wt.unsqueeze(cdim) * (1 - ls)
@@ -44,7 +46,8 @@ def _class_coeffs(x, t, w, ignore_index, ls, cdim, acc):
         shape = [1] * x.dim()
         shape[cdim] = x.shape[cdim]
         wc = w.to(acc).view(shape) if w is not None else 1.0
-        a = a + (ls / x.shape[cdim]) * wc * valid.unsqueeze(cdim).to(acc)   # a bool mask times a float is float32
+        # (a bool mask times a float is float32; no class: an empty a, any share)
+        a = a + (ls / max(x.shape[cdim], 1)) * wc * valid.unsqueeze(cdim).to(acc)
     return a, wt.sum(), hit
 
 
@@ -477,7 +480,9 @@ def _smoothed_cross_entropy(x: Tensor, target: Tensor, reduction: str, ignore_in
         smooth = smooth.sum() / (~ignored).sum()
     elif reduction == "sum":
         smooth = smooth.sum()
-    return (1 - label_smoothing) * nll + smooth * (label_smoothing / x.shape[1])
+    # (no class: torch's double division gives inf, so the loss is NaN, not a Python error)
+    share = label_smoothing / x.shape[1] if x.shape[1] else math.inf
+    return (1 - label_smoothing) * nll + smooth * share
 
 
 def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average=None,
