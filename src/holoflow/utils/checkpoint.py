@@ -21,6 +21,7 @@ from ..amp.autocast import autocast, get_autocast_dtype, is_autocast_enabled
 from ..autograd import Function
 from ..autograd import backward as _backward
 from ..core import generators, grad_mode
+from ..core.autograd import current_graph_task
 from ..core.tensor import Tensor
 
 __all__ = ["checkpoint", "checkpoint_sequential"]
@@ -62,8 +63,8 @@ def _replaying(states: list | None, devices: list):
 
 class _Recompute(Function):
     @staticmethod
-    def forward(ctx, run: Callable, preserve_rng: bool, n_args: int, *args):
-        ctx.run, ctx.preserve_rng, ctx.n_args = run, preserve_rng, n_args
+    def forward(ctx, run: Callable, preserve_rng: bool, reentrant: bool, n_args: int, *args):
+        ctx.run, ctx.preserve_rng, ctx.reentrant, ctx.n_args = run, preserve_rng, reentrant, n_args
         ctx.devices = _rng_devices(args[:n_args])
         ctx.rng_states = [generators.get_state(d) for d in ctx.devices] if preserve_rng else None
         ctx.autocast = _autocast_state()
@@ -74,6 +75,11 @@ class _Recompute(Function):
     @staticmethod
     def backward(ctx, *grads):
         ctx.saved_tensors  # noqa: B018 - raises if an input was modified in place since forward
+        task = current_graph_task()
+        if ctx.reentrant and task is not None and task.runs is not None:   # (torch's _is_checkpoint_valid)
+            raise RuntimeError("When use_reentrant=True, holoflow.utils.checkpoint is incompatible with .grad() or "
+                               "passing an `inputs` parameter to .backward(), as torch's: set use_reentrant=False, "
+                               "or call .backward() without `inputs`")
         inputs = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, Tensor) else a
                        for a in ctx.args)
         with _replaying(ctx.rng_states, ctx.devices):
@@ -87,7 +93,7 @@ class _Recompute(Function):
         if pairs:
             _backward([o for o, _ in pairs], [g for _, g in pairs])
         # the anchors' (parameters') gradients were accumulated by the backward above
-        return (None, None, None) + tuple(i.grad if isinstance(i, Tensor) and i.requires_grad else None
+        return (None, None, None, None) + tuple(i.grad if isinstance(i, Tensor) and i.requires_grad else None
                                           for i in inputs) + (None,) * ctx.n_anchors
 
 
@@ -112,7 +118,7 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None
     anchors = [] if needs else _owner_params(function)
     if not needs and not anchors:
         return run(*args)
-    return _Recompute.apply(run, preserve_rng_state, len(args), *args, *anchors)
+    return _Recompute.apply(run, preserve_rng_state, bool(use_reentrant), len(args), *args, *anchors)
 
 
 def checkpoint_sequential(functions: Any, segments: int, input: Any, use_reentrant: bool | None = None,
