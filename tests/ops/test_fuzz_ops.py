@@ -35,8 +35,8 @@ from harness import raised
 # 6495 (cumprod(bfloat16, dtype=float64)'s gradient was float64), 7642 (addcdiv's complex64 input got a
 # complex128 gradient), 8056 (einsum("ab->ba", y) was a copy, torch's a view),
 # 424 (amin() of an empty tensor: IndexError, torch's RuntimeError), 4128 (cross_entropy with no
-# class: ZeroDivisionError)
-FOUND = (127, 132, 196, 354, 424, 522, 4128, 4639, 4784, 6495, 7642, 8056)
+# class: ZeroDivisionError), 374 (lerp(int32, int32, 0-d float32) refused; torch's kernel promotes)
+FOUND = (127, 132, 196, 354, 374, 424, 522, 4128, 4639, 4784, 6495, 7642, 8056)
 # found and left (strict xfails, so a fix shows): seed -> why
 KNOWN = {
     120: "logsumexp(x, None) computes; torch refuses dim=None (TypeError)",
@@ -464,7 +464,10 @@ def _draw_loss(rng, ref, x, pool, name):
     kw = {"reduction": str(rng.choice(("mean", "sum", "none")))}
     if name == "smooth_l1_loss" and rng.random() < 0.5:
         kw["beta"] = 0.5
-    return (ref, _like(rng, x, pool)), kw
+    target = _like(rng, x, pool)
+    if not isinstance(target, (Ref, Leaf)):   # (torch's losses crash on a number: AttributeError, no .size())
+        target = _leaf(rng, _dtype_of(x), ())
+    return (ref, target), kw
 
 
 def _draw_pad(rng, ref, x, pool, name):
@@ -887,3 +890,15 @@ def test_cross_entropy_with_no_class_and_every_target_ignored(reduction):
     want, got = run(torch), [t.to_torch() for t in run(flow)]
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, equal_nan=True)
+
+
+def test_lerp_of_integer_tensors_with_a_0d_float_weight_promotes_as_torch():
+    """seed 374: ``lerp(int32, int32, 0-d float32 weight)`` was refused up front; torch's kernel
+    promotes it (float32), and refuses a number weight itself (NotImplementedError, kept)."""
+    def run(lib):
+        a = lib.tensor([1, 2, 3], dtype=lib.int32)
+        return lib.lerp(a, a * 3, lib.tensor(0.5))
+    want, got = _both(run)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    with pytest.raises(NotImplementedError, match="holoflow.lerp"):
+        flow.lerp(flow.tensor([1, 2]), flow.tensor([3, 4]), 0.5)

@@ -523,12 +523,9 @@ LERP = defop("lerp", torch.lerp, grad=_lerp_grad, save="inputs", family="element
 
 
 def lerp(input: Tensor, end: Tensor, weight) -> Tensor:
-    """``input + weight * (end - input)``, as ``torch.lerp`` (floating point inputs; its kernel,
-    so its rounding)."""
-    for name, v in (("input", input), ("end", end), ("weight", weight)):
-        if isinstance(v, Tensor) and not (v.is_floating_point() or v.is_complex()):
-            raise NotImplementedError(f"holoflow.lerp: {name} has dtype {v.dtype}; lerp needs floating point "
-                                      f"or complex tensors")
+    """``input + weight * (end - input)``, as ``torch.lerp`` (its kernel, so its rounding, and its
+    dtype rules: integer tensors with a 0-d floating weight promote, other integer cases are
+    refused by the kernel, NotImplementedError)."""
     return apply(LERP, input, end, weight)
 
 
