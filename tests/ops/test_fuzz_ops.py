@@ -9,8 +9,9 @@ tolerance, NaN where NaN), in-place methods must return their tensor; when torch
 must raise the same class; at the end every live tensor's value must agree and, where the
 program's last tensor requires grad, the gradients of a weighted sum of it w.r.t. the leaves.
 
-``out=``: holoflow refuses it across its API (``TypeError``, the argument named), by design; what
-is checked is that it never accepts one silently (a result not written there).
+``out=``: compared as torch's (the tensor returned, its dtype, shape and values); a function that
+refuses it with a ``TypeError`` naming ``out`` (holoflow took none before ops/out_arg.py) is
+compared up to that step, so one never accepted silently.
 
 Each seed is one program; ``_program(seed)`` lists its steps. A longer hunt:
 ``HOLOFLOW_FUZZ_FIRST=100000 HOLOFLOW_FUZZ_SEEDS=20000`` (from that seed on)."""
@@ -706,7 +707,7 @@ def _grads(lib, pool: list, leaves: list, seed: int):
 
 
 def _is_out_refusal(err: BaseException | None, program: list, steps_run: int) -> bool:
-    """Whether holoflow refused an ``out=`` (by design, a TypeError naming the argument)."""
+    """Whether holoflow refused an ``out=`` it doesn't take (a TypeError naming the argument)."""
     step = [s for s in program if s[0] != "leaf"][steps_run] if err is not None else None
     return step is not None and "out" in step[3] and isinstance(err, TypeError) and "out" in str(err)
 
