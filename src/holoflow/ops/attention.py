@@ -39,7 +39,6 @@ from typing import Any
 import torch
 import torch.nn.functional as TF
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import CausalVariant
 
 from ..core import generators, grad_mode
 from ..core.dispatch import apply
@@ -333,6 +332,13 @@ def _repeat_kv_heads(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor,
             value.repeat_interleave(hq // hv, -3) if hv != hq else value)
 
 
+def causal_variant() -> type:
+    """torch's ``CausalVariant`` enum, imported at first use: its module imports torch._dynamo,
+    about half of ``import holoflow``'s time were it imported with this one."""
+    from torch.nn.attention.bias import CausalVariant
+    return CausalVariant
+
+
 class CausalBias:
     """A causal mask described, not materialized (``torch.nn.attention.bias.CausalBias``): the
     upper-left variant (``tril`` of the (L, S) scores, as ``is_causal``) or the lower-right one
@@ -341,6 +347,7 @@ class CausalBias:
     kernel where it applies); ``_materialize`` (torch's name) gives the boolean mask."""
 
     def __init__(self, variant: Any, seq_len_q: int, seq_len_kv: int) -> None:
+        CausalVariant = causal_variant()
         if not isinstance(variant, CausalVariant):
             raise AssertionError(f"variant must be a CausalVariant, got {type(variant).__name__}")
         self.variant, self.seq_len_q, self.seq_len_kv = variant, seq_len_q, seq_len_kv
@@ -349,7 +356,7 @@ class CausalBias:
                           stacklevel=2)
 
     def _materialize(self, device: Any = None) -> Tensor:
-        offset = 0 if self.variant == CausalVariant.UPPER_LEFT else self.seq_len_kv - self.seq_len_q
+        offset = 0 if self.variant == causal_variant().UPPER_LEFT else self.seq_len_kv - self.seq_len_q
         mask = torch.ones(self.seq_len_q, self.seq_len_kv, dtype=torch.bool,
                           device=None if device is None else torch.device(str(device))).tril(offset)
         return Tensor._make(mask)
@@ -363,7 +370,7 @@ def _causal_bias(attn_mask: CausalBias, query: Tensor, key: Tensor) -> tuple[Ten
     if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (query.shape[-2], key.shape[-2]):
         raise ShapeError(f"holoflow.scaled_dot_product_attention: a causal bias of {attn_mask.seq_len_q} x "
                          f"{attn_mask.seq_len_kv} for query length {query.shape[-2]} and key length {key.shape[-2]}")
-    if attn_mask.variant == CausalVariant.UPPER_LEFT or attn_mask.seq_len_q == attn_mask.seq_len_kv:
+    if attn_mask.variant == causal_variant().UPPER_LEFT or attn_mask.seq_len_q == attn_mask.seq_len_kv:
         return None, True
     mask = attn_mask._materialize(query.device)
     if query.is_global:   # (every rank's mask alike: broadcast on the query's placement)

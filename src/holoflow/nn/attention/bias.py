@@ -3,11 +3,17 @@ their variant (``CausalVariant.UPPER_LEFT``: ``tril`` of the (L, S) scores, ``is
 ``LOWER_RIGHT``: aligned to the last row, ``tril(diagonal=S - L)``), passed as ``attn_mask``."""
 from __future__ import annotations
 
-from torch.nn.attention.bias import CausalVariant
+from typing import Any
 
-from ...ops.attention import CausalBias
+from ...ops.attention import CausalBias, causal_variant
 
-__all__ = ["CausalBias", "CausalVariant", "causal_upper_left", "causal_lower_right"]
+__all__ = ["CausalBias", "CausalVariant", "causal_upper_left", "causal_lower_right"]  # noqa: F822 (__getattr__)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CausalVariant":   # (torch's enum, imported at first use: ops/attention.py says why)
+        return causal_variant()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _size(name: str, size: tuple) -> tuple[int, int]:
@@ -18,9 +24,9 @@ def _size(name: str, size: tuple) -> tuple[int, int]:
 
 def causal_upper_left(*size: int) -> CausalBias:
     """The upper-left causal bias of ``size`` = (L, S): ``tril(ones(L, S))``."""
-    return CausalBias(CausalVariant.UPPER_LEFT, *_size("causal_upper_left", size))
+    return CausalBias(causal_variant().UPPER_LEFT, *_size("causal_upper_left", size))
 
 
 def causal_lower_right(*size: int) -> CausalBias:
     """The lower-right causal bias of ``size`` = (L, S): ``tril(ones(L, S), diagonal=S - L)``."""
-    return CausalBias(CausalVariant.LOWER_RIGHT, *_size("causal_lower_right", size))
+    return CausalBias(causal_variant().LOWER_RIGHT, *_size("causal_lower_right", size))
