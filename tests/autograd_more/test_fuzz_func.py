@@ -778,6 +778,15 @@ def test_a_hook_inside_forward_mode_or_vmap_is_refused(lib):
 
 
 @pytest.mark.parametrize("lib", [torch, flow], ids=["torch", "holoflow"])
+def test_a_hook_inside_vmap_on_an_unbatched_tensor_fires_outside(lib):
+    # (only a batched tensor refuses it: holoflow refused every hook inside vmap for a while,
+    # seed 5186)
+    x, y = _wave(lib, (3, 2)), _wave(lib, (3,), 0.5).requires_grad_(True)
+    lib.func.vmap(lambda x, y: _hooked(lib, 0.0)(y) * x.sum(), in_dims=(0, None))(x, y).sum().backward()
+    torch.testing.assert_close(_numpy(y.grad)[2], np.zeros(3))
+
+
+@pytest.mark.parametrize("lib", [torch, flow], ids=["torch", "holoflow"])
 def test_a_hook_inside_a_transform_is_its_own(lib):
     # a hook registered inside vjp's function scales vjp's gradient, not that of a backward pass
     # through the output from outside (holoflow's ran it there too: seed 193 of the first generator)

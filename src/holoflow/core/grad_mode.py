@@ -17,6 +17,8 @@ STATE = _State()
 # levels of vmaps and forward-mode transforms refuse hooks.
 HOOK_LEVEL = [0]
 NO_HOOK_LEVELS: set = set()
+# a vmap's level -> the grad nodes of its samples: a tensor whose history reaches one is batched
+VMAP_SAMPLES: dict = {}
 
 
 def is_grad_enabled() -> bool:

@@ -342,6 +342,8 @@ class Tensor:
                 return None if r is None else meta.grad_local(r)
             hook.__wrapped__ = user
         level = grad_mode.HOOK_LEVEL[0]
+        while level in grad_mode.VMAP_SAMPLES and not _batched(self, grad_mode.VMAP_SAMPLES[level]):
+            level -= 1   # (unbatched inside a vmap: torch's hook is the code's around it)
         if level in grad_mode.NO_HOOK_LEVELS:
             raise RuntimeError("holoflow: cannot register a hook on a tensor inside vmap or a forward-mode transform "
                                "(jvp, jacfwd, linearize): as torch.func's tensors there, it doesn't require grad; "
@@ -631,6 +633,20 @@ def _unwrap_nested(x):
     if isinstance(x, (list, tuple)):
         return [_unwrap_nested(v) for v in x]
     return x
+
+
+def _batched(t: Tensor, samples: set) -> bool:
+    """Whether ``t``'s history reaches a vmap's sample (a grad node of ``samples``, by id)."""
+    seen, stack = set(), [t.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        if id(node) in samples:
+            return True
+        seen.add(id(node))
+        stack += [e[0] for e in node.edges if type(e) is tuple]
+    return False
 
 
 class _LevelHook:
