@@ -326,7 +326,8 @@ def torch_arguments(fn: Callable, name: str | None = None, check_types: bool = T
                 if out is not None:
                     took = out_arg.check_out(label, twin, out, args, kwargs)
                     if takes_dtype and isinstance(took, torch.dtype) and isinstance(out, Tensor) and \
-                            took != out._data.dtype and kwargs.get("dtype") is None:
+                            took != out._data.dtype and kwargs.get("dtype") is None and \
+                            not out_arg.records(args, kwargs):   # (else refused as the result records)
                         kwargs["dtype"] = _dtype.from_torch(out._data.dtype)   # (computed in out's dtype)
         try:
             result = fn(*args, **kwargs)

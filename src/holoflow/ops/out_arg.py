@@ -42,16 +42,18 @@ def check_out(label: str, twin: Any, out: Any, args: tuple, kwargs: dict) -> tor
     """torch's refusals of ``out=`` before anything is computed: where torch's own function
     refuses this ``out`` for these arguments (a dtype some functions cast to and others refuse:
     ``mm``'s must be the result's; a tensor where a tuple goes), asked of ``twin`` where it takes
-    the arguments without ``out=``: on CPU tensors of one element each, then on meta tensors of
-    the same shapes and dtypes (meta kernels don't check every dtype rule: ``softmax``'s).
+    the arguments without ``out=``: on CPU tensors of one element each (torch's kernels), else
+    (they can't take such arguments) on meta tensors of the same shapes and dtypes (whose
+    kernels don't check every dtype rule: ``softmax``'s, and promote some differently).
     Returns None where it can't tell (holoflow casts where torch's casting rule allows), else that
     torch took this ``out``: the dtype of its one result without ``out=`` (or True): a function
     with a ``dtype`` parameter computes in out's dtype then (``sum`` of floats into an integer out
     sums the integers)."""
-    took = None
     for make, make_out in ((_tiny_tensor, _cpu_empty), (_meta_tensor, _meta_empty)):
-        took = _probe(label, twin, out, args, kwargs, make, make_out) or took
-    return took
+        took = _probe(label, twin, out, args, kwargs, make, make_out)
+        if took is not None:
+            return took
+    return None
 
 
 def _probe(label: str, twin: Any, out: Any, args: tuple, kwargs: dict, make: Callable,
@@ -72,7 +74,8 @@ def _probe(label: str, twin: Any, out: Any, args: tuple, kwargs: dict, make: Cal
             twin(*t_args, **t_kwargs, out=_torch_args(out, make_out))
     except Exception as e:   # (only out= makes it fail)
         reason = str(e).split("\n")[0]
-        raise (TypeError if isinstance(e, TypeError) else RuntimeError)(f"{label}: {reason} (out=)") from None
+        cls = type(e) if type(e) in (TypeError, ValueError, IndexError, NotImplementedError) else RuntimeError
+        raise cls(f"{label}: {reason} (out=)") from None
     return result.dtype if isinstance(result, torch.Tensor) else True
 
 
@@ -104,6 +107,15 @@ def _torch_args(v: Any, make: Callable) -> Any:
     if isinstance(v, device):
         return None
     return v
+
+
+def records(args: tuple, kwargs: dict) -> bool:
+    """Whether autograd may record a function of these arguments (one requires grad)."""
+    if not is_grad_enabled():
+        return False
+    values = [*args, *kwargs.values()]
+    values += [v for v in list(values) if isinstance(v, (list, tuple)) for v in v]
+    return any(isinstance(v, Tensor) and v.requires_grad for v in values)
 
 
 def write_out(label: str, result: Any, out: Any, torch_took: bool = False) -> Any:
