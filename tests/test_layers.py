@@ -139,3 +139,20 @@ def test_cycle_finder_finds_a_cycle():
     g.add_import(importer="p.s.x", imported="p.a")
     g.add_import(importer="p.c", imported="p.a")
     assert _cycles(g) == [["p.a", "p.b", "p.s.x"]]
+
+
+def test_import_holoflow_leaves_torchs_compiler_stack_unimported():
+    """torch._dynamo (imported by torch.nn.attention.bias, by Inductor) took about half of
+    ``import holoflow``'s time, paid by every process (each rank of a launch): it is imported at
+    first use; mock_torch imports it when it takes over ``import torch`` (torch's generated code
+    imports torch internals by name), so compiling under it still works."""
+    code = ("import sys, holoflow\n"
+            "assert 'torch._dynamo' not in sys.modules, 'imported with holoflow'\n"
+            "holoflow.mock_torch.enable()\n"
+            "import torch\n"
+            "assert torch.Tensor is holoflow.Tensor and 'torch._dynamo' in sys.modules\n"
+            "f = torch.compile(lambda x: (x * 2).sin())\n"
+            "assert f(torch.ones(3)).tolist() == (torch.ones(3) * 2).sin().tolist()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]

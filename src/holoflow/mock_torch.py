@@ -199,6 +199,10 @@ def _display(name: str) -> None:
 
 
 def _on() -> None:
+    # torch's compiler stack, which holoflow.compile and torch's own modules import at first use,
+    # imports torch internals from generated code by plain names (torch.distributed's RemoteModule
+    # template: ``import torch.distributed.rpc``): imported now, while they are torch's
+    import torch._dynamo  # noqa: F401
     with _LOCK:
         if _State.enabled:
             return
