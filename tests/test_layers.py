@@ -145,14 +145,12 @@ def test_import_holoflow_leaves_torchs_compiler_stack_unimported():
     """torch._dynamo (imported by torch.nn.attention.bias, by Inductor) took about half of
     ``import holoflow``'s time, paid by every process (each rank of a launch): it is imported at
     first use; mock_torch imports it when it takes over ``import torch`` (torch's generated code
-    imports torch internals by name), so compiling under it still works."""
+    imports torch internals by name: test_torch_distributed_api's DDP script failed without)."""
     code = ("import sys, holoflow\n"
             "assert 'torch._dynamo' not in sys.modules, 'imported with holoflow'\n"
             "holoflow.mock_torch.enable()\n"
             "import torch\n"
-            "assert torch.Tensor is holoflow.Tensor and 'torch._dynamo' in sys.modules\n"
-            "f = torch.compile(lambda x: (x * 2).sin())\n"
-            "assert f(torch.ones(3)).tolist() == (torch.ones(3) * 2).sin().tolist()\n")
+            "assert torch.Tensor is holoflow.Tensor and 'torch._dynamo' in sys.modules\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
