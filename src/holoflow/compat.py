@@ -293,7 +293,7 @@ _CHECKED = {"Tensor": (Tensor, "Tensor"), "int": (int, "int"), "bool": (bool, "b
 
 def torch_arguments(fn: Callable, name: str | None = None, check_types: bool = True, twin: Any = None) -> Callable:
     """``fn`` with torch's argument handling (above), and ``out=`` where its torch ``twin`` takes
-    it (out_arg.py); ``fn`` itself when there is nothing to add (no ``dim``/``keepdim``, no
+    it (ops/out_arg.py); ``fn`` itself when there is nothing to add (no ``dim``/``keepdim``, no
     annotated Tensor, int or bool parameter, no ``out=``, or no signature).
     ``check_types=False``: the NumPy names only (a method: ``self`` is a tensor, and its hot ones,
     ``view``, ``transpose``..., keep their one frame)."""
