@@ -147,7 +147,7 @@ class Function:
     def apply(cls, *args):
         # (torch.func refuses a Function whose forward takes ctx; holoflow's own, compiled calls and
         # checkpoints among them, run under its transforms)
-        if grad_mode.HOOK_LEVEL[0] > 0 and cls.setup_context is Function.setup_context and \
+        if grad_mode.STATE.level > 0 and cls.setup_context is Function.setup_context and \
                 not cls.__module__.startswith("holoflow."):
             raise RuntimeError(f"holoflow: {cls.__name__} is an autograd.Function whose forward takes ctx; to use "
                                f"it under holoflow.func's transforms (vmap, grad, jvp, jacrev, ...) it must override "

@@ -27,7 +27,7 @@ __all__ = ["GradNode", "PackedNode", "AccumulateGrad", "GraphTask", "queue_callb
 
 _ACC_LOCK = threading.Lock()
 _TASK_IDS = itertools.count()
-HOOK_LEVEL = grad_mode.HOOK_LEVEL   # (-1: no tensor hook, node hook or retain_grad runs)
+_LEVELS = grad_mode.STATE   # (.level, this thread's: -1, no tensor hook, node hook or retain_grad runs)
 
 
 def queue_callback(fn: Callable[[], None]) -> None:
@@ -328,9 +328,9 @@ def _as_grads(node: GradNode, result) -> tuple:
 def _capture_only(node: GradNode, gs: list, cap_keys: dict, captured: dict) -> None:
     """A captured tensor's gradient, with its hooks and ``retain_grad`` run, at a node that
     itself need not run."""
-    if node.hooks and HOOK_LEVEL[0] >= 0:
+    if node.hooks and _LEVELS.level >= 0:
         gs = [_apply_hooks(node.hooks.get(i, ()), g) for i, g in enumerate(gs)]
-    if node.retains and HOOK_LEVEL[0] >= 0:
+    if node.retains and _LEVELS.level >= 0:
         for i, keep in node.retains.items():
             if gs[i] is not None:
                 keep(gs[i])
@@ -341,7 +341,7 @@ def _capture_only(node: GradNode, gs: list, cap_keys: dict, captured: dict) -> N
 
 
 def _apply_hooks(hooks, g):
-    level = HOOK_LEVEL[0]
+    level = _LEVELS.level
     for h in hooks:
         if getattr(h, "transform_level", 0) != level:   # (registered inside a holoflow.func transform: its own)
             continue
@@ -543,11 +543,11 @@ def _run_node(node: GradNode, gs: list, retain_graph: bool, checks: bool, queued
             key = (node, i)
             if key in cap_keys and g is not None:
                 captured[key] = _accumulate(captured.get(key), g)
-    hooks = node.hooks if HOOK_LEVEL[0] >= 0 else None
+    hooks = node.hooks if _LEVELS.level >= 0 else None
     if hooks:
         # (as torch's, an output the node got no gradient for calls its hooks with None)
         gs = [_apply_hooks(hooks.get(i, ()), g) for i, g in enumerate(gs)]
-    if node.retains and HOOK_LEVEL[0] >= 0:  # after every other tensor hook, as torch does
+    if node.retains and _LEVELS.level >= 0:  # after every other tensor hook, as torch does
         for i, keep in node.retains.items():
             if gs[i] is not None:
                 keep(gs[i])

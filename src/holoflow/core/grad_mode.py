@@ -6,19 +6,24 @@ import threading
 
 
 class _State(threading.local):
+    """This thread's grad mode, and the holoflow.func transform levels its code runs at: torch's
+    levels are per thread, so a transform's backward in one thread never changes which hooks fire
+    in a backward running in another (func/_levels.py)."""
+
     enabled = True
     inference = False
 
+    def __init__(self) -> None:
+        # the level the code running now belongs to: a tensor hook registered at a level fires
+        # only in that level's backward passes; -1: none fires (forward mode's reverse passes)
+        self.level = 0
+        # the levels of vmaps and forward-mode transforms, which refuse hooks
+        self.no_hook_levels: set = set()
+        # a vmap's level -> the grad nodes of its samples: a tensor whose history reaches one is batched
+        self.vmap_samples: dict = {}
+
 
 STATE = _State()
-
-# the holoflow.func transform level the code running now belongs to (func/_levels.py): a tensor
-# hook registered at a level fires only in that level's backward passes; -1: none fires. The
-# levels of vmaps and forward-mode transforms refuse hooks.
-HOOK_LEVEL = [0]
-NO_HOOK_LEVELS: set = set()
-# a vmap's level -> the grad nodes of its samples: a tensor whose history reaches one is batched
-VMAP_SAMPLES: dict = {}
 
 
 def is_grad_enabled() -> bool:

@@ -341,10 +341,11 @@ class Tensor:
                 r = user(meta.grad_view(g))
                 return None if r is None else meta.grad_local(r)
             hook.__wrapped__ = user
-        level = grad_mode.HOOK_LEVEL[0]
-        while level in grad_mode.VMAP_SAMPLES and not _batched(self, grad_mode.VMAP_SAMPLES[level]):
+        state = grad_mode.STATE
+        level = state.level
+        while level in state.vmap_samples and not _batched(self, state.vmap_samples[level]):
             level -= 1   # (unbatched inside a vmap: torch's hook is the code's around it)
-        if level in grad_mode.NO_HOOK_LEVELS:
+        if level in state.no_hook_levels:
             raise RuntimeError("holoflow: cannot register a hook on a tensor inside vmap or a forward-mode transform "
                                "(jvp, jacfwd, linearize): as torch.func's tensors there, it doesn't require grad; "
                                "register it outside, or inside a grad transform within it")
@@ -651,7 +652,7 @@ def _batched(t: Tensor, samples: set) -> bool:
 
 class _LevelHook:
     """A tensor hook registered inside a holoflow.func transform, ``level`` deep: the engine runs
-    it in backward passes of that level only (``grad_mode.HOOK_LEVEL``)."""
+    it in backward passes of that level only (``grad_mode.STATE.level``)."""
 
     __slots__ = ("hook", "transform_level")
 

@@ -17,7 +17,7 @@ from ..core.tensor import Tensor
 from ..graph.pytree import flatten, unflatten
 from ..ops import shape as _shape
 from . import _rng
-from ..core.grad_mode import VMAP_SAMPLES
+from ..core.grad_mode import STATE
 from ._levels import inner, level
 
 
@@ -141,13 +141,13 @@ def _run(func: Callable, leaves: list, spec: Any, dims: list, n: int, kwargs: di
         if randomness == "same" and i:
             _rng.set_state(start)
         flat = [_sample(x, d, i) for x, d in zip(leaves, dims)]
-        VMAP_SAMPLES[depth] = {id(s.grad_fn) for s, d in zip(flat, dims)
+        STATE.vmap_samples[depth] = {id(s.grad_fn) for s, d in zip(flat, dims)
                                if d is not None and isinstance(s, Tensor) and s.grad_fn is not None}
         try:
             with level(depth, hooks=False):
                 results.append(func(*unflatten(flat, spec), **kwargs))
         finally:
-            del VMAP_SAMPLES[depth]
+            del STATE.vmap_samples[depth]
         if randomness == "error" and i == 0 and not _rng.same(start, _rng.get_state()):
             raise _rng.drew_error("vmap")
     return results

@@ -107,7 +107,7 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None
     """
     if context_fn is not None:
         raise NotImplementedError("holoflow.utils.checkpoint: context_fn is not supported; leave it None")
-    if use_reentrant and grad_mode.HOOK_LEVEL[0] > 0:   # (torch's reentrant checkpoint is such a Function)
+    if use_reentrant and grad_mode.STATE.level > 0:   # (torch's reentrant checkpoint is such a Function)
         raise RuntimeError("holoflow.utils.checkpoint(use_reentrant=True) is an autograd.Function without "
                            "setup_context, which holoflow.func's transforms (vmap, grad, jvp, jacrev, ...) refuse "
                            "as torch.func does; pass use_reentrant=False")
