@@ -26,14 +26,27 @@ class _Identity(Function):
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple:
         grads = tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[2:]))
+        hook = ctx.hook
         if ctx.on_input:
-            grads = ctx.hook.run(grads)
+            grads = _unpack(hook.input_index, hook.run(_pack(hook.input_index, grads, hook.n_args)))
         else:
-            grads = ctx.hook.run_pre(grads)
-            ctx.hook.grad_output = grads
-            if not ctx.hook.n_inputs and ctx.hook.hooks:  # no input needs a gradient: torch fires
-                ctx.hook.run((None,) * ctx.hook.n_tensor_inputs)  # with all-None grad_input
+            hook.grad_output = hook.run_pre(_pack(hook.output_index, grads, hook.n_outputs))
+            grads = _unpack(hook.output_index, hook.grad_output)
+            if not hook.n_inputs and hook.hooks:  # no input needs a gradient: torch fires
+                hook.run((None,) * hook.n_args)  # with all-None grad_input
         return (None, None) + tuple(grads)
+
+
+def _pack(index: list, values: tuple, size: int) -> tuple:
+    """As torch: a hook sees one gradient per argument (output), None for those not tensors."""
+    res: list = [None] * size
+    for i, v in zip(index, values):
+        res[i] = v
+    return tuple(res)
+
+
+def _unpack(index: list, values: tuple) -> tuple:
+    return tuple(values[i] for i in index)
 
 
 class BackwardHook:
@@ -43,12 +56,16 @@ class BackwardHook:
         self.module, self.hooks, self.pre_hooks = module, hooks, list(pre_hooks)
         self.grad_output: tuple | None = None  # unset while no output gradient came through
         self.n_inputs = 0
-        self.n_tensor_inputs = 0
+        self.n_args = self.n_outputs = 0
+        self.input_index: list = []
+        self.output_index: list = []
 
     def _wrap(self, values: tuple, on_input: bool) -> tuple:
         idx = [i for i, v in enumerate(values) if isinstance(v, Tensor)]
         if on_input:
-            self.n_tensor_inputs = len(idx)
+            self.n_args, self.input_index = len(values), idx
+        else:
+            self.n_outputs, self.output_index = len(values), idx
         if not idx or not any(values[i].requires_grad for i in idx):
             return values
         if on_input:

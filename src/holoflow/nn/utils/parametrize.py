@@ -67,9 +67,11 @@ class ParametrizationList(ModuleList):
                                  f"became {tuple(z.shape)} {z.dtype}")
 
     def _register(self, names, values, rg: bool, as_parameter: bool) -> None:
-        # (a parametrized buffer keeps its originals as buffers, as torch: nothing to train)
+        # (a parametrized buffer keeps its originals as buffers, as torch: nothing to train; several
+        # originals are new Parameters, as torch's, even one that right_inverse returned as it was
+        # given: the weight's .grad stays with the weight)
         for name, v in zip(names, values):
-            if isinstance(v, Parameter):
+            if isinstance(v, Parameter) and len(values) == 1:
                 self.register_parameter(name, v)
             elif as_parameter:
                 self.register_parameter(name, Parameter(v.detach(), requires_grad=rg))
