@@ -59,3 +59,46 @@ def test_a_transform_in_another_thread_does_not_change_which_hooks_fire(lib):
         th.join(30)
     _same(x.grad, _t(lib, [20.0] * 3))
     _same(got["g"], _t(lib, [2 * v for v in X]))
+
+
+# -- checkpoint(use_reentrant=False) --------------------------------------------------------------
+
+def _ck(lib):
+    if lib is torch:
+        return torch.utils.checkpoint.checkpoint
+    from holoflow.utils.checkpoint import checkpoint
+    return checkpoint
+
+
+def _checkpoint_program(lib) -> list:
+    ck = _ck(lib)
+    x, w = _t(lib, X, rg=True), _t(lib, [1.5, -1.0, 0.5], rg=True)
+    (g,) = lib.autograd.grad(ck(lambda a: (a * w).sin() * a, x, use_reentrant=False).sum(), x, create_graph=True)
+    untouched = w.grad is None
+    second = lib.autograd.grad(g.sum(), (x, w))
+    f = (lambda a: ck(lambda b: b.sin() * b * w, a, use_reentrant=False))
+    _, tangent = lib.func.jvp(f, (x.detach(),), (_t(lib, T),))
+    jac = lib.func.jacfwd(f)(x.detach())
+    y = ck(lambda a: (a * w).exp(), x, use_reentrant=False)
+    y.sum().backward()
+    return [lib.tensor([float(untouched)]), g, *second, tangent, jac, x.grad, w.grad]
+
+
+def test_a_non_reentrant_checkpoint_is_the_graph_itself():
+    # holoflow's recomputed in a custom Function's backward without create_graph: no second
+    # derivative (no error: zeros), zero tangents under jvp/jacfwd (silent), and autograd.grad of
+    # x alone wrote .grad into the closed-over w
+    for got, want in zip(_checkpoint_program(flow), _checkpoint_program(torch)):
+        _same(got, want)
+
+
+def test_a_non_reentrant_checkpoint_replays_random_draws():
+    ck = _ck(flow)
+    x = _t(flow, X, rg=True)
+    flow.manual_seed(3)
+    y = ck(lambda a: flow.nn.functional.dropout(a.sin(), 0.5) * a, x, use_reentrant=False)
+    y.sum().backward()
+    flow.manual_seed(3)
+    x2 = _t(flow, X, rg=True)
+    (flow.nn.functional.dropout(x2.sin(), 0.5) * x2).sum().backward()
+    _same(x.grad, x2.grad)

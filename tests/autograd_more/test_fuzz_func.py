@@ -884,17 +884,12 @@ def test_a_reentrant_checkpoint_refuses_autograd_grad(lib):
     assert x.grad is not None
 
 
-# checkpoint(use_reentrant=False) is a custom Function whose backward recomputes the function and
-# backpropagates through it without create_graph, into every leaf the recomputation reaches:
-# gradients through it are not differentiable (torch's are), forward mode through it (computed
-# by reverse mode) gives zeros, and autograd.grad of the inputs alone accumulates .grad into the
-# parameters the function closes over (seeds 1100, 1106, 1427). torch's non-reentrant checkpoint
-# is saved-tensor hooks around the first run (recompute on unpack), which fixes all three.
-_CHECKPOINT = "holoflow's checkpoint backward is not differentiable and writes closed-over .grad (not fixed yet)"
-
-
-@pytest.mark.xfail(strict=True, reason=_CHECKPOINT)
 def test_checkpoint_is_differentiable_twice_and_in_forward_mode():
+    # checkpoint(use_reentrant=False) was a custom Function whose backward recomputed the function
+    # and backpropagated through it without create_graph, into every leaf the recomputation
+    # reached: no second derivative, zeros in forward mode (silent), and autograd.grad of the
+    # inputs alone accumulated .grad into the parameters the function closes over (seeds 1100,
+    # 1106, 1427). It is saved-tensor hooks around the first run now, as torch's.
     from holoflow.utils.checkpoint import checkpoint
     x = flow.tensor([0.5, 1.0, 2.0], dtype=flow.float64, requires_grad=True)
     w = flow.tensor([1.5, -1.0, 0.5], dtype=flow.float64, requires_grad=True)

@@ -1,14 +1,21 @@
 """``holoflow.utils.checkpoint``: activation checkpointing in eager mode, as torch's.
 
-``checkpoint(fn, *args)`` runs ``fn`` without recording its graph, keeping only the inputs; the
-backward pass re-runs ``fn`` on detached copies of them (with the CPU/CUDA RNG state and autocast
-settings of the first run, so dropout masks and bf16 casts repeat) and backpropagates through the
-recomputed graph. Gradients equal those of running ``fn`` directly (and torch's).
+``checkpoint(fn, *args, use_reentrant=False)`` records ``fn``'s graph but none of the tensors its
+nodes save: saved-tensor hooks (``autograd.graph.saved_tensors_hooks``) keep a handle in their
+place, and the first unpack re-runs ``fn`` on detached copies of the inputs (with the CPU/CUDA RNG
+state and autocast settings of the first run, so dropout masks and bf16 casts repeat), collecting
+what its nodes save, in order. The graph is the real one, so gradients through it are
+differentiable again, forward mode (reverse mode here) flows through it, and ``autograd.grad``
+touches only what it is asked for, as torch's.
 
-The recomputation hangs off a node that needs at least one differentiable input. When no tensor
-argument requires grad, the parameters of ``fn`` (a Module, or a bound method of one) serve; when
-there are none of those either (a closure over parameters), ``fn`` simply runs with its graph
-recorded: the gradients are still right, only the memory is not saved.
+``use_reentrant=True`` (and None, torch's default) is an autograd Function: ``fn`` runs without
+recording its graph, keeping only the inputs; the backward re-runs it and backpropagates through
+the recomputed graph (no second derivative, no ``autograd.grad``, as torch's). The recomputation
+hangs off a node that needs at least one differentiable input. When no tensor argument requires
+grad, the parameters of ``fn`` (a Module, or a bound method of one) serve; when there are none of
+those either (a closure over parameters), ``fn`` simply runs with its graph recorded: the
+gradients are still right, only the memory is not saved. A trace (holoflow.compile, nn.Graph)
+records either kind as that Function.
 """
 from __future__ import annotations
 
@@ -20,7 +27,8 @@ import torch
 from ..amp.autocast import autocast, get_autocast_dtype, is_autocast_enabled
 from ..autograd import Function
 from ..autograd import backward as _backward
-from ..core import generators, grad_mode
+from ..autograd.graph import saved_tensors_hooks
+from ..core import generators, grad_mode, interpret
 from ..core.autograd import current_graph_task
 from ..core.tensor import Tensor
 
@@ -97,6 +105,52 @@ class _Recompute(Function):
                                           for i in inputs) + (None,) * ctx.n_anchors
 
 
+class _Frame:
+    """One non-reentrant checkpoint's first run: what ``fn`` needs to run again as it did, and
+    the tensors the recomputation saved (None until an unpack asks for them)."""
+
+    def __init__(self, run: Callable, args: tuple, preserve_rng: bool) -> None:
+        self.run, self.n_packed, self.saved = run, 0, None
+        self.args = [(a.detach(), a.requires_grad) if isinstance(a, Tensor) else (a, None) for a in args]
+        self.devices = _rng_devices(args)
+        self.rng_states = [generators.get_state(d) for d in self.devices] if preserve_rng else None
+        self.autocast = _autocast_state()
+
+    def pack(self, x: Tensor) -> int:
+        self.n_packed += 1
+        return self.n_packed - 1
+
+    def unpack(self, i: int) -> Tensor:
+        if self.saved is None:
+            self.saved = self._recompute()
+        return self.saved[i]
+
+    def _recompute(self) -> list:
+        saved: list = []
+
+        def keep(x: Tensor) -> None:
+            saved.append(x.detach())
+
+        inputs = [a.detach().requires_grad_(rg) if rg is not None else a for a, rg in self.args]
+        with _replaying(self.rng_states, self.devices), grad_mode.enable_grad(), contextlib.ExitStack() as stack:
+            for dev, dt in self.autocast:
+                stack.enter_context(autocast(dev, dtype=dt))
+            with saved_tensors_hooks(keep, lambda _: None):
+                self.run(*inputs)
+        if len(saved) != self.n_packed:
+            raise RuntimeError(f"holoflow.utils.checkpoint: a different number of tensors was saved during the "
+                               f"original forward ({self.n_packed}) and the recomputation ({len(saved)}): the "
+                               f"checkpointed function must run the same operations both times")
+        return saved
+
+
+def _hooked(run: Callable, args: tuple, preserve_rng: bool) -> Any:
+    """``run(*args)`` recorded with its saved tensors left out, recomputed when backward reads them."""
+    frame = _Frame(run, args, preserve_rng)
+    with saved_tensors_hooks(frame.pack, frame.unpack):
+        return run(*args)
+
+
 def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None,
                context_fn: Callable | None = None, determinism_check: str = "default",
                debug: bool = False, preserve_rng_state: bool = True, **kwargs: Any) -> Any:
@@ -114,6 +168,8 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None
     run = (lambda *a: function(*a, **kwargs)) if kwargs else function
     if not grad_mode.is_grad_enabled():
         return run(*args)
+    if use_reentrant is False and not interpret.is_lazy():   # (a trace keeps no saved-tensor hooks)
+        return _hooked(run, args, preserve_rng_state)
     needs = any(isinstance(a, Tensor) and a.requires_grad for a in args)
     anchors = [] if needs else _owner_params(function)
     if not needs and not anchors:
