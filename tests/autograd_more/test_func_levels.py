@@ -102,3 +102,50 @@ def test_a_non_reentrant_checkpoint_replays_random_draws():
     x2 = _t(flow, X, rg=True)
     (flow.nn.functional.dropout(x2.sin(), 0.5) * x2).sum().backward()
     _same(x.grad, x2.grad)
+
+
+# -- no_grad does not stop forward mode ----------------------------------------------------------
+
+def _region_fn(lib, how: str):
+    def f(a):
+        if how == "no_grad":
+            with lib.no_grad():
+                b = a.sin()
+        elif how == "set_grad_enabled":
+            with lib.set_grad_enabled(False):
+                b = a.sin()
+        elif how == "decorator":
+            b = lib.no_grad()(lambda v: v.sin())(a)
+        elif how == "enable_grad":   # (enable_grad inside: every level records again)
+            with lib.no_grad(), lib.enable_grad():
+                b = a.sin()
+        else:
+            with lib.inference_mode():   # (torch's forward AD stops here)
+                b = a.sin()
+        return b * a
+    return f
+
+
+@pytest.mark.parametrize("how", ["no_grad", "set_grad_enabled", "decorator", "enable_grad", "inference"])
+def test_forward_mode_runs_through_no_grad(how):
+    # holoflow's forward mode is reverse mode, which no_grad stopped: zero tangents (silent)
+    def run(lib):
+        f = _region_fn(lib, how)
+        x, t = _t(lib, X), _t(lib, T)
+        out, tangent = lib.func.jvp(f, (x,), (t,))
+        return [out, tangent, lib.func.jacfwd(f)(x), lib.func.linearize(f, x)[1](t)]
+    for got, want in zip(run(flow), run(torch)):
+        _same(got, want)
+
+
+def test_a_reverse_transform_around_forward_mode_does_not_see_through_no_grad():
+    # the region forward mode records is a constant to the grad around it, as torch's
+    def run(lib):
+        f, t = _region_fn(lib, "no_grad"), _t(lib, T)
+        w = _t(lib, [0.3, -0.2, 0.9], rg=True)
+        primal = lib.func.grad(lambda a: lib.func.jvp(f, (a,), (t,))[0].sum())(_t(lib, X))
+        out = lib.func.jvp(lambda a: _region_fn(lib, "no_grad")(a * w), (_t(lib, X),), (t,))[0]
+        (gw,) = lib.autograd.grad(out.sum(), w)
+        return [primal, gw]
+    for got, want in zip(run(flow), run(torch)):
+        _same(got, want)

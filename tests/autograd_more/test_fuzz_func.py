@@ -901,10 +901,9 @@ def test_checkpoint_is_differentiable_twice_and_in_forward_mode():
     assert bool((t != 0).all())
 
 
-@pytest.mark.xfail(strict=True, reason="holoflow's forward mode is reverse mode: no_grad inside stops it (not fixed yet)")
 def test_no_grad_does_not_stop_forward_mode():
     # torch's no_grad disables reverse mode only: a jvp's tangents flow through it (holoflow's
-    # jvp, a reverse computation, gives zeros there: silent; seeds 3504, 3942)
+    # jvp, a reverse computation, gave zeros there: silent; seeds 3504, 3942)
     def f(lib):
         def g(x):
             with lib.no_grad():

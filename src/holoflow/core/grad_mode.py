@@ -21,6 +21,16 @@ class _State(threading.local):
         self.no_hook_levels: set = set()
         # a vmap's level -> the grad nodes of its samples: a tensor whose history reaches one is batched
         self.vmap_samples: dict = {}
+        # the levels of reverse-mode and of forward-mode transforms (jvp, jacfwd, linearize)
+        self.reverse_levels: set = set()
+        self.forward_levels: set = set()
+        # forward mode is reverse mode here, yet no_grad stops reverse mode alone (torch's forward
+        # AD runs through it): a no_grad region whose nearest differentiating transform is forward
+        # mode keeps recording; the spans of its nodes' creation numbers (from ``region`` while it
+        # is open) are kept (``regions``) until no forward mode is left, so the transform sees
+        # through them and no reverse pass does (func/_reverse.py)
+        self.region: int | None = None
+        self.regions: list = []
 
 
 STATE = _State()
@@ -30,16 +40,56 @@ def is_grad_enabled() -> bool:
     return STATE.enabled
 
 
+def _seq() -> int:
+    from .node import SEQ   # (node imports this module)
+    return next(SEQ)
+
+
+def _forward_mode_runs(state: _State) -> bool:
+    """Whether the nearest differentiating transform around the code running now is forward mode."""
+    return state.level > 0 and bool(state.forward_levels) and \
+        max(state.forward_levels) > max(state.reverse_levels, default=0)
+
+
+def _close(state: _State) -> None:
+    if state.region is not None:
+        state.regions.append((state.region, _seq()))
+        state.region = None
+
+
+def _set(state: _State, mode: bool) -> tuple:
+    """Sets grad mode to ``mode``; the state to restore. Turned off under forward mode, recording
+    goes on as a region of forward mode's alone (see ``_State``)."""
+    prev = (state.enabled, state.region is not None)
+    if mode:
+        _close(state)   # (enable_grad inside the region: every level records again)
+        state.enabled = True
+    elif state.enabled and state.region is None and _forward_mode_runs(state):
+        state.region = _seq()
+    elif state.region is None:
+        state.enabled = False
+    return prev
+
+
+def _restore(state: _State, prev: tuple) -> None:
+    enabled, in_region = prev
+    if not in_region:
+        _close(state)
+    elif state.region is None:
+        state.region = _seq()
+    state.enabled = enabled
+
+
 class _GradMode:
     """Context manager and decorator that sets grad mode, restoring it on exit."""
 
     mode = True
 
     def __enter__(self) -> None:
-        self._prev, STATE.enabled = STATE.enabled, self.mode
+        self._prev = _set(STATE, self.mode)
 
     def __exit__(self, *exc) -> None:
-        STATE.enabled = self._prev
+        _restore(STATE, self._prev)
 
     def __call__(self, fn):
         @functools.wraps(fn)
@@ -66,13 +116,13 @@ class set_grad_enabled(_GradMode):
 
     def __init__(self, mode: bool) -> None:
         self.mode = mode
-        self._prev, STATE.enabled = STATE.enabled, mode
+        self._prev = _set(STATE, mode)
 
     def __enter__(self) -> None:
         pass
 
     def __call__(self, fn):
-        STATE.enabled = self._prev
+        _restore(STATE, self._prev)
         mode = self.mode
 
         @functools.wraps(fn)
@@ -96,8 +146,12 @@ class inference_mode(_GradMode):
         self.inference = bool(mode)
 
     def __enter__(self) -> None:
-        super().__enter__()
-        self._prev_inference, STATE.inference = STATE.inference, self.inference
+        # (torch's forward AD stops in inference mode: no region, recording stops at every level)
+        state = STATE
+        self._prev = (state.enabled, state.region is not None)
+        _close(state)
+        state.enabled = self.mode
+        self._prev_inference, state.inference = state.inference, self.inference
 
     def __exit__(self, *exc) -> None:
         STATE.inference = self._prev_inference

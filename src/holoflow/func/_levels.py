@@ -17,18 +17,33 @@ from ..core.grad_mode import STATE
 
 
 @contextlib.contextmanager
-def level(n: int, hooks: bool = True) -> Iterator[None]:
-    """Code inside runs at level ``n`` (without ``hooks``: a vmap's or forward mode's)."""
+def level(n: int, kind: str = "reverse") -> Iterator[None]:
+    """Code inside runs at level ``n``, a transform's of ``kind``: "reverse" (grad, vjp, jacrev),
+    "forward" (jvp, jacfwd, linearize) or "vmap" (the last two refuse hooks)."""
     state = STATE
     old, state.level = state.level, n
-    if not hooks:
+    kinds = state.reverse_levels if kind == "reverse" else state.forward_levels if kind == "forward" else None
+    if kind != "reverse":
         state.no_hook_levels.add(n)
+    if kinds is not None:
+        kinds.add(n)
     try:
         yield
     finally:
         state.level = old
-        if not hooks:
+        if kind != "reverse":
             state.no_hook_levels.discard(n)
+        if kinds is not None:
+            kinds.discard(n)
+        if kind == "forward" and not state.forward_levels:
+            state.regions.clear()   # (no forward mode left to see through its no_grad regions)
+
+
+def in_region(node: object) -> bool:
+    """Whether a grad node was recorded in a no_grad region that forward mode alone sees through
+    (``grad_mode._State``)."""
+    seq = getattr(node, "seq", None)
+    return seq is not None and any(a <= seq < b for a, b in STATE.regions)
 
 
 def inner() -> int:

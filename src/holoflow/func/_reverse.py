@@ -22,7 +22,7 @@ from ..nn.utils.stateless import swapped
 from ..ops import creation as C
 from ..ops import shape as _shape
 from . import _rng
-from ._levels import inner, level
+from ._levels import in_region, inner, level
 from ._vmap import check_chunk_size
 
 
@@ -112,11 +112,12 @@ def _fresh_args(args: tuple, nums: tuple, who: str) -> tuple[list, list, bool]:
 
 def _reaches_outside(t: Tensor, depth: int) -> bool:
     """Whether ``t``'s history reaches a leaf recorded outside the transform at level ``depth``:
-    any but the fresh inputs of that transform and of those inside it."""
+    any but the fresh inputs of that transform and of those inside it (not through a no_grad region
+    only forward mode sees: ``_seal_regions``)."""
     seen, stack = set(), [t.grad_fn]
     while stack:
         node = stack.pop()
-        if node is None or id(node) in seen:
+        if node is None or id(node) in seen or in_region(node):
             continue
         seen.add(id(node))
         for e in node.edges:
@@ -246,6 +247,25 @@ def _linear_map(outs: list, wrt: list) -> Callable[[list, bool, bool], list]:
     return apply
 
 
+def _seal_regions(outs: list, keep: bool) -> None:
+    """After the outermost forward-mode transform's last reverse pass: the nodes recorded in its
+    function's no_grad regions (which torch's forward mode runs through, its reverse mode not)
+    lose their edges, so no reverse pass outside sees through them (``grad(jvp(f))``), as torch's.
+    Only results that stay differentiable outside (``keep``) can reach them."""
+    state = grad_mode.STATE
+    if not keep or not state.regions or len(state.forward_levels) > 1:
+        return
+    seen, stack = set(), [o.grad_fn for o in outs]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack += [e[0] for e in node.edges if type(e) is tuple]
+        if in_region(node):
+            node.edges = (None,) * len(node.edges)
+
+
 def _check_tangents(tangents: Any, primals: tuple, wrt: list, who: str) -> list:
     """The tangents' leaves, which must match the primals' structure, shapes and dtypes."""
     leaves, spec = flatten(tangents)
@@ -273,7 +293,7 @@ def jvp(func: Callable, primals: tuple, tangents: tuple, *, strict: bool = False
     args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "jvp")
     wrt = [x for f, _ in fresh for x in f]
     tl = _check_tangents(tangents, primals, wrt, "jvp")
-    with grad_mode.enable_grad(), level(depth, hooks=False):
+    with grad_mode.enable_grad(), level(depth, "forward"):
         out, aux = _split_aux(func(*args), has_aux, "jvp")
         outs, ospec = _tensors(out, "jvp")
         keep = _keep(keep, outs, depth)
@@ -281,6 +301,7 @@ def jvp(func: Callable, primals: tuple, tangents: tuple, *, strict: bool = False
             raise RuntimeError("holoflow.func.jvp(strict=True): an output of the function does not depend on "
                                "the primals; strict=False gives it a zero tangent")
         tans = _linear_map(outs, wrt)(tl, keep, retain=False)
+        _seal_regions(outs, keep)
     shown = out if keep else unflatten([o.detach() for o in outs], ospec)
     result = _cut((shown, unflatten(tans, ospec), aux), depth)
     return result if has_aux else result[:2]
@@ -297,7 +318,7 @@ def linearize(func: Callable, *primals: Any) -> tuple[Any, Callable]:
     depth = inner()
     args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "linearize")
     wrt = [x for f, _ in fresh for x in f]
-    with grad_mode.enable_grad(), level(depth, hooks=False):
+    with grad_mode.enable_grad(), level(depth, "forward"):
         out = func(*args)
         outs, ospec = _tensors(out, "linearize")
         keep = _keep(keep, outs, depth)
@@ -320,7 +341,7 @@ def _jacobian(func: Callable, argnums: int | tuple, has_aux: bool, who: str) -> 
         depth = inner()
         args, parts, keep = _fresh_args(args, _argnums(argnums, len(args), who), who)
         wrt = [x for f, _ in parts for x in f]
-        with grad_mode.enable_grad(), level(depth, hooks=who != "jacfwd"):
+        with grad_mode.enable_grad(), level(depth, "forward" if who == "jacfwd" else "reverse"):
             out, aux = _split_aux(func(*args, **kwargs), has_aux, who)
             outs, ospec = _tensors(out, who)
             keep = _keep(keep, outs, depth)
@@ -339,6 +360,8 @@ def _jacobian(func: Callable, argnums: int | tuple, has_aux: bool, who: str) -> 
                        .reshape(tuple(o.shape) + tuple(w.shape)) for r, w in zip(rows, wrt)]
                 per_in = _regroup(jac, parts)
                 per_out.append(per_in[0] if isinstance(argnums, int) else tuple(per_in))
+            if who == "jacfwd":
+                _seal_regions(outs, keep)
         result, aux = _cut((unflatten(per_out, ospec), aux), depth)
         return (result, aux) if has_aux else result
     return wrapped

@@ -144,7 +144,7 @@ def _run(func: Callable, leaves: list, spec: Any, dims: list, n: int, kwargs: di
         STATE.vmap_samples[depth] = {id(s.grad_fn) for s, d in zip(flat, dims)
                                if d is not None and isinstance(s, Tensor) and s.grad_fn is not None}
         try:
-            with level(depth, hooks=False):
+            with level(depth, "vmap"):
                 results.append(func(*unflatten(flat, spec), **kwargs))
         finally:
             del STATE.vmap_samples[depth]
