@@ -29,8 +29,9 @@ import torch
 import holoflow as flow
 
 # seeds that found bugs (the focused tests at the end minimize them): 2 (weight_norm kept the
-# weight's .grad on original1), 43 (full backward hooks dropped non-tensor arguments and outputs)
-FOUND = (2, 43)
+# weight's .grad on original1), 43 (full backward hooks dropped non-tensor arguments and outputs),
+# 393 (weight_norm's dim unchecked and a negative dim misread)
+FOUND = (2, 43, 393)
 # CI runs these many programs and FOUND; HOLOFLOW_FUZZ_SEEDS=N runs N from HOLOFLOW_FUZZ_FIRST on
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 25)))) | set(FOUND))
@@ -679,12 +680,22 @@ def _scale_class(lib):
     return Scale
 
 
+def _quiet_state_dict(ctx) -> dict:
+    """A copy of the model's state dict, its state-dict hooks unlogged (torch's side only takes it)."""
+    n = len(ctx.log)
+    sd = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
+    del ctx.log[n:]
+    return sd
+
+
 def _s_parametrize(ctx, p):
     with_weight = [m for m in ctx.modules() if isinstance(getattr(m, "weight", None), ctx.lib.nn.Parameter)]
     if not with_weight:
         return None
     m = with_weight[p["k"] % len(with_weight)]
     utils, how = ctx.lib.nn.utils, p["how"]
+    if ctx.lib is torch:
+        ctx.shared.pop("registered", None)
     ctx.lib.manual_seed(ctx.seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -700,9 +711,11 @@ def _s_parametrize(ctx, p):
             return None
     keys = list(ctx.model.state_dict())
     if ctx.lib is torch:   # (spectral_norm's u and v are random: torch's, so later steps agree)
-        ctx.shared["registered"] = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
-    else:
+        ctx.shared["registered"] = _quiet_state_dict(ctx)
+    elif "registered" in ctx.shared:   # (quietly: torch's side loads nothing)
+        n = len(ctx.log)
         ctx.model.load_state_dict({k: flow.from_torch(v) for k, v in ctx.shared["registered"].items()})
+        del ctx.log[n:]
     return keys, _s_backward(ctx, {"train": True})
 
 
@@ -871,9 +884,7 @@ def check(seed: int) -> None:
     f.shared = t.shared
     for i, (name, p) in enumerate(steps):
         t.ref = f.ref = tm
-        n_log = len(t.log)   # (the snapshot runs torch's state-dict hooks: not logged)
-        t.ref_sd = f.ref_sd = {k: v.detach().clone() for k, v in t.model.state_dict().items()}
-        del t.log[n_log:]
+        t.ref_sd = f.ref_sd = _quiet_state_dict(t)
         want, t_err = _run_step(t, name, p)
         f.ref = t.model
         got, f_err = _run_step(f, name, p)
@@ -939,3 +950,29 @@ def test_full_backward_hook_sees_none_for_arguments_and_outputs_that_are_not_ten
         return seen
     want, got = _both(run)
     assert got == want
+
+
+@pytest.mark.parametrize("api", ["parametrizations", "hook"])
+def test_weight_norm_dim_is_normalized_and_checked_as_torch(api):
+    """seed 393: ``weight_norm(m, dim=1)`` of a 1-d weight computed (torch: IndexError), and a
+    negative ``dim`` other than -1 (``dim=-2`` of a Linear's weight) took the norm over every dim:
+    silently torch's ``dim=0`` norm times a constant, not per row."""
+    def run(lib, dim):
+        lib.manual_seed(0)
+        m = lib.nn.Linear(3, 2)
+        wn = lib.nn.utils.parametrizations.weight_norm if api == "parametrizations" else lib.nn.utils.weight_norm
+        wn(m, "weight", dim=dim)
+        return {k: v.detach().clone() for k, v in m.state_dict().items()}, m.weight.detach().clone()
+    (want_sd, want_w), (got_sd, got_w) = run(torch, -2), run(flow, -2)
+    assert list(got_sd) == list(want_sd)
+    for k in want_sd:
+        torch.testing.assert_close(got_sd[k].to_torch(), want_sd[k])
+    torch.testing.assert_close(got_w.to_torch(), want_w)
+
+    def one_d(lib):
+        wn = lib.nn.utils.parametrizations.weight_norm if api == "parametrizations" else lib.nn.utils.weight_norm
+        wn(lib.nn.PReLU(3), "weight", dim=1)
+    with pytest.raises(IndexError):
+        one_d(torch)
+    with pytest.raises(IndexError):
+        one_d(flow)

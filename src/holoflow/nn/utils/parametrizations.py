@@ -14,6 +14,7 @@ from ...ops.creation import empty, eye, randn
 from ...ops.layout import tril
 from ...ops.linalg import matrix_exp
 from ...ops.linalg_solve import householder_product, solve
+from ...ops.lowrank import norm_except_dim
 from ...ops.reduction import vector_norm
 from ...ops.shape import cat
 from .. import init
@@ -21,14 +22,6 @@ from ..module import Module
 from .parametrize import register_parametrization
 
 __all__ = ["weight_norm", "spectral_norm", "orthogonal"]
-
-
-def norm_except_dim(v: Tensor, pow: float = 2, dim: int = 0) -> Tensor:  # noqa: A002
-    """The ``pow``-norm over every dim but ``dim`` (kept as size 1); ``dim=-1``: the whole norm."""
-    if dim == -1:
-        return vector_norm(v, pow)
-    dims = tuple(d for d in range(v.dim()) if d != dim)
-    return vector_norm(v, pow, dims, keepdim=True) if dims else v.abs()
 
 
 def normalize(x: Tensor, dim: int = 0, eps: float = 1e-12) -> Tensor:
