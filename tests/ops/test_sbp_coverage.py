@@ -23,6 +23,9 @@ NOT_IN_OP_TABLES = {
     "from_local": "a local tensor made global: tests/global/test_one_program.py",
     "to_local_as": "torch's DTensor.to_local (its gradient laid out as told): tests/global/test_dtensor.py",
     "stage_move": "a graph's move between pipeline stages (send/recv tasks): tests/global/test_pipeline_stages.py",
+    "view_read": "a local in-place write into overlapping windows (unfold's) reading them: tests/test_views_inplace.py, "
+                 "tests/graph/test_graph_overlapping_writes.py",
+    "written_values": "a traced local write into overlapping windows: tests/graph/test_graph_overlapping_writes.py",
 }
 # Random ops: the in-place fills take the in-place kernel path (no dispatch to record) and
 # attention dropout's cases run with sbp=False; values are seed-dependent, so their tests

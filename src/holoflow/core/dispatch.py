@@ -28,8 +28,8 @@ from .registry import Op, infer_metas
 from .saved import _LIVE
 from .tensor import Tensor
 from .sbp import P
-from .views import (VIEW_READ, VIEW_SCATTER, ViewInfo, aliases, check_multi_output, make_view, may_overlap, replay,
-                    stamp_of)
+from .views import (VIEW_READ, VIEW_SCATTER, WRITTEN_VALUES, ViewInfo, aliases, check_multi_output, make_view,
+                    may_overlap, replay, stamp_of)
 
 
 class Eager(Interpreter):
@@ -75,6 +75,9 @@ class Eager(Interpreter):
 
     def value_token(self, x) -> object:
         return None
+
+    def overwrite(self, x: Tensor, values) -> None:
+        x._data.copy_(values._data if isinstance(values, Tensor) else values)
 
     def device_type_of(self, x) -> str:
         return x._data.device.type
@@ -518,7 +521,7 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     if grad_on and x._view is not None and x._view.base._rg and x._global is None and holds_elements_twice(x):
         src = read_for_write(x)
     out = apply(op, src, *rest, **attrs)
-    if (grad_on or x._global is not None) and op.inplace_kernel is not None and holds_elements_twice(x):
+    if (grad_on or lazy or x._global is not None) and op.inplace_kernel is not None and holds_elements_twice(x):
         try:
             out = written_as_torch(op.inplace_kernel, op.name, x, out, rest, attrs)
         except Exception as e:
@@ -527,11 +530,14 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
 
 
 def holds_elements_twice(x: Tensor) -> bool:
-    """Whether eager ``x`` (a global one: its shard) is a layout holding elements at more than
-    one index, not expanded (``unfold``'s overlapping windows): writes into it are
-    :func:`written_by_kernel`."""
-    return not (_CURRENT.get() is not None and interpret.is_lazy()) and \
-        0 not in x._data.stride() and may_overlap(x._data)
+    """Whether ``x`` (a global one: its shard) is a layout holding elements at more than one
+    index, not expanded (``unfold``'s overlapping windows): writes into it are
+    :func:`written_by_kernel`. Traced (an nn.Graph), a view of such a layout: its meta tensor
+    has the strides the view ops give its base."""
+    d = x._data
+    if _CURRENT.get() is not None and interpret.is_lazy() and x._view is None:
+        return False
+    return 0 not in d.stride() and may_overlap(d)
 
 
 def written_as_torch(kernel: Callable, name: str, x: Tensor, out: Tensor, args: tuple, kwargs: dict) -> Tensor:
@@ -541,6 +547,8 @@ def written_as_torch(kernel: Callable, name: str, x: Tensor, out: Tensor, args: 
     shard is written so when it holds whole values (no partial sums) and every other tensor
     operand has its shape (laid out as ``x`` for the kernel)."""
     g = x._global
+    if _CURRENT.get() is not None and interpret.is_lazy():
+        return _traced_written(kernel, name, x, out, args, kwargs)
     if g is not None:
         fresh_copy(x)   # (a copy standing for a view: its source's values now)
         if out._global.sbp != g.sbp:
@@ -556,7 +564,33 @@ def written_as_torch(kernel: Callable, name: str, x: Tensor, out: Tensor, args: 
                 f"partial sums whose tensor operands have its shape"
                 + (f" (not {', '.join(f'{tuple(r.shape)} {r.sbp if r._global else ()}' for r in odd)})" if odd else "")
                 + "; write into a clone() of it, or expand() the operands to its shape")
-    out._data.copy_(written_by_kernel(kernel, x._data, *args, **kwargs))
+    EAGER.overwrite(out, written_by_kernel(kernel, x._data, *args, **kwargs))
+    return out
+
+
+def _traced_written(kernel: Callable, name: str, x: Tensor, out: Tensor, args: tuple, kwargs: dict) -> Tensor:
+    """:func:`written_as_torch` in a trace: ``out`` takes the values of a ``written_values`` node,
+    which runs the in-place kernel on a copy of the view's base when the plan runs."""
+    if x._global is not None:
+        raise RuntimeError(
+            f"holoflow.{name}_: in an nn.Graph, the target, a global tensor of shape {tuple(x.shape)} and sbp "
+            f"{x._global.sbp}, holds elements at more than one index (overlapping windows, as unfold's), "
+            f"which torch's kernel writes element after element; a traced global write can't follow it: "
+            f"write into a clone() of it (or do the write eagerly)")
+    args, kwargs, slots, operands = list(args), dict(kwargs), [], []
+    for key, a in [*enumerate(args), *kwargs.items()]:
+        if isinstance(a, Tensor):
+            slots.append(key)
+            operands.append(a)
+            if isinstance(key, int):
+                args[key] = None
+            else:
+                kwargs[key] = None
+    vi = x._view
+    with grad_mode.no_grad():
+        values = apply(WRITTEN_VALUES, vi.base, *operands, chain=vi.chain, kernel=kernel, args=tuple(args),
+                       kwargs=kwargs, slots=tuple(slots), dtype=out._data.dtype)
+    _CURRENT.get().overwrite(out, values)
     return out
 
 

@@ -66,6 +66,11 @@ class Interpreter:
         views compare it to notice that their base was rewritten."""
         return self.parent.value_token(x)
 
+    def overwrite(self, x, values) -> None:
+        """``x``'s storage takes ``values``' values (of its shape and dtype), its history and
+        everything saved of it unchanged: what a grad rule that saved ``x`` reads from now on."""
+        return self.parent.overwrite(x, values)
+
     def creation_default(self) -> tuple | None:
         """``(placement, sbp)`` that creation ops without ``placement=`` use (a ``global_mode``
         scope), or None: create local tensors."""

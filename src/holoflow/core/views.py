@@ -203,13 +203,33 @@ def _view_read_kernel(base: torch.Tensor, chain: tuple) -> torch.Tensor:
 
 def _view_read_grad(ctx, dy):
     from .dispatch import apply
-    from .tensor import Tensor
-    zeros = Tensor._make(torch.zeros(ctx.shapes[0], dtype=ctx.dtypes[0], device=dy._data.device))
+    zeros = dy.detach().new_zeros(ctx.shapes[0], dtype=ctx.dtypes[0])   # (traced: a recorded op)
     return (apply(VIEW_SCATTER, zeros, dy, chain=ctx.chain),)
 
 
 # the values of view ``chain`` of a base, whose gradient is written back into the base's region
 # (torch's CopySlices hands the in-place op's gradient of the view's old value to the base so:
 # where the view holds an element more than once, it arrives once, not summed over its places).
-# Eager and local only (dispatch.apply_inplace): an internal op, not in the registry's tables
-VIEW_READ = Op("view_read", _view_read_kernel, grad=_view_read_grad, family="view")
+# Local only (dispatch.apply_inplace; a trace's too)
+VIEW_READ = defop("view_read", _view_read_kernel, grad=_view_read_grad, family="view")
+
+
+def _written_values_kernel(base: torch.Tensor, *operands: torch.Tensor, chain: tuple, kernel: Callable,
+                           args: tuple, kwargs: dict, slots: tuple, dtype: torch.dtype) -> torch.Tensor:
+    memory = base.clone(memory_format=torch.contiguous_format)
+    region = replay(chain, memory, _kernel_run)
+    args, kwargs = list(args), dict(kwargs)
+    for slot, t in zip(slots, operands):
+        if isinstance(slot, int):
+            args[slot] = t
+        else:
+            kwargs[slot] = t
+    kernel(region, *args, **kwargs)
+    return region.to(dtype, memory_format=torch.contiguous_format, copy=True)
+
+
+# The values in-place ``kernel`` leaves in view ``chain`` of a base holding elements at more than
+# one index (unfold's overlapping windows), which torch's kernel writes element after element;
+# run on a copy of the base, returned in ``dtype``. A trace's dispatch.written_by_kernel: the
+# write's result computed out of place takes these values (Interpreter.overwrite); local only
+WRITTEN_VALUES = defop("written_values", _written_values_kernel, differentiable=False, opaque=True)

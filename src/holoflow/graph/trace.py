@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..core import grad_mode, interpret
-from ..core.dispatch import apply, refresh, take_history, wrap
+from ..core.dispatch import apply, holds_elements_twice, refresh, take_history, wrap
 from ..core.dispatch import assign as write_into
 from ..core.interpret import Interpreter
 from ..core.views import VIEW_SCATTER, aliases, detached_from, make_view, replay, stamp_of
@@ -248,6 +248,9 @@ class Tracer(Interpreter):
     def bind_value(self, t: Tensor, v: Value) -> None:
         t.__dict__["_v"] = v
         self.by_data[id(t._data)] = (v, t._data)
+
+    def overwrite(self, x: Tensor, values: Tensor) -> None:
+        self.bind_value(x, self.value_of(values))   # (a saved output is read by its storage: by_data)
 
     def value_of(self, x: Tensor) -> Value:
         if x._view is not None:
@@ -538,6 +541,10 @@ class Tracer(Interpreter):
                 self._quiet = quiet
         if vi is not None:
             vi.stamp = stamp_of(vi.base)
+            if holds_elements_twice(x):
+                # a view holding elements more than once is re-derived from the written base, as
+                # eager's (torch's rebase_history): its windows' gradients meet in the base first
+                refresh(x, force=True)
         return x
 
     def _bump(self, x: Tensor) -> None:
