@@ -341,8 +341,7 @@ def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace
 
 def mish(input: Tensor, inplace: bool = False) -> Tensor:
     """``x * tanh(softplus(x))``, torch's kernel."""
-    out = apply(MISH, input)
-    return assign(input, out, "mish") if inplace else out
+    return _maybe_inplace(MISH, input, inplace)
 
 
 def logsigmoid(input: Tensor) -> Tensor:
