@@ -57,6 +57,12 @@ def _close(state: _State) -> None:
         state.region = None
 
 
+def forward_mode_runs() -> bool:
+    """Whether the nearest differentiating holoflow.func transform around the code running now
+    is forward mode (jvp, jacfwd, linearize)."""
+    return _forward_mode_runs(STATE)
+
+
 def _set(state: _State, mode: bool) -> tuple:
     """Sets grad mode to ``mode``; the state to restore. Turned off under forward mode, recording
     goes on as a region of forward mode's alone (see ``_State``)."""

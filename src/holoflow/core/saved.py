@@ -28,12 +28,13 @@ _LIVE = [0]   # pushes alive in any thread: a node that saves reads its thread's
 _LOCK = threading.Lock()
 
 
-def push(pack_hook: Callable, unpack_hook: Callable) -> None:
-    """Makes ``(pack_hook, unpack_hook)`` this thread's innermost pair."""
+def push(pack_hook: Callable, unpack_hook: Callable, applies: Callable[[], bool] | None = None) -> None:
+    """Makes ``(pack_hook, unpack_hook)`` this thread's innermost pair; with ``applies``, only
+    while it returns True (else the pairs outside it act, or none: holoflow.func's forward mode)."""
     msg = _HOOKS.disabled
     if msg is not None:
         raise RuntimeError(msg)
-    _HOOKS.stack = _HOOKS.stack + ((pack_hook, unpack_hook),)
+    _HOOKS.stack = _HOOKS.stack + ((pack_hook, unpack_hook) if applies is None else (pack_hook, unpack_hook, applies),)
     with _LOCK:
         _LIVE[0] += 1
 
@@ -50,8 +51,10 @@ def pop() -> None:
 
 def current() -> tuple | None:
     """This thread's innermost ``(pack, unpack)``, or None (the hot path asks ``_LIVE`` first)."""
-    stack = _HOOKS.stack
-    return stack[-1] if stack else None
+    for pair in reversed(_HOOKS.stack):
+        if len(pair) == 2 or pair[2]():
+            return pair
+    return None
 
 
 def disable(message: str) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 
-from typing import Iterator
+from typing import Any, Iterator
 
-from ..core.grad_mode import STATE
+from ..core import saved
+from ..core.grad_mode import STATE, forward_mode_runs
 
 
 @contextlib.contextmanager
@@ -37,6 +38,37 @@ def level(n: int, kind: str = "reverse") -> Iterator[None]:
             kinds.discard(n)
         if kind == "forward" and not state.forward_levels:
             state.regions.clear()   # (no forward mode left to see through its no_grad regions)
+
+
+def _snapshot(x: Any) -> tuple:
+    d = x._data
+    return x.detach().clone(), d, d._version   # (pack hooks run under no_grad)
+
+
+def _read(packed: tuple) -> Any:
+    """The copy for forward mode's own reverse passes (level -1); a reverse pass around it reads
+    what was saved as holoflow's engine does, refusing it once written in place (torch's too)."""
+    copy, d, version = packed
+    if STATE.level != -1 and d._version != version:
+        raise RuntimeError(f"holoflow: one of the tensors needed for gradient computation has been modified by an "
+                           f"in-place operation: a tensor of shape {tuple(d.shape)} saved inside a forward-mode "
+                           f"transform is at version {d._version}; expected version {version}. Use an "
+                           f"out-of-place op (e.g. x = x + y instead of x += y) before this point.")
+    return copy
+
+
+@contextlib.contextmanager
+def forward_saves() -> Iterator[None]:
+    """Forward mode's function runs inside: what its nodes save is a copy, taken when saved, as
+    long as forward mode is the nearest differentiating transform. torch's forward mode computes
+    each tangent as the op runs, so a later in-place write of an input it read changes nothing;
+    here the tangents come from reverse passes after the function returned, which must still
+    read the values the ops saw (``_read``)."""
+    saved.push(_snapshot, _read, applies=forward_mode_runs)
+    try:
+        yield
+    finally:
+        saved.pop()
 
 
 def in_region(node: object) -> bool:

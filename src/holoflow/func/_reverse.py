@@ -22,7 +22,7 @@ from ..nn.utils.stateless import swapped
 from ..ops import creation as C
 from ..ops import shape as _shape
 from . import _rng
-from ._levels import in_region, inner, level
+from ._levels import forward_saves, in_region, inner, level
 from ._vmap import check_chunk_size
 
 
@@ -294,7 +294,9 @@ def jvp(func: Callable, primals: tuple, tangents: tuple, *, strict: bool = False
     wrt = [x for f, _ in fresh for x in f]
     tl = _check_tangents(tangents, primals, wrt, "jvp")
     with grad_mode.enable_grad(), level(depth, "forward"):
-        out, aux = _split_aux(func(*args), has_aux, "jvp")
+        with forward_saves():
+            res = func(*args)
+        out, aux = _split_aux(res, has_aux, "jvp")
         outs, ospec = _tensors(out, "jvp")
         keep = _keep(keep, outs, depth)
         if strict and not all(o.requires_grad for o in outs):
@@ -319,7 +321,8 @@ def linearize(func: Callable, *primals: Any) -> tuple[Any, Callable]:
     args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "linearize")
     wrt = [x for f, _ in fresh for x in f]
     with grad_mode.enable_grad(), level(depth, "forward"):
-        out = func(*args)
+        with forward_saves():
+            out = func(*args)
         outs, ospec = _tensors(out, "linearize")
         keep = _keep(keep, outs, depth)
         apply = _linear_map(outs, wrt)
@@ -342,7 +345,9 @@ def _jacobian(func: Callable, argnums: int | tuple, has_aux: bool, who: str) -> 
         args, parts, keep = _fresh_args(args, _argnums(argnums, len(args), who), who)
         wrt = [x for f, _ in parts for x in f]
         with grad_mode.enable_grad(), level(depth, "forward" if who == "jacfwd" else "reverse"):
-            out, aux = _split_aux(func(*args, **kwargs), has_aux, who)
+            with forward_saves() if who == "jacfwd" else contextlib.nullcontext():
+                res = func(*args, **kwargs)
+            out, aux = _split_aux(res, has_aux, who)
             outs, ospec = _tensors(out, who)
             keep = _keep(keep, outs, depth)
             per_out = []
