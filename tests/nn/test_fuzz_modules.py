@@ -30,8 +30,9 @@ import holoflow as flow
 
 # seeds that found bugs (the focused tests at the end minimize them): 2 (weight_norm kept the
 # weight's .grad on original1), 43 (full backward hooks dropped non-tensor arguments and outputs),
-# 393 (weight_norm's dim unchecked and a negative dim misread), 571 (inplace Mish's backward refused)
-FOUND = (2, 43, 393, 571)
+# 393 (weight_norm's dim unchecked and a negative dim misread), 571 (inplace Mish's backward refused),
+# 158 (deepcopy of a non-leaf tensor)
+FOUND = (2, 43, 158, 393, 571)
 # CI runs these many programs and FOUND; HOLOFLOW_FUZZ_SEEDS=N runs N from HOLOFLOW_FUZZ_FIRST on
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 25)))) | set(FOUND))
@@ -997,3 +998,21 @@ def test_inplace_mish_backward():
     assert got[0] == want[0]
     torch.testing.assert_close(got[1].to_torch(), want[1])
     torch.testing.assert_close(got[2].to_torch(), want[2])
+
+
+def test_deepcopy_of_a_tensor_with_history_is_refused_as_torch():
+    """seed 158: ``copy.deepcopy`` of a module whose old-style ``weight_norm`` weight is computed
+    (a non-leaf attribute) copied it as a new leaf; torch refuses a non-leaf's deepcopy (RuntimeError)."""
+    def run(lib):
+        m = lib.nn.Linear(2, 2)
+        lib.nn.utils.weight_norm(m)
+        m(lib.ones(1, 2))
+        copy.deepcopy(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for lib in (torch, flow):
+            with pytest.raises(RuntimeError, match="graph leaves"):
+                run(lib)
+            with pytest.raises(RuntimeError, match="graph leaves"):
+                copy.deepcopy(lib.ones(2, requires_grad=True) * 2)
+            copy.deepcopy(lib.ones(2, requires_grad=True))

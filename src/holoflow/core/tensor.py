@@ -533,6 +533,10 @@ class Tensor:
         return (_rebuild, (self._local_full().detach().cpu(), self._rg))
 
     def __deepcopy__(self, memo):
+        if not self.is_leaf:   # (as torch: a copy would drop the history, or keep a node not its own)
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                               "protocol at the moment. If you were attempting to deepcopy a module, this may be "
+                               "because of a holoflow.nn.utils.weight_norm usage")
         t = Tensor._make(self._data.clone())
         t._rg, t._global = self._rg, self._global
         if self.grad is not None:
