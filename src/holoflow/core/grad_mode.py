@@ -25,10 +25,11 @@ class _State(threading.local):
         self.reverse_levels: set = set()
         self.forward_levels: set = set()
         # forward mode is reverse mode here, yet no_grad stops reverse mode alone (torch's forward
-        # AD runs through it): a no_grad region whose nearest differentiating transform is forward
-        # mode keeps recording; the spans of its nodes' creation numbers (from ``region`` while it
-        # is open) are kept (``regions``) until no forward mode is left, so the transform sees
-        # through them and no reverse pass does (func/_reverse.py)
+        # AD runs through it): a no_grad region inside a forward-mode transform keeps recording.
+        # The spans of its nodes' creation numbers (from ``region`` while it is open) are kept
+        # (``regions``) until no forward mode is left: forward mode's passes see through those
+        # nodes, reverse transforms' passes and all outside take them as constants
+        # (func/_reverse.py: ``_regions_cut``, ``_seal_regions``)
         self.region: int | None = None
         self.regions: list = []
 
@@ -51,6 +52,12 @@ def _forward_mode_runs(state: _State) -> bool:
         max(state.forward_levels) > max(state.reverse_levels, default=0)
 
 
+def _forward_mode_around(state: _State) -> bool:
+    """Whether a forward-mode transform is around the code running now (its transforms' own
+    reverse passes, at level -1, aside)."""
+    return state.level > 0 and bool(state.forward_levels)
+
+
 def _close(state: _State) -> None:
     if state.region is not None:
         state.regions.append((state.region, _seq()))
@@ -70,7 +77,7 @@ def _set(state: _State, mode: bool) -> tuple:
     if mode:
         _close(state)   # (enable_grad inside the region: every level records again)
         state.enabled = True
-    elif state.enabled and state.region is None and _forward_mode_runs(state):
+    elif state.enabled and state.region is None and _forward_mode_around(state):
         state.region = _seq()
     elif state.region is None:
         state.enabled = False

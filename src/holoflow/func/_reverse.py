@@ -11,7 +11,7 @@ is one vjp per output element, as ``jacrev``. The same values, at reverse mode's
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ..autograd import grad as _autograd_grad
 from ..core import grad_mode
@@ -87,13 +87,48 @@ def _track(x: Tensor, depth: int) -> Tensor:
 
 
 def _grads(out: list, wrt: list, cot: list | None, keep: bool, retain: bool = False) -> list:
-    """d(out)/d(wrt) contracted with ``cot``: zeros for inputs the outputs do not depend on."""
+    """d(out)/d(wrt) contracted with ``cot``: zeros for inputs the outputs do not depend on. A
+    reverse pass at a transform's level (not forward mode's, at level -1) treats what a no_grad
+    region recorded for forward mode alone as constants (``_regions_cut``)."""
     live = [(o, c) for o, c in zip(out, cot or [None] * len(out)) if o.requires_grad]
     if not live:
         return [C.zeros_like(w) for w in wrt]
-    got = _autograd_grad([o for o, _ in live], wrt, None if cot is None else [c for _, c in live],
-                         retain_graph=keep or retain, create_graph=keep, allow_unused=True)
+    with _regions_cut([o for o, _ in live]) if grad_mode.STATE.level >= 0 else contextlib.nullcontext():
+        got = _autograd_grad([o for o, _ in live], wrt, None if cot is None else [c for _, c in live],
+                             retain_graph=keep or retain, create_graph=keep, allow_unused=True)
     return [C.zeros_like(w) if g is None else (g if keep else g.detach()) for g, w in zip(got, wrt)]
+
+
+def _region_nodes(outs: list) -> list:
+    """The grad nodes reachable from ``outs`` that a no_grad region recorded for forward mode."""
+    if not grad_mode.STATE.regions:
+        return []
+    seen, stack, found = set(), [o.grad_fn for o in outs], []
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack += [e[0] for e in node.edges if type(e) is tuple]
+        if in_region(node):
+            found.append(node)
+    return found
+
+
+@contextlib.contextmanager
+def _regions_cut(outs: list) -> Iterator[None]:
+    """Inside, the region nodes reachable from ``outs`` have no edges: a reverse pass sees their
+    results as constants (torch's no_grad stops reverse mode; a forward-mode transform around
+    sees through them once their edges are back)."""
+    nodes = _region_nodes(outs)
+    edges = [n.edges for n in nodes]
+    for n in nodes:
+        n.edges = (None,) * len(n.edges)
+    try:
+        yield
+    finally:
+        for n, e in zip(nodes, edges):
+            n.edges = e
 
 
 def _fresh_args(args: tuple, nums: tuple, who: str) -> tuple[list, list, bool]:
@@ -110,14 +145,14 @@ def _fresh_args(args: tuple, nums: tuple, who: str) -> tuple[list, list, bool]:
     return args, parts, grad_mode.STATE.enabled
 
 
-def _reaches_outside(t: Tensor, depth: int) -> bool:
+def _reaches_outside(t: Tensor, depth: int, around_regions: bool = False) -> bool:
     """Whether ``t``'s history reaches a leaf recorded outside the transform at level ``depth``:
-    any but the fresh inputs of that transform and of those inside it (not through a no_grad region
-    only forward mode sees: ``_seal_regions``)."""
+    any but the fresh inputs of that transform and of those inside it; with ``around_regions``,
+    not through a no_grad region only forward mode sees (``_seal_regions``)."""
     seen, stack = set(), [t.grad_fn]
     while stack:
         node = stack.pop()
-        if node is None or id(node) in seen or in_region(node):
+        if node is None or id(node) in seen or (around_regions and in_region(node)):
             continue
         seen.add(id(node))
         for e in node.edges:
@@ -128,11 +163,14 @@ def _reaches_outside(t: Tensor, depth: int) -> bool:
     return False
 
 
-def _keep(outer: bool, outs: list, depth: int) -> bool:
+def _keep(outer: bool, outs: list, depth: int, forward: bool = False) -> bool:
     """Whether the results must stay differentiable (``create_graph``): grad mode is on outside
     and an output reaches a tensor recorded there, an argument or one the function closes over
     (``grad(lambda w: jacrev(lambda x: x * w)(x0).sum())(w)``); ``depth``: the transform's level."""
-    return outer and any(isinstance(o, Tensor) and o.requires_grad and _reaches_outside(o, depth) for o in outs)
+    # (the outermost forward-mode transform's no_grad regions are constants to all outside it)
+    around = forward and len(grad_mode.STATE.forward_levels) == 1
+    return outer and any(isinstance(o, Tensor) and o.requires_grad and _reaches_outside(o, depth, around)
+                         for o in outs)
 
 
 def _cut(tree: Any, depth: int) -> Any:
@@ -252,17 +290,8 @@ def _seal_regions(outs: list, keep: bool) -> None:
     function's no_grad regions (which torch's forward mode runs through, its reverse mode not)
     lose their edges, so no reverse pass outside sees through them (``grad(jvp(f))``), as torch's.
     Only results that stay differentiable outside (``keep``) can reach them."""
-    state = grad_mode.STATE
-    if not keep or not state.regions or len(state.forward_levels) > 1:
-        return
-    seen, stack = set(), [o.grad_fn for o in outs]
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack += [e[0] for e in node.edges if type(e) is tuple]
-        if in_region(node):
+    if keep and len(grad_mode.STATE.forward_levels) == 1:
+        for node in _region_nodes(outs):
             node.edges = (None,) * len(node.edges)
 
 
@@ -298,7 +327,7 @@ def jvp(func: Callable, primals: tuple, tangents: tuple, *, strict: bool = False
             res = func(*args)
         out, aux = _split_aux(res, has_aux, "jvp")
         outs, ospec = _tensors(out, "jvp")
-        keep = _keep(keep, outs, depth)
+        keep = _keep(keep, outs, depth, forward=True)
         if strict and not all(o.requires_grad for o in outs):
             raise RuntimeError("holoflow.func.jvp(strict=True): an output of the function does not depend on "
                                "the primals; strict=False gives it a zero tangent")
@@ -324,7 +353,7 @@ def linearize(func: Callable, *primals: Any) -> tuple[Any, Callable]:
         with forward_saves():
             out = func(*args)
         outs, ospec = _tensors(out, "linearize")
-        keep = _keep(keep, outs, depth)
+        keep = _keep(keep, outs, depth, forward=True)
         apply = _linear_map(outs, wrt)
 
     def jvp_fn(*tangents: Any) -> Any:
@@ -349,7 +378,7 @@ def _jacobian(func: Callable, argnums: int | tuple, has_aux: bool, who: str) -> 
                 res = func(*args, **kwargs)
             out, aux = _split_aux(res, has_aux, who)
             outs, ospec = _tensors(out, who)
-            keep = _keep(keep, outs, depth)
+            keep = _keep(keep, outs, depth, forward=who == "jacfwd")
             per_out = []
             for o in outs:
                 rows = [[] for _ in wrt]
