@@ -697,7 +697,8 @@ TORCH_ONLY = (
     "don't yet support saved tensor hooks",      # (checkpoint(use_reentrant=False) under grad/vjp/jacrev)
     "escaped from inside a function being vmapped",   # (checkpoint under vmap)
     "index 0 out of range for tensor of size [0]",    # (jacrev/jacfwd/hessian under an empty vmap)
-    "cannot reshape tensor of 0 elements into shape [0, -1]",   # (reshape(-1) under an empty vmap)
+    "cannot reshape tensor of 0 elements into shape [0, ",   # (reshape(-1) under an empty vmap, [0, 2, -1]
+    # under two: seed 6355)
     "Cannot set version_counter for inference tensor",   # (an inference_mode result under vmap and jvp)
     "A different number of tensors was saved during the original forward and recomputation",   # (checkpoint
     # under jacfwd, whose forward mode saves other tensors when recomputing)
