@@ -31,8 +31,9 @@ import holoflow as flow
 # seeds that found bugs (the focused tests at the end minimize them): 2 (weight_norm kept the
 # weight's .grad on original1), 43 (full backward hooks dropped non-tensor arguments and outputs),
 # 393 (weight_norm's dim unchecked and a negative dim misread), 571 (inplace Mish's backward refused),
-# 158 (deepcopy of a non-leaf tensor)
-FOUND = (2, 43, 158, 393, 571)
+# 158 (deepcopy of a non-leaf tensor), 1102 (weight_norm removed from a frozen weight: a Parameter),
+# 1892 (full backward hooks: None where torch has zeros and zeros where torch has None)
+FOUND = (2, 43, 158, 393, 571, 1102, 1892)
 # CI runs these many programs and FOUND; HOLOFLOW_FUZZ_SEEDS=N runs N from HOLOFLOW_FUZZ_FIRST on
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 25)))) | set(FOUND))
@@ -714,7 +715,9 @@ def _s_parametrize(ctx, p):
         else:
             return None
     keys = list(ctx.model.state_dict())
-    if ctx.lib is torch:   # (spectral_norm's u and v are random: torch's, so later steps agree)
+    if how != "spectral_norm":
+        pass
+    elif ctx.lib is torch:   # (spectral_norm's u and v are random: torch's, so later steps agree)
         ctx.shared["registered"] = _quiet_state_dict(ctx)
     elif "registered" in ctx.shared:   # (quietly: torch's side loads nothing)
         n = len(ctx.log)
@@ -1016,3 +1019,39 @@ def test_deepcopy_of_a_tensor_with_history_is_refused_as_torch():
             with pytest.raises(RuntimeError, match="graph leaves"):
                 copy.deepcopy(lib.ones(2, requires_grad=True) * 2)
             copy.deepcopy(lib.ones(2, requires_grad=True))
+
+
+def test_removing_weight_norm_of_a_frozen_weight_leaves_a_buffer():
+    """seed 1102: ``remove_parametrizations(m, "weight")`` of a weight_norm whose originals don't
+    require grad left ``weight`` a Parameter; torch's is a buffer (its value doesn't require grad),
+    so ``parameters()`` differed."""
+    def run(lib):
+        m = lib.nn.Linear(2, 2)
+        lib.nn.utils.parametrizations.weight_norm(m)
+        m.requires_grad_(False)
+        lib.nn.utils.parametrize.remove_parametrizations(m, "weight")
+        return [n for n, _ in m.named_parameters()], [n for n, _ in m.named_buffers()], list(m.state_dict())
+    want, got = _both(run)
+    assert got == want
+
+
+def test_full_backward_hook_grad_input_has_zeros_for_inputs_without_a_gradient():
+    """seed 1892: a full backward hook on ``MaxUnpool`` got None for the indices in ``grad_input``
+    (torch: int64 zeros), and a hook on a module with an unused output got zeros for it in
+    ``grad_output`` (torch: None)."""
+    def run(lib):
+        pool, unpool = lib.nn.MaxPool1d(2, return_indices=True), lib.nn.MaxUnpool1d(2)
+        seen = []
+        unpool.register_full_backward_hook(lambda m, gi, go: seen.append([None if g is None else g.dtype for g in gi]))
+        x = lib.ones(1, 1, 4, requires_grad=True)
+        unpool(*pool(x)).sum().backward()
+
+        class Two(lib.nn.Module):
+            def forward(self, x, z):
+                return x * 2, x * 3
+        two = Two()
+        two.register_full_backward_hook(lambda m, gi, go: seen.append([None if g is None else g.tolist() for g in gi + go]))
+        two(lib.ones(2, requires_grad=True), lib.ones(2))[0].sum().backward()
+        return [[str(v).replace("holoflow", "torch") for v in s] for s in seen]
+    want, got = _both(run)
+    assert got == want

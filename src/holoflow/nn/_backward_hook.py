@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from ..autograd import Function
 from ..core.tensor import Tensor
+from ..ops.creation import zeros
 
 
 def _alias(t: Tensor) -> Tensor:
@@ -21,15 +22,23 @@ class _Identity(Function):
     @staticmethod
     def forward(ctx: Any, hook: "BackwardHook", on_input: bool, *tensors: Tensor) -> tuple:
         ctx.hook, ctx.on_input = hook, on_input
+        # (as torch's: grad_output holds None for an output nothing used, grad_input zeros for an
+        # input that got no gradient, one not requiring grad included)
+        ctx.set_materialize_grads(False)
+        ctx.metas = [(tuple(t.shape), t.dtype, t.device) if t._global is None else None for t in tensors]
         return tuple(_alias(t) for t in tensors)
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple:
-        grads = tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[2:]))
+        needs = ctx.needs_input_grad[2:]
         hook = ctx.hook
         if ctx.on_input:
+            grads = tuple(zeros(m[0], dtype=m[1], device=m[2]) if g is None and m is not None else g
+                          for g, m in zip(grads, ctx.metas))
             grads = _unpack(hook.input_index, hook.run(_pack(hook.input_index, grads, hook.n_args)))
+            grads = tuple(g if need else None for g, need in zip(grads, needs))
         else:
+            grads = tuple(g if need else None for g, need in zip(grads, needs))
             hook.grad_output = hook.run_pre(_pack(hook.output_index, grads, hook.n_outputs))
             grads = _unpack(hook.output_index, hook.grad_output)
             if not hook.n_inputs and hook.hooks:  # no input needs a gradient: torch fires

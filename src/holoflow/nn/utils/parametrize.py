@@ -181,16 +181,14 @@ def remove_parametrizations(module: Module, tensor_name: str, leave_parametrized
     if not is_parametrized(module, tensor_name):
         raise ValueError(f"Module {module} does not have a parametrization on {tensor_name}")
     plist = module.parametrizations[tensor_name]
-    if leave_parametrized:
+    if leave_parametrized and plist.is_tensor:
         with no_grad():
             value = getattr(module, tensor_name)
-        if plist.is_tensor:
-            orig = plist.original
-            orig._data = value.detach()._data.clone()
-        elif isinstance(plist.original0, Parameter):
-            orig = Parameter(value.detach(), requires_grad=plist.original0.requires_grad)
-        else:
-            orig = value.detach()
+        orig = plist.original
+        orig._data = value.detach()._data.clone()
+    elif leave_parametrized:   # (as torch: a Parameter where the value requires grad, else a buffer)
+        value = getattr(module, tensor_name)
+        orig = Parameter(value.detach(), requires_grad=True) if value.requires_grad else value.detach()
     else:
         if not plist.is_tensor:
             raise ValueError("Cannot leave unparametrized (`leave_parametrized=False`) a tensor that is "
