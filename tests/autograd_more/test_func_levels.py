@@ -221,3 +221,48 @@ def test_a_reverse_transform_inside_forward_mode_still_refuses_the_write(lib):
     f = _WRITES["saved_then_written"]
     with pytest.raises(RuntimeError, match="modified by an in-?place operation"):
         lib.func.jvp(lib.func.grad(lambda a: f(a).sum()), (_t(lib, X),), (_t(lib, T),))
+
+
+# -- node hooks and retain_grad belong to their transform's level --------------------------------
+
+def _node_hook_program(lib) -> list:
+    calls = []
+    x = _t(lib, X, rg=True)
+    z = _t(lib, T, rg=True) * 2.0   # (recorded outside: its node belongs to the code outside)
+
+    def f(a):
+        y = a.sin()
+        y.grad_fn.register_hook(lambda gi, go: calls.append("post"))
+        y.grad_fn.register_prehook(lambda go: calls.append("pre"))
+        z.grad_fn.register_prehook(lambda go: calls.append("outer"))
+        return (y * y * z).sum()
+    g, v = lib.func.grad_and_value(f)(x)
+    inside = list(calls)
+    calls.clear()
+    v.backward()
+    return [inside, list(calls)]
+
+
+def test_a_node_hook_inside_a_transform_fires_in_its_backward_alone():
+    # holoflow's node hooks were not level-tagged: those registered inside grad fired again in a
+    # backward outside, and changed its gradients when they returned any (silent)
+    assert _node_hook_program(flow) == _node_hook_program(torch)
+
+
+@pytest.mark.parametrize("lib", [torch, flow], ids=["torch", "holoflow"])
+@pytest.mark.parametrize("transform", ["grad", "vmap", "jvp"])
+def test_retain_grad_inside_a_transform_is_refused(lib, transform):
+    w = _t(lib, T, rg=True)
+
+    def f(a):
+        y = a * w
+        y.retain_grad()
+        return y.sum() if transform == "grad" else y
+    x = _t(lib, X)
+    with pytest.raises(RuntimeError):
+        if transform == "grad":
+            lib.func.grad(f)(x)
+        elif transform == "vmap":
+            lib.func.vmap(f)(x)
+        else:
+            lib.func.jvp(f, (x,), (x,))

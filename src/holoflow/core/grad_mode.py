@@ -32,6 +32,9 @@ class _State(threading.local):
         # (func/_reverse.py: ``_regions_cut``, ``_seal_regions``)
         self.region: int | None = None
         self.regions: list = []
+        # a level -> the creation number the transform's run began at: a node numbered from there
+        # on was recorded inside it (core/node._at_level)
+        self.starts: dict = {}
 
 
 STATE = _State()
@@ -41,7 +44,8 @@ def is_grad_enabled() -> bool:
     return STATE.enabled
 
 
-def _seq() -> int:
+def next_seq() -> int:
+    """A grad-node creation number (core/node.SEQ): every node recorded later has a greater one."""
     from .node import SEQ   # (node imports this module)
     return next(SEQ)
 
@@ -60,7 +64,7 @@ def _forward_mode_around(state: _State) -> bool:
 
 def _close(state: _State) -> None:
     if state.region is not None:
-        state.regions.append((state.region, _seq()))
+        state.regions.append((state.region, next_seq()))
         state.region = None
 
 
@@ -78,7 +82,7 @@ def _set(state: _State, mode: bool) -> tuple:
         _close(state)   # (enable_grad inside the region: every level records again)
         state.enabled = True
     elif state.enabled and state.region is None and _forward_mode_around(state):
-        state.region = _seq()
+        state.region = next_seq()
     elif state.region is None:
         state.enabled = False
     return prev
@@ -89,7 +93,7 @@ def _restore(state: _State, prev: tuple) -> None:
     if not in_region:
         _close(state)
     elif state.region is None:
-        state.region = _seq()
+        state.region = next_seq()
     state.enabled = enabled
 
 

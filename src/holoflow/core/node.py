@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 from . import anomaly, grad_mode
 from .registry import Op
 from .saved import _LIVE, SavedTensor, current as _saved_hooks, pack
-from .tensor import Tensor, _RemovableHandle
+from .tensor import Tensor, _LevelHook, _RemovableHandle
 
 _FREED = object()
 
@@ -174,6 +174,7 @@ class GradNode:
         """torch's ``Node.register_hook``: ``fn(grad_inputs, grad_outputs)`` after the rule ran; it
         may return new ``grad_inputs``."""
         hooks = self._hook_list("post")
+        fn = _at_level(fn, self.seq)
         hooks.append(fn)
         return _RemovableHandle(hooks, fn)
 
@@ -185,6 +186,7 @@ class GradNode:
         """torch's ``Node.register_prehook``: ``fn(grad_outputs)`` before the rule (after the
         tensors' hooks and ``retain_grad``); it may return new ``grad_outputs``."""
         hooks = self._hook_list("pre")
+        fn = _at_level(fn, self.seq)
         hooks.append(fn)
         return _RemovableHandle(hooks, fn)
 
@@ -299,6 +301,7 @@ class AccumulateGrad:
         def hook(g):
             r = fn((g,))
             return None if r is None else _one_grad(fn, r)
+        hook = _at_level(hook, None, leaf.__dict__.get("_func_level", 0))
         if leaf._hooks is None:
             leaf._hooks = []
         leaf._hooks.append(hook)
@@ -354,11 +357,31 @@ def _hook_name(fn) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
+def _at_level(hook: Callable, seq: int | None, leaf_level: int = 0) -> Callable:
+    """A hook on the node numbered ``seq`` (None: a leaf's AccumulateGrad, of the transform at
+    ``leaf_level``): one recorded inside a holoflow.func transform fires in that transform's
+    backward passes alone, as torch.func's, whose node there is the transform's own (a node
+    recorded outside belongs to the code outside). The transform is the innermost one that began
+    before the node was recorded (core/tensor._LevelHook)."""
+    state = grad_mode.STATE
+    level = state.level
+    if seq is None:
+        level = min(level, leaf_level)
+    else:
+        while level > 0 and state.starts.get(level, seq + 1) > seq:
+            level -= 1
+    return _LevelHook(hook, level) if level > 0 else hook
+
+
 def _run_node_hooks(hooks: list, n: int, *args) -> list:
     """Node pre-hooks (``args``: the output gradients) or post-hooks (the input gradients, the
-    output gradients), in order; each may return a replacement of its first argument."""
+    output gradients), in order, those of the running backward pass's level (``_at_level``);
+    each may return a replacement of its first argument."""
     first = list(args[0])
+    level = grad_mode.STATE.level
     for h in hooks:
+        if getattr(h, "transform_level", 0) != level:
+            continue
         r = h(tuple(first), *args[1:])
         if r is None:
             continue

@@ -388,6 +388,10 @@ class Tensor:
         """Keeps ``.grad`` of a non-leaf tensor after backward (after its other hooks ran)."""
         if not self.requires_grad:
             raise RuntimeError("holoflow.retain_grad: can't retain_grad on a tensor that has requires_grad=False")
+        if grad_mode.STATE.level > 0:   # (torch.func refuses it under every transform)
+            raise RuntimeError("holoflow: retain_grad() inside a function being transformed by holoflow.func (grad, "
+                               "vjp, jvp, jacrev, jacfwd, hessian, vmap) is unsupported, as torch.func's; use the "
+                               "transforms for gradients, or call retain_grad() outside the function")
         node = self._grad_fn
         if node is None and self._global is None and "_v" not in self.__dict__:
             return   # a leaf, as torch asks it (by the history as stored: a view with none yet is one)
@@ -655,16 +659,16 @@ def _batched(t: Tensor, samples: set) -> bool:
 
 
 class _LevelHook:
-    """A tensor hook registered inside a holoflow.func transform, ``level`` deep: the engine runs
-    it in backward passes of that level only (``grad_mode.STATE.level``)."""
+    """A tensor or node hook registered inside a holoflow.func transform, ``level`` deep: the
+    engine runs it in backward passes of that level only (``grad_mode.STATE.level``)."""
 
     __slots__ = ("hook", "transform_level")
 
     def __init__(self, hook: Callable, level: int) -> None:
         self.hook, self.transform_level = hook, level
 
-    def __call__(self, g):
-        return self.hook(g)
+    def __call__(self, *args):
+        return self.hook(*args)
 
     @property
     def __name__(self) -> str:   # (named in the engine's checks of what a hook returned)

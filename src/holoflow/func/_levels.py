@@ -14,7 +14,7 @@ import contextlib
 from typing import Any, Iterator
 
 from ..core import saved
-from ..core.grad_mode import STATE, forward_mode_runs
+from ..core.grad_mode import STATE, forward_mode_runs, next_seq
 
 
 @contextlib.contextmanager
@@ -23,6 +23,7 @@ def level(n: int, kind: str = "reverse") -> Iterator[None]:
     "forward" (jvp, jacfwd, linearize) or "vmap" (the last two refuse hooks)."""
     state = STATE
     old, state.level = state.level, n
+    old_start, state.starts[n] = state.starts.get(n), next_seq()
     kinds = state.reverse_levels if kind == "reverse" else state.forward_levels if kind == "forward" else None
     if kind != "reverse":
         state.no_hook_levels.add(n)
@@ -32,6 +33,10 @@ def level(n: int, kind: str = "reverse") -> Iterator[None]:
         yield
     finally:
         state.level = old
+        if old_start is None:
+            state.starts.pop(n, None)
+        else:
+            state.starts[n] = old_start
         if kind != "reverse":
             state.no_hook_levels.discard(n)
         if kinds is not None:
