@@ -36,8 +36,9 @@ from harness import raised
 # 6495 (cumprod(bfloat16, dtype=float64)'s gradient was float64), 7642 (addcdiv's complex64 input got a
 # complex128 gradient), 8056 (einsum("ab->ba", y) was a copy, torch's a view),
 # 424 (amin() of an empty tensor: IndexError, torch's RuntimeError), 4128 (cross_entropy with no
-# class: ZeroDivisionError), 374 (lerp(int32, int32, 0-d float32) refused; torch's kernel promotes)
-FOUND = (127, 132, 196, 354, 374, 424, 522, 4128, 4639, 4784, 6495, 7642, 8056)
+# class: ZeroDivisionError), 374 (lerp(int32, int32, 0-d float32) refused; torch's kernel promotes),
+# 201569 (prod(complex, dtype=float64)'s gradient from the complex values, torch's from the real parts)
+FOUND = (127, 132, 196, 354, 374, 424, 522, 4128, 4639, 4784, 6495, 7642, 8056, 201569)
 # found and left (strict xfails, so a fix shows): seed -> why
 KNOWN = {
     120: "logsumexp(x, None) computes; torch refuses dim=None (TypeError)",
@@ -865,6 +866,20 @@ def test_gradients_come_back_in_the_input_dtype():
     want, got = run(torch), [g.to_torch() for g in run(flow)]
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+@pytest.mark.filterwarnings("ignore:Casting complex values to real")
+def test_prod_with_a_dtype_differentiates_the_cast_input():
+    """seed 201569: ``prod(z, dtype=float64)`` of a complex z multiplies the real parts (torch's
+    kernel casts first), and torch's gradient is of that product; holoflow's rule read the complex
+    values (silently: 0.3-0.1j where torch's 0.1)."""
+    def run(lib):
+        z = lib.tensor([[0.3 + 0.7j, 0.1 - 0.2j, 1 + 1j]], dtype=lib.complex64, requires_grad=True)
+        (z.prod(dtype=lib.float64) + z.prod(1, dtype=lib.float64).sum()).backward()
+        return z.grad
+    want, got = run(torch), run(flow).to_torch()
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("name", ["amax", "amin"])

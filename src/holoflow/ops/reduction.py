@@ -257,8 +257,11 @@ def _nansum_grad(c, dy):
 def _prod_grad(c, dy):
     """torch's rule: ``prod / x`` when the input holds no zero anywhere, else (and in a trace,
     where values are unknown, as torch's meta path) the product of the other elements from
-    exclusive products both ways, exact with zeros and infinities."""
+    exclusive products both ways, exact with zeros and infinities. With ``dtype``, of the input
+    cast to it, as torch's kernel multiplies (``prod(complex, dtype=float64)``: the real parts)."""
     x = c.inputs[0]
+    if c.dtype is not None and c.dtype != x._data.dtype:
+        x = apply(CAST, x, dtype=c.dtype)
     dims = _all_dims(c)
     g = _back(c, dy)
     if not dims:
