@@ -1,8 +1,10 @@
 """Grad-mode switches: ``no_grad``, ``enable_grad``, ``set_grad_enabled``, ``inference_mode``."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from typing import Iterator
 
 
 class _State(threading.local):
@@ -72,6 +74,21 @@ def forward_mode_runs() -> bool:
     """Whether the nearest differentiating holoflow.func transform around the code running now
     is forward mode (jvp, jacfwd, linearize)."""
     return _forward_mode_runs(STATE)
+
+
+@contextlib.contextmanager
+def forward_region() -> Iterator[None]:
+    """What is recorded inside is a no_grad region's of forward mode (see ``_State``): the
+    tangent's terms that forward mode's reverse passes compute from such a region's nodes."""
+    state = STATE
+    if state.region is not None:
+        yield
+        return
+    state.region = next_seq()
+    try:
+        yield
+    finally:
+        _close(state)
 
 
 def _set(state: _State, mode: bool) -> tuple:

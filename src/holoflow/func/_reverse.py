@@ -270,7 +270,7 @@ def _linear_map(outs: list, wrt: list) -> Callable[[list, bool, bool], list]:
     live = [(o, u) for o, u in zip(outs, us) if o.requires_grad]
     vj = [None] * len(wrt)
     if live and wrt:
-        with level(-1):
+        with level(-1), _regions_kept([o for o, _ in live]):
             vj = _autograd_grad([o for o, _ in live], wrt, [u for _, u in live], create_graph=True,
                                 allow_unused=True)
 
@@ -278,11 +278,43 @@ def _linear_map(outs: list, wrt: list) -> Callable[[list, bool, bool], list]:
         pairs = [(g, t) for g, t in zip(vj, tangents) if g is not None and g.requires_grad]
         jt = [None] * len(us)
         if pairs:
-            with level(-1):
+            with level(-1), _regions_kept([g for g, _ in pairs]):
                 jt = _autograd_grad([g for g, _ in pairs], us, [t for _, t in pairs], retain_graph=retain or keep,
                                 create_graph=keep, allow_unused=True)
         return [C.zeros_like(o) if j is None else (j if keep else j.detach()) for j, o in zip(jt, outs)]
     return apply
+
+
+class _InRegion:
+    """A no_grad region node's rule as forward mode's reverse passes run it: what it records
+    (the tangent's terms from inside the region) is of the region too, a constant to reverse
+    passes as the region is (torch computes those terms under no_grad)."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.op, name)
+
+    def grad(self, node: Any, *grads: Any) -> Any:
+        with grad_mode.forward_region():
+            return self.op.grad(node, *grads)
+
+
+@contextlib.contextmanager
+def _regions_kept(outs: list) -> Iterator[None]:
+    """Inside (a forward-mode transform's reverse pass), the rules of the region nodes reachable
+    from ``outs`` record into a region (``_InRegion``)."""
+    nodes = [n for n in _region_nodes(outs) if type(n.op) is not _InRegion]
+    for n in nodes:
+        n.op = _InRegion(n.op)
+    try:
+        yield
+    finally:
+        for n in nodes:
+            n.op = n.op.op
 
 
 def _seal_regions(outs: list, keep: bool) -> None:
@@ -332,7 +364,7 @@ def jvp(func: Callable, primals: tuple, tangents: tuple, *, strict: bool = False
             raise RuntimeError("holoflow.func.jvp(strict=True): an output of the function does not depend on "
                                "the primals; strict=False gives it a zero tangent")
         tans = _linear_map(outs, wrt)(tl, keep, retain=False)
-        _seal_regions(outs, keep)
+        _seal_regions(outs + tans, keep)
     shown = out if keep else unflatten([o.detach() for o in outs], ospec)
     result = _cut((shown, unflatten(tans, ospec), aux), depth)
     return result if has_aux else result[:2]
@@ -364,38 +396,61 @@ def linearize(func: Callable, *primals: Any) -> tuple[Any, Callable]:
     return shown, jvp_fn
 
 
+def _rows(outs: list, wrt: list, keep: bool) -> list:
+    """jacrev's Jacobians, one per output (a list per input, ``output.shape + input.shape``):
+    one vjp per output element."""
+    per_out = []
+    for o in outs:
+        rows: list = [[] for _ in wrt]
+        flat_o = o.reshape(-1)
+        for k in range(flat_o.numel()):
+            cot = C.zeros_like(flat_o)
+            cot[k] = 1.0
+            for i, g in enumerate(_grads([flat_o], wrt, [cot], keep, retain=True)):
+                rows[i].append(g)
+        per_out.append([(_shape.stack(r) if r else C.zeros((0,) + tuple(w.shape), dtype=w.dtype))
+                        .reshape(tuple(o.shape) + tuple(w.shape)) for r, w in zip(rows, wrt)])
+    return per_out
+
+
+def _columns(outs: list, wrt: list, keep: bool) -> list:
+    """jacfwd's Jacobians, laid out as ``_rows``': one Jacobian-vector product per input element,
+    from one recording of the vjp (``_linear_map``), as torch's forward mode computes them (a no_grad
+    region's terms come out as its tangents do)."""
+    apply = _linear_map(outs, wrt)
+    cols: list = []   # per input: per element, one tangent per output
+    for i, w in enumerate(wrt):
+        cols.append([])
+        for k in range(w.numel()):
+            basis = C.zeros_like(w).reshape(-1)
+            basis[k] = 1.0
+            tangents = [basis.reshape(tuple(w.shape)) if j == i else C.zeros_like(v) for j, v in enumerate(wrt)]
+            cols[i].append(apply(tangents, keep, retain=True))
+    return [[(_shape.stack([c[n] for c in cols[i]], -1) if cols[i] else C.zeros(tuple(o.shape) + (0,), dtype=o.dtype))
+             .reshape(tuple(o.shape) + tuple(w.shape)) for i, w in enumerate(wrt)] for n, o in enumerate(outs)]
+
+
 def _jacobian(func: Callable, argnums: int | tuple, has_aux: bool, who: str) -> Callable:
     """For each output, a tensor of shape ``output.shape + input.shape`` (nested as outputs, then
-    inputs): one vjp per output element (jacfwd's run no hooks: forward mode runs no backward)."""
-    quiet = (lambda: level(-1)) if who == "jacfwd" else contextlib.nullcontext
+    inputs): jacrev's by rows (``_rows``), jacfwd's by columns (``_columns``: forward mode, whose
+    reverse passes run no hooks)."""
+    forward = who == "jacfwd"
 
     def wrapped(*args, **kwargs):
         depth = inner()
         args, parts, keep = _fresh_args(args, _argnums(argnums, len(args), who), who)
         wrt = [x for f, _ in parts for x in f]
-        with grad_mode.enable_grad(), level(depth, "forward" if who == "jacfwd" else "reverse"):
-            with forward_saves() if who == "jacfwd" else contextlib.nullcontext():
+        with grad_mode.enable_grad(), level(depth, "forward" if forward else "reverse"):
+            with forward_saves() if forward else contextlib.nullcontext():
                 res = func(*args, **kwargs)
             out, aux = _split_aux(res, has_aux, who)
             outs, ospec = _tensors(out, who)
-            keep = _keep(keep, outs, depth, forward=who == "jacfwd")
-            per_out = []
-            for o in outs:
-                rows = [[] for _ in wrt]
-                flat_o = o.reshape(-1)
-                for k in range(flat_o.numel()):
-                    cot = C.zeros_like(flat_o)
-                    cot[k] = 1.0
-                    with quiet():
-                        gs = _grads([flat_o], wrt, [cot], keep, retain=True)
-                    for i, g in enumerate(gs):
-                        rows[i].append(g)
-                jac = [(_shape.stack(r) if r else C.zeros((0,) + tuple(w.shape), dtype=w.dtype))
-                       .reshape(tuple(o.shape) + tuple(w.shape)) for r, w in zip(rows, wrt)]
-                per_in = _regroup(jac, parts)
-                per_out.append(per_in[0] if isinstance(argnums, int) else tuple(per_in))
-            if who == "jacfwd":
-                _seal_regions(outs, keep)
+            keep = _keep(keep, outs, depth, forward=forward)
+            jacs = (_columns if forward else _rows)(outs, wrt, keep)
+            if forward:
+                _seal_regions(outs + [j for js in jacs for j in js], keep)
+        per_out = [(lambda per_in: per_in[0] if isinstance(argnums, int) else tuple(per_in))(_regroup(js, parts))
+                   for js in jacs]
         result, aux = _cut((unflatten(per_out, ospec), aux), depth)
         return (result, aux) if has_aux else result
     return wrapped
