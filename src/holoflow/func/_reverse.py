@@ -5,8 +5,11 @@ transform, or the caller, differentiates the result again: ``grad(grad(f))``, ``
 per-sample gradients compose); ``functional_call`` runs a module on other parameters.
 
 Forward mode is computed by reverse mode: the vjp with a symbolic cotangent ``u`` is linear in
-``u``, and differentiating it against the tangents gives J t (``jvp``, ``linearize``); ``jacfwd``
-is one vjp per output element, as ``jacrev``. The same values, at reverse mode's cost.
+``u``, and differentiating it against the tangents gives J t (``jvp``, ``linearize``, and
+``jacfwd``, one J e_k per input element). The same values, at reverse mode's cost. As torch's
+forward mode, it runs through ``no_grad`` regions (grad_mode's regions: reverse passes outside
+take them, and the tangent terms computed from them, as constants) and reads what an op saw
+though the function writes it in place later (``_levels.forward_saves``).
 """
 from __future__ import annotations
 
