@@ -32,8 +32,9 @@ import holoflow as flow
 # weight's .grad on original1), 43 (full backward hooks dropped non-tensor arguments and outputs),
 # 393 (weight_norm's dim unchecked and a negative dim misread), 571 (inplace Mish's backward refused),
 # 158 (deepcopy of a non-leaf tensor), 1102 (weight_norm removed from a frozen weight: a Parameter),
-# 1892 (full backward hooks: None where torch has zeros and zeros where torch has None)
-FOUND = (2, 43, 158, 393, 571, 1102, 1892)
+# 1892 (full backward hooks: None where torch has zeros and zeros where torch has None), 2940 (a
+# refused parametrization took the weight out of the module)
+FOUND = (2, 43, 158, 393, 571, 1102, 1892, 2940)
 # CI runs these many programs and FOUND (~5 s); HOLOFLOW_FUZZ_SEEDS=N runs N from HOLOFLOW_FUZZ_FIRST on
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 6)))) | set(FOUND))
@@ -1080,5 +1081,17 @@ def test_full_backward_hook_grad_input_has_zeros_for_inputs_without_a_gradient()
         two.register_full_backward_hook(lambda m, gi, go: seen.append([None if g is None else g.tolist() for g in gi + go]))
         two(lib.ones(2, requires_grad=True), lib.ones(2))[0].sum().backward()
         return [[str(v).replace("holoflow", "torch") for v in s] for s in seen]
+    want, got = _both(run)
+    assert got == want
+
+
+def test_a_refused_parametrization_leaves_the_module_as_it_was():
+    """seed 2940: ``weight_norm(m, dim=1)`` of a 1-d weight raises IndexError, and holoflow had
+    already taken ``weight`` out of the module's parameters: it was gone (torch's stays)."""
+    def run(lib):
+        m = lib.nn.GroupNorm(3, 3)
+        with pytest.raises(IndexError):
+            lib.nn.utils.parametrizations.weight_norm(m, dim=1)
+        return [n for n, _ in m.named_parameters()], type(m).__name__, m(lib.ones(1, 3, 2)).shape
     want, got = _both(run)
     assert got == want

@@ -157,16 +157,15 @@ def register_parametrization(module: Module, tensor_name: str, parametrization: 
     if is_parametrized(module, tensor_name):
         module.parametrizations[tensor_name].append(parametrization)
         return module
-    if tensor_name in module._parameters or tensor_name in module._buffers:
-        original = getattr(module, tensor_name)
-        if tensor_name in module._parameters:
-            del module._parameters[tensor_name]
-        else:
-            del module._buffers[tensor_name]  # (it stays a buffer, in the ParametrizationList)
-    else:
+    if tensor_name not in module._parameters and tensor_name not in module._buffers:
         raise ValueError(f"Module '{module}' does not have a parameter, a buffer, or a parametrized element with "
                          f"name '{tensor_name}'")
-    plist = ParametrizationList([parametrization], original, unsafe=unsafe)
+    # (the list first: a parametrization that refuses the tensor leaves the module as it was)
+    plist = ParametrizationList([parametrization], getattr(module, tensor_name), unsafe=unsafe)
+    if tensor_name in module._parameters:
+        del module._parameters[tensor_name]
+    else:
+        del module._buffers[tensor_name]  # (it stays a buffer, in the ParametrizationList)
     if not is_parametrized(module):
         _inject_class(module)
         module.parametrizations = ModuleDict()
