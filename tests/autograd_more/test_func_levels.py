@@ -271,3 +271,18 @@ def test_retain_grad_inside_a_transform_is_refused(lib, transform):
             lib.func.vmap(f)(x)
         else:
             lib.func.jvp(f, (x,), (x,))
+
+
+@pytest.mark.parametrize("lib", [torch, flow], ids=["torch", "holoflow"])
+def test_forward_mode_runs_where_saved_tensor_hooks_are_disabled(lib):
+    # (forward mode's copies of what is saved are holoflow's own saved-tensor hooks, which
+    # disable_saved_tensors_hooks does not refuse)
+    x = _t(lib, X)
+
+    def f(a):
+        with lib.autograd.graph.disable_saved_tensors_hooks("no hooks here"):
+            return a.sin() * a
+    with lib.autograd.graph.disable_saved_tensors_hooks("no hooks here"):
+        outside = lib.func.jvp(lambda a: a.sin() * a, (x,), (x,))[1]
+    _same(lib.func.jvp(f, (x,), (x,))[1], outside)
+    _same(outside, x.cos() * x * x + x.sin() * x)

@@ -32,7 +32,7 @@ def push(pack_hook: Callable, unpack_hook: Callable, applies: Callable[[], bool]
     """Makes ``(pack_hook, unpack_hook)`` this thread's innermost pair; with ``applies``, only
     while it returns True (else the pairs outside it act, or none: holoflow.func's forward mode)."""
     msg = _HOOKS.disabled
-    if msg is not None:
+    if msg is not None and applies is None:   # (a pair with ``applies`` is holoflow's own, not the user's)
         raise RuntimeError(msg)
     _HOOKS.stack = _HOOKS.stack + ((pack_hook, unpack_hook) if applies is None else (pack_hook, unpack_hook, applies),)
     with _LOCK:
@@ -60,7 +60,7 @@ def current() -> tuple | None:
 def disable(message: str) -> None:
     """Refuses pushes with ``message`` (torch's check: hooks already pushed raise it too)."""
     _HOOKS.disabled = message
-    if _HOOKS.stack:
+    if any(len(pair) == 2 for pair in _HOOKS.stack):
         raise RuntimeError(message)
 
 
