@@ -681,6 +681,30 @@ def _s_get(ctx, p):
     return get(name), type(ctx.model.get_submodule(owner)).__name__
 
 
+def _s_containers(ctx, p):
+    """Grows the model's containers (its layers that are containers: a ModuleList inside a layer is
+    the layer's business) without changing what they compute, and reads them back."""
+    lib, out = ctx.lib, []
+    for _, m in ctx.model.named_children():
+        kind = type(m).__name__
+        if kind == "Sequential":
+            m.append(lib.nn.Identity()) if p["grow"] else m.extend([lib.nn.Identity()])
+            out.append((len(m), repr(m[-2:]), [n for n, _ in m[1:].named_children()]))
+        elif kind == "ModuleList":
+            m.insert(p["at"] % (len(m) + 1), lib.nn.Identity()) if p["grow"] else m.append(lib.nn.Identity())
+            out.append((len(m), [type(c).__name__ for c in m[::-1]]))
+        elif kind == "ModuleDict":
+            m.update({"extra": lib.nn.Identity()} if p["grow"] else [("extra", lib.nn.ReLU())])
+            out.append((list(m.keys()), "a" in m, len(m)))
+        elif kind == "ParameterList":
+            m.append(lib.nn.Parameter(_as(lib, torch.ones(2, dtype=ctx.dtype))))
+            out.append((len(m), [tuple(q.shape) for q in m]))
+        elif kind == "ParameterDict":
+            m["extra"] = _as(lib, torch.ones(2, dtype=ctx.dtype))
+            out.append((list(m.keys()), [type(v).__name__ for v in m.values()], "w" in m))
+    return out, _s_iterate(ctx, {"prefix": "", "dup": True}), _s_backward(ctx, {"train": True})
+
+
 def _s_vector(ctx, p):
     params = list(ctx.model.parameters())
     if not params:
@@ -785,6 +809,7 @@ STEPS = {
     "parameters_to_vector": (_s_vector, lambda r: {}),
     "clip_grad_value": (_s_clip_value, lambda r: {"value": _pick(r, [0.01, 0.5]), "foreach": _pick(r, [None, False])}),
     "get": (_s_get, lambda r: {"k": int(r.integers(0, 50))}),
+    "containers": (_s_containers, lambda r: {"grow": _b(r), "at": int(r.integers(0, 5))}),
     "parametrize": (_s_parametrize, lambda r: {"k": int(r.integers(0, 50)), "dim": _pick(r, [0, 1, None]),
                                                "how": _pick(r, ["weight_norm", "spectral_norm", "old_weight_norm",
                                                                 "scale"])}),
@@ -793,7 +818,7 @@ STEPS = {
 }
 # steps added after the first hunts: drawn from a second stream and appended, so the programs of
 # earlier seeds (FOUND) stay as they were
-LATER_STEPS = ("clip_grad_value", "get")
+LATER_STEPS = ("clip_grad_value", "get", "containers")
 WEIGHTED = ("forward", "forward", "backward", "backward", "backward") + tuple(n for n in STEPS if n not in LATER_STEPS)
 
 
