@@ -35,8 +35,9 @@ from holoflow.sbp import B, P, S
 # later relu_ of the tensor reached the copy), 5590 (both meshes: an output ``w.t().reshape(-1)`` of a
 # parameter, a copy in torch, was re-derived from the parameter after the step as a view), 6722 (1-D:
 # a region of a detach()ed expanded view written went on to the source as the alias's whole value:
-# refused at run time, writing shared elements)
-FOUND = (5, 107, 201, 345, 435, 1065, 1126, 1135, 3213, 4053, 5590, 6722)
+# refused at run time, writing shared elements), 700385 (1-D, any config: a constant written into the
+# whole of a view kept the view's history from before the write, its gradient reached the old value)
+FOUND = (5, 107, 201, 345, 435, 1065, 1126, 1135, 3213, 4053, 5590, 6722, 700385)
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 12)))) | set(FOUND))
 CONFIGS = ("plain", "fuse_add_to_output", "fuse_model_update", "grad_acc", "checkpointing", "zero1", "zero2",

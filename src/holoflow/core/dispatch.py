@@ -806,6 +806,11 @@ def take_history(x: Tensor, out: Tensor, name: str) -> None:
     if t is not x and vold is not None and vold.retains and vold_idx in vold.retains:
         move_retain(vold, vold_idx, x)   # (the written view's retain_grad: to its history re-derived
         refresh(x)                       # from the base's new one, as torch regenerates it)
+    if t is not x and out._grad_fn is None and (t._grad_fn, t._out_idx) != (old, old_idx):
+        # a view written with a value of no history has no op's node to take: its history is
+        # re-derived from the base's new one now (torch's rebase_history), not left to a later use
+        # (a trace marks the written view current, which kept its history from before the write)
+        refresh(x)
 
 
 def move_retain(old, old_idx: int, t: Tensor) -> None:
