@@ -334,6 +334,67 @@ def _container(r):
     return Block("tied(nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3, bias=False)))", (("randn", (2, 3)),))
 
 
+# layers torch refuses (to build, or to run on these inputs), drawn now and then beside the model
+INVALID = (
+    Block("nn.Conv2d(3, 4, 3, groups=2)", (("randn", (1, 3, 4, 4)),)),
+    Block("nn.Conv1d(2, 2, 3, padding='same', stride=2)", (("randn", (1, 2, 5)),)),
+    Block("nn.Conv2d(2, 2, 3, padding_mode='bogus')", (("randn", (1, 2, 4, 4)),)),
+    Block("nn.ConvTranspose2d(2, 2, 3, padding_mode='reflect')", (("randn", (1, 2, 4, 4)),)),
+    Block("nn.ConvTranspose1d(2, 2, 2, stride=2, output_padding=2)", (("randn", (1, 2, 4)),)),
+    Block("nn.Conv2d(2, 2, 3)", (("randn", (1, 3, 4, 4)),)),
+    Block("nn.Conv1d(2, 2, 5)", (("randn", (1, 2, 3)),)),
+    Block("nn.Linear(3, 4)", (("randn", (2, 5)),)),
+    Block("nn.Bilinear(2, 3, 4)", (("randn", (3, 2)), ("randn", (2, 3))), "m(x0, x1)"),
+    Block("nn.LSTM(3, 4, proj_size=4)", (("randn", (2, 1, 3)),)),
+    Block("nn.GRU(3, 4, proj_size=1)", (("randn", (2, 1, 3)),)),
+    Block("nn.RNN(3, 4, nonlinearity='sigmoid')", (("randn", (2, 1, 3)),)),
+    Block("nn.LSTM(3, 4)", (("randn", (2, 1, 2)),)),
+    Block("nn.GRU(3, 4, batch_first=True)", (("randn", (2, 3, 3)), ("randn", (1, 3, 4))), "m(x0, x1)"),
+    Block("nn.LSTMCell(3, 4)", (("randn", (2, 3)), ("randn", (2, 4))), "m(x0, x1)"),
+    Block("nn.MultiheadAttention(5, 2)", (("randn", (3, 1, 5)),), "m(x0, x0, x0)"),
+    Block("nn.MultiheadAttention(4, 2)", (("randn", (3, 1, 4)), ("bool", (2, 2))), "m(x0, x0, x0, attn_mask=x1)"),
+    Block("nn.TransformerEncoderLayer(4, 3)", (("randn", (3, 1, 4)),)),
+    Block("nn.TransformerEncoderLayer(4, 2, activation='bogus')", (("randn", (3, 1, 4)),)),
+    Block("nn.GroupNorm(2, 3)", (("randn", (2, 3, 4)),)),
+    Block("nn.GroupNorm(2, 4)", (("randn", (2, 6, 4)),)),
+    Block("nn.Embedding(3, 2, padding_idx=5)", (("int", 3, (4,)),)),
+    Block("nn.Embedding(3, 2)", (("int", 5, (40,)),), "m(x0 + 3)"),
+    Block("nn.EmbeddingBag(3, 2, mode='max')", (("int", 3, (2, 3)), ("randn", (2, 3))), "m(x0, per_sample_weights=x1)"),
+    Block("nn.EmbeddingBag(3, 2, mode='bogus')", (("int", 3, (2, 3)),)),
+    Block("nn.EmbeddingBag(3, 2)", (("int", 3, (6,)),)),
+    Block("nn.MaxPool2d(2, padding=2)", (("randn", (1, 1, 4, 4)),)),
+    Block("nn.AvgPool1d(2, padding=3)", (("randn", (1, 1, 6)),)),
+    Block("nn.MaxPool1d(4)", (("randn", (1, 1, 3)),)),
+    Block("nn.Unflatten(1, (4, 2))", (("randn", (2, 6)),)),
+    Block("nn.PixelShuffle(3)", (("randn", (1, 8, 2, 2)),)),
+    Block("nn.PixelUnshuffle(3)", (("randn", (1, 1, 4, 4)),)),
+    Block("nn.Upsample(scale_factor=2, mode='bilinear')", (("randn", (1, 2, 3)),)),
+    Block("nn.Upsample(scale_factor=2, mode='nearest', align_corners=True)", (("randn", (1, 2, 3)),)),
+    Block("nn.Upsample(mode='nearest')", (("randn", (1, 2, 3)),)),
+    Block("nn.ReflectionPad1d(5)", (("randn", (1, 2, 3)),)),
+    Block("nn.CircularPad2d(4)", (("randn", (1, 1, 3, 3)),)),
+    Block("nn.BatchNorm1d(3)", (("randn", (1, 3)),)),
+    Block("nn.BatchNorm2d(3)", (("randn", (2, 3, 4)),)),
+    Block("nn.InstanceNorm1d(3)", (("randn", (2, 3, 1)),)),
+    Block("nn.Dropout(p=1.5)", (("randn", (2, 3)),)),
+    Block("nn.LayerNorm(3)", (("randn", (2, 4)),)),
+    Block("nn.RMSNorm(3)", (("randn", (2, 4)),)),
+    Block("nn.Softmax2d()", (("randn", (2, 3)),)),
+    Block("nn.GLU()", (("randn", (2, 3)),)),
+    Block("nn.ChannelShuffle(4)", (("randn", (1, 6, 2)),)),
+    Block("nn.PReLU(3)", (("randn", (2, 4)),)),
+    Block("nn.LPPool2d(2, 3)", (("randn", (1, 1, 2, 2)),)),
+    Block("nn.Fold((3, 3), 2)", (("randn", (1, 5, 4)),)),
+    Block("nn.AdaptiveAvgPool2d((2, 2, 2))", (("randn", (1, 1, 4, 4)),)),
+    Block("nn.Flatten(2, 1)", (("randn", (2, 3, 4)),)),
+    Block("nn.Hardtanh(1.0, -1.0)", (("randn", (2, 3)),)),
+    Block("nn.CosineSimilarity(dim=2)", (("randn", (3, 4)), ("randn", (3, 4))), "m(x0, x1)"),
+    Block("nn.Sequential(nn.Linear(3, 4), nn.Linear(3, 4))", (("randn", (2, 3)),)),
+    Block("nn.ModuleDict({'a': nn.Linear(3, 3)})", (("randn", (2, 3)),), "m['b'](x0)"),
+    Block("nn.ParameterList([nn.Parameter(lib.randn(3))])", (("randn", (2, 3)),), "x0 * m[1]"),
+)
+
+
 LAYERS = (_linear, _conv, _conv, _pool, _norm, _norm, _dropout, _embedding, _rnn, _rnn, _attention,
           _attention, _activation, _shaping, _container)
 
@@ -855,6 +916,8 @@ def _generate(seed: int) -> tuple:
         name = _pick(r, WEIGHTED)
         steps.append((name, STEPS[name][1](r)))
     later = np.random.default_rng((seed, 1))
+    if refused is None and later.random() < 0.3:
+        refused = _pick(later, INVALID)
     for _ in range(int(later.integers(0, 3))):
         name = _pick(later, LATER_STEPS + ("backward",))
         steps.append((name, STEPS[name][1](later)))
@@ -1120,3 +1183,17 @@ def test_a_refused_parametrization_leaves_the_module_as_it_was():
         return [n for n, _ in m.named_parameters()], type(m).__name__, m(lib.ones(1, 3, 2)).shape
     want, got = _both(run)
     assert got == want
+
+
+@pytest.mark.parametrize("block", [
+    Block("nn.LSTMCell(3, 4)", (("randn", (3,)), ("randn", (2, 4))), "m(x0, x1)"),
+    Block("nn.InstanceNorm1d(3)", (("randn", (2, 3, 1)),)),
+    Block("nn.InstanceNorm2d(3, track_running_stats=True)", (("randn", (2, 3, 1, 1)),)),
+    Block("nn.Hardtanh(1.0, -1.0)", (("randn", (2, 3)),)),
+], ids=str)
+def test_invalid_layers_are_refused_as_torch(block):
+    """Refusals of the INVALID table: an unbatched ``LSTMCell`` given one (2, H) tensor as ``hx``
+    took its rows as ``(h, c)`` and computed (silently; torch: TypeError, ``hx`` must be a tuple);
+    instance norm of one spatial element in training computed (torch: ValueError, a variance of
+    one value); ``Hardtanh(1, -1)`` raised ValueError (torch: AssertionError)."""
+    _check_refused(block, 0, str(block))

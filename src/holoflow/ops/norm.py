@@ -408,6 +408,9 @@ def instance_norm(input: Tensor, running_mean=None, running_var=None, weight=Non
     if input.dim() < 3:
         raise ValueError(f"holoflow.instance_norm: expected an input of 3 or more dims (N, C, *), got shape "
                          f"{tuple(input.shape)}")
+    if use_input_stats and math.prod(input.shape[2:]) == 1:   # (torch's check: a variance of one element)
+        raise ValueError(f"holoflow.instance_norm: Expected more than 1 spatial element when training, got input "
+                         f"size {tuple(input.shape)}")
     if not use_input_stats:
         if running_mean is None or running_var is None:
             raise ValueError("holoflow.instance_norm: running_mean and running_var are required when "

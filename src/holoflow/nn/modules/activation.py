@@ -173,7 +173,7 @@ class Hardtanh(Module):
     def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> None:
         super().__init__()
         if max_val <= min_val:
-            raise ValueError("max_val must be greater than min_val")
+            raise AssertionError("max_val must be greater than min_val")   # (torch's class: an assert)
         self.min_val, self.max_val, self.inplace = min_val, max_val, inplace
 
     def forward(self, input: Tensor) -> Tensor:

@@ -306,6 +306,8 @@ class RNNCellBase(Module):
         want = (x.shape[0], self.hidden_size)
         if hx is None:
             states = [_zeros_like_layout(want, x) for _ in range(n_states)]
+        elif n_states == 2 and isinstance(hx, Tensor):   # (iterating it would take its rows as (h, c))
+            raise TypeError(f"holoflow.nn.{name}: hx must be a tuple (h_0, c_0) of Tensors, not a Tensor")
         else:
             states = list(hx) if n_states == 2 else [hx]
             for s in states:
