@@ -33,8 +33,9 @@ import holoflow as flow
 # 393 (weight_norm's dim unchecked and a negative dim misread), 571 (inplace Mish's backward refused),
 # 158 (deepcopy of a non-leaf tensor), 1102 (weight_norm removed from a frozen weight: a Parameter),
 # 1892 (full backward hooks: None where torch has zeros and zeros where torch has None), 2940 (a
-# refused parametrization took the weight out of the module)
-FOUND = (2, 43, 158, 393, 571, 1102, 1892, 2940)
+# refused parametrization took the weight out of the module), 3623 (Hardtanh(0.5, 0.2): ValueError, torch's
+# AssertionError)
+FOUND = (2, 43, 158, 393, 571, 1102, 1892, 2940, 3623)
 # CI runs these many programs and FOUND (~5 s); HOLOFLOW_FUZZ_SEEDS=N runs N from HOLOFLOW_FUZZ_FIRST on
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 6)))) | set(FOUND))
