@@ -286,3 +286,15 @@ def test_forward_mode_runs_where_saved_tensor_hooks_are_disabled(lib):
         outside = lib.func.jvp(lambda a: a.sin() * a, (x,), (x,))[1]
     _same(lib.func.jvp(f, (x,), (x,))[1], outside)
     _same(outside, x.cos() * x * x + x.sin() * x)
+
+
+@pytest.mark.parametrize("lib", [torch, flow], ids=["torch", "holoflow"])
+def test_a_non_reentrant_checkpoint_checks_what_it_recomputes(lib):
+    ck, runs = _ck(lib), [0]
+
+    def f(a):   # (saves a tensor of another shape when run again)
+        runs[0] += 1
+        return (a[:4 - runs[0]].sin() * 2.0).sum()
+    x = _t(lib, X + [3.0], rg=True)
+    with pytest.raises(RuntimeError, match="metadata"):
+        ck(f, x, use_reentrant=False).backward()

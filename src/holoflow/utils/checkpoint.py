@@ -109,16 +109,17 @@ class _Frame:
     """One non-reentrant checkpoint's first run: what ``fn`` needs to run again as it did, and
     the tensors the recomputation saved (None until an unpack asks for them)."""
 
-    def __init__(self, run: Callable, args: tuple, preserve_rng: bool) -> None:
-        self.run, self.n_packed, self.saved = run, 0, None
+    def __init__(self, run: Callable, args: tuple, preserve_rng: bool, check: bool) -> None:
+        self.run, self.saved, self.metas = run, None, []
+        self.check = check
         self.args = [(a.detach(), a.requires_grad) if isinstance(a, Tensor) else (a, None) for a in args]
         self.devices = _rng_devices(args)
         self.rng_states = [generators.get_state(d) for d in self.devices] if preserve_rng else None
         self.autocast = _autocast_state()
 
     def pack(self, x: Tensor) -> int:
-        self.n_packed += 1
-        return self.n_packed - 1
+        self.metas.append((tuple(x.shape), x.dtype, x.device))
+        return len(self.metas) - 1
 
     def unpack(self, i: int) -> Tensor:
         if self.saved is None:
@@ -137,16 +138,21 @@ class _Frame:
                 stack.enter_context(autocast(dev, dtype=dt))
             with saved_tensors_hooks(keep, lambda _: None):
                 self.run(*inputs)
-        if len(saved) != self.n_packed:
+        if len(saved) != len(self.metas):
             raise RuntimeError(f"holoflow.utils.checkpoint: a different number of tensors was saved during the "
-                               f"original forward ({self.n_packed}) and the recomputation ({len(saved)}): the "
+                               f"original forward ({len(self.metas)}) and the recomputation ({len(saved)}): the "
                                f"checkpointed function must run the same operations both times")
+        differ = [i for i, (x, m) in enumerate(zip(saved, self.metas)) if (tuple(x.shape), x.dtype, x.device) != m]
+        if self.check and differ:   # (torch's determinism_check="default")
+            raise RuntimeError(f"holoflow.utils.checkpoint: recomputed values for the saved tensors {differ} have "
+                               f"different metadata (shape, dtype, device) than during the forward pass; pass "
+                               f"determinism_check='none' to skip this check")
         return saved
 
 
-def _hooked(run: Callable, args: tuple, preserve_rng: bool) -> Any:
+def _hooked(run: Callable, args: tuple, preserve_rng: bool, check: bool) -> Any:
     """``run(*args)`` recorded with its saved tensors left out, recomputed when backward reads them."""
-    frame = _Frame(run, args, preserve_rng)
+    frame = _Frame(run, args, preserve_rng, check)
     with saved_tensors_hooks(frame.pack, frame.unpack):
         return run(*args)
 
@@ -169,7 +175,7 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None
     if not grad_mode.is_grad_enabled():
         return run(*args)
     if use_reentrant is False and not interpret.is_lazy():   # (a trace keeps no saved-tensor hooks)
-        return _hooked(run, args, preserve_rng_state)
+        return _hooked(run, args, preserve_rng_state, determinism_check != "none")
     needs = any(isinstance(a, Tensor) and a.requires_grad for a in args)
     anchors = [] if needs else _owner_params(function)
     if not needs and not anchors:
