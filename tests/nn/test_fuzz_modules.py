@@ -211,7 +211,8 @@ def _rnn(r):
     if form == "packed":
         es = _b(r)
         lengths = [3, 2] if es or _b(r) else [2, 3]
-        call = (f"(lambda o: (o[0].data, o[1]))(m(rnn.pack_padded_sequence(x0, {lengths}, batch_first={bf}, "
+        call = (f"(lambda o: (o[0].data, o[0].sorted_indices, rnn.pad_packed_sequence(o[0], batch_first={bf}, "
+                f"total_length=4), o[1]))(m(rnn.pack_padded_sequence(x0, {lengths}, batch_first={bf}, "
                 f"enforce_sorted={es})))")
         return Block(ctor, (("randn", shape),), call)
     if form == "h0":
