@@ -17,6 +17,7 @@ from .ops.creation import *  # noqa: F403
 from .ops.creation import Generator
 from .ops.elementwise import *  # noqa: F403
 from .ops.elementwise import _FUNCS as _ELEMENTWISE
+from .ops.shape import FUNCTION_FORMS as _SHAPE_FUNCTIONS
 from .ops.conversion import clone
 from .ops import methods as _methods  # binds Python operators to Tensor
 from .ops._all import *  # noqa: F403
@@ -48,6 +49,7 @@ from . import dtensor as _dtensor_api  # noqa: E402  (torch.distributed.tensor: 
 _dtensor_api.install()
 from .compat import install_torch_arguments as _install_torch_arguments  # noqa: E402
 globals().update(_ELEMENTWISE)
+globals().update(_SHAPE_FUNCTIONS)   # (torch.reshape(x, (2, 3)): the sizes as one sequence only)
 globals().update({_d.name: _d for _d in _RARE})   # holoflow.uint16, holoflow.float8_e4m3fn, ...
 chalf = globals()["complex32"]   # torch's alias
 # (torch's parser: axis= for dim=, and a TypeError naming a wrongly typed argument)

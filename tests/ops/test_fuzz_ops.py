@@ -41,8 +41,6 @@ from harness import raised
 FOUND = (127, 132, 196, 354, 374, 424, 522, 4128, 4639, 4784, 6495, 7642, 8056, 201569)
 # found and left (strict xfails, so a fix shows): seed -> why
 KNOWN = {
-    120: "logsumexp(x, None) computes; torch refuses dim=None (TypeError)",
-    145: "permute(x, 0) (a bare int) computes; torch's function refuses it (TypeError)",
     221: "cumsum(x, dtype=int64) of a tensor requiring grad computes; torch refuses (int outputs can't require grad)",
 }
 # CI runs these many programs and FOUND; HOLOFLOW_FUZZ_SEEDS=N runs N from HOLOFLOW_FUZZ_FIRST on

@@ -552,6 +552,9 @@ def std_mean(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: boo
 
 def logsumexp(input: Tensor, dim, keepdim: bool = False) -> Tensor:
     """``log(sum(exp(x)))`` over ``dim``, computed stably."""
+    if dim is None:   # (torch's parser: dim is an int or a tuple of ints, not optional)
+        raise TypeError("holoflow.logsumexp(): argument 'dim' must be tuple of ints, not NoneType; name the dims "
+                        "to reduce (all of them: tuple(range(x.dim())))")
     return apply(LOGSUMEXP, input, dim=reduce_dims("logsumexp", dim, input.dim()), keepdim=keepdim)
 
 

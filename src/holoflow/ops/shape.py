@@ -842,6 +842,29 @@ for _name in ("reshape", "view", "permute", "expand", "repeat", "view_as", "resh
 for _name, _fn in (("squeeze_", squeeze), ("unsqueeze_", unsqueeze), ("t_", _t_inplace), ("transpose_", transpose),
                    ("swapaxes_", transpose), ("swapdims_", transpose)):
     setattr(Tensor, _name, _shape_inplace(_name, _fn))
+
+
+def _function_form(method: Callable, name: str, param: str) -> Callable:
+    """torch's function form of a method that also takes its sizes as several ints
+    (``x.reshape(2, 3)``): ``torch.reshape(x, (2, 3))`` takes them as one sequence only."""
+    def function(input: Tensor, *args, **kwargs) -> Tensor:
+        if param in kwargs and not args:
+            args = (kwargs.pop(param),)
+        if len(args) > 1:
+            raise TypeError(f"holoflow.{name}() takes 2 positional arguments but {len(args) + 1} were given: "
+                            f"pass the {param} as one sequence, {name}(input, {tuple(args)})")
+        if args and not isinstance(args[0], (tuple, list, torch.Size)):
+            raise TypeError(f"holoflow.{name}(): argument '{param}' must be tuple of ints, not "
+                            f"{type(args[0]).__name__}")
+        return method(input, *args, **kwargs)
+    function.__name__ = function.__qualname__ = name
+    function.__doc__ = method.__doc__
+    return function
+
+
+# the package's reshape/permute (the methods, and this module's own callers, take varargs)
+FUNCTION_FORMS = {"reshape": _function_form(reshape, "reshape", "shape"),
+                  "permute": _function_form(permute, "permute", "dims")}
 Tensor.T = property(lambda self: apply(PERMUTE, self, dims=tuple(range(self.dim() - 1, -1, -1))))
 Tensor.mT = property(lambda self: transpose(self, -2, -1))
 Tensor.mH = property(lambda self: _conj_transpose(self, "mH", False))
