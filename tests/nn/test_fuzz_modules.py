@@ -779,6 +779,33 @@ def _s_low_precision(ctx, p):
         return [("low", o) for o in m(*xs)]
 
 
+def _raised(fn):
+    try:
+        fn()
+    except Exception as e:   # noqa: BLE001 - compared by class
+        return e
+    return None
+
+
+def _s_misuse(ctx, p):
+    """Module API calls torch refuses (or takes): each one's exception, compared by class."""
+    lib, m = ctx.lib, ctx.module(p["k"])
+    t = _as(lib, torch.ones(2, dtype=ctx.dtype))
+    calls = [
+        lambda: m.register_buffer("a.b", t), lambda: m.register_buffer("", t), lambda: m.register_buffer("x", 3),
+        lambda: m.register_parameter("p.q", lib.nn.Parameter(t)), lambda: m.register_parameter("x", t),
+        lambda: m.register_parameter("training", lib.nn.Parameter(t)), lambda: m.add_module("a.b", lib.nn.ReLU()),
+        lambda: m.add_module("x", 3), lambda: m.add_module("", lib.nn.ReLU()),
+        lambda: ctx.model.get_submodule("nope.x"), lambda: ctx.model.get_parameter("nope"),
+        lambda: ctx.model.get_buffer("b0.nope"), lambda: setattr(m, "training", 3) or m.train(True),
+        lambda: ctx.model.load_state_dict({"b0.x": 3}, strict=False), lambda: ctx.model.load_state_dict(3),
+        lambda: ctx.model.train("yes"), lambda: ctx.model.requires_grad_(2) and None,
+        lambda: ctx.model.to(lib.int64), lambda: ctx.model.zero_grad(set_to_none=None),
+        lambda: delattr(m, "nope"), lambda: ctx.model.state_dict(destination={}, prefix="x."),
+    ]
+    return [_raised(c) for c in calls[p["from"]:p["from"] + 6]]
+
+
 def _s_vector(ctx, p):
     params = list(ctx.model.parameters())
     if not params:
@@ -884,6 +911,7 @@ STEPS = {
     "clip_grad_value": (_s_clip_value, lambda r: {"value": _pick(r, [0.01, 0.5]), "foreach": _pick(r, [None, False])}),
     "get": (_s_get, lambda r: {"k": int(r.integers(0, 50))}),
     "low_precision": (_s_low_precision, lambda r: {"dtype": _pick(r, ["bfloat16", "float16"]), "train": _b(r)}),
+    "misuse": (_s_misuse, lambda r: {"k": int(r.integers(0, 50)), "from": int(r.integers(0, 18))}),
     "containers": (_s_containers, lambda r: {"grow": _b(r), "at": int(r.integers(0, 5))}),
     "parametrize": (_s_parametrize, lambda r: {"k": int(r.integers(0, 50)), "dim": _pick(r, [0, 1, None]),
                                                "how": _pick(r, ["weight_norm", "spectral_norm", "old_weight_norm",
@@ -893,7 +921,7 @@ STEPS = {
 }
 # steps added after the first hunts: drawn from a second stream and appended, so the programs of
 # earlier seeds (FOUND) stay as they were
-LATER_STEPS = ("clip_grad_value", "get", "containers", "low_precision")
+LATER_STEPS = ("clip_grad_value", "get", "containers", "low_precision", "misuse")
 WEIGHTED = ("forward", "forward", "backward", "backward", "backward") + tuple(n for n in STEPS if n not in LATER_STEPS)
 
 
@@ -971,6 +999,8 @@ def _same(got, want, what: str, loosest: torch.dtype = torch.float64) -> None:
         rtol, atol = max(TOL.get(want.dtype, (0, 0)), TOL[loosest]) if want.is_floating_point() else (0, 0)
         torch.testing.assert_close(g, want.detach(), rtol=rtol, atol=atol, equal_nan=True,
                                    msg=lambda m: f"{what}: {m}")
+    elif isinstance(want, BaseException):
+        assert isinstance(got, type(want)), f"{what}: torch raised {type(want).__name__}: {want}; holoflow {got!r}"
     elif isinstance(want, tuple) and len(want) == 2 and want[0] == "low":   # (a low-precision result)
         g = got[1].to_torch().detach()
         assert (g.dtype, tuple(g.shape)) == (want[1].dtype, tuple(want[1].shape)), \
@@ -1217,3 +1247,14 @@ def test_invalid_layers_are_refused_as_torch(block):
     instance norm of one spatial element in training computed (torch: ValueError, a variance of
     one value); ``Hardtanh(1, -1)`` raised ValueError (torch: AssertionError)."""
     _check_refused(block, 0, str(block))
+
+
+def test_requires_grad_takes_a_bool_only():
+    """The misuse step: ``model.requires_grad_(2)`` (and ``Tensor.requires_grad_(1)``) set the flag
+    from a truthy value; torch's argument parser refuses anything but a bool (TypeError)."""
+    for lib in (torch, flow):
+        with pytest.raises(TypeError):
+            lib.ones(2).requires_grad_(1)
+        with pytest.raises(TypeError):
+            lib.nn.Linear(2, 2).requires_grad_(2)
+        assert lib.ones(2).requires_grad_(True).requires_grad

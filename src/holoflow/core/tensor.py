@@ -227,6 +227,9 @@ class Tensor:
         self._rg = bool(value)
 
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        if not isinstance(requires_grad, bool):   # (torch's argument parser: a bool, not 1 or None)
+            raise TypeError(f"requires_grad_(): argument 'requires_grad' (position 1) must be bool, not "
+                            f"{type(requires_grad).__name__}")
         self.requires_grad = requires_grad
         return self
 
