@@ -870,11 +870,15 @@ def test_gradients_come_back_in_the_input_dtype():
 def test_prod_with_a_dtype_differentiates_the_cast_input():
     """seed 201569: ``prod(z, dtype=float64)`` of a complex z multiplies the real parts (torch's
     kernel casts first), and torch's gradient is of that product; holoflow's rule read the complex
-    values (silently: 0.3-0.1j where torch's 0.1)."""
+    values (silently: 0.3-0.1j where torch's 0.1). ``cumprod(z, dtype=float64)``: torch's rule
+    reads z's complex values with its complex convention (conjugates); holoflow's skipped them for
+    the real gradient (the conjugate of torch's, silently)."""
     def run(lib):
         z = lib.tensor([[0.3 + 0.7j, 0.1 - 0.2j, 1 + 1j]], dtype=lib.complex64, requires_grad=True)
         (z.prod(dtype=lib.float64) + z.prod(1, dtype=lib.float64).sum()).backward()
-        return z.grad
+        w = lib.tensor([[0.3 + 0.7j, 0.1 - 0.2j, 1 + 1j]], dtype=lib.complex64, requires_grad=True)
+        w.cumprod(1, dtype=lib.float64).sum().backward()
+        return lib.cat([z.grad, w.grad])
     want, got = run(torch), run(flow).to_torch()
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want)

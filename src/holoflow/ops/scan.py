@@ -52,6 +52,11 @@ def _cumprod_grad(c, dy):
     trace (values unknown) the zero-safe forms."""
     x, out, d = c.inputs[0], c.out, c.dim
     if dy._data.dtype != x._data.dtype:   # (torch: grad.to(self.scalar_type()) first)
+        if x._data.is_complex() and not dy._data.is_complex():
+            # a real dy (dtype=float64) of a complex x: holomorphic's conjugates did not run, and
+            # torch's rule conjugates for its complex input: x's values, not the real parts out has
+            dy = E.conj(_cast_to(dy, x._data.dtype))
+            return (E.conj(_cast_to(_cumprod_input_grad(x, out, dy, d), x._data.dtype)),)
         dy = _cast_to(dy, x._data.dtype)
     # (and the gradient in x's dtype: ``out`` is in the dtype= asked for, float64 for a bfloat16 x)
     return (_cast_to(_cumprod_input_grad(x, out, dy, d), x._data.dtype),)
