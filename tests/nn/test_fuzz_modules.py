@@ -34,8 +34,8 @@ import holoflow as flow
 # 158 (deepcopy of a non-leaf tensor), 1102 (weight_norm removed from a frozen weight: a Parameter),
 # 1892 (full backward hooks: None where torch has zeros and zeros where torch has None), 2940 (a
 # refused parametrization took the weight out of the module), 3623 (Hardtanh(0.5, 0.2): ValueError, torch's
-# AssertionError)
-FOUND = (2, 43, 158, 393, 571, 1102, 1892, 2940, 3623)
+# AssertionError), 1002, 1841, 347, 374 (calls with wrong arguments: the test after the last)
+FOUND = (2, 43, 158, 347, 374, 393, 571, 1002, 1102, 1841, 1892, 2940, 3623)
 # CI runs these many programs and FOUND (~5 s); HOLOFLOW_FUZZ_SEEDS=N runs N from HOLOFLOW_FUZZ_FIRST on
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 6)))) | set(FOUND))
@@ -806,6 +806,19 @@ def _s_misuse(ctx, p):
     return [_raised(c) for c in calls[p["from"]:p["from"] + 6]]
 
 
+def _s_always_call(ctx, p):
+    """Forward hooks around a forward that raises (the model called one input short): those
+    registered with ``always_call`` run, the others don't."""
+    m, log = ctx.module(p["k"]), ctx.log
+    hooks = [m.register_forward_hook(lambda mod, a, out, i=i: log.append(("always", i, type(out).__name__)),
+                                     always_call=bool(i % 2), prepend=p["prepend"]) for i in range(3)]
+    xs = [_as(ctx.lib, t) for t in _inputs(_all_inputs(ctx.model.blocks), ctx.seed, ctx.dtype)]
+    err = _raised(lambda: (m if p["direct"] else ctx.model)(*xs[:-1]))
+    for h in hooks:
+        h.remove()
+    return err, _pop(log)
+
+
 def _s_vector(ctx, p):
     params = list(ctx.model.parameters())
     if not params:
@@ -912,6 +925,7 @@ STEPS = {
     "get": (_s_get, lambda r: {"k": int(r.integers(0, 50))}),
     "low_precision": (_s_low_precision, lambda r: {"dtype": _pick(r, ["bfloat16", "float16"]), "train": _b(r)}),
     "misuse": (_s_misuse, lambda r: {"k": int(r.integers(0, 50)), "from": int(r.integers(0, 18))}),
+    "always_call": (_s_always_call, lambda r: {"k": int(r.integers(0, 50)), "prepend": _b(r), "direct": _b(r)}),
     "containers": (_s_containers, lambda r: {"grow": _b(r), "at": int(r.integers(0, 5))}),
     "parametrize": (_s_parametrize, lambda r: {"k": int(r.integers(0, 50)), "dim": _pick(r, [0, 1, None]),
                                                "how": _pick(r, ["weight_norm", "spectral_norm", "old_weight_norm",
@@ -921,7 +935,7 @@ STEPS = {
 }
 # steps added after the first hunts: drawn from a second stream and appended, so the programs of
 # earlier seeds (FOUND) stay as they were
-LATER_STEPS = ("clip_grad_value", "get", "containers", "low_precision", "misuse")
+LATER_STEPS = ("clip_grad_value", "get", "containers", "low_precision", "misuse", "always_call")
 WEIGHTED = ("forward", "forward", "backward", "backward", "backward") + tuple(n for n in STEPS if n not in LATER_STEPS)
 
 
@@ -1258,3 +1272,23 @@ def test_requires_grad_takes_a_bool_only():
         with pytest.raises(TypeError):
             lib.nn.Linear(2, 2).requires_grad_(2)
         assert lib.ones(2).requires_grad_(True).requires_grad
+
+
+@pytest.mark.parametrize("call", [
+    "nn.Bilinear(2, 3, 4)(lib.ones(1, 5, 2), lib.ones(5, 3))",
+    "nn.MultiheadAttention(4, 2)(lib.ones(2, 3, 1, 4), lib.ones(2, 3, 1, 4), lib.ones(2, 3, 1, 4))",
+    "nn.MultiheadAttention(4, 2)(lib.ones(3, 4), lib.ones(3, 1, 4), lib.ones(3, 1, 4))",
+    "nn.EmbeddingBag(5, 2)(lib.ones(2, 3, 1))",
+    "nn.ConvTranspose1d(2, 2, 3)(lib.ones(1, 2, 4), output_size=[1, 2, 3, 6])",
+], ids=lambda c: c.split("(")[0])
+def test_module_calls_with_wrong_arguments_are_refused_as_torch(call):
+    """The always_call step calls layers with other layers' inputs. seed 1841: ``Bilinear`` of
+    inputs with different leading dims broadcast them (an einsum) and computed, silently; torch
+    refuses (RuntimeError). seed 1002: attention of a 4-D query failed unpacking (ValueError),
+    torch's shape check raises AssertionError. seed 347: ``EmbeddingBag`` of a float 3-D input
+    complained of the dtype (TypeError) before the dims (torch: ValueError). seed 374: a
+    ``ConvTranspose`` output_size of 4 elements took its last one (torch: ValueError)."""
+    want = _raised(lambda: eval(call, _ns(torch)))
+    got = _raised(lambda: eval(call, _ns(flow)))
+    assert want is not None
+    assert isinstance(got, type(want)), f"torch {type(want).__name__}: {want}; holoflow {got!r}"

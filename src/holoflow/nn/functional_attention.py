@@ -30,6 +30,27 @@ def _float_mask(mask: Tensor | None, dtype: Any, name: str) -> Tensor | None:
     return mask.to(dtype)
 
 
+def _check_dims(query: Tensor, key: Tensor, value: Tensor, key_padding_mask, attn_mask, num_heads: int) -> None:
+    """torch's shape check, with its class (AssertionError): a 2-D (unbatched) or 3-D query, key
+    and value alike, a key padding mask of one dim less, a 2-D or 3-D attention mask."""
+    q = query.dim()
+    if q not in (2, 3):
+        raise AssertionError(f"query should be unbatched 2D or batched 3D tensor but received {q}-D query tensor")
+    kind = "batched (3-D)" if q == 3 else "unbatched (2-D)"
+    if key.dim() != q or value.dim() != q:
+        raise AssertionError(f"For {kind} `query`, expected `key` and `value` to be {q}-D but found {key.dim()}-D "
+                             f"and {value.dim()}-D tensors respectively")
+    if key_padding_mask is not None and key_padding_mask.dim() != q - 1:
+        raise AssertionError(f"For {kind} `query`, expected `key_padding_mask` to be `None` or {q - 1}-D but found "
+                             f"{key_padding_mask.dim()}-D tensor instead")
+    if attn_mask is not None and attn_mask.dim() not in (2, 3):
+        raise AssertionError(f"For {kind} `query`, expected `attn_mask` to be `None`, 2-D or 3-D but found "
+                             f"{attn_mask.dim()}-D tensor instead")
+    want = (num_heads, query.shape[0], key.shape[0])
+    if q == 2 and attn_mask is not None and attn_mask.dim() == 3 and tuple(attn_mask.shape) != want:
+        raise AssertionError(f"Expected `attn_mask` shape to be {want} but got {tuple(attn_mask.shape)}")
+
+
 def multi_head_attention_forward(
         query: Tensor, key: Tensor, value: Tensor, embed_dim_to_check: int, num_heads: int,
         in_proj_weight: Tensor | None, in_proj_bias: Tensor | None, bias_k: Tensor | None, bias_v: Tensor | None,
@@ -45,6 +66,7 @@ def multi_head_attention_forward(
     num_heads, S, head_dim)``) in place of the projected ones, masks (bool: True = not allowed, or
     additive), dropout on the weights in training; returns the output and, with ``need_weights``,
     the weights (averaged over heads with ``average_attn_weights``)."""
+    _check_dims(query, key, value, key_padding_mask, attn_mask, num_heads)
     unbatched = query.dim() == 2
     if unbatched:
         query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)

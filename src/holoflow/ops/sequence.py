@@ -80,8 +80,6 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Tensor | None = None, 
         raise UnsupportedError("holoflow.embedding_bag: sparse is not supported")
     if mode not in ("sum", "mean", "max"):
         raise ValueError(f"holoflow.embedding_bag: mode must be 'sum', 'mean' or 'max', got {mode!r}")
-    if input.is_floating_point():
-        raise TypeError(f"holoflow.embedding_bag: indices must be an integer tensor, got {input.dtype}")
     if weight.dim() != 2:
         raise ShapeError(f"holoflow.embedding_bag: weight must be 2-D (num_embeddings, dim), got {tuple(weight.shape)}")
     if input.dim() == 2 and offsets is not None:
@@ -91,6 +89,8 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Tensor | None = None, 
         raise ValueError("holoflow.embedding_bag: offsets has to be a 1-D tensor for a 1-D input")
     if input.dim() not in (1, 2):
         raise ShapeError(f"holoflow.embedding_bag: input has to be 1-D or 2-D, got shape {tuple(input.shape)}")
+    if input.is_floating_point():   # (after the shape checks, as torch's kernel, with its class)
+        raise DTypeError(f"holoflow.embedding_bag: indices must be an integer tensor, got {input.dtype}")
     if per_sample_weights is not None:
         if mode != "sum":
             raise NotImplementedError(f"holoflow.embedding_bag: per_sample_weights was not None; only mode='sum' "

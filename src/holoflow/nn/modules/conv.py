@@ -155,10 +155,13 @@ class _ConvTranspose(_ConvNd):
         if output_size is None:
             return self.output_padding
         n = self._n
-        output_size = list(output_size)[-n:]
+        lead = 2 if input.dim() == n + 2 else 1   # (as torch's: N and C, or C of an unbatched input)
+        output_size = list(output_size)
+        if len(output_size) == n + lead:
+            output_size = output_size[lead:]
         if len(output_size) != n:
-            raise ValueError(f"ConvTranspose{n}D: output_size must have {n} or {n + 2} elements "
-                             f"(got {len(output_size)})")
+            raise ValueError(f"ConvTranspose{n}D: for {input.dim()}D input, output_size must have {n} or "
+                             f"{n + lead} elements (got {len(output_size)})")
         spatial = tuple(input.shape)[-n:]
         res = []
         for d in range(n):

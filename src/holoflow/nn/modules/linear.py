@@ -6,7 +6,6 @@ from typing import Any
 
 from ...core.tensor import Tensor
 from ...ops.creation import empty
-from ...ops.linalg import einsum
 
 from .. import init
 from ..module import Module
@@ -77,8 +76,8 @@ class Bilinear(Module):
             init.uniform_(self.bias, -bound, bound)
 
     def forward(self, input1: Tensor, input2: Tensor) -> Tensor:
-        out = einsum("...i,oij,...j->...o", input1, self.weight, input2)
-        return out if self.bias is None else out + self.bias
+        # (F.bilinear checks the inputs' leading dims agree: an einsum would broadcast them)
+        return F.bilinear(input1, input2, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return (f"in1_features={self.in1_features}, in2_features={self.in2_features}, "
