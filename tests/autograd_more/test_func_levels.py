@@ -222,10 +222,19 @@ def test_forward_mode_reads_what_the_ops_saw_before_a_later_write(name):
 
 
 @pytest.mark.parametrize("lib", [torch, flow], ids=["torch", "holoflow"])
-def test_a_reverse_transform_inside_forward_mode_still_refuses_the_write(lib):
-    f = _WRITES["saved_then_written"]
+@pytest.mark.parametrize("nest", ["jvp(grad)", "grad(jvp)", "jacrev(jacfwd)"])
+def test_a_reverse_transform_with_forward_mode_still_refuses_the_write(lib, nest):
+    # reverse mode reads the saved tensor itself (inside forward mode) or through the tangent's
+    # record (around it): torch's refuses the write, and so does holoflow's, which computed
+    # grad(jvp(f)) from its forward mode's copy (test_fuzz_func seed 3943)
+    f, x, t = _WRITES["saved_then_written"], _t(lib, X), _t(lib, T)
     with pytest.raises(RuntimeError, match="modified by an in-?place operation"):
-        lib.func.jvp(lib.func.grad(lambda a: f(a).sum()), (_t(lib, X),), (_t(lib, T),))
+        if nest == "jvp(grad)":
+            lib.func.jvp(lib.func.grad(lambda a: f(a).sum()), (x,), (t,))
+        elif nest == "grad(jvp)":
+            lib.func.grad(lambda a: lib.func.jvp(f, (a,), (t,))[1].sum())(x)
+        else:
+            lib.func.jacrev(lib.func.jacfwd(f))(x)
 
 
 # -- node hooks and retain_grad belong to their transform's level --------------------------------

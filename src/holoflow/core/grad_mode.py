@@ -34,6 +34,8 @@ class _State(threading.local):
         # (func/_reverse.py: ``_regions_cut``, ``_seal_regions``)
         self.region: int | None = None
         self.regions: list = []
+        # what forward mode's functions saved, as copies (func/_levels.forward_saves)
+        self.snapshots: list = []
         # a level -> the creation number the transform's run began at: a node numbered from there
         # on was recorded inside it (core/node._at_level)
         self.starts: dict = {}

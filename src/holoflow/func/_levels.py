@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+
 from typing import Any, Iterator
 
 from ..core import saved
@@ -43,11 +45,25 @@ def level(n: int, kind: str = "reverse") -> Iterator[None]:
             kinds.discard(n)
         if kind == "forward" and not state.forward_levels:
             state.regions.clear()   # (no forward mode left to see through its no_grad regions)
+            state.snapshots.clear()
 
 
 def _snapshot(x: Any) -> tuple:
     d = x._data
-    return x.detach().clone(), d, d._version   # (pack hooks run under no_grad)
+    packed = (x.detach().clone(), d, d._version)   # (pack hooks run under no_grad)
+    STATE.snapshots.append(packed)
+    return packed
+
+
+def mark_stale() -> None:
+    """Once the outermost forward-mode transform's passes are done: a copy whose original was
+    written in place since it was saved gets a new version, so a reverse pass around that reads
+    it (through the tangents' record) raises the saved-version error, as torch's reverse mode,
+    which saved the original, does."""
+    for copy, d, version in STATE.snapshots:
+        if d._version != version:
+            torch.autograd.graph.increment_version(copy._data)
+    STATE.snapshots.clear()
 
 
 def _read(packed: tuple) -> Any:

@@ -25,7 +25,7 @@ from ..nn.utils.stateless import swapped
 from ..ops import creation as C
 from ..ops import shape as _shape
 from . import _rng
-from ._levels import forward_saves, in_region, inner, level
+from ._levels import forward_saves, in_region, inner, level, mark_stale
 from ._vmap import check_chunk_size
 
 
@@ -324,8 +324,12 @@ def _seal_regions(outs: list, keep: bool) -> None:
     """After the outermost forward-mode transform's last reverse pass: the nodes recorded in its
     function's no_grad regions (which torch's forward mode runs through, its reverse mode not)
     lose their edges, so no reverse pass outside sees through them (``grad(jvp(f))``), as torch's.
-    Only results that stay differentiable outside (``keep``) can reach them."""
-    if keep and len(grad_mode.STATE.forward_levels) == 1:
+    Only results that stay differentiable outside (``keep``) can reach them. Saved copies of
+    tensors written since are marked stale (``mark_stale``)."""
+    if len(grad_mode.STATE.forward_levels) != 1:
+        return
+    mark_stale()
+    if keep:
         for node in _region_nodes(outs):
             node.edges = (None,) * len(node.edges)
 
