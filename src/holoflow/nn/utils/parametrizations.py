@@ -43,8 +43,18 @@ class _WeightNorm(Module):
 
 def weight_norm(module: Module, name: str = "weight", dim: int | None = 0) -> Module:
     """``module.<name> = g * v / ||v||`` with magnitude ``original0`` (g) and direction
-    ``original1`` (v), norms over every dim but ``dim`` (None: the whole tensor)."""
-    return register_parametrization(module, name, _WeightNorm(dim), unsafe=True)
+    ``original1`` (v), norms over every dim but ``dim`` (None: the whole tensor). As torch's, a
+    state dict of the old ``nn.utils.weight_norm`` (``<name>_g``, ``<name>_v``) loads into it."""
+    register_parametrization(module, name, _WeightNorm(dim), unsafe=True)
+
+    def _old_keys(state_dict, prefix, local_metadata, strict, missing, unexpected, errors) -> None:
+        g, v = f"{prefix}{name}_g", f"{prefix}{name}_v"
+        if g in state_dict and v in state_dict:
+            state_dict[f"{prefix}parametrizations.{name}.original0"] = state_dict.pop(g)
+            state_dict[f"{prefix}parametrizations.{name}.original1"] = state_dict.pop(v)
+
+    module._register_load_state_dict_pre_hook(_old_keys)   # (kept after removal, as torch's)
+    return module
 
 
 class _SpectralNorm(Module):
