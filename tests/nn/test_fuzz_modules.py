@@ -7,13 +7,17 @@ random sequence of module API steps on both: forward in train and eval mode, bac
 parameter's and input's gradient), state dicts (``keep_vars``, prefix, order), ``load_state_dict``
 with missing, unexpected and mis-shaped keys (strict or not, ``assign``), dtype moves,
 ``requires_grad_``, ``zero_grad``, forward, backward and state-dict hooks, module iteration,
-``apply``, ``deepcopy``, buffers, weight tying, ``repr``, gradient clipping, parameter vectors and
-parametrizations. Every step's result must agree (values, dtypes, shapes, names, order, repr),
-and where torch raises holoflow must raise the same class.
+``apply``, ``deepcopy``, buffers, weight tying, ``repr``, gradient clipping, parameter vectors,
+parametrizations, growing containers, a bfloat16/float16 copy, hooks around a forward that raises
+and misuses of the API (bad names, values, arguments). Every step's result must agree (values,
+dtypes, shapes, names, order, repr), and where torch raises holoflow must raise the same class.
 
-A layer torch refuses to build or run (a bad option combination) is kept now and then as a
-refusal: holoflow must refuse it with the same class. ``_program(seed)`` lists a seed's model and
-steps. A longer hunt: ``HOLOFLOW_FUZZ_FIRST=100000 HOLOFLOW_FUZZ_SEEDS=3000``."""
+A layer torch refuses to build or run (a bad option combination, or one of the ``INVALID``
+table) is kept now and then as a refusal: holoflow must refuse it with the same class. Floats
+compare to the tolerance of the least precise dtype the model computed in (float64 programs:
+1e-9). ``_program(seed)`` lists a seed's model and steps. A longer hunt:
+``HOLOFLOW_FUZZ_FIRST=100000 HOLOFLOW_FUZZ_SEEDS=3000`` (``OMP_NUM_THREADS=1`` speeds it on a busy
+machine: the tensors are tiny)."""
 from __future__ import annotations
 
 import copy
