@@ -16,7 +16,8 @@ A layer torch refuses to build or run (a bad option combination, or one of the `
 table) is kept now and then as a refusal: holoflow must refuse it with the same class. Floats
 compare to the tolerance of the least precise dtype the model computed in (float64 programs:
 1e-9). ``_program(seed)`` lists a seed's model and steps. A longer hunt:
-``HOLOFLOW_FUZZ_FIRST=100000 HOLOFLOW_FUZZ_SEEDS=3000`` (``OMP_NUM_THREADS=1`` speeds it on a busy
+``HOLOFLOW_FUZZ_FIRST=100000 HOLOFLOW_FUZZ_SEEDS=3000``; seeds from ``MORE_FROM`` (20000) on add
+a layer of more kinds (lazy, pretrained embeddings, full Transformers...) (``OMP_NUM_THREADS=1`` speeds it on a busy
 machine: the tensors are tiny)."""
 from __future__ import annotations
 
@@ -399,6 +400,36 @@ INVALID = (
     Block("nn.ModuleDict({'a': nn.Linear(3, 3)})", (("randn", (2, 3)),), "m['b'](x0)"),
     Block("nn.ParameterList([nn.Parameter(lib.randn(3))])", (("randn", (2, 3)),), "x0 * m[1]"),
 )
+
+
+def _more(r):
+    """Layers drawn beside the model by seeds from ``MORE_FROM`` on (earlier seeds keep their models)."""
+    kind = _pick(r, ["pretrained", "lazy_linear", "lazy_conv", "bag_max_norm", "transformer", "conv_tuple",
+                     "upsampling", "softmax_dtype"])
+    if kind == "pretrained":
+        return Block(f"nn.Embedding.from_pretrained(lib.arange(12.0).reshape(4, 3) / 10, freeze={_b(r)}, "
+                     f"padding_idx={_pick(r, [None, 1])}, max_norm={_pick(r, [None, 0.5])})", (("int", 4, (5,)),))
+    if kind == "lazy_linear":
+        return Block(f"nn.LazyLinear({_pick(r, [1, 3])}, bias={_b(r)})", (("randn", (2, 4)),))
+    if kind == "lazy_conv":
+        d = _pick(r, [1, 2])
+        return Block(f"nn.LazyConv{d}d(2, 1)", (("randn", (1, 3) + (4,) * d),))
+    if kind == "bag_max_norm":
+        return Block(f"nn.EmbeddingBag(5, 2, max_norm={_pick(r, [0.5, 1.0])}, mode={_pick(r, ['sum', 'mean'])!r})",
+                     (("int", 5, (2, 3)),))
+    if kind == "transformer":
+        return Block(f"nn.Transformer(4, 2, 1, 1, 6, dropout=0.0, batch_first={_b(r)}, norm_first={_b(r)})",
+                     (("randn", (2, 3, 4)), ("randn", (2, 3, 4))), "m(x0, x1)")
+    if kind == "conv_tuple":
+        return Block(f"nn.Conv2d(2, 2, (1, 3), stride=(2, 1), padding=(0, 1), padding_mode={_pick(r, ['zeros', 'circular'])!r})",
+                     (("randn", (1, 2, 4, 4)),))
+    if kind == "upsampling":
+        return Block(f"nn.{_pick(r, ['UpsamplingNearest2d', 'UpsamplingBilinear2d'])}(scale_factor=2)",
+                     (("randn", (1, 1, 2, 3)),))
+    return Block("nn.Softmax(dim=-1)", (("randn", (2, 3)),), "F.softmax(x0, -1, dtype=lib.float64)")
+
+
+MORE_FROM = 20_000
 
 
 LAYERS = (_linear, _conv, _conv, _pool, _norm, _norm, _dropout, _embedding, _rnn, _rnn, _attention,
@@ -970,6 +1001,13 @@ def _generate(seed: int) -> tuple:
                 break
             if refused is None and r.random() < 0.7:
                 refused = b
+    if seed >= MORE_FROM:
+        more = np.random.default_rng((seed, 2))
+        for _try in range(5):
+            b = _more(more)
+            if _runs_on_torch((b,), seed):
+                blocks.append(b)
+                break
     dtype = torch.float64 if r.random() < 0.7 else torch.float32
     steps = []
     for _ in range(int(r.integers(4, 11))):
@@ -1066,6 +1104,10 @@ def check(seed: int) -> None:
     if not blocks:
         return
     tm, fm = _build(torch, blocks, seed), _build(flow, blocks, seed)
+    if any("Lazy" in b.ctor for b in blocks):   # (a first forward, seeded alike, materializes them)
+        for lib, m in ((torch, tm), (flow, fm)):
+            lib.manual_seed(seed)
+            _s_forward(Ctx(lib, m, seed, torch.float32), {"train": False})
     try:
         _same(list(fm.state_dict().items()), list(tm.state_dict().items()), "initial state dict")
     except AssertionError as e:
