@@ -411,7 +411,7 @@ class ParameterDict(Module):
     def extra_repr(self) -> str:
         return "\n".join(f"  ({k}): {_describe(p, by_dtype=False)}" for k, p in self.items())
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, input: Any) -> Any:   # (torch's signature: other arguments are its TypeError)
         raise RuntimeError("ParameterDict should not be called.")
 
 

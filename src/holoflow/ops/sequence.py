@@ -91,13 +91,13 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Tensor | None = None, 
         raise ShapeError(f"holoflow.embedding_bag: input has to be 1-D or 2-D, got shape {tuple(input.shape)}")
     if input.is_floating_point():   # (after the shape checks, as torch's kernel, with its class)
         raise DTypeError(f"holoflow.embedding_bag: indices must be an integer tensor, got {input.dtype}")
-    if per_sample_weights is not None:
-        if mode != "sum":
-            raise NotImplementedError(f"holoflow.embedding_bag: per_sample_weights was not None; only mode='sum' "
-                                      f"supports them, got mode={mode!r}")
+    if per_sample_weights is not None:   # (the shape first, as torch)
         if tuple(per_sample_weights.shape) != tuple(input.shape):
             raise ShapeError(f"holoflow.embedding_bag: per_sample_weights of shape {tuple(per_sample_weights.shape)} "
                              f"must have the input's shape {tuple(input.shape)}")
+        if mode != "sum":
+            raise NotImplementedError(f"holoflow.embedding_bag: per_sample_weights was not None; only mode='sum' "
+                                      f"supports them, got mode={mode!r}")
     n = weight.shape[0]
     if padding_idx is not None:
         if not -n <= padding_idx < n:

@@ -311,6 +311,9 @@ class RNNCellBase(Module):
         else:
             states = list(hx) if n_states == 2 else [hx]
             for s in states:
+                if s.dim() not in (1, 2):
+                    raise ValueError(f"holoflow.nn.{name}: Expected hidden to be 1D or 2D, got {s.dim()}D instead")
+            for s in states:
                 s_shape = tuple(s.shape) if batched else (1,) + tuple(s.shape)
                 if s_shape != want:
                     exp = want if batched else want[1:]
