@@ -108,7 +108,11 @@ class _Run(Function):
                           for kind, ref in plan.saved]
             ctx.versions = [v._version for v in ctx.values]   # (a view shares its base's counter)
             ctx.plan = plan
-        return tuple(user)   # (Function.apply gives integer outputs no gradient)
+            # outputs the trace saw without history (a piece of an input that needs no grad) have
+            # none here either, as eager's (Function.apply gives integer outputs none itself)
+            outside = set(plan.grad_outs)
+            ctx.mark_non_differentiable(*[u for i, u in enumerate(user) if i not in outside and isinstance(u, Tensor)])
+        return tuple(user)
 
     @staticmethod
     def backward(ctx, *grads):

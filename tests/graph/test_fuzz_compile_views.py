@@ -1,0 +1,162 @@
+"""Differential fuzzing of views and in-place writes under ``holoflow.compile``: random programs
+of tests/test_fuzz_views_inplace.py's instructions (views, in-place writes through them, detaches,
+grad-mode switches) over copies of four leaves (``leaf * 1``: a compiled call writes no input) run
+as one compiled function whose result is every tensor the program made and a weighted sum of
+those that require grad; the sum is backpropagated outside.
+The values, ``requires_grad`` flags, the leaves' values after the program (writes into inputs
+reach the caller) and the leaves' gradients must equal torch's eager run. A program that cannot be
+traced runs eagerly (holoflow.compile's warning); most must trace."""
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import holoflow as flow
+from test_fuzz_views_inplace import INPLACE, OPS, STEPS, _leaves, _params
+from test_fuzz_views_inplace import TORCH_ONLY_REFUSALS as EAGER_TORCH_ONLY
+
+# Found: 23 (every output of a compiled call required grad, a piece of an input that needs none too).
+# Found and left (strict xfails, so a fix shows; seeds 0-2499 hunted): seed -> why
+_DETACH = "detach_() of a traced tensor that views of it (taken before, or re-derived after) still read: " \
+          "the trace's gradients differ from eager's and torch's (silent)"
+_EXPANDED = "a traced write into an expanded view: eager refuses one whose values differ between the " \
+            "shared elements; the trace writes it (852: other values than torch's, silent) or fails at run time"
+KNOWN = {195: _DETACH, 902: _DETACH, 1246: _DETACH, 1633: _DETACH, 852: _EXPANDED, 1035: _EXPANDED,
+         2389: _EXPANDED}
+# CI runs 80 programs and the seeds above; HOLOFLOW_FUZZ_SEEDS=N runs N from HOLOFLOW_FUZZ_FIRST on
+_FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
+SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 80)))) | {23} | set(KNOWN))
+
+
+# what torch refuses and holoflow computes: eagerly too (tests/test_fuzz_views_inplace.py), and a
+# piece of unbind/split/chunk used after its base was written (holoflow re-derives it from the
+# base); compiled only, a backward reading a value written in place since it was saved (a trace is
+# SSA: its grad rules read the value saved, as torch.compile's functionalized graph does), and (a
+# gap, left) a write into a view taken before its base required grad, which torch and eager holoflow
+# refuse as a leaf's (dispatch.check_view_target, which a trace skips)
+TORCH_ONLY_REFUSALS = EAGER_TORCH_ONLY + ("its base or another view of its base has been modified inplace",
+                                          "has been modified by an inplace operation",
+                                          "a leaf Variable that requires grad is being used in an in-place")
+
+
+def _generate(seed: int) -> list:
+    """The program of ``seed`` (as test_fuzz_views_inplace's ``_generate``, over the leaves'
+    copies): steps chosen by running them on torch, ending at the first error."""
+    rng = np.random.default_rng(seed)
+    pool = [t * 1 for t in _leaves(torch)]
+    program = []
+    names = list(OPS)
+    for _ in range(STEPS):
+        for _try in range(20):
+            name = names[int(rng.integers(0, len(names)))]
+            i = int(rng.integers(0, len(pool)))
+            got = _params(name, [pool[i]], pool, rng)
+            if got is not None:
+                break
+        else:
+            continue
+        p, j = got
+        operands = (i,) if OPS[name][0] == 1 else (i, j)
+        program.append((name, operands, p))
+        try:
+            out = OPS[name][1](torch, [pool[k] for k in operands], p)
+        except Exception:   # noqa: BLE001 - the program ends at its first error
+            break
+        if name not in INPLACE:
+            pool.append(out)
+    return program
+
+
+def _program(seed: int) -> str:
+    return "\n".join(f"  {n}{ops} {p}" for n, ops, p in _generate(seed))
+
+
+def _body(lib, program: list, weights: list):
+    """The compiled function of ``program``: every tensor it made, and the weighted sum."""
+    def run(*leaves):
+        pool = [t * 1 for t in leaves]
+        for name, operands, p in program:
+            out = OPS[name][1](lib, [pool[k] for k in operands], p)
+            if name not in INPLACE:
+                pool.append(out)
+        made = pool[len(leaves):]
+        terms = [(t * lib.tensor(w, dtype=t.dtype)).sum() for t, w in zip(made, weights) if t.requires_grad]
+        return made, (sum(terms) if terms else None)
+    return run
+
+
+def _outcome(lib, program: list, weights: list, compiled: bool):
+    leaves = _leaves(lib)
+    fn = _body(lib, program, weights)
+    if compiled:
+        fn = flow.compile(fn, backend="eager")
+    try:
+        made, loss = fn(*leaves)
+        if loss is not None:
+            loss.backward()
+    except Exception as e:   # noqa: BLE001 - compared
+        return e, False
+    traced = compiled and any(type(p).__name__ == "_Plan" for p in fn._compiler.plans.values())
+    values = [(t.detach().numpy().copy(), t.requires_grad) for t in made]
+    after = [t.detach().numpy().copy() for t in leaves]
+    grads = [None if not t.is_leaf or t.grad is None else t.grad.numpy().copy() for t in leaves]
+    return (values, after, grads), traced
+
+
+def _weights(seed: int, program: list) -> list:
+    """One weight array per tensor the program makes (their shapes from torch's run)."""
+    pool = [t * 1 for t in _leaves(torch)]
+    for name, operands, p in program:
+        try:
+            out = OPS[name][1](torch, [pool[k] for k in operands], p)
+        except Exception:   # noqa: BLE001 - the program ends there
+            break
+        if name not in INPLACE:
+            pool.append(out)
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(tuple(t.shape)) for t in pool[4:]]
+
+
+def _check(seed: int) -> bool:
+    """Compares a seed's compiled run with torch's; whether holoflow traced it."""
+    program = _generate(seed)
+    weights = _weights(seed, program)
+    want, _ = _outcome(torch, program, weights, False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="holoflow.compile")
+        got, traced = _outcome(flow, program, weights, True)
+    where = f"seed {seed} (traced: {traced}), program:\n{_program(seed)}"
+    if isinstance(want, Exception) and any(m in str(want) for m in TORCH_ONLY_REFUSALS):
+        return traced
+    if isinstance(want, Exception):
+        assert isinstance(got, Exception), f"torch raised {type(want).__name__}: {want}; holoflow did not. {where}"
+        return traced
+    assert not isinstance(got, Exception), f"holoflow raised {type(got).__name__}: {got}. {where}"
+    (gv, ga, gg), (wv, wa, wg) = got, want
+    assert len(gv) == len(wv), where
+    for k, ((v, rg), (w, wrg)) in enumerate(zip(gv, wv)):
+        assert rg == wrg, f"tensor {k}: requires_grad {rg}, torch {wrg}. {where}"
+        np.testing.assert_allclose(v, w, rtol=1e-12, atol=1e-12, err_msg=f"tensor {k}. {where}")
+    for k, (v, w) in enumerate(zip(ga, wa)):
+        np.testing.assert_allclose(v, w, rtol=1e-12, atol=1e-12, err_msg=f"leaf {k} after. {where}")
+    for k, (g, w) in enumerate(zip(gg, wg)):
+        assert (g is None) == (w is None), f"leaf {k}: grad {g} vs torch {w}. {where}"
+        if w is not None:
+            np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12, err_msg=f"leaf {k} grad. {where}")
+    return traced
+
+
+@pytest.mark.parametrize("seed", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=KNOWN[s]))
+                                  if s in KNOWN else s for s in SEEDS])
+def test_random_view_program_compiled_agrees_with_torch(seed):
+    _check(seed)
+
+
+def test_most_random_view_programs_trace():
+    """The fuzzer above would pass trivially if every program ran eagerly."""
+    traced = sum(_check(seed) for seed in range(20))
+    assert traced >= 12, f"{traced} of 20 programs traced"
