@@ -10,7 +10,8 @@ from .core.dtype import (bfloat16, bool, cdouble, cfloat, complex64, complex128,
                          short, uint8)
 from .core.dtype import RARE as _RARE
 from .core.device import device
-from .core.grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+from .core.grad_mode import enable_grad, inference_mode, no_grad, set_grad_enabled
+from .core.grad_mode import user_grad_enabled as is_grad_enabled
 from .core.tensor import Tensor, is_tensor
 from .core.errors import HoloflowError
 from .ops.creation import *  # noqa: F403

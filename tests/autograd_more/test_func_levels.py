@@ -307,3 +307,19 @@ def test_a_non_reentrant_checkpoint_checks_what_it_recomputes(lib):
     x = _t(lib, X + [3.0], rg=True)
     with pytest.raises(RuntimeError, match="metadata"):
         ck(f, x, use_reentrant=False).backward()
+
+
+def test_is_grad_enabled_inside_no_grad_under_jvp_is_false_as_torchs():
+    """Forward mode keeps recording through a no_grad region (its tangents), but the flag user code
+    reads there is torch's: False (holoflow said True)."""
+    def flags(lib):
+        seen = []
+
+        def f(x):
+            with lib.no_grad():
+                seen.append(lib.is_grad_enabled())
+            seen.append(lib.is_grad_enabled())
+            return x * 2
+        lib.func.jvp(f, (lib.ones(2),), (lib.ones(2),))
+        return seen
+    assert flags(flow) == flags(torch)

@@ -45,7 +45,14 @@ STATE = _State()
 
 
 def is_grad_enabled() -> bool:
+    """Whether autograd records (library code asks this)."""
     return STATE.enabled
+
+
+def user_grad_enabled() -> bool:
+    """``torch.is_grad_enabled()`` as user code sees it: False inside ``no_grad`` also where
+    forward mode keeps recording through it (``_State.region``), as torch's flag there."""
+    return STATE.enabled and STATE.region is None
 
 
 def next_seq() -> int:
