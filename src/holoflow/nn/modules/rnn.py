@@ -175,6 +175,11 @@ class RNNBase(Module):
             c0 = _zeros_like_layout(self._state_shapes(batch)[1], x) if is_lstm else None
         else:
             if is_lstm:
+                want = 3 if batched else 2
+                if isinstance(hx, Tensor) and len(hx) >= 2 and (hx[0].dim(), hx[1].dim()) != (want, want):
+                    raise RuntimeError(f"holoflow.nn.LSTM: For {'batched 3-D' if batched else 'unbatched 2-D'} input, "
+                                       f"hx and cx should also be {want}-D but got ({hx[0].dim()}-D, {hx[1].dim()}-D) "
+                                       f"tensors")   # (torch's check, which indexes a Tensor hx)
                 if not isinstance(hx, (tuple, list)) or len(hx) != 2:
                     raise TypeError("holoflow.nn.LSTM: hx must be a tuple (h_0, c_0)")
                 h0, c0 = hx
@@ -306,13 +311,13 @@ class RNNCellBase(Module):
         want = (x.shape[0], self.hidden_size)
         if hx is None:
             states = [_zeros_like_layout(want, x) for _ in range(n_states)]
-        elif n_states == 2 and isinstance(hx, Tensor):   # (iterating it would take its rows as (h, c))
-            raise TypeError(f"holoflow.nn.{name}: hx must be a tuple (h_0, c_0) of Tensors, not a Tensor")
         else:
             states = list(hx) if n_states == 2 else [hx]
-            for s in states:
+            for s in states:   # (as torch's, before the type: a Tensor hx is iterated here too)
                 if s.dim() not in (1, 2):
                     raise ValueError(f"holoflow.nn.{name}: Expected hidden to be 1D or 2D, got {s.dim()}D instead")
+            if n_states == 2 and isinstance(hx, Tensor):   # (its rows would be taken as (h, c))
+                raise TypeError(f"holoflow.nn.{name}: hx must be a tuple (h_0, c_0) of Tensors, not a Tensor")
             for s in states:
                 s_shape = tuple(s.shape) if batched else (1,) + tuple(s.shape)
                 if s_shape != want:
