@@ -361,7 +361,7 @@ def refresh(v: Tensor, force: bool = False) -> None:
         cut_history(v)
         vi.stamp, vi.at = stamp_of(base), base._data._version
         return
-    vi.stamp = stamp_of(base)
+    before, vi.stamp = vi.stamp, stamp_of(base)
     # a global base's views chain their ops' local attrs in eager (they alias its shard) and logical
     # ones in a trace (a traced base's value is logical): replayed on a local alias of it, but for a
     # traced view of real global state (a parameter), replayed on the state through the tracer
@@ -374,6 +374,8 @@ def refresh(v: Tensor, force: bool = False) -> None:
         old, old_idx = v._grad_fn, v._out_idx
         v.grad_fn, v._out_idx, v._rg = fresh.grad_fn, fresh._out_idx, True
         move_retain(old, old_idx, v)
+    elif v._grad_fn is not None and not base._rg and "_v" in fresh.__dict__ and before[2] != vi.stamp[2]:
+        cut_history(v)   # (a trace's detach_()ed base written since: eager's version test above)
     if "_v" in fresh.__dict__:  # a trace: the view's symbolic value is the re-derived one
         v._data = fresh._data
         v.__dict__["_v"] = fresh.__dict__["_v"]
