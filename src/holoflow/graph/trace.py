@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..core import grad_mode, interpret
-from ..core.dispatch import apply, holds_elements_twice, refresh, take_history, wrap
+from ..core.dispatch import apply, distinct_elements, holds_elements_twice, refresh, take_history, wrap
 from ..core.dispatch import assign as write_into
 from ..core.interpret import Interpreter
 from ..core.views import VIEW_SCATTER, aliases, detached_from, make_view, replay, stamp_of
@@ -500,6 +500,11 @@ class Tracer(Interpreter):
         boxed by a local slice) is cloned first: eager copies it into ``x``'s own storage, while the
         plan would hand out ``w``'s memory as ``x``, which the optimizer's step, a write-back or the
         caller then changes. Intermediates need no copy (the memory plan keeps aliases alive)."""
+        if 0 in x._data.stride() and distinct_elements(x._data) is not None:
+            # (eager writes each shared element once, refusing values that differ between them)
+            raise RuntimeError(f"holoflow.{name.rstrip('_')}_: a traced write into an expanded tensor (shape "
+                               f"{tuple(x.shape)}, strides {x._data.stride()}: elements shared) is not supported; "
+                               f"clone() it before writing")
         if self.value_of(out) in self.external:
             with grad_mode.no_grad():   # the value only: ``x`` still takes ``out``'s history
                 value = apply(CLONE, out, memory_format=torch.contiguous_format)
