@@ -190,11 +190,12 @@ def _leaves(lib):
     return [mk(a, True), mk(b, False), mk(c, True), mk(d, True)]
 
 
-def _generate(seed: int) -> list:
+def _generate(seed: int, start=None) -> list:
     """The program of ``seed``: steps ``(name, operand indices, params)``, chosen by running them
-    on torch (so each is valid there, or the one error it raises ends the program)."""
+    on torch (so each is valid there, or the one error it raises ends the program); ``start``
+    makes the first tensors (the leaves by default)."""
     rng = np.random.default_rng(seed)
-    pool = _leaves(torch)
+    pool = start() if start is not None else _leaves(torch)
     program = []
     names = list(OPS)
     for _ in range(STEPS):

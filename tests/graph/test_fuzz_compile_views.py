@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import holoflow as flow
-from test_fuzz_views_inplace import INPLACE, OPS, STEPS, _leaves, _params
+from test_fuzz_views_inplace import INPLACE, OPS, _leaves
+from test_fuzz_views_inplace import _generate as generate
 from test_fuzz_views_inplace import TORCH_ONLY_REFUSALS as EAGER_TORCH_ONLY
 
 # Found: 23 (every output of a compiled call required grad, a piece of an input that needs none too),
@@ -53,31 +54,8 @@ TORCH_ONLY_REFUSALS = EAGER_TORCH_ONLY + ("its base or another view of its base 
 
 
 def _generate(seed: int) -> list:
-    """The program of ``seed`` (as test_fuzz_views_inplace's ``_generate``, over the leaves'
-    copies): steps chosen by running them on torch, ending at the first error."""
-    rng = np.random.default_rng(seed)
-    pool = [t * 1 for t in _leaves(torch)]
-    program = []
-    names = list(OPS)
-    for _ in range(STEPS):
-        for _try in range(20):
-            name = names[int(rng.integers(0, len(names)))]
-            i = int(rng.integers(0, len(pool)))
-            got = _params(name, [pool[i]], pool, rng)
-            if got is not None:
-                break
-        else:
-            continue
-        p, j = got
-        operands = (i,) if OPS[name][0] == 1 else (i, j)
-        program.append((name, operands, p))
-        try:
-            out = OPS[name][1](torch, [pool[k] for k in operands], p)
-        except Exception:   # noqa: BLE001 - the program ends at its first error
-            break
-        if name not in INPLACE:
-            pool.append(out)
-    return program
+    """The program of ``seed``, over the leaves' copies (test_fuzz_views_inplace's generator)."""
+    return generate(seed, lambda: [t * 1 for t in _leaves(torch)])
 
 
 def _program(seed: int) -> str:
