@@ -37,8 +37,9 @@ from harness import raised
 # complex128 gradient), 8056 (einsum("ab->ba", y) was a copy, torch's a view),
 # 424 (amin() of an empty tensor: IndexError, torch's RuntimeError), 4128 (cross_entropy with no
 # class: ZeroDivisionError), 374 (lerp(int32, int32, 0-d float32) refused; torch's kernel promotes),
-# 201569 (prod(complex, dtype=float64)'s gradient from the complex values, torch's from the real parts)
-FOUND = (127, 132, 196, 354, 374, 424, 522, 4128, 4639, 4784, 6495, 7642, 8056, 201569)
+# 201569 (prod(complex, dtype=float64)'s gradient from the complex values, torch's from the real parts),
+# 200539, 202706 (an in-place comparison with an operand requiring grad cut the history; torch: zeros)
+FOUND = (127, 132, 196, 354, 374, 424, 522, 4128, 4639, 4784, 6495, 7642, 8056, 201569, 200539, 202706)
 # found and left (strict xfails, so a fix shows): seed -> why
 KNOWN = {
     221: "cumsum(x, dtype=int64) of a tensor requiring grad computes; torch refuses (int outputs can't require grad)",
@@ -920,3 +921,27 @@ def test_lerp_of_integer_tensors_with_a_0d_float_weight_promotes_as_torch():
     assert got.dtype == want.dtype and torch.equal(got, want)
     with pytest.raises(NotImplementedError, match="holoflow.lerp"):
         flow.lerp(flow.tensor([1, 2]), flow.tensor([3, 4]), 0.5)
+
+
+@pytest.mark.parametrize("case", ["self", "other", "both", "number"])
+@pytest.mark.parametrize("name", ["eq_", "ne_", "lt_", "le_", "gt_", "ge_"])
+def test_in_place_comparisons_record_zero_gradients_as_torch(name, case):
+    """``x.lt_(t)`` with t requiring grad: torch records the comparison with zero gradients, so x
+    requires grad afterwards and t's gradient is zeros; holoflow cut the history (x needing no
+    grad: a later backward through it raised). The commonest gradient divergence the op fuzzer
+    had left (seeds 200539, 201637, 201808, 202706, 204547 among 5000)."""
+    def run(lib):
+        a = lib.tensor([1.0, 2.0, 3.0], requires_grad=case in ("self", "both", "number"))
+        t = lib.tensor([2.0, 2.0, 2.0], requires_grad=case in ("other", "both"))
+        x = a * 1
+        y = getattr(x, name)(2.0 if case == "number" else t)
+        flags = (y is x, y.requires_grad, y.is_leaf)
+        (y * lib.tensor([1.0, 2.0, 3.0])).sum().backward()
+        return flags, y.detach(), a.grad, t.grad
+    want, got = run(torch), run(flow)
+    assert got[0] == want[0]
+    assert torch.equal(got[1].to_torch(), want[1])
+    for g, w in zip(got[2:], want[2:]):
+        assert (g is None) == (w is None)
+        if w is not None:
+            assert torch.equal(g.to_torch(), w)

@@ -24,7 +24,7 @@ from .node import SEQ
 from .errors import HoloflowError, describe
 from .interpret import Interpreter
 from .native import FAST
-from .registry import Op, infer_metas
+from .registry import Op, defop, infer_metas
 from .saved import _LIVE
 from .tensor import Tensor
 from .sbp import P
@@ -523,12 +523,26 @@ def apply_inplace(op: Op, x: Tensor, *rest, **attrs) -> Tensor:
     if grad_on and x._view is not None and x._view.base._rg and x._global is None and holds_elements_twice(x):
         src = read_for_write(x)
     out = apply(op, src, *rest, **attrs)
+    if grad_on and op.inplace_zero_grad and not lazy and x._global is None and \
+            (x._data.is_floating_point() or x._data.is_complex()):
+        out = apply(ZERO_GRADS, out, src, *[r for r in rest if isinstance(r, Tensor)], dtype=x._data.dtype)
     if (grad_on or lazy or x._global is not None) and op.inplace_kernel is not None and holds_elements_twice(x):
         try:
             out = written_as_torch(op.inplace_kernel, op.name, x, out, rest, attrs)
         except Exception as e:
             raise op_error(op, (x, *rest), attrs, e) from e
     return assign(x, out, op.name)
+
+
+def _zero_grads_grad(c, dy):
+    return (None,) + tuple([dy.detach().new_zeros(c.shapes[i], dtype=c.dtypes[i]) if c.needs_grad[i] else None
+                            for i in range(1, len(c.needs_grad))])
+
+
+# ``values`` (input 0) in ``dtype``, with zero gradients for the other inputs: the result of an op
+# declaring ``inplace_zero_grad`` written in place while autograd records (apply_inplace); local
+# and eager only
+ZERO_GRADS = defop("zero_grads", lambda values, *inputs, dtype: values.to(dtype, copy=True), grad=_zero_grads_grad)
 
 
 def holds_elements_twice(x: Tensor) -> bool:

@@ -108,6 +108,10 @@ class Op:
     # channels-last). A graph compiled with ``enable_compile`` holding one compiles its forward and
     # backward as two tasks, the activations passed between them in Inductor's layout
     layout: bool = False
+    # inplace_zero_grad: written in place into a floating tensor while autograd records, the
+    # (non-differentiable) op's result has zero gradients for its inputs, as torch's in-place
+    # comparisons (``x.lt_(t)`` with t requiring grad: x requires grad, t's gradient is zeros)
+    inplace_zero_grad: bool = False
     out_type: Any = field(default=None, repr=False)
     defaults: dict = field(default_factory=dict, repr=False)
 
