@@ -945,3 +945,25 @@ def test_in_place_comparisons_record_zero_gradients_as_torch(name, case):
         assert (g is None) == (w is None)
         if w is not None:
             assert torch.equal(g.to_torch(), w)
+
+
+@pytest.mark.parametrize("base_requires_grad", [True, False])
+def test_in_place_comparisons_into_views_record_zero_gradients_as_torch(base_requires_grad):
+    """The combination: ``b[1:3].lt_(t)`` (t requiring grad) rebases b's history with zero
+    gradients for t and the view's old values; into overlapping ``unfold`` windows the values are
+    torch's kernel's."""
+    def run(lib):
+        a = lib.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=base_requires_grad)
+        t = lib.tensor([2.0, 2.0], requires_grad=True)
+        b = a * 1
+        b[1:3].lt_(t)
+        (b * lib.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
+        u = (a * 1).unfold(0, 2, 1)
+        u.ge_(lib.tensor([2.5, 2.5]))
+        return b.detach(), b.requires_grad, a.grad, t.grad, u.detach().flatten(), u.requires_grad
+    want, got = run(torch), run(flow)
+    for g, w in zip(got, want):
+        if isinstance(w, torch.Tensor) or isinstance(g, flow.Tensor):
+            assert torch.equal(g.to_torch(), w)
+        else:
+            assert g == w
