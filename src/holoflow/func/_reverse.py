@@ -285,6 +285,7 @@ def _linear_map(outs: list, wrt: list) -> Callable[[list, bool, bool], list]:
                 jt = _autograd_grad([g for g, _ in pairs], us, [t for _, t in pairs], retain_graph=retain or keep,
                                 create_graph=keep, allow_unused=True)
         return [C.zeros_like(o) if j is None else (j if keep else j.detach()) for j, o in zip(jt, outs)]
+    apply.record = [g for g in vj if g is not None]   # (what a later pass reads: linearize seals it)
     return apply
 
 
@@ -320,18 +321,22 @@ def _regions_kept(outs: list) -> Iterator[None]:
             n.op = n.op.op
 
 
-def _seal_regions(outs: list, keep: bool) -> None:
+def _seal_regions(outs: list, keep: bool) -> list:
     """After the outermost forward-mode transform's last reverse pass: the nodes recorded in its
     function's no_grad regions (which torch's forward mode runs through, its reverse mode not)
     lose their edges, so no reverse pass outside sees through them (``grad(jvp(f))``), as torch's.
-    Only results that stay differentiable outside (``keep``) can reach them. Saved copies of
-    tensors written since are marked stale (``mark_stale``)."""
+    Only results that stay differentiable outside (``keep``) can reach them, or the saved copies
+    of tensors written since, which are then marked stale (``mark_stale``: ``linearize``'s later
+    passes read its record, stale copies included, only then). The nodes cut, with their edges
+    (``linearize`` gives them back for each later pass of its jvp_fn)."""
     if len(grad_mode.STATE.forward_levels) != 1:
-        return
-    mark_stale()
+        return []
     if keep:
-        for node in _region_nodes(outs):
-            node.edges = (None,) * len(node.edges)
+        mark_stale()
+    cut = [(node, node.edges) for node in _region_nodes(outs)] if keep else []
+    for node, edges in cut:
+        node.edges = (None,) * len(edges)
+    return cut
 
 
 def _check_tangents(tangents: Any, primals: tuple, wrt: list, who: str) -> list:
@@ -347,6 +352,12 @@ def _check_tangents(tangents: Any, primals: tuple, wrt: list, who: str) -> list:
             raise RuntimeError(f"holoflow.func.{who}: tangent {i} of shape {tuple(t.shape)} and dtype {t.dtype} "
                                f"does not match its primal's shape {tuple(p.shape)} and dtype {p.dtype}")
     return leaves
+
+
+def _recorded(tangents: list, outer: bool) -> bool:
+    """Whether the tangents are recorded outside (grad mode on there, ``outer``): J t is then
+    differentiable with respect to them (``grad(lambda t: jvp(f, (x,), (t,))[1].sum())``)."""
+    return outer and any(t.requires_grad for t in tangents)
 
 
 def jvp(func: Callable, primals: tuple, tangents: tuple, *, strict: bool = False, has_aux: bool = False) -> tuple:
@@ -366,7 +377,7 @@ def jvp(func: Callable, primals: tuple, tangents: tuple, *, strict: bool = False
             res = func(*args)
         out, aux = _split_aux(res, has_aux, "jvp")
         outs, ospec = _tensors(out, "jvp")
-        keep = _keep(keep, outs, depth, forward=True)
+        keep = _keep(keep, outs, depth, forward=True) or _recorded(tl, keep)
         if strict and not all(o.requires_grad for o in outs):
             raise RuntimeError("holoflow.func.jvp(strict=True): an output of the function does not depend on "
                                "the primals; strict=False gives it a zero tangent")
@@ -394,13 +405,31 @@ def linearize(func: Callable, *primals: Any) -> tuple[Any, Callable]:
         outs, ospec = _tensors(out, "linearize")
         keep = _keep(keep, outs, depth, forward=True)
         apply = _linear_map(outs, wrt)
+        # (each later call runs as a forward-mode transform again, with these regions: see _replay)
+        regions = list(grad_mode.STATE.regions)
+        cut = _seal_regions(outs + apply.record, keep)
 
     def jvp_fn(*tangents: Any) -> Any:
         tl = _check_tangents(tangents, primals, wrt, "linearize")
-        with grad_mode.enable_grad():
-            return unflatten(apply(tl, keep, retain=True), ospec)
+        now = keep or _recorded(tl, grad_mode.STATE.enabled)
+        with grad_mode.enable_grad(), _replay(regions, cut):
+            tans = apply(tl, now, retain=True)
+            _seal_regions(outs + apply.record + tans, now)
+        return unflatten(tans, ospec)
     shown = out if keep else unflatten([o.detach() for o in outs], ospec)
     return shown, jvp_fn
+
+
+@contextlib.contextmanager
+def _replay(regions: list, cut: list) -> Iterator[None]:
+    """A later pass of ``linearize``'s record, as a forward-mode transform: the no_grad regions
+    its function recorded are forward mode's again (their nodes' edges given back), and cut once
+    more when it is done (``_seal_regions``, which also cuts those the pass recorded)."""
+    with level(inner(), "forward"):
+        grad_mode.STATE.regions.extend(regions)
+        for node, edges in cut:
+            node.edges = edges
+        yield
 
 
 def _rows(outs: list, wrt: list, keep: bool) -> list:
