@@ -40,10 +40,9 @@ import holoflow as flow
 # 1892 (full backward hooks: None where torch has zeros and zeros where torch has None), 2940 (a
 # refused parametrization took the weight out of the module), 3623 (Hardtanh(0.5, 0.2): ValueError, torch's
 # AssertionError), 1002, 1841, 347, 374, 11138, 12269, 13363, 16057, 17160 (calls with wrong arguments), 7173 (old
-# weight_norm keys)
+# weight_norm keys); 23834 (EmbeddingBag with max_norm called twice, then backward: its focused test only)
 FOUND = (2, 43, 158, 347, 374, 393, 571, 1002, 1102, 1841, 1892, 2940, 3623, 7173, 11138, 12269, 13363,
          16057, 17160)
-# found and left (a strict xfail at the end): 23834 (EmbeddingBag with max_norm called twice, then backward)
 # CI runs these many programs and FOUND (~5 s); HOLOFLOW_FUZZ_SEEDS=N runs N from HOLOFLOW_FUZZ_FIRST on
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 12)))) | set(FOUND))
@@ -1104,7 +1103,7 @@ TORCH_ONLY_REFUSALS = ("of BackwardHookFunction is a view and",
 
 
 # holoflow's refusals left (see the strict xfails): the comparison ends there
-KNOWN_REFUSALS = ("saved by <EmbeddingBagBackward>",)
+KNOWN_REFUSALS: tuple[str, ...] = ()
 
 
 def check(seed: int) -> None:
@@ -1390,18 +1389,23 @@ def test_more_wrong_calls_are_refused_as_torch(call):
     test_module_calls_with_wrong_arguments_are_refused_as_torch(call)
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN: embedding_bag's backward (a torch vjp over its saved inputs) "
-                   "version-checks the weight, which max_norm renormalizes in place at the next call")
-def test_embedding_bag_with_max_norm_called_twice_backward():
-    """seed 23834 (left): an ``EmbeddingBag(max_norm=...)`` called twice before one backward. Each
-    call renormalizes rows of the weight in place; torch's backward reads only the weight's size in
-    sum/mean mode and runs, holoflow's saved the weight and refuses (RuntimeError: modified by an
-    in-place operation)."""
-    def run(lib):
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_with_max_norm_called_twice_backward(mode):
+    """seed 23834: an ``EmbeddingBag(max_norm=...)`` called twice before one backward. Each call
+    renormalizes rows of the weight in place; torch's backward reads only the weight's size (sum,
+    mean) or the rows of the maxima (max), and runs; holoflow's saved the weight and refused
+    (RuntimeError: modified by an in-place operation). Sample weights' gradient reads the weight
+    in both (both refuse)."""
+    def run(lib, psw=None):
         lib.manual_seed(0)
-        m = lib.nn.EmbeddingBag(5, 2, max_norm=0.5)
-        out = m(lib.tensor([[0, 1], [2, 3]])) + m(lib.tensor([[3, 4], [0, 0]]))
+        m = lib.nn.EmbeddingBag(5, 2, max_norm=0.5, mode=mode)
+        out = m(lib.tensor([[0, 1], [2, 3]]), per_sample_weights=psw) * lib.tensor([1.0, 2.0]) + \
+            m(lib.tensor([[3, 4], [0, 0]]), per_sample_weights=psw)
         out.sum().backward()
         return m.weight.grad
     want, got = _both(run)
     torch.testing.assert_close(got.to_torch(), want)
+    if mode == "sum":
+        for lib in (torch, flow):
+            with pytest.raises(RuntimeError, match="in-place|inplace"):
+                run(lib, lib.ones(2, 2, requires_grad=True))

@@ -2,7 +2,8 @@
 
 Both are primitives on ATen kernels with ATen's derivative (ops/torch_vjp.py), so empty bags,
 ``padding_idx``, ``per_sample_weights``, impossible alignments and ``zero_infinity`` behave as
-torch's. ``ctc_loss``'s op computes the per-sample loss; the reduction is a composite.
+torch's. ``embedding_bag`` saves what torch's backward reads (max mode: the rows of the maxima,
+an output of its own op), never the weight for the weight's own gradient. ``ctc_loss``'s op computes the per-sample loss; the reduction is a composite.
 SBP: the batch (bags, samples) splits everything batched; ``embedding_bag`` also splits the
 embedding dim of the weight.
 """
@@ -13,13 +14,14 @@ import torch.nn.functional as TF
 
 from ..core.dispatch import apply
 from ..core.errors import DTypeError, ShapeError, UnsupportedError
-from ..core.registry import Meta
+from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from .creation import tensor as _tensor
 from .loss import _reduction
+from .family import needs
 from .nn_ops import embedding_renorm_
-from .torch_vjp import defop_vjp
+from .torch_vjp import _bwd_kernel, defop_vjp
 
 __all__: list[str] = []   # nn.functional names
 
@@ -32,6 +34,24 @@ def _bag_kernel(input, weight, offsets, per_sample_weights, mode, scale_grad_by_
                             per_sample_weights, include_last_offset, padding_idx)
 
 
+def _bag_max_kernel(input, weight, offsets, per_sample_weights, mode, scale_grad_by_freq, include_last_offset,
+                    padding_idx):
+    """Max mode: the bags' maxima and, per element, the row it came from (-1 for an empty bag):
+    torch's derivative reads these indices, not the weight."""
+    if input.dim() == 2:   # one bag per row, as nn.functional.embedding_bag lays it out for ATen
+        offsets = torch.arange(0, input.numel(), input.shape[1], dtype=input.dtype, device=input.device)
+        input = input.reshape(-1)
+    out, _, bag_size, rows = torch.embedding_bag(weight, input, offsets, scale_grad_by_freq, 2, False, None,
+                                                 include_last_offset, padding_idx)
+    empty = bag_size[:len(rows)].unsqueeze(-1) == 0   # (ATen's meta bag_size has one more with include_last_offset)
+    return out, rows.masked_fill(empty, -1)
+
+
+def _bag_max_bwd_kernel(rows, dy, num_weights):
+    grad = dy.new_zeros(num_weights, dy.shape[-1])
+    return grad.scatter_add_(0, rows.clamp(min=0), dy.masked_fill(rows < 0, 0))
+
+
 def _present(metas) -> list[bool]:
     return [isinstance(m, Meta) for m in metas[:4]]
 
@@ -39,11 +59,13 @@ def _present(metas) -> list[bool]:
 def _bag_sbp(metas, attrs):
     """Per present tensor (input, weight, offsets, per_sample_weights): all B; bags split (a 2-D
     input without offsets, and its weights) -> rows of the output; the weight's embedding dim
-    -> columns; P through the weight in sum/mean mode and through the sample weights."""
+    -> columns; P through the weight in sum/mean mode and through the sample weights. Max mode's
+    second output (the maxima's rows) is laid out as the first."""
     has = _present(metas)
+    n_out = 2 if attrs["mode"] == "max" else 1
 
     def sig(per, out):
-        return (tuple(s for s, h in zip(per, has) if h), (out,))
+        return (tuple(s for s, h in zip(per, has) if h), (out,) * n_out)
     sigs = [sig((B, B, B, B), B), sig((B, S(1), B, B), S(1))]
     if not has[2] and len(metas[0].shape) == 2:
         sigs.append(sig((S(0), B, B, S(0)), S(0)))
@@ -55,7 +77,8 @@ def _bag_sbp(metas, attrs):
 
 
 def _bag_bwd_sbp(metas, attrs):
-    """``(input, weight, offsets, psw, dy) -> grads of attrs['diff']`` (weight 1, psw 3)."""
+    """``(input, weight, offsets, psw, dy) -> grads of attrs['diff']`` (weight 1, psw 3); the
+    weight is absent (None) where only its gradient is wanted."""
     has = _present(metas)
     diff = attrs["diff"]
 
@@ -67,7 +90,56 @@ def _bag_bwd_sbp(metas, attrs):
     return sigs
 
 
-EMBEDDING_BAG = defop_vjp("embedding_bag", _bag_kernel, sbp=_bag_sbp, bwd_sbp=_bag_bwd_sbp, family="embedding")
+def _bag_max_bwd_sbp(metas, attrs):
+    """``(rows, dy) -> the weight's gradient``: bags split -> partial sums; columns -> columns."""
+    return [((B, B), (B,)), ((S(1), S(1)), (S(1),)), ((S(0), S(0)), (P,))]
+
+
+_vjp_kernel = _bwd_kernel(_bag_kernel)
+
+
+def _bag_bwd_kernel(input, weight, offsets, per_sample_weights, dy, *, num_weights, **attrs):
+    if weight is None:   # sum/mean: the weight's gradient reads its size only, as torch's formula
+        weight = dy.new_zeros(num_weights, dy.shape[-1])
+    return _vjp_kernel(input, weight, offsets, per_sample_weights, dy, **attrs)
+
+
+def _no_double(ctx, *dys):
+    raise UnsupportedError(f"holoflow.{ctx.op.name}: double backward is not implemented")
+
+
+EMBEDDING_BAG_BWD = defop("embedding_bag_backward", _bag_bwd_kernel, sbp=_bag_bwd_sbp, grad=_no_double,
+                          family="embedding")
+EMBEDDING_BAG_MAX_BWD = defop("embedding_bag_max_backward", _bag_max_bwd_kernel, sbp=_bag_max_bwd_sbp,
+                              grad=_no_double, family="embedding")
+
+
+def _bag_grad(c, dy):
+    want = tuple(i for i in (1, 3) if needs(c, i))
+    if not want:
+        return (None,) * 4
+    gs = apply(EMBEDDING_BAG_BWD, *c.inputs, dy, n_in=4, diff=want, num_weights=c.shapes[1][0], **c.attrs)
+    res: list = [None] * 4
+    for i, g in zip(want, gs):
+        res[i] = g
+    return tuple(res)
+
+
+def _bag_max_grad(c, dy, _drows):
+    if not needs(c, 1):
+        return (None,) * 4
+    return (None, apply(EMBEDDING_BAG_MAX_BWD, c.outs[1], dy, num_weights=c.shapes[1][0]), None, None)
+
+
+# What each mode's backward reads, as torch's: sum/mean the indices, offsets and sample weights
+# (the weight only for the sample weights' gradient), max the rows of the maxima. So the weight
+# may change in place before the backward (max_norm renormalizes it at every call).
+EMBEDDING_BAG = defop("embedding_bag", _bag_kernel, grad=_bag_grad, save="inputs",
+                      saved_inputs=lambda needs: (0, 2, 3) + ((1,) if needs[3] else ()), sbp=_bag_sbp,
+                      family="embedding")
+EMBEDDING_BAG_MAX = defop("embedding_bag_max", _bag_max_kernel, grad=_bag_max_grad, save="output",
+                          saved_outputs=(1,), grad_reads=(0,), outputs=("output", "rows"), sbp=_bag_sbp,
+                          family="embedding")
 
 
 def embedding_bag(input: Tensor, weight: Tensor, offsets: Tensor | None = None, max_norm=None,
@@ -105,9 +177,11 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Tensor | None = None, 
         padding_idx %= n
     if max_norm is not None:   # the looked-up rows renormalized in place first, as torch
         embedding_renorm_(weight, input, max_norm, norm_type)
-    return apply(EMBEDDING_BAG, input, weight, offsets, per_sample_weights, mode=mode,
-                 scale_grad_by_freq=bool(scale_grad_by_freq), include_last_offset=bool(include_last_offset),
-                 padding_idx=padding_idx)
+    attrs = dict(mode=mode, scale_grad_by_freq=bool(scale_grad_by_freq),
+                 include_last_offset=bool(include_last_offset), padding_idx=padding_idx)
+    if mode == "max":
+        return apply(EMBEDDING_BAG_MAX, input, weight, offsets, per_sample_weights, **attrs)[0]
+    return apply(EMBEDDING_BAG, input, weight, offsets, per_sample_weights, **attrs)
 
 
 # -- ctc_loss ----------------------------------------------------------------------------------------
