@@ -45,14 +45,24 @@ def test_every_character_of_the_program_and_its_harness_is_in_the_key(store, mon
     assert torch_outputs.lookup(NAME, harness.launch_parts(text + "\n", 2)) is None
 
 
-@pytest.mark.parametrize("what, value", [("torch", "2.13.1+cpu"), ("cpu_vendor", "AuthenticAMD"),
-                                         ("cpu_capability", "AVX2"), ("python", "3.12"),
-                                         ("env", {"ATEN_CPU_CAPABILITY": "avx2"})])
-def test_another_torch_or_machine_misses(store, monkeypatch, what, value):
+# two values of each part of the machine's key (one of them is not this machine's)
+OTHER = {"torch": ("2.13.1+cpu", "2.13.0+cpu"), "cpu_vendor": ("AuthenticAMD", "GenuineIntel"),
+         "cpu_capability": ("AVX2", "AVX512"), "python": ("3.12", "3.11"),
+         "env": ({"ATEN_CPU_CAPABILITY": "avx2"}, {})}
+
+
+def _another(here: dict, what: str):
+    """A value of the machine's key part ``what`` other than this machine's."""
+    return next(v for v in OTHER[what] if v != here[what])
+
+
+@pytest.mark.parametrize("what", OTHER)
+def test_another_torch_or_machine_misses(store, monkeypatch, what):
     parts = harness.launch_parts(harness.script_text(harness.BASICS), 2)
     _record(monkeypatch, NAME, parts)
     here = torch_outputs.machine()
-    monkeypatch.setattr(torch_outputs, "machine", lambda: {**here, what: value})
+    other = _another(here, what)
+    monkeypatch.setattr(torch_outputs, "machine", lambda: {**here, what: other})
     assert torch_outputs.lookup(NAME, parts) is None
 
 
@@ -82,7 +92,8 @@ def test_recording_keeps_other_machines_entries_and_drops_other_texts(store, mon
     parts = harness.launch_parts(harness.script_text(harness.BASICS), 2)
     _record(monkeypatch, NAME, parts)
     here = torch_outputs.machine()
-    monkeypatch.setattr(torch_outputs, "machine", lambda: {**here, "cpu_vendor": "AuthenticAMD"})
+    other = _another(here, "cpu_vendor")
+    monkeypatch.setattr(torch_outputs, "machine", lambda: {**here, "cpu_vendor": other})
     monkeypatch.setattr(torch_outputs, "_NAMED", {})
     _record(monkeypatch, NAME, parts, [{"x": [3.0]}])
     assert len(json.loads((store / f"{NAME}.json").read_text())["entries"]) == 2
