@@ -105,6 +105,7 @@ class TransformerEncoder(Module):
     def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 is_causal: bool | None = None) -> Tensor:
         output = src
+        _check_encoder_layer(self.layers[0])
         for mod in self.layers:
             output = mod(output, src_mask=mask, src_key_padding_mask=src_key_padding_mask,
                          is_causal=bool(is_causal))
@@ -132,6 +133,14 @@ class TransformerEncoder(Module):
             if not bool((keep.cumprod(dim=1) == keep).all()):       # not left-aligned
                 return None
         return pad
+
+
+def _check_encoder_layer(layer: Module) -> None:
+    """torch's encoder reads its first layer's ``self_attn.batch_first`` before any layer runs: a
+    layer without one (not a ``TransformerEncoderLayer``) raises AttributeError there."""
+    if not hasattr(getattr(layer, "self_attn", None), "batch_first"):
+        raise AttributeError(f"holoflow.nn.TransformerEncoder: its layers must have a self_attn with batch_first "
+                             f"(a TransformerEncoderLayer); {type(layer).__name__} has none")
 
 
 def _why_not_nested(layer) -> str:
