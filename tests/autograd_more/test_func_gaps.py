@@ -103,3 +103,55 @@ def test_a_gradient_in_both_the_primal_and_the_tangent():
         return g(_t(lib, X), _t(lib, T))
     for got, want in zip(run(flow), run(torch)):
         _same(got, want)
+
+
+# -- saved-tensor hooks under grad, vjp and jacrev --------------------------------------------------
+
+def _checkpointed(lib):
+    from holoflow.utils.checkpoint import checkpoint as flow_checkpoint
+    from torch.utils.checkpoint import checkpoint as torch_checkpoint
+    ck = torch_checkpoint if lib is torch else flow_checkpoint
+    return lambda a: ck(lambda b: b.sin() * b, a, use_reentrant=False).sum()
+
+
+def _hooks(lib):
+    return lib.autograd.graph.saved_tensors_hooks(lambda p: p, lambda p: p)
+
+
+def _hooks_around_grad(lib, x):
+    with _hooks(lib):
+        return lib.func.grad(lambda a: (a * a).sum())(x)
+
+
+_REFUSED = {
+    "grad(checkpoint)": lambda lib, x: lib.func.grad(_checkpointed(lib))(x),
+    "vjp(checkpoint)": lambda lib, x: lib.func.vjp(_checkpointed(lib), x),
+    "jacrev(checkpoint)": lambda lib, x: lib.func.jacrev(_checkpointed(lib))(x),
+    "hessian(checkpoint)": lambda lib, x: lib.func.hessian(_checkpointed(lib))(x),
+    "vmap(grad(checkpoint))": lambda lib, x: lib.func.vmap(lib.func.grad(_checkpointed(lib)))(x.reshape(3, 1)),
+    "hooks around grad": _hooks_around_grad,
+}
+
+
+@pytest.mark.parametrize("lib", [torch, flow], ids=["torch", "holoflow"])
+@pytest.mark.parametrize("name", sorted(_REFUSED))
+def test_reverse_transforms_refuse_saved_tensor_hooks(lib, name):
+    # torch.func's grad, vjp and jacrev refuse saved-tensor hooks (a non-reentrant checkpoint is
+    # such hooks), pushed inside the function or around the transform; holoflow ran them
+    with pytest.raises(RuntimeError, match="support saved tensor hooks"):
+        _REFUSED[name](lib, _t(lib, X))
+    with _hooks(lib):   # (refused only while the transform runs)
+        pass
+
+
+def test_forward_transforms_and_vmap_allow_saved_tensor_hooks():
+    def run(lib):
+        f, x = _checkpointed(lib), _t(lib, X)
+        with _hooks(lib):
+            got = [lib.func.vmap(f)(x.reshape(3, 1)), lib.func.jacfwd(f)(x), *lib.func.jvp(f, (x,), (_t(lib, T),))]
+        vjp_fn = lib.func.vjp(lambda a: (a * a).sum(), x)[1]
+        with _hooks(lib):   # (torch's vjp_fn runs outside the refusal)
+            got.append(vjp_fn(_t(lib, 1.0))[0])
+        return got
+    for got, want in zip(run(flow), run(torch)):
+        _same(got, want)

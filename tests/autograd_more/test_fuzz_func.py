@@ -694,7 +694,6 @@ def _compare(got, want, where: str, loose: bool, path: str = "") -> None:
 TORCH_ONLY = (
     "vmap: inplace arithmetic(self, *extra_args) is not possible",   # (a batched value into an unbatched one)
     "ZeroTensors are immutable",                 # (a write into jvp's zero tangent, wrapped)
-    "don't yet support saved tensor hooks",      # (checkpoint(use_reentrant=False) under grad/vjp/jacrev)
     "escaped from inside a function being vmapped",   # (checkpoint under vmap)
     "index 0 out of range for tensor of size [0]",    # (jacrev/jacfwd/hessian under an empty vmap)
     "cannot reshape tensor of 0 elements into shape [0, ",   # (reshape(-1) under an empty vmap, [0, 2, -1]

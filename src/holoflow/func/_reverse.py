@@ -17,6 +17,7 @@ import contextlib
 from typing import Any, Callable, Iterator, Sequence
 
 from ..autograd import grad as _autograd_grad
+from ..autograd.graph import disable_saved_tensors_hooks
 from ..core import grad_mode
 from ..core.tensor import Tensor
 from ..graph.pytree import flatten, unflatten
@@ -54,6 +55,19 @@ def functional_call(module: Module, parameter_and_buffer_dicts: dict | Sequence[
 
 
 # -- reverse mode ------------------------------------------------------------------------------
+
+_NO_SAVED_HOOKS = ("holoflow.func.{grad, vjp, jacrev, hessian} do not support saved tensor hooks (saved_tensors_hooks, "
+                   "save_on_cpu, utils.checkpoint(use_reentrant=False)) around or inside the function they "
+                   "differentiate, as torch.func's; call the transform outside the hooks' context, or take "
+                   "jvp/jacfwd/vmap, which allow them")
+
+
+def _no_saved_hooks():
+    """Saved-tensor hooks refused while a reverse transform runs its function (torch.func's
+    grad, vjp and jacrev refuse them, hooks already pushed included: their tensors are wrapped
+    per level, which a hook's packed value would escape)."""
+    return disable_saved_tensors_hooks(_NO_SAVED_HOOKS)
+
 
 def _argnums(argnums: Any, n: int, who: str) -> tuple[int, ...]:
     """``argnums`` as non-negative positions: an int or a non-empty tuple of distinct ints, each
@@ -202,7 +216,7 @@ def grad_and_value(func: Callable, argnums: int | tuple = 0, has_aux: bool = Fal
     def wrapped(*args, **kwargs):
         depth = inner()
         args, parts, keep = _fresh_args(args, _argnums(argnums, len(args), "grad"), "grad")
-        with grad_mode.enable_grad(), level(depth):
+        with _no_saved_hooks(), grad_mode.enable_grad(), level(depth):
             res = func(*args, **kwargs)
             value, aux = _split_aux(res, has_aux, "grad")
             if not isinstance(value, Tensor) or value.numel() != 1:
@@ -243,7 +257,7 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     (structured as the primals), as ``torch.func.vjp``; it may be called more than once."""
     depth = inner()
     args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "vjp")
-    with grad_mode.enable_grad(), level(depth):
+    with _no_saved_hooks(), grad_mode.enable_grad(), level(depth):
         res = func(*args)
     out, aux = _split_aux(res, has_aux, "vjp")
     out_leaves, out_spec = _tensors(out, "vjp")
@@ -477,7 +491,7 @@ def _jacobian(func: Callable, argnums: int | tuple, has_aux: bool, who: str) -> 
         args, parts, keep = _fresh_args(args, _argnums(argnums, len(args), who), who)
         wrt = [x for f, _ in parts for x in f]
         with grad_mode.enable_grad(), level(depth, "forward" if forward else "reverse"):
-            with forward_saves() if forward else contextlib.nullcontext():
+            with forward_saves() if forward else _no_saved_hooks():
                 res = func(*args, **kwargs)
             out, aux = _split_aux(res, has_aux, who)
             outs, ospec = _tensors(out, who)

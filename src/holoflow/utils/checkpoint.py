@@ -170,7 +170,8 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None
     if use_reentrant and grad_mode.STATE.level > 0:   # (torch's reentrant checkpoint is such a Function)
         raise RuntimeError("holoflow.utils.checkpoint(use_reentrant=True) is an autograd.Function without "
                            "setup_context, which holoflow.func's transforms (vmap, grad, jvp, jacrev, ...) refuse "
-                           "as torch.func does; pass use_reentrant=False")
+                           "as torch.func does; pass use_reentrant=False (which grad, vjp and jacrev refuse too, as "
+                           "torch.func's: call checkpoint outside them, or inside vmap/jvp/jacfwd)")
     run = (lambda *a: function(*a, **kwargs)) if kwargs else function
     if not grad_mode.is_grad_enabled():
         return run(*args)
