@@ -442,7 +442,7 @@ def _check_nograd_view(x: Tensor, rest) -> None:
     """torch's check on a write to a view made under no_grad: an error when autograd would record
     the write (grad mode on, and the view's base or another input requires grad)."""
     vi = x._view
-    if (vi is not None and vi.nograd and _STATE.enabled and _CURRENT.get() is None
+    if (vi is not None and vi.nograd and _STATE.enabled and (_CURRENT.get() is None or interpret.is_lazy())
             and (vi.base._rg or x._rg or any(isinstance(r, Tensor) and r._rg for r in rest))):
         raise RuntimeError(_NOGRAD_VIEW_WRITTEN)
 
@@ -643,9 +643,9 @@ def _as_it_is(x: Tensor) -> Tensor:
 def check_view_target(x: Tensor, name: str) -> bool:
     """Whether ``x`` is a view whose base requires grad (so it does too), which an in-place op
     then checks as its target here: as its history is stored, before anything re-derives it —
-    the op's other inputs included (``x.add_(x)``, ``x.copy_(x)``), as torch's check_inplace."""
-    follows = x._view is not None and grad_mode.STATE.enabled and x._view.base._rg and \
-        not (_CURRENT.get() is not None and interpret.is_lazy())
+    the op's other inputs included (``x.add_(x)``, ``x.copy_(x)``), as torch's check_inplace.
+    While tracing too: nn.Graph and holoflow.compile refuse what eager refuses."""
+    follows = x._view is not None and grad_mode.STATE.enabled and x._view.base._rg
     if follows:
         check_inplace_target(x, name)
     return follows
@@ -673,8 +673,7 @@ def check_inplace_target(x: Tensor, name: str) -> None:
         raise RuntimeError(f"holoflow.{name}_: a view of a leaf tensor that requires grad is being "
                            f"used in an in-place operation; do it under holoflow.no_grad(), or "
                            f"clone the leaf first")
-    if vi is not None and vi.base._rg and x._grad_fn is None and not vi.nograd and x._global is None and \
-            "_v" not in x.__dict__:
+    if vi is not None and vi.base._rg and x._grad_fn is None and not vi.nograd and x._global is None:
         # torch asks whether the view is a leaf by its history as stored, not re-derived: one that
         # requires grad through its base but has none yet (taken before its base required grad,
         # and neither used nor read since) is a leaf then

@@ -39,6 +39,7 @@ import torch
 from ..autograd.function import Function
 from ..amp.autocast import Autocast
 from ..core import grad_mode, interpret, saved
+from ..core.dispatch import cut_history
 from ..core.tensor import Tensor
 from ..nn.module import Module
 from ..nn import module as _module
@@ -75,6 +76,10 @@ class _Plan:
         self.diff = diff            # the tensors gradients flow to: (kind, index or tensor)
         self.saved = saved          # per saved value: ("feed", i) | ("state", tensor) | ("fwd", j)
         self.grad_outs = grad_outs  # indices of the outputs whose gradients backward takes
+        # user outputs that required grad in the trace when no gradient reaches anything the call
+        # differentiates (no backward program): as eager's, they require grad, their history
+        # leading nowhere (a view of an input written and detach_()ed since)
+        self.nowhere: list = []
         self.seed_metas = [] if bwd is None else [(v.shape, v.dtype, v.device) for v in bwd.graph.feeds[len(saved):]]
 
 
@@ -184,6 +189,8 @@ class _Compiler:
         outs = list(_Run.apply(plan, leaves, made, *diff))
         for i, k in plan.made_outs.items():
             outs[i] = made[k]
+        for i in plan.nowhere:
+            cut_history(outs[i])
         return unflatten(outs, plan.out_spec)
 
     def _eager(self, plan: _Eager) -> None:
@@ -249,7 +256,7 @@ class _Compiler:
                                   f"that are neither parameters, buffers nor tensor attributes of its modules, "
                                   f"nor tensors its function's closure or globals name: a new object there "
                                   f"would go unseen")
-                grads, diff, grad_outs = [], [], []
+                grads, diff, grad_outs, diff_outs = [], [], [], []
                 if need_grad:
                     wrt = [(("feed", i), t) for i, t in enumerate(lazy) if isinstance(t, Tensor) and t.requires_grad]
                     wrt += [(("state", x), x) for _, x in tracer.state.values()
@@ -279,6 +286,8 @@ class _Compiler:
             plan.n_user = len(out_leaves)
             plan.made_metas = [(tuple(t.shape), t._data.dtype) for t in made]
             plan.made_outs = {i: k for i, o in enumerate(out_leaves) for k, t in enumerate(made) if o is t}
+            if plan.bwd is None:
+                plan.nowhere = [i for i, _ in diff_outs]
         return plan
 
     def _split(self, ir: IRGraph, leaves: list, n_out: int, out_spec: Any, diff: list,

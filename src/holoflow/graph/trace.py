@@ -523,6 +523,7 @@ class Tracer(Interpreter):
             self._set(base, new_base)
             root, whole = base, new_base
         self._set(x, out)
+        before = None if vi is None else (vi.base.grad_fn, vi.base._out_idx)
         take_history(x, out, name)
         src = detached_from(root) if "_detached_from" in root.__dict__ else None
         if src is not None:
@@ -546,9 +547,11 @@ class Tracer(Interpreter):
                 self._quiet = quiet
         if vi is not None:
             vi.stamp = stamp_of(vi.base)
-            if holds_elements_twice(x):
-                # a view holding elements more than once is re-derived from the written base, as
-                # eager's (torch's rebase_history): its windows' gradients meet in the base first
+            if (vi.base.grad_fn, vi.base._out_idx) != before or holds_elements_twice(x):
+                # the write rebased the base's history: the view is re-derived from it, as eager's
+                # (torch's rebase_history): its gradient passes the base's view_scatter, which
+                # gives the base's old history zeros where it was overwritten (not None), and a
+                # view's overlapping windows meet in the base first
                 refresh(x, force=True)
         return x
 
