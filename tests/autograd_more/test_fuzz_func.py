@@ -699,11 +699,17 @@ TORCH_ONLY = (
     "cannot reshape tensor of 0 elements into shape [0, ",   # (reshape(-1) under an empty vmap, [0, 2, -1]
     # under two: seed 6355)
     "Cannot set version_counter for inference tensor",   # (an inference_mode result under vmap and jvp)
+    "Batching rule not implemented for aten::_unpack_dual",   # (one under jvp under vmap: seed 9354)
     "more than one element of the written-to tensor refers to a single memory location",   # (an in-place
     # write under an empty vmap, into torch's expanded stand-in for the batch: seed 6823)
     "A different number of tensors was saved during the original forward and recomputation",   # (checkpoint
     # under jacfwd, whose forward mode saves other tensors when recomputing)
 )
+
+# torch's refusals under vmap that read as an eager error (a batched value written into an
+# unbatched tensor: its batched add_ broadcasts the batch into the target, seeds 9086, 10969), where
+# holoflow, running the samples one by one, raises nothing; an error holoflow raises is compared
+VMAP_TORCH_ONLY = ("doesn't match the broadcast shape [",)
 
 # derivative orders, to skip what torch computes wrong
 ORDER = {"grad": 1, "vjp": 1, "jvp": 1, "jacrev": 1, "jacfwd": 1, "hessian": 2, "vmap": 0}
@@ -735,6 +741,9 @@ def _check(seed: int) -> None:
     t_err, f_err = want.get("error"), got.get("error")
     if t_err is not None:
         if any(m in str(t_err) for m in TORCH_ONLY):
+            return
+        if f_err is None and any(n == "vmap" for n, _ in prog["transforms"]) and \
+                any(m in str(t_err) for m in VMAP_TORCH_ONLY):
             return
         assert f_err is not None, f"torch raised {type(t_err).__name__}: {t_err}; holoflow did not. {where}"
         assert isinstance(f_err, type(t_err)) or isinstance(t_err, type(f_err)), \
