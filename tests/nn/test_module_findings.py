@@ -36,3 +36,15 @@ def test_transformer_encoder_of_a_layer_without_self_attention(nested):
             m = lib.nn.TransformerEncoder(lib.nn.Linear(4, 4), 2, enable_nested_tensor=nested)
         return m(lib.ones(2, 3, 4))
     _same_refusal(call)
+
+
+@pytest.mark.parametrize("call", [
+    "nn.EmbeddingBag(5, 3, mode='max')(lib.tensor([0, 1, 2]), lib.ones(2, 3))",
+    "nn.EmbeddingBag(5, 3, mode='max', scale_grad_by_freq=True)(lib.tensor([[0, 1, 2]]))",
+    "nn.EmbeddingBag(5, 3, mode='sum')(lib.tensor([0, 1, 2]), lib.tensor([[0]]))",
+], ids=["max-2d-offsets", "max-freq", "sum-2d-offsets"])
+def test_embedding_bag_refusals_of_nn_functional(call):
+    """seed 47398: max mode's op runs ATen's embedding_bag, which lacks nn.functional's checks: a
+    2-D ``offsets`` reached the kernel (RuntimeError; torch: ValueError) and ``scale_grad_by_freq``
+    in max mode would have been taken (torch: ValueError). Both are checked before the op."""
+    _same_refusal(lambda lib: eval(call, {"nn": lib.nn, "lib": lib}))

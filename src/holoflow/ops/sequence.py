@@ -3,7 +3,8 @@
 Both are primitives on ATen kernels with ATen's derivative (ops/torch_vjp.py), so empty bags,
 ``padding_idx``, ``per_sample_weights``, impossible alignments and ``zero_infinity`` behave as
 torch's. ``embedding_bag`` saves what torch's backward reads (max mode: the rows of the maxima,
-an output of its own op), never the weight for the weight's own gradient. ``ctc_loss``'s op computes the per-sample loss; the reduction is a composite.
+an output of its own op), never the weight for the weight's own gradient. ``ctc_loss``'s op computes the per-sample
+loss; the reduction is a composite.
 SBP: the batch (bags, samples) splits everything batched; ``embedding_bag`` also splits the
 embedding dim of the weight.
 """
@@ -157,10 +158,14 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Tensor | None = None, 
     if input.dim() == 2 and offsets is not None:
         raise ValueError("holoflow.embedding_bag: if input is 2-D, then offsets has to be None, as input is "
                          "treated as a mini-batch of fixed length sequences")
-    if input.dim() == 1 and offsets is None:
-        raise ValueError("holoflow.embedding_bag: offsets has to be a 1-D tensor for a 1-D input")
+    if input.dim() == 1 and (offsets is None or offsets.dim() != 1):
+        got = "None" if offsets is None else f"shape {tuple(offsets.shape)}"
+        raise ValueError(f"holoflow.embedding_bag: offsets has to be a 1-D tensor for a 1-D input, got {got}")
     if input.dim() not in (1, 2):
         raise ShapeError(f"holoflow.embedding_bag: input has to be 1-D or 2-D, got shape {tuple(input.shape)}")
+    if mode == "max" and scale_grad_by_freq:
+        raise ValueError("holoflow.embedding_bag: max mode does not support scaling the gradient by the frequency "
+                         "(scale_grad_by_freq=True)")
     if input.is_floating_point():   # (after the shape checks, as torch's kernel, with its class)
         raise DTypeError(f"holoflow.embedding_bag: indices must be an integer tensor, got {input.dtype}")
     if per_sample_weights is not None:   # (the shape first, as torch)
