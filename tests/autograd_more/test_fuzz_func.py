@@ -745,6 +745,12 @@ def _check(seed: int) -> None:
         if f_err is None and any(n == "vmap" for n, _ in prog["transforms"]) and \
                 any(m in str(t_err) for m in VMAP_TORCH_ONLY):
             return
+        if f_err is None and prog["transforms"] and "backward through the graph a second time" in str(t_err) and \
+                not any(g is not None for g in got.get("leaf_grads", [None])):
+            # a result torch left connected to the inputs (zero gradients), holoflow not, which the
+            # second backward alone tells apart: compared as below, to torch's single backward (seed 10103)
+            _compare(_numpy(got), _numpy(_drive(torch, {**prog, "twice": False})), where, loose=True)
+            return
         assert f_err is not None, f"torch raised {type(t_err).__name__}: {t_err}; holoflow did not. {where}"
         assert isinstance(f_err, type(t_err)) or isinstance(t_err, type(f_err)), \
             f"torch raised {type(t_err).__name__}: {t_err}; holoflow {type(f_err).__name__}: {f_err}. {where}"
