@@ -443,7 +443,12 @@ def _replay(regions: list, cut: list) -> Iterator[None]:
         grad_mode.STATE.regions.extend(regions)
         for node, edges in cut:
             node.edges = edges
-        yield
+        try:
+            yield
+        except BaseException:   # (no seal follows: the regions are cut again here)
+            for node, edges in cut:
+                node.edges = (None,) * len(edges)
+            raise
 
 
 def _rows(outs: list, wrt: list, keep: bool) -> list:
