@@ -41,9 +41,7 @@ from harness import raised
 # 200539, 202706 (an in-place comparison with an operand requiring grad cut the history; torch: zeros)
 FOUND = (127, 132, 196, 354, 374, 424, 522, 4128, 4639, 4784, 6495, 7642, 8056, 201569, 200539, 202706)
 # found and left (strict xfails, so a fix shows): seed -> why
-KNOWN = {
-    221: "cumsum(x, dtype=int64) of a tensor requiring grad computes; torch refuses (int outputs can't require grad)",
-}
+KNOWN: dict = {}
 # CI runs these many programs and FOUND; HOLOFLOW_FUZZ_SEEDS=N runs N from HOLOFLOW_FUZZ_FIRST on
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 150)))) | set(FOUND))

@@ -139,7 +139,7 @@ def copy_(self: Tensor, src, non_blocking: bool = False) -> Tensor:
         except RuntimeError:
             raise RuntimeError(f"holoflow.copy_: the source of shape {tuple(src.shape)} can't be broadcast "
                                f"to the destination's shape {tuple(self.shape)}") from None
-    out = out.expand(*self.shape)  # always an op: even a leaf source is linked into the history
+    out = out.expand(tuple(self.shape))  # always an op: even a leaf source is linked into the history
     if src is not self and self._global is None and 0 in self._data.stride() and \
             distinct_elements(self._data) is not None and not _same_memory(self._data, src._data):
         raise RuntimeError("holoflow.copy_: unsupported operation: more than one element of the written-to "

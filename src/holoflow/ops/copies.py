@@ -86,7 +86,7 @@ def _slice(input, dim: int = 0, start=None, end=None, step: int = 1):
 view_copy = _copy("view_copy", _view_like)
 permute_copy = _copy("permute_copy", lambda x, dims: x.permute(tuple(dims)))
 transpose_copy = _copy("transpose_copy", lambda x, dim0, dim1: x.transpose(dim0, dim1))
-expand_copy = _copy("expand_copy", lambda x, size, *, implicit=False: x.expand(*size))
+expand_copy = _copy("expand_copy", lambda x, size, *, implicit=False: x.expand(tuple(size)))
 squeeze_copy = _copy("squeeze_copy", lambda x, dim=None: x.squeeze() if dim is None else x.squeeze(dim))
 unsqueeze_copy = _copy("unsqueeze_copy", lambda x, dim: x.unsqueeze(dim))
 t_copy = _copy("t_copy", lambda x: x.t())

@@ -23,7 +23,7 @@ from ..core.registry import defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor, _as_torch, _flat
 from . import out_arg
-from .family import elementwise_sbp
+from .family import elementwise_sbp, refuse_complex_grad
 
 # -- creation inside a graph trace: recorded as ops (eager calls torch directly) --------------
 def _no_input_sbp(metas, attrs):
@@ -127,10 +127,10 @@ def _create(op: str, fn, *args, requires_grad: bool = False, placement=None, sbp
     program, so a compiled call makes it anew, from its tensor arguments' current values), else
     torch's call (its errors re-raised naming ``op``); global with ``placement``/``sbp`` or inside
     ``global_mode``; written into ``out`` when given, as torch's ``out=``)."""
-    if out is not None:
-        return _into(op, out, params, lambda **p: _create(op, fn, *args, requires_grad=requires_grad,
-                                                          placement=placement, sbp=sbp, layout=layout,
-                                                          pin_memory=pin_memory, **p))
+    if out is not None:   # (requires_grad: out requires grad then, a leaf, as torch's)
+        made = _into(op, out, params, lambda **p: _create(op, fn, *args, placement=placement, sbp=sbp,
+                                                          layout=layout, pin_memory=pin_memory, **p))
+        return made.requires_grad_(True) if requires_grad else made
     _check_options(op, layout)
     t = _traced(op, fn, *args, placement=placement, sbp=sbp, **params)
     if t is None:
@@ -460,6 +460,7 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=N
         if extra or pin_memory:
             raise TypeError(f"holoflow.normal: with a tensor mean or std the result takes their shape, dtype and "
                             f"device; got {extra or ['pin_memory']} too (leave them out, or pass numbers)")
+        refuse_complex_grad("normal", mean, std)
         like = mean if isinstance(mean, Tensor) else std
         g = generators.for_op(generator, like)
         return apply(NORMAL, mean, std, **({} if g is None else {"generator": g}))

@@ -11,7 +11,8 @@ from ..core.dispatch import apply
 from ..core.errors import ArgValueError, UnsupportedError
 from ..core.registry import REGISTRY
 from ..core.tensor import Tensor
-from .family import binary, holomorphic, needs, reads_other, reads_quotient, reduce_grad, unary
+from .family import (binary, holomorphic, needs, reads_other, reads_quotient, reduce_grad, refuse_complex_grad,
+                     unary)
 
 
 def _zeros(ctx, dy):
@@ -118,8 +119,10 @@ SIGMOID = unary("sigmoid", torch.sigmoid, lambda c, dy: (apply(SIGMOID_BWD, dy, 
 # (torch's formulas in torch's order: the constant times the exponential, then the gradient)
 ERF = unary("erf", torch.erf,
             lambda c, dy: ((2.0 / math.sqrt(math.pi)) * (-(_x(c) * _x(c))).exp() * dy,), "inputs")
+# (erfinv's of the input, as torch's formula: written in place into overlapping windows, the
+# windows' values before the write, not those the kernel leaves)
 ERFINV = unary("erfinv", torch.erfinv,
-               lambda c, dy: ((0.5 * math.sqrt(math.pi)) * (c.out * c.out).exp() * dy,), "output")
+               lambda c, dy: ((0.5 * math.sqrt(math.pi)) * _x(c).erfinv().pow(2).exp() * dy,), "inputs")
 ERFC = unary("erfc", torch.erfc,
              lambda c, dy: ((-2.0 / math.sqrt(math.pi)) * (-(_x(c) * _x(c))).exp() * dy,), "inputs")
 def _acosh_grad(c, dy):
@@ -479,6 +482,7 @@ def round(input: Tensor, *, decimals: int = 0) -> Tensor:  # noqa: A001 - torch'
 
 
 def nan_to_num(input: Tensor, nan: float = 0.0, posinf=None, neginf=None) -> Tensor:
+    refuse_complex_grad("nan_to_num", input)
     return apply(NAN_TO_NUM, input, nan=nan, posinf=posinf, neginf=neginf)
 
 

@@ -12,7 +12,9 @@ from typing import Callable, Sequence
 import torch
 
 from ..core.dispatch import apply
-from ..core.errors import ShapeError
+from ..core.dtype import scalar_name, to_torch
+from ..core.errors import DTypeError, ShapeError
+from ..core.grad_mode import is_grad_enabled
 from ..core.keys import cache_key
 from ..core.registry import FAMILY_DEFAULTS, REGISTRY, Meta, Op, defop
 from ..core.sbp import B, P, S
@@ -335,3 +337,27 @@ def reads_quotient(needs: tuple) -> tuple[int, ...]:
 
 def needs(ctx, i: int) -> bool:
     return ctx.edges[i] is not None
+
+
+def differentiable_dtype(op: str, input: Tensor, dtype) -> torch.dtype | None:
+    """``dtype`` as torch's; refused (torch's RuntimeError) where it is an integer or bool one and
+    ``input`` requires grad: autograd records the op, and its result can't carry a gradient
+    (``x.cumsum(0, dtype=int64)`` of an ``x`` requiring grad; under ``no_grad`` it computes)."""
+    dt = to_torch(dtype) if dtype is not None else None
+    if dt is not None and not (dt.is_floating_point or dt.is_complex) and isinstance(input, Tensor) and \
+            input.requires_grad and is_grad_enabled():
+        raise DTypeError(f"holoflow.{op}: autograd does not support dtype {scalar_name(dt)}: the input "
+                         f"requires grad, and an integer result can't carry a gradient; pass a floating or complex "
+                         f"dtype, detach() the input, or compute under holoflow.no_grad()")
+    return dt
+
+
+def refuse_complex_grad(op: str, *tensors) -> None:
+    """torch's refusal (RuntimeError, at the call) of an op whose derivative is written for real
+    tensors only, where autograd would record a complex result: grad mode on, a tensor among
+    ``tensors`` requiring grad and one complex (``nan_to_num``, ``silu``, ``embedding``...)."""
+    ts = [t for t in tensors if isinstance(t, Tensor)]
+    if is_grad_enabled() and any(t.requires_grad for t in ts) and any(t.is_complex() for t in ts):
+        raise RuntimeError(f"holoflow.{op} does not support automatic differentiation for outputs with complex "
+                           f"dtype (as torch: its derivative is for real tensors); pass the real and imaginary "
+                           f"parts apart, or detach() the inputs / compute under holoflow.no_grad()")

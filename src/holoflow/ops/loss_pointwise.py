@@ -11,7 +11,7 @@ import torch.nn.functional as TF
 from ..core import grad_mode, interpret
 from ..core.dtype import promote_types
 from ..core.dispatch import apply
-from ..core.errors import ShapeError, UnsupportedError
+from ..core.errors import DTypeError, ShapeError, UnsupportedError
 from ..core.registry import defop
 from ..core.sbp import B
 from ..core.tensor import Tensor
@@ -31,10 +31,14 @@ def _reduction(name: str, reduction: str, size_average=None, reduce=None) -> str
     return reduction
 
 
-def reduce_loss(loss: Tensor, reduction: str) -> Tensor:
-    """'none' -> as is; 'sum' -> total; 'mean' -> total / numel (nan for an empty loss)."""
+def reduce_loss(loss: Tensor, reduction: str, name: str = "loss") -> Tensor:
+    """'none' -> as is; 'sum' -> total; 'mean' -> total / numel (nan for an empty loss); as torch's
+    mean, not of an integer loss (``l1_loss`` of two integer tensors: torch's RuntimeError)."""
     if reduction == "none":
         return loss
+    if reduction == "mean" and not (loss.is_floating_point() or loss.is_complex()):
+        raise DTypeError(f"holoflow.{name}: the mean of a loss of dtype {loss.dtype} is not defined (as torch's "
+                         f"mean of integers); pass floating point tensors, or reduction='sum' or 'none'")
     total = apply(SUM_TO, loss, shape=())
     return total if reduction == "sum" else total / loss.numel() if loss.numel() else total * float("nan")
 
@@ -193,7 +197,7 @@ def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, redu
 def l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
     """Mean absolute error ``|input - target|``, reduced."""
     input, target = _broadcast_pair(*interpret.composite("l1_loss", input, target))
-    return reduce_loss((input - target).abs(), _reduction("l1_loss", reduction, size_average, reduce))
+    return reduce_loss((input - target).abs(), _reduction("l1_loss", reduction, size_average, reduce), "l1_loss")
 
 
 def smooth_l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",

@@ -17,6 +17,7 @@ from ..core.registry import defop
 from ..core.tensor import Tensor
 from .creation import randn, zeros
 from .decomp import _batch_sbp, linalg_qr, linalg_svd, svdvals
+from .family import refuse_complex_grad
 from .linalg import matmul
 from .shape import cat
 from .linalg_solve import householder_product, lu_factor_ex
@@ -215,6 +216,7 @@ def geqrf(input: Tensor) -> tuple[Tensor, Tensor]:
     input = _tensor("geqrf", input)
     if input.dim() < 2:
         raise RuntimeError(f"holoflow.geqrf: expected a matrix or a batch of matrices, got shape {tuple(input.shape)}")
+    refuse_complex_grad("geqrf", input)
     return apply(GEQRF, input)
 
 

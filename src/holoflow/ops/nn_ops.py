@@ -25,7 +25,7 @@ from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
-from .family import SUM_TO, binary, elementwise_sbp, needs, unary
+from .family import SUM_TO, binary, elementwise_sbp, needs, refuse_complex_grad, unary
 from .random_ops import rrelu_noise
 from .shape import cat
 
@@ -257,6 +257,8 @@ def gelu(input: Tensor, approximate: str = "none") -> Tensor:
 
 def silu(input: Tensor, inplace: bool = False) -> Tensor:
     """``x * sigmoid(x)`` (swish)."""
+    if not inplace:
+        refuse_complex_grad("silu", input)
     return _maybe_inplace(SILU, input, inplace)
 
 
@@ -506,6 +508,7 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max
     if input.is_floating_point() or input.is_complex() or input.dtype is torch.bool:
         raise DTypeError(f"holoflow.embedding: indices must be an integer tensor (int64 or int32), got "
                          f"{input.dtype} (shape {tuple(input.shape)})")
+    refuse_complex_grad("embedding", weight)
     if max_norm is not None:
         embedding_renorm_(weight, input, max_norm, norm_type)
     n = weight.shape[0]

@@ -79,12 +79,23 @@ def _probe(label: str, twin: Any, out: Any, args: tuple, kwargs: dict, make: Cal
     return result.dtype if isinstance(result, torch.Tensor) else True
 
 
+def _recording(t: Tensor, s: torch.Tensor) -> torch.Tensor:
+    """``s`` standing for ``t``, requiring grad as ``t`` does (where autograd records): torch
+    refuses ``out=`` where autograd would record the result, save for functions without a
+    derivative (``floor_divide``: out requires grad then, with torch's error in backward)."""
+    if t.requires_grad and is_grad_enabled() and (s.is_floating_point() or s.is_complex()):
+        s.requires_grad_(True)
+    return s
+
+
 def _meta_tensor(t: Tensor) -> torch.Tensor:
-    return torch.empty(tuple(t.shape), dtype=t._data.dtype, device="meta")
+    return _recording(t, torch.empty(tuple(t.shape), dtype=t._data.dtype, device="meta"))
 
 
 def _tiny_tensor(t: Tensor) -> torch.Tensor:
-    return torch.zeros((1,) * t.dim(), dtype=t._data.dtype)
+    """One element per dim, or none where ``t`` has none: torch's kernels skip an empty input (a
+    ``nansum`` of an empty float tensor into a uint8 ``out`` computes, where one element would not)."""
+    return _recording(t, torch.zeros(tuple(min(n, 1) for n in t.shape), dtype=t._data.dtype))
 
 
 def _meta_empty(t: Tensor) -> torch.Tensor:
@@ -120,11 +131,11 @@ def records(args: tuple, kwargs: dict) -> bool:
 
 def write_out(label: str, result: Any, out: Any, torch_took: bool = False) -> Any:
     """Writes ``result`` (a tensor, or a tuple of them) into ``out`` and returns ``out``
-    (``torch_took``: torch's function took this ``out``, whatever the casting rule says). As
-    torch, refused where autograd recorded the result (an argument requires grad and the
-    function is differentiable)."""
+    (``torch_took``: torch's function took this ``out``, whatever the casting rule says, and
+    arguments requiring grad as these do). As torch, refused where autograd recorded the result
+    (an argument requires grad and the function is differentiable) unless torch took it."""
     results = result if isinstance(result, tuple) else (result,)
-    if is_grad_enabled() and any(isinstance(r, Tensor) and r.requires_grad for r in results):
+    if not torch_took and is_grad_enabled() and any(isinstance(r, Tensor) and r.requires_grad for r in results):
         raise RuntimeError(f"{label}: functions with out=... arguments don't support automatic differentiation, "
                            f"but one of the arguments requires grad; compute without out= (autograd records "
                            f"then), or under holoflow.no_grad()")

@@ -11,6 +11,7 @@ from functools import reduce
 from ..core import interpret
 from ..core.errors import ShapeError, normalize_dim
 from ..core.tensor import Tensor
+from .family import refuse_complex_grad
 from .linalg import matmul, trilinear
 from .pointwise import _tensor
 from .shape import permute, reshape
@@ -77,6 +78,7 @@ def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None
             or tuple(input1.shape[:-1]) != tuple(input2.shape[:-1])):
         raise ShapeError(f"holoflow.bilinear: inputs {tuple(input1.shape)} and {tuple(input2.shape)} need equal "
                          f"leading dims and last dims matching weight (O, I1, I2) = {tuple(weight.shape)}")
+    refuse_complex_grad("bilinear", input1, input2, weight)
     input1, input2, weight, bias = interpret.composite("bilinear", input1, input2, weight, bias)
     out = trilinear("...i,oij,...j->...o", input1, weight, input2)
     return out + bias if bias is not None else out

@@ -26,8 +26,9 @@ from ..core.registry import defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
+from . import out_arg
 from .creation import full_like
-from .family import CAST, holomorphic
+from .family import CAST, differentiable_dtype, holomorphic
 from .order_stats import kthvalue, median
 
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "aminmax",
@@ -336,8 +337,8 @@ def _norm_grad(c, dy):
     """torch's ``norm_backward``, case by case (its masks, and where the gradient multiplies)."""
     x, p = c.inputs[0], c.ord
     norm, g = _back(c, c.out), _back(c, dy)
-    if p == 0:
-        return (apply(E.ZEROS_LIKE, x),)
+    if p == 0:   # (torch's rule returns no gradient: the count of non-zeros is flat, and None, not zeros)
+        return (None,)
     sgn = E.sgn(x)
     if p == 1:
         out = sgn * g
@@ -418,13 +419,13 @@ def sum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor
     [3.0, 3.0]
     """
     dims = reduce_dims("sum", dim, input.dim())
-    return apply(SUM, input, dim=dims, keepdim=keepdim, dtype=_tdtype(dtype))
+    return apply(SUM, input, dim=dims, keepdim=keepdim, dtype=differentiable_dtype("sum", input, dtype))
 
 
 def nansum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
     """Sum treating NaN as zero, as ``torch.nansum``."""
     dims = reduce_dims("nansum", dim, input.dim())
-    return apply(NANSUM, input, dim=dims, keepdim=keepdim, dtype=_tdtype(dtype))
+    return apply(NANSUM, input, dim=dims, keepdim=keepdim, dtype=differentiable_dtype("nansum", input, dtype))
 
 
 def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
@@ -439,7 +440,7 @@ def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tenso
 def prod(input: Tensor, dim: int | None = None, keepdim: bool = False, *, dtype=None) -> Tensor:
     """Product of all elements, or over one ``dim``, as ``torch.prod``."""
     dims = reduce_dims("prod", one_dim("prod", dim, input.dim()), input.dim())
-    return apply(PROD, input, dim=dims, keepdim=keepdim, dtype=_tdtype(dtype))
+    return apply(PROD, input, dim=dims, keepdim=keepdim, dtype=differentiable_dtype("prod", input, dtype))
 
 
 def _every_dim_of_empty(name: str, input: Tensor, dim) -> None:
@@ -587,16 +588,27 @@ def norm(input: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) ->
     return vector_norm(input, p, dim, keepdim, dtype=dtype)
 
 
-def all(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001
+def _logical(name: str, op, input: Tensor, dim, keepdim: bool, out) -> Tensor:
+    """``all``/``any``, and their ``out=``: into a uint8 ``out`` torch's kernel reduces the input
+    cast to uint8 (``all([0.5, 1.0])`` is 0 there, its 0.5 truncated), so holoflow does too."""
+    dims = None if dim is None else reduce_dims(name, dim, input.dim())
+    if out is None:
+        return apply(op, input, dim=dims, keepdim=keepdim)
+    label, args = f"holoflow.{name}()", (input,) if dim is None else (input, dim)
+    took = out_arg.check_out(label, getattr(torch, name), out, args, {} if dim is None else {"keepdim": keepdim})
+    if isinstance(out, Tensor) and out._data.dtype == torch.uint8 and input._data.dtype != torch.uint8:
+        input = apply(CAST, input, dtype=torch.uint8)
+    return out_arg.write_out(label, apply(op, input, dim=dims, keepdim=keepdim), out, took is not None)
+
+
+def all(input: Tensor, dim=None, keepdim: bool = False, *, out: Tensor | None = None) -> Tensor:  # noqa: A001
     """True where every element over ``dim`` is non-zero."""
-    dims = None if dim is None else reduce_dims("all", dim, input.dim())
-    return apply(ALL, input, dim=dims, keepdim=keepdim)
+    return _logical("all", ALL, input, dim, keepdim, out)
 
 
-def any(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001
+def any(input: Tensor, dim=None, keepdim: bool = False, *, out: Tensor | None = None) -> Tensor:  # noqa: A001
     """True where some element over ``dim`` is non-zero."""
-    dims = None if dim is None else reduce_dims("any", dim, input.dim())
-    return apply(ANY, input, dim=dims, keepdim=keepdim)
+    return _logical("any", ANY, input, dim, keepdim, out)
 
 
 def count_nonzero(input: Tensor, dim=None) -> Tensor:

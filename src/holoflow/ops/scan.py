@@ -16,7 +16,7 @@ from ..core.registry import defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
-from .family import CAST, holomorphic
+from .family import CAST, differentiable_dtype, holomorphic
 from .layout import flip
 from .scatter import GATHER_BACKWARD
 from .shape import cat, stack
@@ -158,12 +158,14 @@ def _tdtype(dtype):
 
 def cumsum(input: Tensor, dim: int, *, dtype=None) -> Tensor:
     """Cumulative sum along ``dim``, as ``torch.cumsum``."""
-    return apply(CUMSUM, input, dim=_dim("cumsum", dim, input.dim()), dtype=_tdtype(dtype))
+    return apply(CUMSUM, input, dim=_dim("cumsum", dim, input.dim()),
+                 dtype=differentiable_dtype("cumsum", input, dtype))
 
 
 def cumprod(input: Tensor, dim: int, *, dtype=None) -> Tensor:
     """Cumulative product along ``dim``, as ``torch.cumprod`` (exact gradient with zeros)."""
-    return apply(CUMPROD, input, dim=_dim("cumprod", dim, input.dim()), dtype=_tdtype(dtype))
+    return apply(CUMPROD, input, dim=_dim("cumprod", dim, input.dim()),
+                 dtype=differentiable_dtype("cumprod", input, dtype))
 
 
 def cummax(input: Tensor, dim: int):

@@ -14,7 +14,7 @@ from ..core.errors import normalize_dim
 from ..core.registry import REGISTRY, Meta, Op
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
-from .family import defop, needs, reduce_grad
+from .family import defop, needs, reduce_grad, refuse_complex_grad
 from .layout import _rest_axes
 from .norm import _one_split_bwd_sbp, _one_split_sbp
 from .pointwise import _tensor
@@ -356,6 +356,7 @@ def index_reduce(input: Tensor, dim: int, index: Tensor, source: Tensor, reduce:
     """``input`` with the slices ``index`` of dim ``dim`` reduced (``prod``, ``mean``, ``amax``,
     ``amin``) with ``source``'s, counting ``input``'s own values if ``include_self``, as
     ``torch.index_reduce``."""
+    refuse_complex_grad("index_reduce", input, source)
     return apply(INDEX_REDUCE, input, index, source, **_index_reduce_attrs(input, dim, reduce, include_self))
 
 
@@ -574,6 +575,7 @@ def scatter_reduce(input: Tensor, dim: int, index: Tensor, src: Tensor, reduce: 
     if not (index.dim() == input.dim() == src.dim()) and index.numel():
         raise RuntimeError(f"holoflow.scatter_reduce: index {tuple(index.shape)}, self {tuple(input.shape)} and "
                            f"src {tuple(src.shape)} should all have the same number of dimensions")
+    refuse_complex_grad("scatter_reduce", input, src)
     return apply(SCATTER_REDUCE, input, index, src, dim=d, reduce=reduce, include_self=bool(include_self))
 
 

@@ -318,6 +318,9 @@ moveaxis = movedim
 
 def expand(input: Tensor, *sizes) -> Tensor:
     """Broadcasts size-1 dims to ``sizes`` (-1 keeps a dim) without copying."""
+    if not sizes:   # (as torch: ``x.expand(())`` for a 0-d target, not ``x.expand()``)
+        raise TypeError("holoflow.expand() missing 1 required positional argument: 'size' (the target shape; "
+                        "() for a 0-d tensor)")
     sizes, shape = _sizes(sizes), tuple(input.shape)
     lead = len(sizes) - len(shape)
     if lead < 0:
