@@ -48,3 +48,24 @@ def test_embedding_bag_refusals_of_nn_functional(call):
     2-D ``offsets`` reached the kernel (RuntimeError; torch: ValueError) and ``scale_grad_by_freq``
     in max mode would have been taken (torch: ValueError). Both are checked before the op."""
     _same_refusal(lambda lib: eval(call, {"nn": lib.nn, "lib": lib}))
+
+
+@pytest.mark.parametrize("call", [
+    "m(lib.ones(3, 2, 4), lib.ones(5, 2, 4), lib.ones(5, 2, 4), attn_mask=lib.zeros(1, 3, 5))",
+    "m(lib.ones(3, 2, 4), lib.ones(5, 2, 4), lib.ones(5, 2, 4), attn_mask=lib.zeros(3, 1), need_weights=False)",
+    "m(lib.ones(3, 4), lib.ones(5, 4), lib.ones(5, 4), attn_mask=lib.zeros(1, 5))",
+    "m(lib.ones(3, 2, 4), lib.ones(5, 2, 4), lib.ones(5, 2, 4), key_padding_mask=lib.zeros(3, 5))",
+    "m(lib.ones(3, 2, 4), lib.ones(5, 2, 4), lib.ones(5, 2, 4), key_padding_mask=lib.zeros(2, 1))",
+    "m(lib.ones(3, 2, 4), lib.ones(5, 2, 4), lib.ones(6, 2, 4))",
+    "nn.MultiheadAttention(4, 2, kdim=3, vdim=5)(lib.ones(3, 2, 4), lib.ones(5, 2, 3), lib.ones(6, 2, 5))",
+], ids=["3d-mask-broadcast", "2d-mask-broadcast", "unbatched-mask-broadcast", "padding-batch", "padding-length",
+        "key-value", "separate-key-value"])
+def test_attention_mask_and_key_shapes_are_checked_as_torch(call):
+    """seed 48916 (a key padding mask of another batch: a reshape's ShapeError; torch's
+    AssertionError). Looking at torch's checks: attention masks that broadcast to (N * heads, L, S)
+    were taken (silently; torch: RuntimeError, the exact shape), keys and values of different
+    lengths failed in a matmul (torch: AssertionError)."""
+    def call_with(lib):
+        m = lib.nn.MultiheadAttention(4, 2)
+        return eval(call, {"nn": lib.nn, "lib": lib, "m": m})
+    _same_refusal(call_with)

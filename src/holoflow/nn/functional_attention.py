@@ -51,6 +51,32 @@ def _check_dims(query: Tensor, key: Tensor, value: Tensor, key_padding_mask, att
         raise AssertionError(f"Expected `attn_mask` shape to be {want} but got {tuple(attn_mask.shape)}")
 
 
+def _check_key_value(key: Tensor, value: Tensor, separate: bool) -> None:
+    """torch's: packed projections take keys and values of one shape; separate ones, one sequence
+    and batch (AssertionError)."""
+    if separate and tuple(key.shape[:-1]) != tuple(value.shape[:-1]):
+        raise AssertionError(f"key's sequence and batch dims {tuple(key.shape[:-1])} do not match value's "
+                             f"{tuple(value.shape[:-1])}")
+    if not separate and tuple(key.shape) != tuple(value.shape):
+        raise AssertionError(f"key shape {tuple(key.shape)} does not match value shape {tuple(value.shape)}")
+
+
+def _check_attn_mask(mask: Tensor | None, full: tuple) -> None:
+    """A 2-D attention mask is ``(L, S)``, a 3-D one ``(N * num_heads, L, S)``: exactly, as torch
+    (RuntimeError); a broadcastable one is refused, not broadcast."""
+    if mask is None:
+        return
+    want = full[1:] if mask.dim() == 2 else full
+    if tuple(mask.shape) != want:
+        raise RuntimeError(f"The shape of the {mask.dim()}D attn_mask is {tuple(mask.shape)}, but should be {want}.")
+
+
+def _check_static(t: Tensor | None, name: str, rows: int, head_dim: int) -> None:
+    for i, want in ((0, rows), (2, head_dim)):
+        if t is not None and t.shape[i] != want:
+            raise AssertionError(f"expecting {name}.size({i}) of {want}, but got {t.shape[i]}")
+
+
 def multi_head_attention_forward(
         query: Tensor, key: Tensor, value: Tensor, embed_dim_to_check: int, num_heads: int,
         in_proj_weight: Tensor | None, in_proj_bias: Tensor | None, bias_k: Tensor | None, bias_v: Tensor | None,
@@ -82,6 +108,7 @@ def multi_head_attention_forward(
     hd = E // H
     if hd * H != E:
         raise AssertionError(f"embed_dim {E} not divisible by num_heads {H}")
+    _check_key_value(key, value, use_separate_proj_weight)
     if use_separate_proj_weight:
         w_q, w_k, w_v = q_proj_weight, k_proj_weight, v_proj_weight
     else:
@@ -91,14 +118,20 @@ def multi_head_attention_forward(
     q, k, v = linear(query, w_q, b_q), linear(key, w_k, b_k), linear(value, w_v, b_v)
     attn_mask = _float_mask(attn_mask, q.dtype, "attn_mask")
     key_padding_mask = _float_mask(key_padding_mask, q.dtype, "key_padding_mask")
+    _check_attn_mask(attn_mask, (bsz * H, tgt_len, key.shape[0]))
     if attn_mask is not None and attn_mask.dim() == 2:
         attn_mask = attn_mask.unsqueeze(0)
+    if (bias_k is None) != (bias_v is None):
+        raise AssertionError(f"{'bias_k' if bias_v is None else 'bias_v'} is set but "
+                             f"{'bias_v' if bias_v is None else 'bias_k'} is None")
     if bias_k is not None and bias_v is not None:
         if static_k is not None or static_v is not None:
-            raise AssertionError("bias cannot be added to static key and value")
+            raise AssertionError(f"bias cannot be added to static {'key' if static_k is not None else 'value'}.")
         k, v = cat([k, bias_k.repeat(1, bsz, 1)]), cat([v, bias_v.repeat(1, bsz, 1)])
         attn_mask = pad(attn_mask, (0, 1)) if attn_mask is not None else None
         key_padding_mask = pad(key_padding_mask, (0, 1)) if key_padding_mask is not None else None
+    _check_static(static_k, "static_k", bsz * H, hd)
+    _check_static(static_v, "static_v", bsz * H, hd)
     q = q.reshape(tgt_len, bsz * H, hd).transpose(0, 1)
     k = static_k if static_k is not None else k.reshape(k.shape[0], bsz * H, hd).transpose(0, 1)
     v = static_v if static_v is not None else v.reshape(v.shape[0], bsz * H, hd).transpose(0, 1)
@@ -109,6 +142,10 @@ def multi_head_attention_forward(
         key_padding_mask = pad(key_padding_mask, (0, 1)) if key_padding_mask is not None else None
     src_len = k.shape[1]
     if key_padding_mask is not None:
+        for i, want in enumerate((bsz, src_len)):
+            if key_padding_mask.shape[i] != want:
+                raise AssertionError(f"Expected key_padded_mask.shape[{i}] to be {want}, but got "
+                                     f"{key_padding_mask.shape[i]}")
         kpm = key_padding_mask.reshape(bsz, 1, 1, src_len).expand(-1, H, -1, -1).reshape(bsz * H, 1, src_len)
         attn_mask = kpm if attn_mask is None else attn_mask + kpm
     dropout_p = dropout_p if training else 0.0
