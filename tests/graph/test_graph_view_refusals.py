@@ -8,7 +8,12 @@ and eager holoflow, minimized from tests/graph/test_fuzz_compile_views.py's seed
 - an output requiring grad whose history reaches no input (a view of a base written and
   ``detach_()``ed since: seed 4023) requires grad compiled too, and its backward runs;
 - a view written whole with a value that has history sends zeros (not None) to what its base
-  held (seed 3554): the written view is re-derived from its base's new history, as eager's."""
+  held (seed 3554): the written view is re-derived from its base's new history, as eager's;
+- a view read between its base's write and the base's ``detach_()`` (seed 1633): a read that
+  records nothing (``detach()``) re-derives its value only, as eager's leaves its history stale
+  (torch regenerates it lazily: after the ``detach_()`` it leads nowhere); a ``grad_fn`` read
+  re-derives its history, as eager's (the trace re-derived it for any read, and for no
+  ``grad_fn`` read: gradients other than torch's, silent)."""
 from __future__ import annotations
 
 import warnings
@@ -111,7 +116,7 @@ def _same(got, want):
 
 def _leads_nowhere(a, c):   # seed 4023
     x = a * 1
-    v = x.unsqueeze(0).expand(2, 3)
+    v = x[1:]
     x.detach_()
     x.zero_()
     return v, (v * 2).sum()
@@ -129,3 +134,48 @@ def test_gradients_of_written_views_compiled_agree_with_torch(fn):
     want = _run(torch, fn, False)
     _same(_run(flow, fn, False), want)
     _same(_run(flow, fn, True), want)
+
+
+def _read_between(read):
+    def fn(a, c):   # seed 1633
+        x = a * 1
+        v = x.unsqueeze(0)
+        x.mul_(c)
+        read(v)
+        x.detach_()
+        return v, (v * 2).sum() + (c * a).sum()
+    return fn
+
+
+READS = {"detach": lambda v: v.detach(), "grad_fn": lambda v: v.grad_fn}
+
+
+@pytest.mark.parametrize("read", list(READS))
+def test_a_view_read_between_its_bases_write_and_detach_compiled_agrees_with_torch(read):
+    fn = _read_between(READS[read])
+    want = _run(torch, fn, False)
+    _same(_run(flow, fn, False), want)
+    _same(_run(flow, fn, True), want)
+
+    def step(lib, a, c):   # nn.Graph: the parameter's gradient, through SGD's step
+        a.grad = None
+        fn(a, c)[1].backward()
+        with lib.no_grad():
+            a -= a.grad
+        return a.detach().numpy()
+    theirs = step(torch, torch.tensor([1.0, -2.0, 3.0], requires_grad=True), torch.tensor([0.5, 1.5, -1.0]))
+    m = flow.nn.Module()
+    m.w = flow.nn.Parameter(flow.tensor([1.0, -2.0, 3.0]))
+
+    class Train(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(flow.optim.SGD(m.parameters(), lr=1.0))
+
+        def build(self):
+            loss = fn(self.m.w, flow.tensor([0.5, 1.5, -1.0]))[1]
+            loss.backward()
+            return loss
+    Train()()
+    np.testing.assert_array_equal(m.w.detach().numpy(), theirs)

@@ -379,6 +379,27 @@ def refresh(v: Tensor, force: bool = False) -> None:
     if "_v" in fresh.__dict__:  # a trace: the view's symbolic value is the re-derived one
         v._data = fresh._data
         v.__dict__["_v"] = fresh.__dict__["_v"]
+        v.__dict__.pop("_vt", None)   # (refresh_value's mark: its value is the stamp's now)
+
+
+def refresh_value(v: Tensor) -> None:
+    """A traced view's value re-derived from its base's current one when the base was written
+    since, its history not: eager's view reads its storage, and re-derives its history only when
+    autograd uses it or its ``grad_fn`` is read (:func:`refresh`), from the base's history then;
+    a read that records nothing (``detach()``, an op under ``no_grad``) leaves it as it was.
+    ``_vt``: the base's value its value was derived from, when not its stamp's."""
+    vi = v._view
+    base = vi.base
+    now = stamp_of(base)[2]
+    if v.__dict__.get("_vt", vi.stamp[2]) == now:
+        return
+    local = base._global is not None and ("_v" in base.__dict__ or "_v" not in v.__dict__)
+    with grad_mode.no_grad():
+        fresh = replay(vi.chain, local_alias(base) if local else base, lambda op, x, attrs: apply(op, x, **attrs))
+    if "_v" in fresh.__dict__:
+        v._data = fresh._data
+        v.__dict__["_v"] = fresh.__dict__["_v"]
+        v.__dict__["_vt"] = now
 
 
 def written_since(v: Tensor, vi: ViewInfo) -> bool:

@@ -294,8 +294,8 @@ class Tensor:
             if reads is not None:
                 fresh_copy(reads)
         if self._view is not None and "_v" in self.__dict__:   # a traced view: its value after its
-            from .dispatch import refresh                       # base's writes (eager's shares storage)
-            refresh(self)
+            from .dispatch import refresh_value                 # base's writes (eager's shares storage)
+            refresh_value(self)
         t = Tensor._make(self._data.detach())
         t._global = self._global
         if c is not None:   # and stands for the view of the detached source: writes reach its storage
@@ -571,9 +571,7 @@ _REDERIVING: set[int] = set()
 
 def _rederive(v: Tensor) -> None:
     """``v``'s history re-derived from its base's if the storage was written since (what the
-    ``grad_fn`` getter shows). A traced view's value is re-derived at its next use."""
-    if "_v" in v.__dict__:
-        return
+    ``grad_fn`` getter shows); a traced view's too, as eager's (its value with it)."""
     from .dispatch import refresh
     from .views import check_multi_output
     key = id(v)

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from ..core import grad_mode, interpret
-from ..core.dispatch import apply, distinct_elements, holds_elements_twice, refresh, take_history, wrap
+from ..core.dispatch import (apply, distinct_elements, follows_base, holds_elements_twice, refresh, refresh_value,
+                             take_history, wrap)
 from ..core.dispatch import assign as write_into
 from ..core.interpret import Interpreter
 from ..core.views import VIEW_SCATTER, aliases, detached_from, make_view, replay, stamp_of
@@ -189,6 +190,19 @@ def _placement(op: Op, inputs: tuple, names: dict | None = None):
     return place
 
 
+def _records(inputs: tuple) -> bool:
+    """Whether autograd records an op on ``inputs`` (grad mode on, the op has a grad rule), as
+    eager decides: an input requires grad, or a view's base does (``dispatch.follows_base``). The
+    view inputs are re-derived first (history and value), as eager's grad node re-derives them;
+    an op that records nothing reads a view's value only (``Tracer.value_of``)."""
+    if not (any(isinstance(x, Tensor) and x._rg for x in inputs) or follows_base(inputs)):
+        return False
+    for x in inputs:
+        if isinstance(x, Tensor) and x._view is not None:
+            refresh(x)
+    return True
+
+
 class Tracer(Interpreter):
     """The interpreter of a graph trace: records every op as an IR node, in order, and returns
     lazy tensors (meta storage). ``loss.backward()`` runs the eager engine's grad rules, which bind
@@ -253,8 +267,8 @@ class Tracer(Interpreter):
         self.bind_value(x, self.value_of(values))   # (a saved output is read by its storage: by_data)
 
     def value_of(self, x: Tensor) -> Value:
-        if x._view is not None:
-            refresh(x)
+        if x._view is not None:   # (its value; its history only where eager's is: _records)
+            refresh_value(x)
         elif "_detached_from" in x.__dict__:
             src = detached_from(x)
             if src is not None:   # a detach()ed alias: its source's current value (writes since included)
@@ -415,6 +429,7 @@ class Tracer(Interpreter):
         return self._record(GLOBAL_TAG, (x,), {}, (place, (((),), (tuple(nd),))))
 
     def _record(self, op: Op, inputs: tuple, attrs: dict, glob: tuple | None = None):
+        record = op.grad is not None and grad_mode.STATE.enabled and _records(inputs)
         ins = tuple(self.value_of(x) if isinstance(x, Tensor) else x for x in inputs)
         metas = [self.meta_of(x) if isinstance(x, Tensor) else x for x in inputs]
         try:
@@ -449,8 +464,6 @@ class Tracer(Interpreter):
         else:
             out = type(out)(*(_as_meta(o) for o in out)) if hasattr(out, "_fields") else \
                 tuple(_as_meta(o) for o in out)
-        needs = any(isinstance(x, Tensor) and x._rg for x in inputs)
-        record = needs and op.grad is not None and grad_mode.STATE.enabled
         saved = None
         if record and op.saves_inputs:   # what the grad rule reads: the inputs' values now
             saved = tuple(self._frozen(x, v) if isinstance(x, Tensor) else x for x, v in zip(inputs, ins))
@@ -547,6 +560,7 @@ class Tracer(Interpreter):
                 self._quiet = quiet
         if vi is not None:
             vi.stamp = stamp_of(vi.base)
+            x.__dict__.pop("_vt", None)   # (its value is the stamp's)
             if (vi.base.grad_fn, vi.base._out_idx) != before or holds_elements_twice(x):
                 # the write rebased the base's history: the view is re-derived from it, as eager's
                 # (torch's rebase_history): its gradient passes the base's view_scatter, which
