@@ -69,3 +69,17 @@ def test_attention_mask_and_key_shapes_are_checked_as_torch(call):
         m = lib.nn.MultiheadAttention(4, 2)
         return eval(call, {"nn": lib.nn, "lib": lib, "m": m})
     _same_refusal(call_with)
+
+
+@pytest.mark.parametrize("kw", ["mask", "src_key_padding_mask"])
+def test_transformer_encoder_refuses_integer_masks_first(kw):
+    """seed 50112: an encoder called with an integer mask and an input of another width: torch
+    checks the masks' dtypes before anything (AssertionError); holoflow ran the layers and failed in
+    a layer norm (ShapeError)."""
+    def call(lib):
+        layer = lib.nn.TransformerEncoderLayer(4, 2, 6, dropout=0.0, norm_first=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m = lib.nn.TransformerEncoder(layer, 1)
+        return m(lib.ones(2, 1, 3), **{kw: lib.tensor([[0, 1]])})
+    _same_refusal(call)

@@ -105,6 +105,9 @@ class TransformerEncoder(Module):
     def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 is_causal: bool | None = None) -> Tensor:
         output = src
+        for name, m in (("src_key_padding_mask", src_key_padding_mask), ("mask", mask)):   # torch's first checks
+            if m is not None and m.dtype != _dtype.bool and not m.is_floating_point():
+                raise AssertionError(f"only bool and floating types of {name} are supported")
         _check_encoder_layer(self.layers[0])
         for mod in self.layers:
             output = mod(output, src_mask=mask, src_key_padding_mask=src_key_padding_mask,
