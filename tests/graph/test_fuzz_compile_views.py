@@ -34,8 +34,10 @@ from test_fuzz_views_inplace import TORCH_ONLY_REFUSALS as EAGER_TORCH_ONLY
 # 1633, 9016 (a view read by an op that records nothing, detach() of it or of an alias: a trace re-derived
 # its history with its value, where eager's stays as it was: after its base's detach_() it led to the base's
 # old history (1633, silent gradients), or a write into it that torch and eager refuse as a leaf's (no
-# history yet) computed (9016); such a read re-derives the value only now, dispatch.refresh_value).
-FOUND = (23, 195, 902, 1246, 852, 1035, 2389, 2925, 4727, 5382, 5850, 4023, 3554, 1633, 9016)
+# history yet) computed (9016); such a read re-derives the value only now, dispatch.refresh_value),
+# 1609, 2752 (that fix's first form: a stale view written through a detach()ed alias was marked current,
+# its history from before its base's write kept: silent gradients; re-derived at its next use now).
+FOUND = (23, 195, 902, 1246, 852, 1035, 2389, 2925, 4727, 5382, 5850, 4023, 3554, 1633, 9016, 1609, 2752)
 # Found and left (strict xfails, so a fix shows; seeds 0-5999 and 9000-11999 hunted): seed -> why
 KNOWN: dict[int, str] = {}
 # CI runs 80 programs and the seeds above; HOLOFLOW_FUZZ_SEEDS=N runs N from HOLOFLOW_FUZZ_FIRST on

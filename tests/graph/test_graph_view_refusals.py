@@ -114,6 +114,14 @@ def _same(got, want):
             np.testing.assert_array_equal(g, w)
 
 
+def _stale_written_detached(a, c):   # seed 2752: a stale view written through a detach()ed alias
+    x = a * 1
+    v = x.unsqueeze(0)
+    x.mul_(c)
+    v.detach().relu_()
+    return v, (v * 2).sum()
+
+
 def _leads_nowhere(a, c):   # seed 4023
     x = a * 1
     v = x[1:]
@@ -129,7 +137,8 @@ def _written_whole(a, c):   # seed 3554
     return v, (v * 2).sum()
 
 
-@pytest.mark.parametrize("fn", [_leads_nowhere, _written_whole], ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize("fn", [_leads_nowhere, _written_whole, _stale_written_detached],
+                         ids=lambda f: f.__name__.strip("_"))
 def test_gradients_of_written_views_compiled_agree_with_torch(fn):
     want = _run(torch, fn, False)
     _same(_run(flow, fn, False), want)
@@ -147,7 +156,8 @@ def _read_between(read):
     return fn
 
 
-READS = {"detach": lambda v: v.detach(), "grad_fn": lambda v: v.grad_fn}
+READS = {"detach": lambda v: v.detach(), "grad_fn": lambda v: v.grad_fn,
+         "written_detached": lambda v: v.detach().relu_()}   # (its storage written: re-derived at its next use)
 
 
 @pytest.mark.parametrize("read", list(READS))

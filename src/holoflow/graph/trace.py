@@ -559,14 +559,17 @@ class Tracer(Interpreter):
             finally:
                 self._quiet = quiet
         if vi is not None:
-            vi.stamp = stamp_of(vi.base)
-            x.__dict__.pop("_vt", None)   # (its value is the stamp's)
             if (vi.base.grad_fn, vi.base._out_idx) != before or holds_elements_twice(x):
                 # the write rebased the base's history: the view is re-derived from it, as eager's
                 # (torch's rebase_history): its gradient passes the base's view_scatter, which
                 # gives the base's old history zeros where it was overwritten (not None), and a
                 # view's overlapping windows meet in the base first
                 refresh(x, force=True)
+            else:
+                # a write that left the base's history as it was (under no_grad, through a detach()ed
+                # alias): the view's value is current, its history (stale already, maybe) re-derived
+                # at its next use, as eager's storage version moved
+                x.__dict__["_vt"] = stamp_of(vi.base)[2]
         return x
 
     def _bump(self, x: Tensor) -> None:
