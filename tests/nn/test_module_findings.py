@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import holoflow as flow
+from holoflow.distributed import world
+from holoflow.sbp import broadcast as B, split as S
 
 
 def _raised(fn):
@@ -83,3 +85,25 @@ def test_transformer_encoder_refuses_integer_masks_first(kw):
             m = lib.nn.TransformerEncoder(layer, 1)
         return m(lib.ones(2, 1, 3), **{kw: lib.tensor([[0, 1]])})
     _same_refusal(call)
+
+
+def test_embedding_bag_scaled_by_frequency_on_split_bags():
+    """``scale_grad_by_freq`` on a 2-D input split by bags (S(0)) over 2 ranks: the forward took
+    the split-bags signature, so each rank's backward divided by the counts of its own bags' indices
+    only: the weight's gradient was silently wrong (the bags' split is now refused with frequency
+    scaling, and the input boxed). Against one process, which is torch's (tests/ops/test_sampling)."""
+    idx = torch.tensor([[0, 1, 1, 2, 3], [1, 1, 0, 0, 2], [3, 3, 3, 1, 0], [2, 2, 1, 0, 1]])
+    w, up = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+
+    def grad(rank):
+        place = flow.placement("cpu", [0, 1])
+        gw = flow.from_torch(w).to_global(place, (B,)).requires_grad_()
+        gi = flow.from_torch(idx).to_global(place, (B,)).to_global(sbp=(S(0),))
+        out = flow.nn.functional.embedding_bag(gi, gw, mode="mean", scale_grad_by_freq=True)
+        g, = flow.autograd.grad([out], [gw], [flow.from_torch(up).to_global(place, (B,))])
+        return g.to_global(sbp=(B,)).to_local().to_torch()
+    tw = w.clone().requires_grad_()
+    want, = torch.autograd.grad(torch.nn.functional.embedding_bag(idx, tw, mode="mean", scale_grad_by_freq=True),
+                                [tw], [up])
+    for got in world.simulate(2, grad, timeout=120):
+        torch.testing.assert_close(got, want)

@@ -68,7 +68,8 @@ def _bag_sbp(metas, attrs):
     def sig(per, out):
         return (tuple(s for s, h in zip(per, has) if h), (out,) * n_out)
     sigs = [sig((B, B, B, B), B), sig((B, S(1), B, B), S(1))]
-    if not has[2] and len(metas[0].shape) == 2:
+    # (not with scale_grad_by_freq: a shard's backward would count the indices of its bags only)
+    if not has[2] and len(metas[0].shape) == 2 and not attrs["scale_grad_by_freq"]:
         sigs.append(sig((S(0), B, B, S(0)), S(0)))
     if attrs["mode"] != "max":
         sigs.append(sig((B, P, B, B), P))
