@@ -845,7 +845,6 @@ def take_history(x: Tensor, out: Tensor, name: str) -> None:
     if t is not x and out._grad_fn is None and (t._grad_fn, t._out_idx) != (old, old_idx):
         # a view written with a value of no history has no op's node to take: its history is
         # re-derived from the base's new one now (torch's rebase_history), not left to a later use
-        # (a trace marks the written view current, which kept its history from before the write)
         refresh(x)
 
 
@@ -887,8 +886,8 @@ def _take_history(x: Tensor, out: Tensor) -> None:
         base.grad_fn, base._out_idx, base._rg = node, 0, True
         # the view is stale now: Eager.assign re-derives it from the base's new history, as torch
         # regenerates a written view's grad_fn (hooks registered on it since see the gradient of
-        # the view, not of every later write that passes through the op's node); a trace keeps
-        # the op's node as the view's (graph/trace.py, Tracer.assign)
+        # the view, not of every later write that passes through the op's node); so does a trace
+        # (graph/trace.py, Tracer.assign)
     x.grad_fn, x._out_idx, x._rg = out._grad_fn, out._out_idx, True
 
 
