@@ -107,3 +107,24 @@ def test_embedding_bag_scaled_by_frequency_on_split_bags():
                                 [tw], [up])
     for got in world.simulate(2, grad, timeout=120):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("kind", ["RNNCell", "LSTMCell"])
+def test_cell_backward_reaches_the_input_weight_first(kind):
+    """seed 53676 (an LSTMCell's weight_ih tied to an Embedding with max_norm, which renormalizes
+    it in place): torch's RNN and LSTM cells record ``linear_hh(h)`` before ``linear_ih(x)``, so
+    their backward reaches the input's weight first and refuses its in-place change before keeping
+    any gradient; holoflow's recorded them the other way and had accumulated weight_hh's (and
+    bias_hh's) gradients before refusing (a later clip_grad_norm_ then differed)."""
+    def run(lib):
+        lib.manual_seed(0)
+        cell = getattr(lib.nn, kind)(3, 2).double()
+        x = lib.ones(2, 3, dtype=lib.float64, requires_grad=True)
+        h = lib.ones(2, 2, dtype=lib.float64, requires_grad=True)
+        out = cell(x, (h, h) if kind == "LSTMCell" else h)
+        with lib.no_grad():
+            cell.weight_ih.mul_(2)
+        with pytest.raises(RuntimeError, match="in-place|inplace"):
+            (out[0] if isinstance(out, tuple) else out).sum().backward()
+        return [q.grad is None for q in cell.parameters()] + [x.grad is None, h.grad is None]
+    assert run(flow) == run(torch)

@@ -39,10 +39,14 @@ def _rnn_step(xw: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Tensor | None, 
 
 
 def _lstm_step(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, b_hh: Tensor | None, w_hr: Any, relu: bool):
-    i, f, g, o = (xw + linear(h, w_hh, b_hh)).chunk(4, 1)
-    c = f.sigmoid() * c + i.sigmoid() * g.tanh()
-    h = o.sigmoid() * c.tanh()
+    h, c = _lstm_gates(xw + linear(h, w_hh, b_hh), c)
     return (linear(h, w_hr) if w_hr is not None else h), c
+
+
+def _lstm_gates(pre: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    i, f, g, o = pre.chunk(4, 1)
+    c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+    return o.sigmoid() * c.tanh(), c
 
 
 def _gru_step(xw: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Tensor | None, w_hr: Any, relu: bool):
@@ -230,6 +234,13 @@ class RNNBase(Module):
                 output = output.transpose(0, 1)
         return output, ((h_n, c_n) if is_lstm else h_n)
 
+    def _hidden_first(self, x: Tensor, h: Tensor) -> Tensor:
+        """The gates' pre-activations, the hidden state's product recorded first as in torch's
+        RNN and LSTM cells (``linear_hh(h).add_(linear_ih(x))``): their backward then reaches the
+        input's weight first (an in-place change of it refuses before any gradient is kept)."""
+        hw = linear(h, self.weight_hh, self.bias_hh)
+        return hw + linear(x, self.weight_ih, self.bias_ih)
+
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
         if self.proj_size != 0:
@@ -328,6 +339,13 @@ class RNNCellBase(Module):
                 states = [s.unsqueeze(0) for s in states]
         return x, states, batched
 
+    def _hidden_first(self, x: Tensor, h: Tensor) -> Tensor:
+        """The gates' pre-activations, the hidden state's product recorded first as in torch's
+        RNN and LSTM cells (``linear_hh(h).add_(linear_ih(x))``): their backward then reaches the
+        input's weight first (an in-place change of it refuses before any gradient is kept)."""
+        hw = linear(h, self.weight_hh, self.bias_hh)
+        return hw + linear(x, self.weight_ih, self.bias_ih)
+
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
         if self.bias is not True:
@@ -347,8 +365,8 @@ class RNNCell(RNNCellBase):
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
         x, (h,), batched = self._prep(input, hx, 1)
-        h, _ = _rnn_step(linear(x, self.weight_ih, self.bias_ih), h, None, self.weight_hh, self.bias_hh, None,
-                         self.nonlinearity == "relu")
+        pre = self._hidden_first(x, h)
+        h = pre.relu() if self.nonlinearity == "relu" else pre.tanh()
         return h if batched else h.squeeze(0)
 
 
@@ -359,7 +377,7 @@ class LSTMCell(RNNCellBase):
 
     def forward(self, input: Tensor, hx: tuple | None = None) -> tuple[Tensor, Tensor]:
         x, (h, c), batched = self._prep(input, hx, 2)
-        h, c = _lstm_step(linear(x, self.weight_ih, self.bias_ih), h, c, self.weight_hh, self.bias_hh, None, False)
+        h, c = _lstm_gates(self._hidden_first(x, h), c)
         return (h, c) if batched else (h.squeeze(0), c.squeeze(0))
 
 
