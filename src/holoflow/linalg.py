@@ -208,7 +208,7 @@ def tensorinv(A: Tensor, ind: int = 2) -> Tensor:
     if _numel(rows) != _numel(cols):
         raise RuntimeError(f"holoflow.linalg.tensorinv: expected prod(A.shape[:ind]) == prod(A.shape[ind:]), got "
                            f"{rows} and {cols}")
-    return inv(A.reshape(_numel(rows), _numel(cols))).reshape(*cols, *rows)
+    return inv(A.reshape(_numel(rows), _numel(cols))).reshape(tuple(cols) + tuple(rows))
 
 
 def tensorsolve(A: Tensor, B: Tensor, dims=None) -> Tensor:
@@ -220,7 +220,7 @@ def tensorsolve(A: Tensor, B: Tensor, dims=None) -> Tensor:
     if _numel(A.shape[:B.dim()]) != B.numel() or _numel(out_shape) != B.numel():
         raise RuntimeError(f"holoflow.linalg.tensorsolve: expected prod(A.shape[B.ndim:]) == prod(A.shape[:B.ndim]) "
                            f"== B.numel(), got A {tuple(A.shape)} and B {tuple(B.shape)}")
-    return solve(A.reshape(B.numel(), -1), B.reshape(-1)).reshape(*out_shape)
+    return solve(A.reshape(B.numel(), -1), B.reshape(-1)).reshape(tuple(out_shape))
 
 
 def diagonal(A: Tensor, *, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Tensor:

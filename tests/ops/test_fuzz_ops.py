@@ -550,12 +550,13 @@ def _run_step(lib, step: tuple, pool: list, grad: bool, leaves: list):
 
 # -- generating a program ------------------------------------------------------------------------
 
-def _draw_form(rng, name: str, form: str, x) -> tuple[str, str]:
+def _draw_form(rng, name: str, form: str, x, first: bool) -> tuple[str, str]:
     """The spelling of ``name``: the function, the method, the in-place method, an operator."""
     r = rng.random()
     # (torch's in-place logical ops bypass autograd: a tensor that requires grad keeps its history,
-    # gradients flow through the constant written, a leaf's view is not refused; holoflow records them)
-    torch_untracked = name.startswith("logical_") and x.requires_grad
+    # gradients flow through the constant written, a leaf's view is not refused; holoflow records
+    # them with zero gradients, tests/ops/test_fuzz_ops_findings.py. The target: x, or a new leaf)
+    torch_untracked = name.startswith("logical_") and (x.requires_grad or first)
     if form == "f" and name in INPLACE and r < 0.25 and not torch_untracked:
         return "m", name + "_"
     if form == "f" and r < 0.5 and name not in ("cat", "stack", "einsum", "where"):
@@ -581,7 +582,9 @@ def _draw_step(rng, pool: list) -> tuple:
     name = names[int(rng.integers(len(names)))]
     form, drawer = OPS[name]
     args, kw = drawer(rng, ref, x, pool, name)
-    form, name = _draw_form(rng, name, form, x)
+    first = args[0] if args else None   # (the target of an in-place method: a new leaf may require grad)
+    first_grad = isinstance(first, Leaf) or isinstance(first, Ref) and pool[first.k].requires_grad
+    form, name = _draw_form(rng, name, form, x, first_grad)
     return (form, name, args, kw)
 
 
@@ -684,12 +687,15 @@ def _scalar_of(lib, t, seed: int):
 
 
 # backward passes torch refuses and holoflow computes: a derivative torch lacks (floor_divide's is
-# zero almost everywhere), a saved tensor written in place since (holoflow's in-place ops compute
-# out of place: what its grad rules saved is unchanged), and torch's own inconsistencies (an integer
-# operand of addcdiv_ given a float gradient, a complex gradient for a real input after a cast)
-TORCH_ONLY_REFUSALS = ("derivative for aten::floor_divide", "modified by an inplace operation",
-                       "can't be cast to the desired output type", "isFloatingType(grad.scalar_type())",
-                       "INTERNAL ASSERT FAILED")
+# zero almost everywhere; remainder's of a number by a tensor, ``2 % x``), a saved tensor written in
+# place since (holoflow's in-place ops compute out of place: what its grad rules saved is
+# unchanged), and torch's own inconsistencies (an integer operand of addcdiv_ given a float
+# gradient, a complex gradient for a real input after a cast, clamp's backward for an input that
+# its tensor bounds broadcast: "output with shape [1, 1] doesn't match the broadcast shape")
+TORCH_ONLY_REFUSALS = ("derivative for aten::floor_divide", "derivative for aten::remainder",
+                       "modified by an inplace operation", "can't be cast to the desired output type",
+                       "isFloatingType(grad.scalar_type())", "INTERNAL ASSERT FAILED",
+                       "doesn't match the broadcast shape")
 
 
 def _grads(lib, pool: list, leaves: list, seed: int):

@@ -255,11 +255,39 @@ def test_sgn_of_a_real_tensor_has_a_structurally_zero_gradient():
     _same(run(flow), run(torch))
 
 
-def test_expand_without_a_size_is_refused():
-    """seeds 205217, 206829, 207968: ``x.expand()`` (no size) returned x for a 0-d x; torch's
-    TypeError (a 0-d target is ``expand(())``)."""
-    _same_error(lambda lib: lib.tensor(1.0).expand())
-    _same(flow.tensor(1.0).expand(()), torch.tensor(1.0).expand(()))
+@pytest.mark.parametrize("name", ["expand", "reshape", "view", "repeat"])
+def test_a_shape_left_out_is_refused(name):
+    """seeds 205217, 206829, 207968 (expand), 210356 (reshape), 213871, 213998 (view):
+    ``x.reshape()`` (no shape) was the 0-d reshape (silently: ``tensor([1.]).reshape()`` a 0-d
+    tensor), ``x.expand()`` x itself; torch's TypeError (a 0-d target is ``reshape(())``)."""
+    _same_error(lambda lib: getattr(lib.tensor([1.0]) if name != "expand" else lib.tensor(1.0), name)())
+    _same(getattr(flow.tensor(1.0), name)(()), getattr(torch.tensor(1.0), name)(()))
+    _same(flow.kron(flow.tensor(2.0), flow.tensor(3.0)), torch.kron(torch.tensor(2.0), torch.tensor(3.0)))
+
+
+@pytest.mark.parametrize("name", ["amax", "amin", "cummax", "cummin", "mode", "softmax", "log_softmax"])
+def test_empty_complex_results_refuse_autograd(name):
+    """seeds 208113 (amin), 214816 (softmax): of an empty complex tensor requiring grad the kernel
+    runs (it refuses complex values only when there are some), and torch then refuses to record
+    the complex result (RuntimeError); holoflow computed. Non-empty: the kernel's refusal
+    (NotImplementedError) first, in both."""
+    for shape, cls in (((2, 0), RuntimeError), ((2, 2), NotImplementedError)):
+        got = _same_error(lambda lib: getattr(lib, name)(lib.zeros(shape, dtype=lib.complex64, requires_grad=True), 0))
+        assert type(got) is cls or cls is NotImplementedError and isinstance(got, cls)
+
+
+@pytest.mark.parametrize("name", ["fmod", "remainder"])
+def test_fmod_saves_its_operands_only_for_the_divisor_gradient(name):
+    """seed 214037: ``fmod(x, y)`` with only x requiring grad, then ``y`` written in place: torch's
+    backward runs (the dividend's gradient reads nothing); holoflow had saved y and refused."""
+    def run(lib):
+        x = lib.tensor([1.5, -2.5], requires_grad=True)
+        y = lib.tensor([1.0, 2.0])
+        z = getattr(lib, name)(x, y)
+        y.mul_(2)
+        z.sum().backward()
+        return x.grad
+    _same(run(flow), run(torch))
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -280,3 +308,22 @@ def test_cross_entropy_checks_the_batch_size_before_the_target_dtype():
     the batch sizes (ValueError); holoflow's was the target's dtype (a TypeError)."""
     got = _same_error(lambda lib: lib.nn.functional.cross_entropy(lib.zeros(3, 4), lib.zeros(4, dtype=lib.int32)))
     assert isinstance(got, ValueError) and "batch_size" in str(got)
+
+
+def test_logsumexp_into_a_wider_out_sums_in_its_dtype():
+    """seeds 209352, 210510: ``logsumexp(half, dim, out=float32 or complex64)``: torch sums the
+    exponentials in out's dtype (its sum_out), holoflow rounded the result to half first (a
+    silent 1e-3 difference); and float32 into a half out adds the maxima before rounding."""
+    def run(lib):
+        x = lib.tensor([[0.3, 1.7, -0.2], [0.9, 0.1, 1.1]])
+        outs = []
+        for xd, od, dims, keep in (("float16", "float32", (1, 0), False), ("bfloat16", "complex64", (1,), True),
+                                   ("float32", "float16", (0,), False), ("int64", "float64", (1,), False)):
+            o = lib.zeros((), dtype=getattr(lib, od))
+            lib.logsumexp((x * 3).to(getattr(lib, xd)), dims, keepdim=keep, out=o)
+            outs.append(o)
+        return outs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for g, w in zip(run(flow), run(torch)):
+            _same(g, w)

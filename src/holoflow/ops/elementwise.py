@@ -318,8 +318,14 @@ MAXIMUM = binary("maximum", torch.maximum, _minmax_grad(lambda a, b: a > b), "in
 MINIMUM = binary("minimum", torch.minimum, _minmax_grad(lambda a, b: a < b), "inputs", tensors_only=True,
                  commutative=True)
 ATAN2 = binary("atan2", torch.atan2, _atan2_grad, "inputs", tensors_only=True)
-FMOD = binary("fmod", torch.fmod, _rem_grad("trunc"), "inputs")
-REMAINDER = binary("remainder", torch.remainder, _rem_grad("floor"), "inputs")
+def _rem_saves(needs: tuple) -> tuple[int, ...]:
+    """``saved_inputs`` of fmod/remainder: only the divisor's gradient reads inputs (both), as
+    torch's, so an in-place change of an operand after is legal when the divisor needs none."""
+    return (0, 1) if needs[1] else ()
+
+
+FMOD = binary("fmod", torch.fmod, _rem_grad("trunc"), "inputs", saved_inputs=_rem_saves)
+REMAINDER = binary("remainder", torch.remainder, _rem_grad("floor"), "inputs", saved_inputs=_rem_saves)
 EQ = binary("eq", torch.eq, inplace_zero_grad=True)
 NE = binary("ne", torch.ne, inplace_zero_grad=True)
 LT = binary("lt", torch.lt, inplace_zero_grad=True)

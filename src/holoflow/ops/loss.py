@@ -146,7 +146,8 @@ def _ce_bwd_kernel(dy, x, t, w, ignore_index, reduction, label_smoothing, dtype=
         shape = [1] * x.dim()
         shape[cdim] = n_cls
         wc = w.to(acc).view(shape) if w is not None else 1.0
-        tt = t.to(acc) * (1 - ls) + (ls / n_cls if n_cls else math.inf) if ls > 0 else t.to(acc)   # (no class: empty)
+        share = ls / n_cls if n_cls else math.inf   # (no class: an empty gradient)
+        tt = t.to(acc) * (1 - ls) + share if ls > 0 else t.to(acc)
         a = tt * wc
         s = _scale(dy, reduction, x.numel() / n_cls if x.numel() else float("nan"), cdim, acc)
         dt = (-s * logp * wc * (1 - ls)).to(t.dtype)
@@ -459,7 +460,8 @@ def _check_class_target(name: str, input: Tensor, target: Tensor, weight, allow_
     else:
         if len(x) >= 2 and t and t != x and t[0] != x[0]:   # (torch's first check: the batch sizes)
             raise ShapeError(f"holoflow.{name}: expected input batch_size ({x[0]}) to match target batch_size "
-                             f"({t[0]}): input of shape {x} needs a class-index target of shape {x[:1] + x[2:]}, got {t}")
+                             f"({t[0]}): input of shape {x} needs a class-index target of shape "
+                             f"{x[:1] + x[2:]}, got {t}")
         if target._data.dtype != torch.int64:
             raise DTypeError(f"holoflow.{name}: class-index target must be int64 (long), got {target.dtype}"
                              + (" (or a floating target of probabilities)" if allow_prob else ""))

@@ -426,14 +426,18 @@ def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype=N
     """``exp(x) / sum(exp(x), dim)``; ``dtype`` casts the input first (as torch does)."""
     if dtype is not None:
         input = input.to(dtype)
-    return apply(SOFTMAX, input, dim=_softmax_dim("softmax", input, dim))
+    out = apply(SOFTMAX, input, dim=_softmax_dim("softmax", input, dim))
+    refuse_complex_grad("softmax", input)   # (after the kernel: it refuses complex values)
+    return out
 
 
 def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype=None) -> Tensor:
     """``log(softmax(x, dim))``, computed stably."""
     if dtype is not None:
         input = input.to(dtype)
-    return apply(LOG_SOFTMAX, input, dim=_softmax_dim("log_softmax", input, dim))
+    out = apply(LOG_SOFTMAX, input, dim=_softmax_dim("log_softmax", input, dim))
+    refuse_complex_grad("log_softmax", input)
+    return out
 
 
 def softmin(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype=None) -> Tensor:

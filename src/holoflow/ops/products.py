@@ -25,9 +25,9 @@ def kron(input: Tensor, other: Tensor) -> Tensor:
     nd = max(a.dim(), b.dim())
     sa = (1,) * (nd - a.dim()) + tuple(a.shape)
     sb = (1,) * (nd - b.dim()) + tuple(b.shape)
-    ai = reshape(a, *[v for s in sa for v in (s, 1)])
-    bi = reshape(b, *[v for s in sb for v in (1, s)])
-    return reshape(ai * bi, *[x * y for x, y in zip(sa, sb)])
+    ai = reshape(a, tuple(v for s in sa for v in (s, 1)))
+    bi = reshape(b, tuple(v for s in sb for v in (1, s)))
+    return reshape(ai * bi, tuple(x * y for x, y in zip(sa, sb)))
 
 
 def _dims_lists(dims, na: int, nb: int) -> tuple[list[int], list[int]]:

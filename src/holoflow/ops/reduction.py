@@ -28,7 +28,7 @@ from ..core.tensor import Tensor
 from . import elementwise as E
 from . import out_arg
 from .creation import full_like
-from .family import CAST, differentiable_dtype, holomorphic
+from .family import CAST, differentiable_dtype, holomorphic, refuse_complex_grad
 from .order_stats import kthvalue, median
 
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "aminmax",
@@ -454,13 +454,17 @@ def _every_dim_of_empty(name: str, input: Tensor, dim) -> None:
 def amax(input: Tensor, dim=(), keepdim: bool = False) -> Tensor:
     """Maximum over ``dim`` (all dims by default); the gradient is shared evenly among ties."""
     _every_dim_of_empty("amax", input, dim)
-    return apply(AMAX, input, dim=reduce_dims("amax", dim, input.dim()), keepdim=keepdim)
+    out = apply(AMAX, input, dim=reduce_dims("amax", dim, input.dim()), keepdim=keepdim)
+    refuse_complex_grad("amax", input)   # (after the kernel: it refuses complex values)
+    return out
 
 
 def amin(input: Tensor, dim=(), keepdim: bool = False) -> Tensor:
     """Minimum over ``dim`` (all dims by default); the gradient is shared evenly among ties."""
     _every_dim_of_empty("amin", input, dim)
-    return apply(AMIN, input, dim=reduce_dims("amin", dim, input.dim()), keepdim=keepdim)
+    out = apply(AMIN, input, dim=reduce_dims("amin", dim, input.dim()), keepdim=keepdim)
+    refuse_complex_grad("amin", input)
+    return out
 
 
 def _extreme(name: str, full_op, dim_op, binary_fn, input: Tensor, dim, keepdim: bool):
@@ -551,12 +555,32 @@ def std_mean(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: boo
     return std(input, dim, unbiased, keepdim, correction=correction), mean(input, dims or None, keepdim)
 
 
-def logsumexp(input: Tensor, dim, keepdim: bool = False) -> Tensor:
+def logsumexp(input: Tensor, dim, keepdim: bool = False, *, out: Tensor | None = None) -> Tensor:
     """``log(sum(exp(x)))`` over ``dim``, computed stably."""
     if dim is None:   # (torch's parser: dim is an int or a tuple of ints, not optional)
         raise TypeError("holoflow.logsumexp(): argument 'dim' must be tuple of ints, not NoneType; name the dims "
                         "to reduce (all of them: tuple(range(x.dim())))")
-    return apply(LOGSUMEXP, input, dim=reduce_dims("logsumexp", dim, input.dim()), keepdim=keepdim)
+    dims = reduce_dims("logsumexp", dim, input.dim())
+    if out is None:
+        return apply(LOGSUMEXP, input, dim=dims, keepdim=keepdim)
+    took = out_arg.check_out("holoflow.logsumexp()", torch.logsumexp, out, (input, dim), {"keepdim": keepdim})
+    return out_arg.write_out("holoflow.logsumexp()", _logsumexp_in(input, dims, keepdim, out), out, took is not None)
+
+
+def _logsumexp_in(x: Tensor, dims: tuple, keepdim: bool, out) -> Tensor:
+    """torch's ``logsumexp(x, out=o)``: the exponentials (in x's dtype, of an integer x in the
+    default one) summed in out's dtype, its log plus the maxima there; a half x into a float32
+    out is not rounded to half first."""
+    dt = out._data.dtype if isinstance(out, Tensor) else None
+    if x.is_complex() or dt is None or not (dt.is_floating_point or dt.is_complex) or x._data.dtype == dt:
+        return apply(LOGSUMEXP, x, dim=dims, keepdim=keepdim)
+    x = x if x.is_floating_point() else apply(CAST, x, dtype=torch.get_default_dtype())
+    if not x.numel():
+        return sum(x.exp(), dims, keepdim, dtype=dt).log()
+    m = amax(x, dims, keepdim=True)
+    m = E.where(m.abs() == float("inf"), 0.0, m)
+    total = sum((x - m).exp(), dims, keepdim, dtype=dt).log()
+    return apply(CAST, total + (m if keepdim else m.reshape(tuple(total.shape))), dtype=dt)   # (torch's add_)
 
 
 def vector_norm(x: Tensor, ord: float = 2, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:  # noqa: A002
@@ -638,7 +662,9 @@ def nanmedian(input: Tensor, dim: int | None = None, keepdim: bool = False):
 def mode(input: Tensor, dim: int = -1, keepdim: bool = False):
     """The most frequent value along ``dim`` (the smallest of equally frequent ones) and an index
     of it, as ``torch.mode``: a (values, indices) namedtuple."""
-    return apply(MODE, input, dim=one_dim("mode", dim, input.dim()), keepdim=keepdim)
+    out = apply(MODE, input, dim=one_dim("mode", dim, input.dim()), keepdim=keepdim)
+    refuse_complex_grad("mode", input)   # (after the kernel: it refuses complex values)
+    return out
 
 
 _INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")

@@ -16,7 +16,7 @@ from ..core.registry import defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from . import elementwise as E
-from .family import CAST, differentiable_dtype, holomorphic
+from .family import CAST, differentiable_dtype, holomorphic, refuse_complex_grad
 from .layout import flip
 from .scatter import GATHER_BACKWARD
 from .shape import cat, stack
@@ -41,7 +41,9 @@ def _reverse_cumsum(x, dim):
 
 
 def _cumsum_grad(c, dy):
-    return (_cast_to(apply(REVERSE_CUMSUM, dy, dim=c.dim), c.dtypes[0]),)
+    """torch's: the gradient cast to the input's dtype first, then summed (``cumsum(x, dtype=float16)``
+    of a float32 x sums its gradient in float32)."""
+    return (apply(REVERSE_CUMSUM, _cast_to(dy, c.dtypes[0]), dim=c.dim),)
 
 
 def _cumprod_grad(c, dy):
@@ -171,12 +173,16 @@ def cumprod(input: Tensor, dim: int, *, dtype=None) -> Tensor:
 def cummax(input: Tensor, dim: int):
     """Running maximum along ``dim`` and the index of each (the last of equal ones, NaN wins),
     as ``torch.cummax``: a (values, indices) namedtuple."""
-    return apply(CUMMAX, input, dim=_dim("cummax", dim, input.dim()))
+    out = apply(CUMMAX, input, dim=_dim("cummax", dim, input.dim()))
+    refuse_complex_grad("cummax", input)   # (after the kernel: it refuses complex values)
+    return out
 
 
 def cummin(input: Tensor, dim: int):
     """Running minimum along ``dim`` and its indices, as ``torch.cummin``."""
-    return apply(CUMMIN, input, dim=_dim("cummin", dim, input.dim()))
+    out = apply(CUMMIN, input, dim=_dim("cummin", dim, input.dim()))
+    refuse_complex_grad("cummin", input)
+    return out
 
 
 def logcumsumexp(input: Tensor, dim: int) -> Tensor:

@@ -138,8 +138,16 @@ RESHAPE = defop("reshape", lambda x, shape: x.reshape(shape),
                 sbp=_reshape_sbp, local_attrs=_reshape_local, family="shape", view=True)
 
 
+def _given(op: str, sizes: tuple, arg: str) -> None:
+    """torch's TypeError for a shape argument left out (``x.reshape()``; a 0-d target is ``()``)."""
+    if not sizes:
+        raise TypeError(f"holoflow.{op}() missing 1 required positional argument: '{arg}' (the target; () for a "
+                        f"0-d one)")
+
+
 def reshape(input: Tensor, *shape) -> Tensor:
     """Same data with a new shape (a view when possible); one size may be -1."""
+    _given("reshape", shape, "shape")
     return apply(RESHAPE, input, shape=infer_shape("reshape", input.shape, _sizes(shape)))
 
 
@@ -156,6 +164,7 @@ VIEW_DTYPE = defop("view_dtype", lambda x, dtype: x.view(dtype), sbp=_view_dtype
 def view(input: Tensor, *shape) -> Tensor:
     """A view with a new shape; fails (suggesting reshape) when the strides don't allow one.
     ``view(dtype)`` reinterprets the bits as another dtype (not differentiable)."""
+    _given("view", shape, "shape")
     if len(shape) == 1 and _is_dtype(shape[0]):
         return apply(VIEW_DTYPE, input, dtype=_dtype.to_torch(shape[0]))
     target = infer_shape("view", input.shape, _sizes(shape))
@@ -318,9 +327,7 @@ moveaxis = movedim
 
 def expand(input: Tensor, *sizes) -> Tensor:
     """Broadcasts size-1 dims to ``sizes`` (-1 keeps a dim) without copying."""
-    if not sizes:   # (as torch: ``x.expand(())`` for a 0-d target, not ``x.expand()``)
-        raise TypeError("holoflow.expand() missing 1 required positional argument: 'size' (the target shape; "
-                        "() for a 0-d tensor)")
+    _given("expand", sizes, "size")
     sizes, shape = _sizes(sizes), tuple(input.shape)
     lead = len(sizes) - len(shape)
     if lead < 0:
@@ -367,6 +374,7 @@ REPEAT = defop("repeat", lambda x, sizes: x.repeat(sizes), grad=_repeat_grad, sb
 
 def repeat(input: Tensor, *sizes) -> Tensor:
     """Tiles the tensor ``sizes[i]`` times along each dim (``len(sizes) >= ndim``)."""
+    _given("repeat", sizes, "repeats")
     sizes = _sizes(sizes)
     if len(sizes) < input.dim():
         raise ShapeError(f"holoflow.repeat: {len(sizes)} repeat sizes for a tensor of shape "

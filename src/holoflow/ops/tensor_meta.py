@@ -155,7 +155,7 @@ def _autograd_resize(self: Tensor, sizes: tuple, what: str) -> Tensor:
                            f"in total), but the given tensor has a size of {'x'.join(map(str, self.shape))} "
                            f"({self.numel()} elements). autograd's resize can only change the shape of a given "
                            f"tensor, while preserving the number of elements.")
-    return self.contiguous().view(*sizes)
+    return self.contiguous().view(tuple(sizes))
 
 
 def _resize(self: Tensor, *sizes: Any) -> Tensor:
