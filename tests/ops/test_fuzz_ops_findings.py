@@ -327,3 +327,15 @@ def test_logsumexp_into_a_wider_out_sums_in_its_dtype():
         warnings.simplefilter("ignore")
         for g, w in zip(run(flow), run(torch)):
             _same(g, w)
+
+
+def test_cumsum_gradient_is_cast_to_the_input_dtype_before_the_sum():
+    """seeds 214036, 206878: ``cumsum(x, dtype=float16)`` of a float32 x: torch casts the
+    gradient to float32, then sums it in reverse; holoflow summed in float16 first (silently off
+    by half's rounding)."""
+    def run(lib):
+        x = lib.tensor([[0.1, 1.3, 2.7, 3.3] * 4], requires_grad=True)
+        y = lib.cumsum(x * 1, 1, dtype=lib.float16)
+        (y.double() * (lib.arange(16, dtype=lib.float64) / 7 + 0.013)).sum().backward()
+        return x.grad
+    _same(run(flow), run(torch))
