@@ -128,3 +128,11 @@ def test_cell_backward_reaches_the_input_weight_first(kind):
             (out[0] if isinstance(out, tuple) else out).sum().backward()
         return [q.grad is None for q in cell.parameters()] + [x.grad is None, h.grad is None]
     assert run(flow) == run(torch)
+
+
+def test_conv_transpose_output_size_of_a_one_dim_input():
+    """seed 56895: ``ConvTranspose1d`` of a 1-D input with a 2-element ``output_size``: torch reads
+    the input's size at dim 1 (IndexError); holoflow took the input's last dim and compared a tensor
+    (RuntimeError: the truth value of a tensor is ambiguous)."""
+    _same_refusal(lambda lib: lib.nn.ConvTranspose1d(2, 1, 1, stride=2)(lib.ones(3), lib.ones(2, 2, 5)))
+    _same_refusal(lambda lib: lib.nn.ConvTranspose1d(2, 1, 1, stride=2)(lib.ones(3), [4, 5]))

@@ -162,7 +162,8 @@ class _ConvTranspose(_ConvNd):
         if len(output_size) != n:
             raise ValueError(f"ConvTranspose{n}D: for {input.dim()}D input, output_size must have {n} or "
                              f"{n + lead} elements (got {len(output_size)})")
-        spatial = tuple(input.shape)[-n:]
+        # (torch's index: the spatial dims follow the leading ones, an input of too few dims raises IndexError)
+        spatial = tuple(input.size(d + lead) for d in range(n))
         res = []
         for d in range(n):
             smallest = ((spatial[d] - 1) * self.stride[d] - 2 * self.padding[d]
