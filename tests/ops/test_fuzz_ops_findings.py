@@ -339,3 +339,16 @@ def test_cumsum_gradient_is_cast_to_the_input_dtype_before_the_sum():
         (y.double() * (lib.arange(16, dtype=lib.float64) / 7 + 0.013)).sum().backward()
         return x.grad
     _same(run(flow), run(torch))
+
+
+def test_atan2_gradient_in_torch_order():
+    """seed 206026: atan2's half-precision gradient was ``dy * (b / den)``; torch's is
+    ``dy * b * (1 / den)`` (one ulp apart, silently); 0 at the origin (-0 for the second)."""
+    def run(lib):
+        a = lib.tensor([0.8, 0.8, 0.8, 0.8, 0.0], dtype=lib.float16, requires_grad=True)
+        b = lib.tensor([0.5, -1.2, 2.3, 0.7, 0.0], dtype=lib.float16, requires_grad=True)
+        w = lib.tensor([0.3, -1.1, 0.7, 2.0, 1.0], dtype=lib.float16)
+        return lib.autograd.grad((lib.atan2(a, b) * w).sum(), (a, b))
+    for g, w in zip(run(flow), run(torch)):
+        _same(g, w)
+        assert torch.equal(g.to_torch().signbit(), w.signbit())

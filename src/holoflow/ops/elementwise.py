@@ -255,11 +255,13 @@ def _minmax_grad(pick):
 
 
 def _atan2_grad(c, dy):
-    a, b = c.inputs   # (0 at the origin, as torch's: 0 / 0 there)
+    """torch's ``atan2_backward``, in its order (``dy * b * recip``: each product rounded, as in
+    half precision), the reciprocal 0 where ``a^2 + b^2`` is (at the origin, or underflowing)."""
+    a, b = c.inputs
     den = a * a + b * b
-    at_origin = den == 0
-    return (reduce_grad(dy * where(at_origin, 0.0, b / den), c, 0) if needs(c, 0) else None,
-            reduce_grad(dy * where(at_origin, 0.0, -a / den), c, 1) if needs(c, 1) else None)
+    recip = where(den == 0, 0.0, den.reciprocal())
+    return (reduce_grad(dy * b * recip, c, 0) if needs(c, 0) else None,
+            reduce_grad(dy * -a * recip, c, 1) if needs(c, 1) else None)
 
 
 def _logaddexp2_grad(c, dy):
