@@ -38,7 +38,7 @@ from test_fuzz_views_inplace import TORCH_ONLY_REFUSALS as EAGER_TORCH_ONLY
 # 1609, 2752 (that fix's first form: a stale view written through a detach()ed alias was marked current,
 # its history from before its base's write kept: silent gradients; re-derived at its next use now).
 FOUND = (23, 195, 902, 1246, 852, 1035, 2389, 2925, 4727, 5382, 5850, 4023, 3554, 1633, 9016, 1609, 2752)
-# Found and left (strict xfails, so a fix shows; seeds 0-5999 and 9000-11999 hunted): seed -> why
+# Found and left (strict xfails, so a fix shows; seeds 0-5999 and 9000-15999 hunted): seed -> why
 KNOWN: dict[int, str] = {}
 # CI runs 80 programs and the seeds above; HOLOFLOW_FUZZ_SEEDS=N runs N from HOLOFLOW_FUZZ_FIRST on
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
