@@ -136,3 +136,23 @@ def test_conv_transpose_output_size_of_a_one_dim_input():
     (RuntimeError: the truth value of a tensor is ambiguous)."""
     _same_refusal(lambda lib: lib.nn.ConvTranspose1d(2, 1, 1, stride=2)(lib.ones(3), lib.ones(2, 2, 5)))
     _same_refusal(lambda lib: lib.nn.ConvTranspose1d(2, 1, 1, stride=2)(lib.ones(3), [4, 5]))
+
+
+def test_transformer_decoder_with_a_target_mask_traces_in_a_graph():
+    """A ``TransformerDecoder`` (as in ``Transformer``) given ``tgt_mask`` with ``tgt_is_causal``
+    left None inside ``nn.Graph``: torch's rule compares the mask with a causal one (a hint only:
+    the mask applies either way), which read the symbolic mask's value and failed the trace
+    (GraphBuildError). In a trace the hint is left off; the graph equals eager."""
+    flow.manual_seed(0)
+    m = flow.nn.TransformerDecoder(flow.nn.TransformerDecoderLayer(4, 2, 8, dropout=0.0), 1)
+    mask = flow.nn.Transformer.generate_square_subsequent_mask(3)
+
+    class G(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def build(self, x, y, tgt_mask):
+            return self.m(x, y, tgt_mask=tgt_mask)
+    x, y = flow.randn(3, 2, 4), flow.randn(3, 2, 4)
+    torch.testing.assert_close(G()(x, y, mask).to_torch(), m(x, y, tgt_mask=mask).to_torch())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ...core.interpret import is_lazy
 from ...core.tensor import Tensor
 from .. import functional as F
 from .. import init
@@ -22,7 +23,9 @@ def _detect_is_causal_mask(mask: Tensor | None, is_causal: bool | None = None, s
     """torch's rule: an explicit ``is_causal`` wins; otherwise a mask equal to the square
     subsequent mask is causal."""
     make_causal = is_causal is True
-    if is_causal is None and mask is not None:
+    # (not inside a traced build(), where the mask's value is symbolic: the hint only lets attention
+    # skip a mask it applies either way, so the values are the same)
+    if is_causal is None and mask is not None and not is_lazy():
         sz = size if size is not None else mask.shape[-2]
         causal = generate_square_subsequent_mask(sz, device=mask.device, dtype=mask.dtype)
         make_causal = tuple(mask.shape) == tuple(causal.shape) and bool((mask == causal).all())
