@@ -366,3 +366,12 @@ def test_in_place_pow_exponent_gradient_in_the_targets_dtype():
         y.pow_(t)
         return lib.autograd.grad((y.real + 0.5 * y.imag).double().sum(), t)[0]
     assert torch.equal(run(flow).to_torch(), run(torch))
+
+
+def test_clamp_with_a_bound_requiring_grad_beside_a_number_is_refused():
+    """seed 217615: ``clamp(x, t, 0.5)`` with a 0-d t requiring grad: torch's parser takes a tensor
+    beside a number as a number, which one requiring grad can't be (TypeError); holoflow computed."""
+    def run(lib, bound):
+        return lib.clamp(lib.tensor([1.0, 2.0, 3.0]), bound, 0.5)
+    _same_error(lambda lib: run(lib, lib.tensor(1.5, requires_grad=True) * 1))
+    _same(run(flow, flow.tensor(1.5)), run(torch, torch.tensor(1.5)))

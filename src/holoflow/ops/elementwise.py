@@ -498,6 +498,11 @@ def clamp(input: Tensor, min=None, max=None) -> Tensor:  # noqa: A002
     """Clamps into ``[min, max]``; ``min``/``max`` may be numbers or tensors."""
     if min is None and max is None:   # torch: RuntimeError (a ValueError too, as holoflow raised before)
         raise ArgValueError("holoflow.clamp: at least one of min and max must be given")
+    for bound, other in ((min, max), (max, min)):   # (torch's parser: such a bound becomes a number)
+        if isinstance(bound, Tensor) and bound.requires_grad and other is not None and not isinstance(other, Tensor):
+            raise TypeError(f"holoflow.clamp(): a tensor bound beside a number is taken as a number, as torch's "
+                            f"(0-d, not requiring grad); got one of shape {tuple(bound.shape)} requiring grad: "
+                            f"pass both bounds as tensors, or detach() it")
     if isinstance(min, Tensor) or isinstance(max, Tensor):
         # (a number beside a tensor bound goes to torch as a number: it promotes as one, so
         # clamp(uint8, 0.5, t) is float32 there, not 0.5 cast to uint8)
