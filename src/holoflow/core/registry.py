@@ -112,6 +112,10 @@ class Op:
     # (non-differentiable) op's result has zero gradients for its inputs, as torch's in-place
     # comparisons (``x.lt_(t)`` with t requiring grad: x requires grad, t's gradient is zeros)
     inplace_zero_grad: bool = False
+    # grad_none(attrs): the grad rule gives no input a gradient with these attrs (torch's undefined
+    # gradient: a norm of order 0), so a rank outside the placement, which never runs the rule,
+    # records none either
+    grad_none: Callable | None = None
     out_type: Any = field(default=None, repr=False)
     defaults: dict = field(default_factory=dict, repr=False)
 

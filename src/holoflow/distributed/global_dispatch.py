@@ -369,7 +369,8 @@ def _absent_apply(op: Op, inputs: tuple, attrs: dict, metas: list, sig: tuple, l
         single = _returns_single(op, metas, attrs, logical)
         if key is not None:
             _SINGLE[key] = single
-    out = absent_outputs(tensors, tuple(m.dtype for m in logical), single)
+    out = absent_outputs(tensors, tuple(m.dtype for m in logical), single,
+                         op.grad_none is not None and op.grad_none(attrs))
     outs = (out,) if single else tuple(out)
     for o, nd, m in zip(outs, sig[1], logical):
         make_global(o, place, nd, m.shape)

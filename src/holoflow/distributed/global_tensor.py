@@ -172,7 +172,7 @@ def _alias_grad(ctx, dy):
     return (dy,)
 
 
-def _absent_kernel(*inputs, dtypes: tuple, device, single: bool, shapes: tuple | None = None):
+def _absent_kernel(*inputs, dtypes: tuple, device, single: bool, shapes: tuple | None = None, flat: bool = False):
     outs = tuple(torch.zeros(s, dtype=d, device=device) if shapes is not None else
                  torch.empty((0,), dtype=d, device=device) for d, s in zip(dtypes, shapes or dtypes))
     return outs[0] if single else outs
@@ -182,7 +182,10 @@ def _absent_grad(ctx, *dys):
     """Inputs of an op skipped on this rank get empty gradients (zeros for a real local input,
     whose value the op never read), so the backward pass still reaches every move. Under
     ``create_graph`` they are recorded against ``dys`` (an absent op again), so this rank's
-    gradients require grad as the ranks' inside do and a double backward runs the same program."""
+    gradients require grad as the ranks' inside do and a double backward runs the same program.
+    None where the op's rule gives none (``flat``: ``Op.grad_none``), as inside."""
+    if ctx.attrs.get("flat"):
+        return (None,) * len(ctx.shapes)
     dev = next(d._data.device for d in dys if d is not None)
     live = tuple(d for d in dys if d is not None)
     if not (grad_mode.STATE.enabled and any(d._rg for d in live)):
@@ -237,10 +240,12 @@ def linked_alias(x: Tensor) -> Tensor:
     return local_alias(x)
 
 
-def absent_outputs(inputs: tuple, dtypes: tuple, single: bool):
-    """Empty local outputs of an op this rank skips, recorded against ``inputs``."""
+def absent_outputs(inputs: tuple, dtypes: tuple, single: bool, flat: bool = False):
+    """Empty local outputs of an op this rank skips, recorded against ``inputs`` (``flat``: giving
+    them no gradient, as the op's rule)."""
     dev = next((x._data.device for x in inputs if isinstance(x, Tensor)), torch.device("cpu"))
-    return run_local(ABSENT, inputs, {"dtypes": tuple(dtypes), "device": dev, "single": single})
+    attrs = {"dtypes": tuple(dtypes), "device": dev, "single": single}
+    return run_local(ABSENT, inputs, {**attrs, "flat": True} if flat else attrs)
 
 
 def _from_local(x: Tensor, place: placement, nd: tuple, check_meta: bool, grad_sbp, copy: bool = False,

@@ -391,7 +391,8 @@ STD = defop("std", lambda x, dim, correction, keepdim: torch.std(x, dim or None,
             grad=_std_grad, save="both", sbp=reduce_sbp(), **_RED)
 LOGSUMEXP = defop("logsumexp", lambda x, dim, keepdim: torch.logsumexp(x, dim, keepdim),
                   grad=_logsumexp_grad, save="both", sbp=reduce_sbp(), **_RED)
-VECTOR_NORM = defop("vector_norm", _norm_kernel, grad=_norm_grad, save="both", sbp=reduce_sbp(), **_RED)
+VECTOR_NORM = defop("vector_norm", _norm_kernel, grad=_norm_grad, save="both", sbp=reduce_sbp(),
+                    grad_none=lambda attrs: attrs.get("ord") == 0, **_RED)
 ALL = defop("all", lambda x, dim, keepdim: torch.all(x, dim, keepdim=keepdim), sbp=reduce_sbp(), **_RED)
 ANY = defop("any", lambda x, dim, keepdim: torch.any(x, dim, keepdim=keepdim), sbp=reduce_sbp(), **_RED)
 _AT_INDEX = dict(grad=_at_index_grad, save="output", saved_outputs=(1,), outputs=("values", "indices"),
