@@ -4,26 +4,14 @@ differentiated with respect to their tangents. Each program runs through torch a
 the values (or exception classes) must agree."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 import holoflow as flow
 
-
-def _t(lib, values, rg: bool = False):
-    return lib.tensor(values, dtype=lib.float64, requires_grad=rg)
+from .test_func_levels import X, T, _same, _t
 
 
-def _np(x) -> np.ndarray:
-    return np.asarray(x.detach().tolist(), dtype=np.float64)
-
-
-def _same(got, want) -> None:
-    np.testing.assert_allclose(_np(got), _np(want), rtol=1e-10, atol=1e-12)
-
-
-X, T = [0.5, 1.0, 2.0], [1.0, -0.5, 2.0]
 
 
 def _region(lib, a):
