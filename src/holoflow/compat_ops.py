@@ -27,6 +27,7 @@ from .core.dispatch import apply
 from .core.errors import UnsupportedError
 from .core.tensor import Tensor
 from .nn import functional as F
+from .nn.modules.rnn import hidden_first
 from .ops import conv as _conv
 from .ops.creation import empty, empty_like
 from .ops.elementwise import sigmoid, tanh
@@ -264,11 +265,6 @@ def native_dropout(input: Tensor, p: float, train: bool | None) -> tuple[Tensor,
 
 # -- recurrent cells and layers -----------------------------------------------------------------------
 
-def _gates(input: Tensor, hx: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
-           b_hh: Tensor | None) -> tuple[Tensor, Tensor]:
-    return F.linear(input, w_ih, b_ih), F.linear(hx, w_hh, b_hh)
-
-
 def lstm_cell(input: Tensor, hx: Sequence[Tensor], w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None = None,
               b_hh: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """One LSTM step, as ``torch.lstm_cell``: ``hx = (h, c)``; gates in torch's order (input,
@@ -276,8 +272,7 @@ def lstm_cell(input: Tensor, hx: Sequence[Tensor], w_ih: Tensor, w_hh: Tensor, b
     if len(hx) != 2:
         raise RuntimeError(f"holoflow.lstm_cell: hx must be (h, c), got {len(hx)} tensors")
     h, c = hx
-    gi, gh = _gates(input, h, w_ih, w_hh, b_ih, b_hh)
-    i, f, g, o = (gi + gh).chunk(4, -1)
+    i, f, g, o = hidden_first(input, h, w_ih, w_hh, b_ih, b_hh).chunk(4, -1)
     c_new = sigmoid(f) * c + sigmoid(i) * tanh(g)
     return sigmoid(o) * tanh(c_new), c_new
 
@@ -286,7 +281,7 @@ def gru_cell(input: Tensor, hx: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor
              b_hh: Tensor | None = None) -> Tensor:
     """One GRU step, as ``torch.gru_cell``: ``n = tanh(x W_in + b_in + r * (h W_hn + b_hn))``,
     ``h' = (1 - z) * n + z * h``."""
-    gi, gh = _gates(input, hx, w_ih, w_hh, b_ih, b_hh)
+    gi, gh = F.linear(input, w_ih, b_ih), F.linear(hx, w_hh, b_hh)
     i_r, i_z, i_n = gi.chunk(3, -1)
     h_r, h_z, h_n = gh.chunk(3, -1)
     r, z = sigmoid(i_r + h_r), sigmoid(i_z + h_z)
@@ -297,15 +292,13 @@ def gru_cell(input: Tensor, hx: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor
 def rnn_tanh_cell(input: Tensor, hx: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None = None,
                   b_hh: Tensor | None = None) -> Tensor:
     """One Elman step with tanh, as ``torch.rnn_tanh_cell``."""
-    gi, gh = _gates(input, hx, w_ih, w_hh, b_ih, b_hh)
-    return tanh(gi + gh)
+    return tanh(hidden_first(input, hx, w_ih, w_hh, b_ih, b_hh))
 
 
 def rnn_relu_cell(input: Tensor, hx: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None = None,
                   b_hh: Tensor | None = None) -> Tensor:
     """One Elman step with ReLU, as ``torch.rnn_relu_cell``."""
-    gi, gh = _gates(input, hx, w_ih, w_hh, b_ih, b_hh)
-    return (gi + gh).relu()
+    return hidden_first(input, hx, w_ih, w_hh, b_ih, b_hh).relu()
 
 
 def _run_layers(name: str, mode: str, input: Tensor, h0: Tensor, c0: Tensor | None, params: Sequence[Tensor],

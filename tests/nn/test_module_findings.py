@@ -156,3 +156,24 @@ def test_transformer_decoder_with_a_target_mask_traces_in_a_graph():
             return self.m(x, y, tgt_mask=tgt_mask)
     x, y = flow.randn(3, 2, 4), flow.randn(3, 2, 4)
     torch.testing.assert_close(G()(x, y, mask).to_torch(), m(x, y, tgt_mask=mask).to_torch())
+
+
+@pytest.mark.parametrize("name", ["lstm_cell", "rnn_tanh_cell", "rnn_relu_cell", "gru_cell"])
+def test_cell_functions_backward_reaches_the_input_weight_as_torch(name):
+    """torch's cell functions (``torch.lstm_cell`` & co.) as its cell modules above: with the
+    input's weight changed in place, the backward refuses having kept the gradients torch keeps
+    (none for the RNN and LSTM cells, whose hidden product is recorded first; GRU's the other way)."""
+    def run(lib):
+        gates = {"lstm_cell": 4, "gru_cell": 3}.get(name, 1) * 2
+        g = lib.Generator().manual_seed(0)
+        w_ih, w_hh = (lib.randn(gates, k, generator=g, dtype=lib.float64).requires_grad_() for k in (3, 2))
+        b_ih, b_hh = (lib.randn(gates, generator=g, dtype=lib.float64).requires_grad_() for _ in range(2))
+        x = lib.ones(2, 3, dtype=lib.float64, requires_grad=True)
+        h = lib.ones(2, 2, dtype=lib.float64, requires_grad=True)
+        out = getattr(lib, name)(x, (h, h) if name == "lstm_cell" else h, w_ih, w_hh, b_ih, b_hh)
+        with lib.no_grad():
+            w_ih.mul_(2)
+        with pytest.raises(RuntimeError, match="in-place|inplace"):
+            (out[0] if isinstance(out, tuple) else out).sum().backward()
+        return [q.grad is None for q in (w_ih, w_hh, b_ih, b_hh, x, h)]
+    assert run(flow) == run(torch)

@@ -43,6 +43,15 @@ def _lstm_step(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, b_hh: Tensor | No
     return (linear(h, w_hr) if w_hr is not None else h), c
 
 
+def hidden_first(x: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
+                 b_hh: Tensor | None) -> Tensor:
+    """An RNN or LSTM cell's pre-activations, the hidden state's product recorded first as in
+    torch's cells (``linear_hh(h).add_(linear_ih(x))``): their backward then reaches the input's
+    weight first (an in-place change of it refuses before any gradient is kept)."""
+    hw = linear(h, w_hh, b_hh)
+    return hw + linear(x, w_ih, b_ih)
+
+
 def _lstm_gates(pre: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
     i, f, g, o = pre.chunk(4, 1)
     c = f.sigmoid() * c + i.sigmoid() * g.tanh()
@@ -234,13 +243,6 @@ class RNNBase(Module):
                 output = output.transpose(0, 1)
         return output, ((h_n, c_n) if is_lstm else h_n)
 
-    def _hidden_first(self, x: Tensor, h: Tensor) -> Tensor:
-        """The gates' pre-activations, the hidden state's product recorded first as in torch's
-        RNN and LSTM cells (``linear_hh(h).add_(linear_ih(x))``): their backward then reaches the
-        input's weight first (an in-place change of it refuses before any gradient is kept)."""
-        hw = linear(h, self.weight_hh, self.bias_hh)
-        return hw + linear(x, self.weight_ih, self.bias_ih)
-
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
         if self.proj_size != 0:
@@ -339,13 +341,6 @@ class RNNCellBase(Module):
                 states = [s.unsqueeze(0) for s in states]
         return x, states, batched
 
-    def _hidden_first(self, x: Tensor, h: Tensor) -> Tensor:
-        """The gates' pre-activations, the hidden state's product recorded first as in torch's
-        RNN and LSTM cells (``linear_hh(h).add_(linear_ih(x))``): their backward then reaches the
-        input's weight first (an in-place change of it refuses before any gradient is kept)."""
-        hw = linear(h, self.weight_hh, self.bias_hh)
-        return hw + linear(x, self.weight_ih, self.bias_ih)
-
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
         if self.bias is not True:
@@ -365,7 +360,7 @@ class RNNCell(RNNCellBase):
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
         x, (h,), batched = self._prep(input, hx, 1)
-        pre = self._hidden_first(x, h)
+        pre = hidden_first(x, h, self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         h = pre.relu() if self.nonlinearity == "relu" else pre.tanh()
         return h if batched else h.squeeze(0)
 
@@ -377,7 +372,7 @@ class LSTMCell(RNNCellBase):
 
     def forward(self, input: Tensor, hx: tuple | None = None) -> tuple[Tensor, Tensor]:
         x, (h, c), batched = self._prep(input, hx, 2)
-        h, c = _lstm_gates(self._hidden_first(x, h), c)
+        h, c = _lstm_gates(hidden_first(x, h, self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh), c)
         return (h, c) if batched else (h.squeeze(0), c.squeeze(0))
 
 
