@@ -11,13 +11,7 @@ import holoflow as flow
 from holoflow.distributed import world
 from holoflow.sbp import broadcast as B, split as S
 
-
-def _raised(fn):
-    try:
-        fn()
-    except Exception as e:   # noqa: BLE001 - compared by class
-        return e
-    return None
+from .test_fuzz_modules import _raised
 
 
 def _same_refusal(call) -> None:
