@@ -64,6 +64,25 @@ def op_case_names(module: str, step: int, at_least: int = 1) -> list[str]:
     return names[::max(1, min(step, len(names) // at_least))]
 
 
+def op_case_names_per_op(module: str, per_op: int) -> list[str]:
+    """Up to ``per_op`` cases of each op of an op-table module, spread over its cases (its first
+    and last among them: a table lists an op's plain case first and its rarer options last), for
+    tables whose every case would cost too much on rank processes (random cases left out, as in
+    :func:`op_case_names`)."""
+    import importlib
+    import re
+    groups: dict = {}
+    for c in importlib.import_module(module).CASES:
+        if not c.random:
+            groups.setdefault(re.split(r"[{\[(-]", c.name, maxsplit=1)[0], []).append(c.name)
+    names = []
+    for group in groups.values():
+        k = min(per_op, len(group))
+        picks = sorted({round(i * (len(group) - 1) / max(k - 1, 1)) for i in range(k)})
+        names += [group[i] for i in picks]
+    return names
+
+
 def _second_order(outs, ins, ups, gen):
     """Gradients of ``sum(grad_i * v_i)`` w.r.t. ``ins``, where ``grad_i`` are the input gradients
     for upstream ``ups`` taken with ``create_graph=True`` and ``v_i`` fixed random tensors: a

@@ -674,3 +674,26 @@ def test_a_write_into_overlapping_windows_of_partial_sums_or_with_broadcast_oper
             y.unfold(1, 2, 1).add_(t)
         return True
     assert all(_on_two(run))
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_repeat_interleave_of_an_unevenly_split_dim_boxes_as_it_must(dim):
+    """``repeat_interleave(2, dim)`` of a dim of 3 split over 2 ranks (2 + 1): the split kept its
+    signature, whose shards (4 + 2) are not the output's balanced split (3 + 3), and the op
+    failed with an internal SBP error; a signature now holds only where every shard computes its
+    balanced piece of the output (found by the per-signature backward sweep of the op tables).
+    Values and gradient against torch."""
+    x, up = torch.randn(3, 3, dtype=torch.float64), torch.randn(6, 3, dtype=torch.float64)
+    up = up if dim == 0 else up.reshape(3, 6)
+
+    def run(place):
+        g = flow.from_torch(x).to_global(place, (B,)).to_global(sbp=(S(dim),)).requires_grad_()
+        y = g.repeat_interleave(2, dim=dim)
+        gx, = flow.autograd.grad([y], [g], [flow.from_torch(up).to_global(place, (B,))])
+        return y.to_global(sbp=(B,)).to_local().to_torch(), gx.to_global(sbp=(B,)).to_local().to_torch()
+    tx = x.clone().requires_grad_()
+    ty = tx.repeat_interleave(2, dim=dim)
+    tg, = torch.autograd.grad([ty], [tx], [up])
+    for y, gx in _on_two(run):
+        torch.testing.assert_close(y, ty.detach())
+        torch.testing.assert_close(gx, tg)

@@ -92,10 +92,11 @@ def nd_signatures(op: Op, metas: list, attrs: dict, ndim: int) -> list[tuple]:
 
 def choose(op: Op, metas: list, attrs: dict, cur: list[tuple], place, logical=None) -> tuple:
     """The signature with the least boxing cost; ties prefer no boxing at all, then the first
-    declared (the one cost function: docs/architecture.md, "SBP and the global view"). For ops
-    whose attrs follow the shards (``local_attrs``), a signature is legal only if every rank's
-    shard computes exactly its balanced piece of the output (e.g. a reshape merging an unevenly
-    split dim is not)."""
+    declared (the one cost function: docs/architecture.md, "SBP and the global view"). A
+    signature with a split is legal only if every rank's shard computes exactly its balanced
+    piece of the output: a reshape merging an unevenly split dim does not (attrs that follow the
+    shards, ``local_attrs``), nor does ``repeat_interleave`` of a dim of 3 split 2 + 1 into 6
+    (4 + 2 where the output's split is 3 + 3)."""
     tens = [m for m in metas if isinstance(m, Meta)]
     nbytes = [_numel(m.shape) * m.dtype.itemsize for m in tens]
     ranked = []
@@ -108,7 +109,7 @@ def choose(op: Op, metas: list, attrs: dict, cur: list[tuple], place, logical=No
         if logical is None:  # data-dependent output shape: only broadcast outputs are knowable
             if all(s == B for nd in sig[1] for s in nd):
                 return sig
-        elif op.local_attrs is None or _consistent(op, metas, attrs, sig, place, logical):
+        elif _consistent(op, metas, attrs, sig, place, logical):
             return sig
     raise HoloflowError(f"holoflow.{op.name}: no signature computes balanced shards for inputs "
                         f"{[tuple(m.shape) for m in tens]} on {place}; box the inputs to broadcast")
@@ -131,20 +132,31 @@ def _split_to_partial(cur: list, ins: tuple) -> bool:
 
 
 def _consistent(op: Op, metas: list, attrs: dict, sig: tuple, place, logical) -> bool:
+    """Whether every rank's shard computes its balanced piece of each output under ``sig`` (the
+    shape rule on the shards' shapes, once per distinct shard). Without a split anywhere every
+    shard is whole: the logical shapes answer."""
+    if op.local_attrs is None and not any(isinstance(s, split) for nds in sig for nd in nds for s in nd):
+        return True
     tens_idx = [i for i, m in enumerate(metas) if isinstance(m, Meta)]
+    seen: set = set()
     for rank in place.flat_ranks:
+        shapes = [local_shape(metas[i].shape, sig[0][j], place, rank) for j, i in enumerate(tens_idx)]
+        wants = [tuple(local_shape(m.shape, nd, place, rank)) for nd, m in zip(sig[1], logical)]
+        key = (tuple(map(tuple, shapes)), tuple(wants))
+        if op.local_attrs is None:   # (the attrs are the same on every rank: one check per shape)
+            if key in seen:
+                continue
+            seen.add(key)
         la = local_attrs(op, attrs, metas, sig[0], place, rank)
         fake = list(metas)
         for j, i in enumerate(tens_idx):
-            m = metas[i]
-            fake[i] = torch.empty(local_shape(m.shape, sig[0][j], place, rank), dtype=m.dtype, device="meta")
+            fake[i] = torch.empty(shapes[j], dtype=metas[i].dtype, device="meta")
         try:
-            outs = infer_metas(op, tuple(fake), la)
+            outs = infer_metas(op, tuple(fake), meta_attrs(la))
         except Exception:  # the shard's kernel rejects it: not a legal signature here
             return False
-        for o, nd, m in zip(outs, sig[1], logical):
-            if tuple(o.shape) != tuple(local_shape(m.shape, nd, place, rank)):
-                return False
+        if any(tuple(o.shape) != w for o, w in zip(outs, wants)):
+            return False
     return True
 
 
