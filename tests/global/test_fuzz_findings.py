@@ -697,3 +697,25 @@ def test_repeat_interleave_of_an_unevenly_split_dim_boxes_as_it_must(dim):
     for y, gx in _on_two(run):
         torch.testing.assert_close(y, ty.detach())
         torch.testing.assert_close(gx, tg)
+
+
+def test_group_norm_double_backward_on_an_empty_shard_of_the_batch():
+    """group_norm's double backward on a batch of 1 split over 2 ranks: rank 1's shard is empty,
+    and its view (N, G, C/G, -1) of 0 elements could not infer the -1 (a ShapeError; torch
+    gives zeros for an empty batch). Gradients of the gradients' sum against torch."""
+    x, w, b = (torch.randn(*s, dtype=torch.float64) for s in ((1, 6, 2, 3), (6,), (6,)))
+
+    def second(lib, xs):
+        y = lib.nn.functional.group_norm(xs[0], 3, xs[1], xs[2])
+        gs = lib.autograd.grad([(y * y).sum()], xs, create_graph=True)
+        return lib.autograd.grad([sum(g.sum() for g in gs)], xs)
+
+    def run(place):
+        xs = [flow.from_torch(t).to_global(place, (B,)) for t in (x, w, b)]
+        xs[0] = xs[0].to_global(sbp=(S(0),))
+        xs = [t.requires_grad_() for t in xs]
+        return [g.to_global(sbp=(B,)).to_local().to_torch() for g in second(flow, xs)]
+    want = second(torch, [t.clone().requires_grad_() for t in (x, w, b)])
+    for got in _on_two(run):
+        for g, t in zip(got, want):
+            torch.testing.assert_close(g, t)

@@ -200,7 +200,7 @@ def _gn_bwd_grad(c, *dys):
     """Computed on the ``(N, G, C/G, HxW)`` view, where the groups are dims (2, 3)."""
     dy, x, mean, rstd, w = c.inputs
     n, ch, g = x.shape[0], x.shape[1], c.num_groups
-    view = (n, g, ch // g, -1)
+    view = (n, g, ch // g, math.prod(x.shape[2:]))   # (not -1: an empty batch leaves it ambiguous)
     ddx, ddw, ddb = _wanted(dys, c.output_mask)
     per_channel = lambda t: None if t is None else t.reshape(1, g, ch // g, 1)
     gdy, gx, gw = _norm_double_backward(dy.reshape(view), x.reshape(view), mean.reshape(n, g, 1, 1),
