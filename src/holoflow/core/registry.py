@@ -100,6 +100,10 @@ class Op:
     # Mixed precision reduces a gradient bound for the optimizer in the dtype it was traced with
     # (eager's autocast casts it back to the parameter's dtype before reducing it)
     reduces: Callable | None = None
+    # averages: the result is the mean over the axes the op reduces (its split-to-partial
+    # signature divides by the whole count), so the mean of a batch is the mean of its
+    # micro-batches' means; the planner asks it before choosing micro-batches (graph/auto_parallel.py)
+    averages: bool = False
     # opaque: torch.compile cannot trace the kernel (it runs torch's autograd, say); a function of
     # the device type where that depends on it. A graph compiled with ``enable_compile`` runs
     # such nodes in plain tasks of their own and compiles the runs between them

@@ -50,7 +50,7 @@ from typing import Callable
 import torch
 
 from ..core.errors import UnsupportedError
-from ..core.sbp import B, S
+from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
 from ..distributed import world
 from ..distributed.global_tensor import GlobalMeta
@@ -59,6 +59,7 @@ from ..distributed.sharding import local_shape, nd_str, shard_of
 from . import global_graph
 from .cost_model import DeviceModel, Prediction, predict, predict_pipeline
 from .global_graph import link_model
+from .ir import Value
 from .zero import Zero
 
 MAX_SWEEPS = 3
@@ -85,6 +86,7 @@ class Plan:
     trail: list = field(default_factory=list)   # ({parameter: candidate}, Prediction) per trace
     device: DeviceModel | None = None
     link: object = None   # the placement's LinkModel the predictions used
+    kept: dict = field(default_factory=dict)   # {setting: why the planner left the user's value}
 
     def __str__(self) -> str:
         lim = f", limit {self.limit / 2**20:.1f} MiB" if self.limit else ""
@@ -97,6 +99,7 @@ class Plan:
         for name, (before, after) in self.choices.items():
             mark = "" if before == after else "   (changed)"
             lines.append(f"  {name:<40} {_shown(before):>8} -> {_shown(after)}{mark}")
+        lines += [f"  {name:<40} kept: {why}" for name, why in self.kept.items()]
         return "\n".join(lines)
 
 
@@ -230,10 +233,151 @@ def schedule_setting(cfg) -> Setting | None:
     return Setting("pipeline schedule", (now, *(k for k in SCHEDULES if k != now)), put)
 
 
+def micro_batch_setting(cfg, options: list[int]) -> Setting | None:
+    """The micro-batch count of a graph with pipeline stages (``options``: the counts that train
+    as the whole batch, :func:`micro_batch_refusal`, the user's 1 first), chosen by time and memory
+    like the schedule: more micro-batches shrink the bubble and each micro-batch's kernels, and
+    the window of a stage holds more micro-batches' activations. None where the user set the
+    count or nothing else trains alike."""
+    if cfg.grad_acc_steps_set or len(options) < 2:
+        return None
+    return Setting("micro-batches", tuple(options), lambda v: setattr(cfg, "grad_acc_steps", v))
+
+
+# how a forward value depends on the batch's rows, besides S(axis) (row i along that axis, from row
+# i of the inputs alone) and None (not at all): the mean or sum over the rows of such values (and
+# linear in it), or anything else
+MEAN_OF_ROWS, SUM_OF_ROWS, COUPLED = "mean", "sum", "coupled"
+
+
+def row_tags(g, ph: dict) -> dict:
+    """``{value: tag}`` for the forward (phase ``F``) values of the logical graph ``g`` that the
+    inputs reach (every tensor input is a batch split along dim 0, as micro-batches split it).
+    Asked of each op's declared SBP signatures: an op that computes each row of a split batch from
+    that row alone has a signature taking the batch split (``S``) and the rest broadcast; one that
+    reduces the rows has ``S -> P`` (a mean if the op ``averages``); batch statistics (batch norm in
+    training) have neither."""
+    tags: dict = {v: S(0) if v.shape else COUPLED for v in g.feeds}
+    for n in g.nodes:
+        if ph.get(id(n)) != "F":
+            continue
+        ins = [tags.get(v) for v in n.value_inputs()]
+        if any(t is not None for t in ins):
+            tags.update(zip(n.outputs, _node_rows(n, ins)))
+    return tags
+
+
+def _node_rows(n, ins: list) -> list:
+    """The row tags of node ``n``'s outputs from its value inputs' (:func:`row_tags`)."""
+    from ..core.registry import REGISTRY, Meta
+    from .passes.stages import STAGE
+    op = REGISTRY.get(n.op)
+    coupled = [COUPLED] * len(n.outputs)
+    if op is None or n.kernel not in (None, op.inplace_kernel) or COUPLED in ins:
+        # (a node with a kernel of its own, fused, is not the op it names; one run in place is)
+        return coupled
+    if op.family in ("boxing", STAGE):   # a layout or a placement changes, not the value
+        return [ins[0]] * len(n.outputs)
+    if op.sbp is None:
+        return coupled
+    partial = {t for t in ins if t in (MEAN_OF_ROWS, SUM_OF_ROWS)}
+    if len(partial) > 1:
+        return coupled
+    want = tuple(B if t is None else P if t in partial else t for t in ins)
+    metas = [Meta(tuple(x.shape), x.dtype) if isinstance(x, Value) else x for x in n.inputs]
+    try:
+        sig = next((s for s in op.sbp(metas, n.attrs) if tuple(s[0]) == want), None)
+    except Exception:   # (a rule that cannot read these attrs: nothing is known)
+        return coupled
+    if sig is None:
+        return coupled
+    reduced = next(iter(partial)) if partial else MEAN_OF_ROWS if op.averages else SUM_OF_ROWS
+    return [s if isinstance(s, S) else reduced if s == P else COUPLED for s in sig[1]]
+
+
+def micro_batch_refusal(g, losses: list, tags: dict) -> tuple[str | None, frozenset]:
+    """Why splitting the batch of the logical graph ``g`` (traced on the whole batch, tagged by
+    :func:`row_tags`) into micro-batches would not train as the whole batch does, or None; and the
+    outputs that are means over the rows (returned as the micro-batches' mean). Micro-batches
+    scale each loss by 1/m (OneFlow's gradient accumulation): the sum of their gradients is the
+    batch's only where each loss is a mean over the rows of values each row gives alone; the
+    outputs must be such rows (dim 0: put back in order) or such means, and no state may be
+    written from the batch (running statistics)."""
+    made = {v: n for n in g.nodes for v in n.outputs}
+
+    def where(v) -> str:
+        n = made.get(v)
+        return f"{n.op!r} at {n.source or '?'}" if n is not None else "an input"
+
+    def began(v) -> str:
+        """The op where ``v``'s coupling of the rows began (the first such of its ancestors)."""
+        seen, todo, first = set(), [v], None
+        while todo:
+            u = todo.pop()
+            n = made.get(u)
+            if u in seen or n is None or tags.get(u) != COUPLED:
+                continue
+            seen.add(u)
+            ins = n.value_inputs()
+            if all(tags.get(x) != COUPLED for x in ins):
+                first = n if first is None or g.nodes.index(n) < g.nodes.index(first) else first
+            todo.extend(ins)
+        return f" (from {first.op!r} at {first.source or '?'})" if first is not None else ""
+    for v, seeded in losses:
+        if v is None or seeded:
+            return "loss.backward() is called on a tensor with a gradient given", frozenset()
+        if tags.get(v) != MEAN_OF_ROWS:
+            why = {SUM_OF_ROWS: "a sum over the batch (each micro-batch's would be scaled by 1/m)", None:
+                   "independent of the batch"}.get(tags.get(v), "not a mean over the rows of the batch that each "
+                                                               "row gives alone (batch statistics, a count of "
+                                                               "targets, a slice of rows)")
+            return f"the loss ({where(v)}) is {why}{began(v) if tags.get(v) == COUPLED else ''}", frozenset()
+    state = {v for v, _ in g.state}
+    averaged = set()
+    for i, o in enumerate(g.outputs):
+        if not isinstance(o, Value) or o in state:
+            continue
+        t = tags.get(o)
+        if t == MEAN_OF_ROWS:
+            averaged.add(i)
+        elif t != S(0):
+            return f"output {i} ({where(o)}) is no row-wise value nor mean of the batch{began(o)}", frozenset()
+    for _, v in g.updates:
+        if tags.get(v) is not None:
+            return f"state is written from the batch ({where(v)}: running statistics)", frozenset()
+    return None, frozenset(averaged)
+
+
+def same_on_rows(full, micro, k: int, tags: dict) -> bool:
+    """Whether the graph traced on one of ``k`` micro-batches (``micro``) is ``full`` (traced on the
+    whole batch) on 1/k of the rows: the same forward ops, each row-wise value with 1/k of its rows
+    along its batch axis, every other value of the same shape (a slice of the first rows, a
+    constant sized by the batch, would differ)."""
+    from .passes.stages import phases
+    fa, fb = phases(full), phases(micro)
+    a = [n for n in full.nodes if fa[id(n)] == "F"]
+    b = [n for n in micro.nodes if fb[id(n)] == "F"]
+    if len(a) != len(b) or any(x.op != y.op for x, y in zip(a, b)):
+        return False
+    for x, y in zip(a, b):
+        for u, v in zip(x.outputs, y.outputs):
+            want = list(u.shape)
+            t = tags.get(u)
+            if isinstance(t, S):
+                if t.axis >= len(want) or want[t.axis] % k:
+                    return False
+                want[t.axis] //= k
+            if tuple(want) != tuple(v.shape):
+                return False
+    return True
+
+
 def _shown(v) -> str:
     """A choice as the plan prints it: an nd-SBP, or a setting's value."""
     if isinstance(v, str):
         return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
     if v is None or v == frozenset():
         return "off"
     if isinstance(v, Zero):
@@ -301,7 +445,8 @@ def plan(trace: Callable[[], tuple], params: dict, optimizers: list, *, ignore_u
          wait_s: float = 0.0, device: DeviceModel | None = None, calibrate: bool = False, link=None,
          feeds: dict | None = None, activations: dict | None = None,
          settings: list[Setting] | None = None, zero: Callable[[], object] = lambda: None,
-         schedule: Setting | None = None, pipeline: Callable[[], tuple] = lambda: ("1f1b", None)) -> Plan:
+         schedule: Setting | None = None, pipeline: Callable[[], tuple] = lambda: ("1f1b", None),
+         micro: Setting | None = None) -> Plan:
     """Chooses the SBP of ``params`` (name -> global parameter) by coordinate descent over the
     prediction of ``trace()`` (the graph traced and passed under the parameters' current layout:
     ``(logical graph, None)``, or for pipeline stages ``(logical graph, (the stages' placements,
@@ -318,7 +463,8 @@ def plan(trace: Callable[[], tuple], params: dict, optimizers: list, *, ignore_u
     more variable of the descent, tried first, each combination of their options one move (a
     handful), and again after the blocks' outputs; ``zero()``: the graph's ZeRO config of the
     moment (the state it shards). ``schedule`` (:func:`schedule_setting`): the pipeline schedule,
-    a variable of every descent (it trades bubble for memory)."""
+    a variable of every descent (it trades bubble for memory); ``micro`` (:func:`micro_batch_setting`):
+    the micro-batch count, likewise (each combination with the schedule one move)."""
     if memory_mode not in MEMORY_MODES:
         raise UnsupportedError(f"holoflow.nn.Graph enable_auto_memory: mode {memory_mode!r} is not supported; "
                                f"supported: {', '.join(MEMORY_MODES)}")
@@ -353,6 +499,7 @@ def plan(trace: Callable[[], tuple], params: dict, optimizers: list, *, ignore_u
     acts = {a.path: a for a in (activations or {}).values() if a._global.placement in places}
     settings = settings or []
     timing = [schedule] if schedule is not None and pipe is not None and len(pipe[0]) > 1 else []
+    timing += [micro] if micro is not None and pipe is not None else []
     current = {p: p._global.sbp for p in (*glob.values(), *inputs.values(), *acts.values())}
     current.update({s: s.value for s in (*settings, *timing)})
     trail: list = []

@@ -45,6 +45,12 @@ class GraphConfig:
         self.auto_parallel_wait_s = 0.0
         self.auto_memory = "AdaptiveMemory"
         self.auto_memory_limit: int | None = None
+        # set_gradient_accumulation_steps called (else auto-parallel may choose the micro-batches
+        # of a graph with pipeline stages)
+        self.grad_acc_steps_set = False
+        # the planner chose the micro-batches: the graph's outputs keep one batch's shape (a mean
+        # output averaged over the micro-batches, graph/pipeline_run.py)
+        self.grad_acc_steps_planned = False
 
     def set_allreduce_bucket_mb(self, mb: float) -> None:
         """Global graphs: backward's gradient all-reduces are grouped into buckets of at most
@@ -72,13 +78,17 @@ class GraphConfig:
         """Splits each batch into ``value`` micro-batches along dim 0, each with its own forward
         and backward, summing their gradients (as eager would with ``(loss / value).backward()``
         per micro-batch) before one update. Outputs come back per micro-batch, as in OneFlow: a
-        scalar loss has shape ``(value,)``, other outputs are concatenated along dim 0."""
+        scalar loss has shape ``(value,)``, other outputs are concatenated along dim 0.
+
+        Left unset on a graph with pipeline stages, ``enable_auto_parallel()`` chooses the count
+        where micro-batches train as the whole batch would (docs/pipeline.md)."""
         if not isinstance(value, int) or isinstance(value, bool):
             raise ArgTypeError(f"holoflow.nn.Graph: gradient accumulation steps must be an int >= 1, got {value!r} "
                                f"(a {type(value).__name__})")
         if value < 1:
             raise ValueError(f"holoflow.nn.Graph: gradient accumulation steps must be an int >= 1, got {value!r}")
         self.grad_acc_steps = value
+        self.grad_acc_steps_set = True
 
     def set_pipeline_schedule(self, name: str, *, memory: str | None = None) -> None:
         """Pipeline stages (graph/pipeline.py): ``"1f1b"`` (default: a stage holds at most its

@@ -11,7 +11,7 @@ import torch
 
 from ..core.errors import HoloflowError
 from ..core.tensor import Tensor
-from . import passes
+from . import passes, pipeline
 from .pytree import flatten
 from .global_graph import is_global
 from .passes.stages import is_move
@@ -97,16 +97,21 @@ class GraphAutoParallel(GraphCompiling):
                 cfg, [] if flagged_paths(self) else [path for path, m in self._repeated_blocks()
                                                       if next(m.children(), None) is not None])
         schedule = auto_parallel.schedule_setting(cfg)
+        micro = auto_parallel.micro_batch_setting(cfg, self._micro_batch_options(leaves, spec, params))
         chosen = auto_parallel.plan(trace, params, [o for o, _ in self._optimizers],
                                     ignore_user_sbp=cfg.auto_parallel_ignore_user_sbp, memory_mode=cfg.auto_memory,
                                     limit=limit, ratio=cfg.auto_parallel_ratio, wait_s=cfg.auto_parallel_wait_s,
                                     calibrate=cfg.auto_parallel_calibrate, device=device, link=link, feeds=feeds,
                                     activations=self._act_vars, settings=settings, zero=lambda: cfg.zero,
-                                    schedule=schedule, pipeline=lambda: (cfg.pipeline_schedule, cfg.pipeline_memory))
+                                    schedule=schedule, pipeline=lambda: (cfg.pipeline_schedule, cfg.pipeline_memory),
+                                    micro=micro)
         auto_parallel.apply(chosen, params)
-        for setting in (*settings, *([schedule] if schedule is not None else [])):
+        for setting in (*settings, *(s for s in (schedule, micro) if s is not None)):
             if setting.name in chosen.choices:
                 setting.set(chosen.choices[setting.name][1])
+        cfg.grad_acc_steps_planned = micro is not None and cfg.grad_acc_steps > 1
+        if self._micro_refusal is not None:
+            chosen.kept["micro-batches"] = f"1, {self._micro_refusal}"
         for path, var in list(self._act_vars.items()):   # the chosen block outputs stay boxed
             before, after = chosen.choices[f"{path} (output)"]
             var.chosen = after if after != before else None
@@ -129,6 +134,86 @@ class GraphAutoParallel(GraphCompiling):
         self._auto_plan = chosen
         if self._debug >= 1:
             print(chosen)
+
+    def _micro_batch_options(self, leaves: list, spec, params: dict) -> list[int]:
+        """The micro-batch counts the planner may choose for a graph with pipeline stages the user
+        placed and no count set (else ``[1]``): the user's 1, then each divisor ``k`` of the batch
+        (at most 4 per stage) that splits every input evenly on each rank, where the whole batch's
+        trace says the micro-batches train alike (``auto_parallel.micro_batch_refusal``: the loss a
+        mean over rows each row gives alone, the outputs such rows or means, no state written from
+        the batch) and the trace on one of ``k`` micro-batches is that program on 1/k of the rows
+        (``same_on_rows``). Why it kept 1 is ``_micro_refusal``; the outputs returned as the
+        micro-batches' mean are ``_micro_averaged``."""
+        from . import auto_parallel
+        from .passes.stages import phases
+        cfg = self.config
+        self._micro_refusal, self._micro_averaged = None, frozenset()
+        stages = pipeline.resolve_stages(self)
+        if stages is None or cfg.grad_acc_steps_set or cfg.grad_acc_steps != 1:
+            return [1]
+        rows = [x for x in leaves if isinstance(x, Tensor)]
+        n = min((x.shape[0] for x in rows if x.dim() > 0), default=0)
+        ks = []
+        for k in range(2, min(4 * len(stages.placements), n) + 1):
+            try:
+                if all(x.dim() > 0 and x.shape[0] % k == 0 for x in rows):
+                    pipeline.micro_protos(leaves, k)
+                    pipeline.batch_blocks(leaves, k)
+                    ks.append(k)
+            except HoloflowError:
+                pass
+        if not ks:
+            self._micro_refusal = f"no count from 2 to {min(4 * len(stages.placements), n)} splits every input evenly"
+            return [1]
+        keep = {p: p._global.sbp for p in params.values() if p._global is not None}
+        with auto_parallel._Override(keep):   # (a trace under ZeRO-3 re-lays the parameters)
+            ir, _ = self._passed(leaves, spec)
+            tags = auto_parallel.row_tags(ir, phases(ir))
+            why, averaged = auto_parallel.micro_batch_refusal(ir, self._losses, tags)
+            if why is not None:
+                self._micro_refusal = why
+                return [1]
+            ok = [1]
+            try:
+                for k in ks:
+                    cfg.grad_acc_steps = k
+                    try:
+                        micro_ir, _ = self._passed(leaves, spec)
+                    except Exception:   # (build refuses that micro-batch: a shape fixed in it)
+                        continue
+                    if auto_parallel.same_on_rows(ir, micro_ir, k, tags):
+                        ok.append(k)
+            finally:
+                cfg.grad_acc_steps = 1
+        if len(ok) == 1:
+            self._micro_refusal = f"build() on a micro-batch is no row-wise share of it on the whole batch (tried {ks})"
+        self._micro_averaged = averaged
+        return ok
+
+    def _trace(self, leaves: list, spec) -> tuple:
+        """As the compile's, recording the losses ``backward()`` is called on (``_losses``: their
+        values and whether a gradient was given) for the micro-batch planner."""
+        self._losses = []
+        return super()._trace(leaves, spec)
+
+    def _backward_rule(self, scale, tracer=None, micro: int = 1):
+        rule = super()._backward_rule(scale, tracer, micro)
+        if tracer is None or not self.config.auto_parallel:
+            return rule
+
+        def recorded(tensors: list, grads: list, run) -> None:
+            self._losses.append((tracer.value_of(tensors[0]) if len(tensors) == 1 else None,
+                                 any(g is not None for g in grads)))
+            rule(tensors, grads, run)
+        return recorded
+
+    def _compile_pipeline(self, ir, cfg, log: list, stages, m: int, t0: float, mark: int):
+        """As the compile's; micro-batches the planner chose keep the outputs one batch's (a mean
+        output averaged over the micro-batches, the rows in order)."""
+        c = super()._compile_pipeline(ir, cfg, log, stages, m, t0, mark)
+        if self.config.grad_acc_steps_planned:
+            c.one_batch, c.averaged = True, self._micro_averaged
+        return c
 
     def _block_outputs(self, leaves: list, spec) -> dict:
         """The outputs of the stacks' blocks that are global tensors: one trace with recording

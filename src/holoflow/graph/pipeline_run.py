@@ -117,6 +117,10 @@ class PipelineCompiled:
     micro-batches are set on a global graph); the interface of ``lower.Compiled``."""
 
     written_inputs: tuple = ()   # inputs written by build are refused for pipelines (graph_compile.py)
+    # micro-batches the auto-parallel planner chose: outputs keep one batch's shape, those in
+    # ``averaged`` (means over the batch's rows) the micro-batches' mean (graph_auto_parallel.py)
+    one_batch: bool = False
+    averaged: frozenset = frozenset()
 
     def __init__(self, logical, placements: list, m: int, schedule: str, *, rank: int, comm: Any,
                  passes_log: list, compile_s: float, profile: bool = False, memory: str | None = None,
@@ -365,7 +369,9 @@ class PipelineCompiled:
             if not isinstance(o, Value):
                 res.append(o)
                 continue
-            shape = tuple(o.shape) if m == 1 else ((m,) if not o.shape else (o.shape[0] * m,) + tuple(o.shape[1:]))
+            mean = self.one_batch and i in self.averaged
+            shape = tuple(o.shape) if m == 1 or mean else \
+                ((m,) if not o.shape else (o.shape[0] * m,) + tuple(o.shape[1:]))
             if i in self._state_outs:
                 t, shape = Tensor._make(self._state_outs[i]._data), tuple(o.shape)
             elif got and i in self._out_names:
@@ -374,7 +380,8 @@ class PipelineCompiled:
                 # length along dim 0 that is whole on every rank (others: pieces in order)
                 batch = blocks is not None and o.placement is not None and bool(o.shape) and \
                     not splits_rows(o.sbp) and o.shape[0] in self._batch_rows()
-                t = Tensor._make(ps[0] if m == 1 else pack(ps, not o.shape, blocks if batch else None))
+                t = Tensor._make(ps[0] if m == 1 else torch.stack(ps).mean(0) if mean else
+                                 pack(ps, not o.shape, blocks if batch else None))
             else:
                 t = Tensor._make(torch.empty((0,), dtype=o.dtype, device=o.device))
             res.append(make_global(t, o.placement, o.sbp, torch.Size(shape)) if o.placement is not None else t)

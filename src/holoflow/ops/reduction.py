@@ -368,7 +368,7 @@ SUM = defop("sum", lambda x, dim, keepdim, dtype: torch.sum(x, dim, keepdim=keep
             grad=_sum_grad, sbp=reduce_sbp(linear=True), **_RED)
 NANSUM = defop("nansum", lambda x, dim, keepdim, dtype: torch.nansum(x, dim, keepdim=keepdim, dtype=dtype),
                grad=_nansum_grad, save="inputs", sbp=_split_partial_sbp, **_RED)
-MEAN = defop("mean", _mean_kernel, grad=_mean_grad, sbp=reduce_sbp(linear=True), **_RED)
+MEAN = defop("mean", _mean_kernel, grad=_mean_grad, sbp=reduce_sbp(linear=True), averages=True, **_RED)
 PROD = holomorphic(defop("prod", _prod_kernel, grad=_prod_grad, save="inputs", sbp=reduce_sbp(), **_RED))
 AMAX = defop("amax", lambda x, dim, keepdim: torch.amax(x, dim, keepdim), grad=_extreme_grad,
              save="both", sbp=reduce_sbp(), **_RED)
