@@ -3,6 +3,9 @@ state dict's detached entries of one Parameter) saved to a sharded directory by 
 sharing it again, as ``torch.save``/``torch.load`` keep views and tied tensors: a write through
 one shows in the others, with the saved strides and offsets. In another layout (``like=``) each
 loads apart, its values right."""
+import io
+
+import pytest
 import torch
 
 import holoflow as flow
@@ -74,3 +77,62 @@ def test_global_views_and_tied_tensors_load_sharing_their_storage_on_2_gloo_rank
     whole = flow.load(path)   # this process, a world of one: whole local tensors, values right
     for k, v in fulls.items():
         assert whole[k].is_local and torch.equal(whole[k].to_torch(), v), k
+
+
+def save_to_one_rank(rank: int, path: str, dst: int) -> None:
+    place = flow.placement("cpu", [0, 1])
+    tree = _tree(place)
+    p1 = flow.nn.Parameter(from_full(torch.ones(1, 4), place, S(0)))   # (rank 1's shard is empty)
+    tree.update({"small.a": p1.detach(), "small.b": p1.detach(), "small": p1,
+                 "other": from_full(torch.zeros(1, 4), place, S(0))})   # (empty on rank 1 too, not tied)
+    flow.save(tree, path, global_dst_rank=dst)
+
+
+def load_from_one_rank(rank: int, path: str) -> dict:
+    """OneFlow's load(path, global_src_rank=0), as saved and into other layouts (like=)."""
+    place = flow.placement("cpu", [0, 1])
+    got = flow.load(path, global_src_rank=0)
+    like = {"w": from_full(torch.zeros(3, 4), place, S(0)), "p": from_full(torch.zeros(4, 2), place, S(1)),
+            "emb.weight": from_full(torch.zeros(4, 2), place, S(0))}
+    moved = flow.load(path, global_src_rank=0, like=like)
+    return {"src": {k: (type(v).__name__, v.requires_grad, tuple(v.sbp), v.to_local().to_torch().clone())
+                    for k, v in got.items()},
+            "moved": {k: (type(moved[k]).__name__, moved[k].requires_grad, tuple(moved[k].sbp),
+                          moved[k].to_local().to_torch().clone()) for k in like}}
+
+
+@pytest.mark.parametrize("dst", [0, 1])
+def test_a_global_dst_rank_file_keeps_parameters_and_tied_tensors_as_torch_save(world2, tmp_path, dst):
+    """``save(obj, path, global_dst_rank=dst)`` on 2 Gloo ranks writes whole tensors as
+    ``torch.save`` writes the logical tree: a Parameter stays a Parameter (it became a plain
+    tensor requiring grad) and a state dict's detached entries of one Parameter share one storage
+    (each was gathered and written apart: twice the bytes, untied on load). Loaded by one process,
+    against torch.save/torch.load of the whole tensors; on 2 ranks with global_src_rank=0, as saved
+    and into other SBPs (like=), Parameters stay Parameters there too. Global views (``w.t()``)
+    load apart, their values right."""
+    path = str(tmp_path / "whole.hf")
+    world2.run(save_to_one_rank, path, dst)
+    fulls = {**_fulls(), "small.a": torch.ones(1, 4), "small.b": torch.ones(1, 4), "small": torch.ones(1, 4),
+             "other": torch.zeros(1, 4)}
+    tp, tsmall = torch.nn.Parameter(FULL_P.clone()), torch.nn.Parameter(torch.ones(1, 4))
+    ref = {**{k: v.clone() for k, v in fulls.items()}, "emb.weight": tp.detach(), "head.weight": tp.detach(),
+           "p": tp, "small.a": tsmall.detach(), "small.b": tsmall.detach(), "small": tsmall}
+    buf = io.BytesIO()
+    torch.save(ref, buf)
+    buf.seek(0)
+    want = torch.load(buf)
+    got = flow.load(path)
+    ptr = lambda t: t.untyped_storage().data_ptr()   # noqa: E731
+    for k, v in fulls.items():
+        assert got[k].is_local and torch.equal(got[k].to_torch(), v), k
+        assert (type(got[k]).__name__, got[k].requires_grad) == (type(want[k]).__name__, want[k].requires_grad), k
+    for a, b in [("emb.weight", "head.weight"), ("emb.weight", "p"), ("small.a", "small.b"), ("small", "small.a"),
+                 ("small", "other"), ("w", "alone")]:
+        assert (_storage(got[a]) == _storage(got[b])) == (ptr(want[a]) == ptr(want[b])), (a, b)
+    for r, out in enumerate(world2.run(load_from_one_rank, path)):
+        for k, (kind, rg, sbp, local) in out["src"].items():
+            assert (kind, rg, sbp) == (type(want[k]).__name__, want[k].requires_grad, (B,)), (r, k)
+            assert torch.equal(local, fulls[k] if r == 0 else torch.empty(0)), (r, k)
+        for k, (kind, rg, sbp, local) in out["moved"].items():
+            assert (kind, rg) == (type(want[k]).__name__, want[k].requires_grad), (r, k)
+            assert torch.equal(local, shard_of(fulls[k], sbp, flow.placement("cpu", [0, 1]), r)), (r, k)

@@ -34,7 +34,7 @@ from ..distributed.sharding import local_ranges
 from ..distributed.placement import placement
 from ..serialization import load_file
 from ..serialization_storage import identity, restore
-from ..serialization_tree import CheckpointError, Decoder, as_parameter
+from ..serialization_tree import CheckpointError, Decoder, as_parameter, is_parameter
 from .reader import ShardReader
 from .shared import joined, parts_of
 from .sharded import FORMAT, MANIFEST, OLD_TAG, VERSION, _ctx, _dtype_from, _gather, _map_tensors, _sbp_from
@@ -336,7 +336,9 @@ def relayout(obj: Any, like: Any) -> Any:
             g = lk._global
             with no_grad():
                 out = from_full(t._data, g.placement, g.sbp)
-            if t.requires_grad:
+            if is_parameter(t):   # (a Parameter stays one, as in a sharded directory's load)
+                out = as_parameter(out, t.requires_grad)
+            elif t.requires_grad:
                 out.requires_grad_(True)
         memo[id(t)] = out
         return out
@@ -346,8 +348,8 @@ def relayout(obj: Any, like: Any) -> Any:
 class _Spec:
     """What other ranks learn of a tensor rank ``global_src_rank`` read."""
 
-    def __init__(self, shape: list, dtype: str, requires_grad: bool) -> None:
-        self.shape, self.dtype, self.requires_grad = shape, dtype, requires_grad
+    def __init__(self, shape: list, dtype: str, requires_grad: bool, parameter: bool = False) -> None:
+        self.shape, self.dtype, self.requires_grad, self.parameter = shape, dtype, requires_grad, parameter
 
 
 def load_from_rank(path: Any, src: int, map_location=None, like: Any = None) -> Any:
@@ -363,7 +365,7 @@ def load_from_rank(path: Any, src: int, map_location=None, like: Any = None) -> 
             obj = load_sharded(path, map_location) if _is_dir(path) else load_file(path, map_location)
             obj = _map_tensors(obj, lambda t: t if t._global is None else Tensor._make(t._local_full()), {})
             skeleton = _map_tensors(obj, lambda t: _Spec(list(t.shape), str(t._data.dtype).replace("torch.", ""),
-                                                         t.requires_grad), {})
+                                                         t.requires_grad, is_parameter(t)), {})
         except Exception as e:  # noqa: BLE001 - every rank raises
             err = e
     skeleton, err_text = _gather((skeleton, None if err is None else f"{type(err).__name__}: {err}"), n)[src]
@@ -395,7 +397,9 @@ def load_from_rank(path: Any, src: int, map_location=None, like: Any = None) -> 
                 else:
                     g = make_global(Tensor._make(torch.empty((0,), dtype=g._data.dtype)), tg.placement,
                                     tuple(tg.sbp), spec.shape)
-        if spec.requires_grad:
+        if spec.parameter:
+            g = as_parameter(g, spec.requires_grad)
+        elif spec.requires_grad:
             g.requires_grad_(True)
         done[id(spec)] = g
         return g

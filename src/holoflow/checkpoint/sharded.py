@@ -60,7 +60,7 @@ from ..serialization import save_file
 from ..serialization_files import clean_stale_temps, fsync_dir, temp_path
 from ..serialization_module import is_module, refuse_global, refuse_in_sharded
 from ..serialization_storage import STORED_AS, storable
-from ..serialization_tree import CheckpointError, Encoder, is_parameter
+from ..serialization_tree import CheckpointError, Encoder, as_parameter, is_parameter
 
 FORMAT, VERSION, MANIFEST = "holoflow-sharded", 2, "manifest.json"   # (VERSION: the newest read)
 OLD_TAG = ".holoflow-old-"
@@ -319,31 +319,45 @@ def _commit(tmp: str, path: str) -> None:
 
 def save_to_rank(obj: Any, path: str | os.PathLike, dst: int) -> None:
     """OneFlow's ``save(obj, path, global_dst_rank=dst)``: global tensors are gathered whole to
-    rank ``dst``, which alone writes one ordinary checkpoint file. Every rank calls it."""
+    rank ``dst``, which alone writes one ordinary checkpoint file. Every rank calls it. A
+    Parameter stays one (as ``torch.save`` keeps it); global tensors that are one tensor on every
+    rank (a state dict's detached entries of a tied Parameter: one local storage, one layout) are
+    gathered once and written as one storage, as ``torch.save`` writes the whole tensors."""
     r, n = _ctx()
     if not 0 <= dst < n:
         raise ValueError(f"holoflow.save: global_dst_rank={dst} is not a rank of this world of {n}")
     _refuse_global_modules(obj, "obj")   # (on every rank, before any collective)
     clash = _retyped_storage(obj, r, dst)
     _raise_refused(clash, _gather(None if clash is None else str(clash), n), repr(os.fspath(path)))
+    ties = _agreed_ties(_gather(_tie_answers(obj, r), n))
     memo: dict = {}
+    wholes: dict = {}   # tensor's place in the tree -> the whole local tensor gathered for it
 
-    def whole(t: Tensor) -> Tensor | None:
+    def whole(t: Tensor, k: int) -> Tensor | None:
         g = t._global
         if g is None:
             return t
-        if r not in g.placement.flat_ranks and r != dst:
-            return None
-        with no_grad():
-            if dst in g.placement.flat_ranks:
-                x = t.detach().to_global(sbp=(B,) * g.placement.ndim)
-            else:
-                x = t.detach().to_global(placement=placement(g.placement.type, [dst]), sbp=(B,))
-        out = Tensor._make(x._data.clone()) if r == dst else None
-        if out is not None and t.requires_grad:
+        first = ties.get(k)
+        if first is not None:   # one tensor with an earlier one: a new tensor over its whole storage
+            base = wholes.get(first)
+            out = None if base is None else Tensor._make(base._data.view(base._data.shape))
+        elif r not in g.placement.flat_ranks and r != dst:
+            out = None
+        else:
+            with no_grad():
+                if dst in g.placement.flat_ranks:
+                    x = t.detach().to_global(sbp=(B,) * g.placement.ndim)
+                else:
+                    x = t.detach().to_global(placement=placement(g.placement.type, [dst]), sbp=(B,))
+            out = Tensor._make(x._data.clone()) if r == dst else None
+        wholes[k] = out
+        if out is not None and is_parameter(t):
+            out = as_parameter(out, t.requires_grad)
+        elif out is not None and t.requires_grad:
             out.requires_grad_(True)
         return out
-    tree = _map_tensors(obj, whole, memo)
+    order = _tensor_order(obj)
+    tree = _map_tensors(obj, lambda t: whole(t, order[id(t)]), memo)
     err = None
     if r == dst:
         try:
@@ -351,6 +365,55 @@ def save_to_rank(obj: Any, path: str | os.PathLike, dst: int) -> None:
         except Exception as e:  # noqa: BLE001
             err = f"{type(e).__name__}: {e}"
     _raise_failed([e if i == dst else None for i, e in enumerate(_gather(err, n))], repr(os.fspath(path)))
+
+
+def _tensor_order(obj: Any) -> dict:
+    """id of each tensor object of the tree -> its place among them (the first time it appears)."""
+    order: dict = {}
+    for t, _ in _leaves(obj, "obj"):
+        if isinstance(t, Tensor) and id(t) not in order:
+            order[id(t)] = len(order)
+    return order
+
+
+def _tie_answers(obj: Any, r: int) -> list:
+    """For each global tensor (by place, :func:`_tensor_order`): the place of an earlier one that
+    this rank holds as the same tensor (one local storage, offset, strides; the same logical
+    shape, dtype, placement and SBP), -1 for none, None where this rank cannot tell (its shard
+    is empty, or it holds none)."""
+    seen: dict = {}
+    answers: list = []
+    done: set = set()
+    for t, _ in _leaves(obj, "obj"):
+        if not isinstance(t, Tensor) or id(t) in done:
+            continue
+        done.add(id(t))
+        g, d = t._global, t._data
+        if g is None:
+            answers.append(-1)
+            continue
+        logical = (tuple(g.placement.flat_ranks), g.placement.type, tuple(g.placement.hierarchy), tuple(g.sbp),
+                   tuple(g.shape), str(d.dtype))
+        if r not in g.placement.flat_ranks or d.numel() == 0:
+            answers.append(None)
+            continue
+        key = (logical, d.untyped_storage().data_ptr(), d.storage_offset(), tuple(d.stride()))
+        k = len(answers)
+        first = seen.setdefault(key, k)
+        answers.append(-1 if first == k else first)
+    return answers
+
+
+def _agreed_ties(every: list) -> dict:
+    """place -> the earlier place it is one tensor with, where every rank that can tell says so
+    (``every``: each rank's :func:`_tie_answers`; every rank takes the same decision, as the
+    gathers it skips are collectives)."""
+    ties = {}
+    for k in range(len(every[0])):
+        said = {a[k] for a in every} - {None}
+        if len(said) == 1 and (j := next(iter(said))) >= 0:
+            ties[k] = j
+    return ties
 
 
 def _retyped_storage(obj: Any, r: int, dst: int) -> RuntimeError | None:
