@@ -89,16 +89,18 @@ def save_to_one_rank(rank: int, path: str, dst: int) -> None:
 
 
 def load_from_one_rank(rank: int, path: str) -> dict:
-    """OneFlow's load(path, global_src_rank=0), as saved and into other layouts (like=)."""
+    """OneFlow's load(path, global_src_rank=0), as saved and into other layouts (like=); and the
+    file read by every rank into those layouts."""
     place = flow.placement("cpu", [0, 1])
     got = flow.load(path, global_src_rank=0)
     like = {"w": from_full(torch.zeros(3, 4), place, S(0)), "p": from_full(torch.zeros(4, 2), place, S(1)),
             "emb.weight": from_full(torch.zeros(4, 2), place, S(0))}
     moved = flow.load(path, global_src_rank=0, like=like)
+    each = flow.load(path, like=like)   # (every rank reads the file, keeps its slice)
     return {"src": {k: (type(v).__name__, v.requires_grad, tuple(v.sbp), v.to_local().to_torch().clone())
                     for k, v in got.items()},
-            "moved": {k: (type(moved[k]).__name__, moved[k].requires_grad, tuple(moved[k].sbp),
-                          moved[k].to_local().to_torch().clone()) for k in like}}
+            "moved": [{k: (type(m[k]).__name__, m[k].requires_grad, tuple(m[k].sbp), m[k].to_local().to_torch().clone())
+                       for k in like} for m in (moved, each)]}
 
 
 @pytest.mark.parametrize("dst", [0, 1])
@@ -133,6 +135,6 @@ def test_a_global_dst_rank_file_keeps_parameters_and_tied_tensors_as_torch_save(
         for k, (kind, rg, sbp, local) in out["src"].items():
             assert (kind, rg, sbp) == (type(want[k]).__name__, want[k].requires_grad, (B,)), (r, k)
             assert torch.equal(local, fulls[k] if r == 0 else torch.empty(0)), (r, k)
-        for k, (kind, rg, sbp, local) in out["moved"].items():
+        for k, (kind, rg, sbp, local) in [kv for m in out["moved"] for kv in m.items()]:
             assert (kind, rg) == (type(want[k]).__name__, want[k].requires_grad), (r, k)
-            assert torch.equal(local, shard_of(fulls[k], sbp, flow.placement("cpu", [0, 1]), r)), (r, k)
+            assert sbp != (B,) and torch.equal(local, shard_of(fulls[k], sbp, flow.placement("cpu", [0, 1]), r)), (r, k)
