@@ -1,6 +1,7 @@
 """Auto-parallel's cost model against measurement, on 2 launched Gloo ranks.
 
     python bench/auto_parallel.py [--rounds 5] [--steps 8] [--cases wide narrow]
+    python bench/auto_parallel.py --pipeline    # the micro-batch count of 2 pipeline stages
 
 Each case is an MLP (d=256 -> hidden -> d, GELU, squared loss, SGD with momentum) trained as an
 nn.Graph of global tensors in three layouts of its parameters: ``dp`` (all broadcast, the batch
@@ -105,6 +106,100 @@ def child(cases: list[str], steps: int, rounds: int, out: str, profile: bool = F
         json.dump(result, f)
 
 
+PIPE_COUNTS = (1, 2, 4, 8)   # micro-batch counts set by hand beside the planner's ("auto")
+PIPE_CASES = {"small": (1024, 64), "large": (4096, 256)}   # hidden, batch
+
+
+def _pipeline(flow, m: int | None, hidden: int, batch: int):
+    """Two stages (rank 0, rank 1) of two Linear-GELU layers each (d -> hidden -> d), squared loss,
+    SGD with momentum; ``m`` micro-batches set by hand, or None: auto-parallel chooses them
+    (calibrated), with 1F1B set by hand either way."""
+    from holoflow.core.sbp import B
+    from holoflow.graph.graph import Graph
+    places = [flow.placement("cpu", ranks=[r]) for r in (0, 1)]
+    flow.manual_seed(0)
+    stages = [flow.nn.Sequential(flow.nn.Linear(D, hidden), flow.nn.GELU(), flow.nn.Linear(hidden, D), flow.nn.GELU())
+              for _ in places]
+    for s, place in zip(stages, places):
+        s.to_global(placement=place, sbp=[B])
+    opt = flow.optim.SGD([p for s in stages for p in s.parameters()], lr=1e-3, momentum=0.9)
+    rng = np.random.default_rng(0)
+    x = flow.tensor(rng.standard_normal((batch, D)).astype(np.float32)).to_global(placement=places[0], sbp=[B])
+
+    class Pipe(Graph):
+        def __init__(self):
+            super().__init__()
+            self.s0, self.s1 = stages
+            self.s0.to(flow.nn.graph.GraphModule).set_stage(0, places[0])
+            self.s1.to(flow.nn.graph.GraphModule).set_stage(1, places[1])
+            self.config.set_pipeline_schedule("1f1b")
+            if m is None:
+                self.config.enable_auto_parallel(calibrate=True)
+            else:
+                self.config.set_gradient_accumulation_steps(m)
+            self.add_optimizer(opt)
+
+        def build(self, x):
+            loss = self.s1(self.s0(x).to_global(placement=places[1])).square().mean()
+            loss.backward()
+            return loss
+    return Pipe(), x
+
+
+def child_pipeline(steps: int, rounds: int, out: str) -> None:
+    """Predicted (the planner's calibrated figures) against measured steps of the micro-batch
+    counts set by hand and of the count auto-parallel chose, per case of ``PIPE_CASES``."""
+    import holoflow as flow
+    from holoflow.distributed import world
+    from holoflow.distributed.comm import barrier
+    result = {}
+    for case, (hidden, batch) in PIPE_CASES.items():
+        built = {"auto": _pipeline(flow, None, hidden, batch)}
+        g, x = built["auto"]
+        g(x)
+        plan = g.auto_parallel_plan()
+        built.update({str(k): _pipeline(flow, k, hidden, batch) for k in PIPE_COUNTS})
+        pred = {k: h.predict(y, device=plan.device, link=plan.link).step_s * 1e3 for k, (h, y) in built.items()}
+        best = {k: float("inf") for k in built}
+        for h, y in built.values():   # (compiled before timing)
+            h(y)
+        for r in range(rounds):
+            for k in (list(built) if r % 2 == 0 else list(built)[::-1]):
+                h, y = built[k]
+                barrier((0, 1))
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    h(y)
+                barrier((0, 1))
+                best[k] = min(best[k], (time.perf_counter() - t0) / steps * 1e3)
+        result[case] = {"predicted": pred, "measured": best, "plan": str(plan),
+                        "chose": plan.choices.get("micro-batches", (1, 1))[1]}
+    with open(f"{out}.{world.rank()}", "w") as f:
+        json.dump(result, f)
+
+
+def main_pipeline(a) -> None:
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r.json")
+        cmd = [sys.executable, "-m", "holoflow.distributed.launch", "--nproc_per_node", "2", __file__, "--child",
+               "--pipeline", "--steps", str(a.steps), "--rounds", str(a.rounds), "--out", out]
+        subprocess.run(cmd, check=True, timeout=1800)
+        with open(f"{out}.0") as f:
+            res = json.load(f)
+    print(f"auto-parallel micro-batches: predicted vs measured step (ms), 2 Gloo ranks as 2 stages (1F1B), "
+          f"d={D}, best of {a.rounds} blocks of {a.steps} steps ({time.perf_counter() - t0:.0f} s)")
+    print(f"{'case':<6} {'hidden':>6} {'batch':>6}  " + "  ".join(f"{'m=' + str(k):>15}" for k in PIPE_COUNTS)
+          + "  auto chose (pred / meas)")
+    for case, r in res.items():
+        hidden, batch = PIPE_CASES[case]
+        cells = "  ".join(f"{r['predicted'][str(k)]:>7.2f}/{r['measured'][str(k)]:<7.2f}" for k in PIPE_COUNTS)
+        print(f"{case:<6} {hidden:>6} {batch:>6}  {cells}  m={r['chose']} "
+              f"({r['predicted']['auto']:.2f} / {r['measured']['auto']:.2f})")
+    for case, r in res.items():
+        print(f"\n{case}: {r['plan']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", nargs="+", choices=tuple(CASES), default=list(CASES))
@@ -112,11 +207,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="also time every node (slower steps) and print "
                     "each layout's per-op table of rank 0")
+    ap.add_argument("--pipeline", action="store_true", help="instead: 2 pipeline stages, the micro-batch "
+                    "counts by hand against the one auto-parallel chose")
     ap.add_argument("--child", action="store_true", help="(inside a launched rank)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if a.child and a.pipeline:
+        child_pipeline(a.steps, a.rounds, a.out)
+        return
     if a.child:
         child(a.cases, a.steps, a.rounds, a.out, a.profile)
+        return
+    if a.pipeline:
+        main_pipeline(a)
         return
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:

@@ -15,7 +15,10 @@ parameters' layouts do not meet), the outputs of a stack's blocks are variables 
 accumulation on one placement, or pipeline stages the user placed (``set_stage``), each stage's
 parameters among the nd-SBPs of its own mesh, and, unless the user set it, the pipeline schedule
 (:func:`schedule_setting`: 1F1B, ZB-H1, ZB-H1 within 1F1B's memory, GPipe), all predicted by
-:func:`~holoflow.graph.cost_model.predict_pipeline`. The stages themselves are the user's.
+:func:`~holoflow.graph.cost_model.predict_pipeline`. Unless the user set it, the micro-batch count
+too (:func:`micro_batch_setting`), where micro-batches train as the whole batch (:func:`row_tags`,
+:func:`micro_batch_refusal`). The stages are the user's; with ``enable_auto_parallel_stage_cuts``
+the planner may move where their cuts fall in a stack of blocks staged block by block (:class:`Cuts`).
 
 The cost model is graph/cost_model.py (:func:`~holoflow.graph.cost_model.predict`).
 
@@ -372,10 +375,33 @@ def same_on_rows(full, micro, k: int, tags: dict) -> bool:
     return True
 
 
+class Cuts(tuple):
+    """Where a stack's stages begin: ``cuts[i]`` is the index of the first block of the stack's
+    ``i + 1``-th stage (of the ``len(cuts) + 1`` stages its ``n`` blocks span, in order)."""
+
+    def __new__(cls, cuts, n: int) -> "Cuts":
+        out = super().__new__(cls, cuts)
+        out.n = n
+        return out
+
+    def __str__(self) -> str:   # blocks 0-3 | 4-7
+        ends = (0, *self, self.n)
+        return "blocks " + " | ".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in zip(ends, ends[1:]))
+
+
+def cut_options(user: Cuts, most: int = 64) -> list[Cuts]:
+    """The cuts the planner may take, the user's first: every way to give each stage at least one
+    block, or where those are more than ``most``, those moving each cut by at most 2 blocks."""
+    every = [Cuts(c, user.n) for c in itertools.combinations(range(1, user.n), len(user))]
+    if len(every) > most:
+        every = [c for c in every if all(abs(a - b) <= 2 for a, b in zip(c, user))]
+    return [user] + [c for c in every if c != user]
+
+
 def _shown(v) -> str:
     """A choice as the plan prints it: an nd-SBP, or a setting's value."""
-    if isinstance(v, str):
-        return v
+    if isinstance(v, (str, Cuts)):
+        return str(v)
     if isinstance(v, int) and not isinstance(v, bool):
         return str(v)
     if v is None or v == frozenset():
@@ -446,7 +472,7 @@ def plan(trace: Callable[[], tuple], params: dict, optimizers: list, *, ignore_u
          feeds: dict | None = None, activations: dict | None = None,
          settings: list[Setting] | None = None, zero: Callable[[], object] = lambda: None,
          schedule: Setting | None = None, pipeline: Callable[[], tuple] = lambda: ("1f1b", None),
-         micro: Setting | None = None) -> Plan:
+         micro: Setting | None = None, cuts: Setting | None = None) -> Plan:
     """Chooses the SBP of ``params`` (name -> global parameter) by coordinate descent over the
     prediction of ``trace()`` (the graph traced and passed under the parameters' current layout:
     ``(logical graph, None)``, or for pipeline stages ``(logical graph, (the stages' placements,
@@ -464,7 +490,8 @@ def plan(trace: Callable[[], tuple], params: dict, optimizers: list, *, ignore_u
     handful), and again after the blocks' outputs; ``zero()``: the graph's ZeRO config of the
     moment (the state it shards). ``schedule`` (:func:`schedule_setting`): the pipeline schedule,
     a variable of every descent (it trades bubble for memory); ``micro`` (:func:`micro_batch_setting`):
-    the micro-batch count, likewise (each combination with the schedule one move)."""
+    the micro-batch count, likewise (each combination with the schedule one move); ``cuts``: where
+    the stages' cuts fall in a stack of blocks (:class:`Cuts`), a variable of the first descent."""
     if memory_mode not in MEMORY_MODES:
         raise UnsupportedError(f"holoflow.nn.Graph enable_auto_memory: mode {memory_mode!r} is not supported; "
                                f"supported: {', '.join(MEMORY_MODES)}")
@@ -502,6 +529,9 @@ def plan(trace: Callable[[], tuple], params: dict, optimizers: list, *, ignore_u
     timing += [micro] if micro is not None and pipe is not None else []
     current = {p: p._global.sbp for p in (*glob.values(), *inputs.values(), *acts.values())}
     current.update({s: s.value for s in (*settings, *timing)})
+    if cuts is not None and pipe is not None:   # (where each stage's work falls: a group of its own,
+        free.insert(0, [cuts])                  # set after the parameters' layouts in each trace)
+        current[cuts] = cuts.value
     trail: list = []
 
     def evaluate(assignment: dict) -> Prediction:
@@ -594,7 +624,7 @@ def plan(trace: Callable[[], tuple], params: dict, optimizers: list, *, ignore_u
             descend()
     names = {id(p): k for k, p in (*glob.items(), *inputs.items())}
     names.update({id(a): f"{path} (output)" for path, a in acts.items()})
-    names.update({id(s): s.name for s in (*settings, *timing)})
+    names.update({id(s): s.name for s in (*settings, *timing, *([cuts] if cuts is not None else []))})
     choices = {names[id(p)]: (p.value if isinstance(p, Setting) else p._global.sbp, current[p]) for p in current}
     return Plan(choices, start, best, len(trail) + 1, memory_mode, limit,
                 [({names[id(p)]: nd for p, nd in change.items()}, q) for change, q in trail], device,

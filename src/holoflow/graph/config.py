@@ -51,6 +51,8 @@ class GraphConfig:
         # the planner chose the micro-batches: the graph's outputs keep one batch's shape (a mean
         # output averaged over the micro-batches, graph/pipeline_run.py)
         self.grad_acc_steps_planned = False
+        # config.enable_auto_parallel_stage_cuts: the planner may move the stages' cuts in a stack
+        self.auto_parallel_stage_cuts = False
 
     def set_allreduce_bucket_mb(self, mb: float) -> None:
         """Global graphs: backward's gradient all-reduces are grouped into buckets of at most
@@ -146,6 +148,16 @@ class GraphConfig:
         every machine)."""
         self.auto_parallel = bool(mode)
         self.auto_parallel_calibrate = bool(calibrate)
+
+    def enable_auto_parallel_stage_cuts(self, mode: bool = True) -> None:
+        """Auto-parallel may also move where the pipeline stages' cuts fall in a stack of repeated
+        blocks the user put on stages (each block of a ``ModuleList`` / ``Sequential`` of one class
+        given its own ``set_stage``, stages in order along the stack): which contiguous blocks
+        each stage holds, chosen by predicted step time within the memory limit; the modules
+        before and after the stack stay where the user put them. The moved blocks' parameters
+        (and buffers, optimizer state) go to their new stage's placement before the first
+        compile. Off, the user's cuts are kept (docs/pipeline.md)."""
+        self.auto_parallel_stage_cuts = bool(mode)
 
     def enable_auto_parallel_ignore_user_sbp_config(self, mode: bool = True) -> None:
         """Auto-parallel also re-plans parameters the user laid out split."""

@@ -98,20 +98,25 @@ class GraphAutoParallel(GraphCompiling):
                                                       if next(m.children(), None) is not None])
         schedule = auto_parallel.schedule_setting(cfg)
         micro = auto_parallel.micro_batch_setting(cfg, self._micro_batch_options(leaves, spec, params))
+        cuts = self._stage_cuts()
         chosen = auto_parallel.plan(trace, params, [o for o, _ in self._optimizers],
                                     ignore_user_sbp=cfg.auto_parallel_ignore_user_sbp, memory_mode=cfg.auto_memory,
                                     limit=limit, ratio=cfg.auto_parallel_ratio, wait_s=cfg.auto_parallel_wait_s,
                                     calibrate=cfg.auto_parallel_calibrate, device=device, link=link, feeds=feeds,
                                     activations=self._act_vars, settings=settings, zero=lambda: cfg.zero,
                                     schedule=schedule, pipeline=lambda: (cfg.pipeline_schedule, cfg.pipeline_memory),
-                                    micro=micro)
+                                    micro=micro, cuts=cuts)
         auto_parallel.apply(chosen, params)
+        if cuts is not None:
+            self._apply_cuts(chosen.choices[cuts.name][1])
         for setting in (*settings, *(s for s in (schedule, micro) if s is not None)):
             if setting.name in chosen.choices:
                 setting.set(chosen.choices[setting.name][1])
         cfg.grad_acc_steps_planned = micro is not None and cfg.grad_acc_steps > 1
         if self._micro_refusal is not None:
             chosen.kept["micro-batches"] = f"1, {self._micro_refusal}"
+        if self._cuts_refusal is not None:
+            chosen.kept["stage cuts"] = f"the user's, {self._cuts_refusal}"
         for path, var in list(self._act_vars.items()):   # the chosen block outputs stay boxed
             before, after = chosen.choices[f"{path} (output)"]
             var.chosen = after if after != before else None
@@ -189,6 +194,111 @@ class GraphAutoParallel(GraphCompiling):
             self._micro_refusal = f"build() on a micro-batch is no row-wise share of it on the whole batch (tried {ks})"
         self._micro_averaged = averaged
         return ok
+
+    def _staged_stack(self, stages) -> tuple | str:
+        """The stack whose blocks' cuts the planner may move: consecutive children of one
+        ``ModuleList`` / ``Sequential``, of one class, each given its own stage (none inherited)
+        in order along the stack, spanning the most stages; ``(blocks [(path, module)], their
+        stage ids)``, or why there is none."""
+        by: dict = {}
+        for path, m in self._repeated_blocks():
+            by.setdefault((path.rsplit(".", 1)[0], type(m)), []).append((path, m))
+        best, why = None, "no stack of repeated blocks (a ModuleList or Sequential of one class) has a stage set " \
+                          "on each of its blocks"
+        for (parent, _), blocks in by.items():
+            names = [name for name, _ in pipeline.graph_module_at(self, parent).named_children()]
+            at = [names.index(path.rsplit(".", 1)[1]) for path, _ in blocks]
+            inherited = any(path.startswith(a + ".") for path, _ in blocks for a in stages.by_path)
+            if any(path not in stages.by_path for path, _ in blocks) or inherited:
+                continue
+            sids = [stages.by_path[path] for path, _ in blocks]
+            if at != list(range(at[0], at[0] + len(at))) or sids != sorted(sids) \
+                    or sorted(set(sids)) != list(range(sids[0], sids[-1] + 1)):
+                why = f"the blocks of {parent!r} are on stages {sids}, not in order along consecutive blocks"
+                continue
+            if len(set(sids)) > 1 and (best is None or len(set(sids)) > len(set(best[1]))):
+                best = (blocks, sids)
+        if best is None and why.startswith("no stack"):
+            return why
+        return best if best is not None else why
+
+    def _stage_cuts(self):
+        """``config.enable_auto_parallel_stage_cuts``: where the stages' cuts fall in the staged
+        stack (``_staged_stack``) as a planner variable (``auto_parallel.Setting`` of
+        ``auto_parallel.Cuts``), or None (why: ``_cuts_refusal``). Setting cuts for a trace puts each
+        moved block on its new stage and lays its parameters and buffers out on that placement as
+        uninitialized shards (the parameters restored by the planner's override, the buffers and
+        stages here when the user's cuts come back)."""
+        from bisect import bisect_right
+        from dataclasses import replace
+        from ..distributed import world
+        from ..distributed.sharding import local_shape
+        from . import auto_parallel
+        self._cuts_refusal = None
+        if not self.config.auto_parallel_stage_cuts:
+            return None
+        stages = pipeline.resolve_stages(self)
+        found = self._staged_stack(stages) if stages is not None else "the graph has no pipeline stages (set_stage)"
+        if isinstance(found, str):
+            self._cuts_refusal = found
+            return None
+        blocks, sids = found
+        places = stages.placements
+        if len({places[s].hierarchy for s in sids}) > 1:
+            self._cuts_refusal = (f"the stack's stages have meshes of different shapes "
+                                  f"({', '.join(str(places[s].hierarchy) for s in sorted(set(sids)))}), so a block's "
+                                  f"layouts would not carry over")
+            return None
+        user = auto_parallel.Cuts([i for i in range(1, len(sids)) if sids[i] != sids[i - 1]], len(sids))
+        rank = world.rank()
+        held: dict = {}   # moved block index -> (its own stage setting, its buffers' (tensor, data, meta))
+
+        def put(cuts) -> None:
+            for i, (_, m) in enumerate(blocks):
+                sid = sids[0] + bisect_right(cuts, i)
+                if sid == sids[i]:
+                    if i in held:
+                        old, bufs = held.pop(i)
+                        pipeline.swap_stage(m, old)
+                        for t, data, g in bufs:
+                            t._data, t._global = data, g
+                    continue
+                place = places[sid]
+                was = pipeline.swap_stage(m, (sid, place))
+                if i not in held:
+                    held[i] = (was, [(b, b._data, b._global) for b in m.buffers() if b._global is not None])
+                for t in (*m.parameters(), *m.buffers()):
+                    g = t._global
+                    if g is None or g.placement == place:
+                        continue
+                    shape = local_shape(g.shape, g.sbp, place, rank) if rank in place.flat_ranks else (0,)
+                    t._data = torch.empty(shape, dtype=t._data.dtype, device=t._data.device)
+                    t._global = replace(g, placement=place)
+        self._cut_blocks = (blocks, sids, places)
+        return auto_parallel.Setting("stage cuts", tuple(auto_parallel.cut_options(user)), put)
+
+    def _apply_cuts(self, cuts) -> None:
+        """The chosen cuts for good: each moved block on its new stage, its parameters, buffers and
+        optimizer state moved to that placement (every rank in the same order), ``.grad`` dropped."""
+        from bisect import bisect_right
+        blocks, sids, places = self._cut_blocks
+        state = [o.state for o, _ in self._optimizers]
+        for i, (_, m) in enumerate(blocks):
+            sid = sids[0] + bisect_right(cuts, i)
+            if sid == sids[i]:
+                continue
+            place = places[sid]
+            pipeline.swap_stage(m, (sid, place))
+            for t in (*m.parameters(), *m.buffers()):
+                if t._global is None:
+                    continue
+                for st in state:
+                    for k, v in st.get(t, {}).items():
+                        if isinstance(v, Tensor) and v._global is not None and v._global.placement != place:
+                            st[t][k] = v.to_global(placement=place, sbp=list(v._global.sbp))
+                moved = t.detach().to_global(placement=place, sbp=list(t._global.sbp))
+                t._data, t._global = moved._data, moved._global
+                t.grad = None
 
     def _trace(self, leaves: list, spec) -> tuple:
         """As the compile's, recording the losses ``backward()`` is called on (``_losses``: their

@@ -76,6 +76,18 @@ def set_stage(module: Any, stage_id: int | None, placement: Any = None) -> None:
     s.history.append((stage_id, placement))
 
 
+def swap_stage(module: Any, setting: Any) -> Any:
+    """Puts ``setting`` (a ``(stage_id, placement)`` pair: a fresh stage of its own; None: none; or
+    what an earlier call returned) as ``module``'s stage and returns the one it had: the
+    auto-parallel planner's stage cuts, for one trace or for good."""
+    old = _STAGES.pop(module, None)
+    if isinstance(setting, tuple):
+        setting = _StageSetting(*setting, history=[setting])
+    if setting is not None:
+        _STAGES[module] = setting
+    return old
+
+
 def stage_of(module: Any) -> int | None:
     s = _STAGES.get(module)
     return None if s is None else s.stage_id
