@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..core import grad_mode
-from ..core.tensor import Tensor
+from ..core.tensor import Tensor, refuse_requires_grad_in_transform, wrapped_without_grad
 from ..ops.creation import zeros_like
 from ..ops.shape import stack
 from . import grad as _grad
@@ -52,9 +52,18 @@ def _outputs(func: Callable, inputs: tuple, fn_name: str, strict: bool) -> tuple
 
 def _preprocess(xs: tuple, create_graph: bool, need_graph: bool) -> tuple:
     """Fresh tensors to differentiate with respect to: a view of a recorded input when the result
-    must stay differentiable with respect to it (``create_graph``), a detached copy otherwise."""
-    return tuple(x.view_as(x) if create_graph and x.requires_grad else x.detach().requires_grad_(need_graph)
-                 for x in xs)
+    must stay differentiable with respect to it (``create_graph``), a detached copy otherwise,
+    made to require grad as torch's does, with ``requires_grad_()``, which torch.func's transforms
+    refuse inside the functions they transform (where an input requires grad as they tell it)."""
+    fresh = []
+    for x in xs:
+        if create_graph and x.requires_grad and not wrapped_without_grad(x):
+            fresh.append(x.view_as(x))
+            continue
+        if grad_mode.STATE.level > 0:
+            refuse_requires_grad_in_transform("holoflow.autograd.functional (its requires_grad_() of the inputs)")
+        fresh.append(x.detach().requires_grad_(need_graph))
+    return tuple(fresh)
 
 
 def _postprocess(res, create_graph: bool):

@@ -26,6 +26,9 @@ class _State(threading.local):
         # the levels of reverse-mode and of forward-mode transforms (jvp, jacfwd, linearize)
         self.reverse_levels: set = set()
         self.forward_levels: set = set()
+        # the levels of linearize, a forward-mode transform whose function torch runs on plain
+        # autograd (forward-mode duals): its code reads requires_grad as outside any transform
+        self.plain_levels: set = set()
         # forward mode is reverse mode here, yet no_grad stops reverse mode alone (torch's forward
         # AD runs through it): a no_grad region inside a forward-mode transform keeps recording.
         # The spans of its nodes' creation numbers (from ``region`` while it is open) are kept

@@ -5,6 +5,7 @@ layer (``holoflow/ops/methods.py``) from the op registry; this file holds what i
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -203,6 +204,14 @@ class Tensor:
     # -- autograd --------------------------------------------------------------------------
     @property
     def requires_grad(self) -> bool:
+        if grad_mode.STATE.no_hook_levels and _unwrapped_false(self):
+            return False   # (inside vmap or forward mode, as code outside holoflow sees it)
+        return self._requires_grad
+
+    @property
+    def _requires_grad(self) -> bool:
+        """Whether autograd records this tensor's uses: ``requires_grad`` as holoflow's own code
+        reads it, inside holoflow.func's transforms too."""
         vi = self._view
         if self._global is not None and "_copy_of" in self.__dict__:   # a boxed copy standing for a view
             return _copy_requires_grad(self)
@@ -230,6 +239,13 @@ class Tensor:
         if not isinstance(requires_grad, bool):   # (torch's argument parser: a bool, not 1 or None)
             raise TypeError(f"requires_grad_(): argument 'requires_grad' (position 1) must be bool, not "
                             f"{type(requires_grad).__name__}")
+        state = grad_mode.STATE
+        if state.level > 0 and not _library_caller() and not state.plain_levels.issuperset(state.starts):
+            refuse_requires_grad_in_transform("requires_grad_()")   # (linearize's run is plain autograd's)
+        if not requires_grad and self._rg and self.__dict__.get("_wrapped_at") in state.plain_levels:
+            raise RuntimeError("holoflow.func.linearize: requires_grad_(False) on an input of the function is "
+                               "unsupported: holoflow's linearize differentiates its record with respect to it "
+                               "(torch's traces forward-mode duals); detach() it instead")
         self.requires_grad = requires_grad
         return self
 
@@ -346,11 +362,12 @@ class Tensor:
             hook.__wrapped__ = user
         state = grad_mode.STATE
         level = state.level
-        while level in state.vmap_samples and not _batched(self, state.vmap_samples[level]):
-            level -= 1   # (unbatched inside a vmap: torch's hook is the code's around it)
+        while level in state.plain_levels or \
+                level in state.vmap_samples and not _batched(self, state.vmap_samples[level]):
+            level -= 1   # (unbatched inside a vmap, or in linearize's plain run: the code's around it)
         if level in state.no_hook_levels:
             raise RuntimeError("holoflow: cannot register a hook on a tensor inside vmap or a forward-mode transform "
-                               "(jvp, jacfwd, linearize): as torch.func's tensors there, it doesn't require grad; "
+                               "(jvp, jacfwd): as torch.func's tensors there, it doesn't require grad; "
                                "register it outside, or inside a grad transform within it")
         if level:   # (inside a holoflow.func transform: it fires in that transform's backward alone)
             hook = _LevelHook(hook, level)
@@ -643,6 +660,72 @@ def _unwrap_nested(x):
     if isinstance(x, (list, tuple)):
         return [_unwrap_nested(v) for v in x]
     return x
+
+
+def refuse_requires_grad_in_transform(who: str) -> None:
+    """torch.func's refusal of ``requires_grad_()`` inside a function it transforms (its wrapped
+    tensors' gradients are the transforms' business); ``autograd.functional`` calls it there."""
+    raise RuntimeError(f"holoflow: {who} inside a function being transformed by holoflow.func (grad, vjp, "
+                       f"jvp, jacrev, jacfwd, hessian, vmap, linearize) is unsupported, as torch.func's "
+                       f"requires_grad_() there: differentiate with the transforms themselves, or call it "
+                       f"outside the transformed function")
+
+
+def _library_caller(depth: int = 2) -> bool:
+    """Whether the code ``depth`` frames up (the caller of the method asking) is holoflow's own:
+    torch.func's wrapped tensors answer Python code, while torch's kernels and autograd read the
+    tensors under the wrappers; holoflow's library code is the counterpart of those kernels."""
+    name = sys._getframe(depth).f_globals.get("__name__", "")
+    return name.startswith("holoflow.") and not name.startswith("holoflow.examples")
+
+
+def _unwrapped_false(t: Tensor) -> bool:
+    """Whether code outside holoflow is told ``t`` doesn't require grad (``wrapped_without_grad``):
+    holoflow's own code reads what autograd records."""
+    return not _library_caller(3) and wrapped_without_grad(t)
+
+
+def wrapped_without_grad(t: Tensor) -> bool:
+    """Whether torch.func would tell ``t`` doesn't require grad though autograd records
+    it: inside a vmap or a forward-mode transform (jvp, jacfwd, linearize) torch.func hands the
+    function tensors wrapped at that level, which don't require grad there (a BatchedTensor, a
+    forward-mode wrapper), as every result computed at that level; a tensor made outside (a
+    parameter the function closes over) answers for itself, as does what a reverse transform
+    inside records (its inputs require grad). A tensor belongs to the innermost transform that
+    handed it to its function (``_wrapped_at``) or that began before its grad node was recorded
+    (core/node._at_level). Library code doing what torch's own Python code does asks this."""
+    state = grad_mode.STATE
+    for s in (t, t._view.base) if t._view is not None else (t,):
+        level = s.__dict__.get("_wrapped_at")
+        if level not in state.starts:
+            node = s._grad_fn
+            if node is None:
+                continue
+            level = state.level
+            while level > 0 and state.starts.get(level, node.seq + 1) > node.seq:
+                level -= 1
+        if level in state.plain_levels:   # (linearize: what requires grad outside it)
+            return not reaches_outside(t, level)
+        return level in state.no_hook_levels
+    return False   # (a leaf answers for itself: torch.func doesn't wrap what it didn't make)
+
+
+def reaches_outside(t: Tensor, depth: int, skip: Callable | None = None) -> bool:
+    """Whether ``t``'s history reaches a leaf recorded outside the transform at level ``depth``:
+    any but the fresh inputs of that transform and of those inside it (``_func_level``), not
+    through the grad nodes ``skip`` names."""
+    seen, stack = set(), [t.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen or (skip is not None and skip(node)):
+            continue
+        seen.add(id(node))
+        for e in node.edges:
+            if type(e) is tuple:
+                stack.append(e[0])
+            elif e is not None and e.__dict__.get("_func_level", 0) < depth:
+                return True
+    return False
 
 
 def _batched(t: Tensor, samples: set) -> bool:

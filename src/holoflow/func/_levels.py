@@ -22,8 +22,13 @@ from ..core.grad_mode import STATE, forward_mode_runs, next_seq
 @contextlib.contextmanager
 def level(n: int, kind: str = "reverse") -> Iterator[None]:
     """Code inside runs at level ``n``, a transform's of ``kind``: "reverse" (grad, vjp, jacrev),
-    "forward" (jvp, jacfwd, linearize) or "vmap" (the last two refuse hooks)."""
+    "forward" (jvp, jacfwd), "linearize" (forward, on plain autograd's flags: ``plain_levels``)
+    or "vmap" (all but reverse refuse hooks)."""
     state = STATE
+    plain = kind == "linearize"
+    kind = "forward" if plain else kind
+    if plain:
+        state.plain_levels.add(n)
     old, state.level = state.level, n
     old_start, state.starts[n] = state.starts.get(n), next_seq()
     kinds = state.reverse_levels if kind == "reverse" else state.forward_levels if kind == "forward" else None
@@ -43,6 +48,8 @@ def level(n: int, kind: str = "reverse") -> Iterator[None]:
             state.no_hook_levels.discard(n)
         if kinds is not None:
             kinds.discard(n)
+        if plain:
+            state.plain_levels.discard(n)
         if kind == "forward" and not state.forward_levels:
             state.regions.clear()   # (no forward mode left to see through its no_grad regions)
             state.snapshots.clear()

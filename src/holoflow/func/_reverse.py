@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ..autograd import grad as _autograd_grad
 from ..autograd.graph import disable_saved_tensors_hooks
 from ..core import grad_mode
-from ..core.tensor import Tensor
+from ..core.tensor import Tensor, reaches_outside
 from ..graph.pytree import flatten, unflatten
 from ..nn.module import Module
 from ..nn.utils.stateless import swapped
@@ -97,9 +97,11 @@ def _track(x: Tensor, depth: int) -> Tensor:
     ``x`` came from when an enclosing transform (or the caller) records ``x``; else a leaf of the
     transform at level ``depth``, which no transform outside it records (``_reaches_outside``)."""
     if x.requires_grad and grad_mode.STATE.enabled:
-        return x.view_as(x)
-    fresh = x.detach().requires_grad_(True)
-    fresh._func_level = depth
+        fresh = x.view_as(x)
+    else:
+        fresh = x.detach().requires_grad_(True)
+        fresh._func_level = depth
+    fresh._wrapped_at = depth   # (what the function is handed: core/tensor._unwrapped_false)
     return fresh
 
 
@@ -166,18 +168,7 @@ def _reaches_outside(t: Tensor, depth: int, around_regions: bool = False) -> boo
     """Whether ``t``'s history reaches a leaf recorded outside the transform at level ``depth``:
     any but the fresh inputs of that transform and of those inside it; with ``around_regions``,
     not through a no_grad region only forward mode sees (``_seal_regions``)."""
-    seen, stack = set(), [t.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen or (around_regions and in_region(node)):
-            continue
-        seen.add(id(node))
-        for e in node.edges:
-            if type(e) is tuple:
-                stack.append(e[0])
-            elif e is not None and e.__dict__.get("_func_level", 0) < depth:
-                return True
-    return False
+    return reaches_outside(t, depth, in_region if around_regions else None)
 
 
 def _keep(outer: bool, outs: list, depth: int, forward: bool = False) -> bool:
@@ -413,7 +404,7 @@ def linearize(func: Callable, *primals: Any) -> tuple[Any, Callable]:
     depth = inner()
     args, fresh, keep = _fresh_args(primals, tuple(range(len(primals))), "linearize")
     wrt = [x for f, _ in fresh for x in f]
-    with grad_mode.enable_grad(), level(depth, "forward"):
+    with grad_mode.enable_grad(), level(depth, "linearize"):
         with forward_saves():
             out = func(*args)
         outs, ospec = _tensors(out, "linearize")
@@ -439,7 +430,7 @@ def _replay(regions: list, cut: list) -> Iterator[None]:
     """A later pass of ``linearize``'s record, as a forward-mode transform: the no_grad regions
     its function recorded are forward mode's again (their nodes' edges given back), and cut once
     more when it is done (``_seal_regions``, which also cuts those the pass recorded)."""
-    with level(inner(), "forward"):
+    with level(inner(), "linearize"):
         grad_mode.STATE.regions.extend(regions)
         for node, edges in cut:
             node.edges = edges

@@ -141,6 +141,9 @@ def _run(func: Callable, leaves: list, spec: Any, dims: list, n: int, kwargs: di
         if randomness == "same" and i:
             _rng.set_state(start)
         flat = [_sample(x, d, i) for x, d in zip(leaves, dims)]
+        for s, d in zip(flat, dims):
+            if d is not None and isinstance(s, Tensor):
+                s._wrapped_at = depth   # (a batched tensor: core/tensor._unwrapped_false)
         STATE.vmap_samples[depth] = {id(s.grad_fn) for s, d in zip(flat, dims)
                                if d is not None and isinstance(s, Tensor) and s.grad_fn is not None}
         try:
