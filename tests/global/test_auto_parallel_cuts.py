@@ -155,6 +155,29 @@ def test_the_users_cuts_are_kept_without_the_switch_or_a_stack_staged_block_by_b
     _same_training(whole, world.simulate(2, lambda r: _train(r, steps=1, whole=True, auto=False)))
 
 
+def _stepped_first(rank: int, auto: bool) -> tuple:
+    """_train after an eager optimizer step: momentum state on each parameter's placement."""
+    g, feeds, net = _graph(auto=auto)
+    for p in net.parameters():
+        p.grad = flow.ones_like(p) * 1e-3
+    g._optimizers[0][0].step()
+    for p in net.parameters():
+        p.grad = None
+    losses = []
+    for _ in range(2):
+        loss = g(*feeds)
+        losses.append(loss.to_local().numpy().copy() if rank == 1 else None)
+    held = {k: v.to_local().detach().numpy().copy() for k, v in net.state_dict().items() if rank in v.placement.ranks}
+    return None, losses, held
+
+
+def test_optimizer_state_moves_with_its_block():
+    """State that exists when the cuts move (an eager step before the graph's first call) goes to the
+    block's new stage with its parameters: the graph's update of a moved block reads it there."""
+    _same_training(world.simulate(2, lambda r: _stepped_first(r, True)),
+                   world.simulate(2, lambda r: _stepped_first(r, False)))
+
+
 def test_planned_cuts_train_as_the_users_on_two_gloo_ranks(world2):
     planned = world2.run(_gloo_train, True, timeout=300)
     assert planned[0][0] == planned[1][0] == "blocks 0-1 | 2-3"
