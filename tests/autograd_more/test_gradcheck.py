@@ -192,9 +192,29 @@ def test_batched_grad_check():
         assert lib.autograd.gradcheck(lambda x, y: (x @ y).tanh(), (a, b), check_batched_grad=True)
 
 
-def test_forward_ad_checks_are_refused_not_ignored():
-    a = _inputs(flow)[0]
-    with pytest.raises(UnsupportedError, match="forward-mode AD"):
+@pytest.mark.parametrize("fast", [False, True])
+def test_forward_ad_checks_as_torchs(fast):
+    """check_forward_ad checks forward mode (dual tensors) against finite differences: a right
+    function passes (alone or with the reverse check, forward over reverse in gradgradcheck), a
+    tangent that misses a factor fails with torch's message, in both libraries."""
+    for lib in LIBS:
+        a, b = _inputs(lib)
+        assert lib.autograd.gradcheck(lambda x, y: ((x @ y).tanh(), x.sum(1)), (a, b), check_forward_ad=True,
+                                      fast_mode=fast)
+        assert lib.autograd.gradcheck(lambda x, y: (x @ y).sin(), (a, b), check_forward_ad=True,
+                                      check_backward_ad=False, fast_mode=fast)
+        assert lib.autograd.gradgradcheck(lambda x: (x.sin() * x).sum(1), (a,), check_fwd_over_rev=True,
+                                          fast_mode=fast)
+        with pytest.raises(ERR[lib], match="Jacobian computed with forward mode mismatch for output 0 with "
+                                           "respect to input 0"):
+            lib.autograd.gradcheck(lambda x: x * x.detach(), (a,), check_forward_ad=True, check_backward_ad=False,
+                                   fast_mode=fast)
+
+
+def test_forward_ad_checks_holoflow_cannot_do_are_refused_not_ignored():
+    a = _inputs(flow, complex_=True)[0]
+    with pytest.raises(UnsupportedError, match="check_forward_ad=True checks real inputs and outputs"):
         flow.autograd.gradcheck(lambda x: x * 2, (a,), check_forward_ad=True)
-    with pytest.raises(UnsupportedError, match="forward-mode AD"):
-        flow.autograd.gradgradcheck(lambda x: x * 2, (a,), check_fwd_over_rev=True)
+    a = _inputs(flow)[0]
+    with pytest.raises(UnsupportedError, match="check_batched_forward_grad=True"):
+        flow.autograd.gradcheck(lambda x: x * 2, (a,), check_forward_ad=True, check_batched_forward_grad=True)

@@ -11,6 +11,7 @@ from ..core import grad_mode, interpret
 from ..core.autograd import as_roots, run_backward, seed_grads
 from ..core.grad_mode import enable_grad, inference_mode, no_grad, set_grad_enabled
 from ..core.tensor import Tensor
+from . import forward_ad
 from .anomaly_mode import detect_anomaly, set_detect_anomaly
 from .engine_switches import is_multithreading_enabled, is_view_replay_enabled, set_multithreading_enabled
 from .function import Function, FunctionCtx
@@ -20,7 +21,7 @@ from ..ops.shape import stack
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "no_grad", "enable_grad",
            "set_grad_enabled", "inference_mode", "functional", "profiler", "graph", "detect_anomaly",
            "set_detect_anomaly", "gradcheck", "gradgradcheck", "Variable", "set_multithreading_enabled",
-           "is_multithreading_enabled", "is_view_replay_enabled"]
+           "is_multithreading_enabled", "is_view_replay_enabled", "forward_ad"]
 
 
 def variable(*args, **kwargs):

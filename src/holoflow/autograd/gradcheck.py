@@ -3,8 +3,9 @@ functions: Jacobians by central finite differences (the inputs perturbed in plac
 autograd's sight, as torch's ``.data``) against holoflow's own autograd (one ``autograd.grad``
 per output element, or, in ``fast_mode``, one random projection ``v^T J u``, torch's vectors).
 Complex outputs are checked by their real and imaginary parts, complex inputs by the conjugate
-Wirtinger derivative torch's convention gives. Forward-mode checks need forward-mode AD, which
-holoflow does not have: they raise.
+Wirtinger derivative torch's convention gives. ``check_forward_ad`` checks forward mode
+(autograd/forward_ad.py) the same way: one dual evaluation per input element (the Jacobian's
+row), or, in ``fast_mode``, one along a random ``u`` per input, for real inputs and outputs.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..core import generators
 from ..core.autograd import run_backward
 from ..core.errors import UnsupportedError
 from ..core.tensor import Tensor
+from . import forward_ad
 from . import grad as _grad
 
 __all__ = ["gradcheck", "gradgradcheck", "GradcheckError"]
@@ -56,14 +58,16 @@ def gradcheck(func: Callable[..., Tensor | Sequence[Tensor]], inputs: Tensor | S
         raise AssertionError(_PREFIX + "Setting check_batched_grad=True requires check_backward_ad to be True")
     if check_batched_forward_grad and not check_forward_ad:
         raise AssertionError(_PREFIX + "Setting check_batched_forward_grad=True requires check_forward_ad to be True")
-    if check_forward_ad:
-        raise UnsupportedError("holoflow.autograd.gradcheck: check_forward_ad=True needs forward-mode AD "
-                               "(autograd.forward_ad), which holoflow does not have (its jvp is the transpose of "
-                               "a vjp, autograd.functional.jvp); check reverse mode (check_backward_ad=True, "
-                               "gradgradcheck) instead")
+    if check_batched_forward_grad:
+        raise UnsupportedError("holoflow.autograd.gradcheck: check_batched_forward_grad=True (forward mode under "
+                               "vmap) is not supported; check_forward_ad=True checks forward mode unbatched")
     try:
-        return _check(func, _as_tuple(inputs), eps, atol, rtol, nondet_tol, check_undefined_grad,
-                      check_grad_dtypes, check_batched_grad, fast_mode)
+        if check_backward_ad:
+            _check(func, _as_tuple(inputs), eps, atol, rtol, nondet_tol, check_undefined_grad,
+                   check_grad_dtypes, check_batched_grad, fast_mode)
+        if check_forward_ad:
+            _check_forward(func, _as_tuple(inputs), eps, atol, rtol, fast_mode)
+        return True
     except GradcheckError as e:
         if raise_exception:
             if not str(e).startswith(_PREFIX):   # (torch's text after holoflow's prefix)
@@ -98,6 +102,50 @@ def _check(func, inputs, eps, atol, rtol, nondet_tol, check_undefined_grad, chec
     if check_undefined_grad:
         _undefined_grads(func, inputs)
     return True
+
+
+def _check_forward(func, inputs: tuple, eps: float, atol: float, rtol: float, fast_mode: bool) -> None:
+    """Forward mode against finite differences: per input, its Jacobian's rows from one dual
+    evaluation per element (the input's tangent a unit vector), or in ``fast_mode`` ``J u`` along
+    one random unit ``u``; the other inputs carry no tangent."""
+    _check_inputs(inputs)
+    diff = _diff_inputs(inputs)
+    outs = [o for o in _as_tuple(func(*inputs)) if isinstance(o, Tensor)]
+    if any(x.is_complex() for x in diff) or any(o.is_complex() for o in outs):
+        raise UnsupportedError(_PREFIX + "check_forward_ad=True checks real inputs and outputs; check complex "
+                               "ones by reverse mode (check_backward_ad=True)")
+
+    def along(i: int, tangent: torch.Tensor) -> list:
+        """J_i t, flattened per output: the outputs' tangents with input ``i`` dual (zeros where none)."""
+        with forward_ad.dual_level():
+            args = list(inputs)
+            k = next(j for j, x in enumerate(inputs) if x is diff[i])
+            args[k] = forward_ad.make_dual(diff[i].detach(), Tensor._make(tangent.reshape(diff[i].shape)))
+            res = [o for o in _as_tuple(func(*args)) if isinstance(o, Tensor)]
+            tangents = [forward_ad.unpack_dual(o).tangent for o in res]
+            return [torch.zeros(o._data.numel(), dtype=o._data.dtype) if t is None else
+                    t._data.detach().reshape(-1).clone() for o, t in zip(res, tangents)]
+
+    gen = torch.Generator()
+    numerical = None if fast_mode else _numerical(func, inputs, eps)   # [input][output] (in numel, out numel)
+    for i, x in enumerate(diff):
+        d = x._data
+        if fast_mode:
+            u = _unit(d.numel(), gen, d.dtype)
+            wants = _central(func, inputs, x._data.data, (eps * u).reshape(d.shape), eps)
+            gots = along(i, u)
+        else:
+            rows = [along(i, torch.zeros(d.numel(), dtype=d.dtype).index_fill_(0, torch.tensor([k]), 1))
+                    for k in range(d.numel())]
+            gots = [torch.stack([r[j] for r in rows]) if rows else torch.zeros(0, o._data.numel(), dtype=d.dtype)
+                    for j, o in enumerate(outs)]
+            wants = numerical[i]
+        for j, (a, n) in enumerate(zip(gots, wants)):
+            if not outs[j].is_floating_point():
+                continue
+            if not _allclose(a, n, rtol, atol):
+                raise GradcheckError(f"Jacobian computed with forward mode mismatch for output {j:d} with respect "
+                                     f"to input {i:d},\nnumerical:{n}\nanalytical:{a}\n")
 
 
 def _parts(func, part) -> Callable:

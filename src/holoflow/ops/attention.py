@@ -43,6 +43,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ..core import generators, grad_mode
 from ..core.dispatch import apply
 from ..core.errors import ShapeError, UnsupportedError
+from ..core.forward_ad import any_dual
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
@@ -116,6 +117,10 @@ def _sdpa_kernel(q, k, v, mask, is_causal, scale, backends=None):
     """(out, logsumexp): torch's fused flash kernel where :func:`_fusable` (logsumexp of the
     scaled scores per query row, what the fused backward needs); otherwise torch's dispatcher
     and an empty logsumexp (the math backward recomputes the scores)."""
+    if any_dual(q, k, v, mask):   # (forward-mode AD: torch has formulas for its math path only)
+        with sdpa_kernel(SDPBackend.MATH):
+            out = TF.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+        return out, q.new_empty((0,), dtype=_lse_dtype(q))
     if not _fusable(q.shape, k.shape, v.shape, mask is not None, backends):
         lse = q.new_empty((0,), dtype=_lse_dtype(q))
         with _only(backends):

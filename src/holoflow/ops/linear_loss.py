@@ -21,6 +21,7 @@ import torch
 
 from ..core.dispatch import apply
 from ..core.errors import DTypeError, ShapeError, UnsupportedError
+from ..core.forward_ad import any_dual
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
@@ -281,6 +282,9 @@ def linear_cross_entropy(input: Tensor, linear_weight: Tensor, target: Tensor, *
     whole (see :class:`LinearCrossEntropyOptions`)."""
     batch, n_classes, out_features, logits_shape = _check(input, linear_weight, target, linear_bias, ignore_index)
     ignore = -100 if ignore_index is None else ignore_index
+    if options is not None and any_dual(input._data, linear_weight._data,
+                                        None if linear_bias is None else linear_bias._data):
+        options = None   # (forward-mode AD: the chunked kernels write out=, which torch doesn't differentiate)
     if options is not None:
         if out_features or reduction not in ("mean", "sum", "none") or label_smoothing != 0.0 \
                 or target._data.dtype != torch.int64:

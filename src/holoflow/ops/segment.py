@@ -24,7 +24,7 @@ def _kernel(data, index, reduce, axis, unsafe, initial, by_offsets):
     try:
         return torch.segment_reduce(data, reduce, axis=axis, unsafe=unsafe, initial=initial, **where)
     except RuntimeError as e:
-        raise RuntimeError(f"holoflow.segment_reduce: {str(e).splitlines()[0]}") from None
+        raise type(e)(f"holoflow.segment_reduce: {str(e).splitlines()[0]}") from None
 
 
 SEGMENT_REDUCE = defop_vjp("segment_reduce", _kernel,

@@ -14,6 +14,7 @@ import torch
 from ..core import device as _device
 from ..core import dtype as _dtype
 from ..core import grad_mode
+from ..core.forward_ad import alias as _alias
 from ..core.dispatch import apply, check_inplace_target
 from ..core.errors import ShapeError, UnsupportedError, int_sizes, normalize_dim
 from ..core.interpret import is_lazy
@@ -682,7 +683,7 @@ def _untracked(pieces: tuple) -> tuple:
     ``unsafe_*`` splits, whose outputs may be written in place while autograd records."""
     for p in pieces:
         p.__dict__.pop("_view", None)
-        p._data = p._data.detach()   # not a torch view either (same storage and version counter)
+        p._data = _alias(p._data)   # not a torch view either (same storage and version counter)
     return pieces
 
 
@@ -787,7 +788,7 @@ def _shape_inplace(name: str, fn: Callable) -> Callable:
         if self._view is not None:
             self._data, self._view = y._data, y._view
         else:   # a root alias of the storage (same version counter): its own views stay countable
-            self._data = y._data.detach()
+            self._data = _alias(y._data)
         if y._grad_fn is not None:   # (the node just recorded: the version moved by this method, not by a write)
             self.grad_fn, self._out_idx = y._grad_fn, y._out_idx
         return self
