@@ -305,6 +305,28 @@ def test_global_tensors_and_traces_refuse_duals():
         with pytest.raises(RuntimeError, match="not inside an nn.Graph or holoflow.compile trace"):
             Dualize()(flow.from_torch(X))
 
+        class Double(flow.nn.Graph):
+            def build(self, x):
+                return x * 2
+        dual = ffw.make_dual(flow.from_torch(X), flow.from_torch(T))
+        with pytest.raises(RuntimeError, match="nn.Graph Double: an input is a forward-AD dual tensor"):
+            Double()(dual)
+        with pytest.raises(RuntimeError, match="nn.Graph Double: an input is a forward-AD dual tensor"):
+            list(Double().stream([(dual,)]))
+
+
+def test_compiled_calls_run_eagerly_in_a_dual_level():
+    """holoflow.compile's traced kernels would drop tangents: in a dual level a compiled call runs
+    its function eagerly (torch's tangents), outside it is traced as before."""
+    flow.manual_seed(0)
+    lin = flow.nn.Linear(4, 2).double()
+    compiled = flow.compile(lin, backend="eager")
+    x, t = flow.from_torch(X), flow.from_torch(T)
+    with ffw.dual_level():
+        tangent = ffw.unpack_dual(compiled(ffw.make_dual(x, t))).tangent
+    torch.testing.assert_close(tangent.to_torch(), (t @ lin.weight.t()).detach().to_torch())
+    torch.testing.assert_close(compiled(x).detach().to_torch(), lin(x).detach().to_torch())
+
 
 def test_mock_torch_code_imports_forward_ad():
     from holoflow import mock_torch

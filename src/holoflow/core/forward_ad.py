@@ -8,6 +8,11 @@ import torch
 import torch.autograd.forward_ad as _torch_fw
 
 
+def any_level() -> bool:
+    """Whether a forward-AD level is entered (dual tensors may exist)."""
+    return _torch_fw._current_level >= 0
+
+
 def tangent_of(data: torch.Tensor) -> torch.Tensor | None:
     """The forward-AD tangent ``data`` carries at the current level (None outside any level)."""
     if _torch_fw._current_level < 0:

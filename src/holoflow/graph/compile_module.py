@@ -41,6 +41,7 @@ from ..amp.autocast import Autocast
 from ..core import grad_mode, interpret, saved
 from ..core.dispatch import cut_history
 from ..core.tensor import Tensor
+from ..core.forward_ad import any_level
 from ..nn.module import Module
 from ..nn import module as _module
 from .cache_key import _cache_key, _state_walk
@@ -520,7 +521,10 @@ def _untraceable_context() -> str | None:
     """Why calls here run eagerly whatever the inputs: inside a trace (nn.Graph's build traces
     the call itself), under an interpreter other than autocast (functional transforms), or with
     saved-tensor hooks active (they pack what eager's nodes save; the compiled forward's saved
-    values would bypass them)."""
+    values would bypass them), or in a forward-AD level (torch's tangents ride on eager kernels:
+    autograd/forward_ad.py)."""
+    if any_level():
+        return "a forward-AD level is active"
     for it in interpret.stack():
         if it.parent is not None and not isinstance(it, Autocast):
             return f"called under {type(it).__name__}"

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Iterator
 
 from ..core import saved
 from ..core.errors import ArgValueError, HoloflowError
+from ..core.forward_ad import any_dual
 from ..core.tensor import Tensor
 from .cache_key import _cache_key, _state_walk
 from .config import GraphConfig
@@ -144,6 +145,7 @@ class Graph(GraphAutoParallel):
     # -- run -------------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         leaves, spec = flatten((args, kwargs))
+        _refuse_duals(leaves, type(self).__name__)
         fed = self._lay_out(leaves, spec)
         c = self._get(fed, spec)
         _refuse_saved_hooks(c)
@@ -161,6 +163,7 @@ class Graph(GraphAutoParallel):
         def keyed():
             for b in batches:
                 leaves, spec = flatten((b if isinstance(b, tuple) else (b,), {}))
+                _refuse_duals(leaves, type(self).__name__)
                 laid = self._lay_out(leaves, spec)
                 yield _cache_key(laid, spec, self._flags()), laid, spec, leaves
         for _, group in itertools.groupby(keyed(), key=lambda k: k[0]):
@@ -261,6 +264,15 @@ class GraphModule:
     @stage_id.setter
     def stage_id(self, value: int) -> None:
         pipeline.set_stage(self._module(), value, None)
+
+
+def _refuse_duals(leaves: list, name: str) -> None:
+    """A plan's kernels (planned buffers, fused and compiled tasks) would drop the tangent of an
+    input that is a forward-AD dual tensor (autograd/forward_ad.py): refused."""
+    if any(isinstance(x, Tensor) and any_dual(x._data) for x in leaves):
+        raise RuntimeError(f"holoflow.nn.Graph {name}: an input is a forward-AD dual tensor (make_dual); a graph "
+                           f"runs no forward-mode AD. Call the module eagerly inside the dual level, or use "
+                           f"holoflow.func.jvp")
 
 
 def _refuse_saved_hooks(c) -> None:

@@ -7,8 +7,10 @@ nn.ParameterDict of per-class logit temperatures, AlphaDropout, HuberLoss on the
 and a hand-made label-smoothed loss from F.one_hot and torch.special.xlogy / logsumexp; clips come
 from an IterableDataset through a DataLoader; AdamW with a ChainedScheduler (LinearLR warm-up with
 ExponentialLR); evaluation under torch.set_grad_enabled(False) with torch.histc / torch.unique
-metrics and masked_scatter of the predictions."""
+metrics, masked_scatter of the predictions and the logits' sensitivity to a brightness change
+by forward-mode AD (torch.autograd.forward_ad dual tensors)."""
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
@@ -103,7 +105,12 @@ for epoch in range(2):
         hist = torch.histc(pred.float(), bins=NUM_CLASSES, min=0, max=NUM_CLASSES - 1)
         seen = torch.unique(labels, sorted=True)
         marked = torch.full_like(labels, -1).masked_scatter(pred == labels, pred[pred == labels])
+        # input sensitivity: the logits' directional derivative along a brightness change (forward AD)
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(clips, torch.ones_like(clips) / clips[0].numel() ** 0.5)
+            sensitivity = fwAD.unpack_dual(model(dual)[0]).tangent.abs().mean()
         LOSSES.append(float(hist.max()) / 16 + 0.01 * len(seen) + 0.001 * float((marked >= 0).sum()))
+        LOSSES.append(float(sensitivity))
     assert torch.is_grad_enabled()
 
 MODELS = {"video": model}
