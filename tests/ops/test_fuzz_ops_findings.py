@@ -214,28 +214,27 @@ def test_in_place_logical_ops_record_zero_gradients():
         assert ga.tolist() == [0.0, 0.0, 0.0] and gt is None   # (torch's t: None too)
 
 
-# found and left: torch's formulas read the result the in-place kernel leaves in overlapping
-# windows (an element written twice: the last write), or record a composite in place as one op
-_LEFT = {
+# torch's formulas read the result the in-place kernel leaves in overlapping windows (an element
+# written twice: its last write): pow_/float_power_(tensor)'s exponent gradient, hypot_'s and ldexp_'s
+# (holoflow's rules recomputed it, or ran torch's vjp out of place); mvlgamma_ is one op in torch
+# (holoflow's composite's copy_ summed the windows' gradients)
+_WINDOWS = {
     "pow_": lambda lib, u, t: u.pow_(t),
     "float_power_": lambda lib, u, t: u.float_power_(t),
     "hypot_": lambda lib, u, t: u.hypot_(t),
     "ldexp_": lambda lib, u, t: u.ldexp_(t),
     "mvlgamma_": lambda lib, u, t: u.mvlgamma_(1),
+    "copysign_": lambda lib, u, t: u.copysign_(t - 1.7),
 }
 
 
-@pytest.mark.xfail(strict=True, reason="pow_/float_power_(tensor) and hypot_ read the result torch's kernel leaves in "
-                   "overlapping windows (holoflow's rules recompute it, or run torch's vjp out of place); ldexp_ is "
-                   "torch's mul_ by 2**t reading the input; mvlgamma_ is one recorded op in torch, a composite's "
-                   "copy_ in holoflow (its gradient summed over the windows)")
-@pytest.mark.parametrize("name", sorted(_LEFT))
-def test_left_gradients_through_overlapping_windows_written_in_place(name):
+@pytest.mark.parametrize("name", sorted(_WINDOWS))
+def test_gradients_through_overlapping_windows_written_in_place(name):
     def run(lib):
         a = lib.tensor([0.3, 0.5, 0.7, 0.2], dtype=lib.float64, requires_grad=True)
         t = lib.tensor([1.5, 2.0], dtype=lib.float64, requires_grad=True)
         b = a * 1
-        _LEFT[name](lib, b.unfold(0, 2, 1), t)
+        _WINDOWS[name](lib, b.unfold(0, 2, 1), t)
         g = lib.autograd.grad((b * (lib.arange(4, dtype=lib.float64) + 1)).sum(), (a, t), allow_unused=True)
         return [b.detach()] + [x for x in g if x is not None]
     for g, w in zip(run(flow), run(torch)):
@@ -354,11 +353,10 @@ def test_atan2_gradient_in_torch_order():
         assert torch.equal(g.to_torch().signbit(), w.signbit())
 
 
-@pytest.mark.xfail(strict=True, reason="pow_ of a complex64 tensor by a float64 exponent: torch's exponent gradient "
-                   "reads the complex64 result (its in-place output); holoflow's rule recomputes a ** b out of place "
-                   "(complex128) and the write casts after: 5e-8 apart (complex64's rounding)")
 def test_in_place_pow_exponent_gradient_in_the_targets_dtype():
-    """seed 210898."""
+    """seed 210898: ``z.pow_(t)``, z complex64 and t float64: torch's exponent gradient reads the
+    complex64 result (its in-place output); holoflow's rule recomputed ``a ** b`` out of place
+    (complex128): 5e-8 apart (complex64's rounding), silently."""
     def run(lib):
         z = lib.tensor([0.3 + 1.1j, -0.7 + 0.2j, 1.5 - 0.4j], dtype=lib.complex64, requires_grad=True)
         t = lib.tensor([1.3, -0.6, 2.2], dtype=lib.float64, requires_grad=True)
@@ -375,3 +373,45 @@ def test_clamp_with_a_bound_requiring_grad_beside_a_number_is_refused():
         return lib.clamp(lib.tensor([1.0, 2.0, 3.0]), bound, 0.5)
     _same_error(lambda lib: run(lib, lib.tensor(1.5, requires_grad=True) * 1))
     _same(run(flow, flow.tensor(1.5)), run(torch, torch.tensor(1.5)))
+
+
+_SAVING = {"pow_": lambda lib, x, t: (x * 1).pow_(t), "copysign": lambda lib, x, t: lib.copysign(x, t),
+           "hypot": lambda lib, x, t: lib.hypot(x, t), "ldexp": lambda lib, x, t: lib.ldexp(x, t)}
+
+
+@pytest.mark.parametrize("name", sorted(_SAVING))
+def test_binary_ops_save_what_torch_saves_per_gradient_wanted(name):
+    """seed 219312: ``copysign(x, t)`` with only t requiring grad, then ``x.exp_()``: torch's
+    backward runs (t's gradient is zeros, reading nothing; the node keeps only the result);
+    holoflow's had saved both inputs and refused. Each op, each set of inputs requiring grad and
+    each tensor written in place after: the same refusals, and as many tensors packed by
+    saved-tensor hooks, as torch. (``x.pow_(t)``'s node saves the result, which its exponent's
+    gradient reads; holoflow's out-of-place ``x ** t`` recomputes it, so a result written since
+    is not refused there, where torch's is.)"""
+    def run(lib, needs, written):
+        x = lib.tensor([0.3, -0.5, 2.0], requires_grad=needs[0]) * 1
+        t = lib.tensor([1.5, 0.0, -1.0], requires_grad=needs[1]) * 1
+        packed = []
+        with lib.autograd.graph.saved_tensors_hooks(lambda v: (packed.append(1), v)[1], lambda v: v):
+            y = _SAVING[name](lib, x, t)
+        z = y * 1
+        if written is not None:
+            {"x": x, "t": t, "y": y}[written].mul_(2)
+        err = raised(lambda: z.sum().backward())
+        return len(packed), type(err)
+    for needs in ((True, False), (False, True), (True, True)):
+        for written in (None, "x", "t", "y"):
+            assert run(flow, needs, written) == run(torch, needs, written), (needs, written)
+
+
+def test_mvlgamma_is_torchs_kernel_and_derivative():
+    """``mvlgamma`` was a composite of lgammas: an ulp off torch's kernel (float32 3.3, p=3),
+    silently, and it computed on complex tensors torch refuses (NotImplementedError)."""
+    def run(lib, p):
+        x = lib.tensor([3.3, 4.1, 2.7, 9.25], requires_grad=True)
+        y = lib.mvlgamma(x, p)
+        return y.detach(), lib.autograd.grad((y * lib.tensor([0.3, -1.1, 2.0, 0.7])).sum(), x)[0]
+    for p in (1, 2, 3, 4):
+        for g, w in zip(run(flow, p), run(torch, p)):
+            assert torch.equal(g.to_torch(), w), p
+    _same_error(lambda lib: lib.mvlgamma(lib.tensor([3 + 1j]), 2))

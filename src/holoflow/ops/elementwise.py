@@ -208,8 +208,9 @@ def _pow_scalar_grad(dy, a, b):
 def _pow_grad(c, dy):
     """torch's ``pow_backward_self`` / ``pow_backward_exponent``: the base's gradient is
     ``dy * conj(b a^(b-1))``, 0 where the exponent is 0 (selected: 0 ** -1 is inf); the exponent's
-    is ``dy * conj(a^b log a)`` (the log in the result's dtype), 0 where the base is 0 and the
-    exponent is real and >= 0 (``0 * log 0``)."""
+    is ``dy * conj(result log a)`` (the log in the dtype the operands promote to; the result
+    recomputed, or, written in place, as saved: the target's dtype and the kernel's values), 0
+    where the base is 0 and the exponent is real and >= 0 (``0 * log 0``)."""
     a, b = c.inputs
     ga = gb = None
     if needs(c, 0):
@@ -219,13 +220,14 @@ def _pow_grad(c, dy):
             ga = _pow_scalar_grad(dy, a, b)
         ga = reduce_grad(ga, c, 0)
     if needs(c, 1):
-        out = a ** b
+        out = c.out if c.op.saves_output else a ** b
         if b._data.is_complex():
             nonneg = (b.imag == 0) & (b.real >= 0)
         else:
             nonneg = b >= 0
-        if isinstance(a, Tensor):
-            a = a if a._data.dtype == out._data.dtype else a.to(out._data.dtype)
+        if isinstance(a, Tensor):   # (the log in the dtype the operands promote to)
+            dt = torch.result_type(a._data, b._data)
+            a = a if a._data.dtype == dt else a.to(dt)
             gb = dy * where((a == 0) & nonneg, 0.0, _conj(out * a.log()))
         else:
             if a == 0:   # (c10's Scalar log: -inf, complex -inf + 0j)
@@ -315,6 +317,10 @@ DIV = binary("div", lambda a, b, rounding_mode=None: torch.div(a, b, rounding_mo
              _div_grad, "inputs", partial=lambda attrs: ("PB", "P-") if attrs.get("rounding_mode") is None else (),
              saved_inputs=reads_quotient)
 POW = binary("pow", torch.pow, _pow_grad, "inputs")
+# ``x.pow_(t)`` by a tensor: torch's node saves the result, which the exponent's gradient reads
+# (written into overlapping windows, the values the kernel leaves; into a complex64 target by a
+# float64 exponent, complex64's); by a number (``x ** 2``, ``x **= 2``) it saves none, so POW
+POW_ = binary("pow_", torch.pow, _pow_grad, "both", inplace_kernel=torch.Tensor.pow_)
 MAXIMUM = binary("maximum", torch.maximum, _minmax_grad(lambda a, b: a > b), "inputs", tensors_only=True,
                  commutative=True)
 MINIMUM = binary("minimum", torch.minimum, _minmax_grad(lambda a, b: a < b), "inputs", tensors_only=True,

@@ -322,7 +322,7 @@ def binary(name: str, kernel: Callable, grad: Callable | None = None, save: str 
     fast.__wrapped__ = kernel
     return defop(name, k if tensors_only else fast, grad=grad, save=save, family="elementwise",
                  shape=elementwise_shape(name, k), sbp=elementwise_sbp(partial),
-                 inplace_kernel=getattr(torch.Tensor, name + "_", None), **rules)
+                 inplace_kernel=rules.pop("inplace_kernel", getattr(torch.Tensor, name + "_", None)), **rules)
 
 
 def reads_other(needs: tuple) -> tuple[int, ...]:

@@ -70,7 +70,7 @@ OPERATORS = {
     "__rfloordiv__": _reflect(E.DIV, rounding_mode="floor"),
     "__ifloordiv__": _inplace(E.DIV, rounding_mode="floor"),
     "__mod__": _forward(E.REMAINDER), "__rmod__": _reflect(E.REMAINDER), "__imod__": _inplace(E.REMAINDER),
-    "__pow__": _forward(E.POW), "__rpow__": _reflect(E.POW), "__ipow__": _inplace(E.POW),
+    "__pow__": _forward(E.POW), "__rpow__": _reflect(E.POW),
     "__and__": _forward(E.BITWISE_AND), "__rand__": _reflect(E.BITWISE_AND),
     "__iand__": _inplace(E.BITWISE_AND),
     "__or__": _forward(E.BITWISE_OR), "__ror__": _reflect(E.BITWISE_OR), "__ior__": _inplace(E.BITWISE_OR),
@@ -136,7 +136,12 @@ def _float_power_(self, exponent):
     if self._data.dtype != dt:
         raise RuntimeError(f"holoflow.float_power_: the base has dtype {self.dtype} but the operation's "
                            f"result requires dtype {from_torch(dt)} (as torch); convert the base first")
-    return apply_inplace(E.POW, self, E._cast(exponent, dt))
+    return _pow_(self, E._cast(exponent, dt))
+
+
+def _pow_(self, exponent):
+    """``pow_``: by a tensor, the op whose node saves the result (torch's PowBackward1)."""
+    return apply_inplace(E.POW_ if isinstance(exponent, Tensor) else E.POW, self, exponent)
 
 
 def _addcmul_(self, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
@@ -173,6 +178,7 @@ Tensor.zero_ = lambda self: apply_inplace(FILL_, self, value=0)   # (not a multi
 Tensor.nan_to_num_ = _inplace(E.NAN_TO_NUM)
 Tensor.logit_ = lambda self, eps=None: apply_inplace(E.LOGIT, self, eps=eps)
 Tensor.float_power_ = _float_power_
+Tensor.pow_ = Tensor.__ipow__ = _pow_
 Tensor.addcmul_, Tensor.addcdiv_ = _addcmul_, _addcdiv_
 for _name in ("lerp", "xlogy"):
     setattr(Tensor, _name + "_", _composite_inplace(getattr(E, _name), _name))

@@ -1,7 +1,7 @@
 """Numerical composites over several dims with torch's argument checks: ``gradient`` (central
 and one-sided differences per dim), ``histogramdd`` (a D-dimensional histogram; not
 differentiable, a fixed binning of split rows counts partial sums) and ``mvlgamma`` (the
-multivariate log-gamma, ``Tensor.mvlgamma_``).
+multivariate log-gamma on torch's kernel, with torch's derivative; ``Tensor.mvlgamma_``).
 
 They share ops/tensor_meta.py's argument check (whose message differs from the one of
 ops/calculus.py, histogram.py and special.py), hence a module of their own.
@@ -13,12 +13,12 @@ from typing import Any, Sequence
 
 import torch
 
-from ..core import dtype as _dtype
-from ..core.dispatch import apply
+from ..core.dispatch import apply, apply_inplace
 from ..core.errors import normalize_dim
 from ..core.registry import Meta, defop
 from ..core.sbp import B, P, S
 from ..core.tensor import Tensor
+from .family import unary
 from .spectral import _torch_checked
 from .tensor_meta import _tensor
 
@@ -95,28 +95,40 @@ def gradient(input: Tensor, *, spacing: Any = 1, dim: Any = None, edge_order: in
     return tuple(out)
 
 
-# -- composites -----------------------------------------------------------------------------------------
+# -- mvlgamma ---------------------------------------------------------------------------------------------
+
+def _mvlgamma_grad(c, dy):
+    """torch's ``mvlgamma_backward``: ``dy * digamma(x + [-(p-1)/2, ..., -1/2, 0]).sum(-1)`` (the
+    offsets in x's dtype, summed in torch's reduction over a last dim of size p)."""
+    from .reduction import sum as _sum
+    from .shape import stack
+    from .special import DIGAMMA
+    x, p = c.inputs[0], c.attrs["p"]
+    terms = [apply(DIGAMMA, x + (k - p + 1) / 2) for k in range(p)]
+    return (dy * _sum(stack(terms, -1), -1),)
+
+
+# one op on torch's kernel (its forward bits; a composite of lgammas differed by an ulp), written in
+# place as one op (the composite's copy_ into overlapping windows summed the windows' gradients)
+MVLGAMMA = unary("mvlgamma", lambda x, p: torch.mvlgamma(x, p), _mvlgamma_grad, "inputs")
+
 
 def mvlgamma(input: Tensor, p: int) -> Tensor:
     """The multivariate log-gamma of dimension ``p``:
     ``p(p-1)/4 log(pi) + sum_{i<p} lgamma(input - i/2)``, as ``torch.mvlgamma``."""
-    import math
     _tensor("mvlgamma", input)
     if p < 1:
         raise RuntimeError("holoflow.mvlgamma: p has to be greater than or equal to 1")
-    x = input if input.is_floating_point() else input.to(_dtype.get_default_dtype())
-    out = None
-    for i in range(p):
-        term = (x - i / 2).lgamma()
-        out = term if out is None else out + term
-    return out + p * (p - 1) / 4 * math.log(math.pi)
+    return apply(MVLGAMMA, input, p=p)
 
 
 def _mvlgamma_(self: Tensor, p: int) -> Tensor:
     if not self.is_floating_point():
         raise RuntimeError(f"holoflow.mvlgamma_: result type Float can't be cast to the desired output type "
                            f"{self.dtype}")
-    return self.copy_(mvlgamma(self.clone() if self.requires_grad else self, p))
+    if p < 1:
+        raise RuntimeError("holoflow.mvlgamma_: p has to be greater than or equal to 1")
+    return apply_inplace(MVLGAMMA, self, p=p)
 
 
 # -- histogramdd ----------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@ kernels ``addcmul``/``addcdiv``, the NaN-ignoring ``fmax``/``fmin``, and the bin
 ``hypot``, ``copysign``, ``heaviside``, ``ldexp``, ``gcd``, ``nextafter`` and ``frexp``; with their
 Tensor methods and in-place forms.
 
-Each is a primitive on its ATen kernel: ``addcmul``/``addcdiv`` with gradients written as ops, the
-rest with ATen's derivative (ops/torch_vjp.py), so values, ties and NaN rules are torch's.
+Each is a primitive on its ATen kernel: ``addcmul``/``addcdiv``, ``hypot``, ``copysign`` and ``ldexp``
+with torch's derivatives written as ops (the last three read the result, as torch's: written in
+place into overlapping windows, the values the kernel leaves), ``fmax``/``fmin`` and ``frexp`` with
+ATen's derivative (ops/torch_vjp.py), so values, ties and NaN rules are torch's.
 ``heaviside``'s output requires grad and its backward raises, as torch's; ``gcd`` is not
 differentiable. SBP: elementwise (the backward on equal shapes). The argument checks
 ``_tensor``/``_floating`` here are shared by ops/special.py, histogram.py, calculus.py,
@@ -13,6 +15,7 @@ isin/bucketize parts of scatter.py, norm.py and sorting.py.
 """
 from __future__ import annotations
 
+import math
 from collections import namedtuple
 
 import torch
@@ -22,7 +25,7 @@ from ..core.errors import UnsupportedError
 from ..core.registry import defop
 from ..core.sbp import B, S
 from ..core.tensor import Tensor
-from .elementwise import ZEROS_LIKE, _conj, where
+from .elementwise import POW, ZEROS_LIKE, _conj, where
 from .family import binary, elementwise_sbp, elementwise_shape, needs, reduce_grad
 from .torch_vjp import defop_vjp
 
@@ -147,8 +150,53 @@ def _floating(name: str, x: Tensor) -> None:
         raise UnsupportedError(f"holoflow.{name}: not implemented for complex tensors, got {x.dtype}")
 
 
-HYPOT = _ew("hypot", torch.hypot)
-COPYSIGN = _ew("copysign", torch.copysign)
+# -- torch's formulas that read the result: written in place into overlapping windows (unfold's), the
+# values the kernel leaves there (an element written twice: its last write), as torch's saved result.
+# As torch's nodes, they save the result whichever gradient is wanted, and an input only for a
+# gradient that reads it
+
+
+def _hypot_grad(c, dy):
+    """torch's: ``dy * input / result``, ``dy * other / result``."""
+    a, b = c.inputs
+    out = c.out
+    return (reduce_grad(dy * a / out, c, 0) if needs(c, 0) else None,
+            reduce_grad(dy * b / out, c, 1) if needs(c, 1) else None)
+
+
+def _copysign_grad(c, dy):
+    """torch's: ``dy * (result / input)``, 0 where the input is 0; ``other``'s is zeros (its rule
+    reads no input, so none is saved for it)."""
+    out = c.out   # (read whichever gradient: a result written in place since is refused, as torch's)
+    gb = dy.detach().new_zeros(c.shapes[1], dtype=c.dtypes[1]) if needs(c, 1) else None
+    if not needs(c, 0):
+        return None, gb
+    a = c.inputs[0]
+    return reduce_grad(dy * where(a == 0, 0.0, out / a), c, 0), gb
+
+
+def _ldexp_grad(c, dy):
+    """torch's: ``dy * 2**other`` (in the exponent's dtype: 0 where an integer one is negative);
+    ``dy * result * ln 2``, which torch's engine refuses for a real exponent of a complex result."""
+    ga = gb = None
+    out = c.out
+    if needs(c, 0):
+        ga = reduce_grad(dy * apply(POW, 2, c.inputs[1]), c, 0)
+    if needs(c, 1):
+        if out._data.is_complex() and not c.dtypes[1].is_complex:
+            raise RuntimeError(f"holoflow.ldexp: the gradient of the real exponent ({c.dtypes[1]}) would be "
+                               f"complex ({out.dtype}, the result's), which torch's engine refuses as well")
+        gb = reduce_grad(dy * out * math.log(2), c, 1)
+    return ga, gb
+
+
+def _own_saves(needs: tuple) -> tuple[int, ...]:
+    """Each input's gradient reads that input (hypot's; copysign's of input 0)."""
+    return tuple(i for i, n in enumerate(needs) if n)
+
+
+HYPOT = binary("hypot", torch.hypot, _hypot_grad, "both", tensors_only=True, saved_inputs=_own_saves)
+COPYSIGN = binary("copysign", torch.copysign, _copysign_grad, "both", saved_inputs=lambda needs: _own_saves(needs[:1]))
 FREXP = _ew("frexp", torch.frexp, outputs=("mantissa", "exponent"))
 
 
@@ -203,7 +251,8 @@ def nextafter(input: Tensor, other: Tensor) -> Tensor:
     return apply(NEXTAFTER, _tensor("nextafter", input), _tensor("nextafter", other, "other"))
 
 
-LDEXP = _ew("ldexp", torch.ldexp)
+LDEXP = binary("ldexp", torch.ldexp, _ldexp_grad, "both", tensors_only=True,
+               saved_inputs=lambda needs: (1,) if needs[0] else ())
 
 
 def ldexp(input: Tensor, other: Tensor) -> Tensor:
@@ -231,8 +280,15 @@ def _method_inplace(op):
 for _name in ("hypot", "copysign", "heaviside", "frexp", "ldexp", "gcd", "nextafter"):
     setattr(Tensor, _name, globals()[_name])
 
-for _name, _op in (("hypot_", HYPOT), ("copysign_", COPYSIGN), ("heaviside_", HEAVISIDE), ("gcd_", GCD),
-                   ("nextafter_", NEXTAFTER)):
+def _tensor_method_inplace(op):
+    """``x.op_(t)`` of an op taking tensors only (a number ``t``: torch's TypeError)."""
+    def method(self, other):
+        return apply_inplace(op, self, _tensor(op.name + "_", other, "other"))
+    return method
+
+
+for _name, _op in (("copysign_", COPYSIGN), ("heaviside_", HEAVISIDE), ("gcd_", GCD), ("nextafter_", NEXTAFTER)):
     setattr(Tensor, _name, _method_inplace(_op))
 
-Tensor.ldexp_ = _method_inplace(LDEXP)
+Tensor.hypot_ = _tensor_method_inplace(HYPOT)
+Tensor.ldexp_ = _tensor_method_inplace(LDEXP)
