@@ -321,3 +321,40 @@ def test_legacy_cuda_custom_fwd_spellings_warn_and_decorate_as_torch():
         x = lib.ones(2, requires_grad=True)
         Double.apply(x).sum().backward()
         assert x.grad.tolist() == [2.0, 2.0]
+
+
+def _packed_gru(lib):
+    """A Linear before a GRU over a packed batch (pack_padded_sequence reads the lengths, so a
+    traced call of it falls back to eager), as a module."""
+    class Model(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.gru = lib.nn.Linear(4, 4), lib.nn.GRU(4, 3, batch_first=True)
+
+        def forward(self, x, lengths):
+            packed = lib.nn.utils.rnn.pack_padded_sequence(self.lin(x), lengths, batch_first=True,
+                                                           enforce_sorted=False)
+            return self.gru(packed)[1][-1]
+    lib.manual_seed(0)
+    return Model()
+
+
+@pytest.mark.filterwarnings("ignore:holoflow.compile")
+def test_a_traced_call_does_not_leave_its_casts_in_the_regions_cache():
+    """The weight-cast cache is shared by a region's calls: a holoflow.compile'd call traced in
+    the region cached its symbolic casts of the Linear's weight there, and the eager fallback
+    (the trace cannot read the lengths) computed with those: meta tensors (an error) or, in a
+    training script's step, NaN gradients. Compared with torch eager, values and gradients."""
+    x = np.random.default_rng(0).standard_normal((6, 7, 4)).astype(np.float32)
+    lengths = [7, 3, 5, 6, 2, 4]
+    results = []
+    for lib in (torch, flow):
+        model = _packed_gru(lib)
+        params = list(model.parameters())
+        forward = flow.compile(model, backend="eager") if lib is flow else model
+        with lib.autocast("cpu", dtype=lib.bfloat16):
+            out = forward(lib.tensor(x), lib.tensor(lengths))
+        out.float().sum().backward()
+        results.append([out.detach().float()] + [p.grad for p in params])
+    for want, got in zip(*results):
+        torch.testing.assert_close(got.to_torch() if isinstance(got, flow.Tensor) else got, want)

@@ -33,13 +33,16 @@ _ALLOWED = {"cpu": (torch.bfloat16, torch.float16), "cuda": (torch.float16, torc
 
 class _CastCache:
     """Casts of leaf parameters, reused within the outermost autocast region (torch's cache):
-    a weight used by several matmuls is cast once per forward."""
+    a weight used by several matmuls is cast once per forward. A traced call (holoflow.compile,
+    nn.Graph) in the region casts apart: its casts are symbolic values of the trace, which eager
+    code after it must not read, and an eager cast is a value the trace must not capture as a
+    constant (the plan would keep that weight's value after the optimizer changes it)."""
 
     def __init__(self) -> None:
         self.entries: dict[tuple, tuple[Tensor, Tensor]] = {}
 
     def cast(self, x: Tensor, dt: torch.dtype) -> Tensor:
-        if not (x._rg and x.grad_fn is None):
+        if not (x._rg and x.grad_fn is None) or interpret.is_lazy():
             return x.to(dt)
         key = (id(x), dt, grad_mode.STATE.enabled)
         hit = self.entries.get(key)
