@@ -146,12 +146,78 @@ def _pipeline(flow, m: int | None, hidden: int, batch: int):
     return Pipe(), x
 
 
+def _stack(flow, cut: int, auto: bool, hidden: int = 2048, batch: int = 128, blocks: int = 4):
+    """A stem, ``blocks`` residual MLP blocks (d -> hidden -> d) and a head on 2 stages, the blocks
+    before ``cut`` on the first (each block staged on its own), 4 micro-batches, 1F1B; ``auto``:
+    auto-parallel (calibrated) may move the cut (``enable_auto_parallel_stage_cuts``)."""
+    from holoflow.core.sbp import B
+    from holoflow.graph.graph import Graph
+    places = [flow.placement("cpu", ranks=[r]) for r in (0, 1)]
+
+    class Block(flow.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.proj = flow.nn.Linear(D, hidden), flow.nn.Linear(hidden, D)
+
+        def forward(self, x):
+            return x + self.proj(flow.nn.functional.gelu(self.fc(x)))
+    flow.manual_seed(0)
+    stem, head = flow.nn.Linear(D, D), flow.nn.Linear(D, 1)
+    stack = flow.nn.Sequential(*[Block() for _ in range(blocks)])
+    on = [0 if i < cut else 1 for i in range(blocks)]
+    stem.to_global(placement=places[0], sbp=[B])
+    head.to_global(placement=places[1], sbp=[B])
+    for b, s in zip(stack, on):
+        b.to_global(placement=places[s], sbp=[B])
+    opt = flow.optim.SGD([*stem.parameters(), *stack.parameters(), *head.parameters()], lr=1e-3, momentum=0.9)
+    rng = np.random.default_rng(0)
+    x = flow.tensor(rng.standard_normal((batch, D)).astype(np.float32)).to_global(placement=places[0], sbp=[B])
+
+    class Pipe(Graph):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.stack, self.head = stem, stack, head
+            self.stem.to(flow.nn.graph.GraphModule).set_stage(0, places[0])
+            self.head.to(flow.nn.graph.GraphModule).set_stage(1, places[1])
+            for b, s in zip(self.stack, on):
+                b.to(flow.nn.graph.GraphModule).set_stage(s, places[s])
+            self.config.set_pipeline_schedule("1f1b")
+            self.config.set_gradient_accumulation_steps(4)
+            if auto:
+                self.config.enable_auto_parallel(calibrate=True)
+                self.config.enable_auto_parallel_stage_cuts()
+            self.add_optimizer(opt)
+
+        def build(self, x):
+            loss = self.head(self.stack(self.stem(x))).square().mean()
+            loss.backward()
+            return loss
+    return Pipe(), x
+
+
+def _timed(built: dict, steps: int, rounds: int) -> dict:
+    """Each graph's best block of ``steps`` steps (ms), blocks alternating, ranks aligned."""
+    from holoflow.distributed.comm import barrier
+    best = {k: float("inf") for k in built}
+    for h, y in built.values():   # (compiled before timing)
+        h(y)
+    for r in range(rounds):
+        for k in (list(built) if r % 2 == 0 else list(built)[::-1]):
+            h, y = built[k]
+            barrier((0, 1))
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                h(y)
+            barrier((0, 1))
+            best[k] = min(best[k], (time.perf_counter() - t0) / steps * 1e3)
+    return best
+
+
 def child_pipeline(steps: int, rounds: int, out: str) -> None:
     """Predicted (the planner's calibrated figures) against measured steps of the micro-batch
     counts set by hand and of the count auto-parallel chose, per case of ``PIPE_CASES``."""
     import holoflow as flow
     from holoflow.distributed import world
-    from holoflow.distributed.comm import barrier
     result = {}
     for case, (hidden, batch) in PIPE_CASES.items():
         built = {"auto": _pipeline(flow, None, hidden, batch)}
@@ -160,20 +226,16 @@ def child_pipeline(steps: int, rounds: int, out: str) -> None:
         plan = g.auto_parallel_plan()
         built.update({str(k): _pipeline(flow, k, hidden, batch) for k in PIPE_COUNTS})
         pred = {k: h.predict(y, device=plan.device, link=plan.link).step_s * 1e3 for k, (h, y) in built.items()}
-        best = {k: float("inf") for k in built}
-        for h, y in built.values():   # (compiled before timing)
-            h(y)
-        for r in range(rounds):
-            for k in (list(built) if r % 2 == 0 else list(built)[::-1]):
-                h, y = built[k]
-                barrier((0, 1))
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    h(y)
-                barrier((0, 1))
-                best[k] = min(best[k], (time.perf_counter() - t0) / steps * 1e3)
+        best = _timed(built, steps, rounds)
         result[case] = {"predicted": pred, "measured": best, "plan": str(plan),
                         "chose": plan.choices.get("micro-batches", (1, 1))[1]}
+    built = {"user 1 | 3": _stack(flow, 1, False), "auto": _stack(flow, 1, True)}
+    built["auto"][0](built["auto"][1])
+    plan = built["auto"][0].auto_parallel_plan()
+    result["cuts"] = {"predicted": {k: h.predict(y, device=plan.device, link=plan.link).step_s * 1e3
+                                    for k, (h, y) in built.items()},
+                      "measured": _timed(built, steps, rounds), "plan": str(plan),
+                      "chose": str(plan.choices["stage cuts"][1])}
     with open(f"{out}.{world.rank()}", "w") as f:
         json.dump(result, f)
 
@@ -191,13 +253,19 @@ def main_pipeline(a) -> None:
           f"d={D}, best of {a.rounds} blocks of {a.steps} steps ({time.perf_counter() - t0:.0f} s)")
     print(f"{'case':<6} {'hidden':>6} {'batch':>6}  " + "  ".join(f"{'m=' + str(k):>15}" for k in PIPE_COUNTS)
           + "  auto chose (pred / meas)")
+    cuts = res.pop("cuts")
     for case, r in res.items():
         hidden, batch = PIPE_CASES[case]
         cells = "  ".join(f"{r['predicted'][str(k)]:>7.2f}/{r['measured'][str(k)]:<7.2f}" for k in PIPE_COUNTS)
         print(f"{case:<6} {hidden:>6} {batch:>6}  {cells}  m={r['chose']} "
               f"({r['predicted']['auto']:.2f} / {r['measured']['auto']:.2f})")
+    print(f"\nstage cuts: a stem, 4 residual MLP blocks (hidden 2048) and a head, batch 128, 4 micro-batches; "
+          f"the user's cuts 1 | 3, auto chose {cuts['chose']}")
+    for k in cuts["measured"]:
+        print(f"  {k:<12} predicted {cuts['predicted'][k]:>8.2f}  measured {cuts['measured'][k]:>8.2f}")
     for case, r in res.items():
         print(f"\n{case}: {r['plan']}")
+    print(f"\ncuts: {cuts['plan']}")
 
 
 def main() -> None:

@@ -76,7 +76,8 @@ class GraphAutoParallel(GraphCompiling):
     def _plan_parallel(self, leaves: list, spec, device=None, link=None) -> None:
         """``config.enable_auto_parallel``: the parameters' SBP chosen by the cost model before the
         first compile (graph/auto_parallel.py), each candidate traced and passed, then applied; with
-        pipeline stages each stage's on its own mesh, and the schedule unless the user set it."""
+        pipeline stages each stage's on its own mesh, the schedule and the micro-batch count unless
+        the user set them, and with ``enable_auto_parallel_stage_cuts`` where the stack's cuts fall."""
         from . import auto_parallel
         from .passes.checkpointing import flagged_paths
         cfg = self.config
