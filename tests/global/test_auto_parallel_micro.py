@@ -157,6 +157,27 @@ def test_a_count_the_user_set_is_kept():
     assert [s for s, _ in planned[1][1][0]] == [(), (N, 2)]
 
 
+def _then_odd_batch(rank: int, auto: bool) -> tuple:
+    """A step on the planning batch, then one on 31 rows (a last, smaller batch)."""
+    g, feeds, stages = _graph(auto)
+    g(*feeds)
+    flow.manual_seed(3)
+    x = flow.randn(31, D).to_global(placement=feeds[0].placement, sbp=[B])
+    y = flow.randn(31, 1).to_global(placement=feeds[1].placement, sbp=[B])
+    outs = [(tuple(t.shape), t.to_local().detach().numpy().copy() if rank == 1 else None) for t in g(x, y)]
+    params = [p.to_local().detach().numpy().copy() for p in stages[rank].parameters()]
+    return (g.auto_parallel_plan() if auto else None), [outs], params
+
+
+def test_a_batch_the_planned_count_does_not_split_runs_as_one_micro_batch():
+    """31 rows after planning on 32: the user's program (one micro-batch) took it; so does the
+    planned graph, instead of refusing a batch that is no multiple of its count."""
+    planned = world.simulate(2, lambda r: _then_odd_batch(r, True))
+    assert planned[0][0].choices["micro-batches"][1] > 1
+    _same_training(planned, world.simulate(2, lambda r: _then_odd_batch(r, False)))
+    assert [s for s, _ in planned[1][1][0]] == [(), (31, 2)]
+
+
 def test_a_planned_count_trains_as_the_whole_batch_on_two_gloo_ranks(world2):
     planned = world2.run(_gloo_train, True, timeout=300)
     plain = world2.run(_gloo_train, False, timeout=300)

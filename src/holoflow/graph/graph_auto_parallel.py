@@ -318,6 +318,30 @@ class GraphAutoParallel(GraphCompiling):
             rule(tensors, grads, run)
         return recorded
 
+    def _compile(self, leaves: list, spec):
+        """As the compile's; a batch that does not split into the micro-batches the planner chose
+        (a last, smaller batch of an epoch) is compiled as the user's program, one micro-batch,
+        where it would have been refused."""
+        cfg = self.config
+        m = cfg.grad_acc_steps
+        if not cfg.grad_acc_steps_planned:
+            return super()._compile(leaves, spec)
+        try:
+            pipeline.micro_protos(leaves, m)
+            pipeline.batch_blocks(leaves, m)
+            splits = True
+        except HoloflowError:
+            splits = False
+        if splits:
+            return super()._compile(leaves, spec)
+        LOG.info(f"holoflow.nn.Graph {type(self).__name__}: this batch does not split into the {m} micro-batches "
+                 f"auto-parallel chose; it runs as one")
+        cfg.grad_acc_steps = 1
+        try:
+            return super()._compile(leaves, spec)
+        finally:
+            cfg.grad_acc_steps = m
+
     def _compile_pipeline(self, ir, cfg, log: list, stages, m: int, t0: float, mark: int):
         """As the compile's; micro-batches the planner chose keep the outputs one batch's (a mean
         output averaged over the micro-batches, the rows in order)."""
