@@ -415,3 +415,56 @@ def test_mvlgamma_is_torchs_kernel_and_derivative():
         for g, w in zip(run(flow, p), run(torch, p)):
             assert torch.equal(g.to_torch(), w), p
     _same_error(lambda lib: lib.mvlgamma(lib.tensor([3 + 1j]), 2))
+
+
+@pytest.mark.parametrize("name", ["add", "sub"])
+def test_complex_alpha_gradient_is_conjugated(name):
+    """seed 217040: ``add(a, b, alpha=1+2j)``: torch's gradient of b is ``dy * conj(alpha)``,
+    holoflow's was ``dy * alpha`` (silently). A bool alpha of a non-bool result: torch's
+    RuntimeError (holoflow took True as 1)."""
+    def run(lib):
+        a = lib.tensor([0.5 + 0.2j, -1 + 1j], requires_grad=True)
+        b = lib.tensor([1.5 - 0.2j, 0.4 + 1j], requires_grad=True)
+        y = getattr(lib, name)(a, b, alpha=1 + 2j)
+        return lib.autograd.grad((y * lib.tensor([1 + 1j, 2 - 1j])).real.sum(), (a, b))
+    for g, w in zip(run(flow), run(torch)):
+        _same(g, w)
+    _same_error(lambda lib: getattr(lib, name)(lib.tensor([1.0]), lib.tensor([2.0]), alpha=True))
+
+
+def test_rounding_division_gradient_is_zeros_not_dy_times_0():
+    """seed 219668: ``div(x, d, rounding_mode="trunc")``'s gradients are zeros in torch (new zeros);
+    holoflow's were ``dy * 0``: NaN where dy is infinite (log1p, rsqrt downstream), silently."""
+    def run(lib, mode):
+        x = lib.tensor([0.5, 2.0, -3.0], requires_grad=True)
+        d = lib.tensor(1.5, requires_grad=True)
+        y = lib.div(x * 1, d, rounding_mode=mode).clamp(0, 0).log1p().rsqrt()
+        return lib.autograd.grad(y.sum(), (x, d))
+    for mode in ("trunc", "floor"):
+        for g, w in zip(run(flow, mode), run(torch, mode)):
+            _same(g, w)
+
+
+@pytest.mark.parametrize("fn", ["cross_entropy", "nll_loss"])
+def test_class_index_targets_of_uint8_as_torch(fn):
+    """torch's kernels take Long or Byte class indices; holoflow refused uint8 (a TypeError) and
+    int32/int8/bool with a TypeError where torch's is a RuntimeError. A spatial input takes Long
+    only, and cross_entropy's weighted, smoothed mean refuses Byte (its composite's gather)."""
+    def run(lib, dtype, shape=(5, 4), **kw):
+        x = lib.tensor([[0.3, -1.2, 0.8, 2.0], [1.1, 0.4, -0.5, 0.0], [0.9, 0.9, 0.1, -2.0],
+                        [0.2, 0.3, 0.4, 0.5], [-1.0, 1.0, 0.5, 0.25]], dtype=lib.float64).reshape(shape)
+        x.requires_grad_(True)
+        t = lib.tensor([2, 0, 3, 1, 2], dtype=getattr(lib, dtype)).reshape(shape[:1] + shape[2:])
+        y = getattr(lib.nn.functional, fn)(x, t, **kw)
+        return y.detach(), lib.autograd.grad(y.sum(), x)[0]
+    w = {"weight": [0.5, 1.0, 2.0, 0.25]}
+    for kw in ({}, {"reduction": "none", "ignore_index": 3}, {"reduction": "sum"}, w):
+        kw = {k: torch.tensor(v, dtype=torch.float64) if k == "weight" else v for k, v in kw.items()}
+        fkw = {k: flow.tensor(v) if k == "weight" else v for k, v in kw.items()}
+        for g, want in zip(run(flow, "uint8", **fkw), run(torch, "uint8", **kw)):
+            _same(g, want)
+    for dtype in ("int32", "int8", "bool"):
+        _same_error(lambda lib: run(lib, dtype))
+    assert "int64" in str(_same_error(lambda lib: run(lib, "uint8", (1, 4, 5))))
+    if fn == "cross_entropy":
+        _same_error(lambda lib: run(lib, "uint8", label_smoothing=0.2, weight=lib.ones(4, dtype=lib.float64)))

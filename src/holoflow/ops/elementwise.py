@@ -173,14 +173,14 @@ def _clamp_mask(x, lo, hi):
 
 # -- binary math -------------------------------------------------------------------------------
 
-def _add_grad(c, dy):
+def _add_grad(c, dy):   # (torch's: ``other``'s is ``dy * conj(alpha)``)
     return (reduce_grad(dy, c, 0) if needs(c, 0) else None,
-            reduce_grad(dy if c.alpha == 1 else dy * c.alpha, c, 1) if needs(c, 1) else None)
+            reduce_grad(dy if c.alpha == 1 else dy * c.alpha.conjugate(), c, 1) if needs(c, 1) else None)
 
 
 def _sub_grad(c, dy):
     return (reduce_grad(dy, c, 0) if needs(c, 0) else None,
-            reduce_grad(-dy if c.alpha == 1 else dy * -c.alpha, c, 1) if needs(c, 1) else None)
+            reduce_grad(-dy if c.alpha == 1 else dy * -c.alpha.conjugate(), c, 1) if needs(c, 1) else None)
 
 
 def _mul_grad(c, dy):   # complex: torch's convention, the gradient w.r.t. a is dy * conj(b)
@@ -191,9 +191,9 @@ def _mul_grad(c, dy):   # complex: torch's convention, the gradient w.r.t. a is 
 
 def _div_grad(c, dy):
     a, b = c.inputs
-    if c.rounding_mode is not None:
-        return (reduce_grad(dy * 0, c, 0) if needs(c, 0) else None,
-                reduce_grad(dy * 0, c, 1) if needs(c, 1) else None)
+    if c.rounding_mode is not None:   # (zeros, as torch's: not dy * 0, NaN where dy is infinite)
+        return (reduce_grad(apply(ZEROS_LIKE, dy), c, 0) if needs(c, 0) else None,
+                reduce_grad(apply(ZEROS_LIKE, dy), c, 1) if needs(c, 1) else None)
     return (reduce_grad(dy / _conj(b), c, 0) if needs(c, 0) else None,     # torch's order
             reduce_grad(-dy * _conj((a / b) / b), c, 1) if needs(c, 1) else None)
 
@@ -300,12 +300,12 @@ def _rem_grad(rounding):
     return grad
 
 
-def _add(a, b, alpha=1):
-    return a + b if alpha == 1 else torch.add(a, b, alpha=alpha)
+def _add(a, b, alpha=1):   # (alpha=True: torch's check, which refuses it for a non-bool result)
+    return a + b if alpha == 1 and alpha is not True else torch.add(a, b, alpha=alpha)
 
 
 def _sub(a, b, alpha=1):
-    return a - b if alpha == 1 else torch.sub(a, b, alpha=alpha)
+    return a - b if alpha == 1 and alpha is not True else torch.sub(a, b, alpha=alpha)
 
 
 ADD = binary("add", _add, _add_grad, partial=("PP",), axpy=True,
@@ -469,12 +469,12 @@ globals().update(_FUNCS)
 
 def add(input, other, *, alpha=1) -> Tensor:
     """``input + alpha * other`` with broadcasting."""
-    return apply(ADD, input, other) if alpha == 1 else apply(ADD, input, other, alpha=alpha)
+    return apply(ADD, input, other) if alpha == 1 and alpha is not True else apply(ADD, input, other, alpha=alpha)
 
 
 def sub(input, other, *, alpha=1) -> Tensor:
     """``input - alpha * other`` with broadcasting."""
-    return apply(SUB, input, other) if alpha == 1 else apply(SUB, input, other, alpha=alpha)
+    return apply(SUB, input, other) if alpha == 1 and alpha is not True else apply(SUB, input, other, alpha=alpha)
 
 
 def rsub(input, other, *, alpha=1) -> Tensor:

@@ -446,7 +446,9 @@ def _split_mean(op, input: Tensor, target: Tensor, weight, **attrs) -> Tensor | 
                          dtype=input._data.dtype)
 
 
-def _check_class_target(name: str, input: Tensor, target: Tensor, weight, allow_prob: bool) -> None:
+def _check_class_target(name: str, input: Tensor, target: Tensor, weight, allow_prob: bool) -> Tensor:
+    """The target checked; a uint8 one (torch's kernels take Long or Byte) as int64 (the class
+    indices the kernels read)."""
     x, t = tuple(input.shape), tuple(target.shape)
     if input.dim() == 0:
         raise ShapeError(f"holoflow.{name}: input must have a class dim, got a 0-d tensor")
@@ -462,15 +464,22 @@ def _check_class_target(name: str, input: Tensor, target: Tensor, weight, allow_
             raise ShapeError(f"holoflow.{name}: expected input batch_size ({x[0]}) to match target batch_size "
                              f"({t[0]}): input of shape {x} needs a class-index target of shape "
                              f"{x[:1] + x[2:]}, got {t}")
-        if target._data.dtype != torch.int64:
-            raise DTypeError(f"holoflow.{name}: class-index target must be int64 (long), got {target.dtype}"
-                             + (" (or a floating target of probabilities)" if allow_prob else ""))
+        if target._data.dtype not in (torch.int64, torch.uint8):   # (torch's kernels take Long or Byte)
+            raise RuntimeError(f"holoflow.{name}: expected a class-index target of dtype int64 (long) or uint8 "
+                               f"(byte), got {target.dtype}"
+                               + (" (or a floating target of probabilities)" if allow_prob else ""))
         want = x[:1] + x[2:] if len(x) >= 2 else ()
         if t != want:
             raise ShapeError(f"holoflow.{name}: input of shape {x} (classes on dim {1 if len(x) >= 2 else 0}) "
                              f"needs a class-index target of shape {want}, got {t}")
     if weight is not None and tuple(weight.shape) != (n_cls,):
         raise ShapeError(f"holoflow.{name}: weight of shape {tuple(weight.shape)} should be ({n_cls},)")
+    if target._data.dtype != torch.uint8:
+        return target
+    if len(x) > 2:   # (torch's spatial kernel takes Long only)
+        raise RuntimeError(f"holoflow.{name}: a class-index target of an input with spatial dims (shape {x}) must "
+                           f"be int64 (long), got {target.dtype}")
+    return target.to(torch.int64)
 
 
 def _smoothed_cross_entropy(x: Tensor, target: Tensor, reduction: str, ignore_index: int,
@@ -496,7 +505,12 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
     """``nll_loss(log_softmax(input, 1), target)`` for class indices, or ``-sum(target * log_softmax)``
     for class probabilities; input is ``(C,)``, ``(N, C)`` or ``(N, C, d1, ...)``."""
     reduction = _reduction("cross_entropy", reduction, size_average, reduce)
-    _check_class_target("cross_entropy", input, target, weight, True)
+    byte = isinstance(target, Tensor) and target._data.dtype == torch.uint8
+    target = _check_class_target("cross_entropy", input, target, weight, True)
+    if byte and label_smoothing and weight is not None and reduction == "mean":
+        raise RuntimeError("holoflow.cross_entropy: a uint8 class-index target with label_smoothing, weight and "
+                           "reduction 'mean' is refused (torch's composite gathers the weights at the target, "
+                           "which takes int64 indices only); pass target.long()")
     if not 0.0 <= label_smoothing <= 1.0:
         raise RuntimeError(f"holoflow.cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     if (label_smoothing and weight is None and input.dim() == 2 and input.shape[0] > 0 and not input.is_global
@@ -517,7 +531,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
              ignore_index: int = -100, reduce=None, reduction: str = "mean") -> Tensor:
     """Negative log-likelihood of log-probabilities ``input`` at the ``target`` classes."""
     reduction = _reduction("nll_loss", reduction, size_average, reduce)
-    _check_class_target("nll_loss", input, target, weight, False)
+    target = _check_class_target("nll_loss", input, target, weight, False)
     if reduction == "mean":
         out = _split_mean(NLL_LOSS, input, target, weight, ignore_index=ignore_index)
         if out is not None:
