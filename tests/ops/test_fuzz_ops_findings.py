@@ -468,3 +468,17 @@ def test_class_index_targets_of_uint8_as_torch(fn):
     assert "int64" in str(_same_error(lambda lib: run(lib, "uint8", (1, 4, 5))))
     if fn == "cross_entropy":
         _same_error(lambda lib: run(lib, "uint8", label_smoothing=0.2, weight=lib.ones(4, dtype=lib.float64)))
+
+
+@pytest.mark.parametrize("name", ["hypot_", "ldexp_", "pow_"])
+def test_in_place_gradients_read_the_result_in_the_targets_dtype(name):
+    """seed 215947: ``y.hypot_(t)``, y and t 0-d, float32 and float64: torch's gradients read the
+    float32 result written; holoflow's recomputed it in float64 (ulps off, silently)."""
+    def run(lib):
+        x = lib.tensor(2.9, requires_grad=True)   # (0-d both: they promote to float64, written as float32)
+        t = lib.tensor(1.3, dtype=lib.float64, requires_grad=True)
+        y = x * 1.1
+        getattr(y, name)(t)
+        return lib.autograd.grad(y * 0.7, (x, t))
+    for g, w in zip(run(flow), run(torch)):
+        assert torch.equal(g.to_torch(), w)
