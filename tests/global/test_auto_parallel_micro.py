@@ -16,15 +16,16 @@ D, H, N = 16, 64, 32
 
 
 def _graph(auto: bool = True, *, n: int = N, loss: str = "mean", bn: bool = False, out: str = "rows",
-           m: int | None = None, memory=None):
+           m: int | None = None, memory=None, drop: bool = False):
     """Two stages on ranks 0 and 1 (Linear-ReLU-Linear each), a squared-error loss (``loss``: its
     mean or sum; ``"ce"``: cross-entropy of the sign of ``y``), returning the loss and the predictions (``out="slice"``: their first 4 rows);
     SGD with momentum; 1F1B set by hand (the plan varies only the micro-batches and layouts).
-    ``m``: the user's count; ``memory``: ``enable_auto_memory``'s (mode, limit)."""
+    ``m``: the user's count; ``memory``: ``enable_auto_memory``'s (mode, limit); ``drop``: a
+    dropout in the first stage."""
     p0, p1 = flow.placement("cpu", ranks=[0]), flow.placement("cpu", ranks=[1])
     flow.manual_seed(0)
     s0 = flow.nn.Sequential(flow.nn.Linear(D, H), flow.nn.BatchNorm1d(H) if bn else flow.nn.ReLU(),
-                            flow.nn.Linear(H, D))
+                            flow.nn.Dropout(0.1) if drop else flow.nn.Identity(), flow.nn.Linear(H, D))
     s1 = flow.nn.Sequential(flow.nn.Linear(D, H), flow.nn.ReLU(), flow.nn.Linear(H, 2))
     s0.to_global(placement=p0, sbp=[B])
     s1.to_global(placement=p1, sbp=[B])
@@ -141,6 +142,7 @@ def test_a_memory_limit_decides_the_count():
     (dict(loss="sum"), "a sum over the batch"),   # each micro-batch's sum would be scaled by 1/m
     (dict(loss="ce"), "from 'div'"),   # the targets' sum over the count of those not ignored
     (dict(out="slice"), "output 1"),           # the first 4 rows of a micro-batch are not the batch's
+    (dict(drop=True), "'dropout'"),             # each micro-batch would draw its own mask
     (dict(n=11), "splits every input evenly"),   # no count from 2 to 8 divides 11 rows
 ])
 def test_micro_batches_that_would_change_the_result_are_refused(kw, why):

@@ -259,7 +259,7 @@ def row_tags(g, ph: dict) -> dict:
     Asked of each op's declared SBP signatures: an op that computes each row of a split batch from
     that row alone has a signature taking the batch split (``S``) and the rest broadcast; one that
     reduces the rows has ``S -> P`` (a mean if the op ``averages``); batch statistics (batch norm in
-    training) have neither."""
+    training) have neither; random ops (dropout) couple too: micro-batches would draw apart."""
     tags: dict = {v: S(0) if v.shape else COUPLED for v in g.feeds}
     for n in g.nodes:
         if ph.get(id(n)) != "F":
@@ -276,8 +276,9 @@ def _node_rows(n, ins: list) -> list:
     from .passes.stages import STAGE
     op = REGISTRY.get(n.op)
     coupled = [COUPLED] * len(n.outputs)
-    if op is None or n.kernel not in (None, op.inplace_kernel) or COUPLED in ins:
-        # (a node with a kernel of its own, fused, is not the op it names; one run in place is)
+    if op is None or n.kernel not in (None, op.inplace_kernel) or COUPLED in ins or op.random:
+        # (a node with a kernel of its own, fused, is not the op it names; one run in place is.
+        # A random op would draw for each micro-batch, not the whole batch's draws)
         return coupled
     if op.family in ("boxing", STAGE):   # a layout or a placement changes, not the value
         return [ins[0]] * len(n.outputs)
@@ -333,7 +334,7 @@ def micro_batch_refusal(g, losses: list, tags: dict) -> tuple[str | None, frozen
             why = {SUM_OF_ROWS: "a sum over the batch (each micro-batch's would be scaled by 1/m)", None:
                    "independent of the batch"}.get(tags.get(v), "not a mean over the rows of the batch that each "
                                                                "row gives alone (batch statistics, a count of "
-                                                               "targets, a slice of rows)")
+                                                               "targets, a slice of rows, random draws)")
             return f"the loss ({where(v)}) is {why}{began(v) if tags.get(v) == COUPLED else ''}", frozenset()
     state = {v for v, _ in g.state}
     averaged = set()
