@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import holoflow as flow
-from holoflow.core.sbp import B
+from holoflow.core.sbp import B, S
 from holoflow.distributed import world
 from holoflow.graph.cost_model import DeviceModel
 
@@ -38,11 +38,13 @@ class _Net(flow.nn.Module):
         return self.head(self.blocks(self.stem(x)))
 
 
-def _graph(cut: int = 1, auto: bool = True, cuts: bool = True, whole: bool = False):
+def _graph(cut: int = 1, auto: bool = True, cuts: bool = True, whole: bool = False, dp: bool = False):
     """The net on 2 stages (ranks 0, 1): the stem and blocks before ``cut`` on stage 0, the rest and
     the head on stage 1, each block staged on its own (``whole``: the stack staged as a whole
-    instead, every block on stage 1); 4 micro-batches, 1F1B, SGD with momentum."""
-    places = [flow.placement("cpu", ranks=[0]), flow.placement("cpu", ranks=[1])]
+    instead, every block on stage 1); 4 micro-batches, 1F1B, SGD with momentum. ``dp``: stages of 2
+    ranks each (0-1, 2-3), the batch split inside them, every parameter's layout a variable too."""
+    places = [flow.placement("cpu", ranks=[0, 1]), flow.placement("cpu", ranks=[2, 3])] if dp else \
+        [flow.placement("cpu", ranks=[0]), flow.placement("cpu", ranks=[1])]
     flow.manual_seed(0)
     net = _Net()
 
@@ -80,6 +82,8 @@ def _graph(cut: int = 1, auto: bool = True, cuts: bool = True, whole: bool = Fal
     flow.manual_seed(1)
     x = flow.randn(N, D).to_global(placement=places[0], sbp=[B])
     y = flow.randn(N, 1).to_global(placement=places[1], sbp=[B])
+    if dp:
+        x, y = x.to_global(sbp=[S(0)]), y.to_global(sbp=[S(0)])
     return Train(), (x, y), net
 
 
@@ -90,8 +94,9 @@ def _train(rank: int, steps: int = 2, **kw) -> tuple:
     losses = []
     for _ in range(steps):
         loss = g(*feeds)
-        losses.append(loss.to_local().numpy().copy() if rank == 1 else None)
-    held = {k: v.to_local().detach().numpy().copy() for k, v in net.state_dict().items() if rank in v.placement.ranks}
+        losses.append(loss.to_global(sbp=[B]).to_local().numpy().copy() if rank in loss.placement.ranks else None)
+    held = {k: v.to_global(sbp=[B]).to_local().detach().numpy().copy() for k, v in net.state_dict().items()
+            if rank in v.placement.ranks}
     return (g.auto_parallel_plan() if kw.get("auto", True) else None), losses, held
 
 
@@ -153,6 +158,17 @@ def test_the_users_cuts_are_kept_without_the_switch_or_a_stack_staged_block_by_b
     assert "stage cuts" not in whole[0][0].choices
     assert "has a stage set on each of its blocks" in whole[0][0].kept["stage cuts"]
     _same_training(whole, world.simulate(2, lambda r: _train(r, steps=1, whole=True, auto=False)))
+
+
+def test_cuts_move_with_the_layouts_of_stages_of_two_ranks():
+    """PP 2 x DP 2: each block's parameters' layouts and the cuts are variables of one descent
+    (a trace under other cuts lays the moved blocks out on the new stage's mesh in the layout the
+    trace tries); the plan trains as the user's cuts, unplanned."""
+    planned = world.simulate(4, lambda r: _train(r, dp=True))
+    plan = planned[0][0]
+    assert len({str(p.choices) for p, _, _ in planned}) == 1
+    assert tuple(plan.choices["stage cuts"][1]) == (2,)
+    _same_training(planned, world.simulate(4, lambda r: _train(r, dp=True, auto=False)))
 
 
 def _stepped_first(rank: int, auto: bool) -> tuple:
