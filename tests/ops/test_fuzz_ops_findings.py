@@ -482,3 +482,40 @@ def test_in_place_gradients_read_the_result_in_the_targets_dtype(name):
         return lib.autograd.grad(y * 0.7, (x, t))
     for g, w in zip(run(flow), run(torch)):
         assert torch.equal(g.to_torch(), w)
+
+
+_BOOL_DIMS = {
+    "max": lambda lib, x: x.max(True), "sum": lambda lib, x: x.sum(True), "amax": lambda lib, x: x.amax(True),
+    "argmax": lambda lib, x: x.argmax(True), "cumsum": lambda lib, x: x.cumsum(False), "squeeze": lambda lib, x: x.squeeze(True),
+    "unsqueeze": lambda lib, x: x.unsqueeze(True), "select": lambda lib, x: x.select(True, 0),
+    "transpose": lambda lib, x: x.transpose(True, 0), "flip": lambda lib, x: x.flip(True), "cat": lambda lib, x: lib.cat([x, x], True),
+    "sort": lambda lib, x: x.sort(True), "gather": lambda lib, x: x.gather(True, lib.tensor([[0]])),
+    "all": lambda lib, x: x.all((True,)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BOOL_DIMS))
+def test_a_bool_dim_is_refused(name):
+    """seed 225263: ``x.max(True)``: torch's parser refuses a bool as a dim (TypeError); holoflow
+    took it as dim 1 (and so every op reading a dim)."""
+    _same_error(lambda lib: _BOOL_DIMS[name](lib, lib.ones(2, 2, dtype=lib.int32)))
+
+
+@pytest.mark.parametrize("name", ["addmm", "baddbmm", "addmv"])
+def test_the_addmm_family_saves_each_operand_for_the_others_gradient(name):
+    """seed 224432: ``baddbmm(input, b1, b2)`` saved its input, which no gradient reads: written in
+    place after, holoflow's backward refused where torch's runs. Each operand is saved for the
+    other's gradient only (as many tensors packed as torch)."""
+    shapes = {"addmm": ((2, 3), (2, 4), (4, 3)), "baddbmm": ((2, 2, 3), (2, 2, 4), (2, 4, 3)),
+              "addmv": ((2,), (2, 4), (4,))}[name]
+
+    def run(lib, needs, written):
+        ts = [lib.ones(s, dtype=lib.float64, requires_grad=n) * 1 for s, n in zip(shapes, needs)]
+        packed = []
+        with lib.autograd.graph.saved_tensors_hooks(lambda v: (packed.append(1), v)[1], lambda v: v):
+            y = getattr(lib, name)(*ts, beta=0.5, alpha=2.0)
+        ts[written].mul_(2)
+        return len(packed), type(raised(lambda: y.sum().backward()))
+    for needs in ((False, True, False), (False, False, True), (True, True, False), (True, False, False)):
+        for written in range(3):
+            assert run(flow, needs, written) == run(torch, needs, written), (needs, written)

@@ -45,7 +45,10 @@ def describe_layout(t) -> str:
 
 
 def normalize_dim(op: str, dim: int, ndim: int) -> int:
-    """Wraps a negative dim; raises a clear IndexError when out of range."""
+    """Wraps a negative dim; raises a clear IndexError when out of range (a bool, which torch's
+    parser refuses as a dim: TypeError)."""
+    if dim is True or dim is False:
+        raise TypeError(f"holoflow.{op}: dim must be an int, not bool ({dim})")
     lo, hi = -max(ndim, 1), max(ndim, 1) - 1
     if not lo <= dim <= hi:
         raise IndexError(f"holoflow.{op}: dim {dim} is out of range for a tensor with {ndim} "

@@ -100,6 +100,9 @@ def _dims_arg(op: str, args: tuple, dims) -> tuple:
         args = (dims,)
     elif not args:
         raise TypeError(f'{op}() missing 1 required positional arguments: "dims"')
+    flat = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+    if any(d is True or d is False for d in flat):   # (torch's parser refuses a bool as a dim)
+        raise TypeError(f"holoflow.{op}: dims must be ints, got {tuple(flat)}")
     return _sizes(args)
 
 

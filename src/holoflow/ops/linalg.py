@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -313,6 +313,17 @@ def _product_shape(name: str, ins: list[str], out: str, sa: tuple, sb: tuple) ->
     return tuple(size[c] for c in out)
 
 
+class _Shape(NamedTuple):
+    """An operand's shape, where its value isn't saved (operand_grad reads no more of it)."""
+    shape: tuple
+
+
+def _reads_other_operand(needs: tuple) -> tuple[int, ...]:
+    """``saved_inputs`` of the addmm family: each operand's gradient reads the other one; the
+    input's (``dy * beta``) reads none, so an in-place change of it after stays legal, as torch's."""
+    return tuple(j for j, i in ((2, 1), (1, 2)) if needs[i])
+
+
 def _addmm_family(name: str, ins: list[str], out: str):
     """``torch.<name>(input, a, b, *, beta, alpha)``: ``beta * input + alpha * einsum(ins -> out)``
     with ``input`` broadcast to the product's shape."""
@@ -338,13 +349,15 @@ def _addmm_family(name: str, ins: list[str], out: str):
         return einsum_signatures(ins, out, [a, b], addend=inp, addend_first=True)
 
     def grad(c, dy):
-        inp, a, b = c.inputs
+        # (an operand is saved only for the other's gradient, as torch's: its shape stands in)
+        _, a, b = (x if x is not None else _Shape(c.shapes[k]) for k, x in enumerate(c.inputs))
         g_in = reduce_grad(dy * c.beta, c, 0) if needs(c, 0) else None
         g = [reduce_grad(operand_grad(ins, out, (a, b), dy, i) * c.alpha, c, i + 1) if needs(c, i + 1)
              else None for i in range(2)]
         return (g_in, *g)
     # holomorphic: complex operands take torch's conjugated gradients (dy @ b^H, a^H @ dy, conj(beta) dy)
-    return holomorphic(defop(name, kernel, grad=grad, save="inputs", shape=shape, sbp=sbp, family="einsum",
+    return holomorphic(defop(name, kernel, grad=grad, save="inputs", saved_inputs=_reads_other_operand,
+                             shape=shape, sbp=sbp, family="einsum",
                              inplace_kernel=inplace_kernel,
                              flops=lambda i, o, attrs: contraction_flops(i[1:], o, attrs)))   # addend: no operand
 
