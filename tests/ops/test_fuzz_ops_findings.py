@@ -519,3 +519,12 @@ def test_the_addmm_family_saves_each_operand_for_the_others_gradient(name):
     for needs in ((False, True, False), (False, False, True), (True, True, False), (True, False, False)):
         for written in range(3):
             assert run(flow, needs, written) == run(torch, needs, written), (needs, written)
+
+
+def test_xlogy_of_an_integer_tensor_by_a_number_reads_the_number_as_given():
+    """seed 228420: ``xlogy(uint8 x, -1)``: the -1 became a uint8 255 before the log (5.54 where
+    torch's NaN), silently; 300 wrapped to 44 likewise."""
+    for dtype, v in (("uint8", -1), ("uint8", 300), ("int8", -1.5), ("bool", 2)):
+        def run(lib):
+            return lib.xlogy(lib.tensor([0, 1, 4, 9]).to(getattr(lib, dtype)), v)
+        _same(run(flow), run(torch))

@@ -589,7 +589,9 @@ def xlogy(input, other) -> Tensor:
         if not isinstance(input, Tensor):
             raise TypeError(f"holoflow.xlogy: expected a tensor argument, got {type(input).__name__} and "
                             f"{type(other).__name__}")
-        other = input.new_full((), other, dtype=torch.result_type(input._data, other))
+        dt = torch.result_type(input._data, other)   # (in the floating dtype computed in: -1 isn't uint8's 255)
+        other = input.new_full((), other, dtype=dt if dt.is_floating_point or dt.is_complex else
+                               torch.get_default_dtype())
     # torch's result dtype: the operands' promoted one, made floating (int and half: half)
     dt = torch.result_type(input._data if isinstance(input, Tensor) else input, other._data)
     if not (dt.is_floating_point or dt.is_complex):
