@@ -931,10 +931,8 @@ def test_no_grad_does_not_stop_forward_mode():
     torch.testing.assert_close(torch.from_numpy(_numpy(got)[2]), want)
 
 
-@pytest.mark.xfail(strict=True, reason="saving an inference tensor for backward is not refused (not fixed yet: the "
-                                       "saving is in core/_fast.c too)")
 def test_an_inference_tensor_is_not_saved_for_backward():
-    # torch refuses (seed 4217, there under hessian); holoflow computes the gradient
+    # torch refuses (seed 4217, there under hessian); holoflow computed the gradient
     x, y = _wave(flow, (3,)), _wave(flow, (3,), 1.0).requires_grad_(True)
     with flow.inference_mode():
         a = x * 2

@@ -45,12 +45,12 @@ _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 80)))) | set(FOUND) | set(KNOWN))
 
 
-# what torch refuses and holoflow computes: eagerly too (tests/test_fuzz_views_inplace.py), and a
-# piece of unbind/split/chunk used after its base was written (holoflow re-derives it from the
-# base); compiled only, a backward reading a value written in place since it was saved (a trace is
-# SSA: its grad rules read the value saved, as torch.compile's functionalized graph does)
-TORCH_ONLY_REFUSALS = EAGER_TORCH_ONLY + ("its base or another view of its base has been modified inplace",
-                                          "has been modified by an inplace operation")
+# what torch refuses and holoflow computes: eagerly too (tests/test_fuzz_views_inplace.py); compiled
+# only, a backward reading a value written in place since it was saved (a trace is SSA: its grad
+# rules read the value saved, as torch.compile's functionalized graph does). (A piece of
+# unbind/split/chunk used after its base was written was one too, seed 0: a trace re-derived it
+# from the base; refused while tracing now, views.written_since_made)
+TORCH_ONLY_REFUSALS = EAGER_TORCH_ONLY + ("has been modified by an inplace operation",)
 
 
 def _generate(seed: int) -> list:
@@ -146,9 +146,10 @@ def test_random_view_program_compiled_agrees_with_torch(seed):
 
 
 def test_most_random_view_programs_trace():
-    """The fuzzer above would pass trivially if every program ran eagerly."""
-    traced = sum(_check(seed) for seed in range(20))
-    assert traced >= 12, f"{traced} of 20 programs traced"
+    """The fuzzer above would pass trivially if every program ran eagerly. (Seed 0 uses a piece of
+    chunk after its base was written, which torch refuses: not traced since the trace refuses it.)"""
+    traced = sum(_check(seed) for seed in range(30))
+    assert traced >= 17, f"{traced} of 30 programs traced"
 
 
 def test_a_view_of_a_written_then_detached_tensor_leads_nowhere_compiled():

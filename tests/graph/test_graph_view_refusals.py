@@ -189,3 +189,82 @@ def test_a_view_read_between_its_bases_write_and_detach_compiled_agrees_with_tor
             return loss
     Train()()
     np.testing.assert_array_equal(m.w.detach().numpy(), theirs)
+
+
+# -- a piece of unbind/split/chunk used by autograd after its base was written -------------------
+
+def _pieces(kind):
+    return {"unbind": lambda b: b.unbind(0), "split": lambda b: b.split(1, 0), "chunk": lambda b: b.chunk(3, 0),
+            "split_with_sizes": lambda b: b.split_with_sizes([1, 2], 0)}[kind]
+
+
+USED_AFTER = {
+    "base written": lambda lib, b, ps: b.mul_(2.0),
+    "another piece written under no_grad": lambda lib, b, ps: _no_grad(lib, lambda: ps[1].mul_(2.0)),
+    "base written through a view": lambda lib, b, ps: b[1:].add_(1.0),
+    "base written through detach()": lambda lib, b, ps: b.detach().mul_(2.0),
+}
+
+
+def _no_grad(lib, f):
+    with lib.no_grad():
+        f()
+
+
+def _used_after(lib, kind, write, no_grad_pieces):
+    def fn(w):
+        b = w * 1.0
+        if no_grad_pieces:   # (torch's error names the no_grad view then)
+            with lib.no_grad():
+                ps = _pieces(kind)(b)
+        else:
+            ps = _pieces(kind)(b)
+        USED_AFTER[write](lib, b, ps)
+        return (ps[0] * 3.0).sum() + b.sum()
+    return fn
+
+
+@pytest.mark.parametrize("no_grad_pieces", [False, True], ids=["pieces", "no_grad pieces"])
+@pytest.mark.parametrize("write", list(USED_AFTER))
+@pytest.mark.parametrize("kind", ["unbind", "split", "chunk", "split_with_sizes"])
+def test_a_piece_used_after_its_base_was_written_is_refused_traced(kind, write, no_grad_pieces):
+    # torch and eager refuse; a trace compared storage versions, which its writes (new values
+    # bound to the base) never move, and computed the piece's gradient from its base's new history
+    def w_of(lib):
+        return lib.tensor(np.linspace(-1.0, 1.0, 6).reshape(3, 2), requires_grad=True)
+    fn = _used_after(torch, kind, write, no_grad_pieces)
+    with pytest.raises(RuntimeError, match="modified inplace"):
+        fn(w_of(torch))
+    want = str(_raised(lambda: _used_after(flow, kind, write, no_grad_pieces)(w_of(flow))))
+    with pytest.raises(RuntimeError, match="cannot be traced whole") as info:
+        flow.compile(_used_after(flow, kind, write, no_grad_pieces), backend="eager", fullgraph=True)(w_of(flow))
+    assert want in str(info.value)
+
+
+def _raised(f) -> Exception:
+    with pytest.raises(RuntimeError) as info:
+        f()
+    return info.value
+
+
+def test_tensor_splits_pieces_are_slices_eager_and_traced():
+    # torch's tensor_split (hsplit, vsplit, dsplit) returns slices, each a view of its own: a
+    # piece may be written, and used after its base was; holoflow's were split's several outputs,
+    # so both were refused (eager and traced)
+    def fn(lib):
+        def f(w):
+            b = w * 1.0
+            p, q = b.tensor_split([1], 0)
+            q.mul_(2.0)
+            b.add_(1.0)
+            return (p * 3.0).sum() + (q * q).sum() + b.hsplit(2)[1].sum()
+        return f
+    w = torch.tensor(np.linspace(-1.0, 1.0, 6).reshape(3, 2), requires_grad=True)
+    fn(torch)(w).backward()
+    for compiled in (False, True):
+        v = flow.tensor(np.linspace(-1.0, 1.0, 6).reshape(3, 2), requires_grad=True)
+        f = flow.compile(fn(flow), backend="eager", fullgraph=True) if compiled else fn(flow)
+        out = f(v)
+        out.backward()
+        np.testing.assert_allclose(out.detach().numpy(), fn(torch)(w.detach()).numpy(), rtol=1e-12)
+        np.testing.assert_allclose(v.grad.numpy(), w.grad.numpy(), rtol=1e-12)

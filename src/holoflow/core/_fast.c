@@ -47,6 +47,10 @@ static PyObject *s_kernel, *s_grad, *s_view, *s_saves, *s_saved_inputs, *s_saved
     *s_shape, *s_dtype, *s__version, *s__view, *s_enabled, *s_bind, *s_saved_of,
     *s_save, *s__kept, *s_is_floating_point, *s_is_complex, *s__base;
 static PyObject *py_note_forward;
+static PyObject *s_inference, *s__inference, *s_name;
+/* inference mode was entered in this process (note_inference): tensors an op makes there are
+ * inference tensors (``_inference`` in their instance dict), which autograd refuses to save */
+static int inference_made = 0;
 
 #define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
 
@@ -168,6 +172,45 @@ static PyObject *new_tensor(PyObject *data) {
     return alloc_with(Tensor_T, offs, vals, 7);
 }
 
+/* -- inference tensors (grad_mode.inference_mode, tensor.is_inference_tensor) ----------------- */
+
+/* marks ``t``, made by an op, an inference tensor where inference mode is on (grad mode is off
+ * there: nothing to ask while it is on, or before inference mode was ever entered) */
+static int mark_inference(PyObject *t, int grad_on) {
+    if (grad_on || !inference_made)
+        return 0;
+    int on = attr_true(grad_state, s_inference);
+    return on <= 0 ? on : PyObject_SetAttr(t, s__inference, Py_True);
+}
+
+/* whether ``x`` is an inference tensor: a view by its base's making, others by their own (saves
+ * under holoflow.func's forward mode go through its saved-tensor hooks: GradNode.save decides) */
+static int is_inference(PyObject *x) {
+    PyObject *vi = view_info(x);
+    if (vi == NULL)
+        return -1;
+    if (vi != Py_None)
+        x = get_slot(vi, V_base);
+    PyObject **dict = _PyObject_GetDictPtr(x);
+    if (dict == NULL || *dict == NULL)
+        return 0;
+    PyObject *v = PyDict_GetItemWithError(*dict, s__inference);
+    return v == NULL ? (PyErr_Occurred() ? -1 : 0) : PyObject_IsTrue(v);
+}
+
+/* torch's refusal of an inference tensor among what a grad node saves (tensor.py's words) */
+static int refuse_inference(PyObject *node) {
+    PyObject *name = PyObject_GetAttr(get_slot(node, N_op), s_name);
+    if (name == NULL)
+        return -1;
+    PyErr_Format(PyExc_RuntimeError, "holoflow.%S: Inference tensors cannot be saved for backward. Please do "
+                 "not use Tensors created in inference mode in computation tracked by autograd. To work "
+                 "around this, you can make a clone to get a normal tensor and use it in autograd, or use "
+                 "`holoflow.no_grad()` instead of `holoflow.inference_mode()`.", name);
+    Py_DECREF(name);
+    return -1;
+}
+
 /* -- what the grad rule reads (Op.saved_of / Op.outputs_of, GradNode.save) ---------------- */
 
 static PyObject *saved_inputs_of(PyObject *op, PyObject *inputs, PyObject *edges) {
@@ -269,6 +312,13 @@ static int save(PyObject *node, PyObject *inputs, PyObject *outs) {
             PyObject *x = PyTuple_GET_ITEM(inputs, i);
             if (x == Py_None || !PyObject_TypeCheck(x, Tensor_T))
                 continue;   /* (the reference asks getattr(x, "_data", None): constants have none) */
+            if (inference_made) {
+                int inf = is_inference(x);
+                if (inf != 0) {
+                    Py_DECREF(versions);
+                    return inf < 0 ? -1 : refuse_inference(node);
+                }
+            }
             PyObject *d = get_slot(x, T_data);
             if (d == Py_None)
                 continue;
@@ -506,6 +556,8 @@ static PyObject *wrap_many(PyObject *op, PyObject *inputs, PyObject *attrs, PyOb
         if (w == NULL)
             goto done;
         PyTuple_SET_ITEM(wrapped, i, w);
+        if (mark_inference(w, grad_on) < 0)
+            goto done;
         if (!record_it)
             continue;
         int tg = takes_grad(o);
@@ -787,6 +839,8 @@ static PyObject *eager_impl(PyObject *op, PyObject *inputs, PyObject *attrs) {
     PyObject *t = new_tensor(out);
     if (t == NULL)
         goto fail;
+    if (mark_inference(t, grad_on) < 0)
+        goto fail_t;
     if (record_it) {
         PyObject *outs = PyTuple_Pack(1, out);
         PyObject *node = outs ? record(op, inputs, attrs, outs) : NULL;
@@ -1362,7 +1416,14 @@ static PyObject *fast_init(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *fast_note_inference(PyObject *self, PyObject *unused) {
+    inference_made = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"note_inference", fast_note_inference, METH_NOARGS,
+     "Inference mode was entered: ops mark what they make there, saves check (grad_mode.py)."},
     {"init", fast_init, METH_VARARGS, "Hands the classes and Python helpers over (dispatch.py)."},
     {"eager", (PyCFunction)(void (*)(void))fast_eager, METH_FASTCALL, "dispatch._eager in C."},
     {"drain", fast_drain, METH_VARARGS, "autograd._drain's loop in C (no hooks, captures or anomaly mode)."},
@@ -1388,6 +1449,9 @@ PyMODINIT_FUNC PyInit__fast(void) {
     INTERN(s__version, "_version");
     INTERN(s__view, "_view");
     INTERN(s_enabled, "enabled");
+    INTERN(s_inference, "inference");
+    INTERN(s__inference, "_inference");
+    INTERN(s_name, "name");
     INTERN(s_bind, "bind");
     INTERN(s_saved_of, "saved_of");
     INTERN(s_save, "save");

@@ -26,10 +26,10 @@ from .interpret import Interpreter
 from .native import FAST
 from .registry import Op, defop, infer_metas
 from .saved import _LIVE
-from .tensor import Tensor
+from .tensor import Tensor, mark_inference
 from .sbp import P
 from .views import (VIEW_READ, VIEW_SCATTER, WRITTEN_VALUES, ViewInfo, aliases, check_multi_output, make_view,
-                    may_overlap, replay, stamp_of)
+                    may_overlap, replay, stamp_of, written_since_made)
 
 
 class Eager(Interpreter):
@@ -93,6 +93,7 @@ EAGER = Eager()
 interpret._BOTTOM.append(EAGER)
 _CURRENT = interpret._CURRENT
 _STATE = grad_mode.STATE
+_INFERENCE = grad_mode.INFERENCE_MADE
 _new = object.__new__
 
 
@@ -159,6 +160,8 @@ def _eager(op: Op, inputs: tuple, attrs: dict):
             node = _record(op, inputs, attrs, (out,))
             if out.is_floating_point() or out.is_complex():
                 t._rg, t.grad_fn = True, node
+        elif _INFERENCE[0]:
+            mark_inference(t)
         if op.view:
             d = datas[0]
             b = out._base   # views.aliases, inlined
@@ -216,6 +219,8 @@ def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | N
             node = _record(op, inputs, attrs, (out,), saved, logical)
             if out.is_floating_point() or out.is_complex():
                 t._rg, t.grad_fn = True, node
+        elif _INFERENCE[0]:
+            mark_inference(t)
         if op.view and track_views and (views[0] if views is not None else aliases(out, inputs[0]._data)):
             make_view(t, inputs[0], op, attrs, None)
         return t
@@ -239,15 +244,20 @@ def wrap(op: Op, inputs: tuple, attrs: dict, out, record: bool, saved: tuple | N
         for o in outs:
             w = _new(Tensor)
             w._data, w._rg, w._grad, w.grad_fn, w._out_idx, w._hooks, w._global = o, False, None, None, 0, None, None
+            if _INFERENCE[0]:
+                mark_inference(w)
             wrapped.append(w)
     if op.view and track_views:   # make_view per output, with the base, chain and stamp found once
         x = inputs[0]
         xd, vi = x._data, x._view
         base, chain, stamp = (x, (), stamp_of(x)) if vi is None else (vi.base, vi.chain, vi.stamp)
         nograd = not _STATE.enabled or (vi is not None and vi.nograd)
+        token = interpret.token_of(base)   # (a trace's: views.written_since_made)
         for i, (w, o) in enumerate(zip(wrapped, outs)):
             if (views[i] if views is not None else aliases(o, xd)):
                 w._view = ViewInfo(base, chain + ((op, attrs, i),), stamp, nograd, o._version, o._version)
+                if token is not None:
+                    w.__dict__["_made_at"] = token
     return op.out_type(*wrapped) if op.out_type is not None else tuple(wrapped)
 
 
@@ -258,7 +268,7 @@ def _record(op: Op, inputs: tuple, attrs: dict, outs: tuple, saved: tuple | None
         if isinstance(x, Tensor):
             vi = x._view
             if vi is not None:   # a stale view re-derived first (the common case, stamp_of inlined)
-                if vi.version is not None and _CURRENT.get() is None:
+                if vi.version is not None:
                     check_multi_output(x)
                 st, b = vi.stamp, vi.base
                 if b.grad_fn is not st[0] or b._out_idx != st[1] or written_since(x, vi) or \
@@ -306,7 +316,7 @@ def follows_base(inputs) -> bool:
                 if vi.nograd:
                     check_nograd_view_unwritten(x)
                 elif stamp_of(vi.base) != vi.stamp:
-                    if vi.version is not None and _CURRENT.get() is None:
+                    if vi.version is not None:
                         check_multi_output(x)
                     refresh(x)
                 got = True
@@ -318,10 +328,12 @@ def check_nograd_view_unwritten(v: Tensor) -> None:
     (its base does, or it has a history: an op on it recorded one) once its storage was written
     since (by any write: torch compares version counters): which history it should have is
     ambiguous: when autograd records with it, or its history is read (in any grad mode, as
-    torch's getter). (Not in a trace.)"""
+    torch's getter). (In a trace, by the base's value: views.written_since_made.)"""
     vi = v._view
-    if vi.nograd and (vi.base._rg or v._grad_fn is not None) and v._data._version != vi.at and \
-            _CURRENT.get() is None:
+    if not (vi.nograd and (vi.base._rg or v._grad_fn is not None)):
+        return
+    if "_made_at" in v.__dict__ and written_since_made(v) or \
+            "_made_at" not in v.__dict__ and v._data._version != vi.at and _CURRENT.get() is None:
         ops = " of ".join(op.name for op, _, _ in reversed(vi.chain))
         raise RuntimeError(f"holoflow: a view was created in no_grad mode ({ops} of its base) {_NOGRAD_VIEW_REBASED}")
 

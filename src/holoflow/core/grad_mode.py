@@ -46,6 +46,18 @@ class _State(threading.local):
 
 STATE = _State()
 
+# inference mode was entered in this process: what ops make there is an inference tensor
+# (core/tensor.mark_inference), which autograd refuses to save; till then nothing checks
+INFERENCE_MADE = [False]
+
+
+def _note_inference() -> None:
+    if not INFERENCE_MADE[0]:
+        from .native import FAST   # (the C path marks and checks from now on too)
+        INFERENCE_MADE[0] = True
+        if FAST is not None:
+            FAST.note_inference()
+
 
 def is_grad_enabled() -> bool:
     """Whether autograd records (library code asks this)."""
@@ -179,7 +191,8 @@ class set_grad_enabled(_GradMode):
 
 
 class inference_mode(_GradMode):
-    """Like ``no_grad`` (holoflow keeps no separate inference tensors); ``is_inference_mode_enabled``
+    """Like ``no_grad``; what ops make inside is an inference tensor (``is_inference()``), which
+    autograd refuses to save for backward outside, as torch's; ``is_inference_mode_enabled``
     reports it. Works bare as a decorator (``@inference_mode``), as torch's."""
 
     def __new__(cls, mode=True):
@@ -198,6 +211,8 @@ class inference_mode(_GradMode):
         _close(state)
         state.enabled = self.mode
         self._prev_inference, state.inference = state.inference, self.inference
+        if self.inference:
+            _note_inference()
 
     def __exit__(self, *exc) -> None:
         STATE.inference = self._prev_inference

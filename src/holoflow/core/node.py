@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 from . import anomaly, grad_mode
 from .registry import Op
 from .saved import _LIVE, SavedTensor, current as _saved_hooks, pack
-from .tensor import Tensor, _LevelHook, _RemovableHandle
+from .tensor import Tensor, _LevelHook, _RemovableHandle, is_inference_tensor, refuse_inference_saved
 
 _FREED = object()
 
@@ -97,7 +97,13 @@ class GradNode:
                     f"out-of-place op (e.g. x = x + y instead of x += y) before this point.")
 
     def save(self, inputs: tuple | None, outs: tuple | None) -> None:
-        """Keeps what the grad rule reads, with storage versions to detect in-place changes."""
+        """Keeps what the grad rule reads, with storage versions to detect in-place changes; an
+        inference tensor is refused, as torch's, but for forward mode's own reverse passes (torch's
+        forward mode saves nothing; while it runs, saves go through its hooks, so here)."""
+        if grad_mode.INFERENCE_MADE[0] and inputs is not None and \
+                any(isinstance(x, Tensor) and is_inference_tensor(x) for x in inputs) and \
+                not grad_mode.forward_mode_runs():
+            refuse_inference_saved(self.op.name)
         if _LIVE[0]:   # saved-tensor hooks pushed in some thread: this one's, if any, pack
             hooks = _saved_hooks()
             if hooks is not None:

@@ -45,6 +45,8 @@ class Tensor:
         t = object.__new__(cls)
         t._data, t._rg, t._grad, t._grad_fn = data, grad_fn is not None, None, grad_fn
         t._out_idx, t._hooks, t._global = out_idx, None, None
+        if grad_mode.INFERENCE_MADE[0]:
+            mark_inference(t)
         return t
 
     @property
@@ -230,6 +232,10 @@ class Tensor:
         if value and not (self._data.is_floating_point() or self._data.is_complex()):
             raise RuntimeError(f"holoflow: only tensors of floating point or complex dtype can "
                                f"require gradients; this one is {self.dtype}")
+        if value and grad_mode.INFERENCE_MADE[0] and not grad_mode.STATE.inference and is_inference_tensor(self):
+            raise RuntimeError("holoflow: Setting requires_grad=True on inference tensor outside InferenceMode is "
+                               "not allowed (torch's rule: an inference tensor has no autograd history to keep); "
+                               "clone() it outside inference mode first")
         if not value and self.grad_fn is not None:
             raise RuntimeError("holoflow: requires_grad can only be turned off on leaf tensors; "
                                "use .detach() for a non-leaf")
@@ -594,7 +600,7 @@ def _rederive(v: Tensor) -> None:
     key = id(v)
     _REDERIVING.add(key)
     try:
-        if v._view.version is not None and interpret._CURRENT.get() is None:
+        if v._view.version is not None:
             check_multi_output(v)
         refresh(v)
     finally:
@@ -604,6 +610,30 @@ def _rederive(v: Tensor) -> None:
 def _init(t: Tensor, data: torch.Tensor) -> None:
     t._data, t._rg, t._grad, t._grad_fn = data, False, None, None
     t._out_idx, t._hooks, t._global = 0, None, None
+    if grad_mode.INFERENCE_MADE[0]:
+        mark_inference(t)
+
+
+def mark_inference(t: Tensor) -> None:
+    """``t``, just made, is an inference tensor if inference mode is on (what torch's
+    ``inference_mode`` allocates is; core/_fast.c's ``mark_inference`` is the C path's)."""
+    state = grad_mode.STATE
+    if state.inference and not state.enabled:
+        t.__dict__["_inference"] = True
+
+
+def is_inference_tensor(t: Tensor) -> bool:
+    """Whether ``t`` was made in inference mode: a view by its base's making, as torch's (a view
+    of a normal tensor taken there is normal, of an inference tensor an inference tensor)."""
+    vi = t._view
+    return bool((vi.base if vi is not None else t).__dict__.get("_inference"))
+
+
+def refuse_inference_saved(what: str) -> None:
+    raise RuntimeError(f"holoflow.{what}: Inference tensors cannot be saved for backward. Please do not use "
+                       f"Tensors created in inference mode in computation tracked by autograd. To work around "
+                       f"this, you can make a clone to get a normal tensor and use it in autograd, or use "
+                       f"`holoflow.no_grad()` instead of `holoflow.inference_mode()`.")
 
 
 def _rebuild(data: torch.Tensor, requires_grad: bool) -> Tensor:

@@ -117,6 +117,23 @@ def make_view(out, x, op: Op, attrs: dict, idx: int) -> None:
         out._view = ViewInfo(x, ((op, attrs, idx),), stamp_of(x), nograd, version, at)
     else:
         out._view = ViewInfo(vi.base, vi.chain + ((op, attrs, idx),), vi.stamp, nograd or vi.nograd, version, at)
+    if multi or nograd or (vi is not None and vi.nograd):
+        token = interpret.token_of(out._view.base)
+        if token is not None:   # (a trace: its writes bind the base a new value, storages stay)
+            out.__dict__["_made_at"] = token
+
+
+def written_since_made(v) -> bool:
+    """Whether ``v``'s storage was written since the view was made (torch compares version
+    counters): in eager its storage's version; in a trace, whose writes bind the base a new value
+    (``_made_at``: the base's value when the view was made), the base's value."""
+    vi = v._view
+    made = v.__dict__.get("_made_at")
+    if made is not None:
+        return interpret.token_of(vi.base) is not made
+    if interpret._CURRENT.get() is not None:
+        return False   # (made outside the trace: its storage's version says nothing there)
+    return v._data._version != (vi.version if vi.version is not None else vi.at)
 
 
 def check_multi_output(x) -> None:
@@ -125,7 +142,7 @@ def check_multi_output(x) -> None:
     re-derived as a single view's. (Asked where autograd records, or the history is read: in any
     grad mode then, as torch's getter.)"""
     vi = x._view
-    if x._data._version != vi.version and (x._grad_fn is not None or vi.base._rg):
+    if (x._grad_fn is not None or vi.base._rg) and written_since_made(x):
         op, _, idx = next((op, a, i) for op, a, i in reversed(vi.chain) if i is not None)
         raise RuntimeError(
             f"holoflow: output {idx} of {op.name} is a view and its base or another view of its base "

@@ -618,11 +618,16 @@ def chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple:
 
 
 def tensor_split(input: Tensor, indices_or_sections, dim: int = 0) -> tuple:
-    """``sections`` nearly equal pieces, or pieces cut at ``indices``, as ``torch.tensor_split``."""
+    """``sections`` nearly equal pieces, or pieces cut at ``indices``, as ``torch.tensor_split``:
+    each a slice of its own (torch's are), not one of several outputs of one view op, so a piece
+    stays usable by autograd after its base is written in place, and may be written itself."""
     d = normalize_dim("tensor_split", dim, input.dim())
     arg = indices_or_sections
     arg = arg.tolist() if isinstance(arg, Tensor) else arg
-    return _split_by(input, d, torch.empty(tuple(input.shape), device="meta").tensor_split(arg, d))
+    whole = torch.empty(tuple(input.shape), device="meta")
+    lead, step = (slice(None),) * d, whole.stride(d)   # (where each piece starts: its offset)
+    return tuple(input[lead + (slice(p.storage_offset() // step, p.storage_offset() // step + p.shape[d]),)]
+                 for p in whole.tensor_split(arg, d))
 
 
 def _unbind_sbp(metas, attrs):

@@ -20,7 +20,7 @@ from ..core import device as _device
 from ..core import dtype as _dtype
 from ..core.anomaly import is_anomaly_check_nan_enabled, is_anomaly_enabled, set_anomaly_enabled
 from ..core.errors import UnsupportedError
-from ..core.tensor import Tensor
+from ..core.tensor import Tensor, is_inference_tensor
 from . import creation as _creation
 
 __all__ = ["set_default_device", "get_default_device", "is_inference_mode_enabled", "set_warn_always",
@@ -85,10 +85,9 @@ def is_signed(input: Tensor) -> bool:
 
 
 def _is_inference(self: Tensor) -> bool:
-    """Whether the tensor is an inference tensor. holoflow's ``inference_mode`` disables
-    recording without making inference tensors, so this is the storage's own answer (False for
-    tensors holoflow made)."""
-    return bool(self._data.is_inference())
+    """Whether the tensor is an inference tensor: made in holoflow's ``inference_mode`` (or a
+    view of one), or a torch inference tensor taken as storage."""
+    return is_inference_tensor(self) or bool(self._data.is_inference())
 
 
 def is_inference(input: Tensor) -> bool:
