@@ -90,7 +90,7 @@ DOUBLE_BACKWARD = {"hnn_custom_autograd", "maml_second_order", "pinn_hessian"}
 # saved-tensor hooks are active there: autograd_extensions). transformer_masks traces since a
 # decoder's tgt_mask no longer has its values read for torch's causal-mask hint in a trace
 ALL_EAGER = {"autograd_extensions", "clip_caption", "gnn_scatter", "gp_regression", "keyword_spotting_muon_amp",
-             "mdn_mixture", "moe_transformer_xl", "qat_hooks"}
+             "mae_vit_checkpoint_amp", "mdn_mixture", "moe_transformer_xl", "qat_hooks"}
 
 
 def _compile_outermost_calls(monkeypatch) -> dict:

@@ -175,3 +175,28 @@ def test_functional_multi_head_attention_forward_matches_torch(separate, bias_kv
     f_out.sum().backward()
     torch.testing.assert_close(fq.grad.to_torch(), tq.grad)
     torch.testing.assert_close(fkw["out_proj_weight"].grad.to_torch(), tkw["out_proj_weight"].grad)
+
+
+@pytest.mark.parametrize("inputs", ["self", "kv-shared", "all-different"])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_mha_packs_its_in_projection_as_torch_bit_for_bit_in_bfloat16(inputs, batch_first):
+    """torch projects self-attention's ``q is k is v`` by one matmul of the packed weight (and a
+    shared key/value by one), keeping that identity through batch_first's transpose; holoflow
+    took three matmuls, so under bfloat16 autocast the input's gradient was the sum of three
+    rounded products, 1 ulp off torch's (a ViT's step drifted 4e-4 in a second step)."""
+    results = []
+    for lib in (torch, flow):
+        lib.manual_seed(0)
+        mha = lib.nn.MultiheadAttention(8, 2, batch_first=batch_first)
+        x = lib.randn(3, 5, 8, requires_grad=True)
+        y = lib.randn(3, 5, 8, requires_grad=True)
+        q, k, v = {"self": (x, x, x), "kv-shared": (x, y, y), "all-different": (x, y, y * 1)}[inputs]
+        with lib.autocast("cpu", dtype=lib.bfloat16):
+            out = mha(q, k, v, need_weights=False)[0]
+        (out.float() * lib.linspace(-1, 1, 8)).sum().backward()
+        results.append([out.detach().float(), x.grad, y.grad, mha.in_proj_weight.grad, mha.in_proj_bias.grad])
+    for want, got in zip(*results):
+        if want is None:
+            assert got is None
+            continue
+        assert torch.equal(got.to_torch() if isinstance(got, flow.Tensor) else got, want)

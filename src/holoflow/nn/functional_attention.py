@@ -77,6 +77,26 @@ def _check_static(t: Tensor | None, name: str, rows: int, head_dim: int) -> None
             raise AssertionError(f"expecting {name}.size({i}) of {want}, but got {t.shape[i]}")
 
 
+def _in_projection_packed(query: Tensor, key: Tensor, value: Tensor, w: Tensor,
+                          b: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v by the packed ``in_proj_weight`` as torch's: one matmul for self-attention (``query
+    is key is value``), one for q and one for the packed k, v where ``key is value``, three
+    otherwise. One matmul is one bfloat16 rounding of the input's gradient where three
+    products' gradients would each be rounded before they are summed."""
+    E = query.shape[-1]
+    if key is value:
+        if query is key:
+            proj = linear(query, w, b).unflatten(-1, (3, E)).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()
+            return proj[0], proj[1], proj[2]
+        w_q, w_kv = w.split([E, 2 * E])
+        b_q, b_kv = (None, None) if b is None else b.split([E, 2 * E])
+        kv = linear(key, w_kv, b_kv).unflatten(-1, (2, E)).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()
+        return linear(query, w_q, b_q), kv[0], kv[1]
+    w_q, w_k, w_v = w.chunk(3)
+    b_q, b_k, b_v = (None,) * 3 if b is None else b.chunk(3)
+    return linear(query, w_q, b_q), linear(key, w_k, b_k), linear(value, w_v, b_v)
+
+
 def multi_head_attention_forward(
         query: Tensor, key: Tensor, value: Tensor, embed_dim_to_check: int, num_heads: int,
         in_proj_weight: Tensor | None, in_proj_bias: Tensor | None, bias_k: Tensor | None, bias_v: Tensor | None,
@@ -109,13 +129,12 @@ def multi_head_attention_forward(
     if hd * H != E:
         raise AssertionError(f"embed_dim {E} not divisible by num_heads {H}")
     _check_key_value(key, value, use_separate_proj_weight)
-    if use_separate_proj_weight:
-        w_q, w_k, w_v = q_proj_weight, k_proj_weight, v_proj_weight
-    else:
-        w_q, w_k, w_v = in_proj_weight[:E], in_proj_weight[E:2 * E], in_proj_weight[2 * E:]
     b_q, b_k, b_v = (None,) * 3 if in_proj_bias is None else (in_proj_bias[:E], in_proj_bias[E:2 * E],
                                                               in_proj_bias[2 * E:])
-    q, k, v = linear(query, w_q, b_q), linear(key, w_k, b_k), linear(value, w_v, b_v)
+    if use_separate_proj_weight:
+        q, k, v = linear(query, q_proj_weight, b_q), linear(key, k_proj_weight, b_k), linear(value, v_proj_weight, b_v)
+    else:
+        q, k, v = _in_projection_packed(query, key, value, in_proj_weight, in_proj_bias)
     attn_mask = _float_mask(attn_mask, q.dtype, "attn_mask")
     key_padding_mask = _float_mask(key_padding_mask, q.dtype, "key_padding_mask")
     _check_attn_mask(attn_mask, (bsz * H, tgt_len, key.shape[0]))

@@ -79,8 +79,8 @@ class MultiheadAttention(Module):
                 need_weights: bool = True, attn_mask: Tensor | None = None,
                 average_attn_weights: bool = True, is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
         batched = query.dim() == 3
-        if batched and self.batch_first:
-            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        if batched and self.batch_first:   # (keeping which inputs are one: the projection packs them)
+            query, key, value = _same_transposed(query, key, value)
         out, weights = F.multi_head_attention_forward(
             query, key, value, self.embed_dim, self.num_heads, self.in_proj_weight, self.in_proj_bias,
             self.bias_k, self.bias_v, self.add_zero_attn, self.dropout, self.out_proj.weight, self.out_proj.bias,
@@ -91,3 +91,17 @@ class MultiheadAttention(Module):
         if batched and self.batch_first:
             out = out.transpose(0, 1)
         return out, weights
+
+
+def _same_transposed(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The inputs with their first two dims swapped, one tensor where they were one (torch's
+    MultiheadAttention keeps self-attention's ``query is key is value`` through the transpose,
+    so the functional form projects them by one packed matmul)."""
+    if key is value:
+        if query is key:
+            query = key = value = query.transpose(0, 1)
+        else:
+            query, key = query.transpose(0, 1), key.transpose(0, 1)
+            value = key
+        return query, key, value
+    return query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
