@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 
+import torch as _torch
+
 from .core.tensor import Tensor
 from .ops import elementwise as _E
 from .ops.numeric import mvlgamma
@@ -70,8 +72,13 @@ def xlog1py(input, other) -> Tensor:
     if not isinstance(input, Tensor) and not isinstance(other, Tensor):
         raise TypeError("holoflow.special.xlog1py: expected at least one Tensor argument, got "
                         f"{type(input).__name__} and {type(other).__name__}")
-    if not isinstance(input, Tensor):
-        input = other.new_tensor(input)
+    if not isinstance(input, Tensor):   # (a number at the floating dtype computed in, as torch's wrapped
+        input = _number_beside(input, other)   # number: 2.5 isn't an integer tensor's 2, nor -1 uint8's 255)
     if not isinstance(other, Tensor):
-        other = input.new_tensor(other)
-    return _E.apply(_E.XLOG1PY, input, other)   # (torch's kernel: 0 where input is 0, unless other is NaN)
+        other = _number_beside(other, input)
+    return _E.apply(_E.XLOG1PY, input, other)
+
+
+def _number_beside(v, t: Tensor) -> Tensor:
+    dt = _torch.result_type(t._data, v)
+    return t.new_full((), v, dtype=dt if dt.is_floating_point or dt.is_complex else _torch.get_default_dtype())

@@ -528,3 +528,25 @@ def test_xlogy_of_an_integer_tensor_by_a_number_reads_the_number_as_given():
         def run(lib):
             return lib.xlogy(lib.tensor([0, 1, 4, 9]).to(getattr(lib, dtype)), v)
         _same(run(flow), run(torch))
+
+
+_NUMBER_BESIDE = {
+    "true_divide": lambda lib, x, v: lib.true_divide(v, x) if lib is flow else v / x,
+    "zeta": lambda lib, x, v: lib.special.zeta(x, v),
+    "zeta_first": lambda lib, x, v: lib.special.zeta(v, x),
+    "xlog1py": lambda lib, x, v: lib.special.xlog1py(x, v),
+    "xlog1py_first": lambda lib, x, v: lib.special.xlog1py(v, x),
+    "rsub": lambda lib, x, v: v - x,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NUMBER_BESIDE))
+def test_a_number_beside_an_integer_tensor_keeps_its_value(name):
+    """A Python number beside an integer tensor was made a tensor of the tensor's dtype before an
+    op computing in floats: ``zeta(uint8 x, -1)``, ``true_divide(-1, uint8 x)`` read 255, and
+    ``special.xlog1py(int x, 2.5)`` read 2 (silently); ``300 - uint8 x`` refused where torch's
+    wraps. (Found beside seed 228420's xlogy.)"""
+    for dtype, v in (("uint8", -1), ("int32", 2.5), ("int8", -1.5), ("uint8", 300)):
+        def run(lib):
+            return _NUMBER_BESIDE[name](lib, lib.tensor([0, 1, 4, 9]).to(getattr(lib, dtype)), v)
+        _same(run(flow), run(torch))

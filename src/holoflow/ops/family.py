@@ -294,6 +294,20 @@ def unary(name: str, kernel: Callable, grad: Callable | None = None, save: str =
                  inplace_kernel=getattr(torch.Tensor, name + "_", None), **rules)
 
 
+def _wrapped(v, t: torch.Tensor) -> torch.Tensor:
+    """A Python number beside tensor ``t`` as torch wraps it: at the dtype the two promote to (a
+    bool stays a bool: torch refuses ``True - x`` as it refuses a bool tensor's), except an int
+    beside an integer tensor with dims, which stays int64 (promoting as the number does): the
+    kernel casts it, so -1 stays -1 where the op computes in floats (``1 / x``, zeta), and 300
+    wraps beside uint8 as torch's does."""
+    if isinstance(v, bool):
+        return torch.tensor(v, device=t.device)
+    dt = torch.result_type(v, t)
+    if isinstance(v, int) and t.dim() and not (dt.is_floating_point or dt.is_complex or dt == torch.bool):
+        return torch.tensor(v, device=t.device)
+    return torch.tensor(v, dtype=dt, device=t.device)
+
+
 def binary(name: str, kernel: Callable, grad: Callable | None = None, save: str = "",
            partial: Sequence[str] | Callable = (), tensors_only: bool = False, **rules) -> Op:
     """Declares an elementwise binary op with broadcasting and torch's type promotion; a Python
@@ -310,11 +324,9 @@ def binary(name: str, kernel: Callable, grad: Callable | None = None, save: str 
         if not isinstance(a, torch.Tensor):
             if not tensors_only and (commutative is True or (callable(commutative) and commutative(attrs))):
                 return kernel(b, a, **attrs)
-            # a bool stays a bool (torch refuses ``True - x`` as it refuses a bool tensor's)
-            a = torch.tensor(a, dtype=torch.bool if isinstance(a, bool) else torch.result_type(a, b),
-                             device=b.device)
+            a = _wrapped(a, b)
         elif tensors_only and not isinstance(b, torch.Tensor):
-            b = torch.tensor(b, dtype=torch.result_type(a, b), device=a.device)
+            b = _wrapped(b, a)
         return kernel(a, b, **attrs)
 
     def fast(a, b, **attrs):  # the common case, tensor first: no wrapper frame
