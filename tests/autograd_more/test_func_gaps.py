@@ -143,3 +143,26 @@ def test_forward_transforms_and_vmap_allow_saved_tensor_hooks():
         return got
     for got, want in zip(run(flow), run(torch)):
         _same(got, want)
+
+
+# -- a tensor handed in and returned as it is ----------------------------------------------------
+
+def test_an_aux_output_that_is_an_enclosing_transforms_input_stays_differentiable():
+    # fuzzer seed 25747: grad's aux returning jacrev's input b unchanged was detached (a leaf's
+    # history was taken to reach nothing outside), so jacrev gave zeros for d aux / d b where
+    # torch gives the identity (silent); a closed-over parameter returned as aux likewise
+    def run(lib):
+        w = lib.tensor([0.25, -0.5, 1.0], requires_grad=True)
+
+        def f(a, b):
+            return (a * a * b).sum(), (b, b * 2.0, w)
+        a, b = lib.tensor([1.0, 2.0, 3.0]), lib.tensor([0.5, -1.0, 2.0])
+        jac = lib.func.jacrev(lambda x, y: lib.func.grad(f, argnums=0, has_aux=True)(x, y)[1][:2],
+                              argnums=(0, 1))(a, b)
+        aux = lib.func.grad(f, has_aux=True)(a, b)[1][2]
+        (aux * aux).sum().backward()
+        return [jac[0][0], jac[0][1], jac[1][0], jac[1][1], aux.requires_grad, w.grad]
+    got, want = run(flow), run(torch)
+    assert got[4] == want[4]
+    for g, t in zip(got[:4] + got[5:], want[:4] + want[5:]):
+        _same(g, t)

@@ -23,7 +23,7 @@ import torch
 import holoflow as flow
 
 # seeds that found a bug (fixed since), run in CI besides the first ones
-FOUND = (0, 12, 33, 193, 239, 504, 508, 679, 752, 1231, 2675, 2971, 3128, 3504, 3942, 3943)
+FOUND = (0, 12, 33, 193, 239, 504, 508, 679, 752, 1231, 2675, 2971, 3128, 3504, 3942, 3943, 25241, 25747)
 _FIRST = int(os.environ.get("HOLOFLOW_FUZZ_FIRST", 0))   # (a longer hunt: new seeds from here)
 SEEDS = sorted(set(range(_FIRST, _FIRST + int(os.environ.get("HOLOFLOW_FUZZ_SEEDS", 60)))) | set(FOUND))
 DTYPE = torch.float64

@@ -743,7 +743,10 @@ def wrapped_without_grad(t: Tensor) -> bool:
 def reaches_outside(t: Tensor, depth: int, skip: Callable | None = None) -> bool:
     """Whether ``t``'s history reaches a leaf recorded outside the transform at level ``depth``:
     any but the fresh inputs of that transform and of those inside it (``_func_level``), not
-    through the grad nodes ``skip`` names."""
+    through the grad nodes ``skip`` names. A leaf is its own history: one recorded outside (a
+    tensor an enclosing transform handed in, returned as it is) reaches outside."""
+    if t.grad_fn is None:
+        return t._rg and t.__dict__.get("_func_level", 0) < depth
     seen, stack = set(), [t.grad_fn]
     while stack:
         node = stack.pop()
