@@ -949,3 +949,20 @@ def test_writes_without_an_in_place_kernel_into_overlapping_windows_leave_torchs
         calls[write](x.unfold(1, 2, 1), lib.tensor(t_np))
         values.append(x.numpy())
     np.testing.assert_allclose(values[1], values[0], rtol=1e-12)
+
+
+@pytest.mark.parametrize("write", ["zero_", "mul_", "fill_"])
+def test_a_write_into_empty_windows_of_a_recorded_view_does_nothing_as_torchs(write):
+    # views fuzzer seed 901373: unfold of an empty slice of a tensor requiring grad, written in
+    # place: holoflow took it for overlapping windows and sized their memory from (size - 1)
+    # strides, negative for an empty dim (RuntimeError 'Storage size calculation overflowed')
+    def run(lib):
+        w = lib.ones(4, 3, 4, dtype=lib.float64, requires_grad=True)
+        b = w * 1.0
+        u = b[2:2:2].unfold(2, 2, 1)
+        {"zero_": lambda: u.zero_(), "mul_": lambda: u.mul_(2.0), "fill_": lambda: u.fill_(3.0)}[write]()
+        (b * b).sum().backward()
+        return u.shape, w.grad.numpy()
+    (gs, gg), (ts, tg) = run(flow), run(torch)
+    assert tuple(gs) == tuple(ts)
+    np.testing.assert_array_equal(gg, tg)

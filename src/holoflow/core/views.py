@@ -205,7 +205,10 @@ VIEW_SCATTER = defop("view_scatter", _view_scatter_kernel, grad=_view_scatter_gr
 def may_overlap(d: torch.Tensor) -> bool:
     """Whether a layout may hold an element at more than one index (``unfold`` windows that
     overlap), by torch's test: its dims sorted by stride don't each step past the ones before.
-    An expanded one (stride 0) is not asked here (its writes have their own rules)."""
+    An expanded one (stride 0) is not asked here (its writes have their own rules); an empty one
+    holds nothing."""
+    if 0 in d.shape:
+        return False
     extent = 0
     for st, n in sorted((st, n) for st, n in zip(d.stride(), d.shape) if n != 1):
         if st <= extent:
