@@ -762,7 +762,19 @@ def _check(seed: int) -> None:
     _compare(_numpy(got), _numpy(want), where, loose=bool(prog["transforms"]))
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+# found and left (strict xfails, so a fix shows; seeds 20000-26499 hunted): seed -> why
+KNOWN: dict[int, str] = {
+    24781: "a second backward (retain_graph=False) through jvp's primal output and tangent: holoflow's tangent "
+           "is a reverse pass over the primal's record, whose LinearBackward the first backward freed; torch's "
+           "forward-mode tangent shares no freed buffer (loud: holoflow raises, torch computes)",
+    24846: "vmap(vmap(f, chunk_size=1)) with randomness='different': torch runs the inner chunks as its Python "
+           "loop, each drawing for the whole outer batch, so its random stream goes chunk-major; holoflow's "
+           "per-sample loops draw outer-sample-major (other random values, as valid; torch's order not followed)",
+}
+
+
+@pytest.mark.parametrize("seed", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=KNOWN[s]))
+                                  if s in KNOWN else s for s in sorted(set(SEEDS) | set(KNOWN))])
 def test_random_composition_agrees_with_torch(seed):
     _check(seed)
 
