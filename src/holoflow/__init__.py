@@ -44,6 +44,7 @@ from . import mps, mtia, xpu  # torch's other device modules (torch's own querie
 from . import multiprocessing  # torch.multiprocessing (spawn, Queue, start methods)
 from . import functional, return_types, signal  # torch.functional, torch.return_types, torch.signal
 from .compat_ops import *  # noqa: F403  (torch's ATen-style top-level names: ctc_loss, convolution, lstm ...)
+from .foreach_ops import *  # noqa: F403  (torch._foreach_*: one op per tensor of a list)
 
 _global_tensor.install()
 from . import dtensor as _dtensor_api  # noqa: E402  (torch.distributed.tensor: DTensor methods on Tensor)
