@@ -89,8 +89,8 @@ DOUBLE_BACKWARD = {"hnn_custom_autograd", "maml_second_order", "pinn_hessian"}
 # as linspace are nodes of the trace), and model calls inside a non-reentrant checkpoint (its
 # saved-tensor hooks are active there: autograd_extensions). transformer_masks traces since a
 # decoder's tgt_mask no longer has its values read for torch's causal-mask hint in a trace
-ALL_EAGER = {"autograd_extensions", "clip_caption", "gnn_scatter", "gp_regression", "keyword_spotting_muon_amp",
-             "mae_vit_checkpoint_amp", "mdn_mixture", "moe_transformer_xl", "qat_hooks"}
+ALL_EAGER = {"autograd_extensions", "clip_caption", "gnn_scatter", "gp_regression", "gradcam_surgery_finetune",
+             "keyword_spotting_muon_amp", "mae_vit_checkpoint_amp", "mdn_mixture", "moe_transformer_xl", "qat_hooks"}
 
 
 def _compile_outermost_calls(monkeypatch) -> dict:
