@@ -547,6 +547,25 @@ def test_a_number_beside_an_integer_tensor_keeps_its_value(name):
     ``special.xlog1py(int x, 2.5)`` read 2 (silently); ``300 - uint8 x`` refused where torch's
     wraps. (Found beside seed 228420's xlogy.)"""
     for dtype, v in (("uint8", -1), ("int32", 2.5), ("int8", -1.5), ("uint8", 300)):
-        def run(lib):
-            return _NUMBER_BESIDE[name](lib, lib.tensor([0, 1, 4, 9]).to(getattr(lib, dtype)), v)
-        _same(run(flow), run(torch))
+        for values in ([0, 1, 4, 9], 4):   # (seed 239658: a 0-d tensor, true_divide(-1, amin(uint8 x)))
+            def run(lib):
+                return _NUMBER_BESIDE[name](lib, lib.tensor(values).to(getattr(lib, dtype)), v)
+            _same(run(flow), run(torch))
+
+
+def test_prod_of_a_0d_tensor_with_dtype_gives_a_gradient_in_its_dtype():
+    """seed 238498: ``x.prod(dtype=float16)`` of a 0-d bfloat16 x: its gradient was float16."""
+    def run(lib, shape):
+        x = lib.full(shape, 1.5, dtype=lib.bfloat16, requires_grad=True)
+        return lib.autograd.grad(x.prod(dtype=lib.float16), x)[0]
+    for shape in ((), (3,)):
+        _same(run(flow, shape), run(torch, shape))
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bool", "float32"])
+def test_a_0d_target_of_a_batch_is_refused_for_its_batch_size(dtype):
+    """seed 248882: ``cross_entropy((3, 4) input, 0-d bool target)``: torch's first check is the
+    batch sizes (3 vs 0, ValueError); holoflow's was the target's dtype (or its shape)."""
+    for fn in ("cross_entropy", "nll_loss"):
+        got = _same_error(lambda lib: getattr(lib.nn.functional, fn)(lib.zeros(3, 4), lib.zeros((), dtype=getattr(lib, dtype))))
+        assert isinstance(got, ValueError) and "batch_size" in str(got)

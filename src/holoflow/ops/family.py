@@ -294,18 +294,28 @@ def unary(name: str, kernel: Callable, grad: Callable | None = None, save: str =
                  inplace_kernel=getattr(torch.Tensor, name + "_", None), **rules)
 
 
-def _wrapped(v, t: torch.Tensor) -> torch.Tensor:
+def _wrapped(v, t: torch.Tensor, kernel_with: Callable) -> torch.Tensor:
     """A Python number beside tensor ``t`` as torch wraps it: at the dtype the two promote to (a
     bool stays a bool: torch refuses ``True - x`` as it refuses a bool tensor's), except an int
-    beside an integer tensor with dims, which stays int64 (promoting as the number does): the
-    kernel casts it, so -1 stays -1 where the op computes in floats (``1 / x``, zeta), and 300
-    wraps beside uint8 as torch's does."""
+    beside an integer tensor, which keeps its value (the kernel casts it, as torch's wrapped
+    number): -1 stays -1 where the op computes in floats (``1 / x``, zeta), and 300 wraps beside
+    uint8 where it computes in uint8. An int64 0-d tensor promotes as the number beside a tensor
+    with dims; beside a 0-d one it would not, so a number out of its dtype's range is made as the
+    kernel (``kernel_with(zero)``, asked once) computes: int64 for floats, else cast (wrapped)."""
     if isinstance(v, bool):
         return torch.tensor(v, device=t.device)
     dt = torch.result_type(v, t)
-    if isinstance(v, int) and t.dim() and not (dt.is_floating_point or dt.is_complex or dt == torch.bool):
+    if not isinstance(v, int) or dt.is_floating_point or dt.is_complex or dt == torch.bool:
+        return torch.tensor(v, dtype=dt, device=t.device)
+    if t.dim():
         return torch.tensor(v, device=t.device)
-    return torch.tensor(v, dtype=dt, device=t.device)
+    info = torch.iinfo(dt)
+    if info.min <= v <= info.max:
+        return torch.tensor(v, dtype=dt, device=t.device)
+    got = kernel_with(torch.zeros((), dtype=dt, device=t.device)).dtype
+    if got.is_floating_point or got.is_complex:
+        return torch.tensor(v, device=t.device)
+    return torch.tensor(v, device=t.device).to(dt)
 
 
 def binary(name: str, kernel: Callable, grad: Callable | None = None, save: str = "",
@@ -324,9 +334,9 @@ def binary(name: str, kernel: Callable, grad: Callable | None = None, save: str 
         if not isinstance(a, torch.Tensor):
             if not tensors_only and (commutative is True or (callable(commutative) and commutative(attrs))):
                 return kernel(b, a, **attrs)
-            a = _wrapped(a, b)
+            a = _wrapped(a, b, lambda z: kernel(z, b, **attrs))
         elif tensors_only and not isinstance(b, torch.Tensor):
-            b = _wrapped(b, a)
+            b = _wrapped(b, a, lambda z: kernel(a, z, **attrs))
         return kernel(a, b, **attrs)
 
     def fast(a, b, **attrs):  # the common case, tensor first: no wrapper frame

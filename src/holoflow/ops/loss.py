@@ -453,6 +453,10 @@ def _check_class_target(name: str, input: Tensor, target: Tensor, weight, allow_
     if input.dim() == 0:
         raise ShapeError(f"holoflow.{name}: input must have a class dim, got a 0-d tensor")
     n_cls = x[1] if len(x) >= 2 else x[0]
+    if len(x) >= 2 and t != x and (not t or t[0] != x[0]):   # (torch's first check, a 0-d target's batch: 0)
+        raise ShapeError(f"holoflow.{name}: expected input batch_size ({x[0]}) to match target batch_size "
+                         f"({t[0] if t else 0}): input of shape {x} needs a class-index target of shape "
+                         f"{x[:1] + x[2:]}, got {t}")
     if target.is_floating_point():
         if not allow_prob:
             raise DTypeError(f"holoflow.{name}: target must hold class indices (int64), got {target.dtype}")
@@ -460,10 +464,6 @@ def _check_class_target(name: str, input: Tensor, target: Tensor, weight, allow_
             raise ShapeError(f"holoflow.{name}: a probability target (dtype {target.dtype}) must have the "
                              f"input's shape {x}, got {t}")
     else:
-        if len(x) >= 2 and t and t != x and t[0] != x[0]:   # (torch's first check: the batch sizes)
-            raise ShapeError(f"holoflow.{name}: expected input batch_size ({x[0]}) to match target batch_size "
-                             f"({t[0]}): input of shape {x} needs a class-index target of shape "
-                             f"{x[:1] + x[2:]}, got {t}")
         if target._data.dtype not in (torch.int64, torch.uint8):   # (torch's kernels take Long or Byte)
             raise RuntimeError(f"holoflow.{name}: expected a class-index target of dtype int64 (long) or uint8 "
                                f"(byte), got {target.dtype}"

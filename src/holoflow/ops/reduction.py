@@ -265,8 +265,8 @@ def _prod_grad(c, dy):
         x = apply(CAST, x, dtype=c.dtype)
     dims = _all_dims(c)
     g = _back(c, dy)
-    if not dims:
-        return (dy,)
+    if not dims:   # (a 0-d input: dy in the input's dtype, as every other case)
+        return (_cast_to(dy, c.dtypes[0]),)
     zeros = None if is_lazy() or x._data.is_meta else int((x == 0).sum())   # (meta: torch's path too)
     if zeros == 0:
         others = _back(c, _prod_kernel_op(x, c)) / x
