@@ -38,8 +38,13 @@ from harness import raised
 # 424 (amin() of an empty tensor: IndexError, torch's RuntimeError), 4128 (cross_entropy with no
 # class: ZeroDivisionError), 374 (lerp(int32, int32, 0-d float32) refused; torch's kernel promotes),
 # 201569 (prod(complex, dtype=float64)'s gradient from the complex values, torch's from the real parts),
-# 200539, 202706 (an in-place comparison with an operand requiring grad cut the history; torch: zeros)
-FOUND = (127, 132, 196, 354, 374, 424, 522, 4128, 4639, 4784, 6495, 7642, 8056, 201569, 200539, 202706)
+# 200539, 202706 (an in-place comparison with an operand requiring grad cut the history; torch: zeros),
+# 210898, 215947 (in-place pow_/hypot_ gradients read the result in the target's dtype), 217040 (a complex
+# alpha's gradient unconjugated), 219312, 224432 (copysign, baddbmm saved an input no gradient reads),
+# 219668 (div with rounding: dy * 0 NaN), 225263 (a bool dim), 228420, 239658 (a number beside an
+# integer tensor read in its dtype), 238498 (prod's 0-d gradient dtype), 248882 (a 0-d class target)
+FOUND = (127, 132, 196, 354, 374, 424, 522, 4128, 4639, 4784, 6495, 7642, 8056, 201569, 200539, 202706,
+         210898, 215947, 217040, 219312, 219668, 224432, 225263, 228420, 238498, 239658, 248882)
 # found and left (strict xfails, so a fix shows): seed -> why
 KNOWN: dict = {}
 # CI runs these many programs and FOUND; HOLOFLOW_FUZZ_SEEDS=N runs N from HOLOFLOW_FUZZ_FIRST on
