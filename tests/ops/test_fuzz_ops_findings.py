@@ -569,3 +569,22 @@ def test_a_0d_target_of_a_batch_is_refused_for_its_batch_size(dtype):
     for fn in ("cross_entropy", "nll_loss"):
         got = _same_error(lambda lib: getattr(lib.nn.functional, fn)(lib.zeros(3, 4), lib.zeros((), dtype=getattr(lib, dtype))))
         assert isinstance(got, ValueError) and "batch_size" in str(got)
+
+
+def test_lerp_by_a_number_saves_no_input():
+    """seed 259930: ``x.lerp_(x, -1)`` (or ``lerp(a, b, 0.3)`` with a written in place after):
+    torch's gradients by a number weight read no input and run; holoflow saved input and end and
+    refused the backward."""
+    def run(lib, written):
+        a0 = lib.tensor([1.0, 2.0], requires_grad=True)
+        b0 = lib.tensor([3.0, 5.0], requires_grad=True)
+        a, b = a0 * 1, b0 * 1
+        y = lib.lerp(a, b, 0.3)
+        (a if written == "a" else b).mul_(2)
+        return lib.autograd.grad(y.sum(), (a0, b0))
+    for written in ("a", "b"):
+        for g, w in zip(run(flow, written), run(torch, written)):
+            _same(g, w)
+    x = flow.tensor([[1.5, 2.0]], requires_grad=True) * 1
+    x.lerp_(x, -1)
+    x.sum().backward()   # (torch's runs)

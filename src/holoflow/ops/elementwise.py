@@ -542,7 +542,9 @@ def _lerp_grad(c, dy):
 # weight)`` where ``|weight| >= 0.5``, so the composite differed in the last bit for half the values
 # (and optimizers' lerp-based updates with them). Linear in (input, end) jointly for a fixed weight
 LERP = defop("lerp", torch.lerp, grad=_lerp_grad, save="inputs", family="elementwise",
-             shape=elementwise_shape("lerp", torch.lerp), sbp=elementwise_sbp(("PPB", "PP-")))
+             shape=elementwise_shape("lerp", torch.lerp), sbp=elementwise_sbp(("PPB", "PP-")),
+             # (as torch's: the weight for input's and end's gradients, input and end for the weight's)
+             saved_inputs=lambda needs: ((2,) if needs[0] or needs[1] else ()) + ((0, 1) if needs[2] else ()))
 
 
 def lerp(input: Tensor, end: Tensor, weight) -> Tensor:
