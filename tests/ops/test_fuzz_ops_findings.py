@@ -247,7 +247,7 @@ def test_gradients_through_overlapping_windows_written_in_place(name):
 def test_sgn_of_a_real_tensor_has_a_structurally_zero_gradient():
     """seed 200779: ``var(x, 0, correction=1).sgn_()`` of a one-element bfloat16 x (var's rule
     with no degree of freedom multiplies by inf): torch's gradient is 0, holoflow's NaN. As here
-    with ``(b * inf).sgn()``."""
+    with ``(b * inf).sgn()``; also seeds 220864 (rsqrt of 0), 228159 (pow of a False base), 237008."""
     def run(lib):
         b = lib.tensor([0.7, -2.0], requires_grad=True)
         return lib.autograd.grad((b * math.inf).sgn().sum(), b)[0]
