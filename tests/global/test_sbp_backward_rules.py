@@ -135,3 +135,17 @@ def test_every_signature_backward_on_shards_matches_the_unsharded_one(case):
             if why:
                 failures.append(f"{op.name} {sig_str(sig)} on {p} ranks: {why}")
     assert not failures, f"{case.name}:\n" + "\n".join(failures)
+
+
+def test_unreduce_offers_no_split_of_a_reduced_axis_kept_as_size_one():
+    """A sum over a dim of size 1 kept as 1 (keepdim) has its gradient broadcast back by unreduce;
+    its rule offered S on that axis (input and output both of size 1), and on the rank whose
+    shard of it is empty the backward (a sum keeping the dim) gave size 1 for 0: a loud shape
+    mismatch in a double backward of a traced global graph."""
+    from holoflow.ops.reduction import UNREDUCE
+    dy = torch.randn(3, 1, 4, dtype=F64)
+    attrs = dict(shape=(3, 1, 4), dim=(1,), keepdim=True)
+    offered = signatures(UNREDUCE, (dy,), attrs)
+    assert ((S(1),), (S(1),)) not in offered and ((S(0),), (S(0),)) in offered
+    failures = [f"{sig_str(sig)}: {why}" for sig in offered if (why := check_backward(UNREDUCE, (dy,), attrs, sig, 3))]
+    assert not failures, failures

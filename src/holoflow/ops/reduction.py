@@ -110,11 +110,14 @@ def _unreduce_map(attrs, out_ndim: int) -> list[int]:
 
 
 def _unreduce_sbp(metas, attrs):
+    """B, P, and S on each axis the reduction kept whole (a reduced axis kept as size 1 is not
+    one: a shard of it may be empty, and the gradient's sum keeps it at 1)."""
     shape = tuple(attrs["shape"])
     axes = _unreduce_map(attrs, len(shape))
+    reduced = set(attrs["dim"]) if attrs["dim"] else set(range(len(shape)))
     sigs = [((B,), (B,)), ((P,), (P,))]
     for a, d in enumerate(metas[0].shape):
-        if d == shape[axes[a]]:
+        if d == shape[axes[a]] and axes[a] not in reduced:
             sigs.append(((S(a),), (S(axes[a]),)))
     return sigs
 
