@@ -240,15 +240,20 @@ def child_pipeline(steps: int, rounds: int, out: str) -> None:
         json.dump(result, f)
 
 
-def main_pipeline(a) -> None:
-    t0 = time.perf_counter()
+def _on_two_ranks(args: list[str]) -> dict:
+    """This script's ``--child`` with ``args`` on 2 Gloo ranks; rank 0's result."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
         cmd = [sys.executable, "-m", "holoflow.distributed.launch", "--nproc_per_node", "2", __file__, "--child",
-               "--pipeline", "--steps", str(a.steps), "--rounds", str(a.rounds), "--out", out]
+               *args, "--out", out]
         subprocess.run(cmd, check=True, timeout=1800)
         with open(f"{out}.0") as f:
-            res = json.load(f)
+            return json.load(f)
+
+
+def main_pipeline(a) -> None:
+    t0 = time.perf_counter()
+    res = _on_two_ranks(["--pipeline", "--steps", str(a.steps), "--rounds", str(a.rounds)])
     print(f"auto-parallel micro-batches: predicted vs measured step (ms), 2 Gloo ranks as 2 stages (1F1B), "
           f"d={D}, best of {a.rounds} blocks of {a.steps} steps ({time.perf_counter() - t0:.0f} s)")
     print(f"{'case':<6} {'hidden':>6} {'batch':>6}  " + "  ".join(f"{'m=' + str(k):>15}" for k in PIPE_COUNTS)
@@ -290,14 +295,8 @@ def main() -> None:
         main_pipeline(a)
         return
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "r.json")
-        cmd = [sys.executable, "-m", "holoflow.distributed.launch", "--nproc_per_node", "2", __file__, "--child",
-               "--cases", *a.cases, "--steps", str(a.steps), "--rounds", str(a.rounds), "--out", out] + \
-            (["--profile"] if a.profile else [])
-        subprocess.run(cmd, check=True, timeout=1800)
-        with open(f"{out}.0") as f:
-            res = json.load(f)
+    res = _on_two_ranks(["--cases", *a.cases, "--steps", str(a.steps), "--rounds", str(a.rounds)]
+                        + (["--profile"] if a.profile else []))
     print(f"auto-parallel: predicted vs measured step (ms), 2 Gloo ranks, MLP d={D}, best of {a.rounds} "
           f"blocks of {a.steps} steps ({time.perf_counter() - t0:.0f} s)")
     print(f"{'case':<8} {'hidden':>6} {'batch':>6}  " + "  ".join(f"{k + ' pred':>9} {k + ' meas':>9}" for k in LAYOUTS)

@@ -358,6 +358,19 @@ def signatures(op, datas: tuple, attrs: dict) -> list:
     return op.sbp(metas, attrs)
 
 
+def rank_call(op, datas: tuple, attrs: dict, shards: dict, in_sbps, r: int) -> tuple[list, dict]:
+    """Rank ``r``'s inputs (its piece of each sharded tensor, ``shards``: input index -> pieces)
+    and attributes (the op's ``local_attrs`` for those pieces)."""
+    local = list(datas)
+    for i, pieces in shards.items():
+        local[i] = pieces[r]
+    if op.local_attrs is None:
+        return local, attrs
+    metas = [Meta.of(d) if isinstance(d, torch.Tensor) else d for d in datas]
+    return local, op.local_attrs(attrs, metas, [Meta.of(d) if isinstance(d, torch.Tensor) else d for d in local],
+                                 in_sbps)
+
+
 def check_signature(op, datas: tuple, attrs: dict, sig, p: int) -> str | None:
     """Returns None if the signature holds on ``p`` simulated ranks, else why it does not."""
     gen = torch.Generator().manual_seed(p)
@@ -375,16 +388,9 @@ def check_signature(op, datas: tuple, attrs: dict, sig, p: int) -> str | None:
     if op.local_attrs is not None and not _balanced(op, datas, attrs, sig, p, wants):
         return None  # shards not whole pieces of the output at p ranks: the chooser never offers it there
     shards = {i: shard(datas[i], s, p, gen) for i, s in zip(tens, in_sbps)}
-    metas = [Meta.of(d) if isinstance(d, torch.Tensor) else d for d in datas]
     per_rank = []
     for r in range(p):
-        local = list(datas)
-        for i in tens:
-            local[i] = shards[i][r]
-        a = attrs
-        if op.local_attrs is not None:
-            lm = [Meta.of(d) if isinstance(d, torch.Tensor) else d for d in local]
-            a = op.local_attrs(attrs, metas, lm, in_sbps)
+        local, a = rank_call(op, datas, attrs, shards, in_sbps, r)
         try:
             o = op.kernel(*local, **a)
         except Exception as e:  # a legal signature must run on every shard

@@ -16,10 +16,9 @@ import torch
 
 import holoflow as flow
 from dist_fns import op_case_names_per_op
-from harness import F32, F64, _balanced, _inexact, _wide, leaves, shard, sig_str, signatures, to_flow
+from harness import F32, F64, _balanced, _inexact, _wide, leaves, rank_call, shard, sig_str, signatures, to_flow
 from holoflow.core.dispatch import apply
 from holoflow.core.interpret import Observe, pushed
-from holoflow.core.registry import Meta
 from holoflow.core.sbp import B, P, S
 
 # (module, cases per op): the sampling table's first and last case of each op, the others' first
@@ -66,15 +65,9 @@ def check_backward(op, datas: tuple, attrs: dict, sig, p: int) -> str | None:
         return None
     shards = {i: shard(datas[i], s, p, gen) for i, s in zip(tens, ins)}
     up_shards = [None if u is None else shard(u, _dual(s), p, gen) for u, s in zip(ups, outs)]
-    metas = [Meta.of(d) if isinstance(d, torch.Tensor) else d for d in datas]
     per_rank = []
     for r in range(p):
-        local = list(datas)
-        for i in tens:
-            local[i] = shards[i][r]
-        a = attrs
-        if op.local_attrs is not None:
-            a = op.local_attrs(attrs, metas, [Meta.of(d) if isinstance(d, torch.Tensor) else d for d in local], ins)
+        local, a = rank_call(op, datas, attrs, shards, ins, r)
         try:
             per_rank.append(_vjp(op, local, a, [None if u is None else u[r] for u in up_shards]))
         except Exception as e:  # noqa: BLE001 - a legal signature's backward must run on every shard
