@@ -501,8 +501,8 @@ class _Gen:
         op = REGISTRY.get(n.op)
         if n.kernel is None:
             key, base, fn = ("op", n.op), n.op, op.kernel
-        elif op is not None and n.kernel is op.inplace_kernel:
-            key, base, fn = ("inplace", n.op), n.op + "_", n.kernel
+        elif op is not None and n.kernel is op.inplace_kernel:   # (``x_``, unless an op has that name)
+            key, base, fn = ("inplace", n.op), n.op + ("_inplace" if n.op + "_" in REGISTRY else "_"), n.kernel
         else:
             key, base, fn = ("fn", id(n.kernel)), n.op, n.kernel
         name = self.kernels.get(key)
